@@ -1,0 +1,18 @@
+# effectively: run `make` for the list of targets.
+SHELL := /usr/bin/env bash
+GO    ?= go
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## List the targets.
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: test
+test: ## Run every test with -race, starting PostgreSQL when needed.
+	@set -euo pipefail; eval "$$(scripts/services.sh)"; \
+	$(GO) test -race -count=1 -timeout 15m ./...
+
+.PHONY: tidy
+tidy: ## Check that go.mod and go.sum are tidy.
+	$(GO) mod tidy -diff

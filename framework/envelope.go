@@ -1,0 +1,234 @@
+package framework
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	cloudevents "github.com/cloudevents/sdk-go/v2/event"
+	"github.com/cloudevents/sdk-go/v2/types"
+)
+
+// ContentType is the media type of every message body: one CloudEvent in
+// structured JSON mode.
+const ContentType = "application/cloudevents+json"
+
+// Limits of an envelope's attributes and body.
+const (
+	// MaxIDBytes is the longest event id.
+	MaxIDBytes = 256
+	// MaxSourceBytes is the longest source.
+	MaxSourceBytes = 512
+	// DefaultMaxBodyBytes is the default limit of a message body.
+	DefaultMaxBodyBytes = 1 << 20
+)
+
+// The CloudEvents extension attributes the framework reads and writes.
+const (
+	extVersion       = "eventversion"
+	extSubjectSeq    = "subjectseq"
+	extCorrelationID = "correlationid"
+	extTraceParent   = "traceparent"
+	extTraceState    = "tracestate"
+)
+
+// ErrNotFound is returned by stores for a missing record.
+var ErrNotFound = errors.New("not found")
+
+// Key identifies an event, as CloudEvents says: source and id together.
+type Key struct {
+	Source string
+	ID     string
+}
+
+// String returns the key as "source/id".
+func (k Key) String() string { return k.Source + "/" + k.ID }
+
+// BodyKey is the key of a message whose body carries no readable source
+// and id: an empty source and "sha256:" with the body's hex digest.
+func BodyKey(body []byte) Key {
+	sum := sha256.Sum256(body)
+	return Key{ID: "sha256:" + hex.EncodeToString(sum[:])}
+}
+
+// Attributes are an event's CloudEvents context attributes: everything but
+// the data.
+type Attributes struct {
+	// ID is generated once by the producer; at most MaxIDBytes bytes.
+	ID string
+	// Source is the producing context, e.g. "appointments"; at most
+	// MaxSourceBytes bytes. Source and ID identify the event.
+	Source string
+	// Type names the event, e.g. "appointments.appointment.booked". It
+	// carries no version.
+	Type string
+	// Version is the data's contract version, 1 or more (extension
+	// eventversion).
+	Version int
+	// Time is when the event happened; zero when unknown.
+	Time time.Time
+	// Subject is the aggregate id, the ordering key; empty when none.
+	Subject string
+	// SubjectSeq is the subject's monotonic sequence, 1 or more; zero when
+	// none (extension subjectseq, a decimal string on the wire).
+	SubjectSeq int64
+	// CorrelationID ties related events together (extension correlationid).
+	CorrelationID string
+	// TraceParent and TraceState carry W3C trace context.
+	TraceParent string
+	TraceState  string
+}
+
+// Key returns the event's key.
+func (a Attributes) Key() Key { return Key{Source: a.Source, ID: a.ID} }
+
+// Validate reports the first attribute that breaks the wire contract.
+func (a Attributes) Validate() error {
+	switch {
+	case a.ID == "":
+		return Permanent(CodeMalformedEnvelope, errors.New("missing id"))
+	case len(a.ID) > MaxIDBytes:
+		return Permanent(CodeTooLarge, fmt.Errorf("id is %d bytes, at most %d allowed", len(a.ID), MaxIDBytes))
+	case a.Source == "":
+		return Permanent(CodeMalformedEnvelope, errors.New("missing source"))
+	case len(a.Source) > MaxSourceBytes:
+		return Permanent(CodeTooLarge, fmt.Errorf("source is %d bytes, at most %d allowed", len(a.Source), MaxSourceBytes))
+	case a.Type == "":
+		return Permanent(CodeMalformedEnvelope, errors.New("missing type"))
+	case a.Version < 1 || a.Version > 1<<31-1:
+		return Permanent(CodeMalformedEnvelope, fmt.Errorf("eventversion %d out of range 1..2^31-1", a.Version))
+	case a.SubjectSeq < 0:
+		return Permanent(CodeMalformedEnvelope, fmt.Errorf("subjectseq %d is negative", a.SubjectSeq))
+	}
+	return nil
+}
+
+// Envelope is an event whose data is still encoded JSON: what travels on a
+// transport, one CloudEvents 1.0 JSON object.
+type Envelope struct {
+	Attributes
+	// Data is the payload, a JSON value.
+	Data json.RawMessage
+}
+
+// Encode returns the envelope as a CloudEvents 1.0 structured JSON object.
+func Encode(env Envelope) ([]byte, error) {
+	if err := env.Validate(); err != nil {
+		return nil, err
+	}
+	ev := cloudevents.New(cloudevents.CloudEventsVersionV1)
+	ev.SetID(env.ID)
+	ev.SetSource(env.Source)
+	ev.SetType(env.Type)
+	if !env.Time.IsZero() {
+		ev.SetTime(env.Time)
+	}
+	if env.Subject != "" {
+		ev.SetSubject(env.Subject)
+	}
+	ev.SetExtension(extVersion, int32(env.Version)) //nolint:gosec // validated above
+	if env.SubjectSeq > 0 {
+		ev.SetExtension(extSubjectSeq, strconv.FormatInt(env.SubjectSeq, 10))
+	}
+	for name, v := range map[string]string{
+		extCorrelationID: env.CorrelationID,
+		extTraceParent:   env.TraceParent,
+		extTraceState:    env.TraceState,
+	} {
+		if v != "" {
+			ev.SetExtension(name, v)
+		}
+	}
+	data := env.Data
+	if len(data) == 0 {
+		data = json.RawMessage("null")
+	}
+	ev.SetDataContentType(cloudevents.ApplicationJSON)
+	ev.DataEncoded = data // already JSON: written as "data", not base64
+	body, err := json.Marshal(ev)
+	if err != nil {
+		return nil, fmt.Errorf("encode event %s: %w", env.Key(), err)
+	}
+	return body, nil
+}
+
+// Decode parses a CloudEvents 1.0 structured JSON object. Every error it
+// returns is permanent: CodeTooLarge when body exceeds maxBody bytes (zero
+// means DefaultMaxBodyBytes) or an attribute its limit, else
+// CodeMalformedEnvelope.
+func Decode(body []byte, maxBody int) (Envelope, error) {
+	if maxBody <= 0 {
+		maxBody = DefaultMaxBodyBytes
+	}
+	if len(body) > maxBody {
+		return Envelope{}, Permanent(CodeTooLarge, fmt.Errorf("body is %d bytes, at most %d allowed", len(body), maxBody))
+	}
+	ev := cloudevents.New()
+	if err := json.Unmarshal(body, &ev); err != nil {
+		return Envelope{}, Permanent(CodeMalformedEnvelope, fmt.Errorf("decode cloudevent: %w", err))
+	}
+	if ev.SpecVersion() != cloudevents.CloudEventsVersionV1 {
+		return Envelope{}, Permanent(CodeMalformedEnvelope, fmt.Errorf("specversion %q, want 1.0", ev.SpecVersion()))
+	}
+	env := Envelope{Attributes: Attributes{
+		ID:      ev.ID(),
+		Source:  ev.Source(),
+		Type:    ev.Type(),
+		Time:    ev.Time(),
+		Subject: ev.Subject(),
+	}}
+	// Limits first: the SDK's validation would call an oversized id merely
+	// malformed.
+	if err := env.Validate(); err != nil && CodeOf(err) == CodeTooLarge {
+		return Envelope{}, err
+	}
+	if err := ev.Validate(); err != nil {
+		return Envelope{}, Permanent(CodeMalformedEnvelope, fmt.Errorf("invalid cloudevent: %w", err))
+	}
+	if ct := ev.DataContentType(); ct != "" && ct != cloudevents.ApplicationJSON && ct != "text/json" {
+		return Envelope{}, Permanent(CodeMalformedEnvelope, fmt.Errorf("datacontenttype %q, want application/json", ct))
+	}
+	ext := ev.Extensions()
+	version, ok := ext[extVersion]
+	if !ok {
+		return Envelope{}, Permanent(CodeMalformedEnvelope, errors.New("missing eventversion"))
+	}
+	v, ok := version.(int32) // the SDK turns JSON integers into int32
+	if !ok {
+		return Envelope{}, Permanent(CodeMalformedEnvelope, fmt.Errorf("eventversion is %T, want an integer", version))
+	}
+	env.Version = int(v)
+	if s, ok := ext[extSubjectSeq]; ok {
+		str, err := types.ToString(s)
+		if err != nil {
+			return Envelope{}, Permanent(CodeMalformedEnvelope, fmt.Errorf("subjectseq: %w", err))
+		}
+		seq, err := strconv.ParseInt(str, 10, 64)
+		if err != nil || seq < 1 {
+			return Envelope{}, Permanent(CodeMalformedEnvelope, fmt.Errorf("subjectseq %q is not an integer >= 1", str))
+		}
+		env.SubjectSeq = seq
+	}
+	for name, dst := range map[string]*string{
+		extCorrelationID: &env.CorrelationID,
+		extTraceParent:   &env.TraceParent,
+		extTraceState:    &env.TraceState,
+	} {
+		if s, ok := ext[name]; ok {
+			str, err := types.ToString(s)
+			if err != nil {
+				return Envelope{}, Permanent(CodeMalformedEnvelope, fmt.Errorf("%s: %w", name, err))
+			}
+			*dst = str
+		}
+	}
+	if err := env.Validate(); err != nil {
+		return Envelope{}, err
+	}
+	env.Data = ev.Data()
+	return env, nil
+}

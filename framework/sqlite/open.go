@@ -1,0 +1,130 @@
+package sqlite
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
+)
+
+// DriverName is the database/sql driver name of modernc.org/sqlite.
+const DriverName = "sqlite"
+
+// DefaultBusyTimeout is how long a connection waits for the file's write
+// lock before it gives up with SQLITE_BUSY. It must exceed the longest
+// attempt a consumer makes, since an attempt holds the write lock.
+const DefaultBusyTimeout = time.Minute
+
+// DefaultMaxOpenConns bounds the pool of an opened file.
+const DefaultMaxOpenConns = 8
+
+// OpenConfig configures Open.
+type OpenConfig struct {
+	// BusyTimeout is how long a writer waits for the write lock.
+	// Defaults to DefaultBusyTimeout.
+	BusyTimeout time.Duration
+	// MaxOpenConns bounds the connection pool. Defaults to DefaultMaxOpenConns.
+	MaxOpenConns int
+}
+
+// WithDefaults returns a copy of c with zero fields set to their defaults.
+func (c OpenConfig) WithDefaults() OpenConfig {
+	if c.BusyTimeout == 0 {
+		c.BusyTimeout = DefaultBusyTimeout
+	}
+	if c.MaxOpenConns == 0 {
+		c.MaxOpenConns = DefaultMaxOpenConns
+	}
+	return c
+}
+
+// Validate reports the first invalid field of c.
+func (c OpenConfig) Validate() error {
+	if c.BusyTimeout < 0 {
+		return fmt.Errorf("sqlite: BusyTimeout must not be negative, got %s", c.BusyTimeout)
+	}
+	if c.MaxOpenConns < 1 {
+		return fmt.Errorf("sqlite: MaxOpenConns must be at least 1, got %d", c.MaxOpenConns)
+	}
+	return nil
+}
+
+// Open opens the SQLite database at dsn the way the framework needs it:
+// write-ahead logging, a busy timeout, foreign keys on, and transactions
+// that take the write lock when they begin (BEGIN IMMEDIATE), so two
+// writers queue on the busy timeout instead of failing on a lock upgrade.
+//
+// dsn is a file path or a "file:" URI; query parameters of the URI are
+// kept. The folder of the file is created when it is missing. Open pings
+// the database before it returns.
+func Open(ctx context.Context, dsn string, cfg OpenConfig) (*sqlx.DB, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	full, path, err := buildDSN(dsn, cfg)
+	if err != nil {
+		return nil, err
+	}
+	if path != "" {
+		if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
+			return nil, fmt.Errorf("sqlite: create folder of %s: %w", path, err)
+		}
+	}
+	db, err := sqlx.Open(DriverName, full)
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: open %s: %w", dsn, err)
+	}
+	db.SetMaxOpenConns(cfg.MaxOpenConns)
+	db.SetMaxIdleConns(cfg.MaxOpenConns)
+	if err := db.PingContext(ctx); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("sqlite: open %s: %w", dsn, err)
+	}
+	return db, nil
+}
+
+// buildDSN turns a path or file: URI into the driver's DSN with the
+// framework's pragmas, and returns the file's path (empty for in-memory
+// databases).
+func buildDSN(dsn string, cfg OpenConfig) (full, path string, err error) {
+	if dsn == "" {
+		return "", "", fmt.Errorf("sqlite: empty database path")
+	}
+	rest := strings.TrimPrefix(dsn, "file:")
+	var query url.Values
+	if i := strings.IndexByte(rest, '?'); i >= 0 {
+		query, err = url.ParseQuery(rest[i+1:])
+		if err != nil {
+			return "", "", fmt.Errorf("sqlite: parse options of %q: %w", dsn, err)
+		}
+		rest = rest[:i]
+	} else {
+		query = url.Values{}
+	}
+	memory := rest == ":memory:" || query.Get("mode") == "memory"
+	if !memory {
+		path = rest
+	}
+	pragmas := []string{
+		fmt.Sprintf("busy_timeout(%d)", cfg.BusyTimeout.Milliseconds()),
+		"foreign_keys(1)",
+		"synchronous(NORMAL)",
+	}
+	if !memory {
+		pragmas = append([]string{"journal_mode(WAL)"}, pragmas...)
+	}
+	for _, p := range pragmas {
+		query.Add("_pragma", p)
+	}
+	if query.Get("_txlock") == "" {
+		query.Set("_txlock", "immediate")
+	}
+	return "file:" + rest + "?" + query.Encode(), path, nil
+}

@@ -1,0 +1,124 @@
+package framework
+
+import (
+	"context"
+	"time"
+)
+
+// ProcessedStore records which events each consumer has processed. Mark
+// runs inside the attempt's transaction, so the mark commits or rolls back
+// with the handler's writes.
+type ProcessedStore interface {
+	// Mark records, inside tx, that consumer processed the event key. It
+	// returns false when the event was already marked (a duplicate). When
+	// another transaction holds an uncommitted mark of the same key, Mark
+	// waits for it to end.
+	Mark(ctx context.Context, tx *Tx, consumer string, key Key) (bool, error)
+}
+
+// DeliveryStore keeps the durable delivery count of each (consumer, event),
+// so that a message that kills the process on every delivery is
+// dead-lettered instead of looping forever.
+type DeliveryStore interface {
+	// Count records one more delivery of key to consumer in a short
+	// transaction of its own and returns the number of deliveries seen so
+	// far. When the row is new it starts at first (2 when the transport
+	// reported a redelivery whose first delivery was not counted, else 1).
+	Count(ctx context.Context, consumer string, key Key, first int) (int, error)
+	// Forget removes the count of key inside tx, once its effect commits.
+	Forget(ctx context.Context, tx *Tx, consumer string, key Key) error
+}
+
+// DeadLetterPublisher takes messages that will not be processed. It must
+// store them durably before it returns nil: the message is acknowledged
+// right after. A repeat of the same message for the same consumer updates
+// the existing dead letter and counts the repeat.
+type DeadLetterPublisher interface {
+	PublishDeadLetter(ctx context.Context, dl DeadLetter) error
+}
+
+// DeadLetterStore is a DeadLetterPublisher that operators can query and act
+// on.
+type DeadLetterStore interface {
+	DeadLetterPublisher
+	// DeadLetter returns the dead letter with id, or ErrNotFound.
+	DeadLetter(ctx context.Context, id int64) (DeadLetter, error)
+	// DeadLetters lists dead letters that match f, oldest first.
+	DeadLetters(ctx context.Context, f DeadLetterFilter) ([]DeadLetter, error)
+	// ResolveDeadLetter moves a pending dead letter to status (replayed or
+	// discarded), recording who did it and why. It returns ErrNotFound when
+	// there is no pending dead letter with id.
+	ResolveDeadLetter(ctx context.Context, id int64, r Resolution) error
+}
+
+// DeadLetterStatus is the state of a dead letter.
+type DeadLetterStatus string
+
+// The states of a dead letter.
+const (
+	DeadLetterPending   DeadLetterStatus = "pending"
+	DeadLetterReplayed  DeadLetterStatus = "replayed"
+	DeadLetterDiscarded DeadLetterStatus = "discarded"
+)
+
+// DeadLetter is a message a consumer gave up on, with why (a code, never an
+// error's text) and the original message, so it can be inspected and
+// replayed.
+type DeadLetter struct {
+	// ID is assigned by the store.
+	ID int64
+	// Consumer is the name of the consumer that gave up.
+	Consumer string
+	// Topic is where the message was received.
+	Topic string
+	// Source and EventID identify the event. EventID is "sha256:" and the
+	// hex digest of the body when the message has no readable id.
+	Source  string
+	EventID string
+	// Type, Version, Subject and CorrelationID are copied from the event
+	// when it could be decoded.
+	Type          string
+	Version       int
+	Subject       string
+	CorrelationID string
+	// Code says why the message was dead-lettered.
+	Code Code
+	// Attempts is the number of attempts of the last delivery.
+	Attempts int
+	// Repeats counts how often the message came back after it was first
+	// dead-lettered.
+	Repeats int
+	// FirstFailedAt and LastFailedAt are when it was dead-lettered first
+	// and last.
+	FirstFailedAt time.Time
+	LastFailedAt  time.Time
+	// Body and Metadata are the original message.
+	Body     []byte
+	Metadata map[string]string
+	// Status is pending until an operator replays or discards it.
+	Status DeadLetterStatus
+	// Resolution says who resolved it, when and why; zero while pending.
+	Resolution Resolution
+}
+
+// Key returns the key under which a dead letter is unique for its consumer.
+func (dl DeadLetter) Key() Key { return Key{Source: dl.Source, ID: dl.EventID} }
+
+// Resolution records an operator's replay or discard of a dead letter.
+type Resolution struct {
+	Status DeadLetterStatus
+	By     string
+	Reason string
+	At     time.Time
+}
+
+// DeadLetterFilter selects dead letters. Zero fields match everything.
+type DeadLetterFilter struct {
+	Consumer string
+	Code     Code
+	Status   DeadLetterStatus
+	// AfterID lists dead letters with a greater ID, for paging.
+	AfterID int64
+	// Limit caps the number returned; zero means 100.
+	Limit int
+}
