@@ -1,0 +1,53 @@
+package framework
+
+import (
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Metadata keys the framework reads from and writes to watermill messages.
+const (
+	// MetadataContentType holds ContentType on every message the framework
+	// publishes.
+	MetadataContentType = "content-type"
+	// MetadataRedelivered is set by a transport that can tell a redelivery:
+	// "true" when the message was delivered before, "false" when this is
+	// its first delivery. Without it the delivery guard counts every
+	// delivery durably.
+	MetadataRedelivered = "effectively_redelivered"
+)
+
+// Redelivered reports whether the transport marked msg as delivered before
+// (see MetadataRedelivered); known is false when the transport cannot tell.
+func Redelivered(msg *message.Message) (redelivered, known bool) {
+	switch msg.Metadata.Get(MetadataRedelivered) {
+	case "true":
+		return true, true
+	case "false":
+		return false, true
+	default:
+		return false, false
+	}
+}
+
+// NewMessage encodes env as a watermill message whose payload is the
+// CloudEvent and whose UUID is the event id.
+func NewMessage(env Envelope) (*message.Message, error) {
+	body, err := Encode(env)
+	if err != nil {
+		return nil, err
+	}
+	msg := message.NewMessage(env.ID, body)
+	msg.Metadata.Set(MetadataContentType, ContentType)
+	return msg, nil
+}
+
+// DecodeMessage decodes msg's payload (see Decode).
+func DecodeMessage(msg *message.Message, maxBody int) (Envelope, error) {
+	env, err := Decode(msg.Payload, maxBody)
+	if err != nil {
+		return Envelope{}, fmt.Errorf("message %s: %w", msg.UUID, err)
+	}
+	return env, nil
+}
