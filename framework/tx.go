@@ -185,7 +185,8 @@ func (u *UnitOfWork) Do(ctx context.Context, consumer string, key Key, fn func(c
 		tx.rollback()
 		return Duplicate, nil
 	}
-	if err := fn(context.WithValue(ctx, txKey{}, tx)); err != nil {
+	attemptCtx := context.WithValue(context.WithValue(ctx, txKey{}, tx), attemptKey{}, attempt{consumer: consumer, key: key})
+	if err := fn(attemptCtx); err != nil {
 		return fail(err)
 	}
 	if err := ctx.Err(); err != nil {

@@ -1,0 +1,42 @@
+package framework
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Consume processes one message body for consumer c, without a container
+// or a router: it decodes the CloudEvent, routes it to c's handler and runs
+// the handler in uow, so that the processed mark and the handler's writes
+// commit together. Delivering the same event twice has one effect; the
+// second call returns Duplicate.
+//
+// Consume does not retry and does not dead-letter: a permanent error (see
+// IsPermanent) means the message will never succeed. The middleware chain
+// of package middleware adds retries, dead letters and the delivery guard
+// around the same unit of work.
+func Consume(ctx context.Context, c *Consumer, uow *UnitOfWork, body []byte) (Outcome, error) {
+	env, err := Decode(body, 0)
+	if err != nil {
+		return Failed, err
+	}
+	d, err := c.Decode(env)
+	if err != nil {
+		return Failed, err
+	}
+	return uow.Do(ctx, c.Name(), d.Key(), d.Handle)
+}
+
+// ConsumeHandler adapts Consume to a watermill handler: a nil error acks
+// the message after its effect committed (or because it was a duplicate),
+// an error nacks it.
+func ConsumeHandler(c *Consumer, uow *UnitOfWork) message.NoPublishHandlerFunc {
+	return func(msg *message.Message) error {
+		if _, err := Consume(msg.Context(), c, uow, msg.Payload); err != nil {
+			return fmt.Errorf("consume %s: %w", msg.UUID, err)
+		}
+		return nil
+	}
+}

@@ -1,0 +1,142 @@
+package framework
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+)
+
+// HandlerFunc handles events of one definition. It returns nil when the
+// effect is done, a plain error to have the attempt retried, or a
+// Permanent error to have the message dead-lettered at once. Everything it
+// writes through the attempt's transaction (TxFromContext, Conn) commits
+// exactly once per event.
+type HandlerFunc[T any] func(ctx context.Context, ev Event[T]) error
+
+// Handler is a handler of one event definition with its type erased, so
+// that a consumer can hold handlers of several event types. Build it with
+// Handle.
+type Handler struct {
+	typ     string
+	version int
+	decode  func(env Envelope) (any, error)
+	handle  func(ctx context.Context, ev any) error
+}
+
+// Handle pairs a definition with a function that handles its events.
+func Handle[T any](def Definition[T], fn HandlerFunc[T]) Handler {
+	return Handler{
+		typ:     def.typ,
+		version: def.version,
+		decode: func(env Envelope) (any, error) {
+			return def.Decode(env)
+		},
+		handle: func(ctx context.Context, ev any) error {
+			return fn(ctx, ev.(Event[T]))
+		},
+	}
+}
+
+// Type returns the event type the handler handles.
+func (h Handler) Type() string { return h.typ }
+
+// Version returns the contract version the handler handles.
+func (h Handler) Version() int { return h.version }
+
+// Consumer is a named set of handlers, at most one per event type and
+// version, sharing one deduplication key space: an event is processed once
+// per consumer whichever handler takes it.
+type Consumer struct {
+	name     string
+	handlers map[string]map[int]Handler
+}
+
+// NewConsumer returns the consumer name with handlers. It fails on a
+// malformed name (see ValidateConsumerName), no handlers, a zero Handler or
+// two handlers of one event type and version.
+func NewConsumer(name string, handlers ...Handler) (*Consumer, error) {
+	if err := ValidateConsumerName(name); err != nil {
+		return nil, err
+	}
+	if len(handlers) == 0 {
+		return nil, fmt.Errorf("consumer %s has no handlers", name)
+	}
+	c := &Consumer{name: name, handlers: make(map[string]map[int]Handler)}
+	for _, h := range handlers {
+		if h.decode == nil {
+			return nil, fmt.Errorf("consumer %s: zero Handler (build it with framework.Handle)", name)
+		}
+		versions := c.handlers[h.typ]
+		if versions == nil {
+			versions = make(map[int]Handler)
+			c.handlers[h.typ] = versions
+		}
+		if _, dup := versions[h.version]; dup {
+			return nil, fmt.Errorf("consumer %s has two handlers of %s v%d", name, h.typ, h.version)
+		}
+		versions[h.version] = h
+	}
+	return c, nil
+}
+
+// Name returns the consumer's name.
+func (c *Consumer) Name() string { return c.name }
+
+// Types returns the event types the consumer handles, sorted.
+func (c *Consumer) Types() []string {
+	types := make([]string, 0, len(c.handlers))
+	for t := range c.handlers {
+		types = append(types, t)
+	}
+	slices.Sort(types)
+	return types
+}
+
+// Decoded is an envelope routed to its handler, with its data decoded and
+// validated: what is left is to handle it.
+type Decoded struct {
+	Envelope
+	handler Handler
+	event   any
+}
+
+// Decode routes env to the consumer's handler of its type and version and
+// decodes its data. Every error is permanent: CodeUnknownType,
+// CodeUnsupportedVersion or CodeInvalidPayload.
+func (c *Consumer) Decode(env Envelope) (*Decoded, error) {
+	versions, ok := c.handlers[env.Type]
+	if !ok {
+		return nil, Permanent(CodeUnknownType, fmt.Errorf("consumer %s does not handle %s", c.name, env.Type))
+	}
+	h, ok := versions[env.Version]
+	if !ok {
+		return nil, Permanent(CodeUnsupportedVersion, fmt.Errorf("consumer %s does not handle %s v%d", c.name, env.Type, env.Version))
+	}
+	ev, err := h.decode(env)
+	if err != nil {
+		return nil, err
+	}
+	return &Decoded{Envelope: env, handler: h, event: ev}, nil
+}
+
+// Handle runs the handler on the decoded event.
+func (d *Decoded) Handle(ctx context.Context) error {
+	if d == nil || d.handler.handle == nil {
+		return errors.New("handle: event was not decoded")
+	}
+	return d.handler.handle(ctx, d.event)
+}
+
+type decodedKey struct{}
+
+// WithDecoded returns ctx carrying d, for the steps of a pipeline.
+func WithDecoded(ctx context.Context, d *Decoded) context.Context {
+	return context.WithValue(ctx, decodedKey{}, d)
+}
+
+// DecodedFromContext returns the decoded event that ctx carries.
+func DecodedFromContext(ctx context.Context) (*Decoded, bool) {
+	d, ok := ctx.Value(decodedKey{}).(*Decoded)
+	return d, ok
+}

@@ -1,0 +1,135 @@
+package middleware
+
+import (
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/effectively-once/effectively/framework"
+)
+
+// DefaultTimeout is the default time limit of one attempt.
+const DefaultTimeout = 30 * time.Second
+
+// ChainConfig configures the whole chain of one consumer.
+type ChainConfig struct {
+	// Consumer holds the consumer's name and handlers. Required.
+	Consumer *framework.Consumer
+	// UnitOfWork runs each attempt in a transaction with the processed
+	// mark. Required.
+	UnitOfWork *framework.UnitOfWork
+	// DeadLetters stores the messages the consumer gives up on. Required.
+	DeadLetters framework.DeadLetterPublisher
+	// Deliveries keeps the durable delivery counts of the delivery guard.
+	// Required.
+	Deliveries framework.DeliveryStore
+	// MaxDeliveries is the delivery limit. Defaults to
+	// DefaultMaxDeliveries.
+	MaxDeliveries int
+	// Retry sets the attempts and the delay between them.
+	Retry RetryConfig
+	// Timeout limits each attempt. Defaults to DefaultTimeout; negative
+	// disables the limit.
+	Timeout time.Duration
+	// MaxBodyBytes limits message bodies. Defaults to
+	// framework.DefaultMaxBodyBytes.
+	MaxBodyBytes int
+	// Logger, Metrics and Tracer observe the messages (see ObserveConfig).
+	Logger  *slog.Logger
+	Metrics *Metrics
+	Tracer  trace.Tracer
+	// Outer middleware runs around each message, between Observe and
+	// DeadLetter: it sees every delivery once, and its errors are
+	// dead-lettered like the handler's when permanent.
+	Outer []message.HandlerMiddleware
+	// Inner middleware runs inside each attempt, after the processed mark:
+	// its context carries the transaction.
+	Inner []message.HandlerMiddleware
+}
+
+// WithDefaults returns a copy of c with zero fields set to their defaults.
+func (c ChainConfig) WithDefaults() ChainConfig {
+	if c.Timeout == 0 {
+		c.Timeout = DefaultTimeout
+	}
+	c.Retry = c.Retry.WithDefaults()
+	return c
+}
+
+// Validate reports the first invalid field of c.
+func (c ChainConfig) Validate() error {
+	switch {
+	case c.Consumer == nil:
+		return errors.New("chain: missing Consumer (build it with framework.NewConsumer)")
+	case c.UnitOfWork == nil:
+		return errors.New("chain: missing UnitOfWork (build it with framework.NewUnitOfWork)")
+	case c.DeadLetters == nil:
+		return errors.New("chain: missing DeadLetters")
+	case c.Deliveries == nil:
+		return errors.New("chain: missing Deliveries")
+	}
+	return c.Retry.Validate()
+}
+
+// Chain returns the consumer's steps, outermost first, in the order of the
+// design: Observe, cfg.Outer, DeadLetter, Decode, DeliveryGuard, Retry,
+// Timeout, Recover, UnitOfWork, cfg.Inner. Apply them to Dispatch, or use
+// Handler, which does.
+func Chain(cfg ChainConfig) ([]message.HandlerMiddleware, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	name := cfg.Consumer.Name()
+	observe, err := Observe(ObserveConfig{Consumer: name, Logger: cfg.Logger, Metrics: cfg.Metrics, Tracer: cfg.Tracer})
+	if err != nil {
+		return nil, err
+	}
+	deadLetter, err := DeadLetter(DeadLetterConfig{Consumer: name, Publisher: cfg.DeadLetters})
+	if err != nil {
+		return nil, err
+	}
+	guard, err := DeliveryGuard(GuardConfig{Consumer: name, Store: cfg.Deliveries, MaxDeliveries: cfg.MaxDeliveries})
+	if err != nil {
+		return nil, err
+	}
+	retry, err := Retry(cfg.Retry)
+	if err != nil {
+		return nil, err
+	}
+	chain := []message.HandlerMiddleware{observe}
+	chain = append(chain, cfg.Outer...)
+	chain = append(chain,
+		deadLetter,
+		Decode(cfg.Consumer, cfg.MaxBodyBytes),
+		guard,
+		retry,
+		Timeout(cfg.Timeout),
+		Recover,
+		UnitOfWork(name, cfg.UnitOfWork),
+	)
+	chain = append(chain, cfg.Inner...)
+	return chain, nil
+}
+
+// Handler returns the consumer's chain applied to Dispatch, ready for
+// watermill's Router.AddConsumerHandler. It acknowledges a message (returns
+// nil) once its effect committed, it was a duplicate, or it was stored as a
+// dead letter; otherwise the message is nacked and delivered again.
+func Handler(cfg ChainConfig) (message.NoPublishHandlerFunc, error) {
+	chain, err := Chain(cfg)
+	if err != nil {
+		return nil, err
+	}
+	h := message.HandlerFunc(Dispatch)
+	for i := len(chain) - 1; i >= 0; i-- {
+		h = chain[i](h)
+	}
+	return func(msg *message.Message) error {
+		_, err := h(msg)
+		return err
+	}, nil
+}

@@ -1,0 +1,93 @@
+package middleware
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/effectively-once/effectively/framework"
+)
+
+// DefaultMaxDeliveries is the default delivery limit of a message.
+const DefaultMaxDeliveries = 10
+
+// GuardConfig configures DeliveryGuard.
+type GuardConfig struct {
+	// Consumer is the consumer's name. Required.
+	Consumer string
+	// Store keeps the durable delivery counts. Required.
+	Store framework.DeliveryStore
+	// MaxDeliveries is how often a message may be delivered before it is
+	// dead-lettered with code delivery_limit. Defaults to
+	// DefaultMaxDeliveries.
+	MaxDeliveries int
+}
+
+// WithDefaults returns a copy of c with zero fields set to their defaults.
+func (c GuardConfig) WithDefaults() GuardConfig {
+	if c.MaxDeliveries == 0 {
+		c.MaxDeliveries = DefaultMaxDeliveries
+	}
+	return c
+}
+
+// Validate reports the first invalid field of c.
+func (c GuardConfig) Validate() error {
+	switch {
+	case c.Consumer == "":
+		return errors.New("delivery guard: missing Consumer")
+	case c.Store == nil:
+		return errors.New("delivery guard: missing Store (try the store of sqlite, postgres or memory)")
+	case c.MaxDeliveries < 1:
+		return fmt.Errorf("delivery guard: MaxDeliveries must be at least 1, got %d", c.MaxDeliveries)
+	}
+	return nil
+}
+
+// DeliveryGuard stops a message that never finishes, typically because it
+// kills the process on every delivery, from looping forever. It keeps a
+// durable count of deliveries per (consumer, event), written in a short
+// transaction of its own before the attempts, and fails permanently with
+// code delivery_limit once the count passes cfg.MaxDeliveries.
+//
+// Where the transport tells a first delivery from a redelivery (see
+// framework.MetadataRedelivered), a first delivery costs nothing: only
+// redeliveries are counted, the first one as the second delivery. Where it
+// cannot tell, every delivery is counted. The count is forgotten in the
+// transaction that commits the effect.
+//
+// A failure to count is returned as a plain error: the message is not
+// dead-lettered but delivered again later.
+func DeliveryGuard(cfg GuardConfig) (message.HandlerMiddleware, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return func(next message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			d, ok := framework.DecodedFromContext(msg.Context())
+			if !ok {
+				return nil, errNotDecoded
+			}
+			redelivered, known := framework.Redelivered(msg)
+			if known && !redelivered {
+				return next(msg)
+			}
+			first := 1
+			if known {
+				first = 2
+			}
+			n, err := cfg.Store.Count(msg.Context(), cfg.Consumer, d.Key(), first)
+			if err != nil {
+				return nil, fmt.Errorf("count delivery of %s: %w", d.Key(), err)
+			}
+			if n > cfg.MaxDeliveries {
+				return nil, framework.Permanent(framework.CodeDeliveryLimit,
+					fmt.Errorf("%s delivered %d times, at most %d allowed", d.Key(), n, cfg.MaxDeliveries))
+			}
+			msg.SetContext(framework.WithDeliveryCounted(msg.Context()))
+			return next(msg)
+		}
+	}, nil
+}

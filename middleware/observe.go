@@ -1,0 +1,172 @@
+package middleware
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/effectively-once/effectively/framework"
+)
+
+// The outcomes Observe reports, as the label "outcome" of its metrics.
+const (
+	OutcomeProcessed    = "processed"
+	OutcomeDuplicate    = "duplicate"
+	OutcomeDeadLettered = "dead_lettered"
+	OutcomeNacked       = "nacked"
+)
+
+// Metrics are the Prometheus metrics of every consumer's chain. Create one
+// per registry and share it between consumers.
+type Metrics struct {
+	messages    *prometheus.CounterVec
+	deadLetters *prometheus.CounterVec
+	attempts    *prometheus.CounterVec
+	duration    *prometheus.HistogramVec
+}
+
+// NewMetrics creates the metrics and registers them on reg.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
+		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "effectively_messages_total",
+			Help: "Messages handled, by consumer and outcome (processed, duplicate, dead_lettered, nacked).",
+		}, []string{"consumer", "outcome"}),
+		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "effectively_dead_letters_total",
+			Help: "Messages dead-lettered, by consumer and code.",
+		}, []string{"consumer", "code"}),
+		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "effectively_attempts_total",
+			Help: "Attempts made, retries included, by consumer.",
+		}, []string{"consumer"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "effectively_message_duration_seconds",
+			Help:    "Time from receiving a message to its ack or nack, by consumer and outcome.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}, []string{"consumer", "outcome"}),
+	}
+	for _, c := range []prometheus.Collector{m.messages, m.deadLetters, m.attempts, m.duration} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// ObserveConfig configures Observe.
+type ObserveConfig struct {
+	// Consumer is the consumer's name. Required.
+	Consumer string
+	// Logger logs each outcome: processed and duplicate at debug level,
+	// dead letters at warn, nacks at error. Defaults to a logger that
+	// discards.
+	Logger *slog.Logger
+	// Metrics, when set, counts outcomes, codes, attempts and durations.
+	Metrics *Metrics
+	// Tracer starts a consumer span per message, linked to the producer's
+	// trace context (the CloudEvent's traceparent). Defaults to a no-op
+	// tracer.
+	Tracer trace.Tracer
+}
+
+// WithDefaults returns a copy of c with zero fields set to their defaults.
+func (c ObserveConfig) WithDefaults() ObserveConfig {
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Tracer == nil {
+		c.Tracer = noop.NewTracerProvider().Tracer("")
+	}
+	return c
+}
+
+// Validate reports the first invalid field of c.
+func (c ObserveConfig) Validate() error {
+	if c.Consumer == "" {
+		return errors.New("observe: missing Consumer")
+	}
+	return nil
+}
+
+// Observe is the outermost step: it logs, counts and traces what became of
+// each message, with the event's id, type and correlation id.
+func Observe(cfg ObserveConfig) (message.HandlerMiddleware, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return func(next message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			start := time.Now()
+			st := stateOf(msg)
+			ctx, span := cfg.Tracer.Start(msg.Context(), cfg.Consumer+" process",
+				trace.WithSpanKind(trace.SpanKindConsumer),
+				trace.WithAttributes(
+					attribute.String("messaging.consumer.group.name", cfg.Consumer),
+					attribute.String("messaging.destination.name", message.SubscribeTopicFromCtx(msg.Context())),
+				))
+			defer span.End()
+			msg.SetContext(ctx)
+
+			out, err := next(msg)
+
+			outcome := OutcomeProcessed
+			switch {
+			case err != nil:
+				outcome = OutcomeNacked
+			case st.deadLettered != "":
+				outcome = OutcomeDeadLettered
+			case st.outcome == framework.Duplicate:
+				outcome = OutcomeDuplicate
+			}
+			attrs := []any{slog.String("consumer", cfg.Consumer), slog.String("outcome", outcome), slog.Int("attempts", st.attempts)}
+			if env := st.envelope; env != nil {
+				attrs = append(attrs, slog.String("event_id", env.ID), slog.String("source", env.Source), slog.String("type", env.Type))
+				if env.CorrelationID != "" {
+					attrs = append(attrs, slog.String("correlation_id", env.CorrelationID))
+				}
+				span.SetAttributes(attribute.String("messaging.message.id", env.ID), attribute.String("cloudevents.event_type", env.Type))
+				if env.TraceParent != "" {
+					producer := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(ctx, propagation.MapCarrier{
+						"traceparent": env.TraceParent, "tracestate": env.TraceState,
+					}))
+					if producer.IsValid() {
+						span.AddLink(trace.Link{SpanContext: producer})
+					}
+				}
+			}
+			switch outcome {
+			case OutcomeNacked:
+				span.SetStatus(codes.Error, "nacked")
+				cfg.Logger.ErrorContext(ctx, "message nacked, it will be delivered again", append(attrs, slog.Any("error", err))...)
+			case OutcomeDeadLettered:
+				span.SetStatus(codes.Error, string(st.deadLettered))
+				attrs = append(attrs, slog.String("code", string(st.deadLettered)))
+				cfg.Logger.WarnContext(ctx, "message dead-lettered", attrs...)
+			default:
+				cfg.Logger.DebugContext(ctx, "message handled", attrs...)
+			}
+			if m := cfg.Metrics; m != nil {
+				m.messages.WithLabelValues(cfg.Consumer, outcome).Inc()
+				m.duration.WithLabelValues(cfg.Consumer, outcome).Observe(time.Since(start).Seconds())
+				if st.attempts > 0 {
+					m.attempts.WithLabelValues(cfg.Consumer).Add(float64(st.attempts))
+				}
+				if st.deadLettered != "" {
+					m.deadLetters.WithLabelValues(cfg.Consumer, string(st.deadLettered)).Inc()
+				}
+			}
+			return out, err
+		}
+	}, nil
+}
