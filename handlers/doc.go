@@ -1,0 +1,28 @@
+// Package handlers registers consumers declaratively, as fx options.
+//
+// # Declaring a consumer
+//
+// A consumer is a stable name and the handlers of the events it consumes,
+// one per event type and version. Each handler is a plain function, a value
+// with a Handle method, or a constructor whose dependencies fx injects:
+//
+//	var Module = fx.Options(
+//		handlers.Consumer("notifications.remind-on-appointment-booked",
+//			handlers.On(appointments.Booked, NewRemindOnBooked),
+//		),
+//	)
+//
+//	func NewRemindOnBooked(db *sqlx.DB) framework.HandlerFunc[appointments.BookedV1] {
+//		return func(ctx context.Context, ev framework.Event[appointments.BookedV1]) error {
+//			_, err := framework.Conn(ctx, db).ExecContext(ctx, `INSERT INTO reminders ...`)
+//			return err
+//		}
+//	}
+//
+// # Checks at start
+//
+// Module provides the Registry of every declared consumer. Building it
+// refuses start-up, naming the culprit, when a name is malformed or declared
+// twice, or when a consumer has two handlers of one event type and version.
+// Group order in fx is random; nothing here depends on it.
+package handlers

@@ -1,0 +1,240 @@
+package handlers
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"slices"
+	"strings"
+
+	"go.uber.org/fx"
+
+	"github.com/effectively-once/effectively/framework"
+)
+
+// The fx value groups the declarations travel in.
+const (
+	declarationGroup  = `group:"effectively.consumers"`
+	registrationGroup = `group:"effectively.handlers"`
+)
+
+// Declaration is a consumer declared with Consumer, as collected by the
+// Registry.
+type Declaration struct {
+	Name     string
+	Handlers int
+}
+
+// Registration is one handler of a declared consumer, built by fx.
+type Registration struct {
+	Consumer string
+	Handler  framework.Handler
+}
+
+// Route is one handler of a consumer: an event definition and what handles
+// it. Build it with On.
+type Route struct {
+	def     string
+	provide func(consumer string) fx.Option
+}
+
+// Consumer declares the consumer name with its routes, one per event type
+// and version it handles, and yields the fx option that registers them:
+//
+//	handlers.Consumer("notifications.remind-on-appointment-booked",
+//		handlers.On(appointments.Booked, NewRemindOnBooked),
+//	)
+//
+// The name is an identity and must be a literal: it keys the processed
+// events and names the queue or consumer group. Start-up is refused, naming
+// the culprit, for a malformed name (see framework.ValidateConsumerName), a
+// name declared twice, no routes, or two routes of one type and version.
+func Consumer(name string, routes ...Route) fx.Option {
+	if err := framework.ValidateConsumerName(name); err != nil {
+		return fx.Error(fmt.Errorf("handlers: %w", err))
+	}
+	if len(routes) == 0 {
+		return fx.Error(fmt.Errorf("handlers: consumer %s has no routes (add handlers.On(definition, handler))", name))
+	}
+	opts := []fx.Option{
+		fx.Provide(fx.Annotate(
+			func() Declaration { return Declaration{Name: name, Handlers: len(routes)} },
+			fx.ResultTags(declarationGroup),
+		)),
+	}
+	for _, r := range routes {
+		if r.provide == nil {
+			return fx.Error(fmt.Errorf("handlers: consumer %s: zero Route (build it with handlers.On)", name))
+		}
+		opts = append(opts, r.provide(name))
+	}
+	return fx.Module("effectively.consumer."+name, opts...)
+}
+
+// On routes events of def to handler, which is one of:
+//   - a function func(context.Context, framework.Event[T]) error, or a
+//     framework.HandlerFunc[T];
+//   - a value with a method Handle(context.Context, framework.Event[T]) error;
+//   - a constructor of either: a function whose parameters fx injects and
+//     whose results are the handler, optionally followed by an error.
+//
+// A handler of the wrong shape refuses start-up with an error that names
+// the consumer and the event.
+func On[T any](def framework.Definition[T], handler any) Route {
+	return Route{
+		def: def.String(),
+		provide: func(consumer string) fx.Option {
+			ctor, err := constructor(def, handler)
+			if err != nil {
+				return fx.Error(fmt.Errorf("handlers: consumer %s, %s: %w", consumer, def, err))
+			}
+			return fx.Provide(fx.Annotate(
+				wrapConstructor(ctor, consumer),
+				fx.ResultTags(registrationGroup),
+			))
+		},
+	}
+}
+
+// typedHandler is the method form of a handler.
+type typedHandler[T any] interface {
+	Handle(ctx context.Context, ev framework.Event[T]) error
+}
+
+var errorType = reflect.TypeFor[error]()
+
+// constructor turns handler into a function whose parameters fx injects and
+// which returns (framework.Handler, error).
+func constructor[T any](def framework.Definition[T], handler any) (any, error) {
+	if h, ok := asHandlerFunc[T](handler); ok {
+		return func() (framework.Handler, error) { return framework.Handle(def, h), nil }, nil
+	}
+	v := reflect.ValueOf(handler)
+	if !v.IsValid() || v.Kind() != reflect.Func || v.IsNil() {
+		return nil, fmt.Errorf("handler is %T: want func(context.Context, framework.Event[T]) error, a value with such a Handle method, or a constructor of one", handler)
+	}
+	t := v.Type()
+	if t.NumOut() < 1 || t.NumOut() > 2 || (t.NumOut() == 2 && t.Out(1) != errorType) || t.IsVariadic() {
+		return nil, fmt.Errorf("constructor %s must return the handler, optionally with an error", t)
+	}
+	if !resultIsHandler[T](t.Out(0)) {
+		return nil, fmt.Errorf("constructor %s returns %s: want func(context.Context, framework.Event[T]) error or a value with such a Handle method", t, t.Out(0))
+	}
+	in := make([]reflect.Type, t.NumIn())
+	for i := range in {
+		in[i] = t.In(i)
+	}
+	out := []reflect.Type{reflect.TypeFor[framework.Handler](), errorType}
+	fn := reflect.MakeFunc(reflect.FuncOf(in, out, false), func(args []reflect.Value) []reflect.Value {
+		res := v.Call(args)
+		if len(res) == 2 && !res[1].IsNil() {
+			return []reflect.Value{reflect.Zero(out[0]), res[1]}
+		}
+		h, _ := asHandlerFunc[T](res[0].Interface())
+		if h == nil {
+			err := fmt.Errorf("constructor %s returned a nil handler", t)
+			return []reflect.Value{reflect.Zero(out[0]), reflect.ValueOf(&err).Elem()}
+		}
+		return []reflect.Value{reflect.ValueOf(framework.Handle(def, h)), reflect.Zero(errorType)}
+	})
+	return fn.Interface(), nil
+}
+
+func resultIsHandler[T any](t reflect.Type) bool {
+	fnType := reflect.TypeFor[func(context.Context, framework.Event[T]) error]()
+	return t.ConvertibleTo(fnType) && t.Kind() == reflect.Func ||
+		t.Implements(reflect.TypeFor[typedHandler[T]]())
+}
+
+// asHandlerFunc returns h as a HandlerFunc when it is one of the handler
+// forms; a nil function or value gives (nil, true) for a handler form.
+func asHandlerFunc[T any](h any) (framework.HandlerFunc[T], bool) {
+	switch h := h.(type) {
+	case framework.HandlerFunc[T]:
+		return h, true
+	case func(context.Context, framework.Event[T]) error:
+		return h, true
+	case typedHandler[T]:
+		if v := reflect.ValueOf(h); (v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface) && v.IsNil() {
+			return nil, true
+		}
+		return h.Handle, true
+	}
+	return nil, false
+}
+
+// wrapConstructor returns a function with ctor's parameters that returns a
+// Registration of consumer.
+func wrapConstructor(ctor any, consumer string) any {
+	v := reflect.ValueOf(ctor)
+	t := v.Type()
+	in := make([]reflect.Type, t.NumIn())
+	for i := range in {
+		in[i] = t.In(i)
+	}
+	out := []reflect.Type{reflect.TypeFor[Registration](), errorType}
+	return reflect.MakeFunc(reflect.FuncOf(in, out, false), func(args []reflect.Value) []reflect.Value {
+		res := v.Call(args)
+		if !res[1].IsNil() {
+			return []reflect.Value{reflect.Zero(out[0]), res[1]}
+		}
+		reg := Registration{Consumer: consumer, Handler: res[0].Interface().(framework.Handler)}
+		return []reflect.Value{reflect.ValueOf(reg), reflect.Zero(errorType)}
+	}).Interface()
+}
+
+// RegistryParams are what NewRegistry takes from fx.
+type RegistryParams struct {
+	fx.In
+
+	Declarations  []Declaration  `group:"effectively.consumers"`
+	Registrations []Registration `group:"effectively.handlers"`
+}
+
+// Registry holds every declared consumer, checked.
+type Registry struct {
+	consumers []*framework.Consumer
+}
+
+// NewRegistry checks the declarations and builds the consumers. It refuses
+// a consumer declared twice and two handlers of one consumer for the same
+// event type and version, naming them.
+func NewRegistry(p RegistryParams) (*Registry, error) {
+	declared := make(map[string]bool, len(p.Declarations))
+	var dups []string
+	for _, d := range p.Declarations {
+		if declared[d.Name] {
+			dups = append(dups, d.Name)
+		}
+		declared[d.Name] = true
+	}
+	if len(dups) > 0 {
+		slices.Sort(dups)
+		return nil, fmt.Errorf("handlers: consumer name declared more than once: %s (a consumer name is an identity; give each consumer its own, or declare all its routes in one handlers.Consumer)", strings.Join(dups, ", "))
+	}
+	byConsumer := make(map[string][]framework.Handler)
+	for _, r := range p.Registrations {
+		byConsumer[r.Consumer] = append(byConsumer[r.Consumer], r.Handler)
+	}
+	names := make([]string, 0, len(declared))
+	for name := range declared {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	reg := &Registry{}
+	for _, name := range names {
+		c, err := framework.NewConsumer(name, byConsumer[name]...)
+		if err != nil {
+			return nil, fmt.Errorf("handlers: %w", err)
+		}
+		reg.consumers = append(reg.consumers, c)
+	}
+	return reg, nil
+}
+
+// Consumers returns the consumers, sorted by name.
+func (r *Registry) Consumers() []*framework.Consumer { return slices.Clone(r.consumers) }
+
+// Module provides the *Registry of every consumer declared in the
+// application.
+var Module = fx.Module("effectively.handlers", fx.Provide(NewRegistry))

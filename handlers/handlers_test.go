@@ -1,0 +1,121 @@
+package handlers_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/fx"
+
+	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/handlers"
+)
+
+type booked struct {
+	AppointmentID string `json:"appointmentId" validate:"required"`
+}
+
+type cancelled struct {
+	AppointmentID string `json:"appointmentId"`
+}
+
+var (
+	bookedV1    = framework.Define[booked]("appointments.appointment.booked", 1)
+	bookedV2    = framework.Define[booked]("appointments.appointment.booked", 2)
+	cancelledV1 = framework.Define[cancelled]("appointments.appointment.cancelled", 1)
+)
+
+// repo stands for a dependency that fx injects into a handler constructor.
+type repo struct{ seen []string }
+
+type remind struct{ repo *repo }
+
+func (r *remind) Handle(_ context.Context, ev framework.Event[booked]) error {
+	r.repo.seen = append(r.repo.seen, ev.Data.AppointmentID)
+	return nil
+}
+
+func newRemind(r *repo) *remind { return &remind{repo: r} }
+
+func start(t *testing.T, opts ...fx.Option) (*handlers.Registry, error) {
+	t.Helper()
+	var reg *handlers.Registry
+	app := fx.New(append(opts, handlers.Module, fx.NopLogger, fx.Populate(&reg))...)
+	return reg, app.Err()
+}
+
+func TestRegistry(t *testing.T) {
+	t.Parallel()
+
+	t.Run("HandlerShapes", func(t *testing.T) {
+		t.Parallel()
+		r := &repo{}
+		reg, err := start(t,
+			fx.Supply(r),
+			handlers.Consumer("projections.appointments",
+				handlers.On(bookedV1, newRemind),
+				handlers.On(bookedV2, func(context.Context, framework.Event[booked]) error { return nil }),
+				handlers.On(cancelledV1, func(r *repo) (framework.HandlerFunc[cancelled], error) {
+					return func(context.Context, framework.Event[cancelled]) error { return nil }, nil
+				}),
+			),
+			handlers.Consumer("notifications.remind", handlers.On(bookedV1, &remind{repo: r})),
+		)
+		require.NoError(t, err)
+		cs := reg.Consumers()
+		require.Len(t, cs, 2)
+		require.Equal(t, "notifications.remind", cs[0].Name())
+		require.Equal(t, []string{"appointments.appointment.booked", "appointments.appointment.cancelled"}, cs[1].Types())
+
+		env, err := bookedV1.Envelope(booked{AppointmentID: "a-1"}, framework.Attributes{Source: "test"})
+		require.NoError(t, err)
+		d, err := cs[1].Decode(env)
+		require.NoError(t, err)
+		require.NoError(t, d.Handle(context.Background()))
+		require.Equal(t, []string{"a-1"}, r.seen, "the constructor got the injected dependency")
+	})
+
+	t.Run("MalformedName", func(t *testing.T) {
+		t.Parallel()
+		_, err := start(t, handlers.Consumer("Notifications_Remind", handlers.On(bookedV1, newRemind)), fx.Supply(&repo{}))
+		require.ErrorContains(t, err, `consumer name "Notifications_Remind" is malformed`)
+	})
+
+	t.Run("ReservedName", func(t *testing.T) {
+		t.Parallel()
+		_, err := start(t, handlers.Consumer("amq.remind", handlers.On(bookedV1, newRemind)), fx.Supply(&repo{}))
+		require.ErrorContains(t, err, "amq.")
+	})
+
+	t.Run("DuplicateName", func(t *testing.T) {
+		t.Parallel()
+		_, err := start(t, fx.Supply(&repo{}),
+			handlers.Consumer("notifications.remind", handlers.On(bookedV1, newRemind)),
+			handlers.Consumer("notifications.remind", handlers.On(cancelledV1, func(context.Context, framework.Event[cancelled]) error { return nil })),
+		)
+		require.ErrorContains(t, err, "consumer name declared more than once: notifications.remind")
+	})
+
+	t.Run("TwoHandlersOfOneType", func(t *testing.T) {
+		t.Parallel()
+		_, err := start(t, fx.Supply(&repo{}),
+			handlers.Consumer("notifications.remind",
+				handlers.On(bookedV1, newRemind),
+				handlers.On(bookedV1, func(context.Context, framework.Event[booked]) error { return nil }),
+			),
+		)
+		require.ErrorContains(t, err, "consumer notifications.remind has two handlers of appointments.appointment.booked v1")
+	})
+
+	t.Run("WrongShape", func(t *testing.T) {
+		t.Parallel()
+		_, err := start(t, handlers.Consumer("notifications.remind", handlers.On(bookedV1, func(int) string { return "" })))
+		require.ErrorContains(t, err, "consumer notifications.remind, appointments.appointment.booked v1")
+	})
+
+	t.Run("NoRoutes", func(t *testing.T) {
+		t.Parallel()
+		_, err := start(t, handlers.Consumer("notifications.remind"))
+		require.ErrorContains(t, err, "has no routes")
+	})
+}
