@@ -1,0 +1,183 @@
+package sqlite
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/jmoiron/sqlx"
+)
+
+// The Pub/Sub's tables, without the prefix. They are the transport's own;
+// docs/transports.md documents them for programs that publish by hand.
+const (
+	// PubSubMessagesTable holds every published message that some known
+	// consumer group has not acknowledged yet.
+	PubSubMessagesTable = "pubsub_messages"
+	// PubSubGroupsTable holds one row per (topic, consumer group): the
+	// highest offset the group has claimed so far.
+	PubSubGroupsTable = "pubsub_groups"
+	// PubSubLeasesTable holds one row per (topic, consumer group, message)
+	// claimed and not yet acknowledged.
+	PubSubLeasesTable = "pubsub_leases"
+)
+
+// pubsubQueries holds the SQL of the Pub/Sub with the table prefix applied.
+// Lists of offsets travel as one JSON array argument read by json_each, so
+// every statement has a fixed text.
+type pubsubQueries struct {
+	schema []string
+
+	insert        string // one message: topic, uuid, payload, metadata, created_at
+	registerGroup string // topic, group, created_at
+	groupKnown    string // topic, group
+	anyDue        string // ?1 topic, ?2 group, ?3 now
+	claimedOffset string // topic, group
+	setClaimed    string // offset, topic, group
+	claimNew      string // topic, after, limit
+	insertLeases  string // topic, group, locked_until, offsets
+	reclaim       string // locked_until, topic, group, now, limit
+	selectByOff   string // offsets
+	ack           string // topic, group, offsets
+	ackOne        string // topic, group, offset
+	release       string // locked_until, topic, group, offsets
+	unclaim       string // topic, group, offsets
+	horizons      string // -> topic, horizon
+	cleanup       string // topic, horizon, limit
+}
+
+func newPubSubQueries(prefix string) pubsubQueries {
+	r := strings.NewReplacer(
+		"{messages}", prefix+PubSubMessagesTable,
+		"{groups}", prefix+PubSubGroupsTable,
+		"{leases}", prefix+PubSubLeasesTable,
+		"{prefix}", prefix,
+	)
+	q := func(s string) string { return r.Replace(s) }
+	return pubsubQueries{
+		schema: []string{
+			q(`CREATE TABLE IF NOT EXISTS {messages} (
+	"offset"   INTEGER PRIMARY KEY AUTOINCREMENT,
+	topic      TEXT    NOT NULL,
+	uuid       TEXT    NOT NULL DEFAULT '',
+	payload    BLOB    NOT NULL,
+	metadata   TEXT    NOT NULL DEFAULT '{}',
+	created_at INTEGER NOT NULL DEFAULT (CAST(unixepoch('subsec') * 1000 AS INTEGER))
+)`),
+			q(`CREATE INDEX IF NOT EXISTS {prefix}pubsub_messages_topic_offset ON {messages} (topic, "offset")`),
+			q(`CREATE TABLE IF NOT EXISTS {groups} (
+	topic          TEXT    NOT NULL,
+	consumer_group TEXT    NOT NULL,
+	claimed_offset INTEGER NOT NULL DEFAULT 0,
+	created_at     INTEGER NOT NULL DEFAULT (CAST(unixepoch('subsec') * 1000 AS INTEGER)),
+	PRIMARY KEY (topic, consumer_group)
+) WITHOUT ROWID`),
+			q(`CREATE TABLE IF NOT EXISTS {leases} (
+	topic          TEXT    NOT NULL,
+	consumer_group TEXT    NOT NULL,
+	"offset"       INTEGER NOT NULL,
+	deliveries     INTEGER NOT NULL,
+	locked_until   INTEGER NOT NULL,
+	PRIMARY KEY (topic, consumer_group, "offset")
+) WITHOUT ROWID`),
+			q(`CREATE INDEX IF NOT EXISTS {prefix}pubsub_leases_due ON {leases} (topic, consumer_group, locked_until)`),
+		},
+		insert: q(`INSERT INTO {messages} (topic, uuid, payload, metadata, created_at) VALUES (?, ?, ?, ?, ?)`),
+		registerGroup: q(`INSERT INTO {groups} (topic, consumer_group, claimed_offset, created_at) VALUES (?, ?, 0, ?)
+	ON CONFLICT (topic, consumer_group) DO NOTHING`),
+		groupKnown: q(`SELECT EXISTS (SELECT 1 FROM {groups} WHERE topic = ? AND consumer_group = ?)`),
+		anyDue: q(`SELECT EXISTS (
+		SELECT 1 FROM {messages} WHERE topic = ?1 AND "offset" > COALESCE(
+			(SELECT claimed_offset FROM {groups} WHERE topic = ?1 AND consumer_group = ?2), 0))
+	OR EXISTS (
+		SELECT 1 FROM {leases} WHERE topic = ?1 AND consumer_group = ?2 AND locked_until <= ?3)`),
+		claimedOffset: q(`SELECT claimed_offset FROM {groups} WHERE topic = ? AND consumer_group = ?`),
+		setClaimed:    q(`UPDATE {groups} SET claimed_offset = ? WHERE topic = ? AND consumer_group = ?`),
+		claimNew: q(`SELECT "offset", uuid, payload, metadata FROM {messages}
+	WHERE topic = ? AND "offset" > ? ORDER BY "offset" LIMIT ?`),
+		insertLeases: q(`INSERT INTO {leases} (topic, consumer_group, "offset", deliveries, locked_until)
+	SELECT ?, ?, value, 1, ? FROM json_each(?)`),
+		reclaim: q(`UPDATE {leases} SET deliveries = deliveries + 1, locked_until = ?1
+	WHERE topic = ?2 AND consumer_group = ?3 AND "offset" IN (
+		SELECT "offset" FROM {leases} WHERE topic = ?2 AND consumer_group = ?3 AND locked_until <= ?4
+		ORDER BY "offset" LIMIT ?5)
+	RETURNING "offset", deliveries`),
+		selectByOff: q(`SELECT "offset", uuid, payload, metadata FROM {messages}
+	WHERE "offset" IN (SELECT value FROM json_each(?)) ORDER BY "offset"`),
+		ack: q(`DELETE FROM {leases} WHERE topic = ? AND consumer_group = ?
+	AND "offset" IN (SELECT value FROM json_each(?))`),
+		ackOne: q(`DELETE FROM {leases} WHERE topic = ? AND consumer_group = ? AND "offset" = ?`),
+		release: q(`UPDATE {leases} SET locked_until = ? WHERE topic = ? AND consumer_group = ?
+	AND "offset" IN (SELECT value FROM json_each(?))`),
+		unclaim: q(`UPDATE {leases} SET locked_until = 0, deliveries = MAX(deliveries - 1, 0)
+	WHERE topic = ? AND consumer_group = ? AND "offset" IN (SELECT value FROM json_each(?))`),
+		horizons: q(`SELECT g.topic, MIN(COALESCE(
+		(SELECT MIN(l."offset") FROM {leases} l WHERE l.topic = g.topic AND l.consumer_group = g.consumer_group),
+		g.claimed_offset + 1))
+	FROM {groups} g GROUP BY g.topic`),
+		cleanup: q(`DELETE FROM {messages} WHERE "offset" IN (
+	SELECT "offset" FROM {messages} WHERE topic = ? AND "offset" < ? ORDER BY "offset" LIMIT ?)`),
+	}
+}
+
+// initializeSchema creates the Pub/Sub's tables when they are missing, in
+// one transaction.
+func (q pubsubQueries) initializeSchema(ctx context.Context, db *sqlx.DB) error {
+	tx, err := db.BeginTxx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("initialize pubsub schema: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }() // no-op after Commit
+	for _, stmt := range q.schema {
+		if _, err := tx.ExecContext(ctx, stmt); err != nil {
+			return fmt.Errorf("initialize pubsub schema: %w", err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("initialize pubsub schema: %w", err)
+	}
+	return nil
+}
+
+// InitializePubSubSchema creates the tables of the SQLite Pub/Sub with the
+// given prefix when they are missing. Publishers and Subscribers do it on
+// first use unless their config says SkipSchemaInit; a migration tool can
+// call it instead.
+func InitializePubSubSchema(ctx context.Context, db *sqlx.DB, tablePrefix string) error {
+	if err := validatePubSubPrefix("InitializePubSubSchema", tablePrefix); err != nil {
+		return err
+	}
+	return newPubSubQueries(tablePrefix).initializeSchema(ctx, db)
+}
+
+// pubsubSchemaOnce runs the schema initialisation of one Publisher or
+// Subscriber until it succeeds once.
+type pubsubSchemaOnce struct {
+	skip bool
+	done bool
+	mu   chan struct{} // a one-slot lock that honours ctx
+}
+
+func newPubSubSchemaOnce(skip bool) *pubsubSchemaOnce {
+	return &pubsubSchemaOnce{skip: skip, mu: make(chan struct{}, 1)}
+}
+
+func (o *pubsubSchemaOnce) ensure(ctx context.Context, db *sqlx.DB, q pubsubQueries) error {
+	if o.skip {
+		return nil
+	}
+	select {
+	case o.mu <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("initialize pubsub schema: %w", ctx.Err())
+	}
+	defer func() { <-o.mu }()
+	if o.done {
+		return nil
+	}
+	if err := q.initializeSchema(ctx, db); err != nil {
+		return err
+	}
+	o.done = true
+	return nil
+}

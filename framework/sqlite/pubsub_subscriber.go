@@ -1,0 +1,866 @@
+package sqlite
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+
+	"github.com/effectively-once/effectively/framework"
+)
+
+// Defaults of SubscriberConfig.
+const (
+	// DefaultPollInterval is how often an idle subscription looks for
+	// messages published by other processes, nacked messages whose delay
+	// passed and expired leases.
+	DefaultPollInterval = time.Second
+	// DefaultLeaseDuration is how long a claimed message stays reserved for
+	// the subscription that claimed it.
+	DefaultLeaseDuration = 5 * time.Minute
+	// DefaultNackDelay is how long a nacked message waits before it is
+	// delivered again.
+	DefaultNackDelay = time.Second
+	// DefaultMaxInFlight is how many messages a subscription holds claimed
+	// and not yet acked or nacked.
+	DefaultMaxInFlight = 16
+	// DefaultClaimBatchSize is the most messages one claim transaction
+	// takes, and the most acks and nacks buffered before they are written.
+	DefaultClaimBatchSize = 16
+	// DefaultAckFlushInterval is the longest an ack or nack waits in the
+	// buffer before it is written.
+	DefaultAckFlushInterval = 20 * time.Millisecond
+	// DefaultRetryInterval is how long a subscription waits after a failed
+	// claim or ack write before it tries again.
+	DefaultRetryInterval = time.Second
+	// DefaultPubSubCleanupInterval is how often a Subscriber deletes the
+	// messages that every known consumer group of their topic acked.
+	DefaultPubSubCleanupInterval = time.Minute
+	// DefaultPubSubCleanupBatchSize is the most messages one cleanup
+	// statement deletes.
+	DefaultPubSubCleanupBatchSize = 1000
+)
+
+// pubsubShutdownTimeout bounds the final write of a subscription that
+// stops: its buffered acks and the release of the messages it still holds.
+const pubsubShutdownTimeout = 30 * time.Second
+
+// SubscriberConfig configures a Subscriber.
+type SubscriberConfig struct {
+	// ConsumerGroup names the group this Subscriber consumes for: each
+	// group gets every message of a topic, and the subscriptions of one
+	// group (in this or other processes) share its messages. An empty name
+	// is a group of its own, the default group. Defaults to empty.
+	ConsumerGroup string
+	// TablePrefix is put before the name of every table of the Pub/Sub. It
+	// must match ^[a-z_][a-z0-9_]*$. Defaults to empty.
+	TablePrefix string
+	// SkipSchemaInit leaves creating the tables to InitializePubSubSchema
+	// or a migration. Defaults to false: SubscribeInitialize and the first
+	// Subscribe create them when they are missing.
+	SkipSchemaInit bool
+	// Notifier, when set, wakes this Subscriber's subscriptions as soon as
+	// a Publisher sharing it commits to their topic. Defaults to nil:
+	// subscriptions find new messages when they poll.
+	Notifier *Notifier
+	// PollInterval is how often an idle subscription looks for new
+	// messages, nacked messages whose delay passed and expired leases.
+	// Defaults to DefaultPollInterval.
+	PollInterval time.Duration
+	// LeaseDuration is how long a claimed message stays reserved for its
+	// subscription. When it expires before the ack, the message is
+	// delivered again, marked redelivered. Leases are not renewed: it must
+	// outlast the whole handling of a healthy message, that is attempts ×
+	// (attempt timeout + retry delay), plus the time the message waits for
+	// the file's write lock behind the other messages in flight, plus a
+	// margin. Defaults to DefaultLeaseDuration.
+	LeaseDuration time.Duration
+	// NackDelay is how long a nacked message waits before it is delivered
+	// again. Defaults to DefaultNackDelay.
+	NackDelay time.Duration
+	// MaxInFlight is how many messages one subscription holds claimed and
+	// not yet acked or nacked; they are handed out to be handled
+	// concurrently. Defaults to DefaultMaxInFlight.
+	MaxInFlight int
+	// ClaimBatchSize is the most messages one claim transaction takes, and
+	// the most acks and nacks buffered before they are written. Defaults to
+	// DefaultClaimBatchSize.
+	ClaimBatchSize int
+	// AckFlushInterval is the longest an ack or nack waits in the buffer
+	// before it is written. Defaults to DefaultAckFlushInterval.
+	AckFlushInterval time.Duration
+	// RetryInterval is how long a subscription waits after a failed claim
+	// or ack write before it tries again. Defaults to DefaultRetryInterval.
+	RetryInterval time.Duration
+	// CleanupInterval is how often the Subscriber deletes the messages
+	// that every consumer group known for their topic acked; negative turns
+	// cleanup off. Defaults to DefaultPubSubCleanupInterval.
+	CleanupInterval time.Duration
+	// CleanupBatchSize is the most messages one cleanup statement deletes.
+	// Defaults to DefaultPubSubCleanupBatchSize.
+	CleanupBatchSize int
+	// Logger receives the subscriber's logs. Defaults to nil: quiet.
+	Logger *slog.Logger
+}
+
+// WithDefaults returns a copy of c with zero fields set to their defaults.
+func (c SubscriberConfig) WithDefaults() SubscriberConfig {
+	setDuration := func(d *time.Duration, def time.Duration) {
+		if *d == 0 {
+			*d = def
+		}
+	}
+	setInt := func(n *int, def int) {
+		if *n == 0 {
+			*n = def
+		}
+	}
+	setDuration(&c.PollInterval, DefaultPollInterval)
+	setDuration(&c.LeaseDuration, DefaultLeaseDuration)
+	setDuration(&c.NackDelay, DefaultNackDelay)
+	setDuration(&c.AckFlushInterval, DefaultAckFlushInterval)
+	setDuration(&c.RetryInterval, DefaultRetryInterval)
+	setDuration(&c.CleanupInterval, DefaultPubSubCleanupInterval)
+	setInt(&c.MaxInFlight, DefaultMaxInFlight)
+	setInt(&c.ClaimBatchSize, DefaultClaimBatchSize)
+	setInt(&c.CleanupBatchSize, DefaultPubSubCleanupBatchSize)
+	c.Logger = pubsubLogger(c.Logger)
+	return c
+}
+
+// Validate reports the first invalid field of c.
+func (c SubscriberConfig) Validate() error {
+	if err := validatePubSubPrefix("SubscriberConfig", c.TablePrefix); err != nil {
+		return err
+	}
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+	}{
+		{"PollInterval", c.PollInterval},
+		{"LeaseDuration", c.LeaseDuration},
+		{"NackDelay", c.NackDelay},
+		{"AckFlushInterval", c.AckFlushInterval},
+		{"RetryInterval", c.RetryInterval},
+	} {
+		if f.d <= 0 {
+			return fmt.Errorf("sqlite: SubscriberConfig.%s must be positive, got %s", f.name, f.d)
+		}
+	}
+	for _, f := range []struct {
+		name string
+		n    int
+	}{
+		{"MaxInFlight", c.MaxInFlight},
+		{"ClaimBatchSize", c.ClaimBatchSize},
+		{"CleanupBatchSize", c.CleanupBatchSize},
+	} {
+		if f.n < 1 {
+			return fmt.Errorf("sqlite: SubscriberConfig.%s must be at least 1, got %d", f.name, f.n)
+		}
+	}
+	return nil
+}
+
+// Subscriber consumes the messages of a SQLite file for one consumer
+// group. Each Subscribe call is a subscription that claims messages in
+// batches, with a lease per message, and hands them out to be handled
+// concurrently (up to MaxInFlight); acks and nacks are buffered and written
+// together. No transaction stays open while a message is handled.
+//
+// A delivered message carries framework.MetadataRedelivered ("false" on
+// its first delivery to the group, "true" after a nack or an expired
+// lease) and, on its context, a framework.AckInTx that lets the unit of
+// work acknowledge it inside the handler's transaction.
+type Subscriber struct {
+	db     *sqlx.DB
+	cfg    SubscriberConfig
+	q      pubsubQueries
+	schema *pubsubSchemaOnce
+	log    *slog.Logger
+
+	base       context.Context // cancelled by Close
+	cancelBase context.CancelFunc
+	mu         sync.Mutex // guards closed and wg.Add
+	closed     bool
+	wg         sync.WaitGroup
+	closeOnce  sync.Once
+	cleanOnce  sync.Once
+}
+
+var (
+	_ message.Subscriber           = (*Subscriber)(nil)
+	_ message.SubscribeInitializer = (*Subscriber)(nil)
+)
+
+// NewSubscriber returns a Subscriber that reads db, which should come from
+// Open (WAL, busy timeout, BEGIN IMMEDIATE).
+func NewSubscriber(db *sqlx.DB, cfg SubscriberConfig) (*Subscriber, error) {
+	if db == nil {
+		return nil, ErrMissingDB
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	base, cancel := context.WithCancel(context.Background())
+	return &Subscriber{
+		db:         db,
+		cfg:        cfg,
+		q:          newPubSubQueries(cfg.TablePrefix),
+		schema:     newPubSubSchemaOnce(cfg.SkipSchemaInit),
+		log:        cfg.Logger.With(slog.String("consumer_group", cfg.ConsumerGroup)),
+		base:       base,
+		cancelBase: cancel,
+	}, nil
+}
+
+// SubscribeInitialize creates the tables when they are missing (unless
+// SkipSchemaInit) and registers the consumer group for topic, so that the
+// group keeps every message published from now on even before it first
+// subscribes, and cleanup waits for it.
+func (s *Subscriber) SubscribeInitialize(topic string) error {
+	if topic == "" {
+		return ErrEmptyTopic
+	}
+	return s.initialize(s.base, topic)
+}
+
+func (s *Subscriber) initialize(ctx context.Context, topic string) error {
+	if err := s.schema.ensure(ctx, s.db, s.q); err != nil {
+		return err
+	}
+	var known bool
+	err := s.db.QueryRowxContext(ctx, s.q.groupKnown, topic, s.cfg.ConsumerGroup).Scan(&known)
+	if err != nil {
+		return fmt.Errorf("register consumer group for %s: %w", topic, err)
+	}
+	if known {
+		return nil
+	}
+	if _, err := s.db.ExecContext(ctx, s.q.registerGroup, topic, s.cfg.ConsumerGroup, time.Now().UnixMilli()); err != nil {
+		return fmt.Errorf("register consumer group for %s: %w", topic, err)
+	}
+	return nil
+}
+
+// Subscribe starts a subscription of topic for the Subscriber's consumer
+// group. The channel closes when ctx ends or the Subscriber closes; the
+// context of each message is cancelled then too, and after its Ack or
+// Nack.
+func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	if topic == "" {
+		return nil, ErrEmptyTopic
+	}
+	initCtx, stop := mergeDone(ctx, s.base)
+	err := s.initialize(initCtx, topic)
+	stop()
+	if err != nil {
+		return nil, fmt.Errorf("subscribe to %s: %w", topic, err)
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, ErrSubscriberClosed
+	}
+	subCtx, cancel := mergeDone(ctx, s.base)
+	wake, stopListen := s.cfg.Notifier.listen(topic)
+	sub := &pubsubSubscription{
+		s:          s,
+		topic:      topic,
+		ctx:        subCtx,
+		cancel:     cancel,
+		out:        make(chan *message.Message),
+		results:    make(chan pubsubResult),
+		wake:       wake,
+		stopListen: stopListen,
+		sent:       make(map[*pubsubDelivery]struct{}),
+		wantClaim:  true,
+		log:        s.log.With(slog.String("topic", topic)),
+	}
+	s.wg.Add(1)
+	go sub.run()
+	s.cleanOnce.Do(func() {
+		if s.cfg.CleanupInterval > 0 {
+			s.wg.Add(1)
+			go s.cleanupLoop()
+		}
+	})
+	return sub.out, nil
+}
+
+// Close stops every subscription: message contexts are cancelled, acks
+// already given are written, and the messages still held are released for
+// redelivery. It waits for all goroutines of the Subscriber and is
+// idempotent.
+func (s *Subscriber) Close() error {
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		s.closed = true
+		s.cancelBase()
+		s.mu.Unlock()
+		s.wg.Wait()
+	})
+	return nil
+}
+
+// Cleanup deletes, in batches, the messages that every consumer group
+// known for their topic has acknowledged, and returns how many it deleted.
+// A topic no group is registered for keeps all its messages. The
+// Subscriber runs it every CleanupInterval.
+func (s *Subscriber) Cleanup(ctx context.Context) (int64, error) {
+	type horizon struct {
+		topic  string
+		offset int64
+	}
+	rows, err := s.db.QueryContext(ctx, s.q.horizons)
+	if err != nil {
+		return 0, fmt.Errorf("cleanup: find acked messages: %w", err)
+	}
+	var hs []horizon
+	for rows.Next() {
+		var h horizon
+		if err := rows.Scan(&h.topic, &h.offset); err != nil {
+			_ = rows.Close()
+			return 0, fmt.Errorf("cleanup: find acked messages: %w", err)
+		}
+		hs = append(hs, h)
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return 0, fmt.Errorf("cleanup: find acked messages: %w", err)
+	}
+	var total int64
+	for _, h := range hs {
+		for {
+			res, err := s.db.ExecContext(ctx, s.q.cleanup, h.topic, h.offset, s.cfg.CleanupBatchSize)
+			if err != nil {
+				return total, fmt.Errorf("cleanup: delete acked messages of %s: %w", h.topic, err)
+			}
+			n, err := res.RowsAffected()
+			if err != nil {
+				return total, fmt.Errorf("cleanup: delete acked messages of %s: %w", h.topic, err)
+			}
+			total += n
+			if n < int64(s.cfg.CleanupBatchSize) {
+				break
+			}
+		}
+	}
+	return total, nil
+}
+
+func (s *Subscriber) cleanupLoop() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.cfg.CleanupInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.base.Done():
+			return
+		case <-t.C:
+			n, err := s.Cleanup(s.base)
+			switch {
+			case err != nil && s.base.Err() == nil:
+				s.log.Warn("sqlite pubsub cleanup failed", slog.Any("error", err))
+			case n > 0:
+				s.log.Debug("sqlite pubsub cleanup", slog.Int64("deleted", n))
+			}
+		}
+	}
+}
+
+// mergeDone returns a context with the values of ctx that is done when ctx
+// or other is done.
+func mergeDone(ctx, other context.Context) (context.Context, context.CancelFunc) {
+	merged, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(other, cancel)
+	return merged, func() {
+		stop()
+		cancel()
+	}
+}
+
+// pubsubDelivery is one claimed message of a subscription.
+type pubsubDelivery struct {
+	sub       *pubsubSubscription
+	offset    int64
+	msg       *message.Message
+	cancel    context.CancelFunc
+	ackedInTx atomic.Bool
+}
+
+// ackInTx acknowledges the message inside the handler's transaction. The
+// unit of work calls it just before commit; if the commit fails the
+// deletion rolls back with it and the router's Nack releases the lease.
+func (d *pubsubDelivery) ackInTx(ctx context.Context, tx *sql.Tx) error {
+	q := d.sub.s.q
+	if _, err := tx.ExecContext(ctx, q.ackOne, d.sub.topic, d.sub.s.cfg.ConsumerGroup, d.offset); err != nil {
+		return fmt.Errorf("ack message %d of %s: %w", d.offset, d.sub.topic, err)
+	}
+	d.ackedInTx.Store(true)
+	return nil
+}
+
+type pubsubResult struct {
+	d     *pubsubDelivery
+	acked bool
+}
+
+// pubsubSubscription is the state of one Subscribe call, owned by its run
+// goroutine.
+type pubsubSubscription struct {
+	s          *Subscriber
+	topic      string
+	ctx        context.Context
+	cancel     context.CancelFunc
+	out        chan *message.Message
+	results    chan pubsubResult
+	wake       <-chan struct{}
+	stopListen func()
+	log        *slog.Logger
+
+	pending   []*pubsubDelivery            // claimed, not yet handed out
+	sent      map[*pubsubDelivery]struct{} // handed out, not yet acked or nacked
+	acks      []int64
+	nacks     []int64
+	wantClaim bool
+	msgWG     sync.WaitGroup
+}
+
+func (sub *pubsubSubscription) run() {
+	defer sub.s.wg.Done()
+	defer close(sub.out)
+	defer sub.stopListen()
+	cfg := sub.s.cfg
+
+	poll := time.NewTicker(cfg.PollInterval)
+	defer poll.Stop()
+	flush := time.NewTimer(cfg.AckFlushInterval)
+	flush.Stop()
+	flushArmed, flushFired := false, false
+	retry := time.NewTimer(cfg.RetryInterval)
+	retry.Stop()
+	retrying := false
+	nackWake := time.NewTimer(cfg.NackDelay)
+	nackWake.Stop()
+
+	for {
+		if sub.ctx.Err() != nil {
+			sub.shutdown()
+			return
+		}
+		if !retrying {
+			claimN := sub.claimWanted()
+			buffered := len(sub.acks) + len(sub.nacks)
+			idle := len(sub.pending) == 0 && len(sub.sent) == 0
+			flushNow := buffered > 0 && (buffered >= cfg.ClaimBatchSize || idle || flushFired)
+			if flushNow || claimN > 0 {
+				nacked := len(sub.nacks) > 0
+				if err := sub.sync(claimN); err != nil {
+					if sub.ctx.Err() != nil {
+						continue // shutdown writes what is left
+					}
+					sub.log.Warn("sqlite pubsub: claim or ack failed, retrying",
+						slog.Any("error", err), slog.Duration("retry_in", cfg.RetryInterval))
+					retrying = true
+					retry.Reset(cfg.RetryInterval)
+				} else {
+					if nacked {
+						nackWake.Reset(cfg.NackDelay)
+					}
+					if flushArmed && len(sub.acks)+len(sub.nacks) == 0 {
+						flush.Stop()
+						flushArmed = false
+					}
+					flushFired = false
+				}
+			}
+		}
+
+		var out chan<- *message.Message
+		var next *message.Message
+		if len(sub.pending) > 0 {
+			out, next = sub.out, sub.pending[0].msg
+		}
+		select {
+		case <-sub.ctx.Done():
+		case out <- next:
+			d := sub.pending[0]
+			sub.pending[0] = nil
+			sub.pending = sub.pending[1:]
+			sub.sent[d] = struct{}{}
+			sub.msgWG.Add(1)
+			go sub.watch(d)
+		case r := <-sub.results:
+			delete(sub.sent, r.d)
+			switch {
+			case !r.acked:
+				sub.nacks = append(sub.nacks, r.d.offset)
+			case !r.d.ackedInTx.Load():
+				sub.acks = append(sub.acks, r.d.offset)
+			}
+			if !flushArmed && len(sub.acks)+len(sub.nacks) > 0 {
+				flush.Reset(cfg.AckFlushInterval)
+				flushArmed = true
+			}
+		case <-flush.C:
+			flushArmed, flushFired = false, true
+		case <-retry.C:
+			retrying = false
+		case <-sub.wake:
+			sub.wantClaim = true
+		case <-poll.C:
+			sub.wantClaim = true
+		case <-nackWake.C:
+			sub.wantClaim = true
+		}
+	}
+}
+
+// claimWanted returns how many messages to claim now: none while claimed
+// messages wait to be handed out, and otherwise a batch once at least half
+// a batch of slots is free (or nothing is in flight), so that claims and
+// acks share transactions.
+func (sub *pubsubSubscription) claimWanted() int {
+	cfg := sub.s.cfg
+	if !sub.wantClaim || len(sub.pending) > 0 {
+		return 0
+	}
+	free := cfg.MaxInFlight - len(sub.sent)
+	batch := min(cfg.ClaimBatchSize, cfg.MaxInFlight)
+	if free <= 0 || (free < max(1, batch/2) && len(sub.sent) > 0) {
+		return 0
+	}
+	return min(free, batch)
+}
+
+// watch reports the Ack or Nack of d to the run loop and cancels the
+// message's context.
+func (sub *pubsubSubscription) watch(d *pubsubDelivery) {
+	defer sub.msgWG.Done()
+	var acked bool
+	select {
+	case <-d.msg.Acked():
+		acked = true
+	case <-d.msg.Nacked():
+	case <-sub.ctx.Done():
+		return // shutdown reads the message's state itself
+	}
+	d.cancel()
+	select {
+	case sub.results <- pubsubResult{d: d, acked: acked}:
+	case <-sub.ctx.Done():
+	}
+}
+
+// sync writes the buffered acks and nacks and claims up to claimN messages,
+// in one transaction.
+func (sub *pubsubSubscription) sync(claimN int) error {
+	if len(sub.acks)+len(sub.nacks) == 0 {
+		due, err := sub.anyDue()
+		if err != nil {
+			return err
+		}
+		if !due {
+			sub.wantClaim = false
+			return nil
+		}
+	}
+	s := sub.s
+	tx, err := s.db.BeginTxx(sub.ctx, nil)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }() // no-op after Commit
+	now := time.Now()
+	if err := sub.writeResults(sub.ctx, tx, now, sub.acks, sub.nacks, nil, nil); err != nil {
+		return err
+	}
+	var claimed []*pubsubDelivery
+	if claimN > 0 {
+		claimed, err = sub.claim(tx, now, claimN)
+		if err != nil {
+			return err
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		for _, d := range claimed {
+			d.cancel()
+		}
+		return fmt.Errorf("commit claim: %w", err)
+	}
+	sub.acks, sub.nacks = sub.acks[:0], sub.nacks[:0]
+	sub.pending = append(sub.pending, claimed...)
+	if claimN > 0 && len(claimed) < claimN {
+		sub.wantClaim = false
+	}
+	return nil
+}
+
+// anyDue reports, without taking the write lock, whether the group has a
+// message to claim on the topic.
+func (sub *pubsubSubscription) anyDue() (bool, error) {
+	var due bool
+	err := sub.s.db.QueryRowxContext(sub.ctx, sub.s.q.anyDue,
+		sub.topic, sub.s.cfg.ConsumerGroup, time.Now().UnixMilli()).Scan(&due)
+	if err != nil {
+		return false, fmt.Errorf("look for messages: %w", err)
+	}
+	return due, nil
+}
+
+// writeResults writes acks (lease deleted), nacks (redelivered after the
+// nack delay), releases (redelivered now) and unclaims (never handed out:
+// redelivered now, their delivery not counted).
+func (sub *pubsubSubscription) writeResults(ctx context.Context, tx *sqlx.Tx, now time.Time, acks, nacks, releases, unclaims []int64) error {
+	q, group := sub.s.q, sub.s.cfg.ConsumerGroup
+	if len(acks) > 0 {
+		if _, err := tx.ExecContext(ctx, q.ack, sub.topic, group, pubsubOffsets(acks)); err != nil {
+			return fmt.Errorf("write acks: %w", err)
+		}
+	}
+	if len(nacks) > 0 {
+		until := now.Add(sub.s.cfg.NackDelay).UnixMilli()
+		if _, err := tx.ExecContext(ctx, q.release, until, sub.topic, group, pubsubOffsets(nacks)); err != nil {
+			return fmt.Errorf("write nacks: %w", err)
+		}
+	}
+	if len(releases) > 0 {
+		if _, err := tx.ExecContext(ctx, q.release, now.UnixMilli(), sub.topic, group, pubsubOffsets(releases)); err != nil {
+			return fmt.Errorf("release leases: %w", err)
+		}
+	}
+	if len(unclaims) > 0 {
+		if _, err := tx.ExecContext(ctx, q.unclaim, sub.topic, group, pubsubOffsets(unclaims)); err != nil {
+			return fmt.Errorf("release leases: %w", err)
+		}
+	}
+	return nil
+}
+
+// claim takes up to n messages in tx: first those whose lease expired or
+// whose nack delay passed, then new ones after the group's claimed offset.
+func (sub *pubsubSubscription) claim(tx *sqlx.Tx, now time.Time, n int) ([]*pubsubDelivery, error) {
+	s, ctx := sub.s, sub.ctx
+	q, group := s.q, s.cfg.ConsumerGroup
+	until := now.Add(s.cfg.LeaseDuration).UnixMilli()
+
+	// Messages claimed before: nacked, released or with an expired lease.
+	rows, err := tx.QueryContext(ctx, q.reclaim, until, sub.topic, group, now.UnixMilli(), n)
+	if err != nil {
+		return nil, fmt.Errorf("claim messages: %w", err)
+	}
+	deliveries := make(map[int64]int64)
+	var offsets []int64
+	for rows.Next() {
+		var off, count int64
+		if err := rows.Scan(&off, &count); err != nil {
+			_ = rows.Close()
+			return nil, fmt.Errorf("claim messages: %w", err)
+		}
+		deliveries[off] = count
+		offsets = append(offsets, off)
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return nil, fmt.Errorf("claim messages: %w", err)
+	}
+	var claimed []*pubsubDelivery
+	if len(offsets) > 0 {
+		rows, err := tx.QueryContext(ctx, q.selectByOff, pubsubOffsets(offsets))
+		if err != nil {
+			return nil, fmt.Errorf("claim messages: %w", err)
+		}
+		claimed, err = sub.scanMessages(rows, func(off int64) int64 { return deliveries[off] })
+		if err != nil {
+			return nil, err
+		}
+		if len(claimed) < len(offsets) {
+			// Someone deleted messages under their leases: forget the leases.
+			found := make(map[int64]bool, len(claimed))
+			for _, d := range claimed {
+				found[d.offset] = true
+			}
+			var gone []int64
+			for _, off := range offsets {
+				if !found[off] {
+					gone = append(gone, off)
+				}
+			}
+			if _, err := tx.ExecContext(ctx, q.ack, sub.topic, group, pubsubOffsets(gone)); err != nil {
+				return nil, fmt.Errorf("claim messages: forget leases of deleted messages: %w", err)
+			}
+		}
+	}
+	if len(claimed) >= n {
+		return claimed, nil
+	}
+
+	// New messages.
+	var after int64
+	err = tx.QueryRowxContext(ctx, q.claimedOffset, sub.topic, group).Scan(&after)
+	if errors.Is(err, sql.ErrNoRows) {
+		_, err = tx.ExecContext(ctx, q.registerGroup, sub.topic, group, now.UnixMilli())
+	}
+	if err != nil {
+		return nil, fmt.Errorf("claim messages: read claimed offset: %w", err)
+	}
+	rows, err = tx.QueryContext(ctx, q.claimNew, sub.topic, after, n-len(claimed))
+	if err != nil {
+		return nil, fmt.Errorf("claim messages: %w", err)
+	}
+	fresh, err := sub.scanMessages(rows, func(int64) int64 { return 1 })
+	if err != nil {
+		return nil, err
+	}
+	if len(fresh) == 0 {
+		return claimed, nil
+	}
+	offsets = offsets[:0]
+	for _, d := range fresh {
+		offsets = append(offsets, d.offset)
+	}
+	if _, err := tx.ExecContext(ctx, q.insertLeases, sub.topic, group, until, pubsubOffsets(offsets)); err != nil {
+		return nil, fmt.Errorf("claim messages: insert leases: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, q.setClaimed, offsets[len(offsets)-1], sub.topic, group); err != nil {
+		return nil, fmt.Errorf("claim messages: move claimed offset: %w", err)
+	}
+	return append(claimed, fresh...), nil
+}
+
+// scanMessages turns rows of (offset, uuid, payload, metadata) into
+// deliveries; deliveriesOf gives the delivery count of each offset.
+func (sub *pubsubSubscription) scanMessages(rows *sql.Rows, deliveriesOf func(int64) int64) (ds []*pubsubDelivery, err error) {
+	defer func() {
+		if cerr := rows.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("claim messages: %w", cerr)
+		}
+	}()
+	for rows.Next() {
+		var (
+			off      int64
+			uuid     string
+			payload  []byte
+			metadata string
+		)
+		if err := rows.Scan(&off, &uuid, &payload, &metadata); err != nil {
+			return nil, fmt.Errorf("claim messages: %w", err)
+		}
+		ds = append(ds, sub.newDelivery(off, uuid, payload, metadata, deliveriesOf(off)))
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("claim messages: %w", err)
+	}
+	return ds, nil
+}
+
+func (sub *pubsubSubscription) newDelivery(off int64, uuid string, payload []byte, metadata string, deliveries int64) *pubsubDelivery {
+	msg := message.NewMessage(uuid, payload)
+	md, err := decodePubSubMetadata(metadata)
+	if err != nil {
+		sub.log.Warn("sqlite pubsub: message metadata is not a JSON object; delivering it without",
+			slog.Int64("offset", off), slog.Any("error", err))
+	}
+	msg.Metadata = md
+	msg.Metadata.Set(framework.MetadataRedelivered, strconv.FormatBool(deliveries > 1))
+	d := &pubsubDelivery{sub: sub, offset: off, msg: msg}
+	ctx, cancel := context.WithCancel(sub.ctx)
+	d.cancel = cancel
+	msg.SetContext(framework.WithAckInTx(ctx, framework.AckInTx{DB: sub.s.db.DB, Ack: d.ackInTx}))
+	return d
+}
+
+// decodePubSubMetadata reads a JSON object of metadata. String values are
+// taken as they are; other values (written by hand) keep their JSON text.
+func decodePubSubMetadata(text string) (message.Metadata, error) {
+	md := make(message.Metadata)
+	if text == "" {
+		return md, nil
+	}
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(text), &raw); err != nil {
+		return md, err
+	}
+	for k, v := range raw {
+		var s string
+		if err := json.Unmarshal(v, &s); err == nil {
+			md[k] = s
+		} else if string(v) != "null" {
+			md[k] = string(v)
+		}
+	}
+	return md, nil
+}
+
+// shutdown ends the subscription: it cancels the message contexts, writes
+// the acks and nacks given so far, and releases every message still held
+// so that it is delivered again at once (those never handed out without
+// counting a delivery).
+func (sub *pubsubSubscription) shutdown() {
+	sub.cancel()
+	sub.msgWG.Wait()
+	var releases, unclaims []int64
+	for d := range sub.sent {
+		select {
+		case <-d.msg.Acked():
+			if !d.ackedInTx.Load() {
+				sub.acks = append(sub.acks, d.offset)
+			}
+		case <-d.msg.Nacked():
+			sub.nacks = append(sub.nacks, d.offset)
+		default:
+			releases = append(releases, d.offset)
+		}
+	}
+	for _, d := range sub.pending {
+		d.cancel()
+		unclaims = append(unclaims, d.offset)
+	}
+	if len(sub.acks)+len(sub.nacks)+len(releases)+len(unclaims) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(sub.ctx), pubsubShutdownTimeout)
+	defer cancel()
+	err := func() error {
+		tx, err := sub.s.db.BeginTxx(ctx, nil)
+		if err != nil {
+			return fmt.Errorf("begin: %w", err)
+		}
+		defer func() { _ = tx.Rollback() }() // no-op after Commit
+		if err := sub.writeResults(ctx, tx, time.Now(), sub.acks, sub.nacks, releases, unclaims); err != nil {
+			return err
+		}
+		return tx.Commit()
+	}()
+	if err != nil {
+		sub.log.Warn("sqlite pubsub: could not write acks or release messages on close; unacked messages come back when their leases expire",
+			slog.Any("error", err))
+		return
+	}
+	if len(releases)+len(unclaims) > 0 {
+		sub.s.cfg.Notifier.Notify(sub.topic)
+	}
+}
+
+// pubsubOffsets encodes offsets as a JSON array for json_each.
+func pubsubOffsets(offsets []int64) string {
+	b := make([]byte, 0, len(offsets)*8+2)
+	b = append(b, '[')
+	for i, off := range offsets {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, off, 10)
+	}
+	return string(append(b, ']'))
+}
