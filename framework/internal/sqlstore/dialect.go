@@ -1,0 +1,97 @@
+package sqlstore
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+)
+
+// Dialect names a supported SQL database.
+type Dialect string
+
+// The supported dialects.
+const (
+	Postgres Dialect = "postgres"
+	SQLite   Dialect = "sqlite"
+)
+
+// DialectOf derives the dialect from a database/sql driver name.
+func DialectOf(driverName string) (Dialect, error) {
+	switch strings.ToLower(driverName) {
+	case "pgx", "pgx/v5", "pgx/v4", "postgres", "postgresql", "cloudsqlpostgres":
+		return Postgres, nil
+	case "sqlite", "sqlite3":
+		return SQLite, nil
+	}
+	return "", fmt.Errorf("unknown database driver %q: set the dialect to %q or %q", driverName, Postgres, SQLite)
+}
+
+// Validate reports whether d is a supported dialect.
+func (d Dialect) Validate() error {
+	switch d {
+	case Postgres, SQLite:
+		return nil
+	}
+	return fmt.Errorf("unknown dialect %q: use %q or %q", d, Postgres, SQLite)
+}
+
+// bindType returns the placeholder style of d for sqlx.Rebind.
+func (d Dialect) bindType() int {
+	if d == Postgres {
+		return sqlx.DOLLAR
+	}
+	return sqlx.QUESTION
+}
+
+// timeArg returns t as the dialect stores it: UTC for timestamptz, Unix
+// nanoseconds for SQLite.
+func (d Dialect) timeArg(t time.Time) any {
+	if d == SQLite {
+		return t.UnixNano()
+	}
+	return t.UTC()
+}
+
+// MaxPrefixBytes is the longest table prefix.
+const MaxPrefixBytes = 30
+
+var prefixPattern = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+
+// ValidatePrefix reports whether prefix can prefix the framework's table
+// names: empty, or at most MaxPrefixBytes bytes matching
+// ^[a-z_][a-z0-9_]*$. The prefix is written into SQL as it is, so it must
+// pass this check first.
+func ValidatePrefix(prefix string) error {
+	if prefix == "" {
+		return nil
+	}
+	if len(prefix) > MaxPrefixBytes {
+		return fmt.Errorf("table prefix %q is %d bytes long, at most %d allowed", prefix, len(prefix), MaxPrefixBytes)
+	}
+	if !prefixPattern.MatchString(prefix) {
+		return fmt.Errorf("table prefix %q is malformed: use lower-case letters, digits and underscores, not starting with a digit, e.g. effectively_", prefix)
+	}
+	return nil
+}
+
+// timeValue scans a time stored by either dialect: a time.Time, Unix
+// nanoseconds, or NULL (the zero time).
+type timeValue struct{ t time.Time }
+
+// Scan implements sql.Scanner.
+func (v *timeValue) Scan(src any) error {
+	switch x := src.(type) {
+	case nil:
+		v.t = time.Time{}
+	case time.Time:
+		v.t = x.UTC()
+	case int64:
+		v.t = time.Unix(0, x).UTC()
+	default:
+		return fmt.Errorf("scan time: unsupported type %T", src)
+	}
+	return nil
+}

@@ -1,0 +1,18 @@
+// Package sqlstore is the one SQL implementation of the framework's stores
+// for PostgreSQL and SQLite, with the migrations that create every table
+// the framework owns. All of the framework's store SQL lives here, beside
+// the migrations it depends on; framework/sqlite, framework/postgres and
+// framework/migrate are thin public wrappers.
+//
+// # Tables
+//
+// Every table name takes the configured prefix (see ValidatePrefix). The
+// shapes are the contract of DESIGN.md, "Tables".
+//
+// # Time
+//
+// Times are stored in UTC. PostgreSQL keeps them as timestamptz
+// (microsecond precision); SQLite as INTEGER nanoseconds since the Unix
+// epoch, so that they sort and compare as numbers. Metadata is JSON: jsonb
+// on PostgreSQL, TEXT on SQLite.
+package sqlstore

@@ -1,0 +1,299 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/effectively-once/effectively/framework"
+)
+
+// DefaultDeadLetterLimit is how many dead letters DeadLetters returns when
+// the filter sets no limit.
+const DefaultDeadLetterLimit = 100
+
+// ErrNoTx is returned by the methods that must run in the attempt's
+// transaction when they get none.
+var ErrNoTx = errors.New("no database transaction (give the unit of work the store's database)")
+
+// Store implements framework.ProcessedStore, framework.DeliveryStore and
+// framework.DeadLetterStore over a PostgreSQL or SQLite database migrated
+// with Migrations.
+type Store struct {
+	db      *sqlx.DB
+	dialect Dialect
+	now     func() time.Time
+	q       queries
+
+	mark, countDelivery, forgetDelivery              string
+	publishDeadLetter, deadLetter, resolveDeadLetter string
+}
+
+var (
+	_ framework.ProcessedStore  = (*Store)(nil)
+	_ framework.DeliveryStore   = (*Store)(nil)
+	_ framework.DeadLetterStore = (*Store)(nil)
+)
+
+// New returns a Store on db, whose tables carry prefix. now is the store's
+// clock; nil means time.Now.
+func New(db *sqlx.DB, d Dialect, prefix string, now func() time.Time) (*Store, error) {
+	if db == nil {
+		return nil, errors.New("missing database")
+	}
+	if err := d.Validate(); err != nil {
+		return nil, err
+	}
+	if err := ValidatePrefix(prefix); err != nil {
+		return nil, err
+	}
+	if now == nil {
+		now = time.Now
+	}
+	q := newQueries(d, prefix)
+	return &Store{
+		db:                db,
+		dialect:           d,
+		now:               now,
+		q:                 q,
+		mark:              q.sql(qMark),
+		countDelivery:     q.sql(qCountDelivery),
+		forgetDelivery:    q.sql(qForgetDelivery),
+		publishDeadLetter: q.sql(qPublishDeadLetter),
+		deadLetter:        q.sql(qDeadLetter),
+		resolveDeadLetter: q.sql(qResolveDeadLetter),
+	}, nil
+}
+
+// Mark implements framework.ProcessedStore.
+func (s *Store) Mark(ctx context.Context, tx *framework.Tx, consumer string, key framework.Key) (bool, error) {
+	if tx == nil || tx.Tx == nil {
+		return false, fmt.Errorf("mark %s for %s: %w", key, consumer, ErrNoTx)
+	}
+	res, err := tx.ExecContext(ctx, s.mark, consumer, key.Source, key.ID, s.dialect.timeArg(s.now()))
+	if err != nil {
+		return false, fmt.Errorf("mark %s for %s: %w", key, consumer, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return false, fmt.Errorf("mark %s for %s: rows affected: %w", key, consumer, err)
+	}
+	return n == 1, nil
+}
+
+// Count implements framework.DeliveryStore. It is one statement, committed
+// on its own.
+func (s *Store) Count(ctx context.Context, consumer string, key framework.Key, first int) (int, error) {
+	if first < 1 {
+		first = 1
+	}
+	var n int
+	err := s.db.QueryRowxContext(ctx, s.countDelivery,
+		consumer, key.Source, key.ID, first, s.dialect.timeArg(s.now())).Scan(&n)
+	if err != nil {
+		return 0, fmt.Errorf("count delivery of %s to %s: %w", key, consumer, err)
+	}
+	return n, nil
+}
+
+// Forget implements framework.DeliveryStore.
+func (s *Store) Forget(ctx context.Context, tx *framework.Tx, consumer string, key framework.Key) error {
+	if tx == nil || tx.Tx == nil {
+		return fmt.Errorf("forget delivery count of %s for %s: %w", key, consumer, ErrNoTx)
+	}
+	if _, err := tx.ExecContext(ctx, s.forgetDelivery, consumer, key.Source, key.ID); err != nil {
+		return fmt.Errorf("forget delivery count of %s for %s: %w", key, consumer, err)
+	}
+	return nil
+}
+
+// PublishDeadLetter implements framework.DeadLetterPublisher. The store
+// stamps the failure time with its clock; dl's ID, Repeats,
+// FirstFailedAt, LastFailedAt, Status and Resolution are ignored. A repeat
+// of (Consumer, Source, EventID) updates the row: the latest Topic, Type,
+// Version, Subject, CorrelationID, Code, Attempts, Body and Metadata,
+// LastFailedAt, one more Repeat, and status pending again, with an earlier
+// resolution cleared; FirstFailedAt stays.
+func (s *Store) PublishDeadLetter(ctx context.Context, dl framework.DeadLetter) error {
+	if err := ValidateDeadLetter(dl); err != nil {
+		return err
+	}
+	meta, err := encodeMetadata(dl.Metadata)
+	if err != nil {
+		return fmt.Errorf("publish dead letter %s for %s: %w", dl.Key(), dl.Consumer, err)
+	}
+	body := dl.Body
+	if body == nil {
+		body = []byte{}
+	}
+	at := s.dialect.timeArg(s.now())
+	_, err = s.db.ExecContext(ctx, s.publishDeadLetter,
+		dl.Consumer, dl.Topic, dl.Source, dl.EventID, dl.Type, dl.Version, dl.Subject, dl.CorrelationID,
+		string(dl.Code), dl.Attempts, at, at, body, meta)
+	if err != nil {
+		return fmt.Errorf("publish dead letter %s for %s: %w", dl.Key(), dl.Consumer, err)
+	}
+	return nil
+}
+
+// ValidateDeadLetter reports the first field of dl that a store cannot
+// take.
+func ValidateDeadLetter(dl framework.DeadLetter) error {
+	switch {
+	case dl.Consumer == "":
+		return errors.New("publish dead letter: Consumer is empty")
+	case dl.EventID == "":
+		return fmt.Errorf("publish dead letter for %s: EventID is empty (use framework.BodyKey when the message has no id)", dl.Consumer)
+	case !dl.Code.Valid():
+		return fmt.Errorf("publish dead letter %s for %s: invalid code %q", dl.Key(), dl.Consumer, dl.Code)
+	}
+	return nil
+}
+
+// DeadLetter implements framework.DeadLetterStore.
+func (s *Store) DeadLetter(ctx context.Context, id int64) (framework.DeadLetter, error) {
+	rows, err := s.db.QueryxContext(ctx, s.deadLetter, id)
+	if err != nil {
+		return framework.DeadLetter{}, fmt.Errorf("get dead letter %d: %w", id, err)
+	}
+	dls, err := scanDeadLetters(rows)
+	if err != nil {
+		return framework.DeadLetter{}, fmt.Errorf("get dead letter %d: %w", id, err)
+	}
+	if len(dls) == 0 {
+		return framework.DeadLetter{}, fmt.Errorf("get dead letter %d: %w", id, framework.ErrNotFound)
+	}
+	return dls[0], nil
+}
+
+// DeadLetters implements framework.DeadLetterStore.
+func (s *Store) DeadLetters(ctx context.Context, f framework.DeadLetterFilter) ([]framework.DeadLetter, error) {
+	if f.Limit < 0 {
+		return nil, fmt.Errorf("list dead letters: negative limit %d", f.Limit)
+	}
+	if f.Limit == 0 {
+		f.Limit = DefaultDeadLetterLimit
+	}
+	query := qDeadLetters
+	args := []any{f.AfterID}
+	if f.Consumer != "" {
+		query += qDeadLettersConsumer
+		args = append(args, f.Consumer)
+	}
+	if f.Code != "" {
+		query += qDeadLettersCode
+		args = append(args, string(f.Code))
+	}
+	if f.Status != "" {
+		query += qDeadLettersStatus
+		args = append(args, string(f.Status))
+	}
+	query += qDeadLettersOrder
+	args = append(args, f.Limit)
+	rows, err := s.db.QueryxContext(ctx, s.q.sql(query), args...)
+	if err != nil {
+		return nil, fmt.Errorf("list dead letters: %w", err)
+	}
+	dls, err := scanDeadLetters(rows)
+	if err != nil {
+		return nil, fmt.Errorf("list dead letters: %w", err)
+	}
+	return dls, nil
+}
+
+// ResolveDeadLetter implements framework.DeadLetterStore. A zero r.At
+// means now, by the store's clock.
+func (s *Store) ResolveDeadLetter(ctx context.Context, id int64, r framework.Resolution) error {
+	if r.Status != framework.DeadLetterReplayed && r.Status != framework.DeadLetterDiscarded {
+		return fmt.Errorf("resolve dead letter %d: status %q, want %q or %q",
+			id, r.Status, framework.DeadLetterReplayed, framework.DeadLetterDiscarded)
+	}
+	at := r.At
+	if at.IsZero() {
+		at = s.now()
+	}
+	res, err := s.db.ExecContext(ctx, s.resolveDeadLetter,
+		string(r.Status), r.By, s.dialect.timeArg(at), r.Reason, id)
+	if err != nil {
+		return fmt.Errorf("resolve dead letter %d: %w", id, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("resolve dead letter %d: rows affected: %w", id, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("resolve dead letter %d: no pending dead letter: %w", id, framework.ErrNotFound)
+	}
+	return nil
+}
+
+func scanDeadLetters(rows *sqlx.Rows) (_ []framework.DeadLetter, err error) {
+	defer func() {
+		if cerr := rows.Close(); err == nil && cerr != nil {
+			err = cerr
+		}
+	}()
+	var out []framework.DeadLetter
+	for rows.Next() {
+		var (
+			dl                      framework.DeadLetter
+			code, status            string
+			first, last, resolvedAt timeValue
+			meta                    []byte
+			resolvedBy, resolveWhy  sql.NullString
+		)
+		if err := rows.Scan(&dl.ID, &dl.Consumer, &dl.Topic, &dl.Source, &dl.EventID, &dl.Type,
+			&dl.Version, &dl.Subject, &dl.CorrelationID, &code, &dl.Attempts, &dl.Repeats,
+			&first, &last, &dl.Body, &meta, &status, &resolvedBy, &resolvedAt, &resolveWhy); err != nil {
+			return nil, fmt.Errorf("scan dead letter: %w", err)
+		}
+		dl.Code = framework.Code(code)
+		dl.Status = framework.DeadLetterStatus(status)
+		dl.FirstFailedAt, dl.LastFailedAt = first.t, last.t
+		if dl.Metadata, err = decodeMetadata(meta); err != nil {
+			return nil, fmt.Errorf("dead letter %d: %w", dl.ID, err)
+		}
+		if dl.Status != framework.DeadLetterPending {
+			dl.Resolution = framework.Resolution{
+				Status: dl.Status,
+				By:     resolvedBy.String,
+				Reason: resolveWhy.String,
+				At:     resolvedAt.t,
+			}
+		}
+		out = append(out, dl)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// encodeMetadata returns m as JSON text; nil is "{}".
+func encodeMetadata(m map[string]string) (string, error) {
+	if len(m) == 0 {
+		return "{}", nil
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		return "", fmt.Errorf("encode metadata: %w", err)
+	}
+	return string(b), nil
+}
+
+// decodeMetadata parses JSON metadata; an empty object is nil.
+func decodeMetadata(b []byte) (map[string]string, error) {
+	var m map[string]string
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, fmt.Errorf("decode metadata: %w", err)
+	}
+	if len(m) == 0 {
+		return nil, nil
+	}
+	return m, nil
+}

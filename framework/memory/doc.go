@@ -1,0 +1,33 @@
+// Package memory is an in-memory store of processed marks, delivery counts
+// and dead letters, for tests and for the memory transport. It protects
+// one process only and forgets everything when the process ends: use
+// framework/sqlite or framework/postgres in production.
+//
+// # Usage
+//
+// The unit of work runs without a database; the store's marks follow its
+// commit and rollback:
+//
+//	store := memory.NewStore()
+//	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{
+//		Processed:  store,
+//		Deliveries: store,
+//	})
+//	if err != nil {
+//		return err
+//	}
+//	outcome, err := uow.Do(ctx, "billing.charge-on-order-placed", key,
+//		func(ctx context.Context) error {
+//			return charge(ctx, order)
+//		})
+//
+// A second Do of the same consumer and key returns framework.Duplicate
+// without calling the function. While one attempt holds a mark, another
+// attempt on the same key waits for it to end, as it would on PostgreSQL.
+//
+// # Dead letters
+//
+// The store is also a framework.DeadLetterStore: PublishDeadLetter keeps
+// one dead letter per consumer and message key, DeadLetters lists them
+// and ResolveDeadLetter records an operator's replay or discard.
+package memory

@@ -1,0 +1,264 @@
+package memory
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/effectively-once/effectively/framework"
+)
+
+// DefaultDeadLetterLimit is how many dead letters DeadLetters returns when
+// the filter sets no limit.
+const DefaultDeadLetterLimit = 100
+
+// ErrNoTx is returned by Mark and Forget without the attempt's
+// transaction.
+var ErrNoTx = errors.New("memory: no transaction (call through framework.UnitOfWork)")
+
+// Store keeps processed marks, delivery counts and dead letters in the
+// memory of one process. It implements framework.ProcessedStore,
+// framework.DeliveryStore and framework.DeadLetterStore for tests and for
+// the memory transport: nothing survives a restart, and two processes
+// with a store each do not see each other's marks.
+//
+// It behaves like the SQL stores inside one process: a mark or a
+// forgotten count takes effect when the unit of work commits and is
+// undone when it rolls back, and Mark of a key whose mark another attempt
+// holds waits until that attempt ends. Use it with a UnitOfWork whose DB
+// is nil.
+type Store struct {
+	now func() time.Time
+
+	mu          sync.Mutex
+	marks       map[markKey]*mark
+	deliveries  map[markKey]int
+	deadLetters map[int64]*framework.DeadLetter
+	byKey       map[markKey]int64
+	lastID      int64
+}
+
+var (
+	_ framework.ProcessedStore  = (*Store)(nil)
+	_ framework.DeliveryStore   = (*Store)(nil)
+	_ framework.DeadLetterStore = (*Store)(nil)
+)
+
+// markKey keys a consumer's record of one event.
+type markKey struct {
+	consumer string
+	key      framework.Key
+}
+
+// mark is a processed mark, held by the attempt tx until it commits.
+type mark struct {
+	tx        *framework.Tx
+	committed bool
+	done      chan struct{} // closed when tx ends
+}
+
+// NewStore returns an empty Store.
+func NewStore() *Store {
+	return &Store{
+		now:         time.Now,
+		marks:       make(map[markKey]*mark),
+		deliveries:  make(map[markKey]int),
+		deadLetters: make(map[int64]*framework.DeadLetter),
+		byKey:       make(map[markKey]int64),
+	}
+}
+
+// Mark records that consumer processed key when tx commits. It returns
+// false when the mark exists. While another attempt holds the mark
+// uncommitted, Mark waits: for a duplicate when that attempt commits, for
+// the mark when it rolls back, or until ctx ends.
+func (s *Store) Mark(ctx context.Context, tx *framework.Tx, consumer string, key framework.Key) (bool, error) {
+	if tx == nil {
+		return false, fmt.Errorf("mark %s for %s: %w", key, consumer, ErrNoTx)
+	}
+	k := markKey{consumer: consumer, key: key}
+	for {
+		s.mu.Lock()
+		m, ok := s.marks[k]
+		switch {
+		case !ok:
+			m = &mark{tx: tx, done: make(chan struct{})}
+			s.marks[k] = m
+			s.mu.Unlock()
+			tx.OnCommit(func() {
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				m.committed = true
+				close(m.done)
+			})
+			tx.OnRollback(func() {
+				s.mu.Lock()
+				defer s.mu.Unlock()
+				delete(s.marks, k)
+				close(m.done)
+			})
+			return true, nil
+		case m.committed || m.tx == tx:
+			s.mu.Unlock()
+			return false, nil
+		}
+		done := m.done
+		s.mu.Unlock()
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return false, fmt.Errorf("mark %s for %s: %w", key, consumer, ctx.Err())
+		}
+	}
+}
+
+// Count records one more delivery of key to consumer and returns the
+// count; a new count starts at first (at least 1).
+func (s *Store) Count(ctx context.Context, consumer string, key framework.Key, first int) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("count delivery of %s to %s: %w", key, consumer, err)
+	}
+	k := markKey{consumer: consumer, key: key}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n, ok := s.deliveries[k]
+	if ok {
+		n++
+	} else {
+		n = max(first, 1)
+	}
+	s.deliveries[k] = n
+	return n, nil
+}
+
+// Forget removes the delivery count of key when tx commits.
+func (s *Store) Forget(ctx context.Context, tx *framework.Tx, consumer string, key framework.Key) error {
+	if tx == nil {
+		return fmt.Errorf("forget delivery count of %s for %s: %w", key, consumer, ErrNoTx)
+	}
+	k := markKey{consumer: consumer, key: key}
+	tx.OnCommit(func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		delete(s.deliveries, k)
+	})
+	return nil
+}
+
+// PublishDeadLetter stores dl, or updates the dead letter of the same
+// consumer and key: a repeat counts in Repeats, takes the latest code,
+// attempts, message and LastFailedAt, keeps FirstFailedAt and is pending
+// again, even when it had been replayed or discarded. The store stamps
+// the times with its clock.
+func (s *Store) PublishDeadLetter(ctx context.Context, dl framework.DeadLetter) error {
+	switch {
+	case dl.Consumer == "":
+		return errors.New("publish dead letter: Consumer is empty")
+	case dl.EventID == "":
+		return fmt.Errorf("publish dead letter for %s: EventID is empty (use framework.BodyKey when the message has no id)", dl.Consumer)
+	case !dl.Code.Valid():
+		return fmt.Errorf("publish dead letter %s for %s: invalid code %q", dl.Key(), dl.Consumer, dl.Code)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("publish dead letter %s for %s: %w", dl.Key(), dl.Consumer, err)
+	}
+	at := s.now().UTC()
+	dl.Body = slices.Clone(dl.Body)
+	dl.Metadata = maps.Clone(dl.Metadata)
+	if len(dl.Metadata) == 0 {
+		dl.Metadata = nil
+	}
+	dl.Status = framework.DeadLetterPending
+	dl.Resolution = framework.Resolution{}
+	dl.LastFailedAt = at
+	k := markKey{consumer: dl.Consumer, key: dl.Key()}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if id, ok := s.byKey[k]; ok {
+		old := s.deadLetters[id]
+		dl.ID, dl.FirstFailedAt, dl.Repeats = id, old.FirstFailedAt, old.Repeats+1
+		s.deadLetters[id] = &dl
+		return nil
+	}
+	s.lastID++
+	dl.ID, dl.FirstFailedAt, dl.Repeats = s.lastID, at, 0
+	s.deadLetters[dl.ID] = &dl
+	s.byKey[k] = dl.ID
+	return nil
+}
+
+// DeadLetter returns the dead letter with id, or an error wrapping
+// framework.ErrNotFound.
+func (s *Store) DeadLetter(ctx context.Context, id int64) (framework.DeadLetter, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	dl, ok := s.deadLetters[id]
+	if !ok {
+		return framework.DeadLetter{}, fmt.Errorf("get dead letter %d: %w", id, framework.ErrNotFound)
+	}
+	return clone(dl), nil
+}
+
+// DeadLetters lists the dead letters that match f, by ascending ID.
+func (s *Store) DeadLetters(ctx context.Context, f framework.DeadLetterFilter) ([]framework.DeadLetter, error) {
+	if f.Limit < 0 {
+		return nil, fmt.Errorf("list dead letters: negative limit %d", f.Limit)
+	}
+	if f.Limit == 0 {
+		f.Limit = DefaultDeadLetterLimit
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ids := slices.Sorted(maps.Keys(s.deadLetters))
+	var out []framework.DeadLetter
+	for _, id := range ids {
+		dl := s.deadLetters[id]
+		if id <= f.AfterID ||
+			(f.Consumer != "" && dl.Consumer != f.Consumer) ||
+			(f.Code != "" && dl.Code != f.Code) ||
+			(f.Status != "" && dl.Status != f.Status) {
+			continue
+		}
+		out = append(out, clone(dl))
+		if len(out) == f.Limit {
+			break
+		}
+	}
+	return out, nil
+}
+
+// ResolveDeadLetter moves the pending dead letter id to r.Status
+// (replayed or discarded) with who, why and when (zero r.At means now).
+// It returns an error wrapping framework.ErrNotFound when no pending dead
+// letter has id.
+func (s *Store) ResolveDeadLetter(ctx context.Context, id int64, r framework.Resolution) error {
+	if r.Status != framework.DeadLetterReplayed && r.Status != framework.DeadLetterDiscarded {
+		return fmt.Errorf("resolve dead letter %d: status %q, want %q or %q",
+			id, r.Status, framework.DeadLetterReplayed, framework.DeadLetterDiscarded)
+	}
+	if r.At.IsZero() {
+		r.At = s.now()
+	}
+	r.At = r.At.UTC()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	dl, ok := s.deadLetters[id]
+	if !ok || dl.Status != framework.DeadLetterPending {
+		return fmt.Errorf("resolve dead letter %d: no pending dead letter: %w", id, framework.ErrNotFound)
+	}
+	dl.Status = r.Status
+	dl.Resolution = r
+	return nil
+}
+
+func clone(dl *framework.DeadLetter) framework.DeadLetter {
+	c := *dl
+	c.Body = slices.Clone(dl.Body)
+	c.Metadata = maps.Clone(dl.Metadata)
+	return c
+}

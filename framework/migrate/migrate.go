@@ -1,0 +1,239 @@
+package migrate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/pressly/goose/v3"
+	"github.com/pressly/goose/v3/database"
+
+	"github.com/effectively-once/effectively/framework/internal/sqlstore"
+)
+
+// Dialect names the database the migrations are written for.
+type Dialect string
+
+// The supported dialects.
+const (
+	Postgres Dialect = Dialect(sqlstore.Postgres)
+	SQLite   Dialect = Dialect(sqlstore.SQLite)
+)
+
+// MaxTablePrefixBytes is the longest table prefix.
+const MaxTablePrefixBytes = sqlstore.MaxPrefixBytes
+
+// VersionTable is the name, after the table prefix, of the table that
+// records which of the framework's migrations are applied.
+const VersionTable = sqlstore.VersionTable
+
+// DefaultExtraVersionTable is the name, after the table prefix, of the
+// table that records which of the application's migrations (Config.Extra)
+// are applied.
+const DefaultExtraVersionTable = "app_schema_migrations"
+
+// The names of the two sets of migrations, as Status reports them.
+const (
+	// SetFramework is the framework's own migrations.
+	SetFramework = "effectively"
+	// SetExtra is the application's migrations, Config.Extra.
+	SetExtra = "app"
+)
+
+// ValidateTablePrefix reports whether prefix can prefix the framework's
+// table names: empty, or at most MaxTablePrefixBytes bytes matching
+// ^[a-z_][a-z0-9_]*$.
+func ValidateTablePrefix(prefix string) error { return sqlstore.ValidatePrefix(prefix) }
+
+// Config configures Up and Status.
+type Config struct {
+	// Dialect is the database's dialect. Defaults to the one the driver
+	// name of the database implies ("pgx" and "postgres" are Postgres,
+	// "sqlite" and "sqlite3" SQLite).
+	Dialect Dialect
+	// TablePrefix prefixes the name of every table the framework owns,
+	// including its version tables; see ValidateTablePrefix. Defaults to
+	// none.
+	TablePrefix string
+	// Extra holds the application's own goose SQL migrations
+	// (NNNNN_name.sql with "-- +goose Up" annotations) at its root; use
+	// fs.Sub for a folder of an embed.FS. They run after the framework's,
+	// so they may refer to its tables, and are recorded in a version table
+	// of their own. Defaults to none.
+	Extra fs.FS
+	// ExtraVersionTable names the table that records which of Extra's
+	// migrations are applied. Defaults to TablePrefix +
+	// DefaultExtraVersionTable.
+	ExtraVersionTable string
+	// Logger receives a line per migration applied. Defaults to discarding.
+	Logger *slog.Logger
+}
+
+// WithDefaults returns a copy of c with zero fields set to their
+// defaults, except Dialect, which comes from the database.
+func (c Config) WithDefaults() Config {
+	if c.ExtraVersionTable == "" {
+		c.ExtraVersionTable = c.TablePrefix + DefaultExtraVersionTable
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Validate reports the first invalid field of c.
+func (c Config) Validate() error {
+	if c.Dialect != "" {
+		if err := sqlstore.Dialect(c.Dialect).Validate(); err != nil {
+			return fmt.Errorf("migrate: Dialect: %w", err)
+		}
+	}
+	if err := sqlstore.ValidatePrefix(c.TablePrefix); err != nil {
+		return fmt.Errorf("migrate: TablePrefix: %w", err)
+	}
+	if c.ExtraVersionTable != "" {
+		if err := sqlstore.ValidatePrefix(c.ExtraVersionTable); err != nil {
+			return fmt.Errorf("migrate: ExtraVersionTable: %w", err)
+		}
+	}
+	if c.ExtraVersionTable == c.TablePrefix+VersionTable {
+		return fmt.Errorf("migrate: ExtraVersionTable %q is the framework's version table: choose another name", c.ExtraVersionTable)
+	}
+	return nil
+}
+
+// ErrMissingDB is returned without a database.
+var ErrMissingDB = errors.New("migrate: missing database (try sqlite.Open or postgres.Open)")
+
+// Up applies the framework's migrations that are not applied yet, then
+// the application's (Config.Extra). Running it again does nothing. On
+// PostgreSQL each set is applied under a session advisory lock keyed by
+// the schema and its version table, so processes that start together
+// apply them once; on SQLite each migration holds the write lock of the
+// file.
+func Up(ctx context.Context, db *sqlx.DB, cfg Config) error {
+	sets, err := providers(db, cfg)
+	if err != nil {
+		return err
+	}
+	for _, s := range sets {
+		results, err := s.provider.Up(ctx)
+		for _, r := range results {
+			if r.Error == nil {
+				s.logger.InfoContext(ctx, "migration applied", "version", r.Source.Version, "file", r.Source.Path, "duration", r.Duration)
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("migrate %s: %w", s.name, err)
+		}
+	}
+	return nil
+}
+
+// MigrationStatus says whether one migration is applied.
+type MigrationStatus struct {
+	// Set is SetFramework or SetExtra.
+	Set string
+	// Version is the number the file name starts with.
+	Version int64
+	// File is the migration's file name.
+	File string
+	// Applied reports whether the migration is applied, and AppliedAt
+	// when.
+	Applied   bool
+	AppliedAt time.Time
+}
+
+// Status lists every migration of the framework, then the application's,
+// in the order Up applies them, each with whether it is applied. It
+// creates the version tables when they are missing but changes nothing
+// else.
+func Status(ctx context.Context, db *sqlx.DB, cfg Config) ([]MigrationStatus, error) {
+	sets, err := providers(db, cfg)
+	if err != nil {
+		return nil, err
+	}
+	var out []MigrationStatus
+	for _, s := range sets {
+		st, err := s.provider.Status(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("migration status of %s: %w", s.name, err)
+		}
+		for _, m := range st {
+			out = append(out, MigrationStatus{
+				Set:       s.name,
+				Version:   m.Source.Version,
+				File:      m.Source.Path,
+				Applied:   m.State == goose.StateApplied,
+				AppliedAt: m.AppliedAt,
+			})
+		}
+	}
+	return out, nil
+}
+
+type set struct {
+	name     string
+	provider *goose.Provider
+	logger   *slog.Logger
+}
+
+func providers(db *sqlx.DB, cfg Config) ([]set, error) {
+	if db == nil {
+		return nil, ErrMissingDB
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	d := sqlstore.Dialect(cfg.Dialect)
+	if d == "" {
+		var err error
+		if d, err = sqlstore.DialectOf(db.DriverName()); err != nil {
+			return nil, fmt.Errorf("migrate: %w", err)
+		}
+	}
+	own, err := sqlstore.Migrations(d, cfg.TablePrefix)
+	if err != nil {
+		return nil, fmt.Errorf("migrate: %w", err)
+	}
+	sets := []set{{name: SetFramework, logger: cfg.Logger.With("migrations", SetFramework)}}
+	if sets[0].provider, err = newProvider(db, d, own, cfg.TablePrefix+VersionTable, sets[0].logger); err != nil {
+		return nil, fmt.Errorf("migrate %s: %w", SetFramework, err)
+	}
+	if cfg.Extra != nil {
+		s := set{name: SetExtra, logger: cfg.Logger.With("migrations", SetExtra)}
+		if s.provider, err = newProvider(db, d, cfg.Extra, cfg.ExtraVersionTable, s.logger); err != nil {
+			if errors.Is(err, goose.ErrNoMigrations) {
+				err = fmt.Errorf("%w at the root of Extra (for a folder of an embed.FS, pass fs.Sub(fsys, \"migrations\"))", err)
+			}
+			return nil, fmt.Errorf("migrate %s: %w", SetExtra, err)
+		}
+		sets = append(sets, s)
+	}
+	return sets, nil
+}
+
+func newProvider(db *sqlx.DB, d sqlstore.Dialect, fsys fs.FS, versionTable string, logger *slog.Logger) (*goose.Provider, error) {
+	gd := database.DialectPostgres
+	if d == sqlstore.SQLite {
+		gd = database.DialectSQLite3
+	}
+	store, err := database.NewStore(gd, versionTable)
+	if err != nil {
+		return nil, fmt.Errorf("version table %s: %w", versionTable, err)
+	}
+	opts := []goose.ProviderOption{
+		goose.WithStore(store),
+		goose.WithDisableGlobalRegistry(true),
+		goose.WithSlog(logger),
+	}
+	if l := sqlstore.Locker(d, versionTable); l != nil {
+		opts = append(opts, goose.WithSessionLocker(l))
+	}
+	return goose.NewProvider(goose.DialectCustom, db.DB, fsys, opts...)
+}

@@ -1,0 +1,99 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
+	"github.com/jmoiron/sqlx"
+)
+
+// DriverName is the database/sql driver name of pgx v5.
+const DriverName = "pgx"
+
+// Defaults of OpenConfig.
+const (
+	// DefaultMaxOpenConns bounds the pool: each in-flight attempt holds a
+	// connection for its transaction, and PostgreSQL's own default limit
+	// is 100 connections for every client together.
+	DefaultMaxOpenConns = 10
+	// DefaultConnMaxIdleTime closes connections idle that long.
+	DefaultConnMaxIdleTime = 5 * time.Minute
+)
+
+// OpenConfig configures Open.
+type OpenConfig struct {
+	// MaxOpenConns bounds the connection pool. Give it at least the
+	// number of attempts that may run at once, plus one for the delivery
+	// counts and dead letters. Defaults to DefaultMaxOpenConns.
+	MaxOpenConns int
+	// MaxIdleConns is how many idle connections the pool keeps. Defaults
+	// to MaxOpenConns.
+	MaxIdleConns int
+	// ConnMaxIdleTime closes a connection idle that long. Defaults to
+	// DefaultConnMaxIdleTime.
+	ConnMaxIdleTime time.Duration
+	// ConnMaxLifetime closes a connection that old; zero keeps it.
+	// Defaults to zero.
+	ConnMaxLifetime time.Duration
+}
+
+// WithDefaults returns a copy of c with zero fields set to their defaults.
+func (c OpenConfig) WithDefaults() OpenConfig {
+	if c.MaxOpenConns == 0 {
+		c.MaxOpenConns = DefaultMaxOpenConns
+	}
+	if c.MaxIdleConns == 0 {
+		c.MaxIdleConns = c.MaxOpenConns
+	}
+	if c.ConnMaxIdleTime == 0 {
+		c.ConnMaxIdleTime = DefaultConnMaxIdleTime
+	}
+	return c
+}
+
+// Validate reports the first invalid field of c.
+func (c OpenConfig) Validate() error {
+	switch {
+	case c.MaxOpenConns < 1:
+		return fmt.Errorf("postgres: MaxOpenConns must be at least 1, got %d", c.MaxOpenConns)
+	case c.MaxIdleConns < 0 || c.MaxIdleConns > c.MaxOpenConns:
+		return fmt.Errorf("postgres: MaxIdleConns must be between 0 and MaxOpenConns (%d), got %d", c.MaxOpenConns, c.MaxIdleConns)
+	case c.ConnMaxIdleTime < 0:
+		return fmt.Errorf("postgres: ConnMaxIdleTime must not be negative, got %s", c.ConnMaxIdleTime)
+	case c.ConnMaxLifetime < 0:
+		return fmt.Errorf("postgres: ConnMaxLifetime must not be negative, got %s", c.ConnMaxLifetime)
+	}
+	return nil
+}
+
+// ErrEmptyURL is returned by Open without a URL.
+var ErrEmptyURL = errors.New("postgres: empty database URL (e.g. postgres://user:password@host:5432/db?sslmode=disable)")
+
+// Open opens a bounded pool of connections to the PostgreSQL database at
+// url (a postgres:// URL or a key=value DSN, as pgx reads it) with the pgx
+// v5 driver, and pings it before it returns.
+func Open(ctx context.Context, url string, cfg OpenConfig) (*sqlx.DB, error) {
+	if url == "" {
+		return nil, ErrEmptyURL
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	db, err := sqlx.Open(DriverName, url)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: open: %w", err)
+	}
+	db.SetMaxOpenConns(cfg.MaxOpenConns)
+	db.SetMaxIdleConns(cfg.MaxIdleConns)
+	db.SetConnMaxIdleTime(cfg.ConnMaxIdleTime)
+	db.SetConnMaxLifetime(cfg.ConnMaxLifetime)
+	if err := db.PingContext(ctx); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("postgres: ping: %w", err)
+	}
+	return db, nil
+}

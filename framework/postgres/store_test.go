@@ -1,0 +1,38 @@
+package postgres_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/framework/migrate"
+	"github.com/effectively-once/effectively/framework/postgres"
+	"github.com/effectively-once/effectively/framework/storetest"
+	"github.com/effectively-once/effectively/internal/testenv"
+)
+
+func TestStore(t *testing.T) {
+	t.Parallel()
+	storetest.Exercise(t, func(t *testing.T) storetest.Harness {
+		db := testenv.Postgres(t)
+		return storetest.Harness{
+			DB: db,
+			NewStore: func(t *testing.T, cfg storetest.Config) storetest.Store {
+				err := migrate.Up(context.Background(), db, migrate.Config{TablePrefix: cfg.TablePrefix})
+				require.NoError(t, err)
+				s, err := postgres.NewStore(db, postgres.StoreConfig{TablePrefix: cfg.TablePrefix, Now: cfg.Now})
+				require.NoError(t, err)
+				return s
+			},
+		}
+	})
+}
+
+func TestNewStoreValidates(t *testing.T) {
+	t.Parallel()
+	_, err := postgres.NewStore(nil, postgres.StoreConfig{})
+	require.ErrorIs(t, err, postgres.ErrMissingDB)
+	_, err = postgres.NewStore(testenv.Postgres(t), postgres.StoreConfig{TablePrefix: "Bad-Prefix"})
+	require.ErrorContains(t, err, "TablePrefix")
+}

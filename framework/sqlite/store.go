@@ -1,0 +1,125 @@
+package sqlite
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/internal/sqlstore"
+)
+
+// StoreConfig configures a Store.
+type StoreConfig struct {
+	// TablePrefix prefixes the name of every table the store uses; it
+	// must match the prefix the database was migrated with (see
+	// framework/migrate). Defaults to none.
+	TablePrefix string
+	// Now is the store's clock. Defaults to time.Now.
+	Now func() time.Time
+}
+
+// WithDefaults returns a copy of c with zero fields set to their defaults.
+func (c StoreConfig) WithDefaults() StoreConfig {
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+// Validate reports the first invalid field of c.
+func (c StoreConfig) Validate() error {
+	if err := sqlstore.ValidatePrefix(c.TablePrefix); err != nil {
+		return fmt.Errorf("sqlite: TablePrefix: %w", err)
+	}
+	return nil
+}
+
+// ErrMissingDB is returned by NewStore without a database.
+var ErrMissingDB = errors.New("sqlite: missing database (try sqlite.Open)")
+
+// Store keeps processed marks, delivery counts and dead letters in a
+// SQLite database migrated by framework/migrate. It implements
+// framework.ProcessedStore, framework.DeliveryStore and
+// framework.DeadLetterStore.
+//
+// Times are stored as INTEGER nanoseconds since the Unix epoch, in UTC.
+// Mark and Forget run in the attempt's transaction, so the unit of work
+// must be given the same database. Open begins transactions with BEGIN
+// IMMEDIATE, so an attempt holds the file's write lock from its start and
+// attempts on one file run one at a time: Mark never races another mark.
+type Store struct {
+	s *sqlstore.Store
+}
+
+var (
+	_ framework.ProcessedStore  = (*Store)(nil)
+	_ framework.DeliveryStore   = (*Store)(nil)
+	_ framework.DeadLetterStore = (*Store)(nil)
+)
+
+// NewStore returns a Store on db, which should come from Open.
+func NewStore(db *sqlx.DB, cfg StoreConfig) (*Store, error) {
+	if db == nil {
+		return nil, ErrMissingDB
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	s, err := sqlstore.New(db, sqlstore.SQLite, cfg.TablePrefix, cfg.Now)
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: %w", err)
+	}
+	return &Store{s: s}, nil
+}
+
+// Mark records, inside tx, that consumer processed key; false means it
+// was processed before. See framework.ProcessedStore.
+func (s *Store) Mark(ctx context.Context, tx *framework.Tx, consumer string, key framework.Key) (bool, error) {
+	return s.s.Mark(ctx, tx, consumer, key)
+}
+
+// Count records one more delivery of key to consumer, committed on its
+// own, and returns the count; a new count starts at first. See
+// framework.DeliveryStore.
+func (s *Store) Count(ctx context.Context, consumer string, key framework.Key, first int) (int, error) {
+	return s.s.Count(ctx, consumer, key, first)
+}
+
+// Forget removes the delivery count of key inside tx. See
+// framework.DeliveryStore.
+func (s *Store) Forget(ctx context.Context, tx *framework.Tx, consumer string, key framework.Key) error {
+	return s.s.Forget(ctx, tx, consumer, key)
+}
+
+// PublishDeadLetter stores dl, or updates the dead letter of the same
+// consumer and key: a repeat counts in Repeats, takes the latest code,
+// attempts, message and LastFailedAt, keeps FirstFailedAt and is pending
+// again, even when it had been replayed or discarded. The store stamps
+// the times with its clock.
+func (s *Store) PublishDeadLetter(ctx context.Context, dl framework.DeadLetter) error {
+	return s.s.PublishDeadLetter(ctx, dl)
+}
+
+// DeadLetter returns the dead letter with id, or an error wrapping
+// framework.ErrNotFound.
+func (s *Store) DeadLetter(ctx context.Context, id int64) (framework.DeadLetter, error) {
+	return s.s.DeadLetter(ctx, id)
+}
+
+// DeadLetters lists the dead letters that match f, by ascending ID.
+func (s *Store) DeadLetters(ctx context.Context, f framework.DeadLetterFilter) ([]framework.DeadLetter, error) {
+	return s.s.DeadLetters(ctx, f)
+}
+
+// ResolveDeadLetter moves the pending dead letter id to r.Status
+// (replayed or discarded) with who, why and when (zero r.At means now).
+// It returns an error wrapping framework.ErrNotFound when no pending dead
+// letter has id.
+func (s *Store) ResolveDeadLetter(ctx context.Context, id int64, r framework.Resolution) error {
+	return s.s.ResolveDeadLetter(ctx, id, r)
+}

@@ -1,0 +1,35 @@
+// Package storetest is the conformance suite of the framework's stores:
+// every implementation of framework.ProcessedStore, framework.DeliveryStore
+// and framework.DeadLetterStore runs the same cases, through the public
+// path of framework.UnitOfWork, so that the backends behave alike.
+//
+// # Running the suite
+//
+// A backend's test gives Exercise a function that returns a Harness for
+// each case: a fresh database (nil for an in-memory store) and a way to
+// open a store on it.
+//
+//	func TestStore(t *testing.T) {
+//		storetest.Exercise(t, func(t *testing.T) storetest.Harness {
+//			db := testenv.SQLite(t)
+//			return storetest.Harness{
+//				DB: db,
+//				NewStore: func(t *testing.T, cfg storetest.Config) storetest.Store {
+//					ctx := context.Background()
+//					err := migrate.Up(ctx, db, migrate.Config{TablePrefix: cfg.TablePrefix})
+//					require.NoError(t, err)
+//					s, err := sqlite.NewStore(db, sqlite.StoreConfig{TablePrefix: cfg.TablePrefix, Now: cfg.Now})
+//					require.NoError(t, err)
+//					return s
+//				},
+//			}
+//		})
+//	}
+//
+// # Business writes
+//
+// With a database, the cases write their effects into a table "effects"
+// without any unique constraint, in the attempt's transaction: an effect
+// applied twice shows as two rows. Without one, an effect counts when the
+// unit of work reports it processed.
+package storetest
