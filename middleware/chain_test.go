@@ -1,0 +1,487 @@
+package middleware_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/migrate"
+	"github.com/effectively-once/effectively/framework/postgres"
+	"github.com/effectively-once/effectively/framework/sqlite"
+	"github.com/effectively-once/effectively/internal/testenv"
+	"github.com/effectively-once/effectively/middleware"
+)
+
+// store is what the SQL backends' stores implement.
+type store interface {
+	framework.ProcessedStore
+	framework.DeliveryStore
+	framework.DeadLetterStore
+}
+
+// backend opens a migrated database of its kind and its store.
+type backend struct {
+	name string
+	open func(t *testing.T) (*sqlx.DB, store)
+}
+
+var backends = []backend{
+	{"SQLite", func(t *testing.T) (*sqlx.DB, store) {
+		db := testenv.SQLite(t)
+		s, err := sqlite.NewStore(db, sqlite.StoreConfig{})
+		require.NoError(t, err)
+		return db, s
+	}},
+	{"Postgres", func(t *testing.T) (*sqlx.DB, store) {
+		db := testenv.Postgres(t)
+		s, err := postgres.NewStore(db, postgres.StoreConfig{})
+		require.NoError(t, err)
+		return db, s
+	}},
+}
+
+type noteV1 struct {
+	Text string `json:"text" validate:"required"`
+}
+
+var noted = framework.Define[noteV1]("notes.note.added", 1)
+
+const consumerName = "notes.effects"
+
+// bundle is one test's pipeline on one backend.
+type bundle struct {
+	db      *sqlx.DB
+	store   store
+	handler message.NoPublishHandlerFunc
+	uow     *framework.UnitOfWork
+	calls   atomic.Int64
+	// behave decides what the handler does after writing its effect.
+	behave func(ctx context.Context, ev framework.Event[noteV1], call int64) error
+}
+
+type setupConfig struct {
+	attempts      int
+	timeout       time.Duration
+	maxDeliveries int
+}
+
+func setup(t *testing.T, b backend, cfg setupConfig) *bundle {
+	t.Helper()
+	db, s := b.open(t)
+	require.NoError(t, migrate.Up(context.Background(), db, migrate.Config{}))
+	_, err := db.Exec(`CREATE TABLE effects (source TEXT NOT NULL, event_id TEXT NOT NULL, text TEXT NOT NULL)`)
+	require.NoError(t, err)
+
+	bd := &bundle{db: db, store: s}
+	c, err := framework.NewConsumer(consumerName, framework.Handle(noted, func(ctx context.Context, ev framework.Event[noteV1]) error {
+		call := bd.calls.Add(1)
+		_, err := framework.Conn(ctx, db).ExecContext(ctx, db.Rebind(`INSERT INTO effects (source, event_id, text) VALUES (?, ?, ?)`), ev.Source, ev.ID, ev.Data.Text)
+		if err != nil {
+			return err
+		}
+		if bd.behave != nil {
+			return bd.behave(ctx, ev, call)
+		}
+		return nil
+	}))
+	require.NoError(t, err)
+	bd.uow, err = framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Processed: s, Deliveries: s})
+	require.NoError(t, err)
+	if cfg.timeout == 0 {
+		cfg.timeout = 5 * time.Second
+	}
+	bd.handler, err = middleware.Handler(middleware.ChainConfig{
+		Consumer:      c,
+		UnitOfWork:    bd.uow,
+		DeadLetters:   s,
+		Deliveries:    s,
+		MaxDeliveries: cfg.maxDeliveries,
+		Retry:         middleware.RetryConfig{Attempts: cfg.attempts, Delay: time.Millisecond},
+		Timeout:       cfg.timeout,
+	})
+	require.NoError(t, err)
+	return bd
+}
+
+func (bd *bundle) count(t *testing.T, query string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, bd.db.Get(&n, bd.db.Rebind(query), args...))
+	return n
+}
+
+func (bd *bundle) effects(t *testing.T) int { return bd.count(t, `SELECT count(*) FROM effects`) }
+
+func (bd *bundle) marks(t *testing.T) int {
+	return bd.count(t, `SELECT count(*) FROM processed_events WHERE consumer = ?`, consumerName)
+}
+
+func (bd *bundle) deadLetters(t *testing.T) []framework.DeadLetter {
+	t.Helper()
+	dls, err := bd.store.DeadLetters(context.Background(), framework.DeadLetterFilter{Consumer: consumerName})
+	require.NoError(t, err)
+	return dls
+}
+
+func body(t *testing.T, env framework.Envelope) []byte {
+	t.Helper()
+	b, err := framework.Encode(env)
+	require.NoError(t, err)
+	return b
+}
+
+func event(t *testing.T, source, id string) []byte {
+	t.Helper()
+	env, err := noted.Envelope(noteV1{Text: "hello"}, framework.Attributes{ID: id, Source: source})
+	require.NoError(t, err)
+	return body(t, env)
+}
+
+// deliver hands the body to the chain as a transport would and reports
+// whether the message was acknowledged.
+func (bd *bundle) deliver(ctx context.Context, payload []byte) error {
+	msg := message.NewMessage(watermill.NewUUID(), payload)
+	msg.SetContext(ctx)
+	return bd.handler(msg)
+}
+
+func TestChain(t *testing.T) {
+	t.Parallel()
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			exerciseChain(t, b)
+		})
+	}
+}
+
+func exerciseChain(t *testing.T, b backend) {
+	ctx := context.Background()
+
+	t.Run("DuplicateOneAfterAnother", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b, setupConfig{})
+		ev := event(t, "notes", "1")
+		require.NoError(t, bd.deliver(ctx, ev))
+		require.NoError(t, bd.deliver(ctx, ev), "a duplicate is acknowledged")
+		require.Equal(t, 1, bd.effects(t))
+		require.Equal(t, 1, bd.marks(t))
+		require.EqualValues(t, 1, bd.calls.Load(), "the handler does not run for a duplicate")
+	})
+
+	t.Run("DuplicateConcurrently", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b, setupConfig{})
+		ev := event(t, "notes", "1")
+		var wg sync.WaitGroup
+		errs := make([]error, 8)
+		for i := range errs {
+			wg.Go(func() { errs[i] = bd.deliver(ctx, ev) })
+		}
+		wg.Wait()
+		for _, err := range errs {
+			require.NoError(t, err)
+		}
+		require.Equal(t, 1, bd.effects(t))
+		require.Equal(t, 1, bd.marks(t))
+	})
+
+	t.Run("SameIDTwoSources", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b, setupConfig{})
+		require.NoError(t, bd.deliver(ctx, event(t, "notes", "1")))
+		require.NoError(t, bd.deliver(ctx, event(t, "other-notes", "1")))
+		require.Equal(t, 2, bd.effects(t))
+	})
+
+	t.Run("FailsOnceThenSucceeds", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b, setupConfig{})
+		bd.behave = func(_ context.Context, _ framework.Event[noteV1], call int64) error {
+			if call == 1 {
+				return errors.New("flaky")
+			}
+			return nil
+		}
+		require.NoError(t, bd.deliver(ctx, event(t, "notes", "1")))
+		require.Equal(t, 1, bd.effects(t), "the failed attempt rolled back its write")
+		require.Equal(t, 1, bd.marks(t))
+		require.EqualValues(t, 2, bd.calls.Load())
+		require.Empty(t, bd.deadLetters(t))
+	})
+
+	t.Run("PermanentFailure", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b, setupConfig{})
+		bd.behave = func(context.Context, framework.Event[noteV1], int64) error {
+			return framework.Permanent("note_rejected", errors.New("secret payload detail"))
+		}
+		require.NoError(t, bd.deliver(ctx, event(t, "notes", "1")), "a dead-lettered message is acknowledged")
+		require.Equal(t, 0, bd.effects(t))
+		require.Equal(t, 0, bd.marks(t))
+		require.EqualValues(t, 1, bd.calls.Load(), "permanent errors are not retried")
+		dls := bd.deadLetters(t)
+		require.Len(t, dls, 1)
+		dl := dls[0]
+		require.Equal(t, framework.Code("note_rejected"), dl.Code)
+		require.Equal(t, 1, dl.Attempts)
+		require.Equal(t, "notes", dl.Source)
+		require.Equal(t, "1", dl.EventID)
+		require.Equal(t, noted.Type(), dl.Type)
+		require.Equal(t, 1, dl.Version)
+		require.Equal(t, framework.DeadLetterPending, dl.Status)
+		require.Equal(t, event(t, "notes", "1")[:20], dl.Body[:20])
+		raw, err := json.Marshal(dl)
+		require.NoError(t, err)
+		require.NotContains(t, string(raw), "secret payload detail", "a dead letter never holds error text")
+	})
+
+	t.Run("SamePoisonTwice", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b, setupConfig{})
+		bd.behave = func(context.Context, framework.Event[noteV1], int64) error {
+			return framework.Permanent("note_rejected", nil)
+		}
+		ev := event(t, "notes", "1")
+		require.NoError(t, bd.deliver(ctx, ev))
+		require.NoError(t, bd.deliver(ctx, ev))
+		dls := bd.deadLetters(t)
+		require.Len(t, dls, 1, "a repeat updates the dead letter")
+		require.Equal(t, 1, dls[0].Repeats)
+	})
+
+	t.Run("RetriesExhausted", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b, setupConfig{attempts: 4})
+		bd.behave = func(context.Context, framework.Event[noteV1], int64) error { return errors.New("down") }
+		require.NoError(t, bd.deliver(ctx, event(t, "notes", "1")))
+		require.EqualValues(t, 4, bd.calls.Load())
+		require.Equal(t, 0, bd.effects(t))
+		dls := bd.deadLetters(t)
+		require.Len(t, dls, 1)
+		require.Equal(t, framework.CodeRetriesExhausted, dls[0].Code)
+		require.Equal(t, 4, dls[0].Attempts)
+	})
+
+	t.Run("Panic", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b, setupConfig{attempts: 3})
+		bd.behave = func(_ context.Context, ev framework.Event[noteV1], _ int64) error {
+			if ev.ID == "boom" {
+				panic("boom")
+			}
+			return nil
+		}
+		require.NoError(t, bd.deliver(ctx, event(t, "notes", "boom")))
+		require.EqualValues(t, 3, bd.calls.Load(), "a panicking attempt is retried")
+		dls := bd.deadLetters(t)
+		require.Len(t, dls, 1)
+		require.Equal(t, framework.CodePanic, dls[0].Code)
+		require.NoError(t, bd.deliver(ctx, event(t, "notes", "fine")), "the consumer keeps running")
+		require.Equal(t, 1, bd.effects(t))
+	})
+
+	t.Run("Timeout", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b, setupConfig{attempts: 2, timeout: 50 * time.Millisecond})
+		bd.behave = func(ctx context.Context, _ framework.Event[noteV1], _ int64) error {
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		require.NoError(t, bd.deliver(ctx, event(t, "notes", "1")))
+		dls := bd.deadLetters(t)
+		require.Len(t, dls, 1)
+		require.Equal(t, framework.CodeTimeout, dls[0].Code)
+		require.Equal(t, 0, bd.effects(t))
+	})
+
+	t.Run("Poison", func(t *testing.T) {
+		t.Parallel()
+		raw := func(m map[string]any) []byte {
+			full := map[string]any{"specversion": "1.0", "id": "p", "source": "notes", "type": noted.Type(), "eventversion": 1, "data": map[string]any{"text": "x"}}
+			for k, v := range m {
+				if v == nil {
+					delete(full, k)
+				} else {
+					full[k] = v
+				}
+			}
+			out, err := json.Marshal(full)
+			require.NoError(t, err)
+			return out
+		}
+		tests := []struct {
+			name string
+			body []byte
+			code framework.Code
+		}{
+			{"NotJSON", []byte("not json at all"), framework.CodeMalformedEnvelope},
+			{"NoID", raw(map[string]any{"id": nil}), framework.CodeMalformedEnvelope},
+			{"LongID", raw(map[string]any{"id": strings.Repeat("x", 257)}), framework.CodeTooLarge},
+			{"UnknownType", raw(map[string]any{"id": "p1", "type": "notes.note.removed"}), framework.CodeUnknownType},
+			{"UnknownVersion", raw(map[string]any{"id": "p2", "eventversion": 2}), framework.CodeUnsupportedVersion},
+			{"InvalidData", raw(map[string]any{"id": "p3", "data": map[string]any{"text": ""}}), framework.CodeInvalidPayload},
+		}
+		bd := setup(t, b, setupConfig{attempts: 5})
+		for _, tt := range tests {
+			require.NoError(t, bd.deliver(ctx, tt.body), "%s: poison is acknowledged", tt.name)
+		}
+		require.EqualValues(t, 0, bd.calls.Load(), "poison never reaches the handler")
+		dls := bd.deadLetters(t)
+		require.Len(t, dls, len(tests))
+		codes := map[framework.Code]int{}
+		for _, dl := range dls {
+			codes[dl.Code]++
+			require.Equal(t, 0, dl.Attempts, "poison is never retried")
+		}
+		for _, tt := range tests {
+			require.Positive(t, codes[tt.code], "%s: want a dead letter with code %s, got %v", tt.name, tt.code, codes)
+		}
+		require.NoError(t, bd.deliver(ctx, []byte("not json at all")))
+		require.Len(t, bd.deadLetters(t), len(tests), "the same poison without an id is keyed by its body")
+	})
+
+	t.Run("CancelledDuringAttempt", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b, setupConfig{})
+		started := make(chan struct{})
+		bd.behave = func(ctx context.Context, _ framework.Event[noteV1], call int64) error {
+			if call == 1 {
+				close(started)
+				<-ctx.Done()
+				return ctx.Err()
+			}
+			return nil
+		}
+		cctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- bd.deliver(cctx, event(t, "notes", "1")) }()
+		<-started
+		cancel()
+		require.Error(t, <-done, "an attempt cut short is not acknowledged")
+		require.Equal(t, 0, bd.effects(t))
+		require.Equal(t, 0, bd.marks(t))
+		require.Empty(t, bd.deadLetters(t), "shutdown never dead-letters")
+
+		require.NoError(t, bd.deliver(ctx, event(t, "notes", "1")), "the redelivery is processed")
+		require.Equal(t, 1, bd.effects(t))
+	})
+
+	t.Run("DeliveryLimit", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b, setupConfig{maxDeliveries: 3})
+		// Each delivery dies mid-attempt, as if the process were killed.
+		inHandler := make(chan struct{})
+		bd.behave = func(ctx context.Context, _ framework.Event[noteV1], _ int64) error {
+			inHandler <- struct{}{}
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		ev := event(t, "notes", "1")
+		for i := range 3 {
+			cctx, cancel := context.WithCancel(ctx)
+			go func() { <-inHandler; cancel() }()
+			require.Error(t, bd.deliver(cctx, ev), "delivery %d is cut short", i+1)
+		}
+		require.Empty(t, bd.deadLetters(t))
+		require.NoError(t, bd.deliver(ctx, ev))
+		dls := bd.deadLetters(t)
+		require.Len(t, dls, 1)
+		require.Equal(t, framework.CodeDeliveryLimit, dls[0].Code)
+		require.EqualValues(t, 3, bd.calls.Load(), "the fourth delivery never reached the handler")
+		require.Equal(t, 0, bd.count(t, `SELECT count(*) FROM deliveries`), "the count goes with the dead letter")
+	})
+
+	t.Run("FirstDeliveryNotCounted", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b, setupConfig{})
+		bd.behave = func(context.Context, framework.Event[noteV1], int64) error { return errors.New("down") }
+		msg := message.NewMessage(watermill.NewUUID(), event(t, "notes", "1"))
+		msg.Metadata.Set(framework.MetadataRedelivered, "false")
+		bd.behave = nil
+		require.NoError(t, bd.handler(msg))
+		require.Equal(t, 0, bd.count(t, `SELECT count(*) FROM deliveries`), "a known first delivery costs no count")
+
+		again := message.NewMessage(watermill.NewUUID(), event(t, "notes", "2"))
+		again.Metadata.Set(framework.MetadataRedelivered, "true")
+		require.NoError(t, bd.handler(again))
+		require.Equal(t, 0, bd.count(t, `SELECT count(*) FROM deliveries`), "the count is forgotten with the commit")
+		require.Equal(t, 2, bd.effects(t))
+	})
+
+	t.Run("IdempotencyKeyInHandler", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b, setupConfig{})
+		var keys []string
+		bd.behave = func(ctx context.Context, ev framework.Event[noteV1], call int64) error {
+			k, ok := framework.IdempotencyKeyFromContext(ctx)
+			require.True(t, ok)
+			keys = append(keys, k)
+			if call == 1 {
+				return errors.New("the outside call timed out")
+			}
+			return nil
+		}
+		require.NoError(t, bd.deliver(ctx, event(t, "notes", "1")))
+		require.Len(t, keys, 2)
+		require.Equal(t, keys[0], keys[1], "the same key on every attempt")
+		require.Equal(t, framework.IdempotencyKey(consumerName, framework.Key{Source: "notes", ID: "1"}), keys[0])
+	})
+
+	t.Run("Consume", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b, setupConfig{})
+		c, err := framework.NewConsumer(consumerName, framework.Handle(noted, func(ctx context.Context, ev framework.Event[noteV1]) error {
+			_, err := framework.Conn(ctx, bd.db).ExecContext(ctx, bd.db.Rebind(`INSERT INTO effects (source, event_id, text) VALUES (?, ?, ?)`), ev.Source, ev.ID, ev.Data.Text)
+			return err
+		}))
+		require.NoError(t, err)
+		ev := event(t, "notes", "1")
+		out, err := framework.Consume(ctx, c, bd.uow, ev)
+		require.NoError(t, err)
+		require.Equal(t, framework.Processed, out)
+		out, err = framework.Consume(ctx, c, bd.uow, ev)
+		require.NoError(t, err)
+		require.Equal(t, framework.Duplicate, out)
+		require.Equal(t, 1, bd.effects(t))
+		_, err = framework.Consume(ctx, c, bd.uow, []byte("{"))
+		require.Equal(t, framework.CodeMalformedEnvelope, framework.CodeOf(err))
+	})
+
+	t.Run("ThroughRouter", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b, setupConfig{})
+		pubSub := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
+		router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+		require.NoError(t, err)
+		router.AddConsumerHandler(consumerName, noted.Type(), pubSub, bd.handler)
+		runCtx, stop := context.WithCancel(ctx)
+		defer stop()
+		go func() { _ = router.Run(runCtx) }()
+		<-router.Running()
+		for i, payload := range [][]byte{event(t, "notes", "1"), event(t, "notes", "1"), event(t, "notes", "2"), []byte("poison")} {
+			require.NoError(t, pubSub.Publish(noted.Type(), message.NewMessage(fmt.Sprint(i), payload)))
+		}
+		require.Eventually(t, func() bool {
+			return bd.effects(t) == 2 && len(bd.deadLetters(t)) == 1
+		}, 10*time.Second, 10*time.Millisecond)
+		require.NoError(t, router.Close())
+		require.NoError(t, pubSub.Close())
+		dl := bd.deadLetters(t)[0]
+		require.Equal(t, noted.Type(), dl.Topic)
+		require.Equal(t, framework.CodeMalformedEnvelope, dl.Code)
+	})
+}
