@@ -110,28 +110,50 @@ func (c Config) Validate() error {
 var ErrMissingDB = errors.New("migrate: missing database (try sqlite.Open or postgres.Open)")
 
 // Up applies the framework's migrations that are not applied yet, then
-// the application's (Config.Extra). Running it again does nothing. On
-// PostgreSQL each set is applied under a session advisory lock keyed by
-// the schema and its version table, so processes that start together
-// apply them once; on SQLite each migration holds the write lock of the
-// file.
+// the application's (Config.Extra). Running it again does nothing.
+//
+// Processes that start together may run Up together. On PostgreSQL each
+// set is applied under a session advisory lock keyed by the schema and the
+// set's version table, so the others wait and then find nothing to do. On
+// SQLite each migration runs in a transaction that holds the file's write
+// lock, but the list of applied migrations is read before: when a
+// migration fails after another process applied migrations meanwhile, Up
+// reads the list again and goes on, and it returns the error when no
+// other process made progress.
 func Up(ctx context.Context, db *sqlx.DB, cfg Config) error {
 	sets, err := providers(db, cfg)
 	if err != nil {
 		return err
 	}
 	for _, s := range sets {
+		if err := s.up(ctx); err != nil {
+			return fmt.Errorf("migrate %s: %w", s.name, err)
+		}
+	}
+	return nil
+}
+
+func (s set) up(ctx context.Context) error {
+	for {
+		before, err := s.provider.GetDBVersion(ctx)
+		if err != nil {
+			return err
+		}
 		results, err := s.provider.Up(ctx)
 		for _, r := range results {
 			if r.Error == nil {
 				s.logger.InfoContext(ctx, "migration applied", "version", r.Source.Version, "file", r.Source.Path, "duration", r.Duration)
 			}
 		}
-		if err != nil {
-			return fmt.Errorf("migrate %s: %w", s.name, err)
+		if err == nil {
+			return nil
 		}
+		after, verr := s.provider.GetDBVersion(ctx)
+		if verr != nil || after <= before {
+			return err
+		}
+		s.logger.InfoContext(ctx, "migrations applied concurrently; reading them again", "version", after)
 	}
-	return nil
 }
 
 // MigrationStatus says whether one migration is applied.

@@ -1,0 +1,254 @@
+package migrate_test
+
+import (
+	"context"
+	"database/sql"
+	"sync"
+	"testing"
+	"testing/fstest"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/framework/migrate"
+	"github.com/effectively-once/effectively/framework/postgres"
+	"github.com/effectively-once/effectively/framework/sqlite"
+	"github.com/effectively-once/effectively/internal/testenv"
+)
+
+// frameworkTables are the tables the framework owns, before the prefix.
+var frameworkTables = []string{
+	"processed_events", "dead_letters", "outbox", "subject_checkpoints", "parked_events", "deliveries",
+	migrate.VersionTable,
+}
+
+// dialects opens a fresh database of each dialect, and a function that
+// opens another pool on the same database.
+var dialects = []struct {
+	name string
+	open func(t *testing.T) (db *sqlx.DB, again func(t *testing.T) *sqlx.DB)
+}{
+	{"SQLite", func(t *testing.T) (*sqlx.DB, func(t *testing.T) *sqlx.DB) {
+		path := testenv.SQLitePath(t)
+		again := func(t *testing.T) *sqlx.DB {
+			db, err := sqlite.Open(context.Background(), path, sqlite.OpenConfig{})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = db.Close() })
+			return db
+		}
+		return again(t), again
+	}},
+	{"Postgres", func(t *testing.T) (*sqlx.DB, func(t *testing.T) *sqlx.DB) {
+		url := testenv.PostgresURL(t)
+		again := func(t *testing.T) *sqlx.DB {
+			db, err := postgres.Open(context.Background(), url, postgres.OpenConfig{})
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = db.Close() })
+			return db
+		}
+		return again(t), again
+	}},
+}
+
+func requireTables(t *testing.T, db *sqlx.DB, names ...string) {
+	t.Helper()
+	for _, name := range names {
+		var n int
+		require.NoError(t, db.Get(&n, "SELECT count(*) FROM "+name), "table %s", name)
+	}
+}
+
+func requireNoTable(t *testing.T, db *sqlx.DB, name string) {
+	t.Helper()
+	var n int
+	require.Error(t, db.Get(&n, "SELECT count(*) FROM "+name), "table %s exists", name)
+}
+
+func prefixed(prefix string, names []string) []string {
+	out := make([]string, len(names))
+	for i, n := range names {
+		out[i] = prefix + n
+	}
+	return out
+}
+
+// userMigrations is an application's own migration set.
+func userMigrations(n int) fstest.MapFS {
+	fsys := fstest.MapFS{
+		"00001_customers.sql": {Data: []byte("-- +goose Up\nCREATE TABLE customers (id TEXT PRIMARY KEY);\n\n-- +goose Down\nDROP TABLE customers;\n")},
+		"00002_orders.sql":    {Data: []byte("-- +goose Up\nCREATE TABLE orders (id TEXT PRIMARY KEY, customer_id TEXT NOT NULL);\n\n-- +goose Down\nDROP TABLE orders;\n")},
+	}
+	if n < 2 {
+		delete(fsys, "00002_orders.sql")
+	}
+	return fsys
+}
+
+func TestUp(t *testing.T) {
+	t.Parallel()
+	for _, d := range dialects {
+		t.Run(d.name, func(t *testing.T) {
+			t.Parallel()
+
+			t.Run("CreatesEveryTable", func(t *testing.T) {
+				t.Parallel()
+				db, _ := d.open(t)
+				ctx := context.Background()
+				require.NoError(t, migrate.Up(ctx, db, migrate.Config{}))
+				requireTables(t, db, frameworkTables...)
+			})
+
+			t.Run("IsIdempotent", func(t *testing.T) {
+				t.Parallel()
+				db, _ := d.open(t)
+				ctx := context.Background()
+				cfg := migrate.Config{TablePrefix: "fx_", Extra: userMigrations(2)}
+				require.NoError(t, migrate.Up(ctx, db, cfg))
+				require.NoError(t, migrate.Up(ctx, db, cfg))
+				st, err := migrate.Status(ctx, db, cfg)
+				require.NoError(t, err)
+				for _, s := range st {
+					require.True(t, s.Applied, "%s %s", s.Set, s.File)
+				}
+				var n int
+				require.NoError(t, db.Get(&n, "SELECT count(*) FROM fx_"+migrate.VersionTable+" WHERE version_id = 1"))
+				require.Equal(t, 1, n)
+			})
+
+			t.Run("HonoursThePrefix", func(t *testing.T) {
+				t.Parallel()
+				db, _ := d.open(t)
+				ctx := context.Background()
+				require.NoError(t, migrate.Up(ctx, db, migrate.Config{TablePrefix: "a_"}))
+				require.NoError(t, migrate.Up(ctx, db, migrate.Config{TablePrefix: "tenant_b_"}))
+				requireTables(t, db, prefixed("a_", frameworkTables)...)
+				requireTables(t, db, prefixed("tenant_b_", frameworkTables)...)
+				requireNoTable(t, db, "processed_events")
+				requireNoTable(t, db, migrate.VersionTable)
+			})
+
+			t.Run("AppliesTheApplicationsMigrations", func(t *testing.T) {
+				t.Parallel()
+				db, _ := d.open(t)
+				ctx := context.Background()
+				cfg := migrate.Config{TablePrefix: "fx_", Extra: userMigrations(1)}
+
+				st, err := migrate.Status(ctx, db, cfg)
+				require.NoError(t, err)
+				require.Len(t, st, 2)
+				require.Equal(t, migrate.MigrationStatus{Set: migrate.SetFramework, Version: 1, File: "00001_init.sql"}, st[0])
+				require.Equal(t, migrate.MigrationStatus{Set: migrate.SetExtra, Version: 1, File: "00001_customers.sql"}, st[1])
+
+				require.NoError(t, migrate.Up(ctx, db, cfg))
+				requireTables(t, db, "customers", "fx_"+migrate.DefaultExtraVersionTable)
+				requireNoTable(t, db, "orders")
+
+				cfg.Extra = userMigrations(2)
+				require.NoError(t, migrate.Up(ctx, db, cfg))
+				requireTables(t, db, "orders")
+				st, err = migrate.Status(ctx, db, cfg)
+				require.NoError(t, err)
+				require.Len(t, st, 3)
+				for _, s := range st {
+					require.True(t, s.Applied, "%s %s", s.Set, s.File)
+					require.False(t, s.AppliedAt.IsZero())
+				}
+				require.Equal(t, migrate.SetExtra, st[2].Set)
+				require.EqualValues(t, 2, st[2].Version)
+
+				// The application's versions live in their own table.
+				var n int
+				require.NoError(t, db.Get(&n, "SELECT count(*) FROM fx_"+migrate.VersionTable+" WHERE version_id = 2"))
+				require.Zero(t, n)
+			})
+
+			t.Run("CustomExtraVersionTable", func(t *testing.T) {
+				t.Parallel()
+				db, _ := d.open(t)
+				ctx := context.Background()
+				cfg := migrate.Config{Extra: userMigrations(1), ExtraVersionTable: "my_versions"}
+				require.NoError(t, migrate.Up(ctx, db, cfg))
+				requireTables(t, db, "my_versions", "customers")
+			})
+
+			t.Run("ConcurrentUp", func(t *testing.T) {
+				t.Parallel()
+				_, again := d.open(t)
+				ctx := context.Background()
+				cfg := migrate.Config{TablePrefix: "c_", Extra: userMigrations(2)}
+				const processes = 4
+				dbs := make([]*sqlx.DB, processes)
+				for i := range dbs {
+					dbs[i] = again(t)
+				}
+				var wg sync.WaitGroup
+				errs := make([]error, processes)
+				for i, db := range dbs {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						errs[i] = migrate.Up(ctx, db, cfg)
+					}()
+				}
+				wg.Wait()
+				for _, err := range errs {
+					require.NoError(t, err)
+				}
+				requireTables(t, dbs[0], prefixed("c_", frameworkTables)...)
+				requireTables(t, dbs[0], "customers", "orders")
+				var n int
+				require.NoError(t, dbs[0].Get(&n, "SELECT count(*) FROM c_"+migrate.DefaultExtraVersionTable+" WHERE version_id > 0"))
+				require.Equal(t, 2, n, "each migration applied once")
+			})
+		})
+	}
+}
+
+func TestConfig(t *testing.T) {
+	t.Parallel()
+	db := testenv.SQLite(t)
+	ctx := context.Background()
+
+	t.Run("RejectsBadPrefix", func(t *testing.T) {
+		t.Parallel()
+		for _, p := range []string{"Upper_", "1st_", "dash-", "space ", "a_23456789012345678901234567890"} {
+			err := migrate.Up(ctx, db, migrate.Config{TablePrefix: p})
+			require.ErrorContains(t, err, "TablePrefix", p)
+			require.Error(t, migrate.ValidateTablePrefix(p), p)
+		}
+		for _, p := range []string{"", "_", "a", "effectively_", "a_2345678901234567890123456789"} {
+			require.NoError(t, migrate.ValidateTablePrefix(p), p)
+		}
+	})
+
+	t.Run("RejectsEmptyExtra", func(t *testing.T) {
+		t.Parallel()
+		nested := fstest.MapFS{"migrations/00001_a.sql": {Data: []byte("-- +goose Up\nSELECT 1;\n")}}
+		err := migrate.Up(ctx, db, migrate.Config{Extra: nested})
+		require.ErrorContains(t, err, "fs.Sub")
+	})
+
+	t.Run("RejectsFrameworkVersionTableForExtra", func(t *testing.T) {
+		t.Parallel()
+		err := migrate.Up(ctx, db, migrate.Config{Extra: userMigrations(1), ExtraVersionTable: migrate.VersionTable})
+		require.ErrorContains(t, err, "ExtraVersionTable")
+	})
+
+	t.Run("RequiresKnownDialect", func(t *testing.T) {
+		t.Parallel()
+		err := migrate.Up(ctx, sqlx.NewDb(db.DB, "mysql"), migrate.Config{})
+		require.ErrorContains(t, err, "mysql")
+		err = migrate.Up(ctx, db, migrate.Config{Dialect: "oracle"})
+		require.ErrorContains(t, err, "Dialect")
+		require.ErrorIs(t, migrate.Up(ctx, nil, migrate.Config{}), migrate.ErrMissingDB)
+	})
+
+	t.Run("ExplicitDialect", func(t *testing.T) {
+		t.Parallel()
+		other := sqlx.NewDb(sqlOf(t), "custom-sqlite-wrapper")
+		require.NoError(t, migrate.Up(ctx, other, migrate.Config{Dialect: migrate.SQLite}))
+		requireTables(t, other, frameworkTables...)
+	})
+}
+
+func sqlOf(t *testing.T) *sql.DB { return testenv.SQLite(t).DB }

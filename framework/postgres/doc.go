@@ -1,0 +1,36 @@
+// Package postgres runs the framework on PostgreSQL: Open opens a bounded
+// pool with the pgx v5 driver, and Store keeps the processed marks,
+// delivery counts and dead letters in the tables that framework/migrate
+// creates.
+//
+// # Usage
+//
+//	db, err := postgres.Open(ctx, "postgres://app:secret@127.0.0.1:5432/app?sslmode=disable", postgres.OpenConfig{})
+//	if err != nil {
+//		return err
+//	}
+//	defer db.Close()
+//	if err := migrate.Up(ctx, db, migrate.Config{}); err != nil {
+//		return err
+//	}
+//	store, err := postgres.NewStore(db, postgres.StoreConfig{})
+//	if err != nil {
+//		return err
+//	}
+//	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{
+//		DB:         db,
+//		Processed:  store,
+//		Deliveries: store,
+//	})
+//
+// The unit of work and the store share db: the processed mark is written
+// in the attempt's transaction, with the handler's writes.
+//
+// # Concurrency
+//
+// Two attempts on the same event may run at once (a redelivery while the
+// first delivery is still being handled). The second one's mark waits for
+// the first transaction: it finds the event processed when the first
+// commits, and takes the mark when the first rolls back. Size the pool
+// (OpenConfig.MaxOpenConns) for the attempts that run at once.
+package postgres
