@@ -2,15 +2,20 @@ package sqlite
 
 import (
 	"context"
+	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/framework"
 )
 
 // pubsubFullEnv, when "1", runs watermill's universal suite in full mode
@@ -81,4 +86,520 @@ func TestPubSubUniversalPolling(t *testing.T) {
 	db := openPubSubTestDB(t)
 	ctor, groupCtor := universalPubSub(db, nil)
 	tests.TestPubSub(t, universalFeatures(), ctor, groupCtor)
+}
+
+// pubsubBundle is what the behaviour tests work with: one file, a
+// Publisher and a way to make Subscribers on it.
+type pubsubBundle struct {
+	db       *sqlx.DB
+	notifier *Notifier
+	pub      *Publisher
+	topic    string
+}
+
+func setupPubSub(t *testing.T) *pubsubBundle {
+	t.Helper()
+	db := openPubSubTestDB(t)
+	n := NewNotifier()
+	pub, err := NewPublisher(db, PublisherConfig{Notifier: n})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, pub.Close()) })
+	return &pubsubBundle{db: db, notifier: n, pub: pub, topic: "appointments.appointment.booked"}
+}
+
+// subscriber returns a Subscriber of group on the bundle's file with short
+// intervals; cfg's non-zero fields win.
+func (b *pubsubBundle) subscriber(t *testing.T, cfg SubscriberConfig) *Subscriber {
+	t.Helper()
+	if cfg.Notifier == nil {
+		cfg.Notifier = b.notifier
+	}
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = 10 * time.Millisecond
+	}
+	if cfg.NackDelay == 0 {
+		cfg.NackDelay = 10 * time.Millisecond
+	}
+	if cfg.RetryInterval == 0 {
+		cfg.RetryInterval = 10 * time.Millisecond
+	}
+	sub, err := NewSubscriber(b.db, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, sub.Close()) })
+	return sub
+}
+
+func (b *pubsubBundle) publish(t *testing.T, payloads ...string) []*message.Message {
+	t.Helper()
+	var msgs []*message.Message
+	for _, p := range payloads {
+		msg := message.NewMessage(watermill.NewUUID(), []byte(p))
+		msg.Metadata.Set("k", "v-"+p)
+		msgs = append(msgs, msg)
+	}
+	require.NoError(t, b.pub.Publish(b.topic, msgs...))
+	return msgs
+}
+
+func (b *pubsubBundle) count(t *testing.T, query string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.db.Get(&n, query, args...))
+	return n
+}
+
+func receive(t *testing.T, ch <-chan *message.Message) *message.Message {
+	t.Helper()
+	select {
+	case msg, ok := <-ch:
+		require.True(t, ok, "channel closed")
+		return msg
+	case <-time.After(10 * time.Second):
+		t.Fatal("no message within 10s")
+		return nil
+	}
+}
+
+func receiveNothing(t *testing.T, ch <-chan *message.Message, wait time.Duration) {
+	t.Helper()
+	select {
+	case msg, ok := <-ch:
+		if ok {
+			t.Fatalf("unexpected message %s (%s)", msg.UUID, msg.Payload)
+		}
+	case <-time.After(wait):
+	}
+}
+
+func redelivered(t *testing.T, msg *message.Message) bool {
+	t.Helper()
+	r, known := framework.Redelivered(msg)
+	require.True(t, known, "metadata %s missing", framework.MetadataRedelivered)
+	return r
+}
+
+func TestPubSubConfig(t *testing.T) {
+	t.Parallel()
+
+	t.Run("Defaults", func(t *testing.T) {
+		cfg := SubscriberConfig{}.WithDefaults()
+		require.NoError(t, cfg.Validate())
+		require.Equal(t, DefaultPollInterval, cfg.PollInterval)
+		require.Equal(t, DefaultLeaseDuration, cfg.LeaseDuration)
+		require.Equal(t, DefaultNackDelay, cfg.NackDelay)
+		require.Equal(t, DefaultMaxInFlight, cfg.MaxInFlight)
+		require.Equal(t, DefaultClaimBatchSize, cfg.ClaimBatchSize)
+		require.Equal(t, DefaultAckFlushInterval, cfg.AckFlushInterval)
+		require.Equal(t, DefaultPubSubCleanupInterval, cfg.CleanupInterval)
+		require.NotNil(t, cfg.Logger)
+		require.NoError(t, PublisherConfig{}.WithDefaults().Validate())
+	})
+	t.Run("ErrorsNameTheField", func(t *testing.T) {
+		for field, cfg := range map[string]SubscriberConfig{
+			"TablePrefix":      {TablePrefix: "Bad-Prefix"},
+			"LeaseDuration":    {LeaseDuration: -time.Second},
+			"PollInterval":     {PollInterval: -1},
+			"MaxInFlight":      {MaxInFlight: -1},
+			"CleanupBatchSize": {CleanupBatchSize: -5},
+		} {
+			err := cfg.WithDefaults().Validate()
+			require.ErrorContains(t, err, "SubscriberConfig."+field)
+		}
+		_, err := NewPublisher(openPubSubTestDB(t), PublisherConfig{TablePrefix: "1x"})
+		require.ErrorContains(t, err, "PublisherConfig.TablePrefix")
+		_, err = NewSubscriber(nil, SubscriberConfig{})
+		require.ErrorIs(t, err, ErrMissingDB)
+	})
+	t.Run("CleanupOff", func(t *testing.T) {
+		cfg := SubscriberConfig{CleanupInterval: -1}.WithDefaults()
+		require.NoError(t, cfg.Validate())
+		require.Negative(t, cfg.CleanupInterval)
+	})
+}
+
+func TestPubSubTablePrefix(t *testing.T) {
+	t.Parallel()
+	db := openPubSubTestDB(t)
+	pub, err := NewPublisher(db, PublisherConfig{TablePrefix: "app_"})
+	require.NoError(t, err)
+	sub, err := NewSubscriber(db, SubscriberConfig{TablePrefix: "app_", PollInterval: 10 * time.Millisecond})
+	require.NoError(t, err)
+	defer sub.Close()
+
+	require.NoError(t, pub.Publish("t", message.NewMessage("1", []byte("x"))))
+	ch, err := sub.Subscribe(context.Background(), "t")
+	require.NoError(t, err)
+	receive(t, ch).Ack()
+
+	var tables []string
+	require.NoError(t, db.Select(&tables,
+		`SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE '%pubsub%' ORDER BY name`))
+	require.Equal(t, []string{"app_pubsub_groups", "app_pubsub_leases", "app_pubsub_messages"}, tables)
+}
+
+func TestPubSubDelivery(t *testing.T) {
+	t.Parallel()
+
+	t.Run("MetadataRoundTripsAndFirstDeliveryIsNotRedelivered", func(t *testing.T) {
+		t.Parallel()
+		b := setupPubSub(t)
+		sent := b.publish(t, "a")
+		ch, err := b.subscriber(t, SubscriberConfig{}).Subscribe(context.Background(), b.topic)
+		require.NoError(t, err)
+		msg := receive(t, ch)
+		require.Equal(t, sent[0].UUID, msg.UUID)
+		require.Equal(t, "a", string(msg.Payload))
+		require.Equal(t, "v-a", msg.Metadata.Get("k"))
+		require.False(t, redelivered(t, msg))
+		require.True(t, msg.Ack())
+	})
+
+	t.Run("NackRedelivers", func(t *testing.T) {
+		t.Parallel()
+		b := setupPubSub(t)
+		b.publish(t, "a")
+		ch, err := b.subscriber(t, SubscriberConfig{NackDelay: 100 * time.Millisecond}).
+			Subscribe(context.Background(), b.topic)
+		require.NoError(t, err)
+		first := receive(t, ch)
+		require.False(t, redelivered(t, first))
+		nackedAt := time.Now()
+		first.Nack()
+		again := receive(t, ch)
+		require.GreaterOrEqual(t, time.Since(nackedAt), 100*time.Millisecond, "redelivered before NackDelay")
+		require.Equal(t, first.UUID, again.UUID)
+		require.True(t, redelivered(t, again))
+		again.Ack()
+		receiveNothing(t, ch, 200*time.Millisecond)
+	})
+
+	t.Run("ExpiredLeaseRedelivers", func(t *testing.T) {
+		t.Parallel()
+		b := setupPubSub(t)
+		b.publish(t, "a")
+		// One subscription holds the message and never acks; the lease
+		// expires and another subscription of the group gets it.
+		holder := b.subscriber(t, SubscriberConfig{LeaseDuration: 300 * time.Millisecond})
+		held, err := holder.Subscribe(context.Background(), b.topic)
+		require.NoError(t, err)
+		first := receive(t, held)
+		require.False(t, redelivered(t, first))
+
+		other := b.subscriber(t, SubscriberConfig{LeaseDuration: time.Minute})
+		ch, err := other.Subscribe(context.Background(), b.topic)
+		require.NoError(t, err)
+		again := receive(t, ch)
+		require.Equal(t, first.UUID, again.UUID)
+		require.True(t, redelivered(t, again))
+		again.Ack()
+		first.Ack() // late: the lease is gone already; harmless
+		require.NoError(t, holder.Close())
+		require.Zero(t, b.count(t, `SELECT COUNT(*) FROM pubsub_leases`))
+	})
+
+	t.Run("SlowMessageWithinLeaseIsNotRedelivered", func(t *testing.T) {
+		t.Parallel()
+		b := setupPubSub(t)
+		b.publish(t, "a")
+		sub := b.subscriber(t, SubscriberConfig{LeaseDuration: time.Minute})
+		ch, err := sub.Subscribe(context.Background(), b.topic)
+		require.NoError(t, err)
+		msg := receive(t, ch)
+		receiveNothing(t, ch, 300*time.Millisecond)
+		msg.Ack()
+	})
+
+	t.Run("SeveralInFlight", func(t *testing.T) {
+		t.Parallel()
+		b := setupPubSub(t)
+		b.publish(t, "1", "2", "3", "4", "5")
+		ch, err := b.subscriber(t, SubscriberConfig{MaxInFlight: 4}).Subscribe(context.Background(), b.topic)
+		require.NoError(t, err)
+		var held []*message.Message
+		for range 4 {
+			held = append(held, receive(t, ch))
+		}
+		receiveNothing(t, ch, 100*time.Millisecond) // MaxInFlight reached
+		for _, m := range held {
+			m.Ack()
+		}
+		receive(t, ch).Ack()
+	})
+
+	t.Run("ConsumerGroupsEachGetEveryMessage", func(t *testing.T) {
+		t.Parallel()
+		b := setupPubSub(t)
+		a, err := b.subscriber(t, SubscriberConfig{ConsumerGroup: "a"}).Subscribe(context.Background(), b.topic)
+		require.NoError(t, err)
+		c, err := b.subscriber(t, SubscriberConfig{ConsumerGroup: "c"}).Subscribe(context.Background(), b.topic)
+		require.NoError(t, err)
+		sent := b.publish(t, "x")
+		for _, ch := range []<-chan *message.Message{a, c} {
+			msg := receive(t, ch)
+			require.Equal(t, sent[0].UUID, msg.UUID)
+			msg.Ack()
+		}
+	})
+}
+
+// TestPubSubHandInsert publishes the way docs/transports.md tells another
+// program to: one INSERT of the CloudEvent into pubsub_messages.
+func TestPubSubHandInsert(t *testing.T) {
+	t.Parallel()
+	b := setupPubSub(t)
+	sub := b.subscriber(t, SubscriberConfig{ConsumerGroup: "notifications.remind-on-appointment-booked"})
+	require.NoError(t, sub.SubscribeInitialize(b.topic)) // creates the tables
+
+	const event = `{"specversion":"1.0","id":"evt-1","source":"appointments",` +
+		`"type":"appointments.appointment.booked","eventversion":1,"subject":"appt-7",` +
+		`"subjectseq":"1","time":"2026-01-02T03:04:05Z","data":{"appointment_id":"appt-7"}}`
+	_, err := b.db.Exec(`INSERT INTO pubsub_messages (topic, uuid, payload, metadata)
+		VALUES (?, ?, CAST(? AS BLOB), ?)`,
+		"appointments.appointment.booked", "evt-1", event, `{"content-type":"application/cloudevents+json"}`)
+	require.NoError(t, err)
+
+	ch, err := sub.Subscribe(context.Background(), b.topic)
+	require.NoError(t, err)
+	msg := receive(t, ch)
+	require.Equal(t, "evt-1", msg.UUID)
+	require.Equal(t, framework.ContentType, msg.Metadata.Get(framework.MetadataContentType))
+	require.False(t, redelivered(t, msg))
+	env, err := framework.DecodeMessage(msg, 0)
+	require.NoError(t, err)
+	require.Equal(t, framework.Key{Source: "appointments", ID: "evt-1"}, env.Key())
+	require.Equal(t, "appointments.appointment.booked", env.Type)
+	msg.Ack()
+	require.NoError(t, sub.Close())
+	require.Zero(t, b.count(t, `SELECT COUNT(*) FROM pubsub_leases`))
+}
+
+// pubsubTestMarks is a ProcessedStore over a table of the test's file.
+type pubsubTestMarks struct{}
+
+func (pubsubTestMarks) Mark(ctx context.Context, tx *framework.Tx, consumer string, key framework.Key) (bool, error) {
+	res, err := tx.ExecContext(ctx, `INSERT INTO test_marks (consumer, source, id) VALUES (?, ?, ?)
+		ON CONFLICT DO NOTHING`, consumer, key.Source, key.ID)
+	if err != nil {
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	return n == 1, err
+}
+
+func TestPubSubAckInTx(t *testing.T) {
+	t.Parallel()
+
+	setup := func(t *testing.T) (*pubsubBundle, *framework.UnitOfWork) {
+		b := setupPubSub(t)
+		_, err := b.db.Exec(`CREATE TABLE test_marks (consumer TEXT, source TEXT, id TEXT, PRIMARY KEY (consumer, source, id));
+			CREATE TABLE test_parents (id TEXT PRIMARY KEY);
+			CREATE TABLE test_effects (id TEXT PRIMARY KEY,
+				parent TEXT REFERENCES test_parents (id) DEFERRABLE INITIALLY DEFERRED)`)
+		require.NoError(t, err)
+		uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.db, Processed: pubsubTestMarks{}})
+		require.NoError(t, err)
+		return b, uow
+	}
+	handle := func(t *testing.T, uow *framework.UnitOfWork, db *sqlx.DB, msg *message.Message, parent any, fail error) (framework.Outcome, error) {
+		return uow.Do(msg.Context(), "c", framework.Key{Source: "s", ID: msg.UUID}, func(ctx context.Context) error {
+			if _, err := framework.Conn(ctx, db).ExecContext(ctx,
+				`INSERT INTO test_effects (id, parent) VALUES (?, ?)`, msg.UUID, parent); err != nil {
+				return err
+			}
+			return fail
+		})
+	}
+
+	t.Run("CommitAcksWithTheEffect", func(t *testing.T) {
+		t.Parallel()
+		b, uow := setup(t)
+		b.publish(t, "a")
+		sub := b.subscriber(t, SubscriberConfig{})
+		ch, err := sub.Subscribe(context.Background(), b.topic)
+		require.NoError(t, err)
+		msg := receive(t, ch)
+
+		outcome, err := handle(t, uow, b.db, msg, nil, nil)
+		require.NoError(t, err)
+		require.Equal(t, framework.Processed, outcome)
+		// The lease went with the commit, before the router's Ack.
+		require.Zero(t, b.count(t, `SELECT COUNT(*) FROM pubsub_leases`))
+		require.Equal(t, 1, b.count(t, `SELECT COUNT(*) FROM test_effects`))
+		msg.Ack()
+		require.NoError(t, sub.Close())
+
+		// After a restart nothing comes back.
+		ch, err = b.subscriber(t, SubscriberConfig{}).Subscribe(context.Background(), b.topic)
+		require.NoError(t, err)
+		receiveNothing(t, ch, 300*time.Millisecond)
+	})
+
+	t.Run("RollbackRedelivers", func(t *testing.T) {
+		t.Parallel()
+		b, uow := setup(t)
+		b.publish(t, "a")
+		ch, err := b.subscriber(t, SubscriberConfig{}).Subscribe(context.Background(), b.topic)
+		require.NoError(t, err)
+		msg := receive(t, ch)
+
+		outcome, err := handle(t, uow, b.db, msg, nil, errors.New("handler failed"))
+		require.Error(t, err)
+		require.Equal(t, framework.Failed, outcome)
+		require.Equal(t, 1, b.count(t, `SELECT COUNT(*) FROM pubsub_leases`))
+		msg.Nack()
+
+		again := receive(t, ch)
+		require.Equal(t, msg.UUID, again.UUID)
+		require.True(t, redelivered(t, again))
+		outcome, err = handle(t, uow, b.db, again, nil, nil)
+		require.NoError(t, err)
+		require.Equal(t, framework.Processed, outcome)
+		again.Ack()
+		require.Equal(t, 1, b.count(t, `SELECT COUNT(*) FROM test_effects`))
+	})
+
+	t.Run("FailedCommitAfterAckRedelivers", func(t *testing.T) {
+		t.Parallel()
+		b, uow := setup(t)
+		b.publish(t, "a")
+		ch, err := b.subscriber(t, SubscriberConfig{}).Subscribe(context.Background(), b.topic)
+		require.NoError(t, err)
+		msg := receive(t, ch)
+
+		// The deferred foreign key fails the COMMIT, after the ack ran in
+		// the transaction: the ack rolls back with the effect.
+		outcome, err := handle(t, uow, b.db, msg, "no-such-parent", nil)
+		require.ErrorContains(t, err, "FOREIGN KEY")
+		require.Equal(t, framework.Failed, outcome)
+		require.Equal(t, 1, b.count(t, `SELECT COUNT(*) FROM pubsub_leases`))
+		msg.Nack()
+
+		again := receive(t, ch)
+		require.Equal(t, msg.UUID, again.UUID)
+		require.True(t, redelivered(t, again))
+		again.Ack()
+	})
+}
+
+func TestPubSubCleanup(t *testing.T) {
+	t.Parallel()
+	b := setupPubSub(t)
+	fast := b.subscriber(t, SubscriberConfig{ConsumerGroup: "fast", CleanupInterval: -1})
+	slow := b.subscriber(t, SubscriberConfig{ConsumerGroup: "slow", CleanupInterval: -1})
+	require.NoError(t, fast.SubscribeInitialize(b.topic))
+	require.NoError(t, slow.SubscribeInitialize(b.topic))
+	// A topic no group is registered for keeps its messages.
+	require.NoError(t, b.pub.Publish("nobody.listens", message.NewMessage("n", []byte("x"))))
+	b.publish(t, "1", "2", "3", "4", "5", "6")
+
+	consume := func(ch <-chan *message.Message, n int) {
+		for range n {
+			receive(t, ch).Ack()
+		}
+	}
+	fastCh, err := fast.Subscribe(context.Background(), b.topic)
+	require.NoError(t, err)
+	consume(fastCh, 6)
+	require.NoError(t, fast.Close()) // writes the buffered acks
+
+	n, err := slow.Cleanup(context.Background())
+	require.NoError(t, err)
+	require.Zero(t, n, "slow acked nothing yet")
+
+	slowSub := b.subscriber(t, SubscriberConfig{ConsumerGroup: "slow", MaxInFlight: 3, ClaimBatchSize: 3, CleanupInterval: -1})
+	slowCh, err := slowSub.Subscribe(context.Background(), b.topic)
+	require.NoError(t, err)
+	var held []*message.Message
+	for range 3 {
+		held = append(held, receive(t, slowCh))
+	}
+	held[0].Ack()
+	held[2].Ack() // the second stays unacked: only the first can go
+	var deleted int64
+	require.Eventually(t, func() bool { // once the acks are written
+		n, err := slow.Cleanup(context.Background())
+		require.NoError(t, err)
+		deleted += n
+		return deleted > 0
+	}, 5*time.Second, 5*time.Millisecond)
+	require.EqualValues(t, 1, deleted)
+
+	held[1].Ack()
+	consume(slowCh, 3)
+	require.NoError(t, slowSub.Close())
+	n, err = slow.Cleanup(context.Background())
+	require.NoError(t, err)
+	require.EqualValues(t, 5, n)
+	require.Zero(t, b.count(t, `SELECT COUNT(*) FROM pubsub_leases`))
+	require.Equal(t, 1, b.count(t, `SELECT COUNT(*) FROM pubsub_messages`))
+	require.Equal(t, 1, b.count(t, `SELECT COUNT(*) FROM pubsub_messages WHERE topic = 'nobody.listens'`))
+}
+
+func TestPubSubCleanupRunsPeriodically(t *testing.T) {
+	t.Parallel()
+	b := setupPubSub(t)
+	sub := b.subscriber(t, SubscriberConfig{CleanupInterval: 20 * time.Millisecond})
+	b.publish(t, "1", "2")
+	ch, err := sub.Subscribe(context.Background(), b.topic)
+	require.NoError(t, err)
+	receive(t, ch).Ack()
+	receive(t, ch).Ack()
+	require.Eventually(t, func() bool {
+		return b.count(t, `SELECT COUNT(*) FROM pubsub_messages`) == 0
+	}, 5*time.Second, 10*time.Millisecond)
+}
+
+// TestPubSubRestart closes the subscriber and the database mid-way and
+// reopens them: every message arrives, none is lost.
+func TestPubSubRestart(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "restart.db")
+	const topic, total = "t", 100
+	open := func() *sqlx.DB {
+		db, err := Open(context.Background(), path, OpenConfig{})
+		require.NoError(t, err)
+		return db
+	}
+
+	db := open()
+	pub, err := NewPublisher(db, PublisherConfig{})
+	require.NoError(t, err)
+	want := map[string]bool{}
+	for i := range total {
+		msg := message.NewMessage(watermill.NewUUID(), []byte(strconv.Itoa(i)))
+		want[msg.UUID] = true
+		require.NoError(t, pub.Publish(topic, msg))
+	}
+	require.NoError(t, pub.Close())
+
+	got := map[string]bool{}
+	sub, err := NewSubscriber(db, SubscriberConfig{PollInterval: 10 * time.Millisecond})
+	require.NoError(t, err)
+	ch, err := sub.Subscribe(context.Background(), topic)
+	require.NoError(t, err)
+	for i := range 40 {
+		msg := receive(t, ch)
+		if i%4 == 0 {
+			msg.Nack() // handled nowhere: must come back
+			continue
+		}
+		got[msg.UUID] = true
+		msg.Ack()
+	}
+	require.NoError(t, sub.Close())
+	require.NoError(t, db.Close())
+
+	db = open()
+	defer db.Close()
+	sub, err = NewSubscriber(db, SubscriberConfig{PollInterval: 10 * time.Millisecond, NackDelay: time.Millisecond})
+	require.NoError(t, err)
+	defer sub.Close()
+	ch, err = sub.Subscribe(context.Background(), topic)
+	require.NoError(t, err)
+	for len(got) < total {
+		msg := receive(t, ch)
+		got[msg.UUID] = true
+		msg.Ack()
+	}
+	require.Equal(t, want, got)
 }
