@@ -1,0 +1,62 @@
+package sqlstore
+
+import (
+	"io/fs"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestMigrations(t *testing.T) {
+	t.Parallel()
+	for _, d := range []Dialect{Postgres, SQLite} {
+		t.Run(string(d), func(t *testing.T) {
+			t.Parallel()
+			fsys, err := Migrations(d, "acme_")
+			require.NoError(t, err)
+			names, err := fs.Glob(fsys, "*.sql")
+			require.NoError(t, err)
+			require.NotEmpty(t, names)
+			for _, name := range names {
+				b, err := fs.ReadFile(fsys, name)
+				require.NoError(t, err)
+				text := string(b)
+				require.NotContains(t, text, "{{")
+				require.Contains(t, text, "-- +goose Up")
+				for _, table := range []string{"processed_events", "dead_letters", "outbox", "subject_checkpoints", "parked_events", "deliveries"} {
+					require.Contains(t, text, "CREATE TABLE IF NOT EXISTS acme_"+table+" (")
+				}
+				require.NotContains(t, strings.ReplaceAll(text, "acme_", ""), "acme")
+			}
+		})
+	}
+
+	_, err := Migrations("oracle", "")
+	require.Error(t, err)
+	_, err = Migrations(SQLite, "Bad")
+	require.Error(t, err)
+}
+
+func TestDialectOf(t *testing.T) {
+	t.Parallel()
+	for driver, want := range map[string]Dialect{"pgx": Postgres, "postgres": Postgres, "sqlite": SQLite, "sqlite3": SQLite} {
+		got, err := DialectOf(driver)
+		require.NoError(t, err)
+		require.Equal(t, want, got, driver)
+	}
+	_, err := DialectOf("mysql")
+	require.ErrorContains(t, err, "mysql")
+}
+
+func TestQueriesUseThePrefixAndDialect(t *testing.T) {
+	t.Parallel()
+	pg := newQueries(Postgres, "p_").sql(qMark)
+	require.Contains(t, pg, "INSERT INTO p_processed_events")
+	require.Contains(t, pg, "$4")
+	require.NotContains(t, pg, "?")
+	lite := newQueries(SQLite, "").sql(qCountDelivery)
+	require.Contains(t, lite, "INSERT INTO deliveries")
+	require.Contains(t, lite, "deliveries.count + 1")
+	require.NotContains(t, lite, "{p}")
+}
