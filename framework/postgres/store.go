@@ -101,7 +101,9 @@ func (s *Store) Forget(ctx context.Context, tx *framework.Tx, consumer string, k
 // consumer and key: a repeat counts in Repeats, takes the latest code,
 // attempts, message and LastFailedAt, keeps FirstFailedAt and is pending
 // again, even when it had been replayed or discarded. The store stamps
-// the times with its clock.
+// the times with its clock. It also forgets the message's delivery count
+// for the consumer (see Count), in the same transaction, so that a replay
+// is counted afresh instead of hitting the delivery limit at once.
 func (s *Store) PublishDeadLetter(ctx context.Context, dl framework.DeadLetter) error {
 	return s.s.PublishDeadLetter(ctx, dl)
 }

@@ -479,6 +479,33 @@ func exerciseDeliveries(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.Equal(t, 1, n, "the committed attempt forgot the count")
 	})
 
+	// A dead-lettered message is acknowledged; when an operator replays
+	// it, its deliveries are counted afresh, else a message dead-lettered
+	// for its delivery limit would be dead-lettered again at once.
+	t.Run("DeadLetterForgetsCount", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		for range 3 {
+			_, err := b.store.Count(ctx, consumer, key, 1)
+			require.NoError(t, err)
+		}
+		other := framework.Key{Source: "appointments", ID: "a-2"}
+		_, err := b.store.Count(ctx, consumer, other, 1)
+		require.NoError(t, err)
+
+		dl := deadLetter(consumer, key.ID)
+		dl.Source, dl.Code = key.Source, framework.CodeDeliveryLimit
+		require.NoError(t, b.store.PublishDeadLetter(ctx, dl))
+
+		n, err := b.store.Count(ctx, consumer, key, 1)
+		require.NoError(t, err)
+		require.Equal(t, 1, n, "the dead letter took the count with it")
+		n, err = b.store.Count(ctx, consumer, other, 1)
+		require.NoError(t, err)
+		require.Equal(t, 2, n, "other counts stay")
+	})
+
 	t.Run("RollbackKeepsCount", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, newHarness)

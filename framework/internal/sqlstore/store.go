@@ -118,7 +118,9 @@ func (s *Store) Forget(ctx context.Context, tx *framework.Tx, consumer string, k
 // of (Consumer, Source, EventID) updates the row: the latest Topic, Type,
 // Version, Subject, CorrelationID, Code, Attempts, Body and Metadata,
 // LastFailedAt, one more Repeat, and status pending again, with an earlier
-// resolution cleared; FirstFailedAt stays.
+// resolution cleared; FirstFailedAt stays. In the same transaction it
+// forgets the message's delivery count for the consumer, so that a replay
+// is counted afresh instead of hitting the delivery limit at once.
 func (s *Store) PublishDeadLetter(ctx context.Context, dl framework.DeadLetter) error {
 	if err := ValidateDeadLetter(dl); err != nil {
 		return err
@@ -132,11 +134,21 @@ func (s *Store) PublishDeadLetter(ctx context.Context, dl framework.DeadLetter) 
 		body = []byte{}
 	}
 	at := s.dialect.timeArg(s.now())
-	_, err = s.db.ExecContext(ctx, s.publishDeadLetter,
-		dl.Consumer, dl.Topic, dl.Source, dl.EventID, dl.Type, dl.Version, dl.Subject, dl.CorrelationID,
-		string(dl.Code), dl.Attempts, at, at, body, meta)
+	tx, err := s.db.BeginTxx(ctx, nil)
 	if err != nil {
+		return fmt.Errorf("publish dead letter %s for %s: begin: %w", dl.Key(), dl.Consumer, err)
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	if _, err := tx.ExecContext(ctx, s.publishDeadLetter,
+		dl.Consumer, dl.Topic, dl.Source, dl.EventID, dl.Type, dl.Version, dl.Subject, dl.CorrelationID,
+		string(dl.Code), dl.Attempts, at, at, body, meta); err != nil {
 		return fmt.Errorf("publish dead letter %s for %s: %w", dl.Key(), dl.Consumer, err)
+	}
+	if _, err := tx.ExecContext(ctx, s.forgetDelivery, dl.Consumer, dl.Source, dl.EventID); err != nil {
+		return fmt.Errorf("publish dead letter %s for %s: forget delivery count: %w", dl.Key(), dl.Consumer, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("publish dead letter %s for %s: commit: %w", dl.Key(), dl.Consumer, err)
 	}
 	return nil
 }
