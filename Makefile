@@ -16,3 +16,7 @@ test: ## Run every test with -race, starting PostgreSQL when needed.
 .PHONY: tidy
 tidy: ## Check that go.mod and go.sum are tidy.
 	$(GO) mod tidy -diff
+
+.PHONY: test-sqlite-pubsub
+test-sqlite-pubsub: ## Run watermill's full universal suite on the SQLite Pub/Sub, five times.
+	EFFECTIVELY_PUBSUB_FULL=1 $(GO) test -count=5 -timeout 30m -run 'TestPubSubUniversal' ./framework/sqlite/
