@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework/migrate"
@@ -35,4 +36,6 @@ func TestNewStoreValidates(t *testing.T) {
 	require.ErrorIs(t, err, postgres.ErrMissingDB)
 	_, err = postgres.NewStore(testenv.Postgres(t), postgres.StoreConfig{TablePrefix: "Bad-Prefix"})
 	require.ErrorContains(t, err, "TablePrefix")
+	_, err = postgres.NewStore(sqlx.NewDb(testenv.Postgres(t).DB, "sqlite"), postgres.StoreConfig{})
+	require.ErrorContains(t, err, "not postgres")
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework/migrate"
@@ -35,4 +36,6 @@ func TestNewStoreValidates(t *testing.T) {
 	require.ErrorIs(t, err, sqlite.ErrMissingDB)
 	_, err = sqlite.NewStore(testenv.SQLite(t), sqlite.StoreConfig{TablePrefix: "Bad-Prefix"})
 	require.ErrorContains(t, err, "TablePrefix")
+	_, err = sqlite.NewStore(sqlx.NewDb(testenv.SQLite(t).DB, "pgx"), sqlite.StoreConfig{})
+	require.ErrorContains(t, err, "not sqlite")
 }

@@ -52,6 +52,9 @@ func New(db *sqlx.DB, d Dialect, prefix string, now func() time.Time) (*Store, e
 	if err := ValidatePrefix(prefix); err != nil {
 		return nil, err
 	}
+	if got, err := DialectOf(db.DriverName()); err == nil && got != d {
+		return nil, fmt.Errorf("the database's driver %q is %s, not %s", db.DriverName(), got, d)
+	}
 	if now == nil {
 		now = time.Now
 	}
