@@ -1,0 +1,134 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"go.uber.org/fx"
+	"go.uber.org/fx/fxevent"
+)
+
+// New returns the fx application of Module and opts (the service's
+// consumers, dependencies and supplied values). fx's own events are logged
+// at debug level to the supplied *slog.Logger, if any.
+func New(opts ...fx.Option) *fx.App {
+	return fx.New(
+		Module,
+		fx.Options(opts...),
+		fx.WithLogger(func(p struct {
+			fx.In
+			Logger *slog.Logger `optional:"true"`
+		}) fxevent.Logger {
+			if p.Logger == nil {
+				return fxevent.NopLogger
+			}
+			l := &fxevent.SlogLogger{Logger: p.Logger}
+			l.UseLogLevel(slog.LevelDebug)
+			return l
+		}),
+	)
+}
+
+// Serve starts app, runs until ctx ends or the process receives SIGINT or
+// SIGTERM, then stops it gracefully: the router cancels the attempts in
+// flight, which roll back and are delivered again later.
+func Serve(ctx context.Context, app *fx.App) error {
+	if err := app.Err(); err != nil {
+		return err
+	}
+	startCtx, cancel := context.WithTimeout(ctx, app.StartTimeout())
+	defer cancel()
+	if err := app.Start(startCtx); err != nil {
+		return fmt.Errorf("start: %w", err)
+	}
+	sigCtx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	select {
+	case <-sigCtx.Done():
+	case sig := <-app.Wait():
+		if sig.ExitCode != 0 {
+			defer os.Exit(sig.ExitCode)
+		}
+	}
+	stopCtx, cancel := context.WithTimeout(context.Background(), app.StopTimeout())
+	defer cancel()
+	if err := app.Stop(stopCtx); err != nil {
+		return fmt.Errorf("stop: %w", err)
+	}
+	return nil
+}
+
+// Command returns the service's command line, named name, with the
+// subcommands serve and migrate, and extra ones. opts are the service's fx
+// options, as given to New.
+func Command(name string, opts fx.Option, extra ...*cobra.Command) *cobra.Command {
+	root := &cobra.Command{
+		Use:           name,
+		Short:         name + ", a message-consumer service built on effectively",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(
+		&cobra.Command{
+			Use:   "serve",
+			Short: "Consume messages until SIGINT or SIGTERM",
+			Args:  cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				return Serve(cmd.Context(), New(opts))
+			},
+		},
+		&cobra.Command{
+			Use:   "migrate",
+			Short: "Apply the framework's migrations and the service's own",
+			Args:  cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				return runMigrate(cmd.Context(), opts)
+			},
+		},
+	)
+	root.AddCommand(extra...)
+	return root
+}
+
+// Main runs Command with the process's arguments and exits with 1 when it
+// fails, printing the error.
+func Main(name string, opts fx.Option, extra ...*cobra.Command) {
+	if err := Command(name, opts, extra...).ExecuteContext(context.Background()); err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		os.Exit(1)
+	}
+}
+
+func runMigrate(ctx context.Context, opts fx.Option) error {
+	var (
+		cfg Config
+		m   Migrations
+	)
+	app := fx.New(opts, fx.Provide(ConfigFromEnv), fx.NopLogger, fx.Populate(&cfg), fx.Invoke(func(p struct {
+		fx.In
+		Migrations Migrations `optional:"true"`
+	}) {
+		m = p.Migrations
+	}))
+	if err := app.Err(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	db, err := openDB(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return fmt.Errorf("database: %w", err)
+	}
+	defer db.Close()
+	if err := Migrate(ctx, db, cfg, m); err != nil {
+		return err
+	}
+	fmt.Fprintln(os.Stdout, "migrations applied")
+	return nil
+}

@@ -1,0 +1,281 @@
+package app
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/migrate"
+	"github.com/effectively-once/effectively/middleware"
+)
+
+// The transports EFFECTIVELY_TRANSPORT names.
+const (
+	TransportSQLite   = "sqlite"
+	TransportPostgres = "postgres"
+	TransportAMQP     = "amqp"
+	TransportMemory   = "memory"
+)
+
+// Defaults of Config.
+const (
+	DefaultTransport   = TransportSQLite
+	DefaultDatabaseURL = "file:./data/effectively.db"
+	DefaultAMQPURL     = "amqp://guest:guest@127.0.0.1:5672/"
+	DefaultHTTPAddr    = "127.0.0.1:9464"
+)
+
+// Config is the application's configuration. LoadConfig reads it from the
+// environment and the YAML file named by EFFECTIVELY_CONFIG; the YAML keys
+// are the lower-case names in the yaml tags.
+type Config struct {
+	// Transport is sqlite, postgres, amqp or memory (tests only, not
+	// durable). Defaults to DefaultTransport. Env EFFECTIVELY_TRANSPORT.
+	Transport string `yaml:"transport"`
+	// DatabaseURL is the SQLite file (a path or file: URI) or a
+	// postgres:// URL of the stores, outbox and dead letters, and of the SQL
+	// transports. Defaults to DefaultDatabaseURL. Env
+	// EFFECTIVELY_DATABASE_URL.
+	DatabaseURL string `yaml:"database_url"`
+	// TransportURL, when set, puts the SQL transport's messages in a
+	// database of their own. The ack then comes right after the commit
+	// instead of inside it. Defaults to DatabaseURL. Env
+	// EFFECTIVELY_TRANSPORT_URL.
+	TransportURL string `yaml:"transport_url"`
+	// AMQPURL is RabbitMQ's URL when Transport is amqp. Defaults to
+	// DefaultAMQPURL. Env EFFECTIVELY_AMQP_URL.
+	AMQPURL string `yaml:"amqp_url"`
+	// AutoMigrate applies the migrations at start. Defaults to false. Env
+	// EFFECTIVELY_AUTO_MIGRATE.
+	AutoMigrate bool `yaml:"auto_migrate"`
+	// TablePrefix prefixes every table the framework owns. Defaults to
+	// none. Env EFFECTIVELY_TABLE_PREFIX.
+	TablePrefix string `yaml:"table_prefix"`
+	// HTTPAddr serves /healthz, /readyz and /metrics; empty turns it off,
+	// ":0" picks a free port. Defaults to DefaultHTTPAddr. Env
+	// EFFECTIVELY_HTTP_ADDR.
+	HTTPAddr string `yaml:"http_addr"`
+	// Consumers holds per-consumer settings, keyed by consumer name (YAML
+	// only). Consumers not listed use Defaults.
+	Consumers map[string]ConsumerConfig `yaml:"consumers"`
+	// Defaults are the settings of consumers not listed in Consumers
+	// (YAML key "defaults").
+	Defaults ConsumerConfig `yaml:"defaults"`
+}
+
+// ConsumerConfig holds the settings of one consumer. Zero fields take the
+// value of Config.Defaults, then the framework's default.
+type ConsumerConfig struct {
+	// Attempts per delivery, the first included. Defaults to
+	// middleware.DefaultAttempts.
+	Attempts int `yaml:"attempts"`
+	// RetryDelay is the constant pause between attempts. Defaults to
+	// middleware.DefaultRetryDelay.
+	RetryDelay Duration `yaml:"retry_delay"`
+	// Timeout limits one attempt. Defaults to middleware.DefaultTimeout.
+	Timeout Duration `yaml:"timeout"`
+	// Concurrency is how many messages of the consumer are in flight at
+	// once. Defaults to 1.
+	Concurrency int `yaml:"concurrency"`
+	// RateLimit caps messages per second; zero means no limit.
+	RateLimit float64 `yaml:"rate_limit"`
+	// MaxDeliveries dead-letters a message delivered more often, with code
+	// delivery_limit. Defaults to middleware.DefaultMaxDeliveries.
+	MaxDeliveries int `yaml:"max_deliveries"`
+}
+
+// Duration is a time.Duration written as "1.5s" or "200ms" in YAML.
+type Duration time.Duration
+
+// UnmarshalYAML parses a duration string.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	var s string
+	if err := n.Decode(&s); err != nil {
+		return err
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("want a duration such as 500ms or 2s, got %q", s)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// merge fills c's zero fields from base.
+func (c ConsumerConfig) merge(base ConsumerConfig) ConsumerConfig {
+	if c.Attempts == 0 {
+		c.Attempts = base.Attempts
+	}
+	if c.RetryDelay == 0 {
+		c.RetryDelay = base.RetryDelay
+	}
+	if c.Timeout == 0 {
+		c.Timeout = base.Timeout
+	}
+	if c.Concurrency == 0 {
+		c.Concurrency = base.Concurrency
+	}
+	if c.RateLimit == 0 {
+		c.RateLimit = base.RateLimit
+	}
+	if c.MaxDeliveries == 0 {
+		c.MaxDeliveries = base.MaxDeliveries
+	}
+	return c
+}
+
+// Consumer returns the settings of the consumer name, defaults filled in.
+func (c Config) Consumer(name string) ConsumerConfig {
+	return c.Consumers[name].merge(c.Defaults).merge(ConsumerConfig{
+		Attempts:      middleware.DefaultAttempts,
+		RetryDelay:    Duration(middleware.DefaultRetryDelay),
+		Timeout:       Duration(middleware.DefaultTimeout),
+		Concurrency:   1,
+		MaxDeliveries: middleware.DefaultMaxDeliveries,
+	})
+}
+
+// WithDefaults returns a copy of c with zero fields set to their defaults.
+func (c Config) WithDefaults() Config {
+	if c.Transport == "" {
+		c.Transport = DefaultTransport
+	}
+	if c.DatabaseURL == "" {
+		c.DatabaseURL = DefaultDatabaseURL
+	}
+	if c.TransportURL == "" {
+		c.TransportURL = c.DatabaseURL
+	}
+	if c.AMQPURL == "" {
+		c.AMQPURL = DefaultAMQPURL
+	}
+	return c
+}
+
+// Validate reports every invalid setting, each naming its key.
+func (c Config) Validate() error {
+	var errs []error
+	switch c.Transport {
+	case TransportSQLite, TransportMemory:
+		if isPostgresURL(c.DatabaseURL) && c.Transport == TransportSQLite && c.TransportURL == c.DatabaseURL {
+			errs = append(errs, fmt.Errorf("EFFECTIVELY_TRANSPORT: sqlite needs a SQLite EFFECTIVELY_DATABASE_URL or EFFECTIVELY_TRANSPORT_URL, got a postgres:// URL (use the postgres transport)"))
+		}
+	case TransportPostgres, TransportAMQP:
+		errs = append(errs, fmt.Errorf("EFFECTIVELY_TRANSPORT: %q is not available in this build yet; use sqlite or memory", c.Transport))
+	default:
+		errs = append(errs, fmt.Errorf("EFFECTIVELY_TRANSPORT: want sqlite, postgres, amqp or memory, got %q", c.Transport))
+	}
+	if c.DatabaseURL == "" {
+		errs = append(errs, errors.New("EFFECTIVELY_DATABASE_URL: empty"))
+	}
+	if err := migrate.ValidateTablePrefix(c.TablePrefix); err != nil {
+		errs = append(errs, fmt.Errorf("EFFECTIVELY_TABLE_PREFIX: %w", err))
+	}
+	if c.HTTPAddr != "" {
+		if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
+			errs = append(errs, fmt.Errorf("EFFECTIVELY_HTTP_ADDR: want host:port, got %q", c.HTTPAddr))
+		}
+	}
+	for name, cc := range c.Consumers {
+		if err := framework.ValidateConsumerName(name); err != nil {
+			errs = append(errs, fmt.Errorf("consumers.%s: %w", name, err))
+		}
+		errs = append(errs, cc.validate("consumers."+name))
+	}
+	errs = append(errs, c.Defaults.validate("defaults"))
+	return errors.Join(errs...)
+}
+
+func (c ConsumerConfig) validate(key string) error {
+	var errs []error
+	if c.Attempts < 0 {
+		errs = append(errs, fmt.Errorf("%s.attempts: want 1 or more, got %d", key, c.Attempts))
+	}
+	if c.RetryDelay < 0 {
+		errs = append(errs, fmt.Errorf("%s.retry_delay: must not be negative", key))
+	}
+	if c.Timeout < 0 {
+		errs = append(errs, fmt.Errorf("%s.timeout: must not be negative", key))
+	}
+	if c.Concurrency < 0 || c.Concurrency > 1024 {
+		errs = append(errs, fmt.Errorf("%s.concurrency: want 1..1024, got %d", key, c.Concurrency))
+	}
+	if c.RateLimit < 0 {
+		errs = append(errs, fmt.Errorf("%s.rate_limit: must not be negative", key))
+	}
+	if c.MaxDeliveries < 0 {
+		errs = append(errs, fmt.Errorf("%s.max_deliveries: want 1 or more, got %d", key, c.MaxDeliveries))
+	}
+	return errors.Join(errs...)
+}
+
+func isPostgresURL(u string) bool {
+	return strings.HasPrefix(u, "postgres://") || strings.HasPrefix(u, "postgresql://")
+}
+
+// The environment variables LoadConfig reads.
+const (
+	EnvTransport    = "EFFECTIVELY_TRANSPORT"
+	EnvDatabaseURL  = "EFFECTIVELY_DATABASE_URL"
+	EnvTransportURL = "EFFECTIVELY_TRANSPORT_URL"
+	EnvAMQPURL      = "EFFECTIVELY_AMQP_URL"
+	EnvConfig       = "EFFECTIVELY_CONFIG"
+	EnvAutoMigrate  = "EFFECTIVELY_AUTO_MIGRATE"
+	EnvTablePrefix  = "EFFECTIVELY_TABLE_PREFIX"
+	EnvHTTPAddr     = "EFFECTIVELY_HTTP_ADDR"
+)
+
+// LoadConfig reads the configuration: first the YAML file named by
+// EFFECTIVELY_CONFIG, when set, then the environment variables, which win.
+// lookupEnv is os.LookupEnv in production. The error names each bad key.
+func LoadConfig(lookupEnv func(string) (string, bool)) (Config, error) {
+	getenv := func(key string) string { v, _ := lookupEnv(key); return v }
+	var cfg Config
+	cfg.HTTPAddr = DefaultHTTPAddr
+	if path := getenv(EnvConfig); path != "" {
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			return Config{}, fmt.Errorf("%s: %w", EnvConfig, err)
+		}
+		dec := yaml.NewDecoder(bytes.NewReader(raw))
+		dec.KnownFields(true)
+		if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
+			return Config{}, fmt.Errorf("%s %s: %w", EnvConfig, path, err)
+		}
+	}
+	for env, dst := range map[string]*string{
+		EnvTransport:    &cfg.Transport,
+		EnvDatabaseURL:  &cfg.DatabaseURL,
+		EnvTransportURL: &cfg.TransportURL,
+		EnvAMQPURL:      &cfg.AMQPURL,
+		EnvTablePrefix:  &cfg.TablePrefix,
+	} {
+		if v := getenv(env); v != "" {
+			*dst = v
+		}
+	}
+	if v, ok := lookupEnv(EnvHTTPAddr); ok {
+		cfg.HTTPAddr = v // empty turns HTTP off
+	}
+	if v := getenv(EnvAutoMigrate); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return Config{}, fmt.Errorf("configuration: %s: want true or false, got %q", EnvAutoMigrate, v)
+		}
+		cfg.AutoMigrate = b
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return Config{}, fmt.Errorf("configuration: %w", err)
+	}
+	return cfg, nil
+}

@@ -1,0 +1,92 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+
+	"github.com/jmoiron/sqlx"
+	"go.uber.org/fx"
+
+	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/migrate"
+	"github.com/effectively-once/effectively/framework/postgres"
+	"github.com/effectively-once/effectively/framework/sqlite"
+)
+
+// Migrations are the application's own goose SQL migrations, applied after
+// the framework's by the migrate command and by EFFECTIVELY_AUTO_MIGRATE.
+// Supply them with fx.Supply(app.Migrations{FS: ...}).
+type Migrations struct {
+	// FS holds the migration files at its root.
+	FS fs.FS
+}
+
+// openDB opens the SQLite file or PostgreSQL URL, with a bounded pool.
+func openDB(ctx context.Context, url string) (*sqlx.DB, error) {
+	if isPostgresURL(url) {
+		return postgres.Open(ctx, url, postgres.OpenConfig{})
+	}
+	return sqlite.Open(ctx, url, sqlite.OpenConfig{})
+}
+
+// DBParams are what NewDB takes from fx.
+type DBParams struct {
+	fx.In
+
+	Lifecycle  fx.Lifecycle
+	Config     Config
+	Migrations Migrations `optional:"true"`
+}
+
+// NewDB opens the database of the stores (EFFECTIVELY_DATABASE_URL) and
+// closes it when the application stops. With AutoMigrate it applies the
+// framework's migrations and the application's at start.
+func NewDB(p DBParams) (*sqlx.DB, error) {
+	db, err := openDB(context.Background(), p.Config.DatabaseURL)
+	if err != nil {
+		return nil, fmt.Errorf("database: %w", err)
+	}
+	p.Lifecycle.Append(fx.StopHook(db.Close))
+	if p.Config.AutoMigrate {
+		if err := Migrate(context.Background(), db, p.Config, p.Migrations); err != nil {
+			return nil, err
+		}
+	}
+	return db, nil
+}
+
+// Migrate applies the framework's migrations, then the application's.
+func Migrate(ctx context.Context, db *sqlx.DB, cfg Config, m Migrations) error {
+	return migrate.Up(ctx, db, migrate.Config{TablePrefix: cfg.TablePrefix, Extra: m.FS})
+}
+
+// Stores are the framework's stores in the configured database.
+type Stores struct {
+	Processed   framework.ProcessedStore
+	Deliveries  framework.DeliveryStore
+	DeadLetters framework.DeadLetterStore
+}
+
+// NewStores returns the stores of db, whose tables carry the configured
+// prefix.
+func NewStores(db *sqlx.DB, cfg Config) (Stores, error) {
+	type store interface {
+		framework.ProcessedStore
+		framework.DeliveryStore
+		framework.DeadLetterStore
+	}
+	var (
+		s   store
+		err error
+	)
+	if isPostgresURL(cfg.DatabaseURL) {
+		s, err = postgres.NewStore(db, postgres.StoreConfig{TablePrefix: cfg.TablePrefix})
+	} else {
+		s, err = sqlite.NewStore(db, sqlite.StoreConfig{TablePrefix: cfg.TablePrefix})
+	}
+	if err != nil {
+		return Stores{}, fmt.Errorf("stores: %w", err)
+	}
+	return Stores{Processed: s, Deliveries: s, DeadLetters: s}, nil
+}

@@ -1,0 +1,157 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+	"go.opentelemetry.io/otel/trace"
+	"go.uber.org/fx"
+	"golang.org/x/time/rate"
+
+	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/handlers"
+	"github.com/effectively-once/effectively/middleware"
+)
+
+// Middleware is the application's own middleware around every consumer's
+// handler (see middleware.ChainConfig): Outer sees each delivery, Inner
+// runs inside each attempt's transaction. Supply it with
+// fx.Supply(app.Middleware{...}).
+type Middleware struct {
+	Outer []message.HandlerMiddleware
+	Inner []message.HandlerMiddleware
+}
+
+// RouterParams are what NewRouter takes from fx.
+type RouterParams struct {
+	fx.In
+
+	Lifecycle  fx.Lifecycle
+	Config     Config
+	Registry   *handlers.Registry
+	Transport  *Transport
+	DB         *sqlx.DB
+	Stores     Stores
+	Metrics    *middleware.Metrics
+	Logger     *slog.Logger `optional:"true"`
+	Tracer     trace.Tracer `optional:"true"`
+	Middleware Middleware   `optional:"true"`
+	Readiness  *Readiness
+}
+
+// NewRouter builds watermill's router with every registered consumer's
+// chain, one handler per consumer and event type (times the consumer's
+// concurrency where the transport needs more subscriptions). It runs the
+// router when the application starts, and closes it when it stops: the
+// router cancels in-flight attempts, which roll back and are delivered
+// again later.
+func NewRouter(p RouterParams) (*message.Router, error) {
+	logger := p.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, watermill.NewSlogLogger(logger.With("component", "router")))
+	if err != nil {
+		return nil, fmt.Errorf("router: %w", err)
+	}
+	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: p.DB, Processed: p.Stores.Processed, Deliveries: p.Stores.Deliveries})
+	if err != nil {
+		return nil, fmt.Errorf("router: %w", err)
+	}
+	for _, c := range p.Registry.Consumers() {
+		cc := p.Config.Consumer(c.Name())
+		outer := p.Middleware.Outer
+		if cc.RateLimit > 0 {
+			outer = append([]message.HandlerMiddleware{rateLimit(cc.RateLimit)}, outer...)
+		}
+		h, err := middleware.Handler(middleware.ChainConfig{
+			Consumer:      c,
+			UnitOfWork:    uow,
+			DeadLetters:   p.Stores.DeadLetters,
+			Deliveries:    p.Stores.Deliveries,
+			MaxDeliveries: cc.MaxDeliveries,
+			Retry:         middleware.RetryConfig{Attempts: cc.Attempts, Delay: time.Duration(cc.RetryDelay)},
+			Timeout:       time.Duration(cc.Timeout),
+			Logger:        logger,
+			Metrics:       p.Metrics,
+			Tracer:        p.Tracer,
+			Outer:         outer,
+			Inner:         p.Middleware.Inner,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("consumer %s: %w", c.Name(), err)
+		}
+		sub, err := p.Transport.Subscriber(c.Name(), cc)
+		if err != nil {
+			return nil, err
+		}
+		n := p.Transport.subscriptions(cc)
+		for _, typ := range c.Types() {
+			if init, ok := sub.(message.SubscribeInitializer); ok {
+				// Bind before anything publishes, so nothing is dropped.
+				if err := init.SubscribeInitialize(typ); err != nil {
+					return nil, fmt.Errorf("consumer %s: subscribe to %s: %w", c.Name(), typ, err)
+				}
+			}
+			for i := range n {
+				name := c.Name() + "@" + typ
+				if n > 1 {
+					name = fmt.Sprintf("%s#%d", name, i+1)
+				}
+				router.AddConsumerHandler(name, typ, sub, h)
+			}
+		}
+	}
+	var runErr atomic.Value
+	p.Lifecycle.Append(fx.Hook{
+		OnStart: func(ctx context.Context) error {
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				if err := router.Run(context.Background()); err != nil {
+					runErr.Store(err)
+					logger.Error("router stopped", "error", err)
+				}
+				p.Readiness.set(false)
+			}()
+			select {
+			case <-router.Running():
+				p.Readiness.set(true)
+				return nil
+			case <-done:
+				err, _ := runErr.Load().(error)
+				return fmt.Errorf("router: %w", err)
+			case <-ctx.Done():
+				return fmt.Errorf("router: start: %w", ctx.Err())
+			}
+		},
+		OnStop: func(ctx context.Context) error {
+			p.Readiness.set(false)
+			if err := router.Close(); err != nil {
+				return fmt.Errorf("router: close: %w", err)
+			}
+			return nil
+		},
+	})
+	return router, nil
+}
+
+// rateLimit caps a consumer's messages per second. A message waiting for
+// its turn when the application stops is nacked.
+func rateLimit(perSecond float64) message.HandlerMiddleware {
+	limiter := rate.NewLimiter(rate.Limit(perSecond), 1)
+	return func(next message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			if err := limiter.Wait(msg.Context()); err != nil {
+				return nil, fmt.Errorf("rate limit: %w", err)
+			}
+			return next(msg)
+		}
+	}
+}

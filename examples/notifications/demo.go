@@ -1,0 +1,202 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/spf13/cobra"
+	"go.uber.org/fx"
+
+	"github.com/effectively-once/effectively/app"
+	"github.com/effectively-once/effectively/examples/notifications/appointments"
+	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/middleware"
+)
+
+func demoCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "demo",
+		Short: "Publish demo events (a duplicate and a poison message among them), handle them and print what happened",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, cancel := context.WithTimeout(cmd.Context(), 2*time.Minute)
+			defer cancel()
+			return runDemo(ctx, cmd.OutOrStdout())
+		},
+	}
+}
+
+// runDemo starts the service, publishes three bookings, one of them twice,
+// and a poison message, waits until all five are handled and prints what
+// became of them.
+func runDemo(ctx context.Context, out io.Writer) error {
+	var (
+		transport *app.Transport
+		db        *sqlx.DB
+		stores    app.Stores
+		metrics   app.Metrics
+		cfg       app.Config
+	)
+	service := app.New(
+		Module,
+		fx.Supply(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))),
+		fx.Decorate(func(c app.Config) app.Config {
+			c.AutoMigrate = true // the demo brings its schema along
+			if _, set := os.LookupEnv(app.EnvHTTPAddr); !set {
+				c.HTTPAddr = "127.0.0.1:0" // never clash with a running service
+			}
+			return c
+		}),
+		fx.Populate(&transport, &db, &stores, &metrics, &cfg),
+	)
+	if err := service.Err(); err != nil {
+		return err
+	}
+	if err := service.Start(ctx); err != nil {
+		return fmt.Errorf("start: %w", err)
+	}
+	defer func() {
+		stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = service.Stop(stopCtx)
+	}()
+	fmt.Fprintf(out, "notifications demo: transport %s, database %s\n\n", cfg.Transport, cfg.DatabaseURL)
+
+	before, err := outcomes(metrics)
+	if err != nil {
+		return err
+	}
+	events, err := demoEvents()
+	if err != nil {
+		return err
+	}
+	for _, e := range events {
+		msg, err := framework.NewMessage(e.env)
+		if err != nil {
+			return err
+		}
+		if err := transport.Publisher.Publish(appointments.Booked.Type(), msg); err != nil {
+			return fmt.Errorf("publish: %w", err)
+		}
+		fmt.Fprintf(out, "  published  %-38s %s\n", e.env.ID, e.what)
+	}
+
+	// Wait until all five deliveries are acknowledged.
+	var got map[string]float64
+	for {
+		got, err = outcomes(metrics)
+		if err != nil {
+			return err
+		}
+		total := 0.0
+		for outcome, n := range got {
+			if outcome != middleware.OutcomeNacked {
+				total += n - before[outcome]
+			}
+		}
+		if total >= float64(len(events)) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for the demo events: %w", ctx.Err())
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+
+	var reminders []struct {
+		AppointmentID string `db:"appointment_id"`
+		StartsAt      string `db:"starts_at"`
+	}
+	ids := []any{events[0].env.ID, events[1].env.ID, events[2].env.ID}
+	query, args, err := sqlx.In(`SELECT appointment_id, starts_at FROM reminders WHERE event_id IN (?) ORDER BY appointment_id`, ids)
+	if err != nil {
+		return err
+	}
+	if err := db.SelectContext(ctx, &reminders, db.Rebind(query), args...); err != nil {
+		return fmt.Errorf("read reminders: %w", err)
+	}
+	dls, err := stores.DeadLetters.DeadLetters(ctx, framework.DeadLetterFilter{Consumer: ConsumerName, Status: framework.DeadLetterPending, Limit: 1000})
+	if err != nil {
+		return fmt.Errorf("read dead letters: %w", err)
+	}
+
+	fmt.Fprintf(out, "\nconsumer %s:\n", ConsumerName)
+	fmt.Fprintf(out, "  processed      %d\n", int(got[middleware.OutcomeProcessed]-before[middleware.OutcomeProcessed]))
+	fmt.Fprintf(out, "  duplicate      %d  (acknowledged, handler not run)\n", int(got[middleware.OutcomeDuplicate]-before[middleware.OutcomeDuplicate]))
+	fmt.Fprintf(out, "  dead-lettered  %d\n", int(got[middleware.OutcomeDeadLettered]-before[middleware.OutcomeDeadLettered]))
+	fmt.Fprintf(out, "\nreminders scheduled by these events: %d (one per booking, none twice)\n", len(reminders))
+	for _, r := range reminders {
+		fmt.Fprintf(out, "  %s at %s\n", r.AppointmentID, r.StartsAt)
+	}
+	poison := events[len(events)-1].env
+	for _, dl := range dls {
+		if dl.EventID == poison.ID {
+			fmt.Fprintf(out, "\ndead letter #%d: event %s, code %s, %d attempt(s), status %s\n", dl.ID, dl.EventID, dl.Code, dl.Attempts, dl.Status)
+		}
+	}
+	fmt.Fprintln(out, "\ndemo done.")
+	return nil
+}
+
+type demoEvent struct {
+	env  framework.Envelope
+	what string
+}
+
+// demoEvents returns three bookings, the first again as a duplicate, and a
+// booking whose data breaks the contract.
+func demoEvents() ([]demoEvent, error) {
+	starts := time.Now().Add(24 * time.Hour).Truncate(time.Hour).UTC()
+	var events []demoEvent
+	for i := range 3 {
+		id := fmt.Sprintf("appt-%d", i+1)
+		env, err := appointments.Booked.Envelope(
+			appointments.BookedV1{AppointmentID: id, StartsAt: starts.Add(time.Duration(i) * time.Hour)},
+			framework.Attributes{Source: appointments.Source, Subject: id, SubjectSeq: 1},
+		)
+		if err != nil {
+			return nil, err
+		}
+		events = append(events, demoEvent{env, "booking of " + id})
+	}
+	events = append(events, demoEvent{events[0].env, "the first booking again: a duplicate"})
+	poison := framework.Envelope{
+		Attributes: framework.Attributes{
+			ID: fmt.Sprintf("poison-%d", time.Now().UnixNano()), Source: appointments.Source,
+			Type: appointments.Booked.Type(), Version: appointments.Booked.Version(),
+		},
+		Data: []byte(`{"startsAt":"tomorrow at ten"}`),
+	}
+	events = append(events, demoEvent{poison, "a poison message: no appointmentId, startsAt no time"})
+	return events, nil
+}
+
+// outcomes reads effectively_messages_total of the consumer by outcome.
+func outcomes(m app.Metrics) (map[string]float64, error) {
+	families, err := m.Gather()
+	if err != nil {
+		return nil, fmt.Errorf("read metrics: %w", err)
+	}
+	got := map[string]float64{}
+	for _, f := range families {
+		if f.GetName() != "effectively_messages_total" {
+			continue
+		}
+		for _, metric := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range metric.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["consumer"] == ConsumerName {
+				got[labels["outcome"]] += metric.GetCounter().GetValue()
+			}
+		}
+	}
+	return got, nil
+}
