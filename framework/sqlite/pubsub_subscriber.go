@@ -485,6 +485,9 @@ func (sub *pubsubSubscription) run() {
 					flushFired = false
 				}
 			}
+			if len(sub.acks)+len(sub.nacks) == 0 {
+				flushFired = false // a fire with nothing buffered is spent
+			}
 		}
 
 		var out chan<- *message.Message
