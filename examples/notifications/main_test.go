@@ -1,0 +1,149 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"syscall"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"go.uber.org/fx"
+	"go.uber.org/goleak"
+
+	"github.com/effectively-once/effectively/app"
+	"github.com/effectively-once/effectively/framework"
+)
+
+// The test binary doubles as the notifications service: when
+// EFFECTIVELY_CRASH_MODE is set, TestMain runs the service's command line
+// (the same as main, with the process's arguments) instead of the tests,
+// with a hook that makes the process die, or block, at one precise step.
+// The crash tests start it as a subprocess (see crash_test.go).
+const (
+	envCrashMode = "EFFECTIVELY_CRASH_MODE"
+	// envCrashMarker names a file the hook creates before it fires: the
+	// hook fires only while the file does not exist, so the process
+	// restarted after the crash runs normally.
+	envCrashMarker = "EFFECTIVELY_CRASH_MARKER"
+)
+
+// The crash modes.
+const (
+	// modeNone runs the service as main does.
+	modeNone = "none"
+	// modeBeforeCommit kills the process inside the attempt's transaction,
+	// after the handler's writes and the processed mark, before commit.
+	modeBeforeCommit = "before-commit"
+	// modeBeforeAck kills the process after the transaction committed,
+	// before the message is acknowledged. It needs the transport in a file
+	// of its own: otherwise the ack is part of the transaction.
+	modeBeforeAck = "before-ack"
+	// modeEveryDelivery kills the process on every delivery of the event
+	// crashMeID, inside the attempt.
+	modeEveryDelivery = "every-delivery"
+	// modeBlock blocks the attempt, after the handler's writes, until the
+	// message's context ends (the service is shutting down).
+	modeBlock = "block"
+)
+
+// crashMeID is the id of the event that kills the process in
+// modeEveryDelivery.
+const crashMeID = "crash-me"
+
+func TestMain(m *testing.M) {
+	if mode, ok := os.LookupEnv(envCrashMode); ok {
+		os.Exit(runService(mode, os.Getenv(envCrashMarker), os.Args[1:]))
+	}
+	goleak.VerifyTestMain(m)
+}
+
+// runService runs the service's command line with args and the hook of
+// mode, and returns the exit code, as app.Main would.
+func runService(mode, marker string, args []string) int {
+	mw, err := crashHook(mode, marker)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "notifications: %v\n", err)
+		return 2
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	cmd := app.Command("notifications", fx.Options(Module, fx.Supply(mw), fx.Supply(logger)), demoCommand())
+	cmd.SetArgs(args)
+	if err := cmd.Execute(); err != nil {
+		fmt.Fprintf(os.Stderr, "notifications: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// crashHook returns the middleware of mode.
+func crashHook(mode, marker string) (app.Middleware, error) {
+	// after wraps a step: f runs once next returned nil.
+	after := func(f func(msg *message.Message) error) message.HandlerMiddleware {
+		return func(next message.HandlerFunc) message.HandlerFunc {
+			return func(msg *message.Message) ([]*message.Message, error) {
+				out, err := next(msg)
+				if err != nil {
+					return out, err
+				}
+				return out, f(msg)
+			}
+		}
+	}
+	killOnce := func(*message.Message) error {
+		if firstTime(marker) {
+			killSelf()
+		}
+		return nil
+	}
+	switch mode {
+	case modeNone:
+		return app.Middleware{}, nil
+	case modeBeforeCommit:
+		return app.Middleware{Inner: []message.HandlerMiddleware{after(killOnce)}}, nil
+	case modeBeforeAck:
+		return app.Middleware{Outer: []message.HandlerMiddleware{after(killOnce)}}, nil
+	case modeEveryDelivery:
+		return app.Middleware{Inner: []message.HandlerMiddleware{after(func(msg *message.Message) error {
+			if d, ok := framework.DecodedFromContext(msg.Context()); ok && d.ID == crashMeID {
+				killSelf()
+			}
+			return nil
+		})}}, nil
+	case modeBlock:
+		return app.Middleware{Inner: []message.HandlerMiddleware{after(func(msg *message.Message) error {
+			if !firstTime(marker) {
+				return nil
+			}
+			<-msg.Context().Done()
+			return fmt.Errorf("blocked until shutdown: %w", msg.Context().Err())
+		})}}, nil
+	}
+	return app.Middleware{}, fmt.Errorf("%s: unknown mode %q", envCrashMode, mode)
+}
+
+// firstTime creates the marker file and reports whether it did not exist.
+// Without a marker it always reports true.
+func firstTime(marker string) bool {
+	if marker == "" {
+		return true
+	}
+	f, err := os.OpenFile(marker, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if errors.Is(err, os.ErrExist) {
+		return false
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "notifications: crash marker: %v\n", err)
+		os.Exit(3)
+	}
+	_ = f.Close()
+	return true
+}
+
+// killSelf ends the process with SIGKILL: no deferred function, no
+// rollback, no ack runs, as in a crash.
+func killSelf() {
+	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	select {} // the signal ends the process before anything else runs
+}
