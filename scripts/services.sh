@@ -4,8 +4,9 @@
 #
 #   eval "$(scripts/services.sh)"
 #
-# Servers already named by EFFECTIVELY_TEST_POSTGRES_URL are used as they
-# are. Under CI=true a server that cannot be started fails the run; elsewhere
+# Servers already named by EFFECTIVELY_TEST_POSTGRES_URL or
+# EFFECTIVELY_TEST_AMQP_URL are used as they are; RabbitMQ is installed from
+# Debian's packages when it is absent. Under CI=true a server that cannot be started fails the run; elsewhere
 # the tests that need it are skipped.
 set -euo pipefail
 
@@ -45,4 +46,39 @@ SQL
   echo "export EFFECTIVELY_TEST_POSTGRES_URL='postgres://effectively_test:effectively_test@127.0.0.1:5432/effectively_test?sslmode=disable'"
 }
 
+start_rabbitmq() {
+  if [ -n "${EFFECTIVELY_TEST_AMQP_URL:-}" ]; then
+    echo "export EFFECTIVELY_TEST_AMQP_URL='${EFFECTIVELY_TEST_AMQP_URL}'"
+    return
+  fi
+  if ! command -v rabbitmq-server >/dev/null 2>&1; then
+    log "installing RabbitMQ"
+    { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q rabbitmq-server; } >&2 \
+      || { fail "could not install rabbitmq-server"; return; }
+  fi
+  # The package's own node (rabbit@<host>, ports 5672 and 25672); the
+  # restart tests run nodes of their own beside it.
+  if ! rabbitmqctl -q status >/dev/null 2>&1; then
+    log "starting RabbitMQ"
+    # The service is not started by the package where policy-rc.d denies
+    # it: start the node detached, as the rabbitmq user (rabbitmq-server
+    # switches to it when run as root).
+    rabbitmq-server -detached >&2 || { fail "could not start RabbitMQ"; return; }
+  fi
+  for _ in $(seq 1 120); do
+    rabbitmqctl -q status >/dev/null 2>&1 && break
+    sleep 0.5
+  done
+  rabbitmqctl -q status >/dev/null 2>&1 || { fail "RabbitMQ does not answer (rabbitmqctl status)"; return; }
+  # The node answers before its AMQP listener is up.
+  for _ in $(seq 1 60); do
+    (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null && break
+    sleep 0.5
+  done
+  (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null || { fail "RabbitMQ does not listen on 127.0.0.1:5672"; return; }
+  # guest may log in over loopback, which is where the tests connect.
+  echo "export EFFECTIVELY_TEST_AMQP_URL='amqp://guest:guest@127.0.0.1:5672/'"
+}
+
 start_postgres
+start_rabbitmq
