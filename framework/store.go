@@ -32,7 +32,9 @@ type DeliveryStore interface {
 // DeadLetterPublisher takes messages that will not be processed. It must
 // store them durably before it returns nil: the message is acknowledged
 // right after. A repeat of the same message for the same consumer updates
-// the existing dead letter and counts the repeat.
+// the existing dead letter and counts the repeat. A store that is also the
+// DeliveryStore forgets the message's delivery count in the same
+// transaction, so that a replayed dead letter starts counting afresh.
 type DeadLetterPublisher interface {
 	PublishDeadLetter(ctx context.Context, dl DeadLetter) error
 }

@@ -35,17 +35,17 @@ type store interface {
 // backend opens a migrated database of its kind and its store.
 type backend struct {
 	name string
-	open func(t *testing.T) (*sqlx.DB, store)
+	open func(t testing.TB) (*sqlx.DB, store)
 }
 
 var backends = []backend{
-	{"SQLite", func(t *testing.T) (*sqlx.DB, store) {
+	{"SQLite", func(t testing.TB) (*sqlx.DB, store) {
 		db := testenv.SQLite(t)
 		s, err := sqlite.NewStore(db, sqlite.StoreConfig{})
 		require.NoError(t, err)
 		return db, s
 	}},
-	{"Postgres", func(t *testing.T) (*sqlx.DB, store) {
+	{"Postgres", func(t testing.TB) (*sqlx.DB, store) {
 		db := testenv.Postgres(t)
 		s, err := postgres.NewStore(db, postgres.StoreConfig{})
 		require.NoError(t, err)

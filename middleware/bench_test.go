@@ -1,0 +1,79 @@
+package middleware_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/migrate"
+	"github.com/effectively-once/effectively/middleware"
+)
+
+// BenchmarkChain measures the whole consumer chain on a real database:
+// decode, delivery guard, retry, timeout, recover, the transaction with
+// the processed mark and a handler that inserts one row. It reports
+// messages per second; -benchmem adds allocations per message.
+func BenchmarkChain(b *testing.B) {
+	for _, be := range backends {
+		b.Run(be.name, func(b *testing.B) {
+			for _, dup := range []bool{false, true} {
+				name := "Unique"
+				if dup {
+					name = "Duplicate"
+				}
+				b.Run(name, func(b *testing.B) { benchmarkChain(b, be, dup) })
+			}
+		})
+	}
+}
+
+func benchmarkChain(b *testing.B, be backend, duplicates bool) {
+	db, s := be.open(b)
+	ctx := context.Background()
+	require.NoError(b, migrate.Up(ctx, db, migrate.Config{}))
+	_, err := db.Exec(`CREATE TABLE effects (source TEXT NOT NULL, event_id TEXT NOT NULL, text TEXT NOT NULL)`)
+	require.NoError(b, err)
+	insert := db.Rebind(`INSERT INTO effects (source, event_id, text) VALUES (?, ?, ?)`)
+	c, err := framework.NewConsumer(consumerName, framework.Handle(noted, func(ctx context.Context, ev framework.Event[noteV1]) error {
+		_, err := framework.Conn(ctx, db).ExecContext(ctx, insert, ev.Source, ev.ID, ev.Data.Text)
+		return err
+	}))
+	require.NoError(b, err)
+	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Processed: s, Deliveries: s})
+	require.NoError(b, err)
+	h, err := middleware.Handler(middleware.ChainConfig{
+		Consumer: c, UnitOfWork: uow, DeadLetters: s, Deliveries: s,
+		Retry: middleware.RetryConfig{Attempts: 3, Delay: time.Millisecond},
+	})
+	require.NoError(b, err)
+
+	bodies := make([][]byte, b.N)
+	for i := range bodies {
+		id := fmt.Sprint(i)
+		if duplicates {
+			id = "same"
+		}
+		env, err := noted.Envelope(noteV1{Text: "hello"}, framework.Attributes{ID: id, Source: "bench"})
+		require.NoError(b, err)
+		bodies[i], err = framework.Encode(env)
+		require.NoError(b, err)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	start := time.Now()
+	for i := range b.N {
+		msg := message.NewMessage(fmt.Sprint(i), bodies[i])
+		// A transport that tells first deliveries spares the count.
+		msg.Metadata.Set(framework.MetadataRedelivered, "false")
+		if err := h(msg); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
+}
