@@ -261,10 +261,16 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if topic == "" {
 		return nil, ErrEmptyTopic
 	}
+	if s.base.Err() != nil {
+		return nil, ErrSubscriberClosed
+	}
 	initCtx, stop := mergeDone(ctx, s.base)
 	err := s.initialize(initCtx, topic)
 	stop()
 	if err != nil {
+		if s.base.Err() != nil {
+			return nil, ErrSubscriberClosed
+		}
 		return nil, fmt.Errorf("subscribe to %s: %w", topic, err)
 	}
 

@@ -603,3 +603,34 @@ func TestPubSubRestart(t *testing.T) {
 	}
 	require.Equal(t, want, got)
 }
+
+// TestPubSubNotifierWakes shows that a subscription wakes on a publish in
+// the same process long before its next poll.
+func TestPubSubNotifierWakes(t *testing.T) {
+	t.Parallel()
+	b := setupPubSub(t)
+	ch, err := b.subscriber(t, SubscriberConfig{PollInterval: time.Hour}).Subscribe(context.Background(), b.topic)
+	require.NoError(t, err)
+	receiveNothing(t, ch, 50*time.Millisecond) // the first look found nothing
+	start := time.Now()
+	b.publish(t, "a")
+	receive(t, ch).Ack()
+	require.Less(t, time.Since(start), 5*time.Second)
+}
+
+func TestPubSubClosed(t *testing.T) {
+	t.Parallel()
+	b := setupPubSub(t)
+	sub := b.subscriber(t, SubscriberConfig{})
+	require.NoError(t, sub.Close())
+	require.NoError(t, sub.Close())
+	_, err := sub.Subscribe(context.Background(), b.topic)
+	require.ErrorIs(t, err, ErrSubscriberClosed)
+	_, err = b.subscriber(t, SubscriberConfig{}).Subscribe(context.Background(), "")
+	require.ErrorIs(t, err, ErrEmptyTopic)
+
+	pub, err := NewPublisher(b.db, PublisherConfig{})
+	require.NoError(t, err)
+	require.NoError(t, pub.Close())
+	require.ErrorIs(t, pub.Publish(b.topic, message.NewMessage("1", nil)), ErrPublisherClosed)
+}
