@@ -1,0 +1,48 @@
+// Package app runs a consumer service: it loads the configuration, opens
+// the database, applies migrations, builds the transport and watermill's
+// router with every consumer declared through package handlers, serves
+// health, readiness and metrics, and stops gracefully.
+//
+// # A service in one file
+//
+//	func main() {
+//		app.Main("notifications", fx.Options(
+//			handlers.Consumer("notifications.remind-on-appointment-booked",
+//				handlers.On(appointments.Booked, NewRemindOnBooked),
+//			),
+//			fx.Supply(app.Migrations{FS: migrations}),
+//		))
+//	}
+//
+// The command has the subcommands serve (consume until SIGINT or SIGTERM)
+// and migrate (apply the framework's migrations and the service's own).
+//
+// # Configuration
+//
+// Environment variables set the common settings; the YAML file named by
+// EFFECTIVELY_CONFIG may set the same keys and per-consumer settings:
+//
+//	transport: sqlite
+//	database_url: file:./data/notifications.db
+//	defaults:
+//	  attempts: 3
+//	  retry_delay: 1s
+//	  timeout: 30s
+//	consumers:
+//	  notifications.remind-on-appointment-booked:
+//	    attempts: 5
+//	    concurrency: 4
+//	    rate_limit: 50
+//	    max_deliveries: 10
+//
+// Environment variables win over the file. A bad value stops start-up with
+// an error naming its key. With no configuration at all the service runs
+// on one SQLite file, ./data/effectively.db.
+//
+// # Shutdown
+//
+// On SIGINT or SIGTERM the router closes: attempts in flight see their
+// context cancelled and roll back, mark included, and their messages are
+// not acknowledged, so they are delivered again later. Nothing is
+// acknowledged before its effect committed.
+package app

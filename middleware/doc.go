@@ -1,0 +1,32 @@
+// Package middleware holds the steps of a consumer's chain, one file each,
+// as watermill middleware. Handler assembles them in the order of the
+// design, outermost first:
+//
+//	Observe        logs, metrics, a consumer span linked to the producer
+//	[Outer]        the application's middleware around each delivery
+//	DeadLetter     stores poison and exhausted messages, then acks; never on shutdown
+//	Decode         CloudEvent, route and data validation; poison is permanent
+//	DeliveryGuard  durable delivery count; over the limit: delivery_limit
+//	Retry          constant delay, bounded attempts; permanent errors skip it
+//	Timeout        a deadline per attempt
+//	Recover        a panic becomes an error with code panic
+//	UnitOfWork     one transaction with the processed mark (framework.UnitOfWork)
+//	[Inner]        the application's middleware inside the transaction
+//	Dispatch       the handler
+//
+// The router acknowledges a message when Handler returns nil: after its
+// effect committed, when it was a duplicate, or once it was stored as a
+// dead letter. Anything else, a shutdown included, nacks it and it is
+// delivered again.
+//
+//	h, err := middleware.Handler(middleware.ChainConfig{
+//		Consumer:    consumer,
+//		UnitOfWork:  uow,
+//		DeadLetters: store,
+//		Deliveries:  store,
+//		Retry:       middleware.RetryConfig{Attempts: 5, Delay: 2 * time.Second},
+//	})
+//	router.AddConsumerHandler(consumer.Name()+"@"+typ, typ, subscriber, h)
+//
+// Package app does this for every registered consumer.
+package middleware
