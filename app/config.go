@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -104,7 +105,9 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	}
 	v, err := time.ParseDuration(s)
 	if err != nil {
-		return fmt.Errorf("want a duration such as 500ms or 2s, got %q", s)
+		// A TypeError, which yaml.v3 reports with the line of the value, so
+		// that LoadConfig can name the key.
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: want a duration such as 500ms or 2s, got %q", n.Line, s)}}
 	}
 	*d = Duration(v)
 	return nil
@@ -249,7 +252,7 @@ func LoadConfig(lookupEnv func(string) (string, bool)) (Config, error) {
 		dec := yaml.NewDecoder(bytes.NewReader(raw))
 		dec.KnownFields(true)
 		if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
-			return Config{}, fmt.Errorf("%s %s: %w", EnvConfig, path, err)
+			return Config{}, fmt.Errorf("%s %s: %w", EnvConfig, path, namedYAMLError(raw, err))
 		}
 	}
 	for env, dst := range map[string]*string{
@@ -278,4 +281,68 @@ func LoadConfig(lookupEnv func(string) (string, bool)) (Config, error) {
 		return Config{}, fmt.Errorf("configuration: %w", err)
 	}
 	return cfg, nil
+}
+
+// yamlLineRE matches the "line N: problem" entries of yaml.v3's errors.
+var yamlLineRE = regexp.MustCompile(`^line (\d+): (.*)$`)
+
+// namedYAMLError rewrites the entries of a *yaml.TypeError, which name a
+// line only ("line 3: cannot unmarshal !!str `three` into int"), to name
+// the key of that line as well ("consumers.a.b.attempts (line 3): ..."),
+// so that every bad value names its key. Other errors are returned as they
+// are.
+func namedYAMLError(raw []byte, err error) error {
+	var terr *yaml.TypeError
+	if !errors.As(err, &terr) {
+		return err
+	}
+	var root yaml.Node
+	if yaml.Unmarshal(raw, &root) != nil {
+		return err
+	}
+	keys := make(map[int]string) // line -> the innermost key on it
+	var walk func(n *yaml.Node, path string)
+	walk = func(n *yaml.Node, path string) {
+		switch n.Kind {
+		case yaml.DocumentNode:
+			for _, c := range n.Content {
+				walk(c, path)
+			}
+		case yaml.MappingNode:
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				k, v := n.Content[i], n.Content[i+1]
+				p := k.Value
+				if path != "" {
+					p = path + "." + k.Value
+				}
+				keys[k.Line] = p
+				walk(v, p)
+			}
+		case yaml.SequenceNode:
+			for i, c := range n.Content {
+				walk(c, fmt.Sprintf("%s[%d]", path, i))
+			}
+		default:
+			if path != "" {
+				keys[n.Line] = path
+			}
+		}
+	}
+	walk(&root, "")
+	errs := make([]error, 0, len(terr.Errors))
+	for _, e := range terr.Errors {
+		m := yamlLineRE.FindStringSubmatch(e)
+		if m == nil {
+			errs = append(errs, errors.New(e))
+			continue
+		}
+		line, _ := strconv.Atoi(m[1])
+		key, ok := keys[line]
+		if !ok {
+			errs = append(errs, errors.New(e))
+			continue
+		}
+		errs = append(errs, fmt.Errorf("%s (line %d): %s", key, line, m[2]))
+	}
+	return errors.Join(errs...)
 }
