@@ -1,0 +1,223 @@
+package app_test
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/app"
+	"github.com/effectively-once/effectively/middleware"
+)
+
+// env returns a lookupEnv over vars, and, when yaml is not empty, writes it
+// to a file that EFFECTIVELY_CONFIG names.
+func env(t *testing.T, yaml string, vars map[string]string) func(string) (string, bool) {
+	t.Helper()
+	all := make(map[string]string, len(vars)+1)
+	for k, v := range vars {
+		all[k] = v
+	}
+	if yaml != "" {
+		path := filepath.Join(t.TempDir(), "effectively.yaml")
+		require.NoError(t, os.WriteFile(path, []byte(yaml), 0o600))
+		all[app.EnvConfig] = path
+	}
+	return func(key string) (string, bool) {
+		v, ok := all[key]
+		return v, ok
+	}
+}
+
+func TestLoadConfig(t *testing.T) {
+	t.Parallel()
+
+	t.Run("Defaults", func(t *testing.T) {
+		t.Parallel()
+		cfg, err := app.LoadConfig(env(t, "", nil))
+		require.NoError(t, err)
+		require.Equal(t, app.DefaultTransport, cfg.Transport)
+		require.Equal(t, app.DefaultDatabaseURL, cfg.DatabaseURL)
+		require.Equal(t, app.DefaultDatabaseURL, cfg.TransportURL, "the transport shares the stores' database")
+		require.Equal(t, app.DefaultAMQPURL, cfg.AMQPURL)
+		require.Equal(t, app.DefaultHTTPAddr, cfg.HTTPAddr)
+		require.False(t, cfg.AutoMigrate)
+		require.Empty(t, cfg.TablePrefix)
+
+		cc := cfg.Consumer("any.consumer")
+		require.Equal(t, middleware.DefaultAttempts, cc.Attempts)
+		require.Equal(t, app.Duration(middleware.DefaultRetryDelay), cc.RetryDelay)
+		require.Equal(t, app.Duration(middleware.DefaultTimeout), cc.Timeout)
+		require.Equal(t, 1, cc.Concurrency)
+		require.Equal(t, middleware.DefaultMaxDeliveries, cc.MaxDeliveries)
+		require.Zero(t, cc.RateLimit)
+	})
+
+	t.Run("Env", func(t *testing.T) {
+		t.Parallel()
+		cfg, err := app.LoadConfig(env(t, "", map[string]string{
+			app.EnvTransport:    "memory",
+			app.EnvDatabaseURL:  "file:/tmp/x/stores.db",
+			app.EnvTransportURL: "/tmp/x/transport.db",
+			app.EnvAMQPURL:      "amqp://u:p@rabbit:5672/",
+			app.EnvAutoMigrate:  "true",
+			app.EnvTablePrefix:  "fx_",
+			app.EnvHTTPAddr:     ":0",
+		}))
+		require.NoError(t, err)
+		require.Equal(t, app.Config{
+			Transport:    "memory",
+			DatabaseURL:  "file:/tmp/x/stores.db",
+			TransportURL: "/tmp/x/transport.db",
+			AMQPURL:      "amqp://u:p@rabbit:5672/",
+			AutoMigrate:  true,
+			TablePrefix:  "fx_",
+			HTTPAddr:     ":0",
+		}, cfg)
+	})
+
+	t.Run("EmptyHTTPAddrTurnsHTTPOff", func(t *testing.T) {
+		t.Parallel()
+		cfg, err := app.LoadConfig(env(t, "http_addr: 127.0.0.1:1234\n", map[string]string{app.EnvHTTPAddr: ""}))
+		require.NoError(t, err)
+		require.Empty(t, cfg.HTTPAddr)
+	})
+
+	t.Run("YAML", func(t *testing.T) {
+		t.Parallel()
+		cfg, err := app.LoadConfig(env(t, `
+transport: memory
+database_url: /tmp/y/stores.db
+auto_migrate: true
+table_prefix: y_
+http_addr: 127.0.0.1:0
+defaults:
+  attempts: 5
+  timeout: 2s
+consumers:
+  billing.charge-on-order-placed:
+    attempts: 2
+    retry_delay: 250ms
+    concurrency: 4
+    rate_limit: 7.5
+    max_deliveries: 6
+`, nil))
+		require.NoError(t, err)
+		require.Equal(t, "memory", cfg.Transport)
+		require.Equal(t, "/tmp/y/stores.db", cfg.DatabaseURL)
+		require.Equal(t, "/tmp/y/stores.db", cfg.TransportURL)
+		require.True(t, cfg.AutoMigrate)
+		require.Equal(t, "y_", cfg.TablePrefix)
+		require.Equal(t, "127.0.0.1:0", cfg.HTTPAddr)
+
+		require.Equal(t, app.ConsumerConfig{
+			Attempts:      2,
+			RetryDelay:    app.Duration(250 * time.Millisecond),
+			Timeout:       app.Duration(2 * time.Second), // from defaults
+			Concurrency:   4,
+			RateLimit:     7.5,
+			MaxDeliveries: 6,
+		}, cfg.Consumer("billing.charge-on-order-placed"))
+		require.Equal(t, app.ConsumerConfig{
+			Attempts:      5,
+			RetryDelay:    app.Duration(middleware.DefaultRetryDelay),
+			Timeout:       app.Duration(2 * time.Second),
+			Concurrency:   1,
+			MaxDeliveries: middleware.DefaultMaxDeliveries,
+		}, cfg.Consumer("other.consumer"))
+	})
+
+	t.Run("EnvWinsOverYAML", func(t *testing.T) {
+		t.Parallel()
+		cfg, err := app.LoadConfig(env(t, `
+transport: sqlite
+database_url: /tmp/yaml.db
+auto_migrate: true
+table_prefix: yaml_
+http_addr: 127.0.0.1:1
+`, map[string]string{
+			app.EnvTransport:   "memory",
+			app.EnvDatabaseURL: "/tmp/env.db",
+			app.EnvAutoMigrate: "false",
+			app.EnvTablePrefix: "env_",
+			app.EnvHTTPAddr:    "127.0.0.1:2",
+		}))
+		require.NoError(t, err)
+		require.Equal(t, "memory", cfg.Transport)
+		require.Equal(t, "/tmp/env.db", cfg.DatabaseURL)
+		require.Equal(t, "/tmp/env.db", cfg.TransportURL)
+		require.False(t, cfg.AutoMigrate)
+		require.Equal(t, "env_", cfg.TablePrefix)
+		require.Equal(t, "127.0.0.1:2", cfg.HTTPAddr)
+	})
+
+	t.Run("EmptyYAML", func(t *testing.T) {
+		t.Parallel()
+		path := filepath.Join(t.TempDir(), "empty.yaml")
+		require.NoError(t, os.WriteFile(path, nil, 0o600))
+		cfg, err := app.LoadConfig(env(t, "", map[string]string{app.EnvConfig: path}))
+		require.NoError(t, err)
+		require.Equal(t, app.DefaultDatabaseURL, cfg.DatabaseURL)
+	})
+
+	t.Run("MissingYAML", func(t *testing.T) {
+		t.Parallel()
+		_, err := app.LoadConfig(env(t, "", map[string]string{app.EnvConfig: filepath.Join(t.TempDir(), "missing.yaml")}))
+		require.ErrorContains(t, err, app.EnvConfig)
+		require.ErrorIs(t, err, os.ErrNotExist)
+	})
+}
+
+// TestLoadConfigBadValue checks that each bad value stops loading with an
+// error that names its key.
+func TestLoadConfigBadValue(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name string
+		yaml string
+		env  map[string]string
+		key  string
+	}{
+		{name: "Transport", env: map[string]string{app.EnvTransport: "kafka"}, key: app.EnvTransport},
+		{name: "TransportYAML", yaml: "transport: kafka\n", key: app.EnvTransport},
+		{name: "SQLiteOnPostgres", env: map[string]string{app.EnvDatabaseURL: "postgres://localhost/db"}, key: app.EnvTransport},
+		{name: "AutoMigrate", env: map[string]string{app.EnvAutoMigrate: "maybe"}, key: app.EnvAutoMigrate},
+		{name: "AutoMigrateYAML", yaml: "auto_migrate: maybe\n", key: "auto_migrate"},
+		{name: "TablePrefix", env: map[string]string{app.EnvTablePrefix: "bad-prefix"}, key: app.EnvTablePrefix},
+		{name: "TablePrefixYAML", yaml: "table_prefix: 1abc\n", key: app.EnvTablePrefix},
+		{name: "HTTPAddr", env: map[string]string{app.EnvHTTPAddr: "localhost"}, key: app.EnvHTTPAddr},
+		{name: "ConsumerAttemptsNegative", yaml: "consumers:\n  a.b:\n    attempts: -1\n", key: "consumers.a.b.attempts"},
+		{name: "ConsumerAttemptsNotANumber", yaml: "consumers:\n  a.b:\n    attempts: three\n", key: "consumers.a.b.attempts"},
+		{name: "ConsumerConcurrency", yaml: "consumers:\n  a.b:\n    concurrency: 5000\n", key: "consumers.a.b.concurrency"},
+		{name: "ConsumerRetryDelay", yaml: "consumers:\n  a.b:\n    retry_delay: -1s\n", key: "consumers.a.b.retry_delay"},
+		{name: "DefaultsMaxDeliveries", yaml: "defaults:\n  max_deliveries: -2\n", key: "defaults.max_deliveries"},
+		{name: "DefaultsRateLimit", yaml: "defaults:\n  rate_limit: -1\n", key: "defaults.rate_limit"},
+		{name: "UnknownKey", yaml: "transprot: sqlite\n", key: "transprot"},
+		{name: "UnknownConsumerKey", yaml: "consumers:\n  a.b:\n    attemps: 2\n", key: "attemps"},
+		{name: "BadDuration", yaml: "defaults:\n  timeout: 5 minutes\n", key: "defaults.timeout"},
+		{name: "BadConsumerDuration", yaml: "consumers:\n  a.b:\n    retry_delay: soon\n", key: "consumers.a.b.retry_delay"},
+		{name: "MalformedConsumerName", yaml: "consumers:\n  Bad_Name:\n    attempts: 2\n", key: "consumers.Bad_Name"},
+		{name: "NotAMapping", yaml: "- a\n- b\n", key: app.EnvConfig},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			cfg, err := app.LoadConfig(env(t, tt.yaml, tt.env))
+			require.Error(t, err)
+			require.ErrorContains(t, err, tt.key)
+			require.Zero(t, cfg)
+		})
+	}
+
+	t.Run("EveryBadKeyNamed", func(t *testing.T) {
+		t.Parallel()
+		_, err := app.LoadConfig(env(t, "consumers:\n  a.b:\n    attempts: -1\n    concurrency: -1\n", map[string]string{
+			app.EnvTablePrefix: "bad-prefix",
+			app.EnvHTTPAddr:    "nope",
+		}))
+		for _, key := range []string{app.EnvTablePrefix, app.EnvHTTPAddr, "consumers.a.b.attempts", "consumers.a.b.concurrency"} {
+			require.ErrorContains(t, err, key)
+		}
+	})
+}
