@@ -148,7 +148,11 @@ func Observe(cfg ObserveConfig) (message.HandlerMiddleware, error) {
 			switch outcome {
 			case OutcomeNacked:
 				span.SetStatus(codes.Error, "nacked")
-				cfg.Logger.ErrorContext(ctx, "message nacked, it will be delivered again", append(attrs, slog.Any("error", err))...)
+				if ctx.Err() != nil {
+					cfg.Logger.InfoContext(ctx, "attempt cut short by shutdown, rolled back; the message will be delivered again", attrs...)
+				} else {
+					cfg.Logger.ErrorContext(ctx, "message nacked, it will be delivered again", append(attrs, slog.Any("error", err))...)
+				}
 			case OutcomeDeadLettered:
 				span.SetStatus(codes.Error, string(st.deadLettered))
 				attrs = append(attrs, slog.String("code", string(st.deadLettered)))
