@@ -263,6 +263,21 @@ func exerciseChain(t *testing.T, b backend) {
 		require.Equal(t, 1, dls[0].Repeats)
 	})
 
+	t.Run("DeadLetterStoreFails", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b, setupConfig{})
+		bd.behave = func(context.Context, framework.Event[noteV1], int64) error {
+			return framework.Permanent("note_rejected", nil)
+		}
+		_, err := bd.db.Exec(`ALTER TABLE dead_letters RENAME TO dead_letters_away`)
+		require.NoError(t, err)
+		require.Error(t, bd.deliver(ctx, event(t, "notes", "1")), "a message whose dead letter was not stored is not acknowledged")
+		_, err = bd.db.Exec(`ALTER TABLE dead_letters_away RENAME TO dead_letters`)
+		require.NoError(t, err)
+		require.NoError(t, bd.deliver(ctx, event(t, "notes", "1")), "the redelivery is dead-lettered")
+		require.Len(t, bd.deadLetters(t), 1)
+	})
+
 	t.Run("RetriesExhausted", func(t *testing.T) {
 		t.Parallel()
 		bd := setup(t, b, setupConfig{attempts: 4})

@@ -63,6 +63,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	return m, nil
 }
 
+// Messages returns the counter of messages by consumer and outcome.
+func (m *Metrics) Messages() *prometheus.CounterVec { return m.messages }
+
+// DeadLetters returns the counter of dead letters by consumer and code.
+func (m *Metrics) DeadLetters() *prometheus.CounterVec { return m.deadLetters }
+
 // ObserveConfig configures Observe.
 type ObserveConfig struct {
 	// Consumer is the consumer's name. Required.
