@@ -1,0 +1,130 @@
+package amqp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+)
+
+// ErrNotConnected is returned by the publishers and subscribers of a
+// Connection before Connect succeeded, and while the broker is away.
+var ErrNotConnected = errors.New("amqp: not connected (Connection.Connect has not succeeded yet)")
+
+// ErrClosed is returned after Close.
+var ErrClosed = errors.New("amqp: connection is closed")
+
+// Connection is one AMQP connection shared by a process's publisher and
+// subscribers. NewConnection does not dial: Connect does, retrying with
+// backoff while the broker is down, so an application can start before its
+// broker. Once connected, watermill-amqp reconnects by itself, forever,
+// and the subscribers declare their topology again.
+type Connection struct {
+	cfg    Config
+	logger watermill.LoggerAdapter
+
+	mu     sync.Mutex
+	conn   *wamqp.ConnectionWrapper
+	closed bool
+	ready  chan struct{} // closed once connected
+}
+
+// NewConnection returns an unconnected Connection.
+func NewConnection(cfg Config) (*Connection, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Connection{
+		cfg:    cfg,
+		logger: watermill.NewSlogLogger(cfg.Logger),
+		ready:  make(chan struct{}),
+	}, nil
+}
+
+// Connect dials the broker, retrying with exponential backoff
+// (Config.ConnectInterval up to Config.MaxConnectInterval) until it
+// succeeds or ctx ends. It returns at once when already connected.
+func (c *Connection) Connect(ctx context.Context) error {
+	delay := c.cfg.ConnectInterval
+	for attempt := 1; ; attempt++ {
+		err := c.dial()
+		if err == nil || errors.Is(err, ErrClosed) {
+			return err
+		}
+		c.cfg.Logger.WarnContext(ctx, "amqp: broker unreachable, retrying", "attempt", attempt, "retry_in", delay, "error", err)
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("amqp: connect to %s (%d attempts): %w (last error: %w)", redact(c.cfg.URL), attempt, ctx.Err(), err)
+		case <-t.C:
+		}
+		delay = min(2*delay, c.cfg.MaxConnectInterval)
+	}
+}
+
+func (c *Connection) dial() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.closed:
+		return ErrClosed
+	case c.conn != nil:
+		return nil
+	}
+	conn, err := wamqp.NewConnection(wamqp.ConnectionConfig{
+		AmqpURI:   c.cfg.URL,
+		Reconnect: wamqp.DefaultReconnectConfig(),
+	}, c.logger)
+	if err != nil {
+		return err
+	}
+	c.conn = conn
+	close(c.ready)
+	return nil
+}
+
+// Connected reports whether the connection to the broker is up now. It is
+// false before Connect, while watermill-amqp reconnects, and after Close:
+// report it as readiness.
+func (c *Connection) Connected() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return !c.closed && c.conn != nil && c.conn.IsConnected()
+}
+
+// wrapper returns the watermill connection, or ErrNotConnected before
+// Connect.
+func (c *Connection) wrapper() (*wamqp.ConnectionWrapper, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.closed:
+		return nil, ErrClosed
+	case c.conn == nil:
+		return nil, ErrNotConnected
+	}
+	return c.conn, nil
+}
+
+// Close closes the connection. Close the publishers and subscribers first.
+func (c *Connection) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	if c.conn == nil {
+		return nil
+	}
+	if err := c.conn.Close(); err != nil {
+		return fmt.Errorf("amqp: close: %w", err)
+	}
+	return nil
+}

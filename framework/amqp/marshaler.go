@@ -1,0 +1,136 @@
+package amqp
+
+import (
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+
+	"github.com/effectively-once/effectively/framework"
+)
+
+// Marshaler turns watermill messages into AMQP publishings and back. Unlike
+// watermill-amqp's DefaultMarshaler it never fails on a delivery, which
+// would nack it before any middleware runs and loop forever:
+//
+//   - headers that are not strings (x-death added by dead-lettering,
+//     x-delivery-count added by quorum queues, numbers and tables from
+//     other clients) become metadata as text: numbers and booleans in
+//     decimal, times in RFC 3339, tables and arrays as JSON;
+//   - a delivery without watermill's UUID header takes the AMQP
+//     message-id, or a generated UUID (the framework identifies events by
+//     their CloudEvent source and id, never by this UUID);
+//   - the delivery's redelivered flag becomes framework.MetadataRedelivered
+//     ("true" or "false"), and its content type the metadata
+//     framework.MetadataContentType when no header gives one.
+//
+// Published messages are persistent, carry the UUID both in watermill's
+// header and as the message-id, and their metadata as string headers,
+// less the redelivery markers of an earlier delivery.
+type Marshaler struct{}
+
+var _ wamqp.Marshaler = Marshaler{}
+
+// Marshal returns the publishing of msg.
+func (Marshaler) Marshal(msg *message.Message) (amqp091.Publishing, error) {
+	headers := make(amqp091.Table, len(msg.Metadata)+1)
+	for k, v := range msg.Metadata {
+		if k == framework.MetadataRedelivered || k == wamqp.MetadataRedeliveredKey {
+			continue // a property of one delivery, not of the message
+		}
+		headers[k] = v
+	}
+	headers[wamqp.DefaultMessageUUIDHeaderKey] = msg.UUID
+	return amqp091.Publishing{
+		Headers:      headers,
+		ContentType:  msg.Metadata.Get(framework.MetadataContentType),
+		DeliveryMode: amqp091.Persistent,
+		MessageId:    msg.UUID,
+		Timestamp:    time.Now().UTC(),
+		Body:         msg.Payload,
+	}, nil
+}
+
+// Unmarshal returns the message of d. It never fails.
+func (Marshaler) Unmarshal(d amqp091.Delivery) (*message.Message, error) {
+	id, _ := d.Headers[wamqp.DefaultMessageUUIDHeaderKey].(string)
+	if id == "" {
+		id = d.MessageId
+	}
+	if id == "" {
+		id = watermill.NewUUID()
+	}
+	msg := message.NewMessage(id, d.Body)
+	msg.Metadata = make(message.Metadata, len(d.Headers)+2)
+	for k, v := range d.Headers {
+		if k == wamqp.DefaultMessageUUIDHeaderKey {
+			continue
+		}
+		msg.Metadata[k] = headerText(v)
+	}
+	if msg.Metadata.Get(framework.MetadataContentType) == "" && d.ContentType != "" {
+		msg.Metadata.Set(framework.MetadataContentType, d.ContentType)
+	}
+	msg.Metadata.Set(framework.MetadataRedelivered, strconv.FormatBool(d.Redelivered))
+	return msg, nil
+}
+
+// headerText renders an AMQP field value as metadata text.
+func headerText(v any) string {
+	switch v := v.(type) {
+	case nil:
+		return ""
+	case string:
+		return v
+	case []byte:
+		return string(v)
+	case bool:
+		return strconv.FormatBool(v)
+	case int8, int16, int32, int64, int, uint8, uint16, uint32, uint64, uint:
+		return fmt.Sprint(v)
+	case float32:
+		return strconv.FormatFloat(float64(v), 'g', -1, 32)
+	case float64:
+		return strconv.FormatFloat(v, 'g', -1, 64)
+	case time.Time:
+		return v.UTC().Format(time.RFC3339Nano)
+	case amqp091.Decimal:
+		return fmt.Sprintf("%de-%d", v.Value, v.Scale)
+	default: // amqp091.Table, []any (x-death is an array of tables)
+		b, err := json.Marshal(jsonable(v))
+		if err != nil {
+			return fmt.Sprint(v)
+		}
+		return string(b)
+	}
+}
+
+// jsonable turns AMQP tables and arrays into values encoding/json renders
+// readably (bytes as text rather than base64).
+func jsonable(v any) any {
+	switch v := v.(type) {
+	case amqp091.Table:
+		m := make(map[string]any, len(v))
+		for k, e := range v {
+			m[k] = jsonable(e)
+		}
+		return m
+	case []any:
+		s := make([]any, len(v))
+		for i, e := range v {
+			s[i] = jsonable(e)
+		}
+		return s
+	case []byte:
+		return string(v)
+	case time.Time:
+		return v.UTC().Format(time.RFC3339Nano)
+	default:
+		return v
+	}
+}

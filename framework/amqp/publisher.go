@@ -1,0 +1,143 @@
+package amqp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// watermillConfig is the watermill-amqp configuration of the framework's
+// topology: each topic (event type) is a durable fanout exchange of that
+// name, each queue is durable and named by queueName, messages are
+// persistent and confirmed by the broker.
+func watermillConfig(cfg Config, queueName wamqp.QueueNameGenerator) wamqp.Config {
+	c := wamqp.NewDurablePubSubConfig(cfg.URL, queueName)
+	c.Marshaler = Marshaler{}
+	c.Queue.Arguments = cfg.QueueArguments
+	c.Publish.ConfirmDelivery = true
+	c.Publish.ChannelPoolSize = cfg.ChannelPoolSize
+	c.Consume.Qos.PrefetchCount = cfg.Prefetch
+	return c
+}
+
+// Publisher publishes each message to the fanout exchange named by its
+// topic, declaring the exchange on first use, and waits for the broker's
+// confirm. Replay publishes to one consumer's queue instead.
+type Publisher struct {
+	conn *Connection
+
+	mu     sync.Mutex
+	events *wamqp.Publisher // exchange per topic
+	direct *wamqp.Publisher // default exchange, routing key = queue
+	closed bool
+}
+
+var _ message.Publisher = (*Publisher)(nil)
+
+// NewPublisher returns a publisher on conn. It may be built before
+// conn.Connect; Publish returns ErrNotConnected until then.
+func NewPublisher(conn *Connection) (*Publisher, error) {
+	if conn == nil {
+		return nil, fmt.Errorf("amqp: NewPublisher: missing Connection (build it with NewConnection)")
+	}
+	return &Publisher{conn: conn}, nil
+}
+
+func (p *Publisher) publishers() (events, direct *wamqp.Publisher, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, nil, ErrClosed
+	}
+	if p.events != nil {
+		return p.events, p.direct, nil
+	}
+	w, err := p.conn.wrapper()
+	if err != nil {
+		return nil, nil, err
+	}
+	events, err = wamqp.NewPublisherWithConnection(watermillConfig(p.conn.cfg, nil), p.conn.logger, w)
+	if err != nil {
+		return nil, nil, fmt.Errorf("amqp: publisher: %w", err)
+	}
+	dc := watermillConfig(p.conn.cfg, nil)
+	dc.Exchange.GenerateName = func(string) string { return "" } // the default exchange
+	dc.Publish.GenerateRoutingKey = func(queue string) string { return queue }
+	dc.Publish.ChannelPoolSize = 1
+	direct, err = wamqp.NewPublisherWithConnection(dc, p.conn.logger, w)
+	if err != nil {
+		_ = events.Close()
+		return nil, nil, fmt.Errorf("amqp: replay publisher: %w", err)
+	}
+	p.events, p.direct = events, direct
+	return events, direct, nil
+}
+
+// Publish publishes msgs to the exchange topic and returns once the broker
+// confirmed each of them. Messages published before any consumer queue is
+// bound to the exchange are dropped by RabbitMQ: subscribers bind their
+// queues at start (Subscriber.SubscribeInitialize).
+func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
+	events, _, err := p.publishers()
+	if err != nil {
+		return err
+	}
+	if err := events.Publish(topic, msgs...); err != nil {
+		return fmt.Errorf("amqp: publish to %s: %w", topic, err)
+	}
+	return nil
+}
+
+// Replay publishes msgs through the default exchange straight to the queue
+// of consumer, so that no other consumer of their type sees them again. It
+// fails when the queue does not exist.
+func (p *Publisher) Replay(ctx context.Context, consumer string, msgs ...*message.Message) error {
+	_, direct, err := p.publishers()
+	if err != nil {
+		return err
+	}
+	w, err := p.conn.wrapper()
+	if err != nil {
+		return err
+	}
+	ch, err := w.Connection().Channel()
+	if err != nil {
+		return fmt.Errorf("amqp: replay to %s: open channel: %w", consumer, err)
+	}
+	// A publish to a missing queue would vanish silently.
+	if _, err := ch.QueueDeclarePassive(consumer, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("amqp: replay to %s: no such queue: %w", consumer, err)
+	}
+	_ = ch.Close()
+	for _, msg := range msgs {
+		m := msg.Copy()
+		m.SetContext(ctx)
+		if err := direct.Publish(consumer, m); err != nil {
+			return fmt.Errorf("amqp: replay to %s: %w", consumer, err)
+		}
+	}
+	return nil
+}
+
+// Close closes the publisher; the connection stays open.
+func (p *Publisher) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	p.closed = true
+	if p.events == nil {
+		return nil
+	}
+	err1 := p.events.Close()
+	err2 := p.direct.Close()
+	if err := errors.Join(err1, err2); err != nil {
+		return fmt.Errorf("amqp: close publisher: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,183 @@
+package amqp
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Subscriber reads the queue of one consumer. The queue is durable, named
+// after the consumer, and bound to the fanout exchange of each topic (event
+// type) the consumer handles, one SubscribeInitialize per topic. Every
+// Subscribe call, whatever its topic, reads that one queue: open several to
+// handle several messages at once (competing consumers; the prefetch alone
+// adds no parallelism), and dispatch on the CloudEvent type.
+//
+// A nacked message goes back to the queue after a pause (Config.NackDelay,
+// doubling per consecutive nack of the subscription up to
+// Config.MaxNackDelay), never at once: watermill-amqp would requeue it
+// immediately and loop hot.
+type Subscriber struct {
+	conn      *Connection
+	queueName wamqp.QueueNameGenerator
+
+	mu      sync.Mutex
+	sub     *wamqp.Subscriber
+	closed  bool
+	closing chan struct{}
+	wg      sync.WaitGroup
+}
+
+var (
+	_ message.Subscriber           = (*Subscriber)(nil)
+	_ message.SubscribeInitializer = (*Subscriber)(nil)
+)
+
+// NewSubscriber returns the subscriber of consumer on conn. It may be
+// built before conn.Connect; its methods return ErrNotConnected until
+// then.
+func NewSubscriber(conn *Connection, consumer string) (*Subscriber, error) {
+	if consumer == "" {
+		return nil, fmt.Errorf("amqp: NewSubscriber: empty consumer name")
+	}
+	return newSubscriber(conn, wamqp.GenerateQueueNameConstant(consumer))
+}
+
+func newSubscriber(conn *Connection, queueName wamqp.QueueNameGenerator) (*Subscriber, error) {
+	if conn == nil {
+		return nil, fmt.Errorf("amqp: NewSubscriber: missing Connection (build it with NewConnection)")
+	}
+	return &Subscriber{conn: conn, queueName: queueName, closing: make(chan struct{})}, nil
+}
+
+func (s *Subscriber) inner() (*wamqp.Subscriber, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, ErrClosed
+	}
+	if s.sub != nil {
+		return s.sub, nil
+	}
+	w, err := s.conn.wrapper()
+	if err != nil {
+		return nil, err
+	}
+	sub, err := wamqp.NewSubscriberWithConnection(watermillConfig(s.conn.cfg, s.queueName), s.conn.logger, w)
+	if err != nil {
+		return nil, fmt.Errorf("amqp: subscriber: %w", err)
+	}
+	s.sub = sub
+	return sub, nil
+}
+
+// SubscribeInitialize declares the exchange of topic and the consumer's
+// queue, and binds them, so that nothing published to topic from now on is
+// dropped. Call it for every topic of the consumer before anything
+// publishes.
+func (s *Subscriber) SubscribeInitialize(topic string) error {
+	sub, err := s.inner()
+	if err != nil {
+		return err
+	}
+	if err := sub.SubscribeInitialize(topic); err != nil {
+		return fmt.Errorf("amqp: bind %s: %w", topic, err)
+	}
+	return nil
+}
+
+// Subscribe declares and binds like SubscribeInitialize, then consumes the
+// consumer's queue until ctx ends or the subscriber closes.
+func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	sub, err := s.inner()
+	if err != nil {
+		return nil, err
+	}
+	in, err := sub.Subscribe(ctx, topic)
+	if err != nil {
+		return nil, fmt.Errorf("amqp: subscribe to %s: %w", topic, err)
+	}
+	out := make(chan *message.Message)
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, ErrClosed
+	}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	go func() {
+		defer s.wg.Done()
+		defer close(out)
+		s.forward(ctx, in, out)
+	}()
+	return out, nil
+}
+
+// forward hands each message of in to out as a copy and settles the
+// original once the copy is acked or nacked, pausing before a nack.
+func (s *Subscriber) forward(ctx context.Context, in <-chan *message.Message, out chan<- *message.Message) {
+	cfg := s.conn.cfg
+	nacks := 0
+	for orig := range in {
+		msg := orig.Copy()
+		msg.SetContext(orig.Context())
+		select {
+		case out <- msg:
+		case <-s.closing:
+			orig.Nack()
+			continue // in closes soon
+		case <-ctx.Done():
+			orig.Nack()
+			continue
+		}
+		select {
+		case <-msg.Acked():
+			nacks = 0
+			orig.Ack()
+		case <-msg.Nacked():
+			delay := cfg.NackDelay
+			for i := 0; i < nacks && delay < cfg.MaxNackDelay; i++ {
+				delay *= 2
+			}
+			delay = min(delay, cfg.MaxNackDelay)
+			nacks++
+			t := time.NewTimer(delay)
+			select {
+			case <-t.C:
+			case <-s.closing: // closing requeues at once
+			case <-ctx.Done():
+			}
+			t.Stop()
+			orig.Nack()
+		case <-orig.Context().Done(): // the subscription stopped
+			orig.Nack()
+		}
+	}
+}
+
+// Close stops every subscription: messages in flight go back to the queue.
+// The connection stays open.
+func (s *Subscriber) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	close(s.closing)
+	sub := s.sub
+	s.mu.Unlock()
+	var err error
+	if sub != nil {
+		err = sub.Close()
+	}
+	s.wg.Wait()
+	if err != nil {
+		return fmt.Errorf("amqp: close subscriber: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,281 @@
+package postgres
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/google/uuid"
+	"github.com/jmoiron/sqlx"
+
+	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/migrate"
+)
+
+// The postgres transport is watermill-sql v4 with its default PostgreSQL
+// schema: one table of messages per topic, ordered by the transaction that
+// wrote them (xid8) so that no commit is skipped, and one table of offsets
+// per topic with a row per consumer group. docs/transports.md says why this
+// schema and not the queue schema (which has no consumer groups), and how
+// to insert a message by hand.
+
+// Defaults of TransportConfig.
+const (
+	// DefaultPollInterval is how long an idle subscription waits before it
+	// looks for new messages again.
+	DefaultPollInterval = 100 * time.Millisecond
+	// DefaultResendInterval is the pause before a nacked message is
+	// handed out again.
+	DefaultResendInterval = time.Second
+	// DefaultAckDeadline is how long a message may stay unacknowledged
+	// before the subscriber gives it up and delivers it again. It must
+	// outlast the whole handling of a message (attempts × (timeout +
+	// delay)).
+	DefaultAckDeadline = 5 * time.Minute
+	// DefaultBatchSize is how many messages a subscription reads per
+	// query. Handling stays one message at a time; a larger batch saves
+	// queries but redelivers more after a crash (see docs/transports.md
+	// for the measurements).
+	DefaultBatchSize = 10
+)
+
+// MaxUUIDLength is the longest message UUID the messages table holds
+// (VARCHAR(36)); the publisher replaces a longer one, e.g. a long event id,
+// by a UUID derived from it. The framework identifies events by their
+// CloudEvent source and id, never by this UUID.
+const MaxUUIDLength = 36
+
+// maxIdentifier is PostgreSQL's limit on names (NAMEDATALEN - 1).
+const maxIdentifier = 63
+
+// TransportConfig configures the postgres transport's Publisher and
+// Subscriber.
+type TransportConfig struct {
+	// TablePrefix prefixes the names of the transport's tables, like those
+	// of the stores. Defaults to none.
+	TablePrefix string
+	// PollInterval is how long an idle subscription waits before it looks
+	// for new messages again. Defaults to DefaultPollInterval.
+	PollInterval time.Duration
+	// ResendInterval is the pause before a nacked message is handed out
+	// again. Defaults to DefaultResendInterval.
+	ResendInterval time.Duration
+	// AckDeadline is how long a message may stay unacknowledged before it
+	// is given up and delivered again. Defaults to DefaultAckDeadline.
+	AckDeadline time.Duration
+	// BatchSize is how many messages a subscription reads per query.
+	// Defaults to DefaultBatchSize.
+	BatchSize int
+	// Logger receives the transport's logs. Defaults to discarding them.
+	Logger *slog.Logger
+}
+
+// WithDefaults returns a copy of c with zero fields set to their defaults.
+func (c TransportConfig) WithDefaults() TransportConfig {
+	if c.PollInterval == 0 {
+		c.PollInterval = DefaultPollInterval
+	}
+	if c.ResendInterval == 0 {
+		c.ResendInterval = DefaultResendInterval
+	}
+	if c.AckDeadline == 0 {
+		c.AckDeadline = DefaultAckDeadline
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Validate reports the first invalid field of c.
+func (c TransportConfig) Validate() error {
+	if err := migrate.ValidateTablePrefix(c.TablePrefix); err != nil {
+		return fmt.Errorf("postgres: TransportConfig.TablePrefix: %w", err)
+	}
+	switch {
+	case c.PollInterval < 0:
+		return fmt.Errorf("postgres: TransportConfig.PollInterval must not be negative, got %s", c.PollInterval)
+	case c.ResendInterval < 0:
+		return fmt.Errorf("postgres: TransportConfig.ResendInterval must not be negative, got %s", c.ResendInterval)
+	case c.AckDeadline < 0:
+		return fmt.Errorf("postgres: TransportConfig.AckDeadline must not be negative, got %s", c.AckDeadline)
+	case c.BatchSize < 1:
+		return fmt.Errorf("postgres: TransportConfig.BatchSize must be at least 1, got %d", c.BatchSize)
+	}
+	return nil
+}
+
+// MessagesTable returns the quoted name of the table that holds the
+// messages of topic: "<prefix>watermill_<topic>". A name longer than
+// PostgreSQL's 63 bytes is cut and ends with a hash of the whole name.
+func MessagesTable(prefix, topic string) string {
+	return quoteIdent(identifier(prefix + "watermill_" + topic))
+}
+
+// OffsetsTable returns the quoted name of the table that holds the consumer
+// groups' offsets in topic: "<prefix>watermill_offsets_<topic>", cut like
+// MessagesTable's.
+func OffsetsTable(prefix, topic string) string {
+	return quoteIdent(identifier(prefix + "watermill_offsets_" + topic))
+}
+
+func identifier(name string) string {
+	if len(name) <= maxIdentifier {
+		return name
+	}
+	sum := sha256.Sum256([]byte(name))
+	suffix := "_" + hex.EncodeToString(sum[:5])
+	cut := name[:maxIdentifier-len(suffix)]
+	for len(cut) > 0 && !utf8Start(cut[len(cut)-1]) {
+		cut = cut[:len(cut)-1]
+	}
+	return cut + suffix
+}
+
+// utf8Start reports whether b may end a valid cut (it is ASCII).
+func utf8Start(b byte) bool { return b < 0x80 }
+
+func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
+
+// ReplayTopicPrefix starts the topic of each consumer's replays.
+const ReplayTopicPrefix = "effectively.replay."
+
+// ReplayTopic returns the topic that only consumer reads: a dead letter
+// replayed to it reaches no other consumer group of its type.
+func ReplayTopic(consumer string) string { return ReplayTopicPrefix + consumer }
+
+func schemaAdapter(cfg TransportConfig) wsql.DefaultPostgreSQLSchema {
+	return wsql.DefaultPostgreSQLSchema{
+		GenerateMessagesTableName: func(topic string) string { return MessagesTable(cfg.TablePrefix, topic) },
+		// The payload is the CloudEvent, a JSON object: JSON (not JSONB)
+		// keeps its text as it was published and lets an operator read
+		// and insert rows with plain SQL.
+		SubscribeBatchSize: cfg.BatchSize,
+	}
+}
+
+func offsetsAdapter(cfg TransportConfig) wsql.DefaultPostgreSQLOffsetsAdapter {
+	return wsql.DefaultPostgreSQLOffsetsAdapter{
+		GenerateMessagesOffsetsTableName: func(topic string) string { return OffsetsTable(cfg.TablePrefix, topic) },
+	}
+}
+
+// Publisher publishes messages into the topic's table, creating the table
+// on first use. It may share the stores' pool.
+type Publisher struct {
+	pub *wsql.Publisher
+}
+
+var _ message.Publisher = (*Publisher)(nil)
+
+// NewPublisher returns a publisher on db.
+func NewPublisher(db *sqlx.DB, cfg TransportConfig) (*Publisher, error) {
+	if db == nil {
+		return nil, errors.New("postgres: NewPublisher: missing database (open it with postgres.Open)")
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	pub, err := wsql.NewPublisher(wsql.BeginnerFromStdSQL(db.DB), wsql.PublisherConfig{
+		SchemaAdapter:        schemaAdapter(cfg),
+		AutoInitializeSchema: true,
+	}, watermill.NewSlogLogger(cfg.Logger))
+	if err != nil {
+		return nil, fmt.Errorf("postgres: publisher: %w", err)
+	}
+	return &Publisher{pub: pub}, nil
+}
+
+// uuidNamespace derives the UUIDs that replace over-long message UUIDs.
+var uuidNamespace = uuid.MustParse("6f1f3a52-4c0e-4b8e-9a57-6a3c2e4f9d10")
+
+// Publish inserts msgs into topic's table in one statement. A message UUID
+// longer than MaxUUIDLength is replaced by a UUID derived from it, and
+// the redelivery marker of an earlier delivery is dropped.
+func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
+	out := make([]*message.Message, len(msgs))
+	for i, msg := range msgs {
+		_, marked := msg.Metadata[framework.MetadataRedelivered]
+		if len(msg.UUID) <= MaxUUIDLength && !marked {
+			out[i] = msg
+			continue
+		}
+		m := msg.Copy()
+		m.SetContext(msg.Context())
+		if len(m.UUID) > MaxUUIDLength {
+			m.UUID = uuid.NewSHA1(uuidNamespace, []byte(msg.UUID)).String()
+		}
+		delete(m.Metadata, framework.MetadataRedelivered)
+		out[i] = m
+	}
+	if err := p.pub.Publish(topic, out...); err != nil {
+		return fmt.Errorf("postgres: publish to %s: %w", topic, err)
+	}
+	return nil
+}
+
+// Replay publishes msgs to the replay topic of consumer (see ReplayTopic).
+func (p *Publisher) Replay(ctx context.Context, consumer string, msgs ...*message.Message) error {
+	for _, msg := range msgs {
+		m := msg.Copy()
+		m.SetContext(ctx)
+		if err := p.Publish(ReplayTopic(consumer), m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Close closes the publisher; the pool stays open.
+func (p *Publisher) Close() error { return p.pub.Close() }
+
+// NewSubscriber returns the subscriber of consumer, whose name is its
+// consumer group in every topic. Each Subscribe call holds one pooled
+// connection in an open transaction while its message is handled, and
+// hands out one message at a time: give db a pool of its own, with a
+// connection per subscription and one to spare, so that the handlers'
+// transactions and the dead-letter writes never wait for it. Several
+// subscriptions of one group take turns; they add no parallelism.
+//
+// The framework never writes through the subscriber's transaction (its
+// nack does not roll it back): the attempts run in transactions of their
+// own on the stores' pool.
+func NewSubscriber(db *sqlx.DB, consumer string, cfg TransportConfig) (message.Subscriber, error) {
+	if db == nil {
+		return nil, errors.New("postgres: NewSubscriber: missing database (open a pool of its own with postgres.Open)")
+	}
+	if consumer == "" {
+		return nil, errors.New("postgres: NewSubscriber: empty consumer name")
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	deadline := cfg.AckDeadline
+	sub, err := wsql.NewSubscriber(wsql.BeginnerFromStdSQL(db.DB), wsql.SubscriberConfig{
+		ConsumerGroup:    consumer,
+		AckDeadline:      &deadline,
+		PollInterval:     cfg.PollInterval,
+		ResendInterval:   cfg.ResendInterval,
+		RetryInterval:    time.Second,
+		SchemaAdapter:    schemaAdapter(cfg),
+		OffsetsAdapter:   offsetsAdapter(cfg),
+		InitializeSchema: true,
+	}, watermill.NewSlogLogger(cfg.Logger))
+	if err != nil {
+		return nil, fmt.Errorf("postgres: subscriber of %s: %w", consumer, err)
+	}
+	return sub, nil
+}

@@ -1,0 +1,53 @@
+package transporttest_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/framework/sqlite"
+	"github.com/effectively-once/effectively/framework/transporttest"
+	"github.com/effectively-once/effectively/internal/testenv"
+)
+
+// processSub gives one process its own view of a shared GoChannel: closing
+// it ends that process's subscriptions, not the channel.
+type processSub struct {
+	ch     *gochannel.GoChannel
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+func (p *processSub) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	context.AfterFunc(p.ctx, cancel)
+	return p.ch.Subscribe(ctx, topic)
+}
+
+func (p *processSub) Close() error { p.cancel(); return nil }
+
+// TestMemory runs the suite on GoChannel, whose every subscription gets
+// every message: duplicates galore, which the dedup absorbs.
+func TestMemory(t *testing.T) {
+	t.Parallel()
+	transporttest.Exercise(t, func(t *testing.T) *transporttest.Env {
+		db := testenv.SQLite(t)
+		store, err := sqlite.NewStore(db, sqlite.StoreConfig{})
+		require.NoError(t, err)
+		ch := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
+		t.Cleanup(func() { _ = ch.Close() })
+		return &transporttest.Env{
+			DB:        db,
+			Store:     store,
+			Publisher: ch,
+			NewSubscriber: func(_ *testing.T, _ string, _ int) message.Subscriber {
+				ctx, cancel := context.WithCancel(context.Background())
+				return &processSub{ch: ch, ctx: ctx, cancel: cancel}
+			},
+		}
+	})
+}

@@ -1,0 +1,60 @@
+package transporttest_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/framework/postgres"
+	"github.com/effectively-once/effectively/framework/sqlite"
+	"github.com/effectively-once/effectively/framework/transporttest"
+	"github.com/effectively-once/effectively/internal/testenv"
+)
+
+// TestSQLite runs the suite on the SQLite Pub/Sub sharing the stores'
+// file, as the default configuration does. A plain client inserts rows
+// into its messages table by hand.
+func TestSQLite(t *testing.T) {
+	t.Parallel()
+	transporttest.Exercise(t, func(t *testing.T) *transporttest.Env {
+		db, err := sqlite.Open(context.Background(), testenv.SQLitePath(t), sqlite.OpenConfig{})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = db.Close() })
+		store, err := sqlite.NewStore(db, sqlite.StoreConfig{})
+		require.NoError(t, err)
+		notifier := sqlite.NewNotifier()
+		pub, err := sqlite.NewPublisher(db, sqlite.PublisherConfig{Notifier: notifier})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = pub.Close() })
+		return &transporttest.Env{
+			DB:        db,
+			Store:     store,
+			Publisher: pub,
+			NewSubscriber: func(t *testing.T, consumer string, concurrency int) message.Subscriber {
+				sub, err := sqlite.NewSubscriber(db, sqlite.SubscriberConfig{
+					ConsumerGroup: consumer,
+					Notifier:      notifier,
+					PollInterval:  20 * time.Millisecond,
+					NackDelay:     20 * time.Millisecond,
+					LeaseDuration: 30 * time.Second,
+					MaxInFlight:   concurrency,
+				})
+				require.NoError(t, err)
+				return sub
+			},
+			Topics: func(consumer string, types []string, _ int) []string {
+				return append(types, postgres.ReplayTopic(consumer))
+			},
+			Replay: func(_ context.Context, consumer string, msg *message.Message) error {
+				return pub.Publish(postgres.ReplayTopic(consumer), msg)
+			},
+			PublishRaw: func(t *testing.T, topic string, body []byte) {
+				_, err := db.Exec(`INSERT INTO pubsub_messages (topic, payload) VALUES (?, ?)`, topic, body)
+				require.NoError(t, err)
+			},
+		}
+	})
+}
