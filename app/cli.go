@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -88,7 +89,7 @@ func Command(name string, opts fx.Option, extra ...*cobra.Command) *cobra.Comman
 			Short: "Apply the framework's migrations and the service's own",
 			Args:  cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
-				return runMigrate(cmd.Context(), opts)
+				return runMigrate(cmd.Context(), opts, cmd.OutOrStdout())
 			},
 		},
 	)
@@ -105,7 +106,7 @@ func Main(name string, opts fx.Option, extra ...*cobra.Command) {
 	}
 }
 
-func runMigrate(ctx context.Context, opts fx.Option) error {
+func runMigrate(ctx context.Context, opts fx.Option, out io.Writer) error {
 	var (
 		cfg Config
 		m   Migrations
@@ -129,6 +130,6 @@ func runMigrate(ctx context.Context, opts fx.Option) error {
 	if err := Migrate(ctx, db, cfg, m); err != nil {
 		return err
 	}
-	fmt.Fprintln(os.Stdout, "migrations applied")
+	fmt.Fprintln(out, "migrations applied")
 	return nil
 }
