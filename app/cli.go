@@ -43,9 +43,18 @@ func Serve(ctx context.Context, app *fx.App) error {
 	if err := app.Err(); err != nil {
 		return err
 	}
-	startCtx, cancel := context.WithTimeout(ctx, app.StartTimeout())
+	// The start is bounded by its timeout, not by ctx: fx's Start returns
+	// as soon as its context ends, even when every hook has run, and then
+	// leaves the application running. A ctx that ends during the start is
+	// seen just after it, and stops the application gracefully.
+	startCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), app.StartTimeout())
 	defer cancel()
 	if err := app.Start(startCtx); err != nil {
+		// fx rolls back a start whose hook failed, but not one cut short
+		// by its timeout: stop whatever started (a no-op after a rollback).
+		stopCtx, cancelStop := context.WithTimeout(context.Background(), app.StopTimeout())
+		defer cancelStop()
+		_ = app.Stop(stopCtx) // the start's error is what matters
 		return fmt.Errorf("start: %w", err)
 	}
 	sigCtx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
