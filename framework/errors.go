@@ -68,10 +68,6 @@ func CodeOf(err error) Code {
 	if errors.As(err, &panicked) {
 		return CodePanic
 	}
-	var panickedPtr *wmmiddleware.RecoveredPanicError
-	if errors.As(err, &panickedPtr) {
-		return CodePanic
-	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		return CodeTimeout
 	}
