@@ -1,0 +1,86 @@
+package amqp
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/framework/postgres"
+	"github.com/effectively-once/effectively/framework/transporttest"
+	"github.com/effectively-once/effectively/internal/testenv"
+)
+
+// Topics of a consumer's router handlers on AMQP: every subscription
+// reads the consumer's one queue, so concurrency subscriptions in all,
+// whatever the number of types (each type is bound by SubscribeInitialize).
+func amqpTopics(_ string, types []string, concurrency int) []string {
+	topics := make([]string, concurrency)
+	for i := range topics {
+		topics[i] = types[0]
+	}
+	return topics
+}
+
+// amqpEnv returns the suite's Env on the broker at url, with the stores in
+// a PostgreSQL schema of the test's own (or in db when given).
+func amqpEnv(t *testing.T, url string, cfg Config) *transporttest.Env {
+	t.Helper()
+	db := testenv.Postgres(t)
+	store, err := postgres.NewStore(db, postgres.StoreConfig{})
+	require.NoError(t, err)
+	cfg.URL = url
+	pubConn := connect(t, cfg)
+	pub, err := NewPublisher(pubConn)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+	return &transporttest.Env{
+		DB:        db,
+		Store:     store,
+		Publisher: pub,
+		NewSubscriber: func(t *testing.T, consumer string, _ int) message.Subscriber {
+			// A connection of its own, as another process would have.
+			sub, err := NewSubscriber(connect(t, cfg), consumer)
+			require.NoError(t, err)
+			return sub
+		},
+		Topics: amqpTopics,
+		Replay: func(ctx context.Context, consumer string, msg *message.Message) error {
+			return pub.Replay(ctx, consumer, msg)
+		},
+		PublishRaw: func(t *testing.T, topic string, body []byte) {
+			publishPlain(t, url, topic, amqp091.Publishing{ContentType: "application/cloudevents+json", Body: body})
+		},
+	}
+}
+
+// publishPlain publishes p to exchange with a plain amqp091-go client and
+// waits for the broker's confirm.
+func publishPlain(t *testing.T, url, exchange string, p amqp091.Publishing) {
+	t.Helper()
+	conn, err := amqp091.Dial(url)
+	require.NoError(t, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	defer ch.Close()
+	require.NoError(t, ch.Confirm(false))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchange, "", false, false, p)
+	require.NoError(t, err)
+	ok, err := conf.WaitContext(ctx)
+	require.NoError(t, err)
+	require.True(t, ok, "broker confirms")
+}
+
+func TestTransport(t *testing.T) {
+	t.Parallel()
+	url := testenv.Require(t, testenv.AMQPURLVar)
+	transporttest.Exercise(t, func(t *testing.T) *transporttest.Env {
+		return amqpEnv(t, url, Config{NackDelay: 20 * time.Millisecond})
+	})
+}
