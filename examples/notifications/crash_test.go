@@ -122,7 +122,6 @@ type service struct {
 	cmd  *exec.Cmd
 	done chan struct{} // closed when the process exited
 	err  error         // cmd.Wait's result, set before done closes
-	log  string
 }
 
 // start runs the service (`serve`) with the hook of mode.
@@ -151,7 +150,7 @@ func (b *crashBundle) start(t *testing.T, mode string) *service {
 	)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	require.NoError(t, cmd.Start())
-	s := &service{cmd: cmd, done: make(chan struct{}), log: logPath}
+	s := &service{cmd: cmd, done: make(chan struct{})}
 	go func() {
 		s.err = cmd.Wait()
 		close(s.done)
