@@ -1,0 +1,206 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/migrate"
+	"github.com/effectively-once/effectively/framework/postgres"
+	"github.com/effectively-once/effectively/framework/transporttest"
+	"github.com/effectively-once/effectively/internal/testenv"
+)
+
+// fastTransport polls and resends quickly, for tests.
+var fastTransport = postgres.TransportConfig{PollInterval: 20 * time.Millisecond, ResendInterval: 50 * time.Millisecond}
+
+func open(t *testing.T, url string, conns int) *sqlx.DB {
+	t.Helper()
+	db, err := postgres.Open(context.Background(), url, postgres.OpenConfig{MaxOpenConns: conns})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// postgresEnv returns the suite's Env on the database at url: the stores
+// and the publisher share one pool, each process's subscriber has a pool
+// of its own.
+func postgresEnv(t *testing.T, url string) *transporttest.Env {
+	t.Helper()
+	db := open(t, url, 20)
+	store, err := postgres.NewStore(db, postgres.StoreConfig{})
+	require.NoError(t, err)
+	pub, err := postgres.NewPublisher(db, fastTransport)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = pub.Close() })
+	return &transporttest.Env{
+		DB:        db,
+		Store:     store,
+		Publisher: pub,
+		NewSubscriber: func(t *testing.T, consumer string, _ int) message.Subscriber {
+			sub, err := postgres.NewSubscriber(open(t, url, 8), consumer, fastTransport)
+			require.NoError(t, err)
+			return sub
+		},
+		// One subscription per type (more would only wait for the
+		// group's lock) and the consumer's replay topic.
+		Topics: func(consumer string, types []string, _ int) []string {
+			return append(types, postgres.ReplayTopic(consumer))
+		},
+		Replay: func(ctx context.Context, consumer string, msg *message.Message) error {
+			return pub.Replay(ctx, consumer, msg)
+		},
+		PublishRaw: func(t *testing.T, topic string, body []byte) {
+			// The documented format of a message inserted by hand.
+			_, err := db.Exec(`INSERT INTO `+postgres.MessagesTable("", topic)+
+				` (uuid, payload, metadata, transaction_id) VALUES ($1, $2, '{}', pg_current_xact_id())`,
+				"hand-"+watermill.NewShortUUID(), string(body))
+			require.NoError(t, err)
+		},
+	}
+}
+
+func TestTransport(t *testing.T) {
+	t.Parallel()
+	transporttest.Exercise(t, func(t *testing.T) *transporttest.Env {
+		return postgresEnv(t, testenv.PostgresURL(t))
+	})
+}
+
+func TestTransportNames(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, `"watermill_appointments.appointment.booked"`, postgres.MessagesTable("", "appointments.appointment.booked"))
+	require.Equal(t, `"app_watermill_offsets_a.b"`, postgres.OffsetsTable("app_", "a.b"))
+	long := postgres.MessagesTable("", postgres.ReplayTopic(strings.Repeat("x", 120)))
+	require.Len(t, strings.Trim(long, `"`), 63, "cut to PostgreSQL's limit")
+	require.NotEqual(t, long, postgres.MessagesTable("", postgres.ReplayTopic(strings.Repeat("x", 119)+"y")), "distinct names stay distinct")
+	_, err := postgres.NewSubscriber(nil, "c", postgres.TransportConfig{})
+	require.Error(t, err)
+	_, err = postgres.NewPublisher(testenv.Postgres(t), postgres.TransportConfig{BatchSize: -1})
+	require.ErrorContains(t, err, "BatchSize")
+}
+
+// TestTransportLongNames publishes and consumes with a topic whose table
+// name exceeds 63 bytes and an event id longer than the uuid column.
+func TestTransportLongNames(t *testing.T) {
+	t.Parallel()
+	url := testenv.PostgresURL(t)
+	db := open(t, url, 4)
+	pub, err := postgres.NewPublisher(db, fastTransport)
+	require.NoError(t, err)
+	defer pub.Close()
+	sub, err := postgres.NewSubscriber(open(t, url, 4), "c", fastTransport)
+	require.NoError(t, err)
+	defer sub.Close()
+	topic := postgres.ReplayTopic("notifications." + strings.Repeat("remind-", 14) + "x")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ch, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	id := strings.Repeat("i", 200)
+	msg := message.NewMessage(id, []byte(`{"a":1}`))
+	msg.Metadata.Set(framework.MetadataRedelivered, "false")
+	require.NoError(t, pub.Publish(topic, msg))
+	select {
+	case got := <-ch:
+		require.Len(t, got.UUID, 36, "a long UUID is replaced by one derived from it")
+		require.JSONEq(t, `{"a":1}`, string(got.Payload))
+		require.Empty(t, got.Metadata.Get(framework.MetadataRedelivered), "the transport cannot tell a redelivery")
+		got.Ack()
+	case <-ctx.Done():
+		t.Fatal("no message")
+	}
+}
+
+// TestTrapNackKeepsSubscriberTx shows watermill-sql's trap and why the
+// framework is safe from it: a nack does not roll back the subscriber's
+// transaction, so writes through it would survive a failed attempt; the
+// framework's attempt runs in a transaction of its own on another
+// connection, which the failure rolls back.
+func TestTrapNackKeepsSubscriberTx(t *testing.T) {
+	t.Parallel()
+	url := testenv.PostgresURL(t)
+	db := open(t, url, 4)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, migrate.Up(ctx, db, migrate.Config{}))
+	_, err := db.Exec(`CREATE TABLE effects (via TEXT NOT NULL)`)
+	require.NoError(t, err)
+	store, err := postgres.NewStore(db, postgres.StoreConfig{})
+	require.NoError(t, err)
+	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Processed: store})
+	require.NoError(t, err)
+
+	pub, err := postgres.NewPublisher(db, fastTransport)
+	require.NoError(t, err)
+	defer pub.Close()
+	sub, err := postgres.NewSubscriber(open(t, url, 4), "trap", fastTransport)
+	require.NoError(t, err)
+	defer sub.Close()
+	ch, err := sub.Subscribe(ctx, "trap")
+	require.NoError(t, err)
+	require.NoError(t, pub.Publish("trap", message.NewMessage("m1", []byte(`{}`))))
+
+	key := framework.Key{Source: "s", ID: "1"}
+	errFail := errors.New("attempt fails")
+	for attempt := 1; attempt <= 2; attempt++ {
+		var msg *message.Message
+		select {
+		case msg = <-ch:
+		case <-ctx.Done():
+			t.Fatalf("attempt %d: no message", attempt)
+		}
+		subTx, ok := wsql.TxFromContext(msg.Context())
+		require.True(t, ok, "watermill-sql hands out its transaction")
+		// The trap: a write through the subscriber's transaction.
+		_, err := subTx.ExecContext(ctx, fmt.Sprintf(`INSERT INTO effects (via) VALUES ('subscriber attempt %d')`, attempt))
+		require.NoError(t, err)
+		outcome, err := uow.Do(msg.Context(), "trap", key, func(ctx context.Context) error {
+			var subPID, ourPID int
+			rows, err := subTx.QueryContext(ctx, `SELECT pg_backend_pid()`)
+			require.NoError(t, err)
+			require.True(t, rows.Next())
+			require.NoError(t, rows.Scan(&subPID))
+			require.NoError(t, rows.Close())
+			tx, _ := framework.TxFromContext(ctx)
+			require.NoError(t, tx.GetContext(ctx, &ourPID, `SELECT pg_backend_pid()`))
+			require.NotEqual(t, subPID, ourPID, "the attempt has a connection and transaction of its own")
+			if _, err := tx.ExecContext(ctx, fmt.Sprintf(`INSERT INTO effects (via) VALUES ('framework attempt %d')`, attempt)); err != nil {
+				return err
+			}
+			if attempt == 1 {
+				return errFail
+			}
+			return nil
+		})
+		if attempt == 1 {
+			require.ErrorIs(t, err, errFail)
+			require.Equal(t, framework.Failed, outcome)
+			msg.Nack()
+			continue
+		}
+		require.NoError(t, err)
+		require.Equal(t, framework.Processed, outcome)
+		msg.Ack()
+	}
+	var got []string
+	require.Eventually(t, func() bool {
+		got = nil
+		return db.Select(&got, `SELECT via FROM effects ORDER BY via`) == nil && len(got) == 3
+	}, 10*time.Second, 20*time.Millisecond)
+	require.Equal(t, []string{
+		"framework attempt 2",  // the framework's failed attempt rolled back
+		"subscriber attempt 1", // the trap: the nacked attempt's write survived
+		"subscriber attempt 2",
+	}, got)
+}
