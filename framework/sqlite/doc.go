@@ -1,0 +1,36 @@
+// Package sqlite runs the framework on one SQLite file, with no server:
+// the embedded default. It holds three things that share the file.
+//
+// # Opening the file
+//
+// Open opens it the way the framework needs: write-ahead logging, a busy
+// timeout, and transactions that take the write lock when they begin, so
+// that writers queue instead of failing. The folder is created when
+// missing.
+//
+//	db, err := sqlite.Open(ctx, "file:./data/effectively.db", sqlite.OpenConfig{})
+//
+// # The stores
+//
+// Store keeps processed marks, delivery counts and dead letters in the
+// tables that package migrate creates. Times are INTEGER nanoseconds since
+// the Unix epoch, in UTC.
+//
+// # The Pub/Sub
+//
+// Publisher and Subscriber implement watermill's interfaces over the same
+// file, lease-based: a subscription claims messages for its consumer group
+// in short transactions, hands them out, and acknowledges them in batches;
+// no transaction stays open while a handler runs, so the handler's own
+// transaction can take the write lock. When the framework's stores share
+// the file, the ack joins the handler's transaction (framework.AckInTx):
+// the effect and the ack commit together. A Notifier shared by publishers
+// and subscribers of one process wakes subscriptions at once; otherwise
+// they poll.
+//
+// SQLite has one writer per file, so attempts serialise per file: a lease
+// must outlast attempts × (timeout + delay) of every message in flight, and
+// the busy timeout the longest attempt. The message format, for other
+// programs that publish by hand, and the measured limits are in
+// docs/transports.md.
+package sqlite
