@@ -55,6 +55,11 @@ type Config struct {
 	// AMQPURL is RabbitMQ's URL when Transport is amqp. Defaults to
 	// DefaultAMQPURL. Env EFFECTIVELY_AMQP_URL.
 	AMQPURL string `yaml:"amqp_url"`
+	// AMQPPrefetch is how many unacknowledged messages RabbitMQ sends
+	// ahead to each subscription when Transport is amqp. It buffers; the
+	// messages in flight are set by each consumer's Concurrency. Defaults
+	// to amqp.DefaultPrefetch (YAML only).
+	AMQPPrefetch int `yaml:"amqp_prefetch"`
 	// AutoMigrate applies the migrations at start. Defaults to false. Env
 	// EFFECTIVELY_AUTO_MIGRATE.
 	AutoMigrate bool `yaml:"auto_migrate"`
@@ -85,7 +90,10 @@ type ConsumerConfig struct {
 	// Timeout limits one attempt. Defaults to middleware.DefaultTimeout.
 	Timeout Duration `yaml:"timeout"`
 	// Concurrency is how many messages of the consumer are in flight at
-	// once. Defaults to 1.
+	// once in this process: on amqp that many subscriptions of the
+	// consumer's queue, on sqlite that many leases; on postgres it adds
+	// nothing (watermill-sql hands out one message at a time per consumer
+	// group); see Transport. Defaults to 1.
 	Concurrency int `yaml:"concurrency"`
 	// RateLimit caps messages per second; zero means no limit.
 	RateLimit float64 `yaml:"rate_limit"`
@@ -172,8 +180,14 @@ func (c Config) Validate() error {
 		if isPostgresURL(c.DatabaseURL) && c.Transport == TransportSQLite && c.TransportURL == c.DatabaseURL {
 			errs = append(errs, fmt.Errorf("EFFECTIVELY_TRANSPORT: sqlite needs a SQLite EFFECTIVELY_DATABASE_URL or EFFECTIVELY_TRANSPORT_URL, got a postgres:// URL (use the postgres transport)"))
 		}
-	case TransportPostgres, TransportAMQP:
-		errs = append(errs, fmt.Errorf("EFFECTIVELY_TRANSPORT: %q is not available in this build yet; use sqlite or memory", c.Transport))
+	case TransportPostgres:
+		if !isPostgresURL(c.TransportURL) {
+			errs = append(errs, fmt.Errorf("EFFECTIVELY_TRANSPORT: postgres needs a postgres:// EFFECTIVELY_DATABASE_URL or EFFECTIVELY_TRANSPORT_URL"))
+		}
+	case TransportAMQP:
+		if !strings.HasPrefix(c.AMQPURL, "amqp://") && !strings.HasPrefix(c.AMQPURL, "amqps://") {
+			errs = append(errs, fmt.Errorf("EFFECTIVELY_AMQP_URL: want an amqp:// or amqps:// URL"))
+		}
 	default:
 		errs = append(errs, fmt.Errorf("EFFECTIVELY_TRANSPORT: want sqlite, postgres, amqp or memory, got %q", c.Transport))
 	}
@@ -182,6 +196,9 @@ func (c Config) Validate() error {
 	}
 	if err := migrate.ValidateTablePrefix(c.TablePrefix); err != nil {
 		errs = append(errs, fmt.Errorf("EFFECTIVELY_TABLE_PREFIX: %w", err))
+	}
+	if c.AMQPPrefetch < 0 || c.AMQPPrefetch > 65535 {
+		errs = append(errs, fmt.Errorf("amqp_prefetch: want 1..65535, got %d", c.AMQPPrefetch))
 	}
 	if c.HTTPAddr != "" {
 		if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {

@@ -64,6 +64,7 @@ func NewRouter(p RouterParams) (*message.Router, error) {
 	if err != nil {
 		return nil, fmt.Errorf("router: %w", err)
 	}
+	var inits []subscribeInit
 	for _, c := range p.Registry.Consumers() {
 		cc := p.Config.Consumer(c.Name())
 		outer := p.Middleware.Outer
@@ -91,26 +92,39 @@ func NewRouter(p RouterParams) (*message.Router, error) {
 		if err != nil {
 			return nil, err
 		}
-		n := p.Transport.subscriptions(cc)
-		for _, typ := range c.Types() {
-			if init, ok := sub.(message.SubscribeInitializer); ok {
-				// Bind before anything publishes, so nothing is dropped.
-				if err := init.SubscribeInitialize(typ); err != nil {
-					return nil, fmt.Errorf("consumer %s: subscribe to %s: %w", c.Name(), typ, err)
-				}
+		if init, ok := sub.(message.SubscribeInitializer); ok {
+			for _, typ := range c.Types() {
+				inits = append(inits, subscribeInit{consumer: c.Name(), topic: typ, init: init})
 			}
-			for i := range n {
-				name := c.Name() + "@" + typ
-				if n > 1 {
-					name = fmt.Sprintf("%s#%d", name, i+1)
-				}
-				router.AddConsumerHandler(name, typ, sub, h)
+		}
+		topics := p.Transport.topics(c.Name(), c.Types(), cc)
+		seen := make(map[string]int, len(topics))
+		for _, topic := range topics {
+			seen[topic]++
+		}
+		nth := make(map[string]int, len(topics))
+		for _, topic := range topics {
+			name := c.Name() + "@" + topic
+			if seen[topic] > 1 {
+				nth[topic]++
+				name = fmt.Sprintf("%s#%d", name, nth[topic])
 			}
+			router.AddConsumerHandler(name, topic, sub, h)
 		}
 	}
 	var runErr atomic.Value
+	stopWatch := make(chan struct{})
 	p.Lifecycle.Append(fx.Hook{
 		OnStart: func(ctx context.Context) error {
+			// Bind before anything publishes, so nothing is dropped (AMQP's
+			// fanout drops what reaches an exchange with no queue bound).
+			// This runs after the transport's own start hook, which
+			// connects to the broker.
+			for _, in := range inits {
+				if err := in.init.SubscribeInitialize(in.topic); err != nil {
+					return fmt.Errorf("consumer %s: subscribe to %s: %w", in.consumer, in.topic, err)
+				}
+			}
 			done := make(chan struct{})
 			go func() {
 				defer close(done)
@@ -122,7 +136,8 @@ func NewRouter(p RouterParams) (*message.Router, error) {
 			}()
 			select {
 			case <-router.Running():
-				p.Readiness.set(true)
+				p.Readiness.set(p.Transport.Ready())
+				go watchTransport(router, p.Transport, p.Readiness, stopWatch)
 				return nil
 			case <-done:
 				err, _ := runErr.Load().(error)
@@ -132,6 +147,7 @@ func NewRouter(p RouterParams) (*message.Router, error) {
 			}
 		},
 		OnStop: func(ctx context.Context) error {
+			close(stopWatch)
 			p.Readiness.set(false)
 			if err := router.Close(); err != nil {
 				return fmt.Errorf("router: close: %w", err)
@@ -140,6 +156,31 @@ func NewRouter(p RouterParams) (*message.Router, error) {
 		},
 	})
 	return router, nil
+}
+
+// subscribeInit is a topic a consumer's subscriber binds at start.
+type subscribeInit struct {
+	consumer, topic string
+	init            message.SubscribeInitializer
+}
+
+// watchTransport keeps readiness honest while the router runs: false while
+// the transport cannot deliver (the AMQP connection is down and
+// reconnecting), true again once it can.
+func watchTransport(router *message.Router, t *Transport, r *Readiness, stop <-chan struct{}) {
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+			if router.IsClosed() {
+				return
+			}
+			r.set(t.Ready())
+		}
+	}
 }
 
 // rateLimit caps a consumer's messages per second. A message waiting for

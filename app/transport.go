@@ -12,19 +12,42 @@ import (
 	"github.com/jmoiron/sqlx"
 	"go.uber.org/fx"
 
+	"github.com/effectively-once/effectively/framework/amqp"
+	"github.com/effectively-once/effectively/framework/postgres"
 	"github.com/effectively-once/effectively/framework/sqlite"
+	"github.com/effectively-once/effectively/handlers"
 )
 
 // Transport is the broker side of the application: one publisher, and a
 // subscriber per consumer.
+//
+// How a consumer's concurrency (ConsumerConfig.Concurrency) is spent
+// depends on the transport:
+//   - amqp: that many subscriptions of the consumer's one queue, each
+//     handling one message at a time (competing consumers; the prefetch
+//     only buffers);
+//   - sqlite: one subscription per event type, holding that many leases in
+//     flight;
+//   - postgres: none extra. watermill-sql hands out one message at a time
+//     per consumer group while it holds a pooled connection in an open
+//     transaction, so more subscriptions would only wait for the group's
+//     lock with a connection each. Run more processes for failover, not
+//     throughput;
+//   - memory: GoChannel hands every message to every subscription, each
+//     in a goroutine of its own.
 type Transport struct {
 	// Publisher publishes events to their type's topic.
 	Publisher message.Publisher
 
 	subscriber func(consumer string, cc ConsumerConfig) (message.Subscriber, error)
-	// subscriptions is how many router handlers each event type of a
-	// consumer gets.
-	subscriptions func(cc ConsumerConfig) int
+	// topics returns the topic of each router handler of a consumer that
+	// handles types.
+	topics func(consumer string, types []string, cc ConsumerConfig) []string
+	// replay publishes messages to one consumer alone; nil when the
+	// transport cannot.
+	replay func(ctx context.Context, consumer string, msgs ...*message.Message) error
+	// ready reports whether the broker is reachable; nil means always.
+	ready func() bool
 }
 
 // Subscriber returns the subscriber of consumer, whose consumer group (or
@@ -33,6 +56,22 @@ func (t *Transport) Subscriber(consumer string, cc ConsumerConfig) (message.Subs
 	return t.subscriber(consumer, cc)
 }
 
+// Replay publishes msgs (dead letters being replayed) to consumer alone:
+// on amqp straight to its queue through the default exchange, on the SQL
+// transports to its replay topic (postgres.ReplayTopic). Other consumers
+// of the same event type do not see them again.
+func (t *Transport) Replay(ctx context.Context, consumer string, msgs ...*message.Message) error {
+	if t.replay == nil {
+		return fmt.Errorf("transport: replay to one consumer is not supported by this transport")
+	}
+	return t.replay(ctx, consumer, msgs...)
+}
+
+// Ready reports whether the transport can deliver now: false while the
+// AMQP connection is down (before it first succeeded, and while it
+// reconnects).
+func (t *Transport) Ready() bool { return t.ready == nil || t.ready() }
+
 // TransportParams are what NewTransport takes from fx.
 type TransportParams struct {
 	fx.In
@@ -40,6 +79,7 @@ type TransportParams struct {
 	Lifecycle fx.Lifecycle
 	Config    Config
 	DB        *sqlx.DB
+	Registry  *handlers.Registry
 	Logger    *slog.Logger `optional:"true"`
 }
 
@@ -55,14 +95,26 @@ func NewTransport(p TransportParams) (*Transport, error) {
 		ch := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NewSlogLogger(logger))
 		p.Lifecycle.Append(fx.StopHook(ch.Close))
 		return &Transport{
-			Publisher:     ch,
-			subscriber:    func(string, ConsumerConfig) (message.Subscriber, error) { return ch, nil },
-			subscriptions: func(ConsumerConfig) int { return 1 },
+			Publisher:  ch,
+			subscriber: func(string, ConsumerConfig) (message.Subscriber, error) { return ch, nil },
+			topics:     perType,
 		}, nil
 	case TransportSQLite:
 		return newSQLiteTransport(p, logger)
+	case TransportPostgres:
+		return newPostgresTransport(p, logger)
+	case TransportAMQP:
+		return newAMQPTransport(p, logger)
 	}
 	return nil, fmt.Errorf("EFFECTIVELY_TRANSPORT: %q is not available", p.Config.Transport)
+}
+
+// perType gives a consumer one router handler per event type.
+func perType(_ string, types []string, _ ConsumerConfig) []string { return types }
+
+// perTypeAndReplay adds the consumer's replay topic to perType.
+func perTypeAndReplay(consumer string, types []string, _ ConsumerConfig) []string {
+	return append(append([]string(nil), types...), postgres.ReplayTopic(consumer))
 }
 
 func newSQLiteTransport(p TransportParams, logger *slog.Logger) (*Transport, error) {
@@ -100,8 +152,114 @@ func newSQLiteTransport(p TransportParams, logger *slog.Logger) (*Transport, err
 		},
 		// One subscription per type; the subscriber holds Concurrency
 		// leases in flight.
-		subscriptions: func(ConsumerConfig) int { return 1 },
+		topics: perTypeAndReplay,
+		replay: func(ctx context.Context, consumer string, msgs ...*message.Message) error {
+			return publishWithContext(ctx, pub, postgres.ReplayTopic(consumer), msgs)
+		},
 	}, nil
+}
+
+func newPostgresTransport(p TransportParams, logger *slog.Logger) (*Transport, error) {
+	ctx := context.Background()
+	// watermill-sql holds a pooled connection in an open transaction per
+	// subscription: the subscribers get a pool of their own, one
+	// connection per subscription and two to spare, so that the handlers'
+	// transactions and the dead-letter writes on the stores' pool never
+	// wait for them.
+	subscriptions := 0
+	for _, c := range p.Registry.Consumers() {
+		subscriptions += len(perTypeAndReplay(c.Name(), c.Types(), ConsumerConfig{}))
+	}
+	subDB, err := postgres.Open(ctx, p.Config.TransportURL, postgres.OpenConfig{MaxOpenConns: subscriptions + 2})
+	if err != nil {
+		return nil, fmt.Errorf("transport database: %w", err)
+	}
+	p.Lifecycle.Append(fx.StopHook(subDB.Close))
+	pubDB := p.DB
+	if p.Config.TransportURL != p.Config.DatabaseURL {
+		if pubDB, err = postgres.Open(ctx, p.Config.TransportURL, postgres.OpenConfig{}); err != nil {
+			return nil, fmt.Errorf("transport database: %w", err)
+		}
+		p.Lifecycle.Append(fx.StopHook(pubDB.Close))
+	}
+	base := postgres.TransportConfig{TablePrefix: p.Config.TablePrefix, Logger: logger}
+	pub, err := postgres.NewPublisher(pubDB, base)
+	if err != nil {
+		return nil, fmt.Errorf("transport: %w", err)
+	}
+	p.Lifecycle.Append(fx.StopHook(pub.Close))
+	return &Transport{
+		Publisher: pub,
+		subscriber: func(consumer string, cc ConsumerConfig) (message.Subscriber, error) {
+			cfg := base
+			cfg.AckDeadline = leaseFor(cc)
+			sub, err := postgres.NewSubscriber(subDB, consumer, cfg)
+			if err != nil {
+				return nil, fmt.Errorf("transport: consumer %s: %w", consumer, err)
+			}
+			p.Lifecycle.Append(fx.StopHook(sub.Close))
+			return sub, nil
+		},
+		// One subscription per type and the replay topic, whatever the
+		// concurrency (see Transport).
+		topics: perTypeAndReplay,
+		replay: pub.Replay,
+	}, nil
+}
+
+func newAMQPTransport(p TransportParams, logger *slog.Logger) (*Transport, error) {
+	conn, err := amqp.NewConnection(amqp.Config{URL: p.Config.AMQPURL, Prefetch: p.Config.AMQPPrefetch, Logger: logger})
+	if err != nil {
+		return nil, fmt.Errorf("EFFECTIVELY_AMQP_URL: %w", err)
+	}
+	pub, err := amqp.NewPublisher(conn)
+	if err != nil {
+		return nil, fmt.Errorf("transport: %w", err)
+	}
+	// The broker may be down at boot: connect in the start hook, retrying
+	// with backoff until the start timeout; the router, whose hook comes
+	// later, binds every consumer's queue before anything publishes.
+	p.Lifecycle.Append(fx.Hook{
+		OnStart: conn.Connect,
+		OnStop: func(context.Context) error {
+			_ = pub.Close()
+			return conn.Close()
+		},
+	})
+	return &Transport{
+		Publisher: pub,
+		subscriber: func(consumer string, _ ConsumerConfig) (message.Subscriber, error) {
+			sub, err := amqp.NewSubscriber(conn, consumer)
+			if err != nil {
+				return nil, fmt.Errorf("transport: consumer %s: %w", consumer, err)
+			}
+			p.Lifecycle.Append(fx.StopHook(sub.Close))
+			return sub, nil
+		},
+		// Every subscription reads the consumer's one queue, bound to each
+		// of its types: Concurrency subscriptions in all.
+		topics: func(_ string, types []string, cc ConsumerConfig) []string {
+			topics := make([]string, max(cc.Concurrency, 1))
+			for i := range topics {
+				topics[i] = types[0]
+			}
+			return topics
+		},
+		replay: pub.Replay,
+		ready:  conn.Connected,
+	}, nil
+}
+
+// publishWithContext publishes msgs to topic with ctx as their context.
+func publishWithContext(ctx context.Context, pub message.Publisher, topic string, msgs []*message.Message) error {
+	for _, msg := range msgs {
+		m := msg.Copy()
+		m.SetContext(ctx)
+		if err := pub.Publish(topic, m); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // leaseFor returns a lease that outlasts the whole handling of a healthy
