@@ -180,18 +180,25 @@ func (u *UnitOfWork) Do(ctx context.Context, consumer string, key Key, fn func(c
 	if err != nil {
 		return fail(fmt.Errorf("mark processed: %w", err))
 	}
-	if !first {
+	outcome = Duplicate
+	if first {
+		outcome = Processed
+		attemptCtx := context.WithValue(context.WithValue(ctx, txKey{}, tx), attemptKey{}, attempt{consumer: consumer, key: key})
+		if err := fn(attemptCtx); err != nil {
+			return fail(err)
+		}
+		if err := ctx.Err(); err != nil {
+			return fail(err) // never commit an attempt cut short
+		}
+	} else if !deliveryCounted(ctx) {
+		// Nothing to write: a duplicate costs one read of its mark.
 		done = true
 		tx.rollback()
 		return Duplicate, nil
 	}
-	attemptCtx := context.WithValue(context.WithValue(ctx, txKey{}, tx), attemptKey{}, attempt{consumer: consumer, key: key})
-	if err := fn(attemptCtx); err != nil {
-		return fail(err)
-	}
-	if err := ctx.Err(); err != nil {
-		return fail(err) // never commit an attempt cut short
-	}
+	// A processed event, or a duplicate whose delivery was counted (its
+	// ack was lost): forget the count, so that lost acks never add up to
+	// the delivery limit.
 	if u.deliveries != nil && deliveryCounted(ctx) {
 		if err := u.deliveries.Forget(ctx, tx, consumer, key); err != nil {
 			return fail(fmt.Errorf("forget delivery count: %w", err))
@@ -206,7 +213,7 @@ func (u *UnitOfWork) Do(ctx context.Context, consumer string, key Key, fn func(c
 	if err := tx.commit(); err != nil {
 		return Failed, err
 	}
-	return Processed, nil
+	return outcome, nil
 }
 
 type countedKey struct{}

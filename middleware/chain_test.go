@@ -437,6 +437,22 @@ func exerciseChain(t *testing.T, b backend) {
 		require.Equal(t, 2, bd.effects(t))
 	})
 
+	t.Run("LostAcksNeverReachTheLimit", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b, setupConfig{maxDeliveries: 2})
+		ev := event(t, "notes", "1")
+		// The effect commits, then the ack is lost again and again: every
+		// redelivery is a duplicate, and none may count towards the limit.
+		for range 5 {
+			msg := message.NewMessage(watermill.NewUUID(), ev)
+			msg.Metadata.Set(framework.MetadataRedelivered, "true")
+			require.NoError(t, bd.handler(msg))
+			require.Equal(t, 0, bd.count(t, `SELECT count(*) FROM deliveries`))
+		}
+		require.Empty(t, bd.deadLetters(t))
+		require.Equal(t, 1, bd.effects(t))
+	})
+
 	t.Run("IdempotencyKeyInHandler", func(t *testing.T) {
 		t.Parallel()
 		bd := setup(t, b, setupConfig{})
