@@ -25,7 +25,8 @@ func New(opts ...fx.Option) *fx.App {
 		fx.WithLogger(func(p struct {
 			fx.In
 			Logger *slog.Logger `optional:"true"`
-		}) fxevent.Logger {
+		},
+		) fxevent.Logger {
 			if p.Logger == nil {
 				return fxevent.NopLogger
 			}
@@ -123,7 +124,8 @@ func runMigrate(ctx context.Context, opts fx.Option, out io.Writer) error {
 	app := fx.New(opts, fx.Provide(ConfigFromEnv), fx.NopLogger, fx.Populate(&cfg), fx.Invoke(func(p struct {
 		fx.In
 		Migrations Migrations `optional:"true"`
-	}) {
+	},
+	) {
 		m = p.Migrations
 	}))
 	if err := app.Err(); err != nil {

@@ -141,7 +141,7 @@ func (s *Store) PublishDeadLetter(ctx context.Context, dl framework.DeadLetter) 
 	if err != nil {
 		return fmt.Errorf("publish dead letter %s for %s: begin: %w", dl.Key(), dl.Consumer, err)
 	}
-	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	defer tx.Rollback() // a no-op after Commit
 	if _, err := tx.ExecContext(ctx, s.publishDeadLetter,
 		dl.Consumer, dl.Topic, dl.Source, dl.EventID, dl.Type, dl.Version, dl.Subject, dl.CorrelationID,
 		string(dl.Code), dl.Attempts, at, at, body, meta); err != nil {
