@@ -87,14 +87,17 @@ func Exercise(t *testing.T, open func(t *testing.T) *Env) {
 func ExerciseServerRestart(t *testing.T, env *Env, restart func(t *testing.T)) {
 	t.Helper()
 	s := newSuite(t, env)
-	s.slow = 5 * time.Millisecond
-	const n = 150
-	ids := s.publishN(t, s.typ, n, 0)
+	s.slow = 20 * time.Millisecond
+	const n = 200
+	// The consumer binds its queue or group first, as the application does
+	// at start.
 	p := s.start(t, s.consumer("drain"), 2, s.typ)
 	defer p.stop()
+	ids := s.publishN(t, s.typ, n, 0)
 	s.waitEffects(t, "drain", 10)
 	restart(t)
 	s.waitEffects(t, "drain", n)
+	settle()
 	s.requireExactlyOnce(t, "drain", ids)
 }
 

@@ -1,0 +1,113 @@
+package amqp
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/framework/transporttest"
+)
+
+// TestBrokerRestart restarts a private RabbitMQ node while a consumer
+// drains a backlog, then boots a connection while the node is down: the
+// consumer recovers by itself, nothing is lost or applied twice, the
+// connection is established once the node is back, and Connected says
+// the truth meanwhile.
+//
+// watermill-amqp v3.0.2 (the latest) reassigns its connected channel
+// without a lock when the connection drops, which the race detector
+// reports from its own goroutines. Under -race this test therefore runs
+// itself again in a child `go test` without -race; everything else in the
+// package runs with -race.
+func TestBrokerRestart(t *testing.T) {
+	t.Parallel()
+	if raceEnabled {
+		rerunWithoutRace(t, "TestBrokerRestart")
+		return
+	}
+	n := startNode(t)
+	cfg := Config{NackDelay: 50 * time.Millisecond, MaxNackDelay: 500 * time.Millisecond}
+
+	t.Run("WhileDraining", func(t *testing.T) {
+		env := amqpEnv(t, n.URL, cfg)
+		env.Timeout = 90 * time.Second
+		transporttest.ExerciseServerRestart(t, env, func(t *testing.T) {
+			n.stop(t)
+			time.Sleep(500 * time.Millisecond)
+			n.start(t)
+		})
+	})
+
+	t.Run("DownAtBoot", func(t *testing.T) {
+		watching := connect(t, Config{URL: n.URL})
+		n.stop(t)
+		require.Eventually(t, func() bool { return !watching.Connected() }, 10*time.Second, 50*time.Millisecond,
+			"Connected reports the lost connection")
+
+		conn, err := NewConnection(Config{URL: n.URL, ConnectInterval: 100 * time.Millisecond, MaxConnectInterval: 500 * time.Millisecond})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = conn.Close() })
+		pub, err := NewPublisher(conn)
+		require.NoError(t, err)
+		defer pub.Close()
+		require.ErrorIs(t, pub.Publish("t", message.NewMessage("1", nil)), ErrNotConnected)
+		require.False(t, conn.Connected())
+
+		connected := make(chan error, 1)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			connected <- conn.Connect(ctx)
+		}()
+		time.Sleep(time.Second) // a few failed attempts
+		n.start(t)
+		require.NoError(t, <-connected)
+		require.True(t, conn.Connected())
+		require.Eventually(t, watching.Connected, 30*time.Second, 100*time.Millisecond,
+			"watermill-amqp reconnects by itself")
+	})
+}
+
+// TestConnectGivesUpWithContext: with no broker at all, Connect retries
+// until its context ends and says so.
+func TestConnectGivesUpWithContext(t *testing.T) {
+	t.Parallel()
+	conn, err := NewConnection(Config{URL: "amqp://guest:guest@127.0.0.1:1/", ConnectInterval: 50 * time.Millisecond, MaxConnectInterval: 100 * time.Millisecond})
+	require.NoError(t, err)
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	err = conn.Connect(ctx)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorContains(t, err, "attempts")
+	require.False(t, conn.Connected())
+	require.NoError(t, conn.Close())
+	require.True(t, errors.Is(conn.Connect(context.Background()), ErrClosed))
+}
+
+// rerunWithoutRace runs the test named name of this package in a child
+// `go test` built without the race detector, and fails with its output
+// when it fails.
+func rerunWithoutRace(t *testing.T, name string) {
+	t.Helper()
+	testenvRequireAMQP(t)
+	gobin := runtime.GOROOT() + "/bin/go"
+	if _, err := os.Stat(gobin); err != nil {
+		gobin = "go"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, gobin, "test", "-count=1", "-run", "^"+name+"$", "-v", ".")
+	cmd.Env = os.Environ()
+	out, err := cmd.CombinedOutput()
+	t.Logf("child go test without -race:\n%s", out)
+	require.NoError(t, err, "the child run failed")
+	require.Contains(t, string(out), "--- PASS: "+name, "the child run ran the test")
+}
