@@ -127,3 +127,9 @@ func (n *node) stop(t *testing.T) {
 // testenvRequireAMQP skips (or fails under CI=true) without the shared
 // broker, before any child process starts.
 func testenvRequireAMQP(t *testing.T) { testenv.Require(t, testenv.AMQPURLVar) }
+
+func randomHex() string {
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
