@@ -1,0 +1,40 @@
+// Package amqp is the framework's RabbitMQ transport, built on
+// watermill-amqp v3 with the topology of DESIGN.md: each event type is a
+// durable fanout exchange named by the type; each consumer has one durable
+// queue named after the consumer, bound to the exchange of each type it
+// handles; the consumer's subscriptions read that queue and dispatch on the
+// CloudEvent type.
+//
+// # Usage
+//
+//	conn, err := amqp.NewConnection(amqp.Config{URL: "amqp://guest:guest@127.0.0.1:5672/"})
+//	if err != nil {
+//		return err
+//	}
+//	defer conn.Close()
+//	if err := conn.Connect(ctx); err != nil { // retries while the broker is down
+//		return err
+//	}
+//	pub, _ := amqp.NewPublisher(conn)                    // confirms on
+//	sub, _ := amqp.NewSubscriber(conn, "notifications.remind") // the consumer's queue
+//	_ = sub.SubscribeInitialize("appointments.appointment.booked") // bind before publishing
+//	msgs, _ := sub.Subscribe(ctx, "appointments.appointment.booked")
+//
+// Open Subscribe several times for several messages in flight (competing
+// consumers); Config.Prefetch only buffers. Publisher.Replay sends dead
+// letters back to one consumer's queue through the default exchange.
+//
+// # Traps handled
+//
+//   - A nack would requeue at once and loop hot: the Subscriber pauses
+//     first (Config.NackDelay, doubling up to Config.MaxNackDelay).
+//   - Non-string headers (x-death, x-delivery-count) would fail
+//     watermill-amqp's marshaler before any middleware: Marshaler renders
+//     them as text, falls back to the AMQP message-id for the UUID, and
+//     maps the redelivered flag to framework.MetadataRedelivered.
+//   - A fanout exchange drops what it gets before a queue is bound: bind
+//     every consumer's types with SubscribeInitialize at start.
+//   - watermill-amqp's constructors fail when the broker is down at boot:
+//     Connection.Connect retries with backoff; Connection.Connected reports
+//     the connection's state for readiness.
+package amqp
