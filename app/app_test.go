@@ -121,17 +121,6 @@ func (b *bundle) count(t *testing.T, query string, args ...any) int {
 	return n
 }
 
-// closeDBOnCleanup closes the database when the test ends. Only for
-// applications that fail in app.New: NewDB opens the database in its
-// constructor and closes it in an OnStop hook, which never runs when a
-// later constructor fails, so the database (and its goroutine) would leak.
-func closeDBOnCleanup(t *testing.T) fx.Option {
-	return fx.Decorate(func(db *sqlx.DB) *sqlx.DB {
-		t.Cleanup(func() { _ = db.Close() })
-		return db
-	})
-}
-
 // waitFor polls cond until it holds.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -261,7 +250,6 @@ func TestApp(t *testing.T) {
 			handlers.Consumer(consumerName, handlers.On(widgetAdded, newAddWidget)),
 			handlers.Consumer(consumerName, handlers.On(widgetAdded, other)),
 			fx.Replace(testConfig(t)),
-			closeDBOnCleanup(t),
 		)
 		err := service.Err()
 		require.Error(t, err)
@@ -272,7 +260,7 @@ func TestApp(t *testing.T) {
 		t.Parallel()
 		cfg := testConfig(t)
 		cfg.Transport = "carrier-pigeon"
-		service := app.New(fx.Replace(cfg), closeDBOnCleanup(t))
+		service := app.New(fx.Replace(cfg))
 		// The replaced configuration is not validated again; the transport
 		// refuses it, naming the key.
 		require.ErrorContains(t, service.Err(), app.EnvTransport)

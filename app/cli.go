@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
@@ -18,15 +19,20 @@ import (
 // New returns the fx application of Module and opts (the service's
 // consumers, dependencies and supplied values). fx's own events are logged
 // at debug level to the supplied *slog.Logger, if any.
+//
+// When the application fails to build (a bad configuration, a duplicate
+// consumer), what the constructors that did run opened (the database, the
+// transport) is closed before New returns.
 func New(opts ...fx.Option) *fx.App {
-	return fx.New(
+	var undo cleanup
+	app := fx.New(
 		Module,
 		fx.Options(opts...),
+		fx.Decorate(undo.record),
 		fx.WithLogger(func(p struct {
 			fx.In
 			Logger *slog.Logger `optional:"true"`
-		},
-		) fxevent.Logger {
+		}) fxevent.Logger {
 			if p.Logger == nil {
 				return fxevent.NopLogger
 			}
@@ -35,6 +41,49 @@ func New(opts ...fx.Option) *fx.App {
 			return l
 		}),
 	)
+	if app.Err() != nil {
+		undo.run()
+	}
+	return app
+}
+
+// cleanup records the stop-only hooks (fx.StopHook) that constructors
+// append, to run them when the application fails to build: fx runs stop
+// hooks only after a start, and a constructor that opened a database
+// before a later one failed would leak it.
+type cleanup struct {
+	mu    sync.Mutex
+	hooks []fx.Hook
+}
+
+// record decorates the lifecycle the constructors see.
+func (c *cleanup) record(lc fx.Lifecycle) fx.Lifecycle {
+	return recordingLifecycle{Lifecycle: lc, cleanup: c}
+}
+
+// run runs the recorded hooks, the last appended first.
+func (c *cleanup) run() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := len(c.hooks) - 1; i >= 0; i-- {
+		_ = c.hooks[i].OnStop(context.Background()) // best effort: the build error is what matters
+	}
+	c.hooks = nil
+}
+
+type recordingLifecycle struct {
+	fx.Lifecycle
+	cleanup *cleanup
+}
+
+// Append appends h, and records it when it only stops.
+func (l recordingLifecycle) Append(h fx.Hook) {
+	if h.OnStart == nil && h.OnStop != nil {
+		l.cleanup.mu.Lock()
+		l.cleanup.hooks = append(l.cleanup.hooks, h)
+		l.cleanup.mu.Unlock()
+	}
+	l.Lifecycle.Append(h)
 }
 
 // Serve starts app, runs until ctx ends or the process receives SIGINT or
