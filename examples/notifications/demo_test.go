@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"maps"
 	"path/filepath"
 	"testing"
 	"time"
@@ -10,43 +11,68 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/app"
+	"github.com/effectively-once/effectively/internal/testenv"
 )
 
-// TestDemo runs the demo command in-process on a fresh SQLite file, as
-// `make run` does, and checks its report. It sets the environment, so it
-// does not run in parallel.
+// TestDemo runs the demo command in-process, as `make run` does, on each
+// transport by configuration only, and checks its report. It sets the
+// environment, so it does not run in parallel.
 func TestDemo(t *testing.T) {
-	dbPath := filepath.Join(t.TempDir(), "data", "demo.db")
-	for env, v := range map[string]string{
-		app.EnvTransport:    "",
-		app.EnvDatabaseURL:  dbPath,
-		app.EnvTransportURL: "",
-		app.EnvTablePrefix:  "",
-		app.EnvConfig:       "",
-		app.EnvAutoMigrate:  "",
-		app.EnvHTTPAddr:     "127.0.0.1:0",
-	} {
-		t.Setenv(env, v)
+	tests := []struct {
+		name string
+		env  func(t *testing.T) map[string]string
+	}{
+		{"SQLite", func(t *testing.T) map[string]string {
+			return map[string]string{app.EnvDatabaseURL: filepath.Join(t.TempDir(), "data", "demo.db")}
+		}},
+		{"Postgres", func(t *testing.T) map[string]string {
+			return map[string]string{app.EnvTransport: app.TransportPostgres, app.EnvDatabaseURL: testenv.PostgresURL(t)}
+		}},
+		{"AMQP", func(t *testing.T) map[string]string {
+			return map[string]string{
+				app.EnvTransport:   app.TransportAMQP,
+				app.EnvAMQPURL:     testenv.Require(t, testenv.AMQPURLVar),
+				app.EnvDatabaseURL: testenv.PostgresURL(t),
+			}
+		}},
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			env := map[string]string{
+				app.EnvTransport:    "",
+				app.EnvDatabaseURL:  "",
+				app.EnvTransportURL: "",
+				app.EnvAMQPURL:      "",
+				app.EnvTablePrefix:  "",
+				app.EnvConfig:       "",
+				app.EnvAutoMigrate:  "",
+				app.EnvHTTPAddr:     "127.0.0.1:0",
+			}
+			maps.Copy(env, tt.env(t))
+			for k, v := range env {
+				t.Setenv(k, v)
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
 
-	var out bytes.Buffer
-	cmd := demoCommand()
-	cmd.SetOut(&out)
-	cmd.SetArgs([]string{})
-	require.NoError(t, cmd.ExecuteContext(ctx))
+			var out bytes.Buffer
+			cmd := demoCommand()
+			cmd.SetOut(&out)
+			cmd.SetArgs([]string{})
+			require.NoError(t, cmd.ExecuteContext(ctx))
 
-	report := out.String()
-	t.Log(report)
-	for _, want := range []string{
-		`processed\s+3\b`,
-		`duplicate\s+1\b`,
-		`dead-lettered\s+1\b`,
-		`reminders scheduled by these events: 3\b`,
-		`dead letter #\d+: event poison-\d+, code invalid_payload,`,
-		`demo done\.`,
-	} {
-		require.Regexp(t, want, report)
+			report := out.String()
+			t.Log(report)
+			for _, want := range []string{
+				`processed\s+3\b`,
+				`duplicate\s+1\b`,
+				`dead-lettered\s+1\b`,
+				`reminders scheduled by these events: 3\b`,
+				`dead letter #\d+: event poison-\d+, code invalid_payload,`,
+				`demo done\.`,
+			} {
+				require.Regexp(t, want, report)
+			}
+		})
 	}
 }
