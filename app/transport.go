@@ -12,6 +12,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"go.uber.org/fx"
 
+	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/amqp"
 	"github.com/effectively-once/effectively/framework/postgres"
 	"github.com/effectively-once/effectively/framework/sqlite"
@@ -58,7 +59,7 @@ func (t *Transport) Subscriber(consumer string, cc ConsumerConfig) (message.Subs
 
 // Replay publishes msgs (dead letters being replayed) to consumer alone:
 // on amqp straight to its queue through the default exchange, on the SQL
-// transports to its replay topic (postgres.ReplayTopic). Other consumers
+// transports to its replay topic (framework.ReplayTopic). Other consumers
 // of the same event type do not see them again.
 func (t *Transport) Replay(ctx context.Context, consumer string, msgs ...*message.Message) error {
 	if t.replay == nil {
@@ -114,7 +115,7 @@ func perType(_ string, types []string, _ ConsumerConfig) []string { return types
 
 // perTypeAndReplay adds the consumer's replay topic to perType.
 func perTypeAndReplay(consumer string, types []string, _ ConsumerConfig) []string {
-	return append(append([]string(nil), types...), postgres.ReplayTopic(consumer))
+	return append(append([]string(nil), types...), framework.ReplayTopic(consumer))
 }
 
 func newSQLiteTransport(p TransportParams, logger *slog.Logger) (*Transport, error) {
@@ -154,7 +155,7 @@ func newSQLiteTransport(p TransportParams, logger *slog.Logger) (*Transport, err
 		// leases in flight.
 		topics: perTypeAndReplay,
 		replay: func(ctx context.Context, consumer string, msgs ...*message.Message) error {
-			return publishWithContext(ctx, pub, postgres.ReplayTopic(consumer), msgs)
+			return publishWithContext(ctx, pub, framework.ReplayTopic(consumer), msgs)
 		},
 	}, nil
 }

@@ -18,6 +18,15 @@ const (
 	MetadataRedelivered = "effectively_redelivered"
 )
 
+// ReplayTopicPrefix starts the topic of each consumer's replays on the SQL
+// transports.
+const ReplayTopicPrefix = "effectively.replay."
+
+// ReplayTopic returns the topic that only consumer reads on the SQL
+// transports: a dead letter replayed to it reaches no other consumer of
+// its type. (On AMQP a replay goes straight to the consumer's queue.)
+func ReplayTopic(consumer string) string { return ReplayTopicPrefix + consumer }
+
 // Redelivered reports whether the transport marked msg as delivered before
 // (see MetadataRedelivered); known is false when the transport cannot tell.
 func Redelivered(msg *message.Message) (redelivered, known bool) {

@@ -148,13 +148,6 @@ func utf8Start(b byte) bool { return b < 0x80 }
 
 func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
 
-// ReplayTopicPrefix starts the topic of each consumer's replays.
-const ReplayTopicPrefix = "effectively.replay."
-
-// ReplayTopic returns the topic that only consumer reads: a dead letter
-// replayed to it reaches no other consumer group of its type.
-func ReplayTopic(consumer string) string { return ReplayTopicPrefix + consumer }
-
 func schemaAdapter(cfg TransportConfig) wsql.DefaultPostgreSQLSchema {
 	return wsql.DefaultPostgreSQLSchema{
 		GenerateMessagesTableName: func(topic string) string { return MessagesTable(cfg.TablePrefix, topic) },
@@ -226,12 +219,12 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	return nil
 }
 
-// Replay publishes msgs to the replay topic of consumer (see ReplayTopic).
+// Replay publishes msgs to the replay topic of consumer (see framework.ReplayTopic).
 func (p *Publisher) Replay(ctx context.Context, consumer string, msgs ...*message.Message) error {
 	for _, msg := range msgs {
 		m := msg.Copy()
 		m.SetContext(ctx)
-		if err := p.Publish(ReplayTopic(consumer), m); err != nil {
+		if err := p.Publish(framework.ReplayTopic(consumer), m); err != nil {
 			return err
 		}
 	}

@@ -55,7 +55,7 @@ func postgresEnv(t *testing.T, url string) *transporttest.Env {
 		// One subscription per type (more would only wait for the
 		// group's lock) and the consumer's replay topic.
 		Topics: func(consumer string, types []string, _ int) []string {
-			return append(types, postgres.ReplayTopic(consumer))
+			return append(types, framework.ReplayTopic(consumer))
 		},
 		Replay: func(ctx context.Context, consumer string, msg *message.Message) error {
 			return pub.Replay(ctx, consumer, msg)
@@ -81,9 +81,9 @@ func TestTransportNames(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, `"watermill_appointments.appointment.booked"`, postgres.MessagesTable("", "appointments.appointment.booked"))
 	require.Equal(t, `"app_watermill_offsets_a.b"`, postgres.OffsetsTable("app_", "a.b"))
-	long := postgres.MessagesTable("", postgres.ReplayTopic(strings.Repeat("x", 120)))
+	long := postgres.MessagesTable("", framework.ReplayTopic(strings.Repeat("x", 120)))
 	require.Len(t, strings.Trim(long, `"`), 63, "cut to PostgreSQL's limit")
-	require.NotEqual(t, long, postgres.MessagesTable("", postgres.ReplayTopic(strings.Repeat("x", 119)+"y")), "distinct names stay distinct")
+	require.NotEqual(t, long, postgres.MessagesTable("", framework.ReplayTopic(strings.Repeat("x", 119)+"y")), "distinct names stay distinct")
 	_, err := postgres.NewSubscriber(nil, "c", postgres.TransportConfig{})
 	require.Error(t, err)
 	_, err = postgres.NewPublisher(testenv.Postgres(t), postgres.TransportConfig{BatchSize: -1})
@@ -102,7 +102,7 @@ func TestTransportLongNames(t *testing.T) {
 	sub, err := postgres.NewSubscriber(open(t, url, 4), "c", fastTransport)
 	require.NoError(t, err)
 	defer sub.Close()
-	topic := postgres.ReplayTopic("notifications." + strings.Repeat("remind-", 14) + "x")
+	topic := framework.ReplayTopic("notifications." + strings.Repeat("remind-", 14) + "x")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	ch, err := sub.Subscribe(ctx, topic)

@@ -8,7 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
-	"github.com/effectively-once/effectively/framework/postgres"
+	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/sqlite"
 	"github.com/effectively-once/effectively/framework/transporttest"
 	"github.com/effectively-once/effectively/internal/testenv"
@@ -46,10 +46,10 @@ func TestSQLite(t *testing.T) {
 				return sub
 			},
 			Topics: func(consumer string, types []string, _ int) []string {
-				return append(types, postgres.ReplayTopic(consumer))
+				return append(types, framework.ReplayTopic(consumer))
 			},
 			Replay: func(_ context.Context, consumer string, msg *message.Message) error {
-				return pub.Publish(postgres.ReplayTopic(consumer), msg)
+				return pub.Publish(framework.ReplayTopic(consumer), msg)
 			},
 			PublishRaw: func(t *testing.T, topic string, body []byte) {
 				_, err := db.Exec(`INSERT INTO pubsub_messages (topic, payload) VALUES (?, ?)`, topic, body)
