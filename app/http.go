@@ -54,12 +54,14 @@ type HTTPParams struct {
 	Config    Config
 	Metrics   Metrics
 	Readiness *Readiness
+	Transport *Transport
 	DB        *sqlx.DB
 	Logger    *slog.Logger `optional:"true"`
 }
 
-// HTTP serves /healthz (the process lives), /readyz (the router runs and
-// the database answers) and /metrics on Config.HTTPAddr.
+// HTTP serves /healthz (the process lives), /readyz (the router runs, the
+// transport is connected and the database answers) and /metrics on
+// Config.HTTPAddr.
 type HTTP struct {
 	addr atomic.Value // string
 }
@@ -86,6 +88,10 @@ func NewHTTP(p HTTPParams) *HTTP {
 		defer cancel()
 		if !p.Readiness.Ready() {
 			http.Error(w, "router not running", http.StatusServiceUnavailable)
+			return
+		}
+		if !p.Transport.Ready() {
+			http.Error(w, "transport not connected", http.StatusServiceUnavailable)
 			return
 		}
 		if err := p.DB.PingContext(ctx); err != nil {

@@ -113,7 +113,6 @@ func NewRouter(p RouterParams) (*message.Router, error) {
 		}
 	}
 	var runErr atomic.Value
-	stopWatch := make(chan struct{})
 	p.Lifecycle.Append(fx.Hook{
 		OnStart: func(ctx context.Context) error {
 			// Bind before anything publishes, so nothing is dropped (AMQP's
@@ -136,8 +135,7 @@ func NewRouter(p RouterParams) (*message.Router, error) {
 			}()
 			select {
 			case <-router.Running():
-				p.Readiness.set(p.Transport.Ready())
-				go watchTransport(router, p.Transport, p.Readiness, stopWatch)
+				p.Readiness.set(true)
 				return nil
 			case <-done:
 				err, _ := runErr.Load().(error)
@@ -147,7 +145,6 @@ func NewRouter(p RouterParams) (*message.Router, error) {
 			}
 		},
 		OnStop: func(ctx context.Context) error {
-			close(stopWatch)
 			p.Readiness.set(false)
 			if err := router.Close(); err != nil {
 				return fmt.Errorf("router: close: %w", err)
@@ -162,25 +159,6 @@ func NewRouter(p RouterParams) (*message.Router, error) {
 type subscribeInit struct {
 	consumer, topic string
 	init            message.SubscribeInitializer
-}
-
-// watchTransport keeps readiness honest while the router runs: false while
-// the transport cannot deliver (the AMQP connection is down and
-// reconnecting), true again once it can.
-func watchTransport(router *message.Router, t *Transport, r *Readiness, stop <-chan struct{}) {
-	tick := time.NewTicker(500 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-tick.C:
-			if router.IsClosed() {
-				return
-			}
-			r.set(t.Ready())
-		}
-	}
 }
 
 // rateLimit caps a consumer's messages per second. A message waiting for
