@@ -38,10 +38,10 @@ func startNode(t *testing.T) *node {
 	t.Helper()
 	testenv.Require(t, testenv.AMQPURLVar)
 	if _, err := exec.LookPath("rabbitmq-server"); err != nil {
-		t.Skip("rabbitmq-server is not installed here (the shared server runs elsewhere)")
+		testenv.Missing(t, "rabbitmq-server is not installed here (the shared server runs elsewhere)")
 	}
 	if _, err := user.Lookup("rabbitmq"); err != nil {
-		t.Skip("no rabbitmq user to run a private node as")
+		testenv.Missing(t, "no rabbitmq user to run a private node as")
 	}
 	dir, err := os.MkdirTemp("", "effectively-rabbitmq-")
 	require.NoError(t, err)
@@ -123,10 +123,6 @@ func (n *node) stop(t *testing.T) {
 	}
 	t.Fatalf("private RabbitMQ node %s did not stop", n.name)
 }
-
-// testenvRequireAMQP skips (or fails under CI=true) without the shared
-// broker, before any child process starts.
-func testenvRequireAMQP(t *testing.T) { testenv.Require(t, testenv.AMQPURLVar) }
 
 func randomHex() string {
 	b := make([]byte, 3)

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework/transporttest"
+	"github.com/effectively-once/effectively/internal/testenv"
 )
 
 // TestBrokerRestart restarts a private RabbitMQ node while a consumer
@@ -96,10 +97,10 @@ func TestConnectGivesUpWithContext(t *testing.T) {
 // when it fails.
 func rerunWithoutRace(t *testing.T, name string) {
 	t.Helper()
-	testenvRequireAMQP(t)
+	testenv.Require(t, testenv.AMQPURLVar)
 	gobin, err := exec.LookPath("go")
 	if err != nil {
-		t.Skip("no go command to run the child test with")
+		testenv.Missing(t, "no go command to run the child test with")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()

@@ -33,10 +33,10 @@ func startCluster(t *testing.T) *cluster {
 	t.Helper()
 	testenv.Require(t, testenv.PostgresURLVar)
 	if _, err := os.Stat(filepath.Join(pgBin, "initdb")); err != nil {
-		t.Skip("PostgreSQL's server programs are not installed here (the shared server runs elsewhere)")
+		testenv.Missing(t, "PostgreSQL's server programs are not installed here (the shared server runs elsewhere)")
 	}
 	if _, err := user.Lookup("postgres"); err != nil {
-		t.Skip("no postgres user to run a private cluster as")
+		testenv.Missing(t, "no postgres user to run a private cluster as")
 	}
 	dir, err := os.MkdirTemp("", "effectively-postgres-")
 	require.NoError(t, err)

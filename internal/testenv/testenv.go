@@ -118,3 +118,13 @@ func randomHex(n int) string {
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
 }
+
+// Missing reports a missing prerequisite of a test: under CI=true the test
+// fails, since CI must run everything; elsewhere it is skipped with why.
+func Missing(t testing.TB, format string, args ...any) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("under CI=true nothing is skipped: "+format, args...)
+	}
+	t.Skipf(format, args...)
+}
