@@ -44,8 +44,7 @@ type Transport struct {
 	// topics returns the topic of each router handler of a consumer that
 	// handles types.
 	topics func(consumer string, types []string, cc ConsumerConfig) []string
-	// replay publishes messages to one consumer alone; nil when the
-	// transport cannot.
+	// replay publishes messages to one consumer alone.
 	replay func(ctx context.Context, consumer string, msgs ...*message.Message) error
 	// ready reports whether the broker is reachable; nil means always.
 	ready func() bool
@@ -62,9 +61,6 @@ func (t *Transport) Subscriber(consumer string, cc ConsumerConfig) (message.Subs
 // transports to its replay topic (framework.ReplayTopic). Other consumers
 // of the same event type do not see them again.
 func (t *Transport) Replay(ctx context.Context, consumer string, msgs ...*message.Message) error {
-	if t.replay == nil {
-		return fmt.Errorf("transport: replay to one consumer is not supported by this transport")
-	}
 	return t.replay(ctx, consumer, msgs...)
 }
 
@@ -98,7 +94,12 @@ func NewTransport(p TransportParams) (*Transport, error) {
 		return &Transport{
 			Publisher:  ch,
 			subscriber: func(string, ConsumerConfig) (message.Subscriber, error) { return ch, nil },
-			topics:     perType,
+			// Every subscription gets every message; only the consumer
+			// subscribes to its replay topic.
+			topics: perTypeAndReplay,
+			replay: func(ctx context.Context, consumer string, msgs ...*message.Message) error {
+				return publishWithContext(ctx, ch, framework.ReplayTopic(consumer), msgs)
+			},
 		}, nil
 	case TransportSQLite:
 		return newSQLiteTransport(p, logger)
@@ -110,10 +111,8 @@ func NewTransport(p TransportParams) (*Transport, error) {
 	return nil, fmt.Errorf("EFFECTIVELY_TRANSPORT: %q is not available", p.Config.Transport)
 }
 
-// perType gives a consumer one router handler per event type.
-func perType(_ string, types []string, _ ConsumerConfig) []string { return types }
-
-// perTypeAndReplay adds the consumer's replay topic to perType.
+// perTypeAndReplay gives a consumer one router handler per event type and
+// one for its replay topic.
 func perTypeAndReplay(consumer string, types []string, _ ConsumerConfig) []string {
 	return append(append([]string(nil), types...), framework.ReplayTopic(consumer))
 }

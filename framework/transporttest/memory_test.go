@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 
+	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/sqlite"
 	"github.com/effectively-once/effectively/framework/transporttest"
 	"github.com/effectively-once/effectively/internal/testenv"
@@ -47,6 +48,17 @@ func TestMemory(t *testing.T) {
 			NewSubscriber: func(_ *testing.T, _ string, _ int) message.Subscriber {
 				ctx, cancel := context.WithCancel(context.Background())
 				return &processSub{ch: ch, ctx: ctx, cancel: cancel}
+			},
+			// Only the consumer subscribes to its replay topic.
+			Topics: func(consumer string, types []string, _ int) []string {
+				return append(types, framework.ReplayTopic(consumer))
+			},
+			Replay: func(_ context.Context, consumer string, msg *message.Message) error {
+				return ch.Publish(framework.ReplayTopic(consumer), msg)
+			},
+			// What a producer without watermill sends: a body, no metadata.
+			PublishRaw: func(t *testing.T, topic string, body []byte) {
+				require.NoError(t, ch.Publish(topic, message.NewMessage(watermill.NewUUID(), body)))
 			},
 		}
 	})

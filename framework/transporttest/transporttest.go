@@ -46,11 +46,10 @@ type Env struct {
 	// consumer opens for its types at the given concurrency. Defaults to
 	// one handler per type.
 	Topics func(consumer string, types []string, concurrency int) []string
-	// Replay publishes msg to consumer alone; nil skips the replay case.
+	// Replay publishes msg to consumer alone. Required.
 	Replay func(ctx context.Context, consumer string, msg *message.Message) error
 	// PublishRaw publishes body to topic the way a plain client of the
-	// broker or database would, without watermill; nil skips the interop
-	// case.
+	// broker or database would, without watermill. Required.
 	PublishRaw func(t *testing.T, topic string, body []byte)
 	// Timeout bounds each wait of the suite. Defaults to 60s.
 	Timeout time.Duration
