@@ -32,7 +32,8 @@ func New(opts ...fx.Option) *fx.App {
 		fx.WithLogger(func(p struct {
 			fx.In
 			Logger *slog.Logger `optional:"true"`
-		}) fxevent.Logger {
+		},
+		) fxevent.Logger {
 			if p.Logger == nil {
 				return fxevent.NopLogger
 			}
