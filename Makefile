@@ -20,6 +20,7 @@ test: ## Run every test with -race, starting PostgreSQL and RabbitMQ when needed
 
 .PHONY: bench
 bench: ## Run the benchmarks: messages per second and allocations per message.
+	@set -euo pipefail; eval "$$(scripts/services.sh)"; \
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./middleware/ ./framework/...
 
 .PHONY: lint
