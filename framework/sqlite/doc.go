@@ -28,7 +28,12 @@
 // and subscribers of one process wakes subscriptions at once; otherwise
 // they poll.
 //
-// SQLite has one writer per file, so attempts serialise per file: a lease
+// SQLite has one writer per file. The write transactions of one process
+// queue for it in Go, first come first served (Open puts a write gate in
+// front of the driver), rather than in SQLite's busy handler, which sleeps,
+// retries and lets a writer lose again and again: with 16 messages in
+// flight this took the transport with a handler transaction from about
+// 1,500 to 2,100 messages per second here. Attempts serialise per file: a lease
 // must outlast attempts × (timeout + delay) of every message in flight, and
 // the busy timeout the longest attempt. The message format, for other
 // programs that publish by hand, and the measured limits are in

@@ -2,6 +2,7 @@ package sqlite
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"net/url"
 	"os"
@@ -60,6 +61,11 @@ func (c OpenConfig) Validate() error {
 // that take the write lock when they begin (BEGIN IMMEDIATE), so two
 // writers queue on the busy timeout instead of failing on a lock upgrade.
 //
+// Write transactions of this process queue in Go, first come first
+// served, for the write lock of the file (see writeGate), instead of in
+// SQLite's busy handler; writers of other processes still meet in the busy
+// handler.
+//
 // dsn is a file path or a "file:" URI; query parameters of the URI are
 // kept. The folder of the file is created when it is missing. Open pings
 // the database before it returns.
@@ -77,10 +83,13 @@ func Open(ctx context.Context, dsn string, cfg OpenConfig) (*sqlx.DB, error) {
 			return nil, fmt.Errorf("sqlite: create folder of %s: %w", path, err)
 		}
 	}
-	db, err := sqlx.Open(DriverName, full)
+	registered, err := sql.Open(DriverName, "")
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: open %s: %w", dsn, err)
 	}
+	drv := registered.Driver()
+	_ = registered.Close() // it never connected
+	db := sqlx.NewDb(sql.OpenDB(&gatedConnector{dsn: full, driver: drv, gate: newWriteGate(cfg.BusyTimeout)}), DriverName)
 	db.SetMaxOpenConns(cfg.MaxOpenConns)
 	db.SetMaxIdleConns(cfg.MaxOpenConns)
 	if err := db.PingContext(ctx); err != nil {
