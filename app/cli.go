@@ -24,9 +24,14 @@ import (
 // consumer), what the constructors that did run opened (the database, the
 // transport) is closed before New returns.
 func New(opts ...fx.Option) *fx.App {
+	return build(Module, fx.Options(opts...))
+}
+
+// build returns the fx application of opts with the framework's logger and
+// the cleanup of a failed build (see New).
+func build(opts ...fx.Option) *fx.App {
 	var undo cleanup
 	app := fx.New(
-		Module,
 		fx.Options(opts...),
 		fx.Decorate(undo.record),
 		fx.WithLogger(func(p struct {
@@ -126,7 +131,8 @@ func Serve(ctx context.Context, app *fx.App) error {
 }
 
 // Command returns the service's command line, named name, with the
-// subcommands serve and migrate, and extra ones. opts are the service's fx
+// subcommands serve, migrate and dead-letters (list, show, replay,
+// discard), and extra ones. opts are the service's fx
 // options, as given to New.
 func Command(name string, opts fx.Option, extra ...*cobra.Command) *cobra.Command {
 	root := &cobra.Command{
@@ -152,6 +158,7 @@ func Command(name string, opts fx.Option, extra ...*cobra.Command) *cobra.Comman
 				return runMigrate(cmd.Context(), opts, cmd.OutOrStdout())
 			},
 		},
+		deadLettersCommand(opts),
 	)
 	root.AddCommand(extra...)
 	return root

@@ -14,8 +14,18 @@
 //		))
 //	}
 //
-// The command has the subcommands serve (consume until SIGINT or SIGTERM)
-// and migrate (apply the framework's migrations and the service's own).
+// The command has the subcommands serve (consume until SIGINT or SIGTERM),
+// migrate (apply the framework's migrations and the service's own) and
+// dead-letters, the operator's tools:
+//
+//	notifications dead-letters list [--consumer C] [--code X] [--status pending|replayed|discarded|all]
+//	notifications dead-letters show 42
+//	notifications dead-letters replay 42 43 --reason "the mail server is back"
+//	notifications dead-letters discard 44 --reason "test data"
+//
+// A replay goes to the dead letter's consumer alone (its queue on amqp, its
+// replay topic on the SQL transports), which handles it afresh; the dead
+// letter is then marked replayed, with who and why.
 //
 // # Configuration
 //
