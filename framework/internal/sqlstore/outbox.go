@@ -1,0 +1,135 @@
+package sqlstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/effectively-once/effectively/framework"
+)
+
+// OutboxRow is one event recorded in the outbox and not yet sent.
+type OutboxRow struct {
+	// ID orders the rows: the order of their insertion.
+	ID int64
+	// Key is the event's source and id.
+	Key framework.Key
+	// Type is the event type, the topic it is published to.
+	Type string
+	// Subject and SubjectSeq are the event's ordering key, if any.
+	Subject    string
+	SubjectSeq int64
+	// Body is the encoded CloudEvent.
+	Body []byte
+	// CreatedAt is when the row was added.
+	CreatedAt time.Time
+}
+
+// Outbox is the outbox table's SQL for one dialect and table prefix.
+type Outbox struct {
+	dialect Dialect
+
+	insert, unsent, claim, markSent, cleanup string
+}
+
+// NewOutbox returns the outbox SQL of d on tables prefixed with prefix.
+func NewOutbox(d Dialect, prefix string) (*Outbox, error) {
+	if err := d.Validate(); err != nil {
+		return nil, err
+	}
+	if err := ValidatePrefix(prefix); err != nil {
+		return nil, err
+	}
+	q := newQueries(d, prefix)
+	return &Outbox{
+		dialect:  d,
+		insert:   q.sql(qOutboxInsert),
+		unsent:   q.sql(qOutboxUnsent),
+		claim:    q.sql(qOutboxClaim),
+		markSent: q.prefix.Replace(qOutboxMarkSent), // rebound after sqlx.In
+		cleanup:  q.sql(qOutboxCleanup),
+	}, nil
+}
+
+// Dialect returns the outbox's dialect.
+func (o *Outbox) Dialect() Dialect { return o.dialect }
+
+// Insert records env, encoded as body, in tx at time at. It is a no-op
+// when the outbox already holds a row of env's source and id.
+func (o *Outbox) Insert(ctx context.Context, tx sqlx.ExecerContext, env framework.Envelope, body []byte, at time.Time) error {
+	if tx == nil {
+		return errors.New("insert into outbox: nil transaction")
+	}
+	if _, err := tx.ExecContext(ctx, o.insert,
+		env.ID, env.Source, env.Type, env.Subject, env.SubjectSeq, body, o.dialect.timeArg(at)); err != nil {
+		return fmt.Errorf("insert %s into outbox: %w", env.Key(), err)
+	}
+	return nil
+}
+
+// Unsent returns up to limit unsent rows in id order. With lock (only on
+// PostgreSQL, and only in a transaction) it locks them and skips rows
+// locked by another transaction (FOR UPDATE SKIP LOCKED).
+func (o *Outbox) Unsent(ctx context.Context, q sqlx.QueryerContext, limit int, lock bool) ([]OutboxRow, error) {
+	query := o.unsent
+	if lock {
+		if o.dialect != Postgres {
+			return nil, fmt.Errorf("read unsent outbox rows: locking rows needs %s, not %s", Postgres, o.dialect)
+		}
+		query = o.claim
+	}
+	rows, err := q.QueryxContext(ctx, query, limit)
+	if err != nil {
+		return nil, fmt.Errorf("read unsent outbox rows: %w", err)
+	}
+	defer rows.Close()
+	var out []OutboxRow
+	for rows.Next() {
+		var (
+			r       OutboxRow
+			created timeValue
+		)
+		if err := rows.Scan(&r.ID, &r.Key.ID, &r.Key.Source, &r.Type, &r.Subject, &r.SubjectSeq, &r.Body, &created); err != nil {
+			return nil, fmt.Errorf("read unsent outbox rows: scan: %w", err)
+		}
+		r.CreatedAt = created.t
+		out = append(out, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read unsent outbox rows: %w", err)
+	}
+	return out, nil
+}
+
+// MarkSent stamps the rows of ids as sent at at. Rows already sent keep
+// their time.
+func (o *Outbox) MarkSent(ctx context.Context, ex sqlx.ExecerContext, ids []int64, at time.Time) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	query, args, err := sqlx.In(o.markSent, o.dialect.timeArg(at), ids)
+	if err != nil {
+		return fmt.Errorf("mark %d outbox rows sent: %w", len(ids), err)
+	}
+	if _, err := ex.ExecContext(ctx, sqlx.Rebind(o.dialect.bindType(), query), args...); err != nil {
+		return fmt.Errorf("mark %d outbox rows sent: %w", len(ids), err)
+	}
+	return nil
+}
+
+// Cleanup deletes up to limit of the oldest rows sent before before, and
+// returns how many it deleted.
+func (o *Outbox) Cleanup(ctx context.Context, ex sqlx.ExecerContext, before time.Time, limit int) (int64, error) {
+	res, err := ex.ExecContext(ctx, o.cleanup, o.dialect.timeArg(before), limit)
+	if err != nil {
+		return 0, fmt.Errorf("delete sent outbox rows: %w", err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("delete sent outbox rows: rows affected: %w", err)
+	}
+	return n, nil
+}

@@ -1,0 +1,85 @@
+// Package outbox records events to publish in the same database
+// transaction as the writes that cause them, and relays them to the
+// transport after that transaction commits.
+//
+// A handler cannot publish to a broker and commit its writes atomically:
+// publishing first may announce a change that then rolls back, committing
+// first may lose the event in a crash. The outbox writes the event into a
+// table in the handler's own transaction instead; a Relay reads the table
+// and publishes each row after the commit. A rolled-back attempt leaves
+// no row, so nothing is published; a committed one is published at least
+// once.
+//
+// # Recording an event in a handler
+//
+// Inside a handler the attempt's transaction travels in ctx, and Add joins
+// it. Here a consumer records a follow-up event, and an intent to send an
+// e-mail that another consumer (the one that talks to the mail provider,
+// with the framework's idempotency key) carries out:
+//
+//	func newRemind(db *sqlx.DB, box *outbox.Outbox) framework.HandlerFunc[BookedV1] {
+//		return func(ctx context.Context, ev framework.Event[BookedV1]) error {
+//			if _, err := framework.Conn(ctx, db).ExecContext(ctx,
+//				`INSERT INTO reminders (appointment_id) VALUES (?)`, ev.Data.AppointmentID); err != nil {
+//				return fmt.Errorf("insert reminder: %w", err)
+//			}
+//			env, err := emailRequested.Envelope(EmailRequestedV1{To: ev.Data.Email, Template: "reminder"},
+//				framework.Attributes{
+//					ID:            "reminder-mail/" + ev.ID, // derived: the same on every retry
+//					Source:        "notifications",
+//					Subject:       ev.Subject,
+//					CorrelationID: ev.CorrelationID,
+//				})
+//			if err != nil {
+//				return err
+//			}
+//			return box.Add(ctx, env) // commits or rolls back with the insert
+//		}
+//	}
+//
+// Derive the id of a follow-up event from the event being handled, as
+// above: a handler retried after a rollback adds it again in the new
+// transaction, and the same id keeps it one event. Adding an event whose
+// source and id the outbox already holds is a no-op.
+//
+// Add returns ErrNoTx when ctx carries no transaction. Code that runs
+// outside a handler (an HTTP endpoint, a command) opens its own
+// transaction and passes it to AddTx:
+//
+//	tx, err := db.BeginTxx(ctx, nil)
+//	...
+//	if err := box.AddTx(ctx, tx, env); err != nil { ... }
+//	err = tx.Commit()
+//
+// # Relaying
+//
+// A Relay publishes unsent rows in id order to the topic named by each
+// event's type, with the stored CloudEvent as payload, the event id as
+// message UUID and the content type in the metadata, the same message
+// framework.NewMessage builds. Then it stamps them sent_at. Run it for
+// the life of the process (the app package does):
+//
+//	relay, err := outbox.NewRelay(db, transport.Publisher, outbox.RelayConfig{Outbox: box})
+//	...
+//	go relay.Run(ctx)
+//
+// With RelayConfig.Outbox set, an Add wakes the relay, which publishes a
+// few milliseconds after the commit instead of at the next poll
+// (PollInterval). Rows sent longer than Retention ago are deleted in
+// batches.
+//
+// # At least once
+//
+// A relay that stops (or a publisher that fails) after the broker took a
+// message but before its row was marked sent publishes the row again
+// later: relaying is at least once, never exactly once. That is what the
+// framework's consumers absorb: they mark each (consumer, source, id)
+// processed in their own transaction, so a republished event is a
+// duplicate that they acknowledge and skip. Consumers in other stacks must
+// deduplicate on the CloudEvent's source and id too.
+//
+// Several relays may share one database. On PostgreSQL a batch locks its
+// rows with FOR UPDATE SKIP LOCKED until it marks them, so relays do not
+// publish the same row. On SQLite the relays sharing an Outbox take turns;
+// relays of different processes on one file may publish a row twice.
+package outbox

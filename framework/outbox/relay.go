@@ -1,0 +1,337 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+
+	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/internal/sqlstore"
+)
+
+// Defaults of RelayConfig.
+const (
+	// DefaultPollInterval is how often a relay looks for unsent rows when
+	// nothing wakes it.
+	DefaultPollInterval = time.Second
+	// DefaultBatchSize is how many rows a relay publishes per transaction.
+	DefaultBatchSize = 100
+	// DefaultBatchTimeout bounds the publishing and marking of one batch.
+	DefaultBatchTimeout = 30 * time.Second
+	// DefaultRetention is how long sent rows are kept before cleanup.
+	DefaultRetention = 24 * time.Hour
+	// DefaultCleanupInterval is how often a relay deletes old sent rows.
+	DefaultCleanupInterval = 10 * time.Minute
+	// DefaultCleanupBatchSize is how many rows one delete statement removes.
+	DefaultCleanupBatchSize = 1000
+)
+
+// wakeDelay is the first delay of the quick polls that follow an Add in
+// this process: the Add's transaction commits soon after, and is looked
+// for after 5, 10, 20... milliseconds, up to the poll interval.
+const wakeDelay = 5 * time.Millisecond
+
+// ErrRunning is returned by Run while the relay runs already.
+var ErrRunning = errors.New("outbox: the relay is running already")
+
+// ErrMissingPublisher is returned by NewRelay without a publisher.
+var ErrMissingPublisher = errors.New("outbox: missing publisher (pass the transport's publisher, e.g. app.Transport.Publisher)")
+
+// RelayConfig configures a Relay.
+type RelayConfig struct {
+	// TablePrefix prefixes the outbox table's name, as the migrations
+	// were given it. Defaults to empty.
+	TablePrefix string
+	// Outbox, when set, wakes the relay after each of its Adds in this
+	// process, so that events are published soon after their transaction
+	// commits instead of at the next poll; on SQLite it also serialises
+	// the batches of every relay that shares it. Defaults to nil.
+	Outbox *Outbox
+	// PollInterval is how often the relay looks for unsent rows. Defaults
+	// to DefaultPollInterval.
+	PollInterval time.Duration
+	// BatchSize is how many rows one batch publishes. Defaults to
+	// DefaultBatchSize.
+	BatchSize int
+	// BatchTimeout bounds the publishing and marking of one batch; a batch
+	// cut short is published again. Defaults to DefaultBatchTimeout.
+	BatchTimeout time.Duration
+	// Retention is how long sent rows are kept; a negative value keeps
+	// them forever. Defaults to DefaultRetention.
+	Retention time.Duration
+	// CleanupInterval is how often the relay deletes rows sent longer than
+	// Retention ago. Defaults to DefaultCleanupInterval.
+	CleanupInterval time.Duration
+	// CleanupBatchSize is how many rows one delete statement removes.
+	// Defaults to DefaultCleanupBatchSize.
+	CleanupBatchSize int
+	// Logger logs failed batches and cleanups. Defaults to discarding.
+	Logger *slog.Logger
+	// Now is the clock of sent_at and of the retention. Defaults to
+	// time.Now.
+	Now func() time.Time
+}
+
+// WithDefaults returns a copy of c with zero fields set to their defaults.
+func (c RelayConfig) WithDefaults() RelayConfig {
+	if c.PollInterval == 0 {
+		c.PollInterval = DefaultPollInterval
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.BatchTimeout == 0 {
+		c.BatchTimeout = DefaultBatchTimeout
+	}
+	if c.Retention == 0 {
+		c.Retention = DefaultRetention
+	}
+	if c.CleanupInterval == 0 {
+		c.CleanupInterval = DefaultCleanupInterval
+	}
+	if c.CleanupBatchSize == 0 {
+		c.CleanupBatchSize = DefaultCleanupBatchSize
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+// Validate reports the first invalid field of c.
+func (c RelayConfig) Validate() error {
+	if err := sqlstore.ValidatePrefix(c.TablePrefix); err != nil {
+		return fmt.Errorf("outbox: TablePrefix: %w", err)
+	}
+	switch {
+	case c.PollInterval < 0:
+		return fmt.Errorf("outbox: PollInterval must be positive, got %s", c.PollInterval)
+	case c.BatchSize < 1:
+		return fmt.Errorf("outbox: BatchSize must be at least 1, got %d", c.BatchSize)
+	case c.BatchTimeout < 0:
+		return fmt.Errorf("outbox: BatchTimeout must be positive, got %s", c.BatchTimeout)
+	case c.CleanupInterval < 0:
+		return fmt.Errorf("outbox: CleanupInterval must be positive, got %s", c.CleanupInterval)
+	case c.CleanupBatchSize < 1:
+		return fmt.Errorf("outbox: CleanupBatchSize must be at least 1, got %d", c.CleanupBatchSize)
+	}
+	return nil
+}
+
+// Relay publishes the outbox's unsent rows, oldest first, and marks them
+// sent. Delivery is at least once: a relay that stops between publishing
+// a row and marking it publishes the row again when it restarts, so
+// consumers must deduplicate (the framework's consumers do).
+//
+// Several relays may run on one database, in one process or several. On
+// PostgreSQL each batch locks its rows (FOR UPDATE SKIP LOCKED) in a
+// transaction held while it publishes, so relays share the rows without
+// publishing one twice. On SQLite a batch cannot hold the write lock while
+// it publishes (the SQLite transport writes to the same file), so relays
+// sharing an Outbox (RelayConfig.Outbox) take turns, and relays of
+// different processes on one file may publish a row twice when their
+// batches overlap.
+//
+// Rows are published in id order within one relay; several relays, and
+// transactions that commit out of id order, publish in no guaranteed
+// order, as the framework's delivery promises none.
+type Relay struct {
+	db      *sqlx.DB
+	pub     message.Publisher
+	sql     *sqlstore.Outbox
+	cfg     RelayConfig
+	running atomic.Bool
+	// sqliteMu serialises the batches of relays sharing an Outbox on
+	// SQLite; its own when there is no Outbox.
+	sqliteMu *sync.Mutex
+}
+
+// NewRelay returns a relay of db's outbox that publishes through pub to
+// the topic named by each event's type.
+func NewRelay(db *sqlx.DB, pub message.Publisher, cfg RelayConfig) (*Relay, error) {
+	if db == nil {
+		return nil, ErrMissingDB
+	}
+	if pub == nil {
+		return nil, ErrMissingPublisher
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	s, err := newSQL(db, cfg.TablePrefix)
+	if err != nil {
+		return nil, err
+	}
+	mu := &sync.Mutex{}
+	if cfg.Outbox != nil {
+		if cfg.Outbox.db != db {
+			return nil, errors.New("outbox: RelayConfig.Outbox is an outbox of another database")
+		}
+		mu = &cfg.Outbox.relayMu
+	}
+	return &Relay{db: db, pub: pub, sql: s, cfg: cfg, sqliteMu: mu}, nil
+}
+
+// Run publishes unsent rows until ctx ends, then returns nil. It polls
+// every PollInterval, sooner after an Add of RelayConfig.Outbox, and
+// deletes old sent rows every CleanupInterval. A failed batch is logged
+// and tried again at the next poll.
+func (r *Relay) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return ErrRunning
+	}
+	defer r.running.Store(false)
+	var wake <-chan struct{}
+	if r.cfg.Outbox != nil {
+		ch, stop := r.cfg.Outbox.subscribe()
+		defer stop()
+		wake = ch
+	}
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	soon := r.cfg.PollInterval // the next quick poll's delay after a wake
+	nextCleanup := r.cfg.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-wake:
+			soon = wakeDelay
+		case <-timer.C:
+		}
+		n, err := r.PublishUnsent(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		delay := r.cfg.PollInterval
+		switch {
+		case err != nil:
+			r.cfg.Logger.ErrorContext(ctx, "outbox relay: publish failed; trying again at the next poll", "error", err, "published", n)
+		case n == 0 && soon < r.cfg.PollInterval:
+			delay, soon = soon, soon*2
+		default:
+			soon = r.cfg.PollInterval
+		}
+		if r.cfg.Retention >= 0 && !r.cfg.Now().Before(nextCleanup) {
+			nextCleanup = r.cfg.Now().Add(r.cfg.CleanupInterval)
+			if _, err := r.Cleanup(ctx); err != nil && ctx.Err() == nil {
+				r.cfg.Logger.ErrorContext(ctx, "outbox relay: cleanup failed", "error", err)
+			}
+		}
+		timer.Reset(delay)
+	}
+}
+
+// PublishUnsent publishes unsent rows in batches until a batch comes back
+// short, and returns how many rows it published. It stops at the first
+// row it cannot publish, after marking the rows before it sent.
+func (r *Relay) PublishUnsent(ctx context.Context) (int, error) {
+	total := 0
+	for ctx.Err() == nil {
+		n, read, err := r.publishBatch(ctx)
+		total += n
+		if err != nil {
+			return total, err
+		}
+		if read < r.cfg.BatchSize {
+			break
+		}
+	}
+	return total, nil
+}
+
+// publishBatch publishes one batch and returns how many rows it published
+// and how many it read.
+func (r *Relay) publishBatch(ctx context.Context) (published, read int, err error) {
+	// A batch runs to its end when ctx ends, bounded by BatchTimeout,
+	// so that a stop does not leave published rows unmarked; publish
+	// checks ctx between rows.
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.BatchTimeout)
+	defer cancel()
+	if r.sql.Dialect() == sqlstore.Postgres {
+		return r.publishClaimed(ctx, bctx)
+	}
+	r.sqliteMu.Lock()
+	defer r.sqliteMu.Unlock()
+	rows, err := r.sql.Unsent(bctx, r.db, r.cfg.BatchSize, false)
+	if err != nil {
+		return 0, 0, err
+	}
+	sent, pubErr := r.publish(ctx, rows)
+	if err := r.sql.MarkSent(bctx, r.db, sent, r.cfg.Now()); err != nil {
+		return 0, len(rows), errors.Join(pubErr, err)
+	}
+	return len(sent), len(rows), pubErr
+}
+
+// publishClaimed publishes one batch on PostgreSQL: the rows are locked
+// from the read to the commit of their mark.
+func (r *Relay) publishClaimed(ctx, bctx context.Context) (published, read int, err error) {
+	tx, err := r.db.BeginTxx(bctx, nil)
+	if err != nil {
+		return 0, 0, fmt.Errorf("outbox: begin: %w", err)
+	}
+	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	rows, err := r.sql.Unsent(bctx, tx, r.cfg.BatchSize, true)
+	if err != nil {
+		return 0, 0, err
+	}
+	sent, pubErr := r.publish(ctx, rows)
+	if err := r.sql.MarkSent(bctx, tx, sent, r.cfg.Now()); err != nil {
+		return 0, len(rows), errors.Join(pubErr, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, len(rows), errors.Join(pubErr, fmt.Errorf("outbox: commit marks: %w", err))
+	}
+	return len(sent), len(rows), pubErr
+}
+
+// publish publishes rows in order until one fails or ctx ends, and
+// returns the ids of those published.
+func (r *Relay) publish(ctx context.Context, rows []sqlstore.OutboxRow) ([]int64, error) {
+	sent := make([]int64, 0, len(rows))
+	for _, row := range rows {
+		if ctx.Err() != nil {
+			break
+		}
+		msg := message.NewMessage(row.Key.ID, row.Body)
+		msg.Metadata.Set(framework.MetadataContentType, framework.ContentType)
+		if err := r.pub.Publish(row.Type, msg); err != nil {
+			return sent, fmt.Errorf("outbox: publish %s (row %d) to %s: %w", row.Key, row.ID, row.Type, err)
+		}
+		sent = append(sent, row.ID)
+	}
+	return sent, nil
+}
+
+// Cleanup deletes the rows sent longer than Retention ago, in batches of
+// CleanupBatchSize, and returns how many it deleted. With a negative
+// Retention it deletes nothing.
+func (r *Relay) Cleanup(ctx context.Context) (int64, error) {
+	if r.cfg.Retention < 0 {
+		return 0, nil
+	}
+	before := r.cfg.Now().Add(-r.cfg.Retention)
+	var total int64
+	for {
+		n, err := r.sql.Cleanup(ctx, r.db, before, r.cfg.CleanupBatchSize)
+		total += n
+		if err != nil {
+			return total, fmt.Errorf("outbox: %w", err)
+		}
+		if n < int64(r.cfg.CleanupBatchSize) {
+			return total, nil
+		}
+	}
+}
