@@ -100,6 +100,11 @@ type ConsumerConfig struct {
 	// MaxDeliveries dead-letters a message delivered more often, with code
 	// delivery_limit. Defaults to middleware.DefaultMaxDeliveries.
 	MaxDeliveries int `yaml:"max_deliveries"`
+	// SkipStale turns the sequence guard on: an event older (by subjectseq)
+	// than one of the same subject that already took effect is skipped
+	// (see middleware.SequenceGuard). On when set here or in defaults.
+	// Defaults to false.
+	SkipStale bool `yaml:"skip_stale"`
 }
 
 // Duration is a time.Duration written as "1.5s" or "200ms" in YAML.
@@ -141,6 +146,7 @@ func (c ConsumerConfig) merge(base ConsumerConfig) ConsumerConfig {
 	if c.MaxDeliveries == 0 {
 		c.MaxDeliveries = base.MaxDeliveries
 	}
+	c.SkipStale = c.SkipStale || base.SkipStale
 	return c
 }
 

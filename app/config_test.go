@@ -103,6 +103,7 @@ consumers:
     concurrency: 4
     rate_limit: 7.5
     max_deliveries: 6
+    skip_stale: true
 `, nil))
 		require.NoError(t, err)
 		require.Equal(t, "memory", cfg.Transport)
@@ -119,6 +120,7 @@ consumers:
 			Concurrency:   4,
 			RateLimit:     7.5,
 			MaxDeliveries: 6,
+			SkipStale:     true,
 		}, cfg.Consumer("billing.charge-on-order-placed"))
 		require.Equal(t, app.ConsumerConfig{
 			Attempts:      5,

@@ -66,6 +66,7 @@ type Stores struct {
 	Processed   framework.ProcessedStore
 	Deliveries  framework.DeliveryStore
 	DeadLetters framework.DeadLetterStore
+	Checkpoints framework.CheckpointStore
 }
 
 // NewStores returns the stores of db, whose tables carry the configured
@@ -75,6 +76,7 @@ func NewStores(db *sqlx.DB, cfg Config) (Stores, error) {
 		framework.ProcessedStore
 		framework.DeliveryStore
 		framework.DeadLetterStore
+		framework.CheckpointStore
 	}
 	var (
 		s   store
@@ -88,5 +90,5 @@ func NewStores(db *sqlx.DB, cfg Config) (Stores, error) {
 	if err != nil {
 		return Stores{}, fmt.Errorf("stores: %w", err)
 	}
-	return Stores{Processed: s, Deliveries: s, DeadLetters: s}, nil
+	return Stores{Processed: s, Deliveries: s, DeadLetters: s, Checkpoints: s}, nil
 }

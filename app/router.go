@@ -71,7 +71,12 @@ func NewRouter(p RouterParams) (*message.Router, error) {
 		if cc.RateLimit > 0 {
 			outer = append([]message.HandlerMiddleware{rateLimit(cc.RateLimit)}, outer...)
 		}
+		var checkpoints framework.CheckpointStore
+		if cc.SkipStale {
+			checkpoints = p.Stores.Checkpoints
+		}
 		h, err := middleware.Handler(middleware.ChainConfig{
+			Checkpoints:   checkpoints,
 			Consumer:      c,
 			UnitOfWork:    uow,
 			DeadLetters:   p.Stores.DeadLetters,

@@ -29,6 +29,16 @@ type DeliveryStore interface {
 	Forget(ctx context.Context, tx *Tx, consumer string, key Key) error
 }
 
+// CheckpointStore keeps, per consumer and subject, the highest subject
+// sequence whose event took effect: the checkpoint the sequence guard
+// (middleware.SequenceGuard) compares events with.
+type CheckpointStore interface {
+	// Advance moves the checkpoint of (consumer, subject) to seq inside tx
+	// when seq is greater, and reports whether it moved. A concurrent
+	// attempt on the same subject waits until the first one ends.
+	Advance(ctx context.Context, tx *Tx, consumer, subject string, seq int64) (bool, error)
+}
+
 // DeadLetterPublisher takes messages that will not be processed. It must
 // store them durably before it returns nil: the message is acknowledged
 // right after. A repeat of the same message for the same consumer updates

@@ -66,6 +66,13 @@ func TxFromContext(ctx context.Context) (*sqlx.Tx, bool) {
 	return t.Tx, true
 }
 
+// AttemptTx returns the framework's transaction of the attempt running in
+// ctx, for stores that take part in it (see CheckpointStore).
+func AttemptTx(ctx context.Context) (*Tx, bool) {
+	t, ok := ctx.Value(txKey{}).(*Tx)
+	return t, ok
+}
+
 // Conn returns the attempt's transaction when ctx carries one, else db:
 //
 //	_, err := framework.Conn(ctx, r.db).ExecContext(ctx, `INSERT ...`)

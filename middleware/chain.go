@@ -34,6 +34,9 @@ type ChainConfig struct {
 	// Timeout limits each attempt. Defaults to DefaultTimeout; negative
 	// disables the limit.
 	Timeout time.Duration
+	// Checkpoints, when set, adds the SequenceGuard inside the unit of
+	// work: stale events of a subject are skipped.
+	Checkpoints framework.CheckpointStore
 	// MaxBodyBytes limits message bodies. Defaults to
 	// framework.DefaultMaxBodyBytes.
 	MaxBodyBytes int
@@ -76,8 +79,8 @@ func (c ChainConfig) Validate() error {
 
 // Chain returns the consumer's steps, outermost first, in the order of the
 // design: Observe, cfg.Outer, DeadLetter, Decode, DeliveryGuard, Retry,
-// Timeout, Recover, UnitOfWork, cfg.Inner. Apply them to Dispatch, or use
-// Handler, which does.
+// Timeout, Recover, UnitOfWork, SequenceGuard (with cfg.Checkpoints),
+// cfg.Inner. Apply them to Dispatch, or use Handler, which does.
 func Chain(cfg ChainConfig) ([]message.HandlerMiddleware, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -111,6 +114,13 @@ func Chain(cfg ChainConfig) ([]message.HandlerMiddleware, error) {
 		Recover,
 		UnitOfWork(name, cfg.UnitOfWork),
 	)
+	if cfg.Checkpoints != nil {
+		guard, err := SequenceGuard(name, cfg.Checkpoints)
+		if err != nil {
+			return nil, err
+		}
+		chain = append(chain, guard)
+	}
 	chain = append(chain, cfg.Inner...)
 	return chain, nil
 }

@@ -73,6 +73,7 @@ type bundle struct {
 }
 
 type setupConfig struct {
+	skipStale     bool
 	attempts      int
 	timeout       time.Duration
 	maxDeliveries int
@@ -103,7 +104,12 @@ func setup(t *testing.T, b backend, cfg setupConfig) *bundle {
 	if cfg.timeout == 0 {
 		cfg.timeout = 5 * time.Second
 	}
+	var checkpoints framework.CheckpointStore
+	if cfg.skipStale {
+		checkpoints = s.(framework.CheckpointStore)
+	}
 	bd.handler, err = middleware.Handler(middleware.ChainConfig{
+		Checkpoints:   checkpoints,
 		Consumer:      c,
 		UnitOfWork:    bd.uow,
 		DeadLetters:   s,
@@ -451,6 +457,46 @@ func exerciseChain(t *testing.T, b backend) {
 		}
 		require.Empty(t, bd.deadLetters(t))
 		require.Equal(t, 1, bd.effects(t))
+	})
+
+	t.Run("SequenceGuardSkipsStale", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b, setupConfig{skipStale: true})
+		seq := func(id, subject string, n int64) []byte {
+			env, err := noted.Envelope(noteV1{Text: id}, framework.Attributes{ID: id, Source: "notes", Subject: subject, SubjectSeq: n})
+			require.NoError(t, err)
+			return body(t, env)
+		}
+		for _, ev := range [][]byte{
+			seq("a1", "a", 1), seq("a3", "a", 3), seq("a2", "a", 2), // a2 arrives after a3: stale
+			seq("b2", "b", 2), seq("b1", "b", 1), // another subject, its own checkpoint
+			event(t, "notes", "plain"), // no subject: not guarded
+			seq("a3", "a", 3),          // a duplicate stays a duplicate
+		} {
+			require.NoError(t, bd.deliver(ctx, ev))
+		}
+		var applied []string
+		require.NoError(t, bd.db.Select(&applied, `SELECT event_id FROM effects ORDER BY event_id`))
+		require.Equal(t, []string{"a1", "a3", "b2", "plain"}, applied)
+		require.Equal(t, 6, bd.marks(t), "stale events are marked processed and acknowledged")
+		require.Equal(t, 3, bd.count(t, `SELECT seq FROM subject_checkpoints WHERE consumer = ? AND subject = 'a'`, consumerName))
+	})
+
+	t.Run("SequenceGuardConcurrent", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b, setupConfig{skipStale: true})
+		var wg sync.WaitGroup
+		for n := int64(1); n <= 8; n++ {
+			wg.Go(func() {
+				env, err := noted.Envelope(noteV1{Text: "x"}, framework.Attributes{ID: fmt.Sprint(n), Source: "notes", Subject: "s", SubjectSeq: n})
+				require.NoError(t, err)
+				require.NoError(t, bd.deliver(ctx, body(t, env)))
+			})
+		}
+		wg.Wait()
+		require.Equal(t, 8, bd.count(t, `SELECT seq FROM subject_checkpoints WHERE subject = 's'`), "no update is lost")
+		require.Equal(t, 1, bd.count(t, `SELECT count(*) FROM effects WHERE event_id = '8'`), "the newest always applies")
+		require.Equal(t, 8, bd.marks(t))
 	})
 
 	t.Run("IdempotencyKeyInHandler", func(t *testing.T) {

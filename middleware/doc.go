@@ -11,6 +11,7 @@
 //	Timeout        a deadline per attempt
 //	Recover        a panic becomes an error with code panic
 //	UnitOfWork     one transaction with the processed mark (framework.UnitOfWork)
+//	SequenceGuard  optional: skips an event older than its subject's checkpoint
 //	[Inner]        the application's middleware inside the transaction
 //	Dispatch       the handler
 //

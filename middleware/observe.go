@@ -23,6 +23,7 @@ const (
 	OutcomeDuplicate    = "duplicate"
 	OutcomeDeadLettered = "dead_lettered"
 	OutcomeNacked       = "nacked"
+	OutcomeStale        = "stale"
 )
 
 // Metrics are the Prometheus metrics of every consumer's chain. Create one
@@ -39,7 +40,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "effectively_messages_total",
-			Help: "Messages handled, by consumer and outcome (processed, duplicate, dead_lettered, nacked).",
+			Help: "Messages handled, by consumer and outcome (processed, duplicate, stale, dead_lettered, nacked).",
 		}, []string{"consumer", "outcome"}),
 		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "effectively_dead_letters_total",
@@ -134,6 +135,8 @@ func Observe(cfg ObserveConfig) (message.HandlerMiddleware, error) {
 				outcome = OutcomeDeadLettered
 			case st.outcome == framework.Duplicate:
 				outcome = OutcomeDuplicate
+			case st.stale:
+				outcome = OutcomeStale
 			}
 			attrs := []any{slog.String("consumer", cfg.Consumer), slog.String("outcome", outcome), slog.Int("attempts", st.attempts)}
 			if env := st.envelope; env != nil {

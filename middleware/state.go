@@ -17,6 +17,7 @@ type state struct {
 	attempts     int
 	outcome      framework.Outcome
 	deadLettered framework.Code
+	stale        bool // the sequence guard skipped it
 }
 
 type stateKey struct{}

@@ -60,6 +60,7 @@ var (
 	_ framework.ProcessedStore  = (*Store)(nil)
 	_ framework.DeliveryStore   = (*Store)(nil)
 	_ framework.DeadLetterStore = (*Store)(nil)
+	_ framework.CheckpointStore = (*Store)(nil)
 )
 
 // NewStore returns a Store on db, which should come from Open.
@@ -125,4 +126,11 @@ func (s *Store) DeadLetters(ctx context.Context, f framework.DeadLetterFilter) (
 // letter has id.
 func (s *Store) ResolveDeadLetter(ctx context.Context, id int64, r framework.Resolution) error {
 	return s.s.ResolveDeadLetter(ctx, id, r)
+}
+
+// Advance moves the checkpoint of (consumer, subject) to seq inside tx
+// when seq is greater, and reports whether it moved. See
+// framework.CheckpointStore.
+func (s *Store) Advance(ctx context.Context, tx *framework.Tx, consumer, subject string, seq int64) (bool, error) {
+	return s.s.Advance(ctx, tx, consumer, subject, seq)
 }
