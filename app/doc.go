@@ -44,6 +44,7 @@
 //	    concurrency: 4
 //	    rate_limit: 50
 //	    max_deliveries: 10
+//	    skip_stale: true # events older than their subject's latest are skipped
 //
 // Environment variables win over the file. A bad value stops start-up with
 // an error naming its key. With no configuration at all the service runs
