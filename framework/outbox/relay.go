@@ -282,7 +282,7 @@ func (r *Relay) publishClaimed(ctx, bctx context.Context) (published, read int, 
 	if err != nil {
 		return 0, 0, fmt.Errorf("outbox: begin: %w", err)
 	}
-	defer tx.Rollback() //nolint:errcheck // a no-op after Commit
+	defer tx.Rollback() // a no-op after Commit
 	rows, err := r.sql.Unsent(bctx, tx, r.cfg.BatchSize, true)
 	if err != nil {
 		return 0, 0, err

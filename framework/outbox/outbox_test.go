@@ -1,0 +1,510 @@
+package outbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/migrate"
+	"github.com/effectively-once/effectively/framework/outbox"
+	"github.com/effectively-once/effectively/framework/postgres"
+	"github.com/effectively-once/effectively/framework/sqlite"
+	"github.com/effectively-once/effectively/internal/testenv"
+)
+
+// waitLimit bounds every wait; it fails only on a hang.
+const waitLimit = 30 * time.Second
+
+type store interface {
+	framework.ProcessedStore
+	framework.DeliveryStore
+}
+
+// backend opens a migrated database of its kind and its store.
+type backend struct {
+	name     string
+	postgres bool
+	open     func(t testing.TB) (*sqlx.DB, store)
+}
+
+var backends = []backend{
+	{"SQLite", false, func(t testing.TB) (*sqlx.DB, store) {
+		db := testenv.SQLite(t)
+		s, err := sqlite.NewStore(db, sqlite.StoreConfig{})
+		require.NoError(t, err)
+		return db, s
+	}},
+	{"Postgres", true, func(t testing.TB) (*sqlx.DB, store) {
+		db := testenv.Postgres(t)
+		s, err := postgres.NewStore(db, postgres.StoreConfig{})
+		require.NoError(t, err)
+		return db, s
+	}},
+}
+
+type noteV1 struct {
+	Text string `json:"text" validate:"required"`
+}
+
+var noted = framework.Define[noteV1]("notes.note.added", 1)
+
+// published is one message a recorder took.
+type published struct {
+	topic string
+	msg   *message.Message
+}
+
+// recorder is a publisher that records what it takes. fail, when set,
+// runs after a message was recorded (delivered) and may fail the call, as
+// a broker whose confirm is lost.
+type recorder struct {
+	mu    sync.Mutex
+	msgs  []published
+	delay time.Duration
+	fail  func(n int, msg *message.Message) error
+}
+
+var _ message.Publisher = (*recorder)(nil)
+
+func (r *recorder) Publish(topic string, msgs ...*message.Message) error {
+	for _, msg := range msgs {
+		if r.delay > 0 {
+			time.Sleep(r.delay)
+		}
+		r.mu.Lock()
+		r.msgs = append(r.msgs, published{topic: topic, msg: msg})
+		n := len(r.msgs)
+		fail := r.fail
+		r.mu.Unlock()
+		if fail != nil {
+			if err := fail(n, msg); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (r *recorder) Close() error { return nil }
+
+func (r *recorder) all() []published {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]published(nil), r.msgs...)
+}
+
+func (r *recorder) ids() []string {
+	var ids []string
+	for _, p := range r.all() {
+		ids = append(ids, p.msg.UUID)
+	}
+	return ids
+}
+
+// bundle is one test's database, outbox and unit of work.
+type bundle struct {
+	backend backend
+	db      *sqlx.DB
+	store   store
+	uow     *framework.UnitOfWork
+	box     *outbox.Outbox
+	pub     *recorder
+}
+
+func setup(t *testing.T, b backend) *bundle {
+	t.Helper()
+	db, s := b.open(t)
+	require.NoError(t, migrate.Up(context.Background(), db, migrate.Config{}))
+	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Processed: s, Deliveries: s})
+	require.NoError(t, err)
+	box, err := outbox.New(db, outbox.Config{})
+	require.NoError(t, err)
+	return &bundle{backend: b, db: db, store: s, uow: uow, box: box, pub: &recorder{}}
+}
+
+func (bd *bundle) relay(t *testing.T, cfg outbox.RelayConfig) *outbox.Relay {
+	t.Helper()
+	r, err := outbox.NewRelay(bd.db, bd.pub, cfg)
+	require.NoError(t, err)
+	return r
+}
+
+func env(t *testing.T, id string) framework.Envelope {
+	t.Helper()
+	e, err := noted.Envelope(noteV1{Text: "text of " + id}, framework.Attributes{ID: id, Source: "notes", Subject: "n-1"})
+	require.NoError(t, err)
+	return e
+}
+
+// attempt runs fn in a unit of work of an incoming event named id.
+func (bd *bundle) attempt(t *testing.T, id string, fn func(ctx context.Context) error) error {
+	t.Helper()
+	_, err := bd.uow.Do(context.Background(), "notes.producer", framework.Key{Source: "in", ID: id}, fn)
+	return err
+}
+
+func (bd *bundle) count(t *testing.T, query string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, bd.db.Get(&n, query))
+	return n
+}
+
+func (bd *bundle) unsent(t *testing.T) int {
+	return bd.count(t, `SELECT count(*) FROM outbox WHERE sent_at IS NULL`)
+}
+
+func TestOutbox(t *testing.T) {
+	t.Parallel()
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			testOutbox(t, b)
+		})
+	}
+}
+
+func testOutbox(t *testing.T, b backend) {
+	ctx := context.Background()
+
+	t.Run("CommittedIsPublishedOnce", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b)
+		want := env(t, "e-1")
+		require.NoError(t, bd.attempt(t, "in-1", func(ctx context.Context) error { return bd.box.Add(ctx, want) }))
+		relay := bd.relay(t, outbox.RelayConfig{})
+		n, err := relay.PublishUnsent(ctx)
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		n, err = relay.PublishUnsent(ctx)
+		require.NoError(t, err)
+		require.Zero(t, n, "a sent row is not published again")
+
+		got := bd.pub.all()
+		require.Len(t, got, 1)
+		require.Equal(t, noted.Type(), got[0].topic)
+		require.Equal(t, "e-1", got[0].msg.UUID)
+		require.Equal(t, framework.ContentType, got[0].msg.Metadata.Get(framework.MetadataContentType))
+		decoded, err := framework.DecodeMessage(got[0].msg, framework.DefaultMaxBodyBytes)
+		require.NoError(t, err)
+		require.Equal(t, want.Key(), decoded.Key())
+		require.Equal(t, "n-1", decoded.Subject)
+		require.JSONEq(t, string(want.Data), string(decoded.Data))
+		require.Zero(t, bd.unsent(t))
+	})
+
+	t.Run("RolledBackIsNeverPublished", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b)
+		boom := errors.New("handler failed after Add")
+		err := bd.attempt(t, "in-1", func(ctx context.Context) error {
+			require.NoError(t, bd.box.Add(ctx, env(t, "e-1")))
+			return boom
+		})
+		require.ErrorIs(t, err, boom)
+		n, err := bd.relay(t, outbox.RelayConfig{}).PublishUnsent(ctx)
+		require.NoError(t, err)
+		require.Zero(t, n)
+		require.Empty(t, bd.pub.all())
+		require.Zero(t, bd.count(t, `SELECT count(*) FROM outbox`))
+	})
+
+	t.Run("AddWithoutTransaction", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b)
+		require.ErrorIs(t, bd.box.Add(ctx, env(t, "e-1")), outbox.ErrNoTx)
+		require.ErrorIs(t, bd.box.AddTx(ctx, nil, env(t, "e-1")), outbox.ErrNoTx)
+
+		tx, err := bd.db.BeginTxx(ctx, nil)
+		require.NoError(t, err)
+		require.NoError(t, bd.box.AddTx(ctx, tx, env(t, "e-2")))
+		require.NoError(t, tx.Commit())
+		_, err = bd.relay(t, outbox.RelayConfig{}).PublishUnsent(ctx)
+		require.NoError(t, err)
+		require.Equal(t, []string{"e-2"}, bd.pub.ids())
+	})
+
+	t.Run("SameEventTwiceIsOneRow", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b)
+		require.NoError(t, bd.attempt(t, "in-1", func(ctx context.Context) error {
+			if err := bd.box.Add(ctx, env(t, "e-1"), env(t, "e-1")); err != nil {
+				return err
+			}
+			return bd.box.Add(ctx, env(t, "e-1"))
+		}))
+		require.Equal(t, 1, bd.count(t, `SELECT count(*) FROM outbox`))
+	})
+
+	t.Run("InvalidEnvelope", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b)
+		bad := env(t, "e-1")
+		bad.Type = ""
+		err := bd.attempt(t, "in-1", func(ctx context.Context) error {
+			return bd.box.Add(ctx, env(t, "e-2"), bad)
+		})
+		require.ErrorContains(t, err, "missing type")
+		require.Zero(t, bd.count(t, `SELECT count(*) FROM outbox`), "nothing of a rejected Add is written")
+	})
+
+	t.Run("RepublishedAfterCrashBetweenPublishAndMark", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b)
+		require.NoError(t, bd.attempt(t, "in-1", func(ctx context.Context) error {
+			return bd.box.Add(ctx, env(t, "e-1"), env(t, "e-2"), env(t, "e-3"))
+		}))
+		// The broker takes e-2, but its confirm is lost once.
+		var once sync.Once
+		bd.pub.fail = func(_ int, msg *message.Message) error {
+			var err error
+			if msg.UUID == "e-2" {
+				once.Do(func() { err = errors.New("confirm lost") })
+			}
+			return err
+		}
+		relay := bd.relay(t, outbox.RelayConfig{})
+		n, err := relay.PublishUnsent(ctx)
+		require.ErrorContains(t, err, "confirm lost")
+		require.Equal(t, 1, n, "e-1 is marked sent")
+		n, err = relay.PublishUnsent(ctx)
+		require.NoError(t, err)
+		require.Equal(t, 2, n)
+		require.Equal(t, []string{"e-1", "e-2", "e-2", "e-3"}, bd.pub.ids())
+
+		// A consumer downstream sees one effect per event.
+		_, err = bd.db.Exec(`CREATE TABLE effects (event_id TEXT NOT NULL)`)
+		require.NoError(t, err)
+		var outcomes []framework.Outcome
+		for _, p := range bd.pub.all() {
+			e, err := framework.DecodeMessage(p.msg, framework.DefaultMaxBodyBytes)
+			require.NoError(t, err)
+			o, err := bd.uow.Do(ctx, "notes.downstream", e.Key(), func(ctx context.Context) error {
+				_, err := framework.Conn(ctx, bd.db).ExecContext(ctx, bd.db.Rebind(`INSERT INTO effects (event_id) VALUES (?)`), e.ID)
+				return err
+			})
+			require.NoError(t, err)
+			outcomes = append(outcomes, o)
+		}
+		require.Equal(t, []framework.Outcome{framework.Processed, framework.Processed, framework.Duplicate, framework.Processed}, outcomes)
+		require.Equal(t, 3, bd.count(t, `SELECT count(*) FROM effects`))
+	})
+
+	t.Run("StoppedMidBatchRepublishesTheRest", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b)
+		require.NoError(t, bd.attempt(t, "in-1", func(ctx context.Context) error {
+			return bd.box.Add(ctx, env(t, "e-1"), env(t, "e-2"), env(t, "e-3"))
+		}))
+		runCtx, cancel := context.WithCancel(ctx)
+		bd.pub.fail = func(n int, _ *message.Message) error {
+			if n == 2 {
+				cancel() // the process stops while e-2 is being published
+			}
+			return nil
+		}
+		relay := bd.relay(t, outbox.RelayConfig{})
+		require.NoError(t, relay.Run(runCtx))
+		require.Equal(t, []string{"e-1", "e-2"}, bd.pub.ids())
+		require.Equal(t, 1, bd.unsent(t), "what was published is marked; the rest waits")
+
+		bd.pub.fail = nil
+		_, err := relay.PublishUnsent(ctx)
+		require.NoError(t, err)
+		require.Equal(t, []string{"e-1", "e-2", "e-3"}, bd.pub.ids())
+	})
+
+	t.Run("PublishesInIDOrder", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b)
+		var want []string
+		for i := range 3 {
+			require.NoError(t, bd.attempt(t, fmt.Sprintf("in-%d", i), func(ctx context.Context) error {
+				for j := range 10 {
+					id := fmt.Sprintf("e-%d-%02d", i, j)
+					want = append(want, id)
+					if err := bd.box.Add(ctx, env(t, id)); err != nil {
+						return err
+					}
+				}
+				return nil
+			}))
+		}
+		n, err := bd.relay(t, outbox.RelayConfig{BatchSize: 7}).PublishUnsent(ctx)
+		require.NoError(t, err)
+		require.Equal(t, 30, n)
+		require.Equal(t, want, bd.pub.ids())
+	})
+
+	// Two relays on one database, sharing an Outbox (one process) or not
+	// (two processes).
+	for _, shared := range []bool{true, false} {
+		t.Run(fmt.Sprintf("TwoRelaysLoseNothing/SharedOutbox=%t", shared), func(t *testing.T) {
+			t.Parallel()
+			bd := setup(t, b)
+			const total = 200
+			for i := range total / 20 {
+				require.NoError(t, bd.attempt(t, fmt.Sprintf("in-%d", i), func(ctx context.Context) error {
+					for j := range 20 {
+						if err := bd.box.Add(ctx, env(t, fmt.Sprintf("e-%03d", i*20+j))); err != nil {
+							return err
+						}
+					}
+					return nil
+				}))
+			}
+			pubs := []*recorder{{delay: 100 * time.Microsecond}, {delay: 100 * time.Microsecond}}
+			runCtx, cancel := context.WithCancel(ctx)
+			var wg sync.WaitGroup
+			for _, pub := range pubs {
+				box := bd.box
+				if !shared {
+					var err error
+					box, err = outbox.New(bd.db, outbox.Config{})
+					require.NoError(t, err)
+				}
+				relay, err := outbox.NewRelay(bd.db, pub, outbox.RelayConfig{Outbox: box, BatchSize: 10, PollInterval: 5 * time.Millisecond})
+				require.NoError(t, err)
+				wg.Go(func() { require.NoError(t, relay.Run(runCtx)) })
+			}
+			deadline := time.Now().Add(waitLimit)
+			for bd.unsent(t) > 0 && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			cancel()
+			wg.Wait()
+			require.Zero(t, bd.unsent(t))
+
+			seen := map[string]int{}
+			for _, pub := range pubs {
+				for _, id := range pub.ids() {
+					seen[id]++
+				}
+			}
+			require.Len(t, seen, total, "every row is published")
+			dups := 0
+			for _, n := range seen {
+				dups += n - 1
+			}
+			t.Logf("%s: %d duplicates of %d rows (relay rows: %d, %d)", b.name, dups, total, len(pubs[0].ids()), len(pubs[1].ids()))
+			if b.postgres || shared {
+				require.Zero(t, dups, "rows one relay is publishing are not published by the other")
+			}
+		})
+	}
+
+	t.Run("WakesAfterCommit", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b)
+		relay := bd.relay(t, outbox.RelayConfig{Outbox: bd.box, PollInterval: time.Hour})
+		runCtx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- relay.Run(runCtx) }()
+		defer func() {
+			cancel()
+			require.NoError(t, <-done)
+		}()
+		require.Eventually(t, func() bool { return len(bd.pub.all()) == 0 }, waitLimit, time.Millisecond) // the first poll ran
+		time.Sleep(20 * time.Millisecond)
+		start := time.Now()
+		require.NoError(t, bd.attempt(t, "in-1", func(ctx context.Context) error {
+			if err := bd.box.Add(ctx, env(t, "e-1")); err != nil {
+				return err
+			}
+			time.Sleep(20 * time.Millisecond) // the commit comes later
+			return nil
+		}))
+		require.Eventually(t, func() bool { return len(bd.pub.all()) == 1 }, 5*time.Second, time.Millisecond,
+			"published long before the hour's poll")
+		t.Logf("%s: published %s after the Add", b.name, time.Since(start))
+	})
+
+	t.Run("Cleanup", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b)
+		var (
+			mu  sync.Mutex
+			now = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+		)
+		clock := func() time.Time {
+			mu.Lock()
+			defer mu.Unlock()
+			return now
+		}
+		require.NoError(t, bd.attempt(t, "in-1", func(ctx context.Context) error {
+			for i := range 5 {
+				if err := bd.box.Add(ctx, env(t, fmt.Sprintf("e-%d", i))); err != nil {
+					return err
+				}
+			}
+			return nil
+		}))
+		relay := bd.relay(t, outbox.RelayConfig{Retention: time.Hour, CleanupBatchSize: 2, Now: clock})
+		_, err := relay.PublishUnsent(ctx)
+		require.NoError(t, err)
+		require.NoError(t, bd.attempt(t, "in-2", func(ctx context.Context) error { return bd.box.Add(ctx, env(t, "unsent")) }))
+
+		n, err := relay.Cleanup(ctx)
+		require.NoError(t, err)
+		require.Zero(t, n, "sent rows are kept for the retention")
+		mu.Lock()
+		now = now.Add(time.Hour + time.Second)
+		mu.Unlock()
+		n, err = relay.Cleanup(ctx)
+		require.NoError(t, err)
+		require.EqualValues(t, 5, n)
+		require.Equal(t, 1, bd.count(t, `SELECT count(*) FROM outbox`))
+		require.Equal(t, 1, bd.unsent(t), "unsent rows are never deleted")
+
+		keep := bd.relay(t, outbox.RelayConfig{Retention: -1, Now: clock})
+		n, err = keep.Cleanup(ctx)
+		require.NoError(t, err)
+		require.Zero(t, n)
+	})
+
+	t.Run("RunTwice", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b)
+		relay := bd.relay(t, outbox.RelayConfig{PollInterval: time.Hour})
+		runCtx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- relay.Run(runCtx) }()
+		ended, end := context.WithCancel(ctx)
+		end() // a Run that gets to start returns at once
+		require.Eventually(t, func() bool { return errors.Is(relay.Run(ended), outbox.ErrRunning) }, waitLimit, time.Millisecond)
+		cancel()
+		require.NoError(t, <-done)
+	})
+}
+
+func TestConfig(t *testing.T) {
+	t.Parallel()
+	db := testenv.SQLite(t)
+	_, err := outbox.New(nil, outbox.Config{})
+	require.ErrorIs(t, err, outbox.ErrMissingDB)
+	_, err = outbox.New(db, outbox.Config{TablePrefix: "Bad"})
+	require.ErrorContains(t, err, "TablePrefix")
+	_, err = outbox.NewRelay(db, nil, outbox.RelayConfig{})
+	require.ErrorIs(t, err, outbox.ErrMissingPublisher)
+	_, err = outbox.NewRelay(db, &recorder{}, outbox.RelayConfig{BatchSize: -1})
+	require.ErrorContains(t, err, "BatchSize")
+	other := testenv.SQLite(t)
+	box, err := outbox.New(other, outbox.Config{})
+	require.NoError(t, err)
+	_, err = outbox.NewRelay(db, &recorder{}, outbox.RelayConfig{Outbox: box})
+	require.ErrorContains(t, err, "another database")
+
+	cfg := outbox.RelayConfig{}.WithDefaults()
+	require.Equal(t, outbox.DefaultPollInterval, cfg.PollInterval)
+	require.Equal(t, outbox.DefaultBatchSize, cfg.BatchSize)
+	require.Equal(t, outbox.DefaultRetention, cfg.Retention)
+	require.NoError(t, cfg.Validate())
+}
