@@ -153,3 +153,62 @@ func TestCodeOf(t *testing.T) {
 	require.True(t, framework.IsPermanent(wrapped))
 	require.ErrorIs(t, wrapped, &framework.PermanentError{})
 }
+
+type bookedV2 struct {
+	AppointmentID string    `json:"appointmentId" validate:"required"`
+	StartsAt      time.Time `json:"startsAt" validate:"required"`
+	TimeZone      string    `json:"timeZone" validate:"required"`
+}
+
+var bookedTwo = framework.Define[bookedV2]("appointments.appointment.booked", 2)
+
+func TestUpcast(t *testing.T) {
+	t.Parallel()
+	var got []framework.Event[bookedV2]
+	remind := func(_ context.Context, ev framework.Event[bookedV2]) error {
+		got = append(got, ev)
+		return nil
+	}
+	c, err := framework.NewConsumer("notifications.remind",
+		framework.Handle(bookedTwo, remind),
+		framework.Upcast(booked, bookedTwo, func(v1 bookedV1) (bookedV2, error) {
+			if v1.AppointmentID == "unconvertible" {
+				return bookedV2{}, errors.New("no time zone known")
+			}
+			return bookedV2{AppointmentID: v1.AppointmentID, StartsAt: v1.StartsAt, TimeZone: "UTC"}, nil
+		}, remind),
+	)
+	require.NoError(t, err)
+
+	starts := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	v1, err := booked.Envelope(bookedV1{AppointmentID: "a", StartsAt: starts}, framework.Attributes{ID: "e1", Source: "appointments"})
+	require.NoError(t, err)
+	d, err := c.Decode(v1)
+	require.NoError(t, err)
+	require.NoError(t, d.Handle(context.Background()))
+	v2, err := bookedTwo.Envelope(bookedV2{AppointmentID: "b", StartsAt: starts, TimeZone: "Europe/Paris"}, framework.Attributes{ID: "e2", Source: "appointments"})
+	require.NoError(t, err)
+	d, err = c.Decode(v2)
+	require.NoError(t, err)
+	require.NoError(t, d.Handle(context.Background()))
+
+	require.Len(t, got, 2)
+	require.Equal(t, "UTC", got[0].Data.TimeZone)
+	require.Equal(t, 2, got[0].Version, "the handler sees the version it was written for")
+	require.Equal(t, framework.Key{Source: "appointments", ID: "e1"}, got[0].Key(), "the event keeps its identity")
+	require.Equal(t, "Europe/Paris", got[1].Data.TimeZone)
+
+	bad, err := booked.Envelope(bookedV1{AppointmentID: "unconvertible", StartsAt: starts}, framework.Attributes{Source: "appointments"})
+	require.NoError(t, err)
+	_, err = c.Decode(bad)
+	require.Equal(t, framework.CodeInvalidPayload, framework.CodeOf(err))
+
+	c3, err := framework.NewConsumer("notifications.remind",
+		framework.Upcast(booked, bookedTwo, func(v1 bookedV1) (bookedV2, error) {
+			return bookedV2{AppointmentID: v1.AppointmentID, StartsAt: v1.StartsAt}, nil // forgets the time zone
+		}, remind),
+	)
+	require.NoError(t, err)
+	_, err = c3.Decode(v1)
+	require.Equal(t, framework.CodeInvalidPayload, framework.CodeOf(err), "the upcast data is validated as the new contract says")
+}

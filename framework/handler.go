@@ -140,3 +140,42 @@ func DecodedFromContext(ctx context.Context) (*Decoded, bool) {
 	d, ok := ctx.Value(decodedKey{}).(*Decoded)
 	return d, ok
 }
+
+// Upcast handles the events of an older contract version with the handler
+// of the newer one: each event of from is decoded and validated as from
+// says, converted with up, validated as to says, and handed to fn as an
+// event of to (its Version is to's). The consumer then handles both
+// versions with one function while producers move on. A conversion that
+// fails is permanent, with CodeInvalidPayload.
+//
+//	framework.NewConsumer("notifications.remind",
+//		framework.Handle(BookedV2, remind),
+//		framework.Upcast(BookedV1, BookedV2, func(v1 BookedV1) (BookedV2, error) {
+//			return BookedV2{AppointmentID: v1.AppointmentID, StartsAt: v1.StartsAt, TimeZone: "UTC"}, nil
+//		}, remind),
+//	)
+func Upcast[Old, New any](from Definition[Old], to Definition[New], up func(Old) (New, error), fn HandlerFunc[New]) Handler {
+	return Handler{
+		typ:     from.typ,
+		version: from.version,
+		decode: func(env Envelope) (any, error) {
+			old, err := from.Decode(env)
+			if err != nil {
+				return nil, err
+			}
+			data, err := up(old.Data)
+			if err != nil {
+				return nil, Permanent(CodeInvalidPayload, fmt.Errorf("upcast %s to %s: %w", from, to, err))
+			}
+			if err := to.check(data); err != nil {
+				return nil, fmt.Errorf("upcast %s to %s: %w", from, to, err)
+			}
+			attrs := old.Attributes
+			attrs.Type, attrs.Version = to.typ, to.version
+			return Event[New]{Attributes: attrs, Data: data}, nil
+		},
+		handle: func(ctx context.Context, ev any) error {
+			return fn(ctx, ev.(Event[New]))
+		},
+	}
+}

@@ -34,7 +34,6 @@ type Registration struct {
 // Route is one handler of a consumer: an event definition and what handles
 // it. Build it with On.
 type Route struct {
-	def     string
 	provide func(consumer string) fx.Option
 }
 
@@ -81,12 +80,35 @@ func Consumer(name string, routes ...Route) fx.Option {
 // A handler of the wrong shape refuses start-up with an error that names
 // the consumer and the event.
 func On[T any](def framework.Definition[T], handler any) Route {
+	return route(def.String(), def, handler, func(h framework.HandlerFunc[T]) framework.Handler {
+		return framework.Handle(def, h)
+	})
+}
+
+// Upcast routes events of an older contract version, from, to the handler
+// of the newer one, to: each event is converted with up first (see
+// framework.Upcast). handler takes the same forms as in On, for events of
+// to; it may be the very constructor given to On(to, ...), and each route
+// then gets an instance of its own.
+//
+//	handlers.Consumer("notifications.remind-on-appointment-booked",
+//		handlers.On(appointments.BookedV2, NewRemind),
+//		handlers.Upcast(appointments.BookedV1, appointments.BookedV2, appointments.UpcastBooked, NewRemind),
+//	)
+func Upcast[Old, New any](from framework.Definition[Old], to framework.Definition[New], up func(Old) (New, error), handler any) Route {
+	return route(from.String()+" as "+to.String(), to, handler, func(h framework.HandlerFunc[New]) framework.Handler {
+		return framework.Upcast(from, to, up, h)
+	})
+}
+
+// route is a Route whose handler, of events of def, is bound into a
+// framework.Handler by bind.
+func route[T any](name string, def framework.Definition[T], handler any, bind func(framework.HandlerFunc[T]) framework.Handler) Route {
 	return Route{
-		def: def.String(),
 		provide: func(consumer string) fx.Option {
-			ctor, err := constructor(def, handler)
+			ctor, err := constructor(def, handler, bind)
 			if err != nil {
-				return fx.Error(fmt.Errorf("handlers: consumer %s, %s: %w", consumer, def, err))
+				return fx.Error(fmt.Errorf("handlers: consumer %s, %s: %w", consumer, name, err))
 			}
 			return fx.Provide(fx.Annotate(
 				wrapConstructor(ctor, consumer),
@@ -105,9 +127,9 @@ var errorType = reflect.TypeFor[error]()
 
 // constructor turns handler into a function whose parameters fx injects and
 // which returns (framework.Handler, error).
-func constructor[T any](def framework.Definition[T], handler any) (any, error) {
+func constructor[T any](_ framework.Definition[T], handler any, bind func(framework.HandlerFunc[T]) framework.Handler) (any, error) {
 	if h, ok := asHandlerFunc[T](handler); ok {
-		return func() (framework.Handler, error) { return framework.Handle(def, h), nil }, nil
+		return func() (framework.Handler, error) { return bind(h), nil }, nil
 	}
 	v := reflect.ValueOf(handler)
 	if !v.IsValid() || v.Kind() != reflect.Func || v.IsNil() {
@@ -135,7 +157,7 @@ func constructor[T any](def framework.Definition[T], handler any) (any, error) {
 			err := fmt.Errorf("constructor %s returned a nil handler", t)
 			return []reflect.Value{reflect.Zero(out[0]), reflect.ValueOf(&err).Elem()}
 		}
-		return []reflect.Value{reflect.ValueOf(framework.Handle(def, h)), reflect.Zero(errorType)}
+		return []reflect.Value{reflect.ValueOf(bind(h)), reflect.Zero(errorType)}
 	})
 	return fn.Interface(), nil
 }

@@ -2,6 +2,7 @@ package handlers_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -73,6 +74,36 @@ func TestRegistry(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, d.Handle(context.Background()))
 		require.Equal(t, []string{"a-1"}, r.seen, "the constructor got the injected dependency")
+	})
+
+	t.Run("Upcast", func(t *testing.T) {
+		t.Parallel()
+		r := &repo{}
+		newRemindV2 := func(r *repo) framework.HandlerFunc[booked] {
+			return func(_ context.Context, ev framework.Event[booked]) error {
+				r.seen = append(r.seen, fmt.Sprintf("%s v%d", ev.Data.AppointmentID, ev.Version))
+				return nil
+			}
+		}
+		reg, err := start(t, fx.Supply(r),
+			handlers.Consumer("notifications.remind",
+				handlers.On(bookedV2, newRemindV2),
+				handlers.Upcast(bookedV1, bookedV2, func(old booked) (booked, error) {
+					old.AppointmentID += "-upcast"
+					return old, nil
+				}, newRemindV2),
+			),
+		)
+		require.NoError(t, err)
+		c := reg.Consumers()[0]
+		for _, def := range []framework.Definition[booked]{bookedV1, bookedV2} {
+			env, err := def.Envelope(booked{AppointmentID: "a"}, framework.Attributes{Source: "test"})
+			require.NoError(t, err)
+			d, err := c.Decode(env)
+			require.NoError(t, err)
+			require.NoError(t, d.Handle(context.Background()))
+		}
+		require.Equal(t, []string{"a-upcast v2", "a v2"}, r.seen)
 	})
 
 	t.Run("MalformedName", func(t *testing.T) {
