@@ -20,6 +20,10 @@
 // identify an event; eventversion, subjectseq and correlationid are
 // extensions.
 //
+// A new version of a contract is a new Definition of the same type. A
+// consumer moves on by handling the new version and upcasting the old one
+// (Upcast): one handler, both versions, while producers migrate.
+//
 // # Handlers and consumers
 //
 // A HandlerFunc handles events of one definition. A Consumer is a stable

@@ -19,6 +19,11 @@
 //		}
 //	}
 //
+// When a contract gets a new version, route the old one through an
+// upcaster to the same handler:
+//
+//	handlers.Upcast(appointments.BookedV1, appointments.BookedV2, appointments.UpcastBooked, NewRemindOnBooked)
+//
 // # Checks at start
 //
 // Module provides the Registry of every declared consumer. Building it
