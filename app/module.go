@@ -6,13 +6,15 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.uber.org/fx"
 
+	"github.com/effectively-once/effectively/framework/outbox"
 	"github.com/effectively-once/effectively/handlers"
 )
 
 // Module is the framework's fx application: the configuration (from the
 // environment, see LoadConfig), the database and its stores, the transport,
-// the router running every consumer declared with handlers.Consumer, and
-// the HTTP server of health, readiness and metrics.
+// the router running every consumer declared with handlers.Consumer, the
+// outbox (*outbox.Outbox, for handlers) and its relay, and the HTTP server
+// of health, readiness and metrics.
 //
 // It does not provide a *slog.Logger: supply one to see logs. Replace the
 // configuration with fx.Replace(cfg).
@@ -25,11 +27,12 @@ var Module = fx.Module("effectively",
 		NewMetrics,
 		NewRouter,
 		NewHTTP,
+		NewOutbox, NewOutboxRelay,
 		func() *Readiness { return &Readiness{} },
 	),
 	handlers.Module,
-	// The router and the server start with the application.
-	fx.Invoke(func(*message.Router, *HTTP) {}),
+	// The router, the server and the outbox relay start with the application.
+	fx.Invoke(func(*message.Router, *HTTP, *outbox.Relay) {}),
 )
 
 // ConfigFromEnv loads the configuration from the process environment.

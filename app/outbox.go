@@ -1,0 +1,80 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/jmoiron/sqlx"
+	"go.uber.org/fx"
+
+	"github.com/effectively-once/effectively/framework/outbox"
+)
+
+// NewOutbox returns the outbox of the application's database, whose
+// table carries the configured prefix. Handlers take it as a dependency
+// and call Add to publish events with their transaction's writes.
+func NewOutbox(db *sqlx.DB, cfg Config) (*outbox.Outbox, error) {
+	box, err := outbox.New(db, outbox.Config{TablePrefix: cfg.TablePrefix})
+	if err != nil {
+		return nil, fmt.Errorf("outbox: %w", err)
+	}
+	return box, nil
+}
+
+// OutboxRelayParams are what NewOutboxRelay takes from fx.
+type OutboxRelayParams struct {
+	fx.In
+
+	Lifecycle fx.Lifecycle
+	Config    Config
+	DB        *sqlx.DB
+	Outbox    *outbox.Outbox
+	Transport *Transport
+	Logger    *slog.Logger `optional:"true"`
+}
+
+// NewOutboxRelay returns the relay that publishes the outbox through the
+// transport's publisher. It runs from the application's start, after the
+// transport's, until its stop, before the transport's; an Add of the
+// application's Outbox wakes it.
+func NewOutboxRelay(p OutboxRelayParams) (*outbox.Relay, error) {
+	logger := p.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	relay, err := outbox.NewRelay(p.DB, p.Transport.Publisher, outbox.RelayConfig{
+		TablePrefix: p.Config.TablePrefix,
+		Outbox:      p.Outbox,
+		Logger:      logger.With("component", "outbox"),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("outbox relay: %w", err)
+	}
+	var (
+		cancel context.CancelFunc
+		done   chan struct{}
+	)
+	p.Lifecycle.Append(fx.Hook{
+		OnStart: func(context.Context) error {
+			var ctx context.Context
+			ctx, cancel = context.WithCancel(context.Background())
+			done = make(chan struct{})
+			go func() {
+				defer close(done)
+				_ = relay.Run(ctx) // nil when ctx ends; ErrRunning cannot happen here
+			}()
+			return nil
+		},
+		OnStop: func(ctx context.Context) error {
+			cancel()
+			select {
+			case <-done:
+				return nil
+			case <-ctx.Done():
+				return fmt.Errorf("outbox relay: stop: %w", ctx.Err())
+			}
+		},
+	})
+	return relay, nil
+}
