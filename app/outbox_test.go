@@ -2,14 +2,18 @@ package app_test
 
 import (
 	"context"
+	"strconv"
 	"testing"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
+	"github.com/effectively-once/effectively/app"
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/outbox"
 	"github.com/effectively-once/effectively/handlers"
+	"github.com/effectively-once/effectively/internal/testenv"
 )
 
 type widgetCountedV1 struct {
@@ -37,26 +41,57 @@ func newCountWidget(box *outbox.Outbox) framework.HandlerFunc[widgetAddedV1] {
 // newStoreCounted is the follow-up's consumer: one row per event.
 func newStoreCounted(db *sqlx.DB) framework.HandlerFunc[widgetCountedV1] {
 	return func(ctx context.Context, ev framework.Event[widgetCountedV1]) error {
-		_, err := framework.Conn(ctx, db).ExecContext(ctx, `INSERT INTO widgets (name, event_id) VALUES (?, ?)`, ev.Data.Name, ev.ID)
+		_, err := framework.Conn(ctx, db).ExecContext(ctx, db.Rebind(`INSERT INTO widgets (name, event_id) VALUES (?, ?)`), ev.Data.Name, ev.ID)
 		return err
 	}
 }
 
+// TestOutboxFollowUpEvent runs a consumer that adds a follow-up event to
+// the outbox, which another consumer of the same service handles once, on
+// each transport with a database of its own kind.
 func TestOutboxFollowUpEvent(t *testing.T) {
 	t.Parallel()
-	b := setup(t, testConfig(t),
-		handlers.Consumer("widgets.count-widget", handlers.On(widgetAdded, newCountWidget)),
-		handlers.Consumer("widgets.store-counted", handlers.On(widgetCounted, newStoreCounted)),
-	)
-	b.publish(t, "w-1", "sprocket")
-	b.publish(t, "w-1", "sprocket") // a duplicate: no second follow-up
-	waitFor(t, "the follow-up event's effect", func() bool {
-		return b.count(t, `SELECT count(*) FROM widgets WHERE event_id = 'counted/w-1'`) == 1
-	})
-	waitFor(t, "the outbox row marked sent", func() bool {
-		return b.count(t, `SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL`) == 1
-	})
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox`))
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM processed_events WHERE consumer = 'widgets.store-counted'`))
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM widgets WHERE event_id = 'counted/w-1'`), "the follow-up took effect once")
+	for _, tc := range []struct {
+		name   string
+		config func(t *testing.T) app.Config
+	}{
+		{"SQLite", testConfig},
+		{"Postgres", func(t *testing.T) app.Config {
+			cfg := testConfig(t)
+			cfg.Transport = app.TransportPostgres
+			cfg.DatabaseURL = testenv.PostgresURL(t)
+			cfg.TransportURL = cfg.DatabaseURL
+			return cfg
+		}},
+		{"AMQP", func(t *testing.T) app.Config {
+			cfg := testConfig(t)
+			cfg.Transport = app.TransportAMQP
+			cfg.AMQPURL = testenv.Require(t, testenv.AMQPURLVar)
+			return cfg
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := tc.config(t)
+			// Fresh names: queues on the shared broker outlive the test.
+			suffix := strconv.FormatInt(time.Now().UnixNano(), 36)
+			b := setup(t, cfg,
+				handlers.Consumer("widgets.count-widget-"+suffix, handlers.On(widgetAdded, newCountWidget)),
+				handlers.Consumer("widgets.store-counted-"+suffix, handlers.On(widgetCounted, newStoreCounted)),
+			)
+			id := "w-" + suffix
+			b.publish(t, id, "sprocket")
+			b.publish(t, id, "sprocket") // a duplicate: no second follow-up
+			q := func(query string) string { return b.db.Rebind(query) }
+			waitFor(t, "the follow-up event's effect", func() bool {
+				return b.count(t, q(`SELECT count(*) FROM widgets WHERE event_id = ?`), "counted/"+id) == 1
+			})
+			waitFor(t, "the outbox row marked sent", func() bool {
+				return b.count(t, `SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL`) == 1
+			})
+			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM outbox`))
+			require.Equal(t, 1, b.count(t, q(`SELECT count(*) FROM processed_events WHERE consumer = ?`), "widgets.store-counted-"+suffix))
+			require.Equal(t, 1, b.count(t, q(`SELECT count(*) FROM widgets WHERE event_id = ?`), "counted/"+id), "the follow-up took effect once")
+		})
+	}
 }
