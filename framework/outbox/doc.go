@@ -63,9 +63,9 @@
 //	...
 //	go relay.Run(ctx)
 //
-// With RelayConfig.Outbox set, an Add wakes the relay, which publishes a
-// few milliseconds after the commit instead of at the next poll
-// (PollInterval). Rows sent longer than Retention ago are deleted in
+// With RelayConfig.Outbox set, the commit of an attempt that called Add
+// wakes the relay at once (AddTx, whose commit the outbox cannot see, wakes
+// it for a few quick polls), instead of at the next poll (PollInterval). Rows sent longer than Retention ago are deleted in
 // batches.
 //
 // # At least once

@@ -97,11 +97,17 @@ func newSQL(db *sqlx.DB, prefix string) (*sqlstore.Outbox, error) {
 // holds, in this transaction or an earlier one, is a no-op. A handler
 // retried after a rollback adds its events again in the new transaction.
 func (o *Outbox) Add(ctx context.Context, envs ...framework.Envelope) error {
-	tx, ok := framework.TxFromContext(ctx)
-	if !ok {
+	attempt, ok := framework.AttemptTx(ctx)
+	if !ok || attempt.Tx == nil {
 		return ErrNoTx
 	}
-	return o.AddTx(ctx, tx, envs...)
+	if err := o.add(ctx, attempt.Tx, envs); err != nil {
+		return err
+	}
+	if len(envs) > 0 {
+		attempt.OnCommit(o.wake) // the relay sees the rows once they commit
+	}
+	return nil
 }
 
 // AddTx records envs in tx, a transaction of the Outbox's database that
@@ -110,6 +116,16 @@ func (o *Outbox) AddTx(ctx context.Context, tx *sqlx.Tx, envs ...framework.Envel
 	if tx == nil {
 		return ErrNoTx
 	}
+	if err := o.add(ctx, tx, envs); err != nil {
+		return err
+	}
+	if len(envs) > 0 {
+		o.wake() // the relay polls again soon: it cannot see the commit
+	}
+	return nil
+}
+
+func (o *Outbox) add(ctx context.Context, tx *sqlx.Tx, envs []framework.Envelope) error {
 	bodies := make([][]byte, len(envs))
 	for i, env := range envs {
 		body, err := framework.Encode(env)
@@ -123,9 +139,6 @@ func (o *Outbox) AddTx(ctx context.Context, tx *sqlx.Tx, envs ...framework.Envel
 		if err := o.sql.Insert(ctx, tx, env, bodies[i], at); err != nil {
 			return fmt.Errorf("outbox: %w", err)
 		}
-	}
-	if len(envs) > 0 {
-		o.wake()
 	}
 	return nil
 }
