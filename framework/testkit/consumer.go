@@ -1,0 +1,327 @@
+package testkit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/middleware"
+)
+
+// Outcome is what the consumer's chain did with one delivery, as its
+// Observe step reports it (the "outcome" label of
+// effectively_messages_total).
+type Outcome string
+
+// The outcomes of a delivery.
+const (
+	// Processed: the handler's effect committed; the message was acked.
+	Processed Outcome = middleware.OutcomeProcessed
+	// Duplicate: the event had been processed; the handler did not run and
+	// the message was acked.
+	Duplicate Outcome = middleware.OutcomeDuplicate
+	// Stale: the sequence guard skipped an event older than its subject's
+	// checkpoint (Config.SkipStale); the message was acked.
+	Stale Outcome = middleware.OutcomeStale
+	// DeadLettered: the message was stored as a dead letter and acked.
+	DeadLettered Outcome = middleware.OutcomeDeadLettered
+	// Nacked: the message was not acked and a transport would deliver it
+	// again (the attempt was cut short by its context, or the dead letter
+	// could not be stored).
+	Nacked Outcome = middleware.OutcomeNacked
+)
+
+// Result is what happened to one delivery.
+type Result struct {
+	// Outcome is what the chain did with the message.
+	Outcome Outcome
+	// Code says why the message was dead-lettered; empty otherwise.
+	Code framework.Code
+	// Attempts is the number of attempts made, a duplicate's included: 0
+	// for poison and for a delivery over the limit, which never reach the
+	// retries.
+	Attempts int
+	// Err is the error the chain returned to the transport when it nacked
+	// the message; nil otherwise.
+	Err error
+}
+
+// Acked reports whether the transport would acknowledge the message.
+func (r Result) Acked() bool { return r.Outcome != Nacked }
+
+// String describes the result, e.g. "dead_lettered (retries_exhausted)
+// after 3 attempts".
+func (r Result) String() string {
+	var b strings.Builder
+	b.WriteString(string(r.Outcome))
+	if r.Code != "" {
+		fmt.Fprintf(&b, " (%s)", r.Code)
+	}
+	fmt.Fprintf(&b, " after %d attempts", r.Attempts)
+	if r.Err != nil {
+		fmt.Fprintf(&b, ": %v", r.Err)
+	}
+	return b.String()
+}
+
+// Results are the results of deliveries made together.
+type Results []Result
+
+// Count returns how many results have outcome o.
+func (rs Results) Count(o Outcome) int {
+	n := 0
+	for _, r := range rs {
+		if r.Outcome == o {
+			n++
+		}
+	}
+	return n
+}
+
+// Consumer is a consumer behind the framework's whole chain on the kit's
+// database: what the app runs for it, without a transport. Deliver hands
+// it messages the way a transport's subscriber does.
+type Consumer struct {
+	kit      *Kit
+	consumer *framework.Consumer
+}
+
+// Consumer returns the consumer name with handlers behind the chain (see
+// framework.NewConsumer), failing the test when the name or the handlers
+// are invalid.
+func (k *Kit) Consumer(t testing.TB, name string, handlers ...framework.Handler) *Consumer {
+	t.Helper()
+	c, err := framework.NewConsumer(name, handlers...)
+	if err != nil {
+		t.Fatalf("testkit: %v", err)
+		return nil
+	}
+	return k.ConsumerOf(t, c)
+}
+
+// ConsumerOf puts c, built by the application's own code, behind the
+// chain.
+func (k *Kit) ConsumerOf(t testing.TB, c *framework.Consumer) *Consumer {
+	t.Helper()
+	if c == nil {
+		t.Fatalf("testkit: nil consumer (build it with framework.NewConsumer)")
+		return nil
+	}
+	tc := &Consumer{kit: k, consumer: c}
+	if _, _, err := tc.handler(); err != nil {
+		t.Fatalf("testkit: %v", err)
+		return nil
+	}
+	return tc
+}
+
+// Name returns the consumer's name.
+func (c *Consumer) Name() string { return c.consumer.Name() }
+
+// Deliver encodes env as a transport's message and runs it through the
+// chain, returning what became of it. It fails the test when env does not
+// encode (use DeliverBody for a body that breaks the wire format) or the
+// chain cannot report an outcome.
+//
+// Like a transport that cannot tell a redelivery (watermill-sql), the
+// message carries no redelivered flag, so the delivery guard counts every
+// delivery. Messages have no subscribe topic: the Topic of their dead
+// letters is empty.
+func (c *Consumer) Deliver(ctx context.Context, t testing.TB, env framework.Envelope) Result {
+	t.Helper()
+	msg, err := framework.NewMessage(env)
+	if err != nil {
+		t.Fatalf("testkit: encode %s (use DeliverBody to deliver a malformed event): %v", env.Key(), err)
+		return Result{}
+	}
+	return c.DeliverMessage(ctx, t, msg)
+}
+
+// DeliverBody delivers body as it is, for poison: a body that is not a
+// CloudEvent, one that is too large, or one with data that does not
+// validate.
+func (c *Consumer) DeliverBody(ctx context.Context, t testing.TB, body []byte) Result {
+	t.Helper()
+	return c.DeliverMessage(ctx, t, message.NewMessage(watermill.NewUUID(), body))
+}
+
+// DeliverMessage runs msg through the chain as it is, for a test that
+// sets metadata, such as framework.MetadataRedelivered. The message's
+// context becomes ctx; a message must not be delivered twice.
+func (c *Consumer) DeliverMessage(ctx context.Context, t testing.TB, msg *message.Message) Result {
+	t.Helper()
+	res, err := c.deliver(ctx, msg)
+	if err != nil {
+		t.Fatalf("testkit: deliver to %s: %v", c.Name(), err)
+		return Result{}
+	}
+	return res
+}
+
+// DeliverConcurrently delivers env n times at once, as a broker does when
+// it redelivers a message whose ack was slow, or a producer that published
+// it several times: the results come in no particular order. Exactly one
+// of them is Processed when the handler succeeds; the others are
+// Duplicate.
+//
+// Keep n at most Config.MaxDeliveries: as on a transport that cannot tell
+// a redelivery, the delivery guard counts every copy before its attempt,
+// so copies beyond the limit that arrive before the effect commits are
+// dead-lettered with delivery_limit, although the event is processed.
+func (c *Consumer) DeliverConcurrently(ctx context.Context, t testing.TB, env framework.Envelope, n int) Results {
+	t.Helper()
+	if n < 1 {
+		t.Fatalf("testkit: DeliverConcurrently needs n >= 1, got %d", n)
+		return nil
+	}
+	body, err := framework.Encode(env)
+	if err != nil {
+		t.Fatalf("testkit: encode %s: %v", env.Key(), err)
+		return nil
+	}
+	results := make(Results, n)
+	errs := make([]error, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		msg := message.NewMessage(watermill.NewUUID(), body)
+		msg.Metadata.Set(framework.MetadataContentType, framework.ContentType)
+		wg.Go(func() {
+			<-start
+			results[i], errs[i] = c.deliver(ctx, msg)
+		})
+	}
+	close(start)
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatalf("testkit: deliver to %s: %v", c.Name(), err)
+		return nil
+	}
+	return results
+}
+
+// Replay does what an operator's replay does (effectively dead-letters
+// replay): it marks the dead letter replayed and delivers its original
+// message again, without the redelivered flag. Replay a dead letter once
+// the handler or the data is fixed.
+func (c *Consumer) Replay(ctx context.Context, t testing.TB, dl framework.DeadLetter) Result {
+	t.Helper()
+	if dl.Consumer != c.Name() {
+		t.Fatalf("testkit: dead letter %d belongs to consumer %s, not %s", dl.ID, dl.Consumer, c.Name())
+		return Result{}
+	}
+	err := c.kit.store.ResolveDeadLetter(ctx, dl.ID, framework.Resolution{
+		Status: framework.DeadLetterReplayed,
+		By:     "testkit",
+		Reason: "replayed by " + t.Name(),
+		At:     time.Now().UTC(),
+	})
+	if err != nil {
+		t.Fatalf("testkit: mark dead letter %d replayed: %v", dl.ID, err)
+		return Result{}
+	}
+	msg := message.NewMessage(watermill.NewUUID(), dl.Body)
+	for k, v := range dl.Metadata {
+		if k != framework.MetadataRedelivered {
+			msg.Metadata.Set(k, v)
+		}
+	}
+	return c.DeliverMessage(ctx, t, msg)
+}
+
+// DeadLetters returns the consumer's dead letters, whatever their status,
+// oldest first.
+func (c *Consumer) DeadLetters(ctx context.Context, t testing.TB) []framework.DeadLetter {
+	t.Helper()
+	return c.kit.deadLetters(ctx, t, framework.DeadLetterFilter{Consumer: c.Name()})
+}
+
+// handler builds the consumer's chain with metrics on a registry of its
+// own, from which deliver reads the outcome.
+func (c *Consumer) handler() (message.NoPublishHandlerFunc, *prometheus.Registry, error) {
+	reg := prometheus.NewRegistry()
+	metrics, err := middleware.NewMetrics(reg)
+	if err != nil {
+		return nil, nil, err
+	}
+	cfg := c.kit.cfg
+	var checkpoints framework.CheckpointStore
+	if cfg.SkipStale {
+		checkpoints = c.kit.store
+	}
+	h, err := middleware.Handler(middleware.ChainConfig{
+		Consumer:      c.consumer,
+		UnitOfWork:    c.kit.uow,
+		DeadLetters:   c.kit.store,
+		Deliveries:    c.kit.store,
+		MaxDeliveries: cfg.MaxDeliveries,
+		Retry:         middleware.RetryConfig{Attempts: cfg.Attempts, Delay: cfg.RetryDelay},
+		Timeout:       cfg.Timeout,
+		Checkpoints:   checkpoints,
+		MaxBodyBytes:  cfg.MaxBodyBytes,
+		Logger:        cfg.Logger,
+		Metrics:       metrics,
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("chain of %s: %w", c.Name(), err)
+	}
+	return h, reg, nil
+}
+
+// The metrics of middleware.Metrics that a Result is read from.
+const (
+	metricMessages    = "effectively_messages_total"
+	metricDeadLetters = "effectively_dead_letters_total"
+	metricAttempts    = "effectively_attempts_total"
+)
+
+// deliver runs msg through a chain of its own, so that its metrics count
+// this delivery alone, however many run at once, and reads the result
+// from them: the outcome is the chain's own verdict, not a second guess.
+func (c *Consumer) deliver(ctx context.Context, msg *message.Message) (Result, error) {
+	h, reg, err := c.handler()
+	if err != nil {
+		return Result{}, err
+	}
+	msg.SetContext(ctx)
+	herr := h(msg)
+
+	families, err := reg.Gather()
+	if err != nil {
+		return Result{}, fmt.Errorf("read the chain's metrics: %w", err)
+	}
+	res := Result{Err: herr}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			v := m.GetCounter().GetValue()
+			if v == 0 {
+				continue
+			}
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			switch f.GetName() {
+			case metricMessages:
+				res.Outcome = Outcome(labels["outcome"])
+			case metricDeadLetters:
+				res.Code = framework.Code(labels["code"])
+			case metricAttempts:
+				res.Attempts = int(v)
+			}
+		}
+	}
+	if res.Outcome == "" {
+		return Result{}, fmt.Errorf("the chain counted no outcome of message %s", msg.UUID)
+	}
+	return res, nil
+}

@@ -1,0 +1,319 @@
+package testkit
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net/url"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/migrate"
+	"github.com/effectively-once/effectively/framework/postgres"
+	"github.com/effectively-once/effectively/framework/sqlite"
+	"github.com/effectively-once/effectively/middleware"
+)
+
+// Defaults of Config: fast retries, so that a test of a failing handler
+// takes milliseconds, and a time limit that fails a stuck handler's test
+// well before the test binary's own.
+const (
+	DefaultAttempts   = middleware.DefaultAttempts
+	DefaultRetryDelay = time.Millisecond
+	DefaultTimeout    = 10 * time.Second
+)
+
+// SQLiteFile is the name of the SQLite file New creates in t.TempDir().
+const SQLiteFile = "effectively.db"
+
+// setupTimeout bounds opening, migrating and dropping a test database.
+const setupTimeout = time.Minute
+
+// Config configures a Kit. The zero value runs on a fresh SQLite file with
+// the framework's tables only.
+type Config struct {
+	// PostgresURL, when set, runs the kit on PostgreSQL instead of SQLite:
+	// New creates a schema of the test's own on that server, points every
+	// connection at it (search_path in the URL) and drops it at cleanup,
+	// so parallel tests never see each other's rows. It must be a
+	// postgres:// or postgresql:// URL. A test that runs everywhere sets
+	// it from the environment and gets SQLite where it is empty:
+	//
+	//	testkit.Config{PostgresURL: os.Getenv("EFFECTIVELY_TEST_POSTGRES_URL")}
+	//
+	// Defaults to empty: SQLite.
+	PostgresURL string
+	// Migrations holds the application's own goose SQL migrations
+	// (NNNNN_name.sql with "-- +goose Up") at its root, applied after the
+	// framework's (migrate.Config.Extra); use fs.Sub for a folder of an
+	// embed.FS. Defaults to none.
+	Migrations fs.FS
+	// TablePrefix prefixes the framework's tables, as
+	// EFFECTIVELY_TABLE_PREFIX does in the app. Defaults to none.
+	TablePrefix string
+	// Attempts is the number of attempts per delivery, the first included.
+	// Defaults to DefaultAttempts.
+	Attempts int
+	// RetryDelay is the pause between attempts. Defaults to
+	// DefaultRetryDelay.
+	RetryDelay time.Duration
+	// Timeout limits each attempt; negative disables the limit. Defaults
+	// to DefaultTimeout.
+	Timeout time.Duration
+	// MaxDeliveries is the delivery limit: the delivery after that many is
+	// dead-lettered with code delivery_limit. Defaults to
+	// middleware.DefaultMaxDeliveries.
+	MaxDeliveries int
+	// MaxBodyBytes limits message bodies. Defaults to
+	// framework.DefaultMaxBodyBytes.
+	MaxBodyBytes int
+	// SkipStale adds the sequence guard (middleware.SequenceGuard) to each
+	// consumer's chain, as the app's skip_stale setting does. Defaults to
+	// false.
+	SkipStale bool
+	// Logger receives the chain's logs. Defaults to discarding them.
+	Logger *slog.Logger
+}
+
+// WithDefaults returns a copy of c with zero fields set to their defaults.
+func (c Config) WithDefaults() Config {
+	if c.Attempts == 0 {
+		c.Attempts = DefaultAttempts
+	}
+	if c.RetryDelay == 0 {
+		c.RetryDelay = DefaultRetryDelay
+	}
+	if c.Timeout == 0 {
+		c.Timeout = DefaultTimeout
+	}
+	if c.MaxDeliveries == 0 {
+		c.MaxDeliveries = middleware.DefaultMaxDeliveries
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = framework.DefaultMaxBodyBytes
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+// Validate reports the first invalid field of c.
+func (c Config) Validate() error {
+	switch {
+	case c.Attempts < 1:
+		return fmt.Errorf("testkit: Attempts must be at least 1, got %d", c.Attempts)
+	case c.RetryDelay < 0:
+		return fmt.Errorf("testkit: RetryDelay must not be negative, got %s", c.RetryDelay)
+	case c.MaxDeliveries < 1:
+		return fmt.Errorf("testkit: MaxDeliveries must be at least 1, got %d", c.MaxDeliveries)
+	case c.MaxBodyBytes < 1:
+		return fmt.Errorf("testkit: MaxBodyBytes must be at least 1, got %d", c.MaxBodyBytes)
+	}
+	if err := migrate.ValidateTablePrefix(c.TablePrefix); err != nil {
+		return fmt.Errorf("testkit: TablePrefix: %w", err)
+	}
+	if c.PostgresURL != "" {
+		if _, err := parsePostgresURL(c.PostgresURL); err != nil {
+			return fmt.Errorf("testkit: PostgresURL: %w", err)
+		}
+	}
+	return nil
+}
+
+// Store is what the kit's store implements: the sqlite or postgres store
+// the app would use on the same database.
+type Store interface {
+	framework.ProcessedStore
+	framework.DeliveryStore
+	framework.DeadLetterStore
+	framework.CheckpointStore
+}
+
+// Kit is one test's database, migrated, with the framework's store and
+// unit of work on it. Create it with New; everything is closed when the
+// test ends.
+type Kit struct {
+	cfg   Config
+	db    *sqlx.DB
+	store Store
+	uow   *framework.UnitOfWork
+}
+
+// New returns a kit on a fresh database: a SQLite file in t.TempDir(), or
+// a schema of the test's own when cfg.PostgresURL is set. It applies the
+// framework's migrations and then cfg.Migrations, and registers the
+// closing of everything with t.Cleanup. It fails the test when any of it
+// fails.
+func New(t testing.TB, cfg Config) *Kit {
+	t.Helper()
+	k, err := newKit(t, cfg)
+	if err != nil {
+		t.Fatalf("testkit: %v", err)
+		return nil
+	}
+	return k
+}
+
+func newKit(t testing.TB, cfg Config) (*Kit, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), setupTimeout)
+	defer cancel()
+
+	k := &Kit{cfg: cfg}
+	var err error
+	if cfg.PostgresURL != "" {
+		k.db, err = openPostgres(ctx, t, cfg.PostgresURL)
+	} else {
+		k.db, err = sqlite.Open(ctx, filepath.Join(t.TempDir(), SQLiteFile), sqlite.OpenConfig{})
+	}
+	if err != nil {
+		return nil, err
+	}
+	t.Cleanup(func() { _ = k.db.Close() })
+
+	if err := migrate.Up(ctx, k.db, migrate.Config{TablePrefix: cfg.TablePrefix, Extra: cfg.Migrations}); err != nil {
+		return nil, err
+	}
+	if cfg.PostgresURL != "" {
+		k.store, err = postgres.NewStore(k.db, postgres.StoreConfig{TablePrefix: cfg.TablePrefix})
+	} else {
+		k.store, err = sqlite.NewStore(k.db, sqlite.StoreConfig{TablePrefix: cfg.TablePrefix})
+	}
+	if err != nil {
+		return nil, err
+	}
+	k.uow, err = framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: k.db, Processed: k.store, Deliveries: k.store})
+	if err != nil {
+		return nil, err
+	}
+	return k, nil
+}
+
+// openPostgres creates a schema of the test's own on the server at base,
+// drops it at cleanup, and opens a pool whose connections use it.
+func openPostgres(ctx context.Context, t testing.TB, base string) (*sqlx.DB, error) {
+	u, err := parsePostgresURL(base)
+	if err != nil {
+		return nil, err
+	}
+	schema, err := newSchemaName()
+	if err != nil {
+		return nil, err
+	}
+	admin, err := postgres.Open(ctx, base, postgres.OpenConfig{MaxOpenConns: 1})
+	if err != nil {
+		return nil, err
+	}
+	defer admin.Close()
+	if _, err := admin.ExecContext(ctx, "CREATE SCHEMA "+schema); err != nil {
+		return nil, fmt.Errorf("create schema %s: %w", schema, err)
+	}
+	// Registered before the pool's Close, so it runs after it.
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
+		defer cancel()
+		admin, err := postgres.Open(ctx, base, postgres.OpenConfig{MaxOpenConns: 1})
+		if err != nil {
+			t.Errorf("testkit: drop schema %s: %v", schema, err)
+			return
+		}
+		defer admin.Close()
+		if _, err := admin.ExecContext(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
+			t.Errorf("testkit: drop schema %s: %v", schema, err)
+		}
+	})
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return postgres.Open(ctx, u.String(), postgres.OpenConfig{})
+}
+
+func parsePostgresURL(s string) (*url.URL, error) {
+	u, err := url.Parse(s)
+	if err != nil {
+		return nil, fmt.Errorf("parse postgres URL: %w", err)
+	}
+	if u.Scheme != "postgres" && u.Scheme != "postgresql" {
+		return nil, errors.New("want a postgres:// URL (key=value connection strings cannot carry the test's schema)")
+	}
+	return u, nil
+}
+
+// newSchemaName returns a schema name no other test uses.
+func newSchemaName() (string, error) {
+	b := make([]byte, 8)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("schema name: %w", err)
+	}
+	return "testkit_" + hex.EncodeToString(b), nil
+}
+
+// DB returns the kit's database, for the handler's constructors and the
+// test's assertions. On PostgreSQL its connections use the test's schema;
+// write queries with "?" and DB().Rebind to run them on both databases.
+func (k *Kit) DB() *sqlx.DB { return k.db }
+
+// Store returns the framework's store on the kit's database: processed
+// marks, delivery counts, dead letters and checkpoints.
+func (k *Kit) Store() Store { return k.store }
+
+// Config returns the kit's configuration, defaults filled in.
+func (k *Kit) Config() Config { return k.cfg }
+
+// DeadLetters returns every dead letter of every consumer, whatever its
+// status, oldest first.
+func (k *Kit) DeadLetters(ctx context.Context, t testing.TB) []framework.DeadLetter {
+	t.Helper()
+	return k.deadLetters(ctx, t, framework.DeadLetterFilter{})
+}
+
+func (k *Kit) deadLetters(ctx context.Context, t testing.TB, f framework.DeadLetterFilter) []framework.DeadLetter {
+	t.Helper()
+	const page = 500
+	f.Limit = page
+	var all []framework.DeadLetter
+	for {
+		dls, err := k.store.DeadLetters(ctx, f)
+		if err != nil {
+			t.Fatalf("testkit: list dead letters: %v", err)
+			return nil
+		}
+		all = append(all, dls...)
+		if len(dls) < page {
+			return all
+		}
+		f.AfterID = dls[len(dls)-1].ID
+	}
+}
+
+// DefaultSource is the source Envelope gives an event without one.
+const DefaultSource = "testkit"
+
+// Envelope builds an event of def from data and attrs (see
+// framework.Definition.New) and encodes its data, failing the test when
+// it does not validate. An empty Source becomes DefaultSource; an empty ID
+// a new UUIDv7.
+func Envelope[T any](t testing.TB, def framework.Definition[T], data T, attrs framework.Attributes) framework.Envelope {
+	t.Helper()
+	if attrs.Source == "" {
+		attrs.Source = DefaultSource
+	}
+	env, err := def.Envelope(data, attrs)
+	if err != nil {
+		t.Fatalf("testkit: build %s: %v", def, err)
+		return framework.Envelope{}
+	}
+	return env
+}
