@@ -80,6 +80,8 @@
 //
 // Several relays may share one database. On PostgreSQL a batch locks its
 // rows with FOR UPDATE SKIP LOCKED until it marks them, so relays do not
-// publish the same row. On SQLite the relays sharing an Outbox take turns;
-// relays of different processes on one file may publish a row twice.
+// publish the same row. On SQLite a batch takes a lease on its rows
+// (claimed_until) in one short write, publishes, then marks them; a relay
+// that dies leaves its rows to the next once the lease ends (twice
+// RelayConfig.BatchTimeout).
 package outbox

@@ -55,8 +55,6 @@ type Outbox struct {
 
 	mu      sync.Mutex
 	waiters map[chan struct{}]struct{}
-	// relayMu serialises the batches of this process's relays on SQLite.
-	relayMu sync.Mutex
 }
 
 // New returns the Outbox of db, a PostgreSQL or SQLite database migrated

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -133,14 +132,14 @@ func (c RelayConfig) Validate() error {
 // a row and marking it publishes the row again when it restarts, so
 // consumers must deduplicate (the framework's consumers do).
 //
-// Several relays may run on one database, in one process or several. On
+// Several relays may run on one database, in one process or several, and
+// share the rows without publishing one twice while they are healthy. On
 // PostgreSQL each batch locks its rows (FOR UPDATE SKIP LOCKED) in a
-// transaction held while it publishes, so relays share the rows without
-// publishing one twice. On SQLite a batch cannot hold the write lock while
-// it publishes (the SQLite transport writes to the same file), so relays
-// sharing an Outbox (RelayConfig.Outbox) take turns, and relays of
-// different processes on one file may publish a row twice when their
-// batches overlap.
+// transaction held while it publishes. On SQLite a batch cannot hold the
+// write lock while it publishes (the SQLite transport writes to the same
+// file), so it takes a lease on its rows in one short write instead; the
+// rows of a relay that dies go to another once the lease (twice
+// BatchTimeout) ends.
 //
 // Rows are published in id order within one relay; several relays, and
 // transactions that commit out of id order, publish in no guaranteed
@@ -151,9 +150,6 @@ type Relay struct {
 	sql     *sqlstore.Outbox
 	cfg     RelayConfig
 	running atomic.Bool
-	// sqliteMu serialises the batches of relays sharing an Outbox on
-	// SQLite; its own when there is no Outbox.
-	sqliteMu *sync.Mutex
 }
 
 // NewRelay returns a relay of db's outbox that publishes through pub to
@@ -173,14 +169,10 @@ func NewRelay(db *sqlx.DB, pub message.Publisher, cfg RelayConfig) (*Relay, erro
 	if err != nil {
 		return nil, err
 	}
-	mu := &sync.Mutex{}
-	if cfg.Outbox != nil {
-		if cfg.Outbox.db != db {
-			return nil, errors.New("outbox: RelayConfig.Outbox is an outbox of another database")
-		}
-		mu = &cfg.Outbox.relayMu
+	if cfg.Outbox != nil && cfg.Outbox.db != db {
+		return nil, errors.New("outbox: RelayConfig.Outbox is an outbox of another database")
 	}
-	return &Relay{db: db, pub: pub, sql: s, cfg: cfg, sqliteMu: mu}, nil
+	return &Relay{db: db, pub: pub, sql: s, cfg: cfg}, nil
 }
 
 // Run publishes unsent rows until ctx ends, then returns nil. It polls
@@ -262,15 +254,23 @@ func (r *Relay) publishBatch(ctx context.Context) (published, read int, err erro
 	if r.sql.Dialect() == sqlstore.Postgres {
 		return r.publishClaimed(ctx, bctx)
 	}
-	r.sqliteMu.Lock()
-	defer r.sqliteMu.Unlock()
-	rows, err := r.sql.Unsent(bctx, r.db, r.cfg.BatchSize, false)
+	now := r.cfg.Now()
+	rows, err := r.sql.Lease(bctx, r.db, r.cfg.BatchSize, now, now.Add(2*r.cfg.BatchTimeout))
 	if err != nil {
 		return 0, 0, err
 	}
 	sent, pubErr := r.publish(ctx, rows)
 	if err := r.sql.MarkSent(bctx, r.db, sent, r.cfg.Now()); err != nil {
 		return 0, len(rows), errors.Join(pubErr, err)
+	}
+	if len(sent) < len(rows) {
+		rest := make([]int64, 0, len(rows)-len(sent))
+		for _, row := range rows[len(sent):] { // publish stops at the first failure
+			rest = append(rest, row.ID)
+		}
+		if err := r.sql.Release(bctx, r.db, rest); err != nil {
+			pubErr = errors.Join(pubErr, err) // the lease ends by itself
+		}
 	}
 	return len(sent), len(rows), pubErr
 }

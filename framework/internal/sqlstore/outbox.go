@@ -1,9 +1,11 @@
 package sqlstore
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -32,7 +34,7 @@ type OutboxRow struct {
 type Outbox struct {
 	dialect Dialect
 
-	insert, unsent, claim, markSent, cleanup string
+	insert, unsent, claim, lease, release, markSent, cleanup string
 }
 
 // NewOutbox returns the outbox SQL of d on tables prefixed with prefix.
@@ -49,6 +51,8 @@ func NewOutbox(d Dialect, prefix string) (*Outbox, error) {
 		insert:   q.sql(qOutboxInsert),
 		unsent:   q.sql(qOutboxUnsent),
 		claim:    q.sql(qOutboxClaim),
+		lease:    q.sql(qOutboxLease),
+		release:  q.prefix.Replace(qOutboxRelease),  // rebound after sqlx.In
 		markSent: q.prefix.Replace(qOutboxMarkSent), // rebound after sqlx.In
 		cleanup:  q.sql(qOutboxCleanup),
 	}, nil
@@ -85,6 +89,47 @@ func (o *Outbox) Unsent(ctx context.Context, q sqlx.QueryerContext, limit int, l
 	if err != nil {
 		return nil, fmt.Errorf("read unsent outbox rows: %w", err)
 	}
+	out, err := scanOutboxRows(rows)
+	if err != nil {
+		return nil, fmt.Errorf("read unsent outbox rows: %w", err)
+	}
+	return out, nil
+}
+
+// Lease takes a lease until until on up to limit of the oldest unsent rows
+// whose lease ended before now, and returns them in id order. It is the
+// claim of relays on SQLite (one short write; see qOutboxLease).
+func (o *Outbox) Lease(ctx context.Context, q sqlx.QueryerContext, limit int, now, until time.Time) ([]OutboxRow, error) {
+	rows, err := q.QueryxContext(ctx, o.lease, o.dialect.timeArg(until), o.dialect.timeArg(now), limit)
+	if err != nil {
+		return nil, fmt.Errorf("lease unsent outbox rows: %w", err)
+	}
+	out, err := scanOutboxRows(rows)
+	if err != nil {
+		return nil, fmt.Errorf("lease unsent outbox rows: %w", err)
+	}
+	slices.SortFunc(out, func(a, b OutboxRow) int { return cmp.Compare(a.ID, b.ID) })
+	return out, nil
+}
+
+// Release gives up the lease of the rows of ids that are still unsent, so
+// that the next batch takes them at once.
+func (o *Outbox) Release(ctx context.Context, ex sqlx.ExecerContext, ids []int64) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	query, args, err := sqlx.In(o.release, ids)
+	if err != nil {
+		return fmt.Errorf("release %d outbox rows: %w", len(ids), err)
+	}
+	if _, err := ex.ExecContext(ctx, sqlx.Rebind(o.dialect.bindType(), query), args...); err != nil {
+		return fmt.Errorf("release %d outbox rows: %w", len(ids), err)
+	}
+	return nil
+}
+
+// scanOutboxRows reads and closes rows of outboxColumns.
+func scanOutboxRows(rows *sqlx.Rows) ([]OutboxRow, error) {
 	defer rows.Close()
 	var out []OutboxRow
 	for rows.Next() {
@@ -93,15 +138,12 @@ func (o *Outbox) Unsent(ctx context.Context, q sqlx.QueryerContext, limit int, l
 			created timeValue
 		)
 		if err := rows.Scan(&r.ID, &r.Key.ID, &r.Key.Source, &r.Type, &r.Subject, &r.SubjectSeq, &r.Body, &created); err != nil {
-			return nil, fmt.Errorf("read unsent outbox rows: scan: %w", err)
+			return nil, fmt.Errorf("scan: %w", err)
 		}
 		r.CreatedAt = created.t
 		out = append(out, r)
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read unsent outbox rows: %w", err)
-	}
-	return out, nil
+	return out, rows.Err()
 }
 
 // MarkSent stamps the rows of ids as sent at at. Rows already sent keep

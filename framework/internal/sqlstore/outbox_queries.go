@@ -21,6 +21,20 @@ WHERE sent_at IS NULL ORDER BY id LIMIT ?`
 	// locked, so two relays never publish the same row at the same time.
 	qOutboxClaim = qOutboxUnsent + ` FOR UPDATE SKIP LOCKED`
 
+	// qOutboxLease is the claim on SQLite, where a relay cannot hold the
+	// write lock while it publishes: one short write takes a lease on the
+	// oldest unsent rows that no other relay holds, and returns them. A
+	// relay that dies holding a lease leaves its rows to the next one once
+	// the lease ends. RETURNING gives no order: the caller sorts by id.
+	qOutboxLease = `UPDATE {p}outbox SET claimed_until = ? WHERE id IN (
+SELECT id FROM {p}outbox WHERE sent_at IS NULL AND (claimed_until IS NULL OR claimed_until < ?)
+ORDER BY id LIMIT ?)
+RETURNING ` + outboxColumns
+
+	// qOutboxRelease gives up the lease of rows a relay did not publish;
+	// sqlx.In expands the id list.
+	qOutboxRelease = `UPDATE {p}outbox SET claimed_until = NULL WHERE id IN (?) AND sent_at IS NULL`
+
 	// qOutboxMarkSent marks rows sent; sqlx.In expands the id list.
 	qOutboxMarkSent = `UPDATE {p}outbox SET sent_at = ? WHERE id IN (?) AND sent_at IS NULL`
 

@@ -48,6 +48,9 @@ CREATE TABLE IF NOT EXISTS {{.P}}outbox (
     body        bytea       NOT NULL,
     created_at  timestamptz NOT NULL,
     sent_at     timestamptz,
+    -- claimed_until: a relay's lease on an unsent row, used on SQLite;
+    -- here relays lock rows (FOR UPDATE SKIP LOCKED) instead.
+    claimed_until timestamptz,
     UNIQUE (source, event_id)
 );
 CREATE INDEX IF NOT EXISTS {{.P}}outbox_unsent_idx ON {{.P}}outbox (id) WHERE sent_at IS NULL;

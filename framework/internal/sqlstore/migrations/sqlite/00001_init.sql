@@ -48,6 +48,9 @@ CREATE TABLE IF NOT EXISTS {{.P}}outbox (
     body        BLOB    NOT NULL,
     created_at  INTEGER NOT NULL,
     sent_at     INTEGER,
+    -- claimed_until: a relay's lease on an unsent row (SQLite only; on
+    -- PostgreSQL relays lock rows instead).
+    claimed_until INTEGER,
     UNIQUE (source, event_id)
 );
 CREATE INDEX IF NOT EXISTS {{.P}}outbox_unsent_idx ON {{.P}}outbox (id) WHERE sent_at IS NULL;
