@@ -95,7 +95,7 @@ func Chain(cfg ChainConfig) ([]message.HandlerMiddleware, error) {
 	if err != nil {
 		return nil, err
 	}
-	guard, err := DeliveryGuard(GuardConfig{Consumer: name, Store: cfg.Deliveries, MaxDeliveries: cfg.MaxDeliveries})
+	guard, err := DeliveryGuard(GuardConfig{Consumer: name, Store: cfg.Deliveries, MaxDeliveries: cfg.MaxDeliveries, UnitOfWork: cfg.UnitOfWork})
 	if err != nil {
 		return nil, err
 	}

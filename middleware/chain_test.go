@@ -426,6 +426,23 @@ func exerciseChain(t *testing.T, b backend) {
 		require.Equal(t, 0, bd.count(t, `SELECT count(*) FROM deliveries`), "the count goes with the dead letter")
 	})
 
+	t.Run("BurstOfCopiesIsNotDeadLettered", func(t *testing.T) {
+		t.Parallel()
+		// A producer publishes one event many times at once, on a
+		// transport that cannot tell redeliveries: the copies outnumber
+		// the delivery limit before the first commits.
+		bd := setup(t, b, setupConfig{maxDeliveries: 3})
+		ev := event(t, "notes", "1")
+		var wg sync.WaitGroup
+		for range 24 {
+			wg.Go(func() { require.NoError(t, bd.deliver(ctx, ev)) })
+		}
+		wg.Wait()
+		require.Equal(t, 1, bd.effects(t))
+		require.Empty(t, bd.deadLetters(t), "copies of an event that took effect are duplicates, not dead letters")
+		require.Equal(t, 0, bd.count(t, `SELECT count(*) FROM deliveries`))
+	})
+
 	t.Run("FirstDeliveryNotCounted", func(t *testing.T) {
 		t.Parallel()
 		bd := setup(t, b, setupConfig{})

@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"context"
 	"errors"
 	"fmt"
 
@@ -22,6 +23,12 @@ type GuardConfig struct {
 	// dead-lettered with code delivery_limit. Defaults to
 	// DefaultMaxDeliveries.
 	MaxDeliveries int
+	// UnitOfWork, when set, tells a message over the limit whose effect
+	// did commit (a burst of copies of one event) from one that never
+	// took effect: the first is acknowledged as a duplicate, only the
+	// second is dead-lettered. Without it every message over the limit is
+	// dead-lettered.
+	UnitOfWork *framework.UnitOfWork
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
@@ -44,6 +51,9 @@ func (c GuardConfig) Validate() error {
 	}
 	return nil
 }
+
+// errOverLimit rolls back the probe of a message over the delivery limit.
+var errOverLimit = errors.New("over the delivery limit")
 
 // DeliveryGuard stops a message that never finishes, typically because it
 // kills the process on every delivery, from looping forever. It keeps a
@@ -82,11 +92,25 @@ func DeliveryGuard(cfg GuardConfig) (message.HandlerMiddleware, error) {
 			if err != nil {
 				return nil, fmt.Errorf("count delivery of %s: %w", d.Key(), err)
 			}
+			ctx := framework.WithDeliveryCounted(msg.Context())
 			if n > cfg.MaxDeliveries {
+				if cfg.UnitOfWork != nil {
+					// Take the processed mark without running the handler: a
+					// copy whose effect committed (or is committing: the mark
+					// waits for it) is a duplicate, and its count goes.
+					outcome, err := cfg.UnitOfWork.Do(ctx, cfg.Consumer, d.Key(), func(context.Context) error { return errOverLimit })
+					if outcome == framework.Duplicate {
+						stateOf(msg).outcome = framework.Duplicate
+						return nil, nil
+					}
+					if err != nil && !errors.Is(err, errOverLimit) {
+						return nil, fmt.Errorf("check delivery limit of %s: %w", d.Key(), err)
+					}
+				}
 				return nil, framework.Permanent(framework.CodeDeliveryLimit,
 					fmt.Errorf("%s delivered %d times, at most %d allowed", d.Key(), n, cfg.MaxDeliveries))
 			}
-			msg.SetContext(framework.WithDeliveryCounted(msg.Context()))
+			msg.SetContext(ctx)
 			return next(msg)
 		}
 	}, nil
