@@ -171,12 +171,8 @@ func (c *Consumer) DeliverMessage(ctx context.Context, t testing.TB, msg *messag
 // it redelivers a message whose ack was slow, or a producer that published
 // it several times: the results come in no particular order. Exactly one
 // of them is Processed when the handler succeeds; the others are
-// Duplicate.
-//
-// Keep n at most Config.MaxDeliveries: as on a transport that cannot tell
-// a redelivery, the delivery guard counts every copy before its attempt,
-// so copies beyond the limit that arrive before the effect commits are
-// dead-lettered with delivery_limit, although the event is processed.
+// Duplicate, however large n is: copies beyond the delivery limit are
+// recognised as duplicates of an event that took effect.
 func (c *Consumer) DeliverConcurrently(ctx context.Context, t testing.TB, env framework.Envelope, n int) Results {
 	t.Helper()
 	if n < 1 {
