@@ -13,9 +13,13 @@ import (
 // (TestBrokerRestart): its ConnectionWrapper registers an unbuffered
 // NotifyClose channel and stops reading it once closed, so when the broker
 // drops a connection that is being closed, amqp091-go's shutdown blocks on
-// that send forever (and a second goroutine on its lock).
+// that send forever (and a second goroutine on its lock). And when a
+// connection is closed while the broker is down (DownAtBoot), its
+// handleConnectionClose goroutine waits for a reconnection that never
+// comes: it selects on closing only after it was connected.
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m,
+		goleak.IgnoreTopFunction("github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp.(*ConnectionWrapper).handleConnectionClose"),
 		goleak.IgnoreTopFunction("github.com/rabbitmq/amqp091-go.(*Connection).shutdown.func1"),
 		goleak.IgnoreAnyFunction("github.com/rabbitmq/amqp091-go.(*Connection).shutdown"),
 	)
