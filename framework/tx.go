@@ -198,7 +198,7 @@ func (u *UnitOfWork) Do(ctx context.Context, consumer string, key Key, fn func(c
 			return fail(err) // never commit an attempt cut short
 		}
 	} else if !deliveryCounted(ctx) {
-		// Nothing to write: a duplicate costs one read of its mark.
+		// Nothing to write: a duplicate costs the insert that found its mark.
 		done = true
 		tx.rollback()
 		return Duplicate, nil
