@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -105,6 +106,30 @@ func (c ObserveConfig) Validate() error {
 	return nil
 }
 
+// traceOutcome records on span what became of the message, and links it
+// to the producer's span (the CloudEvent's traceparent).
+func traceOutcome(ctx context.Context, span trace.Span, st *state, outcome string) {
+	switch outcome {
+	case OutcomeNacked:
+		span.SetStatus(codes.Error, "nacked")
+	case OutcomeDeadLettered:
+		span.SetStatus(codes.Error, string(st.deadLettered))
+	}
+	env := st.envelope
+	if env == nil {
+		return
+	}
+	span.SetAttributes(attribute.String("messaging.message.id", env.ID), attribute.String("cloudevents.event_type", env.Type))
+	if env.TraceParent != "" {
+		producer := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(ctx, propagation.MapCarrier{
+			"traceparent": env.TraceParent, "tracestate": env.TraceState,
+		}))
+		if producer.IsValid() {
+			span.AddLink(trace.Link{SpanContext: producer})
+		}
+	}
+}
+
 // Observe is the outermost step: it logs, counts and traces what became of
 // each message, with the event's id, type and correlation id.
 func Observe(cfg ObserveConfig) (message.HandlerMiddleware, error) {
@@ -138,36 +163,33 @@ func Observe(cfg ObserveConfig) (message.HandlerMiddleware, error) {
 			case st.stale:
 				outcome = OutcomeStale
 			}
-			attrs := []any{slog.String("consumer", cfg.Consumer), slog.String("outcome", outcome), slog.Int("attempts", st.attempts)}
-			if env := st.envelope; env != nil {
-				attrs = append(attrs, slog.String("event_id", env.ID), slog.String("source", env.Source), slog.String("type", env.Type))
-				if env.CorrelationID != "" {
-					attrs = append(attrs, slog.String("correlation_id", env.CorrelationID))
-				}
-				span.SetAttributes(attribute.String("messaging.message.id", env.ID), attribute.String("cloudevents.event_type", env.Type))
-				if env.TraceParent != "" {
-					producer := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(ctx, propagation.MapCarrier{
-						"traceparent": env.TraceParent, "tracestate": env.TraceState,
-					}))
-					if producer.IsValid() {
-						span.AddLink(trace.Link{SpanContext: producer})
+			if span.IsRecording() {
+				traceOutcome(ctx, span, st, outcome)
+			}
+			level, text := slog.LevelDebug, "message handled"
+			switch {
+			case outcome == OutcomeNacked && ctx.Err() != nil:
+				level, text = slog.LevelInfo, "attempt cut short by shutdown, rolled back; the message will be delivered again"
+			case outcome == OutcomeNacked:
+				level, text = slog.LevelError, "message nacked, it will be delivered again"
+			case outcome == OutcomeDeadLettered:
+				level, text = slog.LevelWarn, "message dead-lettered"
+			}
+			if cfg.Logger.Enabled(ctx, level) { // spare the attributes of a quiet logger
+				attrs := []slog.Attr{slog.String("consumer", cfg.Consumer), slog.String("outcome", outcome), slog.Int("attempts", st.attempts)}
+				if env := st.envelope; env != nil {
+					attrs = append(attrs, slog.String("event_id", env.ID), slog.String("source", env.Source), slog.String("type", env.Type))
+					if env.CorrelationID != "" {
+						attrs = append(attrs, slog.String("correlation_id", env.CorrelationID))
 					}
 				}
-			}
-			switch outcome {
-			case OutcomeNacked:
-				span.SetStatus(codes.Error, "nacked")
-				if ctx.Err() != nil {
-					cfg.Logger.InfoContext(ctx, "attempt cut short by shutdown, rolled back; the message will be delivered again", attrs...)
-				} else {
-					cfg.Logger.ErrorContext(ctx, "message nacked, it will be delivered again", append(attrs, slog.Any("error", err))...)
+				if st.deadLettered != "" {
+					attrs = append(attrs, slog.String("code", string(st.deadLettered)))
 				}
-			case OutcomeDeadLettered:
-				span.SetStatus(codes.Error, string(st.deadLettered))
-				attrs = append(attrs, slog.String("code", string(st.deadLettered)))
-				cfg.Logger.WarnContext(ctx, "message dead-lettered", attrs...)
-			default:
-				cfg.Logger.DebugContext(ctx, "message handled", attrs...)
+				if level == slog.LevelError {
+					attrs = append(attrs, slog.Any("error", err))
+				}
+				cfg.Logger.LogAttrs(ctx, level, text, attrs...)
 			}
 			if m := cfg.Metrics; m != nil {
 				m.messages.WithLabelValues(cfg.Consumer, outcome).Inc()
