@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -74,6 +75,7 @@ func DeliveryGuard(cfg GuardConfig) (message.HandlerMiddleware, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	handling := newHandling()
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			d, ok := framework.DecodedFromContext(msg.Context())
@@ -88,30 +90,99 @@ func DeliveryGuard(cfg GuardConfig) (message.HandlerMiddleware, error) {
 			if known {
 				first = 2
 			}
-			n, err := cfg.Store.Count(msg.Context(), cfg.Consumer, d.Key(), first)
+			key := d.Key()
+			// Registered before the count: a copy counted after this one
+			// sees it handling.
+			leave := handling.enter(key)
+			defer func() { leave() }()
+			n, err := cfg.Store.Count(msg.Context(), cfg.Consumer, key, first)
 			if err != nil {
-				return nil, fmt.Errorf("count delivery of %s: %w", d.Key(), err)
+				return nil, fmt.Errorf("count delivery of %s: %w", key, err)
 			}
 			ctx := framework.WithDeliveryCounted(msg.Context())
 			if n > cfg.MaxDeliveries {
+				leave()
 				if cfg.UnitOfWork != nil {
-					// Take the processed mark without running the handler: a
-					// copy whose effect committed (or is committing: the mark
-					// waits for it) is a duplicate, and its count goes.
-					outcome, err := cfg.UnitOfWork.Do(ctx, cfg.Consumer, d.Key(), func(context.Context) error { return errOverLimit })
+					// Copies of the event that this process is handling
+					// (a burst of one event on a transport that cannot tell
+					// redeliveries) may take effect yet: wait for them, then
+					// take the processed mark without running the handler.
+					// A copy whose event took effect is a duplicate, and its
+					// count goes.
+					if err := handling.waitNone(ctx, key); err != nil {
+						return nil, fmt.Errorf("check delivery limit of %s: %w", key, err)
+					}
+					outcome, err := cfg.UnitOfWork.Do(ctx, cfg.Consumer, key, func(context.Context) error { return errOverLimit })
 					if outcome == framework.Duplicate {
 						stateOf(msg).outcome = framework.Duplicate
 						return nil, nil
 					}
 					if err != nil && !errors.Is(err, errOverLimit) {
-						return nil, fmt.Errorf("check delivery limit of %s: %w", d.Key(), err)
+						return nil, fmt.Errorf("check delivery limit of %s: %w", key, err)
 					}
 				}
 				return nil, framework.Permanent(framework.CodeDeliveryLimit,
-					fmt.Errorf("%s delivered %d times, at most %d allowed", d.Key(), n, cfg.MaxDeliveries))
+					fmt.Errorf("%s delivered %d times, at most %d allowed", key, n, cfg.MaxDeliveries))
 			}
 			msg.SetContext(ctx)
 			return next(msg)
 		}
 	}, nil
+}
+
+// handling counts, per event, the deliveries this process is handling
+// under the delivery limit, so that a copy over the limit can wait for
+// them.
+type handling struct {
+	mu   sync.Mutex
+	keys map[framework.Key]*handlingKey
+}
+
+type handlingKey struct {
+	n    int
+	none chan struct{} // closed when n drops to 0
+}
+
+func newHandling() *handling {
+	return &handling{keys: make(map[framework.Key]*handlingKey)}
+}
+
+// enter registers one delivery of key and returns its leave, which may be
+// called more than once.
+func (h *handling) enter(key framework.Key) (leave func()) {
+	h.mu.Lock()
+	k, ok := h.keys[key]
+	if !ok {
+		k = &handlingKey{none: make(chan struct{})}
+		h.keys[key] = k
+	}
+	k.n++
+	h.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			if k.n--; k.n == 0 {
+				close(k.none)
+				delete(h.keys, key)
+			}
+		})
+	}
+}
+
+// waitNone waits until no delivery of key is handled, or ctx ends.
+func (h *handling) waitNone(ctx context.Context, key framework.Key) error {
+	h.mu.Lock()
+	k, ok := h.keys[key]
+	h.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	select {
+	case <-k.none:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
