@@ -67,6 +67,7 @@ type Stores struct {
 	Deliveries  framework.DeliveryStore
 	DeadLetters framework.DeadLetterStore
 	Checkpoints framework.CheckpointStore
+	Renames     framework.RenameStore
 }
 
 // NewStores returns the stores of db, whose tables carry the configured
@@ -77,6 +78,7 @@ func NewStores(db *sqlx.DB, cfg Config) (Stores, error) {
 		framework.DeliveryStore
 		framework.DeadLetterStore
 		framework.CheckpointStore
+		framework.RenameStore
 	}
 	var (
 		s   store
@@ -90,5 +92,5 @@ func NewStores(db *sqlx.DB, cfg Config) (Stores, error) {
 	if err != nil {
 		return Stores{}, fmt.Errorf("stores: %w", err)
 	}
-	return Stores{Processed: s, Deliveries: s, DeadLetters: s, Checkpoints: s}, nil
+	return Stores{Processed: s, Deliveries: s, DeadLetters: s, Checkpoints: s, Renames: s}, nil
 }

@@ -120,6 +120,17 @@ func NewRouter(p RouterParams) (*message.Router, error) {
 	var runErr atomic.Value
 	p.Lifecycle.Append(fx.Hook{
 		OnStart: func(ctx context.Context) error {
+			// A renamed consumer takes over its old name's history before
+			// it consumes anything.
+			for _, c := range p.Registry.Consumers() {
+				for _, old := range p.Registry.RenamedFrom(c.Name()) {
+					n, err := p.Stores.Renames.Adopt(ctx, c.Name(), old)
+					if err != nil {
+						return fmt.Errorf("consumer %s renamed from %s: %w", c.Name(), old, err)
+					}
+					logger.InfoContext(ctx, "renamed consumer adopted the processed events of its old name", "consumer", c.Name(), "renamed_from", old, "adopted", n)
+				}
+			}
 			// Bind before anything publishes, so nothing is dropped (AMQP's
 			// fanout drops what reaches an exchange with no queue bound).
 			// This runs after the transport's own start hook, which

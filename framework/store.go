@@ -39,6 +39,14 @@ type CheckpointStore interface {
 	Advance(ctx context.Context, tx *Tx, consumer, subject string, seq int64) (bool, error)
 }
 
+// RenameStore carries a consumer's history over to its new name.
+type RenameStore interface {
+	// Adopt gives consumer the processed marks and the subject checkpoints
+	// of the consumer named from, which it was renamed from, and returns
+	// how many marks it adopted. Running it again adopts only what is new.
+	Adopt(ctx context.Context, consumer, from string) (int64, error)
+}
+
 // DeadLetterPublisher takes messages that will not be processed. It must
 // store them durably before it returns nil: the message is acknowledged
 // right after. A repeat of the same message for the same consumer updates

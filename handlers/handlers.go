@@ -23,6 +23,9 @@ const (
 type Declaration struct {
 	Name     string
 	Handlers int
+	// RenamedFrom lists the names the consumer had before (see
+	// RenamedFrom).
+	RenamedFrom []string
 }
 
 // Registration is one handler of a declared consumer, built by fx.
@@ -34,8 +37,25 @@ type Registration struct {
 // Route is one handler of a consumer: an event definition and what handles
 // it. Build it with On.
 type Route struct {
-	provide func(consumer string) fx.Option
+	provide     func(consumer string) fx.Option
+	renamedFrom string
 }
+
+// RenamedFrom says that the consumer had the name old before: the events
+// old processed count as processed by the consumer, which would otherwise
+// start as a new consumer that has processed nothing. Put it among the
+// consumer's routes:
+//
+//	handlers.Consumer("notifications.remind-on-appointment-booked",
+//		handlers.RenamedFrom("notifications.booking-reminder"),
+//		handlers.On(appointments.Booked, NewRemindOnBooked),
+//	)
+//
+// The application adopts old's processed marks at start, once. Stop every
+// process of the old name first: marks it writes afterwards are not
+// adopted. Messages still waiting in old's queue or consumer group are not
+// moved (see docs/transports.md, "Renaming a consumer").
+func RenamedFrom(old string) Route { return Route{renamedFrom: old} }
 
 // Consumer declares the consumer name with its routes, one per event type
 // and version it handles, and yields the fx option that registers them:
@@ -52,21 +72,32 @@ func Consumer(name string, routes ...Route) fx.Option {
 	if err := framework.ValidateConsumerName(name); err != nil {
 		return fx.Error(fmt.Errorf("handlers: %w", err))
 	}
-	if len(routes) == 0 {
-		return fx.Error(fmt.Errorf("handlers: consumer %s has no routes (add handlers.On(definition, handler))", name))
-	}
-	opts := []fx.Option{
-		fx.Provide(fx.Annotate(
-			func() Declaration { return Declaration{Name: name, Handlers: len(routes)} },
-			fx.ResultTags(declarationGroup),
-		)),
-	}
+	decl := Declaration{Name: name}
+	var opts []fx.Option
 	for _, r := range routes {
-		if r.provide == nil {
+		switch {
+		case r.renamedFrom != "":
+			if err := framework.ValidateConsumerName(r.renamedFrom); err != nil {
+				return fx.Error(fmt.Errorf("handlers: consumer %s renamed from: %w", name, err))
+			}
+			if r.renamedFrom == name {
+				return fx.Error(fmt.Errorf("handlers: consumer %s is renamed from itself", name))
+			}
+			decl.RenamedFrom = append(decl.RenamedFrom, r.renamedFrom)
+		case r.provide != nil:
+			decl.Handlers++
+			opts = append(opts, r.provide(name))
+		default:
 			return fx.Error(fmt.Errorf("handlers: consumer %s: zero Route (build it with handlers.On)", name))
 		}
-		opts = append(opts, r.provide(name))
 	}
+	if decl.Handlers == 0 {
+		return fx.Error(fmt.Errorf("handlers: consumer %s has no routes (add handlers.On(definition, handler))", name))
+	}
+	opts = append(opts, fx.Provide(fx.Annotate(
+		func() Declaration { return decl },
+		fx.ResultTags(declarationGroup),
+	)))
 	return fx.Module("effectively.consumer."+name, opts...)
 }
 
@@ -215,7 +246,8 @@ type RegistryParams struct {
 
 // Registry holds every declared consumer, checked.
 type Registry struct {
-	consumers []*framework.Consumer
+	consumers   []*framework.Consumer
+	renamedFrom map[string][]string
 }
 
 // NewRegistry checks the declarations and builds the consumers. It refuses
@@ -234,6 +266,20 @@ func NewRegistry(p RegistryParams) (*Registry, error) {
 		slices.Sort(dups)
 		return nil, fmt.Errorf("handlers: consumer name declared more than once: %s (a consumer name is an identity; give each consumer its own, or declare all its routes in one handlers.Consumer)", strings.Join(dups, ", "))
 	}
+	renamed := make(map[string][]string)
+	claimed := make(map[string]string) // old name -> the consumer that claims it
+	for _, d := range p.Declarations {
+		for _, old := range d.RenamedFrom {
+			if declared[old] {
+				return nil, fmt.Errorf("handlers: consumer %s is renamed from %s, which is still declared", d.Name, old)
+			}
+			if other, ok := claimed[old]; ok && other != d.Name {
+				return nil, fmt.Errorf("handlers: consumers %s and %s are both renamed from %s", min(other, d.Name), max(other, d.Name), old)
+			}
+			claimed[old] = d.Name
+			renamed[d.Name] = append(renamed[d.Name], old)
+		}
+	}
 	byConsumer := make(map[string][]framework.Handler)
 	for _, r := range p.Registrations {
 		byConsumer[r.Consumer] = append(byConsumer[r.Consumer], r.Handler)
@@ -243,7 +289,7 @@ func NewRegistry(p RegistryParams) (*Registry, error) {
 		names = append(names, name)
 	}
 	slices.Sort(names)
-	reg := &Registry{}
+	reg := &Registry{renamedFrom: renamed}
 	for _, name := range names {
 		c, err := framework.NewConsumer(name, byConsumer[name]...)
 		if err != nil {
@@ -252,6 +298,11 @@ func NewRegistry(p RegistryParams) (*Registry, error) {
 		reg.consumers = append(reg.consumers, c)
 	}
 	return reg, nil
+}
+
+// RenamedFrom returns the names consumer had before (see RenamedFrom).
+func (r *Registry) RenamedFrom(consumer string) []string {
+	return slices.Clone(r.renamedFrom[consumer])
 }
 
 // Consumers returns the consumers, sorted by name.

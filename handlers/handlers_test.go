@@ -106,6 +106,39 @@ func TestRegistry(t *testing.T) {
 		require.Equal(t, []string{"a-upcast v2", "a v2"}, r.seen)
 	})
 
+	t.Run("RenamedFrom", func(t *testing.T) {
+		t.Parallel()
+		reg, err := start(t, fx.Supply(&repo{}),
+			handlers.Consumer("notifications.remind",
+				handlers.RenamedFrom("notifications.booking-reminder"),
+				handlers.On(bookedV1, newRemind),
+			),
+		)
+		require.NoError(t, err)
+		require.Equal(t, []string{"notifications.booking-reminder"}, reg.RenamedFrom("notifications.remind"))
+		require.Empty(t, reg.RenamedFrom("other"))
+
+		for name, tt := range map[string]struct {
+			opts []fx.Option
+			want string
+		}{
+			"Malformed":  {[]fx.Option{handlers.Consumer("a.b", handlers.RenamedFrom("Old Name"), handlers.On(bookedV1, newRemind))}, `consumer a.b renamed from: consumer name "Old Name" is malformed`},
+			"Itself":     {[]fx.Option{handlers.Consumer("a.b", handlers.RenamedFrom("a.b"), handlers.On(bookedV1, newRemind))}, "consumer a.b is renamed from itself"},
+			"OnlyRename": {[]fx.Option{handlers.Consumer("a.b", handlers.RenamedFrom("a.c"))}, "has no routes"},
+			"StillDeclared": {[]fx.Option{
+				handlers.Consumer("a.b", handlers.RenamedFrom("a.c"), handlers.On(bookedV1, newRemind)),
+				handlers.Consumer("a.c", handlers.On(bookedV1, newRemind)),
+			}, "consumer a.b is renamed from a.c, which is still declared"},
+			"ClaimedTwice": {[]fx.Option{
+				handlers.Consumer("a.b", handlers.RenamedFrom("a.old"), handlers.On(bookedV1, newRemind)),
+				handlers.Consumer("a.c", handlers.RenamedFrom("a.old"), handlers.On(bookedV1, newRemind)),
+			}, "consumers a.b and a.c are both renamed from a.old"},
+		} {
+			_, err := start(t, append(tt.opts, fx.Supply(&repo{}))...)
+			require.ErrorContains(t, err, tt.want, name)
+		}
+	})
+
 	t.Run("MalformedName", func(t *testing.T) {
 		t.Parallel()
 		_, err := start(t, handlers.Consumer("Notifications_Remind", handlers.On(bookedV1, newRemind)), fx.Supply(&repo{}))

@@ -516,6 +516,26 @@ func exerciseChain(t *testing.T, b backend) {
 		require.Equal(t, 8, bd.marks(t))
 	})
 
+	t.Run("RenamedConsumerAdopts", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b, setupConfig{skipStale: true})
+		env, err := noted.Envelope(noteV1{Text: "x"}, framework.Attributes{ID: "1", Source: "notes", Subject: "s", SubjectSeq: 5})
+		require.NoError(t, err)
+		require.NoError(t, bd.deliver(ctx, body(t, env)))
+		renames := bd.store.(framework.RenameStore)
+		n, err := renames.Adopt(ctx, "notes.renamed", consumerName)
+		require.NoError(t, err)
+		require.EqualValues(t, 1, n)
+		n, err = renames.Adopt(ctx, "notes.renamed", consumerName)
+		require.NoError(t, err)
+		require.Zero(t, n, "a second start adopts nothing new")
+		require.Equal(t, 1, bd.count(t, `SELECT count(*) FROM processed_events WHERE consumer = 'notes.renamed'`))
+		require.Equal(t, 5, bd.count(t, `SELECT seq FROM subject_checkpoints WHERE consumer = 'notes.renamed' AND subject = 's'`))
+		out, err := bd.uow.Do(ctx, "notes.renamed", env.Key(), func(context.Context) error { return errors.New("must not run") })
+		require.NoError(t, err)
+		require.Equal(t, framework.Duplicate, out, "what the old name processed is processed for the new one")
+	})
+
 	t.Run("IdempotencyKeyInHandler", func(t *testing.T) {
 		t.Parallel()
 		bd := setup(t, b, setupConfig{})

@@ -61,6 +61,7 @@ var (
 	_ framework.DeliveryStore   = (*Store)(nil)
 	_ framework.DeadLetterStore = (*Store)(nil)
 	_ framework.CheckpointStore = (*Store)(nil)
+	_ framework.RenameStore     = (*Store)(nil)
 )
 
 // NewStore returns a Store on db, which should come from Open.
@@ -133,4 +134,10 @@ func (s *Store) ResolveDeadLetter(ctx context.Context, id int64, r framework.Res
 // framework.CheckpointStore.
 func (s *Store) Advance(ctx context.Context, tx *framework.Tx, consumer, subject string, seq int64) (bool, error) {
 	return s.s.Advance(ctx, tx, consumer, subject, seq)
+}
+
+// Adopt gives consumer the processed marks and subject checkpoints of
+// from, the name it was renamed from. See framework.RenameStore.
+func (s *Store) Adopt(ctx context.Context, consumer, from string) (int64, error) {
+	return s.s.Adopt(ctx, consumer, from)
 }
