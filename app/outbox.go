@@ -31,6 +31,7 @@ type OutboxRelayParams struct {
 	DB        *sqlx.DB
 	Outbox    *outbox.Outbox
 	Transport *Transport
+	Metrics   Metrics
 	Logger    *slog.Logger `optional:"true"`
 }
 
@@ -43,9 +44,14 @@ func NewOutboxRelay(p OutboxRelayParams) (*outbox.Relay, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	metrics, err := outbox.NewMetrics(p.Metrics.Registry)
+	if err != nil {
+		return nil, fmt.Errorf("outbox relay: %w", err)
+	}
 	relay, err := outbox.NewRelay(p.DB, p.Transport.Publisher, outbox.RelayConfig{
 		TablePrefix: p.Config.TablePrefix,
 		Outbox:      p.Outbox,
+		Metrics:     metrics,
 		Logger:      logger.With("component", "outbox"),
 	})
 	if err != nil {

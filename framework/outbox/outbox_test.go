@@ -10,6 +10,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
@@ -421,6 +423,43 @@ func testOutbox(t *testing.T, b backend) {
 			require.Equal(t, []string{"e-1"}, bd.pub.ids())
 		})
 	}
+
+	t.Run("Metrics", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b)
+		require.NoError(t, bd.attempt(t, "in-1", func(ctx context.Context) error {
+			return bd.box.Add(ctx, env(t, "e-1"), env(t, "e-2"))
+		}))
+		reg := prometheus.NewRegistry()
+		m, err := outbox.NewMetrics(reg)
+		require.NoError(t, err)
+		later := time.Now().Add(time.Minute) // the relay's clock runs ahead
+		bd.pub.fail = func(_ int, msg *message.Message) error {
+			if msg.UUID == "e-2" {
+				return errors.New("broker down")
+			}
+			return nil
+		}
+		// runUntil runs a relay until cond holds of its metrics; a poll sets
+		// the gauge last.
+		runUntil := func(cond func() bool) {
+			runCtx, cancel := context.WithCancel(ctx)
+			relay := bd.relay(t, outbox.RelayConfig{Metrics: m, PollInterval: time.Hour, Now: func() time.Time { return later }})
+			done := make(chan error, 1)
+			go func() { done <- relay.Run(runCtx) }()
+			require.Eventually(t, cond, waitLimit, 5*time.Millisecond)
+			cancel()
+			require.NoError(t, <-done)
+		}
+		runUntil(func() bool { return testutil.ToFloat64(m.OldestUnsent()) > 0 })
+		require.InDelta(t, 1, testutil.ToFloat64(m.Published()), 0)
+		require.InDelta(t, 1, testutil.ToFloat64(m.Failures()), 0)
+		require.Greater(t, testutil.ToFloat64(m.OldestUnsent()), 30.0, "e-2 waits, a minute old by the relay's clock")
+
+		bd.pub.fail = nil
+		runUntil(func() bool { return testutil.ToFloat64(m.OldestUnsent()) == 0 })
+		require.InDelta(t, 2, testutil.ToFloat64(m.Published()), 0)
+	})
 
 	t.Run("WakesAfterCommit", func(t *testing.T) {
 		t.Parallel()

@@ -50,9 +50,11 @@ type RelayConfig struct {
 	TablePrefix string
 	// Outbox, when set, wakes the relay after each of its Adds in this
 	// process, so that events are published soon after their transaction
-	// commits instead of at the next poll; on SQLite it also serialises
-	// the batches of every relay that shares it. Defaults to nil.
+	// commits instead of at the next poll. Defaults to nil.
 	Outbox *Outbox
+	// Metrics, when set, counts what the relay publishes and fails to, and
+	// tracks the age of the oldest unsent row. Defaults to nil.
+	Metrics *Metrics
 	// PollInterval is how often the relay looks for unsent rows. Defaults
 	// to DefaultPollInterval.
 	PollInterval time.Duration
@@ -206,6 +208,9 @@ func (r *Relay) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
+		if m := r.cfg.Metrics; m != nil {
+			r.observe(ctx, m, n, err)
+		}
 		delay := r.cfg.PollInterval
 		switch {
 		case err != nil:
@@ -222,6 +227,23 @@ func (r *Relay) Run(ctx context.Context) error {
 			}
 		}
 		timer.Reset(delay)
+	}
+}
+
+// observe records a poll's result and the age of the oldest unsent row.
+func (r *Relay) observe(ctx context.Context, m *Metrics, published int, err error) {
+	m.published.Add(float64(published))
+	if err != nil {
+		m.failures.Inc()
+	}
+	oldest, qerr := r.sql.Unsent(ctx, r.db, 1, false)
+	switch {
+	case qerr != nil:
+		r.cfg.Logger.ErrorContext(ctx, "outbox relay: read the oldest unsent row", "error", qerr)
+	case len(oldest) == 0:
+		m.oldest.Set(0)
+	default:
+		m.oldest.Set(max(r.cfg.Now().Sub(oldest[0].CreatedAt).Seconds(), 0))
 	}
 }
 
