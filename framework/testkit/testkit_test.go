@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/testkit"
+	"github.com/effectively-once/effectively/internal/testenv"
 )
 
 // What a user's service would hold: an event contract, a table of its own
@@ -101,15 +101,7 @@ func backends(t *testing.T, test func(t *testing.T, base testkit.Config)) {
 
 func postgresURL(t *testing.T) string {
 	t.Helper()
-	const name = "EFFECTIVELY_TEST_POSTGRES_URL"
-	url := os.Getenv(name)
-	if url == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s is not set: under CI=true PostgreSQL is required (eval \"$(scripts/services.sh)\")", name)
-		}
-		t.Skipf("%s is not set: run eval \"$(scripts/services.sh)\" to test on PostgreSQL", name)
-	}
-	return url
+	return testenv.Require(t, testenv.PostgresURLVar)
 }
 
 // TestShowcase is the typical test of a handler: two deliveries of one
