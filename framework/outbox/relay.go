@@ -276,8 +276,15 @@ func (r *Relay) publishBatch(ctx context.Context) (published, read int, err erro
 	if r.sql.Dialect() == sqlstore.Postgres {
 		return r.publishClaimed(ctx, bctx)
 	}
+	// The lease is a write: an idle poll reads first, so that it never
+	// waits for the file's write lock (a long handler transaction holds it)
+	// when there is nothing to publish. Both stop with ctx.
+	waiting, err := r.sql.Unsent(ctx, r.db, 1, false)
+	if err != nil || len(waiting) == 0 {
+		return 0, 0, err
+	}
 	now := r.cfg.Now()
-	rows, err := r.sql.Lease(bctx, r.db, r.cfg.BatchSize, now, now.Add(2*r.cfg.BatchTimeout))
+	rows, err := r.sql.Lease(ctx, r.db, r.cfg.BatchSize, now, now.Add(2*r.cfg.BatchTimeout))
 	if err != nil {
 		return 0, 0, err
 	}
