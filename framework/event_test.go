@@ -212,3 +212,15 @@ func TestUpcast(t *testing.T) {
 	_, err = c3.Decode(v1)
 	require.Equal(t, framework.CodeInvalidPayload, framework.CodeOf(err), "the upcast data is validated as the new contract says")
 }
+
+func TestFollowUpID(t *testing.T) {
+	t.Parallel()
+	cause := framework.Key{Source: "appointments", ID: "e-1"}
+	id := framework.FollowUpID(cause, "reminder-mail")
+	require.Len(t, id, 36)
+	require.Equal(t, id, framework.FollowUpID(cause, "reminder-mail"), "the same on every retry")
+	require.NotEqual(t, id, framework.FollowUpID(cause, "invoice"))
+	require.NotEqual(t, id, framework.FollowUpID(framework.Key{Source: "billing", ID: "e-1"}, "reminder-mail"))
+	require.NotEqual(t, framework.FollowUpID(framework.Key{Source: "a", ID: "b\x00c"}, "d"), framework.FollowUpID(framework.Key{Source: "a", ID: "b"}, "c\x00d"),
+		"parts are length-prefixed, never confused")
+}

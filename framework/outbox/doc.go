@@ -25,7 +25,7 @@
 //			}
 //			env, err := emailRequested.Envelope(EmailRequestedV1{To: ev.Data.Email, Template: "reminder"},
 //				framework.Attributes{
-//					ID:            "reminder-mail/" + ev.ID, // derived: the same on every retry
+//					ID:            framework.FollowUpID(ev.Key(), "reminder-mail"), // the same on every retry
 //					Source:        "notifications",
 //					Subject:       ev.Subject,
 //					CorrelationID: ev.CorrelationID,
@@ -37,7 +37,8 @@
 //		}
 //	}
 //
-// Derive the id of a follow-up event from the event being handled, as
+// Derive the id of a follow-up event from the event being handled
+// (framework.FollowUpID), as
 // above: a handler retried after a rollback adds it again in the new
 // transaction, and the same id keeps it one event. Adding an event whose
 // source and id the outbox already holds is a no-op.
