@@ -33,6 +33,8 @@ const (
 	DefaultDatabaseURL = "file:./data/effectively.db"
 	DefaultAMQPURL     = "amqp://guest:guest@127.0.0.1:5672/"
 	DefaultHTTPAddr    = "127.0.0.1:9464"
+	// DefaultPurgeInterval is how often old processed marks are purged.
+	DefaultPurgeInterval = 10 * time.Minute
 )
 
 // Config is the application's configuration. LoadConfig reads it from the
@@ -70,6 +72,15 @@ type Config struct {
 	// ":0" picks a free port. Defaults to DefaultHTTPAddr. Env
 	// EFFECTIVELY_HTTP_ADDR.
 	HTTPAddr string `yaml:"http_addr"`
+	// ProcessedRetention is how long processed marks are kept; older ones
+	// are purged in the background. An event redelivered after its mark
+	// was purged is processed again, so keep marks longer than any
+	// redelivery or replay can come late. Zero keeps them forever (YAML
+	// only). Defaults to zero.
+	ProcessedRetention Duration `yaml:"processed_retention"`
+	// PurgeInterval is how often marks older than ProcessedRetention are
+	// purged (YAML only). Defaults to DefaultPurgeInterval.
+	PurgeInterval Duration `yaml:"purge_interval"`
 	// Consumers holds per-consumer settings, keyed by consumer name (YAML
 	// only). Consumers not listed use Defaults.
 	Consumers map[string]ConsumerConfig `yaml:"consumers"`
@@ -175,6 +186,9 @@ func (c Config) WithDefaults() Config {
 	if c.AMQPURL == "" {
 		c.AMQPURL = DefaultAMQPURL
 	}
+	if c.PurgeInterval == 0 {
+		c.PurgeInterval = Duration(DefaultPurgeInterval)
+	}
 	return c
 }
 
@@ -210,6 +224,12 @@ func (c Config) Validate() error {
 		if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
 			errs = append(errs, fmt.Errorf("EFFECTIVELY_HTTP_ADDR: want host:port, got %q", c.HTTPAddr))
 		}
+	}
+	if c.ProcessedRetention < 0 {
+		errs = append(errs, errors.New("processed_retention: must not be negative (zero keeps marks forever)"))
+	}
+	if c.PurgeInterval < 0 {
+		errs = append(errs, errors.New("purge_interval: must not be negative"))
 	}
 	for name, cc := range c.Consumers {
 		if err := framework.ValidateConsumerName(name); err != nil {

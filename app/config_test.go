@@ -68,13 +68,14 @@ func TestLoadConfig(t *testing.T) {
 		}))
 		require.NoError(t, err)
 		require.Equal(t, app.Config{
-			Transport:    "memory",
-			DatabaseURL:  "file:/tmp/x/stores.db",
-			TransportURL: "/tmp/x/transport.db",
-			AMQPURL:      "amqp://u:p@rabbit:5672/",
-			AutoMigrate:  true,
-			TablePrefix:  "fx_",
-			HTTPAddr:     ":0",
+			Transport:     "memory",
+			DatabaseURL:   "file:/tmp/x/stores.db",
+			TransportURL:  "/tmp/x/transport.db",
+			AMQPURL:       "amqp://u:p@rabbit:5672/",
+			AutoMigrate:   true,
+			TablePrefix:   "fx_",
+			HTTPAddr:      ":0",
+			PurgeInterval: app.Duration(app.DefaultPurgeInterval),
 		}, cfg)
 	})
 
@@ -188,6 +189,8 @@ func TestLoadConfigBadValue(t *testing.T) {
 		{name: "PostgresOnSQLite", env: map[string]string{app.EnvTransport: "postgres"}, key: app.EnvTransport},
 		{name: "AMQPURL", env: map[string]string{app.EnvTransport: "amqp", app.EnvAMQPURL: "http://127.0.0.1:5672/"}, key: app.EnvAMQPURL},
 		{name: "AMQPPrefetch", yaml: "amqp_prefetch: -1\n", key: "amqp_prefetch"},
+		{name: "ProcessedRetention", yaml: "processed_retention: -1h\n", key: "processed_retention"},
+		{name: "ProcessedRetentionNotADuration", yaml: "processed_retention: a month\n", key: "processed_retention"},
 		{name: "AutoMigrate", env: map[string]string{app.EnvAutoMigrate: "maybe"}, key: app.EnvAutoMigrate},
 		{name: "AutoMigrateYAML", yaml: "auto_migrate: maybe\n", key: "auto_migrate"},
 		{name: "TablePrefix", env: map[string]string{app.EnvTablePrefix: "bad-prefix"}, key: app.EnvTablePrefix},

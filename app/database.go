@@ -68,6 +68,7 @@ type Stores struct {
 	DeadLetters framework.DeadLetterStore
 	Checkpoints framework.CheckpointStore
 	Renames     framework.RenameStore
+	Purges      framework.PurgeStore
 }
 
 // NewStores returns the stores of db, whose tables carry the configured
@@ -79,6 +80,7 @@ func NewStores(db *sqlx.DB, cfg Config) (Stores, error) {
 		framework.DeadLetterStore
 		framework.CheckpointStore
 		framework.RenameStore
+		framework.PurgeStore
 	}
 	var (
 		s   store
@@ -92,5 +94,5 @@ func NewStores(db *sqlx.DB, cfg Config) (Stores, error) {
 	if err != nil {
 		return Stores{}, fmt.Errorf("stores: %w", err)
 	}
-	return Stores{Processed: s, Deliveries: s, DeadLetters: s, Checkpoints: s, Renames: s}, nil
+	return Stores{Processed: s, Deliveries: s, DeadLetters: s, Checkpoints: s, Renames: s, Purges: s}, nil
 }

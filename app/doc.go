@@ -34,6 +34,7 @@
 //
 //	transport: sqlite
 //	database_url: file:./data/notifications.db
+//	processed_retention: 720h # purge processed marks after 30 days (default: keep)
 //	defaults:
 //	  attempts: 3
 //	  retry_delay: 1s

@@ -13,8 +13,8 @@ import (
 // Module is the framework's fx application: the configuration (from the
 // environment, see LoadConfig), the database and its stores, the transport,
 // the router running every consumer declared with handlers.Consumer, the
-// outbox (*outbox.Outbox, for handlers) and its relay, and the HTTP server
-// of health, readiness and metrics.
+// outbox (*outbox.Outbox, for handlers) and its relay, the purger of old
+// processed marks, and the HTTP server of health, readiness and metrics.
 //
 // It does not provide a *slog.Logger: supply one to see logs. Replace the
 // configuration with fx.Replace(cfg).
@@ -29,11 +29,13 @@ var Module = fx.Module("effectively",
 		NewHTTP,
 		NewOutbox,
 		NewOutboxRelay,
+		NewPurger,
 		func() *Readiness { return &Readiness{} },
 	),
 	handlers.Module,
-	// The router, the server and the outbox relay start with the application.
-	fx.Invoke(func(*message.Router, *HTTP, *outbox.Relay) {}),
+	// The router, the server, the outbox relay and the purger start with
+	// the application.
+	fx.Invoke(func(*message.Router, *HTTP, *outbox.Relay, *Purger) {}),
 )
 
 // ConfigFromEnv loads the configuration from the process environment.

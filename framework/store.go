@@ -39,6 +39,15 @@ type CheckpointStore interface {
 	Advance(ctx context.Context, tx *Tx, consumer, subject string, seq int64) (bool, error)
 }
 
+// PurgeStore deletes old processed marks, so that the table does not grow
+// forever. An event redelivered after its mark was purged is processed
+// again: keep marks longer than any redelivery or replay can come late.
+type PurgeStore interface {
+	// PurgeProcessed deletes up to limit of the oldest marks processed
+	// before before, and returns how many it deleted.
+	PurgeProcessed(ctx context.Context, before time.Time, limit int) (int64, error)
+}
+
 // RenameStore carries a consumer's history over to its new name.
 type RenameStore interface {
 	// Adopt gives consumer the processed marks and the subject checkpoints

@@ -536,6 +536,29 @@ func exerciseChain(t *testing.T, b backend) {
 		require.Equal(t, framework.Duplicate, out, "what the old name processed is processed for the new one")
 	})
 
+	t.Run("PurgeProcessed", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b, setupConfig{})
+		for _, id := range []string{"1", "2", "3"} {
+			require.NoError(t, bd.deliver(ctx, event(t, "notes", id)))
+		}
+		purge := bd.store.(framework.PurgeStore)
+		n, err := purge.PurgeProcessed(ctx, time.Now().Add(-time.Hour), 10)
+		require.NoError(t, err)
+		require.Zero(t, n, "marks within the retention stay")
+		n, err = purge.PurgeProcessed(ctx, time.Now().Add(time.Hour), 2)
+		require.NoError(t, err)
+		require.EqualValues(t, 2, n, "in batches")
+		n, err = purge.PurgeProcessed(ctx, time.Now().Add(time.Hour), 2)
+		require.NoError(t, err)
+		require.EqualValues(t, 1, n)
+		require.Equal(t, 0, bd.marks(t))
+		// The price of purging: an event that comes back after its mark
+		// went is processed again. Keep marks longer than redeliveries.
+		require.NoError(t, bd.deliver(ctx, event(t, "notes", "1")))
+		require.Equal(t, 4, bd.effects(t))
+	})
+
 	t.Run("IdempotencyKeyInHandler", func(t *testing.T) {
 		t.Parallel()
 		bd := setup(t, b, setupConfig{})

@@ -62,6 +62,7 @@ var (
 	_ framework.DeadLetterStore = (*Store)(nil)
 	_ framework.CheckpointStore = (*Store)(nil)
 	_ framework.RenameStore     = (*Store)(nil)
+	_ framework.PurgeStore      = (*Store)(nil)
 )
 
 // NewStore returns a Store on db, which should come from Open.
@@ -140,4 +141,10 @@ func (s *Store) Advance(ctx context.Context, tx *framework.Tx, consumer, subject
 // from, the name it was renamed from. See framework.RenameStore.
 func (s *Store) Adopt(ctx context.Context, consumer, from string) (int64, error) {
 	return s.s.Adopt(ctx, consumer, from)
+}
+
+// PurgeProcessed deletes up to limit of the oldest marks processed before
+// before. See framework.PurgeStore.
+func (s *Store) PurgeProcessed(ctx context.Context, before time.Time, limit int) (int64, error) {
+	return s.s.PurgeProcessed(ctx, before, limit)
 }

@@ -10,6 +10,8 @@ CREATE TABLE IF NOT EXISTS {{.P}}processed_events (
     processed_at timestamptz NOT NULL,
     PRIMARY KEY (consumer, source, event_id)
 );
+-- Purging marks older than the retention reads this index.
+CREATE INDEX IF NOT EXISTS {{.P}}processed_events_processed_at_idx ON {{.P}}processed_events (processed_at);
 
 CREATE TABLE IF NOT EXISTS {{.P}}dead_letters (
     id              bigserial   PRIMARY KEY,
