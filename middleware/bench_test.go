@@ -21,18 +21,17 @@ import (
 func BenchmarkChain(b *testing.B) {
 	for _, be := range backends {
 		b.Run(be.name, func(b *testing.B) {
-			for _, dup := range []bool{false, true} {
-				name := "Unique"
-				if dup {
-					name = "Duplicate"
-				}
-				b.Run(name, func(b *testing.B) { benchmarkChain(b, be, dup) })
-			}
+			b.Run("Unique", func(b *testing.B) { benchmarkChain(b, be, false, true) })
+			b.Run("Duplicate", func(b *testing.B) { benchmarkChain(b, be, true, true) })
+			// The transport cannot tell a first delivery (watermill-sql):
+			// the delivery guard counts each one in a transaction of its
+			// own, and the unit of work forgets the count.
+			b.Run("UniqueCounted", func(b *testing.B) { benchmarkChain(b, be, false, false) })
 		})
 	}
 }
 
-func benchmarkChain(b *testing.B, be backend, duplicates bool) {
+func benchmarkChain(b *testing.B, be backend, duplicates, knownFirst bool) {
 	db, s := be.open(b)
 	ctx := context.Background()
 	require.NoError(b, migrate.Up(ctx, db, migrate.Config{}))
@@ -68,8 +67,9 @@ func benchmarkChain(b *testing.B, be backend, duplicates bool) {
 	start := time.Now()
 	for i := range b.N {
 		msg := message.NewMessage(fmt.Sprint(i), bodies[i])
-		// A transport that tells first deliveries spares the count.
-		msg.Metadata.Set(framework.MetadataRedelivered, "false")
+		if knownFirst { // a transport that tells first deliveries spares the count
+			msg.Metadata.Set(framework.MetadataRedelivered, "false")
+		}
 		if err := h(msg); err != nil {
 			b.Fatal(err)
 		}
