@@ -163,6 +163,7 @@ func Observe(cfg ObserveConfig) (message.HandlerMiddleware, error) {
 			case st.stale:
 				outcome = OutcomeStale
 			}
+			st.reported = outcome
 			if span.IsRecording() {
 				traceOutcome(ctx, span, st, outcome)
 			}

@@ -48,17 +48,22 @@ func TestObserve(t *testing.T) {
 	})
 	require.NoError(t, err)
 
-	deliver := func(text, id, traceparent string) {
+	deliver := func(text, id, traceparent string) middleware.Report {
 		env, err := noted.Envelope(noteV1{Text: text}, framework.Attributes{ID: id, Source: "notes", TraceParent: traceparent, CorrelationID: "corr-1"})
 		require.NoError(t, err)
 		msg, err := framework.NewMessage(env)
 		require.NoError(t, err)
 		require.NoError(t, h(msg))
+		rep, ok := middleware.ReportOf(msg)
+		require.True(t, ok)
+		return rep
 	}
 	producer := "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-	deliver("hello", "1", producer)
-	deliver("hello", "1", "")
-	deliver("fail", "2", "")
+	require.Equal(t, middleware.Report{Outcome: middleware.OutcomeProcessed, Attempts: 1}, deliver("hello", "1", producer))
+	require.Equal(t, middleware.Report{Outcome: middleware.OutcomeDuplicate, Attempts: 1}, deliver("hello", "1", ""))
+	require.Equal(t, middleware.Report{Outcome: middleware.OutcomeDeadLettered, Code: "note_rejected", Attempts: 1}, deliver("fail", "2", ""))
+	_, ok := middleware.ReportOf(message.NewMessage("x", nil))
+	require.False(t, ok, "a message that went through no chain has no report")
 	require.NoError(t, h(message.NewMessage(watermill.NewUUID(), []byte("poison"))))
 
 	count := func(outcome string) float64 {

@@ -17,7 +17,8 @@ type state struct {
 	attempts     int
 	outcome      framework.Outcome
 	deadLettered framework.Code
-	stale        bool // the sequence guard skipped it
+	stale        bool   // the sequence guard skipped it
+	reported     string // the outcome Observe reported
 }
 
 type stateKey struct{}
@@ -31,4 +32,26 @@ func stateOf(msg *message.Message) *state {
 	s := &state{}
 	msg.SetContext(context.WithValue(msg.Context(), stateKey{}, s))
 	return s
+}
+
+// Report is what became of a message that went through a chain built with
+// Handler (or Chain with Observe outermost), read back from the message.
+type Report struct {
+	// Outcome is one of OutcomeProcessed, OutcomeDuplicate, OutcomeStale,
+	// OutcomeDeadLettered and OutcomeNacked.
+	Outcome string
+	// Code is the dead letter's code; empty unless dead-lettered.
+	Code framework.Code
+	// Attempts is the number of attempts made.
+	Attempts int
+}
+
+// ReportOf returns what became of msg once the chain handled it; false
+// when msg did not go through an Observe step.
+func ReportOf(msg *message.Message) (Report, bool) {
+	s, ok := msg.Context().Value(stateKey{}).(*state)
+	if !ok || s.reported == "" {
+		return Report{}, false
+	}
+	return Report{Outcome: s.reported, Code: s.deadLettered, Attempts: s.attempts}, true
 }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/middleware"
@@ -93,6 +92,7 @@ func (rs Results) Count(o Outcome) int {
 type Consumer struct {
 	kit      *Kit
 	consumer *framework.Consumer
+	handler  message.NoPublishHandlerFunc // the chain, shared by every delivery
 }
 
 // Consumer returns the consumer name with handlers behind the chain (see
@@ -117,10 +117,12 @@ func (k *Kit) ConsumerOf(t testing.TB, c *framework.Consumer) *Consumer {
 		return nil
 	}
 	tc := &Consumer{kit: k, consumer: c}
-	if _, _, err := tc.handler(); err != nil {
+	h, err := tc.chain()
+	if err != nil {
 		t.Fatalf("testkit: %v", err)
 		return nil
 	}
+	tc.handler = h
 	return tc
 }
 
@@ -241,14 +243,9 @@ func (c *Consumer) DeadLetters(ctx context.Context, t testing.TB) []framework.De
 	return c.kit.deadLetters(ctx, t, framework.DeadLetterFilter{Consumer: c.Name()})
 }
 
-// handler builds the consumer's chain with metrics on a registry of its
-// own, from which deliver reads the outcome.
-func (c *Consumer) handler() (message.NoPublishHandlerFunc, *prometheus.Registry, error) {
-	reg := prometheus.NewRegistry()
-	metrics, err := middleware.NewMetrics(reg)
-	if err != nil {
-		return nil, nil, err
-	}
+// chain builds the consumer's chain, once: deliveries share it, as those
+// of a running service do (the delivery guard knows the copies in flight).
+func (c *Consumer) chain() (message.NoPublishHandlerFunc, error) {
 	cfg := c.kit.cfg
 	var checkpoints framework.CheckpointStore
 	if cfg.SkipStale {
@@ -265,59 +262,22 @@ func (c *Consumer) handler() (message.NoPublishHandlerFunc, *prometheus.Registry
 		Checkpoints:   checkpoints,
 		MaxBodyBytes:  cfg.MaxBodyBytes,
 		Logger:        cfg.Logger,
-		Metrics:       metrics,
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("chain of %s: %w", c.Name(), err)
+		return nil, fmt.Errorf("chain of %s: %w", c.Name(), err)
 	}
-	return h, reg, nil
+	return h, nil
 }
 
-// The metrics of middleware.Metrics that a Result is read from.
-const (
-	metricMessages    = "effectively_messages_total"
-	metricDeadLetters = "effectively_dead_letters_total"
-	metricAttempts    = "effectively_attempts_total"
-)
-
-// deliver runs msg through a chain of its own, so that its metrics count
-// this delivery alone, however many run at once, and reads the result
-// from them: the outcome is the chain's own verdict, not a second guess.
+// deliver runs msg through the chain and reads back what the chain itself
+// reported of it (middleware.ReportOf): the outcome is the chain's own
+// verdict, not a second guess.
 func (c *Consumer) deliver(ctx context.Context, msg *message.Message) (Result, error) {
-	h, reg, err := c.handler()
-	if err != nil {
-		return Result{}, err
-	}
 	msg.SetContext(ctx)
-	herr := h(msg)
-
-	families, err := reg.Gather()
-	if err != nil {
-		return Result{}, fmt.Errorf("read the chain's metrics: %w", err)
+	herr := c.handler(msg)
+	rep, ok := middleware.ReportOf(msg)
+	if !ok {
+		return Result{}, fmt.Errorf("the chain reported no outcome of message %s", msg.UUID)
 	}
-	res := Result{Err: herr}
-	for _, f := range families {
-		for _, m := range f.GetMetric() {
-			v := m.GetCounter().GetValue()
-			if v == 0 {
-				continue
-			}
-			labels := map[string]string{}
-			for _, l := range m.GetLabel() {
-				labels[l.GetName()] = l.GetValue()
-			}
-			switch f.GetName() {
-			case metricMessages:
-				res.Outcome = Outcome(labels["outcome"])
-			case metricDeadLetters:
-				res.Code = framework.Code(labels["code"])
-			case metricAttempts:
-				res.Attempts = int(v)
-			}
-		}
-	}
-	if res.Outcome == "" {
-		return Result{}, fmt.Errorf("the chain counted no outcome of message %s", msg.UUID)
-	}
-	return res, nil
+	return Result{Outcome: Outcome(rep.Outcome), Code: rep.Code, Attempts: rep.Attempts, Err: herr}, nil
 }

@@ -8,7 +8,7 @@
 // New gives the test a fresh SQLite file in t.TempDir(), migrated with the
 // framework's tables and the application's own migrations. Consumer puts
 // the handler behind the chain; Deliver hands it a message as a transport
-// would and returns what became of it, read from the chain's own metrics:
+// would and returns what became of it, as the chain itself reports it:
 //
 //	func TestRemindOnBooked(t *testing.T) {
 //		t.Parallel()
