@@ -116,6 +116,15 @@ type ConsumerConfig struct {
 	// (see middleware.SequenceGuard). On when set here or in defaults.
 	// Defaults to false.
 	SkipStale bool `yaml:"skip_stale"`
+	// StrictOrder applies each subject's events one after the other, in
+	// sequence: an event ahead of its turn waits, delivered again later,
+	// until GapTimeout (see middleware.StrictOrder). Not with SkipStale.
+	// On when set here or in defaults. Defaults to false.
+	StrictOrder bool `yaml:"strict_order"`
+	// GapTimeout is how long an event waits for an earlier one of its
+	// subject under StrictOrder before it is dead-lettered with code
+	// sequence_gap. Defaults to middleware.DefaultGapTimeout.
+	GapTimeout Duration `yaml:"gap_timeout"`
 }
 
 // Duration is a time.Duration written as "1.5s" or "200ms" in YAML.
@@ -158,6 +167,10 @@ func (c ConsumerConfig) merge(base ConsumerConfig) ConsumerConfig {
 		c.MaxDeliveries = base.MaxDeliveries
 	}
 	c.SkipStale = c.SkipStale || base.SkipStale
+	c.StrictOrder = c.StrictOrder || base.StrictOrder
+	if c.GapTimeout == 0 {
+		c.GapTimeout = base.GapTimeout
+	}
 	return c
 }
 
@@ -169,6 +182,7 @@ func (c Config) Consumer(name string) ConsumerConfig {
 		Timeout:       Duration(middleware.DefaultTimeout),
 		Concurrency:   1,
 		MaxDeliveries: middleware.DefaultMaxDeliveries,
+		GapTimeout:    Duration(middleware.DefaultGapTimeout),
 	})
 }
 
@@ -260,6 +274,12 @@ func (c ConsumerConfig) validate(key string) error {
 	}
 	if c.MaxDeliveries < 0 {
 		errs = append(errs, fmt.Errorf("%s.max_deliveries: want 1 or more, got %d", key, c.MaxDeliveries))
+	}
+	if c.SkipStale && c.StrictOrder {
+		errs = append(errs, fmt.Errorf("%s.strict_order: not with skip_stale: strict order waits for earlier events, skip_stale drops them", key))
+	}
+	if c.GapTimeout < 0 {
+		errs = append(errs, fmt.Errorf("%s.gap_timeout: must not be negative", key))
 	}
 	return errors.Join(errs...)
 }

@@ -122,6 +122,7 @@ consumers:
 			RateLimit:     7.5,
 			MaxDeliveries: 6,
 			SkipStale:     true,
+			GapTimeout:    app.Duration(middleware.DefaultGapTimeout),
 		}, cfg.Consumer("billing.charge-on-order-placed"))
 		require.Equal(t, app.ConsumerConfig{
 			Attempts:      5,
@@ -129,6 +130,7 @@ consumers:
 			Timeout:       app.Duration(2 * time.Second),
 			Concurrency:   1,
 			MaxDeliveries: middleware.DefaultMaxDeliveries,
+			GapTimeout:    app.Duration(middleware.DefaultGapTimeout),
 		}, cfg.Consumer("other.consumer"))
 	})
 
@@ -189,6 +191,8 @@ func TestLoadConfigBadValue(t *testing.T) {
 		{name: "PostgresOnSQLite", env: map[string]string{app.EnvTransport: "postgres"}, key: app.EnvTransport},
 		{name: "AMQPURL", env: map[string]string{app.EnvTransport: "amqp", app.EnvAMQPURL: "http://127.0.0.1:5672/"}, key: app.EnvAMQPURL},
 		{name: "AMQPPrefetch", yaml: "amqp_prefetch: -1\n", key: "amqp_prefetch"},
+		{name: "StrictOrderAndSkipStale", yaml: "consumers:\n  a.b:\n    skip_stale: true\n    strict_order: true\n", key: "consumers.a.b.strict_order"},
+		{name: "GapTimeout", yaml: "defaults:\n  gap_timeout: -1s\n", key: "defaults.gap_timeout"},
 		{name: "ProcessedRetention", yaml: "processed_retention: -1h\n", key: "processed_retention"},
 		{name: "ProcessedRetentionNotADuration", yaml: "processed_retention: a month\n", key: "processed_retention"},
 		{name: "AutoMigrate", env: map[string]string{app.EnvAutoMigrate: "maybe"}, key: app.EnvAutoMigrate},

@@ -69,6 +69,7 @@ type Stores struct {
 	Checkpoints framework.CheckpointStore
 	Renames     framework.RenameStore
 	Purges      framework.PurgeStore
+	Order       framework.OrderStore
 }
 
 // NewStores returns the stores of db, whose tables carry the configured
@@ -81,6 +82,7 @@ func NewStores(db *sqlx.DB, cfg Config) (Stores, error) {
 		framework.CheckpointStore
 		framework.RenameStore
 		framework.PurgeStore
+		framework.OrderStore
 	}
 	var (
 		s   store
@@ -94,5 +96,5 @@ func NewStores(db *sqlx.DB, cfg Config) (Stores, error) {
 	if err != nil {
 		return Stores{}, fmt.Errorf("stores: %w", err)
 	}
-	return Stores{Processed: s, Deliveries: s, DeadLetters: s, Checkpoints: s, Renames: s, Purges: s}, nil
+	return Stores{Processed: s, Deliveries: s, DeadLetters: s, Checkpoints: s, Renames: s, Purges: s, Order: s}, nil
 }

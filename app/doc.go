@@ -46,6 +46,9 @@
 //	    rate_limit: 50
 //	    max_deliveries: 10
 //	    skip_stale: true # events older than their subject's latest are skipped
+//	  projections.appointment-history:
+//	    strict_order: true # each subject's events in sequence; a gap waits
+//	    gap_timeout: 5m    # then sequence_gap
 //
 // Environment variables win over the file. A bad value stops start-up with
 // an error naming its key. With no configuration at all the service runs

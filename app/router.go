@@ -71,12 +71,20 @@ func NewRouter(p RouterParams) (*message.Router, error) {
 		if cc.RateLimit > 0 {
 			outer = append([]message.HandlerMiddleware{rateLimit(cc.RateLimit)}, outer...)
 		}
-		var checkpoints framework.CheckpointStore
+		var (
+			checkpoints framework.CheckpointStore
+			order       framework.OrderStore
+		)
 		if cc.SkipStale {
 			checkpoints = p.Stores.Checkpoints
 		}
+		if cc.StrictOrder {
+			order = p.Stores.Order
+		}
 		h, err := middleware.Handler(middleware.ChainConfig{
 			Checkpoints:   checkpoints,
+			Order:         order,
+			GapTimeout:    time.Duration(cc.GapTimeout),
 			Consumer:      c,
 			UnitOfWork:    uow,
 			DeadLetters:   p.Stores.DeadLetters,

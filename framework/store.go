@@ -48,6 +48,24 @@ type PurgeStore interface {
 	PurgeProcessed(ctx context.Context, before time.Time, limit int) (int64, error)
 }
 
+// OrderStore keeps the checkpoints of strict order (middleware.StrictOrder)
+// and the events that wait behind a gap in their subject's sequence.
+type OrderStore interface {
+	CheckpointStore
+	// Checkpoint returns the sequence of (consumer, subject) that took
+	// effect last, 0 when none did, and holds it for tx: attempts on one
+	// subject take turns.
+	Checkpoint(ctx context.Context, tx *Tx, consumer, subject string) (int64, error)
+	// WaitGap records, in a transaction of its own, that the event key
+	// with sequence seq waits for an earlier one of its subject, and
+	// returns since when it waits. The wait does not count as a
+	// delivery: the event's delivery count is forgotten.
+	WaitGap(ctx context.Context, consumer, subject string, seq int64, key Key, body []byte) (time.Time, error)
+	// EndWait removes the wait of (consumer, subject, seq), inside tx
+	// when tx is not nil.
+	EndWait(ctx context.Context, tx *Tx, consumer, subject string, seq int64) error
+}
+
 // RenameStore carries a consumer's history over to its new name.
 type RenameStore interface {
 	// Adopt gives consumer the processed marks and the subject checkpoints

@@ -37,6 +37,12 @@ type ChainConfig struct {
 	// Checkpoints, when set, adds the SequenceGuard inside the unit of
 	// work: stale events of a subject are skipped.
 	Checkpoints framework.CheckpointStore
+	// Order, when set, applies each subject's events in sequence
+	// (StrictOrder, with GapWait after Decode); not with Checkpoints.
+	Order framework.OrderStore
+	// GapTimeout is how long an event waits for an earlier one of its
+	// subject under Order. Defaults to DefaultGapTimeout.
+	GapTimeout time.Duration
 	// MaxBodyBytes limits message bodies. Defaults to
 	// framework.DefaultMaxBodyBytes.
 	MaxBodyBytes int
@@ -73,13 +79,16 @@ func (c ChainConfig) Validate() error {
 		return errors.New("chain: missing DeadLetters")
 	case c.Deliveries == nil:
 		return errors.New("chain: missing Deliveries")
+	case c.Checkpoints != nil && c.Order != nil:
+		return errors.New("chain: Checkpoints (skip stale events) and Order (strict order) exclude each other")
 	}
 	return c.Retry.Validate()
 }
 
 // Chain returns the consumer's steps, outermost first, in the order of the
-// design: Observe, cfg.Outer, DeadLetter, Decode, DeliveryGuard, Retry,
-// Timeout, Recover, UnitOfWork, SequenceGuard (with cfg.Checkpoints),
+// design: Observe, cfg.Outer, DeadLetter, Decode, GapWait (with
+// cfg.Order), DeliveryGuard, Retry, Timeout, Recover, UnitOfWork,
+// SequenceGuard (with cfg.Checkpoints) or StrictOrder (with cfg.Order),
 // cfg.Inner. Apply them to Dispatch, or use Handler, which does.
 func Chain(cfg ChainConfig) ([]message.HandlerMiddleware, error) {
 	cfg = cfg.WithDefaults()
@@ -105,9 +114,15 @@ func Chain(cfg ChainConfig) ([]message.HandlerMiddleware, error) {
 	}
 	chain := []message.HandlerMiddleware{observe}
 	chain = append(chain, cfg.Outer...)
+	chain = append(chain, deadLetter, Decode(cfg.Consumer, cfg.MaxBodyBytes))
+	if cfg.Order != nil {
+		wait, err := GapWait(name, cfg.Order, cfg.GapTimeout)
+		if err != nil {
+			return nil, err
+		}
+		chain = append(chain, wait)
+	}
 	chain = append(chain,
-		deadLetter,
-		Decode(cfg.Consumer, cfg.MaxBodyBytes),
 		guard,
 		retry,
 		Timeout(cfg.Timeout),
@@ -120,6 +135,13 @@ func Chain(cfg ChainConfig) ([]message.HandlerMiddleware, error) {
 			return nil, err
 		}
 		chain = append(chain, guard)
+	}
+	if cfg.Order != nil {
+		order, err := StrictOrder(name, cfg.Order)
+		if err != nil {
+			return nil, err
+		}
+		chain = append(chain, order)
 	}
 	chain = append(chain, cfg.Inner...)
 	return chain, nil

@@ -74,6 +74,8 @@ type bundle struct {
 
 type setupConfig struct {
 	skipStale     bool
+	strictOrder   bool
+	gapTimeout    time.Duration
 	attempts      int
 	timeout       time.Duration
 	maxDeliveries int
@@ -108,8 +110,14 @@ func setup(t *testing.T, b backend, cfg setupConfig) *bundle {
 	if cfg.skipStale {
 		checkpoints = s.(framework.CheckpointStore)
 	}
+	var order framework.OrderStore
+	if cfg.strictOrder {
+		order = s.(framework.OrderStore)
+	}
 	bd.handler, err = middleware.Handler(middleware.ChainConfig{
 		Checkpoints:   checkpoints,
+		Order:         order,
+		GapTimeout:    cfg.gapTimeout,
 		Consumer:      c,
 		UnitOfWork:    bd.uow,
 		DeadLetters:   s,
@@ -514,6 +522,96 @@ func exerciseChain(t *testing.T, b backend) {
 		require.Equal(t, 8, bd.count(t, `SELECT seq FROM subject_checkpoints WHERE subject = 's'`), "no update is lost")
 		require.Equal(t, 1, bd.count(t, `SELECT count(*) FROM effects WHERE event_id = '8'`), "the newest always applies")
 		require.Equal(t, 8, bd.marks(t))
+	})
+
+	seqEvent := func(t *testing.T, id, subject string, n int64) []byte {
+		env, err := noted.Envelope(noteV1{Text: id}, framework.Attributes{ID: id, Source: "notes", Subject: subject, SubjectSeq: n})
+		require.NoError(t, err)
+		return body(t, env)
+	}
+
+	t.Run("StrictOrder", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b, setupConfig{strictOrder: true, maxDeliveries: 2})
+		require.NoError(t, bd.deliver(ctx, seqEvent(t, "a5", "a", 5)), "the first event of a subject starts its sequence")
+		for range 4 { // more often than the delivery limit: waiting is not failing
+			err := bd.deliver(ctx, seqEvent(t, "a7", "a", 7))
+			require.ErrorIs(t, err, framework.ErrLater, "a7 waits for a6: nacked, delivered again later")
+		}
+		require.Empty(t, bd.deadLetters(t))
+		require.Equal(t, 1, bd.effects(t))
+		require.Equal(t, 1, bd.marks(t), "a waiting event is not marked processed")
+		require.Equal(t, 1, bd.count(t, `SELECT count(*) FROM parked_events WHERE subject = 'a'`))
+		require.Equal(t, 0, bd.count(t, `SELECT count(*) FROM deliveries`))
+
+		require.NoError(t, bd.deliver(ctx, seqEvent(t, "a6", "a", 6)))
+		require.NoError(t, bd.deliver(ctx, seqEvent(t, "a7", "a", 7)), "its turn came")
+		require.NoError(t, bd.deliver(ctx, seqEvent(t, "a4", "a", 4)), "a stale event is acknowledged")
+		require.NoError(t, bd.deliver(ctx, seqEvent(t, "a6", "a", 6)), "a duplicate too")
+		var ids []string
+		require.NoError(t, bd.db.Select(&ids, `SELECT event_id FROM effects`))
+		require.ElementsMatch(t, []string{"a5", "a6", "a7"}, ids)
+		require.Equal(t, 7, bd.count(t, `SELECT seq FROM subject_checkpoints WHERE subject = 'a'`))
+		require.Equal(t, 0, bd.count(t, `SELECT count(*) FROM parked_events`))
+	})
+
+	t.Run("StrictOrderConcurrent", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b, setupConfig{strictOrder: true})
+		// Each effect sees the one before it, whatever the order of delivery.
+		bd.behave = func(ctx context.Context, ev framework.Event[noteV1], _ int64) error {
+			var c int64
+			if err := sqlx.GetContext(ctx, framework.Conn(ctx, bd.db), &c,
+				bd.db.Rebind(`SELECT seq FROM subject_checkpoints WHERE consumer = ? AND subject = ?`), consumerName, ev.Subject); err != nil {
+				return err
+			}
+			if c != ev.SubjectSeq-1 {
+				return framework.Permanent("out_of_order", fmt.Errorf("#%d after #%d", ev.SubjectSeq, c))
+			}
+			return nil
+		}
+		require.NoError(t, bd.deliver(ctx, seqEvent(t, "c1", "c", 1)))
+		pending := map[int64]bool{2: true, 3: true, 4: true, 5: true, 6: true, 7: true, 8: true}
+		for round := 0; len(pending) > 0; round++ {
+			require.Less(t, round, 20, "every event takes effect in a few rounds of redelivery")
+			var (
+				mu   sync.Mutex
+				wg   sync.WaitGroup
+				done []int64
+			)
+			for n := range pending {
+				wg.Go(func() {
+					if err := bd.deliver(ctx, seqEvent(t, fmt.Sprintf("c%d", n), "c", n)); err == nil {
+						mu.Lock()
+						done = append(done, n)
+						mu.Unlock()
+					} else {
+						require.ErrorIs(t, err, framework.ErrLater)
+					}
+				})
+			}
+			wg.Wait()
+			for _, n := range done {
+				delete(pending, n)
+			}
+		}
+		require.Empty(t, bd.deadLetters(t))
+		require.Equal(t, 8, bd.effects(t))
+		require.Equal(t, 8, bd.count(t, `SELECT seq FROM subject_checkpoints WHERE subject = 'c'`))
+	})
+
+	t.Run("StrictOrderGapTimeout", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b, setupConfig{strictOrder: true, gapTimeout: 50 * time.Millisecond})
+		require.NoError(t, bd.deliver(ctx, seqEvent(t, "b1", "b", 1)))
+		require.ErrorIs(t, bd.deliver(ctx, seqEvent(t, "b3", "b", 3)), framework.ErrLater)
+		time.Sleep(100 * time.Millisecond)
+		require.NoError(t, bd.deliver(ctx, seqEvent(t, "b3", "b", 3)), "dead-lettered once it waited too long")
+		dls := bd.deadLetters(t)
+		require.Len(t, dls, 1)
+		require.Equal(t, framework.CodeSequenceGap, dls[0].Code)
+		require.Equal(t, "b3", dls[0].EventID)
+		require.Equal(t, 0, bd.count(t, `SELECT count(*) FROM parked_events`))
 	})
 
 	t.Run("RenamedConsumerAdopts", func(t *testing.T) {

@@ -49,7 +49,8 @@ func (c DeadLetterConfig) Validate() error {
 // never the error's text, which may quote payload data.
 //
 // It never dead-letters on shutdown: when the message context ended, the
-// error is returned and the message is delivered again later. Nor does it
+// error is returned and the message is delivered again later; the same for
+// framework.ErrLater. Nor does it
 // dead-letter an error that came before any attempt and is not permanent
 // (a failure to count the delivery, say). When storing the dead letter
 // fails, the message is not acknowledged.
@@ -67,8 +68,8 @@ func DeadLetter(cfg DeadLetterConfig) (message.HandlerMiddleware, error) {
 			if err == nil {
 				return out, nil
 			}
-			if ctx.Err() != nil || errors.Is(err, context.Canceled) {
-				return nil, err // shutdown: roll back, deliver again later
+			if ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, framework.ErrLater) {
+				return nil, err // shutdown, or a wait: deliver again later
 			}
 			if !framework.IsPermanent(err) && st.attempts == 0 {
 				return nil, err

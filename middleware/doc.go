@@ -6,12 +6,14 @@
 //	[Outer]        the application's middleware around each delivery
 //	DeadLetter     stores poison and exhausted messages, then acks; never on shutdown
 //	Decode         CloudEvent, route and data validation; poison is permanent
+//	GapWait        optional: an event waiting for an earlier one is nacked, or after a while sequence_gap
 //	DeliveryGuard  durable delivery count; over the limit: delivery_limit
 //	Retry          constant delay, bounded attempts; permanent errors skip it
 //	Timeout        a deadline per attempt
 //	Recover        a panic becomes an error with code panic
 //	UnitOfWork     one transaction with the processed mark (framework.UnitOfWork)
 //	SequenceGuard  optional: skips an event older than its subject's checkpoint
+//	StrictOrder    or: applies a subject's events in sequence, an event ahead of its turn waits
 //	[Inner]        the application's middleware inside the transaction
 //	Dispatch       the handler
 //

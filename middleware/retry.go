@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -50,8 +51,8 @@ func (c RetryConfig) Validate() error {
 
 // Retry runs each message up to cfg.Attempts times with a constant delay
 // between attempts, while the message stays unacknowledged. A permanent
-// error (framework.Permanent) ends the retries at once, and so does the end
-// of the message context (shutdown). Each attempt starts from the message
+// error (framework.Permanent) ends the retries at once, and so do
+// framework.ErrLater and the end of the message context (shutdown). Each attempt starts from the message
 // context Retry received, so the inner steps (a timeout, a transaction)
 // begin afresh. It is watermill's Retry, set up for constant delay.
 func Retry(cfg RetryConfig) (message.HandlerMiddleware, error) {
@@ -68,7 +69,7 @@ func Retry(cfg RetryConfig) (message.HandlerMiddleware, error) {
 		MaxElapsedTime:      0,
 		ResetContextOnRetry: true,
 		ShouldRetry: func(p wmmiddleware.RetryParams) bool {
-			return !framework.IsPermanent(p.Err)
+			return !framework.IsPermanent(p.Err) && !errors.Is(p.Err, framework.ErrLater)
 		},
 	}
 	return func(next message.HandlerFunc) message.HandlerFunc {

@@ -62,6 +62,7 @@ var (
 	_ framework.CheckpointStore = (*Store)(nil)
 	_ framework.RenameStore     = (*Store)(nil)
 	_ framework.PurgeStore      = (*Store)(nil)
+	_ framework.OrderStore      = (*Store)(nil)
 )
 
 // NewStore returns a Store on db, which should come from Open.
@@ -146,4 +147,22 @@ func (s *Store) Adopt(ctx context.Context, consumer, from string) (int64, error)
 // before. See framework.PurgeStore.
 func (s *Store) PurgeProcessed(ctx context.Context, before time.Time, limit int) (int64, error) {
 	return s.s.PurgeProcessed(ctx, before, limit)
+}
+
+// Checkpoint returns the sequence of (consumer, subject) that took effect
+// last, 0 for none, and holds it for tx. See framework.OrderStore.
+func (s *Store) Checkpoint(ctx context.Context, tx *framework.Tx, consumer, subject string) (int64, error) {
+	return s.s.Checkpoint(ctx, tx, consumer, subject)
+}
+
+// WaitGap records that an event waits behind a gap and returns since when.
+// See framework.OrderStore.
+func (s *Store) WaitGap(ctx context.Context, consumer, subject string, seq int64, key framework.Key, body []byte) (time.Time, error) {
+	return s.s.WaitGap(ctx, consumer, subject, seq, key, body)
+}
+
+// EndWait removes the wait of (consumer, subject, seq). See
+// framework.OrderStore.
+func (s *Store) EndWait(ctx context.Context, tx *framework.Tx, consumer, subject string, seq int64) error {
+	return s.s.EndWait(ctx, tx, consumer, subject, seq)
 }

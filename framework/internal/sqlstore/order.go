@@ -1,0 +1,91 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/effectively-once/effectively/framework"
+)
+
+// The SQL of strict order (framework.OrderStore).
+const (
+	// qOrderEnsure makes sure the subject has a checkpoint row (seq 0: none
+	// yet), so that the next statement can lock it.
+	qOrderEnsure = `INSERT INTO {p}subject_checkpoints (consumer, subject, seq) VALUES (?, ?, 0)
+ON CONFLICT (consumer, subject) DO NOTHING`
+	// qOrderCheckpoint reads the checkpoint; on PostgreSQL it locks the
+	// row, so that attempts on one subject take turns (on SQLite the
+	// attempt holds the file's write lock).
+	qOrderCheckpoint = `SELECT seq FROM {p}subject_checkpoints WHERE consumer = ? AND subject = ?`
+
+	qOrderWait = `INSERT INTO {p}parked_events (consumer, subject, seq, source, event_id, body, parked_at, reason)
+VALUES (?, ?, ?, ?, ?, ?, ?, 'gap')
+ON CONFLICT (consumer, subject, seq) DO NOTHING`
+	qOrderWaitingSince = `SELECT parked_at FROM {p}parked_events WHERE consumer = ? AND subject = ? AND seq = ?`
+	qOrderEndWait      = `DELETE FROM {p}parked_events WHERE consumer = ? AND subject = ? AND seq = ?`
+)
+
+var _ framework.OrderStore = (*Store)(nil)
+
+// Checkpoint implements framework.OrderStore.
+func (s *Store) Checkpoint(ctx context.Context, tx *framework.Tx, consumer, subject string) (int64, error) {
+	if tx == nil || tx.Tx == nil {
+		return 0, fmt.Errorf("checkpoint of %s for %s: %w", subject, consumer, ErrNoTx)
+	}
+	if _, err := tx.ExecContext(ctx, s.q.sql(qOrderEnsure), consumer, subject); err != nil {
+		return 0, fmt.Errorf("checkpoint of %s for %s: %w", subject, consumer, err)
+	}
+	query := qOrderCheckpoint
+	if s.dialect == Postgres {
+		query += " FOR UPDATE"
+	}
+	var seq int64
+	if err := tx.GetContext(ctx, &seq, s.q.sql(query), consumer, subject); err != nil {
+		return 0, fmt.Errorf("checkpoint of %s for %s: %w", subject, consumer, err)
+	}
+	return seq, nil
+}
+
+// WaitGap implements framework.OrderStore, in one transaction.
+func (s *Store) WaitGap(ctx context.Context, consumer, subject string, seq int64, key framework.Key, body []byte) (time.Time, error) {
+	tx, err := s.db.BeginTxx(ctx, nil)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("wait for the gap before %s #%d: begin: %w", subject, seq, err)
+	}
+	defer tx.Rollback() // a no-op after Commit
+	if _, err := tx.ExecContext(ctx, s.q.sql(qOrderWait),
+		consumer, subject, seq, key.Source, key.ID, body, s.dialect.timeArg(s.now())); err != nil {
+		return time.Time{}, fmt.Errorf("wait for the gap before %s #%d: %w", subject, seq, err)
+	}
+	var since timeValue
+	if err := tx.GetContext(ctx, &since, s.q.sql(qOrderWaitingSince), consumer, subject, seq); err != nil {
+		return time.Time{}, fmt.Errorf("wait for the gap before %s #%d: %w", subject, seq, err)
+	}
+	// A wait is an outcome, not a lost delivery: it does not count
+	// towards the delivery limit.
+	if _, err := tx.ExecContext(ctx, s.forgetDelivery, consumer, key.Source, key.ID); err != nil {
+		return time.Time{}, fmt.Errorf("wait for the gap before %s #%d: %w", subject, seq, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return time.Time{}, fmt.Errorf("wait for the gap before %s #%d: commit: %w", subject, seq, err)
+	}
+	return since.t, nil
+}
+
+// EndWait implements framework.OrderStore. Without a transaction it
+// commits on its own.
+func (s *Store) EndWait(ctx context.Context, tx *framework.Tx, consumer, subject string, seq int64) error {
+	var err error
+	if tx != nil && tx.Tx != nil {
+		_, err = tx.ExecContext(ctx, s.q.sql(qOrderEndWait), consumer, subject, seq)
+	} else {
+		_, err = s.db.ExecContext(ctx, s.q.sql(qOrderEndWait), consumer, subject, seq)
+	}
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return fmt.Errorf("end the wait of %s #%d for %s: %w", subject, seq, consumer, err)
+	}
+	return nil
+}

@@ -1,0 +1,122 @@
+package middleware
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/effectively-once/effectively/framework"
+)
+
+// DefaultGapTimeout is how long an event waits for an earlier one of its
+// subject before it is dead-lettered with code sequence_gap.
+const DefaultGapTimeout = 10 * time.Minute
+
+// gapError says that an event waits for an earlier one of its subject. It
+// is ErrLater: not retried now, not dead-lettered, delivered again later.
+type gapError struct {
+	subject         string
+	seq, checkpoint int64
+}
+
+func (e *gapError) Error() string {
+	return fmt.Sprintf("%s #%d waits for #%d", e.subject, e.seq, e.checkpoint+1)
+}
+
+func (e *gapError) Unwrap() error { return framework.ErrLater }
+
+// StrictOrder applies the events of a subject (CloudEvents subject and
+// subjectseq) one after the other, in sequence, inside the attempt's
+// transaction: the event that follows the subject's checkpoint takes
+// effect and moves it; an event at or below it is stale and skipped; an
+// event further ahead waits, it is delivered again later (see GapWait,
+// which must be outside the unit of work). The first event seen of a
+// subject starts its sequence, whatever its number. Events without subject
+// or subjectseq pass through.
+func StrictOrder(consumer string, store framework.OrderStore) (message.HandlerMiddleware, error) {
+	if consumer == "" {
+		return nil, errors.New("strict order: missing consumer")
+	}
+	if store == nil {
+		return nil, errors.New("strict order: missing store (try the store of sqlite or postgres)")
+	}
+	return func(next message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			d, ok := framework.DecodedFromContext(msg.Context())
+			if !ok {
+				return nil, errNotDecoded
+			}
+			if d.Subject == "" || d.SubjectSeq == 0 {
+				return next(msg)
+			}
+			ctx := msg.Context()
+			tx, ok := framework.AttemptTx(ctx)
+			if !ok {
+				return nil, errors.New("strict order: no attempt transaction: place it inside UnitOfWork")
+			}
+			c, err := store.Checkpoint(ctx, tx, consumer, d.Subject)
+			if err != nil {
+				return nil, err
+			}
+			switch n := d.SubjectSeq; {
+			case c != 0 && n <= c:
+				stateOf(msg).stale = true
+				return nil, store.EndWait(ctx, tx, consumer, d.Subject, n)
+			case c != 0 && n > c+1:
+				return nil, &gapError{subject: d.Subject, seq: n, checkpoint: c}
+			}
+			out, err := next(msg)
+			if err != nil {
+				return out, err
+			}
+			if _, err := store.Advance(ctx, tx, consumer, d.Subject, d.SubjectSeq); err != nil {
+				return nil, err
+			}
+			return out, store.EndWait(ctx, tx, consumer, d.Subject, d.SubjectSeq)
+		}
+	}, nil
+}
+
+// GapWait turns the wait of an event behind a gap (see StrictOrder) into
+// either a nack, so that the transport delivers the event again later, or,
+// once it has waited longer than timeout, a permanent error with code
+// sequence_gap. It records the wait in a transaction of its own, after the
+// attempt's rolled back, so place it outside the unit of work and inside
+// Decode. A wait does not count towards the delivery limit.
+func GapWait(consumer string, store framework.OrderStore, timeout time.Duration) (message.HandlerMiddleware, error) {
+	if consumer == "" || store == nil {
+		return nil, errors.New("gap wait: missing consumer or store")
+	}
+	if timeout <= 0 {
+		timeout = DefaultGapTimeout
+	}
+	return func(next message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			ctx := msg.Context() // the inner steps leave theirs behind, ended
+			out, err := next(msg)
+			msg.SetContext(ctx)
+			var gap *gapError
+			if !errors.As(err, &gap) {
+				return out, err
+			}
+			d, ok := framework.DecodedFromContext(ctx)
+			if !ok {
+				return nil, errNotDecoded
+			}
+			since, werr := store.WaitGap(ctx, consumer, gap.subject, gap.seq, d.Key(), msg.Payload)
+			if werr != nil {
+				return nil, errors.Join(err, werr)
+			}
+			if time.Since(since) <= timeout {
+				return nil, err
+			}
+			if werr := store.EndWait(ctx, nil, consumer, gap.subject, gap.seq); werr != nil {
+				return nil, errors.Join(err, werr)
+			}
+			// Not wrapping gap, which is ErrLater: this is the end of the wait.
+			return nil, framework.Permanent(framework.CodeSequenceGap, fmt.Errorf("%s, for longer than %s", gap.Error(), timeout))
+		}
+	}, nil
+}
