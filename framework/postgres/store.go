@@ -1,7 +1,6 @@
 package postgres
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -41,10 +40,10 @@ func (c StoreConfig) Validate() error {
 // ErrMissingDB is returned by NewStore without a database.
 var ErrMissingDB = errors.New("postgres: missing database (try postgres.Open)")
 
-// Store keeps processed marks, delivery counts and dead letters in a
-// PostgreSQL database migrated by framework/migrate. It implements
-// framework.ProcessedStore, framework.DeliveryStore and
-// framework.DeadLetterStore.
+// Store keeps processed marks, delivery counts, dead letters, subject
+// checkpoints and waits in a PostgreSQL database migrated by
+// framework/migrate. It implements every store interface of package
+// framework.
 //
 // Mark and Forget run in the attempt's transaction, so the unit of work
 // must be given the same database. When two transactions mark the same
@@ -52,8 +51,12 @@ var ErrMissingDB = errors.New("postgres: missing database (try postgres.Open)")
 // it finds a duplicate when the first commits and takes the mark when the
 // first rolls back. Times are timestamptz, written in UTC, with
 // PostgreSQL's microsecond precision.
+//
+// Its methods are those of the framework's one SQL implementation, shared
+// with the other database; each is documented on the framework interface
+// it implements.
 type Store struct {
-	s *sqlstore.Store
+	*sqlstore.Store
 }
 
 var (
@@ -79,91 +82,5 @@ func NewStore(db *sqlx.DB, cfg StoreConfig) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
-	return &Store{s: s}, nil
-}
-
-// Mark records, inside tx, that consumer processed key; false means it
-// was processed before. See framework.ProcessedStore.
-func (s *Store) Mark(ctx context.Context, tx *framework.Tx, consumer string, key framework.Key) (bool, error) {
-	return s.s.Mark(ctx, tx, consumer, key)
-}
-
-// Count records one more delivery of key to consumer, committed on its
-// own, and returns the count; a new count starts at first. See
-// framework.DeliveryStore.
-func (s *Store) Count(ctx context.Context, consumer string, key framework.Key, first int) (int, error) {
-	return s.s.Count(ctx, consumer, key, first)
-}
-
-// Forget removes the delivery count of key inside tx. See
-// framework.DeliveryStore.
-func (s *Store) Forget(ctx context.Context, tx *framework.Tx, consumer string, key framework.Key) error {
-	return s.s.Forget(ctx, tx, consumer, key)
-}
-
-// PublishDeadLetter stores dl, or updates the dead letter of the same
-// consumer and key: a repeat counts in Repeats, takes the latest code,
-// attempts, message and LastFailedAt, keeps FirstFailedAt and is pending
-// again, even when it had been replayed or discarded. The store stamps
-// the times with its clock. It also forgets the message's delivery count
-// for the consumer (see Count), in the same transaction, so that a replay
-// is counted afresh instead of hitting the delivery limit at once.
-func (s *Store) PublishDeadLetter(ctx context.Context, dl framework.DeadLetter) error {
-	return s.s.PublishDeadLetter(ctx, dl)
-}
-
-// DeadLetter returns the dead letter with id, or an error wrapping
-// framework.ErrNotFound.
-func (s *Store) DeadLetter(ctx context.Context, id int64) (framework.DeadLetter, error) {
-	return s.s.DeadLetter(ctx, id)
-}
-
-// DeadLetters lists the dead letters that match f, by ascending ID.
-func (s *Store) DeadLetters(ctx context.Context, f framework.DeadLetterFilter) ([]framework.DeadLetter, error) {
-	return s.s.DeadLetters(ctx, f)
-}
-
-// ResolveDeadLetter moves the pending dead letter id to r.Status
-// (replayed or discarded) with who, why and when (zero r.At means now).
-// It returns an error wrapping framework.ErrNotFound when no pending dead
-// letter has id.
-func (s *Store) ResolveDeadLetter(ctx context.Context, id int64, r framework.Resolution) error {
-	return s.s.ResolveDeadLetter(ctx, id, r)
-}
-
-// Advance moves the checkpoint of (consumer, subject) to seq inside tx
-// when seq is greater, and reports whether it moved. See
-// framework.CheckpointStore.
-func (s *Store) Advance(ctx context.Context, tx *framework.Tx, consumer, subject string, seq int64) (bool, error) {
-	return s.s.Advance(ctx, tx, consumer, subject, seq)
-}
-
-// Adopt gives consumer the processed marks and subject checkpoints of
-// from, the name it was renamed from. See framework.RenameStore.
-func (s *Store) Adopt(ctx context.Context, consumer, from string) (int64, error) {
-	return s.s.Adopt(ctx, consumer, from)
-}
-
-// PurgeProcessed deletes up to limit of the oldest marks processed before
-// before. See framework.PurgeStore.
-func (s *Store) PurgeProcessed(ctx context.Context, before time.Time, limit int) (int64, error) {
-	return s.s.PurgeProcessed(ctx, before, limit)
-}
-
-// Checkpoint returns the sequence of (consumer, subject) that took effect
-// last, 0 for none, and holds it for tx. See framework.OrderStore.
-func (s *Store) Checkpoint(ctx context.Context, tx *framework.Tx, consumer, subject string) (int64, error) {
-	return s.s.Checkpoint(ctx, tx, consumer, subject)
-}
-
-// WaitGap records that an event waits behind a gap and returns since when.
-// See framework.OrderStore.
-func (s *Store) WaitGap(ctx context.Context, consumer, subject string, seq int64, key framework.Key, body []byte) (time.Time, error) {
-	return s.s.WaitGap(ctx, consumer, subject, seq, key, body)
-}
-
-// EndWait removes the wait of (consumer, subject, seq). See
-// framework.OrderStore.
-func (s *Store) EndWait(ctx context.Context, tx *framework.Tx, consumer, subject string, seq int64) error {
-	return s.s.EndWait(ctx, tx, consumer, subject, seq)
+	return &Store{Store: s}, nil
 }
