@@ -61,31 +61,23 @@ func Migrate(ctx context.Context, db *sqlx.DB, cfg Config, m Migrations) error {
 	return migrate.Up(ctx, db, migrate.Config{TablePrefix: cfg.TablePrefix, Extra: m.FS})
 }
 
-// Stores are the framework's stores in the configured database.
-type Stores struct {
-	Processed   framework.ProcessedStore
-	Deliveries  framework.DeliveryStore
-	DeadLetters framework.DeadLetterStore
-	Checkpoints framework.CheckpointStore
-	Renames     framework.RenameStore
-	Purges      framework.PurgeStore
-	Order       framework.OrderStore
+// Store is the framework's store in the configured database: every store
+// interface of package framework in one value (a sqlite.Store or a
+// postgres.Store).
+type Store interface {
+	framework.ProcessedStore
+	framework.DeliveryStore
+	framework.DeadLetterStore
+	framework.OrderStore
+	framework.RenameStore
+	framework.PurgeStore
 }
 
-// NewStores returns the stores of db, whose tables carry the configured
+// NewStore returns the store of db, whose tables carry the configured
 // prefix.
-func NewStores(db *sqlx.DB, cfg Config) (Stores, error) {
-	type store interface {
-		framework.ProcessedStore
-		framework.DeliveryStore
-		framework.DeadLetterStore
-		framework.CheckpointStore
-		framework.RenameStore
-		framework.PurgeStore
-		framework.OrderStore
-	}
+func NewStore(db *sqlx.DB, cfg Config) (Store, error) {
 	var (
-		s   store
+		s   Store
 		err error
 	)
 	if isPostgresURL(cfg.DatabaseURL) {
@@ -94,7 +86,7 @@ func NewStores(db *sqlx.DB, cfg Config) (Stores, error) {
 		s, err = sqlite.NewStore(db, sqlite.StoreConfig{TablePrefix: cfg.TablePrefix})
 	}
 	if err != nil {
-		return Stores{}, fmt.Errorf("stores: %w", err)
+		return nil, fmt.Errorf("store: %w", err)
 	}
-	return Stores{Processed: s, Deliveries: s, DeadLetters: s, Checkpoints: s, Renames: s, Purges: s, Order: s}, nil
+	return s, nil
 }

@@ -37,15 +37,15 @@ type operator struct {
 // runs fn and stops them.
 func operate(ctx context.Context, opts fx.Option, fn func(ctx context.Context, op operator) error) error {
 	var (
-		stores    Stores
+		store     Store
 		transport *Transport
 		registry  *handlers.Registry
 	)
 	service := build(
-		fx.Provide(ConfigFromEnv, NewDB, NewStores, NewTransport),
+		fx.Provide(ConfigFromEnv, NewDB, NewStore, NewTransport),
 		handlers.Module,
 		opts,
-		fx.Populate(&stores, &transport, &registry),
+		fx.Populate(&store, &transport, &registry),
 	)
 	if err := service.Err(); err != nil {
 		return err
@@ -58,7 +58,7 @@ func operate(ctx context.Context, opts fx.Option, fn func(ctx context.Context, o
 		defer cancel()
 		_ = service.Stop(stopCtx)
 	}()
-	op := operator{deadLetters: stores.DeadLetters, transport: transport}
+	op := operator{deadLetters: store, transport: transport}
 	for _, c := range registry.Consumers() {
 		op.consumers = append(op.consumers, c.Name())
 	}

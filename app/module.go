@@ -11,7 +11,7 @@ import (
 )
 
 // Module is the framework's fx application: the configuration (from the
-// environment, see LoadConfig), the database and its stores, the transport,
+// environment, see LoadConfig), the database and its store, the transport,
 // the router running every consumer declared with handlers.Consumer, the
 // outbox (*outbox.Outbox, for handlers) and its relay, the purger of old
 // processed marks, and the HTTP server of health, readiness and metrics.
@@ -22,7 +22,7 @@ var Module = fx.Module("effectively",
 	fx.Provide(
 		ConfigFromEnv,
 		NewDB,
-		NewStores,
+		NewStore,
 		NewTransport,
 		NewMetrics,
 		NewRouter,

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"go.uber.org/fx"
+
+	"github.com/effectively-once/effectively/framework"
 )
 
 // purgeBatch is how many marks one purge statement deletes.
@@ -16,7 +18,7 @@ const purgeBatch = 1000
 // Config.PurgeInterval, while the application runs. With no retention it
 // does nothing.
 type Purger struct {
-	stores Stores
+	store  framework.PurgeStore
 	cfg    Config
 	logger *slog.Logger
 }
@@ -27,7 +29,7 @@ type PurgerParams struct {
 
 	Lifecycle fx.Lifecycle
 	Config    Config
-	Stores    Stores
+	Store     Store
 	Logger    *slog.Logger `optional:"true"`
 }
 
@@ -38,7 +40,7 @@ func NewPurger(p PurgerParams) *Purger {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	pu := &Purger{stores: p.Stores, cfg: p.Config, logger: logger.With("component", "purger")}
+	pu := &Purger{store: p.Store, cfg: p.Config, logger: logger.With("component", "purger")}
 	if p.Config.ProcessedRetention <= 0 {
 		return pu
 	}
@@ -96,7 +98,7 @@ func (pu *Purger) Purge(ctx context.Context) (int64, error) {
 	before := time.Now().Add(-time.Duration(pu.cfg.ProcessedRetention))
 	var total int64
 	for ctx.Err() == nil {
-		n, err := pu.stores.Purges.PurgeProcessed(ctx, before, purgeBatch)
+		n, err := pu.store.PurgeProcessed(ctx, before, purgeBatch)
 		total += n
 		if err != nil || n < purgeBatch {
 			return total, err

@@ -37,7 +37,7 @@ type RouterParams struct {
 	Registry   *handlers.Registry
 	Transport  *Transport
 	DB         *sqlx.DB
-	Stores     Stores
+	Store      Store
 	Metrics    *middleware.Metrics
 	Logger     *slog.Logger `optional:"true"`
 	Tracer     trace.Tracer `optional:"true"`
@@ -60,7 +60,7 @@ func NewRouter(p RouterParams) (*message.Router, error) {
 	if err != nil {
 		return nil, fmt.Errorf("router: %w", err)
 	}
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: p.DB, Processed: p.Stores.Processed, Deliveries: p.Stores.Deliveries})
+	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: p.DB, Processed: p.Store, Deliveries: p.Store})
 	if err != nil {
 		return nil, fmt.Errorf("router: %w", err)
 	}
@@ -76,10 +76,10 @@ func NewRouter(p RouterParams) (*message.Router, error) {
 			order       framework.OrderStore
 		)
 		if cc.SkipStale {
-			checkpoints = p.Stores.Checkpoints
+			checkpoints = p.Store
 		}
 		if cc.StrictOrder {
-			order = p.Stores.Order
+			order = p.Store
 		}
 		h, err := middleware.Handler(middleware.ChainConfig{
 			Checkpoints:   checkpoints,
@@ -87,8 +87,8 @@ func NewRouter(p RouterParams) (*message.Router, error) {
 			GapTimeout:    time.Duration(cc.GapTimeout),
 			Consumer:      c,
 			UnitOfWork:    uow,
-			DeadLetters:   p.Stores.DeadLetters,
-			Deliveries:    p.Stores.Deliveries,
+			DeadLetters:   p.Store,
+			Deliveries:    p.Store,
 			MaxDeliveries: cc.MaxDeliveries,
 			Retry:         middleware.RetryConfig{Attempts: cc.Attempts, Delay: time.Duration(cc.RetryDelay)},
 			Timeout:       time.Duration(cc.Timeout),
@@ -132,7 +132,7 @@ func NewRouter(p RouterParams) (*message.Router, error) {
 			// it consumes anything.
 			for _, c := range p.Registry.Consumers() {
 				for _, old := range p.Registry.RenamedFrom(c.Name()) {
-					n, err := p.Stores.Renames.Adopt(ctx, c.Name(), old)
+					n, err := p.Store.Adopt(ctx, c.Name(), old)
 					if err != nil {
 						return fmt.Errorf("consumer %s renamed from %s: %w", c.Name(), old, err)
 					}

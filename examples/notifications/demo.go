@@ -38,7 +38,7 @@ func runDemo(ctx context.Context, out io.Writer) error {
 	var (
 		transport *app.Transport
 		db        *sqlx.DB
-		stores    app.Stores
+		store     app.Store
 		metrics   app.Metrics
 		cfg       app.Config
 	)
@@ -52,7 +52,7 @@ func runDemo(ctx context.Context, out io.Writer) error {
 			}
 			return c
 		}),
-		fx.Populate(&transport, &db, &stores, &metrics, &cfg),
+		fx.Populate(&transport, &db, &store, &metrics, &cfg),
 	)
 	if err := service.Err(); err != nil {
 		return err
@@ -121,7 +121,7 @@ func runDemo(ctx context.Context, out io.Writer) error {
 	if err := db.SelectContext(ctx, &reminders, db.Rebind(query), args...); err != nil {
 		return fmt.Errorf("read reminders: %w", err)
 	}
-	dls, err := stores.DeadLetters.DeadLetters(ctx, framework.DeadLetterFilter{Consumer: ConsumerName, Status: framework.DeadLetterPending, Limit: 1000})
+	dls, err := store.DeadLetters(ctx, framework.DeadLetterFilter{Consumer: ConsumerName, Status: framework.DeadLetterPending, Limit: 1000})
 	if err != nil {
 		return fmt.Errorf("read dead letters: %w", err)
 	}
