@@ -40,10 +40,7 @@ type OutboxRelayParams struct {
 // transport's, until its stop, before the transport's; an Add of the
 // application's Outbox wakes it.
 func NewOutboxRelay(p OutboxRelayParams) (*outbox.Relay, error) {
-	logger := p.Logger
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
+	logger := orDiscard(p.Logger)
 	metrics, err := outbox.NewMetrics(p.Metrics.Registry)
 	if err != nil {
 		return nil, fmt.Errorf("outbox relay: %w", err)
@@ -57,30 +54,8 @@ func NewOutboxRelay(p OutboxRelayParams) (*outbox.Relay, error) {
 	if err != nil {
 		return nil, fmt.Errorf("outbox relay: %w", err)
 	}
-	var (
-		cancel context.CancelFunc
-		done   chan struct{}
-	)
-	p.Lifecycle.Append(fx.Hook{
-		OnStart: func(context.Context) error {
-			var ctx context.Context
-			ctx, cancel = context.WithCancel(context.Background())
-			done = make(chan struct{})
-			go func() {
-				defer close(done)
-				_ = relay.Run(ctx) // nil when ctx ends; ErrRunning cannot happen here
-			}()
-			return nil
-		},
-		OnStop: func(ctx context.Context) error {
-			cancel()
-			select {
-			case <-done:
-				return nil
-			case <-ctx.Done():
-				return fmt.Errorf("outbox relay: stop: %w", ctx.Err())
-			}
-		},
+	runInBackground(p.Lifecycle, "outbox relay", func(ctx context.Context) {
+		_ = relay.Run(ctx) // nil when ctx ends; ErrRunning cannot happen here
 	})
 	return relay, nil
 }

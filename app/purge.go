@@ -2,7 +2,6 @@ package app
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"time"
 
@@ -36,39 +35,12 @@ type PurgerParams struct {
 // NewPurger returns the purger and runs it from the application's start
 // to its stop.
 func NewPurger(p PurgerParams) *Purger {
-	logger := p.Logger
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
+	logger := orDiscard(p.Logger)
 	pu := &Purger{store: p.Store, cfg: p.Config, logger: logger.With("component", "purger")}
 	if p.Config.ProcessedRetention <= 0 {
 		return pu
 	}
-	var (
-		cancel context.CancelFunc
-		done   chan struct{}
-	)
-	p.Lifecycle.Append(fx.Hook{
-		OnStart: func(context.Context) error {
-			var ctx context.Context
-			ctx, cancel = context.WithCancel(context.Background())
-			done = make(chan struct{})
-			go func() {
-				defer close(done)
-				pu.run(ctx)
-			}()
-			return nil
-		},
-		OnStop: func(ctx context.Context) error {
-			cancel()
-			select {
-			case <-done:
-				return nil
-			case <-ctx.Done():
-				return fmt.Errorf("purger: stop: %w", ctx.Err())
-			}
-		},
-	})
+	runInBackground(p.Lifecycle, "purger", pu.run)
 	return pu
 }
 

@@ -83,10 +83,7 @@ type TransportParams struct {
 // NewTransport builds the configured transport and closes it when the
 // application stops.
 func NewTransport(p TransportParams) (*Transport, error) {
-	logger := p.Logger
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
+	logger := orDiscard(p.Logger)
 	switch p.Config.Transport {
 	case TransportMemory:
 		ch := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NewSlogLogger(logger))
