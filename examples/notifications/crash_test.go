@@ -68,9 +68,6 @@ type crashSetup struct {
 
 func setupCrash(t *testing.T, cfg crashSetup) *crashBundle {
 	t.Helper()
-	if testing.Short() && os.Getenv("CI") != "true" {
-		t.Skip("crash tests start subprocesses; skipped with -short")
-	}
 	dir := t.TempDir()
 	b := &crashBundle{
 		dir:        dir,
