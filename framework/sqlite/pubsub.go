@@ -4,8 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"regexp"
 	"sync"
+
+	"github.com/effectively-once/effectively/framework/internal/sqlstore"
 )
 
 // The SQLite Pub/Sub is the embedded default transport: a watermill
@@ -27,13 +28,11 @@ var ErrSubscriberClosed = errors.New("sqlite: subscriber is closed")
 // ErrEmptyTopic is returned by Publish and Subscribe for an empty topic.
 var ErrEmptyTopic = errors.New("sqlite: empty topic name")
 
-// pubsubPrefixRE is what a TablePrefix must match (empty is allowed).
-var pubsubPrefixRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
-
+// validatePubSubPrefix checks a TablePrefix as the stores' prefix is
+// checked: the two share a file.
 func validatePubSubPrefix(config, prefix string) error {
-	if prefix != "" && !pubsubPrefixRE.MatchString(prefix) {
-		return fmt.Errorf("sqlite: %s.TablePrefix %q must match %s (lower-case letters, digits and underscores)",
-			config, prefix, pubsubPrefixRE)
+	if err := sqlstore.ValidatePrefix(prefix); err != nil {
+		return fmt.Errorf("sqlite: %s.TablePrefix: %w", config, err)
 	}
 	return nil
 }
