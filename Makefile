@@ -15,12 +15,12 @@ run: ## Run the example service's demo on SQLite (no server needed).
 
 .PHONY: test
 test: ## Run every test with -race, starting PostgreSQL and RabbitMQ when needed.
-	@set -euo pipefail; eval "$$(scripts/services.sh)"; \
+	@set -euo pipefail; services="$$(scripts/services.sh)"; eval "$$services"; \
 	$(GO) test -race -count=1 -timeout 15m ./...
 
 .PHONY: bench
 bench: ## Run the benchmarks: messages per second and allocations per message.
-	@set -euo pipefail; eval "$$(scripts/services.sh)"; \
+	@set -euo pipefail; services="$$(scripts/services.sh)"; eval "$$services"; \
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./middleware/ ./framework/...
 
 .PHONY: lint

@@ -99,6 +99,10 @@ func Serve(ctx context.Context, app *fx.App) error {
 	if err := app.Err(); err != nil {
 		return err
 	}
+	// Signals are caught from before the start: one that arrives while the
+	// handlers already run stops the application gracefully after it.
+	sigCtx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
 	// The start is bounded by its timeout, not by ctx: fx's Start returns
 	// as soon as its context ends, even when every hook has run, and then
 	// leaves the application running. A ctx that ends during the start is
@@ -113,8 +117,6 @@ func Serve(ctx context.Context, app *fx.App) error {
 		_ = app.Stop(stopCtx) // the start's error is what matters
 		return fmt.Errorf("start: %w", err)
 	}
-	sigCtx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
 	select {
 	case <-sigCtx.Done():
 	case sig := <-app.Wait():

@@ -6,8 +6,8 @@
 #
 # Servers already named by EFFECTIVELY_TEST_POSTGRES_URL or
 # EFFECTIVELY_TEST_AMQP_URL are used as they are; RabbitMQ is installed from
-# Debian's packages when it is absent. Under CI=true a server that cannot be started fails the run; elsewhere
-# the tests that need it are skipped.
+# Debian's packages when it is absent. Under CI=true a server that cannot
+# be started fails the run; elsewhere the tests that need it are skipped.
 set -euo pipefail
 
 log() { printf 'services: %s\n' "$*" >&2; }
@@ -46,6 +46,33 @@ SQL
   echo "export EFFECTIVELY_TEST_POSTGRES_URL='postgres://effectively_test:effectively_test@127.0.0.1:5432/effectively_test?sslmode=disable'"
 }
 
+# The tests' RabbitMQ is a node of their own, not the package's: node
+# effectively-test@localhost on 127.0.0.1:5673 (distribution on 25673), run
+# as the rabbitmq user with its data in a folder that user owns. A node left
+# running by an earlier run is reused; otherwise its folder is wiped and it
+# starts empty. (A node's durable queues pile up over many runs, and a node
+# recovering thousands of them at boot does not answer for minutes: the
+# package's node, restarted on a copy of this machine, never did.)
+RABBITMQ_TEST_NODE=effectively-test@localhost
+RABBITMQ_TEST_PORT=5673
+RABBITMQ_TEST_DIST_PORT=25673
+RABBITMQ_TEST_DIR=/var/tmp/effectively-test-rabbitmq
+
+as_rabbitmq() {
+  runuser -u rabbitmq -- env HOME=/var/lib/rabbitmq \
+    RABBITMQ_NODENAME="$RABBITMQ_TEST_NODE" \
+    RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 \
+    RABBITMQ_NODE_PORT="$RABBITMQ_TEST_PORT" \
+    RABBITMQ_DIST_PORT="$RABBITMQ_TEST_DIST_PORT" \
+    RABBITMQ_MNESIA_BASE="$RABBITMQ_TEST_DIR/mnesia" \
+    RABBITMQ_LOG_BASE="$RABBITMQ_TEST_DIR/log" \
+    RABBITMQ_ENABLED_PLUGINS_FILE="$RABBITMQ_TEST_DIR/enabled_plugins" \
+    RABBITMQ_PID_FILE="$RABBITMQ_TEST_DIR/pid" \
+    "$@"
+}
+
+rabbitmq_answers() { (exec 3<>"/dev/tcp/127.0.0.1/$RABBITMQ_TEST_PORT") 2>/dev/null; }
+
 start_rabbitmq() {
   if [ -n "${EFFECTIVELY_TEST_AMQP_URL:-}" ]; then
     echo "export EFFECTIVELY_TEST_AMQP_URL='${EFFECTIVELY_TEST_AMQP_URL}'"
@@ -56,28 +83,21 @@ start_rabbitmq() {
     { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q rabbitmq-server; } >&2 \
       || { fail "could not install rabbitmq-server"; return; }
   fi
-  # The package's own node (rabbit@<host>, ports 5672 and 25672); the
-  # restart tests run nodes of their own beside it.
-  if ! rabbitmqctl -q status >/dev/null 2>&1; then
-    log "starting RabbitMQ"
-    # The service is not started by the package where policy-rc.d denies
-    # it: start the node detached, as the rabbitmq user (rabbitmq-server
-    # switches to it when run as root).
-    rabbitmq-server -detached >&2 || { fail "could not start RabbitMQ"; return; }
+  if ! as_rabbitmq rabbitmqctl -q -n "$RABBITMQ_TEST_NODE" status >/dev/null 2>&1; then
+    log "starting RabbitMQ (node $RABBITMQ_TEST_NODE, port $RABBITMQ_TEST_PORT)"
+    rm -rf "$RABBITMQ_TEST_DIR"
+    install -d -o rabbitmq -g rabbitmq -m 0755 "$RABBITMQ_TEST_DIR"
+    echo '[].' | install -o rabbitmq -g rabbitmq -m 0644 /dev/stdin "$RABBITMQ_TEST_DIR/enabled_plugins"
+    as_rabbitmq rabbitmq-server -detached >&2 || { fail "could not start RabbitMQ"; return; }
   fi
-  for _ in $(seq 1 120); do
-    rabbitmqctl -q status >/dev/null 2>&1 && break
+  # The node answers rabbitmqctl before its AMQP listener is up.
+  for _ in $(seq 1 240); do
+    rabbitmq_answers && break
     sleep 0.5
   done
-  rabbitmqctl -q status >/dev/null 2>&1 || { fail "RabbitMQ does not answer (rabbitmqctl status)"; return; }
-  # The node answers before its AMQP listener is up.
-  for _ in $(seq 1 60); do
-    (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null && break
-    sleep 0.5
-  done
-  (exec 3<>/dev/tcp/127.0.0.1/5672) 2>/dev/null || { fail "RabbitMQ does not listen on 127.0.0.1:5672"; return; }
+  rabbitmq_answers || { fail "RabbitMQ does not listen on 127.0.0.1:$RABBITMQ_TEST_PORT (logs in $RABBITMQ_TEST_DIR/log)"; return; }
   # guest may log in over loopback, which is where the tests connect.
-  echo "export EFFECTIVELY_TEST_AMQP_URL='amqp://guest:guest@127.0.0.1:5672/'"
+  echo "export EFFECTIVELY_TEST_AMQP_URL='amqp://guest:guest@127.0.0.1:$RABBITMQ_TEST_PORT/'"
 }
 
 start_postgres
