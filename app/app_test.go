@@ -292,6 +292,37 @@ func TestApp(t *testing.T) {
 			t.Fatal("Serve did not return after its context ended")
 		}
 	})
+
+	t.Run("ServeStopsWhileStarting", func(t *testing.T) {
+		t.Parallel()
+		// No broker: the transport's start hook retries until the start
+		// times out, an hour from now. Asked to stop, it gives up, fx rolls
+		// back what started, and Serve returns nil at once.
+		cfg := testConfig(t)
+		cfg.Transport = "amqp"
+		cfg.AMQPURL = "amqp://guest:guest@127.0.0.1:1/"
+		var db *sqlx.DB
+		service := app.New(
+			handlers.Consumer(consumerName, handlers.On(widgetAdded, newAddWidget)),
+			fx.Supply(widgetMigrations),
+			fx.Replace(cfg),
+			fx.StartTimeout(time.Hour),
+			fx.Populate(&db),
+		)
+		require.NoError(t, service.Err())
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- app.Serve(ctx, service) }()
+		time.Sleep(100 * time.Millisecond) // into the retries (either way, Serve must stop)
+		cancel()
+		select {
+		case err := <-done:
+			require.NoError(t, err)
+		case <-time.After(waitLimit):
+			t.Fatal("Serve did not return when asked to stop while starting")
+		}
+		require.ErrorContains(t, db.Ping(), "database is closed", "the hooks that started were stopped")
+	})
 }
 
 // TestMigrateCommand runs the migrate subcommand, configured by the

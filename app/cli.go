@@ -99,22 +99,26 @@ func Serve(ctx context.Context, app *fx.App) error {
 	if err := app.Err(); err != nil {
 		return err
 	}
-	// Signals are caught from before the start: one that arrives while the
-	// handlers already run stops the application gracefully after it.
+	// Signals are caught from before the start: the handlers run before
+	// the start ends.
 	sigCtx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	// The start is bounded by its timeout, not by ctx: fx's Start returns
-	// as soon as its context ends, even when every hook has run, and then
-	// leaves the application running. A ctx that ends during the start is
-	// seen just after it, and stops the application gracefully.
+	// as soon as its context ends, even while a hook runs, and leaves the
+	// application running. A stop asked for during the start (a signal, or
+	// ctx ending) reaches the hooks that wait (see withStopRequest): they
+	// give up, fx rolls the start back, and Serve returns nil.
 	startCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), app.StartTimeout())
 	defer cancel()
-	if err := app.Start(startCtx); err != nil {
+	if err := app.Start(withStopRequest(startCtx, sigCtx)); err != nil {
 		// fx rolls back a start whose hook failed, but not one cut short
 		// by its timeout: stop whatever started (a no-op after a rollback).
 		stopCtx, cancelStop := context.WithTimeout(context.Background(), app.StopTimeout())
 		defer cancelStop()
 		_ = app.Stop(stopCtx) // the start's error is what matters
+		if sigCtx.Err() != nil && startCtx.Err() == nil {
+			return nil // asked to stop while starting: stopped
+		}
 		return fmt.Errorf("start: %w", err)
 	}
 	select {

@@ -125,6 +125,8 @@ func NewRouter(p RouterParams) (*message.Router, error) {
 	var runErr atomic.Value
 	p.Lifecycle.Append(fx.Hook{
 		OnStart: func(ctx context.Context) error {
+			ctx, cancel := untilStopRequested(ctx)
+			defer cancel()
 			// A renamed consumer takes over its old name's history before
 			// it consumes anything.
 			for _, c := range p.Registry.Consumers() {
@@ -146,9 +148,11 @@ func NewRouter(p RouterParams) (*message.Router, error) {
 				}
 			}
 			done := make(chan struct{})
+			runCtx, cancelRun := context.WithCancel(context.Background())
 			go func() {
 				defer close(done)
-				if err := router.Run(context.Background()); err != nil {
+				defer cancelRun()
+				if err := router.Run(runCtx); err != nil {
 					runErr.Store(err)
 					logger.Error("router stopped", "error", err)
 				}
@@ -162,7 +166,18 @@ func NewRouter(p RouterParams) (*message.Router, error) {
 				err, _ := runErr.Load().(error)
 				return fmt.Errorf("router: %w", err)
 			case <-ctx.Done():
-				return fmt.Errorf("router: start: %w", ctx.Err())
+				// Not running in time, or asked to stop. A handler already
+				// running may hold what another handler's subscription waits
+				// for (the write lock of a SQLite file), and router.Close
+				// waits for the subscriptions first: ending Run's context
+				// ends the subscriptions and the attempts in flight, which
+				// roll back, and then the router.
+				cancelRun()
+				<-done
+				if err := router.Close(); err != nil {
+					logger.Error("router: close", "error", err)
+				}
+				return fmt.Errorf("router: start: %w", context.Cause(ctx))
 			}
 		},
 		OnStop: func(ctx context.Context) error {

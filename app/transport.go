@@ -217,7 +217,11 @@ func newAMQPTransport(p TransportParams, logger *slog.Logger) (*Transport, error
 	// with backoff until the start timeout; the router, whose hook comes
 	// later, binds every consumer's queue before anything publishes.
 	p.Lifecycle.Append(fx.Hook{
-		OnStart: conn.Connect,
+		OnStart: func(ctx context.Context) error {
+			ctx, cancel := untilStopRequested(ctx)
+			defer cancel()
+			return conn.Connect(ctx)
+		},
 		OnStop: func(context.Context) error {
 			_ = pub.Close()
 			return conn.Close()
