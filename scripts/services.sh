@@ -49,10 +49,11 @@ SQL
 # The tests' RabbitMQ is a node of their own, not the package's: node
 # effectively-test@localhost on 127.0.0.1:5673 (distribution on 25673), run
 # as the rabbitmq user with its data in a folder that user owns. A node left
-# running by an earlier run is reused; otherwise its folder is wiped and it
-# starts empty. (A node's durable queues pile up over many runs, and a node
-# recovering thousands of them at boot does not answer for minutes: the
-# package's node, restarted on a copy of this machine, never did.)
+# running by an earlier run is reused (other runs may be using it);
+# otherwise its folder is wiped and it starts empty. (Every run leaves
+# durable queues of random names behind, and a node recovering thousands of
+# them at boot does not answer for minutes: the package's node, restarted
+# on a copy of this machine, never did.)
 RABBITMQ_TEST_NODE=effectively-test@localhost
 RABBITMQ_TEST_PORT=5673
 RABBITMQ_TEST_DIST_PORT=25673
@@ -83,12 +84,15 @@ start_rabbitmq() {
     { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q rabbitmq-server; } >&2 \
       || { fail "could not install rabbitmq-server"; return; }
   fi
+  # One run at a time decides whether to start the node.
+  exec 9>"$RABBITMQ_TEST_DIR.lock"
+  flock 9
   if ! as_rabbitmq rabbitmqctl -q -n "$RABBITMQ_TEST_NODE" status >/dev/null 2>&1; then
     log "starting RabbitMQ (node $RABBITMQ_TEST_NODE, port $RABBITMQ_TEST_PORT)"
     rm -rf "$RABBITMQ_TEST_DIR"
     install -d -o rabbitmq -g rabbitmq -m 0755 "$RABBITMQ_TEST_DIR"
     echo '[].' | install -o rabbitmq -g rabbitmq -m 0644 /dev/stdin "$RABBITMQ_TEST_DIR/enabled_plugins"
-    as_rabbitmq rabbitmq-server -detached >&2 || { fail "could not start RabbitMQ"; return; }
+    as_rabbitmq rabbitmq-server -detached >&2 9>&- || { fail "could not start RabbitMQ"; return; }
   fi
   # The node answers rabbitmqctl before its AMQP listener is up.
   for _ in $(seq 1 240); do
@@ -96,6 +100,7 @@ start_rabbitmq() {
     sleep 0.5
   done
   rabbitmq_answers || { fail "RabbitMQ does not listen on 127.0.0.1:$RABBITMQ_TEST_PORT (logs in $RABBITMQ_TEST_DIR/log)"; return; }
+  exec 9>&-
   # guest may log in over loopback, which is where the tests connect.
   echo "export EFFECTIVELY_TEST_AMQP_URL='amqp://guest:guest@127.0.0.1:$RABBITMQ_TEST_PORT/'"
 }
