@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	neturl "net/url"
 	"strings"
 	"testing"
 	"time"
@@ -203,4 +204,73 @@ func TestTrapNackKeepsSubscriberTx(t *testing.T) {
 		"subscriber attempt 1", // the trap: the nacked attempt's write survived
 		"subscriber attempt 2",
 	}, got)
+}
+
+// TestLongTransactionHoldsBackDelivery shows the limit docs/transports.md
+// names: watermill-sql delivers only messages whose transaction is older
+// than every transaction still running, so a transaction left open holds
+// back what is published after it began, on every topic, until it ends.
+// Transaction ids are the server's, not a database's: the open transaction
+// here is in another database of the server.
+func TestLongTransactionHoldsBackDelivery(t *testing.T) {
+	t.Parallel()
+	url := testenv.PostgresURL(t)
+	db := open(t, url, 4)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pub, err := postgres.NewPublisher(db, fastTransport)
+	require.NoError(t, err)
+	defer pub.Close()
+	sub, err := postgres.NewSubscriber(open(t, url, 4), "held", fastTransport)
+	require.NoError(t, err)
+	defer sub.Close()
+	ch, err := sub.Subscribe(ctx, "held")
+	require.NoError(t, err)
+	receive := func(want string) time.Time {
+		t.Helper()
+		select {
+		case msg := <-ch:
+			require.Equal(t, want, msg.UUID)
+			msg.Ack()
+			return time.Now()
+		case <-ctx.Done():
+			t.Fatalf("%s was not delivered", want)
+			return time.Time{}
+		}
+	}
+	require.NoError(t, pub.Publish("held", message.NewMessage("before", []byte(`{}`))))
+	receive("before")
+
+	// Another database of the same server: a transaction that has an id
+	// (it wrote, or asked for one) and stays open.
+	other, err := sqlx.Open(postgres.DriverName, otherDatabase(t, url, "postgres"))
+	require.NoError(t, err)
+	defer other.Close()
+	long, err := other.BeginTxx(ctx, nil)
+	require.NoError(t, err)
+	defer long.Rollback() //nolint:errcheck // a no-op after the rollback below
+	_, err = long.ExecContext(ctx, `SELECT pg_current_xact_id()`)
+	require.NoError(t, err)
+
+	require.NoError(t, pub.Publish("held", message.NewMessage("during", []byte(`{}`))))
+	select {
+	case msg := <-ch:
+		t.Fatalf("%s delivered while an older transaction is open", msg.UUID)
+	case <-time.After(300 * time.Millisecond): // several polls
+	}
+	ended := time.Now()
+	require.NoError(t, long.Rollback())
+	t.Logf("delivered %s after the open transaction ended", receive("during").Sub(ended))
+}
+
+// otherDatabase returns url with its database replaced by name.
+func otherDatabase(t *testing.T, url, name string) string {
+	t.Helper()
+	u, err := neturl.Parse(url)
+	require.NoError(t, err)
+	u.Path = "/" + name
+	q := u.Query()
+	q.Del("search_path")
+	u.RawQuery = q.Encode()
+	return u.String()
 }
