@@ -61,6 +61,7 @@ func NewRouter(p RouterParams) (*message.Router, error) {
 	if err != nil {
 		return nil, fmt.Errorf("router: %w", err)
 	}
+	router.AddMiddleware(untilRunning(router))
 	var inits []subscribeInit
 	for _, c := range p.Registry.Consumers() {
 		cc := p.Config.Consumer(c.Name())
@@ -166,17 +167,13 @@ func NewRouter(p RouterParams) (*message.Router, error) {
 				err, _ := runErr.Load().(error)
 				return fmt.Errorf("router: %w", err)
 			case <-ctx.Done():
-				// Not running in time, or asked to stop. A handler already
-				// running may hold what another handler's subscription waits
-				// for (the write lock of a SQLite file), and router.Close
-				// waits for the subscriptions first: ending Run's context
-				// ends the subscriptions and the attempts in flight, which
-				// roll back, and then the router.
+				// Not running in time, or asked to stop. Ending Run's
+				// context ends the subscriptions made so far, and the
+				// messages they received, which wait in untilRunning: Run
+				// returns. (Not router.Close: it would wait its CloseTimeout
+				// for the handlers that never subscribed.)
 				cancelRun()
 				<-done
-				if err := router.Close(); err != nil {
-					logger.Error("router: close", "error", err)
-				}
 				return fmt.Errorf("router: start: %w", context.Cause(ctx))
 			}
 		},
@@ -189,6 +186,24 @@ func NewRouter(p RouterParams) (*message.Router, error) {
 		},
 	})
 	return router, nil
+}
+
+// untilRunning holds every message until the router runs, that is until
+// every handler has subscribed. Otherwise an attempt of the first handler
+// could hold what a later handler's Subscribe needs (a connection, a
+// SQLite file's write lock) and the start would wait for the attempt.
+// A message whose context ends meanwhile is nacked.
+func untilRunning(router *message.Router) message.HandlerMiddleware {
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			select {
+			case <-router.Running():
+				return h(msg)
+			case <-msg.Context().Done():
+				return nil, fmt.Errorf("router not running yet: %w", msg.Context().Err())
+			}
+		}
+	}
 }
 
 // subscribeInit is a topic a consumer's subscriber binds at start.

@@ -8,12 +8,12 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/jmoiron/sqlx"
 	"go.uber.org/fx"
 
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/amqp"
+	"github.com/effectively-once/effectively/framework/memory"
 	"github.com/effectively-once/effectively/framework/postgres"
 	"github.com/effectively-once/effectively/framework/sqlite"
 	"github.com/effectively-once/effectively/handlers"
@@ -34,8 +34,8 @@ import (
 //     transaction, so more subscriptions would only wait for the group's
 //     lock with a connection each. Run more processes for failover, not
 //     throughput;
-//   - memory: GoChannel hands every message to every subscription, each
-//     in a goroutine of its own.
+//   - memory: GoChannel (memory.PubSub) hands every message to every
+//     subscription, each in a goroutine of its own.
 type Transport struct {
 	// Publisher publishes events to their type's topic.
 	Publisher message.Publisher
@@ -86,7 +86,10 @@ func NewTransport(p TransportParams) (*Transport, error) {
 	logger := orDiscard(p.Logger)
 	switch p.Config.Transport {
 	case TransportMemory:
-		ch := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NewSlogLogger(logger))
+		ch, err := memory.NewPubSub(memory.PubSubConfig{Logger: watermill.NewSlogLogger(logger)})
+		if err != nil {
+			return nil, fmt.Errorf("transport: %w", err)
+		}
 		p.Lifecycle.Append(fx.StopHook(ch.Close))
 		return &Transport{
 			Publisher:  ch,

@@ -4,10 +4,11 @@ import (
 	"context"
 	"fmt"
 	"sync"
-	"time"
 
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/effectively-once/effectively/framework/internal/nackdelay"
 )
 
 // Subscriber reads the queue of one consumer. The queue is durable, named
@@ -112,51 +113,9 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	go func() {
 		defer s.wg.Done()
 		defer close(out)
-		s.forward(ctx, in, out)
+		nackdelay.Forward(ctx, in, out, s.closing, nackdelay.Backoff{First: s.conn.cfg.NackDelay, Max: s.conn.cfg.MaxNackDelay})
 	}()
 	return out, nil
-}
-
-// forward hands each message of in to out as a copy and settles the
-// original once the copy is acked or nacked, pausing before a nack.
-func (s *Subscriber) forward(ctx context.Context, in <-chan *message.Message, out chan<- *message.Message) {
-	cfg := s.conn.cfg
-	nacks := 0
-	for orig := range in {
-		msg := orig.Copy()
-		msg.SetContext(orig.Context())
-		select {
-		case out <- msg:
-		case <-s.closing:
-			orig.Nack()
-			continue // in closes soon
-		case <-ctx.Done():
-			orig.Nack()
-			continue
-		}
-		select {
-		case <-msg.Acked():
-			nacks = 0
-			orig.Ack()
-		case <-msg.Nacked():
-			delay := cfg.NackDelay
-			for i := 0; i < nacks && delay < cfg.MaxNackDelay; i++ {
-				delay *= 2
-			}
-			delay = min(delay, cfg.MaxNackDelay)
-			nacks++
-			t := time.NewTimer(delay)
-			select {
-			case <-t.C:
-			case <-s.closing: // closing requeues at once
-			case <-ctx.Done():
-			}
-			t.Stop()
-			orig.Nack()
-		case <-orig.Context().Done(): // the subscription stopped
-			orig.Nack()
-		}
-	}
 }
 
 // Close stops every subscription: messages in flight go back to the queue.

@@ -1,7 +1,8 @@
-// Package memory is an in-memory store of processed marks, delivery counts
-// and dead letters, for tests and for the memory transport. It protects
-// one process only and forgets everything when the process ends: use
-// framework/sqlite or framework/postgres in production.
+// Package memory is the in-memory side of the framework, for tests: a
+// store of processed marks, delivery counts and dead letters, and the
+// memory transport (PubSub). Both protect one process only and forget
+// everything when the process ends: use framework/sqlite or
+// framework/postgres in production.
 //
 // # Usage
 //
@@ -30,4 +31,16 @@
 // The store is also a framework.DeadLetterStore: PublishDeadLetter keeps
 // one dead letter per consumer and message key, DeadLetters lists them
 // and ResolveDeadLetter records an operator's replay or discard.
+//
+// # Transport
+//
+// PubSub is watermill's GoChannel with a pause before a nacked message is
+// sent again (GoChannel alone sends it again at once):
+//
+//	ps, err := memory.NewPubSub(memory.PubSubConfig{})
+//	if err != nil {
+//		return err
+//	}
+//	defer ps.Close()
+//	router.AddConsumerHandler(name, topic, ps, handler)
 package memory

@@ -248,7 +248,7 @@ func TestLongTransactionHoldsBackDelivery(t *testing.T) {
 	defer other.Close()
 	long, err := other.BeginTxx(ctx, nil)
 	require.NoError(t, err)
-	defer long.Rollback() //nolint:errcheck // a no-op after the rollback below
+	defer long.Rollback() // a no-op after the rollback below
 	_, err = long.ExecContext(ctx, `SELECT pg_current_xact_id()`)
 	require.NoError(t, err)
 

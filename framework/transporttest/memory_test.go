@@ -3,22 +3,23 @@ package transporttest_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/memory"
 	"github.com/effectively-once/effectively/framework/sqlite"
 	"github.com/effectively-once/effectively/framework/transporttest"
 	"github.com/effectively-once/effectively/internal/testenv"
 )
 
-// processSub gives one process its own view of a shared GoChannel: closing
-// it ends that process's subscriptions, not the channel.
+// processSub gives one process its own view of a shared memory.PubSub:
+// closing it ends that process's subscriptions, not the PubSub.
 type processSub struct {
-	ch     *gochannel.GoChannel
+	ch     *memory.PubSub
 	ctx    context.Context
 	cancel context.CancelFunc
 }
@@ -31,15 +32,17 @@ func (p *processSub) Subscribe(ctx context.Context, topic string) (<-chan *messa
 
 func (p *processSub) Close() error { p.cancel(); return nil }
 
-// TestMemory runs the suite on GoChannel, whose every subscription gets
-// every message: duplicates galore, which the dedup absorbs.
+// TestMemory runs the suite on the memory transport, GoChannel, whose every
+// subscription gets every message: duplicates galore, which the dedup
+// absorbs.
 func TestMemory(t *testing.T) {
 	t.Parallel()
 	transporttest.Exercise(t, func(t *testing.T) *transporttest.Env {
 		db := testenv.SQLite(t)
 		store, err := sqlite.NewStore(db, sqlite.StoreConfig{})
 		require.NoError(t, err)
-		ch := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
+		ch, err := memory.NewPubSub(memory.PubSubConfig{NackDelay: 20 * time.Millisecond})
+		require.NoError(t, err)
 		t.Cleanup(func() { _ = ch.Close() })
 		return &transporttest.Env{
 			DB:        db,

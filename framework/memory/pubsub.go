@@ -1,0 +1,154 @@
+package memory
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+
+	"github.com/effectively-once/effectively/framework/internal/nackdelay"
+)
+
+const (
+	// DefaultNackDelay is the first pause before a nacked message is sent
+	// again.
+	DefaultNackDelay = 100 * time.Millisecond
+	// DefaultMaxNackDelay caps the pause, which doubles with each
+	// consecutive nack.
+	DefaultMaxNackDelay = 5 * time.Second
+)
+
+// ErrPubSubClosed is returned by a PubSub's methods after Close.
+var ErrPubSubClosed = errors.New("memory: pubsub closed")
+
+// PubSubConfig configures a PubSub.
+type PubSubConfig struct {
+	// NackDelay is the first pause before a nacked message is sent again.
+	// It doubles with each consecutive nack on a subscription, up to
+	// MaxNackDelay, and resets on an ack. Defaults to DefaultNackDelay.
+	NackDelay time.Duration
+	// MaxNackDelay caps NackDelay's growth. Defaults to
+	// DefaultMaxNackDelay.
+	MaxNackDelay time.Duration
+	// Logger receives GoChannel's logs. Defaults to none.
+	Logger watermill.LoggerAdapter
+}
+
+// WithDefaults returns a copy of c with zero fields set to their defaults.
+func (c PubSubConfig) WithDefaults() PubSubConfig {
+	if c.NackDelay == 0 {
+		c.NackDelay = DefaultNackDelay
+	}
+	if c.MaxNackDelay == 0 {
+		c.MaxNackDelay = max(DefaultMaxNackDelay, c.NackDelay)
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+	return c
+}
+
+// Validate reports the first invalid field of c.
+func (c PubSubConfig) Validate() error {
+	if c.NackDelay < 0 {
+		return fmt.Errorf("memory: NackDelay %s is negative", c.NackDelay)
+	}
+	if c.MaxNackDelay < c.NackDelay {
+		return fmt.Errorf("memory: MaxNackDelay %s is below NackDelay %s", c.MaxNackDelay, c.NackDelay)
+	}
+	return nil
+}
+
+// PubSub is the memory transport: watermill's GoChannel, persistent (a
+// subscription receives what was published before it, kept in memory
+// until the process ends), with a pause before a nacked message is sent
+// again. GoChannel alone sends it again at once, so a message that keeps
+// being nacked (an event waiting for an earlier one under strict order, a
+// database that is down) would loop hot.
+//
+// Every subscription of a topic receives every message: there are no
+// consumer groups. Nothing survives the process. For tests only.
+type PubSub struct {
+	ch      *gochannel.GoChannel
+	backoff nackdelay.Backoff
+
+	mu      sync.Mutex
+	closed  bool
+	closing chan struct{}
+	wg      sync.WaitGroup
+}
+
+var (
+	_ message.Publisher  = (*PubSub)(nil)
+	_ message.Subscriber = (*PubSub)(nil)
+)
+
+// NewPubSub returns a PubSub configured by cfg.
+func NewPubSub(cfg PubSubConfig) (*PubSub, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &PubSub{
+		ch:      gochannel.NewGoChannel(gochannel.Config{Persistent: true}, cfg.Logger),
+		backoff: nackdelay.Backoff{First: cfg.NackDelay, Max: cfg.MaxNackDelay},
+		closing: make(chan struct{}),
+	}, nil
+}
+
+// Publish publishes msgs to topic. It returns once every subscription of
+// topic has received them.
+func (p *PubSub) Publish(topic string, msgs ...*message.Message) error {
+	if err := p.ch.Publish(topic, msgs...); err != nil {
+		return fmt.Errorf("memory: publish to %s: %w", topic, err)
+	}
+	return nil
+}
+
+// Subscribe returns the messages of topic, until ctx ends or the PubSub
+// closes. A message nacked is sent again after the pause.
+func (p *PubSub) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil, ErrPubSubClosed
+	}
+	p.wg.Add(1)
+	p.mu.Unlock()
+	in, err := p.ch.Subscribe(ctx, topic)
+	if err != nil {
+		p.wg.Done()
+		return nil, fmt.Errorf("memory: subscribe to %s: %w", topic, err)
+	}
+	out := make(chan *message.Message)
+	go func() {
+		defer p.wg.Done()
+		defer close(out)
+		nackdelay.Forward(ctx, in, out, p.closing, p.backoff)
+	}()
+	return out, nil
+}
+
+// Close stops every subscription and forgets every message. It waits for
+// the subscriptions' goroutines.
+func (p *PubSub) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	close(p.closing)
+	p.mu.Unlock()
+	err := p.ch.Close()
+	p.wg.Wait()
+	if err != nil {
+		return fmt.Errorf("memory: close: %w", err)
+	}
+	return nil
+}
