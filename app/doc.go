@@ -54,10 +54,13 @@
 // an error naming its key. With no configuration at all the service runs
 // on one SQLite file, ./data/effectively.db.
 //
-// # Shutdown
+// # Start and shutdown
 //
-// On SIGINT or SIGTERM the router closes: attempts in flight see their
-// context cancelled and roll back, mark included, and their messages are
-// not acknowledged, so they are delivered again later. Nothing is
-// acknowledged before its effect committed.
+// At start the router subscribes every handler before any message is
+// handled. On SIGINT or SIGTERM the router closes: attempts in flight see
+// their context cancelled and roll back, mark included, and their messages
+// are not acknowledged, so they are delivered again later. Nothing is
+// acknowledged before its effect committed. A signal during the start
+// ends it (a broker still awaited, subscriptions still pending), rolls
+// back what started, and Serve returns nil.
 package app
