@@ -21,22 +21,6 @@ type StoreConfig struct {
 	Now func() time.Time
 }
 
-// WithDefaults returns a copy of c with zero fields set to their defaults.
-func (c StoreConfig) WithDefaults() StoreConfig {
-	if c.Now == nil {
-		c.Now = time.Now
-	}
-	return c
-}
-
-// Validate reports the first invalid field of c.
-func (c StoreConfig) Validate() error {
-	if err := sqlstore.ValidatePrefix(c.TablePrefix); err != nil {
-		return fmt.Errorf("postgres: TablePrefix: %w", err)
-	}
-	return nil
-}
-
 // ErrMissingDB is returned by NewStore without a database.
 var ErrMissingDB = errors.New("postgres: missing database (try postgres.Open)")
 
@@ -73,10 +57,6 @@ var (
 func NewStore(db *sqlx.DB, cfg StoreConfig) (*Store, error) {
 	if db == nil {
 		return nil, ErrMissingDB
-	}
-	cfg = cfg.WithDefaults()
-	if err := cfg.Validate(); err != nil {
-		return nil, err
 	}
 	s, err := sqlstore.New(db, sqlstore.Postgres, cfg.TablePrefix, cfg.Now)
 	if err != nil {

@@ -21,22 +21,6 @@ type StoreConfig struct {
 	Now func() time.Time
 }
 
-// WithDefaults returns a copy of c with zero fields set to their defaults.
-func (c StoreConfig) WithDefaults() StoreConfig {
-	if c.Now == nil {
-		c.Now = time.Now
-	}
-	return c
-}
-
-// Validate reports the first invalid field of c.
-func (c StoreConfig) Validate() error {
-	if err := sqlstore.ValidatePrefix(c.TablePrefix); err != nil {
-		return fmt.Errorf("sqlite: TablePrefix: %w", err)
-	}
-	return nil
-}
-
 // ErrMissingDB is returned by NewStore without a database.
 var ErrMissingDB = errors.New("sqlite: missing database (try sqlite.Open)")
 
@@ -72,10 +56,6 @@ var (
 func NewStore(db *sqlx.DB, cfg StoreConfig) (*Store, error) {
 	if db == nil {
 		return nil, ErrMissingDB
-	}
-	cfg = cfg.WithDefaults()
-	if err := cfg.Validate(); err != nil {
-		return nil, err
 	}
 	s, err := sqlstore.New(db, sqlstore.SQLite, cfg.TablePrefix, cfg.Now)
 	if err != nil {

@@ -50,7 +50,7 @@ func New(db *sqlx.DB, d Dialect, prefix string, now func() time.Time) (*Store, e
 		return nil, err
 	}
 	if err := ValidatePrefix(prefix); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("TablePrefix: %w", err)
 	}
 	if got, err := DialectOf(db.DriverName()); err == nil && got != d {
 		return nil, fmt.Errorf("the database's driver %q is %s, not %s", db.DriverName(), got, d)
