@@ -26,11 +26,10 @@ type Subscriber struct {
 	conn      *Connection
 	queueName wamqp.QueueNameGenerator
 
-	mu      sync.Mutex
-	sub     *wamqp.Subscriber
-	closed  bool
-	closing chan struct{}
-	wg      sync.WaitGroup
+	fwd *nackdelay.Forwarder
+
+	mu  sync.Mutex // guards sub, and its creation against Close
+	sub *wamqp.Subscriber
 }
 
 var (
@@ -52,13 +51,17 @@ func newSubscriber(conn *Connection, queueName wamqp.QueueNameGenerator) (*Subsc
 	if conn == nil {
 		return nil, fmt.Errorf("amqp: NewSubscriber: missing Connection (build it with NewConnection)")
 	}
-	return &Subscriber{conn: conn, queueName: queueName, closing: make(chan struct{})}, nil
+	return &Subscriber{
+		conn:      conn,
+		queueName: queueName,
+		fwd:       nackdelay.NewForwarder(nackdelay.Backoff{First: conn.cfg.NackDelay, Max: conn.cfg.MaxNackDelay}),
+	}, nil
 }
 
 func (s *Subscriber) inner() (*wamqp.Subscriber, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
+	if s.fwd.Closed() {
 		return nil, ErrClosed
 	}
 	if s.sub != nil {
@@ -102,19 +105,10 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	if err != nil {
 		return nil, fmt.Errorf("amqp: subscribe to %s: %w", topic, err)
 	}
-	out := make(chan *message.Message)
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil, ErrClosed
+	out, err := s.fwd.Forward(ctx, in)
+	if err != nil {
+		return nil, ErrClosed // in closes with the watermill subscriber
 	}
-	s.wg.Add(1)
-	s.mu.Unlock()
-	go func() {
-		defer s.wg.Done()
-		defer close(out)
-		nackdelay.Forward(ctx, in, out, s.closing, nackdelay.Backoff{First: s.conn.cfg.NackDelay, Max: s.conn.cfg.MaxNackDelay})
-	}()
 	return out, nil
 }
 
@@ -122,19 +116,17 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 // The connection stays open.
 func (s *Subscriber) Close() error {
 	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
-	}
-	s.closed = true
-	close(s.closing)
+	first := s.fwd.Close()
 	sub := s.sub
 	s.mu.Unlock()
+	if !first {
+		return nil
+	}
 	var err error
 	if sub != nil {
 		err = sub.Close()
 	}
-	s.wg.Wait()
+	s.fwd.Wait()
 	if err != nil {
 		return fmt.Errorf("amqp: close subscriber: %w", err)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -74,13 +73,8 @@ func (c PubSubConfig) Validate() error {
 // Every subscription of a topic receives every message: there are no
 // consumer groups. Nothing survives the process. For tests only.
 type PubSub struct {
-	ch      *gochannel.GoChannel
-	backoff nackdelay.Backoff
-
-	mu      sync.Mutex
-	closed  bool
-	closing chan struct{}
-	wg      sync.WaitGroup
+	ch  *gochannel.GoChannel
+	fwd *nackdelay.Forwarder
 }
 
 var (
@@ -95,9 +89,8 @@ func NewPubSub(cfg PubSubConfig) (*PubSub, error) {
 		return nil, err
 	}
 	return &PubSub{
-		ch:      gochannel.NewGoChannel(gochannel.Config{Persistent: true}, cfg.Logger),
-		backoff: nackdelay.Backoff{First: cfg.NackDelay, Max: cfg.MaxNackDelay},
-		closing: make(chan struct{}),
+		ch:  gochannel.NewGoChannel(gochannel.Config{Persistent: true}, cfg.Logger),
+		fwd: nackdelay.NewForwarder(nackdelay.Backoff{First: cfg.NackDelay, Max: cfg.MaxNackDelay}),
 	}, nil
 }
 
@@ -113,40 +106,28 @@ func (p *PubSub) Publish(topic string, msgs ...*message.Message) error {
 // Subscribe returns the messages of topic, until ctx ends or the PubSub
 // closes. A message nacked is sent again after the pause.
 func (p *PubSub) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
+	if p.fwd.Closed() {
 		return nil, ErrPubSubClosed
 	}
-	p.wg.Add(1)
-	p.mu.Unlock()
 	in, err := p.ch.Subscribe(ctx, topic)
 	if err != nil {
-		p.wg.Done()
 		return nil, fmt.Errorf("memory: subscribe to %s: %w", topic, err)
 	}
-	out := make(chan *message.Message)
-	go func() {
-		defer p.wg.Done()
-		defer close(out)
-		nackdelay.Forward(ctx, in, out, p.closing, p.backoff)
-	}()
+	out, err := p.fwd.Forward(ctx, in)
+	if err != nil {
+		return nil, ErrPubSubClosed // in closes with the GoChannel
+	}
 	return out, nil
 }
 
 // Close stops every subscription and forgets every message. It waits for
 // the subscriptions' goroutines.
 func (p *PubSub) Close() error {
-	p.mu.Lock()
-	if p.closed {
-		p.mu.Unlock()
+	if !p.fwd.Close() {
 		return nil
 	}
-	p.closed = true
-	close(p.closing)
-	p.mu.Unlock()
 	err := p.ch.Close()
-	p.wg.Wait()
+	p.fwd.Wait()
 	if err != nil {
 		return fmt.Errorf("memory: close: %w", err)
 	}

@@ -6,6 +6,8 @@ package nackdelay
 
 import (
 	"context"
+	"errors"
+	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -28,7 +30,73 @@ func (b Backoff) next(nacks int) time.Duration {
 	return min(d, b.Max)
 }
 
-// Forward hands each message of in to out as a copy, with the original's
+// ErrClosed is returned by Forwarder.Forward after Close.
+var ErrClosed = errors.New("closed")
+
+// Forwarder forwards the subscriptions of one subscriber, each through
+// forward, and ends them together. The subscriber closes in three steps:
+// Close (the pauses end, so nacked messages go back at once), then its
+// transport's subscriptions (so their channels close), then Wait.
+type Forwarder struct {
+	backoff Backoff
+
+	mu      sync.Mutex
+	closed  bool
+	closing chan struct{}
+	wg      sync.WaitGroup
+}
+
+// NewForwarder returns a Forwarder that pauses by b.
+func NewForwarder(b Backoff) *Forwarder {
+	return &Forwarder{backoff: b, closing: make(chan struct{})}
+}
+
+// Forward returns the copies of the messages of in, a subscription of
+// the transport, and settles each original once its copy is settled: an
+// ack at once, a nack after the backoff's pause. The channel closes when
+// in closes. After Close it returns ErrClosed.
+func (f *Forwarder) Forward(ctx context.Context, in <-chan *message.Message) (<-chan *message.Message, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return nil, ErrClosed
+	}
+	out := make(chan *message.Message)
+	f.wg.Add(1)
+	go func() {
+		defer f.wg.Done()
+		defer close(out)
+		forward(ctx, in, out, f.closing, f.backoff)
+	}()
+	return out, nil
+}
+
+// Close ends the pauses: from now on a nack, or a message not yet handed
+// out, goes back to the transport at once. It reports whether this call
+// closed the Forwarder (false: it was closed already).
+func (f *Forwarder) Close() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return false
+	}
+	f.closed = true
+	close(f.closing)
+	return true
+}
+
+// Closed reports whether Close was called.
+func (f *Forwarder) Closed() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.closed
+}
+
+// Wait waits until every forward has returned, that is until the
+// transport closed every subscription's channel.
+func (f *Forwarder) Wait() { f.wg.Wait() }
+
+// forward hands each message of in to out as a copy, with the original's
 // context, and settles the original once the copy is settled: an ack at
 // once, a nack after the backoff's pause. It returns when in closes.
 //
@@ -36,7 +104,7 @@ func (b Backoff) next(nacks int) time.Duration {
 // nacked and pausing, is nacked at once: the transport takes it back
 // while it closes. A message whose context ends (its subscription
 // stopped) is nacked too.
-func Forward(ctx context.Context, in <-chan *message.Message, out chan<- *message.Message, closing <-chan struct{}, b Backoff) {
+func forward(ctx context.Context, in <-chan *message.Message, out chan<- *message.Message, closing <-chan struct{}, b Backoff) {
 	nacks := 0
 	for orig := range in {
 		msg := orig.Copy()
