@@ -58,9 +58,10 @@ type OrderStore interface {
 	Checkpoint(ctx context.Context, tx *Tx, consumer, subject string) (int64, error)
 	// WaitGap records, in a transaction of its own, that the event key
 	// with sequence seq waits for an earlier one of its subject, and
-	// returns since when it waits. The wait does not count as a
-	// delivery: the event's delivery count is forgotten.
-	WaitGap(ctx context.Context, consumer, subject string, seq int64, key Key, body []byte) (time.Time, error)
+	// returns for how long it has waited, by the store's clock (the one
+	// that stamped the wait). The wait does not count as a delivery: the
+	// event's delivery count is forgotten.
+	WaitGap(ctx context.Context, consumer, subject string, seq int64, key Key, body []byte) (time.Duration, error)
 	// EndWait removes the wait of (consumer, subject, seq), inside tx
 	// when tx is not nil.
 	EndWait(ctx context.Context, tx *Tx, consumer, subject string, seq int64) error

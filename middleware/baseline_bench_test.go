@@ -23,7 +23,7 @@ import (
 func BenchmarkHandWritten(b *testing.B) {
 	for _, be := range backends {
 		b.Run(be.name, func(b *testing.B) {
-			db, _ := be.open(b)
+			db, _ := be.open(b, nil)
 			_, err := db.Exec(`CREATE TABLE hand_processed (consumer TEXT NOT NULL, source TEXT NOT NULL, event_id TEXT NOT NULL, PRIMARY KEY (consumer, source, event_id));
 				CREATE TABLE effects (source TEXT NOT NULL, event_id TEXT NOT NULL, text TEXT NOT NULL)`)
 			if err != nil { // PostgreSQL takes one statement per Exec

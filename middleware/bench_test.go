@@ -32,7 +32,7 @@ func BenchmarkChain(b *testing.B) {
 }
 
 func benchmarkChain(b *testing.B, be backend, duplicates, knownFirst bool) {
-	db, s := be.open(b)
+	db, s := be.open(b, nil)
 	ctx := context.Background()
 	require.NoError(b, migrate.Up(ctx, db, migrate.Config{}))
 	_, err := db.Exec(`CREATE TABLE effects (source TEXT NOT NULL, event_id TEXT NOT NULL, text TEXT NOT NULL)`)

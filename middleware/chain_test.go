@@ -35,19 +35,20 @@ type store interface {
 // backend opens a migrated database of its kind and its store.
 type backend struct {
 	name string
-	open func(t testing.TB) (*sqlx.DB, store)
+	// open opens a store whose clock is now (nil: time.Now).
+	open func(t testing.TB, now func() time.Time) (*sqlx.DB, store)
 }
 
 var backends = []backend{
-	{"SQLite", func(t testing.TB) (*sqlx.DB, store) {
+	{"SQLite", func(t testing.TB, now func() time.Time) (*sqlx.DB, store) {
 		db := testenv.SQLite(t)
-		s, err := sqlite.NewStore(db, sqlite.StoreConfig{})
+		s, err := sqlite.NewStore(db, sqlite.StoreConfig{Now: now})
 		require.NoError(t, err)
 		return db, s
 	}},
-	{"Postgres", func(t testing.TB) (*sqlx.DB, store) {
+	{"Postgres", func(t testing.TB, now func() time.Time) (*sqlx.DB, store) {
 		db := testenv.Postgres(t)
-		s, err := postgres.NewStore(db, postgres.StoreConfig{})
+		s, err := postgres.NewStore(db, postgres.StoreConfig{Now: now})
 		require.NoError(t, err)
 		return db, s
 	}},
@@ -79,11 +80,12 @@ type setupConfig struct {
 	attempts      int
 	timeout       time.Duration
 	maxDeliveries int
+	now           func() time.Time // the store's clock; nil: time.Now
 }
 
 func setup(t *testing.T, b backend, cfg setupConfig) *bundle {
 	t.Helper()
-	db, s := b.open(t)
+	db, s := b.open(t, cfg.now)
 	require.NoError(t, migrate.Up(context.Background(), db, migrate.Config{}))
 	_, err := db.Exec(`CREATE TABLE effects (source TEXT NOT NULL, event_id TEXT NOT NULL, text TEXT NOT NULL)`)
 	require.NoError(t, err)
@@ -621,17 +623,12 @@ func exerciseChain(t *testing.T, b backend) {
 
 	t.Run("StrictOrderGapTimeout", func(t *testing.T) {
 		t.Parallel()
-		bd := setup(t, b, setupConfig{strictOrder: true, gapTimeout: time.Hour})
+		var clock atomic.Int64 // hours later than now
+		now := func() time.Time { return time.Now().Add(time.Duration(clock.Load()) * time.Hour) }
+		bd := setup(t, b, setupConfig{strictOrder: true, gapTimeout: time.Hour, now: now})
 		require.NoError(t, bd.deliver(ctx, seqEvent(t, "b1", "b", 1)))
 		require.ErrorIs(t, bd.deliver(ctx, seqEvent(t, "b3", "b", 3)), framework.ErrLater)
-		// b3 has waited for two hours (backdated rather than slept: the
-		// test's timing never decides its outcome).
-		parkedAt := any(time.Now().Add(-2 * time.Hour).UTC())
-		if bd.db.DriverName() == sqlite.DriverName {
-			parkedAt = time.Now().Add(-2 * time.Hour).UnixNano()
-		}
-		_, err := bd.db.Exec(bd.db.Rebind(`UPDATE parked_events SET parked_at = ? WHERE event_id = 'b3'`), parkedAt)
-		require.NoError(t, err)
+		clock.Store(2) // b3 has waited for two hours, by the store's clock
 		require.NoError(t, bd.deliver(ctx, seqEvent(t, "b3", "b", 3)), "dead-lettered once it waited too long")
 		dls := bd.deadLetters(t)
 		require.Len(t, dls, 1)

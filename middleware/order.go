@@ -105,11 +105,11 @@ func GapWait(consumer string, store framework.OrderStore, timeout time.Duration)
 			if !ok {
 				return nil, errNotDecoded
 			}
-			since, werr := store.WaitGap(ctx, consumer, gap.subject, gap.seq, d.Key(), msg.Payload)
+			waited, werr := store.WaitGap(ctx, consumer, gap.subject, gap.seq, d.Key(), msg.Payload)
 			if werr != nil {
 				return nil, errors.Join(err, werr)
 			}
-			if time.Since(since) <= timeout {
+			if waited <= timeout {
 				return nil, err
 			}
 			if werr := store.EndWait(ctx, nil, consumer, gap.subject, gap.seq); werr != nil {

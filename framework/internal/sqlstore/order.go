@@ -50,29 +50,29 @@ func (s *Store) Checkpoint(ctx context.Context, tx *framework.Tx, consumer, subj
 }
 
 // WaitGap implements framework.OrderStore, in one transaction.
-func (s *Store) WaitGap(ctx context.Context, consumer, subject string, seq int64, key framework.Key, body []byte) (time.Time, error) {
+func (s *Store) WaitGap(ctx context.Context, consumer, subject string, seq int64, key framework.Key, body []byte) (time.Duration, error) {
 	tx, err := s.db.BeginTxx(ctx, nil)
 	if err != nil {
-		return time.Time{}, fmt.Errorf("wait for the gap before %s #%d: begin: %w", subject, seq, err)
+		return 0, fmt.Errorf("wait for the gap before %s #%d: begin: %w", subject, seq, err)
 	}
 	defer tx.Rollback() // a no-op after Commit
 	if _, err := tx.ExecContext(ctx, s.q.sql(qOrderWait),
 		consumer, subject, seq, key.Source, key.ID, body, s.dialect.timeArg(s.now())); err != nil {
-		return time.Time{}, fmt.Errorf("wait for the gap before %s #%d: %w", subject, seq, err)
+		return 0, fmt.Errorf("wait for the gap before %s #%d: %w", subject, seq, err)
 	}
 	var since timeValue
 	if err := tx.GetContext(ctx, &since, s.q.sql(qOrderWaitingSince), consumer, subject, seq); err != nil {
-		return time.Time{}, fmt.Errorf("wait for the gap before %s #%d: %w", subject, seq, err)
+		return 0, fmt.Errorf("wait for the gap before %s #%d: %w", subject, seq, err)
 	}
 	// A wait is an outcome, not a lost delivery: it does not count
 	// towards the delivery limit.
 	if _, err := tx.ExecContext(ctx, s.forgetDelivery, consumer, key.Source, key.ID); err != nil {
-		return time.Time{}, fmt.Errorf("wait for the gap before %s #%d: %w", subject, seq, err)
+		return 0, fmt.Errorf("wait for the gap before %s #%d: %w", subject, seq, err)
 	}
 	if err := tx.Commit(); err != nil {
-		return time.Time{}, fmt.Errorf("wait for the gap before %s #%d: commit: %w", subject, seq, err)
+		return 0, fmt.Errorf("wait for the gap before %s #%d: commit: %w", subject, seq, err)
 	}
-	return since.t, nil
+	return s.now().Sub(since.t), nil
 }
 
 // EndWait implements framework.OrderStore. Without a transaction it
