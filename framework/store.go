@@ -2,6 +2,8 @@ package framework
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 )
 
@@ -151,6 +153,20 @@ type DeadLetter struct {
 
 // Key returns the key under which a dead letter is unique for its consumer.
 func (dl DeadLetter) Key() Key { return Key{Source: dl.Source, ID: dl.EventID} }
+
+// Validate reports the first field of dl that a DeadLetterPublisher cannot
+// take.
+func (dl DeadLetter) Validate() error {
+	switch {
+	case dl.Consumer == "":
+		return errors.New("publish dead letter: Consumer is empty")
+	case dl.EventID == "":
+		return fmt.Errorf("publish dead letter for %s: EventID is empty (use framework.BodyKey when the message has no id)", dl.Consumer)
+	case !dl.Code.Valid():
+		return fmt.Errorf("publish dead letter %s for %s: invalid code %q", dl.Key(), dl.Consumer, dl.Code)
+	}
+	return nil
+}
 
 // Resolution records an operator's replay or discard of a dead letter.
 type Resolution struct {

@@ -157,13 +157,8 @@ func (s *Store) Forget(ctx context.Context, tx *framework.Tx, consumer string, k
 // for the consumer (see Count), in the same transaction, so that a replay
 // is counted afresh instead of hitting the delivery limit at once.
 func (s *Store) PublishDeadLetter(ctx context.Context, dl framework.DeadLetter) error {
-	switch {
-	case dl.Consumer == "":
-		return errors.New("publish dead letter: Consumer is empty")
-	case dl.EventID == "":
-		return fmt.Errorf("publish dead letter for %s: EventID is empty (use framework.BodyKey when the message has no id)", dl.Consumer)
-	case !dl.Code.Valid():
-		return fmt.Errorf("publish dead letter %s for %s: invalid code %q", dl.Key(), dl.Consumer, dl.Code)
+	if err := dl.Validate(); err != nil {
+		return err
 	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("publish dead letter %s for %s: %w", dl.Key(), dl.Consumer, err)

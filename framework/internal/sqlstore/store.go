@@ -125,7 +125,7 @@ func (s *Store) Forget(ctx context.Context, tx *framework.Tx, consumer string, k
 // forgets the message's delivery count for the consumer, so that a replay
 // is counted afresh instead of hitting the delivery limit at once.
 func (s *Store) PublishDeadLetter(ctx context.Context, dl framework.DeadLetter) error {
-	if err := ValidateDeadLetter(dl); err != nil {
+	if err := dl.Validate(); err != nil {
 		return err
 	}
 	meta, err := encodeMetadata(dl.Metadata)
@@ -152,20 +152,6 @@ func (s *Store) PublishDeadLetter(ctx context.Context, dl framework.DeadLetter) 
 	}
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("publish dead letter %s for %s: commit: %w", dl.Key(), dl.Consumer, err)
-	}
-	return nil
-}
-
-// ValidateDeadLetter reports the first field of dl that a store cannot
-// take.
-func ValidateDeadLetter(dl framework.DeadLetter) error {
-	switch {
-	case dl.Consumer == "":
-		return errors.New("publish dead letter: Consumer is empty")
-	case dl.EventID == "":
-		return fmt.Errorf("publish dead letter for %s: EventID is empty (use framework.BodyKey when the message has no id)", dl.Consumer)
-	case !dl.Code.Valid():
-		return fmt.Errorf("publish dead letter %s for %s: invalid code %q", dl.Key(), dl.Consumer, dl.Code)
 	}
 	return nil
 }
