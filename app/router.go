@@ -20,11 +20,19 @@ import (
 )
 
 // Middleware is the application's own middleware around every consumer's
-// handler (see middleware.ChainConfig): Outer sees each delivery, Inner
-// runs inside each attempt's transaction. Supply it with
+// handler (see middleware.ChainConfig). Supply it with
 // fx.Supply(app.Middleware{...}).
 type Middleware struct {
+	// Outer runs once per delivery, after the event is decoded and the
+	// delivery counted, outside the retries and the transaction;
+	// framework.DecodedFromContext(msg.Context()) returns the event. A
+	// permanent error (framework.Permanent) dead-letters the message with
+	// its code; any other error nacks it, and it counts towards the
+	// consumer's max_deliveries. A consumer's rate_limit waits before it.
 	Outer []message.HandlerMiddleware
+	// Inner runs inside each attempt, in its transaction
+	// (framework.TxFromContext), for the deliveries that are not
+	// duplicates.
 	Inner []message.HandlerMiddleware
 }
 
@@ -65,6 +73,8 @@ func NewRouter(p RouterParams) (*message.Router, error) {
 	var inits []subscribeInit
 	for _, c := range p.Registry.Consumers() {
 		cc := p.Config.Consumer(c.Name())
+		// The rate limit is the first of the Outer steps: it paces the
+		// deliveries that passed decoding and the delivery guard.
 		outer := p.Middleware.Outer
 		if cc.RateLimit > 0 {
 			outer = append([]message.HandlerMiddleware{rateLimit(cc.RateLimit)}, outer...)

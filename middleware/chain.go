@@ -50,9 +50,15 @@ type ChainConfig struct {
 	Logger  *slog.Logger
 	Metrics *Metrics
 	Tracer  trace.Tracer
-	// Outer middleware runs around each message, between Observe and
-	// DeadLetter: it sees every delivery once, and its errors are
-	// dead-lettered like the handler's when permanent.
+	// Outer middleware runs once per delivery, after Decode (and GapWait)
+	// and the DeliveryGuard, outside Retry and the transaction. The
+	// message context carries the decoded event:
+	// framework.DecodedFromContext(msg.Context()) returns it. A permanent
+	// error (framework.Permanent) is dead-lettered with its code and the
+	// message acknowledged; any other error it returns without calling
+	// next nacks the message, which comes back and counts towards
+	// MaxDeliveries. Errors of the steps inside pass through it as they
+	// are (retries exhausted are dead-lettered).
 	Outer []message.HandlerMiddleware
 	// Inner middleware runs inside each attempt, after the processed mark:
 	// its context carries the transaction.
@@ -86,8 +92,8 @@ func (c ChainConfig) Validate() error {
 }
 
 // Chain returns the consumer's steps, outermost first, in the order of the
-// design: Observe, cfg.Outer, DeadLetter, Decode, GapWait (with
-// cfg.Order), DeliveryGuard, Retry, Timeout, Recover, UnitOfWork,
+// design: Observe, DeadLetter, Decode, GapWait (with cfg.Order),
+// DeliveryGuard, cfg.Outer, Retry, Timeout, Recover, UnitOfWork,
 // SequenceGuard (with cfg.Checkpoints) or StrictOrder (with cfg.Order),
 // cfg.Inner. Apply them to Dispatch, or use Handler, which does.
 func Chain(cfg ChainConfig) ([]message.HandlerMiddleware, error) {
@@ -112,9 +118,7 @@ func Chain(cfg ChainConfig) ([]message.HandlerMiddleware, error) {
 	if err != nil {
 		return nil, err
 	}
-	chain := []message.HandlerMiddleware{observe}
-	chain = append(chain, cfg.Outer...)
-	chain = append(chain, deadLetter, Decode(cfg.Consumer, cfg.MaxBodyBytes))
+	chain := []message.HandlerMiddleware{observe, deadLetter, Decode(cfg.Consumer, cfg.MaxBodyBytes)}
 	if cfg.Order != nil {
 		wait, err := GapWait(name, cfg.Order, cfg.GapTimeout)
 		if err != nil {
@@ -122,8 +126,9 @@ func Chain(cfg ChainConfig) ([]message.HandlerMiddleware, error) {
 		}
 		chain = append(chain, wait)
 	}
+	chain = append(chain, guard)
+	chain = append(chain, cfg.Outer...)
 	chain = append(chain,
-		guard,
 		retry,
 		Timeout(cfg.Timeout),
 		Recover,

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -81,6 +82,8 @@ type setupConfig struct {
 	timeout       time.Duration
 	maxDeliveries int
 	now           func() time.Time // the store's clock; nil: time.Now
+	outer         []message.HandlerMiddleware
+	logger        *slog.Logger
 }
 
 func setup(t *testing.T, b backend, cfg setupConfig) *bundle {
@@ -127,6 +130,8 @@ func setup(t *testing.T, b backend, cfg setupConfig) *bundle {
 		MaxDeliveries: cfg.maxDeliveries,
 		Retry:         middleware.RetryConfig{Attempts: cfg.attempts, Delay: time.Millisecond},
 		Timeout:       cfg.timeout,
+		Outer:         cfg.outer,
+		Logger:        cfg.logger,
 	})
 	require.NoError(t, err)
 	return bd
@@ -717,6 +722,103 @@ func exerciseChain(t *testing.T, b backend) {
 		require.Equal(t, 1, bd.effects(t))
 		_, err = framework.Consume(ctx, c, bd.uow, []byte("{"))
 		require.Equal(t, framework.CodeMalformedEnvelope, framework.CodeOf(err))
+	})
+
+	t.Run("OuterPermanentIsDeadLettered", func(t *testing.T) {
+		t.Parallel()
+		refuse := func(message.HandlerFunc) message.HandlerFunc {
+			return func(*message.Message) ([]*message.Message, error) {
+				return nil, framework.Permanent("unknown_tenant", errors.New("tenant 42 is unknown"))
+			}
+		}
+		bd := setup(t, b, setupConfig{outer: []message.HandlerMiddleware{refuse}})
+		require.NoError(t, bd.deliver(ctx, event(t, "notes", "1")), "dead-lettered and acknowledged")
+		dls := bd.deadLetters(t)
+		require.Len(t, dls, 1)
+		require.Equal(t, framework.Code("unknown_tenant"), dls[0].Code)
+		require.Equal(t, "notes", dls[0].Source)
+		require.Equal(t, "1", dls[0].EventID)
+		require.Zero(t, dls[0].Attempts, "no attempt was made")
+		require.Zero(t, bd.calls.Load())
+	})
+
+	t.Run("OuterTransientReachesDeliveryLimit", func(t *testing.T) {
+		t.Parallel()
+		var seen atomic.Int64
+		unavailable := func(message.HandlerFunc) message.HandlerFunc {
+			return func(*message.Message) ([]*message.Message, error) {
+				seen.Add(1)
+				return nil, errors.New("quota service unavailable")
+			}
+		}
+		bd := setup(t, b, setupConfig{maxDeliveries: 3, attempts: 5, outer: []message.HandlerMiddleware{unavailable}})
+		ev := event(t, "notes", "1")
+		for i := range 3 {
+			require.Error(t, bd.deliver(ctx, ev), "delivery %d is nacked", i+1)
+			require.EqualValues(t, i+1, seen.Load(), "once per delivery, not retried")
+		}
+		require.Empty(t, bd.deadLetters(t))
+		require.NoError(t, bd.deliver(ctx, ev), "over the limit: dead-lettered and acknowledged")
+		dls := bd.deadLetters(t)
+		require.Len(t, dls, 1)
+		require.Equal(t, framework.CodeDeliveryLimit, dls[0].Code)
+		require.EqualValues(t, 3, seen.Load(), "the delivery over the limit does not reach Outer")
+		require.Zero(t, bd.calls.Load())
+	})
+
+	t.Run("OuterFailsAfterCommit", func(t *testing.T) {
+		t.Parallel()
+		var deliveries atomic.Int64
+		failFirst := func(next message.HandlerFunc) message.HandlerFunc {
+			return func(msg *message.Message) ([]*message.Message, error) {
+				out, err := next(msg)
+				if err == nil && deliveries.Add(1) == 1 {
+					return nil, errors.New("audit log unreachable")
+				}
+				return out, err
+			}
+		}
+		bd := setup(t, b, setupConfig{outer: []message.HandlerMiddleware{failFirst}})
+		ev := event(t, "notes", "1")
+		require.Error(t, bd.deliver(ctx, ev), "nacked, though its attempt committed")
+		require.Empty(t, bd.deadLetters(t), "an error after a committed attempt is no exhausted retry")
+		require.NoError(t, bd.deliver(ctx, ev), "the redelivery is a duplicate")
+		require.Equal(t, 1, bd.effects(t))
+		require.EqualValues(t, 1, bd.calls.Load())
+	})
+
+	t.Run("OuterSeesDecodedEventOnce", func(t *testing.T) {
+		t.Parallel()
+		var (
+			mu   sync.Mutex
+			seen []string
+			inTx []bool
+		)
+		record := func(next message.HandlerFunc) message.HandlerFunc {
+			return func(msg *message.Message) ([]*message.Message, error) {
+				d, ok := framework.DecodedFromContext(msg.Context())
+				_, tx := framework.TxFromContext(msg.Context())
+				mu.Lock()
+				if ok {
+					seen = append(seen, d.Key().String()+" "+d.Type)
+				}
+				inTx = append(inTx, tx)
+				mu.Unlock()
+				return next(msg)
+			}
+		}
+		bd := setup(t, b, setupConfig{attempts: 3, outer: []message.HandlerMiddleware{record}})
+		bd.behave = func(_ context.Context, _ framework.Event[noteV1], call int64) error {
+			if call < 3 {
+				return errors.New("flaky")
+			}
+			return nil
+		}
+		require.NoError(t, bd.deliver(ctx, event(t, "notes", "1")))
+		require.NoError(t, bd.deliver(ctx, []byte("poison")))
+		require.EqualValues(t, 3, bd.calls.Load())
+		require.Equal(t, []string{"notes/1 " + noted.Type()}, seen, "once per delivery, decoded; poison never reaches it")
+		require.Equal(t, []bool{false}, inTx, "outside the transaction")
 	})
 
 	t.Run("ThroughRouter", func(t *testing.T) {

@@ -50,10 +50,11 @@ func (c DeadLetterConfig) Validate() error {
 //
 // It never dead-letters on shutdown: when the message context ended, the
 // error is returned and the message is delivered again later; the same for
-// framework.ErrLater. Nor does it
-// dead-letter an error that came before any attempt and is not permanent
-// (a failure to count the delivery, say). When storing the dead letter
-// fails, the message is not acknowledged.
+// framework.ErrLater. Nor does it dead-letter an error that is not
+// permanent and did not come from Retry giving up (a failure to count the
+// delivery, an Outer middleware's transient error): that message is
+// delivered again, and counts towards the delivery limit. When storing
+// the dead letter fails, the message is not acknowledged.
 func DeadLetter(cfg DeadLetterConfig) (message.HandlerMiddleware, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -71,8 +72,8 @@ func DeadLetter(cfg DeadLetterConfig) (message.HandlerMiddleware, error) {
 			if ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, framework.ErrLater) {
 				return nil, err // shutdown, or a wait: deliver again later
 			}
-			if !framework.IsPermanent(err) && st.attempts == 0 {
-				return nil, err
+			if !framework.IsPermanent(err) && !st.gaveUp {
+				return nil, err // before the attempts, or after they succeeded
 			}
 			dl := cfg.deadLetter(msg, st, framework.CodeOf(err))
 			if perr := cfg.Publisher.PublishDeadLetter(ctx, dl); perr != nil {

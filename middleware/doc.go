@@ -3,11 +3,11 @@
 // design, outermost first:
 //
 //	Observe        logs, metrics, a consumer span linked to the producer
-//	[Outer]        the application's middleware around each delivery
 //	DeadLetter     stores poison and exhausted messages, then acks; never on shutdown
 //	Decode         CloudEvent, route and data validation; poison is permanent
 //	GapWait        optional: an event waiting for an earlier one is nacked, or after a while sequence_gap
 //	DeliveryGuard  durable delivery count; over the limit: delivery_limit
+//	[Outer]        the application's middleware, once per delivery, with the decoded event
 //	Retry          constant delay, bounded attempts; permanent errors skip it
 //	Timeout        a deadline per attempt
 //	Recover        a panic becomes an error with code panic
@@ -32,4 +32,25 @@
 //	router.AddConsumerHandler(consumer.Name()+"@"+typ, typ, subscriber, h)
 //
 // Package app does this for every registered consumer.
+//
+// # Application middleware
+//
+// ChainConfig.Outer runs once per delivery, outside the retries and the
+// transaction, with the decoded event in the message context:
+//
+//	func tenantCheck(next message.HandlerFunc) message.HandlerFunc {
+//		return func(msg *message.Message) ([]*message.Message, error) {
+//			d, _ := framework.DecodedFromContext(msg.Context())
+//			if !knownTenant(d.Source) {
+//				return nil, framework.Permanent("unknown_tenant", nil) // dead-lettered, acked
+//			}
+//			return next(msg)
+//		}
+//	}
+//
+// Its permanent errors are dead-lettered with their code; its other errors
+// nack the message, which comes back and counts towards the delivery
+// limit, until delivery_limit. ChainConfig.Inner runs inside each attempt,
+// in its transaction (framework.TxFromContext), for the deliveries that
+// are not duplicates.
 package middleware

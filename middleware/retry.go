@@ -77,6 +77,13 @@ func Retry(cfg RetryConfig) (message.HandlerMiddleware, error) {
 			stateOf(msg).attempts++
 			return next(msg)
 		}
-		return retry.Middleware(counted)
+		attempts := retry.Middleware(counted)
+		return func(msg *message.Message) ([]*message.Message, error) {
+			out, err := attempts(msg)
+			if err != nil {
+				stateOf(msg).gaveUp = true
+			}
+			return out, err
+		}
 	}, nil
 }

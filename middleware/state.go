@@ -15,6 +15,7 @@ type state struct {
 	envelope     *framework.Envelope // set once the CloudEvent decoded
 	decoded      *framework.Decoded  // set once routed and its data decoded
 	attempts     int
+	gaveUp       bool // Retry returned the error of its last attempt
 	outcome      framework.Outcome
 	deadLettered framework.Code
 	stale        bool   // the sequence guard skipped it

@@ -247,8 +247,9 @@ func (s *suite) handler(consumer string) framework.HandlerFunc[noteV1] {
 	}
 }
 
-// countAcks counts the messages of consumer that the chain acknowledges:
-// processed, duplicates and dead letters.
+// countAcks counts the messages of consumer that pass the chain's Outer
+// step acknowledged: processed and duplicates (poison and dead letters are
+// stored by the steps outside it).
 func (s *suite) countAcks(consumer string) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
