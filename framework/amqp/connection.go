@@ -9,6 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	amqp091 "github.com/rabbitmq/amqp091-go"
 )
 
 // ErrNotConnected is returned by the publishers and subscribers of a
@@ -18,10 +19,15 @@ var ErrNotConnected = errors.New("amqp: not connected (Connection.Connect has no
 // ErrClosed is returned after Close.
 var ErrClosed = errors.New("amqp: connection is closed")
 
+// ErrAccessRefused is returned by Connect when the broker refuses the
+// credentials of the URL, or their access to its virtual host (AMQP 403
+// ACCESS_REFUSED): trying again cannot help, so Connect does not.
+var ErrAccessRefused = errors.New("amqp: the broker refused the credentials")
+
 // Connection is one AMQP connection shared by a process's publisher and
 // subscribers. NewConnection does not dial: Connect does, retrying with
 // backoff while the broker is down, so an application can start before its
-// broker. Once connected, watermill-amqp reconnects by itself, forever,
+// broker; a refusal of the credentials is not retried (ErrAccessRefused). Once connected, watermill-amqp reconnects by itself, forever,
 // and the subscribers declare their topology again.
 type Connection struct {
 	cfg    Config
@@ -48,7 +54,9 @@ func NewConnection(cfg Config) (*Connection, error) {
 
 // Connect dials the broker, retrying with exponential backoff
 // (Config.ConnectInterval up to Config.MaxConnectInterval) until it
-// succeeds or ctx ends. It returns at once when already connected.
+// succeeds or ctx ends. It returns at once when already connected, and
+// with ErrAccessRefused, without retrying, when the broker refuses the
+// URL's user, password or virtual host. No error shows the password.
 func (c *Connection) Connect(ctx context.Context) error {
 	delay := c.cfg.ConnectInterval
 	for attempt := 1; ; attempt++ {
@@ -56,16 +64,27 @@ func (c *Connection) Connect(ctx context.Context) error {
 		if err == nil || errors.Is(err, ErrClosed) {
 			return err
 		}
+		if accessRefused(err) {
+			return fmt.Errorf("%w of %s (check its user, password and virtual host): %w", ErrAccessRefused, redact(c.cfg.URL), err)
+		}
 		c.cfg.Logger.WarnContext(ctx, "amqp: broker unreachable, retrying", "attempt", attempt, "retry_in", delay, "error", err)
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("amqp: connect to %s (%d attempts): %w (last error: %w)", redact(c.cfg.URL), attempt, ctx.Err(), err)
+			return fmt.Errorf("amqp: broker unreachable at %s (%d attempts): %w (last error: %w)", redact(c.cfg.URL), attempt, ctx.Err(), err)
 		case <-t.C:
 		}
 		delay = min(2*delay, c.cfg.MaxConnectInterval)
 	}
+}
+
+// accessRefused reports whether err is the broker's refusal of the
+// credentials or of the virtual host (amqp091-go's ErrCredentials,
+// ErrVhost or ErrSASL, all 403 ACCESS_REFUSED).
+func accessRefused(err error) bool {
+	var amqpErr *amqp091.Error
+	return errors.As(err, &amqpErr) && amqpErr.Code == amqp091.AccessRefused
 }
 
 func (c *Connection) dial() error {
