@@ -5,9 +5,10 @@
 #   eval "$(scripts/services.sh)"
 #
 # Servers already named by EFFECTIVELY_TEST_POSTGRES_URL or
-# EFFECTIVELY_TEST_AMQP_URL are used as they are; RabbitMQ is installed from
-# Debian's packages when it is absent. Under CI=true a server that cannot
-# be started fails the run; elsewhere the tests that need it are skipped.
+# EFFECTIVELY_TEST_AMQP_URL are used as they are; RabbitMQ and the sqlite3
+# program are installed from Debian's packages when they are absent. Under
+# CI=true a server that cannot be started (or sqlite3 installed) fails the
+# run; elsewhere the tests that need it are skipped.
 set -euo pipefail
 
 log() { printf 'services: %s\n' "$*" >&2; }
@@ -105,5 +106,16 @@ start_rabbitmq() {
   echo "export EFFECTIVELY_TEST_AMQP_URL='amqp://guest:guest@127.0.0.1:$RABBITMQ_TEST_PORT/'"
 }
 
+# Debian's sqlite3 program (3.40 on Debian 12, the oldest SQLite the docs
+# claim for programs that share the file): a test runs the hand INSERT of
+# docs/transports.md through it.
+install_sqlite3() {
+  if command -v sqlite3 >/dev/null 2>&1; then return; fi
+  log "installing sqlite3"
+  { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q sqlite3; } >&2 \
+    || fail "could not install sqlite3"
+}
+
 start_postgres
 start_rabbitmq
+install_sqlite3

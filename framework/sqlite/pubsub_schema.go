@@ -2,6 +2,8 @@ package sqlite
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -22,11 +24,20 @@ const (
 	PubSubLeasesTable = "pubsub_leases"
 )
 
+// nowMillis is the SQL expression of the Pub/Sub tables' created_at
+// default: the current Unix time in milliseconds. It is computed with
+// julianday, which every SQLite has; unixepoch came with SQLite 3.38 and
+// its 'subsec' modifier with 3.42, so a program on an older SQLite (Debian
+// 12's sqlite3 3.40, or Python's sqlite3 module there) could not insert a
+// row that relied on the default.
+const nowMillis = `CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)`
+
 // pubsubQueries holds the SQL of the Pub/Sub with the table prefix applied.
 // Lists of offsets travel as one JSON array argument read by json_each, so
 // every statement has a fixed text.
 type pubsubQueries struct {
-	schema []string
+	messages, groups string // the two tables that have a created_at default
+	schema           []string
 
 	insert        string // one message: topic, uuid, payload, metadata, created_at
 	registerGroup string // topic, group, created_at
@@ -46,6 +57,31 @@ type pubsubQueries struct {
 	cleanup       string // topic, horizon, limit
 }
 
+// createMessagesTable returns the CREATE TABLE statement of the messages
+// table named name.
+func createMessagesTable(name string) string {
+	return `CREATE TABLE IF NOT EXISTS ` + name + ` (
+	"offset"   INTEGER PRIMARY KEY AUTOINCREMENT,
+	topic      TEXT    NOT NULL,
+	uuid       TEXT    NOT NULL DEFAULT '',
+	payload    BLOB    NOT NULL,
+	metadata   TEXT    NOT NULL DEFAULT '{}',
+	created_at INTEGER NOT NULL DEFAULT (` + nowMillis + `)
+)`
+}
+
+// createGroupsTable returns the CREATE TABLE statement of the groups table
+// named name.
+func createGroupsTable(name string) string {
+	return `CREATE TABLE IF NOT EXISTS ` + name + ` (
+	topic          TEXT    NOT NULL,
+	consumer_group TEXT    NOT NULL,
+	claimed_offset INTEGER NOT NULL DEFAULT 0,
+	created_at     INTEGER NOT NULL DEFAULT (` + nowMillis + `),
+	PRIMARY KEY (topic, consumer_group)
+) WITHOUT ROWID`
+}
+
 func newPubSubQueries(prefix string) pubsubQueries {
 	r := strings.NewReplacer(
 		"{messages}", prefix+PubSubMessagesTable,
@@ -55,23 +91,12 @@ func newPubSubQueries(prefix string) pubsubQueries {
 	)
 	q := func(s string) string { return r.Replace(s) }
 	return pubsubQueries{
+		messages: prefix + PubSubMessagesTable,
+		groups:   prefix + PubSubGroupsTable,
 		schema: []string{
-			q(`CREATE TABLE IF NOT EXISTS {messages} (
-	"offset"   INTEGER PRIMARY KEY AUTOINCREMENT,
-	topic      TEXT    NOT NULL,
-	uuid       TEXT    NOT NULL DEFAULT '',
-	payload    BLOB    NOT NULL,
-	metadata   TEXT    NOT NULL DEFAULT '{}',
-	created_at INTEGER NOT NULL DEFAULT (CAST(unixepoch('subsec') * 1000 AS INTEGER))
-)`),
+			createMessagesTable(prefix + PubSubMessagesTable),
 			q(`CREATE INDEX IF NOT EXISTS {prefix}pubsub_messages_topic_offset ON {messages} (topic, "offset")`),
-			q(`CREATE TABLE IF NOT EXISTS {groups} (
-	topic          TEXT    NOT NULL,
-	consumer_group TEXT    NOT NULL,
-	claimed_offset INTEGER NOT NULL DEFAULT 0,
-	created_at     INTEGER NOT NULL DEFAULT (CAST(unixepoch('subsec') * 1000 AS INTEGER)),
-	PRIMARY KEY (topic, consumer_group)
-) WITHOUT ROWID`),
+			createGroupsTable(prefix + PubSubGroupsTable),
 			q(`CREATE TABLE IF NOT EXISTS {leases} (
 	topic          TEXT    NOT NULL,
 	consumer_group TEXT    NOT NULL,
@@ -120,14 +145,18 @@ func newPubSubQueries(prefix string) pubsubQueries {
 	}
 }
 
-// initializeSchema creates the Pub/Sub's tables when they are missing, in
-// one transaction.
+// initializeSchema creates the Pub/Sub's tables when they are missing and
+// upgrades those an earlier release created (see upgradeSchema), in one
+// transaction.
 func (q pubsubQueries) initializeSchema(ctx context.Context, db *sqlx.DB) error {
 	tx, err := db.BeginTxx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("initialize pubsub schema: %w", err)
 	}
 	defer func() { _ = tx.Rollback() }() // no-op after Commit
+	if err := q.upgradeSchema(ctx, tx); err != nil {
+		return fmt.Errorf("initialize pubsub schema: %w", err)
+	}
 	for _, stmt := range q.schema {
 		if _, err := tx.ExecContext(ctx, stmt); err != nil {
 			return fmt.Errorf("initialize pubsub schema: %w", err)
@@ -139,10 +168,85 @@ func (q pubsubQueries) initializeSchema(ctx context.Context, db *sqlx.DB) error 
 	return nil
 }
 
+// upgradeSchema rebuilds, keeping their rows, the messages and groups
+// tables that an earlier release created with a created_at default of
+// unixepoch('subsec'), which SQLite before 3.42 cannot compute: a program
+// on such a SQLite that inserted a message by hand failed. SQLite cannot
+// alter a column's default, so each such table is copied into a new one,
+// dropped, and the new one renamed; the messages table keeps its
+// AUTOINCREMENT sequence, so no offset is handed out twice. The indexes are
+// created again by the schema statements that follow. tx holds the file's
+// write lock (BEGIN IMMEDIATE), so two processes never rebuild at once.
+func (q pubsubQueries) upgradeSchema(ctx context.Context, tx *sqlx.Tx) error {
+	for _, t := range []struct {
+		name, columns string
+		autoincrement bool
+		create        func(string) string
+	}{
+		{q.messages, `"offset", topic, uuid, payload, metadata, created_at`, true, createMessagesTable},
+		{q.groups, `topic, consumer_group, claimed_offset, created_at`, false, createGroupsTable},
+	} {
+		var ddl string
+		err := tx.GetContext(ctx, &ddl, `SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?`, t.name)
+		if errors.Is(err, sql.ErrNoRows) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("read the definition of %s: %w", t.name, err)
+		}
+		if !strings.Contains(ddl, "unixepoch(") {
+			continue
+		}
+		if err := rebuildTable(ctx, tx, t.name, t.columns, t.autoincrement, t.create); err != nil {
+			return fmt.Errorf("rebuild %s with a created_at default every SQLite computes: %w", t.name, err)
+		}
+	}
+	return nil
+}
+
+// rebuildTable replaces the table name by one that create defines, with
+// the same rows (columns lists them) and, when it has one, the same
+// AUTOINCREMENT sequence.
+func rebuildTable(ctx context.Context, tx *sqlx.Tx, name, columns string, autoincrement bool, create func(string) string) error {
+	var seq []int64
+	if autoincrement {
+		if err := tx.SelectContext(ctx, &seq, `SELECT seq FROM sqlite_sequence WHERE name = ?`, name); err != nil {
+			return fmt.Errorf("read the offset sequence: %w", err)
+		}
+	}
+	tmp := name + "_rebuild"
+	for _, stmt := range []string{
+		create(tmp),
+		`INSERT INTO ` + tmp + ` (` + columns + `) SELECT ` + columns + ` FROM ` + name,
+		`DROP TABLE ` + name,
+		`ALTER TABLE ` + tmp + ` RENAME TO ` + name,
+	} {
+		if _, err := tx.ExecContext(ctx, stmt); err != nil {
+			return err
+		}
+	}
+	if len(seq) == 0 {
+		return nil
+	}
+	// The copy set the sequence to the highest offset copied; the old one
+	// may be higher (messages every group acknowledged are deleted).
+	res, err := tx.ExecContext(ctx, `UPDATE sqlite_sequence SET seq = MAX(seq, ?) WHERE name = ?`, seq[0], name)
+	if err != nil {
+		return fmt.Errorf("keep the offset sequence: %w", err)
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 0 {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO sqlite_sequence (name, seq) VALUES (?, ?)`, name, seq[0]); err != nil {
+			return fmt.Errorf("keep the offset sequence: %w", err)
+		}
+	}
+	return nil
+}
+
 // InitializePubSubSchema creates the tables of the SQLite Pub/Sub with the
-// given prefix when they are missing. Publishers and Subscribers do it on
-// first use unless their config says SkipSchemaInit; a migration tool can
-// call it instead.
+// given prefix when they are missing, and upgrades those an earlier release
+// created (their rows kept). Publishers and Subscribers do it on first use
+// unless their config says SkipSchemaInit; a migration tool can call it
+// instead.
 func InitializePubSubSchema(ctx context.Context, db *sqlx.DB, tablePrefix string) error {
 	if err := validatePubSubPrefix("InitializePubSubSchema", tablePrefix); err != nil {
 		return err
