@@ -54,6 +54,23 @@
 //	-- +goose Down
 //	DROP TABLE orders;
 //
+// # Checking before serving
+//
+// Check tells, without changing anything, whether the database has every
+// migration this binary ships; a service that does not apply them at start
+// calls it and refuses to run on a database that is behind:
+//
+//	if err := migrate.Check(ctx, db, cfg); err != nil {
+//		var behind *migrate.BehindError
+//		if errors.As(err, &behind) {
+//			return fmt.Errorf("%w: run the migrations first", err)
+//		}
+//		return err
+//	}
+//
+// A database ahead of the binary, migrated by a newer release during a
+// rolling deploy, passes.
+//
 // # Status
 //
 // Status lists every migration of both sets with whether it is applied,

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -198,9 +200,98 @@ func Status(ctx context.Context, db *sqlx.DB, cfg Config) ([]MigrationStatus, er
 	return out, nil
 }
 
+// BehindError reports a database that lacks migrations this binary ships
+// (see Check).
+type BehindError struct {
+	// Set is SetFramework or SetExtra.
+	Set string
+	// Version is the highest version applied to the database; 0 when none
+	// is.
+	Version int64
+	// Needed is the highest version this binary ships.
+	Needed int64
+	// Missing lists the versions this binary ships that are not applied,
+	// in order.
+	Missing []int64
+}
+
+// Error says how far behind the database is.
+func (e *BehindError) Error() string {
+	what := "database schema"
+	if e.Set == SetExtra {
+		what = "the application's database schema"
+	}
+	if e.Version < e.Needed {
+		return fmt.Sprintf("%s is at version %d, this binary needs %d", what, e.Version, e.Needed)
+	}
+	missing := make([]string, len(e.Missing))
+	for i, v := range e.Missing {
+		missing[i] = strconv.FormatInt(v, 10)
+	}
+	return fmt.Sprintf("%s is at version %d but lacks version %s, which this binary needs", what, e.Version, strings.Join(missing, ", "))
+}
+
+// Check reports whether every migration this binary ships, the framework's
+// and then the application's (Config.Extra), is applied to db, without
+// changing anything: it returns a *BehindError for the first set that
+// lacks one. A database ahead of the binary, with versions it does not
+// ship (applied by a newer release during a rolling deploy), passes.
+func Check(ctx context.Context, db *sqlx.DB, cfg Config) error {
+	sets, err := providers(db, cfg)
+	if err != nil {
+		return err
+	}
+	for _, s := range sets {
+		if err := s.check(ctx, db); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// check returns a *BehindError when a migration of s is not applied.
+func (s set) check(ctx context.Context, db *sqlx.DB) error {
+	applied := make(map[int64]bool)
+	var version int64
+	exists, err := sqlstore.TableExists(ctx, db.DB, s.dialect, s.store.Tablename())
+	if err != nil {
+		return fmt.Errorf("check migrations of %s: %w", s.name, err)
+	}
+	if exists {
+		rows, err := s.store.ListMigrations(ctx, db.DB)
+		if err != nil {
+			return fmt.Errorf("check migrations of %s: %w", s.name, err)
+		}
+		seen := make(map[int64]bool)
+		for _, r := range rows { // the latest row of each version first
+			if seen[r.Version] {
+				continue
+			}
+			seen[r.Version] = true
+			if r.IsApplied {
+				applied[r.Version] = true
+				version = max(version, r.Version)
+			}
+		}
+	}
+	behind := &BehindError{Set: s.name, Version: version}
+	for _, src := range s.provider.ListSources() {
+		behind.Needed = max(behind.Needed, src.Version)
+		if !applied[src.Version] {
+			behind.Missing = append(behind.Missing, src.Version)
+		}
+	}
+	if len(behind.Missing) > 0 {
+		return behind
+	}
+	return nil
+}
+
 type set struct {
 	name     string
 	provider *goose.Provider
+	store    database.Store // the provider's version table
+	dialect  sqlstore.Dialect
 	logger   *slog.Logger
 }
 
@@ -223,13 +314,13 @@ func providers(db *sqlx.DB, cfg Config) ([]set, error) {
 	if err != nil {
 		return nil, fmt.Errorf("migrate: %w", err)
 	}
-	sets := []set{{name: SetFramework, logger: cfg.Logger.With("migrations", SetFramework)}}
-	if sets[0].provider, err = newProvider(db, d, own, cfg.TablePrefix+VersionTable, sets[0].logger); err != nil {
+	sets := []set{{name: SetFramework, dialect: d, logger: cfg.Logger.With("migrations", SetFramework)}}
+	if sets[0].provider, sets[0].store, err = newProvider(db, d, own, cfg.TablePrefix+VersionTable, sets[0].logger); err != nil {
 		return nil, fmt.Errorf("migrate %s: %w", SetFramework, err)
 	}
 	if cfg.Extra != nil {
-		s := set{name: SetExtra, logger: cfg.Logger.With("migrations", SetExtra)}
-		if s.provider, err = newProvider(db, d, cfg.Extra, cfg.ExtraVersionTable, s.logger); err != nil {
+		s := set{name: SetExtra, dialect: d, logger: cfg.Logger.With("migrations", SetExtra)}
+		if s.provider, s.store, err = newProvider(db, d, cfg.Extra, cfg.ExtraVersionTable, s.logger); err != nil {
 			if errors.Is(err, goose.ErrNoMigrations) {
 				err = fmt.Errorf("%w at the root of Extra (for a folder of an embed.FS, pass fs.Sub(fsys, \"migrations\"))", err)
 			}
@@ -240,14 +331,14 @@ func providers(db *sqlx.DB, cfg Config) ([]set, error) {
 	return sets, nil
 }
 
-func newProvider(db *sqlx.DB, d sqlstore.Dialect, fsys fs.FS, versionTable string, logger *slog.Logger) (*goose.Provider, error) {
+func newProvider(db *sqlx.DB, d sqlstore.Dialect, fsys fs.FS, versionTable string, logger *slog.Logger) (*goose.Provider, database.Store, error) {
 	gd := database.DialectPostgres
 	if d == sqlstore.SQLite {
 		gd = database.DialectSQLite3
 	}
 	store, err := database.NewStore(gd, versionTable)
 	if err != nil {
-		return nil, fmt.Errorf("version table %s: %w", versionTable, err)
+		return nil, nil, fmt.Errorf("version table %s: %w", versionTable, err)
 	}
 	opts := []goose.ProviderOption{
 		goose.WithStore(store),
@@ -257,5 +348,6 @@ func newProvider(db *sqlx.DB, d sqlstore.Dialect, fsys fs.FS, versionTable strin
 	if l := sqlstore.Locker(d, versionTable); l != nil {
 		opts = append(opts, goose.WithSessionLocker(l))
 	}
-	return goose.NewProvider(goose.DialectCustom, db.DB, fsys, opts...)
+	p, err := goose.NewProvider(goose.DialectCustom, db.DB, fsys, opts...)
+	return p, store, err
 }

@@ -252,3 +252,68 @@ func TestConfig(t *testing.T) {
 }
 
 func sqlOf(t *testing.T) *sql.DB { return testenv.SQLite(t).DB }
+
+func TestCheck(t *testing.T) {
+	t.Parallel()
+	for _, d := range dialects {
+		t.Run(d.name, func(t *testing.T) {
+			t.Parallel()
+
+			t.Run("UnmigratedIsBehind", func(t *testing.T) {
+				t.Parallel()
+				db, _ := d.open(t)
+				err := migrate.Check(context.Background(), db, migrate.Config{TablePrefix: "u_"})
+				var behind *migrate.BehindError
+				require.ErrorAs(t, err, &behind)
+				require.Equal(t, &migrate.BehindError{Set: migrate.SetFramework, Version: 0, Needed: 1, Missing: []int64{1}}, behind)
+				require.EqualError(t, err, "database schema is at version 0, this binary needs 1")
+				requireNoTable(t, db, "u_"+migrate.VersionTable) // it changes nothing
+			})
+
+			t.Run("MigratedPasses", func(t *testing.T) {
+				t.Parallel()
+				db, _ := d.open(t)
+				ctx := context.Background()
+				cfg := migrate.Config{Extra: userMigrations(2)}
+				require.NoError(t, migrate.Up(ctx, db, cfg))
+				require.NoError(t, migrate.Check(ctx, db, cfg))
+			})
+
+			t.Run("AheadPasses", func(t *testing.T) {
+				t.Parallel()
+				db, _ := d.open(t)
+				ctx := context.Background()
+				require.NoError(t, migrate.Up(ctx, db, migrate.Config{}))
+				// A newer release applied a migration this binary does not ship.
+				_, err := db.Exec(`INSERT INTO ` + migrate.VersionTable + ` (version_id, is_applied) VALUES (99, true)`)
+				require.NoError(t, err)
+				require.NoError(t, migrate.Check(ctx, db, migrate.Config{}))
+			})
+
+			t.Run("MissingVersionBelowTheLatestIsBehind", func(t *testing.T) {
+				t.Parallel()
+				db, _ := d.open(t)
+				ctx := context.Background()
+				require.NoError(t, migrate.Up(ctx, db, migrate.Config{}))
+				_, err := db.Exec(`INSERT INTO ` + migrate.VersionTable + ` (version_id, is_applied) VALUES (99, true)`)
+				require.NoError(t, err)
+				_, err = db.Exec(`DELETE FROM ` + migrate.VersionTable + ` WHERE version_id = 1`)
+				require.NoError(t, err)
+				err = migrate.Check(ctx, db, migrate.Config{})
+				require.EqualError(t, err, "database schema is at version 99 but lacks version 1, which this binary needs")
+			})
+
+			t.Run("ApplicationsMigrationsBehind", func(t *testing.T) {
+				t.Parallel()
+				db, _ := d.open(t)
+				ctx := context.Background()
+				require.NoError(t, migrate.Up(ctx, db, migrate.Config{Extra: userMigrations(1)}))
+				err := migrate.Check(ctx, db, migrate.Config{Extra: userMigrations(2)})
+				var behind *migrate.BehindError
+				require.ErrorAs(t, err, &behind)
+				require.Equal(t, &migrate.BehindError{Set: migrate.SetExtra, Version: 1, Needed: 2, Missing: []int64{2}}, behind)
+				require.EqualError(t, err, "the application's database schema is at version 1, this binary needs 2")
+			})
+		})
+	}
+}

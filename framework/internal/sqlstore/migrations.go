@@ -97,3 +97,18 @@ func (l advisoryLocker) SessionUnlock(ctx context.Context, conn *sql.Conn) error
 	}
 	return nil
 }
+
+// TableExists reports whether the table name exists in db: on PostgreSQL
+// in the current schema (the first of the search path that exists), on
+// SQLite in the main database. It changes nothing.
+func TableExists(ctx context.Context, db *sql.DB, d Dialect, name string) (bool, error) {
+	q := `SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?)`
+	if d == Postgres {
+		q = `SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = current_schema() AND tablename = $1)`
+	}
+	var exists bool
+	if err := db.QueryRowContext(ctx, q, name).Scan(&exists); err != nil {
+		return false, fmt.Errorf("look for table %s: %w", name, err)
+	}
+	return exists, nil
+}
