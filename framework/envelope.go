@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"time"
 
@@ -90,19 +92,19 @@ func (a Attributes) Key() Key { return Key{Source: a.Source, ID: a.ID} }
 func (a Attributes) Validate() error {
 	switch {
 	case a.ID == "":
-		return Permanent(CodeMalformedEnvelope, errors.New("missing id"))
+		return malformed("id", "missing")
 	case len(a.ID) > MaxIDBytes:
-		return Permanent(CodeTooLarge, fmt.Errorf("id is %d bytes, at most %d allowed", len(a.ID), MaxIDBytes))
+		return Permanent(CodeTooLarge, &FieldError{Field: "id", Reason: fmt.Sprintf("is %d bytes, at most %d allowed", len(a.ID), MaxIDBytes)})
 	case a.Source == "":
-		return Permanent(CodeMalformedEnvelope, errors.New("missing source"))
+		return malformed("source", "missing")
 	case len(a.Source) > MaxSourceBytes:
-		return Permanent(CodeTooLarge, fmt.Errorf("source is %d bytes, at most %d allowed", len(a.Source), MaxSourceBytes))
+		return Permanent(CodeTooLarge, &FieldError{Field: "source", Reason: fmt.Sprintf("is %d bytes, at most %d allowed", len(a.Source), MaxSourceBytes)})
 	case a.Type == "":
-		return Permanent(CodeMalformedEnvelope, errors.New("missing type"))
+		return malformed("type", "missing")
 	case a.Version < 1 || a.Version > 1<<31-1:
-		return Permanent(CodeMalformedEnvelope, fmt.Errorf("eventversion %d out of range 1..2^31-1", a.Version))
+		return malformed("eventversion", "out of range 1..2^31-1")
 	case a.SubjectSeq < 0:
-		return Permanent(CodeMalformedEnvelope, fmt.Errorf("subjectseq %d is negative", a.SubjectSeq))
+		return malformed("subjectseq", "negative")
 	}
 	return nil
 }
@@ -156,23 +158,30 @@ func Encode(env Envelope) ([]byte, error) {
 	return body, nil
 }
 
+// malformed returns the permanent CodeMalformedEnvelope error of an
+// attribute, named without its value.
+func malformed(field, reason string) error {
+	return Permanent(CodeMalformedEnvelope, &FieldError{Field: field, Reason: reason})
+}
+
 // Decode parses a CloudEvents 1.0 structured JSON object. Every error it
 // returns is permanent: CodeTooLarge when body exceeds maxBody bytes (zero
 // means DefaultMaxBodyBytes) or an attribute its limit, else
-// CodeMalformedEnvelope.
+// CodeMalformedEnvelope. Each wraps a FieldError that names the attribute,
+// never its value.
 func Decode(body []byte, maxBody int) (Envelope, error) {
 	if maxBody <= 0 {
 		maxBody = DefaultMaxBodyBytes
 	}
 	if len(body) > maxBody {
-		return Envelope{}, Permanent(CodeTooLarge, fmt.Errorf("body is %d bytes, at most %d allowed", len(body), maxBody))
+		return Envelope{}, Permanent(CodeTooLarge, &FieldError{Field: "body", Reason: fmt.Sprintf("is %d bytes, at most %d allowed", len(body), maxBody)})
 	}
 	ev := cloudevents.New()
 	if err := json.Unmarshal(body, &ev); err != nil {
-		return Envelope{}, Permanent(CodeMalformedEnvelope, fmt.Errorf("decode cloudevent: %w", err))
+		return Envelope{}, Permanent(CodeMalformedEnvelope, fmt.Errorf("decode cloudevent: %w", unreadable(body, err)))
 	}
 	if ev.SpecVersion() != cloudevents.CloudEventsVersionV1 {
-		return Envelope{}, Permanent(CodeMalformedEnvelope, fmt.Errorf("specversion %q, want 1.0", ev.SpecVersion()))
+		return Envelope{}, malformed("specversion", "want 1.0")
 	}
 	env := Envelope{Attributes: Attributes{
 		ID:      ev.ID(),
@@ -187,29 +196,29 @@ func Decode(body []byte, maxBody int) (Envelope, error) {
 		return Envelope{}, err
 	}
 	if err := ev.Validate(); err != nil {
-		return Envelope{}, Permanent(CodeMalformedEnvelope, fmt.Errorf("invalid cloudevent: %w", err))
+		return Envelope{}, Permanent(CodeMalformedEnvelope, fmt.Errorf("invalid cloudevent: %w", invalid(err)))
 	}
 	if ct := ev.DataContentType(); ct != "" && ct != cloudevents.ApplicationJSON && ct != "text/json" {
-		return Envelope{}, Permanent(CodeMalformedEnvelope, fmt.Errorf("datacontenttype %q, want application/json", ct))
+		return Envelope{}, malformed("datacontenttype", "want application/json")
 	}
 	ext := ev.Extensions()
 	version, ok := ext[extVersion]
 	if !ok {
-		return Envelope{}, Permanent(CodeMalformedEnvelope, errors.New("missing eventversion"))
+		return Envelope{}, malformed(extVersion, "missing")
 	}
 	v, ok := version.(int32) // the SDK turns JSON integers into int32
 	if !ok {
-		return Envelope{}, Permanent(CodeMalformedEnvelope, fmt.Errorf("eventversion is %T, want an integer", version))
+		return Envelope{}, malformed(extVersion, "not an integer")
 	}
 	env.Version = int(v)
 	if s, ok := ext[extSubjectSeq]; ok {
 		str, err := types.ToString(s)
 		if err != nil {
-			return Envelope{}, Permanent(CodeMalformedEnvelope, fmt.Errorf("subjectseq: %w", err))
+			return Envelope{}, malformed(extSubjectSeq, "not a string")
 		}
 		seq, err := strconv.ParseInt(str, 10, 64)
 		if err != nil || seq < 1 {
-			return Envelope{}, Permanent(CodeMalformedEnvelope, fmt.Errorf("subjectseq %q is not an integer >= 1", str))
+			return Envelope{}, malformed(extSubjectSeq, "not a decimal integer >= 1")
 		}
 		env.SubjectSeq = seq
 	}
@@ -221,7 +230,7 @@ func Decode(body []byte, maxBody int) (Envelope, error) {
 		if s, ok := ext[name]; ok {
 			str, err := types.ToString(s)
 			if err != nil {
-				return Envelope{}, Permanent(CodeMalformedEnvelope, fmt.Errorf("%s: %w", name, err))
+				return Envelope{}, malformed(name, "not a string")
 			}
 			*dst = str
 		}
@@ -231,4 +240,62 @@ func Decode(body []byte, maxBody int) (Envelope, error) {
 	}
 	env.Data = ev.Data()
 	return env, nil
+}
+
+// unreadable names the attribute of body that the CloudEvents SDK could not
+// read (err), without its value: the SDK's errors quote the value, some a
+// stretch of the body.
+func unreadable(body []byte, err error) *FieldError {
+	var attrs map[string]json.RawMessage
+	if json.Unmarshal(body, &attrs) != nil || attrs == nil {
+		return &FieldError{Field: "body", Reason: "not a JSON object", Err: err}
+	}
+	if _, ok := attrs["specversion"]; !ok {
+		return &FieldError{Field: "specversion", Reason: "missing", Err: err}
+	}
+	for _, name := range slices.Sorted(maps.Keys(attrs)) {
+		if !attributeName(name) {
+			return &FieldError{Field: "body", Reason: "an attribute name is not ASCII letters and digits", Err: err}
+		}
+		one, merr := json.Marshal(map[string]json.RawMessage{
+			"specversion": json.RawMessage(`"1.0"`), "id": json.RawMessage(`"x"`),
+			"source": json.RawMessage(`"x"`), "type": json.RawMessage(`"x"`),
+			name: attrs[name],
+		})
+		if merr != nil {
+			continue
+		}
+		ev := cloudevents.New()
+		if json.Unmarshal(one, &ev) != nil {
+			return &FieldError{Field: name, Reason: "invalid value", Err: err}
+		}
+	}
+	return &FieldError{Field: "body", Reason: "not a CloudEvents 1.0 JSON object", Err: err}
+}
+
+// attributeName reports whether the SDK reads name as an attribute name:
+// ASCII letters and digits, or data_base64.
+func attributeName(name string) bool {
+	if name == "data_base64" {
+		return true
+	}
+	if name == "" {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; (c < 'a' || c > 'z') && (c < 'A' || c > 'Z') && (c < '0' || c > '9') {
+			return false
+		}
+	}
+	return true
+}
+
+// invalid turns the SDK's validation error into a FieldError of the first
+// invalid attribute.
+func invalid(err error) *FieldError {
+	var v cloudevents.ValidationError
+	if errors.As(err, &v) && len(v) > 0 {
+		return &FieldError{Field: slices.Sorted(maps.Keys(v))[0], Reason: "breaks CloudEvents 1.0", Err: err}
+	}
+	return &FieldError{Field: "body", Reason: "not a valid CloudEvent", Err: err}
 }

@@ -78,3 +78,51 @@ func CodeOf(err error) Code {
 	}
 	return CodeRetriesExhausted
 }
+
+// FieldError is a decode or validation error of one attribute or data
+// field, named by its path and never by its value: its text is safe to log
+// although payloads may carry personal data. Every decode and validation
+// error of the framework (codes malformed_envelope, too_large,
+// invalid_payload) wraps one.
+//
+// A payload's Validate method (see Validator) or an upcast may return one
+// to name the field it rejects; any other error they return is reported
+// as a rejection of the whole data, its text left out.
+//
+//	if !strings.Contains(p.Email, "@") {
+//		return &framework.FieldError{Field: "email", Reason: "not an e-mail address"}
+//	}
+type FieldError struct {
+	// Field is an attribute ("time", "subjectseq"), "data" or a field of
+	// the data ("data.startsAt"), or "body" for the message as a whole.
+	Field string
+	// Reason says what is wrong without quoting the value, e.g. "not an
+	// RFC 3339 time" or "failed required".
+	Reason string
+	// Err is the cause, which may quote the value: it is reachable with
+	// errors.As and errors.Unwrap, and left out of Error.
+	Err error
+}
+
+// Error returns the field and the reason, never the value.
+func (e *FieldError) Error() string { return e.Field + ": " + e.Reason }
+
+// Unwrap returns the cause.
+func (e *FieldError) Unwrap() error { return e.Err }
+
+// fieldError returns err's own FieldError when it wraps one, its field
+// under prefix; otherwise a FieldError of field with reason, whose text
+// leaves err's out.
+func fieldError(prefix, field, reason string, err error) *FieldError {
+	if fe, ok := errors.AsType[*FieldError](err); ok {
+		f := fe.Field
+		switch {
+		case f == "":
+			f = prefix
+		case prefix != "":
+			f = prefix + "." + f
+		}
+		return &FieldError{Field: f, Reason: fe.Reason, Err: err}
+	}
+	return &FieldError{Field: field, Reason: reason, Err: err}
+}

@@ -4,7 +4,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/go-playground/validator/v10"
@@ -51,6 +54,7 @@ func NewDefinition[T any](typ string, version int) (Definition[T], error) {
 	d := Definition[T]{typ: typ, version: version}
 	if t := reflect.TypeFor[T](); (t.Kind() == reflect.Struct || t.Kind() == reflect.Pointer && t.Elem().Kind() == reflect.Struct) && hasValidateTags(t) {
 		d.validate = validator.New(validator.WithRequiredStructEnabled())
+		d.validate.RegisterTagNameFunc(jsonName) // errors name fields as the wire does
 	}
 	return d, nil
 }
@@ -128,7 +132,8 @@ func (d Definition[T]) Envelope(data T, attrs Attributes) (Envelope, error) {
 // Decode decodes env's data into an event of this definition. Every error
 // is permanent: CodeUnknownType or CodeUnsupportedVersion when env is of
 // another type or version, CodeInvalidPayload when the data does not decode
-// or validate.
+// or validate; the latter wraps a FieldError, which names the field and
+// never quotes its value.
 func (d Definition[T]) Decode(env Envelope) (Event[T], error) {
 	if env.Type != d.typ {
 		return Event[T]{}, Permanent(CodeUnknownType, fmt.Errorf("event type %q, want %q", env.Type, d.typ))
@@ -138,7 +143,7 @@ func (d Definition[T]) Decode(env Envelope) (Event[T], error) {
 	}
 	var data T
 	if err := json.Unmarshal(env.Data, &data); err != nil {
-		return Event[T]{}, Permanent(CodeInvalidPayload, fmt.Errorf("decode data of %s: %w", d, err))
+		return Event[T]{}, Permanent(CodeInvalidPayload, fmt.Errorf("decode data of %s: %w", d, undecodable[T](env.Data, err)))
 	}
 	if err := d.check(data); err != nil {
 		return Event[T]{}, err
@@ -146,23 +151,93 @@ func (d Definition[T]) Decode(env Envelope) (Event[T], error) {
 	return Event[T]{Attributes: env.Attributes, Data: data}, nil
 }
 
-// check validates data; its errors are permanent with CodeInvalidPayload.
+// check validates data; its errors are permanent with CodeInvalidPayload
+// and wrap a FieldError.
 func (d Definition[T]) check(data T) error {
-	if v, ok := any(data).(Validator); ok {
+	v, ok := any(data).(Validator)
+	if !ok {
+		v, ok = any(&data).(Validator)
+	}
+	if ok {
 		if err := v.Validate(); err != nil {
-			return Permanent(CodeInvalidPayload, fmt.Errorf("validate data of %s: %w", d, err))
-		}
-	} else if v, ok := any(&data).(Validator); ok {
-		if err := v.Validate(); err != nil {
-			return Permanent(CodeInvalidPayload, fmt.Errorf("validate data of %s: %w", d, err))
+			return d.invalid(fieldError("data", "data", "rejected by its Validate method", err))
 		}
 	}
 	if d.validate != nil {
 		if err := d.validate.Struct(data); err != nil {
-			return Permanent(CodeInvalidPayload, fmt.Errorf("validate data of %s: %w", d, err))
+			return d.invalid(untagged(err))
 		}
 	}
 	return nil
+}
+
+func (d Definition[T]) invalid(err *FieldError) error {
+	return Permanent(CodeInvalidPayload, fmt.Errorf("validate data of %s: %w", d, err))
+}
+
+// untagged names the first field that failed its `validate` tag, and the
+// tag, without the value.
+func untagged(err error) *FieldError {
+	fields, ok := errors.AsType[validator.ValidationErrors](err)
+	if !ok || len(fields) == 0 {
+		return &FieldError{Field: "data", Reason: "invalid", Err: err}
+	}
+	f := fields[0]
+	field := "data"
+	if ns := f.Namespace(); strings.Contains(ns, ".") {
+		field += ns[strings.Index(ns, "."):] // the path without the root type
+	}
+	reason := "failed " + f.Tag()
+	if f.Param() != "" {
+		reason += "=" + f.Param()
+	}
+	if len(fields) > 1 {
+		reason += fmt.Sprintf(" (and %d more)", len(fields)-1)
+	}
+	return &FieldError{Field: field, Reason: reason, Err: err}
+}
+
+// undecodable names the field of data that err, a failure to decode data
+// into a T, is about, without the value (the errors of encoding/json and of
+// UnmarshalJSON methods, time.Time's included, quote it).
+func undecodable[T any](data []byte, err error) *FieldError {
+	if syntax, ok := errors.AsType[*json.SyntaxError](err); ok {
+		return &FieldError{Field: "data", Reason: fmt.Sprintf("not valid JSON (at byte %d)", syntax.Offset), Err: err}
+	}
+	if typ, ok := errors.AsType[*json.UnmarshalTypeError](err); ok {
+		field := "data"
+		if typ.Field != "" {
+			field += "." + typ.Field
+		}
+		return &FieldError{Field: field, Reason: "not a JSON value for " + typ.Type.String(), Err: err}
+	}
+	reason := "invalid value"
+	if _, ok := errors.AsType[*time.ParseError](err); ok {
+		reason = "not an RFC 3339 time"
+	}
+	// An UnmarshalJSON or UnmarshalText method failed and did not say
+	// where: decode each top-level field alone to find it.
+	var fields map[string]json.RawMessage
+	if json.Unmarshal(data, &fields) == nil {
+		for _, name := range slices.Sorted(maps.Keys(fields)) {
+			one, merr := json.Marshal(map[string]json.RawMessage{name: fields[name]})
+			var probe T
+			if merr == nil && json.Unmarshal(one, &probe) != nil {
+				return &FieldError{Field: "data." + name, Reason: reason, Err: err}
+			}
+		}
+	}
+	return &FieldError{Field: "data", Reason: reason, Err: err}
+}
+
+// jsonName returns the name of a struct field in JSON, for the validator's
+// errors; empty (the Go name) when the field has no name in its json tag.
+func jsonName(f reflect.StructField) string {
+	name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+	if name == "-" {
+		return ""
+	}
+	return name
 }
 
 // hasValidateTags reports whether t is a struct (or pointer to one) with a

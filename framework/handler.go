@@ -165,7 +165,7 @@ func Upcast[Old, New any](from Definition[Old], to Definition[New], up func(Old)
 			}
 			data, err := up(old.Data)
 			if err != nil {
-				return nil, Permanent(CodeInvalidPayload, fmt.Errorf("upcast %s to %s: %w", from, to, err))
+				return nil, Permanent(CodeInvalidPayload, fmt.Errorf("upcast %s to %s: %w", from, to, fieldError("data", "data", "upcast failed", err)))
 			}
 			if err := to.check(data); err != nil {
 				return nil, fmt.Errorf("upcast %s to %s: %w", from, to, err)
