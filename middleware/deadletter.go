@@ -79,7 +79,7 @@ func DeadLetter(cfg DeadLetterConfig) (message.HandlerMiddleware, error) {
 			if perr := cfg.Publisher.PublishDeadLetter(ctx, dl); perr != nil {
 				return nil, fmt.Errorf("store dead letter (%s) of %s: %w", dl.Code, dl.Key(), errors.Join(perr, err))
 			}
-			st.deadLettered = dl.Code
+			st.deadLettered, st.cause, st.deadLetterKey = dl.Code, err, dl.Key()
 			return nil, nil
 		}
 	}, nil

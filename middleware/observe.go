@@ -75,9 +75,14 @@ func (m *Metrics) DeadLetters() *prometheus.CounterVec { return m.deadLetters }
 type ObserveConfig struct {
 	// Consumer is the consumer's name. Required.
 	Consumer string
-	// Logger logs each outcome: processed and duplicate at debug level,
-	// dead letters at warn, nacks at error. Defaults to a logger that
-	// discards.
+	// Logger logs each failed attempt at info level, with its error; each
+	// message dead-lettered at warn, with its code and the error that
+	// decided it; each nack at error (at info when cut short by shutdown or
+	// waiting for an earlier event); processed, duplicate and stale
+	// messages at debug. Every line names the consumer and, once decoded,
+	// the event's source, id and type. Decode and validation errors name
+	// the field, never the value (see framework.FieldError). Defaults to a
+	// logger that discards.
 	Logger *slog.Logger
 	// Metrics, when set, counts outcomes, codes, attempts and durations.
 	Metrics *Metrics
@@ -149,6 +154,7 @@ func Observe(cfg ObserveConfig) (message.HandlerMiddleware, error) {
 				))
 			defer span.End()
 			msg.SetContext(ctx)
+			st.attemptFailed = func(ctx context.Context, err error) { cfg.logAttempt(ctx, st, err) }
 
 			out, err := next(msg)
 
@@ -167,31 +173,7 @@ func Observe(cfg ObserveConfig) (message.HandlerMiddleware, error) {
 			if span.IsRecording() {
 				traceOutcome(ctx, span, st, outcome)
 			}
-			level, text := slog.LevelDebug, "message handled"
-			switch {
-			case outcome == OutcomeNacked && ctx.Err() != nil:
-				level, text = slog.LevelInfo, "attempt cut short by shutdown, rolled back; the message will be delivered again"
-			case outcome == OutcomeNacked:
-				level, text = slog.LevelError, "message nacked, it will be delivered again"
-			case outcome == OutcomeDeadLettered:
-				level, text = slog.LevelWarn, "message dead-lettered"
-			}
-			if cfg.Logger.Enabled(ctx, level) { // spare the attributes of a quiet logger
-				attrs := []slog.Attr{slog.String("consumer", cfg.Consumer), slog.String("outcome", outcome), slog.Int("attempts", st.attempts)}
-				if env := st.envelope; env != nil {
-					attrs = append(attrs, slog.String("event_id", env.ID), slog.String("source", env.Source), slog.String("type", env.Type))
-					if env.CorrelationID != "" {
-						attrs = append(attrs, slog.String("correlation_id", env.CorrelationID))
-					}
-				}
-				if st.deadLettered != "" {
-					attrs = append(attrs, slog.String("code", string(st.deadLettered)))
-				}
-				if level == slog.LevelError {
-					attrs = append(attrs, slog.Any("error", err))
-				}
-				cfg.Logger.LogAttrs(ctx, level, text, attrs...)
-			}
+			cfg.log(ctx, st, outcome, err)
 			if m := cfg.Metrics; m != nil {
 				m.messages.WithLabelValues(cfg.Consumer, outcome).Inc()
 				m.duration.WithLabelValues(cfg.Consumer, outcome).Observe(time.Since(start).Seconds())
@@ -205,4 +187,72 @@ func Observe(cfg ObserveConfig) (message.HandlerMiddleware, error) {
 			return out, err
 		}
 	}, nil
+}
+
+// log logs what became of the message (see ObserveConfig.Logger).
+func (c ObserveConfig) log(ctx context.Context, st *state, outcome string, err error) {
+	level, text := slog.LevelDebug, "message handled"
+	cause := err
+	switch {
+	case outcome == OutcomeNacked && ctx.Err() != nil:
+		level, text = slog.LevelInfo, "attempt cut short by shutdown, rolled back; the message will be delivered again"
+	case outcome == OutcomeNacked && errors.Is(err, framework.ErrLater):
+		level, text = slog.LevelInfo, "message waits, it will be delivered again"
+	case outcome == OutcomeNacked:
+		level, text = slog.LevelError, "message nacked, it will be delivered again"
+	case outcome == OutcomeDeadLettered:
+		level, text, cause = slog.LevelWarn, "message dead-lettered", st.cause
+	}
+	if !c.Logger.Enabled(ctx, level) { // spare the attributes of a quiet logger
+		return
+	}
+	attrs := append(c.attrs(st), slog.String("outcome", outcome), slog.Int("attempts", st.attempts))
+	if st.deadLettered != "" {
+		attrs = append(attrs, slog.String("code", string(st.deadLettered)))
+	}
+	c.Logger.LogAttrs(ctx, level, text, append(attrs, errorAttrs(cause)...)...)
+}
+
+// logAttempt logs an attempt that failed, at info level.
+func (c ObserveConfig) logAttempt(ctx context.Context, st *state, err error) {
+	if !c.Logger.Enabled(ctx, slog.LevelInfo) {
+		return
+	}
+	attrs := append(c.attrs(st), slog.Int("attempt", st.attempts))
+	// A plain error has no code yet: retries_exhausted only once the
+	// attempts ran out.
+	if code := framework.CodeOf(err); code != framework.CodeRetriesExhausted {
+		attrs = append(attrs, slog.String("code", string(code)))
+	}
+	c.Logger.LogAttrs(ctx, slog.LevelInfo, "attempt failed", append(attrs, errorAttrs(err)...)...)
+}
+
+// attrs returns the attributes that name the consumer and the message.
+func (c ObserveConfig) attrs(st *state) []slog.Attr {
+	attrs := make([]slog.Attr, 0, 10)
+	attrs = append(attrs, slog.String("consumer", c.Consumer))
+	switch env := st.envelope; {
+	case env != nil:
+		attrs = append(attrs, slog.String("source", env.Source), slog.String("event_id", env.ID), slog.String("type", env.Type))
+		if env.CorrelationID != "" {
+			attrs = append(attrs, slog.String("correlation_id", env.CorrelationID))
+		}
+	case st.deadLetterKey != framework.Key{}:
+		attrs = append(attrs, slog.String("source", st.deadLetterKey.Source), slog.String("event_id", st.deadLetterKey.ID))
+	}
+	return attrs
+}
+
+// errorAttrs returns err's text and, for a decode or validation error, the
+// field it names. The framework's decode and validation errors quote no
+// value (framework.FieldError); the handler's own errors are its to word.
+func errorAttrs(err error) []slog.Attr {
+	if err == nil {
+		return nil
+	}
+	attrs := []slog.Attr{slog.String("error", err.Error())}
+	if fe, ok := errors.AsType[*framework.FieldError](err); ok {
+		attrs = append(attrs, slog.String("field", fe.Field))
+	}
+	return attrs
 }

@@ -54,7 +54,8 @@ func (c RetryConfig) Validate() error {
 // error (framework.Permanent) ends the retries at once, and so do
 // framework.ErrLater and the end of the message context (shutdown). Each attempt starts from the message
 // context Retry received, so the inner steps (a timeout, a transaction)
-// begin afresh. It is watermill's Retry, set up for constant delay.
+// begin afresh. It is watermill's Retry, set up for constant delay. Each
+// failed attempt is reported to Observe, which logs it.
 func Retry(cfg RetryConfig) (message.HandlerMiddleware, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -74,8 +75,13 @@ func Retry(cfg RetryConfig) (message.HandlerMiddleware, error) {
 	}
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		counted := func(msg *message.Message) ([]*message.Message, error) {
-			stateOf(msg).attempts++
-			return next(msg)
+			st, ctx := stateOf(msg), msg.Context()
+			st.attempts++
+			out, err := next(msg)
+			if err != nil && st.attemptFailed != nil && ctx.Err() == nil && !errors.Is(err, framework.ErrLater) {
+				st.attemptFailed(ctx, err)
+			}
+			return out, err
 		}
 		attempts := retry.Middleware(counted)
 		return func(msg *message.Message) ([]*message.Message, error) {

@@ -12,14 +12,18 @@ import (
 // through the message context: the outer steps read what the inner ones
 // found.
 type state struct {
-	envelope     *framework.Envelope // set once the CloudEvent decoded
-	decoded      *framework.Decoded  // set once routed and its data decoded
-	attempts     int
-	gaveUp       bool // Retry returned the error of its last attempt
-	outcome      framework.Outcome
-	deadLettered framework.Code
-	stale        bool   // the sequence guard skipped it
-	reported     string // the outcome Observe reported
+	envelope      *framework.Envelope // set once the CloudEvent decoded
+	decoded       *framework.Decoded  // set once routed and its data decoded
+	attempts      int
+	gaveUp        bool // Retry returned the error of its last attempt
+	outcome       framework.Outcome
+	deadLettered  framework.Code
+	cause         error         // the error that got the message dead-lettered
+	deadLetterKey framework.Key // the dead letter's key (a poison's too)
+	// attemptFailed, set by Observe, reports each failed attempt.
+	attemptFailed func(ctx context.Context, err error)
+	stale         bool   // the sequence guard skipped it
+	reported      string // the outcome Observe reported
 }
 
 type stateKey struct{}

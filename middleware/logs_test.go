@@ -1,0 +1,164 @@
+package middleware_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/memory"
+	"github.com/effectively-once/effectively/framework/migrate"
+	"github.com/effectively-once/effectively/framework/sqlite"
+	"github.com/effectively-once/effectively/internal/testenv"
+	"github.com/effectively-once/effectively/middleware"
+)
+
+// logBuffer collects JSON log lines, safe for concurrent handlers.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// lines returns the log lines whose msg is msg, decoded.
+func (b *logBuffer) lines(t *testing.T, msg string) []map[string]any {
+	t.Helper()
+	var out []map[string]any
+	for line := range strings.Lines(b.String()) {
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &m), line)
+		if m["msg"] == msg {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+func newLogger(w *logBuffer) *slog.Logger {
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+// TestLogsCarryTheHandlersError: each failed attempt is logged at info and
+// the dead letter at warn, with the consumer, the event's source and id,
+// the attempt, the code and the handler's own error text.
+func TestLogsCarryTheHandlersError(t *testing.T) {
+	t.Parallel()
+	var logs logBuffer
+	store := memory.NewStore()
+	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{Processed: store, Deliveries: store})
+	require.NoError(t, err)
+	c, err := framework.NewConsumer(consumerName, framework.Handle(noted, func(context.Context, framework.Event[noteV1]) error {
+		return errors.New("smtp 451: mailbox busy")
+	}))
+	require.NoError(t, err)
+	h, err := middleware.Handler(middleware.ChainConfig{
+		Consumer: c, UnitOfWork: uow, DeadLetters: store, Deliveries: store,
+		Retry:  middleware.RetryConfig{Attempts: 3, Delay: time.Millisecond},
+		Logger: newLogger(&logs),
+	})
+	require.NoError(t, err)
+	env, err := noted.Envelope(noteV1{Text: "hello"}, framework.Attributes{ID: "n-1", Source: "notes"})
+	require.NoError(t, err)
+	msg, err := framework.NewMessage(env)
+	require.NoError(t, err)
+	require.NoError(t, h(msg))
+
+	attempts := logs.lines(t, "attempt failed")
+	require.Len(t, attempts, 3, logs.String())
+	for i, line := range attempts {
+		require.Equal(t, "INFO", line["level"])
+		require.Equal(t, consumerName, line["consumer"])
+		require.Equal(t, "notes", line["source"])
+		require.Equal(t, "n-1", line["event_id"])
+		require.InDelta(t, i+1, line["attempt"], 0)
+		require.Equal(t, "smtp 451: mailbox busy", line["error"])
+		require.NotContains(t, line, "code", "a plain error has no code before the attempts run out")
+	}
+	dead := logs.lines(t, "message dead-lettered")
+	require.Len(t, dead, 1, logs.String())
+	require.Equal(t, "WARN", dead[0]["level"])
+	require.Equal(t, consumerName, dead[0]["consumer"])
+	require.Equal(t, "notes", dead[0]["source"])
+	require.Equal(t, "n-1", dead[0]["event_id"])
+	require.InDelta(t, 3, dead[0]["attempts"], 0)
+	require.Equal(t, string(framework.CodeRetriesExhausted), dead[0]["code"])
+	require.Equal(t, "smtp 451: mailbox busy", dead[0]["error"])
+}
+
+type visitV1 struct {
+	At    time.Time `json:"at"`
+	Email string    `json:"email" validate:"omitempty,email"`
+}
+
+var visited = framework.Define[visitV1]("visits.visit.booked", 1)
+
+// TestLogsNeverQuotePayload: a message whose data fails to decode or
+// validate is logged by code and field name, never by value: when it is
+// dead-lettered, and when storing its dead letter fails and it is nacked.
+func TestLogsNeverQuotePayload(t *testing.T) {
+	t.Parallel()
+	const secret = "sk_live_4242SECRET"
+	var logs logBuffer
+	db := testenv.SQLite(t)
+	require.NoError(t, migrate.Up(context.Background(), db, migrate.Config{}))
+	store, err := sqlite.NewStore(db, sqlite.StoreConfig{})
+	require.NoError(t, err)
+	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Processed: store, Deliveries: store})
+	require.NoError(t, err)
+	c, err := framework.NewConsumer(consumerName, framework.Handle(visited, func(context.Context, framework.Event[visitV1]) error { return nil }))
+	require.NoError(t, err)
+	h, err := middleware.Handler(middleware.ChainConfig{
+		Consumer: c, UnitOfWork: uow, DeadLetters: store, Deliveries: store,
+		Logger: newLogger(&logs),
+	})
+	require.NoError(t, err)
+	deliver := func(id string, data map[string]any) error {
+		body, err := json.Marshal(map[string]any{
+			"specversion": "1.0", "id": id, "source": "visits", "type": visited.Type(), "eventversion": 1, "data": data,
+		})
+		require.NoError(t, err)
+		return h(message.NewMessage(watermill.NewUUID(), body))
+	}
+
+	_, err = db.Exec(`ALTER TABLE dead_letters RENAME TO dead_letters_away`)
+	require.NoError(t, err)
+	require.Error(t, deliver("v-1", map[string]any{"at": "tomorrow " + secret}), "no dead letter stored: nacked")
+	_, err = db.Exec(`ALTER TABLE dead_letters_away RENAME TO dead_letters`)
+	require.NoError(t, err)
+	require.NoError(t, deliver("v-1", map[string]any{"at": "tomorrow " + secret}))
+	require.NoError(t, deliver("v-2", map[string]any{"email": secret}))
+	require.NotContains(t, logs.String(), secret)
+	require.NotContains(t, logs.String(), "tomorrow")
+
+	nacked := logs.lines(t, "message nacked, it will be delivered again")
+	require.Len(t, nacked, 1, logs.String())
+	require.Equal(t, "data.at", nacked[0]["field"])
+	dead := logs.lines(t, "message dead-lettered")
+	require.Len(t, dead, 2, logs.String())
+	for i, field := range []string{"data.at", "data.email"} {
+		require.Equal(t, string(framework.CodeInvalidPayload), dead[i]["code"])
+		require.Equal(t, field, dead[i]["field"])
+		require.Contains(t, dead[i]["error"], field+": ")
+	}
+}
