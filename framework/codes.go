@@ -34,6 +34,10 @@ const (
 	// CodeSequenceGap: the sequence guard gave up waiting for a missing
 	// earlier event of the same subject.
 	CodeSequenceGap Code = "sequence_gap"
+	// CodeUnreadableMessage: the transport could not read the message as
+	// it was stored (a row whose metadata is not a JSON object of
+	// strings); the dead letter keeps the body and the stored metadata.
+	CodeUnreadableMessage Code = "unreadable_message"
 )
 
 // Valid reports whether c is a well-formed code: 1 to 64 bytes of

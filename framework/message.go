@@ -16,6 +16,15 @@ const (
 	// its first delivery. Without it the delivery guard counts every
 	// delivery durably.
 	MetadataRedelivered = "effectively_redelivered"
+	// MetadataUnreadable is set by a SQL transport on a message whose
+	// stored row it could not read as published (its metadata is not a
+	// JSON object of strings): the value says what was wrong. The chain
+	// dead-letters such a message with CodeUnreadableMessage instead of
+	// the subscription stalling on it.
+	MetadataUnreadable = "effectively_unreadable"
+	// MetadataUnreadableRaw keeps the stored metadata text of an
+	// unreadable message, as valid UTF-8 without NUL, cut at 8 KiB.
+	MetadataUnreadableRaw = "effectively_unreadable_metadata"
 )
 
 // ReplayTopicPrefix starts the topic of each consumer's replays on the SQL
@@ -52,8 +61,13 @@ func NewMessage(env Envelope) (*message.Message, error) {
 	return msg, nil
 }
 
-// DecodeMessage decodes msg's payload (see Decode).
+// DecodeMessage decodes msg's payload (see Decode). A message that its
+// transport marked unreadable (see MetadataUnreadable) fails permanently
+// with CodeUnreadableMessage, whatever its payload.
 func DecodeMessage(msg *message.Message, maxBody int) (Envelope, error) {
+	if reason, ok := msg.Metadata[MetadataUnreadable]; ok {
+		return Envelope{}, Permanent(CodeUnreadableMessage, fmt.Errorf("message %s: unreadable: %s", msg.UUID, reason))
+	}
 	env, err := Decode(msg.Payload, maxBody)
 	if err != nil {
 		return Envelope{}, fmt.Errorf("message %s: %w", msg.UUID, err)

@@ -17,6 +17,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/internal/storedmsg"
 	"github.com/effectively-once/effectively/framework/migrate"
 )
 
@@ -148,14 +149,39 @@ func utf8Start(b byte) bool { return b < 0x80 }
 
 func quoteIdent(s string) string { return `"` + strings.ReplaceAll(s, `"`, `""`) + `"` }
 
-func schemaAdapter(cfg TransportConfig) wsql.DefaultPostgreSQLSchema {
-	return wsql.DefaultPostgreSQLSchema{
+func schemaAdapter(cfg TransportConfig) schema {
+	return schema{wsql.DefaultPostgreSQLSchema{
 		GenerateMessagesTableName: func(topic string) string { return MessagesTable(cfg.TablePrefix, topic) },
 		// The payload is the CloudEvent, a JSON object: JSON (not JSONB)
 		// keeps its text as it was published and lets an operator read
 		// and insert rows with plain SQL.
 		SubscribeBatchSize: cfg.BatchSize,
+	}}
+}
+
+// schema is watermill-sql's default PostgreSQL schema, reading every row.
+type schema struct {
+	wsql.DefaultPostgreSQLSchema
+}
+
+var _ wsql.SchemaAdapter = schema{}
+
+// UnmarshalMessage reads a row as the default schema does, except that a
+// row whose metadata is not a JSON object of strings (inserted by hand) is
+// delivered marked unreadable (see framework.MetadataUnreadable), to be
+// dead-lettered, instead of failing the query: watermill-sql would retry
+// that query forever and the consumer group would never move past it.
+func (s schema) UnmarshalMessage(p wsql.UnmarshalMessageParams) (wsql.Row, error) {
+	var (
+		r   wsql.Row
+		xid wsql.XID8
+	)
+	if err := p.Row.Scan(&r.Offset, &xid, &r.UUID, &r.Payload, &r.Metadata); err != nil {
+		return wsql.Row{}, fmt.Errorf("scan message row: %w", err)
 	}
+	r.Msg = storedmsg.Message(string(r.UUID), r.Payload, r.Metadata)
+	r.ExtraData = map[string]any{"transaction_id": xid}
+	return r, nil
 }
 
 func offsetsAdapter(cfg TransportConfig) wsql.DefaultPostgreSQLOffsetsAdapter {

@@ -274,3 +274,49 @@ func otherDatabase(t *testing.T, url, name string) string {
 	u.RawQuery = q.Encode()
 	return u.String()
 }
+
+// TestTransportUnreadableRows inserts rows by hand whose metadata is not a
+// JSON object of strings: watermill-sql's default schema fails the query
+// on each and the consumer group never moves past it. Each is delivered
+// marked unreadable instead, keeping its stored metadata, and the row
+// behind them follows.
+func TestTransportUnreadableRows(t *testing.T) {
+	t.Parallel()
+	url := testenv.PostgresURL(t)
+	db := open(t, url, 4)
+	sub, err := postgres.NewSubscriber(open(t, url, 4), "c", fastTransport)
+	require.NoError(t, err)
+	defer sub.Close()
+	topic := "unreadable." + watermill.NewShortUUID()
+	require.NoError(t, sub.(message.SubscribeInitializer).SubscribeInitialize(topic))
+	rows := []struct{ uuid, metadata, unreadable string }{
+		{"number", `{"n":1}`, "metadata value is not a string"},
+		{"array", `["a"]`, "metadata is not a JSON object"},
+		{"nul", `{"k":"a\u0000b"}`, ""},
+		{"fine", `{"content-type":"application/cloudevents+json"}`, ""},
+	}
+	for _, r := range rows {
+		_, err := db.Exec(`INSERT INTO `+postgres.MessagesTable("", topic)+
+			` (uuid, payload, metadata, transaction_id) VALUES ($1, '{"a":1}', $2, pg_current_xact_id())`, r.uuid, r.metadata)
+		require.NoError(t, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ch, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	for _, r := range rows {
+		select {
+		case got := <-ch:
+			require.Equal(t, r.uuid, got.UUID)
+			require.Equal(t, r.unreadable, got.Metadata.Get(framework.MetadataUnreadable))
+			if r.unreadable != "" {
+				require.JSONEq(t, r.metadata, got.Metadata.Get(framework.MetadataUnreadableRaw))
+				_, err := framework.DecodeMessage(got, 0)
+				require.Equal(t, framework.CodeUnreadableMessage, framework.CodeOf(err))
+			}
+			got.Ack()
+		case <-ctx.Done():
+			t.Fatalf("row %s was not delivered: the subscription stalls", r.uuid)
+		}
+	}
+}

@@ -3,7 +3,6 @@ package sqlite
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -16,6 +15,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/internal/storedmsg"
 )
 
 // Defaults of SubscriberConfig.
@@ -774,41 +774,15 @@ func (sub *pubsubSubscription) scanMessages(rows *sql.Rows, deliveriesOf func(in
 }
 
 func (sub *pubsubSubscription) newDelivery(off int64, uuid string, payload []byte, metadata string, deliveries int64) *pubsubDelivery {
-	msg := message.NewMessage(uuid, payload)
-	md, err := decodePubSubMetadata(metadata)
-	if err != nil {
-		sub.log.Warn("sqlite pubsub: message metadata is not a JSON object; delivering it without",
-			slog.Int64("offset", off), slog.Any("error", err))
-	}
-	msg.Metadata = md
+	// Metadata that is not a JSON object of strings (a row inserted by
+	// hand) marks the message unreadable, to be dead-lettered.
+	msg := storedmsg.Message(uuid, payload, []byte(metadata))
 	msg.Metadata.Set(framework.MetadataRedelivered, strconv.FormatBool(deliveries > 1))
 	d := &pubsubDelivery{sub: sub, offset: off, msg: msg}
 	ctx, cancel := context.WithCancel(sub.ctx)
 	d.cancel = cancel
 	msg.SetContext(framework.WithAckInTx(ctx, framework.AckInTx{DB: sub.s.db.DB, Ack: d.ackInTx}))
 	return d
-}
-
-// decodePubSubMetadata reads a JSON object of metadata. String values are
-// taken as they are; other values (written by hand) keep their JSON text.
-func decodePubSubMetadata(text string) (message.Metadata, error) {
-	md := make(message.Metadata)
-	if text == "" {
-		return md, nil
-	}
-	var raw map[string]json.RawMessage
-	if err := json.Unmarshal([]byte(text), &raw); err != nil {
-		return md, err
-	}
-	for k, v := range raw {
-		var s string
-		if err := json.Unmarshal(v, &s); err == nil {
-			md[k] = s
-		} else if string(v) != "null" {
-			md[k] = string(v)
-		}
-	}
-	return md, nil
 }
 
 // shutdown ends the subscription: it cancels the message contexts, writes

@@ -373,6 +373,44 @@ func TestPubSubHandInsert(t *testing.T) {
 	require.Zero(t, b.count(t, `SELECT COUNT(*) FROM pubsub_leases`))
 }
 
+// TestPubSubUnreadableMetadata inserts rows by hand whose metadata is not
+// a JSON object of strings: each is delivered marked unreadable, keeping
+// its stored metadata, to be dead-lettered like on the postgres
+// transport, and never with metadata nobody published.
+func TestPubSubUnreadableMetadata(t *testing.T) {
+	t.Parallel()
+	b := setupPubSub(t)
+	sub := b.subscriber(t, SubscriberConfig{ConsumerGroup: "c"})
+	require.NoError(t, sub.SubscribeInitialize(b.topic))
+	rows := []struct{ uuid, metadata, unreadable string }{
+		{"number", `{"n":1}`, "metadata value is not a string"},
+		{"array", `["a"]`, "metadata is not a JSON object"},
+		{"text", `not json`, "metadata is not a JSON object"},
+		{"fine", `{"k":"v","gone":null}`, ""},
+	}
+	for _, r := range rows {
+		_, err := b.db.Exec(`INSERT INTO pubsub_messages (topic, uuid, payload, metadata) VALUES (?, ?, CAST(? AS BLOB), ?)`,
+			b.topic, r.uuid, `{"a":1}`, r.metadata)
+		require.NoError(t, err)
+	}
+	ch, err := sub.Subscribe(context.Background(), b.topic)
+	require.NoError(t, err)
+	for _, r := range rows {
+		msg := receive(t, ch)
+		require.Equal(t, r.uuid, msg.UUID)
+		require.Equal(t, r.unreadable, msg.Metadata.Get(framework.MetadataUnreadable))
+		if r.unreadable != "" {
+			require.Equal(t, r.metadata, msg.Metadata.Get(framework.MetadataUnreadableRaw))
+			_, err := framework.DecodeMessage(msg, 0)
+			require.Equal(t, framework.CodeUnreadableMessage, framework.CodeOf(err))
+		} else {
+			require.Equal(t, "v", msg.Metadata.Get("k"))
+			require.NotContains(t, msg.Metadata, "gone")
+		}
+		msg.Ack()
+	}
+}
+
 // pubsubTestMarks is a ProcessedStore over a table of the test's file.
 type pubsubTestMarks struct{}
 
