@@ -75,6 +75,16 @@
 // Write the handler's and the test's SQL with "?" placeholders and
 // kit.DB().Rebind.
 //
+// # The service's own module
+//
+// The kit registers handlers with framework.Handle and takes no
+// middleware: it tests a handler, not the service's wiring. To run the
+// service's own fx module (its handlers.On registrations, the
+// dependencies fx gives its handlers such as *outbox.Outbox, its
+// app.Middleware) in the real application on a real database and
+// transport, use package app/apptest, which reports outcomes as this
+// package's Result.
+//
 // # Limits
 //
 // There is no transport: messages go straight into the chain, so a dead
