@@ -19,10 +19,22 @@
 //		}
 //	}
 //
-// When a contract gets a new version, route the old one through an
-// upcaster to the same handler:
+// When a contract gets a new version, a new framework.Define of the same
+// event type, the consumer handles the new version and routes the old one
+// through an upcaster to the same handler. Upcast takes the two
+// definitions (values, not the data types), a func(Old) (New, error) and
+// the handler of the new version (ExampleUpcast runs this):
 //
-//	handlers.Upcast(appointments.BookedV1, appointments.BookedV2, appointments.UpcastBooked, NewRemindOnBooked)
+//	consumer := handlers.Consumer("shop.confirm-order-by-mail",
+//		handlers.On(OrderPlacedTwo, NewConfirmOrderV2),
+//		handlers.Upcast(OrderPlaced, OrderPlacedTwo, UpcastOrderPlaced, NewConfirmOrderV2),
+//	)
+//
+// where
+//
+//	OrderPlaced    = framework.Define[OrderPlacedV1]("shop.order.placed", 1)
+//	OrderPlacedTwo = framework.Define[OrderPlacedV2]("shop.order.placed", 2)
+//	func UpcastOrderPlaced(v1 OrderPlacedV1) (OrderPlacedV2, error)
 //
 // # Checks at start
 //

@@ -1,9 +1,11 @@
 // Package amqp is the framework's RabbitMQ transport, built on
-// watermill-amqp v3 with the topology of DESIGN.md: each event type is a
-// durable fanout exchange named by the type; each consumer has one durable
-// queue named after the consumer, bound to the exchange of each type it
-// handles; the consumer's subscriptions read that queue and dispatch on the
-// CloudEvent type.
+// watermill-amqp v3: each event type is a durable fanout exchange named by
+// the type; each consumer has one durable queue named after the consumer,
+// bound to the exchange of each type it handles; the consumer's
+// subscriptions read that queue and dispatch on the CloudEvent type. The
+// messages are CloudEvents in structured JSON. docs/transports.md (section
+// "RabbitMQ (AMQP)") describes the topology, the traps and how another
+// program publishes; docs/contracts.md the wire format.
 //
 // # Usage
 //

@@ -7,7 +7,9 @@
 // # Tables
 //
 // Every table name takes the configured prefix (see ValidatePrefix). The
-// shapes are the contract of DESIGN.md, "Tables".
+// shapes are a contract that operators and reports rely on, documented
+// column by column in docs/contracts.md ("Tables"): change a migration
+// and that page together.
 //
 // # Time
 //
