@@ -324,3 +324,42 @@ func TestCrashTestsAsDocumented(t *testing.T) {
 		require.NotContains(t, src, other, "the crash tests run on another transport now: say so in docs/guarantees.md")
 	}
 }
+
+// constValues returns the string values of the constants of the Go file
+// at path whose names start with prefix.
+func constValues(t *testing.T, path, prefix string) map[string]string {
+	t.Helper()
+	values := make(map[string]string)
+	for _, d := range parseFile(t, path).Decls {
+		gd, ok := d.(*ast.GenDecl)
+		if !ok || gd.Tok != token.CONST {
+			continue
+		}
+		for _, spec := range gd.Specs {
+			vs := spec.(*ast.ValueSpec)
+			for i, name := range vs.Names {
+				if !strings.HasPrefix(name.Name, prefix) || i >= len(vs.Values) {
+					continue
+				}
+				if v, ok := stringLit(vs.Values[i]); ok {
+					values[name.Name] = v
+				}
+			}
+		}
+	}
+	require.NotEmpty(t, values, "no constant %s* in %s", prefix, path)
+	return values
+}
+
+// TestContractsComplete: docs/contracts.md has a row for every code the
+// framework writes and every metadata key it reads or writes.
+func TestContractsComplete(t *testing.T) {
+	t.Parallel()
+	doc := read(t, "docs/contracts.md")
+	for name, code := range constValues(t, "framework/codes.go", "Code") {
+		require.Contains(t, doc, "\n| `"+code+"` |", "docs/contracts.md: no row for %s (%s)", name, code)
+	}
+	for name, key := range constValues(t, "framework/message.go", "Metadata") {
+		require.Contains(t, doc, "\n| `"+key+"` (`framework."+name+"`) |", "docs/contracts.md: no row for %s (%s)", name, key)
+	}
+}
