@@ -110,8 +110,8 @@ func NewHTTP(p HTTPParams) *HTTP {
 			}
 			h.addr.Store(ln.Addr().String())
 			go func() {
-				if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) && p.Logger != nil {
-					p.Logger.Error("http server stopped", "error", err)
+				if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+					orDefault(p.Logger).Error("http server stopped", "error", err)
 				}
 			}()
 			return nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 
 	"go.uber.org/fx"
 )
@@ -41,11 +42,11 @@ func runInBackground(lc fx.Lifecycle, name string, run func(ctx context.Context)
 	})
 }
 
-// orDiscard returns l, or a logger that discards when l is nil: the
-// framework is quiet unless given a logger.
-func orDiscard(l *slog.Logger) *slog.Logger {
+// orDefault returns l, or when l is nil the DefaultLogger on stderr: a
+// service that supplies no logger still reports its warnings and errors.
+func orDefault(l *slog.Logger) *slog.Logger {
 	if l == nil {
-		return slog.New(slog.DiscardHandler)
+		return DefaultLogger(os.Stderr)
 	}
 	return l
 }

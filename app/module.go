@@ -16,7 +16,8 @@ import (
 // outbox (*outbox.Outbox, for handlers) and its relay, the purger of old
 // processed marks, and the HTTP server of health, readiness and metrics.
 //
-// It does not provide a *slog.Logger: supply one to see logs. Replace the
+// It does not provide a *slog.Logger: without one, warnings and errors go
+// to stderr (see DefaultLogger); supply one to choose. Replace the
 // configuration with fx.Replace(cfg).
 var Module = fx.Module("effectively",
 	fx.Provide(

@@ -40,7 +40,7 @@ type OutboxRelayParams struct {
 // transport's, until its stop, before the transport's; an Add of the
 // application's Outbox wakes it.
 func NewOutboxRelay(p OutboxRelayParams) (*outbox.Relay, error) {
-	logger := orDiscard(p.Logger)
+	logger := orDefault(p.Logger)
 	metrics, err := outbox.NewMetrics(p.Metrics.Registry)
 	if err != nil {
 		return nil, fmt.Errorf("outbox relay: %w", err)

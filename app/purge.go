@@ -35,7 +35,7 @@ type PurgerParams struct {
 // NewPurger returns the purger and runs it from the application's start
 // to its stop.
 func NewPurger(p PurgerParams) *Purger {
-	logger := orDiscard(p.Logger)
+	logger := orDefault(p.Logger)
 	pu := &Purger{store: p.Store, cfg: p.Config, logger: logger.With("component", "purger")}
 	if p.Config.ProcessedRetention <= 0 {
 		return pu

@@ -60,7 +60,7 @@ type RouterParams struct {
 // router cancels in-flight attempts, which roll back and are delivered
 // again later.
 func NewRouter(p RouterParams) (*message.Router, error) {
-	logger := orDiscard(p.Logger)
+	logger := orDefault(p.Logger)
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, watermill.NewSlogLogger(logger.With("component", "router")))
 	if err != nil {
 		return nil, fmt.Errorf("router: %w", err)

@@ -83,7 +83,7 @@ type TransportParams struct {
 // NewTransport builds the configured transport and closes it when the
 // application stops.
 func NewTransport(p TransportParams) (*Transport, error) {
-	logger := orDiscard(p.Logger)
+	logger := orDefault(p.Logger)
 	switch p.Config.Transport {
 	case TransportMemory:
 		ch, err := memory.NewPubSub(memory.PubSubConfig{Logger: watermill.NewSlogLogger(logger)})
