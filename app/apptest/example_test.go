@@ -30,7 +30,11 @@ func Example() {
 		fmt.Println(err)
 		return
 	}
-	defer svc.Close(ctx)
+	defer func() {
+		if err := svc.Close(ctx); err != nil {
+			fmt.Println(err)
+		}
+	}()
 
 	env, err := Placed.Envelope(PlacedV1{OrderID: "o-1"}, framework.Attributes{ID: "evt-1", Source: "shop"})
 	if err != nil {

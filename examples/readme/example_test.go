@@ -30,7 +30,11 @@ func Example() {
 		fmt.Println(err)
 		return
 	}
-	defer svc.Close(ctx)
+	defer func() {
+		if err := svc.Close(ctx); err != nil {
+			fmt.Println(err)
+		}
+	}()
 
 	const consumer = "notifications.remind-on-appointment-booked"
 	env, err := Booked.Envelope(BookedV1{AppointmentID: "appt-1", StartsAt: time.Date(2030, 1, 2, 10, 0, 0, 0, time.UTC)},
