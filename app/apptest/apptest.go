@@ -221,7 +221,7 @@ func (a *App) start(ctx context.Context, module fx.Option) error {
 
 // Close stops the application, as a SIGTERM would (attempts in flight
 // roll back), then removes its database: the SQLite files, or the
-// PostgreSQL schema.
+// PostgreSQL schema. Calls after the first do nothing.
 func (a *App) Close(ctx context.Context) error {
 	stopCtx, cancel := context.WithTimeout(ctx, a.fx.StopTimeout())
 	defer cancel()
@@ -233,7 +233,7 @@ func (a *App) Close(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// removeDatabase runs the undo steps, the last first.
+// removeDatabase runs the undo steps, the last first, once.
 func (a *App) removeDatabase(ctx context.Context) error {
 	var errs []error
 	for i := len(a.undo) - 1; i >= 0; i-- {

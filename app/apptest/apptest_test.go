@@ -3,6 +3,7 @@ package apptest_test
 import (
 	"context"
 	"errors"
+	"path/filepath"
 	"testing"
 	"testing/fstest"
 
@@ -199,6 +200,19 @@ func TestMissingDependency(t *testing.T) {
 	}))
 	_, err := apptest.Start(t.Context(), module, apptest.Config{})
 	require.ErrorContains(t, err, "apptest_test.Mailer")
+}
+
+// TestClose: Close stops the application and removes its database; a
+// second Close (the test's cleanup after the test's own) changes nothing.
+func TestClose(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	svc := apptest.New(t, shopModule, apptest.Config{})
+	dir := filepath.Dir(svc.Config().DatabaseURL)
+	require.FileExists(t, filepath.Join(dir, apptest.DatabaseFile))
+	require.NoError(t, svc.Close(ctx))
+	require.NoDirExists(t, dir)
+	require.NoError(t, svc.Close(ctx))
 }
 
 // TestEnvironmentIgnored: the application's configuration is the kit's,
