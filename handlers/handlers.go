@@ -122,10 +122,14 @@ func On[T any](def framework.Definition[T], handler any) Route {
 // to; it may be the very constructor given to On(to, ...), and each route
 // then gets an instance of its own.
 //
-//	handlers.Consumer("notifications.remind-on-appointment-booked",
-//		handlers.On(appointments.BookedV2, NewRemind),
-//		handlers.Upcast(appointments.BookedV1, appointments.BookedV2, appointments.UpcastBooked, NewRemind),
+//	consumer := handlers.Consumer("shop.confirm-order-by-mail",
+//		handlers.On(OrderPlacedTwo, NewConfirmOrderV2),
+//		handlers.Upcast(OrderPlaced, OrderPlacedTwo, UpcastOrderPlaced, NewConfirmOrderV2),
 //	)
+//
+// with OrderPlaced and OrderPlacedTwo the definitions (framework.Define)
+// of versions 1 and 2 of one type, and UpcastOrderPlaced a
+// func(OrderPlacedV1) (OrderPlacedV2, error); ExampleUpcast runs it.
 func Upcast[Old, New any](from framework.Definition[Old], to framework.Definition[New], up func(Old) (New, error), handler any) Route {
 	return route(from.String()+" as "+to.String(), to, handler, func(h framework.HandlerFunc[New]) framework.Handler {
 		return framework.Upcast(from, to, up, h)

@@ -147,16 +147,20 @@ func dedent(lines []string) string {
 // markdownSnippetRE matches a marker and the Go block after it.
 var markdownSnippetRE = regexp.MustCompile("(?s)<!-- snippet: (\\S+) (\\S+) -->\n```go\n(.*?)\n```")
 
-// docBlock returns the code block of the package doc of the Go file at
-// path that contains want, dedented.
+// docBlock returns the code block of a doc comment (the package's or a
+// declaration's) of the Go file at path that contains want, dedented.
 func docBlock(t *testing.T, path, want string) string {
 	t.Helper()
-	f, err := parser.ParseFile(token.NewFileSet(), filepath.Join(root(t), path), nil, parser.ParseComments|parser.PackageClauseOnly)
+	f, err := parser.ParseFile(token.NewFileSet(), filepath.Join(root(t), path), nil, parser.ParseComments)
 	require.NoError(t, err)
-	require.NotNil(t, f.Doc, "%s has no package doc", path)
+	var text strings.Builder
+	for _, c := range f.Comments {
+		text.WriteString(c.Text())
+		text.WriteString("\n")
+	}
 	var blocks [][]string
 	var cur []string
-	for _, l := range strings.Split(f.Doc.Text(), "\n") {
+	for _, l := range strings.Split(text.String(), "\n") {
 		switch {
 		case strings.HasPrefix(l, "\t"):
 			cur = append(cur, l)
@@ -177,7 +181,7 @@ func docBlock(t *testing.T, path, want string) string {
 			return s
 		}
 	}
-	t.Fatalf("no code block of %s's package doc contains %q", path, want)
+	t.Fatalf("no code block of %s's doc comments contains %q", path, want)
 	return ""
 }
 
@@ -200,6 +204,7 @@ func TestSnippets(t *testing.T) {
 		doc, contains, file, name string
 	}{
 		{"handlers/doc.go", "handlers.Upcast(", "handlers/example_test.go", "upcast"},
+		{"handlers/handlers.go", "handlers.Upcast(", "handlers/example_test.go", "upcast"},
 		{"app/apptest/doc.go", "apptest.New(", "examples/notifications/apptest_test.go", "apptest-doc"},
 	} {
 		t.Run(tc.doc, func(t *testing.T) {
