@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -69,6 +70,10 @@ type Config struct {
 	// OutcomeTimeout bounds each wait for an outcome. Defaults to
 	// DefaultOutcomeTimeout.
 	OutcomeTimeout time.Duration
+	// Logger receives the application's logs; the kit supplies it, so the
+	// module must not supply a *slog.Logger of its own. Defaults to
+	// discarding them (a service given none logs to stderr).
+	Logger *slog.Logger
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
@@ -87,6 +92,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.OutcomeTimeout == 0 {
 		c.OutcomeTimeout = DefaultOutcomeTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	return c
 }
@@ -198,6 +206,7 @@ func (a *App) start(ctx context.Context, module fx.Option) error {
 	a.fx = app.New(
 		module,
 		fx.Replace(a.appCfg),
+		fx.Supply(a.cfg.Logger),
 		fx.Populate(&a.db, &a.store, &a.transport, &a.registry),
 		// Router-level middleware wraps each consumer's whole chain: it
 		// sees the outcome the chain reported.

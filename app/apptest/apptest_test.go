@@ -1,9 +1,12 @@
 package apptest_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"path/filepath"
+	"sync"
 	"testing"
 	"testing/fstest"
 
@@ -213,6 +216,36 @@ func TestClose(t *testing.T) {
 	require.NoError(t, svc.Close(ctx))
 	require.NoDirExists(t, dir)
 	require.NoError(t, svc.Close(ctx))
+}
+
+// TestLogger: the application logs to the kit's logger, here a dead
+// letter at warn level with its code.
+func TestLogger(t *testing.T) {
+	t.Parallel()
+	var logs syncBuffer
+	svc := apptest.New(t, shopModule, apptest.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	res, err := svc.DeliverBody(t.Context(), confirmer, []byte("not an event"))
+	require.NoError(t, err)
+	testkit.RequireDeadLettered(t, res, framework.CodeMalformedEnvelope)
+	require.Contains(t, logs.String(), "code=malformed_envelope")
+}
+
+// syncBuffer is a bytes.Buffer for writers in several goroutines.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // TestEnvironmentIgnored: the application's configuration is the kit's,

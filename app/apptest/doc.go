@@ -77,7 +77,9 @@
 // transaction) or the memory one. With Config.PostgresURL the stores go
 // to a schema of the test's own on that server, dropped on Close, and the
 // sqlite transport to a file of its own; write the handler's and the
-// test's SQL with "?" and Rebind.
+// test's SQL with "?" and Rebind. The application's logs are discarded
+// unless Config.Logger takes them (the kit supplies the *slog.Logger, so
+// the module must not).
 //
 // # Limits
 //
