@@ -141,6 +141,7 @@ func Serve(ctx context.Context, app *fx.App) error {
 // discard), and extra ones. opts are the service's fx
 // options, as given to New.
 func Command(name string, opts fx.Option, extra ...*cobra.Command) *cobra.Command {
+	opts = fx.Options(opts, fx.Supply(ServiceName(name))) // named in the messages that say what to run
 	root := &cobra.Command{
 		Use:           name,
 		Short:         name + ", a message-consumer service built on effectively",

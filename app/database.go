@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 
@@ -30,28 +31,46 @@ func openDB(ctx context.Context, url string) (*sqlx.DB, error) {
 	return sqlite.Open(ctx, url, sqlite.OpenConfig{})
 }
 
+// ServiceName is the name of the service's command, as given to Command
+// and Main, which supply it: messages that tell the operator what to run
+// name it.
+type ServiceName string
+
 // DBParams are what NewDB takes from fx.
 type DBParams struct {
 	fx.In
 
 	Lifecycle  fx.Lifecycle
 	Config     Config
-	Migrations Migrations `optional:"true"`
+	Migrations Migrations  `optional:"true"`
+	Name       ServiceName `optional:"true"`
 }
 
 // NewDB opens the database of the stores (EFFECTIVELY_DATABASE_URL) and
 // closes it when the application stops. With AutoMigrate it applies the
-// framework's migrations and the application's at start.
+// framework's migrations and the application's at start. Without, it
+// refuses a database that lacks one of them (see migrate.Check), naming
+// the migrate command: the stores would fail on every message. A database
+// ahead of the binary, migrated by a newer release, is fine.
+//
+// The SQL transports' tables are not migrations: the transports create
+// them on first use, in the stores' database or in
+// EFFECTIVELY_TRANSPORT_URL's.
 func NewDB(p DBParams) (*sqlx.DB, error) {
-	db, err := openDB(context.Background(), p.Config.DatabaseURL)
+	ctx := context.Background()
+	db, err := openDB(ctx, p.Config.DatabaseURL)
 	if err != nil {
 		return nil, fmt.Errorf("database: %w", err)
 	}
 	p.Lifecycle.Append(fx.StopHook(db.Close))
 	if p.Config.AutoMigrate {
-		if err := Migrate(context.Background(), db, p.Config, p.Migrations); err != nil {
+		if err := Migrate(ctx, db, p.Config, p.Migrations); err != nil {
 			return nil, err
 		}
+		return db, nil
+	}
+	if err := checkMigrated(ctx, db, p.Config, p.Migrations, p.Name); err != nil {
+		return nil, err
 	}
 	return db, nil
 }
@@ -59,6 +78,27 @@ func NewDB(p DBParams) (*sqlx.DB, error) {
 // Migrate applies the framework's migrations, then the application's.
 func Migrate(ctx context.Context, db *sqlx.DB, cfg Config, m Migrations) error {
 	return migrate.Up(ctx, db, migrate.Config{TablePrefix: cfg.TablePrefix, Extra: m.FS})
+}
+
+// checkMigrated returns an error that says what to run when db lacks one
+// of the framework's migrations or the application's (see migrate.Check).
+// name is the service's command; empty, the message says "the service's
+// migrate command".
+func checkMigrated(ctx context.Context, db *sqlx.DB, cfg Config, m Migrations, name ServiceName) error {
+	err := migrate.Check(ctx, db, migrate.Config{TablePrefix: cfg.TablePrefix, Extra: m.FS})
+	var behind *migrate.BehindError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &behind):
+		run := "the service's migrate command"
+		if name != "" {
+			run = fmt.Sprintf("`%s migrate`", name)
+		}
+		return fmt.Errorf("database: %w: run %s or set %s=true", err, run, EnvAutoMigrate)
+	default:
+		return fmt.Errorf("database: %w", err)
+	}
 }
 
 // Store is the framework's store in the configured database: every store
