@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
+	"reflect"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -16,6 +19,7 @@ import (
 
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/migrate"
+	"github.com/effectively-once/effectively/handlers"
 	"github.com/effectively-once/effectively/middleware"
 )
 
@@ -87,6 +91,100 @@ type Config struct {
 	// Defaults are the settings of consumers not listed in Consumers
 	// (YAML key "defaults").
 	Defaults ConsumerConfig `yaml:"defaults"`
+	// Service is the file's service: section, the service's own settings,
+	// kept as written: decode it with DecodeService or ServiceConfig (YAML
+	// only).
+	Service ServiceSection `yaml:"service"`
+}
+
+// ServiceSection is the service: section of the configuration file, kept
+// as written until the service decodes it into its own settings (see
+// Config.DecodeService). LoadConfig checks every other key of the file;
+// the service's struct decides which keys this section may have.
+type ServiceSection struct {
+	present bool
+	path    string // of the file
+	file    []byte // the whole file, so that errors name its lines
+}
+
+// UnmarshalYAML records that the file has the section.
+func (s *ServiceSection) UnmarshalYAML(*yaml.Node) error {
+	s.present = true
+	return nil
+}
+
+// DecodeService decodes the service: section of the configuration file
+// into v, a pointer to the service's own settings, over what v holds (its
+// defaults). The keys are those of v's yaml tags, as for Config. A key that
+// v has no field for, or a value of the wrong type, is an error naming it
+// (e.g. "service.smtp.port (line 12): ..."). Without the section, v is left
+// as it is.
+func (c Config) DecodeService(v any) error {
+	rv := reflect.ValueOf(v)
+	if rv.Kind() != reflect.Pointer || rv.IsNil() {
+		return fmt.Errorf("app: DecodeService: want a non-nil pointer, got %T", v)
+	}
+	if !c.Service.present {
+		return nil
+	}
+	// The whole file is decoded again, into the framework's keys (kept
+	// raw, already checked) and v, so that an error names the line as it
+	// is in the file.
+	doc := reflect.New(reflect.StructOf([]reflect.StructField{
+		{Name: "Service", Type: rv.Type(), Tag: `yaml:"service"`},
+		{Name: "Framework", Type: reflect.TypeFor[map[string]yaml.Node](), Tag: `yaml:",inline"`},
+	}))
+	doc.Elem().Field(0).Set(rv)
+	dec := yaml.NewDecoder(bytes.NewReader(c.Service.file))
+	dec.KnownFields(true)
+	if err := dec.Decode(doc.Interface()); err != nil {
+		return fmt.Errorf("configuration: %s %s: %w", EnvConfig, c.Service.path, namedYAMLError(c.Service.file, err))
+	}
+	return nil
+}
+
+// ServiceConfig returns the service: section of the configuration file
+// decoded into a T (see Config.DecodeService), for fx:
+//
+//	fx.Provide(app.ServiceConfig[Settings])
+//
+// To start from defaults, provide a function that fills them and calls
+// DecodeService instead.
+func ServiceConfig[T any](cfg Config) (T, error) {
+	var v T
+	err := cfg.DecodeService(&v)
+	return v, err
+}
+
+// CheckConsumers refuses settings under consumers: for a name that no
+// declared consumer has, nor had (handlers.RenamedFrom): a typo there
+// would leave the consumer on the defaults without a word. The error names
+// each such key and lists the declared names. Module runs it at start.
+func (c Config) CheckConsumers(declared []handlers.Declaration) error {
+	known := make(map[string]bool)
+	names := make([]string, 0, len(declared))
+	for _, d := range declared {
+		known[d.Name] = true
+		names = append(names, d.Name)
+		for _, old := range d.RenamedFrom {
+			known[old] = true
+		}
+	}
+	slices.Sort(names)
+	list := strings.Join(names, ", ")
+	if list == "" {
+		list = "none"
+	}
+	var errs []error
+	for _, name := range slices.Sorted(maps.Keys(c.Consumers)) {
+		if !known[name] {
+			errs = append(errs, fmt.Errorf("consumers.%s: no consumer of this service has that name (declared: %s)", name, list))
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("configuration: %w", errors.Join(errs...))
+	}
+	return nil
 }
 
 // ConsumerConfig holds the settings of one consumer. Zero fields take the
@@ -316,6 +414,9 @@ func LoadConfig(lookupEnv func(string) (string, bool)) (Config, error) {
 		dec.KnownFields(true)
 		if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
 			return Config{}, fmt.Errorf("%s %s: %w", EnvConfig, path, namedYAMLError(raw, err))
+		}
+		if cfg.Service.present {
+			cfg.Service.path, cfg.Service.file = path, raw
 		}
 	}
 	for env, dst := range map[string]*string{

@@ -1,14 +1,17 @@
 package app_test
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.uber.org/fx"
 
 	"github.com/effectively-once/effectively/app"
+	"github.com/effectively-once/effectively/handlers"
 	"github.com/effectively-once/effectively/middleware"
 )
 
@@ -231,5 +234,164 @@ func TestLoadConfigBadValue(t *testing.T) {
 		for _, key := range []string{app.EnvTablePrefix, app.EnvHTTPAddr, "consumers.a.b.attempts", "consumers.a.b.concurrency"} {
 			require.ErrorContains(t, err, key)
 		}
+	})
+}
+
+// smtpSettings and serviceSettings are a service's own settings, kept in
+// the service: section of the configuration file.
+type smtpSettings struct {
+	Host string `yaml:"host"`
+	Port int    `yaml:"port"`
+}
+
+type serviceSettings struct {
+	SMTP       smtpSettings  `yaml:"smtp"`
+	Recipients []string      `yaml:"recipients"`
+	Timeout    app.Duration  `yaml:"timeout"`
+	Greeting   string        `yaml:"greeting"`
+	Backoff    time.Duration `yaml:"-"`
+}
+
+const serviceYAML = `transport: memory
+defaults:
+  attempts: 5
+service:
+  smtp:
+    host: mail.example.com
+    port: 2525
+  recipients: [ops@example.com, oncall@example.com]
+  timeout: 3s
+`
+
+func TestServiceSection(t *testing.T) {
+	t.Parallel()
+
+	t.Run("DecodesOverDefaults", func(t *testing.T) {
+		t.Parallel()
+		cfg, err := app.LoadConfig(env(t, serviceYAML, nil))
+		require.NoError(t, err)
+		require.Equal(t, 5, cfg.Consumer("any.consumer").Attempts, "the framework's keys are read as before")
+		settings := serviceSettings{Greeting: "hello", SMTP: smtpSettings{Port: 25}}
+		require.NoError(t, cfg.DecodeService(&settings))
+		require.Equal(t, serviceSettings{
+			SMTP:       smtpSettings{Host: "mail.example.com", Port: 2525},
+			Recipients: []string{"ops@example.com", "oncall@example.com"},
+			Timeout:    app.Duration(3 * time.Second),
+			Greeting:   "hello", // the default, not in the file
+		}, settings)
+	})
+
+	t.Run("ServiceConfig", func(t *testing.T) {
+		t.Parallel()
+		cfg, err := app.LoadConfig(env(t, serviceYAML, nil))
+		require.NoError(t, err)
+		settings, err := app.ServiceConfig[serviceSettings](cfg)
+		require.NoError(t, err)
+		require.Equal(t, "mail.example.com", settings.SMTP.Host)
+	})
+
+	t.Run("MissingLeavesDefaults", func(t *testing.T) {
+		t.Parallel()
+		for _, yaml := range []string{"", "transport: memory\n", "service:\n"} {
+			cfg, err := app.LoadConfig(env(t, yaml, nil))
+			require.NoError(t, err)
+			settings := serviceSettings{Greeting: "hello"}
+			require.NoError(t, cfg.DecodeService(&settings), "%q", yaml)
+			require.Equal(t, serviceSettings{Greeting: "hello"}, settings, "%q", yaml)
+		}
+	})
+
+	t.Run("BadKeyNamed", func(t *testing.T) {
+		t.Parallel()
+		for _, tt := range []struct {
+			name, yaml, key string
+		}{
+			{"UnknownKey", "transport: memory\nservice:\n  smtp:\n    hots: mail.example.com\n", "service.smtp.hots (line 4)"},
+			{"WrongType", "service:\n  smtp:\n    port: twenty-five\n", "service.smtp.port (line 3)"},
+			{"BadDuration", "service:\n  timeout: soon\n", "service.timeout (line 2)"},
+			{"NotAMapping", "service: 42\n", "service (line 1)"},
+		} {
+			t.Run(tt.name, func(t *testing.T) {
+				t.Parallel()
+				cfg, err := app.LoadConfig(env(t, tt.yaml, nil))
+				require.NoError(t, err, "the framework leaves the section to the service")
+				var settings serviceSettings
+				err = cfg.DecodeService(&settings)
+				require.ErrorContains(t, err, tt.key)
+				require.ErrorContains(t, err, app.EnvConfig)
+			})
+		}
+	})
+
+	t.Run("WantsAPointer", func(t *testing.T) {
+		t.Parallel()
+		cfg, err := app.LoadConfig(env(t, serviceYAML, nil))
+		require.NoError(t, err)
+		require.ErrorContains(t, cfg.DecodeService(serviceSettings{}), "pointer")
+		require.ErrorContains(t, cfg.DecodeService((*serviceSettings)(nil)), "pointer")
+	})
+
+	t.Run("OtherUnknownTopLevelKeysStillRefused", func(t *testing.T) {
+		t.Parallel()
+		_, err := app.LoadConfig(env(t, "servcie:\n  smtp: {}\n", nil))
+		require.ErrorContains(t, err, "servcie")
+	})
+}
+
+func TestCheckConsumers(t *testing.T) {
+	t.Parallel()
+	declared := []handlers.Declaration{
+		{Name: "b.projector", Handlers: 2},
+		{Name: "a.reminder", Handlers: 1, RenamedFrom: []string{"a.old-reminder"}},
+	}
+	settings := func(names ...string) app.Config {
+		cfg := app.Config{Consumers: map[string]app.ConsumerConfig{}}
+		for _, n := range names {
+			cfg.Consumers[n] = app.ConsumerConfig{Attempts: 2}
+		}
+		return cfg
+	}
+
+	t.Run("DeclaredAndRenamedFromPass", func(t *testing.T) {
+		t.Parallel()
+		require.NoError(t, settings("a.reminder", "b.projector", "a.old-reminder").CheckConsumers(declared))
+		require.NoError(t, settings().CheckConsumers(nil))
+	})
+
+	t.Run("UnknownRefusedNamingEachKey", func(t *testing.T) {
+		t.Parallel()
+		err := settings("a.reminder", "a.remindr", "c.gone").CheckConsumers(declared)
+		require.EqualError(t, err, "configuration: "+
+			"consumers.a.remindr: no consumer of this service has that name (declared: a.reminder, b.projector)\n"+
+			"consumers.c.gone: no consumer of this service has that name (declared: a.reminder, b.projector)")
+		require.ErrorContains(t, settings("x.y").CheckConsumers(nil), "consumers.x.y: no consumer of this service has that name (declared: none)")
+	})
+
+	t.Run("StartRefused", func(t *testing.T) {
+		t.Parallel()
+		cfg := testConfig(t)
+		cfg.Consumers = map[string]app.ConsumerConfig{"widgets.count-on-widget-addded": {Attempts: 2}}
+		service := app.New(
+			handlers.Consumer(consumerName, handlers.On(widgetAdded, newAddWidget)),
+			fx.Supply(widgetMigrations),
+			fx.Replace(cfg),
+		)
+		require.ErrorContains(t, service.Err(), "consumers.widgets.count-on-widget-addded: no consumer of this service has that name (declared: "+consumerName+")")
+	})
+
+	t.Run("StartAcceptsRenamedFrom", func(t *testing.T) {
+		t.Parallel()
+		cfg := testConfig(t)
+		cfg.Consumers = map[string]app.ConsumerConfig{"widgets.old-name": {Attempts: 2}, consumerName: {Attempts: 3}}
+		service := app.New(
+			handlers.Consumer(consumerName, handlers.RenamedFrom("widgets.old-name"), handlers.On(widgetAdded, newAddWidget)),
+			fx.Supply(widgetMigrations),
+			fx.Replace(cfg),
+		)
+		require.NoError(t, service.Err())
+		ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+		defer cancel()
+		require.NoError(t, service.Start(ctx))
+		require.NoError(t, service.Stop(ctx))
 	})
 }

@@ -51,8 +51,59 @@
 //	    gap_timeout: 5m    # then sequence_gap
 //
 // Environment variables win over the file. A bad value stops start-up with
-// an error naming its key. With no configuration at all the service runs
-// on one SQLite file, ./data/effectively.db.
+// an error naming its key, and so does a name under consumers: that no
+// declared consumer has (a name given to handlers.RenamedFrom is allowed).
+// With no configuration at all the service runs on one SQLite file,
+// ./data/effectively.db.
+//
+// # The service's own settings
+//
+// A service keeps its own settings in the same file, under service:, a
+// section the framework leaves to it:
+//
+//	service:
+//	  smtp:
+//	    host: mail.example.com
+//	    port: 2525
+//	  reminder_lead: 24h
+//
+// and decodes it into a struct of its own, whose yaml tags name the keys:
+//
+//	type Settings struct {
+//		SMTP struct {
+//			Host string `yaml:"host"`
+//			Port int    `yaml:"port"`
+//		} `yaml:"smtp"`
+//		ReminderLead app.Duration `yaml:"reminder_lead"`
+//	}
+//
+//	fx.Provide(app.ServiceConfig[Settings])
+//
+// or, to start from defaults, with Config.DecodeService:
+//
+//	fx.Provide(func(cfg app.Config) (Settings, error) {
+//		s := Settings{ReminderLead: app.Duration(time.Hour)}
+//		err := cfg.DecodeService(&s)
+//		return s, err
+//	})
+//
+// (ExampleConfig_DecodeService runs it.)
+//
+// A key the struct has no field for, or a bad value, is an error naming it
+// (service.smtp.port, with its line). The service's own checks of the
+// values should name their keys the same way.
+//
+// # Migrations
+//
+// The migrate command applies the framework's migrations and the
+// service's own (fx.Supply(app.Migrations{FS: ...})); with
+// EFFECTIVELY_AUTO_MIGRATE=true the service applies them at start.
+// Otherwise the service refuses to start on a database that lacks one of
+// them, saying so: "database schema is at version 0, this binary needs 1:
+// run `notifications migrate` or set EFFECTIVELY_AUTO_MIGRATE=true". A
+// database ahead of the binary, migrated by a newer release during a
+// rolling deploy, is fine. The SQL transports create their own tables, in
+// EFFECTIVELY_TRANSPORT_URL's database too, and need no migration.
 //
 // # Start and shutdown
 //

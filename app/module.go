@@ -34,10 +34,22 @@ var Module = fx.Module("effectively",
 		func() *Readiness { return &Readiness{} },
 	),
 	handlers.Module,
+	// Settings for a consumer that is not declared are refused before
+	// anything is opened.
+	fx.Invoke(func(p consumerSettings) error { return p.Config.CheckConsumers(p.Declarations) }),
 	// The router, the server, the outbox relay and the purger start with
 	// the application.
 	fx.Invoke(func(*message.Router, *HTTP, *outbox.Relay, *Purger) {}),
 )
+
+// consumerSettings is what the check of the consumers: keys takes from fx:
+// the declarations, which build no handler.
+type consumerSettings struct {
+	fx.In
+
+	Config       Config
+	Declarations []handlers.Declaration `group:"effectively.consumers"`
+}
 
 // ConfigFromEnv loads the configuration from the process environment.
 func ConfigFromEnv() (Config, error) { return LoadConfig(os.LookupEnv) }
