@@ -24,13 +24,18 @@ import (
 // consumer), what the constructors that did run opened (the database, the
 // transport) is closed before New returns.
 func New(opts ...fx.Option) *fx.App {
-	return build(Module, fx.Options(opts...))
+	var undo cleanup
+	return build(&undo, Module, fx.Options(opts...))
 }
 
-// build returns the fx application of opts with the framework's logger and
-// the cleanup of a failed build (see New).
-func build(opts ...fx.Option) *fx.App {
-	var undo cleanup
+// build returns the fx application of opts with the framework's logger,
+// recording into undo the stop-only hooks of its constructors, which it
+// runs when the application fails to build (see New).
+//
+// fx's own events are logged at debug level, its errors too: every error
+// fx would log is also returned, by Err, Start or Stop, and reported once
+// by whoever receives it (Main prints it as one line).
+func build(undo *cleanup, opts ...fx.Option) *fx.App {
 	app := fx.New(
 		fx.Options(opts...),
 		fx.Decorate(undo.record),
@@ -44,6 +49,7 @@ func build(opts ...fx.Option) *fx.App {
 			}
 			l := &fxevent.SlogLogger{Logger: p.Logger}
 			l.UseLogLevel(slog.LevelDebug)
+			l.UseErrorLevel(slog.LevelDebug)
 			return l
 		}),
 	)
@@ -95,9 +101,13 @@ func (l recordingLifecycle) Append(h fx.Hook) {
 // Serve starts app, runs until ctx ends or the process receives SIGINT or
 // SIGTERM, then stops it gracefully: the router cancels the attempts in
 // flight, which roll back and are delivered again later.
+//
+// An error of the build or the start reads as its cause alone, without
+// fx's chain of constructors (see Main); it still unwraps to the whole
+// chain.
 func Serve(ctx context.Context, app *fx.App) error {
 	if err := app.Err(); err != nil {
-		return err
+		return explain(err)
 	}
 	// Signals are caught from before the start: the handlers run before
 	// the start ends.
@@ -119,7 +129,7 @@ func Serve(ctx context.Context, app *fx.App) error {
 		if sigCtx.Err() != nil && startCtx.Err() == nil {
 			return nil // asked to stop while starting: stopped
 		}
-		return fmt.Errorf("start: %w", err)
+		return fmt.Errorf("start: %w", explain(err))
 	}
 	select {
 	case <-sigCtx.Done():
@@ -172,12 +182,21 @@ func Command(name string, opts fx.Option, extra ...*cobra.Command) *cobra.Comman
 }
 
 // Main runs Command with the process's arguments and exits with 1 when it
-// fails, printing the error.
+// fails, printing the error to stderr as one line: its cause, which names
+// the fix (a duplicate consumer name, a bad setting, a broker that refused
+// the credentials), without fx's chain of constructors or file paths.
 func Main(name string, opts fx.Option, extra ...*cobra.Command) {
-	if err := Command(name, opts, extra...).ExecuteContext(context.Background()); err != nil {
-		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
-		os.Exit(1)
+	os.Exit(execute(context.Background(), Command(name, opts, extra...), os.Stderr))
+}
+
+// execute runs cmd and returns the process's exit code: 0, or 1 after
+// printing the error to stderr as one line.
+func execute(ctx context.Context, cmd *cobra.Command, stderr io.Writer) int {
+	if err := cmd.ExecuteContext(ctx); err != nil {
+		fmt.Fprintf(stderr, "%s: %s\n", cmd.Name(), oneLine(explain(err).Error()))
+		return 1
 	}
+	return 0
 }
 
 func runMigrate(ctx context.Context, opts fx.Option, out io.Writer) error {
@@ -193,7 +212,7 @@ func runMigrate(ctx context.Context, opts fx.Option, out io.Writer) error {
 		m = p.Migrations
 	}))
 	if err := app.Err(); err != nil {
-		return err
+		return explain(err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
 	"github.com/spf13/cobra"
 	"go.uber.org/fx"
 
@@ -25,43 +26,52 @@ import (
 // it replays.
 const MetadataReplayOf = "effectively_replay_of"
 
-// operator is what the dead-letter commands work with: the stores and the
-// transport of the service, without its router.
+// operator is what the dead-letter commands work with: the configuration,
+// the database's store and the names of the declared consumers. It builds
+// no handler, so nothing a handler's constructor needs or dials; list, show
+// and discard use the database alone, and replay opens the transport's
+// replay path (openReplayer).
 type operator struct {
+	cfg         Config
+	db          *sqlx.DB
 	deadLetters framework.DeadLetterStore
-	transport   *Transport
 	consumers   []string
 }
 
-// operate starts the service's database and transport, not its router,
-// runs fn and stops them.
+// operatorParams are what the operator takes from the service's options:
+// the declarations of handlers.Consumer, which depend on nothing, and not
+// the handlers.Registry, which builds every handler.
+type operatorParams struct {
+	fx.In
+
+	Config       Config
+	DB           *sqlx.DB
+	Store        Store
+	Declarations []handlers.Declaration `group:"effectively.consumers"`
+}
+
+// operate opens the service's database, runs fn and closes it. The
+// service's application is built, not started: its handlers, transport,
+// router and start hooks do not run.
 func operate(ctx context.Context, opts fx.Option, fn func(ctx context.Context, op operator) error) error {
 	var (
-		store     Store
-		transport *Transport
-		registry  *handlers.Registry
+		undo cleanup
+		op   operator
 	)
-	service := build(
-		fx.Provide(ConfigFromEnv, NewDB, NewStore, NewTransport),
-		handlers.Module,
+	service := build(&undo,
+		fx.Provide(ConfigFromEnv, NewDB, NewStore),
 		opts,
-		fx.Populate(&store, &transport, &registry),
+		fx.Invoke(func(p operatorParams) {
+			op = operator{cfg: p.Config, db: p.DB, deadLetters: p.Store}
+			for _, d := range p.Declarations {
+				op.consumers = append(op.consumers, d.Name)
+			}
+		}),
 	)
 	if err := service.Err(); err != nil {
-		return err
+		return explain(err)
 	}
-	if err := service.Start(ctx); err != nil {
-		return fmt.Errorf("start: %w", err)
-	}
-	defer func() {
-		stopCtx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_ = service.Stop(stopCtx)
-	}()
-	op := operator{deadLetters: store, transport: transport}
-	for _, c := range registry.Consumers() {
-		op.consumers = append(op.consumers, c.Name())
-	}
+	defer undo.run() // closes the database
 	return fn(ctx, op)
 }
 
@@ -137,16 +147,27 @@ consumer alone (other consumers of the event type do not see it again), then
 marks it replayed. The event was never marked processed, so the consumer
 handles it afresh; should it fail again, the dead letter is pending again and
 counts the repeat. A replay cut short between the publish and the mark sends
-the message again next time: the consumer's deduplication absorbs it.`,
+the message again next time: the consumer's deduplication absorbs it.
+
+--reason is required. On amqp the replay waits a few seconds at most for the
+broker (EFFECTIVELY_AMQP_URL); list, show and discard need only the database.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ids, err := parseIDs(args)
 			if err != nil {
 				return err
 			}
+			if reason == "" {
+				return errors.New("--reason: say why the messages can be processed now")
+			}
 			return operate(cmd.Context(), opts, func(ctx context.Context, op operator) error {
+				rp, err := openReplayer(ctx, op.cfg, op.db)
+				if err != nil {
+					return err
+				}
+				defer rp.Close()
 				for _, id := range ids {
-					if err := op.replay(ctx, id, framework.Resolution{Status: framework.DeadLetterReplayed, By: by, Reason: reason}); err != nil {
+					if err := op.replay(ctx, rp, id, framework.Resolution{Status: framework.DeadLetterReplayed, By: by, Reason: reason}); err != nil {
 						return err
 					}
 					fmt.Fprintf(cmd.OutOrStdout(), "dead letter %d replayed\n", id)
@@ -181,15 +202,15 @@ the message again next time: the consumer's deduplication absorbs it.`,
 	}
 	for _, c := range []*cobra.Command{replay, discard} {
 		c.Flags().StringVar(&by, "by", os.Getenv("USER"), "who does it (recorded)")
-		c.Flags().StringVar(&reason, "reason", "", "why (recorded)")
+		c.Flags().StringVar(&reason, "reason", "", "why (recorded; required)")
 	}
 	root.AddCommand(list, show, replay, discard)
 	return root
 }
 
-// replay publishes the dead letter id to its consumer alone, then marks it
-// resolved with r.
-func (op operator) replay(ctx context.Context, id int64, r framework.Resolution) error {
+// replay publishes the dead letter id to its consumer alone through rp,
+// then marks it resolved with r.
+func (op operator) replay(ctx context.Context, rp *replayer, id int64, r framework.Resolution) error {
 	dl, err := op.deadLetters.DeadLetter(ctx, id)
 	if err != nil {
 		return fmt.Errorf("dead letter %d: %w", id, err)
@@ -207,7 +228,7 @@ func (op operator) replay(ctx context.Context, id int64, r framework.Resolution)
 		}
 	}
 	msg.Metadata.Set(MetadataReplayOf, strconv.FormatInt(id, 10))
-	if err := op.transport.Replay(ctx, dl.Consumer, msg); err != nil {
+	if err := rp.Replay(ctx, dl.Consumer, msg); err != nil {
 		return fmt.Errorf("replay dead letter %d: %w", id, err)
 	}
 	if err := op.deadLetters.ResolveDeadLetter(ctx, id, r); err != nil {

@@ -5,8 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"regexp"
+	"strconv"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
@@ -14,60 +18,90 @@ import (
 
 	"github.com/effectively-once/effectively/app"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/outbox"
 	"github.com/effectively-once/effectively/handlers"
+	"github.com/effectively-once/effectively/internal/testenv"
 )
 
-const pickyConsumer = "widgets.picky"
+// transportConfigs are a test configuration on each transport, the
+// broker's with a database of its own kind.
+var transportConfigs = []struct {
+	name   string
+	config func(t *testing.T) app.Config
+}{
+	{"SQLite", testConfig},
+	{"Postgres", func(t *testing.T) app.Config {
+		cfg := testConfig(t)
+		cfg.Transport = app.TransportPostgres
+		cfg.DatabaseURL = testenv.PostgresURL(t)
+		cfg.TransportURL = cfg.DatabaseURL
+		return cfg
+	}},
+	{"AMQP", func(t *testing.T) app.Config {
+		cfg := testConfig(t)
+		cfg.Transport = app.TransportAMQP
+		cfg.AMQPURL = testenv.Require(t, testenv.AMQPURLVar)
+		return cfg
+	}},
+}
 
 // TestDeadLettersCommand drives the operator's commands against a running
-// service: list and show what a consumer gave up on, replay one to that
-// consumer alone once the cause is fixed, discard another. It sets the
-// environment, so it does not run in parallel.
+// service, on each transport: list and show what a consumer gave up on,
+// replay one to that consumer alone once the cause is fixed, discard
+// another. It sets the environment, so it does not run in parallel.
 func TestDeadLettersCommand(t *testing.T) {
+	for _, tc := range transportConfigs {
+		t.Run(tc.name, func(t *testing.T) { testDeadLettersCommand(t, tc.config(t)) })
+	}
+}
+
+func testDeadLettersCommand(t *testing.T, cfg app.Config) {
+	// Fresh names: queues on the shared broker outlive the test.
+	suffix := strconv.FormatInt(time.Now().UnixNano(), 36)
+	pickyConsumer, otherConsumer := "widgets.picky-"+suffix, "widgets.other-"+suffix
 	var rejecting atomic.Bool
 	rejecting.Store(true)
+	insert := func(ctx context.Context, db *sqlx.DB, name, eventID string) error {
+		_, err := framework.Conn(ctx, db).ExecContext(ctx, db.Rebind(`INSERT INTO widgets (name, event_id) VALUES (?, ?)`), name, eventID)
+		return err
+	}
 	picky := handlers.Consumer(pickyConsumer, handlers.On(widgetAdded, func(db *sqlx.DB) framework.HandlerFunc[widgetAddedV1] {
 		return func(ctx context.Context, ev framework.Event[widgetAddedV1]) error {
 			if rejecting.Load() {
 				return framework.Permanent("widget_rejected", errors.New("not today"))
 			}
-			_, err := framework.Conn(ctx, db).ExecContext(ctx, `INSERT INTO widgets (name, event_id) VALUES (?, ?)`, "picky:"+ev.Data.Name, ev.ID)
-			return err
+			return insert(ctx, db, "picky:"+ev.Data.Name, ev.ID)
 		}
 	}))
-	cfg := testConfig(t)
-	b := setup(t, cfg, picky)
-	for k, v := range map[string]string{
-		app.EnvTransport: "", app.EnvDatabaseURL: cfg.DatabaseURL, app.EnvTransportURL: "", app.EnvAMQPURL: "",
-		app.EnvTablePrefix: "", app.EnvConfig: "", app.EnvAutoMigrate: "", app.EnvHTTPAddr: "",
-	} {
-		t.Setenv(k, v)
-	}
+	other := handlers.Consumer(otherConsumer, handlers.On(widgetAdded, func(db *sqlx.DB) framework.HandlerFunc[widgetAddedV1] {
+		return func(ctx context.Context, ev framework.Event[widgetAddedV1]) error {
+			return insert(ctx, db, "other:"+ev.Data.Name, ev.ID)
+		}
+	}))
+	b := setup(t, cfg, picky, other)
+	setEnv(t, cfg)
 	run := func(args ...string) (string, error) {
-		var out bytes.Buffer
-		cmd := app.Command("widgets", fx.Options(
+		return runCommand(t, fx.Options(
 			handlers.Consumer(consumerName, handlers.On(widgetAdded, newAddWidget)),
 			picky,
+			other,
 			fx.Supply(widgetMigrations),
-		))
-		cmd.SetOut(&out)
-		cmd.SetArgs(args)
-		err := cmd.ExecuteContext(context.Background())
-		return out.String(), err
+		), args...)
 	}
+	count := func(query string, args ...any) int { return b.count(t, b.db.Rebind(query), args...) }
 	deadLetters := func() int {
-		return b.count(t, `SELECT count(*) FROM dead_letters WHERE consumer = ?`, pickyConsumer)
+		return count(`SELECT count(*) FROM dead_letters WHERE consumer = ?`, pickyConsumer)
 	}
 
 	b.publish(t, "w-1", "one")
 	b.publish(t, "w-2", "two")
 	waitFor(t, "two dead letters", func() bool { return deadLetters() == 2 })
 	var ids []int64
-	require.NoError(t, b.db.Select(&ids, `SELECT id FROM dead_letters WHERE consumer = ? ORDER BY event_id`, pickyConsumer))
+	require.NoError(t, b.db.Select(&ids, b.db.Rebind(`SELECT id FROM dead_letters WHERE consumer = ? ORDER BY event_id`), pickyConsumer))
 
 	out, err := run("dead-letters", "list", "--consumer", pickyConsumer)
 	require.NoError(t, err)
-	require.Regexp(t, fmt.Sprintf(`(?m)^%d\s+widgets\.picky\s+widget_rejected\s+widgets\.widget\.added\s+1\s+widgets\s+w-1\s+1\s+0\s+\S+\s+pending$`, ids[0]), out)
+	require.Regexp(t, fmt.Sprintf(`(?m)^%d\s+%s\s+widget_rejected\s+widgets\.widget\.added\s+1\s+widgets\s+w-1\s+1\s+0\s+\S+\s+pending$`, ids[0], regexp.QuoteMeta(pickyConsumer)), out)
 	require.Contains(t, out, "w-2")
 
 	out, err = run("dl", "show", fmt.Sprint(ids[0]))
@@ -76,15 +110,20 @@ func TestDeadLettersCommand(t *testing.T) {
 	require.Contains(t, out, `"name": "one"`)
 	require.NotContains(t, out, "not today", "a dead letter never holds the error's text")
 
-	// The cause is fixed: replay the first.
+	// The cause is fixed: replay the first, saying why.
 	rejecting.Store(false)
+	_, err = run("dead-letters", "replay", fmt.Sprint(ids[0]))
+	require.ErrorContains(t, err, "--reason")
+	out, err = run("dead-letters", "show", fmt.Sprint(ids[0]))
+	require.NoError(t, err)
+	require.Regexp(t, `status\s+pending`, out, "not replayed without a reason")
 	out, err = run("dead-letters", "replay", fmt.Sprint(ids[0]), "--by", "tester", "--reason", "rejection fixed")
 	require.NoError(t, err)
 	require.Contains(t, out, fmt.Sprintf("dead letter %d replayed", ids[0]))
 	waitFor(t, "the replay handled", func() bool {
-		return b.count(t, `SELECT count(*) FROM widgets WHERE name = 'picky:one'`) == 1
+		return count(`SELECT count(*) FROM widgets WHERE name = 'picky:one'`) == 1
 	})
-	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM widgets WHERE name = 'one'`), "the other consumer of the type does not see the replay")
+	require.Equal(t, 1, count(`SELECT count(*) FROM widgets WHERE name = 'other:one'`), "the other consumer of the type does not see the replay")
 	out, err = run("dead-letters", "show", fmt.Sprint(ids[0]))
 	require.NoError(t, err)
 	require.Regexp(t, `status\s+replayed`, out)
@@ -95,10 +134,10 @@ func TestDeadLettersCommand(t *testing.T) {
 	out, err = run("dead-letters", "discard", fmt.Sprint(ids[1]), "--by", "tester", "--reason", "a test widget")
 	require.NoError(t, err)
 	require.Contains(t, out, "discarded")
-	_, err = run("dead-letters", "replay", fmt.Sprint(ids[1]))
+	_, err = run("dead-letters", "replay", fmt.Sprint(ids[1]), "--reason", "try again")
 	require.ErrorContains(t, err, "is discarded, not pending")
 
-	out, err = run("dead-letters", "list")
+	out, err = run("dead-letters", "list", "--consumer", pickyConsumer)
 	require.NoError(t, err)
 	require.NotContains(t, out, "w-1", "only pending ones by default")
 	out, err = run("dead-letters", "list", "--status", "all", "--code", "widget_rejected")
@@ -108,6 +147,102 @@ func TestDeadLettersCommand(t *testing.T) {
 
 	_, err = run("dead-letters", "show", "x")
 	require.ErrorContains(t, err, "want a positive integer")
-	_, err = run("dead-letters", "show", "999")
+	_, err = run("dead-letters", "show", "999999")
 	require.ErrorIs(t, err, framework.ErrNotFound)
+}
+
+// setEnv configures the commands of a test through the environment, as
+// in production: the transport and databases of cfg, everything else by
+// default.
+func setEnv(t *testing.T, cfg app.Config) {
+	t.Helper()
+	for k, v := range map[string]string{
+		app.EnvTransport: cfg.Transport, app.EnvDatabaseURL: cfg.DatabaseURL, app.EnvTransportURL: cfg.TransportURL,
+		app.EnvAMQPURL: cfg.AMQPURL, app.EnvTablePrefix: "", app.EnvConfig: "", app.EnvAutoMigrate: "", app.EnvHTTPAddr: "",
+	} {
+		t.Setenv(k, v)
+	}
+}
+
+// runCommand runs the service command of opts with args and returns what
+// it printed. A command that waits for something that never comes fails
+// the test after waitLimit instead of hanging it.
+func runCommand(t *testing.T, opts fx.Option, args ...string) (string, error) {
+	t.Helper()
+	var out bytes.Buffer
+	cmd := app.Command("widgets", opts)
+	cmd.SetOut(&out)
+	cmd.SetArgs(args)
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	err := cmd.ExecuteContext(ctx)
+	return out.String(), err
+}
+
+// closedAMQPURL returns the URL of a broker that is not there: a loopback
+// port that nothing listens on, with a password that must never be shown.
+func closedAMQPURL(t *testing.T, password string) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	return "amqp://guest:" + password + "@" + addr + "/"
+}
+
+// TestDeadLettersBuildNoHandler shows that the operator's commands build no
+// handler: a handler that needs the outbox, which only a serving
+// application provides, and one whose constructor would dial a provider
+// and fail, do not keep an operator from listing dead letters, nor does a
+// broker that is down.
+func TestDeadLettersBuildNoHandler(t *testing.T) {
+	var dialled atomic.Bool
+	service := fx.Options(
+		handlers.Consumer("widgets.boxed", handlers.On(widgetAdded, func(db *sqlx.DB, box *outbox.Outbox) framework.HandlerFunc[widgetAddedV1] {
+			return func(context.Context, framework.Event[widgetAddedV1]) error { return nil }
+		})),
+		handlers.Consumer("widgets.dialling", handlers.On(widgetAdded, func() (framework.HandlerFunc[widgetAddedV1], error) {
+			dialled.Store(true)
+			return nil, errors.New("dial the payment provider: connection refused")
+		})),
+		fx.Supply(widgetMigrations),
+	)
+	setEnv(t, testConfig(t))
+	out, err := runCommand(t, service, "migrate")
+	require.NoError(t, err)
+	require.Equal(t, "migrations applied\n", out)
+
+	for _, transport := range []string{"sqlite", "amqp"} {
+		t.Run(transport, func(t *testing.T) {
+			t.Setenv(app.EnvTransport, transport)
+			t.Setenv(app.EnvAMQPURL, closedAMQPURL(t, "s3cret"))
+			out, err := runCommand(t, service, "dead-letters", "list", "--status", "all")
+			require.NoError(t, err)
+			require.Regexp(t, `^ID\s+CONSUMER\s+CODE`, out)
+			_, err = runCommand(t, service, "dead-letters", "show", "1")
+			require.ErrorIs(t, err, framework.ErrNotFound)
+			_, err = runCommand(t, service, "dead-letters", "discard", "1", "--reason", "test data")
+			require.ErrorIs(t, err, framework.ErrNotFound)
+			require.False(t, dialled.Load(), "no handler was built")
+		})
+	}
+}
+
+// TestDeadLettersReplayBrokerDown shows that a replay, which needs the
+// broker, gives up on an unreachable one with an error that names the
+// setting to check, without its password (within seconds; the test's
+// bound is only against a hang).
+func TestDeadLettersReplayBrokerDown(t *testing.T) {
+	service := fx.Options(
+		handlers.Consumer(consumerName, handlers.On(widgetAdded, newAddWidget)),
+		fx.Supply(widgetMigrations),
+	)
+	setEnv(t, testConfig(t))
+	t.Setenv(app.EnvAutoMigrate, "true")
+	t.Setenv(app.EnvTransport, "amqp")
+	t.Setenv(app.EnvAMQPURL, closedAMQPURL(t, "s3cret"))
+	_, err := runCommand(t, service, "dead-letters", "replay", "1", "--reason", "fixed")
+	require.ErrorContains(t, err, app.EnvAMQPURL)
+	require.ErrorContains(t, err, "unreachable")
+	require.NotContains(t, err.Error(), "s3cret")
 }

@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -223,7 +224,9 @@ func newAMQPTransport(p TransportParams, logger *slog.Logger) (*Transport, error
 		OnStart: func(ctx context.Context) error {
 			ctx, cancel := untilStopRequested(ctx)
 			defer cancel()
-			return conn.Connect(ctx)
+			ctx, cancelEarly := beforeDeadline(ctx)
+			defer cancelEarly()
+			return connectAMQP(ctx, conn)
 		},
 		OnStop: func(context.Context) error {
 			_ = pub.Close()
@@ -252,6 +255,120 @@ func newAMQPTransport(p TransportParams, logger *slog.Logger) (*Transport, error
 		replay: pub.Replay,
 		ready:  conn.Connected,
 	}, nil
+}
+
+// connectAMQP connects conn, naming the setting to check when the broker
+// is unreachable or refuses the credentials (the password is not shown).
+func connectAMQP(ctx context.Context, conn *amqp.Connection) error {
+	if err := conn.Connect(ctx); err != nil {
+		return fmt.Errorf("%s: %w", EnvAMQPURL, err)
+	}
+	return nil
+}
+
+// beforeDeadline returns a context that ends a tenth of the time left
+// before ctx's deadline, if it has one. A start hook that waits with it
+// fails with its own error: fx's Start returns a bare "context deadline
+// exceeded" when its context ends first.
+func beforeDeadline(ctx context.Context) (context.Context, context.CancelFunc) {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithDeadline(ctx, deadline.Add(-time.Until(deadline)/10))
+}
+
+// replayConnectTimeout bounds how long a replay waits for the broker.
+const replayConnectTimeout = 5 * time.Second
+
+// replayer is the transport's replay path alone (see Transport.Replay),
+// for the operator's replay command: no subscriber, and nothing of the
+// consumers' handlers.
+type replayer struct {
+	replay  func(ctx context.Context, consumer string, msgs ...*message.Message) error
+	closers []func() error
+}
+
+// Replay publishes msgs to consumer alone, as Transport.Replay does.
+func (r *replayer) Replay(ctx context.Context, consumer string, msgs ...*message.Message) error {
+	return r.replay(ctx, consumer, msgs...)
+}
+
+// Close closes what openReplayer opened, the last opened first.
+func (r *replayer) Close() error {
+	var errs []error
+	for i := len(r.closers) - 1; i >= 0; i-- {
+		errs = append(errs, r.closers[i]())
+	}
+	r.closers = nil
+	return errors.Join(errs...)
+}
+
+// openReplayer opens the replay path of the configured transport; db is
+// the database of the stores. On amqp it waits for the broker at most
+// replayConnectTimeout, and not at all when the broker refuses the
+// credentials.
+func openReplayer(ctx context.Context, cfg Config, db *sqlx.DB) (_ *replayer, err error) {
+	r := &replayer{}
+	defer func() {
+		if err != nil {
+			_ = r.Close() // the error that stopped the opening is what matters
+		}
+	}()
+	switch cfg.Transport {
+	case TransportMemory:
+		return nil, fmt.Errorf("%s: memory keeps its messages in the serving process: a replay from another process would reach no one", EnvTransport)
+	case TransportSQLite:
+		tdb := db
+		if cfg.TransportURL != cfg.DatabaseURL {
+			if tdb, err = sqlite.Open(ctx, cfg.TransportURL, sqlite.OpenConfig{}); err != nil {
+				return nil, fmt.Errorf("transport database: %w", err)
+			}
+			r.closers = append(r.closers, tdb.Close)
+		}
+		pub, err := sqlite.NewPublisher(tdb, sqlite.PublisherConfig{TablePrefix: cfg.TablePrefix})
+		if err != nil {
+			return nil, fmt.Errorf("transport: %w", err)
+		}
+		r.closers = append(r.closers, pub.Close)
+		r.replay = func(ctx context.Context, consumer string, msgs ...*message.Message) error {
+			return publishWithContext(ctx, pub, framework.ReplayTopic(consumer), msgs)
+		}
+	case TransportPostgres:
+		tdb := db
+		if cfg.TransportURL != cfg.DatabaseURL {
+			if tdb, err = postgres.Open(ctx, cfg.TransportURL, postgres.OpenConfig{}); err != nil {
+				return nil, fmt.Errorf("transport database: %w", err)
+			}
+			r.closers = append(r.closers, tdb.Close)
+		}
+		pub, err := postgres.NewPublisher(tdb, postgres.TransportConfig{TablePrefix: cfg.TablePrefix})
+		if err != nil {
+			return nil, fmt.Errorf("transport: %w", err)
+		}
+		r.closers = append(r.closers, pub.Close)
+		r.replay = pub.Replay
+	case TransportAMQP:
+		conn, err := amqp.NewConnection(amqp.Config{URL: cfg.AMQPURL, Prefetch: cfg.AMQPPrefetch})
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", EnvAMQPURL, err)
+		}
+		r.closers = append(r.closers, conn.Close)
+		connectCtx, cancel := context.WithTimeout(ctx, replayConnectTimeout)
+		defer cancel()
+		if err := connectAMQP(connectCtx, conn); err != nil {
+			return nil, err
+		}
+		pub, err := amqp.NewPublisher(conn)
+		if err != nil {
+			return nil, fmt.Errorf("transport: %w", err)
+		}
+		r.closers = append(r.closers, pub.Close)
+		r.replay = pub.Replay
+	default:
+		return nil, fmt.Errorf("%s: %q is not available", EnvTransport, cfg.Transport)
+	}
+	return r, nil
 }
 
 // publishWithContext publishes msgs to topic with ctx as their context.

@@ -1,0 +1,62 @@
+package app
+
+import (
+	"errors"
+	"regexp"
+	"strings"
+
+	"go.uber.org/dig"
+)
+
+// startError is an error of building an application, told by its cause:
+// fx and dig wrap the error of a constructor in the chain of every
+// constructor that needed its result, each with its file and line, and a
+// reader needs only the cause, which names the fix. It unwraps to the
+// whole chain.
+type startError struct {
+	err error
+}
+
+func (e *startError) Error() string { return describe(e.err) }
+
+func (e *startError) Unwrap() error { return e.err }
+
+// explain returns err as a startError when fx or dig wrapped it, and err
+// itself otherwise.
+func explain(err error) error {
+	var de dig.Error
+	if err == nil || !errors.As(err, &de) {
+		return err
+	}
+	return &startError{err: err}
+}
+
+// sourceLocation matches the " (path/file.go:42)" that dig writes after a
+// function's name.
+var sourceLocation = regexp.MustCompile(` \([^()]*\.(go|s):[0-9]+\)`)
+
+// describe returns the cause of err, an error wrapped by fx and dig: the
+// error of the constructor that failed, or, when the wiring itself is
+// wrong (a type nothing provides), dig's own error without file paths.
+func describe(err error) string {
+	cause := dig.RootCause(err)
+	var de dig.Error
+	if !errors.As(cause, &de) {
+		return cause.Error() // a constructor's or an invoked function's error
+	}
+	msg := sourceLocation.ReplaceAllString(cause.Error(), "")
+	if strings.HasPrefix(msg, "missing type") {
+		msg += " (a constructor of the service or of a handler takes it, and no option gives it: provide or supply it among the service's options)"
+	}
+	return msg
+}
+
+// oneLine returns msg on one line: the lines of a joined error are
+// separated by "; ".
+func oneLine(msg string) string {
+	lines := strings.FieldsFunc(msg, func(r rune) bool { return r == '\n' || r == '\r' })
+	for i, l := range lines {
+		lines[i] = strings.TrimSpace(l)
+	}
+	return strings.Join(lines, "; ")
+}
