@@ -52,11 +52,22 @@ func describe(err error) string {
 }
 
 // oneLine returns msg on one line: the lines of a joined error are
-// separated by "; ".
+// separated by "; ", or by a space after a line that ends with a colon.
 func oneLine(msg string) string {
-	lines := strings.FieldsFunc(msg, func(r rune) bool { return r == '\n' || r == '\r' })
-	for i, l := range lines {
-		lines[i] = strings.TrimSpace(l)
+	var b strings.Builder
+	for l := range strings.Lines(msg) {
+		l = strings.TrimSpace(l)
+		if l == "" {
+			continue
+		}
+		if b.Len() > 0 {
+			if strings.HasSuffix(b.String(), ":") {
+				b.WriteString(" ")
+			} else {
+				b.WriteString("; ")
+			}
+		}
+		b.WriteString(l)
 	}
-	return strings.Join(lines, "; ")
+	return b.String()
 }

@@ -134,3 +134,15 @@ func TestFxLogsNoError(t *testing.T) {
 	require.ErrorContains(t, service.Err(), "the cause, once")
 	require.NotContains(t, logs.String(), "the cause, once")
 }
+
+func TestOneLine(t *testing.T) {
+	t.Parallel()
+	for in, want := range map[string]string{
+		"one":                         "one",
+		"first\nsecond\n":             "first; second",
+		"connect to x:\n\ty: refused": "connect to x: y: refused",
+		"a\r\n\n  b":                  "a; b",
+	} {
+		require.Equal(t, want, oneLine(in), "%q", in)
+	}
+}
