@@ -37,6 +37,7 @@
 //   - A fanout exchange drops what it gets before a queue is bound: bind
 //     every consumer's types with SubscribeInitialize at start.
 //   - watermill-amqp's constructors fail when the broker is down at boot:
-//     Connection.Connect retries with backoff; Connection.Connected reports
+//     Connection.Connect retries with backoff (not a refusal of the
+//     credentials: ErrAccessRefused); Connection.Connected reports
 //     the connection's state for readiness.
 package amqp
