@@ -110,7 +110,9 @@ func TestServiceLogsToStderrByDefault(t *testing.T) {
 		return
 	}
 	t.Parallel()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestServiceLogsToStderrByDefault$", "-test.count=1")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*waitLimit)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestServiceLogsToStderrByDefault$", "-test.count=1")
 	cmd.Env = append(os.Environ(), envLoggerChild+"=1")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
