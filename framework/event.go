@@ -15,7 +15,10 @@ import (
 )
 
 // Validator is implemented by payloads that check themselves. Definitions
-// call Validate when they build and when they decode an event.
+// call Validate when they build and when they decode an event. Return a
+// *FieldError to name the field at fault; the text of any other error is
+// left out of the decode error, which is logged, since it may quote the
+// value.
 type Validator interface {
 	Validate() error
 }
