@@ -254,7 +254,7 @@ func testOutbox(t *testing.T, b backend) {
 		err := bd.attempt(t, "in-1", func(ctx context.Context) error {
 			return bd.box.Add(ctx, env(t, "e-2"), bad)
 		})
-		require.ErrorContains(t, err, "missing type")
+		require.ErrorContains(t, err, "type: missing")
 		require.Zero(t, bd.count(t, `SELECT count(*) FROM outbox`), "nothing of a rejected Add is written")
 	})
 
