@@ -148,9 +148,11 @@ func DecodedFromContext(ctx context.Context) (*Decoded, bool) {
 // versions with one function while producers move on. A conversion that
 // fails is permanent, with CodeInvalidPayload.
 //
+// With definitions Booked1 of payload BookedV1 and Booked2 of BookedV2:
+//
 //	framework.NewConsumer("notifications.remind",
-//		framework.Handle(BookedV2, remind),
-//		framework.Upcast(BookedV1, BookedV2, func(v1 BookedV1) (BookedV2, error) {
+//		framework.Handle(Booked2, remind),
+//		framework.Upcast(Booked1, Booked2, func(v1 BookedV1) (BookedV2, error) {
 //			return BookedV2{AppointmentID: v1.AppointmentID, StartsAt: v1.StartsAt, TimeZone: "UTC"}, nil
 //		}, remind),
 //	)
