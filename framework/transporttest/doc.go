@@ -15,8 +15,11 @@
 // processes of one consumer with concurrency 8 (one effect per event),
 // retries, dead letters (permanent errors and poison), replay to one
 // consumer, a consumer restarted mid-stream, several event types on one
-// consumer, and, when the Env can publish as a plain client (PublishRaw),
-// interoperability. ExerciseServerRestart restarts the server under a
+// consumer, when the Env can publish as a plain client (PublishRaw),
+// interoperability, and the hold-up of a bad message at the head of the
+// line: one that fails on every attempt is dead-lettered once its attempts
+// ran out, one that kills its process on every delivery once it reached
+// the delivery limit, and the events behind it each take effect once. ExerciseServerRestart restarts the server under a
 // consumer draining a backlog, for transports whose tests run a server of
 // their own.
 //

@@ -71,6 +71,7 @@ func Exercise(t *testing.T, open func(t *testing.T) *Env) {
 		{"Restart", caseRestart},
 		{"SeveralTypes", caseSeveralTypes},
 		{"Interop", caseInterop},
+		{"HoldUpFailing", caseHoldUpFailing}, {"HoldUpDying", caseHoldUpDying},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -115,6 +116,7 @@ type suite struct {
 	// behave decides what a handler does after writing its effect.
 	behave atomic.Pointer[func(consumer string, ev framework.Event[noteV1], call int) error]
 	slow   time.Duration
+	tune   func(cfg *middleware.ChainConfig) // adjusts the chain of the processes started after it is set
 
 	mu    sync.Mutex
 	calls map[string]int // consumer/source/id → calls
@@ -173,7 +175,7 @@ func (s *suite) start(t *testing.T, name string, concurrency int, defs ...framew
 	require.NoError(t, err)
 	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: s.env.DB, Processed: s.env.Store, Deliveries: s.env.Store})
 	require.NoError(t, err)
-	h, err := middleware.Handler(middleware.ChainConfig{
+	cfg := middleware.ChainConfig{
 		Consumer:      c,
 		UnitOfWork:    uow,
 		DeadLetters:   s.env.Store,
@@ -182,7 +184,11 @@ func (s *suite) start(t *testing.T, name string, concurrency int, defs ...framew
 		Retry:         middleware.RetryConfig{Attempts: 3, Delay: time.Millisecond},
 		Timeout:       10 * time.Second,
 		Outer:         []message.HandlerMiddleware{s.countAcks(name)},
-	})
+	}
+	if s.tune != nil {
+		s.tune(&cfg)
+	}
+	h, err := middleware.Handler(cfg)
 	require.NoError(t, err)
 
 	sub := s.env.NewSubscriber(t, name, concurrency)
