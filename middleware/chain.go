@@ -102,7 +102,8 @@ func Chain(cfg ChainConfig) ([]message.HandlerMiddleware, error) {
 		return nil, err
 	}
 	name := cfg.Consumer.Name()
-	observe, err := Observe(ObserveConfig{Consumer: name, Logger: cfg.Logger, Metrics: cfg.Metrics, Tracer: cfg.Tracer})
+	limit, forget := holdUp(cfg)
+	observe, err := Observe(ObserveConfig{Consumer: name, Logger: cfg.Logger, Metrics: cfg.Metrics, Tracer: cfg.Tracer, HoldUpLimit: limit, ForgetFailingAfter: forget})
 	if err != nil {
 		return nil, err
 	}

@@ -28,12 +28,14 @@ const (
 )
 
 // Metrics are the Prometheus metrics of every consumer's chain. Create one
-// per registry and share it between consumers.
+// per registry and share it between consumers. Besides counters, it keeps
+// each consumer's failing messages (see Consumers).
 type Metrics struct {
 	messages    *prometheus.CounterVec
 	deadLetters *prometheus.CounterVec
 	attempts    *prometheus.CounterVec
 	duration    *prometheus.HistogramVec
+	failing     *failing
 }
 
 // NewMetrics creates the metrics and registers them on reg.
@@ -56,8 +58,9 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help:    "Time from receiving a message to its ack or nack, by consumer and outcome.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}, []string{"consumer", "outcome"}),
+		failing: newFailing(),
 	}
-	for _, c := range []prometheus.Collector{m.messages, m.deadLetters, m.attempts, m.duration} {
+	for _, c := range []prometheus.Collector{m.messages, m.deadLetters, m.attempts, m.duration, m.failing} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register metrics: %w", err)
 		}
@@ -70,6 +73,14 @@ func (m *Metrics) Messages() *prometheus.CounterVec { return m.messages }
 
 // DeadLetters returns the counter of dead letters by consumer and code.
 func (m *Metrics) DeadLetters() *prometheus.CounterVec { return m.deadLetters }
+
+// Consumers returns the status of the failing messages of every consumer
+// observed with m, by name: a consumer appears, with none failing, as soon
+// as its Observe step is built. The same figures are served as the gauges
+// effectively_consumer_failing_messages,
+// effectively_consumer_oldest_failing_seconds and
+// effectively_consumer_hold_up_limit_seconds.
+func (m *Metrics) Consumers() []ConsumerStatus { return m.failing.statuses() }
 
 // ObserveConfig configures Observe.
 type ObserveConfig struct {
@@ -84,8 +95,26 @@ type ObserveConfig struct {
 	// the field, never the value (see framework.FieldError). Defaults to a
 	// logger that discards.
 	Logger *slog.Logger
-	// Metrics, when set, counts outcomes, codes, attempts and durations.
+	// Metrics, when set, counts outcomes, codes, attempts and durations,
+	// and keeps the consumer's failing messages: a message is failing from
+	// its first failed attempt or nack (not one cut short by shutdown or
+	// waiting for an earlier event) until it is acknowledged or
+	// dead-lettered in this process.
 	Metrics *Metrics
+	// HoldUpLimit is the longest a message should keep failing before the
+	// chain dead-letters it: MaxDeliveries × Attempts × (Timeout + Delay).
+	// Chain sets it; zero when attempts have no timeout. Reported with the
+	// failing messages (ConsumerStatus).
+	HoldUpLimit time.Duration
+	// ForgetFailingAfter is how long a failing message that fails no more
+	// in this process stays counted as failing: by then it went to another
+	// process, or its event was handled there. Chain sets it to one
+	// delivery's attempts, Attempts × (Timeout + Delay), plus a minute.
+	// Defaults to DefaultForgetFailingAfter.
+	ForgetFailingAfter time.Duration
+	// Now returns the current time, for the age of failing messages.
+	// Defaults to time.Now.
+	Now func() time.Time
 	// Tracer starts a consumer span per message, linked to the producer's
 	// trace context (the CloudEvent's traceparent). Defaults to a no-op
 	// tracer.
@@ -100,13 +129,24 @@ func (c ObserveConfig) WithDefaults() ObserveConfig {
 	if c.Tracer == nil {
 		c.Tracer = noop.NewTracerProvider().Tracer("")
 	}
+	if c.ForgetFailingAfter == 0 {
+		c.ForgetFailingAfter = DefaultForgetFailingAfter
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
 	return c
 }
 
 // Validate reports the first invalid field of c.
 func (c ObserveConfig) Validate() error {
-	if c.Consumer == "" {
+	switch {
+	case c.Consumer == "":
 		return errors.New("observe: missing Consumer")
+	case c.HoldUpLimit < 0:
+		return fmt.Errorf("observe: HoldUpLimit must not be negative, got %s", c.HoldUpLimit)
+	case c.ForgetFailingAfter < 0:
+		return fmt.Errorf("observe: ForgetFailingAfter must not be negative, got %s", c.ForgetFailingAfter)
 	}
 	return nil
 }
@@ -136,11 +176,16 @@ func traceOutcome(ctx context.Context, span trace.Span, st *state, outcome strin
 }
 
 // Observe is the outermost step: it logs, counts and traces what became of
-// each message, with the event's id, type and correlation id.
+// each message, with the event's id, type and correlation id, and keeps
+// track of the messages that keep failing (see Metrics.Consumers).
 func Observe(cfg ObserveConfig) (message.HandlerMiddleware, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	var failing *failingConsumer // nil without Metrics: tracks nothing
+	if cfg.Metrics != nil {
+		failing = cfg.Metrics.failing.consumer(cfg.Consumer, cfg.HoldUpLimit, cfg.ForgetFailingAfter, cfg.Now)
 	}
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
@@ -154,7 +199,11 @@ func Observe(cfg ObserveConfig) (message.HandlerMiddleware, error) {
 				))
 			defer span.End()
 			msg.SetContext(ctx)
-			st.attemptFailed = func(ctx context.Context, err error) { cfg.logAttempt(ctx, st, err) }
+			key := func() framework.Key { return failingKey(msg, st) }
+			st.attemptFailed = func(ctx context.Context, err error) {
+				cfg.logAttempt(ctx, st, err)
+				failing.fail(key)
+			}
 
 			out, err := next(msg)
 
@@ -170,6 +219,12 @@ func Observe(cfg ObserveConfig) (message.HandlerMiddleware, error) {
 				outcome = OutcomeStale
 			}
 			st.reported = outcome
+			switch {
+			case outcome != OutcomeNacked:
+				failing.clear(key)
+			case ctx.Err() == nil && !errors.Is(err, framework.ErrLater):
+				failing.fail(key)
+			}
 			if span.IsRecording() {
 				traceOutcome(ctx, span, st, outcome)
 			}
@@ -187,6 +242,15 @@ func Observe(cfg ObserveConfig) (message.HandlerMiddleware, error) {
 			return out, err
 		}
 	}, nil
+}
+
+// failingKey returns the key of the message's event, or the hash of its body
+// when it did not decode.
+func failingKey(msg *message.Message, st *state) framework.Key {
+	if env := st.envelope; env != nil {
+		return framework.Key{Source: env.Source, ID: env.ID}
+	}
+	return framework.BodyKey(msg.Payload)
 }
 
 // log logs what became of the message (see ObserveConfig.Logger).

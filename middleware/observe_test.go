@@ -5,7 +5,10 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -17,6 +20,9 @@ import (
 
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/memory"
+	"github.com/effectively-once/effectively/framework/migrate"
+	"github.com/effectively-once/effectively/framework/sqlite"
+	"github.com/effectively-once/effectively/internal/testenv"
 	"github.com/effectively-once/effectively/middleware"
 )
 
@@ -84,4 +90,249 @@ func TestObserve(t *testing.T) {
 	require.Len(t, ended, 4)
 	require.Len(t, ended[0].Links(), 1, "the consumer span links to the producer's")
 	require.Equal(t, "4bf92f3577b34da6a3ce929d0e0e4736", ended[0].Links()[0].SpanContext.TraceID().String())
+}
+
+// failingBundle is a consumer's whole chain on a real SQLite store, with
+// an Observe step on a clock of the test's.
+type failingBundle struct {
+	reg     *prometheus.Registry
+	metrics *middleware.Metrics
+	store   *sqlite.Store
+	handler message.HandlerFunc
+	now     time.Time
+
+	mu       sync.Mutex
+	refuse   map[string]bool // ids an Outer step nacks on every delivery
+	fail     map[string]bool // ids the handler fails on every attempt
+	duringEv func()          // runs in the handler's last attempt, if set
+}
+
+// setupFailing builds the chain: two attempts, three deliveries, an Outer
+// step that nacks the ids of refuse, a handler that fails on the ids of
+// fail. Failing messages stay counted for a minute without failing again,
+// and may keep failing for 12 s before they count as held up.
+func setupFailing(t *testing.T) *failingBundle {
+	t.Helper()
+	fb := &failingBundle{
+		reg:    prometheus.NewRegistry(),
+		now:    time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC),
+		refuse: make(map[string]bool),
+		fail:   make(map[string]bool),
+	}
+	var err error
+	fb.metrics, err = middleware.NewMetrics(fb.reg)
+	require.NoError(t, err)
+	db := testenv.SQLite(t)
+	require.NoError(t, migrate.Up(context.Background(), db, migrate.Config{}))
+	fb.store, err = sqlite.NewStore(db, sqlite.StoreConfig{})
+	require.NoError(t, err)
+	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Processed: fb.store, Deliveries: fb.store})
+	require.NoError(t, err)
+	c, err := framework.NewConsumer(consumerName, framework.Handle(noted, func(_ context.Context, ev framework.Event[noteV1]) error {
+		fb.mu.Lock()
+		failing, during := fb.fail[ev.ID], fb.duringEv
+		fb.mu.Unlock()
+		if during != nil {
+			during()
+		}
+		if failing {
+			return errors.New("dependency down")
+		}
+		return nil
+	}))
+	require.NoError(t, err)
+	refuse := func(next message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			d, _ := framework.DecodedFromContext(msg.Context())
+			fb.mu.Lock()
+			refused := fb.refuse[d.Key().ID]
+			fb.mu.Unlock()
+			if refused {
+				return nil, errors.New("not now")
+			}
+			return next(msg)
+		}
+	}
+	chain, err := middleware.Chain(middleware.ChainConfig{
+		Consumer: c, UnitOfWork: uow, DeadLetters: fb.store, Deliveries: fb.store,
+		MaxDeliveries: 3,
+		Retry:         middleware.RetryConfig{Attempts: 2, Delay: time.Millisecond},
+		Metrics:       fb.metrics,
+		Outer:         []message.HandlerMiddleware{refuse},
+	})
+	require.NoError(t, err)
+	// Observe is the outermost step: the same, on the test's clock.
+	chain[0], err = middleware.Observe(middleware.ObserveConfig{
+		Consumer: consumerName, Metrics: fb.metrics,
+		HoldUpLimit: 12 * time.Second, ForgetFailingAfter: time.Minute,
+		Now: func() time.Time { fb.mu.Lock(); defer fb.mu.Unlock(); return fb.now },
+	})
+	require.NoError(t, err)
+	fb.handler = middleware.Dispatch
+	for i := len(chain) - 1; i >= 0; i-- {
+		fb.handler = chain[i](fb.handler)
+	}
+	return fb
+}
+
+func (fb *failingBundle) set(f func()) { fb.mu.Lock(); defer fb.mu.Unlock(); f() }
+
+func (fb *failingBundle) advance(d time.Duration) { fb.set(func() { fb.now = fb.now.Add(d) }) }
+
+// deliver hands a new copy of event id to the chain in ctx and returns
+// its report.
+func (fb *failingBundle) deliver(t *testing.T, ctx context.Context, id string) middleware.Report {
+	t.Helper()
+	env, err := noted.Envelope(noteV1{Text: "hello"}, framework.Attributes{ID: id, Source: "notes"})
+	require.NoError(t, err)
+	msg, err := framework.NewMessage(env)
+	require.NoError(t, err)
+	msg.SetContext(ctx)
+	_, _ = fb.handler(msg)
+	rep, ok := middleware.ReportOf(msg)
+	require.True(t, ok)
+	return rep
+}
+
+// status returns the consumer's status, and checks that the gauges served
+// to Prometheus say the same.
+func (fb *failingBundle) status(t *testing.T) middleware.ConsumerStatus {
+	t.Helper()
+	statuses := fb.metrics.Consumers()
+	require.Len(t, statuses, 1)
+	s := statuses[0]
+	require.Equal(t, consumerName, s.Consumer)
+	families, err := fb.reg.Gather()
+	require.NoError(t, err)
+	gauges := map[string]float64{}
+	for _, f := range families {
+		if !strings.HasPrefix(f.GetName(), "effectively_consumer_") {
+			continue
+		}
+		require.Len(t, f.GetMetric(), 1, f.GetName())
+		m := f.GetMetric()[0]
+		require.Equal(t, "consumer", m.GetLabel()[0].GetName(), "labelled by consumer alone")
+		require.Len(t, m.GetLabel(), 1, "labelled by consumer alone")
+		gauges[f.GetName()] = m.GetGauge().GetValue()
+	}
+	require.Equal(t, map[string]float64{
+		"effectively_consumer_failing_messages":       float64(s.FailingMessages),
+		"effectively_consumer_oldest_failing_seconds": s.OldestFailing.Seconds(),
+		"effectively_consumer_hold_up_limit_seconds":  12,
+	}, gauges)
+	return s
+}
+
+func TestObserveFailing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	none := func(t *testing.T, fb *failingBundle) {
+		t.Helper()
+		require.Equal(t, middleware.ConsumerStatus{Consumer: consumerName, HoldUpLimit: 12 * time.Second}, fb.status(t))
+	}
+
+	t.Run("NackedUntilDeadLettered", func(t *testing.T) {
+		t.Parallel()
+		fb := setupFailing(t)
+		none(t, fb)
+		fb.set(func() { fb.refuse["1"] = true })
+		require.Equal(t, middleware.OutcomeNacked, fb.deliver(t, ctx, "1").Outcome)
+		fb.advance(10 * time.Second)
+		s := fb.status(t)
+		require.Equal(t, 1, s.FailingMessages)
+		require.Equal(t, 10*time.Second, s.OldestFailing)
+		require.False(t, s.HeldUp())
+
+		require.Equal(t, middleware.OutcomeNacked, fb.deliver(t, ctx, "1").Outcome)
+		fb.advance(5 * time.Second)
+		s = fb.status(t)
+		require.Equal(t, 1, s.FailingMessages, "one message, delivered twice")
+		require.Equal(t, 15*time.Second, s.OldestFailing, "since its first failure")
+		require.True(t, s.HeldUp(), "failing for longer than the hold-up limit")
+
+		require.Equal(t, middleware.OutcomeNacked, fb.deliver(t, ctx, "1").Outcome)
+		rep := fb.deliver(t, ctx, "1")
+		require.Equal(t, middleware.OutcomeDeadLettered, rep.Outcome)
+		require.Equal(t, framework.CodeDeliveryLimit, rep.Code)
+		none(t, fb)
+	})
+
+	t.Run("AttemptsFailUntilDeadLettered", func(t *testing.T) {
+		t.Parallel()
+		fb := setupFailing(t)
+		var during []middleware.ConsumerStatus
+		fb.set(func() {
+			fb.fail["1"] = true
+			fb.duringEv = func() { during = append(during, fb.metrics.Consumers()...) }
+		})
+		rep := fb.deliver(t, ctx, "1")
+		require.Equal(t, middleware.OutcomeDeadLettered, rep.Outcome)
+		require.Equal(t, framework.CodeRetriesExhausted, rep.Code)
+		require.Len(t, during, 2)
+		require.Equal(t, 0, during[0].FailingMessages, "first attempt")
+		require.Equal(t, 1, during[1].FailingMessages, "second attempt, after the first failed")
+		none(t, fb)
+	})
+
+	t.Run("FailsThenSucceeds", func(t *testing.T) {
+		t.Parallel()
+		fb := setupFailing(t)
+		fb.set(func() { fb.refuse["1"], fb.refuse["2"] = true, true })
+		require.Equal(t, middleware.OutcomeNacked, fb.deliver(t, ctx, "1").Outcome)
+		fb.advance(time.Second)
+		require.Equal(t, middleware.OutcomeNacked, fb.deliver(t, ctx, "2").Outcome)
+		fb.advance(time.Second)
+		s := fb.status(t)
+		require.Equal(t, 2, s.FailingMessages)
+		require.Equal(t, 2*time.Second, s.OldestFailing)
+
+		fb.set(func() { fb.refuse["1"] = false })
+		require.Equal(t, middleware.OutcomeProcessed, fb.deliver(t, ctx, "1").Outcome)
+		s = fb.status(t)
+		require.Equal(t, 1, s.FailingMessages)
+		require.Equal(t, time.Second, s.OldestFailing, "the oldest left")
+
+		require.Equal(t, middleware.OutcomeDuplicate, fb.deliver(t, ctx, "1").Outcome)
+		fb.set(func() { fb.refuse["2"] = false })
+		require.Equal(t, middleware.OutcomeProcessed, fb.deliver(t, ctx, "2").Outcome)
+		none(t, fb)
+	})
+
+	t.Run("ForgottenWhenItFailsNoMore", func(t *testing.T) {
+		t.Parallel()
+		fb := setupFailing(t)
+		fb.set(func() { fb.refuse["1"] = true })
+		require.Equal(t, middleware.OutcomeNacked, fb.deliver(t, ctx, "1").Outcome)
+		fb.advance(time.Minute)
+		require.Equal(t, 1, fb.status(t).FailingMessages, "failed a minute ago: still counted")
+		fb.advance(time.Second)
+		none(t, fb) // it went to another process, which handled it
+	})
+
+	t.Run("ShutdownIsNoFailure", func(t *testing.T) {
+		t.Parallel()
+		fb := setupFailing(t)
+		stopped, cancel := context.WithCancel(ctx)
+		cancel()
+		require.Equal(t, middleware.OutcomeNacked, fb.deliver(t, stopped, "1").Outcome)
+		none(t, fb)
+	})
+
+	t.Run("ChainSetsTheHoldUpLimit", func(t *testing.T) {
+		t.Parallel()
+		metrics, err := middleware.NewMetrics(prometheus.NewRegistry())
+		require.NoError(t, err)
+		store := memory.NewStore()
+		uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{Processed: store, Deliveries: store})
+		require.NoError(t, err)
+		c, err := framework.NewConsumer(consumerName, framework.Handle(noted, func(context.Context, framework.Event[noteV1]) error { return nil }))
+		require.NoError(t, err)
+		_, err = middleware.Handler(middleware.ChainConfig{
+			Consumer: c, UnitOfWork: uow, DeadLetters: store, Deliveries: store, Metrics: metrics,
+			MaxDeliveries: 4, Retry: middleware.RetryConfig{Attempts: 3, Delay: 2 * time.Second}, Timeout: 8 * time.Second,
+		})
+		require.NoError(t, err)
+		require.Equal(t, []middleware.ConsumerStatus{{Consumer: consumerName, HoldUpLimit: 4 * 3 * 10 * time.Second}}, metrics.Consumers(),
+			"a consumer shows, none failing, once its chain is built")
+	})
 }

@@ -1,0 +1,200 @@
+package middleware
+
+import (
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/effectively-once/effectively/framework"
+)
+
+// DefaultForgetFailingAfter is how long, by default, a failing message
+// that fails no more in this process stays counted as failing (see
+// ObserveConfig.ForgetFailingAfter).
+const DefaultForgetFailingAfter = 5 * time.Minute
+
+// redeliveryGrace is what Chain adds to a delivery's attempt budget before
+// a failing message that fails no more is forgotten: time for a nacked
+// message to come back.
+const redeliveryGrace = time.Minute
+
+// ConsumerStatus is what a consumer's failing messages look like in this
+// process at one moment (see Metrics.Consumers). A message is failing from
+// its first failed attempt or nack until it is acknowledged (its effect
+// committed, or it was a duplicate or stale) or dead-lettered.
+type ConsumerStatus struct {
+	// Consumer is the consumer's name.
+	Consumer string
+	// FailingMessages counts the consumer's failing messages.
+	FailingMessages int
+	// OldestFailing is the time since the first failure of the oldest
+	// failing message; zero when none fails.
+	OldestFailing time.Duration
+	// HoldUpLimit is the longest a message should keep failing before it
+	// is dead-lettered (ObserveConfig.HoldUpLimit); zero when unbounded.
+	HoldUpLimit time.Duration
+}
+
+// HeldUp reports whether the oldest failing message has been failing for
+// longer than the hold-up limit: it is not being dead-lettered (the
+// dead-letter store or the delivery count fails), and on a transport that
+// hands the consumer one message at a time, the messages behind it wait.
+func (s ConsumerStatus) HeldUp() bool {
+	return s.HoldUpLimit > 0 && s.OldestFailing > s.HoldUpLimit
+}
+
+// failing tracks, per consumer, the messages that failed in this process
+// and were neither acknowledged nor dead-lettered yet, and reports them as
+// Prometheus gauges, computed when scraped.
+type failing struct {
+	mu        sync.Mutex
+	consumers map[string]*failingConsumer
+
+	messages, oldest, limit *prometheus.Desc
+}
+
+// failingConsumer is one consumer's part of failing. Its methods are safe
+// on a nil receiver, which tracks nothing (Observe without Metrics).
+type failingConsumer struct {
+	parent      *failing
+	name        string
+	holdUpLimit time.Duration
+	forgetAfter time.Duration
+	now         func() time.Time
+	messages    map[framework.Key]failure
+}
+
+// failure is when a message first and last failed in this process.
+type failure struct{ first, last time.Time }
+
+var _ prometheus.Collector = (*failing)(nil)
+
+func newFailing() *failing {
+	return &failing{
+		consumers: make(map[string]*failingConsumer),
+		messages: prometheus.NewDesc("effectively_consumer_failing_messages",
+			"Messages whose last attempt or delivery failed in this process, neither acknowledged nor dead-lettered yet, by consumer.",
+			[]string{"consumer"}, nil),
+		oldest: prometheus.NewDesc("effectively_consumer_oldest_failing_seconds",
+			"Time since the first failure of the consumer's oldest failing message; 0 when none fails. Alert when above effectively_consumer_hold_up_limit_seconds.",
+			[]string{"consumer"}, nil),
+		limit: prometheus.NewDesc("effectively_consumer_hold_up_limit_seconds",
+			"The longest a message of the consumer should keep failing before it is dead-lettered: max deliveries × attempts × (timeout + retry delay). Absent when attempts have no timeout.",
+			[]string{"consumer"}, nil),
+	}
+}
+
+// consumer registers the consumer named name (again: its messages stay)
+// and returns its part.
+func (f *failing) consumer(name string, holdUpLimit, forgetAfter time.Duration, now func() time.Time) *failingConsumer {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c, ok := f.consumers[name]
+	if !ok {
+		c = &failingConsumer{parent: f, name: name, messages: make(map[framework.Key]failure)}
+		f.consumers[name] = c
+	}
+	c.holdUpLimit, c.forgetAfter, c.now = holdUpLimit, forgetAfter, now
+	return c
+}
+
+// fail records a failure of the message of key.
+func (c *failingConsumer) fail(key func() framework.Key) {
+	if c == nil {
+		return
+	}
+	k := key()
+	c.parent.mu.Lock()
+	defer c.parent.mu.Unlock()
+	now := c.now()
+	c.forget(now)
+	f, ok := c.messages[k]
+	if !ok {
+		f.first = now
+	}
+	f.last = now
+	c.messages[k] = f
+}
+
+// clear forgets the message of key: it was acknowledged or dead-lettered.
+func (c *failingConsumer) clear(key func() framework.Key) {
+	if c == nil {
+		return
+	}
+	c.parent.mu.Lock()
+	defer c.parent.mu.Unlock()
+	if len(c.messages) == 0 { // the usual case: spare the key
+		return
+	}
+	delete(c.messages, key())
+}
+
+// forget drops the messages that failed no more for forgetAfter: they went
+// to another process, or their event was handled there.
+func (c *failingConsumer) forget(now time.Time) {
+	for k, f := range c.messages {
+		if now.Sub(f.last) > c.forgetAfter {
+			delete(c.messages, k)
+		}
+	}
+}
+
+// status returns the consumer's status now; the caller holds the lock.
+func (c *failingConsumer) status() ConsumerStatus {
+	now := c.now()
+	c.forget(now)
+	s := ConsumerStatus{Consumer: c.name, FailingMessages: len(c.messages), HoldUpLimit: c.holdUpLimit}
+	for _, f := range c.messages {
+		s.OldestFailing = max(s.OldestFailing, now.Sub(f.first))
+	}
+	return s
+}
+
+// statuses returns every consumer's status, by name.
+func (f *failing) statuses() []ConsumerStatus {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make([]ConsumerStatus, 0, len(f.consumers))
+	for _, name := range slices.Sorted(maps.Keys(f.consumers)) {
+		out = append(out, f.consumers[name].status())
+	}
+	return out
+}
+
+// Describe implements prometheus.Collector.
+func (f *failing) Describe(ch chan<- *prometheus.Desc) {
+	ch <- f.messages
+	ch <- f.oldest
+	ch <- f.limit
+}
+
+// Collect implements prometheus.Collector.
+func (f *failing) Collect(ch chan<- prometheus.Metric) {
+	for _, s := range f.statuses() {
+		ch <- prometheus.MustNewConstMetric(f.messages, prometheus.GaugeValue, float64(s.FailingMessages), s.Consumer)
+		ch <- prometheus.MustNewConstMetric(f.oldest, prometheus.GaugeValue, s.OldestFailing.Seconds(), s.Consumer)
+		if s.HoldUpLimit > 0 {
+			ch <- prometheus.MustNewConstMetric(f.limit, prometheus.GaugeValue, s.HoldUpLimit.Seconds(), s.Consumer)
+		}
+	}
+}
+
+// holdUp returns what a message costs the consumer of cfg at most before
+// it is dead-lettered, MaxDeliveries × Attempts × (Timeout + Delay), and
+// how long a failing message that fails no more stays counted: one
+// delivery's attempts plus time to come back. Both are zero when attempts
+// have no timeout. cfg has its defaults.
+func holdUp(cfg ChainConfig) (limit, forgetAfter time.Duration) {
+	if cfg.Timeout < 0 {
+		return 0, 0
+	}
+	budget := time.Duration(cfg.Retry.Attempts) * (cfg.Timeout + cfg.Retry.Delay)
+	deliveries := cfg.MaxDeliveries
+	if deliveries == 0 {
+		deliveries = DefaultMaxDeliveries
+	}
+	return time.Duration(deliveries) * budget, budget + redeliveryGrace
+}
