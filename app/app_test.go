@@ -207,7 +207,7 @@ func TestApp(t *testing.T) {
 		require.Equal(t, "ok\n", body)
 		code, body = get("/readyz")
 		require.Equal(t, http.StatusOK, code)
-		require.Equal(t, "ready\n", body)
+		require.JSONEq(t, `{"status":"ready","consumers":[{"consumer":"`+consumerName+`","failing_messages":0,"oldest_failing_seconds":0,"hold_up_limit_seconds":930,"held_up":false}]}`, body)
 
 		b.publish(t, "w-1", "sprocket")
 		waitFor(t, "the widget", func() bool {

@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -56,12 +57,13 @@ type HTTPParams struct {
 	Readiness *Readiness
 	Transport *Transport
 	DB        *sqlx.DB
+	Consumers *middleware.Metrics
 	Logger    *slog.Logger `optional:"true"`
 }
 
 // HTTP serves /healthz (the process lives), /readyz (the router runs, the
-// transport is connected and the database answers) and /metrics on
-// Config.HTTPAddr.
+// transport is connected and the database answers; a JSON body with each
+// consumer's failing messages) and /metrics on Config.HTTPAddr.
 type HTTP struct {
 	addr atomic.Value // string
 }
@@ -86,19 +88,13 @@ func NewHTTP(p HTTPParams) *HTTP {
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
-		if !p.Readiness.Ready() {
-			http.Error(w, "router not running", http.StatusServiceUnavailable)
-			return
+		body := ReadyzBody{Status: "ready", Consumers: readyzConsumers(p.Consumers.Consumers())}
+		w.Header().Set("Content-Type", "application/json")
+		if reason := unready(ctx, p); reason != "" {
+			body.Status, body.Reason = "unavailable", reason
+			w.WriteHeader(http.StatusServiceUnavailable)
 		}
-		if !p.Transport.Ready() {
-			http.Error(w, "transport not connected", http.StatusServiceUnavailable)
-			return
-		}
-		if err := p.DB.PingContext(ctx); err != nil {
-			http.Error(w, "database unavailable", http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = w.Write([]byte("ready\n"))
+		_ = json.NewEncoder(w).Encode(body)
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(p.Metrics.Registry, promhttp.HandlerOpts{}))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
@@ -119,4 +115,66 @@ func NewHTTP(p HTTPParams) *HTTP {
 		OnStop: srv.Shutdown,
 	})
 	return h
+}
+
+// ReadyzBody is the JSON body of /readyz. The status code says whether
+// the service can work (200) or not (503); a consumer whose messages keep
+// failing leaves it ready: the messages are dead-lettered within the
+// consumer's hold-up limit, and another process would fail on them too.
+type ReadyzBody struct {
+	// Status is "ready" or "unavailable".
+	Status string `json:"status"`
+	// Reason says why the service is unavailable: "router not running",
+	// "transport not connected" or "database unavailable".
+	Reason string `json:"reason,omitempty"`
+	// Consumers are the consumers' failing messages in this process, by
+	// name.
+	Consumers []ReadyzConsumer `json:"consumers"`
+}
+
+// ReadyzConsumer is one consumer's entry in /readyz (see
+// middleware.ConsumerStatus).
+type ReadyzConsumer struct {
+	// Consumer is the consumer's name.
+	Consumer string `json:"consumer"`
+	// FailingMessages counts its messages whose last attempt or delivery
+	// failed, neither acknowledged nor dead-lettered yet.
+	FailingMessages int `json:"failing_messages"`
+	// OldestFailingSeconds is the time since the first failure of the
+	// oldest of them; 0 when none fails.
+	OldestFailingSeconds float64 `json:"oldest_failing_seconds"`
+	// HoldUpLimitSeconds is the longest a message should keep failing
+	// before it is dead-lettered: max_deliveries × attempts × (timeout +
+	// retry_delay); absent when attempts have no timeout.
+	HoldUpLimitSeconds float64 `json:"hold_up_limit_seconds,omitempty"`
+	// HeldUp says the oldest failing message has been failing for longer
+	// than the hold-up limit: it is not being dead-lettered.
+	HeldUp bool `json:"held_up"`
+}
+
+// unready returns why the service cannot work, or "" when it can.
+func unready(ctx context.Context, p HTTPParams) string {
+	switch {
+	case !p.Readiness.Ready():
+		return "router not running"
+	case !p.Transport.Ready():
+		return "transport not connected"
+	case p.DB.PingContext(ctx) != nil:
+		return "database unavailable"
+	}
+	return ""
+}
+
+func readyzConsumers(statuses []middleware.ConsumerStatus) []ReadyzConsumer {
+	out := make([]ReadyzConsumer, len(statuses))
+	for i, s := range statuses {
+		out[i] = ReadyzConsumer{
+			Consumer:             s.Consumer,
+			FailingMessages:      s.FailingMessages,
+			OldestFailingSeconds: s.OldestFailing.Seconds(),
+			HoldUpLimitSeconds:   s.HoldUpLimit.Seconds(),
+			HeldUp:               s.HeldUp(),
+		}
+	}
+	return out
 }
