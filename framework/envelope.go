@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/url"
 	"slices"
 	"strconv"
 	"time"
@@ -50,11 +51,80 @@ type Key struct {
 // String returns the key as "source/id".
 func (k Key) String() string { return k.Source + "/" + k.ID }
 
+// Validate reports the first part of k that Decode refuses: an id or
+// source that is missing, over its limit (MaxIDBytes, MaxSourceBytes), or
+// holds a character that CloudEvents forbids in a String (see Decode), or
+// a source that is not a URI reference. Its errors are Decode's: permanent,
+// CodeTooLarge or CodeMalformedEnvelope, naming the attribute, never its
+// value. A key that passes can be stored by every store.
+func (k Key) Validate() error {
+	switch {
+	case k.ID == "":
+		return malformed("id", "missing")
+	case len(k.ID) > MaxIDBytes:
+		return Permanent(CodeTooLarge, &FieldError{Field: "id", Reason: fmt.Sprintf("is %d bytes, at most %d allowed", len(k.ID), MaxIDBytes)})
+	case k.Source == "":
+		return malformed("source", "missing")
+	case len(k.Source) > MaxSourceBytes:
+		return Permanent(CodeTooLarge, &FieldError{Field: "source", Reason: fmt.Sprintf("is %d bytes, at most %d allowed", len(k.Source), MaxSourceBytes)})
+	}
+	if err := checkString("id", k.ID); err != nil {
+		return err
+	}
+	if err := checkString("source", k.Source); err != nil {
+		return err
+	}
+	if _, err := url.Parse(k.Source); err != nil {
+		return Permanent(CodeMalformedEnvelope, &FieldError{Field: "source", Reason: "not a URI reference", Err: err})
+	}
+	return nil
+}
+
 // BodyKey is the key of a message whose body carries no readable source
 // and id: an empty source and "sha256:" with the body's hex digest.
 func BodyKey(body []byte) Key {
 	sum := sha256.Sum256(body)
 	return Key{ID: "sha256:" + hex.EncodeToString(sum[:])}
+}
+
+// KeyOfBody returns the key of a message body that Decode refused: its
+// source and id when the body is a JSON object holding each once, as a
+// String that passes Key.Validate (the source as Decode reads it, a URI
+// reference); else BodyKey(body). The key of such a message never depends
+// on an attribute that a store cannot hold.
+func KeyOfBody(body []byte) Key {
+	if !json.Valid(body) {
+		return BodyKey(body)
+	}
+	members, ok := jsonMembers(body)
+	if !ok {
+		return BodyKey(body)
+	}
+	var id, source []byte
+	for _, m := range members {
+		switch m.name {
+		case "id":
+			if id != nil {
+				return BodyKey(body)
+			}
+			id = m.value
+		case "source":
+			if source != nil {
+				return BodyKey(body)
+			}
+			source = m.value
+		}
+	}
+	idText, idProblem := unquote(id)
+	sourceText, sourceProblem := unquote(source)
+	if idProblem != "" || sourceProblem != "" {
+		return BodyKey(body)
+	}
+	k := Key{Source: types.ParseURIRef(sourceText).String(), ID: idText}
+	if k.Validate() != nil {
+		return BodyKey(body)
+	}
+	return k
 }
 
 // Attributes are an event's CloudEvents context attributes: everything but
@@ -88,26 +158,39 @@ type Attributes struct {
 // Key returns the event's key.
 func (a Attributes) Key() Key { return Key{Source: a.Source, ID: a.ID} }
 
-// Validate reports the first attribute that breaks the wire contract.
+// Validate reports the first attribute that breaks the wire contract: the
+// key (see Key.Validate), a missing type, a version out of 1..2^31-1, a
+// negative subject sequence, or a string attribute holding a character
+// that CloudEvents forbids in a String (see Decode).
 func (a Attributes) Validate() error {
+	if err := a.Key().Validate(); err != nil {
+		return err
+	}
 	switch {
-	case a.ID == "":
-		return malformed("id", "missing")
-	case len(a.ID) > MaxIDBytes:
-		return Permanent(CodeTooLarge, &FieldError{Field: "id", Reason: fmt.Sprintf("is %d bytes, at most %d allowed", len(a.ID), MaxIDBytes)})
-	case a.Source == "":
-		return malformed("source", "missing")
-	case len(a.Source) > MaxSourceBytes:
-		return Permanent(CodeTooLarge, &FieldError{Field: "source", Reason: fmt.Sprintf("is %d bytes, at most %d allowed", len(a.Source), MaxSourceBytes)})
 	case a.Type == "":
 		return malformed("type", "missing")
-	case a.Version < 1 || a.Version > 1<<31-1:
-		return malformed("eventversion", "out of range 1..2^31-1")
+	case a.Version < 1 || a.Version > maxVersion:
+		return malformed(extVersion, "out of range 1..2^31-1")
 	case a.SubjectSeq < 0:
-		return malformed("subjectseq", "negative")
+		return malformed(extSubjectSeq, "negative")
+	}
+	for _, attr := range []struct{ name, value string }{
+		{"type", a.Type},
+		{"subject", a.Subject},
+		{extCorrelationID, a.CorrelationID},
+		{extTraceParent, a.TraceParent},
+		{extTraceState, a.TraceState},
+	} {
+		if err := checkString(attr.name, attr.value); err != nil {
+			return err
+		}
 	}
 	return nil
 }
+
+// maxVersion is the greatest event version: CloudEvents integers are
+// 32-bit.
+const maxVersion = 1<<31 - 1
 
 // Envelope is an event whose data is still encoded JSON: what travels on a
 // transport, one CloudEvents 1.0 JSON object.
@@ -169,6 +252,19 @@ func malformed(field, reason string) error {
 // means DefaultMaxBodyBytes) or an attribute its limit, else
 // CodeMalformedEnvelope. Each wraps a FieldError that names the attribute,
 // never its value.
+//
+// Decode holds every transport to the same rules, read from the JSON text
+// itself: each attribute appears once; eventversion is a JSON integer
+// (no fraction, no exponent, not a string) from 1 to 2^31-1; subjectseq a
+// string holding a decimal integer >= 1; and every attribute whose value is
+// a JSON string (id, source, type, subject, correlationid, traceparent,
+// tracestate, datacontenttype, dataschema, time, any other extension)
+// holds only characters that CloudEvents allows in a String: valid UTF-8,
+// no control character (U+0000–U+001F, U+007F–U+009F), no surrogate
+// outside an escaped pair, no noncharacter. U+FFFD itself is allowed; a
+// byte that is not UTF-8 and a lone surrogate escape, which encoding/json
+// would silently turn into U+FFFD, are not. So every attribute a store
+// keeps is one it can hold.
 func Decode(body []byte, maxBody int) (Envelope, error) {
 	if maxBody <= 0 {
 		maxBody = DefaultMaxBodyBytes
@@ -178,21 +274,36 @@ func Decode(body []byte, maxBody int) (Envelope, error) {
 	}
 	ev := cloudevents.New()
 	if err := json.Unmarshal(body, &ev); err != nil {
+		if json.Valid(body) {
+			if _, aerr := checkAttributes(body); aerr != nil {
+				return Envelope{}, aerr // names the attribute that the SDK may not
+			}
+		}
 		return Envelope{}, Permanent(CodeMalformedEnvelope, fmt.Errorf("decode cloudevent: %w", unreadable(body, err)))
 	}
 	if ev.SpecVersion() != cloudevents.CloudEventsVersionV1 {
 		return Envelope{}, malformed("specversion", "want 1.0")
 	}
+	// The SDK reads 1.5 as version 1 and turns what is not UTF-8 into
+	// U+FFFD: read the text (valid JSON, as Unmarshal checked).
+	version, err := checkAttributes(body)
+	if err != nil {
+		return Envelope{}, err
+	}
+	if version == 0 {
+		return Envelope{}, malformed(extVersion, "missing")
+	}
 	env := Envelope{Attributes: Attributes{
 		ID:      ev.ID(),
 		Source:  ev.Source(),
 		Type:    ev.Type(),
+		Version: version,
 		Time:    ev.Time(),
 		Subject: ev.Subject(),
 	}}
 	// Limits first: the SDK's validation would call an oversized id merely
 	// malformed.
-	if err := env.Validate(); err != nil && CodeOf(err) == CodeTooLarge {
+	if err := env.Key().Validate(); err != nil && CodeOf(err) == CodeTooLarge {
 		return Envelope{}, err
 	}
 	if err := ev.Validate(); err != nil {
@@ -202,15 +313,6 @@ func Decode(body []byte, maxBody int) (Envelope, error) {
 		return Envelope{}, malformed("datacontenttype", "want application/json")
 	}
 	ext := ev.Extensions()
-	version, ok := ext[extVersion]
-	if !ok {
-		return Envelope{}, malformed(extVersion, "missing")
-	}
-	v, ok := version.(int32) // the SDK turns JSON integers into int32
-	if !ok {
-		return Envelope{}, malformed(extVersion, "not an integer")
-	}
-	env.Version = int(v)
 	if s, ok := ext[extSubjectSeq]; ok {
 		str, err := types.ToString(s)
 		if err != nil {
@@ -240,6 +342,57 @@ func Decode(body []byte, maxBody int) (Envelope, error) {
 	}
 	env.Data = ev.Data()
 	return env, nil
+}
+
+// checkAttributes checks the attributes of body, valid JSON, as written
+// (see Decode): body is an object, each attribute appears once, each JSON
+// string but data is a valid String, and eventversion, when present, is an
+// integer in range, which it returns (0 when absent).
+func checkAttributes(body []byte) (version int, err error) {
+	members, ok := jsonMembers(body)
+	if !ok {
+		return 0, malformed("body", "not a JSON object whose attribute names are valid strings")
+	}
+	seen := make(map[string]bool, len(members))
+	for _, m := range members {
+		field := m.name
+		if !attributeName(field) {
+			field = "body"
+		}
+		if seen[m.name] {
+			return 0, malformed(field, "appears more than once")
+		}
+		seen[m.name] = true
+		switch {
+		case m.name == extVersion:
+			if version, err = parseVersion(m.value); err != nil {
+				return 0, err
+			}
+		case m.name == "data":
+		case len(m.value) > 0 && m.value[0] == '"':
+			if _, problem := unquote(m.value); problem != "" {
+				return 0, malformed(field, problem)
+			}
+		}
+	}
+	return version, nil
+}
+
+// parseVersion reads eventversion as written: a JSON integer, without
+// fraction or exponent, from 1 to 2^31-1.
+func parseVersion(raw []byte) (int, error) {
+	digits := raw
+	if len(digits) > 0 && digits[0] == '-' {
+		digits = digits[1:]
+	}
+	if len(digits) == 0 || slices.ContainsFunc(digits, func(c byte) bool { return c < '0' || c > '9' }) {
+		return 0, malformed(extVersion, "not an integer")
+	}
+	v, err := strconv.ParseInt(string(raw), 10, 64)
+	if err != nil || v < 1 || v > maxVersion {
+		return 0, malformed(extVersion, "out of range 1..2^31-1")
+	}
+	return int(v), nil
 }
 
 // unreadable names the attribute of body that the CloudEvents SDK could not

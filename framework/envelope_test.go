@@ -2,6 +2,7 @@ package framework_test
 
 import (
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -108,4 +109,247 @@ func TestMaxIDAccepted(t *testing.T) {
 	require.NoError(t, err)
 	_, err = framework.Decode(body, 0)
 	require.NoError(t, err)
+}
+
+// attributeBody returns a valid event as JSON text whose attribute name
+// holds the raw JSON text value (quotes included) instead; every
+// attribute the tests vary is set.
+func attributeBody(name, value string) []byte {
+	attrs := [][2]string{
+		{"specversion", `"1.0"`},
+		{"id", `"e1"`},
+		{"source", `"appointments"`},
+		{"type", `"appointments.appointment.booked"`},
+		{"eventversion", `1`},
+		{"subject", `"appt-7"`},
+		{"subjectseq", `"3"`},
+		{"time", `"2026-11-30T09:30:00Z"`},
+		{"correlationid", `"corr-9"`},
+		{"traceparent", `"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"`},
+		{"tracestate", `"k=v"`},
+		{"datacontenttype", `"application/json"`},
+		{"dataschema", `"https://example.com/schema"`},
+		{"comexampleother", `"x"`},
+		{"data", `{"text":"hello"}`},
+	}
+	var b strings.Builder
+	b.WriteString("{")
+	for i, a := range attrs {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		v := a[1]
+		if a[0] == name {
+			v = value
+		}
+		b.WriteString(`"` + a[0] + `":` + v)
+	}
+	b.WriteString("}")
+	return []byte(b.String())
+}
+
+// stringAttributes are the attributes of attributeBody whose values are
+// CloudEvents Strings.
+var stringAttributes = []string{
+	"id", "source", "type", "subject", "time", "correlationid", "traceparent",
+	"tracestate", "datacontenttype", "dataschema", "comexampleother", "specversion",
+}
+
+// TestDecodeRefusesForbiddenCharacters: every String attribute, on every
+// transport alike, holds only what CloudEvents allows: no control
+// character, no surrogate outside a pair, no noncharacter, nothing that
+// is not UTF-8, whether written raw or escaped. The error names the
+// attribute and never quotes the value.
+func TestDecodeRefusesForbiddenCharacters(t *testing.T) {
+	t.Parallel()
+	forbidden := []struct {
+		name string
+		text string // inside the JSON string, as written
+	}{
+		{"EscapedNUL", `\u0000`},
+		{"EscapedUnitSeparator", `\u001f`},
+		{"EscapedNewline", `\n`},
+		{"EscapedDEL", `\u007f`},
+		{"EscapedC1", `\u0085`},
+		{"RawDEL", "\x7f"},
+		{"RawC1", "\u0085"},
+		{"RawInvalidByte", "\xff"},
+		{"RawTruncatedSequence", "\xc3"},
+		{"RawEncodedSurrogate", "\xed\xa0\x80"},
+		{"RawOverlongSlash", "\xc0\xaf"},
+		{"EscapedLoneHighSurrogate", `\ud800`},
+		{"EscapedLoneLowSurrogate", `\udc00`},
+		{"EscapedHighSurrogateThenLetter", `\ud800\u0041`},
+		{"EscapedReversedPair", `\ude00\ud83d`},
+		{"EscapedNoncharacter", `\ufffe`},
+		{"EscapedNoncharacterFDD0", `\ufdd0`},
+		{"RawNoncharacter", "\uffff"},
+		{"EscapedPlaneNoncharacter", `\ud83f\udffe`},
+	}
+	for _, attr := range stringAttributes {
+		for _, f := range forbidden {
+			t.Run(attr+"/"+f.name, func(t *testing.T) {
+				t.Parallel()
+				body := attributeBody(attr, `"`+secret+f.text+`"`)
+				_, err := framework.Decode(body, 0)
+				require.Error(t, err)
+				require.Equal(t, framework.CodeMalformedEnvelope, framework.CodeOf(err), "%v", err)
+				fe, ok := errors.AsType[*framework.FieldError](err)
+				require.True(t, ok, "%v wraps a FieldError", err)
+				require.Equal(t, attr, fe.Field)
+				require.NotContains(t, err.Error(), secret)
+			})
+		}
+	}
+}
+
+// TestDecodeAcceptsAllowedCharacters: a surrogate pair, characters beyond
+// ASCII and the replacement character U+FFFD itself are ordinary
+// characters.
+func TestDecodeAcceptsAllowedCharacters(t *testing.T) {
+	t.Parallel()
+	allowed := []struct {
+		name string
+		text string // inside the JSON string, as written
+		want string
+	}{
+		{"EscapedPair", `\ud83d\ude00`, "😀"},
+		{"RawAstral", "😀", "😀"},
+		{"EscapedReplacement", `\ufffd`, "\uFFFD"},
+		{"RawReplacement", "\uFFFD", "\uFFFD"},
+		{"Latin", `caf\u00e9 é`, "café é"},
+		{"Escapes", `a\/b\"c\\d`, `a/b"c\d`},
+		{"Tab", `a b`, "a b"},
+	}
+	for _, a := range allowed {
+		t.Run(a.name, func(t *testing.T) {
+			t.Parallel()
+			for attr, get := range map[string]func(framework.Envelope) string{
+				"id":            func(e framework.Envelope) string { return e.ID },
+				"subject":       func(e framework.Envelope) string { return e.Subject },
+				"correlationid": func(e framework.Envelope) string { return e.CorrelationID },
+				"type":          func(e framework.Envelope) string { return e.Type },
+			} {
+				env, err := framework.Decode(attributeBody(attr, `"x`+a.text+`"`), 0)
+				require.NoError(t, err, attr)
+				require.Equal(t, "x"+a.want, get(env), attr)
+			}
+		})
+	}
+}
+
+// TestDecodeEventVersion: eventversion is a JSON integer from 1 to
+// 2^31-1, as written: no fraction, no exponent, not a string.
+func TestDecodeEventVersion(t *testing.T) {
+	t.Parallel()
+	for _, v := range []string{"1.5", "1.0", "1e0", "10E-1", "0.1e1", `"1"`, "0", "-1", "-0", "2147483648", "9223372036854775808", "true", "null", "[1]", `{"v":1}`} {
+		t.Run("Refuses"+v, func(t *testing.T) {
+			t.Parallel()
+			_, err := framework.Decode(attributeBody("eventversion", v), 0)
+			require.Error(t, err)
+			require.Equal(t, framework.CodeMalformedEnvelope, framework.CodeOf(err), "%v", err)
+			fe, ok := errors.AsType[*framework.FieldError](err)
+			require.True(t, ok, "%v wraps a FieldError", err)
+			require.Equal(t, "eventversion", fe.Field)
+		})
+	}
+	for v, want := range map[string]int{"1": 1, "2": 2, "2147483647": 1<<31 - 1} {
+		env, err := framework.Decode(attributeBody("eventversion", v), 0)
+		require.NoError(t, err, v)
+		require.Equal(t, want, env.Version, v)
+	}
+}
+
+// TestDecodeRefusesRepeatedAttribute: an attribute given twice is
+// ambiguous (which id is the key?), so it is malformed.
+func TestDecodeRefusesRepeatedAttribute(t *testing.T) {
+	t.Parallel()
+	for _, attr := range []string{"id", "source", "eventversion", "subject", "correlationid", "data"} {
+		body := attributeBody("", "")
+		body = append(body[:len(body)-1], []byte(`,"`+attr+`":"x"}`)...)
+		_, err := framework.Decode(body, 0)
+		require.Error(t, err, attr)
+		require.Equal(t, framework.CodeMalformedEnvelope, framework.CodeOf(err), "%s: %v", attr, err)
+		fe, ok := errors.AsType[*framework.FieldError](err)
+		require.True(t, ok, "%v wraps a FieldError", err)
+		require.Equal(t, attr, fe.Field)
+	}
+}
+
+// TestEncodeRefusesForbiddenCharacters: a producer cannot build what
+// consumers refuse.
+func TestEncodeRefusesForbiddenCharacters(t *testing.T) {
+	t.Parallel()
+	for name, set := range map[string]func(a *framework.Attributes, v string){
+		"id":            func(a *framework.Attributes, v string) { a.ID = v },
+		"source":        func(a *framework.Attributes, v string) { a.Source = v },
+		"type":          func(a *framework.Attributes, v string) { a.Type = v },
+		"subject":       func(a *framework.Attributes, v string) { a.Subject = v },
+		"correlationid": func(a *framework.Attributes, v string) { a.CorrelationID = v },
+		"traceparent":   func(a *framework.Attributes, v string) { a.TraceParent = v },
+		"tracestate":    func(a *framework.Attributes, v string) { a.TraceState = v },
+	} {
+		for _, bad := range []string{"a\x00b", "a\xffb", "a\x1fb", "a\u0085b", "a\ufffeb"} {
+			env := framework.Envelope{Attributes: framework.Attributes{ID: "e1", Source: "s", Type: "t", Version: 1}, Data: json.RawMessage(`{}`)}
+			set(&env.Attributes, bad)
+			_, err := framework.Encode(env)
+			require.Error(t, err, "%s %q", name, bad)
+			require.Equal(t, framework.CodeMalformedEnvelope, framework.CodeOf(err), "%s %q: %v", name, bad, err)
+			fe, ok := errors.AsType[*framework.FieldError](err)
+			require.True(t, ok, "%v wraps a FieldError", err)
+			require.Equal(t, name, fe.Field)
+		}
+	}
+}
+
+// TestKeyOfBody: a body that did not decode keeps its source and id as key
+// only when Decode would accept both; otherwise its key is the hash of
+// its bytes.
+func TestKeyOfBody(t *testing.T) {
+	t.Parallel()
+	usable := [][]byte{
+		attributeBody("eventversion", "1.5"),
+		attributeBody("time", `"tomorrow"`),
+		attributeBody("subject", `"a\u0000b"`),
+		[]byte(`{"id":"e1","source":"appointments"}`),
+	}
+	for _, body := range usable {
+		require.Equal(t, framework.Key{Source: "appointments", ID: "e1"}, framework.KeyOfBody(body), "%s", body)
+	}
+	hashed := [][]byte{
+		[]byte("not json"),
+		[]byte(`["e1"]`),
+		[]byte(`{"id":"e1"}`),
+		[]byte(`{"source":"appointments"}`),
+		[]byte(`{"id":1,"source":"appointments"}`),
+		[]byte(`{"id":"e1","source":"appointments"`),
+		[]byte(`{"id":"e1","source":"appointments"} trailing`),
+		[]byte(`{"id":"e1","id":"e2","source":"appointments"}`),
+		[]byte(`{"id":"e1","source":"%zz"}`),
+		attributeBody("id", `"`+strings.Repeat("i", framework.MaxIDBytes+1)+`"`),
+		attributeBody("source", `"`+strings.Repeat("s", framework.MaxSourceBytes+1)+`"`),
+	}
+	for _, bad := range []string{`\u0000`, "\xff", `\ud800`, `\u001b`, "\u009f"} {
+		hashed = append(hashed, attributeBody("id", `"e`+bad+`1"`), attributeBody("source", `"app`+bad+`"`))
+	}
+	for _, body := range hashed {
+		require.Equal(t, framework.BodyKey(body), framework.KeyOfBody(body), "%q", body)
+	}
+}
+
+// TestKeyValidate: a key passes when Decode would accept its source and
+// id.
+func TestKeyValidate(t *testing.T) {
+	t.Parallel()
+	require.NoError(t, framework.Key{Source: "https://example.com/a", ID: "\uFFFDe1"}.Validate())
+	for _, k := range []framework.Key{
+		{Source: "s"},
+		{ID: "e"},
+		{Source: "s", ID: "e\x00"},
+		{Source: "s\xff", ID: "e"},
+		{Source: "%zz", ID: "e"},
+		{Source: "s", ID: strings.Repeat("i", framework.MaxIDBytes+1)},
+	} {
+		require.True(t, framework.IsPermanent(k.Validate()), "%q", k)
+	}
 }

@@ -121,8 +121,9 @@ type DeadLetter struct {
 	Consumer string
 	// Topic is where the message was received.
 	Topic string
-	// Source and EventID identify the event. EventID is "sha256:" and the
-	// hex digest of the body when the message has no readable id.
+	// Source and EventID identify the event. When the message did not
+	// decode and its source and id are not both usable (see KeyOfBody),
+	// Source is empty and EventID "sha256:" and the hex digest of the body.
 	Source  string
 	EventID string
 	// Type, Version, Subject and CorrelationID are copied from the event
@@ -142,7 +143,8 @@ type DeadLetter struct {
 	// and last.
 	FirstFailedAt time.Time
 	LastFailedAt  time.Time
-	// Body and Metadata are the original message.
+	// Body and Metadata are the original message. Stores keep the body's
+	// bytes as they are, and the metadata as StorableMetadata.
 	Body     []byte
 	Metadata map[string]string
 	// Status is pending until an operator replays or discards it.
@@ -155,14 +157,33 @@ type DeadLetter struct {
 func (dl DeadLetter) Key() Key { return Key{Source: dl.Source, ID: dl.EventID} }
 
 // Validate reports the first field of dl that a DeadLetterPublisher cannot
-// take.
+// take: a missing consumer or event id, an invalid code, or a text field
+// that not every store can hold (one that is not valid UTF-8 or holds NUL;
+// PostgreSQL refuses both). The dead-letter step never builds such a dead
+// letter: its key and attributes come from an event that Decode accepted,
+// or else its key is framework.KeyOfBody. The error names the field, not
+// its value. Metadata is not checked: stores keep StorableMetadata of it.
 func (dl DeadLetter) Validate() error {
 	switch {
 	case dl.Consumer == "":
 		return errors.New("publish dead letter: Consumer is empty")
 	case dl.EventID == "":
 		return fmt.Errorf("publish dead letter for %s: EventID is empty (use framework.BodyKey when the message has no id)", dl.Consumer)
-	case !dl.Code.Valid():
+	}
+	for _, f := range []struct{ name, value string }{
+		{"Consumer", dl.Consumer},
+		{"Topic", dl.Topic},
+		{"Source", dl.Source},
+		{"EventID", dl.EventID},
+		{"Type", dl.Type},
+		{"Subject", dl.Subject},
+		{"CorrelationID", dl.CorrelationID},
+	} {
+		if !storable(f.value) {
+			return fmt.Errorf("publish dead letter: %s is not valid UTF-8 or holds NUL (key it with framework.KeyOfBody)", f.name)
+		}
+	}
+	if !dl.Code.Valid() {
 		return fmt.Errorf("publish dead letter %s for %s: invalid code %q", dl.Key(), dl.Consumer, dl.Code)
 	}
 	return nil

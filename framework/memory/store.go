@@ -165,10 +165,7 @@ func (s *Store) PublishDeadLetter(ctx context.Context, dl framework.DeadLetter) 
 	}
 	at := s.now().UTC()
 	dl.Body = slices.Clone(dl.Body)
-	dl.Metadata = maps.Clone(dl.Metadata)
-	if len(dl.Metadata) == 0 {
-		dl.Metadata = nil
-	}
+	dl.Metadata = framework.StorableMetadata(dl.Metadata)
 	dl.Status = framework.DeadLetterPending
 	dl.Resolution = framework.Resolution{}
 	dl.LastFailedAt = at

@@ -121,7 +121,9 @@ func (s *Store) Forget(ctx context.Context, tx *framework.Tx, consumer string, k
 // of (Consumer, Source, EventID) updates the row: the latest Topic, Type,
 // Version, Subject, CorrelationID, Code, Attempts, Body and Metadata,
 // LastFailedAt, one more Repeat, and status pending again, with an earlier
-// resolution cleared; FirstFailedAt stays. In the same transaction it
+// resolution cleared; FirstFailedAt stays. The metadata is kept as
+// framework.StorableMetadata; a dead letter that fails dl.Validate is
+// refused, on either dialect. In the same transaction it
 // forgets the message's delivery count for the consumer, so that a replay
 // is counted afresh instead of hitting the delivery limit at once.
 func (s *Store) PublishDeadLetter(ctx context.Context, dl framework.DeadLetter) error {
@@ -275,12 +277,13 @@ func scanDeadLetters(rows *sqlx.Rows) (_ []framework.DeadLetter, err error) {
 	return out, nil
 }
 
-// encodeMetadata returns m as JSON text; nil is "{}".
+// encodeMetadata returns framework.StorableMetadata(m) as JSON text (no
+// NUL, which PostgreSQL's jsonb refuses even escaped); nil is "{}".
 func encodeMetadata(m map[string]string) (string, error) {
 	if len(m) == 0 {
 		return "{}", nil
 	}
-	b, err := json.Marshal(m)
+	b, err := json.Marshal(framework.StorableMetadata(m))
 	if err != nil {
 		return "", fmt.Errorf("encode metadata: %w", err)
 	}

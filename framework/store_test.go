@@ -1,0 +1,61 @@
+package framework_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/framework"
+)
+
+// TestStorableMetadata: a dead letter's metadata comes from the transport
+// as received; what no store can hold, NUL and bytes that are not UTF-8,
+// becomes U+FFFD, in keys and values.
+func TestStorableMetadata(t *testing.T) {
+	t.Parallel()
+	in := map[string]string{
+		"content-type": framework.ContentType,
+		"nul":          "a\x00b",
+		"bad-utf8":     "a\xff\xfeb",
+		"key\x00":      "v1",
+		"key\xff":      "v2",
+		"fine":         "café \uFFFD \u0085",
+	}
+	got := framework.StorableMetadata(in)
+	require.Equal(t, map[string]string{
+		"content-type": framework.ContentType,
+		"nul":          "a\uFFFDb",
+		"bad-utf8":     "a\uFFFDb",
+		"key\uFFFD":    "v1", // "key\x00" comes first in byte order
+		"fine":         "café \uFFFD \u0085",
+	}, got)
+	require.Equal(t, "a\x00b", in["nul"], "the input is left as it was")
+	require.Nil(t, framework.StorableMetadata(nil))
+	require.Nil(t, framework.StorableMetadata(map[string]string{}))
+}
+
+// TestDeadLetterValidateRefusesUnstorableText: every store refuses alike
+// a dead letter whose text fields PostgreSQL could not hold.
+func TestDeadLetterValidateRefusesUnstorableText(t *testing.T) {
+	t.Parallel()
+	valid := framework.DeadLetter{Consumer: "c", Topic: "t", Source: "s", EventID: "e", Code: framework.CodeMalformedEnvelope}
+	require.NoError(t, valid.Validate())
+	for name, set := range map[string]func(dl *framework.DeadLetter, v string){
+		"Consumer":      func(dl *framework.DeadLetter, v string) { dl.Consumer = v },
+		"Topic":         func(dl *framework.DeadLetter, v string) { dl.Topic = v },
+		"Source":        func(dl *framework.DeadLetter, v string) { dl.Source = v },
+		"EventID":       func(dl *framework.DeadLetter, v string) { dl.EventID = v },
+		"Type":          func(dl *framework.DeadLetter, v string) { dl.Type = v },
+		"Subject":       func(dl *framework.DeadLetter, v string) { dl.Subject = v },
+		"CorrelationID": func(dl *framework.DeadLetter, v string) { dl.CorrelationID = v },
+	} {
+		for _, bad := range []string{"a\x00b", "a\xffb"} {
+			dl := valid
+			set(&dl, bad)
+			err := dl.Validate()
+			require.Error(t, err, "%s %q", name, bad)
+			require.Contains(t, err.Error(), name)
+			require.NotContains(t, err.Error(), bad)
+		}
+	}
+}

@@ -1,0 +1,311 @@
+package framework
+
+import (
+	"maps"
+	"slices"
+	"strings"
+	"unicode/utf16"
+	"unicode/utf8"
+)
+
+// The characters of a CloudEvents String attribute. CloudEvents 1.0 allows
+// any Unicode character but the control characters (U+0000–U+001F and
+// U+007F–U+009F), the surrogates (U+D800–U+DFFF; in JSON text only an
+// escaped pair that makes one character above U+FFFF) and the
+// noncharacters (U+FDD0–U+FDEF and the last two code points of each
+// plane). The replacement character U+FFFD is an ordinary character and
+// is allowed. A byte that is not UTF-8, or a lone surrogate escape such as
+// "\ud800", is refused, although Go's encoding/json would silently turn it
+// into U+FFFD: Decode reads the JSON text itself.
+
+// runeProblem says why r may not appear in a String attribute, or "".
+func runeProblem(r rune) string {
+	switch {
+	case r < 0x20 || (r >= 0x7f && r <= 0x9f):
+		return "holds a control character"
+	case r >= 0xd800 && r <= 0xdfff:
+		return "holds an unpaired surrogate"
+	case (r >= 0xfdd0 && r <= 0xfdef) || r&0xfffe == 0xfffe:
+		return "holds a Unicode noncharacter"
+	}
+	return ""
+}
+
+// stringProblem says why s may not be the value of a String attribute, or
+// "".
+func stringProblem(s string) string {
+	for i := 0; i < len(s); {
+		if c := s[i]; c >= 0x20 && c < 0x7f {
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			return "is not valid UTF-8"
+		}
+		if p := runeProblem(r); p != "" {
+			return p
+		}
+		i += size
+	}
+	return ""
+}
+
+// checkString returns the permanent CodeMalformedEnvelope error of
+// attribute field when its value s breaks the rules of a String, else nil.
+func checkString(field, s string) error {
+	if p := stringProblem(s); p != "" {
+		return malformed(field, p)
+	}
+	return nil
+}
+
+// storable reports whether every store can hold s in a text column: valid
+// UTF-8 without NUL (PostgreSQL refuses both).
+func storable(s string) bool {
+	return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0
+}
+
+// storableString returns s with NUL and each run of bytes that are not
+// UTF-8 replaced by U+FFFD.
+func storableString(s string) string {
+	if storable(s) {
+		return s
+	}
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+}
+
+// StorableMetadata returns a copy of md that every store can hold: NUL and
+// bytes that are not UTF-8, in its keys and values, replaced by U+FFFD
+// (PostgreSQL's text and jsonb refuse them). When two keys become one, the
+// value of the key first in byte order is kept. It returns nil when md is
+// empty. Stores and the dead-letter step apply it to a dead letter's
+// metadata, which comes from the transport as received.
+func StorableMetadata(md map[string]string) map[string]string {
+	if len(md) == 0 {
+		return nil
+	}
+	out := make(map[string]string, len(md))
+	for _, k := range slices.Sorted(maps.Keys(md)) {
+		sk := storableString(k)
+		if _, taken := out[sk]; !taken {
+			out[sk] = storableString(md[k])
+		}
+	}
+	return out
+}
+
+// jsonMember is one member of a JSON object: its name, decoded, and its
+// value as written.
+type jsonMember struct {
+	name  string
+	value []byte
+}
+
+// jsonMembers returns the members of the JSON object text, in order. text
+// must be valid JSON (json.Valid); ok is false when it is not an object or
+// a member's name breaks the rules of a String.
+func jsonMembers(text []byte) (members []jsonMember, ok bool) {
+	i := skipSpace(text, 0)
+	if i >= len(text) || text[i] != '{' {
+		return nil, false
+	}
+	i = skipSpace(text, i+1)
+	if i < len(text) && text[i] == '}' {
+		return nil, true
+	}
+	for i < len(text) {
+		end := stringEnd(text, i)
+		if end < 0 {
+			return nil, false
+		}
+		name, problem := unquote(text[i:end])
+		if problem != "" {
+			return nil, false
+		}
+		i = skipSpace(text, end)
+		if i >= len(text) || text[i] != ':' {
+			return nil, false
+		}
+		start := skipSpace(text, i+1)
+		end = valueEnd(text, start)
+		if end < 0 {
+			return nil, false
+		}
+		members = append(members, jsonMember{name: name, value: text[start:end]})
+		i = skipSpace(text, end)
+		if i >= len(text) {
+			return nil, false
+		}
+		switch text[i] {
+		case '}':
+			return members, true
+		case ',':
+			i = skipSpace(text, i+1)
+		default:
+			return nil, false
+		}
+	}
+	return nil, false
+}
+
+func skipSpace(text []byte, i int) int {
+	for i < len(text) && (text[i] == ' ' || text[i] == '\t' || text[i] == '\n' || text[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// stringEnd returns the index after the JSON string that starts at i, or
+// -1.
+func stringEnd(text []byte, i int) int {
+	if i >= len(text) || text[i] != '"' {
+		return -1
+	}
+	for j := i + 1; j < len(text); j++ {
+		switch text[j] {
+		case '\\':
+			j++
+		case '"':
+			return j + 1
+		}
+	}
+	return -1
+}
+
+// valueEnd returns the index after the JSON value that starts at i, or -1.
+func valueEnd(text []byte, i int) int {
+	if i >= len(text) {
+		return -1
+	}
+	switch text[i] {
+	case '"':
+		return stringEnd(text, i)
+	case '{', '[':
+		depth := 0
+		for j := i; j < len(text); j++ {
+			switch text[j] {
+			case '"':
+				end := stringEnd(text, j)
+				if end < 0 {
+					return -1
+				}
+				j = end - 1
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return j + 1
+				}
+			}
+		}
+		return -1
+	}
+	j := i
+	for j < len(text) && !strings.ContainsRune(",}] \t\n\r", rune(text[j])) {
+		j++
+	}
+	return j
+}
+
+// unquote decodes the JSON string token raw (quotes included) by the rules
+// of a String attribute. problem says why it breaks them, or is "".
+func unquote(raw []byte) (s string, problem string) {
+	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
+		return "", "not a string"
+	}
+	raw = raw[1 : len(raw)-1]
+	var b strings.Builder
+	b.Grow(len(raw))
+	for i := 0; i < len(raw); {
+		c := raw[i]
+		switch {
+		case c == '\\':
+			r, n := unescape(raw[i:])
+			if n == 0 {
+				return "", "holds an invalid escape"
+			}
+			if p := runeProblem(r); p != "" {
+				return "", p
+			}
+			b.WriteRune(r)
+			i += n
+		case c < utf8.RuneSelf:
+			if p := runeProblem(rune(c)); p != "" {
+				return "", p
+			}
+			b.WriteByte(c)
+			i++
+		default:
+			r, size := utf8.DecodeRune(raw[i:])
+			if r == utf8.RuneError && size == 1 {
+				return "", "is not valid UTF-8"
+			}
+			if p := runeProblem(r); p != "" {
+				return "", p
+			}
+			b.Write(raw[i : i+size])
+			i += size
+		}
+	}
+	return b.String(), ""
+}
+
+// unescape decodes the escape at the start of raw and returns the rune and
+// the bytes it took; 0 bytes when it is not a valid escape. A surrogate
+// pair of \u escapes is one rune; a lone surrogate is returned as it is,
+// for the caller to refuse.
+func unescape(raw []byte) (rune, int) {
+	if len(raw) < 2 {
+		return 0, 0
+	}
+	switch raw[1] {
+	case '"', '\\', '/':
+		return rune(raw[1]), 2
+	case 'b':
+		return '\b', 2
+	case 'f':
+		return '\f', 2
+	case 'n':
+		return '\n', 2
+	case 'r':
+		return '\r', 2
+	case 't':
+		return '\t', 2
+	case 'u':
+	default:
+		return 0, 0
+	}
+	r := hex4(raw[2:])
+	if r < 0 {
+		return 0, 0
+	}
+	if utf16.IsSurrogate(r) && r < 0xdc00 && len(raw) >= 12 && raw[6] == '\\' && raw[7] == 'u' {
+		if lo := hex4(raw[8:]); lo >= 0xdc00 && lo <= 0xdfff {
+			return utf16.DecodeRune(r, lo), 12
+		}
+	}
+	return r, 6
+}
+
+// hex4 returns the value of the four hex digits at the start of b, or -1.
+func hex4(b []byte) rune {
+	if len(b) < 4 {
+		return -1
+	}
+	var r rune
+	for _, c := range b[:4] {
+		r <<= 4
+		switch {
+		case c >= '0' && c <= '9':
+			r |= rune(c - '0')
+		case c >= 'a' && c <= 'f':
+			r |= rune(c - 'a' + 10)
+		case c >= 'A' && c <= 'F':
+			r |= rune(c - 'A' + 10)
+		default:
+			return -1
+		}
+	}
+	return r
+}
