@@ -183,9 +183,9 @@ func Observe(cfg ObserveConfig) (message.HandlerMiddleware, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	var failing *failingConsumer // nil without Metrics: tracks nothing
+	var track *failingConsumer // nil without Metrics: tracks nothing
 	if cfg.Metrics != nil {
-		failing = cfg.Metrics.failing.consumer(cfg.Consumer, cfg.HoldUpLimit, cfg.ForgetFailingAfter, cfg.Now)
+		track = cfg.Metrics.failing.consumer(cfg.Consumer, cfg.HoldUpLimit, cfg.ForgetFailingAfter, cfg.Now)
 	}
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
@@ -202,7 +202,7 @@ func Observe(cfg ObserveConfig) (message.HandlerMiddleware, error) {
 			key := func() framework.Key { return failingKey(msg, st) }
 			st.attemptFailed = func(ctx context.Context, err error) {
 				cfg.logAttempt(ctx, st, err)
-				failing.fail(key)
+				track.fail(key)
 			}
 
 			out, err := next(msg)
@@ -221,9 +221,9 @@ func Observe(cfg ObserveConfig) (message.HandlerMiddleware, error) {
 			st.reported = outcome
 			switch {
 			case outcome != OutcomeNacked:
-				failing.clear(key)
+				track.clear(key)
 			case ctx.Err() == nil && !errors.Is(err, framework.ErrLater):
-				failing.fail(key)
+				track.fail(key)
 			}
 			if span.IsRecording() {
 				traceOutcome(ctx, span, st, outcome)
