@@ -54,6 +54,34 @@ func amqpEnv(t *testing.T, url string, cfg Config) *transporttest.Env {
 		PublishRaw: func(t *testing.T, topic string, body []byte) {
 			publishPlain(t, url, topic, amqp091.Publishing{ContentType: "application/cloudevents+json", Body: body})
 		},
+		PublishHeaders: func(t *testing.T, topic string, body []byte, headers map[string]any) {
+			publishPlain(t, url, topic, amqp091.Publishing{ContentType: "application/cloudevents+json", Headers: table(headers), Body: body})
+		},
+	}
+}
+
+// table returns headers as an AMQP table: maps become tables, in arrays
+// too.
+func table(headers map[string]any) amqp091.Table {
+	t := make(amqp091.Table, len(headers))
+	for k, v := range headers {
+		t[k] = fieldValue(v)
+	}
+	return t
+}
+
+func fieldValue(v any) any {
+	switch v := v.(type) {
+	case map[string]any:
+		return table(v)
+	case []any:
+		out := make([]any, len(v))
+		for i, e := range v {
+			out[i] = fieldValue(e)
+		}
+		return out
+	default:
+		return v
 	}
 }
 

@@ -68,6 +68,13 @@ func postgresEnv(t *testing.T, url string) *transporttest.Env {
 				"hand-"+watermill.NewShortUUID(), string(body))
 			require.NoError(t, err)
 		},
+		PublishRow: func(_ *testing.T, topic string, body []byte, metadata string) error {
+			_, err := db.Exec(`INSERT INTO `+postgres.MessagesTable("", topic)+
+				` (uuid, payload, metadata, transaction_id) VALUES ($1, $2, $3, pg_current_xact_id())`,
+				"hand-"+watermill.NewShortUUID(), string(body), metadata)
+			return err
+		},
+		StoresJSON: true,
 	}
 }
 

@@ -55,6 +55,10 @@ func TestSQLite(t *testing.T) {
 				_, err := db.Exec(`INSERT INTO pubsub_messages (topic, payload) VALUES (?, ?)`, topic, body)
 				require.NoError(t, err)
 			},
+			PublishRow: func(_ *testing.T, topic string, body []byte, metadata string) error {
+				_, err := db.Exec(`INSERT INTO pubsub_messages (topic, payload, metadata) VALUES (?, ?, ?)`, topic, body, metadata)
+				return err
+			},
 		}
 	})
 }

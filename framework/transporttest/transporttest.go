@@ -51,6 +51,21 @@ type Env struct {
 	// PublishRaw publishes body to topic the way a plain client of the
 	// broker or database would, without watermill. Required.
 	PublishRaw func(t *testing.T, topic string, body []byte)
+	// PublishRow inserts a message row into topic's table as a plain SQL
+	// client would, with metadata as its stored text, and returns the
+	// database's error. Set it on transports that store metadata as JSON
+	// text (the SQL transports): the catalog's rows with metadata that is
+	// not a JSON object of strings need it.
+	PublishRow func(t *testing.T, topic string, body []byte, metadata string) error
+	// PublishHeaders publishes body to topic as a plain client of the
+	// broker would, with headers of any type (see BadInput.Headers). Set
+	// it on transports whose headers are typed (AMQP).
+	PublishHeaders func(t *testing.T, topic string, body []byte, headers map[string]any)
+	// StoresJSON says that the transport keeps payloads and metadata in
+	// JSON columns (PostgreSQL's json): a body or metadata that is not
+	// JSON text in UTF-8 is refused at publish and never reaches a
+	// consumer.
+	StoresJSON bool
 	// Timeout bounds each wait of the suite. Defaults to 60s.
 	Timeout time.Duration
 }
@@ -71,6 +86,7 @@ func Exercise(t *testing.T, open func(t *testing.T) *Env) {
 		{"Restart", caseRestart},
 		{"SeveralTypes", caseSeveralTypes},
 		{"Interop", caseInterop},
+		{"BadInputs", caseBadInputs},
 		{"HoldUpFailing", caseHoldUpFailing}, {"HoldUpDying", caseHoldUpDying},
 	}
 	for _, c := range cases {

@@ -1,0 +1,464 @@
+package transporttest
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/framework"
+)
+
+// BadInput is one entry of the bad-input catalog: a message as a producer
+// that bypasses the framework, or a hand with access to the broker or the
+// database, could publish it, and how a consumer must end it.
+type BadInput struct {
+	// Name says what is wrong with the input, e.g. "NULInID".
+	Name string
+	// Body is the message body.
+	Body []byte
+	// Metadata, when set, is published with Body through the Env's
+	// Publisher as the message's metadata: binary-mode CloudEvents carry
+	// their attributes there.
+	Metadata map[string]string
+	// StoredMetadata, when set, is the metadata text of a row inserted by
+	// hand into a SQL transport's table (Env.PublishRow).
+	StoredMetadata string
+	// Headers, when set, are the headers a plain AMQP client sends with
+	// Body (Env.PublishHeaders): strings, int32, int64, float64, bool,
+	// []byte, time.Time, nil, []any and map[string]any (a table).
+	Headers map[string]any
+	// Code is the code of the dead letter the input ends as; empty for an
+	// event that takes effect.
+	Code framework.Code
+	// ID is the event id of an input that takes effect.
+	ID string
+}
+
+// Catalog returns every input that no transport may let stop a consumer
+// of typ, version 1, whose data is {"text": "..."} with text required:
+// bodies that are not CloudEvents JSON objects, attributes that
+// CloudEvents forbids or that exceed their limits, unknown types and
+// versions, data of the wrong shape, and metadata of every type a
+// transport carries. Each names the code of its dead letter, or takes
+// effect. The bodies are distinct, so that each dead letter is its own.
+func Catalog(typ string) []BadInput {
+	var in []BadInput
+	poison := func(name string, code framework.Code, body []byte) {
+		in = append(in, BadInput{Name: name, Body: body, Code: code})
+	}
+	malformed := func(name string, body []byte) { poison(name, framework.CodeMalformedEnvelope, body) }
+	// ev is a note event whose id names the input.
+	ev := func(name string, edits ...attr) []byte { return event(typ, "catalog-"+name, edits...) }
+
+	// Bodies that are not one CloudEvents JSON object.
+	malformed("EmptyBody", []byte{})
+	malformed("Whitespace", []byte(" \n\t "))
+	malformed("NotJSON", []byte("hello, consumer"))
+	malformed("JSONArray", []byte("["+string(ev("JSONArray"))+"]"))
+	malformed("JSONString", []byte(`"catalog-JSONString"`))
+	malformed("JSONNull", []byte("null"))
+	malformed("TrailingGarbage", append(ev("TrailingGarbage"), "}x"...))
+	malformed("TwoObjects", append(ev("TwoObjects"), ev("TwoObjects")...))
+	malformed("ByteOrderMark", append([]byte("\xef\xbb\xbf"), ev("ByteOrderMark")...))
+	malformed("Nesting100000", nested(100000))
+	malformed("DataNesting100000", ev("DataNesting100000", attr{"data", string(nested(100000))}))
+	poison("BodyOverLimit", framework.CodeTooLarge,
+		ev("BodyOverLimit", attr{"data", `{"text":"` + strings.Repeat("x", framework.DefaultMaxBodyBytes) + `"}`}))
+	in = append(in, BadInput{
+		Name: "BinaryMode",
+		Body: []byte(`{"text":"catalog-BinaryMode"}`),
+		Metadata: map[string]string{
+			"ce-specversion":  "1.0",
+			"ce-id":           "catalog-BinaryMode",
+			"ce-source":       "catalog",
+			"ce-type":         typ,
+			"ce-eventversion": "1",
+			"content-type":    "application/json",
+		},
+		Code: framework.CodeMalformedEnvelope,
+	})
+
+	// Required attributes missing or wrong.
+	malformed("MissingSpecversion", ev("MissingSpecversion", attr{"specversion", ""}))
+	malformed("Specversion03", ev("Specversion03", attr{"specversion", `"0.3"`}))
+	malformed("Specversion2", ev("Specversion2", attr{"specversion", `"2.0"`}))
+	malformed("SpecversionNumber", ev("SpecversionNumber", attr{"specversion", `1.0`}))
+	malformed("MissingID", ev("MissingID", attr{"id", ""}, attr{"subject", `"catalog-MissingID"`}))
+	malformed("EmptyID", ev("EmptyID", attr{"id", `""`}, attr{"subject", `"catalog-EmptyID"`}))
+	malformed("NumericID", ev("NumericID", attr{"id", "12345"}, attr{"subject", `"catalog-NumericID"`}))
+	malformed("MissingSource", ev("MissingSource", attr{"source", ""}))
+	malformed("MissingType", ev("MissingType", attr{"type", ""}))
+	malformed("BadTime", ev("BadTime", attr{"time", `"yesterday"`}))
+
+	// Control characters, surrogates and invalid UTF-8 in String
+	// attributes, which CloudEvents forbids and PostgreSQL's text refuses.
+	for _, a := range stringAttributes(typ) {
+		name := strings.ToUpper(a.name[:1]) + a.name[1:]
+		value := a.value
+		if a.name == "id" {
+			value = "catalog-%sInID"
+		}
+		nul := fmt.Sprintf(value, "NUL")
+		malformed("NULIn"+name, ev("NULIn"+name, attr{a.name, `"` + nul[:len(nul)/2] + `\u0000` + nul[len(nul)/2:] + `"`}))
+		malformed("InvalidUTF8In"+name, ev("InvalidUTF8In"+name, attr{a.name, `"` + fmt.Sprintf(value, "InvalidUTF8") + "\xff\xfe" + `"`}))
+	}
+	for _, c := range [][2]string{
+		{"Newline", `\n`},
+		{"UnitSeparator", `\u001f`},
+		{"Delete", `\u007f`},
+		{"C1Control", `\u0085`},
+		{"LoneSurrogate", `\ud800`},
+		{"LowSurrogate", `\udfff`},
+		{"RawSurrogate", "\xed\xa0\x80"},
+		{"OverlongNUL", "\xc0\x80"},
+		{"TruncatedUTF8", "\xe2\x82"},
+	} {
+		name := c[0] + "InID"
+		malformed(name, ev(name, attr{"id", `"catalog-` + name + c[1] + `"`}))
+	}
+
+	// Limits.
+	poison("ID300Bytes", framework.CodeTooLarge, ev("ID300Bytes", attr{"id", `"catalog-ID300Bytes-` + strings.Repeat("i", 300) + `"`}))
+	poison("ID10kB", framework.CodeTooLarge, ev("ID10kB", attr{"id", `"catalog-ID10kB-` + strings.Repeat("i", 10000) + `"`}))
+	poison("Source600Bytes", framework.CodeTooLarge, ev("Source600Bytes", attr{"source", `"` + strings.Repeat("s", 600) + `"`}))
+
+	// Types and versions no handler knows.
+	poison("UnknownType", framework.CodeUnknownType, ev("UnknownType", attr{"type", `"catalog.unknown.type"`}))
+	poison("UnknownVersion", framework.CodeUnsupportedVersion, ev("UnknownVersion", attr{"eventversion", "2"}))
+	malformed("MissingVersion", ev("MissingVersion", attr{"eventversion", ""}))
+	malformed("FractionalVersion", ev("FractionalVersion", attr{"eventversion", "1.5"}))
+	malformed("StringVersion", ev("StringVersion", attr{"eventversion", `"1"`}))
+	malformed("ZeroVersion", ev("ZeroVersion", attr{"eventversion", "0"}))
+	malformed("NegativeVersion", ev("NegativeVersion", attr{"eventversion", "-1"}))
+	malformed("VersionOver32Bits", ev("VersionOver32Bits", attr{"eventversion", "2147483648"}))
+
+	// Subject sequences that are not a decimal string of an integer >= 1.
+	for _, c := range [][2]string{
+		{"NonNumeric", `"seven"`},
+		{"Zero", `"0"`},
+		{"Negative", `"-3"`},
+		{"Fractional", `"1.5"`},
+		{"Empty", `""`},
+		{"Overflow", `"99999999999999999999"`},
+		{"Number", `7`},
+	} {
+		name := c[0] + "SubjectSeq"
+		malformed(name, ev(name, attr{"subject", `"s-1"`}, attr{"subjectseq", c[1]}))
+	}
+
+	// Data that is not the payload's JSON, or fails its validation.
+	poison("DataArray", framework.CodeInvalidPayload, ev("DataArray", attr{"data", `[1,2]`}))
+	poison("DataString", framework.CodeInvalidPayload, ev("DataString", attr{"data", `"hello"`}))
+	poison("DataFieldWrongType", framework.CodeInvalidPayload, ev("DataFieldWrongType", attr{"data", `{"text":5}`}))
+	poison("DataFailsValidation", framework.CodeInvalidPayload, ev("DataFailsValidation", attr{"data", `{"text":""}`}))
+	poison("MissingData", framework.CodeInvalidPayload, ev("MissingData", attr{"data", ""}))
+	malformed("TextDataContentType", ev("TextDataContentType", attr{"datacontenttype", `"text/plain"`}, attr{"data", `"hello"`}))
+	malformed("XMLDataContentType", ev("XMLDataContentType", attr{"datacontenttype", `"application/xml"`}, attr{"data", `"<text>hello</text>"`}))
+
+	// Metadata: NUL and invalid UTF-8 in a value published with a
+	// poison body, which the dead letter must keep in a form every store
+	// holds.
+	in = append(in, BadInput{
+		Name:     "PoisonWithNULMetadata",
+		Body:     []byte(`{"hello":"catalog-PoisonWithNULMetadata"}`),
+		Metadata: map[string]string{"note": "a\x00b\xff"},
+		Code:     framework.CodeMalformedEnvelope,
+	})
+	// Stored metadata of SQL rows inserted by hand: what is not a JSON
+	// object of strings cannot be read as published.
+	for _, c := range [][2]string{
+		{"NumberMetadata", `{"n":1}`},
+		{"ArrayMetadata", `["a"]`},
+		{"StringMetadata", `"text"`},
+		{"ObjectValueMetadata", `{"k":{"a":"b"}}`},
+		{"BoolMetadata", `{"k":true}`},
+		{"TruncatedMetadata", `{"k":`},
+		{"NotJSONMetadata", `k=v`},
+		{"InvalidUTF8Metadata", "{\"k\":\"\xff\"}"},
+	} {
+		in = append(in, BadInput{Name: c[0], Body: ev(c[0]), StoredMetadata: c[1], Code: framework.CodeUnreadableMessage})
+	}
+	// Stored metadata that is readable: the event takes effect, or its
+	// dead letter keeps the metadata.
+	for _, c := range [][2]string{
+		{"NULMetadata", `{"k":"a\u0000b"}`},
+		{"NullValueMetadata", `{"k":null}`},
+		{"NullMetadata", `null`},
+		{"RedeliveredMetadata", `{"` + framework.MetadataRedelivered + `":"false"}`},
+	} {
+		in = append(in, BadInput{Name: c[0], Body: ev(c[0]), StoredMetadata: c[1], ID: "catalog-" + c[0]})
+	}
+	in = append(in, BadInput{
+		Name:           "PoisonWithNULStoredMetadata",
+		Body:           []byte(`{"hello":"catalog-PoisonWithNULStoredMetadata"}`),
+		StoredMetadata: `{"k":"a\u0000b","content-type":"application/json"}`,
+		Code:           framework.CodeMalformedEnvelope,
+	})
+	// AMQP headers of every type a plain client or the broker (x-death,
+	// x-delivery-count) may set: they are metadata text, harmless to an
+	// event, kept by a dead letter.
+	in = append(in,
+		BadInput{Name: "TypedHeaders", Body: ev("TypedHeaders"), Headers: typedHeaders(), ID: "catalog-TypedHeaders"},
+		BadInput{
+			Name:    "PoisonWithTypedHeaders",
+			Body:    []byte(`{"hello":"catalog-PoisonWithTypedHeaders"}`),
+			Headers: typedHeaders(),
+			Code:    framework.CodeMalformedEnvelope,
+		},
+	)
+	return in
+}
+
+// attr is an attribute of a catalog body: its name and raw JSON value.
+type attr struct{ name, value string }
+
+// event returns the body of a note event of typ with id, its attributes
+// changed by edits: each sets an attribute's raw JSON value (appending an
+// attribute not there) or, when the value is empty, drops it.
+func event(typ, id string, edits ...attr) []byte {
+	attrs := []attr{
+		{"specversion", `"1.0"`},
+		{"id", quote(id)},
+		{"source", `"catalog"`},
+		{"type", quote(typ)},
+		{"eventversion", "1"},
+		{"datacontenttype", `"application/json"`},
+		{"data", `{"text":"hello"}`},
+	}
+	for _, e := range edits {
+		i := indexOf(attrs, e.name)
+		switch {
+		case i < 0:
+			attrs = append(attrs, e)
+		case e.value == "":
+			attrs = append(attrs[:i], attrs[i+1:]...)
+		default:
+			attrs[i] = e
+		}
+	}
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, a := range attrs {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(quote(a.name) + ":" + a.value)
+	}
+	b.WriteByte('}')
+	return []byte(b.String())
+}
+
+func indexOf(attrs []attr, name string) int {
+	for i, a := range attrs {
+		if a.name == name {
+			return i
+		}
+	}
+	return -1
+}
+
+func quote(s string) string {
+	b, _ := json.Marshal(s) // a string always marshals
+	return string(b)
+}
+
+// stringAttributes returns the String attributes a note event may carry,
+// each with a valid value as a format whose %s may take a word.
+func stringAttributes(typ string) []attr {
+	return []attr{
+		{"id", ""}, // named per input
+		{"source", "catalog-%s"},
+		{"type", typ + "%.0s"},
+		{"subject", "subject-%s"},
+		{"correlationid", "correlation-%s"},
+		{"traceparent", "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01%.0s"},
+		{"tracestate", "catalog=%s"},
+		{"subjectseq", "7%.0s"},
+		{"datacontenttype", "application/json%.0s"},
+		{"dataschema", "https://example.com/%s"},
+	}
+}
+
+// nested returns depth nested JSON arrays.
+func nested(depth int) []byte {
+	return []byte(strings.Repeat("[", depth) + strings.Repeat("]", depth))
+}
+
+// typedHeaders returns AMQP headers of every field type, x-death as the
+// broker writes it among them, and bytes no store takes as text.
+func typedHeaders() map[string]any {
+	at := time.Date(2024, 5, 1, 12, 0, 0, 0, time.UTC)
+	return map[string]any{
+		"x-death": []any{map[string]any{
+			"count": int64(2), "reason": "rejected", "queue": "q", "exchange": "x",
+			"time": at, "routing-keys": []any{"a", "b"},
+		}},
+		"x-delivery-count":     int64(3),
+		"x-first-death-reason": "rejected",
+		"int32":                int32(-7),
+		"float":                1.5,
+		"bool":                 true,
+		"bytes":                []byte("a\x00b\xff"),
+		"nul-string":           "a\x00b\xff",
+		"time":                 at,
+		"table":                map[string]any{"k": "v", "n": int64(1)},
+		"array":                []any{int64(1), "a", false},
+		"void":                 nil,
+	}
+}
+
+// caseBadInputs publishes every input of the Catalog the Env can carry,
+// with a valid event before each and after the last, in one go: each
+// input ends as a dead letter with its code (stored once, never
+// redelivered) or takes effect, the valid events all take effect exactly
+// once, and the consumer keeps running. A transport that keeps payloads
+// and metadata as JSON (Env.StoresJSON) may refuse at publish what is not
+// JSON text: no consumer ever sees it.
+func caseBadInputs(t *testing.T, s *suite) {
+	name := s.consumer("bad")
+	p := s.start(t, name, 2, s.typ)
+	inputs := Catalog(s.typ.Type())
+	var (
+		effects []string             // event ids that must take effect
+		want    []BadInput           // inputs that must be dead letters
+		bodies  = map[string]bool{}  // the catalog's bodies are distinct
+		idle    []string             // inputs the Env cannot carry
+		refused = map[string]error{} // inputs the transport refused
+	)
+	valid := func(i int) {
+		id := fmt.Sprintf("valid-%d", i)
+		s.publish(t, s.typ, s.message(t, s.typ, "notes", id, "hello"))
+		effects = append(effects, id)
+	}
+	for i, in := range inputs {
+		require.False(t, bodies[string(in.Body)], "input %s repeats a body", in.Name)
+		bodies[string(in.Body)] = true
+		valid(i)
+		carried, err := s.publishInput(t, in)
+		switch {
+		case !carried:
+			idle = append(idle, in.Name)
+		case err != nil:
+			require.True(t, s.env.StoresJSON && !(jsonText(in.Body) && (in.StoredMetadata == "" || jsonText([]byte(in.StoredMetadata)))),
+				"publishing %s failed: %v", in.Name, err)
+			refused[in.Name] = err
+		case in.Code == "":
+			effects = append(effects, in.ID)
+		default:
+			want = append(want, in)
+		}
+	}
+	valid(len(inputs))
+	t.Logf("%d inputs dead-lettered, %d take effect, %d refused at publish, %d the transport cannot carry (%s)",
+		len(want), len(inputs)-len(want)-len(refused)-len(idle), len(refused), len(idle), strings.Join(idle, ", "))
+
+	deadline := time.Now().Add(s.env.Timeout)
+	// Every outcome counts: an input that took effect instead of being
+	// dead-lettered ends the wait as well, and is reported below.
+	for s.effects(t, name)+s.count(t, `SELECT count(*) FROM dead_letters WHERE consumer = ?`, name) < len(effects)+len(want) {
+		if time.Now().After(deadline) {
+			s.reportInputs(t, name, want, effects)
+			t.Fatalf("timed out after %s waiting for %d effects and %d dead letters", s.env.Timeout, len(effects), len(want))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	settle()
+	s.reportInputs(t, name, want, effects)
+	select {
+	case <-p.done:
+		t.Error("the consumer stopped")
+	default:
+	}
+}
+
+// publishInput publishes in to the suite's type as it says, when the Env
+// can carry it. Rows go through Env.PublishRow on the SQL transports,
+// which returns the database's error.
+func (s *suite) publishInput(t *testing.T, in BadInput) (carried bool, err error) {
+	t.Helper()
+	topic := s.typ.Type()
+	switch {
+	case in.Headers != nil:
+		if s.env.PublishHeaders == nil {
+			return false, nil
+		}
+		s.env.PublishHeaders(t, topic, in.Body, in.Headers)
+		return true, nil
+	case in.StoredMetadata != "":
+		if s.env.PublishRow == nil {
+			return false, nil
+		}
+		return true, s.env.PublishRow(t, topic, in.Body, in.StoredMetadata)
+	case in.Metadata != nil:
+		msg := message.NewMessage(watermill.NewUUID(), in.Body)
+		maps.Copy(msg.Metadata, in.Metadata)
+		return true, s.env.Publisher.Publish(topic, msg)
+	case s.env.PublishRow != nil:
+		return true, s.env.PublishRow(t, topic, in.Body, "{}")
+	default:
+		s.env.PublishRaw(t, topic, in.Body)
+		return true, nil
+	}
+}
+
+// jsonText reports whether b is JSON text in UTF-8.
+func jsonText(b []byte) bool {
+	return utf8.Valid(b) && json.Valid(b)
+}
+
+// reportInputs checks that each input of want is one dead letter of
+// consumer with its code, that no other message was dead-lettered, and
+// that exactly the events of effects took effect, once each: it reports
+// every input that ended otherwise.
+func (s *suite) reportInputs(t *testing.T, consumer string, want []BadInput, effects []string) {
+	t.Helper()
+	dls, err := s.env.Store.DeadLetters(context.Background(), framework.DeadLetterFilter{Consumer: consumer, Limit: 10 * len(want)})
+	require.NoError(t, err)
+	byBody := make(map[string]framework.DeadLetter, len(dls))
+	for _, dl := range dls {
+		byBody[string(dl.Body)] = dl
+	}
+	for _, in := range want {
+		dl, ok := byBody[string(in.Body)]
+		delete(byBody, string(in.Body))
+		switch {
+		case !ok:
+			t.Errorf("%s: no dead letter, want one with code %s", in.Name, in.Code)
+		case dl.Code != in.Code:
+			t.Errorf("%s: dead-lettered with code %s, want %s", in.Name, dl.Code, in.Code)
+		case dl.Repeats != 0:
+			t.Errorf("%s: dead-lettered, then delivered %d times more", in.Name, dl.Repeats)
+		}
+	}
+	for _, dl := range byBody {
+		t.Errorf("unexpected dead letter %q with code %s of body %.100q", dl.Key(), dl.Code, dl.Body)
+	}
+	var got []struct {
+		EventID string `db:"event_id"`
+		N       int    `db:"n"`
+	}
+	require.NoError(t, s.env.DB.SelectContext(context.Background(), &got,
+		s.env.DB.Rebind(`SELECT event_id, count(*) AS n FROM effects WHERE consumer = ? GROUP BY event_id`), consumer))
+	counts := make(map[string]int, len(got))
+	for _, g := range got {
+		counts[g.EventID] = g.N
+	}
+	for _, id := range effects {
+		if counts[id] != 1 {
+			t.Errorf("event %s took effect %d times, want once", id, counts[id])
+		}
+		delete(counts, id)
+	}
+	for id, n := range counts {
+		t.Errorf("event %.100q took effect %d times, want a dead letter", id, n)
+	}
+}
