@@ -19,9 +19,17 @@
 // interoperability, and the hold-up of a bad message at the head of the
 // line: one that fails on every attempt is dead-lettered once its attempts
 // ran out, one that kills its process on every delivery once it reached
-// the delivery limit, and the events behind it each take effect once. ExerciseServerRestart restarts the server under a
-// consumer draining a backlog, for transports whose tests run a server of
-// their own.
+// the delivery limit, and the events behind it each take effect once.
+//
+// The bad-input catalog (Catalog) runs on every transport too: each input
+// that must not stop a consumer ends as a dead letter with its code, or
+// takes effect, and the valid events published around each take effect
+// exactly once. Inputs with stored metadata need Env.PublishRow, those
+// with typed headers Env.PublishHeaders; a transport without them skips
+// those inputs.
+//
+// ExerciseServerRestart restarts the server under a consumer draining a
+// backlog, for transports whose tests run a server of their own.
 //
 // Each case uses event types and consumer names of its own, so that cases
 // run in parallel on one server without seeing each other's messages.
