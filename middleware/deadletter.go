@@ -2,10 +2,8 @@ package middleware
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -55,6 +53,13 @@ func (c DeadLetterConfig) Validate() error {
 // delivery, an Outer middleware's transient error): that message is
 // delivered again, and counts towards the delivery limit. When storing
 // the dead letter fails, the message is not acknowledged.
+//
+// A dead letter never depends on the attribute that failed: a message that
+// did not decode is keyed by its source and id only when Decode would take
+// both, else by the hash of its body (framework.KeyOfBody); its body is
+// kept byte for byte and its metadata as framework.StorableMetadata. So
+// no store refuses it whatever the input, and the message is not
+// delivered again forever.
 func DeadLetter(cfg DeadLetterConfig) (message.HandlerMiddleware, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -85,40 +90,43 @@ func DeadLetter(cfg DeadLetterConfig) (message.HandlerMiddleware, error) {
 	}, nil
 }
 
+// deadLetter builds the dead letter of msg. Nothing in it depends on an
+// attribute that failed: its key is messageKey's, its event attributes
+// come from an envelope that Decode accepted, its body is the message's
+// bytes and its metadata framework.StorableMetadata of the message's.
 func (c DeadLetterConfig) deadLetter(msg *message.Message, st *state, code framework.Code) framework.DeadLetter {
 	now := c.Now().UTC()
+	key := messageKey(msg, st)
 	dl := framework.DeadLetter{
 		Consumer:      c.Consumer,
 		Topic:         message.SubscribeTopicFromCtx(msg.Context()),
+		Source:        key.Source,
+		EventID:       key.ID,
 		Code:          code,
 		Attempts:      st.attempts,
 		FirstFailedAt: now,
 		LastFailedAt:  now,
 		Body:          msg.Payload,
-		Metadata:      maps.Clone(map[string]string(msg.Metadata)),
+		Metadata:      framework.StorableMetadata(msg.Metadata),
 		Status:        framework.DeadLetterPending,
 	}
-	if env := st.envelope; env != nil {
-		dl.Source, dl.EventID = env.Source, env.ID
+	if env := st.envelope; env != nil && env.Key() == key {
 		dl.Type, dl.Version = env.Type, env.Version
 		dl.Subject, dl.CorrelationID = env.Subject, env.CorrelationID
-		return dl
 	}
-	key := keyOfPoison(msg.Payload)
-	dl.Source, dl.EventID = key.Source, key.ID
 	return dl
 }
 
-// keyOfPoison returns the source and id of a body that did not decode, when
-// it has readable ones within limits, else the hash of the body.
-func keyOfPoison(body []byte) framework.Key {
-	var attrs struct {
-		ID     string `json:"id"`
-		Source string `json:"source"`
+// messageKey returns the key under which the chain counts the deliveries
+// of msg (DeliveryGuard) and keeps its dead letter: the decoded event's key
+// when it passes framework.Key.Validate (Decode makes sure it does), else
+// framework.KeyOfBody of the body, which is the body's hash when its source
+// and id are not usable. One rule for both, so that whatever the input no
+// store refuses the key, and the dead letter forgets the count of its own
+// message.
+func messageKey(msg *message.Message, st *state) framework.Key {
+	if env := st.envelope; env != nil && env.Key().Validate() == nil {
+		return env.Key()
 	}
-	if json.Unmarshal(body, &attrs) == nil && attrs.ID != "" && attrs.Source != "" &&
-		len(attrs.ID) <= framework.MaxIDBytes && len(attrs.Source) <= framework.MaxSourceBytes {
-		return framework.Key{Source: attrs.Source, ID: attrs.ID}
-	}
-	return framework.BodyKey(body)
+	return framework.KeyOfBody(msg.Payload)
 }

@@ -1,7 +1,11 @@
 package middleware
 
 import (
+	"fmt"
+	"runtime/debug"
+
 	"github.com/ThreeDotsLabs/watermill/message"
+	wmmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/effectively-once/effectively/framework"
 )
@@ -13,24 +17,43 @@ import (
 // unsupported_version or invalid_payload) and the message never reaches
 // the retries. maxBody limits the body size; zero means
 // framework.DefaultMaxBodyBytes.
+//
+// Decoding runs the payload's own code (a Validate method, an upcast)
+// before the delivery guard counts the message: a panic there is caught
+// and fails the message permanently with code panic, since it would panic
+// again on every delivery, instead of taking the process down each time.
 func Decode(c *framework.Consumer, maxBody int) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			st := stateOf(msg)
-			env, err := framework.DecodeMessage(msg, maxBody)
-			if err != nil {
+			if err := decode(c, msg, st, maxBody); err != nil {
 				return nil, err
 			}
-			st.envelope = &env
-			d, err := c.Decode(env)
-			if err != nil {
-				return nil, err
-			}
-			st.decoded = d
-			msg.SetContext(framework.WithDecoded(msg.Context(), d))
+			msg.SetContext(framework.WithDecoded(msg.Context(), st.decoded))
 			return next(msg)
 		}
 	}
+}
+
+// decode decodes msg into st: its envelope, then its routed data.
+func decode(c *framework.Consumer, msg *message.Message, st *state, maxBody int) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = framework.Permanent(framework.CodePanic, fmt.Errorf("decode message %s: %w", msg.UUID,
+				wmmiddleware.RecoveredPanicError{V: r, Stacktrace: string(debug.Stack())}))
+		}
+	}()
+	env, err := framework.DecodeMessage(msg, maxBody)
+	if err != nil {
+		return err
+	}
+	st.envelope = &env
+	d, err := c.Decode(env)
+	if err != nil {
+		return err
+	}
+	st.decoded = d
+	return nil
 }
 
 // Dispatch is the innermost handler of a consumer's chain: it runs the

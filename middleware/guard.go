@@ -69,7 +69,11 @@ var errOverLimit = errors.New("over the delivery limit")
 // transaction that commits the effect.
 //
 // A failure to count is returned as a plain error: the message is not
-// dead-lettered but delivered again later.
+// dead-lettered but delivered again later. The count is keyed as the dead
+// letter is (see DeadLetter): by the event's key, which Decode made sure
+// every store can hold; an event whose key fails framework.Key.Validate
+// (in a chain without Decode) fails permanently with its code, and its
+// dead letter is keyed by the body.
 func DeliveryGuard(cfg GuardConfig) (message.HandlerMiddleware, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -91,6 +95,12 @@ func DeliveryGuard(cfg GuardConfig) (message.HandlerMiddleware, error) {
 				first = 2
 			}
 			key := d.Key()
+			if err := key.Validate(); err != nil {
+				// Decode refuses such a key, a chain without it may not:
+				// no store could count it, so the message is poison, its
+				// dead letter keyed by its body (see DeadLetter).
+				return nil, fmt.Errorf("count delivery: %w", err)
+			}
 			// Registered before the count: a copy counted after this one
 			// sees it handling.
 			leave := handling.enter(key)
