@@ -26,7 +26,8 @@ const (
 	CodeRetriesExhausted Code = "retries_exhausted"
 	// CodeTimeout: the last attempt ran out of its time limit.
 	CodeTimeout Code = "timeout"
-	// CodePanic: the last attempt panicked.
+	// CodePanic: the last attempt panicked, or decoding the data did (a
+	// payload's Validate, an upcast), which is not retried.
 	CodePanic Code = "panic"
 	// CodeDeliveryLimit: the message was delivered more often than the
 	// consumer's delivery limit, typically because it crashes the process.
