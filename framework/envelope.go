@@ -1,6 +1,7 @@
 package framework
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -58,15 +59,8 @@ func (k Key) String() string { return k.Source + "/" + k.ID }
 // CodeTooLarge or CodeMalformedEnvelope, naming the attribute, never its
 // value. A key that passes can be stored by every store.
 func (k Key) Validate() error {
-	switch {
-	case k.ID == "":
-		return malformed("id", "missing")
-	case len(k.ID) > MaxIDBytes:
-		return Permanent(CodeTooLarge, &FieldError{Field: "id", Reason: fmt.Sprintf("is %d bytes, at most %d allowed", len(k.ID), MaxIDBytes)})
-	case k.Source == "":
-		return malformed("source", "missing")
-	case len(k.Source) > MaxSourceBytes:
-		return Permanent(CodeTooLarge, &FieldError{Field: "source", Reason: fmt.Sprintf("is %d bytes, at most %d allowed", len(k.Source), MaxSourceBytes)})
+	if err := k.checkSize(); err != nil {
+		return err
 	}
 	if err := checkString("id", k.ID); err != nil {
 		return err
@@ -76,6 +70,21 @@ func (k Key) Validate() error {
 	}
 	if _, err := url.Parse(k.Source); err != nil {
 		return Permanent(CodeMalformedEnvelope, &FieldError{Field: "source", Reason: "not a URI reference", Err: err})
+	}
+	return nil
+}
+
+// checkSize reports a missing id or source, or one over its limit.
+func (k Key) checkSize() error {
+	switch {
+	case k.ID == "":
+		return malformed("id", "missing")
+	case len(k.ID) > MaxIDBytes:
+		return Permanent(CodeTooLarge, &FieldError{Field: "id", Reason: fmt.Sprintf("is %d bytes, at most %d allowed", len(k.ID), MaxIDBytes)})
+	case k.Source == "":
+		return malformed("source", "missing")
+	case len(k.Source) > MaxSourceBytes:
+		return Permanent(CodeTooLarge, &FieldError{Field: "source", Reason: fmt.Sprintf("is %d bytes, at most %d allowed", len(k.Source), MaxSourceBytes)})
 	}
 	return nil
 }
@@ -96,24 +105,21 @@ func KeyOfBody(body []byte) Key {
 	if !json.Valid(body) {
 		return BodyKey(body)
 	}
-	members, ok := jsonMembers(body)
-	if !ok {
-		return BodyKey(body)
-	}
 	var id, source []byte
-	for _, m := range members {
-		switch m.name {
+	repeated := false
+	ok := eachMember(body, func(name, value []byte) bool {
+		switch string(name) {
 		case "id":
-			if id != nil {
-				return BodyKey(body)
-			}
-			id = m.value
+			repeated = repeated || id != nil
+			id = value
 		case "source":
-			if source != nil {
-				return BodyKey(body)
-			}
-			source = m.value
+			repeated = repeated || source != nil
+			source = value
 		}
+		return true
+	})
+	if !ok || repeated {
+		return BodyKey(body)
 	}
 	idText, idProblem := unquote(id)
 	sourceText, sourceProblem := unquote(source)
@@ -303,7 +309,7 @@ func Decode(body []byte, maxBody int) (Envelope, error) {
 	}}
 	// Limits first: the SDK's validation would call an oversized id merely
 	// malformed.
-	if err := env.Key().Validate(); err != nil && CodeOf(err) == CodeTooLarge {
+	if err := env.Key().checkSize(); err != nil && CodeOf(err) == CodeTooLarge {
 		return Envelope{}, err
 	}
 	if err := ev.Validate(); err != nil {
@@ -349,33 +355,63 @@ func Decode(body []byte, maxBody int) (Envelope, error) {
 // string but data is a valid String, and eventversion, when present, is an
 // integer in range, which it returns (0 when absent).
 func checkAttributes(body []byte) (version int, err error) {
-	members, ok := jsonMembers(body)
-	if !ok {
-		return 0, malformed("body", "not a JSON object whose attribute names are valid strings")
-	}
-	seen := make(map[string]bool, len(members))
-	for _, m := range members {
-		field := m.name
-		if !attributeName(field) {
-			field = "body"
-		}
-		if seen[m.name] {
-			return 0, malformed(field, "appears more than once")
-		}
-		seen[m.name] = true
+	var buf [32][]byte // an event's few attribute names, without allocation
+	names := buf[:0]
+	ok := eachMember(body, func(name, value []byte) bool {
+		names = append(names, name)
 		switch {
-		case m.name == extVersion:
-			if version, err = parseVersion(m.value); err != nil {
-				return 0, err
-			}
-		case m.name == "data":
-		case len(m.value) > 0 && m.value[0] == '"':
-			if _, problem := unquote(m.value); problem != "" {
-				return 0, malformed(field, problem)
+		case string(name) == extVersion:
+			version, err = parseVersion(value)
+		case string(name) == "data":
+		case len(value) > 0 && value[0] == '"':
+			if problem := decodeString(value, nil); problem != "" {
+				err = malformed(fieldName(name), problem)
 			}
 		}
+		return err == nil
+	})
+	switch {
+	case !ok:
+		return 0, malformed("body", "not a JSON object whose attribute names are valid strings")
+	case err != nil:
+		return 0, err
+	}
+	if name := repeated(names); name != nil {
+		return 0, malformed(fieldName(name), "appears more than once")
 	}
 	return version, nil
+}
+
+// repeated returns a name that names holds more than once, or nil. It
+// sorts names when they are many.
+func repeated(names [][]byte) []byte {
+	if len(names) <= 32 {
+		for i := range names {
+			for j := range i {
+				if bytes.Equal(names[i], names[j]) {
+					return names[i]
+				}
+			}
+		}
+		return nil
+	}
+	slices.SortFunc(names, bytes.Compare)
+	for i := 1; i < len(names); i++ {
+		if bytes.Equal(names[i-1], names[i]) {
+			return names[i]
+		}
+	}
+	return nil
+}
+
+// fieldName returns name as the field of a FieldError: as it is when it is
+// an attribute name, else "body" (an error never quotes what it cannot
+// vouch for).
+func fieldName(name []byte) string {
+	if attributeName(string(name)) {
+		return string(name)
+	}
+	return "body"
 }
 
 // parseVersion reads eventversion as written: a JSON integer, without

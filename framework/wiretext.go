@@ -1,6 +1,7 @@
 package framework
 
 import (
+	"bytes"
 	"maps"
 	"slices"
 	"strings"
@@ -95,58 +96,69 @@ func StorableMetadata(md map[string]string) map[string]string {
 	return out
 }
 
-// jsonMember is one member of a JSON object: its name, decoded, and its
-// value as written.
-type jsonMember struct {
-	name  string
-	value []byte
-}
-
-// jsonMembers returns the members of the JSON object text, in order. text
-// must be valid JSON (json.Valid); ok is false when it is not an object or
-// a member's name breaks the rules of a String.
-func jsonMembers(text []byte) (members []jsonMember, ok bool) {
+// eachMember calls fn with the name, decoded, and the value, as written,
+// of each member of the JSON object text, in order, until fn returns
+// false. Both may share text's bytes. text must be valid JSON
+// (json.Valid); ok is false when it is not an object or a member's name
+// breaks the rules of a String.
+func eachMember(text []byte, fn func(name, value []byte) bool) (ok bool) {
 	i := skipSpace(text, 0)
 	if i >= len(text) || text[i] != '{' {
-		return nil, false
+		return false
 	}
 	i = skipSpace(text, i+1)
 	if i < len(text) && text[i] == '}' {
-		return nil, true
+		return true
 	}
 	for i < len(text) {
 		end := stringEnd(text, i)
 		if end < 0 {
-			return nil, false
+			return false
 		}
-		name, problem := unquote(text[i:end])
+		name, problem := memberName(text[i:end])
 		if problem != "" {
-			return nil, false
+			return false
 		}
 		i = skipSpace(text, end)
 		if i >= len(text) || text[i] != ':' {
-			return nil, false
+			return false
 		}
 		start := skipSpace(text, i+1)
 		end = valueEnd(text, start)
 		if end < 0 {
-			return nil, false
+			return false
 		}
-		members = append(members, jsonMember{name: name, value: text[start:end]})
+		if !fn(name, text[start:end]) {
+			return true
+		}
 		i = skipSpace(text, end)
 		if i >= len(text) {
-			return nil, false
+			return false
 		}
 		switch text[i] {
 		case '}':
-			return members, true
+			return true
 		case ',':
 			i = skipSpace(text, i+1)
 		default:
-			return nil, false
+			return false
 		}
 	}
-	return nil, false
+	return false
+}
+
+// memberName decodes the JSON string token raw, a member's name, sharing
+// its bytes when it holds no escape.
+func memberName(raw []byte) (name []byte, problem string) {
+	if bytes.IndexByte(raw, '\\') >= 0 {
+		var b []byte
+		problem = decodeString(raw, &b)
+		return b, problem
+	}
+	if problem = decodeString(raw, nil); problem != "" {
+		return nil, problem
+	}
+	return raw[1 : len(raw)-1], ""
 }
 
 func skipSpace(text []byte, i int) int {
@@ -211,44 +223,59 @@ func valueEnd(text []byte, i int) int {
 // unquote decodes the JSON string token raw (quotes included) by the rules
 // of a String attribute. problem says why it breaks them, or is "".
 func unquote(raw []byte) (s string, problem string) {
+	b := make([]byte, 0, len(raw))
+	if problem = decodeString(raw, &b); problem != "" {
+		return "", problem
+	}
+	return string(b), ""
+}
+
+// decodeString checks the JSON string token raw (quotes included) by the
+// rules of a String attribute, and appends its value to out unless out is
+// nil. It returns why raw breaks the rules, or "".
+func decodeString(raw []byte, out *[]byte) (problem string) {
 	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
-		return "", "not a string"
+		return "not a string"
 	}
 	raw = raw[1 : len(raw)-1]
-	var b strings.Builder
-	b.Grow(len(raw))
 	for i := 0; i < len(raw); {
 		c := raw[i]
 		switch {
 		case c == '\\':
 			r, n := unescape(raw[i:])
 			if n == 0 {
-				return "", "holds an invalid escape"
+				return "holds an invalid escape"
 			}
 			if p := runeProblem(r); p != "" {
-				return "", p
+				return p
 			}
-			b.WriteRune(r)
+			if out != nil {
+				*out = utf8.AppendRune(*out, r)
+			}
 			i += n
 		case c < utf8.RuneSelf:
 			if p := runeProblem(rune(c)); p != "" {
-				return "", p
+				return p
 			}
-			b.WriteByte(c)
+			if out != nil {
+				*out = append(*out, c)
+			}
 			i++
 		default:
 			r, size := utf8.DecodeRune(raw[i:])
 			if r == utf8.RuneError && size == 1 {
-				return "", "is not valid UTF-8"
+				return "is not valid UTF-8"
 			}
 			if p := runeProblem(r); p != "" {
-				return "", p
+				return p
 			}
-			b.Write(raw[i : i+size])
+			if out != nil {
+				*out = append(*out, raw[i:i+size]...)
+			}
 			i += size
 		}
 	}
-	return b.String(), ""
+	return ""
 }
 
 // unescape decodes the escape at the start of raw and returns the rune and
