@@ -23,10 +23,15 @@ import (
 )
 
 // Message returns the message of a stored row: its UUID, payload and
-// metadata text. Empty or null metadata is no metadata.
+// metadata text. Empty or null metadata is no metadata. A stored
+// framework.MetadataRedelivered is left out: whether a message was
+// delivered before is the transport's to tell, never the row's (a row
+// inserted by hand saying "false" would keep a message that kills its
+// process from ever being counted towards the delivery limit).
 func Message(uuid string, payload, metadata []byte) *message.Message {
 	msg := message.NewMessage(uuid, payload)
 	md, reason := Metadata(metadata)
+	delete(md, framework.MetadataRedelivered)
 	if reason != "" {
 		md = message.Metadata{
 			framework.MetadataUnreadable:    reason,
