@@ -325,7 +325,7 @@ func Decode(body []byte, maxBody int) (Envelope, error) {
 			return Envelope{}, malformed(extSubjectSeq, "not a string")
 		}
 		seq, err := strconv.ParseInt(str, 10, 64)
-		if err != nil || seq < 1 {
+		if err != nil || seq < 1 || !onlyDigits(str) {
 			return Envelope{}, malformed(extSubjectSeq, "not a decimal integer >= 1")
 		}
 		env.SubjectSeq = seq
@@ -487,4 +487,15 @@ func invalid(err error) *FieldError {
 		return &FieldError{Field: slices.Sorted(maps.Keys(v))[0], Reason: "breaks CloudEvents 1.0", Err: err}
 	}
 	return &FieldError{Field: "body", Reason: "not a valid CloudEvent", Err: err}
+}
+
+// onlyDigits reports whether s is ASCII digits alone: a decimal string
+// with no sign and no spaces.
+func onlyDigits(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return s != ""
 }

@@ -72,7 +72,7 @@ func createOldPubSubSchema(t *testing.T, db *sqlx.DB, prefix string) {
 	}
 	_, err := db.Exec(`DELETE FROM ` + prefix + `pubsub_messages WHERE "offset" IN (1, 2, 5)`)
 	require.NoError(t, err)
-	_, err = db.Exec(`INSERT INTO `+prefix+`pubsub_groups (topic, consumer_group, claimed_offset, created_at) VALUES ('t', 'g', 5, 999)`)
+	_, err = db.Exec(`INSERT INTO ` + prefix + `pubsub_groups (topic, consumer_group, claimed_offset, created_at) VALUES ('t', 'g', 5, 999)`)
 	require.NoError(t, err)
 }
 
