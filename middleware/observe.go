@@ -199,7 +199,7 @@ func Observe(cfg ObserveConfig) (message.HandlerMiddleware, error) {
 				))
 			defer span.End()
 			msg.SetContext(ctx)
-			key := func() framework.Key { return failingKey(msg, st) }
+			key := func() framework.Key { return messageKey(msg, st) }
 			st.attemptFailed = func(ctx context.Context, err error) {
 				cfg.logAttempt(ctx, st, err)
 				track.fail(key)
@@ -242,15 +242,6 @@ func Observe(cfg ObserveConfig) (message.HandlerMiddleware, error) {
 			return out, err
 		}
 	}, nil
-}
-
-// failingKey returns the key of the message's event, or the hash of its body
-// when it did not decode.
-func failingKey(msg *message.Message, st *state) framework.Key {
-	if env := st.envelope; env != nil {
-		return framework.Key{Source: env.Source, ID: env.ID}
-	}
-	return framework.BodyKey(msg.Payload)
 }
 
 // log logs what became of the message (see ObserveConfig.Logger).
