@@ -18,6 +18,21 @@ test: ## Run every test with -race, starting PostgreSQL and RabbitMQ when needed
 	@set -euo pipefail; services="$$(scripts/services.sh)"; eval "$$services"; \
 	$(GO) test -race -count=1 -timeout 15m ./...
 
+FUZZTIME ?= 3m
+
+.PHONY: fuzz
+fuzz: ## Run each fuzz target (func Fuzz... in a _test.go file) for FUZZTIME, default 3m; a failing input lands in its testdata/fuzz.
+	@set -euo pipefail; out="$$(mktemp)"; trap 'rm -f "$$out"' EXIT; \
+	for dir in $$(grep -rl --include='*_test.go' '^func Fuzz' . | xargs -n1 dirname | sort -u); do \
+		for name in $$(grep -ho '^func Fuzz[A-Za-z0-9_]*' "$$dir"/*_test.go | cut -c6- | sort -u); do \
+			echo "== $$dir $$name for $(FUZZTIME)"; \
+			if ! $(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 10s "$$dir" 2>&1 | tee "$$out"; then \
+				if grep -q 'Failing input written' "$$out" || ! grep -q '^    context deadline exceeded' "$$out"; then exit 1; fi; \
+				echo "(no failing input: Go's fuzzing coordinator reported its own deadline, go.dev/issue/75804)"; \
+			fi; \
+		done; \
+	done
+
 .PHONY: bench
 bench: ## Run the benchmarks: messages per second and allocations per message.
 	@set -euo pipefail; services="$$(scripts/services.sh)"; eval "$$services"; \
