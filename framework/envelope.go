@@ -179,6 +179,9 @@ func (a Attributes) Validate() error {
 		return malformed(extVersion, "out of range 1..2^31-1")
 	case a.SubjectSeq < 0:
 		return malformed(extSubjectSeq, "negative")
+	case !a.Time.IsZero() && (a.Time.UTC().Year() < 0 || a.Time.UTC().Year() > 9999):
+		// Encode writes the time in UTC, where RFC 3339 has four digits.
+		return malformed("time", "outside the years 0000 to 9999 in UTC")
 	}
 	for _, attr := range []struct{ name, value string }{
 		{"type", a.Type},
@@ -270,7 +273,9 @@ func malformed(field, reason string) error {
 // outside an escaped pair, no noncharacter. U+FFFD itself is allowed; a
 // byte that is not UTF-8 and a lone surrogate escape, which encoding/json
 // would silently turn into U+FFFD, are not. So every attribute a store
-// keeps is one it can hold.
+// keeps is one it can hold. A time must fall within the years 0000 to 9999
+// in UTC, and data given as data_base64 must be a JSON value, so that
+// Encode writes back what Decode read.
 func Decode(body []byte, maxBody int) (Envelope, error) {
 	if maxBody <= 0 {
 		maxBody = DefaultMaxBodyBytes
@@ -347,6 +352,11 @@ func Decode(body []byte, maxBody int) (Envelope, error) {
 		return Envelope{}, err
 	}
 	env.Data = ev.Data()
+	if ev.DataBase64 && !json.Valid(env.Data) {
+		// data_base64 may hold any bytes; the data must be JSON, as
+		// datacontenttype says.
+		return Envelope{}, malformed("data_base64", "not a JSON value")
+	}
 	return env, nil
 }
 

@@ -2,6 +2,7 @@ package transporttest
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -98,6 +99,9 @@ func Catalog(typ string) []BadInput {
 	malformed("MissingSource", ev("MissingSource", attr{"source", ""}))
 	malformed("MissingType", ev("MissingType", attr{"type", ""}))
 	malformed("BadTime", ev("BadTime", attr{"time", `"yesterday"`}))
+	// Times that RFC 3339 cannot write in UTC, as an envelope is encoded.
+	malformed("TimeAfterYear9999", ev("TimeAfterYear9999", attr{"time", `"9999-12-31T23:30:00-01:00"`}))
+	malformed("TimeBeforeYear0", ev("TimeBeforeYear0", attr{"time", `"0000-01-01T00:30:00+01:00"`}))
 
 	// Control characters, surrogates and invalid UTF-8 in String
 	// attributes, which CloudEvents forbids and PostgreSQL's text refuses.
@@ -161,6 +165,12 @@ func Catalog(typ string) []BadInput {
 	poison("DataFieldWrongType", framework.CodeInvalidPayload, ev("DataFieldWrongType", attr{"data", `{"text":5}`}))
 	poison("DataFailsValidation", framework.CodeInvalidPayload, ev("DataFailsValidation", attr{"data", `{"text":""}`}))
 	poison("MissingData", framework.CodeInvalidPayload, ev("MissingData", attr{"data", ""}))
+	malformed("DataBase64NotJSON", ev("DataBase64NotJSON", attr{"data", ""}, attr{"data_base64", `"` + base64.StdEncoding.EncodeToString([]byte("hello")) + `"`}))
+	in = append(in, BadInput{
+		Name: "DataBase64",
+		Body: ev("DataBase64", attr{"data", ""}, attr{"data_base64", `"` + base64.StdEncoding.EncodeToString([]byte(`{"text":"hello"}`)) + `"`}),
+		ID:   "catalog-DataBase64",
+	})
 	malformed("TextDataContentType", ev("TextDataContentType", attr{"datacontenttype", `"text/plain"`}, attr{"data", `"hello"`}))
 	malformed("XMLDataContentType", ev("XMLDataContentType", attr{"datacontenttype", `"application/xml"`}, attr{"data", `"<text>hello</text>"`}))
 
