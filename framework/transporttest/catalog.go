@@ -40,6 +40,9 @@ type BadInput struct {
 	// Code is the code of the dead letter the input ends as; empty for an
 	// event that takes effect.
 	Code framework.Code
+	// Kept is metadata the dead letter must hold, as every store can:
+	// NUL and bytes that are not UTF-8 replaced by U+FFFD.
+	Kept map[string]string
 	// ID is the event id of an input that takes effect.
 	ID string
 }
@@ -182,6 +185,7 @@ func Catalog(typ string) []BadInput {
 		Body:     []byte(`{"hello":"catalog-PoisonWithNULMetadata"}`),
 		Metadata: map[string]string{"note": "a\x00b\xff"},
 		Code:     framework.CodeMalformedEnvelope,
+		Kept:     map[string]string{"note": "a\uFFFDb\uFFFD"},
 	})
 	// Stored metadata of SQL rows inserted by hand: what is not a JSON
 	// object of strings cannot be read as published.
@@ -195,7 +199,10 @@ func Catalog(typ string) []BadInput {
 		{"NotJSONMetadata", `k=v`},
 		{"InvalidUTF8Metadata", "{\"k\":\"\xff\"}"},
 	} {
-		in = append(in, BadInput{Name: c[0], Body: ev(c[0]), StoredMetadata: c[1], Code: framework.CodeUnreadableMessage})
+		in = append(in, BadInput{
+			Name: c[0], Body: ev(c[0]), StoredMetadata: c[1], Code: framework.CodeUnreadableMessage,
+			Kept: map[string]string{framework.MetadataUnreadableRaw: strings.ToValidUTF8(c[1], "\uFFFD")},
+		})
 	}
 	// Stored metadata that is readable: the event takes effect, or its
 	// dead letter keeps the metadata.
@@ -212,6 +219,7 @@ func Catalog(typ string) []BadInput {
 		Body:           []byte(`{"hello":"catalog-PoisonWithNULStoredMetadata"}`),
 		StoredMetadata: `{"k":"a\u0000b","content-type":"application/json"}`,
 		Code:           framework.CodeMalformedEnvelope,
+		Kept:           map[string]string{"k": "a\uFFFDb", "content-type": "application/json"},
 	})
 	// AMQP headers of every type a plain client or the broker (x-death,
 	// x-delivery-count) may set: they are metadata text, harmless to an
@@ -223,6 +231,10 @@ func Catalog(typ string) []BadInput {
 			Body:    []byte(`{"hello":"catalog-PoisonWithTypedHeaders"}`),
 			Headers: typedHeaders(),
 			Code:    framework.CodeMalformedEnvelope,
+			Kept: map[string]string{
+				"x-delivery-count": "3", "bool": "true", "float": "1.5",
+				"bytes": "a\uFFFDb\uFFFD", "nul-string": "a\uFFFDb\uFFFD",
+			},
 		},
 	)
 	return in
@@ -447,6 +459,11 @@ func (s *suite) reportInputs(t *testing.T, consumer string, want []BadInput, eff
 			t.Errorf("%s: dead-lettered with code %s, want %s", in.Name, dl.Code, in.Code)
 		case dl.Repeats != 0:
 			t.Errorf("%s: dead-lettered, then delivered %d times more", in.Name, dl.Repeats)
+		}
+		for k, v := range in.Kept {
+			if ok && dl.Metadata[k] != v {
+				t.Errorf("%s: the dead letter's metadata %q is %q, want %q", in.Name, k, dl.Metadata[k], v)
+			}
 		}
 	}
 	for _, dl := range byBody {
