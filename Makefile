@@ -33,8 +33,8 @@ fuzz: ## Run each fuzz target (func Fuzz... in a _test.go file) for FUZZTIME, de
 		done; \
 	done
 
-.PHONY: bench
-bench: ## Run the benchmarks: messages per second and allocations per message.
+.PHONY: bench-micro
+bench-micro: ## Run the in-process microbenchmarks of the chain: messages per second and allocations per message.
 	@set -euo pipefail; services="$$(scripts/services.sh)"; eval "$$services"; \
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./middleware/ ./framework/...
 
