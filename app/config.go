@@ -39,6 +39,9 @@ const (
 	DefaultHTTPAddr    = "127.0.0.1:9464"
 	// DefaultPurgeInterval is how often old processed marks are purged.
 	DefaultPurgeInterval = 10 * time.Minute
+	// DefaultConcurrency is how many messages a consumer has in flight
+	// when neither its settings nor the defaults: section say.
+	DefaultConcurrency = 1
 )
 
 // Config is the application's configuration. LoadConfig reads it from the
@@ -61,6 +64,12 @@ type Config struct {
 	// AMQPURL is RabbitMQ's URL when Transport is amqp. Defaults to
 	// DefaultAMQPURL. Env EFFECTIVELY_AMQP_URL.
 	AMQPURL string `yaml:"amqp_url"`
+	// DatabaseMaxConns bounds the connection pool of DatabaseURL. It must
+	// be at least what the declared consumers and the background work may
+	// hold at once; a smaller value is refused at start (see
+	// DatabasePoolSize). Defaults to that need, or to the driver's default
+	// pool when it is larger (YAML only).
+	DatabaseMaxConns int `yaml:"database_max_conns"`
 	// AMQPPrefetch is how many unacknowledged messages RabbitMQ sends
 	// ahead to each subscription when Transport is amqp. It buffers; the
 	// messages in flight are set by each consumer's Concurrency. Defaults
@@ -202,7 +211,8 @@ type ConsumerConfig struct {
 	// once in this process: on amqp that many subscriptions of the
 	// consumer's queue, on sqlite that many leases; on postgres it adds
 	// nothing (watermill-sql hands out one message at a time per consumer
-	// group); see Transport. Defaults to 1.
+	// group); see Transport. The pool of DatabaseURL grows with it.
+	// Defaults to DefaultConcurrency.
 	Concurrency int `yaml:"concurrency"`
 	// RateLimit caps messages per second; zero means no limit.
 	RateLimit float64 `yaml:"rate_limit"`
@@ -278,7 +288,7 @@ func (c Config) Consumer(name string) ConsumerConfig {
 		Attempts:      middleware.DefaultAttempts,
 		RetryDelay:    Duration(middleware.DefaultRetryDelay),
 		Timeout:       Duration(middleware.DefaultTimeout),
-		Concurrency:   1,
+		Concurrency:   DefaultConcurrency,
 		MaxDeliveries: middleware.DefaultMaxDeliveries,
 		GapTimeout:    Duration(middleware.DefaultGapTimeout),
 	})
@@ -328,6 +338,9 @@ func (c Config) Validate() error {
 	}
 	if err := migrate.ValidateTablePrefix(c.TablePrefix); err != nil {
 		errs = append(errs, fmt.Errorf("EFFECTIVELY_TABLE_PREFIX: %w", err))
+	}
+	if c.DatabaseMaxConns < 0 {
+		errs = append(errs, fmt.Errorf("database_max_conns: want 1 or more (or nothing: sized from the consumers), got %d", c.DatabaseMaxConns))
 	}
 	if c.AMQPPrefetch < 0 || c.AMQPPrefetch > 65535 {
 		errs = append(errs, fmt.Errorf("amqp_prefetch: want 1..65535, got %d", c.AMQPPrefetch))

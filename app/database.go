@@ -13,6 +13,7 @@ import (
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/postgres"
 	"github.com/effectively-once/effectively/framework/sqlite"
+	"github.com/effectively-once/effectively/handlers"
 )
 
 // Migrations are the application's own goose SQL migrations, applied after
@@ -23,12 +24,13 @@ type Migrations struct {
 	FS fs.FS
 }
 
-// openDB opens the SQLite file or PostgreSQL URL, with a bounded pool.
-func openDB(ctx context.Context, url string) (*sqlx.DB, error) {
+// openDB opens the SQLite file or PostgreSQL URL, with a pool of at most
+// maxConns connections; zero is the driver's default.
+func openDB(ctx context.Context, url string, maxConns int) (*sqlx.DB, error) {
 	if isPostgresURL(url) {
-		return postgres.Open(ctx, url, postgres.OpenConfig{})
+		return postgres.Open(ctx, url, postgres.OpenConfig{MaxOpenConns: maxConns})
 	}
-	return sqlite.Open(ctx, url, sqlite.OpenConfig{})
+	return sqlite.Open(ctx, url, sqlite.OpenConfig{MaxOpenConns: maxConns})
 }
 
 // ServiceName is the name of the service's command, as given to Command
@@ -44,9 +46,13 @@ type DBParams struct {
 	Config     Config
 	Migrations Migrations  `optional:"true"`
 	Name       ServiceName `optional:"true"`
+	// Declarations, the consumers declared with handlers.Consumer, size
+	// the pool (see Config.DatabasePoolSize).
+	Declarations []handlers.Declaration `group:"effectively.consumers"`
 }
 
-// NewDB opens the database of the stores (EFFECTIVELY_DATABASE_URL) and
+// NewDB opens the database of the stores (EFFECTIVELY_DATABASE_URL), with a
+// pool sized for the declared consumers (see Config.DatabasePoolSize), and
 // closes it when the application stops. With AutoMigrate it applies the
 // framework's migrations and the application's at start. Without, it
 // refuses a database that lacks one of them (see migrate.Check), naming
@@ -58,7 +64,11 @@ type DBParams struct {
 // EFFECTIVELY_TRANSPORT_URL's.
 func NewDB(p DBParams) (*sqlx.DB, error) {
 	ctx := context.Background()
-	db, err := openDB(ctx, p.Config.DatabaseURL)
+	size, err := p.Config.DatabasePoolSize(p.Declarations)
+	if err != nil {
+		return nil, fmt.Errorf("configuration: %w", err)
+	}
+	db, err := openDB(ctx, p.Config.DatabaseURL, size)
 	if err != nil {
 		return nil, fmt.Errorf("database: %w", err)
 	}

@@ -1,0 +1,214 @@
+package app_test
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/fx"
+
+	"github.com/effectively-once/effectively/app"
+	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/postgres"
+	"github.com/effectively-once/effectively/framework/sqlite"
+	"github.com/effectively-once/effectively/handlers"
+	"github.com/effectively-once/effectively/internal/testenv"
+)
+
+// TestDatabasePoolSize shows that the pool of the stores' database holds
+// every attempt the consumers may have in flight, whatever the driver's
+// default, and that a database_max_conns below that is refused, naming
+// the key.
+func TestDatabasePoolSize(t *testing.T) {
+	t.Parallel()
+	two := []handlers.Declaration{{Name: "a.one", Handlers: 1}, {Name: "a.two", Handlers: 1}}
+	amqpAt16 := func() app.Config {
+		cfg := app.Config{Transport: app.TransportAMQP, DatabaseURL: "postgres://db/x", HTTPAddr: "127.0.0.1:0"}.WithDefaults()
+		cfg.Defaults.Concurrency = 16
+		return cfg
+	}
+
+	t.Run("AMQPTwoConsumersAt16", func(t *testing.T) {
+		t.Parallel()
+		size, err := amqpAt16().DatabasePoolSize(two)
+		require.NoError(t, err)
+		// 32 attempts, the outbox relay, the readiness check.
+		require.GreaterOrEqual(t, size, 2*16+2)
+		require.Greater(t, size, postgres.DefaultMaxOpenConns)
+	})
+
+	t.Run("SQLiteLeasesPerSubscription", func(t *testing.T) {
+		t.Parallel()
+		cfg := app.Config{DatabaseURL: "file:x.db"}.WithDefaults()
+		cfg.Consumers = map[string]app.ConsumerConfig{"a.one": {Concurrency: 16}}
+		size, err := cfg.DatabasePoolSize(two[:1])
+		require.NoError(t, err)
+		// The type's subscription and the replay topic's hold 16 leases
+		// each; and their claims and acks, the cleanup, the relay and its
+		// publisher.
+		require.GreaterOrEqual(t, size, 2*16+3+2)
+	})
+
+	t.Run("PostgresOneAtATime", func(t *testing.T) {
+		t.Parallel()
+		cfg := amqpAt16()
+		cfg.Transport = app.TransportPostgres
+		cfg.TransportURL = cfg.DatabaseURL
+		size, err := cfg.DatabasePoolSize(two)
+		require.NoError(t, err)
+		require.Equal(t, postgres.DefaultMaxOpenConns, size, "concurrency adds nothing on postgres: the driver's default is enough")
+	})
+
+	t.Run("DefaultsKeepTheDriversPool", func(t *testing.T) {
+		t.Parallel()
+		size, err := app.Config{DatabaseURL: "file:x.db"}.WithDefaults().DatabasePoolSize(two[:1])
+		require.NoError(t, err)
+		require.Equal(t, sqlite.DefaultMaxOpenConns, size)
+	})
+
+	t.Run("ExplicitRespected", func(t *testing.T) {
+		t.Parallel()
+		cfg := amqpAt16()
+		cfg.DatabaseMaxConns = 50
+		size, err := cfg.DatabasePoolSize(two)
+		require.NoError(t, err)
+		require.Equal(t, 50, size)
+	})
+
+	t.Run("ExplicitTooSmallRefused", func(t *testing.T) {
+		t.Parallel()
+		cfg := amqpAt16()
+		cfg.DatabaseMaxConns = 10
+		_, err := cfg.DatabasePoolSize(two)
+		require.ErrorContains(t, err, "database_max_conns: 10 is fewer than the 34 connections")
+		require.ErrorContains(t, err, "consumer a.one 16, consumer a.two 16")
+	})
+
+	t.Run("ExplicitTooSmallStopsStart", func(t *testing.T) {
+		t.Parallel()
+		cfg := testConfig(t)
+		cfg.Defaults.Concurrency = 16
+		cfg.DatabaseMaxConns = 3
+		service := app.New(
+			handlers.Consumer(consumerName, handlers.On(widgetAdded, newAddWidget)),
+			handlers.Consumer("widgets.pool-check", handlers.On(widgetAdded, newAddWidget)),
+			fx.Supply(widgetMigrations),
+			fx.Replace(cfg),
+		)
+		require.ErrorContains(t, service.Err(), "database_max_conns: 3 is fewer than")
+	})
+
+	t.Run("NegativeRefused", func(t *testing.T) {
+		t.Parallel()
+		_, err := app.LoadConfig(env(t, "database_max_conns: -1\n", nil))
+		require.ErrorContains(t, err, "database_max_conns: want 1 or more")
+	})
+}
+
+type poolProbeV1 struct {
+	N int `json:"n"`
+}
+
+// poolProbe is an event type of this test alone: its exchange on the
+// shared broker has no other queue bound.
+var poolProbe = framework.Define[poolProbeV1]("widgets.pool.probed", 1)
+
+// barrier holds every arrival until want have arrived, or ctx ends.
+type barrier struct {
+	mu      sync.Mutex
+	arrived int
+	want    int
+	all     chan struct{}
+}
+
+func newBarrier(want int) *barrier { return &barrier{want: want, all: make(chan struct{})} }
+
+func (b *barrier) wait(ctx context.Context) error {
+	b.mu.Lock()
+	b.arrived++
+	if b.arrived == b.want {
+		close(b.all)
+	}
+	b.mu.Unlock()
+	select {
+	case <-b.all:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// TestPoolHoldsEveryAttempt runs two consumers at concurrency 16 on
+// RabbitMQ and PostgreSQL whose handlers each wait, inside their attempt's
+// transaction, until all 32 attempts are inside theirs. With the pool at
+// PostgreSQL's default of 10 connections, the 11th attempt never gets
+// one, and nothing takes effect; sized from the consumers, all 32 do.
+func TestPoolHoldsEveryAttempt(t *testing.T) {
+	t.Parallel()
+	const perConsumer = 16
+	cfg := testConfig(t)
+	cfg.Transport = app.TransportAMQP
+	cfg.AMQPURL = testenv.Require(t, testenv.AMQPURLVar)
+	cfg.DatabaseURL = testenv.PostgresURL(t)
+	cfg.TransportURL = cfg.DatabaseURL
+	cfg.AMQPPrefetch = 1 // each subscription takes one message: 16 go to 16
+	suffix := strconv.FormatInt(time.Now().UnixNano(), 36)
+	names := []string{"widgets.pool-one-" + suffix, "widgets.pool-two-" + suffix}
+	cfg.Consumers = map[string]app.ConsumerConfig{}
+	for _, name := range names {
+		cfg.Consumers[name] = app.ConsumerConfig{Concurrency: perConsumer}
+	}
+	t.Cleanup(func() { deleteQueues(t, cfg.AMQPURL, names...) })
+
+	all := newBarrier(2 * perConsumer)
+	newHandler := func(db *sqlx.DB) framework.HandlerFunc[poolProbeV1] {
+		return func(ctx context.Context, ev framework.Event[poolProbeV1]) error {
+			if err := all.wait(ctx); err != nil {
+				return err
+			}
+			_, err := framework.Conn(ctx, db).ExecContext(ctx, db.Rebind(`INSERT INTO widgets (name, event_id) VALUES (?, ?)`), "probe", ev.ID)
+			return err
+		}
+	}
+	b := setup(t, cfg,
+		handlers.Consumer(names[0], handlers.On(poolProbe, newHandler)),
+		handlers.Consumer(names[1], handlers.On(poolProbe, newHandler)),
+	)
+	for i := range perConsumer {
+		env, err := poolProbe.Envelope(poolProbeV1{N: i}, framework.Attributes{ID: "p-" + strconv.Itoa(i), Source: "widgets"})
+		require.NoError(t, err)
+		msg, err := framework.NewMessage(env)
+		require.NoError(t, err)
+		require.NoError(t, b.transport.Publisher.Publish(poolProbe.Type(), msg))
+	}
+	waitFor(t, "32 effects", func() bool {
+		return b.count(t, `SELECT count(*) FROM widgets WHERE name = 'probe'`) == 2*perConsumer
+	})
+}
+
+// deleteQueues deletes the consumers' queues from the shared broker.
+func deleteQueues(t *testing.T, url string, names ...string) {
+	t.Helper()
+	conn, err := amqp091.Dial(url)
+	if err != nil {
+		t.Logf("delete queues: %v", err)
+		return
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Logf("delete queues: %v", err)
+		return
+	}
+	defer ch.Close()
+	for _, name := range names {
+		if _, err := ch.QueueDelete(name, false, false, false); err != nil {
+			t.Logf("delete queue %s: %v", name, err)
+		}
+	}
+}
