@@ -85,6 +85,11 @@ type Config struct {
 	// ":0" picks a free port. Defaults to DefaultHTTPAddr. Env
 	// EFFECTIVELY_HTTP_ADDR.
 	HTTPAddr string `yaml:"http_addr"`
+	// CPUProfile, when set, is the file that a CPU profile of the process
+	// (runtime/pprof) is written to, from the application's build (its
+	// start included) to its stop; read it with go tool pprof. Defaults to none. Env
+	// EFFECTIVELY_CPU_PROFILE.
+	CPUProfile string `yaml:"cpu_profile"`
 	// ProcessedRetention is how long processed marks are kept; older ones
 	// are purged in the background. An event redelivered after its mark
 	// was purged is processed again, so keep marks longer than any
@@ -409,6 +414,7 @@ const (
 	EnvAutoMigrate  = "EFFECTIVELY_AUTO_MIGRATE"
 	EnvTablePrefix  = "EFFECTIVELY_TABLE_PREFIX"
 	EnvHTTPAddr     = "EFFECTIVELY_HTTP_ADDR"
+	EnvCPUProfile   = "EFFECTIVELY_CPU_PROFILE"
 )
 
 // LoadConfig reads the configuration: first the YAML file named by
@@ -438,6 +444,7 @@ func LoadConfig(lookupEnv func(string) (string, bool)) (Config, error) {
 		EnvTransportURL: &cfg.TransportURL,
 		EnvAMQPURL:      &cfg.AMQPURL,
 		EnvTablePrefix:  &cfg.TablePrefix,
+		EnvCPUProfile:   &cfg.CPUProfile,
 	} {
 		if v := getenv(env); v != "" {
 			*dst = v

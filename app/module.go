@@ -34,6 +34,9 @@ var Module = fx.Module("effectively",
 		func() *Readiness { return &Readiness{} },
 	),
 	handlers.Module,
+	// The CPU profile, when asked for, starts before anything opens and
+	// stops after everything closed.
+	fx.Invoke(profileCPU),
 	// Settings for a consumer that is not declared are refused before
 	// anything is opened.
 	fx.Invoke(func(p consumerSettings) error { return p.Config.CheckConsumers(p.Declarations) }),
