@@ -21,6 +21,7 @@ import (
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/testkit"
 	"github.com/effectively-once/effectively/handlers"
+	"github.com/effectively-once/effectively/internal/pgschema"
 )
 
 // DefaultOutcomeTimeout is how long Publish, Deliver and Await wait for an
@@ -112,7 +113,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("apptest: TablePrefix: %w", err)
 	}
 	if c.PostgresURL != "" {
-		if _, err := parsePostgresURL(c.PostgresURL); err != nil {
+		if err := pgschema.CheckURL(c.PostgresURL); err != nil {
 			return fmt.Errorf("apptest: PostgresURL: %w", err)
 		}
 	}
@@ -183,9 +184,11 @@ func (a *App) start(ctx context.Context, module fx.Option) error {
 	a.undo = append(a.undo, func(context.Context) error { return os.RemoveAll(dir) })
 	databaseURL, transportURL := filepath.Join(dir, DatabaseFile), ""
 	if a.cfg.PostgresURL != "" {
-		if databaseURL, err = a.createSchema(ctx); err != nil {
+		schema, err := a.createSchema(ctx)
+		if err != nil {
 			return err
 		}
+		databaseURL = schema
 		if a.cfg.Transport == app.TransportSQLite {
 			transportURL = filepath.Join(dir, TransportFile)
 		}

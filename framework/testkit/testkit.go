@@ -2,13 +2,9 @@ package testkit
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
-	"net/url"
 	"path/filepath"
 	"testing"
 	"time"
@@ -19,6 +15,7 @@ import (
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/postgres"
 	"github.com/effectively-once/effectively/framework/sqlite"
+	"github.com/effectively-once/effectively/internal/pgschema"
 	"github.com/effectively-once/effectively/middleware"
 )
 
@@ -122,7 +119,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("testkit: TablePrefix: %w", err)
 	}
 	if c.PostgresURL != "" {
-		if _, err := parsePostgresURL(c.PostgresURL); err != nil {
+		if err := pgschema.CheckURL(c.PostgresURL); err != nil {
 			return fmt.Errorf("testkit: PostgresURL: %w", err)
 		}
 	}
@@ -204,60 +201,19 @@ func newKit(t testing.TB, cfg Config) (*Kit, error) {
 // openPostgres creates a schema of the test's own on the server at base,
 // drops it at cleanup, and opens a pool whose connections use it.
 func openPostgres(ctx context.Context, t testing.TB, base string) (*sqlx.DB, error) {
-	u, err := parsePostgresURL(base)
+	schema, err := pgschema.Create(ctx, base, "testkit_")
 	if err != nil {
 		return nil, err
-	}
-	schema, err := newSchemaName()
-	if err != nil {
-		return nil, err
-	}
-	admin, err := postgres.Open(ctx, base, postgres.OpenConfig{MaxOpenConns: 1})
-	if err != nil {
-		return nil, err
-	}
-	defer admin.Close()
-	if _, err := admin.ExecContext(ctx, "CREATE SCHEMA "+schema); err != nil {
-		return nil, fmt.Errorf("create schema %s: %w", schema, err)
 	}
 	// Registered before the pool's Close, so it runs after it.
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), setupTimeout)
 		defer cancel()
-		admin, err := postgres.Open(ctx, base, postgres.OpenConfig{MaxOpenConns: 1})
-		if err != nil {
-			t.Errorf("testkit: drop schema %s: %v", schema, err)
-			return
-		}
-		defer admin.Close()
-		if _, err := admin.ExecContext(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
-			t.Errorf("testkit: drop schema %s: %v", schema, err)
+		if err := schema.Drop(ctx); err != nil {
+			t.Errorf("testkit: drop schema %s: %v", schema.Name, err)
 		}
 	})
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	return postgres.Open(ctx, u.String(), postgres.OpenConfig{})
-}
-
-func parsePostgresURL(s string) (*url.URL, error) {
-	u, err := url.Parse(s)
-	if err != nil {
-		return nil, fmt.Errorf("parse postgres URL: %w", err)
-	}
-	if u.Scheme != "postgres" && u.Scheme != "postgresql" {
-		return nil, errors.New("want a postgres:// URL (key=value connection strings cannot carry the test's schema)")
-	}
-	return u, nil
-}
-
-// newSchemaName returns a schema name no other test uses.
-func newSchemaName() (string, error) {
-	b := make([]byte, 8)
-	if _, err := rand.Read(b); err != nil {
-		return "", fmt.Errorf("schema name: %w", err)
-	}
-	return "testkit_" + hex.EncodeToString(b), nil
+	return postgres.Open(ctx, schema.URL, postgres.OpenConfig{})
 }
 
 // DB returns the kit's database, for the handler's constructors and the

@@ -1,0 +1,84 @@
+// Package pgschema gives a test a PostgreSQL schema of its own on a shared
+// server, so that tests run in parallel on one database: the test kits
+// (framework/testkit, app/apptest) and the benchmarks use it.
+package pgschema
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/url"
+
+	"github.com/effectively-once/effectively/framework/postgres"
+)
+
+// Schema is a schema created by Create.
+type Schema struct {
+	// Name is the schema's name.
+	Name string
+	// URL is the server's URL whose connections use the schema
+	// (search_path).
+	URL  string
+	base string
+}
+
+// CheckURL reports whether base can carry a schema: a postgres:// URL
+// (a key=value connection string cannot).
+func CheckURL(base string) error {
+	_, err := parseURL(base)
+	return err
+}
+
+// Create creates a schema named prefix followed by random hex on the
+// server at base. Drop it when done.
+func Create(ctx context.Context, base, prefix string) (*Schema, error) {
+	u, err := parseURL(base)
+	if err != nil {
+		return nil, err
+	}
+	b := make([]byte, 8)
+	if _, err := rand.Read(b); err != nil {
+		return nil, fmt.Errorf("schema name: %w", err)
+	}
+	s := &Schema{Name: prefix + hex.EncodeToString(b), base: base}
+	if err := exec(ctx, base, "CREATE SCHEMA "+s.Name); err != nil {
+		return nil, err
+	}
+	q := u.Query()
+	q.Set("search_path", s.Name)
+	u.RawQuery = q.Encode()
+	s.URL = u.String()
+	return s, nil
+}
+
+// Drop drops the schema and everything in it.
+func (s *Schema) Drop(ctx context.Context) error {
+	return exec(ctx, s.base, "DROP SCHEMA "+s.Name+" CASCADE")
+}
+
+// exec runs one statement on the server at base, on a connection of its
+// own.
+func exec(ctx context.Context, base, stmt string) error {
+	db, err := postgres.Open(ctx, base, postgres.OpenConfig{MaxOpenConns: 1})
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	if _, err := db.ExecContext(ctx, stmt); err != nil {
+		return fmt.Errorf("%s: %w", stmt, err)
+	}
+	return nil
+}
+
+func parseURL(s string) (*url.URL, error) {
+	u, err := url.Parse(s)
+	if err != nil {
+		return nil, fmt.Errorf("parse postgres URL: %w", err)
+	}
+	if u.Scheme != "postgres" && u.Scheme != "postgresql" {
+		return nil, errors.New("want a postgres:// URL (key=value connection strings cannot carry the test's schema)")
+	}
+	return u, nil
+}
