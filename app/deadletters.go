@@ -12,8 +12,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 	"github.com/spf13/cobra"
 	"go.uber.org/fx"
@@ -21,10 +19,6 @@ import (
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/handlers"
 )
-
-// MetadataReplayOf is set on a replayed message: the id of the dead letter
-// it replays.
-const MetadataReplayOf = "effectively_replay_of"
 
 // operator is what the dead-letter commands work with: the configuration,
 // the database's store and the names of the declared consumers. It builds
@@ -221,14 +215,7 @@ func (op operator) replay(ctx context.Context, rp *replayer, id int64, r framewo
 	if !slices.Contains(op.consumers, dl.Consumer) {
 		return fmt.Errorf("dead letter %d: consumer %s is not declared in this service, so nothing would consume the replay", id, dl.Consumer)
 	}
-	msg := message.NewMessage(watermill.NewUUID(), dl.Body)
-	for k, v := range dl.Metadata {
-		if k != framework.MetadataRedelivered {
-			msg.Metadata.Set(k, v)
-		}
-	}
-	msg.Metadata.Set(MetadataReplayOf, strconv.FormatInt(id, 10))
-	if err := rp.Replay(ctx, dl.Consumer, msg); err != nil {
+	if err := rp.Replay(ctx, dl.Consumer, dl.ReplayMessage()); err != nil {
 		return fmt.Errorf("replay dead letter %d: %w", id, err)
 	}
 	if err := op.deadLetters.ResolveDeadLetter(ctx, id, r); err != nil {

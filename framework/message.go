@@ -2,6 +2,9 @@ package framework
 
 import (
 	"fmt"
+	"strconv"
+
+	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 )
@@ -25,6 +28,9 @@ const (
 	// MetadataUnreadableRaw keeps the stored metadata text of an
 	// unreadable message, as valid UTF-8 without NUL, cut at 8 KiB.
 	MetadataUnreadableRaw = "effectively_unreadable_metadata"
+	// MetadataReplayOf is set on a replayed message (see
+	// DeadLetter.ReplayMessage): the id of the dead letter it replays.
+	MetadataReplayOf = "effectively_replay_of"
 )
 
 // ReplayTopicPrefix starts the topic of each consumer's replays on the SQL
@@ -47,6 +53,22 @@ func Redelivered(msg *message.Message) (redelivered, known bool) {
 	default:
 		return false, false
 	}
+}
+
+// ReplayMessage returns the message that replays dl: its original body
+// and metadata under a new UUID, without the redelivery marker of the
+// delivery that failed (the replay is a first delivery), and with
+// MetadataReplayOf set to dl's id. The operator's replay command, the
+// test kit and the transport suite all replay with it.
+func (dl DeadLetter) ReplayMessage() *message.Message {
+	msg := message.NewMessage(watermill.NewUUID(), dl.Body)
+	for k, v := range dl.Metadata {
+		if k != MetadataRedelivered {
+			msg.Metadata.Set(k, v)
+		}
+	}
+	msg.Metadata.Set(MetadataReplayOf, strconv.FormatInt(dl.ID, 10))
+	return msg
 }
 
 // NewMessage encodes env as a watermill message whose payload is the

@@ -227,13 +227,7 @@ func (c *Consumer) Replay(ctx context.Context, t testing.TB, dl framework.DeadLe
 		t.Fatalf("testkit: mark dead letter %d replayed: %v", dl.ID, err)
 		return Result{}
 	}
-	msg := message.NewMessage(watermill.NewUUID(), dl.Body)
-	for k, v := range dl.Metadata {
-		if k != framework.MetadataRedelivered {
-			msg.Metadata.Set(k, v)
-		}
-	}
-	return c.DeliverMessage(ctx, t, msg)
+	return c.DeliverMessage(ctx, t, dl.ReplayMessage())
 }
 
 // DeadLetters returns the consumer's dead letters, whatever their status,

@@ -133,11 +133,7 @@ func caseReplay(t *testing.T, s *suite) {
 	rejecting = false
 	mu.Unlock()
 	dl := s.deadLetters(t, a)[0]
-	msg := message.NewMessage(watermill.NewUUID(), dl.Body)
-	for k, v := range dl.Metadata {
-		msg.Metadata.Set(k, v)
-	}
-	require.NoError(t, s.env.Replay(context.Background(), a, msg))
+	require.NoError(t, s.env.Replay(context.Background(), a, dl.ReplayMessage()))
 	s.waitEffects(t, "replay-a", 1)
 	settle()
 	s.requireExactlyOnce(t, "replay-a", []string{"r-1"})

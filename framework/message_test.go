@@ -1,0 +1,29 @@
+package framework_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/framework"
+)
+
+func TestDeadLetterReplayMessage(t *testing.T) {
+	t.Parallel()
+	dl := framework.DeadLetter{
+		ID:   42,
+		Body: []byte(`{"specversion":"1.0"}`),
+		Metadata: map[string]string{
+			framework.MetadataContentType: framework.ContentType,
+			framework.MetadataRedelivered: "true",
+			"traceparent-carrier":         "kept",
+		},
+	}
+	msg := dl.ReplayMessage()
+	require.Equal(t, dl.Body, []byte(msg.Payload), "the original body")
+	require.Equal(t, framework.ContentType, msg.Metadata.Get(framework.MetadataContentType))
+	require.Equal(t, "kept", msg.Metadata.Get("traceparent-carrier"))
+	require.NotContains(t, msg.Metadata, framework.MetadataRedelivered, "a replay is a first delivery")
+	require.Equal(t, "42", msg.Metadata.Get(framework.MetadataReplayOf))
+	require.NotEqual(t, dl.ReplayMessage().UUID, msg.UUID, "each replay is a message of its own")
+}
