@@ -33,6 +33,13 @@ fuzz: ## Run each fuzz target (func Fuzz... in a _test.go file) for FUZZTIME, de
 		done; \
 	done
 
+BENCHFLAGS ?=
+
+.PHONY: bench
+bench: ## Run the framework against hand-written Watermill, side by side, on every transport (real servers as for make test); prints a table and writes docs/benchmarks.md. BENCHFLAGS="-events 2000" for a quick run.
+	@set -euo pipefail; services="$$(scripts/services.sh)"; eval "$$services"; \
+	$(GO) run ./internal/bench/cmd/bench $(BENCHFLAGS)
+
 .PHONY: bench-micro
 bench-micro: ## Run the in-process microbenchmarks of the chain: messages per second and allocations per message.
 	@set -euo pipefail; services="$$(scripts/services.sh)"; eval "$$services"; \

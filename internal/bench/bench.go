@@ -1,0 +1,208 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+	"time"
+)
+
+// Defaults of Options.
+const (
+	// DefaultEvents is how many messages each run drains: enough for
+	// steady figures, small enough for a 2-core machine in a few minutes.
+	DefaultEvents = 20000
+	// DefaultDuplicates is the share of the messages that repeat an
+	// earlier event (same source and id).
+	DefaultDuplicates = 0.02
+	// DefaultLatencyDuration is how long the paced producer of the
+	// latency phase runs.
+	DefaultLatencyDuration = 5 * time.Second
+	// DefaultStallTimeout is how long a run may go without a new effect
+	// before it fails.
+	DefaultStallTimeout = time.Minute
+)
+
+// Options say how big the runs are and what they measure.
+type Options struct {
+	// Events is how many messages each run drains, duplicates included.
+	// Defaults to DefaultEvents.
+	Events int
+	// Duplicates is the share of Events that repeat an earlier event.
+	// Defaults to DefaultDuplicates; negative means none.
+	Duplicates float64
+	// LatencyDuration is how long the paced producer of the latency phase
+	// runs, at half the rate the run drained at. Defaults to
+	// DefaultLatencyDuration.
+	LatencyDuration time.Duration
+	// StallTimeout fails a run that goes that long without a new effect.
+	// Defaults to DefaultStallTimeout.
+	StallTimeout time.Duration
+	// Smoke checks the effects and skips the figures that need time: no
+	// latency phase, no CPU profiles. The report of a smoke run says
+	// nothing about speed.
+	Smoke bool
+	// Run selects the scenarios whose name matches; nil runs all.
+	Run *regexp.Regexp
+	// PostgresURL is the PostgreSQL server the runs create their
+	// schemas on (EFFECTIVELY_TEST_POSTGRES_URL).
+	PostgresURL string
+	// AMQPURL is the RabbitMQ broker (EFFECTIVELY_TEST_AMQP_URL).
+	AMQPURL string
+	// Self is the command line that starts this program again as a
+	// child (see Child): os.Args[0] alone for a command, the test binary
+	// for a test. Defaults to the running executable.
+	Self []string
+	// Log receives progress lines. Defaults to discarding them.
+	Log io.Writer
+}
+
+// WithDefaults returns a copy of o with zero fields set to their defaults.
+func (o Options) WithDefaults() Options {
+	if o.Events == 0 {
+		o.Events = DefaultEvents
+	}
+	if o.Duplicates == 0 {
+		o.Duplicates = DefaultDuplicates
+	}
+	if o.Duplicates < 0 {
+		o.Duplicates = 0
+	}
+	if o.LatencyDuration == 0 {
+		o.LatencyDuration = DefaultLatencyDuration
+	}
+	if o.StallTimeout == 0 {
+		o.StallTimeout = DefaultStallTimeout
+	}
+	if len(o.Self) == 0 {
+		if exe, err := os.Executable(); err == nil {
+			o.Self = []string{exe}
+		}
+	}
+	if o.Log == nil {
+		o.Log = io.Discard
+	}
+	return o
+}
+
+// Validate says what is wrong with o, naming the field.
+func (o Options) Validate() error {
+	switch {
+	case o.Events < 2:
+		return fmt.Errorf("bench: Events must be at least 2, got %d", o.Events)
+	case o.Duplicates >= 1:
+		return fmt.Errorf("bench: Duplicates must be below 1, got %g", o.Duplicates)
+	case len(o.Self) == 0:
+		return errors.New("bench: Self is empty and the executable is unknown (set it to the command that runs this program)")
+	}
+	return nil
+}
+
+// A Scenario is one comparison: runs of the framework and the baseline
+// they are measured against, run one after the other in one process, so
+// that they share the machine's state.
+type Scenario struct {
+	// Name is short and unique (amqp, postgres, sqlite): Options.Run
+	// matches it, and children are named after it.
+	Name string
+	// Title heads the scenario in the table and in docs/benchmarks.md.
+	Title string
+	// About is a paragraph for docs/benchmarks.md: what runs, on what,
+	// fed how.
+	About string
+	// Needs names the servers the scenario needs (NeedPostgres,
+	// NeedAMQP); without them it is skipped and the report says why.
+	Needs []Need
+	// Runs are measured in order. Exactly one is the baseline.
+	Runs []Run
+	// Children are the programs the runs start as child processes of
+	// their own (see Child), by name.
+	Children []Child
+}
+
+// Need is a server a scenario needs.
+type Need string
+
+// The servers a scenario may need.
+const (
+	NeedPostgres Need = "PostgreSQL (EFFECTIVELY_TEST_POSTGRES_URL)"
+	NeedAMQP     Need = "RabbitMQ (EFFECTIVELY_TEST_AMQP_URL)"
+)
+
+// A Run is one measured configuration of a scenario.
+type Run struct {
+	// Name says what runs, e.g. "example service, concurrency 16".
+	Name string
+	// Baseline marks the run the others' ratio is taken against.
+	Baseline bool
+	// Measure runs it and returns its figures. Run checks the effects
+	// (Result.Check) after it returns.
+	Measure func(ctx context.Context, env *Env) (Result, error)
+}
+
+// Result holds the figures of one run. Zero means not measured.
+type Result struct {
+	// Events is how many distinct events the run fed.
+	Events int
+	// Messages is how many messages it fed, duplicates included.
+	Messages int
+	// Effects is how many effects the consumer left, counted where it
+	// writes them (its table), once it stopped.
+	Effects int
+	// DistinctEffects is how many distinct events those effects are of.
+	DistinctEffects int
+	// Drained is how many effects the drain took Elapsed for.
+	Drained int
+	// Elapsed is the time from the first effect of the drain to its last.
+	Elapsed time.Duration
+	// Latency is the end-to-end latency measured with a paced producer;
+	// nil when not measured.
+	Latency *Latency
+	// AllocsPerMessage is the consumer process's heap allocations during
+	// the drain divided by the messages drained.
+	AllocsPerMessage float64
+	// PeakRSS is the consumer process's peak resident set (VmHWM), in
+	// bytes.
+	PeakRSS int64
+	// Profile is the top of the consumer's CPU profile (go tool pprof
+	// -top), one function a line; empty without one.
+	Profile []string
+	// Note is shown beside the figures, e.g. why a figure is missing.
+	Note string
+}
+
+// EffectsPerSecond is the drain's rate: effects per second between the
+// first and the last effect.
+func (r Result) EffectsPerSecond() float64 {
+	if r.Elapsed <= 0 || r.Drained < 2 {
+		return 0
+	}
+	return float64(r.Drained-1) / r.Elapsed.Seconds()
+}
+
+// Check fails unless the consumer left exactly one effect per distinct
+// event it was fed.
+func (r Result) Check() error {
+	if r.Events == 0 {
+		return errors.New("no events fed")
+	}
+	if r.Effects != r.Events || r.DistinctEffects != r.Events {
+		return fmt.Errorf("%d effects of %d distinct events for %d distinct events fed (%d messages): want one effect per event",
+			r.Effects, r.DistinctEffects, r.Events, r.Messages)
+	}
+	return nil
+}
+
+// Latency is the end-to-end latency of events fed one at a time at Rate,
+// from the producer's send to the effect's write in the consumer's
+// transaction.
+type Latency struct {
+	// Rate is the producer's pace, events per second: half the drain rate.
+	Rate float64
+	// Events is how many events were timed.
+	Events   int
+	P50, P99 time.Duration
+}

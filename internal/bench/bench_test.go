@@ -1,0 +1,67 @@
+package bench_test
+
+import (
+	"context"
+	"os"
+	"regexp"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/effectively-once/effectively/internal/bench"
+	"github.com/effectively-once/effectively/internal/testenv"
+)
+
+// The test binary doubles as the harness's children (see bench.Child):
+// started again with bench.EnvChild set, it runs the child instead of the
+// tests.
+func TestMain(m *testing.M) {
+	if bench.IsChild() {
+		os.Exit(bench.ChildMain(bench.Scenarios()))
+	}
+	goleak.VerifyTestMain(m)
+}
+
+// TestSmoke runs every scenario of make bench at 100 messages, 2% of them
+// duplicates, without the latency phase or profiles, and fails when a
+// consumer (the example service or a baseline) leaves other than one
+// effect per distinct event: the harness cannot rot between two runs of
+// make bench. It asserts no figure.
+func TestSmoke(t *testing.T) {
+	for _, s := range bench.Scenarios() {
+		t.Run(s.Name, func(t *testing.T) {
+			opts := bench.Options{
+				Events:       100,
+				StallTimeout: 30 * time.Second,
+				Smoke:        true,
+				Run:          regexp.MustCompile("^" + regexp.QuoteMeta(s.Name) + "$"),
+				PostgresURL:  os.Getenv(testenv.PostgresURLVar),
+				AMQPURL:      os.Getenv(testenv.AMQPURLVar),
+				Log:          testWriter{t},
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			report, err := bench.Execute(ctx, []bench.Scenario{s}, opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, sr := range report.Scenarios {
+				if sr.Skipped != "" {
+					testenv.Missing(t, "scenario %s: %s", sr.Name, sr.Skipped)
+				}
+			}
+			if err := report.Err(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// testWriter logs the harness's progress lines through t.
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(b []byte) (int, error) {
+	w.t.Log(string(b))
+	return len(b), nil
+}

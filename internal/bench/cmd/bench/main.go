@@ -1,0 +1,83 @@
+// Command bench runs the benchmark harness of package bench: every
+// scenario, each side by side with its baseline, on the servers named by
+// EFFECTIVELY_TEST_POSTGRES_URL and EFFECTIVELY_TEST_AMQP_URL (make bench
+// starts them). It prints a table and writes docs/benchmarks.md.
+//
+//	go run ./internal/bench/cmd/bench [-events 20000] [-run REGEXP] [-out docs/benchmarks.md]
+//
+// It exits non-zero when a run fails, e.g. when a consumer left other than
+// one effect per distinct event.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"regexp"
+	"syscall"
+
+	"github.com/effectively-once/effectively/internal/bench"
+)
+
+func main() {
+	if bench.IsChild() {
+		os.Exit(bench.ChildMain(bench.Scenarios()))
+	}
+	if err := run(); err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	var (
+		opts    bench.Options
+		pattern string
+		out     string
+	)
+	flag.IntVar(&opts.Events, "events", bench.DefaultEvents, "messages per run, duplicates included")
+	flag.Float64Var(&opts.Duplicates, "duplicates", bench.DefaultDuplicates, "share of the messages that repeat an earlier event")
+	flag.DurationVar(&opts.LatencyDuration, "latency", bench.DefaultLatencyDuration, "how long the paced producer of the latency phase runs")
+	flag.BoolVar(&opts.Smoke, "smoke", false, "check the effects only: no latency phase, no profiles, no docs written")
+	flag.StringVar(&pattern, "run", "", "run only the scenarios whose name matches this regular expression")
+	flag.StringVar(&out, "out", "docs/benchmarks.md", "where to write the report (empty: nowhere)")
+	flag.Parse()
+	if pattern != "" {
+		re, err := regexp.Compile(pattern)
+		if err != nil {
+			return fmt.Errorf("-run: %w", err)
+		}
+		opts.Run = re
+	}
+	opts.PostgresURL = os.Getenv("EFFECTIVELY_TEST_POSTGRES_URL")
+	opts.AMQPURL = os.Getenv("EFFECTIVELY_TEST_AMQP_URL")
+	opts.Log = os.Stderr
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	report, err := bench.Execute(ctx, bench.Scenarios(), opts)
+	if err != nil {
+		return err
+	}
+	fmt.Println()
+	if err := report.WriteTable(os.Stdout); err != nil {
+		return err
+	}
+	if out != "" && !opts.Smoke {
+		f, err := os.Create(out)
+		if err != nil {
+			return fmt.Errorf("report: %w", err)
+		}
+		if err := report.WriteMarkdown(f); err != nil {
+			_ = f.Close()
+			return fmt.Errorf("report %s: %w", out, err)
+		}
+		if err := f.Close(); err != nil {
+			return fmt.Errorf("report %s: %w", out, err)
+		}
+		fmt.Fprintf(os.Stderr, "wrote %s\n", out)
+	}
+	return report.Err()
+}

@@ -1,0 +1,74 @@
+// Package bench is the benchmark harness behind make bench: the framework
+// against the hand-written Watermill consumer a team would write instead,
+// side by side in one run, on real servers. Its command (cmd/bench) prints
+// a table and writes docs/benchmarks.md; TestSmoke runs every scenario
+// small inside make test, checking effects only, so that it cannot rot.
+//
+// # Scenarios, runs and results
+//
+// A Scenario is one comparison: its Runs are measured one after the
+// other, and exactly one of them is the Baseline that the others' ratio is
+// taken against. A Run's Measure returns a Result: effects per second,
+// latency at half that rate, allocations per message, peak RSS, the top of
+// a CPU profile. After Measure the harness checks that the consumer left
+// exactly one effect per distinct event fed (Result.Check): a run that
+// does not fails, whatever its speed. No figure is ever asserted.
+//
+// Consumers run as processes of their own, so that their memory and
+// allocations compare fairly: the example service (built with go build
+// once per run of the harness, started by Env.StartService with the
+// framework's variables; it writes a CPU profile with
+// EFFECTIVELY_CPU_PROFILE), and children of this program (Env.StartChild),
+// which is started again with EnvChild naming a Child of a scenario; the
+// program's main (and TestMain) runs ChildMain when IsChild. Both serve
+// /readyz and /metrics with the Go runtime's metrics, which Process reads.
+//
+// Most runs are drains: a System (the consumer, its foreign producer and
+// the table of its effects) is measured by Drain, which feeds the backlog
+// (Env.Backlog: Options.Events messages, Options.Duplicates of them
+// repeats), starts the consumer, times the effects through their
+// handled_at column (HandledAtColumn), then, when the System is a Sender,
+// paces fresh events at half the drain rate to time their latency.
+// Anything else is a Measure of its own, built from the same parts
+// (Process, Pace, Percentile, EffectTable).
+//
+// # Adding a scenario
+//
+// Write it in a file of its own (the outbox relay in outbox.go, say):
+//
+//	func outboxScenario() Scenario {
+//		return Scenario{
+//			Name:  "outbox",
+//			Title: "Outbox relay to RabbitMQ",
+//			About: "What runs, fed how, against what.",
+//			Needs: []Need{NeedPostgres, NeedAMQP},
+//			Runs: []Run{
+//				{Name: "outbox relay", Measure: measureRelay},
+//				{Name: "watermill-amqp publisher, ConfirmDelivery", Baseline: true, Measure: measurePublisher},
+//			},
+//			Children: []Child{{Name: "publisher", Main: publisherMain}},
+//		}
+//	}
+//
+// and add it to Scenarios, in scenarios.go, in one line. A Measure creates
+// what it needs through its Env (Env.PostgresSchema, Env.Dir for SQLite
+// files, queues of its own) and registers their removal with Env.Cleanup;
+// it fills Result.Events with the distinct events it fed and
+// Result.Effects and Result.DistinctEffects with what it counted where
+// the consumer writes, after the consumer stopped. It honours
+// Options.Smoke: at 100 events, no latency phase and no profile, the whole
+// smoke test stays under a minute. A child that starts its work by itself
+// calls ChildEnv.Ready, then ChildEnv.WaitBegin, so that the allocations
+// the harness reads in between count only the work.
+//
+// # Running
+//
+//	make bench                                  # everything, 20,000 messages a run
+//	make bench BENCHFLAGS="-events 2000 -run sqlite"
+//	go test ./internal/bench/ -run TestSmoke    # what make test runs
+//
+// Servers come from EFFECTIVELY_TEST_POSTGRES_URL and
+// EFFECTIVELY_TEST_AMQP_URL, as for the tests; make bench starts them.
+// Each run creates a schema (or file, or queue) of its own and drops it
+// after.
+package bench

@@ -1,0 +1,223 @@
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
+	"github.com/jmoiron/sqlx"
+)
+
+// Timeouts of the processes a run starts.
+const (
+	startTimeout = 2 * time.Minute
+	stopTimeout  = time.Minute
+)
+
+// ServicePackage is the example service the scenarios run, built with go
+// build once per Execute.
+const ServicePackage = "github.com/effectively-once/effectively/examples/notifications"
+
+// Env is what a run gets from the harness: the options, a folder of its
+// own, the servers, and the means to start the example service and
+// children. What a run creates through it is removed after the run.
+type Env struct {
+	Options
+	// Scenario is the name of the scenario the run belongs to.
+	Scenario string
+	// Dir is a folder of the run's own, removed after it.
+	Dir string
+
+	shared   *shared
+	cleanups []func(context.Context) error
+}
+
+// shared is what the runs of one Execute share: the example service's binary.
+type shared struct {
+	dir string
+
+	once    sync.Once
+	service string
+	err     error
+}
+
+// Logf writes a progress line.
+func (e *Env) Logf(format string, args ...any) {
+	fmt.Fprintf(e.Log, "    "+format+"\n", args...)
+}
+
+// Cleanup registers f to run after the run, the last registered first.
+func (e *Env) Cleanup(f func(context.Context) error) {
+	e.cleanups = append(e.cleanups, f)
+}
+
+func (e *Env) cleanup() error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var errs []error
+	for i := len(e.cleanups) - 1; i >= 0; i-- {
+		errs = append(errs, e.cleanups[i](ctx))
+	}
+	e.cleanups = nil
+	return errors.Join(errs...)
+}
+
+// Backlog returns the run's backlog: Events messages of which Duplicates
+// repeat an earlier event, and the number of distinct events.
+func (e *Env) Backlog() ([]Message, int) {
+	return Backlog(e.Scenario+"-"+randomHex(4), e.Events, e.Duplicates)
+}
+
+// PostgresSchema creates a schema of the run's own on the PostgreSQL
+// server, dropped after the run, and returns a URL whose connections use
+// it (search_path).
+func (e *Env) PostgresSchema(ctx context.Context) (string, error) {
+	if e.PostgresURL == "" {
+		return "", errors.New("no PostgreSQL server (EFFECTIVELY_TEST_POSTGRES_URL)")
+	}
+	schema := "bench_" + randomHex(6)
+	admin, err := sqlx.Open("pgx", e.PostgresURL)
+	if err != nil {
+		return "", fmt.Errorf("open postgres: %w", err)
+	}
+	defer admin.Close()
+	if _, err := admin.ExecContext(ctx, "CREATE SCHEMA "+schema); err != nil {
+		return "", fmt.Errorf("create schema %s: %w", schema, err)
+	}
+	e.Cleanup(func(ctx context.Context) error {
+		db, err := sqlx.Open("pgx", e.PostgresURL)
+		if err != nil {
+			return fmt.Errorf("open postgres: %w", err)
+		}
+		defer db.Close()
+		if _, err := db.ExecContext(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
+			return fmt.Errorf("drop schema %s: %w", schema, err)
+		}
+		return nil
+	})
+	u, err := url.Parse(e.PostgresURL)
+	if err != nil {
+		return "", fmt.Errorf("parse %s: %w", "EFFECTIVELY_TEST_POSTGRES_URL", err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String(), nil
+}
+
+// ServiceBinary returns the path of the example service's binary, built
+// with go build on first use.
+func (e *Env) ServiceBinary(ctx context.Context) (string, error) {
+	s := e.shared
+	s.once.Do(func() {
+		out := filepath.Join(s.dir, "notifications")
+		cmd := exec.CommandContext(ctx, "go", "build", "-o", out, ServicePackage)
+		if msg, err := cmd.CombinedOutput(); err != nil {
+			s.err = fmt.Errorf("go build %s: %w: %s", ServicePackage, err, strings.TrimSpace(string(msg)))
+			return
+		}
+		s.service = out
+	})
+	return s.service, s.err
+}
+
+// Service runs the example service's command line with args (migrate,
+// ...) and vars, and waits for it to finish.
+func (e *Env) Service(ctx context.Context, vars map[string]string, args ...string) error {
+	bin, err := e.ServiceBinary(ctx)
+	if err != nil {
+		return err
+	}
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = withVars(cleanEnviron(), vars)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("notifications %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// StartService starts the example service (serve) with the framework's
+// variables vars (EFFECTIVELY_TRANSPORT, ...; EFFECTIVELY_HTTP_ADDR is
+// the harness's) and returns once it is ready. Outside a smoke run it
+// writes a CPU profile (EFFECTIVELY_CPU_PROFILE). It is stopped after the
+// run if the run did not stop it.
+func (e *Env) StartService(ctx context.Context, vars map[string]string) (*Process, error) {
+	bin, err := e.ServiceBinary(ctx)
+	if err != nil {
+		return nil, err
+	}
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	all := map[string]string{"EFFECTIVELY_HTTP_ADDR": addr}
+	var profile string
+	if !e.Smoke {
+		profile = filepath.Join(e.Dir, "service.pprof")
+		all["EFFECTIVELY_CPU_PROFILE"] = profile
+	}
+	for k, v := range vars {
+		all[k] = v
+	}
+	cmd := exec.Command(bin, "serve")
+	cmd.Env = withVars(cleanEnviron(), all)
+	p, err := startProcess(ctx, "notifications serve", cmd, addr, profile, startTimeout)
+	if err != nil {
+		return nil, err
+	}
+	e.Cleanup(func(context.Context) error { return p.Stop(stopTimeout) })
+	return p, nil
+}
+
+// StartChild starts the scenario's child name (see Child) with vars and
+// returns once it is ready. Outside a smoke run it writes a CPU profile.
+// It is stopped after the run if the run did not stop it.
+func (e *Env) StartChild(ctx context.Context, name string, vars map[string]string) (*Process, error) {
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	all := map[string]string{EnvChild: e.Scenario + "/" + name, EnvChildAddr: addr}
+	var profile string
+	if !e.Smoke {
+		profile = filepath.Join(e.Dir, name+".pprof")
+		all[EnvChildProfile] = profile
+	}
+	for k, v := range vars {
+		all[k] = v
+	}
+	cmd := exec.Command(e.Self[0], e.Self[1:]...)
+	cmd.Env = withVars(cleanEnviron(), all)
+	p, err := startProcess(ctx, "child "+name, cmd, addr, profile, startTimeout)
+	if err != nil {
+		return nil, err
+	}
+	p.child = true
+	e.Cleanup(func(context.Context) error { return p.Stop(stopTimeout) })
+	return p, nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// mkdirTemp makes a temporary folder under dir.
+func mkdirTemp(dir, pattern string) (string, error) {
+	d, err := os.MkdirTemp(dir, pattern)
+	if err != nil {
+		return "", fmt.Errorf("temporary folder: %w", err)
+	}
+	return d, nil
+}

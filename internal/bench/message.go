@@ -1,0 +1,133 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"time"
+)
+
+// The event the scenarios feed: the example service's
+// appointments.appointment.booked, version 1.
+const (
+	EventType    = "appointments.appointment.booked"
+	EventSource  = "appointments"
+	EventVersion = 1
+)
+
+// Message is one message a foreign producer sends: a CloudEvents 1.0
+// JSON object of EventType.
+type Message struct {
+	// ID is the CloudEvent's id: a duplicate has the id of an earlier
+	// message.
+	ID string
+	// Body is the CloudEvent, structured JSON.
+	Body []byte
+}
+
+// cloudEvent is the CloudEvent a foreign producer writes, and what a
+// hand-written consumer reads of it.
+type cloudEvent struct {
+	SpecVersion  string    `json:"specversion"`
+	ID           string    `json:"id"`
+	Source       string    `json:"source"`
+	Type         string    `json:"type"`
+	EventVersion int       `json:"eventversion"`
+	Subject      string    `json:"subject,omitempty"`
+	Time         time.Time `json:"time"`
+	Data         booked    `json:"data"`
+}
+
+// booked is the data of the event (the example's appointments.BookedV1,
+// written out as another program would).
+type booked struct {
+	AppointmentID string    `json:"appointmentId"`
+	StartsAt      time.Time `json:"startsAt"`
+}
+
+// NewMessage returns the event of id, with appointment id appointment.
+func NewMessage(id string) Message {
+	now := time.Now().UTC()
+	body, err := json.Marshal(cloudEvent{
+		SpecVersion:  "1.0",
+		ID:           id,
+		Source:       EventSource,
+		Type:         EventType,
+		EventVersion: EventVersion,
+		Subject:      "appt-" + id,
+		Time:         now,
+		Data:         booked{AppointmentID: "appt-" + id, StartsAt: now.Add(24 * time.Hour).Truncate(time.Second)},
+	})
+	if err != nil {
+		panic(err) // a struct of strings and times always marshals
+	}
+	return Message{ID: id, Body: body}
+}
+
+// Backlog returns n messages whose ids start with prefix, of which a share
+// dup repeat an earlier event (the same message again, at a random later
+// place), and the number of distinct events. The order is random but
+// fixed by n.
+func Backlog(prefix string, n int, dup float64) ([]Message, int) {
+	repeats := int(float64(n) * dup)
+	distinct := n - repeats
+	msgs := make([]Message, 0, n)
+	for i := range distinct {
+		msgs = append(msgs, NewMessage(fmt.Sprintf("%s-%d", prefix, i)))
+	}
+	rng := rand.New(rand.NewPCG(uint64(n), 1))
+	for range repeats {
+		at := rng.IntN(len(msgs))
+		pos := at + 1 + rng.IntN(len(msgs)-at)
+		msgs = slices.Insert(msgs, pos, msgs[at])
+	}
+	return msgs, distinct
+}
+
+// Events returns n distinct messages whose ids start with prefix.
+func Events(prefix string, n int) []Message {
+	msgs := make([]Message, n)
+	for i := range msgs {
+		msgs[i] = NewMessage(fmt.Sprintf("%s-%d", prefix, i))
+	}
+	return msgs
+}
+
+// Pace calls send for each message at rate messages per second, on a
+// fixed schedule (a late send does not shift the ones after it), and
+// returns the time each send began.
+func Pace(ctx context.Context, rate float64, msgs []Message, send func(context.Context, Message) error) ([]time.Time, error) {
+	sent := make([]time.Time, len(msgs))
+	start := time.Now()
+	interval := time.Duration(float64(time.Second) / rate)
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for i, m := range msgs {
+		if wait := time.Until(start.Add(time.Duration(i) * interval)); wait > 0 {
+			timer.Reset(wait)
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-timer.C:
+			}
+		}
+		sent[i] = time.Now()
+		if err := send(ctx, m); err != nil {
+			return nil, fmt.Errorf("send %s: %w", m.ID, err)
+		}
+	}
+	return sent, nil
+}
+
+// Percentile returns the p-th percentile (0..100) of ds by nearest rank;
+// ds is sorted in place.
+func Percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	slices.Sort(ds)
+	i := int(float64(len(ds))*p/100+0.5) - 1
+	return ds[max(0, min(i, len(ds)-1))]
+}

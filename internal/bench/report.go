@@ -1,0 +1,292 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+)
+
+// Report is the outcome of Execute: every run's figures, or why it failed.
+type Report struct {
+	Date      time.Time
+	Machine   Machine
+	Options   Options
+	Scenarios []ScenarioReport
+}
+
+// ScenarioReport is a scenario's part of the report.
+type ScenarioReport struct {
+	Name, Title, About string
+	// Skipped says why the scenario did not run; empty when it ran.
+	Skipped string
+	Runs    []RunReport
+}
+
+// RunReport is a run's figures, or why it failed.
+type RunReport struct {
+	Name     string
+	Baseline bool
+	Result   Result
+	Err      error
+}
+
+// Err joins the failures of every run; nil when all passed.
+func (r *Report) Err() error {
+	var errs []error
+	for _, s := range r.Scenarios {
+		for _, run := range s.Runs {
+			if run.Err != nil {
+				errs = append(errs, fmt.Errorf("%s / %s: %w", s.Title, run.Name, run.Err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// ratio returns the run's effects per second over its baseline's.
+func (s ScenarioReport) ratio(run RunReport) float64 {
+	for _, b := range s.Runs {
+		if b.Baseline && b.Err == nil && b.Result.EffectsPerSecond() > 0 && run.Err == nil {
+			return run.Result.EffectsPerSecond() / b.Result.EffectsPerSecond()
+		}
+	}
+	return 0
+}
+
+// Machine describes where the report was measured.
+type Machine struct {
+	CPU      string
+	Cores    int
+	MemBytes int64
+	Go       string
+	OS       string
+	LoadAvg  string // at the start of the run
+	Postgres string // server version, when one was given
+	RabbitMQ string // broker version, when one was given
+}
+
+// ReadMachine reads the machine's description from /proc and the servers.
+func ReadMachine(ctx context.Context, opts Options) Machine {
+	m := Machine{Cores: runtime.NumCPU(), Go: runtime.Version(), OS: runtime.GOOS + "/" + runtime.GOARCH}
+	m.CPU = procField("/proc/cpuinfo", "model name", ":")
+	if kb, err := strconv.ParseInt(strings.TrimSuffix(procField("/proc/meminfo", "MemTotal", ":"), " kB"), 10, 64); err == nil {
+		m.MemBytes = kb << 10
+	}
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if f := strings.Fields(string(b)); len(f) >= 3 {
+			m.LoadAvg = strings.Join(f[:3], " ")
+		}
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.OS += ", Linux " + strings.TrimSpace(string(b))
+	}
+	if opts.PostgresURL != "" {
+		if db, err := sqlx.Open("pgx", opts.PostgresURL); err == nil {
+			_ = db.QueryRowContext(ctx, "SHOW server_version").Scan(&m.Postgres)
+			_ = db.Close()
+		}
+	}
+	if opts.AMQPURL != "" {
+		if conn, err := amqp091.Dial(opts.AMQPURL); err == nil {
+			if v, ok := conn.Properties["version"].(string); ok {
+				m.RabbitMQ = v
+			}
+			_ = conn.Close()
+		}
+	}
+	return m
+}
+
+// procField returns the value of the first line of file that starts with
+// key, after sep.
+func procField(file, key, sep string) string {
+	f, err := os.Open(file)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), sep)
+		if ok && strings.TrimSpace(k) == key {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
+// WriteTable writes the figures as an aligned text table.
+func (r *Report) WriteTable(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "scenario / run\teffects/s\tratio\tp50\tp99\tat rate\tallocs/msg\tpeak RSS\teffects\t")
+	for _, s := range r.Scenarios {
+		if s.Skipped != "" {
+			fmt.Fprintf(tw, "%s: skipped, %s\t\t\t\t\t\t\t\t\t\n", s.Title, s.Skipped)
+			continue
+		}
+		fmt.Fprintf(tw, "%s\t\t\t\t\t\t\t\t\t\n", s.Title)
+		for _, run := range s.Runs {
+			c := r.cells(s, run)
+			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", run.Name, c.rate, c.ratio, c.p50, c.p99, c.at, c.allocs, c.rss, c.effects)
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return fmt.Errorf("write table: %w", err)
+	}
+	if err := r.Err(); err != nil {
+		_, _ = fmt.Fprintf(w, "\nFAILED:\n%v\n", err)
+	}
+	return nil
+}
+
+type cells struct{ rate, ratio, p50, p99, at, allocs, rss, effects string }
+
+func (r *Report) cells(s ScenarioReport, run RunReport) cells {
+	res := run.Result
+	c := cells{rate: "—", ratio: "—", p50: "—", p99: "—", at: "—", allocs: "—", rss: "—", effects: "—"}
+	if eps := res.EffectsPerSecond(); eps > 0 {
+		c.rate = thousands(eps)
+	}
+	switch {
+	case run.Baseline:
+		c.ratio = "1×"
+	case s.ratio(run) > 0:
+		c.ratio = fmt.Sprintf("%.2f×", s.ratio(run))
+	}
+	if l := res.Latency; l != nil {
+		c.p50, c.p99, c.at = ms(l.P50), ms(l.P99), thousands(l.Rate)+"/s"
+	}
+	if res.AllocsPerMessage > 0 {
+		c.allocs = thousands(res.AllocsPerMessage)
+	}
+	if res.PeakRSS > 0 {
+		c.rss = fmt.Sprintf("%d MiB", res.PeakRSS>>20)
+	}
+	switch {
+	case run.Err != nil:
+		c.effects = "FAILED"
+	case res.Events > 0:
+		c.effects = fmt.Sprintf("%d = %d", res.Effects, res.Events)
+	}
+	return c
+}
+
+// WriteMarkdown writes the report as docs/benchmarks.md.
+func (r *Report) WriteMarkdown(w io.Writer) error {
+	b := &strings.Builder{}
+	m := r.Machine
+	fmt.Fprintf(b, "# Benchmarks\n\n")
+	fmt.Fprintf(b, "What the framework costs against the hand-written Watermill consumer a team\n"+
+		"would write instead, each scenario side by side with its baseline in one run\n"+
+		"of `make bench` (this page is its output). The consumers run as processes of\n"+
+		"their own on real servers; every run checks that the consumer left exactly one\n"+
+		"effect per distinct event (counted in its table) and fails otherwise.\n\n")
+	fmt.Fprintf(b, "## Machine\n\n")
+	fmt.Fprintf(b, "- Date: %s\n", r.Date.UTC().Format("2006-01-02 15:04 UTC"))
+	fmt.Fprintf(b, "- CPU: %s, %d cores; RAM %.1f GiB; load average at start %s\n", orDash(m.CPU), m.Cores, float64(m.MemBytes)/(1<<30), orDash(m.LoadAvg))
+	fmt.Fprintf(b, "- %s, %s", m.Go, m.OS)
+	if m.Postgres != "" {
+		fmt.Fprintf(b, ", PostgreSQL %s", m.Postgres)
+	}
+	if m.RabbitMQ != "" {
+		fmt.Fprintf(b, ", RabbitMQ %s", m.RabbitMQ)
+	}
+	fmt.Fprintf(b, " (servers on the same machine)\n")
+	fmt.Fprintf(b, "- Size: %d messages per run, %.0f%% of them duplicates; latency phase %s\n\n",
+		r.Options.Events, r.Options.Duplicates*100, r.Options.LatencyDuration)
+
+	fmt.Fprintf(b, "## How to reproduce\n\n"+
+		"```sh\nmake bench                      # starts PostgreSQL and RabbitMQ as make test does\n"+
+		"go run ./internal/bench/cmd/bench -h   # sizes, scenarios, output\n```\n\n")
+
+	fmt.Fprintf(b, "## How to read the figures\n\n"+
+		"- **effects/s**: the consumer draining a backlog, from its first effect to its last.\n"+
+		"- **ratio**: effects/s over the scenario's baseline's, in the same run.\n"+
+		"- **p50 / p99**: end-to-end latency, from a paced producer's send to the effect's\n"+
+		"  write in the consumer's transaction, with the producer at half the drain rate\n"+
+		"  (**at rate**), fresh events one at a time.\n"+
+		"- **allocs/msg**: the consumer process's heap allocations during the drain\n"+
+		"  (`go_memstats_mallocs_total` on its /metrics) over the messages drained.\n"+
+		"- **peak RSS**: the consumer process's VmHWM.\n"+
+		"- **effects**: effects counted in the consumer's table = distinct events fed.\n\n")
+
+	fmt.Fprintf(b, "## Figures\n\n")
+	for _, s := range r.Scenarios {
+		fmt.Fprintf(b, "### %s\n\n", s.Title)
+		if s.About != "" {
+			fmt.Fprintf(b, "%s\n\n", s.About)
+		}
+		if s.Skipped != "" {
+			fmt.Fprintf(b, "Skipped: %s.\n\n", s.Skipped)
+			continue
+		}
+		fmt.Fprintf(b, "| run | effects/s | ratio | p50 | p99 | at rate | allocs/msg | peak RSS | effects |\n")
+		fmt.Fprintf(b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		for _, run := range s.Runs {
+			c := r.cells(s, run)
+			name := run.Name
+			if run.Baseline {
+				name += " (baseline)"
+			}
+			fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", name, c.rate, c.ratio, c.p50, c.p99, c.at, c.allocs, c.rss, c.effects)
+		}
+		fmt.Fprintln(b)
+		for _, run := range s.Runs {
+			if run.Err != nil {
+				fmt.Fprintf(b, "**%s failed**: %v\n\n", run.Name, run.Err)
+			}
+			if run.Result.Note != "" {
+				fmt.Fprintf(b, "%s: %s\n\n", run.Name, run.Result.Note)
+			}
+		}
+		for _, run := range s.Runs {
+			if len(run.Result.Profile) == 0 {
+				continue
+			}
+			fmt.Fprintf(b, "<details><summary>What bounds <b>%s</b>: top of its CPU profile</summary>\n\n```\n%s\n```\n\n</details>\n\n",
+				run.Name, strings.Join(run.Result.Profile, "\n"))
+		}
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "—"
+	}
+	return s
+}
+
+// thousands formats v rounded, with commas between thousands.
+func thousands(v float64) string {
+	s := strconv.FormatInt(int64(v+0.5), 10)
+	var out []byte
+	for i := range len(s) {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			out = append(out, ',')
+		}
+		out = append(out, s[i])
+	}
+	return string(out)
+}
+
+func ms(d time.Duration) string {
+	switch {
+	case d >= 100*time.Millisecond:
+		return fmt.Sprintf("%.0f ms", float64(d)/float64(time.Millisecond))
+	default:
+		return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond))
+	}
+}

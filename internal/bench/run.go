@@ -1,0 +1,119 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// Execute runs the scenarios (those Options.Run matches) one after the other,
+// each run of a scenario in order, and returns the report. A run whose
+// consumer leaves other than one effect per distinct event fails; it
+// returns the report with every failure (Report.Err) and goes on with the
+// next run. A scenario whose servers are missing is skipped, and the
+// report says why.
+func Execute(ctx context.Context, scenarios []Scenario, opts Options) (*Report, error) {
+	opts = opts.WithDefaults()
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	if err := checkScenarios(scenarios); err != nil {
+		return nil, err
+	}
+	dir, err := mkdirTemp("", "effectively-bench-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	sh := &shared{dir: dir}
+
+	report := &Report{Date: time.Now(), Options: opts, Machine: ReadMachine(ctx, opts)}
+	for _, s := range scenarios {
+		if opts.Run != nil && !opts.Run.MatchString(s.Name) {
+			continue
+		}
+		sr := ScenarioReport{Name: s.Name, Title: s.Title, About: s.About}
+		if missing := missingNeeds(s, opts); missing != "" {
+			sr.Skipped = "needs " + missing
+			fmt.Fprintf(opts.Log, "== %s: skipped, %s\n", s.Title, sr.Skipped)
+			report.Scenarios = append(report.Scenarios, sr)
+			continue
+		}
+		fmt.Fprintf(opts.Log, "== %s\n", s.Title)
+		for _, r := range s.Runs {
+			fmt.Fprintf(opts.Log, "  -- %s\n", r.Name)
+			rr := runOne(ctx, s, r, opts, sh)
+			if rr.Err != nil {
+				fmt.Fprintf(opts.Log, "     FAILED: %v\n", rr.Err)
+			}
+			sr.Runs = append(sr.Runs, rr)
+		}
+		report.Scenarios = append(report.Scenarios, sr)
+	}
+	return report, nil
+}
+
+// runOne measures one run in a folder of its own, cleans up after it and
+// checks its effects.
+func runOne(ctx context.Context, s Scenario, r Run, opts Options, sh *shared) RunReport {
+	rr := RunReport{Name: r.Name, Baseline: r.Baseline}
+	dir, err := mkdirTemp(sh.dir, "run-")
+	if err != nil {
+		rr.Err = err
+		return rr
+	}
+	env := &Env{Options: opts, Scenario: s.Name, Dir: dir, shared: sh}
+	res, err := r.Measure(ctx, env)
+	err = errors.Join(err, env.cleanup())
+	switch {
+	case err != nil:
+		rr.Err = err
+	default:
+		rr.Err = res.Check()
+	}
+	rr.Result = res
+	return rr
+}
+
+func checkScenarios(scenarios []Scenario) error {
+	names := make(map[string]bool)
+	for _, s := range scenarios {
+		if s.Name == "" || names[s.Name] {
+			return fmt.Errorf("bench: scenario name %q is empty or repeated", s.Name)
+		}
+		names[s.Name] = true
+		baselines := 0
+		for _, r := range s.Runs {
+			if r.Baseline {
+				baselines++
+			}
+			if r.Measure == nil {
+				return fmt.Errorf("bench: scenario %s: run %q has no Measure", s.Name, r.Name)
+			}
+		}
+		if baselines != 1 {
+			return fmt.Errorf("bench: scenario %s has %d baselines, want 1", s.Name, baselines)
+		}
+	}
+	return nil
+}
+
+func missingNeeds(s Scenario, opts Options) string {
+	for _, n := range s.Needs {
+		switch {
+		case n == NeedPostgres && opts.PostgresURL == "":
+			return string(n)
+		case n == NeedAMQP && opts.AMQPURL == "":
+			return string(n)
+		}
+	}
+	return ""
+}
+
+// sqliteFile returns the path of a new SQLite file in the run's folder.
+func (e *Env) sqliteFile(name string) string {
+	return filepath.Join(e.Dir, name)
+}

@@ -1,0 +1,9 @@
+package bench
+
+// Scenarios returns every scenario of make bench, in the order of the
+// report. A scenario in a file of its own is added here, in one line.
+func Scenarios() []Scenario {
+	return []Scenario{
+		sqliteScenario(),
+	}
+}

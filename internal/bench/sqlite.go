@@ -1,0 +1,281 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/effectively-once/effectively/framework/sqlite"
+)
+
+// sqliteScenario: the example service on the SQLite transport draining a
+// backlog already in its file, against the file's own limit for the same
+// writes.
+func sqliteScenario() Scenario {
+	return Scenario{
+		Name:  "sqlite",
+		Title: "SQLite transport",
+		About: "The example service (`EFFECTIVELY_TRANSPORT=sqlite`) on a file of its own that already holds " +
+			"the messages (inserted by the documented `INSERT` into `pubsub_messages`, by this program: another " +
+			"process), with its default configuration and with `defaults: {concurrency: 16}`. The baseline is the " +
+			"file's raw limit measured in the same run, in a process of its own: per event the same two inserts " +
+			"(the dedup mark and the business row), 100 events per transaction, no transport. In the latency " +
+			"phase the producer inserts one message per transaction; the service, in another process, finds it " +
+			"at its next poll.",
+		Runs: []Run{
+			{Name: "example service, default configuration", Measure: func(ctx context.Context, env *Env) (Result, error) {
+				return measureSQLiteService(ctx, env, "")
+			}},
+			{Name: "example service, concurrency 16", Measure: func(ctx context.Context, env *Env) (Result, error) {
+				return measureSQLiteService(ctx, env, "defaults:\n  concurrency: 16\n")
+			}},
+			{Name: "raw limit: two inserts per event, 100 events per transaction", Baseline: true, Measure: measureSQLiteRaw},
+		},
+		Children: []Child{{Name: "raw", Main: sqliteRawMain}},
+	}
+}
+
+// sqliteMessagesInsert is the INSERT docs/transports.md documents.
+const sqliteMessagesInsert = `INSERT INTO pubsub_messages (topic, uuid, payload, metadata) VALUES (?, ?, CAST(? AS BLOB), '{"content-type":"application/cloudevents+json"}')`
+
+// sqliteService is the example service on a SQLite file.
+type sqliteService struct {
+	env    *Env
+	file   string
+	config string // EFFECTIVELY_CONFIG; empty for none
+	db     *sqlx.DB
+}
+
+func measureSQLiteService(ctx context.Context, env *Env, config string) (Result, error) {
+	s := &sqliteService{env: env, file: env.sqliteFile("service.db")}
+	if config != "" {
+		s.config = filepath.Join(env.Dir, "config.yaml")
+		if err := os.WriteFile(s.config, []byte(config), 0o600); err != nil {
+			return Result{}, fmt.Errorf("write config: %w", err)
+		}
+	}
+	// The service's schema first, so that the effect table gets its
+	// handled_at column before anything is handled.
+	if err := env.Service(ctx, map[string]string{"EFFECTIVELY_DATABASE_URL": s.file}, "migrate"); err != nil {
+		return Result{}, err
+	}
+	db, err := openSQLite(ctx, env, s.file)
+	if err != nil {
+		return Result{}, err
+	}
+	s.db = db
+	if _, err := db.ExecContext(ctx, `DROP TABLE reminders`); err != nil {
+		return Result{}, fmt.Errorf("timestamp the reminders: %w", err)
+	}
+	if _, err := db.ExecContext(ctx, `CREATE TABLE reminders (appointment_id TEXT NOT NULL, starts_at TEXT NOT NULL, event_id TEXT NOT NULL, `+HandledAtColumn("sqlite")+`)`); err != nil {
+		return Result{}, fmt.Errorf("timestamp the reminders: %w", err)
+	}
+	if err := sqlite.InitializePubSubSchema(ctx, db, ""); err != nil {
+		return Result{}, fmt.Errorf("transport schema: %w", err)
+	}
+	return Drain(ctx, env, s)
+}
+
+// openSQLite opens file as the framework does, closed after the run.
+func openSQLite(ctx context.Context, env *Env, file string) (*sqlx.DB, error) {
+	db, err := sqlite.Open(ctx, file, sqlite.OpenConfig{})
+	if err != nil {
+		return nil, err
+	}
+	env.Cleanup(func(context.Context) error { return db.Close() })
+	return db, nil
+}
+
+func (s *sqliteService) Feed(ctx context.Context, msgs []Message) error {
+	return insertBatches(ctx, s.db, sqliteMessagesInsert, msgs)
+}
+
+// insertBatches runs insert(topic, id, body) for each message, 500 to a
+// transaction.
+func insertBatches(ctx context.Context, db *sqlx.DB, insert string, msgs []Message) error {
+	for len(msgs) > 0 {
+		n := min(500, len(msgs))
+		tx, err := db.BeginTxx(ctx, nil)
+		if err != nil {
+			return fmt.Errorf("begin: %w", err)
+		}
+		for _, m := range msgs[:n] {
+			if _, err := tx.ExecContext(ctx, insert, EventType, m.ID, string(m.Body)); err != nil {
+				_ = tx.Rollback()
+				return fmt.Errorf("insert %s: %w", m.ID, err)
+			}
+		}
+		if err := tx.Commit(); err != nil {
+			return fmt.Errorf("commit: %w", err)
+		}
+		msgs = msgs[n:]
+	}
+	return nil
+}
+
+func (s *sqliteService) Send(ctx context.Context, m Message) error {
+	_, err := s.db.ExecContext(ctx, sqliteMessagesInsert, EventType, m.ID, string(m.Body))
+	return err
+}
+
+func (s *sqliteService) Start(ctx context.Context) (*Process, error) {
+	vars := map[string]string{
+		"EFFECTIVELY_TRANSPORT":    "sqlite",
+		"EFFECTIVELY_DATABASE_URL": s.file,
+		"EFFECTIVELY_AUTO_MIGRATE": "true",
+	}
+	if s.config != "" {
+		vars["EFFECTIVELY_CONFIG"] = s.config
+	}
+	return s.env.StartService(ctx, vars)
+}
+
+func (s *sqliteService) Effects() *EffectTable {
+	return &EffectTable{DB: s.db, Table: "reminders", EventColumn: "event_id"}
+}
+
+// The raw limit's tables and its child's variables.
+const (
+	rawSchema = `CREATE TABLE bench_processed (source TEXT NOT NULL, event_id TEXT NOT NULL, PRIMARY KEY (source, event_id));
+CREATE TABLE bench_reminders (appointment_id TEXT NOT NULL, starts_at TEXT NOT NULL, event_id TEXT NOT NULL, ` + handledAtSQLite + `)`
+
+	envRawFile     = "EFFECTIVELY_BENCH_SQLITE_FILE"
+	envRawMessages = "EFFECTIVELY_BENCH_MESSAGES"
+	rawBatch       = 100
+)
+
+// sqliteRaw is the file's raw limit, written by a child.
+type sqliteRaw struct {
+	env  *Env
+	file string
+	msgs string // the file of messages the child reads
+	db   *sqlx.DB
+}
+
+func measureSQLiteRaw(ctx context.Context, env *Env) (Result, error) {
+	r := &sqliteRaw{env: env, file: env.sqliteFile("raw.db"), msgs: filepath.Join(env.Dir, "messages.jsonl")}
+	db, err := openSQLite(ctx, env, r.file)
+	if err != nil {
+		return Result{}, err
+	}
+	r.db = db
+	if _, err := db.ExecContext(ctx, rawSchema); err != nil {
+		return Result{}, fmt.Errorf("raw schema: %w", err)
+	}
+	return Drain(ctx, env, r)
+}
+
+// Feed writes the messages to a file, one body a line, for the child.
+func (r *sqliteRaw) Feed(_ context.Context, msgs []Message) error {
+	f, err := os.Create(r.msgs)
+	if err != nil {
+		return fmt.Errorf("messages file: %w", err)
+	}
+	w := bufio.NewWriter(f)
+	for _, m := range msgs {
+		_, _ = w.Write(m.Body)
+		_ = w.WriteByte('\n')
+	}
+	if err := w.Flush(); err != nil {
+		_ = f.Close()
+		return fmt.Errorf("messages file: %w", err)
+	}
+	return f.Close()
+}
+
+func (r *sqliteRaw) Start(ctx context.Context) (*Process, error) {
+	return r.env.StartChild(ctx, "raw", map[string]string{envRawFile: r.file, envRawMessages: r.msgs})
+}
+
+func (r *sqliteRaw) Effects() *EffectTable {
+	return &EffectTable{DB: r.db, Table: "bench_reminders", EventColumn: "event_id"}
+}
+
+// sqliteRawMain is the raw limit's child: once begun, it writes every
+// message of the file, 100 to a transaction: the dedup insert, and the
+// business insert when the event is new. Then it waits to be stopped.
+func sqliteRawMain(ctx context.Context, c *ChildEnv) error {
+	db, err := sqlite.Open(ctx, c.Getenv(envRawFile), sqlite.OpenConfig{})
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	bodies, err := readLines(c.Getenv(envRawMessages))
+	if err != nil {
+		return err
+	}
+	c.Ready()
+	if err := c.WaitBegin(ctx); err != nil {
+		return nil // stopped before it began
+	}
+	for len(bodies) > 0 {
+		n := min(rawBatch, len(bodies))
+		if err := rawBatchTx(ctx, db, bodies[:n]); err != nil {
+			return err
+		}
+		bodies = bodies[n:]
+	}
+	<-ctx.Done()
+	return nil
+}
+
+func rawBatchTx(ctx context.Context, db *sqlx.DB, bodies [][]byte) (err error) {
+	tx, err := db.BeginTxx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback()
+		}
+	}()
+	for _, b := range bodies {
+		var ev cloudEvent
+		if err := json.Unmarshal(b, &ev); err != nil {
+			return fmt.Errorf("decode: %w", err)
+		}
+		res, err := tx.ExecContext(ctx, `INSERT INTO bench_processed (source, event_id) VALUES (?, ?) ON CONFLICT DO NOTHING`, ev.Source, ev.ID)
+		if err != nil {
+			return fmt.Errorf("dedup insert: %w", err)
+		}
+		if n, err := res.RowsAffected(); err != nil || n == 0 {
+			continue // a duplicate
+		}
+		if _, err := tx.ExecContext(ctx, `INSERT INTO bench_reminders (appointment_id, starts_at, event_id) VALUES (?, ?, ?)`,
+			ev.Data.AppointmentID, ev.Data.StartsAt.UTC().Format("2006-01-02T15:04:05Z07:00"), ev.ID); err != nil {
+			return fmt.Errorf("insert: %w", err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("commit: %w", err)
+	}
+	return nil
+}
+
+// readLines returns the lines of the file at path.
+func readLines(path string) ([][]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("messages: %w", err)
+	}
+	defer f.Close()
+	var lines [][]byte
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		lines = append(lines, append([]byte(nil), sc.Bytes()...))
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("messages: %w", err)
+	}
+	if len(lines) == 0 {
+		return nil, errors.New("messages: the file is empty")
+	}
+	return lines, nil
+}
