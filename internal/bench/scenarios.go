@@ -4,6 +4,8 @@ package bench
 // report. A scenario in a file of its own is added here, in one line.
 func Scenarios() []Scenario {
 	return []Scenario{
+		amqpScenario(),
+		postgresScenario(),
 		sqliteScenario(),
 	}
 }

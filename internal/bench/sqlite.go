@@ -41,8 +41,9 @@ func sqliteScenario() Scenario {
 	}
 }
 
-// sqliteMessagesInsert is the INSERT docs/transports.md documents.
-const sqliteMessagesInsert = `INSERT INTO pubsub_messages (topic, uuid, payload, metadata) VALUES (?, ?, CAST(? AS BLOB), '{"content-type":"application/cloudevents+json"}')`
+// sqliteMessagesInsert is the INSERT docs/transports.md documents. Its
+// arguments are the message's uuid (the event's id) and payload.
+const sqliteMessagesInsert = `INSERT INTO pubsub_messages (topic, uuid, payload, metadata) VALUES ('` + EventType + `', ?, CAST(? AS BLOB), '{"content-type":"application/cloudevents+json"}')`
 
 // sqliteService is the example service on a SQLite file.
 type sqliteService struct {
@@ -96,7 +97,7 @@ func (s *sqliteService) Feed(ctx context.Context, msgs []Message) error {
 	return insertBatches(ctx, s.db, sqliteMessagesInsert, msgs)
 }
 
-// insertBatches runs insert(topic, id, body) for each message, 500 to a
+// insertBatches runs insert(id, body) for each message, 500 to a
 // transaction.
 func insertBatches(ctx context.Context, db *sqlx.DB, insert string, msgs []Message) error {
 	for len(msgs) > 0 {
@@ -106,7 +107,7 @@ func insertBatches(ctx context.Context, db *sqlx.DB, insert string, msgs []Messa
 			return fmt.Errorf("begin: %w", err)
 		}
 		for _, m := range msgs[:n] {
-			if _, err := tx.ExecContext(ctx, insert, EventType, m.ID, string(m.Body)); err != nil {
+			if _, err := tx.ExecContext(ctx, insert, m.ID, string(m.Body)); err != nil {
 				_ = tx.Rollback()
 				return fmt.Errorf("insert %s: %w", m.ID, err)
 			}
@@ -120,7 +121,7 @@ func insertBatches(ctx context.Context, db *sqlx.DB, insert string, msgs []Messa
 }
 
 func (s *sqliteService) Send(ctx context.Context, m Message) error {
-	_, err := s.db.ExecContext(ctx, sqliteMessagesInsert, EventType, m.ID, string(m.Body))
+	_, err := s.db.ExecContext(ctx, sqliteMessagesInsert, m.ID, string(m.Body))
 	return err
 }
 

@@ -1,0 +1,265 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	"github.com/jmoiron/sqlx"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+)
+
+// amqpScenario: the example service on RabbitMQ and PostgreSQL against a
+// hand-written watermill-amqp consumer.
+func amqpScenario() Scenario {
+	return Scenario{
+		Name:  "amqp",
+		Title: "AMQP + PostgreSQL",
+		About: "The example service (`EFFECTIVELY_TRANSPORT=amqp`, its stores in a PostgreSQL schema of its own) " +
+			"drains its queue, filled beforehand by a foreign producer: plain amqp091-go publishing CloudEvents " +
+			"JSON to the type's fanout exchange, persistent, with publisher confirms. It runs with its default " +
+			"configuration and with `defaults: {concurrency: 16}`. The baseline is a hand-written consumer in a " +
+			"process of its own: watermill-amqp's durable pub/sub configuration on a queue of its own bound to the " +
+			"same exchange, 16 `AddConsumerHandler` subscriptions of that queue, and per message the handler's own " +
+			"sqlx transaction with the dedup insert and the business insert, commit, then the ack.",
+		Needs: []Need{NeedPostgres, NeedAMQP},
+		Runs: []Run{
+			{Name: "example service, default configuration", Measure: func(ctx context.Context, env *Env) (Result, error) {
+				return measureAMQPService(ctx, env, "")
+			}},
+			{Name: "example service, concurrency 16", Measure: func(ctx context.Context, env *Env) (Result, error) {
+				return measureAMQPService(ctx, env, "defaults:\n  concurrency: 16\n")
+			}},
+			{Name: "hand-written watermill-amqp, 16 subscriptions", Baseline: true, Measure: measureAMQPBaseline},
+		},
+		Children: []Child{{Name: "watermill-amqp", Main: amqpBaselineMain}},
+	}
+}
+
+// serviceQueue is the example consumer's queue: its name.
+const serviceQueue = "notifications.remind-on-appointment-booked"
+
+// amqpFeed is a foreign producer of the AMQP transport: amqp091-go,
+// publishing to the type's exchange, with a queue bound to it.
+type amqpFeed struct {
+	conn *amqp091.Connection
+	ch   *amqp091.Channel
+}
+
+// newAMQPFeed declares the type's exchange and the queue, bound to it and
+// emptied (a queue the example's tests left behind holds their messages),
+// and deletes the queue after the run.
+func newAMQPFeed(ctx context.Context, env *Env, queue string) (*amqpFeed, error) {
+	conn, err := amqp091.Dial(env.AMQPURL)
+	if err != nil {
+		return nil, fmt.Errorf("dial RabbitMQ: %w", err)
+	}
+	f := &amqpFeed{conn: conn}
+	env.Cleanup(func(context.Context) error { return conn.Close() })
+	if f.ch, err = conn.Channel(); err != nil {
+		return nil, fmt.Errorf("channel: %w", err)
+	}
+	if err := f.ch.ExchangeDeclare(EventType, "fanout", true, false, false, false, nil); err != nil {
+		return nil, fmt.Errorf("declare exchange: %w", err)
+	}
+	if _, err := f.ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
+		return nil, fmt.Errorf("declare queue %s: %w", queue, err)
+	}
+	env.Cleanup(func(context.Context) error {
+		ch, err := conn.Channel()
+		if err != nil {
+			return fmt.Errorf("channel: %w", err)
+		}
+		defer ch.Close()
+		if _, err := ch.QueueDelete(queue, false, false, false); err != nil {
+			return fmt.Errorf("delete queue %s: %w", queue, err)
+		}
+		return nil
+	})
+	if err := f.ch.QueueBind(queue, "", EventType, false, nil); err != nil {
+		return nil, fmt.Errorf("bind queue %s: %w", queue, err)
+	}
+	if _, err := f.ch.QueuePurge(queue, false); err != nil {
+		return nil, fmt.Errorf("purge queue %s: %w", queue, err)
+	}
+	if err := f.ch.Confirm(false); err != nil {
+		return nil, fmt.Errorf("confirm mode: %w", err)
+	}
+	return f, nil
+}
+
+func (f *amqpFeed) publish(ctx context.Context, m Message) (*amqp091.DeferredConfirmation, error) {
+	return f.ch.PublishWithDeferredConfirmWithContext(ctx, EventType, "", false, false, amqp091.Publishing{
+		ContentType:  "application/cloudevents+json",
+		DeliveryMode: amqp091.Persistent,
+		MessageId:    m.ID,
+		Body:         m.Body,
+	})
+}
+
+// Feed publishes the messages, waiting for the broker's confirms of each
+// window of 500.
+func (f *amqpFeed) Feed(ctx context.Context, msgs []Message) error {
+	for len(msgs) > 0 {
+		n := min(500, len(msgs))
+		confirms := make([]*amqp091.DeferredConfirmation, 0, n)
+		for _, m := range msgs[:n] {
+			c, err := f.publish(ctx, m)
+			if err != nil {
+				return fmt.Errorf("publish %s: %w", m.ID, err)
+			}
+			confirms = append(confirms, c)
+		}
+		for _, c := range confirms {
+			ok, err := c.WaitContext(ctx)
+			if err != nil {
+				return fmt.Errorf("confirm: %w", err)
+			}
+			if !ok {
+				return fmt.Errorf("the broker refused message %d", c.DeliveryTag)
+			}
+		}
+		msgs = msgs[n:]
+	}
+	return nil
+}
+
+// Send publishes one message without waiting for its confirm, so that
+// the pace holds; a message lost would show as a missing effect.
+func (f *amqpFeed) Send(ctx context.Context, m Message) error {
+	_, err := f.publish(ctx, m)
+	return err
+}
+
+// amqpService is the example service on RabbitMQ, its stores on
+// PostgreSQL.
+type amqpService struct {
+	*amqpFeed
+	env    *Env
+	url    string
+	db     *sqlx.DB
+	config string
+}
+
+func measureAMQPService(ctx context.Context, env *Env, config string) (Result, error) {
+	url, err := env.PostgresSchema(ctx)
+	if err != nil {
+		return Result{}, err
+	}
+	db, err := openPostgres(ctx, env, url)
+	if err != nil {
+		return Result{}, err
+	}
+	if err := prepareService(ctx, env, db, "amqp", url); err != nil {
+		return Result{}, err
+	}
+	s := &amqpService{env: env, url: url, db: db}
+	if config != "" {
+		s.config = filepath.Join(env.Dir, "config.yaml")
+		if err := os.WriteFile(s.config, []byte(config), 0o600); err != nil {
+			return Result{}, fmt.Errorf("write config: %w", err)
+		}
+	}
+	if s.amqpFeed, err = newAMQPFeed(ctx, env, serviceQueue); err != nil {
+		return Result{}, err
+	}
+	return Drain(ctx, env, s)
+}
+
+func (s *amqpService) Start(ctx context.Context) (*Process, error) {
+	vars := map[string]string{
+		"EFFECTIVELY_TRANSPORT":    "amqp",
+		"EFFECTIVELY_AMQP_URL":     s.env.AMQPURL,
+		"EFFECTIVELY_DATABASE_URL": s.url,
+		"EFFECTIVELY_AUTO_MIGRATE": "true",
+	}
+	if s.config != "" {
+		vars["EFFECTIVELY_CONFIG"] = s.config
+	}
+	return s.env.StartService(ctx, vars)
+}
+
+func (s *amqpService) Effects() *EffectTable {
+	return &EffectTable{DB: s.db, Table: "reminders", EventColumn: "event_id"}
+}
+
+// The AMQP baseline's variables and size.
+const (
+	envBaselineAMQP  = "EFFECTIVELY_BENCH_AMQP_URL"
+	envBaselineQueue = "EFFECTIVELY_BENCH_QUEUE"
+	envBaselineSubs  = "EFFECTIVELY_BENCH_SUBSCRIPTIONS"
+	baselineSubs     = 16
+)
+
+// amqpBaseline is the hand-written watermill-amqp consumer.
+type amqpBaseline struct {
+	*amqpFeed
+	env   *Env
+	url   string
+	queue string
+	db    *sqlx.DB
+}
+
+func measureAMQPBaseline(ctx context.Context, env *Env) (Result, error) {
+	url, err := env.PostgresSchema(ctx)
+	if err != nil {
+		return Result{}, err
+	}
+	db, err := openPostgres(ctx, env, url)
+	if err != nil {
+		return Result{}, err
+	}
+	if _, err := db.ExecContext(ctx, baselineSchema); err != nil {
+		return Result{}, fmt.Errorf("baseline schema: %w", err)
+	}
+	b := &amqpBaseline{env: env, url: url, db: db, queue: "bench.baseline-" + randomHex(6)}
+	if b.amqpFeed, err = newAMQPFeed(ctx, env, b.queue); err != nil {
+		return Result{}, err
+	}
+	return Drain(ctx, env, b)
+}
+
+func (b *amqpBaseline) Start(ctx context.Context) (*Process, error) {
+	return b.env.StartChild(ctx, "watermill-amqp", map[string]string{
+		envBaselineDB:    b.url,
+		envBaselineAMQP:  b.env.AMQPURL,
+		envBaselineQueue: b.queue,
+		envBaselineSubs:  strconv.Itoa(baselineSubs),
+	})
+}
+
+func (b *amqpBaseline) Effects() *EffectTable {
+	return &EffectTable{DB: b.db, Table: "bench_reminders", EventColumn: "event_id"}
+}
+
+// amqpBaselineMain runs the hand-written watermill-amqp consumer until ctx
+// ends: one subscriber, that many router handlers of its queue, each with
+// a channel of its own.
+func amqpBaselineMain(ctx context.Context, c *ChildEnv) error {
+	subs, err := strconv.Atoi(c.Getenv(envBaselineSubs))
+	if err != nil || subs < 1 {
+		return fmt.Errorf("%s: want a positive number, got %q", envBaselineSubs, c.Getenv(envBaselineSubs))
+	}
+	db, err := openBaselineDB(c, subs)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	cfg := wamqp.NewDurablePubSubConfig(c.Getenv(envBaselineAMQP), wamqp.GenerateQueueNameConstant(c.Getenv(envBaselineQueue)))
+	sub, err := wamqp.NewSubscriber(cfg, quietLogger())
+	if err != nil {
+		return fmt.Errorf("subscriber: %w", err)
+	}
+	router, err := newRouter()
+	if err != nil {
+		return err
+	}
+	handler := baselineHandler(db)
+	for i := range subs {
+		router.AddConsumerHandler(fmt.Sprintf("reminders-%d", i+1), EventType, sub, handler)
+	}
+	return runRouter(ctx, router, c.Ready)
+}

@@ -1,0 +1,149 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+)
+
+// The hand-written consumer's tables, in the run's own PostgreSQL
+// schema: the dedup marks and the business rows (the example's reminders,
+// timestamped).
+const (
+	baselineConsumer = "bench.baseline"
+	baselineSchema   = `CREATE TABLE bench_processed (
+    consumer     TEXT NOT NULL,
+    source       TEXT NOT NULL,
+    event_id     TEXT NOT NULL,
+    processed_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    PRIMARY KEY (consumer, source, event_id)
+);
+CREATE TABLE bench_reminders (
+    appointment_id TEXT NOT NULL,
+    starts_at      TEXT NOT NULL,
+    event_id       TEXT NOT NULL,
+    ` + handledAtPostgres + `
+)`
+)
+
+// baselineHandler is what a team writes by hand instead of the framework:
+// per message its own transaction with the dedup insert and the business
+// insert, commit, then the ack (the handler returning nil). A duplicate
+// commits nothing new and is acked; an error nacks.
+func baselineHandler(db *sqlx.DB) message.NoPublishHandlerFunc {
+	return func(msg *message.Message) error {
+		var ev cloudEvent
+		if err := json.Unmarshal(msg.Payload, &ev); err != nil {
+			return fmt.Errorf("decode: %w", err)
+		}
+		if ev.ID == "" || ev.Source == "" || ev.Data.AppointmentID == "" {
+			return errors.New("decode: missing id, source or appointment")
+		}
+		ctx := msg.Context()
+		tx, err := db.BeginTxx(ctx, nil)
+		if err != nil {
+			return fmt.Errorf("begin: %w", err)
+		}
+		defer func() { _ = tx.Rollback() }()
+		res, err := tx.ExecContext(ctx, `INSERT INTO bench_processed (consumer, source, event_id) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`,
+			baselineConsumer, ev.Source, ev.ID)
+		if err != nil {
+			return fmt.Errorf("dedup insert: %w", err)
+		}
+		if n, err := res.RowsAffected(); err != nil {
+			return fmt.Errorf("dedup insert: %w", err)
+		} else if n == 1 {
+			if _, err := tx.ExecContext(ctx, `INSERT INTO bench_reminders (appointment_id, starts_at, event_id) VALUES ($1, $2, $3)`,
+				ev.Data.AppointmentID, ev.Data.StartsAt.UTC().Format(time.RFC3339), ev.ID); err != nil {
+				return fmt.Errorf("insert: %w", err)
+			}
+		}
+		if err := tx.Commit(); err != nil {
+			return fmt.Errorf("commit: %w", err)
+		}
+		return nil
+	}
+}
+
+// openBaselineDB opens the baseline's pool with room for conns
+// connections, all kept open: database/sql keeps two idle by default, and
+// a pool that closes and opens a connection per message measures
+// PostgreSQL's connection set-up instead of the consumer.
+func openBaselineDB(c *ChildEnv, conns int) (*sqlx.DB, error) {
+	db, err := sqlx.Open("pgx", c.Getenv(envBaselineDB))
+	if err != nil {
+		return nil, fmt.Errorf("open postgres: %w", err)
+	}
+	db.SetMaxOpenConns(conns)
+	db.SetMaxIdleConns(conns)
+	return db, nil
+}
+
+// runRouter runs router until ctx ends, calling ready once it runs.
+func runRouter(ctx context.Context, router *message.Router, ready func()) error {
+	errc := make(chan error, 1)
+	go func() { errc <- router.Run(ctx) }()
+	select {
+	case <-router.Running():
+		ready()
+	case err := <-errc:
+		return fmt.Errorf("router: %w", err)
+	}
+	<-ctx.Done()
+	if err := router.Close(); err != nil {
+		return fmt.Errorf("close router: %w", err)
+	}
+	if err := <-errc; err != nil {
+		return fmt.Errorf("router: %w", err)
+	}
+	return nil
+}
+
+// newRouter returns a router with no middleware, as the hand-written
+// consumer has none: a failing message is nacked and comes back.
+func newRouter() (*message.Router, error) {
+	router, err := message.NewRouter(message.RouterConfig{}, quietLogger())
+	if err != nil {
+		return nil, fmt.Errorf("router: %w", err)
+	}
+	return router, nil
+}
+
+// quietLogger logs watermill's warnings and errors to standard error.
+func quietLogger() watermill.LoggerAdapter {
+	return watermill.NewSlogLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+}
+
+// openPostgres opens a pool on url, closed after the run.
+func openPostgres(ctx context.Context, env *Env, url string) (*sqlx.DB, error) {
+	db, err := sqlx.Open("pgx", url)
+	if err != nil {
+		return nil, fmt.Errorf("open postgres: %w", err)
+	}
+	env.Cleanup(func(context.Context) error { return db.Close() })
+	if err := db.PingContext(ctx); err != nil {
+		return nil, fmt.Errorf("open postgres: %w", err)
+	}
+	return db, nil
+}
+
+// prepareService applies the example service's migrations to the database
+// at url, for transport, and adds the handled_at column to its reminders.
+func prepareService(ctx context.Context, env *Env, db *sqlx.DB, transport, url string) error {
+	vars := map[string]string{"EFFECTIVELY_TRANSPORT": transport, "EFFECTIVELY_DATABASE_URL": url}
+	if err := env.Service(ctx, vars, "migrate"); err != nil {
+		return err
+	}
+	if _, err := db.ExecContext(ctx, `ALTER TABLE reminders ADD COLUMN `+handledAtPostgres); err != nil {
+		return fmt.Errorf("timestamp the reminders: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,168 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/jmoiron/sqlx"
+)
+
+// postgresScenario: the example service on the PostgreSQL transport
+// against a hand-written watermill-sql consumer.
+func postgresScenario() Scenario {
+	return Scenario{
+		Name:  "postgres",
+		Title: "PostgreSQL transport",
+		About: "The example service (`EFFECTIVELY_TRANSPORT=postgres`, default configuration) on a schema of its " +
+			"own, whose topic table already holds the messages, inserted by the documented `INSERT` (500 to a " +
+			"transaction; in the latency phase one to a transaction). The baseline is a hand-written consumer in " +
+			"a process of its own: watermill-sql's subscriber with its default PostgreSQL schema and offsets " +
+			"adapter (batches of 100, a poll a second when idle), one router handler, and per message the " +
+			"handler's own transaction on the same pool: the dedup insert and the business insert, commit, then " +
+			"the ack.",
+		Needs: []Need{NeedPostgres},
+		Runs: []Run{
+			{Name: "example service, default configuration", Measure: measurePostgresService},
+			{Name: "hand-written watermill-sql, handler's own transaction", Baseline: true, Measure: measurePostgresBaseline},
+		},
+		Children: []Child{{Name: "watermill-sql", Main: postgresBaselineMain}},
+	}
+}
+
+// postgresInsert is the INSERT docs/transports.md documents.
+// Its arguments are the message's uuid (the event's id) and payload.
+const postgresInsert = `INSERT INTO "watermill_` + EventType + `" (uuid, payload, metadata, transaction_id) VALUES ($1, $2, '{}', pg_current_xact_id())`
+
+// postgresFeed is a foreign producer of the PostgreSQL transport: the
+// documented INSERT into the topic's table, which it creates as
+// watermill-sql does.
+type postgresFeed struct {
+	db *sqlx.DB
+}
+
+func newPostgresFeed(db *sqlx.DB) (*postgresFeed, error) {
+	sub, err := wsql.NewSubscriber(wsql.BeginnerFromStdSQL(db.DB), wsql.SubscriberConfig{
+		SchemaAdapter:  wsql.DefaultPostgreSQLSchema{},
+		OffsetsAdapter: wsql.DefaultPostgreSQLOffsetsAdapter{},
+	}, quietLogger())
+	if err != nil {
+		return nil, fmt.Errorf("topic table: %w", err)
+	}
+	defer sub.Close()
+	if err := sub.SubscribeInitialize(EventType); err != nil {
+		return nil, fmt.Errorf("topic table: %w", err)
+	}
+	return &postgresFeed{db: db}, nil
+}
+
+func (f *postgresFeed) Feed(ctx context.Context, msgs []Message) error {
+	return insertBatches(ctx, f.db, postgresInsert, msgs)
+}
+
+func (f *postgresFeed) Send(ctx context.Context, m Message) error {
+	_, err := f.db.ExecContext(ctx, postgresInsert, m.ID, string(m.Body))
+	return err
+}
+
+// postgresService is the example service on the PostgreSQL transport.
+type postgresService struct {
+	*postgresFeed
+	env *Env
+	url string
+}
+
+func measurePostgresService(ctx context.Context, env *Env) (Result, error) {
+	url, err := env.PostgresSchema(ctx)
+	if err != nil {
+		return Result{}, err
+	}
+	db, err := openPostgres(ctx, env, url)
+	if err != nil {
+		return Result{}, err
+	}
+	if err := prepareService(ctx, env, db, "postgres", url); err != nil {
+		return Result{}, err
+	}
+	feed, err := newPostgresFeed(db)
+	if err != nil {
+		return Result{}, err
+	}
+	return Drain(ctx, env, &postgresService{postgresFeed: feed, env: env, url: url})
+}
+
+func (s *postgresService) Start(ctx context.Context) (*Process, error) {
+	return s.env.StartService(ctx, map[string]string{
+		"EFFECTIVELY_TRANSPORT":    "postgres",
+		"EFFECTIVELY_DATABASE_URL": s.url,
+		"EFFECTIVELY_AUTO_MIGRATE": "true",
+	})
+}
+
+func (s *postgresService) Effects() *EffectTable {
+	return &EffectTable{DB: s.db, Table: "reminders", EventColumn: "event_id"}
+}
+
+// envBaselineDB is the database of a baseline child.
+const envBaselineDB = "EFFECTIVELY_BENCH_DATABASE_URL"
+
+// postgresBaseline is the hand-written watermill-sql consumer.
+type postgresBaseline struct {
+	*postgresFeed
+	env *Env
+	url string
+}
+
+func measurePostgresBaseline(ctx context.Context, env *Env) (Result, error) {
+	url, err := env.PostgresSchema(ctx)
+	if err != nil {
+		return Result{}, err
+	}
+	db, err := openPostgres(ctx, env, url)
+	if err != nil {
+		return Result{}, err
+	}
+	if _, err := db.ExecContext(ctx, baselineSchema); err != nil {
+		return Result{}, fmt.Errorf("baseline schema: %w", err)
+	}
+	feed, err := newPostgresFeed(db)
+	if err != nil {
+		return Result{}, err
+	}
+	return Drain(ctx, env, &postgresBaseline{postgresFeed: feed, env: env, url: url})
+}
+
+func (b *postgresBaseline) Start(ctx context.Context) (*Process, error) {
+	return b.env.StartChild(ctx, "watermill-sql", map[string]string{envBaselineDB: b.url})
+}
+
+func (b *postgresBaseline) Effects() *EffectTable {
+	return &EffectTable{DB: b.db, Table: "bench_reminders", EventColumn: "event_id"}
+}
+
+// postgresBaselineMain runs the hand-written watermill-sql consumer until
+// ctx ends.
+func postgresBaselineMain(ctx context.Context, c *ChildEnv) error {
+	// One connection for the subscriber's transaction, one for the
+	// handler's.
+	db, err := openBaselineDB(c, 2)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	sub, err := wsql.NewSubscriber(wsql.BeginnerFromStdSQL(db.DB), wsql.SubscriberConfig{
+		ConsumerGroup:    baselineConsumer,
+		SchemaAdapter:    wsql.DefaultPostgreSQLSchema{},
+		OffsetsAdapter:   wsql.DefaultPostgreSQLOffsetsAdapter{},
+		InitializeSchema: true,
+	}, quietLogger())
+	if err != nil {
+		return fmt.Errorf("subscriber: %w", err)
+	}
+	router, err := newRouter()
+	if err != nil {
+		return err
+	}
+	router.AddConsumerHandler("reminders", EventType, sub, baselineHandler(db))
+	return runRouter(ctx, router, c.Ready)
+}
