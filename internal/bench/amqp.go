@@ -2,10 +2,12 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
+	"time"
 
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/jmoiron/sqlx"
@@ -51,7 +53,10 @@ type amqpFeed struct {
 
 // newAMQPFeed declares the type's exchange and the queue, bound to it and
 // emptied (a queue the example's tests left behind holds their messages),
-// and deletes the queue after the run.
+// and deletes the queue after the run unless another process consumes it.
+// The example's own tests run the service on the same broker, with the
+// same queue: while a process of theirs consumes it, the run waits, up to
+// a minute.
 func newAMQPFeed(ctx context.Context, env *Env, queue string) (*amqpFeed, error) {
 	conn, err := amqp091.Dial(env.AMQPURL)
 	if err != nil {
@@ -65,8 +70,8 @@ func newAMQPFeed(ctx context.Context, env *Env, queue string) (*amqpFeed, error)
 	if err := f.ch.ExchangeDeclare(EventType, "fanout", true, false, false, false, nil); err != nil {
 		return nil, fmt.Errorf("declare exchange: %w", err)
 	}
-	if _, err := f.ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
-		return nil, fmt.Errorf("declare queue %s: %w", queue, err)
+	if err := f.declareUnused(ctx, queue); err != nil {
+		return nil, err
 	}
 	env.Cleanup(func(context.Context) error {
 		ch, err := conn.Channel()
@@ -74,7 +79,11 @@ func newAMQPFeed(ctx context.Context, env *Env, queue string) (*amqpFeed, error)
 			return fmt.Errorf("channel: %w", err)
 		}
 		defer ch.Close()
-		if _, err := ch.QueueDelete(queue, false, false, false); err != nil {
+		_, err = ch.QueueDelete(queue, true, false, false)
+		if e := (*amqp091.Error)(nil); errors.As(err, &e) && e.Code == amqp091.PreconditionFailed {
+			return nil // another process consumes it now
+		}
+		if err != nil {
 			return fmt.Errorf("delete queue %s: %w", queue, err)
 		}
 		return nil
@@ -89,6 +98,29 @@ func newAMQPFeed(ctx context.Context, env *Env, queue string) (*amqpFeed, error)
 		return nil, fmt.Errorf("confirm mode: %w", err)
 	}
 	return f, nil
+}
+
+// declareUnused declares the durable queue and waits, up to a minute,
+// until no other process consumes it.
+func (f *amqpFeed) declareUnused(ctx context.Context, queue string) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		q, err := f.ch.QueueDeclare(queue, true, false, false, false, nil)
+		if err != nil {
+			return fmt.Errorf("declare queue %s: %w", queue, err)
+		}
+		if q.Consumers == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("queue %s: %d consumers of another process for a minute (the example's tests?): run again when they are done", queue, q.Consumers)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }
 
 func (f *amqpFeed) publish(ctx context.Context, m Message) (*amqp091.DeferredConfirmation, error) {
@@ -183,7 +215,7 @@ func (s *amqpService) Start(ctx context.Context) (*Process, error) {
 }
 
 func (s *amqpService) Effects() *EffectTable {
-	return &EffectTable{DB: s.db, Table: "reminders", EventColumn: "event_id"}
+	return &EffectTable{DB: s.db, Table: "reminders", EventColumn: "event_id", Prefix: s.env.ID}
 }
 
 // The AMQP baseline's variables and size.
@@ -232,7 +264,7 @@ func (b *amqpBaseline) Start(ctx context.Context) (*Process, error) {
 }
 
 func (b *amqpBaseline) Effects() *EffectTable {
-	return &EffectTable{DB: b.db, Table: "bench_reminders", EventColumn: "event_id"}
+	return &EffectTable{DB: b.db, Table: "bench_reminders", EventColumn: "event_id", Prefix: b.env.ID}
 }
 
 // amqpBaselineMain runs the hand-written watermill-amqp consumer until ctx

@@ -164,6 +164,8 @@ type Result struct {
 	// AllocsPerMessage is the consumer process's heap allocations during
 	// the drain divided by the messages drained.
 	AllocsPerMessage float64
+	// CPU is how busy the machine and the consumer were during the drain.
+	CPU CPU
 	// PeakRSS is the consumer process's peak resident set (VmHWM), in
 	// bytes.
 	PeakRSS int64

@@ -36,8 +36,8 @@ type Sender interface {
 // the run is no smoke run, it feeds fresh events one at a time at half
 // that rate for Options.LatencyDuration and times each from its send to
 // its effect.
-// The consumer's allocations per message are counted over the drain, its
-// peak RSS and CPU profile over its life. The result holds the effects
+// The consumer's allocations per message and the CPU use are counted
+// over the drain, its peak RSS and CPU profile over its life. The result holds the effects
 // counted once the consumer stopped.
 func Drain(ctx context.Context, env *Env, sys System) (Result, error) {
 	msgs, distinct := env.Backlog()
@@ -53,12 +53,20 @@ func Drain(ctx context.Context, env *Env, sys System) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
+	c0, err := sampleCPU(p.Pid())
+	if err != nil {
+		return Result{}, err
+	}
 	if err := p.Begin(ctx); err != nil {
 		return Result{}, err
 	}
 	effects := sys.Effects()
 	if err := waitEffects(ctx, env, p, effects, distinct); err != nil {
 		return Result{}, fmt.Errorf("drain: %w", err)
+	}
+	c1, err := sampleCPU(p.Pid())
+	if err != nil {
+		return Result{}, err
 	}
 	m1, err := p.Mallocs(ctx)
 	if err != nil {
@@ -70,6 +78,7 @@ func Drain(ctx context.Context, env *Env, sys System) (Result, error) {
 	}
 	res := Result{Messages: len(msgs), Events: distinct, Drained: len(drained), AllocsPerMessage: (m1 - m0) / float64(len(msgs))}
 	res.Elapsed = span(drained)
+	res.CPU = cpuBetween(c0, c1)
 	env.Logf("drained %d effects at %.0f/s", res.Drained, res.EffectsPerSecond())
 
 	if sender, ok := sys.(Sender); ok && !env.Smoke && res.EffectsPerSecond() > 0 {
@@ -101,7 +110,7 @@ func Drain(ctx context.Context, env *Env, sys System) (Result, error) {
 // before is the number of effects already there.
 func latencyPhase(ctx context.Context, env *Env, sys System, sender Sender, p *Process, rate float64, before int) (*Latency, error) {
 	n := max(20, int(rate*env.LatencyDuration.Seconds()))
-	msgs := Events(env.Scenario+"-lat-"+randomHex(4), n)
+	msgs := Events(env.ID+"-l", n)
 	env.Logf("latency: %d events at %.0f/s", n, rate)
 	sent, err := Pace(ctx, rate, msgs, sender.Send)
 	if err != nil {
@@ -184,11 +193,15 @@ type Effect struct {
 
 // EffectTable is a consumer's table of effects, one row per effect, with
 // the event's id in EventColumn and the time of the write in handled_at,
-// filled by the column's default (see HandledAtColumn).
+// filled by the column's default (see HandledAtColumn). Only the effects
+// of the run's events count (ids starting with Prefix): on a broker that
+// others use too, a foreign event may reach the consumer's queue.
 type EffectTable struct {
 	DB          *sqlx.DB
 	Table       string
 	EventColumn string
+	// Prefix is the run's Env.ID.
+	Prefix string
 }
 
 // HandledAtColumn is the definition of the handled_at column of an
@@ -209,17 +222,25 @@ const (
 
 // Count returns the number of effects and of distinct events they are of.
 func (t *EffectTable) Count(ctx context.Context) (total, distinct int, err error) {
-	q := fmt.Sprintf(`SELECT count(*), count(DISTINCT %s) FROM %s`, t.EventColumn, t.Table)
-	if err := t.DB.QueryRowxContext(ctx, q).Scan(&total, &distinct); err != nil {
+	q := fmt.Sprintf(`SELECT count(*), count(DISTINCT %[1]s) FROM %[2]s WHERE %[1]s LIKE %[3]s`, t.EventColumn, t.Table, t.like())
+	if err := t.DB.QueryRowxContext(ctx, q, t.Prefix+"-%").Scan(&total, &distinct); err != nil {
 		return 0, 0, fmt.Errorf("count effects in %s: %w", t.Table, err)
 	}
 	return total, distinct, nil
 }
 
+// like is the placeholder of the prefix pattern.
+func (t *EffectTable) like() string {
+	if t.DB.DriverName() == "sqlite" {
+		return "?"
+	}
+	return "$1"
+}
+
 // Read returns every effect.
 func (t *EffectTable) Read(ctx context.Context) ([]Effect, error) {
-	q := fmt.Sprintf(`SELECT %s, handled_at FROM %s`, t.EventColumn, t.Table)
-	rows, err := t.DB.QueryContext(ctx, q)
+	q := fmt.Sprintf(`SELECT %[1]s, handled_at FROM %[2]s WHERE %[1]s LIKE %[3]s`, t.EventColumn, t.Table, t.like())
+	rows, err := t.DB.QueryContext(ctx, q, t.Prefix+"-%")
 	if err != nil {
 		return nil, fmt.Errorf("read effects of %s: %w", t.Table, err)
 	}

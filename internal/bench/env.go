@@ -37,6 +37,9 @@ type Env struct {
 	Scenario string
 	// Dir is a folder of the run's own, removed after it.
 	Dir string
+	// ID is the run's own: the ids of the events it feeds start with it
+	// (see EffectTable.Prefix).
+	ID string
 
 	shared   *shared
 	cleanups []func(context.Context) error
@@ -75,7 +78,7 @@ func (e *Env) cleanup() error {
 // Backlog returns the run's backlog: Events messages of which Duplicates
 // repeat an earlier event, and the number of distinct events.
 func (e *Env) Backlog() ([]Message, int) {
-	return Backlog(e.Scenario+"-"+randomHex(4), e.Events, e.Duplicates)
+	return Backlog(e.ID+"-b", e.Events, e.Duplicates)
 }
 
 // PostgresSchema creates a schema of the run's own on the PostgreSQL

@@ -100,7 +100,7 @@ func (s *postgresService) Start(ctx context.Context) (*Process, error) {
 }
 
 func (s *postgresService) Effects() *EffectTable {
-	return &EffectTable{DB: s.db, Table: "reminders", EventColumn: "event_id"}
+	return &EffectTable{DB: s.db, Table: "reminders", EventColumn: "event_id", Prefix: s.env.ID}
 }
 
 // envBaselineDB is the database of a baseline child.
@@ -137,7 +137,7 @@ func (b *postgresBaseline) Start(ctx context.Context) (*Process, error) {
 }
 
 func (b *postgresBaseline) Effects() *EffectTable {
-	return &EffectTable{DB: b.db, Table: "bench_reminders", EventColumn: "event_id"}
+	return &EffectTable{DB: b.db, Table: "bench_reminders", EventColumn: "event_id", Prefix: b.env.ID}
 }
 
 // postgresBaselineMain runs the hand-written watermill-sql consumer until

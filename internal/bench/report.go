@@ -10,8 +10,8 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jmoiron/sqlx"
 	amqp091 "github.com/rabbitmq/amqp091-go"
@@ -126,58 +126,89 @@ func procField(file, key, sep string) string {
 	return ""
 }
 
+// columns are the figures of a run, in the order of the tables.
+var columns = []string{"effects/s", "ratio", "p50", "p99", "at rate", "allocs/msg", "peak RSS", "CPU: consumer", "CPU: machine", "effects"}
+
 // WriteTable writes the figures as an aligned text table.
 func (r *Report) WriteTable(w io.Writer) error {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scenario / run\teffects/s\tratio\tp50\tp99\tat rate\tallocs/msg\tpeak RSS\teffects\t")
+	rows := [][]string{append([]string{"scenario / run"}, columns...)}
 	for _, s := range r.Scenarios {
 		if s.Skipped != "" {
-			fmt.Fprintf(tw, "%s: skipped, %s\t\t\t\t\t\t\t\t\t\n", s.Title, s.Skipped)
+			rows = append(rows, []string{s.Title + ": skipped, " + s.Skipped})
 			continue
 		}
-		fmt.Fprintf(tw, "%s\t\t\t\t\t\t\t\t\t\n", s.Title)
+		rows = append(rows, []string{s.Title})
 		for _, run := range s.Runs {
-			c := r.cells(s, run)
-			fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\n", run.Name, c.rate, c.ratio, c.p50, c.p99, c.at, c.allocs, c.rss, c.effects)
+			rows = append(rows, append([]string{"  " + run.Name}, r.cells(s, run)...))
 		}
 	}
-	if err := tw.Flush(); err != nil {
-		return fmt.Errorf("write table: %w", err)
+	widths := make([]int, len(columns)+1)
+	for _, row := range rows {
+		if len(row) == 1 {
+			continue // a heading spans the row
+		}
+		for i, c := range row {
+			widths[i] = max(widths[i], utf8.RuneCountInString(c))
+		}
+	}
+	b := &strings.Builder{}
+	for _, row := range rows {
+		for i, c := range row {
+			pad := strings.Repeat(" ", max(0, widths[i]-utf8.RuneCountInString(c)))
+			switch {
+			case len(row) == 1:
+				b.WriteString(c)
+			case i == 0:
+				b.WriteString(c + pad)
+			default:
+				b.WriteString("  " + pad + c)
+			}
+		}
+		b.WriteString("\n")
 	}
 	if err := r.Err(); err != nil {
-		_, _ = fmt.Fprintf(w, "\nFAILED:\n%v\n", err)
+		fmt.Fprintf(b, "\nFAILED:\n%v\n", err)
+	}
+	if _, err := io.WriteString(w, b.String()); err != nil {
+		return fmt.Errorf("write table: %w", err)
 	}
 	return nil
 }
 
-type cells struct{ rate, ratio, p50, p99, at, allocs, rss, effects string }
-
-func (r *Report) cells(s ScenarioReport, run RunReport) cells {
+// cells returns a run's figures, as columns lists them; "—" where none.
+func (r *Report) cells(s ScenarioReport, run RunReport) []string {
 	res := run.Result
-	c := cells{rate: "—", ratio: "—", p50: "—", p99: "—", at: "—", allocs: "—", rss: "—", effects: "—"}
+	c := make([]string, len(columns))
+	for i := range c {
+		c[i] = "—"
+	}
 	if eps := res.EffectsPerSecond(); eps > 0 {
-		c.rate = thousands(eps)
+		c[0] = thousands(eps)
 	}
 	switch {
 	case run.Baseline:
-		c.ratio = "1×"
+		c[1] = "1×"
 	case s.ratio(run) > 0:
-		c.ratio = fmt.Sprintf("%.2f×", s.ratio(run))
+		c[1] = fmt.Sprintf("%.2f×", s.ratio(run))
 	}
 	if l := res.Latency; l != nil {
-		c.p50, c.p99, c.at = ms(l.P50), ms(l.P99), thousands(l.Rate)+"/s"
+		c[2], c[3], c[4] = ms(l.P50), ms(l.P99), thousands(l.Rate)+"/s"
 	}
 	if res.AllocsPerMessage > 0 {
-		c.allocs = thousands(res.AllocsPerMessage)
+		c[5] = thousands(res.AllocsPerMessage)
 	}
 	if res.PeakRSS > 0 {
-		c.rss = fmt.Sprintf("%d MiB", res.PeakRSS>>20)
+		c[6] = fmt.Sprintf("%d MiB", res.PeakRSS>>20)
+	}
+	if res.CPU.Machine > 0 {
+		c[7] = fmt.Sprintf("%.2f cores", res.CPU.Consumer)
+		c[8] = fmt.Sprintf("%.0f%%", res.CPU.Machine*100)
 	}
 	switch {
 	case run.Err != nil:
-		c.effects = "FAILED"
+		c[9] = "FAILED"
 	case res.Events > 0:
-		c.effects = fmt.Sprintf("%d = %d", res.Effects, res.Events)
+		c[9] = fmt.Sprintf("%d = %d", res.Effects, res.Events)
 	}
 	return c
 }
@@ -219,6 +250,8 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		"- **allocs/msg**: the consumer process's heap allocations during the drain\n"+
 		"  (`go_memstats_mallocs_total` on its /metrics) over the messages drained.\n"+
 		"- **peak RSS**: the consumer process's VmHWM.\n"+
+		"- **CPU**: during the drain, the cores the consumer's process used on average,\n"+
+		"  and how busy the machine's cores were (consumer, servers and all).\n"+
 		"- **effects**: effects counted in the consumer's table = distinct events fed.\n\n")
 
 	fmt.Fprintf(b, "## Figures\n\n")
@@ -231,15 +264,15 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 			fmt.Fprintf(b, "Skipped: %s.\n\n", s.Skipped)
 			continue
 		}
-		fmt.Fprintf(b, "| run | effects/s | ratio | p50 | p99 | at rate | allocs/msg | peak RSS | effects |\n")
-		fmt.Fprintf(b, "|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+		fmt.Fprintf(b, "| run | %s |\n", strings.Join(columns, " | "))
+		fmt.Fprintf(b, "|---%s|\n", strings.Repeat("|---:", len(columns)))
 		for _, run := range s.Runs {
 			c := r.cells(s, run)
 			name := run.Name
 			if run.Baseline {
 				name += " (baseline)"
 			}
-			fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", name, c.rate, c.ratio, c.p50, c.p99, c.at, c.allocs, c.rss, c.effects)
+			fmt.Fprintf(b, "| %s | %s |\n", name, strings.Join(c, " | "))
 		}
 		fmt.Fprintln(b)
 		for _, run := range s.Runs {
@@ -251,11 +284,15 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 			}
 		}
 		for _, run := range s.Runs {
-			if len(run.Result.Profile) == 0 {
+			bound := run.Result.CPU.bound(m.Cores)
+			if bound == "" && len(run.Result.Profile) == 0 {
 				continue
 			}
-			fmt.Fprintf(b, "<details><summary>What bounds <b>%s</b>: top of its CPU profile</summary>\n\n```\n%s\n```\n\n</details>\n\n",
-				run.Name, strings.Join(run.Result.Profile, "\n"))
+			fmt.Fprintf(b, "What bounds **%s**: %s", run.Name, bound)
+			if len(run.Result.Profile) > 0 {
+				fmt.Fprintf(b, " The top of its CPU profile, over its whole life (start, drain, latency phase):\n\n```\n%s\n```", strings.Join(run.Result.Profile, "\n"))
+			}
+			fmt.Fprintf(b, "\n\n")
 		}
 	}
 	_, err := io.WriteString(w, b.String())

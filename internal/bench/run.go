@@ -65,7 +65,7 @@ func runOne(ctx context.Context, s Scenario, r Run, opts Options, sh *shared) Ru
 		rr.Err = err
 		return rr
 	}
-	env := &Env{Options: opts, Scenario: s.Name, Dir: dir, shared: sh}
+	env := &Env{Options: opts, Scenario: s.Name, Dir: dir, ID: s.Name + "-" + randomHex(4), shared: sh}
 	res, err := r.Measure(ctx, env)
 	err = errors.Join(err, env.cleanup())
 	switch {

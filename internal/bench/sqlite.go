@@ -138,7 +138,7 @@ func (s *sqliteService) Start(ctx context.Context) (*Process, error) {
 }
 
 func (s *sqliteService) Effects() *EffectTable {
-	return &EffectTable{DB: s.db, Table: "reminders", EventColumn: "event_id"}
+	return &EffectTable{DB: s.db, Table: "reminders", EventColumn: "event_id", Prefix: s.env.ID}
 }
 
 // The raw limit's tables and its child's variables.
@@ -195,7 +195,7 @@ func (r *sqliteRaw) Start(ctx context.Context) (*Process, error) {
 }
 
 func (r *sqliteRaw) Effects() *EffectTable {
-	return &EffectTable{DB: r.db, Table: "bench_reminders", EventColumn: "event_id"}
+	return &EffectTable{DB: r.db, Table: "bench_reminders", EventColumn: "event_id", Prefix: r.env.ID}
 }
 
 // sqliteRawMain is the raw limit's child: once begun, it writes every
