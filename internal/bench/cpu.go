@@ -85,8 +85,12 @@ func (c CPU) bound(cores int) string {
 	}
 	rest := c.Machine*float64(cores) - c.Consumer
 	s := fmt.Sprintf("during the drain the machine's %d cores were %.0f%% busy: the consumer used %.2f cores, the servers and the rest %.2f", cores, c.Machine*100, c.Consumer, max(0, rest))
-	if c.Machine >= 0.9 {
-		return s + "; the machine's CPU bounds it."
+	switch {
+	case c.Machine >= 0.9:
+		return s + ": the machine's CPU bounds it."
+	case c.Consumer >= 0.85:
+		return s + ": about one core's worth of serialised work in the consumer (one writer at a time, one message at a time) bounds it while the machine has CPU to spare."
+	default:
+		return s + ": neither the machine's CPU nor one core bounds it; the time goes in waits (round trips, commits, polls)."
 	}
-	return s + "; the rest of the time goes in waits (round trips, commits, polls)."
 }

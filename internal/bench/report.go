@@ -234,12 +234,26 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		fmt.Fprintf(b, ", RabbitMQ %s", m.RabbitMQ)
 	}
 	fmt.Fprintf(b, " (servers on the same machine)\n")
-	fmt.Fprintf(b, "- Size: %d messages per run, %.0f%% of them duplicates; latency phase %s\n\n",
-		r.Options.Events, r.Options.Duplicates*100, r.Options.LatencyDuration)
+	fmt.Fprintf(b, "- Size: %s messages per run, %.0f%% of them duplicates; latency phase %s\n\n",
+		thousands(float64(r.Options.Events)), r.Options.Duplicates*100, r.Options.LatencyDuration)
+
+	fmt.Fprintf(b, "## Summary\n\n| scenario | run | effects/s | ratio |\n|---|---|---:|---:|\n")
+	for _, s := range r.Scenarios {
+		for _, run := range s.Runs {
+			c := r.cells(s, run)
+			fmt.Fprintf(b, "| %s | %s | %s | %s |\n", s.Title, run.Name, c[0], c[1])
+		}
+	}
+	fmt.Fprintln(b)
 
 	fmt.Fprintf(b, "## How to reproduce\n\n"+
-		"```sh\nmake bench                      # starts PostgreSQL and RabbitMQ as make test does\n"+
-		"go run ./internal/bench/cmd/bench -h   # sizes, scenarios, output\n```\n\n")
+		"```sh\nmake bench                                          # starts PostgreSQL and RabbitMQ as make test does\n"+
+		"make bench BENCHFLAGS=\"-events 2000 -run 'amqp|sqlite'\"   # smaller, some scenarios\n"+
+		"go run ./internal/bench/cmd/bench -h                # every flag (servers from EFFECTIVELY_TEST_*_URL)\n```\n\n"+
+		"Run it on a quiet machine: the consumers, the servers and the producer share\n"+
+		"its cores, and anything else running shows in the figures (the load average\n"+
+		"above says how quiet it was). `TestSmoke` in `internal/bench` runs every\n"+
+		"scenario at 100 messages inside `make test`, checking the effects only.\n\n")
 
 	fmt.Fprintf(b, "## How to read the figures\n\n"+
 		"- **effects/s**: the consumer draining a backlog, from its first effect to its last.\n"+
@@ -252,7 +266,8 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		"- **peak RSS**: the consumer process's VmHWM.\n"+
 		"- **CPU**: during the drain, the cores the consumer's process used on average,\n"+
 		"  and how busy the machine's cores were (consumer, servers and all).\n"+
-		"- **effects**: effects counted in the consumer's table = distinct events fed.\n\n")
+		"- **effects**: effects counted in the consumer's table, once it stopped = distinct\n"+
+		"  events fed (the drain's and the latency phase's); a run fails on any difference.\n\n")
 
 	fmt.Fprintf(b, "## Figures\n\n")
 	for _, s := range r.Scenarios {

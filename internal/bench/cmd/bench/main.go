@@ -38,11 +38,19 @@ func run() error {
 		out     string
 	)
 	flag.IntVar(&opts.Events, "events", bench.DefaultEvents, "messages per run, duplicates included")
-	flag.Float64Var(&opts.Duplicates, "duplicates", bench.DefaultDuplicates, "share of the messages that repeat an earlier event")
+	flag.Float64Var(&opts.Duplicates, "duplicates", bench.DefaultDuplicates, "share of the messages that repeat an earlier event (negative: none)")
 	flag.DurationVar(&opts.LatencyDuration, "latency", bench.DefaultLatencyDuration, "how long the paced producer of the latency phase runs")
 	flag.BoolVar(&opts.Smoke, "smoke", false, "check the effects only: no latency phase, no profiles, no docs written")
 	flag.StringVar(&pattern, "run", "", "run only the scenarios whose name matches this regular expression")
 	flag.StringVar(&out, "out", "docs/benchmarks.md", "where to write the report (empty: nowhere)")
+	flag.Usage = func() {
+		fmt.Fprintf(flag.CommandLine.Output(), "usage: bench [flags]\n\nScenarios:")
+		for _, s := range bench.Scenarios() {
+			fmt.Fprintf(flag.CommandLine.Output(), " %s", s.Name)
+		}
+		fmt.Fprintf(flag.CommandLine.Output(), "\nServers: EFFECTIVELY_TEST_POSTGRES_URL, EFFECTIVELY_TEST_AMQP_URL (make bench starts them).\n\nFlags:\n")
+		flag.PrintDefaults()
+	}
 	flag.Parse()
 	if pattern != "" {
 		re, err := regexp.Compile(pattern)
