@@ -34,8 +34,8 @@ type Sender interface {
 // consumer, waits until every distinct event took effect and times the
 // drain from the first effect to the last. Then, when sys is a Sender and
 // the run is no smoke run, it feeds fresh events one at a time at half
-// that rate for Options.LatencyDuration and times each from its send to
-// its effect.
+// that rate for Options.LatencyDuration (at most Options.Events of them)
+// and times each from its send to its effect.
 // The consumer's allocations per message and the CPU use are counted
 // over the drain, its peak RSS and CPU profile over its life. The result holds the effects
 // counted once the consumer stopped.
@@ -109,7 +109,7 @@ func Drain(ctx context.Context, env *Env, sys System) (Result, error) {
 // latencyPhase feeds fresh events at rate and returns their latencies.
 // before is the number of effects already there.
 func latencyPhase(ctx context.Context, env *Env, sys System, sender Sender, p *Process, rate float64, before int) (*Latency, error) {
-	n := max(20, int(rate*env.LatencyDuration.Seconds()))
+	n := min(env.Events, max(20, int(rate*env.LatencyDuration.Seconds())))
 	msgs := Events(env.ID+"-l", n)
 	env.Logf("latency: %d events at %.0f/s", n, rate)
 	sent, err := Pace(ctx, rate, msgs, sender.Send)
