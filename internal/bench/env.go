@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,7 +14,8 @@ import (
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" driver
-	"github.com/jmoiron/sqlx"
+
+	"github.com/effectively-once/effectively/internal/pgschema"
 )
 
 // Timeouts of the processes a run starts.
@@ -88,34 +88,12 @@ func (e *Env) PostgresSchema(ctx context.Context) (string, error) {
 	if e.PostgresURL == "" {
 		return "", errors.New("no PostgreSQL server (EFFECTIVELY_TEST_POSTGRES_URL)")
 	}
-	schema := "bench_" + randomHex(6)
-	admin, err := sqlx.Open("pgx", e.PostgresURL)
+	s, err := pgschema.Create(ctx, e.PostgresURL, "bench_")
 	if err != nil {
-		return "", fmt.Errorf("open postgres: %w", err)
+		return "", err
 	}
-	defer admin.Close()
-	if _, err := admin.ExecContext(ctx, "CREATE SCHEMA "+schema); err != nil {
-		return "", fmt.Errorf("create schema %s: %w", schema, err)
-	}
-	e.Cleanup(func(ctx context.Context) error {
-		db, err := sqlx.Open("pgx", e.PostgresURL)
-		if err != nil {
-			return fmt.Errorf("open postgres: %w", err)
-		}
-		defer db.Close()
-		if _, err := db.ExecContext(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
-			return fmt.Errorf("drop schema %s: %w", schema, err)
-		}
-		return nil
-	})
-	u, err := url.Parse(e.PostgresURL)
-	if err != nil {
-		return "", fmt.Errorf("parse %s: %w", "EFFECTIVELY_TEST_POSTGRES_URL", err)
-	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	return u.String(), nil
+	e.Cleanup(s.Drop)
+	return s.URL, nil
 }
 
 // ServiceBinary returns the path of the example service's binary, built
