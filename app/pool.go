@@ -29,7 +29,8 @@ type poolUse struct {
 //     publisher when it writes to this database (the relay's batch
 //     transaction on PostgreSQL stays open while it publishes);
 //   - the SQLite transport in this database: one per subscription for its
-//     claims and acks, one per consumer for its cleanup;
+//     claims and acks, one per consumer for its cleanup, one for the watch
+//     of new messages;
 //   - the readiness check's ping, when HTTP is on; the purger, when
 //     processed marks are purged.
 //
@@ -53,6 +54,9 @@ func (c Config) poolUses(declared []handlers.Declaration) []poolUse {
 		if c.Transport == TransportSQLite && sqlTransportHere {
 			uses = append(uses, poolUse{what: "consumer " + d.Name + "'s claims, acks and cleanup", conns: subscriptions + 1})
 		}
+	}
+	if c.Transport == TransportSQLite && sqlTransportHere {
+		uses = append(uses, poolUse{what: "watch of new messages", conns: 1})
 	}
 	relay := 1
 	if sqlTransportHere {

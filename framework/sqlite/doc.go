@@ -25,8 +25,10 @@
 // transaction can take the write lock. When the framework's stores share
 // the file, the ack joins the handler's transaction (framework.AckInTx):
 // the effect and the ack commit together. A Notifier shared by publishers
-// and subscribers of one process wakes subscriptions at once; otherwise
-// they poll.
+// and subscribers of one process wakes subscriptions at once; a message
+// another process inserts is seen by a watch of the newest offset, one
+// per Notifier and db (every 20ms by default); leases that expired and
+// nacks whose delay passed are found by polling.
 //
 // SQLite has one writer per file. The write transactions of one process
 // queue for it in Go, first come first served (Open puts a write gate in

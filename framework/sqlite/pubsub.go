@@ -1,10 +1,14 @@
 package sqlite
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
+
+	"github.com/jmoiron/sqlx"
 
 	"github.com/effectively-once/effectively/framework/internal/sqlstore"
 )
@@ -50,17 +54,39 @@ func pubsubLogger(l *slog.Logger) *slog.Logger {
 // of this process commits messages to their topic, so that they need not
 // wait for their next poll. Give the same Notifier to the PublisherConfig
 // and SubscriberConfig of every Publisher and Subscriber on one file.
-// Messages published by other processes are found by polling.
+//
+// Messages that other processes insert are seen by a watch that reads the
+// newest offset of the messages table every SubscriberConfig.WatchInterval
+// and wakes every subscription when it grew. The Subscribers that share a
+// Notifier and a db share one watch, running while any of them has
+// subscribed and is not closed.
 //
 // The zero value is not usable; a nil *Notifier is, and wakes nobody.
 type Notifier struct {
-	mu     sync.Mutex
-	topics map[string]map[chan struct{}]struct{}
+	mu      sync.Mutex
+	topics  map[string]map[chan struct{}]struct{}
+	watches map[watchKey]*watch
+}
+
+// watchKey is what one watch reads: a messages table through a pool.
+type watchKey struct {
+	db    *sqlx.DB
+	query string // reads the newest offset of the table
+}
+
+// watch is a running watch and the Subscribers that use it.
+type watch struct {
+	users int
+	stop  context.CancelFunc
+	done  chan struct{}
 }
 
 // NewNotifier returns a Notifier with no subscriptions.
 func NewNotifier() *Notifier {
-	return &Notifier{topics: make(map[string]map[chan struct{}]struct{})}
+	return &Notifier{
+		topics:  make(map[string]map[chan struct{}]struct{}),
+		watches: make(map[watchKey]*watch),
+	}
 }
 
 // Notify wakes every subscription of topic registered with n. It never
@@ -75,6 +101,111 @@ func (n *Notifier) Notify(topic string) {
 		select {
 		case ch <- struct{}{}:
 		default:
+		}
+	}
+}
+
+// notifyAll wakes every subscription registered with n.
+func (n *Notifier) notifyAll() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, set := range n.topics {
+		for ch := range set {
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// watch starts the watch of the messages table whose newest offset query
+// reads on db, or joins it when it runs already, and returns leave, which
+// stops it (and waits for it) once every user left.
+func (n *Notifier) watch(db *sqlx.DB, query string, interval time.Duration, log *slog.Logger) (leave func()) {
+	key := watchKey{db: db, query: query}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	w, ok := n.watches[key]
+	if !ok {
+		ctx, stop := context.WithCancel(context.Background())
+		w = &watch{stop: stop, done: make(chan struct{})}
+		n.watches[key] = w
+		go func() {
+			defer close(w.done)
+			watchNewest(ctx, db, query, interval, log, n.notifyAll)
+		}()
+	}
+	w.users++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			n.mu.Lock()
+			w.users--
+			last := w.users == 0
+			if last {
+				delete(n.watches, key)
+			}
+			n.mu.Unlock()
+			if last {
+				w.stop()
+				<-w.done
+			}
+		})
+	}
+}
+
+// watchNewest reads the newest offset with query every interval until
+// ctx ends, and calls wake when it grew: some process inserted a message.
+// Offsets only grow (AUTOINCREMENT) and are given in commit order, so the
+// first read after an insert's commit sees it. A failing read is logged
+// once until one succeeds again; the subscriptions' poll finds the
+// messages meanwhile.
+func watchNewest(ctx context.Context, db *sqlx.DB, query string, interval time.Duration, log *slog.Logger, wake func()) {
+	// Prepared once; each read uses a context without cancellation, so
+	// that database/sql starts no goroutine to watch it: the read takes
+	// microseconds, and the loop checks ctx between reads.
+	var stmt *sqlx.Stmt
+	defer func() {
+		if stmt != nil {
+			_ = stmt.Close()
+		}
+	}()
+	read := context.WithoutCancel(ctx)
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	var seen int64
+	failing := false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		var (
+			newest int64
+			err    error
+		)
+		if stmt == nil {
+			stmt, err = db.PreparexContext(read, query)
+		}
+		if err == nil {
+			err = stmt.QueryRowxContext(read).Scan(&newest)
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			if !failing {
+				log.Warn("sqlite pubsub: watch for new messages failed; subscriptions find them when they poll", slog.Any("error", err))
+			}
+			failing = true
+			continue
+		}
+		failing = false
+		if newest > seen {
+			seen = newest
+			wake()
 		}
 	}
 }

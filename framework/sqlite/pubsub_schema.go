@@ -43,6 +43,7 @@ type pubsubQueries struct {
 	registerGroup string // topic, group, created_at
 	groupKnown    string // topic, group
 	anyDue        string // ?1 topic, ?2 group, ?3 now
+	newestOffset  string // -> the newest offset, 0 when none
 	claimedOffset string // topic, group
 	setClaimed    string // offset, topic, group
 	claimNew      string // topic, after, limit
@@ -116,6 +117,7 @@ func newPubSubQueries(prefix string) pubsubQueries {
 			(SELECT claimed_offset FROM {groups} WHERE topic = ?1 AND consumer_group = ?2), 0))
 	OR EXISTS (
 		SELECT 1 FROM {leases} WHERE topic = ?1 AND consumer_group = ?2 AND locked_until <= ?3)`),
+		newestOffset:  q(`SELECT COALESCE(max("offset"), 0) FROM {messages}`),
 		claimedOffset: q(`SELECT claimed_offset FROM {groups} WHERE topic = ? AND consumer_group = ?`),
 		setClaimed:    q(`UPDATE {groups} SET claimed_offset = ? WHERE topic = ? AND consumer_group = ?`),
 		claimNew: q(`SELECT "offset", uuid, payload, metadata FROM {messages}

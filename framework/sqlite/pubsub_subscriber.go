@@ -21,9 +21,13 @@ import (
 // Defaults of SubscriberConfig.
 const (
 	// DefaultPollInterval is how often an idle subscription looks for
-	// messages published by other processes, nacked messages whose delay
-	// passed and expired leases.
+	// nacked messages whose delay passed and expired leases, and for
+	// messages published by other processes when WatchInterval is off.
 	DefaultPollInterval = time.Second
+	// DefaultWatchInterval is how often the watch of a file reads the
+	// newest offset of its messages table, to wake the subscriptions as
+	// soon as any process inserted a message.
+	DefaultWatchInterval = 20 * time.Millisecond
 	// DefaultLeaseDuration is how long a claimed message stays reserved for
 	// the subscription that claimed it.
 	DefaultLeaseDuration = 5 * time.Minute
@@ -76,6 +80,14 @@ type SubscriberConfig struct {
 	// messages, nacked messages whose delay passed and expired leases.
 	// Defaults to DefaultPollInterval.
 	PollInterval time.Duration
+	// WatchInterval is how often the watch reads the newest offset of
+	// the messages table (one indexed read) and, when it grew, wakes the
+	// subscriptions: a message that another process inserted (a foreign
+	// INSERT, another process's Publisher) is claimed within about this
+	// long instead of at the next poll. The Subscribers sharing a Notifier
+	// and a db share one watch, at the interval of the first of them.
+	// Negative turns the watch off. Defaults to DefaultWatchInterval.
+	WatchInterval time.Duration
 	// LeaseDuration is how long a claimed message stays reserved for its
 	// subscription. When it expires before the ack, the message is
 	// delivered again, marked redelivered. Leases are not renewed: it must
@@ -125,6 +137,7 @@ func (c SubscriberConfig) WithDefaults() SubscriberConfig {
 		}
 	}
 	setDuration(&c.PollInterval, DefaultPollInterval)
+	setDuration(&c.WatchInterval, DefaultWatchInterval)
 	setDuration(&c.LeaseDuration, DefaultLeaseDuration)
 	setDuration(&c.NackDelay, DefaultNackDelay)
 	setDuration(&c.AckFlushInterval, DefaultAckFlushInterval)
@@ -195,6 +208,11 @@ type Subscriber struct {
 	wg         sync.WaitGroup
 	closeOnce  sync.Once
 	cleanOnce  sync.Once
+	watchOnce  sync.Once
+	leaveWatch func() // guarded by mu
+	// notifier is cfg.Notifier, or one of the Subscriber's own: it wakes
+	// the subscriptions, and runs the watch.
+	notifier *Notifier
 }
 
 var (
@@ -212,6 +230,10 @@ func NewSubscriber(db *sqlx.DB, cfg SubscriberConfig) (*Subscriber, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	notifier := cfg.Notifier
+	if notifier == nil {
+		notifier = NewNotifier()
+	}
 	base, cancel := context.WithCancel(context.Background())
 	return &Subscriber{
 		db:         db,
@@ -221,6 +243,7 @@ func NewSubscriber(db *sqlx.DB, cfg SubscriberConfig) (*Subscriber, error) {
 		log:        cfg.Logger.With(slog.String("consumer_group", cfg.ConsumerGroup)),
 		base:       base,
 		cancelBase: cancel,
+		notifier:   notifier,
 	}, nil
 }
 
@@ -280,7 +303,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		return nil, ErrSubscriberClosed
 	}
 	subCtx, cancel := mergeDone(ctx, s.base)
-	wake, stopListen := s.cfg.Notifier.listen(topic)
+	wake, stopListen := s.notifier.listen(topic)
 	sub := &pubsubSubscription{
 		s:          s,
 		topic:      topic,
@@ -302,6 +325,11 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 			go s.cleanupLoop()
 		}
 	})
+	s.watchOnce.Do(func() {
+		if s.cfg.WatchInterval > 0 {
+			s.leaveWatch = s.notifier.watch(s.db, s.q.newestOffset, s.cfg.WatchInterval, s.log)
+		}
+	})
 	return sub.out, nil
 }
 
@@ -314,8 +342,12 @@ func (s *Subscriber) Close() error {
 		s.mu.Lock()
 		s.closed = true
 		s.cancelBase()
+		leave := s.leaveWatch
 		s.mu.Unlock()
 		s.wg.Wait()
+		if leave != nil {
+			leave()
+		}
 	})
 	return nil
 }

@@ -34,6 +34,10 @@ func openPubSubTestDB(t testing.TB) *sqlx.DB {
 // universalPubSub returns the constructors the universal suite needs: a
 // fresh Publisher and Subscriber on db per call.
 func universalPubSub(db *sqlx.DB, n *Notifier) (tests.PubSubConstructor, tests.ConsumerGroupPubSubConstructor) {
+	watch := time.Duration(0) // the default
+	if n == nil {
+		watch = -1 // off: polling alone
+	}
 	withGroup := func(t *testing.T, group string) (message.Publisher, message.Subscriber) {
 		pub, err := NewPublisher(db, PublisherConfig{Notifier: n})
 		require.NoError(t, err)
@@ -44,6 +48,7 @@ func universalPubSub(db *sqlx.DB, n *Notifier) (tests.PubSubConstructor, tests.C
 			NackDelay:     5 * time.Millisecond,
 			RetryInterval: 10 * time.Millisecond,
 			LeaseDuration: time.Minute,
+			WatchInterval: watch,
 		})
 		require.NoError(t, err)
 		t.Cleanup(func() {
@@ -80,8 +85,8 @@ func TestPubSubUniversal(t *testing.T) {
 	tests.TestPubSub(t, universalFeatures(), ctor, groupCtor)
 }
 
-// TestPubSubUniversalPolling runs the suite without a Notifier: every
-// message is found by polling, as one published by another process.
+// TestPubSubUniversalPolling runs the suite without a Notifier nor the
+// watch: every message is found by polling.
 func TestPubSubUniversalPolling(t *testing.T) {
 	db := openPubSubTestDB(t)
 	ctor, groupCtor := universalPubSub(db, nil)
@@ -191,6 +196,7 @@ func TestPubSubConfig(t *testing.T) {
 		require.Equal(t, DefaultClaimBatchSize, cfg.ClaimBatchSize)
 		require.Equal(t, DefaultAckFlushInterval, cfg.AckFlushInterval)
 		require.Equal(t, DefaultPubSubCleanupInterval, cfg.CleanupInterval)
+		require.Equal(t, DefaultWatchInterval, cfg.WatchInterval)
 		require.NotNil(t, cfg.Logger)
 		require.NoError(t, PublisherConfig{}.WithDefaults().Validate())
 	})
@@ -654,6 +660,51 @@ func TestPubSubNotifierWakes(t *testing.T) {
 	b.publish(t, "a")
 	receive(t, ch).Ack()
 	require.Less(t, time.Since(start), 5*time.Second)
+}
+
+// TestPubSubWatchSeesOtherProcesses shows that a message another process
+// inserts (here through a pool of its own, with no Notifier, as a foreign
+// INSERT) is claimed by a subscription that would not poll for an hour:
+// the Subscriber's watch of the newest offset wakes it.
+func TestPubSubWatchSeesOtherProcesses(t *testing.T) {
+	t.Parallel()
+	b := setupPubSub(t)
+	ch, err := b.subscriber(t, SubscriberConfig{PollInterval: time.Hour}).Subscribe(context.Background(), b.topic)
+	require.NoError(t, err)
+	receiveNothing(t, ch, 50*time.Millisecond) // the first look found nothing
+	var path string
+	require.NoError(t, b.db.Get(&path, `SELECT file FROM pragma_database_list WHERE name = 'main'`))
+	other, err := Open(context.Background(), path, OpenConfig{})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, other.Close()) })
+	_, err = other.Exec(`INSERT INTO pubsub_messages (topic, uuid, payload) VALUES (?, 'evt-1', CAST('{}' AS BLOB))`, b.topic)
+	require.NoError(t, err)
+	msg := receive(t, ch)
+	require.Equal(t, "evt-1", msg.UUID)
+	msg.Ack()
+}
+
+// TestPubSubWatchShared shows that the Subscribers sharing a Notifier and
+// a db share one watch, which stops when the last of them closes.
+func TestPubSubWatchShared(t *testing.T) {
+	t.Parallel()
+	b := setupPubSub(t)
+	watches := func() int {
+		b.notifier.mu.Lock()
+		defer b.notifier.mu.Unlock()
+		return len(b.notifier.watches)
+	}
+	one, two := b.subscriber(t, SubscriberConfig{ConsumerGroup: "one"}), b.subscriber(t, SubscriberConfig{ConsumerGroup: "two"})
+	require.Zero(t, watches(), "no watch before a subscription")
+	for _, sub := range []*Subscriber{one, two} {
+		_, err := sub.Subscribe(context.Background(), b.topic)
+		require.NoError(t, err)
+	}
+	require.Equal(t, 1, watches())
+	require.NoError(t, one.Close())
+	require.Equal(t, 1, watches(), "two still subscribes")
+	require.NoError(t, two.Close())
+	require.Zero(t, watches())
 }
 
 func TestPubSubClosed(t *testing.T) {
