@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"time"
@@ -128,6 +129,6 @@ func Percentile(ds []time.Duration, p float64) time.Duration {
 		return 0
 	}
 	slices.Sort(ds)
-	i := int(float64(len(ds))*p/100+0.5) - 1
+	i := int(math.Ceil(float64(len(ds))*p/100)) - 1
 	return ds[max(0, min(i, len(ds)-1))]
 }

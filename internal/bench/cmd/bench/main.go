@@ -5,8 +5,8 @@
 //
 //	go run ./internal/bench/cmd/bench [-events 20000] [-run REGEXP] [-out docs/benchmarks.md]
 //
-// It exits non-zero when a run fails, e.g. when a consumer left other than
-// one effect per distinct event.
+// It exits non-zero, leaving the report file as it was, when a run fails,
+// e.g. when a consumer left other than one effect per distinct event.
 package main
 
 import (
@@ -73,6 +73,12 @@ func run() error {
 	if err := report.WriteTable(os.Stdout); err != nil {
 		return err
 	}
+	if err := report.Err(); err != nil {
+		if out != "" && !opts.Smoke {
+			fmt.Fprintf(os.Stderr, "%s not written: a run failed\n", out)
+		}
+		return err
+	}
 	if out != "" && !opts.Smoke {
 		f, err := os.Create(out)
 		if err != nil {
@@ -87,5 +93,5 @@ func run() error {
 		}
 		fmt.Fprintf(os.Stderr, "wrote %s\n", out)
 	}
-	return report.Err()
+	return nil
 }
