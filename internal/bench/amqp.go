@@ -177,28 +177,39 @@ type amqpService struct {
 }
 
 func measureAMQPService(ctx context.Context, env *Env, config string) (Result, error) {
-	url, err := env.PostgresSchema(ctx)
+	sys, err := newAMQPService(ctx, env, config)
 	if err != nil {
 		return Result{}, err
+	}
+	return Drain(ctx, env, sys)
+}
+
+// newAMQPService prepares the example service on RabbitMQ, its stores in
+// a schema of the run's own, with config as its configuration file (none
+// when empty).
+func newAMQPService(ctx context.Context, env *Env, config string) (*amqpService, error) {
+	url, err := env.PostgresSchema(ctx)
+	if err != nil {
+		return nil, err
 	}
 	db, err := openPostgres(ctx, env, url)
 	if err != nil {
-		return Result{}, err
+		return nil, err
 	}
 	if err := prepareService(ctx, env, db, "amqp", url); err != nil {
-		return Result{}, err
+		return nil, err
 	}
 	s := &amqpService{env: env, url: url, db: db}
 	if config != "" {
 		s.config = filepath.Join(env.Dir, "config.yaml")
 		if err := os.WriteFile(s.config, []byte(config), 0o600); err != nil {
-			return Result{}, fmt.Errorf("write config: %w", err)
+			return nil, fmt.Errorf("write config: %w", err)
 		}
 	}
 	if s.amqpFeed, err = newAMQPFeed(ctx, env, serviceQueue); err != nil {
-		return Result{}, err
+		return nil, err
 	}
-	return Drain(ctx, env, s)
+	return s, nil
 }
 
 func (s *amqpService) Start(ctx context.Context) (*Process, error) {
@@ -236,22 +247,32 @@ type amqpBaseline struct {
 }
 
 func measureAMQPBaseline(ctx context.Context, env *Env) (Result, error) {
-	url, err := env.PostgresSchema(ctx)
+	sys, err := newAMQPBaseline(ctx, env)
 	if err != nil {
 		return Result{}, err
+	}
+	return Drain(ctx, env, sys)
+}
+
+// newAMQPBaseline prepares the hand-written watermill-amqp consumer, its
+// tables in a schema of the run's own.
+func newAMQPBaseline(ctx context.Context, env *Env) (*amqpBaseline, error) {
+	url, err := env.PostgresSchema(ctx)
+	if err != nil {
+		return nil, err
 	}
 	db, err := openPostgres(ctx, env, url)
 	if err != nil {
-		return Result{}, err
+		return nil, err
 	}
 	if _, err := db.ExecContext(ctx, baselineSchema); err != nil {
-		return Result{}, fmt.Errorf("baseline schema: %w", err)
+		return nil, fmt.Errorf("baseline schema: %w", err)
 	}
 	b := &amqpBaseline{env: env, url: url, db: db, queue: "bench.baseline-" + randomHex(6)}
 	if b.amqpFeed, err = newAMQPFeed(ctx, env, b.queue); err != nil {
-		return Result{}, err
+		return nil, err
 	}
-	return Drain(ctx, env, b)
+	return b, nil
 }
 
 func (b *amqpBaseline) Start(ctx context.Context) (*Process, error) {

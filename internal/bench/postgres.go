@@ -73,22 +73,32 @@ type postgresService struct {
 }
 
 func measurePostgresService(ctx context.Context, env *Env) (Result, error) {
-	url, err := env.PostgresSchema(ctx)
+	sys, err := newPostgresService(ctx, env)
 	if err != nil {
 		return Result{}, err
+	}
+	return Drain(ctx, env, sys)
+}
+
+// newPostgresService prepares the example service on the PostgreSQL
+// transport, in a schema of the run's own.
+func newPostgresService(ctx context.Context, env *Env) (*postgresService, error) {
+	url, err := env.PostgresSchema(ctx)
+	if err != nil {
+		return nil, err
 	}
 	db, err := openPostgres(ctx, env, url)
 	if err != nil {
-		return Result{}, err
+		return nil, err
 	}
 	if err := prepareService(ctx, env, db, "postgres", url); err != nil {
-		return Result{}, err
+		return nil, err
 	}
 	feed, err := newPostgresFeed(db)
 	if err != nil {
-		return Result{}, err
+		return nil, err
 	}
-	return Drain(ctx, env, &postgresService{postgresFeed: feed, env: env, url: url})
+	return &postgresService{postgresFeed: feed, env: env, url: url}, nil
 }
 
 func (s *postgresService) Start(ctx context.Context) (*Process, error) {
@@ -114,22 +124,32 @@ type postgresBaseline struct {
 }
 
 func measurePostgresBaseline(ctx context.Context, env *Env) (Result, error) {
-	url, err := env.PostgresSchema(ctx)
+	sys, err := newPostgresBaseline(ctx, env)
 	if err != nil {
 		return Result{}, err
+	}
+	return Drain(ctx, env, sys)
+}
+
+// newPostgresBaseline prepares the hand-written watermill-sql consumer,
+// in a schema of the run's own.
+func newPostgresBaseline(ctx context.Context, env *Env) (*postgresBaseline, error) {
+	url, err := env.PostgresSchema(ctx)
+	if err != nil {
+		return nil, err
 	}
 	db, err := openPostgres(ctx, env, url)
 	if err != nil {
-		return Result{}, err
+		return nil, err
 	}
 	if _, err := db.ExecContext(ctx, baselineSchema); err != nil {
-		return Result{}, fmt.Errorf("baseline schema: %w", err)
+		return nil, fmt.Errorf("baseline schema: %w", err)
 	}
 	feed, err := newPostgresFeed(db)
 	if err != nil {
-		return Result{}, err
+		return nil, err
 	}
-	return Drain(ctx, env, &postgresBaseline{postgresFeed: feed, env: env, url: url})
+	return &postgresBaseline{postgresFeed: feed, env: env, url: url}, nil
 }
 
 func (b *postgresBaseline) Start(ctx context.Context) (*Process, error) {

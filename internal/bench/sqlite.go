@@ -54,33 +54,43 @@ type sqliteService struct {
 }
 
 func measureSQLiteService(ctx context.Context, env *Env, config string) (Result, error) {
+	s, err := newSQLiteService(ctx, env, config)
+	if err != nil {
+		return Result{}, err
+	}
+	return Drain(ctx, env, s)
+}
+
+// newSQLiteService prepares the example service on a file of the run's
+// own, with config as its configuration file (none when empty).
+func newSQLiteService(ctx context.Context, env *Env, config string) (*sqliteService, error) {
 	s := &sqliteService{env: env, file: env.sqliteFile("service.db")}
 	if config != "" {
 		s.config = filepath.Join(env.Dir, "config.yaml")
 		if err := os.WriteFile(s.config, []byte(config), 0o600); err != nil {
-			return Result{}, fmt.Errorf("write config: %w", err)
+			return nil, fmt.Errorf("write config: %w", err)
 		}
 	}
 	// The service's schema first, so that the effect table gets its
 	// handled_at column before anything is handled.
 	if err := env.Service(ctx, map[string]string{"EFFECTIVELY_DATABASE_URL": s.file}, "migrate"); err != nil {
-		return Result{}, err
+		return nil, err
 	}
 	db, err := openSQLite(ctx, env, s.file)
 	if err != nil {
-		return Result{}, err
+		return nil, err
 	}
 	s.db = db
 	if _, err := db.ExecContext(ctx, `DROP TABLE reminders`); err != nil {
-		return Result{}, fmt.Errorf("timestamp the reminders: %w", err)
+		return nil, fmt.Errorf("timestamp the reminders: %w", err)
 	}
 	if _, err := db.ExecContext(ctx, `CREATE TABLE reminders (appointment_id TEXT NOT NULL, starts_at TEXT NOT NULL, event_id TEXT NOT NULL, `+HandledAtColumn("sqlite")+`)`); err != nil {
-		return Result{}, fmt.Errorf("timestamp the reminders: %w", err)
+		return nil, fmt.Errorf("timestamp the reminders: %w", err)
 	}
 	if err := sqlite.InitializePubSubSchema(ctx, db, ""); err != nil {
-		return Result{}, fmt.Errorf("transport schema: %w", err)
+		return nil, fmt.Errorf("transport schema: %w", err)
 	}
-	return Drain(ctx, env, s)
+	return s, nil
 }
 
 // openSQLite opens file as the framework does, closed after the run.
