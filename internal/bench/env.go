@@ -97,12 +97,17 @@ func (e *Env) PostgresSchema(ctx context.Context) (string, error) {
 }
 
 // ServiceBinary returns the path of the example service's binary, built
-// with go build on first use.
+// with go build on first use (with -race when this program has the race
+// detector, so that the build reuses what the test build compiled).
 func (e *Env) ServiceBinary(ctx context.Context) (string, error) {
 	s := e.shared
 	s.once.Do(func() {
 		out := filepath.Join(s.dir, "notifications")
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", out, ServicePackage)
+		args := []string{"build", "-o", out}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		cmd := exec.CommandContext(ctx, "go", append(args, ServicePackage)...)
 		if msg, err := cmd.CombinedOutput(); err != nil {
 			s.err = fmt.Errorf("go build %s: %w: %s", ServicePackage, err, strings.TrimSpace(string(msg)))
 			return
