@@ -35,10 +35,10 @@ type Sender interface {
 // drain from the first effect to the last. Then, when sys is a Sender and
 // the run is no smoke run, it feeds fresh events one at a time at half
 // that rate for Options.LatencyDuration (at most Options.Events of them)
-// and times each from its send to its effect.
-// The consumer's allocations per message and the CPU use are counted
-// over the drain, its peak RSS and CPU profile over its life. The result holds the effects
-// counted once the consumer stopped.
+// and times each from its send to its effect. The consumer's allocations
+// per message and the CPU use are counted over the drain, its peak RSS
+// and CPU profile over its life. The result holds the effects counted
+// once the consumer stopped.
 func Drain(ctx context.Context, env *Env, sys System) (Result, error) {
 	msgs, distinct := env.Backlog()
 	env.Logf("feeding %d messages (%d distinct events)", len(msgs), distinct)
@@ -49,36 +49,10 @@ func Drain(ctx context.Context, env *Env, sys System) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	m0, err := p.Mallocs(ctx)
+	res, err := drainPhase(ctx, env, p, sys.Effects(), len(msgs), distinct)
 	if err != nil {
-		return Result{}, err
-	}
-	c0, err := sampleCPU(p.Pid())
-	if err != nil {
-		return Result{}, err
-	}
-	if err := p.Begin(ctx); err != nil {
-		return Result{}, err
-	}
-	effects := sys.Effects()
-	if err := waitEffects(ctx, env, p, effects, distinct); err != nil {
 		return Result{}, fmt.Errorf("drain: %w", err)
 	}
-	c1, err := sampleCPU(p.Pid())
-	if err != nil {
-		return Result{}, err
-	}
-	m1, err := p.Mallocs(ctx)
-	if err != nil {
-		return Result{}, err
-	}
-	drained, err := effects.Read(ctx)
-	if err != nil {
-		return Result{}, err
-	}
-	res := Result{Messages: len(msgs), Events: distinct, Drained: len(drained), AllocsPerMessage: (m1 - m0) / float64(len(msgs))}
-	res.Elapsed = span(drained)
-	res.CPU = cpuBetween(c0, c1)
 	env.Logf("drained %d effects at %.0f/s", res.Drained, res.EffectsPerSecond())
 
 	if sender, ok := sys.(Sender); ok && !env.Smoke && res.EffectsPerSecond() > 0 {
@@ -97,13 +71,53 @@ func Drain(ctx context.Context, env *Env, sys System) (Result, error) {
 	if err := p.Stop(stopTimeout); err != nil {
 		return Result{}, err
 	}
-	if res.Effects, res.DistinctEffects, err = effects.Count(ctx); err != nil {
+	if res.Effects, res.DistinctEffects, err = sys.Effects().Count(ctx); err != nil {
 		return Result{}, err
 	}
 	if res.Profile, err = ProfileTop(ctx, p.ProfilePath(), 10); err != nil {
 		return Result{}, err
 	}
 	return res, nil
+}
+
+// drainPhase lets the started consumer p drain messages (of distinct
+// events) and returns the drain's figures: its effects and their span,
+// the allocations per message and the CPU use.
+func drainPhase(ctx context.Context, env *Env, p *Process, effects *EffectTable, messages, distinct int) (Result, error) {
+	m0, err := p.Mallocs(ctx)
+	if err != nil {
+		return Result{}, err
+	}
+	c0, err := sampleCPU(p.Pid())
+	if err != nil {
+		return Result{}, err
+	}
+	if err := p.Begin(ctx); err != nil {
+		return Result{}, err
+	}
+	if err := waitEffects(ctx, env, p, effects, distinct); err != nil {
+		return Result{}, err
+	}
+	c1, err := sampleCPU(p.Pid())
+	if err != nil {
+		return Result{}, err
+	}
+	m1, err := p.Mallocs(ctx)
+	if err != nil {
+		return Result{}, err
+	}
+	drained, err := effects.Read(ctx)
+	if err != nil {
+		return Result{}, err
+	}
+	return Result{
+		Messages:         messages,
+		Events:           distinct,
+		Drained:          len(drained),
+		Elapsed:          span(drained),
+		AllocsPerMessage: (m1 - m0) / float64(messages),
+		CPU:              cpuBetween(c0, c1),
+	}, nil
 }
 
 // latencyPhase feeds fresh events at rate and returns their latencies.

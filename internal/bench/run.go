@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"time"
 )
 
@@ -111,9 +110,4 @@ func missingNeeds(s Scenario, opts Options) string {
 		}
 	}
 	return ""
-}
-
-// sqliteFile returns the path of a new SQLite file in the run's folder.
-func (e *Env) sqliteFile(name string) string {
-	return filepath.Join(e.Dir, name)
 }

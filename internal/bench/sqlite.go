@@ -64,7 +64,7 @@ func measureSQLiteService(ctx context.Context, env *Env, config string) (Result,
 // newSQLiteService prepares the example service on a file of the run's
 // own, with config as its configuration file (none when empty).
 func newSQLiteService(ctx context.Context, env *Env, config string) (*sqliteService, error) {
-	s := &sqliteService{env: env, file: env.sqliteFile("service.db")}
+	s := &sqliteService{env: env, file: filepath.Join(env.Dir, "service.db")}
 	if config != "" {
 		s.config = filepath.Join(env.Dir, "config.yaml")
 		if err := os.WriteFile(s.config, []byte(config), 0o600); err != nil {
@@ -170,7 +170,7 @@ type sqliteRaw struct {
 }
 
 func measureSQLiteRaw(ctx context.Context, env *Env) (Result, error) {
-	r := &sqliteRaw{env: env, file: env.sqliteFile("raw.db"), msgs: filepath.Join(env.Dir, "messages.jsonl")}
+	r := &sqliteRaw{env: env, file: filepath.Join(env.Dir, "raw.db"), msgs: filepath.Join(env.Dir, "messages.jsonl")}
 	db, err := openSQLite(ctx, env, r.file)
 	if err != nil {
 		return Result{}, err
