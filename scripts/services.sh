@@ -59,6 +59,7 @@ RABBITMQ_TEST_NODE=effectively-test@localhost
 RABBITMQ_TEST_PORT=5673
 RABBITMQ_TEST_DIST_PORT=25673
 RABBITMQ_TEST_DIR=/var/tmp/effectively-test-rabbitmq
+RABBITMQ_BENCH_VHOST=effectively-bench
 
 as_rabbitmq() {
   runuser -u rabbitmq -- env HOME=/var/lib/rabbitmq \
@@ -78,6 +79,9 @@ rabbitmq_answers() { (exec 3<>"/dev/tcp/127.0.0.1/$RABBITMQ_TEST_PORT") 2>/dev/n
 start_rabbitmq() {
   if [ -n "${EFFECTIVELY_TEST_AMQP_URL:-}" ]; then
     echo "export EFFECTIVELY_TEST_AMQP_URL='${EFFECTIVELY_TEST_AMQP_URL}'"
+    if [ -n "${EFFECTIVELY_TEST_AMQP_BENCH_URL:-}" ]; then
+      echo "export EFFECTIVELY_TEST_AMQP_BENCH_URL='${EFFECTIVELY_TEST_AMQP_BENCH_URL}'"
+    fi
     return
   fi
   if ! command -v rabbitmq-server >/dev/null 2>&1; then
@@ -102,8 +106,17 @@ start_rabbitmq() {
   done
   rabbitmq_answers || { fail "RabbitMQ does not listen on 127.0.0.1:$RABBITMQ_TEST_PORT (logs in $RABBITMQ_TEST_DIR/log)"; return; }
   exec 9>&-
+  # The benchmark runs the example service, whose queue and exchange names
+  # are fixed: a virtual host of its own keeps it apart from the example's
+  # tests, which may run at the same time.
+  if ! as_rabbitmq rabbitmqctl -q -n "$RABBITMQ_TEST_NODE" list_vhosts 2>/dev/null | grep -qx "$RABBITMQ_BENCH_VHOST"; then
+    as_rabbitmq rabbitmqctl -q -n "$RABBITMQ_TEST_NODE" add_vhost "$RABBITMQ_BENCH_VHOST" >&2 2>/dev/null || true
+    as_rabbitmq rabbitmqctl -q -n "$RABBITMQ_TEST_NODE" set_permissions -p "$RABBITMQ_BENCH_VHOST" guest '.*' '.*' '.*' >&2 \
+      || { fail "could not create the benchmark's virtual host"; return; }
+  fi
   # guest may log in over loopback, which is where the tests connect.
   echo "export EFFECTIVELY_TEST_AMQP_URL='amqp://guest:guest@127.0.0.1:$RABBITMQ_TEST_PORT/'"
+  echo "export EFFECTIVELY_TEST_AMQP_BENCH_URL='amqp://guest:guest@127.0.0.1:$RABBITMQ_TEST_PORT/$RABBITMQ_BENCH_VHOST'"
 }
 
 # Debian's sqlite3 program (3.40 on Debian 12, the oldest SQLite the docs

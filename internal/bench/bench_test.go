@@ -37,7 +37,7 @@ func TestSmoke(t *testing.T) {
 				Smoke:        true,
 				Run:          regexp.MustCompile("^" + regexp.QuoteMeta(s.Name) + "$"),
 				PostgresURL:  os.Getenv(testenv.PostgresURLVar),
-				AMQPURL:      os.Getenv(testenv.AMQPURLVar),
+				AMQPURL:      testenv.BenchAMQPURL(),
 				Log:          testWriter{t},
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)

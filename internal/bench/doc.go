@@ -67,8 +67,12 @@
 //	make bench BENCHFLAGS="-events 2000 -run sqlite"
 //	go test ./internal/bench/ -run TestSmoke    # what make test runs
 //
-// Servers come from EFFECTIVELY_TEST_POSTGRES_URL and
-// EFFECTIVELY_TEST_AMQP_URL, as for the tests; make bench starts them.
+// Servers come from EFFECTIVELY_TEST_POSTGRES_URL and, for RabbitMQ,
+// EFFECTIVELY_TEST_AMQP_BENCH_URL (a virtual host of the benchmark's own,
+// which scripts/services.sh makes: the example service's queue and
+// exchange names are fixed, and the example's own tests may use them at
+// the same time) or else EFFECTIVELY_TEST_AMQP_URL; make bench and make
+// test start them.
 // Each run creates a schema (or file, or queue) of its own and drops it
 // after.
 package bench

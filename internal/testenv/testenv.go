@@ -26,6 +26,21 @@ const PostgresURLVar = "EFFECTIVELY_TEST_POSTGRES_URL"
 // AMQPURLVar names the variable that points tests at RabbitMQ.
 const AMQPURLVar = "EFFECTIVELY_TEST_AMQP_URL"
 
+// AMQPBenchURLVar names the variable that points the benchmark at a
+// RabbitMQ virtual host of its own (scripts/services.sh makes one): the
+// benchmark runs the example service, whose queue and exchange names are
+// fixed, and must not share them with the example's tests.
+const AMQPBenchURLVar = "EFFECTIVELY_TEST_AMQP_BENCH_URL"
+
+// BenchAMQPURL returns the benchmark's broker: the URL in AMQPBenchURLVar,
+// or else the one in AMQPURLVar.
+func BenchAMQPURL() string {
+	if u := os.Getenv(AMQPBenchURLVar); u != "" {
+		return u
+	}
+	return os.Getenv(AMQPURLVar)
+}
+
 // Require returns the value of the environment variable name, which must
 // name a test server. When it is unset the test fails under CI=true and
 // is skipped elsewhere.

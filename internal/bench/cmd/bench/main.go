@@ -19,6 +19,7 @@ import (
 	"syscall"
 
 	"github.com/effectively-once/effectively/internal/bench"
+	"github.com/effectively-once/effectively/internal/testenv"
 )
 
 func main() {
@@ -48,7 +49,7 @@ func run() error {
 		for _, s := range bench.Scenarios() {
 			fmt.Fprintf(flag.CommandLine.Output(), " %s", s.Name)
 		}
-		fmt.Fprintf(flag.CommandLine.Output(), "\nServers: EFFECTIVELY_TEST_POSTGRES_URL, EFFECTIVELY_TEST_AMQP_URL (make bench starts them).\n\nFlags:\n")
+		fmt.Fprintf(flag.CommandLine.Output(), "\nServers: EFFECTIVELY_TEST_POSTGRES_URL, EFFECTIVELY_TEST_AMQP_BENCH_URL or else EFFECTIVELY_TEST_AMQP_URL (make bench starts them).\n\nFlags:\n")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
@@ -60,7 +61,7 @@ func run() error {
 		opts.Run = re
 	}
 	opts.PostgresURL = os.Getenv("EFFECTIVELY_TEST_POSTGRES_URL")
-	opts.AMQPURL = os.Getenv("EFFECTIVELY_TEST_AMQP_URL")
+	opts.AMQPURL = testenv.BenchAMQPURL()
 	opts.Log = os.Stderr
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
