@@ -7,5 +7,7 @@ func Scenarios() []Scenario {
 		amqpScenario(),
 		postgresScenario(),
 		sqliteScenario(),
+		outboxScenario(),
+		idleScenario(),
 	}
 }

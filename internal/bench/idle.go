@@ -1,0 +1,165 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"time"
+)
+
+// The idle scenario's size: how many events a run sends, one at a time,
+// and the mean pause before each (drawn evenly from half to one and a half
+// times it, so that the sends fall at every phase of a poller's period).
+const (
+	idleEvents = 20
+	idlePause  = 750 * time.Millisecond
+	// idleSettle is how long a consumer runs before the first send, so
+	// that its start-up work is over.
+	idleSettle = time.Second
+)
+
+// idleScenario: the latency of a single event that reaches a consumer at
+// rest, on each transport.
+func idleScenario() Scenario {
+	return Scenario{
+		Name:  "idle",
+		Title: "Idle to handled",
+		About: fmt.Sprintf("A consumer at rest gets a single event from a foreign producer, waits for it to take "+
+			"effect, rests again: %d events, one at a time, each after a pause of %s on average (%s to %s, "+
+			"evenly drawn). p50 and p99 run from the send to the effect's write; **at rate** is the events per "+
+			"second this makes, and the CPU columns are the consumer's and the machine's use over the whole "+
+			"run: what the consumer costs at rest. The producers are those of the other scenarios: on SQLite "+
+			"the documented `INSERT` into `pubsub_messages` from another process, on PostgreSQL the documented "+
+			"`INSERT` into the topic's table, on RabbitMQ amqp091-go publishing to the type's exchange. The "+
+			"example service runs with its default configuration; the hand-written consumers are those of the "+
+			"other scenarios (watermill-sql polls once a second when idle). effects/s and the ratio have no "+
+			"meaning here; the baseline is the hand-written RabbitMQ consumer, for reference.",
+			idleEvents, idlePause, idlePause/2, idlePause*3/2),
+		Needs: []Need{NeedPostgres, NeedAMQP},
+		Runs: []Run{
+			{Name: "example service, SQLite transport", Measure: func(ctx context.Context, env *Env) (Result, error) {
+				return measureIdle(ctx, env, func() (idleSystem, error) { return newSQLiteService(ctx, env, "") })
+			}},
+			{Name: "example service, PostgreSQL transport", Measure: func(ctx context.Context, env *Env) (Result, error) {
+				return measureIdle(ctx, env, func() (idleSystem, error) { return newPostgresService(ctx, env) })
+			}},
+			{Name: "hand-written watermill-sql", Measure: func(ctx context.Context, env *Env) (Result, error) {
+				return measureIdle(ctx, env, func() (idleSystem, error) { return newPostgresBaseline(ctx, env) })
+			}},
+			{Name: "example service, AMQP + PostgreSQL", Measure: func(ctx context.Context, env *Env) (Result, error) {
+				return measureIdle(ctx, env, func() (idleSystem, error) { return newAMQPService(ctx, env, "") })
+			}},
+			{Name: "hand-written watermill-amqp, 16 subscriptions", Baseline: true, Measure: func(ctx context.Context, env *Env) (Result, error) {
+				return measureIdle(ctx, env, func() (idleSystem, error) { return newAMQPBaseline(ctx, env) })
+			}},
+		},
+		// The hand-written consumers of the PostgreSQL and AMQP scenarios.
+		Children: []Child{
+			{Name: "watermill-sql", Main: postgresBaselineMain},
+			{Name: "watermill-amqp", Main: amqpBaselineMain},
+		},
+	}
+}
+
+// idleSystem is a consumer and its foreign producer, sending one event
+// at a time.
+type idleSystem interface {
+	System
+	Sender
+}
+
+// measureIdle builds the system with build, starts its consumer, lets it
+// settle, then sends the events one at a time, each after a pause and
+// once the one before took effect, and times each from its send to its
+// effect. A smoke run sends three events after short pauses.
+func measureIdle(ctx context.Context, env *Env, build func() (idleSystem, error)) (Result, error) {
+	sys, err := build()
+	if err != nil {
+		return Result{}, err
+	}
+	n, pause, settle := idleEvents, idlePause, idleSettle
+	if env.Smoke {
+		n, pause, settle = 3, 20*time.Millisecond, 0
+	}
+	p, err := sys.Start(ctx)
+	if err != nil {
+		return Result{}, err
+	}
+	if err := sleep(ctx, settle); err != nil {
+		return Result{}, err
+	}
+	c0, err := sampleCPU(p.Pid())
+	if err != nil {
+		return Result{}, err
+	}
+	msgs := Events(env.ID+"-i", n)
+	sent := make([]time.Time, n)
+	rng := rand.New(rand.NewPCG(uint64(n), 2))
+	effects := sys.Effects()
+	start := time.Now()
+	env.Logf("%d events, one at a time, after pauses of %s on average", n, pause)
+	for i, m := range msgs {
+		if err := sleep(ctx, pause/2+time.Duration(rng.Int64N(int64(pause)))); err != nil {
+			return Result{}, err
+		}
+		sent[i] = time.Now()
+		if err := sys.Send(ctx, m); err != nil {
+			return Result{}, fmt.Errorf("send %s: %w", m.ID, err)
+		}
+		if err := waitEffects(ctx, env, p, effects, i+1); err != nil {
+			return Result{}, err
+		}
+	}
+	elapsed := time.Since(start)
+	c1, err := sampleCPU(p.Pid())
+	if err != nil {
+		return Result{}, err
+	}
+	all, err := effects.Read(ctx)
+	if err != nil {
+		return Result{}, err
+	}
+	at := make(map[string]time.Time, len(all))
+	for _, e := range all {
+		at[e.EventID] = e.At
+	}
+	ds := make([]time.Duration, 0, n)
+	for i, m := range msgs {
+		t, ok := at[m.ID]
+		if !ok {
+			return Result{}, fmt.Errorf("no effect of %s", m.ID)
+		}
+		ds = append(ds, t.Sub(sent[i]))
+	}
+	res := Result{Events: n, Messages: n, CPU: cpuBetween(c0, c1)}
+	res.Latency = &Latency{Rate: float64(n) / elapsed.Seconds(), Events: n, P50: Percentile(ds, 50), P99: Percentile(ds, 99)}
+	env.Logf("p50 %s, p99 %s", ms(res.Latency.P50), ms(res.Latency.P99))
+	if res.PeakRSS, err = p.PeakRSS(); err != nil {
+		return Result{}, err
+	}
+	if err := p.Stop(stopTimeout); err != nil {
+		return Result{}, err
+	}
+	if res.Effects, res.DistinctEffects, err = effects.Count(ctx); err != nil {
+		return Result{}, err
+	}
+	if res.Profile, err = ProfileTop(ctx, p.ProfilePath(), 10); err != nil {
+		return Result{}, err
+	}
+	return res, nil
+}
+
+// sleep waits d, or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
