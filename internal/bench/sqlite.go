@@ -26,8 +26,8 @@ func sqliteScenario() Scenario {
 			"process), with its default configuration and with `defaults: {concurrency: 16}`. The baseline is the " +
 			"file's raw limit measured in the same run, in a process of its own: per event the same two inserts " +
 			"(the dedup mark and the business row), 100 events per transaction, no transport. In the latency " +
-			"phase the producer inserts one message per transaction; the service, in another process, finds it " +
-			"at its next poll.",
+			"phase the producer inserts one message per transaction; the service, in another process, sees it " +
+			"through its watch of the newest offset (every 20ms).",
 		Runs: []Run{
 			{Name: "example service, default configuration", Measure: func(ctx context.Context, env *Env) (Result, error) {
 				return measureSQLiteService(ctx, env, "")
