@@ -3,9 +3,14 @@ package framework_test
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/jmoiron/sqlx"
 
 	"github.com/effectively-once/effectively/framework"
-	"github.com/effectively-once/effectively/framework/memory"
+	"github.com/effectively-once/effectively/framework/migrate"
+	"github.com/effectively-once/effectively/framework/sqlite"
 )
 
 type PaymentCaptured struct {
@@ -15,20 +20,53 @@ type PaymentCaptured struct {
 
 var Captured = framework.Define[PaymentCaptured]("payments.payment.captured", 1)
 
-// Consume processes an event once, however often it is delivered. The
-// in-memory store protects one process; use the sqlite or postgres store
-// to make the mark commit with the handler's writes.
-func Example_consume() {
+// openExampleDB opens a migrated SQLite file in dir, with a ledger table
+// for the examples' handlers.
+func openExampleDB(ctx context.Context, dir string) (*sqlx.DB, *sqlite.Store, error) {
+	db, err := sqlite.Open(ctx, filepath.Join(dir, "app.db"), sqlite.OpenConfig{})
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := migrate.Up(ctx, db, migrate.Config{}); err != nil {
+		_ = db.Close()
+		return nil, nil, err
+	}
+	if _, err := db.ExecContext(ctx, `CREATE TABLE ledger (order_id TEXT, cents INTEGER)`); err != nil {
+		_ = db.Close()
+		return nil, nil, err
+	}
+	store, err := sqlite.NewStore(db, sqlite.StoreConfig{})
+	if err != nil {
+		_ = db.Close()
+		return nil, nil, err
+	}
+	return db, store, nil
+}
+
+// Consume processes an event once, however often it is delivered: the
+// handler's write and the processed mark commit in one SQLite transaction.
+func ExampleConsume() {
 	ctx := context.Background()
-	store := memory.NewStore()
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{Processed: store, Deliveries: store})
+	dir, err := os.MkdirTemp("", "consume-example")
+	if err != nil {
+		panic(err)
+	}
+	defer os.RemoveAll(dir)
+	db, store, err := openExampleDB(ctx, dir)
+	if err != nil {
+		panic(err)
+	}
+	defer db.Close()
+
+	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Processed: store, Deliveries: store})
 	if err != nil {
 		panic(err)
 	}
 	consumer, err := framework.NewConsumer("billing.ledger",
 		framework.Handle(Captured, func(ctx context.Context, ev framework.Event[PaymentCaptured]) error {
-			fmt.Printf("ledger: order %s, %d cents\n", ev.Data.OrderID, ev.Data.Cents)
-			return nil
+			_, err := framework.Conn(ctx, db).ExecContext(ctx, // in the attempt's transaction
+				`INSERT INTO ledger (order_id, cents) VALUES (?, ?)`, ev.Data.OrderID, ev.Data.Cents)
+			return err
 		}),
 	)
 	if err != nil {
@@ -47,12 +85,17 @@ func Example_consume() {
 		outcome, err := framework.Consume(ctx, consumer, uow, body)
 		fmt.Println(outcome, err)
 	}
+	var rows int
+	if err := db.GetContext(ctx, &rows, `SELECT count(*) FROM ledger`); err != nil {
+		panic(err)
+	}
+	fmt.Println("ledger rows:", rows)
 
 	_, err = framework.Consume(ctx, consumer, uow, []byte(`{"specversion":"1.0"}`))
-	fmt.Println(framework.CodeOf(err))
+	fmt.Println(framework.CodeOf(err), framework.IsPermanent(err))
 	// Output:
-	// ledger: order o-1, 4200 cents
 	// processed <nil>
 	// duplicate <nil>
-	// malformed_envelope
+	// ledger rows: 1
+	// malformed_envelope true
 }
