@@ -35,9 +35,13 @@
 // front of the driver), rather than in SQLite's busy handler, which sleeps,
 // retries and lets a writer lose again and again: with 16 messages in
 // flight this took the transport with a handler transaction from about
-// 1,500 to 2,100 messages per second here. Attempts serialise per file: a lease
-// must outlast attempts × (timeout + delay) of every message in flight, and
-// the busy timeout the longest attempt. The message format, for other
+// 1,500 to 2,100 messages per second here. Attempts serialise per file, so
+// a message may wait long behind the others in flight: a subscription
+// renews the leases of the messages it holds every third of
+// LeaseDuration, and a lease only has to outlast a renewal's wait for the
+// write lock; the messages of a process that died come back within about
+// one LeaseDuration. The busy timeout must outlast the longest attempt.
+// The message format, for other
 // programs that publish by hand, and the measured limits are in
 // docs/transports.md.
 package sqlite

@@ -53,6 +53,7 @@ type pubsubQueries struct {
 	ack           string // topic, group, offsets
 	ackOne        string // topic, group, offset
 	release       string // locked_until, topic, group, offsets
+	renew         string // ?1 locked_until, ?2 topic, ?3 group, ?4 [[offset, deliveries], ...]
 	unclaim       string // topic, group, offsets
 	horizons      string // -> topic, horizon
 	cleanup       string // topic, horizon, limit
@@ -136,6 +137,9 @@ func newPubSubQueries(prefix string) pubsubQueries {
 		ackOne: q(`DELETE FROM {leases} WHERE topic = ? AND consumer_group = ? AND "offset" = ?`),
 		release: q(`UPDATE {leases} SET locked_until = ? WHERE topic = ? AND consumer_group = ?
 	AND "offset" IN (SELECT value FROM json_each(?))`),
+		renew: q(`UPDATE {leases} SET locked_until = ?1
+	WHERE topic = ?2 AND consumer_group = ?3 AND ("offset", deliveries) IN (
+		SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?4))`),
 		unclaim: q(`UPDATE {leases} SET locked_until = 0, deliveries = MAX(deliveries - 1, 0)
 	WHERE topic = ? AND consumer_group = ? AND "offset" IN (SELECT value FROM json_each(?))`),
 		horizons: q(`SELECT g.topic, MIN(COALESCE(

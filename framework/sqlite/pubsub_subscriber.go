@@ -28,9 +28,11 @@ const (
 	// newest offset of its messages table, to wake the subscriptions as
 	// soon as any process inserted a message.
 	DefaultWatchInterval = 20 * time.Millisecond
-	// DefaultLeaseDuration is how long a claimed message stays reserved for
-	// the subscription that claimed it.
-	DefaultLeaseDuration = 5 * time.Minute
+	// DefaultLeaseDuration is how long a claim lasts without a renewal:
+	// the subscription renews the leases of the messages it holds every
+	// third of it, so a message whose process died comes back within
+	// about this long, however long healthy messages take.
+	DefaultLeaseDuration = 30 * time.Second
 	// DefaultNackDelay is how long a nacked message waits before it is
 	// delivered again.
 	DefaultNackDelay = time.Second
@@ -88,13 +90,17 @@ type SubscriberConfig struct {
 	// and a db share one watch, at the interval of the first of them.
 	// Negative turns the watch off. Defaults to DefaultWatchInterval.
 	WatchInterval time.Duration
-	// LeaseDuration is how long a claimed message stays reserved for its
-	// subscription. When it expires before the ack, the message is
-	// delivered again, marked redelivered. Leases are not renewed: it must
-	// outlast the whole handling of a healthy message, that is attempts ×
-	// (attempt timeout + retry delay), plus the time the message waits for
-	// the file's write lock behind the other messages in flight, plus a
-	// margin. Defaults to DefaultLeaseDuration.
+	// LeaseDuration is how long a claim lasts without a renewal. The
+	// subscription renews the leases of the messages it holds (claimed and
+	// not yet acked or nacked) every LeaseDuration/3, in one short write
+	// transaction, and stops on the ack, the nack, or Close; a lease that
+	// another subscription took over meanwhile is left alone. When a lease
+	// expires (its process died, or a renewal waited for the file's write
+	// lock longer than two thirds of it), the message is delivered again,
+	// marked redelivered. So it bounds how long the messages of a crashed
+	// process wait, and must outlast a renewal period plus the wait of a
+	// renewal for the write lock (an attempt holds it at most its
+	// timeout). Defaults to DefaultLeaseDuration.
 	LeaseDuration time.Duration
 	// NackDelay is how long a nacked message waits before it is delivered
 	// again. Defaults to DefaultNackDelay.
@@ -430,11 +436,15 @@ func mergeDone(ctx, other context.Context) (context.Context, context.CancelFunc)
 
 // pubsubDelivery is one claimed message of a subscription.
 type pubsubDelivery struct {
-	sub       *pubsubSubscription
-	offset    int64
-	msg       *message.Message
-	cancel    context.CancelFunc
-	ackedInTx atomic.Bool
+	sub    *pubsubSubscription
+	offset int64
+	// deliveries is the lease row's count at the claim. Every claim by
+	// another subscription increments it, so a renewal that finds it
+	// unchanged renews a lease this subscription still holds.
+	deliveries int64
+	msg        *message.Message
+	cancel     context.CancelFunc
+	ackedInTx  atomic.Bool
 }
 
 // ackInTx acknowledges the message inside the handler's transaction. The
@@ -491,6 +501,8 @@ func (sub *pubsubSubscription) run() {
 	retrying := false
 	nackWake := time.NewTimer(cfg.NackDelay)
 	nackWake.Stop()
+	renew := time.NewTicker(renewInterval(cfg.LeaseDuration))
+	defer renew.Stop()
 
 	for {
 		if sub.ctx.Err() != nil {
@@ -564,6 +576,11 @@ func (sub *pubsubSubscription) run() {
 			sub.wantClaim = true
 		case <-nackWake.C:
 			sub.wantClaim = true
+		case <-renew.C:
+			if err := sub.renewLeases(); err != nil && sub.ctx.Err() == nil {
+				sub.log.Warn("sqlite pubsub: could not renew the leases of the messages in flight; retrying at the next renewal",
+					slog.Any("error", err), slog.Duration("lease", cfg.LeaseDuration))
+			}
 		}
 	}
 }
@@ -583,6 +600,45 @@ func (sub *pubsubSubscription) claimWanted() int {
 		return 0
 	}
 	return min(free, batch)
+}
+
+// renewInterval is how often a subscription renews its leases: a third of
+// the lease, so that two renewals may fail or wait before one expires.
+func renewInterval(lease time.Duration) time.Duration {
+	return max(lease/3, time.Millisecond)
+}
+
+// renewLeases extends, in one short write transaction, the leases of the
+// messages the subscription holds: handed out and not yet acked or
+// nacked, or claimed and waiting to be handed out. A lease is renewed only
+// while its deliveries count is the one of this subscription's claim: one
+// that expired and was claimed by another subscription (or process) stays
+// theirs, and one deleted by an ack stays deleted.
+func (sub *pubsubSubscription) renewLeases() error {
+	held := make([][2]int64, 0, len(sub.sent)+len(sub.pending))
+	for d := range sub.sent {
+		held = append(held, [2]int64{d.offset, d.deliveries})
+	}
+	for _, d := range sub.pending {
+		held = append(held, [2]int64{d.offset, d.deliveries})
+	}
+	if len(held) == 0 {
+		return nil
+	}
+	s := sub.s
+	tx, err := s.db.BeginTxx(sub.ctx, nil)
+	if err != nil {
+		return fmt.Errorf("renew leases: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }() // no-op after Commit
+	until := time.Now().Add(s.cfg.LeaseDuration).UnixMilli()
+	if _, err := tx.ExecContext(sub.ctx, s.q.renew, until, sub.topic, s.cfg.ConsumerGroup, pubsubClaims(held)); err != nil {
+		return fmt.Errorf("renew leases: %w", err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("renew leases: commit: %w", err)
+	}
+	return nil
 }
 
 // watch reports the Ack or Nack of d to the run loop and cancels the
@@ -810,7 +866,7 @@ func (sub *pubsubSubscription) newDelivery(off int64, uuid string, payload []byt
 	// hand) marks the message unreadable, to be dead-lettered.
 	msg := storedmsg.Message(uuid, payload, []byte(metadata))
 	msg.Metadata.Set(framework.MetadataRedelivered, strconv.FormatBool(deliveries > 1))
-	d := &pubsubDelivery{sub: sub, offset: off, msg: msg}
+	d := &pubsubDelivery{sub: sub, offset: off, deliveries: deliveries, msg: msg}
 	ctx, cancel := context.WithCancel(sub.ctx)
 	d.cancel = cancel
 	msg.SetContext(framework.WithAckInTx(ctx, framework.AckInTx{DB: sub.s.db.DB, Ack: d.ackInTx}))
@@ -865,6 +921,24 @@ func (sub *pubsubSubscription) shutdown() {
 	if len(releases)+len(unclaims) > 0 {
 		sub.s.cfg.Notifier.Notify(sub.topic)
 	}
+}
+
+// pubsubClaims encodes (offset, deliveries) pairs as a JSON array of
+// two-element arrays for json_each.
+func pubsubClaims(claims [][2]int64) string {
+	b := make([]byte, 0, len(claims)*12+2)
+	b = append(b, '[')
+	for i, c := range claims {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, '[')
+		b = strconv.AppendInt(b, c[0], 10)
+		b = append(b, ',')
+		b = strconv.AppendInt(b, c[1], 10)
+		b = append(b, ']')
+	}
+	return string(append(b, ']'))
 }
 
 // pubsubOffsets encodes offsets as a JSON array for json_each.

@@ -279,17 +279,78 @@ func TestPubSubDelivery(t *testing.T) {
 		receiveNothing(t, ch, 200*time.Millisecond)
 	})
 
-	t.Run("ExpiredLeaseRedelivers", func(t *testing.T) {
+	t.Run("CrashedHolderLeaseExpires", func(t *testing.T) {
 		t.Parallel()
 		b := setupPubSub(t)
 		b.publish(t, "a")
-		// One subscription holds the message and never acks; the lease
-		// expires and another subscription of the group gets it.
-		holder := b.subscriber(t, SubscriberConfig{LeaseDuration: 300 * time.Millisecond})
+		// The holder, a process of its own (a pool of its own on the
+		// file), takes the message and dies: its pool closes under it, so
+		// it neither renews nor releases the lease. The lease expires and
+		// another subscription of the group gets the message.
+		var path string
+		require.NoError(t, b.db.Get(&path, `SELECT file FROM pragma_database_list WHERE name = 'main'`))
+		crashed, err := Open(context.Background(), path, OpenConfig{})
+		require.NoError(t, err)
+		holder, err := NewSubscriber(crashed, SubscriberConfig{LeaseDuration: 300 * time.Millisecond, PollInterval: 10 * time.Millisecond})
+		require.NoError(t, err)
 		held, err := holder.Subscribe(context.Background(), b.topic)
 		require.NoError(t, err)
 		first := receive(t, held)
 		require.False(t, redelivered(t, first))
+		require.NoError(t, crashed.Close())
+
+		other := b.subscriber(t, SubscriberConfig{LeaseDuration: time.Minute})
+		ch, err := other.Subscribe(context.Background(), b.topic)
+		require.NoError(t, err)
+		again := receive(t, ch)
+		require.Equal(t, first.UUID, again.UUID)
+		require.True(t, redelivered(t, again))
+		again.Ack()
+		require.NoError(t, holder.Close()) // its writes fail: the pool is gone
+		require.NoError(t, other.Close())
+		require.Zero(t, b.count(t, `SELECT COUNT(*) FROM pubsub_leases`))
+	})
+
+	t.Run("LeaseRenewedWhileHandled", func(t *testing.T) {
+		t.Parallel()
+		b := setupPubSub(t)
+		b.publish(t, "a")
+		// Handling takes five leases: the holder renews the lease, so
+		// the other subscription of the group never gets the message,
+		// which is acked once.
+		holder := b.subscriber(t, SubscriberConfig{LeaseDuration: 300 * time.Millisecond})
+		held, err := holder.Subscribe(context.Background(), b.topic)
+		require.NoError(t, err)
+		msg := receive(t, held)
+		require.False(t, redelivered(t, msg))
+
+		other := b.subscriber(t, SubscriberConfig{LeaseDuration: time.Minute})
+		ch, err := other.Subscribe(context.Background(), b.topic)
+		require.NoError(t, err)
+		receiveNothing(t, ch, 1500*time.Millisecond)
+		msg.Ack()
+		require.NoError(t, holder.Close())
+		require.Zero(t, b.count(t, `SELECT COUNT(*) FROM pubsub_leases`))
+		receiveNothing(t, ch, 300*time.Millisecond)
+		receiveNothing(t, held, 0)
+	})
+
+	t.Run("RenewalLeavesALeaseTakenOver", func(t *testing.T) {
+		t.Parallel()
+		b := setupPubSub(t)
+		b.publish(t, "a")
+		// MaxInFlight 1: holding the message, the holder claims no other,
+		// not even this one again.
+		holder := b.subscriber(t, SubscriberConfig{LeaseDuration: 300 * time.Millisecond, MaxInFlight: 1})
+		held, err := holder.Subscribe(context.Background(), b.topic)
+		require.NoError(t, err)
+		first := receive(t, held)
+		// Another process took the message over after the lease expired
+		// (its claim counted a delivery) and has since let its own lease
+		// expire: the holder's renewals must not take it back.
+		_, err = b.db.Exec(`UPDATE pubsub_leases SET deliveries = deliveries + 1, locked_until = 1`)
+		require.NoError(t, err)
+		time.Sleep(time.Second) // three renewal periods of the holder
 
 		other := b.subscriber(t, SubscriberConfig{LeaseDuration: time.Minute})
 		ch, err := other.Subscribe(context.Background(), b.topic)
@@ -299,8 +360,6 @@ func TestPubSubDelivery(t *testing.T) {
 		require.True(t, redelivered(t, again))
 		again.Ack()
 		first.Ack() // late: the lease is gone already; harmless
-		require.NoError(t, holder.Close())
-		require.Zero(t, b.count(t, `SELECT COUNT(*) FROM pubsub_leases`))
 	})
 
 	t.Run("SlowMessageWithinLeaseIsNotRedelivered", func(t *testing.T) {
