@@ -105,6 +105,13 @@
 // rolling deploy, is fine. The SQL transports create their own tables, in
 // EFFECTIVELY_TRANSPORT_URL's database too, and need no migration.
 //
+// # Middleware of the service's own
+//
+// fx.Supply(app.Middleware{Outer: ..., Inner: ...}) puts the service's
+// watermill middleware in every consumer's chain: Outer once per delivery
+// with the decoded event, outside the retries and the transaction; Inner
+// in each attempt's transaction. ExampleMiddleware shows both.
+//
 // # Start and shutdown
 //
 // At start the router subscribes every handler before any message is

@@ -45,9 +45,11 @@
 // writes commit together or not at all; a second delivery finds the mark
 // and is skipped. The handler, and everything it calls, joins the
 // transaction through TxFromContext or Conn. Calls to the outside world are
-// not covered: pass IdempotencyKeyFromContext to the service called.
+// not covered: pass IdempotencyKeyFromContext to the service called
+// (ExampleIdempotencyKeyFromContext).
 //
-// Consume gives a plain function these semantics without a container. The
+// Consume gives a plain function these semantics without a container
+// (ExampleConsume runs it on SQLite). The
 // middleware package wraps the same unit of work with retries, dead
 // letters and a durable delivery count, and package app runs it all.
 //
@@ -55,5 +57,6 @@
 //
 // A handler returns nil, a plain error (the attempt is retried) or a
 // Permanent error with a Code (the message is dead-lettered at once).
-// Dead letters keep codes, never error text.
+// Dead letters keep codes, never error text; ExamplePermanent lists one
+// from the store.
 package framework

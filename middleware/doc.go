@@ -52,5 +52,6 @@
 // nack the message, which comes back and counts towards the delivery
 // limit, until delivery_limit. ChainConfig.Inner runs inside each attempt,
 // in its transaction (framework.TxFromContext), for the deliveries that
-// are not duplicates.
+// are not duplicates. Package app takes both as app.Middleware; its
+// ExampleMiddleware runs them in the application on SQLite.
 package middleware

@@ -8,7 +8,7 @@
 // table in the handler's own transaction instead; a Relay reads the table
 // and publishes each row after the commit. A rolled-back attempt leaves
 // no row, so nothing is published; a committed one is published at least
-// once.
+// once. The package's Example shows both on SQLite.
 //
 // # Recording an event in a handler
 //

@@ -30,7 +30,8 @@
 // The handler writes through framework.Conn(ctx, db), so its writes commit
 // with the processed mark; a test that counts its rows after two
 // deliveries proves it does. TestShowcase in this package's tests is this
-// test, compiled and run on SQLite and PostgreSQL.
+// test, compiled and run on SQLite and PostgreSQL; the package's Example
+// runs the kit outside a test.
 //
 // # What a delivery can become
 //
