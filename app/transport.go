@@ -193,7 +193,7 @@ func newPostgresTransport(p TransportParams, logger *slog.Logger) (*Transport, e
 		Publisher: pub,
 		subscriber: func(consumer string, cc ConsumerConfig) (message.Subscriber, error) {
 			cfg := base
-			cfg.AckDeadline = leaseFor(cc)
+			cfg.AckDeadline = ackDeadlineFor(cc)
 			sub, err := postgres.NewSubscriber(subDB, consumer, cfg)
 			if err != nil {
 				return nil, fmt.Errorf("transport: consumer %s: %w", consumer, err)
@@ -383,11 +383,23 @@ func publishWithContext(ctx context.Context, pub message.Publisher, topic string
 	return nil
 }
 
-// leaseFor returns a lease that outlasts the whole handling of a healthy
-// message, including the wait for the file's write lock behind the other
-// messages in flight: concurrency × attempts × (timeout + delay), plus a
-// quarter and a second.
+// leaseFor returns the SQLite lease of a consumer's messages. The
+// subscriber renews it every third of its length while a message is held,
+// so it need not outlast the handling, only a renewal period plus a
+// renewal's wait for the file's write lock, which an attempt holds at most
+// its timeout: twice the attempt timeout (60s with the defaults), at least
+// a second. It bounds how long the messages of a process that died wait,
+// whatever the concurrency.
 func leaseFor(cc ConsumerConfig) time.Duration {
-	budget := time.Duration(cc.Concurrency*cc.Attempts) * (time.Duration(cc.Timeout) + time.Duration(cc.RetryDelay))
+	return max(time.Second, 2*time.Duration(cc.Timeout))
+}
+
+// ackDeadlineFor returns the PostgreSQL transport's ack deadline, which
+// is not renewed: it outlasts the whole handling of a healthy message,
+// attempts × (timeout + delay), plus a quarter and a second. The
+// transport hands out one message at a time per consumer group, so the
+// concurrency does not count.
+func ackDeadlineFor(cc ConsumerConfig) time.Duration {
+	budget := time.Duration(cc.Attempts) * (time.Duration(cc.Timeout) + time.Duration(cc.RetryDelay))
 	return budget + budget/4 + time.Second
 }

@@ -25,12 +25,12 @@ import (
 
 // waitLimit bounds every wait of these tests. It is far above what a
 // healthy run needs (a few seconds: the subscriber polls every second and
-// the leases below expire after about 2.3 s), so it fails only on a hang.
+// the leases below expire after about 2 s), so it fails only on a hang.
 const waitLimit = 45 * time.Second
 
 // crashConfig keeps the consumer's timeout short, so that the SQLite lease
-// (concurrency × attempts × (timeout + delay) × 1.25 + 1 s, about 2.3 s)
-// of a message whose process died expires quickly.
+// (twice the timeout, 2 s; renewed while the process lives) of a message
+// whose process died expires quickly.
 const crashConfig = `defaults:
   max_deliveries: 3
   attempts: 1
