@@ -64,11 +64,33 @@ func TestDatabasePoolSize(t *testing.T) {
 		require.Equal(t, postgres.DefaultMaxOpenConns, size, "concurrency adds nothing on postgres: the driver's default is enough")
 	})
 
-	t.Run("DefaultsKeepTheDriversPool", func(t *testing.T) {
+	t.Run("SmallNeedKeepsTheDriversPool", func(t *testing.T) {
+		t.Parallel()
+		cfg := app.Config{DatabaseURL: "file:x.db"}.WithDefaults()
+		cfg.Defaults.Concurrency = 1
+		size, err := cfg.DatabasePoolSize(two[:1])
+		require.NoError(t, err)
+		require.Equal(t, sqlite.DefaultMaxOpenConns, size)
+	})
+
+	t.Run("DefaultConcurrencyHoldsEveryLease", func(t *testing.T) {
 		t.Parallel()
 		size, err := app.Config{DatabaseURL: "file:x.db"}.WithDefaults().DatabasePoolSize(two[:1])
 		require.NoError(t, err)
-		require.Equal(t, sqlite.DefaultMaxOpenConns, size)
+		// The type's subscription and the replay topic's hold
+		// DefaultConcurrency leases each; and their claims and acks, the
+		// cleanup, the watch, the relay and its publisher.
+		require.Equal(t, 2*app.DefaultConcurrency+3+1+2, size)
+	})
+
+	t.Run("AMQPThreeConsumersAtTheDefault", func(t *testing.T) {
+		t.Parallel()
+		cfg := app.Config{Transport: app.TransportAMQP, DatabaseURL: "postgres://db/x", HTTPAddr: "127.0.0.1:0"}.WithDefaults()
+		three := append(append([]handlers.Declaration(nil), two...), handlers.Declaration{Name: "a.three", Handlers: 1})
+		size, err := cfg.DatabasePoolSize(three)
+		require.NoError(t, err)
+		// 16 attempts per consumer, the outbox relay, the readiness check.
+		require.Equal(t, 3*16+2, size)
 	})
 
 	t.Run("ExplicitRespected", func(t *testing.T) {
