@@ -30,8 +30,11 @@ const waitLimit = 45 * time.Second
 
 // crashConfig keeps the consumer's timeout short, so that the SQLite lease
 // (twice the timeout, 2 s; renewed while the process lives) of a message
-// whose process died expires quickly.
+// whose process died expires quickly. Concurrency 1: every crash counts a
+// delivery of each message in flight, so with more in flight the message
+// published behind crash-me would reach the delivery limit with it.
 const crashConfig = `defaults:
+  concurrency: 1
   max_deliveries: 3
   attempts: 1
   timeout: 1s
