@@ -12,6 +12,8 @@ import (
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/jmoiron/sqlx"
 	amqp091 "github.com/rabbitmq/amqp091-go"
+
+	"github.com/effectively-once/effectively/app"
 )
 
 // amqpScenario: the example service on RabbitMQ and PostgreSQL against a
@@ -20,20 +22,20 @@ func amqpScenario() Scenario {
 	return Scenario{
 		Name:  "amqp",
 		Title: "AMQP + PostgreSQL",
-		About: "The example service (`EFFECTIVELY_TRANSPORT=amqp`, its stores in a PostgreSQL schema of its own) " +
-			"drains its queue, filled beforehand by a foreign producer: plain amqp091-go publishing CloudEvents " +
-			"JSON to the type's fanout exchange, persistent, with publisher confirms. It runs with its default " +
-			"configuration and with `defaults: {concurrency: 16}`. The baseline is a hand-written consumer in a " +
-			"process of its own: watermill-amqp's durable pub/sub configuration on a queue of its own bound to the " +
-			"same exchange, 16 `AddConsumerHandler` subscriptions of that queue, and per message the handler's own " +
-			"sqlx transaction with the dedup insert and the business insert, commit, then the ack.",
+		About: fmt.Sprintf("The example service (`EFFECTIVELY_TRANSPORT=amqp`, its stores in a PostgreSQL schema of its own) "+
+			"drains its queue, filled beforehand by a foreign producer: plain amqp091-go publishing CloudEvents "+
+			"JSON to the type's fanout exchange, persistent, with publisher confirms. It runs with its default "+
+			"configuration (%d messages in flight) and with `defaults: {concurrency: 1}`. The baseline is a hand-written consumer in a "+
+			"process of its own: watermill-amqp's durable pub/sub configuration on a queue of its own bound to the "+
+			"same exchange, 16 `AddConsumerHandler` subscriptions of that queue, and per message the handler's own "+
+			"sqlx transaction with the dedup insert and the business insert, commit, then the ack.", app.DefaultConcurrency),
 		Needs: []Need{NeedPostgres, NeedAMQP},
 		Runs: []Run{
-			{Name: "example service, default configuration", Measure: func(ctx context.Context, env *Env) (Result, error) {
+			{Name: fmt.Sprintf("example service, default configuration (concurrency %d)", app.DefaultConcurrency), Measure: func(ctx context.Context, env *Env) (Result, error) {
 				return measureAMQPService(ctx, env, "")
 			}},
-			{Name: "example service, concurrency 16", Measure: func(ctx context.Context, env *Env) (Result, error) {
-				return measureAMQPService(ctx, env, "defaults:\n  concurrency: 16\n")
+			{Name: "example service, concurrency 1", Measure: func(ctx context.Context, env *Env) (Result, error) {
+				return measureAMQPService(ctx, env, "defaults:\n  concurrency: 1\n")
 			}},
 			{Name: "hand-written watermill-amqp, 16 subscriptions", Baseline: true, Measure: measureAMQPBaseline},
 		},

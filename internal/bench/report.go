@@ -3,6 +3,7 @@ package bench
 import (
 	"bufio"
 	"context"
+	_ "embed"
 	"errors"
 	"fmt"
 	"io"
@@ -16,6 +17,12 @@ import (
 	"github.com/jmoiron/sqlx"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 )
+
+// findings explains the figures against those measured by hand before
+// the harness existed; the report carries it after its summary.
+//
+//go:embed findings.md
+var findings string
 
 // Report is the outcome of Execute: every run's figures, or why it failed.
 type Report struct {
@@ -245,6 +252,7 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		}
 	}
 	fmt.Fprintln(b)
+	fmt.Fprintf(b, "%s\n", findings)
 
 	fmt.Fprintf(b, "## How to reproduce\n\n"+
 		"```sh\nmake bench                                          # starts PostgreSQL and RabbitMQ as make test does\n"+

@@ -11,6 +11,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
+	"github.com/effectively-once/effectively/app"
 	"github.com/effectively-once/effectively/framework/sqlite"
 )
 
@@ -21,19 +22,19 @@ func sqliteScenario() Scenario {
 	return Scenario{
 		Name:  "sqlite",
 		Title: "SQLite transport",
-		About: "The example service (`EFFECTIVELY_TRANSPORT=sqlite`) on a file of its own that already holds " +
-			"the messages (inserted by the documented `INSERT` into `pubsub_messages`, by this program: another " +
-			"process), with its default configuration and with `defaults: {concurrency: 16}`. The baseline is the " +
-			"file's raw limit measured in the same run, in a process of its own: per event the same two inserts " +
-			"(the dedup mark and the business row), 100 events per transaction, no transport. In the latency " +
-			"phase the producer inserts one message per transaction; the service, in another process, sees it " +
-			"through its watch of the newest offset (every 20ms).",
+		About: fmt.Sprintf("The example service (`EFFECTIVELY_TRANSPORT=sqlite`) on a file of its own that already holds "+
+			"the messages (inserted by the documented `INSERT` into `pubsub_messages`, by this program: another "+
+			"process), with its default configuration (%d messages in flight) and with `defaults: {concurrency: 1}`. The baseline is the "+
+			"file's raw limit measured in the same run, in a process of its own: per event the same two inserts "+
+			"(the dedup mark and the business row), 100 events per transaction, no transport. In the latency "+
+			"phase the producer inserts one message per transaction; the service, in another process, sees it "+
+			"through its watch of the newest offset (every 20ms).", app.DefaultConcurrency),
 		Runs: []Run{
-			{Name: "example service, default configuration", Measure: func(ctx context.Context, env *Env) (Result, error) {
+			{Name: fmt.Sprintf("example service, default configuration (concurrency %d)", app.DefaultConcurrency), Measure: func(ctx context.Context, env *Env) (Result, error) {
 				return measureSQLiteService(ctx, env, "")
 			}},
-			{Name: "example service, concurrency 16", Measure: func(ctx context.Context, env *Env) (Result, error) {
-				return measureSQLiteService(ctx, env, "defaults:\n  concurrency: 16\n")
+			{Name: "example service, concurrency 1", Measure: func(ctx context.Context, env *Env) (Result, error) {
+				return measureSQLiteService(ctx, env, "defaults:\n  concurrency: 1\n")
 			}},
 			{Name: "raw limit: two inserts per event, 100 events per transaction", Baseline: true, Measure: measureSQLiteRaw},
 		},
