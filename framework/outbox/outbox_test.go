@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -536,7 +537,17 @@ func testOutbox(t *testing.T, b backend) {
 		relay := bd.relay(t, outbox.RelayConfig{PollInterval: time.Hour})
 		runCtx, cancel := context.WithCancel(ctx)
 		done := make(chan error, 1)
-		go func() { done <- relay.Run(runCtx) }()
+		go func() {
+			// The probe below may hold the relay for a moment before this
+			// Run starts: then this one is refused, and tries again.
+			for {
+				if err := relay.Run(runCtx); !errors.Is(err, outbox.ErrRunning) {
+					done <- err
+					return
+				}
+				runtime.Gosched()
+			}
+		}()
 		ended, end := context.WithCancel(ctx)
 		end() // a Run that gets to start returns at once
 		require.Eventually(t, func() bool { return errors.Is(relay.Run(ended), outbox.ErrRunning) }, waitLimit, time.Millisecond)
