@@ -31,9 +31,19 @@ import (
 // handler, counted since AddHandler and never started
 // (TestUntilRunning/NackedWhenNeverRunning). A start that fails so ends
 // the process anyway.
+//
+// The others are watermill-amqp's, as in framework/amqp's TestMain: a
+// connection closed while the broker is unreachable (the tests of a broker
+// that is down or refuses the credentials) leaves its
+// handleConnectionClose goroutine waiting for a reconnection that never
+// comes, and a connection the broker drops while it closes blocks
+// amqp091-go's shutdown on an unread channel.
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m,
 		goleak.IgnoreAnyFunction("github.com/ThreeDotsLabs/watermill/message.(*Router).watchAllHandlersStopped.func1"),
+		goleak.IgnoreTopFunction("github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp.(*ConnectionWrapper).handleConnectionClose"),
+		goleak.IgnoreTopFunction("github.com/rabbitmq/amqp091-go.(*Connection).shutdown.func1"),
+		goleak.IgnoreAnyFunction("github.com/rabbitmq/amqp091-go.(*Connection).shutdown"),
 	)
 }
 
