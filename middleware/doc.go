@@ -6,7 +6,7 @@
 //	DeadLetter     stores poison and exhausted messages, then acks; never on shutdown
 //	Decode         CloudEvent, route and data validation; poison is permanent
 //	GapWait        optional: an event waiting for an earlier one is nacked, or after a while sequence_gap
-//	DeliveryGuard  durable delivery count; over the limit: delivery_limit
+//	DeliveryGuard  durable delivery count; over the limit: delivery_limit; redeliveries one at a time
 //	[Outer]        the application's middleware, once per delivery, with the decoded event
 //	Retry          constant delay, bounded attempts; permanent errors skip it
 //	Timeout        a deadline per attempt

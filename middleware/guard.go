@@ -68,6 +68,18 @@ var errOverLimit = errors.New("over the delivery limit")
 // cannot tell, every delivery is counted. The count is forgotten in the
 // transaction that commits the effect.
 //
+// A redelivery is a suspect: it may be the message that killed the
+// process. The suspects of one guard (one consumer's chain) run one at a
+// time in this process: a suspect waits for its turn before it is
+// counted, and holds the turn through its attempts. So when a crasher
+// kills the process again, only the suspect that was running is counted,
+// not the messages in flight beside it, which would otherwise reach the
+// limit with it; the first deliveries among them cost nothing and come
+// back as suspects. A suspect whose context ends while it waits is nacked,
+// uncounted. The cost: after a crash, or an outage that nacked many
+// messages, the redeliveries are handled one at a time until they drain.
+// Deliveries the transport cannot classify run as before, concurrently.
+//
 // A failure to count is returned as a plain error: the message is not
 // dead-lettered but delivered again later. The count is keyed as the dead
 // letter is (see DeadLetter): by the event's key, which Decode made sure
@@ -80,6 +92,7 @@ func DeliveryGuard(cfg GuardConfig) (message.HandlerMiddleware, error) {
 		return nil, err
 	}
 	handling := newHandling()
+	suspects := newTurn()
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			d, ok := framework.DecodedFromContext(msg.Context())
@@ -90,16 +103,24 @@ func DeliveryGuard(cfg GuardConfig) (message.HandlerMiddleware, error) {
 			if known && !redelivered {
 				return next(msg)
 			}
-			first := 1
-			if known {
-				first = 2
-			}
 			key := d.Key()
 			if err := key.Validate(); err != nil {
 				// Decode refuses such a key, a chain without it may not:
 				// no store could count it, so the message is poison, its
 				// dead letter keyed by its body (see DeadLetter).
 				return nil, fmt.Errorf("count delivery: %w", err)
+			}
+			first := 1
+			release := func() {}
+			if known {
+				// A suspect: its turn comes before its count, so that one
+				// waiting when the process dies is not counted.
+				first = 2
+				var err error
+				if release, err = suspects.take(msg.Context()); err != nil {
+					return nil, fmt.Errorf("wait for the turn of redelivered %s: %w", key, err)
+				}
+				defer release()
 			}
 			// Registered before the count: a copy counted after this one
 			// sees it handling.
@@ -112,6 +133,9 @@ func DeliveryGuard(cfg GuardConfig) (message.HandlerMiddleware, error) {
 			ctx := framework.WithDeliveryCounted(msg.Context())
 			if n > cfg.MaxDeliveries {
 				leave()
+				// The handler does not run: the next suspect may, and a
+				// copy this one waits for below never waits for it.
+				release()
 				if cfg.UnitOfWork != nil {
 					// Copies of the event that this process is handling
 					// (a burst of one event on a transport that cannot tell
@@ -195,4 +219,21 @@ func (h *handling) waitNone(ctx context.Context, key framework.Key) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// turn lets one delivery at a time through: a semaphore of one.
+type turn chan struct{}
+
+func newTurn() turn { return make(turn, 1) }
+
+// take waits for the turn, or until ctx ends, and returns its release,
+// which may be called more than once.
+func (t turn) take(ctx context.Context) (release func(), err error) {
+	select {
+	case t <- struct{}{}:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	var once sync.Once
+	return func() { once.Do(func() { <-t }) }, nil
 }

@@ -30,11 +30,10 @@ const waitLimit = 45 * time.Second
 
 // crashConfig keeps the consumer's timeout short, so that the SQLite lease
 // (twice the timeout, 2 s; renewed while the process lives) of a message
-// whose process died expires quickly. Concurrency 1: every crash counts a
-// delivery of each message in flight, so with more in flight the message
-// published behind crash-me would reach the delivery limit with it.
+// whose process died expires quickly. The concurrency is the default: the
+// message published behind crash-me is in flight with it at every crash,
+// and the delivery guard must not count it towards the limit.
 const crashConfig = `defaults:
-  concurrency: 1
   max_deliveries: 3
   attempts: 1
   timeout: 1s
@@ -318,20 +317,23 @@ func TestCrash(t *testing.T) {
 	t.Run("EveryDelivery", func(t *testing.T) {
 		t.Parallel()
 		b := setupCrash(t, crashSetup{config: crashConfig})
-		b.publish(t, crashMeID, "after-crash")
+		b.publish(t, crashMeID, afterCrashID)
 
 		// max_deliveries is 3: the first three deliveries kill the
-		// process, the fourth is refused by the delivery guard.
+		// process, the fourth is refused by the delivery guard. The hook
+		// holds after-crash in flight until crash-me's attempt starts, so
+		// each kill finds it delivered and not acknowledged: it must not
+		// reach the limit with crash-me.
 		for range 3 {
 			b.start(t, modeEveryDelivery).waitKilled(t)
 		}
 		s := b.start(t, modeEveryDelivery)
 		b.waitFor(t, s, "crash-me dead-lettered and after-crash handled", func() bool {
-			return b.deadLetters(crashMeID) == 1 && b.handled("after-crash")()
+			return b.deadLetters(crashMeID) == 1 && b.handled(afterCrashID)()
 		})
 		s.stop(t)
 
-		b.requireOnce(t, "after-crash")
+		b.requireOnce(t, afterCrashID)
 		require.Equal(t, 0, b.reminders(crashMeID))
 		require.Equal(t, 0, b.marks(crashMeID))
 		var dl struct {

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.uber.org/fx"
@@ -51,6 +53,15 @@ const (
 // crashMeID is the id of the event that kills the process in
 // modeEveryDelivery.
 const crashMeID = "crash-me"
+
+// afterCrashID is the id of the innocent event that modeEveryDelivery
+// holds in flight when crash-me kills the process.
+const afterCrashID = "after-crash"
+
+// crashGrace bounds how long crash-me and afterCrashID wait for each
+// other: longer than the subscriber's poll (1 s), since the two may be
+// claimed one poll apart.
+const crashGrace = 2 * time.Second
 
 func TestMain(m *testing.M) {
 	if mode, ok := os.LookupEnv(envCrashMode); ok {
@@ -105,12 +116,7 @@ func crashHook(mode, marker string) (app.Middleware, error) {
 	case modeBeforeAck:
 		return app.Middleware{Outer: []message.HandlerMiddleware{after(killOnce)}}, nil
 	case modeEveryDelivery:
-		return app.Middleware{Inner: []message.HandlerMiddleware{after(func(msg *message.Message) error {
-			if d, ok := framework.DecodedFromContext(msg.Context()); ok && d.ID == crashMeID {
-				killSelf()
-			}
-			return nil
-		})}}, nil
+		return everyDelivery(after), nil
 	case modeBlock:
 		return app.Middleware{Inner: []message.HandlerMiddleware{after(func(msg *message.Message) error {
 			if !firstTime(marker) {
@@ -121,6 +127,73 @@ func crashHook(mode, marker string) (app.Middleware, error) {
 		})}}, nil
 	}
 	return app.Middleware{}, fmt.Errorf("%s: unknown mode %q", envCrashMode, mode)
+}
+
+// everyDelivery returns the middleware of modeEveryDelivery: crash-me
+// kills the process in its attempt, after the handler, and the message
+// afterCrashID is in flight, past the delivery guard and not committed,
+// when it does. after is crashHook's.
+//
+// Each of the two waits for the other in its first Outer step, right
+// after the guard: crash-me until after-crash got there, after-crash until
+// crash-me's attempt wrote its processed mark (from then on it holds
+// SQLite's write lock until the kill, so no other attempt commits). When
+// the other does not come (not delivered, or waiting for its turn in the
+// guard) each goes on after crashGrace.
+func everyDelivery(after func(f func(msg *message.Message) error) message.HandlerMiddleware) app.Middleware {
+	var (
+		arrived, crashing = make(chan struct{}), make(chan struct{})
+		arrive, crash     sync.Once
+	)
+	id := func(msg *message.Message) string {
+		d, _ := framework.DecodedFromContext(msg.Context())
+		return d.ID
+	}
+	wait := func(msg *message.Message, ch <-chan struct{}) error {
+		grace := time.NewTimer(crashGrace)
+		defer grace.Stop()
+		select {
+		case <-ch:
+		case <-grace.C:
+		case <-msg.Context().Done():
+			return msg.Context().Err()
+		}
+		return nil
+	}
+	meet := func(next message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			var err error
+			switch id(msg) {
+			case crashMeID:
+				err = wait(msg, arrived)
+			case afterCrashID:
+				arrive.Do(func() { close(arrived) })
+				err = wait(msg, crashing)
+			}
+			if err != nil {
+				return nil, err
+			}
+			return next(msg)
+		}
+	}
+	crashMeStarts := func(next message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			if id(msg) == crashMeID {
+				crash.Do(func() { close(crashing) })
+			}
+			return next(msg)
+		}
+	}
+	kill := after(func(msg *message.Message) error {
+		if id(msg) == crashMeID {
+			killSelf()
+		}
+		return nil
+	})
+	return app.Middleware{
+		Outer: []message.HandlerMiddleware{meet},
+		Inner: []message.HandlerMiddleware{crashMeStarts, kill},
+	}
 }
 
 // firstTime creates the marker file and reports whether it did not exist.
