@@ -60,6 +60,10 @@ const maxIdentifier = 63
 // TransportConfig configures the postgres transport's Publisher and
 // Subscriber.
 type TransportConfig struct {
+	// URL is the transport's database, where New opens the subscribers'
+	// pool of their own (see Transport). Required by Transport.Subscribe;
+	// a Transport without it publishes and replays only.
+	URL string
 	// TablePrefix prefixes the names of the transport's tables, like those
 	// of the stores. Defaults to none.
 	TablePrefix string

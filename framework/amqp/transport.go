@@ -1,0 +1,99 @@
+package amqp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/effectively-once/effectively/framework"
+)
+
+// Transport is the AMQP transport (framework.Transport): one Connection
+// shared by a Publisher and a Subscriber per consumer.
+//
+// Each consumer has one durable queue named after it, bound to the
+// exchange of each of its types (Subscription.Initialize binds them). Its
+// concurrency is that many subscriptions of the queue, each handling one
+// message at a time (competing consumers; the prefetch only buffers).
+//
+// New does not dial: call Connect before the subscriptions are
+// initialized; until then Publish and Replay return ErrNotConnected.
+type Transport struct {
+	conn *Connection
+	pub  *Publisher
+
+	mu   sync.Mutex
+	subs []*Subscriber
+}
+
+var _ framework.Transport = (*Transport)(nil)
+
+// New returns an unconnected transport configured by cfg.
+func New(cfg Config) (*Transport, error) {
+	conn, err := NewConnection(cfg)
+	if err != nil {
+		return nil, err
+	}
+	pub, err := NewPublisher(conn)
+	if err != nil {
+		return nil, err
+	}
+	return &Transport{conn: conn, pub: pub}, nil
+}
+
+// Connect dials the broker as Connection.Connect does: it retries with
+// backoff until ctx ends, and not at all when the broker refuses the
+// credentials (ErrAccessRefused).
+func (t *Transport) Connect(ctx context.Context) error { return t.conn.Connect(ctx) }
+
+// Publisher returns the transport's publisher.
+func (t *Transport) Publisher() message.Publisher { return t.pub }
+
+// Subscribe returns a new subscriber of sc.Consumer's queue with
+// sc.Concurrency router handlers, all reading the queue, bound to each of
+// sc.Types when the Subscription is initialized.
+func (t *Transport) Subscribe(sc framework.SubscribeConfig) (framework.Subscription, error) {
+	sc = sc.WithDefaults()
+	if err := sc.Validate(); err != nil {
+		return framework.Subscription{}, fmt.Errorf("amqp: %w", err)
+	}
+	sub, err := NewSubscriber(t.conn, sc.Consumer)
+	if err != nil {
+		return framework.Subscription{}, fmt.Errorf("amqp: consumer %s: %w", sc.Consumer, err)
+	}
+	t.mu.Lock()
+	t.subs = append(t.subs, sub)
+	t.mu.Unlock()
+	// Subscribing to any of the types reads the one queue.
+	topics := make([]string, sc.Concurrency)
+	for i := range topics {
+		topics[i] = sc.Types[0]
+	}
+	return framework.Subscription{Subscriber: sub, Topics: topics, Bind: sc.Types}, nil
+}
+
+// Replay publishes msgs straight to consumer's queue (see
+// Publisher.Replay).
+func (t *Transport) Replay(ctx context.Context, consumer string, msgs ...*message.Message) error {
+	return t.pub.Replay(ctx, consumer, msgs...)
+}
+
+// Ready reports whether the connection is up (Connection.Connected).
+func (t *Transport) Ready() bool { return t.conn.Connected() }
+
+// Close closes the subscribers, the publisher and the connection.
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	subs := t.subs
+	t.subs = nil
+	t.mu.Unlock()
+	var errs []error
+	for _, sub := range subs {
+		errs = append(errs, sub.Close())
+	}
+	errs = append(errs, t.pub.Close(), t.conn.Close())
+	return errors.Join(errs...)
+}

@@ -1,0 +1,82 @@
+package memory
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/effectively-once/effectively/framework"
+)
+
+// Transport is the memory transport (framework.Transport) on one PubSub.
+// Every subscription gets every message; a consumer has one router
+// handler per event type and one for its replay topic, to which it alone
+// subscribes. For tests only.
+type Transport struct {
+	ps *PubSub
+}
+
+var _ framework.Transport = (*Transport)(nil)
+
+// New returns a memory transport configured by cfg.
+func New(cfg PubSubConfig) (*Transport, error) {
+	ps, err := NewPubSub(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Transport{ps: ps}, nil
+}
+
+// Publisher returns the transport's PubSub.
+func (t *Transport) Publisher() message.Publisher { return t.ps }
+
+// Subscribe returns a subscriber of the PubSub of its own: closing it
+// ends its subscriptions, not the PubSub's.
+func (t *Transport) Subscribe(sc framework.SubscribeConfig) (framework.Subscription, error) {
+	sc = sc.WithDefaults()
+	if err := sc.Validate(); err != nil {
+		return framework.Subscription{}, fmt.Errorf("memory: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return framework.Subscription{
+		Subscriber: &subscriber{ps: t.ps, ctx: ctx, cancel: cancel},
+		Topics:     append(append([]string(nil), sc.Types...), framework.ReplayTopic(sc.Consumer)),
+	}, nil
+}
+
+// Replay publishes msgs to the replay topic of consumer (see
+// framework.ReplayTopic).
+func (t *Transport) Replay(ctx context.Context, consumer string, msgs ...*message.Message) error {
+	for _, msg := range msgs {
+		m := msg.Copy()
+		m.SetContext(ctx)
+		if err := t.ps.Publish(framework.ReplayTopic(consumer), m); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Ready reports true.
+func (t *Transport) Ready() bool { return true }
+
+// Close closes the PubSub, which ends every subscription.
+func (t *Transport) Close() error { return t.ps.Close() }
+
+// subscriber is one consumer's view of the PubSub.
+type subscriber struct {
+	ps     *PubSub
+	ctx    context.Context
+	cancel context.CancelFunc
+}
+
+// Subscribe subscribes to topic until ctx ends or the subscriber closes.
+func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	context.AfterFunc(s.ctx, cancel)
+	return s.ps.Subscribe(ctx, topic)
+}
+
+// Close ends the subscriber's subscriptions.
+func (s *subscriber) Close() error { s.cancel(); return nil }

@@ -1,0 +1,128 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+
+	"github.com/effectively-once/effectively/framework"
+)
+
+// spareSubscriberConns is how many connections the subscribers' pool
+// holds beyond one per subscription.
+const spareSubscriberConns = 2
+
+// Transport is the PostgreSQL transport (framework.Transport):
+// watermill-sql's publisher on the database handed to New, and a
+// subscriber per consumer on a pool of their own.
+//
+// watermill-sql holds a pooled connection in an open transaction per
+// subscription while its message is handled, and hands out one message at
+// a time per consumer group: so a consumer has one subscription per event
+// type and one for its replay topic whatever its concurrency (more would
+// only wait for the group's lock with a connection each), and the
+// subscribers' pool grows by a connection per subscription (two to
+// spare), so that the handlers' transactions and the dead-letter writes on
+// the stores' pool never wait for them.
+type Transport struct {
+	cfg   TransportConfig
+	pub   *Publisher
+	subDB *sqlx.DB // nil without TransportConfig.URL
+
+	mu    sync.Mutex
+	conns int // subscriptions so far, plus the spare
+	subs  []message.Subscriber
+}
+
+var _ framework.Transport = (*Transport)(nil)
+
+// New returns the transport that publishes on db, which may be the
+// stores' pool, and, when cfg.URL is set, opens the subscribers' pool
+// there. Close closes that pool and leaves db open.
+func New(ctx context.Context, db *sqlx.DB, cfg TransportConfig) (*Transport, error) {
+	pub, err := NewPublisher(db, cfg)
+	if err != nil {
+		return nil, err
+	}
+	t := &Transport{cfg: cfg.WithDefaults(), pub: pub, conns: spareSubscriberConns}
+	if cfg.URL != "" {
+		t.subDB, err = Open(ctx, cfg.URL, OpenConfig{MaxOpenConns: t.conns})
+		if err != nil {
+			_ = pub.Close()
+			return nil, fmt.Errorf("postgres: TransportConfig.URL: subscribers' pool: %w", err)
+		}
+	}
+	return t, nil
+}
+
+// Publisher returns the transport's publisher.
+func (t *Transport) Publisher() message.Publisher { return t.pub }
+
+// Subscribe returns a new subscriber of sc.Consumer's group, with the
+// ack deadline ackDeadlineFor(sc.HandlingTime) when that is set, and
+// grows the subscribers' pool by its subscriptions.
+func (t *Transport) Subscribe(sc framework.SubscribeConfig) (framework.Subscription, error) {
+	sc = sc.WithDefaults()
+	if err := sc.Validate(); err != nil {
+		return framework.Subscription{}, fmt.Errorf("postgres: %w", err)
+	}
+	if t.subDB == nil {
+		return framework.Subscription{}, errors.New("postgres: Subscribe: TransportConfig.URL: required to subscribe")
+	}
+	cfg := t.cfg
+	if sc.HandlingTime > 0 {
+		cfg.AckDeadline = ackDeadlineFor(sc.HandlingTime)
+	}
+	sub, err := NewSubscriber(t.subDB, sc.Consumer, cfg)
+	if err != nil {
+		return framework.Subscription{}, fmt.Errorf("postgres: consumer %s: %w", sc.Consumer, err)
+	}
+	topics := append(append([]string(nil), sc.Types...), framework.ReplayTopic(sc.Consumer))
+	t.mu.Lock()
+	t.subs = append(t.subs, sub)
+	t.conns += len(topics)
+	t.subDB.SetMaxOpenConns(t.conns)
+	t.subDB.SetMaxIdleConns(t.conns)
+	t.mu.Unlock()
+	return framework.Subscription{Subscriber: sub, Topics: topics, Bind: sc.Types}, nil
+}
+
+// Replay publishes msgs to the replay topic of consumer (see
+// framework.ReplayTopic).
+func (t *Transport) Replay(ctx context.Context, consumer string, msgs ...*message.Message) error {
+	return t.pub.Replay(ctx, consumer, msgs...)
+}
+
+// Ready reports true: the pools reconnect by themselves.
+func (t *Transport) Ready() bool { return true }
+
+// Close closes the subscribers, the publisher and the subscribers' pool.
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	subs := t.subs
+	t.subs = nil
+	t.mu.Unlock()
+	var errs []error
+	for _, sub := range subs {
+		errs = append(errs, sub.Close())
+	}
+	errs = append(errs, t.pub.Close())
+	if t.subDB != nil {
+		errs = append(errs, t.subDB.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// ackDeadlineFor returns the ack deadline of a consumer's messages whose
+// healthy handling takes at most handling (attempts × (timeout + delay)).
+// It is not renewed, so it outlasts that by a quarter and a second. The
+// transport hands out one message at a time per consumer group, so the
+// concurrency does not count.
+func ackDeadlineFor(handling time.Duration) time.Duration {
+	return handling + handling/4 + time.Second
+}

@@ -1,0 +1,161 @@
+package sqlite
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+
+	"github.com/effectively-once/effectively/framework"
+)
+
+// TransportConfig configures a Transport.
+type TransportConfig struct {
+	// TablePrefix is put before the name of every table of the Pub/Sub. It
+	// must match ^[a-z_][a-z0-9_]*$. Defaults to empty.
+	TablePrefix string
+	// Subscriber is the template of each consumer's Subscriber: Subscribe
+	// sets its ConsumerGroup, TablePrefix, Notifier and Logger, its
+	// MaxInFlight to the consumer's concurrency and, when the consumer
+	// gives an attempt timeout, its LeaseDuration (twice the attempt timeout, at least a second).
+	// Defaults to SubscriberConfig's defaults.
+	Subscriber SubscriberConfig
+	// Logger receives the transport's logs. Defaults to nil: quiet.
+	Logger *slog.Logger
+}
+
+// WithDefaults returns a copy of c with zero fields set to their defaults.
+func (c TransportConfig) WithDefaults() TransportConfig {
+	c.Logger = pubsubLogger(c.Logger)
+	c.Subscriber.TablePrefix = c.TablePrefix
+	c.Subscriber.Logger = c.Logger
+	c.Subscriber = c.Subscriber.WithDefaults()
+	return c
+}
+
+// Validate reports the first invalid field of c.
+func (c TransportConfig) Validate() error {
+	if err := validatePubSubPrefix("TransportConfig", c.TablePrefix); err != nil {
+		return err
+	}
+	if err := c.Subscriber.Validate(); err != nil {
+		return fmt.Errorf("sqlite: TransportConfig.Subscriber: %w", err)
+	}
+	return nil
+}
+
+// Transport is the SQLite transport (framework.Transport): a Publisher
+// and a Subscriber per consumer on one file, sharing a Notifier so that a
+// publish wakes the subscriptions of this process at once.
+//
+// A consumer has one subscription per event type and one for its replay
+// topic, each holding up to the consumer's concurrency of leases in
+// flight.
+type Transport struct {
+	db       *sqlx.DB
+	cfg      TransportConfig
+	notifier *Notifier
+	pub      *Publisher
+
+	mu   sync.Mutex
+	subs []*Subscriber
+}
+
+var _ framework.Transport = (*Transport)(nil)
+
+// New returns the transport on db, which should come from Open (WAL,
+// busy timeout, BEGIN IMMEDIATE). Close leaves db open.
+func New(db *sqlx.DB, cfg TransportConfig) (*Transport, error) {
+	if db == nil {
+		return nil, ErrMissingDB
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	notifier := NewNotifier()
+	pub, err := NewPublisher(db, PublisherConfig{TablePrefix: cfg.TablePrefix, Notifier: notifier, Logger: cfg.Logger})
+	if err != nil {
+		return nil, fmt.Errorf("sqlite: transport: %w", err)
+	}
+	return &Transport{db: db, cfg: cfg, notifier: notifier, pub: pub}, nil
+}
+
+// Publisher returns the transport's publisher.
+func (t *Transport) Publisher() message.Publisher { return t.pub }
+
+// Subscribe returns a new Subscriber of sc.Consumer's group, holding up
+// to sc.Concurrency messages in flight per subscription, with the lease
+// leaseFor(sc.AttemptTimeout) when that is set.
+func (t *Transport) Subscribe(sc framework.SubscribeConfig) (framework.Subscription, error) {
+	sc = sc.WithDefaults()
+	if err := sc.Validate(); err != nil {
+		return framework.Subscription{}, fmt.Errorf("sqlite: %w", err)
+	}
+	cfg := t.cfg.Subscriber
+	cfg.ConsumerGroup = sc.Consumer
+	cfg.Notifier = t.notifier
+	cfg.MaxInFlight = sc.Concurrency
+	if sc.AttemptTimeout > 0 {
+		cfg.LeaseDuration = leaseFor(sc.AttemptTimeout)
+	}
+	sub, err := NewSubscriber(t.db, cfg)
+	if err != nil {
+		return framework.Subscription{}, fmt.Errorf("sqlite: consumer %s: %w", sc.Consumer, err)
+	}
+	t.mu.Lock()
+	t.subs = append(t.subs, sub)
+	t.mu.Unlock()
+	return framework.Subscription{
+		Subscriber: sub,
+		Topics:     append(append([]string(nil), sc.Types...), framework.ReplayTopic(sc.Consumer)),
+		Bind:       sc.Types,
+	}, nil
+}
+
+// Replay publishes msgs to the replay topic of consumer (see
+// framework.ReplayTopic), to which only consumer subscribes.
+func (t *Transport) Replay(ctx context.Context, consumer string, msgs ...*message.Message) error {
+	topic := framework.ReplayTopic(consumer)
+	for _, msg := range msgs {
+		m := msg.Copy()
+		m.SetContext(ctx)
+		if err := t.pub.Publish(topic, m); err != nil {
+			return fmt.Errorf("sqlite: replay to %s: %w", consumer, err)
+		}
+	}
+	return nil
+}
+
+// Ready reports true: the file is always there.
+func (t *Transport) Ready() bool { return true }
+
+// Close closes the subscribers and the publisher; db stays open.
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	subs := t.subs
+	t.subs = nil
+	t.mu.Unlock()
+	var errs []error
+	for _, sub := range subs {
+		errs = append(errs, sub.Close())
+	}
+	errs = append(errs, t.pub.Close())
+	return errors.Join(errs...)
+}
+
+// leaseFor returns the lease of a consumer's messages whose attempts time
+// out after attemptTimeout. The subscriber renews it every third of its
+// length while a message is held, so it need not outlast the handling,
+// only a renewal period plus a renewal's wait for the file's write lock,
+// which an attempt holds at most its timeout: twice the attempt timeout,
+// at least a second. It bounds how long the messages of a process that
+// died wait, whatever the concurrency.
+func leaseFor(attemptTimeout time.Duration) time.Duration {
+	return max(time.Second, 2*attemptTimeout)
+}

@@ -1,0 +1,109 @@
+package framework
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Transport is the broker side of a service: the publisher of its events,
+// the subscriptions of its consumers, and the replay of dead letters to
+// one consumer. The sqlite, postgres, amqp and memory packages implement
+// it, each built by its New.
+//
+// A transport owns what it builds: Close closes the publisher, every
+// subscriber that Subscribe returned and the connections the transport
+// opened, but never a database handed to New.
+type Transport interface {
+	// Publisher publishes events to their type's topic.
+	Publisher() message.Publisher
+	// Subscribe returns the subscriber of a consumer and the topic of
+	// each router handler it needs. Call Initialize on the Subscription
+	// before anything is published that the consumer must not miss.
+	Subscribe(cfg SubscribeConfig) (Subscription, error)
+	// Replay publishes msgs (dead letters being replayed) to consumer
+	// alone: other consumers of the same event type do not see them
+	// again.
+	Replay(ctx context.Context, consumer string, msgs ...*message.Message) error
+	// Ready reports whether the transport can deliver now (false while a
+	// broker connection is down).
+	Ready() bool
+	// Close closes what the transport built.
+	Close() error
+}
+
+// SubscribeConfig describes the consumer that Transport.Subscribe
+// subscribes: its name, its event types and how it handles a message.
+type SubscribeConfig struct {
+	// Consumer is the consumer's name, which names its consumer group or
+	// queue. Required.
+	Consumer string
+	// Types are the event types the consumer handles. Required.
+	Types []string
+	// Concurrency is how many messages the consumer handles at once.
+	// Defaults to 1.
+	Concurrency int
+	// AttemptTimeout bounds one attempt at a message. A transport that
+	// leases messages sizes its lease from it. Zero leaves the
+	// transport's configured lease.
+	AttemptTimeout time.Duration
+	// HandlingTime is the longest a healthy message's handling takes, all
+	// its attempts and the pauses between them. A transport whose lease
+	// is not renewed sizes it from it. Zero leaves the transport's
+	// configured lease.
+	HandlingTime time.Duration
+}
+
+// WithDefaults returns a copy of c with zero fields set to their defaults.
+func (c SubscribeConfig) WithDefaults() SubscribeConfig {
+	c.Concurrency = max(c.Concurrency, 1)
+	return c
+}
+
+// Validate reports the first invalid field of c.
+func (c SubscribeConfig) Validate() error {
+	switch {
+	case c.Consumer == "":
+		return fmt.Errorf("SubscribeConfig.Consumer: required")
+	case len(c.Types) == 0:
+		return fmt.Errorf("SubscribeConfig.Types: consumer %s handles no type", c.Consumer)
+	case c.Concurrency < 1:
+		return fmt.Errorf("SubscribeConfig.Concurrency: must be at least 1, got %d", c.Concurrency)
+	case c.AttemptTimeout < 0:
+		return fmt.Errorf("SubscribeConfig.AttemptTimeout: must not be negative, got %s", c.AttemptTimeout)
+	case c.HandlingTime < 0:
+		return fmt.Errorf("SubscribeConfig.HandlingTime: must not be negative, got %s", c.HandlingTime)
+	}
+	return nil
+}
+
+// Subscription is what a router needs of a consumer's subscription: its
+// subscriber, and the topic of each of its router handlers (a topic may
+// appear more than once: one handler per entry).
+type Subscription struct {
+	// Subscriber is the consumer's subscriber.
+	Subscriber message.Subscriber
+	// Topics are the topics of the consumer's router handlers.
+	Topics []string
+	// Bind are the topics to initialize before anything is published
+	// (see Initialize); empty when the transport needs no such step.
+	Bind []string
+}
+
+// Initialize binds the subscription to its topics (the subscriber's
+// SubscribeInitialize), so that the consumer keeps every message
+// published from now on, even before it first subscribes.
+func (s Subscription) Initialize() error {
+	init, ok := s.Subscriber.(message.SubscribeInitializer)
+	if !ok {
+		return nil
+	}
+	for _, topic := range s.Bind {
+		if err := init.SubscribeInitialize(topic); err != nil {
+			return fmt.Errorf("subscribe to %s: %w", topic, err)
+		}
+	}
+	return nil
+}
