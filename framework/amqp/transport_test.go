@@ -5,52 +5,41 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/postgres"
 	"github.com/effectively-once/effectively/framework/transporttest"
 	"github.com/effectively-once/effectively/internal/testenv"
 )
 
-// Topics of a consumer's router handlers on AMQP: every subscription
-// reads the consumer's one queue, so concurrency subscriptions in all,
-// whatever the number of types (each type is bound by SubscribeInitialize).
-func amqpTopics(_ string, types []string, concurrency int) []string {
-	topics := make([]string, concurrency)
-	for i := range topics {
-		topics[i] = types[0]
-	}
-	return topics
+// newTransport returns a transport on cfg, connected.
+func newTransport(t *testing.T, cfg Config) *Transport {
+	t.Helper()
+	tr, err := New(cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tr.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, tr.Connect(ctx))
+	return tr
 }
 
 // amqpEnv returns the suite's Env on the broker at url, with the stores in
-// a PostgreSQL schema of the test's own (or in db when given).
+// a PostgreSQL schema of the test's own. Each process has a transport,
+// and so a connection, of its own.
 func amqpEnv(t *testing.T, url string, cfg Config) *transporttest.Env {
 	t.Helper()
 	db := testenv.Postgres(t)
 	store, err := postgres.NewStore(db, postgres.StoreConfig{})
 	require.NoError(t, err)
 	cfg.URL = url
-	pubConn := connect(t, cfg)
-	pub, err := NewPublisher(pubConn)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = pub.Close() })
 	return &transporttest.Env{
 		DB:        db,
 		Store:     store,
-		Publisher: pub,
-		NewSubscriber: func(t *testing.T, consumer string, _ int) message.Subscriber {
-			// A connection of its own, as another process would have.
-			sub, err := NewSubscriber(connect(t, cfg), consumer)
-			require.NoError(t, err)
-			return sub
-		},
-		Topics: amqpTopics,
-		Replay: func(ctx context.Context, consumer string, msg *message.Message) error {
-			return pub.Replay(ctx, consumer, msg)
-		},
+		Transport: newTransport(t, cfg),
+		Process:   func(t *testing.T) framework.Transport { return newTransport(t, cfg) },
 		PublishRaw: func(t *testing.T, topic string, body []byte) {
 			publishPlain(t, url, topic, amqp091.Publishing{ContentType: "application/cloudevents+json", Body: body})
 		},

@@ -34,32 +34,25 @@ func open(t *testing.T, url string, conns int) *sqlx.DB {
 }
 
 // postgresEnv returns the suite's Env on the database at url: the stores
-// and the publisher share one pool, each process's subscriber has a pool
-// of its own.
+// and the publisher share one pool; each process has a transport of its
+// own, whose subscribers have a pool of their own.
 func postgresEnv(t *testing.T, url string) *transporttest.Env {
 	t.Helper()
 	db := open(t, url, 20)
 	store, err := postgres.NewStore(db, postgres.StoreConfig{})
 	require.NoError(t, err)
-	pub, err := postgres.NewPublisher(db, fastTransport)
+	cfg := fastTransport
+	cfg.URL = url
+	tr, err := postgres.New(context.Background(), db, cfg)
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = pub.Close() })
 	return &transporttest.Env{
 		DB:        db,
 		Store:     store,
-		Publisher: pub,
-		NewSubscriber: func(t *testing.T, consumer string, _ int) message.Subscriber {
-			sub, err := postgres.NewSubscriber(open(t, url, 8), consumer, fastTransport)
+		Transport: tr,
+		Process: func(t *testing.T) framework.Transport {
+			tr, err := postgres.New(context.Background(), db, cfg)
 			require.NoError(t, err)
-			return sub
-		},
-		// One subscription per type (more would only wait for the
-		// group's lock) and the consumer's replay topic.
-		Topics: func(consumer string, types []string, _ int) []string {
-			return append(types, framework.ReplayTopic(consumer))
-		},
-		Replay: func(ctx context.Context, consumer string, msg *message.Message) error {
-			return pub.Replay(ctx, consumer, msg)
+			return tr
 		},
 		PublishRaw: func(t *testing.T, topic string, body []byte) {
 			// The documented format of a message inserted by hand.

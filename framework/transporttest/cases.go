@@ -40,7 +40,7 @@ func caseConcurrentDuplicates(t *testing.T, s *suite) {
 			for _, id := range ids {
 				// Each copy is its own message, as a producer retrying a
 				// publish would send it.
-				if err := s.env.Publisher.Publish(s.typ.Type(), s.message(t, s.typ, "notes", id, "hello")); err != nil {
+				if err := s.env.Transport.Publisher().Publish(s.typ.Type(), s.message(t, s.typ, "notes", id, "hello")); err != nil {
 					t.Errorf("publish: %v", err)
 					return
 				}
@@ -111,7 +111,6 @@ func caseDeadLetters(t *testing.T, s *suite) {
 // caseReplay: a dead letter replayed to its consumer reaches it alone, not
 // another consumer of the same type.
 func caseReplay(t *testing.T, s *suite) {
-	require.NotNil(t, s.env.Replay, "Env.Replay is required: every transport replays to one consumer")
 	var mu sync.Mutex
 	rejecting := true
 	a, b := s.consumer("replay-a"), s.consumer("replay-b")
@@ -133,7 +132,7 @@ func caseReplay(t *testing.T, s *suite) {
 	rejecting = false
 	mu.Unlock()
 	dl := s.deadLetters(t, a)[0]
-	require.NoError(t, s.env.Replay(context.Background(), a, dl.ReplayMessage()))
+	require.NoError(t, s.env.Transport.Replay(context.Background(), a, dl.ReplayMessage()))
 	s.waitEffects(t, "replay-a", 1)
 	settle()
 	s.requireExactlyOnce(t, "replay-a", []string{"r-1"})

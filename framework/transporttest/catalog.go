@@ -423,7 +423,7 @@ func (s *suite) publishInput(t *testing.T, in BadInput) (carried bool, err error
 	case in.Metadata != nil:
 		msg := message.NewMessage(watermill.NewUUID(), in.Body)
 		maps.Copy(msg.Metadata, in.Metadata)
-		return true, s.env.Publisher.Publish(topic, msg)
+		return true, s.env.Transport.Publisher().Publish(topic, msg)
 	case s.env.PublishRow != nil:
 		return true, s.env.PublishRow(t, topic, in.Body, "{}")
 	default:

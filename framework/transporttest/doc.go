@@ -1,15 +1,23 @@
 // Package transporttest is the one integration suite every transport runs:
 // the framework's whole consumer chain (middleware.Handler) behind
 // watermill's router, on a real transport and a real database, the way the
-// application wires them. Each transport's tiny test supplies an Env and
-// calls Exercise, the way River runs one driver suite against each driver:
+// application wires them. Each transport's tiny test builds its
+// framework.Transport with its package's New, supplies it in an Env with
+// the database and the hooks to publish as a plain client, and calls
+// Exercise, the way River runs one driver suite against each driver:
 //
 //	func TestTransport(t *testing.T) {
 //		t.Parallel()
 //		transporttest.Exercise(t, func(t *testing.T) *transporttest.Env {
-//			return &transporttest.Env{ /* publisher, subscribers, database */ }
+//			tr, err := sqlite.New(db, sqlite.TransportConfig{})
+//			require.NoError(t, err)
+//			return &transporttest.Env{DB: db, Store: store, Transport: tr}
 //		})
 //	}
+//
+// The suite publishes and replays through the Transport, and subscribes
+// each consumer process it starts through Transport.Subscribe, binding
+// the Subscription (Initialize) before it runs a router handler per topic.
 //
 // The cases: delivery of distinct events, concurrent duplicates across two
 // processes of one consumer with concurrency 8 (one effect per event),

@@ -5,16 +5,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
-	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/sqlite"
 	"github.com/effectively-once/effectively/framework/transporttest"
 	"github.com/effectively-once/effectively/internal/testenv"
 )
 
-// TestSQLite runs the suite on the SQLite Pub/Sub sharing the stores'
+// TestSQLite runs the suite on the SQLite transport sharing the stores'
 // file, as the default configuration does. A plain client inserts rows
 // into its messages table by hand.
 func TestSQLite(t *testing.T) {
@@ -25,32 +23,16 @@ func TestSQLite(t *testing.T) {
 		t.Cleanup(func() { _ = db.Close() })
 		store, err := sqlite.NewStore(db, sqlite.StoreConfig{})
 		require.NoError(t, err)
-		notifier := sqlite.NewNotifier()
-		pub, err := sqlite.NewPublisher(db, sqlite.PublisherConfig{Notifier: notifier})
+		tr, err := sqlite.New(db, sqlite.TransportConfig{Subscriber: sqlite.SubscriberConfig{
+			PollInterval:  20 * time.Millisecond,
+			NackDelay:     20 * time.Millisecond,
+			LeaseDuration: 30 * time.Second,
+		}})
 		require.NoError(t, err)
-		t.Cleanup(func() { _ = pub.Close() })
 		return &transporttest.Env{
 			DB:        db,
 			Store:     store,
-			Publisher: pub,
-			NewSubscriber: func(t *testing.T, consumer string, concurrency int) message.Subscriber {
-				sub, err := sqlite.NewSubscriber(db, sqlite.SubscriberConfig{
-					ConsumerGroup: consumer,
-					Notifier:      notifier,
-					PollInterval:  20 * time.Millisecond,
-					NackDelay:     20 * time.Millisecond,
-					LeaseDuration: 30 * time.Second,
-					MaxInFlight:   concurrency,
-				})
-				require.NoError(t, err)
-				return sub
-			},
-			Topics: func(consumer string, types []string, _ int) []string {
-				return append(types, framework.ReplayTopic(consumer))
-			},
-			Replay: func(_ context.Context, consumer string, msg *message.Message) error {
-				return pub.Publish(framework.ReplayTopic(consumer), msg)
-			},
+			Transport: tr,
 			PublishRaw: func(t *testing.T, topic string, body []byte) {
 				_, err := db.Exec(`INSERT INTO pubsub_messages (topic, payload) VALUES (?, ?)`, topic, body)
 				require.NoError(t, err)

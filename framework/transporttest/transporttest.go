@@ -36,18 +36,16 @@ type Env struct {
 	DB *sqlx.DB
 	// Store is the framework's store on DB. Required.
 	Store Store
-	// Publisher publishes events to their type's topic. Required.
-	Publisher message.Publisher
-	// NewSubscriber returns the subscriber of consumer as one process of
-	// it would build it, with room for concurrency messages in flight.
-	// Required.
-	NewSubscriber func(t *testing.T, consumer string, concurrency int) message.Subscriber
-	// Topics returns the topic of each router handler a process of
-	// consumer opens for its types at the given concurrency. Defaults to
-	// one handler per type.
-	Topics func(consumer string, types []string, concurrency int) []string
-	// Replay publishes msg to consumer alone. Required.
-	Replay func(ctx context.Context, consumer string, msg *message.Message) error
+	// Transport is the transport under test, built by its package's New:
+	// the suite publishes and replays through it, and subscribes each
+	// process it starts through it unless Process is set. The suite closes
+	// it. Required.
+	Transport framework.Transport
+	// Process returns the transport of another process of the same
+	// service (a connection of its own, say), for the subscriptions of
+	// each process the suite starts; the suite closes it with the process.
+	// Defaults to Transport.
+	Process func(t *testing.T) framework.Transport
 	// PublishRaw publishes body to topic the way a plain client of the
 	// broker or database would, without watermill. Required.
 	PublishRaw func(t *testing.T, topic string, body []byte)
@@ -143,13 +141,10 @@ func newSuite(t *testing.T, env *Env) *suite {
 	t.Helper()
 	require.NotNil(t, env.DB, "Env.DB")
 	require.NotNil(t, env.Store, "Env.Store")
-	require.NotNil(t, env.Publisher, "Env.Publisher")
-	require.NotNil(t, env.NewSubscriber, "Env.NewSubscriber")
+	require.NotNil(t, env.Transport, "Env.Transport")
+	t.Cleanup(func() { _ = env.Transport.Close() })
 	if env.Timeout == 0 {
 		env.Timeout = 60 * time.Second
-	}
-	if env.Topics == nil {
-		env.Topics = func(_ string, types []string, _ int) []string { return types }
 	}
 	ctx := context.Background()
 	require.NoError(t, migrate.Up(ctx, env.DB, migrate.Config{}))
@@ -172,9 +167,10 @@ func (s *suite) consumer(role string) string { return "tt-" + s.id + "." + role 
 // process is one running instance of a consumer: a router with its
 // handlers on a subscriber of its own.
 type process struct {
-	router *message.Router
-	sub    message.Subscriber
-	done   chan struct{}
+	router         *message.Router
+	sub            message.Subscriber
+	closeTransport func() error // the process's own transport (Env.Process)
+	done           chan struct{}
 }
 
 // start runs a process of the consumer named name handling defs, with
@@ -207,18 +203,21 @@ func (s *suite) start(t *testing.T, name string, concurrency int, defs ...framew
 	h, err := middleware.Handler(cfg)
 	require.NoError(t, err)
 
-	sub := s.env.NewSubscriber(t, name, concurrency)
+	tr := s.env.Transport
+	closeTransport := func() error { return nil }
+	if s.env.Process != nil {
+		tr = s.env.Process(t)
+		closeTransport = tr.Close
+	}
+	sub, err := tr.Subscribe(framework.SubscribeConfig{Consumer: name, Types: types, Concurrency: concurrency})
+	require.NoError(t, err)
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 3 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)
-	if init, ok := sub.(message.SubscribeInitializer); ok {
-		for _, typ := range types {
-			require.NoError(t, init.SubscribeInitialize(typ))
-		}
+	require.NoError(t, sub.Initialize())
+	for i, topic := range sub.Topics {
+		router.AddConsumerHandler(fmt.Sprintf("%s#%d", name, i), topic, sub.Subscriber, h)
 	}
-	for i, topic := range s.env.Topics(name, types, concurrency) {
-		router.AddConsumerHandler(fmt.Sprintf("%s#%d", name, i), topic, sub, h)
-	}
-	p := &process{router: router, sub: sub, done: make(chan struct{})}
+	p := &process{router: router, sub: sub.Subscriber, closeTransport: closeTransport, done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
 		_ = router.Run(context.Background())
@@ -240,6 +239,7 @@ func (p *process) stop() {
 	_ = p.router.Close()
 	<-p.done
 	_ = p.sub.Close()
+	_ = p.closeTransport()
 }
 
 func (s *suite) handler(consumer string) framework.HandlerFunc[noteV1] {
@@ -314,7 +314,7 @@ func (s *suite) message(t *testing.T, def framework.Definition[noteV1], source, 
 
 func (s *suite) publish(t *testing.T, def framework.Definition[noteV1], msgs ...*message.Message) {
 	t.Helper()
-	require.NoError(t, s.env.Publisher.Publish(def.Type(), msgs...))
+	require.NoError(t, s.env.Transport.Publisher().Publish(def.Type(), msgs...))
 }
 
 // publishN publishes n distinct events of def (ids from+0 .. from+n-1)
