@@ -82,7 +82,7 @@ type bundle struct {
 	cfg       app.Config
 	service   *fx.App
 	db        *sqlx.DB
-	transport *app.Transport
+	transport framework.Transport
 	http      *app.HTTP
 }
 
@@ -129,7 +129,7 @@ func (b *bundle) publish(t *testing.T, id, name string) {
 	require.NoError(t, err)
 	msg, err := framework.NewMessage(env)
 	require.NoError(t, err)
-	require.NoError(t, b.transport.Publisher.Publish(widgetAdded.Type(), msg))
+	require.NoError(t, b.transport.Publisher().Publish(widgetAdded.Type(), msg))
 }
 
 func (b *bundle) count(t *testing.T, query string, args ...any) int {

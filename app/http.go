@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/fx"
 
+	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/middleware"
 )
 
@@ -55,7 +56,7 @@ type HTTPParams struct {
 	Config    Config
 	Metrics   Metrics
 	Readiness *Readiness
-	Transport *Transport
+	Transport framework.Transport
 	DB        *sqlx.DB
 	Consumers *middleware.Metrics
 	Logger    *slog.Logger `optional:"true"`

@@ -174,7 +174,7 @@ func TestLogsNeverQuotePayload(t *testing.T) {
 		"data": map[string]any{"at": "tomorrow " + secret},
 	})
 	require.NoError(t, err)
-	require.NoError(t, b.transport.Publisher.Publish(visitBooked.Type(), message.NewMessage(watermill.NewUUID(), body)))
+	require.NoError(t, b.transport.Publisher().Publish(visitBooked.Type(), message.NewMessage(watermill.NewUUID(), body)))
 	waitFor(t, "the router's line of the nack", func() bool {
 		return len(withMsg(decodeLines(t, logs.String()), "Handler returned error")) > 0
 	})

@@ -8,6 +8,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"go.uber.org/fx"
 
+	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/outbox"
 )
 
@@ -30,7 +31,7 @@ type OutboxRelayParams struct {
 	Config    Config
 	DB        *sqlx.DB
 	Outbox    *outbox.Outbox
-	Transport *Transport
+	Transport framework.Transport
 	Metrics   Metrics
 	Logger    *slog.Logger `optional:"true"`
 }
@@ -45,7 +46,7 @@ func NewOutboxRelay(p OutboxRelayParams) (*outbox.Relay, error) {
 	if err != nil {
 		return nil, fmt.Errorf("outbox relay: %w", err)
 	}
-	relay, err := outbox.NewRelay(p.DB, p.Transport.Publisher, outbox.RelayConfig{
+	relay, err := outbox.NewRelay(p.DB, p.Transport.Publisher(), outbox.RelayConfig{
 		TablePrefix: p.Config.TablePrefix,
 		Outbox:      p.Outbox,
 		Metrics:     metrics,

@@ -206,7 +206,7 @@ func TestPoolHoldsEveryAttempt(t *testing.T) {
 		require.NoError(t, err)
 		msg, err := framework.NewMessage(env)
 		require.NoError(t, err)
-		require.NoError(t, b.transport.Publisher.Publish(poolProbe.Type(), msg))
+		require.NoError(t, b.transport.Publisher().Publish(poolProbe.Type(), msg))
 	}
 	waitFor(t, "32 effects", func() bool {
 		return b.count(t, `SELECT count(*) FROM widgets WHERE name = 'probe'`) == 2*perConsumer

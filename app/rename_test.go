@@ -10,6 +10,7 @@ import (
 	"go.uber.org/fx"
 
 	"github.com/effectively-once/effectively/app"
+	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/handlers"
 	"github.com/effectively-once/effectively/middleware"
 )
@@ -23,7 +24,7 @@ func TestRenamedConsumer(t *testing.T) {
 	run := func(name string, routes []handlers.Route, publish []string, done func(db *sqlx.DB, m *middleware.Metrics) bool) {
 		t.Helper()
 		var (
-			transport *app.Transport
+			transport framework.Transport
 			db        *sqlx.DB
 			metrics   *middleware.Metrics
 		)

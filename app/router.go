@@ -43,7 +43,7 @@ type RouterParams struct {
 	Lifecycle  fx.Lifecycle
 	Config     Config
 	Registry   *handlers.Registry
-	Transport  *Transport
+	Transport  framework.Transport
 	DB         *sqlx.DB
 	Store      Store
 	Metrics    *middleware.Metrics
@@ -70,7 +70,7 @@ func NewRouter(p RouterParams) (*message.Router, error) {
 		return nil, fmt.Errorf("router: %w", err)
 	}
 	router.AddMiddleware(untilRunning(router))
-	var inits []subscribeInit
+	var subs []consumerSubscription
 	for _, c := range p.Registry.Consumers() {
 		cc := p.Config.Consumer(c.Name())
 		// The rate limit is the first of the Outer steps: it paces the
@@ -109,28 +109,30 @@ func NewRouter(p RouterParams) (*message.Router, error) {
 		if err != nil {
 			return nil, fmt.Errorf("consumer %s: %w", c.Name(), err)
 		}
-		sub, err := p.Transport.Subscriber(c.Name(), cc)
+		timeout := time.Duration(cc.Timeout)
+		sub, err := p.Transport.Subscribe(framework.SubscribeConfig{
+			Consumer:       c.Name(),
+			Types:          c.Types(),
+			Concurrency:    cc.Concurrency,
+			AttemptTimeout: timeout,
+			HandlingTime:   time.Duration(cc.Attempts) * (timeout + time.Duration(cc.RetryDelay)),
+		})
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("consumer %s: %w", c.Name(), err)
 		}
-		if init, ok := sub.(message.SubscribeInitializer); ok {
-			for _, typ := range c.Types() {
-				inits = append(inits, subscribeInit{consumer: c.Name(), topic: typ, init: init})
-			}
-		}
-		topics := p.Transport.topics(c.Name(), c.Types(), cc)
-		seen := make(map[string]int, len(topics))
-		for _, topic := range topics {
+		subs = append(subs, consumerSubscription{consumer: c.Name(), sub: sub})
+		seen := make(map[string]int, len(sub.Topics))
+		for _, topic := range sub.Topics {
 			seen[topic]++
 		}
-		nth := make(map[string]int, len(topics))
-		for _, topic := range topics {
+		nth := make(map[string]int, len(sub.Topics))
+		for _, topic := range sub.Topics {
 			name := c.Name() + "@" + topic
 			if seen[topic] > 1 {
 				nth[topic]++
 				name = fmt.Sprintf("%s#%d", name, nth[topic])
 			}
-			router.AddConsumerHandler(name, topic, sub, h)
+			router.AddConsumerHandler(name, topic, sub.Subscriber, h)
 		}
 	}
 	var runErr atomic.Value
@@ -153,9 +155,9 @@ func NewRouter(p RouterParams) (*message.Router, error) {
 			// fanout drops what reaches an exchange with no queue bound).
 			// This runs after the transport's own start hook, which
 			// connects to the broker.
-			for _, in := range inits {
-				if err := in.init.SubscribeInitialize(in.topic); err != nil {
-					return fmt.Errorf("consumer %s: subscribe to %s: %w", in.consumer, in.topic, err)
+			for _, cs := range subs {
+				if err := cs.sub.Initialize(); err != nil {
+					return fmt.Errorf("consumer %s: %w", cs.consumer, err)
 				}
 			}
 			done := make(chan struct{})
@@ -216,10 +218,10 @@ func untilRunning(router *message.Router) message.HandlerMiddleware {
 	}
 }
 
-// subscribeInit is a topic a consumer's subscriber binds at start.
-type subscribeInit struct {
-	consumer, topic string
-	init            message.SubscribeInitializer
+// consumerSubscription is a consumer's subscription, bound at start.
+type consumerSubscription struct {
+	consumer string
+	sub      framework.Subscription
 }
 
 // rateLimit caps a consumer's messages per second. A message waiting for

@@ -129,7 +129,7 @@ type App struct {
 	fx        *fx.App
 	db        *sqlx.DB
 	store     app.Store
-	transport *app.Transport
+	transport framework.Transport
 	registry  *handlers.Registry
 	outcomes  *outcomes
 	// undo removes what Start created besides the application (the
@@ -294,7 +294,7 @@ func (a *App) PublishBody(ctx context.Context, topic string, body []byte) (Resul
 }
 
 // Deliver sends env to one consumer alone, the way an operator's replay
-// reaches it (app.Transport.Replay: the consumer's replay topic, its queue
+// reaches it (framework.Transport.Replay: the consumer's replay topic, its queue
 // on RabbitMQ), and waits for its outcome. Its dead letters carry the
 // replay topic.
 func (a *App) Deliver(ctx context.Context, consumer string, env framework.Envelope) (testkit.Result, error) {
@@ -342,7 +342,7 @@ func (a *App) publish(ctx context.Context, topic string, msg *message.Message) (
 	}
 	return a.send(ctx, msg, consumers, func() error {
 		msg.SetContext(ctx)
-		return a.transport.Publisher.Publish(topic, msg)
+		return a.transport.Publisher().Publish(topic, msg)
 	})
 }
 

@@ -36,7 +36,7 @@ func demoCommand() *cobra.Command {
 // became of them.
 func runDemo(ctx context.Context, out io.Writer) error {
 	var (
-		transport *app.Transport
+		transport framework.Transport
 		db        *sqlx.DB
 		store     app.Store
 		metrics   app.Metrics
@@ -80,7 +80,7 @@ func runDemo(ctx context.Context, out io.Writer) error {
 		if err != nil {
 			return err
 		}
-		if err := transport.Publisher.Publish(appointments.Booked.Type(), msg); err != nil {
+		if err := transport.Publisher().Publish(appointments.Booked.Type(), msg); err != nil {
 			return fmt.Errorf("publish: %w", err)
 		}
 		fmt.Fprintf(out, "  published  %-38s %s\n", e.env.ID, e.what)

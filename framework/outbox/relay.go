@@ -41,7 +41,7 @@ const wakeDelay = 5 * time.Millisecond
 var ErrRunning = errors.New("outbox: the relay is running already")
 
 // ErrMissingPublisher is returned by NewRelay without a publisher.
-var ErrMissingPublisher = errors.New("outbox: missing publisher (pass the transport's publisher, e.g. app.Transport.Publisher)")
+var ErrMissingPublisher = errors.New("outbox: missing publisher (pass the transport's publisher, e.g. framework.Transport.Publisher)")
 
 // RelayConfig configures a Relay.
 type RelayConfig struct {
