@@ -9,22 +9,30 @@
 //
 // # Usage
 //
-//	conn, err := amqp.NewConnection(amqp.Config{URL: "amqp://guest:guest@127.0.0.1:5672/"})
+//	tr, err := amqp.New(amqp.Config{URL: "amqp://guest:guest@127.0.0.1:5672/"})
 //	if err != nil {
 //		return err
 //	}
-//	defer conn.Close()
-//	if err := conn.Connect(ctx); err != nil { // retries while the broker is down
+//	defer tr.Close()
+//	if err := tr.Connect(ctx); err != nil { // retries while the broker is down
 //		return err
 //	}
-//	pub, _ := amqp.NewPublisher(conn)                    // confirms on
-//	sub, _ := amqp.NewSubscriber(conn, "notifications.remind") // the consumer's queue
-//	_ = sub.SubscribeInitialize("appointments.appointment.booked") // bind before publishing
-//	msgs, _ := sub.Subscribe(ctx, "appointments.appointment.booked")
+//	sub, _ := tr.Subscribe(framework.SubscribeConfig{
+//		Consumer:    "notifications.remind", // the consumer's queue
+//		Types:       []string{"appointments.appointment.booked"},
+//		Concurrency: 4,
+//	})
+//	_ = sub.Initialize() // bind before publishing
+//	for _, topic := range sub.Topics { // Concurrency subscriptions of the queue
+//		router.AddConsumerHandler("remind@"+topic, topic, sub.Subscriber, handler)
+//	}
+//	_ = tr.Publisher().Publish("appointments.appointment.booked", msg) // confirms on
 //
-// Open Subscribe several times for several messages in flight (competing
-// consumers); Config.Prefetch only buffers. Publisher.Replay sends dead
-// letters back to one consumer's queue through the default exchange.
+// Transport (New) is the framework.Transport; Connection, Publisher and
+// Subscriber are its parts. A consumer's concurrency is that many
+// subscriptions of its queue (competing consumers); Config.Prefetch only
+// buffers. Replay sends dead letters back to one consumer's queue through
+// the default exchange.
 //
 // # Traps handled
 //

@@ -34,13 +34,18 @@
 //
 // # Transport
 //
-// PubSub is watermill's GoChannel with a pause before a nacked message is
-// sent again (GoChannel alone sends it again at once):
+// Transport (New) is the framework.Transport on a PubSub, watermill's
+// GoChannel with a pause before a nacked message is sent again (GoChannel
+// alone sends it again at once). Each Subscribe returns a subscriber of
+// its own; every subscription gets every message:
 //
-//	ps, err := memory.NewPubSub(memory.PubSubConfig{})
+//	tr, err := memory.New(memory.PubSubConfig{})
 //	if err != nil {
 //		return err
 //	}
-//	defer ps.Close()
-//	router.AddConsumerHandler(name, topic, ps, handler)
+//	defer tr.Close()
+//	sub, err := tr.Subscribe(framework.SubscribeConfig{Consumer: "c", Types: []string{topic}})
+//	for _, t := range sub.Topics { // the type and the consumer's replay topic
+//		router.AddConsumerHandler(name+"@"+t, t, sub.Subscriber, handler)
+//	}
 package memory

@@ -28,6 +28,21 @@
 //
 // # Concurrency
 //
+// # Transport
+//
+// Transport (New) is the framework.Transport on watermill-sql v4: it
+// publishes on the database handed to New (the stores' pool may do) and
+// subscribes on a pool of its own at TransportConfig.URL, growing by a
+// connection per subscription. A consumer has one subscription per event
+// type and one for its replay topic, whatever its concurrency (the group
+// hands out one message at a time); its ack deadline outlasts the
+// HandlingTime given to Subscribe.
+//
+//	tr, err := postgres.New(ctx, db, postgres.TransportConfig{URL: url})
+//	sub, err := tr.Subscribe(framework.SubscribeConfig{Consumer: "c", Types: []string{topic}})
+//
+// # Concurrency of attempts
+//
 // Two attempts on the same event may run at once (a redelivery while the
 // first delivery is still being handled). The second one's mark waits for
 // the first transaction: it finds the event processed when the first

@@ -18,8 +18,11 @@
 //
 // # The Pub/Sub
 //
-// Publisher and Subscriber implement watermill's interfaces over the same
-// file, lease-based: a subscription claims messages for its consumer group
+// Transport (New) is the framework.Transport on one file: a Publisher,
+// and a Subscriber per consumer (Subscribe) holding the consumer's
+// concurrency in flight, with a lease of twice its attempt timeout.
+// Publisher and Subscriber, which also stand alone, implement watermill's
+// interfaces over the same file, lease-based: a subscription claims messages for its consumer group
 // in short transactions, hands them out, and acknowledges them in batches;
 // no transaction stays open while a handler runs, so the handler's own
 // transaction can take the write lock. When the framework's stores share
