@@ -26,8 +26,6 @@
 // The unit of work and the store share db: the processed mark is written
 // in the attempt's transaction, with the handler's writes.
 //
-// # Concurrency
-//
 // # Transport
 //
 // Transport (New) is the framework.Transport on watermill-sql v4: it
@@ -41,7 +39,7 @@
 //	tr, err := postgres.New(ctx, db, postgres.TransportConfig{URL: url})
 //	sub, err := tr.Subscribe(framework.SubscribeConfig{Consumer: "c", Types: []string{topic}})
 //
-// # Concurrency of attempts
+// # Concurrency
 //
 // Two attempts on the same event may run at once (a redelivery while the
 // first delivery is still being handled). The second one's mark waits for
