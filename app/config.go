@@ -221,7 +221,7 @@ type ConsumerConfig struct {
 	// once in this process: on amqp that many subscriptions of the
 	// consumer's queue, on sqlite that many leases; on postgres it adds
 	// nothing (watermill-sql hands out one message at a time per consumer
-	// group); see Transport. The pool of DatabaseURL grows with it.
+	// group); see NewTransport. The pool of DatabaseURL grows with it.
 	// Defaults to DefaultConcurrency.
 	Concurrency int `yaml:"concurrency"`
 	// RateLimit caps messages per second; zero means no limit.
