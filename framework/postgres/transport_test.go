@@ -320,3 +320,17 @@ func TestTransportUnreadableRows(t *testing.T) {
 		}
 	}
 }
+
+// TestTransportWithoutURL shows that a Transport without
+// TransportConfig.URL publishes and replays but does not subscribe: it
+// has no pool for subscribers.
+func TestTransportWithoutURL(t *testing.T) {
+	t.Parallel()
+	tr, err := postgres.New(context.Background(), testenv.Postgres(t), fastTransport)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, tr.Close()) })
+	_, err = tr.Subscribe(framework.SubscribeConfig{Consumer: "c", Types: []string{"a"}})
+	require.ErrorContains(t, err, "TransportConfig.URL")
+	_, err = postgres.New(context.Background(), nil, postgres.TransportConfig{})
+	require.Error(t, err)
+}

@@ -1,0 +1,27 @@
+package framework_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/framework"
+)
+
+// TestSubscribeConfig shows the defaults of a subscription request and
+// that each invalid field is named in its error.
+func TestSubscribeConfig(t *testing.T) {
+	t.Parallel()
+	ok := framework.SubscribeConfig{Consumer: "c", Types: []string{"a"}}
+	require.Equal(t, 1, ok.WithDefaults().Concurrency)
+	require.NoError(t, ok.WithDefaults().Validate())
+	for field, cfg := range map[string]framework.SubscribeConfig{
+		"Consumer":       {Types: []string{"a"}, Concurrency: 1},
+		"Types":          {Consumer: "c", Concurrency: 1},
+		"Concurrency":    {Consumer: "c", Types: []string{"a"}},
+		"AttemptTimeout": {Consumer: "c", Types: []string{"a"}, Concurrency: 1, AttemptTimeout: -1},
+		"HandlingTime":   {Consumer: "c", Types: []string{"a"}, Concurrency: 1, HandlingTime: -1},
+	} {
+		require.ErrorContains(t, cfg.Validate(), "SubscribeConfig."+field, field)
+	}
+}
