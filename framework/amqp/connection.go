@@ -25,7 +25,7 @@ var ErrClosed = errors.New("amqp: connection is closed")
 var ErrAccessRefused = errors.New("amqp: the broker refused the credentials")
 
 // Connection is one AMQP connection shared by a process's publisher and
-// subscribers. NewConnection does not dial: Connect does, retrying with
+// subscribers. It does not dial: Connect does, retrying with
 // backoff while the broker is down, so an application can start before its
 // broker; a refusal of the credentials is not retried (ErrAccessRefused). Once connected, watermill-amqp reconnects by itself, forever,
 // and the subscribers declare their topology again.
@@ -39,8 +39,8 @@ type Connection struct {
 	ready  chan struct{} // closed once connected
 }
 
-// NewConnection returns an unconnected Connection.
-func NewConnection(cfg Config) (*Connection, error) {
+// newConnection returns an unconnected Connection.
+func newConnection(cfg Config) (*Connection, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err

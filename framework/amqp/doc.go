@@ -43,9 +43,9 @@
 //     them as text, falls back to the AMQP message-id for the UUID, and
 //     maps the redelivered flag to framework.MetadataRedelivered.
 //   - A fanout exchange drops what it gets before a queue is bound: bind
-//     every consumer's types with SubscribeInitialize at start.
+//     every consumer's types at start (Subscription.Initialize).
 //   - watermill-amqp's constructors fail when the broker is down at boot:
-//     Connection.Connect retries with backoff (not a refusal of the
-//     credentials: ErrAccessRefused); Connection.Connected reports
-//     the connection's state for readiness.
+//     Transport.Connect retries with backoff (not a refusal of the
+//     credentials: ErrAccessRefused); Transport.Ready reports the
+//     connection's state for readiness.
 package amqp

@@ -38,11 +38,11 @@ type Publisher struct {
 
 var _ message.Publisher = (*Publisher)(nil)
 
-// NewPublisher returns a publisher on conn. It may be built before
+// newPublisher returns a publisher on conn. It may be built before
 // conn.Connect; Publish returns ErrNotConnected until then.
-func NewPublisher(conn *Connection) (*Publisher, error) {
+func newPublisher(conn *Connection) (*Publisher, error) {
 	if conn == nil {
-		return nil, fmt.Errorf("amqp: NewPublisher: missing Connection (build it with NewConnection)")
+		return nil, fmt.Errorf("amqp: publisher: missing Connection")
 	}
 	return &Publisher{conn: conn}, nil
 }

@@ -20,7 +20,7 @@ func connect(t testing.TB, cfg Config) *Connection {
 	if cfg.URL == "" {
 		cfg.URL = testenv.Require(t, testenv.AMQPURLVar)
 	}
-	conn, err := NewConnection(cfg)
+	conn, err := newConnection(cfg)
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -37,7 +37,7 @@ func connect(t testing.TB, cfg Config) *Connection {
 func TestPubSubUniversal(t *testing.T) {
 	conn := connect(t, Config{NackDelay: 5 * time.Millisecond, MaxNackDelay: 20 * time.Millisecond, Prefetch: 1})
 	withGroup := func(t *testing.T, group string) (message.Publisher, message.Subscriber) {
-		pub, err := NewPublisher(conn)
+		pub, err := newPublisher(conn)
 		require.NoError(t, err)
 		sub, err := newSubscriber(conn, wamqp.GenerateQueueNameTopicNameWithSuffix("ut-"+group))
 		require.NoError(t, err)

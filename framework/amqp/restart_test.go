@@ -51,10 +51,10 @@ func TestBrokerRestart(t *testing.T) {
 		require.Eventually(t, func() bool { return !watching.Connected() }, 10*time.Second, 50*time.Millisecond,
 			"Connected reports the lost connection")
 
-		conn, err := NewConnection(Config{URL: n.URL, ConnectInterval: 100 * time.Millisecond, MaxConnectInterval: 500 * time.Millisecond})
+		conn, err := newConnection(Config{URL: n.URL, ConnectInterval: 100 * time.Millisecond, MaxConnectInterval: 500 * time.Millisecond})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = conn.Close() })
-		pub, err := NewPublisher(conn)
+		pub, err := newPublisher(conn)
 		require.NoError(t, err)
 		defer pub.Close()
 		require.ErrorIs(t, pub.Publish("t", message.NewMessage("1", nil)), ErrNotConnected)
@@ -79,7 +79,7 @@ func TestBrokerRestart(t *testing.T) {
 // until its context ends and says so.
 func TestConnectGivesUpWithContext(t *testing.T) {
 	t.Parallel()
-	conn, err := NewConnection(Config{URL: "amqp://guest:guest@127.0.0.1:1/", ConnectInterval: 50 * time.Millisecond, MaxConnectInterval: 100 * time.Millisecond})
+	conn, err := newConnection(Config{URL: "amqp://guest:guest@127.0.0.1:1/", ConnectInterval: 50 * time.Millisecond, MaxConnectInterval: 100 * time.Millisecond})
 	require.NoError(t, err)
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)

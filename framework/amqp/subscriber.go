@@ -37,19 +37,19 @@ var (
 	_ message.SubscribeInitializer = (*Subscriber)(nil)
 )
 
-// NewSubscriber returns the subscriber of consumer on conn. It may be
+// subscriberOf returns the subscriber of consumer on conn. It may be
 // built before conn.Connect; its methods return ErrNotConnected until
 // then.
-func NewSubscriber(conn *Connection, consumer string) (*Subscriber, error) {
+func subscriberOf(conn *Connection, consumer string) (*Subscriber, error) {
 	if consumer == "" {
-		return nil, fmt.Errorf("amqp: NewSubscriber: empty consumer name")
+		return nil, fmt.Errorf("amqp: subscriber: empty consumer name")
 	}
 	return newSubscriber(conn, wamqp.GenerateQueueNameConstant(consumer))
 }
 
 func newSubscriber(conn *Connection, queueName wamqp.QueueNameGenerator) (*Subscriber, error) {
 	if conn == nil {
-		return nil, fmt.Errorf("amqp: NewSubscriber: missing Connection (build it with NewConnection)")
+		return nil, fmt.Errorf("amqp: subscriber: missing Connection")
 	}
 	return &Subscriber{
 		conn:      conn,

@@ -33,11 +33,11 @@ var _ framework.Transport = (*Transport)(nil)
 
 // New returns an unconnected transport configured by cfg.
 func New(cfg Config) (*Transport, error) {
-	conn, err := NewConnection(cfg)
+	conn, err := newConnection(cfg)
 	if err != nil {
 		return nil, err
 	}
-	pub, err := NewPublisher(conn)
+	pub, err := newPublisher(conn)
 	if err != nil {
 		return nil, err
 	}
@@ -60,7 +60,7 @@ func (t *Transport) Subscribe(sc framework.SubscribeConfig) (framework.Subscript
 	if err := sc.Validate(); err != nil {
 		return framework.Subscription{}, fmt.Errorf("amqp: %w", err)
 	}
-	sub, err := NewSubscriber(t.conn, sc.Consumer)
+	sub, err := subscriberOf(t.conn, sc.Consumer)
 	if err != nil {
 		return framework.Subscription{}, fmt.Errorf("amqp: consumer %s: %w", sc.Consumer, err)
 	}

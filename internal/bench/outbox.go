@@ -510,19 +510,15 @@ func relayMain(ctx context.Context, c *ChildEnv) error {
 		return err
 	}
 	defer db.Close()
-	conn, err := amqp.NewConnection(amqp.Config{URL: c.Getenv(envOutboxAMQP)})
+	tr, err := amqp.New(amqp.Config{URL: c.Getenv(envOutboxAMQP)})
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
-	if err := conn.Connect(ctx); err != nil {
+	defer tr.Close()
+	if err := tr.Connect(ctx); err != nil {
 		return err
 	}
-	pub, err := amqp.NewPublisher(conn)
-	if err != nil {
-		return err
-	}
-	defer pub.Close()
+	pub := tr.Publisher()
 	box, err := outbox.New(db, outbox.Config{})
 	if err != nil {
 		return err
