@@ -57,8 +57,7 @@ const MaxUUIDLength = 36
 // maxIdentifier is PostgreSQL's limit on names (NAMEDATALEN - 1).
 const maxIdentifier = 63
 
-// TransportConfig configures the postgres transport's Publisher and
-// Subscriber.
+// TransportConfig configures a Transport: its publisher and its subscribers.
 type TransportConfig struct {
 	// URL is the transport's database, where New opens the subscribers'
 	// pool of their own (see Transport). Required by Transport.Subscribe;
@@ -202,10 +201,10 @@ type Publisher struct {
 
 var _ message.Publisher = (*Publisher)(nil)
 
-// NewPublisher returns a publisher on db.
-func NewPublisher(db *sqlx.DB, cfg TransportConfig) (*Publisher, error) {
+// newPublisher returns a publisher on db.
+func newPublisher(db *sqlx.DB, cfg TransportConfig) (*Publisher, error) {
 	if db == nil {
-		return nil, errors.New("postgres: NewPublisher: missing database (open it with postgres.Open)")
+		return nil, errors.New("postgres: missing database (open it with postgres.Open)")
 	}
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -264,7 +263,7 @@ func (p *Publisher) Replay(ctx context.Context, consumer string, msgs ...*messag
 // Close closes the publisher; the pool stays open.
 func (p *Publisher) Close() error { return p.pub.Close() }
 
-// NewSubscriber returns the subscriber of consumer, whose name is its
+// newSubscriber returns the subscriber of consumer, whose name is its
 // consumer group in every topic. Each Subscribe call holds one pooled
 // connection in an open transaction while its message is handled, and
 // hands out one message at a time: give db a pool of its own, with a
@@ -275,12 +274,12 @@ func (p *Publisher) Close() error { return p.pub.Close() }
 // The framework never writes through the subscriber's transaction (its
 // nack does not roll it back): the attempts run in transactions of their
 // own on the stores' pool.
-func NewSubscriber(db *sqlx.DB, consumer string, cfg TransportConfig) (message.Subscriber, error) {
+func newSubscriber(db *sqlx.DB, consumer string, cfg TransportConfig) (message.Subscriber, error) {
 	if db == nil {
-		return nil, errors.New("postgres: NewSubscriber: missing database (open a pool of its own with postgres.Open)")
+		return nil, errors.New("postgres: subscriber: missing database (open a pool of its own with postgres.Open)")
 	}
 	if consumer == "" {
-		return nil, errors.New("postgres: NewSubscriber: empty consumer name")
+		return nil, errors.New("postgres: subscriber: empty consumer name")
 	}
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {

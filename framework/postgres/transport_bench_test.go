@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/postgres"
 	"github.com/effectively-once/effectively/internal/testenv"
 )
@@ -25,13 +26,14 @@ func BenchmarkTransportConsume(b *testing.B) {
 			db, err := postgres.Open(context.Background(), url, postgres.OpenConfig{MaxOpenConns: 4})
 			require.NoError(b, err)
 			defer db.Close()
-			cfg := postgres.TransportConfig{BatchSize: batch, PollInterval: 10 * time.Millisecond}
-			pub, err := postgres.NewPublisher(db, cfg)
+			cfg := postgres.TransportConfig{URL: url, BatchSize: batch, PollInterval: 10 * time.Millisecond}
+			tr, err := postgres.New(context.Background(), db, cfg)
 			require.NoError(b, err)
-			defer pub.Close()
-			sub, err := postgres.NewSubscriber(db, "bench", cfg)
+			defer tr.Close()
+			pub := tr.Publisher()
+			s, err := tr.Subscribe(framework.SubscribeConfig{Consumer: "bench", Types: []string{"bench.noted"}})
 			require.NoError(b, err)
-			defer sub.Close()
+			sub := s.Subscriber
 			body := []byte(`{"specversion":"1.0","id":"x","source":"bench","type":"bench.noted","eventversion":1,"data":{"text":"hello, this is a payload of a typical size"}}`)
 			msgs := make([]*message.Message, 0, 100)
 			for i := 0; i < b.N; i++ {

@@ -33,6 +33,26 @@ func open(t *testing.T, url string, conns int) *sqlx.DB {
 	return db
 }
 
+// newTransport returns a transport publishing on db, its subscribers on a
+// pool of their own at url, closed at the end of the test.
+func newTransport(t *testing.T, db *sqlx.DB, url string) *postgres.Transport {
+	t.Helper()
+	cfg := fastTransport
+	cfg.URL = url
+	tr, err := postgres.New(context.Background(), db, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tr.Close() })
+	return tr
+}
+
+// subscriber returns a new subscriber of consumer's group on tr.
+func subscriber(t *testing.T, tr *postgres.Transport, consumer string) message.Subscriber {
+	t.Helper()
+	sub, err := tr.Subscribe(framework.SubscribeConfig{Consumer: consumer, Types: []string{consumer}})
+	require.NoError(t, err)
+	return sub.Subscriber
+}
+
 // postgresEnv returns the suite's Env on the database at url: the stores
 // and the publisher share one pool; each process has a transport of its
 // own, whose subscribers have a pool of their own.
@@ -85,9 +105,9 @@ func TestTransportNames(t *testing.T) {
 	long := postgres.MessagesTable("", framework.ReplayTopic(strings.Repeat("x", 120)))
 	require.Len(t, strings.Trim(long, `"`), 63, "cut to PostgreSQL's limit")
 	require.NotEqual(t, long, postgres.MessagesTable("", framework.ReplayTopic(strings.Repeat("x", 119)+"y")), "distinct names stay distinct")
-	_, err := postgres.NewSubscriber(nil, "c", postgres.TransportConfig{})
+	_, err := postgres.New(context.Background(), nil, postgres.TransportConfig{})
 	require.Error(t, err)
-	_, err = postgres.NewPublisher(testenv.Postgres(t), postgres.TransportConfig{BatchSize: -1})
+	_, err = postgres.New(context.Background(), testenv.Postgres(t), postgres.TransportConfig{BatchSize: -1})
 	require.ErrorContains(t, err, "BatchSize")
 }
 
@@ -97,12 +117,9 @@ func TestTransportLongNames(t *testing.T) {
 	t.Parallel()
 	url := testenv.PostgresURL(t)
 	db := open(t, url, 4)
-	pub, err := postgres.NewPublisher(db, fastTransport)
-	require.NoError(t, err)
-	defer pub.Close()
-	sub, err := postgres.NewSubscriber(open(t, url, 4), "c", fastTransport)
-	require.NoError(t, err)
-	defer sub.Close()
+	tr := newTransport(t, db, url)
+	pub := tr.Publisher()
+	sub := subscriber(t, tr, "c")
 	topic := framework.ReplayTopic("notifications." + strings.Repeat("remind-", 14) + "x")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -142,12 +159,9 @@ func TestTrapNackKeepsSubscriberTx(t *testing.T) {
 	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Processed: store})
 	require.NoError(t, err)
 
-	pub, err := postgres.NewPublisher(db, fastTransport)
-	require.NoError(t, err)
-	defer pub.Close()
-	sub, err := postgres.NewSubscriber(open(t, url, 4), "trap", fastTransport)
-	require.NoError(t, err)
-	defer sub.Close()
+	tr := newTransport(t, db, url)
+	pub := tr.Publisher()
+	sub := subscriber(t, tr, "trap")
 	ch, err := sub.Subscribe(ctx, "trap")
 	require.NoError(t, err)
 	require.NoError(t, pub.Publish("trap", message.NewMessage("m1", []byte(`{}`))))
@@ -218,12 +232,9 @@ func TestLongTransactionHoldsBackDelivery(t *testing.T) {
 	db := open(t, url, 4)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	pub, err := postgres.NewPublisher(db, fastTransport)
-	require.NoError(t, err)
-	defer pub.Close()
-	sub, err := postgres.NewSubscriber(open(t, url, 4), "held", fastTransport)
-	require.NoError(t, err)
-	defer sub.Close()
+	tr := newTransport(t, db, url)
+	pub := tr.Publisher()
+	sub := subscriber(t, tr, "held")
 	ch, err := sub.Subscribe(ctx, "held")
 	require.NoError(t, err)
 	receive := func(want string) time.Time {
@@ -284,9 +295,7 @@ func TestTransportUnreadableRows(t *testing.T) {
 	t.Parallel()
 	url := testenv.PostgresURL(t)
 	db := open(t, url, 4)
-	sub, err := postgres.NewSubscriber(open(t, url, 4), "c", fastTransport)
-	require.NoError(t, err)
-	defer sub.Close()
+	sub := subscriber(t, newTransport(t, db, url), "c")
 	topic := "unreadable." + watermill.NewShortUUID()
 	require.NoError(t, sub.(message.SubscribeInitializer).SubscribeInitialize(topic))
 	rows := []struct{ uuid, metadata, unreadable string }{

@@ -45,7 +45,7 @@ var _ framework.Transport = (*Transport)(nil)
 // stores' pool, and, when cfg.URL is set, opens the subscribers' pool
 // there. Close closes that pool and leaves db open.
 func New(ctx context.Context, db *sqlx.DB, cfg TransportConfig) (*Transport, error) {
-	pub, err := NewPublisher(db, cfg)
+	pub, err := newPublisher(db, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -78,7 +78,7 @@ func (t *Transport) Subscribe(sc framework.SubscribeConfig) (framework.Subscript
 	if sc.HandlingTime > 0 {
 		cfg.AckDeadline = ackDeadlineFor(sc.HandlingTime)
 	}
-	sub, err := NewSubscriber(t.subDB, sc.Consumer, cfg)
+	sub, err := newSubscriber(t.subDB, sc.Consumer, cfg)
 	if err != nil {
 		return framework.Subscription{}, fmt.Errorf("postgres: consumer %s: %w", sc.Consumer, err)
 	}
