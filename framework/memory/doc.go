@@ -1,6 +1,6 @@
 // Package memory is the in-memory side of the framework, for tests: a
 // store of processed marks, delivery counts and dead letters, and the
-// memory transport (PubSub). Both protect one process only and forget
+// memory transport (Transport). Both protect one process only and forget
 // everything when the process ends: use framework/sqlite or
 // framework/postgres in production.
 //
@@ -34,7 +34,7 @@
 //
 // # Transport
 //
-// Transport (New) is the framework.Transport on a PubSub, watermill's
+// Transport (New) is the framework.Transport on watermill's
 // GoChannel with a pause before a nacked message is sent again (GoChannel
 // alone sends it again at once). Each Subscribe returns a subscriber of
 // its own; every subscription gets every message:

@@ -22,10 +22,10 @@ const (
 	DefaultMaxNackDelay = 5 * time.Second
 )
 
-// ErrPubSubClosed is returned by a PubSub's methods after Close.
+// ErrPubSubClosed is returned by a pubSub's methods after Close.
 var ErrPubSubClosed = errors.New("memory: pubsub closed")
 
-// PubSubConfig configures a PubSub.
+// PubSubConfig configures a pubSub.
 type PubSubConfig struct {
 	// NackDelay is the first pause before a nacked message is sent again.
 	// It doubles with each consecutive nack on a subscription, up to
@@ -63,7 +63,7 @@ func (c PubSubConfig) Validate() error {
 	return nil
 }
 
-// PubSub is the memory transport: watermill's GoChannel, persistent (a
+// pubSub is the memory transport: watermill's GoChannel, persistent (a
 // subscription receives what was published before it, kept in memory
 // until the process ends), with a pause before a nacked message is sent
 // again. GoChannel alone sends it again at once, so a message that keeps
@@ -72,23 +72,23 @@ func (c PubSubConfig) Validate() error {
 //
 // Every subscription of a topic receives every message: there are no
 // consumer groups. Nothing survives the process. For tests only.
-type PubSub struct {
+type pubSub struct {
 	ch  *gochannel.GoChannel
 	fwd *nackdelay.Forwarder
 }
 
 var (
-	_ message.Publisher  = (*PubSub)(nil)
-	_ message.Subscriber = (*PubSub)(nil)
+	_ message.Publisher  = (*pubSub)(nil)
+	_ message.Subscriber = (*pubSub)(nil)
 )
 
-// NewPubSub returns a PubSub configured by cfg.
-func NewPubSub(cfg PubSubConfig) (*PubSub, error) {
+// newPubSub returns a pubSub configured by cfg.
+func newPubSub(cfg PubSubConfig) (*pubSub, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &PubSub{
+	return &pubSub{
 		ch:  gochannel.NewGoChannel(gochannel.Config{Persistent: true}, cfg.Logger),
 		fwd: nackdelay.NewForwarder(nackdelay.Backoff{First: cfg.NackDelay, Max: cfg.MaxNackDelay}),
 	}, nil
@@ -96,16 +96,16 @@ func NewPubSub(cfg PubSubConfig) (*PubSub, error) {
 
 // Publish publishes msgs to topic. It returns once every subscription of
 // topic has received them.
-func (p *PubSub) Publish(topic string, msgs ...*message.Message) error {
+func (p *pubSub) Publish(topic string, msgs ...*message.Message) error {
 	if err := p.ch.Publish(topic, msgs...); err != nil {
 		return fmt.Errorf("memory: publish to %s: %w", topic, err)
 	}
 	return nil
 }
 
-// Subscribe returns the messages of topic, until ctx ends or the PubSub
+// Subscribe returns the messages of topic, until ctx ends or the pubSub
 // closes. A message nacked is sent again after the pause.
-func (p *PubSub) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+func (p *pubSub) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	if p.fwd.Closed() {
 		return nil, ErrPubSubClosed
 	}
@@ -122,7 +122,7 @@ func (p *PubSub) Subscribe(ctx context.Context, topic string) (<-chan *message.M
 
 // Close stops every subscription and forgets every message. It waits for
 // the subscriptions' goroutines.
-func (p *PubSub) Close() error {
+func (p *pubSub) Close() error {
 	if !p.fwd.Close() {
 		return nil
 	}

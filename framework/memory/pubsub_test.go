@@ -9,18 +9,44 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
 	"github.com/stretchr/testify/require"
 
+	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/memory"
 )
 
-func newPubSub(t *testing.T, cfg memory.PubSubConfig) *memory.PubSub {
+// pubSub is a memory Transport's publisher with a subscriber of its own;
+// Close closes the transport.
+type pubSub struct {
+	tr *memory.Transport
+	message.Subscriber
+}
+
+func (p pubSub) Publish(topic string, msgs ...*message.Message) error {
+	return p.tr.Publisher().Publish(topic, msgs...)
+}
+
+func (p pubSub) Close() error { return p.tr.Close() }
+
+func openPubSub(cfg memory.PubSubConfig) (pubSub, error) {
+	tr, err := memory.New(cfg)
+	if err != nil {
+		return pubSub{}, err
+	}
+	sub, err := tr.Subscribe(framework.SubscribeConfig{Consumer: "test", Types: []string{"test"}})
+	if err != nil {
+		return pubSub{}, err
+	}
+	return pubSub{tr: tr, Subscriber: sub.Subscriber}, nil
+}
+
+func newPubSub(t *testing.T, cfg memory.PubSubConfig) pubSub {
 	t.Helper()
-	ps, err := memory.NewPubSub(cfg)
+	ps, err := openPubSub(cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = ps.Close() })
 	return ps
 }
 
-// TestPubSubUniversal runs watermill's universal suite on the PubSub, with
+// TestPubSubUniversal runs watermill's universal suite on the pubSub, with
 // the features watermill declares for a persistent GoChannel.
 func TestPubSubUniversal(t *testing.T) {
 	tests.TestPubSub(t, tests.Features{
@@ -31,14 +57,14 @@ func TestPubSubUniversal(t *testing.T) {
 		RequireSingleInstance: true,
 		ForceShort:            true,
 	}, func(t *testing.T) (message.Publisher, message.Subscriber) {
-		ps, err := memory.NewPubSub(memory.PubSubConfig{NackDelay: time.Millisecond, MaxNackDelay: 5 * time.Millisecond})
+		ps, err := openPubSub(memory.PubSubConfig{NackDelay: time.Millisecond, MaxNackDelay: 5 * time.Millisecond})
 		require.NoError(t, err)
 		return ps, ps
 	}, nil)
 }
 
 // TestPubSubNackBacksOff: GoChannel alone sends a nacked message again at
-// once, thousands of times a second; the PubSub pauses 50, 100, 200, 400
+// once, thousands of times a second; the pubSub pauses 50, 100, 200, 400
 // ms between deliveries, so a second and a half holds about five.
 func TestPubSubNackBacksOff(t *testing.T) {
 	t.Parallel()
@@ -71,7 +97,7 @@ func TestPubSubNackBacksOff(t *testing.T) {
 // does not hold up Close.
 func TestPubSubCloseWhilePausing(t *testing.T) {
 	t.Parallel()
-	ps, err := memory.NewPubSub(memory.PubSubConfig{NackDelay: time.Hour})
+	ps, err := openPubSub(memory.PubSubConfig{NackDelay: time.Hour})
 	require.NoError(t, err)
 	ch, err := ps.Subscribe(context.Background(), "t")
 	require.NoError(t, err)
@@ -93,8 +119,8 @@ func TestPubSubCloseWhilePausing(t *testing.T) {
 
 func TestPubSubConfigValidate(t *testing.T) {
 	t.Parallel()
-	_, err := memory.NewPubSub(memory.PubSubConfig{NackDelay: -time.Second})
+	_, err := openPubSub(memory.PubSubConfig{NackDelay: -time.Second})
 	require.ErrorContains(t, err, "NackDelay")
-	_, err = memory.NewPubSub(memory.PubSubConfig{NackDelay: time.Second, MaxNackDelay: time.Millisecond})
+	_, err = openPubSub(memory.PubSubConfig{NackDelay: time.Second, MaxNackDelay: time.Millisecond})
 	require.ErrorContains(t, err, "MaxNackDelay")
 }

@@ -9,30 +9,30 @@ import (
 	"github.com/effectively-once/effectively/framework"
 )
 
-// Transport is the memory transport (framework.Transport) on one PubSub.
+// Transport is the memory transport (framework.Transport) on one pubSub.
 // Every subscription gets every message; a consumer has one router
 // handler per event type and one for its replay topic, to which it alone
 // subscribes. For tests only.
 type Transport struct {
-	ps *PubSub
+	ps *pubSub
 }
 
 var _ framework.Transport = (*Transport)(nil)
 
 // New returns a memory transport configured by cfg.
 func New(cfg PubSubConfig) (*Transport, error) {
-	ps, err := NewPubSub(cfg)
+	ps, err := newPubSub(cfg)
 	if err != nil {
 		return nil, err
 	}
 	return &Transport{ps: ps}, nil
 }
 
-// Publisher returns the transport's PubSub.
+// Publisher returns the transport's pubSub.
 func (t *Transport) Publisher() message.Publisher { return t.ps }
 
-// Subscribe returns a subscriber of the PubSub of its own: closing it
-// ends its subscriptions, not the PubSub's.
+// Subscribe returns a subscriber of the pubSub of its own: closing it
+// ends its subscriptions, not the pubSub's.
 func (t *Transport) Subscribe(sc framework.SubscribeConfig) (framework.Subscription, error) {
 	sc = sc.WithDefaults()
 	if err := sc.Validate(); err != nil {
@@ -61,12 +61,12 @@ func (t *Transport) Replay(ctx context.Context, consumer string, msgs ...*messag
 // Ready reports true.
 func (t *Transport) Ready() bool { return true }
 
-// Close closes the PubSub, which ends every subscription.
+// Close closes the pubSub, which ends every subscription.
 func (t *Transport) Close() error { return t.ps.Close() }
 
-// subscriber is one consumer's view of the PubSub.
+// subscriber is one consumer's view of the pubSub.
 type subscriber struct {
-	ps     *PubSub
+	ps     *pubSub
 	ctx    context.Context
 	cancel context.CancelFunc
 }
