@@ -3,9 +3,9 @@ package app
 import (
 	"os"
 
-	"github.com/ThreeDotsLabs/watermill/message"
 	"go.uber.org/fx"
 
+	"github.com/effectively-once/effectively/app/runner"
 	"github.com/effectively-once/effectively/framework/outbox"
 	"github.com/effectively-once/effectively/handlers"
 )
@@ -42,7 +42,7 @@ var Module = fx.Module("effectively",
 	fx.Invoke(func(p consumerSettings) error { return p.Config.CheckConsumers(p.Declarations) }),
 	// The router, the server, the outbox relay and the purger start with
 	// the application.
-	fx.Invoke(func(*message.Router, *HTTP, *outbox.Relay, *Purger) {}),
+	fx.Invoke(func(*runner.Runner, *HTTP, *outbox.Relay, *Purger) {}),
 )
 
 // consumerSettings is what the check of the consumers: keys takes from fx:

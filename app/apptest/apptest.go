@@ -17,6 +17,7 @@ import (
 	"go.uber.org/fx"
 
 	"github.com/effectively-once/effectively/app"
+	"github.com/effectively-once/effectively/app/runner"
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/testkit"
@@ -213,7 +214,7 @@ func (a *App) start(ctx context.Context, module fx.Option) error {
 		fx.Populate(&a.db, &a.store, &a.transport, &a.registry),
 		// Router-level middleware wraps each consumer's whole chain: it
 		// sees the outcome the chain reported.
-		fx.Invoke(func(r *message.Router) { r.AddMiddleware(a.outcomes.observe) }),
+		fx.Invoke(func(r *runner.Runner) { r.AddMiddleware(a.outcomes.observe) }),
 	)
 	if err := a.fx.Err(); err != nil {
 		return fmt.Errorf("apptest: build the application: %w", err)

@@ -1,0 +1,23 @@
+// Package runner runs consumers without any dependency injection: a
+// Runner takes the consumers with their settings, a framework.Transport,
+// the database and its store, builds each consumer's middleware chain and
+// subscription, and handles their messages between Start and Stop.
+//
+//	r, err := runner.New(runner.Config{
+//		Consumers: []runner.ConsumerConfig{{Consumer: consumer}},
+//		Transport: transport,
+//		DB:        db,
+//		Store:     store,
+//	})
+//	...
+//	if err := r.Start(ctx); err != nil { ... } // every subscription is ready
+//	defer r.Stop(stopCtx)                      // waits for attempts in flight until stopCtx ends
+//
+// Start adopts the processed marks of renamed consumers, binds the
+// subscriptions (so nothing published from then on is missed) and
+// returns once every subscription is ready. Stop closes the intake (new
+// messages are nacked unhandled), waits for the attempts in flight until
+// its context ends, then cancels the rest: a canceled attempt rolls back,
+// and its message is delivered again later. The app package runs a
+// Runner inside an fx application.
+package runner

@@ -1,0 +1,471 @@
+package runner
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/middleware"
+)
+
+// Store is what the runner needs of a consumer's database: the processed
+// marks, the delivery counts, the dead letters, the sequence checkpoints
+// (skip stale, strict order) and the adoption of a renamed consumer's
+// history. sqlite.Store and postgres.Store implement it.
+type Store interface {
+	framework.ProcessedStore
+	framework.DeliveryStore
+	framework.DeadLetterStore
+	framework.OrderStore
+	framework.RenameStore
+}
+
+// ConsumerConfig is one consumer and how the runner handles its messages.
+// Zero fields take middleware's defaults.
+type ConsumerConfig struct {
+	// Consumer is the consumer (see framework.NewConsumer). Required.
+	Consumer *framework.Consumer
+	// Attempts per delivery, the first included.
+	Attempts int
+	// RetryDelay is the constant pause between attempts.
+	RetryDelay time.Duration
+	// Timeout limits one attempt.
+	Timeout time.Duration
+	// Concurrency is how many messages of the consumer are in flight at
+	// once. Defaults to 1.
+	Concurrency int
+	// RateLimit caps messages per second; zero means no limit.
+	RateLimit float64
+	// MaxDeliveries dead-letters a message delivered more often.
+	MaxDeliveries int
+	// SkipStale skips an event older (by subjectseq) than one of the same
+	// subject that already took effect. Not with StrictOrder.
+	SkipStale bool
+	// StrictOrder applies each subject's events in sequence; an event
+	// ahead of its turn waits, up to GapTimeout. Not with SkipStale.
+	StrictOrder bool
+	// GapTimeout is how long an event waits for an earlier one of its
+	// subject under StrictOrder.
+	GapTimeout time.Duration
+	// RenamedFrom are the consumer's former names, whose processed marks
+	// it adopts at Start.
+	RenamedFrom []string
+}
+
+// WithDefaults returns a copy of c with zero fields set to their defaults.
+func (c ConsumerConfig) WithDefaults() ConsumerConfig {
+	c.Attempts = cmp.Or(c.Attempts, middleware.DefaultAttempts)
+	c.RetryDelay = cmp.Or(c.RetryDelay, middleware.DefaultRetryDelay)
+	c.Timeout = cmp.Or(c.Timeout, middleware.DefaultTimeout)
+	c.Concurrency = cmp.Or(c.Concurrency, 1)
+	c.MaxDeliveries = cmp.Or(c.MaxDeliveries, middleware.DefaultMaxDeliveries)
+	c.GapTimeout = cmp.Or(c.GapTimeout, middleware.DefaultGapTimeout)
+	return c
+}
+
+// Validate reports the first invalid field of c.
+func (c ConsumerConfig) Validate() error {
+	switch {
+	case c.Consumer == nil:
+		return errors.New("ConsumerConfig.Consumer: required (build it with framework.NewConsumer)")
+	case c.Attempts < 1:
+		return fmt.Errorf("ConsumerConfig.Attempts: must be at least 1, got %d", c.Attempts)
+	case c.RetryDelay < 0:
+		return fmt.Errorf("ConsumerConfig.RetryDelay: must not be negative, got %s", c.RetryDelay)
+	case c.Timeout <= 0:
+		return fmt.Errorf("ConsumerConfig.Timeout: must be positive, got %s", c.Timeout)
+	case c.Concurrency < 1:
+		return fmt.Errorf("ConsumerConfig.Concurrency: must be at least 1, got %d", c.Concurrency)
+	case c.RateLimit < 0:
+		return fmt.Errorf("ConsumerConfig.RateLimit: must not be negative, got %g", c.RateLimit)
+	case c.MaxDeliveries < 1:
+		return fmt.Errorf("ConsumerConfig.MaxDeliveries: must be at least 1, got %d", c.MaxDeliveries)
+	case c.SkipStale && c.StrictOrder:
+		return errors.New("ConsumerConfig.SkipStale: excludes StrictOrder")
+	case c.GapTimeout <= 0:
+		return fmt.Errorf("ConsumerConfig.GapTimeout: must be positive, got %s", c.GapTimeout)
+	}
+	return nil
+}
+
+// Config is what New takes: the consumers, the transport they consume
+// from and the database they take effect in.
+type Config struct {
+	// Consumers are the consumers to run, each with its settings.
+	Consumers []ConsumerConfig
+	// Transport delivers the consumers' messages. The runner subscribes
+	// through it but never closes it. Required.
+	Transport framework.Transport
+	// DB is the database of the handlers' transactions. Required.
+	DB *sqlx.DB
+	// Store is the consumers' store in DB. Required.
+	Store Store
+	// Logger logs the router and the messages. Defaults to a logger that
+	// discards.
+	Logger *slog.Logger
+	// Metrics, when set, counts the messages (see middleware.NewMetrics).
+	Metrics *middleware.Metrics
+	// Tracer, when set, traces the messages.
+	Tracer trace.Tracer
+	// Outer middleware runs once per delivery, outside the retries and
+	// the transaction (see middleware.ChainConfig). A consumer's
+	// RateLimit waits before it.
+	Outer []message.HandlerMiddleware
+	// Inner middleware runs inside each attempt, in its transaction.
+	Inner []message.HandlerMiddleware
+}
+
+// WithDefaults returns a copy of c with zero fields set to their defaults,
+// the consumers' included.
+func (c Config) WithDefaults() Config {
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	consumers := make([]ConsumerConfig, len(c.Consumers))
+	for i, cc := range c.Consumers {
+		consumers[i] = cc.WithDefaults()
+	}
+	c.Consumers = consumers
+	return c
+}
+
+// Validate reports the first invalid field of c.
+func (c Config) Validate() error {
+	switch {
+	case c.Transport == nil:
+		return errors.New("Config.Transport: required")
+	case c.DB == nil:
+		return errors.New("Config.DB: required")
+	case c.Store == nil:
+		return errors.New("Config.Store: required")
+	}
+	seen := make(map[string]bool, len(c.Consumers))
+	for i, cc := range c.Consumers {
+		if err := cc.Validate(); err != nil {
+			return fmt.Errorf("Config.Consumers[%d]: %w", i, err)
+		}
+		if seen[cc.Consumer.Name()] {
+			return fmt.Errorf("Config.Consumers[%d]: consumer %s appears twice", i, cc.Consumer.Name())
+		}
+		seen[cc.Consumer.Name()] = true
+	}
+	return nil
+}
+
+// Runner runs consumers: it builds each consumer's chain and subscription,
+// and handles their messages between Start and Stop. Build it with New.
+type Runner struct {
+	cfg    Config
+	logger *slog.Logger
+	router *message.Router
+	subs   []subscription
+
+	started  atomic.Bool
+	launched atomic.Bool // the router's Run was called
+	runDone  chan struct{}
+	runErr   error // set before runDone closes
+
+	mu       sync.Mutex
+	stopping bool          // intake closed
+	inFlight int           // messages past the intake
+	idle     chan struct{} // closed when stopping and inFlight is 0
+	closing  chan struct{} // closed when Stop gives up waiting
+}
+
+// subscription is a consumer's subscription, bound at Start.
+type subscription struct {
+	consumer string
+	sub      framework.Subscription
+}
+
+// New builds the chain and the subscription of each consumer of cfg. It
+// handles nothing until Start.
+func New(cfg Config) (*Runner, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("runner: %w", err)
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, watermill.NewSlogLogger(cfg.Logger.With("component", "router")))
+	if err != nil {
+		return nil, fmt.Errorf("runner: router: %w", err)
+	}
+	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: cfg.DB, Processed: cfg.Store, Deliveries: cfg.Store})
+	if err != nil {
+		return nil, fmt.Errorf("runner: %w", err)
+	}
+	r := &Runner{
+		cfg:     cfg,
+		logger:  cfg.Logger,
+		router:  router,
+		runDone: make(chan struct{}),
+		idle:    make(chan struct{}),
+		closing: make(chan struct{}),
+	}
+	router.AddMiddleware(r.intake, untilRunning(router))
+	for _, cc := range cfg.Consumers {
+		if err := r.add(cc, uow); err != nil {
+			return nil, fmt.Errorf("runner: consumer %s: %w", cc.Consumer.Name(), err)
+		}
+	}
+	return r, nil
+}
+
+// add builds cc's chain and subscription and adds a router handler for
+// each of the subscription's topics.
+func (r *Runner) add(cc ConsumerConfig, uow *framework.UnitOfWork) error {
+	c := cc.Consumer
+	h, err := middleware.Handler(r.chainConfig(cc, uow))
+	if err != nil {
+		return err
+	}
+	sub, err := r.cfg.Transport.Subscribe(framework.SubscribeConfig{
+		Consumer:       c.Name(),
+		Types:          c.Types(),
+		Concurrency:    cc.Concurrency,
+		AttemptTimeout: cc.Timeout,
+		HandlingTime:   time.Duration(cc.Attempts) * (cc.Timeout + cc.RetryDelay),
+	})
+	if err != nil {
+		return err
+	}
+	r.subs = append(r.subs, subscription{consumer: c.Name(), sub: sub})
+	for i, topic := range sub.Topics {
+		r.router.AddConsumerHandler(handlerName(c.Name(), sub.Topics, i), topic, sub.Subscriber, h)
+	}
+	return nil
+}
+
+// chainConfig is the middleware chain of cc.
+func (r *Runner) chainConfig(cc ConsumerConfig, uow *framework.UnitOfWork) middleware.ChainConfig {
+	// The rate limit is the first of the Outer steps: it paces the
+	// deliveries that passed decoding and the delivery guard.
+	outer := r.cfg.Outer
+	if cc.RateLimit > 0 {
+		outer = append([]message.HandlerMiddleware{rateLimit(cc.RateLimit)}, outer...)
+	}
+	var (
+		checkpoints framework.CheckpointStore
+		order       framework.OrderStore
+	)
+	if cc.SkipStale {
+		checkpoints = r.cfg.Store
+	}
+	if cc.StrictOrder {
+		order = r.cfg.Store
+	}
+	return middleware.ChainConfig{
+		Checkpoints:   checkpoints,
+		Order:         order,
+		GapTimeout:    cc.GapTimeout,
+		Consumer:      cc.Consumer,
+		UnitOfWork:    uow,
+		DeadLetters:   r.cfg.Store,
+		Deliveries:    r.cfg.Store,
+		MaxDeliveries: cc.MaxDeliveries,
+		Retry:         middleware.RetryConfig{Attempts: cc.Attempts, Delay: cc.RetryDelay},
+		Timeout:       cc.Timeout,
+		Logger:        r.logger,
+		Metrics:       r.cfg.Metrics,
+		Tracer:        r.cfg.Tracer,
+		Outer:         outer,
+		Inner:         r.cfg.Inner,
+	}
+}
+
+// handlerName names the router handler of topics[i] of consumer: the
+// consumer and the topic, numbered when the topic appears more than once.
+func handlerName(consumer string, topics []string, i int) string {
+	name := consumer + "@" + topics[i]
+	n, nth := 0, 0
+	for j, t := range topics {
+		if t == topics[i] {
+			n++
+			if j <= i {
+				nth++
+			}
+		}
+	}
+	if n > 1 {
+		name = fmt.Sprintf("%s#%d", name, nth)
+	}
+	return name
+}
+
+// AddMiddleware adds middleware around every consumer's whole chain: it
+// sees the error the chain returns. Call it before Start.
+func (r *Runner) AddMiddleware(m ...message.HandlerMiddleware) {
+	r.router.AddMiddleware(m...)
+}
+
+// Start adopts the history of renamed consumers, binds the subscriptions
+// and runs the consumers; it returns once every subscription is ready. If
+// ctx ends first, it stops what it started and returns ctx's cause. A
+// Runner starts once.
+func (r *Runner) Start(ctx context.Context) error {
+	if !r.started.CompareAndSwap(false, true) {
+		return errors.New("runner: start: already started")
+	}
+	if err := r.adopt(ctx); err != nil {
+		return fmt.Errorf("runner: start: %w", err)
+	}
+	// Bind before anything publishes, so nothing is dropped (AMQP's
+	// fanout drops what reaches an exchange with no queue bound).
+	for _, s := range r.subs {
+		if err := s.sub.Initialize(); err != nil {
+			return fmt.Errorf("runner: start: consumer %s: %w", s.consumer, err)
+		}
+	}
+	runCtx, cancelRun := context.WithCancel(context.Background())
+	r.launched.Store(true)
+	go func() {
+		defer close(r.runDone)
+		defer cancelRun()
+		if err := r.router.Run(runCtx); err != nil {
+			r.runErr = err
+			r.logger.Error("router stopped", "error", err)
+		}
+	}()
+	select {
+	case <-r.router.Running():
+		return nil
+	case <-r.runDone:
+		return fmt.Errorf("runner: start: router: %w", r.runErr)
+	case <-ctx.Done():
+		// Not running in time, or asked to stop. Ending Run's context
+		// ends the subscriptions made so far, and the messages they
+		// received, which wait in untilRunning: Run returns. (Not
+		// router.Close: it would wait its CloseTimeout for the handlers
+		// that never subscribed.)
+		cancelRun()
+		<-r.runDone
+		return fmt.Errorf("runner: start: %w", context.Cause(ctx))
+	}
+}
+
+// adopt hands each renamed consumer the processed marks of its old names,
+// before it consumes anything.
+func (r *Runner) adopt(ctx context.Context) error {
+	for _, cc := range r.cfg.Consumers {
+		for _, old := range cc.RenamedFrom {
+			n, err := r.cfg.Store.Adopt(ctx, cc.Consumer.Name(), old)
+			if err != nil {
+				return fmt.Errorf("consumer %s renamed from %s: %w", cc.Consumer.Name(), old, err)
+			}
+			r.logger.InfoContext(ctx, "renamed consumer adopted the processed events of its old name", "consumer", cc.Consumer.Name(), "renamed_from", old, "adopted", n)
+		}
+	}
+	return nil
+}
+
+// Running is closed once every subscription is ready, and stays closed.
+func (r *Runner) Running() <-chan struct{} { return r.router.Running() }
+
+// Stopped is closed once the consumers stopped: after Stop, or when the
+// router failed.
+func (r *Runner) Stopped() <-chan struct{} { return r.runDone }
+
+// Stop closes the intake (messages delivered from now on are nacked
+// without being handled), waits until the attempts in flight finish or
+// ctx ends, then closes the router, which cancels the attempts still
+// running: they roll back and their messages are delivered again later.
+// It returns an error wrapping ctx's error if ctx ended first. Stop does
+// not close the transport.
+func (r *Runner) Stop(ctx context.Context) error {
+	r.mu.Lock()
+	if !r.stopping {
+		r.stopping = true
+		if r.inFlight == 0 {
+			close(r.idle)
+		}
+	}
+	r.mu.Unlock()
+	var waitErr error
+	select {
+	case <-r.idle:
+	case <-ctx.Done():
+		waitErr = fmt.Errorf("runner: stop: attempts in flight canceled: %w", context.Cause(ctx))
+	}
+	r.mu.Lock()
+	select {
+	case <-r.closing:
+	default:
+		close(r.closing)
+	}
+	r.mu.Unlock()
+	if !r.launched.Load() {
+		return waitErr
+	}
+	if err := r.router.Close(); err != nil {
+		return errors.Join(waitErr, fmt.Errorf("runner: stop: close the router: %w", err))
+	}
+	<-r.runDone
+	return waitErr
+}
+
+// intake counts the messages in flight, and holds those that come once
+// Stop closed the intake until the router closes, then nacks them: they
+// are never handled by this runner.
+func (r *Runner) intake(h message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		if !r.enter() {
+			select {
+			case <-r.closing:
+			case <-msg.Context().Done():
+			}
+			return nil, errors.New("runner: stopping: message not handled")
+		}
+		defer r.leave()
+		return h(msg)
+	}
+}
+
+// enter counts a message in flight, unless the intake is closed.
+func (r *Runner) enter() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stopping {
+		return false
+	}
+	r.inFlight++
+	return true
+}
+
+// leave counts a message out of flight.
+func (r *Runner) leave() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.inFlight--
+	if r.stopping && r.inFlight == 0 {
+		close(r.idle)
+	}
+}
+
+// untilRunning holds every message until the router runs, that is until
+// every handler has subscribed. Otherwise an attempt of the first handler
+// could hold what a later handler's Subscribe needs (a connection, a
+// SQLite file's write lock) and the start would wait for the attempt.
+// A message whose context ends meanwhile is nacked.
+func untilRunning(router *message.Router) message.HandlerMiddleware {
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			select {
+			case <-router.Running():
+				return h(msg)
+			case <-msg.Context().Done():
+				return nil, fmt.Errorf("router not running yet: %w", msg.Context().Err())
+			}
+		}
+	}
+}
