@@ -1,0 +1,178 @@
+package runner
+
+import (
+	"context"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/migrate"
+	"github.com/effectively-once/effectively/framework/sqlite"
+)
+
+type itemAdded struct {
+	ID string `json:"id" validate:"required"`
+}
+
+var added = framework.Define[itemAdded]("tests.item.added", 1)
+
+// env is a migrated SQLite database with an items table, its store, and a
+// consumer whose handler inserts the item and then runs hold, in the
+// attempt's transaction.
+type env struct {
+	db       *sqlx.DB
+	store    *sqlite.Store
+	consumer *framework.Consumer
+	hold     atomic.Pointer[func(ctx context.Context) error]
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	ctx := context.Background()
+	db, err := sqlite.Open(ctx, filepath.Join(t.TempDir(), "app.db"), sqlite.OpenConfig{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	require.NoError(t, migrate.Up(ctx, db, migrate.Config{}))
+	_, err = db.ExecContext(ctx, `CREATE TABLE items (id TEXT)`)
+	require.NoError(t, err)
+	store, err := sqlite.NewStore(db, sqlite.StoreConfig{})
+	require.NoError(t, err)
+	e := &env{db: db, store: store}
+	e.consumer, err = framework.NewConsumer("tests.items",
+		framework.Handle(added, func(ctx context.Context, ev framework.Event[itemAdded]) error {
+			if _, err := framework.Conn(ctx, db).ExecContext(ctx, `INSERT INTO items (id) VALUES (?)`, ev.Data.ID); err != nil {
+				return err
+			}
+			if hold := e.hold.Load(); hold != nil {
+				return (*hold)(ctx)
+			}
+			return nil
+		}),
+	)
+	require.NoError(t, err)
+	return e
+}
+
+// runner returns a started runner of the consumer on a new transport of
+// the database, stopped at the end of the test.
+func (e *env) runner(t *testing.T) (*Runner, framework.Transport) {
+	t.Helper()
+	transport, err := sqlite.New(e.db, sqlite.TransportConfig{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = transport.Close() })
+	r, err := New(Config{
+		// A short timeout: a lease of the canceled attempt's message ends
+		// soon (twice the timeout).
+		Consumers: []ConsumerConfig{{Consumer: e.consumer, Timeout: time.Second, Attempts: 1}},
+		Transport: transport,
+		DB:        e.db,
+		Store:     e.store,
+	})
+	require.NoError(t, err)
+	require.NoError(t, r.Start(context.Background()))
+	t.Cleanup(func() { _ = r.Stop(context.Background()) })
+	return r, transport
+}
+
+func (e *env) publish(t *testing.T, transport framework.Transport, id string) {
+	t.Helper()
+	env, err := added.Envelope(itemAdded{ID: id}, framework.Attributes{ID: id, Source: "tests"})
+	require.NoError(t, err)
+	msg, err := framework.NewMessage(env)
+	require.NoError(t, err)
+	require.NoError(t, transport.Publisher().Publish(added.Type(), msg))
+}
+
+func (e *env) items(t *testing.T) int {
+	t.Helper()
+	var n int
+	require.NoError(t, e.db.Get(&n, `SELECT count(*) FROM items`))
+	return n
+}
+
+// stoppingNow reports whether Stop closed the intake.
+func (r *Runner) stoppingNow() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.stopping
+}
+
+// TestStartStop: Start returns with the consumer subscribed, a published
+// event takes effect, Stop closes the router; a second Start is refused.
+func TestStartStop(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	r, transport := e.runner(t)
+	select {
+	case <-r.Running():
+	default:
+		t.Fatal("Start returned before the subscriptions were ready")
+	}
+	require.ErrorContains(t, r.Start(context.Background()), "already started")
+	e.publish(t, transport, "i-1")
+	require.Eventually(t, func() bool { return e.items(t) == 1 }, 10*time.Second, 5*time.Millisecond)
+	require.NoError(t, r.Stop(context.Background()))
+	select {
+	case <-r.Stopped():
+	default:
+		t.Fatal("Stop returned before the router stopped")
+	}
+}
+
+// TestStopWaitsForAttemptInFlight: Stop closes the intake, then waits for
+// the attempt in flight, which finishes and commits.
+func TestStopWaitsForAttemptInFlight(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	entered, release := make(chan struct{}), make(chan struct{})
+	hold := func(ctx context.Context) error {
+		close(entered)
+		select {
+		case <-release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	e.hold.Store(&hold)
+	r, transport := e.runner(t)
+	e.publish(t, transport, "i-1")
+	<-entered
+	stopped := make(chan error, 1)
+	go func() { stopped <- r.Stop(context.Background()) }()
+	require.Eventually(t, r.stoppingNow, 10*time.Second, time.Millisecond, "Stop did not close the intake")
+	close(release)
+	require.NoError(t, <-stopped)
+	require.Equal(t, 1, e.items(t), "the attempt in flight was not let finish")
+}
+
+// TestStopExpiredCancelsAttempt: Stop whose context has ended cancels the
+// attempt in flight, which rolls back; the message is not lost: a runner
+// started later handles it.
+func TestStopExpiredCancelsAttempt(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	entered := make(chan struct{})
+	hold := func(ctx context.Context) error {
+		close(entered)
+		<-ctx.Done()
+		return ctx.Err()
+	}
+	e.hold.Store(&hold)
+	r, transport := e.runner(t)
+	e.publish(t, transport, "i-1")
+	<-entered
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	require.ErrorIs(t, r.Stop(ctx), context.Canceled)
+	require.Zero(t, e.items(t), "the canceled attempt did not roll back")
+
+	e.hold.Store(nil)
+	e.runner(t)
+	require.Eventually(t, func() bool { return e.items(t) == 1 }, 30*time.Second, 10*time.Millisecond, "the message was lost")
+}
