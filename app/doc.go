@@ -114,10 +114,12 @@
 //
 // # Start and shutdown
 //
-// At start the router subscribes every handler before any message is
-// handled. On SIGINT or SIGTERM the router closes: attempts in flight see
-// their context cancelled and roll back, mark included, and their messages
-// are not acknowledged, so they are delivered again later. Nothing is
+// The consumers run in a runner.Runner, which works without fx too. At
+// start it subscribes every handler before any message is handled. On
+// SIGINT or SIGTERM it takes no new message, lets the attempts in flight
+// finish within half of the stop timeout, then cancels the rest: they roll
+// back, mark included, and their messages are not acknowledged, so they
+// are delivered again later. Nothing is
 // acknowledged before its effect committed. A signal during the start
 // ends it (a broker still awaited, subscriptions still pending), rolls
 // back what started, and Serve returns nil.

@@ -2,6 +2,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -54,8 +55,8 @@ type RouterParams struct {
 // NewRouter builds the runner of every registered consumer, each with its
 // settings from the configuration (see runner.New). It starts the runner
 // when the application starts, and stops it when the application stops:
-// the attempts in flight finish within the stop timeout, the rest are
-// canceled, roll back and are delivered again later.
+// the attempts in flight may finish within half of the stop timeout, the
+// rest are canceled, roll back and are delivered again later.
 func NewRouter(p RouterParams) (*runner.Runner, error) {
 	consumers := make([]runner.ConsumerConfig, 0, len(p.Registry.Consumers()))
 	for _, c := range p.Registry.Consumers() {
@@ -93,13 +94,32 @@ func NewRouter(p RouterParams) (*runner.Runner, error) {
 		},
 		OnStop: func(ctx context.Context) error {
 			p.Readiness.set(false)
-			if err := r.Stop(ctx); err != nil {
-				return fmt.Errorf("router: %w", err)
-			}
-			return nil
+			return stopRunner(ctx, r, orDefault(p.Logger))
 		},
 	})
 	return r, nil
+}
+
+// stopRunner stops r, letting the attempts in flight finish within half
+// of the time ctx leaves (the other half is for the hooks that stop after
+// it). The attempts still running then are canceled: they roll back and
+// their messages are delivered again later, which is no error.
+func stopRunner(ctx context.Context, r *runner.Runner, logger *slog.Logger) error {
+	drainCtx := ctx
+	if deadline, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		drainCtx, cancel = context.WithTimeout(ctx, time.Until(deadline)/2)
+		defer cancel()
+	}
+	err := r.Stop(drainCtx)
+	if err != nil && drainCtx.Err() != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+		logger.WarnContext(ctx, "attempts in flight canceled at stop: they roll back and are delivered again later")
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("router: %w", err)
+	}
+	return nil
 }
 
 // consumerConfig maps a consumer's settings, defaults filled in, to the
