@@ -187,8 +187,8 @@ func untagged(err error) *FieldError {
 	}
 	f := fields[0]
 	field := "data"
-	if ns := f.Namespace(); strings.Contains(ns, ".") {
-		field += ns[strings.Index(ns, "."):] // the path without the root type
+	if _, path, ok := strings.Cut(f.Namespace(), "."); ok {
+		field += "." + path // the path without the root type
 	}
 	reason := "failed " + f.Tag()
 	if f.Param() != "" {

@@ -181,7 +181,7 @@ func (fb *failingBundle) advance(d time.Duration) { fb.set(func() { fb.now = fb.
 
 // deliver hands a new copy of event id to the chain in ctx and returns
 // its report.
-func (fb *failingBundle) deliver(t *testing.T, ctx context.Context, id string) middleware.Report {
+func (fb *failingBundle) deliver(ctx context.Context, t *testing.T, id string) middleware.Report {
 	t.Helper()
 	env, err := noted.Envelope(noteV1{Text: "hello"}, framework.Attributes{ID: id, Source: "notes"})
 	require.NoError(t, err)
@@ -236,22 +236,22 @@ func TestObserveFailing(t *testing.T) {
 		fb := setupFailing(t)
 		none(t, fb)
 		fb.set(func() { fb.refuse["1"] = true })
-		require.Equal(t, middleware.OutcomeNacked, fb.deliver(t, ctx, "1").Outcome)
+		require.Equal(t, middleware.OutcomeNacked, fb.deliver(ctx, t, "1").Outcome)
 		fb.advance(10 * time.Second)
 		s := fb.status(t)
 		require.Equal(t, 1, s.FailingMessages)
 		require.Equal(t, 10*time.Second, s.OldestFailing)
 		require.False(t, s.HeldUp())
 
-		require.Equal(t, middleware.OutcomeNacked, fb.deliver(t, ctx, "1").Outcome)
+		require.Equal(t, middleware.OutcomeNacked, fb.deliver(ctx, t, "1").Outcome)
 		fb.advance(5 * time.Second)
 		s = fb.status(t)
 		require.Equal(t, 1, s.FailingMessages, "one message, delivered twice")
 		require.Equal(t, 15*time.Second, s.OldestFailing, "since its first failure")
 		require.True(t, s.HeldUp(), "failing for longer than the hold-up limit")
 
-		require.Equal(t, middleware.OutcomeNacked, fb.deliver(t, ctx, "1").Outcome)
-		rep := fb.deliver(t, ctx, "1")
+		require.Equal(t, middleware.OutcomeNacked, fb.deliver(ctx, t, "1").Outcome)
+		rep := fb.deliver(ctx, t, "1")
 		require.Equal(t, middleware.OutcomeDeadLettered, rep.Outcome)
 		require.Equal(t, framework.CodeDeliveryLimit, rep.Code)
 		none(t, fb)
@@ -265,7 +265,7 @@ func TestObserveFailing(t *testing.T) {
 			fb.fail["1"] = true
 			fb.duringEv = func() { during = append(during, fb.metrics.Consumers()...) }
 		})
-		rep := fb.deliver(t, ctx, "1")
+		rep := fb.deliver(ctx, t, "1")
 		require.Equal(t, middleware.OutcomeDeadLettered, rep.Outcome)
 		require.Equal(t, framework.CodeRetriesExhausted, rep.Code)
 		require.Len(t, during, 2)
@@ -278,23 +278,23 @@ func TestObserveFailing(t *testing.T) {
 		t.Parallel()
 		fb := setupFailing(t)
 		fb.set(func() { fb.refuse["1"], fb.refuse["2"] = true, true })
-		require.Equal(t, middleware.OutcomeNacked, fb.deliver(t, ctx, "1").Outcome)
+		require.Equal(t, middleware.OutcomeNacked, fb.deliver(ctx, t, "1").Outcome)
 		fb.advance(time.Second)
-		require.Equal(t, middleware.OutcomeNacked, fb.deliver(t, ctx, "2").Outcome)
+		require.Equal(t, middleware.OutcomeNacked, fb.deliver(ctx, t, "2").Outcome)
 		fb.advance(time.Second)
 		s := fb.status(t)
 		require.Equal(t, 2, s.FailingMessages)
 		require.Equal(t, 2*time.Second, s.OldestFailing)
 
 		fb.set(func() { fb.refuse["1"] = false })
-		require.Equal(t, middleware.OutcomeProcessed, fb.deliver(t, ctx, "1").Outcome)
+		require.Equal(t, middleware.OutcomeProcessed, fb.deliver(ctx, t, "1").Outcome)
 		s = fb.status(t)
 		require.Equal(t, 1, s.FailingMessages)
 		require.Equal(t, time.Second, s.OldestFailing, "the oldest left")
 
-		require.Equal(t, middleware.OutcomeDuplicate, fb.deliver(t, ctx, "1").Outcome)
+		require.Equal(t, middleware.OutcomeDuplicate, fb.deliver(ctx, t, "1").Outcome)
 		fb.set(func() { fb.refuse["2"] = false })
-		require.Equal(t, middleware.OutcomeProcessed, fb.deliver(t, ctx, "2").Outcome)
+		require.Equal(t, middleware.OutcomeProcessed, fb.deliver(ctx, t, "2").Outcome)
 		none(t, fb)
 	})
 
@@ -302,7 +302,7 @@ func TestObserveFailing(t *testing.T) {
 		t.Parallel()
 		fb := setupFailing(t)
 		fb.set(func() { fb.refuse["1"] = true })
-		require.Equal(t, middleware.OutcomeNacked, fb.deliver(t, ctx, "1").Outcome)
+		require.Equal(t, middleware.OutcomeNacked, fb.deliver(ctx, t, "1").Outcome)
 		fb.advance(time.Minute)
 		require.Equal(t, 1, fb.status(t).FailingMessages, "failed a minute ago: still counted")
 		fb.advance(time.Second)
@@ -314,7 +314,7 @@ func TestObserveFailing(t *testing.T) {
 		fb := setupFailing(t)
 		stopped, cancel := context.WithCancel(ctx)
 		cancel()
-		require.Equal(t, middleware.OutcomeNacked, fb.deliver(t, stopped, "1").Outcome)
+		require.Equal(t, middleware.OutcomeNacked, fb.deliver(stopped, t, "1").Outcome)
 		none(t, fb)
 	})
 

@@ -68,7 +68,7 @@ func (o *outcomes) report(msg *message.Message, herr error) {
 	if rep, ok := middleware.ReportOf(msg); ok {
 		oc.res = testkit.Result{Outcome: testkit.Outcome(rep.Outcome), Code: rep.Code, Attempts: rep.Attempts, Err: herr}
 	} else {
-		oc.err = fmt.Errorf("the chain reported no outcome (handler error: %v)", herr)
+		oc.err = fmt.Errorf("the chain reported no outcome (handler error: %w)", herr)
 	}
 
 	o.mu.Lock()

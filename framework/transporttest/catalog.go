@@ -370,7 +370,8 @@ func caseBadInputs(t *testing.T, s *suite) {
 		case !carried:
 			idle = append(idle, in.Name)
 		case err != nil:
-			require.True(t, s.env.StoresJSON && !(jsonText(in.Body) && (in.StoredMetadata == "" || jsonText([]byte(in.StoredMetadata)))),
+			storable := jsonText(in.Body) && (in.StoredMetadata == "" || jsonText([]byte(in.StoredMetadata)))
+			require.True(t, s.env.StoresJSON && !storable,
 				"publishing %s failed: %v", in.Name, err)
 			refused[in.Name] = err
 		case in.Code == "":

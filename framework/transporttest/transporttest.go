@@ -85,7 +85,8 @@ func Exercise(t *testing.T, open func(t *testing.T) *Env) {
 		{"SeveralTypes", caseSeveralTypes},
 		{"Interop", caseInterop},
 		{"BadInputs", caseBadInputs},
-		{"HoldUpFailing", caseHoldUpFailing}, {"HoldUpDying", caseHoldUpDying},
+		{"HoldUpFailing", caseHoldUpFailing},
+		{"HoldUpDying", caseHoldUpDying},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

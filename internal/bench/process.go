@@ -49,7 +49,8 @@ func (p *Process) ProfilePath() string { return p.profile }
 // /readyz answers 200; an exit before that is an error that quotes the
 // end of its standard error.
 func startProcess(ctx context.Context, name string, cmd *exec.Cmd, addr, profile string, timeout time.Duration) (*Process, error) {
-	p := &Process{name: name, cmd: cmd, addr: addr, profile: profile, stderr: &tailBuffer{max: 8 << 10}, done: make(chan struct{}),
+	p := &Process{
+		name: name, cmd: cmd, addr: addr, profile: profile, stderr: &tailBuffer{max: 8 << 10}, done: make(chan struct{}),
 		client: &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}},
 	}
 	cmd.Stdout = p.stderr
@@ -85,7 +86,7 @@ func (p *Process) waitReady(ctx context.Context, timeout time.Duration) error {
 		}
 		select {
 		case <-p.done:
-			return fmt.Errorf("%s exited before it was ready (%v): %s", p.name, p.waitErr, p.stderr.String())
+			return fmt.Errorf("%s exited before it was ready (%w): %s", p.name, p.waitErr, p.stderr.String())
 		case <-ctx.Done():
 			return fmt.Errorf("%s not ready on %s: %w: %s", p.name, p.addr, ctx.Err(), p.stderr.String())
 		case <-time.After(50 * time.Millisecond):
@@ -115,7 +116,7 @@ func (p *Process) Begin(ctx context.Context) error {
 func (p *Process) Exited() error {
 	select {
 	case <-p.done:
-		return fmt.Errorf("%s exited (%v): %s", p.name, p.waitErr, p.stderr.String())
+		return fmt.Errorf("%s exited (%w): %s", p.name, p.waitErr, p.stderr.String())
 	default:
 		return nil
 	}
