@@ -2,6 +2,7 @@ package app
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -306,21 +307,11 @@ func (c Config) Consumer(name string) ConsumerConfig {
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
 func (c Config) WithDefaults() Config {
-	if c.Transport == "" {
-		c.Transport = DefaultTransport
-	}
-	if c.DatabaseURL == "" {
-		c.DatabaseURL = DefaultDatabaseURL
-	}
-	if c.TransportURL == "" {
-		c.TransportURL = c.DatabaseURL
-	}
-	if c.AMQPURL == "" {
-		c.AMQPURL = DefaultAMQPURL
-	}
-	if c.PurgeInterval == 0 {
-		c.PurgeInterval = Duration(DefaultPurgeInterval)
-	}
+	c.Transport = cmp.Or(c.Transport, DefaultTransport)
+	c.DatabaseURL = cmp.Or(c.DatabaseURL, DefaultDatabaseURL)
+	c.TransportURL = cmp.Or(c.TransportURL, c.DatabaseURL)
+	c.AMQPURL = cmp.Or(c.AMQPURL, DefaultAMQPURL)
+	c.PurgeInterval = cmp.Or(c.PurgeInterval, Duration(DefaultPurgeInterval))
 	return c
 }
 

@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"cmp"
 	"errors"
 	"log/slog"
 	"time"
@@ -67,9 +68,7 @@ type ChainConfig struct {
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
 func (c ChainConfig) WithDefaults() ChainConfig {
-	if c.Timeout == 0 {
-		c.Timeout = DefaultTimeout
-	}
+	c.Timeout = cmp.Or(c.Timeout, DefaultTimeout)
 	c.Retry = c.Retry.WithDefaults()
 	return c
 }

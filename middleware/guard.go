@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -34,9 +35,7 @@ type GuardConfig struct {
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
 func (c GuardConfig) WithDefaults() GuardConfig {
-	if c.MaxDeliveries == 0 {
-		c.MaxDeliveries = DefaultMaxDeliveries
-	}
+	c.MaxDeliveries = cmp.Or(c.MaxDeliveries, DefaultMaxDeliveries)
 	return c
 }
 

@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -129,9 +130,7 @@ func (c ObserveConfig) WithDefaults() ObserveConfig {
 	if c.Tracer == nil {
 		c.Tracer = noop.NewTracerProvider().Tracer("")
 	}
-	if c.ForgetFailingAfter == 0 {
-		c.ForgetFailingAfter = DefaultForgetFailingAfter
-	}
+	c.ForgetFailingAfter = cmp.Or(c.ForgetFailingAfter, DefaultForgetFailingAfter)
 	if c.Now == nil {
 		c.Now = time.Now
 	}

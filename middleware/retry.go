@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"time"
@@ -29,12 +30,8 @@ type RetryConfig struct {
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
 func (c RetryConfig) WithDefaults() RetryConfig {
-	if c.Attempts == 0 {
-		c.Attempts = DefaultAttempts
-	}
-	if c.Delay == 0 {
-		c.Delay = DefaultRetryDelay
-	}
+	c.Attempts = cmp.Or(c.Attempts, DefaultAttempts)
+	c.Delay = cmp.Or(c.Delay, DefaultRetryDelay)
 	return c
 }
 

@@ -1,6 +1,7 @@
 package apptest
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -80,21 +81,11 @@ type Config struct {
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
 func (c Config) WithDefaults() Config {
-	if c.Transport == "" {
-		c.Transport = app.TransportSQLite
-	}
-	if c.Defaults.Attempts == 0 {
-		c.Defaults.Attempts = testkit.DefaultAttempts
-	}
-	if c.Defaults.RetryDelay == 0 {
-		c.Defaults.RetryDelay = app.Duration(testkit.DefaultRetryDelay)
-	}
-	if c.Defaults.Timeout == 0 {
-		c.Defaults.Timeout = app.Duration(testkit.DefaultTimeout)
-	}
-	if c.OutcomeTimeout == 0 {
-		c.OutcomeTimeout = DefaultOutcomeTimeout
-	}
+	c.Transport = cmp.Or(c.Transport, app.TransportSQLite)
+	c.Defaults.Attempts = cmp.Or(c.Defaults.Attempts, testkit.DefaultAttempts)
+	c.Defaults.RetryDelay = cmp.Or(c.Defaults.RetryDelay, app.Duration(testkit.DefaultRetryDelay))
+	c.Defaults.Timeout = cmp.Or(c.Defaults.Timeout, app.Duration(testkit.DefaultTimeout))
+	c.OutcomeTimeout = cmp.Or(c.OutcomeTimeout, DefaultOutcomeTimeout)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}

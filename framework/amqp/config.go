@@ -1,6 +1,7 @@
 package amqp
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -69,24 +70,12 @@ type Config struct {
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
 func (c Config) WithDefaults() Config {
-	if c.Prefetch == 0 {
-		c.Prefetch = DefaultPrefetch
-	}
-	if c.ChannelPoolSize == 0 {
-		c.ChannelPoolSize = DefaultChannelPoolSize
-	}
-	if c.NackDelay == 0 {
-		c.NackDelay = DefaultNackDelay
-	}
-	if c.MaxNackDelay == 0 {
-		c.MaxNackDelay = max(DefaultMaxNackDelay, c.NackDelay)
-	}
-	if c.ConnectInterval == 0 {
-		c.ConnectInterval = DefaultConnectInterval
-	}
-	if c.MaxConnectInterval == 0 {
-		c.MaxConnectInterval = max(DefaultMaxConnectInterval, c.ConnectInterval)
-	}
+	c.Prefetch = cmp.Or(c.Prefetch, DefaultPrefetch)
+	c.ChannelPoolSize = cmp.Or(c.ChannelPoolSize, DefaultChannelPoolSize)
+	c.NackDelay = cmp.Or(c.NackDelay, DefaultNackDelay)
+	c.MaxNackDelay = cmp.Or(c.MaxNackDelay, max(DefaultMaxNackDelay, c.NackDelay))
+	c.ConnectInterval = cmp.Or(c.ConnectInterval, DefaultConnectInterval)
+	c.MaxConnectInterval = cmp.Or(c.MaxConnectInterval, max(DefaultMaxConnectInterval, c.ConnectInterval))
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}

@@ -1,6 +1,7 @@
 package memory
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -40,12 +41,8 @@ type PubSubConfig struct {
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
 func (c PubSubConfig) WithDefaults() PubSubConfig {
-	if c.NackDelay == 0 {
-		c.NackDelay = DefaultNackDelay
-	}
-	if c.MaxNackDelay == 0 {
-		c.MaxNackDelay = max(DefaultMaxNackDelay, c.NackDelay)
-	}
+	c.NackDelay = cmp.Or(c.NackDelay, DefaultNackDelay)
+	c.MaxNackDelay = cmp.Or(c.MaxNackDelay, max(DefaultMaxNackDelay, c.NackDelay))
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
 	}

@@ -1,6 +1,7 @@
 package migrate
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -78,9 +79,7 @@ type Config struct {
 // WithDefaults returns a copy of c with zero fields set to their
 // defaults, except Dialect, which comes from the database.
 func (c Config) WithDefaults() Config {
-	if c.ExtraVersionTable == "" {
-		c.ExtraVersionTable = c.TablePrefix + DefaultExtraVersionTable
-	}
+	c.ExtraVersionTable = cmp.Or(c.ExtraVersionTable, c.TablePrefix+DefaultExtraVersionTable)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -82,24 +83,12 @@ type RelayConfig struct {
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
 func (c RelayConfig) WithDefaults() RelayConfig {
-	if c.PollInterval == 0 {
-		c.PollInterval = DefaultPollInterval
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
-	}
-	if c.BatchTimeout == 0 {
-		c.BatchTimeout = DefaultBatchTimeout
-	}
-	if c.Retention == 0 {
-		c.Retention = DefaultRetention
-	}
-	if c.CleanupInterval == 0 {
-		c.CleanupInterval = DefaultCleanupInterval
-	}
-	if c.CleanupBatchSize == 0 {
-		c.CleanupBatchSize = DefaultCleanupBatchSize
-	}
+	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.BatchTimeout = cmp.Or(c.BatchTimeout, DefaultBatchTimeout)
+	c.Retention = cmp.Or(c.Retention, DefaultRetention)
+	c.CleanupInterval = cmp.Or(c.CleanupInterval, DefaultCleanupInterval)
+	c.CleanupBatchSize = cmp.Or(c.CleanupBatchSize, DefaultCleanupBatchSize)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}

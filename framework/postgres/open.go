@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -42,15 +43,9 @@ type OpenConfig struct {
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
 func (c OpenConfig) WithDefaults() OpenConfig {
-	if c.MaxOpenConns == 0 {
-		c.MaxOpenConns = DefaultMaxOpenConns
-	}
-	if c.MaxIdleConns == 0 {
-		c.MaxIdleConns = c.MaxOpenConns
-	}
-	if c.ConnMaxIdleTime == 0 {
-		c.ConnMaxIdleTime = DefaultConnMaxIdleTime
-	}
+	c.MaxOpenConns = cmp.Or(c.MaxOpenConns, DefaultMaxOpenConns)
+	c.MaxIdleConns = cmp.Or(c.MaxIdleConns, c.MaxOpenConns)
+	c.ConnMaxIdleTime = cmp.Or(c.ConnMaxIdleTime, DefaultConnMaxIdleTime)
 	return c
 }
 

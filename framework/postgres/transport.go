@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -84,18 +85,10 @@ type TransportConfig struct {
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
 func (c TransportConfig) WithDefaults() TransportConfig {
-	if c.PollInterval == 0 {
-		c.PollInterval = DefaultPollInterval
-	}
-	if c.ResendInterval == 0 {
-		c.ResendInterval = DefaultResendInterval
-	}
-	if c.AckDeadline == 0 {
-		c.AckDeadline = DefaultAckDeadline
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
-	}
+	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
+	c.ResendInterval = cmp.Or(c.ResendInterval, DefaultResendInterval)
+	c.AckDeadline = cmp.Or(c.AckDeadline, DefaultAckDeadline)
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}

@@ -1,6 +1,7 @@
 package sqlite
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"fmt"
@@ -36,12 +37,8 @@ type OpenConfig struct {
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
 func (c OpenConfig) WithDefaults() OpenConfig {
-	if c.BusyTimeout == 0 {
-		c.BusyTimeout = DefaultBusyTimeout
-	}
-	if c.MaxOpenConns == 0 {
-		c.MaxOpenConns = DefaultMaxOpenConns
-	}
+	c.BusyTimeout = cmp.Or(c.BusyTimeout, DefaultBusyTimeout)
+	c.MaxOpenConns = cmp.Or(c.MaxOpenConns, DefaultMaxOpenConns)
 	return c
 }
 

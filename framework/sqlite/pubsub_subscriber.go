@@ -1,6 +1,7 @@
 package sqlite
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -132,26 +133,16 @@ type SubscriberConfig struct {
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
 func (c SubscriberConfig) WithDefaults() SubscriberConfig {
-	setDuration := func(d *time.Duration, def time.Duration) {
-		if *d == 0 {
-			*d = def
-		}
-	}
-	setInt := func(n *int, def int) {
-		if *n == 0 {
-			*n = def
-		}
-	}
-	setDuration(&c.PollInterval, DefaultPollInterval)
-	setDuration(&c.WatchInterval, DefaultWatchInterval)
-	setDuration(&c.LeaseDuration, DefaultLeaseDuration)
-	setDuration(&c.NackDelay, DefaultNackDelay)
-	setDuration(&c.AckFlushInterval, DefaultAckFlushInterval)
-	setDuration(&c.RetryInterval, DefaultRetryInterval)
-	setDuration(&c.CleanupInterval, DefaultPubSubCleanupInterval)
-	setInt(&c.MaxInFlight, DefaultMaxInFlight)
-	setInt(&c.ClaimBatchSize, DefaultClaimBatchSize)
-	setInt(&c.CleanupBatchSize, DefaultPubSubCleanupBatchSize)
+	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
+	c.WatchInterval = cmp.Or(c.WatchInterval, DefaultWatchInterval)
+	c.LeaseDuration = cmp.Or(c.LeaseDuration, DefaultLeaseDuration)
+	c.NackDelay = cmp.Or(c.NackDelay, DefaultNackDelay)
+	c.AckFlushInterval = cmp.Or(c.AckFlushInterval, DefaultAckFlushInterval)
+	c.RetryInterval = cmp.Or(c.RetryInterval, DefaultRetryInterval)
+	c.CleanupInterval = cmp.Or(c.CleanupInterval, DefaultPubSubCleanupInterval)
+	c.MaxInFlight = cmp.Or(c.MaxInFlight, DefaultMaxInFlight)
+	c.ClaimBatchSize = cmp.Or(c.ClaimBatchSize, DefaultClaimBatchSize)
+	c.CleanupBatchSize = cmp.Or(c.CleanupBatchSize, DefaultPubSubCleanupBatchSize)
 	c.Logger = pubsubLogger(c.Logger)
 	return c
 }

@@ -1,6 +1,7 @@
 package testkit
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io/fs"
@@ -82,21 +83,11 @@ type Config struct {
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
 func (c Config) WithDefaults() Config {
-	if c.Attempts == 0 {
-		c.Attempts = DefaultAttempts
-	}
-	if c.RetryDelay == 0 {
-		c.RetryDelay = DefaultRetryDelay
-	}
-	if c.Timeout == 0 {
-		c.Timeout = DefaultTimeout
-	}
-	if c.MaxDeliveries == 0 {
-		c.MaxDeliveries = middleware.DefaultMaxDeliveries
-	}
-	if c.MaxBodyBytes == 0 {
-		c.MaxBodyBytes = framework.DefaultMaxBodyBytes
-	}
+	c.Attempts = cmp.Or(c.Attempts, DefaultAttempts)
+	c.RetryDelay = cmp.Or(c.RetryDelay, DefaultRetryDelay)
+	c.Timeout = cmp.Or(c.Timeout, DefaultTimeout)
+	c.MaxDeliveries = cmp.Or(c.MaxDeliveries, middleware.DefaultMaxDeliveries)
+	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, framework.DefaultMaxBodyBytes)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
