@@ -8,6 +8,8 @@ import (
 
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/effectively-once/effectively/framework/internal/replay"
 )
 
 // watermillConfig is the watermill-amqp configuration of the framework's
@@ -113,12 +115,9 @@ func (p *Publisher) Replay(ctx context.Context, consumer string, msgs ...*messag
 		return fmt.Errorf("amqp: replay to %s: no such queue: %w", consumer, err)
 	}
 	_ = ch.Close()
-	for _, msg := range msgs {
-		m := msg.Copy()
-		m.SetContext(ctx)
-		if err := direct.Publish(consumer, m); err != nil {
-			return fmt.Errorf("amqp: replay to %s: %w", consumer, err)
-		}
+	publish := func(m *message.Message) error { return direct.Publish(consumer, m) }
+	if err := replay.Publish(ctx, publish, msgs...); err != nil {
+		return fmt.Errorf("amqp: replay to %s: %w", consumer, err)
 	}
 	return nil
 }

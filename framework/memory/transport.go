@@ -7,6 +7,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/internal/replay"
 )
 
 // Transport is the memory transport (framework.Transport) on one pubSub.
@@ -48,14 +49,8 @@ func (t *Transport) Subscribe(sc framework.SubscribeConfig) (framework.Subscript
 // Replay publishes msgs to the replay topic of consumer (see
 // framework.ReplayTopic).
 func (t *Transport) Replay(ctx context.Context, consumer string, msgs ...*message.Message) error {
-	for _, msg := range msgs {
-		m := msg.Copy()
-		m.SetContext(ctx)
-		if err := t.ps.Publish(framework.ReplayTopic(consumer), m); err != nil {
-			return err
-		}
-	}
-	return nil
+	topic := framework.ReplayTopic(consumer)
+	return replay.Publish(ctx, func(m *message.Message) error { return t.ps.Publish(topic, m) }, msgs...)
 }
 
 // Ready reports true.

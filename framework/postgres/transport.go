@@ -18,6 +18,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/internal/replay"
 	"github.com/effectively-once/effectively/framework/internal/storedmsg"
 	"github.com/effectively-once/effectively/framework/migrate"
 )
@@ -243,14 +244,8 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 
 // Replay publishes msgs to the replay topic of consumer (see framework.ReplayTopic).
 func (p *Publisher) Replay(ctx context.Context, consumer string, msgs ...*message.Message) error {
-	for _, msg := range msgs {
-		m := msg.Copy()
-		m.SetContext(ctx)
-		if err := p.Publish(framework.ReplayTopic(consumer), m); err != nil {
-			return err
-		}
-	}
-	return nil
+	topic := framework.ReplayTopic(consumer)
+	return replay.Publish(ctx, func(m *message.Message) error { return p.Publish(topic, m) }, msgs...)
 }
 
 // Close closes the publisher; the pool stays open.

@@ -12,6 +12,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/internal/replay"
 )
 
 // TransportConfig configures a Transport.
@@ -122,12 +123,8 @@ func (t *Transport) Subscribe(sc framework.SubscribeConfig) (framework.Subscript
 // framework.ReplayTopic), to which only consumer subscribes.
 func (t *Transport) Replay(ctx context.Context, consumer string, msgs ...*message.Message) error {
 	topic := framework.ReplayTopic(consumer)
-	for _, msg := range msgs {
-		m := msg.Copy()
-		m.SetContext(ctx)
-		if err := t.pub.Publish(topic, m); err != nil {
-			return fmt.Errorf("sqlite: replay to %s: %w", consumer, err)
-		}
+	if err := replay.Publish(ctx, func(m *message.Message) error { return t.pub.Publish(topic, m) }, msgs...); err != nil {
+		return fmt.Errorf("sqlite: replay to %s: %w", consumer, err)
 	}
 	return nil
 }
