@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -36,11 +37,10 @@ var ErrMissingDB = errors.New("postgres: missing database (try postgres.Open)")
 // first rolls back. Times are timestamptz, written in UTC, with
 // PostgreSQL's microsecond precision.
 //
-// Its methods are those of the framework's one SQL implementation, shared
-// with the other database; each is documented on the framework interface
-// it implements.
+// Its methods run the framework's one SQL implementation, shared with the
+// other database; each names the framework interface it implements.
 type Store struct {
-	*sqlstore.Store
+	sql *sqlstore.Store
 }
 
 var (
@@ -62,5 +62,87 @@ func NewStore(db *sqlx.DB, cfg StoreConfig) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
-	return &Store{Store: s}, nil
+	return &Store{sql: s}, nil
+}
+
+// Mark records, inside tx, that consumer processed the event key, and returns
+// false when it was already marked (framework.ProcessedStore).
+func (s *Store) Mark(ctx context.Context, tx *framework.Tx, consumer string, key framework.Key) (bool, error) {
+	return s.sql.Mark(ctx, tx, consumer, key)
+}
+
+// Count records one more delivery of key to consumer, in a transaction of
+// its own, and returns the deliveries seen so far (framework.DeliveryStore).
+func (s *Store) Count(ctx context.Context, consumer string, key framework.Key, first int) (int, error) {
+	return s.sql.Count(ctx, consumer, key, first)
+}
+
+// Forget removes the delivery count of key inside tx, once its effect
+// commits (framework.DeliveryStore).
+func (s *Store) Forget(ctx context.Context, tx *framework.Tx, consumer string, key framework.Key) error {
+	return s.sql.Forget(ctx, tx, consumer, key)
+}
+
+// PublishDeadLetter stores dl durably, or counts a repeat of it, and forgets
+// its delivery count in the same transaction
+// (framework.DeadLetterPublisher).
+func (s *Store) PublishDeadLetter(ctx context.Context, dl framework.DeadLetter) error {
+	return s.sql.PublishDeadLetter(ctx, dl)
+}
+
+// DeadLetter returns the dead letter with id, or framework.ErrNotFound
+// (framework.DeadLetterStore).
+func (s *Store) DeadLetter(ctx context.Context, id int64) (framework.DeadLetter, error) {
+	return s.sql.DeadLetter(ctx, id)
+}
+
+// DeadLetters lists the dead letters that match f, oldest first
+// (framework.DeadLetterStore).
+func (s *Store) DeadLetters(ctx context.Context, f framework.DeadLetterFilter) ([]framework.DeadLetter, error) {
+	return s.sql.DeadLetters(ctx, f)
+}
+
+// ResolveDeadLetter marks the pending dead letter id replayed or discarded,
+// recording who did it and why, or returns framework.ErrNotFound
+// (framework.DeadLetterStore).
+func (s *Store) ResolveDeadLetter(ctx context.Context, id int64, r framework.Resolution) error {
+	return s.sql.ResolveDeadLetter(ctx, id, r)
+}
+
+// Advance moves the checkpoint of (consumer, subject) to seq inside tx when
+// seq is greater, and reports whether it moved (framework.CheckpointStore).
+func (s *Store) Advance(ctx context.Context, tx *framework.Tx, consumer, subject string, seq int64) (bool, error) {
+	return s.sql.Advance(ctx, tx, consumer, subject, seq)
+}
+
+// Checkpoint returns the sequence of (consumer, subject) that took effect
+// last, 0 when none did, and holds it for tx (framework.OrderStore).
+func (s *Store) Checkpoint(ctx context.Context, tx *framework.Tx, consumer, subject string) (int64, error) {
+	return s.sql.Checkpoint(ctx, tx, consumer, subject)
+}
+
+// WaitGap records that the event key with sequence seq waits for an earlier
+// one of its subject, and returns for how long it has waited
+// (framework.OrderStore).
+func (s *Store) WaitGap(ctx context.Context, consumer, subject string, seq int64, key framework.Key, body []byte) (time.Duration, error) {
+	return s.sql.WaitGap(ctx, consumer, subject, seq, key, body)
+}
+
+// EndWait removes the wait of (consumer, subject, seq), inside tx when tx is
+// not nil (framework.OrderStore).
+func (s *Store) EndWait(ctx context.Context, tx *framework.Tx, consumer, subject string, seq int64) error {
+	return s.sql.EndWait(ctx, tx, consumer, subject, seq)
+}
+
+// Adopt gives consumer the processed marks and subject checkpoints of the
+// consumer it was renamed from, and returns how many marks it adopted
+// (framework.RenameStore).
+func (s *Store) Adopt(ctx context.Context, consumer, from string) (int64, error) {
+	return s.sql.Adopt(ctx, consumer, from)
+}
+
+// PurgeProcessed deletes up to limit of the oldest marks processed before
+// before, and returns how many it deleted (framework.PurgeStore).
+func (s *Store) PurgeProcessed(ctx context.Context, before time.Time, limit int) (int64, error) {
+	return s.sql.PurgeProcessed(ctx, before, limit)
 }
