@@ -21,6 +21,8 @@ import (
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/sqlite"
 	"github.com/effectively-once/effectively/handlers"
+
+	"github.com/effectively-once/effectively/internal/testenv"
 )
 
 // TestMain checks that no test leaks a goroutine: every application a test
@@ -39,7 +41,7 @@ import (
 // comes, and a connection the broker drops while it closes blocks
 // amqp091-go's shutdown on an unread channel.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
+	testenv.VerifyNoLeaks(m,
 		goleak.IgnoreAnyFunction("github.com/ThreeDotsLabs/watermill/message.(*Router).watchAllHandlersStopped.func1"),
 		goleak.IgnoreTopFunction("github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp.(*ConnectionWrapper).handleConnectionClose"),
 		goleak.IgnoreTopFunction("github.com/rabbitmq/amqp091-go.(*Connection).shutdown.func1"),

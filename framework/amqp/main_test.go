@@ -4,6 +4,8 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/effectively-once/effectively/internal/testenv"
 )
 
 // TestMain checks that no test leaks a goroutine: every Connection,
@@ -18,7 +20,7 @@ import (
 // handleConnectionClose goroutine waits for a reconnection that never
 // comes: it selects on closing only after it was connected.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
+	testenv.VerifyNoLeaks(m,
 		goleak.IgnoreTopFunction("github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp.(*ConnectionWrapper).handleConnectionClose"),
 		goleak.IgnoreTopFunction("github.com/rabbitmq/amqp091-go.(*Connection).shutdown.func1"),
 		goleak.IgnoreAnyFunction("github.com/rabbitmq/amqp091-go.(*Connection).shutdown"),
