@@ -2,13 +2,12 @@ package amqp
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"sync"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/internal/subscribers"
 )
 
 // Transport is the AMQP transport (framework.Transport): one Connection
@@ -25,8 +24,7 @@ type Transport struct {
 	conn *Connection
 	pub  *Publisher
 
-	mu   sync.Mutex
-	subs []*Subscriber
+	subs subscribers.Set
 }
 
 var _ framework.Transport = (*Transport)(nil)
@@ -64,9 +62,7 @@ func (t *Transport) Subscribe(sc framework.SubscribeConfig) (framework.Subscript
 	if err != nil {
 		return framework.Subscription{}, fmt.Errorf("amqp: consumer %s: %w", sc.Consumer, err)
 	}
-	t.mu.Lock()
-	t.subs = append(t.subs, sub)
-	t.mu.Unlock()
+	t.subs.Add(sub)
 	// Subscribing to any of the types reads the one queue.
 	topics := make([]string, sc.Concurrency)
 	for i := range topics {
@@ -85,15 +81,4 @@ func (t *Transport) Replay(ctx context.Context, consumer string, msgs ...*messag
 func (t *Transport) Ready() bool { return t.conn.Connected() }
 
 // Close closes the subscribers, the publisher and the connection.
-func (t *Transport) Close() error {
-	t.mu.Lock()
-	subs := t.subs
-	t.subs = nil
-	t.mu.Unlock()
-	var errs []error
-	for _, sub := range subs {
-		errs = append(errs, sub.Close())
-	}
-	errs = append(errs, t.pub.Close(), t.conn.Close())
-	return errors.Join(errs...)
-}
+func (t *Transport) Close() error { return t.subs.Close(t.pub, t.conn) }

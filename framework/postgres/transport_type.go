@@ -11,6 +11,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/internal/subscribers"
 )
 
 // spareSubscriberConns is how many connections the subscribers' pool
@@ -36,7 +37,7 @@ type Transport struct {
 
 	mu    sync.Mutex
 	conns int // subscriptions so far, plus the spare
-	subs  []message.Subscriber
+	subs  subscribers.Set
 }
 
 var _ framework.Transport = (*Transport)(nil)
@@ -83,8 +84,8 @@ func (t *Transport) Subscribe(sc framework.SubscribeConfig) (framework.Subscript
 		return framework.Subscription{}, fmt.Errorf("postgres: consumer %s: %w", sc.Consumer, err)
 	}
 	topics := append(append([]string(nil), sc.Types...), framework.ReplayTopic(sc.Consumer))
+	t.subs.Add(sub)
 	t.mu.Lock()
-	t.subs = append(t.subs, sub)
 	t.conns += len(topics)
 	t.subDB.SetMaxOpenConns(t.conns)
 	t.subDB.SetMaxIdleConns(t.conns)
@@ -103,19 +104,10 @@ func (t *Transport) Ready() bool { return true }
 
 // Close closes the subscribers, the publisher and the subscribers' pool.
 func (t *Transport) Close() error {
-	t.mu.Lock()
-	subs := t.subs
-	t.subs = nil
-	t.mu.Unlock()
-	var errs []error
-	for _, sub := range subs {
-		errs = append(errs, sub.Close())
+	if t.subDB == nil {
+		return t.subs.Close(t.pub)
 	}
-	errs = append(errs, t.pub.Close())
-	if t.subDB != nil {
-		errs = append(errs, t.subDB.Close())
-	}
-	return errors.Join(errs...)
+	return t.subs.Close(t.pub, t.subDB)
 }
 
 // ackDeadlineFor returns the ack deadline of a consumer's messages whose

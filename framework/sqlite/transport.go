@@ -2,10 +2,8 @@ package sqlite
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -13,6 +11,7 @@ import (
 
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/internal/replay"
+	"github.com/effectively-once/effectively/framework/internal/subscribers"
 )
 
 // TransportConfig configures a Transport.
@@ -63,8 +62,7 @@ type Transport struct {
 	notifier *Notifier
 	pub      *Publisher
 
-	mu   sync.Mutex
-	subs []*Subscriber
+	subs subscribers.Set
 }
 
 var _ framework.Transport = (*Transport)(nil)
@@ -109,9 +107,7 @@ func (t *Transport) Subscribe(sc framework.SubscribeConfig) (framework.Subscript
 	if err != nil {
 		return framework.Subscription{}, fmt.Errorf("sqlite: consumer %s: %w", sc.Consumer, err)
 	}
-	t.mu.Lock()
-	t.subs = append(t.subs, sub)
-	t.mu.Unlock()
+	t.subs.Add(sub)
 	return framework.Subscription{
 		Subscriber: sub,
 		Topics:     append(append([]string(nil), sc.Types...), framework.ReplayTopic(sc.Consumer)),
@@ -133,18 +129,7 @@ func (t *Transport) Replay(ctx context.Context, consumer string, msgs ...*messag
 func (t *Transport) Ready() bool { return true }
 
 // Close closes the subscribers and the publisher; db stays open.
-func (t *Transport) Close() error {
-	t.mu.Lock()
-	subs := t.subs
-	t.subs = nil
-	t.mu.Unlock()
-	var errs []error
-	for _, sub := range subs {
-		errs = append(errs, sub.Close())
-	}
-	errs = append(errs, t.pub.Close())
-	return errors.Join(errs...)
-}
+func (t *Transport) Close() error { return t.subs.Close(t.pub) }
 
 // leaseFor returns the lease of a consumer's messages whose attempts time
 // out after attemptTimeout. The subscriber renews it every third of its
