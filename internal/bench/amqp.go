@@ -190,15 +190,8 @@ func measureAMQPService(ctx context.Context, env *Env, config string) (Result, e
 // a schema of the run's own, with config as its configuration file (none
 // when empty).
 func newAMQPService(ctx context.Context, env *Env, config string) (*amqpService, error) {
-	url, err := env.PostgresSchema(ctx)
+	url, db, err := serviceDB(ctx, env, "amqp")
 	if err != nil {
-		return nil, err
-	}
-	db, err := openPostgres(ctx, env, url)
-	if err != nil {
-		return nil, err
-	}
-	if err := prepareService(ctx, env, db, "amqp", url); err != nil {
 		return nil, err
 	}
 	s := &amqpService{env: env, url: url, db: db}
@@ -215,15 +208,8 @@ func newAMQPService(ctx context.Context, env *Env, config string) (*amqpService,
 }
 
 func (s *amqpService) Start(ctx context.Context) (*Process, error) {
-	vars := map[string]string{
-		"EFFECTIVELY_TRANSPORT":    "amqp",
-		"EFFECTIVELY_AMQP_URL":     s.env.AMQPURL,
-		"EFFECTIVELY_DATABASE_URL": s.url,
-		"EFFECTIVELY_AUTO_MIGRATE": "true",
-	}
-	if s.config != "" {
-		vars["EFFECTIVELY_CONFIG"] = s.config
-	}
+	vars := serviceVars("amqp", s.url, s.config)
+	vars["EFFECTIVELY_AMQP_URL"] = s.env.AMQPURL
 	return s.env.StartService(ctx, vars)
 }
 
@@ -259,16 +245,9 @@ func measureAMQPBaseline(ctx context.Context, env *Env) (Result, error) {
 // newAMQPBaseline prepares the hand-written watermill-amqp consumer, its
 // tables in a schema of the run's own.
 func newAMQPBaseline(ctx context.Context, env *Env) (*amqpBaseline, error) {
-	url, err := env.PostgresSchema(ctx)
+	url, db, err := baselineDB(ctx, env)
 	if err != nil {
 		return nil, err
-	}
-	db, err := openPostgres(ctx, env, url)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := db.ExecContext(ctx, baselineSchema); err != nil {
-		return nil, fmt.Errorf("baseline schema: %w", err)
 	}
 	b := &amqpBaseline{env: env, url: url, db: db, queue: "bench.baseline-" + randomHex(6)}
 	if b.amqpFeed, err = newAMQPFeed(ctx, env, b.queue); err != nil {

@@ -135,6 +135,61 @@ func openPostgres(ctx context.Context, env *Env, url string) (*sqlx.DB, error) {
 	return db, nil
 }
 
+// openSchema creates a schema of the run's own and opens a pool on it,
+// closed after the run. It returns the schema's URL and the pool.
+func openSchema(ctx context.Context, env *Env) (string, *sqlx.DB, error) {
+	url, err := env.PostgresSchema(ctx)
+	if err != nil {
+		return "", nil, err
+	}
+	db, err := openPostgres(ctx, env, url)
+	if err != nil {
+		return "", nil, err
+	}
+	return url, db, nil
+}
+
+// baselineDB opens a schema of the run's own holding the hand-written
+// baselines' tables.
+func baselineDB(ctx context.Context, env *Env) (string, *sqlx.DB, error) {
+	url, db, err := openSchema(ctx, env)
+	if err != nil {
+		return "", nil, err
+	}
+	if _, err := db.ExecContext(ctx, baselineSchema); err != nil {
+		return "", nil, fmt.Errorf("baseline schema: %w", err)
+	}
+	return url, db, nil
+}
+
+// serviceDB opens a schema of the run's own prepared for the example
+// service on transport (see prepareService).
+func serviceDB(ctx context.Context, env *Env, transport string) (string, *sqlx.DB, error) {
+	url, db, err := openSchema(ctx, env)
+	if err != nil {
+		return "", nil, err
+	}
+	if err := prepareService(ctx, env, db, transport, url); err != nil {
+		return "", nil, err
+	}
+	return url, db, nil
+}
+
+// serviceVars returns the example service's variables for transport and
+// the database at url, with its auto migration on and config as its
+// configuration file (none when empty).
+func serviceVars(transport, url, config string) map[string]string {
+	vars := map[string]string{
+		"EFFECTIVELY_TRANSPORT":    transport,
+		"EFFECTIVELY_DATABASE_URL": url,
+		"EFFECTIVELY_AUTO_MIGRATE": "true",
+	}
+	if config != "" {
+		vars["EFFECTIVELY_CONFIG"] = config
+	}
+	return vars
+}
+
 // prepareService applies the example service's migrations to the database
 // at url, for transport, and adds the handled_at column to its reminders.
 func prepareService(ctx context.Context, env *Env, db *sqlx.DB, transport, url string) error {

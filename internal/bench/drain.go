@@ -84,25 +84,9 @@ func Drain(ctx context.Context, env *Env, sys System) (Result, error) {
 // events) and returns the drain's figures: its effects and their span,
 // the allocations per message and the CPU use.
 func drainPhase(ctx context.Context, env *Env, p *Process, effects *EffectTable, messages, distinct int) (Result, error) {
-	m0, err := p.Mallocs(ctx)
-	if err != nil {
-		return Result{}, err
-	}
-	c0, err := sampleCPU(p.Pid())
-	if err != nil {
-		return Result{}, err
-	}
-	if err := p.Begin(ctx); err != nil {
-		return Result{}, err
-	}
-	if err := waitEffects(ctx, env, p, effects, distinct); err != nil {
-		return Result{}, err
-	}
-	c1, err := sampleCPU(p.Pid())
-	if err != nil {
-		return Result{}, err
-	}
-	m1, err := p.Mallocs(ctx)
+	mallocs, cpu, err := beginDrain(ctx, p, func(ctx context.Context) error {
+		return waitEffects(ctx, env, p, effects, distinct)
+	})
 	if err != nil {
 		return Result{}, err
 	}
@@ -115,9 +99,37 @@ func drainPhase(ctx context.Context, env *Env, p *Process, effects *EffectTable,
 		Events:           distinct,
 		Drained:          len(drained),
 		Elapsed:          span(drained),
-		AllocsPerMessage: (m1 - m0) / float64(messages),
-		CPU:              cpuBetween(c0, c1),
+		AllocsPerMessage: mallocs / float64(messages),
+		CPU:              cpu,
 	}, nil
+}
+
+// beginDrain begins the started process p and waits for its drain with
+// wait. It returns the allocations p made meanwhile and its CPU use.
+func beginDrain(ctx context.Context, p *Process, wait func(context.Context) error) (float64, CPU, error) {
+	m0, err := p.Mallocs(ctx)
+	if err != nil {
+		return 0, CPU{}, err
+	}
+	c0, err := sampleCPU(p.Pid())
+	if err != nil {
+		return 0, CPU{}, err
+	}
+	if err := p.Begin(ctx); err != nil {
+		return 0, CPU{}, err
+	}
+	if err := wait(ctx); err != nil {
+		return 0, CPU{}, err
+	}
+	c1, err := sampleCPU(p.Pid())
+	if err != nil {
+		return 0, CPU{}, err
+	}
+	m1, err := p.Mallocs(ctx)
+	if err != nil {
+		return 0, CPU{}, err
+	}
+	return m1 - m0, cpuBetween(c0, c1), nil
 }
 
 // latencyPhase feeds fresh events at rate and returns their latencies.
@@ -133,7 +145,17 @@ func latencyPhase(ctx context.Context, env *Env, sys System, sender Sender, p *P
 	if err := waitEffects(ctx, env, p, sys.Effects(), before+n); err != nil {
 		return nil, err
 	}
-	all, err := sys.Effects().Read(ctx)
+	ds, err := latencies(ctx, sys.Effects(), msgs, sent)
+	if err != nil {
+		return nil, err
+	}
+	return &Latency{Rate: rate, Events: n, P50: Percentile(ds, 50), P99: Percentile(ds, 99)}, nil
+}
+
+// latencies reads the effects and returns, for each message, the time
+// from its sending (sent, in the order of msgs) to its effect.
+func latencies(ctx context.Context, effects *EffectTable, msgs []Message, sent []time.Time) ([]time.Duration, error) {
+	all, err := effects.Read(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -141,7 +163,7 @@ func latencyPhase(ctx context.Context, env *Env, sys System, sender Sender, p *P
 	for _, e := range all {
 		at[e.EventID] = e.At
 	}
-	ds := make([]time.Duration, 0, n)
+	ds := make([]time.Duration, 0, len(msgs))
 	for i, m := range msgs {
 		t, ok := at[m.ID]
 		if !ok {
@@ -149,7 +171,7 @@ func latencyPhase(ctx context.Context, env *Env, sys System, sender Sender, p *P
 		}
 		ds = append(ds, t.Sub(sent[i]))
 	}
-	return &Latency{Rate: rate, Events: n, P50: Percentile(ds, 50), P99: Percentile(ds, 99)}, nil
+	return ds, nil
 }
 
 // waitEffects waits until the table holds want effects, failing when the

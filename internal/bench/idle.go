@@ -115,21 +115,9 @@ func measureIdle(ctx context.Context, env *Env, build func() (idleSystem, error)
 	if err != nil {
 		return Result{}, err
 	}
-	all, err := effects.Read(ctx)
+	ds, err := latencies(ctx, effects, msgs, sent)
 	if err != nil {
 		return Result{}, err
-	}
-	at := make(map[string]time.Time, len(all))
-	for _, e := range all {
-		at[e.EventID] = e.At
-	}
-	ds := make([]time.Duration, 0, n)
-	for i, m := range msgs {
-		t, ok := at[m.ID]
-		if !ok {
-			return Result{}, fmt.Errorf("no effect of %s", m.ID)
-		}
-		ds = append(ds, t.Sub(sent[i]))
 	}
 	res := Result{Events: n, Messages: n, CPU: cpuBetween(c0, c1)}
 	res.Latency = &Latency{Rate: float64(n) / elapsed.Seconds(), Events: n, P50: Percentile(ds, 50), P99: Percentile(ds, 99)}

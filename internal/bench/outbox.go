@@ -111,29 +111,19 @@ func (publisherRun) child() string { return "publisher" }
 func (publisherRun) prepare(context.Context, *sqlx.DB, []Message) error { return nil }
 
 // addBatch adds msgs to the outbox in one transaction.
-func addBatch(ctx context.Context, db *sqlx.DB, box *outbox.Outbox, msgs []Message) (err error) {
-	tx, err := db.BeginTxx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("begin: %w", err)
-	}
-	defer func() {
-		if err != nil {
-			_ = tx.Rollback()
+func addBatch(ctx context.Context, db *sqlx.DB, box *outbox.Outbox, msgs []Message) error {
+	return inTx(ctx, db, func(tx *sqlx.Tx) error {
+		for _, m := range msgs {
+			env, err := framework.Decode(m.Body, 0)
+			if err != nil {
+				return fmt.Errorf("decode %s: %w", m.ID, err)
+			}
+			if err := box.AddTx(ctx, tx, env); err != nil {
+				return fmt.Errorf("add %s: %w", m.ID, err)
+			}
 		}
-	}()
-	for _, m := range msgs {
-		env, err := framework.Decode(m.Body, 0)
-		if err != nil {
-			return fmt.Errorf("decode %s: %w", m.ID, err)
-		}
-		if err := box.AddTx(ctx, tx, env); err != nil {
-			return fmt.Errorf("add %s: %w", m.ID, err)
-		}
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("commit: %w", err)
-	}
-	return nil
+		return nil
+	})
 }
 
 // outboxMessages returns n distinct events of type typ whose ids start
@@ -160,11 +150,7 @@ func outboxMessages(prefix, typ string, n int) []Message {
 // run's own; then, outside a smoke run, a second child sends fresh events
 // at half that rate for their latency.
 func measureOutbox(ctx context.Context, env *Env, run outboxRun) (Result, error) {
-	url, err := env.PostgresSchema(ctx)
-	if err != nil {
-		return Result{}, err
-	}
-	db, err := openPostgres(ctx, env, url)
+	url, db, err := openSchema(ctx, env)
 	if err != nil {
 		return Result{}, err
 	}
@@ -188,31 +174,18 @@ func measureOutbox(ctx context.Context, env *Env, run outboxRun) (Result, error)
 	if err != nil {
 		return Result{}, err
 	}
-	m0, err := p.Mallocs(ctx)
+	mallocs, cpu, err := beginDrain(ctx, p, func(ctx context.Context) error {
+		if err := sink.wait(ctx, env, p, msgs); err != nil {
+			return fmt.Errorf("drain: %w", err)
+		}
+		return nil
+	})
 	if err != nil {
 		return Result{}, err
 	}
-	c0, err := sampleCPU(p.Pid())
-	if err != nil {
-		return Result{}, err
-	}
-	if err := p.Begin(ctx); err != nil {
-		return Result{}, err
-	}
-	if err := sink.wait(ctx, env, p, msgs); err != nil {
-		return Result{}, fmt.Errorf("drain: %w", err)
-	}
-	c1, err := sampleCPU(p.Pid())
-	if err != nil {
-		return Result{}, err
-	}
-	m1, err := p.Mallocs(ctx)
-	if err != nil {
-		return Result{}, err
-	}
-	res := Result{Events: len(msgs), Messages: len(msgs), Drained: len(msgs), AllocsPerMessage: (m1 - m0) / float64(len(msgs))}
+	res := Result{Events: len(msgs), Messages: len(msgs), Drained: len(msgs), AllocsPerMessage: mallocs / float64(len(msgs))}
 	res.Elapsed = sink.span(msgs)
-	res.CPU = cpuBetween(c0, c1)
+	res.CPU = cpu
 	env.Logf("published %d at %.0f/s", res.Drained, res.EffectsPerSecond())
 	if res.PeakRSS, err = p.PeakRSS(); err != nil {
 		return Result{}, err

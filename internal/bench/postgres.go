@@ -83,15 +83,8 @@ func measurePostgresService(ctx context.Context, env *Env) (Result, error) {
 // newPostgresService prepares the example service on the PostgreSQL
 // transport, in a schema of the run's own.
 func newPostgresService(ctx context.Context, env *Env) (*postgresService, error) {
-	url, err := env.PostgresSchema(ctx)
+	url, db, err := serviceDB(ctx, env, "postgres")
 	if err != nil {
-		return nil, err
-	}
-	db, err := openPostgres(ctx, env, url)
-	if err != nil {
-		return nil, err
-	}
-	if err := prepareService(ctx, env, db, "postgres", url); err != nil {
 		return nil, err
 	}
 	feed, err := newPostgresFeed(db)
@@ -102,11 +95,7 @@ func newPostgresService(ctx context.Context, env *Env) (*postgresService, error)
 }
 
 func (s *postgresService) Start(ctx context.Context) (*Process, error) {
-	return s.env.StartService(ctx, map[string]string{
-		"EFFECTIVELY_TRANSPORT":    "postgres",
-		"EFFECTIVELY_DATABASE_URL": s.url,
-		"EFFECTIVELY_AUTO_MIGRATE": "true",
-	})
+	return s.env.StartService(ctx, serviceVars("postgres", s.url, ""))
 }
 
 func (s *postgresService) Effects() *EffectTable {
@@ -134,16 +123,9 @@ func measurePostgresBaseline(ctx context.Context, env *Env) (Result, error) {
 // newPostgresBaseline prepares the hand-written watermill-sql consumer,
 // in a schema of the run's own.
 func newPostgresBaseline(ctx context.Context, env *Env) (*postgresBaseline, error) {
-	url, err := env.PostgresSchema(ctx)
+	url, db, err := baselineDB(ctx, env)
 	if err != nil {
 		return nil, err
-	}
-	db, err := openPostgres(ctx, env, url)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := db.ExecContext(ctx, baselineSchema); err != nil {
-		return nil, fmt.Errorf("baseline schema: %w", err)
 	}
 	feed, err := newPostgresFeed(db)
 	if err != nil {

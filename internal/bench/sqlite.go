@@ -113,20 +113,35 @@ func (s *sqliteService) Feed(ctx context.Context, msgs []Message) error {
 func insertBatches(ctx context.Context, db *sqlx.DB, insert string, msgs []Message) error {
 	for len(msgs) > 0 {
 		n := min(500, len(msgs))
-		tx, err := db.BeginTxx(ctx, nil)
-		if err != nil {
-			return fmt.Errorf("begin: %w", err)
-		}
-		for _, m := range msgs[:n] {
-			if _, err := tx.ExecContext(ctx, insert, m.ID, string(m.Body)); err != nil {
-				_ = tx.Rollback()
-				return fmt.Errorf("insert %s: %w", m.ID, err)
+		err := inTx(ctx, db, func(tx *sqlx.Tx) error {
+			for _, m := range msgs[:n] {
+				if _, err := tx.ExecContext(ctx, insert, m.ID, string(m.Body)); err != nil {
+					return fmt.Errorf("insert %s: %w", m.ID, err)
+				}
 			}
-		}
-		if err := tx.Commit(); err != nil {
-			return fmt.Errorf("commit: %w", err)
+			return nil
+		})
+		if err != nil {
+			return err
 		}
 		msgs = msgs[n:]
+	}
+	return nil
+}
+
+// inTx runs fn in a transaction of db, committed when fn returns nil and
+// rolled back otherwise.
+func inTx(ctx context.Context, db *sqlx.DB, fn func(tx *sqlx.Tx) error) error {
+	tx, err := db.BeginTxx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	if err := fn(tx); err != nil {
+		_ = tx.Rollback()
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("commit: %w", err)
 	}
 	return nil
 }
@@ -137,15 +152,7 @@ func (s *sqliteService) Send(ctx context.Context, m Message) error {
 }
 
 func (s *sqliteService) Start(ctx context.Context) (*Process, error) {
-	vars := map[string]string{
-		"EFFECTIVELY_TRANSPORT":    "sqlite",
-		"EFFECTIVELY_DATABASE_URL": s.file,
-		"EFFECTIVELY_AUTO_MIGRATE": "true",
-	}
-	if s.config != "" {
-		vars["EFFECTIVELY_CONFIG"] = s.config
-	}
-	return s.env.StartService(ctx, vars)
+	return s.env.StartService(ctx, serviceVars("sqlite", s.file, s.config))
 }
 
 func (s *sqliteService) Effects() *EffectTable {
@@ -237,37 +244,27 @@ func sqliteRawMain(ctx context.Context, c *ChildEnv) error {
 	return nil
 }
 
-func rawBatchTx(ctx context.Context, db *sqlx.DB, bodies [][]byte) (err error) {
-	tx, err := db.BeginTxx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("begin: %w", err)
-	}
-	defer func() {
-		if err != nil {
-			_ = tx.Rollback()
+func rawBatchTx(ctx context.Context, db *sqlx.DB, bodies [][]byte) error {
+	return inTx(ctx, db, func(tx *sqlx.Tx) error {
+		for _, b := range bodies {
+			var ev cloudEvent
+			if err := json.Unmarshal(b, &ev); err != nil {
+				return fmt.Errorf("decode: %w", err)
+			}
+			res, err := tx.ExecContext(ctx, `INSERT INTO bench_processed (source, event_id) VALUES (?, ?) ON CONFLICT DO NOTHING`, ev.Source, ev.ID)
+			if err != nil {
+				return fmt.Errorf("dedup insert: %w", err)
+			}
+			if n, err := res.RowsAffected(); err != nil || n == 0 {
+				continue // a duplicate
+			}
+			if _, err := tx.ExecContext(ctx, `INSERT INTO bench_reminders (appointment_id, starts_at, event_id) VALUES (?, ?, ?)`,
+				ev.Data.AppointmentID, ev.Data.StartsAt.UTC().Format("2006-01-02T15:04:05Z07:00"), ev.ID); err != nil {
+				return fmt.Errorf("insert: %w", err)
+			}
 		}
-	}()
-	for _, b := range bodies {
-		var ev cloudEvent
-		if err := json.Unmarshal(b, &ev); err != nil {
-			return fmt.Errorf("decode: %w", err)
-		}
-		res, err := tx.ExecContext(ctx, `INSERT INTO bench_processed (source, event_id) VALUES (?, ?) ON CONFLICT DO NOTHING`, ev.Source, ev.ID)
-		if err != nil {
-			return fmt.Errorf("dedup insert: %w", err)
-		}
-		if n, err := res.RowsAffected(); err != nil || n == 0 {
-			continue // a duplicate
-		}
-		if _, err := tx.ExecContext(ctx, `INSERT INTO bench_reminders (appointment_id, starts_at, event_id) VALUES (?, ?, ?)`,
-			ev.Data.AppointmentID, ev.Data.StartsAt.UTC().Format("2006-01-02T15:04:05Z07:00"), ev.ID); err != nil {
-			return fmt.Errorf("insert: %w", err)
-		}
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("commit: %w", err)
-	}
-	return nil
+		return nil
+	})
 }
 
 // readLines returns the lines of the file at path.
