@@ -9,8 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -22,49 +20,8 @@ import (
 	"github.com/effectively-once/effectively/app"
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/handlers"
+	"github.com/effectively-once/effectively/internal/testenv"
 )
-
-// logLines collects log output, safe for concurrent writers, and reads it
-// back as JSON lines.
-type logLines struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logLines) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logLines) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
-// decode returns every line of text as a JSON object.
-func decodeLines(t *testing.T, text string) []map[string]any {
-	t.Helper()
-	var out []map[string]any
-	for line := range strings.Lines(text) {
-		var m map[string]any
-		require.NoError(t, json.Unmarshal([]byte(line), &m), "not a JSON line: %q", line)
-		out = append(out, m)
-	}
-	return out
-}
-
-// withMsg returns the lines whose msg is msg.
-func withMsg(lines []map[string]any, msg string) []map[string]any {
-	var out []map[string]any
-	for _, l := range lines {
-		if l["msg"] == msg {
-			out = append(out, l)
-		}
-	}
-	return out
-}
 
 func TestDefaultLogger(t *testing.T) {
 	t.Parallel()
@@ -76,7 +33,7 @@ func TestDefaultLogger(t *testing.T) {
 		logger.Debug("message handled")
 		logger.Warn("message dead-lettered", "code", "no_seats")
 		logger.Error("message nacked", "error", "database is locked")
-		lines := decodeLines(t, out.String())
+		lines := testenv.JSONLines(t, out.String())
 		require.Len(t, lines, 2, "info and debug are left out")
 		require.Equal(t, "WARN", lines[0]["level"])
 		require.Equal(t, "no_seats", lines[0]["code"])
@@ -91,7 +48,7 @@ func TestDefaultLogger(t *testing.T) {
 		app.DefaultLogger(f).Warn("message dead-lettered")
 		data, err := os.ReadFile(f.Name())
 		require.NoError(t, err)
-		require.Len(t, decodeLines(t, string(data)), 1, "a file is no terminal: JSON")
+		require.Len(t, testenv.JSONLines(t, string(data)), 1, "a file is no terminal: JSON")
 	})
 }
 
@@ -117,8 +74,8 @@ func TestServiceLogsToStderrByDefault(t *testing.T) {
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	require.NoError(t, cmd.Run(), "stdout:\n%s\nstderr:\n%s", &stdout, &stderr)
-	lines := decodeLines(t, stderr.String())
-	dead := withMsg(lines, "message dead-lettered")
+	lines := testenv.JSONLines(t, stderr.String())
+	dead := testenv.WithMsg(lines, "message dead-lettered")
 	require.Len(t, dead, 1, stderr.String())
 	require.Equal(t, "WARN", dead[0]["level"])
 	require.Equal(t, rejectingConsumer, dead[0]["consumer"])
@@ -159,7 +116,7 @@ var visitBooked = framework.Define[visitBookedV1]("visits.visit.booked", 1)
 func TestLogsNeverQuotePayload(t *testing.T) {
 	t.Parallel()
 	const secret = "sk_live_4242SECRET"
-	var logs logLines
+	var logs testenv.Logs
 	logger := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	record := func() framework.HandlerFunc[visitBookedV1] {
 		return func(context.Context, framework.Event[visitBookedV1]) error { return nil }
@@ -176,7 +133,7 @@ func TestLogsNeverQuotePayload(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, b.transport.Publisher().Publish(visitBooked.Type(), message.NewMessage(watermill.NewUUID(), body)))
 	waitFor(t, "the router's line of the nack", func() bool {
-		return len(withMsg(decodeLines(t, logs.String()), "Handler returned error")) > 0
+		return len(testenv.WithMsg(testenv.JSONLines(t, logs.String()), "Handler returned error")) > 0
 	})
 	_, err = b.db.Exec(`ALTER TABLE dead_letters_away RENAME TO dead_letters`)
 	require.NoError(t, err)
@@ -184,18 +141,18 @@ func TestLogsNeverQuotePayload(t *testing.T) {
 		return b.count(t, `SELECT count(*) FROM dead_letters WHERE consumer = ?`, visits) == 1
 	})
 	waitFor(t, "the dead letter's line", func() bool {
-		return len(withMsg(decodeLines(t, logs.String()), "message dead-lettered")) == 1
+		return len(testenv.WithMsg(testenv.JSONLines(t, logs.String()), "message dead-lettered")) == 1
 	})
 
 	require.NotContains(t, logs.String(), secret)
 	require.NotContains(t, logs.String(), "tomorrow")
-	lines := decodeLines(t, logs.String())
-	router := withMsg(lines, "Handler returned error")
+	lines := testenv.JSONLines(t, logs.String())
+	router := testenv.WithMsg(lines, "Handler returned error")
 	require.Contains(t, router[0]["error"], "data.at: not an RFC 3339 time")
-	nacked := withMsg(lines, "message nacked, it will be delivered again")
+	nacked := testenv.WithMsg(lines, "message nacked, it will be delivered again")
 	require.NotEmpty(t, nacked)
 	require.Equal(t, "data.at", nacked[0]["field"])
-	dead := withMsg(lines, "message dead-lettered")[0]
+	dead := testenv.WithMsg(lines, "message dead-lettered")[0]
 	require.Equal(t, string(framework.CodeInvalidPayload), dead["code"])
 	require.Equal(t, "data.at", dead["field"])
 	require.Equal(t, "v-1", dead["event_id"])

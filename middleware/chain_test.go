@@ -558,14 +558,14 @@ func exerciseChain(t *testing.T, b backend) {
 
 	t.Run("StrictOrder", func(t *testing.T) {
 		t.Parallel()
-		var logs logBuffer
+		var logs testenv.Logs
 		bd := setup(t, b, setupConfig{strictOrder: true, maxDeliveries: 2, logger: newLogger(&logs)})
 		require.NoError(t, bd.deliver(ctx, seqEvent(t, "a5", "a", 5)), "the first event of a subject starts its sequence")
 		for range 4 { // more often than the delivery limit: waiting is not failing
 			err := bd.deliver(ctx, seqEvent(t, "a7", "a", 7))
 			require.ErrorIs(t, err, framework.ErrLater, "a7 waits for a6: nacked, delivered again later")
 		}
-		waits := logs.lines(t, "message waits, it will be delivered again")
+		waits := logs.Lines(t, "message waits, it will be delivered again")
 		require.Len(t, waits, 4, logs.String())
 		require.Equal(t, "INFO", waits[0]["level"], "waiting is no error")
 		require.Equal(t, "a #7 waits for #6", waits[0]["error"])

@@ -1,13 +1,10 @@
 package middleware_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"log/slog"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,39 +20,7 @@ import (
 	"github.com/effectively-once/effectively/middleware"
 )
 
-// logBuffer collects JSON log lines, safe for concurrent handlers.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// lines returns the log lines whose msg is msg, decoded.
-func (b *logBuffer) lines(t *testing.T, msg string) []map[string]any {
-	t.Helper()
-	var out []map[string]any
-	for line := range strings.Lines(b.String()) {
-		var m map[string]any
-		require.NoError(t, json.Unmarshal([]byte(line), &m), line)
-		if m["msg"] == msg {
-			out = append(out, m)
-		}
-	}
-	return out
-}
-
-func newLogger(w *logBuffer) *slog.Logger {
+func newLogger(w *testenv.Logs) *slog.Logger {
 	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
@@ -64,7 +29,7 @@ func newLogger(w *logBuffer) *slog.Logger {
 // the attempt, the code and the handler's own error text.
 func TestLogsCarryTheHandlersError(t *testing.T) {
 	t.Parallel()
-	var logs logBuffer
+	var logs testenv.Logs
 	store := memory.NewStore()
 	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{Processed: store, Deliveries: store})
 	require.NoError(t, err)
@@ -84,7 +49,7 @@ func TestLogsCarryTheHandlersError(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, h(msg))
 
-	attempts := logs.lines(t, "attempt failed")
+	attempts := logs.Lines(t, "attempt failed")
 	require.Len(t, attempts, 3, logs.String())
 	for i, line := range attempts {
 		require.Equal(t, "INFO", line["level"])
@@ -95,7 +60,7 @@ func TestLogsCarryTheHandlersError(t *testing.T) {
 		require.Equal(t, "smtp 451: mailbox busy", line["error"])
 		require.NotContains(t, line, "code", "a plain error has no code before the attempts run out")
 	}
-	dead := logs.lines(t, "message dead-lettered")
+	dead := logs.Lines(t, "message dead-lettered")
 	require.Len(t, dead, 1, logs.String())
 	require.Equal(t, "WARN", dead[0]["level"])
 	require.Equal(t, consumerName, dead[0]["consumer"])
@@ -119,7 +84,7 @@ var visited = framework.Define[visitV1]("visits.visit.booked", 1)
 func TestLogsNeverQuotePayload(t *testing.T) {
 	t.Parallel()
 	const secret = "sk_live_4242SECRET"
-	var logs logBuffer
+	var logs testenv.Logs
 	db := testenv.SQLite(t)
 	require.NoError(t, migrate.Up(context.Background(), db, migrate.Config{}))
 	store, err := sqlite.NewStore(db, sqlite.StoreConfig{})
@@ -151,10 +116,10 @@ func TestLogsNeverQuotePayload(t *testing.T) {
 	require.NotContains(t, logs.String(), secret)
 	require.NotContains(t, logs.String(), "tomorrow")
 
-	nacked := logs.lines(t, "message nacked, it will be delivered again")
+	nacked := logs.Lines(t, "message nacked, it will be delivered again")
 	require.Len(t, nacked, 1, logs.String())
 	require.Equal(t, "data.at", nacked[0]["field"])
-	dead := logs.lines(t, "message dead-lettered")
+	dead := logs.Lines(t, "message dead-lettered")
 	require.Len(t, dead, 2, logs.String())
 	for i, field := range []string{"data.at", "data.email"} {
 		require.Equal(t, string(framework.CodeInvalidPayload), dead[i]["code"])
