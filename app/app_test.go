@@ -113,6 +113,14 @@ func setup(t *testing.T, cfg app.Config, opts ...fx.Option) *bundle {
 		fx.Options(opts...),
 		fx.Populate(&b.db, &b.transport, &b.http),
 	)
+	b.start(t)
+	return b
+}
+
+// start starts b's service, built without error, and stops it when the
+// test ends.
+func (b *bundle) start(t *testing.T) {
+	t.Helper()
 	require.NoError(t, b.service.Err())
 	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 	defer cancel()
@@ -122,7 +130,6 @@ func setup(t *testing.T, cfg app.Config, opts ...fx.Option) *bundle {
 		defer cancel()
 		require.NoError(t, b.service.Stop(ctx))
 	})
-	return b
 }
 
 func (b *bundle) publish(t *testing.T, id, name string) {

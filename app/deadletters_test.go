@@ -30,19 +30,26 @@ var transportConfigs = []struct {
 	config func(t *testing.T) app.Config
 }{
 	{"SQLite", testConfig},
-	{"Postgres", func(t *testing.T) app.Config {
-		cfg := testConfig(t)
-		cfg.Transport = app.TransportPostgres
-		cfg.DatabaseURL = testenv.PostgresURL(t)
-		cfg.TransportURL = cfg.DatabaseURL
-		return cfg
-	}},
-	{"AMQP", func(t *testing.T) app.Config {
-		cfg := testConfig(t)
-		cfg.Transport = app.TransportAMQP
-		cfg.AMQPURL = testenv.Require(t, testenv.AMQPURLVar)
-		return cfg
-	}},
+	{"Postgres", postgresConfig},
+	{"AMQP", amqpConfig},
+}
+
+// postgresConfig is testConfig on the postgres transport, with its stores
+// in the same database.
+func postgresConfig(t *testing.T) app.Config {
+	cfg := testConfig(t)
+	cfg.Transport = app.TransportPostgres
+	cfg.DatabaseURL = testenv.PostgresURL(t)
+	cfg.TransportURL = cfg.DatabaseURL
+	return cfg
+}
+
+// amqpConfig is testConfig on the test's RabbitMQ.
+func amqpConfig(t *testing.T) app.Config {
+	cfg := testConfig(t)
+	cfg.Transport = app.TransportAMQP
+	cfg.AMQPURL = testenv.Require(t, testenv.AMQPURLVar)
+	return cfg
 }
 
 // TestDeadLettersCommand drives the operator's commands against a running

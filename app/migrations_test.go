@@ -58,13 +58,7 @@ func TestStartChecksMigrations(t *testing.T) {
 		transportURL func(t *testing.T) string
 	}{
 		{"SQLite", testConfig, func(t *testing.T) string { return filepath.Join(t.TempDir(), "transport.db") }},
-		{"Postgres", func(t *testing.T) app.Config {
-			cfg := testConfig(t)
-			cfg.Transport = app.TransportPostgres
-			cfg.DatabaseURL = testenv.PostgresURL(t)
-			cfg.TransportURL = cfg.DatabaseURL
-			return cfg
-		}, func(t *testing.T) string { return testenv.PostgresURL(t) }},
+		{"Postgres", postgresConfig, func(t *testing.T) string { return testenv.PostgresURL(t) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -89,15 +83,7 @@ func TestStartChecksMigrations(t *testing.T) {
 			consumes := func(t *testing.T, cfg app.Config) {
 				b := &bundle{cfg: cfg}
 				b.service = newService(cfg, fx.Populate(&b.db, &b.transport))
-				require.NoError(t, b.service.Err())
-				ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
-				defer cancel()
-				require.NoError(t, b.service.Start(ctx))
-				t.Cleanup(func() {
-					ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
-					defer cancel()
-					require.NoError(t, b.service.Stop(ctx))
-				})
+				b.start(t)
 				b.publish(t, "w-1", "sprocket")
 				waitFor(t, "the widget", func() bool {
 					return b.count(t, `SELECT count(*) FROM widgets`) == 1

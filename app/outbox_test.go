@@ -9,11 +9,9 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
-	"github.com/effectively-once/effectively/app"
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/outbox"
 	"github.com/effectively-once/effectively/handlers"
-	"github.com/effectively-once/effectively/internal/testenv"
 )
 
 type widgetCountedV1 struct {
@@ -51,25 +49,7 @@ func newStoreCounted(db *sqlx.DB) framework.HandlerFunc[widgetCountedV1] {
 // each transport with a database of its own kind.
 func TestOutboxFollowUpEvent(t *testing.T) {
 	t.Parallel()
-	for _, tc := range []struct {
-		name   string
-		config func(t *testing.T) app.Config
-	}{
-		{"SQLite", testConfig},
-		{"Postgres", func(t *testing.T) app.Config {
-			cfg := testConfig(t)
-			cfg.Transport = app.TransportPostgres
-			cfg.DatabaseURL = testenv.PostgresURL(t)
-			cfg.TransportURL = cfg.DatabaseURL
-			return cfg
-		}},
-		{"AMQP", func(t *testing.T) app.Config {
-			cfg := testConfig(t)
-			cfg.Transport = app.TransportAMQP
-			cfg.AMQPURL = testenv.Require(t, testenv.AMQPURLVar)
-			return cfg
-		}},
-	} {
+	for _, tc := range transportConfigs {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			cfg := tc.config(t)
