@@ -32,8 +32,8 @@ const (
 	DefaultMaxConnectInterval = 5 * time.Second
 )
 
-// Config configures a Connection and the publishers and subscribers built
-// on it.
+// Config configures a Transport: its connection, publisher and
+// subscribers.
 type Config struct {
 	// URL is the broker's address, e.g.
 	// amqp://guest:guest@127.0.0.1:5672/. Required.

@@ -13,8 +13,8 @@ import (
 )
 
 // ErrNotConnected is returned by the publishers and subscribers of a
-// Connection before Connect succeeded, and while the broker is away.
-var ErrNotConnected = errors.New("amqp: not connected (Connection.Connect has not succeeded yet)")
+// connection before Connect succeeded, and while the broker is away.
+var ErrNotConnected = errors.New("amqp: not connected (Transport.Connect has not succeeded yet)")
 
 // ErrClosed is returned after Close.
 var ErrClosed = errors.New("amqp: connection is closed")
@@ -24,12 +24,12 @@ var ErrClosed = errors.New("amqp: connection is closed")
 // ACCESS_REFUSED): trying again cannot help, so Connect does not.
 var ErrAccessRefused = errors.New("amqp: the broker refused the credentials")
 
-// Connection is one AMQP connection shared by a process's publisher and
+// connection is one AMQP connection shared by a process's publisher and
 // subscribers. It does not dial: Connect does, retrying with
 // backoff while the broker is down, so an application can start before its
 // broker; a refusal of the credentials is not retried (ErrAccessRefused). Once connected, watermill-amqp reconnects by itself, forever,
 // and the subscribers declare their topology again.
-type Connection struct {
+type connection struct {
 	cfg    Config
 	logger watermill.LoggerAdapter
 
@@ -39,13 +39,13 @@ type Connection struct {
 	ready  chan struct{} // closed once connected
 }
 
-// newConnection returns an unconnected Connection.
-func newConnection(cfg Config) (*Connection, error) {
+// newConnection returns an unconnected connection.
+func newConnection(cfg Config) (*connection, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Connection{
+	return &connection{
 		cfg:    cfg,
 		logger: watermill.NewSlogLogger(cfg.Logger),
 		ready:  make(chan struct{}),
@@ -57,7 +57,7 @@ func newConnection(cfg Config) (*Connection, error) {
 // succeeds or ctx ends. It returns at once when already connected, and
 // with ErrAccessRefused, without retrying, when the broker refuses the
 // URL's user, password or virtual host. No error shows the password.
-func (c *Connection) Connect(ctx context.Context) error {
+func (c *connection) Connect(ctx context.Context) error {
 	delay := c.cfg.ConnectInterval
 	for attempt := 1; ; attempt++ {
 		err := c.dial()
@@ -87,7 +87,7 @@ func accessRefused(err error) bool {
 	return errors.As(err, &amqpErr) && amqpErr.Code == amqp091.AccessRefused
 }
 
-func (c *Connection) dial() error {
+func (c *connection) dial() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch {
@@ -111,7 +111,7 @@ func (c *Connection) dial() error {
 // Connected reports whether the connection to the broker is up now. It is
 // false before Connect, while watermill-amqp reconnects, and after Close:
 // report it as readiness.
-func (c *Connection) Connected() bool {
+func (c *connection) Connected() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return !c.closed && c.conn != nil && c.conn.IsConnected()
@@ -119,7 +119,7 @@ func (c *Connection) Connected() bool {
 
 // wrapper returns the watermill connection, or ErrNotConnected before
 // Connect.
-func (c *Connection) wrapper() (*wamqp.ConnectionWrapper, error) {
+func (c *connection) wrapper() (*wamqp.ConnectionWrapper, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch {
@@ -132,7 +132,7 @@ func (c *Connection) wrapper() (*wamqp.ConnectionWrapper, error) {
 }
 
 // Close closes the connection. Close the publishers and subscribers first.
-func (c *Connection) Close() error {
+func (c *connection) Close() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {

@@ -28,8 +28,8 @@
 //	}
 //	_ = tr.Publisher().Publish("appointments.appointment.booked", msg) // confirms on
 //
-// Transport (New) is the framework.Transport; Connection, Publisher and
-// Subscriber are its parts. A consumer's concurrency is that many
+// Transport (New) is the framework.Transport: one connection, its
+// publisher and a subscriber per consumer. A consumer's concurrency is that many
 // subscriptions of its queue (competing consumers); Config.Prefetch only
 // buffers. Replay sends dead letters back to one consumer's queue through
 // the default exchange.

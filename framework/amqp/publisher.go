@@ -26,11 +26,11 @@ func watermillConfig(cfg Config, queueName wamqp.QueueNameGenerator) wamqp.Confi
 	return c
 }
 
-// Publisher publishes each message to the fanout exchange named by its
+// publisher publishes each message to the fanout exchange named by its
 // topic, declaring the exchange on first use, and waits for the broker's
 // confirm. Replay publishes to one consumer's queue instead.
-type Publisher struct {
-	conn *Connection
+type publisher struct {
+	conn *connection
 
 	mu     sync.Mutex
 	events *wamqp.Publisher // exchange per topic
@@ -38,18 +38,18 @@ type Publisher struct {
 	closed bool
 }
 
-var _ message.Publisher = (*Publisher)(nil)
+var _ message.Publisher = (*publisher)(nil)
 
 // newPublisher returns a publisher on conn. It may be built before
 // conn.Connect; Publish returns ErrNotConnected until then.
-func newPublisher(conn *Connection) (*Publisher, error) {
+func newPublisher(conn *connection) (*publisher, error) {
 	if conn == nil {
-		return nil, fmt.Errorf("amqp: publisher: missing Connection")
+		return nil, fmt.Errorf("amqp: publisher: missing connection")
 	}
-	return &Publisher{conn: conn}, nil
+	return &publisher{conn: conn}, nil
 }
 
-func (p *Publisher) publishers() (events, direct *wamqp.Publisher, err error) {
+func (p *publisher) publishers() (events, direct *wamqp.Publisher, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -82,8 +82,8 @@ func (p *Publisher) publishers() (events, direct *wamqp.Publisher, err error) {
 // Publish publishes msgs to the exchange topic and returns once the broker
 // confirmed each of them. Messages published before any consumer queue is
 // bound to the exchange are dropped by RabbitMQ: subscribers bind their
-// queues at start (Subscriber.SubscribeInitialize).
-func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
+// queues at start (subscriber.SubscribeInitialize).
+func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
 	events, _, err := p.publishers()
 	if err != nil {
 		return err
@@ -97,7 +97,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 // Replay publishes msgs through the default exchange straight to the queue
 // of consumer, so that no other consumer of their type sees them again. It
 // fails when the queue does not exist.
-func (p *Publisher) Replay(ctx context.Context, consumer string, msgs ...*message.Message) error {
+func (p *publisher) Replay(ctx context.Context, consumer string, msgs ...*message.Message) error {
 	_, direct, err := p.publishers()
 	if err != nil {
 		return err
@@ -123,7 +123,7 @@ func (p *Publisher) Replay(ctx context.Context, consumer string, msgs ...*messag
 }
 
 // Close closes the publisher; the connection stays open.
-func (p *Publisher) Close() error {
+func (p *publisher) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {

@@ -15,7 +15,7 @@ import (
 
 // connect returns a connected Connection to the test broker, closed when
 // the test ends.
-func connect(t testing.TB, cfg Config) *Connection {
+func connect(t testing.TB, cfg Config) *connection {
 	t.Helper()
 	if cfg.URL == "" {
 		cfg.URL = testenv.Require(t, testenv.AMQPURLVar)

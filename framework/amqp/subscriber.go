@@ -11,7 +11,7 @@ import (
 	"github.com/effectively-once/effectively/framework/internal/nackdelay"
 )
 
-// Subscriber reads the queue of one consumer. The queue is durable, named
+// subscriber reads the queue of one consumer. The queue is durable, named
 // after the consumer, and bound to the fanout exchange of each topic (event
 // type) the consumer handles, one SubscribeInitialize per topic. Every
 // Subscribe call, whatever its topic, reads that one queue: open several to
@@ -22,8 +22,8 @@ import (
 // doubling per consecutive nack of the subscription up to
 // Config.MaxNackDelay), never at once: watermill-amqp would requeue it
 // immediately and loop hot.
-type Subscriber struct {
-	conn      *Connection
+type subscriber struct {
+	conn      *connection
 	queueName wamqp.QueueNameGenerator
 
 	fwd *nackdelay.Forwarder
@@ -33,32 +33,32 @@ type Subscriber struct {
 }
 
 var (
-	_ message.Subscriber           = (*Subscriber)(nil)
-	_ message.SubscribeInitializer = (*Subscriber)(nil)
+	_ message.Subscriber           = (*subscriber)(nil)
+	_ message.SubscribeInitializer = (*subscriber)(nil)
 )
 
 // subscriberOf returns the subscriber of consumer on conn. It may be
 // built before conn.Connect; its methods return ErrNotConnected until
 // then.
-func subscriberOf(conn *Connection, consumer string) (*Subscriber, error) {
+func subscriberOf(conn *connection, consumer string) (*subscriber, error) {
 	if consumer == "" {
 		return nil, fmt.Errorf("amqp: subscriber: empty consumer name")
 	}
 	return newSubscriber(conn, wamqp.GenerateQueueNameConstant(consumer))
 }
 
-func newSubscriber(conn *Connection, queueName wamqp.QueueNameGenerator) (*Subscriber, error) {
+func newSubscriber(conn *connection, queueName wamqp.QueueNameGenerator) (*subscriber, error) {
 	if conn == nil {
-		return nil, fmt.Errorf("amqp: subscriber: missing Connection")
+		return nil, fmt.Errorf("amqp: subscriber: missing connection")
 	}
-	return &Subscriber{
+	return &subscriber{
 		conn:      conn,
 		queueName: queueName,
 		fwd:       nackdelay.NewForwarder(nackdelay.Backoff{First: conn.cfg.NackDelay, Max: conn.cfg.MaxNackDelay}),
 	}, nil
 }
 
-func (s *Subscriber) inner() (*wamqp.Subscriber, error) {
+func (s *subscriber) inner() (*wamqp.Subscriber, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.fwd.Closed() {
@@ -83,7 +83,7 @@ func (s *Subscriber) inner() (*wamqp.Subscriber, error) {
 // queue, and binds them, so that nothing published to topic from now on is
 // dropped. Call it for every topic of the consumer before anything
 // publishes.
-func (s *Subscriber) SubscribeInitialize(topic string) error {
+func (s *subscriber) SubscribeInitialize(topic string) error {
 	sub, err := s.inner()
 	if err != nil {
 		return err
@@ -96,7 +96,7 @@ func (s *Subscriber) SubscribeInitialize(topic string) error {
 
 // Subscribe declares and binds like SubscribeInitialize, then consumes the
 // consumer's queue until ctx ends or the subscriber closes.
-func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	sub, err := s.inner()
 	if err != nil {
 		return nil, err
@@ -114,7 +114,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 
 // Close stops every subscription: messages in flight go back to the queue.
 // The connection stays open.
-func (s *Subscriber) Close() error {
+func (s *subscriber) Close() error {
 	s.mu.Lock()
 	first := s.fwd.Close()
 	sub := s.sub

@@ -10,8 +10,8 @@ import (
 	"github.com/effectively-once/effectively/framework/internal/subscribers"
 )
 
-// Transport is the AMQP transport (framework.Transport): one Connection
-// shared by a Publisher and a Subscriber per consumer.
+// Transport is the AMQP transport (framework.Transport): one connection
+// shared by a publisher and a subscriber per consumer.
 //
 // Each consumer has one durable queue named after it, bound to the
 // exchange of each of its types (Subscription.Initialize binds them). Its
@@ -21,8 +21,8 @@ import (
 // New does not dial: call Connect before the subscriptions are
 // initialized; until then Publish and Replay return ErrNotConnected.
 type Transport struct {
-	conn *Connection
-	pub  *Publisher
+	conn *connection
+	pub  *publisher
 
 	subs subscribers.Set
 }
@@ -42,7 +42,7 @@ func New(cfg Config) (*Transport, error) {
 	return &Transport{conn: conn, pub: pub}, nil
 }
 
-// Connect dials the broker as Connection.Connect does: it retries with
+// Connect dials the broker: it retries with
 // backoff until ctx ends, and not at all when the broker refuses the
 // credentials (ErrAccessRefused).
 func (t *Transport) Connect(ctx context.Context) error { return t.conn.Connect(ctx) }
@@ -71,13 +71,14 @@ func (t *Transport) Subscribe(sc framework.SubscribeConfig) (framework.Subscript
 	return framework.Subscription{Subscriber: sub, Topics: topics, Bind: sc.Types}, nil
 }
 
-// Replay publishes msgs straight to consumer's queue (see
-// Publisher.Replay).
+// Replay publishes msgs straight to consumer's queue, through the default
+// exchange.
 func (t *Transport) Replay(ctx context.Context, consumer string, msgs ...*message.Message) error {
 	return t.pub.Replay(ctx, consumer, msgs...)
 }
 
-// Ready reports whether the connection is up (Connection.Connected).
+// Ready reports whether the connection is up: false before Connect and
+// while watermill-amqp reconnects.
 func (t *Transport) Ready() bool { return t.conn.Connected() }
 
 // Close closes the subscribers, the publisher and the connection.

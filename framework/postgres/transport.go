@@ -187,16 +187,16 @@ func offsetsAdapter(cfg TransportConfig) wsql.DefaultPostgreSQLOffsetsAdapter {
 	}
 }
 
-// Publisher publishes messages into the topic's table, creating the table
+// publisher publishes messages into the topic's table, creating the table
 // on first use. It may share the stores' pool.
-type Publisher struct {
+type publisher struct {
 	pub *wsql.Publisher
 }
 
-var _ message.Publisher = (*Publisher)(nil)
+var _ message.Publisher = (*publisher)(nil)
 
 // newPublisher returns a publisher on db.
-func newPublisher(db *sqlx.DB, cfg TransportConfig) (*Publisher, error) {
+func newPublisher(db *sqlx.DB, cfg TransportConfig) (*publisher, error) {
 	if db == nil {
 		return nil, errors.New("postgres: missing database (open it with postgres.Open)")
 	}
@@ -211,7 +211,7 @@ func newPublisher(db *sqlx.DB, cfg TransportConfig) (*Publisher, error) {
 	if err != nil {
 		return nil, fmt.Errorf("postgres: publisher: %w", err)
 	}
-	return &Publisher{pub: pub}, nil
+	return &publisher{pub: pub}, nil
 }
 
 // uuidNamespace derives the UUIDs that replace over-long message UUIDs.
@@ -220,7 +220,7 @@ var uuidNamespace = uuid.MustParse("6f1f3a52-4c0e-4b8e-9a57-6a3c2e4f9d10")
 // Publish inserts msgs into topic's table in one statement. A message UUID
 // longer than MaxUUIDLength is replaced by a UUID derived from it, and
 // the redelivery marker of an earlier delivery is dropped.
-func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
+func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
 	out := make([]*message.Message, len(msgs))
 	for i, msg := range msgs {
 		_, marked := msg.Metadata[framework.MetadataRedelivered]
@@ -243,13 +243,13 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 }
 
 // Replay publishes msgs to the replay topic of consumer (see framework.ReplayTopic).
-func (p *Publisher) Replay(ctx context.Context, consumer string, msgs ...*message.Message) error {
+func (p *publisher) Replay(ctx context.Context, consumer string, msgs ...*message.Message) error {
 	topic := framework.ReplayTopic(consumer)
 	return replay.Publish(ctx, func(m *message.Message) error { return p.Publish(topic, m) }, msgs...)
 }
 
 // Close closes the publisher; the pool stays open.
-func (p *Publisher) Close() error { return p.pub.Close() }
+func (p *publisher) Close() error { return p.pub.Close() }
 
 // newSubscriber returns the subscriber of consumer, whose name is its
 // consumer group in every topic. Each Subscribe call holds one pooled

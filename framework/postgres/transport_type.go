@@ -32,7 +32,7 @@ const spareSubscriberConns = 2
 // the stores' pool never wait for them.
 type Transport struct {
 	cfg   TransportConfig
-	pub   *Publisher
+	pub   *publisher
 	subDB *sqlx.DB // nil without TransportConfig.URL
 
 	mu    sync.Mutex
