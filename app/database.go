@@ -115,12 +115,7 @@ func checkMigrated(ctx context.Context, db *sqlx.DB, cfg Config, m Migrations, n
 // interface of package framework in one value (a sqlite.Store or a
 // postgres.Store).
 type Store interface {
-	framework.ProcessedStore
-	framework.DeliveryStore
-	framework.DeadLetterStore
-	framework.OrderStore
-	framework.RenameStore
-	framework.PurgeStore
+	framework.Store
 }
 
 // NewStore returns the store of db, whose tables carry the configured

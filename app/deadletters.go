@@ -28,7 +28,7 @@ import (
 type operator struct {
 	cfg         Config
 	db          *sqlx.DB
-	deadLetters framework.DeadLetterStore
+	deadLetters framework.Store
 	consumers   []string
 }
 

@@ -24,7 +24,7 @@ var InvoiceSent = framework.Define[InvoiceSentV1]("billing.invoice.sent", 1)
 // event, outside the retries and the transaction.
 func audit(next message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		d, _ := framework.DecodedFromContext(msg.Context())
+		d, _ := framework.EnvelopeFromContext(msg.Context())
 		fmt.Println("outer: delivery of", d.ID)
 		return next(msg)
 	}

@@ -39,7 +39,7 @@ func newHoldOnce(ids ...string) *holdOnce {
 
 func (h *holdOnce) middleware(next message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		d, _ := framework.DecodedFromContext(msg.Context())
+		d, _ := framework.EnvelopeFromContext(msg.Context())
 		h.mu.Lock()
 		h.delivered[d.ID]++
 		n := h.delivered[d.ID]

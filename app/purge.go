@@ -17,7 +17,7 @@ const purgeBatch = 1000
 // Config.PurgeInterval, while the application runs. With no retention it
 // does nothing.
 type Purger struct {
-	store  framework.PurgeStore
+	store  framework.Store
 	cfg    Config
 	logger *slog.Logger
 }

@@ -24,7 +24,7 @@ import (
 type Middleware struct {
 	// Outer runs once per delivery, after the event is decoded and the
 	// delivery counted, outside the retries and the transaction;
-	// framework.DecodedFromContext(msg.Context()) returns the event. A
+	// framework.EnvelopeFromContext(msg.Context()) returns the event. A
 	// permanent error (framework.Permanent) dead-letters the message with
 	// its code; any other error nacks it, and it counts towards the
 	// consumer's max_deliveries. A consumer's rate_limit waits before it.

@@ -1,11 +1,6 @@
 package framework
 
-import (
-	"context"
-	"fmt"
-
-	"github.com/ThreeDotsLabs/watermill/message"
-)
+import "context"
 
 // Consume processes one message body for consumer c, without a container
 // or a router: it decodes the CloudEvent, routes it to c's handler and runs
@@ -22,21 +17,9 @@ func Consume(ctx context.Context, c *Consumer, uow *UnitOfWork, body []byte) (Ou
 	if err != nil {
 		return Failed, err
 	}
-	d, err := c.Decode(env)
+	handle, err := c.Route(env)
 	if err != nil {
 		return Failed, err
 	}
-	return uow.Do(ctx, c.Name(), d.Key(), d.Handle)
-}
-
-// ConsumeHandler adapts Consume to a watermill handler: a nil error acks
-// the message after its effect committed (or because it was a duplicate),
-// an error nacks it.
-func ConsumeHandler(c *Consumer, uow *UnitOfWork) message.NoPublishHandlerFunc {
-	return func(msg *message.Message) error {
-		if _, err := Consume(msg.Context(), c, uow, msg.Payload); err != nil {
-			return fmt.Errorf("consume %s: %w", msg.UUID, err)
-		}
-		return nil
-	}
+	return uow.Do(ctx, c.Name(), env.Key(), handle)
 }

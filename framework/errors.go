@@ -47,11 +47,6 @@ func (e *PermanentError) Is(target error) bool {
 	return ok
 }
 
-// ErrLater marks an outcome that is neither success nor failure: the
-// message is to be delivered again later, not retried now and not
-// dead-lettered (an event waiting for an earlier one of its subject, say).
-var ErrLater = errors.New("deliver again later")
-
 // IsPermanent reports whether err, or an error it wraps, is permanent.
 func IsPermanent(err error) bool {
 	var p *PermanentError

@@ -95,19 +95,19 @@ func TestConsumerDecode(t *testing.T) {
 
 	env, err := noted.Envelope(note{Text: "hello"}, framework.Attributes{Source: "notes"})
 	require.NoError(t, err)
-	d, err := c.Decode(env)
+	handle, err := c.Route(env)
 	require.NoError(t, err)
-	require.NoError(t, d.Handle(context.Background()))
+	require.NoError(t, handle(context.Background()))
 	require.Equal(t, []string{"hello"}, got)
 
 	other := env
 	other.Type = "notes.note.removed"
-	_, err = c.Decode(other)
+	_, err = c.Route(other)
 	require.Equal(t, framework.CodeUnknownType, framework.CodeOf(err))
 
 	v3 := env
 	v3.Version = 3
-	_, err = c.Decode(v3)
+	_, err = c.Route(v3)
 	require.Equal(t, framework.CodeUnsupportedVersion, framework.CodeOf(err))
 }
 
@@ -183,14 +183,14 @@ func TestUpcast(t *testing.T) {
 	starts := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 	v1, err := booked.Envelope(bookedV1{AppointmentID: "a", StartsAt: starts}, framework.Attributes{ID: "e1", Source: "appointments"})
 	require.NoError(t, err)
-	d, err := c.Decode(v1)
+	handle, err := c.Route(v1)
 	require.NoError(t, err)
-	require.NoError(t, d.Handle(context.Background()))
+	require.NoError(t, handle(context.Background()))
 	v2, err := bookedTwo.Envelope(bookedV2{AppointmentID: "b", StartsAt: starts, TimeZone: "Europe/Paris"}, framework.Attributes{ID: "e2", Source: "appointments"})
 	require.NoError(t, err)
-	d, err = c.Decode(v2)
+	handle, err = c.Route(v2)
 	require.NoError(t, err)
-	require.NoError(t, d.Handle(context.Background()))
+	require.NoError(t, handle(context.Background()))
 
 	require.Len(t, got, 2)
 	require.Equal(t, "UTC", got[0].Data.TimeZone)
@@ -200,7 +200,7 @@ func TestUpcast(t *testing.T) {
 
 	bad, err := booked.Envelope(bookedV1{AppointmentID: "unconvertible", StartsAt: starts}, framework.Attributes{Source: "appointments"})
 	require.NoError(t, err)
-	_, err = c.Decode(bad)
+	_, err = c.Route(bad)
 	require.Equal(t, framework.CodeInvalidPayload, framework.CodeOf(err))
 
 	c3, err := framework.NewConsumer("notifications.remind",
@@ -209,7 +209,7 @@ func TestUpcast(t *testing.T) {
 		}, remind),
 	)
 	require.NoError(t, err)
-	_, err = c3.Decode(v1)
+	_, err = c3.Route(v1)
 	require.Equal(t, framework.CodeInvalidPayload, framework.CodeOf(err), "the upcast data is validated as the new contract says")
 }
 

@@ -38,7 +38,7 @@ func ExampleIdempotencyKeyFromContext() {
 		panic(err)
 	}
 	defer db.Close()
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Processed: store, Deliveries: store})
+	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Store: store})
 	if err != nil {
 		panic(err)
 	}

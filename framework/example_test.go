@@ -58,7 +58,7 @@ func ExampleConsume() {
 	}
 	defer db.Close()
 
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Processed: store, Deliveries: store})
+	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Store: store})
 	if err != nil {
 		panic(err)
 	}

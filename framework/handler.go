@@ -2,9 +2,10 @@ package framework
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
+
+	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // HandlerFunc handles events of one definition. It returns nil when the
@@ -93,18 +94,12 @@ func (c *Consumer) Types() []string {
 	return types
 }
 
-// Decoded is an envelope routed to its handler, with its data decoded and
-// validated: what is left is to handle it.
-type Decoded struct {
-	Envelope
-	handler Handler
-	event   any
-}
-
-// Decode routes env to the consumer's handler of its type and version and
-// decodes its data. Every error is permanent: CodeUnknownType,
-// CodeUnsupportedVersion or CodeInvalidPayload.
-func (c *Consumer) Decode(env Envelope) (*Decoded, error) {
+// Route finds the consumer's handler of env's type and version and decodes
+// env's data for it; handle runs the handler on the decoded event. Every
+// error is permanent: CodeUnknownType, CodeUnsupportedVersion or
+// CodeInvalidPayload. A test can route an envelope to a consumer's handler
+// without a database this way.
+func (c *Consumer) Route(env Envelope) (handle func(ctx context.Context) error, err error) {
 	versions, ok := c.handlers[env.Type]
 	if !ok {
 		return nil, Permanent(CodeUnknownType, fmt.Errorf("consumer %s does not handle %s", c.name, env.Type))
@@ -117,28 +112,18 @@ func (c *Consumer) Decode(env Envelope) (*Decoded, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Decoded{Envelope: env, handler: h, event: ev}, nil
+	return func(ctx context.Context) error { return h.handle(ctx, ev) }, nil
 }
 
-// Handle runs the handler on the decoded event.
-func (d *Decoded) Handle(ctx context.Context) error {
-	if d == nil || d.handler.handle == nil {
-		return errors.New("handle: event was not decoded")
+// EnvelopeFromContext returns the event of the message whose context ctx
+// is (or derives from), once the chain decoded it: what an application's
+// own middleware reads to act on an event's attributes.
+func EnvelopeFromContext(ctx context.Context) (Envelope, bool) {
+	d, ok := pipeline.From[*pipeline.Decoded[Envelope]](ctx)
+	if !ok {
+		return Envelope{}, false
 	}
-	return d.handler.handle(ctx, d.event)
-}
-
-type decodedKey struct{}
-
-// WithDecoded returns ctx carrying d, for the steps of a pipeline.
-func WithDecoded(ctx context.Context, d *Decoded) context.Context {
-	return context.WithValue(ctx, decodedKey{}, d)
-}
-
-// DecodedFromContext returns the decoded event that ctx carries.
-func DecodedFromContext(ctx context.Context) (*Decoded, bool) {
-	d, ok := ctx.Value(decodedKey{}).(*Decoded)
-	return d, ok
+	return d.Envelope, true
 }
 
 // Upcast handles the events of an older contract version with the handler

@@ -7,6 +7,8 @@ import (
 	"encoding/hex"
 
 	"github.com/google/uuid"
+
+	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // IdempotencyKey derives the key a handler passes to an outside service
@@ -42,8 +44,6 @@ func tuple(parts ...string) []byte {
 	return b
 }
 
-type attemptKey struct{}
-
 type attempt struct {
 	consumer string
 	key      Key
@@ -52,7 +52,7 @@ type attempt struct {
 // IdempotencyKeyFromContext returns the IdempotencyKey of the event that
 // the attempt running in ctx handles.
 func IdempotencyKeyFromContext(ctx context.Context) (string, bool) {
-	a, ok := ctx.Value(attemptKey{}).(attempt)
+	a, ok := pipeline.From[attempt](ctx)
 	if !ok {
 		return "", false
 	}

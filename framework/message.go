@@ -7,6 +7,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // Metadata keys the framework reads from and writes to watermill messages.
@@ -18,7 +20,7 @@ const (
 	// "true" when the message was delivered before, "false" when this is
 	// its first delivery. Without it the delivery guard counts every
 	// delivery durably.
-	MetadataRedelivered = "effectively_redelivered"
+	MetadataRedelivered = pipeline.MetadataRedelivered
 	// MetadataUnreadable is set by a SQL transport on a message whose
 	// stored row it could not read as published (its metadata is not a
 	// JSON object of strings): the value says what was wrong. The chain
@@ -32,28 +34,6 @@ const (
 	// DeadLetter.ReplayMessage): the id of the dead letter it replays.
 	MetadataReplayOf = "effectively_replay_of"
 )
-
-// ReplayTopicPrefix starts the topic of each consumer's replays on the SQL
-// transports.
-const ReplayTopicPrefix = "effectively.replay."
-
-// ReplayTopic returns the topic that only consumer reads on the SQL
-// transports: a dead letter replayed to it reaches no other consumer of
-// its type. (On AMQP a replay goes straight to the consumer's queue.)
-func ReplayTopic(consumer string) string { return ReplayTopicPrefix + consumer }
-
-// Redelivered reports whether the transport marked msg as delivered before
-// (see MetadataRedelivered); known is false when the transport cannot tell.
-func Redelivered(msg *message.Message) (redelivered, known bool) {
-	switch msg.Metadata.Get(MetadataRedelivered) {
-	case "true":
-		return true, true
-	case "false":
-		return false, true
-	default:
-		return false, false
-	}
-}
 
 // ReplayMessage returns the message that replays dl: its original body
 // and metadata under a new UUID, without the redelivery marker of the

@@ -7,53 +7,37 @@ import (
 	"time"
 )
 
-// ProcessedStore records which events each consumer has processed. Mark
-// runs inside the attempt's transaction, so the mark commits or rolls back
-// with the handler's writes.
-type ProcessedStore interface {
+// Store is what a consumer needs of its database, and what operators act
+// on: the processed marks, the delivery counts, the subjects' checkpoints,
+// the dead letters, the purge of old marks and the adoption of a renamed
+// consumer's history. sqlite.Store, postgres.Store and memory.Store
+// implement it; the shared suite of package storetest holds each to the
+// same behaviour.
+//
+// The methods that take the attempt's transaction act inside it: they
+// commit or roll back with the handler's writes.
+type Store interface {
 	// Mark records, inside tx, that consumer processed the event key. It
 	// returns false when the event was already marked (a duplicate). When
 	// another transaction holds an uncommitted mark of the same key, Mark
 	// waits for it to end.
 	Mark(ctx context.Context, tx *Tx, consumer string, key Key) (bool, error)
-}
 
-// DeliveryStore keeps the durable delivery count of each (consumer, event),
-// so that a message that kills the process on every delivery is
-// dead-lettered instead of looping forever.
-type DeliveryStore interface {
 	// Count records one more delivery of key to consumer in a short
 	// transaction of its own and returns the number of deliveries seen so
-	// far. When the row is new it starts at first (2 when the transport
-	// reported a redelivery whose first delivery was not counted, else 1).
+	// far, so that a message that kills the process on every delivery is
+	// dead-lettered instead of looping forever. When the row is new it
+	// starts at first (2 when the transport reported a redelivery whose
+	// first delivery was not counted, else 1).
 	Count(ctx context.Context, consumer string, key Key, first int) (int, error)
 	// Forget removes the count of key inside tx, once its effect commits.
 	Forget(ctx context.Context, tx *Tx, consumer string, key Key) error
-}
 
-// CheckpointStore keeps, per consumer and subject, the highest subject
-// sequence whose event took effect: the checkpoint the sequence guard
-// (middleware.SequenceGuard) compares events with.
-type CheckpointStore interface {
-	// Advance moves the checkpoint of (consumer, subject) to seq inside tx
-	// when seq is greater, and reports whether it moved. A concurrent
-	// attempt on the same subject waits until the first one ends.
+	// Advance moves the checkpoint of (consumer, subject), the highest
+	// subject sequence that took effect, to seq inside tx when seq is
+	// greater, and reports whether it moved. A concurrent attempt on the
+	// same subject waits until the first one ends.
 	Advance(ctx context.Context, tx *Tx, consumer, subject string, seq int64) (bool, error)
-}
-
-// PurgeStore deletes old processed marks, so that the table does not grow
-// forever. An event redelivered after its mark was purged is processed
-// again: keep marks longer than any redelivery or replay can come late.
-type PurgeStore interface {
-	// PurgeProcessed deletes up to limit of the oldest marks processed
-	// before before, and returns how many it deleted.
-	PurgeProcessed(ctx context.Context, before time.Time, limit int) (int64, error)
-}
-
-// OrderStore keeps the checkpoints of strict order (middleware.StrictOrder)
-// and the events that wait behind a gap in their subject's sequence.
-type OrderStore interface {
-	CheckpointStore
 	// Checkpoint returns the sequence of (consumer, subject) that took
 	// effect last, 0 when none did, and holds it for tx: attempts on one
 	// subject take turns.
@@ -67,30 +51,14 @@ type OrderStore interface {
 	// EndWait removes the wait of (consumer, subject, seq), inside tx
 	// when tx is not nil.
 	EndWait(ctx context.Context, tx *Tx, consumer, subject string, seq int64) error
-}
 
-// RenameStore carries a consumer's history over to its new name.
-type RenameStore interface {
-	// Adopt gives consumer the processed marks and the subject checkpoints
-	// of the consumer named from, which it was renamed from, and returns
-	// how many marks it adopted. Running it again adopts only what is new.
-	Adopt(ctx context.Context, consumer, from string) (int64, error)
-}
-
-// DeadLetterPublisher takes messages that will not be processed. It must
-// store them durably before it returns nil: the message is acknowledged
-// right after. A repeat of the same message for the same consumer updates
-// the existing dead letter and counts the repeat. A store that is also the
-// DeliveryStore forgets the message's delivery count in the same
-// transaction, so that a replayed dead letter starts counting afresh.
-type DeadLetterPublisher interface {
+	// PublishDeadLetter stores a message that will not be processed,
+	// durably, before it returns nil: the message is acknowledged right
+	// after. A repeat of the same message for the same consumer updates
+	// the existing dead letter and counts the repeat. It forgets the
+	// message's delivery count in the same transaction, so that a
+	// replayed dead letter starts counting afresh.
 	PublishDeadLetter(ctx context.Context, dl DeadLetter) error
-}
-
-// DeadLetterStore is a DeadLetterPublisher that operators can query and act
-// on.
-type DeadLetterStore interface {
-	DeadLetterPublisher
 	// DeadLetter returns the dead letter with id, or ErrNotFound.
 	DeadLetter(ctx context.Context, id int64) (DeadLetter, error)
 	// DeadLetters lists dead letters that match f, oldest first.
@@ -99,6 +67,16 @@ type DeadLetterStore interface {
 	// discarded), recording who did it and why. It returns ErrNotFound when
 	// there is no pending dead letter with id.
 	ResolveDeadLetter(ctx context.Context, id int64, r Resolution) error
+
+	// PurgeProcessed deletes up to limit of the oldest marks processed
+	// before before, and returns how many it deleted. An event
+	// redelivered after its mark was purged is processed again: keep
+	// marks longer than any redelivery or replay can come late.
+	PurgeProcessed(ctx context.Context, before time.Time, limit int) (int64, error)
+	// Adopt gives consumer the processed marks and the subject checkpoints
+	// of the consumer named from, which it was renamed from, and returns
+	// how many marks it adopted. Running it again adopts only what is new.
+	Adopt(ctx context.Context, consumer, from string) (int64, error)
 }
 
 // DeadLetterStatus is the state of a dead letter.
@@ -156,7 +134,7 @@ type DeadLetter struct {
 // Key returns the key under which a dead letter is unique for its consumer.
 func (dl DeadLetter) Key() Key { return Key{Source: dl.Source, ID: dl.EventID} }
 
-// Validate reports the first field of dl that a DeadLetterPublisher cannot
+// Validate reports the first field of dl that a Store cannot
 // take: a missing consumer or event id, an invalid code, or a text field
 // that not every store can hold (one that is not valid UTF-8 or holds NUL;
 // PostgreSQL refuses both). The dead-letter step never builds such a dead

@@ -2,11 +2,12 @@ package framework
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 
 	"github.com/jmoiron/sqlx"
+
+	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // Tx is the transaction of one attempt. Its embedded *sqlx.Tx is nil when
@@ -53,24 +54,15 @@ func (t *Tx) rolledBack() {
 	}
 }
 
-type txKey struct{}
-
 // TxFromContext returns the transaction of the attempt running in ctx. Code
 // that a handler calls (a repository, a command bus) joins the attempt
 // through it, so its writes commit or roll back with the processed mark.
 func TxFromContext(ctx context.Context) (*sqlx.Tx, bool) {
-	t, ok := ctx.Value(txKey{}).(*Tx)
+	t, ok := pipeline.From[*Tx](ctx)
 	if !ok || t.Tx == nil {
 		return nil, false
 	}
 	return t.Tx, true
-}
-
-// AttemptTx returns the framework's transaction of the attempt running in
-// ctx, for stores that take part in it (see CheckpointStore).
-func AttemptTx(ctx context.Context) (*Tx, bool) {
-	t, ok := ctx.Value(txKey{}).(*Tx)
-	return t, ok
 }
 
 // Conn returns the attempt's transaction when ctx carries one, else db:
@@ -83,80 +75,56 @@ func Conn(ctx context.Context, db *sqlx.DB) sqlx.ExtContext {
 	return db
 }
 
-// AckInTx lets a transport acknowledge a message inside the handler's
-// transaction, so that the effect and the ack commit together. A transport
-// sets it on the message context with WithAckInTx; the unit of work calls
-// Ack before commit when its database is DB.
-type AckInTx struct {
-	DB  *sql.DB
-	Ack func(ctx context.Context, tx *sql.Tx) error
-}
-
-type ackKey struct{}
-
-// WithAckInTx returns ctx carrying a.
-func WithAckInTx(ctx context.Context, a AckInTx) context.Context {
-	return context.WithValue(ctx, ackKey{}, a)
-}
-
 // UnitOfWork runs each attempt in a transaction that holds the processed
 // mark of the event: the mark and the handler's writes commit together, or
 // roll back together. It is the one implementation of the exactly-once
 // effect; Consume and the middleware step both use it.
 type UnitOfWork struct {
-	db         *sqlx.DB
-	processed  ProcessedStore
-	deliveries DeliveryStore
+	db    *sqlx.DB
+	store Store
 }
 
 // UnitOfWorkConfig configures a UnitOfWork.
 type UnitOfWorkConfig struct {
-	// DB is the database of the handler's writes and of the stores. Nil is
-	// allowed only with an in-memory ProcessedStore, and protects one
-	// process only.
+	// DB is the database of the handler's writes and of the store. Nil is
+	// allowed only with memory.Store, and protects one process only.
 	DB *sqlx.DB
-	// Processed stores the processed marks. Required.
-	Processed ProcessedStore
-	// Deliveries, when set, has its count of an event forgotten in the
-	// transaction that processes it.
-	Deliveries DeliveryStore
+	// Store keeps the processed marks and the delivery counts that the
+	// transaction forgets. Required.
+	Store Store
 }
-
-// ErrMissingProcessedStore is returned by NewUnitOfWork without a store.
-var ErrMissingProcessedStore = errors.New("missing processed store (try sqlite.NewStore, postgres.NewStore or memory.NewStore)")
 
 // NewUnitOfWork returns a UnitOfWork.
 func NewUnitOfWork(cfg UnitOfWorkConfig) (*UnitOfWork, error) {
-	if cfg.Processed == nil {
-		return nil, ErrMissingProcessedStore
+	if cfg.Store == nil {
+		return nil, errors.New("UnitOfWorkConfig.Store: required (sqlite.NewStore, postgres.NewStore or memory.NewStore)")
 	}
-	return &UnitOfWork{db: cfg.DB, processed: cfg.Processed, deliveries: cfg.Deliveries}, nil
+	return &UnitOfWork{db: cfg.DB, store: cfg.Store}, nil
 }
 
-// Outcome says what Do did with an event.
-type Outcome int
+// Outcome says what became of a delivery: the unit of work's Do and
+// Consume return Processed, Duplicate or Failed; the consumer chain
+// reports every outcome, and its metrics carry the outcome's text as a
+// label.
+type Outcome string
 
-// The outcomes of Do.
+// The outcomes of a delivery.
 const (
-	// Failed: the attempt rolled back; the event is not processed.
-	Failed Outcome = iota
 	// Processed: the handler ran and its effect committed.
-	Processed
+	Processed Outcome = "processed"
 	// Duplicate: the event had been processed; the handler did not run.
-	Duplicate
+	Duplicate Outcome = "duplicate"
+	// Stale: a newer event of the subject had taken effect (skip_stale);
+	// the handler did not run.
+	Stale Outcome = "stale"
+	// DeadLettered: the message was stored as a dead letter and acked.
+	DeadLettered Outcome = "dead_lettered"
+	// Nacked: the message was handed back to the transport, to be
+	// delivered again.
+	Nacked Outcome = "nacked"
+	// Failed: the attempt rolled back; the event is not processed.
+	Failed Outcome = "failed"
 )
-
-// String returns the outcome's name.
-func (o Outcome) String() string {
-	switch o {
-	case Processed:
-		return "processed"
-	case Duplicate:
-		return "duplicate"
-	default:
-		return "failed"
-	}
-}
 
 // Do runs fn once for the event key of consumer: it begins a transaction,
 // marks the event processed in it and runs fn with a context that carries
@@ -183,21 +151,21 @@ func (u *UnitOfWork) Do(ctx context.Context, consumer string, key Key, fn func(c
 		return Failed, err
 	}
 
-	first, err := u.processed.Mark(ctx, tx, consumer, key)
+	first, err := u.store.Mark(ctx, tx, consumer, key)
 	if err != nil {
 		return fail(fmt.Errorf("mark processed: %w", err))
 	}
 	outcome = Duplicate
 	if first {
 		outcome = Processed
-		attemptCtx := context.WithValue(context.WithValue(ctx, txKey{}, tx), attemptKey{}, attempt{consumer: consumer, key: key})
+		attemptCtx := pipeline.With(pipeline.With(ctx, tx), attempt{consumer: consumer, key: key})
 		if err := fn(attemptCtx); err != nil {
 			return fail(err)
 		}
 		if err := ctx.Err(); err != nil {
 			return fail(err) // never commit an attempt cut short
 		}
-	} else if !deliveryCounted(ctx) {
+	} else if !pipeline.Counted(ctx) {
 		// Nothing to write: a duplicate costs the insert that found its mark.
 		done = true
 		tx.rollback()
@@ -206,12 +174,12 @@ func (u *UnitOfWork) Do(ctx context.Context, consumer string, key Key, fn func(c
 	// A processed event, or a duplicate whose delivery was counted (its
 	// ack was lost): forget the count, so that lost acks never add up to
 	// the delivery limit.
-	if u.deliveries != nil && deliveryCounted(ctx) {
-		if err := u.deliveries.Forget(ctx, tx, consumer, key); err != nil {
+	if pipeline.Counted(ctx) {
+		if err := u.store.Forget(ctx, tx, consumer, key); err != nil {
 			return fail(fmt.Errorf("forget delivery count: %w", err))
 		}
 	}
-	if a, ok := ctx.Value(ackKey{}).(AckInTx); ok && tx.Tx != nil && a.DB == u.db.DB {
+	if a, ok := pipeline.From[pipeline.AckInTx](ctx); ok && tx.Tx != nil && a.DB == u.db.DB {
 		if err := a.Ack(ctx, tx.Tx.Tx); err != nil {
 			return fail(fmt.Errorf("ack in transaction: %w", err))
 		}
@@ -221,18 +189,4 @@ func (u *UnitOfWork) Do(ctx context.Context, consumer string, key Key, fn func(c
 		return Failed, err
 	}
 	return outcome, nil
-}
-
-type countedKey struct{}
-
-// WithDeliveryCounted marks ctx as handling a delivery whose count the
-// delivery guard recorded, so the unit of work forgets the count when the
-// effect commits.
-func WithDeliveryCounted(ctx context.Context) context.Context {
-	return context.WithValue(ctx, countedKey{}, true)
-}
-
-func deliveryCounted(ctx context.Context) bool {
-	v, _ := ctx.Value(countedKey{}).(bool)
-	return v
 }

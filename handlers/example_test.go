@@ -106,12 +106,12 @@ func ExampleUpcast() {
 	v1, _ := OrderPlaced.Envelope(OrderPlacedV1{OrderID: "o-1", Email: "ada@example.com"}, framework.Attributes{ID: "e-1", Source: "shop"})
 	v2, _ := OrderPlacedTwo.Envelope(OrderPlacedV2{OrderID: "o-2", Email: "max@example.com", Locale: "de"}, framework.Attributes{ID: "e-2", Source: "shop"})
 	for _, env := range []framework.Envelope{v1, v2} {
-		d, err := c.Decode(env) // what the consumer's chain does with each delivery
+		handle, err := c.Route(env) // what the consumer's chain does with each delivery
 		if err != nil {
 			fmt.Println(err)
 			return
 		}
-		if err := d.Handle(context.Background()); err != nil {
+		if err := handle(context.Background()); err != nil {
 			fmt.Println(err)
 			return
 		}

@@ -70,9 +70,9 @@ func TestRegistry(t *testing.T) {
 
 		env, err := bookedV1.Envelope(booked{AppointmentID: "a-1"}, framework.Attributes{Source: "test"})
 		require.NoError(t, err)
-		d, err := cs[1].Decode(env)
+		handle, err := cs[1].Route(env)
 		require.NoError(t, err)
-		require.NoError(t, d.Handle(context.Background()))
+		require.NoError(t, handle(context.Background()))
 		require.Equal(t, []string{"a-1"}, r.seen, "the constructor got the injected dependency")
 	})
 
@@ -99,9 +99,9 @@ func TestRegistry(t *testing.T) {
 		for _, def := range []framework.Definition[booked]{bookedV1, bookedV2} {
 			env, err := def.Envelope(booked{AppointmentID: "a"}, framework.Attributes{Source: "test"})
 			require.NoError(t, err)
-			d, err := c.Decode(env)
+			handle, err := c.Route(env)
 			require.NoError(t, err)
-			require.NoError(t, d.Handle(context.Background()))
+			require.NoError(t, handle(context.Background()))
 		}
 		require.Equal(t, []string{"a-upcast v2", "a v2"}, r.seen)
 	})

@@ -43,7 +43,7 @@ func benchmarkChain(b *testing.B, be backend, duplicates, knownFirst bool) {
 		return err
 	}))
 	require.NoError(b, err)
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Processed: s, Deliveries: s})
+	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Store: s})
 	require.NoError(b, err)
 	h, err := middleware.Handler(middleware.ChainConfig{
 		Consumer: c, UnitOfWork: uow, DeadLetters: s, Deliveries: s,

@@ -23,10 +23,10 @@ type ChainConfig struct {
 	// mark. Required.
 	UnitOfWork *framework.UnitOfWork
 	// DeadLetters stores the messages the consumer gives up on. Required.
-	DeadLetters framework.DeadLetterPublisher
+	DeadLetters framework.Store
 	// Deliveries keeps the durable delivery counts of the delivery guard.
 	// Required.
-	Deliveries framework.DeliveryStore
+	Deliveries framework.Store
 	// MaxDeliveries is the delivery limit. Defaults to
 	// DefaultMaxDeliveries.
 	MaxDeliveries int
@@ -37,10 +37,10 @@ type ChainConfig struct {
 	Timeout time.Duration
 	// Checkpoints, when set, adds the SequenceGuard inside the unit of
 	// work: stale events of a subject are skipped.
-	Checkpoints framework.CheckpointStore
+	Checkpoints framework.Store
 	// Order, when set, applies each subject's events in sequence
 	// (StrictOrder, with GapWait after Decode); not with Checkpoints.
-	Order framework.OrderStore
+	Order framework.Store
 	// GapTimeout is how long an event waits for an earlier one of its
 	// subject under Order. Defaults to DefaultGapTimeout.
 	GapTimeout time.Duration
@@ -54,7 +54,7 @@ type ChainConfig struct {
 	// Outer middleware runs once per delivery, after Decode (and GapWait)
 	// and the DeliveryGuard, outside Retry and the transaction. The
 	// message context carries the decoded event:
-	// framework.DecodedFromContext(msg.Context()) returns it. A permanent
+	// framework.EnvelopeFromContext(msg.Context()) returns it. A permanent
 	// error (framework.Permanent) is dead-lettered with its code and the
 	// message acknowledged; any other error it returns without calling
 	// next nacks the message, which comes back and counts towards

@@ -21,6 +21,7 @@ import (
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/sqlite"
 	"github.com/effectively-once/effectively/framework/transporttest"
+	"github.com/effectively-once/effectively/internal/pipeline"
 	"github.com/effectively-once/effectively/internal/testenv"
 	"github.com/effectively-once/effectively/middleware"
 )
@@ -63,7 +64,7 @@ func FuzzChain(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Processed: store, Deliveries: store})
+	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Store: store})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -79,7 +80,7 @@ func FuzzChain(f *testing.F) {
 			case "reject":
 				return framework.Permanent("note_rejected", nil)
 			case "later":
-				return framework.ErrLater
+				return pipeline.ErrLater
 			}
 			_, err := framework.Conn(ctx, db).ExecContext(ctx, `INSERT INTO effects (consumer, source, event_id) VALUES (?, ?, ?)`, name, ev.Source, ev.ID)
 			return err
@@ -168,7 +169,7 @@ func requireEnded(t *testing.T, store *sqlite.Store, db *sqlx.DB, consumer strin
 func nackNotes(next message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		var note noteV1
-		if d, ok := framework.DecodedFromContext(msg.Context()); ok && json.Unmarshal(d.Data, &note) == nil && note.Text == "nack" {
+		if d, ok := framework.EnvelopeFromContext(msg.Context()); ok && json.Unmarshal(d.Data, &note) == nil && note.Text == "nack" {
 			return nil, errors.New("nacked before the attempts")
 		}
 		return next(msg)

@@ -22,15 +22,14 @@ import (
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/postgres"
 	"github.com/effectively-once/effectively/framework/sqlite"
+	"github.com/effectively-once/effectively/internal/pipeline"
 	"github.com/effectively-once/effectively/internal/testenv"
 	"github.com/effectively-once/effectively/middleware"
 )
 
 // store is what the SQL backends' stores implement.
 type store interface {
-	framework.ProcessedStore
-	framework.DeliveryStore
-	framework.DeadLetterStore
+	framework.Store
 }
 
 // backend opens a migrated database of its kind and its store.
@@ -106,18 +105,18 @@ func setup(t *testing.T, b backend, cfg setupConfig) *bundle {
 		return nil
 	}))
 	require.NoError(t, err)
-	bd.uow, err = framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Processed: s, Deliveries: s})
+	bd.uow, err = framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Store: s})
 	require.NoError(t, err)
 	if cfg.timeout == 0 {
 		cfg.timeout = 5 * time.Second
 	}
-	var checkpoints framework.CheckpointStore
+	var checkpoints framework.Store
 	if cfg.skipStale {
-		checkpoints = s.(framework.CheckpointStore)
+		checkpoints = s.(framework.Store)
 	}
-	var order framework.OrderStore
+	var order framework.Store
 	if cfg.strictOrder {
-		order = s.(framework.OrderStore)
+		order = s.(framework.Store)
 	}
 	bd.handler, err = middleware.Handler(middleware.ChainConfig{
 		Checkpoints:   checkpoints,
@@ -563,7 +562,7 @@ func exerciseChain(t *testing.T, b backend) {
 		require.NoError(t, bd.deliver(ctx, seqEvent(t, "a5", "a", 5)), "the first event of a subject starts its sequence")
 		for range 4 { // more often than the delivery limit: waiting is not failing
 			err := bd.deliver(ctx, seqEvent(t, "a7", "a", 7))
-			require.ErrorIs(t, err, framework.ErrLater, "a7 waits for a6: nacked, delivered again later")
+			require.ErrorIs(t, err, pipeline.ErrLater, "a7 waits for a6: nacked, delivered again later")
 		}
 		waits := logs.Lines(t, "message waits, it will be delivered again")
 		require.Len(t, waits, 4, logs.String())
@@ -617,7 +616,7 @@ func exerciseChain(t *testing.T, b backend) {
 						done = append(done, n)
 						mu.Unlock()
 					} else {
-						require.ErrorIs(t, err, framework.ErrLater)
+						require.ErrorIs(t, err, pipeline.ErrLater)
 					}
 				})
 			}
@@ -637,7 +636,7 @@ func exerciseChain(t *testing.T, b backend) {
 		now := func() time.Time { return time.Now().Add(time.Duration(clock.Load()) * time.Hour) }
 		bd := setup(t, b, setupConfig{strictOrder: true, gapTimeout: time.Hour, now: now})
 		require.NoError(t, bd.deliver(ctx, seqEvent(t, "b1", "b", 1)))
-		require.ErrorIs(t, bd.deliver(ctx, seqEvent(t, "b3", "b", 3)), framework.ErrLater)
+		require.ErrorIs(t, bd.deliver(ctx, seqEvent(t, "b3", "b", 3)), pipeline.ErrLater)
 		clock.Store(2) // b3 has waited for two hours, by the store's clock
 		require.NoError(t, bd.deliver(ctx, seqEvent(t, "b3", "b", 3)), "dead-lettered once it waited too long")
 		dls := bd.deadLetters(t)
@@ -653,7 +652,7 @@ func exerciseChain(t *testing.T, b backend) {
 		env, err := noted.Envelope(noteV1{Text: "x"}, framework.Attributes{ID: "1", Source: "notes", Subject: "s", SubjectSeq: 5})
 		require.NoError(t, err)
 		require.NoError(t, bd.deliver(ctx, body(t, env)))
-		renames := bd.store.(framework.RenameStore)
+		renames := bd.store.(framework.Store)
 		n, err := renames.Adopt(ctx, "notes.renamed", consumerName)
 		require.NoError(t, err)
 		require.EqualValues(t, 1, n)
@@ -673,7 +672,7 @@ func exerciseChain(t *testing.T, b backend) {
 		for _, id := range []string{"1", "2", "3"} {
 			require.NoError(t, bd.deliver(ctx, event(t, "notes", id)))
 		}
-		purge := bd.store.(framework.PurgeStore)
+		purge := bd.store.(framework.Store)
 		n, err := purge.PurgeProcessed(ctx, time.Now().Add(-time.Hour), 10)
 		require.NoError(t, err)
 		require.Zero(t, n, "marks within the retention stay")
@@ -801,7 +800,7 @@ func exerciseChain(t *testing.T, b backend) {
 		)
 		record := func(next message.HandlerFunc) message.HandlerFunc {
 			return func(msg *message.Message) ([]*message.Message, error) {
-				d, ok := framework.DecodedFromContext(msg.Context())
+				d, ok := framework.EnvelopeFromContext(msg.Context())
 				_, tx := framework.TxFromContext(msg.Context())
 				mu.Lock()
 				if ok {

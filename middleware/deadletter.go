@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // DeadLetterConfig configures DeadLetter.
@@ -16,7 +17,7 @@ type DeadLetterConfig struct {
 	// Consumer is the consumer's name. Required.
 	Consumer string
 	// Publisher stores dead letters durably. Required.
-	Publisher framework.DeadLetterPublisher
+	Publisher framework.Store
 	// Now returns the current time. Defaults to time.Now.
 	Now func() time.Time
 }
@@ -48,7 +49,7 @@ func (c DeadLetterConfig) Validate() error {
 //
 // It never dead-letters on shutdown: when the message context ended, the
 // error is returned and the message is delivered again later; the same for
-// framework.ErrLater. Nor does it dead-letter an error that is not
+// pipeline.ErrLater. Nor does it dead-letter an error that is not
 // permanent and did not come from Retry giving up (a failure to count the
 // delivery, an Outer middleware's transient error): that message is
 // delivered again, and counts towards the delivery limit. When storing
@@ -74,7 +75,7 @@ func DeadLetter(cfg DeadLetterConfig) (message.HandlerMiddleware, error) {
 			if err == nil {
 				return out, nil
 			}
-			if ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, framework.ErrLater) {
+			if ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, pipeline.ErrLater) {
 				return nil, err // shutdown, or a wait: deliver again later
 			}
 			if !framework.IsPermanent(err) && !st.gaveUp {

@@ -8,6 +8,7 @@ import (
 	wmmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // Decode decodes each message as a CloudEvent and routes it to the
@@ -29,7 +30,7 @@ func Decode(c *framework.Consumer, maxBody int) message.HandlerMiddleware {
 			if err := decode(c, msg, st, maxBody); err != nil {
 				return nil, err
 			}
-			msg.SetContext(framework.WithDecoded(msg.Context(), st.decoded))
+			msg.SetContext(pipeline.With(msg.Context(), st.decoded))
 			return next(msg)
 		}
 	}
@@ -48,11 +49,11 @@ func decode(c *framework.Consumer, msg *message.Message, st *state, maxBody int)
 		return err
 	}
 	st.envelope = &env
-	d, err := c.Decode(env)
+	handle, err := c.Route(env)
 	if err != nil {
 		return err
 	}
-	st.decoded = d
+	st.decoded = &decoded{Envelope: env, Handle: handle}
 	return nil
 }
 
@@ -60,7 +61,7 @@ func decode(c *framework.Consumer, msg *message.Message, st *state, maxBody int)
 // handler that Decode chose, with the message context (the attempt's
 // transaction included).
 func Dispatch(msg *message.Message) ([]*message.Message, error) {
-	d, ok := framework.DecodedFromContext(msg.Context())
+	d, ok := pipeline.From[*decoded](msg.Context())
 	if !ok {
 		return nil, errNotDecoded
 	}

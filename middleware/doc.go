@@ -40,7 +40,7 @@
 //
 //	func tenantCheck(next message.HandlerFunc) message.HandlerFunc {
 //		return func(msg *message.Message) ([]*message.Message, error) {
-//			d, _ := framework.DecodedFromContext(msg.Context())
+//			d, _ := framework.EnvelopeFromContext(msg.Context())
 //			if !knownTenant(d.Source) {
 //				return nil, framework.Permanent("unknown_tenant", nil) // dead-lettered, acked
 //			}

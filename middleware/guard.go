@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // DefaultMaxDeliveries is the default delivery limit of a message.
@@ -20,7 +21,7 @@ type GuardConfig struct {
 	// Consumer is the consumer's name. Required.
 	Consumer string
 	// Store keeps the durable delivery counts. Required.
-	Store framework.DeliveryStore
+	Store framework.Store
 	// MaxDeliveries is how often a message may be delivered before it is
 	// dead-lettered with code delivery_limit. Defaults to
 	// DefaultMaxDeliveries.
@@ -94,11 +95,11 @@ func DeliveryGuard(cfg GuardConfig) (message.HandlerMiddleware, error) {
 	suspects := newTurn()
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
-			d, ok := framework.DecodedFromContext(msg.Context())
+			d, ok := framework.EnvelopeFromContext(msg.Context())
 			if !ok {
 				return nil, errNotDecoded
 			}
-			redelivered, known := framework.Redelivered(msg)
+			redelivered, known := pipeline.Redelivered(msg)
 			if known && !redelivered {
 				return next(msg)
 			}
@@ -129,7 +130,7 @@ func DeliveryGuard(cfg GuardConfig) (message.HandlerMiddleware, error) {
 			if err != nil {
 				return nil, fmt.Errorf("count delivery of %s: %w", key, err)
 			}
-			ctx := framework.WithDeliveryCounted(msg.Context())
+			ctx := pipeline.With(msg.Context(), pipeline.DeliveryCounted(true))
 			if n > cfg.MaxDeliveries {
 				leave()
 				// The handler does not run: the next suspect may, and a

@@ -34,7 +34,7 @@ func TestGuardSuspectsOneAtATime(t *testing.T) {
 	// a transaction held open would hold up the others' counts too).
 	probe := func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
-			d, _ := framework.DecodedFromContext(msg.Context())
+			d, _ := framework.EnvelopeFromContext(msg.Context())
 			if d.ID == "1" {
 				close(in1)
 				<-release1

@@ -31,7 +31,7 @@ func TestLogsCarryTheHandlersError(t *testing.T) {
 	t.Parallel()
 	var logs testenv.Logs
 	store := memory.NewStore()
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{Processed: store, Deliveries: store})
+	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{Store: store})
 	require.NoError(t, err)
 	c, err := framework.NewConsumer(consumerName, framework.Handle(noted, func(context.Context, framework.Event[noteV1]) error {
 		return errors.New("smtp 451: mailbox busy")
@@ -89,7 +89,7 @@ func TestLogsNeverQuotePayload(t *testing.T) {
 	require.NoError(t, migrate.Up(context.Background(), db, migrate.Config{}))
 	store, err := sqlite.NewStore(db, sqlite.StoreConfig{})
 	require.NoError(t, err)
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Processed: store, Deliveries: store})
+	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Store: store})
 	require.NoError(t, err)
 	c, err := framework.NewConsumer(consumerName, framework.Handle(visited, func(context.Context, framework.Event[visitV1]) error { return nil }))
 	require.NoError(t, err)

@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // The outcomes Observe reports, as the label "outcome" of its metrics.
@@ -221,7 +222,7 @@ func Observe(cfg ObserveConfig) (message.HandlerMiddleware, error) {
 			switch {
 			case outcome != OutcomeNacked:
 				track.clear(key)
-			case ctx.Err() == nil && !errors.Is(err, framework.ErrLater):
+			case ctx.Err() == nil && !errors.Is(err, pipeline.ErrLater):
 				track.fail(key)
 			}
 			if span.IsRecording() {
@@ -250,7 +251,7 @@ func (c ObserveConfig) log(ctx context.Context, st *state, outcome string, err e
 	switch {
 	case outcome == OutcomeNacked && ctx.Err() != nil:
 		level, text = slog.LevelInfo, "attempt cut short by shutdown, rolled back; the message will be delivered again"
-	case outcome == OutcomeNacked && errors.Is(err, framework.ErrLater):
+	case outcome == OutcomeNacked && errors.Is(err, pipeline.ErrLater):
 		level, text = slog.LevelInfo, "message waits, it will be delivered again"
 	case outcome == OutcomeNacked:
 		level, text = slog.LevelError, "message nacked, it will be delivered again"

@@ -37,7 +37,7 @@ func TestObserve(t *testing.T) {
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 
 	store := memory.NewStore()
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{Processed: store, Deliveries: store})
+	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{Store: store})
 	require.NoError(t, err)
 	c, err := framework.NewConsumer(consumerName, framework.Handle(noted, func(_ context.Context, ev framework.Event[noteV1]) error {
 		if ev.Data.Text == "fail" {
@@ -126,7 +126,7 @@ func setupFailing(t *testing.T) *failingBundle {
 	require.NoError(t, migrate.Up(context.Background(), db, migrate.Config{}))
 	fb.store, err = sqlite.NewStore(db, sqlite.StoreConfig{})
 	require.NoError(t, err)
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Processed: fb.store, Deliveries: fb.store})
+	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Store: fb.store})
 	require.NoError(t, err)
 	c, err := framework.NewConsumer(consumerName, framework.Handle(noted, func(_ context.Context, ev framework.Event[noteV1]) error {
 		fb.mu.Lock()
@@ -143,7 +143,7 @@ func setupFailing(t *testing.T) *failingBundle {
 	require.NoError(t, err)
 	refuse := func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
-			d, _ := framework.DecodedFromContext(msg.Context())
+			d, _ := framework.EnvelopeFromContext(msg.Context())
 			fb.mu.Lock()
 			refused := fb.refuse[d.Key().ID]
 			fb.mu.Unlock()
@@ -323,7 +323,7 @@ func TestObserveFailing(t *testing.T) {
 		metrics, err := middleware.NewMetrics(prometheus.NewRegistry())
 		require.NoError(t, err)
 		store := memory.NewStore()
-		uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{Processed: store, Deliveries: store})
+		uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{Store: store})
 		require.NoError(t, err)
 		c, err := framework.NewConsumer(consumerName, framework.Handle(noted, func(context.Context, framework.Event[noteV1]) error { return nil }))
 		require.NoError(t, err)

@@ -8,6 +8,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // DefaultGapTimeout is how long an event waits for an earlier one of its
@@ -25,7 +26,7 @@ func (e *gapError) Error() string {
 	return fmt.Sprintf("%s #%d waits for #%d", e.subject, e.seq, e.checkpoint+1)
 }
 
-func (e *gapError) Unwrap() error { return framework.ErrLater }
+func (e *gapError) Unwrap() error { return pipeline.ErrLater }
 
 // StrictOrder applies the events of a subject (CloudEvents subject and
 // subjectseq) one after the other, in sequence, inside the attempt's
@@ -35,7 +36,7 @@ func (e *gapError) Unwrap() error { return framework.ErrLater }
 // which must be outside the unit of work). The first event seen of a
 // subject starts its sequence, whatever its number. Events without subject
 // or subjectseq pass through.
-func StrictOrder(consumer string, store framework.OrderStore) (message.HandlerMiddleware, error) {
+func StrictOrder(consumer string, store framework.Store) (message.HandlerMiddleware, error) {
 	if consumer == "" {
 		return nil, errors.New("strict order: missing consumer")
 	}
@@ -44,7 +45,7 @@ func StrictOrder(consumer string, store framework.OrderStore) (message.HandlerMi
 	}
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
-			d, ok := framework.DecodedFromContext(msg.Context())
+			d, ok := framework.EnvelopeFromContext(msg.Context())
 			if !ok {
 				return nil, errNotDecoded
 			}
@@ -52,7 +53,7 @@ func StrictOrder(consumer string, store framework.OrderStore) (message.HandlerMi
 				return next(msg)
 			}
 			ctx := msg.Context()
-			tx, ok := framework.AttemptTx(ctx)
+			tx, ok := pipeline.From[*framework.Tx](ctx)
 			if !ok {
 				return nil, errors.New("strict order: no attempt transaction: place it inside UnitOfWork")
 			}
@@ -85,7 +86,7 @@ func StrictOrder(consumer string, store framework.OrderStore) (message.HandlerMi
 // sequence_gap. It records the wait in a transaction of its own, after the
 // attempt's rolled back, so place it outside the unit of work and inside
 // Decode. A wait does not count towards the delivery limit.
-func GapWait(consumer string, store framework.OrderStore, timeout time.Duration) (message.HandlerMiddleware, error) {
+func GapWait(consumer string, store framework.Store, timeout time.Duration) (message.HandlerMiddleware, error) {
 	if consumer == "" || store == nil {
 		return nil, errors.New("gap wait: missing consumer or store")
 	}
@@ -101,7 +102,7 @@ func GapWait(consumer string, store framework.OrderStore, timeout time.Duration)
 			if !errors.As(err, &gap) {
 				return out, err
 			}
-			d, ok := framework.DecodedFromContext(ctx)
+			d, ok := framework.EnvelopeFromContext(ctx)
 			if !ok {
 				return nil, errNotDecoded
 			}

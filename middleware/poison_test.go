@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/pipeline"
 	"github.com/effectively-once/effectively/middleware"
 )
 
@@ -126,14 +127,15 @@ func TestGuardRefusesUnusableKey(t *testing.T) {
 			require.NoError(t, err)
 			lax := func(next message.HandlerFunc) message.HandlerFunc {
 				return func(msg *message.Message) ([]*message.Message, error) {
-					d, err := c.Decode(framework.Envelope{
+					env := framework.Envelope{
 						Attributes: framework.Attributes{ID: "p\x00", Source: "notes", Type: noted.Type(), Version: 1},
 						Data:       []byte(`{"text":"x"}`),
-					})
+					}
+					handle, err := c.Route(env)
 					if err != nil {
 						return nil, err
 					}
-					msg.SetContext(framework.WithDecoded(msg.Context(), d))
+					msg.SetContext(pipeline.With(msg.Context(), &pipeline.Decoded[framework.Envelope]{Envelope: env, Handle: handle}))
 					return next(msg)
 				}
 			}

@@ -10,6 +10,7 @@ import (
 	wmmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // Defaults of RetryConfig.
@@ -49,7 +50,7 @@ func (c RetryConfig) Validate() error {
 // Retry runs each message up to cfg.Attempts times with a constant delay
 // between attempts, while the message stays unacknowledged. A permanent
 // error (framework.Permanent) ends the retries at once, and so do
-// framework.ErrLater and the end of the message context (shutdown). Each attempt starts from the message
+// pipeline.ErrLater and the end of the message context (shutdown). Each attempt starts from the message
 // context Retry received, so the inner steps (a timeout, a transaction)
 // begin afresh. It is watermill's Retry, set up for constant delay. Each
 // failed attempt is reported to Observe, which logs it.
@@ -67,7 +68,7 @@ func Retry(cfg RetryConfig) (message.HandlerMiddleware, error) {
 		MaxElapsedTime:      0,
 		ResetContextOnRetry: true,
 		ShouldRetry: func(p wmmiddleware.RetryParams) bool {
-			return !framework.IsPermanent(p.Err) && !errors.Is(p.Err, framework.ErrLater)
+			return !framework.IsPermanent(p.Err) && !errors.Is(p.Err, pipeline.ErrLater)
 		},
 	}
 	return func(next message.HandlerFunc) message.HandlerFunc {
@@ -75,7 +76,7 @@ func Retry(cfg RetryConfig) (message.HandlerMiddleware, error) {
 			st, ctx := stateOf(msg), msg.Context()
 			st.attempts++
 			out, err := next(msg)
-			if err != nil && st.attemptFailed != nil && ctx.Err() == nil && !errors.Is(err, framework.ErrLater) {
+			if err != nil && st.attemptFailed != nil && ctx.Err() == nil && !errors.Is(err, pipeline.ErrLater) {
 				st.attemptFailed(ctx, err)
 			}
 			return out, err

@@ -6,6 +6,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // SequenceGuard skips stale events: inside the attempt's transaction it
@@ -19,7 +20,7 @@ import (
 // It gives a projection the latest state per subject whatever the order of
 // delivery, the "apply only if newer" rule; it does not wait for a missing
 // earlier event. Place it inside UnitOfWork.
-func SequenceGuard(consumer string, store framework.CheckpointStore) (message.HandlerMiddleware, error) {
+func SequenceGuard(consumer string, store framework.Store) (message.HandlerMiddleware, error) {
 	if consumer == "" {
 		return nil, errors.New("sequence guard: missing consumer")
 	}
@@ -28,14 +29,14 @@ func SequenceGuard(consumer string, store framework.CheckpointStore) (message.Ha
 	}
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
-			d, ok := framework.DecodedFromContext(msg.Context())
+			d, ok := framework.EnvelopeFromContext(msg.Context())
 			if !ok {
 				return nil, errNotDecoded
 			}
 			if d.Subject == "" || d.SubjectSeq == 0 {
 				return next(msg)
 			}
-			tx, ok := framework.AttemptTx(msg.Context())
+			tx, ok := pipeline.From[*framework.Tx](msg.Context())
 			if !ok {
 				return nil, errors.New("sequence guard: no attempt transaction: place it inside UnitOfWork")
 			}

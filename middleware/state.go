@@ -6,6 +6,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // state is what the steps of one message's chain learn about it, shared
@@ -13,7 +14,7 @@ import (
 // found.
 type state struct {
 	envelope      *framework.Envelope // set once the CloudEvent decoded
-	decoded       *framework.Decoded  // set once routed and its data decoded
+	decoded       *decoded            // set once routed and its data decoded
 	attempts      int
 	gaveUp        bool // Retry returned the error of its last attempt
 	outcome       framework.Outcome
@@ -25,6 +26,10 @@ type state struct {
 	stale         bool   // the sequence guard skipped it
 	reported      string // the outcome Observe reported
 }
+
+// decoded is a message's event routed to its handler, on the message's
+// context for the steps after Decode.
+type decoded = pipeline.Decoded[framework.Envelope]
 
 type stateKey struct{}
 

@@ -19,7 +19,7 @@ func UnitOfWork(consumer string, uow *framework.UnitOfWork) message.HandlerMiddl
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			st := stateOf(msg)
-			d, ok := framework.DecodedFromContext(msg.Context())
+			d, ok := framework.EnvelopeFromContext(msg.Context())
 			if !ok {
 				return nil, errNotDecoded
 			}

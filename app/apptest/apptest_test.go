@@ -21,6 +21,7 @@ import (
 	"github.com/effectively-once/effectively/framework/outbox"
 	"github.com/effectively-once/effectively/framework/testkit"
 	"github.com/effectively-once/effectively/handlers"
+	"github.com/effectively-once/effectively/internal/pipeline"
 	"github.com/effectively-once/effectively/internal/testenv"
 )
 
@@ -136,7 +137,7 @@ func TestMiddleware(t *testing.T) {
 	reject := app.Middleware{Inner: []message.HandlerMiddleware{
 		func(next message.HandlerFunc) message.HandlerFunc {
 			return func(msg *message.Message) ([]*message.Message, error) {
-				if d, ok := framework.DecodedFromContext(msg.Context()); ok && d.Subject == "blocked" {
+				if d, ok := framework.EnvelopeFromContext(msg.Context()); ok && d.Subject == "blocked" {
 					return nil, framework.Permanent("blocked_customer", errors.New("blocked"))
 				}
 				return next(msg)
@@ -180,7 +181,7 @@ func TestDeliver(t *testing.T) {
 	dls, err := svc.Store().DeadLetters(ctx, framework.DeadLetterFilter{Consumer: confirmer})
 	require.NoError(t, err)
 	require.Len(t, dls, 1)
-	require.Equal(t, framework.ReplayTopic(confirmer), dls[0].Topic)
+	require.Equal(t, pipeline.ReplayTopic(confirmer), dls[0].Topic)
 
 	// Published, the event reaches both consumers: the audit sees it only
 	// now, and the confirmer finds it processed.

@@ -25,11 +25,7 @@ import (
 // (skip stale, strict order) and the adoption of a renamed consumer's
 // history. sqlite.Store and postgres.Store implement it.
 type Store interface {
-	framework.ProcessedStore
-	framework.DeliveryStore
-	framework.DeadLetterStore
-	framework.OrderStore
-	framework.RenameStore
+	framework.Store
 }
 
 // ConsumerConfig is one consumer and how the runner handles its messages.
@@ -201,7 +197,7 @@ func New(cfg Config) (*Runner, error) {
 	if err != nil {
 		return nil, fmt.Errorf("runner: router: %w", err)
 	}
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: cfg.DB, Processed: cfg.Store, Deliveries: cfg.Store})
+	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: cfg.DB, Store: cfg.Store})
 	if err != nil {
 		return nil, fmt.Errorf("runner: %w", err)
 	}
@@ -256,8 +252,8 @@ func (r *Runner) chainConfig(cc ConsumerConfig, uow *framework.UnitOfWork) middl
 		outer = append([]message.HandlerMiddleware{rateLimit(cc.RateLimit)}, outer...)
 	}
 	var (
-		checkpoints framework.CheckpointStore
-		order       framework.OrderStore
+		checkpoints framework.Store
+		order       framework.Store
 	)
 	if cc.SkipStale {
 		checkpoints = r.cfg.Store

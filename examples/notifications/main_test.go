@@ -146,7 +146,7 @@ func everyDelivery(after func(f func(msg *message.Message) error) message.Handle
 		arrive, crash     sync.Once
 	)
 	id := func(msg *message.Message) string {
-		d, _ := framework.DecodedFromContext(msg.Context())
+		d, _ := framework.EnvelopeFromContext(msg.Context())
 		return d.ID
 	}
 	wait := func(msg *message.Message, ch <-chan struct{}) error {

@@ -28,7 +28,7 @@
 //
 // # Dead letters
 //
-// The store is also a framework.DeadLetterStore: PublishDeadLetter keeps
+// The store is also a framework.Store: PublishDeadLetter keeps
 // one dead letter per consumer and message key, DeadLetters lists them
 // and ResolveDeadLetter records an operator's replay or discard.
 //

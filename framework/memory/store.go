@@ -20,11 +20,11 @@ const DefaultDeadLetterLimit = 100
 // transaction.
 var ErrNoTx = errors.New("memory: no transaction (call through framework.UnitOfWork)")
 
-// Store keeps processed marks, delivery counts and dead letters in the
-// memory of one process. It implements framework.ProcessedStore,
-// framework.DeliveryStore and framework.DeadLetterStore for tests and for
-// the memory transport: nothing survives a restart, and two processes
-// with a store each do not see each other's marks.
+// Store keeps processed marks, delivery counts, subject checkpoints and
+// dead letters in the memory of one process. It implements
+// framework.Store for tests and for the memory transport: nothing
+// survives a restart, and two processes with a store each do not see
+// each other's marks.
 //
 // It behaves like the SQL stores inside one process: a mark or a
 // forgotten count takes effect when the unit of work commits and is
@@ -40,13 +40,11 @@ type Store struct {
 	deadLetters map[int64]*framework.DeadLetter
 	byKey       map[markKey]int64
 	lastID      int64
+	checkpoints map[subjectKey]*checkpoint
+	waits       map[waitKey]time.Time
 }
 
-var (
-	_ framework.ProcessedStore  = (*Store)(nil)
-	_ framework.DeliveryStore   = (*Store)(nil)
-	_ framework.DeadLetterStore = (*Store)(nil)
-)
+var _ framework.Store = (*Store)(nil)
 
 // markKey keys a consumer's record of one event.
 type markKey struct {
@@ -58,6 +56,7 @@ type markKey struct {
 type mark struct {
 	tx        *framework.Tx
 	committed bool
+	at        time.Time     // when it was made, by the store's clock
 	done      chan struct{} // closed when tx ends
 }
 
@@ -69,6 +68,8 @@ func NewStore() *Store {
 		deliveries:  make(map[markKey]int),
 		deadLetters: make(map[int64]*framework.DeadLetter),
 		byKey:       make(map[markKey]int64),
+		checkpoints: make(map[subjectKey]*checkpoint),
+		waits:       make(map[waitKey]time.Time),
 	}
 }
 
@@ -86,7 +87,7 @@ func (s *Store) Mark(ctx context.Context, tx *framework.Tx, consumer string, key
 		m, ok := s.marks[k]
 		switch {
 		case !ok:
-			m = &mark{tx: tx, done: make(chan struct{})}
+			m = &mark{tx: tx, at: s.now(), done: make(chan struct{})}
 			s.marks[k] = m
 			s.mu.Unlock()
 			tx.OnCommit(func() {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/internal/replay"
+	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // Transport is the memory transport (framework.Transport) on one pubSub.
@@ -42,14 +43,14 @@ func (t *Transport) Subscribe(sc framework.SubscribeConfig) (framework.Subscript
 	ctx, cancel := context.WithCancel(context.Background())
 	return framework.Subscription{
 		Subscriber: &subscriber{ps: t.ps, ctx: ctx, cancel: cancel},
-		Topics:     append(append([]string(nil), sc.Types...), framework.ReplayTopic(sc.Consumer)),
+		Topics:     append(append([]string(nil), sc.Types...), pipeline.ReplayTopic(sc.Consumer)),
 	}, nil
 }
 
 // Replay publishes msgs to the replay topic of consumer (see
-// framework.ReplayTopic).
+// pipeline.ReplayTopic).
 func (t *Transport) Replay(ctx context.Context, consumer string, msgs ...*message.Message) error {
-	topic := framework.ReplayTopic(consumer)
+	topic := pipeline.ReplayTopic(consumer)
 	return replay.Publish(ctx, func(m *message.Message) error { return t.ps.Publish(topic, m) }, msgs...)
 }
 

@@ -57,7 +57,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Processed: store})
+	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Store: store})
 	if err != nil {
 		panic(err)
 	}

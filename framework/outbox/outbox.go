@@ -11,6 +11,7 @@ import (
 
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/internal/sqlstore"
+	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // ErrNoTx is returned by Add when ctx carries no transaction: outside a
@@ -95,7 +96,7 @@ func newSQL(db *sqlx.DB, prefix string) (*sqlstore.Outbox, error) {
 // holds, in this transaction or an earlier one, is a no-op. A handler
 // retried after a rollback adds its events again in the new transaction.
 func (o *Outbox) Add(ctx context.Context, envs ...framework.Envelope) error {
-	attempt, ok := framework.AttemptTx(ctx)
+	attempt, ok := pipeline.From[*framework.Tx](ctx)
 	if !ok || attempt.Tx == nil {
 		return ErrNoTx
 	}

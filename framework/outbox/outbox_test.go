@@ -27,8 +27,7 @@ import (
 const waitLimit = 30 * time.Second
 
 type store interface {
-	framework.ProcessedStore
-	framework.DeliveryStore
+	framework.Store
 }
 
 // backend opens a migrated database of its kind and its store.
@@ -126,7 +125,7 @@ func setup(t *testing.T, b backend) *bundle {
 	t.Helper()
 	db, s := b.open(t)
 	require.NoError(t, migrate.Up(context.Background(), db, migrate.Config{}))
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Processed: s, Deliveries: s})
+	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Store: s})
 	require.NoError(t, err)
 	box, err := outbox.New(db, outbox.Config{})
 	require.NoError(t, err)

@@ -43,15 +43,7 @@ type Store struct {
 	sql *sqlstore.Store
 }
 
-var (
-	_ framework.ProcessedStore  = (*Store)(nil)
-	_ framework.DeliveryStore   = (*Store)(nil)
-	_ framework.DeadLetterStore = (*Store)(nil)
-	_ framework.CheckpointStore = (*Store)(nil)
-	_ framework.RenameStore     = (*Store)(nil)
-	_ framework.PurgeStore      = (*Store)(nil)
-	_ framework.OrderStore      = (*Store)(nil)
-)
+var _ framework.Store = (*Store)(nil)
 
 // NewStore returns a Store on db, which should come from Open.
 func NewStore(db *sqlx.DB, cfg StoreConfig) (*Store, error) {
@@ -66,83 +58,83 @@ func NewStore(db *sqlx.DB, cfg StoreConfig) (*Store, error) {
 }
 
 // Mark records, inside tx, that consumer processed the event key, and returns
-// false when it was already marked (framework.ProcessedStore).
+// false when it was already marked (framework.Store).
 func (s *Store) Mark(ctx context.Context, tx *framework.Tx, consumer string, key framework.Key) (bool, error) {
 	return s.sql.Mark(ctx, tx, consumer, key)
 }
 
 // Count records one more delivery of key to consumer, in a transaction of
-// its own, and returns the deliveries seen so far (framework.DeliveryStore).
+// its own, and returns the deliveries seen so far (framework.Store).
 func (s *Store) Count(ctx context.Context, consumer string, key framework.Key, first int) (int, error) {
 	return s.sql.Count(ctx, consumer, key, first)
 }
 
 // Forget removes the delivery count of key inside tx, once its effect
-// commits (framework.DeliveryStore).
+// commits (framework.Store).
 func (s *Store) Forget(ctx context.Context, tx *framework.Tx, consumer string, key framework.Key) error {
 	return s.sql.Forget(ctx, tx, consumer, key)
 }
 
 // PublishDeadLetter stores dl durably, or counts a repeat of it, and forgets
 // its delivery count in the same transaction
-// (framework.DeadLetterPublisher).
+// (framework.Store).
 func (s *Store) PublishDeadLetter(ctx context.Context, dl framework.DeadLetter) error {
 	return s.sql.PublishDeadLetter(ctx, dl)
 }
 
 // DeadLetter returns the dead letter with id, or framework.ErrNotFound
-// (framework.DeadLetterStore).
+// (framework.Store).
 func (s *Store) DeadLetter(ctx context.Context, id int64) (framework.DeadLetter, error) {
 	return s.sql.DeadLetter(ctx, id)
 }
 
 // DeadLetters lists the dead letters that match f, oldest first
-// (framework.DeadLetterStore).
+// (framework.Store).
 func (s *Store) DeadLetters(ctx context.Context, f framework.DeadLetterFilter) ([]framework.DeadLetter, error) {
 	return s.sql.DeadLetters(ctx, f)
 }
 
 // ResolveDeadLetter marks the pending dead letter id replayed or discarded,
 // recording who did it and why, or returns framework.ErrNotFound
-// (framework.DeadLetterStore).
+// (framework.Store).
 func (s *Store) ResolveDeadLetter(ctx context.Context, id int64, r framework.Resolution) error {
 	return s.sql.ResolveDeadLetter(ctx, id, r)
 }
 
 // Advance moves the checkpoint of (consumer, subject) to seq inside tx when
-// seq is greater, and reports whether it moved (framework.CheckpointStore).
+// seq is greater, and reports whether it moved (framework.Store).
 func (s *Store) Advance(ctx context.Context, tx *framework.Tx, consumer, subject string, seq int64) (bool, error) {
 	return s.sql.Advance(ctx, tx, consumer, subject, seq)
 }
 
 // Checkpoint returns the sequence of (consumer, subject) that took effect
-// last, 0 when none did, and holds it for tx (framework.OrderStore).
+// last, 0 when none did, and holds it for tx (framework.Store).
 func (s *Store) Checkpoint(ctx context.Context, tx *framework.Tx, consumer, subject string) (int64, error) {
 	return s.sql.Checkpoint(ctx, tx, consumer, subject)
 }
 
 // WaitGap records that the event key with sequence seq waits for an earlier
 // one of its subject, and returns for how long it has waited
-// (framework.OrderStore).
+// (framework.Store).
 func (s *Store) WaitGap(ctx context.Context, consumer, subject string, seq int64, key framework.Key, body []byte) (time.Duration, error) {
 	return s.sql.WaitGap(ctx, consumer, subject, seq, key, body)
 }
 
 // EndWait removes the wait of (consumer, subject, seq), inside tx when tx is
-// not nil (framework.OrderStore).
+// not nil (framework.Store).
 func (s *Store) EndWait(ctx context.Context, tx *framework.Tx, consumer, subject string, seq int64) error {
 	return s.sql.EndWait(ctx, tx, consumer, subject, seq)
 }
 
 // Adopt gives consumer the processed marks and subject checkpoints of the
 // consumer it was renamed from, and returns how many marks it adopted
-// (framework.RenameStore).
+// (framework.Store).
 func (s *Store) Adopt(ctx context.Context, consumer, from string) (int64, error) {
 	return s.sql.Adopt(ctx, consumer, from)
 }
 
 // PurgeProcessed deletes up to limit of the oldest marks processed before
-// before, and returns how many it deleted (framework.PurgeStore).
+// before, and returns how many it deleted (framework.Store).
 func (s *Store) PurgeProcessed(ctx context.Context, before time.Time, limit int) (int64, error) {
 	return s.sql.PurgeProcessed(ctx, before, limit)
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/effectively-once/effectively/framework/internal/replay"
 	"github.com/effectively-once/effectively/framework/internal/storedmsg"
 	"github.com/effectively-once/effectively/framework/migrate"
+	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // The postgres transport is watermill-sql v4 with its default PostgreSQL
@@ -242,9 +243,9 @@ func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
 	return nil
 }
 
-// Replay publishes msgs to the replay topic of consumer (see framework.ReplayTopic).
+// Replay publishes msgs to the replay topic of consumer (pipeline.ReplayTopic).
 func (p *publisher) Replay(ctx context.Context, consumer string, msgs ...*message.Message) error {
-	topic := framework.ReplayTopic(consumer)
+	topic := pipeline.ReplayTopic(consumer)
 	return replay.Publish(ctx, func(m *message.Message) error { return p.Publish(topic, m) }, msgs...)
 }
 

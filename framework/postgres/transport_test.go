@@ -19,6 +19,7 @@ import (
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/postgres"
 	"github.com/effectively-once/effectively/framework/transporttest"
+	"github.com/effectively-once/effectively/internal/pipeline"
 	"github.com/effectively-once/effectively/internal/testenv"
 )
 
@@ -102,9 +103,9 @@ func TestTransportNames(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, `"watermill_appointments.appointment.booked"`, postgres.MessagesTable("", "appointments.appointment.booked"))
 	require.Equal(t, `"app_watermill_offsets_a.b"`, postgres.OffsetsTable("app_", "a.b"))
-	long := postgres.MessagesTable("", framework.ReplayTopic(strings.Repeat("x", 120)))
+	long := postgres.MessagesTable("", pipeline.ReplayTopic(strings.Repeat("x", 120)))
 	require.Len(t, strings.Trim(long, `"`), 63, "cut to PostgreSQL's limit")
-	require.NotEqual(t, long, postgres.MessagesTable("", framework.ReplayTopic(strings.Repeat("x", 119)+"y")), "distinct names stay distinct")
+	require.NotEqual(t, long, postgres.MessagesTable("", pipeline.ReplayTopic(strings.Repeat("x", 119)+"y")), "distinct names stay distinct")
 	_, err := postgres.New(context.Background(), nil, postgres.TransportConfig{})
 	require.Error(t, err)
 	_, err = postgres.New(context.Background(), testenv.Postgres(t), postgres.TransportConfig{BatchSize: -1})
@@ -120,7 +121,7 @@ func TestTransportLongNames(t *testing.T) {
 	tr := newTransport(t, db, url)
 	pub := tr.Publisher()
 	sub := subscriber(t, tr, "c")
-	topic := framework.ReplayTopic("notifications." + strings.Repeat("remind-", 14) + "x")
+	topic := pipeline.ReplayTopic("notifications." + strings.Repeat("remind-", 14) + "x")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	ch, err := sub.Subscribe(ctx, topic)
@@ -156,7 +157,7 @@ func TestTrapNackKeepsSubscriberTx(t *testing.T) {
 	require.NoError(t, err)
 	store, err := postgres.NewStore(db, postgres.StoreConfig{})
 	require.NoError(t, err)
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Processed: store})
+	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Store: store})
 	require.NoError(t, err)
 
 	tr := newTransport(t, db, url)

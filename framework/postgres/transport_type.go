@@ -12,6 +12,7 @@ import (
 
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/internal/subscribers"
+	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // spareSubscriberConns is how many connections the subscribers' pool
@@ -83,7 +84,7 @@ func (t *Transport) Subscribe(sc framework.SubscribeConfig) (framework.Subscript
 	if err != nil {
 		return framework.Subscription{}, fmt.Errorf("postgres: consumer %s: %w", sc.Consumer, err)
 	}
-	topics := append(append([]string(nil), sc.Types...), framework.ReplayTopic(sc.Consumer))
+	topics := append(append([]string(nil), sc.Types...), pipeline.ReplayTopic(sc.Consumer))
 	t.subs.Add(sub)
 	t.mu.Lock()
 	t.conns += len(topics)
@@ -94,7 +95,7 @@ func (t *Transport) Subscribe(sc framework.SubscribeConfig) (framework.Subscript
 }
 
 // Replay publishes msgs to the replay topic of consumer (see
-// framework.ReplayTopic).
+// pipeline.ReplayTopic).
 func (t *Transport) Replay(ctx context.Context, consumer string, msgs ...*message.Message) error {
 	return t.pub.Replay(ctx, consumer, msgs...)
 }

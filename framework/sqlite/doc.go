@@ -26,7 +26,7 @@
 // in short transactions, hands them out, and acknowledges them in batches;
 // no transaction stays open while a handler runs, so the handler's own
 // transaction can take the write lock. When the framework's stores share
-// the file, the ack joins the handler's transaction (framework.AckInTx):
+// the file, the ack joins the handler's transaction:
 // the effect and the ack commit together. A Notifier shared by publishers
 // and subscribers of one process wakes subscriptions at once; a message
 // another process inserts is seen by a watch of the newest offset, one

@@ -46,7 +46,7 @@ func handleInTx(b *testing.B, db *sqlx.DB) func(*message.Message) {
 	_, err := db.Exec(`CREATE TABLE test_marks (consumer TEXT, source TEXT, id TEXT, PRIMARY KEY (consumer, source, id));
 		CREATE TABLE test_effects (id TEXT PRIMARY KEY, parent TEXT)`)
 	require.NoError(b, err)
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Processed: pubsubTestMarks{}})
+	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Store: pubsubTestMarks{}})
 	require.NoError(b, err)
 	return func(msg *message.Message) {
 		_, err := uow.Do(msg.Context(), "bench", framework.Key{Source: "s", ID: msg.UUID}, func(ctx context.Context) error {

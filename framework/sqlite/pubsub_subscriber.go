@@ -17,6 +17,7 @@ import (
 
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/internal/storedmsg"
+	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // Defaults of SubscriberConfig.
@@ -189,7 +190,7 @@ func (c SubscriberConfig) Validate() error {
 //
 // A delivered message carries framework.MetadataRedelivered ("false" on
 // its first delivery to the group, "true" after a nack or an expired
-// lease) and, on its context, a framework.AckInTx that lets the unit of
+// lease) and, on its context, a pipeline.AckInTx that lets the unit of
 // work acknowledge it inside the handler's transaction.
 type Subscriber struct {
 	db     *sqlx.DB
@@ -860,7 +861,7 @@ func (sub *pubsubSubscription) newDelivery(off int64, uuid string, payload []byt
 	d := &pubsubDelivery{sub: sub, offset: off, deliveries: deliveries, msg: msg}
 	ctx, cancel := context.WithCancel(sub.ctx)
 	d.cancel = cancel
-	msg.SetContext(framework.WithAckInTx(ctx, framework.AckInTx{DB: sub.s.db.DB, Ack: d.ackInTx}))
+	msg.SetContext(pipeline.With(ctx, pipeline.AckInTx{DB: sub.s.db.DB, Ack: d.ackInTx}))
 	return d
 }
 

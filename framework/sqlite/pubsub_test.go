@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // pubsubFullEnv, when "1", runs watermill's universal suite in full mode
@@ -178,7 +179,7 @@ func receiveNothing(t *testing.T, ch <-chan *message.Message, wait time.Duration
 
 func redelivered(t *testing.T, msg *message.Message) bool {
 	t.Helper()
-	r, known := framework.Redelivered(msg)
+	r, known := pipeline.Redelivered(msg)
 	require.True(t, known, "metadata %s missing", framework.MetadataRedelivered)
 	return r
 }
@@ -476,8 +477,10 @@ func TestPubSubUnreadableMetadata(t *testing.T) {
 	}
 }
 
-// pubsubTestMarks is a ProcessedStore over a table of the test's file.
-type pubsubTestMarks struct{}
+// pubsubTestMarks keeps processed marks in a table of the test's file: the
+// unit of work calls only Mark (no delivery is counted here), so the rest
+// of framework.Store is left nil.
+type pubsubTestMarks struct{ framework.Store }
 
 func (pubsubTestMarks) Mark(ctx context.Context, tx *framework.Tx, consumer string, key framework.Key) (bool, error) {
 	res, err := tx.ExecContext(ctx, `INSERT INTO test_marks (consumer, source, id) VALUES (?, ?, ?)
@@ -499,7 +502,7 @@ func TestPubSubAckInTx(t *testing.T) {
 			CREATE TABLE test_effects (id TEXT PRIMARY KEY,
 				parent TEXT REFERENCES test_parents (id) DEFERRABLE INITIALLY DEFERRED)`)
 		require.NoError(t, err)
-		uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.db, Processed: pubsubTestMarks{}})
+		uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.db, Store: pubsubTestMarks{}})
 		require.NoError(t, err)
 		return b, uow
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/internal/replay"
 	"github.com/effectively-once/effectively/framework/internal/subscribers"
+	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // TransportConfig configures a Transport.
@@ -110,15 +111,15 @@ func (t *Transport) Subscribe(sc framework.SubscribeConfig) (framework.Subscript
 	t.subs.Add(sub)
 	return framework.Subscription{
 		Subscriber: sub,
-		Topics:     append(append([]string(nil), sc.Types...), framework.ReplayTopic(sc.Consumer)),
+		Topics:     append(append([]string(nil), sc.Types...), pipeline.ReplayTopic(sc.Consumer)),
 		Bind:       sc.Types,
 	}, nil
 }
 
 // Replay publishes msgs to the replay topic of consumer (see
-// framework.ReplayTopic), to which only consumer subscribes.
+// pipeline.ReplayTopic), to which only consumer subscribes.
 func (t *Transport) Replay(ctx context.Context, consumer string, msgs ...*message.Message) error {
-	topic := framework.ReplayTopic(consumer)
+	topic := pipeline.ReplayTopic(consumer)
 	if err := replay.Publish(ctx, func(m *message.Message) error { return t.pub.Publish(topic, m) }, msgs...); err != nil {
 		return fmt.Errorf("sqlite: replay to %s: %w", consumer, err)
 	}

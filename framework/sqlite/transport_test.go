@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // TestLeaseFor shows that the lease, renewed while a message is held,
@@ -31,7 +32,7 @@ func TestTransportSubscribe(t *testing.T) {
 
 	sub, err := tr.Subscribe(framework.SubscribeConfig{Consumer: "c", Types: []string{"a", "b"}, Concurrency: 16, AttemptTimeout: 5 * time.Second})
 	require.NoError(t, err)
-	require.Equal(t, []string{"a", "b", framework.ReplayTopic("c")}, sub.Topics)
+	require.Equal(t, []string{"a", "b", pipeline.ReplayTopic("c")}, sub.Topics)
 	require.Equal(t, []string{"a", "b"}, sub.Bind)
 	cfg := sub.Subscriber.(*Subscriber).cfg
 	require.Equal(t, "c", cfg.ConsumerGroup)

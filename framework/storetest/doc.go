@@ -1,6 +1,6 @@
 // Package storetest is the conformance suite of the framework's stores:
-// every implementation of framework.ProcessedStore, framework.DeliveryStore
-// and framework.DeadLetterStore runs the same cases, through the public
+// every implementation of framework.Store, framework.Store
+// and framework.Store runs the same cases, through the public
 // path of framework.UnitOfWork, so that the backends behave alike.
 //
 // # Running the suite

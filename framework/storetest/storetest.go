@@ -14,13 +14,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // Store is what a backend's store implements.
 type Store interface {
-	framework.ProcessedStore
-	framework.DeliveryStore
-	framework.DeadLetterStore
+	framework.Store
 }
 
 // Config says how the suite wants a store.
@@ -112,7 +111,7 @@ func setup(t *testing.T, newHarness func(t *testing.T) Harness) *bundle {
 func (b *bundle) open(t *testing.T, prefix string) (Store, *framework.UnitOfWork) {
 	t.Helper()
 	s := b.h.NewStore(t, Config{TablePrefix: prefix, Now: b.clock.Now})
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.h.DB, Processed: s, Deliveries: s})
+	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.h.DB, Store: s})
 	require.NoError(t, err)
 	return s, uow
 }
@@ -470,7 +469,7 @@ func exerciseDeliveries(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.NoError(t, err)
 		require.Equal(t, 2, n)
 
-		out, err := b.do(framework.WithDeliveryCounted(ctx), b.uow, consumer, key, func(ctx context.Context) error { return nil })
+		out, err := b.do(pipeline.With(ctx, pipeline.DeliveryCounted(true)), b.uow, consumer, key, func(ctx context.Context) error { return nil })
 		require.NoError(t, err)
 		require.Equal(t, framework.Processed, out)
 
@@ -514,7 +513,7 @@ func exerciseDeliveries(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.NoError(t, err)
 
 		// A failing handler rolls back before the count is forgotten.
-		out, err := b.do(framework.WithDeliveryCounted(ctx), b.uow, consumer, key, func(ctx context.Context) error { return errBoom })
+		out, err := b.do(pipeline.With(ctx, pipeline.DeliveryCounted(true)), b.uow, consumer, key, func(ctx context.Context) error { return errBoom })
 		require.ErrorIs(t, err, errBoom)
 		require.Equal(t, framework.Failed, out)
 		n, err := b.store.Count(ctx, consumer, key, 1)
@@ -526,7 +525,7 @@ func exerciseDeliveries(t *testing.T, newHarness func(t *testing.T) Harness) {
 		}
 		// An ack in the transaction fails after Forget ran in it.
 		errAck := errors.New("ack")
-		ackCtx := framework.WithAckInTx(framework.WithDeliveryCounted(ctx), framework.AckInTx{
+		ackCtx := pipeline.With(pipeline.With(ctx, pipeline.DeliveryCounted(true)), pipeline.AckInTx{
 			DB:  b.h.DB.DB,
 			Ack: func(context.Context, *sql.Tx) error { return errAck },
 		})

@@ -241,7 +241,7 @@ func (c *Consumer) DeadLetters(ctx context.Context, t testing.TB) []framework.De
 // of a running service do (the delivery guard knows the copies in flight).
 func (c *Consumer) chain() (message.NoPublishHandlerFunc, error) {
 	cfg := c.kit.cfg
-	var checkpoints framework.CheckpointStore
+	var checkpoints framework.Store
 	if cfg.SkipStale {
 		checkpoints = c.kit.store
 	}

@@ -120,10 +120,7 @@ func (c Config) Validate() error {
 // Store is what the kit's store implements: the sqlite or postgres store
 // the app would use on the same database.
 type Store interface {
-	framework.ProcessedStore
-	framework.DeliveryStore
-	framework.DeadLetterStore
-	framework.CheckpointStore
+	framework.Store
 }
 
 // Kit is one test's database, migrated, with the framework's store and
@@ -182,7 +179,7 @@ func newKit(t testing.TB, cfg Config) (*Kit, error) {
 	if err != nil {
 		return nil, err
 	}
-	k.uow, err = framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: k.db, Processed: k.store, Deliveries: k.store})
+	k.uow, err = framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: k.db, Store: k.store})
 	if err != nil {
 		return nil, err
 	}

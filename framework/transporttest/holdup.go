@@ -114,7 +114,7 @@ func caseHoldUpDying(t *testing.T, s *suite) {
 func dieOn(id string, died *atomic.Int32) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
-			d, ok := framework.DecodedFromContext(msg.Context())
+			d, ok := framework.EnvelopeFromContext(msg.Context())
 			if !ok || d.Key().ID != id {
 				return next(msg)
 			}

@@ -23,9 +23,7 @@ import (
 
 // Store is what the suite needs of the framework's stores.
 type Store interface {
-	framework.ProcessedStore
-	framework.DeliveryStore
-	framework.DeadLetterStore
+	framework.Store
 }
 
 // Env is one case's transport and database. Build a fresh one per call of
@@ -186,7 +184,7 @@ func (s *suite) start(t *testing.T, name string, concurrency int, defs ...framew
 	}
 	c, err := framework.NewConsumer(name, handlers...)
 	require.NoError(t, err)
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: s.env.DB, Processed: s.env.Store, Deliveries: s.env.Store})
+	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: s.env.DB, Store: s.env.Store})
 	require.NoError(t, err)
 	cfg := middleware.ChainConfig{
 		Consumer:      c,

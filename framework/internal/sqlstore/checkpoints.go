@@ -16,9 +16,9 @@ const qAdvance = `INSERT INTO {p}subject_checkpoints (consumer, subject, seq) VA
 ON CONFLICT (consumer, subject) DO UPDATE SET seq = excluded.seq
 WHERE {p}subject_checkpoints.seq < excluded.seq`
 
-var _ framework.CheckpointStore = (*Store)(nil)
+var _ framework.Store = (*Store)(nil)
 
-// Advance implements framework.CheckpointStore.
+// Advance implements framework.Store.
 func (s *Store) Advance(ctx context.Context, tx *framework.Tx, consumer, subject string, seq int64) (bool, error) {
 	if tx == nil || tx.Tx == nil {
 		return false, fmt.Errorf("advance checkpoint of %s for %s: %w", subject, consumer, ErrNoTx)

@@ -10,7 +10,7 @@ import (
 	"github.com/effectively-once/effectively/framework"
 )
 
-// The SQL of strict order (framework.OrderStore).
+// The SQL of strict order (framework.Store).
 const (
 	// qOrderEnsure makes sure the subject has a checkpoint row (seq 0: none
 	// yet), so that the next statement can lock it.
@@ -28,9 +28,9 @@ ON CONFLICT (consumer, subject, seq) DO NOTHING`
 	qOrderEndWait      = `DELETE FROM {p}parked_events WHERE consumer = ? AND subject = ? AND seq = ?`
 )
 
-var _ framework.OrderStore = (*Store)(nil)
+var _ framework.Store = (*Store)(nil)
 
-// Checkpoint implements framework.OrderStore.
+// Checkpoint implements framework.Store.
 func (s *Store) Checkpoint(ctx context.Context, tx *framework.Tx, consumer, subject string) (int64, error) {
 	if tx == nil || tx.Tx == nil {
 		return 0, fmt.Errorf("checkpoint of %s for %s: %w", subject, consumer, ErrNoTx)
@@ -49,7 +49,7 @@ func (s *Store) Checkpoint(ctx context.Context, tx *framework.Tx, consumer, subj
 	return seq, nil
 }
 
-// WaitGap implements framework.OrderStore, in one transaction.
+// WaitGap implements framework.Store, in one transaction.
 func (s *Store) WaitGap(ctx context.Context, consumer, subject string, seq int64, key framework.Key, body []byte) (time.Duration, error) {
 	tx, err := s.db.BeginTxx(ctx, nil)
 	if err != nil {
@@ -75,7 +75,7 @@ func (s *Store) WaitGap(ctx context.Context, consumer, subject string, seq int64
 	return s.now().Sub(since.t), nil
 }
 
-// EndWait implements framework.OrderStore. Without a transaction it
+// EndWait implements framework.Store. Without a transaction it
 // commits on its own.
 func (s *Store) EndWait(ctx context.Context, tx *framework.Tx, consumer, subject string, seq int64) error {
 	var err error

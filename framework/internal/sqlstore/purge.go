@@ -13,9 +13,9 @@ import (
 const qPurgeProcessed = `DELETE FROM {p}processed_events WHERE (consumer, source, event_id) IN (
 SELECT consumer, source, event_id FROM {p}processed_events WHERE processed_at < ? ORDER BY processed_at LIMIT ?)`
 
-var _ framework.PurgeStore = (*Store)(nil)
+var _ framework.Store = (*Store)(nil)
 
-// PurgeProcessed implements framework.PurgeStore: one statement, committed
+// PurgeProcessed implements framework.Store: one statement, committed
 // on its own.
 func (s *Store) PurgeProcessed(ctx context.Context, before time.Time, limit int) (int64, error) {
 	res, err := s.db.ExecContext(ctx, s.q.sql(qPurgeProcessed), s.dialect.timeArg(before), limit)

@@ -21,9 +21,9 @@ ON CONFLICT (consumer, subject) DO UPDATE SET seq = excluded.seq
 WHERE {p}subject_checkpoints.seq < excluded.seq`
 )
 
-var _ framework.RenameStore = (*Store)(nil)
+var _ framework.Store = (*Store)(nil)
 
-// Adopt implements framework.RenameStore, in one transaction.
+// Adopt implements framework.Store, in one transaction.
 func (s *Store) Adopt(ctx context.Context, consumer, from string) (int64, error) {
 	tx, err := s.db.BeginTxx(ctx, nil)
 	if err != nil {

@@ -21,8 +21,8 @@ const DefaultDeadLetterLimit = 100
 // transaction when they get none.
 var ErrNoTx = errors.New("no database transaction (give the unit of work the store's database)")
 
-// Store implements framework.ProcessedStore, framework.DeliveryStore and
-// framework.DeadLetterStore over a PostgreSQL or SQLite database migrated
+// Store implements framework.Store, framework.Store and
+// framework.Store over a PostgreSQL or SQLite database migrated
 // with Migrations.
 type Store struct {
 	db      *sqlx.DB
@@ -34,11 +34,7 @@ type Store struct {
 	publishDeadLetter, deadLetter, resolveDeadLetter string
 }
 
-var (
-	_ framework.ProcessedStore  = (*Store)(nil)
-	_ framework.DeliveryStore   = (*Store)(nil)
-	_ framework.DeadLetterStore = (*Store)(nil)
-)
+var _ framework.Store = (*Store)(nil)
 
 // New returns a Store on db, whose tables carry prefix. now is the store's
 // clock; nil means time.Now.
@@ -73,7 +69,7 @@ func New(db *sqlx.DB, d Dialect, prefix string, now func() time.Time) (*Store, e
 	}, nil
 }
 
-// Mark implements framework.ProcessedStore.
+// Mark implements framework.Store.
 func (s *Store) Mark(ctx context.Context, tx *framework.Tx, consumer string, key framework.Key) (bool, error) {
 	if tx == nil || tx.Tx == nil {
 		return false, fmt.Errorf("mark %s for %s: %w", key, consumer, ErrNoTx)
@@ -89,7 +85,7 @@ func (s *Store) Mark(ctx context.Context, tx *framework.Tx, consumer string, key
 	return n == 1, nil
 }
 
-// Count implements framework.DeliveryStore. It is one statement, committed
+// Count implements framework.Store. It is one statement, committed
 // on its own.
 func (s *Store) Count(ctx context.Context, consumer string, key framework.Key, first int) (int, error) {
 	if first < 1 {
@@ -104,7 +100,7 @@ func (s *Store) Count(ctx context.Context, consumer string, key framework.Key, f
 	return n, nil
 }
 
-// Forget implements framework.DeliveryStore.
+// Forget implements framework.Store.
 func (s *Store) Forget(ctx context.Context, tx *framework.Tx, consumer string, key framework.Key) error {
 	if tx == nil || tx.Tx == nil {
 		return fmt.Errorf("forget delivery count of %s for %s: %w", key, consumer, ErrNoTx)
@@ -115,7 +111,7 @@ func (s *Store) Forget(ctx context.Context, tx *framework.Tx, consumer string, k
 	return nil
 }
 
-// PublishDeadLetter implements framework.DeadLetterPublisher. The store
+// PublishDeadLetter implements framework.Store. The store
 // stamps the failure time with its clock; dl's ID, Repeats,
 // FirstFailedAt, LastFailedAt, Status and Resolution are ignored. A repeat
 // of (Consumer, Source, EventID) updates the row: the latest Topic, Type,
@@ -158,7 +154,7 @@ func (s *Store) PublishDeadLetter(ctx context.Context, dl framework.DeadLetter) 
 	return nil
 }
 
-// DeadLetter implements framework.DeadLetterStore.
+// DeadLetter implements framework.Store.
 func (s *Store) DeadLetter(ctx context.Context, id int64) (framework.DeadLetter, error) {
 	rows, err := s.db.QueryxContext(ctx, s.deadLetter, id)
 	if err != nil {
@@ -174,7 +170,7 @@ func (s *Store) DeadLetter(ctx context.Context, id int64) (framework.DeadLetter,
 	return dls[0], nil
 }
 
-// DeadLetters implements framework.DeadLetterStore.
+// DeadLetters implements framework.Store.
 func (s *Store) DeadLetters(ctx context.Context, f framework.DeadLetterFilter) ([]framework.DeadLetter, error) {
 	if f.Limit < 0 {
 		return nil, fmt.Errorf("list dead letters: negative limit %d", f.Limit)
@@ -209,7 +205,7 @@ func (s *Store) DeadLetters(ctx context.Context, f framework.DeadLetterFilter) (
 	return dls, nil
 }
 
-// ResolveDeadLetter implements framework.DeadLetterStore. A zero r.At
+// ResolveDeadLetter implements framework.Store. A zero r.At
 // means now, by the store's clock.
 func (s *Store) ResolveDeadLetter(ctx context.Context, id int64, r framework.Resolution) error {
 	if r.Status != framework.DeadLetterReplayed && r.Status != framework.DeadLetterDiscarded {

@@ -1,0 +1,93 @@
+// Package pipeline is the wiring that the consumer chain, the transports,
+// the unit of work and the runner share and a user never calls: the
+// values a message's context carries between the steps, the error that
+// asks for a later delivery, the replay topics and the redelivery marker.
+// It imports no package of the module, so that package framework can use
+// it too.
+package pipeline
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+type key[T any] struct{}
+
+// With returns ctx carrying v, found again by From[T]: one value per type,
+// so each value a step hands on has a type of its own.
+func With[T any](ctx context.Context, v T) context.Context {
+	return context.WithValue(ctx, key[T]{}, v)
+}
+
+// From returns the value of type T that ctx carries (see With).
+func From[T any](ctx context.Context) (T, bool) {
+	v, ok := ctx.Value(key[T]{}).(T)
+	return v, ok
+}
+
+// Decoded is a message's event routed to its consumer's handler, with its
+// data decoded and validated: what is left is to handle it. E is
+// framework.Envelope; the decode step puts a *Decoded[E] on the message's
+// context for the steps after it.
+type Decoded[E any] struct {
+	// Envelope is the decoded CloudEvent.
+	Envelope E
+	// Handle runs the handler on the decoded event.
+	Handle func(ctx context.Context) error
+}
+
+// AckInTx lets a transport acknowledge a message inside the handler's
+// transaction, so that the effect and the ack commit together. A
+// transport puts it on the message's context (With); the unit of work
+// calls Ack before commit when its database is DB.
+type AckInTx struct {
+	DB  *sql.DB
+	Ack func(ctx context.Context, tx *sql.Tx) error
+}
+
+// DeliveryCounted, on a message's context, says that the delivery guard
+// recorded the delivery's count: the unit of work forgets the count when
+// the effect commits, so that lost acks never add up to the delivery
+// limit.
+type DeliveryCounted bool
+
+// Counted reports whether ctx carries DeliveryCounted(true).
+func Counted(ctx context.Context) bool {
+	c, _ := From[DeliveryCounted](ctx)
+	return bool(c)
+}
+
+// ErrLater is returned by a step that wants the message delivered again
+// later (a strict-order wait): the chain nacks it without an attempt
+// counted or a dead letter.
+var ErrLater = errors.New("deliver again later")
+
+// ReplayTopicPrefix starts the topic of each consumer's replays on the SQL
+// transports.
+const ReplayTopicPrefix = "effectively.replay."
+
+// ReplayTopic returns the topic that only consumer reads on the SQL
+// transports: a dead letter replayed to it reaches no other consumer of
+// its type. (On AMQP a replay goes straight to the consumer's queue.)
+func ReplayTopic(consumer string) string { return ReplayTopicPrefix + consumer }
+
+// MetadataRedelivered is set by a transport that can tell a redelivery:
+// "true" when the message was delivered before, "false" when this is its
+// first delivery.
+const MetadataRedelivered = "effectively_redelivered"
+
+// Redelivered reports whether the transport marked msg as delivered before
+// (see MetadataRedelivered); known is false when the transport cannot tell.
+func Redelivered(msg *message.Message) (redelivered, known bool) {
+	switch msg.Metadata.Get(MetadataRedelivered) {
+	case "true":
+		return true, true
+	case "false":
+		return false, true
+	default:
+		return false, false
+	}
+}
