@@ -61,8 +61,8 @@ func TestRenamedConsumer(t *testing.T) {
 		func(db *sqlx.DB, m *middleware.Metrics) bool {
 			// Outcomes are counted after their commits: read the tables once
 			// both are in.
-			if testutil.ToFloat64(m.Messages().WithLabelValues("widgets.tally", middleware.OutcomeDuplicate)) < 1 ||
-				testutil.ToFloat64(m.Messages().WithLabelValues("widgets.tally", middleware.OutcomeProcessed)) < 1 {
+			if testutil.ToFloat64(m.Messages().WithLabelValues("widgets.tally", string(framework.Duplicate))) < 1 ||
+				testutil.ToFloat64(m.Messages().WithLabelValues("widgets.tally", string(framework.Processed))) < 1 {
 				return false
 			}
 			widgets = count(db, `SELECT count(*) FROM widgets`)

@@ -45,9 +45,9 @@ func benchmarkChain(b *testing.B, be backend, duplicates, knownFirst bool) {
 	require.NoError(b, err)
 	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Store: s})
 	require.NoError(b, err)
-	h, err := middleware.Handler(middleware.ChainConfig{
-		Consumer: c, UnitOfWork: uow, DeadLetters: s, Deliveries: s,
-		Retry: middleware.RetryConfig{Attempts: 3, Delay: time.Millisecond},
+	h, err := middleware.Handler(middleware.Config{
+		Consumer: c, UnitOfWork: uow, Store: s,
+		Attempts: 3, RetryDelay: time.Millisecond,
 	})
 	require.NoError(b, err)
 

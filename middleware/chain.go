@@ -3,57 +3,94 @@ package middleware
 import (
 	"cmp"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/effectively-once/effectively/framework"
 )
 
-// DefaultTimeout is the default time limit of one attempt.
-const DefaultTimeout = 30 * time.Second
+// Defaults of Config, and of the failing messages that Metrics keeps.
+const (
+	// DefaultAttempts is the default number of attempts per delivery.
+	DefaultAttempts = 3
+	// DefaultRetryDelay is the default pause between attempts.
+	DefaultRetryDelay = time.Second
+	// DefaultTimeout is the default time limit of one attempt.
+	DefaultTimeout = 30 * time.Second
+	// DefaultMaxDeliveries is the default delivery limit of a message.
+	DefaultMaxDeliveries = 10
+	// DefaultGapTimeout is how long an event waits for an earlier one of
+	// its subject before it is dead-lettered with code sequence_gap.
+	DefaultGapTimeout = 10 * time.Minute
+	// DefaultForgetFailingAfter is how long a failing message that fails
+	// no more in this process stays counted as failing when attempts have
+	// no timeout (see Metrics.Consumers).
+	DefaultForgetFailingAfter = 5 * time.Minute
+)
 
-// ChainConfig configures the whole chain of one consumer.
-type ChainConfig struct {
+// Config is one consumer's chain: what Handler builds. Zero fields take
+// their defaults (see WithDefaults).
+type Config struct {
 	// Consumer holds the consumer's name and handlers. Required.
 	Consumer *framework.Consumer
 	// UnitOfWork runs each attempt in a transaction with the processed
 	// mark. Required.
 	UnitOfWork *framework.UnitOfWork
-	// DeadLetters stores the messages the consumer gives up on. Required.
-	DeadLetters framework.Store
-	// Deliveries keeps the durable delivery counts of the delivery guard.
-	// Required.
-	Deliveries framework.Store
-	// MaxDeliveries is the delivery limit. Defaults to
-	// DefaultMaxDeliveries.
-	MaxDeliveries int
-	// Retry sets the attempts and the delay between them.
-	Retry RetryConfig
+	// Store keeps the dead letters, the durable delivery counts and the
+	// subjects' checkpoints (SkipStale, StrictOrder). Required.
+	Store framework.Store
+	// Attempts per delivery, the first included. Defaults to
+	// DefaultAttempts.
+	Attempts int
+	// RetryDelay is the constant pause between attempts. Defaults to
+	// DefaultRetryDelay.
+	RetryDelay time.Duration
 	// Timeout limits each attempt. Defaults to DefaultTimeout; negative
 	// disables the limit.
 	Timeout time.Duration
-	// Checkpoints, when set, adds the SequenceGuard inside the unit of
-	// work: stale events of a subject are skipped.
-	Checkpoints framework.Store
-	// Order, when set, applies each subject's events in sequence
-	// (StrictOrder, with GapWait after Decode); not with Checkpoints.
-	Order framework.Store
+	// MaxDeliveries dead-letters a message delivered more often, with
+	// code delivery_limit. Defaults to DefaultMaxDeliveries.
+	MaxDeliveries int
+	// RateLimit caps the messages per second that this process hands to
+	// Outer and the attempts; zero means no limit. A message waiting for
+	// its turn when its context ends is nacked.
+	RateLimit float64
+	// SkipStale skips an event older (by subjectseq) than one of the same
+	// subject that already took effect. Not with StrictOrder.
+	SkipStale bool
+	// StrictOrder applies each subject's events in sequence; an event
+	// ahead of its turn waits, up to GapTimeout. Not with SkipStale.
+	StrictOrder bool
 	// GapTimeout is how long an event waits for an earlier one of its
-	// subject under Order. Defaults to DefaultGapTimeout.
+	// subject under StrictOrder. Defaults to DefaultGapTimeout.
 	GapTimeout time.Duration
 	// MaxBodyBytes limits message bodies. Defaults to
 	// framework.DefaultMaxBodyBytes.
 	MaxBodyBytes int
-	// Logger, Metrics and Tracer observe the messages (see ObserveConfig).
-	Logger  *slog.Logger
+	// Logger logs each failed attempt at info level, with its error; each
+	// message dead-lettered at warn, with its code and the error that
+	// decided it; each nack at error (at info when cut short by shutdown
+	// or waiting for an earlier event); processed, duplicate and stale
+	// messages at debug. Every line names the consumer and, once decoded,
+	// the event's source, id and type. Decode and validation errors name
+	// the field, never the value (see framework.FieldError). Defaults to
+	// a logger that discards.
+	Logger *slog.Logger
+	// Metrics, when set, counts outcomes, codes, attempts and durations,
+	// and keeps the consumer's failing messages (see Metrics.Consumers).
 	Metrics *Metrics
-	Tracer  trace.Tracer
-	// Outer middleware runs once per delivery, after Decode (and GapWait)
-	// and the DeliveryGuard, outside Retry and the transaction. The
-	// message context carries the decoded event:
+	// Tracer starts a consumer span per message, linked to the producer's
+	// trace context (the CloudEvent's traceparent). Defaults to a no-op
+	// tracer.
+	Tracer trace.Tracer
+	// Outer middleware runs once per delivery, after decoding, the
+	// delivery guard and the rate limit, outside the retries and the
+	// transaction. The message context carries the decoded event:
 	// framework.EnvelopeFromContext(msg.Context()) returns it. A permanent
 	// error (framework.Permanent) is dead-lettered with its code and the
 	// message acknowledged; any other error it returns without calling
@@ -67,106 +104,113 @@ type ChainConfig struct {
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
-func (c ChainConfig) WithDefaults() ChainConfig {
+func (c Config) WithDefaults() Config {
+	c.Attempts = cmp.Or(c.Attempts, DefaultAttempts)
+	c.RetryDelay = cmp.Or(c.RetryDelay, DefaultRetryDelay)
 	c.Timeout = cmp.Or(c.Timeout, DefaultTimeout)
-	c.Retry = c.Retry.WithDefaults()
+	c.MaxDeliveries = cmp.Or(c.MaxDeliveries, DefaultMaxDeliveries)
+	c.GapTimeout = cmp.Or(c.GapTimeout, DefaultGapTimeout)
+	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, framework.DefaultMaxBodyBytes)
+	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
+	c.Tracer = cmp.Or(c.Tracer, trace.Tracer(noop.NewTracerProvider().Tracer("")))
 	return c
 }
 
 // Validate reports the first invalid field of c.
-func (c ChainConfig) Validate() error {
+func (c Config) Validate() error {
 	switch {
 	case c.Consumer == nil:
-		return errors.New("chain: missing Consumer (build it with framework.NewConsumer)")
+		return errors.New("Config.Consumer: required (build it with framework.NewConsumer)")
 	case c.UnitOfWork == nil:
-		return errors.New("chain: missing UnitOfWork (build it with framework.NewUnitOfWork)")
-	case c.DeadLetters == nil:
-		return errors.New("chain: missing DeadLetters")
-	case c.Deliveries == nil:
-		return errors.New("chain: missing Deliveries")
-	case c.Checkpoints != nil && c.Order != nil:
-		return errors.New("chain: Checkpoints (skip stale events) and Order (strict order) exclude each other")
+		return errors.New("Config.UnitOfWork: required (build it with framework.NewUnitOfWork)")
+	case c.Store == nil:
+		return errors.New("Config.Store: required (try the store of sqlite, postgres or memory)")
+	case c.Attempts < 1:
+		return fmt.Errorf("Config.Attempts: must be at least 1, got %d", c.Attempts)
+	case c.RetryDelay < 0:
+		return fmt.Errorf("Config.RetryDelay: must not be negative, got %s", c.RetryDelay)
+	case c.MaxDeliveries < 1:
+		return fmt.Errorf("Config.MaxDeliveries: must be at least 1, got %d", c.MaxDeliveries)
+	case c.RateLimit < 0:
+		return fmt.Errorf("Config.RateLimit: must not be negative, got %g", c.RateLimit)
+	case c.SkipStale && c.StrictOrder:
+		return errors.New("Config.SkipStale: excludes StrictOrder")
+	case c.GapTimeout <= 0:
+		return fmt.Errorf("Config.GapTimeout: must be positive, got %s", c.GapTimeout)
+	case c.MaxBodyBytes < 0:
+		return fmt.Errorf("Config.MaxBodyBytes: must not be negative, got %d", c.MaxBodyBytes)
 	}
-	return c.Retry.Validate()
+	return nil
 }
 
-// Chain returns the consumer's steps, outermost first, in the order of the
-// design: Observe, DeadLetter, Decode, GapWait (with cfg.Order),
-// DeliveryGuard, cfg.Outer, Retry, Timeout, Recover, UnitOfWork,
-// SequenceGuard (with cfg.Checkpoints) or StrictOrder (with cfg.Order),
-// cfg.Inner. Apply them to Dispatch, or use Handler, which does.
-func Chain(cfg ChainConfig) ([]message.HandlerMiddleware, error) {
+// Handler returns the consumer's whole chain (see the package
+// documentation for its steps), ready for watermill's
+// Router.AddConsumerHandler. It acknowledges a message (returns nil) once
+// its effect committed, it was a duplicate or stale, or it was stored as a
+// dead letter; otherwise the message is nacked and delivered again.
+func Handler(cfg Config) (message.NoPublishHandlerFunc, error) {
+	return handler(cfg, systemClock())
+}
+
+// clock is the time of the chain's steps: the age of failing messages,
+// the time of dead letters and the rate limit's waits. Tests set their
+// own.
+type clock struct {
+	now   func() time.Time
+	after func(time.Duration) <-chan time.Time
+	// holdUpLimit and forgetFailingAfter, when set, replace what the
+	// chain derives from its Config (see holdUp).
+	holdUpLimit, forgetFailingAfter time.Duration
+}
+
+// systemClock is the clock of the system.
+func systemClock() clock { return clock{now: time.Now, after: time.After} }
+
+// handler is Handler on clk.
+func handler(cfg Config, clk clock) (message.NoPublishHandlerFunc, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("middleware: %w", err)
 	}
-	name := cfg.Consumer.Name()
-	limit, forget := holdUp(cfg)
-	observe, err := Observe(ObserveConfig{Consumer: name, Logger: cfg.Logger, Metrics: cfg.Metrics, Tracer: cfg.Tracer, HoldUpLimit: limit, ForgetFailingAfter: forget})
-	if err != nil {
-		return nil, err
-	}
-	deadLetter, err := DeadLetter(DeadLetterConfig{Consumer: name, Publisher: cfg.DeadLetters})
-	if err != nil {
-		return nil, err
-	}
-	guard, err := DeliveryGuard(GuardConfig{Consumer: name, Store: cfg.Deliveries, MaxDeliveries: cfg.MaxDeliveries, UnitOfWork: cfg.UnitOfWork})
-	if err != nil {
-		return nil, err
-	}
-	retry, err := Retry(cfg.Retry)
-	if err != nil {
-		return nil, err
-	}
-	chain := []message.HandlerMiddleware{observe, deadLetter, Decode(cfg.Consumer, cfg.MaxBodyBytes)}
-	if cfg.Order != nil {
-		wait, err := GapWait(name, cfg.Order, cfg.GapTimeout)
-		if err != nil {
-			return nil, err
-		}
-		chain = append(chain, wait)
-	}
-	chain = append(chain, guard)
-	chain = append(chain, cfg.Outer...)
-	chain = append(chain,
-		retry,
-		Timeout(cfg.Timeout),
-		Recover,
-		UnitOfWork(name, cfg.UnitOfWork),
-	)
-	if cfg.Checkpoints != nil {
-		guard, err := SequenceGuard(name, cfg.Checkpoints)
-		if err != nil {
-			return nil, err
-		}
-		chain = append(chain, guard)
-	}
-	if cfg.Order != nil {
-		order, err := StrictOrder(name, cfg.Order)
-		if err != nil {
-			return nil, err
-		}
-		chain = append(chain, order)
-	}
-	chain = append(chain, cfg.Inner...)
-	return chain, nil
-}
-
-// Handler returns the consumer's chain applied to Dispatch, ready for
-// watermill's Router.AddConsumerHandler. It acknowledges a message (returns
-// nil) once its effect committed, it was a duplicate, or it was stored as a
-// dead letter; otherwise the message is nacked and delivered again.
-func Handler(cfg ChainConfig) (message.NoPublishHandlerFunc, error) {
-	chain, err := Chain(cfg)
-	if err != nil {
-		return nil, err
-	}
-	h := message.HandlerFunc(Dispatch)
-	for i := len(chain) - 1; i >= 0; i-- {
-		h = chain[i](h)
+	steps := chain(cfg, clk)
+	h := message.HandlerFunc(dispatch)
+	for i := len(steps) - 1; i >= 0; i-- {
+		h = steps[i](h)
 	}
 	return func(msg *message.Message) error {
 		_, err := h(msg)
 		return err
 	}, nil
+}
+
+// chain returns the steps of cfg, outermost first, in the order of the
+// package documentation. cfg has its defaults and is valid.
+func chain(cfg Config, clk clock) []message.HandlerMiddleware {
+	name := cfg.Consumer.Name()
+	steps := []message.HandlerMiddleware{
+		observe(cfg, clk),
+		deadLetter(name, cfg.Store, clk.now),
+		decode(cfg.Consumer, cfg.MaxBodyBytes),
+	}
+	if cfg.StrictOrder {
+		steps = append(steps, gapWait(name, cfg.Store, cfg.GapTimeout))
+	}
+	steps = append(steps, deliveryGuard(name, cfg.Store, cfg.MaxDeliveries, cfg.UnitOfWork))
+	if cfg.RateLimit > 0 {
+		steps = append(steps, rateLimit(cfg.RateLimit, clk))
+	}
+	steps = append(steps, cfg.Outer...)
+	steps = append(steps,
+		retry(cfg.Attempts, cfg.RetryDelay),
+		timeout(cfg.Timeout),
+		recoverPanic,
+		unitOfWork(name, cfg.UnitOfWork),
+	)
+	if cfg.SkipStale {
+		steps = append(steps, sequenceGuard(name, cfg.Store))
+	}
+	if cfg.StrictOrder {
+		steps = append(steps, strictOrder(name, cfg.Store))
+	}
+	return append(steps, cfg.Inner...)
 }

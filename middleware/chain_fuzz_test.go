@@ -88,13 +88,13 @@ func FuzzChain(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		h, err := middleware.Handler(middleware.ChainConfig{
+		h, err := middleware.Handler(middleware.Config{
 			Consumer:      c,
 			UnitOfWork:    uow,
-			DeadLetters:   store,
-			Deliveries:    store,
+			Store:         store,
 			MaxDeliveries: fuzzMaxDeliveries,
-			Retry:         middleware.RetryConfig{Attempts: 2, Delay: time.Microsecond},
+			Attempts:      2,
+			RetryDelay:    time.Microsecond,
 			Timeout:       10 * time.Second,
 			Outer:         []message.HandlerMiddleware{nackNotes},
 		})
@@ -120,7 +120,7 @@ func FuzzChain(f *testing.F) {
 				t.Fatalf("delivery %d: no report (error %v)", delivery, err)
 			}
 			if err != nil {
-				if report.Outcome != middleware.OutcomeNacked {
+				if report.Outcome != framework.Nacked {
 					t.Fatalf("delivery %d: error %v reported as %s", delivery, err, report.Outcome)
 				}
 				continue
@@ -145,11 +145,11 @@ func requireEnded(t *testing.T, store *sqlite.Store, db *sqlx.DB, consumer strin
 		t.Fatal(err)
 	}
 	switch report.Outcome {
-	case middleware.OutcomeProcessed:
+	case framework.Processed:
 		if marks != 1 || len(dls) != 0 {
 			t.Fatalf("processed, yet %d processed marks and %d dead letters", marks, len(dls))
 		}
-	case middleware.OutcomeDeadLettered:
+	case framework.DeadLettered:
 		if !report.Code.Valid() {
 			t.Fatalf("dead-lettered with the invalid code %q", report.Code)
 		}

@@ -110,24 +110,16 @@ func setup(t *testing.T, b backend, cfg setupConfig) *bundle {
 	if cfg.timeout == 0 {
 		cfg.timeout = 5 * time.Second
 	}
-	var checkpoints framework.Store
-	if cfg.skipStale {
-		checkpoints = s.(framework.Store)
-	}
-	var order framework.Store
-	if cfg.strictOrder {
-		order = s.(framework.Store)
-	}
-	bd.handler, err = middleware.Handler(middleware.ChainConfig{
-		Checkpoints:   checkpoints,
-		Order:         order,
+	bd.handler, err = middleware.Handler(middleware.Config{
+		SkipStale:     cfg.skipStale,
+		StrictOrder:   cfg.strictOrder,
 		GapTimeout:    cfg.gapTimeout,
 		Consumer:      c,
 		UnitOfWork:    bd.uow,
-		DeadLetters:   s,
-		Deliveries:    s,
+		Store:         s.(framework.Store),
 		MaxDeliveries: cfg.maxDeliveries,
-		Retry:         middleware.RetryConfig{Attempts: cfg.attempts, Delay: time.Millisecond},
+		Attempts:      cfg.attempts,
+		RetryDelay:    time.Millisecond,
 		Timeout:       cfg.timeout,
 		Outer:         cfg.outer,
 		Logger:        cfg.logger,

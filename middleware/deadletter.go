@@ -12,36 +12,7 @@ import (
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
-// DeadLetterConfig configures DeadLetter.
-type DeadLetterConfig struct {
-	// Consumer is the consumer's name. Required.
-	Consumer string
-	// Publisher stores dead letters durably. Required.
-	Publisher framework.Store
-	// Now returns the current time. Defaults to time.Now.
-	Now func() time.Time
-}
-
-// WithDefaults returns a copy of c with zero fields set to their defaults.
-func (c DeadLetterConfig) WithDefaults() DeadLetterConfig {
-	if c.Now == nil {
-		c.Now = time.Now
-	}
-	return c
-}
-
-// Validate reports the first invalid field of c.
-func (c DeadLetterConfig) Validate() error {
-	switch {
-	case c.Consumer == "":
-		return errors.New("dead letter: missing Consumer")
-	case c.Publisher == nil:
-		return errors.New("dead letter: missing Publisher (try the store of sqlite, postgres or memory)")
-	}
-	return nil
-}
-
-// DeadLetter hands messages that will not be processed to cfg.Publisher
+// deadLetter hands messages that will not be processed to store
 // and acknowledges them once it stored them: those that failed permanently
 // (poison, a permanent handler error, the delivery limit) and those whose
 // attempts all failed. The dead letter records a code (framework.CodeOf),
@@ -50,22 +21,19 @@ func (c DeadLetterConfig) Validate() error {
 // It never dead-letters on shutdown: when the message context ended, the
 // error is returned and the message is delivered again later; the same for
 // pipeline.ErrLater. Nor does it dead-letter an error that is not
-// permanent and did not come from Retry giving up (a failure to count the
+// permanent and did not come from retry giving up (a failure to count the
 // delivery, an Outer middleware's transient error): that message is
 // delivered again, and counts towards the delivery limit. When storing
 // the dead letter fails, the message is not acknowledged.
 //
 // A dead letter never depends on the attribute that failed: a message that
-// did not decode is keyed by its source and id only when Decode would take
+// did not decode is keyed by its source and id only when decode would take
 // both, else by the hash of its body (framework.KeyOfBody); its body is
 // kept byte for byte and its metadata as framework.StorableMetadata. So
 // no store refuses it whatever the input, and the message is not
 // delivered again forever.
-func DeadLetter(cfg DeadLetterConfig) (message.HandlerMiddleware, error) {
-	cfg = cfg.WithDefaults()
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
+// The dead letter's times are now's.
+func deadLetter(consumer string, store framework.Store, now func() time.Time) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			st := stateOf(msg)
@@ -81,25 +49,24 @@ func DeadLetter(cfg DeadLetterConfig) (message.HandlerMiddleware, error) {
 			if !framework.IsPermanent(err) && !st.gaveUp {
 				return nil, err // before the attempts, or after they succeeded
 			}
-			dl := cfg.deadLetter(msg, st, framework.CodeOf(err))
-			if perr := cfg.Publisher.PublishDeadLetter(ctx, dl); perr != nil {
+			dl := newDeadLetter(consumer, msg, st, framework.CodeOf(err), now().UTC())
+			if perr := store.PublishDeadLetter(ctx, dl); perr != nil {
 				return nil, fmt.Errorf("store dead letter (%s) of %s: %w", dl.Code, dl.Key(), errors.Join(perr, err))
 			}
 			st.deadLettered, st.cause, st.deadLetterKey = dl.Code, err, dl.Key()
 			return nil, nil
 		}
-	}, nil
+	}
 }
 
-// deadLetter builds the dead letter of msg. Nothing in it depends on an
+// newDeadLetter builds the dead letter of msg, failed at now. Nothing in it depends on an
 // attribute that failed: its key is messageKey's, its event attributes
-// come from an envelope that Decode accepted, its body is the message's
+// come from an envelope that decode accepted, its body is the message's
 // bytes and its metadata framework.StorableMetadata of the message's.
-func (c DeadLetterConfig) deadLetter(msg *message.Message, st *state, code framework.Code) framework.DeadLetter {
-	now := c.Now().UTC()
+func newDeadLetter(consumer string, msg *message.Message, st *state, code framework.Code, now time.Time) framework.DeadLetter {
 	key := messageKey(msg, st)
 	dl := framework.DeadLetter{
-		Consumer:      c.Consumer,
+		Consumer:      consumer,
 		Topic:         message.SubscribeTopicFromCtx(msg.Context()),
 		Source:        key.Source,
 		EventID:       key.ID,
@@ -119,8 +86,8 @@ func (c DeadLetterConfig) deadLetter(msg *message.Message, st *state, code frame
 }
 
 // messageKey returns the key under which the chain counts the deliveries
-// of msg (DeliveryGuard) and keeps its dead letter: the decoded event's key
-// when it passes framework.Key.Validate (Decode makes sure it does), else
+// of msg (deliveryGuard) and keeps its dead letter: the decoded event's key
+// when it passes framework.Key.Validate (decode makes sure it does), else
 // framework.KeyOfBody of the body, which is the body's hash when its source
 // and id are not usable. One rule for both, so that whatever the input no
 // store refuses the key, and the dead letter forgets the count of its own

@@ -11,7 +11,7 @@ import (
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
-// Decode decodes each message as a CloudEvent and routes it to the
+// decode decodes each message as a CloudEvent and routes it to the
 // consumer's handler of its type and version, decoding and validating the
 // data. A message that fails is poison: the step returns a permanent error
 // with its code (malformed_envelope, too_large, unknown_type,
@@ -23,11 +23,11 @@ import (
 // before the delivery guard counts the message: a panic there is caught
 // and fails the message permanently with code panic, since it would panic
 // again on every delivery, instead of taking the process down each time.
-func Decode(c *framework.Consumer, maxBody int) message.HandlerMiddleware {
+func decode(c *framework.Consumer, maxBody int) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			st := stateOf(msg)
-			if err := decode(c, msg, st, maxBody); err != nil {
+			if err := decodeInto(c, msg, st, maxBody); err != nil {
 				return nil, err
 			}
 			msg.SetContext(pipeline.With(msg.Context(), st.decoded))
@@ -36,8 +36,8 @@ func Decode(c *framework.Consumer, maxBody int) message.HandlerMiddleware {
 	}
 }
 
-// decode decodes msg into st: its envelope, then its routed data.
-func decode(c *framework.Consumer, msg *message.Message, st *state, maxBody int) (err error) {
+// decodeInto decodes msg into st: its envelope, then its routed data.
+func decodeInto(c *framework.Consumer, msg *message.Message, st *state, maxBody int) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = framework.Permanent(framework.CodePanic, fmt.Errorf("decode message %s: %w", msg.UUID,
@@ -57,10 +57,10 @@ func decode(c *framework.Consumer, msg *message.Message, st *state, maxBody int)
 	return nil
 }
 
-// Dispatch is the innermost handler of a consumer's chain: it runs the
-// handler that Decode chose, with the message context (the attempt's
+// dispatch is the innermost handler of a consumer's chain: it runs the
+// handler that decode chose, with the message context (the attempt's
 // transaction included).
-func Dispatch(msg *message.Message) ([]*message.Message, error) {
+func dispatch(msg *message.Message) ([]*message.Message, error) {
 	d, ok := pipeline.From[*decoded](msg.Context())
 	if !ok {
 		return nil, errNotDecoded

@@ -1,41 +1,47 @@
-// Package middleware holds the steps of a consumer's chain, one file each,
-// as watermill middleware. Handler assembles them in the order of the
-// design, outermost first:
+// Package middleware is a consumer's chain of steps, as one watermill
+// handler: Handler builds it from one Config. The steps share what they
+// learn about a message through its context, so they come only as the
+// whole chain, in this order, outermost first (one file each):
 //
-//	Observe        logs, metrics, a consumer span linked to the producer
-//	DeadLetter     stores poison and exhausted messages, then acks; never on shutdown
-//	Decode         CloudEvent, route and data validation; poison is permanent
-//	GapWait        optional: an event waiting for an earlier one is nacked, or after a while sequence_gap
-//	DeliveryGuard  durable delivery count; over the limit: delivery_limit; redeliveries one at a time
+//	observe        logs, metrics, a consumer span linked to the producer
+//	deadLetter     stores poison and exhausted messages, then acks; never on shutdown
+//	decode         CloudEvent, route and data validation; poison is permanent
+//	gapWait        with StrictOrder: an event waiting for an earlier one is nacked, or after GapTimeout sequence_gap
+//	deliveryGuard  durable delivery count; over MaxDeliveries: delivery_limit; redeliveries one at a time
+//	rateLimit      with RateLimit: at most so many messages per second, in this process
 //	[Outer]        the application's middleware, once per delivery, with the decoded event
-//	Retry          constant delay, bounded attempts; permanent errors skip it
-//	Timeout        a deadline per attempt
-//	Recover        a panic becomes an error with code panic
-//	UnitOfWork     one transaction with the processed mark (framework.UnitOfWork)
-//	SequenceGuard  optional: skips an event older than its subject's checkpoint
-//	StrictOrder    or: applies a subject's events in sequence, an event ahead of its turn waits
+//	retry          constant delay, bounded attempts; permanent errors skip it
+//	timeout        a deadline per attempt
+//	recoverPanic   a panic becomes an error with code panic
+//	unitOfWork     one transaction with the processed mark (framework.UnitOfWork)
+//	sequenceGuard  with SkipStale: skips an event older than its subject's checkpoint
+//	strictOrder    or with StrictOrder: applies a subject's events in sequence, an event ahead of its turn waits
 //	[Inner]        the application's middleware inside the transaction
-//	Dispatch       the handler
+//	dispatch       the handler
 //
-// The router acknowledges a message when Handler returns nil: after its
-// effect committed, when it was a duplicate, or once it was stored as a
-// dead letter. Anything else, a shutdown included, nacks it and it is
-// delivered again.
+// The router acknowledges a message when the handler returns nil: after
+// its effect committed, when it was a duplicate or stale, or once it was
+// stored as a dead letter. Anything else, a shutdown included, nacks it
+// and it is delivered again.
 //
-//	h, err := middleware.Handler(middleware.ChainConfig{
-//		Consumer:    consumer,
-//		UnitOfWork:  uow,
-//		DeadLetters: store,
-//		Deliveries:  store,
-//		Retry:       middleware.RetryConfig{Attempts: 5, Delay: 2 * time.Second},
+//	h, err := middleware.Handler(middleware.Config{
+//		Consumer:   consumer,
+//		UnitOfWork: uow,
+//		Store:      store,
+//		Attempts:   5,
+//		RetryDelay: 2 * time.Second,
 //	})
 //	router.AddConsumerHandler(consumer.Name()+"@"+typ, typ, subscriber, h)
 //
 // Package app does this for every registered consumer.
 //
+// The rate limit is per process and per consumer: each process that runs
+// the consumer hands at most RateLimit of its messages per second to the
+// steps after deliveryGuard, so n processes handle up to n × RateLimit.
+//
 // # Application middleware
 //
-// ChainConfig.Outer runs once per delivery, outside the retries and the
+// Config.Outer runs once per delivery, outside the retries and the
 // transaction, with the decoded event in the message context:
 //
 //	func tenantCheck(next message.HandlerFunc) message.HandlerFunc {
@@ -50,8 +56,15 @@
 //
 // Its permanent errors are dead-lettered with their code; its other errors
 // nack the message, which comes back and counts towards the delivery
-// limit, until delivery_limit. ChainConfig.Inner runs inside each attempt,
+// limit, until delivery_limit. Config.Inner runs inside each attempt,
 // in its transaction (framework.TxFromContext), for the deliveries that
 // are not duplicates. Package app takes both as app.Middleware; its
 // ExampleMiddleware runs them in the application on SQLite.
+//
+// # Observing
+//
+// Metrics (NewMetrics) counts every consumer's outcomes, dead-letter
+// codes, attempts and durations, and keeps each consumer's failing
+// messages (Metrics.Consumers, as ConsumerStatus). ReportOf reads back
+// what became of one message.
 package middleware

@@ -11,12 +11,7 @@ import (
 	"github.com/effectively-once/effectively/framework"
 )
 
-// DefaultForgetFailingAfter is how long, by default, a failing message
-// that fails no more in this process stays counted as failing (see
-// ObserveConfig.ForgetFailingAfter).
-const DefaultForgetFailingAfter = 5 * time.Minute
-
-// redeliveryGrace is what Chain adds to a delivery's attempt budget before
+// redeliveryGrace is what the chain adds to a delivery's attempt budget before
 // a failing message that fails no more is forgotten: time for a nacked
 // message to come back.
 const redeliveryGrace = time.Minute
@@ -34,7 +29,8 @@ type ConsumerStatus struct {
 	// failing message; zero when none fails.
 	OldestFailing time.Duration
 	// HoldUpLimit is the longest a message should keep failing before it
-	// is dead-lettered (ObserveConfig.HoldUpLimit); zero when unbounded.
+	// is dead-lettered, MaxDeliveries × Attempts × (Timeout + RetryDelay) of
+	// its Config; zero when attempts have no timeout.
 	HoldUpLimit time.Duration
 }
 
@@ -57,7 +53,7 @@ type failing struct {
 }
 
 // failingConsumer is one consumer's part of failing. Its methods are safe
-// on a nil receiver, which tracks nothing (Observe without Metrics).
+// on a nil receiver, which tracks nothing (a chain without Metrics).
 type failingConsumer struct {
 	parent      *failing
 	name        string
@@ -183,18 +179,15 @@ func (f *failing) Collect(ch chan<- prometheus.Metric) {
 }
 
 // holdUp returns what a message costs the consumer of cfg at most before
-// it is dead-lettered, MaxDeliveries × Attempts × (Timeout + Delay), and
-// how long a failing message that fails no more stays counted: one
-// delivery's attempts plus time to come back. Both are zero when attempts
-// have no timeout. cfg has its defaults.
-func holdUp(cfg ChainConfig) (limit, forgetAfter time.Duration) {
+// it is dead-lettered, MaxDeliveries × Attempts × (Timeout + RetryDelay),
+// and how long a failing message that fails no more stays counted: one
+// delivery's attempts plus time to come back. Without a timeout the limit
+// is zero (unbounded) and the latter DefaultForgetFailingAfter. cfg has its
+// defaults.
+func holdUp(cfg Config) (limit, forgetAfter time.Duration) {
 	if cfg.Timeout < 0 {
-		return 0, 0
+		return 0, DefaultForgetFailingAfter
 	}
-	budget := time.Duration(cfg.Retry.Attempts) * (cfg.Timeout + cfg.Retry.Delay)
-	deliveries := cfg.MaxDeliveries
-	if deliveries == 0 {
-		deliveries = DefaultMaxDeliveries
-	}
-	return time.Duration(deliveries) * budget, budget + redeliveryGrace
+	budget := time.Duration(cfg.Attempts) * (cfg.Timeout + cfg.RetryDelay)
+	return time.Duration(cfg.MaxDeliveries) * budget, budget + redeliveryGrace
 }

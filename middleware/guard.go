@@ -1,7 +1,6 @@
 package middleware
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -13,54 +12,14 @@ import (
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
-// DefaultMaxDeliveries is the default delivery limit of a message.
-const DefaultMaxDeliveries = 10
-
-// GuardConfig configures DeliveryGuard.
-type GuardConfig struct {
-	// Consumer is the consumer's name. Required.
-	Consumer string
-	// Store keeps the durable delivery counts. Required.
-	Store framework.Store
-	// MaxDeliveries is how often a message may be delivered before it is
-	// dead-lettered with code delivery_limit. Defaults to
-	// DefaultMaxDeliveries.
-	MaxDeliveries int
-	// UnitOfWork, when set, tells a message over the limit whose effect
-	// did commit (a burst of copies of one event) from one that never
-	// took effect: the first is acknowledged as a duplicate, only the
-	// second is dead-lettered. Without it every message over the limit is
-	// dead-lettered.
-	UnitOfWork *framework.UnitOfWork
-}
-
-// WithDefaults returns a copy of c with zero fields set to their defaults.
-func (c GuardConfig) WithDefaults() GuardConfig {
-	c.MaxDeliveries = cmp.Or(c.MaxDeliveries, DefaultMaxDeliveries)
-	return c
-}
-
-// Validate reports the first invalid field of c.
-func (c GuardConfig) Validate() error {
-	switch {
-	case c.Consumer == "":
-		return errors.New("delivery guard: missing Consumer")
-	case c.Store == nil:
-		return errors.New("delivery guard: missing Store (try the store of sqlite, postgres or memory)")
-	case c.MaxDeliveries < 1:
-		return fmt.Errorf("delivery guard: MaxDeliveries must be at least 1, got %d", c.MaxDeliveries)
-	}
-	return nil
-}
-
 // errOverLimit rolls back the probe of a message over the delivery limit.
 var errOverLimit = errors.New("over the delivery limit")
 
-// DeliveryGuard stops a message that never finishes, typically because it
+// deliveryGuard stops a message that never finishes, typically because it
 // kills the process on every delivery, from looping forever. It keeps a
 // durable count of deliveries per (consumer, event), written in a short
 // transaction of its own before the attempts, and fails permanently with
-// code delivery_limit once the count passes cfg.MaxDeliveries.
+// code delivery_limit once the count passes maxDeliveries.
 //
 // Where the transport tells a first delivery from a redelivery (see
 // framework.MetadataRedelivered), a first delivery costs nothing: only
@@ -82,15 +41,16 @@ var errOverLimit = errors.New("over the delivery limit")
 //
 // A failure to count is returned as a plain error: the message is not
 // dead-lettered but delivered again later. The count is keyed as the dead
-// letter is (see DeadLetter): by the event's key, which Decode made sure
+// letter is (see deadLetter): by the event's key, which decode made sure
 // every store can hold; an event whose key fails framework.Key.Validate
-// (in a chain without Decode) fails permanently with its code, and its
+// (in a chain without decode) fails permanently with its code, and its
 // dead letter is keyed by the body.
-func DeliveryGuard(cfg GuardConfig) (message.HandlerMiddleware, error) {
-	cfg = cfg.WithDefaults()
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
+//
+// With uow, it tells a message over the limit whose effect did commit (a
+// burst of copies of one event) from one that never took effect: the
+// first is acknowledged as a duplicate, only the second is dead-lettered.
+// Without it every message over the limit is dead-lettered.
+func deliveryGuard(consumer string, store framework.Store, maxDeliveries int, uow *framework.UnitOfWork) message.HandlerMiddleware {
 	handling := newHandling()
 	suspects := newTurn()
 	return func(next message.HandlerFunc) message.HandlerFunc {
@@ -105,9 +65,9 @@ func DeliveryGuard(cfg GuardConfig) (message.HandlerMiddleware, error) {
 			}
 			key := d.Key()
 			if err := key.Validate(); err != nil {
-				// Decode refuses such a key, a chain without it may not:
+				// decode refuses such a key, a chain without it may not:
 				// no store could count it, so the message is poison, its
-				// dead letter keyed by its body (see DeadLetter).
+				// dead letter keyed by its body (see deadLetter).
 				return nil, fmt.Errorf("count delivery: %w", err)
 			}
 			first := 1
@@ -126,17 +86,17 @@ func DeliveryGuard(cfg GuardConfig) (message.HandlerMiddleware, error) {
 			// sees it handling.
 			leave := handling.enter(key)
 			defer func() { leave() }()
-			n, err := cfg.Store.Count(msg.Context(), cfg.Consumer, key, first)
+			n, err := store.Count(msg.Context(), consumer, key, first)
 			if err != nil {
 				return nil, fmt.Errorf("count delivery of %s: %w", key, err)
 			}
 			ctx := pipeline.With(msg.Context(), pipeline.DeliveryCounted(true))
-			if n > cfg.MaxDeliveries {
+			if n > maxDeliveries {
 				leave()
 				// The handler does not run: the next suspect may, and a
 				// copy this one waits for below never waits for it.
 				release()
-				if cfg.UnitOfWork != nil {
+				if uow != nil {
 					// Copies of the event that this process is handling
 					// (a burst of one event on a transport that cannot tell
 					// redeliveries) may take effect yet: wait for them, then
@@ -146,7 +106,7 @@ func DeliveryGuard(cfg GuardConfig) (message.HandlerMiddleware, error) {
 					if err := handling.waitNone(ctx, key); err != nil {
 						return nil, fmt.Errorf("check delivery limit of %s: %w", key, err)
 					}
-					outcome, err := cfg.UnitOfWork.Do(ctx, cfg.Consumer, key, func(context.Context) error { return errOverLimit })
+					outcome, err := uow.Do(ctx, consumer, key, func(context.Context) error { return errOverLimit })
 					if outcome == framework.Duplicate {
 						stateOf(msg).outcome = framework.Duplicate
 						return nil, nil
@@ -156,12 +116,12 @@ func DeliveryGuard(cfg GuardConfig) (message.HandlerMiddleware, error) {
 					}
 				}
 				return nil, framework.Permanent(framework.CodeDeliveryLimit,
-					fmt.Errorf("%s delivered %d times, at most %d allowed", key, n, cfg.MaxDeliveries))
+					fmt.Errorf("%s delivered %d times, at most %d allowed", key, n, maxDeliveries))
 			}
 			msg.SetContext(ctx)
 			return next(msg)
 		}
-	}, nil
+	}
 }
 
 // handling counts, per event, the deliveries this process is handling

@@ -37,9 +37,9 @@ func TestLogsCarryTheHandlersError(t *testing.T) {
 		return errors.New("smtp 451: mailbox busy")
 	}))
 	require.NoError(t, err)
-	h, err := middleware.Handler(middleware.ChainConfig{
-		Consumer: c, UnitOfWork: uow, DeadLetters: store, Deliveries: store,
-		Retry:  middleware.RetryConfig{Attempts: 3, Delay: time.Millisecond},
+	h, err := middleware.Handler(middleware.Config{
+		Consumer: c, UnitOfWork: uow, Store: store,
+		Attempts: 3, RetryDelay: time.Millisecond,
 		Logger: newLogger(&logs),
 	})
 	require.NoError(t, err)
@@ -93,8 +93,8 @@ func TestLogsNeverQuotePayload(t *testing.T) {
 	require.NoError(t, err)
 	c, err := framework.NewConsumer(consumerName, framework.Handle(visited, func(context.Context, framework.Event[visitV1]) error { return nil }))
 	require.NoError(t, err)
-	h, err := middleware.Handler(middleware.ChainConfig{
-		Consumer: c, UnitOfWork: uow, DeadLetters: store, Deliveries: store,
+	h, err := middleware.Handler(middleware.Config{
+		Consumer: c, UnitOfWork: uow, Store: store,
 		Logger: newLogger(&logs),
 	})
 	require.NoError(t, err)

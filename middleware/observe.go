@@ -14,19 +14,9 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
-	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/internal/pipeline"
-)
-
-// The outcomes Observe reports, as the label "outcome" of its metrics.
-const (
-	OutcomeProcessed    = "processed"
-	OutcomeDuplicate    = "duplicate"
-	OutcomeDeadLettered = "dead_lettered"
-	OutcomeNacked       = "nacked"
-	OutcomeStale        = "stale"
 )
 
 // Metrics are the Prometheus metrics of every consumer's chain. Create one
@@ -78,86 +68,28 @@ func (m *Metrics) DeadLetters() *prometheus.CounterVec { return m.deadLetters }
 
 // Consumers returns the status of the failing messages of every consumer
 // observed with m, by name: a consumer appears, with none failing, as soon
-// as its Observe step is built. The same figures are served as the gauges
+// as its chain is built (Handler). The same figures are served as the gauges
 // effectively_consumer_failing_messages,
 // effectively_consumer_oldest_failing_seconds and
 // effectively_consumer_hold_up_limit_seconds.
 func (m *Metrics) Consumers() []ConsumerStatus { return m.failing.statuses() }
 
-// ObserveConfig configures Observe.
-type ObserveConfig struct {
-	// Consumer is the consumer's name. Required.
-	Consumer string
-	// Logger logs each failed attempt at info level, with its error; each
-	// message dead-lettered at warn, with its code and the error that
-	// decided it; each nack at error (at info when cut short by shutdown or
-	// waiting for an earlier event); processed, duplicate and stale
-	// messages at debug. Every line names the consumer and, once decoded,
-	// the event's source, id and type. Decode and validation errors name
-	// the field, never the value (see framework.FieldError). Defaults to a
-	// logger that discards.
-	Logger *slog.Logger
-	// Metrics, when set, counts outcomes, codes, attempts and durations,
-	// and keeps the consumer's failing messages: a message is failing from
-	// its first failed attempt or nack (not one cut short by shutdown or
-	// waiting for an earlier event) until it is acknowledged or
-	// dead-lettered in this process.
-	Metrics *Metrics
-	// HoldUpLimit is the longest a message should keep failing before the
-	// chain dead-letters it: MaxDeliveries × Attempts × (Timeout + Delay).
-	// Chain sets it; zero when attempts have no timeout. Reported with the
-	// failing messages (ConsumerStatus).
-	HoldUpLimit time.Duration
-	// ForgetFailingAfter is how long a failing message that fails no more
-	// in this process stays counted as failing: by then it went to another
-	// process, or its event was handled there. Chain sets it to one
-	// delivery's attempts, Attempts × (Timeout + Delay), plus a minute.
-	// Defaults to DefaultForgetFailingAfter.
-	ForgetFailingAfter time.Duration
-	// Now returns the current time, for the age of failing messages.
-	// Defaults to time.Now.
-	Now func() time.Time
-	// Tracer starts a consumer span per message, linked to the producer's
-	// trace context (the CloudEvent's traceparent). Defaults to a no-op
-	// tracer.
-	Tracer trace.Tracer
-}
-
-// WithDefaults returns a copy of c with zero fields set to their defaults.
-func (c ObserveConfig) WithDefaults() ObserveConfig {
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
-	if c.Tracer == nil {
-		c.Tracer = noop.NewTracerProvider().Tracer("")
-	}
-	c.ForgetFailingAfter = cmp.Or(c.ForgetFailingAfter, DefaultForgetFailingAfter)
-	if c.Now == nil {
-		c.Now = time.Now
-	}
-	return c
-}
-
-// Validate reports the first invalid field of c.
-func (c ObserveConfig) Validate() error {
-	switch {
-	case c.Consumer == "":
-		return errors.New("observe: missing Consumer")
-	case c.HoldUpLimit < 0:
-		return fmt.Errorf("observe: HoldUpLimit must not be negative, got %s", c.HoldUpLimit)
-	case c.ForgetFailingAfter < 0:
-		return fmt.Errorf("observe: ForgetFailingAfter must not be negative, got %s", c.ForgetFailingAfter)
-	}
-	return nil
+// observer is what the observe step of one consumer needs.
+type observer struct {
+	consumer string
+	logger   *slog.Logger
+	metrics  *Metrics
+	tracer   trace.Tracer
+	track    *failingConsumer // nil without metrics: tracks nothing
 }
 
 // traceOutcome records on span what became of the message, and links it
 // to the producer's span (the CloudEvent's traceparent).
-func traceOutcome(ctx context.Context, span trace.Span, st *state, outcome string) {
+func traceOutcome(ctx context.Context, span trace.Span, st *state, outcome framework.Outcome) {
 	switch outcome {
-	case OutcomeNacked:
+	case framework.Nacked:
 		span.SetStatus(codes.Error, "nacked")
-	case OutcomeDeadLettered:
+	case framework.DeadLettered:
 		span.SetStatus(codes.Error, string(st.deadLettered))
 	}
 	env := st.envelope
@@ -175,117 +107,132 @@ func traceOutcome(ctx context.Context, span trace.Span, st *state, outcome strin
 	}
 }
 
-// Observe is the outermost step: it logs, counts and traces what became of
-// each message, with the event's id, type and correlation id, and keeps
-// track of the messages that keep failing (see Metrics.Consumers).
-func Observe(cfg ObserveConfig) (message.HandlerMiddleware, error) {
-	cfg = cfg.WithDefaults()
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	var track *failingConsumer // nil without Metrics: tracks nothing
+// observe is the outermost step: it logs, counts and traces what became
+// of each message, with the event's id, type and correlation id, and keeps
+// track of the messages that keep failing (see Metrics.Consumers), their
+// ages on clk. cfg has its defaults.
+func observe(cfg Config, clk clock) message.HandlerMiddleware {
+	o := observer{consumer: cfg.Consumer.Name(), logger: cfg.Logger, metrics: cfg.Metrics, tracer: cfg.Tracer}
 	if cfg.Metrics != nil {
-		track = cfg.Metrics.failing.consumer(cfg.Consumer, cfg.HoldUpLimit, cfg.ForgetFailingAfter, cfg.Now)
+		limit, forget := holdUp(cfg)
+		limit = cmp.Or(clk.holdUpLimit, limit)
+		forget = cmp.Or(clk.forgetFailingAfter, forget)
+		o.track = cfg.Metrics.failing.consumer(o.consumer, limit, forget, clk.now)
 	}
-	return func(next message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			start := time.Now()
-			st := stateOf(msg)
-			ctx, span := cfg.Tracer.Start(msg.Context(), cfg.Consumer+" process",
-				trace.WithSpanKind(trace.SpanKindConsumer),
-				trace.WithAttributes(
-					attribute.String("messaging.consumer.group.name", cfg.Consumer),
-					attribute.String("messaging.destination.name", message.SubscribeTopicFromCtx(msg.Context())),
-				))
-			defer span.End()
-			msg.SetContext(ctx)
-			key := func() framework.Key { return messageKey(msg, st) }
-			st.attemptFailed = func(ctx context.Context, err error) {
-				cfg.logAttempt(ctx, st, err)
-				track.fail(key)
-			}
-
-			out, err := next(msg)
-
-			outcome := OutcomeProcessed
-			switch {
-			case err != nil:
-				outcome = OutcomeNacked
-			case st.deadLettered != "":
-				outcome = OutcomeDeadLettered
-			case st.outcome == framework.Duplicate:
-				outcome = OutcomeDuplicate
-			case st.stale:
-				outcome = OutcomeStale
-			}
-			st.reported = outcome
-			switch {
-			case outcome != OutcomeNacked:
-				track.clear(key)
-			case ctx.Err() == nil && !errors.Is(err, pipeline.ErrLater):
-				track.fail(key)
-			}
-			if span.IsRecording() {
-				traceOutcome(ctx, span, st, outcome)
-			}
-			cfg.log(ctx, st, outcome, err)
-			if m := cfg.Metrics; m != nil {
-				m.messages.WithLabelValues(cfg.Consumer, outcome).Inc()
-				m.duration.WithLabelValues(cfg.Consumer, outcome).Observe(time.Since(start).Seconds())
-				if st.attempts > 0 {
-					m.attempts.WithLabelValues(cfg.Consumer).Add(float64(st.attempts))
-				}
-				if st.deadLettered != "" {
-					m.deadLetters.WithLabelValues(cfg.Consumer, string(st.deadLettered)).Inc()
-				}
-			}
-			return out, err
-		}
-	}, nil
+	return o.step
 }
 
-// log logs what became of the message (see ObserveConfig.Logger).
-func (c ObserveConfig) log(ctx context.Context, st *state, outcome string, err error) {
+// step is the observe step.
+func (o observer) step(next message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		start := time.Now()
+		st := stateOf(msg)
+		ctx, span := o.tracer.Start(msg.Context(), o.consumer+" process",
+			trace.WithSpanKind(trace.SpanKindConsumer),
+			trace.WithAttributes(
+				attribute.String("messaging.consumer.group.name", o.consumer),
+				attribute.String("messaging.destination.name", message.SubscribeTopicFromCtx(msg.Context())),
+			))
+		defer span.End()
+		msg.SetContext(ctx)
+		key := func() framework.Key { return messageKey(msg, st) }
+		st.attemptFailed = func(ctx context.Context, err error) {
+			o.logAttempt(ctx, st, err)
+			o.track.fail(key)
+		}
+
+		out, err := next(msg)
+
+		outcome := outcomeOf(st, err)
+		st.reported = outcome
+		switch {
+		case outcome != framework.Nacked:
+			o.track.clear(key)
+		case ctx.Err() == nil && !errors.Is(err, pipeline.ErrLater):
+			o.track.fail(key)
+		}
+		if span.IsRecording() {
+			traceOutcome(ctx, span, st, outcome)
+		}
+		o.log(ctx, st, outcome, err)
+		o.count(st, outcome, time.Since(start))
+		return out, err
+	}
+}
+
+// outcomeOf is what became of a message whose chain returned err.
+func outcomeOf(st *state, err error) framework.Outcome {
+	switch {
+	case err != nil:
+		return framework.Nacked
+	case st.deadLettered != "":
+		return framework.DeadLettered
+	case st.outcome == framework.Duplicate:
+		return framework.Duplicate
+	case st.stale:
+		return framework.Stale
+	}
+	return framework.Processed
+}
+
+// count counts the message in the metrics, if any.
+func (o observer) count(st *state, outcome framework.Outcome, took time.Duration) {
+	m := o.metrics
+	if m == nil {
+		return
+	}
+	m.messages.WithLabelValues(o.consumer, string(outcome)).Inc()
+	m.duration.WithLabelValues(o.consumer, string(outcome)).Observe(took.Seconds())
+	if st.attempts > 0 {
+		m.attempts.WithLabelValues(o.consumer).Add(float64(st.attempts))
+	}
+	if st.deadLettered != "" {
+		m.deadLetters.WithLabelValues(o.consumer, string(st.deadLettered)).Inc()
+	}
+}
+
+// log logs what became of the message (see Config.Logger).
+func (o observer) log(ctx context.Context, st *state, outcome framework.Outcome, err error) {
 	level, text := slog.LevelDebug, "message handled"
 	cause := err
 	switch {
-	case outcome == OutcomeNacked && ctx.Err() != nil:
+	case outcome == framework.Nacked && ctx.Err() != nil:
 		level, text = slog.LevelInfo, "attempt cut short by shutdown, rolled back; the message will be delivered again"
-	case outcome == OutcomeNacked && errors.Is(err, pipeline.ErrLater):
+	case outcome == framework.Nacked && errors.Is(err, pipeline.ErrLater):
 		level, text = slog.LevelInfo, "message waits, it will be delivered again"
-	case outcome == OutcomeNacked:
+	case outcome == framework.Nacked:
 		level, text = slog.LevelError, "message nacked, it will be delivered again"
-	case outcome == OutcomeDeadLettered:
+	case outcome == framework.DeadLettered:
 		level, text, cause = slog.LevelWarn, "message dead-lettered", st.cause
 	}
-	if !c.Logger.Enabled(ctx, level) { // spare the attributes of a quiet logger
+	if !o.logger.Enabled(ctx, level) { // spare the attributes of a quiet logger
 		return
 	}
-	attrs := append(c.attrs(st), slog.String("outcome", outcome), slog.Int("attempts", st.attempts))
+	attrs := append(o.attrs(st), slog.String("outcome", string(outcome)), slog.Int("attempts", st.attempts))
 	if st.deadLettered != "" {
 		attrs = append(attrs, slog.String("code", string(st.deadLettered)))
 	}
-	c.Logger.LogAttrs(ctx, level, text, append(attrs, errorAttrs(cause)...)...)
+	o.logger.LogAttrs(ctx, level, text, append(attrs, errorAttrs(cause)...)...)
 }
 
 // logAttempt logs an attempt that failed, at info level.
-func (c ObserveConfig) logAttempt(ctx context.Context, st *state, err error) {
-	if !c.Logger.Enabled(ctx, slog.LevelInfo) {
+func (o observer) logAttempt(ctx context.Context, st *state, err error) {
+	if !o.logger.Enabled(ctx, slog.LevelInfo) {
 		return
 	}
-	attrs := append(c.attrs(st), slog.Int("attempt", st.attempts))
+	attrs := append(o.attrs(st), slog.Int("attempt", st.attempts))
 	// A plain error has no code yet: retries_exhausted only once the
 	// attempts ran out.
 	if code := framework.CodeOf(err); code != framework.CodeRetriesExhausted {
 		attrs = append(attrs, slog.String("code", string(code)))
 	}
-	c.Logger.LogAttrs(ctx, slog.LevelInfo, "attempt failed", append(attrs, errorAttrs(err)...)...)
+	o.logger.LogAttrs(ctx, slog.LevelInfo, "attempt failed", append(attrs, errorAttrs(err)...)...)
 }
 
 // attrs returns the attributes that name the consumer and the message.
-func (c ObserveConfig) attrs(st *state) []slog.Attr {
+func (o observer) attrs(st *state) []slog.Attr {
 	attrs := make([]slog.Attr, 0, 10)
-	attrs = append(attrs, slog.String("consumer", c.Consumer))
+	attrs = append(attrs, slog.String("consumer", o.consumer))
 	switch env := st.envelope; {
 	case env != nil:
 		attrs = append(attrs, slog.String("source", env.Source), slog.String("event_id", env.ID), slog.String("type", env.Type))

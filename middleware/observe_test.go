@@ -46,8 +46,8 @@ func TestObserve(t *testing.T) {
 		return nil
 	}))
 	require.NoError(t, err)
-	h, err := middleware.Handler(middleware.ChainConfig{
-		Consumer: c, UnitOfWork: uow, DeadLetters: store, Deliveries: store,
+	h, err := middleware.Handler(middleware.Config{
+		Consumer: c, UnitOfWork: uow, Store: store,
 		Logger:  slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Metrics: metrics,
 		Tracer:  tp.Tracer("test"),
@@ -65,19 +65,19 @@ func TestObserve(t *testing.T) {
 		return rep
 	}
 	producer := "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
-	require.Equal(t, middleware.Report{Outcome: middleware.OutcomeProcessed, Attempts: 1}, deliver("hello", "1", producer))
-	require.Equal(t, middleware.Report{Outcome: middleware.OutcomeDuplicate, Attempts: 1}, deliver("hello", "1", ""))
-	require.Equal(t, middleware.Report{Outcome: middleware.OutcomeDeadLettered, Code: "note_rejected", Attempts: 1}, deliver("fail", "2", ""))
+	require.Equal(t, middleware.Report{Outcome: framework.Processed, Attempts: 1}, deliver("hello", "1", producer))
+	require.Equal(t, middleware.Report{Outcome: framework.Duplicate, Attempts: 1}, deliver("hello", "1", ""))
+	require.Equal(t, middleware.Report{Outcome: framework.DeadLettered, Code: "note_rejected", Attempts: 1}, deliver("fail", "2", ""))
 	_, ok := middleware.ReportOf(message.NewMessage("x", nil))
 	require.False(t, ok, "a message that went through no chain has no report")
 	require.NoError(t, h(message.NewMessage(watermill.NewUUID(), []byte("poison"))))
 
-	count := func(outcome string) float64 {
-		return testutil.ToFloat64(metrics.Messages().WithLabelValues(consumerName, outcome))
+	count := func(outcome framework.Outcome) float64 {
+		return testutil.ToFloat64(metrics.Messages().WithLabelValues(consumerName, string(outcome)))
 	}
-	require.InDelta(t, 1, count(middleware.OutcomeProcessed), 0)
-	require.InDelta(t, 1, count(middleware.OutcomeDuplicate), 0)
-	require.InDelta(t, 2, count(middleware.OutcomeDeadLettered), 0)
+	require.InDelta(t, 1, count(framework.Processed), 0)
+	require.InDelta(t, 1, count(framework.Duplicate), 0)
+	require.InDelta(t, 2, count(framework.DeadLettered), 0)
 	require.InDelta(t, 1, testutil.ToFloat64(metrics.DeadLetters().WithLabelValues(consumerName, "note_rejected")), 0)
 	require.InDelta(t, 1, testutil.ToFloat64(metrics.DeadLetters().WithLabelValues(consumerName, "malformed_envelope")), 0)
 
@@ -98,7 +98,7 @@ type failingBundle struct {
 	reg     *prometheus.Registry
 	metrics *middleware.Metrics
 	store   *sqlite.Store
-	handler message.HandlerFunc
+	handler message.NoPublishHandlerFunc
 	now     time.Time
 
 	mu       sync.Mutex
@@ -153,25 +153,19 @@ func setupFailing(t *testing.T) *failingBundle {
 			return next(msg)
 		}
 	}
-	chain, err := middleware.Chain(middleware.ChainConfig{
-		Consumer: c, UnitOfWork: uow, DeadLetters: fb.store, Deliveries: fb.store,
+	// The chain on the test's clock, with a hold-up limit of its own.
+	fb.handler, err = middleware.HandlerOnClock(middleware.Config{
+		Consumer: c, UnitOfWork: uow, Store: fb.store,
 		MaxDeliveries: 3,
-		Retry:         middleware.RetryConfig{Attempts: 2, Delay: time.Millisecond},
+		Attempts:      2,
+		RetryDelay:    time.Millisecond,
 		Metrics:       fb.metrics,
 		Outer:         []message.HandlerMiddleware{refuse},
-	})
-	require.NoError(t, err)
-	// Observe is the outermost step: the same, on the test's clock.
-	chain[0], err = middleware.Observe(middleware.ObserveConfig{
-		Consumer: consumerName, Metrics: fb.metrics,
+	}, middleware.TestClock{
+		Now:         func() time.Time { fb.mu.Lock(); defer fb.mu.Unlock(); return fb.now },
 		HoldUpLimit: 12 * time.Second, ForgetFailingAfter: time.Minute,
-		Now: func() time.Time { fb.mu.Lock(); defer fb.mu.Unlock(); return fb.now },
 	})
 	require.NoError(t, err)
-	fb.handler = middleware.Dispatch
-	for i := len(chain) - 1; i >= 0; i-- {
-		fb.handler = chain[i](fb.handler)
-	}
 	return fb
 }
 
@@ -188,7 +182,7 @@ func (fb *failingBundle) deliver(ctx context.Context, t *testing.T, id string) m
 	msg, err := framework.NewMessage(env)
 	require.NoError(t, err)
 	msg.SetContext(ctx)
-	_, _ = fb.handler(msg)
+	_ = fb.handler(msg)
 	rep, ok := middleware.ReportOf(msg)
 	require.True(t, ok)
 	return rep
@@ -236,23 +230,23 @@ func TestObserveFailing(t *testing.T) {
 		fb := setupFailing(t)
 		none(t, fb)
 		fb.set(func() { fb.refuse["1"] = true })
-		require.Equal(t, middleware.OutcomeNacked, fb.deliver(ctx, t, "1").Outcome)
+		require.Equal(t, framework.Nacked, fb.deliver(ctx, t, "1").Outcome)
 		fb.advance(10 * time.Second)
 		s := fb.status(t)
 		require.Equal(t, 1, s.FailingMessages)
 		require.Equal(t, 10*time.Second, s.OldestFailing)
 		require.False(t, s.HeldUp())
 
-		require.Equal(t, middleware.OutcomeNacked, fb.deliver(ctx, t, "1").Outcome)
+		require.Equal(t, framework.Nacked, fb.deliver(ctx, t, "1").Outcome)
 		fb.advance(5 * time.Second)
 		s = fb.status(t)
 		require.Equal(t, 1, s.FailingMessages, "one message, delivered twice")
 		require.Equal(t, 15*time.Second, s.OldestFailing, "since its first failure")
 		require.True(t, s.HeldUp(), "failing for longer than the hold-up limit")
 
-		require.Equal(t, middleware.OutcomeNacked, fb.deliver(ctx, t, "1").Outcome)
+		require.Equal(t, framework.Nacked, fb.deliver(ctx, t, "1").Outcome)
 		rep := fb.deliver(ctx, t, "1")
-		require.Equal(t, middleware.OutcomeDeadLettered, rep.Outcome)
+		require.Equal(t, framework.DeadLettered, rep.Outcome)
 		require.Equal(t, framework.CodeDeliveryLimit, rep.Code)
 		none(t, fb)
 	})
@@ -266,7 +260,7 @@ func TestObserveFailing(t *testing.T) {
 			fb.duringEv = func() { during = append(during, fb.metrics.Consumers()...) }
 		})
 		rep := fb.deliver(ctx, t, "1")
-		require.Equal(t, middleware.OutcomeDeadLettered, rep.Outcome)
+		require.Equal(t, framework.DeadLettered, rep.Outcome)
 		require.Equal(t, framework.CodeRetriesExhausted, rep.Code)
 		require.Len(t, during, 2)
 		require.Equal(t, 0, during[0].FailingMessages, "first attempt")
@@ -278,23 +272,23 @@ func TestObserveFailing(t *testing.T) {
 		t.Parallel()
 		fb := setupFailing(t)
 		fb.set(func() { fb.refuse["1"], fb.refuse["2"] = true, true })
-		require.Equal(t, middleware.OutcomeNacked, fb.deliver(ctx, t, "1").Outcome)
+		require.Equal(t, framework.Nacked, fb.deliver(ctx, t, "1").Outcome)
 		fb.advance(time.Second)
-		require.Equal(t, middleware.OutcomeNacked, fb.deliver(ctx, t, "2").Outcome)
+		require.Equal(t, framework.Nacked, fb.deliver(ctx, t, "2").Outcome)
 		fb.advance(time.Second)
 		s := fb.status(t)
 		require.Equal(t, 2, s.FailingMessages)
 		require.Equal(t, 2*time.Second, s.OldestFailing)
 
 		fb.set(func() { fb.refuse["1"] = false })
-		require.Equal(t, middleware.OutcomeProcessed, fb.deliver(ctx, t, "1").Outcome)
+		require.Equal(t, framework.Processed, fb.deliver(ctx, t, "1").Outcome)
 		s = fb.status(t)
 		require.Equal(t, 1, s.FailingMessages)
 		require.Equal(t, time.Second, s.OldestFailing, "the oldest left")
 
-		require.Equal(t, middleware.OutcomeDuplicate, fb.deliver(ctx, t, "1").Outcome)
+		require.Equal(t, framework.Duplicate, fb.deliver(ctx, t, "1").Outcome)
 		fb.set(func() { fb.refuse["2"] = false })
-		require.Equal(t, middleware.OutcomeProcessed, fb.deliver(ctx, t, "2").Outcome)
+		require.Equal(t, framework.Processed, fb.deliver(ctx, t, "2").Outcome)
 		none(t, fb)
 	})
 
@@ -302,7 +296,7 @@ func TestObserveFailing(t *testing.T) {
 		t.Parallel()
 		fb := setupFailing(t)
 		fb.set(func() { fb.refuse["1"] = true })
-		require.Equal(t, middleware.OutcomeNacked, fb.deliver(ctx, t, "1").Outcome)
+		require.Equal(t, framework.Nacked, fb.deliver(ctx, t, "1").Outcome)
 		fb.advance(time.Minute)
 		require.Equal(t, 1, fb.status(t).FailingMessages, "failed a minute ago: still counted")
 		fb.advance(time.Second)
@@ -314,7 +308,7 @@ func TestObserveFailing(t *testing.T) {
 		fb := setupFailing(t)
 		stopped, cancel := context.WithCancel(ctx)
 		cancel()
-		require.Equal(t, middleware.OutcomeNacked, fb.deliver(stopped, t, "1").Outcome)
+		require.Equal(t, framework.Nacked, fb.deliver(stopped, t, "1").Outcome)
 		none(t, fb)
 	})
 
@@ -327,9 +321,9 @@ func TestObserveFailing(t *testing.T) {
 		require.NoError(t, err)
 		c, err := framework.NewConsumer(consumerName, framework.Handle(noted, func(context.Context, framework.Event[noteV1]) error { return nil }))
 		require.NoError(t, err)
-		_, err = middleware.Handler(middleware.ChainConfig{
-			Consumer: c, UnitOfWork: uow, DeadLetters: store, Deliveries: store, Metrics: metrics,
-			MaxDeliveries: 4, Retry: middleware.RetryConfig{Attempts: 3, Delay: 2 * time.Second}, Timeout: 8 * time.Second,
+		_, err = middleware.Handler(middleware.Config{
+			Consumer: c, UnitOfWork: uow, Store: store, Metrics: metrics,
+			MaxDeliveries: 4, Attempts: 3, RetryDelay: 2 * time.Second, Timeout: 8 * time.Second,
 		})
 		require.NoError(t, err)
 		require.Equal(t, []middleware.ConsumerStatus{{Consumer: consumerName, HoldUpLimit: 4 * 3 * 10 * time.Second}}, metrics.Consumers(),

@@ -11,10 +11,6 @@ import (
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
-// DefaultGapTimeout is how long an event waits for an earlier one of its
-// subject before it is dead-lettered with code sequence_gap.
-const DefaultGapTimeout = 10 * time.Minute
-
 // gapError says that an event waits for an earlier one of its subject. It
 // is ErrLater: not retried now, not dead-lettered, delivered again later.
 type gapError struct {
@@ -28,21 +24,15 @@ func (e *gapError) Error() string {
 
 func (e *gapError) Unwrap() error { return pipeline.ErrLater }
 
-// StrictOrder applies the events of a subject (CloudEvents subject and
+// strictOrder applies the events of a subject (CloudEvents subject and
 // subjectseq) one after the other, in sequence, inside the attempt's
 // transaction: the event that follows the subject's checkpoint takes
 // effect and moves it; an event at or below it is stale and skipped; an
-// event further ahead waits, it is delivered again later (see GapWait,
-// which must be outside the unit of work). The first event seen of a
+// event further ahead waits, it is delivered again later (see gapWait,
+// which sits outside the unit of work). The first event seen of a
 // subject starts its sequence, whatever its number. Events without subject
 // or subjectseq pass through.
-func StrictOrder(consumer string, store framework.Store) (message.HandlerMiddleware, error) {
-	if consumer == "" {
-		return nil, errors.New("strict order: missing consumer")
-	}
-	if store == nil {
-		return nil, errors.New("strict order: missing store (try the store of sqlite or postgres)")
-	}
+func strictOrder(consumer string, store framework.Store) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			d, ok := framework.EnvelopeFromContext(msg.Context())
@@ -55,7 +45,7 @@ func StrictOrder(consumer string, store framework.Store) (message.HandlerMiddlew
 			ctx := msg.Context()
 			tx, ok := pipeline.From[*framework.Tx](ctx)
 			if !ok {
-				return nil, errors.New("strict order: no attempt transaction: place it inside UnitOfWork")
+				return nil, errors.New("strict order: no attempt transaction: place it inside unitOfWork")
 			}
 			c, err := store.Checkpoint(ctx, tx, consumer, d.Subject)
 			if err != nil {
@@ -77,22 +67,16 @@ func StrictOrder(consumer string, store framework.Store) (message.HandlerMiddlew
 			}
 			return out, store.EndWait(ctx, tx, consumer, d.Subject, d.SubjectSeq)
 		}
-	}, nil
+	}
 }
 
-// GapWait turns the wait of an event behind a gap (see StrictOrder) into
+// gapWait turns the wait of an event behind a gap (see strictOrder) into
 // either a nack, so that the transport delivers the event again later, or,
 // once it has waited longer than timeout, a permanent error with code
 // sequence_gap. It records the wait in a transaction of its own, after the
-// attempt's rolled back, so place it outside the unit of work and inside
-// Decode. A wait does not count towards the delivery limit.
-func GapWait(consumer string, store framework.Store, timeout time.Duration) (message.HandlerMiddleware, error) {
-	if consumer == "" || store == nil {
-		return nil, errors.New("gap wait: missing consumer or store")
-	}
-	if timeout <= 0 {
-		timeout = DefaultGapTimeout
-	}
+// attempt's rolled back, so it sits outside the unit of work and inside
+// decode. A wait does not count towards the delivery limit.
+func gapWait(consumer string, store framework.Store, timeout time.Duration) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			ctx := msg.Context() // the inner steps leave theirs behind, ended
@@ -119,5 +103,5 @@ func GapWait(consumer string, store framework.Store, timeout time.Duration) (mes
 			// Not wrapping gap, which is ErrLater: this is the end of the wait.
 			return nil, framework.Permanent(framework.CodeSequenceGap, fmt.Errorf("%s, for longer than %s", gap.Error(), timeout))
 		}
-	}, nil
+	}
 }

@@ -139,10 +139,8 @@ func TestGuardRefusesUnusableKey(t *testing.T) {
 					return next(msg)
 				}
 			}
-			deadLetter, err := middleware.DeadLetter(middleware.DeadLetterConfig{Consumer: consumerName, Publisher: bd.store})
-			require.NoError(t, err)
-			guard, err := middleware.DeliveryGuard(middleware.GuardConfig{Consumer: consumerName, Store: bd.store})
-			require.NoError(t, err)
+			deadLetter := middleware.DeadLetterStep(consumerName, bd.store)
+			guard := middleware.DeliveryGuardStep(consumerName, bd.store)
 			h := deadLetter(lax(guard(middleware.Dispatch)))
 
 			body := []byte("a body that says p\x00")
@@ -188,8 +186,8 @@ func TestDecodePanicIsPoison(t *testing.T) {
 				return nil
 			}))
 			require.NoError(t, err)
-			h, err := middleware.Handler(middleware.ChainConfig{
-				Consumer: c, UnitOfWork: bd.uow, DeadLetters: bd.store, Deliveries: bd.store,
+			h, err := middleware.Handler(middleware.Config{
+				Consumer: c, UnitOfWork: bd.uow, Store: bd.store,
 			})
 			require.NoError(t, err)
 			deliver := func(text string) error {

@@ -1,9 +1,7 @@
 package middleware
 
 import (
-	"cmp"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -13,56 +11,18 @@ import (
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
-// Defaults of RetryConfig.
-const (
-	DefaultAttempts   = 3
-	DefaultRetryDelay = time.Second
-)
-
-// RetryConfig configures Retry.
-type RetryConfig struct {
-	// Attempts is the number of attempts, the first included. Defaults to
-	// DefaultAttempts.
-	Attempts int
-	// Delay is the constant pause between attempts. Defaults to
-	// DefaultRetryDelay.
-	Delay time.Duration
-}
-
-// WithDefaults returns a copy of c with zero fields set to their defaults.
-func (c RetryConfig) WithDefaults() RetryConfig {
-	c.Attempts = cmp.Or(c.Attempts, DefaultAttempts)
-	c.Delay = cmp.Or(c.Delay, DefaultRetryDelay)
-	return c
-}
-
-// Validate reports the first invalid field of c.
-func (c RetryConfig) Validate() error {
-	if c.Attempts < 1 {
-		return fmt.Errorf("retry: Attempts must be at least 1, got %d", c.Attempts)
-	}
-	if c.Delay < 0 {
-		return fmt.Errorf("retry: Delay must not be negative, got %s", c.Delay)
-	}
-	return nil
-}
-
-// Retry runs each message up to cfg.Attempts times with a constant delay
+// retry runs each message up to attempts times with a constant delay
 // between attempts, while the message stays unacknowledged. A permanent
 // error (framework.Permanent) ends the retries at once, and so do
 // pipeline.ErrLater and the end of the message context (shutdown). Each attempt starts from the message
 // context Retry received, so the inner steps (a timeout, a transaction)
 // begin afresh. It is watermill's Retry, set up for constant delay. Each
-// failed attempt is reported to Observe, which logs it.
-func Retry(cfg RetryConfig) (message.HandlerMiddleware, error) {
-	cfg = cfg.WithDefaults()
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	retry := wmmiddleware.Retry{
-		MaxRetries:          cfg.Attempts - 1,
-		InitialInterval:     cfg.Delay,
-		MaxInterval:         cfg.Delay,
+// failed attempt is reported to observe, which logs it.
+func retry(attempts int, delay time.Duration) message.HandlerMiddleware {
+	r := wmmiddleware.Retry{
+		MaxRetries:          attempts - 1,
+		InitialInterval:     delay,
+		MaxInterval:         delay,
 		Multiplier:          1,
 		RandomizationFactor: 0,
 		MaxElapsedTime:      0,
@@ -81,13 +41,13 @@ func Retry(cfg RetryConfig) (message.HandlerMiddleware, error) {
 			}
 			return out, err
 		}
-		attempts := retry.Middleware(counted)
+		all := r.Middleware(counted)
 		return func(msg *message.Message) ([]*message.Message, error) {
-			out, err := attempts(msg)
+			out, err := all(msg)
 			if err != nil {
 				stateOf(msg).gaveUp = true
 			}
 			return out, err
 		}
-	}, nil
+	}
 }

@@ -9,7 +9,7 @@ import (
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
-// SequenceGuard skips stale events: inside the attempt's transaction it
+// sequenceGuard skips stale events: inside the attempt's transaction it
 // moves the checkpoint of the event's subject (CloudEvents subject and
 // subjectseq) to the event's sequence, and when the checkpoint is already
 // there or past it, the handler does not run: a newer event of the same
@@ -19,14 +19,8 @@ import (
 //
 // It gives a projection the latest state per subject whatever the order of
 // delivery, the "apply only if newer" rule; it does not wait for a missing
-// earlier event. Place it inside UnitOfWork.
-func SequenceGuard(consumer string, store framework.Store) (message.HandlerMiddleware, error) {
-	if consumer == "" {
-		return nil, errors.New("sequence guard: missing consumer")
-	}
-	if store == nil {
-		return nil, errors.New("sequence guard: missing store (try the store of sqlite or postgres)")
-	}
+// earlier event. It sits inside unitOfWork.
+func sequenceGuard(consumer string, store framework.Store) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			d, ok := framework.EnvelopeFromContext(msg.Context())
@@ -38,7 +32,7 @@ func SequenceGuard(consumer string, store framework.Store) (message.HandlerMiddl
 			}
 			tx, ok := pipeline.From[*framework.Tx](msg.Context())
 			if !ok {
-				return nil, errors.New("sequence guard: no attempt transaction: place it inside UnitOfWork")
+				return nil, errors.New("sequence guard: no attempt transaction: place it inside unitOfWork")
 			}
 			advanced, err := store.Advance(msg.Context(), tx, consumer, d.Subject, d.SubjectSeq)
 			if err != nil {
@@ -50,5 +44,5 @@ func SequenceGuard(consumer string, store framework.Store) (message.HandlerMiddl
 			}
 			return next(msg)
 		}
-	}, nil
+	}
 }

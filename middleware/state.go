@@ -21,14 +21,14 @@ type state struct {
 	deadLettered  framework.Code
 	cause         error         // the error that got the message dead-lettered
 	deadLetterKey framework.Key // the dead letter's key (a poison's too)
-	// attemptFailed, set by Observe, reports each failed attempt.
+	// attemptFailed, set by observe, reports each failed attempt.
 	attemptFailed func(ctx context.Context, err error)
-	stale         bool   // the sequence guard skipped it
-	reported      string // the outcome Observe reported
+	stale         bool              // the sequence guard skipped it
+	reported      framework.Outcome // the outcome observe reported
 }
 
 // decoded is a message's event routed to its handler, on the message's
-// context for the steps after Decode.
+// context for the steps after decode.
 type decoded = pipeline.Decoded[framework.Envelope]
 
 type stateKey struct{}
@@ -45,19 +45,20 @@ func stateOf(msg *message.Message) *state {
 }
 
 // Report is what became of a message that went through a chain built with
-// Handler (or Chain with Observe outermost), read back from the message.
+// Handler, read back from the message (see ReportOf): for tests and
+// tools that hand messages to the chain themselves.
 type Report struct {
-	// Outcome is one of OutcomeProcessed, OutcomeDuplicate, OutcomeStale,
-	// OutcomeDeadLettered and OutcomeNacked.
-	Outcome string
+	// Outcome is one of framework.Processed, Duplicate, Stale,
+	// DeadLettered and Nacked.
+	Outcome framework.Outcome
 	// Code is the dead letter's code; empty unless dead-lettered.
 	Code framework.Code
 	// Attempts is the number of attempts made.
 	Attempts int
 }
 
-// ReportOf returns what became of msg once the chain handled it; false
-// when msg did not go through an Observe step.
+// ReportOf returns what became of msg once a chain built with Handler
+// handled it; false when msg did not go through one.
 func ReportOf(msg *message.Message) (Report, bool) {
 	s, ok := msg.Context().Value(stateKey{}).(*state)
 	if !ok || s.reported == "" {

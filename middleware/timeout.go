@@ -7,12 +7,12 @@ import (
 	wmmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 )
 
-// Timeout limits each attempt to d: the message context inside has a
+// timeout limits each attempt to d: the message context inside has a
 // deadline, and an attempt that runs out fails with
-// context.DeadlineExceeded (code timeout when no attempt is left). Place it
-// inside Retry, which restores the context between attempts. A
+// context.DeadlineExceeded (code timeout when no attempt is left). It sits
+// inside retry, which restores the context between attempts. A
 // non-positive d disables the limit.
-func Timeout(d time.Duration) message.HandlerMiddleware {
+func timeout(d time.Duration) message.HandlerMiddleware {
 	if d <= 0 {
 		return func(next message.HandlerFunc) message.HandlerFunc { return next }
 	}

@@ -9,13 +9,13 @@ import (
 	"github.com/effectively-once/effectively/framework"
 )
 
-var errNotDecoded = errors.New("message was not decoded: add middleware.Decode outside this step")
+var errNotDecoded = errors.New("message was not decoded: add the decode step outside this step")
 
-// UnitOfWork runs each attempt inside uow (see framework.UnitOfWork.Do):
+// unitOfWork runs each attempt inside uow (see framework.UnitOfWork.Do):
 // one transaction that holds the processed mark of (consumer, event) and
 // the handler's writes. A duplicate is skipped and acknowledged. The
 // message context inside carries the transaction; it is restored after.
-func UnitOfWork(consumer string, uow *framework.UnitOfWork) message.HandlerMiddleware {
+func unitOfWork(consumer string, uow *framework.UnitOfWork) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			st := stateOf(msg)

@@ -27,7 +27,7 @@
 //			AppointmentID: "appt-1",
 //			StartsAt:      time.Date(2030, 1, 2, 10, 0, 0, 0, time.UTC),
 //		}, framework.Attributes{Source: appointments.Source})
-//		for _, want := range []testkit.Outcome{testkit.Processed, testkit.Duplicate} { // delivered twice
+//		for _, want := range []framework.Outcome{framework.Processed, framework.Duplicate} { // delivered twice
 //			res, err := svc.Publish(ctx, env)
 //			require.NoError(t, err)
 //			testkit.RequireOutcome(t, res[ConsumerName], want)

@@ -66,7 +66,7 @@ func (o *outcomes) report(msg *message.Message, herr error) {
 	consumer, _, _ := strings.Cut(message.HandlerNameFromCtx(msg.Context()), "@")
 	var oc outcome
 	if rep, ok := middleware.ReportOf(msg); ok {
-		oc.res = testkit.Result{Outcome: testkit.Outcome(rep.Outcome), Code: rep.Code, Attempts: rep.Attempts, Err: herr}
+		oc.res = testkit.Result{Outcome: rep.Outcome, Code: rep.Code, Attempts: rep.Attempts, Err: herr}
 	} else {
 		oc.err = fmt.Errorf("the chain reported no outcome (handler error: %w)", herr)
 	}

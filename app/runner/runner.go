@@ -42,7 +42,8 @@ type ConsumerConfig struct {
 	// Concurrency is how many messages of the consumer are in flight at
 	// once. Defaults to 1.
 	Concurrency int
-	// RateLimit caps messages per second; zero means no limit.
+	// RateLimit caps messages per second, in this process; zero means no
+	// limit.
 	RateLimit float64
 	// MaxDeliveries dead-letters a message delivered more often.
 	MaxDeliveries int
@@ -116,8 +117,8 @@ type Config struct {
 	// Tracer, when set, traces the messages.
 	Tracer trace.Tracer
 	// Outer middleware runs once per delivery, outside the retries and
-	// the transaction (see middleware.ChainConfig). A consumer's
-	// RateLimit waits before it.
+	// the transaction (see middleware.Config). A consumer's RateLimit
+	// waits before it.
 	Outer []message.HandlerMiddleware
 	// Inner middleware runs inside each attempt, in its transaction.
 	Inner []message.HandlerMiddleware
@@ -244,38 +245,23 @@ func (r *Runner) add(cc ConsumerConfig, uow *framework.UnitOfWork) error {
 }
 
 // chainConfig is the middleware chain of cc.
-func (r *Runner) chainConfig(cc ConsumerConfig, uow *framework.UnitOfWork) middleware.ChainConfig {
-	// The rate limit is the first of the Outer steps: it paces the
-	// deliveries that passed decoding and the delivery guard.
-	outer := r.cfg.Outer
-	if cc.RateLimit > 0 {
-		outer = append([]message.HandlerMiddleware{rateLimit(cc.RateLimit)}, outer...)
-	}
-	var (
-		checkpoints framework.Store
-		order       framework.Store
-	)
-	if cc.SkipStale {
-		checkpoints = r.cfg.Store
-	}
-	if cc.StrictOrder {
-		order = r.cfg.Store
-	}
-	return middleware.ChainConfig{
-		Checkpoints:   checkpoints,
-		Order:         order,
-		GapTimeout:    cc.GapTimeout,
+func (r *Runner) chainConfig(cc ConsumerConfig, uow *framework.UnitOfWork) middleware.Config {
+	return middleware.Config{
 		Consumer:      cc.Consumer,
 		UnitOfWork:    uow,
-		DeadLetters:   r.cfg.Store,
-		Deliveries:    r.cfg.Store,
-		MaxDeliveries: cc.MaxDeliveries,
-		Retry:         middleware.RetryConfig{Attempts: cc.Attempts, Delay: cc.RetryDelay},
+		Store:         r.cfg.Store,
+		Attempts:      cc.Attempts,
+		RetryDelay:    cc.RetryDelay,
 		Timeout:       cc.Timeout,
+		MaxDeliveries: cc.MaxDeliveries,
+		RateLimit:     cc.RateLimit,
+		SkipStale:     cc.SkipStale,
+		StrictOrder:   cc.StrictOrder,
+		GapTimeout:    cc.GapTimeout,
 		Logger:        r.logger,
 		Metrics:       r.cfg.Metrics,
 		Tracer:        r.cfg.Tracer,
-		Outer:         outer,
+		Outer:         r.cfg.Outer,
 		Inner:         r.cfg.Inner,
 	}
 }

@@ -15,7 +15,6 @@ import (
 	"github.com/effectively-once/effectively/app"
 	"github.com/effectively-once/effectively/examples/notifications/appointments"
 	"github.com/effectively-once/effectively/framework"
-	"github.com/effectively-once/effectively/middleware"
 )
 
 func demoCommand() *cobra.Command {
@@ -95,7 +94,7 @@ func runDemo(ctx context.Context, out io.Writer) error {
 		}
 		total := 0.0
 		for outcome, n := range got {
-			if outcome != middleware.OutcomeNacked {
+			if outcome != string(framework.Nacked) {
 				total += n - before[outcome]
 			}
 		}
@@ -127,9 +126,9 @@ func runDemo(ctx context.Context, out io.Writer) error {
 	}
 
 	fmt.Fprintf(out, "\nconsumer %s:\n", ConsumerName)
-	fmt.Fprintf(out, "  processed      %d\n", int(got[middleware.OutcomeProcessed]-before[middleware.OutcomeProcessed]))
-	fmt.Fprintf(out, "  duplicate      %d  (acknowledged, handler not run)\n", int(got[middleware.OutcomeDuplicate]-before[middleware.OutcomeDuplicate]))
-	fmt.Fprintf(out, "  dead-lettered  %d\n", int(got[middleware.OutcomeDeadLettered]-before[middleware.OutcomeDeadLettered]))
+	fmt.Fprintf(out, "  processed      %d\n", int(got[string(framework.Processed)]-before[string(framework.Processed)]))
+	fmt.Fprintf(out, "  duplicate      %d  (acknowledged, handler not run)\n", int(got[string(framework.Duplicate)]-before[string(framework.Duplicate)]))
+	fmt.Fprintf(out, "  dead-lettered  %d\n", int(got[string(framework.DeadLettered)]-before[string(framework.DeadLettered)]))
 	fmt.Fprintf(out, "\nreminders scheduled by these events: %d (one per booking, none twice)\n", len(reminders))
 	for _, r := range reminders {
 		fmt.Fprintf(out, "  %s at %s\n", r.AppointmentID, r.StartsAt)

@@ -16,33 +16,14 @@ import (
 	"github.com/effectively-once/effectively/middleware"
 )
 
-// Outcome is what the consumer's chain did with one delivery, as its
-// Observe step reports it (the "outcome" label of
-// effectively_messages_total).
-type Outcome string
-
-// The outcomes of a delivery.
-const (
-	// Processed: the handler's effect committed; the message was acked.
-	Processed Outcome = middleware.OutcomeProcessed
-	// Duplicate: the event had been processed; the handler did not run and
-	// the message was acked.
-	Duplicate Outcome = middleware.OutcomeDuplicate
-	// Stale: the sequence guard skipped an event older than its subject's
-	// checkpoint (Config.SkipStale); the message was acked.
-	Stale Outcome = middleware.OutcomeStale
-	// DeadLettered: the message was stored as a dead letter and acked.
-	DeadLettered Outcome = middleware.OutcomeDeadLettered
-	// Nacked: the message was not acked and a transport would deliver it
-	// again (the attempt was cut short by its context, or the dead letter
-	// could not be stored).
-	Nacked Outcome = middleware.OutcomeNacked
-)
-
 // Result is what happened to one delivery.
 type Result struct {
-	// Outcome is what the chain did with the message.
-	Outcome Outcome
+	// Outcome is what the chain did with the message: framework.Processed,
+	// Duplicate, Stale (the sequence guard skipped an event older than its
+	// subject's checkpoint, Config.SkipStale), DeadLettered, or Nacked (a
+	// transport would deliver it again: the attempt was cut short by its
+	// context, or the dead letter could not be stored).
+	Outcome framework.Outcome
 	// Code says why the message was dead-lettered; empty otherwise.
 	Code framework.Code
 	// Attempts is the number of attempts made, a duplicate's included: 0
@@ -55,7 +36,7 @@ type Result struct {
 }
 
 // Acked reports whether the transport would acknowledge the message.
-func (r Result) Acked() bool { return r.Outcome != Nacked }
+func (r Result) Acked() bool { return r.Outcome != framework.Nacked }
 
 // String describes the result, e.g. "dead_lettered (retries_exhausted)
 // after 3 attempts".
@@ -76,7 +57,7 @@ func (r Result) String() string {
 type Results []Result
 
 // Count returns how many results have outcome o.
-func (rs Results) Count(o Outcome) int {
+func (rs Results) Count(o framework.Outcome) int {
 	n := 0
 	for _, r := range rs {
 		if r.Outcome == o {
@@ -241,19 +222,15 @@ func (c *Consumer) DeadLetters(ctx context.Context, t testing.TB) []framework.De
 // of a running service do (the delivery guard knows the copies in flight).
 func (c *Consumer) chain() (message.NoPublishHandlerFunc, error) {
 	cfg := c.kit.cfg
-	var checkpoints framework.Store
-	if cfg.SkipStale {
-		checkpoints = c.kit.store
-	}
-	h, err := middleware.Handler(middleware.ChainConfig{
+	h, err := middleware.Handler(middleware.Config{
 		Consumer:      c.consumer,
 		UnitOfWork:    c.kit.uow,
-		DeadLetters:   c.kit.store,
-		Deliveries:    c.kit.store,
-		MaxDeliveries: cfg.MaxDeliveries,
-		Retry:         middleware.RetryConfig{Attempts: cfg.Attempts, Delay: cfg.RetryDelay},
+		Store:         c.kit.store,
+		Attempts:      cfg.Attempts,
+		RetryDelay:    cfg.RetryDelay,
 		Timeout:       cfg.Timeout,
-		Checkpoints:   checkpoints,
+		MaxDeliveries: cfg.MaxDeliveries,
+		SkipStale:     cfg.SkipStale,
 		MaxBodyBytes:  cfg.MaxBodyBytes,
 		Logger:        cfg.Logger,
 	})
@@ -273,5 +250,5 @@ func (c *Consumer) deliver(ctx context.Context, msg *message.Message) (Result, e
 	if !ok {
 		return Result{}, fmt.Errorf("the chain reported no outcome of message %s", msg.UUID)
 	}
-	return Result{Outcome: Outcome(rep.Outcome), Code: rep.Code, Attempts: rep.Attempts, Err: herr}, nil
+	return Result{Outcome: rep.Outcome, Code: rep.Code, Attempts: rep.Attempts, Err: herr}, nil
 }

@@ -35,9 +35,9 @@
 //
 // # What a delivery can become
 //
-// A Result holds the Outcome (Processed, Duplicate, Stale, DeadLettered or
-// Nacked), the dead letter's Code, the number of Attempts and, when
-// nacked, the error the transport would see. RequireProcessed,
+// A Result holds the framework.Outcome (Processed, Duplicate, Stale,
+// DeadLettered or Nacked), the dead letter's Code, the number of Attempts
+// and, when nacked, the error the transport would see. RequireProcessed,
 // RequireDuplicate, RequireStale, RequireNacked and RequireDeadLettered
 // check it and fail the test with the whole result when it differs.
 //

@@ -73,7 +73,7 @@ type Config struct {
 	// MaxBodyBytes limits message bodies. Defaults to
 	// framework.DefaultMaxBodyBytes.
 	MaxBodyBytes int
-	// SkipStale adds the sequence guard (middleware.SequenceGuard) to each
+	// SkipStale adds the sequence guard (middleware.Config.SkipStale) to each
 	// consumer's chain, as the app's skip_stale setting does. Defaults to
 	// false.
 	SkipStale bool

@@ -216,8 +216,8 @@ func TestDeliver(t *testing.T) {
 			// and the rest are duplicates, not dead letters.
 			rs := bd.consumer.DeliverConcurrently(t.Context(), t, booked(t, "1"), 24)
 			require.Len(t, rs, 24)
-			require.Equal(t, 1, rs.Count(testkit.Processed), "%v", rs)
-			require.Equal(t, 23, rs.Count(testkit.Duplicate), "%v", rs)
+			require.Equal(t, 1, rs.Count(framework.Processed), "%v", rs)
+			require.Equal(t, 23, rs.Count(framework.Duplicate), "%v", rs)
 			require.Equal(t, 1, reminders(t, bd.kit))
 			require.EqualValues(t, 1, bd.handler.calls.Load())
 		})
@@ -372,8 +372,8 @@ func (r *recorder) Fatalf(format string, args ...any) { r.failure = fmt.Sprintf(
 
 func TestRequireHelpersFail(t *testing.T) {
 	t.Parallel()
-	processed := testkit.Result{Outcome: testkit.Processed, Attempts: 1}
-	dead := testkit.Result{Outcome: testkit.DeadLettered, Code: framework.CodeRetriesExhausted, Attempts: 3}
+	processed := testkit.Result{Outcome: framework.Processed, Attempts: 1}
+	dead := testkit.Result{Outcome: framework.DeadLettered, Code: framework.CodeRetriesExhausted, Attempts: 3}
 	for name, check := range map[string]func(testing.TB){
 		"Duplicate":         func(tb testing.TB) { testkit.RequireDuplicate(tb, processed) },
 		"Stale":             func(tb testing.TB) { testkit.RequireStale(tb, processed) },

@@ -23,9 +23,9 @@ const (
 	holdUpBad           = "bad"
 )
 
-func tuneHoldUp(cfg *middleware.ChainConfig) {
+func tuneHoldUp(cfg *middleware.Config) {
 	cfg.MaxDeliveries = holdUpMaxDeliveries
-	cfg.Retry = middleware.RetryConfig{Attempts: holdUpAttempts, Delay: time.Millisecond}
+	cfg.Attempts, cfg.RetryDelay = holdUpAttempts, time.Millisecond
 }
 
 // publishBadThenValid publishes the bad event, then holdUpValid valid
@@ -84,7 +84,7 @@ func caseHoldUpFailing(t *testing.T, s *suite) {
 // MaxDeliveries deliveries.
 func caseHoldUpDying(t *testing.T, s *suite) {
 	var died atomic.Int32
-	s.tune = func(cfg *middleware.ChainConfig) {
+	s.tune = func(cfg *middleware.Config) {
 		tuneHoldUp(cfg)
 		cfg.Timeout = -1 // the attempt hangs until the process stops
 		cfg.Inner = append(cfg.Inner, dieOn(holdUpBad, &died))

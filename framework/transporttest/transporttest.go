@@ -129,7 +129,7 @@ type suite struct {
 	// behave decides what a handler does after writing its effect.
 	behave atomic.Pointer[func(consumer string, ev framework.Event[noteV1], call int) error]
 	slow   time.Duration
-	tune   func(cfg *middleware.ChainConfig) // adjusts the chain of the processes started after it is set
+	tune   func(cfg *middleware.Config) // adjusts the chain of the processes started after it is set
 
 	mu    sync.Mutex
 	calls map[string]int // consumer/source/id → calls
@@ -186,13 +186,13 @@ func (s *suite) start(t *testing.T, name string, concurrency int, defs ...framew
 	require.NoError(t, err)
 	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: s.env.DB, Store: s.env.Store})
 	require.NoError(t, err)
-	cfg := middleware.ChainConfig{
+	cfg := middleware.Config{
 		Consumer:      c,
 		UnitOfWork:    uow,
-		DeadLetters:   s.env.Store,
-		Deliveries:    s.env.Store,
+		Store:         s.env.Store,
 		MaxDeliveries: 100,
-		Retry:         middleware.RetryConfig{Attempts: 3, Delay: time.Millisecond},
+		Attempts:      3,
+		RetryDelay:    time.Millisecond,
 		Timeout:       10 * time.Second,
 		Outer:         []message.HandlerMiddleware{s.countAcks(name)},
 	}
