@@ -59,10 +59,11 @@ func deadLetter(consumer string, store framework.Store, now func() time.Time) me
 	}
 }
 
-// newDeadLetter builds the dead letter of msg, failed at now. Nothing in it depends on an
-// attribute that failed: its key is messageKey's, its event attributes
-// come from an envelope that decode accepted, its body is the message's
-// bytes and its metadata framework.StorableMetadata of the message's.
+// newDeadLetter builds the dead letter of msg, failed at now. Nothing in
+// it depends on an attribute that failed: its key is messageKey's, its
+// event attributes come from an envelope that decode accepted, its body is
+// the message's bytes and its metadata framework.StorableMetadata of the
+// message's.
 func newDeadLetter(consumer string, msg *message.Message, st *state, code framework.Code, now time.Time) framework.DeadLetter {
 	key := messageKey(msg, st)
 	dl := framework.DeadLetter{

@@ -15,7 +15,7 @@ import (
 // between attempts, while the message stays unacknowledged. A permanent
 // error (framework.Permanent) ends the retries at once, and so do
 // pipeline.ErrLater and the end of the message context (shutdown). Each attempt starts from the message
-// context Retry received, so the inner steps (a timeout, a transaction)
+// context retry received, so the inner steps (a timeout, a transaction)
 // begin afresh. It is watermill's Retry, set up for constant delay. Each
 // failed attempt is reported to observe, which logs it.
 func retry(attempts int, delay time.Duration) message.HandlerMiddleware {

@@ -16,7 +16,7 @@ type state struct {
 	envelope      *framework.Envelope // set once the CloudEvent decoded
 	decoded       *decoded            // set once routed and its data decoded
 	attempts      int
-	gaveUp        bool // Retry returned the error of its last attempt
+	gaveUp        bool // retry returned the error of its last attempt
 	outcome       framework.Outcome
 	deadLettered  framework.Code
 	cause         error         // the error that got the message dead-lettered
