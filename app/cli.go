@@ -151,7 +151,7 @@ func Serve(ctx context.Context, app *fx.App) error {
 // discard), and extra ones. opts are the service's fx
 // options, as given to New.
 func Command(name string, opts fx.Option, extra ...*cobra.Command) *cobra.Command {
-	opts = fx.Options(opts, fx.Supply(ServiceName(name))) // named in the messages that say what to run
+	opts = fx.Options(opts, fx.Supply(serviceName(name))) // named in the messages that say what to run
 	root := &cobra.Command{
 		Use:           name,
 		Short:         name + ", a message-consumer service built on effectively",
@@ -221,7 +221,7 @@ func runMigrate(ctx context.Context, opts fx.Option, out io.Writer) error {
 		return fmt.Errorf("database: %w", err)
 	}
 	defer db.Close()
-	if err := Migrate(ctx, db, cfg, m); err != nil {
+	if err := migrateUp(ctx, db, cfg, m); err != nil {
 		return err
 	}
 	fmt.Fprintln(out, "migrations applied")

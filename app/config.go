@@ -72,9 +72,12 @@ type Config struct {
 	AMQPURL string `yaml:"amqp_url"`
 	// DatabaseMaxConns bounds the connection pool of DatabaseURL. It must
 	// be at least what the declared consumers and the background work may
-	// hold at once; a smaller value is refused at start (see
-	// DatabasePoolSize). Defaults to that need, or to the driver's default
-	// pool when it is larger (YAML only).
+	// hold at once (each message in flight holds one; how many are in
+	// flight depends on the transport, see Concurrency), and the background
+	// work (the outbox relay, the readiness check, the purger, the SQL
+	// transport's own claims and acks); a smaller value is refused at start,
+	// with what makes up the need. Defaults to that need, or to the
+	// driver's default pool when it is larger (YAML only).
 	DatabaseMaxConns int `yaml:"database_max_conns"`
 	// AMQPPrefetch is how many unacknowledged messages RabbitMQ sends
 	// ahead to each subscription when Transport is amqp. It buffers; the
@@ -176,11 +179,11 @@ func ServiceConfig[T any](cfg Config) (T, error) {
 	return v, err
 }
 
-// CheckConsumers refuses settings under consumers: for a name that no
+// checkConsumers refuses settings under consumers: for a name that no
 // declared consumer has, nor had (handlers.RenamedFrom): a typo there
 // would leave the consumer on the defaults without a word. The error names
 // each such key and lists the declared names. Module runs it at start.
-func (c Config) CheckConsumers(declared []handlers.Declaration) error {
+func (c Config) checkConsumers(declared []handlers.Declaration) error {
 	known := make(map[string]bool)
 	names := make([]string, 0, len(declared))
 	for _, d := range declared {
@@ -222,7 +225,8 @@ type ConsumerConfig struct {
 	// once in this process: on amqp that many subscriptions of the
 	// consumer's queue, on sqlite that many leases; on postgres it adds
 	// nothing (watermill-sql hands out one message at a time per consumer
-	// group); see NewTransport. The pool of DatabaseURL grows with it.
+	// group); memory hands every subscription every message. The pool of
+	// DatabaseURL grows with it.
 	// Defaults to DefaultConcurrency.
 	Concurrency int `yaml:"concurrency"`
 	// RateLimit caps messages per second; zero means no limit.

@@ -13,7 +13,6 @@ import (
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/postgres"
 	"github.com/effectively-once/effectively/framework/sqlite"
-	"github.com/effectively-once/effectively/handlers"
 )
 
 // Migrations are the application's own goose SQL migrations, applied after
@@ -33,27 +32,25 @@ func openDB(ctx context.Context, url string, maxConns int) (*sqlx.DB, error) {
 	return sqlite.Open(ctx, url, sqlite.OpenConfig{MaxOpenConns: maxConns})
 }
 
-// ServiceName is the name of the service's command, as given to Command
+// serviceName is the name of the service's command, as given to Command
 // and Main, which supply it: messages that tell the operator what to run
 // name it.
-type ServiceName string
+type serviceName string
 
-// DBParams are what NewDB takes from fx.
-type DBParams struct {
+// dbParams are what newDB takes from fx.
+type dbParams struct {
 	fx.In
 
 	Lifecycle  fx.Lifecycle
 	Config     Config
 	Migrations Migrations  `optional:"true"`
-	Name       ServiceName `optional:"true"`
-	// Declarations, the consumers declared with handlers.Consumer, size
-	// the pool (see Config.DatabasePoolSize).
-	Declarations []handlers.Declaration `group:"effectively.consumers"`
+	Name       serviceName `optional:"true"`
 }
 
-// NewDB opens the database of the stores (EFFECTIVELY_DATABASE_URL), with a
-// pool sized for the declared consumers (see Config.DatabasePoolSize), and
-// closes it when the application stops. With AutoMigrate it applies the
+// newDB opens the database of the stores (EFFECTIVELY_DATABASE_URL), with
+// a pool of DatabaseMaxConns or the driver's default, which the router
+// grows to what the consumers may hold (see Config.sizePool), and closes
+// it when the application stops. With AutoMigrate it applies the
 // framework's migrations and the application's at start. Without, it
 // refuses a database that lacks one of them (see migrate.Check), naming
 // the migrate command: the stores would fail on every message. A database
@@ -62,19 +59,15 @@ type DBParams struct {
 // The SQL transports' tables are not migrations: the transports create
 // them on first use, in the stores' database or in
 // EFFECTIVELY_TRANSPORT_URL's.
-func NewDB(p DBParams) (*sqlx.DB, error) {
+func newDB(p dbParams) (*sqlx.DB, error) {
 	ctx := context.Background()
-	size, err := p.Config.DatabasePoolSize(p.Declarations)
-	if err != nil {
-		return nil, fmt.Errorf("configuration: %w", err)
-	}
-	db, err := openDB(ctx, p.Config.DatabaseURL, size)
+	db, err := openDB(ctx, p.Config.DatabaseURL, p.Config.DatabaseMaxConns)
 	if err != nil {
 		return nil, fmt.Errorf("database: %w", err)
 	}
 	p.Lifecycle.Append(fx.StopHook(db.Close))
 	if p.Config.AutoMigrate {
-		if err := Migrate(ctx, db, p.Config, p.Migrations); err != nil {
+		if err := migrateUp(ctx, db, p.Config, p.Migrations); err != nil {
 			return nil, err
 		}
 		return db, nil
@@ -85,8 +78,8 @@ func NewDB(p DBParams) (*sqlx.DB, error) {
 	return db, nil
 }
 
-// Migrate applies the framework's migrations, then the application's.
-func Migrate(ctx context.Context, db *sqlx.DB, cfg Config, m Migrations) error {
+// migrateUp applies the framework's migrations, then the application's.
+func migrateUp(ctx context.Context, db *sqlx.DB, cfg Config, m Migrations) error {
 	return migrate.Up(ctx, db, migrate.Config{TablePrefix: cfg.TablePrefix, Extra: m.FS})
 }
 
@@ -94,7 +87,7 @@ func Migrate(ctx context.Context, db *sqlx.DB, cfg Config, m Migrations) error {
 // of the framework's migrations or the application's (see migrate.Check).
 // name is the service's command; empty, the message says "the service's
 // migrate command".
-func checkMigrated(ctx context.Context, db *sqlx.DB, cfg Config, m Migrations, name ServiceName) error {
+func checkMigrated(ctx context.Context, db *sqlx.DB, cfg Config, m Migrations, name serviceName) error {
 	err := migrate.Check(ctx, db, migrate.Config{TablePrefix: cfg.TablePrefix, Extra: m.FS})
 	var behind *migrate.BehindError
 	switch {
@@ -111,18 +104,11 @@ func checkMigrated(ctx context.Context, db *sqlx.DB, cfg Config, m Migrations, n
 	}
 }
 
-// Store is the framework's store in the configured database: every store
-// interface of package framework in one value (a sqlite.Store or a
-// postgres.Store).
-type Store interface {
-	framework.Store
-}
-
-// NewStore returns the store of db, whose tables carry the configured
-// prefix.
-func NewStore(db *sqlx.DB, cfg Config) (Store, error) {
+// newStore returns the store of db (a sqlite.Store or a postgres.Store),
+// whose tables carry the configured prefix.
+func newStore(db *sqlx.DB, cfg Config) (framework.Store, error) {
 	var (
-		s   Store
+		s   framework.Store
 		err error
 	)
 	if isPostgresURL(cfg.DatabaseURL) {

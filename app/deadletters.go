@@ -40,7 +40,7 @@ type operatorParams struct {
 
 	Config       Config
 	DB           *sqlx.DB
-	Store        Store
+	Store        framework.Store
 	Declarations []handlers.Declaration `group:"effectively.consumers"`
 }
 
@@ -53,7 +53,7 @@ func operate(ctx context.Context, opts fx.Option, fn func(ctx context.Context, o
 		op   operator
 	)
 	service := build(&undo,
-		fx.Provide(ConfigFromEnv, NewDB, NewStore),
+		fx.Provide(ConfigFromEnv, newDB, newStore),
 		opts,
 		fx.Invoke(func(p operatorParams) {
 			op = operator{cfg: p.Config, db: p.DB, deadLetters: p.Store}

@@ -21,64 +21,65 @@ import (
 	"github.com/effectively-once/effectively/middleware"
 )
 
-// Readiness says whether the application consumes: true once the router
+// readiness says whether the application consumes: true once the router
 // runs, false once it stops.
-type Readiness struct{ ready atomic.Bool }
+type readiness struct{ ready atomic.Bool }
 
-// Ready reports whether the router runs.
-func (r *Readiness) Ready() bool { return r.ready.Load() }
+func (r *readiness) get() bool  { return r.ready.Load() }
+func (r *readiness) set(v bool) { r.ready.Store(v) }
 
-func (r *Readiness) set(v bool) { r.ready.Store(v) }
-
-// Metrics is the application's Prometheus registry, served on /metrics,
-// with the consumers' metrics and the Go runtime's registered.
-type Metrics struct {
+// registry is the application's Prometheus registry, served on /metrics:
+// the Go runtime's and the process's collectors, the consumers' metrics
+// (*middleware.Metrics, which the application provides too) and the
+// outbox relay's.
+type registry struct {
 	*prometheus.Registry
 }
 
-// NewMetrics returns a fresh registry (never the global one) and the
+// newMetrics returns a fresh registry (never the global one) and the
 // consumers' metrics registered on it.
-func NewMetrics() (Metrics, *middleware.Metrics, error) {
+func newMetrics() (registry, *middleware.Metrics, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m, err := middleware.NewMetrics(reg)
 	if err != nil {
-		return Metrics{}, nil, err
+		return registry{}, nil, fmt.Errorf("metrics: %w", err)
 	}
-	return Metrics{reg}, m, nil
+	return registry{reg}, m, nil
 }
 
-// HTTPParams are what NewHTTP takes from fx.
-type HTTPParams struct {
+// httpParams are what newHTTP takes from fx.
+type httpParams struct {
 	fx.In
 
 	Lifecycle fx.Lifecycle
 	Config    Config
-	Metrics   Metrics
-	Readiness *Readiness
+	Registry  registry
+	Readiness *readiness
 	Transport framework.Transport
 	DB        *sqlx.DB
 	Consumers *middleware.Metrics
 	Logger    *slog.Logger `optional:"true"`
 }
 
-// HTTP serves /healthz (the process lives), /readyz (the router runs, the
-// transport is connected and the database answers; a JSON body with each
-// consumer's failing messages) and /metrics on Config.HTTPAddr.
-type HTTP struct {
+// httpServer serves /healthz (the process lives), /readyz (the router
+// runs, the transport is connected and the database answers; a JSON body
+// with each consumer's failing messages, see docs/operations.md) and
+// /metrics on Config.HTTPAddr.
+type httpServer struct {
 	addr atomic.Value // string
 }
 
 // Addr returns the address the server listens on, once started; empty when
 // HTTP is off.
-func (h *HTTP) Addr() string {
+func (h *httpServer) Addr() string {
 	a, _ := h.addr.Load().(string)
 	return a
 }
 
-// NewHTTP builds the server; it listens when the application starts.
-func NewHTTP(p HTTPParams) *HTTP {
-	h := &HTTP{}
+// newHTTP builds the server; it listens when the application starts.
+func newHTTP(p httpParams) *httpServer {
+	h := &httpServer{}
 	if p.Config.HTTPAddr == "" {
 		return h
 	}
@@ -89,7 +90,7 @@ func NewHTTP(p HTTPParams) *HTTP {
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
-		body := ReadyzBody{Status: "ready", Consumers: readyzConsumers(p.Consumers.Consumers())}
+		body := readyzBody{Status: "ready", Consumers: readyzConsumers(p.Consumers.Consumers())}
 		w.Header().Set("Content-Type", "application/json")
 		if reason := unready(ctx, p); reason != "" {
 			body.Status, body.Reason = "unavailable", reason
@@ -97,7 +98,7 @@ func NewHTTP(p HTTPParams) *HTTP {
 		}
 		_ = json.NewEncoder(w).Encode(body)
 	})
-	mux.Handle("GET /metrics", promhttp.HandlerFor(p.Metrics.Registry, promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(p.Registry.Registry, promhttp.HandlerOpts{}))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	p.Lifecycle.Append(fx.Hook{
 		OnStart: func(context.Context) error {
@@ -118,11 +119,11 @@ func NewHTTP(p HTTPParams) *HTTP {
 	return h
 }
 
-// ReadyzBody is the JSON body of /readyz. The status code says whether
+// readyzBody is the JSON body of /readyz. The status code says whether
 // the service can work (200) or not (503); a consumer whose messages keep
 // failing leaves it ready: the messages are dead-lettered within the
 // consumer's hold-up limit, and another process would fail on them too.
-type ReadyzBody struct {
+type readyzBody struct {
 	// Status is "ready" or "unavailable".
 	Status string `json:"status"`
 	// Reason says why the service is unavailable: "router not running",
@@ -130,12 +131,12 @@ type ReadyzBody struct {
 	Reason string `json:"reason,omitempty"`
 	// Consumers are the consumers' failing messages in this process, by
 	// name.
-	Consumers []ReadyzConsumer `json:"consumers"`
+	Consumers []readyzConsumer `json:"consumers"`
 }
 
-// ReadyzConsumer is one consumer's entry in /readyz (see
+// readyzConsumer is one consumer's entry in /readyz (see
 // middleware.ConsumerStatus).
-type ReadyzConsumer struct {
+type readyzConsumer struct {
 	// Consumer is the consumer's name.
 	Consumer string `json:"consumer"`
 	// FailingMessages counts its messages whose last attempt or delivery
@@ -154,9 +155,9 @@ type ReadyzConsumer struct {
 }
 
 // unready returns why the service cannot work, or "" when it can.
-func unready(ctx context.Context, p HTTPParams) string {
+func unready(ctx context.Context, p httpParams) string {
 	switch {
-	case !p.Readiness.Ready():
+	case !p.Readiness.get():
 		return "router not running"
 	case !p.Transport.Ready():
 		return "transport not connected"
@@ -166,10 +167,10 @@ func unready(ctx context.Context, p HTTPParams) string {
 	return ""
 }
 
-func readyzConsumers(statuses []middleware.ConsumerStatus) []ReadyzConsumer {
-	out := make([]ReadyzConsumer, len(statuses))
+func readyzConsumers(statuses []middleware.ConsumerStatus) []readyzConsumer {
+	out := make([]readyzConsumer, len(statuses))
 	for i, s := range statuses {
-		out[i] = ReadyzConsumer{
+		out[i] = readyzConsumer{
 			Consumer:             s.Consumer,
 			FailingMessages:      s.FailingMessages,
 			OldestFailingSeconds: s.OldestFailing.Seconds(),

@@ -15,6 +15,9 @@ import (
 // the router running every consumer declared with handlers.Consumer, the
 // outbox (*outbox.Outbox, for handlers) and its relay, the purger of old
 // processed marks, and the HTTP server of health, readiness and metrics.
+// Besides the configuration and the outbox, it provides the database
+// (*sqlx.DB), its store (framework.Store), the transport
+// (framework.Transport) and the consumers' metrics (*middleware.Metrics).
 //
 // It does not provide a *slog.Logger: without one, warnings and errors go
 // to stderr (see DefaultLogger); supply one to choose. Replace the
@@ -22,16 +25,16 @@ import (
 var Module = fx.Module("effectively",
 	fx.Provide(
 		ConfigFromEnv,
-		NewDB,
-		NewStore,
-		NewTransport,
-		NewMetrics,
-		NewRouter,
-		NewHTTP,
-		NewOutbox,
-		NewOutboxRelay,
-		NewPurger,
-		func() *Readiness { return &Readiness{} },
+		newDB,
+		newStore,
+		newTransport,
+		newMetrics,
+		newRouter,
+		newHTTP,
+		newOutbox,
+		newOutboxRelay,
+		newPurger,
+		func() *readiness { return &readiness{} },
 	),
 	handlers.Module,
 	// The CPU profile, when asked for, starts before anything opens and
@@ -39,10 +42,10 @@ var Module = fx.Module("effectively",
 	fx.Invoke(profileCPU),
 	// Settings for a consumer that is not declared are refused before
 	// anything is opened.
-	fx.Invoke(func(p consumerSettings) error { return p.Config.CheckConsumers(p.Declarations) }),
+	fx.Invoke(func(p consumerSettings) error { return p.Config.checkConsumers(p.Declarations) }),
 	// The router, the server, the outbox relay and the purger start with
 	// the application.
-	fx.Invoke(func(*runner.Runner, *HTTP, *outbox.Relay, *Purger) {}),
+	fx.Invoke(func(*runner.Runner, *httpServer, *outbox.Relay, *purger) {}),
 )
 
 // consumerSettings is what the check of the consumers: keys takes from fx:

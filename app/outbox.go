@@ -12,10 +12,10 @@ import (
 	"github.com/effectively-once/effectively/framework/outbox"
 )
 
-// NewOutbox returns the outbox of the application's database, whose
+// newOutbox returns the outbox of the application's database, whose
 // table carries the configured prefix. Handlers take it as a dependency
 // and call Add to publish events with their transaction's writes.
-func NewOutbox(db *sqlx.DB, cfg Config) (*outbox.Outbox, error) {
+func newOutbox(db *sqlx.DB, cfg Config) (*outbox.Outbox, error) {
 	box, err := outbox.New(db, outbox.Config{TablePrefix: cfg.TablePrefix})
 	if err != nil {
 		return nil, fmt.Errorf("outbox: %w", err)
@@ -23,8 +23,8 @@ func NewOutbox(db *sqlx.DB, cfg Config) (*outbox.Outbox, error) {
 	return box, nil
 }
 
-// OutboxRelayParams are what NewOutboxRelay takes from fx.
-type OutboxRelayParams struct {
+// outboxRelayParams are what newOutboxRelay takes from fx.
+type outboxRelayParams struct {
 	fx.In
 
 	Lifecycle fx.Lifecycle
@@ -32,17 +32,17 @@ type OutboxRelayParams struct {
 	DB        *sqlx.DB
 	Outbox    *outbox.Outbox
 	Transport framework.Transport
-	Metrics   Metrics
+	Registry  registry
 	Logger    *slog.Logger `optional:"true"`
 }
 
-// NewOutboxRelay returns the relay that publishes the outbox through the
+// newOutboxRelay returns the relay that publishes the outbox through the
 // transport's publisher. It runs from the application's start, after the
 // transport's, until its stop, before the transport's; an Add of the
 // application's Outbox wakes it.
-func NewOutboxRelay(p OutboxRelayParams) (*outbox.Relay, error) {
+func newOutboxRelay(p outboxRelayParams) (*outbox.Relay, error) {
 	logger := orDefault(p.Logger)
-	metrics, err := outbox.NewMetrics(p.Metrics.Registry)
+	metrics, err := outbox.NewMetrics(p.Registry)
 	if err != nil {
 		return nil, fmt.Errorf("outbox relay: %w", err)
 	}

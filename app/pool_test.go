@@ -2,6 +2,7 @@ package app_test
 
 import (
 	"context"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"testing"
@@ -21,61 +22,92 @@ import (
 )
 
 // TestDatabasePoolSize shows that the pool of the stores' database holds
-// every attempt the consumers may have in flight, whatever the driver's
-// default, and that a database_max_conns below that is refused, naming
-// the key.
+// every attempt the consumers may have in flight, as each transport's
+// subscriptions say, whatever the driver's default, and that a
+// database_max_conns below that is refused, naming the key and what makes
+// up the need.
 func TestDatabasePoolSize(t *testing.T) {
 	t.Parallel()
-	two := []handlers.Declaration{{Name: "a.one", Handlers: 1}, {Name: "a.two", Handlers: 1}}
-	amqpAt16 := func() app.Config {
-		cfg := app.Config{Transport: app.TransportAMQP, DatabaseURL: "postgres://db/x", HTTPAddr: "127.0.0.1:0"}.WithDefaults()
+	two := []string{"a.one", "a.two"}
+	// amqpAt16 is RabbitMQ with the stores on PostgreSQL, whose driver
+	// pool is smaller than the need.
+	amqpAt16 := func(t *testing.T) app.Config {
+		cfg := amqpConfig(t)
+		cfg.DatabaseURL = testenv.PostgresURL(t)
+		cfg.TransportURL = cfg.DatabaseURL
 		cfg.Defaults.Concurrency = 16
 		return cfg
 	}
 
 	t.Run("AMQPTwoConsumersAt16", func(t *testing.T) {
 		t.Parallel()
-		size, err := amqpAt16().DatabasePoolSize(two)
+		size, err := poolSize(t, amqpAt16(t), two...)
 		require.NoError(t, err)
 		// 32 attempts, the outbox relay, the readiness check.
-		require.GreaterOrEqual(t, size, 2*16+2)
+		require.Equal(t, 2*16+2, size)
 		require.Greater(t, size, postgres.DefaultMaxOpenConns)
 	})
 
 	t.Run("SQLiteLeasesPerSubscription", func(t *testing.T) {
 		t.Parallel()
-		cfg := app.Config{DatabaseURL: "file:x.db"}.WithDefaults()
+		cfg := testConfig(t)
 		cfg.Consumers = map[string]app.ConsumerConfig{"a.one": {Concurrency: 16}}
-		size, err := cfg.DatabasePoolSize(two[:1])
+		size, err := poolSize(t, cfg, "a.one")
 		require.NoError(t, err)
 		// The type's subscription and the replay topic's hold 16 leases
-		// each; and their claims and acks, the cleanup, the relay and its
-		// publisher.
-		require.GreaterOrEqual(t, size, 2*16+3+2)
+		// each; and their claims and acks, the cleanup, the watch, the
+		// relay and its publisher, the readiness check.
+		require.Equal(t, 2*16+3+1+2+1, size)
+	})
+
+	t.Run("SQLiteTransportOfItsOwn", func(t *testing.T) {
+		t.Parallel()
+		cfg := testConfig(t)
+		cfg.TransportURL = filepath.Join(t.TempDir(), "transport.db")
+		cfg.Defaults.Concurrency = 16
+		size, err := poolSize(t, cfg, "a.one")
+		require.NoError(t, err)
+		// The leases; the claims, acks and publishes are in the other file.
+		require.Equal(t, 2*16+1+1, size)
 	})
 
 	t.Run("PostgresOneAtATime", func(t *testing.T) {
 		t.Parallel()
-		cfg := amqpAt16()
-		cfg.Transport = app.TransportPostgres
-		cfg.TransportURL = cfg.DatabaseURL
-		size, err := cfg.DatabasePoolSize(two)
+		cfg := postgresConfig(t)
+		cfg.Defaults.Concurrency = 16
+		cfg.DatabaseMaxConns = 1
+		_, err := poolSize(t, cfg, two...)
+		require.ErrorContains(t, err, "database_max_conns: 1 is fewer than the 7 connections the service may hold at once (consumer a.one 2, consumer a.two 2, outbox relay 2, readiness check 1)",
+			"concurrency adds nothing on postgres: one message at a time per topic")
+		cfg.DatabaseMaxConns = 0
+		size, err := poolSize(t, cfg, two...)
 		require.NoError(t, err)
-		require.Equal(t, postgres.DefaultMaxOpenConns, size, "concurrency adds nothing on postgres: the driver's default is enough")
+		require.Equal(t, postgres.DefaultMaxOpenConns, size, "the driver's default is enough")
+	})
+
+	t.Run("MemoryOnePerTopic", func(t *testing.T) {
+		t.Parallel()
+		cfg := testConfig(t)
+		cfg.Transport = app.TransportMemory
+		cfg.DatabaseMaxConns = 1
+		_, err := poolSize(t, cfg, two...)
+		require.ErrorContains(t, err, "database_max_conns: 1 is fewer than the 6 connections the service may hold at once (consumer a.one 2, consumer a.two 2, outbox relay 1, readiness check 1)")
 	})
 
 	t.Run("SmallNeedKeepsTheDriversPool", func(t *testing.T) {
 		t.Parallel()
-		cfg := app.Config{DatabaseURL: "file:x.db"}.WithDefaults()
-		cfg.Defaults.Concurrency = 1
-		size, err := cfg.DatabasePoolSize(two[:1])
+		cfg := testConfig(t)
+		cfg.Transport = app.TransportMemory
+		size, err := poolSize(t, cfg, "a.one")
 		require.NoError(t, err)
 		require.Equal(t, sqlite.DefaultMaxOpenConns, size)
 	})
 
 	t.Run("DefaultConcurrencyHoldsEveryLease", func(t *testing.T) {
 		t.Parallel()
-		size, err := app.Config{DatabaseURL: "file:x.db"}.WithDefaults().DatabasePoolSize(two[:1])
+		cfg := testConfig(t)
+		cfg.HTTPAddr = ""
+		size, err := poolSize(t, cfg, "a.one")
 		require.NoError(t, err)
 		// The type's subscription and the replay topic's hold
 		// DefaultConcurrency leases each; and their claims and acks, the
@@ -85,28 +117,28 @@ func TestDatabasePoolSize(t *testing.T) {
 
 	t.Run("AMQPThreeConsumersAtTheDefault", func(t *testing.T) {
 		t.Parallel()
-		cfg := app.Config{Transport: app.TransportAMQP, DatabaseURL: "postgres://db/x", HTTPAddr: "127.0.0.1:0"}.WithDefaults()
-		three := append(append([]handlers.Declaration(nil), two...), handlers.Declaration{Name: "a.three", Handlers: 1})
-		size, err := cfg.DatabasePoolSize(three)
+		cfg := amqpAt16(t)
+		cfg.Defaults.Concurrency = 0
+		size, err := poolSize(t, cfg, "a.one", "a.two", "a.three")
 		require.NoError(t, err)
 		// 16 attempts per consumer, the outbox relay, the readiness check.
-		require.Equal(t, 3*16+2, size)
+		require.Equal(t, 3*app.DefaultConcurrency+2, size)
 	})
 
 	t.Run("ExplicitRespected", func(t *testing.T) {
 		t.Parallel()
-		cfg := amqpAt16()
+		cfg := amqpAt16(t)
 		cfg.DatabaseMaxConns = 50
-		size, err := cfg.DatabasePoolSize(two)
+		size, err := poolSize(t, cfg, two...)
 		require.NoError(t, err)
 		require.Equal(t, 50, size)
 	})
 
 	t.Run("ExplicitTooSmallRefused", func(t *testing.T) {
 		t.Parallel()
-		cfg := amqpAt16()
+		cfg := amqpAt16(t)
 		cfg.DatabaseMaxConns = 10
-		_, err := cfg.DatabasePoolSize(two)
+		_, err := poolSize(t, cfg, two...)
 		require.ErrorContains(t, err, "database_max_conns: 10 is fewer than the 34 connections")
 		require.ErrorContains(t, err, "consumer a.one 16, consumer a.two 16")
 	})
@@ -130,6 +162,31 @@ func TestDatabasePoolSize(t *testing.T) {
 		_, err := app.LoadConfig(env(t, "database_max_conns: -1\n", nil))
 		require.ErrorContains(t, err, "database_max_conns: want 1 or more")
 	})
+}
+
+// poolSize builds the application of cfg, without starting it, with a
+// consumer of widgetAdded by each name, and returns the size of the
+// stores' pool, or the error of the build. It closes what the build
+// opened when the test ends.
+func poolSize(t *testing.T, cfg app.Config, names ...string) (int, error) {
+	t.Helper()
+	opts := []fx.Option{fx.Supply(widgetMigrations), fx.Replace(cfg)}
+	for _, name := range names {
+		opts = append(opts, handlers.Consumer(name, handlers.On(widgetAdded, newAddWidget)))
+	}
+	var (
+		db        *sqlx.DB
+		transport framework.Transport
+	)
+	service := app.New(append(opts, fx.Populate(&db, &transport))...)
+	if err := service.Err(); err != nil {
+		return 0, err
+	}
+	t.Cleanup(func() {
+		require.NoError(t, transport.Close())
+		require.NoError(t, db.Close())
+	})
+	return db.Stats().MaxOpenConnections, nil
 }
 
 type poolProbeV1 struct {

@@ -13,30 +13,30 @@ import (
 // purgeBatch is how many marks one purge statement deletes.
 const purgeBatch = 1000
 
-// Purger deletes processed marks older than Config.ProcessedRetention, every
+// purger deletes processed marks older than Config.ProcessedRetention, every
 // Config.PurgeInterval, while the application runs. With no retention it
 // does nothing.
-type Purger struct {
+type purger struct {
 	store  framework.Store
 	cfg    Config
 	logger *slog.Logger
 }
 
-// PurgerParams are what NewPurger takes from fx.
-type PurgerParams struct {
+// purgerParams are what newPurger takes from fx.
+type purgerParams struct {
 	fx.In
 
 	Lifecycle fx.Lifecycle
 	Config    Config
-	Store     Store
+	Store     framework.Store
 	Logger    *slog.Logger `optional:"true"`
 }
 
-// NewPurger returns the purger and runs it from the application's start
+// newPurger returns the purger and runs it from the application's start
 // to its stop.
-func NewPurger(p PurgerParams) *Purger {
+func newPurger(p purgerParams) *purger {
 	logger := orDefault(p.Logger)
-	pu := &Purger{store: p.Store, cfg: p.Config, logger: logger.With("component", "purger")}
+	pu := &purger{store: p.Store, cfg: p.Config, logger: logger.With("component", "purger")}
 	if p.Config.ProcessedRetention <= 0 {
 		return pu
 	}
@@ -44,11 +44,11 @@ func NewPurger(p PurgerParams) *Purger {
 	return pu
 }
 
-func (pu *Purger) run(ctx context.Context) {
+func (pu *purger) run(ctx context.Context) {
 	tick := time.NewTicker(time.Duration(pu.cfg.PurgeInterval))
 	defer tick.Stop()
 	for {
-		if n, err := pu.Purge(ctx); err != nil && ctx.Err() == nil {
+		if n, err := pu.purge(ctx); err != nil && ctx.Err() == nil {
 			pu.logger.ErrorContext(ctx, "purge of old processed marks failed; trying again at the next interval", "error", err, "purged", n)
 		} else if n > 0 {
 			pu.logger.InfoContext(ctx, "purged old processed marks", "purged", n)
@@ -61,9 +61,9 @@ func (pu *Purger) run(ctx context.Context) {
 	}
 }
 
-// Purge deletes, in batches, the marks processed longer than the retention
+// purge deletes, in batches, the marks processed longer than the retention
 // ago, and returns how many it deleted.
-func (pu *Purger) Purge(ctx context.Context) (int64, error) {
+func (pu *purger) purge(ctx context.Context) (int64, error) {
 	if pu.cfg.ProcessedRetention <= 0 {
 		return 0, nil
 	}

@@ -35,36 +35,40 @@ type Middleware struct {
 	Inner []message.HandlerMiddleware
 }
 
-// RouterParams are what NewRouter takes from fx.
-type RouterParams struct {
+// routerParams are what newRouter takes from fx.
+type routerParams struct {
 	fx.In
 
 	Lifecycle  fx.Lifecycle
 	Config     Config
 	Registry   *handlers.Registry
 	Transport  framework.Transport
+	SharesDB   sharesDB
 	DB         *sqlx.DB
-	Store      Store
+	Store      framework.Store
 	Metrics    *middleware.Metrics
 	Logger     *slog.Logger `optional:"true"`
 	Tracer     trace.Tracer `optional:"true"`
 	Middleware Middleware   `optional:"true"`
-	Readiness  *Readiness
+	Readiness  *readiness
 }
 
-// NewRouter builds the runner of every registered consumer, each with its
-// settings from the configuration (see runner.New). It starts the runner
+// newRouter builds the runner of every registered consumer, each with its
+// settings from the configuration (see runner.New), and sizes the stores'
+// pool for what their subscriptions may hold (see Config.sizePool). It
+// starts the runner
 // when the application starts, and stops it when the application stops:
 // the attempts in flight may finish within half of the stop timeout, the
 // rest are canceled, roll back and are delivered again later.
-func NewRouter(p RouterParams) (*runner.Runner, error) {
+func newRouter(p routerParams) (*runner.Runner, error) {
 	consumers := make([]runner.ConsumerConfig, 0, len(p.Registry.Consumers()))
 	for _, c := range p.Registry.Consumers() {
 		consumers = append(consumers, consumerConfig(c, p.Config.Consumer(c.Name()), p.Registry.RenamedFrom(c.Name())))
 	}
+	subs := &subscriptions{Transport: p.Transport, shared: p.SharesDB}
 	r, err := runner.New(runner.Config{
 		Consumers: consumers,
-		Transport: p.Transport,
+		Transport: subs,
 		DB:        p.DB,
 		Store:     p.Store,
 		Logger:    orDefault(p.Logger),
@@ -75,6 +79,9 @@ func NewRouter(p RouterParams) (*runner.Runner, error) {
 	})
 	if err != nil {
 		return nil, fmt.Errorf("router: %w", err)
+	}
+	if err := p.Config.sizePool(p.DB, subs); err != nil {
+		return nil, err
 	}
 	p.Lifecycle.Append(fx.Hook{
 		// The transport's own start hook, which connects to the broker,

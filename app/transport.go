@@ -18,8 +18,8 @@ import (
 	"github.com/effectively-once/effectively/framework/sqlite"
 )
 
-// TransportParams are what NewTransport takes from fx.
-type TransportParams struct {
+// transportParams are what newTransport takes from fx.
+type transportParams struct {
 	fx.In
 
 	Lifecycle fx.Lifecycle
@@ -28,9 +28,21 @@ type TransportParams struct {
 	Logger    *slog.Logger `optional:"true"`
 }
 
-// NewTransport builds the configured transport (framework.Transport); on
-// amqp it connects in the start hook. It closes the transport when the
-// application stops.
+// sharesDB says whether the transport was given the stores' database
+// (a SQL transport whose URL is DatabaseURL): its publisher and its
+// subscribers' own work then take connections of that pool (see
+// sizePool).
+type sharesDB bool
+
+// connector is a transport that connects to a broker before it delivers
+// (amqp.Transport).
+type connector interface {
+	Connect(ctx context.Context) error
+}
+
+// newTransport builds the configured transport (framework.Transport); a
+// transport that connects to a broker connects in the start hook. It
+// closes the transport when the application stops.
 //
 // How a consumer's concurrency (ConsumerConfig.Concurrency) is spent
 // depends on the transport:
@@ -46,17 +58,16 @@ type TransportParams struct {
 //     throughput;
 //   - memory: GoChannel hands every message to every subscription, each
 //     in a goroutine of its own.
-func NewTransport(p TransportParams) (framework.Transport, error) {
-	tr, closeDB, err := openTransport(context.Background(), p.Config, p.DB, orDefault(p.Logger), true)
+func newTransport(p transportParams) (framework.Transport, sharesDB, error) {
+	tr, closeDB, shared, err := openTransport(context.Background(), p.Config, p.DB, orDefault(p.Logger), true)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	p.Lifecycle.Append(fx.Hook{
-		OnStart: func(ctx context.Context) error {
-			a, ok := tr.(*amqp.Transport)
-			if !ok {
-				return nil
-			}
+	// A stop hook of its own, so that a build that fails later closes
+	// the transport too (see New).
+	p.Lifecycle.Append(fx.StopHook(func() error { return errors.Join(tr.Close(), closeDB()) }))
+	if c, ok := tr.(connector); ok {
+		p.Lifecycle.Append(fx.StartHook(func(ctx context.Context) error {
 			// The broker may be down at boot: connect here, retrying with
 			// backoff until the start timeout; the router, whose hook
 			// comes later, binds every consumer's queue before anything
@@ -65,65 +76,63 @@ func NewTransport(p TransportParams) (framework.Transport, error) {
 			defer cancel()
 			ctx, cancelEarly := beforeDeadline(ctx)
 			defer cancelEarly()
-			return connectAMQP(ctx, a)
-		},
-		OnStop: func(context.Context) error {
-			return errors.Join(tr.Close(), closeDB())
-		},
-	})
-	return tr, nil
+			return connect(ctx, c)
+		}))
+	}
+	return tr, sharesDB(shared), nil
 }
 
-// openTransport builds the transport of cfg; db is the database of the
-// stores, which the SQL transports share when the transport's URL is the
-// database's. closeDB closes the database it opened otherwise. With
+// openTransport builds the transport of cfg. A SQL transport keeps its
+// messages in db, the stores' database (shared), unless TransportURL is
+// another: then closeDB closes the database it opened there. With
 // subscribe, the postgres transport opens its subscribers' pool.
-func openTransport(ctx context.Context, cfg Config, db *sqlx.DB, logger *slog.Logger, subscribe bool) (_ framework.Transport, closeDB func() error, err error) {
+func openTransport(ctx context.Context, cfg Config, db *sqlx.DB, logger *slog.Logger, subscribe bool) (tr framework.Transport, closeDB func() error, shared bool, err error) {
 	closeDB = func() error { return nil }
+	shared = cfg.TransportURL == cfg.DatabaseURL
+	sqlDB := func() (*sqlx.DB, error) {
+		if shared {
+			return db, nil
+		}
+		d, err := openDB(ctx, cfg.TransportURL, 0)
+		if err != nil {
+			return nil, fmt.Errorf("database: %w", err)
+		}
+		closeDB = d.Close
+		return d, nil
+	}
 	switch cfg.Transport {
 	case TransportMemory:
-		tr, err := memory.New(memory.PubSubConfig{Logger: watermill.NewSlogLogger(logger)})
-		if err != nil {
-			return nil, nil, fmt.Errorf("transport: %w", err)
-		}
-		return tr, closeDB, nil
+		tr, err = memory.New(memory.PubSubConfig{Logger: watermill.NewSlogLogger(logger)})
+		shared = false
 	case TransportAMQP:
-		tr, err := amqp.New(amqp.Config{URL: cfg.AMQPURL, Prefetch: cfg.AMQPPrefetch, Logger: logger})
-		if err != nil {
-			return nil, nil, fmt.Errorf("%s: %w", EnvAMQPURL, err)
+		if tr, err = amqp.New(amqp.Config{URL: cfg.AMQPURL, Prefetch: cfg.AMQPPrefetch, Logger: logger}); err != nil {
+			return nil, nil, false, fmt.Errorf("%s: %w", EnvAMQPURL, err)
 		}
-		return tr, closeDB, nil
-	case TransportSQLite, TransportPostgres:
-	default:
-		return nil, nil, fmt.Errorf("%s: %q is not available", EnvTransport, cfg.Transport)
-	}
-	tdb := db
-	if cfg.TransportURL != cfg.DatabaseURL {
-		if tdb, err = openTransportDB(ctx, cfg); err != nil {
-			return nil, nil, fmt.Errorf("transport database: %w", err)
+		shared = false
+	case TransportSQLite:
+		if db, err = sqlDB(); err == nil {
+			tr, err = sqlite.New(db, sqlite.TransportConfig{TablePrefix: cfg.TablePrefix, Logger: logger})
 		}
-		closeDB = tdb.Close
-	}
-	var tr framework.Transport
-	if cfg.Transport == TransportSQLite {
-		tr, err = sqlite.New(tdb, sqlite.TransportConfig{TablePrefix: cfg.TablePrefix, Logger: logger})
-	} else {
+	case TransportPostgres:
 		pc := postgres.TransportConfig{TablePrefix: cfg.TablePrefix, Logger: logger}
 		if subscribe {
 			pc.URL = cfg.TransportURL
 		}
-		tr, err = postgres.New(ctx, tdb, pc)
+		if db, err = sqlDB(); err == nil {
+			tr, err = postgres.New(ctx, db, pc)
+		}
+	default:
+		return nil, nil, false, fmt.Errorf("%s: %q is not available", EnvTransport, cfg.Transport)
 	}
 	if err != nil {
-		_ = closeDB()
-		return nil, nil, fmt.Errorf("transport: %w", err)
+		return nil, nil, false, errors.Join(fmt.Errorf("transport: %w", err), closeDB())
 	}
-	return tr, closeDB, nil
+	return tr, closeDB, shared, nil
 }
 
-// connectAMQP connects tr, naming the setting to check when the broker
-// is unreachable or refuses the credentials (the password is not shown).
-func connectAMQP(ctx context.Context, tr *amqp.Transport) error {
+// connect connects tr, naming the setting to check when the broker is
+// unreachable or refuses the credentials (the password is not shown).
+func connect(ctx context.Context, tr connector) error {
 	if err := tr.Connect(ctx); err != nil {
 		return fmt.Errorf("%s: %w", EnvAMQPURL, err)
 	}
@@ -165,26 +174,18 @@ func openReplayer(ctx context.Context, cfg Config, db *sqlx.DB) (*replayer, erro
 	if cfg.Transport == TransportMemory {
 		return nil, fmt.Errorf("%s: memory keeps its messages in the serving process: a replay from another process would reach no one", EnvTransport)
 	}
-	tr, closeDB, err := openTransport(ctx, cfg, db, slog.New(slog.DiscardHandler), false)
+	tr, closeDB, _, err := openTransport(ctx, cfg, db, slog.New(slog.DiscardHandler), false)
 	if err != nil {
 		return nil, err
 	}
 	r := &replayer{Transport: tr, closeDB: closeDB}
-	if a, ok := tr.(*amqp.Transport); ok {
+	if c, ok := tr.(connector); ok {
 		connectCtx, cancel := context.WithTimeout(ctx, replayConnectTimeout)
 		defer cancel()
-		if err := connectAMQP(connectCtx, a); err != nil {
+		if err := connect(connectCtx, c); err != nil {
 			_ = r.Close() // the error that stopped the opening is what matters
 			return nil, err
 		}
 	}
 	return r, nil
-}
-
-// openTransportDB opens the SQL transport's database of its own.
-func openTransportDB(ctx context.Context, cfg Config) (*sqlx.DB, error) {
-	if cfg.Transport == TransportPostgres {
-		return postgres.Open(ctx, cfg.TransportURL, postgres.OpenConfig{})
-	}
-	return sqlite.Open(ctx, cfg.TransportURL, sqlite.OpenConfig{})
 }

@@ -90,6 +90,19 @@ type Subscription struct {
 	// Bind are the topics to initialize before anything is published
 	// (see Initialize); empty when the transport needs no such step.
 	Bind []string
+	// Conns is how many connections of the stores' database pool the
+	// subscription's messages may hold at once: each message in flight
+	// holds one at a time (its attempt's transaction; before it the
+	// delivery guard's count, after it its dead letter). How many are in
+	// flight is the transport's to say. A service sizes that pool from
+	// the Conns of its consumers' subscriptions.
+	Conns int
+	// SubscriberConns is how many connections of the database given to
+	// the transport's New the subscriber itself may hold at once (claims,
+	// acks, cleanup, a watch for new messages), besides its messages';
+	// zero when it holds none there. A service whose transport shares the
+	// stores' database adds them to that pool.
+	SubscriberConns int
 }
 
 // Initialize binds the subscription to its topics (the subscriber's

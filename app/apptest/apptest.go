@@ -120,7 +120,7 @@ type App struct {
 	appCfg    app.Config
 	fx        *fx.App
 	db        *sqlx.DB
-	store     app.Store
+	store     framework.Store
 	transport framework.Transport
 	registry  *handlers.Registry
 	outcomes  *outcomes
@@ -254,7 +254,7 @@ func (a *App) DB() *sqlx.DB { return a.db }
 
 // Store returns the application's store: processed marks, delivery
 // counts, dead letters (Store().DeadLetters), checkpoints.
-func (a *App) Store() app.Store { return a.store }
+func (a *App) Store() framework.Store { return a.store }
 
 // Config returns the application's configuration, as the module sees it.
 func (a *App) Config() app.Config { return a.appCfg }

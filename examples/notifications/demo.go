@@ -9,12 +9,14 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"go.uber.org/fx"
 
 	"github.com/effectively-once/effectively/app"
 	"github.com/effectively-once/effectively/examples/notifications/appointments"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/middleware"
 )
 
 func demoCommand() *cobra.Command {
@@ -37,8 +39,8 @@ func runDemo(ctx context.Context, out io.Writer) error {
 	var (
 		transport framework.Transport
 		db        *sqlx.DB
-		store     app.Store
-		metrics   app.Metrics
+		store     framework.Store
+		metrics   *middleware.Metrics
 		cfg       app.Config
 	)
 	service := app.New(
@@ -176,17 +178,19 @@ func demoEvents() ([]demoEvent, error) {
 	return events, nil
 }
 
-// outcomes reads effectively_messages_total of the consumer by outcome.
-func outcomes(m app.Metrics) (map[string]float64, error) {
-	families, err := m.Gather()
+// outcomes reads effectively_messages_total of the consumer by outcome,
+// gathered through a registry of its own.
+func outcomes(m *middleware.Metrics) (map[string]float64, error) {
+	reg := prometheus.NewRegistry()
+	if err := reg.Register(m.Messages()); err != nil {
+		return nil, fmt.Errorf("read metrics: %w", err)
+	}
+	families, err := reg.Gather()
 	if err != nil {
 		return nil, fmt.Errorf("read metrics: %w", err)
 	}
 	got := map[string]float64{}
 	for _, f := range families {
-		if f.GetName() != "effectively_messages_total" {
-			continue
-		}
 		for _, metric := range f.GetMetric() {
 			labels := map[string]string{}
 			for _, l := range metric.GetLabel() {

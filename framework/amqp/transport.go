@@ -68,7 +68,9 @@ func (t *Transport) Subscribe(sc framework.SubscribeConfig) (framework.Subscript
 	for i := range topics {
 		topics[i] = sc.Types[0]
 	}
-	return framework.Subscription{Subscriber: sub, Topics: topics, Bind: sc.Types}, nil
+	// Each router handler takes one message at a time: sc.Concurrency in
+	// flight (the prefetch only buffers).
+	return framework.Subscription{Subscriber: sub, Topics: topics, Bind: sc.Types, Conns: len(topics)}, nil
 }
 
 // Replay publishes msgs straight to consumer's queue, through the default

@@ -41,9 +41,12 @@ func (t *Transport) Subscribe(sc framework.SubscribeConfig) (framework.Subscript
 		return framework.Subscription{}, fmt.Errorf("memory: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	topics := append(append([]string(nil), sc.Types...), pipeline.ReplayTopic(sc.Consumer))
 	return framework.Subscription{
 		Subscriber: &subscriber{ps: t.ps, ctx: ctx, cancel: cancel},
-		Topics:     append(append([]string(nil), sc.Types...), pipeline.ReplayTopic(sc.Consumer)),
+		Topics:     topics,
+		// Each topic's router handler takes one message at a time.
+		Conns: len(topics),
 	}, nil
 }
 

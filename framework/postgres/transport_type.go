@@ -91,7 +91,10 @@ func (t *Transport) Subscribe(sc framework.SubscribeConfig) (framework.Subscript
 	t.subDB.SetMaxOpenConns(t.conns)
 	t.subDB.SetMaxIdleConns(t.conns)
 	t.mu.Unlock()
-	return framework.Subscription{Subscriber: sub, Topics: topics, Bind: sc.Types}, nil
+	// watermill-sql hands out one message at a time per consumer group
+	// and topic, whatever sc.Concurrency says; the subscribers' own
+	// connections are in their pool, not the database given to New.
+	return framework.Subscription{Subscriber: sub, Topics: topics, Bind: sc.Types, Conns: len(topics)}, nil
 }
 
 // Replay publishes msgs to the replay topic of consumer (see

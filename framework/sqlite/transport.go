@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -64,6 +65,9 @@ type Transport struct {
 	pub      *Publisher
 
 	subs subscribers.Set
+	// watchCounted is set once a Subscription counted the notifier's
+	// watch in its SubscriberConns.
+	watchCounted atomic.Bool
 }
 
 var _ framework.Transport = (*Transport)(nil)
@@ -109,10 +113,22 @@ func (t *Transport) Subscribe(sc framework.SubscribeConfig) (framework.Subscript
 		return framework.Subscription{}, fmt.Errorf("sqlite: consumer %s: %w", sc.Consumer, err)
 	}
 	t.subs.Add(sub)
+	topics := append(append([]string(nil), sc.Types...), pipeline.ReplayTopic(sc.Consumer))
+	// Each topic's subscription holds up to MaxInFlight leases, each
+	// message its attempt's connection, and one connection at a time for
+	// its claims and acks; the subscriber one for its cleanup; the
+	// notifier's watch of new messages, shared by every subscriber, is
+	// counted with the first.
+	own := len(topics) + 1
+	if t.watchCounted.CompareAndSwap(false, true) {
+		own++
+	}
 	return framework.Subscription{
-		Subscriber: sub,
-		Topics:     append(append([]string(nil), sc.Types...), pipeline.ReplayTopic(sc.Consumer)),
-		Bind:       sc.Types,
+		Subscriber:      sub,
+		Topics:          topics,
+		Bind:            sc.Types,
+		Conns:           len(topics) * sc.Concurrency,
+		SubscriberConns: own,
 	}, nil
 }
 
