@@ -30,7 +30,8 @@ func newLogger(w *testenv.Logs) *slog.Logger {
 func TestLogsCarryTheHandlersError(t *testing.T) {
 	t.Parallel()
 	var logs testenv.Logs
-	store := memory.NewStore()
+	store, err := memory.NewStore(memory.StoreConfig{})
+	require.NoError(t, err)
 	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{Store: store})
 	require.NoError(t, err)
 	c, err := framework.NewConsumer(consumerName, framework.Handle(noted, func(context.Context, framework.Event[noteV1]) error {

@@ -36,7 +36,8 @@ func TestObserve(t *testing.T) {
 	tp := trace.NewTracerProvider(trace.WithSpanProcessor(spans))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 
-	store := memory.NewStore()
+	store, err := memory.NewStore(memory.StoreConfig{})
+	require.NoError(t, err)
 	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{Store: store})
 	require.NoError(t, err)
 	c, err := framework.NewConsumer(consumerName, framework.Handle(noted, func(_ context.Context, ev framework.Event[noteV1]) error {
@@ -316,7 +317,8 @@ func TestObserveFailing(t *testing.T) {
 		t.Parallel()
 		metrics, err := middleware.NewMetrics(prometheus.NewRegistry())
 		require.NoError(t, err)
-		store := memory.NewStore()
+		store, err := memory.NewStore(memory.StoreConfig{})
+		require.NoError(t, err)
 		uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{Store: store})
 		require.NoError(t, err)
 		c, err := framework.NewConsumer(consumerName, framework.Handle(noted, func(context.Context, framework.Event[noteV1]) error { return nil }))

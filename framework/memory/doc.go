@@ -1,19 +1,19 @@
 // Package memory is the in-memory side of the framework, for tests: a
-// store of processed marks, delivery counts and dead letters, and the
-// memory transport (Transport). Both protect one process only and forget
-// everything when the process ends: use framework/sqlite or
-// framework/postgres in production.
+// framework.Store of processed marks, delivery counts, subject checkpoints
+// and dead letters (Store), and the memory transport (Transport). Both
+// protect one process only and forget everything when the process ends:
+// use framework/sqlite or framework/postgres in production.
 //
 // # Usage
 //
 // The unit of work runs without a database; the store's marks follow its
 // commit and rollback:
 //
-//	store := memory.NewStore()
-//	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{
-//		Processed:  store,
-//		Deliveries: store,
-//	})
+//	store, err := memory.NewStore(memory.StoreConfig{})
+//	if err != nil {
+//		return err
+//	}
+//	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{Store: store})
 //	if err != nil {
 //		return err
 //	}
@@ -25,12 +25,17 @@
 // A second Do of the same consumer and key returns framework.Duplicate
 // without calling the function. While one attempt holds a mark, another
 // attempt on the same key waits for it to end, as it would on PostgreSQL.
+// Likewise, Checkpoint and Advance hold a subject for the attempt until
+// its transaction ends, and an advance takes effect when it commits.
+//
+// StoreConfig.Now is the store's clock: it stamps the marks that
+// PurgeProcessed deletes by age and the waits that WaitGap measures.
 //
 // # Dead letters
 //
-// The store is also a framework.Store: PublishDeadLetter keeps
-// one dead letter per consumer and message key, DeadLetters lists them
-// and ResolveDeadLetter records an operator's replay or discard.
+// PublishDeadLetter keeps one dead letter per consumer and message key,
+// DeadLetters lists them and ResolveDeadLetter records an operator's
+// replay or discard.
 //
 // # Transport
 //

@@ -15,11 +15,22 @@ type subjectKey struct {
 }
 
 // checkpoint is a subject's sequence that took effect last, and the
-// attempt that holds it until its transaction ends.
+// attempt that holds it until its transaction ends. The holder's Advance
+// sets next, which takes effect when the holder commits: until then only
+// the holder sees it, as a database transaction sees its own writes.
 type checkpoint struct {
 	seq    int64
+	next   int64 // the holder's advance; 0 when none
 	holder *framework.Tx
 	free   chan struct{} // closed when holder ends
+}
+
+// view returns the checkpoint as the attempt tx sees it.
+func (c *checkpoint) view(tx *framework.Tx) int64 {
+	if c.holder == tx {
+		return max(c.seq, c.next)
+	}
+	return c.seq
 }
 
 // waitKey keys an event that waits behind a gap of its subject.
@@ -44,14 +55,8 @@ func (s *Store) hold(ctx context.Context, tx *framework.Tx, k subjectKey) (*chec
 		if c.holder == nil || c.holder == tx {
 			if c.holder == nil {
 				c.holder, c.free = tx, make(chan struct{})
-				release := func() {
-					s.mu.Lock()
-					defer s.mu.Unlock()
-					c.holder = nil
-					close(c.free)
-				}
-				tx.OnCommit(release)
-				tx.OnRollback(release)
+				tx.OnCommit(func() { s.release(c, true) })
+				tx.OnRollback(func() { s.release(c, false) })
 			}
 			s.mu.Unlock()
 			return c, nil
@@ -66,6 +71,18 @@ func (s *Store) hold(ctx context.Context, tx *framework.Tx, k subjectKey) (*chec
 	}
 }
 
+// release ends the hold of c: the holder's advance takes effect when it
+// committed, and the next attempt on the subject may take the hold.
+func (s *Store) release(c *checkpoint, committed bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if committed {
+		c.seq = max(c.seq, c.next)
+	}
+	c.next, c.holder = 0, nil
+	close(c.free)
+}
+
 // Checkpoint returns the sequence of (consumer, subject) that took effect
 // last, 0 when none did, and holds it for tx until tx ends: attempts on
 // one subject take turns.
@@ -76,7 +93,7 @@ func (s *Store) Checkpoint(ctx context.Context, tx *framework.Tx, consumer, subj
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return c.seq, nil
+	return c.view(tx), nil
 }
 
 // Advance moves the checkpoint of (consumer, subject) to seq when tx
@@ -89,18 +106,10 @@ func (s *Store) Advance(ctx context.Context, tx *framework.Tx, consumer, subject
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if seq <= c.seq {
+	if seq <= c.view(tx) {
 		return false, nil
 	}
-	old := c.seq
-	c.seq = seq // only tx sees it until it ends: tx holds the checkpoint
-	tx.OnRollback(func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if c.seq == seq {
-			c.seq = old
-		}
-	})
+	c.next = seq // takes effect when tx commits (see release)
 	return true, nil
 }
 
@@ -140,10 +149,14 @@ func (s *Store) EndWait(ctx context.Context, tx *framework.Tx, consumer, subject
 }
 
 // PurgeProcessed deletes up to limit of the oldest committed marks made
-// before before, and returns how many it deleted.
+// before before, by the store's clock, and returns how many it deleted.
+// A limit of 0 deletes none.
 func (s *Store) PurgeProcessed(ctx context.Context, before time.Time, limit int) (int64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("purge processed marks: %w", err)
+	}
+	if limit < 0 {
+		return 0, fmt.Errorf("purge processed marks: negative limit %d", limit)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -154,20 +167,17 @@ func (s *Store) PurgeProcessed(ctx context.Context, before time.Time, limit int)
 		}
 	}
 	slices.SortFunc(old, func(a, b markKey) int { return s.marks[a].at.Compare(s.marks[b].at) })
-	var n int64
+	old = old[:min(len(old), limit)]
 	for _, k := range old {
-		if limit > 0 && n == int64(limit) {
-			break
-		}
 		delete(s.marks, k)
-		n++
 	}
-	return n, nil
+	return int64(len(old)), nil
 }
 
-// Adopt gives consumer the committed marks and the subject checkpoints of
-// the consumer named from, and returns how many marks it adopted. Running
-// it again adopts only what is new.
+// Adopt gives consumer the committed marks, with their times, and the
+// committed subject checkpoints of the consumer named from, and returns
+// how many marks it adopted. Marks consumer has are kept; a checkpoint
+// keeps the higher sequence. Running it again adopts only what is new.
 func (s *Store) Adopt(ctx context.Context, consumer, from string) (int64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("adopt %s into %s: %w", from, consumer, err)
@@ -193,11 +203,12 @@ func (s *Store) Adopt(ctx context.Context, consumer, from string) (int64, error)
 			continue
 		}
 		nk := subjectKey{consumer, k.subject}
-		if own, ok := s.checkpoints[nk]; !ok {
-			s.checkpoints[nk] = &checkpoint{seq: c.seq}
-		} else if own.seq < c.seq && own.holder == nil {
-			own.seq = c.seq
+		own, ok := s.checkpoints[nk]
+		if !ok {
+			own = &checkpoint{}
+			s.checkpoints[nk] = own
 		}
+		own.seq = max(own.seq, c.seq) // a holder's advance of own applies on top
 	}
 	return n, nil
 }

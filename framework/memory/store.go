@@ -16,8 +16,8 @@ import (
 // the filter sets no limit.
 const DefaultDeadLetterLimit = 100
 
-// ErrNoTx is returned by Mark and Forget without the attempt's
-// transaction.
+// ErrNoTx is returned by Mark, Forget, Checkpoint and Advance without the
+// attempt's transaction.
 var ErrNoTx = errors.New("memory: no transaction (call through framework.UnitOfWork)")
 
 // Store keeps processed marks, delivery counts, subject checkpoints and
@@ -60,17 +60,45 @@ type mark struct {
 	done      chan struct{} // closed when tx ends
 }
 
-// NewStore returns an empty Store.
-func NewStore() *Store {
+// StoreConfig configures a Store.
+type StoreConfig struct {
+	// Now is the store's clock: it stamps the processed marks (see
+	// PurgeProcessed), the dead letters and the waits behind a gap (see
+	// WaitGap). Defaults to time.Now.
+	Now func() time.Time
+}
+
+// WithDefaults returns a copy of c with zero fields set to their defaults.
+func (c StoreConfig) WithDefaults() StoreConfig {
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
+
+// Validate reports the first invalid field of c.
+func (c StoreConfig) Validate() error {
+	if c.Now == nil {
+		return errors.New("memory: StoreConfig.Now is nil (leave it unset and call WithDefaults for time.Now)")
+	}
+	return nil
+}
+
+// NewStore returns an empty Store configured by cfg.
+func NewStore(cfg StoreConfig) (*Store, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	return &Store{
-		now:         time.Now,
+		now:         cfg.Now,
 		marks:       make(map[markKey]*mark),
 		deliveries:  make(map[markKey]int),
 		deadLetters: make(map[int64]*framework.DeadLetter),
 		byKey:       make(map[markKey]int64),
 		checkpoints: make(map[subjectKey]*checkpoint),
 		waits:       make(map[waitKey]time.Time),
-	}
+	}, nil
 }
 
 // Mark records that consumer processed key when tx commits. It returns

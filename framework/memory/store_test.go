@@ -1,8 +1,12 @@
-package memory
+package memory_test
 
 import (
 	"testing"
 
+	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/memory"
 	"github.com/effectively-once/effectively/framework/storetest"
 )
 
@@ -10,13 +14,20 @@ func TestStore(t *testing.T) {
 	t.Parallel()
 	storetest.Exercise(t, func(t *testing.T) storetest.Harness {
 		return storetest.Harness{
-			NewStore: func(t *testing.T, cfg storetest.Config) storetest.Store {
-				s := NewStore()
-				if cfg.Now != nil {
-					s.now = cfg.Now
-				}
+			NewStore: func(t *testing.T, cfg storetest.Config) framework.Store {
+				s, err := memory.NewStore(memory.StoreConfig{Now: cfg.Now})
+				require.NoError(t, err)
 				return s
 			},
 		}
 	})
+}
+
+func TestStoreConfig(t *testing.T) {
+	t.Parallel()
+	require.ErrorContains(t, memory.StoreConfig{}.Validate(), "Now")
+	require.NoError(t, memory.StoreConfig{}.WithDefaults().Validate())
+	s, err := memory.NewStore(memory.StoreConfig{})
+	require.NoError(t, err)
+	require.NotNil(t, s)
 }

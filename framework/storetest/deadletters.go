@@ -37,7 +37,7 @@ func requireTime(t *testing.T, want, got time.Time, field string) {
 }
 
 // only returns the one dead letter that matches f.
-func only(t *testing.T, s Store, f framework.DeadLetterFilter) framework.DeadLetter {
+func only(t *testing.T, s framework.Store, f framework.DeadLetterFilter) framework.DeadLetter {
 	t.Helper()
 	dls, err := s.DeadLetters(context.Background(), f)
 	require.NoError(t, err)
@@ -359,7 +359,7 @@ func exercisePrefix(t *testing.T, newHarness func(t *testing.T) Harness) {
 	})
 }
 
-func mustList(t *testing.T, s Store) []framework.DeadLetter {
+func mustList(t *testing.T, s framework.Store) []framework.DeadLetter {
 	t.Helper()
 	dls, err := s.DeadLetters(context.Background(), framework.DeadLetterFilter{})
 	require.NoError(t, err)

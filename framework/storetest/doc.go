@@ -1,7 +1,10 @@
 // Package storetest is the conformance suite of the framework's stores:
-// every implementation of framework.Store, framework.Store
-// and framework.Store runs the same cases, through the public
-// path of framework.UnitOfWork, so that the backends behave alike.
+// every implementation of framework.Store (sqlite, postgres, memory) runs
+// the same cases of its whole method set, mostly through the public path
+// of framework.UnitOfWork, so that the backends behave alike: processed
+// marks, delivery counts, dead letters, subject checkpoints, waits behind
+// a gap, the purge of old marks and the adoption of a renamed consumer's
+// history.
 //
 // # Running the suite
 //
@@ -14,7 +17,7 @@
 //			db := testenv.SQLite(t)
 //			return storetest.Harness{
 //				DB: db,
-//				NewStore: func(t *testing.T, cfg storetest.Config) storetest.Store {
+//				NewStore: func(t *testing.T, cfg storetest.Config) framework.Store {
 //					ctx := context.Background()
 //					err := migrate.Up(ctx, db, migrate.Config{TablePrefix: cfg.TablePrefix})
 //					require.NoError(t, err)

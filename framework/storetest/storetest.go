@@ -17,11 +17,6 @@ import (
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
-// Store is what a backend's store implements.
-type Store interface {
-	framework.Store
-}
-
 // Config says how the suite wants a store.
 type Config struct {
 	// TablePrefix prefixes the store's tables; the harness migrates them.
@@ -38,7 +33,7 @@ type Harness struct {
 	DB *sqlx.DB
 	// NewStore returns a store on DB configured by cfg, with its tables
 	// migrated. It may be called several times with different prefixes.
-	NewStore func(t *testing.T, cfg Config) Store
+	NewStore func(t *testing.T, cfg Config) framework.Store
 }
 
 // Exercise runs the conformance suite. newHarness is called once per case,
@@ -62,6 +57,22 @@ func Exercise(t *testing.T, newHarness func(t *testing.T) Harness) {
 	t.Run("TablePrefix", func(t *testing.T) {
 		t.Parallel()
 		exercisePrefix(t, newHarness)
+	})
+	t.Run("Checkpoints", func(t *testing.T) {
+		t.Parallel()
+		exerciseCheckpoints(t, newHarness)
+	})
+	t.Run("Waits", func(t *testing.T) {
+		t.Parallel()
+		exerciseWaits(t, newHarness)
+	})
+	t.Run("Purge", func(t *testing.T) {
+		t.Parallel()
+		exercisePurge(t, newHarness)
+	})
+	t.Run("Adopt", func(t *testing.T) {
+		t.Parallel()
+		exerciseAdopt(t, newHarness)
 	})
 }
 
@@ -93,10 +104,12 @@ func (c *clock) Advance(d time.Duration) time.Time {
 // bundle is what each case works with.
 type bundle struct {
 	h       Harness
-	store   Store
+	store   framework.Store
 	uow     *framework.UnitOfWork
 	clock   *clock
 	effects *effects
+	// attempts numbers the attempts of inTx.
+	attempts atomic.Int64
 }
 
 func setup(t *testing.T, newHarness func(t *testing.T) Harness) *bundle {
@@ -108,7 +121,7 @@ func setup(t *testing.T, newHarness func(t *testing.T) Harness) *bundle {
 }
 
 // open returns a store with prefix and a unit of work over it.
-func (b *bundle) open(t *testing.T, prefix string) (Store, *framework.UnitOfWork) {
+func (b *bundle) open(t *testing.T, prefix string) (framework.Store, *framework.UnitOfWork) {
 	t.Helper()
 	s := b.h.NewStore(t, Config{TablePrefix: prefix, Now: b.clock.Now})
 	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.h.DB, Store: s})

@@ -1,0 +1,422 @@
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/pipeline"
+)
+
+// txConsumer is the consumer of the attempts that inTx runs.
+const txConsumer = "storetest.tx"
+
+// inTx runs fn in an attempt of its own (a fresh event of txConsumer),
+// with the attempt's transaction, and returns nil when it committed.
+func (b *bundle) inTx(ctx context.Context, fn func(ctx context.Context, tx *framework.Tx) error) error {
+	key := framework.Key{Source: "storetest", ID: strconv.FormatInt(b.attempts.Add(1), 10)}
+	out, err := b.do(ctx, b.uow, txConsumer, key, func(ctx context.Context) error {
+		tx, ok := pipeline.From[*framework.Tx](ctx)
+		if !ok {
+			return errors.New("no attempt transaction in the context")
+		}
+		return fn(ctx, tx)
+	})
+	if err == nil && out != framework.Processed {
+		err = fmt.Errorf("attempt: outcome %s", out)
+	}
+	return err
+}
+
+// checkpoint reads the committed checkpoint of (consumer, subject) in an
+// attempt of its own.
+func (b *bundle) checkpoint(t *testing.T, consumer, subject string) int64 {
+	t.Helper()
+	var seq int64
+	require.NoError(t, b.inTx(context.Background(), func(ctx context.Context, tx *framework.Tx) error {
+		var err error
+		seq, err = b.store.Checkpoint(ctx, tx, consumer, subject)
+		return err
+	}))
+	return seq
+}
+
+// advance moves the checkpoint of (consumer, subject) to seq in an
+// attempt of its own that commits, and returns whether it moved.
+func (b *bundle) advance(t *testing.T, consumer, subject string, seq int64) bool {
+	t.Helper()
+	var moved bool
+	require.NoError(t, b.inTx(context.Background(), func(ctx context.Context, tx *framework.Tx) error {
+		var err error
+		moved, err = b.store.Advance(ctx, tx, consumer, subject, seq)
+		return err
+	}))
+	return moved
+}
+
+// holdSubject starts an attempt that reads the checkpoint of (consumer,
+// subject) when read is true, as strict order does, advances it to seq and
+// holds the subject until release is closed; then it commits. It returns
+// once the subject is held.
+func holdSubject(t *testing.T, b *bundle, consumer, subject string, read bool, seq int64, release <-chan struct{}) <-chan error {
+	t.Helper()
+	held := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- b.inTx(context.Background(), func(ctx context.Context, tx *framework.Tx) error {
+			if read {
+				if _, err := b.store.Checkpoint(ctx, tx, consumer, subject); err != nil {
+					return err
+				}
+			}
+			moved, err := b.store.Advance(ctx, tx, consumer, subject, seq)
+			if err != nil {
+				return err
+			}
+			if !moved {
+				return fmt.Errorf("holder: the checkpoint did not move to %d", seq)
+			}
+			close(held)
+			<-release
+			return nil
+		})
+	}()
+	select {
+	case <-held:
+	case err := <-done:
+		t.Fatalf("the holder ended before it held the subject: %v", err)
+	}
+	return done
+}
+
+// subjectResult is what a second attempt on a held subject saw.
+type subjectResult struct {
+	seq   int64 // the checkpoint it read
+	moved bool  // whether its Advance moved the checkpoint
+	err   error
+}
+
+// requireStillWaiting fails when the second attempt ended while the
+// first held the subject. A store that makes it wait never fails here,
+// however slow the machine; the pause only gives a store that does not
+// wait the time to show it.
+func requireStillWaiting(t *testing.T, second <-chan subjectResult) {
+	t.Helper()
+	select {
+	case r := <-second:
+		t.Fatalf("the second attempt did not wait for the first to end: read %d, moved %t, %v", r.seq, r.moved, r.err)
+	case <-time.After(200 * time.Millisecond):
+	}
+}
+
+func exerciseCheckpoints(t *testing.T, newHarness func(t *testing.T) Harness) {
+	const consumer = "shipping.pack-on-order-paid"
+
+	t.Run("AdvanceMovesOnlyForward", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		require.Zero(t, b.checkpoint(t, consumer, "order-1"), "no checkpoint yet")
+		require.NoError(t, b.inTx(context.Background(), func(ctx context.Context, tx *framework.Tx) error {
+			for _, step := range []struct {
+				seq  int64
+				want bool
+			}{{3, true}, {3, false}, {2, false}, {5, true}, {4, false}} {
+				moved, err := b.store.Advance(ctx, tx, consumer, "order-1", step.seq)
+				require.NoError(t, err)
+				require.Equal(t, step.want, moved, "advance to %d", step.seq)
+			}
+			seq, err := b.store.Checkpoint(ctx, tx, consumer, "order-1")
+			require.NoError(t, err)
+			require.EqualValues(t, 5, seq, "the attempt sees its own advance")
+			return nil
+		}))
+		require.EqualValues(t, 5, b.checkpoint(t, consumer, "order-1"))
+		require.False(t, b.advance(t, consumer, "order-1", 5))
+		require.True(t, b.advance(t, consumer, "order-1", 6))
+		require.EqualValues(t, 6, b.checkpoint(t, consumer, "order-1"))
+		require.Zero(t, b.checkpoint(t, consumer, "order-2"), "checkpoints are per subject")
+		require.Zero(t, b.checkpoint(t, "shipping.other", "order-1"), "checkpoints are per consumer")
+	})
+
+	t.Run("AdvanceRollsBackWithTheAttempt", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		require.True(t, b.advance(t, consumer, "order-1", 2))
+		err := b.inTx(context.Background(), func(ctx context.Context, tx *framework.Tx) error {
+			for _, seq := range []int64{4, 6} {
+				moved, err := b.store.Advance(ctx, tx, consumer, "order-1", seq)
+				require.NoError(t, err)
+				require.True(t, moved)
+			}
+			return errBoom
+		})
+		require.ErrorIs(t, err, errBoom)
+		require.EqualValues(t, 2, b.checkpoint(t, consumer, "order-1"), "both advances rolled back")
+		require.True(t, b.advance(t, consumer, "order-1", 3), "the rolled-back advances do not count")
+		require.EqualValues(t, 3, b.checkpoint(t, consumer, "order-1"))
+	})
+
+	// Strict order: the second attempt on a subject reads the checkpoint
+	// only once the first ended, so it reads what the first committed.
+	t.Run("CheckpointMakesTheNextAttemptWait", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		release := make(chan struct{})
+		holder := holdSubject(t, b, consumer, "order-1", true, 1, release)
+		second := make(chan subjectResult, 1)
+		go func() {
+			var r subjectResult
+			r.err = b.inTx(context.Background(), func(ctx context.Context, tx *framework.Tx) error {
+				var err error
+				r.seq, err = b.store.Checkpoint(ctx, tx, consumer, "order-1")
+				return err
+			})
+			second <- r
+		}()
+		requireStillWaiting(t, second)
+
+		close(release)
+		require.NoError(t, <-holder)
+		r := <-second
+		require.NoError(t, r.err)
+		require.EqualValues(t, 1, r.seq, "the second attempt read what the first committed")
+	})
+
+	// Skip stale: two attempts advance a subject to the same sequence;
+	// the second waits for the first and finds it stale.
+	t.Run("ConcurrentAdvanceMovesOnce", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		release := make(chan struct{})
+		holder := holdSubject(t, b, consumer, "order-1", false, 1, release)
+		second := make(chan subjectResult, 1)
+		go func() {
+			var r subjectResult
+			r.err = b.inTx(context.Background(), func(ctx context.Context, tx *framework.Tx) error {
+				var err error
+				r.moved, err = b.store.Advance(ctx, tx, consumer, "order-1", 1)
+				return err
+			})
+			second <- r
+		}()
+		requireStillWaiting(t, second)
+
+		close(release)
+		require.NoError(t, <-holder)
+		r := <-second
+		require.NoError(t, r.err)
+		require.False(t, r.moved, "the first attempt had moved it")
+		require.EqualValues(t, 1, b.checkpoint(t, consumer, "order-1"))
+	})
+}
+
+func exerciseWaits(t *testing.T, newHarness func(t *testing.T) Harness) {
+	const consumer = "shipping.pack-on-order-paid"
+	key := framework.Key{Source: "orders", ID: "o-3"}
+	body := []byte(`{"id":"o-3"}`)
+
+	t.Run("WaitGapMeasuresByTheStoresClock", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		waited, err := b.store.WaitGap(ctx, consumer, "order-1", 3, key, body)
+		require.NoError(t, err)
+		require.Zero(t, waited, "the first wait starts now")
+
+		b.clock.Advance(90 * time.Second)
+		waited, err = b.store.WaitGap(ctx, consumer, "order-1", 3, key, body)
+		require.NoError(t, err)
+		require.Equal(t, 90*time.Second, waited)
+
+		other := framework.Key{Source: "orders", ID: "o-4"}
+		waited, err = b.store.WaitGap(ctx, consumer, "order-1", 4, other, body)
+		require.NoError(t, err)
+		require.Zero(t, waited, "waits are per sequence")
+		waited, err = b.store.WaitGap(ctx, consumer, "order-2", 3, key, body)
+		require.NoError(t, err)
+		require.Zero(t, waited, "waits are per subject")
+		waited, err = b.store.WaitGap(ctx, "shipping.other", "order-1", 3, key, body)
+		require.NoError(t, err)
+		require.Zero(t, waited, "waits are per consumer")
+	})
+
+	// A wait is an outcome, not a lost delivery: an event that waits long
+	// behind a gap is not dead-lettered for its delivery limit.
+	t.Run("WaitGapForgetsTheDeliveryCount", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		other := framework.Key{Source: "orders", ID: "o-4"}
+		for range 2 {
+			_, err := b.store.Count(ctx, consumer, key, 1)
+			require.NoError(t, err)
+		}
+		_, err := b.store.Count(ctx, consumer, other, 1)
+		require.NoError(t, err)
+
+		_, err = b.store.WaitGap(ctx, consumer, "order-1", 3, key, body)
+		require.NoError(t, err)
+		n, err := b.store.Count(ctx, consumer, key, 1)
+		require.NoError(t, err)
+		require.Equal(t, 1, n, "the wait forgot the count")
+		n, err = b.store.Count(ctx, consumer, other, 1)
+		require.NoError(t, err)
+		require.Equal(t, 2, n, "other counts stay")
+	})
+
+	t.Run("EndWaitWithoutTx", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		_, err := b.store.WaitGap(ctx, consumer, "order-1", 3, key, body)
+		require.NoError(t, err)
+		b.clock.Advance(time.Minute)
+		require.NoError(t, b.store.EndWait(ctx, nil, consumer, "order-1", 3))
+		require.NoError(t, b.store.EndWait(ctx, nil, consumer, "order-1", 3), "ending no wait is no error")
+
+		b.clock.Advance(time.Minute)
+		waited, err := b.store.WaitGap(ctx, consumer, "order-1", 3, key, body)
+		require.NoError(t, err)
+		require.Zero(t, waited, "the ended wait does not count")
+	})
+
+	t.Run("EndWaitInTx", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		_, err := b.store.WaitGap(ctx, consumer, "order-1", 3, key, body)
+		require.NoError(t, err)
+		endWait := func(ctx context.Context, tx *framework.Tx) error {
+			return b.store.EndWait(ctx, tx, consumer, "order-1", 3)
+		}
+
+		err = b.inTx(ctx, func(ctx context.Context, tx *framework.Tx) error {
+			require.NoError(t, endWait(ctx, tx))
+			return errBoom
+		})
+		require.ErrorIs(t, err, errBoom)
+		b.clock.Advance(time.Minute)
+		waited, err := b.store.WaitGap(ctx, consumer, "order-1", 3, key, body)
+		require.NoError(t, err)
+		require.Equal(t, time.Minute, waited, "the rolled-back end kept the wait")
+
+		require.NoError(t, b.inTx(ctx, endWait))
+		b.clock.Advance(time.Minute)
+		waited, err = b.store.WaitGap(ctx, consumer, "order-1", 3, key, body)
+		require.NoError(t, err)
+		require.Zero(t, waited, "the committed end removed the wait")
+	})
+}
+
+func exercisePurge(t *testing.T, newHarness func(t *testing.T) Harness) {
+	const consumer = "billing.charge-on-order-placed"
+
+	// outcome runs a handler that does nothing for key and returns the
+	// unit of work's outcome: Duplicate while the mark is there.
+	outcome := func(t *testing.T, b *bundle, key framework.Key) framework.Outcome {
+		t.Helper()
+		out, err := b.do(context.Background(), b.uow, consumer, key, func(context.Context) error { return nil })
+		require.NoError(t, err)
+		return out
+	}
+
+	t.Run("PurgeOldestFirstBeforeTheTime", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		keys := []framework.Key{{Source: "orders", ID: "1"}, {Source: "orders", ID: "2"}, {Source: "orders", ID: "3"}}
+		var at []time.Time
+		for _, k := range keys {
+			at = append(at, b.clock.Now())
+			require.Equal(t, framework.Processed, outcome(t, b, k))
+			b.clock.Advance(time.Minute)
+		}
+
+		n, err := b.store.PurgeProcessed(ctx, at[0], 10)
+		require.NoError(t, err)
+		require.Zero(t, n, "a mark processed at before is kept")
+		n, err = b.store.PurgeProcessed(ctx, at[2].Add(time.Hour), 0)
+		require.NoError(t, err)
+		require.Zero(t, n, "a limit of 0 purges none")
+
+		n, err = b.store.PurgeProcessed(ctx, at[2], 1)
+		require.NoError(t, err)
+		require.EqualValues(t, 1, n, "up to limit")
+		require.Equal(t, framework.Duplicate, outcome(t, b, keys[1]))
+		require.Equal(t, framework.Duplicate, outcome(t, b, keys[2]))
+
+		n, err = b.store.PurgeProcessed(ctx, at[2], 10)
+		require.NoError(t, err)
+		require.EqualValues(t, 1, n, "the second mark; the third is not older than before")
+		require.Equal(t, framework.Duplicate, outcome(t, b, keys[2]))
+		n, err = b.store.PurgeProcessed(ctx, at[2], 10)
+		require.NoError(t, err)
+		require.Zero(t, n)
+
+		// An event that comes back after its mark went is processed again.
+		require.Equal(t, framework.Processed, outcome(t, b, keys[0]))
+		require.Equal(t, framework.Processed, outcome(t, b, keys[1]))
+	})
+}
+
+func exerciseAdopt(t *testing.T, newHarness func(t *testing.T) Harness) {
+	const (
+		from     = "billing.charge"
+		consumer = "billing.charge-on-order-placed"
+	)
+	nop := func(context.Context) error { return nil }
+
+	t.Run("AdoptCopiesMarksAndCheckpoints", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		k1, k2, k3 := framework.Key{Source: "orders", ID: "1"}, framework.Key{Source: "orders", ID: "2"}, framework.Key{Source: "orders", ID: "3"}
+		for _, k := range []framework.Key{k1, k2} {
+			out, err := b.do(ctx, b.uow, from, k, nop)
+			require.NoError(t, err)
+			require.Equal(t, framework.Processed, out)
+		}
+		b.clock.Advance(time.Hour)
+		out, err := b.do(ctx, b.uow, consumer, k2, nop)
+		require.NoError(t, err)
+		require.Equal(t, framework.Processed, out, "the new name processed k2 already")
+		require.True(t, b.advance(t, from, "order-1", 5))
+		require.True(t, b.advance(t, from, "order-2", 3))
+		require.True(t, b.advance(t, consumer, "order-2", 7))
+
+		n, err := b.store.Adopt(ctx, consumer, from)
+		require.NoError(t, err)
+		require.EqualValues(t, 1, n, "only k1 is new")
+		out, err = b.do(ctx, b.uow, consumer, k1, func(context.Context) error { return errBoom })
+		require.NoError(t, err)
+		require.Equal(t, framework.Duplicate, out, "what the old name processed is processed for the new one")
+		require.EqualValues(t, 5, b.checkpoint(t, consumer, "order-1"))
+		require.EqualValues(t, 7, b.checkpoint(t, consumer, "order-2"), "the higher checkpoint stays")
+		require.EqualValues(t, 5, b.checkpoint(t, from, "order-1"), "the old name keeps its own")
+
+		n, err = b.store.Adopt(ctx, consumer, from)
+		require.NoError(t, err)
+		require.Zero(t, n, "running it again adopts nothing new")
+
+		out, err = b.do(ctx, b.uow, from, k3, nop)
+		require.NoError(t, err)
+		require.Equal(t, framework.Processed, out)
+		require.True(t, b.advance(t, from, "order-1", 9))
+		n, err = b.store.Adopt(ctx, consumer, from)
+		require.NoError(t, err)
+		require.EqualValues(t, 1, n, "what is new since")
+		require.EqualValues(t, 9, b.checkpoint(t, consumer, "order-1"))
+
+		// An adopted mark keeps the time it was processed at: the purge
+		// takes it with the old name's marks of that time.
+		n, err = b.store.PurgeProcessed(ctx, t0.Add(time.Minute), 100)
+		require.NoError(t, err)
+		require.EqualValues(t, 3, n, "k1 and k2 of the old name, k1 adopted")
+	})
+}
