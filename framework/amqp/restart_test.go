@@ -15,9 +15,9 @@ import (
 	"github.com/effectively-once/effectively/internal/testenv"
 )
 
-// TestBrokerRestart restarts a private RabbitMQ node while a consumer
+// TestBrokerRestart restarts a private RabbitMQ node while a subscriber
 // drains a backlog, then boots a connection while the node is down: the
-// consumer recovers by itself, nothing is lost or applied twice, the
+// subscriber recovers by itself, nothing is lost, the
 // connection is established once the node is back, and Connected says
 // the truth meanwhile.
 //

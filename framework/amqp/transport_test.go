@@ -8,8 +8,6 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/effectively-once/effectively/framework"
-	"github.com/effectively-once/effectively/framework/postgres"
 	"github.com/effectively-once/effectively/framework/transporttest"
 	"github.com/effectively-once/effectively/internal/testenv"
 )
@@ -26,20 +24,13 @@ func newTransport(t *testing.T, cfg Config) *Transport {
 	return tr
 }
 
-// amqpEnv returns the suite's Env on the broker at url, with the stores in
-// a PostgreSQL schema of the test's own. Each process has a transport,
-// and so a connection, of its own.
+// amqpEnv returns the conformance suite's Env on the broker at url, with
+// a transport, and so a connection, of its own.
 func amqpEnv(t *testing.T, url string, cfg Config) *transporttest.Env {
 	t.Helper()
-	db := testenv.Postgres(t)
-	store, err := postgres.NewStore(db, postgres.StoreConfig{})
-	require.NoError(t, err)
 	cfg.URL = url
 	return &transporttest.Env{
-		DB:        db,
-		Store:     store,
 		Transport: newTransport(t, cfg),
-		Process:   func(t *testing.T) framework.Transport { return newTransport(t, cfg) },
 		PublishRaw: func(t *testing.T, topic string, body []byte) {
 			publishPlain(t, url, topic, amqp091.Publishing{ContentType: "application/cloudevents+json", Body: body})
 		},
@@ -94,6 +85,8 @@ func publishPlain(t *testing.T, url, exchange string, p amqp091.Publishing) {
 	require.True(t, ok, "broker confirms")
 }
 
+// TestTransport runs the transport conformance suite: what the AMQP
+// transport does by itself, without the consumer chain.
 func TestTransport(t *testing.T) {
 	t.Parallel()
 	url := testenv.Require(t, testenv.AMQPURLVar)

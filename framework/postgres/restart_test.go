@@ -87,9 +87,9 @@ func (c *cluster) stop(t *testing.T) {
 }
 
 // TestServerRestart restarts a private PostgreSQL cluster, which holds
-// both the stores and the transport, while a consumer drains a backlog:
-// the subscriber and the stores reconnect by themselves, nothing is lost,
-// nothing is applied twice.
+// the transport's tables, while a subscriber drains a backlog: the
+// subscriber and the publisher's pool reconnect by themselves and nothing
+// is lost.
 func TestServerRestart(t *testing.T) {
 	t.Parallel()
 	c := startCluster(t)

@@ -54,27 +54,18 @@ func subscriber(t *testing.T, tr *postgres.Transport, consumer string) message.S
 	return sub.Subscriber
 }
 
-// postgresEnv returns the suite's Env on the database at url: the stores
-// and the publisher share one pool; each process has a transport of its
-// own, whose subscribers have a pool of their own.
+// postgresEnv returns the conformance suite's Env on the database at url:
+// the transport publishes on one pool, its subscribers have a pool of
+// their own.
 func postgresEnv(t *testing.T, url string) *transporttest.Env {
 	t.Helper()
 	db := open(t, url, 20)
-	store, err := postgres.NewStore(db, postgres.StoreConfig{})
-	require.NoError(t, err)
 	cfg := fastTransport
 	cfg.URL = url
 	tr, err := postgres.New(context.Background(), db, cfg)
 	require.NoError(t, err)
 	return &transporttest.Env{
-		DB:        db,
-		Store:     store,
 		Transport: tr,
-		Process: func(t *testing.T) framework.Transport {
-			tr, err := postgres.New(context.Background(), db, cfg)
-			require.NoError(t, err)
-			return tr
-		},
 		PublishRaw: func(t *testing.T, topic string, body []byte) {
 			// The documented format of a message inserted by hand.
 			_, err := db.Exec(`INSERT INTO `+postgres.MessagesTable("", topic)+
@@ -92,6 +83,8 @@ func postgresEnv(t *testing.T, url string) *transporttest.Env {
 	}
 }
 
+// TestTransport runs the transport conformance suite: what the
+// PostgreSQL transport does by itself, without the consumer chain.
 func TestTransport(t *testing.T) {
 	t.Parallel()
 	transporttest.Exercise(t, func(t *testing.T) *transporttest.Env {

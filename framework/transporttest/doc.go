@@ -1,44 +1,49 @@
-// Package transporttest is the one integration suite every transport runs:
-// the framework's whole consumer chain (middleware.Handler) behind
-// watermill's router, on a real transport and a real database, the way the
-// application wires them. Each transport's tiny test builds its
-// framework.Transport with its package's New, supplies it in an Env with
-// the database and the hooks to publish as a plain client, and calls
-// Exercise, the way River runs one driver suite against each driver:
+// Package transporttest is the conformance suite of framework.Transport:
+// what a transport must do by itself, exercised through the interface with
+// plain watermill handlers behind watermill's router, and no consumer
+// chain. Each transport's tiny test builds its framework.Transport with
+// its package's New, supplies it in an Env with the hooks to publish as a
+// plain client, and calls Exercise, the way River runs one driver suite
+// against each driver:
 //
 //	func TestTransport(t *testing.T) {
 //		t.Parallel()
 //		transporttest.Exercise(t, func(t *testing.T) *transporttest.Env {
 //			tr, err := sqlite.New(db, sqlite.TransportConfig{})
 //			require.NoError(t, err)
-//			return &transporttest.Env{DB: db, Store: store, Transport: tr}
+//			return &transporttest.Env{Transport: tr, PublishRaw: ...}
 //		})
 //	}
 //
-// The suite publishes and replays through the Transport, and subscribes
-// each consumer process it starts through Transport.Subscribe, binding
-// the Subscription (Initialize) before it runs a router handler per topic.
-//
-// The cases: delivery of distinct events, concurrent duplicates across two
-// processes of one consumer with concurrency 8 (one effect per event),
-// retries, dead letters (permanent errors and poison), replay to one
-// consumer, a consumer restarted mid-stream, several event types on one
-// consumer, when the Env can publish as a plain client (PublishRaw),
-// interoperability, and the hold-up of a bad message at the head of the
-// line: one that fails on every attempt is dead-lettered once its attempts
-// ran out, one that kills its process on every delivery once it reached
-// the delivery limit, and the events behind it each take effect once.
+// The suite subscribes each consumer through Transport.Subscribe, binds
+// the Subscription (Initialize) and runs a router handler per topic. The
+// cases: a subscription of two types receives every message published to
+// either, with its payload and metadata intact; a nacked message is
+// delivered again; Initialize keeps the messages published before the
+// subscriber's first Subscribe; Replay reaches the named consumer only;
+// Ready reports a transport that can deliver; Close closes what the
+// transport built (the subscriber's channels end, the publisher refuses);
+// a body published by a plain client (Env.PublishRaw) arrives intact.
 //
 // The bad-input catalog (Catalog) runs on every transport too: each input
-// that must not stop a consumer ends as a dead letter with its code, or
-// takes effect, and the valid events published around each take effect
-// exactly once. Inputs with stored metadata need Env.PublishRow, those
-// with typed headers Env.PublishHeaders; a transport without them skips
-// those inputs.
+// the Env can carry reaches the subscriber with its body intact, its
+// metadata intact or, where the transport cannot hold it, with NUL and
+// bytes that are not UTF-8 replaced, and marked unreadable
+// (framework.MetadataUnreadable) exactly when its stored metadata cannot
+// be read; none stalls the subscription. Inputs with stored metadata need
+// Env.PublishRow, those with typed headers Env.PublishHeaders; a
+// transport without them skips those inputs. A transport that stores
+// JSON (Env.StoresJSON) may refuse at publish what is not JSON text.
 //
-// ExerciseServerRestart restarts the server under a consumer draining a
-// backlog, for transports whose tests run a server of their own.
+// ExerciseServerRestart restarts the server under a subscriber draining a
+// backlog, for transports whose tests run a server of their own: every
+// message arrives intact.
 //
-// Each case uses event types and consumer names of its own, so that cases
-// run in parallel on one server without seeing each other's messages.
+// What the consumer chain does behind a transport (exactly once, retries,
+// dead letters with their codes, hold-ups) is app/runner/runnertest's
+// suite, which app/runner's tests run on every transport. This package
+// imports neither the middleware nor the app.
+//
+// Each case uses topics and consumer names of its own, so that cases run
+// in parallel on one server without seeing each other's messages.
 package transporttest

@@ -12,17 +12,14 @@ import (
 	"github.com/effectively-once/effectively/internal/testenv"
 )
 
-// TestSQLite runs the suite on the SQLite transport sharing the stores'
-// file, as the default configuration does. A plain client inserts rows
-// into its messages table by hand.
+// TestSQLite runs the suite on the SQLite transport. A plain client
+// inserts rows into its messages table by hand.
 func TestSQLite(t *testing.T) {
 	t.Parallel()
 	transporttest.Exercise(t, func(t *testing.T) *transporttest.Env {
 		db, err := sqlite.Open(context.Background(), testenv.SQLitePath(t), sqlite.OpenConfig{})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = db.Close() })
-		store, err := sqlite.NewStore(db, sqlite.StoreConfig{})
-		require.NoError(t, err)
 		tr, err := sqlite.New(db, sqlite.TransportConfig{Subscriber: sqlite.SubscriberConfig{
 			PollInterval:  20 * time.Millisecond,
 			NackDelay:     20 * time.Millisecond,
@@ -30,8 +27,6 @@ func TestSQLite(t *testing.T) {
 		}})
 		require.NoError(t, err)
 		return &transporttest.Env{
-			DB:        db,
-			Store:     store,
 			Transport: tr,
 			PublishRaw: func(t *testing.T, topic string, body []byte) {
 				_, err := db.Exec(`INSERT INTO pubsub_messages (topic, payload) VALUES (?, ?)`, topic, body)

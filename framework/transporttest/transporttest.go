@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,37 +14,18 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
-	"github.com/effectively-once/effectively/framework/migrate"
-	"github.com/effectively-once/effectively/middleware"
 )
 
-// Store is what the suite needs of the framework's stores.
-type Store interface {
-	framework.Store
-}
-
-// Env is one case's transport and database. Build a fresh one per call of
-// the Exercise's open function; the suite migrates DB and closes the
-// subscribers it asked for.
+// Env is one case's transport and the hooks to publish as a plain client.
+// Build a fresh one per call of the Exercise's open function; the suite
+// closes the transport.
 type Env struct {
-	// DB holds the stores' tables and the handlers' effects. Required.
-	DB *sqlx.DB
-	// Store is the framework's store on DB. Required.
-	Store Store
-	// Transport is the transport under test, built by its package's New:
-	// the suite publishes and replays through it, and subscribes each
-	// process it starts through it unless Process is set. The suite closes
-	// it. Required.
+	// Transport is the transport under test, built by its package's New
+	// (and connected, where it connects). Required.
 	Transport framework.Transport
-	// Process returns the transport of another process of the same
-	// service (a connection of its own, say), for the subscriptions of
-	// each process the suite starts; the suite closes it with the process.
-	// Defaults to Transport.
-	Process func(t *testing.T) framework.Transport
 	// PublishRaw publishes body to topic the way a plain client of the
 	// broker or database would, without watermill. Required.
 	PublishRaw func(t *testing.T, topic string, body []byte)
@@ -60,7 +42,7 @@ type Env struct {
 	// StoresJSON says that the transport keeps payloads and metadata in
 	// JSON columns (PostgreSQL's json): a body or metadata that is not
 	// JSON text in UTF-8 is refused at publish and never reaches a
-	// consumer.
+	// subscriber.
 	StoresJSON bool
 	// Timeout bounds each wait of the suite. Defaults to 60s.
 	Timeout time.Duration
@@ -74,17 +56,14 @@ func Exercise(t *testing.T, open func(t *testing.T) *Env) {
 		name string
 		run  func(t *testing.T, s *suite)
 	}{
-		{"DeliverOnce", caseDeliverOnce},
-		{"ConcurrentDuplicates", caseConcurrentDuplicates},
-		{"Retry", caseRetry},
-		{"DeadLetters", caseDeadLetters},
+		{"Deliver", caseDeliver},
+		{"NackRedelivers", caseNackRedelivers},
+		{"InitializeKeeps", caseInitializeKeeps},
 		{"Replay", caseReplay},
-		{"Restart", caseRestart},
-		{"SeveralTypes", caseSeveralTypes},
-		{"Interop", caseInterop},
+		{"Ready", caseReady},
+		{"Close", caseClose},
+		{"PlainClient", casePlainClient},
 		{"BadInputs", caseBadInputs},
-		{"HoldUpFailing", caseHoldUpFailing},
-		{"HoldUpDying", caseHoldUpDying},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -95,128 +74,104 @@ func Exercise(t *testing.T, open func(t *testing.T) *Env) {
 }
 
 // ExerciseServerRestart publishes a backlog, restarts the server while a
-// consumer drains it (restart must return once the server is back), and
-// checks that every event took effect exactly once.
+// subscriber drains it (restart must return once the server is back), and
+// checks that every message was delivered, intact, and acknowledged: the
+// subscription recovers by itself and loses nothing.
 func ExerciseServerRestart(t *testing.T, env *Env, restart func(t *testing.T)) {
 	t.Helper()
 	s := newSuite(t, env)
 	s.slow = 20 * time.Millisecond
 	const n = 200
-	// The consumer binds its queue or group first, as the application does
+	// The subscription binds its queue or group first, as a consumer does
 	// at start.
-	p := s.start(t, s.consumer("drain"), 2, s.typ)
+	name := s.consumer("drain")
+	p := s.start(t, name, 2, nil, s.topic("a"))
 	defer p.stop()
-	ids := s.publishN(t, s.typ, n, 0)
-	s.waitEffects(t, "drain", 10)
+	sent := s.publishN(t, s.topic("a"), "drain", n)
+	s.waitFor(t, "10 messages acknowledged", func() bool { return len(s.ackedOf(name)) >= 10 })
 	restart(t)
-	s.waitEffects(t, "drain", n)
-	settle()
-	s.requireExactlyOnce(t, "drain", ids)
+	s.waitAcked(t, name, sent)
+	s.requireIntact(t, name, sent)
 }
 
-// noteV1 is the suite's payload.
-type noteV1 struct {
-	Text string `json:"text" validate:"required"`
+// sent is a message the suite published: its payload, which is distinct,
+// and its metadata.
+type sent struct {
+	payload  string
+	metadata map[string]string
+}
+
+// delivery is a message as a subscriber received it.
+type delivery struct {
+	consumer string
+	payload  string
+	metadata message.Metadata
+	call     int // how many times this consumer received the payload, this one included
 }
 
 // suite is one case's state.
 type suite struct {
-	env  *Env
-	id   string // unique per case: names its types and consumers
-	typ  framework.Definition[noteV1]
-	typ2 framework.Definition[noteV1]
+	env *Env
+	id  string // unique per case: names its topics and consumers
 
-	// behave decides what a handler does after writing its effect.
-	behave atomic.Pointer[func(consumer string, ev framework.Event[noteV1], call int) error]
+	// behave decides whether a handler acks (nil) or nacks a delivery.
+	behave atomic.Pointer[func(d delivery) error]
 	slow   time.Duration
-	tune   func(cfg *middleware.Config) // adjusts the chain of the processes started after it is set
 
-	mu    sync.Mutex
-	calls map[string]int // consumer/source/id → calls
-	acked map[string]int // consumer → messages acknowledged
+	mu        sync.Mutex
+	delivered map[string][]delivery      // consumer → every delivery
+	acked     map[string]map[string]bool // consumer → payloads acknowledged
 }
 
 func newSuite(t *testing.T, env *Env) *suite {
 	t.Helper()
-	require.NotNil(t, env.DB, "Env.DB")
-	require.NotNil(t, env.Store, "Env.Store")
 	require.NotNil(t, env.Transport, "Env.Transport")
 	t.Cleanup(func() { _ = env.Transport.Close() })
 	if env.Timeout == 0 {
 		env.Timeout = 60 * time.Second
 	}
-	ctx := context.Background()
-	require.NoError(t, migrate.Up(ctx, env.DB, migrate.Config{}))
-	_, err := env.DB.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS effects (consumer TEXT NOT NULL, source TEXT NOT NULL, event_id TEXT NOT NULL, text TEXT NOT NULL)`)
-	require.NoError(t, err)
-	id := randomHex(6)
 	return &suite{
-		env:   env,
-		id:    id,
-		typ:   framework.Define[noteV1]("transporttest.t"+id+".noted", 1),
-		typ2:  framework.Define[noteV1]("transporttest.t"+id+".amended", 1),
-		calls: make(map[string]int),
-		acked: make(map[string]int),
+		env:       env,
+		id:        randomHex(6),
+		delivered: make(map[string][]delivery),
+		acked:     make(map[string]map[string]bool),
 	}
 }
+
+// topic returns the case's topic (event type) for role.
+func (s *suite) topic(role string) string { return "transporttest.t" + s.id + "." + role }
 
 // consumer returns the case's consumer name for role.
 func (s *suite) consumer(role string) string { return "tt-" + s.id + "." + role }
 
-// process is one running instance of a consumer: a router with its
-// handlers on a subscriber of its own.
+// process is one running subscription: a router with a plain handler per
+// topic of the subscription.
 type process struct {
-	router         *message.Router
-	sub            message.Subscriber
-	closeTransport func() error // the process's own transport (Env.Process)
-	done           chan struct{}
+	router *message.Router
+	sub    message.Subscriber
+	done   chan struct{}
+	once   sync.Once
 }
 
-// start runs a process of the consumer named name handling defs, with
-// concurrency messages in flight, until stop or the end of the test.
-func (s *suite) start(t *testing.T, name string, concurrency int, defs ...framework.Definition[noteV1]) *process {
+// start subscribes the consumer named name to types through the Env's
+// Transport, with concurrency messages in flight, binds the subscription
+// (Initialize), calls bound (when set), then runs a router with a plain
+// handler per topic of the subscription until stop or the end of the
+// test.
+func (s *suite) start(t *testing.T, name string, concurrency int, bound func(), types ...string) *process {
 	t.Helper()
-	var handlers []framework.Handler
-	var types []string
-	for _, def := range defs {
-		handlers = append(handlers, framework.Handle(def, s.handler(name)))
-		types = append(types, def.Type())
-	}
-	c, err := framework.NewConsumer(name, handlers...)
-	require.NoError(t, err)
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: s.env.DB, Store: s.env.Store})
-	require.NoError(t, err)
-	cfg := middleware.Config{
-		Consumer:      c,
-		UnitOfWork:    uow,
-		Store:         s.env.Store,
-		MaxDeliveries: 100,
-		Attempts:      3,
-		RetryDelay:    time.Millisecond,
-		Timeout:       10 * time.Second,
-		Outer:         []message.HandlerMiddleware{s.countAcks(name)},
-	}
-	if s.tune != nil {
-		s.tune(&cfg)
-	}
-	h, err := middleware.Handler(cfg)
-	require.NoError(t, err)
-
-	tr := s.env.Transport
-	closeTransport := func() error { return nil }
-	if s.env.Process != nil {
-		tr = s.env.Process(t)
-		closeTransport = tr.Close
-	}
-	sub, err := tr.Subscribe(framework.SubscribeConfig{Consumer: name, Types: types, Concurrency: concurrency})
-	require.NoError(t, err)
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 3 * time.Second}, watermill.NopLogger{})
+	sub, err := s.env.Transport.Subscribe(framework.SubscribeConfig{Consumer: name, Types: types, Concurrency: concurrency})
 	require.NoError(t, err)
 	require.NoError(t, sub.Initialize())
-	for i, topic := range sub.Topics {
-		router.AddConsumerHandler(fmt.Sprintf("%s#%d", name, i), topic, sub.Subscriber, h)
+	if bound != nil {
+		bound()
 	}
-	p := &process{router: router, sub: sub.Subscriber, closeTransport: closeTransport, done: make(chan struct{})}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 3 * time.Second}, watermill.NopLogger{})
+	require.NoError(t, err)
+	for i, topic := range sub.Topics {
+		router.AddConsumerHandler(fmt.Sprintf("%s#%d", name, i), topic, sub.Subscriber, s.handler(name))
+	}
+	p := &process{router: router, sub: sub.Subscriber, done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
 		_ = router.Run(context.Background())
@@ -232,115 +187,97 @@ func (s *suite) start(t *testing.T, name string, concurrency int, defs ...framew
 	return p
 }
 
-// stop closes the process's router and subscriber; in-flight attempts roll
-// back and their messages are delivered again.
+// stop closes the process's router and subscriber.
 func (p *process) stop() {
-	_ = p.router.Close()
-	<-p.done
-	_ = p.sub.Close()
-	_ = p.closeTransport()
+	p.once.Do(func() {
+		_ = p.router.Close()
+		<-p.done
+		_ = p.sub.Close()
+	})
 }
 
-func (s *suite) handler(consumer string) framework.HandlerFunc[noteV1] {
-	return func(ctx context.Context, ev framework.Event[noteV1]) error {
+// handler records each delivery to consumer and acks it, unless the
+// suite's behave returns an error: then the router nacks it.
+func (s *suite) handler(consumer string) message.NoPublishHandlerFunc {
+	return func(msg *message.Message) error {
+		d := delivery{consumer: consumer, payload: string(msg.Payload), metadata: maps.Clone(msg.Metadata)}
 		s.mu.Lock()
-		k := consumer + "/" + ev.Source + "/" + ev.ID
-		s.calls[k]++
-		call := s.calls[k]
+		for _, prev := range s.delivered[consumer] {
+			if prev.payload == d.payload {
+				d.call++
+			}
+		}
+		d.call++
+		s.delivered[consumer] = append(s.delivered[consumer], d)
 		s.mu.Unlock()
 		if s.slow > 0 {
 			select {
 			case <-time.After(s.slow):
-			case <-ctx.Done():
-				return ctx.Err()
+			case <-msg.Context().Done():
+				return msg.Context().Err()
 			}
 		}
-		_, err := framework.Conn(ctx, s.env.DB).ExecContext(ctx,
-			s.env.DB.Rebind(`INSERT INTO effects (consumer, source, event_id, text) VALUES (?, ?, ?, ?)`),
-			consumer, ev.Source, ev.ID, ev.Data.Text)
-		if err != nil {
-			return err
-		}
 		if b := s.behave.Load(); b != nil {
-			return (*b)(consumer, ev, call)
+			if err := (*b)(d); err != nil {
+				return err
+			}
 		}
+		s.mu.Lock()
+		if s.acked[consumer] == nil {
+			s.acked[consumer] = make(map[string]bool)
+		}
+		s.acked[consumer][d.payload] = true
+		s.mu.Unlock()
 		return nil
 	}
 }
 
-// countAcks counts the messages of consumer that pass the chain's Outer
-// step acknowledged: processed and duplicates (poison and dead letters are
-// stored by the steps outside it).
-func (s *suite) countAcks(consumer string) message.HandlerMiddleware {
-	return func(next message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			out, err := next(msg)
-			if err == nil {
-				s.mu.Lock()
-				s.acked[consumer]++
-				s.mu.Unlock()
-			}
-			return out, err
+func (s *suite) setBehave(f func(d delivery) error) { s.behave.Store(&f) }
+
+// deliveriesOf returns every delivery of payload to consumer.
+func (s *suite) deliveriesOf(consumer, payload string) []delivery {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []delivery
+	for _, d := range s.delivered[consumer] {
+		if d.payload == payload {
+			out = append(out, d)
 		}
 	}
+	return out
 }
 
-func (s *suite) ackedOf(consumer string) int {
+// ackedOf returns the payloads consumer acknowledged.
+func (s *suite) ackedOf(consumer string) map[string]bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.acked[consumer]
+	return maps.Clone(s.acked[consumer])
 }
 
-func (s *suite) setBehave(f func(consumer string, ev framework.Event[noteV1], call int) error) {
-	s.behave.Store(&f)
-}
-
-func (s *suite) callsOf(consumer, source, id string) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.calls[consumer+"/"+source+"/"+id]
-}
-
-// message returns the framework's message of a note event.
-func (s *suite) message(t *testing.T, def framework.Definition[noteV1], source, id, text string) *message.Message {
-	t.Helper()
-	env, err := def.Envelope(noteV1{Text: text}, framework.Attributes{ID: id, Source: source})
-	require.NoError(t, err)
-	msg, err := framework.NewMessage(env)
-	require.NoError(t, err)
+// newMessage returns a message of m's payload and metadata.
+func newMessage(m sent) *message.Message {
+	msg := message.NewMessage(watermill.NewUUID(), []byte(m.payload))
+	maps.Copy(msg.Metadata, m.metadata)
 	return msg
 }
 
-func (s *suite) publish(t *testing.T, def framework.Definition[noteV1], msgs ...*message.Message) {
+// publishN publishes n messages to topic, each with a payload of its own
+// (JSON text naming role) and metadata, and returns them.
+func (s *suite) publishN(t *testing.T, topic, role string, n int) []sent {
 	t.Helper()
-	require.NoError(t, s.env.Transport.Publisher().Publish(def.Type(), msgs...))
-}
-
-// publishN publishes n distinct events of def (ids from+0 .. from+n-1)
-// and returns their ids.
-func (s *suite) publishN(t *testing.T, def framework.Definition[noteV1], n, from int) []string {
-	t.Helper()
-	ids := make([]string, n)
+	out := make([]sent, n)
 	msgs := make([]*message.Message, n)
 	for i := range n {
-		ids[i] = fmt.Sprintf("ev-%d", from+i)
-		msgs[i] = s.message(t, def, "notes", ids[i], "hello")
+		out[i] = sent{
+			payload:  fmt.Sprintf(`{"case":%q,"n":%d}`, role+"-"+s.id, i),
+			metadata: map[string]string{"tt-index": fmt.Sprint(i), "tt-note": "ünïcode ✓"},
+		}
+		msgs[i] = newMessage(out[i])
 	}
 	for start := 0; start < n; start += 50 {
-		s.publish(t, def, msgs[start:min(start+50, n)]...)
+		require.NoError(t, s.env.Transport.Publisher().Publish(topic, msgs[start:min(start+50, n)]...))
 	}
-	return ids
-}
-
-func (s *suite) count(t *testing.T, query string, args ...any) int {
-	t.Helper()
-	var n int
-	require.NoError(t, s.env.DB.GetContext(context.Background(), &n, s.env.DB.Rebind(query), args...))
-	return n
-}
-
-func (s *suite) effects(t *testing.T, consumer string) int {
-	return s.count(t, `SELECT count(*) FROM effects WHERE consumer = ?`, consumer)
+	return out
 }
 
 // waitFor polls cond until it holds or the Env's timeout passes.
@@ -355,39 +292,43 @@ func (s *suite) waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func (s *suite) waitEffects(t *testing.T, role string, n int) {
+// waitAcked waits until consumer acknowledged every message of want.
+func (s *suite) waitAcked(t *testing.T, consumer string, want []sent) {
 	t.Helper()
-	consumer := s.consumer(role)
-	s.waitFor(t, fmt.Sprintf("%d effects of %s", n, consumer), func() bool { return s.effects(t, consumer) >= n })
+	s.waitFor(t, fmt.Sprintf("%d messages acknowledged by %s", len(want), consumer), func() bool {
+		acked := s.ackedOf(consumer)
+		for _, m := range want {
+			if !acked[m.payload] {
+				return false
+			}
+		}
+		return true
+	})
 }
 
-func (s *suite) deadLetters(t *testing.T, consumer string) []framework.DeadLetter {
+// requireIntact checks that every delivery to consumer is one of want,
+// with its metadata intact (a transport may add keys of its own), and
+// that each of want was delivered.
+func (s *suite) requireIntact(t *testing.T, consumer string, want []sent) {
 	t.Helper()
-	dls, err := s.env.Store.DeadLetters(context.Background(), framework.DeadLetterFilter{Consumer: consumer})
-	require.NoError(t, err)
-	return dls
-}
-
-// requireExactlyOnce checks that each of ids took effect once for the
-// consumer of role, with one processed mark each, and nothing else did.
-func (s *suite) requireExactlyOnce(t *testing.T, role string, ids []string) {
-	t.Helper()
-	consumer := s.consumer(role)
-	var got []struct {
-		EventID string `db:"event_id"`
-		N       int    `db:"n"`
+	byPayload := make(map[string]sent, len(want))
+	for _, m := range want {
+		byPayload[m.payload] = m
 	}
-	require.NoError(t, s.env.DB.SelectContext(context.Background(), &got,
-		s.env.DB.Rebind(`SELECT event_id, count(*) AS n FROM effects WHERE consumer = ? GROUP BY event_id`), consumer))
-	counts := make(map[string]int, len(got))
-	for _, g := range got {
-		counts[g.EventID] = g.N
+	s.mu.Lock()
+	got := append([]delivery(nil), s.delivered[consumer]...)
+	s.mu.Unlock()
+	seen := make(map[string]bool, len(want))
+	for _, d := range got {
+		m, ok := byPayload[d.payload]
+		require.Truef(t, ok, "%s received a message nobody sent it: %.100q", consumer, d.payload)
+		seen[d.payload] = true
+		for k, v := range m.metadata {
+			require.Equalf(t, v, d.metadata.Get(k), "metadata %q of %s", k, d.payload)
+		}
+		require.Emptyf(t, d.metadata.Get(framework.MetadataUnreadable), "%s is marked unreadable", d.payload)
 	}
-	for _, id := range ids {
-		require.Equalf(t, 1, counts[id], "effects of event %s", id)
-	}
-	require.Len(t, counts, len(ids), "no other event took effect")
-	require.Equal(t, len(ids), s.count(t, `SELECT count(*) FROM processed_events WHERE consumer = ?`, consumer), "processed marks")
+	require.Len(t, seen, len(want), "every message delivered")
 }
 
 // settle waits a little so that a wrong extra delivery would show.
@@ -399,4 +340,14 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-var errTransient = errors.New("transient failure")
+var errNack = errors.New("nack")
+
+// subscribe subscribes the consumer named name to types through the
+// Env's Transport and binds the subscription.
+func (s *suite) subscribe(t *testing.T, name string, types ...string) framework.Subscription {
+	t.Helper()
+	sub, err := s.env.Transport.Subscribe(framework.SubscribeConfig{Consumer: name, Types: types})
+	require.NoError(t, err)
+	require.NoError(t, sub.Initialize())
+	return sub
+}

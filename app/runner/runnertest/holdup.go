@@ -1,4 +1,4 @@
-package transporttest
+package runnertest
 
 import (
 	"fmt"
@@ -9,11 +9,11 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/effectively-once/effectively/app/runner"
 	"github.com/effectively-once/effectively/framework"
-	"github.com/effectively-once/effectively/middleware"
 )
 
-// The hold-up cases' chain: few attempts and a low delivery limit, so that
+// The hold-up cases' consumer: few attempts and a low delivery limit, so that
 // a bad message at the head of a consumer's line reaches its dead letter
 // quickly. One message in flight: whatever is behind it waits for it.
 const (
@@ -23,9 +23,15 @@ const (
 	holdUpBad           = "bad"
 )
 
-func tuneHoldUp(cfg *middleware.Config) {
-	cfg.MaxDeliveries = holdUpMaxDeliveries
-	cfg.Attempts, cfg.RetryDelay = holdUpAttempts, time.Millisecond
+// hangTimeout is the attempt timeout of the dying case: longer than any
+// wait of the suite, so that the attempt hangs until its process stops.
+const hangTimeout = time.Hour
+
+func tuneHoldUp(cfg *runner.Config) {
+	cc := &cfg.Consumers[0]
+	cc.MaxDeliveries = holdUpMaxDeliveries
+	cc.Attempts = holdUpAttempts
+	cc.RetryDelay = time.Millisecond
 }
 
 // publishBadThenValid publishes the bad event, then holdUpValid valid
@@ -84,9 +90,9 @@ func caseHoldUpFailing(t *testing.T, s *suite) {
 // MaxDeliveries deliveries.
 func caseHoldUpDying(t *testing.T, s *suite) {
 	var died atomic.Int32
-	s.tune = func(cfg *middleware.Config) {
+	s.tune = func(cfg *runner.Config) {
 		tuneHoldUp(cfg)
-		cfg.Timeout = -1 // the attempt hangs until the process stops
+		cfg.Consumers[0].Timeout = hangTimeout // the attempt hangs until the process stops
 		cfg.Inner = append(cfg.Inner, dieOn(holdUpBad, &died))
 	}
 	role := "holdup-die"
