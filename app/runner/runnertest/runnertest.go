@@ -90,7 +90,8 @@ func Exercise(t *testing.T, open func(t *testing.T) *Env) {
 
 // ExerciseServerRestart publishes a backlog, restarts the server while a
 // Runner drains it (restart must return once the server is back), and
-// checks that every event took effect exactly once.
+// checks that every event took effect exactly once. It needs no
+// Env.PublishRaw.
 func ExerciseServerRestart(t *testing.T, env *Env, restart func(t *testing.T)) {
 	t.Helper()
 	s := newSuite(t, env)

@@ -1,0 +1,115 @@
+package testserver
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/internal/testenv"
+)
+
+// RabbitMQ is a RabbitMQ node of a test's own: its own node name, ports
+// and data folder, run as the rabbitmq user, management off. Tests
+// restart it; they never touch the shared server.
+type RabbitMQ struct {
+	name string
+	dir  string
+	env  []string
+	// URL is the node's AMQP URL, as guest.
+	URL string
+}
+
+// StartRabbitMQ starts a private node and stops it, and removes its data,
+// when the test ends.
+func StartRabbitMQ(t *testing.T) *RabbitMQ {
+	t.Helper()
+	testenv.Require(t, testenv.AMQPURLVar)
+	if _, err := exec.LookPath("rabbitmq-server"); err != nil {
+		testenv.Missing(t, "rabbitmq-server is not installed here (the shared server runs elsewhere)")
+	}
+	if _, err := user.Lookup("rabbitmq"); err != nil {
+		testenv.Missing(t, "no rabbitmq user to run a private node as")
+	}
+	dir, err := os.MkdirTemp("", "effectively-rabbitmq-")
+	require.NoError(t, err)
+	require.NoError(t, os.Chmod(dir, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "enabled_plugins"), []byte("[].\n"), 0o644))
+	require.NoError(t, exec.Command("chown", "-R", "rabbitmq:rabbitmq", dir).Run())
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	port := freePort(t)
+	n := &RabbitMQ{name: "effectively-" + hex.EncodeToString(b) + "@localhost", dir: dir}
+	n.URL = fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", port)
+	t.Cleanup(func() {
+		_ = n.ctl("stop").Run()
+		_ = os.RemoveAll(dir)
+	})
+	n.env = []string{
+		"HOME=/var/lib/rabbitmq",
+		"RABBITMQ_NODENAME=" + n.name,
+		"RABBITMQ_NODE_IP_ADDRESS=127.0.0.1",
+		"RABBITMQ_NODE_PORT=" + strconv.Itoa(port),
+		"RABBITMQ_DIST_PORT=" + strconv.Itoa(freePort(t)),
+		"RABBITMQ_MNESIA_BASE=" + filepath.Join(dir, "mnesia"),
+		"RABBITMQ_LOG_BASE=" + filepath.Join(dir, "log"),
+		"RABBITMQ_ENABLED_PLUGINS_FILE=" + filepath.Join(dir, "enabled_plugins"),
+		"RABBITMQ_PID_FILE=" + filepath.Join(dir, "pid"),
+	}
+	n.Start(t)
+	return n
+}
+
+// ctl returns rabbitmqctl on the node, run as the rabbitmq user.
+func (n *RabbitMQ) ctl(args ...string) *exec.Cmd {
+	return exec.Command("runuser", append([]string{"-u", "rabbitmq", "--", "env", "HOME=/var/lib/rabbitmq", "rabbitmqctl", "-q", "-n", n.name}, args...)...)
+}
+
+// Start starts the node detached and waits until it accepts AMQP
+// connections.
+func (n *RabbitMQ) Start(t *testing.T) {
+	t.Helper()
+	cmd := exec.Command("runuser", append(append([]string{"-u", "rabbitmq", "--", "env"}, n.env...), "rabbitmq-server", "-detached")...)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "rabbitmq-server: %s", out)
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		c, err := amqp091.Dial(n.URL)
+		if err == nil {
+			_ = c.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("private RabbitMQ node %s did not start: %v (logs in %s)", n.name, err, n.dir)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// Stop stops the node and waits until it is gone.
+func (n *RabbitMQ) Stop(t *testing.T) {
+	t.Helper()
+	out, err := n.ctl("stop").CombinedOutput()
+	require.NoError(t, err, "rabbitmqctl stop: %s", out)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for ctx.Err() == nil {
+		c, err := amqp091.Dial(n.URL)
+		if err != nil {
+			return
+		}
+		_ = c.Close()
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("private RabbitMQ node %s did not stop", n.name)
+}
