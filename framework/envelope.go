@@ -17,11 +17,7 @@ import (
 	"github.com/cloudevents/sdk-go/v2/types"
 )
 
-// ContentType is the media type of every message body: one CloudEvent in
-// structured JSON mode.
-const ContentType = "application/cloudevents+json"
-
-// Limits of an envelope's attributes and body.
+// Limits of an envelope's attributes and body, and of a consumer's name.
 const (
 	// MaxIDBytes is the longest event id.
 	MaxIDBytes = 256
@@ -29,6 +25,8 @@ const (
 	MaxSourceBytes = 512
 	// DefaultMaxBodyBytes is the default limit of a message body.
 	DefaultMaxBodyBytes = 1 << 20
+	// MaxConsumerNameBytes is the longest consumer name.
+	MaxConsumerNameBytes = 120
 )
 
 // The CloudEvents extension attributes the framework reads and writes.

@@ -11,8 +11,12 @@ import (
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
-// Metadata keys the framework reads from and writes to watermill messages.
+// The media type of a message body, and the metadata keys the framework
+// reads from and writes to watermill messages.
 const (
+	// ContentType is the media type of every message body: one CloudEvent
+	// in structured JSON mode.
+	ContentType = "application/cloudevents+json"
 	// MetadataContentType holds ContentType on every message the framework
 	// publishes.
 	MetadataContentType = "content-type"

@@ -6,9 +6,6 @@ import (
 	"strings"
 )
 
-// MaxConsumerNameBytes is the longest consumer name.
-const MaxConsumerNameBytes = 120
-
 var consumerNamePattern = regexp.MustCompile(`^[a-z][a-z0-9]*([.-][a-z0-9]+)*$`)
 
 // ValidateConsumerName reports whether name can name a consumer: it matches

@@ -1,7 +1,9 @@
 package framework
 
 import (
+	"cmp"
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 
@@ -10,42 +12,112 @@ import (
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
-// Tx is the transaction of one attempt. Its embedded *sqlx.Tx is nil when
-// the unit of work has no database (the in-memory store). Stores use the
-// hooks to act when the transaction ends.
+// Tx is the transaction of one attempt, as the handler and the stores see
+// it: the statements of sqlx.ExtContext, and hooks that run when the
+// attempt's effect commits or rolls back. Under group commit several
+// attempts share one database transaction, each between a savepoint and
+// its release: Tx has no Commit or Rollback, so no handler can end the
+// transaction of its batch-mates, and a statement runs under the batch's
+// own context (a canceled attempt fails its next statement instead of
+// interrupting the shared connection). Without a database (the in-memory
+// store) it runs no statement; its hooks still run.
 type Tx struct {
-	*sqlx.Tx
-
-	db            *sqlx.DB
+	tx            *sqlx.Tx
+	ctx           context.Context // the context of the database transaction
 	afterCommit   []func()
 	afterRollback []func()
 }
 
-// OnCommit registers f to run after the transaction committed.
+// OnCommit registers f to run after the attempt's effect committed.
 func (t *Tx) OnCommit(f func()) { t.afterCommit = append(t.afterCommit, f) }
 
-// OnRollback registers f to run after the transaction rolled back, or
-// failed to commit.
+// OnRollback registers f to run after the attempt's effect rolled back,
+// alone (its savepoint) or with its transaction, or failed to commit.
 func (t *Tx) OnRollback(f func()) { t.afterRollback = append(t.afterRollback, f) }
 
-func (t *Tx) commit() error {
-	if t.Tx != nil {
-		if err := t.Tx.Commit(); err != nil {
-			t.rolledBack()
-			return fmt.Errorf("commit: %w", err)
-		}
+// HasDB reports whether t is a database transaction (false for the
+// in-memory store's attempts).
+func (t *Tx) HasDB() bool { return t != nil && t.tx != nil }
+
+// errNoDB is what a statement returns on a Tx without a database.
+var errNoDB = errors.New("attempt transaction: no database (the unit of work has no DB)")
+
+// stmt returns the context a statement of ctx runs under: the
+// transaction's own, so that ctx ending never interrupts a statement of
+// a shared connection, unless ctx has ended already: then database/sql
+// fails the statement before the driver sees it.
+func (t *Tx) stmt(ctx context.Context) (context.Context, error) {
+	if t.tx == nil {
+		return nil, errNoDB
 	}
+	if ctx.Err() != nil || t.ctx == nil {
+		return ctx, nil
+	}
+	return t.ctx, nil
+}
+
+// ExecContext executes a statement in the attempt's transaction.
+func (t *Tx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	sctx, err := t.stmt(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return t.tx.ExecContext(sctx, query, args...)
+}
+
+// QueryContext queries in the attempt's transaction.
+func (t *Tx) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	sctx, err := t.stmt(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return t.tx.QueryContext(sctx, query, args...)
+}
+
+// QueryxContext queries in the attempt's transaction, returning sqlx.Rows.
+func (t *Tx) QueryxContext(ctx context.Context, query string, args ...any) (*sqlx.Rows, error) {
+	sctx, err := t.stmt(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return t.tx.QueryxContext(sctx, query, args...)
+}
+
+// QueryRowxContext queries at most one row in the attempt's transaction.
+// On a Tx without a database it panics, like a nil *sqlx.Tx.
+func (t *Tx) QueryRowxContext(ctx context.Context, query string, args ...any) *sqlx.Row {
+	sctx, err := t.stmt(ctx)
+	if err != nil {
+		panic(err)
+	}
+	return t.tx.QueryRowxContext(sctx, query, args...)
+}
+
+// GetContext scans one row into dest (see sqlx.GetContext).
+func (t *Tx) GetContext(ctx context.Context, dest any, query string, args ...any) error {
+	return sqlx.GetContext(ctx, t, dest, query, args...)
+}
+
+// SelectContext scans rows into dest (see sqlx.SelectContext).
+func (t *Tx) SelectContext(ctx context.Context, dest any, query string, args ...any) error {
+	return sqlx.SelectContext(ctx, t, dest, query, args...)
+}
+
+// DriverName returns the name of the database's driver.
+func (t *Tx) DriverName() string { return t.tx.DriverName() }
+
+// Rebind turns a query's ? placeholders into the driver's bindvars.
+func (t *Tx) Rebind(query string) string { return t.tx.Rebind(query) }
+
+// BindNamed binds a query's named parameters from arg (see sqlx.BindNamed).
+func (t *Tx) BindNamed(query string, arg any) (string, []any, error) {
+	return t.tx.BindNamed(query, arg)
+}
+
+func (t *Tx) committed() {
 	for _, f := range t.afterCommit {
 		f()
 	}
-	return nil
-}
-
-func (t *Tx) rollback() {
-	if t.Tx != nil {
-		_ = t.Tx.Rollback() // the attempt's error is what matters
-	}
-	t.rolledBack()
 }
 
 func (t *Tx) rolledBack() {
@@ -57,12 +129,12 @@ func (t *Tx) rolledBack() {
 // TxFromContext returns the transaction of the attempt running in ctx. Code
 // that a handler calls (a repository, a command bus) joins the attempt
 // through it, so its writes commit or roll back with the processed mark.
-func TxFromContext(ctx context.Context) (*sqlx.Tx, bool) {
+func TxFromContext(ctx context.Context) (*Tx, bool) {
 	t, ok := pipeline.From[*Tx](ctx)
-	if !ok || t.Tx == nil {
+	if !ok || t.tx == nil {
 		return nil, false
 	}
-	return t.Tx, true
+	return t, true
 }
 
 // Conn returns the attempt's transaction when ctx carries one, else db:
@@ -78,11 +150,31 @@ func Conn(ctx context.Context, db *sqlx.DB) sqlx.ExtContext {
 // UnitOfWork runs each attempt in a transaction that holds the processed
 // mark of the event: the mark and the handler's writes commit together, or
 // roll back together. It is the one implementation of the exactly-once
-// effect; Consume and the middleware step both use it.
+// effect; Consume and the consumer chain both use it.
+//
+// With a database and a BatchSize above 1 it commits in groups: the
+// attempts that arrive while earlier ones commit are gathered into batches
+// of up to BatchSize, and a batch runs in one transaction on one
+// connection, each attempt between a savepoint and its release. An
+// attempt that fails rolls back to its savepoint alone; the others
+// commit. Up to Batches batches run at once.
 type UnitOfWork struct {
 	db    *sqlx.DB
 	store Store
+	group *group
 }
+
+// Defaults of UnitOfWorkConfig.
+const (
+	// DefaultBatchSize is the most attempts one transaction holds: one,
+	// each attempt in a transaction of its own. Group commit takes a
+	// BatchSize of up to 32, below the 64 subtransactions PostgreSQL
+	// caches per backend.
+	DefaultBatchSize = 1
+	// DefaultBatches is how many batches run at once, each on a
+	// connection of its own.
+	DefaultBatches = 4
+)
 
 // UnitOfWorkConfig configures a UnitOfWork.
 type UnitOfWorkConfig struct {
@@ -92,14 +184,46 @@ type UnitOfWorkConfig struct {
 	// Store keeps the processed marks and the delivery counts that the
 	// transaction forgets. Required.
 	Store Store
+	// BatchSize is the most attempts that commit in one transaction.
+	// Defaults to DefaultBatchSize; 1 gives each attempt a transaction of
+	// its own.
+	BatchSize int
+	// Batches is how many batches run at once. Defaults to
+	// DefaultBatches.
+	Batches int
+}
+
+// WithDefaults returns a copy of c with zero fields set to their defaults.
+func (c UnitOfWorkConfig) WithDefaults() UnitOfWorkConfig {
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.Batches = cmp.Or(c.Batches, DefaultBatches)
+	return c
+}
+
+// Validate reports the first invalid field of c.
+func (c UnitOfWorkConfig) Validate() error {
+	switch {
+	case c.Store == nil:
+		return errors.New("UnitOfWorkConfig.Store: required (sqlite.NewStore, postgres.NewStore or memory.NewStore)")
+	case c.BatchSize < 1:
+		return fmt.Errorf("UnitOfWorkConfig.BatchSize: must be at least 1, got %d", c.BatchSize)
+	case c.Batches < 1:
+		return fmt.Errorf("UnitOfWorkConfig.Batches: must be at least 1, got %d", c.Batches)
+	}
+	return nil
 }
 
 // NewUnitOfWork returns a UnitOfWork.
 func NewUnitOfWork(cfg UnitOfWorkConfig) (*UnitOfWork, error) {
-	if cfg.Store == nil {
-		return nil, errors.New("UnitOfWorkConfig.Store: required (sqlite.NewStore, postgres.NewStore or memory.NewStore)")
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
 	}
-	return &UnitOfWork{db: cfg.DB, store: cfg.Store}, nil
+	u := &UnitOfWork{db: cfg.DB, store: cfg.Store}
+	if cfg.DB != nil && cfg.BatchSize > 1 {
+		u.group = &group{u: u, size: cfg.BatchSize, free: cfg.Batches}
+	}
+	return u, nil
 }
 
 // Outcome says what became of a delivery: the unit of work's Do and
@@ -126,67 +250,122 @@ const (
 	Failed Outcome = "failed"
 )
 
-// Do runs fn once for the event key of consumer: it begins a transaction,
-// marks the event processed in it and runs fn with a context that carries
-// the transaction (see TxFromContext). It commits when fn returns nil, and
-// rolls back, mark included, when fn fails, panics or ctx ends. When the
-// mark exists, fn does not run and Do returns Duplicate.
-func (u *UnitOfWork) Do(ctx context.Context, consumer string, key Key, fn func(ctx context.Context) error) (outcome Outcome, err error) {
-	tx := &Tx{db: u.db}
-	if u.db != nil {
-		tx.Tx, err = u.db.BeginTxx(ctx, nil)
-		if err != nil {
-			return Failed, fmt.Errorf("begin: %w", err)
-		}
+// Do runs fn once for the event key of consumer: in a transaction (shared
+// with other attempts under group commit), it marks the event processed
+// and runs fn with a context that carries the transaction (see
+// TxFromContext). The effect commits when fn returns nil, and rolls back,
+// mark included, when fn fails, panics or ctx ends. When the mark exists,
+// fn does not run and Do returns Duplicate. Do returns once the effect
+// committed or rolled back: a message may be acked then.
+func (u *UnitOfWork) Do(ctx context.Context, consumer string, key Key, fn func(ctx context.Context) error) (Outcome, error) {
+	a := &attemptRun{ctx: ctx, consumer: consumer, key: key, fn: fn}
+	if u.group == nil {
+		u.alone(a)
+	} else {
+		u.group.run(a)
 	}
-	done := false
+	if a.panicked != nil {
+		panic(a.panicked) // on the attempt's own goroutine, for its chain's recovery
+	}
+	return a.outcome, a.err
+}
+
+// attemptRun is one call of Do: its input, and once it ran, its result.
+type attemptRun struct {
+	ctx      context.Context
+	consumer string
+	key      Key
+	fn       func(ctx context.Context) error
+
+	tx       *Tx
+	outcome  Outcome
+	err      error
+	panicked any
+	done     chan struct{}      // closed once the result is set (group commit)
+	lead     chan []*attemptRun // hands this attempt a batch to run
+}
+
+func (a *attemptRun) fail(err error) { a.outcome, a.err = Failed, err }
+
+// alone runs a in a transaction of its own.
+func (u *UnitOfWork) alone(a *attemptRun) {
+	a.tx = &Tx{}
+	if u.db != nil {
+		tx, err := u.db.BeginTxx(a.ctx, nil)
+		if err != nil {
+			a.fail(fmt.Errorf("begin: %w", err))
+			return
+		}
+		a.tx.tx = tx
+	}
+	write := u.attempt(a)
+	switch {
+	case a.err != nil || a.panicked != nil || !write:
+		if a.tx.tx != nil {
+			_ = a.tx.tx.Rollback() // the attempt's error is what matters
+		}
+		a.tx.rolledBack()
+	case a.tx.tx != nil:
+		if err := a.tx.tx.Commit(); err != nil {
+			a.tx.rolledBack()
+			a.fail(fmt.Errorf("commit: %w", err))
+			return
+		}
+		a.tx.committed()
+	default:
+		a.tx.committed()
+	}
+}
+
+// attempt runs a in a.tx: the mark, the handler, the delivery count and
+// the transport's ack. It sets a's result, and reports whether a wrote
+// anything to commit (a duplicate whose delivery was not counted writes
+// nothing). A panic of the handler is kept in a.panicked.
+func (u *UnitOfWork) attempt(a *attemptRun) (write bool) {
 	defer func() {
-		if !done {
-			tx.rollback() // fn panicked; the panic goes on up
+		if r := recover(); r != nil {
+			a.panicked, write = r, false
 		}
 	}()
-	fail := func(err error) (Outcome, error) {
-		done = true
-		tx.rollback()
-		return Failed, err
+	ctx, tx := a.ctx, a.tx
+	if err := ctx.Err(); err != nil {
+		a.fail(err)
+		return false
 	}
-
-	first, err := u.store.Mark(ctx, tx, consumer, key)
+	first, err := u.store.Mark(ctx, tx, a.consumer, a.key)
 	if err != nil {
-		return fail(fmt.Errorf("mark processed: %w", err))
+		a.fail(fmt.Errorf("mark processed: %w", err))
+		return false
 	}
-	outcome = Duplicate
+	a.outcome = Duplicate
 	if first {
-		outcome = Processed
-		attemptCtx := pipeline.With(pipeline.With(ctx, tx), attempt{consumer: consumer, key: key})
-		if err := fn(attemptCtx); err != nil {
-			return fail(err)
+		a.outcome = Processed
+		attemptCtx := pipeline.With(pipeline.With(ctx, tx), attempt{consumer: a.consumer, key: a.key})
+		if err := a.fn(attemptCtx); err != nil {
+			a.fail(err)
+			return false
 		}
 		if err := ctx.Err(); err != nil {
-			return fail(err) // never commit an attempt cut short
+			a.fail(err) // never commit an attempt cut short
+			return false
 		}
 	} else if !pipeline.Counted(ctx) {
-		// Nothing to write: a duplicate costs the insert that found its mark.
-		done = true
-		tx.rollback()
-		return Duplicate, nil
+		return false // nothing to write: a duplicate costs the insert that found its mark
 	}
 	// A processed event, or a duplicate whose delivery was counted (its
 	// ack was lost): forget the count, so that lost acks never add up to
 	// the delivery limit.
 	if pipeline.Counted(ctx) {
-		if err := u.store.Forget(ctx, tx, consumer, key); err != nil {
-			return fail(fmt.Errorf("forget delivery count: %w", err))
+		if err := u.store.Forget(ctx, tx, a.consumer, a.key); err != nil {
+			a.fail(fmt.Errorf("forget delivery count: %w", err))
+			return false
 		}
 	}
-	if a, ok := pipeline.From[pipeline.AckInTx](ctx); ok && tx.Tx != nil && a.DB == u.db.DB {
-		if err := a.Ack(ctx, tx.Tx.Tx); err != nil {
-			return fail(fmt.Errorf("ack in transaction: %w", err))
+	if ack, ok := pipeline.From[pipeline.AckInTx](ctx); ok && tx.tx != nil && ack.DB == u.db.DB {
+		if err := ack.Ack(ctx, tx); err != nil {
+			a.fail(fmt.Errorf("ack in transaction: %w", err))
+			return false
 		}
 	}
-	done = true
-	if err := tx.commit(); err != nil {
-		return Failed, err
-	}
-	return outcome, nil
+	return true
 }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/internal/sqlstore"
-	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // ErrNoTx is returned by Add when ctx carries no transaction: outside a
@@ -96,11 +95,11 @@ func newSQL(db *sqlx.DB, prefix string) (*sqlstore.Outbox, error) {
 // holds, in this transaction or an earlier one, is a no-op. A handler
 // retried after a rollback adds its events again in the new transaction.
 func (o *Outbox) Add(ctx context.Context, envs ...framework.Envelope) error {
-	attempt, ok := pipeline.From[*framework.Tx](ctx)
-	if !ok || attempt.Tx == nil {
+	attempt, ok := framework.TxFromContext(ctx)
+	if !ok {
 		return ErrNoTx
 	}
-	if err := o.add(ctx, attempt.Tx, envs); err != nil {
+	if err := o.add(ctx, attempt, envs); err != nil {
 		return err
 	}
 	if len(envs) > 0 {
@@ -124,7 +123,7 @@ func (o *Outbox) AddTx(ctx context.Context, tx *sqlx.Tx, envs ...framework.Envel
 	return nil
 }
 
-func (o *Outbox) add(ctx context.Context, tx *sqlx.Tx, envs []framework.Envelope) error {
+func (o *Outbox) add(ctx context.Context, tx sqlx.ExecerContext, envs []framework.Envelope) error {
 	bodies := make([][]byte, len(envs))
 	for i, env := range envs {
 		body, err := framework.Encode(env)

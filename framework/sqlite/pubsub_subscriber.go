@@ -442,7 +442,7 @@ type pubsubDelivery struct {
 // ackInTx acknowledges the message inside the handler's transaction. The
 // unit of work calls it just before commit; if the commit fails the
 // deletion rolls back with it and the router's Nack releases the lease.
-func (d *pubsubDelivery) ackInTx(ctx context.Context, tx *sql.Tx) error {
+func (d *pubsubDelivery) ackInTx(ctx context.Context, tx pipeline.Execer) error {
 	q := d.sub.s.q
 	if _, err := tx.ExecContext(ctx, q.ackOne, d.sub.topic, d.sub.s.cfg.ConsumerGroup, d.offset); err != nil {
 		return fmt.Errorf("ack message %d of %s: %w", d.offset, d.sub.topic, err)

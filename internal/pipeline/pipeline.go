@@ -45,7 +45,13 @@ type Decoded[E any] struct {
 // calls Ack before commit when its database is DB.
 type AckInTx struct {
 	DB  *sql.DB
-	Ack func(ctx context.Context, tx *sql.Tx) error
+	Ack func(ctx context.Context, tx Execer) error
+}
+
+// Execer runs a statement: the attempt's transaction, as a transport's ack
+// sees it.
+type Execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
 
 // DeliveryCounted, on a message's context, says that the delivery guard

@@ -20,7 +20,7 @@ var _ framework.Store = (*Store)(nil)
 
 // Advance implements framework.Store.
 func (s *Store) Advance(ctx context.Context, tx *framework.Tx, consumer, subject string, seq int64) (bool, error) {
-	if tx == nil || tx.Tx == nil {
+	if !tx.HasDB() {
 		return false, fmt.Errorf("advance checkpoint of %s for %s: %w", subject, consumer, ErrNoTx)
 	}
 	res, err := tx.ExecContext(ctx, s.q.sql(qAdvance), consumer, subject, seq)

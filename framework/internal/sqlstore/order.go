@@ -32,7 +32,7 @@ var _ framework.Store = (*Store)(nil)
 
 // Checkpoint implements framework.Store.
 func (s *Store) Checkpoint(ctx context.Context, tx *framework.Tx, consumer, subject string) (int64, error) {
-	if tx == nil || tx.Tx == nil {
+	if !tx.HasDB() {
 		return 0, fmt.Errorf("checkpoint of %s for %s: %w", subject, consumer, ErrNoTx)
 	}
 	if _, err := tx.ExecContext(ctx, s.q.sql(qOrderEnsure), consumer, subject); err != nil {
@@ -79,7 +79,7 @@ func (s *Store) WaitGap(ctx context.Context, consumer, subject string, seq int64
 // commits on its own.
 func (s *Store) EndWait(ctx context.Context, tx *framework.Tx, consumer, subject string, seq int64) error {
 	var err error
-	if tx != nil && tx.Tx != nil {
+	if tx.HasDB() {
 		_, err = tx.ExecContext(ctx, s.q.sql(qOrderEndWait), consumer, subject, seq)
 	} else {
 		_, err = s.db.ExecContext(ctx, s.q.sql(qOrderEndWait), consumer, subject, seq)

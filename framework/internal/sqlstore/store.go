@@ -71,7 +71,7 @@ func New(db *sqlx.DB, d Dialect, prefix string, now func() time.Time) (*Store, e
 
 // Mark implements framework.Store.
 func (s *Store) Mark(ctx context.Context, tx *framework.Tx, consumer string, key framework.Key) (bool, error) {
-	if tx == nil || tx.Tx == nil {
+	if !tx.HasDB() {
 		return false, fmt.Errorf("mark %s for %s: %w", key, consumer, ErrNoTx)
 	}
 	res, err := tx.ExecContext(ctx, s.mark, consumer, key.Source, key.ID, s.dialect.timeArg(s.now()))
@@ -102,7 +102,7 @@ func (s *Store) Count(ctx context.Context, consumer string, key framework.Key, f
 
 // Forget implements framework.Store.
 func (s *Store) Forget(ctx context.Context, tx *framework.Tx, consumer string, key framework.Key) error {
-	if tx == nil || tx.Tx == nil {
+	if !tx.HasDB() {
 		return fmt.Errorf("forget delivery count of %s for %s: %w", key, consumer, ErrNoTx)
 	}
 	if _, err := tx.ExecContext(ctx, s.forgetDelivery, consumer, key.Source, key.ID); err != nil {

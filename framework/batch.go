@@ -1,0 +1,187 @@
+package framework
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+)
+
+// group gathers attempts into batches that commit in one transaction
+// (group commit). It has no goroutine of its own: the attempt that finds
+// a batch slot free runs a batch, and each batch, once it committed,
+// hands the next one to one of the attempts it holds. So every attempt
+// runs on a goroutine of the router, no attempt waits behind batches it is
+// not in, and a batch's runner returns as soon as its own attempt is done.
+type group struct {
+	u    *UnitOfWork
+	size int
+
+	mu      sync.Mutex
+	free    int           // batch slots not running
+	waiting []*attemptRun // attempts in no batch yet, oldest first
+}
+
+// run runs a in a batch and returns once its result is set.
+func (g *group) run(a *attemptRun) {
+	a.done = make(chan struct{})
+	a.lead = make(chan []*attemptRun, 1)
+	g.mu.Lock()
+	g.waiting = append(g.waiting, a)
+	var batch []*attemptRun
+	if g.free > 0 {
+		g.free--
+		batch = g.take()
+	}
+	g.mu.Unlock()
+	if batch != nil {
+		batch[0].lead <- batch
+	}
+	for {
+		select {
+		case <-a.done:
+			return
+		case batch := <-a.lead:
+			g.runBatch(batch)
+			g.mu.Lock()
+			next := g.take()
+			if next == nil {
+				g.free++
+			}
+			g.mu.Unlock()
+			if next != nil {
+				next[0].lead <- next
+			}
+		}
+	}
+}
+
+// take removes the next batch from the waiting attempts, nil when none
+// waits. Call it with g.mu held.
+func (g *group) take() []*attemptRun {
+	n := min(len(g.waiting), g.size)
+	if n == 0 {
+		return nil
+	}
+	batch := make([]*attemptRun, n)
+	copy(batch, g.waiting)
+	g.waiting = g.waiting[n:]
+	if len(g.waiting) == 0 {
+		g.waiting = nil // let the backing array go
+	}
+	return batch
+}
+
+// runBatch runs batch and sets the result of each of its attempts.
+func (g *group) runBatch(batch []*attemptRun) {
+	defer func() {
+		for _, a := range batch {
+			close(a.done)
+		}
+	}()
+	if len(batch) == 1 {
+		g.u.alone(batch[0])
+		return
+	}
+	committed, retry := g.inTx(batch)
+	for _, a := range committed {
+		a.tx.committed()
+	}
+	// A batch that could not commit: each of its attempts that had
+	// succeeded runs again alone, before any of them is charged an attempt
+	// for what may have been another's fault.
+	for _, a := range retry {
+		a.tx.rolledBack()
+		a.outcome, a.err, a.panicked = "", nil, nil
+		g.u.alone(a)
+	}
+}
+
+// savepoint names the savepoint of the i-th attempt of a batch.
+func savepoint(i int) string { return "effectively_attempt_" + strconv.Itoa(i) }
+
+// inTx runs batch in one transaction, each attempt between a savepoint
+// and its release. It returns the attempts whose effect committed, and
+// those that succeeded in a transaction that then failed (to run again).
+// An attempt that fails rolls back to its savepoint alone, with its
+// OnRollback hooks run at once.
+func (g *group) inTx(batch []*attemptRun) (committed, retry []*attemptRun) {
+	ctx, stop := batchContext(batch)
+	defer stop()
+	tx, err := g.u.db.BeginTxx(ctx, nil)
+	if err != nil {
+		for _, a := range batch {
+			a.tx = &Tx{}
+			a.fail(fmt.Errorf("begin: %w", err))
+		}
+		return nil, nil
+	}
+	var ok []*attemptRun
+	for i, a := range batch {
+		a.tx = &Tx{tx: tx, ctx: ctx}
+		sp := savepoint(i)
+		if _, err := tx.ExecContext(ctx, "SAVEPOINT "+sp); err != nil {
+			return g.abort(tx, batch[i:], ok, fmt.Errorf("savepoint: %w", err))
+		}
+		write := g.u.attempt(a)
+		if a.err != nil || a.panicked != nil || !write {
+			if _, err := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT "+sp); err != nil {
+				a.tx.rolledBack()
+				return g.abort(tx, batch[i+1:], ok, fmt.Errorf("roll back to savepoint: %w", err))
+			}
+			a.tx.rolledBack()
+			continue
+		}
+		if _, err := tx.ExecContext(ctx, "RELEASE SAVEPOINT "+sp); err != nil {
+			return g.abort(tx, batch[i+1:], append(ok, a), fmt.Errorf("release savepoint: %w", err))
+		}
+		ok = append(ok, a)
+	}
+	if len(ok) == 0 {
+		_ = tx.Rollback() // nothing to commit
+		return nil, nil
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, ok
+	}
+	return ok, nil
+}
+
+// abort rolls back a batch's transaction that failed with err: the
+// attempts of rest, not run yet, fail with err (they are retried like any
+// failed attempt); those of ok, which had succeeded, run again alone.
+func (g *group) abort(tx interface{ Rollback() error }, rest, ok []*attemptRun, err error) (committed, retry []*attemptRun) {
+	_ = tx.Rollback() // err is what matters
+	for _, a := range rest {
+		if a.tx == nil {
+			a.tx = &Tx{}
+		}
+		a.fail(err)
+	}
+	return nil, ok
+}
+
+// batchContext returns the context of a batch's transaction: the values
+// of the first attempt's context, not its end, so that no attempt's
+// cancellation interrupts the others' statements; it ends when every
+// attempt's context has ended, since no one waits for the batch then.
+func batchContext(batch []*attemptRun) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(batch[0].ctx))
+	var left atomic.Int64
+	left.Store(int64(len(batch)))
+	stops := make([]func() bool, len(batch))
+	for i, a := range batch {
+		stops[i] = context.AfterFunc(a.ctx, func() {
+			if left.Add(-1) == 0 {
+				cancel()
+			}
+		})
+	}
+	return ctx, func() {
+		for _, stop := range stops {
+			stop()
+		}
+		cancel()
+	}
+}
