@@ -2,7 +2,6 @@ package storetest
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"sync"
@@ -540,7 +539,7 @@ func exerciseDeliveries(t *testing.T, newHarness func(t *testing.T) Harness) {
 		errAck := errors.New("ack")
 		ackCtx := pipeline.With(pipeline.With(ctx, pipeline.DeliveryCounted(true)), pipeline.AckInTx{
 			DB:  b.h.DB.DB,
-			Ack: func(context.Context, *sql.Tx) error { return errAck },
+			Ack: func(context.Context, pipeline.Execer) error { return errAck },
 		})
 		out, err = b.do(ackCtx, b.uow, consumer, key, func(ctx context.Context) error { return nil })
 		require.ErrorIs(t, err, errAck)
