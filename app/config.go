@@ -297,8 +297,8 @@ func (c ConsumerConfig) merge(base ConsumerConfig) ConsumerConfig {
 	return c
 }
 
-// Consumer returns the settings of the consumer name, defaults filled in.
-func (c Config) Consumer(name string) ConsumerConfig {
+// Settings returns the settings of the consumer name, defaults filled in.
+func (c Config) Settings(name string) ConsumerConfig {
 	return c.Consumers[name].merge(c.Defaults).merge(ConsumerConfig{
 		Attempts:      middleware.DefaultAttempts,
 		RetryDelay:    Duration(middleware.DefaultRetryDelay),

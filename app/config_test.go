@@ -49,7 +49,7 @@ func TestLoadConfig(t *testing.T) {
 		require.False(t, cfg.AutoMigrate)
 		require.Empty(t, cfg.TablePrefix)
 
-		cc := cfg.Consumer("any.consumer")
+		cc := cfg.Settings("any.consumer")
 		require.Equal(t, middleware.DefaultAttempts, cc.Attempts)
 		require.Equal(t, app.Duration(middleware.DefaultRetryDelay), cc.RetryDelay)
 		require.Equal(t, app.Duration(middleware.DefaultTimeout), cc.Timeout)
@@ -126,7 +126,7 @@ consumers:
 			MaxDeliveries: 6,
 			SkipStale:     true,
 			GapTimeout:    app.Duration(middleware.DefaultGapTimeout),
-		}, cfg.Consumer("billing.charge-on-order-placed"))
+		}, cfg.Settings("billing.charge-on-order-placed"))
 		require.Equal(t, app.ConsumerConfig{
 			Attempts:      5,
 			RetryDelay:    app.Duration(middleware.DefaultRetryDelay),
@@ -134,7 +134,7 @@ consumers:
 			Concurrency:   16,
 			MaxDeliveries: middleware.DefaultMaxDeliveries,
 			GapTimeout:    app.Duration(middleware.DefaultGapTimeout),
-		}, cfg.Consumer("other.consumer"))
+		}, cfg.Settings("other.consumer"))
 	})
 
 	t.Run("EnvWinsOverYAML", func(t *testing.T) {
@@ -270,7 +270,7 @@ func TestServiceSection(t *testing.T) {
 		t.Parallel()
 		cfg, err := app.LoadConfig(env(t, serviceYAML, nil))
 		require.NoError(t, err)
-		require.Equal(t, 5, cfg.Consumer("any.consumer").Attempts, "the framework's keys are read as before")
+		require.Equal(t, 5, cfg.Settings("any.consumer").Attempts, "the framework's keys are read as before")
 		settings := serviceSettings{Greeting: "hello", SMTP: smtpSettings{Port: 25}}
 		require.NoError(t, cfg.DecodeService(&settings))
 		require.Equal(t, serviceSettings{

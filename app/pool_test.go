@@ -174,18 +174,15 @@ func poolSize(t *testing.T, cfg app.Config, names ...string) (int, error) {
 	for _, name := range names {
 		opts = append(opts, handlers.Consumer(name, handlers.On(widgetAdded, newAddWidget)))
 	}
-	var (
-		db        *sqlx.DB
-		transport framework.Transport
-	)
-	service := app.New(append(opts, fx.Populate(&db, &transport))...)
+	var db *sqlx.DB
+	service := app.New(append(opts, fx.Populate(&db))...)
 	if err := service.Err(); err != nil {
 		return 0, err
 	}
-	t.Cleanup(func() {
-		require.NoError(t, transport.Close())
-		require.NoError(t, db.Close())
-	})
+	// Started and stopped, so that its stop hooks close what it opened
+	// (a transport's database of its own too).
+	require.NoError(t, service.Start(t.Context()))
+	t.Cleanup(func() { require.NoError(t, service.Stop(context.Background())) })
 	return db.Stats().MaxOpenConnections, nil
 }
 

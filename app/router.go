@@ -63,7 +63,7 @@ type routerParams struct {
 func newRouter(p routerParams) (*runner.Runner, error) {
 	consumers := make([]runner.ConsumerConfig, 0, len(p.Registry.Consumers()))
 	for _, c := range p.Registry.Consumers() {
-		consumers = append(consumers, consumerConfig(c, p.Config.Consumer(c.Name()), p.Registry.RenamedFrom(c.Name())))
+		consumers = append(consumers, consumerConfig(c, p.Config.Settings(c.Name()), p.Registry.RenamedFrom(c.Name())))
 	}
 	subs := &subscriptions{Transport: p.Transport, shared: p.SharesDB}
 	r, err := runner.New(runner.Config{

@@ -4,47 +4,53 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 
-	"github.com/effectively-once/effectively/app/apptest"
 	"github.com/effectively-once/effectively/framework"
-	"github.com/effectively-once/effectively/handlers"
 )
 
 // A handler marks an error that retrying cannot fix as permanent, with a
-// code: the message is dead-lettered at once, after one attempt, and the
-// dead letter keeps the code (never the error's text) for an operator.
+// code: the consumer chain then dead-letters the message at once, after
+// one attempt, and the dead letter keeps the code (never the error's
+// text) for an operator. The attempt rolls back, its processed mark
+// included. (The test kit's example shows the dead letter itself.)
 func ExamplePermanent() {
 	ctx := context.Background()
-	module := handlers.Consumer("billing.ledger",
-		handlers.On(Captured, func(_ context.Context, ev framework.Event[PaymentCaptured]) error {
-			return framework.Permanent("unknown_order", errors.New("no order "+ev.Data.OrderID))
-		}),
-	)
-	svc, err := apptest.Start(ctx, module, apptest.Config{}) // the application on a fresh SQLite file
+	dir, err := os.MkdirTemp("", "permanent-example")
 	if err != nil {
 		panic(err)
 	}
-	defer func() {
-		if err := svc.Close(ctx); err != nil {
-			fmt.Println(err)
-		}
-	}()
+	defer os.RemoveAll(dir)
+	db, store, err := openExampleDB(ctx, dir)
+	if err != nil {
+		panic(err)
+	}
+	defer db.Close()
+	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Store: store})
+	if err != nil {
+		panic(err)
+	}
+	consumer, err := framework.NewConsumer("billing.ledger",
+		framework.Handle(Captured, func(_ context.Context, ev framework.Event[PaymentCaptured]) error {
+			return framework.Permanent("unknown_order", errors.New("no order "+ev.Data.OrderID))
+		}),
+	)
+	if err != nil {
+		panic(err)
+	}
 
 	env, err := Captured.Envelope(PaymentCaptured{OrderID: "o-9", Cents: 100}, framework.Attributes{ID: "evt-9", Source: "payments"})
 	if err != nil {
 		panic(err)
 	}
-	res, err := svc.Publish(ctx, env)
-	fmt.Println(res["billing.ledger"], err)
-
-	dls, err := svc.Store().DeadLetters(ctx, framework.DeadLetterFilter{Consumer: "billing.ledger"})
+	body, err := framework.Encode(env)
 	if err != nil {
 		panic(err)
 	}
-	for _, dl := range dls {
-		fmt.Println(dl.EventID, dl.Code, dl.Attempts, dl.Status)
-	}
+	outcome, err := framework.Consume(ctx, consumer, uow, body)
+	fmt.Println(outcome, framework.IsPermanent(err), framework.CodeOf(err))
+	fmt.Println(err)
 	// Output:
-	// dead_lettered (unknown_order) after 1 attempts <nil>
-	// evt-9 unknown_order 1 pending
+	// failed true unknown_order
+	// permanent (unknown_order): no order o-9
 }

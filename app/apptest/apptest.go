@@ -19,9 +19,9 @@ import (
 
 	"github.com/effectively-once/effectively/app"
 	"github.com/effectively-once/effectively/app/runner"
+	"github.com/effectively-once/effectively/app/testkit"
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/migrate"
-	"github.com/effectively-once/effectively/framework/testkit"
 	"github.com/effectively-once/effectively/handlers"
 	"github.com/effectively-once/effectively/internal/pgschema"
 )

@@ -17,9 +17,9 @@ import (
 
 	"github.com/effectively-once/effectively/app"
 	"github.com/effectively-once/effectively/app/apptest"
+	"github.com/effectively-once/effectively/app/testkit"
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/outbox"
-	"github.com/effectively-once/effectively/framework/testkit"
 	"github.com/effectively-once/effectively/handlers"
 	"github.com/effectively-once/effectively/internal/pipeline"
 	"github.com/effectively-once/effectively/internal/testenv"

@@ -3,7 +3,7 @@
 // handlers.On, the constructors of its handlers and their dependencies,
 // its app.Middleware and app.Migrations) inside the framework's
 // application (app.New), with the application's *outbox.Outbox and relay,
-// on a real database and a real transport. Where framework/testkit puts
+// on a real database and a real transport. Where app/testkit puts
 // one handler behind the consumer chain, apptest exercises the wiring: a
 // handler whose constructor needs something the module does not provide
 // fails the test's start, as it would fail the service's.

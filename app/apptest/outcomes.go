@@ -8,8 +8,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/effectively-once/effectively/app/testkit"
 	"github.com/effectively-once/effectively/framework"
-	"github.com/effectively-once/effectively/framework/testkit"
 	"github.com/effectively-once/effectively/middleware"
 )
 

@@ -20,14 +20,6 @@ import (
 	"github.com/effectively-once/effectively/middleware"
 )
 
-// Store is what the runner needs of a consumer's database: the processed
-// marks, the delivery counts, the dead letters, the sequence checkpoints
-// (skip stale, strict order) and the adoption of a renamed consumer's
-// history. sqlite.Store and postgres.Store implement it.
-type Store interface {
-	framework.Store
-}
-
 // ConsumerConfig is one consumer and how the runner handles its messages.
 // Zero fields take middleware's defaults.
 type ConsumerConfig struct {
@@ -61,14 +53,18 @@ type ConsumerConfig struct {
 	RenamedFrom []string
 }
 
-// WithDefaults returns a copy of c with zero fields set to their defaults.
+// WithDefaults returns a copy of c with zero fields set to their defaults:
+// the chain's (see middleware.Config.WithDefaults), and a concurrency of 1.
 func (c ConsumerConfig) WithDefaults() ConsumerConfig {
-	c.Attempts = cmp.Or(c.Attempts, middleware.DefaultAttempts)
-	c.RetryDelay = cmp.Or(c.RetryDelay, middleware.DefaultRetryDelay)
-	c.Timeout = cmp.Or(c.Timeout, middleware.DefaultTimeout)
+	m := middleware.Config{
+		Attempts:      c.Attempts,
+		RetryDelay:    c.RetryDelay,
+		Timeout:       c.Timeout,
+		MaxDeliveries: c.MaxDeliveries,
+		GapTimeout:    c.GapTimeout,
+	}.WithDefaults()
+	c.Attempts, c.RetryDelay, c.Timeout, c.MaxDeliveries, c.GapTimeout = m.Attempts, m.RetryDelay, m.Timeout, m.MaxDeliveries, m.GapTimeout
 	c.Concurrency = cmp.Or(c.Concurrency, 1)
-	c.MaxDeliveries = cmp.Or(c.MaxDeliveries, middleware.DefaultMaxDeliveries)
-	c.GapTimeout = cmp.Or(c.GapTimeout, middleware.DefaultGapTimeout)
 	return c
 }
 
@@ -108,7 +104,7 @@ type Config struct {
 	// DB is the database of the handlers' transactions. Required.
 	DB *sqlx.DB
 	// Store is the consumers' store in DB. Required.
-	Store Store
+	Store framework.Store
 	// Logger logs the router and the messages. Defaults to a logger that
 	// discards.
 	Logger *slog.Logger

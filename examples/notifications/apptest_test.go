@@ -7,9 +7,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/app/apptest"
+	"github.com/effectively-once/effectively/app/testkit"
 	"github.com/effectively-once/effectively/examples/notifications/appointments"
 	"github.com/effectively-once/effectively/framework"
-	"github.com/effectively-once/effectively/framework/testkit"
 	"github.com/effectively-once/effectively/internal/testenv"
 )
 

@@ -27,7 +27,7 @@ type Env struct {
 	// DB holds the stores' tables and the handlers' effects. Required.
 	DB *sqlx.DB
 	// Store is the framework's store on DB. Required.
-	Store runner.Store
+	Store framework.Store
 	// Transport is the transport under test, built by its package's New:
 	// the suite publishes and replays through it, and each Runner it
 	// starts consumes through it unless Process is set. The suite closes

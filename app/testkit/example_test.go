@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/effectively-once/effectively/app/testkit"
 	"github.com/effectively-once/effectively/framework"
-	"github.com/effectively-once/effectively/framework/testkit"
 )
 
 type InvoiceSentV1 struct {
@@ -25,7 +25,7 @@ func Example() {
 	ctx := t.Context()
 
 	kit := testkit.New(t, testkit.Config{})
-	c := kit.Consumer(t, "billing.archive-invoice",
+	c := kit.Chain(t, "billing.archive-invoice",
 		framework.Handle(InvoiceSent, func(_ context.Context, ev framework.Event[InvoiceSentV1]) error {
 			if ev.Data.Customer == "gone" {
 				return framework.Permanent("unknown_customer", nil)

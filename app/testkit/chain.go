@@ -67,19 +67,19 @@ func (rs Results) Count(o framework.Outcome) int {
 	return n
 }
 
-// Consumer is a consumer behind the framework's whole chain on the kit's
+// Chain is a consumer behind the framework's whole chain on the kit's
 // database: what the app runs for it, without a transport. Deliver hands
 // it messages the way a transport's subscriber does.
-type Consumer struct {
+type Chain struct {
 	kit      *Kit
 	consumer *framework.Consumer
 	handler  message.NoPublishHandlerFunc // the chain, shared by every delivery
 }
 
-// Consumer returns the consumer name with handlers behind the chain (see
+// Chain returns the consumer name with handlers behind the chain (see
 // framework.NewConsumer), failing the test when the name or the handlers
 // are invalid.
-func (k *Kit) Consumer(t testing.TB, name string, handlers ...framework.Handler) *Consumer {
+func (k *Kit) Chain(t testing.TB, name string, handlers ...framework.Handler) *Chain {
 	t.Helper()
 	c, err := framework.NewConsumer(name, handlers...)
 	if err != nil {
@@ -91,13 +91,13 @@ func (k *Kit) Consumer(t testing.TB, name string, handlers ...framework.Handler)
 
 // ConsumerOf puts c, built by the application's own code, behind the
 // chain.
-func (k *Kit) ConsumerOf(t testing.TB, c *framework.Consumer) *Consumer {
+func (k *Kit) ConsumerOf(t testing.TB, c *framework.Consumer) *Chain {
 	t.Helper()
 	if c == nil {
 		t.Fatalf("testkit: nil consumer (build it with framework.NewConsumer)")
 		return nil
 	}
-	tc := &Consumer{kit: k, consumer: c}
+	tc := &Chain{kit: k, consumer: c}
 	h, err := tc.chain()
 	if err != nil {
 		t.Fatalf("testkit: %v", err)
@@ -108,7 +108,7 @@ func (k *Kit) ConsumerOf(t testing.TB, c *framework.Consumer) *Consumer {
 }
 
 // Name returns the consumer's name.
-func (c *Consumer) Name() string { return c.consumer.Name() }
+func (c *Chain) Name() string { return c.consumer.Name() }
 
 // Deliver encodes env as a transport's message and runs it through the
 // chain, returning what became of it. It fails the test when env does not
@@ -119,7 +119,7 @@ func (c *Consumer) Name() string { return c.consumer.Name() }
 // message carries no redelivered flag, so the delivery guard counts every
 // delivery. Messages have no subscribe topic: the Topic of their dead
 // letters is empty.
-func (c *Consumer) Deliver(ctx context.Context, t testing.TB, env framework.Envelope) Result {
+func (c *Chain) Deliver(ctx context.Context, t testing.TB, env framework.Envelope) Result {
 	t.Helper()
 	msg, err := framework.NewMessage(env)
 	if err != nil {
@@ -132,7 +132,7 @@ func (c *Consumer) Deliver(ctx context.Context, t testing.TB, env framework.Enve
 // DeliverBody delivers body as it is, for poison: a body that is not a
 // CloudEvent, one that is too large, or one with data that does not
 // validate.
-func (c *Consumer) DeliverBody(ctx context.Context, t testing.TB, body []byte) Result {
+func (c *Chain) DeliverBody(ctx context.Context, t testing.TB, body []byte) Result {
 	t.Helper()
 	return c.DeliverMessage(ctx, t, message.NewMessage(watermill.NewUUID(), body))
 }
@@ -140,7 +140,7 @@ func (c *Consumer) DeliverBody(ctx context.Context, t testing.TB, body []byte) R
 // DeliverMessage runs msg through the chain as it is, for a test that
 // sets metadata, such as framework.MetadataRedelivered. The message's
 // context becomes ctx; a message must not be delivered twice.
-func (c *Consumer) DeliverMessage(ctx context.Context, t testing.TB, msg *message.Message) Result {
+func (c *Chain) DeliverMessage(ctx context.Context, t testing.TB, msg *message.Message) Result {
 	t.Helper()
 	res, err := c.deliver(ctx, msg)
 	if err != nil {
@@ -156,7 +156,7 @@ func (c *Consumer) DeliverMessage(ctx context.Context, t testing.TB, msg *messag
 // of them is Processed when the handler succeeds; the others are
 // Duplicate, however large n is: copies beyond the delivery limit are
 // recognised as duplicates of an event that took effect.
-func (c *Consumer) DeliverConcurrently(ctx context.Context, t testing.TB, env framework.Envelope, n int) Results {
+func (c *Chain) DeliverConcurrently(ctx context.Context, t testing.TB, env framework.Envelope, n int) Results {
 	t.Helper()
 	if n < 1 {
 		t.Fatalf("testkit: DeliverConcurrently needs n >= 1, got %d", n)
@@ -192,7 +192,7 @@ func (c *Consumer) DeliverConcurrently(ctx context.Context, t testing.TB, env fr
 // replay): it marks the dead letter replayed and delivers its original
 // message again, without the redelivered flag. Replay a dead letter once
 // the handler or the data is fixed.
-func (c *Consumer) Replay(ctx context.Context, t testing.TB, dl framework.DeadLetter) Result {
+func (c *Chain) Replay(ctx context.Context, t testing.TB, dl framework.DeadLetter) Result {
 	t.Helper()
 	if dl.Consumer != c.Name() {
 		t.Fatalf("testkit: dead letter %d belongs to consumer %s, not %s", dl.ID, dl.Consumer, c.Name())
@@ -213,14 +213,14 @@ func (c *Consumer) Replay(ctx context.Context, t testing.TB, dl framework.DeadLe
 
 // DeadLetters returns the consumer's dead letters, whatever their status,
 // oldest first.
-func (c *Consumer) DeadLetters(ctx context.Context, t testing.TB) []framework.DeadLetter {
+func (c *Chain) DeadLetters(ctx context.Context, t testing.TB) []framework.DeadLetter {
 	t.Helper()
 	return c.kit.deadLetters(ctx, t, framework.DeadLetterFilter{Consumer: c.Name()})
 }
 
 // chain builds the consumer's chain, once: deliveries share it, as those
 // of a running service do (the delivery guard knows the copies in flight).
-func (c *Consumer) chain() (message.NoPublishHandlerFunc, error) {
+func (c *Chain) chain() (message.NoPublishHandlerFunc, error) {
 	cfg := c.kit.cfg
 	h, err := middleware.Handler(middleware.Config{
 		Consumer:      c.consumer,
@@ -243,7 +243,7 @@ func (c *Consumer) chain() (message.NoPublishHandlerFunc, error) {
 // deliver runs msg through the chain and reads back what the chain itself
 // reported of it (middleware.ReportOf): the outcome is the chain's own
 // verdict, not a second guess.
-func (c *Consumer) deliver(ctx context.Context, msg *message.Message) (Result, error) {
+func (c *Chain) deliver(ctx context.Context, msg *message.Message) (Result, error) {
 	msg.SetContext(ctx)
 	herr := c.handler(msg)
 	rep, ok := middleware.ReportOf(msg)

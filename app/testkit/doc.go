@@ -6,7 +6,7 @@
 // # A typical test
 //
 // New gives the test a fresh SQLite file in t.TempDir(), migrated with the
-// framework's tables and the application's own migrations. Consumer puts
+// framework's tables and the application's own migrations. Chain puts
 // the handler behind the chain; Deliver hands it a message as a transport
 // would and returns what became of it, as the chain itself reports it:
 //
@@ -15,7 +15,7 @@
 //		ctx := t.Context()
 //		kit := testkit.New(t, testkit.Config{Migrations: migrations})
 //		h := &Reminders{db: kit.DB()}
-//		c := kit.Consumer(t, "notifications.remind-on-appointment-booked",
+//		c := kit.Chain(t, "notifications.remind-on-appointment-booked",
 //			framework.Handle(Booked, h.Handle))
 //
 //		env := testkit.Envelope(t, Booked, BookedV1{AppointmentID: "a-1"}, framework.Attributes{})
@@ -58,7 +58,7 @@
 // storm: exactly one result is Processed. DeliverMessage delivers a
 // message with metadata of the test's choice. Replay marks a dead letter
 // replayed and delivers it again, as the operator's command does, for a
-// test of the fix. Kit.DeadLetters and Consumer.DeadLetters list what was
+// test of the fix. Kit.DeadLetters and Chain.DeadLetters list what was
 // dead-lettered, with its code and attempts, never the error's text.
 //
 // # PostgreSQL

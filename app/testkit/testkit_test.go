@@ -13,8 +13,8 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
+	"github.com/effectively-once/effectively/app/testkit"
 	"github.com/effectively-once/effectively/framework"
-	"github.com/effectively-once/effectively/framework/testkit"
 	"github.com/effectively-once/effectively/internal/testenv"
 )
 
@@ -69,7 +69,7 @@ func reminders(t *testing.T, kit *testkit.Kit) int {
 type bundle struct {
 	kit      *testkit.Kit
 	handler  *Reminders
-	consumer *testkit.Consumer
+	consumer *testkit.Chain
 }
 
 func setup(t *testing.T, cfg testkit.Config) *bundle {
@@ -77,7 +77,7 @@ func setup(t *testing.T, cfg testkit.Config) *bundle {
 	cfg.Migrations = migrations
 	kit := testkit.New(t, cfg)
 	h := &Reminders{db: kit.DB()}
-	return &bundle{kit: kit, handler: h, consumer: kit.Consumer(t, consumerName, framework.Handle(Booked, h.Handle))}
+	return &bundle{kit: kit, handler: h, consumer: kit.Chain(t, consumerName, framework.Handle(Booked, h.Handle))}
 }
 
 func booked(t *testing.T, id string) framework.Envelope {
@@ -112,7 +112,7 @@ func TestShowcase(t *testing.T) {
 		ctx := t.Context()
 		kit := testkit.New(t, testkit.Config{PostgresURL: base.PostgresURL, Migrations: migrations})
 		h := &Reminders{db: kit.DB()}
-		c := kit.Consumer(t, consumerName, framework.Handle(Booked, h.Handle))
+		c := kit.Chain(t, consumerName, framework.Handle(Booked, h.Handle))
 
 		env := testkit.Envelope(t, Booked, BookedV1{AppointmentID: "a-1", StartsAt: "2030-01-01T09:00:00Z"}, framework.Attributes{})
 		testkit.RequireProcessed(t, c.Deliver(ctx, t, env))
@@ -317,7 +317,7 @@ func TestDeliver(t *testing.T) {
 		t.Run("ConsumersApart", func(t *testing.T) {
 			t.Parallel()
 			bd := setup(t, base)
-			other := bd.kit.Consumer(t, "audit.log", framework.Handle(Booked, func(context.Context, framework.Event[BookedV1]) error { return nil }))
+			other := bd.kit.Chain(t, "audit.log", framework.Handle(Booked, func(context.Context, framework.Event[BookedV1]) error { return nil }))
 			env := booked(t, "1")
 			testkit.RequireProcessed(t, bd.consumer.Deliver(t.Context(), t, env))
 			testkit.RequireProcessed(t, other.Deliver(t.Context(), t, env)) // each consumer processes the event once

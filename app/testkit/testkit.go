@@ -117,19 +117,13 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Store is what the kit's store implements: the sqlite or postgres store
-// the app would use on the same database.
-type Store interface {
-	framework.Store
-}
-
 // Kit is one test's database, migrated, with the framework's store and
 // unit of work on it. Create it with New; everything is closed when the
 // test ends.
 type Kit struct {
 	cfg   Config
 	db    *sqlx.DB
-	store Store
+	store framework.Store
 	uow   *framework.UnitOfWork
 }
 
@@ -211,7 +205,7 @@ func (k *Kit) DB() *sqlx.DB { return k.db }
 
 // Store returns the framework's store on the kit's database: processed
 // marks, delivery counts, dead letters and checkpoints.
-func (k *Kit) Store() Store { return k.store }
+func (k *Kit) Store() framework.Store { return k.store }
 
 // Config returns the kit's configuration, defaults filled in.
 func (k *Kit) Config() Config { return k.cfg }
