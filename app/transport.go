@@ -102,10 +102,10 @@ func openTransport(ctx context.Context, cfg Config, db *sqlx.DB, logger *slog.Lo
 	}
 	switch cfg.Transport {
 	case TransportMemory:
-		tr, err = memory.New(memory.PubSubConfig{Logger: watermill.NewSlogLogger(logger)})
+		tr, err = memory.New(memory.TransportConfig{Logger: watermill.NewSlogLogger(logger)})
 		shared = false
 	case TransportAMQP:
-		if tr, err = amqp.New(amqp.Config{URL: cfg.AMQPURL, Prefetch: cfg.AMQPPrefetch, Logger: logger}); err != nil {
+		if tr, err = amqp.New(amqp.TransportConfig{URL: cfg.AMQPURL, Prefetch: cfg.AMQPPrefetch, Logger: logger}); err != nil {
 			return nil, nil, false, fmt.Errorf("%s: %w", EnvAMQPURL, err)
 		}
 		shared = false

@@ -54,7 +54,7 @@ func TestAMQPBrokerRestart(t *testing.T) {
 	db := testenv.Postgres(t)
 	store, err := postgres.NewStore(db, postgres.StoreConfig{})
 	require.NoError(t, err)
-	tr, err := amqp.New(amqp.Config{URL: n.URL, NackDelay: 50 * time.Millisecond, MaxNackDelay: 500 * time.Millisecond})
+	tr, err := amqp.New(amqp.TransportConfig{URL: n.URL, NackDelay: 50 * time.Millisecond, MaxNackDelay: 500 * time.Millisecond})
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -28,7 +28,7 @@ func TestMemory(t *testing.T) {
 		db := testenv.SQLite(t)
 		store, err := sqlite.NewStore(db, sqlite.StoreConfig{})
 		require.NoError(t, err)
-		tr, err := memory.New(memory.PubSubConfig{NackDelay: 20 * time.Millisecond})
+		tr, err := memory.New(memory.TransportConfig{NackDelay: 20 * time.Millisecond})
 		require.NoError(t, err)
 		return &runnertest.Env{
 			DB:        db,
@@ -126,7 +126,7 @@ func TestAMQP(t *testing.T) {
 		db := testenv.Postgres(t)
 		store, err := postgres.NewStore(db, postgres.StoreConfig{})
 		require.NoError(t, err)
-		cfg := amqp.Config{URL: url, NackDelay: 20 * time.Millisecond}
+		cfg := amqp.TransportConfig{URL: url, NackDelay: 20 * time.Millisecond}
 		newTransport := func(t *testing.T) framework.Transport {
 			tr, err := amqp.New(cfg)
 			require.NoError(t, err)

@@ -32,9 +32,9 @@ const (
 	DefaultMaxConnectInterval = 5 * time.Second
 )
 
-// Config configures a Transport: its connection, publisher and
+// TransportConfig configures a Transport: its connection, publisher and
 // subscribers.
-type Config struct {
+type TransportConfig struct {
 	// URL is the broker's address, e.g.
 	// amqp://guest:guest@127.0.0.1:5672/. Required.
 	URL string
@@ -69,7 +69,7 @@ type Config struct {
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
-func (c Config) WithDefaults() Config {
+func (c TransportConfig) WithDefaults() TransportConfig {
 	c.Prefetch = cmp.Or(c.Prefetch, DefaultPrefetch)
 	c.ChannelPoolSize = cmp.Or(c.ChannelPoolSize, DefaultChannelPoolSize)
 	c.NackDelay = cmp.Or(c.NackDelay, DefaultNackDelay)
@@ -86,7 +86,7 @@ func (c Config) WithDefaults() Config {
 var ErrMissingURL = errors.New("amqp: missing URL (e.g. amqp://guest:guest@127.0.0.1:5672/)")
 
 // Validate reports the first invalid field of c.
-func (c Config) Validate() error {
+func (c TransportConfig) Validate() error {
 	switch {
 	case c.URL == "":
 		return ErrMissingURL

@@ -30,7 +30,7 @@ var ErrAccessRefused = errors.New("amqp: the broker refused the credentials")
 // broker; a refusal of the credentials is not retried (ErrAccessRefused). Once connected, watermill-amqp reconnects by itself, forever,
 // and the subscribers declare their topology again.
 type connection struct {
-	cfg    Config
+	cfg    TransportConfig
 	logger watermill.LoggerAdapter
 
 	mu     sync.Mutex
@@ -40,7 +40,7 @@ type connection struct {
 }
 
 // newConnection returns an unconnected connection.
-func newConnection(cfg Config) (*connection, error) {
+func newConnection(cfg TransportConfig) (*connection, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err

@@ -28,7 +28,7 @@ func TestConnectAccessRefused(t *testing.T) {
 	for name, u := range map[string]*url.URL{"WrongPassword": &wrongPassword, "NoSuchVirtualHost": &noSuchVhost} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			conn, err := newConnection(Config{URL: u.String(), ConnectInterval: 10 * time.Millisecond, MaxConnectInterval: 10 * time.Millisecond})
+			conn, err := newConnection(TransportConfig{URL: u.String(), ConnectInterval: 10 * time.Millisecond, MaxConnectInterval: 10 * time.Millisecond})
 			require.NoError(t, err)
 			defer conn.Close()
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

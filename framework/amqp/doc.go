@@ -9,7 +9,7 @@
 //
 // # Usage
 //
-//	tr, err := amqp.New(amqp.Config{URL: "amqp://guest:guest@127.0.0.1:5672/"})
+//	tr, err := amqp.New(amqp.TransportConfig{URL: "amqp://guest:guest@127.0.0.1:5672/"})
 //	if err != nil {
 //		return err
 //	}

@@ -16,7 +16,7 @@ import (
 // topology: each topic (event type) is a durable fanout exchange of that
 // name, each queue is durable and named by queueName, messages are
 // persistent and confirmed by the broker.
-func watermillConfig(cfg Config, queueName wamqp.QueueNameGenerator) wamqp.Config {
+func watermillConfig(cfg TransportConfig, queueName wamqp.QueueNameGenerator) wamqp.Config {
 	c := wamqp.NewDurablePubSubConfig(cfg.URL, queueName)
 	c.Marshaler = Marshaler{}
 	c.Queue.Arguments = cfg.QueueArguments

@@ -15,7 +15,7 @@ import (
 
 // connect returns a connected Connection to the test broker, closed when
 // the test ends.
-func connect(t testing.TB, cfg Config) *connection {
+func connect(t testing.TB, cfg TransportConfig) *connection {
 	t.Helper()
 	if cfg.URL == "" {
 		cfg.URL = testenv.Require(t, testenv.AMQPURLVar)
@@ -35,7 +35,7 @@ func connect(t testing.TB, cfg Config) *connection {
 // it gets one here; the framework's consumer queue is one per consumer,
 // exercised by TestTransport.
 func TestPubSubUniversal(t *testing.T) {
-	conn := connect(t, Config{NackDelay: 5 * time.Millisecond, MaxNackDelay: 20 * time.Millisecond, Prefetch: 1})
+	conn := connect(t, TransportConfig{NackDelay: 5 * time.Millisecond, MaxNackDelay: 20 * time.Millisecond, Prefetch: 1})
 	withGroup := func(t *testing.T, group string) (message.Publisher, message.Subscriber) {
 		pub, err := newPublisher(conn)
 		require.NoError(t, err)

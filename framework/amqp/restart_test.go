@@ -33,7 +33,7 @@ func TestBrokerRestart(t *testing.T) {
 		return
 	}
 	n := startNode(t)
-	cfg := Config{NackDelay: 50 * time.Millisecond, MaxNackDelay: 500 * time.Millisecond}
+	cfg := TransportConfig{NackDelay: 50 * time.Millisecond, MaxNackDelay: 500 * time.Millisecond}
 
 	t.Run("WhileDraining", func(t *testing.T) {
 		env := amqpEnv(t, n.URL, cfg)
@@ -46,12 +46,12 @@ func TestBrokerRestart(t *testing.T) {
 	})
 
 	t.Run("DownAtBoot", func(t *testing.T) {
-		watching := connect(t, Config{URL: n.URL})
+		watching := connect(t, TransportConfig{URL: n.URL})
 		n.stop(t)
 		require.Eventually(t, func() bool { return !watching.Connected() }, 10*time.Second, 50*time.Millisecond,
 			"Connected reports the lost connection")
 
-		conn, err := newConnection(Config{URL: n.URL, ConnectInterval: 100 * time.Millisecond, MaxConnectInterval: 500 * time.Millisecond})
+		conn, err := newConnection(TransportConfig{URL: n.URL, ConnectInterval: 100 * time.Millisecond, MaxConnectInterval: 500 * time.Millisecond})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = conn.Close() })
 		pub, err := newPublisher(conn)
@@ -79,7 +79,7 @@ func TestBrokerRestart(t *testing.T) {
 // until its context ends and says so.
 func TestConnectGivesUpWithContext(t *testing.T) {
 	t.Parallel()
-	conn, err := newConnection(Config{URL: "amqp://guest:guest@127.0.0.1:1/", ConnectInterval: 50 * time.Millisecond, MaxConnectInterval: 100 * time.Millisecond})
+	conn, err := newConnection(TransportConfig{URL: "amqp://guest:guest@127.0.0.1:1/", ConnectInterval: 50 * time.Millisecond, MaxConnectInterval: 100 * time.Millisecond})
 	require.NoError(t, err)
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)

@@ -30,7 +30,7 @@ type Transport struct {
 var _ framework.Transport = (*Transport)(nil)
 
 // New returns an unconnected transport configured by cfg.
-func New(cfg Config) (*Transport, error) {
+func New(cfg TransportConfig) (*Transport, error) {
 	conn, err := newConnection(cfg)
 	if err != nil {
 		return nil, err

@@ -13,7 +13,7 @@ import (
 )
 
 // newTransport returns a transport on cfg, connected.
-func newTransport(t *testing.T, cfg Config) *Transport {
+func newTransport(t *testing.T, cfg TransportConfig) *Transport {
 	t.Helper()
 	tr, err := New(cfg)
 	require.NoError(t, err)
@@ -26,7 +26,7 @@ func newTransport(t *testing.T, cfg Config) *Transport {
 
 // amqpEnv returns the conformance suite's Env on the broker at url, with
 // a transport, and so a connection, of its own.
-func amqpEnv(t *testing.T, url string, cfg Config) *transporttest.Env {
+func amqpEnv(t *testing.T, url string, cfg TransportConfig) *transporttest.Env {
 	t.Helper()
 	cfg.URL = url
 	return &transporttest.Env{
@@ -91,6 +91,6 @@ func TestTransport(t *testing.T) {
 	t.Parallel()
 	url := testenv.Require(t, testenv.AMQPURLVar)
 	transporttest.Exercise(t, func(t *testing.T) *transporttest.Env {
-		return amqpEnv(t, url, Config{NackDelay: 20 * time.Millisecond})
+		return amqpEnv(t, url, TransportConfig{NackDelay: 20 * time.Millisecond})
 	})
 }

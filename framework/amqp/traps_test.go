@@ -89,7 +89,7 @@ func TestMarshalerNonStringHeaders(t *testing.T) {
 func TestTrapHeadersFromTheBroker(t *testing.T) {
 	t.Parallel()
 	url := testenv.Require(t, testenv.AMQPURLVar)
-	conn := connect(t, Config{})
+	conn := connect(t, TransportConfig{})
 	topic, consumer := "traps.h"+randomSuffix(), "traps-h"+randomSuffix()
 	sub, err := subscriberOf(conn, consumer)
 	require.NoError(t, err)
@@ -116,7 +116,7 @@ func TestTrapHeadersFromTheBroker(t *testing.T) {
 // consecutive nack. The redelivered flag reaches the framework.
 func TestTrapNackBacksOff(t *testing.T) {
 	t.Parallel()
-	conn := connect(t, Config{NackDelay: 100 * time.Millisecond, MaxNackDelay: 400 * time.Millisecond})
+	conn := connect(t, TransportConfig{NackDelay: 100 * time.Millisecond, MaxNackDelay: 400 * time.Millisecond})
 	topic, consumer := "traps.n"+randomSuffix(), "traps-n"+randomSuffix()
 	sub, err := subscriberOf(conn, consumer)
 	require.NoError(t, err)
@@ -155,7 +155,7 @@ func TestTrapNackBacksOff(t *testing.T) {
 // consumer's queue in its start hook, before anything publishes.
 func TestTrapFanoutDropsUnbound(t *testing.T) {
 	t.Parallel()
-	conn := connect(t, Config{})
+	conn := connect(t, TransportConfig{})
 	topic, consumer := "traps.f"+randomSuffix(), "traps-f"+randomSuffix()
 	pub, err := newPublisher(conn)
 	require.NoError(t, err)
@@ -185,7 +185,7 @@ func TestTrapFanoutDropsUnbound(t *testing.T) {
 // and a replay to a queue that does not exist fails rather than vanish.
 func TestReplayToOneQueue(t *testing.T) {
 	t.Parallel()
-	conn := connect(t, Config{})
+	conn := connect(t, TransportConfig{})
 	topic := "traps.r" + randomSuffix()
 	a, b := "traps-ra"+randomSuffix(), "traps-rb"+randomSuffix()
 	pub, err := newPublisher(conn)
@@ -220,14 +220,14 @@ func TestReplayToOneQueue(t *testing.T) {
 
 func TestConfigValidate(t *testing.T) {
 	t.Parallel()
-	_, err := newConnection(Config{})
+	_, err := newConnection(TransportConfig{})
 	require.ErrorIs(t, err, ErrMissingURL)
-	_, err = newConnection(Config{URL: "http://x"})
+	_, err = newConnection(TransportConfig{URL: "http://x"})
 	require.ErrorContains(t, err, "amqp://")
-	_, err = newConnection(Config{URL: "amqp://u:secret@h/", Prefetch: -1})
+	_, err = newConnection(TransportConfig{URL: "amqp://u:secret@h/", Prefetch: -1})
 	require.ErrorContains(t, err, "Prefetch")
 	require.Equal(t, "amqp://u:xxxxx@h/", redact("amqp://u:secret@h/"))
-	conn, err := newConnection(Config{URL: "amqp://h/"})
+	conn, err := newConnection(TransportConfig{URL: "amqp://h/"})
 	require.NoError(t, err)
 	sub, err := subscriberOf(conn, "c")
 	require.NoError(t, err)

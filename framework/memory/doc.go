@@ -44,7 +44,7 @@
 // alone sends it again at once). Each Subscribe returns a subscriber of
 // its own; every subscription gets every message:
 //
-//	tr, err := memory.New(memory.PubSubConfig{})
+//	tr, err := memory.New(memory.TransportConfig{})
 //	if err != nil {
 //		return err
 //	}

@@ -26,8 +26,8 @@ const (
 // ErrPubSubClosed is returned by a pubSub's methods after Close.
 var ErrPubSubClosed = errors.New("memory: pubsub closed")
 
-// PubSubConfig configures a pubSub.
-type PubSubConfig struct {
+// TransportConfig configures a pubSub.
+type TransportConfig struct {
 	// NackDelay is the first pause before a nacked message is sent again.
 	// It doubles with each consecutive nack on a subscription, up to
 	// MaxNackDelay, and resets on an ack. Defaults to DefaultNackDelay.
@@ -40,7 +40,7 @@ type PubSubConfig struct {
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
-func (c PubSubConfig) WithDefaults() PubSubConfig {
+func (c TransportConfig) WithDefaults() TransportConfig {
 	c.NackDelay = cmp.Or(c.NackDelay, DefaultNackDelay)
 	c.MaxNackDelay = cmp.Or(c.MaxNackDelay, max(DefaultMaxNackDelay, c.NackDelay))
 	if c.Logger == nil {
@@ -50,7 +50,7 @@ func (c PubSubConfig) WithDefaults() PubSubConfig {
 }
 
 // Validate reports the first invalid field of c.
-func (c PubSubConfig) Validate() error {
+func (c TransportConfig) Validate() error {
 	if c.NackDelay < 0 {
 		return fmt.Errorf("memory: NackDelay %s is negative", c.NackDelay)
 	}
@@ -80,7 +80,7 @@ var (
 )
 
 // newPubSub returns a pubSub configured by cfg.
-func newPubSub(cfg PubSubConfig) (*pubSub, error) {
+func newPubSub(cfg TransportConfig) (*pubSub, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err

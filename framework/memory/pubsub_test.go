@@ -26,7 +26,7 @@ func (p pubSub) Publish(topic string, msgs ...*message.Message) error {
 
 func (p pubSub) Close() error { return p.tr.Close() }
 
-func openPubSub(cfg memory.PubSubConfig) (pubSub, error) {
+func openPubSub(cfg memory.TransportConfig) (pubSub, error) {
 	tr, err := memory.New(cfg)
 	if err != nil {
 		return pubSub{}, err
@@ -38,7 +38,7 @@ func openPubSub(cfg memory.PubSubConfig) (pubSub, error) {
 	return pubSub{tr: tr, Subscriber: sub.Subscriber}, nil
 }
 
-func newPubSub(t *testing.T, cfg memory.PubSubConfig) pubSub {
+func newPubSub(t *testing.T, cfg memory.TransportConfig) pubSub {
 	t.Helper()
 	ps, err := openPubSub(cfg)
 	require.NoError(t, err)
@@ -57,7 +57,7 @@ func TestPubSubUniversal(t *testing.T) {
 		RequireSingleInstance: true,
 		ForceShort:            true,
 	}, func(t *testing.T) (message.Publisher, message.Subscriber) {
-		ps, err := openPubSub(memory.PubSubConfig{NackDelay: time.Millisecond, MaxNackDelay: 5 * time.Millisecond})
+		ps, err := openPubSub(memory.TransportConfig{NackDelay: time.Millisecond, MaxNackDelay: 5 * time.Millisecond})
 		require.NoError(t, err)
 		return ps, ps
 	}, nil)
@@ -68,7 +68,7 @@ func TestPubSubUniversal(t *testing.T) {
 // ms between deliveries, so a second and a half holds about five.
 func TestPubSubNackBacksOff(t *testing.T) {
 	t.Parallel()
-	ps := newPubSub(t, memory.PubSubConfig{NackDelay: 50 * time.Millisecond, MaxNackDelay: 400 * time.Millisecond})
+	ps := newPubSub(t, memory.TransportConfig{NackDelay: 50 * time.Millisecond, MaxNackDelay: 400 * time.Millisecond})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ch, err := ps.Subscribe(ctx, "nacked")
@@ -97,7 +97,7 @@ func TestPubSubNackBacksOff(t *testing.T) {
 // does not hold up Close.
 func TestPubSubCloseWhilePausing(t *testing.T) {
 	t.Parallel()
-	ps, err := openPubSub(memory.PubSubConfig{NackDelay: time.Hour})
+	ps, err := openPubSub(memory.TransportConfig{NackDelay: time.Hour})
 	require.NoError(t, err)
 	ch, err := ps.Subscribe(context.Background(), "t")
 	require.NoError(t, err)
@@ -117,10 +117,10 @@ func TestPubSubCloseWhilePausing(t *testing.T) {
 	require.ErrorIs(t, err, memory.ErrPubSubClosed)
 }
 
-func TestPubSubConfigValidate(t *testing.T) {
+func TestTransportConfigValidate(t *testing.T) {
 	t.Parallel()
-	_, err := openPubSub(memory.PubSubConfig{NackDelay: -time.Second})
+	_, err := openPubSub(memory.TransportConfig{NackDelay: -time.Second})
 	require.ErrorContains(t, err, "NackDelay")
-	_, err = openPubSub(memory.PubSubConfig{NackDelay: time.Second, MaxNackDelay: time.Millisecond})
+	_, err = openPubSub(memory.TransportConfig{NackDelay: time.Second, MaxNackDelay: time.Millisecond})
 	require.ErrorContains(t, err, "MaxNackDelay")
 }

@@ -22,7 +22,7 @@ type Transport struct {
 var _ framework.Transport = (*Transport)(nil)
 
 // New returns a memory transport configured by cfg.
-func New(cfg PubSubConfig) (*Transport, error) {
+func New(cfg TransportConfig) (*Transport, error) {
 	ps, err := newPubSub(cfg)
 	if err != nil {
 		return nil, err

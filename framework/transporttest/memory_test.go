@@ -16,7 +16,7 @@ import (
 func TestMemory(t *testing.T) {
 	t.Parallel()
 	transporttest.Exercise(t, func(t *testing.T) *transporttest.Env {
-		tr, err := memory.New(memory.PubSubConfig{NackDelay: 20 * time.Millisecond})
+		tr, err := memory.New(memory.TransportConfig{NackDelay: 20 * time.Millisecond})
 		require.NoError(t, err)
 		return &transporttest.Env{
 			Transport: tr,

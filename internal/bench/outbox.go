@@ -483,7 +483,7 @@ func relayMain(ctx context.Context, c *ChildEnv) error {
 		return err
 	}
 	defer db.Close()
-	tr, err := amqp.New(amqp.Config{URL: c.Getenv(envOutboxAMQP)})
+	tr, err := amqp.New(amqp.TransportConfig{URL: c.Getenv(envOutboxAMQP)})
 	if err != nil {
 		return err
 	}

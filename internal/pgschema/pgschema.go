@@ -1,6 +1,6 @@
 // Package pgschema gives a test a PostgreSQL schema of its own on a shared
 // server, so that tests run in parallel on one database: the test kits
-// (framework/testkit, app/apptest) and the benchmarks use it.
+// (app/testkit, app/apptest) and the benchmarks use it.
 package pgschema
 
 import (
