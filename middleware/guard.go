@@ -55,9 +55,9 @@ func deliveryGuard(consumer string, store framework.Store, maxDeliveries int, uo
 	suspects := newTurn()
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
-			d, ok := framework.EnvelopeFromContext(msg.Context())
-			if !ok {
-				return nil, errNotDecoded
+			d, err := eventOf(msg.Context())
+			if err != nil {
+				return nil, err
 			}
 			redelivered, known := pipeline.Redelivered(msg)
 			if known && !redelivered {

@@ -35,9 +35,9 @@ func (e *gapError) Unwrap() error { return pipeline.ErrLater }
 func strictOrder(consumer string, store framework.Store) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
-			d, ok := framework.EnvelopeFromContext(msg.Context())
-			if !ok {
-				return nil, errNotDecoded
+			d, err := eventOf(msg.Context())
+			if err != nil {
+				return nil, err
 			}
 			if d.Subject == "" || d.SubjectSeq == 0 {
 				return next(msg)
@@ -86,9 +86,9 @@ func gapWait(consumer string, store framework.Store, timeout time.Duration) mess
 			if !errors.As(err, &gap) {
 				return out, err
 			}
-			d, ok := framework.EnvelopeFromContext(ctx)
-			if !ok {
-				return nil, errNotDecoded
+			d, derr := eventOf(ctx)
+			if derr != nil {
+				return nil, derr
 			}
 			waited, werr := store.WaitGap(ctx, consumer, gap.subject, gap.seq, d.Key(), msg.Payload)
 			if werr != nil {

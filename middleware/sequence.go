@@ -23,9 +23,9 @@ import (
 func sequenceGuard(consumer string, store framework.Store) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
-			d, ok := framework.EnvelopeFromContext(msg.Context())
-			if !ok {
-				return nil, errNotDecoded
+			d, err := eventOf(msg.Context())
+			if err != nil {
+				return nil, err
 			}
 			if d.Subject == "" || d.SubjectSeq == 0 {
 				return next(msg)

@@ -31,6 +31,16 @@ type state struct {
 // context for the steps after decode.
 type decoded = pipeline.Decoded[framework.Envelope]
 
+// eventOf returns the event that the decode step put on ctx: every step
+// after it starts here.
+func eventOf(ctx context.Context) (*framework.Envelope, error) {
+	d, ok := pipeline.From[*decoded](ctx)
+	if !ok {
+		return nil, errNotDecoded
+	}
+	return &d.Envelope, nil
+}
+
 type stateKey struct{}
 
 // stateOf returns the message's state, attaching a new one to its context

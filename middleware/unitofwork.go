@@ -19,9 +19,9 @@ func unitOfWork(consumer string, uow *framework.UnitOfWork) message.HandlerMiddl
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			st := stateOf(msg)
-			d, ok := framework.EnvelopeFromContext(msg.Context())
-			if !ok {
-				return nil, errNotDecoded
+			d, err := eventOf(msg.Context())
+			if err != nil {
+				return nil, err
 			}
 			orig := msg.Context()
 			defer msg.SetContext(orig)
