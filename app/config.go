@@ -236,12 +236,12 @@ type ConsumerConfig struct {
 	MaxDeliveries int `yaml:"max_deliveries"`
 	// SkipStale turns the sequence guard on: an event older (by subjectseq)
 	// than one of the same subject that already took effect is skipped
-	// (see middleware.SequenceGuard). On when set here or in defaults.
+	// (middleware.Config.SkipStale). On when set here or in defaults.
 	// Defaults to false.
 	SkipStale bool `yaml:"skip_stale"`
 	// StrictOrder applies each subject's events one after the other, in
 	// sequence: an event ahead of its turn waits, delivered again later,
-	// until GapTimeout (see middleware.StrictOrder). Not with SkipStale.
+	// until GapTimeout (middleware.Config.StrictOrder). Not with SkipStale.
 	// On when set here or in defaults. Defaults to false.
 	StrictOrder bool `yaml:"strict_order"`
 	// GapTimeout is how long an event waits for an earlier one of its

@@ -19,7 +19,7 @@ import (
 )
 
 // Middleware is the application's own middleware around every consumer's
-// handler (see middleware.ChainConfig). Supply it with
+// handler (middleware.Config.Outer and Inner). Supply it with
 // fx.Supply(app.Middleware{...}).
 type Middleware struct {
 	// Outer runs once per delivery, after the event is decoded and the
