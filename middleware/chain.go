@@ -112,7 +112,7 @@ func (c Config) WithDefaults() Config {
 	c.GapTimeout = cmp.Or(c.GapTimeout, DefaultGapTimeout)
 	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, framework.DefaultMaxBodyBytes)
 	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
-	c.Tracer = cmp.Or(c.Tracer, trace.Tracer(noop.NewTracerProvider().Tracer("")))
+	c.Tracer = cmp.Or(c.Tracer, noop.NewTracerProvider().Tracer(""))
 	return c
 }
 

@@ -54,7 +54,7 @@ type Execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
 
-// DeliveryCounted, on a message's context, says that the delivery guard
+// DeliveryCounted on a message's context says that the delivery guard
 // recorded the delivery's count: the unit of work forgets the count when
 // the effect commits, so that lost acks never add up to the delivery
 // limit.
