@@ -107,7 +107,7 @@ func setup(t *testing.T, cfg app.Config, opts ...fx.Option) *bundle {
 	t.Helper()
 	b := &bundle{cfg: cfg}
 	b.service = app.New(
-		handlers.Consumer(consumerName, handlers.On(widgetAdded, newAddWidget)),
+		handlers.Register(consumerName, handlers.On(widgetAdded, newAddWidget)),
 		fx.Supply(widgetMigrations),
 		fx.Replace(cfg),
 		fx.Options(opts...),
@@ -274,8 +274,8 @@ func TestApp(t *testing.T) {
 		t.Parallel()
 		other := func(ctx context.Context, ev framework.Event[widgetAddedV1]) error { return nil }
 		service := app.New(
-			handlers.Consumer(consumerName, handlers.On(widgetAdded, newAddWidget)),
-			handlers.Consumer(consumerName, handlers.On(widgetAdded, other)),
+			handlers.Register(consumerName, handlers.On(widgetAdded, newAddWidget)),
+			handlers.Register(consumerName, handlers.On(widgetAdded, other)),
 			fx.Replace(testConfig(t)),
 		)
 		err := service.Err()
@@ -297,7 +297,7 @@ func TestApp(t *testing.T) {
 		t.Parallel()
 		started := make(chan struct{})
 		service := app.New(
-			handlers.Consumer(consumerName, handlers.On(widgetAdded, newAddWidget)),
+			handlers.Register(consumerName, handlers.On(widgetAdded, newAddWidget)),
 			fx.Supply(widgetMigrations),
 			fx.Replace(testConfig(t)),
 			// Invoked last, so its hook runs once everything else started.
@@ -330,7 +330,7 @@ func TestApp(t *testing.T) {
 		cfg.AMQPURL = "amqp://guest:guest@127.0.0.1:1/"
 		var db *sqlx.DB
 		service := app.New(
-			handlers.Consumer(consumerName, handlers.On(widgetAdded, newAddWidget)),
+			handlers.Register(consumerName, handlers.On(widgetAdded, newAddWidget)),
 			fx.Supply(widgetMigrations),
 			fx.Replace(cfg),
 			fx.StartTimeout(time.Hour),
@@ -366,7 +366,7 @@ func TestMigrateCommand(t *testing.T) {
 
 			var out bytes.Buffer
 			cmd := app.Command("widgets", fx.Options(
-				handlers.Consumer(consumerName, handlers.On(widgetAdded, newAddWidget)),
+				handlers.Register(consumerName, handlers.On(widgetAdded, newAddWidget)),
 				fx.Supply(widgetMigrations),
 			))
 			cmd.SetOut(&out)

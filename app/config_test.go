@@ -372,7 +372,7 @@ func TestCheckConsumers(t *testing.T) {
 		cfg := testConfig(t)
 		cfg.Consumers = map[string]app.ConsumerConfig{"widgets.count-on-widget-addded": {Attempts: 2}}
 		service := app.New(
-			handlers.Consumer(consumerName, handlers.On(widgetAdded, newAddWidget)),
+			handlers.Register(consumerName, handlers.On(widgetAdded, newAddWidget)),
 			fx.Supply(widgetMigrations),
 			fx.Replace(cfg),
 		)
@@ -384,7 +384,7 @@ func TestCheckConsumers(t *testing.T) {
 		cfg := testConfig(t)
 		cfg.Consumers = map[string]app.ConsumerConfig{"widgets.old-name": {Attempts: 2}, consumerName: {Attempts: 3}}
 		service := app.New(
-			handlers.Consumer(consumerName, handlers.RenamedFrom("widgets.old-name"), handlers.On(widgetAdded, newAddWidget)),
+			handlers.Register(consumerName, handlers.RenamedFrom("widgets.old-name"), handlers.On(widgetAdded, newAddWidget)),
 			fx.Supply(widgetMigrations),
 			fx.Replace(cfg),
 		)

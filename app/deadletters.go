@@ -33,7 +33,7 @@ type operator struct {
 }
 
 // operatorParams are what the operator takes from the service's options:
-// the declarations of handlers.Consumer, which depend on nothing, and not
+// the declarations of handlers.Register, which depend on nothing, and not
 // the handlers.Registry, which builds every handler.
 type operatorParams struct {
 	fx.In

@@ -72,7 +72,7 @@ func testDeadLettersCommand(t *testing.T, cfg app.Config) {
 		_, err := framework.Conn(ctx, db).ExecContext(ctx, db.Rebind(`INSERT INTO widgets (name, event_id) VALUES (?, ?)`), name, eventID)
 		return err
 	}
-	picky := handlers.Consumer(pickyConsumer, handlers.On(widgetAdded, func(db *sqlx.DB) framework.HandlerFunc[widgetAddedV1] {
+	picky := handlers.Register(pickyConsumer, handlers.On(widgetAdded, func(db *sqlx.DB) framework.HandlerFunc[widgetAddedV1] {
 		return func(ctx context.Context, ev framework.Event[widgetAddedV1]) error {
 			if rejecting.Load() {
 				return framework.Permanent("widget_rejected", errors.New("not today"))
@@ -80,7 +80,7 @@ func testDeadLettersCommand(t *testing.T, cfg app.Config) {
 			return insert(ctx, db, "picky:"+ev.Data.Name, ev.ID)
 		}
 	}))
-	other := handlers.Consumer(otherConsumer, handlers.On(widgetAdded, func(db *sqlx.DB) framework.HandlerFunc[widgetAddedV1] {
+	other := handlers.Register(otherConsumer, handlers.On(widgetAdded, func(db *sqlx.DB) framework.HandlerFunc[widgetAddedV1] {
 		return func(ctx context.Context, ev framework.Event[widgetAddedV1]) error {
 			return insert(ctx, db, "other:"+ev.Data.Name, ev.ID)
 		}
@@ -89,7 +89,7 @@ func testDeadLettersCommand(t *testing.T, cfg app.Config) {
 	setEnv(t, cfg)
 	run := func(args ...string) (string, error) {
 		return runCommand(t, fx.Options(
-			handlers.Consumer(consumerName, handlers.On(widgetAdded, newAddWidget)),
+			handlers.Register(consumerName, handlers.On(widgetAdded, newAddWidget)),
 			picky,
 			other,
 			fx.Supply(widgetMigrations),
@@ -205,10 +205,10 @@ func closedAMQPURL(t *testing.T, password string) string {
 func TestDeadLettersBuildNoHandler(t *testing.T) {
 	var dialled atomic.Bool
 	service := fx.Options(
-		handlers.Consumer("widgets.boxed", handlers.On(widgetAdded, func(db *sqlx.DB, box *outbox.Outbox) framework.HandlerFunc[widgetAddedV1] {
+		handlers.Register("widgets.boxed", handlers.On(widgetAdded, func(db *sqlx.DB, box *outbox.Outbox) framework.HandlerFunc[widgetAddedV1] {
 			return func(context.Context, framework.Event[widgetAddedV1]) error { return nil }
 		})),
-		handlers.Consumer("widgets.dialling", handlers.On(widgetAdded, func() (framework.HandlerFunc[widgetAddedV1], error) {
+		handlers.Register("widgets.dialling", handlers.On(widgetAdded, func() (framework.HandlerFunc[widgetAddedV1], error) {
 			dialled.Store(true)
 			return nil, errors.New("dial the payment provider: connection refused")
 		})),
@@ -241,7 +241,7 @@ func TestDeadLettersBuildNoHandler(t *testing.T) {
 // bound is only against a hang).
 func TestDeadLettersReplayBrokerDown(t *testing.T) {
 	service := fx.Options(
-		handlers.Consumer(consumerName, handlers.On(widgetAdded, newAddWidget)),
+		handlers.Register(consumerName, handlers.On(widgetAdded, newAddWidget)),
 		fx.Supply(widgetMigrations),
 	)
 	setEnv(t, testConfig(t))

@@ -7,7 +7,7 @@
 //
 //	func main() {
 //		app.Main("notifications", fx.Options(
-//			handlers.Consumer("notifications.remind-on-appointment-booked",
+//			handlers.Register("notifications.remind-on-appointment-booked",
 //				handlers.On(appointments.Booked, NewRemindOnBooked),
 //			),
 //			fx.Supply(app.Migrations{FS: migrations}),

@@ -52,7 +52,7 @@ func ExampleMiddleware() {
 			Outer: []message.HandlerMiddleware{audit},
 			Inner: []message.HandlerMiddleware{inTx},
 		}),
-		handlers.Consumer("billing.archive-invoice",
+		handlers.Register("billing.archive-invoice",
 			handlers.On(InvoiceSent, func(_ context.Context, ev framework.Event[InvoiceSentV1]) error {
 				if failures > 0 {
 					failures--

@@ -96,7 +96,7 @@ func runRejectingService(t *testing.T) {
 			return framework.Permanent("no_seats", errors.New("room 4 is full"))
 		}
 	}
-	b := setup(t, testConfig(t), handlers.Consumer(rejectingConsumer, handlers.On(widgetAdded, reject)))
+	b := setup(t, testConfig(t), handlers.Register(rejectingConsumer, handlers.On(widgetAdded, reject)))
 	b.publish(t, "w-1", "sprocket")
 	waitFor(t, "the dead letter", func() bool {
 		return b.count(t, `SELECT count(*) FROM dead_letters WHERE consumer = ?`, rejectingConsumer) == 1
@@ -122,7 +122,7 @@ func TestLogsNeverQuotePayload(t *testing.T) {
 		return func(context.Context, framework.Event[visitBookedV1]) error { return nil }
 	}
 	const visits = "visits.record-on-visit-booked"
-	b := setup(t, testConfig(t), fx.Supply(logger), handlers.Consumer(visits, handlers.On(visitBooked, record)))
+	b := setup(t, testConfig(t), fx.Supply(logger), handlers.Register(visits, handlers.On(visitBooked, record)))
 
 	_, err := b.db.Exec(`ALTER TABLE dead_letters RENAME TO dead_letters_away`)
 	require.NoError(t, err)

@@ -69,7 +69,7 @@ func TestStartChecksMigrations(t *testing.T) {
 			}
 			newService := func(cfg app.Config, opts ...fx.Option) *fx.App {
 				return app.New(
-					handlers.Consumer(consumerName, handlers.On(widgetAdded, newAddWidgetRebound)),
+					handlers.Register(consumerName, handlers.On(widgetAdded, newAddWidgetRebound)),
 					fx.Supply(widgetMigrations, app.ServiceName("widgets")),
 					fx.Replace(cfg),
 					fx.Options(opts...),
@@ -151,7 +151,7 @@ func TestServeCommandRefusesUnmigratedDatabase(t *testing.T) {
 	t.Setenv(app.EnvTablePrefix, "")
 	t.Setenv(app.EnvHTTPAddr, "127.0.0.1:0")
 	cmd := app.Command("widgets", fx.Options(
-		handlers.Consumer(consumerName, handlers.On(widgetAdded, newAddWidget)),
+		handlers.Register(consumerName, handlers.On(widgetAdded, newAddWidget)),
 		fx.Supply(widgetMigrations),
 	))
 	cmd.SetArgs([]string{"serve"})

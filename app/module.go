@@ -12,7 +12,7 @@ import (
 
 // Module is the framework's fx application: the configuration (from the
 // environment, see LoadConfig), the database and its store, the transport,
-// the router running every consumer declared with handlers.Consumer, the
+// the router running every consumer declared with handlers.Register, the
 // outbox (*outbox.Outbox, for handlers) and its relay, the purger of old
 // processed marks, and the HTTP server of health, readiness and metrics.
 // Besides the configuration and the outbox, it provides the database

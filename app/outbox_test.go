@@ -56,8 +56,8 @@ func TestOutboxFollowUpEvent(t *testing.T) {
 			// Fresh names: queues on the shared broker outlive the test.
 			suffix := strconv.FormatInt(time.Now().UnixNano(), 36)
 			b := setup(t, cfg,
-				handlers.Consumer("widgets.count-widget-"+suffix, handlers.On(widgetAdded, newCountWidget)),
-				handlers.Consumer("widgets.store-counted-"+suffix, handlers.On(widgetCounted, newStoreCounted)),
+				handlers.Register("widgets.count-widget-"+suffix, handlers.On(widgetAdded, newCountWidget)),
+				handlers.Register("widgets.store-counted-"+suffix, handlers.On(widgetCounted, newStoreCounted)),
 			)
 			id := "w-" + suffix
 			b.publish(t, id, "sprocket")

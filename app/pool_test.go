@@ -149,8 +149,8 @@ func TestDatabasePoolSize(t *testing.T) {
 		cfg.Defaults.Concurrency = 16
 		cfg.DatabaseMaxConns = 3
 		service := app.New(
-			handlers.Consumer(consumerName, handlers.On(widgetAdded, newAddWidget)),
-			handlers.Consumer("widgets.pool-check", handlers.On(widgetAdded, newAddWidget)),
+			handlers.Register(consumerName, handlers.On(widgetAdded, newAddWidget)),
+			handlers.Register("widgets.pool-check", handlers.On(widgetAdded, newAddWidget)),
 			fx.Supply(widgetMigrations),
 			fx.Replace(cfg),
 		)
@@ -172,7 +172,7 @@ func poolSize(t *testing.T, cfg app.Config, names ...string) (int, error) {
 	t.Helper()
 	opts := []fx.Option{fx.Supply(widgetMigrations), fx.Replace(cfg)}
 	for _, name := range names {
-		opts = append(opts, handlers.Consumer(name, handlers.On(widgetAdded, newAddWidget)))
+		opts = append(opts, handlers.Register(name, handlers.On(widgetAdded, newAddWidget)))
 	}
 	var db *sqlx.DB
 	service := app.New(append(opts, fx.Populate(&db))...)
@@ -252,8 +252,8 @@ func TestPoolHoldsEveryAttempt(t *testing.T) {
 		}
 	}
 	b := setup(t, cfg,
-		handlers.Consumer(names[0], handlers.On(poolProbe, newHandler)),
-		handlers.Consumer(names[1], handlers.On(poolProbe, newHandler)),
+		handlers.Register(names[0], handlers.On(poolProbe, newHandler)),
+		handlers.Register(names[1], handlers.On(poolProbe, newHandler)),
 	)
 	for i := range perConsumer {
 		env, err := poolProbe.Envelope(poolProbeV1{N: i}, framework.Attributes{ID: "p-" + strconv.Itoa(i), Source: "widgets"})

@@ -49,7 +49,7 @@ func TestCPUProfile(t *testing.T) {
 		cfg := testConfig(t)
 		cfg.CPUProfile = filepath.Join(t.TempDir(), "missing", "cpu.pprof")
 		service := app.New(
-			handlers.Consumer(consumerName, handlers.On(widgetAdded, newAddWidget)),
+			handlers.Register(consumerName, handlers.On(widgetAdded, newAddWidget)),
 			fx.Supply(widgetMigrations),
 			fx.Replace(cfg),
 		)

@@ -29,7 +29,7 @@ func TestRenamedConsumer(t *testing.T) {
 			metrics   *middleware.Metrics
 		)
 		service := app.New(
-			handlers.Consumer(name, append(routes, handlers.On(widgetAdded, newAddWidget))...),
+			handlers.Register(name, append(routes, handlers.On(widgetAdded, newAddWidget))...),
 			fx.Supply(widgetMigrations),
 			fx.Replace(cfg),
 			fx.Populate(&transport, &db, &metrics),

@@ -54,8 +54,8 @@ func TestMainPrintsOneLine(t *testing.T) {
 		{
 			name: "DuplicateConsumer",
 			opts: fx.Options(
-				handlers.Consumer("gadgets.count", handlers.On(gadgetAdded, handleGadget)),
-				handlers.Consumer("gadgets.count", handlers.On(gadgetAdded, handleGadget)),
+				handlers.Register("gadgets.count", handlers.On(gadgetAdded, handleGadget)),
+				handlers.Register("gadgets.count", handlers.On(gadgetAdded, handleGadget)),
 			),
 			want: "handlers: consumer name declared more than once: gadgets.count (a consumer name is an identity; give each consumer its own",
 		},
@@ -76,7 +76,7 @@ func TestMainPrintsOneLine(t *testing.T) {
 		},
 		{
 			name: "MissingDependency",
-			opts: handlers.Consumer("gadgets.count", handlers.On(gadgetAdded, func(*http.Client) framework.HandlerFunc[gadgetV1] {
+			opts: handlers.Register("gadgets.count", handlers.On(gadgetAdded, func(*http.Client) framework.HandlerFunc[gadgetV1] {
 				return handleGadget
 			})),
 			want: "missing type: *http.Client (a constructor of the service or of a handler takes it, and no option gives it: provide or supply it",

@@ -22,7 +22,7 @@ func serveAMQP(t *testing.T, amqpURL string, startTimeout time.Duration) error {
 	cfg.Transport = app.TransportAMQP
 	cfg.AMQPURL = amqpURL
 	service := app.New(
-		handlers.Consumer(consumerName, handlers.On(widgetAdded, newAddWidget)),
+		handlers.Register(consumerName, handlers.On(widgetAdded, newAddWidget)),
 		fx.Supply(widgetMigrations),
 		fx.Replace(cfg),
 		fx.StartTimeout(startTimeout),

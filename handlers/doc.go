@@ -7,7 +7,7 @@
 // with a Handle method, or a constructor whose dependencies fx injects:
 //
 //	var Module = fx.Options(
-//		handlers.Consumer("notifications.remind-on-appointment-booked",
+//		handlers.Register("notifications.remind-on-appointment-booked",
 //			handlers.On(appointments.Booked, NewRemindOnBooked),
 //		),
 //	)
@@ -25,7 +25,7 @@
 // definitions (values, not the data types), a func(Old) (New, error) and
 // the handler of the new version (ExampleUpcast runs this):
 //
-//	consumer := handlers.Consumer("shop.confirm-order-by-mail",
+//	consumer := handlers.Register("shop.confirm-order-by-mail",
 //		handlers.On(OrderPlacedTwo, NewConfirmOrderV2),
 //		handlers.Upcast(OrderPlaced, OrderPlacedTwo, UpcastOrderPlaced, NewConfirmOrderV2),
 //	)

@@ -49,12 +49,12 @@ func NewConfirmOrder(m *Mailer) framework.HandlerFunc[OrderPlacedV1] {
 
 // Consumers are declared as fx options; the registry checks them when the
 // application is built.
-func ExampleConsumer() {
+func ExampleRegister() {
 	var reg *handlers.Registry
 	app := fx.New(
 		fx.NopLogger,
 		fx.Supply(&Mailer{}),
-		handlers.Consumer("shop.confirm-order-by-mail",
+		handlers.Register("shop.confirm-order-by-mail",
 			handlers.On(OrderPlaced, NewConfirmOrder),
 		),
 		handlers.Module,
@@ -68,7 +68,7 @@ func ExampleConsumer() {
 		fmt.Println(c.Name(), c.Types())
 	}
 
-	bad := fx.New(fx.NopLogger, handlers.Consumer("Shop Confirm", handlers.On(OrderPlaced, NewConfirmOrder)), handlers.Module)
+	bad := fx.New(fx.NopLogger, handlers.Register("Shop Confirm", handlers.On(OrderPlaced, NewConfirmOrder)), handlers.Module)
 	fmt.Println(bad.Err() != nil)
 	// Output:
 	// shop.confirm-order-by-mail [shop.order.placed]
@@ -89,7 +89,7 @@ func NewConfirmOrderV2(m *Mailer) framework.HandlerFunc[OrderPlacedV2] {
 // the same handler while producers migrate.
 func ExampleUpcast() {
 	// snippet:begin upcast
-	consumer := handlers.Consumer("shop.confirm-order-by-mail",
+	consumer := handlers.Register("shop.confirm-order-by-mail",
 		handlers.On(OrderPlacedTwo, NewConfirmOrderV2),
 		handlers.Upcast(OrderPlaced, OrderPlacedTwo, UpcastOrderPlaced, NewConfirmOrderV2),
 	)

@@ -46,7 +46,7 @@ type Route struct {
 // start as a new consumer that has processed nothing. Put it among the
 // consumer's routes:
 //
-//	handlers.Consumer("notifications.remind-on-appointment-booked",
+//	handlers.Register("notifications.remind-on-appointment-booked",
 //		handlers.RenamedFrom("notifications.booking-reminder"),
 //		handlers.On(appointments.Booked, NewRemindOnBooked),
 //	)
@@ -57,10 +57,10 @@ type Route struct {
 // moved (see docs/transports.md, "Renaming a consumer").
 func RenamedFrom(old string) Route { return Route{renamedFrom: old} }
 
-// Consumer declares the consumer name with its routes, one per event type
+// Register declares the consumer name with its routes, one per event type
 // and version it handles, and yields the fx option that registers them:
 //
-//	handlers.Consumer("notifications.remind-on-appointment-booked",
+//	handlers.Register("notifications.remind-on-appointment-booked",
 //		handlers.On(appointments.Booked, NewRemindOnBooked),
 //	)
 //
@@ -68,7 +68,7 @@ func RenamedFrom(old string) Route { return Route{renamedFrom: old} }
 // events and names the queue or consumer group. Start-up is refused, naming
 // the culprit, for a malformed name (see framework.ValidateConsumerName), a
 // name declared twice, no routes, or two routes of one type and version.
-func Consumer(name string, routes ...Route) fx.Option {
+func Register(name string, routes ...Route) fx.Option {
 	if err := framework.ValidateConsumerName(name); err != nil {
 		return fx.Error(fmt.Errorf("handlers: %w", err))
 	}
@@ -122,7 +122,7 @@ func On[T any](def framework.Definition[T], handler any) Route {
 // to; it may be the very constructor given to On(to, ...), and each route
 // then gets an instance of its own.
 //
-//	consumer := handlers.Consumer("shop.confirm-order-by-mail",
+//	consumer := handlers.Register("shop.confirm-order-by-mail",
 //		handlers.On(OrderPlacedTwo, NewConfirmOrderV2),
 //		handlers.Upcast(OrderPlaced, OrderPlacedTwo, UpcastOrderPlaced, NewConfirmOrderV2),
 //	)
@@ -240,8 +240,8 @@ func wrapConstructor(ctor any, consumer string) any {
 	}).Interface()
 }
 
-// RegistryParams are what NewRegistry takes from fx.
-type RegistryParams struct {
+// registryParams are what NewRegistry takes from fx.
+type registryParams struct {
 	fx.In
 
 	Declarations  []Declaration  `group:"effectively.consumers"`
@@ -254,10 +254,10 @@ type Registry struct {
 	renamedFrom map[string][]string
 }
 
-// NewRegistry checks the declarations and builds the consumers. It refuses
+// newRegistry checks the declarations and builds the consumers. It refuses
 // a consumer declared twice and two handlers of one consumer for the same
 // event type and version, naming them.
-func NewRegistry(p RegistryParams) (*Registry, error) {
+func newRegistry(p registryParams) (*Registry, error) {
 	declared := make(map[string]bool, len(p.Declarations))
 	var dups []string
 	for _, d := range p.Declarations {
@@ -268,7 +268,7 @@ func NewRegistry(p RegistryParams) (*Registry, error) {
 	}
 	if len(dups) > 0 {
 		slices.Sort(dups)
-		return nil, fmt.Errorf("handlers: consumer name declared more than once: %s (a consumer name is an identity; give each consumer its own, or declare all its routes in one handlers.Consumer)", strings.Join(dups, ", "))
+		return nil, fmt.Errorf("handlers: consumer name declared more than once: %s (a consumer name is an identity; give each consumer its own, or declare all its routes in one handlers.Register)", strings.Join(dups, ", "))
 	}
 	renamed := make(map[string][]string)
 	claimed := make(map[string]string) // old name -> the consumer that claims it
@@ -314,4 +314,4 @@ func (r *Registry) Consumers() []*framework.Consumer { return slices.Clone(r.con
 
 // Module provides the *Registry of every consumer declared in the
 // application.
-var Module = fx.Module("effectively.handlers", fx.Provide(NewRegistry))
+var Module = fx.Module("effectively.handlers", fx.Provide(newRegistry))

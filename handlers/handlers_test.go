@@ -53,14 +53,14 @@ func TestRegistry(t *testing.T) {
 		r := &repo{}
 		reg, err := start(t,
 			fx.Supply(r),
-			handlers.Consumer("projections.appointments",
+			handlers.Register("projections.appointments",
 				handlers.On(bookedV1, newRemind),
 				handlers.On(bookedV2, func(context.Context, framework.Event[booked]) error { return nil }),
 				handlers.On(cancelledV1, func(r *repo) (framework.HandlerFunc[cancelled], error) {
 					return func(context.Context, framework.Event[cancelled]) error { return nil }, nil
 				}),
 			),
-			handlers.Consumer("notifications.remind", handlers.On(bookedV1, &remind{repo: r})),
+			handlers.Register("notifications.remind", handlers.On(bookedV1, &remind{repo: r})),
 		)
 		require.NoError(t, err)
 		cs := reg.Consumers()
@@ -86,7 +86,7 @@ func TestRegistry(t *testing.T) {
 			}
 		}
 		reg, err := start(t, fx.Supply(r),
-			handlers.Consumer("notifications.remind",
+			handlers.Register("notifications.remind",
 				handlers.On(bookedV2, newRemindV2),
 				handlers.Upcast(bookedV1, bookedV2, func(old booked) (booked, error) {
 					old.AppointmentID += "-upcast"
@@ -109,7 +109,7 @@ func TestRegistry(t *testing.T) {
 	t.Run("RenamedFrom", func(t *testing.T) {
 		t.Parallel()
 		reg, err := start(t, fx.Supply(&repo{}),
-			handlers.Consumer("notifications.remind",
+			handlers.Register("notifications.remind",
 				handlers.RenamedFrom("notifications.booking-reminder"),
 				handlers.On(bookedV1, newRemind),
 			),
@@ -122,16 +122,16 @@ func TestRegistry(t *testing.T) {
 			opts []fx.Option
 			want string
 		}{
-			"Malformed":  {[]fx.Option{handlers.Consumer("a.b", handlers.RenamedFrom("Old Name"), handlers.On(bookedV1, newRemind))}, `consumer a.b renamed from: consumer name "Old Name" is malformed`},
-			"Itself":     {[]fx.Option{handlers.Consumer("a.b", handlers.RenamedFrom("a.b"), handlers.On(bookedV1, newRemind))}, "consumer a.b is renamed from itself"},
-			"OnlyRename": {[]fx.Option{handlers.Consumer("a.b", handlers.RenamedFrom("a.c"))}, "has no routes"},
+			"Malformed":  {[]fx.Option{handlers.Register("a.b", handlers.RenamedFrom("Old Name"), handlers.On(bookedV1, newRemind))}, `consumer a.b renamed from: consumer name "Old Name" is malformed`},
+			"Itself":     {[]fx.Option{handlers.Register("a.b", handlers.RenamedFrom("a.b"), handlers.On(bookedV1, newRemind))}, "consumer a.b is renamed from itself"},
+			"OnlyRename": {[]fx.Option{handlers.Register("a.b", handlers.RenamedFrom("a.c"))}, "has no routes"},
 			"StillDeclared": {[]fx.Option{
-				handlers.Consumer("a.b", handlers.RenamedFrom("a.c"), handlers.On(bookedV1, newRemind)),
-				handlers.Consumer("a.c", handlers.On(bookedV1, newRemind)),
+				handlers.Register("a.b", handlers.RenamedFrom("a.c"), handlers.On(bookedV1, newRemind)),
+				handlers.Register("a.c", handlers.On(bookedV1, newRemind)),
 			}, "consumer a.b is renamed from a.c, which is still declared"},
 			"ClaimedTwice": {[]fx.Option{
-				handlers.Consumer("a.b", handlers.RenamedFrom("a.old"), handlers.On(bookedV1, newRemind)),
-				handlers.Consumer("a.c", handlers.RenamedFrom("a.old"), handlers.On(bookedV1, newRemind)),
+				handlers.Register("a.b", handlers.RenamedFrom("a.old"), handlers.On(bookedV1, newRemind)),
+				handlers.Register("a.c", handlers.RenamedFrom("a.old"), handlers.On(bookedV1, newRemind)),
 			}, "consumers a.b and a.c are both renamed from a.old"},
 		} {
 			_, err := start(t, append(tt.opts, fx.Supply(&repo{}))...)
@@ -141,21 +141,21 @@ func TestRegistry(t *testing.T) {
 
 	t.Run("MalformedName", func(t *testing.T) {
 		t.Parallel()
-		_, err := start(t, handlers.Consumer("Notifications_Remind", handlers.On(bookedV1, newRemind)), fx.Supply(&repo{}))
+		_, err := start(t, handlers.Register("Notifications_Remind", handlers.On(bookedV1, newRemind)), fx.Supply(&repo{}))
 		require.ErrorContains(t, err, `consumer name "Notifications_Remind" is malformed`)
 	})
 
 	t.Run("ReservedName", func(t *testing.T) {
 		t.Parallel()
-		_, err := start(t, handlers.Consumer("amq.remind", handlers.On(bookedV1, newRemind)), fx.Supply(&repo{}))
+		_, err := start(t, handlers.Register("amq.remind", handlers.On(bookedV1, newRemind)), fx.Supply(&repo{}))
 		require.ErrorContains(t, err, "amq.")
 	})
 
 	t.Run("DuplicateName", func(t *testing.T) {
 		t.Parallel()
 		_, err := start(t, fx.Supply(&repo{}),
-			handlers.Consumer("notifications.remind", handlers.On(bookedV1, newRemind)),
-			handlers.Consumer("notifications.remind", handlers.On(cancelledV1, func(context.Context, framework.Event[cancelled]) error { return nil })),
+			handlers.Register("notifications.remind", handlers.On(bookedV1, newRemind)),
+			handlers.Register("notifications.remind", handlers.On(cancelledV1, func(context.Context, framework.Event[cancelled]) error { return nil })),
 		)
 		require.ErrorContains(t, err, "consumer name declared more than once: notifications.remind")
 	})
@@ -163,7 +163,7 @@ func TestRegistry(t *testing.T) {
 	t.Run("TwoHandlersOfOneType", func(t *testing.T) {
 		t.Parallel()
 		_, err := start(t, fx.Supply(&repo{}),
-			handlers.Consumer("notifications.remind",
+			handlers.Register("notifications.remind",
 				handlers.On(bookedV1, newRemind),
 				handlers.On(bookedV1, func(context.Context, framework.Event[booked]) error { return nil }),
 			),
@@ -173,13 +173,13 @@ func TestRegistry(t *testing.T) {
 
 	t.Run("WrongShape", func(t *testing.T) {
 		t.Parallel()
-		_, err := start(t, handlers.Consumer("notifications.remind", handlers.On(bookedV1, func(int) string { return "" })))
+		_, err := start(t, handlers.Register("notifications.remind", handlers.On(bookedV1, func(int) string { return "" })))
 		require.ErrorContains(t, err, "consumer notifications.remind, appointments.appointment.booked v1")
 	})
 
 	t.Run("NoRoutes", func(t *testing.T) {
 		t.Parallel()
-		_, err := start(t, handlers.Consumer("notifications.remind"))
+		_, err := start(t, handlers.Register("notifications.remind"))
 		require.ErrorContains(t, err, "has no routes")
 	})
 }

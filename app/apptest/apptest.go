@@ -148,7 +148,7 @@ func New(t testing.TB, module fx.Option, cfg Config) *App {
 	return a
 }
 
-// Start runs module, the service's own fx options (its handlers.Consumer
+// Start runs module, the service's own fx options (its handlers.Register
 // declarations, the constructors of its handlers' dependencies, its
 // app.Middleware and app.Migrations), in the framework's application
 // (app.New) with a configuration of the test's own: the database of cfg,

@@ -77,8 +77,8 @@ func newRecord(db *sqlx.DB) framework.HandlerFunc[ConfirmedV1] {
 }
 
 var shopModule = fx.Options(
-	handlers.Consumer(confirmer, handlers.On(Placed, newConfirm)),
-	handlers.Consumer(recorder, handlers.On(Confirmed, newRecord)),
+	handlers.Register(confirmer, handlers.On(Placed, newConfirm)),
+	handlers.Register(recorder, handlers.On(Confirmed, newRecord)),
 	fx.Supply(app.Migrations{FS: shopMigrations}),
 )
 
@@ -164,7 +164,7 @@ func TestDeliver(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	seen := make(chan string, 10)
-	other := handlers.Consumer("shop.audit", handlers.On(Placed, func(_ context.Context, ev framework.Event[PlacedV1]) error {
+	other := handlers.Register("shop.audit", handlers.On(Placed, func(_ context.Context, ev framework.Event[PlacedV1]) error {
 		seen <- ev.ID
 		return nil
 	}))
@@ -199,7 +199,7 @@ func TestDeliver(t *testing.T) {
 func TestMissingDependency(t *testing.T) {
 	t.Parallel()
 	type Mailer struct{}
-	module := handlers.Consumer(confirmer, handlers.On(Placed, func(*Mailer) framework.HandlerFunc[PlacedV1] {
+	module := handlers.Register(confirmer, handlers.On(Placed, func(*Mailer) framework.HandlerFunc[PlacedV1] {
 		return func(context.Context, framework.Event[PlacedV1]) error { return nil }
 	}))
 	_, err := apptest.Start(t.Context(), module, apptest.Config{})

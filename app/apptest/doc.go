@@ -1,5 +1,5 @@
 // Package apptest tests a service the way it runs in production: its own
-// fx module (the consumers it declares with handlers.Consumer and
+// fx module (the consumers it declares with handlers.Register and
 // handlers.On, the constructors of its handlers and their dependencies,
 // its app.Middleware and app.Migrations) inside the framework's
 // application (app.New), with the application's *outbox.Outbox and relay,

@@ -18,7 +18,7 @@ import (
 func Example() {
 	ctx := context.Background()
 	module := fx.Options(
-		handlers.Consumer("shop.confirm-order",
+		handlers.Register("shop.confirm-order",
 			handlers.On(Placed, func(_ context.Context, ev framework.Event[PlacedV1]) error {
 				fmt.Println("confirming order", ev.Data.OrderID)
 				return nil

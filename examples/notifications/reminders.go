@@ -24,7 +24,7 @@ var migrations embed.FS
 
 // Module is the notifications service: its consumer and its schema.
 var Module = fx.Options(
-	handlers.Consumer(ConsumerName,
+	handlers.Register(ConsumerName,
 		handlers.On(appointments.Booked, NewRemindOnBooked),
 	),
 	fx.Supply(app.Migrations{FS: mustSub(migrations, "migrations")}),

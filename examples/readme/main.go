@@ -40,7 +40,7 @@ func NewRemindOnBooked(db *sqlx.DB) framework.HandlerFunc[BookedV1] {
 }
 
 // Module is the service: its consumers (and, in a real one, its migrations).
-var Module = handlers.Consumer("notifications.remind-on-appointment-booked",
+var Module = handlers.Register("notifications.remind-on-appointment-booked",
 	handlers.On(Booked, NewRemindOnBooked),
 )
 
