@@ -225,8 +225,10 @@ type ConsumerConfig struct {
 	// once in this process: on amqp that many subscriptions of the
 	// consumer's queue, on sqlite that many leases; on postgres it adds
 	// nothing (watermill-sql hands out one message at a time per consumer
-	// group); memory hands every subscription every message. The pool of
-	// DatabaseURL grows with it.
+	// group); memory hands every subscription every message. Under group
+	// commit the messages in flight fill the consumer's batches; at
+	// batch_size 1 each holds a connection of DatabaseURL's pool, which
+	// grows with it.
 	// Defaults to DefaultConcurrency.
 	Concurrency int `yaml:"concurrency"`
 	// RateLimit caps messages per second; zero means no limit.
@@ -248,6 +250,18 @@ type ConsumerConfig struct {
 	// subject under StrictOrder before it is dead-lettered with code
 	// sequence_gap. Defaults to middleware.DefaultGapTimeout.
 	GapTimeout Duration `yaml:"gap_timeout"`
+	// BatchSize is the most of the consumer's attempts that commit in one
+	// database transaction (group commit), each between a savepoint and
+	// its release; 1 gives each attempt a transaction of its own.
+	// Defaults to framework.DefaultBatchSize.
+	BatchSize int `yaml:"batch_size"`
+	// Batches is how many of the consumer's batches run at once, each on
+	// a connection of the pool. Defaults to framework.DefaultBatches.
+	Batches int `yaml:"batches"`
+	// BatchLinger is how long a batch that could start waits for more
+	// attempts while it holds fewer than BatchSize. Defaults to 0: a
+	// batch holds what arrived while the previous ones ran.
+	BatchLinger Duration `yaml:"batch_linger"`
 }
 
 // Duration is a time.Duration written as "1.5s" or "200ms" in YAML.
@@ -294,6 +308,9 @@ func (c ConsumerConfig) merge(base ConsumerConfig) ConsumerConfig {
 	if c.GapTimeout == 0 {
 		c.GapTimeout = base.GapTimeout
 	}
+	c.BatchSize = cmp.Or(c.BatchSize, base.BatchSize)
+	c.Batches = cmp.Or(c.Batches, base.Batches)
+	c.BatchLinger = cmp.Or(c.BatchLinger, base.BatchLinger)
 	return c
 }
 
@@ -306,6 +323,8 @@ func (c Config) Settings(name string) ConsumerConfig {
 		Concurrency:   DefaultConcurrency,
 		MaxDeliveries: middleware.DefaultMaxDeliveries,
 		GapTimeout:    Duration(middleware.DefaultGapTimeout),
+		BatchSize:     framework.DefaultBatchSize,
+		Batches:       framework.DefaultBatches,
 	})
 }
 
@@ -396,6 +415,15 @@ func (c ConsumerConfig) validate(key string) error {
 	}
 	if c.GapTimeout < 0 {
 		errs = append(errs, fmt.Errorf("%s.gap_timeout: must not be negative", key))
+	}
+	if c.BatchSize < 0 || c.BatchSize > 64 {
+		errs = append(errs, fmt.Errorf("%s.batch_size: want 1..64, got %d", key, c.BatchSize))
+	}
+	if c.Batches < 0 || c.Batches > 64 {
+		errs = append(errs, fmt.Errorf("%s.batches: want 1..64, got %d", key, c.Batches))
+	}
+	if c.BatchLinger < 0 {
+		errs = append(errs, fmt.Errorf("%s.batch_linger: must not be negative", key))
 	}
 	return errors.Join(errs...)
 }

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/fx"
 
 	"github.com/effectively-once/effectively/app"
+	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/handlers"
 	"github.com/effectively-once/effectively/middleware"
 )
@@ -108,6 +109,8 @@ consumers:
     rate_limit: 7.5
     max_deliveries: 6
     skip_stale: true
+    batch_size: 8
+    batch_linger: 5ms
 `, nil))
 		require.NoError(t, err)
 		require.Equal(t, "memory", cfg.Transport)
@@ -126,6 +129,9 @@ consumers:
 			MaxDeliveries: 6,
 			SkipStale:     true,
 			GapTimeout:    app.Duration(middleware.DefaultGapTimeout),
+			BatchSize:     8,
+			Batches:       framework.DefaultBatches,
+			BatchLinger:   app.Duration(5 * time.Millisecond),
 		}, cfg.Settings("billing.charge-on-order-placed"))
 		require.Equal(t, app.ConsumerConfig{
 			Attempts:      5,
@@ -134,6 +140,8 @@ consumers:
 			Concurrency:   16,
 			MaxDeliveries: middleware.DefaultMaxDeliveries,
 			GapTimeout:    app.Duration(middleware.DefaultGapTimeout),
+			BatchSize:     framework.DefaultBatchSize,
+			Batches:       framework.DefaultBatches,
 		}, cfg.Settings("other.consumer"))
 	})
 

@@ -16,14 +16,23 @@ type poolUse struct {
 	conns int
 }
 
+// attempts is what a consumer's attempts may hold at once: a connection
+// per message in flight (the transport's Subscription.Conns, summed over
+// the consumer's subscriptions), or under group commit one per batch.
+type attempts struct {
+	consumer string
+	inFlight int
+}
+
 // subscriptions is the transport the runner subscribes the consumers
 // through: it records what each subscription may hold of the stores'
 // pool, as the transport says (framework.Subscription.Conns and
 // SubscriberConns).
 type subscriptions struct {
 	framework.Transport
-	shared sharesDB
-	uses   []poolUse
+	shared   sharesDB
+	attempts []attempts // in the order the consumers subscribed
+	uses     []poolUse  // the subscribers'
 }
 
 // Subscribe subscribes through the transport and records the
@@ -33,7 +42,11 @@ func (s *subscriptions) Subscribe(cfg framework.SubscribeConfig) (framework.Subs
 	if err != nil {
 		return sub, err
 	}
-	s.uses = append(s.uses, poolUse{what: "consumer " + cfg.Consumer, conns: sub.Conns})
+	if n := len(s.attempts); n > 0 && s.attempts[n-1].consumer == cfg.Consumer {
+		s.attempts[n-1].inFlight += sub.Conns
+	} else {
+		s.attempts = append(s.attempts, attempts{consumer: cfg.Consumer, inFlight: sub.Conns})
+	}
 	if s.shared && sub.SubscriberConns > 0 {
 		s.uses = append(s.uses, poolUse{what: "consumer " + cfg.Consumer + "'s subscriber", conns: sub.SubscriberConns})
 	}
@@ -41,13 +54,22 @@ func (s *subscriptions) Subscribe(cfg framework.SubscribeConfig) (framework.Subs
 }
 
 // poolUses lists what may hold a connection of the stores' pool at once:
-// the consumers' subscriptions (recorded by subs), then the outbox relay,
+// the consumers' attempts and subscribers (recorded by subs), then the
+// outbox relay,
 // one, and one more for the transport's publisher when it writes to this
 // database (the relay's batch transaction on PostgreSQL stays open while
 // it publishes); the readiness check's ping, when HTTP is on; the purger,
 // when processed marks are purged.
 func (c Config) poolUses(subs *subscriptions) []poolUse {
-	uses := append([]poolUse(nil), subs.uses...)
+	var uses []poolUse
+	for _, a := range subs.attempts {
+		conns := a.inFlight
+		if cc := c.Settings(a.consumer); cc.BatchSize > 1 {
+			conns = min(conns, cc.Batches)
+		}
+		uses = append(uses, poolUse{what: "consumer " + a.consumer, conns: conns})
+	}
+	uses = append(uses, subs.uses...)
 	relay := 1
 	if subs.shared {
 		relay = 2
@@ -80,7 +102,7 @@ func (c Config) sizePool(db *sqlx.DB, subs *subscriptions) error {
 	}
 	if c.DatabaseMaxConns != 0 {
 		if c.DatabaseMaxConns < need {
-			return fmt.Errorf("configuration: database_max_conns: %d is fewer than the %d connections the service may hold at once (%s): raise it, or lower the consumers' concurrency",
+			return fmt.Errorf("configuration: database_max_conns: %d is fewer than the %d connections the service may hold at once (%s): raise it, or lower the consumers' concurrency or batches",
 				c.DatabaseMaxConns, need, strings.Join(parts, ", "))
 		}
 		return nil // db was opened with it

@@ -2,6 +2,7 @@ package app_test
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -23,21 +24,39 @@ import (
 
 // TestDatabasePoolSize shows that the pool of the stores' database holds
 // every attempt the consumers may have in flight, as each transport's
-// subscriptions say, whatever the driver's default, and that a
-// database_max_conns below that is refused, naming the key and what makes
-// up the need.
+// subscriptions say (a connection per message in flight at batch_size 1,
+// one per batch under group commit), whatever the driver's default, and
+// that a database_max_conns below that is refused, naming the key and
+// what makes up the need.
 func TestDatabasePoolSize(t *testing.T) {
 	t.Parallel()
 	two := []string{"a.one", "a.two"}
 	// amqpAt16 is RabbitMQ with the stores on PostgreSQL, whose driver
-	// pool is smaller than the need.
+	// pool is smaller than the need, each attempt in a transaction of
+	// its own.
 	amqpAt16 := func(t *testing.T) app.Config {
 		cfg := amqpConfig(t)
 		cfg.DatabaseURL = testenv.PostgresURL(t)
 		cfg.TransportURL = cfg.DatabaseURL
 		cfg.Defaults.Concurrency = 16
+		cfg.Defaults.BatchSize = 1
 		return cfg
 	}
+
+	t.Run("GroupCommitOnePerBatch", func(t *testing.T) {
+		t.Parallel()
+		cfg := amqpAt16(t)
+		cfg.Defaults.BatchSize = 0 // group commit, the default
+		cfg.Defaults.Batches = 3
+		cfg.DatabaseMaxConns = 1
+		_, err := poolSize(t, cfg, two...)
+		require.ErrorContains(t, err, "database_max_conns: 1 is fewer than the 8 connections the service may hold at once (consumer a.one 3, consumer a.two 3, outbox relay 1, readiness check 1)",
+			"16 messages in flight, 3 batches at a time")
+		cfg.DatabaseMaxConns = 0
+		size, err := poolSize(t, cfg, two...)
+		require.NoError(t, err)
+		require.Equal(t, postgres.DefaultMaxOpenConns, size, "the driver's default is enough")
+	})
 
 	t.Run("AMQPTwoConsumersAt16", func(t *testing.T) {
 		t.Parallel()
@@ -51,7 +70,7 @@ func TestDatabasePoolSize(t *testing.T) {
 	t.Run("SQLiteLeasesPerSubscription", func(t *testing.T) {
 		t.Parallel()
 		cfg := testConfig(t)
-		cfg.Consumers = map[string]app.ConsumerConfig{"a.one": {Concurrency: 16}}
+		cfg.Consumers = map[string]app.ConsumerConfig{"a.one": {Concurrency: 16, BatchSize: 1}}
 		size, err := poolSize(t, cfg, "a.one")
 		require.NoError(t, err)
 		// The type's subscription and the replay topic's hold 16 leases
@@ -65,6 +84,7 @@ func TestDatabasePoolSize(t *testing.T) {
 		cfg := testConfig(t)
 		cfg.TransportURL = filepath.Join(t.TempDir(), "transport.db")
 		cfg.Defaults.Concurrency = 16
+		cfg.Defaults.BatchSize = 1
 		size, err := poolSize(t, cfg, "a.one")
 		require.NoError(t, err)
 		// The leases; the claims, acks and publishes are in the other file.
@@ -103,16 +123,20 @@ func TestDatabasePoolSize(t *testing.T) {
 		require.Equal(t, sqlite.DefaultMaxOpenConns, size)
 	})
 
-	t.Run("DefaultConcurrencyHoldsEveryLease", func(t *testing.T) {
+	t.Run("DefaultsFitTheDriversPool", func(t *testing.T) {
 		t.Parallel()
 		cfg := testConfig(t)
 		cfg.HTTPAddr = ""
+		cfg.DatabaseMaxConns = 1
+		_, err := poolSize(t, cfg, "a.one")
+		// The consumer's batches; the claims and acks of its two
+		// subscriptions (its type's and its replay topic's), the cleanup,
+		// the watch; the relay and its publisher.
+		require.ErrorContains(t, err, fmt.Sprintf("fewer than the 8 connections the service may hold at once (consumer a.one %d, consumer a.one's subscriber 4, outbox relay 2)", framework.DefaultBatches))
+		cfg.DatabaseMaxConns = 0
 		size, err := poolSize(t, cfg, "a.one")
 		require.NoError(t, err)
-		// The type's subscription and the replay topic's hold
-		// DefaultConcurrency leases each; and their claims and acks, the
-		// cleanup, the watch, the relay and its publisher.
-		require.Equal(t, 2*app.DefaultConcurrency+3+1+2, size)
+		require.Equal(t, sqlite.DefaultMaxOpenConns, size)
 	})
 
 	t.Run("AMQPThreeConsumersAtTheDefault", func(t *testing.T) {
@@ -219,8 +243,9 @@ func (b *barrier) wait(ctx context.Context) error {
 	}
 }
 
-// TestPoolHoldsEveryAttempt runs two consumers at concurrency 16 on
-// RabbitMQ and PostgreSQL whose handlers each wait, inside their attempt's
+// TestPoolHoldsEveryAttempt runs two consumers at concurrency 16, each
+// attempt in a transaction of its own (batch_size 1), on RabbitMQ and
+// PostgreSQL whose handlers each wait, inside their attempt's
 // transaction, until all 32 attempts are inside theirs. With the pool at
 // PostgreSQL's default of 10 connections, the 11th attempt never gets
 // one, and nothing takes effect; sized from the consumers, all 32 do.
@@ -237,7 +262,7 @@ func TestPoolHoldsEveryAttempt(t *testing.T) {
 	names := []string{"widgets.pool-one-" + suffix, "widgets.pool-two-" + suffix}
 	cfg.Consumers = map[string]app.ConsumerConfig{}
 	for _, name := range names {
-		cfg.Consumers[name] = app.ConsumerConfig{Concurrency: perConsumer}
+		cfg.Consumers[name] = app.ConsumerConfig{Concurrency: perConsumer, BatchSize: 1}
 	}
 	t.Cleanup(func() { deleteQueues(t, cfg.AMQPURL, names...) })
 

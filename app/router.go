@@ -143,6 +143,9 @@ func consumerConfig(c *framework.Consumer, cc ConsumerConfig, renamedFrom []stri
 		SkipStale:     cc.SkipStale,
 		StrictOrder:   cc.StrictOrder,
 		GapTimeout:    time.Duration(cc.GapTimeout),
+		BatchSize:     cc.BatchSize,
+		Batches:       cc.Batches,
+		BatchLinger:   time.Duration(cc.BatchLinger),
 		RenamedFrom:   renamedFrom,
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // group gathers attempts into batches that commit in one transaction
@@ -15,12 +16,14 @@ import (
 // runs on a goroutine of the router, no attempt waits behind batches it is
 // not in, and a batch's runner returns as soon as its own attempt is done.
 type group struct {
-	u    *UnitOfWork
-	size int
+	u      *UnitOfWork
+	size   int
+	linger time.Duration
 
 	mu      sync.Mutex
 	free    int           // batch slots not running
 	waiting []*attemptRun // attempts in no batch yet, oldest first
+	full    chan struct{} // closed when BatchSize attempts wait (while a batch lingers)
 }
 
 // run runs a in a batch and returns once its result is set.
@@ -29,10 +32,14 @@ func (g *group) run(a *attemptRun) {
 	a.lead = make(chan []*attemptRun, 1)
 	g.mu.Lock()
 	g.waiting = append(g.waiting, a)
+	if g.full != nil && len(g.waiting) >= g.size {
+		close(g.full)
+		g.full = nil
+	}
 	var batch []*attemptRun
 	if g.free > 0 {
 		g.free--
-		batch = g.take()
+		batch = g.collect()
 	}
 	g.mu.Unlock()
 	if batch != nil {
@@ -55,6 +62,32 @@ func (g *group) run(a *attemptRun) {
 			}
 		}
 	}
+}
+
+// collect takes the next batch for a free slot, after waiting up to the
+// linger for it to fill. It returns nil, and frees the slot, when another
+// slot took every waiting attempt meanwhile. Call it with g.mu held; it
+// lets go of it while it waits.
+func (g *group) collect() []*attemptRun {
+	if g.linger > 0 && len(g.waiting) < g.size {
+		if g.full == nil {
+			g.full = make(chan struct{})
+		}
+		full := g.full
+		g.mu.Unlock()
+		timer := time.NewTimer(g.linger)
+		select {
+		case <-full:
+		case <-timer.C:
+		}
+		timer.Stop()
+		g.mu.Lock()
+	}
+	batch := g.take()
+	if batch == nil {
+		g.free++
+	}
+	return batch
 }
 
 // take removes the next batch from the waiting attempts, nil when none

@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 
@@ -152,7 +153,7 @@ func Conn(ctx context.Context, db *sqlx.DB) sqlx.ExtContext {
 // roll back together. It is the one implementation of the exactly-once
 // effect; Consume and the consumer chain both use it.
 //
-// With a database and a BatchSize above 1 it commits in groups: the
+// With a database it commits in groups (unless BatchSize is 1): the
 // attempts that arrive while earlier ones commit are gathered into batches
 // of up to BatchSize, and a batch runs in one transaction on one
 // connection, each attempt between a savepoint and its release. An
@@ -166,14 +167,14 @@ type UnitOfWork struct {
 
 // Defaults of UnitOfWorkConfig.
 const (
-	// DefaultBatchSize is the most attempts one transaction holds: one,
-	// each attempt in a transaction of its own. Group commit takes a
-	// BatchSize of up to 32, below the 64 subtransactions PostgreSQL
-	// caches per backend.
-	DefaultBatchSize = 1
+	// DefaultBatchSize is the most attempts one transaction holds: below
+	// the 64 subtransactions PostgreSQL caches per backend (released
+	// savepoints included).
+	DefaultBatchSize = 32
 	// DefaultBatches is how many batches run at once, each on a
-	// connection of its own.
-	DefaultBatches = 4
+	// connection of its own: one runs its attempts while the other
+	// commits.
+	DefaultBatches = 2
 )
 
 // UnitOfWorkConfig configures a UnitOfWork.
@@ -191,6 +192,11 @@ type UnitOfWorkConfig struct {
 	// Batches is how many batches run at once. Defaults to
 	// DefaultBatches.
 	Batches int
+	// Linger is how long a batch that could start waits for more
+	// attempts while it holds fewer than BatchSize. Zero starts it at
+	// once: a batch then holds the attempts that arrived while the
+	// previous ones ran, which adds no wait when the load is low.
+	Linger time.Duration
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
@@ -209,6 +215,8 @@ func (c UnitOfWorkConfig) Validate() error {
 		return fmt.Errorf("UnitOfWorkConfig.BatchSize: must be at least 1, got %d", c.BatchSize)
 	case c.Batches < 1:
 		return fmt.Errorf("UnitOfWorkConfig.Batches: must be at least 1, got %d", c.Batches)
+	case c.Linger < 0:
+		return fmt.Errorf("UnitOfWorkConfig.Linger: must not be negative, got %s", c.Linger)
 	}
 	return nil
 }
@@ -221,7 +229,7 @@ func NewUnitOfWork(cfg UnitOfWorkConfig) (*UnitOfWork, error) {
 	}
 	u := &UnitOfWork{db: cfg.DB, store: cfg.Store}
 	if cfg.DB != nil && cfg.BatchSize > 1 {
-		u.group = &group{u: u, size: cfg.BatchSize, free: cfg.Batches}
+		u.group = &group{u: u, size: cfg.BatchSize, linger: cfg.Linger, free: cfg.Batches}
 	}
 	return u, nil
 }

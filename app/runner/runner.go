@@ -48,6 +48,17 @@ type ConsumerConfig struct {
 	// GapTimeout is how long an event waits for an earlier one of its
 	// subject under StrictOrder.
 	GapTimeout time.Duration
+	// BatchSize is the most of the consumer's attempts that commit in one
+	// transaction (group commit); 1 gives each attempt a transaction of
+	// its own. Defaults to framework.DefaultBatchSize.
+	BatchSize int
+	// Batches is how many of the consumer's batches run at once, each on
+	// a connection of its own. Defaults to framework.DefaultBatches.
+	Batches int
+	// BatchLinger is how long a batch that could start waits for more of
+	// the consumer's attempts while it holds fewer than BatchSize. Zero
+	// starts it at once.
+	BatchLinger time.Duration
 	// RenamedFrom are the consumer's former names, whose processed marks
 	// it adopts at Start.
 	RenamedFrom []string
@@ -65,7 +76,14 @@ func (c ConsumerConfig) WithDefaults() ConsumerConfig {
 	}.WithDefaults()
 	c.Attempts, c.RetryDelay, c.Timeout, c.MaxDeliveries, c.GapTimeout = m.Attempts, m.RetryDelay, m.Timeout, m.MaxDeliveries, m.GapTimeout
 	c.Concurrency = cmp.Or(c.Concurrency, 1)
+	u := c.unitOfWork(nil, nil).WithDefaults()
+	c.BatchSize, c.Batches = u.BatchSize, u.Batches
 	return c
+}
+
+// unitOfWork is the configuration of the consumer's unit of work on db.
+func (c ConsumerConfig) unitOfWork(db *sqlx.DB, store framework.Store) framework.UnitOfWorkConfig {
+	return framework.UnitOfWorkConfig{DB: db, Store: store, BatchSize: c.BatchSize, Batches: c.Batches, Linger: c.BatchLinger}
 }
 
 // Validate reports the first invalid field of c.
@@ -89,6 +107,12 @@ func (c ConsumerConfig) Validate() error {
 		return errors.New("ConsumerConfig.SkipStale: excludes StrictOrder")
 	case c.GapTimeout <= 0:
 		return fmt.Errorf("ConsumerConfig.GapTimeout: must be positive, got %s", c.GapTimeout)
+	case c.BatchSize < 1:
+		return fmt.Errorf("ConsumerConfig.BatchSize: must be at least 1, got %d", c.BatchSize)
+	case c.Batches < 1:
+		return fmt.Errorf("ConsumerConfig.Batches: must be at least 1, got %d", c.Batches)
+	case c.BatchLinger < 0:
+		return fmt.Errorf("ConsumerConfig.BatchLinger: must not be negative, got %s", c.BatchLinger)
 	}
 	return nil
 }
@@ -194,10 +218,6 @@ func New(cfg Config) (*Runner, error) {
 	if err != nil {
 		return nil, fmt.Errorf("runner: router: %w", err)
 	}
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: cfg.DB, Store: cfg.Store})
-	if err != nil {
-		return nil, fmt.Errorf("runner: %w", err)
-	}
 	r := &Runner{
 		cfg:     cfg,
 		logger:  cfg.Logger,
@@ -208,17 +228,22 @@ func New(cfg Config) (*Runner, error) {
 	}
 	router.AddMiddleware(r.intake, untilRunning(router))
 	for _, cc := range cfg.Consumers {
-		if err := r.add(cc, uow); err != nil {
+		if err := r.add(cc); err != nil {
 			return nil, fmt.Errorf("runner: consumer %s: %w", cc.Consumer.Name(), err)
 		}
 	}
 	return r, nil
 }
 
-// add builds cc's chain and subscription and adds a router handler for
-// each of the subscription's topics.
-func (r *Runner) add(cc ConsumerConfig, uow *framework.UnitOfWork) error {
+// add builds cc's unit of work (its batches are the consumer's own),
+// chain and subscription, and adds a router handler for each of the
+// subscription's topics.
+func (r *Runner) add(cc ConsumerConfig) error {
 	c := cc.Consumer
+	uow, err := framework.NewUnitOfWork(cc.unitOfWork(r.cfg.DB, r.cfg.Store))
+	if err != nil {
+		return err
+	}
 	h, err := middleware.Handler(r.chainConfig(cc, uow))
 	if err != nil {
 		return err
