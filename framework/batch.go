@@ -125,7 +125,6 @@ func (g *group) runBatch(batch []*attemptRun) {
 	// succeeded runs again alone, before any of them is charged an attempt
 	// for what may have been another's fault.
 	for _, a := range retry {
-		a.tx.rolledBack()
 		a.outcome, a.err, a.panicked = "", nil, nil
 		g.u.alone(a)
 	}
@@ -134,11 +133,34 @@ func (g *group) runBatch(batch []*attemptRun) {
 // savepoint names the savepoint of the i-th attempt of a batch.
 func savepoint(i int) string { return "effectively_attempt_" + strconv.Itoa(i) }
 
-// inTx runs batch in one transaction, each attempt between a savepoint
-// and its release. It returns the attempts whose effect committed, and
-// those that succeeded in a transaction that then failed (to run again).
-// An attempt that fails rolls back to its savepoint alone, with its
-// OnRollback hooks run at once.
+// begin returns the statement that starts the i-th attempt of a batch: its
+// savepoint, and on PostgreSQL the attempt's statement timeout (SET LOCAL
+// statement_timeout), so that a statement running past the attempt's
+// deadline fails, rolling back the attempt alone, instead of the
+// deadline interrupting the batch's connection. Earlier attempts'
+// savepoints stay open until the commit, which releases them all: no
+// RELEASE round trip per attempt. (PostgreSQL runs a string of several
+// statements without parameters as one round trip.)
+func (g *group) begin(ctx context.Context, i int) string {
+	stmt := "SAVEPOINT " + savepoint(i)
+	if g.u.db.DriverName() != "pgx" {
+		return stmt
+	}
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return stmt + "; SET LOCAL statement_timeout TO DEFAULT"
+	}
+	ms := max(time.Until(deadline).Milliseconds(), 1)
+	return stmt + "; SET LOCAL statement_timeout = " + strconv.FormatInt(ms, 10)
+}
+
+// inTx runs batch in one transaction, each attempt after a savepoint of
+// its own. It returns the attempts whose effect committed, and those to
+// run again alone because the transaction failed after they had run: the
+// ones that succeeded, and the duplicates, which may have been duplicates
+// of an attempt whose effect then did not commit. An attempt that fails
+// rolls back to its savepoint alone, with its OnRollback hooks run at
+// once; so does a duplicate, which has nothing to write.
 func (g *group) inTx(batch []*attemptRun) (committed, retry []*attemptRun) {
 	ctx, stop := batchContext(batch)
 	defer stop()
@@ -150,49 +172,58 @@ func (g *group) inTx(batch []*attemptRun) (committed, retry []*attemptRun) {
 		}
 		return nil, nil
 	}
-	var ok []*attemptRun
+	var ok, settled []*attemptRun
 	for i, a := range batch {
 		a.tx = &Tx{tx: tx, ctx: ctx}
-		sp := savepoint(i)
-		if _, err := tx.ExecContext(ctx, "SAVEPOINT "+sp); err != nil {
-			return g.abort(tx, batch[i:], ok, fmt.Errorf("savepoint: %w", err))
+		if _, err := tx.ExecContext(ctx, g.begin(a.ctx, i)); err != nil {
+			return g.abort(tx, batch[i:], ok, settled, fmt.Errorf("savepoint: %w", err))
 		}
 		write := g.u.attempt(a)
-		if a.err != nil || a.panicked != nil || !write {
-			if _, err := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT "+sp); err != nil {
-				a.tx.rolledBack()
-				return g.abort(tx, batch[i+1:], ok, fmt.Errorf("roll back to savepoint: %w", err))
-			}
-			a.tx.rolledBack()
+		if write && a.err == nil && a.panicked == nil {
+			ok = append(ok, a)
 			continue
 		}
-		if _, err := tx.ExecContext(ctx, "RELEASE SAVEPOINT "+sp); err != nil {
-			return g.abort(tx, batch[i+1:], append(ok, a), fmt.Errorf("release savepoint: %w", err))
+		if _, err := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT "+savepoint(i)); err != nil {
+			a.tx.rolledBack()
+			if a.err == nil && a.panicked == nil {
+				settled = append(settled, a)
+			}
+			return g.abort(tx, batch[i+1:], ok, settled, fmt.Errorf("roll back to savepoint: %w", err))
 		}
-		ok = append(ok, a)
+		a.tx.rolledBack()
+		if a.err == nil && a.panicked == nil {
+			settled = append(settled, a)
+		}
 	}
 	if len(ok) == 0 {
 		_ = tx.Rollback() // nothing to commit
 		return nil, nil
 	}
 	if err := tx.Commit(); err != nil {
-		return nil, ok
+		for _, a := range ok {
+			a.tx.rolledBack()
+		}
+		return nil, append(ok, settled...)
 	}
 	return ok, nil
 }
 
 // abort rolls back a batch's transaction that failed with err: the
 // attempts of rest, not run yet, fail with err (they are retried like any
-// failed attempt); those of ok, which had succeeded, run again alone.
-func (g *group) abort(tx interface{ Rollback() error }, rest, ok []*attemptRun, err error) (committed, retry []*attemptRun) {
+// failed attempt); those of ok, which had succeeded, roll back (their
+// hooks run) and run again alone, as do the duplicates of settled.
+func (g *group) abort(tx interface{ Rollback() error }, rest, ok, settled []*attemptRun, err error) (committed, retry []*attemptRun) {
 	_ = tx.Rollback() // err is what matters
+	for _, a := range ok {
+		a.tx.rolledBack()
+	}
 	for _, a := range rest {
 		if a.tx == nil {
 			a.tx = &Tx{}
 		}
 		a.fail(err)
 	}
-	return nil, ok
+	return nil, append(ok, settled...)
 }
 
 // batchContext returns the context of a batch's transaction: the values

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -169,4 +170,137 @@ func TestGroupCommit(t *testing.T) {
 			}
 		})
 	}
+}
+
+// gather runs fn for each of ids at once on uow, as attempts of one
+// batch: a first attempt holds the only batch slot until all of them
+// wait. It returns each attempt's outcome and error.
+func gather(t *testing.T, uow *framework.UnitOfWork, ids []string, fn func(ctx context.Context, id string) error) ([]framework.Outcome, []error) {
+	t.Helper()
+	ctx := t.Context()
+	started, release := make(chan struct{}), make(chan struct{})
+	first := make(chan error, 1)
+	go func() {
+		_, err := uow.Do(ctx, "c", framework.Key{Source: "s", ID: "holder-" + ids[0]}, func(context.Context) error {
+			close(started)
+			<-release
+			return nil
+		})
+		first <- err
+	}()
+	<-started
+	outcomes, errs := make([]framework.Outcome, len(ids)), make([]error, len(ids))
+	var wg sync.WaitGroup
+	for i, id := range ids {
+		wg.Go(func() {
+			actx := ctx
+			if strings.HasPrefix(id, "slow") {
+				var cancel context.CancelFunc
+				actx, cancel = context.WithTimeout(ctx, 300*time.Millisecond)
+				defer cancel()
+			}
+			outcomes[i], errs[i] = uow.Do(actx, "c", framework.Key{Source: "s", ID: id}, func(ctx context.Context) error { return fn(ctx, id) })
+		})
+		require.Eventually(t, func() bool { return framework.Waiting(uow) == i+1 }, 10*time.Second, time.Millisecond)
+	}
+	close(release)
+	require.NoError(t, <-first)
+	wg.Wait()
+	return outcomes, errs
+}
+
+// TestGroupCommitTimeout shows that an attempt that runs past its
+// deadline rolls back alone: on PostgreSQL its statement fails by the
+// statement_timeout the batch sets for it, never by interrupting the
+// batch's connection; on SQLite its next statement fails.
+func TestGroupCommitTimeout(t *testing.T) {
+	t.Parallel()
+	for name, open := range groupBackends(t) {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := open(t)
+			uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: 8, Batches: 1})
+			require.NoError(t, err)
+			insert := func(ctx context.Context, id string) error {
+				_, err := framework.Conn(ctx, b.db).ExecContext(ctx, b.db.Rebind(`INSERT INTO effects (id, seen) VALUES (?, 1)`), id)
+				return err
+			}
+			outcomes, errs := gather(t, uow, []string{"a", "slow", "b"}, func(ctx context.Context, id string) error {
+				if err := insert(ctx, id); err != nil {
+					return err
+				}
+				if id != "slow" {
+					return nil
+				}
+				if name == "PostgreSQL" {
+					_, err := framework.Conn(ctx, b.db).ExecContext(ctx, `SELECT pg_sleep(10)`)
+					return err
+				}
+				<-ctx.Done() // past the deadline, between statements
+				return insert(ctx, "slow-again")
+			})
+			require.NoError(t, errs[0])
+			require.NoError(t, errs[2])
+			require.Equal(t, []framework.Outcome{framework.Processed, framework.Failed, framework.Processed}, outcomes)
+			if name == "PostgreSQL" {
+				require.ErrorContains(t, errs[1], "statement timeout", "the attempt's own statement_timeout ended it")
+			} else {
+				require.ErrorIs(t, errs[1], context.DeadlineExceeded)
+			}
+			var got []string
+			require.NoError(t, b.db.SelectContext(t.Context(), &got, `SELECT id FROM effects ORDER BY id`))
+			require.Equal(t, []string{"a", "b"}, got)
+		})
+	}
+}
+
+// TestGroupCommitFailedCommit shows that when a batch's commit fails, its
+// attempts run again alone before any is charged a failure: here two
+// attempts insert the same seat under a constraint checked at commit, so
+// the batch cannot commit. Alone, x fails this time and y commits; the
+// second delivery of x, a duplicate only within the failed batch, is
+// decided again and takes effect.
+func TestGroupCommitFailedCommit(t *testing.T) {
+	t.Parallel()
+	b := groupBackends(t)["PostgreSQL"](t)
+	_, err := b.db.Exec(`CREATE TABLE seats (seat TEXT, CONSTRAINT one_per_seat UNIQUE (seat) DEFERRABLE INITIALLY DEFERRED)`)
+	require.NoError(t, err)
+	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: 8, Batches: 1})
+	require.NoError(t, err)
+	var (
+		mu     sync.Mutex
+		hooks  = map[string][]string{}
+		xCalls int
+	)
+	outcomes, errs := gather(t, uow, []string{"x", "y", "x"}, func(ctx context.Context, id string) error {
+		tx, _ := framework.TxFromContext(ctx)
+		tx.OnCommit(func() { mu.Lock(); hooks[id] = append(hooks[id], "commit"); mu.Unlock() })
+		tx.OnRollback(func() { mu.Lock(); hooks[id] = append(hooks[id], "rollback"); mu.Unlock() })
+		if id == "x" {
+			mu.Lock()
+			xCalls++
+			call := xCalls
+			mu.Unlock()
+			switch call {
+			case 2:
+				return errors.New("x failed alone")
+			case 3:
+				return nil // the second delivery of x, run alone
+			}
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO seats (seat) VALUES ('12A')`)
+		return err
+	})
+	require.EqualError(t, errs[0], "x failed alone")
+	require.Equal(t, framework.Failed, outcomes[0])
+	require.NoError(t, errs[1])
+	require.Equal(t, framework.Processed, outcomes[1], "alone, y commits")
+	require.NoError(t, errs[2])
+	require.Equal(t, framework.Processed, outcomes[2], "x's second delivery was a duplicate only of an effect that never committed")
+	require.Equal(t, 3, xCalls)
+	require.Equal(t, []string{"rollback", "rollback", "commit"}, hooks["x"], "with the batch, alone, then the second delivery alone")
+	require.Equal(t, []string{"rollback", "commit"}, hooks["y"])
+	var seats int
+	require.NoError(t, b.db.Get(&seats, `SELECT count(*) FROM seats`))
+	require.Equal(t, 1, seats)
 }
