@@ -29,13 +29,16 @@ func watermillConfig(cfg TransportConfig, queueName wamqp.QueueNameGenerator) wa
 // publisher publishes each message to the fanout exchange named by its
 // topic, declaring the exchange on first use, and waits for the broker's
 // confirm. Replay publishes to one consumer's queue instead.
+// PublishDeferred publishes the same messages without waiting for each
+// confirm (see confirm.go).
 type publisher struct {
 	conn *connection
 
-	mu     sync.Mutex
-	events *wamqp.Publisher // exchange per topic
-	direct *wamqp.Publisher // default exchange, routing key = queue
-	closed bool
+	mu       sync.Mutex
+	events   *wamqp.Publisher // exchange per topic
+	direct   *wamqp.Publisher // default exchange, routing key = queue
+	confirms *confirmChannel  // exchange per topic, confirms deferred
+	closed   bool
 }
 
 var _ message.Publisher = (*publisher)(nil)
@@ -46,7 +49,7 @@ func newPublisher(conn *connection) (*publisher, error) {
 	if conn == nil {
 		return nil, fmt.Errorf("amqp: publisher: missing connection")
 	}
-	return &publisher{conn: conn}, nil
+	return &publisher{conn: conn, confirms: newConfirmChannel(conn)}, nil
 }
 
 func (p *publisher) publishers() (events, direct *wamqp.Publisher, err error) {
@@ -130,12 +133,11 @@ func (p *publisher) Close() error {
 		return nil
 	}
 	p.closed = true
-	if p.events == nil {
-		return nil
+	errs := []error{p.confirms.Close()}
+	if p.events != nil {
+		errs = append(errs, p.events.Close(), p.direct.Close())
 	}
-	err1 := p.events.Close()
-	err2 := p.direct.Close()
-	if err := errors.Join(err1, err2); err != nil {
+	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("amqp: close publisher: %w", err)
 	}
 	return nil

@@ -118,6 +118,22 @@ func (c RelayConfig) Validate() error {
 	return nil
 }
 
+// DeferredPublisher is a publisher that publishes a message without
+// waiting for the broker's confirm: PublishDeferred returns once the
+// message is on its way, and its wait returns nil once the broker confirmed
+// it, or an error when it did not (a nack, a lost connection) or ctx
+// ended. Messages published one after another by one goroutine travel in
+// that order. The AMQP transport's publisher is one (publisher confirms on
+// a channel of its own).
+//
+// When its publisher is a DeferredPublisher, a relay publishes a batch's
+// rows without waiting for each confirm, and marks each row sent once its
+// own confirm arrived, many rows a statement. Otherwise it publishes one
+// row at a time, each when Publish returned for the one before.
+type DeferredPublisher interface {
+	PublishDeferred(ctx context.Context, topic string, msg *message.Message) (wait func(context.Context) error, err error)
+}
+
 // Relay publishes the outbox's unsent rows, oldest first, and marks them
 // sent. Delivery is at least once: a relay that stops between publishing
 // a row and marking it publishes the row again when it restarts, so
@@ -136,11 +152,12 @@ func (c RelayConfig) Validate() error {
 // transactions that commit out of id order, publish in no guaranteed
 // order, as the framework's delivery promises none.
 type Relay struct {
-	db      *sqlx.DB
-	pub     message.Publisher
-	sql     *sqlstore.Outbox
-	cfg     RelayConfig
-	running atomic.Bool
+	db       *sqlx.DB
+	pub      message.Publisher
+	deferred DeferredPublisher // pub, when it is one
+	sql      *sqlstore.Outbox
+	cfg      RelayConfig
+	running  atomic.Bool
 }
 
 // NewRelay returns a relay of db's outbox that publishes through pub to
@@ -163,7 +180,8 @@ func NewRelay(db *sqlx.DB, pub message.Publisher, cfg RelayConfig) (*Relay, erro
 	if cfg.Outbox != nil && cfg.Outbox.db != db {
 		return nil, errors.New("outbox: RelayConfig.Outbox is an outbox of another database")
 	}
-	return &Relay{db: db, pub: pub, sql: s, cfg: cfg}, nil
+	deferred, _ := pub.(DeferredPublisher)
+	return &Relay{db: db, pub: pub, deferred: deferred, sql: s, cfg: cfg}, nil
 }
 
 // Run publishes unsent rows until ctx ends, then returns nil. It polls
@@ -277,15 +295,10 @@ func (r *Relay) publishBatch(ctx context.Context) (published, read int, err erro
 	if err != nil {
 		return 0, 0, err
 	}
-	sent, pubErr := r.publish(ctx, rows)
-	if err := r.sql.MarkSent(bctx, r.db, sent, r.cfg.Now()); err != nil {
-		return 0, len(rows), errors.Join(pubErr, err)
-	}
-	if len(sent) < len(rows) {
-		rest := make([]int64, 0, len(rows)-len(sent))
-		for _, row := range rows[len(sent):] { // publish stops at the first failure
-			rest = append(rest, row.ID)
-		}
+	sent, pubErr := r.publish(ctx, bctx, rows, func(ctx context.Context, ids []int64) error {
+		return r.sql.MarkSent(ctx, r.db, ids, r.cfg.Now())
+	})
+	if rest := unsentIDs(rows, sent); len(rest) > 0 {
 		if err := r.sql.Release(bctx, r.db, rest); err != nil {
 			pubErr = errors.Join(pubErr, err) // the lease ends by itself
 		}
@@ -293,8 +306,26 @@ func (r *Relay) publishBatch(ctx context.Context) (published, read int, err erro
 	return len(sent), len(rows), pubErr
 }
 
+// unsentIDs returns the ids of rows that are not in sent.
+func unsentIDs(rows []sqlstore.OutboxRow, sent []int64) []int64 {
+	if len(sent) == len(rows) {
+		return nil
+	}
+	marked := make(map[int64]struct{}, len(sent))
+	for _, id := range sent {
+		marked[id] = struct{}{}
+	}
+	rest := make([]int64, 0, len(rows)-len(sent))
+	for _, row := range rows {
+		if _, ok := marked[row.ID]; !ok {
+			rest = append(rest, row.ID)
+		}
+	}
+	return rest
+}
+
 // publishClaimed publishes one batch on PostgreSQL: the rows are locked
-// from the read to the commit of their mark.
+// from the read to the commit of their marks.
 func (r *Relay) publishClaimed(ctx, bctx context.Context) (published, read int, err error) {
 	tx, err := r.db.BeginTxx(bctx, nil)
 	if err != nil {
@@ -305,32 +336,159 @@ func (r *Relay) publishClaimed(ctx, bctx context.Context) (published, read int, 
 	if err != nil {
 		return 0, 0, err
 	}
-	sent, pubErr := r.publish(ctx, rows)
-	if err := r.sql.MarkSent(bctx, tx, sent, r.cfg.Now()); err != nil {
-		return 0, len(rows), errors.Join(pubErr, err)
-	}
+	sent, pubErr := r.publish(ctx, bctx, rows, func(ctx context.Context, ids []int64) error {
+		return r.sql.MarkSent(ctx, tx, ids, r.cfg.Now())
+	})
 	if err := tx.Commit(); err != nil {
 		return 0, len(rows), errors.Join(pubErr, fmt.Errorf("outbox: commit marks: %w", err))
 	}
 	return len(sent), len(rows), pubErr
 }
 
-// publish publishes rows in order until one fails or ctx ends, and
-// returns the ids of those published.
-func (r *Relay) publish(ctx context.Context, rows []sqlstore.OutboxRow) ([]int64, error) {
+// markFunc marks the rows of ids sent, in one statement.
+type markFunc func(ctx context.Context, ids []int64) error
+
+// publish publishes rows in id order, and marks sent those the transport
+// took, with mark; it returns the ids it marked. It publishes no row
+// after the first it cannot publish, nor once ctx ends; a batch already
+// published is still marked, under bctx.
+func (r *Relay) publish(ctx, bctx context.Context, rows []sqlstore.OutboxRow, mark markFunc) ([]int64, error) {
+	if r.deferred != nil {
+		return r.publishPipelined(ctx, bctx, rows, mark)
+	}
+	sent, pubErr := r.publishEach(ctx, rows)
+	if err := mark(bctx, sent); err != nil {
+		return nil, errors.Join(pubErr, err)
+	}
+	return sent, pubErr
+}
+
+// publishEach publishes rows in order through the publisher, each once the
+// one before returned, until one fails or ctx ends, and returns the ids of
+// those published.
+func (r *Relay) publishEach(ctx context.Context, rows []sqlstore.OutboxRow) ([]int64, error) {
 	sent := make([]int64, 0, len(rows))
 	for _, row := range rows {
 		if ctx.Err() != nil {
 			break
 		}
-		msg := message.NewMessage(row.Key.ID, row.Body)
-		msg.Metadata.Set(framework.MetadataContentType, framework.ContentType)
-		if err := r.pub.Publish(row.Type, msg); err != nil {
+		if err := r.pub.Publish(row.Type, rowMessage(row)); err != nil {
 			return sent, fmt.Errorf("outbox: publish %s (row %d) to %s: %w", row.Key, row.ID, row.Type, err)
 		}
 		sent = append(sent, row.ID)
 	}
 	return sent, nil
+}
+
+// pendingRow is a row published and waiting for the broker's confirm.
+type pendingRow struct {
+	row  sqlstore.OutboxRow
+	wait func(context.Context) error
+}
+
+// publishPipelined publishes rows in order through the DeferredPublisher
+// without waiting for their confirms, while one goroutine waits for the
+// confirms in order and another marks the confirmed rows sent: each
+// statement marks every row confirmed since the previous one. A row
+// nacked, or left unconfirmed when the connection goes away, stays
+// unsent; the rows confirmed around it are marked.
+func (r *Relay) publishPipelined(ctx, bctx context.Context, rows []sqlstore.OutboxRow, mark markFunc) ([]int64, error) {
+	pending := make(chan pendingRow, len(rows))
+	confirmed := make(chan int64, len(rows))
+	confirmErr := make(chan error, 1)
+	go func() { confirmErr <- awaitConfirms(bctx, pending, confirmed) }()
+	type marks struct {
+		ids []int64
+		err error
+	}
+	marked := make(chan marks, 1)
+	go func() {
+		ids, err := markConfirmed(bctx, confirmed, mark)
+		marked <- marks{ids, err}
+	}()
+
+	var pubErr error
+	for _, row := range rows {
+		if ctx.Err() != nil {
+			break
+		}
+		wait, err := r.deferred.PublishDeferred(bctx, row.Type, rowMessage(row))
+		if err != nil {
+			pubErr = fmt.Errorf("outbox: publish %s (row %d) to %s: %w", row.Key, row.ID, row.Type, err)
+			break
+		}
+		pending <- pendingRow{row: row, wait: wait}
+	}
+	close(pending)
+	cerr := <-confirmErr
+	m := <-marked
+	return m.ids, errors.Join(pubErr, cerr, m.err)
+}
+
+// awaitConfirms waits for the confirm of each pending row in order, sends
+// the id of each confirmed one to confirmed, and closes it at the end. It
+// returns the first failure and how many rows failed.
+func awaitConfirms(ctx context.Context, pending <-chan pendingRow, confirmed chan<- int64) error {
+	defer close(confirmed)
+	var (
+		first  error
+		failed int
+	)
+	for p := range pending {
+		if err := p.wait(ctx); err != nil {
+			if first == nil {
+				first = fmt.Errorf("outbox: publish %s (row %d) to %s: %w", p.row.Key, p.row.ID, p.row.Type, err)
+			}
+			failed++
+			continue
+		}
+		confirmed <- p.row.ID
+	}
+	if failed > 1 {
+		return fmt.Errorf("%w (and %d more rows unconfirmed)", first, failed-1)
+	}
+	return first
+}
+
+// markConfirmed marks the ids it receives sent, each statement all those
+// received since the previous one, until confirmed closes, and returns the
+// ids marked. After a failed statement it marks nothing more.
+func markConfirmed(ctx context.Context, confirmed <-chan int64, mark markFunc) ([]int64, error) {
+	var (
+		marked []int64
+		ids    []int64
+		err    error
+	)
+	for id := range confirmed {
+		ids = append(ids[:0], id)
+	more:
+		for {
+			select {
+			case id, ok := <-confirmed:
+				if !ok {
+					break more
+				}
+				ids = append(ids, id)
+			default:
+				break more
+			}
+		}
+		if err != nil {
+			continue // drain, so that the confirms' goroutine ends
+		}
+		if err = mark(ctx, ids); err == nil {
+			marked = append(marked, ids...)
+		}
+	}
+	return marked, err
+}
+
+// rowMessage is the message of row: the stored CloudEvent, the event id as
+// UUID, and the content type, as framework.NewMessage builds it.
+func rowMessage(row sqlstore.OutboxRow) *message.Message {
+	msg := message.NewMessage(row.Key.ID, row.Body)
+	msg.Metadata.Set(framework.MetadataContentType, framework.ContentType)
+	return msg
 }
 
 // Cleanup deletes the rows sent longer than Retention ago, in batches of

@@ -1,0 +1,142 @@
+package amqp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+)
+
+// ErrNotConfirmed is returned by the wait of PublishDeferred when the
+// broker nacked the message, or when the channel closed (the broker went
+// away) before its confirm arrived: the broker may or may not hold it.
+var ErrNotConfirmed = errors.New("amqp: the broker did not confirm the message")
+
+// confirmChannel is the publisher's channel in confirm mode for publishing
+// without waiting for each confirm (PublishDeferred). It is opened on the
+// transport's connection when first used, and again on the connection
+// watermill-amqp reconnects once the channel closed.
+type confirmChannel struct {
+	conn *connection
+	cfg  wamqp.Config // the events publisher's: exchange and routing key
+
+	mu        sync.Mutex
+	ch        *amqp091.Channel
+	exchanges map[string]struct{} // declared on ch
+	closed    bool
+}
+
+func newConfirmChannel(conn *connection) *confirmChannel {
+	return &confirmChannel{conn: conn, cfg: watermillConfig(conn.cfg, nil)}
+}
+
+// channel returns the open channel in confirm mode, opening it when there
+// is none or the last one closed. It holds c.mu.
+func (c *confirmChannel) channel() (*amqp091.Channel, error) {
+	if c.closed {
+		return nil, ErrClosed
+	}
+	if c.ch != nil && !c.ch.IsClosed() {
+		return c.ch, nil
+	}
+	w, err := c.conn.wrapper()
+	if err != nil {
+		return nil, err
+	}
+	if !w.IsConnected() {
+		return nil, ErrNotConnected
+	}
+	ch, err := w.Connection().Channel()
+	if err != nil {
+		return nil, fmt.Errorf("amqp: open confirm channel: %w", err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		_ = ch.Close()
+		return nil, fmt.Errorf("amqp: put channel in confirm mode: %w", err)
+	}
+	c.ch, c.exchanges = ch, map[string]struct{}{}
+	return ch, nil
+}
+
+// publish publishes msg to the exchange topic, declaring the exchange on
+// the channel's first use of it as watermill-amqp's publisher does, and
+// returns the deferred confirm.
+func (c *confirmChannel) publish(ctx context.Context, topic string, msg *message.Message) (*amqp091.DeferredConfirmation, error) {
+	p, err := c.cfg.Marshaler.Marshal(msg)
+	if err != nil {
+		return nil, fmt.Errorf("amqp: marshal %s: %w", msg.UUID, err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ch, err := c.channel()
+	if err != nil {
+		return nil, err
+	}
+	exchange := c.cfg.Exchange.GenerateName(topic)
+	if _, ok := c.exchanges[exchange]; !ok && exchange != "" {
+		if err := c.cfg.TopologyBuilder.ExchangeDeclare(ch, exchange, c.cfg); err != nil {
+			return nil, fmt.Errorf("amqp: declare exchange %s: %w", exchange, err)
+		}
+		c.exchanges[exchange] = struct{}{}
+	}
+	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchange, c.cfg.Publish.GenerateRoutingKey(topic),
+		c.cfg.Publish.Mandatory, c.cfg.Publish.Immediate, p)
+	if err != nil {
+		return nil, fmt.Errorf("amqp: publish %s to %s: %w", msg.UUID, topic, err)
+	}
+	return dc, nil
+}
+
+// Close closes the channel; the deferred confirms still awaited end
+// unconfirmed.
+func (c *confirmChannel) Close() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.closed = true
+	if c.ch == nil || c.ch.IsClosed() {
+		return nil
+	}
+	if err := c.ch.Close(); err != nil && !errors.Is(err, amqp091.ErrClosed) {
+		return fmt.Errorf("amqp: close confirm channel: %w", err)
+	}
+	return nil
+}
+
+// PublishDeferred publishes msg to the exchange topic exactly as Publish
+// does (same exchange, headers, content type and persistent delivery
+// mode), on a channel in confirm mode, and returns without waiting for the
+// broker's confirm: wait waits for it, and returns nil once the broker
+// confirmed the message, ErrNotConfirmed when it nacked it or the
+// connection went away first, or ctx's error.
+//
+// Messages published by one goroutine are published in that order, on one
+// channel. Many may await their confirms at once, which is how the outbox
+// relay publishes a batch of rows and marks each sent after its confirm.
+func (p *publisher) PublishDeferred(ctx context.Context, topic string, msg *message.Message) (wait func(context.Context) error, err error) {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil, ErrClosed
+	}
+	confirms := p.confirms
+	p.mu.Unlock()
+	dc, err := confirms.publish(ctx, topic, msg)
+	if err != nil {
+		return nil, err
+	}
+	id := msg.UUID
+	return func(ctx context.Context) error {
+		acked, err := dc.WaitContext(ctx)
+		switch {
+		case err != nil:
+			return fmt.Errorf("amqp: wait for the confirm of %s: %w", id, err)
+		case !acked:
+			return fmt.Errorf("%w: %s to %s", ErrNotConfirmed, id, topic)
+		}
+		return nil
+	}, nil
+}
