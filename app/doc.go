@@ -46,6 +46,7 @@
 //	    rate_limit: 50
 //	    max_deliveries: 10
 //	    skip_stale: true # events older than their subject's latest are skipped
+//	    batch_size: 1    # a transaction per attempt (default: up to 32 share one)
 //	  projections.appointment-history:
 //	    strict_order: true # each subject's events in sequence; a gap waits
 //	    gap_timeout: 5m    # then sequence_gap

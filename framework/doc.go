@@ -43,10 +43,15 @@
 // UnitOfWork.Do runs a handler in one transaction that also inserts the
 // processed mark of (consumer, source, id). The mark and the handler's
 // writes commit together or not at all; a second delivery finds the mark
-// and is skipped. The handler, and everything it calls, joins the
-// transaction through TxFromContext or Conn. Calls to the outside world are
-// not covered: pass IdempotencyKeyFromContext to the service called
-// (ExampleIdempotencyKeyFromContext).
+// and is skipped. With a database, attempts commit in groups
+// (UnitOfWorkConfig.BatchSize, DefaultBatchSize by default): several
+// share one transaction, each inside a savepoint, and one that fails
+// rolls back alone; BatchSize 1 gives each attempt a transaction of its
+// own. The handler, and everything it calls, joins the transaction
+// through TxFromContext (a *Tx, which has no Commit or Rollback: a
+// handler cannot end its batch-mates' transaction) or Conn. Calls to the
+// outside world are not covered: pass IdempotencyKeyFromContext to the
+// service called (ExampleIdempotencyKeyFromContext).
 //
 // Consume gives a plain function these semantics without a container
 // (ExampleConsume runs it on SQLite). The
