@@ -75,6 +75,16 @@ func (n *RabbitMQ) ctl(args ...string) *exec.Cmd {
 	return exec.Command("runuser", append([]string{"-u", "rabbitmq", "--", "env", "HOME=/var/lib/rabbitmq", "rabbitmqctl", "-q", "-n", n.name}, args...)...)
 }
 
+// Ctl runs rabbitmqctl on the node with args (e.g. "list_connections",
+// "state") and returns its output; it fails the test when rabbitmqctl
+// fails.
+func (n *RabbitMQ) Ctl(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := n.ctl(args...).CombinedOutput()
+	require.NoError(t, err, "rabbitmqctl %v: %s", args, out)
+	return string(out)
+}
+
 // Start starts the node detached and waits until it accepts AMQP
 // connections.
 func (n *RabbitMQ) Start(t *testing.T) {
