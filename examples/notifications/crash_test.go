@@ -126,18 +126,11 @@ type service struct {
 // start runs the service (`serve`) with the hook of mode.
 func (b *crashBundle) start(t *testing.T, mode string) *service {
 	t.Helper()
-	logPath := filepath.Join(b.dir, fmt.Sprintf("service-%d.log", time.Now().UnixNano()))
-	logFile, err := os.Create(logPath)
-	require.NoError(t, err)
-	defer logFile.Close() // the child has its own descriptor
-
-	cmd := exec.Command(os.Args[0], "serve")
 	transportURL := ""
 	if b.transport != b.dbPath {
 		transportURL = b.transport
 	}
-	cmd.Env = append(os.Environ(),
-		envCrashMode+"="+mode,
+	return startService(t, b.dir, mode,
 		envCrashMarker+"="+b.marker,
 		app.EnvTransport+"=sqlite",
 		app.EnvDatabaseURL+"="+b.dbPath,
@@ -147,6 +140,20 @@ func (b *crashBundle) start(t *testing.T, mode string) *service {
 		app.EnvHTTPAddr+"=",
 		app.EnvConfig+"="+b.configPath,
 	)
+}
+
+// startService runs the service (`serve`) with the hook of mode and the
+// environment env on top of the test's, logging to a file in dir that the
+// test prints when it fails.
+func startService(t *testing.T, dir, mode string, env ...string) *service {
+	t.Helper()
+	logPath := filepath.Join(dir, fmt.Sprintf("service-%d.log", time.Now().UnixNano()))
+	logFile, err := os.Create(logPath)
+	require.NoError(t, err)
+	defer logFile.Close() // the child has its own descriptor
+
+	cmd := exec.Command(os.Args[0], "serve")
+	cmd.Env = append(append(os.Environ(), envCrashMode+"="+mode), env...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	require.NoError(t, cmd.Start())
 	s := &service{cmd: cmd, done: make(chan struct{})}
@@ -200,6 +207,12 @@ func (s *service) stop(t *testing.T) {
 
 // waitFor polls cond until it holds; the service must stay up meanwhile.
 func (b *crashBundle) waitFor(t *testing.T, s *service, what string, cond func() bool) {
+	t.Helper()
+	s.waitFor(t, what, cond)
+}
+
+// waitFor polls cond until it holds; the service must stay up meanwhile.
+func (s *service) waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.After(waitLimit)
 	tick := time.NewTicker(50 * time.Millisecond)

@@ -15,7 +15,9 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/effectively-once/effectively/app"
+	"github.com/effectively-once/effectively/examples/notifications/appointments"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/handlers"
 )
 
 // The test binary doubles as the notifications service: when
@@ -29,6 +31,10 @@ const (
 	// hook fires only while the file does not exist, so the process
 	// restarted after the crash runs normally.
 	envCrashMarker = "EFFECTIVELY_CRASH_MARKER"
+	// envCrashConsumer, when set, names the reminder consumer instead of
+	// ConsumerName: tests that share a broker give each service a queue
+	// of its own.
+	envCrashConsumer = "EFFECTIVELY_CRASH_CONSUMER"
 )
 
 // The crash modes.
@@ -79,7 +85,14 @@ func runService(mode, marker string, args []string) int {
 		return 2
 	}
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	cmd := app.Command("notifications", fx.Options(Module, fx.Supply(mw), fx.Supply(logger)), demoCommand())
+	module := Module
+	if name := os.Getenv(envCrashConsumer); name != "" {
+		module = fx.Options(
+			handlers.Register(name, handlers.On(appointments.Booked, NewRemindOnBooked)),
+			fx.Supply(app.Migrations{FS: mustSub(migrations, "migrations")}),
+		)
+	}
+	cmd := app.Command("notifications", fx.Options(module, fx.Supply(mw), fx.Supply(logger)), demoCommand())
 	cmd.SetArgs(args)
 	if err := cmd.Execute(); err != nil {
 		fmt.Fprintf(os.Stderr, "notifications: %v\n", err)
@@ -90,6 +103,9 @@ func runService(mode, marker string, args []string) int {
 
 // crashHook returns the middleware of mode.
 func crashHook(mode, marker string) (app.Middleware, error) {
+	if mw, ok, err := batchHookOf(mode, marker); ok {
+		return mw, err
+	}
 	// after wraps a step: f runs once next returned nil.
 	after := func(f func(msg *message.Message) error) message.HandlerMiddleware {
 		return func(next message.HandlerFunc) message.HandlerFunc {
