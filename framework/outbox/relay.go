@@ -22,7 +22,7 @@ const (
 	// nothing wakes it.
 	DefaultPollInterval = time.Second
 	// DefaultBatchSize is how many rows a relay publishes per transaction.
-	DefaultBatchSize = 100
+	DefaultBatchSize = 1000
 	// DefaultBatchTimeout bounds the publishing and marking of one batch.
 	DefaultBatchTimeout = 30 * time.Second
 	// DefaultRetention is how long sent rows are kept before cleanup.
@@ -257,53 +257,120 @@ func (r *Relay) observe(ctx context.Context, m *Metrics, published int, err erro
 // PublishUnsent publishes unsent rows in batches until a batch comes back
 // short, and returns how many rows it published. It stops at the first
 // row it cannot publish, after marking the rows before it sent.
+//
+// With a DeferredPublisher, a batch's confirms and marks finish while the
+// next batch is read and published: at most two batches are on their way
+// at once (on PostgreSQL, two transactions), and it stops after the batch
+// in which a row failed and the one behind it.
 func (r *Relay) PublishUnsent(ctx context.Context) (int, error) {
 	total := 0
-	for ctx.Err() == nil {
-		n, read, err := r.publishBatch(ctx)
-		total += n
-		if err != nil {
-			return total, err
+	var finishing chan batchResult // the batch before, finishing
+	wait := func() error {
+		if finishing == nil {
+			return nil
 		}
-		if read < r.cfg.BatchSize {
+		res := <-finishing
+		finishing = nil
+		total += res.published
+		return res.err
+	}
+	for ctx.Err() == nil {
+		b, err := r.startBatch(ctx)
+		if err != nil {
+			return total, errors.Join(wait(), err)
+		}
+		if r.deferred == nil {
+			n, err := b.finish()
+			total += n
+			if err != nil {
+				return total, err
+			}
+		} else {
+			if err := wait(); err != nil {
+				n, ferr := b.finish()
+				return total + n, errors.Join(err, ferr)
+			}
+			finishing = make(chan batchResult, 1)
+			go func(done chan<- batchResult) {
+				n, err := b.finish()
+				done <- batchResult{n, err}
+			}(finishing)
+		}
+		if b.read < r.cfg.BatchSize {
 			break
 		}
 	}
-	return total, nil
+	return total, wait()
 }
 
-// publishBatch publishes one batch and returns how many rows it published
-// and how many it read.
-func (r *Relay) publishBatch(ctx context.Context) (published, read int, err error) {
+// batchResult is what a finished batch published.
+type batchResult struct {
+	published int
+	err       error
+}
+
+// batch is a batch of rows read and published: finish waits for what is
+// still on its way (confirms, marks), ends the batch (commit, release) and
+// returns how many rows it marked sent.
+type batch struct {
+	read   int
+	finish func() (published int, err error)
+}
+
+// startBatch reads a batch and publishes it.
+func (r *Relay) startBatch(ctx context.Context) (batch, error) {
 	// A batch runs to its end when ctx ends, bounded by BatchTimeout,
 	// so that a stop does not leave published rows unmarked; publish
 	// checks ctx between rows.
 	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.BatchTimeout)
-	defer cancel()
+	var (
+		b   batch
+		err error
+	)
 	if r.sql.Dialect() == sqlstore.Postgres {
-		return r.publishClaimed(ctx, bctx)
+		b, err = r.startClaimed(ctx, bctx)
+	} else {
+		b, err = r.startLeased(ctx, bctx)
 	}
+	if err != nil {
+		cancel()
+		return batch{}, err
+	}
+	finish := b.finish
+	b.finish = func() (int, error) {
+		defer cancel()
+		return finish()
+	}
+	return b, nil
+}
+
+// startLeased reads and publishes a batch on SQLite: it takes a lease on
+// its rows, and releases those it could not publish when it finishes.
+func (r *Relay) startLeased(ctx, bctx context.Context) (batch, error) {
 	// The lease is a write: an idle poll reads first, so that it never
 	// waits for the file's write lock (a long handler transaction holds it)
 	// when there is nothing to publish. Both stop with ctx.
 	waiting, err := r.sql.Unsent(ctx, r.db, 1, false)
 	if err != nil || len(waiting) == 0 {
-		return 0, 0, err
+		return batch{finish: func() (int, error) { return 0, nil }}, err
 	}
 	now := r.cfg.Now()
 	rows, err := r.sql.Lease(ctx, r.db, r.cfg.BatchSize, now, now.Add(2*r.cfg.BatchTimeout))
 	if err != nil {
-		return 0, 0, err
+		return batch{}, err
 	}
-	sent, pubErr := r.publish(ctx, bctx, rows, func(ctx context.Context, ids []int64) error {
+	published := r.publish(ctx, bctx, rows, func(ctx context.Context, ids []int64) error {
 		return r.sql.MarkSent(ctx, r.db, ids, r.cfg.Now())
 	})
-	if rest := unsentIDs(rows, sent); len(rest) > 0 {
-		if err := r.sql.Release(bctx, r.db, rest); err != nil {
-			pubErr = errors.Join(pubErr, err) // the lease ends by itself
+	return batch{read: len(rows), finish: func() (int, error) {
+		sent, pubErr := published()
+		if rest := unsentIDs(rows, sent); len(rest) > 0 {
+			if err := r.sql.Release(bctx, r.db, rest); err != nil {
+				pubErr = errors.Join(pubErr, err) // the lease ends by itself
+			}
 		}
-	}
-	return len(sent), len(rows), pubErr
+		return len(sent), pubErr
+	}}, nil
 }
 
 // unsentIDs returns the ids of rows that are not in sent.
@@ -324,43 +391,50 @@ func unsentIDs(rows []sqlstore.OutboxRow, sent []int64) []int64 {
 	return rest
 }
 
-// publishClaimed publishes one batch on PostgreSQL: the rows are locked
-// from the read to the commit of their marks.
-func (r *Relay) publishClaimed(ctx, bctx context.Context) (published, read int, err error) {
+// startClaimed reads and publishes a batch on PostgreSQL: the rows are
+// locked from the read to the commit of their marks, when it finishes.
+func (r *Relay) startClaimed(ctx, bctx context.Context) (batch, error) {
 	tx, err := r.db.BeginTxx(bctx, nil)
 	if err != nil {
-		return 0, 0, fmt.Errorf("outbox: begin: %w", err)
+		return batch{}, fmt.Errorf("outbox: begin: %w", err)
 	}
-	defer tx.Rollback() // a no-op after Commit
 	rows, err := r.sql.Unsent(bctx, tx, r.cfg.BatchSize, true)
 	if err != nil {
-		return 0, 0, err
+		_ = tx.Rollback()
+		return batch{}, err
 	}
-	sent, pubErr := r.publish(ctx, bctx, rows, func(ctx context.Context, ids []int64) error {
+	published := r.publish(ctx, bctx, rows, func(ctx context.Context, ids []int64) error {
 		return r.sql.MarkSent(ctx, tx, ids, r.cfg.Now())
 	})
-	if err := tx.Commit(); err != nil {
-		return 0, len(rows), errors.Join(pubErr, fmt.Errorf("outbox: commit marks: %w", err))
-	}
-	return len(sent), len(rows), pubErr
+	return batch{read: len(rows), finish: func() (int, error) {
+		defer tx.Rollback() // a no-op after Commit
+		sent, pubErr := published()
+		if err := tx.Commit(); err != nil {
+			return 0, errors.Join(pubErr, fmt.Errorf("outbox: commit marks: %w", err))
+		}
+		return len(sent), pubErr
+	}}, nil
 }
 
 // markFunc marks the rows of ids sent, in one statement.
 type markFunc func(ctx context.Context, ids []int64) error
 
 // publish publishes rows in id order, and marks sent those the transport
-// took, with mark; it returns the ids it marked. It publishes no row
-// after the first it cannot publish, nor once ctx ends; a batch already
-// published is still marked, under bctx.
-func (r *Relay) publish(ctx, bctx context.Context, rows []sqlstore.OutboxRow, mark markFunc) ([]int64, error) {
+// took, with mark. It publishes no row after the first it cannot publish,
+// nor once ctx ends. It returns once the rows are published; the function
+// it returns waits for their marks (under bctx) and returns the ids it
+// marked.
+func (r *Relay) publish(ctx, bctx context.Context, rows []sqlstore.OutboxRow, mark markFunc) func() ([]int64, error) {
 	if r.deferred != nil {
 		return r.publishPipelined(ctx, bctx, rows, mark)
 	}
 	sent, pubErr := r.publishEach(ctx, rows)
-	if err := mark(bctx, sent); err != nil {
-		return nil, errors.Join(pubErr, err)
+	return func() ([]int64, error) {
+		if err := mark(bctx, sent); err != nil {
+			return nil, errors.Join(pubErr, err)
+		}
+		return sent, pubErr
 	}
-	return sent, pubErr
 }
 
 // publishEach publishes rows in order through the publisher, each once the
@@ -387,26 +461,22 @@ type pendingRow struct {
 }
 
 // publishPipelined publishes rows in order through the DeferredPublisher
-// without waiting for their confirms, while one goroutine waits for the
-// confirms in order and another marks the confirmed rows sent: each
-// statement marks every row confirmed since the previous one. A row
-// nacked, or left unconfirmed when the connection goes away, stays
-// unsent; the rows confirmed around it are marked.
-func (r *Relay) publishPipelined(ctx, bctx context.Context, rows []sqlstore.OutboxRow, mark markFunc) ([]int64, error) {
+// without waiting for their confirms, while a goroutine waits for the
+// confirms in order. The function it returns waits for the last confirm
+// and marks the confirmed rows sent in one statement. A row nacked, or
+// left unconfirmed when the connection goes away, stays unsent; the rows
+// confirmed around it are marked.
+func (r *Relay) publishPipelined(ctx, bctx context.Context, rows []sqlstore.OutboxRow, mark markFunc) func() ([]int64, error) {
 	pending := make(chan pendingRow, len(rows))
-	confirmed := make(chan int64, len(rows))
-	confirmErr := make(chan error, 1)
-	go func() { confirmErr <- awaitConfirms(bctx, pending, confirmed) }()
-	type marks struct {
+	type confirms struct {
 		ids []int64
 		err error
 	}
-	marked := make(chan marks, 1)
+	confirmed := make(chan confirms, 1)
 	go func() {
-		ids, err := markConfirmed(bctx, confirmed, mark)
-		marked <- marks{ids, err}
+		ids, err := awaitConfirms(bctx, pending, len(rows))
+		confirmed <- confirms{ids, err}
 	}()
-
 	var pubErr error
 	for _, row := range rows {
 		if ctx.Err() != nil {
@@ -420,17 +490,21 @@ func (r *Relay) publishPipelined(ctx, bctx context.Context, rows []sqlstore.Outb
 		pending <- pendingRow{row: row, wait: wait}
 	}
 	close(pending)
-	cerr := <-confirmErr
-	m := <-marked
-	return m.ids, errors.Join(pubErr, cerr, m.err)
+	return func() ([]int64, error) {
+		c := <-confirmed
+		if err := mark(bctx, c.ids); err != nil {
+			return nil, errors.Join(pubErr, c.err, err)
+		}
+		return c.ids, errors.Join(pubErr, c.err)
+	}
 }
 
-// awaitConfirms waits for the confirm of each pending row in order, sends
-// the id of each confirmed one to confirmed, and closes it at the end. It
-// returns the first failure and how many rows failed.
-func awaitConfirms(ctx context.Context, pending <-chan pendingRow, confirmed chan<- int64) error {
-	defer close(confirmed)
+// awaitConfirms waits for the confirm of each pending row in order, and
+// returns the ids of those confirmed and the first failure (with how many
+// rows failed).
+func awaitConfirms(ctx context.Context, pending <-chan pendingRow, n int) ([]int64, error) {
 	var (
+		ids    = make([]int64, 0, n)
 		first  error
 		failed int
 	)
@@ -442,45 +516,12 @@ func awaitConfirms(ctx context.Context, pending <-chan pendingRow, confirmed cha
 			failed++
 			continue
 		}
-		confirmed <- p.row.ID
+		ids = append(ids, p.row.ID)
 	}
 	if failed > 1 {
-		return fmt.Errorf("%w (and %d more rows unconfirmed)", first, failed-1)
+		return ids, fmt.Errorf("%w (and %d more rows unconfirmed)", first, failed-1)
 	}
-	return first
-}
-
-// markConfirmed marks the ids it receives sent, each statement all those
-// received since the previous one, until confirmed closes, and returns the
-// ids marked. After a failed statement it marks nothing more.
-func markConfirmed(ctx context.Context, confirmed <-chan int64, mark markFunc) ([]int64, error) {
-	var (
-		marked []int64
-		ids    []int64
-		err    error
-	)
-	for id := range confirmed {
-		ids = append(ids[:0], id)
-	more:
-		for {
-			select {
-			case id, ok := <-confirmed:
-				if !ok {
-					break more
-				}
-				ids = append(ids, id)
-			default:
-				break more
-			}
-		}
-		if err != nil {
-			continue // drain, so that the confirms' goroutine ends
-		}
-		if err = mark(ctx, ids); err == nil {
-			marked = append(marked, ids...)
-		}
-	}
-	return marked, err
+	return ids, first
 }
 
 // rowMessage is the message of row: the stored CloudEvent, the event id as
