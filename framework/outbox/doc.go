@@ -69,11 +69,23 @@
 // it for a few quick polls), instead of at the next poll (PollInterval). Rows sent longer than Retention ago are deleted in
 // batches.
 //
+// How a batch goes out depends on the transport's publisher. The AMQP
+// transport's is a DeferredPublisher: the relay publishes the batch's rows
+// one after another without waiting for the broker's confirms (publisher
+// confirms, pipelined on one channel), marks the confirmed rows sent in one
+// statement once the last confirm is in, and reads and publishes the next
+// batch meanwhile (two batches on their way at most). A row that the
+// broker nacks, or whose confirm is lost with the connection, stays unsent
+// and is published again by a later poll; the rows confirmed around it are
+// marked. Other publishers (the SQL transports', memory) publish one row at
+// a time, each once Publish returned for the one before.
+//
 // # At least once
 //
-// A relay that stops (or a publisher that fails) after the broker took a
-// message but before its row was marked sent publishes the row again
-// later: relaying is at least once, never exactly once. That is what the
+// A relay that stops (or a publisher that fails, or a confirm that is
+// lost) after the broker took a message but before its row was marked
+// sent publishes the row again later: relaying is at least once, never
+// exactly once. That is what the
 // framework's consumers absorb: they mark each (consumer, source, id)
 // processed in their own transaction, so a republished event is a
 // duplicate that they acknowledge and skip. Consumers in other stacks must

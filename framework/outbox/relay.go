@@ -148,9 +148,11 @@ type DeferredPublisher interface {
 // rows of a relay that dies go to another once the lease (twice
 // BatchTimeout) ends.
 //
-// Rows are published in id order within one relay; several relays, and
-// transactions that commit out of id order, publish in no guaranteed
-// order, as the framework's delivery promises none.
+// Rows are published in id order within one relay; a row published
+// again (its publish or confirm failed) comes after rows behind it that
+// went out meanwhile. Several relays, and transactions that commit out of
+// id order, publish in no guaranteed order, as the framework's delivery
+// promises none.
 type Relay struct {
 	db       *sqlx.DB
 	pub      message.Publisher
