@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
@@ -22,11 +23,12 @@ import (
 
 // The group-commit crash modes kill the process at one step of a batch:
 // several attempts of the consumer sharing one transaction, each between
-// a savepoint and its release (see framework.UnitOfWork).
+// a savepoint of its own (see framework.UnitOfWork).
 const (
 	// modeBatchMiddle kills the process inside an attempt, before its
-	// handler, while earlier attempts of its batch are released and not
-	// committed.
+	// handler, while earlier attempts of its batch have run (their
+	// savepoints hold their effects) and later ones wait: the third of a
+	// batch of four.
 	modeBatchMiddle = "batch-middle"
 	// modeBatchBeforeCommit kills the process after the handler of the
 	// last attempt of a full batch returned, before the batch commits.
@@ -46,6 +48,13 @@ const batchCrashFrom = 5
 // size: modeBatchBeforeCommit fires in the attempt that fills a batch.
 const envCrashBatchSize = "EFFECTIVELY_CRASH_BATCH_SIZE"
 
+// batchAckGrace is how long a group-commit hook waits before it kills
+// the process: long enough for the ack of a message handed back before
+// its batch committed (the bug these tests look for) to reach the
+// transport, so that its effect is lost. It adds to each crash only: no
+// healthy run waits for it otherwise.
+const batchAckGrace = 300 * time.Millisecond
+
 // batchCrash is what a group-commit hook reports, in the file
 // batchReportPath(marker), before it kills the process.
 type batchCrash struct {
@@ -53,6 +62,11 @@ type batchCrash struct {
 	Attempt int64    `json:"attempt"` // of the process, counted at Inner
 	Event   string   `json:"event"`   // the attempt that killed it
 	Mates   []string `json:"mates"`   // the attempts before it in its batch
+	// Returned are the attempts, of Event and Mates, whose delivery the
+	// unit of work had handed back to the transport (to be acknowledged)
+	// before the kill: none may be before its batch committed and ran its
+	// OnCommit hooks.
+	Returned []string `json:"returned"`
 }
 
 // batchReportPath names the report of the hook whose marker is marker.
@@ -71,7 +85,7 @@ func (c batchCrash) write(marker string) {
 
 // batchProbe finds, inside an attempt, the attempts that ran before it in
 // its transaction: the reminders its transaction sees and a connection of
-// its own does not (written and released, not committed).
+// its own does not (written, not committed).
 type batchProbe struct {
 	url string // the service's database: a SQLite file or a PostgreSQL URL
 
@@ -137,13 +151,16 @@ func eventID(msg *message.Message) string {
 	return d.ID
 }
 
-// batchHook returns the Inner middleware of a group-commit crash mode.
-// Each attempt from the batchCrashFrom-th on looks for its batch-mates;
-// the first that finds what the mode needs kills the process, once per
+// batchHook returns the middleware of a group-commit crash mode. Each
+// attempt from the batchCrashFrom-th on looks for its batch-mates; the
+// first that finds what the mode needs kills the process, once per
 // marker. A probe that fails ends the process with status 3.
 func batchHook(mode, marker, url string, batchSize int) app.Middleware {
 	probe := &batchProbe{url: url}
-	var attempts atomic.Int64
+	var (
+		attempts atomic.Int64
+		returned sync.Map // event id -> true once its delivery left the unit of work
+	)
 	// fire reports the attempt's mates when it should kill the process.
 	fire := func(msg *message.Message, n int64, want func(mates int) bool) ([]string, bool) {
 		if n < batchCrashFrom || fired(marker) {
@@ -156,25 +173,57 @@ func batchHook(mode, marker, url string, batchSize int) app.Middleware {
 		}
 		return mates, want(len(mates)) && firstTime(marker)
 	}
-	report := func(msg *message.Message, n int64, mates []string) batchCrash {
-		return batchCrash{Mode: mode, Attempt: n, Event: eventID(msg), Mates: mates}
+	// crash reports and kills the process, after a grace that lets the
+	// delivery of a mate handed back too early reach the transport's ack
+	// (it ends as soon as one is seen).
+	crash := func(id string, n int64, mates []string) {
+		c := batchCrash{Mode: mode, Attempt: n, Event: id, Mates: mates}
+		grace := time.Now().Add(batchAckGrace)
+		for len(c.Returned) == 0 && time.Now().Before(grace) {
+			time.Sleep(5 * time.Millisecond)
+			for _, a := range append([]string{id}, mates...) {
+				if _, ok := returned.Load(a); ok {
+					c.Returned = append(c.Returned, a)
+				}
+			}
+		}
+		c.write(marker)
+		killSelf()
+	}
+	// outer runs once per delivery, around the retries and the unit of
+	// work: next returns once the attempt's effect committed or rolled
+	// back, and the message is acknowledged or nacked after it.
+	outer := func(next message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			id := eventID(msg)
+			out, err := next(msg)
+			returned.Store(id, true)
+			return out, err
+		}
+	}
+	atLeastOne := func(mates int) bool { return mates >= 1 }
+	// middle holds in an attempt with attempts before and after it in its
+	// batch, more than one before it when the batch has room: the first
+	// of a batch is its runner, whose delivery cannot return before the
+	// batch ends whatever the bug.
+	middle := func(mates int) bool {
+		if batchSize < 4 {
+			return mates >= 1
+		}
+		return mates >= 2 && mates <= batchSize-2
 	}
 	inner := func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
-			n := attempts.Add(1)
+			n, id := attempts.Add(1), eventID(msg)
 			switch mode {
 			case modeBatchMiddle:
-				if mates, ok := fire(msg, n, func(m int) bool { return m >= 1 }); ok {
-					report(msg, n, mates).write(marker)
-					killSelf()
+				if mates, ok := fire(msg, n, middle); ok {
+					crash(id, n, mates)
 				}
 			case modeBatchAfterCommit:
-				if mates, ok := fire(msg, n, func(m int) bool { return m >= 1 }); ok {
+				if mates, ok := fire(msg, n, atLeastOne); ok {
 					tx, _ := framework.TxFromContext(msg.Context()) // the probe found it
-					tx.OnCommit(func() {
-						report(msg, n, mates).write(marker)
-						killSelf()
-					})
+					tx.OnCommit(func() { crash(id, n, mates) })
 				}
 			case modeBatchBeforeCommit:
 				out, err := next(msg)
@@ -182,15 +231,14 @@ func batchHook(mode, marker, url string, batchSize int) app.Middleware {
 					return out, err
 				}
 				if mates, ok := fire(msg, n, func(m int) bool { return m == batchSize-1 }); ok {
-					report(msg, n, mates).write(marker)
-					killSelf()
+					crash(id, n, mates)
 				}
 				return out, nil
 			}
 			return next(msg)
 		}
 	}
-	return app.Middleware{Inner: []message.HandlerMiddleware{inner}}
+	return app.Middleware{Outer: []message.HandlerMiddleware{outer}, Inner: []message.HandlerMiddleware{inner}}
 }
 
 // batchHookOf returns the hook of a group-commit mode, configured from

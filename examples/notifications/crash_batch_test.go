@@ -260,7 +260,7 @@ func (s *batchSetup) drain(t *testing.T, mode, marker string, ids []string) {
 	t.Helper()
 	for range 3 {
 		svc := s.start(t, mode, marker) // the marker exists: runs normally
-		svc.waitFor(t, "every event handled and acknowledged", func() bool {
+		svc.waitFor(t, "effect of every event, and no message waiting", func() bool {
 			return s.effects(ids) == len(ids) && s.pending(t) == 0
 		})
 		svc.stop(t)
@@ -316,10 +316,14 @@ func testBatchCrashes(t *testing.T, s *batchSetup) {
 			crash := readBatchCrash(t, marker)
 			t.Logf("killed in attempt %d (%s) with %d batch-mates before it: %v", crash.Attempt, crash.Event, len(crash.Mates), crash.Mates)
 			require.NotEmpty(t, crash.Mates, "the attempt shares its transaction with earlier ones")
-			if p.mode == modeBatchBeforeCommit {
+			require.Empty(t, crash.Returned, "batch-mates handed back to the transport before the kill")
+			switch {
+			case p.mode == modeBatchBeforeCommit:
 				require.Len(t, crash.Mates, s.batchSize-1, "the attempt fills its batch")
+			case p.mode == modeBatchMiddle && s.batchSize >= 4:
+				require.Len(t, crash.Mates, 2, "the third attempt of its batch")
 			}
-			want := 0 // released, not committed: gone with the process
+			want := 0 // run, not committed: gone with the process
 			if p.committed {
 				want = 1
 			}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -121,6 +122,9 @@ type service struct {
 	cmd  *exec.Cmd
 	done chan struct{} // closed when the process exited
 	err  error         // cmd.Wait's result, set before done closes
+	// ready names the file the service creates once it started (see
+	// readyFile).
+	ready string
 }
 
 // start runs the service (`serve`) with the hook of mode.
@@ -152,11 +156,12 @@ func startService(t *testing.T, dir, mode string, env ...string) *service {
 	require.NoError(t, err)
 	defer logFile.Close() // the child has its own descriptor
 
+	ready := strings.TrimSuffix(logPath, ".log") + ".ready"
 	cmd := exec.Command(os.Args[0], "serve")
-	cmd.Env = append(append(os.Environ(), envCrashMode+"="+mode), env...)
+	cmd.Env = append(append(os.Environ(), envCrashMode+"="+mode, envCrashReady+"="+ready), env...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	require.NoError(t, cmd.Start())
-	s := &service{cmd: cmd, done: make(chan struct{})}
+	s := &service{cmd: cmd, done: make(chan struct{}), ready: ready}
 	go func() {
 		s.err = cmd.Wait()
 		close(s.done)
@@ -197,9 +202,14 @@ func (s *service) waitKilled(t *testing.T) {
 		"want the service killed by SIGKILL, got %v (%v)", ws, s.err)
 }
 
-// stop sends SIGTERM and checks that the service stops cleanly.
+// stop sends SIGTERM, once the service started, and checks that it stops
+// cleanly.
 func (s *service) stop(t *testing.T) {
 	t.Helper()
+	s.waitFor(t, "the service to start", func() bool {
+		_, err := os.Stat(s.ready)
+		return err == nil
+	})
 	require.NoError(t, s.cmd.Process.Signal(syscall.SIGTERM))
 	ws := s.wait(t)
 	require.True(t, ws.Exited() && ws.ExitStatus() == 0, "want exit status 0 after SIGTERM, got %v (%v)", ws, s.err)

@@ -35,6 +35,9 @@ const (
 	// ConsumerName: tests that share a broker give each service a queue
 	// of its own.
 	envCrashConsumer = "EFFECTIVELY_CRASH_CONSUMER"
+	// envCrashReady names a file the service creates once it starts: from
+	// then on it stops gracefully on SIGTERM.
+	envCrashReady = "EFFECTIVELY_CRASH_READY"
 )
 
 // The crash modes.
@@ -92,13 +95,28 @@ func runService(mode, marker string, args []string) int {
 			fx.Supply(app.Migrations{FS: mustSub(migrations, "migrations")}),
 		)
 	}
-	cmd := app.Command("notifications", fx.Options(module, fx.Supply(mw), fx.Supply(logger)), demoCommand())
+	cmd := app.Command("notifications", fx.Options(module, fx.Supply(mw), fx.Supply(logger), fx.Invoke(readyFile)), demoCommand())
 	cmd.SetArgs(args)
 	if err := cmd.Execute(); err != nil {
 		fmt.Fprintf(os.Stderr, "notifications: %v\n", err)
 		return 1
 	}
 	return 0
+}
+
+// readyFile creates the file named by envCrashReady, if any, when the
+// application starts: app.Serve catches the signals from before the start.
+func readyFile(lc fx.Lifecycle) {
+	path := os.Getenv(envCrashReady)
+	if path == "" {
+		return
+	}
+	lc.Append(fx.StartHook(func() error {
+		if err := os.WriteFile(path, nil, 0o600); err != nil {
+			return fmt.Errorf("%s: %w", envCrashReady, err)
+		}
+		return nil
+	}))
 }
 
 // crashHook returns the middleware of mode.
