@@ -44,9 +44,8 @@ const (
 	// when neither its settings nor the defaults: section say. 16 is the
 	// knee of make bench's sweep (10,000 messages, effects/s at 1, 2, 4,
 	// 8, 16, 32, 64): AMQP 1,865, 2,715, 3,810, 4,733, 4,867, 4,972,
-	// 4,163; SQLite 3,228, 3,413, 5,249, 6,507, 7,993, 8,573, 8,626. The
-	// PostgreSQL transport hands out one message at a time per consumer
-	// group whatever it says.
+	// 4,163; SQLite 3,228, 3,413, 5,249, 6,507, 7,993, 8,573, 8,626
+	// (the PostgreSQL transport then handed out one message at a time).
 	DefaultConcurrency = 16
 )
 
@@ -223,9 +222,9 @@ type ConsumerConfig struct {
 	Timeout Duration `yaml:"timeout"`
 	// Concurrency is how many messages of the consumer are in flight at
 	// once in this process: on amqp that many subscriptions of the
-	// consumer's queue, on sqlite that many leases; on postgres it adds
-	// nothing (watermill-sql hands out one message at a time per consumer
-	// group); memory hands every subscription every message. Under group
+	// consumer's queue, on sqlite that many leases, on postgres that many
+	// messages handed out per subscription; memory hands every
+	// subscription every message. Under group
 	// commit the messages in flight fill the consumer's batches; at
 	// batch_size 1 each holds a connection of DatabaseURL's pool, which
 	// grows with it.

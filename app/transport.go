@@ -51,10 +51,9 @@ type connector interface {
 //     only buffers);
 //   - sqlite: one subscription per event type, holding that many leases in
 //     flight;
-//   - postgres: none extra. watermill-sql hands out one message at a time
-//     per consumer group while it holds a pooled connection in an open
-//     transaction, so more subscriptions would only wait for the group's
-//     lock with a connection each. Run more processes for failover, not
+//   - postgres: one subscription per event type, handing out that many
+//     messages at once (one process per consumer group and topic hands
+//     out, the others stand by). Run more processes for failover, not
 //     throughput;
 //   - memory: GoChannel hands every message to every subscription, each
 //     in a goroutine of its own.

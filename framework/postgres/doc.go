@@ -28,13 +28,17 @@
 //
 // # Transport
 //
-// Transport (New) is the framework.Transport on watermill-sql v4: it
-// publishes on the database handed to New (the stores' pool may do) and
-// subscribes on a pool of its own at TransportConfig.URL, growing by a
-// connection per subscription. A consumer has one subscription per event
-// type and one for its replay topic, whatever its concurrency (the group
-// hands out one message at a time); its ack deadline outlasts the
-// HandlingTime given to Subscribe.
+// Transport (New) is the framework.Transport on watermill-sql v4's tables:
+// it publishes with watermill-sql's publisher on the database handed to
+// New (the stores' pool may do) and subscribes with a subscriber of its
+// own on a pool of its own at TransportConfig.URL, growing by a connection
+// per subscription. A consumer has one subscription per event type and one
+// for its replay topic, each handing out up to its concurrency of messages
+// at once, with no transaction open while they are handled; the group's
+// position advances over the messages acknowledged in order. One process
+// per group and topic hands out messages (it holds an advisory lock on the
+// subscription's connection), the others stand by. The ack deadline
+// outlasts the HandlingTime given to Subscribe.
 //
 //	tr, err := postgres.New(ctx, db, postgres.TransportConfig{URL: url})
 //	sub, err := tr.Subscribe(framework.SubscribeConfig{Consumer: "c", Types: []string{topic}})

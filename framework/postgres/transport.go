@@ -24,30 +24,34 @@ import (
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
-// The postgres transport is watermill-sql v4 with its default PostgreSQL
+// The postgres transport keeps watermill-sql v4's default PostgreSQL
 // schema: one table of messages per topic, ordered by the transaction that
 // wrote them (xid8) so that no commit is skipped, and one table of offsets
-// per topic with a row per consumer group. docs/transports.md says why this
-// schema and not the queue schema (which has no consumer groups), and how
-// to insert a message by hand.
+// per topic with a row per consumer group. It publishes with watermill-sql's
+// publisher and subscribes with a subscriber of its own over the same
+// tables (subscriber.go), which hands out many messages of a group at once.
+// docs/transports.md says why this schema and not the queue schema (which
+// has no consumer groups), and how to insert a message by hand.
 
 // Defaults of TransportConfig.
 const (
 	// DefaultPollInterval is how long an idle subscription waits before it
-	// looks for new messages again.
+	// looks for new messages again, and a standby subscription before it
+	// tries its group's lock again.
 	DefaultPollInterval = 100 * time.Millisecond
 	// DefaultResendInterval is the pause before a nacked message is
 	// handed out again.
 	DefaultResendInterval = time.Second
 	// DefaultAckDeadline is how long a message may stay unacknowledged
-	// before the subscriber gives it up and delivers it again. It must
-	// outlast the whole handling of a message (attempts × (timeout +
-	// delay)).
+	// before the subscriber gives it up and delivers it again (an Ack of
+	// the first delivery still counts). It must outlast the whole handling
+	// of a message (attempts × (timeout + delay)).
 	DefaultAckDeadline = 5 * time.Minute
-	// DefaultBatchSize is how many messages a subscription reads per
-	// query. Handling stays one message at a time; a larger batch saves
-	// queries but redelivers more after a crash (see docs/transports.md
-	// for the measurements).
+	// DefaultBatchSize is how many messages a subscription reads ahead of
+	// those it hands out (its concurrency), and how many acknowledgements
+	// it gathers before it writes its group's position. A larger batch
+	// saves queries but redelivers more after a crash (see
+	// docs/transports.md for the measurements).
 	DefaultBatchSize = 10
 )
 
@@ -70,7 +74,9 @@ type TransportConfig struct {
 	// of the stores. Defaults to none.
 	TablePrefix string
 	// PollInterval is how long an idle subscription waits before it looks
-	// for new messages again. Defaults to DefaultPollInterval.
+	// for new messages again, and a standby subscription (another holds
+	// its group's lock) before it tries the lock again. Defaults to
+	// DefaultPollInterval.
 	PollInterval time.Duration
 	// ResendInterval is the pause before a nacked message is handed out
 	// again. Defaults to DefaultResendInterval.
@@ -78,8 +84,11 @@ type TransportConfig struct {
 	// AckDeadline is how long a message may stay unacknowledged before it
 	// is given up and delivered again. Defaults to DefaultAckDeadline.
 	AckDeadline time.Duration
-	// BatchSize is how many messages a subscription reads per query.
-	// Defaults to DefaultBatchSize.
+	// BatchSize is how many messages a subscription reads ahead of those
+	// it hands out: it holds at most its concurrency + BatchSize messages
+	// read and not acknowledged in order, which a crash delivers again.
+	// It is also how many acknowledgements it gathers before it writes
+	// its group's position. Defaults to DefaultBatchSize.
 	BatchSize int
 	// Logger receives the transport's logs. Defaults to discarding them.
 	Logger *slog.Logger
@@ -251,42 +260,3 @@ func (p *publisher) Replay(ctx context.Context, consumer string, msgs ...*messag
 
 // Close closes the publisher; the pool stays open.
 func (p *publisher) Close() error { return p.pub.Close() }
-
-// newSubscriber returns the subscriber of consumer, whose name is its
-// consumer group in every topic. Each Subscribe call holds one pooled
-// connection in an open transaction while its message is handled, and
-// hands out one message at a time: give db a pool of its own, with a
-// connection per subscription and one to spare, so that the handlers'
-// transactions and the dead-letter writes never wait for it. Several
-// subscriptions of one group take turns; they add no parallelism.
-//
-// The framework never writes through the subscriber's transaction (its
-// nack does not roll it back): the attempts run in transactions of their
-// own on the stores' pool.
-func newSubscriber(db *sqlx.DB, consumer string, cfg TransportConfig) (message.Subscriber, error) {
-	if db == nil {
-		return nil, errors.New("postgres: subscriber: missing database (open a pool of its own with postgres.Open)")
-	}
-	if consumer == "" {
-		return nil, errors.New("postgres: subscriber: empty consumer name")
-	}
-	cfg = cfg.WithDefaults()
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	deadline := cfg.AckDeadline
-	sub, err := wsql.NewSubscriber(wsql.BeginnerFromStdSQL(db.DB), wsql.SubscriberConfig{
-		ConsumerGroup:    consumer,
-		AckDeadline:      &deadline,
-		PollInterval:     cfg.PollInterval,
-		ResendInterval:   cfg.ResendInterval,
-		RetryInterval:    time.Second,
-		SchemaAdapter:    schemaAdapter(cfg),
-		OffsetsAdapter:   offsetsAdapter(cfg),
-		InitializeSchema: true,
-	}, watermill.NewSlogLogger(cfg.Logger))
-	if err != nil {
-		return nil, fmt.Errorf("postgres: subscriber of %s: %w", consumer, err)
-	}
-	return sub, nil
-}

@@ -2,21 +2,17 @@ package postgres_test
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	neturl "net/url"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
-	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/postgres"
 	"github.com/effectively-once/effectively/framework/transporttest"
 	"github.com/effectively-once/effectively/internal/pipeline"
@@ -132,86 +128,6 @@ func TestTransportLongNames(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("no message")
 	}
-}
-
-// TestTrapNackKeepsSubscriberTx shows watermill-sql's trap and why the
-// framework is safe from it: a nack does not roll back the subscriber's
-// transaction, so writes through it would survive a failed attempt; the
-// framework's attempt runs in a transaction of its own on another
-// connection, which the failure rolls back.
-func TestTrapNackKeepsSubscriberTx(t *testing.T) {
-	t.Parallel()
-	url := testenv.PostgresURL(t)
-	db := open(t, url, 4)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	require.NoError(t, migrate.Up(ctx, db, migrate.Config{}))
-	_, err := db.Exec(`CREATE TABLE effects (via TEXT NOT NULL)`)
-	require.NoError(t, err)
-	store, err := postgres.NewStore(db, postgres.StoreConfig{})
-	require.NoError(t, err)
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Store: store})
-	require.NoError(t, err)
-
-	tr := newTransport(t, db, url)
-	pub := tr.Publisher()
-	sub := subscriber(t, tr, "trap")
-	ch, err := sub.Subscribe(ctx, "trap")
-	require.NoError(t, err)
-	require.NoError(t, pub.Publish("trap", message.NewMessage("m1", []byte(`{}`))))
-
-	key := framework.Key{Source: "s", ID: "1"}
-	errFail := errors.New("attempt fails")
-	for attempt := 1; attempt <= 2; attempt++ {
-		var msg *message.Message
-		select {
-		case msg = <-ch:
-		case <-ctx.Done():
-			t.Fatalf("attempt %d: no message", attempt)
-		}
-		subTx, ok := wsql.TxFromContext(msg.Context())
-		require.True(t, ok, "watermill-sql hands out its transaction")
-		// The trap: a write through the subscriber's transaction.
-		_, err := subTx.ExecContext(ctx, fmt.Sprintf(`INSERT INTO effects (via) VALUES ('subscriber attempt %d')`, attempt))
-		require.NoError(t, err)
-		outcome, err := uow.Do(msg.Context(), "trap", key, func(ctx context.Context) error {
-			var subPID, ourPID int
-			rows, err := subTx.QueryContext(ctx, `SELECT pg_backend_pid()`)
-			require.NoError(t, err)
-			require.True(t, rows.Next())
-			require.NoError(t, rows.Scan(&subPID))
-			require.NoError(t, rows.Close())
-			tx, _ := framework.TxFromContext(ctx)
-			require.NoError(t, tx.GetContext(ctx, &ourPID, `SELECT pg_backend_pid()`))
-			require.NotEqual(t, subPID, ourPID, "the attempt has a connection and transaction of its own")
-			if _, err := tx.ExecContext(ctx, fmt.Sprintf(`INSERT INTO effects (via) VALUES ('framework attempt %d')`, attempt)); err != nil {
-				return err
-			}
-			if attempt == 1 {
-				return errFail
-			}
-			return nil
-		})
-		if attempt == 1 {
-			require.ErrorIs(t, err, errFail)
-			require.Equal(t, framework.Failed, outcome)
-			msg.Nack()
-			continue
-		}
-		require.NoError(t, err)
-		require.Equal(t, framework.Processed, outcome)
-		msg.Ack()
-	}
-	var got []string
-	require.Eventually(t, func() bool {
-		got = nil
-		return db.Select(&got, `SELECT via FROM effects ORDER BY via`) == nil && len(got) == 3
-	}, 10*time.Second, 20*time.Millisecond)
-	require.Equal(t, []string{
-		"framework attempt 2",  // the framework's failed attempt rolled back
-		"subscriber attempt 1", // the trap: the nacked attempt's write survived
-		"subscriber attempt 2",
-	}, got)
 }
 
 // TestLongTransactionHoldsBackDelivery shows the limit docs/transports.md

@@ -21,16 +21,15 @@ const spareSubscriberConns = 2
 
 // Transport is the PostgreSQL transport (framework.Transport):
 // watermill-sql's publisher on the database handed to New, and a
-// subscriber per consumer on a pool of their own.
+// subscriber per consumer, of this package, on a pool of their own.
 //
-// watermill-sql holds a pooled connection in an open transaction per
-// subscription while its message is handled, and hands out one message at
-// a time per consumer group: so a consumer has one subscription per event
-// type and one for its replay topic whatever its concurrency (more would
-// only wait for the group's lock with a connection each), and the
-// subscribers' pool grows by a connection per subscription (two to
-// spare), so that the handlers' transactions and the dead-letter writes on
-// the stores' pool never wait for them.
+// A consumer has one subscription per event type and one for its replay
+// topic, each handing out up to its concurrency of messages at once. Each
+// subscription holds one connection of the subscribers' pool (for its
+// group's lock, its reads and its acknowledgements; no transaction stays
+// open while a message is handled), so that pool grows by a connection
+// per subscription (two to spare), and the handlers' transactions and the
+// dead-letter writes on the stores' pool never wait for them.
 type Transport struct {
 	cfg   TransportConfig
 	pub   *publisher
@@ -80,7 +79,7 @@ func (t *Transport) Subscribe(sc framework.SubscribeConfig) (framework.Subscript
 	if sc.HandlingTime > 0 {
 		cfg.AckDeadline = ackDeadlineFor(sc.HandlingTime)
 	}
-	sub, err := newSubscriber(t.subDB, sc.Consumer, cfg)
+	sub, err := newSubscriber(t.subDB, sc.Consumer, sc.Concurrency, cfg)
 	if err != nil {
 		return framework.Subscription{}, fmt.Errorf("postgres: consumer %s: %w", sc.Consumer, err)
 	}
@@ -91,10 +90,10 @@ func (t *Transport) Subscribe(sc framework.SubscribeConfig) (framework.Subscript
 	t.subDB.SetMaxOpenConns(t.conns)
 	t.subDB.SetMaxIdleConns(t.conns)
 	t.mu.Unlock()
-	// watermill-sql hands out one message at a time per consumer group
-	// and topic, whatever sc.Concurrency says; the subscribers' own
+	// Each topic's subscription hands out up to sc.Concurrency messages,
+	// each holding its attempt's connection; the subscribers' own
 	// connections are in their pool, not the database given to New.
-	return framework.Subscription{Subscriber: sub, Topics: topics, Bind: sc.Types, Conns: len(topics)}, nil
+	return framework.Subscription{Subscriber: sub, Topics: topics, Bind: sc.Types, Conns: len(topics) * sc.Concurrency}, nil
 }
 
 // Replay publishes msgs to the replay topic of consumer (see
@@ -116,9 +115,8 @@ func (t *Transport) Close() error {
 
 // ackDeadlineFor returns the ack deadline of a consumer's messages whose
 // healthy handling takes at most handling (attempts × (timeout + delay)).
-// It is not renewed, so it outlasts that by a quarter and a second. The
-// transport hands out one message at a time per consumer group, so the
-// concurrency does not count.
+// It is not renewed, so it outlasts that by a quarter and a second. It
+// runs from the message's hand-out, so the concurrency does not count.
 func ackDeadlineFor(handling time.Duration) time.Duration {
 	return handling + handling/4 + time.Second
 }

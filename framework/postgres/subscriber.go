@@ -1,0 +1,701 @@
+package postgres
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+
+	"github.com/effectively-once/effectively/framework/internal/storedmsg"
+)
+
+// The subscriber reads watermill-sql's tables as watermill-sql's own
+// subscriber does (rows whose transaction is older than every transaction
+// still running, in (transaction_id, offset) order, after the group's row
+// in the offsets table), but hands out up to its concurrency of messages
+// at once and holds no transaction while they are handled. Each
+// subscription has a connection of its own, on which it holds a session
+// advisory lock per (offsets table, consumer group): the one subscription
+// holding it reads and acknowledges, the others (other processes) stand
+// by and try again every PollInterval. The lock ends with the connection,
+// so a process that dies hands over at once.
+
+const (
+	// ackFlushInterval is the longest the group's acknowledged position
+	// waits in memory before it is written, while messages are in flight.
+	ackFlushInterval = 20 * time.Millisecond
+	// retryInterval is the pause after a failed query before the
+	// subscription connects again.
+	retryInterval = time.Second
+	// queryTimeout bounds each statement on a subscription's connection.
+	queryTimeout = 10 * time.Second
+)
+
+// errClosed is returned by Subscribe after Close.
+var errClosed = errors.New("postgres: subscriber closed")
+
+// subscriber is the subscriber of one consumer group on watermill-sql's
+// PostgreSQL tables: each Subscribe call is a subscription that hands out
+// up to concurrency messages at once.
+type subscriber struct {
+	db          *sqlx.DB
+	group       string
+	concurrency int
+	cfg         TransportConfig
+	log         *slog.Logger
+
+	base      context.Context // cancelled by Close
+	cancel    context.CancelFunc
+	mu        sync.Mutex // guards closed and wg.Add
+	closed    bool
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+}
+
+var (
+	_ message.Subscriber           = (*subscriber)(nil)
+	_ message.SubscribeInitializer = (*subscriber)(nil)
+)
+
+// newSubscriber returns the subscriber of consumer, whose name is its
+// consumer group in every topic, handing out up to concurrency messages
+// of each topic at once. Each subscription holds one connection of db for
+// as long as it runs: give db a pool of its own, with a connection per
+// subscription and one to spare for SubscribeInitialize.
+func newSubscriber(db *sqlx.DB, consumer string, concurrency int, cfg TransportConfig) (*subscriber, error) {
+	if db == nil {
+		return nil, errors.New("postgres: subscriber: missing database (open a pool of its own with postgres.Open)")
+	}
+	if consumer == "" {
+		return nil, errors.New("postgres: subscriber: empty consumer name")
+	}
+	if concurrency < 1 {
+		return nil, fmt.Errorf("postgres: subscriber of %s: concurrency must be at least 1, got %d", consumer, concurrency)
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	base, cancel := context.WithCancel(context.Background())
+	return &subscriber{
+		db:          db,
+		group:       consumer,
+		concurrency: concurrency,
+		cfg:         cfg,
+		log:         cfg.Logger.With(slog.String("consumer_group", consumer)),
+		base:        base,
+		cancel:      cancel,
+	}, nil
+}
+
+// SubscribeInitialize creates topic's tables when they are missing, as
+// watermill-sql does, and the group's row in the offsets table, so that
+// the group keeps every message published from now on.
+func (s *subscriber) SubscribeInitialize(topic string) error {
+	if topic == "" {
+		return errors.New("postgres: subscribe: empty topic")
+	}
+	ctx, cancel := context.WithTimeout(s.base, time.Minute)
+	defer cancel()
+	return s.initialize(ctx, topic)
+}
+
+// initialize runs watermill-sql's schema queries and inserts the group's
+// zero offsets, in one transaction.
+func (s *subscriber) initialize(ctx context.Context, topic string) error {
+	queries, err := schemaAdapter(s.cfg).SchemaInitializingQueries(wsql.SchemaInitializingQueriesParams{Topic: topic})
+	if err != nil {
+		return fmt.Errorf("initialize %s: %w", topic, err)
+	}
+	offsets, err := offsetsAdapter(s.cfg).SchemaInitializingQueries(wsql.OffsetsSchemaInitializingQueriesParams{Topic: topic})
+	if err != nil {
+		return fmt.Errorf("initialize %s: %w", topic, err)
+	}
+	queries = append(queries, offsets...)
+	queries = append(queries, wsql.Query{Query: insertZeroOffsets(s.cfg, topic), Args: []any{s.group}})
+	tx, err := s.db.BeginTxx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("initialize %s: begin: %w", topic, err)
+	}
+	defer func() { _ = tx.Rollback() }() // no-op after Commit
+	for _, q := range queries {
+		if _, err := tx.ExecContext(ctx, q.Query, q.Args...); err != nil {
+			return fmt.Errorf("initialize %s: %w", topic, err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("initialize %s: commit: %w", topic, err)
+	}
+	return nil
+}
+
+// Subscribe initializes topic and starts a subscription of it for the
+// group. The channel closes when ctx ends or the subscriber closes; the
+// context of each message is cancelled then too, and after its Ack or
+// Nack.
+func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	if topic == "" {
+		return nil, errors.New("postgres: subscribe: empty topic")
+	}
+	subCtx, cancel := context.WithCancel(ctx)
+	stop := context.AfterFunc(s.base, cancel)
+	if err := s.initialize(subCtx, topic); err != nil {
+		stop()
+		cancel()
+		if s.base.Err() != nil {
+			return nil, errClosed
+		}
+		return nil, fmt.Errorf("postgres: subscribe to %s: %w", topic, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		stop()
+		cancel()
+		return nil, errClosed
+	}
+	sub := &subscription{
+		s:       s,
+		topic:   topic,
+		q:       newSubscriptionQueries(s.cfg, topic),
+		ctx:     subCtx,
+		cancel:  func() { stop(); cancel() },
+		out:     make(chan *message.Message),
+		results: make(chan result),
+		sent:    make(map[*delivery]struct{}, s.concurrency),
+		log:     s.log.With(slog.String("topic", topic)),
+	}
+	s.wg.Add(1)
+	go sub.run()
+	return sub.out, nil
+}
+
+// Close stops every subscription: message contexts are cancelled, the
+// acknowledgements given so far are written, and the locks released. It
+// waits for the subscriptions and is idempotent.
+func (s *subscriber) Close() error {
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		s.closed = true
+		s.cancel()
+		s.mu.Unlock()
+		s.wg.Wait()
+	})
+	return nil
+}
+
+// insertZeroOffsets returns watermill-sql's query that gives a group its
+// row in topic's offsets table, from the first message.
+func insertZeroOffsets(cfg TransportConfig, topic string) string {
+	return `INSERT INTO ` + OffsetsTable(cfg.TablePrefix, topic) +
+		` (consumer_group, offset_acked, last_processed_transaction_id) VALUES ($1, 0, '0') ON CONFLICT DO NOTHING`
+}
+
+// subscriptionQueries are the statements of one topic's subscription.
+type subscriptionQueries struct {
+	lock, unlock, position, read, ack, zero string
+}
+
+func newSubscriptionQueries(cfg TransportConfig, topic string) subscriptionQueries {
+	messages, offsets := MessagesTable(cfg.TablePrefix, topic), OffsetsTable(cfg.TablePrefix, topic)
+	return subscriptionQueries{
+		// The key names the offsets table by its oid, so that the tables
+		// of one name in other schemas have keys of their own.
+		lock: `SELECT k, pg_try_advisory_lock(k) FROM (SELECT hashtextextended(` +
+			`$1::text::regclass::oid::text || '/' || $2::text, 0) AS k) AS key`,
+		unlock:   `SELECT pg_advisory_unlock($1)`,
+		position: `SELECT COALESCE(offset_acked, 0), last_processed_transaction_id FROM ` + offsets + ` WHERE consumer_group = $1`,
+		zero:     insertZeroOffsets(cfg, topic),
+		// watermill-sql's SelectQuery, from the subscription's own
+		// position instead of the group's locked row.
+		read: `SELECT "offset", transaction_id, uuid, payload, metadata FROM ` + messages + `
+			WHERE ((transaction_id = $1::text::xid8 AND "offset" > $2) OR transaction_id > $1::text::xid8)
+			AND transaction_id < pg_snapshot_xmin(pg_current_snapshot())
+			ORDER BY transaction_id, "offset" LIMIT $3`,
+		// watermill-sql's AckMessageQuery, which never moves a group back.
+		ack: `INSERT INTO ` + offsets + ` AS o (consumer_group, offset_acked, last_processed_transaction_id)
+			VALUES ($1, $2, $3::text::xid8)
+			ON CONFLICT (consumer_group) DO UPDATE SET
+				offset_acked = excluded.offset_acked,
+				last_processed_transaction_id = excluded.last_processed_transaction_id
+			WHERE (o.last_processed_transaction_id, COALESCE(o.offset_acked, 0)) <
+				(excluded.last_processed_transaction_id, excluded.offset_acked)`,
+	}
+}
+
+// position is a row's place in a topic: rows are read in this order.
+type position struct {
+	xid    uint64
+	offset int64
+}
+
+func (p position) less(o position) bool {
+	return p.xid < o.xid || (p.xid == o.xid && p.offset < o.offset)
+}
+
+// row is a message read from the topic and not yet acknowledged in
+// order.
+type row struct {
+	pos               position
+	uuid              string
+	payload, metadata []byte
+	acked             bool
+	current           *delivery // handed out and not yet resolved
+	queued            bool      // waits in the queue to be handed out
+	resendAt          time.Time // nacked: handed out again then
+}
+
+// delivery is one handing out of a row.
+type delivery struct {
+	r      *row
+	msg    *message.Message
+	cancel context.CancelFunc
+	sentAt time.Time
+}
+
+type result struct {
+	d     *delivery
+	acked bool
+}
+
+// subscription is the state of one Subscribe call, owned by its run
+// goroutine.
+type subscription struct {
+	s       *subscriber
+	topic   string
+	q       subscriptionQueries
+	ctx     context.Context
+	cancel  context.CancelFunc
+	out     chan *message.Message
+	results chan result
+	log     *slog.Logger
+	msgWG   sync.WaitGroup
+
+	conn    *sql.Conn // nil until connected
+	key     int64     // the advisory lock's key
+	locked  bool
+	retryAt time.Time // when to connect or try the lock again
+
+	window  []*row                 // read and not acknowledged in order, in order
+	next    *delivery              // of the queue's head, while it waits to be taken
+	queue   []*row                 // to hand out, in order
+	waiting []*row                 // nacked, until their resendAt
+	sent    map[*delivery]struct{} // handed out and not yet resolved
+	cursor  position               // the last row read
+	acked   position               // the end of the acknowledged prefix
+	dirty   bool                   // acked is not written yet
+	dirtyN  int                    // rows acknowledged since the last write
+	dirtyAt time.Time
+	readAt  time.Time // when to look for new rows again (zero: now)
+}
+
+func (sub *subscription) run() {
+	defer sub.s.wg.Done()
+	defer close(sub.out)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		if sub.ctx.Err() != nil {
+			sub.shutdown()
+			return
+		}
+		now := time.Now()
+		sub.step(now)
+
+		var out chan<- *message.Message
+		var msg *message.Message
+		if sub.locked && len(sub.queue) > 0 && len(sub.sent) < sub.s.concurrency {
+			if sub.next == nil || sub.next.r != sub.queue[0] {
+				sub.dropNext()
+				sub.next = sub.deliveryOf(sub.queue[0])
+			}
+			out, msg = sub.out, sub.next.msg
+		}
+		timer.Reset(sub.wakeAt(now).Sub(now))
+		select {
+		case <-sub.ctx.Done():
+		case out <- msg:
+			d := sub.next
+			sub.next = nil
+			sub.queue[0] = nil
+			sub.queue = sub.queue[1:]
+			d.r.queued = false
+			d.r.current = d
+			d.sentAt = time.Now()
+			sub.sent[d] = struct{}{}
+			sub.msgWG.Add(1)
+			go sub.watch(d)
+		case res := <-sub.results:
+			sub.resolve(res, time.Now())
+		case <-timer.C:
+		}
+	}
+}
+
+// step does what is due: take the lock, write the acknowledged position,
+// read new rows, queue the nacked rows whose pause passed and the rows
+// whose delivery outlived the ack deadline.
+func (sub *subscription) step(now time.Time) {
+	if !sub.locked && !now.Before(sub.retryAt) {
+		if err := sub.acquire(); err != nil {
+			sub.lost("take the group's lock", err)
+			return
+		}
+	}
+	if !sub.locked {
+		return
+	}
+	if sub.flushDue(now) {
+		if err := sub.writeAcked(); err != nil {
+			sub.lost("write the acknowledged position", err)
+			return
+		}
+	}
+	if len(sub.queue) == 0 && !now.Before(sub.readAt) {
+		if err := sub.read(now); err != nil {
+			sub.lost("read messages", err)
+			return
+		}
+	}
+	kept := sub.waiting[:0]
+	for _, r := range sub.waiting {
+		if !r.acked && !now.Before(r.resendAt) {
+			sub.enqueue(r)
+		} else if !r.acked {
+			kept = append(kept, r)
+		}
+	}
+	clear(sub.waiting[len(kept):])
+	sub.waiting = kept
+	for len(sub.queue) > 0 && sub.queue[0].acked { // a late Ack of a row given up
+		sub.queue[0].queued = false
+		sub.queue[0] = nil
+		sub.queue = sub.queue[1:]
+	}
+	for d := range sub.sent {
+		if now.Sub(d.sentAt) >= sub.s.cfg.AckDeadline {
+			// Given up: handed out again; a late Ack still counts.
+			sub.unsend(d)
+			sub.enqueue(d.r)
+		}
+	}
+}
+
+func (sub *subscription) enqueue(r *row) {
+	if r.queued || r.acked {
+		return
+	}
+	r.queued = true
+	sub.queue = append(sub.queue, r)
+}
+
+// wakeAt returns when step has something to do next, at the latest an
+// hour from now.
+func (sub *subscription) wakeAt(now time.Time) time.Time {
+	at := now.Add(time.Hour)
+	earlier := func(t time.Time) {
+		if t.Before(at) {
+			at = t
+		}
+	}
+	if !sub.locked {
+		earlier(sub.retryAt)
+		return at
+	}
+	if len(sub.queue) == 0 && sub.readAt.After(now) {
+		earlier(sub.readAt)
+	}
+	if sub.dirty {
+		earlier(sub.dirtyAt.Add(ackFlushInterval))
+	}
+	for _, r := range sub.waiting {
+		earlier(r.resendAt)
+	}
+	for d := range sub.sent {
+		earlier(d.sentAt.Add(sub.s.cfg.AckDeadline))
+	}
+	return at
+}
+
+// deliveryOf returns a new delivery of r, with a message of its own.
+func (sub *subscription) deliveryOf(r *row) *delivery {
+	msg := storedmsg.Message(r.uuid, r.payload, r.metadata)
+	ctx, cancel := context.WithCancel(sub.ctx)
+	msg.SetContext(ctx)
+	return &delivery{r: r, msg: msg, cancel: cancel}
+}
+
+// queryContext returns the context of a statement on the subscription's
+// connection: not cancelled by Close, since a statement cut short loses the
+// connection (and the last write of the acknowledged position with it),
+// but bounded by queryTimeout.
+func (sub *subscription) queryContext() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(sub.ctx), queryTimeout)
+}
+
+// unsend forgets d, the current delivery of its row.
+func (sub *subscription) unsend(d *delivery) {
+	d.r.current = nil
+	delete(sub.sent, d)
+}
+
+// dropNext forgets the delivery prepared for the queue's head.
+func (sub *subscription) dropNext() {
+	if sub.next != nil {
+		sub.next.cancel()
+		sub.next = nil
+	}
+}
+
+// watch reports the Ack or Nack of d to the run loop.
+func (sub *subscription) watch(d *delivery) {
+	defer sub.msgWG.Done()
+	var acked bool
+	select {
+	case <-d.msg.Acked():
+		acked = true
+	case <-d.msg.Nacked():
+	case <-sub.ctx.Done():
+		return // shutdown reads the message's state itself
+	}
+	d.cancel()
+	select {
+	case sub.results <- result{d: d, acked: acked}:
+	case <-sub.ctx.Done():
+	}
+}
+
+// resolve records an Ack or Nack: an Ack of any delivery of a row
+// acknowledges it; a Nack of its current delivery hands it out again
+// after ResendInterval.
+func (sub *subscription) resolve(res result, now time.Time) {
+	r := res.d.r
+	current := r.current == res.d
+	if current {
+		sub.unsend(res.d)
+	}
+	if res.acked {
+		r.acked = true
+		sub.advance(now)
+		return
+	}
+	if current && !r.acked {
+		r.resendAt = now.Add(sub.s.cfg.ResendInterval)
+		sub.waiting = append(sub.waiting, r)
+	}
+}
+
+// advance moves the acknowledged position over the acknowledged rows at
+// the head of the window: a row acknowledged out of order waits for those
+// before it.
+func (sub *subscription) advance(now time.Time) {
+	n := 0
+	for n < len(sub.window) && sub.window[n].acked {
+		sub.acked = sub.window[n].pos
+		n++
+	}
+	if n == 0 {
+		return
+	}
+	clear(sub.window[:n])
+	sub.window = sub.window[n:]
+	if !sub.dirty {
+		sub.dirtyAt = now
+	}
+	sub.dirty = true
+	sub.dirtyN += n
+}
+
+// flushDue reports whether to write the acknowledged position now: a
+// batch of rows is acknowledged, nothing is in flight or queued, or it
+// waited ackFlushInterval.
+func (sub *subscription) flushDue(now time.Time) bool {
+	if !sub.dirty {
+		return false
+	}
+	idle := len(sub.sent) == 0 && len(sub.queue) == 0
+	return idle || sub.dirtyN >= sub.s.cfg.BatchSize || now.Sub(sub.dirtyAt) >= ackFlushInterval
+}
+
+// writeAcked writes the acknowledged position on the subscription's
+// connection, which holds the group's lock.
+func (sub *subscription) writeAcked() error {
+	ctx, cancel := sub.queryContext()
+	defer cancel()
+	_, err := sub.conn.ExecContext(ctx, sub.q.ack, sub.s.group, sub.acked.offset, strconv.FormatUint(sub.acked.xid, 10))
+	if err != nil {
+		return fmt.Errorf("write acknowledged offset %d: %w", sub.acked.offset, err)
+	}
+	sub.dirty, sub.dirtyN = false, 0
+	return nil
+}
+
+// read reads the rows after the cursor that fit the window: at most
+// concurrency + BatchSize rows read and not acknowledged in order.
+func (sub *subscription) read(now time.Time) error {
+	room := sub.s.concurrency + sub.s.cfg.BatchSize - len(sub.window)
+	if room <= 0 {
+		return nil
+	}
+	ctx, cancel := sub.queryContext()
+	defer cancel()
+	rows, err := sub.conn.QueryContext(ctx, sub.q.read, strconv.FormatUint(sub.cursor.xid, 10), sub.cursor.offset, room)
+	if err != nil {
+		return fmt.Errorf("read: %w", err)
+	}
+	schema := schemaAdapter(sub.s.cfg)
+	n := 0
+	for rows.Next() {
+		wr, err := schema.UnmarshalMessage(wsql.UnmarshalMessageParams{Row: rows})
+		if err != nil {
+			_ = rows.Close()
+			return fmt.Errorf("read: %w", err)
+		}
+		xid, _ := wr.ExtraData["transaction_id"].(wsql.XID8)
+		r := &row{
+			pos:      position{xid: uint64(xid), offset: wr.Offset},
+			uuid:     string(wr.UUID),
+			payload:  wr.Payload,
+			metadata: wr.Metadata,
+		}
+		sub.window = append(sub.window, r)
+		sub.enqueue(r)
+		sub.cursor = r.pos
+		n++
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return fmt.Errorf("read: %w", err)
+	}
+	if n < room {
+		sub.readAt = now.Add(sub.s.cfg.PollInterval) // caught up
+	} else {
+		sub.readAt = time.Time{}
+	}
+	return nil
+}
+
+// acquire connects when not connected and tries the group's lock; with
+// it, it reads the group's position. Without it, it stands by until
+// PollInterval passed.
+func (sub *subscription) acquire() error {
+	if sub.conn == nil {
+		conn, err := sub.s.db.Conn(sub.ctx)
+		if err != nil {
+			return fmt.Errorf("connect: %w", err)
+		}
+		sub.conn = conn
+	}
+	ctx, cancel := sub.queryContext()
+	defer cancel()
+	var got bool
+	err := sub.conn.QueryRowContext(ctx, sub.q.lock, OffsetsTable(sub.s.cfg.TablePrefix, sub.topic), sub.s.group).Scan(&sub.key, &got)
+	if err != nil {
+		return fmt.Errorf("lock: %w", err)
+	}
+	if !got {
+		sub.retryAt = time.Now().Add(sub.s.cfg.PollInterval)
+		return nil
+	}
+	stored, err := sub.storedPosition(ctx)
+	if err != nil {
+		return err
+	}
+	if sub.cursor.less(stored) {
+		sub.cursor = stored
+	}
+	if sub.acked.less(stored) {
+		sub.acked = stored
+	}
+	sub.locked = true
+	sub.readAt = time.Time{}
+	sub.log.Debug("postgres subscriber: active for its group")
+	return nil
+}
+
+// storedPosition reads the group's position, giving it the zero row when
+// it has none.
+func (sub *subscription) storedPosition(ctx context.Context) (position, error) {
+	var (
+		p   position
+		xid wsql.XID8
+	)
+	err := sub.conn.QueryRowContext(ctx, sub.q.position, sub.s.group).Scan(&p.offset, &xid)
+	if errors.Is(err, sql.ErrNoRows) {
+		_, err = sub.conn.ExecContext(ctx, sub.q.zero, sub.s.group)
+		return position{}, err
+	}
+	if err != nil {
+		return position{}, fmt.Errorf("read the group's position: %w", err)
+	}
+	p.xid = uint64(xid)
+	return p, nil
+}
+
+// lost gives up the connection, and the lock with it, after a failed
+// query; the subscription connects again after retryInterval. It keeps
+// its window: the rows in flight keep their place.
+func (sub *subscription) lost(what string, err error) {
+	if sub.ctx.Err() != nil {
+		return
+	}
+	sub.log.Warn("postgres subscriber: could not "+what+"; connecting again",
+		slog.Any("error", err), slog.Duration("retry_in", retryInterval))
+	sub.discard()
+	sub.retryAt = time.Now().Add(retryInterval)
+}
+
+// discard closes the subscription's connection instead of returning it to
+// the pool, which ends its session and its lock.
+func (sub *subscription) discard() {
+	if sub.conn == nil {
+		return
+	}
+	_ = sub.conn.Raw(func(any) error { return driver.ErrBadConn })
+	_ = sub.conn.Close()
+	sub.conn, sub.locked = nil, false
+}
+
+// shutdown ends the subscription: it cancels the message contexts,
+// writes the acknowledged position, and releases the lock.
+func (sub *subscription) shutdown() {
+	sub.cancel()
+	sub.dropNext()
+	sub.msgWG.Wait()
+	for d := range sub.sent {
+		select {
+		case <-d.msg.Acked():
+			d.r.acked = true
+		default:
+		}
+		d.cancel()
+	}
+	sub.advance(time.Now())
+	if sub.conn == nil {
+		return
+	}
+	if sub.locked && sub.dirty {
+		if err := sub.writeAcked(); err != nil {
+			sub.log.Warn("postgres subscriber: could not write the acknowledged position on close; those messages come again",
+				slog.Any("error", err))
+		}
+	}
+	ctx, cancel := sub.queryContext()
+	defer cancel()
+	if sub.locked {
+		if _, err := sub.conn.ExecContext(ctx, sub.q.unlock, sub.key); err != nil {
+			sub.discard()
+			return
+		}
+	}
+	_ = sub.conn.Close()
+	sub.conn, sub.locked = nil, false
+}

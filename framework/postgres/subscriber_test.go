@@ -1,0 +1,342 @@
+package postgres_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/postgres"
+	"github.com/effectively-once/effectively/internal/testenv"
+)
+
+// concurrentSubscriber returns a new subscriber of consumer's group on
+// tr, handing out up to concurrency messages of topic at once.
+func concurrentSubscriber(t *testing.T, tr *postgres.Transport, consumer, topic string, concurrency int) message.Subscriber {
+	t.Helper()
+	sub, err := tr.Subscribe(framework.SubscribeConfig{Consumer: consumer, Types: []string{topic}, Concurrency: concurrency})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Subscriber.Close() })
+	return sub.Subscriber
+}
+
+// receive returns the next message of ch, failing the test when ctx ends
+// first.
+func receive(ctx context.Context, t *testing.T, ch <-chan *message.Message, what string) *message.Message {
+	t.Helper()
+	select {
+	case msg, ok := <-ch:
+		require.True(t, ok, "%s: the channel closed", what)
+		return msg
+	case <-ctx.Done():
+		t.Fatalf("%s: no message", what)
+		return nil
+	}
+}
+
+func publishUUIDs(t *testing.T, pub message.Publisher, topic string, uuids ...string) {
+	t.Helper()
+	for _, id := range uuids {
+		require.NoError(t, pub.Publish(topic, message.NewMessage(id, []byte(`{"id":"`+id+`"}`))))
+	}
+}
+
+// storedOffset returns the group's acknowledged offset in topic.
+func storedOffset(t *testing.T, db *sqlx.DB, topic, group string) int64 {
+	t.Helper()
+	var off int64
+	require.NoError(t, db.Get(&off, `SELECT offset_acked FROM `+postgres.OffsetsTable("", topic)+` WHERE consumer_group = $1`, group))
+	return off
+}
+
+// TestSubscriberAcksInOrder hands out four messages at once; the last
+// three are acknowledged, the first is not when the subscriber stops. The
+// group's position stays before the first (a later Ack never lets it be
+// skipped): the next subscriber of the group delivers it again, and once
+// everything is acknowledged the position is the last message's.
+func TestSubscriberAcksInOrder(t *testing.T) {
+	t.Parallel()
+	url := testenv.PostgresURL(t)
+	db := open(t, url, 4)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const topic, group = "inorder", "inorder"
+	first := concurrentSubscriber(t, newTransport(t, db, url), group, topic, 4)
+	ch, err := first.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	publishUUIDs(t, newTransport(t, db, url).Publisher(), topic, "m1", "m2", "m3", "m4")
+	held := make(map[string]*message.Message)
+	for i := range 4 {
+		msg := receive(ctx, t, ch, fmt.Sprintf("message %d of 4 handed out at once", i+1))
+		held[msg.UUID] = msg
+	}
+	for _, id := range []string{"m4", "m3", "m2"} {
+		held[id].Ack()
+	}
+	require.NoError(t, first.Close())
+	require.Zero(t, storedOffset(t, db, topic, group), "the position did not move past the unacknowledged m1")
+
+	second := concurrentSubscriber(t, newTransport(t, db, url), group, topic, 4)
+	ch, err = second.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	msg := receive(ctx, t, ch, "m1 again")
+	require.Equal(t, "m1", msg.UUID)
+	msg.Ack()
+	for range 3 { // delivered again: at least once
+		receive(ctx, t, ch, "m2..m4 again").Ack()
+	}
+	require.NoError(t, second.Close())
+	var last int64
+	require.NoError(t, db.Get(&last, `SELECT max("offset") FROM `+postgres.MessagesTable("", topic)))
+	require.Equal(t, last, storedOffset(t, db, topic, group))
+}
+
+// TestSubscriberNackDoesNotBlock nacks the first of three messages: the
+// others are handed out while it waits for ResendInterval, and it comes
+// back after them.
+func TestSubscriberNackDoesNotBlock(t *testing.T) {
+	t.Parallel()
+	url := testenv.PostgresURL(t)
+	db := open(t, url, 4)
+	cfg := fastTransport
+	cfg.URL = url
+	cfg.ResendInterval = 3 * time.Second // far longer than handing out the others
+	tr, err := postgres.New(context.Background(), db, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tr.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const topic = "nack"
+	ch, err := concurrentSubscriber(t, tr, "nack", topic, 2).Subscribe(ctx, topic)
+	require.NoError(t, err)
+	publishUUIDs(t, tr.Publisher(), topic, "a", "b", "c")
+	a := receive(ctx, t, ch, "a")
+	require.Equal(t, "a", a.UUID)
+	b := receive(ctx, t, ch, "b, with a in flight")
+	require.Equal(t, "b", b.UUID)
+	a.Nack()
+	c := receive(ctx, t, ch, "c, with a nacked")
+	require.Equal(t, "c", c.UUID, "a nacked message does not hold back the others")
+	b.Ack()
+	c.Ack()
+	again := receive(ctx, t, ch, "a again")
+	require.Equal(t, "a", again.UUID)
+	again.Ack()
+}
+
+// TestSubscriberStandby runs two processes of one group: one of them
+// hands out every message while the other stands by (each message once),
+// and the standby takes over when the active one stops.
+func TestSubscriberStandby(t *testing.T) {
+	t.Parallel()
+	url := testenv.PostgresURL(t)
+	db := open(t, url, 4)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const topic, group = "standby", "standby"
+	pub := newTransport(t, db, url).Publisher()
+	subs := []message.Subscriber{
+		concurrentSubscriber(t, newTransport(t, db, url), group, topic, 2),
+		concurrentSubscriber(t, newTransport(t, db, url), group, topic, 2),
+	}
+	var (
+		mu   sync.Mutex
+		byID = make(map[string][]int) // uuid → the processes that received it
+	)
+	var wg sync.WaitGroup
+	for i, sub := range subs {
+		ch, err := sub.Subscribe(ctx, topic)
+		require.NoError(t, err)
+		wg.Go(func() {
+			for msg := range ch {
+				mu.Lock()
+				byID[msg.UUID] = append(byID[msg.UUID], i)
+				mu.Unlock()
+				msg.Ack()
+			}
+		})
+	}
+	received := func(n int) map[int]int {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(byID) >= n
+		}, 20*time.Second, 10*time.Millisecond, "%d messages received", n)
+		mu.Lock()
+		defer mu.Unlock()
+		per := make(map[int]int)
+		for id, got := range byID {
+			require.Len(t, got, 1, "%s received once", id)
+			per[got[0]]++
+		}
+		return per
+	}
+	// One at a time, so that a subscriber that takes turns with the
+	// other (as watermill-sql's do) shows.
+	var per map[int]int
+	for i := range 20 {
+		publishUUIDs(t, pub, topic, fmt.Sprintf("s%02d", i))
+		per = received(i + 1)
+	}
+	require.Len(t, per, 1, "one process hands out the group's messages: %v", per)
+	var active int
+	for p := range per {
+		active = p
+	}
+
+	require.NoError(t, subs[active].Close())
+	publishUUIDs(t, pub, topic, "after")
+	require.Equal(t, map[int]int{active: 20, 1 - active: 1}, received(21), "the standby took over")
+	cancel()
+	wg.Wait()
+}
+
+// TestSubscriberHoldsNoTransaction holds a message of one consumer
+// without acknowledging it while a message published afterwards, to
+// another topic, reaches another consumer: the subscriber keeps no
+// transaction open while a message is handled, which would hold back
+// every message published after it began (see
+// TestLongTransactionHoldsBackDelivery).
+func TestSubscriberHoldsNoTransaction(t *testing.T) {
+	t.Parallel()
+	url := testenv.PostgresURL(t)
+	db := open(t, url, 4)
+	tr := newTransport(t, db, url)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	slow, err := concurrentSubscriber(t, tr, "slow", "slow", 1).Subscribe(ctx, "slow")
+	require.NoError(t, err)
+	other, err := concurrentSubscriber(t, tr, "other", "other", 1).Subscribe(ctx, "other")
+	require.NoError(t, err)
+	publishUUIDs(t, tr.Publisher(), "slow", "held")
+	held := receive(ctx, t, slow, "held")
+	publishUUIDs(t, tr.Publisher(), "other", "behind")
+	require.Equal(t, "behind", receive(ctx, t, other, "a message published while another is handled").UUID)
+	held.Ack()
+}
+
+// TestSubscriberInteroperates shows that the subscriber reads and writes
+// watermill-sql's tables as watermill-sql does: it receives what a plain
+// watermill-sql publisher of another service inserts, and a plain
+// watermill-sql subscriber of the same group resumes where it stopped.
+func TestSubscriberInteroperates(t *testing.T) {
+	t.Parallel()
+	url := testenv.PostgresURL(t)
+	db := open(t, url, 4)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const topic, group = "interop", "interop"
+	schema := wsql.DefaultPostgreSQLSchema{GenerateMessagesTableName: func(topic string) string { return postgres.MessagesTable("", topic) }}
+	offsets := wsql.DefaultPostgreSQLOffsetsAdapter{GenerateMessagesOffsetsTableName: func(topic string) string { return postgres.OffsetsTable("", topic) }}
+	plainPub, err := wsql.NewPublisher(wsql.BeginnerFromStdSQL(db.DB), wsql.PublisherConfig{SchemaAdapter: schema, AutoInitializeSchema: true}, watermill.NopLogger{})
+	require.NoError(t, err)
+	publishUUIDs(t, plainPub, topic, "p1", "p2")
+
+	ours := concurrentSubscriber(t, newTransport(t, db, url), group, topic, 2)
+	ch, err := ours.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	got := map[string]bool{}
+	for range 2 {
+		msg := receive(ctx, t, ch, "a plain publisher's message")
+		got[msg.UUID] = true
+		msg.Ack()
+	}
+	require.Equal(t, map[string]bool{"p1": true, "p2": true}, got)
+	require.NoError(t, ours.Close())
+
+	publishUUIDs(t, plainPub, topic, "p3")
+	plainSub, err := wsql.NewSubscriber(wsql.BeginnerFromStdSQL(db.DB), wsql.SubscriberConfig{
+		ConsumerGroup:  group,
+		PollInterval:   20 * time.Millisecond,
+		SchemaAdapter:  schema,
+		OffsetsAdapter: offsets,
+	}, watermill.NopLogger{})
+	require.NoError(t, err)
+	defer plainSub.Close()
+	plainCh, err := plainSub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	msg := receive(ctx, t, plainCh, "p3 through a plain watermill-sql subscriber")
+	require.Equal(t, "p3", msg.UUID, "the plain subscriber resumes after what ours acknowledged")
+	msg.Ack()
+}
+
+// BenchmarkSubscriberIdleLatency measures how long a message published to
+// an idle subscription takes to be handed out, with the default
+// PollInterval:
+//
+//	go test -run '^$' -bench SubscriberIdleLatency -benchtime 50x ./framework/postgres/
+func BenchmarkSubscriberIdleLatency(b *testing.B) {
+	url := testenv.PostgresURL(b)
+	db, err := postgres.Open(context.Background(), url, postgres.OpenConfig{MaxOpenConns: 4})
+	require.NoError(b, err)
+	defer db.Close()
+	tr, err := postgres.New(context.Background(), db, postgres.TransportConfig{URL: url})
+	require.NoError(b, err)
+	defer tr.Close()
+	s, err := tr.Subscribe(framework.SubscribeConfig{Consumer: "idle", Types: []string{"idle"}})
+	require.NoError(b, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ch, err := s.Subscriber.Subscribe(ctx, "idle")
+	require.NoError(b, err)
+	var total time.Duration
+	for i := 0; i < b.N; i++ {
+		time.Sleep(150 * time.Millisecond) // idle: past a poll
+		start := time.Now()
+		require.NoError(b, tr.Publisher().Publish("idle", message.NewMessage(fmt.Sprint(i), []byte(`{}`))))
+		(<-ch).Ack()
+		total += time.Since(start)
+	}
+	b.ReportMetric(float64(total.Microseconds())/1000/float64(b.N), "ms/msg")
+}
+
+// BenchmarkSubscriberSlowHandlers measures how fast one consumer group
+// drains a backlog when each message takes 5ms to handle, for several
+// concurrencies:
+//
+//	go test -run '^$' -bench SubscriberSlowHandlers -benchtime 400x ./framework/postgres/
+func BenchmarkSubscriberSlowHandlers(b *testing.B) {
+	for _, concurrency := range []int{1, 8, 32} {
+		b.Run(fmt.Sprintf("Concurrency%d", concurrency), func(b *testing.B) {
+			url := testenv.PostgresURL(b)
+			db, err := postgres.Open(context.Background(), url, postgres.OpenConfig{MaxOpenConns: 4})
+			require.NoError(b, err)
+			defer db.Close()
+			tr, err := postgres.New(context.Background(), db, postgres.TransportConfig{URL: url, PollInterval: 10 * time.Millisecond})
+			require.NoError(b, err)
+			defer tr.Close()
+			s, err := tr.Subscribe(framework.SubscribeConfig{Consumer: "slow", Types: []string{"slow"}, Concurrency: concurrency})
+			require.NoError(b, err)
+			msgs := make([]*message.Message, b.N)
+			for i := range msgs {
+				msgs[i] = message.NewMessage(fmt.Sprint(i), []byte(`{}`))
+			}
+			require.NoError(b, tr.Publisher().Publish("slow", msgs...))
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			b.ResetTimer()
+			ch, err := s.Subscriber.Subscribe(ctx, "slow")
+			require.NoError(b, err)
+			var wg sync.WaitGroup
+			for range b.N {
+				msg := <-ch
+				wg.Go(func() {
+					time.Sleep(5 * time.Millisecond)
+					msg.Ack()
+				})
+			}
+			wg.Wait()
+			b.StopTimer()
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "msgs/s")
+		})
+	}
+}
