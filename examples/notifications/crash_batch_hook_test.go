@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -84,10 +85,13 @@ func (c batchCrash) write(marker string) {
 }
 
 // batchProbe finds, inside an attempt, the attempts that ran before it in
-// its transaction: the reminders its transaction sees and a connection of
-// its own does not (written, not committed).
+// its transaction: the processed marks of the consumer that its
+// transaction sees and a connection of its own does not (written, not
+// committed). It reads the framework's marks, not the handler's
+// reminders, so that it finds the batch whatever the handler does.
 type batchProbe struct {
-	url string // the service's database: a SQLite file or a PostgreSQL URL
+	url      string // the service's database: a SQLite file or a PostgreSQL URL
+	consumer string
 
 	once sync.Once
 	db   *sqlx.DB
@@ -118,12 +122,12 @@ func (p *batchProbe) mates(msg *message.Message) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("batch probe: open: %w", err)
 	}
-	const query = `SELECT event_id FROM reminders`
+	query := db.Rebind(`SELECT event_id FROM processed_events WHERE consumer = ?`)
 	var inside, outside []string
-	if err := tx.SelectContext(ctx, &inside, query); err != nil {
+	if err := tx.SelectContext(ctx, &inside, query, p.consumer); err != nil {
 		return nil, fmt.Errorf("batch probe: inside: %w", err)
 	}
-	if err := db.SelectContext(ctx, &outside, query); err != nil {
+	if err := db.SelectContext(ctx, &outside, query, p.consumer); err != nil {
 		return nil, fmt.Errorf("batch probe: outside: %w", err)
 	}
 	committed := make(map[string]bool, len(outside))
@@ -155,8 +159,8 @@ func eventID(msg *message.Message) string {
 // attempt from the batchCrashFrom-th on looks for its batch-mates; the
 // first that finds what the mode needs kills the process, once per
 // marker. A probe that fails ends the process with status 3.
-func batchHook(mode, marker, url string, batchSize int) app.Middleware {
-	probe := &batchProbe{url: url}
+func batchHook(mode, marker, url, consumer string, batchSize int) app.Middleware {
+	probe := &batchProbe{url: url, consumer: consumer}
 	var (
 		attempts atomic.Int64
 		returned sync.Map // event id -> true once its delivery left the unit of work
@@ -253,5 +257,6 @@ func batchHookOf(mode, marker string) (mw app.Middleware, ok bool, err error) {
 	if err != nil || size < 2 {
 		return app.Middleware{}, true, fmt.Errorf("%s: want a batch size of 2 or more, got %q", envCrashBatchSize, os.Getenv(envCrashBatchSize))
 	}
-	return batchHook(mode, marker, os.Getenv(app.EnvDatabaseURL), size), true, nil
+	consumer := cmp.Or(os.Getenv(envCrashConsumer), ConsumerName)
+	return batchHook(mode, marker, os.Getenv(app.EnvDatabaseURL), consumer, size), true, nil
 }

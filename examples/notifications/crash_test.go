@@ -202,6 +202,28 @@ func (s *service) waitKilled(t *testing.T) {
 		"want the service killed by SIGKILL, got %v (%v)", ws, s.err)
 }
 
+// waitKilledUnless waits until the hook killed the process, and fails
+// when failed holds first: what the hook waits for will not come.
+func (s *service) waitKilledUnless(t *testing.T, why string, failed func() bool) {
+	t.Helper()
+	deadline := time.After(waitLimit)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-s.done:
+			s.waitKilled(t)
+			return
+		case <-deadline:
+			t.Fatalf("service pid %d was not killed within %s", s.cmd.Process.Pid, waitLimit)
+		case <-tick.C:
+			if failed() {
+				t.Fatalf("service pid %d not killed: %s", s.cmd.Process.Pid, why)
+			}
+		}
+	}
+}
+
 // stop sends SIGTERM, once the service started, and checks that it stops
 // cleanly.
 func (s *service) stop(t *testing.T) {
