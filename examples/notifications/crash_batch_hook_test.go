@@ -29,7 +29,7 @@ const (
 	// modeBatchMiddle kills the process inside an attempt, before its
 	// handler, while earlier attempts of its batch have run (their
 	// savepoints hold their effects) and later ones wait: the third of a
-	// batch of four.
+	// batch of four (the second of a batch of two or three).
 	modeBatchMiddle = "batch-middle"
 	// modeBatchBeforeCommit kills the process after the handler of the
 	// last attempt of a full batch returned, before the batch commits.
