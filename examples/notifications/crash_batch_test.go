@@ -132,14 +132,12 @@ func sqliteBatchSetup(t *testing.T) *batchSetup {
 }
 
 // postgresBatchSetup runs the SQL transport on PostgreSQL, in a schema of
-// the test's own. Its subscriptions hand out one message at a time per
-// topic, so a consumer has at most two attempts in flight: one of its
-// event type's topic, one of its replay topic. The test publishes to both,
-// and batches of two form while a batch lingers for the second.
+// the test's own. Half of the events go to the consumer's replay topic,
+// so that its two subscriptions fill the batches together.
 func postgresBatchSetup(t *testing.T) *batchSetup {
 	t.Helper()
 	url := testenv.PostgresURL(t)
-	s := newBatchSetup(t, ConsumerName, 2, 5*time.Second, 500*time.Millisecond,
+	s := newBatchSetup(t, ConsumerName, 4, 5*time.Second, 100*time.Millisecond,
 		app.EnvTransport+"="+app.TransportPostgres,
 		app.EnvDatabaseURL+"="+url,
 		app.EnvTransportURL+"=",
