@@ -130,38 +130,59 @@ func (g *group) runBatch(batch []*attemptRun) {
 	}
 }
 
-// savepoint names the savepoint of the i-th attempt of a batch.
-func savepoint(i int) string { return "effectively_attempt_" + strconv.Itoa(i) }
-
-// begin returns the statement that starts the i-th attempt of a batch: its
-// savepoint, and on PostgreSQL the attempt's statement timeout (SET LOCAL
-// statement_timeout), so that a statement running past the attempt's
-// deadline fails, rolling back the attempt alone, instead of the
-// deadline interrupting the batch's connection. Earlier attempts'
-// savepoints stay open until the commit, which releases them all: no
-// RELEASE round trip per attempt. (PostgreSQL runs a string of several
-// statements without parameters as one round trip.)
-func (g *group) begin(ctx context.Context, i int) string {
-	stmt := "SAVEPOINT " + savepoint(i)
+// timeout returns the statement that bounds each statement of a batch's
+// transaction on PostgreSQL by the earliest deadline of its attempts (SET
+// LOCAL statement_timeout), so that a statement running past an
+// attempt's deadline fails, failing that attempt, instead of the deadline
+// interrupting the batch's connection; "" on SQLite, where an attempt's
+// deadline acts between statements, and when no attempt has a deadline.
+func (g *group) timeout(batch []*attemptRun) string {
 	if g.u.db.DriverName() != "pgx" {
-		return stmt
+		return ""
 	}
-	deadline, ok := ctx.Deadline()
-	if !ok {
-		return stmt + "; SET LOCAL statement_timeout TO DEFAULT"
+	var earliest time.Time
+	for _, a := range batch {
+		if d, ok := a.ctx.Deadline(); ok && (earliest.IsZero() || d.Before(earliest)) {
+			earliest = d
+		}
 	}
-	ms := max(time.Until(deadline).Milliseconds(), 1)
-	return stmt + "; SET LOCAL statement_timeout = " + strconv.FormatInt(ms, 10)
+	if earliest.IsZero() {
+		return ""
+	}
+	ms := max(time.Until(earliest).Milliseconds(), 1)
+	return "SET LOCAL statement_timeout = " + strconv.FormatInt(ms, 10)
 }
 
-// inTx runs batch in one transaction, each attempt after a savepoint of
-// its own. It returns the attempts whose effect committed, and those to
-// run again alone because the transaction failed after they had run: the
-// ones that succeeded, and the duplicates, which may have been duplicates
-// of an attempt whose effect then did not commit. An attempt that fails
-// rolls back to its savepoint alone, with its OnRollback hooks run at
-// once; so does a duplicate, which has nothing to write.
+// inTx runs batch in one transaction, optimistically: the attempts run one
+// after the other with no savepoint between them (a savepoint per attempt
+// halves what SQLite commits per second, see docs/benchmarks.md). When an
+// attempt fails, the transaction rolls back, the failed attempt keeps its
+// failure (and its OnRollback hooks run), and the others run again in a
+// new transaction without it; their hooks of the rolled-back run run too.
+// So an attempt's handler may run more than once for one delivery when a
+// batch-mate fails: its effect still commits once.
+//
+// inTx returns the attempts whose effect committed, and those to run
+// again alone because the commit failed after they had run: the ones that
+// succeeded, and the duplicates, which may have been duplicates of an
+// attempt whose effect then did not commit.
 func (g *group) inTx(batch []*attemptRun) (committed, retry []*attemptRun) {
+	for len(batch) > 0 {
+		committed, retry, failed := g.try(batch)
+		if failed < 0 {
+			return committed, retry
+		}
+		batch = append(batch[:failed:failed], batch[failed+1:]...)
+		for _, a := range batch {
+			a.outcome, a.err, a.panicked = "", nil, nil
+		}
+	}
+	return nil, nil
+}
+
+// try runs batch once in a transaction (see inTx). failed is the index of
+// the attempt that failed, after which the transaction rolled back, or -1.
+func (g *group) try(batch []*attemptRun) (committed, retry []*attemptRun, failed int) {
 	ctx, stop := batchContext(batch)
 	defer stop()
 	tx, err := g.u.db.BeginTxx(ctx, nil)
@@ -170,42 +191,44 @@ func (g *group) inTx(batch []*attemptRun) (committed, retry []*attemptRun) {
 			a.tx = &Tx{}
 			a.fail(fmt.Errorf("begin: %w", err))
 		}
-		return nil, nil
+		return nil, nil, -1
+	}
+	if stmt := g.timeout(batch); stmt != "" {
+		if _, err := tx.ExecContext(ctx, stmt); err != nil {
+			c, r := g.abort(tx, batch, nil, nil, fmt.Errorf("statement timeout: %w", err))
+			return c, r, -1
+		}
 	}
 	var ok, settled []*attemptRun
 	for i, a := range batch {
 		a.tx = &Tx{tx: tx, ctx: ctx}
-		if _, err := tx.ExecContext(ctx, g.begin(a.ctx, i)); err != nil {
-			return g.abort(tx, batch[i:], ok, settled, fmt.Errorf("savepoint: %w", err))
-		}
 		write := g.u.attempt(a)
-		if write && a.err == nil && a.panicked == nil {
-			ok = append(ok, a)
-			continue
-		}
-		if _, err := tx.ExecContext(ctx, "ROLLBACK TO SAVEPOINT "+savepoint(i)); err != nil {
+		switch {
+		case a.err != nil || a.panicked != nil:
+			_ = tx.Rollback() // a's failure is what matters
 			a.tx.rolledBack()
-			if a.err == nil && a.panicked == nil {
-				settled = append(settled, a)
+			for _, o := range ok {
+				o.tx.rolledBack()
 			}
-			return g.abort(tx, batch[i+1:], ok, settled, fmt.Errorf("roll back to savepoint: %w", err))
-		}
-		a.tx.rolledBack()
-		if a.err == nil && a.panicked == nil {
-			settled = append(settled, a)
+			return nil, nil, i
+		case write:
+			ok = append(ok, a)
+		default:
+			settled = append(settled, a) // a duplicate: nothing to write
+			a.tx.rolledBack()
 		}
 	}
 	if len(ok) == 0 {
 		_ = tx.Rollback() // nothing to commit
-		return nil, nil
+		return nil, nil, -1
 	}
 	if err := tx.Commit(); err != nil {
 		for _, a := range ok {
 			a.tx.rolledBack()
 		}
-		return nil, append(ok, settled...)
+		return nil, append(ok, settled...), -1
 	}
-	return ok, nil
+	return ok, nil, -1
 }
 
 // abort rolls back a batch's transaction that failed with err: the
