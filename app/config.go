@@ -250,9 +250,11 @@ type ConsumerConfig struct {
 	// sequence_gap. Defaults to middleware.DefaultGapTimeout.
 	GapTimeout Duration `yaml:"gap_timeout"`
 	// BatchSize is the most of the consumer's attempts that commit in one
-	// database transaction (group commit), each between a savepoint and
-	// its release; 1 gives each attempt a transaction of its own.
-	// Defaults to framework.DefaultBatchSize.
+	// database transaction (group commit), one after another: when one
+	// fails, the transaction rolls back and the others run again without
+	// it, so a handler may run more than once for one delivery. 1 gives
+	// each attempt a transaction of its own, which no other attempt's
+	// failure runs again. Defaults to framework.DefaultBatchSize.
 	BatchSize int `yaml:"batch_size"`
 	// Batches is how many of the consumer's batches run at once, each on
 	// a connection of the pool. Defaults to framework.DefaultBatches.

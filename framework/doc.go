@@ -45,13 +45,18 @@
 // writes commit together or not at all; a second delivery finds the mark
 // and is skipped. With a database, attempts commit in groups
 // (UnitOfWorkConfig.BatchSize, DefaultBatchSize by default): several
-// share one transaction, each inside a savepoint, and one that fails
-// rolls back alone; BatchSize 1 gives each attempt a transaction of its
-// own. The handler, and everything it calls, joins the transaction
-// through TxFromContext (a *Tx, which has no Commit or Rollback: a
-// handler cannot end its batch-mates' transaction) or Conn. Calls to the
-// outside world are not covered: pass IdempotencyKeyFromContext to the
-// service called (ExampleIdempotencyKeyFromContext).
+// share one transaction, one after another, with no savepoint between
+// them. When one fails, the transaction rolls back and the others run
+// again, handler included, in a new transaction without it: a handler
+// may run more than once for one delivery, and its effect still commits
+// once. BatchSize 1 gives each attempt a transaction of its own, which
+// no other attempt's failure runs again. The handler, and everything it
+// calls, joins the transaction through TxFromContext (a *Tx, which has
+// no Commit or Rollback: a handler cannot end its batch-mates'
+// transaction) or Conn. Calls to the
+// outside world are not covered, and are made again on every run: pass
+// IdempotencyKeyFromContext to the service called
+// (ExampleIdempotencyKeyFromContext).
 //
 // Consume gives a plain function these semantics without a container
 // (ExampleConsume runs it on SQLite). The

@@ -16,12 +16,14 @@ import (
 // Tx is the transaction of one attempt, as the handler and the stores see
 // it: the statements of sqlx.ExtContext, and hooks that run when the
 // attempt's effect commits or rolls back. Under group commit several
-// attempts share one database transaction, each between a savepoint and
-// its release: Tx has no Commit or Rollback, so no handler can end the
-// transaction of its batch-mates, and a statement runs under the batch's
-// own context (a canceled attempt fails its next statement instead of
-// interrupting the shared connection). Without a database (the in-memory
-// store) it runs no statement; its hooks still run.
+// attempts share one database transaction, one after another, with no
+// savepoint between them: Tx has no Commit or Rollback, so no handler can
+// end the transaction of its batch-mates, and a statement runs under the
+// batch's own context (a canceled attempt fails its next statement
+// instead of interrupting the shared connection). Each run of an attempt
+// has a Tx of its own: when a batch-mate's failure rolls the batch back,
+// the attempt runs again with a new one. Without a database (the
+// in-memory store) it runs no statement; its hooks still run.
 type Tx struct {
 	tx            *sqlx.Tx
 	ctx           context.Context // the context of the database transaction
@@ -32,8 +34,10 @@ type Tx struct {
 // OnCommit registers f to run after the attempt's effect committed.
 func (t *Tx) OnCommit(f func()) { t.afterCommit = append(t.afterCommit, f) }
 
-// OnRollback registers f to run after the attempt's effect rolled back,
-// alone (its savepoint) or with its transaction, or failed to commit.
+// OnRollback registers f to run after the attempt's effect rolled back or
+// failed to commit: by its own failure, or by a batch-mate's that rolled
+// back their shared transaction, after which the attempt runs again (with
+// a new Tx, whose hooks are registered anew).
 func (t *Tx) OnRollback(f func()) { t.afterRollback = append(t.afterRollback, f) }
 
 // HasDB reports whether t is a database transaction (false for the
@@ -156,9 +160,14 @@ func Conn(ctx context.Context, db *sqlx.DB) sqlx.ExtContext {
 // With a database it commits in groups (unless BatchSize is 1): the
 // attempts that arrive while earlier ones commit are gathered into batches
 // of up to BatchSize, and a batch runs in one transaction on one
-// connection, each attempt between a savepoint and its release. An
-// attempt that fails rolls back to its savepoint alone; the others
-// commit. Up to Batches batches run at once.
+// connection, its attempts one after another, with no savepoint between
+// them. When an attempt fails (error, panic, deadline), the transaction
+// rolls back: the failed attempt keeps its failure, and the others run
+// again, handler included, in a new transaction without it. So a handler
+// may run more than once for one delivery; its effect commits once. When
+// the commit fails, the attempts that had succeeded run again, each
+// alone, before any is charged a failure. Up to Batches batches run at
+// once.
 type UnitOfWork struct {
 	db    *sqlx.DB
 	store Store
@@ -167,9 +176,9 @@ type UnitOfWork struct {
 
 // Defaults of UnitOfWorkConfig.
 const (
-	// DefaultBatchSize is the most attempts one transaction holds: below
-	// the 64 subtransactions PostgreSQL caches per backend (released
-	// savepoints included).
+	// DefaultBatchSize is the most attempts one transaction holds. A
+	// larger batch commits less often, but runs more of its attempts
+	// again when one of them fails.
 	DefaultBatchSize = 32
 	// DefaultBatches is how many batches run at once, each on a
 	// connection of its own: one runs its attempts while the other
@@ -187,7 +196,7 @@ type UnitOfWorkConfig struct {
 	Store Store
 	// BatchSize is the most attempts that commit in one transaction.
 	// Defaults to DefaultBatchSize; 1 gives each attempt a transaction of
-	// its own.
+	// its own, which no other attempt's failure runs again.
 	BatchSize int
 	// Batches is how many batches run at once. Defaults to
 	// DefaultBatches.

@@ -49,8 +49,11 @@ type ConsumerConfig struct {
 	// subject under StrictOrder.
 	GapTimeout time.Duration
 	// BatchSize is the most of the consumer's attempts that commit in one
-	// transaction (group commit); 1 gives each attempt a transaction of
-	// its own. Defaults to framework.DefaultBatchSize.
+	// transaction (group commit), one after another: when one fails, the
+	// transaction rolls back and the others run again without it, so a
+	// handler may run more than once for one delivery. 1 gives each
+	// attempt a transaction of its own, which no other attempt's failure
+	// runs again. Defaults to framework.DefaultBatchSize.
 	BatchSize int
 	// Batches is how many of the consumer's batches run at once, each on
 	// a connection of its own. Defaults to framework.DefaultBatches.
