@@ -155,7 +155,7 @@ func (g *group) timeout(batch []*attemptRun) string {
 
 // inTx runs batch in one transaction, optimistically: the attempts run one
 // after the other with no savepoint between them (a savepoint per attempt
-// halves what SQLite commits per second, see docs/benchmarks.md). When an
+// costs SQLite half its throughput, see docs/operations.md). When an
 // attempt fails, the transaction rolls back, the failed attempt keeps its
 // failure (and its OnRollback hooks run), and the others run again in a
 // new transaction without it; their hooks of the rolled-back run run too.
@@ -199,9 +199,16 @@ func (g *group) try(batch []*attemptRun) (committed, retry []*attemptRun, failed
 			return c, r, -1
 		}
 	}
+	for _, a := range batch {
+		a.tx = &Tx{tx: tx, ctx: ctx}
+		a.marked = false
+	}
+	if err := g.markAll(ctx, batch); err != nil {
+		_ = tx.Rollback() // err is what matters: each attempt runs again alone
+		return nil, batch, -1
+	}
 	var ok, settled []*attemptRun
 	for i, a := range batch {
-		a.tx = &Tx{tx: tx, ctx: ctx}
 		write := g.u.attempt(a)
 		switch {
 		case a.err != nil || a.panicked != nil:
@@ -229,6 +236,37 @@ func (g *group) try(batch []*attemptRun) (committed, retry []*attemptRun, failed
 		return nil, append(ok, settled...), -1
 	}
 	return ok, nil, -1
+}
+
+// manyMarker is a Store that marks many events in one statement (the SQL
+// stores do).
+type manyMarker interface {
+	MarkMany(ctx context.Context, tx *Tx, consumer string, keys []Key) ([]bool, error)
+}
+
+// markAll marks the events of batch, all of one consumer, in one statement
+// when the store can: one round trip for the batch instead of one per
+// attempt. Otherwise each attempt marks its own.
+func (g *group) markAll(ctx context.Context, batch []*attemptRun) error {
+	m, ok := g.u.store.(manyMarker)
+	if !ok {
+		return nil
+	}
+	keys := make([]Key, len(batch))
+	for i, a := range batch {
+		if a.consumer != batch[0].consumer {
+			return nil // one statement marks for one consumer
+		}
+		keys[i] = a.key
+	}
+	first, err := m.MarkMany(ctx, batch[0].tx, batch[0].consumer, keys)
+	if err != nil {
+		return err
+	}
+	for i, a := range batch {
+		a.marked, a.first = true, first[i]
+	}
+	return nil
 }
 
 // abort rolls back a batch's transaction that failed with err: the

@@ -100,7 +100,7 @@ func TestGroupCommit(t *testing.T) {
 				txid     string
 				hooks    []string
 			}
-			ids := []string{"a", "fails", "b", "panics", "a", "c"}
+			ids := []string{"a", "fails", "b", "panics", "a", "c", "first"}
 			results := make([]result, len(ids))
 			var wg sync.WaitGroup
 			for i, id := range ids {
@@ -146,6 +146,10 @@ func TestGroupCommit(t *testing.T) {
 				case i == 4:
 					require.NoError(t, r.err)
 					require.Equal(t, framework.Duplicate, r.outcome, "the second delivery of a in the same batch")
+					require.Empty(t, r.hooks)
+				case id == "first":
+					require.NoError(t, r.err)
+					require.Equal(t, framework.Duplicate, r.outcome, "processed before the batch")
 					require.Empty(t, r.hooks)
 				default:
 					require.NoError(t, r.err, id)
@@ -340,5 +344,37 @@ func BenchmarkGroupCommit(b *testing.B) {
 				b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "effects/s")
 			})
 		}
+	}
+}
+
+// TestMarkMany shows the SQL stores' one-statement marks of a batch: new
+// marks are reported new, a mark made before and every repeat within the
+// keys are not.
+func TestMarkMany(t *testing.T) {
+	t.Parallel()
+	for name, open := range groupBackends() {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			b := open(t)
+			uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: 1})
+			require.NoError(t, err)
+			_, err = uow.Do(ctx, "c", framework.Key{Source: "s", ID: "old"}, func(context.Context) error { return nil })
+			require.NoError(t, err)
+
+			m, ok := b.store.(interface {
+				MarkMany(ctx context.Context, tx *framework.Tx, consumer string, keys []framework.Key) ([]bool, error)
+			})
+			require.True(t, ok)
+			k := func(id string) framework.Key { return framework.Key{Source: "s", ID: id} }
+			_, err = uow.Do(ctx, "c", k("holder"), func(ctx context.Context) error {
+				tx, _ := framework.TxFromContext(ctx)
+				first, err := m.MarkMany(ctx, tx, "c", []framework.Key{k("z"), k("old"), k("a"), k("z"), k("holder")})
+				require.NoError(t, err)
+				require.Equal(t, []bool{true, false, true, false, false}, first)
+				return nil
+			})
+			require.NoError(t, err)
+		})
 	}
 }

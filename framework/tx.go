@@ -295,6 +295,8 @@ type attemptRun struct {
 	fn       func(ctx context.Context) error
 
 	tx       *Tx
+	marked   bool // first holds the mark's result: the batch marked it
+	first    bool
 	outcome  Outcome
 	err      error
 	panicked any
@@ -306,7 +308,7 @@ func (a *attemptRun) fail(err error) { a.outcome, a.err = Failed, err }
 
 // alone runs a in a transaction of its own.
 func (u *UnitOfWork) alone(a *attemptRun) {
-	a.tx = &Tx{}
+	a.tx, a.marked = &Tx{}, false
 	if u.db != nil {
 		tx, err := u.db.BeginTxx(a.ctx, nil)
 		if err != nil {
@@ -349,7 +351,10 @@ func (u *UnitOfWork) attempt(a *attemptRun) (write bool) {
 		a.fail(err)
 		return false
 	}
-	first, err := u.store.Mark(ctx, tx, a.consumer, a.key)
+	first, err := a.first, error(nil)
+	if !a.marked {
+		first, err = u.store.Mark(ctx, tx, a.consumer, a.key)
+	}
 	if err != nil {
 		a.fail(fmt.Errorf("mark processed: %w", err))
 		return false

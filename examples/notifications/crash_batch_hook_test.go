@@ -85,10 +85,10 @@ func (c batchCrash) write(marker string) {
 }
 
 // batchProbe finds, inside an attempt, the attempts that ran before it in
-// its transaction: the processed marks of the consumer that its
-// transaction sees and a connection of its own does not (written, not
-// committed). It reads the framework's marks, not the handler's
-// reminders, so that it finds the batch whatever the handler does.
+// its transaction: the reminders that its transaction sees and a
+// connection of its own does not (written, not committed). It reads the
+// handler's reminders, not the framework's processed marks: a batch marks
+// all its events in one statement before its first attempt runs.
 type batchProbe struct {
 	url      string // the service's database: a SQLite file or a PostgreSQL URL
 	consumer string
@@ -122,12 +122,12 @@ func (p *batchProbe) mates(msg *message.Message) ([]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("batch probe: open: %w", err)
 	}
-	query := db.Rebind(`SELECT event_id FROM processed_events WHERE consumer = ?`)
+	query := `SELECT event_id FROM reminders`
 	var inside, outside []string
-	if err := tx.SelectContext(ctx, &inside, query, p.consumer); err != nil {
+	if err := tx.SelectContext(ctx, &inside, query); err != nil {
 		return nil, fmt.Errorf("batch probe: inside: %w", err)
 	}
-	if err := db.SelectContext(ctx, &outside, query, p.consumer); err != nil {
+	if err := db.SelectContext(ctx, &outside, query); err != nil {
 		return nil, fmt.Errorf("batch probe: outside: %w", err)
 	}
 	committed := make(map[string]bool, len(outside))

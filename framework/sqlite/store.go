@@ -62,6 +62,14 @@ func (s *Store) Mark(ctx context.Context, tx *framework.Tx, consumer string, key
 	return s.sql.Mark(ctx, tx, consumer, key)
 }
 
+// MarkMany records, inside tx and in one statement, that consumer
+// processed each of keys, and reports for each whether its mark is new (a
+// repeat within keys is not). Group commit marks a batch's events with it
+// when the store has it.
+func (s *Store) MarkMany(ctx context.Context, tx *framework.Tx, consumer string, keys []framework.Key) ([]bool, error) {
+	return s.sql.MarkMany(ctx, tx, consumer, keys)
+}
+
 // Count records one more delivery of key to consumer, in a transaction of
 // its own, and returns the deliveries seen so far (framework.Store).
 func (s *Store) Count(ctx context.Context, consumer string, key framework.Key, first int) (int, error) {

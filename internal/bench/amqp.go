@@ -37,6 +37,12 @@ func amqpScenario() Scenario {
 			{Name: "example service, concurrency 1", Measure: func(ctx context.Context, env *Env) (Result, error) {
 				return measureAMQPService(ctx, env, "defaults:\n  concurrency: 1\n")
 			}},
+			{Name: "example service, a transaction per message (batch_size 1)", Measure: func(ctx context.Context, env *Env) (Result, error) {
+				return measureAMQPService(ctx, env, "defaults:\n  batch_size: 1\n")
+			}},
+			{Name: "example service, concurrency 64", Measure: func(ctx context.Context, env *Env) (Result, error) {
+				return measureAMQPService(ctx, env, "defaults:\n  concurrency: 64\n")
+			}},
 			{Name: "hand-written watermill-amqp, 16 subscriptions", Baseline: true, Measure: measureAMQPBaseline},
 		},
 		Children: []Child{{Name: "watermill-amqp", Main: amqpBaselineMain}},

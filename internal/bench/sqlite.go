@@ -36,6 +36,9 @@ func sqliteScenario() Scenario {
 			{Name: "example service, concurrency 1", Measure: func(ctx context.Context, env *Env) (Result, error) {
 				return measureSQLiteService(ctx, env, "defaults:\n  concurrency: 1\n")
 			}},
+			{Name: "example service, a transaction per message (batch_size 1)", Measure: func(ctx context.Context, env *Env) (Result, error) {
+				return measureSQLiteService(ctx, env, "defaults:\n  batch_size: 1\n")
+			}},
 			{Name: "raw limit: two inserts per event, 100 events per transaction", Baseline: true, Measure: measureSQLiteRaw},
 		},
 		Children: []Child{{Name: "raw", Main: sqliteRawMain}},

@@ -1,11 +1,14 @@
 package sqlstore
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -296,4 +299,62 @@ func decodeMetadata(b []byte) (map[string]string, error) {
 		return nil, nil
 	}
 	return m, nil
+}
+
+// MarkMany records, inside tx and in one statement, that consumer
+// processed each of keys, and reports for each whether its mark is new:
+// false for a key marked before, and for every repeat of a key within
+// keys but its first. Group commit marks a batch's events with it, one
+// round trip for the batch instead of one per event. The rows are
+// inserted in key order, so that two batches that mark some of the same
+// events wait for each other instead of deadlocking.
+func (s *Store) MarkMany(ctx context.Context, tx *framework.Tx, consumer string, keys []framework.Key) ([]bool, error) {
+	if !tx.HasDB() {
+		return nil, fmt.Errorf("mark %d events for %s: %w", len(keys), consumer, ErrNoTx)
+	}
+	unique := make([]framework.Key, 0, len(keys))
+	seen := make(map[framework.Key]bool, len(keys))
+	for _, k := range keys {
+		if !seen[k] {
+			seen[k] = true
+			unique = append(unique, k)
+		}
+	}
+	slices.SortFunc(unique, func(a, b framework.Key) int {
+		return cmp.Or(strings.Compare(a.Source, b.Source), strings.Compare(a.ID, b.ID))
+	})
+	var q strings.Builder
+	q.WriteString(`INSERT INTO {p}processed_events (consumer, source, event_id, processed_at) VALUES `)
+	args := make([]any, 0, 4*len(unique))
+	at := s.dialect.timeArg(s.now())
+	for i, k := range unique {
+		if i > 0 {
+			q.WriteString(", ")
+		}
+		q.WriteString("(?, ?, ?, ?)")
+		args = append(args, consumer, k.Source, k.ID, at)
+	}
+	q.WriteString(` ON CONFLICT (consumer, source, event_id) DO NOTHING RETURNING source, event_id`)
+	rows, err := tx.QueryContext(ctx, s.q.sql(q.String()), args...)
+	if err != nil {
+		return nil, fmt.Errorf("mark %d events for %s: %w", len(keys), consumer, err)
+	}
+	defer rows.Close()
+	inserted := make(map[framework.Key]bool, len(unique))
+	for rows.Next() {
+		var k framework.Key
+		if err := rows.Scan(&k.Source, &k.ID); err != nil {
+			return nil, fmt.Errorf("mark %d events for %s: %w", len(keys), consumer, err)
+		}
+		inserted[k] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("mark %d events for %s: %w", len(keys), consumer, err)
+	}
+	first := make([]bool, len(keys))
+	for i, k := range keys {
+		first[i] = inserted[k]
+		delete(inserted, k) // a repeat of k within keys is a duplicate
+	}
+	return first, nil
 }
