@@ -34,9 +34,10 @@ func outboxScenario() Scenario {
 		Title: "Outbox relay to RabbitMQ",
 		About: "The framework's `outbox.Relay`, in a process of its own, drains the outbox table of a PostgreSQL " +
 			"schema (filled beforehand with distinct events through `outbox.AddTx`, 500 to a transaction) to " +
-			"RabbitMQ through the AMQP transport's publisher, as the example service runs it: batches of 100 " +
-			"rows locked `FOR UPDATE SKIP LOCKED` in a transaction held while each row is published and " +
-			"confirmed, then marked sent. The baseline is watermill-amqp's publisher with `ConfirmDelivery` " +
+			"RabbitMQ through the AMQP transport's publisher, as the example service runs it: batches of up to " +
+			"1,000 rows locked `FOR UPDATE SKIP LOCKED`, published with pipelined publisher confirms on one " +
+			"channel, each row marked sent once its own confirm came, one UPDATE per batch, the next batch " +
+			"read and published while the previous one's confirms arrive. The baseline is watermill-amqp's publisher with `ConfirmDelivery` " +
 			"publishing the same messages, read from a file beforehand, one `Publish` each, with the transport's " +
 			"pool of 8 open channels (watermill-amqp's default, no pool, opens a channel for every `Publish` and " +
 			"reached about 1,440 messages/s here): no database at all. " +
