@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -469,6 +470,46 @@ func exerciseDeliveries(t *testing.T, newHarness func(t *testing.T) Harness) {
 		n, err = b.store.Count(ctx, "notifications.other", key, 1)
 		require.NoError(t, err)
 		require.Equal(t, 1, n, "counts are per consumer")
+	})
+
+	t.Run("ConcurrentCounts", func(t *testing.T) {
+		// Counts asked for at once (a store may count them in one
+		// statement): each distinct key counts from first, and the
+		// counts of one key asked for at once are 1..n, each once.
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		const distinct, repeats = 40, 8
+		var (
+			wg      sync.WaitGroup
+			mu      sync.Mutex
+			got     = make(map[string][]int)
+			errs    []error
+			hot     = framework.Key{Source: "appointments", ID: "hot"}
+			countOf = func(k framework.Key, first int) {
+				n, err := b.store.Count(ctx, consumer, k, first)
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					errs = append(errs, err)
+				}
+				got[k.ID] = append(got[k.ID], n)
+			}
+		)
+		for i := range distinct {
+			wg.Go(func() { countOf(framework.Key{Source: "appointments", ID: fmt.Sprintf("c-%d", i)}, 1+i%2) })
+		}
+		for range repeats {
+			wg.Go(func() { countOf(hot, 1) })
+		}
+		wg.Wait()
+		require.Empty(t, errs)
+		for i := range distinct {
+			require.Equal(t, []int{1 + i%2}, got[fmt.Sprintf("c-%d", i)])
+		}
+		hotCounts := got["hot"]
+		slices.Sort(hotCounts)
+		require.Equal(t, []int{1, 2, 3, 4, 5, 6, 7, 8}, hotCounts)
 	})
 
 	t.Run("ForgetOnCommit", func(t *testing.T) {

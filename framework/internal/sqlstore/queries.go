@@ -19,11 +19,6 @@ const (
 VALUES (?, ?, ?, ?)
 ON CONFLICT (consumer, source, event_id) DO NOTHING`
 
-	qCountDelivery = `INSERT INTO {p}deliveries (consumer, source, event_id, count, first_at)
-VALUES (?, ?, ?, ?, ?)
-ON CONFLICT (consumer, source, event_id) DO UPDATE SET count = {p}deliveries.count + 1
-RETURNING count`
-
 	qForgetDelivery = `DELETE FROM {p}deliveries WHERE consumer = ? AND source = ? AND event_id = ?`
 
 	// A repeat of a dead letter updates its row: the latest failure's

@@ -55,8 +55,8 @@ func TestQueriesUseThePrefixAndDialect(t *testing.T) {
 	require.Contains(t, pg, "INSERT INTO p_processed_events")
 	require.Contains(t, pg, "$4")
 	require.NotContains(t, pg, "?")
-	lite := newQueries(SQLite, "").sql(qCountDelivery)
-	require.Contains(t, lite, "INSERT INTO deliveries")
-	require.Contains(t, lite, "deliveries.count + 1")
+	lite := newQueries(SQLite, "").sql(qForgetDelivery)
+	require.Contains(t, lite, "DELETE FROM deliveries")
+	require.Contains(t, lite, "?")
 	require.NotContains(t, lite, "{p}")
 }

@@ -33,8 +33,10 @@ type Store struct {
 	now     func() time.Time
 	q       queries
 
-	mark, countDelivery, forgetDelivery              string
+	mark, forgetDelivery                             string
 	publishDeadLetter, deadLetter, resolveDeadLetter string
+
+	counts counts // the counts waiting for a statement
 }
 
 var _ framework.Store = (*Store)(nil)
@@ -64,7 +66,6 @@ func New(db *sqlx.DB, d Dialect, prefix string, now func() time.Time) (*Store, e
 		now:               now,
 		q:                 q,
 		mark:              q.sql(qMark),
-		countDelivery:     q.sql(qCountDelivery),
 		forgetDelivery:    q.sql(qForgetDelivery),
 		publishDeadLetter: q.sql(qPublishDeadLetter),
 		deadLetter:        q.sql(qDeadLetter),
@@ -88,19 +89,16 @@ func (s *Store) Mark(ctx context.Context, tx *framework.Tx, consumer string, key
 	return n == 1, nil
 }
 
-// Count implements framework.Store. It is one statement, committed
-// on its own.
+// Count implements framework.Store: one statement, committed on its own,
+// which counts the other deliveries asked for at the same time too (see
+// counts).
 func (s *Store) Count(ctx context.Context, consumer string, key framework.Key, first int) (int, error) {
-	if first < 1 {
-		first = 1
-	}
-	var n int
-	err := s.db.QueryRowxContext(ctx, s.countDelivery,
-		consumer, key.Source, key.ID, first, s.dialect.timeArg(s.now())).Scan(&n)
-	if err != nil {
+	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("count delivery of %s to %s: %w", key, consumer, err)
 	}
-	return n, nil
+	c := &countCall{ctx: ctx, consumer: consumer, key: key, first: first}
+	s.counts.count(s, c)
+	return c.n, c.err
 }
 
 // Forget implements framework.Store.

@@ -1,0 +1,161 @@
+package sqlstore
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/effectively-once/effectively/framework"
+)
+
+// maxCountsPerStatement bounds how many deliveries one statement counts.
+const maxCountsPerStatement = 64
+
+// counts gathers the delivery counts asked for at once into one statement
+// (group commit of the delivery guard's counts): a transport that cannot
+// tell a first delivery from a redelivery has every delivery counted, in a
+// transaction of its own, before its attempt. Like the unit of work's
+// batches it has no goroutine: the first caller to find no statement
+// running runs one for every count waiting, then hands the next statement
+// to a caller still waiting.
+type counts struct {
+	mu      sync.Mutex
+	running bool
+	waiting []*countCall
+}
+
+// countCall is one call of Count, and its result once counted.
+type countCall struct {
+	ctx      context.Context
+	consumer string
+	key      framework.Key
+	first    int
+	n        int
+	err      error
+	done     chan struct{}
+	lead     chan []*countCall
+}
+
+// count counts c's delivery with s, in a statement shared with the other
+// counts asked for meanwhile, and returns once it committed.
+func (cs *counts) count(s *Store, c *countCall) {
+	c.done, c.lead = make(chan struct{}), make(chan []*countCall, 1)
+	cs.mu.Lock()
+	cs.waiting = append(cs.waiting, c)
+	var batch []*countCall
+	if !cs.running {
+		cs.running = true
+		batch = cs.take()
+	}
+	cs.mu.Unlock()
+	if batch != nil {
+		batch[0].lead <- batch
+	}
+	for {
+		select {
+		case <-c.done:
+			return
+		case batch := <-c.lead:
+			s.countAll(batch)
+			for _, b := range batch {
+				close(b.done)
+			}
+			cs.mu.Lock()
+			next := cs.take()
+			if next == nil {
+				cs.running = false
+			}
+			cs.mu.Unlock()
+			if next != nil {
+				next[0].lead <- next
+			}
+		}
+	}
+}
+
+// take removes the next statement's counts from the waiting ones: up to
+// maxCountsPerStatement, each (consumer, key) once (a repeat waits for the
+// next statement: one statement cannot update a row twice). Call it with
+// cs.mu held.
+func (cs *counts) take() []*countCall {
+	if len(cs.waiting) == 0 {
+		return nil
+	}
+	type id struct {
+		consumer string
+		key      framework.Key
+	}
+	seen := make(map[id]bool)
+	var batch, rest []*countCall
+	for _, c := range cs.waiting {
+		k := id{c.consumer, c.key}
+		if seen[k] || len(batch) == maxCountsPerStatement {
+			rest = append(rest, c)
+			continue
+		}
+		seen[k] = true
+		batch = append(batch, c)
+	}
+	cs.waiting = rest
+	return batch
+}
+
+// countAll counts batch's deliveries in one statement and sets each call's
+// result. The statement runs under the first call's context, without its
+// end: a caller that gives up does not fail the others'.
+func (s *Store) countAll(batch []*countCall) {
+	var q strings.Builder
+	q.WriteString(`INSERT INTO {p}deliveries (consumer, source, event_id, count, first_at) VALUES `)
+	args := make([]any, 0, 5*len(batch))
+	at := s.dialect.timeArg(s.now())
+	for i, c := range batch {
+		if i > 0 {
+			q.WriteString(", ")
+		}
+		q.WriteString("(?, ?, ?, ?, ?)")
+		args = append(args, c.consumer, c.key.Source, c.key.ID, max(c.first, 1), at)
+	}
+	q.WriteString(` ON CONFLICT (consumer, source, event_id) DO UPDATE SET count = {p}deliveries.count + 1
+RETURNING consumer, source, event_id, count`)
+	fail := func(err error) {
+		for _, c := range batch {
+			c.err = fmt.Errorf("count delivery of %s to %s: %w", c.key, c.consumer, err)
+		}
+	}
+	ctx := context.WithoutCancel(batch[0].ctx)
+	rows, err := s.db.QueryContext(ctx, s.q.sql(q.String()), args...)
+	if err != nil {
+		fail(err)
+		return
+	}
+	defer rows.Close()
+	type id struct {
+		consumer string
+		key      framework.Key
+	}
+	got := make(map[id]int, len(batch))
+	for rows.Next() {
+		var (
+			k id
+			n int
+		)
+		if err := rows.Scan(&k.consumer, &k.key.Source, &k.key.ID, &n); err != nil {
+			fail(err)
+			return
+		}
+		got[k] = n
+	}
+	if err := rows.Err(); err != nil {
+		fail(err)
+		return
+	}
+	for _, c := range batch {
+		n, ok := got[id{c.consumer, c.key}]
+		if !ok {
+			c.err = fmt.Errorf("count delivery of %s to %s: no count returned", c.key, c.consumer)
+			continue
+		}
+		c.n = n
+	}
+}
