@@ -8,11 +8,14 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/jmoiron/sqlx"
 
 	"github.com/effectively-once/effectively/framework/internal/storedmsg"
@@ -28,6 +31,11 @@ import (
 // holding it reads and acknowledges, the others (other processes) stand
 // by and try again every PollInterval. The lock ends with the connection,
 // so a process that dies hands over at once.
+//
+// The active subscription also LISTENs on its connection: a trigger on the
+// messages table notifies after every INSERT statement, whoever runs it,
+// and an idle subscription reads at once when notified. The poll stays:
+// it finds what a lost notification or a missing trigger leaves behind.
 
 const (
 	// ackFlushInterval is the longest the group's acknowledged position
@@ -38,6 +46,17 @@ const (
 	retryInterval = time.Second
 	// queryTimeout bounds each statement on a subscription's connection.
 	queryTimeout = 10 * time.Second
+	// triggerLockTimeout bounds the wait for the messages table's lock when
+	// the notify trigger is created (a long transaction that inserts holds
+	// it off); without the trigger, subscriptions poll.
+	triggerLockTimeout = 5 * time.Second
+	// notifyRetryMin is the first pause before reading again after a
+	// notified read found nothing: the notifying transaction is committed,
+	// but its rows are read only once every older transaction has ended.
+	// The pause doubles up to PollInterval.
+	notifyRetryMin = time.Millisecond
+	// notifyTrigger names the trigger and the function it runs.
+	notifyTrigger = "effectively_notify"
 )
 
 // errClosed is returned by Subscribe after Close.
@@ -55,8 +74,9 @@ type subscriber struct {
 
 	base      context.Context // cancelled by Close
 	cancel    context.CancelFunc
-	mu        sync.Mutex // guards closed and wg.Add
+	mu        sync.Mutex // guards closed, noTrigger and wg.Add
 	closed    bool
+	noTrigger map[string]bool // topics whose trigger could not be created
 	wg        sync.WaitGroup
 	closeOnce sync.Once
 }
@@ -94,12 +114,15 @@ func newSubscriber(db *sqlx.DB, consumer string, concurrency int, cfg TransportC
 		log:         cfg.Logger.With(slog.String("consumer_group", consumer)),
 		base:        base,
 		cancel:      cancel,
+		noTrigger:   make(map[string]bool),
 	}, nil
 }
 
 // SubscribeInitialize creates topic's tables when they are missing, as
 // watermill-sql does, and the group's row in the offsets table, so that
-// the group keeps every message published from now on.
+// the group keeps every message published from now on. It adds the
+// trigger that wakes the subscriptions to the messages table, also to one
+// that exists already.
 func (s *subscriber) SubscribeInitialize(topic string) error {
 	if topic == "" {
 		return errors.New("postgres: subscribe: empty topic")
@@ -109,9 +132,84 @@ func (s *subscriber) SubscribeInitialize(topic string) error {
 	return s.initialize(ctx, topic)
 }
 
-// initialize runs watermill-sql's schema queries and inserts the group's
-// zero offsets, in one transaction.
+// initialize creates topic's tables and the group's row, then the notify
+// trigger; a trigger that cannot be created (no rights on the table) is
+// logged once per topic, and the subscriptions poll.
 func (s *subscriber) initialize(ctx context.Context, topic string) error {
+	if err := s.initializeTables(ctx, topic); err != nil {
+		return err
+	}
+	err := s.ensureTrigger(ctx, topic)
+	if err == nil || s.base.Err() != nil || ctx.Err() != nil {
+		return nil
+	}
+	s.mu.Lock()
+	warned := s.noTrigger[topic]
+	s.noTrigger[topic] = true
+	s.mu.Unlock()
+	if !warned {
+		s.log.Warn("postgres subscriber: could not create the notify trigger; idle subscriptions poll every PollInterval",
+			slog.String("topic", topic), slog.Any("error", err), slog.Duration("poll_interval", s.cfg.PollInterval))
+	}
+	return nil
+}
+
+// ensureTrigger adds to topic's messages table, unless it has it, the
+// trigger that notifies notifyChannel after each INSERT statement with the
+// inserting transaction's id, in a transaction of its own. A transaction
+// advisory lock keeps processes that subscribe at once from creating it
+// twice.
+func (s *subscriber) ensureTrigger(ctx context.Context, topic string) error {
+	table := MessagesTable(s.cfg.TablePrefix, topic)
+	tx, err := s.db.BeginTxx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("notify trigger of %s: begin: %w", topic, err)
+	}
+	defer func() { _ = tx.Rollback() }() // no-op after Commit
+	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('`+notifyTrigger+`', 0))`); err != nil {
+		return fmt.Errorf("notify trigger of %s: lock: %w", topic, err)
+	}
+	var exists bool
+	err = tx.QueryRowContext(ctx, `SELECT EXISTS (SELECT 1 FROM pg_trigger WHERE tgrelid = $1::text::regclass AND tgname = $2)`,
+		table, notifyTrigger).Scan(&exists)
+	if err != nil {
+		return fmt.Errorf("notify trigger of %s: %w", topic, err)
+	}
+	if exists {
+		return nil
+	}
+	for _, q := range []string{
+		`SET LOCAL lock_timeout = ` + strconv.FormatInt(triggerLockTimeout.Milliseconds(), 10),
+		`CREATE OR REPLACE FUNCTION ` + notifyTrigger + `() RETURNS trigger LANGUAGE plpgsql AS $$
+			BEGIN
+				PERFORM pg_notify(TG_ARGV[0], pg_current_xact_id()::text);
+				RETURN NULL;
+			END $$`,
+		`CREATE TRIGGER ` + notifyTrigger + ` AFTER INSERT ON ` + table + ` FOR EACH STATEMENT
+			EXECUTE FUNCTION ` + notifyTrigger + `(` + quoteLiteral(notifyChannel(s.cfg.TablePrefix, topic)) + `)`,
+	} {
+		if _, err := tx.ExecContext(ctx, q); err != nil {
+			return fmt.Errorf("notify trigger of %s: %w", topic, err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("notify trigger of %s: commit: %w", topic, err)
+	}
+	return nil
+}
+
+// notifyChannel returns the channel that topic's trigger notifies: the
+// messages table's name (MessagesTable's, unquoted) after "notify_", cut
+// to PostgreSQL's 63 bytes as table names are.
+func notifyChannel(prefix, topic string) string {
+	return identifier("notify_" + identifier(prefix+"watermill_"+topic))
+}
+
+func quoteLiteral(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''`) + `'` }
+
+// initializeTables runs watermill-sql's schema queries and inserts the
+// group's zero offsets, in one transaction.
+func (s *subscriber) initializeTables(ctx context.Context, topic string) error {
 	queries, err := schemaAdapter(s.cfg).SchemaInitializingQueries(wsql.SchemaInitializingQueriesParams{Topic: topic})
 	if err != nil {
 		return fmt.Errorf("initialize %s: %w", topic, err)
@@ -203,6 +301,7 @@ func insertZeroOffsets(cfg TransportConfig, topic string) string {
 // subscriptionQueries are the statements of one topic's subscription.
 type subscriptionQueries struct {
 	lock, unlock, position, read, ack, zero string
+	listen, unlisten                        string
 }
 
 func newSubscriptionQueries(cfg TransportConfig, topic string) subscriptionQueries {
@@ -213,6 +312,8 @@ func newSubscriptionQueries(cfg TransportConfig, topic string) subscriptionQueri
 		lock: `SELECT k, pg_try_advisory_lock(k) FROM (SELECT hashtextextended(` +
 			`$1::text::regclass::oid::text || '/' || $2::text, 0) AS k) AS key`,
 		unlock:   `SELECT pg_advisory_unlock($1)`,
+		listen:   `LISTEN ` + quoteIdent(notifyChannel(cfg.TablePrefix, topic)),
+		unlisten: `UNLISTEN *`,
 		position: `SELECT COALESCE(offset_acked, 0), last_processed_transaction_id FROM ` + offsets + ` WHERE consumer_group = $1`,
 		zero:     insertZeroOffsets(cfg, topic),
 		// watermill-sql's SelectQuery, from the subscription's own
@@ -267,6 +368,20 @@ type result struct {
 	acked bool
 }
 
+// waiter is a goroutine that waits on the subscription's connection for a
+// notification, which it sends on done, as it ends.
+type waiter struct {
+	cancel context.CancelFunc
+	done   chan wake // buffered: receives once
+}
+
+// wake is how a waiter ended.
+type wake struct {
+	notified bool
+	xid      uint64 // the notifying transaction, zero when unknown
+	err      error  // the connection failed
+}
+
 // subscription is the state of one Subscribe call, owned by its run
 // goroutine.
 type subscription struct {
@@ -284,6 +399,12 @@ type subscription struct {
 	key     int64     // the advisory lock's key
 	locked  bool
 	retryAt time.Time // when to connect or try the lock again
+
+	listening    bool          // conn LISTENs on the topic's channel
+	listenWarned bool          // a failed LISTEN was logged
+	waiter       *waiter       // waits on conn for a notification, while idle
+	notifiedXID  uint64        // the newest notified transaction, until read past
+	notifyRetry  time.Duration // the pause before reading again for notifiedXID
 
 	window  []*row                 // read and not acknowledged in order, in order
 	next    *delivery              // of the queue's head, while it waits to be taken
@@ -320,9 +441,20 @@ func (sub *subscription) run() {
 			}
 			out, msg = sub.out, sub.next.msg
 		}
+		if sub.waiter == nil && sub.idle(now) {
+			sub.startWaiting(sub.readAt)
+		}
+		var woke <-chan wake
+		if sub.waiter != nil {
+			woke = sub.waiter.done
+		}
 		timer.Reset(sub.wakeAt(now).Sub(now))
 		select {
 		case <-sub.ctx.Done():
+		case w := <-woke:
+			if err := sub.woke(w); err != nil {
+				sub.lost("wait for notifications", err)
+			}
 		case out <- msg:
 			d := sub.next
 			sub.next = nil
@@ -424,6 +556,87 @@ func (sub *subscription) wakeAt(now time.Time) time.Time {
 		earlier(d.sentAt.Add(sub.s.cfg.AckDeadline))
 	}
 	return at
+}
+
+// idle reports whether the subscription waits for new rows only, to be
+// woken by a notification.
+func (sub *subscription) idle(now time.Time) bool {
+	return sub.locked && sub.listening && len(sub.queue) == 0 && sub.readAt.After(now)
+}
+
+// startWaiting starts a waiter on the connection, until a notification
+// comes, until, or stopWaiting.
+func (sub *subscription) startWaiting(until time.Time) {
+	ctx, cancel := context.WithDeadline(sub.ctx, until)
+	w := &waiter{cancel: cancel, done: make(chan wake, 1)}
+	conn := sub.conn
+	go func() {
+		defer cancel()
+		w.done <- waitForNotification(ctx, conn)
+	}()
+	sub.waiter = w
+}
+
+// stopWaiting ends the waiter, if any, before the connection is used,
+// recording a notification it received. An error of the connection is
+// left to the statement that follows.
+func (sub *subscription) stopWaiting() {
+	if sub.waiter == nil {
+		return
+	}
+	sub.waiter.cancel()
+	_ = sub.woke(<-sub.waiter.done)
+}
+
+// woke records how the waiter ended: a notification reads at once. It
+// returns the waiter's error.
+func (sub *subscription) woke(w wake) error {
+	sub.waiter = nil
+	if w.notified {
+		sub.readAt = time.Time{}
+		sub.notifiedXID = max(sub.notifiedXID, w.xid)
+		sub.notifyRetry = 0
+	}
+	return w.err
+}
+
+// waitForNotification waits on conn, which LISTENs, for a notification
+// until ctx ends. pgx keeps the notifications that come during other
+// statements for the next wait, and the context's end interrupts the
+// wait without closing the connection.
+func waitForNotification(ctx context.Context, conn *sql.Conn) wake {
+	var n *pgconn.Notification
+	err := conn.Raw(func(dc any) error {
+		c, ok := dc.(*stdlib.Conn)
+		if !ok {
+			return fmt.Errorf("wait for a notification: driver connection %T is not pgx's", dc)
+		}
+		var err error
+		n, err = c.Conn().WaitForNotification(ctx)
+		return err
+	})
+	switch {
+	case n != nil:
+		xid, _ := strconv.ParseUint(n.Payload, 10, 64) // another payload: just a wake-up
+		return wake{notified: true, xid: xid}
+	case err != nil && ctx.Err() == nil:
+		return wake{err: fmt.Errorf("wait for a notification: %w", err)}
+	}
+	return wake{}
+}
+
+// listen makes the connection LISTEN on the topic's channel. Without it
+// (logged once), the subscription polls.
+func (sub *subscription) listen(ctx context.Context) {
+	if _, err := sub.conn.ExecContext(ctx, sub.q.listen); err != nil {
+		if !sub.listenWarned {
+			sub.listenWarned = true
+			sub.log.Warn("postgres subscriber: could not LISTEN; polling every PollInterval",
+				slog.Any("error", err), slog.Duration("poll_interval", sub.s.cfg.PollInterval))
+		}
+		return
+	}
+	sub.listening = true
 }
 
 // deliveryOf returns a new delivery of r, with a message of its own.
@@ -529,6 +742,7 @@ func (sub *subscription) flushDue(now time.Time) bool {
 // writeAcked writes the acknowledged position on the subscription's
 // connection, which holds the group's lock.
 func (sub *subscription) writeAcked() error {
+	sub.stopWaiting()
 	ctx, cancel := sub.queryContext()
 	defer cancel()
 	_, err := sub.conn.ExecContext(ctx, sub.q.ack, sub.s.group, sub.acked.offset, strconv.FormatUint(sub.acked.xid, 10))
@@ -546,6 +760,7 @@ func (sub *subscription) read(now time.Time) error {
 	if room <= 0 {
 		return nil
 	}
+	sub.stopWaiting()
 	ctx, cancel := sub.queryContext()
 	defer cancel()
 	rows, err := sub.conn.QueryContext(ctx, sub.q.read, strconv.FormatUint(sub.cursor.xid, 10), sub.cursor.offset, room)
@@ -576,11 +791,30 @@ func (sub *subscription) read(now time.Time) error {
 		return fmt.Errorf("read: %w", err)
 	}
 	if n < room {
-		sub.readAt = now.Add(sub.s.cfg.PollInterval) // caught up
+		sub.readAt = sub.nextRead(now) // caught up
 	} else {
 		sub.readAt = time.Time{}
 	}
 	return nil
+}
+
+// nextRead returns when to read again after a read that found every
+// visible row: after PollInterval, or sooner while the rows of a notified
+// transaction are not read yet (they become visible once every
+// transaction older than it ended), with pauses doubling up to
+// PollInterval.
+func (sub *subscription) nextRead(now time.Time) time.Time {
+	poll := sub.s.cfg.PollInterval
+	if sub.notifiedXID == 0 || sub.cursor.xid >= sub.notifiedXID {
+		sub.notifiedXID, sub.notifyRetry = 0, 0
+		return now.Add(poll)
+	}
+	sub.notifyRetry = max(2*sub.notifyRetry, notifyRetryMin)
+	if sub.notifyRetry >= poll {
+		sub.notifiedXID, sub.notifyRetry = 0, 0
+		return now.Add(poll)
+	}
+	return now.Add(sub.notifyRetry)
 }
 
 // acquire connects when not connected and tries the group's lock; with
@@ -605,6 +839,7 @@ func (sub *subscription) acquire() error {
 		sub.retryAt = time.Now().Add(sub.s.cfg.PollInterval)
 		return nil
 	}
+	sub.listen(ctx)
 	stored, err := sub.storedPosition(ctx)
 	if err != nil {
 		return err
@@ -656,18 +891,20 @@ func (sub *subscription) lost(what string, err error) {
 // discard closes the subscription's connection instead of returning it to
 // the pool, which ends its session and its lock.
 func (sub *subscription) discard() {
+	sub.stopWaiting()
 	if sub.conn == nil {
 		return
 	}
 	_ = sub.conn.Raw(func(any) error { return driver.ErrBadConn })
 	_ = sub.conn.Close()
-	sub.conn, sub.locked = nil, false
+	sub.conn, sub.locked, sub.listening = nil, false, false
 }
 
 // shutdown ends the subscription: it cancels the message contexts,
 // writes the acknowledged position, and releases the lock.
 func (sub *subscription) shutdown() {
 	sub.cancel()
+	sub.stopWaiting()
 	sub.dropNext()
 	sub.msgWG.Wait()
 	for d := range sub.sent {
@@ -696,6 +933,12 @@ func (sub *subscription) shutdown() {
 			return
 		}
 	}
+	if sub.listening {
+		if _, err := sub.conn.ExecContext(ctx, sub.q.unlisten); err != nil {
+			sub.discard()
+			return
+		}
+	}
 	_ = sub.conn.Close()
-	sub.conn, sub.locked = nil, false
+	sub.conn, sub.locked, sub.listening = nil, false, false
 }

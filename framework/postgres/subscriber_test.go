@@ -269,6 +269,92 @@ func TestSubscriberInteroperates(t *testing.T) {
 	msg.Ack()
 }
 
+// slowPollTransport returns a transport whose idle subscriptions poll
+// every ten minutes: a message they receive within seconds woke them.
+func slowPollTransport(t *testing.T, db *sqlx.DB, url string) *postgres.Transport {
+	t.Helper()
+	cfg := fastTransport
+	cfg.URL = url
+	cfg.PollInterval = 10 * time.Minute
+	tr, err := postgres.New(context.Background(), db, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tr.Close() })
+	return tr
+}
+
+// insertByHand inserts a message into topic's table with a plain INSERT,
+// as a watermill-sql publisher of another service or psql would.
+func insertByHand(t *testing.T, db *sqlx.DB, topic, id string) {
+	t.Helper()
+	_, err := db.Exec(`INSERT INTO `+postgres.MessagesTable("", topic)+
+		` (uuid, payload, metadata, transaction_id) VALUES ($1, '{}', '{}', pg_current_xact_id())`, id)
+	require.NoError(t, err)
+}
+
+// TestSubscriberWakesOnInsert subscribes two groups to a topic whose table
+// exists already, with a poll every ten minutes. A plain INSERT through
+// another connection reaches both within seconds: the trigger, added
+// once to the existing table, woke them.
+func TestSubscriberWakesOnInsert(t *testing.T) {
+	t.Parallel()
+	url := testenv.PostgresURL(t)
+	db := open(t, url, 4)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // far below the poll
+	defer cancel()
+	const topic = "wake"
+	tr := slowPollTransport(t, db, url)
+	publishUUIDs(t, tr.Publisher(), topic, "before") // creates the table, without the trigger
+	var chs []<-chan *message.Message
+	for _, group := range []string{"wake1", "wake2"} {
+		ch, err := concurrentSubscriber(t, tr, group, topic, 2).Subscribe(ctx, topic)
+		require.NoError(t, err)
+		receive(ctx, t, ch, group+": the message there before").Ack() // read once: idle now
+		chs = append(chs, ch)
+	}
+	var triggers int
+	require.NoError(t, db.Get(&triggers, `SELECT count(*) FROM pg_trigger WHERE tgrelid = $1::text::regclass AND NOT tgisinternal`,
+		postgres.MessagesTable("", topic)))
+	require.Equal(t, 1, triggers, "one trigger, however many subscribers")
+
+	insertByHand(t, db, topic, "by-hand")
+	for _, ch := range chs {
+		msg := receive(ctx, t, ch, "a message inserted by hand, long before the next poll")
+		require.Equal(t, "by-hand", msg.UUID)
+		msg.Ack()
+	}
+}
+
+// TestSubscriberWakeWaitsForOlderTransactions inserts a message while an
+// older transaction is open: the notified read cannot see it yet (rows
+// are read only below the oldest running transaction), and the
+// subscription reads again shortly instead of waiting for its ten-minute
+// poll, so the message arrives once the older transaction ends.
+func TestSubscriberWakeWaitsForOlderTransactions(t *testing.T) {
+	t.Parallel()
+	url := testenv.PostgresURL(t)
+	db := open(t, url, 4)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // far below the poll
+	defer cancel()
+	const topic = "wakeolder"
+	tr := slowPollTransport(t, db, url)
+	publishUUIDs(t, tr.Publisher(), topic, "before")
+	ch, err := concurrentSubscriber(t, tr, topic, topic, 1).Subscribe(ctx, topic)
+	require.NoError(t, err)
+	receive(ctx, t, ch, "the message there before").Ack()
+
+	older, err := db.BeginTxx(ctx, nil)
+	require.NoError(t, err)
+	defer func() { _ = older.Rollback() }()
+	_, err = older.Exec(`SELECT pg_current_xact_id()`) // takes a transaction id
+	require.NoError(t, err)
+	insertByHand(t, db, topic, "behind")
+	time.Sleep(300 * time.Millisecond) // the notified read finds nothing
+	require.NoError(t, older.Commit())
+	msg := receive(ctx, t, ch, "the message once the older transaction ended")
+	require.Equal(t, "behind", msg.UUID)
+	msg.Ack()
+}
+
 // BenchmarkSubscriberIdleLatency measures how long a message published to
 // an idle subscription takes to be handed out, with the default
 // PollInterval:
