@@ -301,7 +301,7 @@ func insertZeroOffsets(cfg TransportConfig, topic string) string {
 // subscriptionQueries are the statements of one topic's subscription.
 type subscriptionQueries struct {
 	lock, unlock, position, read, ack, zero string
-	listen, unlisten                        string
+	listen, unlisten, newest                string
 }
 
 func newSubscriptionQueries(cfg TransportConfig, topic string) subscriptionQueries {
@@ -314,6 +314,7 @@ func newSubscriptionQueries(cfg TransportConfig, topic string) subscriptionQueri
 		unlock:   `SELECT pg_advisory_unlock($1)`,
 		listen:   `LISTEN ` + quoteIdent(notifyChannel(cfg.TablePrefix, topic)),
 		unlisten: `UNLISTEN *`,
+		newest:   `SELECT COALESCE(max(transaction_id)::text, '0') FROM ` + messages,
 		position: `SELECT COALESCE(offset_acked, 0), last_processed_transaction_id FROM ` + offsets + ` WHERE consumer_group = $1`,
 		zero:     insertZeroOffsets(cfg, topic),
 		// watermill-sql's SelectQuery, from the subscription's own
@@ -840,6 +841,17 @@ func (sub *subscription) acquire() error {
 		return nil
 	}
 	sub.listen(ctx)
+	// The rows already there are read as soon as they are visible, as if
+	// their transactions had just notified: a transaction open elsewhere
+	// may hide them from the first read, and no notification comes for
+	// them.
+	var newest string
+	if err := sub.conn.QueryRowContext(ctx, sub.q.newest).Scan(&newest); err != nil {
+		return fmt.Errorf("newest message: %w", err)
+	}
+	if xid, err := strconv.ParseUint(newest, 10, 64); err == nil {
+		sub.notifiedXID = max(sub.notifiedXID, xid)
+	}
 	stored, err := sub.storedPosition(ctx)
 	if err != nil {
 		return err
