@@ -10,6 +10,7 @@ import (
 	"github.com/effectively-once/effectively/app/runner/runnertest"
 	"github.com/effectively-once/effectively/framework/amqp"
 	"github.com/effectively-once/effectively/framework/postgres"
+	"github.com/effectively-once/effectively/framework/transporttest"
 	"github.com/effectively-once/effectively/internal/testenv"
 	"github.com/effectively-once/effectively/internal/testenv/testserver"
 )
@@ -28,7 +29,7 @@ func TestPostgresServerRestart(t *testing.T) {
 	require.NoError(t, err)
 	tr, err := postgres.New(context.Background(), db, postgres.TransportConfig{URL: c.URL, PollInterval: 20 * time.Millisecond, ResendInterval: 50 * time.Millisecond})
 	require.NoError(t, err)
-	env := &runnertest.Env{DB: db, Store: store, Transport: tr, Timeout: 90 * time.Second}
+	env := &runnertest.Env{DB: db, Store: store, Env: transporttest.Env{Transport: tr, Timeout: 90 * time.Second}}
 	runnertest.ExerciseServerRestart(t, env, func(t *testing.T) {
 		c.Stop(t)
 		time.Sleep(time.Second)
@@ -62,7 +63,7 @@ func TestAMQPBrokerRestart(t *testing.T) {
 		_ = tr.Close()
 		t.Fatalf("connect to the private node: %v", err)
 	}
-	env := &runnertest.Env{DB: db, Store: store, Transport: tr, Timeout: 90 * time.Second}
+	env := &runnertest.Env{DB: db, Store: store, Env: transporttest.Env{Transport: tr, Timeout: 90 * time.Second}}
 	runnertest.ExerciseServerRestart(t, env, func(t *testing.T) {
 		n.Stop(t)
 		time.Sleep(500 * time.Millisecond)

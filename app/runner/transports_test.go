@@ -16,6 +16,7 @@ import (
 	"github.com/effectively-once/effectively/framework/memory"
 	"github.com/effectively-once/effectively/framework/postgres"
 	"github.com/effectively-once/effectively/framework/sqlite"
+	"github.com/effectively-once/effectively/framework/transporttest"
 	"github.com/effectively-once/effectively/internal/testenv"
 )
 
@@ -31,12 +32,14 @@ func TestMemory(t *testing.T) {
 		tr, err := memory.New(memory.TransportConfig{NackDelay: 20 * time.Millisecond})
 		require.NoError(t, err)
 		return &runnertest.Env{
-			DB:        db,
-			Store:     store,
-			Transport: tr,
-			// What a producer without watermill sends: a body, no metadata.
-			PublishRaw: func(t *testing.T, topic string, body []byte) {
-				require.NoError(t, tr.Publisher().Publish(topic, message.NewMessage(watermill.NewUUID(), body)))
+			DB:    db,
+			Store: store,
+			Env: transporttest.Env{
+				Transport: tr,
+				// What a producer without watermill sends: a body, no metadata.
+				PublishRaw: func(t *testing.T, topic string, body []byte) {
+					require.NoError(t, tr.Publisher().Publish(topic, message.NewMessage(watermill.NewUUID(), body)))
+				},
 			},
 		}
 	})
@@ -59,16 +62,18 @@ func TestSQLite(t *testing.T) {
 		}})
 		require.NoError(t, err)
 		return &runnertest.Env{
-			DB:        db,
-			Store:     store,
-			Transport: tr,
-			PublishRaw: func(t *testing.T, topic string, body []byte) {
-				_, err := db.Exec(`INSERT INTO pubsub_messages (topic, payload) VALUES (?, ?)`, topic, body)
-				require.NoError(t, err)
-			},
-			PublishRow: func(_ *testing.T, topic string, body []byte, metadata string) error {
-				_, err := db.Exec(`INSERT INTO pubsub_messages (topic, payload, metadata) VALUES (?, ?, ?)`, topic, body, metadata)
-				return err
+			DB:    db,
+			Store: store,
+			Env: transporttest.Env{
+				Transport: tr,
+				PublishRaw: func(t *testing.T, topic string, body []byte) {
+					_, err := db.Exec(`INSERT INTO pubsub_messages (topic, payload) VALUES (?, ?)`, topic, body)
+					require.NoError(t, err)
+				},
+				PublishRow: func(_ *testing.T, topic string, body []byte, metadata string) error {
+					_, err := db.Exec(`INSERT INTO pubsub_messages (topic, payload, metadata) VALUES (?, ?, ?)`, topic, body, metadata)
+					return err
+				},
 			},
 		}
 	})
@@ -101,17 +106,19 @@ func TestPostgres(t *testing.T) {
 			return err
 		}
 		return &runnertest.Env{
-			DB:        db,
-			Store:     store,
-			Transport: newTransport(t),
-			Process:   newTransport,
-			PublishRaw: func(t *testing.T, topic string, body []byte) {
-				require.NoError(t, insert(topic, body, "{}"))
+			DB:      db,
+			Store:   store,
+			Process: newTransport,
+			Env: transporttest.Env{
+				Transport: newTransport(t),
+				PublishRaw: func(t *testing.T, topic string, body []byte) {
+					require.NoError(t, insert(topic, body, "{}"))
+				},
+				PublishRow: func(_ *testing.T, topic string, body []byte, metadata string) error {
+					return insert(topic, body, metadata)
+				},
+				StoresJSON: true,
 			},
-			PublishRow: func(_ *testing.T, topic string, body []byte, metadata string) error {
-				return insert(topic, body, metadata)
-			},
-			StoresJSON: true,
 		}
 	})
 }
@@ -139,15 +146,17 @@ func TestAMQP(t *testing.T) {
 			return tr
 		}
 		return &runnertest.Env{
-			DB:        db,
-			Store:     store,
-			Transport: newTransport(t),
-			Process:   newTransport,
-			PublishRaw: func(t *testing.T, topic string, body []byte) {
-				publishPlain(t, url, topic, amqp091.Publishing{ContentType: "application/cloudevents+json", Body: body})
-			},
-			PublishHeaders: func(t *testing.T, topic string, body []byte, headers map[string]any) {
-				publishPlain(t, url, topic, amqp091.Publishing{ContentType: "application/cloudevents+json", Headers: table(headers), Body: body})
+			DB:      db,
+			Store:   store,
+			Process: newTransport,
+			Env: transporttest.Env{
+				Transport: newTransport(t),
+				PublishRaw: func(t *testing.T, topic string, body []byte) {
+					publishPlain(t, url, topic, amqp091.Publishing{ContentType: "application/cloudevents+json", Body: body})
+				},
+				PublishHeaders: func(t *testing.T, topic string, body []byte, headers map[string]any) {
+					publishPlain(t, url, topic, amqp091.Publishing{ContentType: "application/cloudevents+json", Headers: table(headers), Body: body})
+				},
 			},
 		}
 	})

@@ -10,7 +10,7 @@
 //		runnertest.Exercise(t, func(t *testing.T) *runnertest.Env {
 //			tr, err := sqlite.New(db, sqlite.TransportConfig{})
 //			require.NoError(t, err)
-//			return &runnertest.Env{DB: db, Store: store, Transport: tr, PublishRaw: ...}
+//			return &runnertest.Env{DB: db, Store: store, Env: transporttest.Env{Transport: tr, PublishRaw: ...}}
 //		})
 //	}
 //

@@ -18,6 +18,7 @@ import (
 	"github.com/effectively-once/effectively/app/runner"
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/migrate"
+	"github.com/effectively-once/effectively/framework/transporttest"
 )
 
 // Env is one case's transport and database. Build a fresh one per call of
@@ -28,36 +29,17 @@ type Env struct {
 	DB *sqlx.DB
 	// Store is the framework's store on DB. Required.
 	Store framework.Store
-	// Transport is the transport under test, built by its package's New:
-	// the suite publishes and replays through it, and each Runner it
-	// starts consumes through it unless Process is set. The suite closes
-	// it. Required.
-	Transport framework.Transport
 	// Process returns the transport of another process of the same
 	// service (a connection of its own, say), for the Runner of each
 	// process the suite starts; the suite closes it with the process.
 	// Defaults to Transport.
 	Process func(t *testing.T) framework.Transport
-	// PublishRaw publishes body to topic the way a plain client of the
-	// broker or database would, without watermill. Required.
-	PublishRaw func(t *testing.T, topic string, body []byte)
-	// PublishRow inserts a message row into topic's table as a plain SQL
-	// client would, with metadata as its stored text, and returns the
-	// database's error. Set it on the SQL transports: the catalog's rows
-	// with metadata that is not a JSON object of strings need it.
-	PublishRow func(t *testing.T, topic string, body []byte, metadata string) error
-	// PublishHeaders publishes body to topic as a plain client of the
-	// broker would, with headers of any type (see
-	// transporttest.BadInput.Headers). Set it on transports whose headers
-	// are typed (AMQP).
-	PublishHeaders func(t *testing.T, topic string, body []byte, headers map[string]any)
-	// StoresJSON says that the transport keeps payloads and metadata in
-	// JSON columns (PostgreSQL's json): a body or metadata that is not
-	// JSON text in UTF-8 is refused at publish and never reaches a
-	// consumer.
-	StoresJSON bool
-	// Timeout bounds each wait of the suite. Defaults to 60s.
-	Timeout time.Duration
+	// Env is the transport under test (Transport, built by its
+	// package's New: the suite publishes and replays through it, each
+	// Runner it starts consumes through it unless Process is set, and
+	// the suite closes it; required) and the hooks to publish as a plain
+	// client, as the transport's conformance suite takes them.
+	transporttest.Env
 }
 
 // Exercise runs every case of the suite, each on an Env of its own from
