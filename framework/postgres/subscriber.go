@@ -19,6 +19,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/effectively-once/effectively/framework/internal/storedmsg"
+	"github.com/effectively-once/effectively/framework/internal/subscribers"
 )
 
 // The subscriber reads watermill-sql's tables as watermill-sql's own
@@ -673,13 +674,9 @@ func (sub *subscription) dropNext() {
 // watch reports the Ack or Nack of d to the run loop.
 func (sub *subscription) watch(d *delivery) {
 	defer sub.msgWG.Done()
-	var acked bool
-	select {
-	case <-d.msg.Acked():
-		acked = true
-	case <-d.msg.Nacked():
-	case <-sub.ctx.Done():
-		return // shutdown reads the message's state itself
+	acked, ok := subscribers.Settled(sub.ctx, d.msg)
+	if !ok {
+		return
 	}
 	d.cancel()
 	select {

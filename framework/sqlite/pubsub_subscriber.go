@@ -17,6 +17,7 @@ import (
 
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/internal/storedmsg"
+	"github.com/effectively-once/effectively/framework/internal/subscribers"
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
@@ -637,13 +638,9 @@ func (sub *pubsubSubscription) renewLeases() error {
 // message's context.
 func (sub *pubsubSubscription) watch(d *pubsubDelivery) {
 	defer sub.msgWG.Done()
-	var acked bool
-	select {
-	case <-d.msg.Acked():
-		acked = true
-	case <-d.msg.Nacked():
-	case <-sub.ctx.Done():
-		return // shutdown reads the message's state itself
+	acked, ok := subscribers.Settled(sub.ctx, d.msg)
+	if !ok {
+		return
 	}
 	d.cancel()
 	select {
