@@ -168,6 +168,10 @@ func (g *group) timeout(batch []*attemptRun) string {
 // attempt whose effect then did not commit.
 func (g *group) inTx(batch []*attemptRun) (committed, retry []*attemptRun) {
 	for len(batch) > 0 {
+		batch = g.dropEnded(batch)
+		if len(batch) == 0 {
+			break
+		}
 		committed, retry, failed := g.try(batch)
 		if failed < 0 {
 			return committed, retry
@@ -178,6 +182,22 @@ func (g *group) inTx(batch []*attemptRun) (committed, retry []*attemptRun) {
 		}
 	}
 	return nil, nil
+}
+
+// dropEnded fails the attempts of batch whose context ended already (a
+// shutdown), without running them, and returns the others: they would
+// fail in the transaction and cost the others a run.
+func (g *group) dropEnded(batch []*attemptRun) []*attemptRun {
+	live := batch[:0:0]
+	for _, a := range batch {
+		if err := a.ctx.Err(); err != nil {
+			a.tx = &Tx{}
+			a.fail(err)
+			continue
+		}
+		live = append(live, a)
+	}
+	return live
 }
 
 // try runs batch once in a transaction (see inTx). failed is the index of
