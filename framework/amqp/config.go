@@ -13,9 +13,9 @@ import (
 
 // Defaults of Config.
 const (
-	// DefaultPrefetch is how many unacknowledged messages RabbitMQ hands to
-	// each subscription ahead of time. It buffers; it adds no parallelism
-	// (each subscription handles one message at a time).
+	// DefaultPrefetch is how many unacknowledged messages RabbitMQ sends to
+	// each subscription ahead of those it handed out (its consumer's
+	// concurrency). It buffers; it adds no parallelism.
 	DefaultPrefetch = 4
 	// DefaultChannelPoolSize is how many channels the publisher keeps open.
 	DefaultChannelPoolSize = 8
@@ -38,8 +38,9 @@ type TransportConfig struct {
 	// URL is the broker's address, e.g.
 	// amqp://guest:guest@127.0.0.1:5672/. Required.
 	URL string
-	// Prefetch is the Qos prefetch count of each subscription. Defaults to
-	// DefaultPrefetch.
+	// Prefetch is how many messages each subscription buffers beyond those
+	// it handed out: its Qos prefetch count is the consumer's concurrency
+	// plus Prefetch. Defaults to DefaultPrefetch.
 	Prefetch int
 	// ChannelPoolSize is how many channels the publisher keeps open.
 	// Defaults to DefaultChannelPoolSize.

@@ -23,16 +23,17 @@
 //		Concurrency: 4,
 //	})
 //	_ = sub.Initialize() // bind before publishing
-//	for _, topic := range sub.Topics { // Concurrency subscriptions of the queue
+//	for _, topic := range sub.Topics { // one: it hands out up to Concurrency at once
 //		router.AddConsumerHandler("remind@"+topic, topic, sub.Subscriber, handler)
 //	}
 //	_ = tr.Publisher().Publish("appointments.appointment.booked", msg) // confirms on
 //
 // Transport (New) is the framework.Transport: one connection, its
-// publisher and a subscriber per consumer. A consumer's concurrency is that many
-// subscriptions of its queue (competing consumers); Config.Prefetch only
-// buffers. Replay sends dead letters back to one consumer's queue through
-// the default exchange.
+// publisher and a subscriber per consumer. A consumer has one subscription
+// of its queue, which hands out up to the consumer's concurrency of
+// messages at once without waiting for their acks and acks or nacks each
+// by itself; Config.Prefetch more are buffered. Replay sends dead letters
+// back to one consumer's queue through the default exchange.
 //
 // # Traps handled
 //

@@ -30,8 +30,8 @@ func connect(t testing.TB, cfg TransportConfig) *connection {
 }
 
 // TestPubSubUniversal runs watermill's universal suite, in short mode, on
-// the Publisher, the tolerant Marshaler and the nack-delaying Subscriber
-// over watermill-amqp. The suite expects a queue per topic and group, so
+// the Publisher, the tolerant Marshaler and the nack-delaying subscriber,
+// handing out one message at a time with a prefetch of one. The suite expects a queue per topic and group, so
 // it gets one here; the framework's consumer queue is one per consumer,
 // exercised by TestTransport.
 func TestPubSubUniversal(t *testing.T) {
@@ -39,7 +39,7 @@ func TestPubSubUniversal(t *testing.T) {
 	withGroup := func(t *testing.T, group string) (message.Publisher, message.Subscriber) {
 		pub, err := newPublisher(conn)
 		require.NoError(t, err)
-		sub, err := newSubscriber(conn, wamqp.GenerateQueueNameTopicNameWithSuffix("ut-"+group))
+		sub, err := newSubscriber(conn, wamqp.GenerateQueueNameTopicNameWithSuffix("ut-"+group), 1, 1)
 		require.NoError(t, err)
 		t.Cleanup(func() {
 			_ = sub.Close()
@@ -49,8 +49,8 @@ func TestPubSubUniversal(t *testing.T) {
 	}
 	tests.TestPubSub(t, tests.Features{
 		ConsumerGroups: true,
-		// One Subscribe call hands out one message at a time, in queue
-		// order, but a nacked message goes back to the queue's head.
+		// One Subscribe call handing out one message at a time does so in
+		// queue order, and a nacked message goes back to the queue's head.
 		GuaranteedOrder:                     true,
 		GuaranteedOrderWithSingleSubscriber: true,
 		Persistent:                          true,

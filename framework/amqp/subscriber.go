@@ -4,32 +4,47 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
+	"time"
 
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
-
-	"github.com/effectively-once/effectively/framework/internal/nackdelay"
+	amqp091 "github.com/rabbitmq/amqp091-go"
 )
+
+// resubscribePause is the pause before a subscription consumes again
+// after its channel or connection was lost.
+const resubscribePause = 100 * time.Millisecond
 
 // subscriber reads the queue of one consumer. The queue is durable, named
 // after the consumer, and bound to the fanout exchange of each topic (event
 // type) the consumer handles, one SubscribeInitialize per topic. Every
-// Subscribe call, whatever its topic, reads that one queue: open several to
-// handle several messages at once (competing consumers; the prefetch alone
-// adds no parallelism), and dispatch on the CloudEvent type.
+// Subscribe call, whatever its topic, reads that one queue, and dispatches
+// on the CloudEvent type.
+//
+// Each subscription consumes on a channel of its own with a Qos prefetch
+// of prefetch, and hands out up to limit deliveries at once without
+// waiting for their acks (watermill-amqp's subscriber hands out one at a
+// time): the router handles each in a goroutine of its own. Each delivery
+// is acked or nacked by itself once its message is, on the channel it
+// came from. A lost channel or connection ends its deliveries (the
+// broker requeues them) and the subscription consumes again once the
+// connection is back.
 //
 // A nacked message goes back to the queue after a pause (Config.NackDelay,
 // doubling per consecutive nack of the subscription up to
-// Config.MaxNackDelay), never at once: watermill-amqp would requeue it
-// immediately and loop hot.
+// Config.MaxNackDelay), never at once: it would loop hot.
 type subscriber struct {
 	conn      *connection
 	queueName wamqp.QueueNameGenerator
+	limit     int // deliveries handed out at once by a subscription
+	prefetch  int // the Qos prefetch count of a subscription's channel
 
-	fwd *nackdelay.Forwarder
-
-	mu  sync.Mutex // guards sub, and its creation against Close
-	sub *wamqp.Subscriber
+	mu      sync.Mutex // guards topo, closed, and wg.Add against Close
+	topo    *wamqp.Subscriber
+	closed  bool
+	closing chan struct{}
+	wg      sync.WaitGroup
 }
 
 var (
@@ -37,46 +52,57 @@ var (
 	_ message.SubscribeInitializer = (*subscriber)(nil)
 )
 
-// subscriberOf returns the subscriber of consumer on conn. It may be
-// built before conn.Connect; its methods return ErrNotConnected until
-// then.
-func subscriberOf(conn *connection, consumer string) (*subscriber, error) {
+// subscriberOf returns the subscriber of consumer on conn, each
+// subscription handing out up to limit messages at once and buffering
+// conn's Prefetch more. It may be built before conn.Connect; its methods
+// return ErrNotConnected until then.
+func subscriberOf(conn *connection, consumer string, limit int) (*subscriber, error) {
 	if consumer == "" {
 		return nil, fmt.Errorf("amqp: subscriber: empty consumer name")
 	}
-	return newSubscriber(conn, wamqp.GenerateQueueNameConstant(consumer))
+	if conn == nil {
+		return nil, fmt.Errorf("amqp: subscriber %s: missing connection", consumer)
+	}
+	return newSubscriber(conn, wamqp.GenerateQueueNameConstant(consumer), limit, limit+conn.cfg.Prefetch)
 }
 
-func newSubscriber(conn *connection, queueName wamqp.QueueNameGenerator) (*subscriber, error) {
-	if conn == nil {
+func newSubscriber(conn *connection, queueName wamqp.QueueNameGenerator, limit, prefetch int) (*subscriber, error) {
+	switch {
+	case conn == nil:
 		return nil, fmt.Errorf("amqp: subscriber: missing connection")
+	case limit < 1 || prefetch < limit || prefetch > 65535:
+		return nil, fmt.Errorf("amqp: subscriber: want 1 <= limit (%d) <= prefetch (%d) <= 65535", limit, prefetch)
 	}
 	return &subscriber{
 		conn:      conn,
 		queueName: queueName,
-		fwd:       nackdelay.NewForwarder(nackdelay.Backoff{First: conn.cfg.NackDelay, Max: conn.cfg.MaxNackDelay}),
+		limit:     limit,
+		prefetch:  prefetch,
+		closing:   make(chan struct{}),
 	}, nil
 }
 
-func (s *subscriber) inner() (*wamqp.Subscriber, error) {
+// topology returns the watermill-amqp subscriber that declares the
+// exchanges, the queue and their bindings.
+func (s *subscriber) topology() (*wamqp.Subscriber, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.fwd.Closed() {
+	if s.closed {
 		return nil, ErrClosed
 	}
-	if s.sub != nil {
-		return s.sub, nil
+	if s.topo != nil {
+		return s.topo, nil
 	}
 	w, err := s.conn.wrapper()
 	if err != nil {
 		return nil, err
 	}
-	sub, err := wamqp.NewSubscriberWithConnection(watermillConfig(s.conn.cfg, s.queueName), s.conn.logger, w)
+	topo, err := wamqp.NewSubscriberWithConnection(watermillConfig(s.conn.cfg, s.queueName), s.conn.logger, w)
 	if err != nil {
 		return nil, fmt.Errorf("amqp: subscriber: %w", err)
 	}
-	s.sub = sub
-	return sub, nil
+	s.topo = topo
+	return topo, nil
 }
 
 // SubscribeInitialize declares the exchange of topic and the consumer's
@@ -84,11 +110,11 @@ func (s *subscriber) inner() (*wamqp.Subscriber, error) {
 // dropped. Call it for every topic of the consumer before anything
 // publishes.
 func (s *subscriber) SubscribeInitialize(topic string) error {
-	sub, err := s.inner()
+	topo, err := s.topology()
 	if err != nil {
 		return err
 	}
-	if err := sub.SubscribeInitialize(topic); err != nil {
+	if err := topo.SubscribeInitialize(topic); err != nil {
 		return fmt.Errorf("amqp: bind %s: %w", topic, err)
 	}
 	return nil
@@ -97,38 +123,246 @@ func (s *subscriber) SubscribeInitialize(topic string) error {
 // Subscribe declares and binds like SubscribeInitialize, then consumes the
 // consumer's queue until ctx ends or the subscriber closes.
 func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	sub, err := s.inner()
-	if err != nil {
-		return nil, err
-	}
-	in, err := sub.Subscribe(ctx, topic)
-	if err != nil {
+	if err := s.SubscribeInitialize(topic); err != nil {
 		return nil, fmt.Errorf("amqp: subscribe to %s: %w", topic, err)
 	}
-	out, err := s.fwd.Forward(ctx, in)
-	if err != nil {
-		return nil, ErrClosed // in closes with the watermill subscriber
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, ErrClosed
 	}
-	return out, nil
+	sub := &subscription{
+		subscriber: s,
+		topic:      topic,
+		queue:      s.queueName(topic),
+		out:        make(chan *message.Message),
+		slots:      make(chan struct{}, s.limit),
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer close(sub.out)
+		sub.run(ctx)
+	}()
+	return sub.out, nil
 }
 
 // Close stops every subscription: messages in flight go back to the queue.
 // The connection stays open.
 func (s *subscriber) Close() error {
 	s.mu.Lock()
-	first := s.fwd.Close()
-	sub := s.sub
-	s.mu.Unlock()
-	if !first {
+	if s.closed {
+		s.mu.Unlock()
 		return nil
 	}
-	var err error
-	if sub != nil {
-		err = sub.Close()
-	}
-	s.fwd.Wait()
-	if err != nil {
-		return fmt.Errorf("amqp: close subscriber: %w", err)
+	s.closed = true
+	close(s.closing)
+	topo := s.topo
+	s.mu.Unlock()
+	s.wg.Wait()
+	if topo != nil {
+		if err := topo.Close(); err != nil {
+			return fmt.Errorf("amqp: close subscriber: %w", err)
+		}
 	}
 	return nil
+}
+
+// subscription is one Subscribe call: it consumes the queue on one
+// channel at a time.
+type subscription struct {
+	*subscriber
+	topic string
+	queue string
+	out   chan *message.Message
+	slots chan struct{} // one per message handed out and not yet settled
+	nacks atomic.Int32  // consecutive nacks, for the pause
+}
+
+// run consumes until ctx ends or the subscriber closes, again on a new
+// channel each time the channel or the connection is lost.
+func (s *subscription) run(ctx context.Context) {
+	for first := true; ; first = false {
+		if !first {
+			// Declare again: the broker may have lost a queue that was
+			// not durable yet, or its bindings.
+			if err := s.SubscribeInitialize(s.topic); err != nil {
+				s.conn.cfg.Logger.WarnContext(ctx, "amqp: declare again after a lost channel", "queue", s.queue, "error", err)
+			}
+		}
+		w, err := s.conn.wrapper()
+		if err != nil {
+			return
+		}
+		select {
+		case <-w.Connected():
+			s.consume(ctx, w.Connection())
+		case <-s.closing:
+			return
+		case <-ctx.Done():
+			return
+		}
+		t := time.NewTimer(resubscribePause)
+		select {
+		case <-t.C:
+		case <-s.closing:
+			t.Stop()
+			return
+		case <-ctx.Done():
+			t.Stop()
+			return
+		}
+	}
+}
+
+// consume consumes the queue on a new channel of conn until the channel
+// closes, ctx ends or the subscriber closes, and returns once every
+// delivery it handed out is settled or abandoned.
+func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) {
+	ch, deliveries, err := s.open(conn)
+	if err != nil {
+		s.conn.cfg.Logger.WarnContext(ctx, "amqp: consume", "queue", s.queue, "error", err)
+		return
+	}
+	closed := ch.NotifyClose(make(chan *amqp091.Error, 1))
+	dead := make(chan struct{}) // closed when the channel is lost
+	lost := false
+	var inFlight sync.WaitGroup
+	defer func() {
+		if lost {
+			close(dead)
+		} // else the subscriber closes or ctx ended: settle sees it
+		inFlight.Wait()
+		_ = ch.Close()
+	}()
+	for {
+		select {
+		case s.slots <- struct{}{}:
+		case <-closed: // lost while every slot is taken
+			lost = true
+			return
+		case <-s.closing:
+			return
+		case <-ctx.Done():
+			return
+		}
+		var d amqp091.Delivery
+		var ok bool
+		select {
+		case d, ok = <-deliveries:
+			lost = !ok // the channel or the connection closed
+		case <-s.closing:
+		case <-ctx.Done():
+		}
+		if !ok {
+			<-s.slots
+			return
+		}
+		msg, err := Marshaler{}.Unmarshal(d)
+		if err != nil { // Marshaler never fails; kept for its contract
+			s.conn.cfg.Logger.ErrorContext(ctx, "amqp: unmarshal", "queue", s.queue, "error", err)
+			_ = d.Nack(false, true)
+			<-s.slots
+			continue
+		}
+		if d.Redelivered { // as watermill-amqp's subscriber marks it
+			msg.Metadata.Set(wamqp.MetadataRedeliveredKey, "true")
+		}
+		msgCtx, cancel := context.WithCancel(ctx)
+		msg.SetContext(msgCtx)
+		sent := false
+		select {
+		case s.out <- msg:
+			sent = true
+		case <-s.closing:
+		case <-ctx.Done():
+		}
+		if !sent {
+			cancel()
+			_ = d.Nack(false, true)
+			<-s.slots
+			return
+		}
+		inFlight.Add(1)
+		go func() {
+			defer inFlight.Done()
+			defer func() { <-s.slots }()
+			defer cancel()
+			s.settle(ctx, d, msg, dead)
+		}()
+	}
+}
+
+// open opens a channel on conn with the subscription's prefetch and
+// consumes the queue on it.
+func (s *subscription) open(conn *amqp091.Connection) (*amqp091.Channel, <-chan amqp091.Delivery, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, nil, fmt.Errorf("open channel: %w", err)
+	}
+	if err := ch.Qos(s.prefetch, 0, false); err != nil {
+		_ = ch.Close()
+		return nil, nil, fmt.Errorf("set prefetch %d: %w", s.prefetch, err)
+	}
+	deliveries, err := ch.Consume(s.queue, "", false, false, false, false, nil)
+	if err != nil {
+		_ = ch.Close()
+		return nil, nil, fmt.Errorf("consume %s: %w", s.queue, err)
+	}
+	return ch, deliveries, nil
+}
+
+// settle acks d once msg is acked, and nacks it (requeue) after the
+// pause once msg is nacked; at once when the subscriber closes or ctx
+// ends first, unless msg was acked by then. It abandons d when its channel is lost (dead closes): the
+// broker requeues d by itself, and d's tag means nothing on another
+// channel.
+func (s *subscription) settle(ctx context.Context, d amqp091.Delivery, msg *message.Message, dead <-chan struct{}) {
+	select {
+	case <-msg.Acked():
+		s.nacks.Store(0)
+		_ = d.Ack(false)
+		return
+	case <-msg.Nacked():
+		if !s.pause(ctx, dead) {
+			return
+		}
+	case <-s.closing:
+	case <-ctx.Done():
+	case <-dead:
+		return
+	}
+	select {
+	case <-msg.Acked(): // acked as the subscriber closed: keep the ack
+		_ = d.Ack(false)
+	default:
+		_ = d.Nack(false, true)
+	}
+}
+
+// pause waits the nack delay of the subscription's consecutive nacks, or
+// less when the subscriber closes or ctx ends. It reports false when the
+// channel was lost meanwhile.
+func (s *subscription) pause(ctx context.Context, dead <-chan struct{}) bool {
+	n := s.nacks.Add(1) - 1
+	t := time.NewTimer(nackDelay(s.conn.cfg.NackDelay, s.conn.cfg.MaxNackDelay, int(n)))
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-s.closing:
+	case <-ctx.Done():
+	case <-dead:
+		return false
+	}
+	return true
+}
+
+// nackDelay is the pause after nacks consecutive nacks before this one:
+// first, doubling with each, up to most.
+func nackDelay(first, most time.Duration, nacks int) time.Duration {
+	d := first
+	for i := 0; i < nacks && d < most; i++ {
+		d *= 2
+	}
+	return min(d, most)
 }

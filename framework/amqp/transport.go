@@ -15,8 +15,9 @@ import (
 //
 // Each consumer has one durable queue named after it, bound to the
 // exchange of each of its types (Subscription.Initialize binds them). Its
-// concurrency is that many subscriptions of the queue, each handling one
-// message at a time (competing consumers; the prefetch only buffers).
+// one subscription of the queue hands out up to its concurrency of
+// messages at once, each acked or nacked by itself, and the broker sends
+// Config.Prefetch more ahead of them.
 //
 // New does not dial: call Connect before the subscriptions are
 // initialized; until then Publish and Replay return ErrNotConnected.
@@ -50,27 +51,23 @@ func (t *Transport) Connect(ctx context.Context) error { return t.conn.Connect(c
 // Publisher returns the transport's publisher.
 func (t *Transport) Publisher() message.Publisher { return t.pub }
 
-// Subscribe returns a new subscriber of sc.Consumer's queue with
-// sc.Concurrency router handlers, all reading the queue, bound to each of
-// sc.Types when the Subscription is initialized.
+// Subscribe returns a new subscriber of sc.Consumer's queue, bound to
+// each of sc.Types when the Subscription is initialized, and one router
+// handler that reads the queue with up to sc.Concurrency messages in
+// flight.
 func (t *Transport) Subscribe(sc framework.SubscribeConfig) (framework.Subscription, error) {
 	sc = sc.WithDefaults()
 	if err := sc.Validate(); err != nil {
 		return framework.Subscription{}, fmt.Errorf("amqp: %w", err)
 	}
-	sub, err := subscriberOf(t.conn, sc.Consumer)
+	sub, err := subscriberOf(t.conn, sc.Consumer, sc.Concurrency)
 	if err != nil {
 		return framework.Subscription{}, fmt.Errorf("amqp: consumer %s: %w", sc.Consumer, err)
 	}
 	t.subs.Add(sub)
-	// Subscribing to any of the types reads the one queue.
-	topics := make([]string, sc.Concurrency)
-	for i := range topics {
-		topics[i] = sc.Types[0]
-	}
-	// Each router handler takes one message at a time: sc.Concurrency in
-	// flight (the prefetch only buffers).
-	return framework.Subscription{Subscriber: sub, Topics: topics, Bind: sc.Types, Conns: len(topics)}, nil
+	// Subscribing to any of the types reads the one queue; the router
+	// handles each message it hands out in a goroutine of its own.
+	return framework.Subscription{Subscriber: sub, Topics: sc.Types[:1], Bind: sc.Types, Conns: sc.Concurrency}, nil
 }
 
 // Replay publishes msgs straight to consumer's queue, through the default
