@@ -238,8 +238,9 @@ func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) {
 	for {
 		select {
 		case s.slots <- struct{}{}:
-		case <-closed: // lost while every slot is taken
+		case err := <-closed: // lost while every slot is taken
 			lost = true
+			_ = err // why is the connection's to report, and it reconnects
 			return
 		case <-s.closing:
 			return
