@@ -54,7 +54,7 @@ func TestLoadConfig(t *testing.T) {
 		require.Equal(t, middleware.DefaultAttempts, cc.Attempts)
 		require.Equal(t, app.Duration(middleware.DefaultRetryDelay), cc.RetryDelay)
 		require.Equal(t, app.Duration(middleware.DefaultTimeout), cc.Timeout)
-		require.Equal(t, 16, cc.Concurrency)
+		require.Equal(t, app.DefaultConcurrency, cc.Concurrency)
 		require.Equal(t, middleware.DefaultMaxDeliveries, cc.MaxDeliveries)
 		require.Zero(t, cc.RateLimit)
 	})
@@ -137,7 +137,7 @@ consumers:
 			Attempts:      5,
 			RetryDelay:    app.Duration(middleware.DefaultRetryDelay),
 			Timeout:       app.Duration(2 * time.Second),
-			Concurrency:   16,
+			Concurrency:   app.DefaultConcurrency,
 			MaxDeliveries: middleware.DefaultMaxDeliveries,
 			GapTimeout:    app.Duration(middleware.DefaultGapTimeout),
 			BatchSize:     framework.DefaultBatchSize,

@@ -40,8 +40,8 @@ func amqpScenario() Scenario {
 			{Name: "example service, a transaction per message (batch_size 1)", Measure: func(ctx context.Context, env *Env) (Result, error) {
 				return measureAMQPService(ctx, env, "defaults:\n  batch_size: 1\n")
 			}},
-			{Name: "example service, concurrency 64", Measure: func(ctx context.Context, env *Env) (Result, error) {
-				return measureAMQPService(ctx, env, "defaults:\n  concurrency: 64\n")
+			{Name: "example service, concurrency 16", Measure: func(ctx context.Context, env *Env) (Result, error) {
+				return measureAMQPService(ctx, env, "defaults:\n  concurrency: 16\n")
 			}},
 			{Name: "hand-written watermill-amqp, 16 subscriptions", Baseline: true, Measure: measureAMQPBaseline},
 		},
