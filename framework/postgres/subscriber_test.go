@@ -426,3 +426,42 @@ func BenchmarkSubscriberSlowHandlers(b *testing.B) {
 		})
 	}
 }
+
+// TestSubscriberSaysWhatIsRedelivered shows what a delivery says of its
+// past, so that the delivery guard counts only what may be a redelivery:
+// a message there before the subscription took its group may have been
+// handed out by another process (it says nothing, even when its producer
+// stored a word for it), one published after cannot have been ("false"),
+// and one this process hands out again after a nack was ("true").
+func TestSubscriberSaysWhatIsRedelivered(t *testing.T) {
+	t.Parallel()
+	url := testenv.PostgresURL(t)
+	db := open(t, url, 4)
+	cfg := fastTransport
+	cfg.URL = url
+	cfg.ResendInterval = 10 * time.Millisecond
+	tr, err := postgres.New(context.Background(), db, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tr.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const topic = "redelivered"
+	old := message.NewMessage("old", []byte(`{}`))
+	old.Metadata.Set(framework.MetadataRedelivered, "false") // a producer's word is not taken
+	require.NoError(t, tr.Publisher().Publish(topic, old))
+	ch, err := concurrentSubscriber(t, tr, "redelivered", topic, 1).Subscribe(ctx, topic)
+	require.NoError(t, err)
+	got := receive(ctx, t, ch, "the message there before")
+	_, said := got.Metadata[framework.MetadataRedelivered]
+	require.False(t, said, "another process may have handed it out")
+	got.Ack()
+
+	publishUUIDs(t, tr.Publisher(), topic, "new")
+	got = receive(ctx, t, ch, "the message published after")
+	require.Equal(t, "false", got.Metadata.Get(framework.MetadataRedelivered))
+	got.Nack()
+	got = receive(ctx, t, ch, "the message again")
+	require.Equal(t, "new", got.UUID)
+	require.Equal(t, "true", got.Metadata.Get(framework.MetadataRedelivered))
+	got.Ack()
+}
