@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -19,7 +18,6 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/jmoiron/sqlx"
 
-	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/internal/storedmsg"
 	"github.com/effectively-once/effectively/framework/internal/subscribers"
 )
@@ -357,7 +355,6 @@ type row struct {
 	current           *delivery // handed out and not yet resolved
 	queued            bool      // waits in the queue to be handed out
 	resendAt          time.Time // nacked: handed out again then
-	handedOut         int       // how often this process handed it out
 }
 
 // delivery is one handing out of a row.
@@ -409,7 +406,6 @@ type subscription struct {
 	listenWarned bool          // a failed LISTEN was logged
 	waiter       *waiter       // waits on conn for a notification, while idle
 	notifiedXID  uint64        // the newest notified transaction, until read past
-	takeoverXID  uint64        // the newest transaction with a row when the group was taken
 	notifyRetry  time.Duration // the pause before reading again for notifiedXID
 
 	window  []*row                 // read and not acknowledged in order, in order
@@ -645,24 +641,9 @@ func (sub *subscription) listen(ctx context.Context) {
 	sub.listening = true
 }
 
-// deliveryOf returns a new delivery of r, with a message of its own. The
-// message says whether it was delivered before (MetadataRedelivered), so
-// that the delivery guard counts only what may be a redelivery: "true"
-// when this process handed it out before, "false" when its transaction
-// is newer than every message there when the subscription took its group
-// (no other process can have handed it out), and nothing when another
-// process may have.
+// deliveryOf returns a new delivery of r, with a message of its own.
 func (sub *subscription) deliveryOf(r *row) *delivery {
 	msg := storedmsg.Message(r.uuid, r.payload, r.metadata)
-	r.handedOut++
-	switch {
-	case r.handedOut > 1:
-		msg.Metadata.Set(framework.MetadataRedelivered, "true")
-	case r.pos.xid > sub.takeoverXID:
-		msg.Metadata.Set(framework.MetadataRedelivered, "false")
-	default:
-		delete(msg.Metadata, framework.MetadataRedelivered) // never a producer's word
-	}
 	ctx, cancel := context.WithCancel(sub.ctx)
 	msg.SetContext(ctx)
 	return &delivery{r: r, msg: msg, cancel: cancel}
@@ -861,16 +842,12 @@ func (sub *subscription) acquire() error {
 	// their transactions had just notified: a transaction open elsewhere
 	// may hide them from the first read, and no notification comes for
 	// them.
-	// They are also the rows another process may have handed out before
-	// (see deliveryOf).
 	var newest string
 	if err := sub.conn.QueryRowContext(ctx, sub.q.newest).Scan(&newest); err != nil {
 		return fmt.Errorf("newest message: %w", err)
 	}
-	sub.takeoverXID = math.MaxUint64
 	if xid, err := strconv.ParseUint(newest, 10, 64); err == nil {
 		sub.notifiedXID = max(sub.notifiedXID, xid)
-		sub.takeoverXID = xid
 	}
 	stored, err := sub.storedPosition(ctx)
 	if err != nil {
