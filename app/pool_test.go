@@ -91,14 +91,14 @@ func TestDatabasePoolSize(t *testing.T) {
 		require.Equal(t, 2*16+1+1, size)
 	})
 
-	t.Run("PostgresOneAtATime", func(t *testing.T) {
+	t.Run("PostgresOnePerBatch", func(t *testing.T) {
 		t.Parallel()
 		cfg := postgresConfig(t)
 		cfg.Defaults.Concurrency = 16
 		cfg.DatabaseMaxConns = 1
 		_, err := poolSize(t, cfg, two...)
 		require.ErrorContains(t, err, "database_max_conns: 1 is fewer than the 7 connections the service may hold at once (consumer a.one 2, consumer a.two 2, outbox relay 2, readiness check 1)",
-			"concurrency adds nothing on postgres: one message at a time per topic")
+			"16 messages in flight per topic, two batches per consumer")
 		cfg.DatabaseMaxConns = 0
 		size, err := poolSize(t, cfg, two...)
 		require.NoError(t, err)
