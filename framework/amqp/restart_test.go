@@ -3,8 +3,6 @@ package amqp
 import (
 	"context"
 	"errors"
-	"os"
-	"os/exec"
 	"testing"
 	"time"
 
@@ -13,6 +11,7 @@ import (
 
 	"github.com/effectively-once/effectively/framework/transporttest"
 	"github.com/effectively-once/effectively/internal/testenv"
+	"github.com/effectively-once/effectively/internal/testenv/testserver"
 )
 
 // TestBrokerRestart restarts a private RabbitMQ node while a subscriber
@@ -28,26 +27,27 @@ import (
 // package runs with -race.
 func TestBrokerRestart(t *testing.T) {
 	t.Parallel()
-	if raceEnabled {
-		rerunWithoutRace(t, "TestBrokerRestart")
+	if testserver.RaceEnabled {
+		testenv.Require(t, testenv.AMQPURLVar)
+		testserver.RerunWithoutRace(t, "TestBrokerRestart")
 		return
 	}
-	n := startNode(t)
+	n := testserver.StartRabbitMQ(t)
 	cfg := TransportConfig{NackDelay: 50 * time.Millisecond, MaxNackDelay: 500 * time.Millisecond}
 
 	t.Run("WhileDraining", func(t *testing.T) {
 		env := amqpEnv(t, n.URL, cfg)
 		env.Timeout = 90 * time.Second
 		transporttest.ExerciseServerRestart(t, env, func(t *testing.T) {
-			n.stop(t)
+			n.Stop(t)
 			time.Sleep(500 * time.Millisecond)
-			n.start(t)
+			n.Start(t)
 		})
 	})
 
 	t.Run("DownAtBoot", func(t *testing.T) {
 		watching := connect(t, TransportConfig{URL: n.URL})
-		n.stop(t)
+		n.Stop(t)
 		require.Eventually(t, func() bool { return !watching.Connected() }, 10*time.Second, 50*time.Millisecond,
 			"Connected reports the lost connection")
 
@@ -67,7 +67,7 @@ func TestBrokerRestart(t *testing.T) {
 			connected <- conn.Connect(ctx)
 		}()
 		time.Sleep(time.Second) // a few failed attempts
-		n.start(t)
+		n.Start(t)
 		require.NoError(t, <-connected)
 		require.True(t, conn.Connected())
 		require.Eventually(t, watching.Connected, 30*time.Second, 100*time.Millisecond,
@@ -90,24 +90,4 @@ func TestConnectGivesUpWithContext(t *testing.T) {
 	require.False(t, conn.Connected())
 	require.NoError(t, conn.Close())
 	require.True(t, errors.Is(conn.Connect(context.Background()), ErrClosed))
-}
-
-// rerunWithoutRace runs the test named name of this package in a child
-// `go test` built without the race detector, and fails with its output
-// when it fails.
-func rerunWithoutRace(t *testing.T, name string) {
-	t.Helper()
-	testenv.Require(t, testenv.AMQPURLVar)
-	gobin, err := exec.LookPath("go")
-	if err != nil {
-		testenv.Missing(t, "no go command to run the child test with")
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, gobin, "test", "-count=1", "-run", "^"+name+"$", "-v", ".")
-	cmd.Env = os.Environ()
-	out, err := cmd.CombinedOutput()
-	t.Logf("child go test without -race:\n%s", out)
-	require.NoError(t, err, "the child run failed")
-	require.Contains(t, string(out), "--- PASS: "+name, "the child run ran the test")
 }

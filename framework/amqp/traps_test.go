@@ -2,6 +2,8 @@ package amqp
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"testing"
 	"time"
@@ -237,3 +239,10 @@ func TestConfigValidate(t *testing.T) {
 }
 
 func randomSuffix() string { return time.Now().Format("150405.000000000")[7:] + randomHex() }
+
+// randomHex returns six random hex digits, for names of a test's own.
+func randomHex() string {
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
