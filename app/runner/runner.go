@@ -89,33 +89,20 @@ func (c ConsumerConfig) unitOfWork(db *sqlx.DB, store framework.Store) framework
 	return framework.UnitOfWorkConfig{DB: db, Store: store, BatchSize: c.BatchSize, Batches: c.Batches, Linger: c.BatchLinger}
 }
 
-// Validate reports the first invalid field of c.
+// Validate reports the first invalid field of c that is the runner's
+// own. The chain's settings (Attempts, RetryDelay, RateLimit,
+// MaxDeliveries, SkipStale, StrictOrder, GapTimeout) and the unit of
+// work's (BatchSize, Batches, BatchLinger) are checked where they are
+// used, by middleware.Config.Validate and
+// framework.UnitOfWorkConfig.Validate, when New builds the consumer.
 func (c ConsumerConfig) Validate() error {
 	switch {
 	case c.Consumer == nil:
 		return errors.New("ConsumerConfig.Consumer: required (build it with framework.NewConsumer)")
-	case c.Attempts < 1:
-		return fmt.Errorf("ConsumerConfig.Attempts: must be at least 1, got %d", c.Attempts)
-	case c.RetryDelay < 0:
-		return fmt.Errorf("ConsumerConfig.RetryDelay: must not be negative, got %s", c.RetryDelay)
 	case c.Timeout <= 0:
-		return fmt.Errorf("ConsumerConfig.Timeout: must be positive, got %s", c.Timeout)
+		return fmt.Errorf("ConsumerConfig.Timeout: must be positive (it sizes the transport's leases), got %s", c.Timeout)
 	case c.Concurrency < 1:
 		return fmt.Errorf("ConsumerConfig.Concurrency: must be at least 1, got %d", c.Concurrency)
-	case c.RateLimit < 0:
-		return fmt.Errorf("ConsumerConfig.RateLimit: must not be negative, got %g", c.RateLimit)
-	case c.MaxDeliveries < 1:
-		return fmt.Errorf("ConsumerConfig.MaxDeliveries: must be at least 1, got %d", c.MaxDeliveries)
-	case c.SkipStale && c.StrictOrder:
-		return errors.New("ConsumerConfig.SkipStale: excludes StrictOrder")
-	case c.GapTimeout <= 0:
-		return fmt.Errorf("ConsumerConfig.GapTimeout: must be positive, got %s", c.GapTimeout)
-	case c.BatchSize < 1:
-		return fmt.Errorf("ConsumerConfig.BatchSize: must be at least 1, got %d", c.BatchSize)
-	case c.Batches < 1:
-		return fmt.Errorf("ConsumerConfig.Batches: must be at least 1, got %d", c.Batches)
-	case c.BatchLinger < 0:
-		return fmt.Errorf("ConsumerConfig.BatchLinger: must not be negative, got %s", c.BatchLinger)
 	}
 	return nil
 }

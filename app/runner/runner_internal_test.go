@@ -176,3 +176,25 @@ func TestStopExpiredCancelsAttempt(t *testing.T) {
 	e.runner(t)
 	require.Eventually(t, func() bool { return e.items(t) == 1 }, 30*time.Second, 10*time.Millisecond, "the message was lost")
 }
+
+// TestNewRefusesBadSettings: New refuses a consumer's invalid setting,
+// naming the consumer and the field, whichever part checks it: the
+// runner (its timeout sizes the leases), the chain or the unit of work.
+func TestNewRefusesBadSettings(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	transport, err := sqlite.New(e.db, sqlite.TransportConfig{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = transport.Close() })
+	for want, cc := range map[string]ConsumerConfig{
+		"Config.Consumers[0]: ConsumerConfig.Timeout: must be positive":                 {Timeout: -time.Second},
+		"consumer tests.items: middleware: Config.Attempts: must be at least 1, got -1": {Attempts: -1},
+		"consumer tests.items: middleware: Config.RateLimit: must not be negative":      {RateLimit: -1},
+		"consumer tests.items: UnitOfWorkConfig.BatchSize: must be at least 1, got -2":  {BatchSize: -2},
+		"consumer tests.items: UnitOfWorkConfig.Linger: must not be negative":           {BatchLinger: -time.Second},
+	} {
+		cc.Consumer = e.consumer
+		_, err := New(Config{Consumers: []ConsumerConfig{cc}, Transport: transport, DB: e.db, Store: e.store})
+		require.ErrorContains(t, err, want)
+	}
+}

@@ -32,57 +32,12 @@ func amqpEnv(t *testing.T, url string, cfg TransportConfig) *transporttest.Env {
 	return &transporttest.Env{
 		Transport: newTransport(t, cfg),
 		PublishRaw: func(t *testing.T, topic string, body []byte) {
-			publishPlain(t, url, topic, amqp091.Publishing{ContentType: "application/cloudevents+json", Body: body})
+			testenv.PublishAMQP(t, url, topic, amqp091.Publishing{ContentType: "application/cloudevents+json", Body: body})
 		},
 		PublishHeaders: func(t *testing.T, topic string, body []byte, headers map[string]any) {
-			publishPlain(t, url, topic, amqp091.Publishing{ContentType: "application/cloudevents+json", Headers: table(headers), Body: body})
+			testenv.PublishAMQP(t, url, topic, amqp091.Publishing{ContentType: "application/cloudevents+json", Headers: testenv.AMQPTable(headers), Body: body})
 		},
 	}
-}
-
-// table returns headers as an AMQP table: maps become tables, in arrays
-// too.
-func table(headers map[string]any) amqp091.Table {
-	t := make(amqp091.Table, len(headers))
-	for k, v := range headers {
-		t[k] = fieldValue(v)
-	}
-	return t
-}
-
-func fieldValue(v any) any {
-	switch v := v.(type) {
-	case map[string]any:
-		return table(v)
-	case []any:
-		out := make([]any, len(v))
-		for i, e := range v {
-			out[i] = fieldValue(e)
-		}
-		return out
-	default:
-		return v
-	}
-}
-
-// publishPlain publishes p to exchange with a plain amqp091-go client and
-// waits for the broker's confirm.
-func publishPlain(t *testing.T, url, exchange string, p amqp091.Publishing) {
-	t.Helper()
-	conn, err := amqp091.Dial(url)
-	require.NoError(t, err)
-	defer conn.Close()
-	ch, err := conn.Channel()
-	require.NoError(t, err)
-	defer ch.Close()
-	require.NoError(t, ch.Confirm(false))
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchange, "", false, false, p)
-	require.NoError(t, err)
-	ok, err := conf.WaitContext(ctx)
-	require.NoError(t, err)
-	require.True(t, ok, "broker confirms")
 }
 
 // TestTransport runs the transport conformance suite: what the AMQP

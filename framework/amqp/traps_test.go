@@ -101,7 +101,7 @@ func TestTrapHeadersFromTheBroker(t *testing.T) {
 	defer cancel()
 	ch, err := sub.Subscribe(ctx, topic)
 	require.NoError(t, err)
-	publishPlain(t, url, topic, amqp091.Publishing{
+	testenv.PublishAMQP(t, url, topic, amqp091.Publishing{
 		Headers:   amqp091.Table{"x-delivery-count": int32(2), "x-death": []any{amqp091.Table{"count": int64(1)}}},
 		MessageId: "plain-1",
 		Body:      []byte(`{"plain":true}`),
