@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 
 	"github.com/effectively-once/effectively/framework"
 )
@@ -16,20 +15,8 @@ import (
 // included. (The test kit's example shows the dead letter itself.)
 func ExamplePermanent() {
 	ctx := context.Background()
-	dir, err := os.MkdirTemp("", "permanent-example")
-	if err != nil {
-		panic(err)
-	}
-	defer os.RemoveAll(dir)
-	db, store, err := openExampleDB(ctx, dir)
-	if err != nil {
-		panic(err)
-	}
-	defer db.Close()
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Store: store})
-	if err != nil {
-		panic(err)
-	}
+	uow, done := exampleUnitOfWork(ctx)
+	defer done()
 	consumer, err := framework.NewConsumer("billing.ledger",
 		framework.Handle(Captured, func(_ context.Context, ev framework.Event[PaymentCaptured]) error {
 			return framework.Permanent("unknown_order", errors.New("no order "+ev.Data.OrderID))

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 
 	"github.com/effectively-once/effectively/framework"
 )
@@ -28,20 +27,8 @@ func (m *Mail) Send(key, text string) {
 // the handler ran twice.
 func ExampleIdempotencyKeyFromContext() {
 	ctx := context.Background()
-	dir, err := os.MkdirTemp("", "idempotency-example")
-	if err != nil {
-		panic(err)
-	}
-	defer os.RemoveAll(dir)
-	db, store, err := openExampleDB(ctx, dir)
-	if err != nil {
-		panic(err)
-	}
-	defer db.Close()
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Store: store})
-	if err != nil {
-		panic(err)
-	}
+	uow, done := exampleUnitOfWork(ctx)
+	defer done()
 
 	mail := &Mail{sent: map[string]bool{}}
 	failures := 1 // the first attempt fails after the call

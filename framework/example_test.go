@@ -43,6 +43,28 @@ func openExampleDB(ctx context.Context, dir string) (*sqlx.DB, *sqlite.Store, er
 	return db, store, nil
 }
 
+// exampleUnitOfWork is ExampleConsume's set-up, for the other examples: a
+// unit of work on a migrated SQLite file in a folder of its own, which done
+// removes.
+func exampleUnitOfWork(ctx context.Context) (uow *framework.UnitOfWork, done func()) {
+	dir, err := os.MkdirTemp("", "framework-example")
+	if err != nil {
+		panic(err)
+	}
+	db, store, err := openExampleDB(ctx, dir)
+	if err != nil {
+		panic(err)
+	}
+	uow, err = framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Store: store})
+	if err != nil {
+		panic(err)
+	}
+	return uow, func() {
+		_ = db.Close()
+		_ = os.RemoveAll(dir)
+	}
+}
+
 // Consume processes an event once, however often it is delivered: the
 // handler's write and the processed mark commit in one SQLite transaction.
 func ExampleConsume() {
