@@ -45,6 +45,10 @@ type Options struct {
 	// latency phase, no CPU profiles. The report of a smoke run says
 	// nothing about speed.
 	Smoke bool
+	// Profiles, when set, is a folder that keeps each run's CPU profiles
+	// (scenario-run-process.pprof) for go tool pprof; otherwise they are
+	// removed with the run's folder.
+	Profiles string
 	// Run selects the scenarios whose name matches; nil runs all.
 	Run *regexp.Regexp
 	// PostgresURL is the PostgreSQL server the runs create their

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
 	"time"
 )
 
@@ -66,7 +68,7 @@ func runOne(ctx context.Context, s Scenario, r Run, opts Options, sh *shared) Ru
 	}
 	env := &Env{Options: opts, Scenario: s.Name, Dir: dir, ID: s.Name + "-" + randomHex(4), shared: sh}
 	res, err := r.Measure(ctx, env)
-	err = errors.Join(err, env.cleanup())
+	err = errors.Join(err, env.cleanup(), keepProfiles(opts.Profiles, dir, s.Name+"-"+r.Name))
 	switch {
 	case err != nil:
 		rr.Err = err
@@ -110,4 +112,32 @@ func missingNeeds(s Scenario, opts Options) string {
 		}
 	}
 	return ""
+}
+
+// keepProfiles copies the CPU profiles in a run's folder dir to the folder
+// profiles, named after the run; it does nothing when profiles is empty.
+func keepProfiles(profiles, dir, run string) error {
+	if profiles == "" {
+		return nil
+	}
+	paths, err := filepath.Glob(filepath.Join(dir, "*.pprof"))
+	if err != nil {
+		return err
+	}
+	name := strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' {
+			return r
+		}
+		return '_'
+	}, strings.ToLower(run))
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return fmt.Errorf("keep profile: %w", err)
+		}
+		if err := os.WriteFile(filepath.Join(profiles, name+"-"+filepath.Base(p)), b, 0o644); err != nil {
+			return fmt.Errorf("keep profile: %w", err)
+		}
+	}
+	return nil
 }

@@ -42,6 +42,7 @@ func run() error {
 	flag.Float64Var(&opts.Duplicates, "duplicates", bench.DefaultDuplicates, "share of the messages that repeat an earlier event (negative: none)")
 	flag.DurationVar(&opts.LatencyDuration, "latency", bench.DefaultLatencyDuration, "how long the paced producer of the latency phase runs")
 	flag.BoolVar(&opts.Smoke, "smoke", false, "check the effects only: no latency phase, no profiles, no docs written")
+	flag.StringVar(&opts.Profiles, "profiles", "", "keep each run's CPU profiles in this folder (for go tool pprof)")
 	flag.StringVar(&pattern, "run", "", "run only the scenarios whose name matches this regular expression")
 	flag.StringVar(&out, "out", "docs/benchmarks.md", "where to write the report (empty: nowhere)")
 	flag.Usage = func() {
