@@ -26,8 +26,8 @@ const resubscribePause = 100 * time.Millisecond
 // of prefetch, and hands out up to limit deliveries at once without
 // waiting for their acks (watermill-amqp's subscriber hands out one at a
 // time): the router handles each in a goroutine of its own. Each delivery
-// is acked or nacked by itself once its message is, on the channel it
-// came from. A lost channel or connection ends its deliveries (the
+// is settled on the channel it came from once its message is, a burst of
+// acks in as few frames as is safe (see acker). A lost channel or connection ends its deliveries (the
 // broker requeues them) and the subscription consumes again once the
 // connection is back.
 //
@@ -227,12 +227,20 @@ func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) {
 	closed := ch.NotifyClose(make(chan *amqp091.Error, 1))
 	dead := make(chan struct{}) // closed when the channel is lost
 	lost := false
+	acks := newAcker(ch, 2*s.limit)
+	ackerDone := make(chan struct{})
+	go func() {
+		defer close(ackerDone)
+		acks.run()
+	}()
 	var inFlight sync.WaitGroup
 	defer func() {
 		if lost {
 			close(dead)
 		} // else the subscriber closes or ctx ended: settle sees it
 		inFlight.Wait()
+		acks.close()
+		<-ackerDone
 		_ = ch.Close()
 	}()
 	for {
@@ -259,10 +267,11 @@ func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) {
 			<-s.slots
 			return
 		}
+		acks.add(d.DeliveryTag)
 		msg, err := Marshaler{}.Unmarshal(d)
 		if err != nil { // Marshaler never fails; kept for its contract
 			s.conn.cfg.Logger.ErrorContext(ctx, "amqp: unmarshal", "queue", s.queue, "error", err)
-			_ = d.Nack(false, true)
+			acks.settle(d.DeliveryTag, false)
 			<-s.slots
 			continue
 		}
@@ -280,7 +289,7 @@ func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) {
 		}
 		if !sent {
 			cancel()
-			_ = d.Nack(false, true)
+			acks.settle(d.DeliveryTag, false)
 			<-s.slots
 			return
 		}
@@ -289,7 +298,7 @@ func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) {
 			defer inFlight.Done()
 			defer func() { <-s.slots }()
 			defer cancel()
-			s.settle(ctx, d, msg, dead)
+			s.settle(ctx, acks, d.DeliveryTag, msg, dead)
 		}()
 	}
 }
@@ -313,16 +322,17 @@ func (s *subscription) open(conn *amqp091.Connection) (*amqp091.Channel, <-chan 
 	return ch, deliveries, nil
 }
 
-// settle acks d once msg is acked, and nacks it (requeue) after the
-// pause once msg is nacked; at once when the subscriber closes or ctx
-// ends first, unless msg was acked by then. It abandons d when its channel is lost (dead closes): the
-// broker requeues d by itself, and d's tag means nothing on another
+// settle acks the delivery tag (through acks) once msg is acked, and
+// nacks it (requeue) after the pause once msg is nacked; at once when the
+// subscriber closes or ctx ends first, unless msg was acked by then. It
+// abandons the delivery when its channel is lost (dead closes): the
+// broker requeues it by itself, and its tag means nothing on another
 // channel.
-func (s *subscription) settle(ctx context.Context, d amqp091.Delivery, msg *message.Message, dead <-chan struct{}) {
+func (s *subscription) settle(ctx context.Context, acks *acker, tag uint64, msg *message.Message, dead <-chan struct{}) {
 	select {
 	case <-msg.Acked():
 		s.nacks.Store(0)
-		_ = d.Ack(false)
+		acks.settle(tag, true)
 		return
 	case <-msg.Nacked():
 		if !s.pause(ctx, dead) {
@@ -335,9 +345,9 @@ func (s *subscription) settle(ctx context.Context, d amqp091.Delivery, msg *mess
 	}
 	select {
 	case <-msg.Acked(): // acked as the subscriber closed: keep the ack
-		_ = d.Ack(false)
+		acks.settle(tag, true)
 	default:
-		_ = d.Nack(false, true)
+		acks.settle(tag, false)
 	}
 }
 
