@@ -69,6 +69,9 @@ type gatedConnector struct {
 	dsn    string
 	driver driver.Driver
 	gate   *writeGate
+	// stmts is how many statements each connection keeps prepared (see
+	// stmtCache); 0 keeps none.
+	stmts int
 }
 
 func (c *gatedConnector) Connect(context.Context) (driver.Conn, error) {
@@ -81,17 +84,52 @@ func (c *gatedConnector) Connect(context.Context) (driver.Conn, error) {
 		_ = conn.Close()
 		return nil, fmt.Errorf("sqlite: driver connection %T lacks a method the write gate needs", conn)
 	}
-	return &gatedConn{sqliteConn: sc, gate: c.gate}, nil
+	gc := &gatedConn{sqliteConn: sc, gate: c.gate}
+	if c.stmts > 0 {
+		gc.stmts = newStmtCache(c.stmts)
+	}
+	return gc, nil
 }
 
 func (c *gatedConnector) Driver() driver.Driver { return c.driver }
 
 // gatedConn holds the gate from BeginTx to Commit or Rollback, and around
-// each statement outside a transaction that may write.
+// each statement outside a transaction that may write. It runs the
+// statements it is given on the ones its cache keeps prepared.
 type gatedConn struct {
 	sqliteConn
-	gate *writeGate
-	inTx bool
+	gate  *writeGate
+	inTx  bool
+	stmts *stmtCache // nil: every statement is prepared anew
+}
+
+// Close closes the kept statements, then the connection.
+func (c *gatedConn) Close() error {
+	var err error
+	if c.stmts != nil {
+		err = c.stmts.close()
+	}
+	return errors.Join(err, c.sqliteConn.Close())
+}
+
+// exec runs query, on its kept statement when it has one free.
+func (c *gatedConn) exec(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	if c.stmts != nil {
+		if res, ok, err := c.stmts.exec(ctx, c.sqliteConn, query, args); ok {
+			return res, err
+		}
+	}
+	return c.sqliteConn.ExecContext(ctx, query, args)
+}
+
+// query runs query, on its kept statement when it has one free.
+func (c *gatedConn) query(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	if c.stmts != nil {
+		if rows, ok, err := c.stmts.query(ctx, c.sqliteConn, query, args); ok {
+			return rows, err
+		}
+	}
+	return c.sqliteConn.QueryContext(ctx, query, args)
 }
 
 func (c *gatedConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
@@ -113,25 +151,25 @@ func (c *gatedConn) Begin() (driver.Tx, error) {
 
 func (c *gatedConn) ExecContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
 	if c.inTx {
-		return c.sqliteConn.ExecContext(ctx, query, args)
+		return c.exec(ctx, query, args)
 	}
 	if err := c.gate.acquire(ctx); err != nil {
 		return nil, err
 	}
 	defer c.gate.release()
-	return c.sqliteConn.ExecContext(ctx, query, args)
+	return c.exec(ctx, query, args)
 }
 
 func (c *gatedConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	if c.inTx || isRead(query) {
-		return c.sqliteConn.QueryContext(ctx, query, args)
+		return c.query(ctx, query, args)
 	}
 	// A write that returns rows (INSERT ... RETURNING) holds the gate
 	// until its rows are read, when SQLite finishes the statement.
 	if err := c.gate.acquire(ctx); err != nil {
 		return nil, err
 	}
-	rows, err := c.sqliteConn.QueryContext(ctx, query, args)
+	rows, err := c.query(ctx, query, args)
 	if err != nil {
 		c.gate.release()
 		return nil, err

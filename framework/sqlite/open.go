@@ -33,12 +33,19 @@ type OpenConfig struct {
 	BusyTimeout time.Duration
 	// MaxOpenConns bounds the connection pool. Defaults to DefaultMaxOpenConns.
 	MaxOpenConns int
+	// StatementCacheSize is how many prepared statements each connection
+	// keeps, by query text, the least recently used dropped first: a
+	// statement run again is only bound and stepped, not parsed and
+	// planned again. Negative keeps none. Defaults to
+	// DefaultStatementCacheSize.
+	StatementCacheSize int
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
 func (c OpenConfig) WithDefaults() OpenConfig {
 	c.BusyTimeout = cmp.Or(c.BusyTimeout, DefaultBusyTimeout)
 	c.MaxOpenConns = cmp.Or(c.MaxOpenConns, DefaultMaxOpenConns)
+	c.StatementCacheSize = cmp.Or(c.StatementCacheSize, DefaultStatementCacheSize)
 	return c
 }
 
@@ -86,7 +93,7 @@ func Open(ctx context.Context, dsn string, cfg OpenConfig) (*sqlx.DB, error) {
 	}
 	drv := registered.Driver()
 	_ = registered.Close() // it never connected
-	db := sqlx.NewDb(sql.OpenDB(&gatedConnector{dsn: full, driver: drv, gate: newWriteGate(cfg.BusyTimeout)}), DriverName)
+	db := sqlx.NewDb(sql.OpenDB(&gatedConnector{dsn: full, driver: drv, gate: newWriteGate(cfg.BusyTimeout), stmts: max(cfg.StatementCacheSize, 0)}), DriverName)
 	db.SetMaxOpenConns(cfg.MaxOpenConns)
 	db.SetMaxIdleConns(cfg.MaxOpenConns)
 	if err := db.PingContext(ctx); err != nil {
