@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/jmoiron/sqlx"
 
+	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/internal/storedmsg"
 	"github.com/effectively-once/effectively/framework/internal/subscribers"
 )
@@ -37,6 +39,15 @@ import (
 // messages table notifies after every INSERT statement, whoever runs it,
 // and an idle subscription reads at once when notified. The poll stays:
 // it finds what a lost notification or a missing trigger leaves behind.
+//
+// Each delivery says whether it may be a redelivery
+// (framework.MetadataRedelivered), so that the delivery guard counts only
+// those. For that the group's row in the offsets table has two columns of
+// ours beside watermill-sql's (handedOutColumns): the highest position
+// handed out. The statement that reads rows writes it, in its own
+// transaction, before a row is handed out, so a crash never makes a row
+// that was handed out look new: after a takeover, the rows up to it are
+// redeliveries, the rows after it first deliveries.
 
 const (
 	// ackFlushInterval is the longest the group's acknowledged position
@@ -58,7 +69,16 @@ const (
 	notifyRetryMin = time.Millisecond
 	// notifyTrigger names the trigger and the function it runs.
 	notifyTrigger = "effectively_notify"
+	// handedOutLock names the advisory lock under which the handed-out
+	// columns are added to an offsets table.
+	handedOutLock = "effectively_handed_out"
 )
+
+// handedOutColumns are the columns the subscriber adds to watermill-sql's
+// offsets table: the position of the last message handed out, NULL in a
+// group's row written before they existed (unknown) and 0 in a new
+// group's (nothing handed out).
+var handedOutColumns = [2]string{"handed_out_transaction_id", "handed_out_offset"}
 
 // errClosed is returned by Subscribe after Close.
 var errClosed = errors.New("postgres: subscriber closed")
@@ -75,9 +95,10 @@ type subscriber struct {
 
 	base      context.Context // cancelled by Close
 	cancel    context.CancelFunc
-	mu        sync.Mutex // guards closed, noTrigger and wg.Add
+	mu        sync.Mutex // guards closed, noTrigger, noMarks and wg.Add
 	closed    bool
 	noTrigger map[string]bool // topics whose trigger could not be created
+	noMarks   map[string]bool // topics whose handed-out columns could not be added
 	wg        sync.WaitGroup
 	closeOnce sync.Once
 }
@@ -116,14 +137,16 @@ func newSubscriber(db *sqlx.DB, consumer string, concurrency int, cfg TransportC
 		base:        base,
 		cancel:      cancel,
 		noTrigger:   make(map[string]bool),
+		noMarks:     make(map[string]bool),
 	}, nil
 }
 
 // SubscribeInitialize creates topic's tables when they are missing, as
 // watermill-sql does, and the group's row in the offsets table, so that
 // the group keeps every message published from now on. It adds the
-// trigger that wakes the subscriptions to the messages table, also to one
-// that exists already.
+// handed-out columns to the offsets table and the trigger that wakes the
+// subscriptions to the messages table, also to tables that exist
+// already.
 func (s *subscriber) SubscribeInitialize(topic string) error {
 	if topic == "" {
 		return errors.New("postgres: subscribe: empty topic")
@@ -133,12 +156,30 @@ func (s *subscriber) SubscribeInitialize(topic string) error {
 	return s.initialize(ctx, topic)
 }
 
-// initialize creates topic's tables and the group's row, then the notify
-// trigger; a trigger that cannot be created (no rights on the table) is
-// logged once per topic, and the subscriptions poll.
+// initialize creates topic's tables, the handed-out columns and the
+// group's row, then the notify trigger. Columns that cannot be added (no
+// rights on the table) are logged once per topic, and the deliveries say
+// nothing of redelivery; a trigger that cannot be created is logged once
+// per topic, and the subscriptions poll.
 func (s *subscriber) initialize(ctx context.Context, topic string) error {
 	if err := s.initializeTables(ctx, topic); err != nil {
 		return err
+	}
+	if err := s.ensureHandedOut(ctx, topic); err != nil {
+		if s.base.Err() != nil || ctx.Err() != nil {
+			return fmt.Errorf("initialize %s: %w", topic, err)
+		}
+		s.mu.Lock()
+		warned := s.noMarks[topic]
+		s.noMarks[topic] = true
+		s.mu.Unlock()
+		if !warned {
+			s.log.Warn("postgres subscriber: could not add the handed-out columns to the offsets table; every delivery is counted",
+				slog.String("topic", topic), slog.Any("error", err))
+		}
+	}
+	if _, err := s.db.ExecContext(ctx, insertZeroOffsets(s.cfg, topic), s.group); err != nil {
+		return fmt.Errorf("initialize %s: group: %w", topic, err)
 	}
 	err := s.ensureTrigger(ctx, topic)
 	if err == nil || s.base.Err() != nil || ctx.Err() != nil {
@@ -151,6 +192,46 @@ func (s *subscriber) initialize(ctx context.Context, topic string) error {
 	if !warned {
 		s.log.Warn("postgres subscriber: could not create the notify trigger; idle subscriptions poll every PollInterval",
 			slog.String("topic", topic), slog.Any("error", err), slog.Duration("poll_interval", s.cfg.PollInterval))
+	}
+	return nil
+}
+
+// ensureHandedOut adds the handedOutColumns to topic's offsets table,
+// unless it has them, in a transaction of its own under an advisory lock.
+// The rows there get NULL (unknown), new rows 0. A failure leaves the
+// table as it was.
+func (s *subscriber) ensureHandedOut(ctx context.Context, topic string) error {
+	table := OffsetsTable(s.cfg.TablePrefix, topic)
+	tx, err := s.db.BeginTxx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("handed-out columns of %s: begin: %w", topic, err)
+	}
+	defer func() { _ = tx.Rollback() }() // no-op after Commit
+	if _, err := tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('`+handedOutLock+`', 0))`); err != nil {
+		return fmt.Errorf("handed-out columns of %s: lock: %w", topic, err)
+	}
+	var n int
+	err = tx.QueryRowContext(ctx, `SELECT count(*) FROM pg_attribute
+		WHERE attrelid = $1::text::regclass AND attname IN ($2, $3) AND NOT attisdropped`,
+		table, handedOutColumns[0], handedOutColumns[1]).Scan(&n)
+	if err != nil {
+		return fmt.Errorf("handed-out columns of %s: %w", topic, err)
+	}
+	if n == len(handedOutColumns) {
+		return nil
+	}
+	xid, off := handedOutColumns[0], handedOutColumns[1]
+	for _, q := range []string{
+		`SET LOCAL lock_timeout = ` + strconv.FormatInt(triggerLockTimeout.Milliseconds(), 10),
+		`ALTER TABLE ` + table + ` ADD COLUMN IF NOT EXISTS ` + xid + ` xid8, ADD COLUMN IF NOT EXISTS ` + off + ` bigint`,
+		`ALTER TABLE ` + table + ` ALTER COLUMN ` + xid + ` SET DEFAULT '0', ALTER COLUMN ` + off + ` SET DEFAULT 0`,
+	} {
+		if _, err := tx.ExecContext(ctx, q); err != nil {
+			return fmt.Errorf("handed-out columns of %s: %w", topic, err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("handed-out columns of %s: commit: %w", topic, err)
 	}
 	return nil
 }
@@ -208,8 +289,8 @@ func notifyChannel(prefix, topic string) string {
 
 func quoteLiteral(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''`) + `'` }
 
-// initializeTables runs watermill-sql's schema queries and inserts the
-// group's zero offsets, in one transaction.
+// initializeTables runs watermill-sql's schema queries, in one
+// transaction.
 func (s *subscriber) initializeTables(ctx context.Context, topic string) error {
 	queries, err := schemaAdapter(s.cfg).SchemaInitializingQueries(wsql.SchemaInitializingQueriesParams{Topic: topic})
 	if err != nil {
@@ -220,7 +301,6 @@ func (s *subscriber) initializeTables(ctx context.Context, topic string) error {
 		return fmt.Errorf("initialize %s: %w", topic, err)
 	}
 	queries = append(queries, offsets...)
-	queries = append(queries, wsql.Query{Query: insertZeroOffsets(s.cfg, topic), Args: []any{s.group}})
 	tx, err := s.db.BeginTxx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("initialize %s: begin: %w", topic, err)
@@ -262,10 +342,12 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		cancel()
 		return nil, errClosed
 	}
+	marking := !s.noMarks[topic]
 	sub := &subscription{
 		s:       s,
 		topic:   topic,
-		q:       newSubscriptionQueries(s.cfg, topic),
+		q:       newSubscriptionQueries(s.cfg, topic, marking),
+		marking: marking,
 		ctx:     subCtx,
 		cancel:  func() { stop(); cancel() },
 		out:     make(chan *message.Message),
@@ -301,13 +383,23 @@ func insertZeroOffsets(cfg TransportConfig, topic string) string {
 
 // subscriptionQueries are the statements of one topic's subscription.
 type subscriptionQueries struct {
-	lock, unlock, position, read, ack, zero string
-	listen, unlisten, newest                string
+	lock, unlock, position, read, ack, zero, lower string
+	listen, unlisten, newest                       string
 }
 
-func newSubscriptionQueries(cfg TransportConfig, topic string) subscriptionQueries {
+// newSubscriptionQueries returns the statements of topic's subscription;
+// with marking, the offsets table has the handedOutColumns: the position
+// reads them, each read writes them, and lower moves them back.
+func newSubscriptionQueries(cfg TransportConfig, topic string, marking bool) subscriptionQueries {
 	messages, offsets := MessagesTable(cfg.TablePrefix, topic), OffsetsTable(cfg.TablePrefix, topic)
-	return subscriptionQueries{
+	xid, off := handedOutColumns[0], handedOutColumns[1]
+	// watermill-sql's SelectQuery, from the subscription's own position
+	// instead of the group's locked row.
+	selectRows := `SELECT "offset", transaction_id, uuid, payload, metadata FROM ` + messages + `
+			WHERE ((transaction_id = $1::text::xid8 AND "offset" > $2) OR transaction_id > $1::text::xid8)
+			AND transaction_id < pg_snapshot_xmin(pg_current_snapshot())
+			ORDER BY transaction_id, "offset" LIMIT $3`
+	q := subscriptionQueries{
 		// The key names the offsets table by its oid, so that the tables
 		// of one name in other schemas have keys of their own.
 		lock: `SELECT k, pg_try_advisory_lock(k) FROM (SELECT hashtextextended(` +
@@ -316,14 +408,10 @@ func newSubscriptionQueries(cfg TransportConfig, topic string) subscriptionQueri
 		listen:   `LISTEN ` + quoteIdent(notifyChannel(cfg.TablePrefix, topic)),
 		unlisten: `UNLISTEN *`,
 		newest:   `SELECT COALESCE(max(transaction_id)::text, '0') FROM ` + messages,
-		position: `SELECT COALESCE(offset_acked, 0), last_processed_transaction_id FROM ` + offsets + ` WHERE consumer_group = $1`,
-		zero:     insertZeroOffsets(cfg, topic),
-		// watermill-sql's SelectQuery, from the subscription's own
-		// position instead of the group's locked row.
-		read: `SELECT "offset", transaction_id, uuid, payload, metadata FROM ` + messages + `
-			WHERE ((transaction_id = $1::text::xid8 AND "offset" > $2) OR transaction_id > $1::text::xid8)
-			AND transaction_id < pg_snapshot_xmin(pg_current_snapshot())
-			ORDER BY transaction_id, "offset" LIMIT $3`,
+		position: `SELECT COALESCE(offset_acked, 0), last_processed_transaction_id, NULL::text, NULL::bigint FROM ` + offsets +
+			` WHERE consumer_group = $1`,
+		zero: insertZeroOffsets(cfg, topic),
+		read: selectRows,
 		// watermill-sql's AckMessageQuery, which never moves a group back.
 		ack: `INSERT INTO ` + offsets + ` AS o (consumer_group, offset_acked, last_processed_transaction_id)
 			VALUES ($1, $2, $3::text::xid8)
@@ -333,6 +421,28 @@ func newSubscriptionQueries(cfg TransportConfig, topic string) subscriptionQueri
 			WHERE (o.last_processed_transaction_id, COALESCE(o.offset_acked, 0)) <
 				(excluded.last_processed_transaction_id, excluded.offset_acked)`,
 	}
+	if !marking {
+		return q
+	}
+	q.position = `SELECT COALESCE(offset_acked, 0), last_processed_transaction_id, ` + xid + `::text, ` + off + ` FROM ` + offsets +
+		` WHERE consumer_group = $1`
+	// The rows read, and in the same statement (one transaction, committed
+	// before the rows are handed out) the last of them as the group's
+	// handed-out position, which never moves back here.
+	q.read = `WITH r AS (` + selectRows + `),
+		mark AS (
+			INSERT INTO ` + offsets + ` AS o (consumer_group, offset_acked, last_processed_transaction_id, ` + xid + `, ` + off + `)
+			SELECT $4::text, 0, '0'::xid8, transaction_id, "offset" FROM r ORDER BY transaction_id DESC, "offset" DESC LIMIT 1
+			ON CONFLICT (consumer_group) DO UPDATE SET ` + xid + ` = excluded.` + xid + `, ` + off + ` = excluded.` + off + `
+			WHERE (COALESCE(o.` + xid + `, '0'), COALESCE(o.` + off + `, 0)) < (excluded.` + xid + `, excluded.` + off + `)
+		)
+		SELECT "offset", transaction_id, uuid, payload, metadata FROM r ORDER BY transaction_id, "offset"`
+	// On close: back to the last row this subscription handed out, when
+	// it read further, so that the next one hands out the rest as first
+	// deliveries.
+	q.lower = `UPDATE ` + offsets + ` SET ` + xid + ` = $2::text::xid8, ` + off + ` = $3
+		WHERE consumer_group = $1 AND (` + xid + `, ` + off + `) > ($2::text::xid8, $3)`
+	return q
 }
 
 // position is a row's place in a topic: rows are read in this order.
@@ -355,6 +465,7 @@ type row struct {
 	current           *delivery // handed out and not yet resolved
 	queued            bool      // waits in the queue to be handed out
 	resendAt          time.Time // nacked: handed out again then
+	handedOut         bool      // this process handed it out before
 }
 
 // delivery is one handing out of a row.
@@ -401,6 +512,14 @@ type subscription struct {
 	key     int64     // the advisory lock's key
 	locked  bool
 	retryAt time.Time // when to connect or try the lock again
+
+	// With marking, the group's row holds its handed-out position (see
+	// handedOutColumns), and each delivery says whether it may be a
+	// redelivery (see redelivered).
+	marking    bool
+	takenMark  position // the group's handed-out position when the lock was taken
+	unknownXID uint64   // when that was unknown, the newest transaction with a row then
+	handedHigh position // the last row handed out since the lock was taken
 
 	listening    bool          // conn LISTENs on the topic's channel
 	listenWarned bool          // a failed LISTEN was logged
@@ -464,6 +583,10 @@ func (sub *subscription) run() {
 			sub.queue = sub.queue[1:]
 			d.r.queued = false
 			d.r.current = d
+			d.r.handedOut = true
+			if sub.handedHigh.less(d.r.pos) {
+				sub.handedHigh = d.r.pos
+			}
 			d.sentAt = time.Now()
 			sub.sent[d] = struct{}{}
 			sub.msgWG.Add(1)
@@ -641,12 +764,39 @@ func (sub *subscription) listen(ctx context.Context) {
 	sub.listening = true
 }
 
-// deliveryOf returns a new delivery of r, with a message of its own.
+// deliveryOf returns a new delivery of r, with a message of its own,
+// which says whether it may be a redelivery (see redelivered).
 func (sub *subscription) deliveryOf(r *row) *delivery {
-	msg := storedmsg.Message(r.uuid, r.payload, r.metadata)
+	msg := storedmsg.Message(r.uuid, r.payload, r.metadata) // never the producer's word on redelivery
+	if said, known := sub.redelivered(r); known {
+		msg.Metadata.Set(framework.MetadataRedelivered, strconv.FormatBool(said))
+	}
 	ctx, cancel := context.WithCancel(sub.ctx)
 	msg.SetContext(ctx)
 	return &delivery{r: r, msg: msg, cancel: cancel}
+}
+
+// redelivered tells whether r, about to be handed out, may have been
+// handed out before: yes when this process did, or when it is at or below
+// the group's handed-out position read when the lock was taken (another
+// process, or this one before it lost its connection, handed it out, or
+// read it to); no when it is after that position, since every read writes
+// the position past its rows before they are handed out. known is false
+// without the handed-out columns, and for the rows there when the lock
+// was taken while the group's position was unknown (written by a
+// subscriber that did not mark).
+func (sub *subscription) redelivered(r *row) (said, known bool) {
+	switch {
+	case r.handedOut:
+		return true, true
+	case !sub.marking:
+		return false, false
+	case !sub.takenMark.less(r.pos):
+		return true, true
+	case r.pos.xid <= sub.unknownXID:
+		return false, false
+	}
+	return false, true
 }
 
 // queryContext returns the context of a statement on the subscription's
@@ -761,12 +911,16 @@ func (sub *subscription) read(now time.Time) error {
 	sub.stopWaiting()
 	ctx, cancel := sub.queryContext()
 	defer cancel()
-	rows, err := sub.conn.QueryContext(ctx, sub.q.read, strconv.FormatUint(sub.cursor.xid, 10), sub.cursor.offset, room)
+	args := []any{strconv.FormatUint(sub.cursor.xid, 10), sub.cursor.offset, room}
+	if sub.marking {
+		args = append(args, sub.s.group)
+	}
+	rows, err := sub.conn.QueryContext(ctx, sub.q.read, args...)
 	if err != nil {
 		return fmt.Errorf("read: %w", err)
 	}
 	schema := schemaAdapter(sub.s.cfg)
-	n := 0
+	var read []*row
 	for rows.Next() {
 		wr, err := schema.UnmarshalMessage(wsql.UnmarshalMessageParams{Row: rows})
 		if err != nil {
@@ -774,21 +928,24 @@ func (sub *subscription) read(now time.Time) error {
 			return fmt.Errorf("read: %w", err)
 		}
 		xid, _ := wr.ExtraData["transaction_id"].(wsql.XID8)
-		r := &row{
+		read = append(read, &row{
 			pos:      position{xid: uint64(xid), offset: wr.Offset},
 			uuid:     string(wr.UUID),
 			payload:  wr.Payload,
 			metadata: wr.Metadata,
-		}
-		sub.window = append(sub.window, r)
-		sub.enqueue(r)
-		sub.cursor = r.pos
-		n++
+		})
 	}
+	// Closed without error, the statement committed: the handed-out
+	// position is written, and the rows may be handed out.
 	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
 		return fmt.Errorf("read: %w", err)
 	}
-	if n < room {
+	for _, r := range read {
+		sub.window = append(sub.window, r)
+		sub.enqueue(r)
+		sub.cursor = r.pos
+	}
+	if len(read) < room {
 		sub.readAt = sub.nextRead(now) // caught up
 	} else {
 		sub.readAt = time.Time{}
@@ -849,9 +1006,22 @@ func (sub *subscription) acquire() error {
 	if xid, err := strconv.ParseUint(newest, 10, 64); err == nil {
 		sub.notifiedXID = max(sub.notifiedXID, xid)
 	}
-	stored, err := sub.storedPosition(ctx)
+	stored, mark, err := sub.storedPosition(ctx)
 	if err != nil {
 		return err
+	}
+	// The rows handed out up to now (see redelivered) are the ones up to
+	// the group's handed-out position; when that is unknown, any row there
+	// now may have been.
+	sub.dropNext() // prepared before, it may say otherwise
+	sub.handedHigh = position{}
+	sub.takenMark, sub.unknownXID = position{}, 0
+	if mark != nil {
+		sub.takenMark = *mark
+	} else if xid, err := strconv.ParseUint(newest, 10, 64); err == nil {
+		sub.unknownXID = xid
+	} else {
+		sub.unknownXID = math.MaxUint64
 	}
 	if sub.cursor.less(stored) {
 		sub.cursor = stored
@@ -865,23 +1035,34 @@ func (sub *subscription) acquire() error {
 	return nil
 }
 
-// storedPosition reads the group's position, giving it the zero row when
-// it has none.
-func (sub *subscription) storedPosition(ctx context.Context) (position, error) {
+// storedPosition reads the group's acknowledged position, giving it the
+// zero row when it has none, and its handed-out position: nil when
+// unknown (see handedOutColumns).
+func (sub *subscription) storedPosition(ctx context.Context) (acked position, handedOut *position, err error) {
 	var (
-		p   position
-		xid wsql.XID8
+		xid       wsql.XID8
+		markXID   sql.NullString
+		markOffet sql.NullInt64
 	)
-	err := sub.conn.QueryRowContext(ctx, sub.q.position, sub.s.group).Scan(&p.offset, &xid)
+	err = sub.conn.QueryRowContext(ctx, sub.q.position, sub.s.group).Scan(&acked.offset, &xid, &markXID, &markOffet)
 	if errors.Is(err, sql.ErrNoRows) {
-		_, err = sub.conn.ExecContext(ctx, sub.q.zero, sub.s.group)
-		return position{}, err
+		if _, err := sub.conn.ExecContext(ctx, sub.q.zero, sub.s.group); err != nil {
+			return position{}, nil, fmt.Errorf("give the group its row: %w", err)
+		}
+		return position{}, &position{}, nil // a new row: nothing handed out
 	}
 	if err != nil {
-		return position{}, fmt.Errorf("read the group's position: %w", err)
+		return position{}, nil, fmt.Errorf("read the group's position: %w", err)
 	}
-	p.xid = uint64(xid)
-	return p, nil
+	acked.xid = uint64(xid)
+	if !markXID.Valid || !markOffet.Valid {
+		return acked, nil, nil
+	}
+	mx, err := strconv.ParseUint(markXID.String, 10, 64)
+	if err != nil {
+		return position{}, nil, fmt.Errorf("read the group's handed-out position %q: %w", markXID.String, err)
+	}
+	return acked, &position{xid: mx, offset: markOffet.Int64}, nil
 }
 
 // lost gives up the connection, and the lock with it, after a failed
@@ -936,6 +1117,20 @@ func (sub *subscription) shutdown() {
 	}
 	ctx, cancel := sub.queryContext()
 	defer cancel()
+	if sub.locked && sub.marking {
+		// Nothing is handed out any more: the rows read but never handed
+		// out are first deliveries for the next subscription. The position
+		// stays at least where it was when the lock was taken, since the
+		// rows before it may have been handed out by another.
+		last := sub.handedHigh
+		if last.less(sub.takenMark) {
+			last = sub.takenMark
+		}
+		if _, err := sub.conn.ExecContext(ctx, sub.q.lower, sub.s.group, strconv.FormatUint(last.xid, 10), last.offset); err != nil {
+			sub.log.Warn("postgres subscriber: could not write the handed-out position on close; the messages read ahead come again as redeliveries",
+				slog.Any("error", err))
+		}
+	}
 	if sub.locked {
 		if _, err := sub.conn.ExecContext(ctx, sub.q.unlock, sub.key); err != nil {
 			sub.discard()

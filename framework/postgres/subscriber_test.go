@@ -426,3 +426,124 @@ func BenchmarkSubscriberSlowHandlers(b *testing.B) {
 		})
 	}
 }
+
+// redeliveredSaid returns what msg says of its past: "true", "false", or
+// "" when it says nothing.
+func redeliveredSaid(msg *message.Message) string {
+	return msg.Metadata.Get(framework.MetadataRedelivered)
+}
+
+// terminateGroupHolder ends the PostgreSQL session that holds group's
+// lock on topic, as if its process had died: no statement of the
+// subscription runs after it.
+func terminateGroupHolder(t *testing.T, db *sqlx.DB, topic, group string) {
+	t.Helper()
+	var ended []bool
+	require.NoError(t, db.Select(&ended, `SELECT pg_terminate_backend(pid) FROM pg_locks
+		WHERE locktype = 'advisory' AND objsubid = 1 AND granted
+		AND ((classid::bigint << 32) | objid::bigint) = hashtextextended($1::text::regclass::oid::text || '/' || $2::text, 0)`,
+		postgres.OffsetsTable("", topic), group))
+	require.Equal(t, []bool{true}, ended, "one session held the group's lock")
+}
+
+// TestSubscriberSaysWhatIsRedelivered shows what a delivery says of its
+// past, so that the delivery guard counts only what may be a redelivery:
+// a message read for the first time is a first delivery ("false", even
+// when its producer stored another word), one handed out before is a
+// redelivery ("true"): after a nack, after a restart of the subscriber,
+// and after its process died without a word (the group's handed-out
+// position was written before the message was handed out). The messages
+// a subscriber read ahead but never handed out are first deliveries for
+// the next one.
+func TestSubscriberSaysWhatIsRedelivered(t *testing.T) {
+	t.Parallel()
+	url := testenv.PostgresURL(t)
+	db := open(t, url, 4)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const topic, group = "redelivered", "redelivered"
+	pub := newTransport(t, db, url).Publisher()
+	publishUUIDs(t, pub, topic, "m1")
+	_, err := db.Exec(`INSERT INTO `+postgres.MessagesTable("", topic)+` (uuid, payload, metadata, transaction_id)
+		VALUES ('m2', '{}', $1, pg_current_xact_id())`, `{"`+framework.MetadataRedelivered+`":"true"}`)
+	require.NoError(t, err)
+	publishUUIDs(t, pub, topic, "m3")
+
+	first := concurrentSubscriber(t, newTransport(t, db, url), group, topic, 1)
+	ch, err := first.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	m1 := receive(ctx, t, ch, "m1")
+	require.Equal(t, "m1", m1.UUID)
+	require.Equal(t, "false", redeliveredSaid(m1), "read for the first time")
+	m1.Nack()
+	m2 := receive(ctx, t, ch, "m2")
+	require.Equal(t, "m2", m2.UUID)
+	require.Equal(t, "false", redeliveredSaid(m2), "read for the first time; its producer's word is not taken")
+	require.NoError(t, first.Close()) // m1 nacked and m2 in hand; m3 read, never handed out
+
+	second := concurrentSubscriber(t, newTransport(t, db, url), group, topic, 1)
+	ch, err = second.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	for _, want := range []struct{ id, said, why string }{
+		{"m1", "true", "handed out before the restart"},
+		{"m2", "true", "handed out before the restart"},
+		{"m3", "false", "read ahead, never handed out"},
+	} {
+		msg := receive(ctx, t, ch, want.id)
+		require.Equal(t, want.id, msg.UUID)
+		require.Equal(t, want.said, redeliveredSaid(msg), "%s: %s", want.id, want.why)
+		if want.id != "m3" {
+			msg.Ack()
+			continue
+		}
+		msg.Nack()
+		msg = receive(ctx, t, ch, "m3 after its nack")
+		require.Equal(t, "m3", msg.UUID)
+		require.Equal(t, "true", redeliveredSaid(msg), "handed out again after a nack")
+		msg.Ack()
+	}
+	publishUUIDs(t, pub, topic, "m4")
+	m4 := receive(ctx, t, ch, "m4")
+	require.Equal(t, "false", redeliveredSaid(m4), "published after the restart")
+	terminateGroupHolder(t, db, topic, group) // its process dies with m4 in hand
+	require.NoError(t, second.Close())
+
+	third := concurrentSubscriber(t, newTransport(t, db, url), group, topic, 1)
+	ch, err = third.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	m4 = receive(ctx, t, ch, "m4 after the takeover")
+	require.Equal(t, "m4", m4.UUID)
+	require.Equal(t, "true", redeliveredSaid(m4), "handed out by a process that died")
+	m4.Ack()
+}
+
+// TestSubscriberUnknownHandedOut takes over a group whose handed-out
+// position is unknown (its row was written before the subscriber kept
+// one): the messages there then say nothing of their past (any process
+// may have handed them out, and counted them), and those published after
+// are first deliveries.
+func TestSubscriberUnknownHandedOut(t *testing.T) {
+	t.Parallel()
+	url := testenv.PostgresURL(t)
+	db := open(t, url, 4)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const topic, group = "unknown", "unknown"
+	tr := newTransport(t, db, url)
+	sub := concurrentSubscriber(t, tr, group, topic, 1)
+	require.NoError(t, sub.(message.SubscribeInitializer).SubscribeInitialize(topic))
+	_, err := db.Exec(`UPDATE ` + postgres.OffsetsTable("", topic) + ` SET handed_out_transaction_id = NULL, handed_out_offset = NULL`)
+	require.NoError(t, err)
+	publishUUIDs(t, tr.Publisher(), topic, "before")
+
+	ch, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	msg := receive(ctx, t, ch, "the message there before")
+	_, said := msg.Metadata[framework.MetadataRedelivered]
+	require.False(t, said, "another process may have handed it out")
+	msg.Ack()
+	publishUUIDs(t, tr.Publisher(), topic, "after")
+	msg = receive(ctx, t, ch, "the message published after")
+	require.Equal(t, "false", redeliveredSaid(msg))
+	msg.Ack()
+}
