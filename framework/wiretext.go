@@ -2,9 +2,13 @@ package framework
 
 import (
 	"bytes"
+	"encoding/json"
 	"maps"
+	"net/url"
 	"slices"
+	"strconv"
 	"strings"
+	"time"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -335,4 +339,216 @@ func hex4(b []byte) rune {
 		}
 	}
 	return r
+}
+
+// plainAttribute is one of the attributes that decodePlain reads, as a
+// bit of the set it has seen.
+type plainAttribute uint16
+
+// The attributes of a plain event (see decodePlain).
+const (
+	plainSpecVersion plainAttribute = 1 << iota
+	plainID
+	plainSource
+	plainType
+	plainVersion
+	plainSubject
+	plainTime
+	plainDataContentType
+	plainSubjectSeq
+	plainCorrelationID
+	plainTraceParent
+	plainTraceState
+	plainData
+
+	// plainRequired are the attributes every event holds.
+	plainRequired = plainSpecVersion | plainID | plainSource | plainType | plainVersion
+)
+
+// plainAttributeOf returns the attribute named name as written, without
+// escapes; 0 for any other name.
+func plainAttributeOf(name []byte) plainAttribute {
+	switch string(name) {
+	case "specversion":
+		return plainSpecVersion
+	case "id":
+		return plainID
+	case "source":
+		return plainSource
+	case "type":
+		return plainType
+	case extVersion:
+		return plainVersion
+	case "subject":
+		return plainSubject
+	case "time":
+		return plainTime
+	case "datacontenttype":
+		return plainDataContentType
+	case extSubjectSeq:
+		return plainSubjectSeq
+	case extCorrelationID:
+		return plainCorrelationID
+	case extTraceParent:
+		return plainTraceParent
+	case extTraceState:
+		return plainTraceState
+	case "data":
+		return plainData
+	}
+	return 0
+}
+
+// decodePlain decodes body in one pass over its JSON text, without the
+// CloudEvents SDK, when body is a plain event: a JSON object holding
+// specversion "1.0", id, source, type and eventversion, and at most
+// subject, time, subjectseq, correlationid, traceparent, tracestate, data
+// and a datacontenttype of application/json or text/json; each once,
+// under its name written without escapes, with a value that Decode
+// accepts. That is what Encode writes, and what producers usually do. ok
+// is false for every other body (another attribute, dataschema,
+// data_base64, an attribute Decode refuses): Decode leaves it to
+// decodeSDK. So a body that decodePlain takes is one that decodeSDK takes,
+// to the same envelope (FuzzDecodePlain checks it), and every refusal is
+// decodeSDK's, worded as it always was.
+func decodePlain(body []byte) (env Envelope, ok bool) {
+	if !json.Valid(body) {
+		return Envelope{}, false
+	}
+	i := skipSpace(body, 0)
+	if body[i] != '{' {
+		return Envelope{}, false
+	}
+	// The attributes written without escapes are substrings of one copy
+	// of the text: one allocation for them all.
+	text := string(body)
+	var seen plainAttribute
+	// body is valid JSON: each member is a string, a colon and a value,
+	// followed by a comma or the closing brace.
+	for i = skipSpace(body, i+1); body[i] == '"'; {
+		nameEnd := stringEnd(body, i)
+		attr := plainAttributeOf(body[i+1 : nameEnd-1])
+		if attr == 0 || seen&attr != 0 {
+			return Envelope{}, false
+		}
+		seen |= attr
+		colon := skipSpace(body, nameEnd)
+		start := skipSpace(body, colon+1)
+		end := valueEnd(body, start)
+		if attr == plainData {
+			// As the SDK keeps it: the text from the colon on, the space
+			// before the value included.
+			env.Data = bytes.Clone(body[colon+1 : end])
+		} else if !env.setPlain(attr, body[start:end], text[start:end]) {
+			return Envelope{}, false
+		}
+		if i = skipSpace(body, end); body[i] == ',' {
+			i = skipSpace(body, i+1)
+		}
+	}
+	if seen&plainRequired != plainRequired || env.Validate() != nil {
+		return Envelope{}, false
+	}
+	return env, true
+}
+
+// setPlain sets the attribute attr of a plain event (see decodePlain) from
+// its value, raw as written, and text, the same as a string. It reports
+// whether the value is one that Decode accepts.
+func (env *Envelope) setPlain(attr plainAttribute, raw []byte, text string) bool {
+	if attr == plainVersion {
+		v, err := parseVersion(raw)
+		env.Version = v
+		return err == nil
+	}
+	switch attr {
+	case plainSpecVersion:
+		return text == `"1.0"`
+	case plainDataContentType:
+		return text == `"application/json"` || text == `"text/json"`
+	}
+	s, ok := plainString(raw, text)
+	if !ok {
+		return false
+	}
+	switch attr {
+	case plainID:
+		env.ID = s
+		return strings.TrimSpace(s) != "" // as the SDK's validation trims
+	case plainSource:
+		env.Source, ok = uriReference(s)
+		return ok && strings.TrimSpace(env.Source) != ""
+	case plainType:
+		env.Type = s
+		return strings.TrimSpace(s) != ""
+	case plainSubject:
+		env.Subject = s
+		return s == "" || strings.TrimSpace(s) != "" // the SDK drops an empty one
+	case plainTime:
+		if s == "" {
+			return true // the SDK reads it as no time
+		}
+		t, err := time.Parse(time.RFC3339Nano, s)
+		env.Time = t
+		return err == nil
+	case plainSubjectSeq:
+		seq, err := strconv.ParseInt(s, 10, 64)
+		env.SubjectSeq = seq
+		return err == nil && seq >= 1 && onlyDigits(s)
+	case plainCorrelationID:
+		env.CorrelationID = s
+	case plainTraceParent:
+		env.TraceParent = s
+	case plainTraceState:
+		env.TraceState = s
+	}
+	return true
+}
+
+// plainString returns the JSON value raw, written as text, as a String
+// attribute: text's own bytes between the quotes when it holds no escape.
+// ok is false when raw is not a string or breaks the rules of a String.
+func plainString(raw []byte, text string) (s string, ok bool) {
+	if raw[0] != '"' {
+		return "", false
+	}
+	if bytes.IndexByte(raw, '\\') >= 0 {
+		s, problem := unquote(raw)
+		return s, problem == ""
+	}
+	if decodeString(raw, nil) != "" {
+		return "", false
+	}
+	return text[1 : len(text)-1], true
+}
+
+// uriReference returns s as the CloudEvents SDK reads a source: parsed as
+// a URI reference and written back. ok is false when s does not parse.
+func uriReference(s string) (string, bool) {
+	if plainPath(s) {
+		return s, true // parses, and is written back as it is
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		return "", false
+	}
+	return u.String(), true
+}
+
+// plainPath reports whether s is a relative reference made of a path of
+// unreserved characters and slashes alone, not starting with two slashes:
+// url.Parse takes it, and its String gives s back.
+func plainPath(s string) bool {
+	if s == "" || strings.HasPrefix(s, "//") {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case c == '-', c == '.', c == '_', c == '~', c == '/':
+		default:
+			return false
+		}
+	}
+	return true
 }
