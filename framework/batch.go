@@ -2,6 +2,7 @@ package framework
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"strconv"
 	"sync"
@@ -213,8 +214,9 @@ func (g *group) try(batch []*attemptRun) (committed, retry []*attemptRun, failed
 		}
 		return nil, nil, -1
 	}
-	if stmt := g.timeout(batch); stmt != "" {
-		if _, err := tx.ExecContext(ctx, stmt); err != nil {
+	timeout := g.timeout(batch)
+	if timeout != "" {
+		if _, err := tx.ExecContext(ctx, timeout); err != nil {
 			c, r := g.abort(tx, batch, nil, nil, fmt.Errorf("statement timeout: %w", err))
 			return c, r, -1
 		}
@@ -244,6 +246,12 @@ func (g *group) try(batch []*attemptRun) (committed, retry []*attemptRun, failed
 			settled = append(settled, a) // a duplicate: nothing to write
 			a.tx.rolledBack()
 		}
+		if a.tx.setsSession && i < len(batch)-1 {
+			if err := g.resetSession(ctx, tx, timeout); err != nil {
+				c, r := g.abort(tx, batch[i+1:], ok, settled, err)
+				return c, r, -1
+			}
+		}
 	}
 	if len(ok) == 0 {
 		_ = tx.Rollback() // nothing to commit
@@ -256,6 +264,29 @@ func (g *group) try(batch []*attemptRun) (committed, retry []*attemptRun, failed
 		return nil, append(ok, settled...), -1
 	}
 	return ok, nil, -1
+}
+
+// resetSession undoes, on PostgreSQL, the settings an attempt made in the
+// batch's transaction (SET LOCAL, set_config(..., true); a plain SET too)
+// before the next attempt runs: RESET ALL returns every setting to the
+// session's default (the server's, the role's, the database's and the
+// connection string's), then the batch's statement timeout is set again.
+// SQLite has no such settings.
+func (g *group) resetSession(ctx context.Context, tx interface {
+	ExecContext(context.Context, string, ...any) (sql.Result, error)
+}, timeout string) error {
+	if g.u.db.DriverName() != "pgx" {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, "RESET ALL"); err != nil {
+		return fmt.Errorf("reset the settings of the attempt before: %w", err)
+	}
+	if timeout != "" {
+		if _, err := tx.ExecContext(ctx, timeout); err != nil {
+			return fmt.Errorf("statement timeout: %w", err)
+		}
+	}
+	return nil
 }
 
 // manyMarker is a Store that marks many events in one statement (the SQL

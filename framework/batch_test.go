@@ -185,7 +185,8 @@ func TestGroupCommit(t *testing.T) {
 
 // gather runs fn for each of ids at once on uow, as attempts of one
 // batch: a first attempt holds the only batch slot until all of them
-// wait. It returns each attempt's outcome and error.
+// wait. An attempt whose id starts with "slow" has 300 ms, with
+// "deadline" a minute. It returns each attempt's outcome and error.
 func gather(t *testing.T, uow *framework.UnitOfWork, ids []string, fn func(ctx context.Context, id string) error) ([]framework.Outcome, []error) {
 	t.Helper()
 	ctx := t.Context()
@@ -205,9 +206,14 @@ func gather(t *testing.T, uow *framework.UnitOfWork, ids []string, fn func(ctx c
 	for i, id := range ids {
 		wg.Go(func() {
 			actx := ctx
-			if strings.HasPrefix(id, "slow") {
+			switch {
+			case strings.HasPrefix(id, "slow"):
 				var cancel context.CancelFunc
 				actx, cancel = context.WithTimeout(ctx, 300*time.Millisecond)
+				defer cancel()
+			case strings.HasPrefix(id, "deadline"):
+				var cancel context.CancelFunc
+				actx, cancel = context.WithTimeout(ctx, time.Minute)
 				defer cancel()
 			}
 			outcomes[i], errs[i] = uow.Do(actx, "c", framework.Key{Source: "s", ID: id}, func(ctx context.Context) error { return fn(ctx, id) })
@@ -376,5 +382,86 @@ func TestMarkMany(t *testing.T) {
 			})
 			require.NoError(t, err)
 		})
+	}
+}
+
+// TestGroupCommitResetsSettings shows that on PostgreSQL what an attempt
+// sets in the batch's transaction (set_config(..., true), SET LOCAL) does
+// not reach the next attempt of its batch, while its writes commit with
+// the batch, and the batch's statement timeout still holds after the
+// reset.
+func TestGroupCommitResetsSettings(t *testing.T) {
+	t.Parallel()
+	b := groupBackends()["PostgreSQL"](t)
+	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: 8, Batches: 1})
+	require.NoError(t, err)
+	type seen struct{ tenant, workMem, timeout, txid string }
+	var mu sync.Mutex
+	saw := map[string]seen{}
+	ids := []string{"deadline-a", "deadline-b", "deadline-c"} // with deadlines: the batch sets a statement timeout
+	outcomes, errs := gather(t, uow, ids, func(ctx context.Context, id string) error {
+		conn := framework.Conn(ctx, b.db)
+		var s seen
+		if err := sqlx.GetContext(ctx, conn, &s.tenant, `SELECT coalesce(current_setting('app.tenant', true), '')`); err != nil {
+			return err
+		}
+		if err := sqlx.GetContext(ctx, conn, &s.workMem, `SHOW work_mem`); err != nil {
+			return err
+		}
+		if err := sqlx.GetContext(ctx, conn, &s.timeout, `SHOW statement_timeout`); err != nil {
+			return err
+		}
+		var err error
+		if s.txid, err = b.txid(ctx, conn); err != nil {
+			return err
+		}
+		mu.Lock()
+		saw[id] = s
+		mu.Unlock()
+		if id != ids[2] {
+			if _, err := conn.ExecContext(ctx, `SELECT set_config('app.tenant', $1, true)`, "tenant-"+id); err != nil {
+				return err
+			}
+			if _, err := conn.ExecContext(ctx, `SET LOCAL work_mem = '77MB'`); err != nil {
+				return err
+			}
+		}
+		_, err = conn.ExecContext(ctx, `INSERT INTO effects (id, seen) VALUES ($1, 1)`, id)
+		return err
+	})
+	for i := range errs {
+		require.NoError(t, errs[i])
+		require.Equal(t, framework.Processed, outcomes[i])
+	}
+	first := saw[ids[0]]
+	require.Equal(t, first.txid, saw[ids[2]].txid, "one batch, one transaction")
+	require.NotEqual(t, "0", first.timeout, "the batch sets a statement timeout")
+	for _, id := range ids {
+		require.Empty(t, saw[id].tenant, "%s sees no tenant of an earlier attempt", id)
+		require.Equal(t, first.workMem, saw[id].workMem, "%s sees the session's work_mem", id)
+		require.Equal(t, first.timeout, saw[id].timeout, "%s runs under the batch's statement timeout", id)
+	}
+	var n int
+	require.NoError(t, b.db.GetContext(t.Context(), &n, `SELECT count(*) FROM effects`))
+	require.Equal(t, 3, n)
+}
+
+// TestSetsSession: the statements after which a batch resets the
+// session's settings, and the common ones after which it does not.
+func TestSetsSession(t *testing.T) {
+	for q, want := range map[string]bool{
+		`SET LOCAL app.tenant = 'a'`:                    true,
+		"  set\tsearch_path TO x":                       true,
+		`RESET ALL`:                                     true,
+		`SELECT set_config('app.tenant', $1, true)`:     true,
+		`select SET_CONFIG('app.tenant', $1, true)`:     true,
+		`(SELECT Set_Config('a.b', 'c', true))`:         true,
+		`UPDATE t SET x = 1`:                            false,
+		`INSERT INTO settings (k) VALUES ('set')`:       false,
+		`INSERT INTO reminders (id) VALUES ($1)`:        false,
+		`SELECT id FROM t WHERE name = 'offset_config'`: false,
+		``: false,
+	} {
+		require.Equal(t, want, framework.SetsSession(q), q)
 	}
 }

@@ -10,3 +10,6 @@ func Waiting(u *UnitOfWork) int {
 	defer u.group.mu.Unlock()
 	return len(u.group.waiting)
 }
+
+// SetsSession exposes setsSession to the tests.
+var SetsSession = setsSession

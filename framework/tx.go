@@ -6,6 +6,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -22,13 +23,20 @@ import (
 // batch's own context (a canceled attempt fails its next statement
 // instead of interrupting the shared connection). Each run of an attempt
 // has a Tx of its own: when a batch-mate's failure rolls the batch back,
-// the attempt runs again with a new one. Without a database (the
-// in-memory store) it runs no statement; its hooks still run.
+// the attempt runs again with a new one. On PostgreSQL, after an
+// attempt that set something (SET, set_config), the batch runs RESET ALL
+// before the next attempt, so settings never leak from one attempt to the
+// next; locks it took do. Without a database (the in-memory store) it
+// runs no statement; its hooks still run.
 type Tx struct {
 	tx            *sqlx.Tx
 	ctx           context.Context // the context of the database transaction
 	afterCommit   []func()
 	afterRollback []func()
+	// setsSession is true once a statement of the attempt may have changed
+	// a setting of the session (SET, set_config): the batch resets them
+	// before its next attempt.
+	setsSession bool
 }
 
 // OnCommit registers f to run after the attempt's effect committed.
@@ -51,9 +59,12 @@ var errNoDB = errors.New("attempt transaction: no database (the unit of work has
 // transaction's own, so that ctx ending never interrupts a statement of
 // a shared connection, unless ctx has ended already: then database/sql
 // fails the statement before the driver sees it.
-func (t *Tx) stmt(ctx context.Context) (context.Context, error) {
+func (t *Tx) stmt(ctx context.Context, query string) (context.Context, error) {
 	if t.tx == nil {
 		return nil, errNoDB
+	}
+	if !t.setsSession && setsSession(query) {
+		t.setsSession = true
 	}
 	if ctx.Err() != nil || t.ctx == nil {
 		return ctx, nil
@@ -63,7 +74,7 @@ func (t *Tx) stmt(ctx context.Context) (context.Context, error) {
 
 // ExecContext executes a statement in the attempt's transaction.
 func (t *Tx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	sctx, err := t.stmt(ctx)
+	sctx, err := t.stmt(ctx, query)
 	if err != nil {
 		return nil, err
 	}
@@ -72,7 +83,7 @@ func (t *Tx) ExecContext(ctx context.Context, query string, args ...any) (sql.Re
 
 // QueryContext queries in the attempt's transaction.
 func (t *Tx) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
-	sctx, err := t.stmt(ctx)
+	sctx, err := t.stmt(ctx, query)
 	if err != nil {
 		return nil, err
 	}
@@ -81,7 +92,7 @@ func (t *Tx) QueryContext(ctx context.Context, query string, args ...any) (*sql.
 
 // QueryxContext queries in the attempt's transaction, returning sqlx.Rows.
 func (t *Tx) QueryxContext(ctx context.Context, query string, args ...any) (*sqlx.Rows, error) {
-	sctx, err := t.stmt(ctx)
+	sctx, err := t.stmt(ctx, query)
 	if err != nil {
 		return nil, err
 	}
@@ -91,7 +102,7 @@ func (t *Tx) QueryxContext(ctx context.Context, query string, args ...any) (*sql
 // QueryRowxContext queries at most one row in the attempt's transaction.
 // On a Tx without a database it panics, like a nil *sqlx.Tx.
 func (t *Tx) QueryRowxContext(ctx context.Context, query string, args ...any) *sqlx.Row {
-	sctx, err := t.stmt(ctx)
+	sctx, err := t.stmt(ctx, query)
 	if err != nil {
 		panic(err)
 	}
@@ -390,4 +401,38 @@ func (u *UnitOfWork) attempt(a *attemptRun) (write bool) {
 		}
 	}
 	return true
+}
+
+// setsSession reports whether query may change a setting of the session:
+// it starts with SET or RESET, or calls set_config (in any case). Other
+// statements that contain SET (an UPDATE's) do not count.
+func setsSession(query string) bool {
+	q := strings.TrimLeft(query, " \t\r\n(")
+	return hasPrefixFold(q, "set ") || hasPrefixFold(q, "set\t") || hasPrefixFold(q, "set\n") ||
+		hasPrefixFold(q, "reset") || callsSetConfig(query)
+}
+
+// hasPrefixFold reports whether s begins with the ASCII prefix, ignoring case.
+func hasPrefixFold(s, prefix string) bool {
+	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
+}
+
+// callsSetConfig reports whether query names set_config, in any case, as
+// a word of its own (not offset_config), without allocating.
+func callsSetConfig(query string) bool {
+	const name = "set_config"
+	for i := 0; i+len(name) <= len(query); i++ {
+		if query[i]|0x20 != 's' || !strings.EqualFold(query[i:i+len(name)], name) {
+			continue
+		}
+		if i == 0 || !isIdentByte(query[i-1]) {
+			return true
+		}
+	}
+	return false
+}
+
+// isIdentByte reports whether b may be part of an SQL identifier.
+func isIdentByte(b byte) bool {
+	return b == '_' || b >= '0' && b <= '9' || b|0x20 >= 'a' && b|0x20 <= 'z' || b >= 0x80
 }
