@@ -42,9 +42,6 @@ const (
 	// DefaultMaxInFlight is how many messages a subscription holds claimed
 	// and not yet acked or nacked.
 	DefaultMaxInFlight = 16
-	// DefaultClaimBatchSize is the most messages one claim transaction
-	// takes, and the most acks and nacks buffered before they are written.
-	DefaultClaimBatchSize = 16
 	// DefaultAckFlushInterval is the longest an ack or nack waits in the
 	// buffer before it is written.
 	DefaultAckFlushInterval = 20 * time.Millisecond
@@ -113,8 +110,11 @@ type SubscriberConfig struct {
 	// concurrently. Defaults to DefaultMaxInFlight.
 	MaxInFlight int
 	// ClaimBatchSize is the most messages one claim transaction takes, and
-	// the most acks and nacks buffered before they are written. Defaults to
-	// DefaultClaimBatchSize.
+	// the most acks and nacks buffered before they are written. A
+	// subscription claims once at least half of it is free. Defaults to
+	// MaxInFlight: every claim is a write transaction, serialised with the
+	// handlers' on the file, so a subscription fills its free slots in as
+	// few of them as it can.
 	ClaimBatchSize int
 	// AckFlushInterval is the longest an ack or nack waits in the buffer
 	// before it is written. Defaults to DefaultAckFlushInterval.
@@ -143,7 +143,7 @@ func (c SubscriberConfig) WithDefaults() SubscriberConfig {
 	c.RetryInterval = cmp.Or(c.RetryInterval, DefaultRetryInterval)
 	c.CleanupInterval = cmp.Or(c.CleanupInterval, DefaultPubSubCleanupInterval)
 	c.MaxInFlight = cmp.Or(c.MaxInFlight, DefaultMaxInFlight)
-	c.ClaimBatchSize = cmp.Or(c.ClaimBatchSize, DefaultClaimBatchSize)
+	c.ClaimBatchSize = cmp.Or(c.ClaimBatchSize, c.MaxInFlight)
 	c.CleanupBatchSize = cmp.Or(c.CleanupBatchSize, DefaultPubSubCleanupBatchSize)
 	c.Logger = pubsubLogger(c.Logger)
 	return c

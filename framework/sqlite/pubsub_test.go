@@ -194,7 +194,8 @@ func TestPubSubConfig(t *testing.T) {
 		require.Equal(t, DefaultLeaseDuration, cfg.LeaseDuration)
 		require.Equal(t, DefaultNackDelay, cfg.NackDelay)
 		require.Equal(t, DefaultMaxInFlight, cfg.MaxInFlight)
-		require.Equal(t, DefaultClaimBatchSize, cfg.ClaimBatchSize)
+		require.Equal(t, DefaultMaxInFlight, cfg.ClaimBatchSize)
+		require.Equal(t, 64, SubscriberConfig{MaxInFlight: 64}.WithDefaults().ClaimBatchSize)
 		require.Equal(t, DefaultAckFlushInterval, cfg.AckFlushInterval)
 		require.Equal(t, DefaultPubSubCleanupInterval, cfg.CleanupInterval)
 		require.Equal(t, DefaultWatchInterval, cfg.WatchInterval)
@@ -490,6 +491,34 @@ func (pubsubTestMarks) Mark(ctx context.Context, tx *framework.Tx, consumer stri
 	}
 	n, err := res.RowsAffected()
 	return n == 1, err
+}
+
+// TestPubSubClaimsFillTheFreeSlots shows that a subscription holding
+// nothing claims its whole MaxInFlight in one write transaction (a trigger
+// counts the moves of the group's claimed offset, one per claim of new
+// messages), not in several smaller ones.
+func TestPubSubClaimsFillTheFreeSlots(t *testing.T) {
+	t.Parallel()
+	b := setupPubSub(t)
+	sub := b.subscriber(t, SubscriberConfig{ConsumerGroup: "g", MaxInFlight: 64, CleanupInterval: -1})
+	require.NoError(t, sub.SubscribeInitialize(b.topic))
+	_, err := b.db.Exec(`CREATE TABLE test_claims (claimed_offset INTEGER NOT NULL);
+		CREATE TRIGGER test_count_claims AFTER UPDATE OF claimed_offset ON pubsub_groups
+		BEGIN INSERT INTO test_claims VALUES (NEW.claimed_offset); END`)
+	require.NoError(t, err)
+	payloads := make([]string, 64)
+	for i := range payloads {
+		payloads[i] = strconv.Itoa(i)
+	}
+	b.publish(t, payloads...)
+
+	msgs, err := sub.Subscribe(t.Context(), b.topic)
+	require.NoError(t, err)
+	for range 64 {
+		receive(t, msgs) // held: none acked, so no claim follows
+	}
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM test_claims`), "claim transactions")
+	require.Equal(t, 64, b.count(t, `SELECT count(*) FROM pubsub_leases WHERE consumer_group = 'g'`))
 }
 
 func TestPubSubAckInTx(t *testing.T) {

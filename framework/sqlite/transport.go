@@ -23,8 +23,9 @@ type TransportConfig struct {
 	TablePrefix string
 	// Subscriber is the template of each consumer's Subscriber: Subscribe
 	// sets its ConsumerGroup, TablePrefix, Notifier and Logger, its
-	// MaxInFlight to the consumer's concurrency and, when the consumer
-	// gives an attempt timeout, its LeaseDuration (twice the attempt timeout, at least a second).
+	// MaxInFlight to the consumer's concurrency (and so, unless set here,
+	// its ClaimBatchSize) and, when the consumer gives an attempt timeout,
+	// its LeaseDuration (twice the attempt timeout, at least a second).
 	// Defaults to SubscriberConfig's defaults.
 	Subscriber SubscriberConfig
 	// Logger receives the transport's logs. Defaults to nil: quiet.
@@ -59,8 +60,11 @@ func (c TransportConfig) Validate() error {
 // topic, each holding up to the consumer's concurrency of leases in
 // flight.
 type Transport struct {
-	db       *sqlx.DB
-	cfg      TransportConfig
+	db  *sqlx.DB
+	cfg TransportConfig
+	// template is cfg.Subscriber as given, its zero fields left for each
+	// Subscriber to default from its own MaxInFlight (ClaimBatchSize).
+	template SubscriberConfig
 	notifier *Notifier
 	pub      *Publisher
 
@@ -78,7 +82,9 @@ func New(db *sqlx.DB, cfg TransportConfig) (*Transport, error) {
 	if db == nil {
 		return nil, ErrMissingDB
 	}
+	template := cfg.Subscriber
 	cfg = cfg.WithDefaults()
+	template.TablePrefix, template.Logger = cfg.Subscriber.TablePrefix, cfg.Subscriber.Logger
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -87,7 +93,7 @@ func New(db *sqlx.DB, cfg TransportConfig) (*Transport, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: transport: %w", err)
 	}
-	return &Transport{db: db, cfg: cfg, notifier: notifier, pub: pub}, nil
+	return &Transport{db: db, cfg: cfg, template: template, notifier: notifier, pub: pub}, nil
 }
 
 // Publisher returns the transport's publisher.
@@ -101,7 +107,7 @@ func (t *Transport) Subscribe(sc framework.SubscribeConfig) (framework.Subscript
 	if err := sc.Validate(); err != nil {
 		return framework.Subscription{}, fmt.Errorf("sqlite: %w", err)
 	}
-	cfg := t.cfg.Subscriber
+	cfg := t.template
 	cfg.ConsumerGroup = sc.Consumer
 	cfg.Notifier = t.notifier
 	cfg.MaxInFlight = sc.Concurrency

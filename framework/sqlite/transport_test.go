@@ -30,13 +30,14 @@ func TestTransportSubscribe(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, tr.Close()) })
 
-	sub, err := tr.Subscribe(framework.SubscribeConfig{Consumer: "c", Types: []string{"a", "b"}, Concurrency: 16, AttemptTimeout: 5 * time.Second})
+	sub, err := tr.Subscribe(framework.SubscribeConfig{Consumer: "c", Types: []string{"a", "b"}, Concurrency: 32, AttemptTimeout: 5 * time.Second})
 	require.NoError(t, err)
 	require.Equal(t, []string{"a", "b", pipeline.ReplayTopic("c")}, sub.Topics)
 	require.Equal(t, []string{"a", "b"}, sub.Bind)
 	cfg := sub.Subscriber.(*Subscriber).cfg
 	require.Equal(t, "c", cfg.ConsumerGroup)
-	require.Equal(t, 16, cfg.MaxInFlight)
+	require.Equal(t, 32, cfg.MaxInFlight)
+	require.Equal(t, 32, cfg.ClaimBatchSize, "claims fill the free slots of the concurrency")
 	require.Equal(t, 10*time.Second, cfg.LeaseDuration)
 	require.NoError(t, sub.Initialize())
 
@@ -44,6 +45,13 @@ func TestTransportSubscribe(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 7*time.Second, sub.Subscriber.(*Subscriber).cfg.LeaseDuration, "the configured lease")
 	require.Equal(t, 1, sub.Subscriber.(*Subscriber).cfg.MaxInFlight, "concurrency defaults to 1")
+
+	set, err := New(openPubSubTestDB(t), TransportConfig{Subscriber: SubscriberConfig{ClaimBatchSize: 4}})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, set.Close()) })
+	sub, err = set.Subscribe(framework.SubscribeConfig{Consumer: "c", Types: []string{"a"}, Concurrency: 16})
+	require.NoError(t, err)
+	require.Equal(t, 4, sub.Subscriber.(*Subscriber).cfg.ClaimBatchSize, "the configured claim size")
 
 	_, err = tr.Subscribe(framework.SubscribeConfig{Types: []string{"a"}})
 	require.ErrorContains(t, err, "SubscribeConfig.Consumer")
