@@ -120,7 +120,8 @@ type Scenario struct {
 	// Needs names the servers the scenario needs (NeedPostgres,
 	// NeedAMQP); without them it is skipped and the report says why.
 	Needs []Need
-	// Runs are measured in order. Exactly one is the baseline.
+	// Runs are measured in order. At most one is the baseline; without
+	// one, no run has a ratio.
 	Runs []Run
 	// Children are the programs the runs start as child processes of
 	// their own (see Child), by name.
@@ -173,6 +174,9 @@ type Result struct {
 	// PeakRSS is the consumer process's peak resident set (VmHWM), in
 	// bytes.
 	PeakRSS int64
+	// Memory is the consumer's memory sampled along the drain; nil when
+	// not sampled.
+	Memory *Memory
 	// Profile is the top of the consumer's CPU profile (go tool pprof
 	// -top), one function a line; empty without one.
 	Profile []string

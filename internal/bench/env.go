@@ -135,7 +135,9 @@ func (e *Env) Service(ctx context.Context, vars map[string]string, args ...strin
 // StartService starts the example service (serve) with the framework's
 // variables vars (EFFECTIVELY_TRANSPORT, ...; EFFECTIVELY_HTTP_ADDR is
 // the harness's) and returns once it is ready. Outside a smoke run it
-// writes a CPU profile (EFFECTIVELY_CPU_PROFILE). It is stopped after the
+// writes a CPU profile (EFFECTIVELY_CPU_PROFILE), unless vars set that
+// variable empty: the profile's table of stacks grows with its length,
+// which a run measuring memory must not count. It is stopped after the
 // run if the run did not stop it.
 func (e *Env) StartService(ctx context.Context, vars map[string]string) (*Process, error) {
 	bin, err := e.ServiceBinary(ctx)
@@ -154,6 +156,9 @@ func (e *Env) StartService(ctx context.Context, vars map[string]string) (*Proces
 	}
 	for k, v := range vars {
 		all[k] = v
+	}
+	if v, ok := vars["EFFECTIVELY_CPU_PROFILE"]; ok && v == "" {
+		profile = ""
 	}
 	cmd := exec.Command(bin, "serve")
 	cmd.Env = withVars(cleanEnviron(), all)

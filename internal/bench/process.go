@@ -125,22 +125,7 @@ func (p *Process) Exited() error {
 // Mallocs returns the process's heap allocations so far (the Go
 // runtime's go_memstats_mallocs_total on /metrics).
 func (p *Process) Mallocs(ctx context.Context) (float64, error) {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.addr+"/metrics", nil)
-	if err != nil {
-		return 0, fmt.Errorf("%s: metrics request: %w", p.name, err)
-	}
-	resp, err := p.client.Do(req)
-	if err != nil {
-		return 0, fmt.Errorf("%s: get /metrics: %w", p.name, err)
-	}
-	defer resp.Body.Close()
-	v, err := metricValue(resp.Body, "go_memstats_mallocs_total")
-	if err != nil {
-		return 0, fmt.Errorf("%s: /metrics: %w", p.name, err)
-	}
-	return v, nil
+	return p.Metric(ctx, "go_memstats_mallocs_total")
 }
 
 // metricValue returns the value of the unlabelled sample name in a

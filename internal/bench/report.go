@@ -147,6 +147,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 		rows = append(rows, []string{s.Title})
 		for _, run := range s.Runs {
 			rows = append(rows, append([]string{"  " + run.Name}, r.cells(s, run)...))
+			if m := run.Result.Memory; m != nil {
+				rows = append(rows, []string{"    " + m.String()})
+			}
 		}
 	}
 	widths := make([]int, len(columns)+1)
@@ -272,6 +275,10 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		"- **allocs/msg**: the consumer process's heap allocations during the drain\n"+
 		"  (`go_memstats_mallocs_total` on its /metrics) over the messages drained.\n"+
 		"- **peak RSS**: the consumer process's VmHWM.\n"+
+		"- **Memory along the drain** (the memory scenario): the consumer's resident set\n"+
+		"  (VmRSS), its anonymous part (RssAnon), its peak so far (VmHWM) and its Go heap\n"+
+		"  in use, read each tenth of the way; **growth** is from the first reading to the\n"+
+		"  last.\n"+
 		"- **CPU**: during the drain, the cores the consumer's process used on average,\n"+
 		"  and how busy the machine's cores were (consumer, servers and all).\n"+
 		"- **effects**: effects counted in the consumer's table, once it stopped = distinct\n"+
@@ -298,6 +305,9 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 			fmt.Fprintf(b, "| %s | %s |\n", name, strings.Join(c, " | "))
 		}
 		fmt.Fprintln(b)
+		for _, run := range s.Runs {
+			writeMemory(b, run)
+		}
 		for _, run := range s.Runs {
 			if run.Err != nil {
 				fmt.Fprintf(b, "**%s failed**: %v\n\n", run.Name, run.Err)
@@ -349,4 +359,28 @@ func ms(d time.Duration) string {
 	default:
 		return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond))
 	}
+}
+
+// writeMemory writes the memory samples of run as a table of their own,
+// with the growth from the first to the last; nothing without samples.
+func writeMemory(b *strings.Builder, run RunReport) {
+	m := run.Result.Memory
+	first, last, ok := m.ends()
+	if !ok {
+		return
+	}
+	fmt.Fprintf(b, "Memory along the drain of **%s**:\n\n", run.Name)
+	fmt.Fprintf(b, "| effects | RSS (VmRSS) | anonymous (RssAnon) | peak RSS (VmHWM) | Go heap in use |\n|---:|---:|---:|---:|---:|\n")
+	for _, s := range m.Samples {
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s |\n", thousands(float64(s.Effects)), mib(s.RSS), mib(s.Anon), mib(s.HWM), mib(s.Heap))
+	}
+	growth := func(a, z int64) string {
+		if a == 0 {
+			return "—"
+		}
+		return fmt.Sprintf("%+.1f%%", (float64(z)/float64(a)-1)*100)
+	}
+	fmt.Fprintf(b, "| growth, %s to %s | %s (bound +%.0f%%) | %s | %s | %s |\n\n",
+		thousands(float64(first.Effects)), thousands(float64(last.Effects)),
+		growth(first.RSS, last.RSS), MaxRSSGrowth*100, growth(first.Anon, last.Anon), growth(first.HWM, last.HWM), growth(first.Heap, last.Heap))
 }

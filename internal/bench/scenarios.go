@@ -9,5 +9,6 @@ func Scenarios() []Scenario {
 		sqliteScenario(),
 		outboxScenario(),
 		idleScenario(),
+		memoryScenario(),
 	}
 }
