@@ -42,7 +42,27 @@ type Definition[T any] struct {
 	typ      string
 	version  int
 	validate *validator.Validate // nil when T has no validate tags
+	self     selfCheck
 }
+
+// selfCheck says how a definition calls the Validate method of its data:
+// found once, when the definition is built, so that checking an event
+// boxes nothing.
+type selfCheck uint8
+
+const (
+	// noSelfCheck: the data has no Validate method.
+	noSelfCheck selfCheck = iota
+	// selfCheckValue: T's methods hold Validate; it is called through the
+	// data's address, on a copy as for any value receiver.
+	selfCheckValue
+	// selfCheckCopy: only *T's methods hold Validate; it is called on a
+	// copy of the data, whose changes are dropped.
+	selfCheckCopy
+	// selfCheckDynamic: T is a pointer or an interface; Validate is called
+	// when the value in it has the method.
+	selfCheckDynamic
+)
 
 // NewDefinition returns the definition of version of event type typ with
 // data of type T. The type must not be empty and the version must be 1 or
@@ -55,9 +75,18 @@ func NewDefinition[T any](typ string, version int) (Definition[T], error) {
 		return Definition[T]{}, fmt.Errorf("event %s: version %d out of range 1..2^31-1", typ, version)
 	}
 	d := Definition[T]{typ: typ, version: version}
-	if t := reflect.TypeFor[T](); (t.Kind() == reflect.Struct || t.Kind() == reflect.Pointer && t.Elem().Kind() == reflect.Struct) && hasValidateTags(t) {
+	t := reflect.TypeFor[T]()
+	if (t.Kind() == reflect.Struct || t.Kind() == reflect.Pointer && t.Elem().Kind() == reflect.Struct) && hasValidateTags(t) {
 		d.validate = validator.New(validator.WithRequiredStructEnabled())
 		d.validate.RegisterTagNameFunc(jsonName) // errors name fields as the wire does
+	}
+	switch v := reflect.TypeFor[Validator](); {
+	case t.Kind() == reflect.Pointer || t.Kind() == reflect.Interface:
+		d.self = selfCheckDynamic
+	case t.Implements(v):
+		d.self = selfCheckValue
+	case reflect.PointerTo(t).Implements(v):
+		d.self = selfCheckCopy
 	}
 	return d, nil
 }
@@ -117,7 +146,7 @@ func (d Definition[T]) New(data T, attrs Attributes) (Event[T], error) {
 	if err := attrs.Validate(); err != nil {
 		return Event[T]{}, fmt.Errorf("new %s: %w", d, err)
 	}
-	if err := d.check(data); err != nil {
+	if err := d.check(&data); err != nil {
 		return Event[T]{}, fmt.Errorf("new %s: %w", d, err)
 	}
 	return Event[T]{Attributes: attrs, Data: data}, nil
@@ -138,40 +167,63 @@ func (d Definition[T]) Envelope(data T, attrs Attributes) (Envelope, error) {
 // or validate; the latter wraps a FieldError, which names the field and
 // never quotes its value.
 func (d Definition[T]) Decode(env Envelope) (Event[T], error) {
-	if env.Type != d.typ {
-		return Event[T]{}, Permanent(CodeUnknownType, fmt.Errorf("event type %q, want %q", env.Type, d.typ))
-	}
-	if env.Version != d.version {
-		return Event[T]{}, Permanent(CodeUnsupportedVersion, fmt.Errorf("%s version %d, want %d", env.Type, env.Version, d.version))
-	}
-	var data T
-	if err := json.Unmarshal(env.Data, &data); err != nil {
-		return Event[T]{}, Permanent(CodeInvalidPayload, fmt.Errorf("decode data of %s: %w", d, undecodable[T](env.Data, err)))
-	}
-	if err := d.check(data); err != nil {
+	var ev Event[T]
+	if err := d.decodeInto(env, &ev); err != nil {
 		return Event[T]{}, err
 	}
-	return Event[T]{Attributes: env.Attributes, Data: data}, nil
+	return ev, nil
 }
 
-// check validates data; its errors are permanent with CodeInvalidPayload
-// and wrap a FieldError.
-func (d Definition[T]) check(data T) error {
-	v, ok := any(data).(Validator)
-	if !ok {
-		v, ok = any(&data).(Validator)
+// decodeInto is Decode into ev, which it leaves partly set on error.
+func (d Definition[T]) decodeInto(env Envelope, ev *Event[T]) error {
+	if env.Type != d.typ {
+		return Permanent(CodeUnknownType, fmt.Errorf("event type %q, want %q", env.Type, d.typ))
 	}
-	if ok {
+	if env.Version != d.version {
+		return Permanent(CodeUnsupportedVersion, fmt.Errorf("%s version %d, want %d", env.Type, env.Version, d.version))
+	}
+	if err := json.Unmarshal(env.Data, &ev.Data); err != nil {
+		return Permanent(CodeInvalidPayload, fmt.Errorf("decode data of %s: %w", d, undecodable[T](env.Data, err)))
+	}
+	if err := d.check(&ev.Data); err != nil {
+		return err
+	}
+	ev.Attributes = env.Attributes
+	return nil
+}
+
+// check validates *data; its errors are permanent with CodeInvalidPayload
+// and wrap a FieldError. Nothing it does changes *data.
+func (d Definition[T]) check(data *T) error {
+	if v, ok := d.selfValidator(data); ok {
 		if err := v.Validate(); err != nil {
 			return d.invalid(fieldError("data", "data", "rejected by its Validate method", err))
 		}
 	}
 	if d.validate != nil {
-		if err := d.validate.Struct(data); err != nil {
+		// A struct by value, not by its address: the validator would copy
+		// each addressable field it reads.
+		if err := d.validate.Struct(*data); err != nil {
 			return d.invalid(untagged(err))
 		}
 	}
 	return nil
+}
+
+// selfValidator returns the Validator of *data, if its type has one (see
+// selfCheck).
+func (d Definition[T]) selfValidator(data *T) (Validator, bool) {
+	switch d.self {
+	case selfCheckValue:
+		return any(data).(Validator), true
+	case selfCheckCopy:
+		c := *data
+		return any(&c).(Validator), true
+	case selfCheckDynamic:
+		v, ok := any(*data).(Validator)
+		return v, ok
+	}
+	return nil, false
 }
 
 func (d Definition[T]) invalid(err *FieldError) error {

@@ -21,8 +21,9 @@ type HandlerFunc[T any] func(ctx context.Context, ev Event[T]) error
 type Handler struct {
 	typ     string
 	version int
-	decode  func(env Envelope) (any, error)
-	handle  func(ctx context.Context, ev any) error
+	// route decodes an event's data and returns the call of the handler
+	// on it (see Consumer.Route).
+	route func(env Envelope) (handle func(ctx context.Context) error, err error)
 }
 
 // Handle pairs a definition with a function that handles its events.
@@ -30,11 +31,12 @@ func Handle[T any](def Definition[T], fn HandlerFunc[T]) Handler {
 	return Handler{
 		typ:     def.typ,
 		version: def.version,
-		decode: func(env Envelope) (any, error) {
-			return def.Decode(env)
-		},
-		handle: func(ctx context.Context, ev any) error {
-			return fn(ctx, ev.(Event[T]))
+		route: func(env Envelope) (func(ctx context.Context) error, error) {
+			ev := new(Event[T]) // decoded in place: the one copy the call holds
+			if err := def.decodeInto(env, ev); err != nil {
+				return nil, err
+			}
+			return func(ctx context.Context) error { return fn(ctx, *ev) }, nil
 		},
 	}
 }
@@ -65,7 +67,7 @@ func NewConsumer(name string, handlers ...Handler) (*Consumer, error) {
 	}
 	c := &Consumer{name: name, handlers: make(map[string]map[int]Handler)}
 	for _, h := range handlers {
-		if h.decode == nil {
+		if h.route == nil {
 			return nil, fmt.Errorf("consumer %s: zero Handler (build it with framework.Handle)", name)
 		}
 		versions := c.handlers[h.typ]
@@ -108,11 +110,7 @@ func (c *Consumer) Route(env Envelope) (handle func(ctx context.Context) error, 
 	if !ok {
 		return nil, Permanent(CodeUnsupportedVersion, fmt.Errorf("consumer %s does not handle %s v%d", c.name, env.Type, env.Version))
 	}
-	ev, err := h.decode(env)
-	if err != nil {
-		return nil, err
-	}
-	return func(ctx context.Context) error { return h.handle(ctx, ev) }, nil
+	return h.route(env)
 }
 
 // EnvelopeFromContext returns the event of the message whose context ctx
@@ -145,7 +143,7 @@ func Upcast[Old, New any](from Definition[Old], to Definition[New], up func(Old)
 	return Handler{
 		typ:     from.typ,
 		version: from.version,
-		decode: func(env Envelope) (any, error) {
+		route: func(env Envelope) (func(ctx context.Context) error, error) {
 			old, err := from.Decode(env)
 			if err != nil {
 				return nil, err
@@ -154,15 +152,13 @@ func Upcast[Old, New any](from Definition[Old], to Definition[New], up func(Old)
 			if err != nil {
 				return nil, Permanent(CodeInvalidPayload, fmt.Errorf("upcast %s to %s: %w", from, to, fieldError("data", "data", "upcast failed", err)))
 			}
-			if err := to.check(data); err != nil {
+			if err := to.check(&data); err != nil {
 				return nil, fmt.Errorf("upcast %s to %s: %w", from, to, err)
 			}
 			attrs := old.Attributes
 			attrs.Type, attrs.Version = to.typ, to.version
-			return Event[New]{Attributes: attrs, Data: data}, nil
-		},
-		handle: func(ctx context.Context, ev any) error {
-			return fn(ctx, ev.(Event[New]))
+			ev := Event[New]{Attributes: attrs, Data: data}
+			return func(ctx context.Context) error { return fn(ctx, ev) }, nil
 		},
 	}
 }
