@@ -394,9 +394,12 @@ func newSubscriptionQueries(cfg TransportConfig, topic string, marking bool) sub
 	messages, offsets := MessagesTable(cfg.TablePrefix, topic), OffsetsTable(cfg.TablePrefix, topic)
 	xid, off := handedOutColumns[0], handedOutColumns[1]
 	// watermill-sql's SelectQuery, from the subscription's own position
-	// instead of the group's locked row.
+	// instead of the group's locked row, and with the position compared as
+	// a row: the primary key's index then starts at the position, instead
+	// of filtering every row before it (a read took milliseconds once
+	// 20,000 rows were behind it).
 	selectRows := `SELECT "offset", transaction_id, uuid, payload, metadata FROM ` + messages + `
-			WHERE ((transaction_id = $1::text::xid8 AND "offset" > $2) OR transaction_id > $1::text::xid8)
+			WHERE (transaction_id, "offset") > ($1::text::xid8, $2)
 			AND transaction_id < pg_snapshot_xmin(pg_current_snapshot())
 			ORDER BY transaction_id, "offset" LIMIT $3`
 	q := subscriptionQueries{
