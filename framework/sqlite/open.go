@@ -68,7 +68,8 @@ func (c OpenConfig) Validate() error {
 // Write transactions of this process queue in Go, first come first
 // served, for the write lock of the file (see writeGate), instead of in
 // SQLite's busy handler; writers of other processes still meet in the busy
-// handler.
+// handler. Each connection keeps the statements it ran prepared, by query
+// text (see OpenConfig.StatementCacheSize).
 //
 // dsn is a file path or a "file:" URI; query parameters of the URI are
 // kept. The folder of the file is created when it is missing. Open pings
