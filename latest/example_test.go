@@ -44,6 +44,7 @@ func Example() {
 		panic(err)
 	}
 
+	// snippet:begin projection
 	view, err := latest.New(latest.Config{
 		Table:   "appointment_view",
 		Key:     []string{"appointment_id"},
@@ -64,6 +65,7 @@ func Example() {
 			return err
 		}),
 	)
+	// snippet:end projection
 	if err != nil {
 		panic(err)
 	}
