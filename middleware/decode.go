@@ -48,12 +48,14 @@ func decodeInto(c *framework.Consumer, msg *message.Message, st *state, maxBody 
 	if err != nil {
 		return err
 	}
-	st.envelope = &env
+	st.event.Envelope = env
+	st.envelope = &st.event.Envelope
 	handle, err := c.Route(env)
 	if err != nil {
 		return err
 	}
-	st.decoded = &decoded{Envelope: env, Handle: handle}
+	st.event.Handle = handle
+	st.decoded = &st.event
 	return nil
 }
 

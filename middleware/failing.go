@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/effectively-once/effectively/framework"
@@ -97,12 +98,12 @@ func (f *failing) consumer(name string, holdUpLimit, forgetAfter time.Duration, 
 	return c
 }
 
-// fail records a failure of the message of key.
-func (c *failingConsumer) fail(key func() framework.Key) {
+// fail records a failure of msg, whose state is st.
+func (c *failingConsumer) fail(msg *message.Message, st *state) {
 	if c == nil {
 		return
 	}
-	k := key()
+	k := messageKey(msg, st)
 	c.parent.mu.Lock()
 	defer c.parent.mu.Unlock()
 	now := c.now()
@@ -115,8 +116,9 @@ func (c *failingConsumer) fail(key func() framework.Key) {
 	c.messages[k] = f
 }
 
-// clear forgets the message of key: it was acknowledged or dead-lettered.
-func (c *failingConsumer) clear(key func() framework.Key) {
+// clear forgets msg, whose state is st: it was acknowledged or
+// dead-lettered.
+func (c *failingConsumer) clear(msg *message.Message, st *state) {
 	if c == nil {
 		return
 	}
@@ -125,7 +127,7 @@ func (c *failingConsumer) clear(key func() framework.Key) {
 	if len(c.messages) == 0 { // the usual case: spare the key
 		return
 	}
-	delete(c.messages, key())
+	delete(c.messages, messageKey(msg, st))
 }
 
 // forget drops the messages that failed no more for forgetAfter: they went

@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/internal/pipeline"
@@ -80,7 +81,11 @@ type observer struct {
 	logger   *slog.Logger
 	metrics  *Metrics
 	tracer   trace.Tracer
-	track    *failingConsumer // nil without metrics: tracks nothing
+	spanName string
+	// tracing is false with a no-op tracer, which ignores a span's
+	// options: they are not built then.
+	tracing bool
+	track   *failingConsumer // nil without metrics: tracks nothing
 }
 
 // traceOutcome records on span what became of the message, and links it
@@ -112,7 +117,12 @@ func traceOutcome(ctx context.Context, span trace.Span, st *state, outcome frame
 // track of the messages that keep failing (see Metrics.Consumers), their
 // ages on clk. cfg has its defaults.
 func observe(cfg Config, clk clock) message.HandlerMiddleware {
-	o := observer{consumer: cfg.Consumer.Name(), logger: cfg.Logger, metrics: cfg.Metrics, tracer: cfg.Tracer}
+	o := &observer{
+		consumer: cfg.Consumer.Name(), logger: cfg.Logger, metrics: cfg.Metrics, tracer: cfg.Tracer,
+		spanName: cfg.Consumer.Name() + " process",
+	}
+	_, quiet := cfg.Tracer.(noop.Tracer)
+	o.tracing = !quiet
 	if cfg.Metrics != nil {
 		limit, forget := holdUp(cfg)
 		limit = cmp.Or(clk.holdUpLimit, limit)
@@ -123,23 +133,14 @@ func observe(cfg Config, clk clock) message.HandlerMiddleware {
 }
 
 // step is the observe step.
-func (o observer) step(next message.HandlerFunc) message.HandlerFunc {
+func (o *observer) step(next message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		start := time.Now()
 		st := stateOf(msg)
-		ctx, span := o.tracer.Start(msg.Context(), o.consumer+" process",
-			trace.WithSpanKind(trace.SpanKindConsumer),
-			trace.WithAttributes(
-				attribute.String("messaging.consumer.group.name", o.consumer),
-				attribute.String("messaging.destination.name", message.SubscribeTopicFromCtx(msg.Context())),
-			))
+		ctx, span := o.startSpan(msg.Context())
 		defer span.End()
 		msg.SetContext(ctx)
-		key := func() framework.Key { return messageKey(msg, st) }
-		st.attemptFailed = func(ctx context.Context, err error) {
-			o.logAttempt(ctx, st, err)
-			o.track.fail(key)
-		}
+		st.observer, st.msg = o, msg
 
 		out, err := next(msg)
 
@@ -147,9 +148,9 @@ func (o observer) step(next message.HandlerFunc) message.HandlerFunc {
 		st.reported = outcome
 		switch {
 		case outcome != framework.Nacked:
-			o.track.clear(key)
+			o.track.clear(msg, st)
 		case ctx.Err() == nil && !errors.Is(err, pipeline.ErrLater):
-			o.track.fail(key)
+			o.track.fail(msg, st)
 		}
 		if span.IsRecording() {
 			traceOutcome(ctx, span, st, outcome)
@@ -158,6 +159,26 @@ func (o observer) step(next message.HandlerFunc) message.HandlerFunc {
 		o.count(st, outcome, time.Since(start))
 		return out, err
 	}
+}
+
+// startSpan starts the consumer span of a message whose context is ctx.
+func (o *observer) startSpan(ctx context.Context) (context.Context, trace.Span) {
+	if !o.tracing {
+		return o.tracer.Start(ctx, o.spanName)
+	}
+	return o.tracer.Start(ctx, o.spanName,
+		trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(
+			attribute.String("messaging.consumer.group.name", o.consumer),
+			attribute.String("messaging.destination.name", message.SubscribeTopicFromCtx(ctx)),
+		))
+}
+
+// attemptFailed logs an attempt of the message of st that failed with
+// err, and counts the message as failing.
+func (o *observer) attemptFailed(ctx context.Context, st *state, err error) {
+	o.logAttempt(ctx, st, err)
+	o.track.fail(st.msg, st)
 }
 
 // outcomeOf is what became of a message whose chain returned err.
@@ -176,7 +197,7 @@ func outcomeOf(st *state, err error) framework.Outcome {
 }
 
 // count counts the message in the metrics, if any.
-func (o observer) count(st *state, outcome framework.Outcome, took time.Duration) {
+func (o *observer) count(st *state, outcome framework.Outcome, took time.Duration) {
 	m := o.metrics
 	if m == nil {
 		return
@@ -192,7 +213,7 @@ func (o observer) count(st *state, outcome framework.Outcome, took time.Duration
 }
 
 // log logs what became of the message (see Config.Logger).
-func (o observer) log(ctx context.Context, st *state, outcome framework.Outcome, err error) {
+func (o *observer) log(ctx context.Context, st *state, outcome framework.Outcome, err error) {
 	level, text := slog.LevelDebug, "message handled"
 	cause := err
 	switch {
@@ -216,7 +237,7 @@ func (o observer) log(ctx context.Context, st *state, outcome framework.Outcome,
 }
 
 // logAttempt logs an attempt that failed, at info level.
-func (o observer) logAttempt(ctx context.Context, st *state, err error) {
+func (o *observer) logAttempt(ctx context.Context, st *state, err error) {
 	if !o.logger.Enabled(ctx, slog.LevelInfo) {
 		return
 	}
@@ -230,7 +251,7 @@ func (o observer) logAttempt(ctx context.Context, st *state, err error) {
 }
 
 // attrs returns the attributes that name the consumer and the message.
-func (o observer) attrs(st *state) []slog.Attr {
+func (o *observer) attrs(st *state) []slog.Attr {
 	attrs := make([]slog.Attr, 0, 10)
 	attrs = append(attrs, slog.String("consumer", o.consumer))
 	switch env := st.envelope; {

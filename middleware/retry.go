@@ -1,11 +1,11 @@
 package middleware
 
 import (
+	"context"
 	"errors"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	wmmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/internal/pipeline"
@@ -14,40 +14,70 @@ import (
 // retry runs each message up to attempts times with a constant delay
 // between attempts, while the message stays unacknowledged. A permanent
 // error (framework.Permanent) ends the retries at once, and so do
-// pipeline.ErrLater and the end of the message context (shutdown). Each attempt starts from the message
-// context retry received, so the inner steps (a timeout, a transaction)
-// begin afresh. It is watermill's Retry, set up for constant delay. Each
-// failed attempt is reported to observe, which logs it.
+// pipeline.ErrLater and the end of the message context (shutdown): then
+// the context's cause is returned, unless no attempt was left. Each
+// attempt starts from the message context retry received, so the inner
+// steps (a timeout, a transaction) begin afresh. Each failed attempt is
+// reported to observe, which logs it.
+//
+// It does what watermill's Retry does with a constant delay and
+// ResetContextOnRetry, without its backoff's allocations per message: a
+// message that succeeds at once costs nothing here, and only a retry
+// starts a timer.
 func retry(attempts int, delay time.Duration) message.HandlerMiddleware {
-	r := wmmiddleware.Retry{
-		MaxRetries:          attempts - 1,
-		InitialInterval:     delay,
-		MaxInterval:         delay,
-		Multiplier:          1,
-		RandomizationFactor: 0,
-		MaxElapsedTime:      0,
-		ResetContextOnRetry: true,
-		ShouldRetry: func(p wmmiddleware.RetryParams) bool {
-			return !framework.IsPermanent(p.Err) && !errors.Is(p.Err, pipeline.ErrLater)
-		},
-	}
 	return func(next message.HandlerFunc) message.HandlerFunc {
-		counted := func(msg *message.Message) ([]*message.Message, error) {
-			st, ctx := stateOf(msg), msg.Context()
-			st.attempts++
-			out, err := next(msg)
-			if err != nil && st.attemptFailed != nil && ctx.Err() == nil && !errors.Is(err, pipeline.ErrLater) {
-				st.attemptFailed(ctx, err)
-			}
-			return out, err
-		}
-		all := r.Middleware(counted)
 		return func(msg *message.Message) ([]*message.Message, error) {
-			out, err := all(msg)
+			st := stateOf(msg)
+			out, err := retryAttempts(next, msg, st, attempts, delay)
 			if err != nil {
-				stateOf(msg).gaveUp = true
+				st.gaveUp = true
 			}
 			return out, err
 		}
 	}
+}
+
+// retryAttempts runs next on msg, whose state is st, until an attempt
+// succeeds, attempts ran, an error is not to be retried or the message
+// context ends.
+func retryAttempts(next message.HandlerFunc, msg *message.Message, st *state, attempts int, delay time.Duration) ([]*message.Message, error) {
+	ctx := msg.Context()
+	var wait *time.Timer
+	for try := 1; ; try++ {
+		out, err := attempt(ctx, next, msg, st)
+		switch {
+		case err == nil:
+			return out, nil
+		case try >= attempts || framework.IsPermanent(err) || errors.Is(err, pipeline.ErrLater):
+			return out, err
+		case context.Cause(ctx) != nil:
+			return out, context.Cause(ctx)
+		}
+		if wait == nil {
+			wait = time.NewTimer(delay)
+			defer wait.Stop()
+		} else {
+			wait.Reset(delay)
+		}
+		select {
+		case <-wait.C:
+		case <-ctx.Done():
+			return out, context.Cause(ctx)
+		}
+	}
+}
+
+// attempt runs next on msg once, in the message context ctx, unless ctx
+// ended; it counts the attempt in st and reports its failure.
+func attempt(ctx context.Context, next message.HandlerFunc, msg *message.Message, st *state) ([]*message.Message, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	msg.SetContext(ctx)
+	st.attempts++
+	out, err := next(msg)
+	if err != nil && ctx.Err() == nil && !errors.Is(err, pipeline.ErrLater) {
+		st.attemptFailed(ctx, err)
+	}
+	return out, err
 }

@@ -13,18 +13,28 @@ import (
 // through the message context: the outer steps read what the inner ones
 // found.
 type state struct {
-	envelope      *framework.Envelope // set once the CloudEvent decoded
-	decoded       *decoded            // set once routed and its data decoded
+	envelope      *framework.Envelope // set once the CloudEvent decoded: &event.Envelope
+	decoded       *decoded            // set once routed and its data decoded: &event
+	event         decoded             // what envelope and decoded point to
 	attempts      int
 	gaveUp        bool // retry returned the error of its last attempt
 	outcome       framework.Outcome
 	deadLettered  framework.Code
 	cause         error         // the error that got the message dead-lettered
 	deadLetterKey framework.Key // the dead letter's key (a poison's too)
-	// attemptFailed, set by observe, reports each failed attempt.
-	attemptFailed func(ctx context.Context, err error)
-	stale         bool              // the sequence guard skipped it
-	reported      framework.Outcome // the outcome observe reported
+	// observer, set by observe with the message it observes, hears of
+	// each failed attempt (see attemptFailed).
+	observer *observer
+	msg      *message.Message
+	stale    bool              // the sequence guard skipped it
+	reported framework.Outcome // the outcome observe reported
+}
+
+// attemptFailed reports a failed attempt to observe, if it runs.
+func (s *state) attemptFailed(ctx context.Context, err error) {
+	if s.observer != nil {
+		s.observer.attemptFailed(ctx, s, err)
+	}
 }
 
 // decoded is a message's event routed to its handler, on the message's
