@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -181,7 +182,7 @@ func (e *Env) StartChild(ctx context.Context, name string, vars map[string]strin
 	all := map[string]string{EnvChild: e.Scenario + "/" + name, EnvChildAddr: addr}
 	var profile string
 	if !e.Smoke {
-		profile = filepath.Join(e.Dir, name+".pprof")
+		profile = uniquePath(filepath.Join(e.Dir, name+".pprof"))
 		all[EnvChildProfile] = profile
 	}
 	for k, v := range vars {
@@ -211,4 +212,17 @@ func mkdirTemp(dir, pattern string) (string, error) {
 		return "", fmt.Errorf("temporary folder: %w", err)
 	}
 	return d, nil
+}
+
+// uniquePath returns path, or path with -2, -3... before its extension
+// when a file by that name exists: a run may start a child twice.
+func uniquePath(path string) string {
+	ext := filepath.Ext(path)
+	base := strings.TrimSuffix(path, ext)
+	for i := 2; ; i++ {
+		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+			return path
+		}
+		path = fmt.Sprintf("%s-%d%s", base, i, ext)
+	}
 }

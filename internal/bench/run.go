@@ -120,6 +120,9 @@ func keepProfiles(profiles, dir, run string) error {
 	if profiles == "" {
 		return nil
 	}
+	if err := os.MkdirAll(profiles, 0o755); err != nil {
+		return fmt.Errorf("keep profile: %w", err)
+	}
 	paths, err := filepath.Glob(filepath.Join(dir, "*.pprof"))
 	if err != nil {
 		return err
