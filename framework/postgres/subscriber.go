@@ -431,13 +431,24 @@ func newSubscriptionQueries(cfg TransportConfig, topic string, marking bool) sub
 		` WHERE consumer_group = $1`
 	// The rows read, and in the same statement (one transaction, committed
 	// before the rows are handed out) the last of them as the group's
-	// handed-out position, which never moves back here.
+	// handed-out position, and the acknowledged position ($5, $6): each
+	// only ever moves forward here.
+	acks := `(o.last_processed_transaction_id, COALESCE(o.offset_acked, 0)) <
+			(excluded.last_processed_transaction_id, excluded.offset_acked)`
+	handsOut := `(COALESCE(o.` + xid + `, '0'), COALESCE(o.` + off + `, 0)) < (excluded.` + xid + `, excluded.` + off + `)`
 	q.read = `WITH r AS (` + selectRows + `),
-		mark AS (
+		last AS (SELECT transaction_id, "offset" FROM r ORDER BY transaction_id DESC, "offset" DESC LIMIT 1),
+		w AS (
 			INSERT INTO ` + offsets + ` AS o (consumer_group, offset_acked, last_processed_transaction_id, ` + xid + `, ` + off + `)
-			SELECT $4::text, 0, '0'::xid8, transaction_id, "offset" FROM r ORDER BY transaction_id DESC, "offset" DESC LIMIT 1
-			ON CONFLICT (consumer_group) DO UPDATE SET ` + xid + ` = excluded.` + xid + `, ` + off + ` = excluded.` + off + `
-			WHERE (COALESCE(o.` + xid + `, '0'), COALESCE(o.` + off + `, 0)) < (excluded.` + xid + `, excluded.` + off + `)
+			SELECT $4::text, $5::bigint, $6::text::xid8, COALESCE(last.transaction_id, '0'), COALESCE(last."offset", 0)
+			FROM (SELECT) AS one LEFT JOIN last ON true
+			ON CONFLICT (consumer_group) DO UPDATE SET
+				offset_acked = CASE WHEN ` + acks + ` THEN excluded.offset_acked ELSE o.offset_acked END,
+				last_processed_transaction_id = CASE WHEN ` + acks + `
+					THEN excluded.last_processed_transaction_id ELSE o.last_processed_transaction_id END,
+				` + xid + ` = CASE WHEN ` + handsOut + ` THEN excluded.` + xid + ` ELSE o.` + xid + ` END,
+				` + off + ` = CASE WHEN ` + handsOut + ` THEN excluded.` + off + ` ELSE o.` + off + ` END
+			WHERE ` + acks + ` OR ` + handsOut + `
 		)
 		SELECT "offset", transaction_id, uuid, payload, metadata FROM r ORDER BY transaction_id, "offset"`
 	// On close: back to the last row this subscription handed out, when
@@ -620,7 +631,7 @@ func (sub *subscription) step(now time.Time) {
 			return
 		}
 	}
-	if len(sub.queue) == 0 && !now.Before(sub.readAt) {
+	if sub.readDue(now) {
 		if err := sub.read(now); err != nil {
 			sub.lost("read messages", err)
 			return
@@ -881,9 +892,10 @@ func (sub *subscription) advance(now time.Time) {
 
 // flushDue reports whether to write the acknowledged position now: a
 // batch of rows is acknowledged, nothing is in flight or queued, or it
-// waited ackFlushInterval.
+// waited ackFlushInterval; with marking, not when a read is due, which
+// writes it.
 func (sub *subscription) flushDue(now time.Time) bool {
-	if !sub.dirty {
+	if !sub.dirty || (sub.marking && sub.readDue(now)) {
 		return false
 	}
 	idle := len(sub.sent) == 0 && len(sub.queue) == 0
@@ -904,10 +916,29 @@ func (sub *subscription) writeAcked() error {
 	return nil
 }
 
-// read reads the rows after the cursor that fit the window: at most
+// room returns how many rows the window has room for: it holds at most
 // concurrency + BatchSize rows read and not acknowledged in order.
+func (sub *subscription) room() int {
+	return sub.s.concurrency + sub.s.cfg.BatchSize - len(sub.window)
+}
+
+// readDue reports whether to read now: the queue is empty, it is time,
+// and the window has room for BatchSize rows, or for fewer when nothing
+// in flight can make more (a read costs a round trip and a commit, be it
+// for one row or many).
+func (sub *subscription) readDue(now time.Time) bool {
+	if len(sub.queue) > 0 || now.Before(sub.readAt) {
+		return false
+	}
+	room := sub.room()
+	return room >= sub.s.cfg.BatchSize || (room > 0 && len(sub.sent) == 0)
+}
+
+// read reads the rows after the cursor that fit the window. With
+// marking, the same statement writes the handed-out position and the
+// acknowledged one.
 func (sub *subscription) read(now time.Time) error {
-	room := sub.s.concurrency + sub.s.cfg.BatchSize - len(sub.window)
+	room := sub.room()
 	if room <= 0 {
 		return nil
 	}
@@ -916,7 +947,7 @@ func (sub *subscription) read(now time.Time) error {
 	defer cancel()
 	args := []any{strconv.FormatUint(sub.cursor.xid, 10), sub.cursor.offset, room}
 	if sub.marking {
-		args = append(args, sub.s.group)
+		args = append(args, sub.s.group, sub.acked.offset, strconv.FormatUint(sub.acked.xid, 10))
 	}
 	rows, err := sub.conn.QueryContext(ctx, sub.q.read, args...)
 	if err != nil {
@@ -942,6 +973,9 @@ func (sub *subscription) read(now time.Time) error {
 	// position is written, and the rows may be handed out.
 	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
 		return fmt.Errorf("read: %w", err)
+	}
+	if sub.marking {
+		sub.dirty, sub.dirtyN = false, 0
 	}
 	for _, r := range read {
 		sub.window = append(sub.window, r)
