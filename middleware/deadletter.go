@@ -43,20 +43,28 @@ func deadLetter(consumer string, store framework.Store, now func() time.Time) me
 			if err == nil {
 				return out, nil
 			}
-			if ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, pipeline.ErrLater) {
-				return nil, err // shutdown, or a wait: deliver again later
-			}
-			if !framework.IsPermanent(err) && !st.gaveUp {
-				return nil, err // before the attempts, or after they succeeded
-			}
-			dl := newDeadLetter(consumer, msg, st, framework.CodeOf(err), now().UTC())
-			if perr := store.PublishDeadLetter(ctx, dl); perr != nil {
-				return nil, fmt.Errorf("store dead letter (%s) of %s: %w", dl.Code, dl.Key(), errors.Join(perr, err))
-			}
-			st.deadLettered, st.cause, st.deadLetterKey = dl.Code, err, dl.Key()
-			return nil, nil
+			return nil, failed(ctx, consumer, store, now, msg, st, err)
 		}
 	}
+}
+
+// failed is what the dead-letter step returns for msg, whose state is st
+// and whose chain failed with err: err, or nil once it stored the dead
+// letter. It is a function of its own so that the step's stack frame
+// stays small on the way in, where every message passes.
+func failed(ctx context.Context, consumer string, store framework.Store, now func() time.Time, msg *message.Message, st *state, err error) error {
+	if ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, pipeline.ErrLater) {
+		return err // shutdown, or a wait: deliver again later
+	}
+	if !framework.IsPermanent(err) && !st.gaveUp {
+		return err // before the attempts, or after they succeeded
+	}
+	dl := newDeadLetter(consumer, msg, st, framework.CodeOf(err), now().UTC())
+	if perr := store.PublishDeadLetter(ctx, dl); perr != nil {
+		return fmt.Errorf("store dead letter (%s) of %s: %w", dl.Code, dl.Key(), errors.Join(perr, err))
+	}
+	st.deadLettered, st.cause, st.deadLetterKey = dl.Code, err, dl.Key()
+	return nil
 }
 
 // newDeadLetter builds the dead letter of msg, failed at now. Nothing in

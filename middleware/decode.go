@@ -44,17 +44,14 @@ func decodeInto(c *framework.Consumer, msg *message.Message, st *state, maxBody 
 				wmmiddleware.RecoveredPanicError{V: r, Stacktrace: string(debug.Stack())}))
 		}
 	}()
-	env, err := framework.DecodeMessage(msg, maxBody)
-	if err != nil {
+	env := &st.event.Envelope // decoded in place: no copy on the stack
+	if *env, err = framework.DecodeMessage(msg, maxBody); err != nil {
 		return err
 	}
-	st.event.Envelope = env
-	st.envelope = &st.event.Envelope
-	handle, err := c.Route(env)
-	if err != nil {
+	st.envelope = env
+	if st.event.Handle, err = c.Route(*env); err != nil {
 		return err
 	}
-	st.event.Handle = handle
 	st.decoded = &st.event
 	return nil
 }

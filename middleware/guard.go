@@ -51,77 +51,99 @@ var errOverLimit = errors.New("over the delivery limit")
 // first is acknowledged as a duplicate, only the second is dead-lettered.
 // Without it every message over the limit is dead-lettered.
 func deliveryGuard(consumer string, store framework.Store, maxDeliveries int, uow *framework.UnitOfWork) message.HandlerMiddleware {
-	handling := newHandling()
-	suspects := newTurn()
+	g := &guard{
+		consumer: consumer, store: store, maxDeliveries: maxDeliveries, uow: uow,
+		handling: newHandling(), suspects: newTurn(),
+	}
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
-			d, err := eventOf(msg.Context())
-			if err != nil {
-				return nil, err
-			}
-			redelivered, known := pipeline.Redelivered(msg)
-			if known && !redelivered {
-				return next(msg)
-			}
-			key := d.Key()
-			if err := key.Validate(); err != nil {
-				// decode refuses such a key, a chain without it may not:
-				// no store could count it, so the message is poison, its
-				// dead letter keyed by its body (see deadLetter).
-				return nil, fmt.Errorf("count delivery: %w", err)
-			}
-			first := 1
-			release := func() {}
-			if known {
-				// A suspect: its turn comes before its count, so that one
-				// waiting when the process dies is not counted.
-				first = 2
-				var err error
-				if release, err = suspects.take(msg.Context()); err != nil {
-					return nil, fmt.Errorf("wait for the turn of redelivered %s: %w", key, err)
+			if redelivered, known := pipeline.Redelivered(msg); known && !redelivered {
+				if _, err := eventOf(msg.Context()); err != nil {
+					return nil, err
 				}
-				defer release()
+				return next(msg) // a first delivery costs nothing
 			}
-			// Registered before the count: a copy counted after this one
-			// sees it handling.
-			leave := handling.enter(key)
-			defer func() { leave() }()
-			n, err := store.Count(msg.Context(), consumer, key, first)
-			if err != nil {
-				return nil, fmt.Errorf("count delivery of %s: %w", key, err)
-			}
-			ctx := pipeline.With(msg.Context(), pipeline.DeliveryCounted(true))
-			if n > maxDeliveries {
-				leave()
-				// The handler does not run: the next suspect may, and a
-				// copy this one waits for below never waits for it.
-				release()
-				if uow != nil {
-					// Copies of the event that this process is handling
-					// (a burst of one event on a transport that cannot tell
-					// redeliveries) may take effect yet: wait for them, then
-					// take the processed mark without running the handler.
-					// A copy whose event took effect is a duplicate, and its
-					// count goes.
-					if err := handling.waitNone(ctx, key); err != nil {
-						return nil, fmt.Errorf("check delivery limit of %s: %w", key, err)
-					}
-					outcome, err := uow.Do(ctx, consumer, key, func(context.Context) error { return errOverLimit })
-					if outcome == framework.Duplicate {
-						stateOf(msg).outcome = framework.Duplicate
-						return nil, nil
-					}
-					if err != nil && !errors.Is(err, errOverLimit) {
-						return nil, fmt.Errorf("check delivery limit of %s: %w", key, err)
-					}
-				}
-				return nil, framework.Permanent(framework.CodeDeliveryLimit,
-					fmt.Errorf("%s delivered %d times, at most %d allowed", key, n, maxDeliveries))
-			}
-			msg.SetContext(ctx)
-			return next(msg)
+			return g.count(msg, next)
 		}
 	}
+}
+
+// guard is the delivery guard of one consumer's chain.
+type guard struct {
+	consumer      string
+	store         framework.Store
+	maxDeliveries int
+	uow           *framework.UnitOfWork
+	handling      *handling
+	suspects      turn
+}
+
+// count counts the delivery of msg, which may be a redelivery, and runs
+// next unless the delivery is over the limit. It is a function of its own
+// so that the step's stack frame stays small for first deliveries.
+func (g *guard) count(msg *message.Message, next message.HandlerFunc) ([]*message.Message, error) {
+	d, err := eventOf(msg.Context())
+	if err != nil {
+		return nil, err
+	}
+	_, known := pipeline.Redelivered(msg)
+	key := d.Key()
+	if err := key.Validate(); err != nil {
+		// decode refuses such a key, a chain without it may not:
+		// no store could count it, so the message is poison, its
+		// dead letter keyed by its body (see deadLetter).
+		return nil, fmt.Errorf("count delivery: %w", err)
+	}
+	first := 1
+	release := func() {}
+	if known {
+		// A suspect: its turn comes before its count, so that one
+		// waiting when the process dies is not counted.
+		first = 2
+		var err error
+		if release, err = g.suspects.take(msg.Context()); err != nil {
+			return nil, fmt.Errorf("wait for the turn of redelivered %s: %w", key, err)
+		}
+		defer release()
+	}
+	// Registered before the count: a copy counted after this one
+	// sees it handling.
+	leave := g.handling.enter(key)
+	defer func() { leave() }()
+	n, err := g.store.Count(msg.Context(), g.consumer, key, first)
+	if err != nil {
+		return nil, fmt.Errorf("count delivery of %s: %w", key, err)
+	}
+	ctx := pipeline.With(msg.Context(), pipeline.DeliveryCounted(true))
+	if n > g.maxDeliveries {
+		leave()
+		// The handler does not run: the next suspect may, and a
+		// copy this one waits for below never waits for it.
+		release()
+		if g.uow != nil {
+			// Copies of the event that this process is handling
+			// (a burst of one event on a transport that cannot tell
+			// redeliveries) may take effect yet: wait for them, then
+			// take the processed mark without running the handler.
+			// A copy whose event took effect is a duplicate, and its
+			// count goes.
+			if err := g.handling.waitNone(ctx, key); err != nil {
+				return nil, fmt.Errorf("check delivery limit of %s: %w", key, err)
+			}
+			outcome, err := g.uow.Do(ctx, g.consumer, key, func(context.Context) error { return errOverLimit })
+			if outcome == framework.Duplicate {
+				stateOf(msg).outcome = framework.Duplicate
+				return nil, nil
+			}
+			if err != nil && !errors.Is(err, errOverLimit) {
+				return nil, fmt.Errorf("check delivery limit of %s: %w", key, err)
+			}
+		}
+		return nil, framework.Permanent(framework.CodeDeliveryLimit,
+			fmt.Errorf("%s delivered %d times, at most %d allowed", key, n, g.maxDeliveries))
+	}
+	msg.SetContext(ctx)
+	return next(msg)
 }
 
 // handling counts, per event, the deliveries this process is handling
