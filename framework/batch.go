@@ -16,15 +16,23 @@ import (
 // hands the next one to one of the attempts it holds. So every attempt
 // runs on a goroutine of the router, no attempt waits behind batches it is
 // not in, and a batch's runner returns as soon as its own attempt is done.
+//
+// A batch that could start while another runs waits, unless it is full,
+// until that one ends: the attempts that arrive meanwhile join it. Under
+// load this makes batches of many attempts instead of one transaction for
+// the first attempt to arrive (which, on SQLite, would only wait for the
+// writer's lock anyway); an idle consumer's attempt starts at once.
 type group struct {
-	u      *UnitOfWork
-	size   int
-	linger time.Duration
+	u       *UnitOfWork
+	size    int
+	linger  time.Duration
+	batches int
 
-	mu      sync.Mutex
-	free    int           // batch slots not running
-	waiting []*attemptRun // attempts in no batch yet, oldest first
-	full    chan struct{} // closed when BatchSize attempts wait (while a batch lingers)
+	mu       sync.Mutex
+	free     int           // batch slots not running
+	waiting  []*attemptRun // attempts in no batch yet, oldest first
+	full     chan struct{} // closed when BatchSize attempts wait (while a batch lingers)
+	finished chan struct{} // closed when a batch ends (while a batch waits for one to)
 }
 
 // run runs a in a batch and returns once its result is set.
@@ -53,6 +61,10 @@ func (g *group) run(a *attemptRun) {
 		case batch := <-a.lead:
 			g.runBatch(batch)
 			g.mu.Lock()
+			if g.finished != nil {
+				close(g.finished)
+				g.finished = nil
+			}
 			next := g.take()
 			if next == nil {
 				g.free++
@@ -65,23 +77,37 @@ func (g *group) run(a *attemptRun) {
 	}
 }
 
-// collect takes the next batch for a free slot, after waiting up to the
-// linger for it to fill. It returns nil, and frees the slot, when another
-// slot took every waiting attempt meanwhile. Call it with g.mu held; it
-// lets go of it while it waits.
+// collect takes the next batch for a free slot, after waiting for it to
+// fill up to the linger, or, while another batch runs, until that one
+// ends. It returns nil, and frees the slot, when another slot took every
+// waiting attempt meanwhile. Call it with g.mu held; it lets go of it
+// while it waits.
 func (g *group) collect() []*attemptRun {
-	if g.linger > 0 && len(g.waiting) < g.size {
+	busy := g.free < g.batches-1 // another batch runs: this slot is taken already
+	if (g.linger > 0 || busy) && len(g.waiting) < g.size {
 		if g.full == nil {
 			g.full = make(chan struct{})
 		}
 		full := g.full
+		var finished chan struct{}
+		if busy {
+			if g.finished == nil {
+				g.finished = make(chan struct{})
+			}
+			finished = g.finished
+		}
 		g.mu.Unlock()
-		timer := time.NewTimer(g.linger)
+		var lingered <-chan time.Time
+		if g.linger > 0 {
+			timer := time.NewTimer(g.linger)
+			defer timer.Stop()
+			lingered = timer.C
+		}
 		select {
 		case <-full:
-		case <-timer.C:
+		case <-lingered:
+		case <-finished:
 		}
-		timer.Stop()
 		g.mu.Lock()
 	}
 	batch := g.take()

@@ -465,3 +465,31 @@ func TestSetsSession(t *testing.T) {
 		require.Equal(t, want, framework.SetsSession(q), q)
 	}
 }
+
+// TestGroupCommitWaitsForRunningBatch: with a batch slot free while
+// another batch runs, arriving attempts do not start a batch of one
+// each: they wait, unless their batch fills, until the running batch
+// ends, and then run together in one transaction.
+func TestGroupCommitWaitsForRunningBatch(t *testing.T) {
+	t.Parallel()
+	b := groupBackends()["PostgreSQL"](t)
+	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: 8, Batches: 2})
+	require.NoError(t, err)
+	var mu sync.Mutex
+	txids := map[string]bool{}
+	// gather holds one slot with a running batch and waits for each
+	// attempt to be waiting: an attempt that started a batch of its own
+	// in the free slot would never be.
+	outcomes, errs := gather(t, uow, []string{"x", "y", "z"}, func(ctx context.Context, id string) error {
+		txid, err := b.txid(ctx, framework.Conn(ctx, b.db))
+		mu.Lock()
+		txids[txid] = true
+		mu.Unlock()
+		return err
+	})
+	for i := range errs {
+		require.NoError(t, errs[i])
+		require.Equal(t, framework.Processed, outcomes[i])
+	}
+	require.Len(t, txids, 1, "one batch, one transaction")
+}

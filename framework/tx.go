@@ -210,7 +210,9 @@ type UnitOfWorkConfig struct {
 	// its own, which no other attempt's failure runs again.
 	BatchSize int
 	// Batches is how many batches run at once. Defaults to
-	// DefaultBatches.
+	// DefaultBatches. A batch that could start while another runs waits,
+	// unless it fills up, until that one ends, so that under load batches
+	// hold many attempts.
 	Batches int
 	// Linger is how long a batch that could start waits for more
 	// attempts while it holds fewer than BatchSize. Zero starts it at
@@ -249,7 +251,7 @@ func NewUnitOfWork(cfg UnitOfWorkConfig) (*UnitOfWork, error) {
 	}
 	u := &UnitOfWork{db: cfg.DB, store: cfg.Store}
 	if cfg.DB != nil && cfg.BatchSize > 1 {
-		u.group = &group{u: u, size: cfg.BatchSize, linger: cfg.Linger, free: cfg.Batches}
+		u.group = &group{u: u, size: cfg.BatchSize, linger: cfg.Linger, batches: cfg.Batches, free: cfg.Batches}
 	}
 	return u, nil
 }
