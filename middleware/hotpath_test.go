@@ -67,7 +67,7 @@ func TestChainAllocations(t *testing.T) {
 	})
 	// 30 this way on Go 1.26; one more for the memory store's maps, which
 	// grow unevenly.
-	require.LessOrEqual(t, allocs, 31.0)
+	require.LessOrEqual(t, allocs, 31.0+raceAllocs)
 }
 
 // TestChainStartsNoGoroutine: the chain handles a message on the

@@ -1,0 +1,7 @@
+//go:build !race
+
+package framework_test
+
+// raceAllocs is what the race detector may add to a count of allocations
+// (see race_on_test.go): nothing without it.
+const raceAllocs = 0
