@@ -51,8 +51,11 @@ const (
 	// those it hands out (its concurrency), and how many acknowledgements
 	// it gathers before it writes its group's position. A larger batch
 	// saves queries but redelivers more after a crash (see
-	// docs/transports.md for the measurements).
-	DefaultBatchSize = 10
+	// docs/transports.md for the measurements). 64, the default
+	// concurrency, lets a read bring a batch's worth of rows while the
+	// messages in flight are handled (make bench: 10 gave 10.1k effects/s,
+	// a read every 10 rows; 64 gives 13k).
+	DefaultBatchSize = 64
 )
 
 // MaxUUIDLength is the longest message UUID the messages table holds
