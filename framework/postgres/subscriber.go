@@ -1077,11 +1077,11 @@ func (sub *subscription) acquire() error {
 // unknown (see handedOutColumns).
 func (sub *subscription) storedPosition(ctx context.Context) (acked position, handedOut *position, err error) {
 	var (
-		xid       wsql.XID8
-		markXID   sql.NullString
-		markOffet sql.NullInt64
+		xid        wsql.XID8
+		markXID    sql.NullString
+		markOffset sql.NullInt64
 	)
-	err = sub.conn.QueryRowContext(ctx, sub.q.position, sub.s.group).Scan(&acked.offset, &xid, &markXID, &markOffet)
+	err = sub.conn.QueryRowContext(ctx, sub.q.position, sub.s.group).Scan(&acked.offset, &xid, &markXID, &markOffset)
 	if errors.Is(err, sql.ErrNoRows) {
 		if _, err := sub.conn.ExecContext(ctx, sub.q.zero, sub.s.group); err != nil {
 			return position{}, nil, fmt.Errorf("give the group its row: %w", err)
@@ -1092,14 +1092,14 @@ func (sub *subscription) storedPosition(ctx context.Context) (acked position, ha
 		return position{}, nil, fmt.Errorf("read the group's position: %w", err)
 	}
 	acked.xid = uint64(xid)
-	if !markXID.Valid || !markOffet.Valid {
+	if !markXID.Valid || !markOffset.Valid {
 		return acked, nil, nil
 	}
 	mx, err := strconv.ParseUint(markXID.String, 10, 64)
 	if err != nil {
 		return position{}, nil, fmt.Errorf("read the group's handed-out position %q: %w", markXID.String, err)
 	}
-	return acked, &position{xid: mx, offset: markOffet.Int64}, nil
+	return acked, &position{xid: mx, offset: markOffset.Int64}, nil
 }
 
 // lost gives up the connection, and the lock with it, after a failed
