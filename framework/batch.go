@@ -48,7 +48,7 @@ func (g *group) run(a *attemptRun) {
 	var batch []*attemptRun
 	if g.free > 0 {
 		g.free--
-		batch = g.collect()
+		batch = g.collect(a.ctx)
 	}
 	g.mu.Unlock()
 	if batch != nil {
@@ -79,10 +79,11 @@ func (g *group) run(a *attemptRun) {
 
 // collect takes the next batch for a free slot, after waiting for it to
 // fill up to the linger, or, while another batch runs, until that one
-// ends. It returns nil, and frees the slot, when another slot took every
-// waiting attempt meanwhile. Call it with g.mu held; it lets go of it
-// while it waits.
-func (g *group) collect() []*attemptRun {
+// ends, or until ctx (the context of the attempt that collects) ends:
+// its batch then starts, and drops it. It returns nil, and frees the
+// slot, when another slot took every waiting attempt meanwhile. Call it
+// with g.mu held; it lets go of it while it waits.
+func (g *group) collect(ctx context.Context) []*attemptRun {
 	busy := g.free < g.batches-1 // another batch runs: this slot is taken already
 	if (g.linger > 0 || busy) && len(g.waiting) < g.size {
 		if g.full == nil {
@@ -107,6 +108,7 @@ func (g *group) collect() []*attemptRun {
 		case <-full:
 		case <-lingered:
 		case <-finished:
+		case <-ctx.Done():
 		}
 		g.mu.Lock()
 	}
