@@ -51,8 +51,8 @@ type Definition[T any] struct {
 type selfCheck uint8
 
 const (
-	// noSelfCheck: the data has no Validate method.
-	noSelfCheck selfCheck = iota
+	// The zero selfCheck: the data has no Validate method.
+	_ selfCheck = iota
 	// selfCheckValue: T's methods hold Validate; it is called through the
 	// data's address, on a copy as for any value receiver.
 	selfCheckValue
