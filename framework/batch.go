@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/effectively-once/effectively/internal/crash"
 )
 
 // group gathers attempts into batches that commit in one transaction
@@ -147,6 +149,9 @@ func (g *group) runBatch(batch []*attemptRun) {
 		return
 	}
 	committed, retry := g.inTx(batch)
+	if died(batch) {
+		return
+	}
 	for _, a := range committed {
 		a.tx.committed()
 	}
@@ -156,7 +161,28 @@ func (g *group) runBatch(batch []*attemptRun) {
 	for _, a := range retry {
 		a.outcome, a.err, a.panicked = "", nil, nil
 		g.u.alone(a)
+		if a.died != "" && died(batch) {
+			return
+		}
 	}
+}
+
+// died reports whether an attempt of batch died at a crash point (see
+// package internal/crash), and then makes every attempt of the batch die
+// with it, as they would with their process: none is acknowledged, and no
+// hook runs.
+func died(batch []*attemptRun) bool {
+	for _, a := range batch {
+		if a.died == "" {
+			continue
+		}
+		at := a.died
+		for _, b := range batch {
+			b.die(at)
+		}
+		return true
+	}
+	return false
 }
 
 // timeout returns the statement that bounds each statement of a batch's
@@ -261,6 +287,11 @@ func (g *group) try(batch []*attemptRun) (committed, retry []*attemptRun, failed
 	for i, a := range batch {
 		write := g.u.attempt(a)
 		switch {
+		case a.died != "":
+			// The process died: the batch's transaction ends
+			// unfinished, no hook runs (see died).
+			_ = tx.Rollback()
+			return nil, nil, -1
 		case a.err != nil || a.panicked != nil:
 			_ = tx.Rollback() // a's failure is what matters
 			a.tx.rolledBack()
@@ -290,6 +321,11 @@ func (g *group) try(batch []*attemptRun) (committed, retry []*attemptRun, failed
 			a.tx.rolledBack()
 		}
 		return nil, append(ok, settled...), -1
+	}
+	for _, a := range ok {
+		if a.dies(a.ctx, crash.AfterCommit) {
+			return nil, nil, -1 // the batch dies (see died): no hook runs
+		}
 	}
 	return ok, nil, -1
 }

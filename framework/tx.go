@@ -11,6 +11,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
+	"github.com/effectively-once/effectively/internal/crash"
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
@@ -288,7 +289,7 @@ const (
 // fn does not run and Do returns Duplicate. Do returns once the effect
 // committed or rolled back: a message may be acked then.
 func (u *UnitOfWork) Do(ctx context.Context, consumer string, key Key, fn func(ctx context.Context) error) (Outcome, error) {
-	a := &attemptRun{ctx: ctx, consumer: consumer, key: key, fn: fn}
+	a := &attemptRun{ctx: ctx, consumer: consumer, key: key, fn: fn, crash: crash.HookOf(ctx)}
 	if u.group == nil {
 		u.alone(a)
 	} else {
@@ -315,9 +316,27 @@ type attemptRun struct {
 	panicked any
 	done     chan struct{}      // closed once the result is set (group commit)
 	lead     chan []*attemptRun // hands this attempt a batch to run
+	crash    crash.Hook         // the crash hook of ctx, nil without one
+	died     crash.Point        // where the attempt died (see dies)
 }
 
 func (a *attemptRun) fail(err error) { a.outcome, a.err = Failed, err }
+
+// dies reports whether a's crash hook makes a die at p, in ctx, and if so
+// sets a's result: a *crash.Died.
+func (a *attemptRun) dies(ctx context.Context, p crash.Point) bool {
+	if a.crash == nil || !a.crash(ctx, p) {
+		return false
+	}
+	a.die(p)
+	return true
+}
+
+// die makes a die at p: its result is a *crash.Died, so that its delivery
+// is not acknowledged.
+func (a *attemptRun) die(p crash.Point) {
+	a.died, a.outcome, a.err, a.panicked = p, Failed, &crash.Died{At: p}, nil
+}
 
 // alone runs a in a transaction of its own.
 func (u *UnitOfWork) alone(a *attemptRun) {
@@ -332,20 +351,28 @@ func (u *UnitOfWork) alone(a *attemptRun) {
 	}
 	write := u.attempt(a)
 	switch {
+	case a.died != "" && a.tx.tx != nil:
+		// The process died: its transaction ends unfinished, its hooks
+		// never run.
+		_ = a.tx.tx.Rollback()
 	case a.err != nil || a.panicked != nil || !write:
 		if a.tx.tx != nil {
 			_ = a.tx.tx.Rollback() // the attempt's error is what matters
 		}
-		a.tx.rolledBack()
+		a.tx.rolledBack() // without a database, the hooks are the rollback
 	case a.tx.tx != nil:
 		if err := a.tx.tx.Commit(); err != nil {
 			a.tx.rolledBack()
 			a.fail(fmt.Errorf("commit: %w", err))
 			return
 		}
+		if a.dies(a.ctx, crash.AfterCommit) {
+			return
+		}
 		a.tx.committed()
 	default:
-		a.tx.committed()
+		a.tx.committed() // without a database, the hooks are the commit
+		a.dies(a.ctx, crash.AfterCommit)
 	}
 }
 
@@ -376,8 +403,14 @@ func (u *UnitOfWork) attempt(a *attemptRun) (write bool) {
 	if first {
 		a.outcome = Processed
 		attemptCtx := pipeline.With(pipeline.With(ctx, tx), attempt{consumer: a.consumer, key: a.key})
+		if a.dies(attemptCtx, crash.AfterMark) {
+			return false
+		}
 		if err := a.fn(attemptCtx); err != nil {
 			a.fail(err)
+			return false
+		}
+		if a.dies(attemptCtx, crash.BeforeCommit) {
 			return false
 		}
 		if err := ctx.Err(); err != nil {

@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/crash"
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
@@ -58,6 +59,9 @@ func failed(ctx context.Context, consumer string, store framework.Store, now fun
 	}
 	if !framework.IsPermanent(err) && !st.gaveUp {
 		return err // before the attempts, or after they succeeded
+	}
+	if derr := st.dies(ctx, crash.BeforeDeadLetter); derr != nil {
+		return derr
 	}
 	dl := newDeadLetter(consumer, msg, st, framework.CodeOf(err), now().UTC())
 	if perr := store.PublishDeadLetter(ctx, dl); perr != nil {

@@ -8,6 +8,7 @@ import (
 	wmmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/crash"
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
@@ -31,6 +32,9 @@ func decode(c *framework.Consumer, maxBody int) message.HandlerMiddleware {
 				return nil, err
 			}
 			msg.SetContext(pipeline.With(msg.Context(), st.decoded))
+			if err := st.dies(msg.Context(), crash.AfterDecode); err != nil {
+				return nil, err
+			}
 			return next(msg)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/crash"
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
@@ -113,6 +114,9 @@ func (g *guard) count(msg *message.Message, next message.HandlerFunc) ([]*messag
 	n, err := g.store.Count(msg.Context(), g.consumer, key, first)
 	if err != nil {
 		return nil, fmt.Errorf("count delivery of %s: %w", key, err)
+	}
+	if err := stateOf(msg).dies(msg.Context(), crash.AfterCount); err != nil {
+		return nil, err
 	}
 	ctx := pipeline.With(msg.Context(), pipeline.DeliveryCounted(true))
 	if n > g.maxDeliveries {

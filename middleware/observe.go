@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/crash"
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
@@ -143,6 +144,9 @@ func (o *observer) step(next message.HandlerFunc) message.HandlerFunc {
 		st.observer, st.msg = o, msg
 
 		out, err := next(msg)
+		if err == nil && st.crash != nil {
+			err = st.dies(ctx, crash.BeforeAck)
+		}
 
 		outcome := outcomeOf(st, err)
 		st.reported = outcome
@@ -219,6 +223,8 @@ func (o *observer) log(ctx context.Context, st *state, outcome framework.Outcome
 	switch {
 	case outcome == framework.Nacked && ctx.Err() != nil:
 		level, text = slog.LevelInfo, "attempt cut short by shutdown, rolled back; the message will be delivered again"
+	case outcome == framework.Nacked && died(err):
+		level, text = slog.LevelInfo, "the delivery died at a crash point (injected); the message will be delivered again"
 	case outcome == framework.Nacked && errors.Is(err, pipeline.ErrLater):
 		level, text = slog.LevelInfo, "message waits, it will be delivered again"
 	case outcome == framework.Nacked:

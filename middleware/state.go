@@ -6,6 +6,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/crash"
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
@@ -28,6 +29,23 @@ type state struct {
 	msg      *message.Message
 	stale    bool              // the sequence guard skipped it
 	reported framework.Outcome // the outcome observe reported
+	crash    crash.Hook        // the crash hook of the message's context, nil without one
+}
+
+// dies returns a *crash.Died when the message's crash hook makes it die
+// at p (see package internal/crash), nil otherwise. The hook's context is
+// ctx with the decoded event, once there is one.
+func (s *state) dies(ctx context.Context, p crash.Point) error {
+	if s.crash == nil {
+		return nil
+	}
+	if s.decoded != nil {
+		ctx = pipeline.With(ctx, s.decoded)
+	}
+	if !s.crash(ctx, p) {
+		return nil
+	}
+	return &crash.Died{At: p}
 }
 
 // attemptFailed reports a failed attempt to observe, if it runs.
@@ -51,6 +69,12 @@ func eventOf(ctx context.Context) (*framework.Envelope, error) {
 	return &d.Envelope, nil
 }
 
+// died reports whether err says that the delivery died at a crash point.
+func died(err error) bool {
+	_, ok := crash.PointOf(err)
+	return ok
+}
+
 type stateKey struct{}
 
 // stateOf returns the message's state, attaching a new one to its context
@@ -59,7 +83,7 @@ func stateOf(msg *message.Message) *state {
 	if s, ok := msg.Context().Value(stateKey{}).(*state); ok {
 		return s
 	}
-	s := &state{}
+	s := &state{crash: crash.HookOf(msg.Context())}
 	msg.SetContext(context.WithValue(msg.Context(), stateKey{}, s))
 	return s
 }
