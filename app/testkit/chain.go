@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/crash"
 	"github.com/effectively-once/effectively/middleware"
 )
 
@@ -20,9 +21,11 @@ import (
 type Result struct {
 	// Outcome is what the chain did with the message: framework.Processed,
 	// Duplicate, Stale (the sequence guard skipped an event older than its
-	// subject's checkpoint, Config.SkipStale), DeadLettered, or Nacked (a
+	// subject's checkpoint, Config.SkipStale), DeadLettered, Nacked (a
 	// transport would deliver it again: the attempt was cut short by its
-	// context, or the dead letter could not be stored).
+	// context, the event waits for an earlier one under
+	// Config.StrictOrder, or the dead letter could not be stored), or
+	// Crashed (the delivery died at a crash point, see DeliverCrashing).
 	Outcome framework.Outcome
 	// Code says why the message was dead-lettered; empty otherwise.
 	Code framework.Code
@@ -31,18 +34,25 @@ type Result struct {
 	// retries.
 	Attempts int
 	// Err is the error the chain returned to the transport when it nacked
-	// the message; nil otherwise.
+	// the message or the delivery died; nil otherwise.
 	Err error
+	// CrashedAt is the crash point where the delivery died when Crashed:
+	// its own, or that of a delivery of its batch under group commit.
+	CrashedAt CrashPoint
 }
 
 // Acked reports whether the transport would acknowledge the message.
-func (r Result) Acked() bool { return r.Outcome != framework.Nacked }
+func (r Result) Acked() bool { return r.Outcome != framework.Nacked && r.Outcome != Crashed }
 
 // String describes the result, e.g. "dead_lettered (retries_exhausted)
 // after 3 attempts".
 func (r Result) String() string {
 	var b strings.Builder
 	b.WriteString(string(r.Outcome))
+	if r.CrashedAt != "" {
+		fmt.Fprintf(&b, " at %s", r.CrashedAt)
+		return b.String()
+	}
 	if r.Code != "" {
 		fmt.Fprintf(&b, " (%s)", r.Code)
 	}
@@ -167,13 +177,40 @@ func (c *Chain) DeliverConcurrently(ctx context.Context, t testing.TB, env frame
 		t.Fatalf("testkit: encode %s: %v", env.Key(), err)
 		return nil
 	}
-	results := make(Results, n)
-	errs := make([]error, n)
+	msgs := make([]*message.Message, n)
+	for i := range msgs {
+		msgs[i] = message.NewMessage(watermill.NewUUID(), body)
+		msgs[i].Metadata.Set(framework.MetadataContentType, framework.ContentType)
+	}
+	return c.deliverAll(ctx, t, msgs)
+}
+
+// DeliverTogether delivers each of envs at once, as a transport hands a
+// consumer the messages it has in flight: under group commit their
+// attempts may share a transaction (see Config.BatchLinger to make sure
+// they do). The results are in the order of envs.
+func (c *Chain) DeliverTogether(ctx context.Context, t testing.TB, envs ...framework.Envelope) Results {
+	t.Helper()
+	msgs := make([]*message.Message, len(envs))
+	for i, env := range envs {
+		msg, err := framework.NewMessage(env)
+		if err != nil {
+			t.Fatalf("testkit: encode %s: %v", env.Key(), err)
+			return nil
+		}
+		msgs[i] = msg
+	}
+	return c.deliverAll(ctx, t, msgs)
+}
+
+// deliverAll delivers msgs at once and returns their results in order.
+func (c *Chain) deliverAll(ctx context.Context, t testing.TB, msgs []*message.Message) Results {
+	t.Helper()
+	results := make(Results, len(msgs))
+	errs := make([]error, len(msgs))
 	start := make(chan struct{})
 	var wg sync.WaitGroup
-	for i := range n {
-		msg := message.NewMessage(watermill.NewUUID(), body)
-		msg.Metadata.Set(framework.MetadataContentType, framework.ContentType)
+	for i, msg := range msgs {
 		wg.Go(func() {
 			<-start
 			results[i], errs[i] = c.deliver(ctx, msg)
@@ -231,6 +268,8 @@ func (c *Chain) chain() (message.NoPublishHandlerFunc, error) {
 		Timeout:       cfg.Timeout,
 		MaxDeliveries: cfg.MaxDeliveries,
 		SkipStale:     cfg.SkipStale,
+		StrictOrder:   cfg.StrictOrder,
+		GapTimeout:    cfg.GapTimeout,
 		MaxBodyBytes:  cfg.MaxBodyBytes,
 		Logger:        cfg.Logger,
 	})
@@ -246,6 +285,9 @@ func (c *Chain) chain() (message.NoPublishHandlerFunc, error) {
 func (c *Chain) deliver(ctx context.Context, msg *message.Message) (Result, error) {
 	msg.SetContext(ctx)
 	herr := c.handler(msg)
+	if at, ok := crash.PointOf(herr); ok {
+		return Result{Outcome: Crashed, CrashedAt: at, Err: herr}, nil
+	}
 	rep, ok := middleware.ReportOf(msg)
 	if !ok {
 		return Result{}, fmt.Errorf("the chain reported no outcome of message %s", msg.UUID)

@@ -3,6 +3,7 @@ package testkit
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
@@ -77,6 +78,29 @@ type Config struct {
 	// consumer's chain, as the app's skip_stale setting does. Defaults to
 	// false.
 	SkipStale bool
+	// StrictOrder applies each subject's events in sequence
+	// (middleware.Config.StrictOrder), as the app's strict_order setting
+	// does: an event ahead of its turn is Nacked, to be delivered again,
+	// until GapTimeout after its first wait; then it is dead-lettered with
+	// code sequence_gap. Not with SkipStale. Defaults to false.
+	StrictOrder bool
+	// GapTimeout is how long an event waits for an earlier one of its
+	// subject under StrictOrder. Defaults to
+	// middleware.DefaultGapTimeout.
+	GapTimeout time.Duration
+	// BatchSize is the most attempts that commit in one transaction
+	// (framework.UnitOfWorkConfig.BatchSize), as the app's batch_size:
+	// group commit is on unless it is 1. Defaults to
+	// framework.DefaultBatchSize.
+	BatchSize int
+	// Batches is how many batches run at once. Defaults to
+	// framework.DefaultBatches.
+	Batches int
+	// BatchLinger is how long a batch waits for more attempts while it
+	// holds fewer than BatchSize: with a long linger, BatchSize deliveries
+	// made together (DeliverTogether) share one transaction for sure.
+	// Defaults to zero: a batch starts at once.
+	BatchLinger time.Duration
 	// Logger receives the chain's logs. Defaults to discarding them.
 	Logger *slog.Logger
 }
@@ -88,6 +112,7 @@ func (c Config) WithDefaults() Config {
 	c.Timeout = cmp.Or(c.Timeout, DefaultTimeout)
 	c.MaxDeliveries = cmp.Or(c.MaxDeliveries, middleware.DefaultMaxDeliveries)
 	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, framework.DefaultMaxBodyBytes)
+	c.GapTimeout = cmp.Or(c.GapTimeout, middleware.DefaultGapTimeout)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -105,6 +130,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("testkit: MaxDeliveries must be at least 1, got %d", c.MaxDeliveries)
 	case c.MaxBodyBytes < 1:
 		return fmt.Errorf("testkit: MaxBodyBytes must be at least 1, got %d", c.MaxBodyBytes)
+	case c.SkipStale && c.StrictOrder:
+		return errors.New("testkit: SkipStale excludes StrictOrder")
+	case c.GapTimeout <= 0:
+		return fmt.Errorf("testkit: GapTimeout must be positive, got %s", c.GapTimeout)
 	}
 	if err := migrate.ValidateTablePrefix(c.TablePrefix); err != nil {
 		return fmt.Errorf("testkit: TablePrefix: %w", err)
@@ -173,7 +202,9 @@ func newKit(t testing.TB, cfg Config) (*Kit, error) {
 	if err != nil {
 		return nil, err
 	}
-	k.uow, err = framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: k.db, Store: k.store})
+	k.uow, err = framework.NewUnitOfWork(framework.UnitOfWorkConfig{
+		DB: k.db, Store: k.store, BatchSize: cfg.BatchSize, Batches: cfg.Batches, Linger: cfg.BatchLinger,
+	})
 	if err != nil {
 		return nil, err
 	}
