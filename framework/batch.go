@@ -2,7 +2,6 @@ package framework
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"strconv"
 	"sync"
@@ -10,6 +9,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/internal/crash"
+	"github.com/jmoiron/sqlx"
 )
 
 // group gathers attempts into batches that commit in one transaction
@@ -336,9 +336,7 @@ func (g *group) try(batch []*attemptRun) (committed, retry []*attemptRun, failed
 // session's default (the server's, the role's, the database's and the
 // connection string's), then the batch's statement timeout is set again.
 // SQLite has no such settings.
-func (g *group) resetSession(ctx context.Context, tx interface {
-	ExecContext(context.Context, string, ...any) (sql.Result, error)
-}, timeout string) error {
+func (g *group) resetSession(ctx context.Context, tx sqlx.ExecerContext, timeout string) error {
 	if g.u.db.DriverName() != "pgx" {
 		return nil
 	}
@@ -364,7 +362,7 @@ type manyMarker interface {
 // attempt. Otherwise each attempt marks its own.
 func (g *group) markAll(ctx context.Context, batch []*attemptRun) error {
 	m, ok := g.u.store.(manyMarker)
-	if !ok {
+	if !ok || g.u.withoutMark {
 		return nil
 	}
 	keys := make([]Key, len(batch))
