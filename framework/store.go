@@ -49,8 +49,33 @@ type Store interface {
 	// event's delivery count is forgotten.
 	WaitGap(ctx context.Context, consumer, subject string, seq int64, key Key, body []byte) (time.Duration, error)
 	// EndWait removes the wait of (consumer, subject, seq), inside tx
-	// when tx is not nil.
-	EndWait(ctx context.Context, tx *Tx, consumer, subject string, seq int64) error
+	// when tx is not nil, and with it the event's hold or parking (see
+	// Hold, Park): the event took effect or was skipped as stale. It
+	// reports whether events of the subject are parked after seq: once tx
+	// commits, those whose turn has come are to be released (see Parked).
+	EndWait(ctx context.Context, tx *Tx, consumer, subject string, seq int64) (bool, error)
+
+	// Hold records, in a transaction of its own, that the event key, with
+	// sequence seq of subject, is a dead letter that the later events of
+	// its subject wait behind, parked (see Park). A hold at or below the
+	// subject's checkpoint is not recorded. It ends when the event takes
+	// effect (EndWait) or is skipped (Skip).
+	Hold(ctx context.Context, consumer, subject string, seq int64, key Key) error
+	// Park parks the event p, inside tx, when an event of its subject
+	// between the checkpoint and p.Seq is held or parked, and reports
+	// whether it did. A parked event is acknowledged but not processed:
+	// Park removes the processed mark that tx made for p.Key. Parking
+	// replaces a wait (WaitGap) of the same event.
+	Park(ctx context.Context, tx *Tx, p ParkedEvent) (bool, error)
+	// Parked lists the held and parked events that match f, by consumer,
+	// subject and sequence.
+	Parked(ctx context.Context, f ParkedFilter) ([]ParkedEvent, error)
+	// Skip ends the hold of the dead letter key of (consumer, subject)
+	// without its effect, as an operator who discards it asks: the
+	// subject's checkpoint moves to the held sequence when it is lower,
+	// so the events parked right behind it become ready (see Parked). It
+	// returns the held sequence, or ErrNotFound when key is not held.
+	Skip(ctx context.Context, consumer, subject string, key Key) (int64, error)
 
 	// PublishDeadLetter stores a message that will not be processed,
 	// durably, before it returns nil: the message is acknowledged right
@@ -183,5 +208,40 @@ type DeadLetterFilter struct {
 	// AfterID lists dead letters with a greater ID, for paging.
 	AfterID int64
 	// Limit caps the number returned; zero means 100.
+	Limit int
+}
+
+// ParkedEvent is an event of a subject under strict order that waits,
+// acknowledged but not processed, behind an earlier event of its subject
+// that is a dead letter; or, when Held, that dead letter itself.
+type ParkedEvent struct {
+	Consumer string
+	Subject  string
+	Seq      int64
+	// Key identifies the event.
+	Key Key
+	// Topic, Body and Metadata are the message as it was received, to
+	// hand it to the consumer again; empty when Held.
+	Topic    string
+	Body     []byte
+	Metadata map[string]string
+	// At is when it was parked or held, by the store's clock.
+	At time.Time
+	// Held says that the event is the dead letter that the later ones
+	// wait behind.
+	Held bool
+	// Ready says that the event is parked and its turn has come: the
+	// subject's checkpoint is right behind it.
+	Ready bool
+}
+
+// ParkedFilter selects held and parked events. Zero fields match
+// everything.
+type ParkedFilter struct {
+	Consumer string
+	Subject  string
+	// Ready selects the parked events whose turn has come only.
+	Ready bool
+	// Limit caps the number returned; zero means no limit.
 	Limit int
 }

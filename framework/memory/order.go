@@ -1,6 +1,7 @@
 package memory
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -132,20 +133,150 @@ func (s *Store) WaitGap(ctx context.Context, consumer, subject string, seq int64
 	return s.now().Sub(since), nil
 }
 
-// EndWait removes the wait of (consumer, subject, seq): when tx commits,
-// or at once when tx is nil.
-func (s *Store) EndWait(ctx context.Context, tx *framework.Tx, consumer, subject string, seq int64) error {
+// EndWait removes the wait, hold or parking of (consumer, subject, seq):
+// when tx commits, or at once when tx is nil. It reports whether events
+// of the subject are parked after seq.
+func (s *Store) EndWait(ctx context.Context, tx *framework.Tx, consumer, subject string, seq int64) (bool, error) {
+	k := waitKey{subjectKey{consumer, subject}, seq}
 	end := func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()
-		delete(s.waits, waitKey{subjectKey{consumer, subject}, seq})
+		delete(s.waits, k)
+		delete(s.parked, k)
 	}
 	if tx == nil {
 		end()
-		return nil
+		return false, nil
 	}
 	tx.OnCommit(end)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for pk, p := range s.parked {
+		if pk.subjectKey == k.subjectKey && pk.seq > seq && !p.Held {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// Hold records that the event key, with sequence seq of subject, is a
+// dead letter that the later events of its subject wait behind, unless
+// the subject's checkpoint is at or past seq.
+func (s *Store) Hold(ctx context.Context, consumer, subject string, seq int64, key framework.Key) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("hold %s #%d for %s: %w", subject, seq, consumer, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sk := subjectKey{consumer, subject}
+	if c, ok := s.checkpoints[sk]; ok && c.seq >= seq {
+		return nil
+	}
+	s.parked[waitKey{sk, seq}] = framework.ParkedEvent{
+		Consumer: consumer, Subject: subject, Seq: seq, Key: key, At: s.now(), Held: true,
+	}
 	return nil
+}
+
+// Park parks p when tx commits, if an event of its subject between the
+// checkpoint (as tx sees it) and p.Seq is held or parked, and reports
+// whether it does. The processed mark that tx made for p.Key goes when
+// tx commits.
+func (s *Store) Park(ctx context.Context, tx *framework.Tx, p framework.ParkedEvent) (bool, error) {
+	if tx == nil {
+		return false, fmt.Errorf("park %s #%d for %s: %w", p.Subject, p.Seq, p.Consumer, ErrNoTx)
+	}
+	sk := subjectKey{p.Consumer, p.Subject}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var c int64
+	if cp, ok := s.checkpoints[sk]; ok {
+		c = cp.view(tx)
+	}
+	blocked := false
+	for pk := range s.parked {
+		if pk.subjectKey == sk && pk.seq > c && pk.seq < p.Seq {
+			blocked = true
+			break
+		}
+	}
+	if !blocked {
+		return false, nil
+	}
+	p.At, p.Held, p.Ready = s.now(), false, false
+	p.Body = slices.Clone(p.Body)
+	p.Metadata = framework.StorableMetadata(p.Metadata)
+	mk := markKey{consumer: p.Consumer, key: p.Key}
+	tx.OnCommit(func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		k := waitKey{sk, p.Seq}
+		s.parked[k] = p
+		delete(s.waits, k)
+		if m, ok := s.marks[mk]; ok && m.tx == tx {
+			delete(s.marks, mk)
+		}
+	})
+	return true, nil
+}
+
+// Parked lists the held and parked events that match f, by consumer,
+// subject and sequence.
+func (s *Store) Parked(ctx context.Context, f framework.ParkedFilter) ([]framework.ParkedEvent, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("list parked events: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []framework.ParkedEvent
+	for k, p := range s.parked {
+		if f.Consumer != "" && k.consumer != f.Consumer || f.Subject != "" && k.subject != f.Subject {
+			continue
+		}
+		var c int64
+		if cp, ok := s.checkpoints[k.subjectKey]; ok {
+			c = cp.seq
+		}
+		p.Ready = !p.Held && p.Seq == c+1
+		if f.Ready && !p.Ready {
+			continue
+		}
+		p.Body = slices.Clone(p.Body)
+		out = append(out, p)
+	}
+	slices.SortFunc(out, func(a, b framework.ParkedEvent) int {
+		return cmp.Or(cmp.Compare(a.Consumer, b.Consumer), cmp.Compare(a.Subject, b.Subject), cmp.Compare(a.Seq, b.Seq))
+	})
+	if f.Limit > 0 && len(out) > f.Limit {
+		out = out[:f.Limit]
+	}
+	return out, nil
+}
+
+// Skip ends the hold of the dead letter key of (consumer, subject) and
+// moves the subject's checkpoint to its sequence when it is lower. It
+// returns the sequence, or framework.ErrNotFound.
+func (s *Store) Skip(ctx context.Context, consumer, subject string, key framework.Key) (int64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("skip %s of %s for %s: %w", key, subject, consumer, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sk := subjectKey{consumer, subject}
+	for k, p := range s.parked {
+		if k.subjectKey != sk || !p.Held || p.Key != key {
+			continue
+		}
+		delete(s.parked, k)
+		c, ok := s.checkpoints[sk]
+		if !ok {
+			c = &checkpoint{}
+			s.checkpoints[sk] = c
+		}
+		c.seq = max(c.seq, k.seq)
+		return k.seq, nil
+	}
+	return 0, fmt.Errorf("skip %s of %s for %s: not held: %w", key, subject, consumer, framework.ErrNotFound)
 }
 
 // PurgeProcessed deletes up to limit of the oldest committed marks made

@@ -42,6 +42,7 @@ type Store struct {
 	lastID      int64
 	checkpoints map[subjectKey]*checkpoint
 	waits       map[waitKey]time.Time
+	parked      map[waitKey]framework.ParkedEvent // held and parked events
 }
 
 var _ framework.Store = (*Store)(nil)
@@ -98,6 +99,7 @@ func NewStore(cfg StoreConfig) (*Store, error) {
 		byKey:       make(map[markKey]int64),
 		checkpoints: make(map[subjectKey]*checkpoint),
 		waits:       make(map[waitKey]time.Time),
+		parked:      make(map[waitKey]framework.ParkedEvent),
 	}, nil
 }
 

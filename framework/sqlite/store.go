@@ -127,10 +127,35 @@ func (s *Store) WaitGap(ctx context.Context, consumer, subject string, seq int64
 	return s.sql.WaitGap(ctx, consumer, subject, seq, key, body)
 }
 
-// EndWait removes the wait of (consumer, subject, seq), inside tx when tx is
-// not nil (framework.Store).
-func (s *Store) EndWait(ctx context.Context, tx *framework.Tx, consumer, subject string, seq int64) error {
+// EndWait removes the wait, hold or parking of (consumer, subject, seq),
+// inside tx when tx is not nil, and reports whether events of the subject
+// are parked after seq (framework.Store).
+func (s *Store) EndWait(ctx context.Context, tx *framework.Tx, consumer, subject string, seq int64) (bool, error) {
 	return s.sql.EndWait(ctx, tx, consumer, subject, seq)
+}
+
+// Hold records that the event key, with sequence seq of subject, is a dead
+// letter that the later events of its subject wait behind
+// (framework.Store).
+func (s *Store) Hold(ctx context.Context, consumer, subject string, seq int64, key framework.Key) error {
+	return s.sql.Hold(ctx, consumer, subject, seq, key)
+}
+
+// Park parks p inside tx, when an earlier event of its subject is held or
+// parked, and reports whether it did (framework.Store).
+func (s *Store) Park(ctx context.Context, tx *framework.Tx, p framework.ParkedEvent) (bool, error) {
+	return s.sql.Park(ctx, tx, p)
+}
+
+// Parked lists the held and parked events that match f (framework.Store).
+func (s *Store) Parked(ctx context.Context, f framework.ParkedFilter) ([]framework.ParkedEvent, error) {
+	return s.sql.Parked(ctx, f)
+}
+
+// Skip ends the hold of the dead letter key without its effect and
+// returns its sequence (framework.Store).
+func (s *Store) Skip(ctx context.Context, consumer, subject string, key framework.Key) (int64, error) {
+	return s.sql.Skip(ctx, consumer, subject, key)
 }
 
 // Adopt gives consumer the processed marks and subject checkpoints of the

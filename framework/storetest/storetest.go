@@ -66,6 +66,10 @@ func Exercise(t *testing.T, newHarness func(t *testing.T) Harness) {
 		t.Parallel()
 		exerciseWaits(t, newHarness)
 	})
+	t.Run("Parked", func(t *testing.T) {
+		t.Parallel()
+		exerciseParked(t, newHarness)
+	})
 	t.Run("Purge", func(t *testing.T) {
 		t.Parallel()
 		exercisePurge(t, newHarness)

@@ -2,8 +2,6 @@ package sqlstore
 
 import (
 	"context"
-	"database/sql"
-	"errors"
 	"fmt"
 	"time"
 
@@ -26,6 +24,13 @@ VALUES (?, ?, ?, ?, ?, ?, ?, 'gap')
 ON CONFLICT (consumer, subject, seq) DO NOTHING`
 	qOrderWaitingSince = `SELECT parked_at FROM {p}parked_events WHERE consumer = ? AND subject = ? AND seq = ?`
 	qOrderEndWait      = `DELETE FROM {p}parked_events WHERE consumer = ? AND subject = ? AND seq = ?`
+	// qOrderParkedAfter finds events parked after a sequence.
+	qOrderParkedAfter = `SELECT EXISTS (SELECT 1 FROM {p}parked_events
+WHERE consumer = ? AND subject = ? AND seq > ? AND reason = 'parked')`
+	// qOrderEndWaitPostgres is qOrderEndWait and qOrderParkedAfter in one
+	// round trip.
+	qOrderEndWaitPostgres = `WITH gone AS (DELETE FROM {p}parked_events WHERE consumer = ? AND subject = ? AND seq = ?)
+` + qOrderParkedAfter
 )
 
 var _ framework.Store = (*Store)(nil)
@@ -76,16 +81,27 @@ func (s *Store) WaitGap(ctx context.Context, consumer, subject string, seq int64
 }
 
 // EndWait implements framework.Store. Without a transaction it
-// commits on its own.
-func (s *Store) EndWait(ctx context.Context, tx *framework.Tx, consumer, subject string, seq int64) error {
-	var err error
-	if tx.HasDB() {
-		_, err = tx.ExecContext(ctx, s.q.sql(qOrderEndWait), consumer, subject, seq)
-	} else {
-		_, err = s.db.ExecContext(ctx, s.q.sql(qOrderEndWait), consumer, subject, seq)
+// commits on its own and reports no parked events.
+func (s *Store) EndWait(ctx context.Context, tx *framework.Tx, consumer, subject string, seq int64) (bool, error) {
+	if !tx.HasDB() {
+		if _, err := s.db.ExecContext(ctx, s.q.sql(qOrderEndWait), consumer, subject, seq); err != nil {
+			return false, fmt.Errorf("end the wait of %s #%d for %s: %w", subject, seq, consumer, err)
+		}
+		return false, nil
 	}
-	if err != nil && !errors.Is(err, sql.ErrNoRows) {
-		return fmt.Errorf("end the wait of %s #%d for %s: %w", subject, seq, consumer, err)
+	var parked bool
+	if s.dialect == Postgres {
+		if err := tx.GetContext(ctx, &parked, s.q.sql(qOrderEndWaitPostgres),
+			consumer, subject, seq, consumer, subject, seq); err != nil {
+			return false, fmt.Errorf("end the wait of %s #%d for %s: %w", subject, seq, consumer, err)
+		}
+		return parked, nil
 	}
-	return nil
+	if _, err := tx.ExecContext(ctx, s.q.sql(qOrderEndWait), consumer, subject, seq); err != nil {
+		return false, fmt.Errorf("end the wait of %s #%d for %s: %w", subject, seq, consumer, err)
+	}
+	if err := tx.GetContext(ctx, &parked, s.q.sql(qOrderParkedAfter), consumer, subject, seq); err != nil {
+		return false, fmt.Errorf("end the wait of %s #%d for %s: parked after: %w", subject, seq, consumer, err)
+	}
+	return parked, nil
 }

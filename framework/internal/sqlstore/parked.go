@@ -1,0 +1,199 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/effectively-once/effectively/framework"
+)
+
+// The SQL of the events parked behind a dead letter (framework.Store).
+// A row of parked_events is a wait behind a gap (reason gap, see
+// WaitGap), a dead letter that the later events of its subject wait
+// behind (dead_letter, see Hold) or one of those events (parked, see
+// Park).
+const (
+	qHoldCheckpoint = `SELECT seq FROM {p}subject_checkpoints WHERE consumer = ? AND subject = ?`
+	qHold           = `INSERT INTO {p}parked_events (consumer, subject, seq, source, event_id, topic, body, metadata, parked_at, reason)
+VALUES (?, ?, ?, ?, ?, '', ?, '{}', ?, 'dead_letter')
+ON CONFLICT (consumer, subject, seq) DO UPDATE SET
+    source = excluded.source, event_id = excluded.event_id, topic = '', body = excluded.body,
+    metadata = '{}', parked_at = excluded.parked_at, reason = 'dead_letter'`
+
+	// qBlocked finds a held or parked event between the subject's
+	// checkpoint and a sequence.
+	qBlocked = `SELECT EXISTS (SELECT 1 FROM {p}parked_events p
+WHERE p.consumer = ? AND p.subject = ? AND p.seq < ? AND p.reason IN ('dead_letter', 'parked')
+AND p.seq > COALESCE((SELECT c.seq FROM {p}subject_checkpoints c WHERE c.consumer = p.consumer AND c.subject = p.subject), 0))`
+	qPark = `INSERT INTO {p}parked_events (consumer, subject, seq, source, event_id, topic, body, metadata, parked_at, reason)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'parked')
+ON CONFLICT (consumer, subject, seq) DO UPDATE SET
+    source = excluded.source, event_id = excluded.event_id, topic = excluded.topic, body = excluded.body,
+    metadata = excluded.metadata, parked_at = excluded.parked_at, reason = 'parked'`
+	qUnmark = `DELETE FROM {p}processed_events WHERE consumer = ? AND source = ? AND event_id = ?`
+
+	// qParked takes the filter's conditions (those set) and ends with
+	// qParkedOrder.
+	qParked = `SELECT p.consumer, p.subject, p.seq, p.source, p.event_id, p.topic, p.body, p.metadata,
+    p.parked_at, p.reason, COALESCE(c.seq, 0)
+FROM {p}parked_events p LEFT JOIN {p}subject_checkpoints c ON c.consumer = p.consumer AND c.subject = p.subject
+WHERE p.reason IN ('dead_letter', 'parked')`
+	qParkedConsumer = ` AND p.consumer = ?`
+	qParkedSubject  = ` AND p.subject = ?`
+	qParkedReady    = ` AND p.reason = 'parked' AND p.seq = COALESCE(c.seq, 0) + 1`
+	qParkedOrder    = ` ORDER BY p.consumer, p.subject, p.seq`
+	qParkedLimit    = ` LIMIT ?`
+
+	qSkipFind   = `SELECT seq FROM {p}parked_events WHERE consumer = ? AND subject = ? AND source = ? AND event_id = ? AND reason = 'dead_letter'`
+	qSkipDelete = `DELETE FROM {p}parked_events WHERE consumer = ? AND subject = ? AND seq = ?`
+)
+
+// Hold implements framework.Store, in one transaction.
+func (s *Store) Hold(ctx context.Context, consumer, subject string, seq int64, key framework.Key) error {
+	return s.inTx(ctx, func(tx *sqlx.Tx) error {
+		var c int64
+		err := tx.GetContext(ctx, &c, s.q.sql(qHoldCheckpoint), consumer, subject)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return err
+		}
+		if c >= seq {
+			return nil // it took effect, or was skipped, meanwhile
+		}
+		_, err = tx.ExecContext(ctx, s.q.sql(qHold),
+			consumer, subject, seq, key.Source, key.ID, []byte{}, s.dialect.timeArg(s.now()))
+		return err
+	}, "hold %s #%d for %s", subject, seq, consumer)
+}
+
+// Park implements framework.Store.
+func (s *Store) Park(ctx context.Context, tx *framework.Tx, p framework.ParkedEvent) (bool, error) {
+	if !tx.HasDB() {
+		return false, fmt.Errorf("park %s #%d for %s: %w", p.Subject, p.Seq, p.Consumer, ErrNoTx)
+	}
+	var blocked bool
+	if err := tx.GetContext(ctx, &blocked, s.q.sql(qBlocked), p.Consumer, p.Subject, p.Seq); err != nil {
+		return false, fmt.Errorf("park %s #%d for %s: %w", p.Subject, p.Seq, p.Consumer, err)
+	}
+	if !blocked {
+		return false, nil
+	}
+	meta, err := encodeMetadata(p.Metadata)
+	if err != nil {
+		return false, fmt.Errorf("park %s #%d for %s: %w", p.Subject, p.Seq, p.Consumer, err)
+	}
+	body := p.Body
+	if body == nil {
+		body = []byte{}
+	}
+	if _, err := tx.ExecContext(ctx, s.q.sql(qPark), p.Consumer, p.Subject, p.Seq, p.Key.Source, p.Key.ID,
+		p.Topic, body, meta, s.dialect.timeArg(s.now())); err != nil {
+		return false, fmt.Errorf("park %s #%d for %s: %w", p.Subject, p.Seq, p.Consumer, err)
+	}
+	if _, err := tx.ExecContext(ctx, s.q.sql(qUnmark), p.Consumer, p.Key.Source, p.Key.ID); err != nil {
+		return false, fmt.Errorf("park %s #%d for %s: remove the mark: %w", p.Subject, p.Seq, p.Consumer, err)
+	}
+	return true, nil
+}
+
+// Parked implements framework.Store.
+func (s *Store) Parked(ctx context.Context, f framework.ParkedFilter) (_ []framework.ParkedEvent, err error) {
+	var (
+		query strings.Builder
+		args  []any
+	)
+	query.WriteString(qParked)
+	if f.Consumer != "" {
+		query.WriteString(qParkedConsumer)
+		args = append(args, f.Consumer)
+	}
+	if f.Subject != "" {
+		query.WriteString(qParkedSubject)
+		args = append(args, f.Subject)
+	}
+	if f.Ready {
+		query.WriteString(qParkedReady)
+	}
+	query.WriteString(qParkedOrder)
+	if f.Limit > 0 {
+		query.WriteString(qParkedLimit)
+		args = append(args, f.Limit)
+	}
+	rows, err := s.db.QueryxContext(ctx, s.q.sql(query.String()), args...)
+	if err != nil {
+		return nil, fmt.Errorf("list parked events: %w", err)
+	}
+	defer func() {
+		if cerr := rows.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("list parked events: %w", cerr)
+		}
+	}()
+	var out []framework.ParkedEvent
+	for rows.Next() {
+		var (
+			p          framework.ParkedEvent
+			meta       []byte
+			at         timeValue
+			reason     string
+			checkpoint int64
+		)
+		if err := rows.Scan(&p.Consumer, &p.Subject, &p.Seq, &p.Key.Source, &p.Key.ID, &p.Topic, &p.Body, &meta,
+			&at, &reason, &checkpoint); err != nil {
+			return nil, fmt.Errorf("list parked events: %w", err)
+		}
+		if p.Metadata, err = decodeMetadata(meta); err != nil {
+			return nil, fmt.Errorf("parked %s #%d: %w", p.Subject, p.Seq, err)
+		}
+		p.At = at.t
+		p.Held = reason == "dead_letter"
+		p.Ready = !p.Held && p.Seq == checkpoint+1
+		out = append(out, p)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list parked events: %w", err)
+	}
+	return out, nil
+}
+
+// Skip implements framework.Store, in one transaction.
+func (s *Store) Skip(ctx context.Context, consumer, subject string, key framework.Key) (int64, error) {
+	var seq int64
+	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
+		if err := tx.GetContext(ctx, &seq, s.q.sql(qSkipFind), consumer, subject, key.Source, key.ID); err != nil {
+			if errors.Is(err, sql.ErrNoRows) {
+				return framework.ErrNotFound
+			}
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, s.q.sql(qSkipDelete), consumer, subject, seq); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, s.q.sql(qAdvance), consumer, subject, seq)
+		return err
+	}, "skip the dead letter %s of %s for %s", key, subject, consumer)
+	if err != nil {
+		return 0, err
+	}
+	return seq, nil
+}
+
+// inTx runs fn in a transaction of its own, and wraps its error with the
+// context that format and args give.
+func (s *Store) inTx(ctx context.Context, fn func(tx *sqlx.Tx) error, format string, args ...any) error {
+	tx, err := s.db.BeginTxx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf(format+": begin: %w", append(args, err)...)
+	}
+	defer tx.Rollback() // a no-op after Commit
+	if err := fn(tx); err != nil {
+		return fmt.Errorf(format+": %w", append(args, err)...)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf(format+": commit: %w", append(args, err)...)
+	}
+	return nil
+}

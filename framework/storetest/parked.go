@@ -1,0 +1,186 @@
+package storetest
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/pipeline"
+)
+
+// park runs an attempt of consumer on p's event that reads the subject's
+// checkpoint, as strict order does, and parks p; the attempt commits when
+// it parked p and ends with errBoom after rollback when fails. It returns
+// whether Park parked p.
+func (b *bundle) park(t *testing.T, p framework.ParkedEvent, rollback bool) bool {
+	t.Helper()
+	var parked bool
+	out, err := b.do(context.Background(), b.uow, p.Consumer, p.Key, func(ctx context.Context) error {
+		tx, _ := pipeline.From[*framework.Tx](ctx)
+		if _, err := b.store.Checkpoint(ctx, tx, p.Consumer, p.Subject); err != nil {
+			return err
+		}
+		var err error
+		if parked, err = b.store.Park(ctx, tx, p); err != nil {
+			return err
+		}
+		if rollback {
+			return errBoom
+		}
+		return nil
+	})
+	if rollback {
+		require.ErrorIs(t, err, errBoom)
+		return parked
+	}
+	require.NoError(t, err)
+	require.Equal(t, framework.Processed, out)
+	return parked
+}
+
+// endWait runs EndWait of (consumer, subject, seq) in an attempt that
+// commits, and returns what it reported.
+func (b *bundle) endWait(t *testing.T, consumer, subject string, seq int64) bool {
+	t.Helper()
+	var after bool
+	require.NoError(t, b.inTx(context.Background(), func(ctx context.Context, tx *framework.Tx) error {
+		var err error
+		after, err = b.store.EndWait(ctx, tx, consumer, subject, seq)
+		return err
+	}))
+	return after
+}
+
+// seqs returns the sequences of ps, each with H when held and R when
+// ready.
+func seqs(ps []framework.ParkedEvent) []string {
+	out := make([]string, 0, len(ps))
+	for _, p := range ps {
+		s := p.Subject + "#" + string(rune('0'+p.Seq))
+		if p.Held {
+			s += "H"
+		}
+		if p.Ready {
+			s += "R"
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
+	const consumer = "shipping.pack-on-order-paid"
+	event := func(seq int64) framework.ParkedEvent {
+		id := string(rune('0' + seq))
+		return framework.ParkedEvent{
+			Consumer: consumer, Subject: "order-1", Seq: seq,
+			Key:      framework.Key{Source: "orders", ID: "e" + id},
+			Topic:    "orders.order.paid",
+			Body:     []byte(`{"n":` + id + `}`),
+			Metadata: map[string]string{"traceparent": "t" + id},
+		}
+	}
+	list := func(t *testing.T, b *bundle, f framework.ParkedFilter) []framework.ParkedEvent {
+		t.Helper()
+		ps, err := b.store.Parked(context.Background(), f)
+		require.NoError(t, err)
+		return ps
+	}
+
+	t.Run("HeldDeadLetterParksTheLaterEvents", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		require.True(t, b.advance(t, consumer, "order-1", 4))
+		require.False(t, b.park(t, event(6), true), "nothing held yet: 6 waits behind a gap, unparked")
+
+		require.NoError(t, b.store.Hold(ctx, consumer, "order-1", 5, event(5).Key))
+		require.True(t, b.park(t, event(6), true), "parked, then rolled back: that leaves nothing")
+		require.Equal(t, []string{"order-1#5H"}, seqs(list(t, b, framework.ParkedFilter{})))
+
+		require.True(t, b.park(t, event(7), false))
+		require.True(t, b.park(t, event(6), false))
+		require.True(t, b.park(t, event(6), false), "parking again is no error")
+		ps := list(t, b, framework.ParkedFilter{Consumer: consumer, Subject: "order-1"})
+		require.Equal(t, []string{"order-1#5H", "order-1#6", "order-1#7"}, seqs(ps))
+		require.Equal(t, event(5).Key, ps[0].Key)
+		want := event(6)
+		want.At = t0
+		require.Equal(t, want, ps[1], "the message is kept intact")
+		require.Empty(t, list(t, b, framework.ParkedFilter{Consumer: "other.consumer"}))
+		require.Empty(t, list(t, b, framework.ParkedFilter{Ready: true}))
+		require.Len(t, list(t, b, framework.ParkedFilter{Limit: 2}), 2)
+
+		out, err := b.do(ctx, b.uow, consumer, event(6).Key, func(context.Context) error { return nil })
+		require.NoError(t, err)
+		require.Equal(t, framework.Processed, out, "a parked event is not marked processed")
+	})
+
+	t.Run("EffectOfTheHeldEventMakesTheNextReady", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		require.True(t, b.advance(t, consumer, "order-1", 4))
+		require.NoError(t, b.store.Hold(ctx, consumer, "order-1", 5, event(5).Key))
+		require.True(t, b.park(t, event(6), false))
+		require.True(t, b.park(t, event(8), false), "parked behind the held 5 and the parked 6")
+
+		require.True(t, b.advance(t, consumer, "order-1", 5))
+		require.True(t, b.endWait(t, consumer, "order-1", 5), "events are parked after 5")
+		require.Equal(t, []string{"order-1#6R", "order-1#8"}, seqs(list(t, b, framework.ParkedFilter{})))
+		require.Equal(t, []string{"order-1#6R"}, seqs(list(t, b, framework.ParkedFilter{Ready: true})))
+
+		require.True(t, b.advance(t, consumer, "order-1", 6))
+		require.True(t, b.endWait(t, consumer, "order-1", 6), "8 is parked after 6")
+		require.Empty(t, list(t, b, framework.ParkedFilter{Ready: true}), "8 waits for 7")
+		require.True(t, b.advance(t, consumer, "order-1", 7))
+		require.True(t, b.endWait(t, consumer, "order-1", 7))
+		require.Equal(t, []string{"order-1#8R"}, seqs(list(t, b, framework.ParkedFilter{Ready: true})))
+		require.True(t, b.advance(t, consumer, "order-1", 8))
+		require.False(t, b.endWait(t, consumer, "order-1", 8), "none left")
+		require.Empty(t, list(t, b, framework.ParkedFilter{}))
+	})
+
+	t.Run("HoldAtOrBelowTheCheckpointIsNotRecorded", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		require.True(t, b.advance(t, consumer, "order-1", 5))
+		require.NoError(t, b.store.Hold(ctx, consumer, "order-1", 5, event(5).Key))
+		require.NoError(t, b.store.Hold(ctx, consumer, "order-1", 3, event(3).Key))
+		require.Empty(t, list(t, b, framework.ParkedFilter{}))
+		require.False(t, b.park(t, event(7), false), "7 waits behind a gap")
+	})
+
+	t.Run("FirstEventHeldParksTheNext", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		require.NoError(t, b.store.Hold(ctx, consumer, "order-1", 5, event(5).Key))
+		require.False(t, b.park(t, event(4), false), "nothing held before 4")
+		require.True(t, b.park(t, event(6), false))
+	})
+
+	t.Run("SkipMovesTheCheckpointPastTheHeldEvent", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		require.True(t, b.advance(t, consumer, "order-1", 4))
+		require.NoError(t, b.store.Hold(ctx, consumer, "order-1", 5, event(5).Key))
+		require.True(t, b.park(t, event(6), false))
+
+		_, err := b.store.Skip(ctx, consumer, "order-1", event(6).Key)
+		require.ErrorIs(t, err, framework.ErrNotFound, "6 is parked, not held")
+		_, err = b.store.Skip(ctx, consumer, "order-2", event(5).Key)
+		require.ErrorIs(t, err, framework.ErrNotFound)
+		seq, err := b.store.Skip(ctx, consumer, "order-1", event(5).Key)
+		require.NoError(t, err)
+		require.Equal(t, int64(5), seq)
+		require.Equal(t, int64(5), b.checkpoint(t, consumer, "order-1"))
+		require.Equal(t, []string{"order-1#6R"}, seqs(list(t, b, framework.ParkedFilter{})))
+		_, err = b.store.Skip(ctx, consumer, "order-1", event(5).Key)
+		require.ErrorIs(t, err, framework.ErrNotFound, "skipped once")
+	})
+}
