@@ -181,9 +181,10 @@ func Conn(ctx context.Context, db *sqlx.DB) sqlx.ExtContext {
 // alone, before any is charged a failure. Up to Batches batches run at
 // once.
 type UnitOfWork struct {
-	db    *sqlx.DB
-	store Store
-	group *group
+	db          *sqlx.DB
+	store       Store
+	withoutMark bool
+	group       *group
 }
 
 // Defaults of UnitOfWorkConfig.
@@ -220,6 +221,13 @@ type UnitOfWorkConfig struct {
 	// once: a batch then holds the attempts that arrived while the
 	// previous ones ran, which adds no wait when the load is low.
 	Linger time.Duration
+	// WithoutMark runs every attempt without the processed mark: the
+	// attempt still runs in its transaction, group commit included, but
+	// every delivery runs the handler, a redelivery of a processed event
+	// too, and Do never returns Duplicate. Only for a consumer whose
+	// effect is idempotent by itself (see handlers.WithoutDedup).
+	// Defaults to false.
+	WithoutMark bool
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
@@ -240,8 +248,52 @@ func (c UnitOfWorkConfig) Validate() error {
 		return fmt.Errorf("UnitOfWorkConfig.Batches: must be at least 1, got %d", c.Batches)
 	case c.Linger < 0:
 		return fmt.Errorf("UnitOfWorkConfig.Linger: must not be negative, got %s", c.Linger)
+	case MarkScopeOf(c.Store) == MarkOutlivesRollback:
+		return fmt.Errorf("UnitOfWorkConfig.Store: mark check: processed store %T keeps its marks outside the "+
+			"database transaction and keeps them when an attempt fails, so a failed attempt's redelivery would be "+
+			"skipped as a duplicate and its effect lost (use a store whose marks join the transaction, such as "+
+			"sqlite.Store or postgres.Store, or one that releases them on rollback: see framework.MarkScope)", c.Store)
 	}
 	return nil
+}
+
+// MarkScope says how a Store's processed marks relate to the attempt's
+// database transaction, which decides what the exactly-once effect
+// survives. A Store declares it with a method MarkScope() MarkScope; a
+// Store without one keeps its marks in the transaction, as the Store
+// contract asks.
+type MarkScope int
+
+// The scopes of a Store's marks.
+const (
+	// MarkInTx: the mark is a write of the attempt's transaction
+	// (sqlite.Store, postgres.Store): it commits with the handler's
+	// writes, or rolls back with them, whatever happens to the process.
+	MarkInTx MarkScope = iota
+	// MarkReleasedOnRollback: the mark is kept outside the database, and
+	// released when the attempt's transaction rolls back or fails to
+	// commit (Tx.OnRollback), so a failed attempt's redelivery runs the
+	// handler again (memory.Store). It cannot join a database's
+	// transaction: it does not survive the process, so after a crash or
+	// a restart an event delivered again (its ack was lost, the crash
+	// came between the commit and the ack) runs its handler again and
+	// its effect in the database happens twice; and another process
+	// does not see it.
+	MarkReleasedOnRollback
+	// MarkOutlivesRollback: the mark is kept outside the database and
+	// stays when the attempt fails, so the redelivery would be skipped
+	// as a duplicate and the effect lost. NewUnitOfWork refuses such a
+	// store (the mark check).
+	MarkOutlivesRollback
+)
+
+// MarkScopeOf returns the scope that s declares (a method MarkScope()
+// MarkScope), MarkInTx when it declares none.
+func MarkScopeOf(s Store) MarkScope {
+	if d, ok := s.(interface{ MarkScope() MarkScope }); ok {
+		return d.MarkScope()
+	}
+	return MarkInTx
 }
 
 // NewUnitOfWork returns a UnitOfWork.
@@ -250,7 +302,7 @@ func NewUnitOfWork(cfg UnitOfWorkConfig) (*UnitOfWork, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	u := &UnitOfWork{db: cfg.DB, store: cfg.Store}
+	u := &UnitOfWork{db: cfg.DB, store: cfg.Store, withoutMark: cfg.WithoutMark}
 	if cfg.DB != nil && cfg.BatchSize > 1 {
 		u.group = &group{u: u, size: cfg.BatchSize, linger: cfg.Linger, batches: cfg.Batches, free: cfg.Batches}
 	}
@@ -272,6 +324,10 @@ const (
 	// Stale: a newer event of the subject had taken effect (skip_stale);
 	// the handler did not run.
 	Stale Outcome = "stale"
+	// Parked: the event waits, acked and not processed, behind an earlier
+	// event of its subject that is a dead letter (strict order); it is
+	// applied once that one takes effect or is discarded.
+	Parked Outcome = "parked"
 	// DeadLettered: the message was stored as a dead letter and acked.
 	DeadLettered Outcome = "dead_lettered"
 	// Nacked: the message was handed back to the transport, to be
@@ -286,8 +342,9 @@ const (
 // and runs fn with a context that carries the transaction (see
 // TxFromContext). The effect commits when fn returns nil, and rolls back,
 // mark included, when fn fails, panics or ctx ends. When the mark exists,
-// fn does not run and Do returns Duplicate. Do returns once the effect
-// committed or rolled back: a message may be acked then.
+// fn does not run and Do returns Duplicate. Without the mark
+// (UnitOfWorkConfig.WithoutMark), fn runs on every call. Do returns once
+// the effect committed or rolled back: a message may be acked then.
 func (u *UnitOfWork) Do(ctx context.Context, consumer string, key Key, fn func(ctx context.Context) error) (Outcome, error) {
 	a := &attemptRun{ctx: ctx, consumer: consumer, key: key, fn: fn, crash: crash.HookOf(ctx)}
 	if u.group == nil {
@@ -392,7 +449,10 @@ func (u *UnitOfWork) attempt(a *attemptRun) (write bool) {
 		return false
 	}
 	first, err := a.first, error(nil)
-	if !a.marked {
+	switch {
+	case u.withoutMark:
+		first = true
+	case !a.marked:
 		first, err = u.store.Mark(ctx, tx, a.consumer, a.key)
 	}
 	if err != nil {

@@ -26,6 +26,9 @@ type Declaration struct {
 	// RenamedFrom lists the names the consumer had before (see
 	// RenamedFrom).
 	RenamedFrom []string
+	// WithoutDedup is the reason the consumer runs without deduplication
+	// (see WithoutDedup); empty when it deduplicates, as consumers do.
+	WithoutDedup string
 }
 
 // Registration is one handler of a declared consumer, built by fx.
@@ -37,9 +40,30 @@ type Registration struct {
 // Route is one handler of a consumer: an event definition and what handles
 // it. Build it with On.
 type Route struct {
-	provide     func(consumer string) fx.Option
-	renamedFrom string
+	provide      func(consumer string) fx.Option
+	renamedFrom  string
+	withoutDedup *string // the reason, when the route is WithoutDedup
 }
+
+// WithoutDedup turns deduplication off for the consumer, for the reason
+// given: its attempts take no processed mark, so every delivery runs the
+// handler, the redelivery of an event already processed included. Put it
+// among the consumer's routes:
+//
+//	handlers.Register("search.index-product",
+//		handlers.WithoutDedup("the index write is an upsert by product id"),
+//		handlers.On(catalog.ProductChanged, NewIndexProduct),
+//	)
+//
+// Use it only for an effect that is idempotent by itself (an upsert of
+// the same row, a delete), to save the mark's write. The rest of the chain
+// stays: each attempt runs in its transaction under group commit, with
+// retries, dead letters and the delivery limit. Without the mark, two
+// deliveries of one event may also run at the same time, which the mark
+// would have made one wait for the other. The reason is required: an
+// empty one refuses start-up, naming the consumer. The application logs
+// each such consumer with its reason at start.
+func WithoutDedup(reason string) Route { return Route{withoutDedup: &reason} }
 
 // RenamedFrom says that the consumer had the name old before: the events
 // old processed count as processed by the consumer, which would otherwise
@@ -67,7 +91,8 @@ func RenamedFrom(old string) Route { return Route{renamedFrom: old} }
 // The name is an identity and must be a literal: it keys the processed
 // events and names the queue or consumer group. Start-up is refused, naming
 // the culprit, for a malformed name (see framework.ValidateConsumerName), a
-// name declared twice, no routes, or two routes of one type and version.
+// name declared twice, no routes, two routes of one type and version, or
+// a WithoutDedup without a reason.
 func Register(name string, routes ...Route) fx.Option {
 	if err := framework.ValidateConsumerName(name); err != nil {
 		return fx.Error(fmt.Errorf("handlers: %w", err))
@@ -76,6 +101,15 @@ func Register(name string, routes ...Route) fx.Option {
 	var opts []fx.Option
 	for _, r := range routes {
 		switch {
+		case r.withoutDedup != nil:
+			reason := strings.TrimSpace(*r.withoutDedup)
+			if reason == "" {
+				return fx.Error(fmt.Errorf("handlers: consumer %s: WithoutDedup needs a reason (say why its effect is idempotent without the processed mark)", name))
+			}
+			if decl.WithoutDedup != "" {
+				return fx.Error(fmt.Errorf("handlers: consumer %s: WithoutDedup given twice", name))
+			}
+			decl.WithoutDedup = reason
 		case r.renamedFrom != "":
 			if err := framework.ValidateConsumerName(r.renamedFrom); err != nil {
 				return fx.Error(fmt.Errorf("handlers: consumer %s renamed from: %w", name, err))
@@ -250,8 +284,9 @@ type registryParams struct {
 
 // Registry holds every declared consumer, checked.
 type Registry struct {
-	consumers   []*framework.Consumer
-	renamedFrom map[string][]string
+	consumers    []*framework.Consumer
+	renamedFrom  map[string][]string
+	withoutDedup map[string]string
 }
 
 // newRegistry checks the declarations and builds the consumers. It refuses
@@ -271,8 +306,12 @@ func newRegistry(p registryParams) (*Registry, error) {
 		return nil, fmt.Errorf("handlers: consumer name declared more than once: %s (a consumer name is an identity; give each consumer its own, or declare all its routes in one handlers.Register)", strings.Join(dups, ", "))
 	}
 	renamed := make(map[string][]string)
+	withoutDedup := make(map[string]string)
 	claimed := make(map[string]string) // old name -> the consumer that claims it
 	for _, d := range p.Declarations {
+		if d.WithoutDedup != "" {
+			withoutDedup[d.Name] = d.WithoutDedup
+		}
 		for _, old := range d.RenamedFrom {
 			if declared[old] {
 				return nil, fmt.Errorf("handlers: consumer %s is renamed from %s, which is still declared", d.Name, old)
@@ -293,7 +332,7 @@ func newRegistry(p registryParams) (*Registry, error) {
 		names = append(names, name)
 	}
 	slices.Sort(names)
-	reg := &Registry{renamedFrom: renamed}
+	reg := &Registry{renamedFrom: renamed, withoutDedup: withoutDedup}
 	for _, name := range names {
 		c, err := framework.NewConsumer(name, byConsumer[name]...)
 		if err != nil {
@@ -307,6 +346,13 @@ func newRegistry(p registryParams) (*Registry, error) {
 // RenamedFrom returns the names consumer had before (see RenamedFrom).
 func (r *Registry) RenamedFrom(consumer string) []string {
 	return slices.Clone(r.renamedFrom[consumer])
+}
+
+// WithoutDedup returns the reason consumer runs without deduplication,
+// and false when it deduplicates (see WithoutDedup).
+func (r *Registry) WithoutDedup(consumer string) (reason string, ok bool) {
+	reason, ok = r.withoutDedup[consumer]
+	return reason, ok
 }
 
 // Consumers returns the consumers, sorted by name.
