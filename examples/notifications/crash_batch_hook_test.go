@@ -13,35 +13,37 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 
 	"github.com/effectively-once/effectively/app"
+	"github.com/effectively-once/effectively/app/testkit"
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/postgres"
 	"github.com/effectively-once/effectively/framework/sqlite"
 )
 
-// The group-commit crash modes kill the process at one step of a batch:
-// several attempts of the consumer sharing one transaction, each between
-// a savepoint of its own (see framework.UnitOfWork).
+// The group-commit crash modes kill the process at one crash point of a
+// batch: several attempts of the consumer sharing one transaction, one
+// after another (see framework.UnitOfWork).
 const (
-	// modeBatchMiddle kills the process inside an attempt, before its
-	// handler, while earlier attempts of its batch have run (their
-	// savepoints hold their effects) and later ones wait: the third of a
-	// batch of four (the second of a batch of two or three).
+	// modeBatchMiddle kills the process at crash point AfterMark of an
+	// attempt, before its handler, while earlier attempts of its batch
+	// have run (the transaction holds their effects) and later ones wait:
+	// the third of a batch of four (the second of a batch of two or
+	// three).
 	modeBatchMiddle = "batch-middle"
-	// modeBatchBeforeCommit kills the process after the handler of the
-	// last attempt of a full batch returned, before the batch commits.
+	// modeBatchBeforeCommit kills the process at crash point BeforeCommit
+	// of the last attempt of a full batch: its handler returned, the
+	// batch has not committed.
 	modeBatchBeforeCommit = "batch-before-commit"
-	// modeBatchAfterCommit kills the process in an OnCommit hook of an
-	// attempt that shares its batch: after the commit, before Do returns,
-	// so before any attempt of the batch is acknowledged.
+	// modeBatchAfterCommit kills the process at crash point AfterCommit
+	// of an attempt that shares its batch: after the commit, before Do
+	// returns, so before any attempt of the batch is acknowledged.
 	modeBatchAfterCommit = "batch-after-commit"
 )
 
 // batchCrashFrom is the first attempt of the process (counted as they
-// reach the Inner middleware) that may kill it: the ones before commit
+// pass crash point AfterMark) that may kill it: the ones before commit
 // normally, so that each crash finds earlier effects committed.
 const batchCrashFrom = 5
 
@@ -60,7 +62,7 @@ const batchAckGrace = 300 * time.Millisecond
 // batchReportPath(marker), before it kills the process.
 type batchCrash struct {
 	Mode    string   `json:"mode"`
-	Attempt int64    `json:"attempt"` // of the process, counted at Inner
+	Attempt int64    `json:"attempt"` // of the process, counted at AfterMark
 	Event   string   `json:"event"`   // the attempt that killed it
 	Mates   []string `json:"mates"`   // the attempts before it in its batch
 	// Returned are the attempts, of Event and Mates, whose delivery the
@@ -110,10 +112,9 @@ func (p *batchProbe) open() (*sqlx.DB, error) {
 	return p.db, p.err
 }
 
-// mates returns the event ids of the attempts that ran before msg's in
-// its batch.
-func (p *batchProbe) mates(msg *message.Message) ([]string, error) {
-	ctx := msg.Context()
+// mates returns the event ids of the attempts that ran before the one
+// of ctx (at crash point AfterMark or BeforeCommit) in its batch.
+func (p *batchProbe) mates(ctx context.Context) ([]string, error) {
 	tx, ok := framework.TxFromContext(ctx)
 	if !ok {
 		return nil, errors.New("batch probe: the attempt has no transaction")
@@ -134,7 +135,7 @@ func (p *batchProbe) mates(msg *message.Message) ([]string, error) {
 	for _, id := range outside {
 		committed[id] = true
 	}
-	self := eventID(msg)
+	self := eventID(ctx)
 	var mates []string
 	for _, id := range inside {
 		if !committed[id] && id != self {
@@ -150,27 +151,24 @@ func fired(marker string) bool {
 	return err == nil
 }
 
-func eventID(msg *message.Message) string {
-	d, _ := framework.EnvelopeFromContext(msg.Context())
-	return d.ID
-}
-
-// batchHook returns the middleware of a group-commit crash mode. Each
+// batchHook returns the crash hook of a group-commit crash mode. Each
 // attempt from the batchCrashFrom-th on looks for its batch-mates; the
 // first that finds what the mode needs kills the process, once per
 // marker. A probe that fails ends the process with status 3.
-func batchHook(mode, marker, url, consumer string, batchSize int) app.Middleware {
+func batchHook(mode, marker, url, consumer string, batchSize int) testkit.CrashHook {
 	probe := &batchProbe{url: url, consumer: consumer}
 	var (
 		attempts atomic.Int64
 		returned sync.Map // event id -> true once its delivery left the unit of work
+		armed    sync.Map // event id -> its mates, to kill at AfterCommit
 	)
-	// fire reports the attempt's mates when it should kill the process.
-	fire := func(msg *message.Message, n int64, want func(mates int) bool) ([]string, bool) {
-		if n < batchCrashFrom || fired(marker) {
+	// fire reports the mates of the attempt of ctx when it should kill
+	// the process.
+	fire := func(ctx context.Context, want func(mates int) bool) ([]string, bool) {
+		if attempts.Load() < batchCrashFrom || fired(marker) {
 			return nil, false
 		}
-		mates, err := probe.mates(msg)
+		mates, err := probe.mates(ctx)
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "notifications: %v\n", err)
 			os.Exit(3)
@@ -180,8 +178,8 @@ func batchHook(mode, marker, url, consumer string, batchSize int) app.Middleware
 	// crash reports and kills the process, after a grace that lets the
 	// delivery of a mate handed back too early reach the transport's ack
 	// (it ends as soon as one is seen).
-	crash := func(id string, n int64, mates []string) {
-		c := batchCrash{Mode: mode, Attempt: n, Event: id, Mates: mates}
+	crash := func(id string, mates []string) {
+		c := batchCrash{Mode: mode, Attempt: attempts.Load(), Event: id, Mates: mates}
 		grace := time.Now().Add(batchAckGrace)
 		for len(c.Returned) == 0 && time.Now().Before(grace) {
 			time.Sleep(5 * time.Millisecond)
@@ -194,17 +192,6 @@ func batchHook(mode, marker, url, consumer string, batchSize int) app.Middleware
 		c.write(marker)
 		killSelf()
 	}
-	// outer runs once per delivery, around the retries and the unit of
-	// work: next returns once the attempt's effect committed or rolled
-	// back, and the message is acknowledged or nacked after it.
-	outer := func(next message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			id := eventID(msg)
-			out, err := next(msg)
-			returned.Store(id, true)
-			return out, err
-		}
-	}
 	atLeastOne := func(mates int) bool { return mates >= 1 }
 	// middle holds in an attempt with attempts before and after it in its
 	// batch, more than one before it when the batch has room: the first
@@ -216,46 +203,52 @@ func batchHook(mode, marker, url, consumer string, batchSize int) app.Middleware
 		}
 		return mates >= 2 && mates <= batchSize-2
 	}
-	inner := func(next message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			n, id := attempts.Add(1), eventID(msg)
+	return func(ctx context.Context, at testkit.CrashPoint) bool {
+		id := eventID(ctx)
+		switch at {
+		case testkit.AfterMark:
+			attempts.Add(1)
+			if mode != modeBatchMiddle {
+				return false
+			}
+			if mates, ok := fire(ctx, middle); ok {
+				crash(id, mates)
+			}
+		case testkit.BeforeCommit:
 			switch mode {
-			case modeBatchMiddle:
-				if mates, ok := fire(msg, n, middle); ok {
-					crash(id, n, mates)
+			case modeBatchBeforeCommit:
+				if mates, ok := fire(ctx, func(m int) bool { return m == batchSize-1 }); ok {
+					crash(id, mates)
 				}
 			case modeBatchAfterCommit:
-				if mates, ok := fire(msg, n, atLeastOne); ok {
-					tx, _ := framework.TxFromContext(msg.Context()) // the probe found it
-					tx.OnCommit(func() { crash(id, n, mates) })
+				if mates, ok := fire(ctx, atLeastOne); ok {
+					armed.Store(id, mates)
 				}
-			case modeBatchBeforeCommit:
-				out, err := next(msg)
-				if err != nil {
-					return out, err
-				}
-				if mates, ok := fire(msg, n, func(m int) bool { return m == batchSize-1 }); ok {
-					crash(id, n, mates)
-				}
-				return out, nil
 			}
-			return next(msg)
+		case testkit.AfterCommit:
+			if mates, ok := armed.Load(id); ok {
+				crash(id, mates.([]string))
+			}
+		case testkit.BeforeAck:
+			// The delivery left the unit of work: the transport
+			// acknowledges it next.
+			returned.Store(id, true)
 		}
+		return false
 	}
-	return app.Middleware{Outer: []message.HandlerMiddleware{outer}, Inner: []message.HandlerMiddleware{inner}}
 }
 
 // batchHookOf returns the hook of a group-commit mode, configured from
 // the service's environment; ok is false for another mode.
-func batchHookOf(mode, marker string) (mw app.Middleware, ok bool, err error) {
+func batchHookOf(mode, marker string) (hook testkit.CrashHook, ok bool, err error) {
 	switch mode {
 	case modeBatchMiddle, modeBatchBeforeCommit, modeBatchAfterCommit:
 	default:
-		return app.Middleware{}, false, nil
+		return nil, false, nil
 	}
 	size, err := strconv.Atoi(os.Getenv(envCrashBatchSize))
 	if err != nil || size < 2 {
-		return app.Middleware{}, true, fmt.Errorf("%s: want a batch size of 2 or more, got %q", envCrashBatchSize, os.Getenv(envCrashBatchSize))
+		return nil, true, fmt.Errorf("%s: want a batch size of 2 or more, got %q", envCrashBatchSize, os.Getenv(envCrashBatchSize))
 	}
 	consumer := cmp.Or(os.Getenv(envCrashConsumer), ConsumerName)
 	return batchHook(mode, marker, os.Getenv(app.EnvDatabaseURL), consumer, size), true, nil

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,6 +16,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/effectively-once/effectively/app"
+	"github.com/effectively-once/effectively/app/runner"
+	"github.com/effectively-once/effectively/app/testkit"
 	"github.com/effectively-once/effectively/examples/notifications/appointments"
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/handlers"
@@ -23,8 +26,11 @@ import (
 // The test binary doubles as the notifications service: when
 // EFFECTIVELY_CRASH_MODE is set, TestMain runs the service's command line
 // (the same as main, with the process's arguments) instead of the tests,
-// with a hook that makes the process die, or block, at one precise step.
-// The crash tests start it as a subprocess (see crash_test.go).
+// with a crash hook that makes the process die, or block, at one precise
+// step. The hook is the one the test kit uses (testkit.CrashHook, the
+// framework's crash points), put on every message's context by a router
+// middleware; it kills the process instead of returning. The crash tests
+// start the service as a subprocess (see crash_test.go).
 const (
 	envCrashMode = "EFFECTIVELY_CRASH_MODE"
 	// envCrashMarker names a file the hook creates before it fires: the
@@ -44,18 +50,21 @@ const (
 const (
 	// modeNone runs the service as main does.
 	modeNone = "none"
-	// modeBeforeCommit kills the process inside the attempt's transaction,
-	// after the handler's writes and the processed mark, before commit.
+	// modeBeforeCommit kills the process at crash point BeforeCommit:
+	// inside the attempt's transaction, after the handler's writes and
+	// the processed mark, before commit.
 	modeBeforeCommit = "before-commit"
-	// modeBeforeAck kills the process after the transaction committed,
-	// before the message is acknowledged. It needs the transport in a file
-	// of its own: otherwise the ack is part of the transaction.
+	// modeBeforeAck kills the process at crash point BeforeAck: after the
+	// transaction committed, before the message is acknowledged. It needs
+	// the transport in a file of its own: otherwise the ack is part of
+	// the transaction.
 	modeBeforeAck = "before-ack"
 	// modeEveryDelivery kills the process on every delivery of the event
-	// crashMeID, inside the attempt.
+	// crashMeID, at crash point BeforeCommit.
 	modeEveryDelivery = "every-delivery"
-	// modeBlock blocks the attempt, after the handler's writes, until the
-	// message's context ends (the service is shutting down).
+	// modeBlock blocks the attempt at crash point BeforeCommit, after the
+	// handler's writes, until the message's context ends (the service is
+	// shutting down).
 	modeBlock = "block"
 )
 
@@ -82,7 +91,7 @@ func TestMain(m *testing.M) {
 // runService runs the service's command line with args and the hook of
 // mode, and returns the exit code, as app.Main would.
 func runService(mode, marker string, args []string) int {
-	mw, err := crashHook(mode, marker)
+	hook, mw, err := crashHook(mode, marker)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "notifications: %v\n", err)
 		return 2
@@ -95,7 +104,7 @@ func runService(mode, marker string, args []string) int {
 			fx.Supply(app.Migrations{FS: mustSub(migrations, "migrations")}),
 		)
 	}
-	cmd := app.Command("notifications", fx.Options(module, fx.Supply(mw), fx.Supply(logger), fx.Invoke(readyFile)), demoCommand())
+	cmd := app.Command("notifications", fx.Options(module, fx.Supply(mw), fx.Supply(logger), fx.Invoke(readyFile), installHook(hook)), demoCommand())
 	cmd.SetArgs(args)
 	if err := cmd.Execute(); err != nil {
 		fmt.Fprintf(os.Stderr, "notifications: %v\n", err)
@@ -119,70 +128,74 @@ func readyFile(lc fx.Lifecycle) {
 	}))
 }
 
-// crashHook returns the middleware of mode.
-func crashHook(mode, marker string) (app.Middleware, error) {
-	if mw, ok, err := batchHookOf(mode, marker); ok {
-		return mw, err
+// installHook puts hook, when not nil, on the context of every message
+// the service handles, before the consumer's chain: the framework calls it
+// at each crash point.
+func installHook(hook testkit.CrashHook) fx.Option {
+	if hook == nil {
+		return fx.Options()
 	}
-	// after wraps a step: f runs once next returned nil.
-	after := func(f func(msg *message.Message) error) message.HandlerMiddleware {
-		return func(next message.HandlerFunc) message.HandlerFunc {
+	return fx.Invoke(func(r *runner.Runner) {
+		r.AddMiddleware(func(next message.HandlerFunc) message.HandlerFunc {
 			return func(msg *message.Message) ([]*message.Message, error) {
-				out, err := next(msg)
-				if err != nil {
-					return out, err
-				}
-				return out, f(msg)
+				msg.SetContext(testkit.WithCrashHook(msg.Context(), hook))
+				return next(msg)
 			}
-		}
+		})
+	})
+}
+
+// crashHook returns the crash hook of mode, and the middleware some modes
+// need besides to line deliveries up.
+func crashHook(mode, marker string) (testkit.CrashHook, app.Middleware, error) {
+	if hook, ok, err := batchHookOf(mode, marker); ok {
+		return hook, app.Middleware{}, err
 	}
-	killOnce := func(*message.Message) error {
-		if firstTime(marker) {
-			killSelf()
+	// at kills the process once (see firstTime) at point p.
+	at := func(p testkit.CrashPoint) testkit.CrashHook {
+		return func(_ context.Context, q testkit.CrashPoint) bool {
+			if q == p && firstTime(marker) {
+				killSelf()
+			}
+			return false
 		}
-		return nil
 	}
 	switch mode {
 	case modeNone:
-		return app.Middleware{}, nil
+		return nil, app.Middleware{}, nil
 	case modeBeforeCommit:
-		return app.Middleware{Inner: []message.HandlerMiddleware{after(killOnce)}}, nil
+		return at(testkit.BeforeCommit), app.Middleware{}, nil
 	case modeBeforeAck:
-		return app.Middleware{Outer: []message.HandlerMiddleware{after(killOnce)}}, nil
+		return at(testkit.BeforeAck), app.Middleware{}, nil
 	case modeEveryDelivery:
-		return everyDelivery(after), nil
+		hook, mw := everyDelivery()
+		return hook, mw, nil
 	case modeBlock:
-		return app.Middleware{Inner: []message.HandlerMiddleware{after(func(msg *message.Message) error {
-			if !firstTime(marker) {
-				return nil
+		return func(ctx context.Context, p testkit.CrashPoint) bool {
+			if p == testkit.BeforeCommit && firstTime(marker) {
+				<-ctx.Done() // the attempt then fails: it was cut short
 			}
-			<-msg.Context().Done()
-			return fmt.Errorf("blocked until shutdown: %w", msg.Context().Err())
-		})}}, nil
+			return false
+		}, app.Middleware{}, nil
 	}
-	return app.Middleware{}, fmt.Errorf("%s: unknown mode %q", envCrashMode, mode)
+	return nil, app.Middleware{}, fmt.Errorf("%s: unknown mode %q", envCrashMode, mode)
 }
 
-// everyDelivery returns the middleware of modeEveryDelivery: crash-me
-// kills the process in its attempt, after the handler, and the message
-// afterCrashID is in flight, past the delivery guard and not committed,
-// when it does. after is crashHook's.
+// everyDelivery returns the hook of modeEveryDelivery: crash-me kills the
+// process before its attempt commits, and the message afterCrashID is in
+// flight, past the delivery guard and not committed, when it does.
 //
-// Each of the two waits for the other in its first Outer step, right
+// Each of the two waits for the other in the first Outer step, right
 // after the guard: crash-me until after-crash got there, after-crash until
 // crash-me's attempt wrote its processed mark (from then on it holds
 // SQLite's write lock until the kill, so no other attempt commits). When
 // the other does not come (not delivered, or waiting for its turn in the
 // guard) each goes on after crashGrace.
-func everyDelivery(after func(f func(msg *message.Message) error) message.HandlerMiddleware) app.Middleware {
+func everyDelivery() (testkit.CrashHook, app.Middleware) {
 	var (
 		arrived, crashing = make(chan struct{}), make(chan struct{})
 		arrive, crash     sync.Once
 	)
-	id := func(msg *message.Message) string {
-		d, _ := framework.EnvelopeFromContext(msg.Context())
-		return d.ID
-	}
 	wait := func(msg *message.Message, ch <-chan struct{}) error {
 		grace := time.NewTimer(crashGrace)
 		defer grace.Stop()
@@ -197,7 +210,7 @@ func everyDelivery(after func(f func(msg *message.Message) error) message.Handle
 	meet := func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			var err error
-			switch id(msg) {
+			switch eventID(msg.Context()) {
 			case crashMeID:
 				err = wait(msg, arrived)
 			case afterCrashID:
@@ -210,24 +223,25 @@ func everyDelivery(after func(f func(msg *message.Message) error) message.Handle
 			return next(msg)
 		}
 	}
-	crashMeStarts := func(next message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			if id(msg) == crashMeID {
-				crash.Do(func() { close(crashing) })
-			}
-			return next(msg)
+	hook := func(ctx context.Context, p testkit.CrashPoint) bool {
+		if eventID(ctx) != crashMeID {
+			return false
 		}
-	}
-	kill := after(func(msg *message.Message) error {
-		if id(msg) == crashMeID {
+		switch p {
+		case testkit.AfterMark:
+			crash.Do(func() { close(crashing) })
+		case testkit.BeforeCommit:
 			killSelf()
 		}
-		return nil
-	})
-	return app.Middleware{
-		Outer: []message.HandlerMiddleware{meet},
-		Inner: []message.HandlerMiddleware{crashMeStarts, kill},
+		return false
 	}
+	return hook, app.Middleware{Outer: []message.HandlerMiddleware{meet}}
+}
+
+// eventID returns the id of the event ctx carries.
+func eventID(ctx context.Context) string {
+	d, _ := framework.EnvelopeFromContext(ctx)
+	return d.ID
 }
 
 // firstTime creates the marker file and reports whether it did not exist.
