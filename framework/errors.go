@@ -121,3 +121,46 @@ func fieldError(prefix, field, reason string, err error) *FieldError {
 	}
 	return &FieldError{Field: field, Reason: reason, Err: err}
 }
+
+// DependencyError marks a failure of something the handler depends on (a
+// database, a service it calls) rather than of the message: retrying the
+// message later may succeed. It is retried like any error; a consumer's
+// circuit breaker (middleware.BreakerConfig) counts it. Create it with
+// Dependency.
+type DependencyError struct {
+	Err error
+}
+
+// Dependency marks err as a failure of a dependency: the message is
+// retried as usual, and the consumer's circuit breaker, when it has one,
+// counts the failure. Dependency(nil) is a dependency failure too.
+//
+//	if err := client.Reserve(ctx, order); err != nil {
+//		return framework.Dependency(fmt.Errorf("reserve stock: %w", err))
+//	}
+func Dependency(err error) error { return &DependencyError{Err: err} }
+
+// Error implements error.
+func (e *DependencyError) Error() string {
+	if e.Err == nil {
+		return "dependency failed"
+	}
+	return "dependency failed: " + e.Err.Error()
+}
+
+// Unwrap returns the wrapped error.
+func (e *DependencyError) Unwrap() error { return e.Err }
+
+// Is reports whether target is a *DependencyError, so that
+// errors.Is(err, &DependencyError{}) finds any dependency failure.
+func (e *DependencyError) Is(target error) bool {
+	_, ok := target.(*DependencyError)
+	return ok
+}
+
+// IsDependency reports whether err, or an error it wraps, is a dependency
+// failure.
+func IsDependency(err error) bool {
+	var d *DependencyError
+	return errors.As(err, &d)
+}

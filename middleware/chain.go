@@ -69,6 +69,11 @@ type Config struct {
 	// GapTimeout is how long an event waits for an earlier one of its
 	// subject under StrictOrder. Defaults to DefaultGapTimeout.
 	GapTimeout time.Duration
+	// Breaker, with Breaker.Failures set, is the consumer's circuit
+	// breaker: after so many failed attempts in a row new messages wait
+	// before the delivery guard, uncounted, until a probe attempt after
+	// the cool-down succeeds (see BreakerConfig). Defaults to off.
+	Breaker BreakerConfig
 	// MaxBodyBytes limits message bodies. Defaults to
 	// framework.DefaultMaxBodyBytes.
 	MaxBodyBytes int
@@ -111,6 +116,7 @@ func (c Config) WithDefaults() Config {
 	c.MaxDeliveries = cmp.Or(c.MaxDeliveries, DefaultMaxDeliveries)
 	c.GapTimeout = cmp.Or(c.GapTimeout, DefaultGapTimeout)
 	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, framework.DefaultMaxBodyBytes)
+	c.Breaker = c.Breaker.withDefaults()
 	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
 	c.Tracer = cmp.Or(c.Tracer, noop.NewTracerProvider().Tracer(""))
 	return c
@@ -140,7 +146,7 @@ func (c Config) Validate() error {
 	case c.MaxBodyBytes < 0:
 		return fmt.Errorf("Config.MaxBodyBytes: must not be negative, got %d", c.MaxBodyBytes)
 	}
-	return nil
+	return c.Breaker.validate()
 }
 
 // Handler returns the consumer's whole chain (see the package
@@ -192,6 +198,11 @@ func chain(cfg Config, clk clock) []message.HandlerMiddleware {
 		deadLetter(name, cfg.Store, clk.now),
 		decode(cfg.Consumer, cfg.MaxBodyBytes),
 	}
+	var brk *breaker
+	if cfg.Breaker.Failures > 0 {
+		brk = newBreaker(cfg, clk)
+		steps = append(steps, brk.gate)
+	}
 	if cfg.StrictOrder {
 		steps = append(steps, gapWait(name, cfg.Store, cfg.GapTimeout))
 	}
@@ -200,8 +211,11 @@ func chain(cfg Config, clk clock) []message.HandlerMiddleware {
 		steps = append(steps, rateLimit(cfg.RateLimit, clk))
 	}
 	steps = append(steps, cfg.Outer...)
+	steps = append(steps, retry(cfg.Attempts, cfg.RetryDelay))
+	if brk != nil {
+		steps = append(steps, brk.count)
+	}
 	steps = append(steps,
-		retry(cfg.Attempts, cfg.RetryDelay),
 		timeout(cfg.Timeout),
 		recoverPanic,
 		unitOfWork(name, cfg.UnitOfWork),

@@ -6,11 +6,13 @@
 //	observe        logs, metrics, a consumer span linked to the producer
 //	deadLetter     stores poison and exhausted messages, then acks; never on shutdown
 //	decode         CloudEvent, route and data validation; poison is permanent
+//	breaker gate   with Breaker: while the breaker is open a message waits here, uncounted, up to MaxHold
 //	gapWait        with StrictOrder: an event waiting for an earlier one is nacked, or after GapTimeout sequence_gap
 //	deliveryGuard  durable delivery count; over MaxDeliveries: delivery_limit; redeliveries one at a time
 //	rateLimit      with RateLimit: at most so many messages per second, in this process
 //	[Outer]        the application's middleware, once per delivery, with the decoded event
 //	retry          constant delay, bounded attempts; permanent errors skip it
+//	breaker count  with Breaker: each attempt's success or failure, towards opening the breaker
 //	timeout        a deadline per attempt
 //	recoverPanic   a panic becomes an error with code panic
 //	unitOfWork     one transaction with the processed mark (framework.UnitOfWork)

@@ -30,6 +30,7 @@ type Metrics struct {
 	attempts    *prometheus.CounterVec
 	duration    *prometheus.HistogramVec
 	failing     *failing
+	breakers    *breakers
 }
 
 // NewMetrics creates the metrics and registers them on reg.
@@ -52,9 +53,10 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help:    "Time from receiving a message to its ack or nack, by consumer and outcome.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}, []string{"consumer", "outcome"}),
-		failing: newFailing(),
+		failing:  newFailing(),
+		breakers: newBreakers(),
 	}
-	for _, c := range []prometheus.Collector{m.messages, m.deadLetters, m.attempts, m.duration, m.failing} {
+	for _, c := range []prometheus.Collector{m.messages, m.deadLetters, m.attempts, m.duration, m.failing, m.breakers} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register metrics: %w", err)
 		}
@@ -75,6 +77,11 @@ func (m *Metrics) DeadLetters() *prometheus.CounterVec { return m.deadLetters }
 // effectively_consumer_oldest_failing_seconds and
 // effectively_consumer_hold_up_limit_seconds.
 func (m *Metrics) Consumers() []ConsumerStatus { return m.failing.statuses() }
+
+// Breakers returns the state of the circuit breaker of every consumer
+// observed with m that has one (Config.Breaker), by name. The same is
+// served as the gauge effectively_consumer_breaker_state.
+func (m *Metrics) Breakers() []BreakerStatus { return m.breakers.statuses() }
 
 // observer is what the observe step of one consumer needs.
 type observer struct {

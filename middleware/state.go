@@ -28,6 +28,7 @@ type state struct {
 	observer *observer
 	msg      *message.Message
 	stale    bool              // the sequence guard skipped it
+	probe    uint64            // the number of the breaker's probe it is, or 0
 	reported framework.Outcome // the outcome observe reported
 	crash    crash.Hook        // the crash hook of the message's context, nil without one
 }
