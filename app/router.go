@@ -63,7 +63,9 @@ type routerParams struct {
 func newRouter(p routerParams) (*runner.Runner, error) {
 	consumers := make([]runner.ConsumerConfig, 0, len(p.Registry.Consumers()))
 	for _, c := range p.Registry.Consumers() {
-		consumers = append(consumers, consumerConfig(c, p.Config.Settings(c.Name()), p.Registry.RenamedFrom(c.Name())))
+		cc := consumerConfig(c, p.Config.Settings(c.Name()), p.Registry.RenamedFrom(c.Name()))
+		cc.WithoutDedup, _ = p.Registry.WithoutDedup(c.Name())
+		consumers = append(consumers, cc)
 	}
 	subs := &subscriptions{Transport: p.Transport, shared: p.SharesDB}
 	r, err := runner.New(runner.Config{
@@ -89,6 +91,7 @@ func newRouter(p routerParams) (*runner.Runner, error) {
 		OnStart: func(ctx context.Context) error {
 			ctx, cancel := untilStopRequested(ctx)
 			defer cancel()
+			logDeviations(ctx, orDefault(p.Logger), consumers, p.Store)
 			if err := r.Start(ctx); err != nil {
 				return fmt.Errorf("router: %w", err)
 			}

@@ -40,6 +40,15 @@
 //
 // Module provides the Registry of every declared consumer. Building it
 // refuses start-up, naming the culprit, when a name is malformed or declared
-// twice, or when a consumer has two handlers of one event type and version.
+// twice, when a consumer has two handlers of one event type and version,
+// or when it is declared WithoutDedup without a reason.
+//
+// # Without deduplication
+//
+// A consumer whose effect is idempotent by itself may take no processed
+// marks: WithoutDedup("reason") among its routes. Every delivery then
+// runs its handler, in its transaction as before; the Registry and the
+// consumer's Declaration carry the reason, and the application logs it at
+// start.
 // Group order in fx is random; nothing here depends on it.
 package handlers

@@ -125,3 +125,40 @@ func ExampleUpcast() {
 	// ada@example.com in en (v2)
 	// max@example.com in de (v2)
 }
+
+// NewIndexOrder writes an order to a search index: an upsert by order id,
+// which a redelivery repeats harmlessly.
+func NewIndexOrder(index map[string]string) framework.HandlerFunc[OrderPlacedV1] {
+	return func(_ context.Context, ev framework.Event[OrderPlacedV1]) error {
+		index[ev.Data.OrderID] = ev.Data.Email
+		return nil
+	}
+}
+
+// A consumer whose effect is idempotent by itself may run without
+// deduplication, for a reason the application logs at start.
+func ExampleWithoutDedup() {
+	// snippet:begin without-dedup
+	consumer := handlers.Register("shop.index-order",
+		handlers.WithoutDedup("the index write is an upsert by order id"),
+		handlers.On(OrderPlaced, NewIndexOrder),
+	)
+	// snippet:end without-dedup
+
+	var reg *handlers.Registry
+	app := fx.New(fx.NopLogger, fx.Supply(map[string]string{}), consumer, handlers.Module, fx.Populate(&reg))
+	if err := app.Err(); err != nil {
+		fmt.Println(err)
+		return
+	}
+	fmt.Println(reg.WithoutDedup("shop.index-order"))
+
+	bad := fx.New(fx.NopLogger, handlers.Register("shop.index-order",
+		handlers.WithoutDedup(""),
+		handlers.On(OrderPlaced, NewIndexOrder),
+	), handlers.Module)
+	fmt.Println(bad.Err())
+	// Output:
+	// the index write is an upsert by order id true
+	// handlers: consumer shop.index-order: WithoutDedup needs a reason (say why its effect is idempotent without the processed mark)
+}

@@ -50,9 +50,9 @@ type Route struct {
 // handler, the redelivery of an event already processed included. Put it
 // among the consumer's routes:
 //
-//	handlers.Register("search.index-product",
-//		handlers.WithoutDedup("the index write is an upsert by product id"),
-//		handlers.On(catalog.ProductChanged, NewIndexProduct),
+//	consumer := handlers.Register("shop.index-order",
+//		handlers.WithoutDedup("the index write is an upsert by order id"),
+//		handlers.On(OrderPlaced, NewIndexOrder),
 //	)
 //
 // Use it only for an effect that is idempotent by itself (an upsert of
@@ -62,7 +62,8 @@ type Route struct {
 // deliveries of one event may also run at the same time, which the mark
 // would have made one wait for the other. The reason is required: an
 // empty one refuses start-up, naming the consumer. The application logs
-// each such consumer with its reason at start.
+// each such consumer with its reason at start. ExampleWithoutDedup runs
+// the declaration above; docs/guarantees.md says what it gives up.
 func WithoutDedup(reason string) Route { return Route{withoutDedup: &reason} }
 
 // RenamedFrom says that the consumer had the name old before: the events

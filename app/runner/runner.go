@@ -65,6 +65,10 @@ type ConsumerConfig struct {
 	// RenamedFrom are the consumer's former names, whose processed marks
 	// it adopts at Start.
 	RenamedFrom []string
+	// WithoutDedup, when not empty, is why the consumer takes no
+	// processed marks (handlers.WithoutDedup): every delivery runs its
+	// handler (framework.UnitOfWorkConfig.WithoutMark).
+	WithoutDedup string
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults:
@@ -86,7 +90,8 @@ func (c ConsumerConfig) WithDefaults() ConsumerConfig {
 
 // unitOfWork is the configuration of the consumer's unit of work on db.
 func (c ConsumerConfig) unitOfWork(db *sqlx.DB, store framework.Store) framework.UnitOfWorkConfig {
-	return framework.UnitOfWorkConfig{DB: db, Store: store, BatchSize: c.BatchSize, Batches: c.Batches, Linger: c.BatchLinger}
+	return framework.UnitOfWorkConfig{DB: db, Store: store, BatchSize: c.BatchSize, Batches: c.Batches, Linger: c.BatchLinger,
+		WithoutMark: c.WithoutDedup != ""}
 }
 
 // Validate reports the first invalid field of c that is the runner's
