@@ -193,11 +193,15 @@ func handler(cfg Config, clk clock) (message.NoPublishHandlerFunc, error) {
 // package documentation. cfg has its defaults and is valid.
 func chain(cfg Config, clk clock) []message.HandlerMiddleware {
 	name := cfg.Consumer.Name()
-	steps := []message.HandlerMiddleware{
+	var steps []message.HandlerMiddleware
+	if cfg.StrictOrder {
+		steps = append(steps, releaseParked(name, cfg.Store, cfg.Logger, clk.now, DefaultReleaseSweep))
+	}
+	steps = append(steps,
 		observe(cfg, clk),
 		deadLetter(name, cfg.Store, clk.now),
 		decode(cfg.Consumer, cfg.MaxBodyBytes),
-	}
+	)
 	var brk *breaker
 	if cfg.Breaker.Failures > 0 {
 		brk = newBreaker(cfg, clk)

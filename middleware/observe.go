@@ -38,7 +38,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "effectively_messages_total",
-			Help: "Messages handled, by consumer and outcome (processed, duplicate, stale, dead_lettered, nacked).",
+			Help: "Messages handled, by consumer and outcome (processed, duplicate, stale, parked, dead_lettered, nacked).",
 		}, []string{"consumer", "outcome"}),
 		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "effectively_dead_letters_total",
@@ -203,6 +203,8 @@ func outcomeOf(st *state, err error) framework.Outcome {
 		return framework.Duplicate
 	case st.stale:
 		return framework.Stale
+	case st.parked:
+		return framework.Parked
 	}
 	return framework.Processed
 }

@@ -1,10 +1,16 @@
 package middleware
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync/atomic"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/effectively-once/effectively/framework"
@@ -28,10 +34,14 @@ func (e *gapError) Unwrap() error { return pipeline.ErrLater }
 // subjectseq) one after the other, in sequence, inside the attempt's
 // transaction: the event that follows the subject's checkpoint takes
 // effect and moves it; an event at or below it is stale and skipped; an
-// event further ahead waits, it is delivered again later (see gapWait,
-// which sits outside the unit of work). The first event seen of a
-// subject starts its sequence, whatever its number. Events without subject
-// or subjectseq pass through.
+// event further ahead is parked when an earlier event of its subject is a
+// dead letter (held, see gapWait) or parked, and otherwise waits: it is
+// delivered again later (see gapWait, which sits outside the unit of
+// work). A parked event is acknowledged without its processed mark, in
+// the attempt's transaction; releaseParked applies it once its turn
+// comes. The first event seen of a subject starts its sequence, whatever
+// its number, unless it is parked. Events without subject or subjectseq
+// pass through.
 func strictOrder(consumer string, store framework.Store) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
@@ -47,16 +57,32 @@ func strictOrder(consumer string, store framework.Store) message.HandlerMiddlewa
 			if !ok {
 				return nil, errors.New("strict order: no attempt transaction: place it inside unitOfWork")
 			}
+			st := stateOf(msg)
+			st.parked = false // this attempt decides again
 			c, err := store.Checkpoint(ctx, tx, consumer, d.Subject)
 			if err != nil {
 				return nil, err
 			}
 			switch n := d.SubjectSeq; {
 			case c != 0 && n <= c:
-				stateOf(msg).stale = true
-				return nil, store.EndWait(ctx, tx, consumer, d.Subject, n)
-			case c != 0 && n > c+1:
-				return nil, &gapError{subject: d.Subject, seq: n, checkpoint: c}
+				st.stale = true
+				return nil, endWait(ctx, store, tx, st, consumer, d.Subject, n)
+			case c == 0 || n > c+1:
+				parked, err := store.Park(ctx, tx, framework.ParkedEvent{
+					Consumer: consumer, Subject: d.Subject, Seq: n, Key: d.Key(),
+					Topic: message.SubscribeTopicFromCtx(ctx), Body: msg.Payload, Metadata: msg.Metadata,
+				})
+				if err != nil {
+					return nil, err
+				}
+				if parked {
+					st.parked = true
+					st.signalRelease(d.Subject) // in case the dead letter took effect meanwhile
+					return nil, nil
+				}
+				if c != 0 {
+					return nil, &gapError{subject: d.Subject, seq: n, checkpoint: c}
+				}
 			}
 			out, err := next(msg)
 			if err != nil {
@@ -65,13 +91,25 @@ func strictOrder(consumer string, store framework.Store) message.HandlerMiddlewa
 			if _, err := store.Advance(ctx, tx, consumer, d.Subject, d.SubjectSeq); err != nil {
 				return nil, err
 			}
-			return out, store.EndWait(ctx, tx, consumer, d.Subject, d.SubjectSeq)
+			return out, endWait(ctx, store, tx, st, consumer, d.Subject, d.SubjectSeq)
 		}
 	}
 }
 
-// gapWait turns the wait of an event behind a gap (see strictOrder) into
-// either a nack, so that the transport delivers the event again later, or,
+// endWait ends the wait, hold or parking of (consumer, subject, seq) in
+// tx, and asks releaseParked to release what its effect lets through.
+func endWait(ctx context.Context, store framework.Store, tx *framework.Tx, st *state, consumer, subject string, seq int64) error {
+	parked, err := store.EndWait(ctx, tx, consumer, subject, seq)
+	if parked {
+		st.signalRelease(subject)
+	}
+	return err
+}
+
+// gapWait holds the subject of an event that is about to be
+// dead-lettered (see Store.Hold), so that the later events of its subject
+// are parked behind it instead of waiting. It turns the wait of an event
+// behind a gap (see strictOrder) into either a nack, so that the transport delivers the event again later, or,
 // once it has waited longer than timeout, a permanent error with code
 // sequence_gap. It records the wait in a transaction of its own, after the
 // attempt's rolled back, so it sits outside the unit of work and inside
@@ -84,6 +122,9 @@ func gapWait(consumer string, store framework.Store, timeout time.Duration) mess
 			msg.SetContext(ctx)
 			var gap *gapError
 			if !errors.As(err, &gap) {
+				if err != nil && deadLettered(msg, err) {
+					return out, hold(msg, consumer, store, err)
+				}
 				return out, err
 			}
 			d, derr := eventOf(ctx)
@@ -97,11 +138,161 @@ func gapWait(consumer string, store framework.Store, timeout time.Duration) mess
 			if waited <= timeout {
 				return nil, err
 			}
-			if werr := store.EndWait(ctx, nil, consumer, gap.subject, gap.seq); werr != nil {
+			if _, werr := store.EndWait(ctx, nil, consumer, gap.subject, gap.seq); werr != nil {
 				return nil, errors.Join(err, werr)
 			}
 			// Not wrapping gap, which is ErrLater: this is the end of the wait.
 			return nil, framework.Permanent(framework.CodeSequenceGap, fmt.Errorf("%s, for longer than %s", gap.Error(), timeout))
 		}
 	}
+}
+
+// deadLettered reports whether the dead-letter step will store msg, whose
+// chain failed with err (see failed): not on shutdown, nor a wait, nor an
+// error before or after the attempts that is not permanent.
+func deadLettered(msg *message.Message, err error) bool {
+	if msg.Context().Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, pipeline.ErrLater) {
+		return false
+	}
+	return framework.IsPermanent(err) || stateOf(msg).gaveUp
+}
+
+// hold holds the subject of msg's event, which failed with err and is
+// about to be dead-lettered, before the dead letter is stored: err when
+// the hold is stored or the event has no sequence, else a plain error, so
+// that the message is delivered again instead of dead-lettered unheld.
+func hold(msg *message.Message, consumer string, store framework.Store, err error) error {
+	d, derr := eventOf(msg.Context())
+	if derr != nil || d.Subject == "" || d.SubjectSeq == 0 {
+		return err
+	}
+	if herr := store.Hold(msg.Context(), consumer, d.Subject, d.SubjectSeq, d.Key()); herr != nil {
+		stateOf(msg).gaveUp = false
+		return fmt.Errorf("hold %s #%d before its dead letter (%s): %w", d.Subject, d.SubjectSeq, framework.CodeOf(err), herr)
+	}
+	return err
+}
+
+// DefaultReleaseSweep is how often, at most, a consumer under strict
+// order looks for parked events whose turn came while none of its
+// messages let them through: after a crash between an effect and the
+// release it allowed, or after an operator discarded a dead letter.
+const DefaultReleaseSweep = time.Minute
+
+// signalRelease asks releaseParked to release the parked events of
+// subject whose turn has come, once the message's chain returns.
+func (s *state) signalRelease(subject string) {
+	if !slices.Contains(s.release, subject) {
+		s.release = append(s.release, subject)
+	}
+}
+
+// releaser applies parked events whose turn has come (see
+// releaseParked).
+type releaser struct {
+	consumer  string
+	store     framework.Store
+	logger    *slog.Logger
+	now       func() time.Time
+	every     time.Duration
+	nextSweep atomic.Int64 // Unix nanoseconds; 0 before the first sweep
+}
+
+// releaseParked is the outermost step under strict order. Once the chain
+// of a message returns, it applies the events parked behind a dead letter
+// that the message's effect let through (see strictOrder): one after the
+// other, in sequence, each through the whole chain as a delivery of its
+// own (its attempts, its retries, and its dead letter if it fails, which
+// parks the rest again). A released event that takes effect leaves the
+// parked events in the transaction of its effect, so a crash at any point
+// loses none and applies none twice: what is left is released by the
+// next message of the subject, or by the sweep that the first message
+// after start, then one message every DefaultReleaseSweep, runs for the
+// whole consumer.
+func releaseParked(consumer string, store framework.Store, logger *slog.Logger, now func() time.Time, every time.Duration) message.HandlerMiddleware {
+	r := &releaser{consumer: consumer, store: store, logger: logger, now: now, every: every}
+	return func(next message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			st := stateOf(msg)
+			ctx := msg.Context()
+			out, err := next(msg)
+			if err == nil {
+				for _, subject := range st.release {
+					r.release(ctx, next, subject)
+				}
+			}
+			if r.sweepDue() {
+				r.sweep(ctx, next)
+			}
+			return out, err
+		}
+	}
+}
+
+// sweepDue reports whether this message runs the sweep: one message does,
+// at most every r.every.
+func (r *releaser) sweepDue() bool {
+	now := r.now().UnixNano()
+	due := r.nextSweep.Load()
+	return now >= due && r.nextSweep.CompareAndSwap(due, now+int64(r.every))
+}
+
+// sweep releases the parked events of every subject whose turn has come.
+func (r *releaser) sweep(ctx context.Context, next message.HandlerFunc) {
+	ready, err := r.store.Parked(ctx, framework.ParkedFilter{Consumer: r.consumer, Ready: true})
+	if err != nil {
+		r.logger.ErrorContext(ctx, "list the parked events whose turn came; they are released later",
+			slog.String("consumer", r.consumer), slog.Any("error", err))
+		return
+	}
+	for _, p := range ready {
+		r.release(ctx, next, p.Subject)
+	}
+}
+
+// release applies the parked events of subject whose turn has come, in
+// sequence, until one does not take effect.
+func (r *releaser) release(ctx context.Context, next message.HandlerFunc, subject string) {
+	var last int64
+	for ctx.Err() == nil {
+		ps, err := r.store.Parked(ctx, framework.ParkedFilter{Consumer: r.consumer, Subject: subject, Ready: true, Limit: 1})
+		if err != nil {
+			r.logger.ErrorContext(ctx, "find the next parked event; it is released later",
+				slog.String("consumer", r.consumer), slog.String("subject", subject), slog.Any("error", err))
+			return
+		}
+		if len(ps) == 0 {
+			return
+		}
+		p := ps[0]
+		if p.Seq <= last {
+			// It was handled without taking effect (a duplicate of
+			// a processed event): an operator must look at it.
+			r.logger.ErrorContext(ctx, "a released event stays parked: it did not take effect",
+				slog.String("consumer", r.consumer), slog.String("subject", subject), slog.Int64("seq", p.Seq),
+				slog.String("source", p.Key.Source), slog.String("id", p.Key.ID))
+			return
+		}
+		last = p.Seq
+		if err := r.apply(ctx, next, p); err != nil {
+			r.logger.InfoContext(ctx, "a released event was not handled; it stays parked and is released later",
+				slog.String("consumer", r.consumer), slog.String("subject", subject), slog.Int64("seq", p.Seq),
+				slog.Any("error", err))
+			return
+		}
+	}
+}
+
+// apply hands the parked event p to next as a message of its own, with
+// its body and metadata, and returns the chain's error. The message's
+// context ends with ctx.
+func (r *releaser) apply(ctx context.Context, next message.HandlerFunc, p framework.ParkedEvent) error {
+	m := message.NewMessage(watermill.NewUUID(), p.Body)
+	maps.Copy(m.Metadata, p.Metadata)
+	mctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	defer context.AfterFunc(ctx, cancel)()
+	m.SetContext(mctx)
+	_, err := next(m)
+	return err
 }

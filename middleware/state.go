@@ -28,6 +28,8 @@ type state struct {
 	observer *observer
 	msg      *message.Message
 	stale    bool              // the sequence guard skipped it
+	parked   bool              // strict order parked it behind a dead letter
+	release  []string          // subjects whose parked events its effect let through
 	probe    uint64            // the number of the breaker's probe it is, or 0
 	reported framework.Outcome // the outcome observe reported
 	crash    crash.Hook        // the crash hook of the message's context, nil without one
@@ -93,7 +95,7 @@ func stateOf(msg *message.Message) *state {
 // Handler, read back from the message (see ReportOf): for tests and
 // tools that hand messages to the chain themselves.
 type Report struct {
-	// Outcome is one of framework.Processed, Duplicate, Stale,
+	// Outcome is one of framework.Processed, Duplicate, Stale, Parked,
 	// DeadLettered and Nacked.
 	Outcome framework.Outcome
 	// Code is the dead letter's code; empty unless dead-lettered.

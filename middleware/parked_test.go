@@ -1,0 +1,260 @@
+package middleware_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/migrate"
+	"github.com/effectively-once/effectively/middleware"
+)
+
+// ordered is a strict-order consumer on one database whose handler
+// refuses, once, the events listed in refuse, and checks that each event
+// of a subject takes effect right after the one before it.
+type ordered struct {
+	db     *sqlx.DB
+	store  framework.Store
+	uow    *framework.UnitOfWork
+	c      *framework.Consumer
+	refuse sync.Map // event id -> struct{}: refused once, permanently
+}
+
+func newOrdered(t *testing.T, b backend) *ordered {
+	t.Helper()
+	db, s := b.open(t, nil)
+	require.NoError(t, migrate.Up(context.Background(), db, migrate.Config{}))
+	_, err := db.Exec(`CREATE TABLE effects (source TEXT NOT NULL, event_id TEXT NOT NULL, text TEXT NOT NULL)`)
+	require.NoError(t, err)
+	o := &ordered{db: db, store: s}
+	o.c, err = framework.NewConsumer(consumerName, framework.Handle(noted, func(ctx context.Context, ev framework.Event[noteV1]) error {
+		if _, refuse := o.refuse.LoadAndDelete(ev.ID); refuse {
+			return framework.Permanent("refused", errors.New("refused once"))
+		}
+		var c int64
+		if err := sqlx.GetContext(ctx, framework.Conn(ctx, db), &c,
+			db.Rebind(`SELECT seq FROM subject_checkpoints WHERE consumer = ? AND subject = ?`), consumerName, ev.Subject); err != nil {
+			return err
+		}
+		if c != 0 && c != ev.SubjectSeq-1 {
+			return framework.Permanent("out_of_order", fmt.Errorf("#%d after #%d", ev.SubjectSeq, c))
+		}
+		_, err := framework.Conn(ctx, db).ExecContext(ctx, db.Rebind(`INSERT INTO effects (source, event_id, text) VALUES (?, ?, ?)`), ev.Source, ev.ID, ev.Data.Text)
+		return err
+	}))
+	require.NoError(t, err)
+	// Group commit: the default batch size.
+	o.uow, err = framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Store: s})
+	require.NoError(t, err)
+	return o
+}
+
+// handler returns the consumer's chain on store (a process of the
+// service: a new one is a restart).
+func (o *ordered) handler(t *testing.T, store framework.Store) message.NoPublishHandlerFunc {
+	t.Helper()
+	h, err := middleware.Handler(middleware.Config{
+		Consumer: o.c, UnitOfWork: o.uow, Store: store, StrictOrder: true, Attempts: 2,
+	})
+	require.NoError(t, err)
+	return h
+}
+
+// deliver hands an event of subject with sequence n to h and returns
+// what became of it.
+func deliver(t *testing.T, h message.NoPublishHandlerFunc, id, subject string, n int64) framework.Outcome {
+	t.Helper()
+	env, err := noted.Envelope(noteV1{Text: id}, framework.Attributes{ID: id, Source: "notes", Subject: subject, SubjectSeq: n})
+	require.NoError(t, err)
+	msg := message.NewMessage(watermill.NewUUID(), body(t, env))
+	require.NoError(t, h(msg), id)
+	r, ok := middleware.ReportOf(msg)
+	require.True(t, ok)
+	return r.Outcome
+}
+
+func (o *ordered) applied(t *testing.T, prefix string) []string {
+	t.Helper()
+	var ids []string
+	require.NoError(t, o.db.Select(&ids, o.db.Rebind(`SELECT event_id FROM effects WHERE event_id LIKE ? ORDER BY event_id`), prefix+"%"))
+	return ids
+}
+
+func (o *ordered) parked(t *testing.T) []string {
+	t.Helper()
+	ps, err := o.store.Parked(context.Background(), framework.ParkedFilter{Consumer: consumerName})
+	require.NoError(t, err)
+	var out []string
+	for _, p := range ps {
+		s := p.Key.ID
+		if p.Held {
+			s += " held"
+		}
+		out = append(out, s)
+	}
+	return out
+}
+
+func (o *ordered) marked(t *testing.T, id string) bool {
+	t.Helper()
+	var n int
+	require.NoError(t, o.db.Get(&n, o.db.Rebind(`SELECT count(*) FROM processed_events WHERE event_id = ?`), id))
+	return n == 1
+}
+
+// parkBehindDeadLetter delivers s4, then s5, which is dead-lettered, then
+// s6 and s7, which are parked behind it.
+func (o *ordered) parkBehindDeadLetter(t *testing.T, h message.NoPublishHandlerFunc) framework.DeadLetter {
+	t.Helper()
+	o.refuse.Store("s5", struct{}{})
+	require.Equal(t, framework.Processed, deliver(t, h, "s4", "S", 4))
+	require.Equal(t, framework.DeadLettered, deliver(t, h, "s5", "S", 5))
+	require.Equal(t, framework.Parked, deliver(t, h, "s7", "S", 7))
+	require.Equal(t, framework.Parked, deliver(t, h, "s6", "S", 6))
+	require.Equal(t, framework.Parked, deliver(t, h, "s7", "S", 7), "a copy is parked again")
+	require.Equal(t, []string{"s5 held", "s6", "s7"}, o.parked(t))
+	require.False(t, o.marked(t, "s6"), "a parked event is not marked processed")
+	require.False(t, o.marked(t, "s7"))
+	dls, err := o.store.DeadLetters(context.Background(), framework.DeadLetterFilter{Consumer: consumerName})
+	require.NoError(t, err)
+	require.Len(t, dls, 1, "no sequence_gap dead letter")
+	require.Equal(t, "s5", dls[0].EventID)
+	require.Equal(t, []string{"s4"}, o.applied(t, "s"))
+	return dls[0]
+}
+
+// redeliver hands the dead letter's message to h again, as a replay does.
+func redeliver(t *testing.T, h message.NoPublishHandlerFunc, dl framework.DeadLetter) framework.Outcome {
+	t.Helper()
+	msg := dl.ReplayMessage()
+	require.NoError(t, h(msg))
+	r, ok := middleware.ReportOf(msg)
+	require.True(t, ok)
+	return r.Outcome
+}
+
+func TestStrictOrderParksBehindDeadLetter(t *testing.T) {
+	t.Parallel()
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+
+			t.Run("ReplayAppliesTheParkedInOrder", func(t *testing.T) {
+				t.Parallel()
+				o := newOrdered(t, b)
+				h := o.handler(t, o.store)
+				dl := o.parkBehindDeadLetter(t, h)
+
+				// Another subject progresses while S is replayed.
+				var wg sync.WaitGroup
+				wg.Go(func() {
+					for n := int64(1); n <= 5; n++ {
+						require.Equal(t, framework.Processed, deliver(t, h, fmt.Sprintf("t%d", n), "T", n))
+					}
+				})
+				require.Equal(t, framework.Processed, redeliver(t, h, dl))
+				wg.Wait()
+
+				require.Equal(t, []string{"s4", "s5", "s6", "s7"}, o.applied(t, "s"), "each once, in order (else out_of_order)")
+				require.Equal(t, []string{"t1", "t2", "t3", "t4", "t5"}, o.applied(t, "t"))
+				require.Empty(t, o.parked(t))
+				require.True(t, o.marked(t, "s6"))
+				require.True(t, o.marked(t, "s7"))
+				require.Equal(t, framework.Duplicate, deliver(t, h, "s7", "S", 7))
+				require.Equal(t, framework.Processed, deliver(t, h, "s8", "S", 8))
+			})
+
+			t.Run("ReleasedEventThatFailsParksTheRestAgain", func(t *testing.T) {
+				t.Parallel()
+				o := newOrdered(t, b)
+				h := o.handler(t, o.store)
+				dl := o.parkBehindDeadLetter(t, h)
+				o.refuse.Store("s6", struct{}{})
+				require.Equal(t, framework.Processed, redeliver(t, h, dl))
+				require.Equal(t, []string{"s4", "s5"}, o.applied(t, "s"))
+				require.Equal(t, []string{"s6 held", "s7"}, o.parked(t), "s6 is a dead letter now, s7 waits behind it")
+
+				dls, err := o.store.DeadLetters(context.Background(), framework.DeadLetterFilter{Consumer: consumerName, Code: "refused"})
+				require.NoError(t, err)
+				require.Len(t, dls, 2)
+				require.Equal(t, "s6", dls[1].EventID)
+				require.Equal(t, framework.Processed, redeliver(t, h, dls[1]))
+				require.Equal(t, []string{"s4", "s5", "s6", "s7"}, o.applied(t, "s"))
+				require.Empty(t, o.parked(t))
+			})
+
+			t.Run("SkippedDeadLetterReleasesOnTheNextOfItsSubject", func(t *testing.T) {
+				t.Parallel()
+				o := newOrdered(t, b)
+				h := o.handler(t, o.store)
+				dl := o.parkBehindDeadLetter(t, h)
+				seq, err := o.store.Skip(context.Background(), consumerName, "S", dl.Key())
+				require.NoError(t, err)
+				require.Equal(t, int64(5), seq)
+				// The operator's command hands the parked events to
+				// the consumer again: the first applies, and releases
+				// the rest.
+				require.Equal(t, framework.Processed, deliver(t, h, "s6", "S", 6))
+				require.Equal(t, []string{"s4", "s6", "s7"}, o.applied(t, "s"))
+				require.Empty(t, o.parked(t))
+				require.Equal(t, framework.Duplicate, deliver(t, h, "s7", "S", 7), "s7 took effect")
+			})
+
+			t.Run("CrashBeforeTheReleaseLosesNothing", func(t *testing.T) {
+				t.Parallel()
+				for _, crashAt := range []int64{1, 2} {
+					t.Run(fmt.Sprint("Release", crashAt), func(t *testing.T) {
+						t.Parallel()
+						o := newOrdered(t, b)
+						h := o.handler(t, o.store)
+						dl := o.parkBehindDeadLetter(t, h)
+
+						// The process dies before it looks for the
+						// crashAt-th event to release: after the effect
+						// of s5 (1), or of s6 (2).
+						crashing := &crashBeforeRelease{Store: o.store, at: crashAt}
+						require.Equal(t, framework.Processed, redeliver(t, o.handler(t, crashing), dl))
+						require.Equal(t, []string{"s4", "s5", "s6", "s7"}[:crashAt+1], o.applied(t, "s"))
+						require.NotEmpty(t, o.parked(t), "what was not released stays parked")
+
+						// After the restart, its first message of any
+						// subject releases them.
+						restarted := o.handler(t, o.store)
+						require.Equal(t, framework.Processed, deliver(t, restarted, "t1", "T", 1))
+						require.Equal(t, []string{"s4", "s5", "s6", "s7"}, o.applied(t, "s"))
+						require.Empty(t, o.parked(t))
+					})
+				}
+			})
+		})
+	}
+}
+
+// crashBeforeRelease is a store whose process dies when the release looks
+// for a parked event the at-th time: that call and every later one fails.
+type crashBeforeRelease struct {
+	framework.Store
+	at    int64
+	calls atomic.Int64
+}
+
+var errCrashed = errors.New("the process died")
+
+func (s *crashBeforeRelease) Parked(ctx context.Context, f framework.ParkedFilter) ([]framework.ParkedEvent, error) {
+	if f.Subject == "" {
+		return s.Store.Parked(ctx, f) // the sweep at start finds nothing yet
+	}
+	if s.calls.Add(1) >= s.at {
+		return nil, errCrashed
+	}
+	return s.Store.Parked(ctx, f)
+}
