@@ -362,7 +362,7 @@ type manyMarker interface {
 // attempt. Otherwise each attempt marks its own.
 func (g *group) markAll(ctx context.Context, batch []*attemptRun) error {
 	m, ok := g.u.store.(manyMarker)
-	if !ok {
+	if !ok || g.u.withoutMark {
 		return nil
 	}
 	keys := make([]Key, len(batch))
