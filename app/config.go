@@ -264,6 +264,59 @@ type ConsumerConfig struct {
 	// attempts while it holds fewer than BatchSize. Defaults to 0: a
 	// batch holds what arrived while the previous ones ran.
 	BatchLinger Duration `yaml:"batch_linger"`
+	// Breaker is the consumer's circuit breaker, off unless
+	// breaker.failures is set (middleware.BreakerConfig).
+	Breaker BreakerConfig `yaml:"breaker"`
+}
+
+// BreakerConfig is a consumer's circuit breaker (YAML key breaker, e.g.
+// breaker: {failures: 5, cool_down: 30s, max_hold: 1m}): after failures
+// failed attempts in a row the consumer stops taking new messages; they
+// wait, uncounted, up to max_hold, and are then nacked to come back
+// later; after cool_down one probe attempt goes through, and its success
+// closes the breaker. Zero fields take the value of defaults' breaker,
+// then middleware's default.
+type BreakerConfig struct {
+	// Failures opens the breaker after so many failed attempts in a row;
+	// zero leaves it off. Defaults to 0, off.
+	Failures int `yaml:"failures"`
+	// AnyError counts every failed attempt but permanent ones; without it
+	// only the dependency failures that handlers mark with
+	// framework.Dependency count. On when set here or in defaults.
+	// Defaults to false.
+	AnyError bool `yaml:"any_error"`
+	// CoolDown is how long the breaker stays open before a probe.
+	// Defaults to middleware.DefaultBreakerCoolDown.
+	CoolDown Duration `yaml:"cool_down"`
+	// MaxHold is the longest a message waits at the open breaker before
+	// it is nacked, uncounted, to be delivered again later. At most
+	// middleware.MaxBreakerHold. Defaults to
+	// middleware.DefaultBreakerMaxHold.
+	MaxHold Duration `yaml:"max_hold"`
+}
+
+// merge fills c's zero fields from base.
+func (c BreakerConfig) merge(base BreakerConfig) BreakerConfig {
+	c.Failures = cmp.Or(c.Failures, base.Failures)
+	c.AnyError = c.AnyError || base.AnyError
+	c.CoolDown = cmp.Or(c.CoolDown, base.CoolDown)
+	c.MaxHold = cmp.Or(c.MaxHold, base.MaxHold)
+	return c
+}
+
+// validate reports every invalid setting of c, under key.
+func (c BreakerConfig) validate(key string) error {
+	var errs []error
+	if c.Failures < 0 {
+		errs = append(errs, fmt.Errorf("%s.failures: want 1 or more (or nothing: off), got %d", key, c.Failures))
+	}
+	if c.CoolDown < 0 {
+		errs = append(errs, fmt.Errorf("%s.cool_down: must not be negative", key))
+	}
+	if c.MaxHold < 0 || time.Duration(c.MaxHold) > middleware.MaxBreakerHold {
+		errs = append(errs, fmt.Errorf("%s.max_hold: want more than 0 and at most %s (held messages must stay within the transport's deadlines), got %s", key, middleware.MaxBreakerHold, time.Duration(c.MaxHold)))
+	}
+	return errors.Join(errs...)
 }
 
 // Duration is a time.Duration written as "1.5s" or "200ms" in YAML.
@@ -313,6 +366,7 @@ func (c ConsumerConfig) merge(base ConsumerConfig) ConsumerConfig {
 	c.BatchSize = cmp.Or(c.BatchSize, base.BatchSize)
 	c.Batches = cmp.Or(c.Batches, base.Batches)
 	c.BatchLinger = cmp.Or(c.BatchLinger, base.BatchLinger)
+	c.Breaker = c.Breaker.merge(base.Breaker)
 	return c
 }
 
@@ -427,6 +481,7 @@ func (c ConsumerConfig) validate(key string) error {
 	if c.BatchLinger < 0 {
 		errs = append(errs, fmt.Errorf("%s.batch_linger: must not be negative", key))
 	}
+	errs = append(errs, c.Breaker.validate(key+".breaker"))
 	return errors.Join(errs...)
 }
 

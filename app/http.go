@@ -90,7 +90,7 @@ func newHTTP(p httpParams) *httpServer {
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
-		body := readyzBody{Status: "ready", Consumers: readyzConsumers(p.Consumers.Consumers())}
+		body := readyzBody{Status: "ready", Consumers: readyzConsumers(p.Consumers.Consumers(), p.Consumers.Breakers())}
 		w.Header().Set("Content-Type", "application/json")
 		if reason := unready(ctx, p); reason != "" {
 			body.Status, body.Reason = "unavailable", reason
@@ -123,6 +123,8 @@ func newHTTP(p httpParams) *httpServer {
 // the service can work (200) or not (503); a consumer whose messages keep
 // failing leaves it ready: the messages are dead-lettered within the
 // consumer's hold-up limit, and another process would fail on them too.
+// So does an open circuit breaker: its dependency is down for every
+// process, and a restart would only lose the breaker's state.
 type readyzBody struct {
 	// Status is "ready" or "unavailable".
 	Status string `json:"status"`
@@ -152,6 +154,10 @@ type readyzConsumer struct {
 	// HeldUp says the oldest failing message has been failing for longer
 	// than the hold-up limit: it is not being dead-lettered.
 	HeldUp bool `json:"held_up"`
+	// Breaker is the state of the consumer's circuit breaker: "closed",
+	// "open" (new messages wait) or "half_open" (one probe goes through);
+	// absent without a breaker.
+	Breaker string `json:"breaker,omitempty"`
 }
 
 // unready returns why the service cannot work, or "" when it can.
@@ -167,7 +173,11 @@ func unready(ctx context.Context, p httpParams) string {
 	return ""
 }
 
-func readyzConsumers(statuses []middleware.ConsumerStatus) []readyzConsumer {
+func readyzConsumers(statuses []middleware.ConsumerStatus, breakers []middleware.BreakerStatus) []readyzConsumer {
+	breaker := make(map[string]string, len(breakers))
+	for _, b := range breakers {
+		breaker[b.Consumer] = b.State.String()
+	}
 	out := make([]readyzConsumer, len(statuses))
 	for i, s := range statuses {
 		out[i] = readyzConsumer{
@@ -176,6 +186,7 @@ func readyzConsumers(statuses []middleware.ConsumerStatus) []readyzConsumer {
 			OldestFailingSeconds: s.OldestFailing.Seconds(),
 			HoldUpLimitSeconds:   s.HoldUpLimit.Seconds(),
 			HeldUp:               s.HeldUp(),
+			Breaker:              breaker[s.Consumer],
 		}
 	}
 	return out

@@ -150,5 +150,11 @@ func consumerConfig(c *framework.Consumer, cc ConsumerConfig, renamedFrom []stri
 		Batches:       cc.Batches,
 		BatchLinger:   time.Duration(cc.BatchLinger),
 		RenamedFrom:   renamedFrom,
+		Breaker: middleware.BreakerConfig{
+			Failures: cc.Breaker.Failures,
+			AnyError: cc.Breaker.AnyError,
+			CoolDown: time.Duration(cc.Breaker.CoolDown),
+			MaxHold:  time.Duration(cc.Breaker.MaxHold),
+		},
 	}
 }

@@ -65,6 +65,11 @@ type ConsumerConfig struct {
 	// RenamedFrom are the consumer's former names, whose processed marks
 	// it adopts at Start.
 	RenamedFrom []string
+	// Breaker is the consumer's circuit breaker (see
+	// middleware.BreakerConfig); off unless Breaker.Failures is set. Its
+	// MaxHold adds to the time a message may be held by the transport
+	// (the PostgreSQL ack deadline).
+	Breaker middleware.BreakerConfig
 	// WithoutDedup, when not empty, is why the consumer takes no
 	// processed marks (handlers.WithoutDedup): every delivery runs its
 	// handler (framework.UnitOfWorkConfig.WithoutMark).
@@ -80,8 +85,10 @@ func (c ConsumerConfig) WithDefaults() ConsumerConfig {
 		Timeout:       c.Timeout,
 		MaxDeliveries: c.MaxDeliveries,
 		GapTimeout:    c.GapTimeout,
+		Breaker:       c.Breaker,
 	}.WithDefaults()
 	c.Attempts, c.RetryDelay, c.Timeout, c.MaxDeliveries, c.GapTimeout = m.Attempts, m.RetryDelay, m.Timeout, m.MaxDeliveries, m.GapTimeout
+	c.Breaker = m.Breaker
 	c.Concurrency = cmp.Or(c.Concurrency, 1)
 	u := c.unitOfWork(nil, nil).WithDefaults()
 	c.BatchSize, c.Batches = u.BatchSize, u.Batches
@@ -248,7 +255,7 @@ func (r *Runner) add(cc ConsumerConfig) error {
 		Types:          c.Types(),
 		Concurrency:    cc.Concurrency,
 		AttemptTimeout: cc.Timeout,
-		HandlingTime:   time.Duration(cc.Attempts) * (cc.Timeout + cc.RetryDelay),
+		HandlingTime:   cc.handlingTime(),
 	})
 	if err != nil {
 		return err
@@ -258,6 +265,17 @@ func (r *Runner) add(cc ConsumerConfig) error {
 		r.router.AddConsumerHandler(handlerName(c.Name(), sub.Topics, i), topic, sub.Subscriber, h)
 	}
 	return nil
+}
+
+// handlingTime is the longest a healthy message of c stays with the
+// runner: its attempts and the pauses between them, after the longest
+// wait at an open breaker.
+func (c ConsumerConfig) handlingTime() time.Duration {
+	d := time.Duration(c.Attempts) * (c.Timeout + c.RetryDelay)
+	if c.Breaker.Failures > 0 {
+		d += c.Breaker.MaxHold
+	}
+	return d
 }
 
 // chainConfig is the middleware chain of cc.
@@ -274,6 +292,7 @@ func (r *Runner) chainConfig(cc ConsumerConfig, uow *framework.UnitOfWork) middl
 		SkipStale:     cc.SkipStale,
 		StrictOrder:   cc.StrictOrder,
 		GapTimeout:    cc.GapTimeout,
+		Breaker:       cc.Breaker,
 		Logger:        r.logger,
 		Metrics:       r.cfg.Metrics,
 		Tracer:        r.cfg.Tracer,
