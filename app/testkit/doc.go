@@ -61,6 +61,27 @@
 // test of the fix. Kit.DeadLetters and Chain.DeadLetters list what was
 // dead-lettered, with its code and attempts, never the error's text.
 //
+// # Crashes
+//
+// DeliverCrashing makes a delivery die at a named step of the pipeline
+// (a CrashPoint: AfterDecode, AfterCount, AfterMark, BeforeCommit,
+// AfterCommit, BeforeDeadLetter, BeforeAck) as if its process died
+// there: its transaction rolls back without running its hooks, nothing is
+// acknowledged, and the Result is Crashed. Redeliver delivers the message
+// again, marked as a redelivery, for the test to check one effect: a
+// delivery that died before the commit is processed again, one that died
+// after it is a duplicate.
+//
+//	res := c.DeliverCrashing(ctx, t, env, testkit.BeforeCommit)
+//	testkit.RequireCrashed(t, res, testkit.BeforeCommit)
+//	testkit.RequireProcessed(t, c.Redeliver(ctx, t, env))
+//
+// Under group commit a death kills every delivery of its batch:
+// WithCrashHook puts a hook of the test's own on the deliveries' context
+// (one event of several dies), DeliverTogether delivers them at once, and
+// Config.BatchSize with Config.BatchLinger makes them share a batch.
+// docs/testing.md shows each case, from this package's crash examples.
+//
 // # PostgreSQL
 //
 // With Config.PostgresURL set, the kit creates a schema of the test's own
@@ -89,7 +110,8 @@
 // # Limits
 //
 // There is no transport: messages go straight into the chain, so a dead
-// letter's Topic is empty and no redelivered flag is set (the delivery
-// guard counts every delivery, as on watermill-sql). The transports have
-// their own conformance suite (framework/transporttest).
+// letter's Topic is empty and no redelivered flag is set but by
+// Redeliver (the delivery guard counts every delivery, as on
+// watermill-sql). The transports have their own conformance suite
+// (framework/transporttest).
 package testkit
