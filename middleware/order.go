@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -284,11 +283,15 @@ func (r *releaser) release(ctx context.Context, next message.HandlerFunc, subjec
 }
 
 // apply hands the parked event p to next as a message of its own, with
-// its body and metadata, and returns the chain's error. The message's
+// its body and metadata (but the transport's redelivery marker), and returns the chain's error. The message's
 // context ends with ctx.
 func (r *releaser) apply(ctx context.Context, next message.HandlerFunc, p framework.ParkedEvent) error {
 	m := message.NewMessage(watermill.NewUUID(), p.Body)
-	maps.Copy(m.Metadata, p.Metadata)
+	for k, v := range p.Metadata {
+		if k != framework.MetadataRedelivered { // this delivery is a first
+			m.Metadata.Set(k, v)
+		}
+	}
 	mctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	defer context.AfterFunc(ctx, cancel)()
