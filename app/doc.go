@@ -47,9 +47,18 @@
 //	    max_deliveries: 10
 //	    skip_stale: true # events older than their subject's latest are skipped
 //	    batch_size: 1    # a transaction per attempt (default: up to 32 share one)
+//	    breaker: {failures: 5, cool_down: 30s, max_hold: 1m} # see below
 //	  projections.appointment-history:
 //	    strict_order: true # each subject's events in sequence; a gap waits
 //	    gap_timeout: 5m    # then sequence_gap
+//
+// breaker is the consumer's circuit breaker, off by default: after
+// failures failed attempts in a row of a dependency (errors the handler
+// wraps with framework.Dependency; any_error: true counts every
+// non-permanent error) the consumer stops taking new messages; they wait,
+// uncounted, up to max_hold (default 1m, at most 10m), then come back
+// later; after cool_down (default 30s) one probe attempt goes through, and
+// its success closes the breaker (see middleware.BreakerConfig).
 //
 // Environment variables win over the file. A bad value stops start-up with
 // an error naming its key, and so does a name under consumers: that no
