@@ -243,7 +243,9 @@ type ConsumerConfig struct {
 	SkipStale bool `yaml:"skip_stale"`
 	// StrictOrder applies each subject's events one after the other, in
 	// sequence: an event ahead of its turn waits, delivered again later,
-	// until GapTimeout (middleware.Config.StrictOrder). Not with SkipStale.
+	// until GapTimeout, or is parked behind an earlier event of its
+	// subject that is a dead letter, until that one is replayed or
+	// discarded (middleware.Config.StrictOrder). Not with SkipStale.
 	// On when set here or in defaults. Defaults to false.
 	StrictOrder bool `yaml:"strict_order"`
 	// GapTimeout is how long an event waits for an earlier one of its

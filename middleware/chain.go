@@ -64,7 +64,11 @@ type Config struct {
 	// subject that already took effect. Not with StrictOrder.
 	SkipStale bool
 	// StrictOrder applies each subject's events in sequence; an event
-	// ahead of its turn waits, up to GapTimeout. Not with SkipStale.
+	// ahead of its turn waits, up to GapTimeout, and while an earlier
+	// event of its subject is a dead letter it is parked instead
+	// (acknowledged, not processed) and applied after that one takes
+	// effect or is discarded with its parked events released. Not with
+	// SkipStale.
 	StrictOrder bool
 	// GapTimeout is how long an event waits for an earlier one of its
 	// subject under StrictOrder. Defaults to DefaultGapTimeout.
