@@ -130,7 +130,10 @@ func deadLettersCommand(opts fx.Option) *cobra.Command {
 				if err != nil {
 					return fmt.Errorf("dead letter %d: %w", id, err)
 				}
-				return printDeadLetter(cmd.OutOrStdout(), dl)
+				if err := printDeadLetter(cmd.OutOrStdout(), dl); err != nil {
+					return err
+				}
+				return op.reportParked(ctx, cmd.OutOrStdout(), dl, "listed by dead-letters parked --subject "+dl.Subject)
 			})
 		},
 	}

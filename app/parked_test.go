@@ -113,6 +113,7 @@ func testDeadLettersParked(t *testing.T, cfg app.Config) {
 	dl := parkBehind("s")
 	require.Regexp(t, `(?m)^CONSUMER\s+SUBJECT\s+HELD\s+PARKED\s+COUNT\s+READY$`, run("dead-letters", "parked", "--consumer", name))
 	require.Regexp(t, `(?m)^`+name+`\s+s\s+#2 widgets/s2\s+3 4\s+2\s+0$`, run("dead-letters", "parked", "--consumer", name))
+	require.Contains(t, run("dead-letters", "show", fmt.Sprint(dl)), "2 events of subject s are parked behind it: listed by dead-letters parked --subject s")
 	require.Zero(t, count(`SELECT count(*) FROM dead_letters WHERE consumer = ? AND code = ?`, name, framework.CodeSequenceGap))
 	require.Regexp(t, `effectively_messages_total\{[^}]*consumer="`+name+`"[^}]*outcome="parked"[^}]*\} 2`, metrics(t, b))
 
