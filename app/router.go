@@ -20,7 +20,8 @@ import (
 
 // Middleware is the application's own middleware around every consumer's
 // handler (middleware.Config.Outer and Inner). Supply it with
-// fx.Supply(app.Middleware{...}).
+// fx.Supply(app.Middleware{...}). docs/middleware.md says what each place
+// sees and guarantees; examples/middleware has one of each.
 type Middleware struct {
 	// Outer runs once per delivery, after the event is decoded and the
 	// delivery counted, outside the retries and the transaction;

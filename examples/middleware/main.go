@@ -43,18 +43,6 @@ func NewRecordNote(db *sqlx.DB) framework.HandlerFunc[NoteAddedV1] {
 	}
 }
 
-// snippet:begin middleware
-
-// Middleware is the application's own middleware of every consumer:
-// RequireTenant once per delivery, then SetTenant and Audit in each
-// attempt's transaction, in this order.
-var Middleware = app.Middleware{
-	Outer: []message.HandlerMiddleware{RequireTenant},
-	Inner: []message.HandlerMiddleware{SetTenant, Audit},
-}
-
-// snippet:end middleware
-
 //go:embed migrations/*.sql
 var migrations embed.FS
 
@@ -67,12 +55,24 @@ func Migrations() (app.Migrations, error) {
 // Consumers declares the service's consumer.
 var Consumers = handlers.Register(Consumer, handlers.On(NoteAdded, NewRecordNote))
 
+// snippet:begin middleware
+
+// Middleware is the application's own middleware of every consumer:
+// RequireTenant once per delivery, then SetTenant and Audit in each
+// attempt's transaction, in this order.
+var Middleware = app.Middleware{
+	Outer: []message.HandlerMiddleware{RequireTenant},
+	Inner: []message.HandlerMiddleware{SetTenant, Audit},
+}
+
 // Module is the service: its consumer, its middleware and its migrations.
 var Module = fx.Options(
 	Consumers,
 	fx.Supply(Middleware),
 	fx.Provide(Migrations),
 )
+
+// snippet:end middleware
 
 func main() {
 	app.Main("notes", Module)

@@ -187,7 +187,7 @@ func (p *probes) probe(m map[string]seen) message.HandlerMiddleware {
 
 // TestTenantPerAttempt: three events of three tenants share one batch
 // (group commit), and one of them fails: the batch rolls back and the two
-// others run again in a new transaction, together. On PostgreSQL each
+// others commit together in a new transaction. On PostgreSQL each
 // attempt starts without a tenant and sees its own once SetTenant ran,
 // never its batch-mate's; on both databases each of the two has one
 // audit row and one note, under its own tenant, and the failed one none.
