@@ -77,6 +77,13 @@ type Config struct {
 	// module must not supply a *slog.Logger of its own. Defaults to
 	// discarding them (a service given none logs to stderr).
 	Logger *slog.Logger
+	// Crash, when set, is called at each crash point of every delivery
+	// the application handles (testkit.WithCrashHook puts it on the
+	// message's context, before the consumer's chain): a delivery it
+	// makes die is reported testkit.Crashed, is not acknowledged, and the
+	// transport delivers the message again, whose outcome Await returns.
+	// testkit.CrashOnce makes one delivery die. Defaults to none.
+	Crash testkit.CrashHook
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
@@ -204,8 +211,9 @@ func (a *App) start(ctx context.Context, module fx.Option) error {
 		fx.Supply(a.cfg.Logger),
 		fx.Populate(&a.db, &a.store, &a.transport, &a.registry),
 		// Router-level middleware wraps each consumer's whole chain: it
-		// sees the outcome the chain reported.
-		fx.Invoke(func(r *runner.Runner) { r.AddMiddleware(a.outcomes.observe) }),
+		// sees the outcome the chain reported. The crash hook goes on
+		// the message inside it.
+		fx.Invoke(func(r *runner.Runner) { r.AddMiddleware(a.outcomes.observe, crashHook(a.cfg.Crash)) }),
 	)
 	if err := a.fx.Err(); err != nil {
 		return fmt.Errorf("apptest: build the application: %w", err)
@@ -384,6 +392,20 @@ func (a *App) checkConsumer(name string) error {
 		}
 	}
 	return fmt.Errorf("apptest: the module declares no consumer %s", name)
+}
+
+// crashHook returns a router middleware that puts h, when set, on the
+// context of each message.
+func crashHook(h testkit.CrashHook) message.HandlerMiddleware {
+	return func(next message.HandlerFunc) message.HandlerFunc {
+		if h == nil {
+			return next
+		}
+		return func(msg *message.Message) ([]*message.Message, error) {
+			msg.SetContext(testkit.WithCrashHook(msg.Context(), h))
+			return next(msg)
+		}
+	}
 }
 
 // bodyMessage returns a message of body, with the content type the

@@ -81,6 +81,19 @@
 // unless Config.Logger takes them (the kit supplies the *slog.Logger, so
 // the module must not).
 //
+// # Crashes
+//
+// Config.Crash is a crash hook (testkit.CrashHook) that the application
+// puts on every message it handles: a delivery it makes die at a crash
+// point is reported testkit.Crashed, as if its process died there, and
+// the transport delivers the message again; Await returns that
+// redelivery's outcome. testkit.CrashOnce(testkit.BeforeCommit) makes the
+// first delivery die before its commit, and no other: the redelivery is
+// processed. After a death past the commit it is a duplicate, unless the
+// ack joined the committed transaction (the sqlite transport in the
+// stores' file), and the message is not delivered again. TestModuleCrash
+// in examples/notifications does both; docs/testing.md shows it.
+//
 // # Limits
 //
 // The kit runs neither RabbitMQ nor the postgres transport: the

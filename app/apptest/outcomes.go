@@ -10,6 +10,7 @@ import (
 
 	"github.com/effectively-once/effectively/app/testkit"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/crash"
 	"github.com/effectively-once/effectively/middleware"
 )
 
@@ -65,7 +66,9 @@ func (o *outcomes) report(msg *message.Message, herr error) {
 	// "@".
 	consumer, _, _ := strings.Cut(message.HandlerNameFromCtx(msg.Context()), "@")
 	var oc outcome
-	if rep, ok := middleware.ReportOf(msg); ok {
+	if at, ok := crash.PointOf(herr); ok {
+		oc.res = testkit.Result{Outcome: testkit.Crashed, CrashedAt: at, Err: herr}
+	} else if rep, ok := middleware.ReportOf(msg); ok {
 		oc.res = testkit.Result{Outcome: rep.Outcome, Code: rep.Code, Attempts: rep.Attempts, Err: herr}
 	} else {
 		oc.err = fmt.Errorf("the chain reported no outcome (handler error: %w)", herr)

@@ -2,6 +2,7 @@ package testkit
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -69,6 +70,16 @@ func WithCrashHook(ctx context.Context, h CrashHook) context.Context { return cr
 // it die at point at (see WithCrashHook).
 func CrashAt(ctx context.Context, at CrashPoint) context.Context {
 	return crash.With(ctx, func(_ context.Context, p crash.Point) bool { return p == at })
+}
+
+// CrashOnce returns a hook that makes the first delivery to pass point at
+// die there, and no delivery after it: the redelivery of the message
+// lives. Give each test a hook of its own.
+func CrashOnce(at CrashPoint) CrashHook {
+	var fired atomic.Bool
+	return func(_ context.Context, p crash.Point) bool {
+		return p == at && fired.CompareAndSwap(false, true)
+	}
 }
 
 // DeliverCrashing delivers env as Deliver does, and makes the delivery

@@ -29,4 +29,13 @@ func TestTestingDocShowsTheExamples(t *testing.T) {
 	}
 	blocks := strings.Count(string(doc), "<!-- snippet: app/testkit/example_crash_test.go ")
 	require.Equal(t, len(regions), blocks, "docs/testing.md shows each snippet once")
+
+	// The crash of the service's own module, through apptest.
+	const path = "examples/notifications/apptest_crash_test.go"
+	mod, err := os.ReadFile("../../" + path)
+	require.NoError(t, err)
+	m := regexp.MustCompile(`(?s)\n(\t+)// snippet:begin apptest-crash\n(.*?)\n\t+// snippet:end apptest-crash`).FindStringSubmatch(string(mod))
+	require.NotNil(t, m, "%s has no snippet apptest-crash", path)
+	code := regexp.MustCompile(`(?m)^`+m[1]).ReplaceAllString(m[2], "")
+	require.Contains(t, string(doc), "<!-- snippet: "+path+" apptest-crash -->\n```go\n"+code+"\n```")
 }
