@@ -22,10 +22,15 @@
 //	notifications dead-letters show 42
 //	notifications dead-letters replay 42 43 --reason "the mail server is back"
 //	notifications dead-letters discard 44 --reason "test data"
+//	notifications dead-letters parked [--consumer C] [--subject S]
+//	notifications dead-letters discard 45 --release-parked --reason "superseded"
 //
 // A replay goes to the dead letter's consumer alone (its queue on amqp, its
 // replay topic on the SQL transports), which handles it afresh; the dead
-// letter is then marked replayed, with who and why.
+// letter is then marked replayed, with who and why. Under strict_order the
+// later events of a dead letter's subject are parked behind it (parked
+// lists them): a replay applies them after it; a discard keeps them
+// parked unless --release-parked.
 //
 // # Configuration
 //
