@@ -230,7 +230,10 @@ func (b *breaker) probeEnded(probe uint64) {
 }
 
 // count is the step inside the retries: it tells the breaker how each
-// attempt ended.
+// attempt ended. An attempt that failed of a dependency while the breaker
+// is open (it opened it, or it ran beside the failure that did) ends the
+// message's attempts: it is nacked with pipeline.ErrLater, not retried
+// now nor dead-lettered, and waits at the gate when it comes back.
 func (b *breaker) count(next message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		ctx, st := msg.Context(), stateOf(msg) // the inner steps set contexts of their own
@@ -238,7 +241,9 @@ func (b *breaker) count(next message.HandlerFunc) message.HandlerFunc {
 		epoch := b.epoch
 		b.mu.Unlock()
 		out, err := next(msg)
-		b.attempted(ctx, st, epoch, err)
+		if b.attempted(ctx, st, epoch, err) {
+			return out, fmt.Errorf("circuit breaker open, %w: %w", pipeline.ErrLater, err)
+		}
 		return out, err
 	}
 }
@@ -261,7 +266,7 @@ func (b *breaker) verdictOf(ctx context.Context, st *state, err error) verdict {
 	case ctx.Err() != nil || errors.Is(err, pipeline.ErrLater):
 		return verdictNone
 	case err == nil:
-		if st.outcome == framework.Duplicate || st.stale {
+		if st.outcome == framework.Duplicate || st.stale || st.parked {
 			return verdictNone
 		}
 		return verdictSuccess
@@ -274,11 +279,12 @@ func (b *breaker) verdictOf(ctx context.Context, st *state, err error) verdict {
 }
 
 // attempted records an attempt of st, started in epoch, that ended with
-// err.
-func (b *breaker) attempted(ctx context.Context, st *state, epoch uint64, err error) {
+// err, and reports whether it failed of a dependency while the breaker is
+// open (then the message is to come back later).
+func (b *breaker) attempted(ctx context.Context, st *state, epoch uint64, err error) (later bool) {
 	v := b.verdictOf(ctx, st, err)
 	if v == verdictNone {
-		return
+		return false
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -286,10 +292,10 @@ func (b *breaker) attempted(ctx context.Context, st *state, epoch uint64, err er
 	case BreakerClosed:
 		if v == verdictSuccess {
 			b.failures = 0
-			return
+			return false
 		}
 		if epoch != b.epoch {
-			return // it overlapped a counted failure: counted with it
+			return false // it overlapped a counted failure: counted with it
 		}
 		b.epoch++
 		if b.failures++; b.failures >= b.cfg.Failures {
@@ -297,17 +303,18 @@ func (b *breaker) attempted(ctx context.Context, st *state, epoch uint64, err er
 		}
 	case BreakerHalfOpen:
 		if !b.probing || st.probe != b.probe {
-			return // only the probe decides
+			return false // only the probe decides
 		}
 		b.probing = false
 		if v == verdictSuccess {
 			b.failures = 0
 			b.setState(ctx, BreakerClosed)
-			return
+			return false
 		}
 		b.epoch++
 		b.open(ctx)
 	}
+	return v == verdictFailure && b.state == BreakerOpen
 }
 
 // open opens the breaker for a cool-down; the caller holds the lock.

@@ -87,7 +87,7 @@ type breakerKit struct {
 	results chan error
 }
 
-func newBreakerKit(t *testing.T, db *sqlx.DB, store framework.Store, uc framework.UnitOfWorkConfig, metrics *middleware.Metrics, name string, bc middleware.BreakerConfig) *breakerKit {
+func newBreakerKit(t *testing.T, db *sqlx.DB, store framework.Store, uc framework.UnitOfWorkConfig, metrics *middleware.Metrics, name string, bc middleware.BreakerConfig, opts ...func(*middleware.Config)) *breakerKit {
 	t.Helper()
 	uc.DB, uc.Store = db, store
 	uow, err := framework.NewUnitOfWork(uc)
@@ -105,10 +105,14 @@ func newBreakerKit(t *testing.T, db *sqlx.DB, store framework.Store, uc framewor
 		return <-k.results
 	}))
 	require.NoError(t, err)
-	k.h, err = middleware.HandlerOnClock(middleware.Config{
+	cfg := middleware.Config{
 		Consumer: c, UnitOfWork: uow, Store: store, Metrics: metrics,
 		Attempts: 1, Breaker: bc,
-	}, middleware.TestClock{Now: k.clk.Now, After: k.clk.After})
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	k.h, err = middleware.HandlerOnClock(cfg, middleware.TestClock{Now: k.clk.Now, After: k.clk.After})
 	require.NoError(t, err)
 	return k
 }
@@ -186,13 +190,31 @@ func (k *breakerKit) fail(t *testing.T, id string) {
 	require.Equal(t, framework.CodeRetriesExhausted, r.Code)
 }
 
-func breakerSetup(t *testing.T, b backend, bc middleware.BreakerConfig, uc framework.UnitOfWorkConfig) *breakerKit {
+// failOpening delivers a failing event whose failure opens the breaker:
+// it is nacked to come back later, not dead-lettered.
+func (k *breakerKit) failOpening(t *testing.T, id string) {
+	t.Helper()
+	r, err := k.handled(t, k.deliver(t, id, "fail", false))
+	requireLater(t, r, err)
+	require.Equal(t, 1, r.Attempts, "no attempt after the one that opened the breaker")
+}
+
+// requireLater checks that a message was nacked, to be delivered again
+// later, without a dead letter.
+func requireLater(t *testing.T, r middleware.Report, err error) {
+	t.Helper()
+	require.ErrorIs(t, err, pipeline.ErrLater)
+	require.Equal(t, framework.Nacked, r.Outcome)
+	require.Empty(t, r.Code)
+}
+
+func breakerSetup(t *testing.T, b backend, bc middleware.BreakerConfig, uc framework.UnitOfWorkConfig, opts ...func(*middleware.Config)) *breakerKit {
 	t.Helper()
 	db, store := b.open(t, nil)
 	require.NoError(t, migrate.Up(context.Background(), db, migrate.Config{}))
 	metrics, err := middleware.NewMetrics(prometheus.NewRegistry())
 	require.NoError(t, err)
-	return newBreakerKit(t, db, store, uc, metrics, consumerName, bc)
+	return newBreakerKit(t, db, store, uc, metrics, consumerName, bc, opts...)
 }
 
 // TestBreakerOpensHoldsAndReleases: failures in a row open the breaker;
@@ -207,7 +229,7 @@ func TestBreakerOpensHoldsAndReleases(t *testing.T) {
 
 	k.fail(t, "1")
 	require.Equal(t, middleware.BreakerClosed, k.state(t), "one failure of two")
-	k.fail(t, "2")
+	k.failOpening(t, "2")
 	require.Equal(t, middleware.BreakerOpen, k.state(t))
 
 	// A redelivery, which the delivery guard would count, waits.
@@ -223,10 +245,9 @@ func TestBreakerOpensHoldsAndReleases(t *testing.T) {
 	// At MaxHold it is released: nacked, to be delivered again.
 	k.clk.Advance(time.Minute)
 	r, err = k.handled(t, held)
-	require.ErrorIs(t, err, pipeline.ErrLater)
-	require.Equal(t, framework.Nacked, r.Outcome)
+	requireLater(t, r, err)
 	require.Zero(t, r.Attempts)
-	require.Len(t, k.deadLetters(t), 2, "only the two failures are dead-lettered")
+	require.Len(t, k.deadLetters(t), 1, "only the failure before the breaker opened is dead-lettered")
 	n, err := k.store.Count(context.Background(), consumerName, held.key, 2)
 	require.NoError(t, err)
 	require.Equal(t, 2, n, "the held redelivery was not counted")
@@ -243,17 +264,33 @@ func TestBreakerOpensHoldsAndReleases(t *testing.T) {
 	// The count starts anew: one failure leaves it closed.
 	k.fail(t, "5")
 	require.Equal(t, middleware.BreakerClosed, k.state(t))
-	k.fail(t, "6")
+	k.failOpening(t, "6")
 	require.Equal(t, middleware.BreakerOpen, k.state(t))
 }
 
+// TestBreakerEndsRetries: the attempt that opens the breaker ends its
+// message's retries: it is nacked, to wait at the breaker when it comes
+// back, instead of spending its attempts and being dead-lettered.
+func TestBreakerEndsRetries(t *testing.T) {
+	t.Parallel()
+	k := breakerSetup(t, backends[0], middleware.BreakerConfig{Failures: 2}, framework.UnitOfWorkConfig{}, func(cfg *middleware.Config) {
+		cfg.Attempts, cfg.RetryDelay = 5, time.Millisecond
+	})
+	r, err := k.handled(t, k.deliver(t, "1", "fail", false))
+	requireLater(t, r, err)
+	require.Equal(t, 2, r.Attempts, "its second failure in a row opened the breaker")
+	require.Equal(t, middleware.BreakerOpen, k.state(t))
+	require.Empty(t, k.deadLetters(t))
+}
+
 // TestBreakerProbe: after the cool-down one message goes through while
-// the others wait; its failure opens the breaker again for a cool-down,
-// the next probe's success closes it and the held message flows.
+// the others wait; its failure opens the breaker again for a cool-down
+// (the probe comes back later, not dead-lettered), the next probe's
+// success closes it and the held message flows.
 func TestBreakerProbe(t *testing.T) {
 	t.Parallel()
 	k := breakerSetup(t, backends[0], middleware.BreakerConfig{Failures: 1, CoolDown: 20 * time.Second, MaxHold: time.Minute}, framework.UnitOfWorkConfig{})
-	k.fail(t, "1")
+	k.failOpening(t, "1")
 	require.Equal(t, middleware.BreakerOpen, k.state(t))
 
 	a, b := k.deliver(t, "a", "probe", false), k.deliver(t, "b", "probe", false)
@@ -276,8 +313,8 @@ func TestBreakerProbe(t *testing.T) {
 		probe, rest = b, a
 	}
 	r, err := k.handled(t, probe)
-	require.NoError(t, err)
-	require.Equal(t, framework.CodeRetriesExhausted, r.Code, "the failed probe's own retries gave up")
+	requireLater(t, r, err)
+	require.Empty(t, k.deadLetters(t), "the failed probe comes back later")
 
 	// The next cool-down over, the other is the probe: it succeeds.
 	k.clk.Advance(20 * time.Second)

@@ -13,7 +13,7 @@
 //	rateLimit      with RateLimit: at most so many messages per second, in this process
 //	[Outer]        the application's middleware, once per delivery, with the decoded event
 //	retry          constant delay, bounded attempts; permanent errors skip it
-//	breaker count  with Breaker: each attempt's success or failure, towards opening the breaker
+//	breaker count  with Breaker: each attempt's success or failure; a dependency failure while open ends the attempts, nacked
 //	timeout        a deadline per attempt
 //	recoverPanic   a panic becomes an error with code panic
 //	unitOfWork     one transaction with the processed mark (framework.UnitOfWork)
