@@ -209,6 +209,26 @@ func TestStrictOrderParksBehindDeadLetter(t *testing.T) {
 				require.Equal(t, framework.Duplicate, deliver(t, h, "s7", "S", 7), "s7 took effect")
 			})
 
+			t.Run("DeadLetterWaitsForItsHold", func(t *testing.T) {
+				t.Parallel()
+				o := newOrdered(t, b)
+				failing := &failingHold{Store: o.store}
+				h := o.handler(t, failing)
+				o.refuse.Store("s5", struct{}{})
+				require.Equal(t, framework.Processed, deliver(t, h, "s4", "S", 4))
+				env, err := noted.Envelope(noteV1{Text: "s5"}, framework.Attributes{ID: "s5", Source: "notes", Subject: "S", SubjectSeq: 5})
+				require.NoError(t, err)
+				require.ErrorIs(t, h(message.NewMessage(watermill.NewUUID(), body(t, env))), errHoldFailed,
+					"nacked: not dead-lettered without the hold that parks the events behind it")
+				dls, err := o.store.DeadLetters(context.Background(), framework.DeadLetterFilter{Consumer: consumerName})
+				require.NoError(t, err)
+				require.Empty(t, dls)
+
+				o.refuse.Store("s5", struct{}{})
+				require.Equal(t, framework.DeadLettered, deliver(t, o.handler(t, o.store), "s5", "S", 5), "delivered again, with the hold")
+				require.Equal(t, []string{"s5 held"}, o.parked(t))
+			})
+
 			t.Run("CrashBeforeTheReleaseLosesNothing", func(t *testing.T) {
 				t.Parallel()
 				for _, crashAt := range []int64{1, 2} {
@@ -257,4 +277,13 @@ func (s *crashBeforeRelease) Parked(ctx context.Context, f framework.ParkedFilte
 		return nil, errCrashed
 	}
 	return s.Store.Parked(ctx, f)
+}
+
+// failingHold is a store that cannot record a hold.
+type failingHold struct{ framework.Store }
+
+var errHoldFailed = errors.New("hold failed")
+
+func (failingHold) Hold(context.Context, string, string, int64, framework.Key) error {
+	return errHoldFailed
 }
