@@ -62,7 +62,8 @@
 // limit, until delivery_limit. Config.Inner runs inside each attempt,
 // in its transaction (framework.TxFromContext), for the deliveries that
 // are not duplicates. Package app takes both as app.Middleware; its
-// ExampleMiddleware runs them in the application on SQLite.
+// ExampleMiddleware runs them in the application on SQLite;
+// docs/middleware.md says what each place sees and guarantees.
 //
 // # Observing
 //
