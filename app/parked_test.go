@@ -21,14 +21,14 @@ import (
 )
 
 // TestDeadLettersParked drives a strict-order consumer of a running
-// service, with group commit, on the SQL transports: the events behind a
+// service, with group commit, on each transport: the events behind a
 // dead letter of their subject are parked (acknowledged, not processed,
 // no sequence_gap), the parked command lists them per subject, replaying
 // the dead letter applies it and then them in order while another subject
 // moves on, and a discard keeps them parked unless --release-parked. It
 // sets the environment, so it does not run in parallel.
 func TestDeadLettersParked(t *testing.T) {
-	for _, tc := range transportConfigs[:2] {
+	for _, tc := range transportConfigs {
 		t.Run(tc.name, func(t *testing.T) { testDeadLettersParked(t, tc.config(t)) })
 	}
 }

@@ -240,6 +240,9 @@ func (r *releaser) sweepDue() bool {
 func (r *releaser) sweep(ctx context.Context, next message.HandlerFunc) {
 	ready, err := r.store.Parked(ctx, framework.ParkedFilter{Consumer: r.consumer, Ready: true})
 	if err != nil {
+		if ctx.Err() != nil {
+			return // shutdown: the next start sweeps
+		}
 		r.logger.ErrorContext(ctx, "list the parked events whose turn came; they are released later",
 			slog.String("consumer", r.consumer), slog.Any("error", err))
 		return
@@ -256,6 +259,9 @@ func (r *releaser) release(ctx context.Context, next message.HandlerFunc, subjec
 	for ctx.Err() == nil {
 		ps, err := r.store.Parked(ctx, framework.ParkedFilter{Consumer: r.consumer, Subject: subject, Ready: true, Limit: 1})
 		if err != nil {
+			if ctx.Err() != nil {
+				return // shutdown: the next start sweeps
+			}
 			r.logger.ErrorContext(ctx, "find the next parked event; it is released later",
 				slog.String("consumer", r.consumer), slog.String("subject", subject), slog.Any("error", err))
 			return
