@@ -106,13 +106,15 @@ func endWait(ctx context.Context, store framework.Store, tx *framework.Tx, st *s
 }
 
 // gapWait holds the subject of an event that is about to be
-// dead-lettered (see Store.Hold), so that the later events of its subject
-// are parked behind it instead of waiting. It turns the wait of an event
-// behind a gap (see strictOrder) into either a nack, so that the transport delivers the event again later, or,
-// once it has waited longer than timeout, a permanent error with code
-// sequence_gap. It records the wait in a transaction of its own, after the
-// attempt's rolled back, so it sits outside the unit of work and inside
-// decode. A wait does not count towards the delivery limit.
+// dead-lettered (see framework.Store.Hold), so that the later events of
+// its subject are parked behind it instead of waiting; a sequence_gap
+// dead letter holds nothing. It turns the wait of an event behind a gap
+// (see strictOrder) into either a nack, so that the transport delivers
+// the event again later, or, once it has waited longer than timeout, a
+// permanent error with code sequence_gap. It records the wait and the
+// hold in transactions of their own, after the attempt's rolled back, so
+// it sits outside the unit of work and inside decode. A wait does not
+// count towards the delivery limit.
 func gapWait(consumer string, store framework.Store, timeout time.Duration) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
