@@ -9,6 +9,7 @@ import (
 
 // Store is what a consumer needs of its database, and what operators act
 // on: the processed marks, the delivery counts, the subjects' checkpoints,
+// the events parked behind a dead letter of their subject (strict order),
 // the dead letters, the purge of old marks and the adoption of a renamed
 // consumer's history. sqlite.Store, postgres.Store and memory.Store
 // implement it; the shared suite of package storetest holds each to the

@@ -1,6 +1,6 @@
 // Package memory is the in-memory side of the framework, for tests: a
-// framework.Store of processed marks, delivery counts, subject checkpoints
-// and dead letters (Store), and the memory transport (Transport). Both
+// framework.Store of processed marks, delivery counts, subject
+// checkpoints, parked events and dead letters (Store), and the memory transport (Transport). Both
 // protect one process only and forget everything when the process ends:
 // use framework/sqlite or framework/postgres in production.
 //
