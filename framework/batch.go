@@ -8,8 +8,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/effectively-once/effectively/internal/crash"
 	"github.com/jmoiron/sqlx"
+
+	"github.com/effectively-once/effectively/internal/crash"
 )
 
 // group gathers attempts into batches that commit in one transaction
