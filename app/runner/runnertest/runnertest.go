@@ -61,6 +61,7 @@ func Exercise(t *testing.T, open func(t *testing.T) *Env) {
 		{"BadInputs", caseBadInputs},
 		{"HoldUpFailing", caseHoldUpFailing},
 		{"HoldUpDying", caseHoldUpDying},
+		{"Breaker", caseBreaker},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
