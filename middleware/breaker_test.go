@@ -92,8 +92,10 @@ func newBreakerKit(t *testing.T, db *sqlx.DB, store framework.Store, uc framewor
 	uc.DB, uc.Store = db, store
 	uow, err := framework.NewUnitOfWork(uc)
 	require.NoError(t, err)
-	k := &breakerKit{clk: newFakeClock(), db: db, store: store, metrics: metrics, name: name,
-		entered: make(chan string, 10), results: make(chan error)}
+	k := &breakerKit{
+		clk: newFakeClock(), db: db, store: store, metrics: metrics, name: name,
+		entered: make(chan string, 10), results: make(chan error),
+	}
 	c, err := framework.NewConsumer(name, framework.Handle(noted, func(_ context.Context, ev framework.Event[noteV1]) error {
 		switch ev.Data.Text {
 		case "ok":
