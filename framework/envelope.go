@@ -41,6 +41,10 @@ const (
 // ErrNotFound is returned by stores for a missing record.
 var ErrNotFound = errors.New("not found")
 
+// ErrNotPending is returned by stores when a dead letter to resolve is no
+// longer pending: replayed or discarded already.
+var ErrNotPending = errors.New("not pending")
+
 // Key identifies an event, as CloudEvents says: source and id together.
 type Key struct {
 	Source string

@@ -89,19 +89,42 @@ type Store interface {
 	DeadLetter(ctx context.Context, id int64) (DeadLetter, error)
 	// DeadLetters lists dead letters that match f, oldest first.
 	DeadLetters(ctx context.Context, f DeadLetterFilter) ([]DeadLetter, error)
-	// ResolveDeadLetter moves a pending dead letter to status (replayed or
-	// discarded), recording who did it and why. It returns ErrNotFound when
-	// there is no pending dead letter with id.
-	ResolveDeadLetter(ctx context.Context, id int64, r Resolution) error
+	// ResolveDeadLetter moves a pending dead letter to r.Status (replayed
+	// or discarded) and appends r to its history, in one transaction; a
+	// replay also records, in that transaction, the dead letter's message
+	// as a Replay to its consumer alone, which the service's replay relay
+	// publishes (see ClaimReplays). So a replay is never half done, and a
+	// failure of the replayed message, which comes after the commit,
+	// always leaves the dead letter pending again. It returns the dead
+	// letter as it was before, ErrNotFound when there is no dead letter
+	// with id, and ErrNotPending (wrapped, naming the status) when it is
+	// not pending: of concurrent resolutions of one dead letter, one wins.
+	ResolveDeadLetter(ctx context.Context, id int64, r Resolution) (DeadLetter, error)
+	// DeadLetterHistory returns every failure and resolution of the dead
+	// letter id, oldest first. It is append-only: a repeat or a resolution
+	// never changes an earlier entry.
+	DeadLetterHistory(ctx context.Context, id int64) ([]HistoryEntry, error)
+
+	// AddReplays records messages to hand to one consumer alone, each a
+	// Replay of its own (the events parked behind a dead letter that an
+	// operator releases, say), in a transaction of its own.
+	AddReplays(ctx context.Context, rs []Replay) error
+	// ClaimReplays claims up to limit unsent replays, oldest first, for
+	// lease: another relay does not take them until the lease ends.
+	ClaimReplays(ctx context.Context, limit int, lease time.Duration) ([]Replay, error)
+	// ReplaySent records that the replay id was published.
+	ReplaySent(ctx context.Context, id int64) error
 
 	// PurgeProcessed deletes up to limit of the oldest marks processed
 	// before before, and returns how many it deleted. An event
 	// redelivered after its mark was purged is processed again: keep
 	// marks longer than any redelivery or replay can come late.
 	PurgeProcessed(ctx context.Context, before time.Time, limit int) (int64, error)
-	// Adopt gives consumer the processed marks and the subject checkpoints
-	// of the consumer named from, which it was renamed from, and returns
-	// how many marks it adopted. Running it again adopts only what is new.
+	// Adopt gives consumer the processed marks, the subject checkpoints,
+	// the dead letters (with their history, which records the adoption)
+	// and the delivery counts of the consumer named from, which it was
+	// renamed from, in one transaction, and returns how many marks it
+	// adopted. Running it again adopts only what is new.
 	Adopt(ctx context.Context, consumer, from string) (int64, error)
 }
 
@@ -138,8 +161,15 @@ type DeadLetter struct {
 	CorrelationID string
 	// Code says why the message was dead-lettered.
 	Code Code
+	// SubjectSeq is the event's subject sequence (subjectseq), 0 when it
+	// has none: a bulk replay sends the dead letters of a subject in its
+	// order.
+	SubjectSeq int64
 	// Attempts is the number of attempts of the last delivery.
 	Attempts int
+	// Deliveries is the message's delivery count when it was
+	// dead-lettered last, 0 when it was not counted.
+	Deliveries int
 	// Repeats counts how often the message came back after it was first
 	// dead-lettered.
 	Repeats int
@@ -153,8 +183,51 @@ type DeadLetter struct {
 	Metadata map[string]string
 	// Status is pending until an operator replays or discards it.
 	Status DeadLetterStatus
-	// Resolution says who resolved it, when and why; zero while pending.
+	// Resolution says who resolved it last, when and why; zero while
+	// pending. The dead letter's history keeps every resolution.
 	Resolution Resolution
+}
+
+// HistoryKind says what a HistoryEntry records.
+type HistoryKind string
+
+// The kinds of history entries: a failure that stored or repeated the
+// dead letter, an operator's resolution, a rename that adopted it.
+const (
+	HistoryFailed    HistoryKind = "failed"
+	HistoryReplayed  HistoryKind = "replayed"
+	HistoryDiscarded HistoryKind = "discarded"
+	HistoryAdopted   HistoryKind = "adopted"
+)
+
+// HistoryEntry is one event in a dead letter's life.
+type HistoryEntry struct {
+	At   time.Time
+	Kind HistoryKind
+	// Code, Attempts and Deliveries describe a failure.
+	Code       Code
+	Attempts   int
+	Deliveries int
+	// By and Reason describe a resolution; for an adoption, By is the
+	// consumer's old name.
+	By     string
+	Reason string
+}
+
+// Replay is a message to hand to one consumer alone, through the
+// transport's replay path: a replayed dead letter, or an event released
+// from parking.
+type Replay struct {
+	// ID is assigned by the store.
+	ID int64
+	// DeadLetterID is the replayed dead letter, 0 for a released event.
+	DeadLetterID int64
+	Consumer     string
+	Topic        string
+	Body         []byte
+	Metadata     map[string]string
+	// CreatedAt is when it was recorded, by the store's clock.
+	CreatedAt time.Time
 }
 
 // Key returns the key under which a dead letter is unique for its consumer.
@@ -206,6 +279,15 @@ type DeadLetterFilter struct {
 	Consumer string
 	Code     Code
 	Status   DeadLetterStatus
+	Type     string
+	Subject  string
+	// Source and EventID select the dead letters of one event.
+	Source  string
+	EventID string
+	// FailedSince and FailedBefore bound the time of the first failure:
+	// at or after FailedSince, before FailedBefore.
+	FailedSince  time.Time
+	FailedBefore time.Time
 	// AfterID lists dead letters with a greater ID, for paging.
 	AfterID int64
 	// Limit caps the number returned; zero means 100.
