@@ -283,7 +283,7 @@ func (op operator) replay(ctx context.Context, rp *replayer, id int64, r framewo
 	if err := rp.Replay(ctx, dl.Consumer, dl.ReplayMessage()); err != nil {
 		return dl, fmt.Errorf("replay dead letter %d: %w", id, err)
 	}
-	if err := op.deadLetters.ResolveDeadLetter(ctx, id, r); err != nil {
+	if _, err := op.deadLetters.ResolveDeadLetter(ctx, id, r); err != nil {
 		return dl, fmt.Errorf("mark dead letter %d replayed: %w", id, err)
 	}
 	return dl, nil
@@ -300,7 +300,7 @@ func (op operator) discard(ctx context.Context, out io.Writer, rp *replayer, id 
 		return fmt.Errorf("dead letter %d: %w", id, err)
 	}
 	if rp == nil || dl.Status != framework.DeadLetterDiscarded {
-		if err := op.deadLetters.ResolveDeadLetter(ctx, id, r); err != nil {
+		if _, err := op.deadLetters.ResolveDeadLetter(ctx, id, r); err != nil {
 			return fmt.Errorf("discard dead letter %d: %w", id, err)
 		}
 	}

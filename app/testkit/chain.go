@@ -235,7 +235,7 @@ func (c *Chain) Replay(ctx context.Context, t testing.TB, dl framework.DeadLette
 		t.Fatalf("testkit: dead letter %d belongs to consumer %s, not %s", dl.ID, dl.Consumer, c.Name())
 		return Result{}
 	}
-	err := c.kit.store.ResolveDeadLetter(ctx, dl.ID, framework.Resolution{
+	_, err := c.kit.store.ResolveDeadLetter(ctx, dl.ID, framework.Resolution{
 		Status: framework.DeadLetterReplayed,
 		By:     "testkit",
 		Reason: "replayed by " + t.Name(),
