@@ -306,10 +306,18 @@ func (s *Store) PurgeProcessed(ctx context.Context, before time.Time, limit int)
 }
 
 // Adopt gives consumer the committed marks, with their times, and the
-// committed subject checkpoints of the consumer named from, and returns
-// how many marks it adopted. Marks consumer has are kept; a checkpoint
-// keeps the higher sequence. Running it again adopts only what is new.
+// committed subject checkpoints of the consumer named from, and moves to
+// it the delivery counts, the dead letters and the unsent replays of
+// from, at once; it returns how many marks it adopted. Marks consumer has
+// are kept; a checkpoint keeps the higher sequence; counts of one event
+// add up. Each dead letter moved records the adoption in its history (By
+// is from); when consumer has a dead letter of the same event, that one
+// is kept and takes the other's history and repeats (see the SQL
+// stores). Running it again adopts only what is new.
 func (s *Store) Adopt(ctx context.Context, consumer, from string) (int64, error) {
+	if consumer == from {
+		return 0, fmt.Errorf("adopt %s: a consumer cannot adopt its own name", from)
+	}
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("adopt %s into %s: %w", from, consumer, err)
 	}
@@ -341,5 +349,6 @@ func (s *Store) Adopt(ctx context.Context, consumer, from string) (int64, error)
 		}
 		own.seq = max(own.seq, c.seq) // a holder's advance of own applies on top
 	}
+	s.adoptDeadLetters(consumer, from)
 	return n, nil
 }

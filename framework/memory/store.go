@@ -43,6 +43,10 @@ type Store struct {
 	checkpoints map[subjectKey]*checkpoint
 	waits       map[waitKey]time.Time
 	parked      map[waitKey]framework.ParkedEvent // held and parked events
+	history     map[int64][]historyEntry          // by dead letter
+	historySeq  int64
+	replays     map[int64]*storedReplay
+	lastReplay  int64
 }
 
 var _ framework.Store = (*Store)(nil)
@@ -100,6 +104,8 @@ func NewStore(cfg StoreConfig) (*Store, error) {
 		checkpoints: make(map[subjectKey]*checkpoint),
 		waits:       make(map[waitKey]time.Time),
 		parked:      make(map[waitKey]framework.ParkedEvent),
+		history:     make(map[int64][]historyEntry),
+		replays:     make(map[int64]*storedReplay),
 	}, nil
 }
 
@@ -182,8 +188,10 @@ func (s *Store) Forget(ctx context.Context, tx *framework.Tx, consumer string, k
 
 // PublishDeadLetter stores dl, or updates the dead letter of the same
 // consumer and key: a repeat counts in Repeats, takes the latest code,
-// attempts, message and LastFailedAt, keeps FirstFailedAt and is pending
-// again, even when it had been replayed or discarded. The store stamps
+// subject sequence, attempts, delivery count, message and LastFailedAt,
+// keeps FirstFailedAt and is pending again, even when it had been
+// replayed or discarded. Every failure appends a failed entry to the dead
+// letter's history; an earlier resolution stays there. The store stamps
 // the times with its clock. It also forgets the message's delivery count
 // for the consumer (see Count), in the same transaction, so that a replay
 // is counted afresh instead of hitting the delivery limit at once.
@@ -208,13 +216,15 @@ func (s *Store) PublishDeadLetter(ctx context.Context, dl framework.DeadLetter) 
 	if id, ok := s.byKey[k]; ok {
 		old := s.deadLetters[id]
 		dl.ID, dl.FirstFailedAt, dl.Repeats = id, old.FirstFailedAt, old.Repeats+1
-		s.deadLetters[id] = &dl
-		return nil
+	} else {
+		s.lastID++
+		dl.ID, dl.FirstFailedAt, dl.Repeats = s.lastID, at, 0
+		s.byKey[k] = dl.ID
 	}
-	s.lastID++
-	dl.ID, dl.FirstFailedAt, dl.Repeats = s.lastID, at, 0
 	s.deadLetters[dl.ID] = &dl
-	s.byKey[k] = dl.ID
+	s.appendHistory(dl.ID, framework.HistoryEntry{
+		At: at, Kind: framework.HistoryFailed, Code: dl.Code, Attempts: dl.Attempts, Deliveries: dl.Deliveries,
+	})
 	return nil
 }
 
@@ -244,10 +254,7 @@ func (s *Store) DeadLetters(ctx context.Context, f framework.DeadLetterFilter) (
 	var out []framework.DeadLetter
 	for _, id := range ids {
 		dl := s.deadLetters[id]
-		if id <= f.AfterID ||
-			(f.Consumer != "" && dl.Consumer != f.Consumer) ||
-			(f.Code != "" && dl.Code != f.Code) ||
-			(f.Status != "" && dl.Status != f.Status) {
+		if id <= f.AfterID || !matches(dl, f) {
 			continue
 		}
 		out = append(out, clone(dl))
@@ -259,27 +266,45 @@ func (s *Store) DeadLetters(ctx context.Context, f framework.DeadLetterFilter) (
 }
 
 // ResolveDeadLetter moves the pending dead letter id to r.Status
-// (replayed or discarded) with who, why and when (zero r.At means now).
-// It returns an error wrapping framework.ErrNotFound when no pending dead
-// letter has id.
-func (s *Store) ResolveDeadLetter(ctx context.Context, id int64, r framework.Resolution) error {
+// (replayed or discarded) with who, why and when (zero r.At means now),
+// appends r to its history and, for a replay, records its message as a
+// Replay to its consumer (see framework.DeadLetter.ReplayMessage), all at
+// once. It returns the dead letter as it was, an error wrapping
+// framework.ErrNotFound when there is no dead letter id, or one wrapping
+// framework.ErrNotPending and naming the status when it is not pending.
+func (s *Store) ResolveDeadLetter(ctx context.Context, id int64, r framework.Resolution) (framework.DeadLetter, error) {
 	if r.Status != framework.DeadLetterReplayed && r.Status != framework.DeadLetterDiscarded {
-		return fmt.Errorf("resolve dead letter %d: status %q, want %q or %q",
+		return framework.DeadLetter{}, fmt.Errorf("resolve dead letter %d: status %q, want %q or %q",
 			id, r.Status, framework.DeadLetterReplayed, framework.DeadLetterDiscarded)
 	}
+	if err := ctx.Err(); err != nil {
+		return framework.DeadLetter{}, fmt.Errorf("resolve dead letter %d: %w", id, err)
+	}
+	now := s.now().UTC()
 	if r.At.IsZero() {
-		r.At = s.now()
+		r.At = now
 	}
 	r.At = r.At.UTC()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	dl, ok := s.deadLetters[id]
-	if !ok || dl.Status != framework.DeadLetterPending {
-		return fmt.Errorf("resolve dead letter %d: no pending dead letter: %w", id, framework.ErrNotFound)
+	switch {
+	case !ok:
+		return framework.DeadLetter{}, fmt.Errorf("resolve dead letter %d: %w", id, framework.ErrNotFound)
+	case dl.Status != framework.DeadLetterPending:
+		return framework.DeadLetter{}, fmt.Errorf("resolve dead letter %d: %w: %s", id, framework.ErrNotPending, dl.Status)
 	}
+	before := clone(dl)
 	dl.Status = r.Status
 	dl.Resolution = r
-	return nil
+	s.appendHistory(id, framework.HistoryEntry{At: r.At, Kind: framework.HistoryKind(r.Status), By: r.By, Reason: r.Reason})
+	if r.Status == framework.DeadLetterReplayed {
+		msg := before.ReplayMessage()
+		s.addReplay(framework.Replay{
+			DeadLetterID: id, Consumer: dl.Consumer, Topic: dl.Topic, Body: msg.Payload, Metadata: msg.Metadata,
+		}, now)
+	}
+	return before, nil
 }
 
 func clone(dl *framework.DeadLetter) framework.DeadLetter {
@@ -287,4 +312,24 @@ func clone(dl *framework.DeadLetter) framework.DeadLetter {
 	c.Body = slices.Clone(dl.Body)
 	c.Metadata = maps.Clone(dl.Metadata)
 	return c
+}
+
+// matches reports whether dl matches the fields of f that are set, but
+// AfterID and Limit.
+func matches(dl *framework.DeadLetter, f framework.DeadLetterFilter) bool {
+	for _, c := range []struct{ want, got string }{
+		{f.Consumer, dl.Consumer},
+		{string(f.Code), string(dl.Code)},
+		{string(f.Status), string(dl.Status)},
+		{f.Type, dl.Type},
+		{f.Subject, dl.Subject},
+		{f.Source, dl.Source},
+		{f.EventID, dl.EventID},
+	} {
+		if c.want != "" && c.want != c.got {
+			return false
+		}
+	}
+	return (f.FailedSince.IsZero() || !dl.FirstFailedAt.Before(f.FailedSince)) &&
+		(f.FailedBefore.IsZero() || dl.FirstFailedAt.Before(f.FailedBefore))
 }

@@ -102,11 +102,36 @@ func (s *Store) DeadLetters(ctx context.Context, f framework.DeadLetterFilter) (
 	return s.sql.DeadLetters(ctx, f)
 }
 
-// ResolveDeadLetter marks the pending dead letter id replayed or discarded,
-// recording who did it and why, or returns framework.ErrNotFound
-// (framework.Store).
-func (s *Store) ResolveDeadLetter(ctx context.Context, id int64, r framework.Resolution) error {
+// ResolveDeadLetter moves the pending dead letter id to r.Status
+// (replayed or discarded) and appends r to its history, with, for a
+// replay, its message to the consumer alone, in one transaction; it
+// returns the dead letter as it was, framework.ErrNotFound, or
+// framework.ErrNotPending naming its status (framework.Store).
+func (s *Store) ResolveDeadLetter(ctx context.Context, id int64, r framework.Resolution) (framework.DeadLetter, error) {
 	return s.sql.ResolveDeadLetter(ctx, id, r)
+}
+
+// DeadLetterHistory returns every failure and resolution of the dead
+// letter id, oldest first, or framework.ErrNotFound (framework.Store).
+func (s *Store) DeadLetterHistory(ctx context.Context, id int64) ([]framework.HistoryEntry, error) {
+	return s.sql.DeadLetterHistory(ctx, id)
+}
+
+// AddReplays records messages to hand to one consumer alone, in a
+// transaction of its own (framework.Store).
+func (s *Store) AddReplays(ctx context.Context, rs []framework.Replay) error {
+	return s.sql.AddReplays(ctx, rs)
+}
+
+// ClaimReplays takes a lease on up to limit of the oldest unsent replays
+// and returns them (framework.Store).
+func (s *Store) ClaimReplays(ctx context.Context, limit int, lease time.Duration) ([]framework.Replay, error) {
+	return s.sql.ClaimReplays(ctx, limit, lease)
+}
+
+// ReplaySent records that the replay id was published (framework.Store).
+func (s *Store) ReplaySent(ctx context.Context, id int64) error {
+	return s.sql.ReplaySent(ctx, id)
 }
 
 // Advance moves the checkpoint of (consumer, subject) to seq inside tx when
@@ -159,8 +184,9 @@ func (s *Store) Skip(ctx context.Context, consumer, subject string, key framewor
 	return s.sql.Skip(ctx, consumer, subject, key)
 }
 
-// Adopt gives consumer the processed marks and subject checkpoints of the
-// consumer it was renamed from, and returns how many marks it adopted
+// Adopt gives consumer the processed marks, subject checkpoints,
+// delivery counts and dead letters of the consumer it was renamed from, in
+// one transaction, and returns how many marks it adopted
 // (framework.Store).
 func (s *Store) Adopt(ctx context.Context, consumer, from string) (int64, error) {
 	return s.sql.Adopt(ctx, consumer, from)

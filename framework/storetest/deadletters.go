@@ -30,6 +30,12 @@ func deadLetter(consumer, id string) framework.DeadLetter {
 	}
 }
 
+// resolve resolves the dead letter id as r says, and returns the error.
+func resolve(ctx context.Context, s framework.Store, id int64, r framework.Resolution) error {
+	_, err := s.ResolveDeadLetter(ctx, id, r)
+	return err
+}
+
 // requireTime checks that got is the instant want.
 func requireTime(t *testing.T, want, got time.Time, field string) {
 	t.Helper()
@@ -212,7 +218,7 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 		for i := 1; i < len(all); i++ {
 			require.Less(t, all[i-1].ID, all[i].ID, "oldest first")
 		}
-		require.NoError(t, b.store.ResolveDeadLetter(ctx, all[4].ID, framework.Resolution{Status: framework.DeadLetterDiscarded, By: "ops"}))
+		require.NoError(t, resolve(ctx, b.store, all[4].ID, framework.Resolution{Status: framework.DeadLetterDiscarded, By: "ops"}))
 
 		ids := func(f framework.DeadLetterFilter) []string {
 			dls, err := b.store.DeadLetters(ctx, f)
@@ -263,7 +269,7 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 
 		at := t0.Add(time.Minute)
 		replay := framework.Resolution{Status: framework.DeadLetterReplayed, By: "alice", Reason: "fixed the schema", At: at}
-		require.NoError(t, b.store.ResolveDeadLetter(ctx, dls[0].ID, replay))
+		require.NoError(t, resolve(ctx, b.store, dls[0].ID, replay))
 		got, err := b.store.DeadLetter(ctx, dls[0].ID)
 		require.NoError(t, err)
 		require.Equal(t, framework.DeadLetterReplayed, got.Status)
@@ -272,7 +278,7 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.Equal(t, replay, got.Resolution)
 
 		now := b.clock.Advance(time.Hour)
-		require.NoError(t, b.store.ResolveDeadLetter(ctx, dls[1].ID, framework.Resolution{
+		require.NoError(t, resolve(ctx, b.store, dls[1].ID, framework.Resolution{
 			Status: framework.DeadLetterDiscarded, By: "bob", Reason: "test data",
 		}))
 		got, err = b.store.DeadLetter(ctx, dls[1].ID)
@@ -282,16 +288,18 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.Equal(t, "test data", got.Resolution.Reason)
 		requireTime(t, now, got.Resolution.At, "Resolution.At defaults to now")
 
-		err = b.store.ResolveDeadLetter(ctx, dls[0].ID, framework.Resolution{Status: framework.DeadLetterDiscarded, By: "carol"})
-		require.ErrorIs(t, err, framework.ErrNotFound, "already resolved")
-		err = b.store.ResolveDeadLetter(ctx, dls[1].ID+1000, replay)
+		err = resolve(ctx, b.store, dls[0].ID, framework.Resolution{Status: framework.DeadLetterDiscarded, By: "carol"})
+		require.ErrorIs(t, err, framework.ErrNotPending, "already resolved")
+		require.NotErrorIs(t, err, framework.ErrNotFound)
+		require.ErrorContains(t, err, string(framework.DeadLetterReplayed), "the error names the status")
+		err = resolve(ctx, b.store, dls[1].ID+1000, replay)
 		require.ErrorIs(t, err, framework.ErrNotFound, "missing")
 		_, err = b.store.DeadLetter(ctx, dls[1].ID+1000)
 		require.ErrorIs(t, err, framework.ErrNotFound)
 
 		require.NoError(t, b.store.PublishDeadLetter(ctx, deadLetter(consumer, "e-3")))
 		pending := only(t, b.store, framework.DeadLetterFilter{Status: framework.DeadLetterPending})
-		err = b.store.ResolveDeadLetter(ctx, pending.ID, framework.Resolution{Status: framework.DeadLetterPending, By: "dave"})
+		err = resolve(ctx, b.store, pending.ID, framework.Resolution{Status: framework.DeadLetterPending, By: "dave"})
 		require.Error(t, err)
 		require.NotErrorIs(t, err, framework.ErrNotFound)
 	})
@@ -306,7 +314,7 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 		ctx := context.Background()
 		require.NoError(t, b.store.PublishDeadLetter(ctx, deadLetter(consumer, "e-1")))
 		dl := only(t, b.store, framework.DeadLetterFilter{})
-		require.NoError(t, b.store.ResolveDeadLetter(ctx, dl.ID, framework.Resolution{
+		require.NoError(t, resolve(ctx, b.store, dl.ID, framework.Resolution{
 			Status: framework.DeadLetterReplayed, By: "alice", Reason: "retry",
 		}))
 
@@ -319,7 +327,7 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.Zero(t, got.Resolution)
 		requireTime(t, t0, got.FirstFailedAt, "FirstFailedAt")
 		requireTime(t, later, got.LastFailedAt, "LastFailedAt")
-		require.NoError(t, b.store.ResolveDeadLetter(ctx, dl.ID, framework.Resolution{
+		require.NoError(t, resolve(ctx, b.store, dl.ID, framework.Resolution{
 			Status: framework.DeadLetterDiscarded, By: "alice",
 		}))
 	})

@@ -4,12 +4,18 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/jmoiron/sqlx"
+
 	"github.com/effectively-once/effectively/framework"
 )
 
-// The SQL of a consumer's rename: the new name adopts the processed marks
-// and the subject checkpoints of the old one. Marks the new name has are
-// kept; a checkpoint keeps the higher sequence.
+// The SQL of a consumer's rename: the new name adopts the processed marks,
+// the subject checkpoints, the delivery counts, the dead letters and the
+// unsent replays of the old one. Marks the new name has are kept; a
+// checkpoint keeps the higher sequence; a delivery count of an event that
+// both names counted adds the two. Marks and checkpoints are copied (the
+// old name keeps its own); counts, dead letters and replays move, so that
+// running it again finds nothing to move twice.
 const (
 	qAdoptProcessed = `INSERT INTO {p}processed_events (consumer, source, event_id, processed_at)
 SELECT ?, source, event_id, processed_at FROM {p}processed_events WHERE consumer = ?
@@ -19,12 +25,48 @@ ON CONFLICT (consumer, source, event_id) DO NOTHING`
 SELECT ?, subject, seq FROM {p}subject_checkpoints WHERE consumer = ?
 ON CONFLICT (consumer, subject) DO UPDATE SET seq = excluded.seq
 WHERE {p}subject_checkpoints.seq < excluded.seq`
+
+	qAdoptDeliveries = `INSERT INTO {p}deliveries (consumer, source, event_id, count, first_at)
+SELECT ?, source, event_id, count, first_at FROM {p}deliveries WHERE consumer = ?
+ON CONFLICT (consumer, source, event_id) DO UPDATE SET
+    count = {p}deliveries.count + excluded.count,
+    first_at = CASE WHEN excluded.first_at < {p}deliveries.first_at
+        THEN excluded.first_at ELSE {p}deliveries.first_at END`
+	qDropDeliveries = `DELETE FROM {p}deliveries WHERE consumer = ?`
+
+	// The old name's dead letters of events that the new name has a dead
+	// letter of too: the new name's is kept (see mergeDeadLetter).
+	qDeadLetterConflicts = `SELECT o.id, n.id, o.repeats, o.first_failed_at
+FROM {p}dead_letters o JOIN {p}dead_letters n
+    ON n.consumer = ? AND n.source = o.source AND n.event_id = o.event_id
+WHERE o.consumer = ? ORDER BY o.id`
+	qMoveHistory      = `UPDATE {p}dead_letter_history SET dead_letter_id = ? WHERE dead_letter_id = ?`
+	qMoveReplaysOfDL  = `UPDATE {p}replays SET dead_letter_id = ? WHERE dead_letter_id = ?`
+	qMergeDeadLetters = `UPDATE {p}dead_letters SET repeats = repeats + ?,
+    first_failed_at = CASE WHEN first_failed_at > ? THEN ? ELSE first_failed_at END
+WHERE id = ?`
+	qDropDeadLetter = `DELETE FROM {p}dead_letters WHERE id = ?`
+
+	qAdoptedHistory = `INSERT INTO {p}dead_letter_history (dead_letter_id, at, kind, actor)
+SELECT id, ?, 'adopted', ? FROM {p}dead_letters WHERE consumer = ?`
+	qAdoptDeadLetters = `UPDATE {p}dead_letters SET consumer = ? WHERE consumer = ?`
+	qAdoptReplays     = `UPDATE {p}replays SET consumer = ? WHERE consumer = ? AND sent_at IS NULL`
 )
 
 var _ framework.Store = (*Store)(nil)
 
-// Adopt implements framework.Store, in one transaction.
+// Adopt implements framework.Store, in one transaction. The dead letters
+// of the old name move to the new one, each with an adopted entry in its
+// history (By is the old name). When both names have a dead letter of the
+// same event, the new name's is kept: the old one's history joins it
+// (before the adoption's entry, whose reason names the merged dead
+// letter), its failures add to the repeats, the earlier first failure
+// stays, and the old row is removed. The old name's unsent replays go to
+// the new name.
 func (s *Store) Adopt(ctx context.Context, consumer, from string) (int64, error) {
+	if consumer == from {
+		return 0, fmt.Errorf("adopt the marks of %s: a consumer cannot adopt its own name", from)
+	}
 	tx, err := s.db.BeginTxx(ctx, nil)
 	if err != nil {
 		return 0, fmt.Errorf("adopt the marks of %s for %s: begin: %w", from, consumer, err)
@@ -41,8 +83,103 @@ func (s *Store) Adopt(ctx context.Context, consumer, from string) (int64, error)
 	if _, err := tx.ExecContext(ctx, s.q.sql(qAdoptCheckpoints), consumer, from); err != nil {
 		return 0, fmt.Errorf("adopt the checkpoints of %s for %s: %w", from, consumer, err)
 	}
+	for _, q := range []struct {
+		sql  string
+		args []any
+	}{
+		{qAdoptDeliveries, []any{consumer, from}},
+		{qDropDeliveries, []any{from}},
+	} {
+		if _, err := tx.ExecContext(ctx, s.q.sql(q.sql), q.args...); err != nil {
+			return 0, fmt.Errorf("adopt the delivery counts of %s for %s: %w", from, consumer, err)
+		}
+	}
+	if err := s.adoptDeadLetters(ctx, tx, consumer, from); err != nil {
+		return 0, fmt.Errorf("adopt the dead letters of %s for %s: %w", from, consumer, err)
+	}
 	if err := tx.Commit(); err != nil {
 		return 0, fmt.Errorf("adopt the marks of %s for %s: commit: %w", from, consumer, err)
 	}
 	return n, nil
+}
+
+// conflict is a dead letter of the old name (old) of an event that the new
+// name has a dead letter of (kept).
+type conflict struct {
+	old, kept    int64
+	repeats      int
+	firstFailure timeValue
+}
+
+// adoptDeadLetters moves the dead letters and unsent replays of from to
+// consumer inside tx.
+func (s *Store) adoptDeadLetters(ctx context.Context, tx *sqlx.Tx, consumer, from string) error {
+	conflicts, err := s.deadLetterConflicts(ctx, tx, consumer, from)
+	if err != nil {
+		return err
+	}
+	at := s.dialect.timeArg(s.now())
+	for _, c := range conflicts {
+		if err := s.mergeDeadLetter(ctx, tx, c, at, from); err != nil {
+			return err
+		}
+	}
+	for _, q := range []struct {
+		sql  string
+		args []any
+	}{
+		{qAdoptedHistory, []any{at, from, from}},
+		{qAdoptDeadLetters, []any{consumer, from}},
+		{qAdoptReplays, []any{consumer, from}},
+	} {
+		if _, err := tx.ExecContext(ctx, s.q.sql(q.sql), q.args...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *Store) deadLetterConflicts(ctx context.Context, tx *sqlx.Tx, consumer, from string) (_ []conflict, err error) {
+	rows, err := tx.QueryContext(ctx, s.q.sql(qDeadLetterConflicts), consumer, from)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if cerr := rows.Close(); err == nil && cerr != nil {
+			err = cerr
+		}
+	}()
+	var out []conflict
+	for rows.Next() {
+		var c conflict
+		if err := rows.Scan(&c.old, &c.kept, &c.repeats, &c.firstFailure); err != nil {
+			return nil, fmt.Errorf("scan: %w", err)
+		}
+		out = append(out, c)
+	}
+	return out, rows.Err()
+}
+
+// mergeDeadLetter folds the old name's dead letter c.old into c.kept:
+// its history and replays, its failures (c.repeats+1 more repeats) and
+// its first failure when earlier; then it records the adoption in the
+// kept one's history and removes c.old.
+func (s *Store) mergeDeadLetter(ctx context.Context, tx *sqlx.Tx, c conflict, at any, from string) error {
+	first := s.dialect.timeArg(c.firstFailure.t)
+	reason := fmt.Sprintf("merged dead letter %d of %s: this dead letter of the same event is kept", c.old, from)
+	for _, q := range []struct {
+		sql  string
+		args []any
+	}{
+		{qMoveHistory, []any{c.kept, c.old}},
+		{qMoveReplaysOfDL, []any{c.kept, c.old}},
+		{qMergeDeadLetters, []any{c.repeats + 1, first, first, c.kept}},
+		{qAddHistory, []any{c.kept, at, string(framework.HistoryAdopted), "", 0, 0, from, reason}},
+		{qDropDeadLetter, []any{c.old}},
+	} {
+		if _, err := tx.ExecContext(ctx, s.q.sql(q.sql), q.args...); err != nil {
+			return fmt.Errorf("merge dead letter %d into %d: %w", c.old, c.kept, err)
+		}
+	}
+	return nil
 }

@@ -3,7 +3,6 @@ package sqlstore
 import (
 	"cmp"
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -35,6 +34,7 @@ type Store struct {
 
 	mark, forgetDelivery                             string
 	publishDeadLetter, deadLetter, resolveDeadLetter string
+	claimReplays                                     string
 
 	counts counts // the counts waiting for a statement
 }
@@ -70,6 +70,7 @@ func New(db *sqlx.DB, d Dialect, prefix string, now func() time.Time) (*Store, e
 		publishDeadLetter: q.sql(qPublishDeadLetter),
 		deadLetter:        q.sql(qDeadLetter),
 		resolveDeadLetter: q.sql(qResolveDeadLetter),
+		claimReplays:      claimReplaysSQL(q, d),
 	}, nil
 }
 
@@ -110,168 +111,6 @@ func (s *Store) Forget(ctx context.Context, tx *framework.Tx, consumer string, k
 		return fmt.Errorf("forget delivery count of %s for %s: %w", key, consumer, err)
 	}
 	return nil
-}
-
-// PublishDeadLetter implements framework.Store. The store
-// stamps the failure time with its clock; dl's ID, Repeats,
-// FirstFailedAt, LastFailedAt, Status and Resolution are ignored. A repeat
-// of (Consumer, Source, EventID) updates the row: the latest Topic, Type,
-// Version, Subject, CorrelationID, Code, Attempts, Body and Metadata,
-// LastFailedAt, one more Repeat, and status pending again, with an earlier
-// resolution cleared; FirstFailedAt stays. The metadata is kept as
-// framework.StorableMetadata; a dead letter that fails dl.Validate is
-// refused, on either dialect. In the same transaction it
-// forgets the message's delivery count for the consumer, so that a replay
-// is counted afresh instead of hitting the delivery limit at once.
-func (s *Store) PublishDeadLetter(ctx context.Context, dl framework.DeadLetter) error {
-	if err := dl.Validate(); err != nil {
-		return err
-	}
-	meta, err := encodeMetadata(dl.Metadata)
-	if err != nil {
-		return fmt.Errorf("publish dead letter %s for %s: %w", dl.Key(), dl.Consumer, err)
-	}
-	body := dl.Body
-	if body == nil {
-		body = []byte{}
-	}
-	at := s.dialect.timeArg(s.now())
-	tx, err := s.db.BeginTxx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("publish dead letter %s for %s: begin: %w", dl.Key(), dl.Consumer, err)
-	}
-	defer tx.Rollback() // a no-op after Commit
-	if _, err := tx.ExecContext(ctx, s.publishDeadLetter,
-		dl.Consumer, dl.Topic, dl.Source, dl.EventID, dl.Type, dl.Version, dl.Subject, dl.CorrelationID,
-		string(dl.Code), dl.Attempts, at, at, body, meta); err != nil {
-		return fmt.Errorf("publish dead letter %s for %s: %w", dl.Key(), dl.Consumer, err)
-	}
-	if _, err := tx.ExecContext(ctx, s.forgetDelivery, dl.Consumer, dl.Source, dl.EventID); err != nil {
-		return fmt.Errorf("publish dead letter %s for %s: forget delivery count: %w", dl.Key(), dl.Consumer, err)
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("publish dead letter %s for %s: commit: %w", dl.Key(), dl.Consumer, err)
-	}
-	return nil
-}
-
-// DeadLetter implements framework.Store.
-func (s *Store) DeadLetter(ctx context.Context, id int64) (framework.DeadLetter, error) {
-	rows, err := s.db.QueryxContext(ctx, s.deadLetter, id)
-	if err != nil {
-		return framework.DeadLetter{}, fmt.Errorf("get dead letter %d: %w", id, err)
-	}
-	dls, err := scanDeadLetters(rows)
-	if err != nil {
-		return framework.DeadLetter{}, fmt.Errorf("get dead letter %d: %w", id, err)
-	}
-	if len(dls) == 0 {
-		return framework.DeadLetter{}, fmt.Errorf("get dead letter %d: %w", id, framework.ErrNotFound)
-	}
-	return dls[0], nil
-}
-
-// DeadLetters implements framework.Store.
-func (s *Store) DeadLetters(ctx context.Context, f framework.DeadLetterFilter) ([]framework.DeadLetter, error) {
-	if f.Limit < 0 {
-		return nil, fmt.Errorf("list dead letters: negative limit %d", f.Limit)
-	}
-	if f.Limit == 0 {
-		f.Limit = DefaultDeadLetterLimit
-	}
-	query := qDeadLetters
-	args := []any{f.AfterID}
-	if f.Consumer != "" {
-		query += qDeadLettersConsumer
-		args = append(args, f.Consumer)
-	}
-	if f.Code != "" {
-		query += qDeadLettersCode
-		args = append(args, string(f.Code))
-	}
-	if f.Status != "" {
-		query += qDeadLettersStatus
-		args = append(args, string(f.Status))
-	}
-	query += qDeadLettersOrder
-	args = append(args, f.Limit)
-	rows, err := s.db.QueryxContext(ctx, s.q.sql(query), args...)
-	if err != nil {
-		return nil, fmt.Errorf("list dead letters: %w", err)
-	}
-	dls, err := scanDeadLetters(rows)
-	if err != nil {
-		return nil, fmt.Errorf("list dead letters: %w", err)
-	}
-	return dls, nil
-}
-
-// ResolveDeadLetter implements framework.Store. A zero r.At
-// means now, by the store's clock.
-func (s *Store) ResolveDeadLetter(ctx context.Context, id int64, r framework.Resolution) error {
-	if r.Status != framework.DeadLetterReplayed && r.Status != framework.DeadLetterDiscarded {
-		return fmt.Errorf("resolve dead letter %d: status %q, want %q or %q",
-			id, r.Status, framework.DeadLetterReplayed, framework.DeadLetterDiscarded)
-	}
-	at := r.At
-	if at.IsZero() {
-		at = s.now()
-	}
-	res, err := s.db.ExecContext(ctx, s.resolveDeadLetter,
-		string(r.Status), r.By, s.dialect.timeArg(at), r.Reason, id)
-	if err != nil {
-		return fmt.Errorf("resolve dead letter %d: %w", id, err)
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return fmt.Errorf("resolve dead letter %d: rows affected: %w", id, err)
-	}
-	if n == 0 {
-		return fmt.Errorf("resolve dead letter %d: no pending dead letter: %w", id, framework.ErrNotFound)
-	}
-	return nil
-}
-
-func scanDeadLetters(rows *sqlx.Rows) (_ []framework.DeadLetter, err error) {
-	defer func() {
-		if cerr := rows.Close(); err == nil && cerr != nil {
-			err = cerr
-		}
-	}()
-	var out []framework.DeadLetter
-	for rows.Next() {
-		var (
-			dl                      framework.DeadLetter
-			code, status            string
-			first, last, resolvedAt timeValue
-			meta                    []byte
-			resolvedBy, resolveWhy  sql.NullString
-		)
-		if err := rows.Scan(&dl.ID, &dl.Consumer, &dl.Topic, &dl.Source, &dl.EventID, &dl.Type,
-			&dl.Version, &dl.Subject, &dl.CorrelationID, &code, &dl.Attempts, &dl.Repeats,
-			&first, &last, &dl.Body, &meta, &status, &resolvedBy, &resolvedAt, &resolveWhy); err != nil {
-			return nil, fmt.Errorf("scan dead letter: %w", err)
-		}
-		dl.Code = framework.Code(code)
-		dl.Status = framework.DeadLetterStatus(status)
-		dl.FirstFailedAt, dl.LastFailedAt = first.t, last.t
-		if dl.Metadata, err = decodeMetadata(meta); err != nil {
-			return nil, fmt.Errorf("dead letter %d: %w", dl.ID, err)
-		}
-		if dl.Status != framework.DeadLetterPending {
-			dl.Resolution = framework.Resolution{
-				Status: dl.Status,
-				By:     resolvedBy.String,
-				Reason: resolveWhy.String,
-				At:     resolvedAt.t,
-			}
-		}
-		out = append(out, dl)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return out, nil
 }
 
 // encodeMetadata returns framework.StorableMetadata(m) as JSON text (no

@@ -1,0 +1,340 @@
+package sqlstore
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/effectively-once/effectively/framework"
+)
+
+// The dead letters' SQL.
+const (
+	// A repeat of a dead letter updates its row: the latest failure's
+	// code, attempts, delivery count, time and message, one more repeat,
+	// and pending again so that an operator sees it. The last resolution's
+	// columns stay as they were (the history keeps every resolution); the
+	// store reads them only while the dead letter is resolved.
+	qPublishDeadLetter = `INSERT INTO {p}dead_letters (
+    consumer, topic, source, event_id, type, version, subject, correlation_id,
+    code, subject_seq, attempts, deliveries, repeats, first_failed_at, last_failed_at, body, metadata, status)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, ?, ?, ?, ?, 'pending')
+ON CONFLICT (consumer, source, event_id) DO UPDATE SET
+    topic = excluded.topic,
+    type = excluded.type,
+    version = excluded.version,
+    subject = excluded.subject,
+    correlation_id = excluded.correlation_id,
+    code = excluded.code,
+    subject_seq = excluded.subject_seq,
+    attempts = excluded.attempts,
+    deliveries = excluded.deliveries,
+    repeats = {p}dead_letters.repeats + 1,
+    last_failed_at = excluded.last_failed_at,
+    body = excluded.body,
+    metadata = excluded.metadata,
+    status = 'pending'
+RETURNING id`
+
+	deadLetterColumns = `id, consumer, topic, source, event_id, type, version, subject, correlation_id,
+    code, subject_seq, attempts, deliveries, repeats, first_failed_at, last_failed_at, body, metadata, status,
+    resolved_by, resolved_at, resolve_reason`
+
+	qDeadLetter = `SELECT ` + deadLetterColumns + ` FROM {p}dead_letters WHERE id = ?`
+
+	// qDeadLetters takes the filter's conditions (those set) and ends with
+	// qDeadLettersOrder.
+	qDeadLetters      = `SELECT ` + deadLetterColumns + ` FROM {p}dead_letters WHERE id > ?`
+	qDeadLettersOrder = ` ORDER BY id LIMIT ?`
+
+	qDeadLetterStatus = `SELECT status FROM {p}dead_letters WHERE id = ?`
+
+	// qResolveDeadLetter resolves a dead letter only while it is pending:
+	// of two transactions that resolve it at once, the second waits for
+	// the first (PostgreSQL's row lock; SQLite's write lock since BEGIN
+	// IMMEDIATE) and then finds it resolved.
+	qResolveDeadLetter = `UPDATE {p}dead_letters
+SET status = ?, resolved_by = ?, resolved_at = ?, resolve_reason = ?
+WHERE id = ? AND status = 'pending'
+RETURNING ` + deadLetterColumns
+
+	qAddHistory = `INSERT INTO {p}dead_letter_history (
+    dead_letter_id, at, kind, code, attempts, deliveries, actor, reason)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?)`
+
+	// The history in the order it was written: a resolution's time is the
+	// operator's to give, so it does not order the entries.
+	qDeadLetterHistory = `SELECT at, kind, code, attempts, deliveries, actor, reason
+FROM {p}dead_letter_history WHERE dead_letter_id = ? ORDER BY id`
+)
+
+// deadLetterFilter returns the conditions of f that are set, to append to
+// qDeadLetters, and their arguments.
+func (s *Store) deadLetterFilter(f framework.DeadLetterFilter) (string, []any) {
+	var (
+		cond string
+		args []any
+	)
+	for _, c := range []struct {
+		set  bool
+		sql  string
+		args any
+	}{
+		{f.Consumer != "", ` AND consumer = ?`, f.Consumer},
+		{f.Code != "", ` AND code = ?`, string(f.Code)},
+		{f.Status != "", ` AND status = ?`, string(f.Status)},
+		{f.Type != "", ` AND type = ?`, f.Type},
+		{f.Subject != "", ` AND subject = ?`, f.Subject},
+		{f.Source != "", ` AND source = ?`, f.Source},
+		{f.EventID != "", ` AND event_id = ?`, f.EventID},
+		{!f.FailedSince.IsZero(), ` AND first_failed_at >= ?`, s.dialect.timeArg(f.FailedSince)},
+		{!f.FailedBefore.IsZero(), ` AND first_failed_at < ?`, s.dialect.timeArg(f.FailedBefore)},
+	} {
+		if c.set {
+			cond += c.sql
+			args = append(args, c.args)
+		}
+	}
+	return cond, args
+}
+
+// PublishDeadLetter implements framework.Store. The store stamps the
+// failure time with its clock; dl's ID, Repeats, FirstFailedAt,
+// LastFailedAt, Status and Resolution are ignored. A repeat of (Consumer,
+// Source, EventID) updates the row: the latest Topic, Type, Version,
+// Subject, CorrelationID, Code, SubjectSeq, Attempts, Deliveries, Body and
+// Metadata, LastFailedAt, one more Repeat, and status pending again;
+// FirstFailedAt stays. Every failure, first or repeat, appends a failed
+// entry to the dead letter's history (code, attempts, deliveries); an
+// earlier resolution stays in the history. The metadata is kept as
+// framework.StorableMetadata; a dead letter that fails dl.Validate is
+// refused, on either dialect. In the same transaction it forgets the
+// message's delivery count for the consumer, so that a replay is counted
+// afresh instead of hitting the delivery limit at once.
+func (s *Store) PublishDeadLetter(ctx context.Context, dl framework.DeadLetter) error {
+	if err := dl.Validate(); err != nil {
+		return err
+	}
+	meta, err := encodeMetadata(dl.Metadata)
+	if err != nil {
+		return fmt.Errorf("publish dead letter %s for %s: %w", dl.Key(), dl.Consumer, err)
+	}
+	body := dl.Body
+	if body == nil {
+		body = []byte{}
+	}
+	at := s.dialect.timeArg(s.now())
+	tx, err := s.db.BeginTxx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("publish dead letter %s for %s: begin: %w", dl.Key(), dl.Consumer, err)
+	}
+	defer tx.Rollback() // a no-op after Commit
+	var id int64
+	if err := tx.QueryRowxContext(ctx, s.publishDeadLetter,
+		dl.Consumer, dl.Topic, dl.Source, dl.EventID, dl.Type, dl.Version, dl.Subject, dl.CorrelationID,
+		string(dl.Code), dl.SubjectSeq, dl.Attempts, dl.Deliveries, at, at, body, meta).Scan(&id); err != nil {
+		return fmt.Errorf("publish dead letter %s for %s: %w", dl.Key(), dl.Consumer, err)
+	}
+	if _, err := tx.ExecContext(ctx, s.q.sql(qAddHistory),
+		id, at, string(framework.HistoryFailed), string(dl.Code), dl.Attempts, dl.Deliveries, "", ""); err != nil {
+		return fmt.Errorf("publish dead letter %s for %s: history: %w", dl.Key(), dl.Consumer, err)
+	}
+	if _, err := tx.ExecContext(ctx, s.forgetDelivery, dl.Consumer, dl.Source, dl.EventID); err != nil {
+		return fmt.Errorf("publish dead letter %s for %s: forget delivery count: %w", dl.Key(), dl.Consumer, err)
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("publish dead letter %s for %s: commit: %w", dl.Key(), dl.Consumer, err)
+	}
+	return nil
+}
+
+// DeadLetter implements framework.Store.
+func (s *Store) DeadLetter(ctx context.Context, id int64) (framework.DeadLetter, error) {
+	rows, err := s.db.QueryxContext(ctx, s.deadLetter, id)
+	if err != nil {
+		return framework.DeadLetter{}, fmt.Errorf("get dead letter %d: %w", id, err)
+	}
+	dls, err := scanDeadLetters(rows)
+	if err != nil {
+		return framework.DeadLetter{}, fmt.Errorf("get dead letter %d: %w", id, err)
+	}
+	if len(dls) == 0 {
+		return framework.DeadLetter{}, fmt.Errorf("get dead letter %d: %w", id, framework.ErrNotFound)
+	}
+	return dls[0], nil
+}
+
+// DeadLetters implements framework.Store.
+func (s *Store) DeadLetters(ctx context.Context, f framework.DeadLetterFilter) ([]framework.DeadLetter, error) {
+	if f.Limit < 0 {
+		return nil, fmt.Errorf("list dead letters: negative limit %d", f.Limit)
+	}
+	if f.Limit == 0 {
+		f.Limit = DefaultDeadLetterLimit
+	}
+	cond, condArgs := s.deadLetterFilter(f)
+	args := append([]any{f.AfterID}, condArgs...)
+	args = append(args, f.Limit)
+	rows, err := s.db.QueryxContext(ctx, s.q.sql(qDeadLetters+cond+qDeadLettersOrder), args...)
+	if err != nil {
+		return nil, fmt.Errorf("list dead letters: %w", err)
+	}
+	dls, err := scanDeadLetters(rows)
+	if err != nil {
+		return nil, fmt.Errorf("list dead letters: %w", err)
+	}
+	return dls, nil
+}
+
+// ResolveDeadLetter implements framework.Store, in one transaction: the
+// conditional update of the pending dead letter, its history entry and,
+// for a replay, the replays row of its message (see
+// framework.DeadLetter.ReplayMessage). A zero r.At means now, by the
+// store's clock.
+func (s *Store) ResolveDeadLetter(ctx context.Context, id int64, r framework.Resolution) (framework.DeadLetter, error) {
+	if r.Status != framework.DeadLetterReplayed && r.Status != framework.DeadLetterDiscarded {
+		return framework.DeadLetter{}, fmt.Errorf("resolve dead letter %d: status %q, want %q or %q",
+			id, r.Status, framework.DeadLetterReplayed, framework.DeadLetterDiscarded)
+	}
+	now := s.now()
+	if r.At.IsZero() {
+		r.At = now
+	}
+	tx, err := s.db.BeginTxx(ctx, nil)
+	if err != nil {
+		return framework.DeadLetter{}, fmt.Errorf("resolve dead letter %d: begin: %w", id, err)
+	}
+	defer tx.Rollback() // a no-op after Commit
+	dl, err := s.resolve(ctx, tx, id, r)
+	if err != nil {
+		return framework.DeadLetter{}, fmt.Errorf("resolve dead letter %d: %w", id, err)
+	}
+	if _, err := tx.ExecContext(ctx, s.q.sql(qAddHistory),
+		id, s.dialect.timeArg(r.At), string(r.Status), "", 0, 0, r.By, r.Reason); err != nil {
+		return framework.DeadLetter{}, fmt.Errorf("resolve dead letter %d: history: %w", id, err)
+	}
+	if r.Status == framework.DeadLetterReplayed {
+		msg := dl.ReplayMessage()
+		rp := framework.Replay{
+			DeadLetterID: dl.ID, Consumer: dl.Consumer, Topic: dl.Topic,
+			Body: msg.Payload, Metadata: msg.Metadata,
+		}
+		if err := s.addReplays(ctx, tx, []framework.Replay{rp}, now); err != nil {
+			return framework.DeadLetter{}, fmt.Errorf("resolve dead letter %d: %w", id, err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return framework.DeadLetter{}, fmt.Errorf("resolve dead letter %d: commit: %w", id, err)
+	}
+	return dl, nil
+}
+
+// resolve moves the pending dead letter id to r inside tx and returns it
+// as it was before: framework.ErrNotFound when there is none,
+// framework.ErrNotPending naming the status when it is not pending.
+func (s *Store) resolve(ctx context.Context, tx *sqlx.Tx, id int64, r framework.Resolution) (framework.DeadLetter, error) {
+	rows, err := tx.QueryxContext(ctx, s.resolveDeadLetter,
+		string(r.Status), r.By, s.dialect.timeArg(r.At), r.Reason, id)
+	if err != nil {
+		return framework.DeadLetter{}, err
+	}
+	dls, err := scanDeadLetters(rows)
+	if err != nil {
+		return framework.DeadLetter{}, err
+	}
+	if len(dls) == 1 {
+		dl := dls[0]
+		dl.Status, dl.Resolution = framework.DeadLetterPending, framework.Resolution{}
+		return dl, nil
+	}
+	var status string
+	err = tx.QueryRowxContext(ctx, s.q.sql(qDeadLetterStatus), id).Scan(&status)
+	if errors.Is(err, sql.ErrNoRows) {
+		return framework.DeadLetter{}, framework.ErrNotFound
+	}
+	if err != nil {
+		return framework.DeadLetter{}, err
+	}
+	return framework.DeadLetter{}, fmt.Errorf("%w: %s", framework.ErrNotPending, status)
+}
+
+// DeadLetterHistory implements framework.Store: the entries in the order
+// they were written. It returns framework.ErrNotFound when there is no
+// dead letter id (every dead letter has its first failure).
+func (s *Store) DeadLetterHistory(ctx context.Context, id int64) (_ []framework.HistoryEntry, err error) {
+	rows, err := s.db.QueryxContext(ctx, s.q.sql(qDeadLetterHistory), id)
+	if err != nil {
+		return nil, fmt.Errorf("history of dead letter %d: %w", id, err)
+	}
+	defer func() {
+		if cerr := rows.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("history of dead letter %d: %w", id, cerr)
+		}
+	}()
+	var out []framework.HistoryEntry
+	for rows.Next() {
+		var (
+			h          framework.HistoryEntry
+			at         timeValue
+			kind, code string
+		)
+		if err := rows.Scan(&at, &kind, &code, &h.Attempts, &h.Deliveries, &h.By, &h.Reason); err != nil {
+			return nil, fmt.Errorf("history of dead letter %d: scan: %w", id, err)
+		}
+		h.At, h.Kind, h.Code = at.t, framework.HistoryKind(kind), framework.Code(code)
+		out = append(out, h)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("history of dead letter %d: %w", id, err)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("history of dead letter %d: %w", id, framework.ErrNotFound)
+	}
+	return out, nil
+}
+
+func scanDeadLetters(rows *sqlx.Rows) (_ []framework.DeadLetter, err error) {
+	defer func() {
+		if cerr := rows.Close(); err == nil && cerr != nil {
+			err = cerr
+		}
+	}()
+	var out []framework.DeadLetter
+	for rows.Next() {
+		var (
+			dl                      framework.DeadLetter
+			code, status            string
+			first, last, resolvedAt timeValue
+			meta                    []byte
+			resolvedBy, resolveWhy  sql.NullString
+		)
+		if err := rows.Scan(&dl.ID, &dl.Consumer, &dl.Topic, &dl.Source, &dl.EventID, &dl.Type,
+			&dl.Version, &dl.Subject, &dl.CorrelationID, &code, &dl.SubjectSeq, &dl.Attempts,
+			&dl.Deliveries, &dl.Repeats, &first, &last, &dl.Body, &meta, &status,
+			&resolvedBy, &resolvedAt, &resolveWhy); err != nil {
+			return nil, fmt.Errorf("scan dead letter: %w", err)
+		}
+		dl.Code = framework.Code(code)
+		dl.Status = framework.DeadLetterStatus(status)
+		dl.FirstFailedAt, dl.LastFailedAt = first.t, last.t
+		if dl.Metadata, err = decodeMetadata(meta); err != nil {
+			return nil, fmt.Errorf("dead letter %d: %w", dl.ID, err)
+		}
+		if dl.Status != framework.DeadLetterPending {
+			dl.Resolution = framework.Resolution{
+				Status: dl.Status,
+				By:     resolvedBy.String,
+				Reason: resolveWhy.String,
+				At:     resolvedAt.t,
+			}
+		}
+		out = append(out, dl)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return out, nil
+}

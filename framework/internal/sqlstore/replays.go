@@ -1,0 +1,168 @@
+package sqlstore
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/effectively-once/effectively/framework"
+)
+
+// The replays' SQL. A replay is a row of its own: the same dead letter
+// replayed twice is two rows.
+const (
+	qAddReplay = `INSERT INTO {p}replays (dead_letter_id, consumer, topic, body, metadata, created_at)
+VALUES (?, ?, ?, ?, ?, ?)`
+
+	replayColumns = `id, dead_letter_id, consumer, topic, body, metadata, created_at`
+
+	// qClaimReplays takes a lease on the oldest unsent replays that no
+	// other relay holds, in one short write, and returns them; a relay
+	// that dies holding a lease leaves its replays to the next one once
+	// the lease ends. The lease's condition is repeated outside the
+	// subquery: on PostgreSQL a claim that waited for a concurrent one
+	// checks it again on the rows as the other left them. RETURNING gives
+	// no order: the caller sorts by id.
+	qClaimReplays = `UPDATE {p}replays SET claimed_until = ?
+WHERE id IN (SELECT id FROM {p}replays
+    WHERE sent_at IS NULL AND (claimed_until IS NULL OR claimed_until < ?)
+    ORDER BY id LIMIT ?{lock})
+AND sent_at IS NULL AND (claimed_until IS NULL OR claimed_until < ?)
+RETURNING ` + replayColumns
+
+	qReplaySent   = `UPDATE {p}replays SET sent_at = ? WHERE id = ? AND sent_at IS NULL`
+	qReplayExists = `SELECT id FROM {p}replays WHERE id = ?`
+)
+
+// claimReplaysSQL returns qClaimReplays in d: on PostgreSQL the subquery
+// skips the rows that a concurrent claim has locked.
+func claimReplaysSQL(q queries, d Dialect) string {
+	lock := ""
+	if d == Postgres {
+		lock = " FOR UPDATE SKIP LOCKED"
+	}
+	return q.sql(strings.Replace(qClaimReplays, "{lock}", lock, 1))
+}
+
+// AddReplays implements framework.Store, in a transaction of its own.
+func (s *Store) AddReplays(ctx context.Context, rs []framework.Replay) error {
+	if len(rs) == 0 {
+		return nil
+	}
+	tx, err := s.db.BeginTxx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("add %d replays: begin: %w", len(rs), err)
+	}
+	defer tx.Rollback() // a no-op after Commit
+	if err := s.addReplays(ctx, tx, rs, s.now()); err != nil {
+		return err
+	}
+	if err := tx.Commit(); err != nil {
+		return fmt.Errorf("add %d replays: commit: %w", len(rs), err)
+	}
+	return nil
+}
+
+// addReplays inserts rs inside tx, created at at.
+func (s *Store) addReplays(ctx context.Context, tx *sqlx.Tx, rs []framework.Replay, at time.Time) error {
+	query := s.q.sql(qAddReplay)
+	for _, r := range rs {
+		if r.Consumer == "" {
+			return errors.New("add replay: Consumer is empty")
+		}
+		meta, err := encodeMetadata(r.Metadata)
+		if err != nil {
+			return fmt.Errorf("add replay for %s: %w", r.Consumer, err)
+		}
+		body := r.Body
+		if body == nil {
+			body = []byte{}
+		}
+		if _, err := tx.ExecContext(ctx, query,
+			r.DeadLetterID, r.Consumer, r.Topic, body, meta, s.dialect.timeArg(at)); err != nil {
+			return fmt.Errorf("add replay for %s: %w", r.Consumer, err)
+		}
+	}
+	return nil
+}
+
+// ClaimReplays implements framework.Store: a lease (claimed_until) on
+// both dialects, taken in one statement by the store's clock.
+func (s *Store) ClaimReplays(ctx context.Context, limit int, lease time.Duration) ([]framework.Replay, error) {
+	if limit <= 0 {
+		return nil, fmt.Errorf("claim replays: limit %d, want at least 1", limit)
+	}
+	if lease <= 0 {
+		return nil, fmt.Errorf("claim replays: lease %s, want more than 0", lease)
+	}
+	now := s.now()
+	until, nowArg := s.dialect.timeArg(now.Add(lease)), s.dialect.timeArg(now)
+	rows, err := s.db.QueryxContext(ctx, s.claimReplays, until, nowArg, limit, nowArg)
+	if err != nil {
+		return nil, fmt.Errorf("claim replays: %w", err)
+	}
+	out, err := scanReplays(rows)
+	if err != nil {
+		return nil, fmt.Errorf("claim replays: %w", err)
+	}
+	slices.SortFunc(out, func(a, b framework.Replay) int { return cmp.Compare(a.ID, b.ID) })
+	return out, nil
+}
+
+// ReplaySent implements framework.Store. A replay marked sent before stays
+// as it was; an unknown id is framework.ErrNotFound.
+func (s *Store) ReplaySent(ctx context.Context, id int64) error {
+	res, err := s.db.ExecContext(ctx, s.q.sql(qReplaySent), s.dialect.timeArg(s.now()), id)
+	if err != nil {
+		return fmt.Errorf("mark replay %d sent: %w", id, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("mark replay %d sent: rows affected: %w", id, err)
+	}
+	if n == 1 {
+		return nil
+	}
+	var got int64
+	err = s.db.QueryRowxContext(ctx, s.q.sql(qReplayExists), id).Scan(&got)
+	if errors.Is(err, sql.ErrNoRows) {
+		return fmt.Errorf("mark replay %d sent: %w", id, framework.ErrNotFound)
+	}
+	if err != nil {
+		return fmt.Errorf("mark replay %d sent: %w", id, err)
+	}
+	return nil
+}
+
+// scanReplays reads and closes rows of replayColumns.
+func scanReplays(rows *sqlx.Rows) (_ []framework.Replay, err error) {
+	defer func() {
+		if cerr := rows.Close(); err == nil && cerr != nil {
+			err = cerr
+		}
+	}()
+	var out []framework.Replay
+	for rows.Next() {
+		var (
+			r       framework.Replay
+			meta    []byte
+			created timeValue
+		)
+		if err := rows.Scan(&r.ID, &r.DeadLetterID, &r.Consumer, &r.Topic, &r.Body, &meta, &created); err != nil {
+			return nil, fmt.Errorf("scan replay: %w", err)
+		}
+		if r.Metadata, err = decodeMetadata(meta); err != nil {
+			return nil, fmt.Errorf("replay %d: %w", r.ID, err)
+		}
+		r.CreatedAt = created.t
+		out = append(out, r)
+	}
+	return out, rows.Err()
+}
