@@ -73,9 +73,11 @@ func failed(ctx context.Context, consumer string, store framework.Store, now fun
 
 // newDeadLetter builds the dead letter of msg, failed at now. Nothing in
 // it depends on an attribute that failed: its key is messageKey's, its
-// event attributes come from an envelope that decode accepted, its body is
-// the message's bytes and its metadata framework.StorableMetadata of the
-// message's.
+// event attributes (subject sequence included) come from an envelope that
+// decode accepted, its body is the message's bytes and its metadata
+// framework.StorableMetadata of the message's. Its Deliveries is the
+// delivery guard's count of this delivery, 0 when the guard did not count
+// it (a first delivery that the transport vouched for).
 func newDeadLetter(consumer string, msg *message.Message, st *state, code framework.Code, now time.Time) framework.DeadLetter {
 	key := messageKey(msg, st)
 	dl := framework.DeadLetter{
@@ -85,6 +87,7 @@ func newDeadLetter(consumer string, msg *message.Message, st *state, code framew
 		EventID:       key.ID,
 		Code:          code,
 		Attempts:      st.attempts,
+		Deliveries:    st.deliveries,
 		FirstFailedAt: now,
 		LastFailedAt:  now,
 		Body:          msg.Payload,
@@ -93,7 +96,7 @@ func newDeadLetter(consumer string, msg *message.Message, st *state, code framew
 	}
 	if env := st.envelope; env != nil && env.Key() == key {
 		dl.Type, dl.Version = env.Type, env.Version
-		dl.Subject, dl.CorrelationID = env.Subject, env.CorrelationID
+		dl.Subject, dl.SubjectSeq, dl.CorrelationID = env.Subject, env.SubjectSeq, env.CorrelationID
 	}
 	return dl
 }

@@ -115,6 +115,7 @@ func (g *guard) count(msg *message.Message, next message.HandlerFunc) ([]*messag
 	if err != nil {
 		return nil, fmt.Errorf("count delivery of %s: %w", key, err)
 	}
+	stateOf(msg).deliveries = n // for the dead letter
 	if err := stateOf(msg).dies(msg.Context(), crash.AfterCount); err != nil {
 		return nil, err
 	}
