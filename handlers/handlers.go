@@ -29,6 +29,9 @@ type Declaration struct {
 	// WithoutDedup is the reason the consumer runs without deduplication
 	// (see WithoutDedup); empty when it deduplicates, as consumers do.
 	WithoutDedup string
+	// Types are the event types the consumer receives, sorted: those of
+	// its routes (for an Upcast, the older contract's).
+	Types []string
 }
 
 // Registration is one handler of a declared consumer, built by fx.
@@ -41,6 +44,7 @@ type Registration struct {
 // it. Build it with On.
 type Route struct {
 	provide      func(consumer string) fx.Option
+	typ          string // the event type the route receives
 	renamedFrom  string
 	withoutDedup *string // the reason, when the route is WithoutDedup
 }
@@ -121,6 +125,9 @@ func Register(name string, routes ...Route) fx.Option {
 			decl.RenamedFrom = append(decl.RenamedFrom, r.renamedFrom)
 		case r.provide != nil:
 			decl.Handlers++
+			if !slices.Contains(decl.Types, r.typ) {
+				decl.Types = append(decl.Types, r.typ)
+			}
 			opts = append(opts, r.provide(name))
 		default:
 			return fx.Error(fmt.Errorf("handlers: consumer %s: zero Route (build it with handlers.On)", name))
@@ -129,6 +136,7 @@ func Register(name string, routes ...Route) fx.Option {
 	if decl.Handlers == 0 {
 		return fx.Error(fmt.Errorf("handlers: consumer %s has no routes (add handlers.On(definition, handler))", name))
 	}
+	slices.Sort(decl.Types)
 	opts = append(opts, fx.Provide(fx.Annotate(
 		func() Declaration { return decl },
 		fx.ResultTags(declarationGroup),
@@ -146,9 +154,11 @@ func Register(name string, routes ...Route) fx.Option {
 // A handler of the wrong shape refuses start-up with an error that names
 // the consumer and the event.
 func On[T any](def framework.Definition[T], handler any) Route {
-	return route(def.String(), def, handler, func(h framework.HandlerFunc[T]) framework.Handler {
+	r := route(def.String(), def, handler, func(h framework.HandlerFunc[T]) framework.Handler {
 		return framework.Handle(def, h)
 	})
+	r.typ = def.Type()
+	return r
 }
 
 // Upcast routes events of an older contract version, from, to the handler
@@ -166,9 +176,11 @@ func On[T any](def framework.Definition[T], handler any) Route {
 // of versions 1 and 2 of one type, and UpcastOrderPlaced a
 // func(OrderPlacedV1) (OrderPlacedV2, error); ExampleUpcast runs it.
 func Upcast[Old, New any](from framework.Definition[Old], to framework.Definition[New], up func(Old) (New, error), handler any) Route {
-	return route(from.String()+" as "+to.String(), to, handler, func(h framework.HandlerFunc[New]) framework.Handler {
+	r := route(from.String()+" as "+to.String(), to, handler, func(h framework.HandlerFunc[New]) framework.Handler {
 		return framework.Upcast(from, to, up, h)
 	})
+	r.typ = from.Type()
+	return r
 }
 
 // route is a Route whose handler, of events of def, is bound into a

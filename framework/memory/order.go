@@ -302,6 +302,9 @@ func (s *Store) PurgeProcessed(ctx context.Context, before time.Time, limit int)
 	for _, k := range old {
 		delete(s.marks, k)
 	}
+	if len(old) > 0 && before.After(s.purgedBefore) {
+		s.purgedBefore = before.UTC()
+	}
 	return int64(len(old)), nil
 }
 

@@ -47,6 +47,8 @@ type Store struct {
 	historySeq  int64
 	replays     map[int64]*storedReplay
 	lastReplay  int64
+	// purgedBefore is how far PurgeProcessed deleted (see InspectEvent).
+	purgedBefore time.Time
 }
 
 var _ framework.Store = (*Store)(nil)

@@ -12,7 +12,7 @@ import (
 
 func TestStore(t *testing.T) {
 	t.Parallel()
-	storetest.Exercise(t, func(t *testing.T) storetest.Harness {
+	harness := func(t *testing.T) storetest.Harness {
 		return storetest.Harness{
 			NewStore: func(t *testing.T, cfg storetest.Config) framework.Store {
 				s, err := memory.NewStore(memory.StoreConfig{Now: cfg.Now})
@@ -20,7 +20,9 @@ func TestStore(t *testing.T) {
 				return s
 			},
 		}
-	})
+	}
+	storetest.Exercise(t, harness)
+	storetest.ExerciseInspector(t, harness)
 }
 
 func TestStoreConfig(t *testing.T) {

@@ -158,6 +158,7 @@ type Relay struct {
 	pub      message.Publisher
 	deferred DeferredPublisher // pub, when it is one
 	sql      *sqlstore.Outbox
+	horizons *sqlstore.Horizons
 	cfg      RelayConfig
 	running  atomic.Bool
 }
@@ -182,8 +183,12 @@ func NewRelay(db *sqlx.DB, pub message.Publisher, cfg RelayConfig) (*Relay, erro
 	if cfg.Outbox != nil && cfg.Outbox.db != db {
 		return nil, errors.New("outbox: RelayConfig.Outbox is an outbox of another database")
 	}
+	horizons, err := sqlstore.NewHorizons(s.Dialect(), cfg.TablePrefix)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: %w", err)
+	}
 	deferred, _ := pub.(DeferredPublisher)
-	return &Relay{db: db, pub: pub, deferred: deferred, sql: s, cfg: cfg}, nil
+	return &Relay{db: db, pub: pub, deferred: deferred, sql: s, horizons: horizons, cfg: cfg}, nil
 }
 
 // Run publishes unsent rows until ctx ends, then returns nil. It polls
@@ -536,7 +541,10 @@ func rowMessage(row sqlstore.OutboxRow) *message.Message {
 
 // Cleanup deletes the rows sent longer than Retention ago, in batches of
 // CleanupBatchSize, and returns how many it deleted. With a negative
-// Retention it deletes nothing.
+// Retention it deletes nothing. A batch that deletes rows records, in its
+// transaction, that rows sent before that time may be gone (the outbox's
+// purge horizon, framework.PurgeOutbox), which an operator's view of an
+// event reports.
 func (r *Relay) Cleanup(ctx context.Context) (int64, error) {
 	if r.cfg.Retention < 0 {
 		return 0, nil
@@ -544,7 +552,7 @@ func (r *Relay) Cleanup(ctx context.Context) (int64, error) {
 	before := r.cfg.Now().Add(-r.cfg.Retention)
 	var total int64
 	for {
-		n, err := r.sql.Cleanup(ctx, r.db, before, r.cfg.CleanupBatchSize)
+		n, err := r.cleanupBatch(ctx, before)
 		total += n
 		if err != nil {
 			return total, fmt.Errorf("outbox: %w", err)
@@ -553,4 +561,27 @@ func (r *Relay) Cleanup(ctx context.Context) (int64, error) {
 			return total, nil
 		}
 	}
+}
+
+// cleanupBatch deletes one batch of rows sent before before and records
+// the purge horizon with them, in one transaction.
+func (r *Relay) cleanupBatch(ctx context.Context, before time.Time) (int64, error) {
+	tx, err := r.db.BeginTxx(ctx, nil)
+	if err != nil {
+		return 0, fmt.Errorf("delete sent outbox rows: begin: %w", err)
+	}
+	defer tx.Rollback() // a no-op after Commit
+	n, err := r.sql.Cleanup(ctx, tx, before, r.cfg.CleanupBatchSize)
+	if err != nil {
+		return 0, err
+	}
+	if n > 0 {
+		if err := r.horizons.Record(ctx, tx, framework.PurgeOutbox, before); err != nil {
+			return 0, err
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		return 0, fmt.Errorf("delete sent outbox rows: commit: %w", err)
+	}
+	return n, nil
 }

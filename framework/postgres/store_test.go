@@ -16,7 +16,7 @@ import (
 
 func TestStore(t *testing.T) {
 	t.Parallel()
-	storetest.Exercise(t, func(t *testing.T) storetest.Harness {
+	harness := func(t *testing.T) storetest.Harness {
 		db := testenv.Postgres(t)
 		return storetest.Harness{
 			DB: db,
@@ -28,7 +28,9 @@ func TestStore(t *testing.T) {
 				return s
 			},
 		}
-	})
+	}
+	storetest.Exercise(t, harness)
+	storetest.ExerciseInspector(t, harness)
 }
 
 func TestNewStoreValidates(t *testing.T) {
