@@ -80,6 +80,24 @@
 // marked. Other publishers (the SQL transports', memory) publish one row at
 // a time, each once Publish returned for the one before.
 //
+// # Tracing
+//
+// An event carries its creation context in its traceparent and tracestate
+// (the CloudEvents distributed-tracing extension). Add and AddTx stamp the
+// span of their ctx into each event whose producer set no traceparent: an
+// event added by a handler refers to its consumer's span, one added by an
+// endpoint to its request's span. With RelayConfig.Tracer, the relay
+// publishes each row in a span of its own, "publish" and the event's type,
+// of kind producer, a child of the event's creation context (so it shows
+// in the producer's trace, whenever the relay gets to it) with the
+// OpenTelemetry messaging attributes: messaging.system (the config's
+// MessagingSystem), messaging.operation.type send, messaging.operation.name
+// publish, messaging.destination.name (the type), messaging.message.id
+// (the event id) and cloudevents.event_source. The span ends when the
+// transport took the message (with a DeferredPublisher, at its confirm), in
+// error when it did not. The framework's consumers link their spans to the
+// creation context.
+//
 // # At least once
 //
 // A relay that stops (or a publisher that fails, or a confirm that is

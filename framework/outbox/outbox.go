@@ -90,6 +90,10 @@ func newSQL(db *sqlx.DB, prefix string) (*sqlstore.Outbox, error) {
 // framework.TxFromContext): they are published after it commits, and never
 // if it rolls back. Without a transaction in ctx it returns ErrNoTx.
 //
+// An envelope without a traceparent gets the trace context of the span
+// in ctx, if any (see the package doc's Tracing): a handler's events refer
+// to its consumer span, an endpoint's to its request's span.
+//
 // Each envelope must be valid (framework.Encode checks it). An event is
 // recorded once: adding an event whose source and id the outbox already
 // holds, in this transaction or an earlier one, is a no-op. A handler
@@ -124,16 +128,18 @@ func (o *Outbox) AddTx(ctx context.Context, tx *sqlx.Tx, envs ...framework.Envel
 }
 
 func (o *Outbox) add(ctx context.Context, tx sqlx.ExecerContext, envs []framework.Envelope) error {
+	stamped := make([]framework.Envelope, len(envs)) // the caller's stay as they are
 	bodies := make([][]byte, len(envs))
 	for i, env := range envs {
-		body, err := framework.Encode(env)
+		stamped[i] = withTraceContext(ctx, env)
+		body, err := framework.Encode(stamped[i])
 		if err != nil {
 			return fmt.Errorf("outbox: add %s: %w", env.Key(), err)
 		}
 		bodies[i] = body
 	}
 	at := o.now()
-	for i, env := range envs {
+	for i, env := range stamped {
 		if err := o.sql.Insert(ctx, tx, env, bodies[i], at); err != nil {
 			return fmt.Errorf("outbox: %w", err)
 		}

@@ -11,6 +11,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/internal/sqlstore"
@@ -76,6 +78,14 @@ type RelayConfig struct {
 	CleanupBatchSize int
 	// Logger logs failed batches and cleanups. Defaults to discarding.
 	Logger *slog.Logger
+	// Tracer starts a producer span per publish, a child of the event's
+	// trace context (its traceparent, see Outbox.Add). Defaults to a no-op
+	// tracer.
+	Tracer trace.Tracer
+	// MessagingSystem is the publish spans' messaging.system attribute,
+	// the transport's broker as OpenTelemetry names it (rabbitmq). Defaults
+	// to empty: no attribute.
+	MessagingSystem string
 	// Now is the clock of sent_at and of the retention. Defaults to
 	// time.Now.
 	Now func() time.Time
@@ -91,6 +101,9 @@ func (c RelayConfig) WithDefaults() RelayConfig {
 	c.CleanupBatchSize = cmp.Or(c.CleanupBatchSize, DefaultCleanupBatchSize)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Tracer == nil {
+		c.Tracer = noop.NewTracerProvider().Tracer("")
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -449,11 +462,16 @@ func (r *Relay) publish(ctx, bctx context.Context, rows []sqlstore.OutboxRow, ma
 // those published.
 func (r *Relay) publishEach(ctx context.Context, rows []sqlstore.OutboxRow) ([]int64, error) {
 	sent := make([]int64, 0, len(rows))
+	tr := newTracer(r.cfg.Tracer, r.cfg.MessagingSystem)
 	for _, row := range rows {
 		if ctx.Err() != nil {
 			break
 		}
-		if err := r.pub.Publish(row.Type, rowMessage(row)); err != nil {
+		msg := rowMessage(row)
+		span := tr.startPublish(row, msg)
+		err := r.pub.Publish(row.Type, msg)
+		endPublish(span, err)
+		if err != nil {
 			return sent, fmt.Errorf("outbox: publish %s (row %d) to %s: %w", row.Key, row.ID, row.Type, err)
 		}
 		sent = append(sent, row.ID)
@@ -465,6 +483,7 @@ func (r *Relay) publishEach(ctx context.Context, rows []sqlstore.OutboxRow) ([]i
 type pendingRow struct {
 	row  sqlstore.OutboxRow
 	wait func(context.Context) error
+	span trace.Span // ends with the confirm
 }
 
 // publishPipelined publishes rows in order through the DeferredPublisher
@@ -485,16 +504,20 @@ func (r *Relay) publishPipelined(ctx, bctx context.Context, rows []sqlstore.Outb
 		confirmed <- confirms{ids, err}
 	}()
 	var pubErr error
+	tr := newTracer(r.cfg.Tracer, r.cfg.MessagingSystem)
 	for _, row := range rows {
 		if ctx.Err() != nil {
 			break
 		}
-		wait, err := r.deferred.PublishDeferred(bctx, row.Type, rowMessage(row))
+		msg := rowMessage(row)
+		span := tr.startPublish(row, msg)
+		wait, err := r.deferred.PublishDeferred(bctx, row.Type, msg)
 		if err != nil {
+			endPublish(span, err)
 			pubErr = fmt.Errorf("outbox: publish %s (row %d) to %s: %w", row.Key, row.ID, row.Type, err)
 			break
 		}
-		pending <- pendingRow{row: row, wait: wait}
+		pending <- pendingRow{row: row, wait: wait, span: span}
 	}
 	close(pending)
 	return func() ([]int64, error) {
@@ -516,7 +539,9 @@ func awaitConfirms(ctx context.Context, pending <-chan pendingRow, n int) ([]int
 		failed int
 	)
 	for p := range pending {
-		if err := p.wait(ctx); err != nil {
+		err := p.wait(ctx)
+		endPublish(p.span, err)
+		if err != nil {
 			if first == nil {
 				first = fmt.Errorf("outbox: publish %s (row %d) to %s: %w", p.row.Key, p.row.ID, p.row.Type, err)
 			}
