@@ -3,6 +3,8 @@ package storetest
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -24,7 +26,9 @@ func deadLetter(consumer, id string) framework.DeadLetter {
 		Subject:       "appointment-7",
 		CorrelationID: "corr-1",
 		Code:          framework.CodeInvalidPayload,
+		SubjectSeq:    12,
 		Attempts:      1,
+		Deliveries:    3,
 		Body:          []byte(`{"specversion":"1.0","id":"` + id + `"}`),
 		Metadata:      map[string]string{"content-type": framework.ContentType, "x": "y"},
 	}
@@ -73,6 +77,14 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 		byID, err := b.store.DeadLetter(ctx, got.ID)
 		require.NoError(t, err)
 		require.Equal(t, got, byID)
+
+		h := history(t, b.store, got.ID)
+		require.Len(t, h, 1)
+		requireTime(t, t0, h[0].At, "At")
+		h[0].At = time.Time{}
+		require.Equal(t, framework.HistoryEntry{
+			Kind: framework.HistoryFailed, Code: in.Code, Attempts: 1, Deliveries: 3,
+		}, h[0], "the first failure starts the history")
 	})
 
 	t.Run("PublishWithoutEventID", func(t *testing.T) {
@@ -172,7 +184,7 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 
 		later := b.clock.Advance(time.Hour)
 		again := deadLetter(consumer, "e-1")
-		again.Code, again.Attempts = framework.CodeRetriesExhausted, 5
+		again.Code, again.Attempts, again.Deliveries, again.SubjectSeq = framework.CodeRetriesExhausted, 5, 0, 13
 		require.NoError(t, b.store.PublishDeadLetter(ctx, again))
 
 		got := only(t, b.store, framework.DeadLetterFilter{Consumer: consumer})
@@ -180,12 +192,22 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.Equal(t, 1, got.Repeats)
 		require.Equal(t, framework.CodeRetriesExhausted, got.Code)
 		require.Equal(t, 5, got.Attempts)
+		require.Zero(t, got.Deliveries, "the last failure's count")
+		require.EqualValues(t, 13, got.SubjectSeq)
 		requireTime(t, t0, got.FirstFailedAt, "FirstFailedAt")
 		requireTime(t, later, got.LastFailedAt, "LastFailedAt")
 		require.Equal(t, framework.DeadLetterPending, got.Status)
 
 		require.NoError(t, b.store.PublishDeadLetter(ctx, again))
 		require.Equal(t, 2, only(t, b.store, framework.DeadLetterFilter{Consumer: consumer}).Repeats)
+		h := history(t, b.store, first.ID)
+		require.Equal(t, []framework.HistoryKind{framework.HistoryFailed, framework.HistoryFailed, framework.HistoryFailed}, kinds(h))
+		require.Equal(t, framework.CodeInvalidPayload, h[0].Code, "a repeat never changes an earlier entry")
+		require.Equal(t, 3, h[0].Deliveries)
+		requireTime(t, t0, h[0].At, "the first failure's time")
+		require.Equal(t, framework.CodeRetriesExhausted, h[1].Code)
+		require.Equal(t, 5, h[1].Attempts)
+		requireTime(t, later, h[1].At, "the repeat's time")
 
 		// The same key for another consumer is another dead letter.
 		require.NoError(t, b.store.PublishDeadLetter(ctx, deadLetter("other", "e-1")))
@@ -245,6 +267,57 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.Error(t, err)
 	})
 
+	t.Run("FilterByEventAndTime", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		for i, c := range []struct {
+			typ, subject, source string
+		}{
+			{"orders.order.placed", "order-1", "orders"},
+			{"orders.order.placed", "order-2", "orders"},
+			{"orders.order.cancelled", "order-1", "orders"},
+			{"orders.order.placed", "order-1", "shop"},
+		} {
+			dl := deadLetter(consumer, string(rune('a'+i)))
+			dl.Type, dl.Subject, dl.Source = c.typ, c.subject, c.source
+			require.NoError(t, b.store.PublishDeadLetter(ctx, dl))
+			b.clock.Advance(time.Hour)
+		}
+		// A repeat moves the last failure, not the first.
+		require.NoError(t, b.store.PublishDeadLetter(ctx, func() framework.DeadLetter {
+			dl := deadLetter(consumer, "a")
+			dl.Type, dl.Subject, dl.Source = "orders.order.placed", "order-1", "orders"
+			return dl
+		}()))
+
+		ids := func(f framework.DeadLetterFilter) []string {
+			t.Helper()
+			dls, err := b.store.DeadLetters(ctx, f)
+			require.NoError(t, err)
+			out := []string{}
+			for _, dl := range dls {
+				out = append(out, dl.EventID)
+			}
+			return out
+		}
+		require.Equal(t, []string{"a", "b", "d"}, ids(framework.DeadLetterFilter{Type: "orders.order.placed"}))
+		require.Equal(t, []string{"a", "c", "d"}, ids(framework.DeadLetterFilter{Subject: "order-1"}))
+		require.Equal(t, []string{"d"}, ids(framework.DeadLetterFilter{Source: "shop"}))
+		require.Equal(t, []string{"a"}, ids(framework.DeadLetterFilter{Source: "orders", EventID: "a"}))
+		require.Equal(t, []string{}, ids(framework.DeadLetterFilter{Source: "shop", EventID: "a"}))
+		require.Equal(t, []string{"a", "d"}, ids(framework.DeadLetterFilter{Type: "orders.order.placed", Subject: "order-1"}))
+
+		require.Equal(t, []string{"b", "c", "d"}, ids(framework.DeadLetterFilter{FailedSince: t0.Add(time.Hour)}), "at or after")
+		require.Equal(t, []string{"a", "b"}, ids(framework.DeadLetterFilter{FailedBefore: t0.Add(2 * time.Hour)}), "before")
+		require.Equal(t, []string{"b"}, ids(framework.DeadLetterFilter{
+			FailedSince: t0.Add(time.Hour), FailedBefore: t0.Add(2 * time.Hour),
+		}))
+		require.Equal(t, []string{"c"}, ids(framework.DeadLetterFilter{
+			Subject: "order-1", FailedSince: t0.Add(time.Minute), FailedBefore: t0.Add(3 * time.Hour),
+		}))
+	})
+
 	t.Run("DefaultLimitIs100", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, newHarness)
@@ -261,7 +334,9 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 		t.Parallel()
 		b := setup(t, newHarness)
 		ctx := context.Background()
-		require.NoError(t, b.store.PublishDeadLetter(ctx, deadLetter(consumer, "e-1")))
+		failed := deadLetter(consumer, "e-1")
+		failed.Metadata[framework.MetadataRedelivered] = "true"
+		require.NoError(t, b.store.PublishDeadLetter(ctx, failed))
 		require.NoError(t, b.store.PublishDeadLetter(ctx, deadLetter(consumer, "e-2")))
 		dls, err := b.store.DeadLetters(ctx, framework.DeadLetterFilter{})
 		require.NoError(t, err)
@@ -269,7 +344,9 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 
 		at := t0.Add(time.Minute)
 		replay := framework.Resolution{Status: framework.DeadLetterReplayed, By: "alice", Reason: "fixed the schema", At: at}
-		require.NoError(t, resolve(ctx, b.store, dls[0].ID, replay))
+		before, err := b.store.ResolveDeadLetter(ctx, dls[0].ID, replay)
+		require.NoError(t, err)
+		require.Equal(t, dls[0], before, "it returns the dead letter as it was")
 		got, err := b.store.DeadLetter(ctx, dls[0].ID)
 		require.NoError(t, err)
 		require.Equal(t, framework.DeadLetterReplayed, got.Status)
@@ -277,60 +354,174 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 		got.Resolution.At = at
 		require.Equal(t, replay, got.Resolution)
 
+		// The replay is recorded with the resolution, to the consumer
+		// alone, as framework.DeadLetter.ReplayMessage makes it.
+		rs, err := b.store.ClaimReplays(ctx, 10, 24*time.Hour)
+		require.NoError(t, err)
+		require.Len(t, rs, 1)
+		require.NotZero(t, rs[0].ID)
+		requireTime(t, t0, rs[0].CreatedAt, "CreatedAt is the store's time")
+		want := before.ReplayMessage()
+		require.Equal(t, framework.Replay{
+			ID: rs[0].ID, DeadLetterID: before.ID, Consumer: consumer, Topic: before.Topic,
+			Body: before.Body, Metadata: map[string]string(want.Metadata), CreatedAt: rs[0].CreatedAt,
+		}, rs[0])
+		require.NotContains(t, rs[0].Metadata, framework.MetadataRedelivered, "a replay is a first delivery")
+		require.Equal(t, strconv.FormatInt(before.ID, 10), rs[0].Metadata[framework.MetadataReplayOf])
+
 		now := b.clock.Advance(time.Hour)
-		require.NoError(t, resolve(ctx, b.store, dls[1].ID, framework.Resolution{
+		_, err = b.store.ResolveDeadLetter(ctx, dls[1].ID, framework.Resolution{
 			Status: framework.DeadLetterDiscarded, By: "bob", Reason: "test data",
-		}))
+		})
+		require.NoError(t, err)
 		got, err = b.store.DeadLetter(ctx, dls[1].ID)
 		require.NoError(t, err)
 		require.Equal(t, framework.DeadLetterDiscarded, got.Status)
 		require.Equal(t, "bob", got.Resolution.By)
 		require.Equal(t, "test data", got.Resolution.Reason)
 		requireTime(t, now, got.Resolution.At, "Resolution.At defaults to now")
+		rs, err = b.store.ClaimReplays(ctx, 10, time.Minute)
+		require.NoError(t, err)
+		require.Empty(t, rs, "a discard replays nothing")
 
-		err = resolve(ctx, b.store, dls[0].ID, framework.Resolution{Status: framework.DeadLetterDiscarded, By: "carol"})
+		h := history(t, b.store, dls[1].ID)
+		require.Equal(t, []framework.HistoryKind{framework.HistoryFailed, framework.HistoryDiscarded}, kinds(h))
+		requireTime(t, now, h[1].At, "the resolution's time")
+		require.Equal(t, "bob", h[1].By)
+		require.Equal(t, "test data", h[1].Reason)
+
+		_, err = b.store.ResolveDeadLetter(ctx, dls[0].ID, framework.Resolution{Status: framework.DeadLetterDiscarded, By: "carol"})
 		require.ErrorIs(t, err, framework.ErrNotPending, "already resolved")
 		require.NotErrorIs(t, err, framework.ErrNotFound)
 		require.ErrorContains(t, err, string(framework.DeadLetterReplayed), "the error names the status")
-		err = resolve(ctx, b.store, dls[1].ID+1000, replay)
+		require.Len(t, history(t, b.store, dls[0].ID), 2, "a refused resolution leaves no trace")
+		_, err = b.store.ResolveDeadLetter(ctx, dls[1].ID+1000, replay)
 		require.ErrorIs(t, err, framework.ErrNotFound, "missing")
+		require.NotErrorIs(t, err, framework.ErrNotPending)
 		_, err = b.store.DeadLetter(ctx, dls[1].ID+1000)
+		require.ErrorIs(t, err, framework.ErrNotFound)
+		_, err = b.store.DeadLetterHistory(ctx, dls[1].ID+1000)
 		require.ErrorIs(t, err, framework.ErrNotFound)
 
 		require.NoError(t, b.store.PublishDeadLetter(ctx, deadLetter(consumer, "e-3")))
 		pending := only(t, b.store, framework.DeadLetterFilter{Status: framework.DeadLetterPending})
-		err = resolve(ctx, b.store, pending.ID, framework.Resolution{Status: framework.DeadLetterPending, By: "dave"})
+		_, err = b.store.ResolveDeadLetter(ctx, pending.ID, framework.Resolution{Status: framework.DeadLetterPending, By: "dave"})
 		require.Error(t, err)
 		require.NotErrorIs(t, err, framework.ErrNotFound)
+		require.NotErrorIs(t, err, framework.ErrNotPending)
 	})
 
 	// A dead letter that comes back after an operator resolved it (a
 	// replay that failed again, or a producer that sent it once more) is
-	// pending again on the same row, with one more repeat and the
-	// resolution cleared: the operator must look at it again.
-	t.Run("ResolvedComesBackPending", func(t *testing.T) {
+	// pending again on the same row, with one more repeat; its history
+	// keeps both failures and the resolution between them. While pending,
+	// Resolution is zero: the history holds the earlier ones.
+	t.Run("RepeatKeepsTheHistory", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, newHarness)
 		ctx := context.Background()
 		require.NoError(t, b.store.PublishDeadLetter(ctx, deadLetter(consumer, "e-1")))
 		dl := only(t, b.store, framework.DeadLetterFilter{})
-		require.NoError(t, resolve(ctx, b.store, dl.ID, framework.Resolution{
+		replayedAt := b.clock.Advance(time.Minute)
+		_, err := b.store.ResolveDeadLetter(ctx, dl.ID, framework.Resolution{
 			Status: framework.DeadLetterReplayed, By: "alice", Reason: "retry",
-		}))
+		})
+		require.NoError(t, err)
 
 		later := b.clock.Advance(time.Hour)
-		require.NoError(t, b.store.PublishDeadLetter(ctx, deadLetter(consumer, "e-1")))
+		again := deadLetter(consumer, "e-1")
+		again.Code, again.Attempts, again.Deliveries = framework.CodeRetriesExhausted, 5, 0
+		require.NoError(t, b.store.PublishDeadLetter(ctx, again))
 		got := only(t, b.store, framework.DeadLetterFilter{})
 		require.Equal(t, dl.ID, got.ID)
 		require.Equal(t, framework.DeadLetterPending, got.Status)
 		require.Equal(t, 1, got.Repeats)
-		require.Zero(t, got.Resolution)
+		require.Zero(t, got.Resolution, "zero while pending")
 		requireTime(t, t0, got.FirstFailedAt, "FirstFailedAt")
 		requireTime(t, later, got.LastFailedAt, "LastFailedAt")
-		require.NoError(t, resolve(ctx, b.store, dl.ID, framework.Resolution{
-			Status: framework.DeadLetterDiscarded, By: "alice",
-		}))
+
+		h := history(t, b.store, dl.ID)
+		for i := range h {
+			h[i].At = h[i].At.UTC().Round(0)
+		}
+		require.Equal(t, []framework.HistoryEntry{
+			{At: t0, Kind: framework.HistoryFailed, Code: framework.CodeInvalidPayload, Attempts: 1, Deliveries: 3},
+			{At: replayedAt, Kind: framework.HistoryReplayed, By: "alice", Reason: "retry"},
+			{At: later, Kind: framework.HistoryFailed, Code: framework.CodeRetriesExhausted, Attempts: 5},
+		}, h)
+
+		discardedAt := b.clock.Advance(time.Minute)
+		_, err = b.store.ResolveDeadLetter(ctx, dl.ID, framework.Resolution{
+			Status: framework.DeadLetterDiscarded, By: "bob", Reason: "gave up",
+		})
+		require.NoError(t, err)
+		got, err = b.store.DeadLetter(ctx, dl.ID)
+		require.NoError(t, err)
+		require.Equal(t, "bob", got.Resolution.By, "the last resolution")
+		requireTime(t, discardedAt, got.Resolution.At, "Resolution.At")
+		require.Equal(t, []framework.HistoryKind{
+			framework.HistoryFailed, framework.HistoryReplayed, framework.HistoryFailed, framework.HistoryDiscarded,
+		}, kinds(history(t, b.store, dl.ID)))
 	})
+
+	// Operators who replay one dead letter at once: one wins, the others
+	// are told it is no longer pending, and the message is recorded for
+	// replay once.
+	t.Run("ConcurrentResolveOneWins", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		require.NoError(t, b.store.PublishDeadLetter(ctx, deadLetter(consumer, "e-1")))
+		dl := only(t, b.store, framework.DeadLetterFilter{})
+		const operators = 8
+		var (
+			wg    sync.WaitGroup
+			start = make(chan struct{})
+			errs  = make(chan error, operators)
+		)
+		for i := range operators {
+			wg.Go(func() {
+				<-start
+				_, err := b.store.ResolveDeadLetter(ctx, dl.ID, framework.Resolution{
+					Status: framework.DeadLetterReplayed, By: fmt.Sprintf("op-%d", i), Reason: "race",
+				})
+				errs <- err
+			})
+		}
+		close(start)
+		wg.Wait()
+		close(errs)
+		won := 0
+		for err := range errs {
+			if err == nil {
+				won++
+				continue
+			}
+			require.ErrorIs(t, err, framework.ErrNotPending)
+		}
+		require.Equal(t, 1, won, "exactly one operator resolves it")
+		rs, err := b.store.ClaimReplays(ctx, 100, time.Minute)
+		require.NoError(t, err)
+		require.Len(t, rs, 1, "the message is recorded for replay once")
+		require.Equal(t, []framework.HistoryKind{framework.HistoryFailed, framework.HistoryReplayed}, kinds(history(t, b.store, dl.ID)))
+	})
+}
+
+// history returns the history of the dead letter id.
+func history(t *testing.T, s framework.Store, id int64) []framework.HistoryEntry {
+	t.Helper()
+	h, err := s.DeadLetterHistory(context.Background(), id)
+	require.NoError(t, err)
+	return h
+}
+
+// kinds returns the kinds of the entries of h.
+func kinds(h []framework.HistoryEntry) []framework.HistoryKind {
+	out := make([]framework.HistoryKind, len(h))
+	for i, e := range h {
+		out[i] = e.Kind
+	}
+	return out
 }
 
 func exercisePrefix(t *testing.T, newHarness func(t *testing.T) Harness) {

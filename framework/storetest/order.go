@@ -422,4 +422,89 @@ func exerciseAdopt(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.NoError(t, err)
 		require.EqualValues(t, 3, n, "k1 and k2 of the old name, k1 adopted")
 	})
+
+	// The new name takes the old one's dead letters (their history
+	// records the adoption), its unsent replays and its delivery counts.
+	// When both names have a dead letter of one event, the new name's is
+	// kept and takes in the other's history.
+	t.Run("AdoptMovesDeadLettersAndCounts", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		publish := func(consumer, id string) framework.DeadLetter {
+			t.Helper()
+			require.NoError(t, b.store.PublishDeadLetter(ctx, deadLetter(consumer, id)))
+			dls, err := b.store.DeadLetters(ctx, framework.DeadLetterFilter{Consumer: consumer, EventID: id})
+			require.NoError(t, err)
+			require.Len(t, dls, 1)
+			return dls[0]
+		}
+		alone := publish(from, "e-1")
+		both := publish(from, "e-2")
+		_, err := b.store.ResolveDeadLetter(ctx, both.ID, framework.Resolution{
+			Status: framework.DeadLetterReplayed, By: "alice", Reason: "retry",
+		})
+		require.NoError(t, err)
+		b.clock.Advance(time.Hour)
+		kept := publish(consumer, "e-2")
+
+		k1, k2 := framework.Key{Source: "orders", ID: "1"}, framework.Key{Source: "orders", ID: "2"}
+		count := func(consumer string, k framework.Key) int {
+			t.Helper()
+			n, err := b.store.Count(ctx, consumer, k, 1)
+			require.NoError(t, err)
+			return n
+		}
+		count(from, k1)
+		count(from, k1)
+		count(consumer, k1)
+		count(from, k2)
+
+		adoptedAt := b.clock.Advance(time.Minute)
+		_, err = b.store.Adopt(ctx, consumer, from)
+		require.NoError(t, err)
+		adoptAgain := func() {
+			t.Helper()
+			_, err := b.store.Adopt(ctx, consumer, from)
+			require.NoError(t, err)
+		}
+		adoptAgain() // nothing left to move
+
+		old, err := b.store.DeadLetters(ctx, framework.DeadLetterFilter{Consumer: from})
+		require.NoError(t, err)
+		require.Empty(t, old, "the old name has no dead letter left")
+
+		got, err := b.store.DeadLetter(ctx, alone.ID)
+		require.NoError(t, err)
+		require.Equal(t, consumer, got.Consumer, "the dead letter keeps its id under the new name")
+		h := history(t, b.store, alone.ID)
+		require.Equal(t, []framework.HistoryKind{framework.HistoryFailed, framework.HistoryAdopted}, kinds(h))
+		require.Equal(t, from, h[1].By, "the adoption names the old name")
+		requireTime(t, adoptedAt, h[1].At, "the adoption's time")
+
+		_, err = b.store.DeadLetter(ctx, both.ID)
+		require.ErrorIs(t, err, framework.ErrNotFound, "the old name's dead letter of an event the new name has one of is merged")
+		got, err = b.store.DeadLetter(ctx, kept.ID)
+		require.NoError(t, err)
+		require.Equal(t, framework.DeadLetterPending, got.Status, "the new name's dead letter is kept as it was")
+		require.Equal(t, 1, got.Repeats, "with the other's failure")
+		requireTime(t, t0, got.FirstFailedAt, "and its first failure")
+		h = history(t, b.store, kept.ID)
+		require.Equal(t, []framework.HistoryKind{
+			framework.HistoryFailed, framework.HistoryReplayed, framework.HistoryFailed, framework.HistoryAdopted,
+		}, kinds(h), "the merged history, in the order it was written")
+		require.Equal(t, "alice", h[1].By)
+		require.Equal(t, from, h[3].By)
+		require.Contains(t, h[3].Reason, strconv.FormatInt(both.ID, 10), "the adoption says which dead letter it merged")
+
+		rs, err := b.store.ClaimReplays(ctx, 10, time.Minute)
+		require.NoError(t, err)
+		require.Len(t, rs, 1)
+		require.Equal(t, consumer, rs[0].Consumer, "the unsent replay goes to the new name")
+		require.Equal(t, kept.ID, rs[0].DeadLetterID)
+
+		require.Equal(t, 4, count(consumer, k1), "both names' deliveries of k1 add up")
+		require.Equal(t, 2, count(consumer, k2))
+		require.Equal(t, 1, count(from, k1), "the old name's counts moved")
+	})
 }

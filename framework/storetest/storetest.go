@@ -54,6 +54,10 @@ func Exercise(t *testing.T, newHarness func(t *testing.T) Harness) {
 		t.Parallel()
 		exerciseDeadLetters(t, newHarness)
 	})
+	t.Run("Replays", func(t *testing.T) {
+		t.Parallel()
+		exerciseReplays(t, newHarness)
+	})
 	t.Run("TablePrefix", func(t *testing.T) {
 		t.Parallel()
 		exercisePrefix(t, newHarness)

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -26,29 +25,39 @@ VALUES (?, ?, ?, ?, ?, ?)`
 	// qClaimReplays takes a lease on the oldest unsent replays that no
 	// other relay holds, in one short write, and returns them; a relay
 	// that dies holding a lease leaves its replays to the next one once
-	// the lease ends. The lease's condition is repeated outside the
-	// subquery: on PostgreSQL a claim that waited for a concurrent one
-	// checks it again on the rows as the other left them. RETURNING gives
-	// no order: the caller sorts by id.
+	// the lease ends. On SQLite the write lock makes claims take turns.
+	// RETURNING gives no order: the caller sorts by id. Its arguments:
+	// the lease's end, now, the limit.
 	qClaimReplays = `UPDATE {p}replays SET claimed_until = ?
 WHERE id IN (SELECT id FROM {p}replays
     WHERE sent_at IS NULL AND (claimed_until IS NULL OR claimed_until < ?)
-    ORDER BY id LIMIT ?{lock})
-AND sent_at IS NULL AND (claimed_until IS NULL OR claimed_until < ?)
+    ORDER BY id LIMIT ?)
 RETURNING ` + replayColumns
+
+	// qClaimReplaysLocked is qClaimReplays on PostgreSQL: the rows are
+	// chosen and locked first (a materialized CTE, so that the limit holds
+	// and the choice is made once), skipping those that a concurrent claim
+	// has locked; a row that a claim committed meanwhile is checked again
+	// as that claim left it. Its arguments: now, the limit, the lease's
+	// end.
+	qClaimReplaysLocked = `WITH claimed AS MATERIALIZED (
+    SELECT id FROM {p}replays
+    WHERE sent_at IS NULL AND (claimed_until IS NULL OR claimed_until < ?)
+    ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED)
+UPDATE {p}replays r SET claimed_until = ? FROM claimed WHERE r.id = claimed.id
+RETURNING r.id, r.dead_letter_id, r.consumer, r.topic, r.body, r.metadata, r.created_at`
 
 	qReplaySent   = `UPDATE {p}replays SET sent_at = ? WHERE id = ? AND sent_at IS NULL`
 	qReplayExists = `SELECT id FROM {p}replays WHERE id = ?`
 )
 
-// claimReplaysSQL returns qClaimReplays in d: on PostgreSQL the subquery
-// skips the rows that a concurrent claim has locked.
+// claimReplaysSQL returns the claim of replays in d: qClaimReplays, or
+// qClaimReplaysLocked on PostgreSQL.
 func claimReplaysSQL(q queries, d Dialect) string {
-	lock := ""
 	if d == Postgres {
-		lock = " FOR UPDATE SKIP LOCKED"
+		return q.sql(qClaimReplaysLocked)
 	}
-	return q.sql(strings.Replace(qClaimReplays, "{lock}", lock, 1))
+	return q.sql(qClaimReplays)
 }
 
 // AddReplays implements framework.Store, in a transaction of its own.
@@ -104,7 +113,11 @@ func (s *Store) ClaimReplays(ctx context.Context, limit int, lease time.Duration
 	}
 	now := s.now()
 	until, nowArg := s.dialect.timeArg(now.Add(lease)), s.dialect.timeArg(now)
-	rows, err := s.db.QueryxContext(ctx, s.claimReplays, until, nowArg, limit, nowArg)
+	args := []any{until, nowArg, limit}
+	if s.dialect == Postgres {
+		args = []any{nowArg, limit, until}
+	}
+	rows, err := s.db.QueryxContext(ctx, s.claimReplays, args...)
 	if err != nil {
 		return nil, fmt.Errorf("claim replays: %w", err)
 	}

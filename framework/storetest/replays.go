@@ -1,0 +1,148 @@
+package storetest
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/framework"
+)
+
+// replayOf returns a replay of event id to consumer.
+func replayOf(consumer, id string) framework.Replay {
+	return framework.Replay{
+		Consumer: consumer,
+		Topic:    "appointments.appointment.booked",
+		Body:     []byte(`{"specversion":"1.0","id":"` + id + `"}`),
+		Metadata: map[string]string{"content-type": framework.ContentType},
+	}
+}
+
+// replayIDs returns the ids of rs.
+func replayIDs(rs []framework.Replay) []int64 {
+	out := make([]int64, len(rs))
+	for i, r := range rs {
+		out[i] = r.ID
+	}
+	return out
+}
+
+func exerciseReplays(t *testing.T, newHarness func(t *testing.T) Harness) {
+	const consumer = "notifications.remind-on-appointment-booked"
+
+	t.Run("ClaimLeasesOldestFirst", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		require.NoError(t, b.store.AddReplays(ctx, []framework.Replay{
+			replayOf(consumer, "e-1"), replayOf(consumer, "e-2"), replayOf("other", "e-3"),
+		}))
+		first, err := b.store.ClaimReplays(ctx, 2, time.Minute)
+		require.NoError(t, err)
+		require.Len(t, first, 2)
+		require.Less(t, first[0].ID, first[1].ID, "oldest first")
+		want := replayOf(consumer, "e-1")
+		want.ID, want.CreatedAt = first[0].ID, first[0].CreatedAt
+		require.Equal(t, want, first[0])
+		requireTime(t, t0, first[0].CreatedAt, "CreatedAt is the store's time")
+		require.Zero(t, first[0].DeadLetterID, "a replay of its own, not of a dead letter")
+
+		rest, err := b.store.ClaimReplays(ctx, 10, time.Minute)
+		require.NoError(t, err)
+		require.Len(t, rest, 1, "the leased ones are not claimed again")
+		require.Equal(t, "other", rest[0].Consumer)
+		none, err := b.store.ClaimReplays(ctx, 10, time.Minute)
+		require.NoError(t, err)
+		require.Empty(t, none)
+
+		require.NoError(t, b.store.ReplaySent(ctx, first[0].ID))
+		require.NoError(t, b.store.ReplaySent(ctx, first[0].ID), "sent twice is sent")
+		b.clock.Advance(time.Minute + time.Second)
+		again, err := b.store.ClaimReplays(ctx, 10, time.Minute)
+		require.NoError(t, err)
+		require.Equal(t, []int64{first[1].ID, rest[0].ID}, replayIDs(again),
+			"once the lease ends, the replays not sent are claimed again; the sent one is not")
+
+		err = b.store.ReplaySent(ctx, rest[0].ID+1000)
+		require.ErrorIs(t, err, framework.ErrNotFound)
+		_, err = b.store.ClaimReplays(ctx, 0, time.Minute)
+		require.Error(t, err)
+		_, err = b.store.ClaimReplays(ctx, 1, 0)
+		require.Error(t, err)
+	})
+
+	t.Run("AddIsAllOrNothing", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		require.Error(t, b.store.AddReplays(ctx, []framework.Replay{replayOf(consumer, "e-1"), replayOf("", "e-2")}))
+		rs, err := b.store.ClaimReplays(ctx, 10, time.Minute)
+		require.NoError(t, err)
+		require.Empty(t, rs)
+		require.NoError(t, b.store.AddReplays(ctx, nil))
+	})
+
+	// Each replay is a row of its own: the same event added twice is
+	// replayed twice (the consumer's processed mark absorbs the second).
+	t.Run("SameEventTwice", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		require.NoError(t, b.store.AddReplays(ctx, []framework.Replay{replayOf(consumer, "e-1")}))
+		require.NoError(t, b.store.AddReplays(ctx, []framework.Replay{replayOf(consumer, "e-1")}))
+		rs, err := b.store.ClaimReplays(ctx, 10, time.Minute)
+		require.NoError(t, err)
+		require.Len(t, rs, 2)
+	})
+
+	// Relays that claim at once never take the same replay.
+	t.Run("ConcurrentClaimsTakeEachOnce", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		const replays, relays = 30, 6
+		var rs []framework.Replay
+		for i := range replays {
+			rs = append(rs, replayOf(consumer, fmt.Sprintf("e-%d", i)))
+		}
+		require.NoError(t, b.store.AddReplays(ctx, rs))
+		var (
+			wg      sync.WaitGroup
+			mu      sync.Mutex
+			claimed []int64
+			errs    []error
+			start   = make(chan struct{})
+		)
+		for range relays {
+			wg.Go(func() {
+				<-start
+				got, err := b.store.ClaimReplays(ctx, 4, time.Minute)
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					errs = append(errs, err)
+				}
+				claimed = append(claimed, replayIDs(got)...)
+			})
+		}
+		close(start)
+		wg.Wait()
+		require.Empty(t, errs)
+		for {
+			got, err := b.store.ClaimReplays(ctx, 4, time.Minute)
+			require.NoError(t, err)
+			if len(got) == 0 {
+				break
+			}
+			claimed = append(claimed, replayIDs(got)...)
+		}
+		require.Len(t, claimed, replays, "each replay claimed once")
+		slices.Sort(claimed)
+		require.Len(t, slices.Compact(claimed), replays, "no replay claimed twice")
+	})
+}
