@@ -147,9 +147,9 @@ func Serve(ctx context.Context, app *fx.App) error {
 }
 
 // Command returns the service's command line, named name, with the
-// subcommands serve, migrate and dead-letters (list, show, replay,
-// discard, parked), and extra ones. opts are the service's fx
-// options, as given to New.
+// subcommands serve, migrate, dead-letters (list, show, replay,
+// discard, parked), events show and consumers, and extra ones. opts are
+// the service's fx options, as given to New.
 func Command(name string, opts fx.Option, extra ...*cobra.Command) *cobra.Command {
 	opts = fx.Options(opts, fx.Supply(serviceName(name))) // named in the messages that say what to run
 	root := &cobra.Command{
@@ -176,6 +176,8 @@ func Command(name string, opts fx.Option, extra ...*cobra.Command) *cobra.Comman
 			},
 		},
 		deadLettersCommand(opts),
+		eventsCommand(opts),
+		consumersCommand(opts),
 	)
 	root.AddCommand(extra...)
 	return root

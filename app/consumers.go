@@ -1,0 +1,173 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"go.uber.org/fx"
+
+	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/handlers"
+)
+
+// processedWindow is how far back the consumers view counts processed
+// marks.
+const processedWindow = time.Hour
+
+// consumersCommand returns the operator's view of the declared consumers.
+func consumersCommand(opts fx.Option) *cobra.Command {
+	var asJSON bool
+	cmd := &cobra.Command{
+		Use:   "consumers",
+		Short: "List the declared consumers with their settings and figures",
+		Long: `Consumers lists every consumer the service declares: the event types it
+receives, what the transport names its subscription (the RabbitMQ queue on
+amqp, the consumer group on sqlite and postgres; the memory transport has
+none), its concurrency and batch size from the configuration, whether it
+deduplicates (and why not, when it does not), and from the database: the
+events it processed in the last hour (processed marks; a consumer without
+deduplication keeps none), its pending dead letters and the events parked
+behind them (strict_order). Names that are not declared but still have
+dead letters or parked events (a consumer renamed or removed) are listed
+too. Last, the outbox's unsent rows and the oldest of them. With --json it
+prints the same as one JSON object.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return inspect(cmd.Context(), opts, func(ctx context.Context, in inspection) error {
+				rec, err := in.inspector.InspectConsumers(ctx, time.Now().Add(-processedWindow))
+				if err != nil {
+					return err
+				}
+				v := newConsumersView(in.cfg, in.declarations, rec)
+				if asJSON {
+					return writeJSON(cmd.OutOrStdout(), v)
+				}
+				return printConsumers(cmd.OutOrStdout(), v)
+			})
+		},
+	}
+	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return cmd
+}
+
+// consumersView is the answer of the consumers command.
+type consumersView struct {
+	Transport string         `json:"transport"`
+	Consumers []consumerView `json:"consumers"`
+	Outbox    outboxFigures  `json:"outbox"`
+}
+
+// consumerView is one consumer's row.
+type consumerView struct {
+	Name string `json:"name"`
+	// Declared is false for a name the database holds dead letters or
+	// parked events of that the service no longer declares.
+	Declared bool     `json:"declared"`
+	Types    []string `json:"types"`
+	// Queue is the amqp queue; ConsumerGroup the sqlite or postgres
+	// consumer group.
+	Queue         string `json:"queue,omitempty"`
+	ConsumerGroup string `json:"consumer_group,omitempty"`
+	Concurrency   int    `json:"concurrency,omitempty"`
+	BatchSize     int    `json:"batch_size,omitempty"`
+	Dedup         bool   `json:"dedup"`
+	// WithoutDedup is the reason it does not deduplicate.
+	WithoutDedup       string `json:"without_dedup,omitempty"`
+	ProcessedLastHour  int64  `json:"processed_last_hour"`
+	PendingDeadLetters int64  `json:"pending_dead_letters"`
+	Parked             int64  `json:"parked"`
+}
+
+// outboxFigures are the outbox's unsent rows.
+type outboxFigures struct {
+	Unsent       int64      `json:"unsent"`
+	OldestUnsent *time.Time `json:"oldest_unsent,omitempty"`
+}
+
+// newConsumersView returns the view of decls, with cfg's settings and
+// rec's figures.
+func newConsumersView(cfg Config, decls []handlers.Declaration, rec framework.ConsumersRecord) consumersView {
+	v := consumersView{
+		Transport: cfg.Transport,
+		Consumers: []consumerView{},
+		Outbox:    outboxFigures{Unsent: rec.Unsent, OldestUnsent: timeOrNil(rec.OldestUnsent)},
+	}
+	figures := make(map[string]framework.ConsumerFigures, len(rec.Consumers))
+	for _, f := range rec.Consumers {
+		figures[f.Consumer] = f
+	}
+	for _, d := range decls {
+		s := cfg.Settings(d.Name)
+		c := consumerView{
+			Name: d.Name, Declared: true, Types: d.Types,
+			Concurrency: s.Concurrency, BatchSize: s.BatchSize,
+			Dedup: d.WithoutDedup == "", WithoutDedup: d.WithoutDedup,
+		}
+		switch cfg.Transport {
+		case TransportAMQP:
+			c.Queue = d.Name
+		case TransportSQLite, TransportPostgres:
+			c.ConsumerGroup = d.Name
+		}
+		f := figures[d.Name]
+		delete(figures, d.Name)
+		c.ProcessedLastHour, c.PendingDeadLetters, c.Parked = f.Processed, f.PendingDeadLetters, f.Parked
+		v.Consumers = append(v.Consumers, c)
+	}
+	for _, f := range rec.Consumers {
+		if _, left := figures[f.Consumer]; !left || f.PendingDeadLetters == 0 && f.Parked == 0 {
+			continue // declared, or only marks of an old name: nothing to act on
+		}
+		v.Consumers = append(v.Consumers, consumerView{Name: f.Consumer, Types: []string{},
+			ProcessedLastHour: f.Processed, PendingDeadLetters: f.PendingDeadLetters, Parked: f.Parked})
+	}
+	return v
+}
+
+// printConsumers prints v as a table, then the outbox's line.
+func printConsumers(out io.Writer, v consumersView) error {
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "CONSUMER\tTYPES\tSUBSCRIPTION\tCONCURRENCY\tBATCH\tDEDUP\tPROCESSED 1H\tPENDING DL\tPARKED")
+	for _, c := range v.Consumers {
+		sub, conc, batch, dedup := "-", "-", "-", "on"
+		switch {
+		case c.Queue != "":
+			sub = v.Transport + " queue " + c.Queue
+		case c.ConsumerGroup != "":
+			sub = v.Transport + " group " + c.ConsumerGroup
+		case c.Declared:
+			sub = v.Transport
+		}
+		if c.Declared {
+			conc, batch = fmt.Sprint(c.Concurrency), fmt.Sprint(c.BatchSize)
+		}
+		types := strings.Join(c.Types, ",")
+		switch {
+		case !c.Declared:
+			types, dedup = "(not declared)", "-"
+		case !c.Dedup:
+			dedup = "off: " + c.WithoutDedup
+		}
+		processed := fmt.Sprint(c.ProcessedLastHour)
+		if c.Declared && !c.Dedup {
+			processed = "-" // it keeps no marks
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\n", c.Name, types, sub, conc, batch, dedup,
+			processed, c.PendingDeadLetters, c.Parked)
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	if v.Outbox.OldestUnsent == nil {
+		_, err := fmt.Fprintln(out, "outbox: no unsent row")
+		return err
+	}
+	_, err := fmt.Fprintf(out, "outbox: %d unsent, the oldest added %s (%s ago)\n", v.Outbox.Unsent,
+		stamp(*v.Outbox.OldestUnsent), time.Since(*v.Outbox.OldestUnsent).Round(time.Second))
+	return err
+}

@@ -1,0 +1,329 @@
+package app
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"go.uber.org/fx"
+
+	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/handlers"
+)
+
+// inspection is what the operator's views (events show, consumers) work
+// with: the configuration, the store's Inspector and the declared
+// consumers. Like the dead-letter commands, it builds no handler.
+type inspection struct {
+	cfg          Config
+	inspector    framework.Inspector
+	declarations []handlers.Declaration
+}
+
+// inspect opens the service's database (see operate), runs fn and closes
+// it.
+func inspect(ctx context.Context, opts fx.Option, fn func(ctx context.Context, in inspection) error) error {
+	var decls []handlers.Declaration
+	collect := fx.Invoke(func(p struct {
+		fx.In
+		Declarations []handlers.Declaration `group:"effectively.consumers"`
+	},
+	) {
+		decls = p.Declarations
+	})
+	return operate(ctx, fx.Options(opts, collect), func(ctx context.Context, op operator) error {
+		in, ok := op.deadLetters.(framework.Inspector)
+		if !ok {
+			return fmt.Errorf("the store %T cannot be inspected (it does not implement framework.Inspector)", op.deadLetters)
+		}
+		slices.SortFunc(decls, func(a, b handlers.Declaration) int { return strings.Compare(a.Name, b.Name) })
+		return fn(ctx, inspection{cfg: op.cfg, inspector: in, declarations: decls})
+	})
+}
+
+// eventsCommand returns the operator's command on one event.
+func eventsCommand(opts fx.Option) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "events",
+		Short: "What happened to an event",
+	}
+	var asJSON bool
+	show := &cobra.Command{
+		Use:   "show SOURCE ID",
+		Short: "Show what the database knows of one event: produced, applied, dead-lettered, parked",
+		Long: `Show answers, from the service's database, what happened to the event
+SOURCE ID (its CloudEvents source and id): whether this service's outbox
+holds it (its type, subject, when it was added and sent), which consumers
+applied it (their processed marks, and when), which gave up on it (their
+dead letters, with code, attempts, repeats, status and history), and
+whether it is parked behind a dead letter of its subject (strict_order).
+The declared consumers of its type that have no record of it are named.
+
+Where the retention already deleted the evidence (processed marks past
+processed_retention, outbox rows sent longer ago than the relay keeps
+them), it says how far: "purged before" a time. With --json it prints the
+same as one JSON object.`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			key := framework.Key{Source: args[0], ID: args[1]}
+			return inspect(cmd.Context(), opts, func(ctx context.Context, in inspection) error {
+				rec, err := in.inspector.InspectEvent(ctx, key)
+				if err != nil {
+					return err
+				}
+				v := newEventView(rec, in.declarations)
+				if asJSON {
+					return writeJSON(cmd.OutOrStdout(), v)
+				}
+				return printEvent(cmd.OutOrStdout(), v)
+			})
+		},
+	}
+	show.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	root.AddCommand(show)
+	return root
+}
+
+// eventView is the answer of events show, as printed and as JSON.
+type eventView struct {
+	Source string `json:"source"`
+	ID     string `json:"id"`
+	// Known is false when the database holds no record of the event.
+	Known bool `json:"known"`
+	// Outbox is the event's outbox row, null when there is none.
+	Outbox *outboxView `json:"outbox"`
+	// OutboxPurgedBefore: outbox rows sent before it may be gone.
+	OutboxPurgedBefore *time.Time `json:"outbox_purged_before,omitempty"`
+	// Applied are the processed marks of the event.
+	Applied []appliedView `json:"applied"`
+	// ProcessedPurgedBefore: marks processed before it may be gone.
+	ProcessedPurgedBefore *time.Time      `json:"processed_purged_before,omitempty"`
+	DeadLetters           []eventDeadView `json:"dead_letters"`
+	Parked                []eventParkView `json:"parked"`
+	// Unmarked are the declared consumers of the event's type (of every
+	// type when it is unknown) with no record of it: no mark, no dead
+	// letter, not parked.
+	Unmarked []unmarkedView `json:"unmarked"`
+}
+
+type outboxView struct {
+	Row        int64      `json:"row"`
+	Type       string     `json:"type"`
+	Subject    string     `json:"subject,omitempty"`
+	SubjectSeq int64      `json:"subject_seq,omitempty"`
+	CreatedAt  time.Time  `json:"created_at"`
+	Sent       bool       `json:"sent"`
+	SentAt     *time.Time `json:"sent_at,omitempty"`
+}
+
+type appliedView struct {
+	Consumer string    `json:"consumer"`
+	At       time.Time `json:"at"`
+}
+
+type eventDeadView struct {
+	ID            int64         `json:"id"`
+	Consumer      string        `json:"consumer"`
+	Type          string        `json:"type,omitempty"`
+	Code          string        `json:"code"`
+	Attempts      int           `json:"attempts"`
+	Repeats       int           `json:"repeats"`
+	Status        string        `json:"status"`
+	FirstFailedAt time.Time     `json:"first_failed_at"`
+	LastFailedAt  time.Time     `json:"last_failed_at"`
+	History       []historyView `json:"history"`
+}
+
+type historyView struct {
+	At         time.Time `json:"at"`
+	Kind       string    `json:"kind"`
+	Code       string    `json:"code,omitempty"`
+	Attempts   int       `json:"attempts,omitempty"`
+	Deliveries int       `json:"deliveries,omitempty"`
+	By         string    `json:"by,omitempty"`
+	Reason     string    `json:"reason,omitempty"`
+}
+
+type eventParkView struct {
+	Consumer string `json:"consumer"`
+	Subject  string `json:"subject"`
+	Seq      int64  `json:"seq"`
+	// Held: the event is a dead letter that later events of its subject
+	// wait behind; else it is parked behind one.
+	Held  bool      `json:"held"`
+	Ready bool      `json:"ready"`
+	Since time.Time `json:"since"`
+}
+
+type unmarkedView struct {
+	Consumer string `json:"consumer"`
+	// WithoutDedup is the reason the consumer keeps no marks, if it
+	// keeps none.
+	WithoutDedup string `json:"without_dedup,omitempty"`
+}
+
+// newEventView returns the view of rec, naming the consumers of decls
+// that have no record of the event.
+func newEventView(rec framework.EventRecord, decls []handlers.Declaration) eventView {
+	v := eventView{
+		Source: rec.Key.Source, ID: rec.Key.ID, Known: rec.Known(),
+		Applied: []appliedView{}, DeadLetters: []eventDeadView{}, Parked: []eventParkView{}, Unmarked: []unmarkedView{},
+	}
+	recorded := make(map[string]bool)
+	var typ string
+	if o := rec.Outbox; o != nil {
+		typ = o.Type
+		v.Outbox = &outboxView{Row: o.ID, Type: o.Type, Subject: o.Subject, SubjectSeq: o.SubjectSeq,
+			CreatedAt: o.CreatedAt.UTC(), Sent: !o.SentAt.IsZero(), SentAt: timeOrNil(o.SentAt)}
+	} else {
+		v.OutboxPurgedBefore = timeOrNil(rec.Horizons.Outbox)
+	}
+	for _, m := range rec.Processed {
+		recorded[m.Consumer] = true
+		v.Applied = append(v.Applied, appliedView{Consumer: m.Consumer, At: m.At.UTC()})
+	}
+	for _, dl := range rec.DeadLetters {
+		recorded[dl.Consumer] = true
+		typ = cmp.Or(typ, dl.Type)
+		d := eventDeadView{ID: dl.ID, Consumer: dl.Consumer, Type: dl.Type, Code: string(dl.Code), Attempts: dl.Attempts,
+			Repeats: dl.Repeats, Status: string(dl.Status), FirstFailedAt: dl.FirstFailedAt.UTC(), LastFailedAt: dl.LastFailedAt.UTC(),
+			History: []historyView{}}
+		for _, h := range dl.History {
+			d.History = append(d.History, historyView{At: h.At.UTC(), Kind: string(h.Kind), Code: string(h.Code),
+				Attempts: h.Attempts, Deliveries: h.Deliveries, By: h.By, Reason: h.Reason})
+		}
+		v.DeadLetters = append(v.DeadLetters, d)
+	}
+	for _, p := range rec.Parked {
+		recorded[p.Consumer] = true
+		v.Parked = append(v.Parked, eventParkView{Consumer: p.Consumer, Subject: p.Subject, Seq: p.Seq,
+			Held: p.Held, Ready: p.Ready, Since: p.At.UTC()})
+	}
+	for _, d := range decls {
+		if recorded[d.Name] || typ != "" && !slices.Contains(d.Types, typ) {
+			continue
+		}
+		v.Unmarked = append(v.Unmarked, unmarkedView{Consumer: d.Name, WithoutDedup: d.WithoutDedup})
+	}
+	if len(v.Unmarked) > 0 || len(v.Applied) == 0 {
+		v.ProcessedPurgedBefore = timeOrNil(rec.Horizons.Processed)
+	}
+	return v
+}
+
+// timeOrNil returns t in UTC, or nil when it is zero.
+func timeOrNil(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	u := t.UTC()
+	return &u
+}
+
+// stamp formats t for the operator.
+func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
+
+// printEvent prints v for the operator.
+func printEvent(out io.Writer, v eventView) error {
+	key := framework.Key{Source: v.Source, ID: v.ID}
+	if !v.Known {
+		fmt.Fprintf(out, "no record of event %s in this service's database\n", key)
+		if v.ProcessedPurgedBefore != nil {
+			fmt.Fprintf(out, "marks processed before %s are purged: a consumer may have applied it before\n", stamp(*v.ProcessedPurgedBefore))
+		}
+		if v.OutboxPurgedBefore != nil {
+			fmt.Fprintf(out, "outbox rows sent before %s are purged: it may have been produced and sent before\n", stamp(*v.OutboxPurgedBefore))
+		}
+		return nil
+	}
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	row := func(k, format string, args ...any) { fmt.Fprintf(w, "%s\t%s\n", k, fmt.Sprintf(format, args...)) }
+	row("event", "%s", key)
+	switch o := v.Outbox; {
+	case o != nil:
+		subject := ""
+		if o.Subject != "" {
+			subject = fmt.Sprintf(", subject %s #%d", o.Subject, o.SubjectSeq)
+		}
+		sent := "not sent yet"
+		if o.SentAt != nil {
+			sent = "sent " + stamp(*o.SentAt)
+		}
+		row("produced", "outbox row %d, type %s%s, created %s, %s", o.Row, o.Type, subject, stamp(o.CreatedAt), sent)
+	case v.OutboxPurgedBefore != nil:
+		row("produced", "no outbox row: purged before %s (rows sent before then are deleted), or another service produced it", stamp(*v.OutboxPurgedBefore))
+	default:
+		row("produced", "no outbox row: another service produced it")
+	}
+	for _, a := range v.Applied {
+		row("applied", "%s at %s", a.Consumer, stamp(a.At))
+	}
+	for _, u := range v.Unmarked {
+		if u.WithoutDedup != "" {
+			row("no record", "%s (without deduplication, it keeps no mark: %s)", u.Consumer, u.WithoutDedup)
+			continue
+		}
+		row("no record", "%s (not applied yet, or its mark purged)", u.Consumer)
+	}
+	if v.ProcessedPurgedBefore != nil {
+		row("purged", "marks processed before %s", stamp(*v.ProcessedPurgedBefore))
+	}
+	for _, p := range v.Parked {
+		what := fmt.Sprintf("parked behind a dead letter of subject %s (#%d)", p.Subject, p.Seq)
+		if p.Held {
+			what = fmt.Sprintf("a dead letter the later events of subject %s wait behind (#%d)", p.Subject, p.Seq)
+		} else if p.Ready {
+			what += ", ready: its turn has come"
+		}
+		row("parked", "%s: %s, since %s", p.Consumer, what, stamp(p.Since))
+	}
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	for _, d := range v.DeadLetters {
+		fmt.Fprintf(out, "dead letter %d of %s: %s, code %s, %d attempts, %d repeats, first failed %s, last failed %s\n",
+			d.ID, d.Consumer, d.Status, d.Code, d.Attempts, d.Repeats, stamp(d.FirstFailedAt), stamp(d.LastFailedAt))
+		w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+		for _, h := range d.History {
+			fmt.Fprintf(w, "  %s\t%s\t%s\n", stamp(h.At), h.Kind, historyDetail(h))
+		}
+		if err := w.Flush(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// historyDetail describes a history entry: a failure's code, attempts
+// and deliveries, a resolution's actor and reason, an adoption's old
+// name.
+func historyDetail(h historyView) string {
+	switch framework.HistoryKind(h.Kind) {
+	case framework.HistoryFailed:
+		s := fmt.Sprintf("code %s, %d attempts", h.Code, h.Attempts)
+		if h.Deliveries > 0 {
+			s += fmt.Sprintf(", delivery %d", h.Deliveries)
+		}
+		return s
+	case framework.HistoryAdopted:
+		return "from " + h.By
+	}
+	return fmt.Sprintf("by %s: %s", h.By, h.Reason)
+}
+
+// writeJSON writes v as indented JSON.
+func writeJSON(out io.Writer, v any) error {
+	enc := json.NewEncoder(out)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return fmt.Errorf("write JSON: %w", err)
+	}
+	return nil
+}
