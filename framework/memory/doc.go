@@ -34,8 +34,10 @@
 // # Dead letters
 //
 // PublishDeadLetter keeps one dead letter per consumer and message key,
+// with a history of its failures and resolutions (DeadLetterHistory);
 // DeadLetters lists them and ResolveDeadLetter records an operator's
-// replay or discard.
+// replay or discard, a replay as a Replay that ClaimReplays hands to the
+// replay relay.
 //
 // # Transport
 //

@@ -2,9 +2,10 @@
 // every implementation of framework.Store (sqlite, postgres, memory) runs
 // the same cases of its whole method set, mostly through the public path
 // of framework.UnitOfWork, so that the backends behave alike: processed
-// marks, delivery counts, dead letters, subject checkpoints, waits behind
-// a gap, events held and parked behind a dead letter, the purge of old marks and the adoption of a renamed consumer's
-// history.
+// marks, delivery counts, dead letters and their history, replays,
+// subject checkpoints, waits behind a gap, events held and parked behind a
+// dead letter, the purge of old marks and the adoption of a renamed
+// consumer's history.
 //
 // # Running the suite
 //
