@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"math"
 	"strings"
 	"time"
 
@@ -30,13 +32,33 @@ const (
 	DefaultConnectInterval = 250 * time.Millisecond
 	// DefaultMaxConnectInterval caps that pause.
 	DefaultMaxConnectInterval = 5 * time.Second
+	// DefaultDeliveryLimit is the x-delivery-limit of quorum queues: far
+	// above any consumer's max_deliveries and the uncounted redeliveries a
+	// message may see beside them (held at an open breaker, waiting for
+	// its turn under strict order, nacked at shutdown), so that the
+	// framework's own delivery limit dead-letters first and RabbitMQ, which
+	// drops a message past its limit, never does.
+	DefaultDeliveryLimit = 1_000_000
+)
+
+// The queue types of TransportConfig.QueueType.
+const (
+	// QueueClassic is RabbitMQ's classic queue, on one node.
+	QueueClassic = "classic"
+	// QueueQuorum is a quorum queue, replicated over a cluster's nodes
+	// (x-queue-type quorum).
+	QueueQuorum = "quorum"
 )
 
 // TransportConfig configures a Transport: its connection, publisher and
 // subscribers.
 type TransportConfig struct {
 	// URL is the broker's address, e.g.
-	// amqp://guest:guest@127.0.0.1:5672/. Required.
+	// amqp://guest:guest@127.0.0.1:5672/, or the addresses of several
+	// nodes of one cluster separated by commas, e.g.
+	// amqp://app:pw@rabbit-1:5672/,amqp://app:pw@rabbit-2:5672/: the
+	// connection goes to the first that answers, and when it is lost, to
+	// the next that answers (see ParseURLs). Required.
 	URL string
 	// Prefetch is how many messages each subscription buffers beyond those
 	// it handed out: its Qos prefetch count is the consumer's concurrency
@@ -60,10 +82,22 @@ type TransportConfig struct {
 	// MaxConnectInterval caps ConnectInterval's growth. Defaults to
 	// DefaultMaxConnectInterval.
 	MaxConnectInterval time.Duration
-	// QueueArguments are the arguments of every consumer queue, e.g.
-	// {"x-queue-type": "quorum"}. RabbitMQ refuses to redeclare an
-	// existing queue with other arguments. Defaults to none (a classic
-	// queue).
+	// QueueType is the type of every consumer queue: QueueClassic or
+	// QueueQuorum, declared durable with x-queue-type quorum and
+	// x-delivery-limit DeliveryLimit. A queue's type cannot change:
+	// RabbitMQ refuses to declare an existing queue with other arguments
+	// (docs/transports.md says how to move a consumer to a queue of the
+	// other type). Defaults to QueueClassic.
+	QueueType string
+	// DeliveryLimit is the x-delivery-limit of quorum queues: RabbitMQ
+	// drops a message returned to the queue more often (RabbitMQ 4 sets
+	// 20 when the queue does not say). Keep it above every consumer's
+	// max_deliveries, so that the framework dead-letters first. Defaults
+	// to DefaultDeliveryLimit.
+	DeliveryLimit int
+	// QueueArguments are further arguments of every consumer queue, e.g.
+	// {"x-max-length": 100000}. RabbitMQ refuses to redeclare an existing
+	// queue with other arguments. Defaults to none.
 	QueueArguments amqp091.Table
 	// Logger receives the transport's logs. Defaults to discarding them.
 	Logger *slog.Logger
@@ -77,6 +111,8 @@ func (c TransportConfig) WithDefaults() TransportConfig {
 	c.MaxNackDelay = cmp.Or(c.MaxNackDelay, max(DefaultMaxNackDelay, c.NackDelay))
 	c.ConnectInterval = cmp.Or(c.ConnectInterval, DefaultConnectInterval)
 	c.MaxConnectInterval = cmp.Or(c.MaxConnectInterval, max(DefaultMaxConnectInterval, c.ConnectInterval))
+	c.QueueType = cmp.Or(c.QueueType, QueueClassic)
+	c.DeliveryLimit = cmp.Or(c.DeliveryLimit, DefaultDeliveryLimit)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -88,11 +124,14 @@ var ErrMissingURL = errors.New("amqp: missing URL (e.g. amqp://guest:guest@127.0
 
 // Validate reports the first invalid field of c.
 func (c TransportConfig) Validate() error {
+	if _, err := ParseURLs(c.URL); err != nil {
+		return err
+	}
 	switch {
-	case c.URL == "":
-		return ErrMissingURL
-	case !strings.HasPrefix(c.URL, "amqp://") && !strings.HasPrefix(c.URL, "amqps://"):
-		return fmt.Errorf("amqp: URL must start with amqp:// or amqps://, got %q", redact(c.URL))
+	case c.QueueType != QueueClassic && c.QueueType != QueueQuorum:
+		return fmt.Errorf("amqp: QueueType must be %s or %s, got %q", QueueClassic, QueueQuorum, c.QueueType)
+	case c.DeliveryLimit < 1 || c.DeliveryLimit > math.MaxInt32:
+		return fmt.Errorf("amqp: DeliveryLimit must be between 1 and %d, got %d", math.MaxInt32, c.DeliveryLimit)
 	case c.Prefetch < 1 || c.Prefetch > 65535:
 		return fmt.Errorf("amqp: Prefetch must be between 1 and 65535, got %d", c.Prefetch)
 	case c.ChannelPoolSize < 1:
@@ -103,6 +142,29 @@ func (c TransportConfig) Validate() error {
 		return fmt.Errorf("amqp: want 0 < ConnectInterval (%s) <= MaxConnectInterval (%s)", c.ConnectInterval, c.MaxConnectInterval)
 	}
 	return nil
+}
+
+// queueArguments returns the arguments of every consumer queue of c: its
+// QueueArguments, and for a quorum queue its type and delivery limit.
+func (c TransportConfig) queueArguments() amqp091.Table {
+	if c.QueueType != QueueQuorum {
+		return c.QueueArguments
+	}
+	args := make(amqp091.Table, len(c.QueueArguments)+2)
+	maps.Copy(args, c.QueueArguments)
+	args["x-queue-type"] = QueueQuorum
+	args["x-delivery-limit"] = int32(c.DeliveryLimit)
+	return args
+}
+
+// redactURLs hides the password of each of a comma-separated list of AMQP
+// URLs.
+func redactURLs(urls string) string {
+	parts := strings.Split(urls, ",")
+	for i, u := range parts {
+		parts[i] = redact(strings.TrimSpace(u))
+	}
+	return strings.Join(parts, ",")
 }
 
 // redact hides the password of an AMQP URL.

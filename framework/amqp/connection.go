@@ -28,10 +28,13 @@ var ErrAccessRefused = errors.New("amqp: the broker refused the credentials")
 // subscribers. It does not dial: Connect does, retrying with
 // backoff while the broker is down, so an application can start before its
 // broker; a refusal of the credentials is not retried (ErrAccessRefused). Once connected, watermill-amqp reconnects by itself, forever,
-// and the subscribers declare their topology again.
+// and the subscribers declare their topology again. With several broker
+// URLs, each dial, the first and every reconnection, goes to the first
+// node that answers from the one after the node last dialed (brokers).
 type connection struct {
-	cfg    TransportConfig
-	logger watermill.LoggerAdapter
+	cfg     TransportConfig
+	logger  watermill.LoggerAdapter
+	brokers *brokers
 
 	mu     sync.Mutex
 	conn   *wamqp.ConnectionWrapper
@@ -45,10 +48,19 @@ func newConnection(cfg TransportConfig) (*connection, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	urls, err := ParseURLs(cfg.URL)
+	if err != nil {
+		return nil, err
+	}
+	b, err := newBrokers(urls, cfg.Logger)
+	if err != nil {
+		return nil, err
+	}
 	return &connection{
-		cfg:    cfg,
-		logger: watermill.NewSlogLogger(cfg.Logger),
-		ready:  make(chan struct{}),
+		cfg:     cfg,
+		logger:  watermill.NewSlogLogger(cfg.Logger),
+		brokers: b,
+		ready:   make(chan struct{}),
 	}, nil
 }
 
@@ -65,14 +77,14 @@ func (c *connection) Connect(ctx context.Context) error {
 			return err
 		}
 		if accessRefused(err) {
-			return fmt.Errorf("%w of %s (check its user, password and virtual host): %w", ErrAccessRefused, redact(c.cfg.URL), err)
+			return fmt.Errorf("%w of %s (check its user, password and virtual host): %w", ErrAccessRefused, redactURLs(c.cfg.URL), err)
 		}
 		c.cfg.Logger.WarnContext(ctx, "amqp: broker unreachable, retrying", "attempt", attempt, "retry_in", delay, "error", err)
 		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("amqp: broker unreachable at %s (%d attempts): %w (last error: %w)", redact(c.cfg.URL), attempt, ctx.Err(), err)
+			return fmt.Errorf("amqp: broker unreachable at %s (%d attempts): %w (last error: %w)", redactURLs(c.cfg.URL), attempt, ctx.Err(), err)
 		case <-t.C:
 		}
 		delay = min(2*delay, c.cfg.MaxConnectInterval)
@@ -97,8 +109,9 @@ func (c *connection) dial() error {
 		return nil
 	}
 	conn, err := wamqp.NewConnection(wamqp.ConnectionConfig{
-		AmqpURI:   c.cfg.URL,
-		Reconnect: wamqp.DefaultReconnectConfig(),
+		AmqpURI:    c.brokers.dialURI(),
+		AmqpConfig: c.brokers.config(),
+		Reconnect:  wamqp.DefaultReconnectConfig(),
 	}, c.logger)
 	if err != nil {
 		return err

@@ -35,6 +35,18 @@
 // by itself; Config.Prefetch more are buffered. Replay sends dead letters
 // back to one consumer's queue through the default exchange.
 //
+// # Clusters
+//
+// TransportConfig.URL may name several nodes of one cluster, separated by
+// commas (ParseURLs): the connection goes to the first that answers, and
+// when it is lost, to the next node that answers, where the subscriptions
+// declare their queues and bindings again and consume on. With
+// TransportConfig.QueueType QueueQuorum the consumer queues are quorum
+// queues, replicated over the cluster, with x-delivery-limit
+// TransportConfig.DeliveryLimit: keep it above every consumer's
+// max_deliveries, so that the framework's delivery limit dead-letters a
+// message before RabbitMQ drops it.
+//
 // # Traps handled
 //
 //   - A nack would requeue at once and loop hot: the Subscriber pauses

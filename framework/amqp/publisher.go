@@ -14,12 +14,13 @@ import (
 
 // watermillConfig is the watermill-amqp configuration of the framework's
 // topology: each topic (event type) is a durable fanout exchange of that
-// name, each queue is durable and named by queueName, messages are
+// name, each queue is durable, of cfg's type, and named by queueName,
+// messages are
 // persistent and confirmed by the broker.
 func watermillConfig(cfg TransportConfig, queueName wamqp.QueueNameGenerator) wamqp.Config {
 	c := wamqp.NewDurablePubSubConfig(cfg.URL, queueName)
 	c.Marshaler = Marshaler{}
-	c.Queue.Arguments = cfg.QueueArguments
+	c.Queue.Arguments = cfg.queueArguments()
 	c.Publish.ConfirmDelivery = true
 	c.Publish.ChannelPoolSize = cfg.ChannelPoolSize
 	c.Consume.Qos.PrefetchCount = cfg.Prefetch

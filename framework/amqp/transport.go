@@ -43,9 +43,9 @@ func New(cfg TransportConfig) (*Transport, error) {
 	return &Transport{conn: conn, pub: pub}, nil
 }
 
-// Connect dials the broker: it retries with
-// backoff until ctx ends, and not at all when the broker refuses the
-// credentials (ErrAccessRefused).
+// Connect dials the broker, the first of its nodes that answers: it
+// retries with backoff until ctx ends, and not at all when the broker
+// refuses the credentials (ErrAccessRefused).
 func (t *Transport) Connect(ctx context.Context) error { return t.conn.Connect(ctx) }
 
 // Publisher returns the transport's publisher.
@@ -77,7 +77,7 @@ func (t *Transport) Replay(ctx context.Context, consumer string, msgs ...*messag
 }
 
 // Ready reports whether the connection is up: false before Connect and
-// while watermill-amqp reconnects.
+// while watermill-amqp reconnects (to the next node that answers).
 func (t *Transport) Ready() bool { return t.conn.Connected() }
 
 // Close closes the subscribers, the publisher and the connection.
