@@ -32,6 +32,14 @@
 // lists them): a replay applies them after it; a discard keeps them
 // parked unless --release-parked.
 //
+// Two views, both with --json, read the database alone: events show
+// SOURCE ID, what happened to one event (produced, applied, dead-lettered,
+// parked, or its record purged before a time), and consumers, every
+// declared consumer with its settings and figures:
+//
+//	notifications events show appointments 7f3c2a
+//	notifications consumers
+//
 // # Configuration
 //
 // Environment variables set the common settings; the YAML file named by
