@@ -32,7 +32,8 @@ type Middleware struct {
 	Outer []message.HandlerMiddleware
 	// Inner runs inside each attempt, in its transaction
 	// (framework.TxFromContext), for the deliveries that are not
-	// duplicates.
+	// duplicates (every delivery of a consumer without deduplication,
+	// handlers.WithoutDedup).
 	Inner []message.HandlerMiddleware
 }
 

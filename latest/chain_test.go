@@ -198,17 +198,7 @@ func TestConcurrentOutOfOrderEvents(t *testing.T) {
 			}
 			rand.Shuffle(len(envs), func(i, j int) { envs[i], envs[j] = envs[j], envs[i] })
 
-			results := make(testkit.Results, len(envs))
-			start := make(chan struct{})
-			var wg sync.WaitGroup
-			for i, env := range envs {
-				wg.Go(func() {
-					<-start
-					results[i] = s.chain.Deliver(ctx, t, env)
-				})
-			}
-			close(start)
-			wg.Wait()
+			results := s.chain.DeliverTogether(ctx, t, envs...)
 			require.Equal(t, subjects*seqs, results.Count(framework.Processed), "%v", results)
 			require.Equal(t, subjects, results.Count(framework.DeadLettered), "%v", results)
 
