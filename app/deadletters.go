@@ -13,8 +13,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 	"github.com/spf13/cobra"
 	"go.uber.org/fx"
@@ -25,9 +23,9 @@ import (
 
 // operator is what the dead-letter commands work with: the configuration,
 // the database's store and the names of the declared consumers. It builds
-// no handler, so nothing a handler's constructor needs or dials; list, show
-// and discard use the database alone, and replay opens the transport's
-// replay path (openReplayer).
+// no handler, so nothing a handler's constructor needs or dials, and uses
+// the database alone: a replay is recorded there, and the running service
+// publishes it (see replayRelay).
 type operator struct {
 	cfg         Config
 	db          *sqlx.DB
@@ -118,7 +116,7 @@ func deadLettersCommand(opts fx.Option) *cobra.Command {
 
 	show := &cobra.Command{
 		Use:   "show ID",
-		Short: "Show one dead letter with its original message",
+		Short: "Show one dead letter with its original message and its history",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id, err := parseID(args[0])
@@ -133,108 +131,221 @@ func deadLettersCommand(opts fx.Option) *cobra.Command {
 				if err := printDeadLetter(cmd.OutOrStdout(), dl); err != nil {
 					return err
 				}
+				history, err := op.deadLetters.DeadLetterHistory(ctx, id)
+				if err != nil {
+					return fmt.Errorf("dead letter %d: history: %w", id, err)
+				}
+				if err := printHistory(cmd.OutOrStdout(), history); err != nil {
+					return err
+				}
 				return op.reportParked(ctx, cmd.OutOrStdout(), dl, "listed by dead-letters parked --subject "+dl.Subject)
 			})
 		},
 	}
 
+	root.AddCommand(list, show, replayCommand(opts), discardCommand(opts), parkedCommand(opts))
+	return root
+}
+
+// resolutionFlags adds the flags that say who resolves dead letters and
+// why, both recorded in their history.
+func resolutionFlags(cmd *cobra.Command, r *framework.Resolution) {
+	cmd.Flags().StringVar(&r.By, "by", os.Getenv("USER"), "who does it (recorded; defaults to $USER)")
+	cmd.Flags().StringVar(&r.Reason, "reason", "", "why (recorded; required)")
+}
+
+// checkResolution refuses a resolution without an actor or a reason; why
+// says what the reason should say.
+func checkResolution(r framework.Resolution, why string) error {
+	switch {
+	case strings.TrimSpace(r.Reason) == "":
+		return fmt.Errorf("--reason: say %s", why)
+	case strings.TrimSpace(r.By) == "":
+		return errors.New("--by: say who you are ($USER is not set)")
+	}
+	return nil
+}
+
+// replayCommand returns the command that replays dead letters, named or
+// selected by a filter.
+func replayCommand(opts fx.Option) *cobra.Command {
 	var (
-		by, reason   string
-		releaseAfter bool
+		req          replayRequest
+		codeFlag     string
+		since, until string
+		perSecond    float64
 	)
-	replay := &cobra.Command{
-		Use:   "replay ID...",
-		Short: "Send pending dead letters again to their consumer alone, and mark them replayed",
-		Long: `Replay publishes each pending dead letter's original message again, to its
-consumer alone (other consumers of the event type do not see it again), then
-marks it replayed. The event was never marked processed, so the consumer
-handles it afresh; should it fail again, the dead letter is pending again and
-counts the repeat. A replay cut short between the publish and the mark sends
-the message again next time: the consumer's deduplication absorbs it.
+	cmd := &cobra.Command{
+		Use:   "replay [ID...]",
+		Short: "Send pending dead letters again to their consumer alone: the named ones, or those a filter selects",
+		Long: `Replay records, for each pending dead letter, in one transaction, that it is
+replayed (who, when, why: kept in its history) and its original message to
+hand again to its consumer alone (other consumers of the event type do not
+see it again). The running service publishes the recorded replays (within
+a second); until a service runs, they wait in the database. The command
+needs only the database. The event was never marked processed, so the
+consumer handles it afresh; should it fail again, the dead letter is
+pending again, with the new failure in its history. Of two operators who
+replay the same dead letter at once, one replays it and the other is
+refused: it is published once.
+
+Name the dead letters by id, or select the pending ones by filter
+(--consumer, --code, --type, --subject, --since, --until: their first
+failure at or after --since, before --until). A replay goes per subject in
+the order of the subject's sequence (numerically), then of first failure.
+Each dead letter is reported: replayed, or refused and why (not found; not
+pending: who resolved it, when; its consumer is not declared in this
+service; it first failed longer ago than processed_retention, so that a
+duplicate could no longer be detected: --force replays it anyway). The
+command goes on after a refusal and exits non-zero when it refused any.
+--dry-run lists what would be replayed and what would be refused, and
+records nothing. --rate N records at most N replays a second. On a
+terminal a progress bar shows on stderr.
 
 Under strict_order, the later events of the dead letter's subject are parked
 behind it (see the parked command): once the replayed event takes effect,
 the consumer applies them after it, in order.
 
---reason is required. On amqp the replay waits a few seconds at most for the
-broker (EFFECTIVELY_AMQP_URL); list, show and discard need only the database.`,
-		Args: cobra.MinimumNArgs(1),
+--reason and --by (default $USER) are required.`,
+		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ids, err := parseIDs(args)
-			if err != nil {
+			var err error
+			if req.ids, err = parseIDs(args); err != nil {
 				return err
 			}
-			if reason == "" {
-				return errors.New("--reason: say why the messages can be processed now")
+			req.filter.Code = framework.Code(codeFlag)
+			if req.filter.FailedSince, err = parseTime("since", since); err != nil {
+				return err
+			}
+			if req.filter.FailedBefore, err = parseTime("until", until); err != nil {
+				return err
+			}
+			byFilter := req.filter != (framework.DeadLetterFilter{})
+			switch {
+			case len(req.ids) > 0 && byFilter:
+				return errors.New("replay: name dead letters by id or select them by filter, not both")
+			case len(req.ids) == 0 && !byFilter:
+				return errors.New("replay: name dead letters by id, or select them with --consumer, --code, --type, --subject, --since or --until")
+			case perSecond < 0:
+				return fmt.Errorf("--rate: want a positive number of replays a second, got %v", perSecond)
+			}
+			req.resolution.Status = framework.DeadLetterReplayed
+			if err := checkResolution(req.resolution, "why the messages can be processed now"); err != nil {
+				return err
 			}
 			return operate(cmd.Context(), opts, func(ctx context.Context, op operator) error {
-				rp, err := openReplayer(ctx, op.cfg, op.db)
-				if err != nil {
-					return err
-				}
-				defer rp.Close()
-				for _, id := range ids {
-					dl, err := op.replay(ctx, rp, id, framework.Resolution{Status: framework.DeadLetterReplayed, By: by, Reason: reason})
-					if err != nil {
-						return err
-					}
-					fmt.Fprintf(cmd.OutOrStdout(), "dead letter %d replayed\n", id)
-					if err := op.reportParked(ctx, cmd.OutOrStdout(), dl, "they are applied after it, in order, once it takes effect"); err != nil {
-						return err
-					}
-				}
-				return nil
+				return op.replayCommand(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr(), req, newThrottle(perSecond))
 			})
 		},
 	}
-	discard := &cobra.Command{
+	f := cmd.Flags()
+	f.StringVar(&req.filter.Consumer, "consumer", "", "those of this consumer")
+	f.StringVar(&codeFlag, "code", "", "those with this code")
+	f.StringVar(&req.filter.Type, "type", "", "those of this event type")
+	f.StringVar(&req.filter.Subject, "subject", "", "those of this subject")
+	f.StringVar(&since, "since", "", "those that first failed at or after this time (RFC 3339 or a date)")
+	f.StringVar(&until, "until", "", "those that first failed before this time (RFC 3339 or a date)")
+	f.Float64Var(&perSecond, "rate", 0, "at most this many replays a second (0: no limit)")
+	f.BoolVar(&req.dryRun, "dry-run", false, "list what would be replayed and what would be refused; record nothing")
+	f.BoolVar(&req.force, "force", false, "replay dead letters that first failed longer ago than processed_retention too")
+	resolutionFlags(cmd, &req.resolution)
+	return cmd
+}
+
+// replayCommand replays what req selects (see replayCommand), printing
+// per dead letter what it did to out and a progress bar to errOut when it
+// is a terminal.
+func (op operator) replayCommand(ctx context.Context, out, errOut io.Writer, req replayRequest, th *throttle) error {
+	vs, errs, err := op.selectReplays(ctx, req, time.Now())
+	if err != nil {
+		return err
+	}
+	todo := 0
+	for _, v := range vs {
+		if v.refused == "" {
+			todo++
+		}
+	}
+	if req.dryRun {
+		for _, v := range vs {
+			fmt.Fprintln(out, v.dryLine())
+		}
+		_, err := fmt.Fprintf(out, "dry run: %d would be replayed, %d refused; nothing recorded\n", todo, len(vs)-todo)
+		return err
+	}
+	more, err := op.replayAll(ctx, out, vs, req.resolution, th, newProgress(errOut, todo))
+	errs = append(errs, more...)
+	if err != nil {
+		return err
+	}
+	replayed := 0
+	for _, v := range vs {
+		if v.refused == "" {
+			replayed++
+		}
+	}
+	if replayed > 0 {
+		fmt.Fprintf(out, "%d replayed, %d refused: the running service publishes the replays to their consumers\n", replayed, len(vs)-replayed)
+	} else if len(vs) == 0 {
+		fmt.Fprintln(out, "no pending dead letter matches")
+	}
+	return refusals(vs, errs)
+}
+
+// discardCommand returns the command that discards dead letters.
+func discardCommand(opts fx.Option) *cobra.Command {
+	var (
+		r            framework.Resolution
+		releaseAfter bool
+	)
+	cmd := &cobra.Command{
 		Use:   "discard ID...",
 		Short: "Mark pending dead letters discarded: never to be processed",
 		Long: `Discard marks each pending dead letter discarded: it will never be processed.
+Who, when and why are kept in its history. Each dead letter is reported:
+discarded, or refused and why (not found; not pending: who resolved it,
+when); the command goes on after a refusal and exits non-zero when it
+refused any. --reason and --by (default $USER) are required.
 
 Under strict_order, the later events of the dead letter's subject are parked
 behind it and stay parked after a discard, until the operator asks for them:
 with --release-parked the subject's sequence skips the discarded event, and
-its parked events are handed to the consumer (through its replay path) to be
-applied in order. --release-parked also works on a dead letter discarded
-before; running it again hands the parked events over again, which the
-consumer absorbs.`,
+its parked events are recorded to hand to the consumer (through its replay
+path; the running service publishes them) to be applied in order.
+--release-parked also works on a dead letter discarded before; running it
+again hands the parked events over again, which the consumer absorbs.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ids, err := parseIDs(args)
 			if err != nil {
 				return err
 			}
-			if reason == "" {
-				return errors.New("--reason: say why the messages will never be processed")
+			r.Status = framework.DeadLetterDiscarded
+			if err := checkResolution(r, "why the messages will never be processed"); err != nil {
+				return err
 			}
 			return operate(cmd.Context(), opts, func(ctx context.Context, op operator) error {
-				var rp *replayer
-				if releaseAfter {
-					var err error
-					if rp, err = openReplayer(ctx, op.cfg, op.db); err != nil {
-						return err
-					}
-					defer rp.Close()
-				}
+				vs := make([]verdict, 0, len(ids))
+				var errs []error
 				for _, id := range ids {
-					r := framework.Resolution{Status: framework.DeadLetterDiscarded, By: by, Reason: reason}
-					if err := op.discard(ctx, cmd.OutOrStdout(), rp, id, r); err != nil {
+					v, err := op.discard(ctx, cmd.OutOrStdout(), releaseAfter, id, r)
+					if err != nil {
 						return err
 					}
+					if v.refused != "" {
+						fmt.Fprintln(cmd.OutOrStdout(), v.line(""))
+						errs = append(errs, v.err)
+					}
+					vs = append(vs, v.verdict)
 				}
-				return nil
+				return refusals(vs, errs)
 			})
 		},
 	}
-	discard.Flags().BoolVar(&releaseAfter, "release-parked", false,
+	cmd.Flags().BoolVar(&releaseAfter, "release-parked", false,
 		"skip the discarded event in its subject's sequence and apply the events parked behind it (strict_order)")
-	for _, c := range []*cobra.Command{replay, discard} {
-		c.Flags().StringVar(&by, "by", os.Getenv("USER"), "who does it (recorded)")
-		c.Flags().StringVar(&reason, "reason", "", "why (recorded; required)")
-	}
-	root.AddCommand(list, show, replay, discard, parkedCommand(opts))
-	return root
+	resolutionFlags(cmd, &r)
+	return cmd
 }
 
 // parkedCommand returns the command that lists the events parked behind
@@ -267,71 +378,85 @@ consumer applies them at its next message.`,
 	return cmd
 }
 
-// replay publishes the dead letter id to its consumer alone through rp,
-// then marks it resolved with r, and returns it.
-func (op operator) replay(ctx context.Context, rp *replayer, id int64, r framework.Resolution) (framework.DeadLetter, error) {
-	dl, err := op.deadLetters.DeadLetter(ctx, id)
-	if err != nil {
-		return dl, fmt.Errorf("dead letter %d: %w", id, err)
-	}
-	if dl.Status != framework.DeadLetterPending {
-		return dl, fmt.Errorf("dead letter %d is %s, not pending", id, dl.Status)
-	}
-	if !slices.Contains(op.consumers, dl.Consumer) {
-		return dl, fmt.Errorf("dead letter %d: consumer %s is not declared in this service, so nothing would consume the replay", id, dl.Consumer)
-	}
-	if err := rp.Replay(ctx, dl.Consumer, dl.ReplayMessage()); err != nil {
-		return dl, fmt.Errorf("replay dead letter %d: %w", id, err)
-	}
-	if _, err := op.deadLetters.ResolveDeadLetter(ctx, id, r); err != nil {
-		return dl, fmt.Errorf("mark dead letter %d replayed: %w", id, err)
-	}
-	return dl, nil
+// discarded is the verdict of a discard, with the error behind its
+// refusal.
+type discarded struct {
+	verdict
+	err error
 }
 
-// discard marks the dead letter id discarded with r, and tells out what
-// becomes of the events parked behind it: they stay parked unless rp is
-// set (--release-parked), which skips the dead letter in its subject's
-// sequence and hands the parked events whose turn came to the consumer
-// through rp. With rp, a dead letter discarded before is accepted.
-func (op operator) discard(ctx context.Context, out io.Writer, rp *replayer, id int64, r framework.Resolution) error {
-	dl, err := op.deadLetters.DeadLetter(ctx, id)
-	if err != nil {
-		return fmt.Errorf("dead letter %d: %w", id, err)
+// discard marks the dead letter id discarded with r (its history keeps
+// it), and tells out what becomes of the events parked behind it: they
+// stay parked unless release (--release-parked), which skips the dead
+// letter in its subject's sequence and records the parked events whose
+// turn came as replays to the consumer (Store.AddReplays), which the
+// running service publishes. With release, a dead letter discarded before
+// is accepted. A dead letter that is not found or not pending is refused.
+func (op operator) discard(ctx context.Context, out io.Writer, release bool, id int64, r framework.Resolution) (discarded, error) {
+	refuse := func(why string, err error) (discarded, error) {
+		return discarded{verdict: verdict{id: id, refused: why}, err: fmt.Errorf("dead letter %d: %w", id, err)}, nil
 	}
-	if rp == nil || dl.Status != framework.DeadLetterDiscarded {
-		if _, err := op.deadLetters.ResolveDeadLetter(ctx, id, r); err != nil {
-			return fmt.Errorf("discard dead letter %d: %w", id, err)
+	dl, err := op.deadLetters.DeadLetter(ctx, id)
+	switch {
+	case errors.Is(err, framework.ErrNotFound):
+		return refuse("not found", err)
+	case err != nil:
+		return discarded{}, fmt.Errorf("dead letter %d: %w", id, err)
+	case release && dl.Subject != "" && !slices.Contains(op.consumers, dl.Consumer):
+		return refuse(fmt.Sprintf("consumer %s is not declared in this service: nothing would apply its parked events", dl.Consumer), framework.ErrNotFound)
+	}
+	if !release || dl.Status != framework.DeadLetterDiscarded {
+		_, err := op.deadLetters.ResolveDeadLetter(ctx, id, r)
+		switch {
+		case errors.Is(err, framework.ErrNotPending):
+			if dl, err = op.deadLetters.DeadLetter(ctx, id); err != nil {
+				return discarded{}, fmt.Errorf("dead letter %d: %w", id, err)
+			}
+			return refuse(notPending(dl), framework.ErrNotPending)
+		case errors.Is(err, framework.ErrNotFound):
+			return refuse("not found", err)
+		case err != nil:
+			return discarded{}, fmt.Errorf("discard dead letter %d: %w", id, err)
 		}
 	}
+	v := discarded{verdict: verdict{id: id, dl: dl}}
 	fmt.Fprintf(out, "dead letter %d discarded\n", id)
-	if rp == nil {
-		return op.reportParked(ctx, out, dl, "they stay parked: discard it again with --release-parked to apply them")
+	if !release {
+		return v, op.reportParked(ctx, out, dl, "they stay parked: discard it again with --release-parked to apply them")
 	}
 	if dl.Subject == "" {
-		return nil
+		return v, nil
 	}
-	if !slices.Contains(op.consumers, dl.Consumer) {
-		return fmt.Errorf("dead letter %d: consumer %s is not declared in this service, so nothing would apply its parked events", id, dl.Consumer)
-	}
+	return v, op.releaseParked(ctx, out, dl)
+}
+
+// releaseParked skips the discarded dl in its subject's sequence and
+// records the events parked behind it whose turn came as replays to its
+// consumer, in their order.
+func (op operator) releaseParked(ctx context.Context, out io.Writer, dl framework.DeadLetter) error {
 	parked, err := op.parkedBehind(ctx, dl)
 	if err != nil {
 		return err
 	}
 	if _, err := op.deadLetters.Skip(ctx, dl.Consumer, dl.Subject, dl.Key()); err != nil && !errors.Is(err, framework.ErrNotFound) {
-		return fmt.Errorf("dead letter %d: skip it in the sequence of %s: %w", id, dl.Subject, err)
+		return fmt.Errorf("dead letter %d: skip it in the sequence of %s: %w", dl.ID, dl.Subject, err)
 	} // not found: skipped before, or nothing was held behind it
 	ready, err := op.deadLetters.Parked(ctx, framework.ParkedFilter{Consumer: dl.Consumer, Subject: dl.Subject, Ready: true})
 	if err != nil {
 		return err
 	}
+	rs := make([]framework.Replay, 0, len(ready))
 	for _, p := range ready {
-		if err := rp.Replay(ctx, dl.Consumer, parkedMessage(p)); err != nil {
-			return fmt.Errorf("dead letter %d: release the events parked behind it: %w", id, err)
+		rs = append(rs, parkedReplay(p))
+	}
+	if len(rs) > 0 {
+		if err := op.deadLetters.AddReplays(ctx, rs); err != nil {
+			return fmt.Errorf("dead letter %d: release the events parked behind it: %w", dl.ID, err)
 		}
 	}
-	fmt.Fprintf(out, "%d events of subject %s parked behind it are released to %s, to be applied in order\n", len(parked), dl.Subject, dl.Consumer)
-	return nil
+	_, err = fmt.Fprintf(out, "%d events of subject %s parked behind it are released to %s, to be applied in order (the running service publishes them)\n",
+		len(parked), dl.Subject, dl.Consumer)
+	return err
 }
 
 // parkedBehind returns the events of dl's subject parked for its
@@ -358,17 +483,16 @@ func (op operator) reportParked(ctx context.Context, out io.Writer, dl framework
 	return err
 }
 
-// parkedMessage is the message of the parked event p, handed to its
-// consumer again: its body and metadata, without the transport's
-// redelivery marker.
-func parkedMessage(p framework.ParkedEvent) *message.Message {
-	msg := message.NewMessage(watermill.NewUUID(), p.Body)
+// parkedReplay is the replay of the parked event p to its consumer: its
+// body and metadata, without the transport's redelivery marker.
+func parkedReplay(p framework.ParkedEvent) framework.Replay {
+	md := make(map[string]string, len(p.Metadata))
 	for k, v := range p.Metadata {
 		if k != framework.MetadataRedelivered {
-			msg.Metadata.Set(k, v)
+			md[k] = v
 		}
 	}
-	return msg
+	return framework.Replay{Consumer: p.Consumer, Topic: p.Topic, Body: p.Body, Metadata: md}
 }
 
 func parseID(s string) (int64, error) {
@@ -416,9 +540,14 @@ func printDeadLetter(out io.Writer, dl framework.DeadLetter) error {
 	row("source", orDash(dl.Source))
 	row("event id", dl.EventID)
 	row("type", fmt.Sprintf("%s v%d", orDash(dl.Type), dl.Version))
-	row("subject", orDash(dl.Subject))
+	if dl.SubjectSeq > 0 {
+		row("subject", fmt.Sprintf("%s #%d", dl.Subject, dl.SubjectSeq))
+	} else {
+		row("subject", orDash(dl.Subject))
+	}
 	row("correlation id", orDash(dl.CorrelationID))
 	row("attempts", dl.Attempts)
+	row("deliveries", dl.Deliveries)
 	row("repeats", dl.Repeats)
 	row("first failed", dl.FirstFailedAt.UTC().Format(time.RFC3339Nano))
 	row("last failed", dl.LastFailedAt.UTC().Format(time.RFC3339Nano))
@@ -444,6 +573,26 @@ func printDeadLetter(out io.Writer, dl framework.DeadLetter) error {
 	}
 	_, err := fmt.Fprintf(out, "  %q\n", dl.Body)
 	return err
+}
+
+// printHistory prints every failure and resolution of a dead letter,
+// oldest first.
+func printHistory(out io.Writer, hs []framework.HistoryEntry) error {
+	fmt.Fprintln(out, "history:")
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	for _, h := range hs {
+		var what string
+		switch h.Kind {
+		case framework.HistoryFailed:
+			what = fmt.Sprintf("code %s, attempts %d, deliveries %d", h.Code, h.Attempts, h.Deliveries)
+		case framework.HistoryAdopted:
+			what = "from consumer " + h.By
+		default:
+			what = fmt.Sprintf("by %s: %s", orDash(h.By), h.Reason)
+		}
+		fmt.Fprintf(w, "  %s\t%s\t%s\n", h.At.UTC().Format(time.RFC3339Nano), h.Kind, what)
+	}
+	return w.Flush()
 }
 
 // printParked prints ps per consumer and subject: the dead letter they

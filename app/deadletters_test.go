@@ -19,6 +19,8 @@ import (
 	"github.com/effectively-once/effectively/app"
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/outbox"
+	"github.com/effectively-once/effectively/framework/postgres"
+	"github.com/effectively-once/effectively/framework/sqlite"
 	"github.com/effectively-once/effectively/handlers"
 	"github.com/effectively-once/effectively/internal/testenv"
 )
@@ -121,6 +123,8 @@ func testDeadLettersCommand(t *testing.T, cfg app.Config) {
 	rejecting.Store(false)
 	_, err = run("dead-letters", "replay", fmt.Sprint(ids[0]))
 	require.ErrorContains(t, err, "--reason")
+	_, err = run("dead-letters", "replay", fmt.Sprint(ids[0]), "--reason", "fixed", "--by", "")
+	require.ErrorContains(t, err, "--by: say who you are")
 	out, err = run("dead-letters", "show", fmt.Sprint(ids[0]))
 	require.NoError(t, err)
 	require.Regexp(t, `status\s+pending`, out, "not replayed without a reason")
@@ -135,14 +139,17 @@ func testDeadLettersCommand(t *testing.T, cfg app.Config) {
 	require.NoError(t, err)
 	require.Regexp(t, `status\s+replayed`, out)
 	require.Contains(t, out, "replayed by tester")
+	require.Regexp(t, `(?m)^history:\n\s+\S+\s+failed\s+code widget_rejected, attempts \d+, deliveries \d+\n\s+\S+\s+replayed\s+by tester: rejection fixed$`, out)
 
 	_, err = run("dead-letters", "discard", fmt.Sprint(ids[1]))
 	require.ErrorContains(t, err, "--reason")
 	out, err = run("dead-letters", "discard", fmt.Sprint(ids[1]), "--by", "tester", "--reason", "a test widget")
 	require.NoError(t, err)
 	require.Contains(t, out, "discarded")
-	_, err = run("dead-letters", "replay", fmt.Sprint(ids[1]), "--reason", "try again")
-	require.ErrorContains(t, err, "is discarded, not pending")
+	out, err = run("dead-letters", "replay", fmt.Sprint(ids[1]), "--by", "tester", "--reason", "try again")
+	require.ErrorIs(t, err, framework.ErrNotPending)
+	require.ErrorContains(t, err, "1 of 1 dead letters refused")
+	require.Regexp(t, fmt.Sprintf(`dead letter %d refused: not pending: discarded by tester at \S+ \(a test widget\)`, ids[1]), out)
 
 	out, err = run("dead-letters", "list", "--consumer", pickyConsumer)
 	require.NoError(t, err)
@@ -228,28 +235,75 @@ func TestDeadLettersBuildNoHandler(t *testing.T) {
 			require.Regexp(t, `^ID\s+CONSUMER\s+CODE`, out)
 			_, err = runCommand(t, service, "dead-letters", "show", "1")
 			require.ErrorIs(t, err, framework.ErrNotFound)
-			_, err = runCommand(t, service, "dead-letters", "discard", "1", "--reason", "test data")
+			out, err = runCommand(t, service, "dead-letters", "discard", "1", "--by", "tester", "--reason", "test data")
 			require.ErrorIs(t, err, framework.ErrNotFound)
+			require.Equal(t, "dead letter 1 refused: not found\n", out)
 			require.False(t, dialled.Load(), "no handler was built")
 		})
 	}
 }
 
-// TestDeadLettersReplayBrokerDown shows that a replay, which needs the
-// broker, gives up on an unreachable one with an error that names the
-// setting to check, without its password (within seconds; the test's
-// bound is only against a hang).
-func TestDeadLettersReplayBrokerDown(t *testing.T) {
+// TestDeadLettersReplayNeedsOnlyTheDatabase shows that a replay needs
+// only the database: with the broker down, the command records the
+// replay, which waits in the database for a running service to publish
+// it, and never shows the broker's password.
+func TestDeadLettersReplayNeedsOnlyTheDatabase(t *testing.T) {
 	service := fx.Options(
 		handlers.Register(consumerName, handlers.On(widgetAdded, newAddWidget)),
 		fx.Supply(widgetMigrations),
 	)
-	setEnv(t, testConfig(t))
-	t.Setenv(app.EnvAutoMigrate, "true")
+	cfg := testConfig(t)
+	setEnv(t, cfg)
+	_, err := runCommand(t, service, "migrate")
+	require.NoError(t, err)
+	db, err := sqlite.Open(t.Context(), cfg.DatabaseURL, sqlite.OpenConfig{})
+	require.NoError(t, err)
+	defer db.Close()
+	id := storeDeadLetter(t, db, consumerName, "w-1", "", 0)
+
 	t.Setenv(app.EnvTransport, "amqp")
 	t.Setenv(app.EnvAMQPURL, closedAMQPURL(t, "s3cret"))
-	_, err := runCommand(t, service, "dead-letters", "replay", "1", "--reason", "fixed")
-	require.ErrorContains(t, err, app.EnvAMQPURL)
-	require.ErrorContains(t, err, "unreachable")
-	require.NotContains(t, err.Error(), "s3cret")
+	out, err := runCommand(t, service, "dead-letters", "replay", fmt.Sprint(id), "--by", "tester", "--reason", "fixed")
+	require.NoError(t, err)
+	require.Contains(t, out, fmt.Sprintf("dead letter %d replayed\n", id))
+	require.Contains(t, out, "1 replayed, 0 refused: the running service publishes the replays to their consumers")
+	require.NotContains(t, out, "s3cret")
+	var replays []struct {
+		Consumer     string `db:"consumer"`
+		DeadLetterID int64  `db:"dead_letter_id"`
+		Unsent       bool   `db:"unsent"`
+	}
+	require.NoError(t, db.Select(&replays, `SELECT consumer, dead_letter_id, sent_at IS NULL AS unsent FROM replays`))
+	require.Len(t, replays, 1)
+	require.Equal(t, consumerName, replays[0].Consumer)
+	require.Equal(t, id, replays[0].DeadLetterID)
+	require.True(t, replays[0].Unsent, "published by a running service only")
+}
+
+// storeDeadLetter stores, through the store of db (SQLite or
+// PostgreSQL), a dead letter of consumer for a widget event id, of
+// subject at seq when subject is set, and returns its id.
+func storeDeadLetter(t *testing.T, db *sqlx.DB, consumer, id, subject string, seq int64) int64 {
+	t.Helper()
+	var store framework.Store
+	var err error
+	if db.DriverName() == postgres.DriverName {
+		store, err = postgres.NewStore(db, postgres.StoreConfig{})
+	} else {
+		store, err = sqlite.NewStore(db, sqlite.StoreConfig{})
+	}
+	require.NoError(t, err)
+	env, err := widgetAdded.Envelope(widgetAddedV1{Name: id}, framework.Attributes{ID: id, Source: "widgets", Subject: subject, SubjectSeq: seq})
+	require.NoError(t, err)
+	msg, err := framework.NewMessage(env)
+	require.NoError(t, err)
+	require.NoError(t, store.PublishDeadLetter(t.Context(), framework.DeadLetter{
+		Consumer: consumer, Topic: widgetAdded.Type(), Source: "widgets", EventID: id,
+		Type: widgetAdded.Type(), Version: 1, Subject: subject, SubjectSeq: seq,
+		Code: "widget_rejected", Attempts: 1, Body: msg.Payload, Metadata: msg.Metadata,
+	}))
+	dls, err := store.DeadLetters(t.Context(), framework.DeadLetterFilter{Consumer: consumer, EventID: id, Source: "widgets"})
+	require.NoError(t, err)
+	require.Len(t, dls, 1)
+	return dls[0].ID
 }

@@ -13,7 +13,8 @@ import (
 // Module is the framework's fx application: the configuration (from the
 // environment, see LoadConfig), the database and its store, the transport,
 // the router running every consumer declared with handlers.Register, the
-// outbox (*outbox.Outbox, for handlers) and its relay, the purger of old
+// outbox (*outbox.Outbox, for handlers) and its relay, the relay of the
+// replays operators record (dead-letters replay), the purger of old
 // processed marks, and the HTTP server of health, readiness and metrics.
 // Besides the configuration and the outbox, it provides the database
 // (*sqlx.DB), its store (framework.Store), the transport
@@ -33,6 +34,7 @@ var Module = fx.Module("effectively",
 		newHTTP,
 		newOutbox,
 		newOutboxRelay,
+		newReplayRelay,
 		newPurger,
 		func() *readiness { return &readiness{} },
 	),
@@ -43,9 +45,9 @@ var Module = fx.Module("effectively",
 	// Settings for a consumer that is not declared are refused before
 	// anything is opened.
 	fx.Invoke(func(p consumerSettings) error { return p.Config.checkConsumers(p.Declarations) }),
-	// The router, the server, the outbox relay and the purger start with
-	// the application.
-	fx.Invoke(func(*runner.Runner, *httpServer, *outbox.Relay, *purger) {}),
+	// The router, the server, the relays and the purger start with the
+	// application.
+	fx.Invoke(func(*runner.Runner, *httpServer, *outbox.Relay, *replayRelay, *purger) {}),
 )
 
 // consumerSettings is what the check of the consumers: keys takes from fx:

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 
 	"github.com/jmoiron/sqlx"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/fx"
 
 	"github.com/effectively-once/effectively/framework"
@@ -33,6 +34,7 @@ type outboxRelayParams struct {
 	Outbox    *outbox.Outbox
 	Transport framework.Transport
 	Registry  registry
+	Tracer    trace.Tracer
 	Logger    *slog.Logger `optional:"true"`
 }
 
@@ -51,6 +53,9 @@ func newOutboxRelay(p outboxRelayParams) (*outbox.Relay, error) {
 		Outbox:      p.Outbox,
 		Metrics:     metrics,
 		Logger:      logger.With("component", "outbox"),
+		// A span per publish (see newTracer).
+		Tracer:          p.Tracer,
+		MessagingSystem: messagingSystem(p.Config.Transport),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("outbox relay: %w", err)

@@ -121,7 +121,7 @@ func testDeadLettersParked(t *testing.T, cfg app.Config) {
 	// moves on.
 	refuse.Delete("s2")
 	publish("t1", "t", 1)
-	out := run("dead-letters", "replay", fmt.Sprint(dl), "--reason", "fixed")
+	out := run("dead-letters", "replay", fmt.Sprint(dl), "--by", "tester", "--reason", "fixed")
 	require.Contains(t, out, "2 events of subject s are parked behind it: they are applied after it, in order, once it takes effect")
 	publish("t2", "t", 2)
 	publish("t3", "t", 3)
@@ -132,11 +132,11 @@ func testDeadLettersParked(t *testing.T, cfg app.Config) {
 
 	// A discard keeps the parked events parked, unless asked.
 	dl = parkBehind("u")
-	out = run("dead-letters", "discard", fmt.Sprint(dl), "--reason", "never to be")
+	out = run("dead-letters", "discard", fmt.Sprint(dl), "--by", "tester", "--reason", "never to be")
 	require.Contains(t, out, "2 events of subject u are parked behind it: they stay parked: discard it again with --release-parked to apply them")
 	require.Equal(t, 2, parked())
 	require.Regexp(t, `(?m)^`+name+`\s+u\s+#2 widgets/u2\s+3 4\s+2\s+0$`, run("dead-letters", "parked", "--consumer", name, "--subject", "u"))
-	out = run("dead-letters", "discard", fmt.Sprint(dl), "--release-parked", "--reason", "never to be")
+	out = run("dead-letters", "discard", fmt.Sprint(dl), "--release-parked", "--by", "tester", "--reason", "never to be")
 	require.Contains(t, out, "2 events of subject u parked behind it are released")
 	waitFor(t, "u3 and u4", func() bool { return len(applied("u")) == 3 })
 	require.Equal(t, []string{"u1", "u3", "u4"}, applied("u"), "in order, without u2")

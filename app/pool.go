@@ -58,7 +58,8 @@ func (s *subscriptions) Subscribe(cfg framework.SubscribeConfig) (framework.Subs
 // outbox relay,
 // one, and one more for the transport's publisher when it writes to this
 // database (the relay's batch transaction on PostgreSQL stays open while
-// it publishes); the readiness check's ping, when HTTP is on; the purger,
+// it publishes); the replay relay, one (it publishes between its
+// statements); the readiness check's ping, when HTTP is on; the purger,
 // when processed marks are purged.
 func (c Config) poolUses(subs *subscriptions) []poolUse {
 	var uses []poolUse
@@ -74,7 +75,7 @@ func (c Config) poolUses(subs *subscriptions) []poolUse {
 	if subs.shared {
 		relay = 2
 	}
-	uses = append(uses, poolUse{what: "outbox relay", conns: relay})
+	uses = append(uses, poolUse{what: "outbox relay", conns: relay}, poolUse{what: "replay relay", conns: 1})
 	if c.HTTPAddr != "" {
 		uses = append(uses, poolUse{what: "readiness check", conns: 1})
 	}

@@ -50,7 +50,7 @@ func TestDatabasePoolSize(t *testing.T) {
 		cfg.Defaults.Batches = 3
 		cfg.DatabaseMaxConns = 1
 		_, err := poolSize(t, cfg, two...)
-		require.ErrorContains(t, err, "database_max_conns: 1 is fewer than the 8 connections the service may hold at once (consumer a.one 3, consumer a.two 3, outbox relay 1, readiness check 1)",
+		require.ErrorContains(t, err, "database_max_conns: 1 is fewer than the 9 connections the service may hold at once (consumer a.one 3, consumer a.two 3, outbox relay 1, replay relay 1, readiness check 1)",
 			"16 messages in flight, 3 batches at a time")
 		cfg.DatabaseMaxConns = 0
 		size, err := poolSize(t, cfg, two...)
@@ -62,8 +62,8 @@ func TestDatabasePoolSize(t *testing.T) {
 		t.Parallel()
 		size, err := poolSize(t, amqpAt16(t), two...)
 		require.NoError(t, err)
-		// 32 attempts, the outbox relay, the readiness check.
-		require.Equal(t, 2*16+2, size)
+		// 32 attempts, the outbox and replay relays, the readiness check.
+		require.Equal(t, 2*16+3, size)
 		require.Greater(t, size, postgres.DefaultMaxOpenConns)
 	})
 
@@ -75,8 +75,8 @@ func TestDatabasePoolSize(t *testing.T) {
 		require.NoError(t, err)
 		// The type's subscription and the replay topic's hold 16 leases
 		// each; and their claims and acks, the cleanup, the watch, the
-		// relay and its publisher, the readiness check.
-		require.Equal(t, 2*16+3+1+2+1, size)
+		// relay and its publisher, the replay relay, the readiness check.
+		require.Equal(t, 2*16+3+1+2+1+1, size)
 	})
 
 	t.Run("SQLiteTransportOfItsOwn", func(t *testing.T) {
@@ -88,7 +88,7 @@ func TestDatabasePoolSize(t *testing.T) {
 		size, err := poolSize(t, cfg, "a.one")
 		require.NoError(t, err)
 		// The leases; the claims, acks and publishes are in the other file.
-		require.Equal(t, 2*16+1+1, size)
+		require.Equal(t, 2*16+1+1+1, size)
 	})
 
 	t.Run("PostgresOnePerBatch", func(t *testing.T) {
@@ -97,7 +97,7 @@ func TestDatabasePoolSize(t *testing.T) {
 		cfg.Defaults.Concurrency = 16
 		cfg.DatabaseMaxConns = 1
 		_, err := poolSize(t, cfg, two...)
-		require.ErrorContains(t, err, "database_max_conns: 1 is fewer than the 7 connections the service may hold at once (consumer a.one 2, consumer a.two 2, outbox relay 2, readiness check 1)",
+		require.ErrorContains(t, err, "database_max_conns: 1 is fewer than the 8 connections the service may hold at once (consumer a.one 2, consumer a.two 2, outbox relay 2, replay relay 1, readiness check 1)",
 			"16 messages in flight per topic, two batches per consumer")
 		cfg.DatabaseMaxConns = 0
 		size, err := poolSize(t, cfg, two...)
@@ -111,7 +111,7 @@ func TestDatabasePoolSize(t *testing.T) {
 		cfg.Transport = app.TransportMemory
 		cfg.DatabaseMaxConns = 1
 		_, err := poolSize(t, cfg, two...)
-		require.ErrorContains(t, err, "database_max_conns: 1 is fewer than the 6 connections the service may hold at once (consumer a.one 2, consumer a.two 2, outbox relay 1, readiness check 1)")
+		require.ErrorContains(t, err, "database_max_conns: 1 is fewer than the 7 connections the service may hold at once (consumer a.one 2, consumer a.two 2, outbox relay 1, replay relay 1, readiness check 1)")
 	})
 
 	t.Run("SmallNeedKeepsTheDriversPool", func(t *testing.T) {
@@ -123,7 +123,7 @@ func TestDatabasePoolSize(t *testing.T) {
 		require.Equal(t, sqlite.DefaultMaxOpenConns, size)
 	})
 
-	t.Run("DefaultsFitTheDriversPool", func(t *testing.T) {
+	t.Run("DefaultsWithoutHTTP", func(t *testing.T) {
 		t.Parallel()
 		cfg := testConfig(t)
 		cfg.HTTPAddr = ""
@@ -131,12 +131,13 @@ func TestDatabasePoolSize(t *testing.T) {
 		_, err := poolSize(t, cfg, "a.one")
 		// The consumer's batches; the claims and acks of its two
 		// subscriptions (its type's and its replay topic's), the cleanup,
-		// the watch; the relay and its publisher.
-		require.ErrorContains(t, err, fmt.Sprintf("fewer than the 8 connections the service may hold at once (consumer a.one %d, consumer a.one's subscriber 4, outbox relay 2)", framework.DefaultBatches))
+		// the watch; the relay and its publisher; the replay relay.
+		require.ErrorContains(t, err, fmt.Sprintf("fewer than the 9 connections the service may hold at once (consumer a.one %d, consumer a.one's subscriber 4, outbox relay 2, replay relay 1)", framework.DefaultBatches))
 		cfg.DatabaseMaxConns = 0
 		size, err := poolSize(t, cfg, "a.one")
 		require.NoError(t, err)
-		require.Equal(t, sqlite.DefaultMaxOpenConns, size)
+		require.Equal(t, framework.DefaultBatches+4+2+1, size, "one above the driver's default")
+		require.Equal(t, sqlite.DefaultMaxOpenConns+1, size)
 	})
 
 	t.Run("AMQPThreeConsumersAtTheDefault", func(t *testing.T) {
@@ -145,8 +146,9 @@ func TestDatabasePoolSize(t *testing.T) {
 		cfg.Defaults.Concurrency = 0
 		size, err := poolSize(t, cfg, "a.one", "a.two", "a.three")
 		require.NoError(t, err)
-		// 16 attempts per consumer, the outbox relay, the readiness check.
-		require.Equal(t, 3*app.DefaultConcurrency+2, size)
+		// 16 attempts per consumer, the outbox and replay relays, the
+		// readiness check.
+		require.Equal(t, 3*app.DefaultConcurrency+3, size)
 	})
 
 	t.Run("ExplicitRespected", func(t *testing.T) {
@@ -163,7 +165,7 @@ func TestDatabasePoolSize(t *testing.T) {
 		cfg := amqpAt16(t)
 		cfg.DatabaseMaxConns = 10
 		_, err := poolSize(t, cfg, two...)
-		require.ErrorContains(t, err, "database_max_conns: 10 is fewer than the 34 connections")
+		require.ErrorContains(t, err, "database_max_conns: 10 is fewer than the 35 connections")
 		require.ErrorContains(t, err, "consumer a.one 16, consumer a.two 16")
 	})
 

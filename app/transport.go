@@ -58,7 +58,7 @@ type connector interface {
 //   - memory: GoChannel hands every message to every subscription, each
 //     in a goroutine of its own.
 func newTransport(p transportParams) (framework.Transport, sharesDB, error) {
-	tr, closeDB, shared, err := openTransport(context.Background(), p.Config, p.DB, orDefault(p.Logger), true)
+	tr, closeDB, shared, err := openTransport(context.Background(), p.Config, p.DB, orDefault(p.Logger))
 	if err != nil {
 		return nil, false, err
 	}
@@ -83,9 +83,9 @@ func newTransport(p transportParams) (framework.Transport, sharesDB, error) {
 
 // openTransport builds the transport of cfg. A SQL transport keeps its
 // messages in db, the stores' database (shared), unless TransportURL is
-// another: then closeDB closes the database it opened there. With
-// subscribe, the postgres transport opens its subscribers' pool.
-func openTransport(ctx context.Context, cfg Config, db *sqlx.DB, logger *slog.Logger, subscribe bool) (tr framework.Transport, closeDB func() error, shared bool, err error) {
+// another: then closeDB closes the database it opened there. The postgres
+// transport also opens its subscribers' pool, at TransportURL.
+func openTransport(ctx context.Context, cfg Config, db *sqlx.DB, logger *slog.Logger) (tr framework.Transport, closeDB func() error, shared bool, err error) {
 	closeDB = func() error { return nil }
 	shared = cfg.TransportURL == cfg.DatabaseURL
 	sqlDB := func() (*sqlx.DB, error) {
@@ -104,7 +104,8 @@ func openTransport(ctx context.Context, cfg Config, db *sqlx.DB, logger *slog.Lo
 		tr, err = memory.New(memory.TransportConfig{Logger: watermill.NewSlogLogger(logger)})
 		shared = false
 	case TransportAMQP:
-		if tr, err = amqp.New(amqp.TransportConfig{URL: cfg.AMQPURL, Prefetch: cfg.AMQPPrefetch, Logger: logger}); err != nil {
+		ac := amqp.TransportConfig{URL: cfg.AMQPURL, Prefetch: cfg.AMQPPrefetch, QueueType: cfg.AMQPQueueType, DeliveryLimit: cfg.AMQPDeliveryLimit, Logger: logger}
+		if tr, err = amqp.New(ac); err != nil {
 			return nil, nil, false, fmt.Errorf("%s: %w", EnvAMQPURL, err)
 		}
 		shared = false
@@ -113,10 +114,7 @@ func openTransport(ctx context.Context, cfg Config, db *sqlx.DB, logger *slog.Lo
 			tr, err = sqlite.New(db, sqlite.TransportConfig{TablePrefix: cfg.TablePrefix, Logger: logger})
 		}
 	case TransportPostgres:
-		pc := postgres.TransportConfig{TablePrefix: cfg.TablePrefix, Logger: logger}
-		if subscribe {
-			pc.URL = cfg.TransportURL
-		}
+		pc := postgres.TransportConfig{URL: cfg.TransportURL, TablePrefix: cfg.TablePrefix, Logger: logger}
 		if db, err = sqlDB(); err == nil {
 			tr, err = postgres.New(ctx, db, pc)
 		}
@@ -148,43 +146,4 @@ func beforeDeadline(ctx context.Context) (context.Context, context.CancelFunc) {
 		return context.WithCancel(ctx)
 	}
 	return context.WithDeadline(ctx, deadline.Add(-time.Until(deadline)/10))
-}
-
-// replayConnectTimeout bounds how long a replay waits for the broker.
-const replayConnectTimeout = 5 * time.Second
-
-// replayer is the transport's replay path alone, for the operator's
-// replay command: no subscriber, and nothing of the consumers' handlers.
-type replayer struct {
-	framework.Transport
-	closeDB func() error
-}
-
-// Close closes the transport, then the database openReplayer opened.
-func (r *replayer) Close() error {
-	return errors.Join(r.Transport.Close(), r.closeDB())
-}
-
-// openReplayer opens the replay path of the configured transport; db is
-// the database of the stores. On amqp it waits for the broker at most
-// replayConnectTimeout, and not at all when the broker refuses the
-// credentials.
-func openReplayer(ctx context.Context, cfg Config, db *sqlx.DB) (*replayer, error) {
-	if cfg.Transport == TransportMemory {
-		return nil, fmt.Errorf("%s: memory keeps its messages in the serving process: a replay from another process would reach no one", EnvTransport)
-	}
-	tr, closeDB, _, err := openTransport(ctx, cfg, db, slog.New(slog.DiscardHandler), false)
-	if err != nil {
-		return nil, err
-	}
-	r := &replayer{Transport: tr, closeDB: closeDB}
-	if c, ok := tr.(connector); ok {
-		connectCtx, cancel := context.WithTimeout(ctx, replayConnectTimeout)
-		defer cancel()
-		if err := connect(connectCtx, c); err != nil {
-			_ = r.Close() // the error that stopped the opening is what matters
-			return nil, err
-		}
-	}
-	return r, nil
 }

@@ -1,7 +1,7 @@
 // Package crash is the one seam through which tests make a consumer's
-// delivery die at a named step of the pipeline, as if its process died
-// there: the test kit's crash injection (app/testkit) and the crash tests
-// that kill a real service process both hook into it.
+// delivery, or the service's replay relay, die at a named step, as if its
+// process died there: the test kit's crash injection (app/testkit) and the
+// crash tests that kill a real service process both hook into it.
 //
 // A Hook travels on the message's context (With), never in a global: the
 // chain and the unit of work look it up once per delivery and attempt,
@@ -54,6 +54,18 @@ const (
 	// committed, or it was a duplicate, stale or stored as a dead letter)
 	// and it is about to be acknowledged.
 	BeforeAck Point = "before_ack"
+)
+
+// The points of the service's replay relay, which publishes the replays
+// that operators record (a replayed dead letter, a released parked event):
+// no delivery passes them, so Points leaves them out. The relay's hook
+// travels on the relay's context.
+const (
+	// BeforeReplayPublish: the relay claimed a replay; nothing published.
+	BeforeReplayPublish Point = "before_replay_publish"
+	// BeforeReplaySent: the relay published a replay and has not recorded
+	// it sent: a relay after it publishes it again.
+	BeforeReplaySent Point = "before_replay_sent"
 )
 
 // Points returns every point, in the order a delivery passes them.

@@ -1,0 +1,218 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"go.uber.org/fx"
+
+	"github.com/effectively-once/effectively/app/runner"
+	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/crash"
+)
+
+// The replay relay's pace.
+const (
+	// replayIdle is how long the relay waits, when it found no replay to
+	// publish, before it looks again: a replay recorded by an operator's
+	// command, in another process, is published within about that long.
+	replayIdle = 200 * time.Millisecond
+	// replayRetry is how long the relay waits after a failure (the
+	// database or the transport is down) before it tries again.
+	replayRetry = 5 * time.Second
+	// replayBatch is how many replays the relay claims at once.
+	replayBatch = 100
+	// replayLease is how long a claim keeps the other relays off the
+	// replays it took: those of a relay whose process died are published
+	// by the next relay once it ends, so at least this long after the
+	// death.
+	replayLease = 10 * time.Second
+	// replayPublishTimeout bounds the publication of one replay, well
+	// within its lease.
+	replayPublishTimeout = replayLease / 3
+	// replaySentTimeout bounds the record of a publication, which the
+	// relay makes even when the service is stopping: a publication not
+	// recorded is published again.
+	replaySentTimeout = 5 * time.Second
+)
+
+// replayPublisher is what the replay relay needs of the transport: its
+// replay path (framework.Transport's Replay), which hands a message to
+// one consumer alone.
+type replayPublisher interface {
+	Replay(ctx context.Context, consumer string, msgs ...*message.Message) error
+}
+
+// replayRelay publishes the replays that operators record in the database
+// (a replayed dead letter, an event released from parking: see
+// framework.Store's ResolveDeadLetter and AddReplays) through the
+// transport's replay path, each to its consumer alone, and records each
+// one sent once published. It runs in the background from the service's
+// start to its stop, and looks for new replays every replayIdle.
+//
+// A replay is published at least once: one published by a relay whose
+// process died before it recorded the publication is published again
+// after the claim's lease (replayLease), and the consumer's processed mark
+// absorbs the copy. The replays of one consumer are published in the
+// order they were recorded: when one fails, the consumer's later replays
+// of the batch wait with it for the lease to end.
+type replayRelay struct {
+	store     framework.Store
+	transport replayPublisher
+	logger    *slog.Logger
+	// hook is the crash hook of the tests (see replayCrash), nil in
+	// production.
+	hook crash.Hook
+}
+
+// replayCrash carries the crash hook that the relay calls at its crash
+// points (crash.BeforeReplayPublish, crash.BeforeReplaySent). Only the
+// module's tests supply one.
+type replayCrash struct{ hook crash.Hook }
+
+// replayRelayParams are what newReplayRelay takes from fx.
+type replayRelayParams struct {
+	fx.In
+
+	Lifecycle fx.Lifecycle
+	Store     framework.Store
+	Transport framework.Transport
+	// Runner is taken so that the relay starts after it: the consumers
+	// subscribed (their queues and replay topics exist) before a replay
+	// is published to them.
+	Runner *runner.Runner
+	Logger *slog.Logger `optional:"true"`
+	Crash  replayCrash  `optional:"true"`
+}
+
+// newReplayRelay returns the replay relay and runs it from the
+// application's start, after the router's, to its stop, before the
+// router's.
+func newReplayRelay(p replayRelayParams) *replayRelay {
+	r := &replayRelay{
+		store:     p.Store,
+		transport: p.Transport,
+		logger:    orDefault(p.Logger).With("component", "replay relay"),
+		hook:      p.Crash.hook,
+	}
+	runInBackground(p.Lifecycle, "replay relay", r.run)
+	return r
+}
+
+// run publishes the recorded replays until ctx ends.
+func (r *replayRelay) run(ctx context.Context) {
+	if r.hook != nil {
+		ctx = crash.With(ctx, r.hook)
+	}
+	for {
+		n, err := r.relay(ctx)
+		wait := replayIdle
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			wait = replayRetry
+			r.logger.ErrorContext(ctx, "replays not published; trying again", "error", err, "published", n, "retry_in", wait)
+		case n > 0:
+			r.logger.InfoContext(ctx, "replays published", "published", n)
+		}
+		if n == replayBatch && err == nil {
+			continue // more may wait
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
+}
+
+// relay claims a batch of replays, publishes them and records them sent;
+// it returns how many it published. A replay it fails to publish stays
+// claimed until its lease ends, with the later replays of its consumer.
+func (r *replayRelay) relay(ctx context.Context) (int, error) {
+	rs, err := r.store.ClaimReplays(ctx, replayBatch, replayLease)
+	if err != nil {
+		return 0, fmt.Errorf("claim replays: %w", err)
+	}
+	var (
+		published int
+		failed    map[string]bool
+		errs      []error
+	)
+	for _, rp := range rs {
+		if failed[rp.Consumer] {
+			continue // its order: it waits for the lease with the one that failed
+		}
+		err := r.publish(ctx, rp)
+		var died *crash.Died
+		switch {
+		case errors.As(err, &died):
+			return published, err // as if the process died: the claims stay until their lease ends
+		case err != nil:
+			if failed == nil {
+				failed = map[string]bool{}
+			}
+			failed[rp.Consumer] = true
+			errs = append(errs, err)
+		default:
+			published++
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return published, errors.Join(errs...)
+}
+
+// publish publishes rp to its consumer alone and records it sent.
+func (r *replayRelay) publish(ctx context.Context, rp framework.Replay) error {
+	if r.dies(ctx, crash.BeforeReplayPublish) {
+		return &crash.Died{At: crash.BeforeReplayPublish}
+	}
+	pubCtx, cancel := context.WithTimeout(ctx, replayPublishTimeout)
+	err := r.transport.Replay(pubCtx, rp.Consumer, replayMessage(rp))
+	cancel()
+	if err != nil {
+		return fmt.Errorf("replay %d to %s: %w", rp.ID, rp.Consumer, err)
+	}
+	if r.dies(ctx, crash.BeforeReplaySent) {
+		return &crash.Died{At: crash.BeforeReplaySent}
+	}
+	// Recorded even when the service is stopping: otherwise it would be
+	// published again.
+	sentCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), replaySentTimeout)
+	defer cancel()
+	if err := r.store.ReplaySent(sentCtx, rp.ID); err != nil {
+		return fmt.Errorf("replay %d to %s published, not recorded sent (it is published again; the consumer absorbs the copy): %w", rp.ID, rp.Consumer, err)
+	}
+	return nil
+}
+
+// dies calls the crash hook of ctx, if any, at point at.
+func (r *replayRelay) dies(ctx context.Context, at crash.Point) bool {
+	h := crash.HookOf(ctx)
+	return h != nil && h(ctx, at)
+}
+
+// replayMessage returns the message of rp: its body and metadata under a
+// new UUID, without a redelivery marker (it is a first delivery), and,
+// for a replayed dead letter, with framework.MetadataReplayOf naming it.
+func replayMessage(rp framework.Replay) *message.Message {
+	msg := message.NewMessage(watermill.NewUUID(), rp.Body)
+	for k, v := range rp.Metadata {
+		if k != framework.MetadataRedelivered {
+			msg.Metadata.Set(k, v)
+		}
+	}
+	if rp.DeadLetterID != 0 && msg.Metadata.Get(framework.MetadataReplayOf) == "" {
+		msg.Metadata.Set(framework.MetadataReplayOf, strconv.FormatInt(rp.DeadLetterID, 10))
+	}
+	return msg
+}
