@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"net"
 	"os"
 	"reflect"
@@ -19,6 +20,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/amqp"
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/handlers"
 	"github.com/effectively-once/effectively/middleware"
@@ -67,9 +69,28 @@ type Config struct {
 	// instead of inside it. Defaults to DatabaseURL. Env
 	// EFFECTIVELY_TRANSPORT_URL.
 	TransportURL string `yaml:"transport_url"`
-	// AMQPURL is RabbitMQ's URL when Transport is amqp. Defaults to
+	// AMQPURL is RabbitMQ's URL when Transport is amqp, or the URLs of
+	// several nodes of one cluster separated by commas, which may differ
+	// only by host and port: the transport connects to the first that
+	// answers and, when the connection is lost, to the next that answers
+	// (amqp.ParseURLs). In YAML a string or a list of URLs. Defaults to
 	// DefaultAMQPURL. Env EFFECTIVELY_AMQP_URL.
-	AMQPURL string `yaml:"amqp_url"`
+	AMQPURL string `yaml:"-"`
+	// amqpURLYAML is the YAML key amqp_url, a string or a list, which
+	// LoadConfig moves to AMQPURL.
+	amqpURLYAML `yaml:",inline"`
+	// AMQPQueueType is the type of the consumers' queues when Transport is
+	// amqp: classic, or quorum (replicated over a cluster's nodes,
+	// x-delivery-limit AMQPDeliveryLimit). A queue's type cannot change:
+	// docs/transports.md says how to move a consumer to a queue of the
+	// other type. Defaults to classic. Env EFFECTIVELY_AMQP_QUEUE_TYPE.
+	AMQPQueueType string `yaml:"amqp_queue_type"`
+	// AMQPDeliveryLimit is the x-delivery-limit of quorum queues: RabbitMQ
+	// drops a message returned to its queue more often. It must be above
+	// every consumer's MaxDeliveries, so that the framework dead-letters
+	// the message first. Defaults to amqp.DefaultDeliveryLimit (YAML
+	// only).
+	AMQPDeliveryLimit int `yaml:"amqp_delivery_limit"`
 	// DatabaseMaxConns bounds the connection pool of DatabaseURL. It must
 	// be at least what the declared consumers and the background work may
 	// hold at once (each message in flight holds one; how many are in
@@ -118,6 +139,34 @@ type Config struct {
 	// kept as written: decode it with DecodeService or ServiceConfig (YAML
 	// only).
 	Service ServiceSection `yaml:"service"`
+}
+
+// amqpURLYAML holds the YAML key amqp_url until LoadConfig moves it to
+// Config.AMQPURL.
+type amqpURLYAML struct {
+	AMQPURLs urlList `yaml:"amqp_url"`
+}
+
+// urlList is a YAML string or list of strings, kept as one string of
+// comma-separated items.
+type urlList string
+
+// UnmarshalYAML accepts a string or a list of strings.
+func (u *urlList) UnmarshalYAML(n *yaml.Node) error {
+	if n.Kind == yaml.SequenceNode {
+		var list []string
+		if err := n.Decode(&list); err != nil {
+			return err
+		}
+		*u = urlList(strings.Join(list, ","))
+		return nil
+	}
+	var s string
+	if err := n.Decode(&s); err != nil {
+		return err
+	}
+	*u = urlList(s)
+	return nil
 }
 
 // ServiceSection is the service: section of the configuration file, kept
@@ -409,9 +458,10 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("EFFECTIVELY_TRANSPORT: postgres needs a postgres:// EFFECTIVELY_DATABASE_URL or EFFECTIVELY_TRANSPORT_URL"))
 		}
 	case TransportAMQP:
-		if !strings.HasPrefix(c.AMQPURL, "amqp://") && !strings.HasPrefix(c.AMQPURL, "amqps://") {
-			errs = append(errs, fmt.Errorf("EFFECTIVELY_AMQP_URL: want an amqp:// or amqps:// URL"))
+		if _, err := amqp.ParseURLs(c.AMQPURL); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", EnvAMQPURL, err))
 		}
+		errs = append(errs, c.validateQueueType())
 	default:
 		errs = append(errs, fmt.Errorf("EFFECTIVELY_TRANSPORT: want sqlite, postgres, amqp or memory, got %q", c.Transport))
 	}
@@ -445,6 +495,34 @@ func (c Config) Validate() error {
 		errs = append(errs, cc.validate("consumers."+name))
 	}
 	errs = append(errs, c.Defaults.validate("defaults"))
+	return errors.Join(errs...)
+}
+
+// validateQueueType checks the AMQP queue type and, for quorum queues,
+// that their delivery limit is above every consumer's max_deliveries.
+func (c Config) validateQueueType() error {
+	switch c.AMQPQueueType {
+	case "", amqp.QueueClassic:
+		return nil
+	case amqp.QueueQuorum:
+	default:
+		return fmt.Errorf("%s: want %s or %s, got %q", EnvAMQPQueueType, amqp.QueueClassic, amqp.QueueQuorum, c.AMQPQueueType)
+	}
+	limit := cmp.Or(c.AMQPDeliveryLimit, amqp.DefaultDeliveryLimit)
+	if limit < 1 || limit > math.MaxInt32 {
+		return fmt.Errorf("amqp_delivery_limit: want 1..%d, got %d", math.MaxInt32, limit)
+	}
+	keys := []string{"defaults"}
+	names := []string{""} // a consumer not listed takes the defaults
+	for _, name := range slices.Sorted(maps.Keys(c.Consumers)) {
+		keys, names = append(keys, "consumers."+name), append(names, name)
+	}
+	var errs []error
+	for i, name := range names {
+		if most := c.Settings(name).MaxDeliveries; most >= limit {
+			errs = append(errs, fmt.Errorf("amqp_delivery_limit: want more than %s.max_deliveries (%d), so that the framework dead-letters a message before RabbitMQ drops it from its quorum queue, got %d", keys[i], most, limit))
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -493,15 +571,16 @@ func isPostgresURL(u string) bool {
 
 // The environment variables LoadConfig reads.
 const (
-	EnvTransport    = "EFFECTIVELY_TRANSPORT"
-	EnvDatabaseURL  = "EFFECTIVELY_DATABASE_URL"
-	EnvTransportURL = "EFFECTIVELY_TRANSPORT_URL"
-	EnvAMQPURL      = "EFFECTIVELY_AMQP_URL"
-	EnvConfig       = "EFFECTIVELY_CONFIG"
-	EnvAutoMigrate  = "EFFECTIVELY_AUTO_MIGRATE"
-	EnvTablePrefix  = "EFFECTIVELY_TABLE_PREFIX"
-	EnvHTTPAddr     = "EFFECTIVELY_HTTP_ADDR"
-	EnvCPUProfile   = "EFFECTIVELY_CPU_PROFILE"
+	EnvTransport     = "EFFECTIVELY_TRANSPORT"
+	EnvDatabaseURL   = "EFFECTIVELY_DATABASE_URL"
+	EnvTransportURL  = "EFFECTIVELY_TRANSPORT_URL"
+	EnvAMQPURL       = "EFFECTIVELY_AMQP_URL"
+	EnvAMQPQueueType = "EFFECTIVELY_AMQP_QUEUE_TYPE"
+	EnvConfig        = "EFFECTIVELY_CONFIG"
+	EnvAutoMigrate   = "EFFECTIVELY_AUTO_MIGRATE"
+	EnvTablePrefix   = "EFFECTIVELY_TABLE_PREFIX"
+	EnvHTTPAddr      = "EFFECTIVELY_HTTP_ADDR"
+	EnvCPUProfile    = "EFFECTIVELY_CPU_PROFILE"
 )
 
 // LoadConfig reads the configuration: first the YAML file named by
@@ -524,14 +603,16 @@ func LoadConfig(lookupEnv func(string) (string, bool)) (Config, error) {
 		if cfg.Service.present {
 			cfg.Service.path, cfg.Service.file = path, raw
 		}
+		cfg.AMQPURL, cfg.amqpURLYAML = string(cfg.AMQPURLs), amqpURLYAML{}
 	}
 	for env, dst := range map[string]*string{
-		EnvTransport:    &cfg.Transport,
-		EnvDatabaseURL:  &cfg.DatabaseURL,
-		EnvTransportURL: &cfg.TransportURL,
-		EnvAMQPURL:      &cfg.AMQPURL,
-		EnvTablePrefix:  &cfg.TablePrefix,
-		EnvCPUProfile:   &cfg.CPUProfile,
+		EnvTransport:     &cfg.Transport,
+		EnvDatabaseURL:   &cfg.DatabaseURL,
+		EnvTransportURL:  &cfg.TransportURL,
+		EnvAMQPURL:       &cfg.AMQPURL,
+		EnvAMQPQueueType: &cfg.AMQPQueueType,
+		EnvTablePrefix:   &cfg.TablePrefix,
+		EnvCPUProfile:    &cfg.CPUProfile,
 	} {
 		if v := getenv(env); v != "" {
 			*dst = v

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -402,4 +403,125 @@ func TestCheckConsumers(t *testing.T) {
 		require.NoError(t, service.Start(ctx))
 		require.NoError(t, service.Stop(ctx))
 	})
+}
+
+// TestLoadConfigAMQPBrokers: EFFECTIVELY_AMQP_URL and amqp_url take the
+// URLs of several nodes of one cluster, comma-separated (in YAML a list
+// too); each is checked, and an error names the key and the URL's
+// position, never its password.
+func TestLoadConfigAMQPBrokers(t *testing.T) {
+	t.Parallel()
+	const one, two = "amqp://app:pw-4711@rabbit-1:5672/", "amqp://app:pw-4711@rabbit-2:5672/"
+	amqpEnv := func(url string) map[string]string {
+		m := map[string]string{app.EnvTransport: "amqp"}
+		if url != "" {
+			m[app.EnvAMQPURL] = url
+		}
+		return m
+	}
+	for name, tc := range map[string]struct {
+		yaml string
+		env  map[string]string
+		want string
+	}{
+		"Env":          {env: amqpEnv(one + "," + two), want: one + "," + two},
+		"YAMLString":   {yaml: "amqp_url: " + one + "," + two + "\n", env: amqpEnv(""), want: one + "," + two},
+		"YAMLList":     {yaml: "amqp_url:\n  - " + one + "\n  - " + two + "\n", env: amqpEnv(""), want: one + "," + two},
+		"EnvOverYAML":  {yaml: "amqp_url: [" + one + "]\n", env: amqpEnv(two), want: two},
+		"DefaultOne":   {env: amqpEnv(""), want: app.DefaultAMQPURL},
+		"NotCheckedOn": {yaml: "amqp_url: [http://x]\n", want: "http://x"}, // sqlite
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			cfg, err := app.LoadConfig(env(t, tc.yaml, tc.env))
+			require.NoError(t, err)
+			require.Equal(t, tc.want, cfg.AMQPURL)
+		})
+	}
+	for name, tc := range map[string]struct {
+		yaml string
+		env  map[string]string
+		want string
+	}{
+		"Scheme":        {env: amqpEnv(one + ",http://app:pw-4711@rabbit-2/"), want: "URL 2 of 2: must start with amqp://"},
+		"Empty":         {env: amqpEnv(one + ",," + two), want: "URL 2 of 3: empty"},
+		"OtherPassword": {env: amqpEnv(one + ",amqp://app:pw-0000@rabbit-2/"), want: "URL 2 of 2: only the host and port may differ"},
+		"YAMLList":      {yaml: "amqp_url: [" + one + ", 'amqp://app:pw-4711@rabbit-2:port/']\n", env: amqpEnv(""), want: "URL 2 of 2: not a valid AMQP URL"},
+		"YAMLNotAList":  {yaml: "amqp_url: {a: b}\n", env: amqpEnv(""), want: "amqp_url"},
+	} {
+		t.Run("Bad"+name, func(t *testing.T) {
+			t.Parallel()
+			_, err := app.LoadConfig(env(t, tc.yaml, tc.env))
+			require.ErrorContains(t, err, tc.want)
+			if !strings.HasPrefix(name, "YAMLNotAList") {
+				require.ErrorContains(t, err, app.EnvAMQPURL)
+			}
+			require.NotContains(t, err.Error(), "pw-")
+		})
+	}
+}
+
+// TestLoadConfigAMQPQueueType: amqp_queue_type (EFFECTIVELY_AMQP_QUEUE_TYPE)
+// is classic or quorum; with quorum queues amqp_delivery_limit, RabbitMQ's
+// x-delivery-limit, must be above every consumer's max_deliveries, so
+// that the framework dead-letters a message before RabbitMQ drops it.
+func TestLoadConfigAMQPQueueType(t *testing.T) {
+	t.Parallel()
+	onAMQP := func(vars map[string]string) map[string]string {
+		vars[app.EnvTransport] = "amqp"
+		return vars
+	}
+	for name, tc := range map[string]struct {
+		yaml  string
+		env   map[string]string
+		want  string
+		limit int
+	}{
+		"DefaultClassic":   {env: onAMQP(map[string]string{}), want: ""},
+		"Env":              {env: onAMQP(map[string]string{app.EnvAMQPQueueType: "quorum"}), want: "quorum"},
+		"YAML":             {yaml: "amqp_queue_type: quorum\namqp_delivery_limit: 11\n", env: onAMQP(map[string]string{}), want: "quorum", limit: 11},
+		"EnvOverYAML":      {yaml: "amqp_queue_type: quorum\n", env: onAMQP(map[string]string{app.EnvAMQPQueueType: "classic"}), want: "classic"},
+		"ClassicAnyLimit":  {yaml: "amqp_delivery_limit: 3\n", env: onAMQP(map[string]string{}), want: "", limit: 3},
+		"AboveConsumer":    {yaml: "amqp_queue_type: quorum\namqp_delivery_limit: 51\nconsumers:\n  a.b:\n    max_deliveries: 50\n", env: onAMQP(map[string]string{}), want: "quorum", limit: 51},
+		"NotCheckedOnSQLi": {yaml: "amqp_queue_type: stream\n", want: "stream"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			cfg, err := app.LoadConfig(env(t, tc.yaml, tc.env))
+			require.NoError(t, err)
+			require.Equal(t, tc.want, cfg.AMQPQueueType)
+			require.Equal(t, tc.limit, cfg.AMQPDeliveryLimit)
+		})
+	}
+	for name, tc := range map[string]struct {
+		yaml string
+		env  map[string]string
+		want []string
+	}{
+		"Type": {env: onAMQP(map[string]string{app.EnvAMQPQueueType: "stream"}), want: []string{app.EnvAMQPQueueType, "classic or quorum"}},
+		"LimitAtDefaults": {
+			yaml: "amqp_queue_type: quorum\namqp_delivery_limit: 10\n", env: onAMQP(map[string]string{}),
+			want: []string{"amqp_delivery_limit: want more than defaults.max_deliveries (10)"},
+		},
+		"LimitBelowConsumer": {
+			yaml: "amqp_queue_type: quorum\namqp_delivery_limit: 40\ndefaults:\n  max_deliveries: 5\nconsumers:\n  a.b:\n    max_deliveries: 40\n  a.c:\n    attempts: 2\n",
+			env:  onAMQP(map[string]string{}),
+			want: []string{"consumers.a.b.max_deliveries (40)"},
+		},
+		"DefaultLimitBelowConsumer": {
+			yaml: "amqp_queue_type: quorum\nconsumers:\n  a.b:\n    max_deliveries: 2000000\n", env: onAMQP(map[string]string{}),
+			want: []string{"consumers.a.b.max_deliveries (2000000)", "got 1000000"},
+		},
+		"NegativeLimit": {yaml: "amqp_queue_type: quorum\namqp_delivery_limit: -1\n", env: onAMQP(map[string]string{}), want: []string{"amqp_delivery_limit: want 1.."}},
+	} {
+		t.Run("Bad"+name, func(t *testing.T) {
+			t.Parallel()
+			_, err := app.LoadConfig(env(t, tc.yaml, tc.env))
+			require.Error(t, err)
+			for _, w := range tc.want {
+				require.ErrorContains(t, err, w)
+			}
+			require.NotContains(t, err.Error(), "consumers.a.c", "a consumer below the limit")
+		})
+	}
 }
