@@ -1,0 +1,47 @@
+package app
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/handlers"
+)
+
+// TestConsumersView: the view names each transport's subscription, lists
+// a name that is no longer declared but still has pending dead letters
+// (and not one with marks alone), and ends with the outbox's oldest
+// unsent row.
+func TestConsumersView(t *testing.T) {
+	t.Parallel()
+	decls := []handlers.Declaration{{Name: "shop.mail", Types: []string{"shop.order.placed", "shop.order.paid"}}}
+	oldest := time.Now().Add(-time.Hour)
+	rec := framework.ConsumersRecord{
+		Consumers: []framework.ConsumerFigures{
+			{Consumer: "shop.mail", Processed: 7},
+			{Consumer: "shop.old-mail", PendingDeadLetters: 2},
+			{Consumer: "shop.gone", Processed: 3},
+		},
+		Unsent:       4,
+		OldestUnsent: oldest,
+	}
+	for transport, sub := range map[string]string{
+		TransportAMQP:     "amqp queue shop.mail",
+		TransportSQLite:   "sqlite group shop.mail",
+		TransportPostgres: "postgres group shop.mail",
+		TransportMemory:   "memory",
+	} {
+		cfg := Config{Transport: transport}
+		v := newConsumersView(cfg, decls, rec)
+		require.Len(t, v.Consumers, 2, transport)
+		var out bytes.Buffer
+		require.NoError(t, printConsumers(&out, v))
+		require.Regexp(t, `(?m)^shop\.mail\s+shop\.order\.placed,shop\.order\.paid\s+`+sub+`\s+64\s+32\s+on\s+7\s+0\s+0$`, out.String())
+		require.Regexp(t, `(?m)^shop\.old-mail\s+\(not declared\)\s+-\s+-\s+-\s+-\s+0\s+2\s+0$`, out.String())
+		require.NotContains(t, out.String(), "shop.gone")
+		require.Regexp(t, `(?m)^outbox: 4 unsent, the oldest added `+oldest.UTC().Format(time.RFC3339Nano)+` \(1h0m\d+s ago\)$`, out.String())
+	}
+}
