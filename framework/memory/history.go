@@ -106,7 +106,7 @@ func (s *Store) ClaimReplays(ctx context.Context, limit int, lease time.Duration
 	var out []framework.Replay
 	for _, id := range slices.Sorted(maps.Keys(s.replays)) {
 		r := s.replays[id]
-		if r.sent || now.Before(r.claimedUntil) || now.Equal(r.claimedUntil) {
+		if r.sent || !r.claimedUntil.Before(now) { // leased until now or later
 			continue
 		}
 		r.claimedUntil = now.Add(lease)

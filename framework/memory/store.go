@@ -192,8 +192,9 @@ func (s *Store) Forget(ctx context.Context, tx *framework.Tx, consumer string, k
 // consumer and key: a repeat counts in Repeats, takes the latest code,
 // subject sequence, attempts, delivery count, message and LastFailedAt,
 // keeps FirstFailedAt and is pending again, even when it had been
-// replayed or discarded. Every failure appends a failed entry to the dead
-// letter's history; an earlier resolution stays there. The store stamps
+// replayed or discarded: its Resolution is zero while pending, and the
+// earlier resolutions stay in its history, to which every failure appends
+// a failed entry. The store stamps
 // the times with its clock. It also forgets the message's delivery count
 // for the consumer (see Count), in the same transaction, so that a replay
 // is counted afresh instead of hitting the delivery limit at once.

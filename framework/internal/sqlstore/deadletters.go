@@ -108,8 +108,9 @@ func (s *Store) deadLetterFilter(f framework.DeadLetterFilter) (string, []any) {
 // Subject, CorrelationID, Code, SubjectSeq, Attempts, Deliveries, Body and
 // Metadata, LastFailedAt, one more Repeat, and status pending again;
 // FirstFailedAt stays. Every failure, first or repeat, appends a failed
-// entry to the dead letter's history (code, attempts, deliveries); an
-// earlier resolution stays in the history. The metadata is kept as
+// entry to the dead letter's history (code, attempts, deliveries). While
+// pending, DeadLetter reports no Resolution; an earlier resolution stays
+// in the history (and in the row's resolved_* columns, until the next). The metadata is kept as
 // framework.StorableMetadata; a dead letter that fails dl.Validate is
 // refused, on either dialect. In the same transaction it forgets the
 // message's delivery count for the consumer, so that a replay is counted
