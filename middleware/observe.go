@@ -97,7 +97,11 @@ type observer struct {
 }
 
 // traceOutcome records on span what became of the message, and links it
-// to the producer's span (the CloudEvent's traceparent).
+// to the producer's span (the CloudEvent's traceparent): a link, not a
+// parent, as OpenTelemetry's messaging conventions have a process span
+// link to the message's creation context. Each delivery is a trace of its
+// own: a redelivery, or a replay days later, does not grow the producer's
+// trace, and several consumers of one event each link to the same span.
 func traceOutcome(ctx context.Context, span trace.Span, st *state, outcome framework.Outcome) {
 	switch outcome {
 	case framework.Nacked:
@@ -110,6 +114,9 @@ func traceOutcome(ctx context.Context, span trace.Span, st *state, outcome frame
 		return
 	}
 	span.SetAttributes(attribute.String("messaging.message.id", env.ID), attribute.String("cloudevents.event_type", env.Type))
+	if env.CorrelationID != "" {
+		span.SetAttributes(attribute.String("messaging.message.conversation_id", env.CorrelationID))
+	}
 	if env.TraceParent != "" {
 		producer := trace.SpanContextFromContext(propagation.TraceContext{}.Extract(ctx, propagation.MapCarrier{
 			"traceparent": env.TraceParent, "tracestate": env.TraceState,
@@ -180,6 +187,8 @@ func (o *observer) startSpan(ctx context.Context) (context.Context, trace.Span) 
 	return o.tracer.Start(ctx, o.spanName,
 		trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(
+			attribute.String("messaging.operation.type", "process"),
+			attribute.String("messaging.operation.name", "process"),
 			attribute.String("messaging.consumer.group.name", o.consumer),
 			attribute.String("messaging.destination.name", message.SubscribeTopicFromCtx(ctx)),
 		))

@@ -91,6 +91,17 @@ func TestObserve(t *testing.T) {
 	require.Len(t, ended, 4)
 	require.Len(t, ended[0].Links(), 1, "the consumer span links to the producer's")
 	require.Equal(t, "4bf92f3577b34da6a3ce929d0e0e4736", ended[0].Links()[0].SpanContext.TraceID().String())
+	require.Equal(t, "00f067aa0ba902b7", ended[0].Links()[0].SpanContext.SpanID().String())
+	require.NotEqual(t, "4bf92f3577b34da6a3ce929d0e0e4736", ended[0].SpanContext().TraceID().String(), "a trace of its own")
+	attrs := map[string]string{}
+	for _, kv := range ended[0].Attributes() {
+		attrs[string(kv.Key)] = kv.Value.Emit()
+	}
+	require.Equal(t, "process", attrs["messaging.operation.type"])
+	require.Equal(t, "process", attrs["messaging.operation.name"])
+	require.Equal(t, consumerName, attrs["messaging.consumer.group.name"])
+	require.Equal(t, "1", attrs["messaging.message.id"])
+	require.Equal(t, "corr-1", attrs["messaging.message.conversation_id"], "the correlation id")
 }
 
 // failingBundle is a consumer's whole chain on a real SQLite store, with
