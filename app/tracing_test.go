@@ -250,6 +250,12 @@ func TestTracingFromEnv(t *testing.T) {
 		require.ElementsMatch(t, []string{"traceparent", "tracestate", "baggage"}, otel.GetTextMapPropagator().Fields())
 	})
 
+	t.Run("UnknownExporter", func(t *testing.T) {
+		t.Setenv("OTEL_TRACES_EXPORTER", "carrier-pigeon")
+		service := app.New(fx.Replace(testConfig(t)))
+		require.ErrorContains(t, service.Err(), "OTEL_TRACES_EXPORTER", "a bad value stops start-up, naming the variable")
+	})
+
 	t.Run("OffByDefault", func(t *testing.T) {
 		c := newCollector(t)
 		t.Setenv("OTEL_TRACES_EXPORTER", "")
