@@ -23,9 +23,18 @@ import (
 // It does not provide a *slog.Logger: without one, warnings and errors go
 // to stderr (see DefaultLogger); supply one to choose. Replace the
 // configuration with fx.Replace(cfg).
+//
+// The consumers and the outbox relay trace with OpenTelemetry. Supply a
+// trace.TracerProvider to choose it (as a trace.TracerProvider, e.g. with
+// fx.Annotate and fx.As): the app then uses it and leaves its
+// configuration, shutdown and OpenTelemetry's globals to its owner.
+// Without one, the app configures OpenTelemetry from the standard OTEL_*
+// environment variables, traces off unless OTEL_TRACES_EXPORTER names an
+// exporter (docs/operations.md, Tracing).
 var Module = fx.Module("effectively",
 	fx.Provide(
 		ConfigFromEnv,
+		newTracer,
 		newDB,
 		newStore,
 		newTransport,
