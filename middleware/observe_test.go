@@ -95,7 +95,7 @@ func TestObserve(t *testing.T) {
 	require.NotEqual(t, "4bf92f3577b34da6a3ce929d0e0e4736", ended[0].SpanContext().TraceID().String(), "a trace of its own")
 	attrs := map[string]string{}
 	for _, kv := range ended[0].Attributes() {
-		attrs[string(kv.Key)] = kv.Value.Emit()
+		attrs[string(kv.Key)] = kv.Value.AsString()
 	}
 	require.Equal(t, "process", attrs["messaging.operation.type"])
 	require.Equal(t, "process", attrs["messaging.operation.name"])

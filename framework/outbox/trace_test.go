@@ -47,7 +47,7 @@ func (tr *tracing) publishSpans(typ string) []sdktrace.ReadOnlySpan {
 func attrs(s sdktrace.ReadOnlySpan) map[attribute.Key]string {
 	m := map[attribute.Key]string{}
 	for _, kv := range s.Attributes() {
-		m[kv.Key] = kv.Value.Emit()
+		m[kv.Key] = kv.Value.AsString()
 	}
 	return m
 }
