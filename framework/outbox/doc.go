@@ -95,8 +95,10 @@
 // publish, messaging.destination.name (the type), messaging.message.id
 // (the event id) and cloudevents.event_source. The span ends when the
 // transport took the message (with a DeferredPublisher, at its confirm), in
-// error when it did not. The framework's consumers link their spans to the
-// creation context.
+// error when it did not. An event that has no creation context gets the
+// publish span's, in the message published (the stored row is left as it
+// is), as OpenTelemetry's messaging conventions say. The framework's
+// consumers link their spans to the creation context.
 //
 // # At least once
 //

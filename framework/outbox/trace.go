@@ -62,13 +62,16 @@ func newTracer(t trace.Tracer, system string) tracer {
 
 // startPublish starts the producer span of the publish of row, a child of
 // the event's creation context (its traceparent), and sets msg's context
-// to one with the span. Without tracing it returns a span that records
-// nothing.
+// to one with the span. An event without a creation context gets the
+// span's, in msg's payload, as OpenTelemetry's messaging conventions say
+// of a publish without one: the consumers link to the publish. Without
+// tracing it returns a span that records nothing.
 func (t tracer) startPublish(row sqlstore.OutboxRow, msg *message.Message) trace.Span {
 	if !t.on {
 		return trace.SpanFromContext(context.Background()) // records nothing
 	}
-	ctx := trace.ContextWithRemoteSpanContext(msg.Context(), creationContext(row.Body))
+	creation := creationContext(row.Body)
+	ctx := trace.ContextWithRemoteSpanContext(msg.Context(), creation)
 	attrs := make([]attribute.KeyValue, 0, 6)
 	if t.system.Valid() {
 		attrs = append(attrs, t.system)
@@ -82,7 +85,27 @@ func (t tracer) startPublish(row sqlstore.OutboxRow, msg *message.Message) trace
 	)
 	ctx, span := t.tracer.Start(ctx, "publish "+row.Type, trace.WithSpanKind(trace.SpanKindProducer), trace.WithAttributes(attrs...))
 	msg.SetContext(ctx)
+	if !creation.IsValid() && span.SpanContext().IsValid() {
+		if body, ok := stampBody(ctx, row.Body); ok {
+			msg.Payload = body
+		}
+	}
 	return span
+}
+
+// stampBody returns body, a stored CloudEvent, with the trace context of
+// ctx's span as its creation context; false when body does not decode
+// (the row is then published as it is).
+func stampBody(ctx context.Context, body []byte) ([]byte, bool) {
+	env, err := framework.Decode(body, len(body))
+	if err != nil {
+		return nil, false
+	}
+	body, err = framework.Encode(withTraceContext(ctx, env))
+	if err != nil {
+		return nil, false
+	}
+	return body, true
 }
 
 // endPublish ends span, the publish span of a row, with err, what became

@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"testing"
 
@@ -50,6 +51,14 @@ func attrs(s sdktrace.ReadOnlySpan) map[attribute.Key]string {
 		m[kv.Key] = kv.Value.AsString()
 	}
 	return m
+}
+
+// mustText returns the text of a noted event.
+func mustText(t *testing.T, env framework.Envelope) string {
+	t.Helper()
+	var data noteV1
+	require.NoError(t, json.Unmarshal(env.Data, &data))
+	return data.Text
 }
 
 // decodeAll decodes the messages the recorder took.
@@ -188,6 +197,14 @@ func testTraceContext(t *testing.T, b backend) {
 		require.NotNil(t, second)
 		require.False(t, second.Parent().IsValid(), "an event without a creation context is published in a trace of its own")
 		require.NotEqual(t, producer.SpanContext().TraceID(), second.SpanContext().TraceID())
+
+		got := decodeAll(t, bd.pub)
+		sc := producer.SpanContext()
+		require.Equal(t, "00-"+sc.TraceID().String()+"-"+sc.SpanID().String()+"-01", got["e-1"].TraceParent, "a creation context is left as it is")
+		sc = second.SpanContext()
+		require.Equal(t, "00-"+sc.TraceID().String()+"-"+sc.SpanID().String()+"-01", got["e-2"].TraceParent,
+			"an event without one gets the publish span's context")
+		require.Equal(t, "text of e-2", mustText(t, got["e-2"]), "and is the same event otherwise")
 	})
 
 	t.Run("FailedPublishSpan", func(t *testing.T) {
