@@ -353,5 +353,32 @@ func (s *Store) Adopt(ctx context.Context, consumer, from string) (int64, error)
 		own.seq = max(own.seq, c.seq) // a holder's advance of own applies on top
 	}
 	s.adoptDeadLetters(consumer, from)
+	s.adoptParked(consumer, from)
 	return n, nil
+}
+
+// adoptParked moves the waits, holds and parkings of from to consumer;
+// where consumer has one of the same subject and sequence, its own stays.
+func (s *Store) adoptParked(consumer, from string) {
+	for k, since := range s.waits {
+		if k.consumer != from {
+			continue
+		}
+		nk := waitKey{subjectKey{consumer, k.subject}, k.seq}
+		if _, ok := s.waits[nk]; !ok {
+			s.waits[nk] = since
+		}
+		delete(s.waits, k)
+	}
+	for k, p := range s.parked {
+		if k.consumer != from {
+			continue
+		}
+		nk := waitKey{subjectKey{consumer, k.subject}, k.seq}
+		if _, ok := s.parked[nk]; !ok {
+			p.Consumer = consumer
+			s.parked[nk] = p
+		}
+		delete(s.parked, k)
+	}
 }

@@ -423,6 +423,35 @@ func exerciseAdopt(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.EqualValues(t, 3, n, "k1 and k2 of the old name, k1 adopted")
 	})
 
+	// The new name takes the old one's held and parked events and its
+	// waits behind a gap, so that a rename under strict order neither
+	// loses the events parked behind a dead letter nor releases them.
+	t.Run("AdoptMovesParkedEvents", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		held := framework.Key{Source: "orders", ID: "held"}
+		require.NoError(t, b.store.Hold(ctx, from, "s", 2, held))
+		_, err := b.store.WaitGap(ctx, from, "t", 5, framework.Key{Source: "orders", ID: "t5"}, []byte(`{}`))
+		require.NoError(t, err)
+		b.clock.Advance(time.Minute)
+
+		_, err = b.store.Adopt(ctx, consumer, from)
+		require.NoError(t, err)
+		ps, err := b.store.Parked(ctx, framework.ParkedFilter{Consumer: from})
+		require.NoError(t, err)
+		require.Empty(t, ps, "the old name holds nothing")
+		ps, err = b.store.Parked(ctx, framework.ParkedFilter{Consumer: consumer})
+		require.NoError(t, err)
+		require.Len(t, ps, 1)
+		require.True(t, ps[0].Held)
+		require.Equal(t, held, ps[0].Key)
+		require.EqualValues(t, 2, ps[0].Seq)
+		waited, err := b.store.WaitGap(ctx, consumer, "t", 5, framework.Key{Source: "orders", ID: "t5"}, []byte(`{}`))
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, waited, time.Minute, "the wait keeps its start under the new name")
+	})
+
 	// The new name takes the old one's dead letters (their history
 	// records the adoption), its unsent replays and its delivery counts.
 	// When both names have a dead letter of one event, the new name's is

@@ -10,11 +10,11 @@ import (
 )
 
 // The SQL of a consumer's rename: the new name adopts the processed marks,
-// the subject checkpoints, the delivery counts, the dead letters and the
-// unsent replays of the old one. Marks the new name has are kept; a
+// the subject checkpoints, the delivery counts, the dead letters, the
+// waits, holds and parked events, and the unsent replays of the old one. Marks the new name has are kept; a
 // checkpoint keeps the higher sequence; a delivery count of an event that
 // both names counted adds the two. Marks and checkpoints are copied (the
-// old name keeps its own); counts, dead letters and replays move, so that
+// old name keeps its own); counts, dead letters, parked events and replays move, so that
 // running it again finds nothing to move twice.
 const (
 	qAdoptProcessed = `INSERT INTO {p}processed_events (consumer, source, event_id, processed_at)
@@ -51,6 +51,14 @@ WHERE id = ?`
 SELECT id, ?, 'adopted', ? FROM {p}dead_letters WHERE consumer = ?`
 	qAdoptDeadLetters = `UPDATE {p}dead_letters SET consumer = ? WHERE consumer = ?`
 	qAdoptReplays     = `UPDATE {p}replays SET consumer = ? WHERE consumer = ? AND sent_at IS NULL`
+
+	// The waits behind a gap, the holds and the parked events move too:
+	// where the new name has one of the same subject and sequence, its
+	// own stays.
+	qAdoptParked = `INSERT INTO {p}parked_events (consumer, subject, seq, source, event_id, topic, body, metadata, parked_at, reason)
+SELECT ?, subject, seq, source, event_id, topic, body, metadata, parked_at, reason FROM {p}parked_events WHERE consumer = ?
+ON CONFLICT (consumer, subject, seq) DO NOTHING`
+	qDropParked = `DELETE FROM {p}parked_events WHERE consumer = ?`
 )
 
 var _ framework.Store = (*Store)(nil)
@@ -89,9 +97,11 @@ func (s *Store) Adopt(ctx context.Context, consumer, from string) (int64, error)
 	}{
 		{qAdoptDeliveries, []any{consumer, from}},
 		{qDropDeliveries, []any{from}},
+		{qAdoptParked, []any{consumer, from}},
+		{qDropParked, []any{from}},
 	} {
 		if _, err := tx.ExecContext(ctx, s.q.sql(q.sql), q.args...); err != nil {
-			return 0, fmt.Errorf("adopt the delivery counts of %s for %s: %w", from, consumer, err)
+			return 0, fmt.Errorf("adopt the delivery counts and parked events of %s for %s: %w", from, consumer, err)
 		}
 	}
 	if err := s.adoptDeadLetters(ctx, tx, consumer, from); err != nil {
