@@ -380,7 +380,7 @@ func (r *Runner) adopt(ctx context.Context) error {
 			if err != nil {
 				return fmt.Errorf("consumer %s renamed from %s: %w", cc.Consumer.Name(), old, err)
 			}
-			r.logger.InfoContext(ctx, "renamed consumer adopted the processed events of its old name", "consumer", cc.Consumer.Name(), "renamed_from", old, "adopted", n)
+			r.logger.InfoContext(ctx, "renamed consumer adopted the history of its old name (processed marks, checkpoints, dead letters, delivery counts, parked events)", "consumer", cc.Consumer.Name(), "renamed_from", old, "adopted_marks", n)
 		}
 	}
 	return nil
