@@ -19,7 +19,6 @@ import (
 	"github.com/effectively-once/effectively/app"
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/outbox"
-	"github.com/effectively-once/effectively/framework/postgres"
 	"github.com/effectively-once/effectively/framework/sqlite"
 	"github.com/effectively-once/effectively/handlers"
 	"github.com/effectively-once/effectively/internal/testenv"
@@ -285,14 +284,7 @@ func TestDeadLettersReplayNeedsOnlyTheDatabase(t *testing.T) {
 // subject at seq when subject is set, and returns its id.
 func storeDeadLetter(t *testing.T, db *sqlx.DB, consumer, id, subject string, seq int64) int64 {
 	t.Helper()
-	var store framework.Store
-	var err error
-	if db.DriverName() == postgres.DriverName {
-		store, err = postgres.NewStore(db, postgres.StoreConfig{})
-	} else {
-		store, err = sqlite.NewStore(db, sqlite.StoreConfig{})
-	}
-	require.NoError(t, err)
+	store := testStore(t, db)
 	env, err := widgetAdded.Envelope(widgetAddedV1{Name: id}, framework.Attributes{ID: id, Source: "widgets", Subject: subject, SubjectSeq: seq})
 	require.NoError(t, err)
 	msg, err := framework.NewMessage(env)

@@ -1,0 +1,117 @@
+package app
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/sqlite"
+)
+
+// fakeClock is the clock of a throttle under test: sleeping moves it on,
+// and it records each sleep.
+type fakeClock struct {
+	now    time.Time
+	sleeps []time.Duration
+}
+
+func (c *fakeClock) throttle(perSecond float64) *throttle {
+	th := newThrottle(perSecond)
+	th.now = func() time.Time { return c.now }
+	th.sleep = func(_ context.Context, d time.Duration) error {
+		c.sleeps = append(c.sleeps, d)
+		c.now = c.now.Add(d)
+		return nil
+	}
+	return th
+}
+
+// TestThrottleSpacesReplays: at --rate 4 the first replay goes at once
+// and each next one a quarter of a second after the one before; no
+// --rate, no throttle.
+func TestThrottleSpacesReplays(t *testing.T) {
+	require.Nil(t, newThrottle(0))
+	require.NoError(t, newThrottle(0).wait(t.Context()), "a nil throttle does not wait")
+
+	clock := &fakeClock{now: time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)}
+	th := clock.throttle(4)
+	for range 5 {
+		require.NoError(t, th.wait(t.Context()))
+	}
+	q := 250 * time.Millisecond
+	require.Equal(t, []time.Duration{q, q, q, q}, clock.sleeps)
+}
+
+// TestProgressOnTerminalOnly: no progress bar where stderr is not a
+// terminal (a pipe, a file), nor for one dead letter; the bar counts the
+// dead letters done, and each line printed clears it first.
+func TestProgressOnTerminalOnly(t *testing.T) {
+	require.Nil(t, newProgress(&bytes.Buffer{}, 3))
+	f, err := os.Create(filepath.Join(t.TempDir(), "stderr"))
+	require.NoError(t, err)
+	defer f.Close()
+	require.Nil(t, newProgress(f, 3))
+	require.Nil(t, newProgress(os.Stderr, 1))
+
+	var screen, out bytes.Buffer
+	p := drawProgress(&screen, 3)
+	for i := range 3 {
+		p.println(&out, "dead letter "+string(rune('1'+i))+" replayed")
+		p.add()
+	}
+	p.finish()
+	require.Equal(t, "dead letter 1 replayed\ndead letter 2 replayed\ndead letter 3 replayed\n", out.String())
+	require.Contains(t, screen.String(), "replaying")
+	require.Contains(t, screen.String(), "(1/3, ", "the count (later draws are throttled)")
+}
+
+// TestReplayThrottled: a replay at a rate waits its turn before each dead
+// letter it records, not before those it refuses, and a dry run never
+// waits (on SQLite).
+func TestReplayThrottled(t *testing.T) {
+	ctx := t.Context()
+	cfg, err := LoadConfig(func(string) (string, bool) { return "", false })
+	require.NoError(t, err)
+	cfg.DatabaseURL = filepath.Join(t.TempDir(), "app.db")
+	db, err := sqlite.Open(ctx, cfg.DatabaseURL, sqlite.OpenConfig{})
+	require.NoError(t, err)
+	defer db.Close()
+	require.NoError(t, migrateUp(ctx, db, cfg, Migrations{}))
+	store, err := sqlite.NewStore(db, sqlite.StoreConfig{})
+	require.NoError(t, err)
+	for _, dl := range []framework.DeadLetter{
+		{Consumer: "c.one", EventID: "e-1", Source: "s", Code: "rejected", Body: []byte(`{}`)},
+		{Consumer: "c.one", EventID: "e-2", Source: "s", Code: "rejected", Body: []byte(`{}`)},
+		{Consumer: "c.gone", EventID: "e-3", Source: "s", Code: "rejected", Body: []byte(`{}`)},
+		{Consumer: "c.one", EventID: "e-4", Source: "s", Code: "rejected", Body: []byte(`{}`)},
+	} {
+		require.NoError(t, store.PublishDeadLetter(ctx, dl))
+	}
+	op := operator{cfg: cfg, db: db, deadLetters: store, consumers: []string{"c.one"}}
+	req := replayRequest{
+		ids:        []int64{1, 2, 3, 4},
+		resolution: framework.Resolution{Status: framework.DeadLetterReplayed, By: "tester", Reason: "throttled"},
+	}
+
+	clock := &fakeClock{now: time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)}
+	var out bytes.Buffer
+	req.dryRun = true
+	require.NoError(t, op.replayCommand(ctx, &out, &out, req, clock.throttle(2)))
+	require.Empty(t, clock.sleeps, "a dry run records nothing, so it never waits")
+
+	req.dryRun = false
+	out.Reset()
+	err = op.replayCommand(ctx, &out, &out, req, clock.throttle(2))
+	require.ErrorContains(t, err, "1 of 4 dead letters refused")
+	require.Equal(t, []time.Duration{500 * time.Millisecond, 500 * time.Millisecond}, clock.sleeps,
+		"three replays at 2 a second: the first at once")
+	require.Equal(t, 3, strings.Count(out.String(), " replayed\n"), out.String())
+	require.Contains(t, out.String(), "dead letter 3 refused: consumer c.gone is not declared in this service")
+}
