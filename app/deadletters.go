@@ -206,7 +206,7 @@ Under strict_order, the later events of the dead letter's subject are parked
 behind it (see the parked command): once the replayed event takes effect,
 the consumer applies them after it, in order.
 
---reason and --by (default $USER) are required.`,
+--reason and --by (default $USER) are required, except for a dry run.`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var err error
@@ -230,8 +230,10 @@ the consumer applies them after it, in order.
 				return fmt.Errorf("--rate: want a positive number of replays a second, got %v", perSecond)
 			}
 			req.resolution.Status = framework.DeadLetterReplayed
-			if err := checkResolution(req.resolution, "why the messages can be processed now"); err != nil {
-				return err
+			if !req.dryRun {
+				if err := checkResolution(req.resolution, "why the messages can be processed now"); err != nil {
+					return err
+				}
 			}
 			return operate(cmd.Context(), opts, func(ctx context.Context, op operator) error {
 				return op.replayCommand(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr(), req, newThrottle(perSecond))

@@ -21,13 +21,16 @@
 //	notifications dead-letters list [--consumer C] [--code X] [--status pending|replayed|discarded|all]
 //	notifications dead-letters show 42
 //	notifications dead-letters replay 42 43 --reason "the mail server is back"
+//	notifications dead-letters replay --consumer C --code X [--since T] [--dry-run] [--rate N] --reason "..."
 //	notifications dead-letters discard 44 --reason "test data"
 //	notifications dead-letters parked [--consumer C] [--subject S]
 //	notifications dead-letters discard 45 --release-parked --reason "superseded"
 //
-// A replay goes to the dead letter's consumer alone (its queue on amqp, its
-// replay topic on the SQL transports), which handles it afresh; the dead
-// letter is then marked replayed, with who and why. Under strict_order the
+// The commands need only the database. A replay is recorded with the dead
+// letter's mark, in one transaction, and the running service publishes it
+// to the dead letter's consumer alone (its queue on amqp, its replay topic
+// on the SQL transports), which handles it afresh; show prints the dead
+// letter's history, every failure and resolution. Under strict_order the
 // later events of a dead letter's subject are parked behind it (parked
 // lists them): a replay applies them after it; a discard keeps them
 // parked unless --release-parked.
