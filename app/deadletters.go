@@ -236,7 +236,7 @@ the consumer applies them after it, in order.
 				}
 			}
 			return operate(cmd.Context(), opts, func(ctx context.Context, op operator) error {
-				return op.replayCommand(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr(), req, newThrottle(perSecond))
+				return op.replay(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr(), req, newThrottle(perSecond))
 			})
 		},
 	}
@@ -254,10 +254,10 @@ the consumer applies them after it, in order.
 	return cmd
 }
 
-// replayCommand replays what req selects (see replayCommand), printing
-// per dead letter what it did to out and a progress bar to errOut when it
-// is a terminal.
-func (op operator) replayCommand(ctx context.Context, out, errOut io.Writer, req replayRequest, th *throttle) error {
+// replay replays what req selects (see replayCommand), printing per dead
+// letter what it did to out and a progress bar to errOut when it is a
+// terminal.
+func (op operator) replay(ctx context.Context, out, errOut io.Writer, req replayRequest, th *throttle) error {
 	vs, errs, err := op.selectReplays(ctx, req, time.Now())
 	if err != nil {
 		return err
@@ -405,7 +405,8 @@ func (op operator) discard(ctx context.Context, out io.Writer, release bool, id 
 	case err != nil:
 		return discarded{}, fmt.Errorf("dead letter %d: %w", id, err)
 	case release && dl.Subject != "" && !slices.Contains(op.consumers, dl.Consumer):
-		return refuse(fmt.Sprintf("consumer %s is not declared in this service: nothing would apply its parked events", dl.Consumer), framework.ErrNotFound)
+		why := fmt.Sprintf("consumer %s is not declared in this service: nothing would apply its parked events", dl.Consumer)
+		return refuse(why, errors.New(why))
 	}
 	if !release || dl.Status != framework.DeadLetterDiscarded {
 		_, err := op.deadLetters.ResolveDeadLetter(ctx, id, r)

@@ -103,12 +103,12 @@ func TestReplayThrottled(t *testing.T) {
 	clock := &fakeClock{now: time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)}
 	var out bytes.Buffer
 	req.dryRun = true
-	require.NoError(t, op.replayCommand(ctx, &out, &out, req, clock.throttle(2)))
+	require.NoError(t, op.replay(ctx, &out, &out, req, clock.throttle(2)))
 	require.Empty(t, clock.sleeps, "a dry run records nothing, so it never waits")
 
 	req.dryRun = false
 	out.Reset()
-	err = op.replayCommand(ctx, &out, &out, req, clock.throttle(2))
+	err = op.replay(ctx, &out, &out, req, clock.throttle(2))
 	require.ErrorContains(t, err, "1 of 4 dead letters refused")
 	require.Equal(t, []time.Duration{500 * time.Millisecond, 500 * time.Millisecond}, clock.sleeps,
 		"three replays at 2 a second: the first at once")
