@@ -14,6 +14,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -372,4 +373,92 @@ func declareQueue(t *testing.T, url, queue string, args amqp091.Table) error {
 	require.NoError(t, err)
 	_, err = ch.QueueDeclare(queue, true, false, false, false, args)
 	return err
+}
+
+// TestResubscribeBacksOff: while the consumer's queue cannot be consumed,
+// as a classic queue whose node is down (here another connection holds a
+// queue of its name exclusively), the subscription tries again after a
+// pause that doubles (100 ms, 200 ms, ... up to MaxConnectInterval), not
+// every 100 ms; once the queue is free it consumes again.
+func TestResubscribeBacksOff(t *testing.T) {
+	t.Parallel()
+	url := testenv.Require(t, testenv.AMQPURLVar)
+	attempts := &attemptLog{}
+	conn := connect(t, TransportConfig{URL: url, Logger: slog.New(attempts), MaxConnectInterval: 5 * time.Second})
+	topic, consumer := "backoff.t"+randomSuffix(), "backoff-"+randomSuffix()
+	t.Cleanup(func() { deleteTopology(t, url, consumer, topic) })
+	sub, err := subscriberOf(conn, consumer, 1)
+	require.NoError(t, err)
+	defer sub.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ch, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+
+	// Delete the queue, which cancels the subscription's consumer, and
+	// declare one of its name exclusively, again when the subscription
+	// declared it first.
+	other, err := amqp091.Dial(url)
+	require.NoError(t, err)
+	defer other.Close()
+	for try := 0; ; try++ {
+		require.Less(t, try, 50, "the queue taken away")
+		och, err := other.Channel()
+		require.NoError(t, err)
+		if _, err := och.QueueDelete(consumer, false, false, false); err != nil {
+			continue
+		}
+		if _, err := och.QueueDeclare(consumer, false, false, true, false, nil); err == nil {
+			break
+		}
+	}
+	const tries = 6
+	require.Eventually(t, func() bool { return len(attempts.times()) >= tries }, 30*time.Second, 10*time.Millisecond)
+	times := attempts.times()
+	for i := 1; i < tries; i++ {
+		want := resubscribePause << (i - 1)
+		require.GreaterOrEqual(t, times[i].Sub(times[i-1]), want, "pause before attempt %d", i+1)
+	}
+
+	require.NoError(t, other.Close()) // the exclusive queue goes with it
+	pub, err := newPublisher(conn)
+	require.NoError(t, err)
+	defer pub.Close()
+	require.Eventually(t, func() bool {
+		_ = pub.Publish(topic, message.NewMessage("back", []byte(`{}`))) // routed once the queue is bound again
+		select {
+		case msg := <-ch:
+			msg.Ack()
+			return msg.UUID == "back"
+		case <-time.After(100 * time.Millisecond):
+			return false
+		}
+	}, 30*time.Second, 10*time.Millisecond, "consumes again")
+}
+
+// attemptLog is a slog handler that records when the subscriptions failed
+// to consume.
+type attemptLog struct {
+	mu sync.Mutex
+	at []time.Time
+}
+
+func (l *attemptLog) Enabled(context.Context, slog.Level) bool { return true }
+
+func (l *attemptLog) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == "amqp: consume" {
+		l.mu.Lock()
+		l.at = append(l.at, r.Time)
+		l.mu.Unlock()
+	}
+	return nil
+}
+
+func (l *attemptLog) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *attemptLog) WithGroup(string) slog.Handler      { return l }
+
+func (l *attemptLog) times() []time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.at)
 }

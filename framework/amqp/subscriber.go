@@ -13,7 +13,9 @@ import (
 )
 
 // resubscribePause is the pause before a subscription consumes again
-// after its channel or connection was lost.
+// after its channel or connection was lost. It doubles while the queue
+// cannot be consumed (a classic queue whose node is down, a queue another
+// connection holds exclusively), up to Config.MaxConnectInterval.
 const resubscribePause = 100 * time.Millisecond
 
 // subscriber reads the queue of one consumer. The queue is durable, named
@@ -180,8 +182,10 @@ type subscription struct {
 }
 
 // run consumes until ctx ends or the subscriber closes, again on a new
-// channel each time the channel or the connection is lost.
+// channel each time the channel or the connection is lost, after a pause
+// that doubles while the queue cannot be consumed.
 func (s *subscription) run(ctx context.Context) {
+	pause := resubscribePause
 	for first := true; ; first = false {
 		if !first {
 			// Declare again: the broker may have lost a queue that was
@@ -194,15 +198,19 @@ func (s *subscription) run(ctx context.Context) {
 		if err != nil {
 			return
 		}
+		consumed := false
 		select {
 		case <-w.Connected():
-			s.consume(ctx, w.Connection())
+			consumed = s.consume(ctx, w.Connection())
 		case <-s.closing:
 			return
 		case <-ctx.Done():
 			return
 		}
-		t := time.NewTimer(resubscribePause)
+		if consumed {
+			pause = resubscribePause
+		}
+		t := time.NewTimer(pause)
 		select {
 		case <-t.C:
 		case <-s.closing:
@@ -212,17 +220,21 @@ func (s *subscription) run(ctx context.Context) {
 			t.Stop()
 			return
 		}
+		if !consumed {
+			pause = min(2*pause, max(resubscribePause, s.conn.cfg.MaxConnectInterval))
+		}
 	}
 }
 
 // consume consumes the queue on a new channel of conn until the channel
 // closes, ctx ends or the subscriber closes, and returns once every
-// delivery it handed out is settled or abandoned.
-func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) {
+// delivery it handed out is settled or abandoned. It reports whether it
+// consumed: false when the queue could not be consumed at all.
+func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) bool {
 	ch, deliveries, err := s.open(conn)
 	if err != nil {
 		s.conn.cfg.Logger.WarnContext(ctx, "amqp: consume", "queue", s.queue, "error", err)
-		return
+		return false
 	}
 	closed := ch.NotifyClose(make(chan *amqp091.Error, 1))
 	dead := make(chan struct{}) // closed when the channel is lost
@@ -249,11 +261,11 @@ func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) {
 		case err := <-closed: // lost while every slot is taken
 			lost = true
 			_ = err // why is the connection's to report, and it reconnects
-			return
+			return true
 		case <-s.closing:
-			return
+			return true
 		case <-ctx.Done():
-			return
+			return true
 		}
 		var d amqp091.Delivery
 		var ok bool
@@ -265,7 +277,7 @@ func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) {
 		}
 		if !ok {
 			<-s.slots
-			return
+			return true
 		}
 		acks.add(d.DeliveryTag)
 		msg, err := Marshaler{}.Unmarshal(d)
@@ -291,7 +303,7 @@ func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) {
 			cancel()
 			acks.settle(d.DeliveryTag, false)
 			<-s.slots
-			return
+			return true
 		}
 		inFlight.Add(1)
 		go func() {
