@@ -8,12 +8,14 @@ import (
 	"testing"
 	"time"
 
+	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/fx"
 
 	"github.com/effectively-once/effectively/app"
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/handlers"
+	"github.com/effectively-once/effectively/internal/testenv"
 	"github.com/effectively-once/effectively/middleware"
 )
 
@@ -524,4 +526,36 @@ func TestLoadConfigAMQPQueueType(t *testing.T) {
 			require.NotContains(t, err.Error(), "consumers.a.c", "a consumer below the limit")
 		})
 	}
+}
+
+// TestServeAMQPQueueType: amqp_queue_type reaches the transport. The
+// widget consumer's queue exists as a classic queue, so a service that
+// declares it as a quorum queue fails at start with RabbitMQ's refusal:
+// a queue's type cannot change (docs/transports.md, "Switching a queue's
+// type").
+func TestServeAMQPQueueType(t *testing.T) {
+	t.Parallel()
+	amqpURL := testenv.Require(t, testenv.AMQPURLVar)
+	conn, err := amqp091.Dial(amqpURL)
+	require.NoError(t, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDeclare(consumerName, true, false, false, false, nil) // as the other tests have it
+	require.NoError(t, err)
+
+	cfg := testConfig(t)
+	cfg.Transport = app.TransportAMQP
+	cfg.AMQPURL = amqpURL
+	cfg.AMQPQueueType = "quorum"
+	service := app.New(
+		handlers.Register(consumerName, handlers.On(widgetAdded, newAddWidget)),
+		fx.Supply(widgetMigrations),
+		fx.Replace(cfg),
+	)
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	err = app.Serve(ctx, service)
+	require.ErrorContains(t, err, "PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue '"+consumerName+"'")
+	require.NotErrorIs(t, err, context.DeadlineExceeded, "refused at start")
 }
