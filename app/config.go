@@ -115,6 +115,9 @@ type Config struct {
 	// ":0" picks a free port. Defaults to DefaultHTTPAddr. Env
 	// EFFECTIVELY_HTTP_ADDR.
 	HTTPAddr string `yaml:"http_addr"`
+	// Console is the operator console in the browser, under /console/ on
+	// HTTPAddr; off by default (see ConsoleConfig).
+	Console ConsoleConfig `yaml:"console"`
 	// CPUProfile, when set, is the file that a CPU profile of the process
 	// (runtime/pprof) is written to, from the application's build (its
 	// start included) to its stop; read it with go tool pprof. Defaults to none. Env
@@ -495,6 +498,7 @@ func (c Config) Validate() error {
 		errs = append(errs, cc.validate("consumers."+name))
 	}
 	errs = append(errs, c.Defaults.validate("defaults"))
+	errs = append(errs, c.Console.validate(c.HTTPAddr))
 	return errors.Join(errs...)
 }
 
@@ -627,6 +631,9 @@ func LoadConfig(lookupEnv func(string) (string, bool)) (Config, error) {
 			return Config{}, fmt.Errorf("configuration: %s: want true or false, got %q", EnvAutoMigrate, v)
 		}
 		cfg.AutoMigrate = b
+	}
+	if err := cfg.Console.fromEnv(lookupEnv); err != nil {
+		return Config{}, fmt.Errorf("configuration: %w", err)
 	}
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {

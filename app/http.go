@@ -17,7 +17,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/fx"
 
+	"github.com/effectively-once/effectively/app/console"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/handlers"
 	"github.com/effectively-once/effectively/middleware"
 )
 
@@ -60,12 +62,17 @@ type httpParams struct {
 	DB        *sqlx.DB
 	Consumers *middleware.Metrics
 	Logger    *slog.Logger `optional:"true"`
+	// Store and Declarations feed the operator console, when it is on.
+	Store        framework.Store
+	Declarations []handlers.Declaration `group:"effectively.consumers"`
 }
 
 // httpServer serves /healthz (the process lives), /readyz (the router
 // runs, the transport is connected and the database answers; a JSON body
 // with each consumer's failing messages, see docs/operations.md) and
-// /metrics on Config.HTTPAddr.
+// /metrics on Config.HTTPAddr, open to probes and scrapers, and the
+// operator console under /console/ when Config.Console.Enabled, behind
+// its tokens.
 type httpServer struct {
 	addr atomic.Value // string
 }
@@ -78,10 +85,10 @@ func (h *httpServer) Addr() string {
 }
 
 // newHTTP builds the server; it listens when the application starts.
-func newHTTP(p httpParams) *httpServer {
+func newHTTP(p httpParams) (*httpServer, error) {
 	h := &httpServer{}
 	if p.Config.HTTPAddr == "" {
-		return h
+		return h, nil
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -99,6 +106,13 @@ func newHTTP(p httpParams) *httpServer {
 		_ = json.NewEncoder(w).Encode(body)
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(p.Registry.Registry, promhttp.HandlerOpts{}))
+	if p.Config.Console.Enabled {
+		c, err := newConsole(p.Config, p.Store, p.Declarations, p.Logger)
+		if err != nil {
+			return nil, err
+		}
+		mux.Handle(console.Path, c)
+	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	p.Lifecycle.Append(fx.Hook{
 		OnStart: func(context.Context) error {
@@ -116,7 +130,7 @@ func newHTTP(p httpParams) *httpServer {
 		},
 		OnStop: srv.Shutdown,
 	})
-	return h
+	return h, nil
 }
 
 // readyzBody is the JSON body of /readyz. The status code says whether
