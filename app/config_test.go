@@ -16,6 +16,7 @@ import (
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/handlers"
 	"github.com/effectively-once/effectively/internal/testenv"
+	"github.com/effectively-once/effectively/internal/testenv/testserver"
 	"github.com/effectively-once/effectively/middleware"
 )
 
@@ -558,4 +559,35 @@ func TestServeAMQPQueueType(t *testing.T) {
 	err = app.Serve(ctx, service)
 	require.ErrorContains(t, err, "PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue '"+consumerName+"'")
 	require.NotErrorIs(t, err, context.DeadlineExceeded, "refused at start")
+}
+
+// TestServeAMQPQuorumQueue: with amqp_queue_type quorum the service
+// declares its consumer's queue as a quorum queue whose x-delivery-limit
+// is amqp_delivery_limit (on a RabbitMQ node of the test's own, the
+// widget consumer's queue being classic on the shared one).
+func TestServeAMQPQuorumQueue(t *testing.T) {
+	t.Parallel()
+	node := testserver.StartRabbitMQ(t)
+	cfg := testConfig(t)
+	cfg.Transport = app.TransportAMQP
+	cfg.AMQPURL = node.URL
+	cfg.AMQPQueueType = "quorum"
+	cfg.AMQPDeliveryLimit = 77
+	service := app.New(
+		handlers.Register(consumerName, handlers.On(widgetAdded, newAddWidget)),
+		fx.Supply(widgetMigrations),
+		fx.Replace(cfg),
+	)
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	served := make(chan error, 1)
+	go func() { served <- app.Serve(ctx, service) }()
+	require.Eventually(t, func() bool {
+		return strings.Contains(node.Ctl(t, "list_queues", "name"), consumerName)
+	}, waitLimit, 50*time.Millisecond, "the service declared its queue")
+	queues := node.Ctl(t, "list_queues", "name", "type", "durable", "arguments")
+	require.Contains(t, queues, consumerName+"\tquorum\ttrue\t")
+	require.Contains(t, queues, `{"x-delivery-limit",77}`)
+	cancel()
+	require.NoError(t, <-served)
 }
