@@ -226,8 +226,10 @@ func (c *Chain) deliverAll(ctx context.Context, t testing.TB, msgs []*message.Me
 }
 
 // Replay does what an operator's replay does (effectively dead-letters
-// replay): it marks the dead letter replayed and delivers its original
-// message again, without the redelivered flag. Replay a dead letter once
+// replay) and then what the service's replay relay does: it marks the
+// dead letter replayed, which records its replay, delivers its original
+// message again, without the redelivered flag, and records the replay
+// sent. Replay a dead letter once
 // the handler or the data is fixed.
 func (c *Chain) Replay(ctx context.Context, t testing.TB, dl framework.DeadLetter) Result {
 	t.Helper()
@@ -243,6 +245,10 @@ func (c *Chain) Replay(ctx context.Context, t testing.TB, dl framework.DeadLette
 	})
 	if err != nil {
 		t.Fatalf("testkit: mark dead letter %d replayed: %v", dl.ID, err)
+		return Result{}
+	}
+	if err := c.kit.replaySent(ctx, dl.ID); err != nil {
+		t.Fatalf("testkit: dead letter %d: %v", dl.ID, err)
 		return Result{}
 	}
 	return c.DeliverMessage(ctx, t, dl.ReplayMessage())
@@ -293,4 +299,24 @@ func (c *Chain) deliver(ctx context.Context, msg *message.Message) (Result, erro
 		return Result{}, fmt.Errorf("the chain reported no outcome of message %s", msg.UUID)
 	}
 	return Result{Outcome: rep.Outcome, Code: rep.Code, Attempts: rep.Attempts, Err: herr}, nil
+}
+
+// replaySent records the replay of the dead letter id sent, as the
+// service's relay does once it published it; the kit publishes it itself.
+func (k *Kit) replaySent(ctx context.Context, id int64) error {
+	// A lease of a nanosecond: the other replays claimed here are due
+	// again at once.
+	rs, err := k.store.ClaimReplays(ctx, 1000, time.Nanosecond)
+	if err != nil {
+		return err
+	}
+	for _, r := range rs {
+		if r.DeadLetterID != id {
+			continue
+		}
+		if err := k.store.ReplaySent(ctx, r.ID); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -301,6 +301,9 @@ func TestDeliver(t *testing.T) {
 			dls = bd.consumer.DeadLetters(t.Context(), t)
 			require.Len(t, dls, 1)
 			require.Equal(t, framework.DeadLetterReplayed, dls[0].Status)
+			rs, err := bd.kit.Store().ClaimReplays(t.Context(), 10, time.Minute)
+			require.NoError(t, err)
+			require.Empty(t, rs, "the replay is recorded sent, as the service's relay would")
 		})
 
 		t.Run("TablePrefix", func(t *testing.T) {

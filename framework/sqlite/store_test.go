@@ -3,6 +3,7 @@ package sqlite_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
@@ -41,4 +42,35 @@ func TestNewStoreValidates(t *testing.T) {
 	require.ErrorContains(t, err, "TablePrefix")
 	_, err = sqlite.NewStore(sqlx.NewDb(testenv.SQLite(t).DB, "pgx"), sqlite.StoreConfig{})
 	require.ErrorContains(t, err, "not sqlite")
+}
+
+// TestClaimReplaysIdleTakesNoWriteLock: the service's replay relay polls
+// the replays; a poll that finds none writes nothing, so it does not wait
+// for (or take) SQLite's write lock, which another connection holds here.
+func TestClaimReplaysIdleTakesNoWriteLock(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	path := testenv.SQLitePath(t)
+	db, err := sqlite.Open(ctx, path, sqlite.OpenConfig{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	require.NoError(t, migrate.Up(ctx, db, migrate.Config{}))
+	store, err := sqlite.NewStore(db, sqlite.StoreConfig{})
+	require.NoError(t, err)
+
+	other, err := sqlite.Open(ctx, path, sqlite.OpenConfig{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = other.Close() })
+	writer, err := other.Conn(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = writer.Close() })
+	_, err = writer.ExecContext(ctx, `BEGIN IMMEDIATE`)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = writer.ExecContext(ctx, `ROLLBACK`) })
+
+	claimCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	rs, err := store.ClaimReplays(claimCtx, 10, time.Minute)
+	require.NoError(t, err, "an idle poll must not wait for the write lock")
+	require.Empty(t, rs)
 }
