@@ -20,4 +20,12 @@
 // its context ends, then cancels the rest: a canceled attempt rolls back,
 // and its message is delivered again later. The app package runs a
 // Runner inside an fx application.
+//
+// A Runner handles messages only: the application around it also runs the
+// outbox relay (framework/outbox.Relay), the purge of old processed
+// marks, and the replay relay that publishes what operators replay or
+// release (the store's replays, see framework.Store.ClaimReplays: each
+// published with the transport's Replay to its consumer alone, then
+// ReplaySent). A service built on a Runner alone runs those itself, or
+// its dead-letter replays are recorded but never delivered.
 package runner
