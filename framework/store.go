@@ -168,7 +168,7 @@ type DeadLetter struct {
 	// Attempts is the number of attempts of the last delivery.
 	Attempts int
 	// Deliveries is the message's delivery count when it was
-	// dead-lettered last, 0 when it was not counted.
+	// dead-lettered last (1 for a first delivery), 0 when unknown.
 	Deliveries int
 	// Repeats counts how often the message came back after it was first
 	// dead-lettered.

@@ -62,7 +62,8 @@ func deliveryGuard(consumer string, store framework.Store, maxDeliveries int, uo
 				if _, err := eventOf(msg.Context()); err != nil {
 					return nil, err
 				}
-				return next(msg) // a first delivery costs nothing
+				stateOf(msg).deliveries = 1 // known without counting, for the dead letter
+				return next(msg)            // a first delivery costs nothing
 			}
 			return g.count(msg, next)
 		}

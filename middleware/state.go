@@ -18,7 +18,7 @@ type state struct {
 	decoded       *decoded            // set once routed and its data decoded: &event
 	event         decoded             // what envelope and decoded point to
 	attempts      int
-	deliveries    int  // the delivery guard's count of this delivery; 0 when not counted
+	deliveries    int  // the delivery guard's count of this delivery (1 for a known first delivery); 0 when not known
 	gaveUp        bool // retry returned the error of its last attempt
 	outcome       framework.Outcome
 	deadLettered  framework.Code
