@@ -111,15 +111,16 @@ func (c Config) Validate() error {
 		return errors.New("console: SessionLifetime must not be negative")
 	}
 	for _, o := range c.TrustedOrigins {
-		if err := validateOrigin(o); err != nil {
+		if err := ValidateOrigin(o); err != nil {
 			return fmt.Errorf("console: TrustedOrigins: %w", err)
 		}
 	}
 	return nil
 }
 
-// validateOrigin accepts scheme://host[:port], nothing more.
-func validateOrigin(o string) error {
+// ValidateOrigin accepts an origin as TrustedOrigins holds it:
+// scheme://host[:port], nothing more.
+func ValidateOrigin(o string) error {
 	u, err := url.Parse(o)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.Path != "" || u.RawQuery != "" || u.User != nil {
 		return fmt.Errorf("want scheme://host[:port] such as https://ops.example.com, got %q", o)
@@ -203,7 +204,9 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		"'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("X-Content-Type-Options", "nosniff")
-	h.Set("Referrer-Policy", "no-referrer")
+	// Not no-referrer, under which browsers send "Origin: null" with the
+	// forms, and checkOrigin refuses them.
+	h.Set("Referrer-Policy", "same-origin")
 	h.Set("Cache-Control", "no-store")
 	c.mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), nonceKey{}, nonce)))
 }

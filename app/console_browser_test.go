@@ -1,0 +1,269 @@
+package app_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/chromedp/cdproto/page"
+	"github.com/chromedp/chromedp"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/fx"
+
+	"github.com/effectively-once/effectively/app"
+	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/testenv"
+)
+
+// screenshotsVar names a folder the browser test writes screenshots of
+// the console's pages to (docs/ has them); unset, it writes none.
+const screenshotsVar = "EFFECTIVELY_CONSOLE_SCREENSHOTS"
+
+// chromium returns the path of Debian's chromium (scripts/services.sh
+// installs it); without it the test fails under CI=true and is skipped
+// elsewhere.
+func chromium(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"chromium", "chromium-browser"} {
+		if path, err := exec.LookPath(name); err == nil {
+			return path
+		}
+	}
+	testenv.Missing(t, "chromium is not installed: the console's browser test needs it (scripts/services.sh installs Debian's chromium package; run make test)")
+	return ""
+}
+
+// browser starts one headless Chromium for the test and returns its tab's
+// context, and a counter of the JavaScript dialogs (alert) its pages
+// opened.
+func browser(t *testing.T, path string) (context.Context, *atomic.Int32) {
+	t.Helper()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(path),
+		chromedp.WindowSize(1280, 860),
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.UserDataDir(t.TempDir()),
+	)
+	if os.Geteuid() == 0 {
+		opts = append(opts, chromedp.NoSandbox) // Chromium refuses to run as root with its sandbox
+	}
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelTab := chromedp.NewContext(allocCtx)
+	ctx, cancelTimeout := context.WithTimeout(ctx, 2*time.Minute)
+	t.Cleanup(func() {
+		cancelTimeout()
+		cancelTab()
+		cancelAlloc() // waits for the browser to exit
+	})
+	dialogs := new(atomic.Int32)
+	require.NoError(t, chromedp.Listen(ctx, func(ev any) {
+		if _, ok := ev.(*page.EventJavascriptDialogOpening); ok {
+			dialogs.Add(1)
+		}
+	}))
+	return ctx, dialogs
+}
+
+// TestConsoleBrowser drives the console in a real headless Chromium,
+// against the service with its consumer, its replay relay and its
+// database: refused without a token; a read-only token lists and opens
+// but cannot replay; a form sent from another origin is refused; a write
+// token lists the dead letters by consumer and code, opens a poison one
+// whose body holds HTML, NUL and bytes that are not UTF-8 (shown, not
+// run), and replays one with a reason: the history shows it, the relay
+// publishes it, and the consumer applies it.
+func TestConsoleBrowser(t *testing.T) {
+	t.Parallel()
+	exe := chromium(t)
+	var refuse atomic.Bool // the consumer refuses w-1 while set
+	refuse.Store(true)
+	refuseW1 := func(next message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			if d, ok := framework.EnvelopeFromContext(msg.Context()); ok && d.ID == "w-1" && refuse.Load() {
+				return nil, framework.Permanent("gear_refused", nil)
+			}
+			return next(msg)
+		}
+	}
+	b := setup(t, consoleConfig(t), fx.Supply(app.Middleware{Outer: []message.HandlerMiddleware{refuseW1}}))
+	b.publish(t, "w-1", "gear")
+	poison := []byte("<script>alert(1)</script>\x00\xff\xfe<img src=x onerror=alert(2)>")
+	require.NoError(t, b.transport.Publisher().Publish(widgetAdded.Type(), message.NewMessage(watermill.NewUUID(), poison)))
+	waitFor(t, "two dead letters", func() bool { return b.count(t, `SELECT count(*) FROM dead_letters`) == 2 })
+	var gearID, poisonID int64
+	require.NoError(t, b.db.Get(&gearID, `SELECT id FROM dead_letters WHERE code = 'gear_refused'`))
+	require.NoError(t, b.db.Get(&poisonID, `SELECT id FROM dead_letters WHERE code = 'malformed_envelope'`))
+
+	base := "http://" + b.http.Addr() + "/console/"
+	gearPage := fmt.Sprintf("%sdead-letters/%d", base, gearID)
+	// Another origin (same host, another port): its page sends the replay
+	// form to the console as soon as it loads.
+	evil := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprintf(w, `<!doctype html><form id="f" method="post" action="%s/replay"><input name="reason" value="forged"></form>
+<script>document.getElementById("f").submit()</script>`, gearPage)
+	}))
+	t.Cleanup(evil.Close)
+	// The steps build on each other: the first that fails ends the test.
+	step := func(name string, f func(t *testing.T)) {
+		t.Helper()
+		if !t.Run(name, f) {
+			t.FailNow()
+		}
+	}
+
+	ctx, dialogs := browser(t, exe)
+	shots := os.Getenv(screenshotsVar)
+	screenshot := func(name string) chromedp.Action[chromedp.Void] {
+		return chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+			if shots == "" {
+				return nil
+			}
+			png, err := chromedp.FullScreenshot(100)(ctx, tg)
+			if err != nil {
+				return err
+			}
+			return os.WriteFile(filepath.Join(shots, "console-"+name+".png"), png, 0o644)
+		})
+	}
+	// Each step gets stepLimit: a page that does not come fails the
+	// test instead of hanging it.
+	const stepLimit = 15 * time.Second
+	run := func(t *testing.T, what string, steps ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(ctx, stepLimit)
+		defer cancel()
+		require.NoError(t, chromedp.Do(ctx, steps...), what)
+	}
+	text := func(t *testing.T, sel string) string {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(ctx, stepLimit)
+		defer cancel()
+		s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
+		require.NoError(t, err, sel)
+		return s
+	}
+	present := func(t *testing.T, sel string) bool {
+		t.Helper()
+		ok, err := chromedp.Run(ctx, chromedp.Evaluate[bool](fmt.Sprintf(`document.querySelector(%q) !== null`, sel)))
+		require.NoError(t, err, sel)
+		return ok
+	}
+	login := func(t *testing.T, secret string) {
+		t.Helper()
+		run(t, "log in",
+			chromedp.Navigate(base+"dead-letters"),
+			chromedp.WaitVisible(chromedp.CSS("#token")),
+			chromedp.SendKeys(chromedp.CSS("#token"), secret),
+			chromedp.Submit(chromedp.CSS("#login")),
+			chromedp.WaitVisible(chromedp.CSS("#groups")),
+		)
+	}
+	status := func(t *testing.T) framework.DeadLetterStatus {
+		t.Helper()
+		var s string
+		require.NoError(t, b.db.Get(&s, `SELECT status FROM dead_letters WHERE id = ?`, gearID))
+		return framework.DeadLetterStatus(s)
+	}
+
+	step("RefusedWithoutToken", func(t *testing.T) {
+		run(t, "open without a token", chromedp.Navigate(gearPage), chromedp.WaitVisible(chromedp.CSS("#login")))
+		require.False(t, present(t, "#fields"), "no dead letter without a token")
+		run(t, "a wrong token", chromedp.SendKeys(chromedp.CSS("#token"), "not-a-token-0123456789"), chromedp.Submit(chromedp.CSS("#login")),
+			chromedp.WaitVisible(chromedp.CSS("#error")))
+		require.Equal(t, "unknown token", text(t, "#error"))
+		run(t, "screenshot", screenshot("login"))
+	})
+
+	step("ReadOnlyCannotReplay", func(t *testing.T) {
+		login(t, consoleReadSecret)
+		require.Equal(t, "bob (read only)", text(t, "#operator"))
+		run(t, "open", chromedp.Navigate(gearPage), chromedp.WaitVisible(chromedp.CSS("#read-only")))
+		require.False(t, present(t, "#replay"), "no replay form for a read-only token")
+		// The form is not there: make it, CSRF token and all, and send it.
+		run(t, "send a replay form", chromedp.Evaluate[chromedp.Void](`(() => {
+			const f = document.createElement("form");
+			f.method = "post";
+			f.action = location.pathname + "/replay";
+			for (const [k, v] of [["reason", "try"], ["csrf", document.querySelector("input[name=csrf]").value]]) {
+				const i = document.createElement("input");
+				i.name = k;
+				i.value = v;
+				f.appendChild(i);
+			}
+			document.body.appendChild(f);
+			f.submit();
+		})()`), chromedp.WaitVisible(chromedp.CSS("#error")))
+		require.Contains(t, text(t, "#error"), "token bob may read only")
+		require.Equal(t, framework.DeadLetterPending, status(t))
+		run(t, "log out", chromedp.Click(chromedp.CSS("#logout")), chromedp.WaitVisible(chromedp.CSS("#login")))
+	})
+
+	step("ListByConsumerAndCode", func(t *testing.T) {
+		login(t, consoleWriteSecret)
+		require.Equal(t, "alice (write)", text(t, "#operator"))
+		groups := text(t, "#groups")
+		require.Contains(t, groups, consumerName+"\tgear_refused\t1")
+		require.Contains(t, groups, consumerName+"\tmalformed_envelope\t1")
+		require.Equal(t, "2", text(t, "#total"))
+		run(t, "screenshot", screenshot("dead-letters"))
+		run(t, "select a group", chromedp.Click(chromedp.CSS("#groups tbody tr:first-child a")), chromedp.WaitVisible(chromedp.CSS("#list")))
+		require.Contains(t, text(t, "#list"), "gear_refused")
+		require.NotContains(t, text(t, "#list"), "malformed_envelope")
+	})
+
+	step("CrossOriginRefused", func(t *testing.T) {
+		run(t, "a page of another origin sends the replay form", chromedp.Navigate(evil.URL), chromedp.WaitVisible(chromedp.CSS("#error")))
+		require.Contains(t, text(t, "#error"), "cross-origin request refused")
+		require.Equal(t, framework.DeadLetterPending, status(t))
+	})
+
+	step("PoisonShownNotRun", func(t *testing.T) {
+		run(t, "open the poison", chromedp.Navigate(fmt.Sprintf("%sdead-letters/%d", base, poisonID)), chromedp.WaitVisible(chromedp.CSS("#body")))
+		body, err := chromedp.Run(ctx, chromedp.TextContent(chromedp.CSS("#body")))
+		require.NoError(t, err)
+		require.Equal(t, `<script>alert(1)</script>\x00\xff\xfe<img src=x onerror=alert(2)>`, body)
+		require.Contains(t, text(t, "#body-note"), "bytes that are not UTF-8")
+		n, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("#body *").length + document.querySelectorAll("img").length`))
+		require.NoError(t, err)
+		require.Zero(t, n, "the body made no element")
+		run(t, "screenshot", screenshot("poison"))
+	})
+
+	step("ReplayWithReason", func(t *testing.T) {
+		refuse.Store(false)
+		run(t, "replay",
+			chromedp.Navigate(gearPage),
+			chromedp.WaitVisible(chromedp.CSS("#replay-reason")),
+			chromedp.SendKeys(chromedp.CSS("#replay-reason"), "the gear supplier is back"),
+			chromedp.Submit(chromedp.CSS("#replay")),
+			chromedp.WaitVisible(chromedp.CSS("#done")),
+		)
+		require.Equal(t, "replayed", text(t, "#status"))
+		history := text(t, "#history")
+		require.Contains(t, history, "failed\tcode gear_refused")
+		require.Contains(t, history, "replayed\tby alice: the gear supplier is back")
+		run(t, "screenshot", screenshot("dead-letter"))
+		waitFor(t, "the replayed widget", func() bool { return b.count(t, `SELECT count(*) FROM widgets WHERE event_id = 'w-1'`) == 1 })
+		require.Equal(t, framework.DeadLetterReplayed, status(t))
+
+		run(t, "the event view", chromedp.Click(chromedp.CSS("#fields a[href*=events]")), chromedp.WaitVisible(chromedp.CSS("#applied")))
+		require.Contains(t, text(t, "#applied"), consumerName)
+		require.True(t, strings.Contains(text(t, "main"), "replayed\tby alice: the gear supplier is back"))
+		run(t, "screenshot", screenshot("event"))
+
+		run(t, "the consumers view", chromedp.Navigate(base+"consumers"), chromedp.WaitVisible(chromedp.CSS("#consumers")))
+		require.Contains(t, text(t, "#consumers"), consumerName+"\twidgets.widget.added\tsqlite group "+consumerName)
+		run(t, "screenshot", screenshot("consumers"))
+	})
+	require.Zero(t, dialogs.Load(), "no page opened a dialog: no script of a body ran")
+}
