@@ -5,10 +5,11 @@
 #   eval "$(scripts/services.sh)"
 #
 # Servers already named by EFFECTIVELY_TEST_POSTGRES_URL or
-# EFFECTIVELY_TEST_AMQP_URL are used as they are; RabbitMQ and the sqlite3
-# program are installed from Debian's packages when they are absent. Under
-# CI=true a server that cannot be started (or sqlite3 installed) fails the
-# run; elsewhere the tests that need it are skipped.
+# EFFECTIVELY_TEST_AMQP_URL are used as they are; RabbitMQ, the sqlite3
+# program and the chromium browser are installed from Debian's packages
+# when they are absent. Under CI=true a server that cannot be started (or
+# a program installed) fails the run; elsewhere the tests that need it are
+# skipped.
 set -euo pipefail
 
 log() { printf 'services: %s\n' "$*" >&2; }
@@ -129,6 +130,16 @@ install_sqlite3() {
     || fail "could not install sqlite3"
 }
 
+# Debian's chromium: the operator console's browser test drives it
+# headless (app's TestConsoleBrowser).
+install_chromium() {
+  if command -v chromium >/dev/null 2>&1; then return; fi
+  log "installing chromium"
+  { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; } >&2 \
+    || fail "could not install chromium"
+}
+
 start_postgres
 start_rabbitmq
 install_sqlite3
+install_chromium
