@@ -43,6 +43,12 @@
 //	notifications events show appointments 7f3c2a
 //	notifications consumers
 //
+// The same work can be done in the browser: with console.enabled
+// (EFFECTIVELY_CONSOLE=true) and tokens (EFFECTIVELY_CONSOLE_TOKENS, each
+// name:secret:read or name:secret:write), the service serves the operator
+// console of package console under /console/ on its HTTP address
+// (docs/operations.md, Console).
+//
 // # Configuration
 //
 // Environment variables set the common settings; the YAML file named by
