@@ -58,8 +58,12 @@ func TestLoadConfigConsole(t *testing.T) {
 `), 0o600))
 		cfg, err := app.LoadConfig(env(map[string]string{app.EnvConfig: path}))
 		require.NoError(t, err)
-		require.Equal(t, app.ConsoleConfig{Enabled: true, Tokens: []string{"carol:" + consoleWriteSecret + ":write"},
-			TrustedOrigins: []string{"https://ops.example.com"}}, cfg.Console)
+		want := app.ConsoleConfig{
+			Enabled:        true,
+			Tokens:         []string{"carol:" + consoleWriteSecret + ":write"},
+			TrustedOrigins: []string{"https://ops.example.com"},
+		}
+		require.Equal(t, want, cfg.Console)
 		cfg, err = app.LoadConfig(env(map[string]string{app.EnvConfig: path, app.EnvConsoleTokens: "bob:" + consoleReadSecret + ":read"}))
 		require.NoError(t, err)
 		require.Equal(t, []string{"bob:" + consoleReadSecret + ":read"}, cfg.Console.Tokens)
@@ -73,8 +77,11 @@ func TestLoadConfigConsole(t *testing.T) {
 		}{
 			{"NotABool", map[string]string{app.EnvConsole: "yes please"}, []string{`EFFECTIVELY_CONSOLE: want true or false, got "yes please"`}},
 			{"NoToken", map[string]string{app.EnvConsole: "true"}, []string{"console.tokens (EFFECTIVELY_CONSOLE_TOKENS): the console is enabled without a token"}},
-			{"NoHTTP", map[string]string{app.EnvConsole: "true", app.EnvHTTPAddr: "", app.EnvConsoleTokens: "alice:" + consoleWriteSecret + ":write"},
-				[]string{"console.enabled (EFFECTIVELY_CONSOLE): the console is served on EFFECTIVELY_HTTP_ADDR, which is empty"}},
+			{
+				"NoHTTP",
+				map[string]string{app.EnvConsole: "true", app.EnvHTTPAddr: "", app.EnvConsoleTokens: "alice:" + consoleWriteSecret + ":write"},
+				[]string{"console.enabled (EFFECTIVELY_CONSOLE): the console is served on EFFECTIVELY_HTTP_ADDR, which is empty"},
+			},
 			{"BadTokens", map[string]string{app.EnvConsoleTokens: "alice:short-secret:write,bob:" + consoleReadSecret + ":admin"}, []string{
 				"console.tokens (EFFECTIVELY_CONSOLE_TOKENS): token 1: secret of alice: want at least 16 characters",
 				`token 2: permission: want read or write, got "admin"`,

@@ -163,7 +163,7 @@ func parsePages() (map[string]*template.Template, error) {
 	funcs := template.FuncMap{
 		"stamp":   stamp,
 		"visible": visible,
-		"query":   func(kv ...string) string { return query(kv...) },
+		"query":   query,
 	}
 	pages := make(map[string]*template.Template)
 	for _, name := range []string{"login", "deadletters", "deadletter", "event", "consumers", "error"} {
@@ -261,7 +261,7 @@ func (c *Console) authed(need Permission, h http.HandlerFunc) http.Handler {
 			if r.Header.Get("Authorization") != "" {
 				c.cfg.Logger.Warn("console: token refused", "path", r.URL.Path, "remote", r.RemoteAddr)
 			}
-			c.render(w, r, http.StatusUnauthorized, "login", loginData{Next: r.URL.RequestURI()})
+			c.render(w, r, http.StatusUnauthorized, "login", loginData{Next: safeNext(r.URL.RequestURI())})
 			return
 		}
 		r = r.WithContext(context.WithValue(r.Context(), operatorKey{}, op))

@@ -77,9 +77,19 @@ var client = &http.Client{
 	Timeout:       30 * time.Second,
 }
 
+// reply is what the tests look at of a response besides its status and
+// body.
+type reply struct {
+	Header  http.Header
+	cookies []*http.Cookie
+}
+
+// Cookies returns the cookies the response sets.
+func (r reply) Cookies() []*http.Cookie { return r.cookies }
+
 // do sends a request with headers (pairs of name and value) and returns
-// the status, the body and the response.
-func (b *bundle) do(t *testing.T, method, path string, form url.Values, headers ...string) (int, string, *http.Response) {
+// the status, the body and the rest of the response.
+func (b *bundle) do(t *testing.T, method, path string, form url.Values, headers ...string) (int, string, reply) {
 	t.Helper()
 	var body io.Reader
 	if form != nil {
@@ -98,7 +108,7 @@ func (b *bundle) do(t *testing.T, method, path string, form url.Values, headers 
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
-	return resp.StatusCode, string(raw), resp
+	return resp.StatusCode, string(raw), reply{Header: resp.Header, cookies: resp.Cookies()}
 }
 
 func bearer(secret string) []string { return []string{"Authorization", "Bearer " + secret} }
@@ -429,7 +439,9 @@ func TestCounts(t *testing.T) {
 		consumer string
 		code     framework.Code
 	}{
-		{"widgets.count", "gear_refused"}, {"widgets.count", "gear_refused"}, {"widgets.count", "timeout"},
+		{"widgets.count", "gear_refused"},
+		{"widgets.count", "gear_refused"},
+		{"widgets.count", "timeout"},
 		{"widgets.audit", "gear_refused"},
 	} {
 		b.deadLetter(t, c.consumer, "w-"+itoa(int64(i)), c.code, []byte(`{}`), nil)
