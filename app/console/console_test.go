@@ -18,6 +18,7 @@ import (
 	"github.com/effectively-once/effectively/app/console"
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/migrate"
+	"github.com/effectively-once/effectively/framework/postgres"
 	"github.com/effectively-once/effectively/framework/sqlite"
 	"github.com/effectively-once/effectively/internal/testenv"
 )
@@ -27,9 +28,15 @@ const (
 	readSecret  = "r-0123456789abcdef-secret"
 )
 
-// bundle is one test's console on a fresh SQLite store.
+// store is what the console reads and acts on.
+type store interface {
+	framework.Store
+	framework.Inspector
+}
+
+// bundle is one test's console on a fresh store.
 type bundle struct {
-	store  *sqlite.Store
+	store  store
 	server *httptest.Server
 	// now is the console's clock.
 	now time.Time
@@ -39,15 +46,31 @@ type bundle struct {
 // a migrated SQLite store; cfg's other fields are kept.
 func setup(t *testing.T, cfg console.Config) *bundle {
 	t.Helper()
-	ctx := context.Background()
 	db := testenv.SQLite(t)
-	require.NoError(t, migrate.Up(ctx, db, migrate.Config{}))
-	store, err := sqlite.NewStore(db, sqlite.StoreConfig{})
+	require.NoError(t, migrate.Up(context.Background(), db, migrate.Config{}))
+	s, err := sqlite.NewStore(db, sqlite.StoreConfig{})
 	require.NoError(t, err)
-	b := &bundle{store: store, now: time.Now()}
+	return setupOn(t, cfg, s)
+}
+
+// setupPostgres is setup on a PostgreSQL store, in a schema of the
+// test's own.
+func setupPostgres(t *testing.T, cfg console.Config) *bundle {
+	t.Helper()
+	db := testenv.Postgres(t)
+	require.NoError(t, migrate.Up(context.Background(), db, migrate.Config{}))
+	s, err := postgres.NewStore(db, postgres.StoreConfig{})
+	require.NoError(t, err)
+	return setupOn(t, cfg, s)
+}
+
+// setupOn is setup on the store s.
+func setupOn(t *testing.T, cfg console.Config, s store) *bundle {
+	t.Helper()
+	b := &bundle{store: s, now: time.Now()}
 	tokens, err := console.ParseTokens([]string{"alice:" + writeSecret + ":write", "bob:" + readSecret + ":read"})
 	require.NoError(t, err)
-	cfg.Store, cfg.Inspector, cfg.Tokens = store, store, tokens
+	cfg.Store, cfg.Inspector, cfg.Tokens = s, s, tokens
 	cfg.Now = func() time.Time { return b.now }
 	c, err := console.New(cfg)
 	require.NoError(t, err)
@@ -250,10 +273,21 @@ func TestLogin(t *testing.T) {
 // TestReplay: a write token replays a pending dead letter with a reason:
 // the history records its name and the reason, and the store holds the
 // replay for the relay; a read token and a request without a reason are
-// refused and change nothing; a second replay is refused.
+// refused and change nothing; a second replay is refused. On SQLite and
+// PostgreSQL.
 func TestReplay(t *testing.T) {
 	t.Parallel()
-	b := setup(t, console.Config{})
+	t.Run("SQLite", func(t *testing.T) {
+		t.Parallel()
+		testReplay(t, setup(t, console.Config{}))
+	})
+	t.Run("Postgres", func(t *testing.T) {
+		t.Parallel()
+		testReplay(t, setupPostgres(t, console.Config{}))
+	})
+}
+
+func testReplay(t *testing.T, b *bundle) {
 	ctx := context.Background()
 	id := b.deadLetter(t, "widgets.count", "w-1", "gear_refused", []byte(`{"id":"w-1"}`), nil)
 	path := "/console/dead-letters/" + itoa(id)
