@@ -53,6 +53,7 @@ func browser(t *testing.T, path string) (context.Context, *atomic.Int32) {
 		chromedp.WindowSize(1280, 860),
 		chromedp.Flag("disable-dev-shm-usage", true),
 		chromedp.UserDataDir(t.TempDir()),
+		chromedp.Env("TMPDIR="+t.TempDir()), // its singleton socket, removed with the test's folders
 	)
 	if os.Geteuid() == 0 {
 		opts = append(opts, chromedp.NoSandbox) // Chromium refuses to run as root with its sandbox
