@@ -81,8 +81,8 @@ func browser(t *testing.T, path string) (context.Context, *atomic.Int32) {
 // but cannot replay; a form sent from another origin is refused; a write
 // token lists the dead letters by consumer and code, opens a poison one
 // whose body holds HTML, NUL and bytes that are not UTF-8 (shown, not
-// run), and replays one with a reason: the history shows it, the relay
-// publishes it, and the consumer applies it.
+// run) and discards it, and replays another with a reason: the history
+// shows it, the relay publishes it, and the consumer applies it.
 func TestConsoleBrowser(t *testing.T) {
 	t.Parallel()
 	exe := chromium(t)
@@ -238,6 +238,13 @@ func TestConsoleBrowser(t *testing.T) {
 		require.NoError(t, err)
 		require.Zero(t, n, "the body made no element")
 		run(t, "screenshot", screenshot("poison"))
+		run(t, "discard it",
+			chromedp.SendKeys(chromedp.CSS("#discard-reason"), "not a CloudEvent: the producer is fixed"),
+			chromedp.Submit(chromedp.CSS("#discard")),
+			chromedp.WaitVisible(chromedp.CSS("#done")),
+		)
+		require.Equal(t, "discarded", text(t, "#status"))
+		require.Contains(t, text(t, "#history"), "discarded\tby alice: not a CloudEvent: the producer is fixed")
 	})
 
 	step("ReplayWithReason", func(t *testing.T) {
