@@ -11,6 +11,7 @@ import (
 
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/outbox"
+	"github.com/effectively-once/effectively/internal/crash"
 )
 
 // newOutbox returns the outbox of the application's database, whose
@@ -36,6 +37,9 @@ type outboxRelayParams struct {
 	Registry  registry
 	Tracer    trace.Tracer
 	Logger    *slog.Logger `optional:"true"`
+	// Crash is the crash tests' hook (see RelayCrash), put on the relay's
+	// context.
+	Crash replayCrash `optional:"true"`
 }
 
 // newOutboxRelay returns the relay that publishes the outbox through the
@@ -61,6 +65,9 @@ func newOutboxRelay(p outboxRelayParams) (*outbox.Relay, error) {
 		return nil, fmt.Errorf("outbox relay: %w", err)
 	}
 	runInBackground(p.Lifecycle, "outbox relay", func(ctx context.Context) {
+		if p.Crash.hook != nil {
+			ctx = crash.With(ctx, p.Crash.hook)
+		}
 		_ = relay.Run(ctx) // nil when ctx ends; ErrRunning cannot happen here
 	})
 	return relay, nil

@@ -129,25 +129,29 @@ func readyFile(lc fx.Lifecycle) {
 }
 
 // installHook puts hook, when not nil, on the context of every message
-// the service handles, before the consumer's chain: the framework calls it
-// at each crash point.
+// the service handles, before the consumer's chain, and on the context of
+// the service's relays: the framework calls it at each crash point.
 func installHook(hook testkit.CrashHook) fx.Option {
 	if hook == nil {
 		return fx.Options()
 	}
-	return fx.Invoke(func(r *runner.Runner) {
+	return fx.Options(app.RelayCrash(hook), fx.Invoke(func(r *runner.Runner) {
 		r.AddMiddleware(func(next message.HandlerFunc) message.HandlerFunc {
 			return func(msg *message.Message) ([]*message.Message, error) {
 				msg.SetContext(testkit.WithCrashHook(msg.Context(), hook))
 				return next(msg)
 			}
 		})
-	})
+	}))
 }
 
 // crashHook returns the crash hook of mode, and the middleware some modes
 // need besides to line deliveries up.
 func crashHook(mode, marker string) (testkit.CrashHook, app.Middleware, error) {
+	if mode == modePoints {
+		hook, err := pointsHook(marker, os.Getenv(envCrashAt), os.Getenv(envCrashEvent))
+		return hook, app.Middleware{}, err
+	}
 	if hook, ok, err := batchHookOf(mode, marker); ok {
 		return hook, app.Middleware{}, err
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/internal/sqlstore"
+	"github.com/effectively-once/effectively/internal/crash"
 )
 
 // Defaults of RelayConfig.
@@ -445,6 +446,7 @@ type markFunc func(ctx context.Context, ids []int64) error
 // it returns waits for their marks (under bctx) and returns the ids it
 // marked.
 func (r *Relay) publish(ctx, bctx context.Context, rows []sqlstore.OutboxRow, mark markFunc) func() ([]int64, error) {
+	mark = diesBeforeMark(ctx, mark)
 	if r.deferred != nil {
 		return r.publishPipelined(ctx, bctx, rows, mark)
 	}
@@ -454,6 +456,23 @@ func (r *Relay) publish(ctx, bctx context.Context, rows []sqlstore.OutboxRow, ma
 			return nil, errors.Join(pubErr, err)
 		}
 		return sent, pubErr
+	}
+}
+
+// diesBeforeMark returns mark, preceded by the crash point
+// crash.BeforeOutboxSent when ctx carries a crash hook (tests only): a
+// hook that kills the process there leaves published rows unmarked, and
+// one that returns true fails the marking, so that the rows stay unsent.
+func diesBeforeMark(ctx context.Context, mark markFunc) markFunc {
+	h := crash.HookOf(ctx)
+	if h == nil {
+		return mark
+	}
+	return func(mctx context.Context, ids []int64) error {
+		if len(ids) > 0 && h(ctx, crash.BeforeOutboxSent) {
+			return &crash.Died{At: crash.BeforeOutboxSent}
+		}
+		return mark(mctx, ids)
 	}
 }
 

@@ -68,6 +68,17 @@ const (
 	BeforeReplaySent Point = "before_replay_sent"
 )
 
+// The point of the outbox relay (framework/outbox), which publishes the
+// events that handlers and services added to their outbox. No delivery
+// passes it, so Points leaves it out; the relay's hook travels on the
+// context of its Run.
+const (
+	// BeforeOutboxSent: the relay published a batch's rows (the broker
+	// confirmed them) and has not marked them sent: a relay after it
+	// publishes them again.
+	BeforeOutboxSent Point = "before_outbox_sent"
+)
+
 // Points returns every point, in the order a delivery passes them.
 func Points() []Point {
 	return []Point{AfterDecode, AfterCount, AfterMark, BeforeCommit, AfterCommit, BeforeDeadLetter, BeforeAck}
