@@ -148,7 +148,7 @@ func Serve(ctx context.Context, app *fx.App) error {
 
 // Command returns the service's command line, named name, with the
 // subcommands serve, migrate, dead-letters (list, show, replay,
-// discard, parked), events show and consumers, and extra ones. opts are
+// discard, parked), events show, consumers and purge, and extra ones. opts are
 // the service's fx options, as given to New.
 func Command(name string, opts fx.Option, extra ...*cobra.Command) *cobra.Command {
 	opts = fx.Options(opts, fx.Supply(serviceName(name))) // named in the messages that say what to run
@@ -178,6 +178,7 @@ func Command(name string, opts fx.Option, extra ...*cobra.Command) *cobra.Comman
 		deadLettersCommand(opts),
 		eventsCommand(opts),
 		consumersCommand(opts),
+		purgeCommand(opts),
 	)
 	root.AddCommand(extra...)
 	return root

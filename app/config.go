@@ -40,8 +40,15 @@ const (
 	DefaultDatabaseURL = "file:./data/effectively.db"
 	DefaultAMQPURL     = "amqp://guest:guest@127.0.0.1:5672/"
 	DefaultHTTPAddr    = "127.0.0.1:9464"
-	// DefaultPurgeInterval is how often old processed marks are purged.
+	// DefaultPurgeInterval is how often the purge runs (see purge_interval).
 	DefaultPurgeInterval = 10 * time.Minute
+	// DefaultOutboxRetention is how long sent outbox rows are kept.
+	DefaultOutboxRetention = 24 * time.Hour
+	// DefaultReplayRetention is how long sent replays are kept.
+	DefaultReplayRetention = 7 * 24 * time.Hour
+	// DefaultDeadLetterRetention is how long resolved (replayed or
+	// discarded) dead letters are kept, with their history.
+	DefaultDeadLetterRetention = 30 * 24 * time.Hour
 	// DefaultConcurrency is how many messages a consumer has in flight
 	// when neither its settings nor the defaults: section say. Under group
 	// commit the messages in flight fill the consumer's batches, and make
@@ -129,9 +136,23 @@ type Config struct {
 	// redelivery or replay can come late. Zero keeps them forever (YAML
 	// only). Defaults to zero.
 	ProcessedRetention Duration `yaml:"processed_retention"`
-	// PurgeInterval is how often marks older than ProcessedRetention are
-	// purged (YAML only). Defaults to DefaultPurgeInterval.
+	// PurgeInterval is how often the purge runs in the service: marks
+	// older than ProcessedRetention, the delivery counts of messages that
+	// finished, sent outbox rows and replays and resolved dead letters past
+	// their retention (YAML only; the purge command runs it once).
+	// Defaults to DefaultPurgeInterval.
 	PurgeInterval Duration `yaml:"purge_interval"`
+	// OutboxRetention is how long sent outbox rows are kept (YAML only).
+	// Defaults to DefaultOutboxRetention.
+	OutboxRetention Duration `yaml:"outbox_retention"`
+	// ReplayRetention is how long sent replays are kept (YAML only).
+	// Defaults to DefaultReplayRetention.
+	ReplayRetention Duration `yaml:"replay_retention"`
+	// DeadLetterRetention is how long a replayed or discarded dead letter
+	// is kept, with its history, after its resolution; pending ones are
+	// kept until resolved (YAML only). Defaults to
+	// DefaultDeadLetterRetention.
+	DeadLetterRetention Duration `yaml:"dead_letter_retention"`
 	// Consumers holds per-consumer settings, keyed by consumer name (YAML
 	// only). Consumers not listed use Defaults.
 	Consumers map[string]ConsumerConfig `yaml:"consumers"`
@@ -445,6 +466,9 @@ func (c Config) WithDefaults() Config {
 	c.TransportURL = cmp.Or(c.TransportURL, c.DatabaseURL)
 	c.AMQPURL = cmp.Or(c.AMQPURL, DefaultAMQPURL)
 	c.PurgeInterval = cmp.Or(c.PurgeInterval, Duration(DefaultPurgeInterval))
+	c.OutboxRetention = cmp.Or(c.OutboxRetention, Duration(DefaultOutboxRetention))
+	c.ReplayRetention = cmp.Or(c.ReplayRetention, Duration(DefaultReplayRetention))
+	c.DeadLetterRetention = cmp.Or(c.DeadLetterRetention, Duration(DefaultDeadLetterRetention))
 	return c
 }
 
@@ -490,6 +514,14 @@ func (c Config) Validate() error {
 	}
 	if c.PurgeInterval < 0 {
 		errs = append(errs, errors.New("purge_interval: must not be negative"))
+	}
+	for _, r := range []struct {
+		key string
+		d   Duration
+	}{{"outbox_retention", c.OutboxRetention}, {"replay_retention", c.ReplayRetention}, {"dead_letter_retention", c.DeadLetterRetention}} {
+		if r.d < 0 {
+			errs = append(errs, fmt.Errorf("%s: must not be negative (zero is the default)", r.key))
+		}
 	}
 	for name, cc := range c.Consumers {
 		if err := framework.ValidateConsumerName(name); err != nil {

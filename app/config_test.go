@@ -84,6 +84,10 @@ func TestLoadConfig(t *testing.T) {
 			TablePrefix:   "fx_",
 			HTTPAddr:      ":0",
 			PurgeInterval: app.Duration(app.DefaultPurgeInterval),
+			// The purge's retentions.
+			OutboxRetention:     app.Duration(app.DefaultOutboxRetention),
+			ReplayRetention:     app.Duration(app.DefaultReplayRetention),
+			DeadLetterRetention: app.Duration(app.DefaultDeadLetterRetention),
 		}, cfg)
 	})
 
@@ -210,6 +214,9 @@ func TestLoadConfigBadValue(t *testing.T) {
 		{name: "GapTimeout", yaml: "defaults:\n  gap_timeout: -1s\n", key: "defaults.gap_timeout"},
 		{name: "ProcessedRetention", yaml: "processed_retention: -1h\n", key: "processed_retention"},
 		{name: "ProcessedRetentionNotADuration", yaml: "processed_retention: a month\n", key: "processed_retention"},
+		{name: "OutboxRetention", yaml: "outbox_retention: -1h\n", key: "outbox_retention"},
+		{name: "ReplayRetention", yaml: "replay_retention: -1h\n", key: "replay_retention"},
+		{name: "DeadLetterRetention", yaml: "dead_letter_retention: -1h\n", key: "dead_letter_retention"},
 		{name: "AutoMigrate", env: map[string]string{app.EnvAutoMigrate: "maybe"}, key: app.EnvAutoMigrate},
 		{name: "AutoMigrateYAML", yaml: "auto_migrate: maybe\n", key: "auto_migrate"},
 		{name: "TablePrefix", env: map[string]string{app.EnvTablePrefix: "bad-prefix"}, key: app.EnvTablePrefix},

@@ -45,7 +45,8 @@ type outboxRelayParams struct {
 // newOutboxRelay returns the relay that publishes the outbox through the
 // transport's publisher. It runs from the application's start, after the
 // transport's, until its stop, before the transport's; an Add of the
-// application's Outbox wakes it.
+// application's Outbox wakes it. It keeps the rows it sent: the purge
+// deletes them (see purger).
 func newOutboxRelay(p outboxRelayParams) (*outbox.Relay, error) {
 	logger := orDefault(p.Logger)
 	metrics, err := outbox.NewMetrics(p.Registry)
@@ -60,6 +61,8 @@ func newOutboxRelay(p outboxRelayParams) (*outbox.Relay, error) {
 		// A span per publish (see newTracer).
 		Tracer:          p.Tracer,
 		MessagingSystem: messagingSystem(p.Config.Transport),
+		// The service's purge deletes the sent rows (outbox_retention).
+		Retention: -1,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("outbox relay: %w", err)

@@ -59,8 +59,7 @@ func (s *subscriptions) Subscribe(cfg framework.SubscribeConfig) (framework.Subs
 // one, and one more for the transport's publisher when it writes to this
 // database (the relay's batch transaction on PostgreSQL stays open while
 // it publishes); the replay relay, one (it publishes between its
-// statements); the readiness check's ping, when HTTP is on; the purger,
-// when processed marks are purged.
+// statements); the readiness check's ping, when HTTP is on; the purger.
 func (c Config) poolUses(subs *subscriptions) []poolUse {
 	var uses []poolUse
 	for _, a := range subs.attempts {
@@ -79,10 +78,7 @@ func (c Config) poolUses(subs *subscriptions) []poolUse {
 	if c.HTTPAddr != "" {
 		uses = append(uses, poolUse{what: "readiness check", conns: 1})
 	}
-	if c.ProcessedRetention > 0 {
-		uses = append(uses, poolUse{what: "purger", conns: 1})
-	}
-	return uses
+	return append(uses, poolUse{what: "purger", conns: 1})
 }
 
 // sizePool sizes the pool of db, the stores' database, once the consumers

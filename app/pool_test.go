@@ -50,7 +50,7 @@ func TestDatabasePoolSize(t *testing.T) {
 		cfg.Defaults.Batches = 3
 		cfg.DatabaseMaxConns = 1
 		_, err := poolSize(t, cfg, two...)
-		require.ErrorContains(t, err, "database_max_conns: 1 is fewer than the 9 connections the service may hold at once (consumer a.one 3, consumer a.two 3, outbox relay 1, replay relay 1, readiness check 1)",
+		require.ErrorContains(t, err, "database_max_conns: 1 is fewer than the 10 connections the service may hold at once (consumer a.one 3, consumer a.two 3, outbox relay 1, replay relay 1, readiness check 1, purger 1)",
 			"16 messages in flight, 3 batches at a time")
 		cfg.DatabaseMaxConns = 0
 		size, err := poolSize(t, cfg, two...)
@@ -62,8 +62,9 @@ func TestDatabasePoolSize(t *testing.T) {
 		t.Parallel()
 		size, err := poolSize(t, amqpAt16(t), two...)
 		require.NoError(t, err)
-		// 32 attempts, the outbox and replay relays, the readiness check.
-		require.Equal(t, 2*16+3, size)
+		// 32 attempts, the outbox and replay relays, the readiness check,
+		// the purger.
+		require.Equal(t, 2*16+4, size)
 		require.Greater(t, size, postgres.DefaultMaxOpenConns)
 	})
 
@@ -75,8 +76,9 @@ func TestDatabasePoolSize(t *testing.T) {
 		require.NoError(t, err)
 		// The type's subscription and the replay topic's hold 16 leases
 		// each; and their claims and acks, the cleanup, the watch, the
-		// relay and its publisher, the replay relay, the readiness check.
-		require.Equal(t, 2*16+3+1+2+1+1, size)
+		// relay and its publisher, the replay relay, the readiness check,
+		// the purger.
+		require.Equal(t, 2*16+3+1+2+1+1+1, size)
 	})
 
 	t.Run("SQLiteTransportOfItsOwn", func(t *testing.T) {
@@ -88,7 +90,7 @@ func TestDatabasePoolSize(t *testing.T) {
 		size, err := poolSize(t, cfg, "a.one")
 		require.NoError(t, err)
 		// The leases; the claims, acks and publishes are in the other file.
-		require.Equal(t, 2*16+1+1+1, size)
+		require.Equal(t, 2*16+1+1+1+1, size)
 	})
 
 	t.Run("PostgresOnePerBatch", func(t *testing.T) {
@@ -97,7 +99,7 @@ func TestDatabasePoolSize(t *testing.T) {
 		cfg.Defaults.Concurrency = 16
 		cfg.DatabaseMaxConns = 1
 		_, err := poolSize(t, cfg, two...)
-		require.ErrorContains(t, err, "database_max_conns: 1 is fewer than the 8 connections the service may hold at once (consumer a.one 2, consumer a.two 2, outbox relay 2, replay relay 1, readiness check 1)",
+		require.ErrorContains(t, err, "database_max_conns: 1 is fewer than the 9 connections the service may hold at once (consumer a.one 2, consumer a.two 2, outbox relay 2, replay relay 1, readiness check 1, purger 1)",
 			"16 messages in flight per topic, two batches per consumer")
 		cfg.DatabaseMaxConns = 0
 		size, err := poolSize(t, cfg, two...)
@@ -111,7 +113,7 @@ func TestDatabasePoolSize(t *testing.T) {
 		cfg.Transport = app.TransportMemory
 		cfg.DatabaseMaxConns = 1
 		_, err := poolSize(t, cfg, two...)
-		require.ErrorContains(t, err, "database_max_conns: 1 is fewer than the 7 connections the service may hold at once (consumer a.one 2, consumer a.two 2, outbox relay 1, replay relay 1, readiness check 1)")
+		require.ErrorContains(t, err, "database_max_conns: 1 is fewer than the 8 connections the service may hold at once (consumer a.one 2, consumer a.two 2, outbox relay 1, replay relay 1, readiness check 1, purger 1)")
 	})
 
 	t.Run("SmallNeedKeepsTheDriversPool", func(t *testing.T) {
@@ -132,7 +134,7 @@ func TestDatabasePoolSize(t *testing.T) {
 		// The consumer's batches; the claims and acks of its two
 		// subscriptions (its type's and its replay topic's), the cleanup,
 		// the watch; the relay and its publisher; the replay relay.
-		require.ErrorContains(t, err, fmt.Sprintf("fewer than the 9 connections the service may hold at once (consumer a.one %d, consumer a.one's subscriber 4, outbox relay 2, replay relay 1)", framework.DefaultBatches))
+		require.ErrorContains(t, err, fmt.Sprintf("fewer than the 10 connections the service may hold at once (consumer a.one %d, consumer a.one's subscriber 4, outbox relay 2, replay relay 1, purger 1)", framework.DefaultBatches))
 		cfg.DatabaseMaxConns = 0
 		size, err := poolSize(t, cfg, "a.one")
 		require.NoError(t, err)
@@ -147,8 +149,8 @@ func TestDatabasePoolSize(t *testing.T) {
 		size, err := poolSize(t, cfg, "a.one", "a.two", "a.three")
 		require.NoError(t, err)
 		// 16 attempts per consumer, the outbox and replay relays, the
-		// readiness check.
-		require.Equal(t, 3*app.DefaultConcurrency+3, size)
+		// readiness check, the purger.
+		require.Equal(t, 3*app.DefaultConcurrency+4, size)
 	})
 
 	t.Run("ExplicitRespected", func(t *testing.T) {
@@ -165,7 +167,7 @@ func TestDatabasePoolSize(t *testing.T) {
 		cfg := amqpAt16(t)
 		cfg.DatabaseMaxConns = 10
 		_, err := poolSize(t, cfg, two...)
-		require.ErrorContains(t, err, "database_max_conns: 10 is fewer than the 35 connections")
+		require.ErrorContains(t, err, "database_max_conns: 10 is fewer than the 36 connections")
 		require.ErrorContains(t, err, "consumer a.one 16, consumer a.two 16")
 	})
 

@@ -1,10 +1,19 @@
 package app_test
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+	"go.uber.org/fx"
+
 	"github.com/effectively-once/effectively/app"
+	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/handlers"
 )
 
 // TestPurger runs a service whose processed marks are kept for a moment
@@ -18,4 +27,221 @@ func TestPurger(t *testing.T) {
 	b.publish(t, "e-1", "one")
 	waitFor(t, "the effect", func() bool { return b.count(t, `SELECT count(*) FROM widgets`) == 1 })
 	waitFor(t, "the mark purged", func() bool { return b.count(t, `SELECT count(*) FROM processed_events`) == 0 })
+}
+
+// oldRows is how many old processed marks, sent outbox rows and finished
+// delivery counts TestPurgeRace seeds: several batches of each.
+const oldRows = 2500
+
+// TestPurgeRace purges old records in batches, from two purgers at once
+// (one runs, the other finds the lease held), while the service consumes
+// recent events, each delivered twice, and finds every guarantee inside
+// the retention window kept: each recent event took effect once and keeps
+// its mark; the delivery counts of messages still failing (no mark, a dead
+// letter replayed, or stored before the message came back) keep their
+// count; pending dead letters stay. What is past the window is gone, and
+// each purge recorded its horizon.
+func TestPurgeRace(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		config func(t *testing.T) app.Config
+	}{{"SQLite", testConfig}, {"PostgreSQL", postgresConfig}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			testPurgeRace(t, tc.config(t))
+		})
+	}
+}
+
+// setupRebound is setup with a handler that writes with the database's
+// placeholders, SQLite's or PostgreSQL's.
+func setupRebound(t *testing.T, cfg app.Config) *bundle {
+	t.Helper()
+	b := &bundle{cfg: cfg}
+	b.service = app.New(
+		handlers.Register(consumerName, handlers.On(widgetAdded, newAddWidgetRebound)),
+		fx.Supply(widgetMigrations),
+		fx.Replace(cfg),
+		fx.Populate(&b.db, &b.transport, &b.http),
+	)
+	b.start(t)
+	return b
+}
+
+func testPurgeRace(t *testing.T, cfg app.Config) {
+	cfg.ProcessedRetention = app.Duration(time.Hour)
+	cfg.PurgeInterval = app.Duration(time.Hour) // the test purges
+	b := setupRebound(t, cfg)
+	store := testStore(t, b.db)
+	ctx := t.Context()
+	now := time.Now()
+	old, older := now.Add(-2*time.Hour), now.Add(-40*24*time.Hour)
+	exec := func(query string, args ...any) {
+		t.Helper()
+		_, err := b.db.ExecContext(ctx, b.db.Rebind(query), args...)
+		require.NoError(t, err)
+	}
+	series := `WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < ` + fmt.Sprint(oldRows) + `) `
+	exec(`INSERT INTO processed_events (consumer, source, event_id, processed_at) `+series+
+		`SELECT ?, 'widgets', 'old-' || i, ? FROM n`, consumerName, timeArg(b.db, old))
+	exec(`INSERT INTO deliveries (consumer, source, event_id, count, first_at) `+series+
+		`SELECT ?, 'widgets', 'old-' || i, 1, ? FROM n`, consumerName, timeArg(b.db, old))
+	exec(`INSERT INTO outbox (event_id, source, type, subject, subject_seq, body, created_at, sent_at) `+series+
+		`SELECT 'old-' || i, 'widgets', 'widgets.widget.added', '', 0, ?, ?, ? FROM n`, []byte("{}"), timeArg(b.db, older), timeArg(b.db, older))
+	exec(`INSERT INTO replays (dead_letter_id, consumer, topic, body, metadata, created_at, sent_at) `+series+
+		`SELECT 0, ?, '', ?, '{}', ?, ? FROM n`, consumerName, []byte("{}"), timeArg(b.db, older), timeArg(b.db, older))
+
+	// Dead letters: one resolved long ago, one resolved recently, one
+	// pending long ago.
+	resolved := func(id string, at time.Time) int64 {
+		dl := storeDeadLetter(t, b.db, consumerName, id, "", 0)
+		_, err := store.ResolveDeadLetter(ctx, dl, framework.Resolution{Status: framework.DeadLetterDiscarded, By: "test", Reason: "test", At: at})
+		require.NoError(t, err)
+		return dl
+	}
+	oldResolved := resolved("dl-old", older)
+	newResolved := resolved("dl-new", now)
+	oldPending := storeDeadLetter(t, b.db, consumerName, "dl-pending", "", 0)
+	exec(`UPDATE dead_letters SET first_failed_at = ?, last_failed_at = ? WHERE id = ?`, timeArg(b.db, older), timeArg(b.db, older), oldPending)
+
+	// The counts of messages that may still be failing, all recent: none
+	// has a mark; one's dead letter was replayed (the replay may fail);
+	// one came back after its dead letter was stored.
+	count := func(id string, first time.Time) {
+		exec(`INSERT INTO deliveries (consumer, source, event_id, count, first_at) VALUES (?, 'widgets', ?, 3, ?)`, consumerName, id, timeArg(b.db, first))
+	}
+	count("failing", now)
+	replayed := storeDeadLetter(t, b.db, consumerName, "replayed", "", 0)
+	exec(`UPDATE dead_letters SET status = 'replayed', resolved_at = ? WHERE id = ?`, timeArg(b.db, now), replayed)
+	count("replayed", now.Add(-time.Minute))
+	storeDeadLetter(t, b.db, consumerName, "back", "", 0)
+	count("back", now.Add(time.Minute))
+	// Finished: a count begun before its dead letter was stored, and a
+	// count of an event marked processed.
+	storeDeadLetter(t, b.db, consumerName, "stored", "", 0)
+	count("stored", now.Add(-time.Minute))
+	count("marked", now)
+	exec(`INSERT INTO processed_events (consumer, source, event_id, processed_at) VALUES (?, 'widgets', 'marked', ?)`, consumerName, timeArg(b.db, now))
+
+	// Recent events, each delivered twice, while two purgers race.
+	const recent = 100
+	var (
+		wg     sync.WaitGroup
+		purged = make(map[framework.PurgeKind]int64)
+		mu     sync.Mutex
+		busy   int
+	)
+	done := make(chan struct{})
+	var stop sync.Once
+	stopPurgers := func() { stop.Do(func() { close(done) }); wg.Wait() }
+	defer stopPurgers() // before the service stops, when the test fails
+	for range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				rows, err := app.PurgeOnce(context.Background(), store, cfg)
+				mu.Lock()
+				for k, n := range rows {
+					purged[k] += n
+				}
+				if errors.Is(err, app.ErrPurgeBusy) {
+					busy++
+				} else if err != nil {
+					t.Errorf("purge: %v", err)
+				}
+				mu.Unlock()
+				select {
+				case <-done:
+					return
+				default:
+				}
+			}
+		}()
+	}
+	for i := range recent {
+		b.publish(t, fmt.Sprintf("new-%d", i), "n")
+		b.publish(t, fmt.Sprintf("new-%d", i), "n")
+	}
+	waitFor(t, "the recent events' effects", func() bool {
+		return b.count(t, `SELECT count(*) FROM widgets`) == recent && b.count(t, `SELECT count(*) FROM processed_events WHERE event_id LIKE 'new-%'`) == recent
+	})
+	waitFor(t, "the old marks purged", func() bool {
+		return b.count(t, `SELECT count(*) FROM processed_events WHERE event_id LIKE 'old-%'`) == 0
+	})
+	stopPurgers()
+	// One purge more, alone: nothing the race left behind.
+	_, err := app.PurgeOnce(ctx, store, cfg)
+	require.NoError(t, err)
+
+	require.Zero(t, b.count(t, `SELECT count(*) FROM (SELECT event_id FROM widgets GROUP BY event_id HAVING count(*) > 1) d`), "no effect twice")
+	require.Equal(t, recent+1, b.count(t, `SELECT count(*) FROM processed_events`), "the recent marks stay")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM outbox`))
+	require.Zero(t, b.count(t, `SELECT count(*) FROM replays WHERE dead_letter_id = 0`), "sent replays past replay_retention")
+	var counts []struct {
+		EventID string `db:"event_id"`
+		Count   int    `db:"count"`
+	}
+	require.NoError(t, b.db.SelectContext(ctx, &counts, `SELECT event_id, count FROM deliveries ORDER BY event_id`))
+	require.Equal(t, []struct {
+		EventID string `db:"event_id"`
+		Count   int    `db:"count"`
+	}{{"back", 3}, {"failing", 3}, {"replayed", 3}}, counts, "the counts of messages still failing, and only those")
+	var ids []int64
+	require.NoError(t, b.db.SelectContext(ctx, &ids, `SELECT id FROM dead_letters ORDER BY id`))
+	require.NotContains(t, ids, oldResolved)
+	require.Contains(t, ids, newResolved)
+	require.Contains(t, ids, oldPending, "a pending dead letter is never purged")
+	require.Zero(t, b.count(t, b.db.Rebind(`SELECT count(*) FROM dead_letter_history WHERE dead_letter_id = ?`), oldResolved), "its history with it")
+
+	mu.Lock()
+	defer mu.Unlock()
+	// The service's own purger, which runs at start, races too.
+	require.Positive(t, busy, "the purgers took turns")
+
+	rec, err := store.(framework.Inspector).InspectEvent(ctx, framework.Key{Source: "widgets", ID: "old-1"})
+	require.NoError(t, err)
+	require.False(t, rec.Horizons.Processed.IsZero())
+	require.False(t, rec.Horizons.Outbox.IsZero())
+	require.False(t, rec.Horizons.DeadLetters.IsZero())
+}
+
+// TestPurgeLease: while another process holds the purge's lease, a purge
+// deletes nothing and says so; once the lease ends, it purges.
+func TestPurgeLease(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		config func(t *testing.T) app.Config
+	}{{"SQLite", testConfig}, {"PostgreSQL", postgresConfig}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := tc.config(t)
+			cfg.ProcessedRetention = app.Duration(time.Hour)
+			cfg.PurgeInterval = app.Duration(time.Hour)
+			b := setupRebound(t, cfg)
+			store := testStore(t, b.db)
+			_, err := b.db.Exec(b.db.Rebind(`INSERT INTO processed_events (consumer, source, event_id, processed_at) VALUES (?, 'widgets', 'old', ?)`),
+				consumerName, timeArg(b.db, time.Now().Add(-2*time.Hour)))
+			require.NoError(t, err)
+			purger := store.(framework.Purger)
+			// Once the service's first purge, at start, ends.
+			waitFor(t, "the lease", func() bool {
+				ok, err := purger.AcquireLease(t.Context(), "purge", "elsewhere", time.Hour)
+				require.NoError(t, err)
+				return ok
+			})
+
+			_, err = app.PurgeOnce(t.Context(), store, cfg)
+			require.ErrorIs(t, err, app.ErrPurgeBusy)
+			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM processed_events`))
+
+			require.NoError(t, purger.ReleaseLease(t.Context(), "purge", "elsewhere"))
+			rows, err := app.PurgeOnce(t.Context(), store, cfg)
+			require.NoError(t, err)
+			require.EqualValues(t, 1, rows[framework.PurgeProcessed])
+			require.Zero(t, b.count(t, `SELECT count(*) FROM processed_events`))
+		})
+	}
 }

@@ -44,6 +44,9 @@ type PurgeHorizons struct {
 	Processed time.Time
 	// Outbox: outbox rows sent before it may be gone.
 	Outbox time.Time
+	// DeadLetters: dead letters resolved before it may be gone, with
+	// their history (pending ones are never purged).
+	DeadLetters time.Time
 }
 
 // EventRecord is everything a store knows of one event.

@@ -20,6 +20,10 @@ type StoreConfig struct {
 	TablePrefix string
 	// Now is the store's clock. Defaults to time.Now.
 	Now func() time.Time
+	// OnResolve, when set, is called after each ResolveDeadLetter that
+	// committed, with the dead letter as it was and its resolution: a
+	// service counts its replays and discards with it. Defaults to nil.
+	OnResolve func(dl framework.DeadLetter, r framework.Resolution)
 }
 
 // ErrMissingDB is returned by NewStore without a database.
@@ -39,7 +43,8 @@ var ErrMissingDB = errors.New("sqlite: missing database (try sqlite.Open)")
 // Its methods run the framework's one SQL implementation, shared with the
 // other database; each names the framework interface it implements.
 type Store struct {
-	sql *sqlstore.Store
+	sql       *sqlstore.Store
+	onResolve func(framework.DeadLetter, framework.Resolution)
 }
 
 var _ framework.Store = (*Store)(nil)
@@ -53,7 +58,7 @@ func NewStore(db *sqlx.DB, cfg StoreConfig) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sqlite: %w", err)
 	}
-	return &Store{sql: s}, nil
+	return &Store{sql: s, onResolve: cfg.OnResolve}, nil
 }
 
 // Mark records, inside tx, that consumer processed the event key, and returns
@@ -105,9 +110,14 @@ func (s *Store) DeadLetters(ctx context.Context, f framework.DeadLetterFilter) (
 // (replayed or discarded) and appends r to its history, with, for a
 // replay, its message to the consumer alone, in one transaction; it
 // returns the dead letter as it was, framework.ErrNotFound, or
-// framework.ErrNotPending naming its status (framework.Store).
+// framework.ErrNotPending naming its status (framework.Store). Once it
+// committed, it calls StoreConfig.OnResolve.
 func (s *Store) ResolveDeadLetter(ctx context.Context, id int64, r framework.Resolution) (framework.DeadLetter, error) {
-	return s.sql.ResolveDeadLetter(ctx, id, r)
+	dl, err := s.sql.ResolveDeadLetter(ctx, id, r)
+	if err == nil && s.onResolve != nil {
+		s.onResolve(dl, r)
+	}
+	return dl, err
 }
 
 // DeadLetterHistory returns every failure and resolution of the dead

@@ -116,6 +116,8 @@ func (h *Horizons) Read(ctx context.Context, q sqlx.QueryerContext) (_ framework
 			hs.Processed = at.t
 		case framework.PurgeOutbox:
 			hs.Outbox = at.t
+		case framework.PurgeDeadLetters:
+			hs.DeadLetters = at.t
 		}
 	}
 	if err := rows.Err(); err != nil {

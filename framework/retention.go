@@ -1,0 +1,79 @@
+package framework
+
+import (
+	"context"
+	"time"
+)
+
+// The purges of records past their retention, besides PurgeProcessed and
+// PurgeOutbox (see Purger).
+const (
+	// PurgeDeliveries deletes the delivery counts of messages that
+	// finished: the count of an event its consumer marked processed, of a
+	// dead letter that was not replayed since it was stored, and any count
+	// first made before the purge's time. A count of a message still
+	// failing is kept, or its delivery limit would start again.
+	PurgeDeliveries PurgeKind = "deliveries"
+	// PurgeReplays deletes the replays published before the purge's time.
+	PurgeReplays PurgeKind = "replays"
+	// PurgeDeadLetters deletes the resolved (replayed or discarded) dead
+	// letters resolved before the purge's time, with their history.
+	// Pending dead letters are never purged.
+	PurgeDeadLetters PurgeKind = "dead_letters"
+)
+
+// Purger deletes what a store keeps past its retention, in batches of
+// bounded size, each in a short transaction of its own, and takes turns
+// through a lease so that one process of a service purges at a time.
+// sqlite.Store and postgres.Store implement it.
+type Purger interface {
+	// PurgeBatch deletes up to limit of the rows of kind older than
+	// before (see the PurgeKind constants), and returns how many it
+	// deleted. The transaction that deletes them records, when it deleted
+	// any, that rows of kind older than before may be gone
+	// (PurgeHorizons). For PurgeDeliveries a zero before deletes only the
+	// counts of messages that finished.
+	PurgeBatch(ctx context.Context, kind PurgeKind, before time.Time, limit int) (int64, error)
+	// Purgeable counts the rows PurgeBatch would delete, deleting none.
+	Purgeable(ctx context.Context, kind PurgeKind, before time.Time) (int64, error)
+	// AcquireLease takes the lease name for holder until ttl from now, by
+	// the store's clock, when no other holder has it or its lease ended,
+	// and renews it when holder has it; it reports whether holder holds
+	// it.
+	AcquireLease(ctx context.Context, name, holder string, ttl time.Duration) (bool, error)
+	// ReleaseLease ends holder's lease name; it does nothing when holder
+	// does not hold it.
+	ReleaseLease(ctx context.Context, name, holder string) error
+}
+
+// Gauges reads, from the database, the figures that every process of a
+// service exports alike: the pending dead letters by consumer and code
+// and the parked events by consumer. sqlite.Store and postgres.Store
+// implement it.
+type Gauges interface {
+	Figures(ctx context.Context) (Figures, error)
+}
+
+// Figures are the gauges' values (see Gauges).
+type Figures struct {
+	// PendingDeadLetters count the dead letters waiting for an operator,
+	// by consumer and code.
+	PendingDeadLetters []PendingCount
+	// Parked count the events parked behind a dead letter of their
+	// subject, by consumer.
+	Parked []ParkedCount
+}
+
+// PendingCount is how many dead letters of a consumer with a code are
+// pending.
+type PendingCount struct {
+	Consumer string
+	Code     Code
+	Count    int64
+}
+
+// ParkedCount is how many events of a consumer are parked.
+type ParkedCount struct {
+	Consumer string
+	Count    int64
+}
