@@ -104,17 +104,32 @@ func checkMigrated(ctx context.Context, db *sqlx.DB, cfg Config, m Migrations, n
 	}
 }
 
+// storeParams are what newStore takes from fx.
+type storeParams struct {
+	fx.In
+
+	DB     *sqlx.DB
+	Config Config
+	// Resolutions, in the service, count the replays and discards.
+	Resolutions *resolutions `optional:"true"`
+}
+
 // newStore returns the store of db (a sqlite.Store or a postgres.Store),
-// whose tables carry the configured prefix.
-func newStore(db *sqlx.DB, cfg Config) (framework.Store, error) {
+// whose tables carry the configured prefix. In the service, the replays
+// and discards it records are counted (see resolutions).
+func newStore(p storeParams) (framework.Store, error) {
 	var (
-		s   framework.Store
-		err error
+		s         framework.Store
+		err       error
+		onResolve func(framework.DeadLetter, framework.Resolution)
 	)
-	if isPostgresURL(cfg.DatabaseURL) {
-		s, err = postgres.NewStore(db, postgres.StoreConfig{TablePrefix: cfg.TablePrefix})
+	if p.Resolutions != nil {
+		onResolve = p.Resolutions.observe
+	}
+	if isPostgresURL(p.Config.DatabaseURL) {
+		s, err = postgres.NewStore(p.DB, postgres.StoreConfig{TablePrefix: p.Config.TablePrefix, OnResolve: onResolve})
 	} else {
-		s, err = sqlite.NewStore(db, sqlite.StoreConfig{TablePrefix: cfg.TablePrefix})
+		s, err = sqlite.NewStore(p.DB, sqlite.StoreConfig{TablePrefix: p.Config.TablePrefix, OnResolve: onResolve})
 	}
 	if err != nil {
 		return nil, fmt.Errorf("store: %w", err)

@@ -14,8 +14,10 @@ import (
 // environment, see LoadConfig), the database and its store, the transport,
 // the router running every consumer declared with handlers.Register, the
 // outbox (*outbox.Outbox, for handlers) and its relay, the relay of the
-// replays operators record (dead-letters replay), the purger of old
-// processed marks, and the HTTP server of health, readiness and metrics.
+// replays operators record (dead-letters replay), the purge of what is
+// past its retention, and the HTTP server of health, readiness and
+// metrics (with the gauges of pending dead letters and parked events read
+// from the database, and the counters of replays and discards).
 // Besides the configuration and the outbox, it provides the database
 // (*sqlx.DB), its store (framework.Store), the transport
 // (framework.Transport) and the consumers' metrics (*middleware.Metrics).
@@ -39,6 +41,7 @@ var Module = fx.Module("effectively",
 		newStore,
 		newTransport,
 		newMetrics,
+		newResolutions,
 		newRouter,
 		newHTTP,
 		newOutbox,
@@ -54,6 +57,9 @@ var Module = fx.Module("effectively",
 	// Settings for a consumer that is not declared are refused before
 	// anything is opened.
 	fx.Invoke(func(p consumerSettings) error { return p.Config.checkConsumers(p.Declarations) }),
+	// The gauges of pending dead letters and parked events, read from
+	// the database on scrape.
+	fx.Invoke(registerFigures),
 	// The router, the server, the relays and the purger start with the
 	// application.
 	fx.Invoke(func(*runner.Runner, *httpServer, *outbox.Relay, *replayRelay, *purger) {}),

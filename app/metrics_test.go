@@ -1,0 +1,129 @@
+package app_test
+
+import (
+	"bytes"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/fx"
+	"gopkg.in/yaml.v3"
+
+	"github.com/effectively-once/effectively/framework"
+)
+
+// TestFiguresMetrics: the pending dead letters (by consumer and code) and
+// the parked events (by consumer) are gauges read from the database, so a
+// dead letter stored by another process shows; a replay and a discard
+// through the service's store count, by consumer.
+func TestFiguresMetrics(t *testing.T) {
+	t.Parallel()
+	var store framework.Store
+	b := setup(t, testConfig(t), fx.Populate(&store))
+	// Stored through a store of its own, as another process would.
+	first := storeDeadLetter(t, b.db, consumerName, "dl-1", "", 0)
+	second := storeDeadLetter(t, b.db, consumerName, "dl-2", "", 0)
+	storeDeadLetter(t, b.db, "other.consumer", "dl-3", "", 0)
+	_, err := b.db.Exec(`INSERT INTO parked_events (consumer, subject, seq, source, event_id, body, parked_at, reason)
+VALUES (?, 's', 2, 'widgets', 'p-2', x'7b7d', 0, 'parked')`, consumerName)
+	require.NoError(t, err)
+
+	pending := `effectively_dead_letters_pending{code="widget_rejected",consumer="` + consumerName + `"} `
+	waitFor(t, "the gauges", func() bool {
+		m := metrics(t, b)
+		return strings.Contains(m, pending+"2\n") &&
+			strings.Contains(m, `effectively_dead_letters_pending{code="widget_rejected",consumer="other.consumer"} 1`+"\n") &&
+			strings.Contains(m, `effectively_parked_events{consumer="`+consumerName+`"} 1`+"\n")
+	})
+
+	ctx := t.Context()
+	_, err = store.ResolveDeadLetter(ctx, first, framework.Resolution{Status: framework.DeadLetterReplayed, By: "ops", Reason: "fixed"})
+	require.NoError(t, err)
+	_, err = store.ResolveDeadLetter(ctx, second, framework.Resolution{Status: framework.DeadLetterDiscarded, By: "ops", Reason: "obsolete"})
+	require.NoError(t, err)
+	m := metrics(t, b)
+	require.Contains(t, m, `effectively_dead_letter_replays_total{consumer="`+consumerName+`"} 1`+"\n")
+	require.Contains(t, m, `effectively_dead_letter_discards_total{consumer="`+consumerName+`"} 1`+"\n")
+	waitFor(t, "the gauge read again", func() bool { return !strings.Contains(metrics(t, b), pending) })
+}
+
+// TestAlertRules parses the alert rules of docs/operations.md and finds
+// every metric they name in a scrape of a service that dead-lettered,
+// parked, replayed and discarded.
+func TestAlertRules(t *testing.T) {
+	t.Parallel()
+	rules := alertRules(t)
+	require.NotEmpty(t, rules.Groups)
+
+	var store framework.Store
+	b := setup(t, testConfig(t), fx.Populate(&store))
+	for _, id := range []string{"dl-1", "dl-2"} {
+		storeDeadLetter(t, b.db, consumerName, id, "", 0)
+	}
+	_, err := b.db.Exec(`INSERT INTO parked_events (consumer, subject, seq, source, event_id, body, parked_at, reason)
+VALUES (?, 's', 2, 'widgets', 'p-2', x'7b7d', 0, 'parked')`, consumerName)
+	require.NoError(t, err)
+	dls, err := store.DeadLetters(t.Context(), framework.DeadLetterFilter{Consumer: consumerName})
+	require.NoError(t, err)
+	_, err = store.ResolveDeadLetter(t.Context(), dls[0].ID, framework.Resolution{Status: framework.DeadLetterReplayed, By: "ops", Reason: "fixed"})
+	require.NoError(t, err)
+	_, err = store.ResolveDeadLetter(t.Context(), dls[1].ID, framework.Resolution{Status: framework.DeadLetterDiscarded, By: "ops", Reason: "obsolete"})
+	require.NoError(t, err)
+	b.publish(t, "e-1", "one")
+	waitFor(t, "the effect", func() bool { return b.count(t, `SELECT count(*) FROM widgets`) == 1 })
+	// A message that is no CloudEvent: dead-lettered by the consumer.
+	require.NoError(t, b.transport.Publisher().Publish(widgetAdded.Type(), message.NewMessage("poison", []byte("not json"))))
+	waitFor(t, "the poison's dead letter", func() bool {
+		return strings.Contains(metrics(t, b), "effectively_dead_letters_total{")
+	})
+
+	scrape := metrics(t, b)
+	names := regexp.MustCompile(`effectively_[a-z_]+`)
+	for _, g := range rules.Groups {
+		for _, r := range g.Rules {
+			require.NotEmpty(t, r.Alert)
+			require.NotEmpty(t, r.Annotations["summary"], "alert %s", r.Alert)
+			found := names.FindAllString(r.Expr, -1)
+			require.NotEmpty(t, found, "alert %s names a metric", r.Alert)
+			for _, name := range found {
+				require.Regexp(t, `(?m)^`+name+`(_bucket|_sum|_count)?[{ ]`, scrape, "alert %s: metric %s in the scrape", r.Alert, name)
+			}
+			if strings.Contains(r.Expr, "effectively_dead_letters_pending") || strings.Contains(r.Expr, "effectively_parked_events") {
+				require.Contains(t, r.Expr, "max", "alert %s: the gauges read from the database are the same in every replica", r.Alert)
+			}
+		}
+	}
+}
+
+// ruleFile is the shape of a Prometheus rule file, as much of it as the
+// test reads.
+type ruleFile struct {
+	Groups []struct {
+		Name  string `yaml:"name"`
+		Rules []struct {
+			Alert       string            `yaml:"alert"`
+			Expr        string            `yaml:"expr"`
+			For         string            `yaml:"for"`
+			Labels      map[string]string `yaml:"labels"`
+			Annotations map[string]string `yaml:"annotations"`
+		} `yaml:"rules"`
+	} `yaml:"groups"`
+}
+
+// alertRules returns the rule file of docs/operations.md: its YAML block
+// that starts with "groups:", parsed strictly.
+func alertRules(t *testing.T) ruleFile {
+	t.Helper()
+	doc, err := os.ReadFile("../docs/operations.md")
+	require.NoError(t, err)
+	block := regexp.MustCompile("(?s)```yaml\n(groups:.*?)```").FindSubmatch(doc)
+	require.NotNil(t, block, "docs/operations.md has a YAML block of alert rules")
+	var rules ruleFile
+	dec := yaml.NewDecoder(bytes.NewReader(block[1]))
+	dec.KnownFields(true)
+	require.NoError(t, dec.Decode(&rules))
+	return rules
+}
