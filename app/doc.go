@@ -43,6 +43,14 @@
 //	notifications events show appointments 7f3c2a
 //	notifications consumers
 //
+// One purge deletes what is past its retention (processed_retention,
+// outbox_retention, replay_retention, dead_letter_retention, and the
+// delivery counts of messages that finished), in batches, one process of
+// the service at a time: the service runs it every purge_interval, and
+// the purge command once (--dry-run prints what it would delete):
+//
+//	notifications purge --dry-run
+//
 // The same work can be done in the browser: with console.enabled
 // (EFFECTIVELY_CONSOLE=true) and tokens (EFFECTIVELY_CONSOLE_TOKENS, each
 // name:secret:read or name:secret:write), the service serves the operator

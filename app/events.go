@@ -66,9 +66,9 @@ dead letters, with code, attempts, repeats, status and history), and
 whether it is parked behind a dead letter of its subject (strict_order).
 The declared consumers of its type that have no record of it are named.
 
-Where the retention already deleted the evidence (processed marks past
-processed_retention, outbox rows sent longer ago than the relay keeps
-them), it says how far: "purged before" a time. With --json it prints the
+Where the purge already deleted the evidence (processed marks past
+processed_retention, outbox rows past outbox_retention, resolved dead
+letters past dead_letter_retention), it says how far: "purged before" a time. With --json it prints the
 same as one JSON object.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -106,7 +106,10 @@ type eventView struct {
 	// ProcessedPurgedBefore: marks processed before it may be gone.
 	ProcessedPurgedBefore *time.Time      `json:"processed_purged_before,omitempty"`
 	DeadLetters           []eventDeadView `json:"dead_letters"`
-	Parked                []eventParkView `json:"parked"`
+	// DeadLettersPurgedBefore: dead letters resolved before it may be
+	// gone, with their history.
+	DeadLettersPurgedBefore *time.Time      `json:"dead_letters_purged_before,omitempty"`
+	Parked                  []eventParkView `json:"parked"`
 	// Unmarked are the declared consumers of the event's type (of every
 	// type when it is unknown) with no record of it: no mark, no dead
 	// letter, not parked.
@@ -201,6 +204,7 @@ func newEventView(rec framework.EventRecord, decls []handlers.Declaration) event
 		}
 		v.DeadLetters = append(v.DeadLetters, d)
 	}
+	v.DeadLettersPurgedBefore = timeOrNil(rec.Horizons.DeadLetters)
 	for _, p := range rec.Parked {
 		recorded[p.Consumer] = true
 		v.Parked = append(v.Parked, eventParkView{Consumer: p.Consumer, Subject: p.Subject, Seq: p.Seq,
@@ -241,6 +245,9 @@ func printEvent(out io.Writer, v eventView) error {
 		if v.OutboxPurgedBefore != nil {
 			fmt.Fprintf(out, "outbox rows sent before %s are purged: it may have been produced and sent before\n", stamp(*v.OutboxPurgedBefore))
 		}
+		if v.DeadLettersPurgedBefore != nil {
+			fmt.Fprintf(out, "dead letters resolved before %s are purged: a consumer may have dead-lettered it before\n", stamp(*v.DeadLettersPurgedBefore))
+		}
 		return nil
 	}
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
@@ -274,6 +281,9 @@ func printEvent(out io.Writer, v eventView) error {
 	}
 	if v.ProcessedPurgedBefore != nil {
 		row("purged", "marks processed before %s", stamp(*v.ProcessedPurgedBefore))
+	}
+	if v.DeadLettersPurgedBefore != nil {
+		row("purged", "dead letters resolved before %s, with their history", stamp(*v.DeadLettersPurgedBefore))
 	}
 	for _, p := range v.Parked {
 		what := fmt.Sprintf("parked behind a dead letter of subject %s (#%d)", p.Subject, p.Seq)

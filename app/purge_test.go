@@ -245,3 +245,54 @@ func TestPurgeLease(t *testing.T) {
 		})
 	}
 }
+
+// TestPurgeCommand: purge --dry-run prints what the purge would delete
+// and deletes nothing; purge deletes it, and events show then says the
+// evidence was purged; while another process purges, the command fails.
+func TestPurgeCommand(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	cfg.ProcessedRetention = app.Duration(time.Hour)
+	opts := commandOptions(cfg)
+	// The first command migrates the database.
+	_, err := runCommand(t, opts, "purge", "--dry-run")
+	require.NoError(t, err)
+	db := openConfigured(t, cfg.DatabaseURL)
+	old := time.Now().Add(-40 * 24 * time.Hour)
+	for _, id := range []string{"old-1", "old-2", "old-3"} {
+		_, err := db.Exec(`INSERT INTO processed_events (consumer, source, event_id, processed_at) VALUES (?, 'widgets', ?, ?)`, consumerName, id, old.UnixNano())
+		require.NoError(t, err)
+	}
+	dl := storeDeadLetter(t, db, consumerName, "old-1", "", 0)
+	_, err = testStore(t, db).ResolveDeadLetter(t.Context(), dl, framework.Resolution{Status: framework.DeadLetterDiscarded, By: "ops", Reason: "obsolete", At: old})
+	require.NoError(t, err)
+	marks := func() int {
+		var n int
+		require.NoError(t, db.Get(&n, `SELECT count(*) FROM processed_events`))
+		return n
+	}
+
+	out, err := runCommand(t, opts, "purge", "--dry-run")
+	require.NoError(t, err)
+	require.Regexp(t, `processed marks\s+\S+\s+3\n`, out)
+	require.Regexp(t, `resolved dead letters\s+\S+\s+1\n`, out)
+	require.Contains(t, out, "would delete")
+	require.Equal(t, 3, marks(), "a dry run deletes nothing")
+
+	out, err = runCommand(t, opts, "purge")
+	require.NoError(t, err)
+	require.Regexp(t, `processed marks\s+\S+\s+3\n`, out)
+	require.Regexp(t, `resolved dead letters\s+\S+\s+1\n`, out)
+	require.Zero(t, marks())
+
+	out, err = runCommand(t, opts, "events", "show", "widgets", "old-1")
+	require.NoError(t, err)
+	require.Contains(t, out, "marks processed before")
+	require.Contains(t, out, "dead letters resolved before")
+
+	ok, err := testStore(t, db).(framework.Purger).AcquireLease(t.Context(), "purge", "elsewhere", time.Hour)
+	require.NoError(t, err)
+	require.True(t, ok)
+	_, err = runCommand(t, opts, "purge")
+	require.ErrorContains(t, err, "another process of the service is purging")
+}
