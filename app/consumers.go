@@ -123,8 +123,10 @@ func newConsumersView(cfg Config, decls []handlers.Declaration, rec framework.Co
 		if _, left := figures[f.Consumer]; !left || f.PendingDeadLetters == 0 && f.Parked == 0 {
 			continue // declared, or only marks of an old name: nothing to act on
 		}
-		v.Consumers = append(v.Consumers, consumerView{Name: f.Consumer, Types: []string{},
-			ProcessedLastHour: f.Processed, PendingDeadLetters: f.PendingDeadLetters, Parked: f.Parked})
+		v.Consumers = append(v.Consumers, consumerView{
+			Name: f.Consumer, Types: []string{},
+			ProcessedLastHour: f.Processed, PendingDeadLetters: f.PendingDeadLetters, Parked: f.Parked,
+		})
 	}
 	return v
 }

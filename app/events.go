@@ -183,8 +183,10 @@ func newEventView(rec framework.EventRecord, decls []handlers.Declaration) event
 	var typ string
 	if o := rec.Outbox; o != nil {
 		typ = o.Type
-		v.Outbox = &outboxView{Row: o.ID, Type: o.Type, Subject: o.Subject, SubjectSeq: o.SubjectSeq,
-			CreatedAt: o.CreatedAt.UTC(), Sent: !o.SentAt.IsZero(), SentAt: timeOrNil(o.SentAt)}
+		v.Outbox = &outboxView{
+			Row: o.ID, Type: o.Type, Subject: o.Subject, SubjectSeq: o.SubjectSeq,
+			CreatedAt: o.CreatedAt.UTC(), Sent: !o.SentAt.IsZero(), SentAt: timeOrNil(o.SentAt),
+		}
 	} else {
 		v.OutboxPurgedBefore = timeOrNil(rec.Horizons.Outbox)
 	}
@@ -195,20 +197,26 @@ func newEventView(rec framework.EventRecord, decls []handlers.Declaration) event
 	for _, dl := range rec.DeadLetters {
 		recorded[dl.Consumer] = true
 		typ = cmp.Or(typ, dl.Type)
-		d := eventDeadView{ID: dl.ID, Consumer: dl.Consumer, Type: dl.Type, Code: string(dl.Code), Attempts: dl.Attempts,
+		d := eventDeadView{
+			ID: dl.ID, Consumer: dl.Consumer, Type: dl.Type, Code: string(dl.Code), Attempts: dl.Attempts,
 			Repeats: dl.Repeats, Status: string(dl.Status), FirstFailedAt: dl.FirstFailedAt.UTC(), LastFailedAt: dl.LastFailedAt.UTC(),
-			History: []historyView{}}
+			History: []historyView{},
+		}
 		for _, h := range dl.History {
-			d.History = append(d.History, historyView{At: h.At.UTC(), Kind: string(h.Kind), Code: string(h.Code),
-				Attempts: h.Attempts, Deliveries: h.Deliveries, By: h.By, Reason: h.Reason})
+			d.History = append(d.History, historyView{
+				At: h.At.UTC(), Kind: string(h.Kind), Code: string(h.Code),
+				Attempts: h.Attempts, Deliveries: h.Deliveries, By: h.By, Reason: h.Reason,
+			})
 		}
 		v.DeadLetters = append(v.DeadLetters, d)
 	}
 	v.DeadLettersPurgedBefore = timeOrNil(rec.Horizons.DeadLetters)
 	for _, p := range rec.Parked {
 		recorded[p.Consumer] = true
-		v.Parked = append(v.Parked, eventParkView{Consumer: p.Consumer, Subject: p.Subject, Seq: p.Seq,
-			Held: p.Held, Ready: p.Ready, Since: p.At.UTC()})
+		v.Parked = append(v.Parked, eventParkView{
+			Consumer: p.Consumer, Subject: p.Subject, Seq: p.Seq,
+			Held: p.Held, Ready: p.Ready, Since: p.At.UTC(),
+		})
 	}
 	for _, d := range decls {
 		if recorded[d.Name] || typ != "" && !slices.Contains(d.Types, typ) {

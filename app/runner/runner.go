@@ -97,8 +97,10 @@ func (c ConsumerConfig) WithDefaults() ConsumerConfig {
 
 // unitOfWork is the configuration of the consumer's unit of work on db.
 func (c ConsumerConfig) unitOfWork(db *sqlx.DB, store framework.Store) framework.UnitOfWorkConfig {
-	return framework.UnitOfWorkConfig{DB: db, Store: store, BatchSize: c.BatchSize, Batches: c.Batches, Linger: c.BatchLinger,
-		WithoutMark: c.WithoutDedup != ""}
+	return framework.UnitOfWorkConfig{
+		DB: db, Store: store, BatchSize: c.BatchSize, Batches: c.Batches, Linger: c.BatchLinger,
+		WithoutMark: c.WithoutDedup != "",
+	}
 }
 
 // Validate reports the first invalid field of c that is the runner's

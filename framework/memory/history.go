@@ -179,9 +179,8 @@ func (s *Store) merge(old, kept int64, at time.Time, from string) {
 	if o.FirstFailedAt.Before(k.FirstFailedAt) {
 		k.FirstFailedAt = o.FirstFailedAt
 	}
-	h := append(s.history[kept], s.history[old]...)
-	slices.SortFunc(h, func(a, b historyEntry) int { return cmp.Compare(a.seq, b.seq) })
-	s.history[kept] = h
+	s.history[kept] = append(s.history[kept], s.history[old]...)
+	slices.SortFunc(s.history[kept], func(a, b historyEntry) int { return cmp.Compare(a.seq, b.seq) })
 	delete(s.history, old)
 	for _, r := range s.replays {
 		if r.DeadLetterID == old {
