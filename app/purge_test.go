@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/fx"
 
@@ -56,23 +58,42 @@ func TestPurgeRace(t *testing.T) {
 
 // setupRebound is setup with a handler that writes with the database's
 // placeholders, SQLite's or PostgreSQL's.
-func setupRebound(t *testing.T, cfg app.Config) *bundle {
+func setupRebound(t *testing.T, cfg app.Config, opts ...fx.Option) *bundle {
 	t.Helper()
 	b := &bundle{cfg: cfg}
 	b.service = app.New(
 		handlers.Register(consumerName, handlers.On(widgetAdded, newAddWidgetRebound)),
 		fx.Supply(widgetMigrations),
 		fx.Replace(cfg),
+		fx.Options(opts...),
 		fx.Populate(&b.db, &b.transport, &b.http),
 	)
 	b.start(t)
 	return b
 }
 
+// failingDeliveries is an Outer step that nacks every delivery of the
+// event live-fail, and counts them: a message that fails on every
+// delivery, as one that kills the process would.
+type failingDeliveries struct{ n atomic.Int32 }
+
+func (f *failingDeliveries) middleware(next message.HandlerFunc) message.HandlerFunc {
+	return func(msg *message.Message) ([]*message.Message, error) {
+		if ev, _ := framework.EnvelopeFromContext(msg.Context()); ev.ID == "live-fail" {
+			f.n.Add(1)
+			return nil, errors.New("fails on every delivery")
+		}
+		return next(msg)
+	}
+}
+
 func testPurgeRace(t *testing.T, cfg app.Config) {
+	const maxDeliveries = 6
 	cfg.ProcessedRetention = app.Duration(time.Hour)
 	cfg.PurgeInterval = app.Duration(time.Hour) // the test purges
-	b := setupRebound(t, cfg)
+	cfg.Defaults.MaxDeliveries = maxDeliveries
+	failing := &failingDeliveries{}
+	b := setupRebound(t, cfg, fx.Supply(app.Middleware{Outer: []message.HandlerMiddleware{failing.middleware}}))
 	store := testStore(t, b.db)
 	ctx := t.Context()
 	now := time.Now()
@@ -160,6 +181,7 @@ func testPurgeRace(t *testing.T, cfg app.Config) {
 			}
 		}()
 	}
+	b.publish(t, "live-fail", "f")
 	for i := range recent {
 		b.publish(t, fmt.Sprintf("new-%d", i), "n")
 		b.publish(t, fmt.Sprintf("new-%d", i), "n")
@@ -169,6 +191,9 @@ func testPurgeRace(t *testing.T, cfg app.Config) {
 	})
 	waitFor(t, "the old marks purged", func() bool {
 		return b.count(t, `SELECT count(*) FROM processed_events WHERE event_id LIKE 'old-%'`) == 0
+	})
+	waitFor(t, "live-fail's dead letter", func() bool {
+		return b.count(t, `SELECT count(*) FROM dead_letters WHERE event_id = 'live-fail'`) == 1
 	})
 	stopPurgers()
 	// One purge more, alone: nothing the race left behind.
@@ -197,6 +222,11 @@ func testPurgeRace(t *testing.T, cfg app.Config) {
 
 	mu.Lock()
 	defer mu.Unlock()
+	var code string
+	require.NoError(t, b.db.GetContext(ctx, &code, `SELECT code FROM dead_letters WHERE event_id = 'live-fail'`))
+	require.Equal(t, string(framework.CodeDeliveryLimit), code)
+	require.LessOrEqual(t, int(failing.n.Load()), maxDeliveries, "its delivery count never started again")
+
 	// The service's own purger, which runs at start, races too.
 	require.Positive(t, busy, "the purgers took turns")
 
