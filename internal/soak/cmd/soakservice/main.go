@@ -1,0 +1,12 @@
+// Command soakservice is the service that the soak (internal/soak) runs:
+// the producer or the two consumers, by EFFECTIVELY_SOAK_ROLE.
+package main
+
+import (
+	"github.com/effectively-once/effectively/app"
+	"github.com/effectively-once/effectively/internal/soak"
+)
+
+func main() {
+	app.Main("soakservice", soak.ServiceModule())
+}

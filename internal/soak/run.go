@@ -1,0 +1,622 @@
+package soak
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/rabbitmq/amqp091-go"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // the figures' queries
+)
+
+// Options configure a soak run.
+type Options struct {
+	// Events is how many events are sent, duplicates included.
+	Events int
+	// Seed makes the plan (NewPlan).
+	Seed uint64
+	// Rate is how many events per second the producer writes.
+	Rate float64
+	// Cluster runs RabbitMQ as a three-node cluster of the soak's own,
+	// with quorum queues, and kills one node mid-run; otherwise AMQPURL
+	// names the one node to use, with the consumers' default (classic)
+	// queues.
+	Cluster bool
+	AMQPURL string
+	// KillEvery bounds the random pause between two SIGKILLs of a
+	// consumer process.
+	KillEvery [2]time.Duration
+	// Settle bounds the wait for the consumers to finish after the
+	// producer did.
+	Settle time.Duration
+	// Log receives the run's progress and its report.
+	Log io.Writer
+}
+
+// Report holds a run's figures.
+type Report struct {
+	Figures
+	// Effects are the effect rows per consumer, and Doubled those of an
+	// event that has more than one.
+	Effects, Doubled map[string]int
+	// DeadLetters counts dead letters by consumer, code and status.
+	DeadLetters map[string]int
+	// Subjects is how many subjects the projection should hold, Complete
+	// how many it holds as expected; Applied is its events applied.
+	Subjects, Complete, Applied int
+	// Parked, PendingDeadLetters and Unsent must be zero at the end.
+	Parked, PendingDeadLetters, Unsent int
+	// Kills counts the consumer processes killed; Events lists the
+	// other faults with when they happened.
+	Kills  int
+	Faults []string
+	// Took is the run's duration, servers' start excluded.
+	Took time.Duration
+}
+
+// Check returns what the report shows wrong: every consumer's effects
+// equal distinct − poison, each effect once, the projection complete,
+// nothing parked, pending or unsent.
+func (r Report) Check() error {
+	var errs []error
+	want := r.Distinct - r.Poison
+	for _, c := range []string{EffectsConsumer, ProjectionConsumer} {
+		if r.Effects[c] != want {
+			errs = append(errs, fmt.Errorf("%s: %d effects, want distinct − poison = %d", c, r.Effects[c], want))
+		}
+		if r.Doubled[c] != 0 {
+			errs = append(errs, fmt.Errorf("%s: %d events took effect more than once", c, r.Doubled[c]))
+		}
+	}
+	if r.Complete != r.Subjects {
+		errs = append(errs, fmt.Errorf("projection: %d of %d subjects as expected", r.Complete, r.Subjects))
+	}
+	for code, n := range map[string]int{"parked events": r.Parked, "pending dead letters": r.PendingDeadLetters, "unsent outbox rows": r.Unsent} {
+		if n != 0 {
+			errs = append(errs, fmt.Errorf("%d %s left", n, code))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Print writes the report.
+func (r Report) Print(w io.Writer) {
+	fmt.Fprintf(w, "sent %d (distinct %d, duplicates %d), poison %d, failing their first attempt %d\n",
+		r.Sent, r.Distinct, r.Duplicates, r.Poison, r.FailFirst)
+	for _, c := range []string{EffectsConsumer, ProjectionConsumer} {
+		fmt.Fprintf(w, "effects %s: %d (distinct − poison = %d), more than once: %d\n", c, r.Effects[c], r.Distinct-r.Poison, r.Doubled[c])
+	}
+	keys := make([]string, 0, len(r.DeadLetters))
+	for k := range r.DeadLetters {
+		keys = append(keys, k)
+	}
+	sortStrings(keys)
+	for _, k := range keys {
+		fmt.Fprintf(w, "dead letters %s: %d\n", k, r.DeadLetters[k])
+	}
+	fmt.Fprintf(w, "projection: %d of %d subjects complete, %d events applied; parked %d, pending dead letters %d, unsent %d\n",
+		r.Complete, r.Subjects, r.Applied, r.Parked, r.PendingDeadLetters, r.Unsent)
+	fmt.Fprintf(w, "faults: %d consumer processes killed (SIGKILL); %s\n", r.Kills, strings.Join(r.Faults, "; "))
+	fmt.Fprintf(w, "took %s\n", r.Took.Round(time.Second))
+}
+
+func sortStrings(s []string) {
+	for i := 1; i < len(s); i++ {
+		for j := i; j > 0 && s[j] < s[j-1]; j-- {
+			s[j], s[j-1] = s[j-1], s[j]
+		}
+	}
+}
+
+// run is one soak run's state.
+type run struct {
+	opts  Options
+	plan  Plan
+	svc   *service
+	pg    *Postgres
+	nodes []*RabbitNode
+	db    *sqlx.DB
+	start time.Time
+
+	mu     sync.Mutex
+	faults []string
+}
+
+func (r *run) logf(format string, args ...any) {
+	fmt.Fprintf(r.opts.Log, "soak %6.1fs: %s\n", time.Since(r.start).Seconds(), fmt.Sprintf(format, args...))
+}
+
+func (r *run) fault(format string, args ...any) {
+	s := fmt.Sprintf("%s at %.0fs", fmt.Sprintf(format, args...), time.Since(r.start).Seconds())
+	r.logf("%s", s)
+	r.mu.Lock()
+	r.faults = append(r.faults, s)
+	r.mu.Unlock()
+}
+
+// Run runs the soak: it starts its servers, the producer and two
+// consumer processes, kills the consumers at random, restarts
+// PostgreSQL once and (with Cluster) kills a RabbitMQ node and brings it
+// back, then discards the poison and returns the figures. A returned
+// error is a fault of the run itself; Report.Check judges the figures.
+func Run(ctx context.Context, opts Options) (Report, error) {
+	if opts.Log == nil {
+		opts.Log = io.Discard
+	}
+	r := &run{opts: opts, plan: NewPlan(opts.Events, opts.Seed), start: time.Now()}
+	dir, err := os.MkdirTemp("", "effectively-soak-")
+	if err != nil {
+		return Report{}, fmt.Errorf("soak: %w", err)
+	}
+	defer os.RemoveAll(dir)
+	bin, err := buildService(ctx, dir)
+	if err != nil {
+		return Report{}, err
+	}
+	r.logf("service built")
+	if r.pg, err = StartPostgres(ctx); err != nil {
+		return Report{}, err
+	}
+	defer func() { _ = r.pg.Close(context.WithoutCancel(ctx)) }()
+	r.logf("PostgreSQL started: %s", r.pg.URL())
+	urls, queueType, err := r.startRabbitMQ(ctx)
+	defer r.closeRabbitMQ(context.WithoutCancel(ctx))
+	if err != nil {
+		return Report{}, err
+	}
+	r.logf("RabbitMQ: %s (%s queues)", urls, queueType)
+	if r.db, err = sqlx.Open("pgx", r.pg.URL()); err != nil {
+		return Report{}, fmt.Errorf("soak: %w", err)
+	}
+	defer r.db.Close()
+	logDir := filepath.Join(dir, "logs")
+	if err := os.Mkdir(logDir, 0o755); err != nil {
+		return Report{}, fmt.Errorf("soak: %w", err)
+	}
+	r.svc = &service{bin: bin, dir: logDir, vars: []string{
+		"EFFECTIVELY_TRANSPORT=amqp",
+		"EFFECTIVELY_DATABASE_URL=" + r.pg.URL(),
+		"EFFECTIVELY_AMQP_URL=" + urls,
+		"EFFECTIVELY_AMQP_QUEUE_TYPE=" + queueType,
+	}}
+	report, err := r.soak(ctx, dir)
+	if err != nil {
+		for _, name := range []string{"consumer-1", "consumer-2", "producer"} {
+			r.logf("tail of %s's log:\n%s", name, tail(filepath.Join(logDir, name+".log"), 2000))
+		}
+	}
+	return report, err
+}
+
+func tail(path string, n int) string {
+	b, _ := os.ReadFile(path)
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}
+
+// buildService builds the soak's service into dir.
+func buildService(ctx context.Context, dir string) (string, error) {
+	gomod, err := exec.CommandContext(ctx, "go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("soak: go env GOMOD: %w", err)
+	}
+	bin := filepath.Join(dir, "soakservice")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./internal/soak/cmd/soakservice")
+	cmd.Dir = filepath.Dir(strings.TrimSpace(string(gomod)))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("soak: build the service: %w: %s", err, out)
+	}
+	return bin, nil
+}
+
+// startRabbitMQ starts the cluster, or clears the soak's queues of the
+// one node, and returns the URLs and the queue type.
+func (r *run) startRabbitMQ(ctx context.Context) (string, string, error) {
+	if !r.opts.Cluster {
+		return r.opts.AMQPURL, "classic", clearQueues(r.opts.AMQPURL)
+	}
+	urls := make([]string, 3)
+	for i := range 3 {
+		n, err := NewRabbitNode(fmt.Sprintf("effectively-soak-%d", i+1))
+		if err != nil {
+			return "", "", err
+		}
+		r.nodes = append(r.nodes, n)
+		urls[i] = n.URL()
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 3)
+	for i, n := range r.nodes {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[i] = n.Start(ctx) }()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return "", "", err
+	}
+	for _, n := range r.nodes[1:] {
+		if err := n.Join(ctx, r.nodes[0]); err != nil {
+			return "", "", err
+		}
+	}
+	return strings.Join(urls, ","), "quorum", nil
+}
+
+func (r *run) closeRabbitMQ(ctx context.Context) {
+	if !r.opts.Cluster {
+		_ = clearQueues(r.opts.AMQPURL)
+	}
+	for _, n := range r.nodes {
+		_ = n.Close(ctx)
+	}
+}
+
+// clearQueues deletes the soak's queues and exchange from a node that
+// other runs share.
+func clearQueues(url string) error {
+	conn, err := amqp091.Dial(url)
+	if err != nil {
+		return fmt.Errorf("soak: RabbitMQ at %s: %w", url, err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("soak: RabbitMQ channel: %w", err)
+	}
+	for _, q := range []string{EffectsConsumer, ProjectionConsumer} {
+		if _, err := ch.QueueDelete(q, false, false, false); err != nil {
+			return fmt.Errorf("soak: delete queue %s: %w", q, err)
+		}
+	}
+	if err := ch.ExchangeDelete(Recorded.Type(), false, false); err != nil {
+		return fmt.Errorf("soak: delete exchange: %w", err)
+	}
+	return nil
+}
+
+// soak runs the service's processes and the faults.
+func (r *run) soak(ctx context.Context, dir string) (Report, error) {
+	consumerConfig := filepath.Join(dir, "consumers.yaml")
+	if err := os.WriteFile(consumerConfig, []byte("consumers:\n  "+ProjectionConsumer+":\n    strict_order: true\n"), 0o644); err != nil {
+		return Report{}, fmt.Errorf("soak: %w", err)
+	}
+	if _, err := r.svc.command(ctx, "migrate"); err != nil {
+		return Report{}, err
+	}
+	consumerVars := []string{"EFFECTIVELY_CONFIG=" + consumerConfig}
+	c := &consumers{run: r, vars: consumerVars, procs: make([]*proc, 2)}
+	for i := range c.procs {
+		p, err := r.svc.start(ctx, fmt.Sprintf("consumer-%d", i+1), time.Minute, consumerVars...)
+		if err != nil {
+			return Report{}, err
+		}
+		c.procs[i] = p
+	}
+	defer c.stopAll()
+	r.start = time.Now()
+	producer, err := r.svc.start(ctx, "producer", time.Minute,
+		EnvRole+"=producer", EnvEvents+"="+strconv.Itoa(r.opts.Events),
+		EnvSeed+"="+strconv.FormatUint(r.opts.Seed, 10), EnvRate+"="+strconv.FormatFloat(r.opts.Rate, 'f', -1, 64))
+	if err != nil {
+		return Report{}, err
+	}
+	defer func() { _ = producer.stop(30 * time.Second) }()
+	r.logf("producer and two consumers running; %d events at %.0f/s", r.opts.Events, r.opts.Rate)
+
+	chaos, stopChaos := context.WithCancel(ctx)
+	chaosDone := make(chan error, 1)
+	go func() { chaosDone <- c.killAtRandom(chaos) }()
+	err = r.faultsWhileProducing(ctx)
+	if err == nil {
+		err = r.waitDuplicates(ctx)
+	}
+	stopChaos()
+	if cerr := <-chaosDone; cerr != nil && err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return Report{}, err
+	}
+	r.logf("produced; %d consumer processes killed so far", c.kills)
+	settled := r.settle(ctx)
+	if err := r.discardPoison(ctx); err != nil {
+		return Report{}, err
+	}
+	released := r.waitReleased(ctx)
+	if settled != nil || released != nil {
+		r.diagnose(ctx)
+	}
+	if err := c.stopAll(); err != nil {
+		return Report{}, err
+	}
+	report, err := r.report(ctx)
+	report.Kills = c.kills
+	report.Faults = r.faults
+	report.Took = time.Since(r.start)
+	return report, errors.Join(err, settled, released)
+}
+
+// produced returns how many events the producer wrote and how many
+// duplicates it published.
+func (r *run) produced(ctx context.Context) (int, int, error) {
+	var row struct{ Events, Duplicates int }
+	err := r.db.GetContext(ctx, &row, `SELECT events, duplicates FROM soak_produced WHERE id = 1`)
+	return row.Events, row.Duplicates, err
+}
+
+// faultsWhileProducing restarts PostgreSQL once, at half the plan, and
+// kills a RabbitMQ node at a third and starts it at two thirds, then
+// waits for the producer's last event.
+func (r *run) faultsWhileProducing(ctx context.Context) error {
+	distinct := len(r.plan.Items)
+	steps := []struct {
+		at   int
+		what string
+		do   func(context.Context) error
+	}{
+		{distinct / 2, "PostgreSQL restarted (immediate stop)", r.pg.Restart},
+	}
+	if r.opts.Cluster {
+		node := r.nodes[0] // the first URL: every client is connected to it
+		steps = []struct {
+			at   int
+			what string
+			do   func(context.Context) error
+		}{
+			{distinct / 3, "RabbitMQ node " + node.Name + " killed (SIGKILL)", func(context.Context) error { return node.Kill() }},
+			{distinct / 2, "PostgreSQL restarted (immediate stop)", r.pg.Restart},
+			{distinct * 2 / 3, "RabbitMQ node " + node.Name + " started again", node.Start},
+		}
+	}
+	deadline := time.Now().Add(time.Duration(float64(distinct)/r.opts.Rate*float64(time.Second)) + 3*time.Minute)
+	for {
+		n, _, err := r.produced(ctx)
+		if err == nil {
+			for len(steps) > 0 && n >= steps[0].at {
+				if err := steps[0].do(ctx); err != nil {
+					return fmt.Errorf("soak: %s: %w", steps[0].what, err)
+				}
+				r.fault("%s (%d events written)", steps[0].what, n)
+				steps = steps[1:]
+			}
+			if n >= distinct && len(steps) == 0 {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("soak: the producer wrote %d of %d events (last error: %v)", n, distinct, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (r *run) waitDuplicates(ctx context.Context) error {
+	want := r.plan.Figures().Duplicates
+	return r.until(ctx, time.Minute, "the duplicates published", func() (bool, error) {
+		_, d, err := r.produced(ctx)
+		return d >= want, err
+	})
+}
+
+// until polls done every half second until it is true or timeout passes.
+func (r *run) until(ctx context.Context, timeout time.Duration, what string, done func() (bool, error)) error {
+	deadline := time.Now().Add(timeout)
+	var last error
+	for {
+		ok, err := done()
+		if ok && err == nil {
+			return nil
+		}
+		if err != nil {
+			last = err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("soak: %s: not within %s (last error: %v)", what, timeout, last)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+func (r *run) count(ctx context.Context, query string, args ...any) (int, error) {
+	var n int
+	err := r.db.GetContext(ctx, &n, query, args...)
+	return n, err
+}
+
+// settle waits until each consumer took effect or dead-lettered (or, the
+// projection, parked) every distinct event.
+func (r *run) settle(ctx context.Context) error {
+	f := r.plan.Figures()
+	want := f.Distinct - f.Poison
+	err := r.until(ctx, r.opts.Settle, "every event handled", func() (bool, error) {
+		effects, err := r.count(ctx, `SELECT count(DISTINCT event_id) FROM soak_effects WHERE consumer = $1`, EffectsConsumer)
+		if err != nil {
+			return false, err
+		}
+		projected, err := r.count(ctx, `SELECT count(DISTINCT event_id) FROM soak_effects WHERE consumer = $1`, ProjectionConsumer)
+		if err != nil {
+			return false, err
+		}
+		parked, err := r.count(ctx, `SELECT count(*) FROM parked_events WHERE consumer = $1`, ProjectionConsumer)
+		if err != nil {
+			return false, err
+		}
+		dead, err := r.count(ctx, `SELECT count(*) FROM dead_letters`)
+		if err != nil {
+			return false, err
+		}
+		return effects >= want && projected+parked >= want && dead >= 2*f.Poison, nil
+	})
+	r.logf("consumers settled (%v)", err)
+	return err
+}
+
+// discardPoison discards every pending dead letter, the projection's with
+// --release-parked, through the service's command line.
+func (r *run) discardPoison(ctx context.Context) error {
+	for _, c := range []struct {
+		consumer string
+		flags    []string
+	}{{EffectsConsumer, nil}, {ProjectionConsumer, []string{"--release-parked"}}} {
+		var ids []string
+		if err := r.db.SelectContext(ctx, &ids, `SELECT id::text FROM dead_letters WHERE consumer = $1 AND status = 'pending' ORDER BY id`, c.consumer); err != nil {
+			return fmt.Errorf("soak: dead letters of %s: %w", c.consumer, err)
+		}
+		for len(ids) > 0 {
+			chunk := ids[:min(len(ids), 500)]
+			ids = ids[len(chunk):]
+			args := append([]string{"dead-letters", "discard", "--by", "soak", "--reason", "poison of the soak"}, c.flags...)
+			if _, err := r.svc.command(ctx, append(args, chunk...)...); err != nil {
+				return err
+			}
+		}
+	}
+	r.logf("poison discarded")
+	return nil
+}
+
+// waitReleased waits until nothing is parked and the projection applied
+// every event that is not poison.
+func (r *run) waitReleased(ctx context.Context) error {
+	f := r.plan.Figures()
+	err := r.until(ctx, 2*time.Minute, "the parked events applied", func() (bool, error) {
+		parked, err := r.count(ctx, `SELECT count(*) FROM parked_events`)
+		if err != nil {
+			return false, err
+		}
+		projected, err := r.count(ctx, `SELECT count(DISTINCT event_id) FROM soak_effects WHERE consumer = $1`, ProjectionConsumer)
+		return parked == 0 && projected >= f.Distinct-f.Poison, err
+	})
+	r.logf("parked events released (%v)", err)
+	return err
+}
+
+// report reads the figures.
+func (r *run) report(ctx context.Context) (Report, error) {
+	rep := Report{Figures: r.plan.Figures(), Effects: map[string]int{}, Doubled: map[string]int{}, DeadLetters: map[string]int{}}
+	var rows []struct {
+		Consumer string
+		N, D     int
+	}
+	q := `SELECT consumer, count(*) AS n, count(*) - count(DISTINCT event_id) AS d FROM soak_effects GROUP BY consumer`
+	if err := r.db.SelectContext(ctx, &rows, q); err != nil {
+		return rep, fmt.Errorf("soak: effects: %w", err)
+	}
+	for _, row := range rows {
+		rep.Effects[row.Consumer], rep.Doubled[row.Consumer] = row.N, row.D
+	}
+	var dls []struct {
+		Consumer, Code, Status string
+		N                      int
+	}
+	if err := r.db.SelectContext(ctx, &dls, `SELECT consumer, code, status, count(*) AS n FROM dead_letters GROUP BY consumer, code, status`); err != nil {
+		return rep, fmt.Errorf("soak: dead letters: %w", err)
+	}
+	for _, d := range dls {
+		rep.DeadLetters[d.Consumer+" "+d.Code+" "+d.Status] = d.N
+		if d.Status == "pending" {
+			rep.PendingDeadLetters += d.N
+		}
+	}
+	var subjects []struct {
+		Subject string
+		LastSeq int64 `db:"last_seq"`
+		Applied int64
+	}
+	if err := r.db.SelectContext(ctx, &subjects, `SELECT subject, last_seq, applied FROM soak_projection`); err != nil {
+		return rep, fmt.Errorf("soak: projection: %w", err)
+	}
+	want := r.plan.Expected()
+	rep.Subjects = len(want)
+	for _, s := range subjects {
+		rep.Applied += int(s.Applied)
+		if w, ok := want[s.Subject]; ok && w == [2]int64{s.LastSeq, s.Applied} {
+			rep.Complete++
+		}
+	}
+	var err error
+	if rep.Parked, err = r.count(ctx, `SELECT count(*) FROM parked_events`); err != nil {
+		return rep, fmt.Errorf("soak: parked: %w", err)
+	}
+	if rep.Unsent, err = r.count(ctx, `SELECT count(*) FROM outbox WHERE sent_at IS NULL`); err != nil {
+		return rep, fmt.Errorf("soak: outbox: %w", err)
+	}
+	return rep, nil
+}
+
+// consumers are the two consumer processes, killed at random.
+type consumers struct {
+	run   *run
+	vars  []string
+	mu    sync.Mutex
+	procs []*proc
+	kills int
+}
+
+// killAtRandom kills one of the consumers with SIGKILL after a random
+// pause in KillEvery and starts it again, until ctx ends.
+func (c *consumers) killAtRandom(ctx context.Context) error {
+	lo, hi := c.run.opts.KillEvery[0], c.run.opts.KillEvery[1]
+	for {
+		pause := lo + time.Duration(rand.Int64N(int64(hi-lo)+1))
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(pause):
+		}
+		i := rand.IntN(len(c.procs))
+		c.mu.Lock()
+		p := c.procs[i]
+		c.mu.Unlock()
+		p.kill()
+		c.kills++
+		for {
+			// A restart may fail while PostgreSQL or a node is down: try
+			// again.
+			np, err := c.run.svc.start(context.WithoutCancel(ctx), p.name, time.Minute, c.vars...)
+			if err == nil {
+				c.mu.Lock()
+				c.procs[i] = np
+				c.mu.Unlock()
+				break
+			}
+			c.run.logf("restart %s: %v", p.name, err)
+			time.Sleep(time.Second)
+		}
+	}
+}
+
+// stopAll stops the consumers (SIGTERM), once.
+func (c *consumers) stopAll() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var errs []error
+	for i, p := range c.procs {
+		if p != nil {
+			errs = append(errs, p.stop(time.Minute))
+			c.procs[i] = nil
+		}
+	}
+	return errors.Join(errs...)
+}
