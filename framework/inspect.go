@@ -31,8 +31,8 @@ const (
 	// PurgeProcessed is the purge of old processed marks
 	// (Store.PurgeProcessed): by the time they were processed.
 	PurgeProcessed PurgeKind = "processed"
-	// PurgeOutbox is the outbox relay's cleanup of sent rows: by the time
-	// they were sent.
+	// PurgeOutbox is the purge of sent outbox rows (a service's purge, or
+	// a relay's cleanup): by the time they were sent.
 	PurgeOutbox PurgeKind = "outbox"
 )
 
