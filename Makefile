@@ -40,6 +40,13 @@ bench: ## Run the framework against hand-written Watermill, side by side, on eve
 	@set -euo pipefail; services="$$(scripts/services.sh)"; eval "$$services"; \
 	$(GO) run ./internal/bench/cmd/bench $(BENCHFLAGS)
 
+SOAKFLAGS ?=
+
+.PHONY: soak
+soak: ## Run the soak (a few minutes): 20,000 events through the outbox and a three-node RabbitMQ cluster of its own, consumers killed at random, a node and PostgreSQL restarted; prints its figures (docs/reliability.md). Needs root.
+	@set -euo pipefail; services="$$(scripts/services.sh)"; eval "$$services"; \
+	$(GO) run ./internal/soak/cmd/soak $(SOAKFLAGS)
+
 .PHONY: bench-micro
 bench-micro: ## Run the in-process microbenchmarks of the chain: messages per second and allocations per message.
 	@set -euo pipefail; services="$$(scripts/services.sh)"; eval "$$services"; \

@@ -458,7 +458,8 @@ func (r *run) settle(ctx context.Context) error {
 		if err != nil {
 			return false, err
 		}
-		parked, err := r.count(ctx, `SELECT count(*) FROM parked_events WHERE consumer = $1`, ProjectionConsumer)
+		// Parked behind a dead letter, not waiting for an earlier event.
+		parked, err := r.count(ctx, `SELECT count(*) FROM parked_events WHERE consumer = $1 AND reason = 'parked'`, ProjectionConsumer)
 		if err != nil {
 			return false, err
 		}

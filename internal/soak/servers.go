@@ -196,10 +196,24 @@ func (n *RabbitNode) Kill() error {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		return fmt.Errorf("kill %s: %w", n.Name, err)
 	}
-	for syscall.Kill(pid, 0) == nil {
+	for deadline := time.Now().Add(10 * time.Second); alive(pid); {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s (pid %d) still runs 10s after SIGKILL", n.Name, pid)
+		}
 		time.Sleep(50 * time.Millisecond)
 	}
 	return nil
+}
+
+// alive reports whether process pid runs: it exists and is no zombie.
+func alive(pid int) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// pid (comm) state ...: comm may hold spaces and parentheses.
+	i := strings.LastIndexByte(string(stat), ')')
+	return i < 0 || i+2 >= len(stat) || stat[i+2] != 'Z'
 }
 
 // Close stops the node and removes its folder.
