@@ -2,11 +2,16 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 
+	"github.com/jmoiron/sqlx"
+
 	"github.com/effectively-once/effectively/app/testkit"
+	"github.com/effectively-once/effectively/examples/notifications/appointments"
 	"github.com/effectively-once/effectively/framework"
 )
 
@@ -26,7 +31,32 @@ const (
 	// deliveries of that event id. The relays' points carry no event:
 	// they kill whatever it says.
 	envCrashEvent = "EFFECTIVELY_CRASH_EVENT"
+	// envCrashReject, when set, names a file: while it exists the
+	// handler fails the event of envCrashEvent permanently, which makes
+	// it a dead letter that the test then replays (see rejecting).
+	envCrashReject = "EFFECTIVELY_CRASH_REJECT"
 )
+
+// codeRejected is the code of the dead letters of rejecting.
+const codeRejected framework.Code = "rejected_by_test"
+
+// rejecting returns newHandler's handler, which fails the event event
+// permanently while the file reject exists; with either empty, the
+// handler itself.
+func rejecting(reject, event string, newHandler func(*sqlx.DB) framework.HandlerFunc[appointments.BookedV1]) func(*sqlx.DB) framework.HandlerFunc[appointments.BookedV1] {
+	if reject == "" || event == "" {
+		return newHandler
+	}
+	return func(db *sqlx.DB) framework.HandlerFunc[appointments.BookedV1] {
+		h := newHandler(db)
+		return func(ctx context.Context, ev framework.Event[appointments.BookedV1]) error {
+			if _, err := os.Stat(reject); err == nil && ev.ID == event {
+				return framework.Permanent(codeRejected, errors.New("rejected while "+reject+" exists"))
+			}
+			return h(ctx, ev)
+		}
+	}
+}
 
 // pointMarker names the marker file of point p: it exists once the hook
 // killed a process there.

@@ -100,7 +100,7 @@ func runService(mode, marker string, args []string) int {
 	module := Module
 	if name := os.Getenv(envCrashConsumer); name != "" {
 		module = fx.Options(
-			handlers.Register(name, handlers.On(appointments.Booked, NewRemindOnBooked)),
+			handlers.Register(name, handlers.On(appointments.Booked, rejecting(os.Getenv(envCrashReject), os.Getenv(envCrashEvent), NewRemindOnBooked))),
 			fx.Supply(app.Migrations{FS: mustSub(migrations, "migrations")}),
 		)
 	}
