@@ -201,10 +201,14 @@ func chain(cfg Config, clk clock) []message.HandlerMiddleware {
 	if cfg.StrictOrder {
 		steps = append(steps, releaseParked(name, cfg.Store, cfg.Logger, clk.now, DefaultReleaseSweep))
 	}
+	var holds framework.Store // under strict order, decode holds the subject of an event it refuses
+	if cfg.StrictOrder {
+		holds = cfg.Store
+	}
 	steps = append(steps,
 		observe(cfg, clk),
 		deadLetter(name, cfg.Store, clk.now),
-		decode(cfg.Consumer, cfg.MaxBodyBytes),
+		decode(cfg.Consumer, cfg.MaxBodyBytes, holds),
 	)
 	var brk *breaker
 	if cfg.Breaker.Failures > 0 {
