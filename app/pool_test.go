@@ -133,13 +133,14 @@ func TestDatabasePoolSize(t *testing.T) {
 		_, err := poolSize(t, cfg, "a.one")
 		// The consumer's batches; the claims and acks of its two
 		// subscriptions (its type's and its replay topic's), the cleanup,
-		// the watch; the relay and its publisher; the replay relay.
+		// the watch; the relay and its publisher; the replay relay; the
+		// purger.
 		require.ErrorContains(t, err, fmt.Sprintf("fewer than the 10 connections the service may hold at once (consumer a.one %d, consumer a.one's subscriber 4, outbox relay 2, replay relay 1, purger 1)", framework.DefaultBatches))
 		cfg.DatabaseMaxConns = 0
 		size, err := poolSize(t, cfg, "a.one")
 		require.NoError(t, err)
-		require.Equal(t, framework.DefaultBatches+4+2+1, size, "one above the driver's default")
-		require.Equal(t, sqlite.DefaultMaxOpenConns+1, size)
+		require.Equal(t, framework.DefaultBatches+4+2+1+1, size, "two above the driver's default")
+		require.Equal(t, sqlite.DefaultMaxOpenConns+2, size)
 	})
 
 	t.Run("AMQPThreeConsumersAtTheDefault", func(t *testing.T) {

@@ -314,7 +314,7 @@ func TestCrashTestsAsDocumented(t *testing.T) {
 		if strings.HasPrefix(m[1], "Test") {
 			// The test it names exists, in the crash tests of the example.
 			found := false
-			for _, file := range []string{path, "examples/notifications/crash_batch_test.go"} {
+			for _, file := range []string{path, "examples/notifications/crash_batch_test.go", "app/replay_crash_test.go"} {
 				for _, d := range parseFile(t, file).Decls {
 					if fd, ok := d.(*ast.FuncDecl); ok && fd.Name.Name == m[1] {
 						found = true
