@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/app"
@@ -29,9 +30,11 @@ func TestDemo(t *testing.T) {
 			return map[string]string{app.EnvTransport: app.TransportPostgres, app.EnvDatabaseURL: testenv.PostgresURL(t)}
 		}},
 		{"AMQP", func(t *testing.T) map[string]string {
+			url := testenv.Require(t, testenv.AMQPURLVar)
+			purgeQueue(t, url, ConsumerName) // the tests' node is shared: the demo reports on its own messages
 			return map[string]string{
 				app.EnvTransport:   app.TransportAMQP,
-				app.EnvAMQPURL:     testenv.Require(t, testenv.AMQPURLVar),
+				app.EnvAMQPURL:     url,
 				app.EnvDatabaseURL: testenv.PostgresURL(t),
 			}
 		}},
@@ -75,4 +78,17 @@ func TestDemo(t *testing.T) {
 			}
 		})
 	}
+}
+
+// purgeQueue empties the queue name on the broker at url, when it exists:
+// messages left in it by an earlier run on the same node.
+func purgeQueue(t *testing.T, url, name string) {
+	t.Helper()
+	conn, err := amqp091.Dial(url)
+	require.NoError(t, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	defer ch.Close()
+	_, _ = ch.QueuePurge(name, false) // a queue that does not exist has nothing to purge
 }
