@@ -76,11 +76,14 @@ VALUES (?, 's', 2, 'widgets', 'p-2', x'7b7d', 0, 'parked')`, consumerName)
 	waitFor(t, "the effect", func() bool { return b.count(t, `SELECT count(*) FROM widgets`) == 1 })
 	// A message that is no CloudEvent: dead-lettered by the consumer.
 	require.NoError(t, b.transport.Publisher().Publish(widgetAdded.Type(), message.NewMessage("poison", []byte("not json"))))
-	waitFor(t, "the poison's dead letter", func() bool {
-		return strings.Contains(metrics(t, b), "effectively_dead_letters_total{")
+	// The gauges read from the database are cached a few seconds: a
+	// scrape before the dead letter was stored may hide it that long.
+	var scrape string
+	waitFor(t, "the poison's dead letter in the counters and the gauges", func() bool {
+		scrape = metrics(t, b)
+		return strings.Contains(scrape, "effectively_dead_letters_total{") && strings.Contains(scrape, "effectively_dead_letters_pending{")
 	})
 
-	scrape := metrics(t, b)
 	names := regexp.MustCompile(`effectively_[a-z_]+`)
 	for _, g := range rules.Groups {
 		for _, r := range g.Rules {
