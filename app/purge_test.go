@@ -252,9 +252,6 @@ func TestPurgeLease(t *testing.T) {
 			cfg.PurgeInterval = app.Duration(time.Hour)
 			b := setupRebound(t, cfg)
 			store := testStore(t, b.db)
-			_, err := b.db.Exec(b.db.Rebind(`INSERT INTO processed_events (consumer, source, event_id, processed_at) VALUES (?, 'widgets', 'old', ?)`),
-				consumerName, timeArg(b.db, time.Now().Add(-2*time.Hour)))
-			require.NoError(t, err)
 			purger := store.(framework.Purger)
 			// Once the service's first purge, at start, ends.
 			waitFor(t, "the lease", func() bool {
@@ -262,6 +259,10 @@ func TestPurgeLease(t *testing.T) {
 				require.NoError(t, err)
 				return ok
 			})
+			// Written while the lease is held: no purge can take it.
+			_, err := b.db.Exec(b.db.Rebind(`INSERT INTO processed_events (consumer, source, event_id, processed_at) VALUES (?, 'widgets', 'old', ?)`),
+				consumerName, timeArg(b.db, time.Now().Add(-2*time.Hour)))
+			require.NoError(t, err)
 
 			_, err = app.PurgeOnce(t.Context(), store, cfg)
 			require.ErrorIs(t, err, app.ErrPurgeBusy)
