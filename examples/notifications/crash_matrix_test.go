@@ -39,9 +39,6 @@ import (
 // batch timeout, a minute.
 const envCrashSlow = "EFFECTIVELY_CRASH_SLOW"
 
-// envCrashMatrix, set to 1, runs the matrix (make soak sets it).
-const envCrashMatrix = "EFFECTIVELY_CRASH_MATRIX"
-
 // envCrashWIP, set to 1, runs the cells whose set-up does not pass yet.
 const envCrashWIP = "EFFECTIVELY_CRASH_WIP"
 
@@ -158,9 +155,6 @@ var matrixSetups = []struct {
 // no message, outbox row, replay or parked event waits.
 func TestCrashMatrix(t *testing.T) {
 	t.Parallel()
-	if os.Getenv(envCrashMatrix) != "1" {
-		t.Skipf("some cells are flaky on a loaded machine (a cell's service may handle its events without reaching the crash point): runs with %s=1 (make soak)", envCrashMatrix)
-	}
 	for _, s := range matrixSetups {
 		t.Run(s.name, func(t *testing.T) {
 			t.Parallel()
