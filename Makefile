@@ -16,7 +16,12 @@ run: ## Run the example service's demo on SQLite (no server needed).
 .PHONY: test
 test: ## Run every test with -race, starting PostgreSQL and RabbitMQ when needed.
 	@set -euo pipefail; services="$$(scripts/services.sh)"; eval "$$services"; \
-	$(GO) test -race -count=1 -timeout 15m ./...
+	out="$$(mktemp)"; trap 'rm -f "$$out"' EXIT; \
+	if ! $(GO) test -race -count=1 -timeout 15m ./... 2>&1 | tee "$$out"; then \
+		echo; echo "== failures (the full output is above)"; \
+		grep -E -e '^(--- FAIL|FAIL|panic:)' -e '^ +--- FAIL' -e '^ +[A-Za-z0-9_]+_test\.go:[0-9]+: ' "$$out" | grep -v '^ok ' | tail -80; \
+		exit 1; \
+	fi
 
 FUZZTIME ?= 3m
 
