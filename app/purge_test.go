@@ -250,29 +250,39 @@ func TestPurgeLease(t *testing.T) {
 			cfg := tc.config(t)
 			cfg.ProcessedRetention = app.Duration(time.Hour)
 			cfg.PurgeInterval = app.Duration(time.Hour)
+			// The service migrates the database, then stops: it purges
+			// at start, and would take the purge from the test once the
+			// lease is released.
 			b := setupRebound(t, cfg)
-			store := testStore(t, b.db)
+			ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+			defer cancel()
+			require.NoError(t, b.service.Stop(ctx))
+			db := openConfigured(t, cfg.DatabaseURL)
+			count := func() (n int) {
+				require.NoError(t, db.Get(&n, `SELECT count(*) FROM processed_events`))
+				return n
+			}
+			store := testStore(t, db)
 			purger := store.(framework.Purger)
-			// Once the service's first purge, at start, ends.
 			waitFor(t, "the lease", func() bool {
 				ok, err := purger.AcquireLease(t.Context(), "purge", "elsewhere", time.Hour)
 				require.NoError(t, err)
 				return ok
 			})
 			// Written while the lease is held: no purge can take it.
-			_, err := b.db.Exec(b.db.Rebind(`INSERT INTO processed_events (consumer, source, event_id, processed_at) VALUES (?, 'widgets', 'old', ?)`),
-				consumerName, timeArg(b.db, time.Now().Add(-2*time.Hour)))
+			_, err := db.Exec(db.Rebind(`INSERT INTO processed_events (consumer, source, event_id, processed_at) VALUES (?, 'widgets', 'old', ?)`),
+				consumerName, timeArg(db, time.Now().Add(-2*time.Hour)))
 			require.NoError(t, err)
 
 			_, err = app.PurgeOnce(t.Context(), store, cfg)
 			require.ErrorIs(t, err, app.ErrPurgeBusy)
-			require.Equal(t, 1, b.count(t, `SELECT count(*) FROM processed_events`))
+			require.Equal(t, 1, count())
 
 			require.NoError(t, purger.ReleaseLease(t.Context(), "purge", "elsewhere"))
 			rows, err := app.PurgeOnce(t.Context(), store, cfg)
 			require.NoError(t, err)
 			require.EqualValues(t, 1, rows[framework.PurgeProcessed])
-			require.Zero(t, b.count(t, `SELECT count(*) FROM processed_events`))
+			require.Zero(t, count())
 		})
 	}
 }

@@ -44,8 +44,7 @@ var ErrMissingDB = errors.New("postgres: missing database (try postgres.Open)")
 // Its methods run the framework's one SQL implementation, shared with the
 // other database; each names the framework interface it implements.
 type Store struct {
-	sql       *sqlstore.Store
-	onResolve func(framework.DeadLetter, framework.Resolution)
+	sql *sqlstore.Store
 }
 
 var _ framework.Store = (*Store)(nil)
@@ -55,11 +54,11 @@ func NewStore(db *sqlx.DB, cfg StoreConfig) (*Store, error) {
 	if db == nil {
 		return nil, ErrMissingDB
 	}
-	s, err := sqlstore.New(db, sqlstore.Postgres, cfg.TablePrefix, cfg.Now)
+	s, err := sqlstore.New(db, sqlstore.Postgres, sqlstore.Options{Prefix: cfg.TablePrefix, Now: cfg.Now, OnResolve: cfg.OnResolve})
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
-	return &Store{sql: s, onResolve: cfg.OnResolve}, nil
+	return &Store{sql: s}, nil
 }
 
 // Mark records, inside tx, that consumer processed the event key, and returns
@@ -114,11 +113,7 @@ func (s *Store) DeadLetters(ctx context.Context, f framework.DeadLetterFilter) (
 // framework.ErrNotPending naming its status (framework.Store). Once it
 // committed, it calls StoreConfig.OnResolve.
 func (s *Store) ResolveDeadLetter(ctx context.Context, id int64, r framework.Resolution) (framework.DeadLetter, error) {
-	dl, err := s.sql.ResolveDeadLetter(ctx, id, r)
-	if err == nil && s.onResolve != nil {
-		s.onResolve(dl, r)
-	}
-	return dl, err
+	return s.sql.ResolveDeadLetter(ctx, id, r)
 }
 
 // DeadLetterHistory returns every failure and resolution of the dead

@@ -194,7 +194,7 @@ func (s *Store) DeadLetters(ctx context.Context, f framework.DeadLetterFilter) (
 // conditional update of the pending dead letter, its history entry and,
 // for a replay, the replays row of its message (see
 // framework.DeadLetter.ReplayMessage). A zero r.At means now, by the
-// store's clock.
+// store's clock. Once it committed, it calls Options.OnResolve.
 func (s *Store) ResolveDeadLetter(ctx context.Context, id int64, r framework.Resolution) (framework.DeadLetter, error) {
 	if r.Status != framework.DeadLetterReplayed && r.Status != framework.DeadLetterDiscarded {
 		return framework.DeadLetter{}, fmt.Errorf("resolve dead letter %d: status %q, want %q or %q",
@@ -229,6 +229,9 @@ func (s *Store) ResolveDeadLetter(ctx context.Context, id int64, r framework.Res
 	}
 	if err := tx.Commit(); err != nil {
 		return framework.DeadLetter{}, fmt.Errorf("resolve dead letter %d: commit: %w", id, err)
+	}
+	if s.onResolve != nil {
+		s.onResolve(dl, r)
 	}
 	return dl, nil
 }

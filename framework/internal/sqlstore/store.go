@@ -31,6 +31,8 @@ type Store struct {
 	dialect Dialect
 	now     func() time.Time
 	q       queries
+	// onResolve is Options.OnResolve.
+	onResolve func(framework.DeadLetter, framework.Resolution)
 
 	mark, forgetDelivery                             string
 	publishDeadLetter, deadLetter, resolveDeadLetter string
@@ -41,21 +43,33 @@ type Store struct {
 
 var _ framework.Store = (*Store)(nil)
 
-// New returns a Store on db, whose tables carry prefix. now is the store's
-// clock; nil means time.Now.
-func New(db *sqlx.DB, d Dialect, prefix string, now func() time.Time) (*Store, error) {
+// Options configure a Store.
+type Options struct {
+	// Prefix prefixes the name of every table.
+	Prefix string
+	// Now is the store's clock; nil means time.Now.
+	Now func() time.Time
+	// OnResolve, when set, is called after each ResolveDeadLetter that
+	// committed, with the dead letter as it was and its resolution.
+	OnResolve func(framework.DeadLetter, framework.Resolution)
+}
+
+// New returns a Store on db, a database of dialect d.
+func New(db *sqlx.DB, d Dialect, opts Options) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("missing database")
 	}
 	if err := d.Validate(); err != nil {
 		return nil, err
 	}
+	prefix := opts.Prefix
 	if err := ValidatePrefix(prefix); err != nil {
 		return nil, fmt.Errorf("TablePrefix: %w", err)
 	}
 	if got, err := DialectOf(db.DriverName()); err == nil && got != d {
 		return nil, fmt.Errorf("the database's driver %q is %s, not %s", db.DriverName(), got, d)
 	}
+	now := opts.Now
 	if now == nil {
 		now = time.Now
 	}
@@ -65,6 +79,7 @@ func New(db *sqlx.DB, d Dialect, prefix string, now func() time.Time) (*Store, e
 		dialect:           d,
 		now:               now,
 		q:                 q,
+		onResolve:         opts.OnResolve,
 		mark:              q.sql(qMark),
 		forgetDelivery:    q.sql(qForgetDelivery),
 		publishDeadLetter: q.sql(qPublishDeadLetter),
