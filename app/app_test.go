@@ -105,9 +105,15 @@ func testConfig(t *testing.T) app.Config {
 // and starts it; it stops when the test ends.
 func setup(t *testing.T, cfg app.Config, opts ...fx.Option) *bundle {
 	t.Helper()
+	return setupWith(t, cfg, handlers.On(widgetAdded, newAddWidget), opts...)
+}
+
+// setupWith is setup with the widget consumer's route h.
+func setupWith(t *testing.T, cfg app.Config, h handlers.Route, opts ...fx.Option) *bundle {
+	t.Helper()
 	b := &bundle{cfg: cfg}
 	b.service = app.New(
-		handlers.Register(consumerName, handlers.On(widgetAdded, newAddWidget)),
+		handlers.Register(consumerName, h),
 		fx.Supply(widgetMigrations),
 		fx.Replace(cfg),
 		fx.Options(opts...),

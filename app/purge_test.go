@@ -60,16 +60,7 @@ func TestPurgeRace(t *testing.T) {
 // placeholders, SQLite's or PostgreSQL's.
 func setupRebound(t *testing.T, cfg app.Config, opts ...fx.Option) *bundle {
 	t.Helper()
-	b := &bundle{cfg: cfg}
-	b.service = app.New(
-		handlers.Register(consumerName, handlers.On(widgetAdded, newAddWidgetRebound)),
-		fx.Supply(widgetMigrations),
-		fx.Replace(cfg),
-		fx.Options(opts...),
-		fx.Populate(&b.db, &b.transport, &b.http),
-	)
-	b.start(t)
-	return b
+	return setupWith(t, cfg, handlers.On(widgetAdded, newAddWidgetRebound), opts...)
 }
 
 // failingDeliveries is an Outer step that nacks every delivery of the
