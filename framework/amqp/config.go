@@ -24,8 +24,8 @@ const (
 	// DefaultNackDelay is the first pause before a nacked message goes
 	// back to its queue.
 	DefaultNackDelay = 500 * time.Millisecond
-	// DefaultMaxNackDelay caps the pause, which doubles with each
-	// consecutive nack of a subscription.
+	// DefaultMaxNackDelay caps the pause, which grows with the time a
+	// subscription has been nacking without an ack.
 	DefaultMaxNackDelay = 30 * time.Second
 	// DefaultConnectInterval is the first pause between two attempts to
 	// connect at start.
@@ -68,9 +68,11 @@ type TransportConfig struct {
 	// Defaults to DefaultChannelPoolSize.
 	ChannelPoolSize int
 	// NackDelay is the first pause before a nacked message is requeued,
-	// so that a failing message does not loop hot. It doubles with each
-	// consecutive nack on a subscription, up to MaxNackDelay, and resets
-	// on an ack. Defaults to DefaultNackDelay.
+	// so that a failing message does not loop hot. The pause is NackDelay
+	// plus the time the subscription has been nacking since its last ack,
+	// up to MaxNackDelay: it doubles for a message nacked on every
+	// delivery, while messages nacked together each wait NackDelay.
+	// Defaults to DefaultNackDelay.
 	NackDelay time.Duration
 	// MaxNackDelay caps NackDelay's growth. Defaults to
 	// DefaultMaxNackDelay.

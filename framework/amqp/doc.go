@@ -50,7 +50,9 @@
 // # Traps handled
 //
 //   - A nack would requeue at once and loop hot: the Subscriber pauses
-//     first (Config.NackDelay, doubling up to Config.MaxNackDelay).
+//     first (Config.NackDelay plus the time the subscription has been
+//     nacking since its last ack, up to Config.MaxNackDelay: doubling for
+//     a message nacked on every delivery).
 //   - Non-string headers (x-death, x-delivery-count) would fail
 //     watermill-amqp's marshaler before any middleware: Marshaler renders
 //     them as text, falls back to the AMQP message-id for the UUID, and

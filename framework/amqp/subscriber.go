@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
@@ -33,9 +32,13 @@ const resubscribePause = 100 * time.Millisecond
 // broker requeues them) and the subscription consumes again once the
 // connection is back.
 //
-// A nacked message goes back to the queue after a pause (Config.NackDelay,
-// doubling per consecutive nack of the subscription up to
-// Config.MaxNackDelay), never at once: it would loop hot.
+// A nacked message goes back to the queue after a pause, never at once: it
+// would loop hot. The pause is Config.NackDelay plus the time the
+// subscription has been nacking since its last ack, up to
+// Config.MaxNackDelay (see nackStreak): a message nacked again and again
+// waits twice as long each time, while messages in flight together that
+// are nacked together (an event waiting for an earlier one under strict
+// order) each wait NackDelay.
 type subscriber struct {
 	conn      *connection
 	queueName wamqp.QueueNameGenerator
@@ -178,7 +181,7 @@ type subscription struct {
 	queue string
 	out   chan *message.Message
 	slots chan struct{} // one per message handed out and not yet settled
-	nacks atomic.Int32  // consecutive nacks, for the pause
+	nacks nackStreak    // the pause after a nack
 }
 
 // run consumes until ctx ends or the subscriber closes, again on a new
@@ -343,7 +346,7 @@ func (s *subscription) open(conn *amqp091.Connection) (*amqp091.Channel, <-chan 
 func (s *subscription) settle(ctx context.Context, acks *acker, tag uint64, msg *message.Message, dead <-chan struct{}) {
 	select {
 	case <-msg.Acked():
-		s.nacks.Store(0)
+		s.nacks.acked()
 		acks.settle(tag, true)
 		return
 	case <-msg.Nacked():
@@ -363,12 +366,11 @@ func (s *subscription) settle(ctx context.Context, acks *acker, tag uint64, msg 
 	}
 }
 
-// pause waits the nack delay of the subscription's consecutive nacks, or
-// less when the subscriber closes or ctx ends. It reports false when the
-// channel was lost meanwhile.
+// pause waits the pause of a nack (see nackStreak), or less when the
+// subscriber closes or ctx ends. It reports false when the channel was
+// lost meanwhile.
 func (s *subscription) pause(ctx context.Context, dead <-chan struct{}) bool {
-	n := s.nacks.Add(1) - 1
-	t := time.NewTimer(nackDelay(s.conn.cfg.NackDelay, s.conn.cfg.MaxNackDelay, int(n)))
+	t := time.NewTimer(s.nacks.nacked(time.Now(), s.conn.cfg.NackDelay, s.conn.cfg.MaxNackDelay))
 	defer t.Stop()
 	select {
 	case <-t.C:
@@ -380,12 +382,35 @@ func (s *subscription) pause(ctx context.Context, dead <-chan struct{}) bool {
 	return true
 }
 
-// nackDelay is the pause after nacks consecutive nacks before this one:
-// first, doubling with each, up to most.
-func nackDelay(first, most time.Duration, nacks int) time.Duration {
-	d := first
-	for i := 0; i < nacks && d < most; i++ {
-		d *= 2
+// nackStreak paces the nacks of a subscription. The pause after a nack is
+// first plus the time since the first nack that followed the last ack, up
+// to most. A message nacked on every delivery, alone, waits first, then
+// twice, four times as long, and so does every message in flight while
+// nothing is acked (the database is down): the pauses double. But the
+// messages in flight together, nacked at about the same time while the
+// others are acked (events waiting for an earlier one under strict order),
+// each wait first: counting each of them as one more consecutive nack
+// would send most of them to the longest pause at once, holding their
+// slots of the consumer's concurrency as long, and starve the events they
+// wait for.
+type nackStreak struct {
+	mu    sync.Mutex
+	since time.Time // the first nack after the last ack; zero after an ack
+}
+
+// acked ends the streak.
+func (n *nackStreak) acked() {
+	n.mu.Lock()
+	n.since = time.Time{}
+	n.mu.Unlock()
+}
+
+// nacked records a nack at now and returns its pause.
+func (n *nackStreak) nacked(now time.Time, first, most time.Duration) time.Duration {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.since.IsZero() {
+		n.since = now
 	}
-	return min(d, most)
+	return min(first+now.Sub(n.since), most)
 }
