@@ -325,6 +325,14 @@ type ConsumerConfig struct {
 	// subject under StrictOrder before it is dead-lettered with code
 	// sequence_gap. Defaults to middleware.DefaultGapTimeout.
 	GapTimeout Duration `yaml:"gap_timeout"`
+	// OrderFromFirstSeen, under StrictOrder, starts a subject's sequence
+	// at the first event of it the consumer sees, whatever its number,
+	// instead of at 1: for a consumer that joins a stream whose subjects
+	// began before it. The first event of a new subject that overtakes its
+	// predecessors then starts the sequence, and they are skipped as stale
+	// (middleware.Config.OrderFromFirstSeen). Without StrictOrder it does
+	// nothing. On when set here or in defaults. Defaults to false.
+	OrderFromFirstSeen bool `yaml:"order_from_first_seen"`
 	// BatchSize is the most of the consumer's attempts that commit in one
 	// database transaction (group commit), one after another: when one
 	// fails, the transaction rolls back and the others run again without
@@ -435,6 +443,7 @@ func (c ConsumerConfig) merge(base ConsumerConfig) ConsumerConfig {
 	}
 	c.SkipStale = c.SkipStale || base.SkipStale
 	c.StrictOrder = c.StrictOrder || base.StrictOrder
+	c.OrderFromFirstSeen = c.OrderFromFirstSeen || base.OrderFromFirstSeen
 	if c.GapTimeout == 0 {
 		c.GapTimeout = base.GapTimeout
 	}

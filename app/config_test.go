@@ -119,6 +119,9 @@ consumers:
     skip_stale: true
     batch_size: 8
     batch_linger: 5ms
+  shipping.track-on-parcel-moved:
+    strict_order: true
+    order_from_first_seen: true
 `, nil))
 		require.NoError(t, err)
 		require.Equal(t, "memory", cfg.Transport)
@@ -151,6 +154,10 @@ consumers:
 			BatchSize:     framework.DefaultBatchSize,
 			Batches:       framework.DefaultBatches,
 		}, cfg.Settings("other.consumer"))
+		track := cfg.Settings("shipping.track-on-parcel-moved")
+		require.True(t, track.StrictOrder)
+		require.True(t, track.OrderFromFirstSeen)
+		require.False(t, cfg.Settings("other.consumer").OrderFromFirstSeen, "subjects start at #1 by default")
 	})
 
 	t.Run("EnvWinsOverYAML", func(t *testing.T) {

@@ -550,7 +550,7 @@ func printDeadLetter(out io.Writer, dl framework.DeadLetter) error {
 	}
 	row("correlation id", orDash(dl.CorrelationID))
 	row("attempts", dl.Attempts)
-	row("deliveries", dl.Deliveries)
+	row("deliveries", countOrUnknown(dl.Deliveries))
 	row("repeats", dl.Repeats)
 	row("first failed", dl.FirstFailedAt.UTC().Format(time.RFC3339Nano))
 	row("last failed", dl.LastFailedAt.UTC().Format(time.RFC3339Nano))
@@ -578,6 +578,15 @@ func printDeadLetter(out io.Writer, dl framework.DeadLetter) error {
 	return err
 }
 
+// countOrUnknown prints a delivery count, which is 0 when the store did
+// not know it (a message dead-lettered before it was counted).
+func countOrUnknown(n int) string {
+	if n == 0 {
+		return "unknown"
+	}
+	return strconv.Itoa(n)
+}
+
 // printHistory prints every failure and resolution of a dead letter,
 // oldest first.
 func printHistory(out io.Writer, hs []framework.HistoryEntry) error {
@@ -587,7 +596,7 @@ func printHistory(out io.Writer, hs []framework.HistoryEntry) error {
 		var what string
 		switch h.Kind {
 		case framework.HistoryFailed:
-			what = fmt.Sprintf("code %s, attempts %d, deliveries %d", h.Code, h.Attempts, h.Deliveries)
+			what = fmt.Sprintf("code %s, attempts %d, deliveries %s", h.Code, h.Attempts, countOrUnknown(h.Deliveries))
 		case framework.HistoryAdopted:
 			what = "from consumer " + h.By
 		default:

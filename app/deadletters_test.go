@@ -302,3 +302,16 @@ func storeDeadLetter(t *testing.T, db *sqlx.DB, consumer, id, subject string, se
 	require.Len(t, dls, 1)
 	return dls[0].ID
 }
+
+// TestDeadLetterShowUnknownDeliveries: a dead letter whose delivery count
+// the store never knew (0) shows it as unknown, not as 0 deliveries.
+func TestDeadLetterShowUnknownDeliveries(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	b := setup(t, cfg)
+	id := storeDeadLetter(t, b.db, consumerName, "w-unknown", "", 0)
+	out, err := runCommand(t, commandOptions(cfg), "dead-letters", "show", fmt.Sprint(id))
+	require.NoError(t, err)
+	require.Regexp(t, `(?m)^deliveries\s+unknown$`, out)
+	require.Regexp(t, `(?m)^\s+\S+\s+failed\s+code widget_rejected, attempts 1, deliveries unknown$`, out)
+}

@@ -73,6 +73,14 @@ type Config struct {
 	// GapTimeout is how long an event waits for an earlier one of its
 	// subject under StrictOrder. Defaults to DefaultGapTimeout.
 	GapTimeout time.Duration
+	// OrderFromFirstSeen, under StrictOrder, starts a subject's sequence
+	// at the first event of it this consumer sees, whatever its number,
+	// instead of at 1: for a consumer that joins a stream whose subjects
+	// began before it. Its cost: the first event of a new subject that
+	// overtakes its predecessors (a retry, a redelivery, two messages in
+	// flight) starts the sequence, and they are skipped as stale. Without
+	// StrictOrder it does nothing. Defaults to false.
+	OrderFromFirstSeen bool
 	// Breaker, with Breaker.Failures set, is the consumer's circuit
 	// breaker: after so many failed attempts in a row new messages wait
 	// before the delivery guard, uncounted, until a probe attempt after
@@ -236,7 +244,7 @@ func chain(cfg Config, clk clock) []message.HandlerMiddleware {
 		steps = append(steps, sequenceGuard(name, cfg.Store))
 	}
 	if cfg.StrictOrder {
-		steps = append(steps, strictOrder(name, cfg.Store))
+		steps = append(steps, strictOrder(name, cfg.Store, cfg.OrderFromFirstSeen))
 	}
 	return append(steps, cfg.Inner...)
 }

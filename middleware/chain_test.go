@@ -76,6 +76,7 @@ type bundle struct {
 type setupConfig struct {
 	skipStale     bool
 	strictOrder   bool
+	fromFirstSeen bool // OrderFromFirstSeen
 	gapTimeout    time.Duration
 	attempts      int
 	timeout       time.Duration
@@ -111,18 +112,19 @@ func setup(t *testing.T, b backend, cfg setupConfig) *bundle {
 		cfg.timeout = 5 * time.Second
 	}
 	bd.handler, err = middleware.Handler(middleware.Config{
-		SkipStale:     cfg.skipStale,
-		StrictOrder:   cfg.strictOrder,
-		GapTimeout:    cfg.gapTimeout,
-		Consumer:      c,
-		UnitOfWork:    bd.uow,
-		Store:         s.(framework.Store),
-		MaxDeliveries: cfg.maxDeliveries,
-		Attempts:      cfg.attempts,
-		RetryDelay:    time.Millisecond,
-		Timeout:       cfg.timeout,
-		Outer:         cfg.outer,
-		Logger:        cfg.logger,
+		SkipStale:          cfg.skipStale,
+		StrictOrder:        cfg.strictOrder,
+		OrderFromFirstSeen: cfg.fromFirstSeen,
+		GapTimeout:         cfg.gapTimeout,
+		Consumer:           c,
+		UnitOfWork:         bd.uow,
+		Store:              s.(framework.Store),
+		MaxDeliveries:      cfg.maxDeliveries,
+		Attempts:           cfg.attempts,
+		RetryDelay:         time.Millisecond,
+		Timeout:            cfg.timeout,
+		Outer:              cfg.outer,
+		Logger:             cfg.logger,
 	})
 	require.NoError(t, err)
 	return bd
@@ -551,30 +553,48 @@ func exerciseChain(t *testing.T, b backend) {
 		t.Parallel()
 		var logs testenv.Logs
 		bd := setup(t, b, setupConfig{strictOrder: true, maxDeliveries: 2, logger: newLogger(&logs)})
-		require.NoError(t, bd.deliver(ctx, seqEvent(t, "a5", "a", 5)), "the first event of a subject starts its sequence")
+		err := bd.deliver(ctx, seqEvent(t, "a2", "a", 2))
+		require.ErrorIs(t, err, pipeline.ErrLater, "a subject starts at #1: a2, first seen, waits for a1")
+		require.NoError(t, bd.deliver(ctx, seqEvent(t, "a1", "a", 1)))
+		require.NoError(t, bd.deliver(ctx, seqEvent(t, "a2", "a", 2)), "its turn came")
 		for range 4 { // more often than the delivery limit: waiting is not failing
-			err := bd.deliver(ctx, seqEvent(t, "a7", "a", 7))
-			require.ErrorIs(t, err, pipeline.ErrLater, "a7 waits for a6: nacked, delivered again later")
+			err := bd.deliver(ctx, seqEvent(t, "a4", "a", 4))
+			require.ErrorIs(t, err, pipeline.ErrLater, "a4 waits for a3: nacked, delivered again later")
 		}
 		waits := logs.Lines(t, "message waits, it will be delivered again")
-		require.Len(t, waits, 4, logs.String())
+		require.Len(t, waits, 5, logs.String())
 		require.Equal(t, "INFO", waits[0]["level"], "waiting is no error")
-		require.Equal(t, "a #7 waits for #6", waits[0]["error"])
+		require.Equal(t, "a #2 waits for #1", waits[0]["error"])
+		require.Equal(t, "a #4 waits for #3", waits[1]["error"])
 		require.Empty(t, bd.deadLetters(t))
-		require.Equal(t, 1, bd.effects(t))
-		require.Equal(t, 1, bd.marks(t), "a waiting event is not marked processed")
+		require.Equal(t, 2, bd.effects(t))
+		require.Equal(t, 2, bd.marks(t), "a waiting event is not marked processed")
 		require.Equal(t, 1, bd.count(t, `SELECT count(*) FROM parked_events WHERE subject = 'a'`))
 		require.Equal(t, 0, bd.count(t, `SELECT count(*) FROM deliveries`))
 
+		require.NoError(t, bd.deliver(ctx, seqEvent(t, "a3", "a", 3)))
+		require.NoError(t, bd.deliver(ctx, seqEvent(t, "a4", "a", 4)), "its turn came")
+		require.NoError(t, bd.deliver(ctx, seqEvent(t, "a1", "a", 1)), "a stale event is acknowledged")
+		require.NoError(t, bd.deliver(ctx, seqEvent(t, "a3", "a", 3)), "a duplicate too")
+		var ids []string
+		require.NoError(t, bd.db.Select(&ids, `SELECT event_id FROM effects`))
+		require.ElementsMatch(t, []string{"a1", "a2", "a3", "a4"}, ids)
+		require.Equal(t, 4, bd.count(t, `SELECT seq FROM subject_checkpoints WHERE subject = 'a'`))
+		require.Equal(t, 0, bd.count(t, `SELECT count(*) FROM parked_events`))
+	})
+
+	t.Run("StrictOrderFromFirstSeen", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b, setupConfig{strictOrder: true, fromFirstSeen: true})
+		require.NoError(t, bd.deliver(ctx, seqEvent(t, "a5", "a", 5)), "the first event seen of a subject starts its sequence")
+		require.ErrorIs(t, bd.deliver(ctx, seqEvent(t, "a7", "a", 7)), pipeline.ErrLater, "a7 waits for a6")
+		require.NoError(t, bd.deliver(ctx, seqEvent(t, "a4", "a", 4)), "an event before the first seen is stale")
 		require.NoError(t, bd.deliver(ctx, seqEvent(t, "a6", "a", 6)))
-		require.NoError(t, bd.deliver(ctx, seqEvent(t, "a7", "a", 7)), "its turn came")
-		require.NoError(t, bd.deliver(ctx, seqEvent(t, "a4", "a", 4)), "a stale event is acknowledged")
-		require.NoError(t, bd.deliver(ctx, seqEvent(t, "a6", "a", 6)), "a duplicate too")
+		require.NoError(t, bd.deliver(ctx, seqEvent(t, "a7", "a", 7)))
 		var ids []string
 		require.NoError(t, bd.db.Select(&ids, `SELECT event_id FROM effects`))
 		require.ElementsMatch(t, []string{"a5", "a6", "a7"}, ids)
 		require.Equal(t, 7, bd.count(t, `SELECT seq FROM subject_checkpoints WHERE subject = 'a'`))
-		require.Equal(t, 0, bd.count(t, `SELECT count(*) FROM parked_events`))
 	})
 
 	t.Run("StrictOrderConcurrent", func(t *testing.T) {

@@ -38,10 +38,11 @@ func (e *gapError) Unwrap() error { return pipeline.ErrLater }
 // delivered again later (see gapWait, which sits outside the unit of
 // work). A parked event is acknowledged without its processed mark, in
 // the attempt's transaction; releaseParked applies it once its turn
-// comes. The first event seen of a subject starts its sequence, whatever
-// its number, unless it is parked. Events without subject or subjectseq
-// pass through.
-func strictOrder(consumer string, store framework.Store) message.HandlerMiddleware {
+// comes. A subject's sequence starts at 1: its first event waits for #1
+// like any other, unless fromFirstSeen, when the first event seen of a
+// subject starts its sequence, whatever its number, unless it is parked.
+// Events without subject or subjectseq pass through.
+func strictOrder(consumer string, store framework.Store, fromFirstSeen bool) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			d, err := eventOf(msg.Context())
@@ -62,11 +63,12 @@ func strictOrder(consumer string, store framework.Store) message.HandlerMiddlewa
 			if err != nil {
 				return nil, err
 			}
+			started := c != 0 || !fromFirstSeen // else the first event seen starts it
 			switch n := d.SubjectSeq; {
-			case c != 0 && n <= c:
+			case n <= c:
 				st.stale = true
 				return nil, endWait(ctx, store, tx, st, consumer, d.Subject, n)
-			case c == 0 || n > c+1:
+			case !started || n > c+1:
 				parked, err := store.Park(ctx, tx, framework.ParkedEvent{
 					Consumer: consumer, Subject: d.Subject, Seq: n, Key: d.Key(),
 					Topic: message.SubscribeTopicFromCtx(ctx), Body: msg.Payload, Metadata: msg.Metadata,
@@ -79,7 +81,7 @@ func strictOrder(consumer string, store framework.Store) message.HandlerMiddlewa
 					st.signalRelease(d.Subject) // in case the dead letter took effect meanwhile
 					return nil, nil
 				}
-				if c != 0 {
+				if started {
 					return nil, &gapError{subject: d.Subject, seq: n, checkpoint: c}
 				}
 			}

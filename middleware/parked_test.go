@@ -59,11 +59,12 @@ func newOrdered(t *testing.T, b backend) *ordered {
 }
 
 // handler returns the consumer's chain on store (a process of the
-// service: a new one is a restart).
+// service: a new one is a restart). Its subjects start at the first event
+// seen (s4), as a consumer's that joins a stream does.
 func (o *ordered) handler(t *testing.T, store framework.Store) message.NoPublishHandlerFunc {
 	t.Helper()
 	h, err := middleware.Handler(middleware.Config{
-		Consumer: o.c, UnitOfWork: o.uow, Store: store, StrictOrder: true, Attempts: 2,
+		Consumer: o.c, UnitOfWork: o.uow, Store: store, StrictOrder: true, OrderFromFirstSeen: true, Attempts: 2,
 	})
 	require.NoError(t, err)
 	return h

@@ -48,6 +48,10 @@ type ConsumerConfig struct {
 	// GapTimeout is how long an event waits for an earlier one of its
 	// subject under StrictOrder.
 	GapTimeout time.Duration
+	// OrderFromFirstSeen, under StrictOrder, starts a subject's sequence
+	// at the first event of it seen (middleware.Config.OrderFromFirstSeen)
+	// instead of at 1.
+	OrderFromFirstSeen bool
 	// BatchSize is the most of the consumer's attempts that commit in one
 	// transaction (group commit), one after another: when one fails, the
 	// transaction rolls back and the others run again without it, so a
@@ -283,23 +287,24 @@ func (c ConsumerConfig) handlingTime() time.Duration {
 // chainConfig is the middleware chain of cc.
 func (r *Runner) chainConfig(cc ConsumerConfig, uow *framework.UnitOfWork) middleware.Config {
 	return middleware.Config{
-		Consumer:      cc.Consumer,
-		UnitOfWork:    uow,
-		Store:         r.cfg.Store,
-		Attempts:      cc.Attempts,
-		RetryDelay:    cc.RetryDelay,
-		Timeout:       cc.Timeout,
-		MaxDeliveries: cc.MaxDeliveries,
-		RateLimit:     cc.RateLimit,
-		SkipStale:     cc.SkipStale,
-		StrictOrder:   cc.StrictOrder,
-		GapTimeout:    cc.GapTimeout,
-		Breaker:       cc.Breaker,
-		Logger:        r.logger,
-		Metrics:       r.cfg.Metrics,
-		Tracer:        r.cfg.Tracer,
-		Outer:         r.cfg.Outer,
-		Inner:         r.cfg.Inner,
+		Consumer:           cc.Consumer,
+		UnitOfWork:         uow,
+		Store:              r.cfg.Store,
+		Attempts:           cc.Attempts,
+		RetryDelay:         cc.RetryDelay,
+		Timeout:            cc.Timeout,
+		MaxDeliveries:      cc.MaxDeliveries,
+		RateLimit:          cc.RateLimit,
+		SkipStale:          cc.SkipStale,
+		StrictOrder:        cc.StrictOrder,
+		GapTimeout:         cc.GapTimeout,
+		OrderFromFirstSeen: cc.OrderFromFirstSeen,
+		Breaker:            cc.Breaker,
+		Logger:             r.logger,
+		Metrics:            r.cfg.Metrics,
+		Tracer:             r.cfg.Tracer,
+		Outer:              r.cfg.Outer,
+		Inner:              r.cfg.Inner,
 	}
 }
 

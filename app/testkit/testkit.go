@@ -88,6 +88,11 @@ type Config struct {
 	// subject under StrictOrder. Defaults to
 	// middleware.DefaultGapTimeout.
 	GapTimeout time.Duration
+	// OrderFromFirstSeen starts a subject's sequence at the first event
+	// of it delivered, whatever its number, instead of at 1
+	// (middleware.Config.OrderFromFirstSeen), as the app's
+	// order_from_first_seen setting does. Defaults to false.
+	OrderFromFirstSeen bool
 	// BatchSize is the most attempts that commit in one transaction
 	// (framework.UnitOfWorkConfig.BatchSize), as the app's batch_size:
 	// group commit is on unless it is 1. Defaults to
