@@ -49,7 +49,7 @@ func newFiguresCollector(gauges framework.Gauges, logger *slog.Logger) *figuresC
 			"Dead letters waiting for an operator (replay or discard), by consumer and code; read from the database, the same in every replica.",
 			[]string{"consumer", "code"}, nil),
 		parked: prometheus.NewDesc("effectively_parked_events",
-			"Events parked behind a dead letter of their subject (strict_order), by consumer; read from the database, the same in every replica.",
+			"Events parked behind a dead letter of their subject, or waiting for an earlier event (strict_order), by consumer; read from the database, the same in every replica.",
 			[]string{"consumer"}, nil),
 	}
 }

@@ -9,7 +9,7 @@ import (
 
 // Store is what a consumer needs of its database, and what operators act
 // on: the processed marks, the delivery counts, the subjects' checkpoints,
-// the events parked behind a dead letter of their subject (strict order),
+// the events parked behind an earlier event of their subject (strict order),
 // the dead letters, the purge of old marks and the adoption of a renamed
 // consumer's history. sqlite.Store, postgres.Store and memory.Store
 // implement it; the shared suite of package storetest holds each to the
@@ -68,6 +68,18 @@ type Store interface {
 	// Park removes the processed mark that tx made for p.Key. Parking
 	// replaces a wait (WaitGap) of the same event.
 	Park(ctx context.Context, tx *Tx, p ParkedEvent) (bool, error)
+	// ParkGap parks the event p, which waits for an earlier event of its
+	// subject (WaitGap), in a transaction of its own: its wait keeps the
+	// message (topic, body, metadata), so that it can be acknowledged,
+	// and it is released like an event parked behind a dead letter once
+	// its turn comes (see Parked). Its wait's start stays its time
+	// (ParkedEvent.At), which WaitGap goes on measuring from. It takes
+	// the subject's checkpoint as Checkpoint does, so that an attempt
+	// moving it either commits first, and then ParkGap reports false,
+	// parking nothing, or sees the parked event in its EndWait. It also
+	// reports false when p does not wait (no WaitGap of p.Key, or its
+	// wait ended).
+	ParkGap(ctx context.Context, p ParkedEvent) (bool, error)
 	// Parked lists the held and parked events that match f, by consumer,
 	// subject and sequence.
 	Parked(ctx context.Context, f ParkedFilter) ([]ParkedEvent, error)
@@ -296,7 +308,8 @@ type DeadLetterFilter struct {
 
 // ParkedEvent is an event of a subject under strict order that waits,
 // acknowledged but not processed, behind an earlier event of its subject
-// that is a dead letter; or, when Held, that dead letter itself.
+// that is a dead letter, or that has not arrived (see Store.ParkGap); or,
+// when Held, that dead letter itself.
 type ParkedEvent struct {
 	Consumer string
 	Subject  string

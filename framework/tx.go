@@ -325,8 +325,9 @@ const (
 	// the handler did not run.
 	Stale Outcome = "stale"
 	// Parked: the event waits, acked and not processed, behind an earlier
-	// event of its subject that is a dead letter (strict order); it is
-	// applied once that one takes effect or is discarded.
+	// event of its subject that is a dead letter, or that has not arrived
+	// (strict order); it is applied once that one takes effect or is
+	// discarded.
 	Parked Outcome = "parked"
 	// DeadLettered: the message was stored as a dead letter and acked.
 	DeadLettered Outcome = "dead_lettered"

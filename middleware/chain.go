@@ -64,11 +64,12 @@ type Config struct {
 	// subject that already took effect. Not with StrictOrder.
 	SkipStale bool
 	// StrictOrder applies each subject's events in sequence; an event
-	// ahead of its turn waits, up to GapTimeout, and while an earlier
-	// event of its subject is a dead letter it is parked instead
-	// (acknowledged, not processed) and applied after that one takes
-	// effect or is discarded with its parked events released. Not with
-	// SkipStale.
+	// ahead of its turn waits, up to GapTimeout: it is nacked, and parked
+	// (acknowledged, not processed, applied as soon as its turn comes)
+	// once it has waited GapPark; while an earlier event of its subject
+	// is a dead letter it is parked at once, and applied after that one
+	// takes effect or is discarded with its parked events released. Not
+	// with SkipStale.
 	StrictOrder bool
 	// GapTimeout is how long an event waits for an earlier one of its
 	// subject under StrictOrder. Defaults to DefaultGapTimeout.
@@ -207,7 +208,7 @@ func chain(cfg Config, clk clock) []message.HandlerMiddleware {
 	name := cfg.Consumer.Name()
 	var steps []message.HandlerMiddleware
 	if cfg.StrictOrder {
-		steps = append(steps, releaseParked(name, cfg.Store, cfg.Logger, clk.now, DefaultReleaseSweep))
+		steps = append(steps, releaseParked(name, cfg.Store, cfg.Logger, clk.now, DefaultReleaseSweep, cfg.GapTimeout))
 	}
 	var holds framework.Store // under strict order, decode holds the subject of an event it refuses
 	if cfg.StrictOrder {

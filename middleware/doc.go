@@ -3,12 +3,12 @@
 // learn about a message through its context, so they come only as the
 // whole chain, in this order, outermost first (one file each):
 //
-//	releaseParked  with StrictOrder: after the message, applies the events parked behind a dead letter that it let through
+//	releaseParked  with StrictOrder: after the message, applies the parked events that it let through; its sweep, those left and those that waited too long
 //	observe        logs, metrics, a consumer span linked to the producer
 //	deadLetter     stores poison and exhausted messages, then acks; never on shutdown
 //	decode         CloudEvent, route and data validation; poison is permanent
 //	breaker gate   with Breaker: while the breaker is open a message waits here, uncounted, up to MaxHold
-//	gapWait        with StrictOrder: holds the subject of a dead letter; an event waiting for an earlier one is nacked, or after GapTimeout sequence_gap
+//	gapWait        with StrictOrder: holds the subject of a dead letter; an event waiting for an earlier one is nacked, parked after GapPark, or after GapTimeout sequence_gap
 //	deliveryGuard  durable delivery count; over MaxDeliveries: delivery_limit; redeliveries one at a time
 //	rateLimit      with RateLimit: at most so many messages per second, in this process
 //	[Outer]        the application's middleware, once per delivery, with the decoded event

@@ -35,8 +35,8 @@ func (e *gapError) Unwrap() error { return pipeline.ErrLater }
 // effect and moves it; an event at or below it is stale and skipped; an
 // event further ahead is parked when an earlier event of its subject is a
 // dead letter (held, see gapWait) or parked, and otherwise waits: it is
-// delivered again later (see gapWait, which sits outside the unit of
-// work). A parked event is acknowledged without its processed mark, in
+// delivered again later, and parked once it has waited GapPark (see
+// gapWait, which sits outside the unit of work). A parked event is acknowledged without its processed mark, in
 // the attempt's transaction; releaseParked applies it once its turn
 // comes. A subject's sequence starts at 1: its first event waits for #1
 // like any other, unless fromFirstSeen, when the first event seen of a
@@ -107,16 +107,29 @@ func endWait(ctx context.Context, store framework.Store, tx *framework.Tx, st *s
 	return err
 }
 
+// GapPark is how long an event waits for an earlier one of its subject,
+// under strict order, delivered again by its transport, before it is
+// parked (see gapWait).
+const GapPark = time.Second
+
 // gapWait holds the subject of an event that is about to be
 // dead-lettered (see framework.Store.Hold), so that the later events of
 // its subject are parked behind it instead of waiting; a sequence_gap
 // dead letter holds nothing. It turns the wait of an event behind a gap
-// (see strictOrder) into either a nack, so that the transport delivers
-// the event again later, or, once it has waited longer than timeout, a
-// permanent error with code sequence_gap. It records the wait and the
-// hold in transactions of their own, after the attempt's rolled back, so
-// it sits outside the unit of work and inside decode. A wait does not
-// count towards the delivery limit.
+// (see strictOrder) into a nack, so that the transport delivers the event
+// again later; once the event has waited GapPark, into its parking
+// (framework.Store.ParkGap): acknowledged, its message kept, applied by
+// releaseParked as soon as its turn comes; and once it has waited longer
+// than timeout, into a permanent error with code sequence_gap (the sweep
+// of releaseParked hands a parked event to the chain again for that).
+// Parking frees what a waiting message holds of its transport (a slot of
+// the consumer's concurrency, the prefetch, on watermill-sql the whole
+// topic): waiting events that fill it would keep back the very events
+// they wait for, which a transport that puts a nacked message back at
+// the head of its queue delivers only after them. It records the wait,
+// the parking and the hold in transactions of their own, after the
+// attempt's rolled back, so it sits outside the unit of work and inside
+// decode. A wait does not count towards the delivery limit.
 func gapWait(consumer string, store framework.Store, timeout time.Duration) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
@@ -139,7 +152,21 @@ func gapWait(consumer string, store framework.Store, timeout time.Duration) mess
 				return nil, errors.Join(err, werr)
 			}
 			if waited <= timeout {
-				return nil, err
+				if waited < GapPark {
+					return nil, err
+				}
+				parked, perr := store.ParkGap(ctx, framework.ParkedEvent{
+					Consumer: consumer, Subject: gap.subject, Seq: gap.seq, Key: d.Key(),
+					Topic: message.SubscribeTopicFromCtx(ctx), Body: msg.Payload, Metadata: msg.Metadata,
+				})
+				if perr != nil {
+					return nil, errors.Join(err, perr)
+				}
+				if !parked {
+					return nil, err // its turn came meanwhile: delivered again, it takes effect
+				}
+				stateOf(msg).parked = true
+				return nil, nil
 			}
 			if _, werr := store.EndWait(ctx, nil, consumer, gap.subject, gap.seq); werr != nil {
 				return nil, errors.Join(err, werr)
@@ -190,15 +217,17 @@ func (s *state) signalRelease(subject string) {
 	}
 }
 
-// releaser applies parked events whose turn has come (see
+// releaser applies parked events whose turn has come, and hands those
+// that waited too long for an earlier event to the chain again (see
 // releaseParked).
 type releaser struct {
-	consumer  string
-	store     framework.Store
-	logger    *slog.Logger
-	now       func() time.Time
-	every     time.Duration
-	nextSweep atomic.Int64 // Unix nanoseconds; 0 before the first sweep
+	consumer   string
+	store      framework.Store
+	logger     *slog.Logger
+	now        func() time.Time
+	every      time.Duration
+	gapTimeout time.Duration
+	nextSweep  atomic.Int64 // Unix nanoseconds; 0 before the first sweep
 }
 
 // releaseParked is the outermost step under strict order. Once the chain
@@ -211,9 +240,12 @@ type releaser struct {
 // loses none and applies none twice: what is left is released by the
 // next message of the subject, or by the sweep that the first message
 // after start, then one message every DefaultReleaseSweep, runs for the
-// whole consumer.
-func releaseParked(consumer string, store framework.Store, logger *slog.Logger, now func() time.Time, every time.Duration) message.HandlerMiddleware {
-	r := &releaser{consumer: consumer, store: store, logger: logger, now: now, every: every}
+// whole consumer. The sweep also hands to the chain again the first
+// parked event of each subject that waits for an earlier event that has
+// not arrived (no dead letter before it) since longer than gapTimeout,
+// where it ends as sequence_gap (see gapWait).
+func releaseParked(consumer string, store framework.Store, logger *slog.Logger, now func() time.Time, every, gapTimeout time.Duration) message.HandlerMiddleware {
+	r := &releaser{consumer: consumer, store: store, logger: logger, now: now, every: every, gapTimeout: gapTimeout}
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			st := stateOf(msg)
@@ -253,6 +285,36 @@ func (r *releaser) sweep(ctx context.Context, next message.HandlerFunc) {
 	}
 	for _, p := range ready {
 		r.release(ctx, next, p.Subject)
+	}
+	r.expire(ctx, next)
+}
+
+// expire hands to next, as a message of its own, the first parked event
+// of each subject that waits for an earlier event that has not arrived,
+// neither held nor ready, once it has waited longer than the gap
+// timeout: gapWait dead-letters it with code sequence_gap, as it would
+// a delivery (it measures the wait by the store's clock, from its start).
+func (r *releaser) expire(ctx context.Context, next message.HandlerFunc) {
+	ps, err := r.store.Parked(ctx, framework.ParkedFilter{Consumer: r.consumer})
+	if err != nil {
+		if ctx.Err() == nil {
+			r.logger.ErrorContext(ctx, "list the parked events that wait for an earlier one; they are looked at later",
+				slog.String("consumer", r.consumer), slog.Any("error", err))
+		}
+		return
+	}
+	for i, p := range ps {
+		if i > 0 && ps[i-1].Subject == p.Subject || p.Held || p.Ready || r.now().Sub(p.At) <= r.gapTimeout {
+			continue // not its subject's first, behind a dead letter, its turn came, or not for long
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if err := r.apply(ctx, next, p); err != nil {
+			r.logger.InfoContext(ctx, "a parked event that waited too long was not handled; it is looked at again later",
+				slog.String("consumer", r.consumer), slog.String("subject", p.Subject), slog.Int64("seq", p.Seq),
+				slog.Any("error", err))
+		}
 	}
 }
 

@@ -32,6 +32,12 @@ type ordered struct {
 func newOrdered(t *testing.T, b backend) *ordered {
 	t.Helper()
 	db, s := b.open(t, nil)
+	return newOrderedOn(t, db, s)
+}
+
+// newOrderedOn is newOrdered on the database db of store s.
+func newOrderedOn(t *testing.T, db *sqlx.DB, s framework.Store) *ordered {
+	t.Helper()
 	require.NoError(t, migrate.Up(context.Background(), db, migrate.Config{}))
 	_, err := db.Exec(`CREATE TABLE effects (source TEXT NOT NULL, event_id TEXT NOT NULL, text TEXT NOT NULL)`)
 	require.NoError(t, err)

@@ -125,6 +125,9 @@ func (s *Store) WaitGap(ctx context.Context, consumer, subject string, seq int64
 	defer s.mu.Unlock()
 	k := waitKey{subjectKey{consumer, subject}, seq}
 	since, ok := s.waits[k]
+	if p, parked := s.parked[k]; !ok && parked && !p.Held {
+		since, ok = p.At, true // as the SQL stores' one row of the event
+	}
 	if !ok {
 		since = s.now()
 		s.waits[k] = since
@@ -217,6 +220,49 @@ func (s *Store) Park(ctx context.Context, tx *framework.Tx, p framework.ParkedEv
 			delete(s.marks, mk)
 		}
 	})
+	return true, nil
+}
+
+// ParkGap parks p, which waits (WaitGap), with its wait's start as its
+// time, unless its turn came: it waits while an attempt holds the
+// subject's checkpoint, as the SQL stores' row lock does, and reports
+// false when the checkpoint is at p.Seq-1 or past it, or p does not wait.
+func (s *Store) ParkGap(ctx context.Context, p framework.ParkedEvent) (bool, error) {
+	sk := subjectKey{p.Consumer, p.Subject}
+	for {
+		parked, busy := s.parkGap(sk, p)
+		if busy == nil {
+			return parked, nil
+		}
+		select {
+		case <-busy:
+		case <-ctx.Done():
+			return false, fmt.Errorf("park %s #%d for %s behind a gap: %w", p.Subject, p.Seq, p.Consumer, ctx.Err())
+		}
+	}
+}
+
+// parkGap is ParkGap once: it returns the channel to wait on when an
+// attempt holds the checkpoint of sk.
+func (s *Store) parkGap(sk subjectKey, p framework.ParkedEvent) (bool, <-chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.checkpoints[sk]
+	if c != nil && c.holder != nil {
+		return false, c.free
+	}
+	k := waitKey{sk, p.Seq}
+	since, waits := s.waits[k]
+	if old, parked := s.parked[k]; parked && !old.Held && old.Key == p.Key {
+		since, waits = old.At, true
+	}
+	if !waits || c != nil && c.seq >= p.Seq-1 {
+		return false, nil
+	}
+	p.At, p.Held, p.Ready = since, false, false
+	p.Body = slices.Clone(p.Body)
+	p.Metadata = framework.StorableMetadata(p.Metadata)
+	s.parked[k] = p
 	return true, nil
 }
 

@@ -178,6 +178,13 @@ func (s *Store) Park(ctx context.Context, tx *framework.Tx, p framework.ParkedEv
 	return s.sql.Park(ctx, tx, p)
 }
 
+// ParkGap parks p, which waits for an earlier event of its subject, in
+// a transaction of its own, unless its turn came meanwhile, and reports
+// whether it did (framework.Store).
+func (s *Store) ParkGap(ctx context.Context, p framework.ParkedEvent) (bool, error) {
+	return s.sql.ParkGap(ctx, p)
+}
+
 // Parked lists the held and parked events that match f (framework.Store).
 func (s *Store) Parked(ctx context.Context, f framework.ParkedFilter) ([]framework.ParkedEvent, error) {
 	return s.sql.Parked(ctx, f)

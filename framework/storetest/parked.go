@@ -3,6 +3,7 @@ package storetest
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -161,6 +162,73 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.NoError(t, b.store.Hold(ctx, consumer, "order-1", 5, event(5).Key))
 		require.False(t, b.park(t, event(4), false), "nothing held before 4")
 		require.True(t, b.park(t, event(6), false))
+	})
+
+	t.Run("ParkGapKeepsTheMessageAndTheWaitsStart", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		require.True(t, b.advance(t, consumer, "order-1", 4))
+		parked, err := b.store.ParkGap(ctx, event(7))
+		require.NoError(t, err)
+		require.False(t, parked, "7 does not wait")
+
+		_, err = b.store.WaitGap(ctx, consumer, "order-1", 7, event(7).Key, event(7).Body)
+		require.NoError(t, err)
+		b.clock.Advance(5 * time.Second)
+		parked, err = b.store.ParkGap(ctx, event(7))
+		require.NoError(t, err)
+		require.True(t, parked)
+		parked, err = b.store.ParkGap(ctx, event(7))
+		require.NoError(t, err)
+		require.True(t, parked, "parking again is no error")
+		want := event(7)
+		want.At = t0
+		require.Equal(t, []framework.ParkedEvent{want}, list(t, b, framework.ParkedFilter{}),
+			"the message is kept intact, its time is its wait's start")
+		b.clock.Advance(time.Minute)
+		waited, err := b.store.WaitGap(ctx, consumer, "order-1", 7, event(7).Key, event(7).Body)
+		require.NoError(t, err)
+		require.Equal(t, time.Minute+5*time.Second, waited, "the wait goes on from its start")
+		require.Len(t, list(t, b, framework.ParkedFilter{}), 1, "still parked")
+
+		require.False(t, b.park(t, event(6), false), "6 is before the parked 7: it waits, unparked")
+		require.True(t, b.park(t, event(8), false), "8 is parked behind 7")
+		require.True(t, b.advance(t, consumer, "order-1", 6))
+		require.True(t, b.endWait(t, consumer, "order-1", 6), "events are parked after 6")
+		require.Equal(t, []string{"order-1#7R", "order-1#8"}, seqs(list(t, b, framework.ParkedFilter{})))
+		require.True(t, b.advance(t, consumer, "order-1", 7))
+		require.True(t, b.endWait(t, consumer, "order-1", 7))
+		require.Equal(t, []string{"order-1#8R"}, seqs(list(t, b, framework.ParkedFilter{})), "7's effect ended its parking")
+	})
+
+	t.Run("ParkGapRefusedOnceTheTurnCame", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		require.True(t, b.advance(t, consumer, "order-1", 4))
+		for _, seq := range []int64{5, 7} {
+			_, err := b.store.WaitGap(ctx, consumer, "order-1", seq, event(seq).Key, event(seq).Body)
+			require.NoError(t, err)
+		}
+		parked, err := b.store.ParkGap(ctx, event(5))
+		require.NoError(t, err)
+		require.False(t, parked, "5 follows the checkpoint")
+
+		release := make(chan struct{})
+		holder := holdSubject(t, b, consumer, "order-1", true, 6, release)
+		result := make(chan subjectResult, 1)
+		go func() {
+			parked, err := b.store.ParkGap(ctx, event(7))
+			result <- subjectResult{moved: parked, err: err}
+		}()
+		requireStillWaiting(t, result)
+		close(release)
+		require.NoError(t, <-holder)
+		r := <-result
+		require.NoError(t, r.err)
+		require.False(t, r.moved, "the attempt that moved the checkpoint to 6 committed first: 7's turn came")
+		require.Empty(t, list(t, b, framework.ParkedFilter{}))
 	})
 
 	t.Run("SkipMovesTheCheckpointPastTheHeldEvent", func(t *testing.T) {

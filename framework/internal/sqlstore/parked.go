@@ -36,6 +36,10 @@ ON CONFLICT (consumer, subject, seq) DO UPDATE SET
     source = excluded.source, event_id = excluded.event_id, topic = excluded.topic, body = excluded.body,
     metadata = excluded.metadata, parked_at = excluded.parked_at, reason = 'parked'`
 	qUnmark = `DELETE FROM {p}processed_events WHERE consumer = ? AND source = ? AND event_id = ?`
+	// qParkGap turns the wait of an event (WaitGap) into its parking,
+	// keeping parked_at, when it was first recorded.
+	qParkGap = `UPDATE {p}parked_events SET reason = 'parked', topic = ?, body = ?, metadata = ?
+WHERE consumer = ? AND subject = ? AND seq = ? AND source = ? AND event_id = ? AND reason IN ('gap', 'parked')`
 
 	// qParked takes the filter's conditions (those set) and ends with
 	// qParkedOrder.
@@ -98,6 +102,47 @@ func (s *Store) Park(ctx context.Context, tx *framework.Tx, p framework.ParkedEv
 		return false, fmt.Errorf("park %s #%d for %s: remove the mark: %w", p.Subject, p.Seq, p.Consumer, err)
 	}
 	return true, nil
+}
+
+// ParkGap implements framework.Store, in one transaction.
+func (s *Store) ParkGap(ctx context.Context, p framework.ParkedEvent) (bool, error) {
+	meta, err := encodeMetadata(p.Metadata)
+	if err != nil {
+		return false, fmt.Errorf("park %s #%d for %s behind a gap: %w", p.Subject, p.Seq, p.Consumer, err)
+	}
+	body := p.Body
+	if body == nil {
+		body = []byte{}
+	}
+	var parked bool
+	err = s.inTx(ctx, func(tx *sqlx.Tx) error {
+		// The checkpoint's row, taken as an attempt on the subject takes
+		// it: an attempt that moves it to p.Seq-1 either commits first,
+		// or sees the parked event in its EndWait.
+		if _, err := tx.ExecContext(ctx, s.q.sql(qOrderEnsure), p.Consumer, p.Subject); err != nil {
+			return err
+		}
+		query := qOrderCheckpoint
+		if s.dialect == Postgres {
+			query += " FOR UPDATE"
+		}
+		var c int64
+		if err := tx.GetContext(ctx, &c, s.q.sql(query), p.Consumer, p.Subject); err != nil {
+			return err
+		}
+		if c >= p.Seq-1 {
+			return nil // its turn came
+		}
+		res, err := tx.ExecContext(ctx, s.q.sql(qParkGap), p.Topic, body, meta,
+			p.Consumer, p.Subject, p.Seq, p.Key.Source, p.Key.ID)
+		if err != nil {
+			return err
+		}
+		n, err := res.RowsAffected()
+		parked = n == 1
+		return err
+	}, "park %s #%d for %s behind a gap", p.Subject, p.Seq, p.Consumer)
+	return parked, err
 }
 
 // Parked implements framework.Store.

@@ -1,0 +1,134 @@
+package middleware_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/pipeline"
+	"github.com/effectively-once/effectively/middleware"
+)
+
+// gapChain is a strict-order consumer (see ordered) whose chain and
+// store share a clock that the test moves.
+type gapChain struct {
+	*ordered
+	h     message.NoPublishHandlerFunc
+	later atomic.Int64 // nanoseconds the clock is ahead of the system's
+}
+
+func newGapChain(t *testing.T, b backend) *gapChain {
+	t.Helper()
+	g := &gapChain{}
+	now := func() time.Time { return time.Now().Add(time.Duration(g.later.Load())) }
+	db, s := b.open(t, now)
+	g.ordered = newOrderedOn(t, db, s)
+	var err error
+	g.h, err = middleware.HandlerOnClock(middleware.Config{
+		Consumer: g.c, UnitOfWork: g.uow, Store: s, StrictOrder: true, GapTimeout: time.Hour,
+	}, middleware.TestClock{Now: now})
+	require.NoError(t, err)
+	return g
+}
+
+// deliver hands an event of subject with sequence n to the chain and
+// returns what became of it, and the chain's error.
+func (g *gapChain) deliver(t *testing.T, id, subject string, n int64) (framework.Outcome, error) {
+	t.Helper()
+	env, err := noted.Envelope(noteV1{Text: id}, framework.Attributes{ID: id, Source: "notes", Subject: subject, SubjectSeq: n})
+	require.NoError(t, err)
+	msg := message.NewMessage(watermill.NewUUID(), body(t, env))
+	err = g.h(msg)
+	r, _ := middleware.ReportOf(msg)
+	return r.Outcome, err
+}
+
+func (g *gapChain) reasons(t *testing.T) []string {
+	t.Helper()
+	var rs []string
+	require.NoError(t, g.db.Select(&rs, `SELECT event_id || ' ' || reason FROM parked_events ORDER BY seq`))
+	return rs
+}
+
+// TestStrictOrderParksALongWait: an event that waits for an earlier one
+// of its subject is nacked at first; once it has waited GapPark it is
+// parked (acknowledged, its message kept) instead, so that waiting events
+// do not fill what the transport hands out and keep back the events they
+// wait for; its predecessor's effect applies it at once.
+func TestStrictOrderParksALongWait(t *testing.T) {
+	t.Parallel()
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			g := newGapChain(t, b)
+			out, err := g.deliver(t, "s1", "S", 1)
+			require.NoError(t, err)
+			require.Equal(t, framework.Processed, out)
+			out, err = g.deliver(t, "s3", "S", 3)
+			require.ErrorIs(t, err, pipeline.ErrLater, "s3 waits for s2: nacked")
+			require.Equal(t, framework.Nacked, out)
+			require.Equal(t, []string{"s3 gap"}, g.reasons(t))
+
+			g.later.Add(int64(middleware.GapPark))
+			out, err = g.deliver(t, "s3", "S", 3)
+			require.NoError(t, err, "s3 waited GapPark: acknowledged")
+			require.Equal(t, framework.Parked, out)
+			require.Equal(t, []string{"s3 parked"}, g.reasons(t))
+			require.False(t, g.marked(t, "s3"))
+			require.Equal(t, []string{"s1"}, g.applied(t, "s"))
+
+			out, err = g.deliver(t, "s2", "S", 2)
+			require.NoError(t, err)
+			require.Equal(t, framework.Processed, out)
+			require.Equal(t, []string{"s1", "s2", "s3"}, g.applied(t, "s"), "s2's effect applied the parked s3")
+			require.Empty(t, g.reasons(t))
+			var c int64
+			require.NoError(t, g.db.Get(&c, `SELECT seq FROM subject_checkpoints WHERE subject = 'S'`))
+			require.Equal(t, int64(3), c)
+		})
+	}
+}
+
+// TestStrictOrderParkedGapTimeout: an event parked while it waits for an
+// earlier one that never comes is dead-lettered with code sequence_gap
+// once it has waited longer than GapTimeout, from the start of its wait,
+// by the consumer's sweep; a later event is then parked no more behind it.
+func TestStrictOrderParkedGapTimeout(t *testing.T) {
+	t.Parallel()
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			g := newGapChain(t, b)
+			_, err := g.deliver(t, "s1", "S", 1) // the sweep after start runs now
+			require.NoError(t, err)
+			_, err = g.deliver(t, "s3", "S", 3)
+			require.ErrorIs(t, err, pipeline.ErrLater)
+			g.later.Add(int64(middleware.GapPark))
+			out, err := g.deliver(t, "s3", "S", 3)
+			require.NoError(t, err)
+			require.Equal(t, framework.Parked, out)
+
+			g.later.Add(int64(59 * time.Minute))
+			_, err = g.deliver(t, "o1", "O", 1) // another subject's message runs the next sweep
+			require.NoError(t, err)
+			require.Equal(t, []string{"s3 parked"}, g.reasons(t), "not an hour yet")
+
+			g.later.Add(int64(2 * time.Minute))
+			_, err = g.deliver(t, "o2", "O", 2)
+			require.NoError(t, err)
+			require.Empty(t, g.reasons(t))
+			dls, err := g.store.DeadLetters(context.Background(), framework.DeadLetterFilter{Consumer: consumerName})
+			require.NoError(t, err)
+			require.Len(t, dls, 1)
+			require.Equal(t, "s3", dls[0].EventID)
+			require.Equal(t, framework.CodeSequenceGap, dls[0].Code)
+			require.Equal(t, []string{"s1"}, g.applied(t, "s"))
+		})
+	}
+}
