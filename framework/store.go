@@ -47,7 +47,11 @@ type Store interface {
 	// with sequence seq waits for an earlier one of its subject, and
 	// returns for how long it has waited, by the store's clock (the one
 	// that stamped the wait). The wait does not count as a delivery: the
-	// event's delivery count is forgotten.
+	// event's delivery count is forgotten. It takes the subject's
+	// checkpoint as Checkpoint does, and records nothing, returning zero,
+	// when the checkpoint is at seq or past it: the event took effect
+	// (another copy of it) after this delivery found it waiting, and its
+	// EndWait ended the wait for good.
 	WaitGap(ctx context.Context, consumer, subject string, seq int64, key Key, body []byte) (time.Duration, error)
 	// EndWait removes the wait of (consumer, subject, seq), inside tx
 	// when tx is not nil, and with it the event's hold or parking (see

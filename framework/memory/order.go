@@ -116,13 +116,39 @@ func (s *Store) Advance(ctx context.Context, tx *framework.Tx, consumer, subject
 
 // WaitGap records that the event key with sequence seq waits for an
 // earlier one of its subject, and returns for how long it has waited by
-// the store's clock. The event's delivery count is forgotten.
+// the store's clock. The event's delivery count is forgotten. It waits
+// while an attempt holds the subject's checkpoint, as the SQL stores' row
+// lock does, and records nothing once the checkpoint is at seq or past
+// it.
 func (s *Store) WaitGap(ctx context.Context, consumer, subject string, seq int64, key framework.Key, _ []byte) (time.Duration, error) {
-	if err := ctx.Err(); err != nil {
-		return 0, fmt.Errorf("wait gap of %s for %s: %w", key, consumer, err)
+	for {
+		if err := ctx.Err(); err != nil {
+			return 0, fmt.Errorf("wait gap of %s for %s: %w", key, consumer, err)
+		}
+		waited, busy := s.waitGap(consumer, subject, seq, key)
+		if busy == nil {
+			return waited, nil
+		}
+		select {
+		case <-busy:
+		case <-ctx.Done():
+		}
 	}
+}
+
+// waitGap is WaitGap once: it returns the channel to wait on when an
+// attempt holds the subject's checkpoint.
+func (s *Store) waitGap(consumer, subject string, seq int64, key framework.Key) (time.Duration, <-chan struct{}) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if c := s.checkpoints[subjectKey{consumer, subject}]; c != nil {
+		if c.holder != nil {
+			return 0, c.free
+		}
+		if c.seq >= seq {
+			return 0, nil // it took effect: its wait ended
+		}
+	}
 	k := waitKey{subjectKey{consumer, subject}, seq}
 	since, ok := s.waits[k]
 	if p, parked := s.parked[k]; !ok && parked && !p.Held {

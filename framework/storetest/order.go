@@ -270,6 +270,41 @@ func exerciseWaits(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.Equal(t, 2, n, "other counts stay")
 	})
 
+	// A copy of the event that takes effect while another copy, which
+	// found it waiting, is about to record its wait: the wait must not
+	// outlive the effect, which no later delivery (a duplicate) ends.
+	t.Run("WaitGapAfterTheEffectRecordsNothing", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		require.True(t, b.advance(t, consumer, "order-1", 1))
+		release := make(chan struct{})
+		holder := holdSubject(t, b, consumer, "order-1", true, 3, release)
+		result := make(chan subjectResult, 1)
+		go func() {
+			_, err := b.store.WaitGap(ctx, consumer, "order-1", 3, key, body)
+			result <- subjectResult{err: err}
+		}()
+		requireStillWaiting(t, result)
+		close(release)
+		require.NoError(t, <-holder)
+		require.NoError(t, (<-result).err)
+
+		b.clock.Advance(time.Minute)
+		waited, err := b.store.WaitGap(ctx, consumer, "order-1", 3, key, body)
+		require.NoError(t, err)
+		require.Zero(t, waited, "no wait was recorded")
+		waited, err = b.store.WaitGap(ctx, consumer, "order-1", 2, key, body)
+		require.NoError(t, err)
+		require.Zero(t, waited, "nor for an earlier sequence")
+		parked, err := b.store.ParkGap(ctx, framework.ParkedEvent{Consumer: consumer, Subject: "order-1", Seq: 3, Key: key, Body: body})
+		require.NoError(t, err)
+		require.False(t, parked)
+		ps, err := b.store.Parked(ctx, framework.ParkedFilter{})
+		require.NoError(t, err)
+		require.Empty(t, ps)
+	})
+
 	t.Run("EndWaitWithoutTx", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, newHarness)

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jmoiron/sqlx"
+
 	"github.com/effectively-once/effectively/framework"
 )
 
@@ -61,6 +63,16 @@ func (s *Store) WaitGap(ctx context.Context, consumer, subject string, seq int64
 		return 0, fmt.Errorf("wait for the gap before %s #%d: begin: %w", subject, seq, err)
 	}
 	defer tx.Rollback() // a no-op after Commit
+	// The checkpoint's row, taken as an attempt on the subject takes it:
+	// once the event took effect (another copy of it), its EndWait has
+	// removed its wait, which must not come back.
+	c, err := s.lockCheckpoint(ctx, tx, consumer, subject)
+	if err != nil {
+		return 0, fmt.Errorf("wait for the gap before %s #%d: %w", subject, seq, err)
+	}
+	if c >= seq {
+		return 0, nil
+	}
 	if _, err := tx.ExecContext(ctx, s.q.sql(qOrderWait),
 		consumer, subject, seq, key.Source, key.ID, body, s.dialect.timeArg(s.now())); err != nil {
 		return 0, fmt.Errorf("wait for the gap before %s #%d: %w", subject, seq, err)
@@ -78,6 +90,25 @@ func (s *Store) WaitGap(ctx context.Context, consumer, subject string, seq int64
 		return 0, fmt.Errorf("wait for the gap before %s #%d: commit: %w", subject, seq, err)
 	}
 	return s.now().Sub(since.t), nil
+}
+
+// lockCheckpoint reads the checkpoint of (consumer, subject) in tx,
+// creating its row when missing, and on PostgreSQL locks it, as Checkpoint
+// does for an attempt (on SQLite the transaction holds the file's write
+// lock from its first write on).
+func (s *Store) lockCheckpoint(ctx context.Context, tx *sqlx.Tx, consumer, subject string) (int64, error) {
+	if _, err := tx.ExecContext(ctx, s.q.sql(qOrderEnsure), consumer, subject); err != nil {
+		return 0, err
+	}
+	query := qOrderCheckpoint
+	if s.dialect == Postgres {
+		query += " FOR UPDATE"
+	}
+	var c int64
+	if err := tx.GetContext(ctx, &c, s.q.sql(query), consumer, subject); err != nil {
+		return 0, err
+	}
+	return c, nil
 }
 
 // EndWait implements framework.Store. Without a transaction it

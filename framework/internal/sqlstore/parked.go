@@ -119,15 +119,8 @@ func (s *Store) ParkGap(ctx context.Context, p framework.ParkedEvent) (bool, err
 		// The checkpoint's row, taken as an attempt on the subject takes
 		// it: an attempt that moves it to p.Seq-1 either commits first,
 		// or sees the parked event in its EndWait.
-		if _, err := tx.ExecContext(ctx, s.q.sql(qOrderEnsure), p.Consumer, p.Subject); err != nil {
-			return err
-		}
-		query := qOrderCheckpoint
-		if s.dialect == Postgres {
-			query += " FOR UPDATE"
-		}
-		var c int64
-		if err := tx.GetContext(ctx, &c, s.q.sql(query), p.Consumer, p.Subject); err != nil {
+		c, err := s.lockCheckpoint(ctx, tx, p.Consumer, p.Subject)
+		if err != nil {
 			return err
 		}
 		if c >= p.Seq-1 {
