@@ -73,7 +73,7 @@ func TestServiceLogsToStderrByDefault(t *testing.T) {
 	cmd.Env = append(os.Environ(), envLoggerChild+"=1")
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	require.NoError(t, cmd.Run(), "stdout:\n%s\nstderr:\n%s", &stdout, &stderr)
+	require.NoError(t, testenv.RunChild(cmd), "stdout:\n%s\nstderr:\n%s", &stdout, &stderr)
 	lines := testenv.JSONLines(t, stderr.String())
 	dead := testenv.WithMsg(lines, "message dead-lettered")
 	require.Len(t, dead, 1, stderr.String())

@@ -18,6 +18,7 @@ import (
 	"github.com/effectively-once/effectively/app"
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/internal/crash"
+	"github.com/effectively-once/effectively/internal/testenv"
 )
 
 // envReplayCrashAt makes the test binary run, instead of the tests, a
@@ -90,7 +91,7 @@ func testReplayCrash(t *testing.T, cfg app.Config, at crash.Point) {
 		app.EnvTablePrefix+"=", app.EnvAutoMigrate+"=true", app.EnvHTTPAddr+"=", app.EnvConfig+"=")
 	var logs bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
-	err = cmd.Run()
+	err = testenv.RunChild(cmd) // killed with the test process, see StartChild
 	ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus)
 	require.True(t, ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL, "want the service killed by SIGKILL, got %v:\n%s", err, &logs)
 	require.Equal(t, 1, unsent(), "the death left the replay unsent")

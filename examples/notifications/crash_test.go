@@ -18,6 +18,7 @@ import (
 	"github.com/effectively-once/effectively/examples/notifications/appointments"
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/sqlite"
+	"github.com/effectively-once/effectively/internal/testenv"
 )
 
 // The crash tests run the service as a subprocess (the test binary itself,
@@ -160,10 +161,13 @@ func startService(t *testing.T, dir, mode string, env ...string) *service {
 	cmd := exec.Command(os.Args[0], "serve")
 	cmd.Env = append(append(os.Environ(), envCrashMode+"="+mode, envCrashReady+"="+ready), env...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	require.NoError(t, cmd.Start())
+	// The kernel kills the service when the test process dies first (a
+	// go test -timeout, a Ctrl-C): see testenv.StartChild.
+	waited, err := testenv.StartChild(cmd)
+	require.NoError(t, err)
 	s := &service{cmd: cmd, done: make(chan struct{}), ready: ready}
 	go func() {
-		s.err = cmd.Wait()
+		s.err = <-waited
 		close(s.done)
 	}()
 	t.Cleanup(func() {
