@@ -2,9 +2,13 @@ package soak
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"strings"
+	"time"
+
+	"github.com/rabbitmq/amqp091-go"
 )
 
 // diagnose logs the state of up to five subjects that the projection did
@@ -53,4 +57,101 @@ func (r *run) diagnose(ctx context.Context) {
 		fmt.Fprintf(&b, "; replays %v", replays)
 		r.logf("%s", b.String())
 	}
+}
+
+// pending returns, on one line each, what the consumers have not
+// settled yet: the effects missing, the events of the projection waiting
+// for an earlier one (in the transport, or parked behind a gap) or
+// parked behind a dead letter, the dead letters pending, the delivery
+// counts not forgotten, what is unsent of the outbox and the replays, and
+// the messages ready in each consumer's queue.
+func (r *run) pending(ctx context.Context) string {
+	f := r.plan.Figures()
+	var b strings.Builder
+	line := func(format string, args ...any) { fmt.Fprintf(&b, "\n  "+format, args...) }
+	for _, c := range []string{EffectsConsumer, ProjectionConsumer} {
+		n, err := r.count(ctx, `SELECT count(DISTINCT event_id) FROM soak_effects WHERE consumer = $1`, c)
+		line("%s: %d of %d effects (%v)", c, n, f.Distinct-f.Poison, err)
+	}
+	var parked []struct {
+		Reason string
+		Where  string
+		N      int
+	}
+	// Where an event of parked_events stands: it took effect (a row left
+	// behind), its turn came (seq right after the checkpoint), behind a
+	// dead letter of its subject, or behind a gap (an earlier event that
+	// has not taken effect).
+	err := r.db.SelectContext(ctx, &parked, `
+SELECT p.reason, CASE
+    WHEN p.seq <= COALESCE(c.seq, 0) THEN 'took effect'
+    WHEN p.reason = 'dead_letter' THEN 'holding'
+    WHEN p.seq = COALESCE(c.seq, 0) + 1 THEN 'turn came'
+    WHEN EXISTS (SELECT 1 FROM parked_events h WHERE h.consumer = p.consumer AND h.subject = p.subject
+        AND h.reason = 'dead_letter' AND h.seq < p.seq AND h.seq > COALESCE(c.seq, 0)) THEN 'behind a dead letter'
+    ELSE 'behind a gap' END AS where, count(*) AS n
+FROM parked_events p LEFT JOIN subject_checkpoints c ON c.consumer = p.consumer AND c.subject = p.subject
+GROUP BY 1, 2 ORDER BY 1, 2`)
+	for _, p := range parked {
+		line("parked_events %s, %s: %d", p.Reason, p.Where, p.N)
+	}
+	if err != nil {
+		line("parked_events: %v", err)
+	}
+	var dls []struct {
+		Consumer, Code string
+		N              int
+	}
+	err = r.db.SelectContext(ctx, &dls, `SELECT consumer, code, count(*) AS n FROM dead_letters WHERE status = 'pending' GROUP BY 1, 2 ORDER BY 1, 2`)
+	for _, d := range dls {
+		line("dead letters pending %s %s: %d", d.Consumer, d.Code, d.N)
+	}
+	if err != nil {
+		line("dead letters: %v", err)
+	}
+	for _, q := range []struct{ what, query string }{
+		{"delivery counts", `SELECT count(*) FROM deliveries`},
+		{"outbox rows unsent", `SELECT count(*) FROM outbox WHERE sent_at IS NULL`},
+		{"replays unsent", `SELECT count(*) FROM replays WHERE sent_at IS NULL`},
+	} {
+		n, err := r.count(ctx, q.query)
+		line("%s: %d (%v)", q.what, n, err)
+	}
+	for _, q := range []string{EffectsConsumer, ProjectionConsumer} {
+		ready, consumers, err := r.queue(q)
+		line("queue %s: %d ready, %d consumers (%v)", q, ready, consumers, err)
+	}
+	return b.String()
+}
+
+// queue returns how many messages are ready in queue and how many
+// consumers read it, from the first RabbitMQ node that answers.
+func (r *run) queue(name string) (int, int, error) {
+	var errs []error
+	for _, url := range strings.Split(r.amqpURLs, ",") {
+		q, err := inspectQueue(url, name)
+		if err == nil {
+			return q.Messages, q.Consumers, nil
+		}
+		errs = append(errs, err)
+	}
+	return 0, 0, errors.Join(errs...)
+}
+
+// inspectQueue declares queue passively on the node at url.
+func inspectQueue(url, queue string) (amqp091.Queue, error) {
+	conn, err := amqp091.DialConfig(url, amqp091.Config{Dial: amqp091.DefaultDial(2 * time.Second)})
+	if err != nil {
+		return amqp091.Queue{}, fmt.Errorf("RabbitMQ at %s: %w", url, err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return amqp091.Queue{}, fmt.Errorf("RabbitMQ channel: %w", err)
+	}
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	if err != nil {
+		return amqp091.Queue{}, fmt.Errorf("queue %s: %w", queue, err)
+	}
+	return q, nil
 }

@@ -3,6 +3,7 @@ package soak
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 )
 
 // SubjectLength is how many events each subject of a Plan has, in
@@ -36,8 +37,6 @@ type Plan struct {
 	// Items are the distinct events in the order the producer writes
 	// them: subjects interleaved, some neighbours of a subject swapped.
 	Items []Item
-	// Firsts is how many of Items lead: the first event of each subject.
-	Firsts int
 }
 
 // Shares of a Plan's events.
@@ -76,9 +75,7 @@ func NewPlan(sent int, seed uint64) Plan {
 		items[i].Undecodable = k%2 == 1
 	}
 	sequence(items)
-	p := Plan{}
-	p.Items, p.Firsts = interleave(rng, items)
-	return p
+	return Plan{Items: interleave(rng, items)}
 }
 
 // sequence numbers each subject's events but the undecodable ones,
@@ -104,32 +101,24 @@ func sequence(items []Item) {
 
 func share(n int, f float64) int { return int(float64(n) * f) }
 
-// interleave returns items in a write order: every subject's first
-// event, then the others subjectsAtOnce subjects at a time, drawn at
-// random, each subject's events in sequence but for neighbours swapped at
-// random. It returns how many first events lead. (Under strict_order the
-// first event seen of a subject starts its sequence, whatever its number:
-// the producer leaves them time to take effect.)
-func interleave(rng *rand.Rand, items []Item) ([]Item, int) {
+// interleave returns items in a write order: subjectsAtOnce subjects at
+// a time, the next event drawn from one of them at random, each
+// subject's events in sequence but for neighbours swapped at random (a
+// subject's first event too: under strict_order its sequence starts at 1,
+// whatever arrives first).
+func interleave(rng *rand.Rand, items []Item) []Item {
 	block := subjectsAtOnce * SubjectLength
-	var firsts, rests []Item
+	var out []Item
 	for start := 0; start < len(items); start += block {
 		var queues [][]Item
 		for s := start; s < min(start+block, len(items)); s += SubjectLength {
-			var q []Item
-			for _, it := range items[s:min(s+SubjectLength, len(items))] {
-				if it.Seq == 1 {
-					firsts = append(firsts, it)
-				} else {
-					q = append(q, it)
-				}
-			}
+			q := slices.Clone(items[s:min(s+SubjectLength, len(items))])
 			swapNeighbours(rng, q)
 			queues = append(queues, q)
 		}
-		rests = append(rests, drawAtRandom(rng, queues)...)
+		out = append(out, drawAtRandom(rng, queues)...)
 	}
-	return append(firsts, rests...), len(firsts)
+	return out
 }
 
 // swapNeighbours swaps some neighbours of q, each event moving once at

@@ -10,7 +10,7 @@ import (
 
 // TestPlan checks the plan's shares and that each subject's events chain
 // by Prev over the ones that are not poison, some written out of order,
-// each subject's first event first.
+// a subject's first event among them.
 func TestPlan(t *testing.T) {
 	p := soak.NewPlan(20000, 7)
 	f := p.Figures()
@@ -18,7 +18,7 @@ func TestPlan(t *testing.T) {
 	require.Equal(t, p.Items, soak.NewPlan(20000, 7).Items, "the same seed, the same plan")
 
 	seen := map[string]int64{} // subject: highest seq written so far
-	swapped := 0
+	swapped, firstLate := 0, 0
 	bySubject := map[string][]soak.Item{}
 	for _, it := range p.Items {
 		if it.Subject == "" {
@@ -27,14 +27,15 @@ func TestPlan(t *testing.T) {
 		}
 		if it.Seq < seen[it.Subject] {
 			swapped++
-		}
-		if it.Seq != 1 {
-			require.NotZero(t, seen[it.Subject], "%s #%d before the subject's first event", it.Subject, it.Seq)
+			if it.Seq == 1 {
+				firstLate++
+			}
 		}
 		seen[it.Subject] = max(seen[it.Subject], it.Seq)
 		bySubject[it.Subject] = append(bySubject[it.Subject], it)
 	}
 	require.NotZero(t, swapped, "no event written before an earlier one of its subject")
+	require.NotZero(t, firstLate, "no subject's first event written after its second")
 	for subject, items := range bySubject {
 		bySeq := map[int64]soak.Item{}
 		for _, it := range items {

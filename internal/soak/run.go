@@ -128,6 +128,8 @@ type run struct {
 	nodes []*RabbitNode
 	db    *sqlx.DB
 	start time.Time
+	// amqpURLs are the RabbitMQ nodes, separated by commas.
+	amqpURLs string
 
 	mu     sync.Mutex
 	faults []string
@@ -175,6 +177,7 @@ func Run(ctx context.Context, opts Options) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
+	r.amqpURLs = urls
 	r.logf("RabbitMQ: %s (%s queues)", urls, queueType)
 	if r.db, err = sqlx.Open("pgx", r.pg.URL()); err != nil {
 		return Report{}, fmt.Errorf("soak: %w", err)
@@ -337,6 +340,7 @@ func (r *run) soak(ctx context.Context, dir string) (Report, error) {
 	}
 	released := r.waitReleased(ctx)
 	if settled != nil || released != nil {
+		r.logf("not settled:%s", r.pending(ctx))
 		r.diagnose(ctx)
 	}
 	if err := c.stopAll(); err != nil {
@@ -415,6 +419,9 @@ func (r *run) waitDuplicates(ctx context.Context) error {
 	})
 }
 
+// progressEvery is how often settle logs what is pending.
+const progressEvery = 15 * time.Second
+
 // until polls done every half second until it is true or timeout passes.
 func (r *run) until(ctx context.Context, timeout time.Duration, what string, done func() (bool, error)) error {
 	deadline := time.Now().Add(timeout)
@@ -445,11 +452,17 @@ func (r *run) count(ctx context.Context, query string, args ...any) (int, error)
 }
 
 // settle waits until each consumer took effect or dead-lettered (or, the
-// projection, parked) every distinct event.
+// projection, parked behind a dead letter) every distinct event. Every
+// progressEvery it logs what is pending.
 func (r *run) settle(ctx context.Context) error {
 	f := r.plan.Figures()
 	want := f.Distinct - f.Poison
+	logged := time.Now()
 	err := r.until(ctx, r.opts.Settle, "every event handled", func() (bool, error) {
+		if time.Since(logged) >= progressEvery {
+			logged = time.Now()
+			r.logf("settling:%s", r.pending(ctx))
+		}
 		effects, err := r.count(ctx, `SELECT count(DISTINCT event_id) FROM soak_effects WHERE consumer = $1`, EffectsConsumer)
 		if err != nil {
 			return false, err
@@ -459,7 +472,11 @@ func (r *run) settle(ctx context.Context) error {
 			return false, err
 		}
 		// Parked behind a dead letter, not waiting for an earlier event.
-		parked, err := r.count(ctx, `SELECT count(*) FROM parked_events WHERE consumer = $1 AND reason = 'parked'`, ProjectionConsumer)
+		parked, err := r.count(ctx, `SELECT count(*) FROM parked_events p
+LEFT JOIN subject_checkpoints c ON c.consumer = p.consumer AND c.subject = p.subject
+WHERE p.consumer = $1 AND p.reason = 'parked' AND EXISTS (SELECT 1 FROM parked_events h
+    WHERE h.consumer = p.consumer AND h.subject = p.subject AND h.reason = 'dead_letter'
+    AND h.seq < p.seq AND h.seq > COALESCE(c.seq, 0))`, ProjectionConsumer)
 		if err != nil {
 			return false, err
 		}

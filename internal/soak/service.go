@@ -208,9 +208,6 @@ func (p *producer) run(ctx context.Context) {
 	defer tick.Stop()
 	for i := int(from); i < len(p.plan.Items); {
 		end := min(i+producerBatch, len(p.plan.Items))
-		if i < p.plan.Firsts {
-			end = min(end, p.plan.Firsts) // a batch of first events only
-		}
 		for {
 			err := p.write(ctx, p.plan.Items[i:end])
 			if err == nil {
@@ -223,22 +220,14 @@ func (p *producer) run(ctx context.Context) {
 			case <-time.After(200 * time.Millisecond):
 			}
 		}
-		pause := tick.C
-		if end == p.plan.Firsts {
-			pause = time.After(FirstsLead) // the subjects' first events take effect
-		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-pause:
+		case <-tick.C:
 		}
 		i = end
 	}
 }
-
-// FirstsLead is how long the producer waits after the subjects' first
-// events (Plan.Firsts), before the others.
-const FirstsLead = 5 * time.Second
 
 // write records batch in one transaction with the progress, then
 // publishes its duplicates.

@@ -18,15 +18,6 @@ import (
 // the soak's own PostgreSQL restarted once. It needs root and Debian's
 // PostgreSQL 15 and RabbitMQ; without them it is skipped, unless CI=true.
 func TestSoak(t *testing.T) {
-	if testing.Short() {
-		t.Skip("the soak takes a minute")
-	}
-	if os.Getenv("EFFECTIVELY_SOAK") != "1" {
-		// Its consumers do not always settle within the time allowed yet
-		// (events of a subject waiting behind a gap after a kill): the
-		// short soak stays out of make test until they do.
-		t.Skip("the short soak runs with EFFECTIVELY_SOAK=1 (make soak)")
-	}
 	url := os.Getenv("EFFECTIVELY_TEST_AMQP_URL")
 	if url == "" {
 		missing(t, "EFFECTIVELY_TEST_AMQP_URL is not set (make test sets it)")
