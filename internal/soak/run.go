@@ -334,12 +334,8 @@ func (r *run) soak(ctx context.Context, dir string) (Report, error) {
 		return Report{}, err
 	}
 	r.logf("produced; %d consumer processes killed so far", c.kills)
-	settled := r.settle(ctx)
-	if err := r.discardPoison(ctx); err != nil {
-		return Report{}, err
-	}
-	released := r.waitReleased(ctx)
-	if settled != nil || released != nil {
+	resolved := r.resolve(ctx)
+	if resolved != nil {
 		r.logf("not settled:%s", r.pending(ctx))
 		r.diagnose(ctx)
 	}
@@ -350,7 +346,7 @@ func (r *run) soak(ctx context.Context, dir string) (Report, error) {
 	report.Kills = c.kills
 	report.Faults = r.faults
 	report.Took = time.Since(r.start)
-	return report, errors.Join(err, settled, released)
+	return report, errors.Join(err, resolved)
 }
 
 // produced returns how many events the producer wrote and how many
@@ -451,83 +447,97 @@ func (r *run) count(ctx context.Context, query string, args ...any) (int, error)
 	return n, err
 }
 
-// settle waits until each consumer took effect or dead-lettered (or, the
-// projection, parked behind a dead letter) every distinct event. Every
-// progressEvery it logs what is pending.
-func (r *run) settle(ctx context.Context) error {
-	f := r.plan.Figures()
-	want := f.Distinct - f.Poison
+// discardRounds bounds the rounds of resolve: a subject's second poison
+// event, parked behind its first, becomes a dead letter in its turn once
+// the first is discarded, and so on.
+const discardRounds = 10
+
+// resolve waits until the consumers settled, then discards the pending
+// dead letters (the poison), and again while discarding them released
+// parked events that ended as dead letters in their turn.
+func (r *run) resolve(ctx context.Context) error {
+	for round := 1; round <= discardRounds; round++ {
+		if err := r.settle(ctx, round); err != nil {
+			return err
+		}
+		n, err := r.discardPoison(ctx)
+		if err != nil || n == 0 {
+			return err
+		}
+	}
+	return fmt.Errorf("soak: dead letters still pending after %d rounds of discards", discardRounds)
+}
+
+// qAccounted counts the distinct events of a consumer ($1) that took
+// effect, are dead letters, or are parked behind a dead letter of their
+// subject.
+const qAccounted = `SELECT count(*) FROM (
+    SELECT event_id FROM soak_effects WHERE consumer = $1
+    UNION SELECT event_id FROM dead_letters WHERE consumer = $1
+    UNION SELECT p.event_id FROM parked_events p
+    LEFT JOIN subject_checkpoints c ON c.consumer = p.consumer AND c.subject = p.subject
+    WHERE p.consumer = $1 AND p.reason = 'parked' AND EXISTS (SELECT 1 FROM parked_events h
+        WHERE h.consumer = p.consumer AND h.subject = p.subject AND h.reason = 'dead_letter'
+        AND h.seq < p.seq AND h.seq > COALESCE(c.seq, 0))
+) accounted`
+
+// settle waits until each consumer accounts for every distinct event
+// (qAccounted), with no parked event whose turn came and no replay
+// unsent: what is left waits for an operator. Every progressEvery it logs
+// what is pending. The first round may take Options.Settle, the others
+// two minutes.
+func (r *run) settle(ctx context.Context, round int) error {
+	distinct := r.plan.Figures().Distinct
+	timeout := r.opts.Settle
+	if round > 1 {
+		timeout = 2 * time.Minute
+	}
 	logged := time.Now()
-	err := r.until(ctx, r.opts.Settle, "every event handled", func() (bool, error) {
+	err := r.until(ctx, timeout, "every event handled", func() (bool, error) {
 		if time.Since(logged) >= progressEvery {
 			logged = time.Now()
 			r.logf("settling:%s", r.pending(ctx))
 		}
-		effects, err := r.count(ctx, `SELECT count(DISTINCT event_id) FROM soak_effects WHERE consumer = $1`, EffectsConsumer)
-		if err != nil {
-			return false, err
+		for _, c := range []string{EffectsConsumer, ProjectionConsumer} {
+			n, err := r.count(ctx, qAccounted, c)
+			if err != nil || n < distinct {
+				return false, err
+			}
 		}
-		projected, err := r.count(ctx, `SELECT count(DISTINCT event_id) FROM soak_effects WHERE consumer = $1`, ProjectionConsumer)
-		if err != nil {
-			return false, err
-		}
-		// Parked behind a dead letter, not waiting for an earlier event.
-		parked, err := r.count(ctx, `SELECT count(*) FROM parked_events p
+		busy, err := r.count(ctx, `SELECT (SELECT count(*) FROM replays WHERE sent_at IS NULL) + (SELECT count(*) FROM parked_events p
 LEFT JOIN subject_checkpoints c ON c.consumer = p.consumer AND c.subject = p.subject
-WHERE p.consumer = $1 AND p.reason = 'parked' AND EXISTS (SELECT 1 FROM parked_events h
-    WHERE h.consumer = p.consumer AND h.subject = p.subject AND h.reason = 'dead_letter'
-    AND h.seq < p.seq AND h.seq > COALESCE(c.seq, 0))`, ProjectionConsumer)
-		if err != nil {
-			return false, err
-		}
-		dead, err := r.count(ctx, `SELECT count(*) FROM dead_letters`)
-		if err != nil {
-			return false, err
-		}
-		return effects >= want && projected+parked >= want && dead >= 2*f.Poison, nil
+WHERE p.reason = 'parked' AND p.seq = COALESCE(c.seq, 0) + 1)`)
+		return busy == 0, err
 	})
-	r.logf("consumers settled (%v)", err)
+	r.logf("consumers settled, round %d (%v)", round, err)
 	return err
 }
 
 // discardPoison discards every pending dead letter, the projection's with
-// --release-parked, through the service's command line.
-func (r *run) discardPoison(ctx context.Context) error {
+// --release-parked, through the service's command line, and returns how
+// many it discarded.
+func (r *run) discardPoison(ctx context.Context) (int, error) {
+	discarded := 0
 	for _, c := range []struct {
 		consumer string
 		flags    []string
 	}{{EffectsConsumer, nil}, {ProjectionConsumer, []string{"--release-parked"}}} {
 		var ids []string
 		if err := r.db.SelectContext(ctx, &ids, `SELECT id::text FROM dead_letters WHERE consumer = $1 AND status = 'pending' ORDER BY id`, c.consumer); err != nil {
-			return fmt.Errorf("soak: dead letters of %s: %w", c.consumer, err)
+			return discarded, fmt.Errorf("soak: dead letters of %s: %w", c.consumer, err)
 		}
 		for len(ids) > 0 {
 			chunk := ids[:min(len(ids), 500)]
 			ids = ids[len(chunk):]
 			args := append([]string{"dead-letters", "discard", "--by", "soak", "--reason", "poison of the soak"}, c.flags...)
 			if _, err := r.svc.command(ctx, append(args, chunk...)...); err != nil {
-				return err
+				return discarded, err
 			}
+			discarded += len(chunk)
 		}
 	}
-	r.logf("poison discarded")
-	return nil
-}
-
-// waitReleased waits until nothing is parked and the projection applied
-// every event that is not poison.
-func (r *run) waitReleased(ctx context.Context) error {
-	f := r.plan.Figures()
-	err := r.until(ctx, 2*time.Minute, "the parked events applied", func() (bool, error) {
-		parked, err := r.count(ctx, `SELECT count(*) FROM parked_events`)
-		if err != nil {
-			return false, err
-		}
-		projected, err := r.count(ctx, `SELECT count(DISTINCT event_id) FROM soak_effects WHERE consumer = $1`, ProjectionConsumer)
-		return parked == 0 && projected >= f.Distinct-f.Poison, err
-	})
-	r.logf("parked events released (%v)", err)
-	return err
+	r.logf("%d dead letters discarded", discarded)
+	return discarded, nil
 }
 
 // report reads the figures.
