@@ -317,7 +317,7 @@ func (r *run) soak(ctx context.Context, dir string) (Report, error) {
 		return Report{}, err
 	}
 	defer func() { _ = producer.stop(30 * time.Second) }()
-	r.logf("producer and two consumers running; %d events at %.0f/s", r.opts.Events, r.opts.Rate)
+	r.logf("producer and two consumers running; %d events at %.0f/s, seed %d", r.opts.Events, r.opts.Rate, r.opts.Seed)
 
 	chaos, stopChaos := context.WithCancel(ctx)
 	chaosDone := make(chan error, 1)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"os/user"
+	"strconv"
 	"testing"
 	"time"
 
@@ -17,6 +18,8 @@ import (
 // outbox and the tests' RabbitMQ node, the consumers killed at random,
 // the soak's own PostgreSQL restarted once. It needs root and Debian's
 // PostgreSQL 15 and RabbitMQ; without them it is skipped, unless CI=true.
+// EFFECTIVELY_SOAK_SEED runs the plan of a given seed (the run logs its
+// own).
 func TestSoak(t *testing.T) {
 	url := os.Getenv("EFFECTIVELY_TEST_AMQP_URL")
 	if url == "" {
@@ -25,11 +28,17 @@ func TestSoak(t *testing.T) {
 	if u, err := user.Current(); err != nil || u.Uid != "0" {
 		missing(t, "the soak runs its servers as the postgres user: it needs root")
 	}
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("EFFECTIVELY_SOAK_SEED"); s != "" { // to run a failed plan again
+		var err error
+		seed, err = strconv.ParseUint(s, 10, 64)
+		require.NoError(t, err, "EFFECTIVELY_SOAK_SEED")
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	report, err := soak.Run(ctx, soak.Options{
 		Events:    2000,
-		Seed:      uint64(time.Now().UnixNano()),
+		Seed:      seed,
 		Rate:      100,
 		AMQPURL:   url,
 		KillEvery: [2]time.Duration{2 * time.Second, 4 * time.Second},
