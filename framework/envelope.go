@@ -23,6 +23,11 @@ const (
 	MaxIDBytes = 256
 	// MaxSourceBytes is the longest source.
 	MaxSourceBytes = 512
+	// MaxSubjectBytes is the longest subject. The subject keys the
+	// checkpoints and parked events of strict_order and skip_stale, and
+	// PostgreSQL refuses a key over about 2.7 kB in an index: a longer
+	// subject could be neither applied nor held there.
+	MaxSubjectBytes = 1024
 	// DefaultMaxBodyBytes is the default limit of a message body.
 	DefaultMaxBodyBytes = 1 << 20
 	// MaxConsumerNameBytes is the longest consumer name.
@@ -154,7 +159,8 @@ type Attributes struct {
 	Version int
 	// Time is when the event happened; zero when unknown.
 	Time time.Time
-	// Subject is the aggregate id, the ordering key; empty when none.
+	// Subject is the aggregate id, the ordering key; empty when none; at
+	// most MaxSubjectBytes bytes.
 	Subject string
 	// SubjectSeq is the subject's monotonic sequence, 1 or more; zero when
 	// none (extension subjectseq, a decimal string on the wire).
@@ -170,9 +176,10 @@ type Attributes struct {
 func (a Attributes) Key() Key { return Key{Source: a.Source, ID: a.ID} }
 
 // Validate reports the first attribute that breaks the wire contract: the
-// key (see Key.Validate), a missing type, a version out of 1..2^31-1, a
-// negative subject sequence, or a string attribute holding a character
-// that CloudEvents forbids in a String (see Decode).
+// key (see Key.Validate), a missing type, a subject over MaxSubjectBytes
+// (CodeTooLarge), a version out of 1..2^31-1, a negative subject
+// sequence, or a string attribute holding a character that CloudEvents
+// forbids in a String (see Decode).
 func (a Attributes) Validate() error {
 	if err := a.Key().Validate(); err != nil {
 		return err
@@ -180,6 +187,8 @@ func (a Attributes) Validate() error {
 	switch {
 	case a.Type == "":
 		return malformed("type", "missing")
+	case len(a.Subject) > MaxSubjectBytes:
+		return Permanent(CodeTooLarge, &FieldError{Field: "subject", Reason: fmt.Sprintf("is %d bytes, at most %d allowed", len(a.Subject), MaxSubjectBytes)})
 	case a.Version < 1 || a.Version > maxVersion:
 		return malformed(extVersion, "out of range 1..2^31-1")
 	case a.SubjectSeq < 0:

@@ -92,6 +92,7 @@ func TestDecodePoison(t *testing.T) {
 		{"NotJSONData", valid(func(m map[string]any) { m["datacontenttype"] = "text/plain" }), 0, framework.CodeMalformedEnvelope},
 		{"LongID", valid(func(m map[string]any) { m["id"] = strings.Repeat("i", framework.MaxIDBytes+1) }), 0, framework.CodeTooLarge},
 		{"LongSource", valid(func(m map[string]any) { m["source"] = strings.Repeat("s", framework.MaxSourceBytes+1) }), 0, framework.CodeTooLarge},
+		{"LongSubject", valid(func(m map[string]any) { m["subject"] = strings.Repeat("s", framework.MaxSubjectBytes+1) }), 0, framework.CodeTooLarge},
 		{"LargeBody", valid(func(map[string]any) {}), 10, framework.CodeTooLarge},
 	}
 	for _, tt := range tests {
