@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"github.com/effectively-once/effectively/internal/testenv"
 )
 
 // service is the soak's service binary with the environment of one run.
@@ -44,12 +46,13 @@ func (s *service) start(ctx context.Context, name string, timeout time.Duration,
 	p.cmd = exec.Command(s.bin, "serve")
 	p.cmd.Env = append(append(append(os.Environ(), s.vars...), extra...), "EFFECTIVELY_HTTP_ADDR="+p.addr)
 	p.cmd.Stdout, p.cmd.Stderr = out, out
-	if err := p.cmd.Start(); err != nil {
+	waited, err := testenv.StartChild(p.cmd) // killed with the soak, if it dies first
+	if err != nil {
 		_ = out.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
 	go func() {
-		p.err = p.cmd.Wait()
+		p.err = <-waited
 		_ = out.Close()
 		close(p.done)
 	}()

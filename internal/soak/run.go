@@ -152,10 +152,13 @@ func (r *run) fault(format string, args ...any) {
 // PostgreSQL once and (with Cluster) kills a RabbitMQ node and brings it
 // back, then discards the poison and returns the figures. A returned
 // error is a fault of the run itself; Report.Check judges the figures.
+// The service's processes die with the calling process; the servers,
+// daemons, are stopped by Run, and inherit none of its descriptors.
 func Run(ctx context.Context, opts Options) (Report, error) {
 	if opts.Log == nil {
 		opts.Log = io.Discard
 	}
+	closeInheritedOnExec()
 	r := &run{opts: opts, plan: NewPlan(opts.Events, opts.Seed), start: time.Now()}
 	dir, err := os.MkdirTemp("", "effectively-soak-")
 	if err != nil {

@@ -53,6 +53,10 @@ func StartPostgres(ctx context.Context) (*Postgres, error) {
 		_ = os.RemoveAll(dir)
 		return nil, err
 	}
+	if err := watch("postgres", nil, dir, filepath.Join(PostgresBin, "pg_ctl"), "-D", pg.data(), "-m", "immediate", "stop"); err != nil {
+		_ = pg.Close(ctx)
+		return nil, err
+	}
 	return pg, nil
 }
 
@@ -122,7 +126,10 @@ func NewRabbitNode(name string) (*RabbitNode, error) {
 	if err := os.WriteFile(filepath.Join(dir, "enabled_plugins"), []byte("[].\n"), 0o644); err != nil {
 		return nil, fmt.Errorf("rabbitmq plugins: %w", err)
 	}
-	return n, chown(filepath.Join(dir, "enabled_plugins"), "rabbitmq")
+	if err := chown(filepath.Join(dir, "enabled_plugins"), "rabbitmq"); err != nil {
+		return nil, err
+	}
+	return n, watch("rabbitmq", n.env(), dir, "rabbitmqctl", "-q", "-n", n.Name, "stop")
 }
 
 // URL is the node's amqp:// URL.
@@ -220,6 +227,47 @@ func alive(pid int) bool {
 func (n *RabbitNode) Close(ctx context.Context) error {
 	err := n.Ctl(ctx, "stop")
 	return errors.Join(err, os.RemoveAll(n.dir))
+}
+
+// watchScript waits while process $1 runs and folder $2 exists; when the
+// process ended first, it runs the rest of its arguments, a server's stop,
+// and removes the folder.
+const watchScript = `while [ -d "/proc/$1" ] && [ -d "$2" ]; do sleep 1; done
+if [ -d "$2" ]; then dir=$2; shift 2; "$@"; rm -rf "$dir"; fi`
+
+// watch starts, as user with env added, a watchdog of a server that
+// keeps its data in dir: when this process ends before it removed dir (a
+// run killed before it stopped its servers), it runs stop and removes
+// dir, so that no server of the soak outlives it. Once dir is removed,
+// the watchdog ends within a second.
+func watch(user string, env []string, dir string, stop ...string) error {
+	args := append([]string{"-u", user, "--", "env"}, env...)
+	args = append(args, "sh", "-c", watchScript, "watch", strconv.Itoa(os.Getpid()), dir)
+	cmd := exec.Command("runuser", append(args, stop...)...)
+	cmd.Dir = "/"
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("watchdog of %s: %w", dir, err)
+	}
+	go func() { _ = cmd.Wait() }()
+	return nil
+}
+
+// closeInheritedOnExec marks close-on-exec the descriptors above stderr
+// that this process inherited, so that the servers and services the
+// soak starts do not inherit them: a lock that the caller of make test
+// holds on a file (flock) would otherwise live on in a PostgreSQL server
+// or a RabbitMQ node, daemons that outlive a run killed before it stopped
+// them.
+func closeInheritedOnExec() {
+	entries, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd > 2 {
+			syscall.CloseOnExec(fd)
+		}
+	}
 }
 
 // ownedDir creates a folder under /var/tmp (or os.TempDir) that user owns.
