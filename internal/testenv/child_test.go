@@ -100,12 +100,25 @@ func TestStartChildOutlivesCallerThread(t *testing.T) {
 		err    error
 	}
 	started := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
-		waited, err := testenv.StartChild(cmd)
-		started <- result{tid: syscall.Gettid(), waited: waited, err: err}
-	}()
-	r := <-started
+	var r result
+	for range 10 {
+		go func() {
+			runtime.LockOSThread() // never unlocked: the thread ends with this goroutine
+			if syscall.Gettid() == syscall.Getpid() {
+				// The process's main thread, which Go parks instead of
+				// ending it when a goroutine locked to it exits: try
+				// from another thread.
+				started <- result{tid: 0}
+				return
+			}
+			waited, err := testenv.StartChild(cmd)
+			started <- result{tid: syscall.Gettid(), waited: waited, err: err}
+		}()
+		if r = <-started; r.tid != 0 {
+			break
+		}
+	}
+	require.NotZero(t, r.tid, "every goroutine ran on the main thread")
 	require.NoError(t, r.err)
 	t.Cleanup(func() {
 		_ = stdin.Close()
