@@ -154,7 +154,8 @@ func resolutionFlags(cmd *cobra.Command, r *framework.Resolution) {
 	cmd.Flags().StringVar(&r.Reason, "reason", "", "why (recorded; required)")
 }
 
-// checkResolution refuses a resolution without an actor or a reason; why
+// checkResolution refuses a resolution without an actor or a reason, or
+// with one that no store can record (framework.Resolution.Validate); why
 // says what the reason should say.
 func checkResolution(r framework.Resolution, why string) error {
 	switch {
@@ -162,6 +163,12 @@ func checkResolution(r framework.Resolution, why string) error {
 		return fmt.Errorf("--reason: say %s", why)
 	case strings.TrimSpace(r.By) == "":
 		return errors.New("--by: say who you are ($USER is not set)")
+	}
+	if err := r.Validate(); err != nil {
+		if fe, ok := errors.AsType[*framework.FieldError](err); ok {
+			return fmt.Errorf("--%s: %s", fe.Field, fe.Reason)
+		}
+		return err
 	}
 	return nil
 }

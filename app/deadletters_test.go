@@ -315,3 +315,25 @@ func TestDeadLetterShowUnknownDeliveries(t *testing.T) {
 	require.Regexp(t, `(?m)^deliveries\s+unknown$`, out)
 	require.Regexp(t, `(?m)^\s+\S+\s+failed\s+code widget_rejected, attempts 1, deliveries unknown$`, out)
 }
+
+// TestResolveReasonNotText: a --reason or --by that no store can record
+// (bytes that are not UTF-8) is refused before anything is recorded,
+// naming the flag, on every database: PostgreSQL failed with its own
+// error, SQLite stored the bytes.
+func TestResolveReasonNotText(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	b := setup(t, cfg)
+	id := fmt.Sprint(storeDeadLetter(t, b.db, consumerName, "w-text", "", 0))
+	for _, args := range [][]string{
+		{"dead-letters", "discard", id, "--by", "tester", "--reason", "junk \xff"},
+		{"dead-letters", "replay", id, "--by", "tester", "--reason", "fixed \xff"},
+		{"dead-letters", "replay", id, "--by", "tester\xff", "--reason", "fixed"},
+	} {
+		_, err := runCommand(t, commandOptions(cfg), args...)
+		require.Error(t, err)
+		require.Regexp(t, `^--(reason|by): is not valid UTF-8 text, or holds NUL$`, err.Error())
+	}
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM dead_letters WHERE status = 'pending'`))
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM dead_letter_history`), "no resolution recorded")
+}

@@ -290,6 +290,22 @@ type Resolution struct {
 	At     time.Time
 }
 
+// Validate reports the first part of r that no store can record: a
+// status other than replayed or discarded, or a By or Reason that is not
+// valid UTF-8 or holds NUL (PostgreSQL's text refuses both). Its
+// FieldError names the part ("status", "by", "reason"), never its value.
+func (r Resolution) Validate() error {
+	if r.Status != DeadLetterReplayed && r.Status != DeadLetterDiscarded {
+		return &FieldError{Field: "status", Reason: fmt.Sprintf("want %s or %s", DeadLetterReplayed, DeadLetterDiscarded)}
+	}
+	for _, f := range []struct{ name, value string }{{"by", r.By}, {"reason", r.Reason}} {
+		if !storable(f.value) {
+			return &FieldError{Field: f.name, Reason: "is not valid UTF-8 text, or holds NUL"}
+		}
+	}
+	return nil
+}
+
 // DeadLetterFilter selects dead letters. Zero fields match everything.
 type DeadLetterFilter struct {
 	Consumer string

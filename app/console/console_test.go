@@ -537,3 +537,29 @@ func TestEventAndConsumers(t *testing.T) {
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// TestReasonNotText: a reason that no store can record (NUL, bytes that
+// are not UTF-8) is refused with a 400 that says so, on every store, and
+// changes nothing. PostgreSQL failed the transaction, which the console
+// answered with a 500; SQLite stored the NUL.
+func TestReasonNotText(t *testing.T) {
+	t.Parallel()
+	for name, open := range map[string]func(*testing.T, console.Config) *bundle{"SQLite": setup, "Postgres": setupPostgres} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := open(t, console.Config{})
+			id := b.deadLetter(t, "widgets.count", "w-1", "gear_refused", []byte(`{}`), nil)
+			path := "/console/dead-letters/" + itoa(id)
+			for _, action := range []string{"replay", "discard"} {
+				for _, reason := range []string{"fixed\x00", "fixed \xff"} {
+					code, page, _ := b.do(t, http.MethodPost, path+"/"+action, url.Values{"reason": {reason}}, bearer(writeSecret)...)
+					require.Equal(t, http.StatusBadRequest, code, "%s %q", action, reason)
+					require.Contains(t, page, "the reason is not valid UTF-8 text, or holds NUL.")
+				}
+			}
+			dl, err := b.store.DeadLetter(context.Background(), id)
+			require.NoError(t, err)
+			require.Equal(t, framework.DeadLetterPending, dl.Status)
+		})
+	}
+}

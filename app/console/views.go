@@ -245,6 +245,15 @@ func (c *Console) resolve(status framework.DeadLetterStatus) http.HandlerFunc {
 			refuse(http.StatusBadRequest, fmt.Sprintf("Say why in the reason: it is kept in the dead letter's history. Nothing was %s.", status))
 			return
 		}
+		res := framework.Resolution{Status: status, By: op.token.Name, Reason: reason, At: c.cfg.Now()}
+		if err := res.Validate(); err != nil {
+			why := err.Error()
+			if fe, ok := errors.AsType[*framework.FieldError](err); ok {
+				why = "the " + fe.Field + " " + fe.Reason
+			}
+			refuse(http.StatusBadRequest, fmt.Sprintf("Not %s: %s.", status, why))
+			return
+		}
 		if status == framework.DeadLetterReplayed {
 			dl, err := c.cfg.Store.DeadLetter(r.Context(), id)
 			if err == nil && dl.Status == framework.DeadLetterPending {
@@ -254,7 +263,7 @@ func (c *Console) resolve(status framework.DeadLetterStatus) http.HandlerFunc {
 				}
 			}
 		}
-		_, err = c.cfg.Store.ResolveDeadLetter(r.Context(), id, framework.Resolution{Status: status, By: op.token.Name, Reason: reason, At: c.cfg.Now()})
+		_, err = c.cfg.Store.ResolveDeadLetter(r.Context(), id, res)
 		switch {
 		case errors.Is(err, framework.ErrNotFound):
 			c.fail(w, r, nil, http.StatusNotFound, fmt.Sprintf("dead letter %d: not found", id))

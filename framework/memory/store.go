@@ -276,9 +276,8 @@ func (s *Store) DeadLetters(ctx context.Context, f framework.DeadLetterFilter) (
 // framework.ErrNotFound when there is no dead letter id, or one wrapping
 // framework.ErrNotPending and naming the status when it is not pending.
 func (s *Store) ResolveDeadLetter(ctx context.Context, id int64, r framework.Resolution) (framework.DeadLetter, error) {
-	if r.Status != framework.DeadLetterReplayed && r.Status != framework.DeadLetterDiscarded {
-		return framework.DeadLetter{}, fmt.Errorf("resolve dead letter %d: status %q, want %q or %q",
-			id, r.Status, framework.DeadLetterReplayed, framework.DeadLetterDiscarded)
+	if err := r.Validate(); err != nil {
+		return framework.DeadLetter{}, fmt.Errorf("resolve dead letter %d: %w", id, err)
 	}
 	if err := ctx.Err(); err != nil {
 		return framework.DeadLetter{}, fmt.Errorf("resolve dead letter %d: %w", id, err)

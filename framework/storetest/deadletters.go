@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -173,6 +174,33 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 			require.Error(t, b.store.PublishDeadLetter(ctx, dl))
 		}
 		require.Empty(t, mustList(t, b.store))
+	})
+
+	// A resolution whose actor or reason PostgreSQL cannot hold is
+	// refused by every store alike, naming the part, and changes nothing:
+	// PostgreSQL failed the transaction with its own error (an operator's
+	// form saw a 500), SQLite stored the NUL.
+	t.Run("ResolveRefusesUnstorableText", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		require.NoError(t, b.store.PublishDeadLetter(ctx, deadLetter(consumer, "e-1")))
+		dl := only(t, b.store, framework.DeadLetterFilter{})
+		for _, r := range []framework.Resolution{
+			{Status: framework.DeadLetterDiscarded, By: "alice", Reason: "a\x00b"},
+			{Status: framework.DeadLetterReplayed, By: "alice", Reason: "a\xffb"},
+			{Status: framework.DeadLetterDiscarded, By: "al\x00ice", Reason: "junk"},
+		} {
+			_, err := b.store.ResolveDeadLetter(ctx, dl.ID, r)
+			fe, ok := errors.AsType[*framework.FieldError](err)
+			require.True(t, ok, "%v", err)
+			require.Contains(t, []string{"by", "reason"}, fe.Field)
+		}
+		require.Equal(t, framework.DeadLetterPending, only(t, b.store, framework.DeadLetterFilter{}).Status)
+		require.Len(t, history(t, b.store, dl.ID), 1, "no resolution recorded")
+		rs, err := b.store.ClaimReplays(ctx, 10, time.Minute)
+		require.NoError(t, err)
+		require.Empty(t, rs, "no replay recorded")
 	})
 
 	t.Run("RepeatUpdatesTheRow", func(t *testing.T) {

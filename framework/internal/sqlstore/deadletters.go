@@ -196,9 +196,8 @@ func (s *Store) DeadLetters(ctx context.Context, f framework.DeadLetterFilter) (
 // framework.DeadLetter.ReplayMessage). A zero r.At means now, by the
 // store's clock. Once it committed, it calls Options.OnResolve.
 func (s *Store) ResolveDeadLetter(ctx context.Context, id int64, r framework.Resolution) (framework.DeadLetter, error) {
-	if r.Status != framework.DeadLetterReplayed && r.Status != framework.DeadLetterDiscarded {
-		return framework.DeadLetter{}, fmt.Errorf("resolve dead letter %d: status %q, want %q or %q",
-			id, r.Status, framework.DeadLetterReplayed, framework.DeadLetterDiscarded)
+	if err := r.Validate(); err != nil {
+		return framework.DeadLetter{}, fmt.Errorf("resolve dead letter %d: %w", id, err)
 	}
 	now := s.now()
 	if r.At.IsZero() {
