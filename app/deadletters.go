@@ -530,7 +530,7 @@ func printList(out io.Writer, dls []framework.DeadLetter) error {
 	fmt.Fprintln(w, "ID\tCONSUMER\tCODE\tTYPE\tVERSION\tSOURCE\tEVENT\tATTEMPTS\tREPEATS\tLAST FAILED\tSTATUS")
 	for _, dl := range dls {
 		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%d\t%s\t%s\n",
-			dl.ID, dl.Consumer, dl.Code, orDash(dl.Type), dl.Version, orDash(dl.Source), dl.EventID,
+			dl.ID, dl.Consumer, dl.Code, printable(orDash(dl.Type)), dl.Version, printable(orDash(dl.Source)), printable(dl.EventID),
 			dl.Attempts, dl.Repeats, dl.LastFailedAt.UTC().Format(time.RFC3339), dl.Status)
 	}
 	return w.Flush()
@@ -538,7 +538,7 @@ func printList(out io.Writer, dls []framework.DeadLetter) error {
 
 func printDeadLetter(out io.Writer, dl framework.DeadLetter) error {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	row := func(k string, v any) { fmt.Fprintf(w, "%s\t%v\n", k, v) }
+	row := func(k string, v any) { fmt.Fprintf(w, "%s\t%s\n", printable(k), printable(fmt.Sprint(v))) }
 	row("id", dl.ID)
 	row("consumer", dl.Consumer)
 	row("topic", dl.Topic)
@@ -609,7 +609,7 @@ func printHistory(out io.Writer, hs []framework.HistoryEntry) error {
 		default:
 			what = fmt.Sprintf("by %s: %s", orDash(h.By), h.Reason)
 		}
-		fmt.Fprintf(w, "  %s\t%s\t%s\n", h.At.UTC().Format(time.RFC3339Nano), h.Kind, what)
+		fmt.Fprintf(w, "  %s\t%s\t%s\n", h.At.UTC().Format(time.RFC3339Nano), h.Kind, printable(what))
 	}
 	return w.Flush()
 }
@@ -644,7 +644,7 @@ func printParked(out io.Writer, ps []framework.ParkedEvent) error {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "CONSUMER\tSUBJECT\tHELD\tPARKED\tCOUNT\tREADY")
 	for _, r := range rows {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\n", r.consumer, r.subject, orDash(r.held),
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\n", r.consumer, printable(r.subject), printable(orDash(r.held)),
 			orDash(strings.Join(r.seqs, " ")), len(r.seqs), r.ready)
 	}
 	return w.Flush()

@@ -337,3 +337,45 @@ func TestResolveReasonNotText(t *testing.T) {
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM dead_letters WHERE status = 'pending'`))
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM dead_letter_history`), "no resolution recorded")
 }
+
+// TestShowEscapesHiddenText: dead-letters show and events show print the
+// text that a producer (a message's metadata) or another operator (a
+// reason) wrote with its newlines, tabs and escape sequences escaped: it
+// printed them as they were, so that a metadata value could add a line
+// "status pending" to the command's own, or clear the terminal.
+func TestShowEscapesHiddenText(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	b := setup(t, cfg)
+	store := testStore(t, b.db)
+	const evil = "a\nstatus\tpending\x1b[2J\u202e"
+	env, err := widgetAdded.Envelope(widgetAddedV1{Name: "w"}, framework.Attributes{ID: "w-evil", Source: "widgets"})
+	require.NoError(t, err)
+	msg, err := framework.NewMessage(env)
+	require.NoError(t, err)
+	msg.Metadata.Set("x-note", evil)
+	require.NoError(t, store.PublishDeadLetter(t.Context(), framework.DeadLetter{
+		Consumer: consumerName, Topic: widgetAdded.Type(), Source: "widgets", EventID: "w-evil",
+		Type: widgetAdded.Type(), Version: 1, Code: "widget_rejected", Attempts: 1, Body: msg.Payload, Metadata: msg.Metadata,
+	}))
+	dls, err := store.DeadLetters(t.Context(), framework.DeadLetterFilter{EventID: "w-evil", Source: "widgets"})
+	require.NoError(t, err)
+	require.Len(t, dls, 1)
+	id := fmt.Sprint(dls[0].ID)
+	_, err = runCommand(t, commandOptions(cfg), "dead-letters", "discard", id, "--by", "tester", "--reason", "done\ncode\tfake")
+	require.NoError(t, err)
+
+	escaped := `a\nstatus\tpending\x1b[2J\u202e`
+	for _, args := range [][]string{{"dead-letters", "show", id}, {"events", "show", "widgets", "w-evil"}} {
+		out, err := runCommand(t, commandOptions(cfg), args...)
+		require.NoError(t, err)
+		require.NotContains(t, out, "\x1b", args)
+		require.NotContains(t, out, "\u202e", args)
+		require.NotRegexp(t, `(?m)^(status\s+pending|code\s+fake)`, out, "no line of the command's own is forged: %v", args)
+		require.Contains(t, out, `done\ncode\tfake`, args)
+		if args[0] == "dead-letters" {
+			require.Regexp(t, `(?m)^metadata x-note\s+`+regexp.QuoteMeta(escaped)+`$`, out)
+			require.Regexp(t, `(?m)^resolved\s+discarded by tester at \S+: done\\ncode\\tfake$`, out)
+		}
+	}
+}

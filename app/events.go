@@ -63,7 +63,7 @@ SOURCE ID (its CloudEvents source and id): whether this service's outbox
 holds it (its type, subject, when it was added and sent), which consumers
 applied it (their processed marks, and when), which gave up on it (their
 dead letters, with code, attempts, repeats, status and history), and
-whether it is parked behind a dead letter of its subject (strict_order).
+whether it is parked behind an earlier event of its subject (strict_order).
 The declared consumers of its type that have no record of it are named.
 
 Where the purge already deleted the evidence (processed marks past
@@ -246,7 +246,7 @@ func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
 func printEvent(out io.Writer, v eventView) error {
 	key := framework.Key{Source: v.Source, ID: v.ID}
 	if !v.Known {
-		fmt.Fprintf(out, "no record of event %s in this service's database\n", key)
+		fmt.Fprintf(out, "no record of event %s in this service's database\n", printable(key.String()))
 		if v.ProcessedPurgedBefore != nil {
 			fmt.Fprintf(out, "marks processed before %s are purged: a consumer may have applied it before\n", stamp(*v.ProcessedPurgedBefore))
 		}
@@ -259,7 +259,9 @@ func printEvent(out io.Writer, v eventView) error {
 		return nil
 	}
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	row := func(k, format string, args ...any) { fmt.Fprintf(w, "%s\t%s\n", k, fmt.Sprintf(format, args...)) }
+	row := func(k, format string, args ...any) {
+		fmt.Fprintf(w, "%s\t%s\n", k, printable(fmt.Sprintf(format, args...)))
+	}
 	row("event", "%s", key)
 	switch o := v.Outbox; {
 	case o != nil:
@@ -294,7 +296,7 @@ func printEvent(out io.Writer, v eventView) error {
 		row("purged", "dead letters resolved before %s, with their history", stamp(*v.DeadLettersPurgedBefore))
 	}
 	for _, p := range v.Parked {
-		what := fmt.Sprintf("parked behind a dead letter of subject %s (#%d)", p.Subject, p.Seq)
+		what := fmt.Sprintf("#%d of subject %s, parked until the events before it take effect (one is a dead letter, or has not arrived)", p.Seq, p.Subject)
 		if p.Held {
 			what = fmt.Sprintf("a dead letter the later events of subject %s wait behind (#%d)", p.Subject, p.Seq)
 		} else if p.Ready {
@@ -310,7 +312,7 @@ func printEvent(out io.Writer, v eventView) error {
 			d.ID, d.Consumer, d.Status, d.Code, d.Attempts, d.Repeats, stamp(d.FirstFailedAt), stamp(d.LastFailedAt))
 		w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 		for _, h := range d.History {
-			fmt.Fprintf(w, "  %s\t%s\t%s\n", stamp(h.At), h.Kind, historyDetail(h))
+			fmt.Fprintf(w, "  %s\t%s\t%s\n", stamp(h.At), h.Kind, printable(historyDetail(h)))
 		}
 		if err := w.Flush(); err != nil {
 			return err
