@@ -108,7 +108,7 @@ func testInspectCommands(t *testing.T, cfg app.Config) {
 	require.NotContains(t, out, "purged")
 
 	out = run("events", "show", "widgets", "w-2")
-	require.Regexp(t, `(?m)^parked\s+widgets\.picky: parked behind a dead letter of subject widget-1 \(#2\), since \S+$`, out)
+	require.Regexp(t, `(?m)^parked\s+widgets\.picky: #2 of subject widget-1, parked until the events before it take effect \(one is a dead letter, or has not arrived\), since \S+$`, out)
 	require.NotContains(t, out, "dead letter 1")
 
 	var v struct {
