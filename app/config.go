@@ -585,8 +585,8 @@ func (c ConsumerConfig) validate(key string) error {
 	if c.Concurrency < 0 || c.Concurrency > 1024 {
 		errs = append(errs, fmt.Errorf("%s.concurrency: want 1..1024, got %d", key, c.Concurrency))
 	}
-	if c.RateLimit < 0 {
-		errs = append(errs, fmt.Errorf("%s.rate_limit: must not be negative", key))
+	if !(c.RateLimit >= 0) { // NaN too, which would turn the limit off
+		errs = append(errs, fmt.Errorf("%s.rate_limit: want 0 (no limit) or more messages a second, got %g", key, c.RateLimit))
 	}
 	if c.MaxDeliveries < 0 {
 		errs = append(errs, fmt.Errorf("%s.max_deliveries: want 1 or more, got %d", key, c.MaxDeliveries))

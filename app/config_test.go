@@ -235,6 +235,7 @@ func TestLoadConfigBadValue(t *testing.T) {
 		{name: "ConsumerRetryDelay", yaml: "consumers:\n  a.b:\n    retry_delay: -1s\n", key: "consumers.a.b.retry_delay"},
 		{name: "DefaultsMaxDeliveries", yaml: "defaults:\n  max_deliveries: -2\n", key: "defaults.max_deliveries"},
 		{name: "DefaultsRateLimit", yaml: "defaults:\n  rate_limit: -1\n", key: "defaults.rate_limit"},
+		{name: "DefaultsRateLimitNaN", yaml: "defaults:\n  rate_limit: .nan\n", key: "defaults.rate_limit"},
 		{name: "UnknownKey", yaml: "transprot: sqlite\n", key: "transprot"},
 		{name: "UnknownConsumerKey", yaml: "consumers:\n  a.b:\n    attemps: 2\n", key: "attemps"}, //nolint:misspell // the typo is the point
 		{name: "BadDuration", yaml: "defaults:\n  timeout: 5 minutes\n", key: "defaults.timeout"},

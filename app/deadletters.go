@@ -233,7 +233,7 @@ the consumer applies them after it, in order.
 				return errors.New("replay: name dead letters by id or select them by filter, not both")
 			case len(req.ids) == 0 && !byFilter:
 				return errors.New("replay: name dead letters by id, or select them with --consumer, --code, --type, --subject, --since or --until")
-			case perSecond < 0:
+			case !(perSecond >= 0): // NaN too
 				return fmt.Errorf("--rate: want a positive number of replays a second, got %v", perSecond)
 			}
 			req.resolution.Status = framework.DeadLetterReplayed

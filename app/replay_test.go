@@ -296,6 +296,8 @@ func TestReplayBulk(t *testing.T) {
 			require.ErrorContains(t, err, "name dead letters by id, or select them with --consumer")
 			_, err = run("dead-letters", "replay", "--consumer", name, "--rate", "-1")
 			require.ErrorContains(t, err, "--rate: want a positive number")
+			_, err = run("dead-letters", "replay", "--consumer", name, "--rate", "NaN")
+			require.ErrorContains(t, err, "--rate: want a positive number")
 			_, err = run("dead-letters", "replay", "--since", "yesterday")
 			require.ErrorContains(t, err, `--since: want an RFC 3339 time`)
 		})

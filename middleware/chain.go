@@ -150,7 +150,7 @@ func (c Config) Validate() error {
 		return fmt.Errorf("Config.RetryDelay: must not be negative, got %s", c.RetryDelay)
 	case c.MaxDeliveries < 1:
 		return fmt.Errorf("Config.MaxDeliveries: must be at least 1, got %d", c.MaxDeliveries)
-	case c.RateLimit < 0:
+	case !(c.RateLimit >= 0): // NaN too, which would turn the limit off
 		return fmt.Errorf("Config.RateLimit: must not be negative, got %g", c.RateLimit)
 	case c.SkipStale && c.StrictOrder:
 		return errors.New("Config.SkipStale: excludes StrictOrder")

@@ -2,6 +2,7 @@ package middleware_test
 
 import (
 	"context"
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -26,16 +27,17 @@ func TestConfigValidate(t *testing.T) {
 	require.NoError(t, err, "the zero fields take their defaults")
 
 	for want, edit := range map[string]func(*middleware.Config){
-		"Config.Consumer: required":                      func(c *middleware.Config) { c.Consumer = nil },
-		"Config.UnitOfWork: required":                    func(c *middleware.Config) { c.UnitOfWork = nil },
-		"Config.Store: required":                         func(c *middleware.Config) { c.Store = nil },
-		"Config.Attempts: must be at least 1, got -1":    func(c *middleware.Config) { c.Attempts = -1 },
-		"Config.RetryDelay: must not be negative":        func(c *middleware.Config) { c.RetryDelay = -1 },
-		"Config.MaxDeliveries: must be at least 1":       func(c *middleware.Config) { c.MaxDeliveries = -1 },
-		"Config.RateLimit: must not be negative, got -2": func(c *middleware.Config) { c.RateLimit = -2 },
-		"Config.SkipStale: excludes StrictOrder":         func(c *middleware.Config) { c.SkipStale, c.StrictOrder = true, true },
-		"Config.GapTimeout: must be positive":            func(c *middleware.Config) { c.GapTimeout = -1 },
-		"Config.MaxBodyBytes: must not be negative":      func(c *middleware.Config) { c.MaxBodyBytes = -1 },
+		"Config.Consumer: required":                       func(c *middleware.Config) { c.Consumer = nil },
+		"Config.UnitOfWork: required":                     func(c *middleware.Config) { c.UnitOfWork = nil },
+		"Config.Store: required":                          func(c *middleware.Config) { c.Store = nil },
+		"Config.Attempts: must be at least 1, got -1":     func(c *middleware.Config) { c.Attempts = -1 },
+		"Config.RetryDelay: must not be negative":         func(c *middleware.Config) { c.RetryDelay = -1 },
+		"Config.MaxDeliveries: must be at least 1":        func(c *middleware.Config) { c.MaxDeliveries = -1 },
+		"Config.RateLimit: must not be negative, got -2":  func(c *middleware.Config) { c.RateLimit = -2 },
+		"Config.RateLimit: must not be negative, got NaN": func(c *middleware.Config) { c.RateLimit = math.NaN() },
+		"Config.SkipStale: excludes StrictOrder":          func(c *middleware.Config) { c.SkipStale, c.StrictOrder = true, true },
+		"Config.GapTimeout: must be positive":             func(c *middleware.Config) { c.GapTimeout = -1 },
+		"Config.MaxBodyBytes: must not be negative":       func(c *middleware.Config) { c.MaxBodyBytes = -1 },
 	} {
 		cfg := valid
 		edit(&cfg)
