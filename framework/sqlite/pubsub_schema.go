@@ -107,7 +107,11 @@ func newPubSubQueries(prefix string) pubsubQueries {
 	locked_until   INTEGER NOT NULL,
 	PRIMARY KEY (topic, consumer_group, "offset")
 ) WITHOUT ROWID`),
-			q(`CREATE INDEX IF NOT EXISTS {prefix}pubsub_leases_due ON {leases} (topic, consumer_group, locked_until)`),
+			// The leases of a group are few (those in flight and those
+			// nacked), so a claim finds those due by the primary key; an
+			// index on locked_until cost every claim, ack and renewal a
+			// second b-tree write. Earlier releases created one.
+			q(`DROP INDEX IF EXISTS {prefix}pubsub_leases_due`),
 		},
 		insert: q(`INSERT INTO {messages} (topic, uuid, payload, metadata, created_at) VALUES (?, ?, ?, ?, ?)`),
 		registerGroup: q(`INSERT INTO {groups} (topic, consumer_group, claimed_offset, created_at) VALUES (?, ?, 0, ?)

@@ -116,6 +116,11 @@ func TestPubSubSchemaUpgrade(t *testing.T) {
 			var indexes []string
 			require.NoError(t, db.Select(&indexes, `SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ? AND sql IS NOT NULL`, prefix+PubSubMessagesTable))
 			require.Equal(t, []string{prefix + "pubsub_messages_topic_offset"}, indexes)
+			// The leases' index on locked_until is gone: each claim, ack
+			// and renewal wrote it beside the primary key.
+			indexes = nil
+			require.NoError(t, db.Select(&indexes, `SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ? AND sql IS NOT NULL`, prefix+PubSubLeasesTable))
+			require.Empty(t, indexes)
 
 			// The next offset follows the old sequence, not the highest
 			// offset left: group g, which claimed up to 5, gets it.

@@ -39,8 +39,8 @@ const (
 	// DefaultNackDelay is how long a nacked message waits before it is
 	// delivered again.
 	DefaultNackDelay = time.Second
-	// DefaultMaxInFlight is how many messages a subscription holds claimed
-	// and not yet acked or nacked.
+	// DefaultMaxInFlight is how many messages a subscription hands out and
+	// holds not yet acked or nacked.
 	DefaultMaxInFlight = 16
 	// DefaultAckFlushInterval is the longest an ack or nack waits in the
 	// buffer before it is written.
@@ -105,9 +105,10 @@ type SubscriberConfig struct {
 	// NackDelay is how long a nacked message waits before it is delivered
 	// again. Defaults to DefaultNackDelay.
 	NackDelay time.Duration
-	// MaxInFlight is how many messages one subscription holds claimed and
-	// not yet acked or nacked; they are handed out to be handled
-	// concurrently. Defaults to DefaultMaxInFlight.
+	// MaxInFlight is how many messages one subscription hands out and
+	// holds not yet acked or nacked; they are handled concurrently. Beyond
+	// them it holds half of ClaimBatchSize claimed ahead, leased, to hand
+	// out as soon as a slot frees. Defaults to DefaultMaxInFlight.
 	MaxInFlight int
 	// ClaimBatchSize is the most messages one claim transaction takes, and
 	// the most acks and nacks buffered before they are written. A
@@ -497,49 +498,66 @@ func (sub *pubsubSubscription) run() {
 	renew := time.NewTicker(renewInterval(cfg.LeaseDuration))
 	defer renew.Stop()
 
+	// A sync (the write of the buffered acks and nacks and a claim) runs
+	// on a goroutine of its own, one at a time, while this loop goes on
+	// handing out the messages claimed ahead and taking the results: the
+	// sync waits for the file's write lock behind the batches of the
+	// messages in flight, and they must not run dry meanwhile.
+	syncs := make(chan syncDone, 1)
+	syncing := false
+	wakes := 0 // counts the wakes, so that a sync's "nothing due" does not drop a later one
+	renewDue := false
 	for {
 		if sub.ctx.Err() != nil {
+			if syncing {
+				_ = sub.syncEnded(<-syncs, wakes) // shutdown writes what is left
+			}
 			sub.shutdown()
 			return
 		}
-		if !retrying {
+		if !retrying && !syncing {
 			claimN := sub.claimWanted()
 			buffered := len(sub.acks) + len(sub.nacks)
 			idle := len(sub.pending) == 0 && len(sub.sent) == 0
 			flushNow := buffered > 0 && (buffered >= cfg.ClaimBatchSize || idle || flushFired)
 			if flushNow || claimN > 0 {
-				nacked := len(sub.nacks) > 0
-				if err := sub.sync(claimN); err != nil {
-					if sub.ctx.Err() != nil {
-						continue // shutdown writes what is left
-					}
-					sub.log.Warn("sqlite pubsub: claim or ack failed, retrying",
-						slog.Any("error", err), slog.Duration("retry_in", cfg.RetryInterval))
-					retrying = true
-					retry.Reset(cfg.RetryInterval)
-				} else {
-					if nacked {
-						nackWake.Reset(cfg.NackDelay)
-					}
-					if flushArmed && len(sub.acks)+len(sub.nacks) == 0 {
-						flush.Stop()
-						flushArmed = false
-					}
-					flushFired = false
+				acks, nacks, at := sub.acks, sub.nacks, wakes
+				sub.acks, sub.nacks = nil, nil
+				if flushArmed {
+					flush.Stop()
+					flushArmed = false
 				}
+				syncing = true
+				go func() { syncs <- sub.sync(acks, nacks, claimN, at) }()
 			}
-			if len(sub.acks)+len(sub.nacks) == 0 {
-				flushFired = false // a fire with nothing buffered is spent
-			}
+			flushFired = false // a fire is spent by the sync it started, or with nothing buffered
 		}
 
 		var out chan<- *message.Message
 		var next *message.Message
-		if len(sub.pending) > 0 {
+		if len(sub.pending) > 0 && len(sub.sent) < cfg.MaxInFlight {
 			out, next = sub.out, sub.pending[0].msg
 		}
 		select {
 		case <-sub.ctx.Done():
+		case r := <-syncs:
+			syncing = false
+			if err := sub.syncEnded(r, wakes); err != nil {
+				if sub.ctx.Err() != nil {
+					continue // shutdown writes what is left
+				}
+				sub.log.Warn("sqlite pubsub: claim or ack failed, retrying",
+					slog.Any("error", err), slog.Duration("retry_in", cfg.RetryInterval))
+				retrying = true
+				retry.Reset(cfg.RetryInterval)
+				flushFired = len(sub.acks)+len(sub.nacks) > 0 // written once the retry is due
+			} else if len(r.nacks) > 0 {
+				nackWake.Reset(cfg.NackDelay)
+			}
+			if renewDue {
+				renewDue = false
+				sub.renew()
+			}
 		case out <- next:
 			d := sub.pending[0]
 			sub.pending[0] = nil
@@ -565,40 +583,64 @@ func (sub *pubsubSubscription) run() {
 			retrying = false
 		case <-sub.wake:
 			sub.wantClaim = true
+			wakes++
 		case <-poll.C:
 			sub.wantClaim = true
+			wakes++
 		case <-nackWake.C:
 			sub.wantClaim = true
+			wakes++
 		case <-renew.C:
-			if err := sub.renewLeases(); err != nil && sub.ctx.Err() == nil {
-				sub.log.Warn("sqlite pubsub: could not renew the leases of the messages in flight; retrying at the next renewal",
-					slog.Any("error", err), slog.Duration("lease", cfg.LeaseDuration))
+			if syncing {
+				renewDue = true // after the sync: one connection at a time
+				continue
 			}
+			sub.renew()
 		}
 	}
 }
 
-// claimWanted returns how many messages to claim now: none while claimed
-// messages wait to be handed out, and otherwise a batch once at least half
-// a batch of slots is free (or nothing is in flight), so that claims and
-// acks share transactions.
+// claimWanted returns how many messages to claim now: a batch once at
+// least half a batch of slots is free (or nothing is held), so that claims
+// and acks share transactions. The slots are MaxInFlight plus claimAhead:
+// the messages claimed ahead wait, leased, for a slot of those in flight,
+// so that the slots that acks free are filled at once, not after a claim
+// that queues for the write lock behind the batches of the messages in
+// flight (the unit of work's batches would run dry meanwhile).
 func (sub *pubsubSubscription) claimWanted() int {
 	cfg := sub.s.cfg
-	if !sub.wantClaim || len(sub.pending) > 0 {
+	if !sub.wantClaim {
 		return 0
 	}
-	free := cfg.MaxInFlight - len(sub.sent)
+	held := len(sub.sent) + len(sub.pending)
+	free := cfg.MaxInFlight + claimAhead(cfg) - held
 	batch := min(cfg.ClaimBatchSize, cfg.MaxInFlight)
-	if free <= 0 || (free < max(1, batch/2) && len(sub.sent) > 0) {
+	if free <= 0 || (free < max(1, batch/2) && held > 0) {
 		return 0
 	}
 	return min(free, batch)
+}
+
+// claimAhead is how many messages a subscription holds claimed beyond its
+// MaxInFlight, waiting to be handed out: half a claim batch, none when a
+// claim takes one message.
+func claimAhead(cfg SubscriberConfig) int {
+	return min(cfg.ClaimBatchSize, cfg.MaxInFlight) / 2
 }
 
 // renewInterval is how often a subscription renews its leases: a third of
 // the lease, so that two renewals may fail or wait before one expires.
 func renewInterval(lease time.Duration) time.Duration {
 	return max(lease/3, time.Millisecond)
+}
+
+// renew renews the leases held, and logs a failure: the next renewal
+// tries again.
+func (sub *pubsubSubscription) renew() {
+	if err := sub.renewLeases(); err != nil && sub.ctx.Err() == nil {
+		sub.log.Warn("sqlite pubsub: could not renew the leases of the messages in flight; retrying at the next renewal",
+			slog.Any("error", err), slog.Duration("lease", sub.s.cfg.LeaseDuration))
+	}
 }
 
 // renewLeases extends, in one short write transaction, the leases of the
@@ -649,45 +691,79 @@ func (sub *pubsubSubscription) watch(d *pubsubDelivery) {
 	}
 }
 
-// sync writes the buffered acks and nacks and claims up to claimN messages,
-// in one transaction.
-func (sub *pubsubSubscription) sync(claimN int) error {
-	if len(sub.acks)+len(sub.nacks) == 0 {
+// syncDone is the outcome of a sync.
+type syncDone struct {
+	acks, nacks []int64 // written, or, when err is set, still to write
+	claimN      int     // how many the sync meant to claim
+	claimed     []claimedRow
+	drained     bool // nothing more to claim for now
+	wakes       int  // the run loop's count of wakes when the sync started
+	err         error
+}
+
+// sync writes acks and nacks and claims up to claimN messages, in one
+// transaction. It runs beside the run loop (see run), so it reads no state
+// of the subscription but its configuration; at is the loop's count of
+// wakes, handed back.
+func (sub *pubsubSubscription) sync(acks, nacks []int64, claimN, at int) syncDone {
+	r := syncDone{acks: acks, nacks: nacks, claimN: claimN, wakes: at}
+	if len(acks)+len(nacks) == 0 {
 		due, err := sub.anyDue()
 		if err != nil {
-			return err
+			r.err = err
+			return r
 		}
 		if !due {
-			sub.wantClaim = false
-			return nil
+			r.drained = true
+			return r
 		}
 	}
 	s := sub.s
 	tx, err := s.db.BeginTxx(sub.ctx, nil)
 	if err != nil {
-		return fmt.Errorf("begin: %w", err)
+		r.err = fmt.Errorf("begin: %w", err)
+		return r
 	}
 	defer func() { _ = tx.Rollback() }() // no-op after Commit
 	now := time.Now()
-	if err := sub.writeResults(sub.ctx, tx, now, sub.acks, sub.nacks, nil, nil); err != nil {
-		return err
+	if err := sub.writeResults(sub.ctx, tx, now, acks, nacks, nil, nil); err != nil {
+		r.err = err
+		return r
 	}
-	var claimed []*pubsubDelivery
+	var claimed []claimedRow
 	if claimN > 0 {
 		claimed, err = sub.claim(tx, now, claimN)
 		if err != nil {
-			return err
+			r.err = err
+			return r
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		for _, d := range claimed {
-			d.cancel()
-		}
-		return fmt.Errorf("commit claim: %w", err)
+		r.err = fmt.Errorf("commit claim: %w", err)
+		return r
 	}
-	sub.acks, sub.nacks = sub.acks[:0], sub.nacks[:0]
-	sub.pending = append(sub.pending, claimed...)
-	if claimN > 0 && len(claimed) < claimN {
+	r.claimed = claimed
+	r.drained = claimN > 0 && len(claimed) < claimN
+	return r
+}
+
+// syncEnded takes the outcome of a sync into the subscription's state:
+// the claimed messages wait to be handed out; the acks and nacks of a sync
+// that failed go back to the buffer, before those given since. A sync that
+// found nothing more to claim stops the claims until the next wake, unless
+// one came while it ran (wakes is the loop's count now).
+func (sub *pubsubSubscription) syncEnded(r syncDone, wakes int) error {
+	if r.err != nil {
+		sub.acks = append(r.acks, sub.acks...)
+		sub.nacks = append(r.nacks, sub.nacks...)
+		return r.err
+	}
+	// The messages are built after the commit: their metadata's decoding
+	// and contexts need not hold the file's write lock.
+	for _, row := range r.claimed {
+		sub.pending = append(sub.pending, sub.newDelivery(row))
+	}
+	if r.drained && r.wakes == wakes {
 		sub.wantClaim = false
 	}
 	return nil
@@ -736,7 +812,7 @@ func (sub *pubsubSubscription) writeResults(ctx context.Context, tx *sqlx.Tx, no
 
 // claim takes up to n messages in tx: first those whose lease expired or
 // whose nack delay passed, then new ones after the group's claimed offset.
-func (sub *pubsubSubscription) claim(tx *sqlx.Tx, now time.Time, n int) ([]*pubsubDelivery, error) {
+func (sub *pubsubSubscription) claim(tx *sqlx.Tx, now time.Time, n int) ([]claimedRow, error) {
 	s, ctx := sub.s, sub.ctx
 	q, group := s.q, s.cfg.ConsumerGroup
 	until := now.Add(s.cfg.LeaseDuration).UnixMilli()
@@ -760,7 +836,7 @@ func (sub *pubsubSubscription) claim(tx *sqlx.Tx, now time.Time, n int) ([]*pubs
 	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
 		return nil, fmt.Errorf("claim messages: %w", err)
 	}
-	var claimed []*pubsubDelivery
+	var claimed []claimedRow
 	if len(offsets) > 0 {
 		rows, err := tx.QueryContext(ctx, q.selectByOff, pubsubOffsets(offsets))
 		if err != nil {
@@ -773,8 +849,8 @@ func (sub *pubsubSubscription) claim(tx *sqlx.Tx, now time.Time, n int) ([]*pubs
 		if len(claimed) < len(offsets) {
 			// Someone deleted messages under their leases: forget the leases.
 			found := make(map[int64]bool, len(claimed))
-			for _, d := range claimed {
-				found[d.offset] = true
+			for _, r := range claimed {
+				found[r.offset] = true
 			}
 			var gone []int64
 			for _, off := range offsets {
@@ -812,8 +888,8 @@ func (sub *pubsubSubscription) claim(tx *sqlx.Tx, now time.Time, n int) ([]*pubs
 		return claimed, nil
 	}
 	offsets = offsets[:0]
-	for _, d := range fresh {
-		offsets = append(offsets, d.offset)
+	for _, r := range fresh {
+		offsets = append(offsets, r.offset)
 	}
 	if _, err := tx.ExecContext(ctx, q.insertLeases, sub.topic, group, until, pubsubOffsets(offsets)); err != nil {
 		return nil, fmt.Errorf("claim messages: insert leases: %w", err)
@@ -824,38 +900,44 @@ func (sub *pubsubSubscription) claim(tx *sqlx.Tx, now time.Time, n int) ([]*pubs
 	return append(claimed, fresh...), nil
 }
 
-// scanMessages turns rows of (offset, uuid, payload, metadata) into
-// deliveries; deliveriesOf gives the delivery count of each offset.
-func (sub *pubsubSubscription) scanMessages(rows *sql.Rows, deliveriesOf func(int64) int64) (ds []*pubsubDelivery, err error) {
+// claimedRow is a message as a claim read it, to be made a delivery once
+// the claim committed.
+type claimedRow struct {
+	offset     int64
+	uuid       string
+	payload    []byte
+	metadata   []byte
+	deliveries int64
+}
+
+// scanMessages reads rows of (offset, uuid, payload, metadata);
+// deliveriesOf gives the delivery count of each offset.
+func (sub *pubsubSubscription) scanMessages(rows *sql.Rows, deliveriesOf func(int64) int64) (rs []claimedRow, err error) {
 	defer func() {
 		if cerr := rows.Close(); cerr != nil && err == nil {
 			err = fmt.Errorf("claim messages: %w", cerr)
 		}
 	}()
 	for rows.Next() {
-		var (
-			off      int64
-			uuid     string
-			payload  []byte
-			metadata string
-		)
-		if err := rows.Scan(&off, &uuid, &payload, &metadata); err != nil {
+		var r claimedRow
+		if err := rows.Scan(&r.offset, &r.uuid, &r.payload, &r.metadata); err != nil {
 			return nil, fmt.Errorf("claim messages: %w", err)
 		}
-		ds = append(ds, sub.newDelivery(off, uuid, payload, metadata, deliveriesOf(off)))
+		r.deliveries = deliveriesOf(r.offset)
+		rs = append(rs, r)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("claim messages: %w", err)
 	}
-	return ds, nil
+	return rs, nil
 }
 
-func (sub *pubsubSubscription) newDelivery(off int64, uuid string, payload []byte, metadata string, deliveries int64) *pubsubDelivery {
+func (sub *pubsubSubscription) newDelivery(r claimedRow) *pubsubDelivery {
 	// Metadata that is not a JSON object of strings (a row inserted by
 	// hand) marks the message unreadable, to be dead-lettered.
-	msg := storedmsg.Message(uuid, payload, []byte(metadata))
-	msg.Metadata.Set(framework.MetadataRedelivered, strconv.FormatBool(deliveries > 1))
-	d := &pubsubDelivery{sub: sub, offset: off, deliveries: deliveries, msg: msg}
+	msg := storedmsg.Message(r.uuid, r.payload, r.metadata)
+	msg.Metadata.Set(framework.MetadataRedelivered, strconv.FormatBool(r.deliveries > 1))
+	d := &pubsubDelivery{sub: sub, offset: r.offset, deliveries: r.deliveries, msg: msg}
 	ctx, cancel := context.WithCancel(sub.ctx)
 	d.cancel = cancel
 	msg.SetContext(pipeline.With(ctx, pipeline.AckInTx{DB: sub.s.db.DB, Ack: d.ackInTx}))

@@ -814,3 +814,45 @@ func TestPubSubClosed(t *testing.T) {
 	require.NoError(t, pub.Close())
 	require.ErrorIs(t, pub.Publish(b.topic, message.NewMessage("1", nil)), ErrPublisherClosed)
 }
+
+// TestPubSubHandsOutClaimedAheadWhileItsWritesWait shows that a
+// subscription holds half a claim batch claimed beyond MaxInFlight, and
+// hands it out as soon as an ack frees a slot, even while its write of
+// that ack (and its next claim) waits for the file's write lock: the
+// batches of the messages in flight must not run dry meanwhile.
+func TestPubSubHandsOutClaimedAheadWhileItsWritesWait(t *testing.T) {
+	t.Parallel()
+	b := setupPubSub(t)
+	sub := b.subscriber(t, SubscriberConfig{ConsumerGroup: "g", MaxInFlight: 4, ClaimBatchSize: 2, CleanupInterval: -1})
+	require.NoError(t, sub.SubscribeInitialize(b.topic))
+	b.publish(t, "1", "2", "3", "4", "5", "6", "7", "8")
+	msgs, err := sub.Subscribe(t.Context(), b.topic)
+	require.NoError(t, err)
+	var held []*message.Message
+	for range 4 {
+		held = append(held, receive(t, msgs))
+	}
+	require.Eventually(t, func() bool { // the fifth claimed ahead
+		return b.count(t, `SELECT count(*) FROM pubsub_leases WHERE consumer_group = 'g'`) == 5
+	}, 10*time.Second, 5*time.Millisecond)
+	receiveNothing(t, msgs, 50*time.Millisecond) // MaxInFlight reached
+
+	tx, err := b.db.Beginx() // holds the write lock
+	require.NoError(t, err)
+	held[0].Ack() // its write waits for the lock, with the next claim
+	fifth := receive(t, msgs)
+	require.Equal(t, "5", string(fifth.Payload))
+	require.NoError(t, tx.Rollback())
+
+	for _, m := range append(held[1:], fifth) {
+		m.Ack()
+	}
+	for _, want := range []string{"6", "7", "8"} {
+		m := receive(t, msgs)
+		require.Equal(t, want, string(m.Payload))
+		m.Ack()
+	}
+	require.Eventually(t, func() bool {
+		return b.count(t, `SELECT count(*) FROM pubsub_leases WHERE consumer_group = 'g'`) == 0
+	}, 10*time.Second, 5*time.Millisecond)
+}

@@ -120,8 +120,8 @@ func (t *Transport) Subscribe(sc framework.SubscribeConfig) (framework.Subscript
 	}
 	t.subs.Add(sub)
 	topics := append(append([]string(nil), sc.Types...), pipeline.ReplayTopic(sc.Consumer))
-	// Each topic's subscription holds up to MaxInFlight leases, each
-	// message its attempt's connection, and one connection at a time for
+	// Each topic's subscription hands out up to MaxInFlight messages, each
+	// holding its attempt's connection, and takes one connection at a time for
 	// its claims and acks; the subscriber one for its cleanup; the
 	// notifier's watch of new messages, shared by every subscriber, is
 	// counted with the first.
