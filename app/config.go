@@ -236,6 +236,9 @@ func (c Config) DecodeService(v any) error {
 	if err := dec.Decode(doc.Interface()); err != nil {
 		return fmt.Errorf("configuration: %s %s: %w", EnvConfig, c.Service.path, namedYAMLError(c.Service.file, err))
 	}
+	if err := fractionsInIntegers(c.Service.file, doc.Elem().Type()); err != nil {
+		return fmt.Errorf("configuration: %s %s: %w", EnvConfig, c.Service.path, err)
+	}
 	return nil
 }
 
@@ -644,6 +647,9 @@ func LoadConfig(lookupEnv func(string) (string, bool)) (Config, error) {
 		dec.KnownFields(true)
 		if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
 			return Config{}, fmt.Errorf("%s %s: %w", EnvConfig, path, namedYAMLError(raw, err))
+		}
+		if err := fractionsInIntegers(raw, reflect.TypeFor[Config]()); err != nil {
+			return Config{}, fmt.Errorf("%s %s: %w", EnvConfig, path, err)
 		}
 		if cfg.Service.present {
 			cfg.Service.path, cfg.Service.file = path, raw

@@ -231,6 +231,10 @@ func TestLoadConfigBadValue(t *testing.T) {
 		{name: "HTTPAddr", env: map[string]string{app.EnvHTTPAddr: "localhost"}, key: app.EnvHTTPAddr},
 		{name: "ConsumerAttemptsNegative", yaml: "consumers:\n  a.b:\n    attempts: -1\n", key: "consumers.a.b.attempts"},
 		{name: "ConsumerAttemptsNotANumber", yaml: "consumers:\n  a.b:\n    attempts: three\n", key: "consumers.a.b.attempts"},
+		// yaml.v3 truncates a fraction into an integer: 1.5 was 1.
+		{name: "ConsumerAttemptsFraction", yaml: "consumers:\n  a.b:\n    attempts: 1.5\n", key: "consumers.a.b.attempts (line 3): want a whole number, got 1.5"},
+		{name: "AMQPPrefetchFraction", yaml: "amqp_prefetch: 2.9\n", key: "amqp_prefetch (line 1): want a whole number"},
+		{name: "BreakerFailuresFraction", yaml: "defaults:\n  breaker:\n    failures: 0.5\n", key: "defaults.breaker.failures (line 3)"},
 		{name: "ConsumerConcurrency", yaml: "consumers:\n  a.b:\n    concurrency: 5000\n", key: "consumers.a.b.concurrency"},
 		{name: "ConsumerRetryDelay", yaml: "consumers:\n  a.b:\n    retry_delay: -1s\n", key: "consumers.a.b.retry_delay"},
 		{name: "DefaultsMaxDeliveries", yaml: "defaults:\n  max_deliveries: -2\n", key: "defaults.max_deliveries"},
@@ -337,6 +341,7 @@ func TestServiceSection(t *testing.T) {
 			{"WrongType", "service:\n  smtp:\n    port: twenty-five\n", "service.smtp.port (line 3)"},
 			{"BadDuration", "service:\n  timeout: soon\n", "service.timeout (line 2)"},
 			{"NotAMapping", "service: 42\n", "service (line 1)"},
+			{"Fraction", "service:\n  smtp:\n    port: 25.5\n", "service.smtp.port (line 3): want a whole number, got 25.5"},
 		} {
 			t.Run(tt.name, func(t *testing.T) {
 				t.Parallel()
