@@ -542,7 +542,30 @@ func (c Config) Validate() error {
 		errs = append(errs, cc.validate("consumers."+name))
 	}
 	errs = append(errs, c.Defaults.validate("defaults"))
+	errs = append(errs, c.validateLinger())
 	errs = append(errs, c.Console.validate(c.HTTPAddr))
+	return errors.Join(errs...)
+}
+
+// validateLinger checks that each consumer's batch_linger, merged with the
+// defaults, is shorter than its timeout: a batch waits for more attempts
+// within the time limit of the attempts it holds, so a message that
+// arrived alone would time out on every attempt and be dead-lettered as
+// timeout.
+func (c Config) validateLinger() error {
+	keys := []string{"defaults"}
+	names := []string{""} // a consumer not listed takes the defaults
+	for _, name := range slices.Sorted(maps.Keys(c.Consumers)) {
+		keys, names = append(keys, "consumers."+name), append(names, name)
+	}
+	var errs []error
+	for i, name := range names {
+		s := c.Settings(name)
+		if s.BatchLinger > 0 && s.BatchLinger >= s.Timeout {
+			errs = append(errs, fmt.Errorf("%s.batch_linger: want less than its timeout (%s): a batch waits within the time limit of its attempts, so a message that arrived alone would time out and be dead-lettered, got %s",
+				keys[i], time.Duration(s.Timeout), time.Duration(s.BatchLinger)))
+		}
+	}
 	return errors.Join(errs...)
 }
 

@@ -234,6 +234,8 @@ func TestLoadConfigBadValue(t *testing.T) {
 		// yaml.v3 truncates a fraction into an integer: 1.5 was 1.
 		{name: "ConsumerAttemptsFraction", yaml: "consumers:\n  a.b:\n    attempts: 1.5\n", key: "consumers.a.b.attempts (line 3): want a whole number, got 1.5"},
 		{name: "AMQPPrefetchFraction", yaml: "amqp_prefetch: 2.9\n", key: "amqp_prefetch (line 1): want a whole number"},
+		{name: "BatchLingerOverTimeout", yaml: "defaults:\n  timeout: 2s\nconsumers:\n  a.b:\n    batch_linger: 2s\n", key: "consumers.a.b.batch_linger: want less than its timeout (2s)"},
+		{name: "BatchLingerOverDefaultTimeout", yaml: "defaults:\n  batch_linger: 1h\n", key: "defaults.batch_linger"},
 		{name: "BreakerFailuresFraction", yaml: "defaults:\n  breaker:\n    failures: 0.5\n", key: "defaults.breaker.failures (line 3)"},
 		{name: "ConsumerConcurrency", yaml: "consumers:\n  a.b:\n    concurrency: 5000\n", key: "consumers.a.b.concurrency"},
 		{name: "ConsumerRetryDelay", yaml: "consumers:\n  a.b:\n    retry_delay: -1s\n", key: "consumers.a.b.retry_delay"},
