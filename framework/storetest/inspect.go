@@ -187,6 +187,28 @@ func exerciseInspectEvent(t *testing.T, newHarness func(t *testing.T) Harness) {
 			require.Falsef(t, rec.Known(), "%s: %+v", key, rec)
 		}
 	})
+
+	// Text that no row holds (an operator's typo: NUL, bytes that are not
+	// UTF-8) is unknown on every store, as a key or a filter: PostgreSQL
+	// refused the query, which the console answered with a 500.
+	t.Run("UnstorableText", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		for _, key := range []framework.Key{{Source: "shop\xff", ID: "1"}, {Source: "shop", ID: "1\x00"}} {
+			rec := b.inspect(t, key)
+			require.Falsef(t, rec.Known(), "%q: %+v", key, rec)
+		}
+		for _, f := range []framework.DeadLetterFilter{{Consumer: "a\xff"}, {Code: "c\x00"}, {Type: "t\xff"}, {Subject: "s\x00"}, {Source: "s\xff", EventID: "1"}} {
+			dls, err := b.store.DeadLetters(ctx, f)
+			require.NoError(t, err, "%+v", f)
+			require.Empty(t, dls)
+		}
+		for _, f := range []framework.ParkedFilter{{Consumer: "a\x00"}, {Subject: "s\xff"}} {
+			ps, err := b.store.Parked(ctx, f)
+			require.NoError(t, err, "%+v", f)
+			require.Empty(t, ps)
+		}
+	})
 }
 
 func exercisePurgeHorizons(t *testing.T, newHarness func(t *testing.T) Harness) {

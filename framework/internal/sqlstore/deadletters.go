@@ -176,6 +176,9 @@ func (s *Store) DeadLetters(ctx context.Context, f framework.DeadLetterFilter) (
 	if f.Limit == 0 {
 		f.Limit = DefaultDeadLetterLimit
 	}
+	if !storableText(f.Consumer, string(f.Code), string(f.Status), f.Type, f.Subject, f.Source, f.EventID) {
+		return nil, nil // no row holds it (PostgreSQL would refuse the query)
+	}
 	cond, condArgs := s.deadLetterFilter(f)
 	args := append([]any{f.AfterID}, condArgs...)
 	args = append(args, f.Limit)

@@ -57,6 +57,14 @@ var _ framework.Inspector = (*Store)(nil)
 func (s *Store) InspectEvent(ctx context.Context, key framework.Key) (framework.EventRecord, error) {
 	rec := framework.EventRecord{Key: key}
 	var err error
+	if !storableText(key.Source, key.ID) {
+		// No row holds it (PostgreSQL would refuse the query): only the
+		// horizons to tell.
+		if rec.Horizons, err = s.horizons().Read(ctx, s.db); err != nil {
+			return rec, fmt.Errorf("inspect event: %w", err)
+		}
+		return rec, nil
+	}
 	if rec.Outbox, err = s.inspectOutbox(ctx, key); err != nil {
 		return rec, fmt.Errorf("inspect event %s: %w", key, err)
 	}

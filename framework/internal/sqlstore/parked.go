@@ -140,6 +140,9 @@ func (s *Store) ParkGap(ctx context.Context, p framework.ParkedEvent) (bool, err
 
 // Parked implements framework.Store.
 func (s *Store) Parked(ctx context.Context, f framework.ParkedFilter) (_ []framework.ParkedEvent, err error) {
+	if !storableText(f.Consumer, f.Subject) {
+		return nil, nil // no row holds it (PostgreSQL would refuse the query)
+	}
 	var (
 		query strings.Builder
 		args  []any

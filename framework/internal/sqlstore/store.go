@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jmoiron/sqlx"
 
@@ -209,4 +210,17 @@ func (s *Store) MarkMany(ctx context.Context, tx *framework.Tx, consumer string,
 		delete(inserted, k) // a repeat of k within keys is a duplicate
 	}
 	return first, nil
+}
+
+// storableText reports whether every one of ss is text that a row can
+// hold: valid UTF-8 without NUL. A store writes no other (see
+// framework.StorableMetadata, framework.Key.Validate), so a filter of any
+// other text matches nothing, and PostgreSQL refuses it in a query.
+func storableText(ss ...string) bool {
+	for _, s := range ss {
+		if !utf8.ValidString(s) || strings.IndexByte(s, 0) >= 0 {
+			return false
+		}
+	}
+	return true
 }
