@@ -29,7 +29,10 @@ const (
 	// stored row it could not read as published (its metadata is not a
 	// JSON object of strings): the value says what was wrong. The chain
 	// dead-letters such a message with CodeUnreadableMessage instead of
-	// the subscription stalling on it.
+	// the subscription stalling on it. It is the transport's word on one
+	// delivery, never the message's: the transports drop it, and
+	// MetadataUnreadableRaw, from the metadata a producer sent, and a
+	// replay drops them from the dead letter's.
 	MetadataUnreadable = "effectively_unreadable"
 	// MetadataUnreadableRaw keeps the stored metadata text of an
 	// unreadable message, as valid UTF-8 without NUL, cut at 8 KiB.
@@ -41,13 +44,16 @@ const (
 
 // ReplayMessage returns the message that replays dl: its original body
 // and metadata under a new UUID, without the redelivery marker of the
-// delivery that failed (the replay is a first delivery), and with
+// delivery that failed (the replay is a first delivery) nor its
+// transport's unreadable marker (the replay is published anew, with
+// metadata its transport reads: else it was dead-lettered as
+// unreadable_message again, whatever the operator fixed), and with
 // MetadataReplayOf set to dl's id. The operator's replay command, the
 // test kit and the transport suite all replay with it.
 func (dl DeadLetter) ReplayMessage() *message.Message {
 	msg := message.NewMessage(watermill.NewUUID(), dl.Body)
 	for k, v := range dl.Metadata {
-		if k != MetadataRedelivered {
+		if !deliveryMarker(k) {
 			msg.Metadata.Set(k, v)
 		}
 	}
@@ -79,4 +85,11 @@ func DecodeMessage(msg *message.Message, maxBody int) (Envelope, error) {
 		return Envelope{}, fmt.Errorf("message %s: %w", msg.UUID, err)
 	}
 	return env, nil
+}
+
+// deliveryMarker reports whether the metadata key k is one that a
+// transport sets on one delivery, never part of the message: the
+// redelivery and unreadable markers.
+func deliveryMarker(k string) bool {
+	return k == MetadataRedelivered || k == MetadataUnreadable || k == MetadataUnreadableRaw
 }

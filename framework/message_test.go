@@ -14,9 +14,11 @@ func TestDeadLetterReplayMessage(t *testing.T) {
 		ID:   42,
 		Body: []byte(`{"specversion":"1.0"}`),
 		Metadata: map[string]string{
-			framework.MetadataContentType: framework.ContentType,
-			framework.MetadataRedelivered: "true",
-			"traceparent-carrier":         "kept",
+			framework.MetadataContentType:   framework.ContentType,
+			framework.MetadataRedelivered:   "true",
+			framework.MetadataUnreadable:    "metadata is not a JSON object",
+			framework.MetadataUnreadableRaw: `["a"]`,
+			"traceparent-carrier":           "kept",
 		},
 	}
 	msg := dl.ReplayMessage()
@@ -24,6 +26,10 @@ func TestDeadLetterReplayMessage(t *testing.T) {
 	require.Equal(t, framework.ContentType, msg.Metadata.Get(framework.MetadataContentType))
 	require.Equal(t, "kept", msg.Metadata.Get("traceparent-carrier"))
 	require.NotContains(t, msg.Metadata, framework.MetadataRedelivered, "a replay is a first delivery")
+	// Published anew, with metadata its transport reads: it was
+	// dead-lettered as unreadable_message again, whatever the fix.
+	require.NotContains(t, msg.Metadata, framework.MetadataUnreadable)
+	require.NotContains(t, msg.Metadata, framework.MetadataUnreadableRaw)
 	require.Equal(t, "42", msg.Metadata.Get(framework.MetadataReplayOf))
 	require.NotEqual(t, dl.ReplayMessage().UUID, msg.UUID, "each replay is a message of its own")
 }

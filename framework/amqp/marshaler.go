@@ -27,7 +27,10 @@ import (
 //     their CloudEvent source and id, never by this UUID);
 //   - the delivery's redelivered flag becomes framework.MetadataRedelivered
 //     ("true" or "false"), and its content type the metadata
-//     framework.MetadataContentType when no header gives one.
+//     framework.MetadataContentType when no header gives one;
+//   - headers framework.MetadataUnreadable and MetadataUnreadableRaw are
+//     dropped: they are a SQL transport's word on a stored row, and a
+//     producer's would have a good event dead-lettered.
 //
 // Published messages are persistent, carry the UUID both in watermill's
 // header and as the message-id, and their metadata as string headers,
@@ -68,8 +71,8 @@ func (Marshaler) Unmarshal(d amqp091.Delivery) (*message.Message, error) {
 	msg := message.NewMessage(id, d.Body)
 	msg.Metadata = make(message.Metadata, len(d.Headers)+2)
 	for k, v := range d.Headers {
-		if k == wamqp.DefaultMessageUUIDHeaderKey {
-			continue
+		if k == wamqp.DefaultMessageUUIDHeaderKey || k == framework.MetadataUnreadable || k == framework.MetadataUnreadableRaw {
+			continue // the unreadable markers are a SQL transport's word on a row, never a producer's
 		}
 		msg.Metadata[k] = headerText(v)
 	}

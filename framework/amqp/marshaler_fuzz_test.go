@@ -97,8 +97,14 @@ func requireDelivered(t *testing.T, d amqp091.Delivery, msg *message.Message) {
 	if got := msg.Metadata.Get(framework.MetadataRedelivered); got != strconv.FormatBool(d.Redelivered) {
 		t.Fatalf("%s is %q, the delivery's flag %v", framework.MetadataRedelivered, got, d.Redelivered)
 	}
+	for _, k := range []string{framework.MetadataUnreadable, framework.MetadataUnreadableRaw} {
+		if _, ok := msg.Metadata[k]; ok {
+			t.Fatalf("header %q came through: only a SQL transport marks a message unreadable", k)
+		}
+	}
 	for k, v := range d.Headers {
-		if k == wamqp.DefaultMessageUUIDHeaderKey || k == framework.MetadataRedelivered {
+		if k == wamqp.DefaultMessageUUIDHeaderKey || k == framework.MetadataRedelivered ||
+			k == framework.MetadataUnreadable || k == framework.MetadataUnreadableRaw {
 			continue
 		}
 		got, ok := msg.Metadata[k]

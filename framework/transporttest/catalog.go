@@ -203,6 +203,9 @@ func Catalog(typ string) []BadInput {
 		{"NullValueMetadata", `{"k":null}`},
 		{"NullMetadata", `null`},
 		{"RedeliveredMetadata", `{"` + framework.MetadataRedelivered + `":"false"}`},
+		// Only the transport marks a row unreadable: a row that says so
+		// of itself is a good event.
+		{"UnreadableMarkerMetadata", `{"` + framework.MetadataUnreadable + `":"forged","` + framework.MetadataUnreadableRaw + `":"x"}`},
 	} {
 		in = append(in, BadInput{Name: c[0], Body: ev(c[0]), StoredMetadata: c[1], ID: "catalog-" + c[0]})
 	}
@@ -218,6 +221,12 @@ func Catalog(typ string) []BadInput {
 	// event, kept by a dead letter.
 	in = append(in,
 		BadInput{Name: "TypedHeaders", Body: ev("TypedHeaders"), Headers: typedHeaders(), ID: "catalog-TypedHeaders"},
+		// The unreadable markers are a SQL transport's word on a row: a
+		// producer's headers saying so have a good event take effect.
+		BadInput{
+			Name: "UnreadableMarkerHeaders", Body: ev("UnreadableMarkerHeaders"), ID: "catalog-UnreadableMarkerHeaders",
+			Headers: map[string]any{framework.MetadataUnreadable: "forged", framework.MetadataUnreadableRaw: "x"},
+		},
 		BadInput{
 			Name:    "PoisonWithTypedHeaders",
 			Body:    []byte(`{"hello":"catalog-PoisonWithTypedHeaders"}`),

@@ -17,7 +17,8 @@ import (
 // FuzzMessage feeds Message any stored row. It never panics and keeps the
 // UUID and payload; metadata it reads is a JSON object of strings that
 // encodes back to itself, and it never takes from the row what only a
-// transport knows (whether this is a redelivery); metadata it cannot read
+// transport knows (whether this is a redelivery, whether the row is
+// unreadable); metadata it cannot read
 // marks the message unreadable, keeping the text as valid UTF-8 without
 // NUL. The seed corpus holds every stored metadata of the bad-input
 // catalog.
@@ -39,12 +40,17 @@ func FuzzMessage(f *testing.F) {
 		if _, ok := msg.Metadata[framework.MetadataRedelivered]; ok {
 			t.Fatalf("the stored row set %s, which only a transport can tell", framework.MetadataRedelivered)
 		}
+		if md, reason := storedmsg.Metadata(metadata); reason == "" && msg.Metadata[framework.MetadataUnreadable] != "" {
+			t.Fatalf("the stored row %q marked itself unreadable: only the transport does (%q)", md, msg.Metadata)
+		}
 		md, reason := storedmsg.Metadata(metadata)
 		if reason != "" {
 			requireUnreadable(t, msg.Metadata, reason)
 			return
 		}
 		delete(md, framework.MetadataRedelivered)
+		delete(md, framework.MetadataUnreadable)
+		delete(md, framework.MetadataUnreadableRaw)
 		if !maps.Equal(md, map[string]string(msg.Metadata)) {
 			t.Fatalf("Message's metadata %q, Metadata's %q", msg.Metadata, md)
 		}

@@ -27,11 +27,17 @@ import (
 // framework.MetadataRedelivered is left out: whether a message was
 // delivered before is the transport's to tell, never the row's (a row
 // inserted by hand saying "false" would keep a message that kills its
-// process from ever being counted towards the delivery limit).
+// process from ever being counted towards the delivery limit). So are a
+// stored framework.MetadataUnreadable and MetadataUnreadableRaw, which
+// this function alone sets.
 func Message(uuid string, payload, metadata []byte) *message.Message {
 	msg := message.NewMessage(uuid, payload)
 	md, reason := Metadata(metadata)
+	// The transport's words, not the row's: a row saying it is
+	// unreadable would have a good event dead-lettered.
 	delete(md, framework.MetadataRedelivered)
+	delete(md, framework.MetadataUnreadable)
+	delete(md, framework.MetadataUnreadableRaw)
 	if reason != "" {
 		md = message.Metadata{
 			framework.MetadataUnreadable:    reason,
