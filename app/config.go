@@ -542,17 +542,25 @@ func (c Config) Validate() error {
 		errs = append(errs, cc.validate("consumers."+name))
 	}
 	errs = append(errs, c.Defaults.validate("defaults"))
-	errs = append(errs, c.validateLinger())
+	errs = append(errs, c.validateMerged())
 	errs = append(errs, c.Console.validate(c.HTTPAddr))
 	return errors.Join(errs...)
 }
 
-// validateLinger checks that each consumer's batch_linger, merged with the
-// defaults, is shorter than its timeout: a batch waits for more attempts
-// within the time limit of the attempts it holds, so a message that
-// arrived alone would time out on every attempt and be dead-lettered as
-// timeout.
-func (c Config) validateLinger() error {
+// MaxHandlingTime bounds how long a consumer's settings let one message
+// be handled: attempts × (timeout + retry_delay), plus breaker.max_hold.
+// The transports size their leases and ack deadlines from it, so past it
+// they would overflow; a year is past any sensible setting.
+const MaxHandlingTime = 365 * 24 * time.Hour
+
+// validateMerged checks each consumer's settings merged with the
+// defaults, naming the consumer's key (defaults for those not listed):
+// that batch_linger is shorter than the timeout (a batch waits for more
+// attempts within the time limit of the attempts it holds, so a message
+// that arrived alone would time out on every attempt and be
+// dead-lettered as timeout), and that the handling time is at most
+// MaxHandlingTime.
+func (c Config) validateMerged() error {
 	keys := []string{"defaults"}
 	names := []string{""} // a consumer not listed takes the defaults
 	for _, name := range slices.Sorted(maps.Keys(c.Consumers)) {
@@ -564,6 +572,12 @@ func (c Config) validateLinger() error {
 		if s.BatchLinger > 0 && s.BatchLinger >= s.Timeout {
 			errs = append(errs, fmt.Errorf("%s.batch_linger: want less than its timeout (%s): a batch waits within the time limit of its attempts, so a message that arrived alone would time out and be dead-lettered, got %s",
 				keys[i], time.Duration(s.Timeout), time.Duration(s.BatchLinger)))
+		}
+		// In floating point: the product may overflow a Duration.
+		handling := float64(s.Attempts)*(float64(s.Timeout)+float64(s.RetryDelay)) + float64(s.Breaker.MaxHold)
+		if handling > float64(MaxHandlingTime) {
+			errs = append(errs, fmt.Errorf("%s: attempts × (timeout + retry_delay) + breaker.max_hold: want at most %s, got %d × (%s + %s) + %s",
+				keys[i], MaxHandlingTime, s.Attempts, time.Duration(s.Timeout), time.Duration(s.RetryDelay), time.Duration(s.Breaker.MaxHold)))
 		}
 	}
 	return errors.Join(errs...)

@@ -236,6 +236,8 @@ func TestLoadConfigBadValue(t *testing.T) {
 		{name: "AMQPPrefetchFraction", yaml: "amqp_prefetch: 2.9\n", key: "amqp_prefetch (line 1): want a whole number"},
 		{name: "BatchLingerOverTimeout", yaml: "defaults:\n  timeout: 2s\nconsumers:\n  a.b:\n    batch_linger: 2s\n", key: "consumers.a.b.batch_linger: want less than its timeout (2s)"},
 		{name: "BatchLingerOverDefaultTimeout", yaml: "defaults:\n  batch_linger: 1h\n", key: "defaults.batch_linger"},
+		{name: "AttemptsOverflow", yaml: "consumers:\n  a.b:\n    attempts: 1000000000\n", key: "consumers.a.b: attempts × (timeout + retry_delay) + breaker.max_hold: want at most 8760h0m0s"},
+		{name: "TimeoutOverflow", yaml: "defaults:\n  timeout: 2000000h\n", key: "defaults: attempts × (timeout + retry_delay)"},
 		{name: "BreakerFailuresFraction", yaml: "defaults:\n  breaker:\n    failures: 0.5\n", key: "defaults.breaker.failures (line 3)"},
 		{name: "ConsumerConcurrency", yaml: "consumers:\n  a.b:\n    concurrency: 5000\n", key: "consumers.a.b.concurrency"},
 		{name: "ConsumerRetryDelay", yaml: "consumers:\n  a.b:\n    retry_delay: -1s\n", key: "consumers.a.b.retry_delay"},
