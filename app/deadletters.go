@@ -1,6 +1,7 @@
 package app
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -573,13 +574,15 @@ func printDeadLetter(out io.Writer, dl framework.DeadLetter) error {
 		return err
 	}
 	fmt.Fprintln(out, "body:")
-	var pretty any
-	if json.Unmarshal(dl.Body, &pretty) == nil {
-		b, err := json.MarshalIndent(pretty, "  ", "  ")
-		if err == nil {
-			_, err = fmt.Fprintf(out, "  %s\n", b)
+	var pretty bytes.Buffer
+	if json.Indent(&pretty, dl.Body, "", "  ") == nil {
+		// Indented as it is, not decoded and encoded again, which sorted
+		// the members, kept one of two with the same name (the cause of a
+		// malformed_envelope) and rounded large numbers.
+		for line := range strings.Lines(pretty.String()) {
+			fmt.Fprintf(out, "  %s\n", printable(strings.TrimSuffix(line, "\n")))
 		}
-		return err
+		return nil
 	}
 	_, err := fmt.Fprintf(out, "  %q\n", dl.Body)
 	return err

@@ -379,3 +379,26 @@ func TestShowEscapesHiddenText(t *testing.T) {
 		}
 	}
 }
+
+// TestShowBodyAsItIs: dead-letters show indents a JSON body as it is. It
+// decoded and encoded it again, which kept one of two attributes with the
+// same name (so the operator could not see why the message was
+// malformed_envelope), sorted the members and rounded large numbers.
+func TestShowBodyAsItIs(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	b := setup(t, cfg)
+	store := testStore(t, b.db)
+	body := `{"specversion":"1.0","id":"w-1","id":"w-2","source":"widgets","n":12345678901234567890,"html":"<&>"}`
+	require.NoError(t, store.PublishDeadLetter(t.Context(), framework.DeadLetter{
+		Consumer: consumerName, Topic: widgetAdded.Type(), Source: "", EventID: framework.BodyKey([]byte(body)).ID,
+		Code: framework.CodeMalformedEnvelope, Body: []byte(body),
+	}))
+	dls, err := store.DeadLetters(t.Context(), framework.DeadLetterFilter{Consumer: consumerName})
+	require.NoError(t, err)
+	require.Len(t, dls, 1)
+	out, err := runCommand(t, commandOptions(cfg), "dead-letters", "show", fmt.Sprint(dls[0].ID))
+	require.NoError(t, err)
+	require.Contains(t, out, "body:\n  {\n    \"specversion\": \"1.0\",\n    \"id\": \"w-1\",\n    \"id\": \"w-2\",\n"+
+		"    \"source\": \"widgets\",\n    \"n\": 12345678901234567890,\n    \"html\": \"<&>\"\n  }\n")
+}
