@@ -41,7 +41,10 @@ func fractionsInIntegers(raw []byte, t reflect.Type) error {
 			}
 			for i := 0; i+1 < len(n.Content); i += 2 {
 				key := n.Content[i].Value
-				ft, ok := t, true
+				var (
+					ft reflect.Type
+					ok = true
+				)
 				if t.Kind() == reflect.Struct {
 					ft, ok = yamlFieldType(t, key)
 				} else {
