@@ -553,6 +553,17 @@ func (c Config) Validate() error {
 // they would overflow; a year is past any sensible setting.
 const MaxHandlingTime = 365 * 24 * time.Hour
 
+// settingsKeys returns the keys of the consumers' settings, defaults
+// first, and the consumer name of each: empty for the defaults, which a
+// consumer not listed takes.
+func (c Config) settingsKeys() (keys, names []string) {
+	keys, names = []string{"defaults"}, []string{""}
+	for _, name := range slices.Sorted(maps.Keys(c.Consumers)) {
+		keys, names = append(keys, "consumers."+name), append(names, name)
+	}
+	return keys, names
+}
+
 // validateMerged checks each consumer's settings merged with the
 // defaults, naming the consumer's key (defaults for those not listed):
 // that batch_linger is shorter than the timeout (a batch waits for more
@@ -561,11 +572,7 @@ const MaxHandlingTime = 365 * 24 * time.Hour
 // dead-lettered as timeout), and that the handling time is at most
 // MaxHandlingTime.
 func (c Config) validateMerged() error {
-	keys := []string{"defaults"}
-	names := []string{""} // a consumer not listed takes the defaults
-	for _, name := range slices.Sorted(maps.Keys(c.Consumers)) {
-		keys, names = append(keys, "consumers."+name), append(names, name)
-	}
+	keys, names := c.settingsKeys()
 	var errs []error
 	for i, name := range names {
 		s := c.Settings(name)
@@ -597,11 +604,7 @@ func (c Config) validateQueueType() error {
 	if limit < 1 || limit > math.MaxInt32 {
 		return fmt.Errorf("amqp_delivery_limit: want 1..%d, got %d", math.MaxInt32, limit)
 	}
-	keys := []string{"defaults"}
-	names := []string{""} // a consumer not listed takes the defaults
-	for _, name := range slices.Sorted(maps.Keys(c.Consumers)) {
-		keys, names = append(keys, "consumers."+name), append(names, name)
-	}
+	keys, names := c.settingsKeys()
 	var errs []error
 	for i, name := range names {
 		if most := c.Settings(name).MaxDeliveries; most >= limit {
