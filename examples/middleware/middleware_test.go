@@ -198,8 +198,12 @@ func TestTenantPerAttempt(t *testing.T) {
 			t.Parallel()
 			p := &probes{before: map[string]seen{}, after: map[string]seen{}}
 			// The batch starts when it holds three attempts (or after a
-			// minute, which would fail the test).
-			together := app.ConsumerConfig{Concurrency: 3, BatchSize: 3, Batches: 1, BatchLinger: app.Duration(time.Minute)}
+			// minute, which would fail the test); a linger must be
+			// shorter than the attempts' timeout.
+			together := app.ConsumerConfig{
+				Concurrency: 3, BatchSize: 3, Batches: 1,
+				BatchLinger: app.Duration(time.Minute), Timeout: app.Duration(2 * time.Minute),
+			}
 			svc := apptest.New(t, checkModule(p.probe(p.before), p.probe(p.after)), apptest.Config{
 				PostgresURL: pgURL,
 				Consumers:   map[string]app.ConsumerConfig{checkConsumer: together},
