@@ -101,30 +101,54 @@ type matrixCell struct {
 
 // matrixCells are the cells of every set-up.
 var matrixCells = []matrixCell{
-	{name: "AfterDecode", at: []crash.Point{crash.AfterDecode},
-		catches: "a message acknowledged on receipt, before its effect"},
-	{name: "AfterCount", at: []crash.Point{crash.AfterDecode, crash.AfterCount},
-		catches: "a delivery count that survives the kill and refuses the event, or counts a lost ack as a failure"},
-	{name: "AfterMark", at: []crash.Point{crash.AfterMark},
-		catches: "a processed mark committed apart from the handler's writes: the redelivery is taken for a duplicate and the effect lost"},
-	{name: "AfterHandlerBeforeCommit", at: []crash.Point{crash.BeforeCommit},
-		catches: "the handler's writes committed apart from the mark (two effects), or the message acknowledged before the commit (none)"},
-	{name: "AfterCommitBeforeAck", at: []crash.Point{crash.AfterCommit},
-		catches: "a redelivery of a committed event run again: two effects"},
-	{name: "BeforeAck", at: []crash.Point{crash.BeforeAck},
-		catches: "a redelivery of a committed event run again: two effects"},
-	{name: "InDeadLetterWrite", at: []crash.Point{crash.BeforeDeadLetter}, kind: poisonCell,
-		catches: "a poison message acknowledged before its dead letter is stored: the dead letter lost"},
-	{name: "DeadLetterStoredBeforeAck", at: []crash.Point{crash.BeforeAck}, kind: poisonCell,
-		catches: "a dead letter stored twice when its message comes again"},
-	{name: "OutboxRelayBeforeMarkSent", at: []crash.Point{crash.BeforeOutboxSent}, kind: outboxCell, slowOn: "SQLite",
-		catches: "rows lost, or left unsent, by a relay that dies with them published and not marked; a republished event run twice"},
-	{name: "ReplayBeforePublish", at: []crash.Point{crash.BeforeReplayPublish}, kind: replayCell,
-		catches: "a replay claimed and never published: the dead letter replayed, its event without effect"},
-	{name: "ReplayBeforeSent", at: []crash.Point{crash.BeforeReplaySent}, kind: replayCell,
-		catches: "a replay published again after the kill and run twice"},
-	{name: "ReleaseParkedBeforeSent", at: []crash.Point{crash.BeforeReplaySent}, kind: releaseCell,
-		catches: "parked events released and lost, run twice, or left parked"},
+	{
+		name: "AfterDecode", at: []crash.Point{crash.AfterDecode},
+		catches: "a message acknowledged on receipt, before its effect",
+	},
+	{
+		name: "AfterCount", at: []crash.Point{crash.AfterDecode, crash.AfterCount},
+		catches: "a delivery count that survives the kill and refuses the event, or counts a lost ack as a failure",
+	},
+	{
+		name: "AfterMark", at: []crash.Point{crash.AfterMark},
+		catches: "a processed mark committed apart from the handler's writes: the redelivery is taken for a duplicate and the effect lost",
+	},
+	{
+		name: "AfterHandlerBeforeCommit", at: []crash.Point{crash.BeforeCommit},
+		catches: "the handler's writes committed apart from the mark (two effects), or the message acknowledged before the commit (none)",
+	},
+	{
+		name: "AfterCommitBeforeAck", at: []crash.Point{crash.AfterCommit},
+		catches: "a redelivery of a committed event run again: two effects",
+	},
+	{
+		name: "BeforeAck", at: []crash.Point{crash.BeforeAck},
+		catches: "a redelivery of a committed event run again: two effects",
+	},
+	{
+		name: "InDeadLetterWrite", at: []crash.Point{crash.BeforeDeadLetter}, kind: poisonCell,
+		catches: "a poison message acknowledged before its dead letter is stored: the dead letter lost",
+	},
+	{
+		name: "DeadLetterStoredBeforeAck", at: []crash.Point{crash.BeforeAck}, kind: poisonCell,
+		catches: "a dead letter stored twice when its message comes again",
+	},
+	{
+		name: "OutboxRelayBeforeMarkSent", at: []crash.Point{crash.BeforeOutboxSent}, kind: outboxCell, slowOn: "SQLite",
+		catches: "rows lost, or left unsent, by a relay that dies with them published and not marked; a republished event run twice",
+	},
+	{
+		name: "ReplayBeforePublish", at: []crash.Point{crash.BeforeReplayPublish}, kind: replayCell,
+		catches: "a replay claimed and never published: the dead letter replayed, its event without effect",
+	},
+	{
+		name: "ReplayBeforeSent", at: []crash.Point{crash.BeforeReplaySent}, kind: replayCell,
+		catches: "a replay published again after the kill and run twice",
+	},
+	{
+		name: "ReleaseParkedBeforeSent", at: []crash.Point{crash.BeforeReplaySent}, kind: releaseCell,
+		catches: "parked events released and lost, run twice, or left parked",
+	},
 }
 
 // matrixSetups are the set-ups of the matrix.

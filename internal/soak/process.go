@@ -81,7 +81,10 @@ func (p *proc) waitReady(ctx context.Context, timeout time.Duration) error {
 		}
 		select {
 		case <-p.done:
-			return fmt.Errorf("%s exited before it was ready (%v): see %s", p.name, p.err, p.log)
+			if p.err == nil {
+				return fmt.Errorf("%s exited before it was ready: see %s", p.name, p.log)
+			}
+			return fmt.Errorf("%s exited before it was ready (%w): see %s", p.name, p.err, p.log)
 		case <-ctx.Done():
 			return fmt.Errorf("%s not ready: %w: see %s", p.name, ctx.Err(), p.log)
 		case <-time.After(100 * time.Millisecond):
@@ -101,7 +104,7 @@ func (p *proc) stop(timeout time.Duration) error {
 	select {
 	case <-p.done:
 		if p.err != nil {
-			return fmt.Errorf("%s stopped with %v: see %s", p.name, p.err, p.log)
+			return fmt.Errorf("%s stopped with %w: see %s", p.name, p.err, p.log)
 		}
 		return nil
 	case <-time.After(timeout):

@@ -311,7 +311,7 @@ func (r *run) soak(ctx context.Context, dir string) (Report, error) {
 		}
 		c.procs[i] = p
 	}
-	defer c.stopAll()
+	defer func() { _ = c.stopAll() }() // the report is made; a consumer killed at random may have exited
 	r.start = time.Now()
 	producer, err := r.svc.start(ctx, "producer", time.Minute,
 		EnvRole+"=producer", EnvEvents+"="+strconv.Itoa(r.opts.Events),
@@ -400,7 +400,7 @@ func (r *run) faultsWhileProducing(ctx context.Context) error {
 			}
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("soak: the producer wrote %d of %d events (last error: %v)", n, distinct, err)
+			return lastError(fmt.Sprintf("soak: the producer wrote %d of %d events", n, distinct), err)
 		}
 		select {
 		case <-ctx.Done():
@@ -434,7 +434,7 @@ func (r *run) until(ctx context.Context, timeout time.Duration, what string, don
 			last = err
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("soak: %s: not within %s (last error: %v)", what, timeout, last)
+			return lastError(fmt.Sprintf("soak: %s: not within %s", what, timeout), last)
 		}
 		select {
 		case <-ctx.Done():
@@ -650,4 +650,13 @@ func (c *consumers) stopAll() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// lastError is the error msg, wrapping last, the last error seen on the
+// way, when there was one.
+func lastError(msg string, last error) error {
+	if last == nil {
+		return errors.New(msg)
+	}
+	return fmt.Errorf("%s (last error: %w)", msg, last)
 }

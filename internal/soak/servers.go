@@ -32,7 +32,7 @@ type Postgres struct {
 func StartPostgres(ctx context.Context) (*Postgres, error) {
 	for _, prog := range []string{"initdb", "pg_ctl"} {
 		if _, err := os.Stat(filepath.Join(PostgresBin, prog)); err != nil {
-			return nil, fmt.Errorf("%w: %s: %v", ErrMissing, prog, err)
+			return nil, fmt.Errorf("%w: %s: %w", ErrMissing, prog, err)
 		}
 	}
 	dir, err := ownedDir("effectively-soak-postgres-", "postgres")
@@ -110,7 +110,7 @@ type RabbitNode struct {
 // NewRabbitNode prepares an empty node name@localhost in a new folder.
 func NewRabbitNode(name string) (*RabbitNode, error) {
 	if _, err := exec.LookPath("rabbitmq-server"); err != nil {
-		return nil, fmt.Errorf("%w: rabbitmq-server: %v", ErrMissing, err)
+		return nil, fmt.Errorf("%w: rabbitmq-server: %w", ErrMissing, err)
 	}
 	dir, err := ownedDir("effectively-soak-rabbitmq-", "rabbitmq")
 	if err != nil {
@@ -288,7 +288,7 @@ func ownedDir(pattern, user string) (string, error) {
 
 func chown(path, user string) error {
 	if out, err := exec.Command("chown", user+":"+user, path).CombinedOutput(); err != nil {
-		return fmt.Errorf("%w: chown %s to %s: %v: %s", ErrMissing, path, user, err, out)
+		return fmt.Errorf("%w: chown %s to %s: %w: %s", ErrMissing, path, user, err, out)
 	}
 	return nil
 }
