@@ -36,12 +36,13 @@ func (e *gapError) Unwrap() error { return pipeline.ErrLater }
 // event further ahead is parked when an earlier event of its subject is a
 // dead letter (held, see gapWait) or parked, and otherwise waits: it is
 // delivered again later, and parked once it has waited GapPark (see
-// gapWait, which sits outside the unit of work). A parked event is acknowledged without its processed mark, in
-// the attempt's transaction; releaseParked applies it once its turn
-// comes. A subject's sequence starts at 1: its first event waits for #1
-// like any other, unless fromFirstSeen, when the first event seen of a
-// subject starts its sequence, whatever its number, unless it is parked.
-// Events without subject or subjectseq pass through.
+// gapWait, which sits outside the unit of work). A parked event is
+// acknowledged without its processed mark, in the attempt's transaction;
+// releaseParked applies it once its turn comes. A subject's sequence
+// starts at 1: its first event waits for #1 like any other, unless
+// fromFirstSeen, when the first event seen of a subject starts its
+// sequence, whatever its number, unless it is parked. Events without
+// subject or subjectseq pass through.
 func strictOrder(consumer string, store framework.Store, fromFirstSeen bool) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
