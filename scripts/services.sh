@@ -30,7 +30,10 @@ start_postgres() {
   fi
   if ! pg_lsclusters -h 2>/dev/null | awk '$1 == 15 && $2 == "main" && $4 == "online"' | grep -q .; then
     log "starting PostgreSQL 15"
-    pg_ctlcluster --skip-systemctl-redirect 15 main start >&2 || { fail "could not start PostgreSQL 15"; return; }
+    # More connections than the default 100, for this start only (the
+    # configuration files stay as they are): the test packages run in
+    # parallel, each starting services with pools of their own.
+    pg_ctlcluster --skip-systemctl-redirect -o "-c max_connections=300" 15 main start >&2 || { fail "could not start PostgreSQL 15"; return; }
   fi
   for _ in $(seq 1 50); do
     pg_isready -q -h 127.0.0.1 -p 5432 && break
