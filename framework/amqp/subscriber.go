@@ -9,6 +9,8 @@ import (
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
+
+	"github.com/effectively-once/effectively/framework/internal/nackdelay"
 )
 
 // resubscribePause is the pause before a subscription consumes again
@@ -35,7 +37,7 @@ const resubscribePause = 100 * time.Millisecond
 // A nacked message goes back to the queue after a pause, never at once: it
 // would loop hot. The pause is Config.NackDelay plus the time the
 // subscription has been nacking since its last ack, up to
-// Config.MaxNackDelay (see nackStreak): a message nacked again and again
+// Config.MaxNackDelay (see nackdelay.Streak): a message nacked again and again
 // waits twice as long each time, while messages in flight together that
 // are nacked together (an event waiting for an earlier one under strict
 // order) each wait NackDelay.
@@ -180,8 +182,8 @@ type subscription struct {
 	topic string
 	queue string
 	out   chan *message.Message
-	slots chan struct{} // one per message handed out and not yet settled
-	nacks nackStreak    // the pause after a nack
+	slots chan struct{}    // one per message handed out and not yet settled
+	nacks nackdelay.Streak // the pause after a nack
 }
 
 // run consumes until ctx ends or the subscriber closes, again on a new
@@ -346,7 +348,7 @@ func (s *subscription) open(conn *amqp091.Connection) (*amqp091.Channel, <-chan 
 func (s *subscription) settle(ctx context.Context, acks *acker, tag uint64, msg *message.Message, dead <-chan struct{}) {
 	select {
 	case <-msg.Acked():
-		s.nacks.acked()
+		s.nacks.Acked()
 		acks.settle(tag, true)
 		return
 	case <-msg.Nacked():
@@ -366,11 +368,11 @@ func (s *subscription) settle(ctx context.Context, acks *acker, tag uint64, msg 
 	}
 }
 
-// pause waits the pause of a nack (see nackStreak), or less when the
+// pause waits the pause of a nack (see nackdelay.Streak), or less when the
 // subscriber closes or ctx ends. It reports false when the channel was
 // lost meanwhile.
 func (s *subscription) pause(ctx context.Context, dead <-chan struct{}) bool {
-	t := time.NewTimer(s.nacks.nacked(time.Now(), s.conn.cfg.NackDelay, s.conn.cfg.MaxNackDelay))
+	t := time.NewTimer(s.nacks.Nacked(time.Now(), nackdelay.Backoff{First: s.conn.cfg.NackDelay, Max: s.conn.cfg.MaxNackDelay}))
 	defer t.Stop()
 	select {
 	case <-t.C:
@@ -380,37 +382,4 @@ func (s *subscription) pause(ctx context.Context, dead <-chan struct{}) bool {
 		return false
 	}
 	return true
-}
-
-// nackStreak paces the nacks of a subscription. The pause after a nack is
-// first plus the time since the first nack that followed the last ack, up
-// to most. A message nacked on every delivery, alone, waits first, then
-// twice, four times as long, and so does every message in flight while
-// nothing is acked (the database is down): the pauses double. But the
-// messages in flight together, nacked at about the same time while the
-// others are acked (events waiting for an earlier one under strict order),
-// each wait first: counting each of them as one more consecutive nack
-// would send most of them to the longest pause at once, holding their
-// slots of the consumer's concurrency as long, and starve the events they
-// wait for.
-type nackStreak struct {
-	mu    sync.Mutex
-	since time.Time // the first nack after the last ack; zero after an ack
-}
-
-// acked ends the streak.
-func (n *nackStreak) acked() {
-	n.mu.Lock()
-	n.since = time.Time{}
-	n.mu.Unlock()
-}
-
-// nacked records a nack at now and returns its pause.
-func (n *nackStreak) nacked(now time.Time, first, most time.Duration) time.Duration {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.since.IsZero() {
-		n.since = now
-	}
-	return min(first+now.Sub(n.since), most)
 }

@@ -18,8 +18,8 @@ const (
 	// DefaultNackDelay is the first pause before a nacked message is sent
 	// again.
 	DefaultNackDelay = 100 * time.Millisecond
-	// DefaultMaxNackDelay caps the pause, which doubles with each
-	// consecutive nack.
+	// DefaultMaxNackDelay caps the pause, which grows while a
+	// subscription nacks without an ack.
 	DefaultMaxNackDelay = 5 * time.Second
 )
 
@@ -29,8 +29,9 @@ var ErrPubSubClosed = errors.New("memory: pubsub closed")
 // TransportConfig configures a pubSub.
 type TransportConfig struct {
 	// NackDelay is the first pause before a nacked message is sent again.
-	// It doubles with each consecutive nack on a subscription, up to
-	// MaxNackDelay, and resets on an ack. Defaults to DefaultNackDelay.
+	// The pause is NackDelay plus the time the subscription has been
+	// nacking since its last ack, up to MaxNackDelay: it doubles for a
+	// message nacked on every delivery. Defaults to DefaultNackDelay.
 	NackDelay time.Duration
 	// MaxNackDelay caps NackDelay's growth. Defaults to
 	// DefaultMaxNackDelay.

@@ -13,21 +13,45 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
-// Backoff is the pause after a nack: First after the first of a row of
-// nacks on one subscription, doubling with each further one up to Max, back
-// to First after an ack.
+// Backoff is the pause after a nack: First, growing while a subscription
+// nacks without an ack, up to Max (see Streak).
 type Backoff struct {
 	First time.Duration
 	Max   time.Duration
 }
 
-// next returns the pause after nacks consecutive nacks before this one.
-func (b Backoff) next(nacks int) time.Duration {
-	d := b.First
-	for i := 0; i < nacks && d < b.Max; i++ {
-		d *= 2
+// Streak paces the nacks of one subscription. The pause after a nack is
+// Backoff.First plus the time since the first nack that followed the last
+// ack, up to Backoff.Max. A message nacked on every delivery, alone, waits
+// First, then twice, four times as long, and so does every message in
+// flight while nothing is acked (the database is down): the pauses
+// double. But messages in flight together and nacked at about the same
+// time while others are acked (events waiting for an earlier one under
+// strict order) each wait First: counting each of them as one more
+// consecutive nack would send most of them to the longest pause at once,
+// holding their slots of the consumer's concurrency as long, and starve
+// the events they wait for. The zero Streak is ready; it is safe for
+// concurrent use.
+type Streak struct {
+	mu    sync.Mutex
+	since time.Time // the first nack after the last ack; zero after an ack
+}
+
+// Acked ends the streak.
+func (s *Streak) Acked() {
+	s.mu.Lock()
+	s.since = time.Time{}
+	s.mu.Unlock()
+}
+
+// Nacked records a nack at now and returns its pause by b.
+func (s *Streak) Nacked(now time.Time, b Backoff) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.since.IsZero() {
+		s.since = now
 	}
-	return min(d, b.Max)
+	return min(b.First+now.Sub(s.since), b.Max)
 }
 
 // ErrClosed is returned by Forwarder.Forward after Close.
@@ -105,7 +129,7 @@ func (f *Forwarder) Wait() { f.wg.Wait() }
 // while it closes. A message whose context ends (its subscription
 // stopped) is nacked too.
 func forward(ctx context.Context, in <-chan *message.Message, out chan<- *message.Message, closing <-chan struct{}, b Backoff) {
-	nacks := 0
+	var nacks Streak
 	for orig := range in {
 		msg := orig.Copy()
 		msg.SetContext(orig.Context())
@@ -120,11 +144,10 @@ func forward(ctx context.Context, in <-chan *message.Message, out chan<- *messag
 		}
 		select {
 		case <-msg.Acked():
-			nacks = 0
+			nacks.Acked()
 			orig.Ack()
 		case <-msg.Nacked():
-			t := time.NewTimer(b.next(nacks))
-			nacks++
+			t := time.NewTimer(nacks.Nacked(time.Now(), b))
 			select {
 			case <-t.C:
 			case <-closing:

@@ -12,32 +12,6 @@ import (
 	"github.com/effectively-once/effectively/framework"
 )
 
-// TestNackStreak: the pause after a nack is the first pause plus the time
-// since the first nack after the last ack, up to the longest.
-func TestNackStreak(t *testing.T) {
-	t.Parallel()
-	const first, most = 100 * time.Millisecond, 400 * time.Millisecond
-	t0 := time.Unix(1000, 0)
-	var n nackStreak
-
-	// A message nacked on every delivery, alone: the pauses double.
-	at := t0
-	for _, want := range []time.Duration{100, 200, 400, 400} {
-		pause := n.nacked(at, first, most)
-		require.Equal(t, want*time.Millisecond, pause, "nack at %s", at.Sub(t0))
-		at = at.Add(pause)
-	}
-
-	// An ack ends the streak; messages nacked together then each wait the
-	// first pause, however many they are.
-	n.acked()
-	for i := range 64 {
-		require.Equal(t, first, n.nacked(at, first, most), "nack %d of a burst", i+1)
-	}
-	// Nothing acked since: the next round waits longer.
-	require.Equal(t, first+first, n.nacked(at.Add(first), first, most))
-}
-
 // TestNackBurstPausesOnce: messages in flight together and nacked
 // together (events waiting for an earlier one under strict order) come
 // back after the first pause each, not after a pause that doubles per nack
