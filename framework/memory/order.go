@@ -121,45 +121,52 @@ func (s *Store) Advance(ctx context.Context, tx *framework.Tx, consumer, subject
 // lock does, and records nothing once the checkpoint is at seq or past
 // it.
 func (s *Store) WaitGap(ctx context.Context, consumer, subject string, seq int64, key framework.Key, _ []byte) (time.Duration, error) {
+	sk := subjectKey{consumer, subject}
+	var waited time.Duration
+	err := s.whenFree(ctx, sk, func(c *checkpoint) {
+		if c != nil && c.seq >= seq {
+			return // it took effect: its wait ended
+		}
+		k := waitKey{sk, seq}
+		since, ok := s.waits[k]
+		if p, parked := s.parked[k]; !ok && parked && !p.Held {
+			since, ok = p.At, true // as the SQL stores' one row of the event
+		}
+		if !ok {
+			since = s.now()
+			s.waits[k] = since
+		}
+		delete(s.deliveries, markKey{consumer: consumer, key: key})
+		waited = s.now().Sub(since)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("wait gap of %s for %s: %w", key, consumer, err)
+	}
+	return waited, nil
+}
+
+// whenFree runs f under s.mu once no attempt holds the checkpoint of k,
+// waiting meanwhile as a statement waits for the SQL stores' row lock; c
+// is the checkpoint, nil when k has none.
+func (s *Store) whenFree(ctx context.Context, k subjectKey, f func(c *checkpoint)) error {
 	for {
 		if err := ctx.Err(); err != nil {
-			return 0, fmt.Errorf("wait gap of %s for %s: %w", key, consumer, err)
+			return err
 		}
-		waited, busy := s.waitGap(consumer, subject, seq, key)
-		if busy == nil {
-			return waited, nil
+		s.mu.Lock()
+		c := s.checkpoints[k]
+		if c == nil || c.holder == nil {
+			f(c)
+			s.mu.Unlock()
+			return nil
 		}
+		free := c.free
+		s.mu.Unlock()
 		select {
-		case <-busy:
+		case <-free:
 		case <-ctx.Done():
 		}
 	}
-}
-
-// waitGap is WaitGap once: it returns the channel to wait on when an
-// attempt holds the subject's checkpoint.
-func (s *Store) waitGap(consumer, subject string, seq int64, key framework.Key) (time.Duration, <-chan struct{}) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if c := s.checkpoints[subjectKey{consumer, subject}]; c != nil {
-		if c.holder != nil {
-			return 0, c.free
-		}
-		if c.seq >= seq {
-			return 0, nil // it took effect: its wait ended
-		}
-	}
-	k := waitKey{subjectKey{consumer, subject}, seq}
-	since, ok := s.waits[k]
-	if p, parked := s.parked[k]; !ok && parked && !p.Held {
-		since, ok = p.At, true // as the SQL stores' one row of the event
-	}
-	if !ok {
-		since = s.now()
-		s.waits[k] = since
-	}
-	delete(s.deliveries, markKey{consumer: consumer, key: key})
-	return s.now().Sub(since), nil
 }
 
 // EndWait removes the wait, hold or parking of (consumer, subject, seq):
@@ -255,41 +262,26 @@ func (s *Store) Park(ctx context.Context, tx *framework.Tx, p framework.ParkedEv
 // false when the checkpoint is at p.Seq-1 or past it, or p does not wait.
 func (s *Store) ParkGap(ctx context.Context, p framework.ParkedEvent) (bool, error) {
 	sk := subjectKey{p.Consumer, p.Subject}
-	for {
-		parked, busy := s.parkGap(sk, p)
-		if busy == nil {
-			return parked, nil
+	var parked bool
+	err := s.whenFree(ctx, sk, func(c *checkpoint) {
+		k := waitKey{sk, p.Seq}
+		since, waits := s.waits[k]
+		if old, ok := s.parked[k]; ok && !old.Held && old.Key == p.Key {
+			since, waits = old.At, true
 		}
-		select {
-		case <-busy:
-		case <-ctx.Done():
-			return false, fmt.Errorf("park %s #%d for %s behind a gap: %w", p.Subject, p.Seq, p.Consumer, ctx.Err())
+		if !waits || c != nil && c.seq >= p.Seq-1 {
+			return
 		}
+		p.At, p.Held, p.Ready = since, false, false
+		p.Body = slices.Clone(p.Body)
+		p.Metadata = framework.StorableMetadata(p.Metadata)
+		s.parked[k] = p
+		parked = true
+	})
+	if err != nil {
+		return false, fmt.Errorf("park %s #%d for %s behind a gap: %w", p.Subject, p.Seq, p.Consumer, err)
 	}
-}
-
-// parkGap is ParkGap once: it returns the channel to wait on when an
-// attempt holds the checkpoint of sk.
-func (s *Store) parkGap(sk subjectKey, p framework.ParkedEvent) (bool, <-chan struct{}) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	c := s.checkpoints[sk]
-	if c != nil && c.holder != nil {
-		return false, c.free
-	}
-	k := waitKey{sk, p.Seq}
-	since, waits := s.waits[k]
-	if old, parked := s.parked[k]; parked && !old.Held && old.Key == p.Key {
-		since, waits = old.At, true
-	}
-	if !waits || c != nil && c.seq >= p.Seq-1 {
-		return false, nil
-	}
-	p.At, p.Held, p.Ready = since, false, false
-	p.Body = slices.Clone(p.Body)
-	p.Metadata = framework.StorableMetadata(p.Metadata)
-	s.parked[k] = p
-	return true, nil
+	return parked, nil
 }
 
 // Parked lists the held and parked events that match f, by consumer,
