@@ -50,7 +50,6 @@ SOAKFLAGS ?=
 .PHONY: soak
 soak: ## Run the soak (a few minutes): 20,000 events through the outbox and a three-node RabbitMQ cluster of its own, consumers killed at random, a node and PostgreSQL restarted; prints its figures (docs/reliability.md). Needs root.
 	@set -euo pipefail; services="$$(scripts/services.sh)"; eval "$$services"; \
-	EFFECTIVELY_CRASH_SLOW=1 $(GO) test -race -count=1 -run '^TestCrashMatrix$$' ./examples/notifications/; \
 	$(GO) run ./internal/soak/cmd/soak $(SOAKFLAGS)
 
 .PHONY: bench-micro

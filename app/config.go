@@ -22,6 +22,7 @@ import (
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/amqp"
 	"github.com/effectively-once/effectively/framework/migrate"
+	"github.com/effectively-once/effectively/framework/outbox"
 	"github.com/effectively-once/effectively/handlers"
 	"github.com/effectively-once/effectively/middleware"
 )
@@ -145,6 +146,11 @@ type Config struct {
 	// OutboxRetention is how long sent outbox rows are kept (YAML only).
 	// Defaults to DefaultOutboxRetention.
 	OutboxRetention Duration `yaml:"outbox_retention"`
+	// OutboxBatchTimeout bounds the outbox relay's publishing and marking
+	// of one batch (outbox.RelayConfig.BatchTimeout; YAML only); on
+	// SQLite a relay that dies leaves its rows leased for twice as long.
+	// Defaults to outbox.DefaultBatchTimeout.
+	OutboxBatchTimeout Duration `yaml:"outbox_batch_timeout"`
 	// ReplayRetention is how long sent replays are kept (YAML only).
 	// Defaults to DefaultReplayRetention.
 	ReplayRetention Duration `yaml:"replay_retention"`
@@ -479,6 +485,7 @@ func (c Config) WithDefaults() Config {
 	c.AMQPURL = cmp.Or(c.AMQPURL, DefaultAMQPURL)
 	c.PurgeInterval = cmp.Or(c.PurgeInterval, Duration(DefaultPurgeInterval))
 	c.OutboxRetention = cmp.Or(c.OutboxRetention, Duration(DefaultOutboxRetention))
+	c.OutboxBatchTimeout = cmp.Or(c.OutboxBatchTimeout, Duration(outbox.DefaultBatchTimeout))
 	c.ReplayRetention = cmp.Or(c.ReplayRetention, Duration(DefaultReplayRetention))
 	c.DeadLetterRetention = cmp.Or(c.DeadLetterRetention, Duration(DefaultDeadLetterRetention))
 	return c
@@ -530,7 +537,7 @@ func (c Config) Validate() error {
 	for _, r := range []struct {
 		key string
 		d   Duration
-	}{{"outbox_retention", c.OutboxRetention}, {"replay_retention", c.ReplayRetention}, {"dead_letter_retention", c.DeadLetterRetention}} {
+	}{{"outbox_retention", c.OutboxRetention}, {"outbox_batch_timeout", c.OutboxBatchTimeout}, {"replay_retention", c.ReplayRetention}, {"dead_letter_retention", c.DeadLetterRetention}} {
 		if r.d < 0 {
 			errs = append(errs, fmt.Errorf("%s: must not be negative (zero is the default)", r.key))
 		}

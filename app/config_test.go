@@ -14,6 +14,7 @@ import (
 
 	"github.com/effectively-once/effectively/app"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/outbox"
 	"github.com/effectively-once/effectively/handlers"
 	"github.com/effectively-once/effectively/internal/testenv"
 	"github.com/effectively-once/effectively/internal/testenv/testserver"
@@ -86,6 +87,7 @@ func TestLoadConfig(t *testing.T) {
 			PurgeInterval: app.Duration(app.DefaultPurgeInterval),
 			// The purge's retentions.
 			OutboxRetention:     app.Duration(app.DefaultOutboxRetention),
+			OutboxBatchTimeout:  app.Duration(outbox.DefaultBatchTimeout),
 			ReplayRetention:     app.Duration(app.DefaultReplayRetention),
 			DeadLetterRetention: app.Duration(app.DefaultDeadLetterRetention),
 		}, cfg)
@@ -222,6 +224,7 @@ func TestLoadConfigBadValue(t *testing.T) {
 		{name: "ProcessedRetention", yaml: "processed_retention: -1h\n", key: "processed_retention"},
 		{name: "ProcessedRetentionNotADuration", yaml: "processed_retention: a month\n", key: "processed_retention"},
 		{name: "OutboxRetention", yaml: "outbox_retention: -1h\n", key: "outbox_retention"},
+		{name: "OutboxBatchTimeout", yaml: "outbox_batch_timeout: -1s\n", key: "outbox_batch_timeout"},
 		{name: "ReplayRetention", yaml: "replay_retention: -1h\n", key: "replay_retention"},
 		{name: "DeadLetterRetention", yaml: "dead_letter_retention: -1h\n", key: "dead_letter_retention"},
 		{name: "AutoMigrate", env: map[string]string{app.EnvAutoMigrate: "maybe"}, key: app.EnvAutoMigrate},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"go.opentelemetry.io/otel/trace"
@@ -54,10 +55,11 @@ func newOutboxRelay(p outboxRelayParams) (*outbox.Relay, error) {
 		return nil, fmt.Errorf("outbox relay: %w", err)
 	}
 	relay, err := outbox.NewRelay(p.DB, p.Transport.Publisher(), outbox.RelayConfig{
-		TablePrefix: p.Config.TablePrefix,
-		Outbox:      p.Outbox,
-		Metrics:     metrics,
-		Logger:      logger.With("component", "outbox"),
+		TablePrefix:  p.Config.TablePrefix,
+		Outbox:       p.Outbox,
+		BatchTimeout: time.Duration(p.Config.OutboxBatchTimeout),
+		Metrics:      metrics,
+		Logger:       logger.With("component", "outbox"),
 		// A span per publish (see newTracer).
 		Tracer:          p.Tracer,
 		MessagingSystem: messagingSystem(p.Config.Transport),

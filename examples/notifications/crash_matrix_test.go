@@ -35,17 +35,15 @@ import (
 // TestCrashInBatch's (crash_batch_test.go), the replay relay's
 // TestReplayCrash's (package app): see docs/reliability.md.
 
-// envCrashSlow, set to 1, runs the slow cells too (make soak sets it):
-// a relay killed on SQLite leaves its rows leased for twice the relay's
-// batch timeout, a minute.
-const envCrashSlow = "EFFECTIVELY_CRASH_SLOW"
-
 // matrixConfig is the consumer's configuration in the matrix: one
 // attempt per delivery, so that a poison message is dead-lettered at its
 // first delivery; a short timeout, so that a killed process's SQLite
-// leases (twice the timeout) end soon; and room for the deliveries that
-// the kills cost (up to two per cell).
-const matrixConfig = `defaults:
+// leases (twice the timeout) end soon; a short outbox batch timeout, for
+// the same reason (a killed SQLite relay's rows stay leased twice as
+// long); and room for the deliveries that the kills cost (up to two per
+// cell).
+const matrixConfig = `outbox_batch_timeout: 2s
+defaults:
   max_deliveries: 5
   attempts: 1
   timeout: %s
@@ -91,9 +89,6 @@ type matrixCell struct {
 	// at are the points the service dies at, one per run, in order.
 	at   []crash.Point
 	kind cellKind
-	// slowOn names the set-up where the cell runs only with
-	// envCrashSlow.
-	slowOn string
 	// catches is what the cell fails on: the bug a crash at its point
 	// would reveal.
 	catches string
@@ -134,7 +129,7 @@ var matrixCells = []matrixCell{
 		catches: "a dead letter stored twice when its message comes again",
 	},
 	{
-		name: "OutboxRelayBeforeMarkSent", at: []crash.Point{crash.BeforeOutboxSent}, kind: outboxCell, slowOn: "SQLite",
+		name: "OutboxRelayBeforeMarkSent", at: []crash.Point{crash.BeforeOutboxSent}, kind: outboxCell,
 		catches: "rows lost, or left unsent, by a relay that dies with them published and not marked; a republished event run twice",
 	},
 	{
@@ -175,9 +170,6 @@ func TestCrashMatrix(t *testing.T) {
 			for _, c := range matrixCells {
 				t.Run(c.name, func(t *testing.T) {
 					t.Parallel()
-					if c.slowOn == s.name && os.Getenv(envCrashSlow) != "1" {
-						t.Skipf("slow on %s: runs with %s=1 (make soak)", s.name, envCrashSlow)
-					}
 					testCrashCell(t, s.setup(t, c.name, c.kind == releaseCell), c)
 				})
 			}
@@ -361,9 +353,7 @@ func (s *batchSetup) drainUntil(t *testing.T, mode, marker string, env []string,
 	t.Helper()
 	for range 3 {
 		svc := startService(t, s.dir, mode, append(append([]string{envCrashMarker + "=" + marker}, env...), s.env...)...)
-		// Longer than a SQLite outbox relay's lease (a minute), which a
-		// relay killed with rows published and not marked leaves behind.
-		svc.waitWithin(t, "every event handled, and nothing waiting", 2*waitLimit, func() bool {
+		svc.waitFor(t, "every event handled, and nothing waiting", func() bool {
 			return done() && s.pending(t) == 0
 		})
 		svc.stop(t)

@@ -265,13 +265,7 @@ func (b *crashBundle) waitFor(t *testing.T, s *service, what string, cond func()
 // waitFor polls cond until it holds; the service must stay up meanwhile.
 func (s *service) waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	s.waitWithin(t, what, waitLimit, cond)
-}
-
-// waitWithin is waitFor with a limit of its own.
-func (s *service) waitWithin(t *testing.T, what string, limit time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.After(limit)
+	deadline := time.After(waitLimit)
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for !cond() {
@@ -279,7 +273,7 @@ func (s *service) waitWithin(t *testing.T, what string, limit time.Duration, con
 		case <-s.done:
 			t.Fatalf("service exited (%v) while waiting for %s", s.err, what)
 		case <-deadline:
-			t.Fatalf("no %s within %s", what, limit)
+			t.Fatalf("no %s within %s", what, waitLimit)
 		case <-tick.C:
 		}
 	}
