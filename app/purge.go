@@ -167,17 +167,20 @@ func (pu *purger) purge(ctx context.Context) ([]purgeStep, error) {
 	if pu.store == nil {
 		return nil, errors.New("purge: the store cannot purge (it does not implement framework.Purger)")
 	}
-	if err := pu.lease(ctx); err != nil {
-		return nil, err
-	}
 	defer func() {
-		// Released even when ctx ended: the next purge need not wait for the lease's end.
+		// Released even when ctx ended, and even when taking it failed:
+		// an acquisition cut short by a stop may have committed all the
+		// same, and the next purge need not wait for the lease's end.
+		// Releasing a lease this purger does not hold changes nothing.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		if err := pu.store.ReleaseLease(rctx, purgeLease, pu.holder); err != nil {
 			pu.logger.WarnContext(ctx, "purge: release the lease", "error", err)
 		}
 	}()
+	if err := pu.lease(ctx); err != nil {
+		return nil, err
+	}
 	steps := pu.steps(pu.now())
 	for i := range steps {
 		for {
