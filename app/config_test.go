@@ -59,7 +59,7 @@ func TestLoadConfig(t *testing.T) {
 		require.Equal(t, middleware.DefaultAttempts, cc.Attempts)
 		require.Equal(t, app.Duration(middleware.DefaultRetryDelay), cc.RetryDelay)
 		require.Equal(t, app.Duration(middleware.DefaultTimeout), cc.Timeout)
-		require.Equal(t, app.DefaultConcurrency, cc.Concurrency)
+		require.Equal(t, app.DefaultSQLiteConcurrency, cc.Concurrency, "sqlite, the default transport")
 		require.Equal(t, middleware.DefaultMaxDeliveries, cc.MaxDeliveries)
 		require.Zero(t, cc.RateLimit)
 	})
@@ -184,6 +184,29 @@ http_addr: 127.0.0.1:1
 		require.False(t, cfg.AutoMigrate)
 		require.Equal(t, "env_", cfg.TablePrefix)
 		require.Equal(t, "127.0.0.1:2", cfg.HTTPAddr)
+	})
+
+	t.Run("DefaultConcurrencyByTransport", func(t *testing.T) {
+		t.Parallel()
+		yaml := "consumers:\n  a.alone:\n    batch_size: 1\n  a.set:\n    concurrency: 7\n"
+		for transport, want := range map[string]int{
+			app.TransportSQLite:   app.DefaultSQLiteConcurrency,
+			app.TransportPostgres: app.DefaultConcurrency,
+			app.TransportAMQP:     app.DefaultConcurrency,
+			app.TransportMemory:   app.DefaultConcurrency,
+		} {
+			vars := map[string]string{app.EnvTransport: transport}
+			if transport == app.TransportPostgres {
+				vars[app.EnvDatabaseURL] = "postgres://u:p@127.0.0.1:1/db"
+			}
+			cfg, err := app.LoadConfig(env(t, yaml, vars))
+			require.NoError(t, err, transport)
+			require.Equal(t, want, cfg.Settings("a.any").Concurrency, transport)
+			require.Equal(t, 7, cfg.Settings("a.set").Concurrency, transport)
+			// A transaction per message holds a connection per message
+			// in flight: no more than elsewhere.
+			require.Equal(t, app.DefaultConcurrency, cfg.Settings("a.alone").Concurrency, transport)
+		}
 	})
 
 	t.Run("EmptyYAML", func(t *testing.T) {

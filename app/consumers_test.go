@@ -39,7 +39,11 @@ func TestConsumersView(t *testing.T) {
 		require.Len(t, v.Consumers, 2, transport)
 		var out bytes.Buffer
 		require.NoError(t, printConsumers(&out, v))
-		require.Regexp(t, `(?m)^shop\.mail\s+shop\.order\.placed,shop\.order\.paid\s+`+sub+`\s+64\s+32\s+on\s+7\s+0\s+0$`, out.String())
+		concurrency := "64"
+		if transport == TransportSQLite {
+			concurrency = "256"
+		}
+		require.Regexp(t, `(?m)^shop\.mail\s+shop\.order\.placed,shop\.order\.paid\s+`+sub+`\s+`+concurrency+`\s+32\s+on\s+7\s+0\s+0$`, out.String())
 		require.Regexp(t, `(?m)^shop\.old-mail\s+\(not declared\)\s+-\s+-\s+-\s+-\s+0\s+2\s+0$`, out.String())
 		require.NotContains(t, out.String(), "shop.gone")
 		require.Regexp(t, `(?m)^outbox: 4 unsent, the oldest added `+oldest.UTC().Format(time.RFC3339Nano)+` \(1h0m\d+s ago\)$`, out.String())

@@ -173,7 +173,7 @@ func testInspectCommands(t *testing.T, cfg app.Config) {
 	for _, re := range []string{
 		`(?m)^CONSUMER\s+TYPES\s+SUBSCRIPTION\s+CONCURRENCY\s+BATCH\s+DEDUP\s+PROCESSED 1H\s+PENDING DL\s+PARKED$`,
 		fmt.Sprintf(`(?m)^%s\s+widgets\.widget\.added\s+%s%s\s+%d\s+%d\s+on\s+2\s+0\s+0$`,
-			regexp.QuoteMeta(applier), sub, regexp.QuoteMeta(applier), app.DefaultConcurrency, framework.DefaultBatchSize),
+			regexp.QuoteMeta(applier), sub, regexp.QuoteMeta(applier), cfg.Settings(applier).Concurrency, framework.DefaultBatchSize),
 		`(?m)^widgets\.index\s+widgets\.widget\.added\s+` + sub + `widgets\.index\s+\d+\s+\d+\s+off: ` + why + `\s+-\s+0\s+0$`,
 		`(?m)^widgets\.picky\s+widgets\.widget\.added\s+` + sub + `widgets\.picky\s+3\s+2\s+on\s+0\s+1\s+1$`,
 		`(?m)^outbox: no unsent row$`,

@@ -56,10 +56,10 @@ func memoryScenario() Scenario {
 			"file grow: the run fails when the resident set at the end is more than %.0f%% above the one after "+
 			"the first tenth. The service runs without a CPU profile (the profile's table of stacks grows "+
 			"with its length), with no baseline and no latency phase.",
-			app.DefaultConcurrency, MemoryScale, thousands(float64(MemoryScale*DefaultEvents)), DefaultDuplicates*100,
+			app.DefaultSQLiteConcurrency, MemoryScale, thousands(float64(MemoryScale*DefaultEvents)), DefaultDuplicates*100,
 			memoryRowsPerInsert, thousands(memoryRowsPerTx), MaxRSSGrowth*100),
 		Runs: []Run{{
-			Name:    fmt.Sprintf("example service, default configuration (concurrency %d)", app.DefaultConcurrency),
+			Name:    fmt.Sprintf("example service, default configuration (concurrency %d)", app.DefaultSQLiteConcurrency),
 			Measure: measureMemory,
 		}},
 	}

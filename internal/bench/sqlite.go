@@ -24,13 +24,13 @@ func sqliteScenario() Scenario {
 		Title: "SQLite transport",
 		About: fmt.Sprintf("The example service (`EFFECTIVELY_TRANSPORT=sqlite`) on a file of its own that already holds "+
 			"the messages (inserted by the documented `INSERT` into `pubsub_messages`, by this program: another "+
-			"process), with its default configuration (%d messages in flight) and with `defaults: {concurrency: 1}`. The baseline is the "+
+			"process), with its default configuration (%d messages in flight; 64 with `batch_size: 1`) and with `defaults: {concurrency: 1}`. The baseline is the "+
 			"file's raw limit measured in the same run, in a process of its own: per event the same two inserts "+
 			"(the dedup mark and the business row), 100 events per transaction, no transport. In the latency "+
 			"phase the producer inserts one message per transaction; the service, in another process, sees it "+
-			"through its watch of the newest offset (every 20ms).", app.DefaultConcurrency),
+			"through its watch of the newest offset (every 20ms).", app.DefaultSQLiteConcurrency),
 		Runs: []Run{
-			{Name: fmt.Sprintf("example service, default configuration (concurrency %d)", app.DefaultConcurrency), Measure: func(ctx context.Context, env *Env) (Result, error) {
+			{Name: fmt.Sprintf("example service, default configuration (concurrency %d)", app.DefaultSQLiteConcurrency), Measure: func(ctx context.Context, env *Env) (Result, error) {
 				return measureSQLiteService(ctx, env, "")
 			}},
 			{Name: "example service, concurrency 1", Measure: func(ctx context.Context, env *Env) (Result, error) {
