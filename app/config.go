@@ -19,6 +19,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/effectively-once/effectively/app/runner"
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/amqp"
 	"github.com/effectively-once/effectively/framework/migrate"
@@ -576,10 +577,9 @@ func (c Config) Validate() error {
 }
 
 // MaxHandlingTime bounds how long a consumer's settings let one message
-// be handled: attempts × (timeout + retry_delay), plus breaker.max_hold.
-// The transports size their leases and ack deadlines from it, so past it
-// they would overflow; a year is past any sensible setting.
-const MaxHandlingTime = 365 * 24 * time.Hour
+// be handled: attempts × (timeout + retry_delay), plus breaker.max_hold
+// (runner.MaxHandlingTime).
+const MaxHandlingTime = runner.MaxHandlingTime
 
 // settingsKeys returns the keys of the consumers' settings, defaults
 // first, and the consumer name of each: empty for the defaults, which a

@@ -441,6 +441,31 @@ func TestCheckConsumers(t *testing.T) {
 		require.ErrorContains(t, service.Err(), "consumers.widgets.count-on-widget-addded: no consumer of this service has that name (declared: "+consumerName+")")
 	})
 
+	t.Run("ConfigInCodeChecked", func(t *testing.T) {
+		t.Parallel()
+		// A configuration given with fx.Replace is checked as one loaded
+		// from the environment: start-up stops naming each bad key.
+		cfg := testConfig(t)
+		cfg.Defaults.Concurrency = 5000
+		cfg.Consumers = map[string]app.ConsumerConfig{consumerName: {
+			Timeout: app.Duration(time.Second), BatchLinger: app.Duration(2 * time.Second),
+		}}
+		cfg.OutboxRetention = app.Duration(-time.Hour)
+		service := app.New(
+			handlers.Register(consumerName, handlers.On(widgetAdded, newAddWidget)),
+			fx.Supply(widgetMigrations),
+			fx.Replace(cfg),
+		)
+		err := service.Err()
+		require.ErrorContains(t, err, "defaults.concurrency: want 1..1024, got 5000")
+		require.ErrorContains(t, err, "consumers."+consumerName+".batch_linger: want less than its timeout")
+		require.ErrorContains(t, err, "outbox_retention: must not be negative")
+
+		cfg = testConfig(t)
+		cfg.Transport = "kafka"
+		require.ErrorContains(t, app.New(fx.Replace(cfg)).Err(), `EFFECTIVELY_TRANSPORT: want sqlite, postgres, amqp or memory, got "kafka"`)
+	})
+
 	t.Run("StartAcceptsRenamedFrom", func(t *testing.T) {
 		t.Parallel()
 		cfg := testConfig(t)

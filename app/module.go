@@ -1,6 +1,7 @@
 package app
 
 import (
+	"fmt"
 	"os"
 
 	"go.uber.org/fx"
@@ -24,7 +25,9 @@ import (
 //
 // It does not provide a *slog.Logger: without one, warnings and errors go
 // to stderr (see DefaultLogger); supply one to choose. Replace the
-// configuration with fx.Replace(cfg).
+// configuration with fx.Replace(cfg): its zero fields take their defaults
+// (Config.WithDefaults) and it is checked as LoadConfig checks one, a bad
+// setting stopping start-up with an error that names its key.
 //
 // The consumers and the outbox relay trace with OpenTelemetry. Supply a
 // trace.TracerProvider to choose it (as a trace.TracerProvider, e.g. with
@@ -51,6 +54,9 @@ var Module = fx.Module("effectively",
 		func() *readiness { return &readiness{} },
 	),
 	handlers.Module,
+	// A configuration given in code (fx.Replace) is checked as one loaded
+	// from the environment is: a bad one stops start-up naming its key.
+	fx.Decorate(checkedConfig),
 	// The CPU profile, when asked for, starts before anything opens and
 	// stops after everything closed.
 	fx.Invoke(profileCPU),
@@ -72,6 +78,15 @@ type consumerSettings struct {
 
 	Config       Config
 	Declarations []handlers.Declaration `group:"effectively.consumers"`
+}
+
+// checkedConfig is cfg with its defaults, once Validate accepts it.
+func checkedConfig(cfg Config) (Config, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return Config{}, fmt.Errorf("configuration: %w", err)
+	}
+	return cfg, nil
 }
 
 // ConfigFromEnv loads the configuration from the process environment.

@@ -121,9 +121,23 @@ func (c ConsumerConfig) Validate() error {
 		return fmt.Errorf("ConsumerConfig.Timeout: must be positive (it sizes the transport's leases), got %s", c.Timeout)
 	case c.Concurrency < 1:
 		return fmt.Errorf("ConsumerConfig.Concurrency: must be at least 1, got %d", c.Concurrency)
+	case c.BatchLinger > 0 && c.BatchLinger >= c.Timeout:
+		return fmt.Errorf("ConsumerConfig.BatchLinger: must be less than Timeout (%s): a batch waits within the time limit of its attempts, so a message that arrived alone would time out, got %s",
+			c.Timeout, c.BatchLinger)
+	}
+	// In floating point: the product may overflow a Duration.
+	if handling := float64(c.Attempts)*(float64(c.Timeout)+float64(c.RetryDelay)) + float64(c.Breaker.MaxHold); handling > float64(MaxHandlingTime) {
+		return fmt.Errorf("ConsumerConfig: Attempts × (Timeout + RetryDelay) + Breaker.MaxHold must be at most %s (the transports size leases and ack deadlines from it), got %d × (%s + %s) + %s",
+			MaxHandlingTime, c.Attempts, c.Timeout, c.RetryDelay, c.Breaker.MaxHold)
 	}
 	return nil
 }
+
+// MaxHandlingTime bounds how long a consumer's settings let one message
+// be handled: Attempts × (Timeout + RetryDelay), plus Breaker.MaxHold.
+// The transports size their leases and ack deadlines from it, so past it
+// they would overflow; a year is past any sensible setting.
+const MaxHandlingTime = 365 * 24 * time.Hour
 
 // Config is what New takes: the consumers, the transport they consume
 // from and the database they take effect in.

@@ -187,11 +187,15 @@ func TestNewRefusesBadSettings(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = transport.Close() })
 	for want, cc := range map[string]ConsumerConfig{
-		"Config.Consumers[0]: ConsumerConfig.Timeout: must be positive":                 {Timeout: -time.Second},
-		"consumer tests.items: middleware: Config.Attempts: must be at least 1, got -1": {Attempts: -1},
-		"consumer tests.items: middleware: Config.RateLimit: must not be negative":      {RateLimit: -1},
-		"consumer tests.items: UnitOfWorkConfig.BatchSize: must be at least 1, got -2":  {BatchSize: -2},
-		"consumer tests.items: UnitOfWorkConfig.Linger: must not be negative":           {BatchLinger: -time.Second},
+		"Config.Consumers[0]: ConsumerConfig.Timeout: must be positive":                   {Timeout: -time.Second},
+		"consumer tests.items: middleware: Config.Attempts: must be at least 1, got -1":   {Attempts: -1},
+		"consumer tests.items: middleware: Config.RateLimit: must not be negative":        {RateLimit: -1},
+		"consumer tests.items: UnitOfWorkConfig.BatchSize: must be at least 1, got -2":    {BatchSize: -2},
+		"consumer tests.items: UnitOfWorkConfig.Linger: must not be negative":             {BatchLinger: -time.Second},
+		"Config.Consumers[0]: ConsumerConfig.BatchLinger: must be less than Timeout (1s)": {Timeout: time.Second, BatchLinger: time.Second},
+		"Config.Consumers[0]: ConsumerConfig: Attempts × (Timeout + RetryDelay) + Breaker.MaxHold must be at most 8760h0m0s": {
+			Attempts: 1 << 30, Timeout: time.Hour, RetryDelay: time.Hour,
+		},
 	} {
 		cc.Consumer = e.consumer
 		_, err := New(Config{Consumers: []ConsumerConfig{cc}, Transport: transport, DB: e.db, Store: e.store})
