@@ -8,6 +8,7 @@ import (
 	"net"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -333,6 +334,15 @@ func TestResolveReasonNotText(t *testing.T) {
 		_, err := runCommand(t, commandOptions(cfg), args...)
 		require.Error(t, err)
 		require.Regexp(t, `^--(reason|by): is not valid UTF-8 text, or holds NUL$`, err.Error())
+	}
+	// Text past its length is refused too, naming the flag and the limit.
+	for _, args := range [][]string{
+		{"dead-letters", "discard", id, "--by", "tester", "--reason", strings.Repeat("x", framework.MaxResolutionReason+1)},
+		{"dead-letters", "replay", id, "--by", strings.Repeat("é", framework.MaxResolutionBy), "--reason", "fixed"},
+	} {
+		_, err := runCommand(t, commandOptions(cfg), args...)
+		require.Error(t, err)
+		require.Regexp(t, `^--(reason|by): is longer than (4096|256) bytes$`, err.Error())
 	}
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM dead_letters WHERE status = 'pending'`))
 	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM dead_letter_history`), "no resolution recorded")

@@ -290,17 +290,32 @@ type Resolution struct {
 	At     time.Time
 }
 
+// The longest By and Reason a Resolution may hold, in bytes: a name and
+// a sentence or a paragraph, not a document; every view of the dead
+// letter's history shows them whole.
+const (
+	MaxResolutionBy     = 256
+	MaxResolutionReason = 4096
+)
+
 // Validate reports the first part of r that no store can record: a
 // status other than replayed or discarded, or a By or Reason that is not
-// valid UTF-8 or holds NUL (PostgreSQL's text refuses both). Its
-// FieldError names the part ("status", "by", "reason"), never its value.
+// valid UTF-8 or holds NUL (PostgreSQL's text refuses both), or is longer
+// than MaxResolutionBy or MaxResolutionReason. Its FieldError names the
+// part ("status", "by", "reason"), never its value.
 func (r Resolution) Validate() error {
 	if r.Status != DeadLetterReplayed && r.Status != DeadLetterDiscarded {
 		return &FieldError{Field: "status", Reason: fmt.Sprintf("want %s or %s", DeadLetterReplayed, DeadLetterDiscarded)}
 	}
-	for _, f := range []struct{ name, value string }{{"by", r.By}, {"reason", r.Reason}} {
+	for _, f := range []struct {
+		name, value string
+		most        int
+	}{{"by", r.By, MaxResolutionBy}, {"reason", r.Reason, MaxResolutionReason}} {
 		if !storable(f.value) {
 			return &FieldError{Field: f.name, Reason: "is not valid UTF-8 text, or holds NUL"}
+		}
+		if len(f.value) > f.most {
+			return &FieldError{Field: f.name, Reason: fmt.Sprintf("is longer than %d bytes", f.most)}
 		}
 	}
 	return nil

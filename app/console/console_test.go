@@ -556,6 +556,10 @@ func TestReasonNotText(t *testing.T) {
 					require.Equal(t, http.StatusBadRequest, code, "%s %q", action, reason)
 					require.Contains(t, page, "the reason is not valid UTF-8 text, or holds NUL.")
 				}
+				code, page, _ := b.do(t, http.MethodPost, path+"/"+action,
+					url.Values{"reason": {strings.Repeat("fixed ", 1<<20/6)}}, bearer(writeSecret)...)
+				require.Equal(t, http.StatusBadRequest, code, "%s, a megabyte of reason", action)
+				require.Contains(t, page, "the reason is longer than 4096 bytes.")
 			}
 			dl, err := b.store.DeadLetter(context.Background(), id)
 			require.NoError(t, err)
