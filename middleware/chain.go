@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -168,6 +169,20 @@ func (c Config) Validate() error {
 // its effect committed, it was a duplicate or stale, or it was stored as a
 // dead letter; otherwise the message is nacked and delivered again.
 func Handler(cfg Config) (message.NoPublishHandlerFunc, error) {
+	h, _, err := handler(cfg, systemClock())
+	return h, err
+}
+
+// HandlerWithSweep is Handler, with the chain's work that no message
+// drives: under StrictOrder, sweep runs until ctx ends, and at least every
+// DefaultReleaseSweep (and at once) while no message does it, the release
+// of the parked events whose turn came and the hand-over, as
+// sequence_gap dead letters, of those that waited longer than GapTimeout
+// for an earlier event that never came: a consumer that receives nothing
+// more ends their wait too. Without StrictOrder, sweep returns when ctx
+// ends. Run sweep on a goroutine of its own, and wait for it before the
+// store's database closes.
+func HandlerWithSweep(cfg Config) (h message.NoPublishHandlerFunc, sweep func(ctx context.Context), err error) {
 	return handler(cfg, systemClock())
 }
 
@@ -180,35 +195,49 @@ type clock struct {
 	// holdUpLimit and forgetFailingAfter, when set, replace what the
 	// chain derives from its Config (see holdUp).
 	holdUpLimit, forgetFailingAfter time.Duration
+	// releaseSweep is how often the parked events are swept (see
+	// releaseParked).
+	releaseSweep time.Duration
 }
 
 // systemClock is the clock of the system.
-func systemClock() clock { return clock{now: time.Now, after: time.After} }
+func systemClock() clock {
+	return clock{now: time.Now, after: time.After, releaseSweep: DefaultReleaseSweep}
+}
 
-// handler is Handler on clk.
-func handler(cfg Config, clk clock) (message.NoPublishHandlerFunc, error) {
+// handler is HandlerWithSweep on clk.
+func handler(cfg Config, clk clock) (message.NoPublishHandlerFunc, func(context.Context), error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("middleware: %w", err)
+		return nil, nil, fmt.Errorf("middleware: %w", err)
 	}
-	steps := chain(cfg, clk)
+	steps, rel := chain(cfg, clk)
 	h := message.HandlerFunc(dispatch)
 	for i := len(steps) - 1; i >= 0; i-- {
 		h = steps[i](h)
 	}
+	sweep := func(ctx context.Context) { <-ctx.Done() }
+	if rel != nil {
+		sweep = rel.run
+	}
 	return func(msg *message.Message) error {
 		_, err := h(msg)
 		return err
-	}, nil
+	}, sweep, nil
 }
 
 // chain returns the steps of cfg, outermost first, in the order of the
-// package documentation. cfg has its defaults and is valid.
-func chain(cfg Config, clk clock) []message.HandlerMiddleware {
+// package documentation, and under StrictOrder the releaser of its parked
+// events. cfg has its defaults and is valid.
+func chain(cfg Config, clk clock) ([]message.HandlerMiddleware, *releaser) {
 	name := cfg.Consumer.Name()
-	var steps []message.HandlerMiddleware
+	var (
+		steps []message.HandlerMiddleware
+		rel   *releaser
+	)
 	if cfg.StrictOrder {
-		steps = append(steps, releaseParked(name, cfg.Store, cfg.Logger, clk.now, DefaultReleaseSweep, cfg.GapTimeout))
+		rel = newReleaser(name, cfg.Store, cfg.Logger, clk.now, clk.releaseSweep, cfg.GapTimeout)
+		steps = append(steps, rel.middleware)
 	}
 	var holds framework.Store // under strict order, decode holds the subject of an event it refuses
 	if cfg.StrictOrder {
@@ -247,5 +276,5 @@ func chain(cfg Config, clk clock) []message.HandlerMiddleware {
 	if cfg.StrictOrder {
 		steps = append(steps, strictOrder(name, cfg.Store, cfg.OrderFromFirstSeen))
 	}
-	return append(steps, cfg.Inner...)
+	return append(steps, cfg.Inner...), rel
 }

@@ -3,7 +3,7 @@
 // learn about a message through its context, so they come only as the
 // whole chain, in this order, outermost first (one file each):
 //
-//	releaseParked  with StrictOrder: after the message, applies the parked events that it let through; its sweep, those left and those that waited too long
+//	releaseParked  with StrictOrder: after the message, applies the parked events that it let through; its sweep (also while no message comes, see HandlerWithSweep), those left and those that waited too long
 //	observe        logs, metrics, a consumer span linked to the producer
 //	deadLetter     stores poison and exhausted messages, then acks; never on shutdown
 //	decode         CloudEvent, route and data validation; poison is permanent

@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"context"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -14,16 +15,27 @@ type TestClock struct {
 	Now                             func() time.Time
 	After                           func(time.Duration) <-chan time.Time
 	HoldUpLimit, ForgetFailingAfter time.Duration
+	// ReleaseSweep replaces DefaultReleaseSweep.
+	ReleaseSweep time.Duration
 }
 
 // HandlerOnClock is Handler on clk.
 func HandlerOnClock(cfg Config, clk TestClock) (message.NoPublishHandlerFunc, error) {
+	h, _, err := HandlerWithSweepOnClock(cfg, clk)
+	return h, err
+}
+
+// HandlerWithSweepOnClock is HandlerWithSweep on clk.
+func HandlerWithSweepOnClock(cfg Config, clk TestClock) (message.NoPublishHandlerFunc, func(context.Context), error) {
 	c := systemClock()
 	if clk.Now != nil {
 		c.now = clk.Now
 	}
 	if clk.After != nil {
 		c.after = clk.After
+	}
+	if clk.ReleaseSweep > 0 {
+		c.releaseSweep = clk.ReleaseSweep
 	}
 	c.holdUpLimit, c.forgetFailingAfter = clk.HoldUpLimit, clk.ForgetFailingAfter
 	return handler(cfg, c)

@@ -132,3 +132,62 @@ func TestStrictOrderParkedGapTimeout(t *testing.T) {
 		})
 	}
 }
+
+// TestStrictOrderIdleSweepEndsTheWait: a consumer that receives nothing
+// more still ends a parked event's wait for an earlier one that never
+// comes: HandlerWithSweep's sweep, running on its own, hands it to the
+// chain once it has waited longer than GapTimeout, and it is
+// dead-lettered as sequence_gap. Before, only the consumer's next message
+// ran the sweep.
+func TestStrictOrderIdleSweepEndsTheWait(t *testing.T) {
+	t.Parallel()
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			g := &gapChain{}
+			now := func() time.Time { return time.Now().Add(time.Duration(g.later.Load())) }
+			db, s := b.open(t, now)
+			g.ordered = newOrderedOn(t, db, s)
+			var (
+				sweep func(context.Context)
+				err   error
+			)
+			g.h, sweep, err = middleware.HandlerWithSweepOnClock(middleware.Config{
+				Consumer: g.c, UnitOfWork: g.uow, Store: s, StrictOrder: true, GapTimeout: time.Hour,
+			}, middleware.TestClock{Now: now, ReleaseSweep: 40 * time.Millisecond})
+			require.NoError(t, err)
+
+			_, err = g.deliver(t, "s1", "S", 1)
+			require.NoError(t, err)
+			_, err = g.deliver(t, "s3", "S", 3)
+			require.ErrorIs(t, err, pipeline.ErrLater)
+			g.later.Add(int64(middleware.GapPark))
+			out, err := g.deliver(t, "s3", "S", 3)
+			require.NoError(t, err)
+			require.Equal(t, framework.Parked, out)
+
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { defer close(done); sweep(ctx) }()
+			t.Cleanup(func() { cancel(); <-done })
+
+			time.Sleep(200 * time.Millisecond) // sweeps run, the wait is short yet
+			require.Equal(t, []string{"s3 parked"}, g.reasons(t), "not an hour yet")
+
+			g.later.Add(int64(time.Hour)) // no message comes meanwhile
+			require.Eventually(t, func() bool {
+				dls, err := g.store.DeadLetters(context.Background(), framework.DeadLetterFilter{Consumer: consumerName})
+				return err == nil && len(dls) == 1 && dls[0].EventID == "s3" && dls[0].Code == framework.CodeSequenceGap
+			}, 10*time.Second, 20*time.Millisecond, "the idle sweep dead-letters s3 as sequence_gap")
+			require.Empty(t, g.reasons(t))
+			require.Equal(t, []string{"s1"}, g.applied(t, "s"))
+
+			cancel()
+			select {
+			case <-done:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the sweep did not return once its context ended")
+			}
+		})
+	}
+}

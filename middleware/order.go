@@ -229,10 +229,17 @@ type releaser struct {
 	every      time.Duration
 	gapTimeout time.Duration
 	nextSweep  atomic.Int64 // Unix nanoseconds; 0 before the first sweep
+	// next is the chain inside the releaser, once middleware wrapped it:
+	// what run hands the parked events to.
+	next atomic.Pointer[message.HandlerFunc]
 }
 
-// releaseParked is the outermost step under strict order. Once the chain
-// of a message returns, it applies the events parked behind a dead letter
+func newReleaser(consumer string, store framework.Store, logger *slog.Logger, now func() time.Time, every, gapTimeout time.Duration) *releaser {
+	return &releaser{consumer: consumer, store: store, logger: logger, now: now, every: every, gapTimeout: gapTimeout}
+}
+
+// middleware is the step releaseParked, the outermost under strict
+// order. Once the chain of a message returns, it applies the events parked behind a dead letter
 // that the message's effect let through (see strictOrder): one after the
 // other, in sequence, each through the whole chain as a delivery of its
 // own (its attempts, its retries, and its dead letter if it fails, which
@@ -241,26 +248,43 @@ type releaser struct {
 // loses none and applies none twice: what is left is released by the
 // next message of the subject, or by the sweep that the first message
 // after start, then one message every DefaultReleaseSweep, runs for the
-// whole consumer. The sweep also hands to the chain again the first
+// whole consumer (or run, while no message comes). The sweep also hands to the chain again the first
 // parked event of each subject that waits for an earlier event that has
 // not arrived (no dead letter before it) since longer than gapTimeout,
 // where it ends as sequence_gap (see gapWait).
-func releaseParked(consumer string, store framework.Store, logger *slog.Logger, now func() time.Time, every, gapTimeout time.Duration) message.HandlerMiddleware {
-	r := &releaser{consumer: consumer, store: store, logger: logger, now: now, every: every, gapTimeout: gapTimeout}
-	return func(next message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			st := stateOf(msg)
-			ctx := msg.Context()
-			out, err := next(msg)
-			if err == nil {
-				for _, subject := range st.release {
-					r.release(ctx, next, subject)
-				}
+func (r *releaser) middleware(next message.HandlerFunc) message.HandlerFunc {
+	r.next.Store(&next)
+	return func(msg *message.Message) ([]*message.Message, error) {
+		st := stateOf(msg)
+		ctx := msg.Context()
+		out, err := next(msg)
+		if err == nil {
+			for _, subject := range st.release {
+				r.release(ctx, next, subject)
 			}
-			if r.sweepDue() {
-				r.sweep(ctx, next)
-			}
-			return out, err
+		}
+		if r.sweepDue() {
+			r.sweep(ctx, next)
+		}
+		return out, err
+	}
+}
+
+// run sweeps (see middleware) until ctx ends: at once, then whenever
+// no message has for r.every, looking four times as often, so that a
+// consumer that receives nothing still releases and expires its parked
+// events (HandlerWithSweep).
+func (r *releaser) run(ctx context.Context) {
+	tick := time.NewTicker(max(r.every/4, time.Millisecond))
+	defer tick.Stop()
+	for {
+		if next := r.next.Load(); next != nil && r.sweepDue() {
+			r.sweep(ctx, *next)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
 		}
 	}
 }

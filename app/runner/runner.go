@@ -210,6 +210,9 @@ type Runner struct {
 	logger *slog.Logger
 	router *message.Router
 	subs   []subscription
+	// sweeps are the consumers' chains' work that no message drives
+	// (middleware.HandlerWithSweep), run beside the router.
+	sweeps []func(context.Context)
 
 	started  atomic.Bool
 	launched atomic.Bool // the router's Run was called
@@ -266,9 +269,12 @@ func (r *Runner) add(cc ConsumerConfig) error {
 	if err != nil {
 		return err
 	}
-	h, err := middleware.Handler(r.chainConfig(cc, uow))
+	h, sweep, err := middleware.HandlerWithSweep(r.chainConfig(cc, uow))
 	if err != nil {
 		return err
+	}
+	if cc.StrictOrder {
+		r.sweeps = append(r.sweeps, sweep)
 	}
 	sub, err := r.cfg.Transport.Subscribe(framework.SubscribeConfig{
 		Consumer:       c.Name(),
@@ -369,8 +375,14 @@ func (r *Runner) Start(ctx context.Context) error {
 	r.launched.Store(true)
 	go func() {
 		defer close(r.runDone)
-		defer cancelRun()
-		if err := r.router.Run(runCtx); err != nil {
+		var sweeps sync.WaitGroup
+		for _, sweep := range r.sweeps {
+			sweeps.Go(func() { sweep(runCtx) })
+		}
+		err := r.router.Run(runCtx)
+		cancelRun()
+		sweeps.Wait()
+		if err != nil {
 			r.runErr = err
 			r.logger.Error("router stopped", "error", err)
 		}
