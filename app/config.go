@@ -60,12 +60,12 @@ const (
 	// each message in flight holds a database connection: lower it then.
 	DefaultConcurrency = 64
 	// DefaultSQLiteConcurrency is DefaultConcurrency on the sqlite
-	// transport under group commit. One writer at a time holds the file: its batches run one
-	// after another, so the messages in flight must fill the batch that
-	// runs, the one that waits for it and the claims ahead. A message in
-	// flight costs a lease row. make bench (60,000 messages, the example
-	// service): 26,000 to 30,000 effects/s at 64, 35,000 to 42,000 at 256,
-	// no more at 512.
+	// transport under group commit. One writer at a time holds the file:
+	// its batches run one after another, so the messages in flight must
+	// fill the batch that runs, the one that waits for it and the claims
+	// ahead. A message in flight costs a lease row. make bench (60,000
+	// messages, the example service): 26,000 to 30,000 effects/s at 64,
+	// 29,000 to 39,000 at 256, no more at 512.
 	DefaultSQLiteConcurrency = 256
 )
 
