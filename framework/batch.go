@@ -11,6 +11,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/effectively-once/effectively/internal/crash"
+	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // group gathers attempts into batches that commit in one transaction
@@ -276,9 +277,17 @@ func (g *group) try(batch []*attemptRun) (committed, retry []*attemptRun, failed
 			return c, r, -1
 		}
 	}
+	// The batch's statements run under a context that never ends: one cut
+	// short would roll back the whole batch on SQLite (an interrupt) and
+	// close its connection on PostgreSQL (pgx). The batch ends when all
+	// its attempts' contexts have: database/sql then rolls its transaction
+	// back (it began under ctx). A statement without an end also costs no
+	// watch of its context (modernc.org/sqlite starts a goroutine per
+	// statement for one).
+	ctx = context.WithoutCancel(ctx)
 	for _, a := range batch {
 		a.tx = &Tx{tx: tx, ctx: ctx}
-		a.marked = false
+		a.marked, a.batched, a.ack = false, true, nil
 	}
 	if err := g.markAll(ctx, batch); err != nil {
 		_ = tx.Rollback() // err is what matters: each attempt runs again alone
@@ -317,6 +326,10 @@ func (g *group) try(batch []*attemptRun) (committed, retry []*attemptRun, failed
 		_ = tx.Rollback() // nothing to commit
 		return nil, nil, -1
 	}
+	if err := ackAll(ctx, ok); err != nil {
+		c, r := g.abort(tx, nil, ok, settled, fmt.Errorf("ack in transaction: %w", err))
+		return c, r, -1
+	}
 	if err := tx.Commit(); err != nil {
 		for _, a := range ok {
 			a.tx.rolledBack()
@@ -347,6 +360,32 @@ func (g *group) resetSession(ctx context.Context, tx sqlx.ExecerContext, timeout
 	if timeout != "" {
 		if _, err := tx.ExecContext(ctx, timeout); err != nil {
 			return fmt.Errorf("statement timeout: %w", err)
+		}
+	}
+	return nil
+}
+
+// ackAll writes the transport's acks of the attempts of ok in their
+// batch's transaction, one statement per pipeline.AckBatch (a transport's
+// subscription) instead of one per attempt.
+func ackAll(ctx context.Context, ok []*attemptRun) error {
+	var (
+		batches []pipeline.AckBatch
+		acks    = map[pipeline.AckBatch][]pipeline.AckInTx{}
+	)
+	for _, a := range ok {
+		if a.ack == nil {
+			continue
+		}
+		b := a.ack.Batch
+		if _, seen := acks[b]; !seen {
+			batches = append(batches, b)
+		}
+		acks[b] = append(acks[b], *a.ack)
+	}
+	for _, b := range batches {
+		if err := b.AckAll(ctx, ok[0].tx, acks[b]); err != nil {
+			return err
 		}
 	}
 	return nil

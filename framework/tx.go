@@ -369,6 +369,8 @@ type attemptRun struct {
 	tx       *Tx
 	marked   bool // first holds the mark's result: the batch marked it
 	first    bool
+	batched  bool              // a.tx is a batch's transaction (group commit)
+	ack      *pipeline.AckInTx // the ack the batch writes before its commit
 	outcome  Outcome
 	err      error
 	panicked any
@@ -398,7 +400,7 @@ func (a *attemptRun) die(p crash.Point) {
 
 // alone runs a in a transaction of its own.
 func (u *UnitOfWork) alone(a *attemptRun) {
-	a.tx, a.marked = &Tx{}, false
+	a.tx, a.marked, a.batched, a.ack = &Tx{}, false, false, nil
 	if u.db != nil {
 		tx, err := u.db.BeginTxx(a.ctx, nil)
 		if err != nil {
@@ -491,6 +493,10 @@ func (u *UnitOfWork) attempt(a *attemptRun) (write bool) {
 		}
 	}
 	if ack, ok := pipeline.From[pipeline.AckInTx](ctx); ok && tx.tx != nil && ack.DB == u.db.DB {
+		if a.batched && ack.Batch != nil {
+			a.ack = &ack // acked with its batch-mates', before the commit (see ackAll)
+			return true
+		}
 		if err := ack.Ack(ctx, tx); err != nil {
 			a.fail(fmt.Errorf("ack in transaction: %w", err))
 			return false

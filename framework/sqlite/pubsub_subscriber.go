@@ -453,6 +453,30 @@ func (d *pubsubDelivery) ackInTx(ctx context.Context, tx pipeline.Execer) error 
 	return nil
 }
 
+// AckAll acknowledges the messages of acks, deliveries of this
+// subscription, inside the transaction of a batch of the unit of work, in
+// one statement (pipeline.AckBatch): the batch's lease deletions commit
+// with its effects. It reads only what never changes in sub.
+func (sub *pubsubSubscription) AckAll(ctx context.Context, tx pipeline.Execer, acks []pipeline.AckInTx) error {
+	ds := make([]*pubsubDelivery, len(acks))
+	offsets := make([]int64, len(acks))
+	for i, a := range acks {
+		d, ok := a.Item.(*pubsubDelivery)
+		if !ok || d.sub != sub {
+			return fmt.Errorf("ack messages of %s: %T is not a message of this subscription", sub.topic, a.Item)
+		}
+		ds[i], offsets[i] = d, d.offset
+	}
+	q := sub.s.q
+	if _, err := tx.ExecContext(ctx, q.ack, sub.topic, sub.s.cfg.ConsumerGroup, pubsubOffsets(offsets)); err != nil {
+		return fmt.Errorf("ack %d messages of %s: %w", len(offsets), sub.topic, err)
+	}
+	for _, d := range ds {
+		d.ackedInTx.Store(true)
+	}
+	return nil
+}
+
 type pubsubResult struct {
 	d     *pubsubDelivery
 	acked bool
@@ -940,7 +964,7 @@ func (sub *pubsubSubscription) newDelivery(r claimedRow) *pubsubDelivery {
 	d := &pubsubDelivery{sub: sub, offset: r.offset, deliveries: r.deliveries, msg: msg}
 	ctx, cancel := context.WithCancel(sub.ctx)
 	d.cancel = cancel
-	msg.SetContext(pipeline.With(ctx, pipeline.AckInTx{DB: sub.s.db.DB, Ack: d.ackInTx}))
+	msg.SetContext(pipeline.With(ctx, pipeline.AckInTx{DB: sub.s.db.DB, Ack: d.ackInTx, Batch: sub, Item: d}))
 	return d
 }
 

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -614,6 +615,64 @@ func TestPubSubAckInTx(t *testing.T) {
 		require.True(t, redelivered(t, again))
 		again.Ack()
 	})
+
+	t.Run("BatchAcksWithItsEffects", func(t *testing.T) {
+		t.Parallel()
+		b := setupPubSub(t)
+		_, err := b.db.Exec(`CREATE TABLE test_marks (consumer TEXT, source TEXT, id TEXT, PRIMARY KEY (consumer, source, id));
+			CREATE TABLE test_effects (id TEXT PRIMARY KEY, parent TEXT)`)
+		require.NoError(t, err)
+		// One batch of all four: the acks of the three that take effect
+		// are written in its transaction (one statement), the failing
+		// one's lease stays.
+		uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{
+			DB: b.db, Store: pubsubTestMarks{}, BatchSize: 4, Batches: 1, Linger: 5 * time.Second,
+		})
+		require.NoError(t, err)
+		b.publish(t, "a", "b", "c", "d")
+		ch, err := b.subscriber(t, SubscriberConfig{}).Subscribe(context.Background(), b.topic)
+		require.NoError(t, err)
+		msgs := make([]*message.Message, 4)
+		for i := range msgs {
+			msgs[i] = receive(t, ch)
+		}
+		outcomes := make([]framework.Outcome, 4)
+		var wg sync.WaitGroup
+		for i, msg := range msgs {
+			wg.Go(func() {
+				var fail error
+				if string(msg.Payload) == "c" {
+					fail = errors.New("c fails")
+				}
+				outcomes[i], _ = handle(t, uow, b.db, msg, nil, fail)
+			})
+		}
+		wg.Wait()
+		for i, msg := range msgs {
+			want := framework.Processed
+			if string(msg.Payload) == "c" {
+				want = framework.Failed
+			}
+			require.Equal(t, want, outcomes[i], string(msg.Payload))
+		}
+		// Before the router's Ack or Nack: the leases of a, b and d went
+		// with the batch's commit.
+		require.Equal(t, 3, b.count(t, `SELECT COUNT(*) FROM test_effects`))
+		var left []int64
+		require.NoError(t, b.db.Select(&left, `SELECT "offset" FROM pubsub_leases`))
+		require.Len(t, left, 1, "only c's lease is left")
+		for _, msg := range msgs {
+			if string(msg.Payload) == "c" {
+				msg.Nack()
+			} else {
+				msg.Ack()
+			}
+		}
+		again := receive(t, ch)
+		require.Equal(t, "c", string(again.Payload))
+		again.Ack()
+	})
+
 }
 
 func TestPubSubCleanup(t *testing.T) {

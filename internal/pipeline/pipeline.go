@@ -46,6 +46,20 @@ type Decoded[E any] struct {
 type AckInTx struct {
 	DB  *sql.DB
 	Ack func(ctx context.Context, tx Execer) error
+	// Batch, when not nil, acknowledges many messages in one statement: a
+	// batch of the unit of work (group commit) hands it, before its
+	// commit, the AckInTx of each of its attempts that carries the same
+	// Batch, instead of calling their Ack one by one.
+	Batch AckBatch
+	// Item is what Batch knows the message by (the SQLite subscription's
+	// delivery).
+	Item any
+}
+
+// AckBatch acknowledges, inside the attempts' shared transaction, the
+// messages of acks, each of which carries it as its Batch.
+type AckBatch interface {
+	AckAll(ctx context.Context, tx Execer, acks []AckInTx) error
 }
 
 // Execer runs a statement: the attempt's transaction, as a transport's ack
