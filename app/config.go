@@ -52,20 +52,23 @@ const (
 	// discarded) dead letters are kept, with their history.
 	DefaultDeadLetterRetention = 30 * 24 * time.Hour
 	// DefaultConcurrency is how many messages a consumer has in flight
-	// when neither its settings nor the defaults: section say. Under group
-	// commit the messages in flight fill the consumer's batches, and make
-	// bench (20,000 messages, effects/s at 16 and at 64 in flight) rose
-	// with them: AMQP + PostgreSQL 6,281 to 8,661, the PostgreSQL
-	// transport 3,520 to 4,824, SQLite 9,107 to 13,870. At batch_size 1
-	// each message in flight holds a database connection: lower it then.
-	DefaultConcurrency = 64
+	// under group commit (batch_size above 1) when neither its settings
+	// nor the defaults: section say. The messages in flight fill the
+	// consumer's batches, and make bench rose with them (20,000 messages,
+	// effects/s): at 16, 64 and 128 in flight AMQP + PostgreSQL 6,281,
+	// 8,661 to 12,900 and 13,200 to 15,000, the PostgreSQL transport
+	// 3,520, 4,824 to 14,100 and 14,700 to 15,100.
+	DefaultConcurrency = 128
+	// DefaultUngroupedConcurrency is the default at batch_size 1, where
+	// each message in flight holds a database connection.
+	DefaultUngroupedConcurrency = 64
 	// DefaultSQLiteConcurrency is DefaultConcurrency on the sqlite
-	// transport under group commit. One writer at a time holds the file:
-	// its batches run one after another, so the messages in flight must
-	// fill the batch that runs, the one that waits for it and the claims
-	// ahead. A message in flight costs a lease row. make bench (60,000
-	// messages, the example service): 26,000 to 30,000 effects/s at 64,
-	// 29,000 to 39,000 at 256, no more at 512.
+	// transport. One writer at a time holds the file: its batches run one
+	// after another, so the messages in flight must fill the batch that
+	// runs, the one that waits for it and the claims ahead. A message in
+	// flight costs a lease row. make bench (60,000 messages, the example
+	// service): 26,000 to 30,000 effects/s at 64, 29,000 to 39,000 at 256,
+	// no more at 512.
 	DefaultSQLiteConcurrency = 256
 )
 
@@ -320,8 +323,9 @@ type ConsumerConfig struct {
 	// commit the messages in flight fill the consumer's batches; at
 	// batch_size 1 each holds a connection of DatabaseURL's pool, which
 	// grows with it.
-	// Defaults to DefaultConcurrency, or DefaultSQLiteConcurrency on
-	// sqlite under group commit (BatchSize above 1).
+	// Defaults to DefaultConcurrency under group commit (BatchSize above
+	// 1), DefaultSQLiteConcurrency on sqlite, and to
+	// DefaultUngroupedConcurrency at BatchSize 1.
 	Concurrency int `yaml:"concurrency"`
 	// RateLimit caps messages per second; zero means no limit.
 	RateLimit float64 `yaml:"rate_limit"`
@@ -493,7 +497,10 @@ func (c Config) Settings(name string) ConsumerConfig {
 // defaultConcurrency is a consumer's concurrency on c's transport, at
 // batchSize, when neither its settings nor the defaults: section say.
 func (c Config) defaultConcurrency(batchSize int) int {
-	if cmp.Or(c.Transport, DefaultTransport) == TransportSQLite && batchSize > 1 {
+	switch {
+	case batchSize <= 1:
+		return DefaultUngroupedConcurrency
+	case cmp.Or(c.Transport, DefaultTransport) == TransportSQLite:
 		return DefaultSQLiteConcurrency
 	}
 	return DefaultConcurrency

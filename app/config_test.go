@@ -204,8 +204,8 @@ http_addr: 127.0.0.1:1
 			require.Equal(t, want, cfg.Settings("a.any").Concurrency, transport)
 			require.Equal(t, 7, cfg.Settings("a.set").Concurrency, transport)
 			// A transaction per message holds a connection per message
-			// in flight: no more than elsewhere.
-			require.Equal(t, app.DefaultConcurrency, cfg.Settings("a.alone").Concurrency, transport)
+			// in flight: fewer.
+			require.Equal(t, app.DefaultUngroupedConcurrency, cfg.Settings("a.alone").Concurrency, transport)
 		}
 	})
 

@@ -39,7 +39,7 @@ func TestConsumersView(t *testing.T) {
 		require.Len(t, v.Consumers, 2, transport)
 		var out bytes.Buffer
 		require.NoError(t, printConsumers(&out, v))
-		concurrency := "64"
+		concurrency := "128"
 		if transport == TransportSQLite {
 			concurrency = "256"
 		}

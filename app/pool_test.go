@@ -151,7 +151,7 @@ func TestDatabasePoolSize(t *testing.T) {
 		require.NoError(t, err)
 		// 16 attempts per consumer, the outbox and replay relays, the
 		// readiness check, the purger.
-		require.Equal(t, 3*app.DefaultConcurrency+4, size)
+		require.Equal(t, 3*app.DefaultUngroupedConcurrency+4, size)
 	})
 
 	t.Run("ExplicitRespected", func(t *testing.T) {
