@@ -672,7 +672,6 @@ func TestPubSubAckInTx(t *testing.T) {
 		require.Equal(t, "c", string(again.Payload))
 		again.Ack()
 	})
-
 }
 
 func TestPubSubCleanup(t *testing.T) {
