@@ -52,14 +52,22 @@ func Message(uuid string, payload, metadata []byte) *message.Message {
 // (a null value is left out). When it is not, reason says why and md is
 // empty.
 func Metadata(text []byte) (md message.Metadata, reason string) {
-	md = make(message.Metadata)
 	text = bytes.TrimSpace(text)
 	if len(text) == 0 || string(text) == "null" {
-		return md, ""
+		return make(message.Metadata), ""
 	}
 	if !utf8.Valid(text) {
 		return make(message.Metadata), "metadata is not valid UTF-8"
 	}
+	if md, ok := plainMetadata(text); ok {
+		return md, ""
+	}
+	return jsonMetadata(text)
+}
+
+// jsonMetadata is Metadata of valid UTF-8 text, read with encoding/json.
+func jsonMetadata(text []byte) (md message.Metadata, reason string) {
+	md = make(message.Metadata)
 	var raw map[string]json.RawMessage
 	if err := json.Unmarshal(text, &raw); err != nil {
 		return make(message.Metadata), "metadata is not a JSON object"
@@ -75,6 +83,81 @@ func Metadata(text []byte) (md message.Metadata, reason string) {
 		md[k] = s
 	}
 	return md, ""
+}
+
+// plainMetadata reads text, trimmed and valid UTF-8, when it is a JSON
+// object whose keys and values are strings without escapes or control
+// characters, the usual metadata ({"content-type":"..."}), in one scan
+// and without reflection; ok is false for anything else, which
+// jsonMetadata reads. A repeated key keeps its last value, as
+// encoding/json does.
+func plainMetadata(text []byte) (md message.Metadata, ok bool) {
+	i := 0
+	space := func() {
+		for i < len(text) && (text[i] == ' ' || text[i] == '\t' || text[i] == '\n' || text[i] == '\r') {
+			i++
+		}
+	}
+	str := func() (string, bool) {
+		if i >= len(text) || text[i] != '"' {
+			return "", false
+		}
+		start := i + 1
+		for i = start; i < len(text); i++ {
+			switch c := text[i]; {
+			case c == '"':
+				i++
+				return string(text[start : i-1]), true
+			case c == '\\' || c < 0x20:
+				return "", false
+			}
+		}
+		return "", false
+	}
+	space()
+	if i >= len(text) || text[i] != '{' {
+		return nil, false
+	}
+	i++
+	space()
+	md = make(message.Metadata, 2)
+	if i < len(text) && text[i] == '}' {
+		i++
+		space()
+		return md, i == len(text)
+	}
+	for {
+		k, ok := str()
+		if !ok {
+			return nil, false
+		}
+		space()
+		if i >= len(text) || text[i] != ':' {
+			return nil, false
+		}
+		i++
+		space()
+		v, ok := str()
+		if !ok {
+			return nil, false
+		}
+		md[k] = v
+		space()
+		if i >= len(text) {
+			return nil, false
+		}
+		switch text[i] {
+		case ',':
+			i++
+			space()
+		case '}':
+			i++
+			space()
+			return md, i == len(text)
+		default:
+			return nil, false
+		}
+	}
 }
 
 // maxRaw bounds the stored metadata text kept on an unreadable message.
