@@ -615,9 +615,7 @@ func (c Config) validateMerged() error {
 			errs = append(errs, fmt.Errorf("%s.batch_linger: want less than its timeout (%s): a batch waits within the time limit of its attempts, so a message that arrived alone would time out and be dead-lettered, got %s",
 				keys[i], time.Duration(s.Timeout), time.Duration(s.BatchLinger)))
 		}
-		// In floating point: the product may overflow a Duration.
-		handling := float64(s.Attempts)*(float64(s.Timeout)+float64(s.RetryDelay)) + float64(s.Breaker.MaxHold)
-		if handling > float64(MaxHandlingTime) {
+		if runner.OverMaxHandlingTime(s.Attempts, time.Duration(s.Timeout), time.Duration(s.RetryDelay), time.Duration(s.Breaker.MaxHold)) {
 			errs = append(errs, fmt.Errorf("%s: attempts × (timeout + retry_delay) + breaker.max_hold: want at most %s, got %d × (%s + %s) + %s",
 				keys[i], MaxHandlingTime, s.Attempts, time.Duration(s.Timeout), time.Duration(s.RetryDelay), time.Duration(s.Breaker.MaxHold)))
 		}

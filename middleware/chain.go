@@ -179,9 +179,9 @@ func Handler(cfg Config) (message.NoPublishHandlerFunc, error) {
 // of the parked events whose turn came and the hand-over, as
 // sequence_gap dead letters, of those that waited longer than GapTimeout
 // for an earlier event that never came: a consumer that receives nothing
-// more ends their wait too. Without StrictOrder, sweep returns when ctx
-// ends. Run sweep on a goroutine of its own, and wait for it before the
-// store's database closes.
+// more ends their wait too. sweep is nil when the chain has no such work
+// (without StrictOrder). Run it on a goroutine of its own, and wait for
+// it before the store's database closes.
 func HandlerWithSweep(cfg Config) (h message.NoPublishHandlerFunc, sweep func(ctx context.Context), err error) {
 	return handler(cfg, systemClock())
 }
@@ -216,7 +216,7 @@ func handler(cfg Config, clk clock) (message.NoPublishHandlerFunc, func(context.
 	for i := len(steps) - 1; i >= 0; i-- {
 		h = steps[i](h)
 	}
-	sweep := func(ctx context.Context) { <-ctx.Done() }
+	var sweep func(context.Context)
 	if rel != nil {
 		sweep = rel.run
 	}

@@ -20,21 +20,43 @@ import (
 type gapChain struct {
 	*ordered
 	h     message.NoPublishHandlerFunc
-	later atomic.Int64 // nanoseconds the clock is ahead of the system's
+	sweep func(context.Context) // the chain's sweep (HandlerWithSweep), not running
+	later atomic.Int64          // nanoseconds the clock is ahead of the system's
 }
 
 func newGapChain(t *testing.T, b backend) *gapChain {
+	t.Helper()
+	return newGapChainSweeping(t, b, 0)
+}
+
+// newGapChainSweeping is newGapChain whose sweep runs every releaseSweep
+// (0: DefaultReleaseSweep).
+func newGapChainSweeping(t *testing.T, b backend, releaseSweep time.Duration) *gapChain {
 	t.Helper()
 	g := &gapChain{}
 	now := func() time.Time { return time.Now().Add(time.Duration(g.later.Load())) }
 	db, s := b.open(t, now)
 	g.ordered = newOrderedOn(t, db, s)
 	var err error
-	g.h, err = middleware.HandlerOnClock(middleware.Config{
+	g.h, g.sweep, err = middleware.HandlerWithSweepOnClock(middleware.Config{
 		Consumer: g.c, UnitOfWork: g.uow, Store: s, StrictOrder: true, GapTimeout: time.Hour,
-	}, middleware.TestClock{Now: now})
+	}, middleware.TestClock{Now: now, ReleaseSweep: releaseSweep})
 	require.NoError(t, err)
 	return g
+}
+
+// parkS3 takes s1 of subject S, then s3, which waits for s2 (nacked), and
+// once it has waited GapPark, parks it.
+func (g *gapChain) parkS3(t *testing.T) {
+	t.Helper()
+	_, err := g.deliver(t, "s1", "S", 1)
+	require.NoError(t, err)
+	_, err = g.deliver(t, "s3", "S", 3)
+	require.ErrorIs(t, err, pipeline.ErrLater)
+	g.later.Add(int64(middleware.GapPark))
+	out, err := g.deliver(t, "s3", "S", 3)
+	require.NoError(t, err)
+	require.Equal(t, framework.Parked, out)
 }
 
 // deliver hands an event of subject with sequence n to the chain and
@@ -105,17 +127,10 @@ func TestStrictOrderParkedGapTimeout(t *testing.T) {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
 			g := newGapChain(t, b)
-			_, err := g.deliver(t, "s1", "S", 1) // the sweep after start runs now
-			require.NoError(t, err)
-			_, err = g.deliver(t, "s3", "S", 3)
-			require.ErrorIs(t, err, pipeline.ErrLater)
-			g.later.Add(int64(middleware.GapPark))
-			out, err := g.deliver(t, "s3", "S", 3)
-			require.NoError(t, err)
-			require.Equal(t, framework.Parked, out)
+			g.parkS3(t) // s1 runs the sweep after start
 
 			g.later.Add(int64(59 * time.Minute))
-			_, err = g.deliver(t, "o1", "O", 1) // another subject's message runs the next sweep
+			_, err := g.deliver(t, "o1", "O", 1) // another subject's message runs the next sweep
 			require.NoError(t, err)
 			require.Equal(t, []string{"s3 parked"}, g.reasons(t), "not an hour yet")
 
@@ -144,31 +159,12 @@ func TestStrictOrderIdleSweepEndsTheWait(t *testing.T) {
 	for _, b := range backends {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
-			g := &gapChain{}
-			now := func() time.Time { return time.Now().Add(time.Duration(g.later.Load())) }
-			db, s := b.open(t, now)
-			g.ordered = newOrderedOn(t, db, s)
-			var (
-				sweep func(context.Context)
-				err   error
-			)
-			g.h, sweep, err = middleware.HandlerWithSweepOnClock(middleware.Config{
-				Consumer: g.c, UnitOfWork: g.uow, Store: s, StrictOrder: true, GapTimeout: time.Hour,
-			}, middleware.TestClock{Now: now, ReleaseSweep: 40 * time.Millisecond})
-			require.NoError(t, err)
-
-			_, err = g.deliver(t, "s1", "S", 1)
-			require.NoError(t, err)
-			_, err = g.deliver(t, "s3", "S", 3)
-			require.ErrorIs(t, err, pipeline.ErrLater)
-			g.later.Add(int64(middleware.GapPark))
-			out, err := g.deliver(t, "s3", "S", 3)
-			require.NoError(t, err)
-			require.Equal(t, framework.Parked, out)
+			g := newGapChainSweeping(t, b, 40*time.Millisecond)
+			g.parkS3(t)
 
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan struct{})
-			go func() { defer close(done); sweep(ctx) }()
+			go func() { defer close(done); g.sweep(ctx) }()
 			t.Cleanup(func() { cancel(); <-done })
 
 			time.Sleep(200 * time.Millisecond) // sweeps run, the wait is short yet

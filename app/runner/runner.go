@@ -125,8 +125,7 @@ func (c ConsumerConfig) Validate() error {
 		return fmt.Errorf("ConsumerConfig.BatchLinger: must be less than Timeout (%s): a batch waits within the time limit of its attempts, so a message that arrived alone would time out, got %s",
 			c.Timeout, c.BatchLinger)
 	}
-	// In floating point: the product may overflow a Duration.
-	if handling := float64(c.Attempts)*(float64(c.Timeout)+float64(c.RetryDelay)) + float64(c.Breaker.MaxHold); handling > float64(MaxHandlingTime) {
+	if OverMaxHandlingTime(c.Attempts, c.Timeout, c.RetryDelay, c.Breaker.MaxHold) {
 		return fmt.Errorf("ConsumerConfig: Attempts × (Timeout + RetryDelay) + Breaker.MaxHold must be at most %s (the transports size leases and ack deadlines from it), got %d × (%s + %s) + %s",
 			MaxHandlingTime, c.Attempts, c.Timeout, c.RetryDelay, c.Breaker.MaxHold)
 	}
@@ -138,6 +137,13 @@ func (c ConsumerConfig) Validate() error {
 // The transports size their leases and ack deadlines from it, so past it
 // they would overflow; a year is past any sensible setting.
 const MaxHandlingTime = 365 * 24 * time.Hour
+
+// OverMaxHandlingTime reports whether attempts × (timeout + retryDelay) +
+// maxHold is past MaxHandlingTime, computed in floating point: the
+// product may overflow a Duration.
+func OverMaxHandlingTime(attempts int, timeout, retryDelay, maxHold time.Duration) bool {
+	return float64(attempts)*(float64(timeout)+float64(retryDelay))+float64(maxHold) > float64(MaxHandlingTime)
+}
 
 // Config is what New takes: the consumers, the transport they consume
 // from and the database they take effect in.
@@ -273,7 +279,7 @@ func (r *Runner) add(cc ConsumerConfig) error {
 	if err != nil {
 		return err
 	}
-	if cc.StrictOrder {
+	if sweep != nil {
 		r.sweeps = append(r.sweeps, sweep)
 	}
 	sub, err := r.cfg.Transport.Subscribe(framework.SubscribeConfig{
