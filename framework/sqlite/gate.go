@@ -20,6 +20,8 @@ import (
 type writeGate struct {
 	sem     chan struct{}
 	timeout time.Duration
+	// checkpoints, when set, checkpoints the file's log after writes.
+	checkpoints *checkpointer
 }
 
 func newWriteGate(timeout time.Duration) *writeGate {
@@ -48,7 +50,12 @@ func (g *writeGate) acquire(ctx context.Context) error {
 	}
 }
 
-func (g *writeGate) release() { <-g.sem }
+func (g *writeGate) release() {
+	<-g.sem
+	if g.checkpoints != nil {
+		g.checkpoints.written()
+	}
+}
 
 // sqliteConn is what modernc.org/sqlite's connection implements and the
 // gate forwards.
@@ -92,6 +99,15 @@ func (c *gatedConnector) Connect(context.Context) (driver.Conn, error) {
 }
 
 func (c *gatedConnector) Driver() driver.Driver { return c.driver }
+
+// Close stops the file's checkpoints; database/sql calls it when the
+// database closes, after its connections.
+func (c *gatedConnector) Close() error {
+	if c.gate.checkpoints == nil {
+		return nil
+	}
+	return c.gate.checkpoints.Close()
+}
 
 // gatedConn holds the gate from BeginTx to Commit or Rollback, and around
 // each statement outside a transaction that may write. It runs the

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"fmt"
 	"net/url"
 	"os"
@@ -39,6 +40,13 @@ type OpenConfig struct {
 	// planned again. Negative keeps none. Defaults to
 	// DefaultStatementCacheSize.
 	StatementCacheSize int
+	// CheckpointInterval is how often, at most, the file's write-ahead log
+	// is checkpointed while the process writes, on a connection of its own
+	// and outside the write gate (see checkpointer); negative leaves the
+	// checkpoints to SQLite, which makes them in the committing writer
+	// once the log holds 1,000 pages. Defaults to
+	// DefaultCheckpointInterval.
+	CheckpointInterval time.Duration
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
@@ -46,6 +54,7 @@ func (c OpenConfig) WithDefaults() OpenConfig {
 	c.BusyTimeout = cmp.Or(c.BusyTimeout, DefaultBusyTimeout)
 	c.MaxOpenConns = cmp.Or(c.MaxOpenConns, DefaultMaxOpenConns)
 	c.StatementCacheSize = cmp.Or(c.StatementCacheSize, DefaultStatementCacheSize)
+	c.CheckpointInterval = cmp.Or(c.CheckpointInterval, DefaultCheckpointInterval)
 	return c
 }
 
@@ -69,12 +78,20 @@ func (c OpenConfig) Validate() error {
 // served, for the write lock of the file (see writeGate), instead of in
 // SQLite's busy handler; writers of other processes still meet in the busy
 // handler. Each connection keeps the statements it ran prepared, by query
-// text (see OpenConfig.StatementCacheSize).
+// text (see OpenConfig.StatementCacheSize). The write-ahead log is
+// checkpointed on a connection of its own, so that no writer waits for a
+// checkpoint's syncs (see OpenConfig.CheckpointInterval).
 //
 // dsn is a file path or a "file:" URI; query parameters of the URI are
 // kept. The folder of the file is created when it is missing. Open pings
 // the database before it returns.
 func Open(ctx context.Context, dsn string, cfg OpenConfig) (*sqlx.DB, error) {
+	return open(ctx, dsn, cfg, restartFrames)
+}
+
+// open is Open with the length of the log past which a checkpoint holds
+// the write gate (see checkpointer).
+func open(ctx context.Context, dsn string, cfg OpenConfig, restart int64) (*sqlx.DB, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -94,7 +111,11 @@ func Open(ctx context.Context, dsn string, cfg OpenConfig) (*sqlx.DB, error) {
 	}
 	drv := registered.Driver()
 	_ = registered.Close() // it never connected
-	db := sqlx.NewDb(sql.OpenDB(&gatedConnector{dsn: full, driver: drv, gate: newWriteGate(cfg.BusyTimeout), stmts: max(cfg.StatementCacheSize, 0)}), DriverName)
+	gate := newWriteGate(cfg.BusyTimeout)
+	if path != "" && cfg.CheckpointInterval > 0 {
+		gate.checkpoints = newCheckpointer(func() (driver.Conn, error) { return drv.Open(full) }, gate, cfg.CheckpointInterval, restart)
+	}
+	db := sqlx.NewDb(sql.OpenDB(&gatedConnector{dsn: full, driver: drv, gate: gate, stmts: max(cfg.StatementCacheSize, 0)}), DriverName)
 	db.SetMaxOpenConns(cfg.MaxOpenConns)
 	db.SetMaxIdleConns(cfg.MaxOpenConns)
 	if err := db.PingContext(ctx); err != nil {
@@ -133,6 +154,9 @@ func buildDSN(dsn string, cfg OpenConfig) (full, path string, err error) {
 	}
 	if !memory {
 		pragmas = append([]string{"journal_mode(WAL)"}, pragmas...)
+		if cfg.CheckpointInterval > 0 {
+			pragmas = append(pragmas, "wal_autocheckpoint(0)") // see checkpointer
+		}
 	}
 	for _, p := range pragmas {
 		query.Add("_pragma", p)

@@ -1,0 +1,75 @@
+package sqlite
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestCheckpoints checks that the write-ahead log of a file opened by
+// Open is checkpointed in the background, not by its writers: with the
+// checkpoints held off, the log keeps every page written; with them on,
+// it is copied back and started again while the writers go on (each
+// commit right after the one before), as SQLite's own checkpoints in the
+// writer would.
+func TestCheckpoints(t *testing.T) {
+	t.Parallel()
+	const (
+		commits = 120 // each writes five leaf pages and their parent
+		pages   = 5 * commits
+		restart = 100 // frames, restartFrames in Open
+		page    = 4096
+	)
+	// walAfterWrites opens a file with interval, writes pages in commits
+	// transactions and returns the log's size and the connections'
+	// wal_autocheckpoint.
+	walAfterWrites := func(t *testing.T, interval time.Duration) (walBytes int64, autocheckpoint int) {
+		t.Helper()
+		ctx := context.Background()
+		path := filepath.Join(t.TempDir(), "wal.db")
+		db, err := open(ctx, path, OpenConfig{CheckpointInterval: interval}, restart)
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, db.Close()) })
+		require.NoError(t, db.GetContext(ctx, &autocheckpoint, `PRAGMA wal_autocheckpoint`))
+		_, err = db.ExecContext(ctx, `CREATE TABLE pages (b BLOB NOT NULL)`)
+		require.NoError(t, err)
+		for range commits {
+			_, err := db.ExecContext(ctx, `INSERT INTO pages (b) SELECT randomblob(4000) FROM
+				(SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4 UNION ALL SELECT 5)`)
+			require.NoError(t, err)
+		}
+		if interval > 0 && interval < time.Second {
+			time.Sleep(20 * interval) // the last checkpoint, due by now
+		}
+		fi, err := os.Stat(path + "-wal")
+		require.NoError(t, err)
+		return fi.Size(), autocheckpoint
+	}
+
+	t.Run("HeldOff", func(t *testing.T) {
+		t.Parallel()
+		// The first write's checkpoint comes at once, the next in an
+		// hour: nothing else checkpoints, not the writers.
+		size, auto := walAfterWrites(t, time.Hour/3)
+		require.Zero(t, auto, "the writers' own checkpoints are off")
+		require.Greater(t, size, int64(pages*page), "the log holds every page written")
+	})
+	t.Run("InTheBackground", func(t *testing.T) {
+		t.Parallel()
+		size, auto := walAfterWrites(t, 5*time.Millisecond)
+		require.Zero(t, auto)
+		t.Logf("log: %d bytes", size)
+		require.Less(t, size, int64(pages*page/2), "the log was checkpointed and started again")
+	})
+	t.Run("BySQLite", func(t *testing.T) {
+		t.Parallel()
+		// A negative interval leaves the checkpoints to SQLite, in the
+		// writer, every 1,000 pages (more than written here).
+		_, auto := walAfterWrites(t, -time.Millisecond)
+		require.Equal(t, 1000, auto)
+	})
+}
