@@ -43,7 +43,7 @@ type checkpointer struct {
 	interval time.Duration
 	restart  int64 // restartFrames, or less in tests
 
-	wrote  chan struct{} // a write since the last checkpoint; buffered 1
+	wrote  chan struct{}   // a write since the last checkpoint; buffered 1
 	ctx    context.Context // ends with Close
 	cancel context.CancelFunc
 	done   chan struct{}
