@@ -46,7 +46,8 @@ type pubsubQueries struct {
 	newestOffset  string // -> the newest offset, 0 when none
 	claimedOffset string // topic, group
 	setClaimed    string // offset, topic, group
-	claimNew      string // topic, after, limit
+	claimNew      string // topic, after, limit: offsets
+	selectNew     string // topic, after, last: messages
 	insertLeases  string // topic, group, locked_until, offsets
 	reclaim       string // locked_until, topic, group, now, limit
 	selectByOff   string // offsets
@@ -125,8 +126,10 @@ func newPubSubQueries(prefix string) pubsubQueries {
 		newestOffset:  q(`SELECT COALESCE(max("offset"), 0) FROM {messages}`),
 		claimedOffset: q(`SELECT claimed_offset FROM {groups} WHERE topic = ? AND consumer_group = ?`),
 		setClaimed:    q(`UPDATE {groups} SET claimed_offset = ? WHERE topic = ? AND consumer_group = ?`),
-		claimNew: q(`SELECT "offset", uuid, payload, metadata FROM {messages}
+		claimNew: q(`SELECT "offset" FROM {messages}
 	WHERE topic = ? AND "offset" > ? ORDER BY "offset" LIMIT ?`),
+		selectNew: q(`SELECT "offset", uuid, payload, metadata FROM {messages}
+	WHERE topic = ? AND "offset" > ? AND "offset" <= ? ORDER BY "offset"`),
 		insertLeases: q(`INSERT INTO {leases} (topic, consumer_group, "offset", deliveries, locked_until)
 	SELECT ?, ?, value, 1, ? FROM json_each(?)`),
 		reclaim: q(`UPDATE {leases} SET deliveries = deliveries + 1, locked_until = ?1

@@ -723,6 +723,9 @@ type syncDone struct {
 	drained     bool // nothing more to claim for now
 	wakes       int  // the run loop's count of wakes when the sync started
 	err         error
+	// readErr is a failure to read the new messages of a claim that
+	// committed: they are handed out again when their leases end.
+	readErr error
 }
 
 // sync writes acks and nacks and claims up to claimN messages, in one
@@ -754,9 +757,12 @@ func (sub *pubsubSubscription) sync(acks, nacks []int64, claimN, at int) syncDon
 		r.err = err
 		return r
 	}
-	var claimed []claimedRow
+	var (
+		claimed []claimedRow
+		fresh   newRange
+	)
 	if claimN > 0 {
-		claimed, err = sub.claim(tx, now, claimN)
+		claimed, fresh, err = sub.claim(tx, now, claimN)
 		if err != nil {
 			r.err = err
 			return r
@@ -767,15 +773,39 @@ func (sub *pubsubSubscription) sync(acks, nacks []int64, claimN, at int) syncDon
 		return r
 	}
 	r.claimed = claimed
-	r.drained = claimN > 0 && len(claimed) < claimN
+	r.drained = claimN > 0 && len(claimed)+fresh.n < claimN
+	if fresh.n > 0 {
+		// The new messages claimed are read once the claim committed,
+		// without the file's write lock: their leases keep them from
+		// the cleanup meanwhile. One that failed to read is handed out
+		// again when its lease ends.
+		rows, err := s.db.QueryContext(sub.ctx, s.q.selectNew, sub.topic, fresh.after, fresh.last)
+		if err == nil {
+			var msgs []claimedRow
+			msgs, err = sub.scanMessages(rows, func(int64) int64 { return 1 })
+			r.claimed = append(r.claimed, msgs...)
+		}
+		if err != nil {
+			r.readErr = fmt.Errorf("read claimed messages: %w", err)
+		}
+	}
 	return r
+}
+
+// newRange is the new messages a claim took: n of them, of the offsets
+// after after up to last.
+type newRange struct {
+	after, last int64
+	n           int
 }
 
 // syncEnded takes the outcome of a sync into the subscription's state:
 // the claimed messages wait to be handed out; the acks and nacks of a sync
 // that failed go back to the buffer, before those given since. A sync that
 // found nothing more to claim stops the claims until the next wake, unless
-// one came while it ran (wakes is the loop's count now).
+// one came while it ran (wakes is the loop's count now). A sync that
+// committed but could not read its new messages is taken in, and its
+// error returned.
 func (sub *pubsubSubscription) syncEnded(r syncDone, wakes int) error {
 	if r.err != nil {
 		sub.acks = append(r.acks, sub.acks...)
@@ -790,7 +820,7 @@ func (sub *pubsubSubscription) syncEnded(r syncDone, wakes int) error {
 	if r.drained && r.wakes == wakes {
 		sub.wantClaim = false
 	}
-	return nil
+	return r.readErr
 }
 
 // anyDue reports, without taking the write lock, whether the group has a
@@ -835,8 +865,10 @@ func (sub *pubsubSubscription) writeResults(ctx context.Context, tx *sqlx.Tx, no
 }
 
 // claim takes up to n messages in tx: first those whose lease expired or
-// whose nack delay passed, then new ones after the group's claimed offset.
-func (sub *pubsubSubscription) claim(tx *sqlx.Tx, now time.Time, n int) ([]claimedRow, error) {
+// whose nack delay passed, read here, then new ones after the group's
+// claimed offset, whose range it returns for the caller to read after
+// the commit.
+func (sub *pubsubSubscription) claim(tx *sqlx.Tx, now time.Time, n int) ([]claimedRow, newRange, error) {
 	s, ctx := sub.s, sub.ctx
 	q, group := s.q, s.cfg.ConsumerGroup
 	until := now.Add(s.cfg.LeaseDuration).UnixMilli()
@@ -844,7 +876,7 @@ func (sub *pubsubSubscription) claim(tx *sqlx.Tx, now time.Time, n int) ([]claim
 	// Messages claimed before: nacked, released or with an expired lease.
 	rows, err := tx.QueryContext(ctx, q.reclaim, until, sub.topic, group, now.UnixMilli(), n)
 	if err != nil {
-		return nil, fmt.Errorf("claim messages: %w", err)
+		return nil, newRange{}, fmt.Errorf("claim messages: %w", err)
 	}
 	deliveries := make(map[int64]int64)
 	var offsets []int64
@@ -852,23 +884,23 @@ func (sub *pubsubSubscription) claim(tx *sqlx.Tx, now time.Time, n int) ([]claim
 		var off, count int64
 		if err := rows.Scan(&off, &count); err != nil {
 			_ = rows.Close()
-			return nil, fmt.Errorf("claim messages: %w", err)
+			return nil, newRange{}, fmt.Errorf("claim messages: %w", err)
 		}
 		deliveries[off] = count
 		offsets = append(offsets, off)
 	}
 	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
-		return nil, fmt.Errorf("claim messages: %w", err)
+		return nil, newRange{}, fmt.Errorf("claim messages: %w", err)
 	}
 	var claimed []claimedRow
 	if len(offsets) > 0 {
 		rows, err := tx.QueryContext(ctx, q.selectByOff, pubsubOffsets(offsets))
 		if err != nil {
-			return nil, fmt.Errorf("claim messages: %w", err)
+			return nil, newRange{}, fmt.Errorf("claim messages: %w", err)
 		}
 		claimed, err = sub.scanMessages(rows, func(off int64) int64 { return deliveries[off] })
 		if err != nil {
-			return nil, err
+			return nil, newRange{}, err
 		}
 		if len(claimed) < len(offsets) {
 			// Someone deleted messages under their leases: forget the leases.
@@ -883,12 +915,12 @@ func (sub *pubsubSubscription) claim(tx *sqlx.Tx, now time.Time, n int) ([]claim
 				}
 			}
 			if _, err := tx.ExecContext(ctx, q.ack, sub.topic, group, pubsubOffsets(gone)); err != nil {
-				return nil, fmt.Errorf("claim messages: forget leases of deleted messages: %w", err)
+				return nil, newRange{}, fmt.Errorf("claim messages: forget leases of deleted messages: %w", err)
 			}
 		}
 	}
 	if len(claimed) >= n {
-		return claimed, nil
+		return claimed, newRange{}, nil
 	}
 
 	// New messages.
@@ -898,30 +930,40 @@ func (sub *pubsubSubscription) claim(tx *sqlx.Tx, now time.Time, n int) ([]claim
 		_, err = tx.ExecContext(ctx, q.registerGroup, sub.topic, group, now.UnixMilli())
 	}
 	if err != nil {
-		return nil, fmt.Errorf("claim messages: read claimed offset: %w", err)
+		return nil, newRange{}, fmt.Errorf("claim messages: read claimed offset: %w", err)
 	}
-	rows, err = tx.QueryContext(ctx, q.claimNew, sub.topic, after, n-len(claimed))
+	offsets, err = scanOffsets(tx.QueryContext(ctx, q.claimNew, sub.topic, after, n-len(claimed)))
 	if err != nil {
-		return nil, fmt.Errorf("claim messages: %w", err)
+		return nil, newRange{}, fmt.Errorf("claim messages: %w", err)
 	}
-	fresh, err := sub.scanMessages(rows, func(int64) int64 { return 1 })
+	if len(offsets) == 0 {
+		return claimed, newRange{}, nil
+	}
+	last := offsets[len(offsets)-1]
+	if _, err := tx.ExecContext(ctx, q.insertLeases, sub.topic, group, until, pubsubOffsets(offsets)); err != nil {
+		return nil, newRange{}, fmt.Errorf("claim messages: insert leases: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, q.setClaimed, last, sub.topic, group); err != nil {
+		return nil, newRange{}, fmt.Errorf("claim messages: move claimed offset: %w", err)
+	}
+	return claimed, newRange{after: after, last: last, n: len(offsets)}, nil
+}
+
+// scanOffsets reads and closes rows of one offset each.
+func scanOffsets(rows *sql.Rows, err error) ([]int64, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(fresh) == 0 {
-		return claimed, nil
+	defer rows.Close()
+	var offsets []int64
+	for rows.Next() {
+		var off int64
+		if err := rows.Scan(&off); err != nil {
+			return nil, err
+		}
+		offsets = append(offsets, off)
 	}
-	offsets = offsets[:0]
-	for _, r := range fresh {
-		offsets = append(offsets, r.offset)
-	}
-	if _, err := tx.ExecContext(ctx, q.insertLeases, sub.topic, group, until, pubsubOffsets(offsets)); err != nil {
-		return nil, fmt.Errorf("claim messages: insert leases: %w", err)
-	}
-	if _, err := tx.ExecContext(ctx, q.setClaimed, offsets[len(offsets)-1], sub.topic, group); err != nil {
-		return nil, fmt.Errorf("claim messages: move claimed offset: %w", err)
-	}
-	return append(claimed, fresh...), nil
+	return offsets, errors.Join(rows.Err(), rows.Close())
 }
 
 // claimedRow is a message as a claim read it, to be made a delivery once
