@@ -24,6 +24,8 @@ const (
 	// DefaultStallTimeout is how long a run may go without a new effect
 	// before it fails.
 	DefaultStallTimeout = time.Minute
+	// DefaultRounds is how many times each run is measured.
+	DefaultRounds = 3
 )
 
 // Options say how big the runs are and what they measure.
@@ -38,6 +40,12 @@ type Options struct {
 	// runs, at half the rate the run drained at. Defaults to
 	// DefaultLatencyDuration.
 	LatencyDuration time.Duration
+	// Rounds is how many times each run of a scenario is measured, in
+	// rounds (each run once per round, in order, so that a slow spell of
+	// the machine falls on all of them alike); the report shows the round
+	// of each run with the median effects per second. Defaults to
+	// DefaultRounds; a smoke run measures once.
+	Rounds int
 	// StallTimeout fails a run that goes that long without a new effect.
 	// Defaults to DefaultStallTimeout.
 	StallTimeout time.Duration
@@ -81,6 +89,12 @@ func (o Options) WithDefaults() Options {
 	if o.StallTimeout == 0 {
 		o.StallTimeout = DefaultStallTimeout
 	}
+	if o.Rounds == 0 {
+		o.Rounds = DefaultRounds
+	}
+	if o.Smoke {
+		o.Rounds = 1
+	}
 	if len(o.Self) == 0 {
 		if exe, err := os.Executable(); err == nil {
 			o.Self = []string{exe}
@@ -97,6 +111,8 @@ func (o Options) Validate() error {
 	switch {
 	case o.Events < 2:
 		return fmt.Errorf("bench: Events must be at least 2, got %d", o.Events)
+	case o.Rounds < 1:
+		return fmt.Errorf("bench: Rounds must be at least 1, got %d", o.Rounds)
 	case o.Duplicates >= 1:
 		return fmt.Errorf("bench: Duplicates must be below 1, got %g", o.Duplicates)
 	case len(o.Self) == 0:
@@ -126,6 +142,9 @@ type Scenario struct {
 	// Children are the programs the runs start as child processes of
 	// their own (see Child), by name.
 	Children []Child
+	// Once measures each run once whatever Options.Rounds says: for a
+	// long scenario with no baseline.
+	Once bool
 }
 
 // Need is a server a scenario needs.

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -62,5 +63,40 @@ func TestMetricValue(t *testing.T) {
 	}
 	if _, err := metricValue(strings.NewReader("other 1\n"), "go_memstats_mallocs_total"); err == nil {
 		t.Fatal("no error for a missing sample")
+	}
+}
+
+// TestMedian: a run measured in rounds is reported by its round with the
+// median effects per second (the lower middle one of an even count), with
+// every round's figure; a failed round is reported instead.
+func TestMedian(t *testing.T) {
+	round := func(effectsPerSecond int) RunReport {
+		// Drained-1 effects in one second.
+		return RunReport{Name: "r", Result: Result{Drained: effectsPerSecond + 1, Elapsed: time.Second}}
+	}
+	for _, tc := range []struct {
+		rates []int
+		want  float64
+	}{
+		{[]int{300, 100, 200}, 200},
+		{[]int{400, 100, 300, 200}, 200},
+		{[]int{100}, 100},
+	} {
+		rounds := make([]RunReport, len(tc.rates))
+		for i, r := range tc.rates {
+			rounds[i] = round(r)
+		}
+		got := median(rounds)
+		if got.Result.EffectsPerSecond() != tc.want {
+			t.Errorf("median of %v: got %v effects/s, want %v", tc.rates, got.Result.EffectsPerSecond(), tc.want)
+		}
+		if len(tc.rates) > 1 && len(got.Rounds) != len(tc.rates) || got.Rounds != nil && got.Rounds[0] != float64(tc.rates[0]) {
+			t.Errorf("median of %v: rounds %v, want every round in order", tc.rates, got.Rounds)
+		}
+	}
+	failed := round(50)
+	failed.Err = errors.New("two effects of one event")
+	if got := median([]RunReport{round(100), failed, round(300)}); got.Err == nil {
+		t.Errorf("a failed round was not reported: got %+v", got)
 	}
 }

@@ -36,6 +36,7 @@ func idleScenario() Scenario {
 			"meaning here; the baseline is the hand-written RabbitMQ consumer, for reference.",
 			idleEvents, idlePause, idlePause/2, idlePause*3/2),
 		Needs: []Need{NeedPostgres, NeedAMQP},
+		Once:  true, // latencies, not a rate: the median of effects per second says nothing
 		Runs: []Run{
 			{Name: "example service, SQLite transport", Measure: func(ctx context.Context, env *Env) (Result, error) {
 				return measureIdle(ctx, env, func() (idleSystem, error) { return newSQLiteService(ctx, env, "") })

@@ -58,6 +58,7 @@ func memoryScenario() Scenario {
 			"with its length), with no baseline and no latency phase.",
 			app.DefaultSQLiteConcurrency, MemoryScale, thousands(float64(MemoryScale*DefaultEvents)), DefaultDuplicates*100,
 			memoryRowsPerInsert, thousands(memoryRowsPerTx), MaxRSSGrowth*100),
+		Once: true, // long, with no baseline
 		Runs: []Run{{
 			Name:    fmt.Sprintf("example service, default configuration (concurrency %d)", app.DefaultSQLiteConcurrency),
 			Measure: measureMemory,

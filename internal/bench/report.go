@@ -46,6 +46,10 @@ type RunReport struct {
 	Baseline bool
 	Result   Result
 	Err      error
+	// Rounds are the effects per second of each round the run was
+	// measured in, in order, when it was measured more than once: Result
+	// is the round with the median.
+	Rounds []float64
 }
 
 // Err joins the failures of every run; nil when all passed.
@@ -244,8 +248,14 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		fmt.Fprintf(b, ", RabbitMQ %s", m.RabbitMQ)
 	}
 	fmt.Fprintf(b, " (servers on the same machine)\n")
-	fmt.Fprintf(b, "- Size: %s messages per run, %.0f%% of them duplicates; latency phase %s\n\n",
+	fmt.Fprintf(b, "- Size: %s messages per run, %.0f%% of them duplicates; latency phase %s\n",
 		thousands(float64(r.Options.Events)), r.Options.Duplicates*100, r.Options.LatencyDuration)
+	if r.Options.Rounds > 1 {
+		fmt.Fprintf(b, "- Rounds: each run measured %d times, in rounds (every run of a scenario once a round, in order), "+
+			"but for the idle and memory scenarios (once); the figures are those of the round with the median effects/s, "+
+			"the effects/s of every round follow each scenario's table\n", r.Options.Rounds)
+	}
+	fmt.Fprintln(b)
 
 	fmt.Fprintf(b, "## Summary\n\n| scenario | run | effects/s | ratio |\n|---|---|---:|---:|\n")
 	for _, s := range r.Scenarios {
@@ -268,7 +278,8 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 
 	fmt.Fprintf(b, "## How to read the figures\n\n"+
 		"- **effects/s**: the consumer draining a backlog, from its first effect to its last.\n"+
-		"- **ratio**: effects/s over the scenario's baseline's, in the same run.\n"+
+		"- **ratio**: effects/s over the scenario's baseline's, in the same run (each the\n"+
+		"  round with the median effects/s of its run).\n"+
 		"- **p50 / p99**: end-to-end latency, from a paced producer's send to the effect's\n"+
 		"  write in the consumer's transaction, with the producer at half the drain rate\n"+
 		"  (**at rate**), fresh events one at a time.\n"+
@@ -305,6 +316,7 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 			fmt.Fprintf(b, "| %s | %s |\n", name, strings.Join(c, " | "))
 		}
 		fmt.Fprintln(b)
+		writeRounds(b, s)
 		for _, run := range s.Runs {
 			writeMemory(b, run)
 		}
@@ -330,6 +342,26 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writeRounds writes the effects per second of each round of the runs
+// measured more than once, and the ratio of the medians' rounds.
+func writeRounds(b *strings.Builder, s ScenarioReport) {
+	var lines []string
+	for _, run := range s.Runs {
+		if len(run.Rounds) < 2 {
+			continue
+		}
+		rates := make([]string, len(run.Rounds))
+		for i, eps := range run.Rounds {
+			rates[i] = thousands(eps)
+		}
+		lines = append(lines, fmt.Sprintf("- %s: %s", run.Name, strings.Join(rates, ", ")))
+	}
+	if len(lines) == 0 {
+		return
+	}
+	fmt.Fprintf(b, "Effects/s of each round:\n\n%s\n\n", strings.Join(lines, "\n"))
 }
 
 func orDash(s string) string {

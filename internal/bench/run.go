@@ -1,17 +1,21 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 )
 
 // Execute runs the scenarios (those Options.Run matches) one after the other,
-// each run of a scenario in order, and returns the report. A run whose
+// each run of a scenario in order, Options.Rounds times over (but a
+// scenario measured Once), and returns the report, with the round of each
+// run that had the median effects per second. A run whose
 // consumer leaves other than one effect per distinct event fails; it
 // returns the report with every failure (Report.Err) and goes on with the
 // next run. A scenario whose servers are missing is skipped, and the
@@ -44,17 +48,53 @@ func Execute(ctx context.Context, scenarios []Scenario, opts Options) (*Report, 
 			continue
 		}
 		fmt.Fprintf(opts.Log, "== %s\n", s.Title)
-		for _, r := range s.Runs {
-			fmt.Fprintf(opts.Log, "  -- %s\n", r.Name)
-			rr := runOne(ctx, s, r, opts, sh)
-			if rr.Err != nil {
-				fmt.Fprintf(opts.Log, "     FAILED: %v\n", rr.Err)
+		rounds := opts.Rounds
+		if s.Once {
+			rounds = 1
+		}
+		measured := make([][]RunReport, len(s.Runs))
+		for round := range rounds {
+			for i, r := range s.Runs {
+				if rounds > 1 {
+					fmt.Fprintf(opts.Log, "  -- %s (round %d of %d)\n", r.Name, round+1, rounds)
+				} else {
+					fmt.Fprintf(opts.Log, "  -- %s\n", r.Name)
+				}
+				rr := runOne(ctx, s, r, opts, sh)
+				if rr.Err != nil {
+					fmt.Fprintf(opts.Log, "     FAILED: %v\n", rr.Err)
+				}
+				measured[i] = append(measured[i], rr)
 			}
-			sr.Runs = append(sr.Runs, rr)
+		}
+		for _, rrs := range measured {
+			sr.Runs = append(sr.Runs, median(rrs))
 		}
 		report.Scenarios = append(report.Scenarios, sr)
 	}
 	return report, nil
+}
+
+// median returns the round of a run with the median effects per second
+// (the lower of the two middle ones of an even count), with the effects
+// per second of every round; the first failed round when one failed.
+func median(rounds []RunReport) RunReport {
+	eps := make([]float64, len(rounds))
+	for i, rr := range rounds {
+		if rr.Err != nil {
+			return rr
+		}
+		eps[i] = rr.Result.EffectsPerSecond()
+	}
+	byRate := slices.Clone(rounds)
+	slices.SortStableFunc(byRate, func(a, b RunReport) int {
+		return cmp.Compare(a.Result.EffectsPerSecond(), b.Result.EffectsPerSecond())
+	})
+	m := byRate[(len(byRate)-1)/2]
+	if len(rounds) > 1 {
+		m.Rounds = eps
+	}
+	return m
 }
 
 // runOne measures one run in a folder of its own, cleans up after it and

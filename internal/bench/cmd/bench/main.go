@@ -40,6 +40,7 @@ func run() error {
 	)
 	flag.IntVar(&opts.Events, "events", bench.DefaultEvents, "messages per run, duplicates included")
 	flag.Float64Var(&opts.Duplicates, "duplicates", bench.DefaultDuplicates, "share of the messages that repeat an earlier event (negative: none)")
+	flag.IntVar(&opts.Rounds, "rounds", bench.DefaultRounds, "how many times each run is measured (in rounds of every run of its scenario); the report shows the median")
 	flag.DurationVar(&opts.LatencyDuration, "latency", bench.DefaultLatencyDuration, "how long the paced producer of the latency phase runs")
 	flag.BoolVar(&opts.Smoke, "smoke", false, "check the effects only: no latency phase, no profiles, no docs written")
 	flag.StringVar(&opts.Profiles, "profiles", "", "keep each run's CPU profiles in this folder (for go tool pprof)")
