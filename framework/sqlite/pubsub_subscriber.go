@@ -777,9 +777,11 @@ func (sub *pubsubSubscription) sync(acks, nacks []int64, claimN, at int) syncDon
 	if fresh.n > 0 {
 		// The new messages claimed are read once the claim committed,
 		// without the file's write lock: their leases keep them from
-		// the cleanup meanwhile. One that failed to read is handed out
-		// again when its lease ends.
-		rows, err := s.db.QueryContext(sub.ctx, s.q.selectNew, sub.topic, fresh.after, fresh.last)
+		// the cleanup meanwhile. The read goes on through a shutdown, so
+		// that the shutdown hands back their leases with the others not
+		// handed out; one that failed to read is handed out again when
+		// its lease ends.
+		rows, err := s.db.QueryContext(context.WithoutCancel(sub.ctx), s.q.selectNew, sub.topic, fresh.after, fresh.last)
 		if err == nil {
 			var msgs []claimedRow
 			msgs, err = sub.scanMessages(rows, func(int64) int64 { return 1 })
