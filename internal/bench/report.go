@@ -37,6 +37,8 @@ type ScenarioReport struct {
 	Name, Title, About string
 	// Skipped says why the scenario did not run; empty when it ran.
 	Skipped string
+	// Once says the scenario's runs were measured once (Scenario.Once).
+	Once bool
 	Runs    []RunReport
 }
 
@@ -251,9 +253,17 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	fmt.Fprintf(b, "- Size: %s messages per run, %.0f%% of them duplicates; latency phase %s\n",
 		thousands(float64(r.Options.Events)), r.Options.Duplicates*100, r.Options.LatencyDuration)
 	if r.Options.Rounds > 1 {
-		fmt.Fprintf(b, "- Rounds: each run measured %d times, in rounds (every run of a scenario once a round, in order), "+
-			"but for the idle and memory scenarios (once); the figures are those of the round with the median effects/s, "+
-			"the effects/s of every round follow each scenario's table\n", r.Options.Rounds)
+		var once []string
+		for _, s := range r.Scenarios {
+			if s.Once {
+				once = append(once, s.Title)
+			}
+		}
+		fmt.Fprintf(b, "- Rounds: each run measured %d times, in rounds (every run of a scenario once a round, in order)", r.Options.Rounds)
+		if len(once) > 0 {
+			fmt.Fprintf(b, ", but those of %s (once)", strings.Join(once, " and "))
+		}
+		fmt.Fprintf(b, "; the figures are those of the round with the median effects/s, the effects/s of every round follow each scenario's table\n")
 	}
 	fmt.Fprintln(b)
 
