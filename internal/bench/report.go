@@ -39,7 +39,7 @@ type ScenarioReport struct {
 	Skipped string
 	// Once says the scenario's runs were measured once (Scenario.Once).
 	Once bool
-	Runs    []RunReport
+	Runs []RunReport
 }
 
 // RunReport is a run's figures, or why it failed.
