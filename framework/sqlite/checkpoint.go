@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync/atomic"
 	"time"
 )
 
@@ -43,6 +44,7 @@ type checkpointer struct {
 	interval time.Duration
 	restart  int64 // restartFrames, or less in tests
 
+	rounds atomic.Int64    // checkpoints begun, for the tests
 	wrote  chan struct{}   // a write since the last checkpoint; buffered 1
 	ctx    context.Context // ends with Close
 	cancel context.CancelFunc
@@ -116,9 +118,10 @@ func (c *checkpointer) run() {
 				continue
 			}
 		}
+		c.rounds.Add(1)
 		frames, err := checkpoint(conn)
 		if err == nil && frames >= c.restart {
-			_, err = c.gated(conn)
+			err = c.gated(conn)
 		}
 		if err != nil && !errors.Is(err, errCheckpointBusy) {
 			// A connection that failed otherwise is replaced; the
@@ -130,13 +133,17 @@ func (c *checkpointer) run() {
 }
 
 // gated checkpoints on conn holding the write gate, waiting for it at most
-// as long as a writer would, or until Close.
-func (c *checkpointer) gated(conn driver.Conn) (int64, error) {
+// as long as a writer would, or until Close. It writes nothing to the
+// file, so its end asks for no further checkpoint: a log that a reader
+// keeps from starting again is tried again after the next write, not
+// every interval of an idle process.
+func (c *checkpointer) gated(conn driver.Conn) error {
 	if err := c.gate.acquire(c.ctx); err != nil {
-		return 0, nil // a writer held the gate all along, or Close: next time
+		return nil // a writer held the gate all along, or Close: next time
 	}
-	defer c.gate.release()
-	return checkpoint(conn)
+	defer c.gate.unlock()
+	_, err := checkpoint(conn)
+	return err
 }
 
 // errCheckpointBusy is a checkpoint that found another running.

@@ -2,6 +2,7 @@ package sqlite
 
 import (
 	"context"
+	"database/sql/driver"
 	"os"
 	"path/filepath"
 	"testing"
@@ -54,7 +55,7 @@ func TestCheckpoints(t *testing.T) {
 		t.Parallel()
 		// The first write's checkpoint comes at once, the next in an
 		// hour: nothing else checkpoints, not the writers.
-		size, auto := walAfterWrites(t, time.Hour/3)
+		size, auto := walAfterWrites(t, time.Hour)
 		require.Zero(t, auto, "the writers' own checkpoints are off")
 		require.Greater(t, size, int64(pages*page), "the log holds every page written")
 	})
@@ -72,4 +73,48 @@ func TestCheckpoints(t *testing.T) {
 		_, auto := walAfterWrites(t, -time.Millisecond)
 		require.Equal(t, 1000, auto)
 	})
+}
+
+// TestCheckpointsRestWithoutWrites: a reader that keeps the log from
+// starting again leaves it long; a checkpoint holding the gate for it
+// writes nothing, so once the writes stop the checkpoints stop too,
+// instead of taking the gate every interval of an idle process.
+func TestCheckpointsRestWithoutWrites(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	path := filepath.Join(t.TempDir(), "pinned.db")
+	db, err := Open(ctx, path, OpenConfig{CheckpointInterval: -1})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, db.Close()) })
+	_, err = db.ExecContext(ctx, `CREATE TABLE pages (b BLOB NOT NULL)`)
+	require.NoError(t, err)
+
+	// The reader's snapshot, taken before the writes, pins their frames.
+	reader, err := db.Conn(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = reader.Close() })
+	_, err = reader.ExecContext(ctx, `BEGIN DEFERRED`)
+	require.NoError(t, err)
+	var n int
+	require.NoError(t, reader.QueryRowContext(ctx, `SELECT count(*) FROM pages`).Scan(&n))
+	t.Cleanup(func() { _, _ = reader.ExecContext(ctx, `ROLLBACK`) })
+	for range 40 {
+		_, err := db.ExecContext(ctx, `INSERT INTO pages (b) SELECT randomblob(4000) FROM
+			(SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4 UNION ALL SELECT 5)`)
+		require.NoError(t, err)
+	}
+
+	full, _, err := buildDSN(path, OpenConfig{CheckpointInterval: -1}.WithDefaults())
+	require.NoError(t, err)
+	drv := db.Driver()
+	gate := newWriteGate(time.Second)
+	c := newCheckpointer(func() (driver.Conn, error) { return drv.Open(full) }, gate, 5*time.Millisecond, 100)
+	gate.checkpoints = c // as Open wires them
+	t.Cleanup(func() { require.NoError(t, c.Close()) })
+	c.written()
+	require.Eventually(t, func() bool { return c.rounds.Load() > 0 }, 5*time.Second, 5*time.Millisecond)
+	time.Sleep(100 * time.Millisecond) // twenty intervals
+	before := c.rounds.Load()
+	time.Sleep(100 * time.Millisecond)
+	require.Equal(t, before, c.rounds.Load(), "checkpoints went on with nothing written")
 }

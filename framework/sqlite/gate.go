@@ -50,12 +50,17 @@ func (g *writeGate) acquire(ctx context.Context) error {
 	}
 }
 
+// release ends a write: the gate opens and the file's checkpoints learn
+// of the write.
 func (g *writeGate) release() {
-	<-g.sem
+	g.unlock()
 	if g.checkpoints != nil {
 		g.checkpoints.written()
 	}
 }
+
+// unlock opens the gate after something that wrote nothing to the file.
+func (g *writeGate) unlock() { <-g.sem }
 
 // sqliteConn is what modernc.org/sqlite's connection implements and the
 // gate forwards.

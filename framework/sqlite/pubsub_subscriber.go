@@ -965,7 +965,7 @@ func scanOffsets(rows *sql.Rows, err error) ([]int64, error) {
 		}
 		offsets = append(offsets, off)
 	}
-	return offsets, errors.Join(rows.Err(), rows.Close())
+	return offsets, rows.Err()
 }
 
 // claimedRow is a message as a claim read it, to be made a delivery once
