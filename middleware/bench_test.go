@@ -11,6 +11,7 @@ import (
 
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/migrate"
+	"github.com/effectively-once/effectively/internal/workers"
 	"github.com/effectively-once/effectively/middleware"
 )
 
@@ -105,6 +106,32 @@ func BenchmarkChainInMemoryRouted(b *testing.B) {
 	done := make(chan error)
 	for i := range b.N {
 		go func() { done <- h(msgs[i]) }()
+		if err := <-done; err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
+}
+
+// BenchmarkChainInMemoryPooled is BenchmarkChainInMemoryRouted with each
+// message's goroutine handing the chain to a worker that outlives it, as
+// the runner does (internal/workers): the stack grows once per worker
+// instead of once per message.
+func BenchmarkChainInMemoryPooled(b *testing.B) {
+	h, msgs := memoryChain(b, b.N)
+	var pool workers.Pool
+	defer pool.Close()
+	handle := func(msg *message.Message) ([]*message.Message, error) { return nil, h(msg) }
+	b.ReportAllocs()
+	b.ResetTimer()
+	start := time.Now()
+	done := make(chan error)
+	for i := range b.N {
+		go func() {
+			_, err := pool.Handle(handle, msgs[i])
+			done <- err
+		}()
 		if err := <-done; err != nil {
 			b.Fatal(err)
 		}

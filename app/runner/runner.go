@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/workers"
 	"github.com/effectively-once/effectively/middleware"
 )
 
@@ -230,6 +231,8 @@ type Runner struct {
 	inFlight int           // messages past the intake
 	idle     chan struct{} // closed when stopping and inFlight is 0
 	closing  chan struct{} // closed when Stop gives up waiting
+
+	workers workers.Pool // handle the messages past the intake
 }
 
 // subscription is a consumer's subscription, bound at Start.
@@ -388,6 +391,7 @@ func (r *Runner) Start(ctx context.Context) error {
 		err := r.router.Run(runCtx)
 		cancelRun()
 		sweeps.Wait()
+		r.workers.Close()
 		if err != nil {
 			r.runErr = err
 			r.logger.Error("router stopped", "error", err)
@@ -483,7 +487,7 @@ func (r *Runner) intake(h message.HandlerFunc) message.HandlerFunc {
 			return nil, errors.New("runner: stopping: message not handled")
 		}
 		defer r.leave()
-		return h(msg)
+		return r.workers.Handle(h, msg)
 	}
 }
 
