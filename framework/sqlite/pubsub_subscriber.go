@@ -526,8 +526,23 @@ func (sub *pubsubSubscription) run() {
 	// on a goroutine of its own, one at a time, while this loop goes on
 	// handing out the messages claimed ahead and taking the results: the
 	// sync waits for the file's write lock behind the batches of the
-	// messages in flight, and they must not run dry meanwhile.
+	// messages in flight, and they must not run dry meanwhile. The
+	// goroutine outlives the syncs: a sync runs down the SQLite driver's
+	// deep stack, which a goroutine started for each sync would grow
+	// again from its smallest, a copy at each doubling.
 	syncs := make(chan syncDone, 1)
+	syncWork := make(chan func() syncDone, 1)
+	syncExited := make(chan struct{})
+	go func() {
+		defer close(syncExited)
+		for sync := range syncWork {
+			syncs <- sync()
+		}
+	}()
+	defer func() {
+		close(syncWork) // no sync runs: the loop waits for one before it returns
+		<-syncExited
+	}()
 	syncing := false
 	wakes := 0 // counts the wakes, so that a sync's "nothing due" does not drop a later one
 	renewDue := false
@@ -552,7 +567,7 @@ func (sub *pubsubSubscription) run() {
 					flushArmed = false
 				}
 				syncing = true
-				go func() { syncs <- sub.sync(acks, nacks, claimN, at) }()
+				syncWork <- func() syncDone { return sub.sync(acks, nacks, claimN, at) }
 			}
 			flushFired = false // a fire is spent by the sync it started, or with nothing buffered
 		}
