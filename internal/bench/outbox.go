@@ -379,19 +379,31 @@ func (s *amqpSink) receive(deliveries <-chan amqp091.Delivery) {
 	defer close(s.done)
 	for d := range deliveries {
 		now := time.Now()
-		var ev struct {
-			ID string `json:"id"`
-		}
-		_ = json.Unmarshal(d.Body, &ev) // a body that is not an event counts under no id
+		id := deliveryID(d)
 		s.mu.Lock()
 		s.total++
-		if _, ok := s.first[ev.ID]; !ok {
-			s.first[ev.ID] = now
-			delete(s.awaited, ev.ID)
+		if _, ok := s.first[id]; !ok {
+			s.first[id] = now
+			delete(s.awaited, id)
 		}
 		s.changed = now
 		s.mu.Unlock()
 	}
+}
+
+// deliveryID is the event id of d: the message UUID that both publishers
+// write in watermill's header (the relay's is the event's id), or else
+// the id in its body. The sink shares the machine's cores with what it
+// measures: decoding each body cost it about 15 µs of CPU a message.
+func deliveryID(d amqp091.Delivery) string {
+	if id, ok := d.Headers[wamqp.DefaultMessageUUIDHeaderKey].(string); ok {
+		return id
+	}
+	var ev struct {
+		ID string `json:"id"`
+	}
+	_ = json.Unmarshal(d.Body, &ev) // a body that is not an event counts under no id
+	return ev.ID
 }
 
 // received returns when the message id first arrived.
