@@ -72,10 +72,10 @@ func TestHandleConcurrent(t *testing.T) {
 func TestHandlePanic(t *testing.T) {
 	var p Pool
 	defer p.Close()
-	value := errors.New("handler bug")
+	value := &struct{ bug string }{"handler bug"} // compared by identity
 	func() {
 		defer func() {
-			if got := recover(); got != value {
+			if got, ok := recover().(*struct{ bug string }); !ok || got != value {
 				t.Errorf("recovered %v, want the handler's panic %v", got, value)
 			}
 		}()
