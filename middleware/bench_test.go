@@ -98,40 +98,32 @@ func BenchmarkChainInMemory(b *testing.B) {
 // BenchmarkChainInMemoryRouted is BenchmarkChainInMemory with each message
 // handled on a goroutine of its own, as watermill's router does: what the
 // chain's depth costs in stack growth shows here.
-func BenchmarkChainInMemoryRouted(b *testing.B) {
-	h, msgs := memoryChain(b, b.N)
-	b.ReportAllocs()
-	b.ResetTimer()
-	start := time.Now()
-	done := make(chan error)
-	for i := range b.N {
-		go func() { done <- h(msgs[i]) }()
-		if err := <-done; err != nil {
-			b.Fatal(err)
-		}
-	}
-	b.StopTimer()
-	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "msgs/s")
-}
+func BenchmarkChainInMemoryRouted(b *testing.B) { benchmarkChainRouted(b, false) }
 
 // BenchmarkChainInMemoryPooled is BenchmarkChainInMemoryRouted with each
 // message's goroutine handing the chain to a worker that outlives it, as
 // the runner does (internal/workers): the stack grows once per worker
 // instead of once per message.
-func BenchmarkChainInMemoryPooled(b *testing.B) {
+func BenchmarkChainInMemoryPooled(b *testing.B) { benchmarkChainRouted(b, true) }
+
+func benchmarkChainRouted(b *testing.B, pooled bool) {
 	h, msgs := memoryChain(b, b.N)
 	var pool workers.Pool
 	defer pool.Close()
-	handle := func(msg *message.Message) ([]*message.Message, error) { return nil, h(msg) }
+	chain := func(msg *message.Message) ([]*message.Message, error) { return nil, h(msg) }
+	handle := func(msg *message.Message) error {
+		if !pooled {
+			return h(msg)
+		}
+		_, err := pool.Handle(chain, msg)
+		return err
+	}
 	b.ReportAllocs()
 	b.ResetTimer()
 	start := time.Now()
 	done := make(chan error)
 	for i := range b.N {
-		go func() {
-			_, err := pool.Handle(handle, msgs[i])
-			done <- err
-		}()
+		go func() { done <- handle(msgs[i]) }()
 		if err := <-done; err != nil {
 			b.Fatal(err)
 		}

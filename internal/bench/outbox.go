@@ -392,18 +392,13 @@ func (s *amqpSink) receive(deliveries <-chan amqp091.Delivery) {
 }
 
 // deliveryID is the event id of d: the message UUID that both publishers
-// write in watermill's header (the relay's is the event's id), or else
-// the id in its body. The sink shares the machine's cores with what it
-// measures: decoding each body cost it about 15 µs of CPU a message.
+// write in watermill's header (the relay's is the event's id); a message
+// without one counts under no id. The sink shares the machine's cores
+// with what it measures: decoding each body for its id cost it about
+// 15 µs of CPU a message.
 func deliveryID(d amqp091.Delivery) string {
-	if id, ok := d.Headers[wamqp.DefaultMessageUUIDHeaderKey].(string); ok {
-		return id
-	}
-	var ev struct {
-		ID string `json:"id"`
-	}
-	_ = json.Unmarshal(d.Body, &ev) // a body that is not an event counts under no id
-	return ev.ID
+	id, _ := d.Headers[wamqp.DefaultMessageUUIDHeaderKey].(string)
+	return id
 }
 
 // received returns when the message id first arrived.

@@ -47,23 +47,22 @@ type job struct {
 }
 
 // Handle runs h(msg) on a worker and returns its result. A panic of h is
-// raised again, with its value, on the caller's goroutine, and an
+// raised again, with its value, on the caller's goroutine, and a
 // runtime.Goexit of h ends the caller's goroutine too: to the caller,
 // Handle is h. After Close, h runs on a worker started for it alone.
 func (p *Pool) Handle(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
 	w := p.get()
 	w.jobs <- job{h: h, msg: msg}
 	<-w.done
-	out, err, panicked, exited := w.out, w.err, w.panicked, w.exited
-	w.out, w.err, w.panicked = nil, nil, nil
-	switch {
-	case exited:
+	if w.exited {
 		runtime.Goexit() // the worker has ended with its job
-	case panicked != nil:
-		p.put(w)
+	}
+	out, err, panicked := w.out, w.err, w.panicked
+	w.out, w.err, w.panicked = nil, nil, nil // an idle worker holds no message
+	p.put(w)
+	if panicked != nil {
 		panic(panicked)
 	}
-	p.put(w)
 	return out, err
 }
 

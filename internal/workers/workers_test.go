@@ -13,6 +13,18 @@ import (
 
 func TestMain(m *testing.M) { testenv.VerifyNoLeaks(m) }
 
+// handleHeld handles a message on p, on a goroutine of done, whose
+// handler calls started, then returns once release closes.
+func handleHeld(p *Pool, done *sync.WaitGroup, started func(), release <-chan struct{}) {
+	done.Go(func() {
+		_, _ = p.Handle(func(*message.Message) ([]*message.Message, error) {
+			started()
+			<-release
+			return nil, nil
+		}, message.NewMessage("held", nil))
+	})
+}
+
 func idle(p *Pool) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -53,13 +65,7 @@ func TestHandleConcurrent(t *testing.T) {
 	release := make(chan struct{})
 	var done sync.WaitGroup
 	for range n {
-		done.Go(func() {
-			_, _ = p.Handle(func(*message.Message) ([]*message.Message, error) {
-				started.Done()
-				<-release // held until all n run at once
-				return nil, nil
-			}, message.NewMessage("1", nil))
-		})
+		handleHeld(&p, &done, started.Done, release) // held until all n run at once
 	}
 	started.Wait()
 	close(release)
@@ -124,13 +130,7 @@ func TestClose(t *testing.T) {
 	release := make(chan struct{})
 	busy := make(chan struct{})
 	var done sync.WaitGroup
-	done.Go(func() {
-		_, _ = p.Handle(func(*message.Message) ([]*message.Message, error) {
-			close(busy)
-			<-release
-			return nil, nil
-		}, message.NewMessage("1", nil))
-	})
+	handleHeld(&p, &done, func() { close(busy) }, release)
 	<-busy
 	if _, err := p.Handle(func(*message.Message) ([]*message.Message, error) { return nil, nil }, message.NewMessage("2", nil)); err != nil {
 		t.Fatal(err)
