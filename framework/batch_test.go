@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -381,6 +382,31 @@ func TestMarkMany(t *testing.T) {
 				return nil
 			})
 			require.NoError(t, err)
+
+			// Text that JSON escapes, or that SQLite's JSON would not give
+			// back (invalid UTF-8, NUL: SQLite stores it, PostgreSQL
+			// refuses it), is marked as it is: the one-event mark of the
+			// same key finds it.
+			odd := []framework.Key{
+				{Source: `s"\`, ID: "quote\"\\ control\x01\t line\u2028 <&> \U0001F600"},
+				{Source: "s", ID: strings.Repeat("long-", 50)},
+			}
+			if name == "SQLite" {
+				odd = append(odd, framework.Key{Source: "s", ID: "bad\xffutf8"}, framework.Key{Source: "s", ID: "nul\x00byte"})
+			}
+			_, err = uow.Do(ctx, "c", k("holder-odd"), func(ctx context.Context) error {
+				tx, _ := framework.TxFromContext(ctx)
+				first, err := m.MarkMany(ctx, tx, "c", odd)
+				require.NoError(t, err)
+				require.Equal(t, slices.Repeat([]bool{true}, len(odd)), first)
+				return nil
+			})
+			require.NoError(t, err)
+			for _, key := range odd {
+				out, err := uow.Do(ctx, "c", key, func(context.Context) error { return nil })
+				require.NoError(t, err)
+				require.Equal(t, framework.Duplicate, out, "%q", key)
+			}
 		})
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -27,6 +28,15 @@ const DefaultBusyTimeout = time.Minute
 // DefaultMaxOpenConns bounds the pool of an opened file.
 const DefaultMaxOpenConns = 8
 
+// DefaultPageCacheKiB is how much of the file's pages each connection
+// keeps in memory, in KiB (PRAGMA cache_size; SQLite's own default is
+// 2,000 KiB). Under WAL a connection empties its cache whenever another
+// one committed since its last transaction, which in a consumer is nearly
+// every time, so a larger cache is rarely read again; but the memory a
+// cache once filled stays with the process, which at SQLite's default
+// grew by 3 to 5 MiB over a million events.
+const DefaultPageCacheKiB = 512
+
 // OpenConfig configures Open.
 type OpenConfig struct {
 	// BusyTimeout is how long a writer waits for the write lock.
@@ -34,6 +44,10 @@ type OpenConfig struct {
 	BusyTimeout time.Duration
 	// MaxOpenConns bounds the connection pool. Defaults to DefaultMaxOpenConns.
 	MaxOpenConns int
+	// PageCacheKiB is how much of the file's pages each connection keeps
+	// in memory, in KiB (PRAGMA cache_size). A cache_size pragma in the
+	// DSN's query takes precedence. Defaults to DefaultPageCacheKiB.
+	PageCacheKiB int
 	// StatementCacheSize is how many prepared statements each connection
 	// keeps, by query text, the least recently used dropped first: a
 	// statement run again is only bound and stepped, not parsed and
@@ -53,6 +67,7 @@ type OpenConfig struct {
 func (c OpenConfig) WithDefaults() OpenConfig {
 	c.BusyTimeout = cmp.Or(c.BusyTimeout, DefaultBusyTimeout)
 	c.MaxOpenConns = cmp.Or(c.MaxOpenConns, DefaultMaxOpenConns)
+	c.PageCacheKiB = cmp.Or(c.PageCacheKiB, DefaultPageCacheKiB)
 	c.StatementCacheSize = cmp.Or(c.StatementCacheSize, DefaultStatementCacheSize)
 	c.CheckpointInterval = cmp.Or(c.CheckpointInterval, DefaultCheckpointInterval)
 	return c
@@ -65,6 +80,9 @@ func (c OpenConfig) Validate() error {
 	}
 	if c.MaxOpenConns < 1 {
 		return fmt.Errorf("sqlite: MaxOpenConns must be at least 1, got %d", c.MaxOpenConns)
+	}
+	if c.PageCacheKiB < 1 {
+		return fmt.Errorf("sqlite: PageCacheKiB must be at least 1, got %d", c.PageCacheKiB)
 	}
 	return nil
 }
@@ -157,6 +175,9 @@ func buildDSN(dsn string, cfg OpenConfig) (full, path string, err error) {
 		if cfg.CheckpointInterval > 0 {
 			pragmas = append(pragmas, "wal_autocheckpoint(0)") // see checkpointer
 		}
+	}
+	if !slices.ContainsFunc(query["_pragma"], func(p string) bool { return strings.HasPrefix(strings.ToLower(strings.TrimSpace(p)), "cache_size") }) {
+		pragmas = append(pragmas, fmt.Sprintf("cache_size(-%d)", cfg.PageCacheKiB)) // negative: KiB, not pages
 	}
 	for _, p := range pragmas {
 		query.Add("_pragma", p)

@@ -19,8 +19,28 @@ const (
 VALUES (?, ?, ?, ?)
 ON CONFLICT (consumer, source, event_id) DO NOTHING`
 
+	// qMarkManySQLite and qMarkManyPostgres mark a batch of events in one
+	// statement (Store.markRows): the consumer, the time, then the keys,
+	// as a JSON array of [source, id] pairs on SQLite (whose upsert needs
+	// a WHERE on its SELECT), as two text arrays on PostgreSQL. The
+	// statement returns the keys it inserted.
+	qMarkManySQLite = `INSERT INTO {p}processed_events (consumer, source, event_id, processed_at)
+SELECT ?, value ->> 0, value ->> 1, ? FROM json_each(?) WHERE true
+ON CONFLICT (consumer, source, event_id) DO NOTHING RETURNING source, event_id`
+	qMarkManyPostgres = `INSERT INTO {p}processed_events (consumer, source, event_id, processed_at)
+SELECT ?, k.source, k.event_id, ? FROM unnest(?::text[], ?::text[]) AS k(source, event_id)
+ON CONFLICT (consumer, source, event_id) DO NOTHING RETURNING source, event_id`
+
 	qForgetDelivery = `DELETE FROM {p}deliveries WHERE consumer = ? AND source = ? AND event_id = ?`
 )
+
+// markManySQL returns d's statement of Store.markRows.
+func markManySQL(d Dialect) string {
+	if d == Postgres {
+		return qMarkManyPostgres
+	}
+	return qMarkManySQLite
+}
 
 // queries turns the store's SQL into one dialect's and prefix's.
 type queries struct {

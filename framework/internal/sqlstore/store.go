@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"cmp"
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -35,7 +36,7 @@ type Store struct {
 	// onResolve is Options.OnResolve.
 	onResolve func(framework.DeadLetter, framework.Resolution)
 
-	mark, forgetDelivery                             string
+	mark, markMany, forgetDelivery                   string
 	publishDeadLetter, deadLetter, resolveDeadLetter string
 	claimReplays                                     string
 
@@ -82,6 +83,7 @@ func New(db *sqlx.DB, d Dialect, opts Options) (*Store, error) {
 		q:                 q,
 		onResolve:         opts.OnResolve,
 		mark:              q.sql(qMark),
+		markMany:          q.sql(markManySQL(d)),
 		forgetDelivery:    q.sql(qForgetDelivery),
 		publishDeadLetter: q.sql(qPublishDeadLetter),
 		deadLetter:        q.sql(qDeadLetter),
@@ -176,19 +178,7 @@ func (s *Store) MarkMany(ctx context.Context, tx *framework.Tx, consumer string,
 	slices.SortFunc(unique, func(a, b framework.Key) int {
 		return cmp.Or(strings.Compare(a.Source, b.Source), strings.Compare(a.ID, b.ID))
 	})
-	var q strings.Builder
-	q.WriteString(`INSERT INTO {p}processed_events (consumer, source, event_id, processed_at) VALUES `)
-	args := make([]any, 0, 4*len(unique))
-	at := s.dialect.timeArg(s.now())
-	for i, k := range unique {
-		if i > 0 {
-			q.WriteString(", ")
-		}
-		q.WriteString("(?, ?, ?, ?)")
-		args = append(args, consumer, k.Source, k.ID, at)
-	}
-	q.WriteString(` ON CONFLICT (consumer, source, event_id) DO NOTHING RETURNING source, event_id`)
-	rows, err := tx.QueryContext(ctx, s.q.sql(q.String()), args...)
+	rows, err := s.markRows(ctx, tx, consumer, unique)
 	if err != nil {
 		return nil, fmt.Errorf("mark %d events for %s: %w", len(keys), consumer, err)
 	}
@@ -210,6 +200,60 @@ func (s *Store) MarkMany(ctx context.Context, tx *framework.Tx, consumer string,
 		delete(inserted, k) // a repeat of k within keys is a duplicate
 	}
 	return first, nil
+}
+
+// markRows inserts the marks of keys, in their order, and returns the
+// keys it inserted (source, event_id), those not marked before. The
+// statement is the same whatever the number of keys, so that each
+// connection prepares it once: a statement per batch size would fill
+// SQLite's statement caches, and PostgreSQL's, with as many statements
+// (the SQLite consumer's memory grew by megabytes over a million events).
+// PostgreSQL reads the keys from two text arrays; SQLite from a JSON
+// array of [source, id] pairs, which holds only valid UTF-8 without NUL:
+// keys of other text, which no decoded event has, are inserted with a
+// statement of their own size.
+func (s *Store) markRows(ctx context.Context, tx *framework.Tx, consumer string, keys []framework.Key) (*sql.Rows, error) {
+	at := s.dialect.timeArg(s.now())
+	if s.dialect == Postgres {
+		sources, ids := make([]string, len(keys)), make([]string, len(keys))
+		for i, k := range keys {
+			sources[i], ids[i] = k.Source, k.ID
+		}
+		return tx.QueryContext(ctx, s.markMany, consumer, at, sources, ids)
+	}
+	if list, ok := jsonKeys(keys); ok {
+		return tx.QueryContext(ctx, s.markMany, consumer, at, list)
+	}
+	var q strings.Builder
+	q.WriteString(`INSERT INTO {p}processed_events (consumer, source, event_id, processed_at) VALUES `)
+	args := make([]any, 0, 4*len(keys))
+	for i, k := range keys {
+		if i > 0 {
+			q.WriteString(", ")
+		}
+		q.WriteString("(?, ?, ?, ?)")
+		args = append(args, consumer, k.Source, k.ID, at)
+	}
+	q.WriteString(` ON CONFLICT (consumer, source, event_id) DO NOTHING RETURNING source, event_id`)
+	return tx.QueryContext(ctx, s.q.sql(q.String()), args...)
+}
+
+// jsonKeys returns keys as a JSON array of [source, id] pairs, or false
+// when one of them is not storable text (see storableText), which JSON
+// would not give back as it is.
+func jsonKeys(keys []framework.Key) (string, bool) {
+	pairs := make([][2]string, len(keys))
+	for i, k := range keys {
+		if !storableText(k.Source, k.ID) {
+			return "", false
+		}
+		pairs[i] = [2]string{k.Source, k.ID}
+	}
+	b, err := json.Marshal(pairs)
+	if err != nil {
+		return "", false // strings always marshal
+	}
+	return string(b), true
 }
 
 // storableText reports whether every one of ss is text that a row can

@@ -1,0 +1,54 @@
+package sqlite_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/framework/sqlite"
+	"github.com/effectively-once/effectively/internal/testenv"
+)
+
+// TestOpenPageCache: every connection of an opened file keeps
+// PageCacheKiB of pages (cache_size in KiB is negative), the default when
+// unset, and a cache_size pragma in the DSN wins over both.
+func TestOpenPageCache(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		name  string
+		query string
+		cfg   sqlite.OpenConfig
+		want  int
+	}{
+		{name: "Default", want: -sqlite.DefaultPageCacheKiB},
+		{name: "Configured", cfg: sqlite.OpenConfig{PageCacheKiB: 3000}, want: -3000},
+		{name: "DSN", query: "?_pragma=cache_size(-4000)", cfg: sqlite.OpenConfig{PageCacheKiB: 3000}, want: -4000}, // as docs/transports.md shows
+		{name: "DSNPages", query: "?_pragma=CACHE_SIZE(100)", want: 100},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db, err := sqlite.Open(ctx, "file:"+testenv.SQLitePath(t)+c.query, c.cfg)
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = db.Close() })
+			// Two connections at once: each has the pragma, not only the first.
+			conns := make([]int, 2)
+			a, err := db.Conn(ctx)
+			require.NoError(t, err)
+			defer a.Close()
+			b, err := db.Conn(ctx)
+			require.NoError(t, err)
+			defer b.Close()
+			require.NoError(t, a.QueryRowContext(ctx, "PRAGMA cache_size").Scan(&conns[0]))
+			require.NoError(t, b.QueryRowContext(ctx, "PRAGMA cache_size").Scan(&conns[1]))
+			require.Equal(t, []int{c.want, c.want}, conns)
+		})
+	}
+}
+
+func TestOpenValidatesPageCache(t *testing.T) {
+	t.Parallel()
+	_, err := sqlite.Open(context.Background(), testenv.SQLitePath(t), sqlite.OpenConfig{PageCacheKiB: -1})
+	require.ErrorContains(t, err, "PageCacheKiB")
+}
