@@ -2,6 +2,7 @@ package sqlite_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -73,4 +74,28 @@ func TestClaimReplaysIdleTakesNoWriteLock(t *testing.T) {
 	rs, err := store.ClaimReplays(claimCtx, 10, time.Minute)
 	require.NoError(t, err, "an idle poll must not wait for the write lock")
 	require.Empty(t, rs)
+}
+
+// TestCountUnstorableText: SQLite stores text that is not UTF-8, or holds
+// NUL, as it is (PostgreSQL refuses it); such keys are counted, alone and
+// with others at once, as exactly as any.
+func TestCountUnstorableText(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.SQLite(t)
+	require.NoError(t, migrate.Up(ctx, db, migrate.Config{}))
+	s, err := sqlite.NewStore(db, sqlite.StoreConfig{})
+	require.NoError(t, err)
+	keys := []framework.Key{{Source: "s", ID: "bad\xffutf8"}, {Source: "s", ID: "nul\x00byte"}, {Source: "s", ID: "bad\xfe"}, {Source: "s", ID: "plain"}}
+	for round := 1; round <= 2; round++ {
+		var wg sync.WaitGroup
+		counts := make([]int, len(keys))
+		errs := make([]error, len(keys))
+		for i, k := range keys {
+			wg.Go(func() { counts[i], errs[i] = s.Count(ctx, "c", k, 1) })
+		}
+		wg.Wait()
+		require.Equal(t, make([]error, len(keys)), errs)
+		require.Equal(t, []int{round, round, round, round}, counts)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -518,6 +519,33 @@ func exerciseDeliveries(t *testing.T, newHarness func(t *testing.T) Harness) {
 		hotCounts := got["hot"]
 		slices.Sort(hotCounts)
 		require.Equal(t, []int{1, 2, 3, 4, 5, 6, 7, 8}, hotCounts)
+	})
+
+	t.Run("CountOddText", func(t *testing.T) {
+		// Keys and consumers of text that JSON escapes count as they
+		// are, one at a time and at once.
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		keys := []framework.Key{
+			{Source: `src "quoted" \ back`, ID: "ctl\x01\t\n line\u2028 <&> \U0001F600"},
+			{Source: "appointments", ID: strings.Repeat("long-", 50)},
+			{Source: "appointments", ID: "a-1"},
+		}
+		for _, k := range keys {
+			n, err := b.store.Count(ctx, `consumer "odd"`, k, 1)
+			require.NoError(t, err)
+			require.Equal(t, 1, n, "%q", k)
+		}
+		var wg sync.WaitGroup
+		counts := make([]int, len(keys))
+		errs := make([]error, len(keys))
+		for i, k := range keys {
+			wg.Go(func() { counts[i], errs[i] = b.store.Count(ctx, `consumer "odd"`, k, 1) })
+		}
+		wg.Wait()
+		require.Equal(t, make([]error, len(keys)), errs)
+		require.Equal(t, []int{2, 2, 2}, counts)
 	})
 
 	t.Run("ForgetOnCommit", func(t *testing.T) {

@@ -2,6 +2,8 @@ package sqlstore
 
 import (
 	"context"
+	"database/sql"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
@@ -105,26 +107,13 @@ func (cs *counts) take() []*countCall {
 // result. The statement runs under the first call's context, without its
 // end: a caller that gives up does not fail the others'.
 func (s *Store) countAll(batch []*countCall) {
-	var q strings.Builder
-	q.WriteString(`INSERT INTO {p}deliveries (consumer, source, event_id, count, first_at) VALUES `)
-	args := make([]any, 0, 5*len(batch))
-	at := s.dialect.timeArg(s.now())
-	for i, c := range batch {
-		if i > 0 {
-			q.WriteString(", ")
-		}
-		q.WriteString("(?, ?, ?, ?, ?)")
-		args = append(args, c.consumer, c.key.Source, c.key.ID, max(c.first, 1), at)
-	}
-	q.WriteString(` ON CONFLICT (consumer, source, event_id) DO UPDATE SET count = {p}deliveries.count + 1
-RETURNING consumer, source, event_id, count`)
 	fail := func(err error) {
 		for _, c := range batch {
 			c.err = fmt.Errorf("count delivery of %s to %s: %w", c.key, c.consumer, err)
 		}
 	}
 	ctx := context.WithoutCancel(batch[0].ctx)
-	rows, err := s.db.QueryContext(ctx, s.q.sql(q.String()), args...)
+	rows, err := s.countRows(ctx, batch)
 	if err != nil {
 		fail(err)
 		return
@@ -158,4 +147,53 @@ RETURNING consumer, source, event_id, count`)
 		}
 		c.n = n
 	}
+}
+
+// countRows upserts the counts of batch and returns the rows counted
+// (consumer, source, event_id, count). Like Store.markRows it runs one
+// statement whatever the batch's size, with the counts as a JSON array on
+// SQLite and as arrays on PostgreSQL, and a statement of the batch's own
+// size on SQLite for keys JSON cannot carry.
+func (s *Store) countRows(ctx context.Context, batch []*countCall) (*sql.Rows, error) {
+	at := s.dialect.timeArg(s.now())
+	if s.dialect == Postgres {
+		consumers, sources, ids := make([]string, len(batch)), make([]string, len(batch)), make([]string, len(batch))
+		firsts := make([]int64, len(batch))
+		for i, c := range batch {
+			consumers[i], sources[i], ids[i], firsts[i] = c.consumer, c.key.Source, c.key.ID, int64(max(c.first, 1))
+		}
+		return s.db.QueryContext(ctx, s.countMany, at, consumers, sources, ids, firsts)
+	}
+	if list, ok := jsonCounts(batch); ok {
+		return s.db.QueryContext(ctx, s.countMany, at, list)
+	}
+	var q strings.Builder
+	q.WriteString(`INSERT INTO {p}deliveries (consumer, source, event_id, count, first_at) VALUES `)
+	args := make([]any, 0, 5*len(batch))
+	for i, c := range batch {
+		if i > 0 {
+			q.WriteString(", ")
+		}
+		q.WriteString("(?, ?, ?, ?, ?)")
+		args = append(args, c.consumer, c.key.Source, c.key.ID, max(c.first, 1), at)
+	}
+	q.WriteString(" " + qCountConflict)
+	return s.db.QueryContext(ctx, s.q.sql(q.String()), args...)
+}
+
+// jsonCounts returns batch as a JSON array of [consumer, source, id,
+// first] arrays, or false when a key is not storable text.
+func jsonCounts(batch []*countCall) (string, bool) {
+	items := make([][4]any, len(batch))
+	for i, c := range batch {
+		if !storableText(c.consumer, c.key.Source, c.key.ID) {
+			return "", false
+		}
+		items[i] = [4]any{c.consumer, c.key.Source, c.key.ID, max(c.first, 1)}
+	}
+	b, err := json.Marshal(items)
+	if err != nil {
+		return "", false // strings and ints always marshal
+	}
+	return string(b), true
 }

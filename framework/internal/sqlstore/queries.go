@@ -31,6 +31,21 @@ ON CONFLICT (consumer, source, event_id) DO NOTHING RETURNING source, event_id`
 SELECT ?, k.source, k.event_id, ? FROM unnest(?::text[], ?::text[]) AS k(source, event_id)
 ON CONFLICT (consumer, source, event_id) DO NOTHING RETURNING source, event_id`
 
+	// qCountConflict ends the count upserts: a delivery counted before
+	// counts one more.
+	qCountConflict = `ON CONFLICT (consumer, source, event_id) DO UPDATE SET count = {p}deliveries.count + 1
+RETURNING consumer, source, event_id, count`
+	// qCountManySQLite and qCountManyPostgres count a batch of deliveries
+	// in one statement (Store.countRows): the time, then the deliveries,
+	// as a JSON array of [consumer, source, id, first] arrays on SQLite,
+	// as four arrays on PostgreSQL.
+	qCountManySQLite = `INSERT INTO {p}deliveries (consumer, source, event_id, count, first_at)
+SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, ? FROM json_each(?) WHERE true
+` + qCountConflict
+	qCountManyPostgres = `INSERT INTO {p}deliveries (consumer, source, event_id, count, first_at)
+SELECT d.consumer, d.source, d.event_id, d.first, ? FROM unnest(?::text[], ?::text[], ?::text[], ?::bigint[]) AS d(consumer, source, event_id, first)
+` + qCountConflict
+
 	qForgetDelivery = `DELETE FROM {p}deliveries WHERE consumer = ? AND source = ? AND event_id = ?`
 )
 
@@ -40,6 +55,14 @@ func markManySQL(d Dialect) string {
 		return qMarkManyPostgres
 	}
 	return qMarkManySQLite
+}
+
+// countManySQL returns d's statement of Store.countRows.
+func countManySQL(d Dialect) string {
+	if d == Postgres {
+		return qCountManyPostgres
+	}
+	return qCountManySQLite
 }
 
 // queries turns the store's SQL into one dialect's and prefix's.

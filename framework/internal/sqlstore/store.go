@@ -36,7 +36,7 @@ type Store struct {
 	// onResolve is Options.OnResolve.
 	onResolve func(framework.DeadLetter, framework.Resolution)
 
-	mark, markMany, forgetDelivery                   string
+	mark, markMany, countMany, forgetDelivery        string
 	publishDeadLetter, deadLetter, resolveDeadLetter string
 	claimReplays                                     string
 
@@ -84,6 +84,7 @@ func New(db *sqlx.DB, d Dialect, opts Options) (*Store, error) {
 		onResolve:         opts.OnResolve,
 		mark:              q.sql(qMark),
 		markMany:          q.sql(markManySQL(d)),
+		countMany:         q.sql(countManySQL(d)),
 		forgetDelivery:    q.sql(qForgetDelivery),
 		publishDeadLetter: q.sql(qPublishDeadLetter),
 		deadLetter:        q.sql(qDeadLetter),
