@@ -361,8 +361,10 @@ func decodeSDK(body []byte) (Envelope, error) {
 			return Envelope{}, malformed(extSubjectSeq, "not a string")
 		}
 		seq, err := strconv.ParseInt(str, 10, 64)
-		if err != nil || seq < 1 || !onlyDigits(str) {
-			return Envelope{}, malformed(extSubjectSeq, "not a decimal integer >= 1")
+		// One spelling per sequence: "01" would be 1 to one reader and
+		// text to another.
+		if err != nil || seq < 1 || !onlyDigits(str) || str[0] == '0' {
+			return Envelope{}, malformed(extSubjectSeq, "not a decimal integer >= 1 without leading zeros")
 		}
 		env.SubjectSeq = seq
 	}

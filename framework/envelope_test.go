@@ -86,6 +86,7 @@ func TestDecodePoison(t *testing.T) {
 		{"WrongSpecVersion", valid(func(m map[string]any) { m["specversion"] = "0.3" }), 0, framework.CodeMalformedEnvelope},
 		{"BadSubjectSeq", valid(func(m map[string]any) { m["subjectseq"] = "x" }), 0, framework.CodeMalformedEnvelope},
 		{"SubjectSeqZero", valid(func(m map[string]any) { m["subjectseq"] = "0" }), 0, framework.CodeMalformedEnvelope},
+		{"SubjectSeqLeadingZero", valid(func(m map[string]any) { m["subjectseq"] = "007" }), 0, framework.CodeMalformedEnvelope},
 		{"SubjectSeqSigned", valid(func(m map[string]any) { m["subjectseq"] = "+5" }), 0, framework.CodeMalformedEnvelope},
 		{"SubjectSeqSpaced", valid(func(m map[string]any) { m["subjectseq"] = " 5" }), 0, framework.CodeMalformedEnvelope},
 		{"SubjectSeqNumber", valid(func(m map[string]any) { m["subjectseq"] = 5 }), 0, framework.CodeMalformedEnvelope},

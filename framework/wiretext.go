@@ -494,7 +494,7 @@ func (env *Envelope) setPlain(attr plainAttribute, raw []byte, text string) bool
 	case plainSubjectSeq:
 		seq, err := strconv.ParseInt(s, 10, 64)
 		env.SubjectSeq = seq
-		return err == nil && seq >= 1 && onlyDigits(s)
+		return err == nil && seq >= 1 && onlyDigits(s) && s[0] != '0' // as Decode: no leading zeros
 	case plainCorrelationID:
 		env.CorrelationID = s
 	case plainTraceParent:

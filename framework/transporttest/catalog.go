@@ -144,6 +144,7 @@ func Catalog(typ string) []BadInput {
 	for _, c := range [][2]string{
 		{"NonNumeric", `"seven"`},
 		{"Zero", `"0"`},
+		{"LeadingZero", `"01"`},
 		{"Negative", `"-3"`},
 		{"Fractional", `"1.5"`},
 		{"Empty", `""`},
