@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jmoiron/sqlx"
 	"go.uber.org/fx"
 
@@ -16,6 +15,7 @@ import (
 	"github.com/effectively-once/effectively/framework/memory"
 	"github.com/effectively-once/effectively/framework/postgres"
 	"github.com/effectively-once/effectively/framework/sqlite"
+	"github.com/effectively-once/effectively/internal/watermilllog"
 )
 
 // transportParams are what newTransport takes from fx.
@@ -101,7 +101,7 @@ func openTransport(ctx context.Context, cfg Config, db *sqlx.DB, logger *slog.Lo
 	}
 	switch cfg.Transport {
 	case TransportMemory:
-		tr, err = memory.New(memory.TransportConfig{Logger: watermill.NewSlogLogger(logger)})
+		tr, err = memory.New(memory.TransportConfig{Logger: watermilllog.New(logger)})
 		shared = false
 	case TransportAMQP:
 		ac := amqp.TransportConfig{URL: cfg.AMQPURL, Prefetch: cfg.AMQPPrefetch, QueueType: cfg.AMQPQueueType, DeliveryLimit: cfg.AMQPDeliveryLimit, Logger: logger}

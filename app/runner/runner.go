@@ -11,12 +11,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/watermilllog"
 	"github.com/effectively-once/effectively/internal/workers"
 	"github.com/effectively-once/effectively/middleware"
 )
@@ -248,7 +248,7 @@ func New(cfg Config) (*Runner, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("runner: %w", err)
 	}
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, watermill.NewSlogLogger(cfg.Logger.With("component", "router")))
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 30 * time.Second}, watermilllog.New(cfg.Logger.With("component", "router")))
 	if err != nil {
 		return nil, fmt.Errorf("runner: router: %w", err)
 	}

@@ -10,6 +10,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	amqp091 "github.com/rabbitmq/amqp091-go"
+
+	"github.com/effectively-once/effectively/internal/watermilllog"
 )
 
 // ErrNotConnected is returned by the publishers and subscribers of a
@@ -58,7 +60,7 @@ func newConnection(cfg TransportConfig) (*connection, error) {
 	}
 	return &connection{
 		cfg:     cfg,
-		logger:  watermill.NewSlogLogger(cfg.Logger),
+		logger:  watermilllog.New(cfg.Logger),
 		brokers: b,
 		ready:   make(chan struct{}),
 	}, nil

@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
@@ -22,6 +21,7 @@ import (
 	"github.com/effectively-once/effectively/framework/internal/storedmsg"
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/internal/pipeline"
+	"github.com/effectively-once/effectively/internal/watermilllog"
 )
 
 // The postgres transport keeps watermill-sql v4's default PostgreSQL
@@ -220,7 +220,7 @@ func newPublisher(db *sqlx.DB, cfg TransportConfig) (*publisher, error) {
 	pub, err := wsql.NewPublisher(wsql.BeginnerFromStdSQL(db.DB), wsql.PublisherConfig{
 		SchemaAdapter:        schemaAdapter(cfg),
 		AutoInitializeSchema: true,
-	}, watermill.NewSlogLogger(cfg.Logger))
+	}, watermilllog.New(cfg.Logger))
 	if err != nil {
 		return nil, fmt.Errorf("postgres: publisher: %w", err)
 	}

@@ -1,0 +1,69 @@
+package watermilllog_test
+
+import (
+	"bytes"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/internal/watermilllog"
+)
+
+// TestLevels: each level logs what watermill's adapter logs when slog
+// enables it, with the fields and those of With, and nothing below the
+// handler's level.
+func TestLevels(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		level slog.Level
+		want  []string // the messages logged, in order
+	}{
+		{watermill.LevelTrace, []string{"trace", "debug", "info", "error"}},
+		{slog.LevelDebug, []string{"debug", "info", "error"}},
+		{slog.LevelInfo, []string{"info", "error"}},
+		{slog.LevelError, []string{"error"}},
+		{slog.LevelError + 1, nil},
+	} {
+		t.Run(c.level.String(), func(t *testing.T) {
+			t.Parallel()
+			var buf bytes.Buffer
+			l := watermilllog.New(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: c.level}))).
+				With(watermill.LogFields{"handler_name": "h"})
+			fields := watermill.LogFields{"message_uuid": "u-1"}
+			l.Trace("trace", fields)
+			l.Debug("debug", fields)
+			l.Info("info", fields)
+			l.Error("error", errors.New("boom"), fields)
+			var got []string
+			for line := range strings.Lines(buf.String()) {
+				require.Contains(t, line, "handler_name=h")
+				require.Contains(t, line, "message_uuid=u-1")
+				got = append(got, strings.TrimPrefix(strings.Fields(line[strings.Index(line, "msg="):])[0], "msg="))
+			}
+			require.Equal(t, c.want, got)
+			if len(c.want) > 0 {
+				require.Contains(t, buf.String(), "error=boom")
+			}
+		})
+	}
+}
+
+// TestDisabledAllocatesNothing: a level slog drops costs no allocation,
+// which is why the package exists.
+func TestDisabledAllocatesNothing(t *testing.T) {
+	l := watermilllog.New(slog.New(slog.NewTextHandler(&bytes.Buffer{}, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	fields := watermill.LogFields{"message_uuid": "u-1", "handler_name": "h"}
+	require.Zero(t, testing.AllocsPerRun(100, func() {
+		l.Trace("Received message", fields)
+		l.Debug("debug", fields)
+	}))
+}
+
+func TestNilIsDefault(t *testing.T) {
+	t.Parallel()
+	require.NotPanics(t, func() { watermilllog.New(nil).Trace("dropped", nil) })
+}
