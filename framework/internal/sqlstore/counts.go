@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
-	"strings"
 	"sync"
 
 	"github.com/effectively-once/effectively/framework"
@@ -167,18 +166,12 @@ func (s *Store) countRows(ctx context.Context, batch []*countCall) (*sql.Rows, e
 	if list, ok := jsonCounts(batch); ok {
 		return s.db.QueryContext(ctx, s.countMany, at, list)
 	}
-	var q strings.Builder
-	q.WriteString(`INSERT INTO {p}deliveries (consumer, source, event_id, count, first_at) VALUES `)
 	args := make([]any, 0, 5*len(batch))
-	for i, c := range batch {
-		if i > 0 {
-			q.WriteString(", ")
-		}
-		q.WriteString("(?, ?, ?, ?, ?)")
+	for _, c := range batch {
 		args = append(args, c.consumer, c.key.Source, c.key.ID, max(c.first, 1), at)
 	}
-	q.WriteString(" " + qCountConflict)
-	return s.db.QueryContext(ctx, s.q.sql(q.String()), args...)
+	q := `INSERT INTO {p}deliveries (consumer, source, event_id, count, first_at) VALUES ` + valueRows(len(batch), 5) + "\n" + qCountConflict
+	return s.db.QueryContext(ctx, s.q.sql(q), args...)
 }
 
 // jsonCounts returns batch as a JSON array of [consumer, source, id,

@@ -65,3 +65,10 @@ func TestQueriesUseThePrefixAndDialect(t *testing.T) {
 	require.Contains(t, lite, "?")
 	require.NotContains(t, lite, "{p}")
 }
+
+func TestValueRows(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "(?)", valueRows(1, 1))
+	require.Equal(t, "(?, ?, ?, ?)", valueRows(1, 4))
+	require.Equal(t, "(?, ?), (?, ?), (?, ?)", valueRows(3, 2))
+}

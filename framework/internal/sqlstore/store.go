@@ -206,9 +206,8 @@ func (s *Store) MarkMany(ctx context.Context, tx *framework.Tx, consumer string,
 // markRows inserts the marks of keys, in their order, and returns the
 // keys it inserted (source, event_id), those not marked before. The
 // statement is the same whatever the number of keys, so that each
-// connection prepares it once: a statement per batch size would fill
-// SQLite's statement caches, and PostgreSQL's, with as many statements
-// (the SQLite consumer's memory grew by megabytes over a million events).
+// connection prepares it once: a statement per batch size kept up to 32
+// of them prepared on each connection (SQLite's statement cache, pgx's).
 // PostgreSQL reads the keys from two text arrays; SQLite from a JSON
 // array of [source, id] pairs, which holds only valid UTF-8 without NUL:
 // keys of other text, which no decoded event has, are inserted with a
@@ -225,18 +224,20 @@ func (s *Store) markRows(ctx context.Context, tx *framework.Tx, consumer string,
 	if list, ok := jsonKeys(keys); ok {
 		return tx.QueryContext(ctx, s.markMany, consumer, at, list)
 	}
-	var q strings.Builder
-	q.WriteString(`INSERT INTO {p}processed_events (consumer, source, event_id, processed_at) VALUES `)
 	args := make([]any, 0, 4*len(keys))
-	for i, k := range keys {
-		if i > 0 {
-			q.WriteString(", ")
-		}
-		q.WriteString("(?, ?, ?, ?)")
+	for _, k := range keys {
 		args = append(args, consumer, k.Source, k.ID, at)
 	}
-	q.WriteString(` ON CONFLICT (consumer, source, event_id) DO NOTHING RETURNING source, event_id`)
-	return tx.QueryContext(ctx, s.q.sql(q.String()), args...)
+	q := `INSERT INTO {p}processed_events (consumer, source, event_id, processed_at) VALUES ` + valueRows(len(keys), 4) +
+		` ON CONFLICT (consumer, source, event_id) DO NOTHING RETURNING source, event_id`
+	return tx.QueryContext(ctx, s.q.sql(q), args...)
+}
+
+// valueRows returns the placeholders of n rows of width values each:
+// "(?, ?), (?, ?)" for 2 and 2.
+func valueRows(n, width int) string {
+	row := "(" + strings.Repeat("?, ", width-1) + "?)"
+	return strings.Repeat(row+", ", n-1) + row
 }
 
 // jsonKeys returns keys as a JSON array of [source, id] pairs, or false
