@@ -42,7 +42,9 @@ func TestLevels(t *testing.T) {
 			for line := range strings.Lines(buf.String()) {
 				require.Contains(t, line, "handler_name=h")
 				require.Contains(t, line, "message_uuid=u-1")
-				got = append(got, strings.TrimPrefix(strings.Fields(line[strings.Index(line, "msg="):])[0], "msg="))
+				_, rest, ok := strings.Cut(line, "msg=")
+				require.True(t, ok, line)
+				got = append(got, strings.Fields(rest)[0])
 			}
 			require.Equal(t, c.want, got)
 			if len(c.want) > 0 {
