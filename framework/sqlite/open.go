@@ -177,7 +177,7 @@ func buildDSN(dsn string, cfg OpenConfig) (full, path string, err error) {
 			pragmas = append(pragmas, "wal_autocheckpoint(0)") // see checkpointer
 		}
 	}
-	if !slices.ContainsFunc(query["_pragma"], func(p string) bool { return strings.HasPrefix(strings.ToLower(strings.TrimSpace(p)), "cache_size") }) {
+	if !setsPragma(query, "cache_size") {
 		pragmas = append(pragmas, fmt.Sprintf("cache_size(-%d)", cfg.PageCacheKiB)) // negative: KiB, not pages
 	}
 	for _, p := range pragmas {
@@ -187,4 +187,12 @@ func buildDSN(dsn string, cfg OpenConfig) (full, path string, err error) {
 		query.Set("_txlock", "immediate")
 	}
 	return "file:" + rest + "?" + query.Encode(), path, nil
+}
+
+// setsPragma reports whether the DSN's query sets the pragma name itself,
+// in any case ("_pragma=CACHE_SIZE(100)").
+func setsPragma(query url.Values, name string) bool {
+	return slices.ContainsFunc(query["_pragma"], func(p string) bool {
+		return strings.HasPrefix(strings.ToLower(strings.TrimSpace(p)), name)
+	})
 }

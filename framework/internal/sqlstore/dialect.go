@@ -46,6 +46,15 @@ func (d Dialect) bindType() int {
 	return sqlx.QUESTION
 }
 
+// pick returns the one of postgres and sqlite that is d's: a statement
+// written for each dialect.
+func (d Dialect) pick(postgres, sqlite string) string {
+	if d == Postgres {
+		return postgres
+	}
+	return sqlite
+}
+
 // timeArg returns t as the dialect stores it: UTC for timestamptz, Unix
 // nanoseconds for SQLite.
 func (d Dialect) timeArg(t time.Time) any {

@@ -49,22 +49,6 @@ SELECT d.consumer, d.source, d.event_id, d.first, ? FROM unnest(?::text[], ?::te
 	qForgetDelivery = `DELETE FROM {p}deliveries WHERE consumer = ? AND source = ? AND event_id = ?`
 )
 
-// markManySQL returns d's statement of Store.markRows.
-func markManySQL(d Dialect) string {
-	if d == Postgres {
-		return qMarkManyPostgres
-	}
-	return qMarkManySQLite
-}
-
-// countManySQL returns d's statement of Store.countRows.
-func countManySQL(d Dialect) string {
-	if d == Postgres {
-		return qCountManyPostgres
-	}
-	return qCountManySQLite
-}
-
 // queries turns the store's SQL into one dialect's and prefix's.
 type queries struct {
 	prefix *strings.Replacer

@@ -57,15 +57,6 @@ RETURNING r.id, r.dead_letter_id, r.consumer, r.topic, r.body, r.metadata, r.cre
 	qReplayExists = `SELECT id FROM {p}replays WHERE id = ?`
 )
 
-// claimReplaysSQL returns the claim of replays in d: qClaimReplays, or
-// qClaimReplaysLocked on PostgreSQL.
-func claimReplaysSQL(q queries, d Dialect) string {
-	if d == Postgres {
-		return q.sql(qClaimReplaysLocked)
-	}
-	return q.sql(qClaimReplays)
-}
-
 // AddReplays implements framework.Store, in a transaction of its own.
 func (s *Store) AddReplays(ctx context.Context, rs []framework.Replay) error {
 	if len(rs) == 0 {

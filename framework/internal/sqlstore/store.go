@@ -83,13 +83,13 @@ func New(db *sqlx.DB, d Dialect, opts Options) (*Store, error) {
 		q:                 q,
 		onResolve:         opts.OnResolve,
 		mark:              q.sql(qMark),
-		markMany:          q.sql(markManySQL(d)),
-		countMany:         q.sql(countManySQL(d)),
+		markMany:          q.sql(d.pick(qMarkManyPostgres, qMarkManySQLite)),
+		countMany:         q.sql(d.pick(qCountManyPostgres, qCountManySQLite)),
 		forgetDelivery:    q.sql(qForgetDelivery),
 		publishDeadLetter: q.sql(qPublishDeadLetter),
 		deadLetter:        q.sql(qDeadLetter),
 		resolveDeadLetter: q.sql(qResolveDeadLetter),
-		claimReplays:      claimReplaysSQL(q, d),
+		claimReplays:      q.sql(d.pick(qClaimReplaysLocked, qClaimReplays)),
 	}, nil
 }
 
