@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math/big"
 	"net"
@@ -17,6 +18,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -103,11 +105,30 @@ func TestBrokersDialInTurn(t *testing.T) {
 	require.Equal(t, "amqp://u:xxxxx@"+addr2+"/", b.current())
 	require.NoError(t, ln2.Close())
 	dialed(ln1) // starts after node 2; node 1 answers
-	require.NoError(t, ln1.Close())
+
+	// Every node down. A closed listener's port is free for any other
+	// test's listener to take (a fresh clone's run saw the dial succeed),
+	// so the nodes down are ports held by sockets that never listen.
+	down1, down2 := refusing(t), refusing(t)
+	b = dialer(t, "amqp://u:p@"+down1+"/", "amqp://u:p@"+down2+"/")
 	_, err := b.dial("tcp", "ignored:5672")
-	require.ErrorContains(t, err, "amqp://u:xxxxx@"+addr1+"/", "every node's error, without the password")
-	require.ErrorContains(t, err, "amqp://u:xxxxx@"+addr2+"/")
+	require.ErrorContains(t, err, "amqp://u:xxxxx@"+down1+"/", "every node's error, without the password")
+	require.ErrorContains(t, err, "amqp://u:xxxxx@"+down2+"/")
 	require.NotContains(t, err.Error(), ":p@")
+}
+
+// refusing returns a loopback address that refuses connections for the
+// rest of the test: a socket bound to it, which never listens, holds its
+// port, so that no listener of this process or another takes it.
+func refusing(t *testing.T) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = syscall.Close(fd) })
+	require.NoError(t, syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}))
+	sa, err := syscall.Getsockname(fd)
+	require.NoError(t, err)
+	return fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
 }
 
 // TestBrokersDialTLS: an amqps:// node's TLS handshake is the dialer's,
@@ -121,8 +142,7 @@ func TestBrokersDialTLS(t *testing.T) {
 	t.Cleanup(func() { _ = ln.Close() })
 	_, port, err := net.SplitHostPort(ln.Addr().String())
 	require.NoError(t, err)
-	closed, closedAddr := listen(t)
-	require.NoError(t, closed.Close())
+	closedAddr := refusing(t)
 
 	// Node 1 is down; node 2's certificate names localhost, not
 	// 127.0.0.1, the first URL's host.
