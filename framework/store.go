@@ -55,17 +55,21 @@ type Store interface {
 	WaitGap(ctx context.Context, consumer, subject string, seq int64, key Key, body []byte) (time.Duration, error)
 	// EndWait removes the wait of (consumer, subject, seq), inside tx
 	// when tx is not nil, and with it the event's hold or parking (see
-	// Hold, Park): the event took effect or was skipped as stale. It
+	// HoldDeadLetter, Park): the event took effect or was skipped as stale. It
 	// reports whether events of the subject are parked after seq: once tx
 	// commits, those whose turn has come are to be released (see Parked).
 	EndWait(ctx context.Context, tx *Tx, consumer, subject string, seq int64) (bool, error)
 
-	// Hold records, in a transaction of its own, that the event key, with
-	// sequence seq of subject, is a dead letter that the later events of
-	// its subject wait behind, parked (see Park). A hold at or below the
-	// subject's checkpoint is not recorded. It ends when the event takes
-	// effect (EndWait) or is skipped (Skip).
-	Hold(ctx context.Context, consumer, subject string, seq int64, key Key) error
+	// HoldDeadLetter stores dl as PublishDeadLetter does and, in the same
+	// transaction, holds its subject: the event (dl.Key(), sequence
+	// dl.SubjectSeq of dl.Subject) is a dead letter that the later events
+	// of its subject wait behind, parked (see Park). The hold replaces the
+	// event's own parking, if it was parked: so the event is parked or a
+	// dead letter, never neither, whatever fails on the way. A hold at or
+	// below the subject's checkpoint is not recorded, nor one of a dead
+	// letter without a subject or sequence; the dead letter is. The hold
+	// ends when the event takes effect (EndWait) or is skipped (Skip).
+	HoldDeadLetter(ctx context.Context, dl DeadLetter) error
 	// Park parks the event p, inside tx, when an event of its subject
 	// between the checkpoint and p.Seq is held or parked, and reports
 	// whether it did. A parked event is acknowledged but not processed:

@@ -239,14 +239,10 @@ func chain(cfg Config, clk clock) ([]message.HandlerMiddleware, *releaser) {
 		rel = newReleaser(name, cfg.Store, cfg.Logger, clk.now, clk.releaseSweep, cfg.GapTimeout)
 		steps = append(steps, rel.middleware)
 	}
-	var holds framework.Store // under strict order, decode holds the subject of an event it refuses
-	if cfg.StrictOrder {
-		holds = cfg.Store
-	}
 	steps = append(steps,
 		observe(cfg, clk),
 		deadLetter(name, cfg.Store, clk.now),
-		decode(cfg.Consumer, cfg.MaxBodyBytes, holds),
+		decode(cfg.Consumer, cfg.MaxBodyBytes, cfg.StrictOrder), // under strict order, the dead letter of an event it refuses holds the subject
 	)
 	var brk *breaker
 	if cfg.Breaker.Failures > 0 {

@@ -33,6 +33,9 @@ import (
 // kept byte for byte and its metadata as framework.StorableMetadata. So
 // no store refuses it whatever the input, and the message is not
 // delivered again forever.
+// Under strict order the dead letter holds its subject when the steps
+// inside asked for it (see hold): the hold and the dead letter are one
+// transaction (framework.Store.HoldDeadLetter).
 // The dead letter's times are now's.
 func deadLetter(consumer string, store framework.Store, now func() time.Time) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
@@ -64,7 +67,11 @@ func failed(ctx context.Context, consumer string, store framework.Store, now fun
 		return derr
 	}
 	dl := newDeadLetter(consumer, msg, st, framework.CodeOf(err), now().UTC())
-	if perr := store.PublishDeadLetter(ctx, dl); perr != nil {
+	publish := store.PublishDeadLetter
+	if st.holds {
+		publish = store.HoldDeadLetter
+	}
+	if perr := publish(ctx, dl); perr != nil {
 		return fmt.Errorf("store dead letter (%s) of %s: %w", dl.Code, dl.Key(), errors.Join(perr, err))
 	}
 	st.deadLettered, st.cause, st.deadLetterKey = dl.Code, err, dl.Key()

@@ -25,18 +25,18 @@ import (
 // and fails the message permanently with code panic, since it would panic
 // again on every delivery, instead of taking the process down each time.
 //
-// Under strict order (holds is the store, nil otherwise), an event whose
-// envelope decoded but whose data or version the consumer cannot take is
-// a dead letter of its subject: decode holds the subject before it is
-// stored, so that the later events of the subject are parked behind it,
-// as gapWait does for the failures of the steps inside.
-func decode(c *framework.Consumer, maxBody int, holds framework.Store) message.HandlerMiddleware {
+// Under strict order (holds), an event whose envelope decoded but whose
+// data or version the consumer cannot take is a dead letter of its
+// subject: its dead letter holds the subject, so that the later events of
+// the subject are parked behind it, as gapWait has it for the failures of
+// the steps inside.
+func decode(c *framework.Consumer, maxBody int, holds bool) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			st := stateOf(msg)
 			if err := decodeInto(c, msg, st, maxBody); err != nil {
-				if holds != nil && st.envelope != nil {
-					return nil, holdUndecoded(msg, c.Name(), holds, *st.envelope, err)
+				if holds && st.envelope != nil {
+					return nil, holdUndecoded(msg, *st.envelope, err)
 				}
 				return nil, err
 			}
@@ -80,16 +80,12 @@ func dispatch(msg *message.Message) ([]*message.Message, error) {
 	return nil, d.Handle(msg.Context())
 }
 
-// holdUndecoded holds the subject of env, whose data the consumer could
-// not take (err), before its dead letter is stored: err when the hold is
-// stored or the event has no sequence, else a plain error, so that the
-// message is delivered again instead of dead-lettered unheld.
-func holdUndecoded(msg *message.Message, consumer string, store framework.Store, env framework.Envelope, err error) error {
+// holdUndecoded asks the dead-letter step to hold the subject of env,
+// whose data the consumer could not take (err), with its dead letter (see
+// hold), when err is permanent and env has a sequence, and returns err.
+func holdUndecoded(msg *message.Message, env framework.Envelope, err error) error {
 	if env.Subject == "" || env.SubjectSeq == 0 || !framework.IsPermanent(err) || msg.Context().Err() != nil {
 		return err
 	}
-	if herr := store.Hold(msg.Context(), consumer, env.Subject, env.SubjectSeq, env.Key()); herr != nil {
-		return fmt.Errorf("hold %s #%d before its dead letter (%s): %w", env.Subject, env.SubjectSeq, framework.CodeOf(err), herr)
-	}
-	return err
+	return hold(msg, err)
 }

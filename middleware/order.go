@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/crash"
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
@@ -113,8 +114,8 @@ func endWait(ctx context.Context, store framework.Store, tx *framework.Tx, st *s
 // parked (see gapWait).
 const GapPark = time.Second
 
-// gapWait holds the subject of an event that is about to be
-// dead-lettered (see framework.Store.Hold), so that the later events of
+// gapWait has the dead letter of an event that is about to be
+// dead-lettered hold its subject (see hold), so that the later events of
 // its subject are parked behind it instead of waiting; a sequence_gap
 // dead letter holds nothing. It turns the wait of an event behind a gap
 // (see strictOrder) into a nack, so that the transport delivers the event
@@ -127,10 +128,9 @@ const GapPark = time.Second
 // the consumer's concurrency, the prefetch, on watermill-sql the whole
 // topic): waiting events that fill it would keep back the very events
 // they wait for, which a transport that puts a nacked message back at
-// the head of its queue delivers only after them. It records the wait,
-// the parking and the hold in transactions of their own, after the
-// attempt's rolled back, so it sits outside the unit of work and inside
-// decode. A wait does not count towards the delivery limit.
+// the head of its queue delivers only after them. It records the wait
+// and the parking in transactions of their own, after the attempt's
+// rolled back, so it sits outside the unit of work and inside decode. A wait does not count towards the delivery limit.
 func gapWait(consumer string, store framework.Store, timeout time.Duration) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
@@ -140,7 +140,7 @@ func gapWait(consumer string, store framework.Store, timeout time.Duration) mess
 			var gap *gapError
 			if !errors.As(err, &gap) {
 				if err != nil && deadLettered(msg, err) {
-					return out, hold(msg, consumer, store, err)
+					return out, hold(msg, err)
 				}
 				return out, err
 			}
@@ -188,19 +188,13 @@ func deadLettered(msg *message.Message, err error) bool {
 	return framework.IsPermanent(err) || stateOf(msg).gaveUp
 }
 
-// hold holds the subject of msg's event, which failed with err and is
-// about to be dead-lettered, before the dead letter is stored: err when
-// the hold is stored or the event has no sequence, else a plain error, so
-// that the message is delivered again instead of dead-lettered unheld.
-func hold(msg *message.Message, consumer string, store framework.Store, err error) error {
-	d, derr := eventOf(msg.Context())
-	if derr != nil || d.Subject == "" || d.SubjectSeq == 0 {
-		return err
-	}
-	if herr := store.Hold(msg.Context(), consumer, d.Subject, d.SubjectSeq, d.Key()); herr != nil {
-		stateOf(msg).gaveUp = false
-		return fmt.Errorf("hold %s #%d before its dead letter (%s): %w", d.Subject, d.SubjectSeq, framework.CodeOf(err), herr)
-	}
+// hold asks the dead-letter step to hold the subject of msg's event,
+// which failed with err and is about to be dead-lettered, with its dead
+// letter (framework.Store.HoldDeadLetter: in one transaction, so that a
+// released event, whose parking is the only copy of its message, stays
+// parked until its dead letter is stored), and returns err.
+func hold(msg *message.Message, err error) error {
+	stateOf(msg).holds = true
 	return err
 }
 
@@ -252,6 +246,11 @@ func newReleaser(consumer string, store framework.Store, logger *slog.Logger, no
 // parked event of each subject that waits for an earlier event that has
 // not arrived (no dead letter before it) since longer than gapTimeout,
 // where it ends as sequence_gap (see gapWait).
+//
+// The released events carry the message's crash hook (see package
+// internal/crash): a released event that dies there takes the process
+// with it, so the message's chain returns its *crash.Died, unacknowledged,
+// and nothing more is released or swept.
 func (r *releaser) middleware(next message.HandlerFunc) message.HandlerFunc {
 	r.next.Store(&next)
 	return func(msg *message.Message) ([]*message.Message, error) {
@@ -260,11 +259,15 @@ func (r *releaser) middleware(next message.HandlerFunc) message.HandlerFunc {
 		out, err := next(msg)
 		if err == nil {
 			for _, subject := range st.release {
-				r.release(ctx, next, subject)
+				if derr := r.release(ctx, next, subject); derr != nil {
+					return nil, derr
+				}
 			}
 		}
 		if r.sweepDue() {
-			r.sweep(ctx, next)
+			if derr := r.sweep(ctx, next); derr != nil {
+				return nil, derr
+			}
 		}
 		return out, err
 	}
@@ -279,7 +282,7 @@ func (r *releaser) run(ctx context.Context) {
 	defer tick.Stop()
 	for {
 		if next := r.next.Load(); next != nil && r.sweepDue() {
-			r.sweep(ctx, *next)
+			_ = r.sweep(ctx, *next) // ctx carries no crash hook: nothing dies
 		}
 		select {
 		case <-ctx.Done():
@@ -297,21 +300,25 @@ func (r *releaser) sweepDue() bool {
 	return now >= due && r.nextSweep.CompareAndSwap(due, now+int64(r.every))
 }
 
-// sweep releases the parked events of every subject whose turn has come.
-func (r *releaser) sweep(ctx context.Context, next message.HandlerFunc) {
+// sweep releases the parked events of every subject whose turn has come,
+// and expires those that waited too long. It returns the *crash.Died of
+// an event that died, nil otherwise.
+func (r *releaser) sweep(ctx context.Context, next message.HandlerFunc) error {
 	ready, err := r.store.Parked(ctx, framework.ParkedFilter{Consumer: r.consumer, Ready: true})
 	if err != nil {
 		if ctx.Err() != nil {
-			return // shutdown: the next start sweeps
+			return nil // shutdown: the next start sweeps
 		}
 		r.logger.ErrorContext(ctx, "list the parked events whose turn came; they are released later",
 			slog.String("consumer", r.consumer), slog.Any("error", err))
-		return
+		return nil
 	}
 	for _, p := range ready {
-		r.release(ctx, next, p.Subject)
+		if err := r.release(ctx, next, p.Subject); err != nil {
+			return err
+		}
 	}
-	r.expire(ctx, next)
+	return r.expire(ctx, next)
 }
 
 // expire hands to next, as a message of its own, the first parked event
@@ -319,46 +326,52 @@ func (r *releaser) sweep(ctx context.Context, next message.HandlerFunc) {
 // neither held nor ready, once it has waited longer than the gap
 // timeout: gapWait dead-letters it with code sequence_gap, as it would
 // a delivery (it measures the wait by the store's clock, from its start).
-func (r *releaser) expire(ctx context.Context, next message.HandlerFunc) {
+// It returns the *crash.Died of an event that died, nil otherwise.
+func (r *releaser) expire(ctx context.Context, next message.HandlerFunc) error {
 	ps, err := r.store.Parked(ctx, framework.ParkedFilter{Consumer: r.consumer})
 	if err != nil {
 		if ctx.Err() == nil {
 			r.logger.ErrorContext(ctx, "list the parked events that wait for an earlier one; they are looked at later",
 				slog.String("consumer", r.consumer), slog.Any("error", err))
 		}
-		return
+		return nil
 	}
 	for i, p := range ps {
 		if i > 0 && ps[i-1].Subject == p.Subject || p.Held || p.Ready || r.now().Sub(p.At) <= r.gapTimeout {
 			continue // not its subject's first, behind a dead letter, its turn came, or not for long
 		}
 		if ctx.Err() != nil {
-			return
+			return nil
 		}
 		if err := r.apply(ctx, next, p); err != nil {
+			if died(err) {
+				return err
+			}
 			r.logger.InfoContext(ctx, "a parked event that waited too long was not handled; it is looked at again later",
 				slog.String("consumer", r.consumer), slog.String("subject", p.Subject), slog.Int64("seq", p.Seq),
 				slog.Any("error", err))
 		}
 	}
+	return nil
 }
 
 // release applies the parked events of subject whose turn has come, in
-// sequence, until one does not take effect.
-func (r *releaser) release(ctx context.Context, next message.HandlerFunc, subject string) {
+// sequence, until one does not take effect. It returns the *crash.Died
+// of an event that died, nil otherwise.
+func (r *releaser) release(ctx context.Context, next message.HandlerFunc, subject string) error {
 	var last int64
 	for ctx.Err() == nil {
 		ps, err := r.store.Parked(ctx, framework.ParkedFilter{Consumer: r.consumer, Subject: subject, Ready: true, Limit: 1})
 		if err != nil {
 			if ctx.Err() != nil {
-				return // shutdown: the next start sweeps
+				return nil // shutdown: the next start sweeps
 			}
 			r.logger.ErrorContext(ctx, "find the next parked event; it is released later",
 				slog.String("consumer", r.consumer), slog.String("subject", subject), slog.Any("error", err))
-			return
+			return nil
 		}
 		if len(ps) == 0 {
-			return
+			return nil
 		}
 		p := ps[0]
 		if p.Seq <= last {
@@ -367,21 +380,26 @@ func (r *releaser) release(ctx context.Context, next message.HandlerFunc, subjec
 			r.logger.ErrorContext(ctx, "a released event stays parked: it did not take effect",
 				slog.String("consumer", r.consumer), slog.String("subject", subject), slog.Int64("seq", p.Seq),
 				slog.String("source", p.Key.Source), slog.String("id", p.Key.ID))
-			return
+			return nil
 		}
 		last = p.Seq
 		if err := r.apply(ctx, next, p); err != nil {
+			if died(err) {
+				return err
+			}
 			r.logger.InfoContext(ctx, "a released event was not handled; it stays parked and is released later",
 				slog.String("consumer", r.consumer), slog.String("subject", subject), slog.Int64("seq", p.Seq),
 				slog.Any("error", err))
-			return
+			return nil
 		}
 	}
+	return nil
 }
 
 // apply hands the parked event p to next as a message of its own, with
-// its body and metadata (but the transport's redelivery marker), and returns the chain's error. The message's
-// context ends with ctx.
+// its body and metadata (but the transport's redelivery marker), and
+// returns the chain's error. The message's context ends with ctx and
+// carries nothing of it but its crash hook.
 func (r *releaser) apply(ctx context.Context, next message.HandlerFunc, p framework.ParkedEvent) error {
 	m := message.NewMessage(watermill.NewUUID(), p.Body)
 	for k, v := range p.Metadata {
@@ -389,7 +407,11 @@ func (r *releaser) apply(ctx context.Context, next message.HandlerFunc, p framew
 			m.Metadata.Set(k, v)
 		}
 	}
-	mctx, cancel := context.WithCancel(context.Background())
+	base := context.Background()
+	if h := crash.HookOf(ctx); h != nil {
+		base = crash.With(base, h)
+	}
+	mctx, cancel := context.WithCancel(base)
 	defer cancel()
 	defer context.AfterFunc(ctx, cancel)()
 	m.SetContext(mctx)

@@ -111,6 +111,20 @@ func (o *ordered) parked(t *testing.T) []string {
 	return out
 }
 
+// deadLetters returns the consumer's dead letters of event id.
+func (o *ordered) deadLetters(t *testing.T, id string) []framework.DeadLetter {
+	t.Helper()
+	dls, err := o.store.DeadLetters(context.Background(), framework.DeadLetterFilter{Consumer: consumerName})
+	require.NoError(t, err)
+	var out []framework.DeadLetter
+	for _, dl := range dls {
+		if dl.EventID == id {
+			out = append(out, dl)
+		}
+	}
+	return out
+}
+
 func (o *ordered) marked(t *testing.T, id string) bool {
 	t.Helper()
 	var n int
@@ -195,6 +209,41 @@ func TestStrictOrderParksBehindDeadLetter(t *testing.T) {
 				require.Len(t, dls, 2)
 				require.Equal(t, "s6", dls[1].EventID)
 				require.Equal(t, framework.Processed, redeliver(t, h, dls[1]))
+				require.Equal(t, []string{"s4", "s5", "s6", "s7"}, o.applied(t, "s"))
+				require.Empty(t, o.parked(t))
+			})
+
+			t.Run("ReleasedEventWhoseDeadLetterFailsStaysParked", func(t *testing.T) {
+				t.Parallel()
+				o := newOrdered(t, b)
+				h := o.handler(t, o.store)
+				dl := o.parkBehindDeadLetter(t, h)
+
+				// s6 is released and refused, and its dead letter is
+				// not stored: the process died on the way, or the
+				// database went away. The parked event is the only
+				// copy of its message (its delivery was acknowledged):
+				// it stays parked, whole, and is not held.
+				o.refuse.Store("s6", struct{}{})
+				failing := o.handler(t, &failingDeadLetter{Store: o.store, id: "s6"})
+				require.Equal(t, framework.Processed, deliver(t, failing, "t1", "T", 1), "its sweep at start finds nothing")
+				require.Equal(t, framework.Processed, redeliver(t, failing, dl))
+				require.Equal(t, []string{"s4", "s5"}, o.applied(t, "s"))
+				require.Equal(t, []string{"s6", "s7"}, o.parked(t), "s6 parked still, not held without its dead letter")
+				require.Empty(t, o.deadLetters(t, "s6"))
+
+				// After the restart, the sweep of its first message
+				// releases s6 again, refused again: its dead letter
+				// holds the subject now.
+				o.refuse.Store("s6", struct{}{})
+				restarted := o.handler(t, o.store)
+				require.Equal(t, framework.Processed, deliver(t, restarted, "t2", "T", 2))
+				require.Equal(t, []string{"s6 held", "s7"}, o.parked(t))
+				dls := o.deadLetters(t, "s6")
+				require.Len(t, dls, 1)
+				require.Equal(t, "S", dls[0].Subject)
+				require.EqualValues(t, 6, dls[0].SubjectSeq)
+				require.Equal(t, framework.Processed, redeliver(t, restarted, dls[0]))
 				require.Equal(t, []string{"s4", "s5", "s6", "s7"}, o.applied(t, "s"))
 				require.Empty(t, o.parked(t))
 			})
@@ -291,6 +340,29 @@ type failingHold struct{ framework.Store }
 
 var errHoldFailed = errors.New("hold failed")
 
-func (failingHold) Hold(context.Context, string, string, int64, framework.Key) error {
+func (failingHold) HoldDeadLetter(context.Context, framework.DeadLetter) error {
 	return errHoldFailed
+}
+
+// failingDeadLetter is a store that cannot store the dead letter of the
+// event id.
+type failingDeadLetter struct {
+	framework.Store
+	id string
+}
+
+var errDeadLetterFailed = errors.New("dead letter failed")
+
+func (s *failingDeadLetter) PublishDeadLetter(ctx context.Context, dl framework.DeadLetter) error {
+	if dl.EventID == s.id {
+		return errDeadLetterFailed
+	}
+	return s.Store.PublishDeadLetter(ctx, dl)
+}
+
+func (s *failingDeadLetter) HoldDeadLetter(ctx context.Context, dl framework.DeadLetter) error {
+	if dl.EventID == s.id {
+		return errDeadLetterFailed
+	}
+	return s.Store.HoldDeadLetter(ctx, dl)
 }

@@ -293,3 +293,61 @@ func TestCrashStrictOrder(t *testing.T) {
 		}
 	})
 }
+
+// TestCrashStrictOrderRelease: with strict_order, an event parked behind
+// a dead letter and released once the dead letter is replayed, that
+// fails and dies before its own dead letter is stored, stays parked: the
+// parking is the only copy of its message, its delivery long
+// acknowledged. The replay died with it, unacknowledged; after the
+// restart its redelivery is a duplicate, the sweep releases the parked
+// event again, and its dead letter holds the subject.
+func TestCrashStrictOrderRelease(t *testing.T) {
+	t.Parallel()
+	backends(t, func(t *testing.T, base testkit.Config) {
+		ctx := t.Context()
+		b := setupCrash(t, testkit.Config{PostgresURL: base.PostgresURL, StrictOrder: true})
+		c := b.chain
+		parked := func() []string {
+			t.Helper()
+			ps, err := b.kit.Store().Parked(ctx, framework.ParkedFilter{Consumer: trackName})
+			require.NoError(t, err)
+			var out []string
+			for _, p := range ps {
+				out = append(out, fmt.Sprintf("%s held=%v", p.Key.ID, p.Held))
+			}
+			return out
+		}
+
+		b.tracker.refuse = "nowhere"
+		testkit.RequireProcessed(t, c.Deliver(ctx, t, moved(t, "m-1", 1, "depot")))
+		testkit.RequireDeadLettered(t, c.Deliver(ctx, t, moved(t, "m-2", 2, "nowhere")), "unknown_place")
+		testkit.RequireOutcome(t, c.Deliver(ctx, t, moved(t, "m-3", 3, "attic")), framework.Parked)
+		testkit.RequireOutcome(t, c.Deliver(ctx, t, moved(t, "m-4", 4, "door")), framework.Parked)
+
+		// "nowhere" is a place now, "attic" is not.
+		b.tracker.refuse = "attic"
+		dls := c.DeadLetters(ctx, t)
+		require.Len(t, dls, 1)
+		res := c.Replay(testkit.CrashAt(ctx, testkit.BeforeDeadLetter), t, dls[0])
+		testkit.RequireCrashed(t, res, testkit.BeforeDeadLetter)
+		require.Equal(t, 1, b.effects(t, "m-2"), "the replay took effect before m-3 died")
+		require.Len(t, c.DeadLetters(ctx, t), 1, "m-3's dead letter was not stored")
+		require.Equal(t, []string{"m-3 held=false", "m-4 held=false"}, parked(), "m-3 stays parked, whole")
+
+		restarted := b.kit.Chain(t, trackName, framework.Handle(Moved, b.tracker.Handle))
+		testkit.RequireDuplicate(t, restarted.Redeliver(ctx, t, moved(t, "m-2", 2, "nowhere")))
+		require.Equal(t, []string{"m-3 held=true", "m-4 held=false"}, parked(), "the sweep released m-3: a dead letter now")
+		dls = restarted.DeadLetters(ctx, t)
+		require.Len(t, dls, 2)
+		require.Equal(t, "m-3", dls[1].EventID)
+		require.Equal(t, framework.Code("unknown_place"), dls[1].Code)
+
+		b.tracker.refuse = ""
+		testkit.RequireProcessed(t, restarted.Replay(ctx, t, dls[1]))
+		require.Empty(t, parked())
+		require.Equal(t, "door", b.place(t))
+		for _, id := range []string{"m-1", "m-2", "m-3", "m-4"} {
+			require.Equal(t, 1, b.effects(t, id), "effects of %s", id)
+		}
+	})
+}

@@ -195,23 +195,17 @@ func (s *Store) EndWait(ctx context.Context, tx *framework.Tx, consumer, subject
 	return false, nil
 }
 
-// Hold records that the event key, with sequence seq of subject, is a
+// holdSubject records that the event key, with sequence seq of subject, is a
 // dead letter that the later events of its subject wait behind, unless
-// the subject's checkpoint is at or past seq.
-func (s *Store) Hold(ctx context.Context, consumer, subject string, seq int64, key framework.Key) error {
-	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("hold %s #%d for %s: %w", subject, seq, consumer, err)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// the subject's checkpoint is at or past seq. s.mu is held.
+func (s *Store) holdSubject(consumer, subject string, seq int64, key framework.Key) {
 	sk := subjectKey{consumer, subject}
 	if c, ok := s.checkpoints[sk]; ok && c.seq >= seq {
-		return nil
+		return
 	}
 	s.parked[waitKey{sk, seq}] = framework.ParkedEvent{
 		Consumer: consumer, Subject: subject, Seq: seq, Key: key, At: s.now(), Held: true,
 	}
-	return nil
 }
 
 // Park parks p when tx commits, if an event of its subject between the

@@ -199,6 +199,17 @@ func (s *Store) Forget(ctx context.Context, tx *framework.Tx, consumer string, k
 // for the consumer (see Count), in the same transaction, so that a replay
 // is counted afresh instead of hitting the delivery limit at once.
 func (s *Store) PublishDeadLetter(ctx context.Context, dl framework.DeadLetter) error {
+	return s.storeDeadLetter(ctx, dl, false)
+}
+
+// HoldDeadLetter stores dl as PublishDeadLetter does and, at once, holds
+// its subject: the later events of the subject wait behind it, unless
+// its checkpoint is at or past dl.SubjectSeq.
+func (s *Store) HoldDeadLetter(ctx context.Context, dl framework.DeadLetter) error {
+	return s.storeDeadLetter(ctx, dl, dl.Subject != "" && dl.SubjectSeq != 0)
+}
+
+func (s *Store) storeDeadLetter(ctx context.Context, dl framework.DeadLetter, hold bool) error {
 	if err := dl.Validate(); err != nil {
 		return err
 	}
@@ -215,6 +226,9 @@ func (s *Store) PublishDeadLetter(ctx context.Context, dl framework.DeadLetter) 
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if hold {
+		s.holdSubject(dl.Consumer, dl.Subject, dl.SubjectSeq, dl.Key())
+	}
 	delete(s.deliveries, k)
 	if id, ok := s.byKey[k]; ok {
 		old := s.deadLetters[id]

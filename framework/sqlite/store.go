@@ -164,11 +164,11 @@ func (s *Store) EndWait(ctx context.Context, tx *framework.Tx, consumer, subject
 	return s.sql.EndWait(ctx, tx, consumer, subject, seq)
 }
 
-// Hold records that the event key, with sequence seq of subject, is a dead
-// letter that the later events of its subject wait behind
-// (framework.Store).
-func (s *Store) Hold(ctx context.Context, consumer, subject string, seq int64, key framework.Key) error {
-	return s.sql.Hold(ctx, consumer, subject, seq, key)
+// HoldDeadLetter stores dl as PublishDeadLetter does and, in the same
+// transaction, holds its subject: the later events of the subject wait
+// behind it (framework.Store).
+func (s *Store) HoldDeadLetter(ctx context.Context, dl framework.DeadLetter) error {
+	return s.sql.HoldDeadLetter(ctx, dl)
 }
 
 // Park parks p inside tx, when an earlier event of its subject is held or

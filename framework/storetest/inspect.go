@@ -109,8 +109,7 @@ func exerciseInspectEvent(t *testing.T, newHarness func(t *testing.T) Harness) {
 		failed := b.clock.Advance(time.Minute)
 		dl := deadLetter(rejecter, key.ID)
 		dl.Source, dl.Subject, dl.SubjectSeq, dl.Code, dl.Attempts = key.Source, "order-1", 1, framework.CodeHandlerFailed, 3
-		require.NoError(t, b.store.PublishDeadLetter(ctx, dl))
-		require.NoError(t, b.store.Hold(ctx, rejecter, "order-1", 1, key))
+		require.NoError(t, b.store.HoldDeadLetter(ctx, dl))
 		// Another event's dead letter of the same consumer is not this one's.
 		require.NoError(t, b.store.PublishDeadLetter(ctx, deadLetter(rejecter, "other")))
 		refailed := b.clock.Advance(time.Minute)
@@ -164,7 +163,7 @@ func exerciseInspectEvent(t *testing.T, newHarness func(t *testing.T) Harness) {
 		b := setup(t, newHarness)
 		held := framework.Key{Source: "shop", ID: "1"}
 		later := framework.Key{Source: "shop", ID: "2"}
-		require.NoError(t, b.store.Hold(ctx, rejecter, "order-1", 1, held))
+		b.hold(t, rejecter, "order-1", 1, held)
 		require.True(t, b.park(t, framework.ParkedEvent{Consumer: rejecter, Subject: "order-1", Seq: 2, Key: later, Topic: placed, Body: []byte("{}")}, false))
 		rec := b.inspect(t, later)
 		require.True(t, rec.Known())
@@ -301,7 +300,7 @@ func exerciseInspectConsumers(t *testing.T, newHarness func(t *testing.T) Harnes
 	resolved := mustList(t, b.store)[2]
 	_, err = b.store.ResolveDeadLetter(ctx, resolved.ID, framework.Resolution{Status: framework.DeadLetterDiscarded, By: "op", Reason: "test"})
 	require.NoError(t, err)
-	require.NoError(t, b.store.Hold(ctx, rejecter, "order-1", 1, framework.Key{Source: "appointments", ID: "1"}))
+	b.hold(t, rejecter, "order-1", 1, framework.Key{Source: "appointments", ID: "1"})
 	require.True(t, b.park(t, framework.ParkedEvent{Consumer: rejecter, Subject: "order-1", Seq: 2, Key: framework.Key{Source: "shop", ID: "4"}, Topic: placed, Body: []byte("{}")}, false))
 	var oldest time.Time
 	if b.h.DB != nil {

@@ -466,7 +466,7 @@ func exerciseAdopt(t *testing.T, newHarness func(t *testing.T) Harness) {
 		b := setup(t, newHarness)
 		ctx := context.Background()
 		held := framework.Key{Source: "orders", ID: "held"}
-		require.NoError(t, b.store.Hold(ctx, from, "s", 2, held))
+		b.hold(t, from, "s", 2, held)
 		_, err := b.store.WaitGap(ctx, from, "t", 5, framework.Key{Source: "orders", ID: "t5"}, []byte(`{}`))
 		require.NoError(t, err)
 		b.clock.Advance(time.Minute)

@@ -11,6 +11,15 @@ import (
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
+// hold stores the dead letter of the event key, with sequence seq of
+// subject, for consumer, holding its subject (HoldDeadLetter).
+func (b *bundle) hold(t *testing.T, consumer, subject string, seq int64, key framework.Key) {
+	t.Helper()
+	dl := deadLetter(consumer, key.ID)
+	dl.Source, dl.Subject, dl.SubjectSeq, dl.Code = key.Source, subject, seq, framework.CodeHandlerFailed
+	require.NoError(t, b.store.HoldDeadLetter(context.Background(), dl))
+}
+
 // park runs an attempt of consumer on p's event that reads the subject's
 // checkpoint, as strict order does, and parks p; the attempt commits when
 // it parked p and ends with errBoom after rollback when fails. It returns
@@ -97,7 +106,7 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.True(t, b.advance(t, consumer, "order-1", 4))
 		require.False(t, b.park(t, event(6), true), "nothing held yet: 6 waits behind a gap, unparked")
 
-		require.NoError(t, b.store.Hold(ctx, consumer, "order-1", 5, event(5).Key))
+		b.hold(t, consumer, "order-1", 5, event(5).Key)
 		require.True(t, b.park(t, event(6), true), "parked, then rolled back: that leaves nothing")
 		require.Equal(t, []string{"order-1#5H"}, seqs(list(t, b, framework.ParkedFilter{})))
 
@@ -122,9 +131,8 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 	t.Run("EffectOfTheHeldEventMakesTheNextReady", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, newHarness)
-		ctx := context.Background()
 		require.True(t, b.advance(t, consumer, "order-1", 4))
-		require.NoError(t, b.store.Hold(ctx, consumer, "order-1", 5, event(5).Key))
+		b.hold(t, consumer, "order-1", 5, event(5).Key)
 		require.True(t, b.park(t, event(6), false))
 		require.True(t, b.park(t, event(8), false), "parked behind the held 5 and the parked 6")
 
@@ -147,19 +155,65 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 	t.Run("HoldAtOrBelowTheCheckpointIsNotRecorded", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, newHarness)
-		ctx := context.Background()
 		require.True(t, b.advance(t, consumer, "order-1", 5))
-		require.NoError(t, b.store.Hold(ctx, consumer, "order-1", 5, event(5).Key))
-		require.NoError(t, b.store.Hold(ctx, consumer, "order-1", 3, event(3).Key))
+		b.hold(t, consumer, "order-1", 5, event(5).Key)
+		b.hold(t, consumer, "order-1", 3, event(3).Key)
 		require.Empty(t, list(t, b, framework.ParkedFilter{}))
+		require.Len(t, mustList(t, b.store), 2, "the dead letters are stored")
 		require.False(t, b.park(t, event(7), false), "7 waits behind a gap")
+	})
+
+	t.Run("HeldDeadLetterReplacesItsParking", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		require.True(t, b.advance(t, consumer, "order-1", 4))
+		b.hold(t, consumer, "order-1", 5, event(5).Key)
+		require.True(t, b.park(t, event(6), false))
+		// 6's turn came and it failed: its dead letter replaces its
+		// parking, or nothing changes. A parked event is the only copy
+		// of its message.
+		dl := deadLetter(consumer, "e6")
+		dl.Source, dl.Subject, dl.SubjectSeq = "orders", "order-1", 6
+		bad := dl
+		bad.Code = "Not A Code"
+		require.Error(t, b.store.HoldDeadLetter(ctx, bad))
+		canceled, cancel := context.WithCancel(ctx)
+		cancel()
+		require.Error(t, b.store.HoldDeadLetter(canceled, dl))
+		ps := list(t, b, framework.ParkedFilter{})
+		require.Equal(t, []string{"order-1#5H", "order-1#6"}, seqs(ps), "neither held nor dead letter")
+		want := event(6)
+		want.At = t0
+		require.Equal(t, want, ps[1], "the message is kept intact")
+		require.Len(t, mustList(t, b.store), 1, "5's dead letter only")
+
+		require.NoError(t, b.store.HoldDeadLetter(ctx, dl))
+		require.Equal(t, []string{"order-1#5H", "order-1#6H"}, seqs(list(t, b, framework.ParkedFilter{})))
+		dls := mustList(t, b.store)
+		require.Len(t, dls, 2)
+		require.Equal(t, "e6", dls[1].EventID)
+		require.Equal(t, dl.Body, dls[1].Body)
+		require.Equal(t, int64(6), dls[1].SubjectSeq)
+	})
+
+	t.Run("DeadLetterWithoutSequenceHoldsNothing", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		dl := deadLetter(consumer, "e1")
+		dl.Subject, dl.SubjectSeq = "", 0
+		require.NoError(t, b.store.HoldDeadLetter(context.Background(), dl))
+		dl = deadLetter(consumer, "e2")
+		dl.Subject, dl.SubjectSeq = "order-1", 0
+		require.NoError(t, b.store.HoldDeadLetter(context.Background(), dl))
+		require.Empty(t, list(t, b, framework.ParkedFilter{}))
+		require.Len(t, mustList(t, b.store), 2, "the dead letters are stored")
 	})
 
 	t.Run("FirstEventHeldParksTheNext", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, newHarness)
-		ctx := context.Background()
-		require.NoError(t, b.store.Hold(ctx, consumer, "order-1", 5, event(5).Key))
+		b.hold(t, consumer, "order-1", 5, event(5).Key)
 		require.False(t, b.park(t, event(4), false), "nothing held before 4")
 		require.True(t, b.park(t, event(6), false))
 	})
@@ -236,7 +290,7 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 		b := setup(t, newHarness)
 		ctx := context.Background()
 		require.True(t, b.advance(t, consumer, "order-1", 4))
-		require.NoError(t, b.store.Hold(ctx, consumer, "order-1", 5, event(5).Key))
+		b.hold(t, consumer, "order-1", 5, event(5).Key)
 		require.True(t, b.park(t, event(6), false))
 
 		_, err := b.store.Skip(ctx, consumer, "order-1", event(6).Key)

@@ -48,7 +48,8 @@ const (
 	// the message is not acknowledged.
 	AfterCommit Point = "after_commit"
 	// BeforeDeadLetter: the message is to be dead-lettered, the dead
-	// letter not stored yet.
+	// letter not stored yet, nor, under strict order, the hold of its
+	// subject, which is stored with it.
 	BeforeDeadLetter Point = "before_dead_letter"
 	// BeforeAck: the chain is done with the message (its effect
 	// committed, or it was a duplicate, stale or stored as a dead letter)

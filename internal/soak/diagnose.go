@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -37,6 +40,7 @@ func (r *run) diagnose(ctx context.Context) {
 	}
 	sort.Strings(bad)
 	r.logf("diagnose: %d subjects incomplete", len(bad))
+	bad = r.unheldFirst(ctx, bad)
 	for _, s := range bad[:min(len(bad), 5)] {
 		var b strings.Builder
 		fmt.Fprintf(&b, "subject %s: want (last, applied) %v, have %v", s, want[s], have[s])
@@ -57,6 +61,62 @@ func (r *run) diagnose(ctx context.Context) {
 		fmt.Fprintf(&b, "; replays %v", replays)
 		r.logf("%s", b.String())
 	}
+}
+
+// qUnheld finds the holds of the projection (parked_events, reason
+// dead_letter) that no dead letter of its event backs: an event that
+// neither took effect nor is a dead letter, which the consumers should
+// still be handling.
+const qUnheld = `SELECT p.subject, p.seq, p.event_id FROM parked_events p
+WHERE p.consumer = $1 AND p.reason = 'dead_letter' AND NOT EXISTS (SELECT 1 FROM dead_letters d
+    WHERE d.consumer = p.consumer AND d.source = p.source AND d.event_id = p.event_id)
+ORDER BY 1, 2`
+
+// unheldFirst logs the holds that no dead letter backs (qUnheld), the
+// delivery counts left, and the lines of the consumers' logs that name
+// their events, and returns bad with those holds' subjects first.
+func (r *run) unheldFirst(ctx context.Context, bad []string) []string {
+	var unheld []struct {
+		Subject string
+		Seq     int64
+		EventID string `db:"event_id"`
+	}
+	if err := r.db.SelectContext(ctx, &unheld, qUnheld, ProjectionConsumer); err != nil {
+		r.logf("diagnose: holds: %v", err)
+	}
+	var counts []string
+	if err := r.db.SelectContext(ctx, &counts, `SELECT consumer || ' ' || source || ' ' || event_id || ' ' || count || ' since ' || first_at FROM deliveries ORDER BY 1`); err != nil {
+		r.logf("diagnose: delivery counts: %v", err)
+	}
+	r.logf("diagnose: %d holds without a dead letter; delivery counts %v", len(unheld), counts)
+	var first []string
+	for _, u := range unheld {
+		r.logf("diagnose: %s #%d (%s) held without a dead letter; its log lines:\n%s", u.Subject, u.Seq, u.EventID, r.logLines(u.EventID, 40))
+		if !slices.Contains(first, u.Subject) {
+			first = append(first, u.Subject)
+		}
+	}
+	for _, s := range bad {
+		if !slices.Contains(first, s) {
+			first = append(first, s)
+		}
+	}
+	return first
+}
+
+// logLines returns up to n lines of the consumers' logs that contain
+// text, the last ones.
+func (r *run) logLines(text string, n int) string {
+	var lines []string
+	for _, name := range []string{"consumer-1", "consumer-2"} {
+		b, _ := os.ReadFile(filepath.Join(r.svc.dir, name+".log"))
+		for _, l := range strings.Split(string(b), "\n") {
+			if strings.Contains(l, text) {
+				lines = append(lines, name+": "+l)
+			}
+		}
+	}
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 // pending returns, on one line each, what the consumers have not

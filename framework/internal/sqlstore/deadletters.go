@@ -116,6 +116,16 @@ func (s *Store) deadLetterFilter(f framework.DeadLetterFilter) (string, []any) {
 // message's delivery count for the consumer, so that a replay is counted
 // afresh instead of hitting the delivery limit at once.
 func (s *Store) PublishDeadLetter(ctx context.Context, dl framework.DeadLetter) error {
+	return s.storeDeadLetter(ctx, dl, false)
+}
+
+// HoldDeadLetter implements framework.Store: PublishDeadLetter and the
+// hold of dl's subject (see Hold) in one transaction.
+func (s *Store) HoldDeadLetter(ctx context.Context, dl framework.DeadLetter) error {
+	return s.storeDeadLetter(ctx, dl, dl.Subject != "" && dl.SubjectSeq != 0)
+}
+
+func (s *Store) storeDeadLetter(ctx context.Context, dl framework.DeadLetter, hold bool) error {
 	if err := dl.Validate(); err != nil {
 		return err
 	}
@@ -128,28 +138,27 @@ func (s *Store) PublishDeadLetter(ctx context.Context, dl framework.DeadLetter) 
 		body = []byte{}
 	}
 	at := s.dialect.timeArg(s.now())
-	tx, err := s.db.BeginTxx(ctx, nil)
-	if err != nil {
-		return fmt.Errorf("publish dead letter %s for %s: begin: %w", dl.Key(), dl.Consumer, err)
-	}
-	defer tx.Rollback() // a no-op after Commit
-	var id int64
-	if err := tx.QueryRowxContext(ctx, s.publishDeadLetter,
-		dl.Consumer, dl.Topic, dl.Source, dl.EventID, dl.Type, dl.Version, dl.Subject, dl.CorrelationID,
-		string(dl.Code), dl.SubjectSeq, dl.Attempts, dl.Deliveries, at, at, body, meta).Scan(&id); err != nil {
-		return fmt.Errorf("publish dead letter %s for %s: %w", dl.Key(), dl.Consumer, err)
-	}
-	if _, err := tx.ExecContext(ctx, s.q.sql(qAddHistory),
-		id, at, string(framework.HistoryFailed), string(dl.Code), dl.Attempts, dl.Deliveries, "", ""); err != nil {
-		return fmt.Errorf("publish dead letter %s for %s: history: %w", dl.Key(), dl.Consumer, err)
-	}
-	if _, err := tx.ExecContext(ctx, s.forgetDelivery, dl.Consumer, dl.Source, dl.EventID); err != nil {
-		return fmt.Errorf("publish dead letter %s for %s: forget delivery count: %w", dl.Key(), dl.Consumer, err)
-	}
-	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("publish dead letter %s for %s: commit: %w", dl.Key(), dl.Consumer, err)
-	}
-	return nil
+	return s.inTx(ctx, func(tx *sqlx.Tx) error {
+		if hold {
+			if err := s.hold(ctx, tx, dl.Consumer, dl.Subject, dl.SubjectSeq, dl.Key(), at); err != nil {
+				return fmt.Errorf("hold %s #%d: %w", dl.Subject, dl.SubjectSeq, err)
+			}
+		}
+		var id int64
+		if err := tx.QueryRowxContext(ctx, s.publishDeadLetter,
+			dl.Consumer, dl.Topic, dl.Source, dl.EventID, dl.Type, dl.Version, dl.Subject, dl.CorrelationID,
+			string(dl.Code), dl.SubjectSeq, dl.Attempts, dl.Deliveries, at, at, body, meta).Scan(&id); err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, s.q.sql(qAddHistory),
+			id, at, string(framework.HistoryFailed), string(dl.Code), dl.Attempts, dl.Deliveries, "", ""); err != nil {
+			return fmt.Errorf("history: %w", err)
+		}
+		if _, err := tx.ExecContext(ctx, s.forgetDelivery, dl.Consumer, dl.Source, dl.EventID); err != nil {
+			return fmt.Errorf("forget delivery count: %w", err)
+		}
+		return nil
+	}, "publish dead letter %s for %s", dl.Key(), dl.Consumer)
 }
 
 // DeadLetter implements framework.Store.

@@ -15,7 +15,7 @@ import (
 // The SQL of the events parked behind a dead letter (framework.Store).
 // A row of parked_events is a wait behind a gap (reason gap, see
 // WaitGap), a dead letter that the later events of its subject wait
-// behind (dead_letter, see Hold) or one of those events (parked, see
+// behind (dead_letter, see HoldDeadLetter) or one of those events (parked, see
 // Park).
 const (
 	qHoldCheckpoint = `SELECT seq FROM {p}subject_checkpoints WHERE consumer = ? AND subject = ?`
@@ -57,21 +57,21 @@ WHERE p.reason IN ('dead_letter', 'parked')`
 	qSkipDelete = `DELETE FROM {p}parked_events WHERE consumer = ? AND subject = ? AND seq = ?`
 )
 
-// Hold implements framework.Store, in one transaction.
-func (s *Store) Hold(ctx context.Context, consumer, subject string, seq int64, key framework.Key) error {
-	return s.inTx(ctx, func(tx *sqlx.Tx) error {
-		var c int64
-		err := tx.GetContext(ctx, &c, s.q.sql(qHoldCheckpoint), consumer, subject)
-		if err != nil && !errors.Is(err, sql.ErrNoRows) {
-			return err
-		}
-		if c >= seq {
-			return nil // it took effect, or was skipped, meanwhile
-		}
-		_, err = tx.ExecContext(ctx, s.q.sql(qHold),
-			consumer, subject, seq, key.Source, key.ID, []byte{}, s.dialect.timeArg(s.now()))
+// hold records, in tx, that the event key, with sequence seq of subject,
+// is a dead letter that the later events of its subject wait behind,
+// unless the subject's checkpoint is at seq or past it (it took effect,
+// or was skipped, meanwhile). It replaces the event's parking or wait.
+func (s *Store) hold(ctx context.Context, tx *sqlx.Tx, consumer, subject string, seq int64, key framework.Key, at any) error {
+	var c int64
+	err := tx.GetContext(ctx, &c, s.q.sql(qHoldCheckpoint), consumer, subject)
+	if err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return err
-	}, "hold %s #%d for %s", subject, seq, consumer)
+	}
+	if c >= seq {
+		return nil
+	}
+	_, err = tx.ExecContext(ctx, s.q.sql(qHold), consumer, subject, seq, key.Source, key.ID, []byte{}, at)
+	return err
 }
 
 // Park implements framework.Store.
