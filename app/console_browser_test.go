@@ -149,9 +149,16 @@ func TestConsoleBrowser(t *testing.T) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(ctx, stepLimit)
 		defer cancel()
-		s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
-		require.NoError(t, err, sel)
-		return s
+		for {
+			s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
+			if err != nil && ctx.Err() == nil && strings.Contains(err.Error(), "No node with given id") {
+				// The page rendered the element again between its
+				// query and its read: read the new one.
+				continue
+			}
+			require.NoError(t, err, sel)
+			return s
+		}
 	}
 	present := func(t *testing.T, sel string) bool {
 		t.Helper()

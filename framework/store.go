@@ -103,7 +103,11 @@ type Store interface {
 	// after. A repeat of the same message for the same consumer updates
 	// the existing dead letter and counts the repeat. It forgets the
 	// message's delivery count in the same transaction, so that a
-	// replayed dead letter starts counting afresh.
+	// replayed dead letter starts counting afresh, and ends the event's
+	// wait or parking (WaitGap, ParkGap, Park) under dl.Key() at
+	// dl.Subject and dl.SubjectSeq, if it has one: a parked event is the
+	// only copy of its message, so it is parked or a dead letter, never
+	// neither.
 	PublishDeadLetter(ctx context.Context, dl DeadLetter) error
 	// DeadLetter returns the dead letter with id, or ErrNotFound.
 	DeadLetter(ctx context.Context, id int64) (DeadLetter, error)

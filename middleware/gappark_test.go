@@ -33,13 +33,24 @@ func newGapChain(t *testing.T, b backend) *gapChain {
 // (0: DefaultReleaseSweep).
 func newGapChainSweeping(t *testing.T, b backend, releaseSweep time.Duration) *gapChain {
 	t.Helper()
+	return newGapChainOn(t, b, releaseSweep, nil)
+}
+
+// newGapChainOn is newGapChainSweeping whose chain has the store that wrap
+// makes of the database's (nil: the store itself).
+func newGapChainOn(t *testing.T, b backend, releaseSweep time.Duration, wrap func(framework.Store) framework.Store) *gapChain {
+	t.Helper()
 	g := &gapChain{}
 	now := func() time.Time { return time.Now().Add(time.Duration(g.later.Load())) }
 	db, s := b.open(t, now)
 	g.ordered = newOrderedOn(t, db, s)
+	chainStore := s
+	if wrap != nil {
+		chainStore = wrap(s)
+	}
 	var err error
 	g.h, g.sweep, err = middleware.HandlerWithSweepOnClock(middleware.Config{
-		Consumer: g.c, UnitOfWork: g.uow, Store: s, StrictOrder: true, GapTimeout: time.Hour,
+		Consumer: g.c, UnitOfWork: g.uow, Store: chainStore, StrictOrder: true, GapTimeout: time.Hour,
 	}, middleware.TestClock{Now: now, ReleaseSweep: releaseSweep})
 	require.NoError(t, err)
 	return g
@@ -144,6 +155,48 @@ func TestStrictOrderParkedGapTimeout(t *testing.T) {
 			require.Equal(t, "s3", dls[0].EventID)
 			require.Equal(t, framework.CodeSequenceGap, dls[0].Code)
 			require.Equal(t, []string{"s1"}, g.applied(t, "s"))
+		})
+	}
+}
+
+// TestStrictOrderParkedGapTimeoutKeepsTheEvent: a parked event whose
+// wait ended (sequence_gap) but whose dead letter could not be stored (the
+// database went away, or the process died on the way) stays parked: its
+// parking is the only copy of its message. The next sweep dead-letters
+// it.
+func TestStrictOrderParkedGapTimeoutKeepsTheEvent(t *testing.T) {
+	t.Parallel()
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			failing := &failingDeadLetter{id: "s3"}
+			g := newGapChainOn(t, b, 0, func(s framework.Store) framework.Store {
+				failing.Store = s
+				return failing
+			})
+			g.parkS3(t)
+			var parked []byte
+			require.NoError(t, g.db.Get(&parked, `SELECT body FROM parked_events WHERE event_id = 's3'`))
+
+			g.later.Add(int64(61 * time.Minute))
+			_, err := g.deliver(t, "o1", "O", 1) // its sweep hands s3 to the chain
+			require.NoError(t, err)
+			require.Equal(t, []string{"s3 parked"}, g.reasons(t), "s3 is not lost")
+			dls, err := g.store.DeadLetters(context.Background(), framework.DeadLetterFilter{Consumer: consumerName})
+			require.NoError(t, err)
+			require.Empty(t, dls)
+
+			failing.id = ""
+			g.later.Add(int64(2 * middleware.DefaultReleaseSweep))
+			_, err = g.deliver(t, "o2", "O", 2)
+			require.NoError(t, err)
+			require.Empty(t, g.reasons(t))
+			dls, err = g.store.DeadLetters(context.Background(), framework.DeadLetterFilter{Consumer: consumerName})
+			require.NoError(t, err)
+			require.Len(t, dls, 1)
+			require.Equal(t, "s3", dls[0].EventID)
+			require.Equal(t, framework.CodeSequenceGap, dls[0].Code)
+			require.Equal(t, parked, dls[0].Body, "the parked message, whole")
 		})
 	}
 }

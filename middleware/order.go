@@ -169,10 +169,8 @@ func gapWait(consumer string, store framework.Store, timeout time.Duration) mess
 				stateOf(msg).parked = true
 				return nil, nil
 			}
-			if _, werr := store.EndWait(ctx, nil, consumer, gap.subject, gap.seq); werr != nil {
-				return nil, errors.Join(err, werr)
-			}
-			// Not wrapping gap, which is ErrLater: this is the end of the wait.
+			// Not wrapping gap, which is ErrLater: this is the end of the
+			// wait, which the dead letter's transaction removes.
 			return nil, framework.Permanent(framework.CodeSequenceGap, fmt.Errorf("%s, for longer than %s", gap.Error(), timeout))
 		}
 	}

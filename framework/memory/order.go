@@ -208,6 +208,16 @@ func (s *Store) holdSubject(consumer, subject string, seq int64, key framework.K
 	}
 }
 
+// endOwnWait ends the wait or parking of the event key, with sequence seq
+// of subject, as its dead letter is stored. s.mu is held.
+func (s *Store) endOwnWait(consumer, subject string, seq int64, key framework.Key) {
+	k := waitKey{subjectKey{consumer, subject}, seq}
+	if p, ok := s.parked[k]; ok && !p.Held && p.Key == key {
+		delete(s.parked, k)
+	}
+	delete(s.waits, k)
+}
+
 // Park parks p when tx commits, if an event of its subject between the
 // checkpoint (as tx sees it) and p.Seq is held or parked, and reports
 // whether it does. The processed mark that tx made for p.Key goes when

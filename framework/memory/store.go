@@ -226,8 +226,11 @@ func (s *Store) storeDeadLetter(ctx context.Context, dl framework.DeadLetter, ho
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if hold {
+	switch {
+	case hold:
 		s.holdSubject(dl.Consumer, dl.Subject, dl.SubjectSeq, dl.Key())
+	case dl.Subject != "" && dl.SubjectSeq != 0:
+		s.endOwnWait(dl.Consumer, dl.Subject, dl.SubjectSeq, dl.Key())
 	}
 	delete(s.deliveries, k)
 	if id, ok := s.byKey[k]; ok {

@@ -28,8 +28,11 @@ func TestWriteGate(t *testing.T) {
 	t.Run("WritersQueue", func(t *testing.T) {
 		t.Parallel()
 		// 32 writers whose transactions together take far longer than the
-		// busy timeout: queued in order, none gives up.
-		db := openGateTestDB(t, 500*time.Millisecond)
+		// busy timeout: queued in order, none gives up. Four connections:
+		// three writers at most wait at the gate, each for 150 ms or so,
+		// well within the timeout on a busy machine too.
+		db := openGateTestDB(t, time.Second)
+		db.SetMaxOpenConns(4)
 		var wg sync.WaitGroup
 		errs := make(chan error, 32)
 		for range 32 {
@@ -44,7 +47,7 @@ func TestWriteGate(t *testing.T) {
 					errs <- err
 					return
 				}
-				time.Sleep(40 * time.Millisecond)
+				time.Sleep(50 * time.Millisecond)
 				errs <- tx.Commit()
 			})
 		}

@@ -111,22 +111,29 @@ func Open(ctx context.Context, dsn string, cfg OpenConfig) (*sqlx.DB, error) {
 // open is Open with the length of the log past which a checkpoint holds
 // the write gate (see checkpointer).
 func open(ctx context.Context, dsn string, cfg OpenConfig, restart int64) (*sqlx.DB, error) {
+	db, _, err := openGated(ctx, dsn, cfg, restart)
+	return db, err
+}
+
+// openGated is open, which also returns the write gate of the
+// database's connections (and through it its checkpointer).
+func openGated(ctx context.Context, dsn string, cfg OpenConfig, restart int64) (*sqlx.DB, *writeGate, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	full, path, err := buildDSN(dsn, cfg)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if path != "" {
 		if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
-			return nil, fmt.Errorf("sqlite: create folder of %s: %w", path, err)
+			return nil, nil, fmt.Errorf("sqlite: create folder of %s: %w", path, err)
 		}
 	}
 	registered, err := sql.Open(DriverName, "")
 	if err != nil {
-		return nil, fmt.Errorf("sqlite: open %s: %w", dsn, err)
+		return nil, nil, fmt.Errorf("sqlite: open %s: %w", dsn, err)
 	}
 	drv := registered.Driver()
 	_ = registered.Close() // it never connected
@@ -139,9 +146,9 @@ func open(ctx context.Context, dsn string, cfg OpenConfig, restart int64) (*sqlx
 	db.SetMaxIdleConns(cfg.MaxOpenConns)
 	if err := db.PingContext(ctx); err != nil {
 		_ = db.Close()
-		return nil, fmt.Errorf("sqlite: open %s: %w", dsn, err)
+		return nil, nil, fmt.Errorf("sqlite: open %s: %w", dsn, err)
 	}
-	return db, nil
+	return db, gate, nil
 }
 
 // buildDSN turns a path or file: URI into the driver's DSN with the

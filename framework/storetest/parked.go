@@ -256,6 +256,48 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.Equal(t, []string{"order-1#8R"}, seqs(list(t, b, framework.ParkedFilter{})), "7's effect ended its parking")
 	})
 
+	t.Run("DeadLetterEndsItsOwnWait", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		require.True(t, b.advance(t, consumer, "order-1", 4))
+		b.hold(t, consumer, "order-1", 5, event(5).Key)
+		_, err := b.store.WaitGap(ctx, consumer, "order-2", 7, event(7).Key, event(7).Body)
+		require.NoError(t, err)
+		parked, err := b.store.ParkGap(ctx, framework.ParkedEvent{Consumer: consumer, Subject: "order-2", Seq: 7,
+			Key: event(7).Key, Topic: event(7).Topic, Body: event(7).Body})
+		require.NoError(t, err)
+		require.True(t, parked)
+		_, err = b.store.WaitGap(ctx, consumer, "order-3", 2, event(2).Key, event(2).Body)
+		require.NoError(t, err)
+
+		// 7 of order-2 waited too long (sequence_gap): its dead letter
+		// ends its parking, in one transaction; a dead letter of another
+		// event, or of the same event at another sequence, ends nothing.
+		other := deadLetter(consumer, "other")
+		other.Source, other.Subject, other.SubjectSeq, other.Code = "orders", "order-2", 7, framework.CodeSequenceGap
+		require.NoError(t, b.store.PublishDeadLetter(ctx, other))
+		elsewhere := deadLetter(consumer, "e7")
+		elsewhere.Source, elsewhere.Subject, elsewhere.SubjectSeq, elsewhere.Code = "orders", "order-2", 8, framework.CodeSequenceGap
+		require.NoError(t, b.store.PublishDeadLetter(ctx, elsewhere))
+		require.Equal(t, []string{"order-1#5H", "order-2#7"}, seqs(list(t, b, framework.ParkedFilter{})))
+
+		dl := deadLetter(consumer, "e7")
+		dl.Source, dl.Subject, dl.SubjectSeq, dl.Code = "orders", "order-2", 7, framework.CodeSequenceGap
+		require.NoError(t, b.store.PublishDeadLetter(ctx, dl))
+		require.Equal(t, []string{"order-1#5H"}, seqs(list(t, b, framework.ParkedFilter{})), "the hold stays")
+
+		// A wait, unparked, ends the same way: its next wait starts
+		// afresh.
+		dl = deadLetter(consumer, "e2")
+		dl.Source, dl.Subject, dl.SubjectSeq, dl.Code = "orders", "order-3", 2, framework.CodeSequenceGap
+		b.clock.Advance(time.Hour)
+		require.NoError(t, b.store.PublishDeadLetter(ctx, dl))
+		waited, err := b.store.WaitGap(ctx, consumer, "order-3", 2, event(2).Key, event(2).Body)
+		require.NoError(t, err)
+		require.Zero(t, waited)
+	})
+
 	t.Run("ParkGapRefusedOnceTheTurnCame", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, newHarness)

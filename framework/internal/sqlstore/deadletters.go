@@ -114,7 +114,9 @@ func (s *Store) deadLetterFilter(f framework.DeadLetterFilter) (string, []any) {
 // framework.StorableMetadata; a dead letter that fails dl.Validate is
 // refused, on either dialect. In the same transaction it forgets the
 // message's delivery count for the consumer, so that a replay is counted
-// afresh instead of hitting the delivery limit at once.
+// afresh instead of hitting the delivery limit at once, and ends the
+// event's wait or parking (its row of parked_events under its key, at its
+// subject and sequence, that is not a hold).
 func (s *Store) PublishDeadLetter(ctx context.Context, dl framework.DeadLetter) error {
 	return s.storeDeadLetter(ctx, dl, false)
 }
@@ -139,9 +141,15 @@ func (s *Store) storeDeadLetter(ctx context.Context, dl framework.DeadLetter, ho
 	}
 	at := s.dialect.timeArg(s.now())
 	return s.inTx(ctx, func(tx *sqlx.Tx) error {
-		if hold {
+		switch {
+		case hold:
 			if err := s.hold(ctx, tx, dl.Consumer, dl.Subject, dl.SubjectSeq, dl.Key(), at); err != nil {
 				return fmt.Errorf("hold %s #%d: %w", dl.Subject, dl.SubjectSeq, err)
+			}
+		case dl.Subject != "" && dl.SubjectSeq != 0:
+			if _, err := tx.ExecContext(ctx, s.q.sql(qEndOwnWait),
+				dl.Consumer, dl.Subject, dl.SubjectSeq, dl.Source, dl.EventID); err != nil {
+				return fmt.Errorf("end the wait of %s #%d: %w", dl.Subject, dl.SubjectSeq, err)
 			}
 		}
 		var id int64

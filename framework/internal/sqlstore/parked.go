@@ -53,6 +53,11 @@ WHERE p.reason IN ('dead_letter', 'parked')`
 	qParkedOrder    = ` ORDER BY p.consumer, p.subject, p.seq`
 	qParkedLimit    = ` LIMIT ?`
 
+	// qEndOwnWait removes the wait or parking of an event as its dead
+	// letter is stored.
+	qEndOwnWait = `DELETE FROM {p}parked_events
+WHERE consumer = ? AND subject = ? AND seq = ? AND source = ? AND event_id = ? AND reason IN ('gap', 'parked')`
+
 	qSkipFind   = `SELECT seq FROM {p}parked_events WHERE consumer = ? AND subject = ? AND source = ? AND event_id = ? AND reason = 'dead_letter'`
 	qSkipDelete = `DELETE FROM {p}parked_events WHERE consumer = ? AND subject = ? AND seq = ?`
 )
