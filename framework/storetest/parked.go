@@ -264,8 +264,9 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 		b.hold(t, consumer, "order-1", 5, event(5).Key)
 		_, err := b.store.WaitGap(ctx, consumer, "order-2", 7, event(7).Key, event(7).Body)
 		require.NoError(t, err)
-		parked, err := b.store.ParkGap(ctx, framework.ParkedEvent{Consumer: consumer, Subject: "order-2", Seq: 7,
-			Key: event(7).Key, Topic: event(7).Topic, Body: event(7).Body})
+		p7 := event(7)
+		p7.Subject = "order-2"
+		parked, err := b.store.ParkGap(ctx, p7)
 		require.NoError(t, err)
 		require.True(t, parked)
 		_, err = b.store.WaitGap(ctx, consumer, "order-3", 2, event(2).Key, event(2).Body)
