@@ -44,6 +44,10 @@ const (
 	DefaultHTTPAddr    = "127.0.0.1:9464"
 	// DefaultPurgeInterval is how often the purge runs (see purge_interval).
 	DefaultPurgeInterval = 10 * time.Minute
+	// MinProcessedRetention is the shortest processed_retention allowed:
+	// marks purged sooner would let a redelivery that comes late, as
+	// one after an outage or a broker's requeue does, take effect twice.
+	MinProcessedRetention = time.Hour
 	// DefaultOutboxRetention is how long sent outbox rows are kept.
 	DefaultOutboxRetention = 24 * time.Hour
 	// DefaultReplayRetention is how long sent replays are kept.
@@ -146,8 +150,9 @@ type Config struct {
 	// ProcessedRetention is how long processed marks are kept; older ones
 	// are purged in the background. An event redelivered after its mark
 	// was purged is processed again, so keep marks longer than any
-	// redelivery or replay can come late. Zero keeps them forever (YAML
-	// only). Defaults to zero.
+	// redelivery or replay can come late; it is at least
+	// MinProcessedRetention. Zero keeps them forever (YAML only).
+	// Defaults to zero.
 	ProcessedRetention Duration `yaml:"processed_retention"`
 	// PurgeInterval is how often the purge runs in the service: marks
 	// older than ProcessedRetention, the delivery counts of messages that
@@ -557,8 +562,9 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("EFFECTIVELY_HTTP_ADDR: want host:port, got %q", c.HTTPAddr))
 		}
 	}
-	if c.ProcessedRetention < 0 {
-		errs = append(errs, errors.New("processed_retention: must not be negative (zero keeps marks forever)"))
+	if c.ProcessedRetention < 0 || c.ProcessedRetention > 0 && time.Duration(c.ProcessedRetention) < MinProcessedRetention {
+		errs = append(errs, fmt.Errorf("processed_retention: want at least %s, or zero to keep marks forever: an event redelivered after its mark was purged takes effect again, got %s",
+			MinProcessedRetention, time.Duration(c.ProcessedRetention)))
 	}
 	if c.PurgeInterval < 0 {
 		errs = append(errs, errors.New("purge_interval: must not be negative"))

@@ -246,6 +246,8 @@ func TestLoadConfigBadValue(t *testing.T) {
 		{name: "GapTimeout", yaml: "defaults:\n  gap_timeout: -1s\n", key: "defaults.gap_timeout"},
 		{name: "ProcessedRetention", yaml: "processed_retention: -1h\n", key: "processed_retention"},
 		{name: "ProcessedRetentionNotADuration", yaml: "processed_retention: a month\n", key: "processed_retention"},
+		{name: "ProcessedRetentionTooShort", yaml: "processed_retention: 1ns\n", key: "processed_retention: want at least 1h0m0s"},
+		{name: "ProcessedRetentionMinutes", yaml: "processed_retention: 59m\n", key: "processed_retention: want at least 1h0m0s"},
 		{name: "OutboxRetention", yaml: "outbox_retention: -1h\n", key: "outbox_retention"},
 		{name: "OutboxBatchTimeout", yaml: "outbox_batch_timeout: -1s\n", key: "outbox_batch_timeout"},
 		{name: "ReplayRetention", yaml: "replay_retention: -1h\n", key: "replay_retention"},

@@ -18,17 +18,22 @@ import (
 	"github.com/effectively-once/effectively/handlers"
 )
 
-// TestPurger runs a service whose processed marks are kept for a moment
-// only: the purger deletes them in the background.
+// TestPurger runs a service whose processed marks are kept for an hour:
+// the purger deletes in the background a mark made two hours ago (set
+// back by the test), and keeps the others.
 func TestPurger(t *testing.T) {
 	t.Parallel()
 	cfg := testConfig(t)
-	cfg.ProcessedRetention = app.Duration(time.Millisecond)
+	cfg.ProcessedRetention = app.Duration(time.Hour)
 	cfg.PurgeInterval = app.Duration(20 * time.Millisecond)
 	b := setup(t, cfg)
 	b.publish(t, "e-1", "one")
-	waitFor(t, "the effect", func() bool { return b.count(t, `SELECT count(*) FROM widgets`) == 1 })
-	waitFor(t, "the mark purged", func() bool { return b.count(t, `SELECT count(*) FROM processed_events`) == 0 })
+	b.publish(t, "e-2", "two")
+	waitFor(t, "the effects", func() bool { return b.count(t, `SELECT count(*) FROM widgets`) == 2 })
+	_, err := b.db.Exec(`UPDATE processed_events SET processed_at = ? WHERE event_id = 'e-1'`, timeArg(b.db, time.Now().Add(-2*time.Hour)))
+	require.NoError(t, err)
+	waitFor(t, "the old mark purged", func() bool { return b.count(t, `SELECT count(*) FROM processed_events WHERE event_id = 'e-1'`) == 0 })
+	require.Equal(t, 1, b.count(t, `SELECT count(*) FROM processed_events WHERE event_id = 'e-2'`), "the recent mark stays")
 }
 
 // oldRows is how many old processed marks, sent outbox rows and finished
