@@ -130,7 +130,8 @@ const GapPark = time.Second
 // they wait for, which a transport that puts a nacked message back at
 // the head of its queue delivers only after them. It records the wait
 // and the parking in transactions of their own, after the attempt's
-// rolled back, so it sits outside the unit of work and inside decode. A wait does not count towards the delivery limit.
+// rolled back, so it sits outside the unit of work and inside decode. A
+// wait does not count towards the delivery limit.
 func gapWait(consumer string, store framework.Store, timeout time.Duration) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {

@@ -195,9 +195,9 @@ func (s *Store) EndWait(ctx context.Context, tx *framework.Tx, consumer, subject
 	return false, nil
 }
 
-// holdSubject records that the event key, with sequence seq of subject, is a
-// dead letter that the later events of its subject wait behind, unless
-// the subject's checkpoint is at or past seq. s.mu is held.
+// holdSubject records that the event key, with sequence seq of subject,
+// is a dead letter that the later events of its subject wait behind,
+// unless the subject's checkpoint is at or past seq. s.mu is held.
 func (s *Store) holdSubject(consumer, subject string, seq int64, key framework.Key) {
 	sk := subjectKey{consumer, subject}
 	if c, ok := s.checkpoints[sk]; ok && c.seq >= seq {

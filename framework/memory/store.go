@@ -197,7 +197,9 @@ func (s *Store) Forget(ctx context.Context, tx *framework.Tx, consumer string, k
 // a failed entry. The store stamps
 // the times with its clock. It also forgets the message's delivery count
 // for the consumer (see Count), in the same transaction, so that a replay
-// is counted afresh instead of hitting the delivery limit at once.
+// is counted afresh instead of hitting the delivery limit at once, and
+// ends the event's wait or parking under its key at its subject and
+// sequence.
 func (s *Store) PublishDeadLetter(ctx context.Context, dl framework.DeadLetter) error {
 	return s.storeDeadLetter(ctx, dl, false)
 }

@@ -122,7 +122,7 @@ func (s *Store) PublishDeadLetter(ctx context.Context, dl framework.DeadLetter) 
 }
 
 // HoldDeadLetter implements framework.Store: PublishDeadLetter and the
-// hold of dl's subject (see Hold) in one transaction.
+// hold of dl's subject (see hold) in one transaction.
 func (s *Store) HoldDeadLetter(ctx context.Context, dl framework.DeadLetter) error {
 	return s.storeDeadLetter(ctx, dl, dl.Subject != "" && dl.SubjectSeq != 0)
 }

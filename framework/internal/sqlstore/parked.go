@@ -15,8 +15,8 @@ import (
 // The SQL of the events parked behind a dead letter (framework.Store).
 // A row of parked_events is a wait behind a gap (reason gap, see
 // WaitGap), a dead letter that the later events of its subject wait
-// behind (dead_letter, see HoldDeadLetter) or one of those events (parked, see
-// Park).
+// behind (dead_letter, see HoldDeadLetter) or one of those events
+// (parked, see Park).
 const (
 	qHoldCheckpoint = `SELECT seq FROM {p}subject_checkpoints WHERE consumer = ? AND subject = ?`
 	qHold           = `INSERT INTO {p}parked_events (consumer, subject, seq, source, event_id, topic, body, metadata, parked_at, reason)
