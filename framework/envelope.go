@@ -360,10 +360,8 @@ func decodeSDK(body []byte) (Envelope, error) {
 		if err != nil {
 			return Envelope{}, malformed(extSubjectSeq, "not a string")
 		}
-		seq, err := strconv.ParseInt(str, 10, 64)
-		// One spelling per sequence: "01" would be 1 to one reader and
-		// text to another.
-		if err != nil || seq < 1 || !onlyDigits(str) || str[0] == '0' {
+		seq, ok := parseSubjectSeq(str)
+		if !ok {
 			return Envelope{}, malformed(extSubjectSeq, "not a decimal integer >= 1 without leading zeros")
 		}
 		env.SubjectSeq = seq
@@ -532,13 +530,20 @@ func invalid(err error) *FieldError {
 	return &FieldError{Field: "body", Reason: "not a valid CloudEvent", Err: err}
 }
 
-// onlyDigits reports whether s is ASCII digits alone: a decimal string
-// with no sign and no spaces.
-func onlyDigits(s string) bool {
-	for i := 0; i < len(s); i++ {
+// parseSubjectSeq reads a subjectseq: a decimal integer of at least 1
+// that fits an int64, in ASCII digits alone (no sign, no spaces) and
+// without leading zeros, so that a sequence has one spelling ("01" would
+// be 1 to one reader and text to another). Decode and the plain decoder
+// both read it here.
+func parseSubjectSeq(s string) (int64, bool) {
+	if s == "" || s[0] < '1' || s[0] > '9' {
+		return 0, false
+	}
+	for i := 1; i < len(s); i++ {
 		if s[i] < '0' || s[i] > '9' {
-			return false
+			return 0, false
 		}
 	}
-	return s != ""
+	seq, err := strconv.ParseInt(s, 10, 64)
+	return seq, err == nil
 }

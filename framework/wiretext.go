@@ -6,7 +6,6 @@ import (
 	"maps"
 	"net/url"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 	"unicode/utf16"
@@ -492,9 +491,9 @@ func (env *Envelope) setPlain(attr plainAttribute, raw []byte, text string) bool
 		env.Time = t
 		return err == nil
 	case plainSubjectSeq:
-		seq, err := strconv.ParseInt(s, 10, 64)
+		seq, ok := parseSubjectSeq(s)
 		env.SubjectSeq = seq
-		return err == nil && seq >= 1 && onlyDigits(s) && s[0] != '0' // as Decode: no leading zeros
+		return ok
 	case plainCorrelationID:
 		env.CorrelationID = s
 	case plainTraceParent:

@@ -241,8 +241,8 @@ func chain(cfg Config, clk clock) ([]message.HandlerMiddleware, *releaser) {
 	}
 	steps = append(steps,
 		observe(cfg, clk),
-		deadLetter(name, cfg.Store, clk.now),
-		decode(cfg.Consumer, cfg.MaxBodyBytes, cfg.StrictOrder), // under strict order, the dead letter of an event it refuses holds the subject
+		deadLetter(name, cfg.Store, clk.now, cfg.StrictOrder),
+		decode(cfg.Consumer, cfg.MaxBodyBytes),
 	)
 	var brk *breaker
 	if cfg.Breaker.Failures > 0 {

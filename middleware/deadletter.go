@@ -33,11 +33,16 @@ import (
 // kept byte for byte and its metadata as framework.StorableMetadata. So
 // no store refuses it whatever the input, and the message is not
 // delivered again forever.
-// Under strict order the dead letter holds its subject when the steps
-// inside asked for it (see hold): the hold and the dead letter are one
-// transaction (framework.Store.HoldDeadLetter).
+//
+// Under strict order (holds) a dead letter of any code but sequence_gap
+// holds its subject, so that the later events of the subject are parked
+// behind it (see strictOrder); the hold and the dead letter are one
+// transaction (framework.Store.HoldDeadLetter), so that a released
+// event, whose parking is the only copy of its message, stays parked
+// until its dead letter is stored. A sequence_gap dead letter holds
+// nothing: the event it waited for never came, and the next ones may.
 // The dead letter's times are now's.
-func deadLetter(consumer string, store framework.Store, now func() time.Time) message.HandlerMiddleware {
+func deadLetter(consumer string, store framework.Store, now func() time.Time, holds bool) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			st := stateOf(msg)
@@ -47,7 +52,7 @@ func deadLetter(consumer string, store framework.Store, now func() time.Time) me
 			if err == nil {
 				return out, nil
 			}
-			return nil, failed(ctx, consumer, store, now, msg, st, err)
+			return nil, failed(ctx, consumer, store, now, holds, msg, st, err)
 		}
 	}
 }
@@ -56,7 +61,7 @@ func deadLetter(consumer string, store framework.Store, now func() time.Time) me
 // and whose chain failed with err: err, or nil once it stored the dead
 // letter. It is a function of its own so that the step's stack frame
 // stays small on the way in, where every message passes.
-func failed(ctx context.Context, consumer string, store framework.Store, now func() time.Time, msg *message.Message, st *state, err error) error {
+func failed(ctx context.Context, consumer string, store framework.Store, now func() time.Time, holds bool, msg *message.Message, st *state, err error) error {
 	if ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, pipeline.ErrLater) {
 		return err // shutdown, or a wait: deliver again later
 	}
@@ -68,7 +73,7 @@ func failed(ctx context.Context, consumer string, store framework.Store, now fun
 	}
 	dl := newDeadLetter(consumer, msg, st, framework.CodeOf(err), now().UTC())
 	publish := store.PublishDeadLetter
-	if st.holds {
+	if holds && dl.Code != framework.CodeSequenceGap {
 		publish = store.HoldDeadLetter
 	}
 	if perr := publish(ctx, dl); perr != nil {

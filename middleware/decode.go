@@ -24,20 +24,11 @@ import (
 // before the delivery guard counts the message: a panic there is caught
 // and fails the message permanently with code panic, since it would panic
 // again on every delivery, instead of taking the process down each time.
-//
-// Under strict order (holds), an event whose envelope decoded but whose
-// data or version the consumer cannot take is a dead letter of its
-// subject: its dead letter holds the subject, so that the later events of
-// the subject are parked behind it, as gapWait has it for the failures of
-// the steps inside.
-func decode(c *framework.Consumer, maxBody int, holds bool) message.HandlerMiddleware {
+func decode(c *framework.Consumer, maxBody int) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			st := stateOf(msg)
 			if err := decodeInto(c, msg, st, maxBody); err != nil {
-				if holds && st.envelope != nil {
-					return nil, holdUndecoded(msg, *st.envelope, err)
-				}
 				return nil, err
 			}
 			msg.SetContext(pipeline.With(msg.Context(), st.decoded))
@@ -78,14 +69,4 @@ func dispatch(msg *message.Message) ([]*message.Message, error) {
 		return nil, errNotDecoded
 	}
 	return nil, d.Handle(msg.Context())
-}
-
-// holdUndecoded asks the dead-letter step to hold the subject of env,
-// whose data the consumer could not take (err), with its dead letter (see
-// hold), when err is permanent and env has a sequence, and returns err.
-func holdUndecoded(msg *message.Message, env framework.Envelope, err error) error {
-	if env.Subject == "" || env.SubjectSeq == 0 || !framework.IsPermanent(err) || msg.Context().Err() != nil {
-		return err
-	}
-	return hold(msg, err)
 }

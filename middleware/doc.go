@@ -5,10 +5,10 @@
 //
 //	releaseParked  with StrictOrder: after the message, applies the parked events that it let through; its sweep (also while no message comes, see HandlerWithSweep), those left and those that waited too long
 //	observe        logs, metrics, a consumer span linked to the producer
-//	deadLetter     stores poison and exhausted messages, then acks; never on shutdown
+//	deadLetter     stores poison and exhausted messages, then acks; never on shutdown; with StrictOrder the dead letter holds its subject
 //	decode         CloudEvent, route and data validation; poison is permanent
 //	breaker gate   with Breaker: while the breaker is open a message waits here, uncounted, up to MaxHold
-//	gapWait        with StrictOrder: holds the subject of a dead letter; an event waiting for an earlier one is nacked, parked after GapPark, or after GapTimeout sequence_gap
+//	gapWait        with StrictOrder: an event waiting for an earlier one is nacked, parked after GapPark, or after GapTimeout sequence_gap
 //	deliveryGuard  durable delivery count; over MaxDeliveries: delivery_limit; redeliveries one at a time
 //	rateLimit      with RateLimit: at most so many messages per second, in this process
 //	[Outer]        the application's middleware, once per delivery, with the decoded event

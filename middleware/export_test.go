@@ -43,7 +43,7 @@ func HandlerWithSweepOnClock(cfg Config, clk TestClock) (message.NoPublishHandle
 
 // DeadLetterStep is the dead-letter step on the system's clock.
 func DeadLetterStep(consumer string, store framework.Store) message.HandlerMiddleware {
-	return deadLetter(consumer, store, time.Now)
+	return deadLetter(consumer, store, time.Now, false)
 }
 
 // DeliveryGuardStep is the delivery guard with the default limit and no

@@ -114,11 +114,8 @@ func endWait(ctx context.Context, store framework.Store, tx *framework.Tx, st *s
 // parked (see gapWait).
 const GapPark = time.Second
 
-// gapWait has the dead letter of an event that is about to be
-// dead-lettered hold its subject (see hold), so that the later events of
-// its subject are parked behind it instead of waiting; a sequence_gap
-// dead letter holds nothing. It turns the wait of an event behind a gap
-// (see strictOrder) into a nack, so that the transport delivers the event
+// gapWait turns the wait of an event behind a gap (see strictOrder) into
+// a nack, so that the transport delivers the event
 // again later; once the event has waited GapPark, into its parking
 // (framework.Store.ParkGap): acknowledged, its message kept, applied by
 // releaseParked as soon as its turn comes; and once it has waited longer
@@ -140,9 +137,6 @@ func gapWait(consumer string, store framework.Store, timeout time.Duration) mess
 			msg.SetContext(ctx)
 			var gap *gapError
 			if !errors.As(err, &gap) {
-				if err != nil && deadLettered(msg, err) {
-					return out, hold(msg, err)
-				}
 				return out, err
 			}
 			d, derr := eventOf(ctx)
@@ -175,26 +169,6 @@ func gapWait(consumer string, store framework.Store, timeout time.Duration) mess
 			return nil, framework.Permanent(framework.CodeSequenceGap, fmt.Errorf("%s, for longer than %s", gap.Error(), timeout))
 		}
 	}
-}
-
-// deadLettered reports whether the dead-letter step will store msg, whose
-// chain failed with err (see failed): not on shutdown, nor a wait, nor an
-// error before or after the attempts that is not permanent.
-func deadLettered(msg *message.Message, err error) bool {
-	if msg.Context().Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, pipeline.ErrLater) {
-		return false
-	}
-	return framework.IsPermanent(err) || stateOf(msg).gaveUp
-}
-
-// hold asks the dead-letter step to hold the subject of msg's event,
-// which failed with err and is about to be dead-lettered, with its dead
-// letter (framework.Store.HoldDeadLetter: in one transaction, so that a
-// released event, whose parking is the only copy of its message, stays
-// parked until its dead letter is stored), and returns err.
-func hold(msg *message.Message, err error) error {
-	stateOf(msg).holds = true
-	return err
 }
 
 // DefaultReleaseSweep is how often, at most, a consumer under strict

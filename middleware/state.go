@@ -20,7 +20,6 @@ type state struct {
 	attempts      int
 	deliveries    int  // the delivery guard's count of this delivery (1 for a known first delivery); 0 when not known
 	gaveUp        bool // retry returned the error of its last attempt
-	holds         bool // its dead letter holds its subject (strict order: see hold)
 	outcome       framework.Outcome
 	deadLettered  framework.Code
 	cause         error         // the error that got the message dead-lettered

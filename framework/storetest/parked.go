@@ -15,9 +15,16 @@ import (
 // subject, for consumer, holding its subject (HoldDeadLetter).
 func (b *bundle) hold(t *testing.T, consumer, subject string, seq int64, key framework.Key) {
 	t.Helper()
-	dl := deadLetter(consumer, key.ID)
-	dl.Source, dl.Subject, dl.SubjectSeq, dl.Code = key.Source, subject, seq, framework.CodeHandlerFailed
+	dl := eventDeadLetter(consumer, subject, seq, key, framework.CodeHandlerFailed)
 	require.NoError(t, b.store.HoldDeadLetter(context.Background(), dl))
+}
+
+// eventDeadLetter is the dead letter with code of the event key, with
+// sequence seq of subject, for consumer.
+func eventDeadLetter(consumer, subject string, seq int64, key framework.Key, code framework.Code) framework.DeadLetter {
+	dl := deadLetter(consumer, key.ID)
+	dl.Source, dl.Subject, dl.SubjectSeq, dl.Code = key.Source, subject, seq, code
+	return dl
 }
 
 // park runs an attempt of consumer on p's event that reads the subject's
@@ -173,8 +180,7 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 		// 6's turn came and it failed: its dead letter replaces its
 		// parking, or nothing changes. A parked event is the only copy
 		// of its message.
-		dl := deadLetter(consumer, "e6")
-		dl.Source, dl.Subject, dl.SubjectSeq = "orders", "order-1", 6
+		dl := eventDeadLetter(consumer, "order-1", 6, event(6).Key, framework.CodeInvalidPayload)
 		bad := dl
 		bad.Code = "Not A Code"
 		require.Error(t, b.store.HoldDeadLetter(ctx, bad))
@@ -275,25 +281,18 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 		// 7 of order-2 waited too long (sequence_gap): its dead letter
 		// ends its parking, in one transaction; a dead letter of another
 		// event, or of the same event at another sequence, ends nothing.
-		other := deadLetter(consumer, "other")
-		other.Source, other.Subject, other.SubjectSeq, other.Code = "orders", "order-2", 7, framework.CodeSequenceGap
-		require.NoError(t, b.store.PublishDeadLetter(ctx, other))
-		elsewhere := deadLetter(consumer, "e7")
-		elsewhere.Source, elsewhere.Subject, elsewhere.SubjectSeq, elsewhere.Code = "orders", "order-2", 8, framework.CodeSequenceGap
-		require.NoError(t, b.store.PublishDeadLetter(ctx, elsewhere))
+		other := framework.Key{Source: "orders", ID: "other"}
+		require.NoError(t, b.store.PublishDeadLetter(ctx, eventDeadLetter(consumer, "order-2", 7, other, framework.CodeSequenceGap)))
+		require.NoError(t, b.store.PublishDeadLetter(ctx, eventDeadLetter(consumer, "order-2", 8, event(7).Key, framework.CodeSequenceGap)))
 		require.Equal(t, []string{"order-1#5H", "order-2#7"}, seqs(list(t, b, framework.ParkedFilter{})))
 
-		dl := deadLetter(consumer, "e7")
-		dl.Source, dl.Subject, dl.SubjectSeq, dl.Code = "orders", "order-2", 7, framework.CodeSequenceGap
-		require.NoError(t, b.store.PublishDeadLetter(ctx, dl))
+		require.NoError(t, b.store.PublishDeadLetter(ctx, eventDeadLetter(consumer, "order-2", 7, event(7).Key, framework.CodeSequenceGap)))
 		require.Equal(t, []string{"order-1#5H"}, seqs(list(t, b, framework.ParkedFilter{})), "the hold stays")
 
 		// A wait, unparked, ends the same way: its next wait starts
 		// afresh.
-		dl = deadLetter(consumer, "e2")
-		dl.Source, dl.Subject, dl.SubjectSeq, dl.Code = "orders", "order-3", 2, framework.CodeSequenceGap
 		b.clock.Advance(time.Hour)
-		require.NoError(t, b.store.PublishDeadLetter(ctx, dl))
+		require.NoError(t, b.store.PublishDeadLetter(ctx, eventDeadLetter(consumer, "order-3", 2, event(2).Key, framework.CodeSequenceGap)))
 		waited, err := b.store.WaitGap(ctx, consumer, "order-3", 2, event(2).Key, event(2).Body)
 		require.NoError(t, err)
 		require.Zero(t, waited)

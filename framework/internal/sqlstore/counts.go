@@ -170,7 +170,7 @@ func (s *Store) countRows(ctx context.Context, batch []*countCall) (*sql.Rows, e
 	for _, c := range batch {
 		args = append(args, c.consumer, c.key.Source, c.key.ID, max(c.first, 1), at)
 	}
-	q := `INSERT INTO {p}deliveries (consumer, source, event_id, count, first_at) VALUES ` + valueRows(len(batch), 5) + "\n" + qCountConflict
+	q := qCountInto + " VALUES " + valueRows(len(batch), 5) + "\n" + qCountConflict
 	return s.db.QueryContext(ctx, s.q.sql(q), args...)
 }
 

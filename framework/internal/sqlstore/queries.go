@@ -19,30 +19,35 @@ const (
 VALUES (?, ?, ?, ?)
 ON CONFLICT (consumer, source, event_id) DO NOTHING`
 
+	// A batch's marks (Store.markRows) are qMarkInto, the rows, then
+	// qMarkConflict, which returns the keys inserted: not marked before.
+	qMarkInto     = `INSERT INTO {p}processed_events (consumer, source, event_id, processed_at)`
+	qMarkConflict = `ON CONFLICT (consumer, source, event_id) DO NOTHING RETURNING source, event_id`
 	// qMarkManySQLite and qMarkManyPostgres mark a batch of events in one
-	// statement (Store.markRows): the consumer, the time, then the keys,
-	// as a JSON array of [source, id] pairs on SQLite (whose upsert needs
-	// a WHERE on its SELECT), as two text arrays on PostgreSQL. The
-	// statement returns the keys it inserted.
-	qMarkManySQLite = `INSERT INTO {p}processed_events (consumer, source, event_id, processed_at)
+	// statement: the consumer, the time, then the keys, as a JSON array of
+	// [source, id] pairs on SQLite (whose upsert needs a WHERE on its
+	// SELECT), as two text arrays on PostgreSQL.
+	qMarkManySQLite = qMarkInto + `
 SELECT ?, value ->> 0, value ->> 1, ? FROM json_each(?) WHERE true
-ON CONFLICT (consumer, source, event_id) DO NOTHING RETURNING source, event_id`
-	qMarkManyPostgres = `INSERT INTO {p}processed_events (consumer, source, event_id, processed_at)
+` + qMarkConflict
+	qMarkManyPostgres = qMarkInto + `
 SELECT ?, k.source, k.event_id, ? FROM unnest(?::text[], ?::text[]) AS k(source, event_id)
-ON CONFLICT (consumer, source, event_id) DO NOTHING RETURNING source, event_id`
+` + qMarkConflict
 
-	// qCountConflict ends the count upserts: a delivery counted before
-	// counts one more.
+	// A batch's delivery counts (Store.countRows) are qCountInto, the
+	// rows, then qCountConflict: a delivery counted before counts one
+	// more.
+	qCountInto     = `INSERT INTO {p}deliveries (consumer, source, event_id, count, first_at)`
 	qCountConflict = `ON CONFLICT (consumer, source, event_id) DO UPDATE SET count = {p}deliveries.count + 1
 RETURNING consumer, source, event_id, count`
 	// qCountManySQLite and qCountManyPostgres count a batch of deliveries
-	// in one statement (Store.countRows): the time, then the deliveries,
-	// as a JSON array of [consumer, source, id, first] arrays on SQLite,
-	// as four arrays on PostgreSQL.
-	qCountManySQLite = `INSERT INTO {p}deliveries (consumer, source, event_id, count, first_at)
+	// in one statement: the time, then the deliveries, as a JSON array of
+	// [consumer, source, id, first] arrays on SQLite, as four arrays on
+	// PostgreSQL.
+	qCountManySQLite = qCountInto + `
 SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, ? FROM json_each(?) WHERE true
 ` + qCountConflict
-	qCountManyPostgres = `INSERT INTO {p}deliveries (consumer, source, event_id, count, first_at)
+	qCountManyPostgres = qCountInto + `
 SELECT d.consumer, d.source, d.event_id, d.first, ? FROM unnest(?::text[], ?::text[], ?::text[], ?::bigint[]) AS d(consumer, source, event_id, first)
 ` + qCountConflict
 

@@ -228,8 +228,7 @@ func (s *Store) markRows(ctx context.Context, tx *framework.Tx, consumer string,
 	for _, k := range keys {
 		args = append(args, consumer, k.Source, k.ID, at)
 	}
-	q := `INSERT INTO {p}processed_events (consumer, source, event_id, processed_at) VALUES ` + valueRows(len(keys), 4) +
-		` ON CONFLICT (consumer, source, event_id) DO NOTHING RETURNING source, event_id`
+	q := qMarkInto + " VALUES " + valueRows(len(keys), 4) + "\n" + qMarkConflict
 	return tx.QueryContext(ctx, s.q.sql(q), args...)
 }
 
