@@ -40,14 +40,20 @@ func TestCheckpoints(t *testing.T) {
 		require.NoError(t, err)
 		background := interval > 0 && interval < time.Second
 		for i := range commits {
+			// A busy machine may hold the checkpointer back while the
+			// writers go on: let it take a turn every ten commits, as
+			// the interval would on an idle one. The rounds are read
+			// before the commit, whose write asks for the next one: a
+			// round may begin before this goroutine looks again.
+			turn := background && i%10 == 9
+			var before int64
+			if turn {
+				before = gate.checkpoints.rounds.Load()
+			}
 			_, err := db.ExecContext(ctx, `INSERT INTO pages (b) SELECT randomblob(4000) FROM
 				(SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 UNION ALL SELECT 4 UNION ALL SELECT 5)`)
 			require.NoError(t, err)
-			if background && i%10 == 9 {
-				// A busy machine may hold the checkpointer back while
-				// the writers go on: let it take a turn every ten
-				// commits, as the interval would on an idle one.
-				before := gate.checkpoints.rounds.Load()
+			if turn {
 				require.Eventually(t, func() bool { return gate.checkpoints.rounds.Load() > before },
 					10*time.Second, time.Millisecond, "a checkpoint after commit %d", i+1)
 			}
