@@ -2,9 +2,11 @@ package sqlite
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -97,6 +99,108 @@ func TestWriteGate(t *testing.T) {
 		tx, err := db.Beginx()
 		require.NoError(t, err, "the RETURNING statement released the gate when its rows closed")
 		require.NoError(t, tx.Commit())
+	})
+}
+
+// foreignWriter holds the write lock of the file at path as a writer of
+// another process would: a connection of its own, outside the gate, in
+// BEGIN IMMEDIATE. It returns the commit that lets go of it.
+func foreignWriter(t *testing.T, path string) func() {
+	t.Helper()
+	ctx := context.Background()
+	foreign, err := sql.Open(DriverName, path)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = foreign.Close() })
+	conn, err := foreign.Conn(ctx)
+	require.NoError(t, err)
+	_, err = conn.ExecContext(ctx, `BEGIN IMMEDIATE`)
+	require.NoError(t, err)
+	_, err = conn.ExecContext(ctx, `UPDATE counter SET n = n + 1`)
+	require.NoError(t, err)
+	return func() {
+		_, err := conn.ExecContext(ctx, `COMMIT`)
+		require.NoError(t, err)
+		require.NoError(t, conn.Close())
+	}
+}
+
+// busyTimeout reads the busy timeout of the one connection of db, in ms.
+func busyTimeout(t *testing.T, db *sqlx.DB) int {
+	t.Helper()
+	var ms int
+	require.NoError(t, db.Get(&ms, `PRAGMA busy_timeout`))
+	return ms
+}
+
+// TestBeginAgainstAnotherProcess shows a BEGIN meeting a writer of
+// another process, which SQLite's busy handler would make sleep for
+// milliseconds at a time: it tries again at finer steps, succeeds once
+// the other writer commits, gives up after the busy timeout or when its
+// context ends, and leaves the connection's busy timeout as it was.
+func TestBeginAgainstAnotherProcess(t *testing.T) {
+	t.Parallel()
+	open := func(t *testing.T, busy time.Duration) (*sqlx.DB, string) {
+		path := filepath.Join(t.TempDir(), "gate.db")
+		db, err := Open(context.Background(), path, OpenConfig{BusyTimeout: busy})
+		require.NoError(t, err)
+		t.Cleanup(func() { require.NoError(t, db.Close()) })
+		db.SetMaxOpenConns(1) // one connection: the one whose busy timeout is read
+		_, err = db.Exec(`CREATE TABLE counter (n INTEGER NOT NULL); INSERT INTO counter VALUES (0)`)
+		require.NoError(t, err)
+		return db, path
+	}
+
+	t.Run("WaitsForItsCommit", func(t *testing.T) {
+		t.Parallel()
+		db, path := open(t, 10*time.Second)
+		commit := foreignWriter(t, path)
+		var committed atomic.Bool
+		began := make(chan error, 1)
+		go func() {
+			tx, err := db.Beginx()
+			if err == nil {
+				if !committed.Load() {
+					err = errors.New("began while the other process held the write lock")
+				}
+				_, uerr := tx.Exec(`UPDATE counter SET n = n + 1`)
+				err = errors.Join(err, uerr, tx.Commit())
+			}
+			began <- err
+		}()
+		time.Sleep(100 * time.Millisecond) // let the BEGIN meet the lock
+		committed.Store(true)
+		commit()
+		require.NoError(t, <-began)
+		var n int
+		require.NoError(t, db.Get(&n, `SELECT n FROM counter`))
+		require.Equal(t, 2, n, "both writes committed")
+		require.Equal(t, 10000, busyTimeout(t, db), "the connection's busy timeout is back")
+	})
+
+	t.Run("GivesUpAfterTheBusyTimeout", func(t *testing.T) {
+		t.Parallel()
+		db, path := open(t, 200*time.Millisecond)
+		commit := foreignWriter(t, path)
+		_, err := db.Beginx()
+		require.Error(t, err)
+		require.True(t, isBusy(err), "SQLite's own error, as its busy handler would give it: %v", err)
+		commit()
+		require.Equal(t, 200, busyTimeout(t, db), "the connection's busy timeout is back")
+		tx, err := db.Beginx()
+		require.NoError(t, err)
+		require.NoError(t, tx.Commit())
+	})
+
+	t.Run("EndsWithItsContext", func(t *testing.T) {
+		t.Parallel()
+		db, path := open(t, time.Minute)
+		commit := foreignWriter(t, path)
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		_, err := db.BeginTxx(ctx, nil)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		commit()
+		require.Equal(t, 60000, busyTimeout(t, db), "the connection's busy timeout is back")
 	})
 }
 

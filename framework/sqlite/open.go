@@ -141,7 +141,7 @@ func openGated(ctx context.Context, dsn string, cfg OpenConfig, restart int64) (
 	if path != "" && cfg.CheckpointInterval > 0 {
 		gate.checkpoints = newCheckpointer(func() (driver.Conn, error) { return drv.Open(full) }, gate, cfg.CheckpointInterval, restart)
 	}
-	db := sqlx.NewDb(sql.OpenDB(&gatedConnector{dsn: full, driver: drv, gate: gate, stmts: max(cfg.StatementCacheSize, 0)}), DriverName)
+	db := sqlx.NewDb(sql.OpenDB(&gatedConnector{dsn: full, driver: drv, gate: gate, file: path != "", stmts: max(cfg.StatementCacheSize, 0)}), DriverName)
 	db.SetMaxOpenConns(cfg.MaxOpenConns)
 	db.SetMaxIdleConns(cfg.MaxOpenConns)
 	if err := db.PingContext(ctx); err != nil {
