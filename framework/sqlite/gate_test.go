@@ -108,7 +108,7 @@ func TestWriteGate(t *testing.T) {
 func foreignWriter(t *testing.T, path string) func() {
 	t.Helper()
 	ctx := context.Background()
-	foreign, err := sql.Open(DriverName, path)
+	foreign, err := sql.Open(DriverName, path+"?_pragma=busy_timeout(10000)") // its BEGIN waits out a checkpoint
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = foreign.Close() })
 	conn, err := foreign.Conn(ctx)
