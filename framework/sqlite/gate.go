@@ -5,7 +5,6 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,17 +19,24 @@ import (
 // handler, which sleeps and retries: under many concurrent writers (the
 // attempts of a consumer with several messages in flight, the claims and
 // acks of the transport) a writer can lose the lock again and again, and
-// every wait costs a sleep. Writers of other processes still meet in the
-// busy handler.
+// every wait costs a sleep. A transaction that meets a writer of another
+// process tries again in steps of its own (see gatedConn.begin); the
+// other statements still meet such writers in the busy handler.
 type writeGate struct {
 	sem     chan struct{}
 	timeout time.Duration
+	// busyTimeout is the PRAGMA that sets a connection's busy timeout to
+	// timeout (see gatedConn.begin).
+	busyTimeout string
 	// checkpoints, when set, checkpoints the file's log after writes.
 	checkpoints *checkpointer
 }
 
 func newWriteGate(timeout time.Duration) *writeGate {
-	return &writeGate{sem: make(chan struct{}, 1), timeout: timeout}
+	return &writeGate{
+		sem: make(chan struct{}, 1), timeout: timeout,
+		busyTimeout: "PRAGMA busy_timeout = " + strconv.FormatInt(timeout.Milliseconds(), 10),
+	}
 }
 
 // errGateTimeout is what a writer gets when the gate stays closed for the
@@ -176,9 +182,9 @@ func (c *gatedConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.
 }
 
 // beginRetries is how long a BEGIN waits before it tries again while a
-// writer of another process holds the file's write lock: a yield, then
-// sleeps that grow to a millisecond, which repeats.
-var beginRetries = [...]time.Duration{0, 20 * time.Microsecond, 50 * time.Microsecond, 100 * time.Microsecond, 200 * time.Microsecond, 500 * time.Microsecond, time.Millisecond}
+// writer of another process holds the file's write lock: steps that grow
+// to a millisecond, which repeats.
+var beginRetries = [...]time.Duration{20 * time.Microsecond, 50 * time.Microsecond, 100 * time.Microsecond, 200 * time.Microsecond, 500 * time.Microsecond, time.Millisecond}
 
 // begin begins a transaction on a file, waiting up to the busy timeout
 // for a writer of another process to let go of the write lock. SQLite's
@@ -189,9 +195,10 @@ var beginRetries = [...]time.Duration{0, 20 * time.Microsecond, 50 * time.Micros
 // 500 ms at half its drain rate in make bench; 30 ms with this). So the
 // BEGIN runs with the handler off (PRAGMA busy_timeout = 0), tries again
 // at the steps of beginRetries, and the connection's busy timeout is set
-// back before the transaction is handed out: every other statement waits
-// as before. The PRAGMAs are prepared each time, not kept: SQLite applies
-// busy_timeout when it prepares the statement.
+// back (writeGate.busyTimeout) before the transaction is handed out:
+// every other statement waits as before. The PRAGMAs are prepared each
+// time, not kept: SQLite applies busy_timeout when it prepares the
+// statement.
 func (c *gatedConn) begin(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
 	if !c.file {
 		return c.sqliteConn.BeginTx(ctx, opts)
@@ -200,13 +207,13 @@ func (c *gatedConn) begin(ctx context.Context, opts driver.TxOptions) (driver.Tx
 		return nil, fmt.Errorf("sqlite: begin: %w", err)
 	}
 	restore := func() error {
-		_, err := c.sqliteConn.ExecContext(context.WithoutCancel(ctx), "PRAGMA busy_timeout = "+strconv.FormatInt(c.gate.timeout.Milliseconds(), 10), nil)
-		if err != nil {
+		if _, err := c.sqliteConn.ExecContext(context.WithoutCancel(ctx), c.gate.busyTimeout, nil); err != nil {
 			return fmt.Errorf("sqlite: begin: restore the busy timeout: %w", err)
 		}
 		return nil
 	}
 	deadline := time.Now().Add(c.gate.timeout)
+	var wait *time.Timer
 	for i := 0; ; i++ {
 		tx, err := c.sqliteConn.BeginTx(ctx, opts)
 		if err == nil {
@@ -218,8 +225,17 @@ func (c *gatedConn) begin(ctx context.Context, opts driver.TxOptions) (driver.Tx
 		if !isBusy(err) || !time.Now().Before(deadline) {
 			return nil, errors.Join(err, restore())
 		}
-		if err := sleep(ctx, beginRetries[min(i, len(beginRetries)-1)]); err != nil {
-			return nil, errors.Join(err, restore())
+		d := beginRetries[min(i, len(beginRetries)-1)]
+		if wait == nil {
+			wait = time.NewTimer(d)
+			defer wait.Stop()
+		} else {
+			wait.Reset(d)
+		}
+		select {
+		case <-wait.C:
+		case <-ctx.Done():
+			return nil, errors.Join(ctx.Err(), restore())
 		}
 	}
 }
@@ -229,22 +245,6 @@ func (c *gatedConn) begin(ctx context.Context, opts driver.TxOptions) (driver.Tx
 func isBusy(err error) bool {
 	var e *sqlitedriver.Error
 	return errors.As(err, &e) && e.Code()&0xff == sqlite3.SQLITE_BUSY
-}
-
-// sleep waits for d (a yield when d is 0) or until ctx ends.
-func sleep(ctx context.Context, d time.Duration) error {
-	if d == 0 {
-		runtime.Gosched()
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
 
 func (c *gatedConn) Begin() (driver.Tx, error) {

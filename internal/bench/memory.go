@@ -165,7 +165,7 @@ func measureMemory(ctx context.Context, env *Env) (Result, error) {
 	}
 	mem := &Memory{}
 	mallocs, cpu, err := beginDrain(ctx, p, func(ctx context.Context) error {
-		mem.Samples, err = sampleDrain(ctx, env, p, s.db, distinct)
+		mem.Samples, err = sampleDrain(ctx, env, p, s.Effects(), distinct)
 		return err
 	})
 	if err != nil {
@@ -286,15 +286,14 @@ func multiRowInsert(n int) string {
 // sampleDrain waits until want effects are in the service's reminders,
 // failing when the process exits or no effect comes for
 // Options.StallTimeout, and samples the process's memory each tenth of
-// the way and at the end. Progress is the table's largest rowid, which
-// counts its rows (they are only ever inserted) without scanning them.
-func sampleDrain(ctx context.Context, env *Env, p *Process, db *sqlx.DB, want int) ([]MemorySample, error) {
+// the way and at the end.
+func sampleDrain(ctx context.Context, env *Env, p *Process, effects *EffectTable, want int) ([]MemorySample, error) {
 	var samples []MemorySample
 	next := 1 // the tenth the next sample waits for
 	last, lastAt := -1, time.Now()
 	for {
-		var n int
-		if err := db.QueryRowContext(ctx, `SELECT COALESCE(max(rowid), 0) FROM reminders`).Scan(&n); err != nil {
+		n, err := effects.Progress(ctx)
+		if err != nil {
 			return nil, fmt.Errorf("progress: %w", err)
 		}
 		if next <= memorySamples && n >= want*next/memorySamples {
