@@ -40,7 +40,10 @@ func outboxScenario() Scenario {
 			"read and published while the previous one's confirms arrive. The baseline is watermill-amqp's publisher with `ConfirmDelivery` " +
 			"publishing the same messages, read from a file beforehand, one `Publish` each, with the transport's " +
 			"pool of 8 open channels (watermill-amqp's default, no pool, opens a channel for every `Publish` and " +
-			"reached about 1,440 messages/s here): no database at all. " +
+			"reached about 1,440 messages/s here): no database at all. The broker's limit is amqp091-go's publisher " +
+			"alone, as a hand-tuned relay with nothing to read or mark would publish: the same messages from the file, with the " +
+			"transport's headers, on one channel, up to 1,000 unconfirmed; it says how fast RabbitMQ takes and delivers " +
+			"them on this machine with no database, the ceiling of any relay here. " +
 			"An effect is a message received from a queue of the run's own bound to the type's exchange; " +
 			"effects/s runs from the first received to the last. In the latency phase a process of its own " +
 			"adds one event per transaction with `outbox.AddTx` (which wakes its relay) or publishes it, at half " +
@@ -51,12 +54,16 @@ func outboxScenario() Scenario {
 				return measureOutbox(ctx, env, relayRun{})
 			}},
 			{Name: "watermill-amqp publisher, ConfirmDelivery", Baseline: true, Measure: func(ctx context.Context, env *Env) (Result, error) {
-				return measureOutbox(ctx, env, publisherRun{})
+				return measureOutbox(ctx, env, publisherRun{name: "publisher"})
+			}},
+			{Name: "broker's limit: amqp091-go publisher, 1,000 confirms in flight", Measure: func(ctx context.Context, env *Env) (Result, error) {
+				return measureOutbox(ctx, env, publisherRun{name: "raw"})
 			}},
 		},
 		Children: []Child{
 			{Name: "relay", Main: relayMain},
 			{Name: "publisher", Main: publisherMain},
+			{Name: "raw", Main: rawPublisherMain},
 		},
 	}
 }
@@ -104,10 +111,10 @@ func (relayRun) prepare(ctx context.Context, db *sqlx.DB, msgs []Message) error 
 	return nil
 }
 
-// publisherRun needs nothing but the messages' file.
-type publisherRun struct{}
+// publisherRun needs nothing but the messages' file; name is its child.
+type publisherRun struct{ name string }
 
-func (publisherRun) child() string { return "publisher" }
+func (r publisherRun) child() string { return r.name }
 
 func (publisherRun) prepare(context.Context, *sqlx.DB, []Message) error { return nil }
 
@@ -567,6 +574,96 @@ func publisherMain(ctx context.Context, c *ChildEnv) error {
 		}
 	}
 	return beginThen(ctx, c, work, publish)
+}
+
+// rawWindow is how many publishings the broker's limit keeps
+// unconfirmed.
+const rawWindow = 1000
+
+// rawPublisherMain is the broker's limit: amqp091-go's publisher with no
+// database and no framework, publishing every message with the AMQP
+// transport's headers and properties on one channel in confirm mode,
+// with up to rawWindow unconfirmed. Begun, it publishes them all, then
+// waits to be stopped; in the latency phase it publishes each at the rate
+// given and waits for its confirm.
+func rawPublisherMain(ctx context.Context, c *ChildEnv) error {
+	conn, err := amqp091.Dial(c.Getenv(envOutboxAMQP))
+	if err != nil {
+		return fmt.Errorf("dial RabbitMQ: %w", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("channel: %w", err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		return fmt.Errorf("confirm mode: %w", err)
+	}
+	typ := c.Getenv(envOutboxType)
+	publish := func(ctx context.Context, m Message) (*amqp091.DeferredConfirmation, error) {
+		return ch.PublishWithDeferredConfirmWithContext(ctx, typ, "", false, false, amqp091.Publishing{
+			Headers:      amqp091.Table{wamqp.DefaultMessageUUIDHeaderKey: m.ID, framework.MetadataContentType: framework.ContentType},
+			ContentType:  framework.ContentType,
+			DeliveryMode: amqp091.Persistent,
+			MessageId:    m.ID,
+			Timestamp:    time.Now().UTC(),
+			Body:         m.Body,
+		})
+	}
+	confirmed := func(ctx context.Context, dc *amqp091.DeferredConfirmation) error {
+		ok, err := dc.WaitContext(ctx)
+		if err != nil {
+			return fmt.Errorf("confirm %d: %w", dc.DeliveryTag, err)
+		}
+		if !ok {
+			return fmt.Errorf("publishing %d nacked by the broker", dc.DeliveryTag)
+		}
+		return nil
+	}
+	send := func(ctx context.Context, m Message) error {
+		dc, err := publish(ctx, m)
+		if err != nil {
+			return fmt.Errorf("publish %s: %w", m.ID, err)
+		}
+		return confirmed(ctx, dc)
+	}
+	work := func(ctx context.Context) error { // the latency phase publishes through send alone
+		<-ctx.Done()
+		return nil
+	}
+	if c.Getenv(envOutboxRate) == "" {
+		msgs, err := readMessages(c.Getenv(envOutboxMessages))
+		if err != nil {
+			return err
+		}
+		work = func(ctx context.Context) error {
+			// A ring of the unconfirmed, oldest at i % rawWindow: the
+			// broker confirms in order.
+			window := make([]*amqp091.DeferredConfirmation, rawWindow)
+			for i, m := range msgs {
+				if dc := window[i%rawWindow]; dc != nil {
+					if err := confirmed(ctx, dc); err != nil {
+						return err
+					}
+				}
+				dc, err := publish(ctx, m)
+				if err != nil {
+					return fmt.Errorf("publish %s: %w", m.ID, err)
+				}
+				window[i%rawWindow] = dc
+			}
+			for _, dc := range window {
+				if dc != nil {
+					if err := confirmed(ctx, dc); err != nil {
+						return err
+					}
+				}
+			}
+			<-ctx.Done()
+			return nil
+		}
+	}
+	return beginThen(ctx, c, work, send)
 }
 
 // beginThen says the child is ready, waits for the begin, and then runs
