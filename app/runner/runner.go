@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/pipeline"
 	"github.com/effectively-once/effectively/internal/watermilllog"
 	"github.com/effectively-once/effectively/internal/workers"
 	"github.com/effectively-once/effectively/middleware"
@@ -388,7 +389,7 @@ func (r *Runner) Start(ctx context.Context) error {
 		for _, sweep := range r.sweeps {
 			sweeps.Go(func() { sweep(runCtx) })
 		}
-		err := r.router.Run(runCtx)
+		err := r.router.Run(pipeline.With(runCtx, pipeline.SettleReported(true)))
 		cancelRun()
 		sweeps.Wait()
 		r.workers.Close()
@@ -476,7 +477,10 @@ func (r *Runner) Stop(ctx context.Context) error {
 
 // intake counts the messages in flight, and holds those that come once
 // Stop closed the intake until the router closes, then nacks them: they
-// are never handled by this runner.
+// are never handled by this runner. It acks or nacks each message itself
+// and reports which to its transport (pipeline.Settle), whose
+// subscriptions then need no goroutine per message to watch for it (see
+// pipeline.SettleReported, on the router's context).
 func (r *Runner) intake(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		if !r.enter() {
@@ -484,10 +488,20 @@ func (r *Runner) intake(h message.HandlerFunc) message.HandlerFunc {
 			case <-r.closing:
 			case <-msg.Context().Done():
 			}
-			return nil, errors.New("runner: stopping: message not handled")
+			err := errors.New("runner: stopping: message not handled")
+			pipeline.Settle(msg, err)
+			return nil, err
 		}
 		defer r.leave()
-		return r.workers.Handle(h, msg)
+		out, err := r.workers.Handle(h, msg)
+		if err == nil && len(out) > 0 {
+			// The ack below would come before the router publishes them.
+			// No step of the chain returns messages: follow-up events go
+			// through the outbox.
+			out, err = nil, fmt.Errorf("runner: the chain returned %d messages to publish", len(out))
+		}
+		pipeline.Settle(msg, err)
+		return out, err
 	}
 }
 

@@ -22,6 +22,7 @@ import (
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/internal/storedmsg"
 	"github.com/effectively-once/effectively/framework/internal/subscribers"
+	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // The subscriber reads watermill-sql's tables as watermill-sql's own
@@ -354,6 +355,8 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		results: make(chan result),
 		sent:    make(map[*delivery]struct{}, s.concurrency),
 		log:     s.log.With(slog.String("topic", topic)),
+
+		reported: pipeline.Reported(ctx),
 	}
 	s.wg.Add(1)
 	go sub.run()
@@ -484,6 +487,7 @@ type row struct {
 
 // delivery is one handing out of a row.
 type delivery struct {
+	sub    *subscription
 	r      *row
 	msg    *message.Message
 	cancel context.CancelFunc
@@ -520,7 +524,10 @@ type subscription struct {
 	out     chan *message.Message
 	results chan result
 	log     *slog.Logger
-	msgWG   sync.WaitGroup
+	// reported says that the reader reports each message's outcome
+	// (pipeline.SettleReported): no goroutine watches a message then.
+	reported bool
+	msgWG    sync.WaitGroup // the goroutines watching messages
 
 	conn    *sql.Conn // nil until connected
 	key     int64     // the advisory lock's key
@@ -603,8 +610,10 @@ func (sub *subscription) run() {
 			}
 			d.sentAt = time.Now()
 			sub.sent[d] = struct{}{}
-			sub.msgWG.Add(1)
-			go sub.watch(d)
+			if !sub.reported {
+				sub.msgWG.Add(1)
+				go sub.watch(d)
+			}
 		case res := <-sub.results:
 			sub.resolve(res, time.Now())
 		case <-timer.C:
@@ -786,8 +795,12 @@ func (sub *subscription) deliveryOf(r *row) *delivery {
 		msg.Metadata.Set(framework.MetadataRedelivered, strconv.FormatBool(said))
 	}
 	ctx, cancel := context.WithCancel(sub.ctx)
+	d := &delivery{sub: sub, r: r, msg: msg, cancel: cancel}
+	if sub.reported {
+		ctx = pipeline.With[pipeline.Settler](ctx, d)
+	}
 	msg.SetContext(ctx)
-	return &delivery{r: r, msg: msg, cancel: cancel}
+	return d
 }
 
 // redelivered tells whether r, about to be handed out, may have been
@@ -835,17 +848,23 @@ func (sub *subscription) dropNext() {
 	}
 }
 
-// watch reports the Ack or Nack of d to the run loop.
+// watch waits for the Ack or Nack of d, for a reader that does not
+// report it.
 func (sub *subscription) watch(d *delivery) {
 	defer sub.msgWG.Done()
-	acked, ok := subscribers.Settled(sub.ctx, d.msg)
-	if !ok {
-		return
+	if acked, ok := subscribers.Settled(sub.ctx, d.msg); ok {
+		d.Settled(acked)
 	}
+}
+
+// Settled cancels the message's context and hands its outcome to the run
+// loop (pipeline.Settler). After the subscription ended it drops it: the
+// shutdown read the message's state itself.
+func (d *delivery) Settled(acked bool) {
 	d.cancel()
 	select {
-	case sub.results <- result{d: d, acked: acked}:
-	case <-sub.ctx.Done():
+	case d.sub.results <- result{d: d, acked: acked}:
+	case <-d.sub.ctx.Done():
 	}
 }
 

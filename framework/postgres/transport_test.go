@@ -61,7 +61,8 @@ func postgresEnv(t *testing.T, url string) *transporttest.Env {
 	tr, err := postgres.New(context.Background(), db, cfg)
 	require.NoError(t, err)
 	return &transporttest.Env{
-		Transport: tr,
+		Transport:      tr,
+		SettleReported: true,
 		PublishRaw: func(t *testing.T, topic string, body []byte) {
 			// The documented format of a message inserted by hand.
 			_, err := db.Exec(`INSERT INTO `+postgres.MessagesTable("", topic)+

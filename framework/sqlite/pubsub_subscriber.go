@@ -315,6 +315,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		stopListen: stopListen,
 		sent:       make(map[*pubsubDelivery]struct{}),
 		wantClaim:  true,
+		reported:   pipeline.Reported(ctx),
 		log:        s.log.With(slog.String("topic", topic)),
 	}
 	s.wg.Add(1)
@@ -500,7 +501,10 @@ type pubsubSubscription struct {
 	acks      []int64
 	nacks     []int64
 	wantClaim bool
-	msgWG     sync.WaitGroup
+	// reported says that the reader reports each message's outcome
+	// (pipeline.SettleReported): no goroutine watches a message then.
+	reported bool
+	msgWG    sync.WaitGroup // the goroutines watching messages
 }
 
 func (sub *pubsubSubscription) run() {
@@ -602,8 +606,10 @@ func (sub *pubsubSubscription) run() {
 			sub.pending[0] = nil
 			sub.pending = sub.pending[1:]
 			sub.sent[d] = struct{}{}
-			sub.msgWG.Add(1)
-			go sub.watch(d)
+			if !sub.reported {
+				sub.msgWG.Add(1)
+				go sub.watch(d)
+			}
 		case r := <-sub.results:
 			delete(sub.sent, r.d)
 			switch {
@@ -715,18 +721,23 @@ func (sub *pubsubSubscription) renewLeases() error {
 	return nil
 }
 
-// watch reports the Ack or Nack of d to the run loop and cancels the
-// message's context.
+// watch waits for the Ack or Nack of d, for a reader that does not
+// report it.
 func (sub *pubsubSubscription) watch(d *pubsubDelivery) {
 	defer sub.msgWG.Done()
-	acked, ok := subscribers.Settled(sub.ctx, d.msg)
-	if !ok {
-		return
+	if acked, ok := subscribers.Settled(sub.ctx, d.msg); ok {
+		d.Settled(acked)
 	}
+}
+
+// Settled cancels the message's context and hands its outcome to the run
+// loop (pipeline.Settler). After the subscription ended it drops it: the
+// shutdown read the message's state itself.
+func (d *pubsubDelivery) Settled(acked bool) {
 	d.cancel()
 	select {
-	case sub.results <- pubsubResult{d: d, acked: acked}:
-	case <-sub.ctx.Done():
+	case d.sub.results <- pubsubResult{d: d, acked: acked}:
+	case <-d.sub.ctx.Done():
 	}
 }
 
@@ -1023,6 +1034,9 @@ func (sub *pubsubSubscription) newDelivery(r claimedRow) *pubsubDelivery {
 	d := &pubsubDelivery{sub: sub, offset: r.offset, deliveries: r.deliveries, msg: msg}
 	ctx, cancel := context.WithCancel(sub.ctx)
 	d.cancel = cancel
+	if sub.reported {
+		ctx = pipeline.With[pipeline.Settler](ctx, d)
+	}
 	msg.SetContext(pipeline.With(ctx, pipeline.AckInTx{DB: sub.s.db.DB, Ack: d.ackInTx, Batch: sub, Item: d}))
 	return d
 }

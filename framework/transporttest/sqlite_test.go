@@ -27,7 +27,8 @@ func TestSQLite(t *testing.T) {
 		}})
 		require.NoError(t, err)
 		return &transporttest.Env{
-			Transport: tr,
+			Transport:      tr,
+			SettleReported: true,
 			PublishRaw: func(t *testing.T, topic string, body []byte) {
 				_, err := db.Exec(`INSERT INTO pubsub_messages (topic, payload) VALUES (?, ?)`, topic, body)
 				require.NoError(t, err)

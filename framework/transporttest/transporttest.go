@@ -44,6 +44,11 @@ type Env struct {
 	// JSON text in UTF-8 is refused at publish and never reaches a
 	// subscriber.
 	StoresJSON bool
+	// SettleReported says that the transport watches no message it hands
+	// out when its reader reports each message's outcome, as the runner
+	// does (pipeline.SettleReported): the suite then checks that holding
+	// messages in flight costs the transport no goroutine each.
+	SettleReported bool
 	// Timeout bounds each wait of the suite. Defaults to 60s.
 	Timeout time.Duration
 }
@@ -64,6 +69,7 @@ func Exercise(t *testing.T, open func(t *testing.T) *Env) {
 		{"Close", caseClose},
 		{"PlainClient", casePlainClient},
 		{"BadInputs", caseBadInputs},
+		{"Reported", caseReported},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

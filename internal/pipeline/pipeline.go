@@ -68,6 +68,48 @@ type Execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
 
+// SettleReported on the context given to a subscriber's Subscribe says
+// that the subscription's reader tells the transport each message's
+// outcome: the runner acks or nacks every message it is handed once its
+// chain returns, then calls the Settler the message's context carries. A
+// transport that hands out many messages at once then watches none of
+// them with a goroutine of its own; given a context without it (a router
+// of the user's own, a test reading the channel), it watches each.
+type SettleReported bool
+
+// Reported reports whether ctx carries SettleReported(true).
+func Reported(ctx context.Context) bool {
+	r, _ := From[SettleReported](ctx)
+	return bool(r)
+}
+
+// Settler, on a message's context, is told the message's outcome by the
+// runner, once, after the message was acked or nacked (see
+// SettleReported).
+type Settler interface {
+	// Settled says the message was acked (true) or nacked (false). It
+	// may block until the subscription takes the outcome, or closes.
+	Settled(acked bool)
+}
+
+// Settle acks msg when err is nil and nacks it otherwise, as the router
+// does once its handler returns, and tells the Settler of msg's context
+// which of the two the message got (an Ack or Nack of the chain's own
+// comes first). It does nothing to a message without a Settler.
+func Settle(msg *message.Message, err error) {
+	s, ok := From[Settler](msg.Context())
+	if !ok {
+		return
+	}
+	var acked bool
+	if err == nil {
+		acked = msg.Ack()
+	} else {
+		acked = !msg.Nack() // false: it was acked before
+	}
+	s.Settled(acked)
+}
+
 // DeliveryCounted on a message's context says that the delivery guard
 // recorded the delivery's count: the unit of work forgets the count when
 // the effect commits, so that lost acks never add up to the delivery

@@ -1,0 +1,136 @@
+package transporttest
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/pipeline"
+)
+
+// caseReported: a reader that acks or nacks each message itself and
+// reports which to the transport, as the runner does (a router run with
+// pipeline.SettleReported, a middleware calling pipeline.Settle), gets
+// every message, a nacked one again, and an acked one never again. With
+// Env.SettleReported, the messages it holds in flight (up to the
+// consumer's concurrency at once) cost the transport no goroutine each: the goroutines of the case's router and subscription
+// (counted by a profiler label they inherit) grow by about one a message
+// held, the router's, not two.
+func caseReported(t *testing.T, s *suite) {
+	const held = 40
+	var (
+		hold    = make(chan struct{})
+		holding atomic.Int32
+	)
+	s.setBehave(func(d delivery) error {
+		switch {
+		case strings.Contains(d.payload, `"reported-nack-`) && d.call == 1:
+			return errNack
+		case strings.Contains(d.payload, `"reported-held-`):
+			holding.Add(1)
+			<-hold
+		}
+		return nil
+	})
+	name := s.consumer("reported")
+	label := s.startReported(t, name, held, s.topic("a"))
+
+	want := s.publishN(t, s.topic("a"), "reported-nack", 20)
+	s.waitAcked(t, name, want)
+	settle()
+	s.requireIntact(t, name, want)
+	for _, m := range want {
+		require.Lenf(t, s.deliveriesOf(name, m.payload), 2, "deliveries of %s: nacked once, then acked", m.payload)
+	}
+
+	if !s.env.SettleReported {
+		return // a transport may hand out one message at a time
+	}
+	idle := labelled(t, label)
+	heldMsgs := s.publishN(t, s.topic("a"), "reported-held", held)
+	s.waitFor(t, fmt.Sprintf("%d messages held in flight", held), func() bool { return holding.Load() == held })
+	grown := labelled(t, label) - idle
+	close(hold)
+	s.waitAcked(t, name, heldMsgs)
+	settle()
+	s.requireIntact(t, name, append(want, heldMsgs...))
+	// The subscription's own goroutines come and go (a wait for a
+	// notification), a few either way.
+	require.GreaterOrEqual(t, grown, held*3/4, "the label counts the router's goroutine of each message held")
+	require.Lessf(t, grown, held+held/4, "goroutines with %d messages held in flight: one each is the router's; the transport should add none", held)
+}
+
+// startReported starts the consumer named name as start does, with its
+// router run the way the runner runs it: pipeline.SettleReported on its
+// context and pipeline.Settle after the handler. It returns the value of
+// the profiler label "transporttest" that the router's goroutines and the
+// subscription's inherit.
+func (s *suite) startReported(t *testing.T, name string, concurrency int, types ...string) string {
+	t.Helper()
+	sub, err := s.env.Transport.Subscribe(framework.SubscribeConfig{Consumer: name, Types: types, Concurrency: concurrency})
+	require.NoError(t, err)
+	require.NoError(t, sub.Initialize())
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 3 * time.Second}, watermill.NopLogger{})
+	require.NoError(t, err)
+	router.AddMiddleware(func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			out, err := h(msg)
+			pipeline.Settle(msg, err)
+			return out, err
+		}
+	})
+	for i, topic := range sub.Topics {
+		router.AddConsumerHandler(fmt.Sprintf("%s#%d", name, i), topic, sub.Subscriber, s.handler(name))
+	}
+	p := &process{router: router, sub: sub.Subscriber, done: make(chan struct{})}
+	label := "reported-" + s.id
+	go pprof.Do(context.Background(), pprof.Labels("transporttest", label), func(ctx context.Context) {
+		defer close(p.done)
+		_ = router.Run(pipeline.With(ctx, pipeline.SettleReported(true)))
+	})
+	select {
+	case <-router.Running():
+	case <-p.done:
+		t.Fatalf("router of %s stopped at start", name)
+	case <-time.After(s.env.Timeout):
+		t.Fatalf("router of %s did not start", name)
+	}
+	t.Cleanup(p.stop)
+	return label
+}
+
+// labelled returns how many goroutines carry the profiler label
+// "transporttest" with value label.
+func labelled(t *testing.T, label string) int {
+	t.Helper()
+	var b bytes.Buffer
+	require.NoError(t, pprof.Lookup("goroutine").WriteTo(&b, 1))
+	want := fmt.Sprintf(`"transporttest":%q`, label)
+	n, count := 0, 0
+	sc := bufio.NewScanner(&b)
+	sc.Buffer(make([]byte, 0, 64*1024), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if c, _, ok := strings.Cut(line, " @ "); ok {
+			count, _ = strconv.Atoi(c)
+			continue
+		}
+		if strings.HasPrefix(line, "# labels: ") && strings.Contains(line, want) {
+			n += count
+		}
+	}
+	require.NoError(t, sc.Err())
+	return n
+}
