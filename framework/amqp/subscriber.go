@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
@@ -11,6 +12,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/effectively-once/effectively/framework/internal/nackdelay"
+	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // resubscribePause is the pause before a subscription consumes again
@@ -144,6 +146,7 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		queue:      s.queueName(topic),
 		out:        make(chan *message.Message),
 		slots:      make(chan struct{}, s.limit),
+		reported:   pipeline.Reported(ctx),
 	}
 	s.wg.Add(1)
 	go func() {
@@ -184,6 +187,9 @@ type subscription struct {
 	out   chan *message.Message
 	slots chan struct{}    // one per message handed out and not yet settled
 	nacks nackdelay.Streak // the pause after a nack
+	// reported says that the reader reports each message's outcome
+	// (pipeline.SettleReported): no goroutine watches a message then.
+	reported bool
 }
 
 // run consumes until ctx ends or the subscriber closes, again on a new
@@ -251,10 +257,12 @@ func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) bo
 		acks.run()
 	}()
 	var inFlight sync.WaitGroup
+	var live liveSet // the deliveries handed out and not reported, when reported
 	defer func() {
 		if lost {
 			close(dead)
 		} // else the subscriber closes or ctx ended: settle sees it
+		live.abandon(lost)
 		inFlight.Wait()
 		acks.close()
 		<-ackerDone
@@ -296,6 +304,13 @@ func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) bo
 			msg.Metadata.Set(wamqp.MetadataRedeliveredKey, "true")
 		}
 		msgCtx, cancel := context.WithCancel(ctx)
+		hd := &delivery{sub: s, ctx: ctx, acks: acks, tag: d.DeliveryTag, msg: msg, cancel: cancel, dead: dead, wg: &inFlight}
+		inFlight.Add(1)
+		if s.reported {
+			hd.live = &live
+			live.add(hd)
+			msgCtx = pipeline.With[pipeline.Settler](msgCtx, hd)
+		}
 		msg.SetContext(msgCtx)
 		sent := false
 		select {
@@ -305,18 +320,124 @@ func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) bo
 		case <-ctx.Done():
 		}
 		if !sent {
-			cancel()
-			acks.settle(d.DeliveryTag, false)
-			<-s.slots
+			if hd.claim() {
+				acks.settle(hd.tag, false)
+				hd.finish()
+			}
 			return true
 		}
-		inFlight.Add(1)
-		go func() {
-			defer inFlight.Done()
-			defer func() { <-s.slots }()
-			defer cancel()
-			s.settle(ctx, acks, d.DeliveryTag, msg, dead)
-		}()
+		if !s.reported {
+			hd.claim()
+			go func() {
+				defer hd.finish()
+				s.settle(ctx, acks, hd.tag, msg, dead)
+			}()
+		}
+	}
+}
+
+// delivery is a message that consume handed out, settled once (claim):
+// by the reader's report (Settled), by a goroutine watching it for a
+// reader that does not report, or, when consume ends first, by abandon.
+type delivery struct {
+	sub    *subscription
+	ctx    context.Context // the subscription's
+	acks   *acker
+	tag    uint64
+	msg    *message.Message
+	cancel context.CancelFunc
+	dead   <-chan struct{} // closed when the channel is lost
+	wg     *sync.WaitGroup // consume's deliveries in flight
+	live   *liveSet        // when reported
+	taken  atomic.Bool
+}
+
+// claim reports whether the caller is the one to settle d.
+func (d *delivery) claim() bool {
+	if !d.taken.CompareAndSwap(false, true) {
+		return false
+	}
+	if d.live != nil {
+		d.live.remove(d)
+	}
+	return true
+}
+
+// finish cancels the message's context and frees its slot.
+func (d *delivery) finish() {
+	d.cancel()
+	<-d.sub.slots
+	d.wg.Done()
+}
+
+// Settled acks the delivery on its channel, or nacks it after the
+// subscription's pause on a goroutine of its own (pipeline.Settler).
+// Once its consume ended (abandon), it does nothing: a late ack is
+// dropped, and the message comes again.
+func (d *delivery) Settled(acked bool) {
+	if !d.claim() {
+		return
+	}
+	if acked {
+		d.sub.nacks.Acked()
+		d.acks.settle(d.tag, true)
+		d.finish()
+		return
+	}
+	go func() {
+		defer d.finish()
+		if d.sub.pause(d.ctx, d.dead) {
+			d.acks.settle(d.tag, false)
+		}
+	}()
+}
+
+// liveSet holds the deliveries of a consume that are handed out and not
+// yet reported. The zero value is ready to use.
+type liveSet struct {
+	mu sync.Mutex
+	m  map[*delivery]struct{}
+}
+
+func (l *liveSet) add(d *delivery) {
+	l.mu.Lock()
+	if l.m == nil {
+		l.m = make(map[*delivery]struct{})
+	}
+	l.m[d] = struct{}{}
+	l.mu.Unlock()
+}
+
+func (l *liveSet) remove(d *delivery) {
+	l.mu.Lock()
+	delete(l.m, d)
+	l.mu.Unlock()
+}
+
+// abandon settles, as a watching goroutine would once its consume ends,
+// every delivery not yet reported: dropped when the channel was lost (it
+// comes again), otherwise acked if the reader acked it already and
+// nacked (requeued) if not.
+func (l *liveSet) abandon(lost bool) {
+	l.mu.Lock()
+	ds := make([]*delivery, 0, len(l.m))
+	for d := range l.m {
+		ds = append(ds, d)
+	}
+	l.mu.Unlock()
+	for _, d := range ds {
+		if !d.claim() {
+			continue
+		}
+		if !lost {
+			select {
+			case <-d.msg.Acked():
+				d.acks.settle(d.tag, true)
+			default:
+				d.acks.settle(d.tag, false)
+			}
+		}
+		d.finish()
 	}
 }
 

@@ -30,7 +30,8 @@ func amqpEnv(t *testing.T, url string, cfg TransportConfig) *transporttest.Env {
 	t.Helper()
 	cfg.URL = url
 	return &transporttest.Env{
-		Transport: newTransport(t, cfg),
+		Transport:      newTransport(t, cfg),
+		SettleReported: true,
 		PublishRaw: func(t *testing.T, topic string, body []byte) {
 			testenv.PublishAMQP(t, url, topic, amqp091.Publishing{ContentType: "application/cloudevents+json", Body: body})
 		},

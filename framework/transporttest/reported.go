@@ -24,15 +24,17 @@ import (
 // reports which to the transport, as the runner does (a router run with
 // pipeline.SettleReported, a middleware calling pipeline.Settle), gets
 // every message, a nacked one again, and an acked one never again. With
-// Env.SettleReported, the messages it holds in flight (up to the
-// consumer's concurrency at once) cost the transport no goroutine each: the goroutines of the case's router and subscription
-// (counted by a profiler label they inherit) grow by about one a message
-// held, the router's, not two.
+// Env.SettleReported: closed while its reader holds messages, the
+// subscriber returns at once and they come again; and the messages held
+// in flight (up to the consumer's concurrency at once) cost the
+// transport no goroutine each: the goroutines of the case's router and
+// subscription (counted by a profiler label they inherit) grow by about
+// one a message held, the router's, not two.
 func caseReported(t *testing.T, s *suite) {
 	const held = 40
 	var (
-		hold    = make(chan struct{})
-		holding atomic.Int32
+		hold, holdAtClose = make(chan struct{}), make(chan struct{})
+		holding, atClose  atomic.Int32
 	)
 	s.setBehave(func(d delivery) error {
 		switch {
@@ -41,23 +43,49 @@ func caseReported(t *testing.T, s *suite) {
 		case strings.Contains(d.payload, `"reported-held-`):
 			holding.Add(1)
 			<-hold
+		case strings.Contains(d.payload, `"reported-close-`) && d.call == 1:
+			atClose.Add(1)
+			<-holdAtClose
 		}
 		return nil
 	})
 	name := s.consumer("reported")
-	label := s.startReported(t, name, held, s.topic("a"))
+	label, first := s.startReported(t, name, held, s.topic("a"))
 
-	want := s.publishN(t, s.topic("a"), "reported-nack", 20)
+	want := s.publishN(t, s.topic("a"), "reported-nack", 10)
 	s.waitAcked(t, name, want)
 	settle()
 	s.requireIntact(t, name, want)
 	for _, m := range want {
 		require.Lenf(t, s.deliveriesOf(name, m.payload), 2, "deliveries of %s: nacked once, then acked", m.payload)
 	}
-
 	if !s.env.SettleReported {
 		return // a transport may hand out one message at a time
 	}
+
+	// Closed while its reader holds messages, a subscriber returns without
+	// waiting for their reports, and the messages come again.
+	closing := s.publishN(t, s.topic("a"), "reported-close", 5)
+	s.waitFor(t, "5 messages held at close", func() bool { return atClose.Load() == 5 })
+	closed := make(chan error, 1)
+	go func() { closed <- first.sub.Close() }()
+	select {
+	case err := <-closed:
+		require.NoError(t, err)
+	case <-time.After(s.env.Timeout):
+		t.Fatal("Close waited for the reports of the messages held")
+	}
+	close(holdAtClose) // their reports come after the close: dropped
+	first.stop()
+	s.mu.Lock()
+	delete(s.acked, name) // the late acks of the closed reader counted nothing
+	s.mu.Unlock()
+	label, _ = s.startReported(t, name, held, s.topic("a"))
+	s.waitAcked(t, name, closing)
+	for _, m := range closing {
+		require.GreaterOrEqualf(t, len(s.deliveriesOf(name, m.payload)), 2, "deliveries of %s: held at close, then again", m.payload)
+	}
+
 	idle := labelled(t, label)
 	heldMsgs := s.publishN(t, s.topic("a"), "reported-held", held)
 	s.waitFor(t, fmt.Sprintf("%d messages held in flight", held), func() bool { return holding.Load() == held })
@@ -65,7 +93,7 @@ func caseReported(t *testing.T, s *suite) {
 	close(hold)
 	s.waitAcked(t, name, heldMsgs)
 	settle()
-	s.requireIntact(t, name, append(want, heldMsgs...))
+	s.requireIntact(t, name, append(append(want, closing...), heldMsgs...))
 	// The subscription's own goroutines come and go (a wait for a
 	// notification), a few either way.
 	require.GreaterOrEqual(t, grown, held*3/4, "the label counts the router's goroutine of each message held")
@@ -76,8 +104,8 @@ func caseReported(t *testing.T, s *suite) {
 // router run the way the runner runs it: pipeline.SettleReported on its
 // context and pipeline.Settle after the handler. It returns the value of
 // the profiler label "transporttest" that the router's goroutines and the
-// subscription's inherit.
-func (s *suite) startReported(t *testing.T, name string, concurrency int, types ...string) string {
+// subscription's inherit, and the process.
+func (s *suite) startReported(t *testing.T, name string, concurrency int, types ...string) (string, *process) {
 	t.Helper()
 	sub, err := s.env.Transport.Subscribe(framework.SubscribeConfig{Consumer: name, Types: types, Concurrency: concurrency})
 	require.NoError(t, err)
@@ -95,7 +123,7 @@ func (s *suite) startReported(t *testing.T, name string, concurrency int, types 
 		router.AddConsumerHandler(fmt.Sprintf("%s#%d", name, i), topic, sub.Subscriber, s.handler(name))
 	}
 	p := &process{router: router, sub: sub.Subscriber, done: make(chan struct{})}
-	label := "reported-" + s.id
+	label := "reported-" + s.id + "-" + randomHex(2)
 	go pprof.Do(context.Background(), pprof.Labels("transporttest", label), func(ctx context.Context) {
 		defer close(p.done)
 		_ = router.Run(pipeline.With(ctx, pipeline.SettleReported(true)))
@@ -108,7 +136,7 @@ func (s *suite) startReported(t *testing.T, name string, concurrency int, types 
 		t.Fatalf("router of %s did not start", name)
 	}
 	t.Cleanup(p.stop)
-	return label
+	return label, p
 }
 
 // labelled returns how many goroutines carry the profiler label
