@@ -50,7 +50,7 @@ func caseReported(t *testing.T, s *suite) {
 		return nil
 	})
 	name := s.consumer("reported")
-	label, first := s.startReported(t, name, held, s.topic("a"))
+	_, first := s.startReported(t, name, held, s.topic("a"))
 
 	want := s.publishN(t, s.topic("a"), "reported-nack", 10)
 	s.waitAcked(t, name, want)
@@ -80,7 +80,7 @@ func caseReported(t *testing.T, s *suite) {
 	s.mu.Lock()
 	delete(s.acked, name) // the late acks of the closed reader counted nothing
 	s.mu.Unlock()
-	label, _ = s.startReported(t, name, held, s.topic("a"))
+	label, _ := s.startReported(t, name, held, s.topic("a"))
 	s.waitAcked(t, name, closing)
 	for _, m := range closing {
 		require.GreaterOrEqualf(t, len(s.deliveriesOf(name, m.payload)), 2, "deliveries of %s: held at close, then again", m.payload)

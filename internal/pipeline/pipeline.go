@@ -83,9 +83,9 @@ func Reported(ctx context.Context) bool {
 	return bool(r)
 }
 
-// Settler, on a message's context, is told the message's outcome by the
-// runner, once, after the message was acked or nacked (see
-// SettleReported).
+// Settler is told a message's outcome by the runner, once, after the
+// message was acked or nacked (see SettleReported): a transport puts one
+// on the context of each message it hands out.
 type Settler interface {
 	// Settled says the message was acked (true) or nacked (false). It
 	// may block until the subscription takes the outcome, or closes.
