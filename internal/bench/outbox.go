@@ -552,28 +552,44 @@ func publisherMain(ctx context.Context, c *ChildEnv) error {
 	publish := func(_ context.Context, m Message) error {
 		return pub.Publish(typ, message.NewMessage(m.ID, m.Body))
 	}
-	work := func(ctx context.Context) error { // the latency phase publishes through send alone
-		<-ctx.Done()
-		return nil
-	}
-	if c.Getenv(envOutboxRate) == "" {
-		// Read before the begin, so that the drain's allocations count
-		// the publishing only.
-		msgs, err := readMessages(c.Getenv(envOutboxMessages))
-		if err != nil {
-			return err
-		}
-		work = func(ctx context.Context) error {
-			for _, m := range msgs {
-				if err := publish(ctx, m); err != nil {
-					return fmt.Errorf("publish %s: %w", m.ID, err)
-				}
+	work, err := publishWork(c, func(ctx context.Context, msgs []Message) error {
+		for _, m := range msgs {
+			if err := publish(ctx, m); err != nil {
+				return fmt.Errorf("publish %s: %w", m.ID, err)
 			}
-			<-ctx.Done()
-			return nil
 		}
+		return nil
+	})
+	if err != nil {
+		return err
 	}
 	return beginThen(ctx, c, work, publish)
+}
+
+// publishWork returns the work of a publishing child (see beginThen). In
+// the drain, it publishes every message of the child's file with drain,
+// the file read now, before the begin, so that the drain's allocations
+// count the publishing only; then it waits to be stopped. In the latency
+// phase the child publishes through its send alone, and the work only
+// waits.
+func publishWork(c *ChildEnv, drain func(context.Context, []Message) error) (func(context.Context) error, error) {
+	if c.Getenv(envOutboxRate) != "" {
+		return func(ctx context.Context) error {
+			<-ctx.Done()
+			return nil
+		}, nil
+	}
+	msgs, err := readMessages(c.Getenv(envOutboxMessages))
+	if err != nil {
+		return nil, err
+	}
+	return func(ctx context.Context) error {
+		if err := drain(ctx, msgs); err != nil {
+			return err
+		}
+		<-ctx.Done()
+		return nil
+	}, nil
 }
 
 // rawWindow is how many publishings the broker's limit keeps
@@ -627,41 +643,33 @@ func rawPublisherMain(ctx context.Context, c *ChildEnv) error {
 		}
 		return confirmed(ctx, dc)
 	}
-	work := func(ctx context.Context) error { // the latency phase publishes through send alone
-		<-ctx.Done()
+	work, err := publishWork(c, func(ctx context.Context, msgs []Message) error {
+		// A ring of the unconfirmed, oldest at i % rawWindow: the broker
+		// confirms in order.
+		window := make([]*amqp091.DeferredConfirmation, rawWindow)
+		for i, m := range msgs {
+			if dc := window[i%rawWindow]; dc != nil {
+				if err := confirmed(ctx, dc); err != nil {
+					return err
+				}
+			}
+			dc, err := publish(ctx, m)
+			if err != nil {
+				return fmt.Errorf("publish %s: %w", m.ID, err)
+			}
+			window[i%rawWindow] = dc
+		}
+		for _, dc := range window {
+			if dc != nil {
+				if err := confirmed(ctx, dc); err != nil {
+					return err
+				}
+			}
+		}
 		return nil
-	}
-	if c.Getenv(envOutboxRate) == "" {
-		msgs, err := readMessages(c.Getenv(envOutboxMessages))
-		if err != nil {
-			return err
-		}
-		work = func(ctx context.Context) error {
-			// A ring of the unconfirmed, oldest at i % rawWindow: the
-			// broker confirms in order.
-			window := make([]*amqp091.DeferredConfirmation, rawWindow)
-			for i, m := range msgs {
-				if dc := window[i%rawWindow]; dc != nil {
-					if err := confirmed(ctx, dc); err != nil {
-						return err
-					}
-				}
-				dc, err := publish(ctx, m)
-				if err != nil {
-					return fmt.Errorf("publish %s: %w", m.ID, err)
-				}
-				window[i%rawWindow] = dc
-			}
-			for _, dc := range window {
-				if dc != nil {
-					if err := confirmed(ctx, dc); err != nil {
-						return err
-					}
-				}
-			}
-			<-ctx.Done()
-			return nil
-		}
+	})
+	if err != nil {
+		return err
 	}
 	return beginThen(ctx, c, work, send)
 }
