@@ -256,13 +256,17 @@ func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) bo
 		defer close(ackerDone)
 		acks.run()
 	}()
-	var inFlight sync.WaitGroup
-	var live liveSet // the deliveries handed out and not reported, when reported
+	var (
+		inFlight sync.WaitGroup // the deliveries handed out and not settled
+		watchers sync.WaitGroup // for a reader that does not report
+		live     liveSet        // the deliveries handed out and not settled
+	)
 	defer func() {
 		if lost {
 			close(dead)
-		} // else the subscriber closes or ctx ended: settle sees it
+		}
 		live.abandon(lost)
+		watchers.Wait() // they end with the channel, ctx or the subscriber
 		inFlight.Wait()
 		acks.close()
 		<-ackerDone
@@ -304,11 +308,10 @@ func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) bo
 			msg.Metadata.Set(wamqp.MetadataRedeliveredKey, "true")
 		}
 		msgCtx, cancel := context.WithCancel(ctx)
-		hd := &delivery{sub: s, ctx: ctx, acks: acks, tag: d.DeliveryTag, msg: msg, cancel: cancel, dead: dead, wg: &inFlight}
+		hd := &delivery{sub: s, ctx: ctx, acks: acks, tag: d.DeliveryTag, msg: msg, cancel: cancel, dead: dead, wg: &inFlight, live: &live}
 		inFlight.Add(1)
+		live.add(hd)
 		if s.reported {
-			hd.live = &live
-			live.add(hd)
 			msgCtx = pipeline.With[pipeline.Settler](msgCtx, hd)
 		}
 		msg.SetContext(msgCtx)
@@ -327,18 +330,15 @@ func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) bo
 			return true
 		}
 		if !s.reported {
-			hd.claim()
-			go func() {
-				defer hd.finish()
-				s.settle(ctx, acks, hd.tag, msg, dead)
-			}()
+			watchers.Go(func() { hd.watch(ctx) })
 		}
 	}
 }
 
 // delivery is a message that consume handed out, settled once (claim):
-// by the reader's report (Settled), by a goroutine watching it for a
-// reader that does not report, or, when consume ends first, by abandon.
+// when the reader reports its Ack or Nack (Settled; for a reader that
+// does not report, a goroutine watches the message and reports it), or,
+// when its consume ends first, by abandon.
 type delivery struct {
 	sub    *subscription
 	ctx    context.Context // the subscription's
@@ -348,7 +348,7 @@ type delivery struct {
 	cancel context.CancelFunc
 	dead   <-chan struct{} // closed when the channel is lost
 	wg     *sync.WaitGroup // consume's deliveries in flight
-	live   *liveSet        // when reported
+	live   *liveSet        // consume's deliveries not settled
 	taken  atomic.Bool
 }
 
@@ -357,10 +357,23 @@ func (d *delivery) claim() bool {
 	if !d.taken.CompareAndSwap(false, true) {
 		return false
 	}
-	if d.live != nil {
-		d.live.remove(d)
-	}
+	d.live.remove(d)
 	return true
+}
+
+// watch reports the message's Ack or Nack, for a reader that does not,
+// until its consume ends (ctx, the subscriber's close or the channel's
+// loss: abandon settles it then).
+func (d *delivery) watch(ctx context.Context) {
+	select {
+	case <-d.msg.Acked():
+		d.Settled(true)
+	case <-d.msg.Nacked():
+		d.Settled(false)
+	case <-d.sub.closing:
+	case <-ctx.Done():
+	case <-d.dead:
+	}
 }
 
 // finish cancels the message's context and frees its slot.
@@ -393,7 +406,7 @@ func (d *delivery) Settled(acked bool) {
 }
 
 // liveSet holds the deliveries of a consume that are handed out and not
-// yet reported. The zero value is ready to use.
+// yet settled. The zero value is ready to use.
 type liveSet struct {
 	mu sync.Mutex
 	m  map[*delivery]struct{}
@@ -414,10 +427,10 @@ func (l *liveSet) remove(d *delivery) {
 	l.mu.Unlock()
 }
 
-// abandon settles, as a watching goroutine would once its consume ends,
-// every delivery not yet reported: dropped when the channel was lost (it
-// comes again), otherwise acked if the reader acked it already and
-// nacked (requeued) if not.
+// abandon settles, once their consume ended, the deliveries not yet
+// settled: dropped when the channel was lost (the broker requeues them,
+// and their tags mean nothing on another channel), otherwise acked if the
+// reader acked them already and nacked (requeued) if not.
 func (l *liveSet) abandon(lost bool) {
 	l.mu.Lock()
 	ds := make([]*delivery, 0, len(l.m))
@@ -431,7 +444,7 @@ func (l *liveSet) abandon(lost bool) {
 		}
 		if !lost {
 			select {
-			case <-d.msg.Acked():
+			case <-d.msg.Acked(): // acked as the subscriber closed: keep the ack
 				d.acks.settle(d.tag, true)
 			default:
 				d.acks.settle(d.tag, false)
@@ -458,35 +471,6 @@ func (s *subscription) open(conn *amqp091.Connection) (*amqp091.Channel, <-chan 
 		return nil, nil, fmt.Errorf("consume %s: %w", s.queue, err)
 	}
 	return ch, deliveries, nil
-}
-
-// settle acks the delivery tag (through acks) once msg is acked, and
-// nacks it (requeue) after the pause once msg is nacked; at once when the
-// subscriber closes or ctx ends first, unless msg was acked by then. It
-// abandons the delivery when its channel is lost (dead closes): the
-// broker requeues it by itself, and its tag means nothing on another
-// channel.
-func (s *subscription) settle(ctx context.Context, acks *acker, tag uint64, msg *message.Message, dead <-chan struct{}) {
-	select {
-	case <-msg.Acked():
-		s.nacks.Acked()
-		acks.settle(tag, true)
-		return
-	case <-msg.Nacked():
-		if !s.pause(ctx, dead) {
-			return
-		}
-	case <-s.closing:
-	case <-ctx.Done():
-	case <-dead:
-		return
-	}
-	select {
-	case <-msg.Acked(): // acked as the subscriber closed: keep the ack
-		acks.settle(tag, true)
-	default:
-		acks.settle(tag, false)
-	}
 }
 
 // pause waits the pause of a nack (see nackdelay.Streak), or less when the

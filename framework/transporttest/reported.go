@@ -3,7 +3,6 @@ package transporttest
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"fmt"
 	"runtime/pprof"
 	"strconv"
@@ -12,12 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
-
-	"github.com/effectively-once/effectively/framework"
-	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // caseReported: a reader that acks or nacks each message itself and
@@ -50,7 +44,7 @@ func caseReported(t *testing.T, s *suite) {
 		return nil
 	})
 	name := s.consumer("reported")
-	_, first := s.startReported(t, name, held, s.topic("a"))
+	first := s.launch(t, name, held, nil, true, s.topic("a"))
 
 	want := s.publishN(t, s.topic("a"), "reported-nack", 10)
 	s.waitAcked(t, name, want)
@@ -80,16 +74,16 @@ func caseReported(t *testing.T, s *suite) {
 	s.mu.Lock()
 	delete(s.acked, name) // the late acks of the closed reader counted nothing
 	s.mu.Unlock()
-	label, _ := s.startReported(t, name, held, s.topic("a"))
+	second := s.launch(t, name, held, nil, true, s.topic("a"))
 	s.waitAcked(t, name, closing)
 	for _, m := range closing {
 		require.GreaterOrEqualf(t, len(s.deliveriesOf(name, m.payload)), 2, "deliveries of %s: held at close, then again", m.payload)
 	}
 
-	idle := labelled(t, label)
+	idle := labelled(t, second.label)
 	heldMsgs := s.publishN(t, s.topic("a"), "reported-held", held)
 	s.waitFor(t, fmt.Sprintf("%d messages held in flight", held), func() bool { return holding.Load() == held })
-	grown := labelled(t, label) - idle
+	grown := labelled(t, second.label) - idle
 	close(hold)
 	s.waitAcked(t, name, heldMsgs)
 	settle()
@@ -98,45 +92,6 @@ func caseReported(t *testing.T, s *suite) {
 	// notification), a few either way.
 	require.GreaterOrEqual(t, grown, held*3/4, "the label counts the router's goroutine of each message held")
 	require.Lessf(t, grown, held+held/4, "goroutines with %d messages held in flight: one each is the router's; the transport should add none", held)
-}
-
-// startReported starts the consumer named name as start does, with its
-// router run the way the runner runs it: pipeline.SettleReported on its
-// context and pipeline.Settle after the handler. It returns the value of
-// the profiler label "transporttest" that the router's goroutines and the
-// subscription's inherit, and the process.
-func (s *suite) startReported(t *testing.T, name string, concurrency int, types ...string) (string, *process) {
-	t.Helper()
-	sub, err := s.env.Transport.Subscribe(framework.SubscribeConfig{Consumer: name, Types: types, Concurrency: concurrency})
-	require.NoError(t, err)
-	require.NoError(t, sub.Initialize())
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 3 * time.Second}, watermill.NopLogger{})
-	require.NoError(t, err)
-	router.AddMiddleware(func(h message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			out, err := h(msg)
-			pipeline.Settle(msg, err)
-			return out, err
-		}
-	})
-	for i, topic := range sub.Topics {
-		router.AddConsumerHandler(fmt.Sprintf("%s#%d", name, i), topic, sub.Subscriber, s.handler(name))
-	}
-	p := &process{router: router, sub: sub.Subscriber, done: make(chan struct{})}
-	label := "reported-" + s.id + "-" + randomHex(2)
-	go pprof.Do(context.Background(), pprof.Labels("transporttest", label), func(ctx context.Context) {
-		defer close(p.done)
-		_ = router.Run(pipeline.With(ctx, pipeline.SettleReported(true)))
-	})
-	select {
-	case <-router.Running():
-	case <-p.done:
-		t.Fatalf("router of %s stopped at start", name)
-	case <-time.After(s.env.Timeout):
-		t.Fatalf("router of %s did not start", name)
-	}
-	t.Cleanup(p.stop)
-	return label, p
 }
 
 // labelled returns how many goroutines carry the profiler label

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"runtime/pprof"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // Env is one case's transport and the hooks to publish as a plain client.
@@ -157,6 +159,9 @@ type process struct {
 	sub    message.Subscriber
 	done   chan struct{}
 	once   sync.Once
+	// label is the value of the profiler label "transporttest" that the
+	// goroutines of the router and of its subscription inherit.
+	label string
 }
 
 // start subscribes the consumer named name to types through the Env's
@@ -166,6 +171,14 @@ type process struct {
 // test.
 func (s *suite) start(t *testing.T, name string, concurrency int, bound func(), types ...string) *process {
 	t.Helper()
+	return s.launch(t, name, concurrency, bound, false, types...)
+}
+
+// launch is start; with reported, the router runs as the runner runs
+// it: pipeline.SettleReported on its context and pipeline.Settle after
+// the handler.
+func (s *suite) launch(t *testing.T, name string, concurrency int, bound func(), reported bool, types ...string) *process {
+	t.Helper()
 	sub, err := s.env.Transport.Subscribe(framework.SubscribeConfig{Consumer: name, Types: types, Concurrency: concurrency})
 	require.NoError(t, err)
 	require.NoError(t, sub.Initialize())
@@ -174,14 +187,25 @@ func (s *suite) start(t *testing.T, name string, concurrency int, bound func(), 
 	}
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 3 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)
+	ctx := context.Background()
+	if reported {
+		ctx = pipeline.With(ctx, pipeline.SettleReported(true))
+		router.AddMiddleware(func(h message.HandlerFunc) message.HandlerFunc {
+			return func(msg *message.Message) ([]*message.Message, error) {
+				out, err := h(msg)
+				pipeline.Settle(msg, err)
+				return out, err
+			}
+		})
+	}
 	for i, topic := range sub.Topics {
 		router.AddConsumerHandler(fmt.Sprintf("%s#%d", name, i), topic, sub.Subscriber, s.handler(name))
 	}
-	p := &process{router: router, sub: sub.Subscriber, done: make(chan struct{})}
-	go func() {
+	p := &process{router: router, sub: sub.Subscriber, done: make(chan struct{}), label: name + "-" + randomHex(2)}
+	go pprof.Do(ctx, pprof.Labels("transporttest", p.label), func(ctx context.Context) {
 		defer close(p.done)
-		_ = router.Run(context.Background())
-	}()
+		_ = router.Run(ctx)
+	})
 	select {
 	case <-router.Running():
 	case <-p.done:
