@@ -3,6 +3,7 @@ package framework
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -148,9 +149,11 @@ func (g *group) runBatch(batch []*attemptRun) {
 	}()
 	if len(batch) == 1 {
 		g.u.alone(batch[0])
+		g.ended()
 		return
 	}
 	committed, retry := g.inTx(batch)
+	g.ended()
 	if died(batch) {
 		return
 	}
@@ -166,6 +169,22 @@ func (g *group) runBatch(batch []*attemptRun) {
 		if a.died != "" && died(batch) {
 			return
 		}
+	}
+}
+
+// ended wakes the batch that waits for one to end, once this one's
+// transaction did, and yields to it: it begins while this batch's
+// attempts are told their results. A batch's result wakes each of its
+// attempts, and each wake would put the waiting batch behind the one
+// before it on this processor, the file's writer lock free meanwhile.
+func (g *group) ended() {
+	g.mu.Lock()
+	finished := g.finished
+	g.finished = nil
+	g.mu.Unlock()
+	if finished != nil {
+		close(finished)
+		runtime.Gosched()
 	}
 }
 

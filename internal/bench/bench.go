@@ -59,6 +59,9 @@ type Options struct {
 	Profiles string
 	// Run selects the scenarios whose name matches; nil runs all.
 	Run *regexp.Regexp
+	// RunNames selects, within those scenarios, the runs whose name
+	// matches; nil runs all. A report of a selection shows only its runs.
+	RunNames *regexp.Regexp
 	// PostgresURL is the PostgreSQL server the runs create their
 	// schemas on (EFFECTIVELY_TEST_POSTGRES_URL).
 	PostgresURL string

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"regexp"
+	"strings"
 	"syscall"
 
 	"github.com/effectively-once/effectively/internal/bench"
@@ -44,7 +45,7 @@ func run() error {
 	flag.DurationVar(&opts.LatencyDuration, "latency", bench.DefaultLatencyDuration, "how long the paced producer of the latency phase runs")
 	flag.BoolVar(&opts.Smoke, "smoke", false, "check the effects only: no latency phase, no profiles, no docs written")
 	flag.StringVar(&opts.Profiles, "profiles", "", "keep each run's CPU profiles in this folder (for go tool pprof)")
-	flag.StringVar(&pattern, "run", "", "run only the scenarios whose name matches this regular expression")
+	flag.StringVar(&pattern, "run", "", "run only the scenarios whose name matches this regular expression; after a slash, only their runs whose name matches the part after it (sqlite/default|raw)")
 	flag.StringVar(&out, "out", "docs/benchmarks.md", "where to write the report (empty: nowhere)")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "usage: bench [flags]\n\nScenarios:")
@@ -55,12 +56,19 @@ func run() error {
 		flag.PrintDefaults()
 	}
 	flag.Parse()
-	if pattern != "" {
-		re, err := regexp.Compile(pattern)
+	scenarios, runs, _ := strings.Cut(pattern, "/")
+	for _, p := range []struct {
+		pattern string
+		re      **regexp.Regexp
+	}{{scenarios, &opts.Run}, {runs, &opts.RunNames}} {
+		if p.pattern == "" {
+			continue
+		}
+		re, err := regexp.Compile(p.pattern)
 		if err != nil {
 			return fmt.Errorf("-run: %w", err)
 		}
-		opts.Run = re
+		*p.re = re
 	}
 	opts.PostgresURL = os.Getenv("EFFECTIVELY_TEST_POSTGRES_URL")
 	opts.AMQPURL = testenv.BenchAMQPURL()
