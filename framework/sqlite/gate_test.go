@@ -90,6 +90,37 @@ func TestWriteGate(t *testing.T) {
 		require.NoError(t, db.Get(&n, `SELECT n FROM counter`), "reads pass while a writer holds the gate")
 	})
 
+	t.Run("CountsItsWaiters", func(t *testing.T) {
+		t.Parallel()
+		// The gate yields to the writer it lets in only while one waits
+		// (handOff): a waiter that got in, gave up or timed out is no
+		// longer counted, so releases with nobody waiting never yield.
+		g := newWriteGate(100 * time.Millisecond)
+		ctx := context.Background()
+		require.NoError(t, g.acquire(ctx))
+		require.Zero(t, g.waiting.Load(), "an open gate is taken without waiting")
+
+		got := make(chan error, 1)
+		go func() { got <- g.acquire(ctx) }()
+		require.Eventually(t, func() bool { return g.waiting.Load() == 1 }, 5*time.Second, time.Millisecond)
+		g.release()
+		require.NoError(t, <-got)
+		require.Zero(t, g.waiting.Load(), "the waiter let in")
+
+		cancelled, cancel := context.WithCancel(ctx)
+		go func() { got <- g.acquire(cancelled) }()
+		require.Eventually(t, func() bool { return g.waiting.Load() == 1 }, 5*time.Second, time.Millisecond)
+		cancel()
+		require.ErrorIs(t, <-got, context.Canceled)
+		require.Zero(t, g.waiting.Load(), "the waiter that gave up")
+
+		require.ErrorIs(t, g.acquire(ctx), errGateTimeout)
+		require.Zero(t, g.waiting.Load(), "the waiter that timed out")
+		g.unlock()
+		require.NoError(t, g.acquire(ctx), "the gate opened")
+		g.unlock()
+	})
+
 	t.Run("ReturningReleasesWithItsRows", func(t *testing.T) {
 		t.Parallel()
 		db := openGateTestDB(t, 200*time.Millisecond)
