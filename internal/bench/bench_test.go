@@ -65,3 +65,39 @@ func (w testWriter) Write(b []byte) (int, error) {
 	w.t.Log(string(b))
 	return len(b), nil
 }
+
+// TestRunNames shows Options.RunNames selecting runs within a scenario:
+// only the runs it matches are measured and reported, in each round.
+func TestRunNames(t *testing.T) {
+	measured := make(map[string]int)
+	run := func(name string, baseline bool) bench.Run {
+		return bench.Run{Name: name, Baseline: baseline, Measure: func(context.Context, *bench.Env) (bench.Result, error) {
+			measured[name]++
+			return bench.Result{Events: 1, Messages: 1, Effects: 1, DistinctEffects: 1}, nil
+		}}
+	}
+	s := bench.Scenario{Name: "fake", Title: "Fake", Runs: []bench.Run{
+		run("service, default", false), run("service, concurrency 1", false), run("raw limit", true),
+	}}
+	report, err := bench.Execute(context.Background(), []bench.Scenario{s}, bench.Options{
+		Events: 2, Rounds: 2, StallTimeout: time.Second, Log: testWriter{t},
+		RunNames: regexp.MustCompile("default|raw"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int{"service, default": 2, "raw limit": 2}
+	if len(measured) != len(want) || measured["service, default"] != 2 || measured["raw limit"] != 2 {
+		t.Fatalf("measured %v, want %v", measured, want)
+	}
+	var names []string
+	for _, r := range report.Scenarios[0].Runs {
+		names = append(names, r.Name)
+	}
+	if len(names) != 2 || names[0] != "service, default" || names[1] != "raw limit" {
+		t.Fatalf("reported runs %q, want the two selected in their order", names)
+	}
+	if len(s.Runs) != 3 {
+		t.Fatalf("the scenario's own runs changed: %d", len(s.Runs))
+	}
+}
