@@ -66,10 +66,7 @@ func (g *group) run(a *attemptRun) {
 		case batch := <-a.lead:
 			g.runBatch(batch)
 			g.mu.Lock()
-			if g.finished != nil {
-				close(g.finished)
-				g.finished = nil
-			}
+			g.wakeWaiting() // one that began waiting after this batch's transaction ended
 			next := g.take()
 			if next == nil {
 				g.free++
@@ -179,13 +176,22 @@ func (g *group) runBatch(batch []*attemptRun) {
 // before it on this processor, the file's writer lock free meanwhile.
 func (g *group) ended() {
 	g.mu.Lock()
-	finished := g.finished
-	g.finished = nil
+	woke := g.wakeWaiting()
 	g.mu.Unlock()
-	if finished != nil {
-		close(finished)
+	if woke {
 		runtime.Gosched()
 	}
+}
+
+// wakeWaiting wakes the batch that waits for one to end, and reports
+// whether one waited. Call it with g.mu held.
+func (g *group) wakeWaiting() bool {
+	if g.finished == nil {
+		return false
+	}
+	close(g.finished)
+	g.finished = nil
+	return true
 }
 
 // died reports whether an attempt of batch died at a crash point (see

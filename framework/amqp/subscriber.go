@@ -248,27 +248,24 @@ func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) bo
 		return false
 	}
 	closed := ch.NotifyClose(make(chan *amqp091.Error, 1))
-	dead := make(chan struct{}) // closed when the channel is lost
 	lost := false
-	acks := newAcker(ch, 2*s.limit)
+	c := &consumption{
+		sub: s, ctx: ctx, acks: newAcker(ch, 2*s.limit),
+		dead: make(chan struct{}), live: make(map[*delivery]struct{}),
+	}
 	ackerDone := make(chan struct{})
 	go func() {
 		defer close(ackerDone)
-		acks.run()
+		c.acks.run()
 	}()
-	var (
-		inFlight sync.WaitGroup // the deliveries handed out and not settled
-		watchers sync.WaitGroup // for a reader that does not report
-		live     liveSet        // the deliveries handed out and not settled
-	)
 	defer func() {
 		if lost {
-			close(dead)
+			close(c.dead)
 		}
-		live.abandon(lost)
-		watchers.Wait() // they end with the channel, ctx or the subscriber
-		inFlight.Wait()
-		acks.close()
+		c.abandon(lost)
+		c.watchers.Wait() // they end with the channel, ctx or the subscriber
+		c.inFlight.Wait()
+		c.acks.close()
 		<-ackerDone
 		_ = ch.Close()
 	}()
@@ -296,11 +293,11 @@ func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) bo
 			<-s.slots
 			return true
 		}
-		acks.add(d.DeliveryTag)
+		c.acks.add(d.DeliveryTag)
 		msg, err := Marshaler{}.Unmarshal(d)
 		if err != nil { // Marshaler never fails; kept for its contract
 			s.conn.cfg.Logger.ErrorContext(ctx, "amqp: unmarshal", "queue", s.queue, "error", err)
-			acks.settle(d.DeliveryTag, false)
+			c.acks.settle(d.DeliveryTag, false)
 			<-s.slots
 			continue
 		}
@@ -308,9 +305,7 @@ func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) bo
 			msg.Metadata.Set(wamqp.MetadataRedeliveredKey, "true")
 		}
 		msgCtx, cancel := context.WithCancel(ctx)
-		hd := &delivery{sub: s, ctx: ctx, acks: acks, tag: d.DeliveryTag, msg: msg, cancel: cancel, dead: dead, wg: &inFlight, live: &live}
-		inFlight.Add(1)
-		live.add(hd)
+		hd := c.add(d.DeliveryTag, msg, cancel)
 		if s.reported {
 			msgCtx = pipeline.With[pipeline.Settler](msgCtx, hd)
 		}
@@ -324,14 +319,67 @@ func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) bo
 		}
 		if !sent {
 			if hd.claim() {
-				acks.settle(hd.tag, false)
+				c.acks.settle(hd.tag, false)
 				hd.finish()
 			}
 			return true
 		}
 		if !s.reported {
-			watchers.Go(func() { hd.watch(ctx) })
+			c.watchers.Go(hd.watch)
 		}
+	}
+}
+
+// consumption is what one consume's deliveries share: its channel's
+// acker, and the deliveries handed out and not yet settled, which its
+// end settles (abandon).
+type consumption struct {
+	sub      *subscription
+	ctx      context.Context // the subscription's
+	acks     *acker
+	dead     chan struct{}  // closed when the channel is lost
+	inFlight sync.WaitGroup // the deliveries not finished, a nack's pause included
+	watchers sync.WaitGroup // for a reader that does not report
+
+	mu   sync.Mutex
+	live map[*delivery]struct{} // handed out and not claimed
+}
+
+// add returns the delivery of msg, tagged tag on the channel, in flight
+// and not settled.
+func (c *consumption) add(tag uint64, msg *message.Message, cancel context.CancelFunc) *delivery {
+	d := &delivery{c: c, tag: tag, msg: msg, cancel: cancel}
+	c.inFlight.Add(1)
+	c.mu.Lock()
+	c.live[d] = struct{}{}
+	c.mu.Unlock()
+	return d
+}
+
+// abandon settles, once the consume ended, the deliveries not yet
+// settled: dropped when the channel was lost (the broker requeues them,
+// and their tags mean nothing on another channel), otherwise acked if the
+// reader acked them already and nacked (requeued) if not.
+func (c *consumption) abandon(lost bool) {
+	c.mu.Lock()
+	ds := make([]*delivery, 0, len(c.live))
+	for d := range c.live {
+		ds = append(ds, d)
+	}
+	c.mu.Unlock()
+	for _, d := range ds {
+		if !d.claim() {
+			continue
+		}
+		if !lost {
+			select {
+			case <-d.msg.Acked(): // acked as the subscriber closed: keep the ack
+				c.acks.settle(d.tag, true)
+			default:
+				c.acks.settle(d.tag, false)
+			}
+		}
+		d.finish()
 	}
 }
 
@@ -340,15 +388,10 @@ func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) bo
 // does not report, a goroutine watches the message and reports it), or,
 // when its consume ends first, by abandon.
 type delivery struct {
-	sub    *subscription
-	ctx    context.Context // the subscription's
-	acks   *acker
+	c      *consumption
 	tag    uint64
 	msg    *message.Message
 	cancel context.CancelFunc
-	dead   <-chan struct{} // closed when the channel is lost
-	wg     *sync.WaitGroup // consume's deliveries in flight
-	live   *liveSet        // consume's deliveries not settled
 	taken  atomic.Bool
 }
 
@@ -357,30 +400,32 @@ func (d *delivery) claim() bool {
 	if !d.taken.CompareAndSwap(false, true) {
 		return false
 	}
-	d.live.remove(d)
+	d.c.mu.Lock()
+	delete(d.c.live, d)
+	d.c.mu.Unlock()
 	return true
 }
 
 // watch reports the message's Ack or Nack, for a reader that does not,
 // until its consume ends (ctx, the subscriber's close or the channel's
 // loss: abandon settles it then).
-func (d *delivery) watch(ctx context.Context) {
+func (d *delivery) watch() {
 	select {
 	case <-d.msg.Acked():
 		d.Settled(true)
 	case <-d.msg.Nacked():
 		d.Settled(false)
-	case <-d.sub.closing:
-	case <-ctx.Done():
-	case <-d.dead:
+	case <-d.c.sub.closing:
+	case <-d.c.ctx.Done():
+	case <-d.c.dead:
 	}
 }
 
 // finish cancels the message's context and frees its slot.
 func (d *delivery) finish() {
 	d.cancel()
-	<-d.sub.slots
-	d.wg.Done()
+	<-d.c.sub.slots
+	d.c.inFlight.Done()
 }
 
 // Settled acks the delivery on its channel, or nacks it after the
@@ -391,67 +436,19 @@ func (d *delivery) Settled(acked bool) {
 	if !d.claim() {
 		return
 	}
+	c := d.c
 	if acked {
-		d.sub.nacks.Acked()
-		d.acks.settle(d.tag, true)
+		c.sub.nacks.Acked()
+		c.acks.settle(d.tag, true)
 		d.finish()
 		return
 	}
 	go func() {
 		defer d.finish()
-		if d.sub.pause(d.ctx, d.dead) {
-			d.acks.settle(d.tag, false)
+		if c.sub.pause(c.ctx, c.dead) {
+			c.acks.settle(d.tag, false)
 		}
 	}()
-}
-
-// liveSet holds the deliveries of a consume that are handed out and not
-// yet settled. The zero value is ready to use.
-type liveSet struct {
-	mu sync.Mutex
-	m  map[*delivery]struct{}
-}
-
-func (l *liveSet) add(d *delivery) {
-	l.mu.Lock()
-	if l.m == nil {
-		l.m = make(map[*delivery]struct{})
-	}
-	l.m[d] = struct{}{}
-	l.mu.Unlock()
-}
-
-func (l *liveSet) remove(d *delivery) {
-	l.mu.Lock()
-	delete(l.m, d)
-	l.mu.Unlock()
-}
-
-// abandon settles, once their consume ended, the deliveries not yet
-// settled: dropped when the channel was lost (the broker requeues them,
-// and their tags mean nothing on another channel), otherwise acked if the
-// reader acked them already and nacked (requeued) if not.
-func (l *liveSet) abandon(lost bool) {
-	l.mu.Lock()
-	ds := make([]*delivery, 0, len(l.m))
-	for d := range l.m {
-		ds = append(ds, d)
-	}
-	l.mu.Unlock()
-	for _, d := range ds {
-		if !d.claim() {
-			continue
-		}
-		if !lost {
-			select {
-			case <-d.msg.Acked(): // acked as the subscriber closed: keep the ack
-				d.acks.settle(d.tag, true)
-			default:
-				d.acks.settle(d.tag, false)
-			}
-		}
-		d.finish()
-	}
 }
 
 // open opens a channel on conn with the subscription's prefetch and

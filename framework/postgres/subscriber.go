@@ -611,8 +611,7 @@ func (sub *subscription) run() {
 			d.sentAt = time.Now()
 			sub.sent[d] = struct{}{}
 			if !sub.reported {
-				sub.msgWG.Add(1)
-				go sub.watch(d)
+				sub.msgWG.Go(func() { subscribers.Watch(sub.ctx, d.msg, d) })
 			}
 		case res := <-sub.results:
 			sub.resolve(res, time.Now())
@@ -845,15 +844,6 @@ func (sub *subscription) dropNext() {
 	if sub.next != nil {
 		sub.next.cancel()
 		sub.next = nil
-	}
-}
-
-// watch waits for the Ack or Nack of d, for a reader that does not
-// report it.
-func (sub *subscription) watch(d *delivery) {
-	defer sub.msgWG.Done()
-	if acked, ok := subscribers.Settled(sub.ctx, d.msg); ok {
-		d.Settled(acked)
 	}
 }
 

@@ -607,8 +607,7 @@ func (sub *pubsubSubscription) run() {
 			sub.pending = sub.pending[1:]
 			sub.sent[d] = struct{}{}
 			if !sub.reported {
-				sub.msgWG.Add(1)
-				go sub.watch(d)
+				sub.msgWG.Go(func() { subscribers.Watch(sub.ctx, d.msg, d) })
 			}
 		case r := <-sub.results:
 			delete(sub.sent, r.d)
@@ -719,15 +718,6 @@ func (sub *pubsubSubscription) renewLeases() error {
 		return fmt.Errorf("renew leases: commit: %w", err)
 	}
 	return nil
-}
-
-// watch waits for the Ack or Nack of d, for a reader that does not
-// report it.
-func (sub *pubsubSubscription) watch(d *pubsubDelivery) {
-	defer sub.msgWG.Done()
-	if acked, ok := subscribers.Settled(sub.ctx, d.msg); ok {
-		d.Settled(acked)
-	}
 }
 
 // Settled cancels the message's context and hands its outcome to the run

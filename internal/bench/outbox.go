@@ -617,14 +617,13 @@ func rawPublisherMain(ctx context.Context, c *ChildEnv) error {
 	}
 	typ := c.Getenv(envOutboxType)
 	publish := func(ctx context.Context, m Message) (*amqp091.DeferredConfirmation, error) {
-		return ch.PublishWithDeferredConfirmWithContext(ctx, typ, "", false, false, amqp091.Publishing{
-			Headers:      amqp091.Table{wamqp.DefaultMessageUUIDHeaderKey: m.ID, framework.MetadataContentType: framework.ContentType},
-			ContentType:  framework.ContentType,
-			DeliveryMode: amqp091.Persistent,
-			MessageId:    m.ID,
-			Timestamp:    time.Now().UTC(),
-			Body:         m.Body,
-		})
+		msg := message.NewMessage(m.ID, m.Body)
+		msg.Metadata.Set(framework.MetadataContentType, framework.ContentType)
+		p, err := amqp.Marshaler{}.Marshal(msg) // the transport's publishing
+		if err != nil {
+			return nil, err
+		}
+		return ch.PublishWithDeferredConfirmWithContext(ctx, typ, "", false, false, p)
 	}
 	confirmed := func(ctx context.Context, dc *amqp091.DeferredConfirmation) error {
 		ok, err := dc.WaitContext(ctx)

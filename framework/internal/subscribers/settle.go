@@ -4,19 +4,22 @@ import (
 	"context"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
-// Settled waits until the router acks or nacks msg, or ctx (the
-// subscription's) ends: acked says which, and ok is false when ctx ended
-// first (shutdown then reads the message's state itself). The SQL
-// transports' subscribers watch each message they hand out with it.
-func Settled(ctx context.Context, msg *message.Message) (acked, ok bool) {
+// Watch waits until the router acks or nacks msg and tells s which, for
+// a reader that does not report each message's outcome itself (see
+// pipeline.SettleReported). When ctx (the subscription's) ends first it
+// returns without telling: shutdown then reads the message's state
+// itself. The SQL transports' subscriptions run it on a goroutine of its
+// own for each message they hand out to such a reader.
+func Watch(ctx context.Context, msg *message.Message, s pipeline.Settler) {
 	select {
 	case <-msg.Acked():
-		return true, true
+		s.Settled(true)
 	case <-msg.Nacked():
-		return false, true
+		s.Settled(false)
 	case <-ctx.Done():
-		return false, false
 	}
 }
