@@ -113,9 +113,18 @@ func TestReplayFailsAgain(t *testing.T) {
 			out, err := runCommand(t, commandOptions(cfg, picky), "dead-letters", "replay", "--consumer", name, "--by", "tester", "--reason", "try again")
 			require.NoError(t, err)
 			require.Contains(t, out, fmt.Sprintf("%d replayed, 0 refused", n))
+			var seen []framework.DeadLetter // the last read, reported when the wait fails
+			t.Cleanup(func() {
+				if t.Failed() {
+					for _, dl := range seen {
+						t.Logf("dead letter %d %s: %s, repeats %d, history %v", dl.ID, dl.Key(), dl.Status, dl.Repeats, historyKinds(t, store, dl.ID))
+					}
+				}
+			})
 			waitFor(t, "every replay failed again", func() bool {
 				dls, err := store.DeadLetters(context.Background(), framework.DeadLetterFilter{Consumer: name, Status: ""})
 				require.NoError(t, err)
+				seen = dls
 				for _, dl := range dls {
 					if dl.Repeats < 1 {
 						return false
