@@ -29,8 +29,11 @@ const (
 	DefaultPollInterval = time.Second
 	// DefaultWatchInterval is how often the watch of a file reads the
 	// newest offset of its messages table, to wake the subscriptions as
-	// soon as any process inserted a message.
-	DefaultWatchInterval = 20 * time.Millisecond
+	// soon as any process inserted a message. A read takes about 7µs; an
+	// idle service handled a message that another process inserted in
+	// about 7ms (p50) with it, against 9 to 14ms at 20ms, for about 0.02
+	// of a core more while idle (bench -run idle/SQLite).
+	DefaultWatchInterval = 10 * time.Millisecond
 	// DefaultLeaseDuration is how long a claim lasts without a renewal:
 	// the subscription renews the leases of the messages it holds every
 	// third of it, so a message whose process died comes back within

@@ -28,7 +28,7 @@ func sqliteScenario() Scenario {
 			"file's raw limit measured in the same run, in a process of its own: per event the same two inserts "+
 			"(the dedup mark and the business row), 100 events per transaction, no transport. In the latency "+
 			"phase the producer inserts one message per transaction; the service, in another process, sees it "+
-			"through its watch of the newest offset (every 20ms).", app.DefaultSQLiteConcurrency),
+			"through its watch of the newest offset (every 10ms).", app.DefaultSQLiteConcurrency),
 		Runs: []Run{
 			{Name: fmt.Sprintf("example service, default configuration (concurrency %d)", app.DefaultSQLiteConcurrency), Measure: func(ctx context.Context, env *Env) (Result, error) {
 				return measureSQLiteService(ctx, env, "")
