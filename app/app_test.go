@@ -138,9 +138,16 @@ func (b *bundle) start(t *testing.T) {
 	})
 }
 
+// publish publishes the widget name as event id of source "widgets".
 func (b *bundle) publish(t *testing.T, id, name string) {
 	t.Helper()
-	env, err := widgetAdded.Envelope(widgetAddedV1{Name: name}, framework.Attributes{ID: id, Source: "widgets"})
+	b.publishFrom(t, "widgets", id, name)
+}
+
+// publishFrom publishes the widget name as event id of source.
+func (b *bundle) publishFrom(t *testing.T, source, id, name string) {
+	t.Helper()
+	env, err := widgetAdded.Envelope(widgetAddedV1{Name: name}, framework.Attributes{ID: id, Source: source})
 	require.NoError(t, err)
 	msg, err := framework.NewMessage(env)
 	require.NoError(t, err)

@@ -65,7 +65,7 @@ func testReplayCrash(t *testing.T, cfg app.Config, at crash.Point) {
 	require.NoError(t, first.service.Start(startCtx))
 	db := openConfigured(t, cfg.DatabaseURL)
 	b := &bundle{cfg: cfg, db: db}
-	first.publish(t, "w-1", "crash")
+	first.publishFrom(t, name, "w-1", "crash")
 	var id int64
 	waitFor(t, "the dead letter", func() bool {
 		return db.Get(&id, db.Rebind(`SELECT id FROM dead_letters WHERE consumer = ?`), name) == nil
