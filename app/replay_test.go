@@ -110,28 +110,27 @@ func TestReplayFailsAgain(t *testing.T) {
 			for i := range n {
 				b.publishFrom(t, name, fmt.Sprintf("w-%02d", i), "poison")
 			}
-			pending := func() []framework.DeadLetter {
-				dls, err := store.DeadLetters(context.Background(), framework.DeadLetterFilter{Consumer: name, Status: framework.DeadLetterPending})
+			// deadLetters lists the consumer's dead letters of status, or all
+			// of them for "".
+			deadLetters := func(status framework.DeadLetterStatus) []framework.DeadLetter {
+				dls, err := store.DeadLetters(context.Background(), framework.DeadLetterFilter{Consumer: name, Status: status})
 				require.NoError(t, err)
 				return dls
 			}
-			waitFor(t, "the dead letters", func() bool { return len(pending()) == n })
+			waitFor(t, "the dead letters", func() bool { return len(deadLetters(framework.DeadLetterPending)) == n })
 
 			out, err := runCommand(t, commandOptions(cfg, picky), "dead-letters", "replay", "--consumer", name, "--by", "tester", "--reason", "try again")
 			require.NoError(t, err)
 			require.Contains(t, out, fmt.Sprintf("%d replayed, 0 refused", n))
-			var seen []framework.DeadLetter // the last read, reported when the wait fails
 			t.Cleanup(func() {
-				if t.Failed() {
-					for _, dl := range seen {
+				if t.Failed() { // what the wait below saw, when it ran out
+					for _, dl := range deadLetters("") {
 						t.Logf("dead letter %d %s: %s, repeats %d, history %v", dl.ID, dl.Key(), dl.Status, dl.Repeats, historyKinds(t, store, dl.ID))
 					}
 				}
 			})
 			waitFor(t, "every replay failed again", func() bool {
-				dls, err := store.DeadLetters(context.Background(), framework.DeadLetterFilter{Consumer: name, Status: ""})
-				require.NoError(t, err)
-				seen = dls
+				dls := deadLetters("")
 				for _, dl := range dls {
 					if dl.Repeats < 1 {
 						return false
@@ -139,7 +138,7 @@ func TestReplayFailsAgain(t *testing.T) {
 				}
 				return len(dls) == n
 			})
-			dls := pending()
+			dls := deadLetters(framework.DeadLetterPending)
 			require.Len(t, dls, n, "a failure after the replay leaves the dead letter pending")
 			for _, dl := range dls {
 				require.Equal(t, []framework.HistoryKind{framework.HistoryFailed, framework.HistoryReplayed, framework.HistoryFailed},
