@@ -140,9 +140,17 @@ func (b *brokers) dialURI() string {
 	return u
 }
 
-// config is the amqp091-go configuration of watermill-amqp's connection.
+// config is the amqp091-go configuration of watermill-amqp's connection:
+// it dials with dial, and coalesces the connection's writes (see
+// coalescingConn).
 func (b *brokers) config() *amqp091.Config {
-	return &amqp091.Config{Dial: b.dial}
+	return &amqp091.Config{Dial: func(network, addr string) (net.Conn, error) {
+		conn, err := b.dial(network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return newCoalescingConn(conn), nil
+	}}
 }
 
 // current returns the URL of the node last dialed, password hidden, or ""
