@@ -28,8 +28,8 @@ const (
 // the order of the Writes.
 //
 // A Write returns before its bytes reach the socket, as a write to a
-// socket returns before they reach the peer: a write error is returned by
-// the Writes after it, and by Close. A read error (the peer went away, a
+// socket returns before they reach the peer: the socket's first error is
+// returned by the Writes after it, and by Close. A read error (the peer went away, a
 // missed heartbeat's deadline: amqp091-go gives the connection up on
 // any) stops the writer too, and what it had not sent is dropped.
 type coalescingConn struct {
@@ -37,7 +37,8 @@ type coalescingConn struct {
 	flushTimeout time.Duration // how long Close waits for the rest to go out
 
 	mu      sync.Mutex
-	cond    *sync.Cond // signals the writer (data, close, error) and waiting Writes (room, error)
+	more    sync.Cond // wakes the writer: data, close, error
+	room    sync.Cond // wakes Writes waiting for room: the writer took pending, error
 	pending []byte
 	err     error // the socket's first error; net.ErrClosed after Close
 	closing bool
@@ -48,7 +49,7 @@ type coalescingConn struct {
 // writer, which runs until Close or an error of the socket.
 func newCoalescingConn(conn net.Conn) *coalescingConn {
 	c := &coalescingConn{Conn: conn, flushTimeout: closeFlushTimeout, done: make(chan struct{})}
-	c.cond = sync.NewCond(&c.mu)
+	c.more.L, c.room.L = &c.mu, &c.mu
 	go c.write()
 	return c
 }
@@ -67,10 +68,16 @@ func (c *coalescingConn) Read(p []byte) (int, error) {
 func (c *coalescingConn) fail(err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.failLocked(err)
+}
+
+// failLocked is fail with c.mu held.
+func (c *coalescingConn) failLocked(err error) {
 	if c.err == nil {
 		c.err = err
 	}
-	c.cond.Broadcast()
+	c.more.Signal()
+	c.room.Broadcast()
 }
 
 // Write appends a copy of p to what the writer sends next, waiting first
@@ -79,7 +86,7 @@ func (c *coalescingConn) Write(p []byte) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for c.err == nil && !c.closing && len(c.pending) > 0 && len(c.pending)+len(p) > maxPending {
-		c.cond.Wait()
+		c.room.Wait()
 	}
 	switch {
 	case c.err != nil:
@@ -88,7 +95,7 @@ func (c *coalescingConn) Write(p []byte) (int, error) {
 		return 0, net.ErrClosed
 	}
 	c.pending = append(c.pending, p...)
-	c.cond.Broadcast()
+	c.more.Signal()
 	return len(p), nil
 }
 
@@ -101,22 +108,21 @@ func (c *coalescingConn) write() {
 	defer c.mu.Unlock()
 	for {
 		for len(c.pending) == 0 && !c.closing && c.err == nil {
-			c.cond.Wait()
+			c.more.Wait()
 		}
 		if c.err != nil || len(c.pending) == 0 {
 			return
 		}
 		out, c.pending = c.pending, out[:0]
-		c.cond.Broadcast() // room for waiting Writes
+		c.room.Broadcast()
 		c.mu.Unlock()
 		_, err := c.Conn.Write(out)
 		if cap(out) > 4*maxPending {
 			out = nil // a huge message's buffer is not kept
 		}
 		c.mu.Lock()
-		if err != nil && c.err == nil {
-			c.err = err
-			c.cond.Broadcast()
+		if err != nil {
+			c.failLocked(err)
 		}
 	}
 }
@@ -126,7 +132,8 @@ func (c *coalescingConn) write() {
 func (c *coalescingConn) Close() error {
 	c.mu.Lock()
 	c.closing = true
-	c.cond.Broadcast()
+	c.more.Signal()
+	c.room.Broadcast()
 	c.mu.Unlock()
 	flushed := time.NewTimer(c.flushTimeout)
 	defer flushed.Stop()

@@ -109,11 +109,20 @@ func TestCoalescingConnGathers(t *testing.T) {
 	counted := &countingConn{Conn: ours}
 	c := newCoalescingConn(counted)
 	defer c.Close()
-	_, err := c.Write([]byte("first"))
-	require.NoError(t, err)
-	for i := range 100 {
-		_, err := c.Write([]byte{byte(i)})
-		require.NoError(t, err, "a Write waited for the socket")
+	// The peer reads nothing yet: the Writes must return all the same.
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := c.Write([]byte("first"))
+		for i := 0; i < 100 && err == nil; i++ {
+			_, err = c.Write([]byte{byte(i)})
+		}
+		wrote <- err
+	}()
+	select {
+	case err := <-wrote:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("a Write waited for the socket")
 	}
 	got := make([]byte, 0, 105)
 	buf := make([]byte, 256)
@@ -140,14 +149,23 @@ func TestCoalescingConnBounded(t *testing.T) {
 	c := newCoalescingConn(ours)
 	defer c.Close()
 	chunk := make([]byte, maxPending)
-	_, err := c.Write(chunk) // the writer takes it, and waits for the peer
-	require.NoError(t, err)
+	wrote := make(chan error, 1)
+	go func() {
+		_, err := c.Write(chunk) // the writer takes it, and waits for the peer
+		wrote <- err
+	}()
+	select {
+	case err := <-wrote:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("a Write waited for the socket")
+	}
 	require.Eventually(t, func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		return len(c.pending) == 0
 	}, 5*time.Second, time.Millisecond)
-	_, err = c.Write(chunk) // waits in pending
+	_, err := c.Write(chunk) // waits in pending
 	require.NoError(t, err)
 	third := make(chan error, 1)
 	go func() {
