@@ -49,6 +49,26 @@ func loopback(t *testing.T) (client, server net.Conn) {
 	return client, server
 }
 
+// writeAtOnce writes each of ps to c, and fails the test when the Writes
+// do not return soon: they must not wait for the socket.
+func writeAtOnce(t *testing.T, c *coalescingConn, ps ...[]byte) {
+	t.Helper()
+	wrote := make(chan error, 1)
+	go func() {
+		var err error
+		for i := 0; i < len(ps) && err == nil; i++ {
+			_, err = c.Write(ps[i])
+		}
+		wrote <- err
+	}()
+	select {
+	case err := <-wrote:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("a Write waited for the socket")
+	}
+}
+
 // TestCoalescingConnOrder: what many goroutines write at once arrives
 // whole, each goroutine's writes in their order, and Close sends what is
 // still gathered before the peer sees the end.
@@ -110,20 +130,11 @@ func TestCoalescingConnGathers(t *testing.T) {
 	c := newCoalescingConn(counted)
 	defer c.Close()
 	// The peer reads nothing yet: the Writes must return all the same.
-	wrote := make(chan error, 1)
-	go func() {
-		_, err := c.Write([]byte("first"))
-		for i := 0; i < 100 && err == nil; i++ {
-			_, err = c.Write([]byte{byte(i)})
-		}
-		wrote <- err
-	}()
-	select {
-	case err := <-wrote:
-		require.NoError(t, err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("a Write waited for the socket")
+	writes := [][]byte{[]byte("first")}
+	for i := range 100 {
+		writes = append(writes, []byte{byte(i)})
 	}
+	writeAtOnce(t, c, writes...)
 	got := make([]byte, 0, 105)
 	buf := make([]byte, 256)
 	for len(got) < 105 {
@@ -149,17 +160,7 @@ func TestCoalescingConnBounded(t *testing.T) {
 	c := newCoalescingConn(ours)
 	defer c.Close()
 	chunk := make([]byte, maxPending)
-	wrote := make(chan error, 1)
-	go func() {
-		_, err := c.Write(chunk) // the writer takes it, and waits for the peer
-		wrote <- err
-	}()
-	select {
-	case err := <-wrote:
-		require.NoError(t, err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("a Write waited for the socket")
-	}
+	writeAtOnce(t, c, chunk) // the writer takes it, and waits for the peer
 	require.Eventually(t, func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
