@@ -136,14 +136,23 @@ func connect(ctx context.Context, tr connector) error {
 	return nil
 }
 
-// beforeDeadline returns a context that ends a tenth of the time left
-// before ctx's deadline, if it has one. A start hook that waits with it
-// fails with its own error: fx's Start returns a bare "context deadline
+// minDeadlineMargin is the least time beforeDeadline leaves between its
+// context's end and ctx's, when half the time left allows it: the hook
+// must return its error, and fx see it, within that margin on a loaded
+// machine.
+const minDeadlineMargin = 250 * time.Millisecond
+
+// beforeDeadline returns a context that ends before ctx's deadline, if it
+// has one: a tenth of the time left earlier, at least minDeadlineMargin
+// (at most half the time left). A start hook that waits with it fails
+// with its own error: fx's Start returns a bare "context deadline
 // exceeded" when its context ends first.
 func beforeDeadline(ctx context.Context) (context.Context, context.CancelFunc) {
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		return context.WithCancel(ctx)
 	}
-	return context.WithDeadline(ctx, deadline.Add(-time.Until(deadline)/10))
+	left := time.Until(deadline)
+	margin := min(max(left/10, minDeadlineMargin), left/2)
+	return context.WithDeadline(ctx, deadline.Add(-margin))
 }
