@@ -466,7 +466,7 @@ func (op operator) releaseParked(ctx context.Context, out io.Writer, dl framewor
 		}
 	}
 	_, err = fmt.Fprintf(out, "%d events of subject %s parked behind it are released to %s, to be applied in order (the running service publishes them)\n",
-		len(parked), dl.Subject, dl.Consumer)
+		len(parked), printable(dl.Subject), dl.Consumer)
 	return err
 }
 
@@ -490,7 +490,7 @@ func (op operator) reportParked(ctx context.Context, out io.Writer, dl framework
 	if err != nil || len(parked) == 0 {
 		return err
 	}
-	_, err = fmt.Fprintf(out, "%d events of subject %s are parked behind it: %s\n", len(parked), dl.Subject, fate)
+	_, err = fmt.Fprintf(out, "%d events of subject %s are parked behind it: %s\n", len(parked), printable(dl.Subject), fate)
 	return err
 }
 

@@ -390,6 +390,55 @@ func TestShowEscapesHiddenText(t *testing.T) {
 	}
 }
 
+// TestResolveEscapesHiddenText: a replay refused because another operator
+// discarded the dead letter prints who and why escaped, and a dry run the
+// event's id and subject escaped (CloudEvents allows format characters
+// such as a bidirectional override in both): the refusal printed the
+// discarding operator's --by and --reason as they were, so that they could
+// clear the terminal and forge a line "dead letter 2 replayed".
+func TestResolveEscapesHiddenText(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	b := setup(t, cfg)
+	store := testStore(t, b.db)
+	publish := func(eventID, subject string) string {
+		t.Helper()
+		env, err := widgetAdded.Envelope(widgetAddedV1{Name: "w"}, framework.Attributes{ID: eventID, Source: "widgets", Subject: subject, SubjectSeq: 1})
+		require.NoError(t, err)
+		msg, err := framework.NewMessage(env)
+		require.NoError(t, err)
+		require.NoError(t, store.PublishDeadLetter(t.Context(), framework.DeadLetter{
+			Consumer: consumerName, Topic: widgetAdded.Type(), Source: "widgets", EventID: eventID,
+			Type: widgetAdded.Type(), Version: 1, Subject: subject, SubjectSeq: 1,
+			Code: "widget_rejected", Attempts: 1, Body: msg.Payload, Metadata: msg.Metadata,
+		}))
+		dls, err := store.DeadLetters(t.Context(), framework.DeadLetterFilter{EventID: eventID, Source: "widgets"})
+		require.NoError(t, err)
+		require.Len(t, dls, 1)
+		return fmt.Sprint(dls[0].ID)
+	}
+	discarded := publish("w-discarded", "")
+	_, err := runCommand(t, commandOptions(cfg), "dead-letters", "discard", discarded,
+		"--by", "mallory\x1b[2J\x1b]0;owned\a", "--reason", "ok\r\n\x1b[1A\x1b[2Kdead letter "+discarded+" replayed")
+	require.NoError(t, err)
+	pending := publish("w-\u202elive", "s\u2066x")
+
+	out, err := runCommand(t, commandOptions(cfg), "dead-letters", "replay", discarded, "--by", "tester", "--reason", "fixed")
+	require.Error(t, err)
+	require.Contains(t, out, `refused: not pending: discarded by mallory\x1b[2J\x1b]0;owned\a at `)
+	require.Contains(t, out, `(ok\r\n\x1b[1A\x1b[2Kdead letter `+discarded+` replayed)`)
+	dry, err := runCommand(t, commandOptions(cfg), "dead-letters", "replay", pending, "--dry-run")
+	require.NoError(t, err)
+	require.Contains(t, dry, `event widgets/w-\u202elive, subject s\u2066x #1`)
+	for _, o := range []string{out, dry} {
+		require.NotContains(t, o, "\x1b")
+		require.NotContains(t, o, "\r")
+		require.NotContains(t, o, "\u202e")
+		require.NotContains(t, o, "\u2066")
+		require.NotRegexp(t, `(?m)^dead letter \d+ replayed`, o, "no line of the command's own is forged")
+	}
+}
+
 // TestShowBodyAsItIs: dead-letters show indents a JSON body as it is. It
 // decoded and encoded it again, which kept one of two attributes with the
 // same name (so the operator could not see why the message was

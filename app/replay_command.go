@@ -46,19 +46,20 @@ func (v verdict) dryLine() string {
 	dl := v.dl
 	subject := ""
 	if dl.Subject != "" {
-		subject = fmt.Sprintf(", subject %s #%d", dl.Subject, dl.SubjectSeq)
+		subject = fmt.Sprintf(", subject %s #%d", printable(dl.Subject), dl.SubjectSeq)
 	}
 	return fmt.Sprintf("would replay dead letter %d: consumer %s, code %s, event %s%s, first failed %s",
-		v.id, dl.Consumer, dl.Code, dl.Key(), subject, dl.FirstFailedAt.UTC().Format(time.RFC3339))
+		v.id, dl.Consumer, dl.Code, printable(dl.Key().String()), subject, dl.FirstFailedAt.UTC().Format(time.RFC3339))
 }
 
-// notPending says who resolved dl, when and why.
+// notPending says who resolved dl, when and why: the operator's words
+// escaped, as every command prints what it did not write itself.
 func notPending(dl framework.DeadLetter) string {
 	r := dl.Resolution
 	if r.By == "" && r.At.IsZero() {
 		return fmt.Sprintf("not pending: %s", dl.Status)
 	}
-	return fmt.Sprintf("not pending: %s by %s at %s (%s)", dl.Status, orDash(r.By), r.At.UTC().Format(time.RFC3339), r.Reason)
+	return fmt.Sprintf("not pending: %s by %s at %s (%s)", dl.Status, printable(orDash(r.By)), r.At.UTC().Format(time.RFC3339), printable(r.Reason))
 }
 
 // refusedError is the error of a command that refused some of its dead

@@ -10,7 +10,8 @@ const (
 	// CodeMalformedEnvelope: the body is not a CloudEvents 1.0 JSON object
 	// with id, source, type and eventversion, or an attribute is invalid.
 	CodeMalformedEnvelope Code = "malformed_envelope"
-	// CodeTooLarge: the body, the id or the source exceeds its limit.
+	// CodeTooLarge: the body, the id, the source, the type or the subject
+	// exceeds its limit.
 	CodeTooLarge Code = "too_large"
 	// CodeUnknownType: no handler of the consumer handles the event type.
 	CodeUnknownType Code = "unknown_type"

@@ -28,6 +28,10 @@ const (
 	// PostgreSQL refuses a key over about 2.7 kB in an index: a longer
 	// subject could be neither applied nor held there.
 	MaxSubjectBytes = 1024
+	// MaxTypeBytes is the longest event type. The type names the topic an
+	// event is published to, and RabbitMQ takes no exchange name longer
+	// than 255 bytes.
+	MaxTypeBytes = 255
 	// DefaultMaxBodyBytes is the default limit of a message body.
 	DefaultMaxBodyBytes = 1 << 20
 	// MaxConsumerNameBytes is the longest consumer name.
@@ -176,8 +180,8 @@ type Attributes struct {
 func (a Attributes) Key() Key { return Key{Source: a.Source, ID: a.ID} }
 
 // Validate reports the first attribute that breaks the wire contract: the
-// key (see Key.Validate), a missing type, a subject over MaxSubjectBytes
-// (CodeTooLarge), a version out of 1..2^31-1, a negative subject
+// key (see Key.Validate), a missing type, a type over MaxTypeBytes or a
+// subject over MaxSubjectBytes (CodeTooLarge), a version out of 1..2^31-1, a negative subject
 // sequence, or a string attribute holding a character that CloudEvents
 // forbids in a String (see Decode).
 func (a Attributes) Validate() error {
@@ -187,6 +191,8 @@ func (a Attributes) Validate() error {
 	switch {
 	case a.Type == "":
 		return malformed("type", "missing")
+	case len(a.Type) > MaxTypeBytes:
+		return Permanent(CodeTooLarge, &FieldError{Field: "type", Reason: fmt.Sprintf("is %d bytes, at most %d allowed", len(a.Type), MaxTypeBytes)})
 	case len(a.Subject) > MaxSubjectBytes:
 		return Permanent(CodeTooLarge, &FieldError{Field: "subject", Reason: fmt.Sprintf("is %d bytes, at most %d allowed", len(a.Subject), MaxSubjectBytes)})
 	case a.Version < 1 || a.Version > maxVersion:
@@ -313,7 +319,18 @@ func Decode(body []byte, maxBody int) (Envelope, error) {
 // SDK, then by the JSON text: the reference that decodePlain follows, and
 // the decoder of every body decodePlain leaves to it, those it refuses
 // included.
-func decodeSDK(body []byte) (Envelope, error) {
+func decodeSDK(body []byte) (env Envelope, err error) {
+	if err := checkData(body); err != nil {
+		return Envelope{}, err
+	}
+	// The SDK's reader has panicked on a body (a number as data_base64):
+	// whatever else it may panic on is a malformed envelope, not a crash
+	// of the caller.
+	defer func() {
+		if p := recover(); p != nil {
+			env, err = Envelope{}, Permanent(CodeMalformedEnvelope, &FieldError{Field: "body", Reason: "not a CloudEvents 1.0 JSON object the CloudEvents SDK can read"})
+		}
+	}()
 	ev := cloudevents.New()
 	if err := json.Unmarshal(body, &ev); err != nil {
 		if json.Valid(body) {
@@ -335,7 +352,7 @@ func decodeSDK(body []byte) (Envelope, error) {
 	if version == 0 {
 		return Envelope{}, malformed(extVersion, "missing")
 	}
-	env := Envelope{Attributes: Attributes{
+	env = Envelope{Attributes: Attributes{
 		ID:      ev.ID(),
 		Source:  ev.Source(),
 		Type:    ev.Type(),
@@ -389,6 +406,33 @@ func decodeSDK(body []byte) (Envelope, error) {
 		return Envelope{}, malformed("data_base64", "not a JSON value")
 	}
 	return env, nil
+}
+
+// checkData checks how body gives its data, when body is valid JSON: as
+// data or as data_base64, not both, and data_base64 as a JSON string (or
+// null), which is all the CloudEvents SDK reads it as.
+func checkData(body []byte) error {
+	if !json.Valid(body) {
+		return nil // the SDK's error says what is wrong
+	}
+	var data, base64 bool
+	var err error
+	eachMember(body, func(name, value []byte) bool {
+		switch string(name) {
+		case "data":
+			data = true
+		case "data_base64":
+			base64 = true
+			if value[0] != '"' && string(value) != "null" {
+				err = malformed("data_base64", "not a string")
+			}
+		}
+		if data && base64 {
+			err = malformed("data_base64", "given beside data")
+		}
+		return err == nil
+	})
+	return err
 }
 
 // checkAttributes checks the attributes of body, valid JSON, as written

@@ -95,6 +95,13 @@ func TestDecodePoison(t *testing.T) {
 		{"LongSource", valid(func(m map[string]any) { m["source"] = strings.Repeat("s", framework.MaxSourceBytes+1) }), 0, framework.CodeTooLarge},
 		{"LongSubject", valid(func(m map[string]any) { m["subject"] = strings.Repeat("s", framework.MaxSubjectBytes+1) }), 0, framework.CodeTooLarge},
 		{"LargeBody", valid(func(map[string]any) {}), 10, framework.CodeTooLarge},
+		{"LongType", valid(func(m map[string]any) { m["type"] = strings.Repeat("t", framework.MaxTypeBytes+1) }), 0, framework.CodeTooLarge},
+		// The CloudEvents SDK's reader panicked on a number as data_base64.
+		{"Base64Number", `{"specversion":"1.0","id":"1","source":"s","type":"t","eventversion":1,"data_base64":5}`, 0, framework.CodeMalformedEnvelope},
+		{"Base64Zero", `{"specversion":"1.0","id":"1","source":"s","type":"t","eventversion":1,"data_base64":0}`, 0, framework.CodeMalformedEnvelope},
+		{"Base64Object", `{"specversion":"1.0","id":"1","source":"s","type":"t","eventversion":1,"data_base64":{}}`, 0, framework.CodeMalformedEnvelope},
+		{"DataThenBase64", `{"specversion":"1.0","id":"1","source":"s","type":"t","eventversion":1,"data":{},"data_base64":"e30="}`, 0, framework.CodeMalformedEnvelope},
+		{"Base64ThenData", `{"specversion":"1.0","id":"1","source":"s","type":"t","eventversion":1,"data_base64":"e30=","data":{}}`, 0, framework.CodeMalformedEnvelope},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -65,11 +65,14 @@ const (
 )
 
 // NewDefinition returns the definition of version of event type typ with
-// data of type T. The type must not be empty and the version must be 1 or
-// more.
+// data of type T. The type must not be empty nor longer than MaxTypeBytes,
+// and the version must be 1 or more.
 func NewDefinition[T any](typ string, version int) (Definition[T], error) {
 	if typ == "" {
 		return Definition[T]{}, errors.New("event type is empty")
+	}
+	if len(typ) > MaxTypeBytes {
+		return Definition[T]{}, fmt.Errorf("event type of %d bytes: at most %d allowed", len(typ), MaxTypeBytes)
 	}
 	if version < 1 || version > 1<<31-1 {
 		return Definition[T]{}, fmt.Errorf("event %s: version %d out of range 1..2^31-1", typ, version)
