@@ -439,6 +439,32 @@ func TestResolveEscapesHiddenText(t *testing.T) {
 	}
 }
 
+// TestEventsShowNormalizesSource: events show finds an event whose source
+// is typed in another spelling of the same URI reference, as Decode keys
+// it: "café" finds the dead letter of source "caf%C3%A9".
+func TestEventsShowNormalizesSource(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	b := setup(t, cfg)
+	store := testStore(t, b.db)
+	env, err := widgetAdded.Envelope(widgetAddedV1{Name: "w"}, framework.Attributes{ID: "w-1", Source: "café"})
+	require.NoError(t, err)
+	msg, err := framework.NewMessage(env)
+	require.NoError(t, err)
+	decoded, err := framework.Decode(msg.Payload, 0)
+	require.NoError(t, err)
+	require.Equal(t, "caf%C3%A9", decoded.Source)
+	require.NoError(t, store.PublishDeadLetter(t.Context(), framework.DeadLetter{
+		Consumer: consumerName, Topic: widgetAdded.Type(), Source: decoded.Source, EventID: "w-1",
+		Type: widgetAdded.Type(), Version: 1, Code: "widget_rejected", Attempts: 1, Body: msg.Payload, Metadata: msg.Metadata,
+	}))
+	for _, source := range []string{"café", "caf%C3%A9"} {
+		out, err := runCommand(t, commandOptions(cfg), "events", "show", source, "w-1")
+		require.NoError(t, err)
+		require.Regexp(t, `(?m)^dead letter \d+ of `+regexp.QuoteMeta(consumerName)+`: pending, code widget_rejected`, out, source)
+	}
+}
+
 // TestShowBodyAsItIs: dead-letters show indents a JSON body as it is. It
 // decoded and encoded it again, which kept one of two attributes with the
 // same name (so the operator could not see why the message was

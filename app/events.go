@@ -72,7 +72,7 @@ letters past dead_letter_retention), it says how far: "purged before" a time. Wi
 same as one JSON object.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			key := framework.Key{Source: args[0], ID: args[1]}
+			key := framework.Key{Source: framework.NormalizeSource(args[0]), ID: args[1]}
 			return inspect(cmd.Context(), opts, func(ctx context.Context, in inspection) error {
 				rec, err := in.inspector.InspectEvent(ctx, key)
 				if err != nil {

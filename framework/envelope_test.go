@@ -3,6 +3,7 @@ package framework_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -364,4 +365,28 @@ func TestKeyValidate(t *testing.T) {
 	} {
 		require.True(t, framework.IsPermanent(k.Validate()), "%q", k)
 	}
+}
+
+// TestNormalizeSource: Decode reads a source as a URI reference written
+// back, so that the spellings of one are one source, and NormalizeSource
+// gives an operator's spelling the form the stores keep.
+func TestNormalizeSource(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct{ written, read string }{
+		{"appointments", "appointments"},
+		{"/svc/a-b_c.d~e", "/svc/a-b_c.d~e"},
+		{"a b", "a%20b"},
+		{"a%20b", "a%20b"},
+		{"café", "caf%C3%A9"},
+		{"HTTP://h/p", "http://h/p"},
+		{"urn:example:x", "urn:example:x"},
+	} {
+		body := fmt.Sprintf(`{"specversion":"1.0","id":"1","source":%q,"type":"t","eventversion":1,"data":{}}`, tt.written)
+		env, err := framework.Decode([]byte(body), 0)
+		require.NoError(t, err, tt.written)
+		require.Equal(t, tt.read, env.Source, tt.written)
+		require.Equal(t, tt.read, framework.NormalizeSource(tt.written), tt.written)
+		require.Equal(t, tt.read, framework.NormalizeSource(tt.read), "normalized already: %s", tt.written)
+	}
+	require.Equal(t, "%zz", framework.NormalizeSource("%zz"), "a source that does not parse is kept")
 }

@@ -521,6 +521,20 @@ func plainString(raw []byte, text string) (s string, ok bool) {
 	return text[1 : len(text)-1], true
 }
 
+// NormalizeSource returns source as Decode reads an event's source: parsed
+// as a URI reference and written back, as the CloudEvents SDK reads it, so
+// that the spellings of one URI reference are one source ("a b" and
+// "a%20b", "HTTP://h/p" and "http://h/p", "café" and "caf%C3%A9"). The
+// keys of the stores hold that form: a source typed by an operator finds
+// its records once normalized. A source that does not parse is returned
+// as it is.
+func NormalizeSource(source string) string {
+	if s, ok := uriReference(source); ok {
+		return s
+	}
+	return source
+}
+
 // uriReference returns s as the CloudEvents SDK reads a source: parsed as
 // a URI reference and written back. ok is false when s does not parse.
 func uriReference(s string) (string, bool) {

@@ -300,7 +300,7 @@ func (c *Console) event(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d.Asked = true
-	rec, err := c.cfg.Inspector.InspectEvent(r.Context(), framework.Key{Source: d.Source, ID: d.ID})
+	rec, err := c.cfg.Inspector.InspectEvent(r.Context(), framework.Key{Source: framework.NormalizeSource(d.Source), ID: d.ID})
 	if err != nil {
 		c.internal(w, r, "inspect event", err)
 		return
