@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/url"
 	"os"
 	"time"
 
@@ -66,7 +67,7 @@ func runDemo(ctx context.Context, out io.Writer) error {
 		defer cancel()
 		_ = service.Stop(stopCtx)
 	}()
-	fmt.Fprintf(out, "notifications demo: transport %s, database %s\n\n", cfg.Transport, cfg.DatabaseURL)
+	fmt.Fprintf(out, "notifications demo: transport %s, database %s\n\n", cfg.Transport, redacted(cfg.DatabaseURL))
 
 	before, err := outcomes(metrics)
 	if err != nil {
@@ -89,6 +90,7 @@ func runDemo(ctx context.Context, out io.Writer) error {
 
 	// Wait until all five deliveries are acknowledged.
 	var got map[string]float64
+	checked, suspect := time.Now(), -1.0
 	for {
 		got, err = outcomes(metrics)
 		if err != nil {
@@ -102,6 +104,23 @@ func runDemo(ctx context.Context, out io.Writer) error {
 		}
 		if total >= float64(len(events)) {
 			break
+		}
+		if time.Since(checked) > time.Second {
+			// More reminders than processed, twice a second apart with no
+			// progress between: not a commit whose count is on its way.
+			checked = time.Now()
+			processed := got[string(framework.Processed)] - before[string(framework.Processed)]
+			more, err := moreReminders(ctx, db, events, processed)
+			switch {
+			case err != nil:
+				return err
+			case more && suspect == processed:
+				return fmt.Errorf("another consumer %s of this database took the demo's messages (is a notifications serve running on it?): stop it, or run the demo on a database of its own", ConsumerName)
+			case more:
+				suspect = processed
+			default:
+				suspect = -1
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -143,6 +162,23 @@ func runDemo(ctx context.Context, out io.Writer) error {
 	}
 	fmt.Fprintln(out, "\ndemo done.")
 	return nil
+}
+
+// moreReminders reports whether the database holds more reminders of the
+// demo's bookings than the demo processed: another consumer of the same
+// name and database (a running serve) took some of the demo's messages,
+// and the demo would wait for them in vain.
+func moreReminders(ctx context.Context, db *sqlx.DB, events []demoEvent, processed float64) (bool, error) {
+	ids := []any{events[0].env.ID, events[1].env.ID, events[2].env.ID}
+	query, args, err := sqlx.In(`SELECT count(*) FROM reminders WHERE event_id IN (?)`, ids)
+	if err != nil {
+		return false, err
+	}
+	var n int
+	if err := db.GetContext(ctx, &n, db.Rebind(query), args...); err != nil {
+		return false, fmt.Errorf("read reminders: %w", err)
+	}
+	return float64(n) > processed, nil
 }
 
 type demoEvent struct {
@@ -202,4 +238,14 @@ func outcomes(m *middleware.Metrics) (map[string]float64, error) {
 		}
 	}
 	return got, nil
+}
+
+// redacted returns the database URL u with its password hidden, as
+// url.URL.Redacted writes it: the demo's output is pasted into tickets.
+func redacted(u string) string {
+	parsed, err := url.Parse(u)
+	if err != nil {
+		return "(a URL that does not parse)"
+	}
+	return parsed.Redacted()
 }

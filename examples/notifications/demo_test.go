@@ -3,13 +3,16 @@ package main
 import (
 	"bytes"
 	"context"
+	"log/slog"
 	"maps"
+	"net/url"
 	"path/filepath"
 	"testing"
 	"time"
 
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/fx"
 
 	"github.com/effectively-once/effectively/app"
 	"github.com/effectively-once/effectively/internal/testenv"
@@ -76,6 +79,11 @@ func TestDemo(t *testing.T) {
 			} {
 				require.Regexp(t, want, report)
 			}
+			if u, err := url.Parse(env[app.EnvDatabaseURL]); err == nil {
+				if password, ok := u.User.Password(); ok {
+					require.NotContains(t, report, ":"+password+"@", "the demo prints the database URL without its password")
+				}
+			}
 		})
 	}
 }
@@ -91,4 +99,38 @@ func purgeQueue(t *testing.T, url, name string) {
 	require.NoError(t, err)
 	defer ch.Close()
 	_, _ = ch.QueuePurge(name, false) // a queue that does not exist has nothing to purge
+}
+
+// TestDemoBesideAService: the demo run on the database of a running
+// service of the same consumer (PostgreSQL transport: one consumer group)
+// says that the service took its messages, instead of waiting two minutes
+// for them and ending with a bare deadline.
+func TestDemoBesideAService(t *testing.T) {
+	dbURL := testenv.PostgresURL(t)
+	for k, v := range map[string]string{
+		app.EnvTransport: app.TransportPostgres, app.EnvDatabaseURL: dbURL, app.EnvTransportURL: "",
+		app.EnvAMQPURL: "", app.EnvTablePrefix: "", app.EnvConfig: "", app.EnvAutoMigrate: "true", app.EnvHTTPAddr: "",
+	} {
+		t.Setenv(k, v)
+	}
+	service := app.New(Module, fx.NopLogger, fx.Supply(slog.New(slog.DiscardHandler)))
+	require.NoError(t, service.Err())
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	require.NoError(t, service.Start(ctx))
+	t.Cleanup(func() { require.NoError(t, service.Stop(context.Background())) })
+
+	var err error
+	for range 5 { // the demo may still take every message once in a while
+		var out bytes.Buffer
+		cmd := demoCommand()
+		cmd.SetOut(&out)
+		cmd.SetErr(&out)
+		cmd.SetArgs([]string{})
+		if err = cmd.ExecuteContext(ctx); err != nil {
+			break
+		}
+	}
+	require.ErrorContains(t, err, "another consumer notifications.remind-on-appointment-booked of this database took the demo's messages")
+	require.NoError(t, ctx.Err(), "told at once, not at the deadline")
 }
