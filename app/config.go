@@ -531,25 +531,25 @@ func (c Config) Validate() error {
 	switch c.Transport {
 	case TransportSQLite, TransportMemory:
 		if isPostgresURL(c.DatabaseURL) && c.Transport == TransportSQLite && c.TransportURL == c.DatabaseURL {
-			errs = append(errs, fmt.Errorf("EFFECTIVELY_TRANSPORT: sqlite needs a SQLite EFFECTIVELY_DATABASE_URL or EFFECTIVELY_TRANSPORT_URL, got a postgres:// URL (use the postgres transport)"))
+			errs = append(errs, fmt.Errorf("transport (EFFECTIVELY_TRANSPORT): sqlite needs a SQLite database_url or transport_url (EFFECTIVELY_DATABASE_URL, EFFECTIVELY_TRANSPORT_URL), got a postgres:// URL (use the postgres transport)"))
 		}
 	case TransportPostgres:
 		if !isPostgresURL(c.TransportURL) {
-			errs = append(errs, fmt.Errorf("EFFECTIVELY_TRANSPORT: postgres needs a postgres:// EFFECTIVELY_DATABASE_URL or EFFECTIVELY_TRANSPORT_URL"))
+			errs = append(errs, fmt.Errorf("transport (EFFECTIVELY_TRANSPORT): postgres needs a postgres:// database_url or transport_url (EFFECTIVELY_DATABASE_URL, EFFECTIVELY_TRANSPORT_URL)"))
 		}
 	case TransportAMQP:
 		if _, err := amqp.ParseURLs(c.AMQPURL); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", EnvAMQPURL, err))
+			errs = append(errs, fmt.Errorf("amqp_url (%s): %w", EnvAMQPURL, err))
 		}
 		errs = append(errs, c.validateQueueType())
 	default:
-		errs = append(errs, fmt.Errorf("EFFECTIVELY_TRANSPORT: want sqlite, postgres, amqp or memory, got %q", c.Transport))
+		errs = append(errs, fmt.Errorf("transport (EFFECTIVELY_TRANSPORT): want sqlite, postgres, amqp or memory, got %q", c.Transport))
 	}
 	if c.DatabaseURL == "" {
-		errs = append(errs, errors.New("EFFECTIVELY_DATABASE_URL: empty"))
+		errs = append(errs, errors.New("database_url (EFFECTIVELY_DATABASE_URL): empty"))
 	}
 	if err := migrate.ValidateTablePrefix(c.TablePrefix); err != nil {
-		errs = append(errs, fmt.Errorf("EFFECTIVELY_TABLE_PREFIX: %w", err))
+		errs = append(errs, fmt.Errorf("table_prefix (EFFECTIVELY_TABLE_PREFIX): %w", err))
 	}
 	if c.DatabaseMaxConns < 0 {
 		errs = append(errs, fmt.Errorf("database_max_conns: want 1 or more (or nothing: sized from the consumers), got %d", c.DatabaseMaxConns))
@@ -559,7 +559,7 @@ func (c Config) Validate() error {
 	}
 	if c.HTTPAddr != "" {
 		if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
-			errs = append(errs, fmt.Errorf("EFFECTIVELY_HTTP_ADDR: want host:port, got %q", c.HTTPAddr))
+			errs = append(errs, fmt.Errorf("http_addr (EFFECTIVELY_HTTP_ADDR): want host:port, got %q", c.HTTPAddr))
 		}
 	}
 	if c.ProcessedRetention < 0 || c.ProcessedRetention > 0 && time.Duration(c.ProcessedRetention) < MinProcessedRetention {
@@ -637,7 +637,7 @@ func (c Config) validateQueueType() error {
 		return nil
 	case amqp.QueueQuorum:
 	default:
-		return fmt.Errorf("%s: want %s or %s, got %q", EnvAMQPQueueType, amqp.QueueClassic, amqp.QueueQuorum, c.AMQPQueueType)
+		return fmt.Errorf("amqp_queue_type (%s): want %s or %s, got %q", EnvAMQPQueueType, amqp.QueueClassic, amqp.QueueQuorum, c.AMQPQueueType)
 	}
 	limit := cmp.Or(c.AMQPDeliveryLimit, amqp.DefaultDeliveryLimit)
 	if limit < 1 || limit > math.MaxInt32 {

@@ -465,7 +465,7 @@ func TestCheckConsumers(t *testing.T) {
 
 		cfg = testConfig(t)
 		cfg.Transport = "kafka"
-		require.ErrorContains(t, app.New(fx.Replace(cfg)).Err(), `EFFECTIVELY_TRANSPORT: want sqlite, postgres, amqp or memory, got "kafka"`)
+		require.ErrorContains(t, app.New(fx.Replace(cfg)).Err(), `transport (EFFECTIVELY_TRANSPORT): want sqlite, postgres, amqp or memory, got "kafka"`)
 	})
 
 	t.Run("StartAcceptsRenamedFrom", func(t *testing.T) {

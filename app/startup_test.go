@@ -43,7 +43,7 @@ func TestServeBrokerRefusesCredentials(t *testing.T) {
 	const password = "not-the-password-4711"
 	u.User = url.UserPassword(u.User.Username(), password)
 	err = serveAMQP(t, u.String(), time.Minute)
-	require.ErrorContains(t, err, app.EnvAMQPURL+": amqp: the broker refused the credentials of amqp://")
+	require.ErrorContains(t, err, "amqp_url ("+app.EnvAMQPURL+"): amqp: the broker refused the credentials of amqp://")
 	require.NotErrorIs(t, err, context.DeadlineExceeded)
 	require.NotContains(t, err.Error(), password)
 }
@@ -54,7 +54,7 @@ func TestServeBrokerRefusesCredentials(t *testing.T) {
 func TestServeBrokerUnreachable(t *testing.T) {
 	t.Parallel()
 	err := serveAMQP(t, closedAMQPURL(t, "s3cret"), 2*time.Second)
-	require.ErrorContains(t, err, app.EnvAMQPURL+": amqp: broker unreachable at amqp://guest:xxxxx@127.0.0.1:")
+	require.ErrorContains(t, err, "amqp_url ("+app.EnvAMQPURL+"): amqp: broker unreachable at amqp://guest:xxxxx@127.0.0.1:")
 	require.ErrorContains(t, err, "connection refused")
 	require.NotContains(t, err.Error(), "s3cret")
 }
