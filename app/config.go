@@ -768,14 +768,28 @@ func LoadConfig(lookupEnv func(string) (string, bool)) (Config, error) {
 	return cfg, nil
 }
 
-// yamlLineRE matches the "line N: problem" entries of yaml.v3's errors.
-var yamlLineRE = regexp.MustCompile(`^line (\d+): (.*)$`)
+// yamlLineRE matches the "line N: problem" entries of yaml.v3's errors;
+// yamlFieldRE and yamlValueRE the field or the value that the problem
+// names, if any.
+var (
+	yamlLineRE  = regexp.MustCompile(`^line (\d+): (.*)$`)
+	yamlFieldRE = regexp.MustCompile(`^field (\S+) not found in type`)
+	yamlValueRE = regexp.MustCompile("^cannot unmarshal !!\\w+ `(.*)` into |, got \"(.*)\"$")
+)
+
+// yamlEntry is a key of a YAML file, or a value of a list: its path from
+// the root, its own name and its value when that is a scalar.
+type yamlEntry struct {
+	path, key, value string
+}
 
 // namedYAMLError rewrites the entries of a *yaml.TypeError, which name a
 // line only ("line 3: cannot unmarshal !!str `three` into int"), to name
 // the key of that line as well ("consumers.a.b.attempts (line 3): ..."),
-// so that every bad value names its key. Other errors are returned as they
-// are.
+// so that every bad value names its key. On a line of several keys (a
+// mapping written {a: 1, b: 2}), it names the key that the problem names
+// (an unknown field, a bad value), else the mapping that holds them all.
+// Other errors are returned as they are.
 func namedYAMLError(raw []byte, err error) error {
 	var terr *yaml.TypeError
 	if !errors.As(err, &terr) {
@@ -785,7 +799,7 @@ func namedYAMLError(raw []byte, err error) error {
 	if yaml.Unmarshal(raw, &root) != nil {
 		return err
 	}
-	keys := make(map[int]string) // line -> the innermost key on it
+	lines := make(map[int][]yamlEntry) // line -> the keys and values on it
 	var walk func(n *yaml.Node, path string)
 	walk = func(n *yaml.Node, path string) {
 		switch n.Kind {
@@ -800,16 +814,20 @@ func namedYAMLError(raw []byte, err error) error {
 				if path != "" {
 					p = path + "." + k.Value
 				}
-				keys[k.Line] = p
+				e := yamlEntry{path: p, key: k.Value}
+				if v.Kind == yaml.ScalarNode {
+					e.value = v.Value
+				}
+				lines[k.Line] = append(lines[k.Line], e)
 				walk(v, p)
 			}
 		case yaml.SequenceNode:
 			for i, c := range n.Content {
 				walk(c, fmt.Sprintf("%s[%d]", path, i))
 			}
-		default:
-			if path != "" {
-				keys[n.Line] = path
+		case yaml.ScalarNode:
+			if path != "" && !slices.ContainsFunc(lines[n.Line], func(e yamlEntry) bool { return e.path == path }) {
+				lines[n.Line] = append(lines[n.Line], yamlEntry{path: path, value: n.Value})
 			}
 		}
 	}
@@ -822,7 +840,7 @@ func namedYAMLError(raw []byte, err error) error {
 			continue
 		}
 		line, _ := strconv.Atoi(m[1])
-		key, ok := keys[line]
+		key, ok := keyOfProblem(lines[line], m[2])
 		if !ok {
 			errs = append(errs, errors.New(e))
 			continue
@@ -830,4 +848,47 @@ func namedYAMLError(raw []byte, err error) error {
 		errs = append(errs, fmt.Errorf("%s (line %d): %s", key, line, m[2]))
 	}
 	return errors.Join(errs...)
+}
+
+// keyOfProblem returns the path of the entry of a line that problem is
+// about: the only one; else the one of the field or value it names, when
+// one alone matches; else the mapping that holds them all.
+func keyOfProblem(entries []yamlEntry, problem string) (string, bool) {
+	switch len(entries) {
+	case 0:
+		return "", false
+	case 1:
+		return entries[0].path, true
+	}
+	var match func(yamlEntry) bool
+	if m := yamlFieldRE.FindStringSubmatch(problem); m != nil {
+		match = func(e yamlEntry) bool { return e.key == m[1] }
+	} else if m := yamlValueRE.FindStringSubmatch(problem); m != nil {
+		value := m[1] + m[2] // one of the two groups matched
+		match = func(e yamlEntry) bool { return e.value == value }
+	}
+	if match != nil {
+		var found []string
+		for _, e := range entries {
+			if match(e) {
+				found = append(found, e.path)
+			}
+		}
+		if len(found) == 1 {
+			return found[0], true
+		}
+	}
+	common := strings.Split(entries[0].path, ".")
+	for _, e := range entries[1:] {
+		parts := strings.Split(e.path, ".")
+		n := 0
+		for n < len(common) && n < len(parts) && common[n] == parts[n] {
+			n++
+		}
+		common = common[:n]
+	}
+	if len(common) == 0 {
+		return "", false
+	}
+	return strings.Join(common, "."), true
 }

@@ -278,6 +278,14 @@ func TestLoadConfigBadValue(t *testing.T) {
 		{name: "BadConsumerDuration", yaml: "consumers:\n  a.b:\n    retry_delay: soon\n", key: "consumers.a.b.retry_delay"},
 		{name: "MalformedConsumerName", yaml: "consumers:\n  Bad_Name:\n    attempts: 2\n", key: "consumers.Bad_Name"},
 		{name: "NotAMapping", yaml: "- a\n- b\n", key: app.EnvConfig},
+		{name: "TransportYAMLNamesKey", yaml: "transport: kafka\n", key: "transport (EFFECTIVELY_TRANSPORT): want sqlite"},
+		// A mapping on one line, as the README writes breaker: its keys
+		// were all named by the last one of the line.
+		{name: "FlowUnknownKey", yaml: "defaults:\n  breaker: {failure: 5, cool_down: 30s}\n", key: "defaults.breaker.failure (line 2): field failure not found"},
+		{name: "FlowUnknownKeyFirst", yaml: "defaults: {attempts: 3, retry_dealy: 1s, timeout: 30s}\n", key: "defaults.retry_dealy (line 1): field retry_dealy not found"},
+		{name: "FlowBadValue", yaml: "defaults: {attempts: three, timeout: 30s}\n", key: "defaults.attempts (line 1): cannot unmarshal"},
+		{name: "FlowBadDuration", yaml: "defaults: {timeout: soon, retry_delay: 1s}\n", key: "defaults.timeout (line 1): want a duration"},
+		{name: "FlowSameValue", yaml: "defaults: {attempts: x, timeout: x}\n", key: "defaults (line 1): "},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
