@@ -48,7 +48,8 @@ type operatorParams struct {
 
 // operate opens the service's database, runs fn and closes it. The
 // service's application is built, not started: its handlers, transport,
-// router and start hooks do not run.
+// router and start hooks do not run; the consumers' declarations are
+// checked as the service checks them.
 func operate(ctx context.Context, opts fx.Option, fn func(ctx context.Context, op operator) error) error {
 	var (
 		undo cleanup
@@ -57,11 +58,15 @@ func operate(ctx context.Context, opts fx.Option, fn func(ctx context.Context, o
 	service := build(&undo,
 		fx.Provide(ConfigFromEnv, newDB, newStore),
 		opts,
-		fx.Invoke(func(p operatorParams) {
+		fx.Invoke(func(p operatorParams) error {
+			if err := handlers.CheckDeclarations(p.Declarations); err != nil {
+				return err // what the service refuses at start
+			}
 			op = operator{cfg: p.Config, db: p.DB, deadLetters: p.Store}
 			for _, d := range p.Declarations {
 				op.consumers = append(op.consumers, d.Name)
 			}
+			return nil
 		}),
 	)
 	if err := service.Err(); err != nil {

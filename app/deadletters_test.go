@@ -465,6 +465,26 @@ func TestEventsShowNormalizesSource(t *testing.T) {
 	}
 }
 
+// TestCommandsRefuseDuplicateConsumer: the operator's commands refuse a
+// consumer name declared twice, as serve does at start: consumers listed
+// it twice and exited 0.
+func TestCommandsRefuseDuplicateConsumer(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	setup(t, cfg)
+	twice := commandOptions(cfg, handlers.Register(consumerName, handlers.On(widgetAdded, newAddWidget)))
+	for _, args := range [][]string{
+		{"consumers"},
+		{"dead-letters", "list"},
+		{"events", "show", "widgets", "w-1"},
+	} {
+		out, err := runCommand(t, twice, args...)
+		require.ErrorContains(t, err, "consumer name declared more than once: "+consumerName, "%v: %s", args, out)
+	}
+	_, err := runCommand(t, commandOptions(cfg), "consumers")
+	require.NoError(t, err, "declared once")
+}
+
 // TestShowBodyAsItIs: dead-letters show indents a JSON body as it is. It
 // decoded and encoded it again, which kept one of two attributes with the
 // same name (so the operator could not see why the message was

@@ -302,13 +302,23 @@ type Registry struct {
 	withoutDedup map[string]string
 }
 
-// newRegistry checks the declarations and builds the consumers. It refuses
-// a consumer declared twice and two handlers of one consumer for the same
-// event type and version, naming them.
-func newRegistry(p registryParams) (*Registry, error) {
-	declared := make(map[string]bool, len(p.Declarations))
+// CheckDeclarations checks what the declarations alone tell, as the
+// Registry does before it builds any handler: it refuses a consumer name
+// declared twice, and a name that a consumer is renamed from while it is
+// still declared or that two consumers are renamed from. The commands that
+// need the declarations and not the handlers (the operator's) call it, so
+// that they refuse what the service refuses at start.
+func CheckDeclarations(decls []Declaration) error {
+	_, err := checkDeclarations(decls)
+	return err
+}
+
+// checkDeclarations is CheckDeclarations; it returns the names each
+// consumer is renamed from.
+func checkDeclarations(decls []Declaration) (renamed map[string][]string, err error) {
+	declared := make(map[string]bool, len(decls))
 	var dups []string
-	for _, d := range p.Declarations {
+	for _, d := range decls {
 		if declared[d.Name] {
 			dups = append(dups, d.Name)
 		}
@@ -318,13 +328,9 @@ func newRegistry(p registryParams) (*Registry, error) {
 		slices.Sort(dups)
 		return nil, fmt.Errorf("handlers: consumer name declared more than once: %s (a consumer name is an identity; give each consumer its own, or declare all its routes in one handlers.Register)", strings.Join(dups, ", "))
 	}
-	renamed := make(map[string][]string)
-	withoutDedup := make(map[string]string)
+	renamed = make(map[string][]string)
 	claimed := make(map[string]string) // old name -> the consumer that claims it
-	for _, d := range p.Declarations {
-		if d.WithoutDedup != "" {
-			withoutDedup[d.Name] = d.WithoutDedup
-		}
+	for _, d := range decls {
 		for _, old := range d.RenamedFrom {
 			if declared[old] {
 				return nil, fmt.Errorf("handlers: consumer %s is renamed from %s, which is still declared", d.Name, old)
@@ -334,6 +340,25 @@ func newRegistry(p registryParams) (*Registry, error) {
 			}
 			claimed[old] = d.Name
 			renamed[d.Name] = append(renamed[d.Name], old)
+		}
+	}
+	return renamed, nil
+}
+
+// newRegistry checks the declarations and builds the consumers. It refuses
+// what CheckDeclarations refuses, and two handlers of one consumer for the
+// same event type and version, naming them.
+func newRegistry(p registryParams) (*Registry, error) {
+	renamed, err := checkDeclarations(p.Declarations)
+	if err != nil {
+		return nil, err
+	}
+	declared := make(map[string]bool, len(p.Declarations))
+	withoutDedup := make(map[string]string)
+	for _, d := range p.Declarations {
+		declared[d.Name] = true
+		if d.WithoutDedup != "" {
+			withoutDedup[d.Name] = d.WithoutDedup
 		}
 	}
 	byConsumer := make(map[string][]framework.Handler)
