@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"gopkg.in/yaml.v3"
@@ -222,8 +223,9 @@ func (u *urlList) UnmarshalYAML(n *yaml.Node) error {
 // the service's struct decides which keys this section may have.
 type ServiceSection struct {
 	present bool
-	path    string // of the file
-	file    []byte // the whole file, so that errors name its lines
+	path    string       // of the file
+	file    []byte       // the whole file, so that errors name its lines
+	decoded *atomic.Bool // set by DecodeService, shared by the copies of the Config
 }
 
 // UnmarshalYAML records that the file has the section.
@@ -262,7 +264,21 @@ func (c Config) DecodeService(v any) error {
 	if err := fractionsInIntegers(c.Service.file, doc.Elem().Type()); err != nil {
 		return fmt.Errorf("configuration: %s %s: %w", EnvConfig, c.Service.path, err)
 	}
+	if c.Service.decoded != nil {
+		c.Service.decoded.Store(true)
+	}
 	return nil
+}
+
+// checkServiceDecoded refuses a service: section that the service did not
+// decode (app.ServiceConfig, Config.DecodeService) by the time it starts:
+// its settings, typos included, would be ignored without a word, as those
+// of an undeclared consumer would be (checkConsumers).
+func (c Config) checkServiceDecoded() error {
+	if !c.Service.present || c.Service.decoded == nil || c.Service.decoded.Load() {
+		return nil
+	}
+	return fmt.Errorf("configuration: %s %s: service: the service decodes no service: section (app.ServiceConfig or Config.DecodeService), so its settings would be ignored; remove it, or decode it into the service's settings", EnvConfig, c.Service.path)
 }
 
 // ServiceConfig returns the service: section of the configuration file
@@ -731,7 +747,7 @@ func LoadConfig(lookupEnv func(string) (string, bool)) (Config, error) {
 			return Config{}, fmt.Errorf("%s %s: %w", EnvConfig, path, err)
 		}
 		if cfg.Service.present {
-			cfg.Service.path, cfg.Service.file = path, raw
+			cfg.Service.path, cfg.Service.file, cfg.Service.decoded = path, raw, new(atomic.Bool)
 		}
 		cfg.AMQPURL, cfg.amqpURLYAML = string(cfg.AMQPURLs), amqpURLYAML{}
 	}

@@ -403,6 +403,41 @@ func TestServiceSection(t *testing.T) {
 		require.ErrorContains(t, cfg.DecodeService((*serviceSettings)(nil)), "pointer")
 	})
 
+	// A service: section that nothing decodes stops the start: its
+	// settings, typos included, were ignored without a word.
+	t.Run("UndecodedRefusedAtStart", func(t *testing.T) {
+		t.Parallel()
+		for _, tt := range []struct {
+			name   string
+			decode fx.Option
+		}{
+			{"Undecoded", fx.Options()},
+			{"Decoded", fx.Options(fx.Provide(app.ServiceConfig[serviceSettings]), fx.Invoke(func(serviceSettings) {}))},
+		} {
+			t.Run(tt.name, func(t *testing.T) {
+				t.Parallel()
+				cfg, err := app.LoadConfig(env(t, serviceYAML, map[string]string{
+					app.EnvDatabaseURL: filepath.Join(t.TempDir(), "app.db"), app.EnvAutoMigrate: "true", app.EnvHTTPAddr: "",
+				}))
+				require.NoError(t, err)
+				service := app.New(handlers.Register(consumerName, handlers.On(widgetAdded, newAddWidget)),
+					fx.Supply(widgetMigrations), fx.Replace(cfg), tt.decode)
+				require.NoError(t, service.Err())
+				ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+				defer cancel()
+				err = service.Start(ctx)
+				if err == nil {
+					require.NoError(t, service.Stop(ctx))
+				}
+				if tt.name == "Undecoded" {
+					require.ErrorContains(t, err, "service: the service decodes no service: section")
+					return
+				}
+				require.NoError(t, err)
+			})
+		}
+	})
+
 	t.Run("OtherUnknownTopLevelKeysStillRefused", func(t *testing.T) {
 		t.Parallel()
 		_, err := app.LoadConfig(env(t, "servcie:\n  smtp: {}\n", nil))

@@ -131,7 +131,9 @@
 //
 // A key the struct has no field for, or a bad value, is an error naming it
 // (service.smtp.port, with its line). The service's own checks of the
-// values should name their keys the same way.
+// values should name their keys the same way. A service: section that
+// nothing decoded by the time the service starts stops the start: its
+// settings would be ignored.
 //
 // # Migrations
 //
