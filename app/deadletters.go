@@ -131,8 +131,11 @@ func deadLettersCommand(opts fx.Option) *cobra.Command {
 			}
 			return operate(cmd.Context(), opts, func(ctx context.Context, op operator) error {
 				dl, err := op.deadLetters.DeadLetter(ctx, id)
+				if errors.Is(err, framework.ErrNotFound) {
+					return fmt.Errorf("dead letter %d: %w", id, framework.ErrNotFound)
+				}
 				if err != nil {
-					return fmt.Errorf("dead letter %d: %w", id, err)
+					return err // the store's error names the dead letter
 				}
 				if err := printDeadLetter(cmd.OutOrStdout(), dl); err != nil {
 					return err

@@ -166,6 +166,7 @@ func testDeadLettersCommand(t *testing.T, cfg app.Config) {
 	require.ErrorContains(t, err, "want a positive integer")
 	_, err = run("dead-letters", "show", "999999")
 	require.ErrorIs(t, err, framework.ErrNotFound)
+	require.EqualError(t, err, "dead letter 999999: not found", "said once")
 }
 
 // setEnv configures the commands of a test through the environment, as
