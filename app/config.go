@@ -564,6 +564,14 @@ func (c Config) Validate() error {
 	if c.DatabaseURL == "" {
 		errs = append(errs, errors.New("database_url (EFFECTIVELY_DATABASE_URL): empty"))
 	}
+	for _, u := range []struct{ key, env, url string }{
+		{"database_url", EnvDatabaseURL, c.DatabaseURL},
+		{"transport_url", EnvTransportURL, c.TransportURL},
+	} {
+		if mistypedPostgresURL(u.url) { // the URL is not quoted: it may hold a password
+			errs = append(errs, fmt.Errorf("%s (%s): begins as a PostgreSQL URL but is not one: want postgres://user:password@host:port/database (a SQLite file would be created at that path)", u.key, u.env))
+		}
+	}
 	if err := migrate.ValidateTablePrefix(c.TablePrefix); err != nil {
 		errs = append(errs, fmt.Errorf("table_prefix (EFFECTIVELY_TABLE_PREFIX): %w", err))
 	}
@@ -710,6 +718,22 @@ func (c ConsumerConfig) validate(key string) error {
 
 func isPostgresURL(u string) bool {
 	return strings.HasPrefix(u, "postgres://") || strings.HasPrefix(u, "postgresql://")
+}
+
+// mistypedPostgresURL reports a URL that begins as a PostgreSQL URL does
+// but is not one ("postgres//host/db", "postgres:/host/db",
+// "POSTGRES://host/db"): SQLite would take it for a file path.
+func mistypedPostgresURL(u string) bool {
+	if isPostgresURL(u) {
+		return false
+	}
+	lower := strings.ToLower(u)
+	for _, scheme := range []string{"postgresql", "postgres"} {
+		if rest, ok := strings.CutPrefix(lower, scheme); ok {
+			return strings.HasPrefix(rest, ":") || strings.HasPrefix(rest, "//")
+		}
+	}
+	return false
 }
 
 // The environment variables LoadConfig reads.

@@ -278,6 +278,9 @@ func TestLoadConfigBadValue(t *testing.T) {
 		{name: "BadConsumerDuration", yaml: "consumers:\n  a.b:\n    retry_delay: soon\n", key: "consumers.a.b.retry_delay"},
 		{name: "MalformedConsumerName", yaml: "consumers:\n  Bad_Name:\n    attempts: 2\n", key: "consumers.Bad_Name"},
 		{name: "NotAMapping", yaml: "- a\n- b\n", key: app.EnvConfig},
+		{name: "PostgresURLWithoutColon", yaml: "database_url: postgres//app:secret@db/app\n", key: "database_url (EFFECTIVELY_DATABASE_URL): begins as a PostgreSQL URL but is not one"},
+		{name: "PostgresURLOneSlash", env: map[string]string{app.EnvDatabaseURL: "postgresql:/db/app"}, key: "database_url (EFFECTIVELY_DATABASE_URL): begins as a PostgreSQL URL"},
+		{name: "PostgresURLUpperCase", env: map[string]string{app.EnvTransport: "postgres", app.EnvDatabaseURL: "postgres://db/app", app.EnvTransportURL: "POSTGRES://db/app"}, key: "transport_url (EFFECTIVELY_TRANSPORT_URL): begins as a PostgreSQL URL"},
 		{name: "TransportYAMLNamesKey", yaml: "transport: kafka\n", key: "transport (EFFECTIVELY_TRANSPORT): want sqlite"},
 		// A mapping on one line, as the README writes breaker: its keys
 		// were all named by the last one of the line.
