@@ -32,6 +32,22 @@ type operator struct {
 	db          *sqlx.DB
 	deadLetters framework.Store
 	consumers   []string
+	known       map[string]bool // the declared names and those they are renamed from
+}
+
+// noteUndeclared tells w when the consumer a command filters by is not
+// declared (nor renamed from) in this service: a typo there selects
+// nothing, silently. It is a note, not an error: the database may hold
+// what a consumer removed since left behind.
+func (op operator) noteUndeclared(w io.Writer, consumer string) {
+	if consumer == "" || op.known[consumer] {
+		return
+	}
+	declared := strings.Join(op.consumers, ", ")
+	if declared == "" {
+		declared = "none"
+	}
+	fmt.Fprintf(w, "note: no consumer named %s is declared in this service (declared: %s)\n", printable(consumer), declared)
 }
 
 // operatorParams are what the operator takes from the service's options:
@@ -62,10 +78,15 @@ func operate(ctx context.Context, opts fx.Option, fn func(ctx context.Context, o
 			if err := handlers.CheckDeclarations(p.Declarations); err != nil {
 				return err // what the service refuses at start
 			}
-			op = operator{cfg: p.Config, db: p.DB, deadLetters: p.Store}
+			op = operator{cfg: p.Config, db: p.DB, deadLetters: p.Store, known: make(map[string]bool)}
 			for _, d := range p.Declarations {
 				op.consumers = append(op.consumers, d.Name)
+				op.known[d.Name] = true
+				for _, old := range d.RenamedFrom {
+					op.known[old] = true
+				}
 			}
+			slices.Sort(op.consumers)
 			return nil
 		}),
 	)
@@ -106,6 +127,7 @@ func deadLettersCommand(opts fx.Option) *cobra.Command {
 			filter.Code = framework.Code(codeFlag)
 			filter.Limit = showLimit
 			return operate(cmd.Context(), opts, func(ctx context.Context, op operator) error {
+				op.noteUndeclared(cmd.ErrOrStderr(), filter.Consumer)
 				dls, err := op.deadLetters.DeadLetters(ctx, filter)
 				if err != nil {
 					return err
@@ -252,6 +274,7 @@ the consumer applies them after it, in order.
 				}
 			}
 			return operate(cmd.Context(), opts, func(ctx context.Context, op operator) error {
+				op.noteUndeclared(cmd.ErrOrStderr(), req.filter.Consumer)
 				return op.replay(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr(), req, newThrottle(perSecond))
 			})
 		},
@@ -383,6 +406,7 @@ consumer applies them at its next message.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return operate(cmd.Context(), opts, func(ctx context.Context, op operator) error {
+				op.noteUndeclared(cmd.ErrOrStderr(), filter.Consumer)
 				ps, err := op.deadLetters.Parked(ctx, filter)
 				if err != nil {
 					return err

@@ -486,6 +486,38 @@ func TestCommandsRefuseDuplicateConsumer(t *testing.T) {
 	require.NoError(t, err, "declared once")
 }
 
+// TestCommandsNoteUndeclaredConsumer: a filter by a consumer name that the
+// service does not declare selects nothing; the command says so on its
+// error output, and goes on (the database may hold what a removed consumer
+// left).
+func TestCommandsNoteUndeclaredConsumer(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	setup(t, cfg)
+	for _, tt := range []struct {
+		args []string
+		note bool
+	}{
+		{[]string{"dead-letters", "list", "--consumer", consumerName + "x"}, true},
+		{[]string{"dead-letters", "replay", "--consumer", "nope", "--dry-run"}, true},
+		{[]string{"dead-letters", "parked", "--consumer", "nope"}, true},
+		{[]string{"dead-letters", "list", "--consumer", consumerName}, false},
+		{[]string{"dead-letters", "list"}, false},
+	} {
+		var out, errOut bytes.Buffer
+		cmd := app.Command("widgets", commandOptions(cfg))
+		cmd.SetOut(&out)
+		cmd.SetErr(&errOut)
+		cmd.SetArgs(tt.args)
+		require.NoError(t, cmd.ExecuteContext(t.Context()), "%v", tt.args)
+		if tt.note {
+			require.Contains(t, errOut.String(), "note: no consumer named "+tt.args[3]+" is declared in this service (declared: "+consumerName+")", "%v", tt.args)
+		} else {
+			require.Empty(t, errOut.String(), "%v", tt.args)
+		}
+	}
+}
+
 // TestShowBodyAsItIs: dead-letters show indents a JSON body as it is. It
 // decoded and encoded it again, which kept one of two attributes with the
 // same name (so the operator could not see why the message was
