@@ -25,7 +25,10 @@ import (
 // transport) is closed before New returns.
 func New(opts ...fx.Option) *fx.App {
 	var undo cleanup
-	return build(&undo, Module, fx.Options(opts...))
+	return build(&undo, Module, fx.Options(opts...),
+		// Last, once every constructor of the service ran: a service:
+		// section that none of them decoded is refused.
+		fx.Invoke(func(cfg Config) error { return cfg.checkServiceDecoded() }))
 }
 
 // build returns the fx application of opts with the framework's logger,

@@ -271,9 +271,10 @@ func (c Config) DecodeService(v any) error {
 }
 
 // checkServiceDecoded refuses a service: section that the service did not
-// decode (app.ServiceConfig, Config.DecodeService) by the time it starts:
-// its settings, typos included, would be ignored without a word, as those
-// of an undeclared consumer would be (checkConsumers).
+// decode (app.ServiceConfig, Config.DecodeService) once all its
+// constructors ran: its settings, typos included, would be ignored
+// without a word, as those of an undeclared consumer would be
+// (checkConsumers). New runs it last.
 func (c Config) checkServiceDecoded() error {
 	if !c.Service.present || c.Service.decoded == nil || c.Service.decoded.Load() {
 		return nil

@@ -406,8 +406,8 @@ func TestServiceSection(t *testing.T) {
 		require.ErrorContains(t, cfg.DecodeService((*serviceSettings)(nil)), "pointer")
 	})
 
-	// A service: section that nothing decodes stops the start: its
-	// settings, typos included, were ignored without a word.
+	// A service: section that nothing decodes stops the service before it
+	// starts: its settings, typos included, were ignored without a word.
 	t.Run("UndecodedRefusedAtStart", func(t *testing.T) {
 		t.Parallel()
 		for _, tt := range []struct {
@@ -425,18 +425,15 @@ func TestServiceSection(t *testing.T) {
 				require.NoError(t, err)
 				service := app.New(handlers.Register(consumerName, handlers.On(widgetAdded, newAddWidget)),
 					fx.Supply(widgetMigrations), fx.Replace(cfg), tt.decode)
+				if tt.name == "Undecoded" {
+					require.ErrorContains(t, service.Err(), "service: the service decodes no service: section")
+					return // New closed what it opened
+				}
 				require.NoError(t, service.Err())
 				ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 				defer cancel()
-				err = service.Start(ctx)
-				if err == nil {
-					require.NoError(t, service.Stop(ctx))
-				}
-				if tt.name == "Undecoded" {
-					require.ErrorContains(t, err, "service: the service decodes no service: section")
-					return
-				}
-				require.NoError(t, err)
+				require.NoError(t, service.Start(ctx))
+				require.NoError(t, service.Stop(ctx))
 			})
 		}
 	})

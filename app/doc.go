@@ -132,7 +132,7 @@
 // A key the struct has no field for, or a bad value, is an error naming it
 // (service.smtp.port, with its line). The service's own checks of the
 // values should name their keys the same way. A service: section that
-// nothing decoded by the time the service starts stops the start: its
+// none of the service's constructors decoded stops New (its Err): its
 // settings would be ignored.
 //
 // # Migrations

@@ -63,11 +63,6 @@ var Module = fx.Module("effectively",
 	// Settings for a consumer that is not declared are refused before
 	// anything is opened.
 	fx.Invoke(func(p consumerSettings) error { return p.Config.checkConsumers(p.Declarations) }),
-	// A service: section that nothing decoded is refused at start, before
-	// the router and the relays start (their hooks come after this one).
-	fx.Invoke(func(lc fx.Lifecycle, cfg Config) {
-		lc.Append(fx.StartHook(cfg.checkServiceDecoded))
-	}),
 	// The gauges of pending dead letters and parked events, read from
 	// the database on scrape.
 	fx.Invoke(registerFigures),

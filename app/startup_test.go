@@ -53,7 +53,7 @@ func TestServeBrokerRefusesCredentials(t *testing.T) {
 // setting, rather than fx's bare "context deadline exceeded".
 func TestServeBrokerUnreachable(t *testing.T) {
 	t.Parallel()
-	err := serveAMQP(t, closedAMQPURL(t, "s3cret"), 2*time.Second)
+	err := serveAMQP(t, closedAMQPURL(t, "s3cret"), 4*time.Second)
 	require.ErrorContains(t, err, "amqp_url ("+app.EnvAMQPURL+"): amqp: broker unreachable at amqp://guest:xxxxx@127.0.0.1:")
 	require.ErrorContains(t, err, "connection refused")
 	require.NotContains(t, err.Error(), "s3cret")

@@ -140,7 +140,7 @@ func connect(ctx context.Context, tr connector) error {
 // context's end and ctx's, when half the time left allows it: the hook
 // must return its error, and fx see it, within that margin on a loaded
 // machine.
-const minDeadlineMargin = 250 * time.Millisecond
+const minDeadlineMargin = 500 * time.Millisecond
 
 // beforeDeadline returns a context that ends before ctx's deadline, if it
 // has one: a tenth of the time left earlier, at least minDeadlineMargin
