@@ -518,6 +518,37 @@ func TestCommandsNoteUndeclaredConsumer(t *testing.T) {
 	}
 }
 
+// TestDataExceptionIsPermanent: a handler whose statement PostgreSQL
+// refuses for the value it writes (text holding NUL, SQLSTATE 22021) is
+// dead-lettered at its first attempt as data_exception: it was retried
+// and dead-lettered as retries_exhausted, although it would fail the same
+// way every time. A handler's own classification wins.
+func TestDataExceptionIsPermanent(t *testing.T) {
+	t.Parallel()
+	cfg := postgresConfig(t)
+	cfg.Defaults.Attempts = 3
+	b := setupWith(t, cfg, handlers.On(widgetAdded, func(db *sqlx.DB) framework.HandlerFunc[widgetAddedV1] {
+		insert := db.Rebind(`INSERT INTO widgets (name, event_id) VALUES (?, ?)`)
+		return func(ctx context.Context, ev framework.Event[widgetAddedV1]) error {
+			_, err := framework.Conn(ctx, db).ExecContext(ctx, insert, ev.Data.Name, ev.ID)
+			return err
+		}
+	}))
+	b.publish(t, "w-nul", "a\x00b")
+	b.publish(t, "w-ok", "ab")
+	waitFor(t, "the NUL dead-lettered, the other applied", func() bool {
+		return b.count(t, `SELECT count(*) FROM dead_letters WHERE event_id = 'w-nul'`) == 1 &&
+			b.count(t, `SELECT count(*) FROM widgets WHERE event_id = 'w-ok'`) == 1
+	})
+	var dl struct {
+		Code     string `db:"code"`
+		Attempts int    `db:"attempts"`
+	}
+	require.NoError(t, b.db.Get(&dl, `SELECT code, attempts FROM dead_letters WHERE event_id = 'w-nul'`))
+	require.Equal(t, "data_exception", dl.Code)
+	require.Equal(t, 1, dl.Attempts, "not retried")
+}
+
 // TestShowBodyAsItIs: dead-letters show indents a JSON body as it is. It
 // decoded and encoded it again, which kept one of two attributes with the
 // same name (so the operator could not see why the message was

@@ -23,6 +23,12 @@ const (
 	// CodeHandlerFailed: the handler returned a permanent error without a
 	// code of its own.
 	CodeHandlerFailed Code = "handler_failed"
+	// CodeDataException: the database refused a value of the handler's
+	// statement, an error of SQLSTATE class 22 (PostgreSQL: text holding
+	// NUL, a string too long for its column, a number out of range, a
+	// malformed date or uuid): the same message would fail the same way,
+	// so it is not retried.
+	CodeDataException Code = "data_exception"
 	// CodeRetriesExhausted: every attempt failed with a retryable error.
 	CodeRetriesExhausted Code = "retries_exhausted"
 	// CodeTimeout: the last attempt ran out of its time limit.

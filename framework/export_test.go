@@ -13,3 +13,6 @@ func Waiting(u *UnitOfWork) int {
 
 // SetsSession exposes setsSession to the tests.
 var SetsSession = setsSession
+
+// DataException exposes dataException to the tests.
+var DataException = dataException

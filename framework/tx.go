@@ -470,7 +470,7 @@ func (u *UnitOfWork) attempt(a *attemptRun) (write bool) {
 			return false
 		}
 		if err := a.fn(attemptCtx); err != nil {
-			a.fail(err)
+			a.fail(dataException(err))
 			return false
 		}
 		if a.dies(attemptCtx, crash.BeforeCommit) {
