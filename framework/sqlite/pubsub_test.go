@@ -318,10 +318,13 @@ func TestPubSubDelivery(t *testing.T) {
 		t.Parallel()
 		b := setupPubSub(t)
 		b.publish(t, "a")
-		// Handling takes five leases: the holder renews the lease, so
+		// Handling takes three leases: the holder renews the lease, so
 		// the other subscription of the group never gets the message,
-		// which is acked once.
-		holder := b.subscriber(t, SubscriberConfig{LeaseDuration: 300 * time.Millisecond})
+		// which is acked once. A lease of 1s (renewed every 333ms) is
+		// short enough to expire three times over, and long enough that
+		// a loaded machine does not delay two renewals in a row past it
+		// (with 300ms, make test failed this once).
+		holder := b.subscriber(t, SubscriberConfig{LeaseDuration: time.Second})
 		held, err := holder.Subscribe(context.Background(), b.topic)
 		require.NoError(t, err)
 		msg := receive(t, held)
@@ -330,7 +333,7 @@ func TestPubSubDelivery(t *testing.T) {
 		other := b.subscriber(t, SubscriberConfig{LeaseDuration: time.Minute})
 		ch, err := other.Subscribe(context.Background(), b.topic)
 		require.NoError(t, err)
-		receiveNothing(t, ch, 1500*time.Millisecond)
+		receiveNothing(t, ch, 3*time.Second)
 		msg.Ack()
 		require.NoError(t, holder.Close())
 		require.Zero(t, b.count(t, `SELECT COUNT(*) FROM pubsub_leases`))
