@@ -181,9 +181,9 @@ func (a Attributes) Key() Key { return Key{Source: a.Source, ID: a.ID} }
 
 // Validate reports the first attribute that breaks the wire contract: the
 // key (see Key.Validate), a missing type, a type over MaxTypeBytes or a
-// subject over MaxSubjectBytes (CodeTooLarge), a version out of 1..2^31-1, a negative subject
-// sequence, or a string attribute holding a character that CloudEvents
-// forbids in a String (see Decode).
+// subject over MaxSubjectBytes (CodeTooLarge), a version out of
+// 1..2^31-1, a negative subject sequence, or a string attribute holding a
+// character that CloudEvents forbids in a String (see Decode).
 func (a Attributes) Validate() error {
 	if err := a.Key().Validate(); err != nil {
 		return err
