@@ -129,6 +129,7 @@ func Catalog(typ string) []BadInput {
 	poison("ID300Bytes", framework.CodeTooLarge, ev("ID300Bytes", attr{"id", `"catalog-ID300Bytes-` + strings.Repeat("i", 300) + `"`}))
 	poison("ID10kB", framework.CodeTooLarge, ev("ID10kB", attr{"id", `"catalog-ID10kB-` + strings.Repeat("i", 10000) + `"`}))
 	poison("Source600Bytes", framework.CodeTooLarge, ev("Source600Bytes", attr{"source", `"` + strings.Repeat("s", 600) + `"`}))
+	poison("Type256Bytes", framework.CodeTooLarge, ev("Type256Bytes", attr{"type", `"` + strings.Repeat("t", 256) + `"`}))
 
 	// Types and versions no handler knows.
 	poison("UnknownType", framework.CodeUnknownType, ev("UnknownType", attr{"type", `"catalog.unknown.type"`}))
@@ -162,6 +163,9 @@ func Catalog(typ string) []BadInput {
 	poison("DataFailsValidation", framework.CodeInvalidPayload, ev("DataFailsValidation", attr{"data", `{"text":""}`}))
 	poison("MissingData", framework.CodeInvalidPayload, ev("MissingData", attr{"data", ""}))
 	malformed("DataBase64NotJSON", ev("DataBase64NotJSON", attr{"data", ""}, attr{"data_base64", `"` + base64.StdEncoding.EncodeToString([]byte("hello")) + `"`}))
+	// A number as data_base64 made the CloudEvents SDK's reader panic.
+	malformed("DataBase64Number", ev("DataBase64Number", attr{"data", ""}, attr{"data_base64", "5"}))
+	malformed("DataAndDataBase64", ev("DataAndDataBase64", attr{"data_base64", `"` + base64.StdEncoding.EncodeToString([]byte(`{"text":"other"}`)) + `"`}))
 	in = append(in, BadInput{
 		Name: "DataBase64",
 		Body: ev("DataBase64", attr{"data", ""}, attr{"data_base64", `"` + base64.StdEncoding.EncodeToString([]byte(`{"text":"hello"}`)) + `"`}),
