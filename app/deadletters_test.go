@@ -549,6 +549,42 @@ func TestDataExceptionIsPermanent(t *testing.T) {
 	require.Equal(t, 1, dl.Attempts, "not retried")
 }
 
+// TestErrorPastDeadlineIsTimeout: an attempt that fails once its deadline
+// passed is dead-lettered as timeout, whatever error its handler returns:
+// one that waited on PostgreSQL (pgx's timeout error), and one that
+// returns an error of its own that does not wrap the context's, as a
+// statement failed by the server's statement_timeout does (SQLSTATE
+// 57014): that one said retries_exhausted.
+func TestErrorPastDeadlineIsTimeout(t *testing.T) {
+	t.Parallel()
+	for name, handle := range map[string]func(ctx context.Context, db *sqlx.DB) error{
+		"Statement": func(ctx context.Context, db *sqlx.DB) error {
+			_, err := framework.Conn(ctx, db).ExecContext(ctx, `SELECT pg_sleep(5)`)
+			return err
+		},
+		"OwnError": func(ctx context.Context, _ *sqlx.DB) error {
+			<-ctx.Done()
+			return errors.New("canceling statement due to statement timeout")
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			cfg := postgresConfig(t)
+			cfg.Defaults.Attempts, cfg.Defaults.Timeout, cfg.Defaults.RetryDelay = 2, app.Duration(300*time.Millisecond), app.Duration(time.Millisecond)
+			b := setupWith(t, cfg, handlers.On(widgetAdded, func(db *sqlx.DB) framework.HandlerFunc[widgetAddedV1] {
+				return func(ctx context.Context, _ framework.Event[widgetAddedV1]) error { return handle(ctx, db) }
+			}))
+			b.publish(t, "w-slow", "slow")
+			waitFor(t, "the slow one dead-lettered", func() bool {
+				return b.count(t, `SELECT count(*) FROM dead_letters WHERE event_id = 'w-slow'`) == 1
+			})
+			var code string
+			require.NoError(t, b.db.Get(&code, `SELECT code FROM dead_letters WHERE event_id = 'w-slow'`))
+			require.Equal(t, "timeout", code)
+		})
+	}
+}
+
 // TestShowBodyAsItIs: dead-letters show indents a JSON body as it is. It
 // decoded and encoded it again, which kept one of two attributes with the
 // same name (so the operator could not see why the message was

@@ -380,7 +380,17 @@ type attemptRun struct {
 	died     crash.Point        // where the attempt died (see dies)
 }
 
-func (a *attemptRun) fail(err error) { a.outcome, a.err = Failed, err }
+// fail sets a's result to err. An error that came once a's deadline had
+// passed is the deadline's too, so that its dead letter says timeout: on
+// PostgreSQL the batch's statement_timeout fails a statement that runs
+// past it with an error of the server's own (SQLSTATE 57014), which the
+// deadline caused.
+func (a *attemptRun) fail(err error) {
+	if cause := context.Cause(a.ctx); errors.Is(cause, context.DeadlineExceeded) && !errors.Is(err, context.DeadlineExceeded) {
+		err = fmt.Errorf("%w (past the attempt's deadline: %w)", err, cause)
+	}
+	a.outcome, a.err = Failed, err
+}
 
 // dies reports whether a's crash hook makes a die at p, in ctx, and if so
 // sets a's result: a *crash.Died.
