@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"html/template"
 	"log/slog"
+	"mime"
 	"net/http"
 	"net/url"
+	"path"
 	"strconv"
 	"strings"
 	"time"
@@ -208,8 +210,31 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// forms, and checkOrigin refuses them.
 	h.Set("Referrer-Policy", "same-origin")
 	h.Set("Cache-Control", "no-store")
+	if r.Method == http.MethodPost {
+		// The console's forms are small and URL-encoded. A multipart body
+		// was parsed into temporary files, which a request refused for its
+		// token left on the disk, so that anyone could fill it.
+		if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/x-www-form-urlencoded" {
+			http.Error(w, "a console form is sent as application/x-www-form-urlencoded", http.StatusUnsupportedMediaType)
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
+		if err := r.ParseForm(); err != nil {
+			if _, tooLarge := errors.AsType[*http.MaxBytesError](err); tooLarge {
+				http.Error(w, fmt.Sprintf("a console form is at most %d bytes", maxFormBytes), http.StatusRequestEntityTooLarge)
+				return
+			}
+			http.Error(w, "the form does not parse", http.StatusBadRequest)
+			return
+		}
+	}
 	c.mux.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), nonceKey{}, nonce)))
 }
+
+// maxFormBytes bounds the body of a console form, read into memory: far
+// above a reason of at most 4096 bytes, escaped, so that a reason too long
+// is told as such.
+const maxFormBytes = 2 << 20
 
 type nonceKey struct{}
 
@@ -278,6 +303,7 @@ func (c *Console) authed(need Permission, h http.HandlerFunc) http.Handler {
 			}
 		}
 		if op.token.Permission < need {
+			c.cfg.Logger.Warn("console: request refused", "path", r.URL.Path, "operator", op.token.Name, "error", "the token may read only")
 			c.fail(w, r, &op, http.StatusForbidden, fmt.Sprintf("token %s may read only: replay and discard need a token with write permission", op.token.Name))
 			return
 		}
@@ -390,10 +416,22 @@ func isHTTPS(r *http.Request) bool {
 // safeNext returns next when it is a page of the console, else the dead
 // letters: a login never redirects elsewhere.
 func safeNext(next string) string {
-	if !strings.HasPrefix(next, Path) || strings.HasPrefix(next, "//") || strings.ContainsAny(next, "\\\r\n") {
+	target, query, _ := strings.Cut(next, "?")
+	// "/console/../metrics" and "/console/%2e%2e/metrics" leave the
+	// console once the redirect or the browser cleans them: a target is
+	// judged decoded, and taken only when cleaning leaves it as it is.
+	decoded, err := url.PathUnescape(target)
+	if cleaned := path.Clean(decoded); err != nil || decoded != target || cleaned != target && cleaned+"/" != target {
+		target = ""
+	}
+	if !strings.HasPrefix(target, Path) || strings.HasPrefix(next, "//") ||
+		strings.ContainsFunc(next, func(r rune) bool { return r == '\\' || r < ' ' || r == 0x7f }) {
 		return Path + "dead-letters"
 	}
-	return next
+	if query != "" {
+		return target + "?" + query
+	}
+	return target
 }
 
 // pathID returns the {id} of r's path.

@@ -1,11 +1,15 @@
 package console_test
 
 import (
+	"bytes"
 	"context"
 	"io"
+	"mime/multipart"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -268,6 +272,65 @@ func TestLogin(t *testing.T) {
 	// A login is never sent elsewhere.
 	_, _, resp = b.do(t, http.MethodPost, "/console/login", url.Values{"token": {readSecret}, "next": {"//evil.example/console/"}}, "Origin", b.server.URL)
 	require.Equal(t, "/console/dead-letters", resp.Header.Get("Location"))
+	// Nor outside the console once the redirect cleans the path.
+	for _, next := range []string{"/console/../metrics", "/console/%2e%2e/x", "/console/dead-letters\t", "/console//evil.example"} {
+		_, _, resp = b.do(t, http.MethodPost, "/console/login", url.Values{"token": {readSecret}, "next": {strings.ReplaceAll(next, "\\t", "\t")}}, "Origin", b.server.URL)
+		require.Equal(t, "/console/dead-letters", resp.Header.Get("Location"), next)
+	}
+	_, _, resp = b.do(t, http.MethodPost, "/console/login", url.Values{"token": {readSecret}, "next": {"/console/dead-letters?code=x"}}, "Origin", b.server.URL)
+	require.Equal(t, "/console/dead-letters?code=x", resp.Header.Get("Location"), "a page of the console is kept, its query too")
+}
+
+// TestFormBodies: a POST is a small URL-encoded form. A multipart body is
+// refused before it is read: one sent with a wrong token was parsed into
+// temporary files that were never deleted, so that anyone could fill the
+// disk. A form over its bound is refused as too large.
+func TestFormBodies(t *testing.T) {
+	t.Parallel()
+	b := setup(t, console.Config{})
+	id := b.deadLetter(t, "widgets.count", "w-1", "gear_refused", []byte(`{}`), nil)
+	before, err := filepath.Glob(filepath.Join(os.TempDir(), "multipart-*"))
+	require.NoError(t, err)
+
+	var body bytes.Buffer
+	mw := multipart.NewWriter(&body)
+	fw, err := mw.CreateFormFile("f", "big.bin")
+	require.NoError(t, err)
+	_, err = fw.Write(bytes.Repeat([]byte("x"), 20<<20))
+	require.NoError(t, err)
+	require.NoError(t, mw.WriteField("token", "wrong-0123456789abcdef"))
+	require.NoError(t, mw.Close())
+	for _, path := range []string{"/console/login", "/console/dead-letters/" + itoa(id) + "/replay"} {
+		req, err := http.NewRequest(http.MethodPost, b.server.URL+path, bytes.NewReader(body.Bytes()))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", mw.FormDataContentType())
+		req.Header.Set("Origin", b.server.URL)
+		resp, err := client.Do(req)
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close())
+		require.Equal(t, http.StatusUnsupportedMediaType, resp.StatusCode, path)
+	}
+	after, err := filepath.Glob(filepath.Join(os.TempDir(), "multipart-*"))
+	require.NoError(t, err)
+	require.ElementsMatch(t, before, after, "no upload left on the disk")
+
+	code, _, _ := b.do(t, http.MethodPost, "/console/dead-letters/"+itoa(id)+"/replay",
+		url.Values{"reason": {strings.Repeat("x", 3<<20)}}, bearer(writeSecret)...)
+	require.Equal(t, http.StatusRequestEntityTooLarge, code)
+}
+
+// TestDoneMatchesStatus: the notice of what an operator just did shows
+// only when the dead letter's status says it: a link with ?done=replayed
+// to a pending dead letter showed "Replayed".
+func TestDoneMatchesStatus(t *testing.T) {
+	t.Parallel()
+	b := setup(t, console.Config{})
+	id := b.deadLetter(t, "widgets.count", "w-1", "gear_refused", []byte(`{}`), nil)
+	for _, done := range []string{"replayed", "discarded"} {
+		code, page, _ := b.do(t, http.MethodGet, "/console/dead-letters/"+itoa(id)+"?done="+done, nil, bearer(readSecret)...)
+		require.Equal(t, http.StatusOK, code)
+		require.NotContains(t, page, `class="flash ok"`, done)
+	}
 }
 
 // TestReplay: a write token replays a pending dead letter with a reason:
