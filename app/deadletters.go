@@ -258,6 +258,9 @@ the consumer applies them after it, in order.
 			if req.filter.FailedBefore, err = parseTime("until", until); err != nil {
 				return err
 			}
+			if since != "" && until != "" && !req.filter.FailedBefore.After(req.filter.FailedSince) {
+				return errors.New("--until: want a time after --since: nothing first failed between them")
+			}
 			byFilter := req.filter != (framework.DeadLetterFilter{})
 			switch {
 			case len(req.ids) > 0 && byFilter:

@@ -315,6 +315,22 @@ func TestReplayBulk(t *testing.T) {
 			require.ErrorContains(t, err, "--rate: want a positive number")
 			_, err = run("dead-letters", "replay", "--since", "yesterday")
 			require.ErrorContains(t, err, `--since: want an RFC 3339 time`)
+			// Bounds beyond what SQLite's nanoseconds hold, and year 1
+			// (the zero time), select what they say: on SQLite --since
+			// 9999-12-31 wrapped around and selected every dead letter,
+			// and --until 0001-01-01 was no bound at all.
+			for _, args := range [][]string{
+				{"--since", "9999-12-31T23:59:59Z"},
+				{"--since", "2263-01-01"},
+				{"--until", "1677-01-01", "--code", "widget_rejected"},
+				{"--until", "0001-01-01", "--code", "widget_rejected"},
+			} {
+				out, err = runCommand(t, opts, append([]string{"dead-letters", "replay", "--dry-run"}, args...)...)
+				require.NoError(t, err, "%v", args)
+				require.Equal(t, "dry run: 0 would be replayed, 0 refused; nothing recorded\n", out, "%v", args)
+			}
+			_, err = run("dead-letters", "replay", "--since", "2027-01-01", "--until", "2026-01-01")
+			require.ErrorContains(t, err, "--until: want a time after --since")
 		})
 	}
 }

@@ -27,12 +27,20 @@ type Config struct {
 	TablePrefix string
 	// Now is the clock of created_at. Defaults to time.Now.
 	Now func() time.Time
+	// MaxBodyBytes is the largest encoded event Add takes: an event its
+	// consumers would dead-letter as too_large is refused instead.
+	// Defaults to framework.DefaultMaxBodyBytes, the consumers' default
+	// limit.
+	MaxBodyBytes int
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
 func (c Config) WithDefaults() Config {
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = framework.DefaultMaxBodyBytes
 	}
 	return c
 }
@@ -42,6 +50,9 @@ func (c Config) Validate() error {
 	if err := sqlstore.ValidatePrefix(c.TablePrefix); err != nil {
 		return fmt.Errorf("outbox: TablePrefix: %w", err)
 	}
+	if c.MaxBodyBytes < 0 {
+		return fmt.Errorf("outbox: MaxBodyBytes must not be negative, got %d", c.MaxBodyBytes)
+	}
 	return nil
 }
 
@@ -49,9 +60,10 @@ func (c Config) Validate() error {
 // caused them. A Relay publishes them once the transaction committed.
 // It is safe for concurrent use.
 type Outbox struct {
-	db  *sqlx.DB
-	sql *sqlstore.Outbox
-	now func() time.Time
+	db      *sqlx.DB
+	sql     *sqlstore.Outbox
+	now     func() time.Time
+	maxBody int
 
 	mu      sync.Mutex
 	waiters map[chan struct{}]struct{}
@@ -71,7 +83,7 @@ func New(db *sqlx.DB, cfg Config) (*Outbox, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Outbox{db: db, sql: s, now: cfg.Now, waiters: map[chan struct{}]struct{}{}}, nil
+	return &Outbox{db: db, sql: s, now: cfg.Now, maxBody: cfg.MaxBodyBytes, waiters: map[chan struct{}]struct{}{}}, nil
 }
 
 func newSQL(db *sqlx.DB, prefix string) (*sqlstore.Outbox, error) {
@@ -133,8 +145,12 @@ func (o *Outbox) add(ctx context.Context, tx sqlx.ExecerContext, envs []framewor
 	for i, env := range envs {
 		stamped[i] = withTraceContext(ctx, env)
 		body, err := framework.Encode(stamped[i])
+		if err == nil && len(body) > o.maxBody {
+			err = framework.Permanent(framework.CodeTooLarge, &framework.FieldError{Field: "body",
+				Reason: fmt.Sprintf("is %d bytes encoded, at most %d allowed (Config.MaxBodyBytes): its consumers would dead-letter it as too_large", len(body), o.maxBody)})
+		}
 		if err != nil {
-			return fmt.Errorf("outbox: add %s: %w", env.Key(), err)
+			return fmt.Errorf("outbox: add %q: %w", env.Key().String(), err)
 		}
 		bodies[i] = body
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -255,6 +256,19 @@ func testOutbox(t *testing.T, b backend) {
 			return bd.box.Add(ctx, env(t, "e-2"), bad)
 		})
 		require.ErrorContains(t, err, "type: missing")
+		require.Zero(t, bd.count(t, `SELECT count(*) FROM outbox`), "nothing of a rejected Add is written")
+	})
+
+	// An event its consumers would dead-letter as too_large is refused:
+	// Add took events of 8 MiB, which every consumer refused.
+	t.Run("TooLargeEnvelope", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b)
+		big, err := noted.Envelope(noteV1{Text: strings.Repeat("x", framework.DefaultMaxBodyBytes)}, framework.Attributes{ID: "e-big", Source: "notes"})
+		require.NoError(t, err)
+		err = bd.attempt(t, "in-1", func(ctx context.Context) error { return bd.box.Add(ctx, env(t, "e-2"), big) })
+		require.Equal(t, framework.CodeTooLarge, framework.CodeOf(err), "%v", err)
+		require.ErrorContains(t, err, `outbox: add "notes/e-big": permanent (too_large): body: is `)
 		require.Zero(t, bd.count(t, `SELECT count(*) FROM outbox`), "nothing of a rejected Add is written")
 	})
 
