@@ -124,6 +124,12 @@ func deadLettersCommand(opts fx.Option) *cobra.Command {
 			default:
 				return fmt.Errorf("--status: want pending, replayed, discarded or all, got %q", status)
 			}
+			switch {
+			case showLimit < 1:
+				return fmt.Errorf("--limit: want 1 or more, got %d", showLimit)
+			case filter.AfterID < 0:
+				return fmt.Errorf("--after: want an id, 0 or more, got %d", filter.AfterID)
+			}
 			filter.Code = framework.Code(codeFlag)
 			filter.Limit = showLimit
 			return operate(cmd.Context(), opts, func(ctx context.Context, op operator) error {
@@ -193,7 +199,7 @@ func checkResolution(r framework.Resolution, why string) error {
 	case strings.TrimSpace(r.Reason) == "":
 		return fmt.Errorf("--reason: say %s", why)
 	case strings.TrimSpace(r.By) == "":
-		return errors.New("--by: say who you are ($USER is not set)")
+		return errors.New("--by: say who you are (empty, and so is $USER, its default)")
 	}
 	if err := r.Validate(); err != nil {
 		if fe, ok := errors.AsType[*framework.FieldError](err); ok {
@@ -203,6 +209,11 @@ func checkResolution(r framework.Resolution, why string) error {
 	}
 	return nil
 }
+
+// minRate is the slowest --rate a replay takes: one an hour. A slower one
+// waited longer than anyone runs a command between two replays (1e-9 is
+// one every 31 years).
+const minRate = 1.0 / 3600
 
 // replayCommand returns the command that replays dead letters, named or
 // selected by a filter.
@@ -268,7 +279,9 @@ the consumer applies them after it, in order.
 			case len(req.ids) == 0 && !byFilter:
 				return errors.New("replay: name dead letters by id, or select them with --consumer, --code, --type, --subject, --since or --until")
 			case !(perSecond >= 0): // NaN too
-				return fmt.Errorf("--rate: want a positive number of replays a second, got %v", perSecond)
+				return fmt.Errorf("--rate: want a positive number of replays a second (0: no limit), got %v", perSecond)
+			case perSecond > 0 && perSecond < minRate:
+				return fmt.Errorf("--rate: want at least %v replays a second (one an hour; 0: no limit), got %v: the command would wait between two replays for longer", minRate, perSecond)
 			}
 			req.resolution.Status = framework.DeadLetterReplayed
 			if !req.dryRun {

@@ -313,6 +313,12 @@ func TestReplayBulk(t *testing.T) {
 			require.ErrorContains(t, err, "--rate: want a positive number")
 			_, err = run("dead-letters", "replay", "--consumer", name, "--rate", "NaN")
 			require.ErrorContains(t, err, "--rate: want a positive number")
+			_, err = run("dead-letters", "replay", "--consumer", name, "--rate", "1e-9") // one every 31 years: it slept for them
+			require.ErrorContains(t, err, "--rate: want at least")
+			_, err = runCommand(t, opts, "dead-letters", "list", "--limit", "-1")
+			require.EqualError(t, err, "--limit: want 1 or more, got -1")
+			_, err = runCommand(t, opts, "dead-letters", "list", "--after", "-1")
+			require.ErrorContains(t, err, "--after: want an id")
 			_, err = run("dead-letters", "replay", "--since", "yesterday")
 			require.ErrorContains(t, err, `--since: want an RFC 3339 time`)
 			// Bounds beyond what SQLite's nanoseconds hold, and year 1
