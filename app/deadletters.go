@@ -199,7 +199,7 @@ func checkResolution(r framework.Resolution, why string) error {
 	case strings.TrimSpace(r.Reason) == "":
 		return fmt.Errorf("--reason: say %s", why)
 	case strings.TrimSpace(r.By) == "":
-		return errors.New("--by: say who you are (empty, and so is $USER, its default)")
+		return errors.New("--by: say who you are: it is empty (give it, or set $USER, its default)")
 	}
 	if err := r.Validate(); err != nil {
 		if fe, ok := errors.AsType[*framework.FieldError](err); ok {
