@@ -548,33 +548,33 @@ func (c Config) Validate() error {
 	switch c.Transport {
 	case TransportSQLite, TransportMemory:
 		if isPostgresURL(c.DatabaseURL) && c.Transport == TransportSQLite && c.TransportURL == c.DatabaseURL {
-			errs = append(errs, fmt.Errorf("transport (EFFECTIVELY_TRANSPORT): sqlite needs a SQLite database_url or transport_url (EFFECTIVELY_DATABASE_URL, EFFECTIVELY_TRANSPORT_URL), got a postgres:// URL (use the postgres transport)"))
+			errs = append(errs, fmt.Errorf("%s: sqlite needs a SQLite %s or %s, got a postgres:// URL (use the postgres transport)", setting("transport", EnvTransport), setting("database_url", EnvDatabaseURL), setting("transport_url", EnvTransportURL)))
 		}
 	case TransportPostgres:
 		if !isPostgresURL(c.TransportURL) {
-			errs = append(errs, fmt.Errorf("transport (EFFECTIVELY_TRANSPORT): postgres needs a postgres:// database_url or transport_url (EFFECTIVELY_DATABASE_URL, EFFECTIVELY_TRANSPORT_URL)"))
+			errs = append(errs, fmt.Errorf("%s: postgres needs a postgres:// %s or %s", setting("transport", EnvTransport), setting("database_url", EnvDatabaseURL), setting("transport_url", EnvTransportURL)))
 		}
 	case TransportAMQP:
 		if _, err := amqp.ParseURLs(c.AMQPURL); err != nil {
-			errs = append(errs, fmt.Errorf("amqp_url (%s): %w", EnvAMQPURL, err))
+			errs = append(errs, fmt.Errorf("%s: %w", setting("amqp_url", EnvAMQPURL), err))
 		}
 		errs = append(errs, c.validateQueueType())
 	default:
-		errs = append(errs, fmt.Errorf("transport (EFFECTIVELY_TRANSPORT): want sqlite, postgres, amqp or memory, got %q", c.Transport))
+		errs = append(errs, fmt.Errorf("%s: want sqlite, postgres, amqp or memory, got %q", setting("transport", EnvTransport), c.Transport))
 	}
 	if c.DatabaseURL == "" {
-		errs = append(errs, errors.New("database_url (EFFECTIVELY_DATABASE_URL): empty"))
+		errs = append(errs, fmt.Errorf("%s: empty", setting("database_url", EnvDatabaseURL)))
 	}
 	for _, u := range []struct{ key, env, url string }{
 		{"database_url", EnvDatabaseURL, c.DatabaseURL},
 		{"transport_url", EnvTransportURL, c.TransportURL},
 	} {
 		if mistypedPostgresURL(u.url) { // the URL is not quoted: it may hold a password
-			errs = append(errs, fmt.Errorf("%s (%s): begins as a PostgreSQL URL but is not one: want postgres://user:password@host:port/database (a SQLite file would be created at that path)", u.key, u.env))
+			errs = append(errs, fmt.Errorf("%s: begins as a PostgreSQL URL but is not one: want postgres://user:password@host:port/database (a SQLite file would be created at that path)", setting(u.key, u.env)))
 		}
 	}
 	if err := migrate.ValidateTablePrefix(c.TablePrefix); err != nil {
-		errs = append(errs, fmt.Errorf("table_prefix (EFFECTIVELY_TABLE_PREFIX): %w", err))
+		errs = append(errs, fmt.Errorf("%s: %w", setting("table_prefix", EnvTablePrefix), err))
 	}
 	if c.DatabaseMaxConns < 0 {
 		errs = append(errs, fmt.Errorf("database_max_conns: want 1 or more (or nothing: sized from the consumers), got %d", c.DatabaseMaxConns))
@@ -584,7 +584,7 @@ func (c Config) Validate() error {
 	}
 	if c.HTTPAddr != "" {
 		if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
-			errs = append(errs, fmt.Errorf("http_addr (EFFECTIVELY_HTTP_ADDR): want host:port, got %q", c.HTTPAddr))
+			errs = append(errs, fmt.Errorf("%s: want host:port, got %q", setting("http_addr", EnvHTTPAddr), c.HTTPAddr))
 		}
 	}
 	if c.ProcessedRetention < 0 || c.ProcessedRetention > 0 && time.Duration(c.ProcessedRetention) < MinProcessedRetention {
@@ -662,7 +662,7 @@ func (c Config) validateQueueType() error {
 		return nil
 	case amqp.QueueQuorum:
 	default:
-		return fmt.Errorf("amqp_queue_type (%s): want %s or %s, got %q", EnvAMQPQueueType, amqp.QueueClassic, amqp.QueueQuorum, c.AMQPQueueType)
+		return fmt.Errorf("%s: want %s or %s, got %q", setting("amqp_queue_type", EnvAMQPQueueType), amqp.QueueClassic, amqp.QueueQuorum, c.AMQPQueueType)
 	}
 	limit := cmp.Or(c.AMQPDeliveryLimit, amqp.DefaultDeliveryLimit)
 	if limit < 1 || limit > math.MaxInt32 {
@@ -716,6 +716,10 @@ func (c ConsumerConfig) validate(key string) error {
 	errs = append(errs, c.Breaker.validate(key+".breaker"))
 	return errors.Join(errs...)
 }
+
+// setting names a setting that the YAML file and an environment variable
+// both set, as errors name it: "transport (EFFECTIVELY_TRANSPORT)".
+func setting(key, env string) string { return key + " (" + env + ")" }
 
 func isPostgresURL(u string) bool {
 	return strings.HasPrefix(u, "postgres://") || strings.HasPrefix(u, "postgresql://")
@@ -855,19 +859,23 @@ func namedYAMLError(raw []byte, err error) error {
 				if path != "" {
 					p = path + "." + k.Value
 				}
-				e := yamlEntry{path: p, key: k.Value}
 				if v.Kind == yaml.ScalarNode {
-					e.value = v.Value
+					e := yamlEntry{path: p, key: k.Value, value: v.Value}
+					lines[k.Line] = append(lines[k.Line], e)
+					if v.Line != k.Line { // a value below its key: yaml.v3 names its line
+						lines[v.Line] = append(lines[v.Line], e)
+					}
+					continue
 				}
-				lines[k.Line] = append(lines[k.Line], e)
+				lines[k.Line] = append(lines[k.Line], yamlEntry{path: p, key: k.Value})
 				walk(v, p)
 			}
 		case yaml.SequenceNode:
 			for i, c := range n.Content {
 				walk(c, fmt.Sprintf("%s[%d]", path, i))
 			}
-		case yaml.ScalarNode:
-			if path != "" && !slices.ContainsFunc(lines[n.Line], func(e yamlEntry) bool { return e.path == path }) {
+		case yaml.ScalarNode: // an item of a list: a mapping's values are its keys' entries
+			if path != "" {
 				lines[n.Line] = append(lines[n.Line], yamlEntry{path: path, value: n.Value})
 			}
 		}

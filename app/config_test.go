@@ -288,6 +288,7 @@ func TestLoadConfigBadValue(t *testing.T) {
 		{name: "FlowUnknownKeyFirst", yaml: "defaults: {attempts: 3, retry_dealy: 1s, timeout: 30s}\n", key: "defaults.retry_dealy (line 1): field retry_dealy not found"},
 		{name: "FlowBadValue", yaml: "defaults: {attempts: three, timeout: 30s}\n", key: "defaults.attempts (line 1): cannot unmarshal"},
 		{name: "FlowBadDuration", yaml: "defaults: {timeout: soon, retry_delay: 1s}\n", key: "defaults.timeout (line 1): want a duration"},
+		{name: "ValueBelowItsKey", yaml: "defaults:\n  attempts:\n    three\n", key: "defaults.attempts (line 3): cannot unmarshal"},
 		{name: "FlowSameValue", yaml: "defaults: {attempts: x, timeout: x}\n", key: "defaults (line 1): "},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

@@ -64,13 +64,13 @@ func (c *ConsoleConfig) fromEnv(lookupEnv func(string) (string, bool)) error {
 func (c ConsoleConfig) validate(httpAddr string) error {
 	var errs []error
 	if _, err := console.ParseTokens(c.Tokens); err != nil {
-		errs = append(errs, fmt.Errorf("console.tokens (%s): %w", EnvConsoleTokens, err))
+		errs = append(errs, fmt.Errorf("%s: %w", setting("console.tokens", EnvConsoleTokens), err))
 	}
 	if c.Enabled && len(c.Tokens) == 0 {
-		errs = append(errs, fmt.Errorf("console.tokens (%s): the console is enabled without a token: give at least one name:secret:read|write", EnvConsoleTokens))
+		errs = append(errs, fmt.Errorf("%s: the console is enabled without a token: give at least one name:secret:read|write", setting("console.tokens", EnvConsoleTokens)))
 	}
 	if c.Enabled && httpAddr == "" {
-		errs = append(errs, fmt.Errorf("console.enabled (%s): the console is served on %s, which is empty", EnvConsole, EnvHTTPAddr))
+		errs = append(errs, fmt.Errorf("%s: the console is served on %s, which is empty", setting("console.enabled", EnvConsole), EnvHTTPAddr))
 	}
 	for i, o := range c.TrustedOrigins {
 		if err := console.ValidateOrigin(o); err != nil {

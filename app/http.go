@@ -118,7 +118,7 @@ func newHTTP(p httpParams) (*httpServer, error) {
 		OnStart: func(context.Context) error {
 			ln, err := net.Listen("tcp", p.Config.HTTPAddr)
 			if err != nil {
-				return fmt.Errorf("http_addr (EFFECTIVELY_HTTP_ADDR): listen on %s: %w", p.Config.HTTPAddr, err)
+				return fmt.Errorf("%s: listen on %s: %w", setting("http_addr", EnvHTTPAddr), p.Config.HTTPAddr, err)
 			}
 			h.addr.Store(ln.Addr().String())
 			go func() {

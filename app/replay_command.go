@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"os"
 	"slices"
 	"time"
@@ -356,22 +355,10 @@ func parseTime(flag, s string) (time.Time, error) {
 			return time.Time{}, fmt.Errorf("--%s: want an RFC 3339 time (2026-01-02T15:04:05Z) or a date (2026-01-02), got %q", flag, s)
 		}
 	}
-	// Within what a store compares: SQLite keeps times as nanoseconds
-	// since 1970 in an int64, where 9999-12-31 wrapped around and selected
-	// everything. Every dead letter falls inside, so the bound selects the
-	// same; and year 1, the zero time, meant no bound at all.
-	switch {
-	case t.Before(minBound):
-		return minBound, nil
-	case t.After(maxBound):
-		return maxBound, nil
+	if t.IsZero() {
+		// 0001-01-01, the zero time, which a filter reads as no bound: the
+		// next nanosecond selects what it says.
+		t = t.Add(time.Nanosecond)
 	}
 	return t, nil
 }
-
-// minBound and maxBound are the earliest and latest times of int64
-// nanoseconds since 1970.
-var (
-	minBound = time.Unix(0, math.MinInt64).UTC()
-	maxBound = time.Unix(0, math.MaxInt64).UTC()
-)

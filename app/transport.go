@@ -106,7 +106,7 @@ func openTransport(ctx context.Context, cfg Config, db *sqlx.DB, logger *slog.Lo
 	case TransportAMQP:
 		ac := amqp.TransportConfig{URL: cfg.AMQPURL, Prefetch: cfg.AMQPPrefetch, QueueType: cfg.AMQPQueueType, DeliveryLimit: cfg.AMQPDeliveryLimit, Logger: logger}
 		if tr, err = amqp.New(ac); err != nil {
-			return nil, nil, false, fmt.Errorf("amqp_url (%s): %w", EnvAMQPURL, err)
+			return nil, nil, false, fmt.Errorf("%s: %w", setting("amqp_url", EnvAMQPURL), err)
 		}
 		shared = false
 	case TransportSQLite:
@@ -119,7 +119,7 @@ func openTransport(ctx context.Context, cfg Config, db *sqlx.DB, logger *slog.Lo
 			tr, err = postgres.New(ctx, db, pc)
 		}
 	default:
-		return nil, nil, false, fmt.Errorf("transport (%s): %q is not available", EnvTransport, cfg.Transport)
+		return nil, nil, false, fmt.Errorf("%s: %q is not available", setting("transport", EnvTransport), cfg.Transport)
 	}
 	if err != nil {
 		return nil, nil, false, errors.Join(fmt.Errorf("transport: %w", err), closeDB())
@@ -131,7 +131,7 @@ func openTransport(ctx context.Context, cfg Config, db *sqlx.DB, logger *slog.Lo
 // unreachable or refuses the credentials (the password is not shown).
 func connect(ctx context.Context, tr connector) error {
 	if err := tr.Connect(ctx); err != nil {
-		return fmt.Errorf("amqp_url (%s): %w", EnvAMQPURL, err)
+		return fmt.Errorf("%s: %w", setting("amqp_url", EnvAMQPURL), err)
 	}
 	return nil
 }

@@ -303,16 +303,26 @@ func malformed(field, reason string) error {
 // scanned once. Any other body goes through the CloudEvents SDK, with the
 // same result.
 func Decode(body []byte, maxBody int) (Envelope, error) {
-	if maxBody <= 0 {
-		maxBody = DefaultMaxBodyBytes
-	}
-	if len(body) > maxBody {
-		return Envelope{}, Permanent(CodeTooLarge, &FieldError{Field: "body", Reason: fmt.Sprintf("is %d bytes, at most %d allowed", len(body), maxBody)})
+	if err := CheckBodySize(body, maxBody); err != nil {
+		return Envelope{}, err
 	}
 	if env, ok := decodePlain(body); ok {
 		return env, nil
 	}
 	return decodeSDK(body)
+}
+
+// CheckBodySize returns Decode's permanent CodeTooLarge error of a body
+// over maxBody bytes (zero means DefaultMaxBodyBytes), nil for one within:
+// a producer checks with it what its consumers will take.
+func CheckBodySize(body []byte, maxBody int) error {
+	if maxBody <= 0 {
+		maxBody = DefaultMaxBodyBytes
+	}
+	if len(body) > maxBody {
+		return Permanent(CodeTooLarge, &FieldError{Field: "body", Reason: fmt.Sprintf("is %d bytes, at most %d allowed", len(body), maxBody)})
+	}
+	return nil
 }
 
 // decodeSDK is Decode of a body within its size limit by the CloudEvents

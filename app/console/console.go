@@ -424,8 +424,8 @@ func safeNext(next string) string {
 	if cleaned := path.Clean(decoded); err != nil || decoded != target || cleaned != target && cleaned+"/" != target {
 		target = ""
 	}
-	if !strings.HasPrefix(target, Path) || strings.HasPrefix(next, "//") ||
-		strings.ContainsFunc(next, func(r rune) bool { return r == '\\' || r < ' ' || r == 0x7f }) {
+	// ("//evil.example" cleans to "/evil.example": not taken.)
+	if !strings.HasPrefix(target, Path) || strings.ContainsFunc(next, func(r rune) bool { return r == '\\' || r < ' ' || r == 0x7f }) {
 		return Path + "dead-letters"
 	}
 	if query != "" {

@@ -170,11 +170,11 @@ func (c *Console) deadLetter(w http.ResponseWriter, r *http.Request) {
 	}
 	// The notice comes with the redirect after the action; a link that
 	// carries it to a dead letter of another status shows none.
-	switch done := r.URL.Query().Get("done"); {
-	case done != string(d.DL.Status):
-	case done == string(framework.DeadLetterReplayed):
+	switch done := framework.DeadLetterStatus(r.URL.Query().Get("done")); {
+	case done != d.DL.Status:
+	case done == framework.DeadLetterReplayed:
 		d.Done = fmt.Sprintf("Replayed: the running service publishes it to %s alone; should it fail again, the dead letter is pending again.", d.DL.Consumer)
-	case done == string(framework.DeadLetterDiscarded):
+	case done == framework.DeadLetterDiscarded:
 		d.Done = "Discarded: it will never be processed."
 		if d.Parked > 0 {
 			d.Done += fmt.Sprintf(" The %d events parked behind it stay parked: dead-letters discard %d --release-parked applies them.", d.Parked, d.DL.ID)

@@ -133,8 +133,7 @@ func runDemo(ctx context.Context, out io.Writer) error {
 		AppointmentID string `db:"appointment_id"`
 		StartsAt      string `db:"starts_at"`
 	}
-	ids := []any{events[0].env.ID, events[1].env.ID, events[2].env.ID}
-	query, args, err := sqlx.In(`SELECT appointment_id, starts_at FROM reminders WHERE event_id IN (?) ORDER BY appointment_id`, ids)
+	query, args, err := sqlx.In(`SELECT appointment_id, starts_at FROM reminders WHERE event_id IN (?) ORDER BY appointment_id`, bookingIDs(events))
 	if err != nil {
 		return err
 	}
@@ -169,8 +168,7 @@ func runDemo(ctx context.Context, out io.Writer) error {
 // name and database (a running serve) took some of the demo's messages,
 // and the demo would wait for them in vain.
 func moreReminders(ctx context.Context, db *sqlx.DB, events []demoEvent, processed float64) (bool, error) {
-	ids := []any{events[0].env.ID, events[1].env.ID, events[2].env.ID}
-	query, args, err := sqlx.In(`SELECT count(*) FROM reminders WHERE event_id IN (?)`, ids)
+	query, args, err := sqlx.In(`SELECT count(*) FROM reminders WHERE event_id IN (?)`, bookingIDs(events))
 	if err != nil {
 		return false, err
 	}
@@ -179,6 +177,12 @@ func moreReminders(ctx context.Context, db *sqlx.DB, events []demoEvent, process
 		return false, fmt.Errorf("read reminders: %w", err)
 	}
 	return float64(n) > processed, nil
+}
+
+// bookingIDs returns the event ids of the demo's three bookings, the
+// events that schedule a reminder each.
+func bookingIDs(events []demoEvent) []any {
+	return []any{events[0].env.ID, events[1].env.ID, events[2].env.ID}
 }
 
 type demoEvent struct {

@@ -145,11 +145,8 @@ func (o *Outbox) add(ctx context.Context, tx sqlx.ExecerContext, envs []framewor
 	for i, env := range envs {
 		stamped[i] = withTraceContext(ctx, env)
 		body, err := framework.Encode(stamped[i])
-		if err == nil && len(body) > o.maxBody {
-			err = framework.Permanent(framework.CodeTooLarge, &framework.FieldError{
-				Field:  "body",
-				Reason: fmt.Sprintf("is %d bytes encoded, at most %d allowed (Config.MaxBodyBytes): its consumers would dead-letter it as too_large", len(body), o.maxBody),
-			})
+		if err == nil {
+			err = framework.CheckBodySize(body, o.maxBody) // what its consumers would dead-letter
 		}
 		if err != nil {
 			return fmt.Errorf("outbox: add %q: %w", env.Key().String(), err)

@@ -2,6 +2,7 @@ package sqlstore
 
 import (
 	"fmt"
+	"math"
 	"regexp"
 	"strings"
 	"time"
@@ -56,13 +57,28 @@ func (d Dialect) pick(postgres, sqlite string) string {
 }
 
 // timeArg returns t as the dialect stores it: UTC for timestamptz, Unix
-// nanoseconds for SQLite.
+// nanoseconds for SQLite, held to what an int64 holds (1677 to 2262):
+// UnixNano wraps around outside, so that a bound of 9999-12-31 compared
+// as a date before 1970.
 func (d Dialect) timeArg(t time.Time) any {
 	if d == SQLite {
+		switch {
+		case t.Before(minNano):
+			t = minNano
+		case t.After(maxNano):
+			t = maxNano
+		}
 		return t.UnixNano()
 	}
 	return t.UTC()
 }
+
+// minNano and maxNano are the earliest and latest times of int64
+// nanoseconds since 1970.
+var (
+	minNano = time.Unix(0, math.MinInt64)
+	maxNano = time.Unix(0, math.MaxInt64)
+)
 
 // MaxPrefixBytes is the longest table prefix.
 const MaxPrefixBytes = 30

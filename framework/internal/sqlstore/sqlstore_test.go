@@ -4,6 +4,7 @@ import (
 	"io/fs"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -71,4 +72,26 @@ func TestValueRows(t *testing.T) {
 	require.Equal(t, "(?)", valueRows(1, 1))
 	require.Equal(t, "(?, ?, ?, ?)", valueRows(1, 4))
 	require.Equal(t, "(?, ?), (?, ?), (?, ?)", valueRows(3, 2))
+}
+
+// TestTimeArgHeldToInt64: on SQLite a time beyond what int64 nanoseconds
+// hold is the nearest one they do, so that it compares on its side of
+// every stored time: UnixNano wrapped 9999-12-31 around to before 1970.
+func TestTimeArgHeldToInt64(t *testing.T) {
+	t.Parallel()
+	stored := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC).UnixNano()
+	for _, tt := range []struct {
+		at    time.Time
+		after bool
+	}{
+		{time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC), true},
+		{time.Date(2263, 1, 1, 0, 0, 0, 0, time.UTC), true},
+		{time.Date(1677, 1, 1, 0, 0, 0, 0, time.UTC), false},
+		{time.Time{}.Add(time.Nanosecond), false},
+	} {
+		n, ok := SQLite.timeArg(tt.at).(int64)
+		require.True(t, ok)
+		require.Equal(t, tt.after, n > stored, "%s", tt.at)
+	}
+	require.Equal(t, time.Date(2026, 1, 2, 0, 0, 0, 0, time.UTC), Postgres.timeArg(time.Date(2026, 1, 2, 1, 0, 0, 0, time.FixedZone("", 3600))))
 }
