@@ -192,9 +192,35 @@ func (c *Console) routes() {
 	c.mux.Handle("GET "+Path+"events", c.authed(Read, c.event))
 	c.mux.Handle("GET "+Path+"consumers", c.authed(Read, c.consumers))
 	c.mux.HandleFunc(Path, func(w http.ResponseWriter, r *http.Request) {
+		if allowed := c.allowedMethods(r); len(allowed) > 0 {
+			w.Header().Set("Allow", strings.Join(allowed, ", "))
+			c.fail(w, r, nil, http.StatusMethodNotAllowed, r.Method+" is not allowed here")
+			return
+		}
 		c.fail(w, r, nil, http.StatusNotFound, "no such page")
 	})
 }
+
+// allowedMethods returns the methods of the routes that serve r's path,
+// for the Allow header of a 405: none when no route does.
+func (c *Console) allowedMethods(r *http.Request) []string {
+	var allowed []string
+	for _, m := range []string{http.MethodGet, http.MethodPost} {
+		probe := r.Clone(r.Context())
+		probe.Method = m
+		if _, pattern := c.mux.Handler(probe); pattern != "" && pattern != Path {
+			allowed = append(allowed, m)
+			if m == http.MethodGet {
+				allowed = append(allowed, http.MethodHead) // ServeMux serves HEAD by GET's route
+			}
+		}
+	}
+	return allowed
+}
+
+// challenge is the WWW-Authenticate header of the console's 401s: a
+// bearer token, or the login form's cookie.
+const challenge = `Bearer realm="effectively console"`
 
 // ServeHTTP serves the console's pages below Path, with headers that keep
 // them out of frames and caches and allow only their own inline style
@@ -286,6 +312,7 @@ func (c *Console) authed(need Permission, h http.HandlerFunc) http.Handler {
 			if r.Header.Get("Authorization") != "" {
 				c.cfg.Logger.Warn("console: token refused", "path", r.URL.Path, "remote", r.RemoteAddr)
 			}
+			w.Header().Set("WWW-Authenticate", challenge)
 			c.render(w, r, http.StatusUnauthorized, "login", loginData{Next: safeNext(r.URL.RequestURI())})
 			return
 		}
@@ -390,6 +417,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	t, ok := c.keys.bySecret(r.PostFormValue("token"))
 	if !ok {
 		c.cfg.Logger.Warn("console: login refused", "error", "unknown token", "remote", r.RemoteAddr)
+		w.Header().Set("WWW-Authenticate", challenge)
 		c.render(w, r, http.StatusUnauthorized, "login", loginData{Next: next, Error: "unknown token"})
 		return
 	}

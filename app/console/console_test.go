@@ -238,6 +238,42 @@ func TestAccess(t *testing.T) {
 	require.Contains(t, resp.Header.Get("Content-Security-Policy"), "frame-ancestors 'none'")
 }
 
+// TestMethodsAndChallenge: a page asked for with a method it does not
+// serve is a 405 naming the methods it does, an unknown page a 404 (not
+// a 405 because the catch-all serves every method), and a 401 carries
+// its challenge.
+func TestMethodsAndChallenge(t *testing.T) {
+	t.Parallel()
+	b := setup(t, console.Config{})
+	for _, c := range []struct{ method, path, allow string }{
+		{http.MethodPut, "/console/dead-letters", "GET, HEAD"},
+		{http.MethodPost, "/console/consumers", "GET, HEAD"},
+		{http.MethodDelete, "/console/dead-letters/1/replay", "POST"},
+		{http.MethodGet, "/console/dead-letters/1/discard", "POST"},
+		{http.MethodPatch, "/console/login", "GET, HEAD, POST"},
+	} {
+		var form url.Values
+		if c.method == http.MethodPost {
+			form = url.Values{} // a POST's body is checked before its route
+		}
+		code, _, resp := b.do(t, c.method, c.path, form, bearer(writeSecret)...)
+		require.Equal(t, http.StatusMethodNotAllowed, code, "%s %s", c.method, c.path)
+		require.Equal(t, c.allow, resp.Header.Get("Allow"), "%s %s", c.method, c.path)
+	}
+	for _, m := range []string{http.MethodGet, http.MethodPut} {
+		code, _, resp := b.do(t, m, "/console/no-such-page", nil, bearer(writeSecret)...)
+		require.Equal(t, http.StatusNotFound, code, m)
+		require.Empty(t, resp.Header.Get("Allow"), m)
+	}
+	code, _, resp := b.do(t, http.MethodGet, "/console/dead-letters", nil)
+	require.Equal(t, http.StatusUnauthorized, code)
+	require.Equal(t, `Bearer realm="effectively console"`, resp.Header.Get("WWW-Authenticate"))
+	code, _, resp = b.do(t, http.MethodPost, "/console/login", url.Values{"token": {"not-a-token-0123456789"}},
+		"Origin", b.server.URL, "Sec-Fetch-Site", "same-origin")
+	require.Equal(t, http.StatusUnauthorized, code)
+	require.Equal(t, `Bearer realm="effectively console"`, resp.Header.Get("WWW-Authenticate"))
+}
+
 // TestLogin: the login form sets an HttpOnly, SameSite=Strict cookie,
 // which lets the browser in until it expires; a wrong secret or a
 // forged cookie does not.
