@@ -284,8 +284,9 @@ type operatorKey struct{}
 // header (Bearer), else of its login cookie.
 func (c *Console) identify(r *http.Request) (operator, bool) {
 	if h := r.Header.Get("Authorization"); h != "" {
-		secret, ok := strings.CutPrefix(h, "Bearer ")
-		if !ok {
+		// The scheme is case-insensitive (RFC 9110, section 11.1).
+		scheme, secret, ok := strings.Cut(h, " ")
+		if !ok || !strings.EqualFold(scheme, "Bearer") {
 			return operator{}, false
 		}
 		t, ok := c.keys.bySecret(strings.TrimSpace(secret))

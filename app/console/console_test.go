@@ -228,6 +228,11 @@ func TestAccess(t *testing.T) {
 		code, _, _ = b.do(t, http.MethodGet, path, nil, "Cookie", "effectively_console=YWxpY2U.99999999999.forged")
 		require.Equal(t, http.StatusUnauthorized, code, path)
 
+		code, _, _ = b.do(t, http.MethodGet, path, nil, "Authorization", "Bearer"+readSecret)
+		require.Equal(t, http.StatusUnauthorized, code, path)
+		code, _, _ = b.do(t, http.MethodGet, path, nil, "Authorization", "bearer "+readSecret)
+		require.Equal(t, http.StatusOK, code, "%s: the scheme is case-insensitive", path)
+
 		code, page, _ = b.do(t, http.MethodGet, path, nil, bearer(readSecret)...)
 		require.Equal(t, http.StatusOK, code, path)
 		require.Contains(t, page, `id="operator">bob (read only)`)
