@@ -124,19 +124,31 @@ type gatedConnector struct {
 	// stmts is how many statements each connection keeps prepared (see
 	// stmtCache); 0 keeps none.
 	stmts int
+	// identity, for a file, is the file the first connection opened: a
+	// connection is neither opened nor pinged nor begun on another.
+	identity *fileIdentity
 }
 
 func (c *gatedConnector) Connect(context.Context) (driver.Conn, error) {
+	if c.identity != nil {
+		// Before the driver opens it: that would create an empty file.
+		if err := c.identity.check(); err != nil {
+			return nil, err
+		}
+	}
 	conn, err := c.driver.Open(c.dsn)
 	if err != nil {
 		return nil, err
+	}
+	if c.identity != nil {
+		c.identity.remember()
 	}
 	sc, ok := conn.(sqliteConn)
 	if !ok {
 		_ = conn.Close()
 		return nil, fmt.Errorf("sqlite: driver connection %T lacks a method the write gate needs", conn)
 	}
-	gc := &gatedConn{sqliteConn: sc, gate: c.gate, file: c.file}
+	gc := &gatedConn{sqliteConn: sc, gate: c.gate, file: c.file, identity: c.identity}
 	if c.stmts > 0 {
 		gc.stmts = newStmtCache(c.stmts)
 	}
@@ -163,6 +175,26 @@ type gatedConn struct {
 	file  bool // a file, not an in-memory database: other processes may write it
 	inTx  bool
 	stmts *stmtCache // nil: every statement is prepared anew
+	// identity is the connector's, nil for an in-memory database.
+	identity *fileIdentity
+}
+
+// fileOK returns an error once the file is gone or replaced (see
+// fileIdentity); a write must not begin then.
+func (c *gatedConn) fileOK() error {
+	if c.identity == nil {
+		return nil
+	}
+	return c.identity.check()
+}
+
+// Ping fails once the file is gone or replaced, which is what readiness
+// checks ask.
+func (c *gatedConn) Ping(ctx context.Context) error {
+	if err := c.fileOK(); err != nil {
+		return err
+	}
+	return c.sqliteConn.Ping(ctx)
 }
 
 // Close closes the kept statements, then the connection.
@@ -195,6 +227,10 @@ func (c *gatedConn) query(ctx context.Context, query string, args []driver.Named
 }
 
 func (c *gatedConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	// A transaction on a deleted file would commit into nothing.
+	if err := c.fileOK(); err != nil {
+		return nil, err
+	}
 	if err := c.gate.acquire(ctx); err != nil {
 		return nil, err
 	}
@@ -281,6 +317,9 @@ func (c *gatedConn) ExecContext(ctx context.Context, query string, args []driver
 	if c.inTx {
 		return c.exec(ctx, query, args)
 	}
+	if err := c.fileOK(); err != nil {
+		return nil, err
+	}
 	if err := c.gate.acquire(ctx); err != nil {
 		return nil, err
 	}
@@ -291,6 +330,9 @@ func (c *gatedConn) ExecContext(ctx context.Context, query string, args []driver
 func (c *gatedConn) QueryContext(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
 	if c.inTx || isRead(query) {
 		return c.query(ctx, query, args)
+	}
+	if err := c.fileOK(); err != nil {
+		return nil, err
 	}
 	// A write that returns rows (INSERT ... RETURNING) holds the gate
 	// until its rows are read, when SQLite finishes the statement.

@@ -138,10 +138,20 @@ func openGated(ctx context.Context, dsn string, cfg OpenConfig, restart int64) (
 	drv := registered.Driver()
 	_ = registered.Close() // it never connected
 	gate := newWriteGate(cfg.BusyTimeout)
-	if path != "" && cfg.CheckpointInterval > 0 {
-		gate.checkpoints = newCheckpointer(func() (driver.Conn, error) { return drv.Open(full) }, gate, cfg.CheckpointInterval, restart)
+	connector := &gatedConnector{dsn: full, driver: drv, gate: gate, file: path != "", stmts: max(cfg.StatementCacheSize, 0)}
+	if path != "" {
+		identity := &fileIdentity{path: path}
+		connector.identity = identity
+		if cfg.CheckpointInterval > 0 {
+			gate.checkpoints = newCheckpointer(func() (driver.Conn, error) {
+				if err := identity.check(); err != nil {
+					return nil, err // the driver would create an empty file
+				}
+				return drv.Open(full)
+			}, gate, cfg.CheckpointInterval, restart)
+		}
 	}
-	db := sqlx.NewDb(sql.OpenDB(&gatedConnector{dsn: full, driver: drv, gate: gate, file: path != "", stmts: max(cfg.StatementCacheSize, 0)}), DriverName)
+	db := sqlx.NewDb(sql.OpenDB(connector), DriverName)
 	db.SetMaxOpenConns(cfg.MaxOpenConns)
 	db.SetMaxIdleConns(cfg.MaxOpenConns)
 	if err := db.PingContext(ctx); err != nil {
