@@ -132,7 +132,7 @@ type gatedConnector struct {
 func (c *gatedConnector) Connect(context.Context) (driver.Conn, error) {
 	if c.identity != nil {
 		// Before the driver opens it: that would create an empty file.
-		if err := c.identity.check(); err != nil {
+		if err := c.identity.checkNow(); err != nil {
 			return nil, err
 		}
 	}
@@ -191,8 +191,10 @@ func (c *gatedConn) fileOK() error {
 // Ping fails once the file is gone or replaced, which is what readiness
 // checks ask.
 func (c *gatedConn) Ping(ctx context.Context) error {
-	if err := c.fileOK(); err != nil {
-		return err
+	if c.identity != nil {
+		if err := c.identity.checkNow(); err != nil {
+			return err
+		}
 	}
 	return c.sqliteConn.Ping(ctx)
 }

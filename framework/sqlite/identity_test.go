@@ -39,15 +39,21 @@ func TestOpenFileGone(t *testing.T) {
 			require.NoError(t, err)
 			defer open.Close()
 
-			for _, suffix := range []string{"", "-wal", "-shm"} {
-				require.NoError(t, os.Remove(path+suffix))
-			}
 			if c.replace {
-				other, err := sqlite.Open(ctx, path, sqlite.OpenConfig{})
+				// Another file renamed over the path, as a restore does: the
+				// path is never missing.
+				other, err := sqlite.Open(ctx, path+".restored", sqlite.OpenConfig{})
 				require.NoError(t, err)
 				require.NoError(t, other.Close())
+				require.NoError(t, os.Rename(path+".restored", path))
+			} else {
+				require.NoError(t, os.Remove(path))
+			}
+			for _, suffix := range []string{"-wal", "-shm"} {
+				require.NoError(t, os.Remove(path+suffix))
 			}
 
+			// A ping looks at the file at once; the refusal holds for good.
 			require.ErrorContains(t, db.PingContext(ctx), c.want)
 			require.ErrorContains(t, open.PingContext(ctx), c.want)
 			_, err = open.BeginTx(ctx, nil)

@@ -144,7 +144,7 @@ func openGated(ctx context.Context, dsn string, cfg OpenConfig, restart int64) (
 		connector.identity = identity
 		if cfg.CheckpointInterval > 0 {
 			gate.checkpoints = newCheckpointer(func() (driver.Conn, error) {
-				if err := identity.check(); err != nil {
+				if err := identity.checkNow(); err != nil {
 					return nil, err // the driver would create an empty file
 				}
 				return drv.Open(full)
