@@ -218,9 +218,13 @@ func (c *Console) allowedMethods(r *http.Request) []string {
 	return allowed
 }
 
-// challenge is the WWW-Authenticate header of the console's 401s: a
-// bearer token, or the login form's cookie.
-const challenge = `Bearer realm="effectively console"`
+// unauthorized answers 401 with the login form of data, and the
+// WWW-Authenticate challenge a 401 carries: a bearer token (or the form's
+// cookie).
+func (c *Console) unauthorized(w http.ResponseWriter, r *http.Request, data loginData) {
+	w.Header().Set("WWW-Authenticate", `Bearer realm="effectively console"`)
+	c.render(w, r, http.StatusUnauthorized, "login", data)
+}
 
 // ServeHTTP serves the console's pages below Path, with headers that keep
 // them out of frames and caches and allow only their own inline style
@@ -313,8 +317,7 @@ func (c *Console) authed(need Permission, h http.HandlerFunc) http.Handler {
 			if r.Header.Get("Authorization") != "" {
 				c.cfg.Logger.Warn("console: token refused", "path", r.URL.Path, "remote", r.RemoteAddr)
 			}
-			w.Header().Set("WWW-Authenticate", challenge)
-			c.render(w, r, http.StatusUnauthorized, "login", loginData{Next: safeNext(r.URL.RequestURI())})
+			c.unauthorized(w, r, loginData{Next: safeNext(r.URL.RequestURI())})
 			return
 		}
 		r = r.WithContext(context.WithValue(r.Context(), operatorKey{}, op))
@@ -418,8 +421,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	t, ok := c.keys.bySecret(r.PostFormValue("token"))
 	if !ok {
 		c.cfg.Logger.Warn("console: login refused", "error", "unknown token", "remote", r.RemoteAddr)
-		w.Header().Set("WWW-Authenticate", challenge)
-		c.render(w, r, http.StatusUnauthorized, "login", loginData{Next: next, Error: "unknown token"})
+		c.unauthorized(w, r, loginData{Next: next, Error: "unknown token"})
 		return
 	}
 	expires := c.cfg.Now().Add(c.cfg.SessionLifetime)

@@ -118,37 +118,31 @@ type gatedConnector struct {
 	dsn    string
 	driver driver.Driver
 	gate   *writeGate
-	// file is set for a file, which other processes may write (see
-	// gatedConn.begin).
-	file bool
 	// stmts is how many statements each connection keeps prepared (see
 	// stmtCache); 0 keeps none.
 	stmts int
-	// identity, for a file, is the file the first connection opened: a
-	// connection is neither opened nor pinged nor begun on another.
+	// identity is the file the first connection opened, nil for an
+	// in-memory database: a connection is neither opened nor pinged nor
+	// begun on another file.
 	identity *fileIdentity
 }
 
 func (c *gatedConnector) Connect(context.Context) (driver.Conn, error) {
-	if c.identity != nil {
-		// Before the driver opens it: that would create an empty file.
-		if err := c.identity.checkNow(); err != nil {
-			return nil, err
-		}
+	// Before the driver opens it: that would create an empty file.
+	if err := c.identity.checkNow(); err != nil {
+		return nil, err
 	}
 	conn, err := c.driver.Open(c.dsn)
 	if err != nil {
 		return nil, err
 	}
-	if c.identity != nil {
-		c.identity.remember()
-	}
+	c.identity.remember()
 	sc, ok := conn.(sqliteConn)
 	if !ok {
 		_ = conn.Close()
 		return nil, fmt.Errorf("sqlite: driver connection %T lacks a method the write gate needs", conn)
 	}
-	gc := &gatedConn{sqliteConn: sc, gate: c.gate, file: c.file, identity: c.identity}
+	gc := &gatedConn{sqliteConn: sc, gate: c.gate, identity: c.identity}
 	if c.stmts > 0 {
 		gc.stmts = newStmtCache(c.stmts)
 	}
@@ -172,29 +166,18 @@ func (c *gatedConnector) Close() error {
 type gatedConn struct {
 	sqliteConn
 	gate  *writeGate
-	file  bool // a file, not an in-memory database: other processes may write it
 	inTx  bool
 	stmts *stmtCache // nil: every statement is prepared anew
-	// identity is the connector's, nil for an in-memory database.
+	// identity is the connector's: set for a file, which other processes
+	// may write too; nil for an in-memory database.
 	identity *fileIdentity
-}
-
-// fileOK returns an error once the file is gone or replaced (see
-// fileIdentity); a write must not begin then.
-func (c *gatedConn) fileOK() error {
-	if c.identity == nil {
-		return nil
-	}
-	return c.identity.check()
 }
 
 // Ping fails once the file is gone or replaced, which is what readiness
 // checks ask.
 func (c *gatedConn) Ping(ctx context.Context) error {
-	if c.identity != nil {
-		if err := c.identity.checkNow(); err != nil {
-			return err
-		}
+	if err := c.identity.checkNow(); err != nil {
+		return err
 	}
 	return c.sqliteConn.Ping(ctx)
 }
@@ -230,7 +213,7 @@ func (c *gatedConn) query(ctx context.Context, query string, args []driver.Named
 
 func (c *gatedConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
 	// A transaction on a deleted file would commit into nothing.
-	if err := c.fileOK(); err != nil {
+	if err := c.identity.check(); err != nil {
 		return nil, err
 	}
 	if err := c.gate.acquire(ctx); err != nil {
@@ -264,7 +247,7 @@ var beginRetries = [...]time.Duration{20 * time.Microsecond, 50 * time.Microseco
 // time, not kept: SQLite applies busy_timeout when it prepares the
 // statement.
 func (c *gatedConn) begin(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
-	if !c.file {
+	if c.identity == nil { // in memory: no other process writes it
 		return c.sqliteConn.BeginTx(ctx, opts)
 	}
 	if _, err := c.sqliteConn.ExecContext(ctx, "PRAGMA busy_timeout = 0", nil); err != nil {
@@ -319,7 +302,7 @@ func (c *gatedConn) ExecContext(ctx context.Context, query string, args []driver
 	if c.inTx {
 		return c.exec(ctx, query, args)
 	}
-	if err := c.fileOK(); err != nil {
+	if err := c.identity.check(); err != nil {
 		return nil, err
 	}
 	if err := c.gate.acquire(ctx); err != nil {
@@ -333,7 +316,7 @@ func (c *gatedConn) QueryContext(ctx context.Context, query string, args []drive
 	if c.inTx || isRead(query) {
 		return c.query(ctx, query, args)
 	}
-	if err := c.fileOK(); err != nil {
+	if err := c.identity.check(); err != nil {
 		return nil, err
 	}
 	// A write that returns rows (INSERT ... RETURNING) holds the gate

@@ -15,7 +15,8 @@ const identityCheckInterval = 100 * time.Millisecond
 
 // fileIdentity is the database file a connector opened, as it was at the
 // first connection: a file deleted or replaced while the process runs is
-// refused instead of used, from at most identityCheckInterval after.
+// refused instead of used, from at most identityCheckInterval after. A
+// nil fileIdentity, an in-memory database's, checks nothing.
 //
 // On Linux a connection open on a deleted file goes on reading and
 // writing it, and a new connection creates an empty file at the path, so
@@ -46,6 +47,9 @@ func (f *fileIdentity) checkNow() error {
 }
 
 func (f *fileIdentity) look(now bool) error {
+	if f == nil {
+		return nil
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.info == nil || f.err != nil || !now && time.Since(f.checked) < identityCheckInterval {
@@ -67,6 +71,9 @@ func (f *fileIdentity) look(now bool) error {
 // reads otherwise than the file system (a URI's escapes) stats as missing
 // and is not watched.
 func (f *fileIdentity) remember() {
+	if f == nil {
+		return
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.info != nil {

@@ -138,7 +138,7 @@ func openGated(ctx context.Context, dsn string, cfg OpenConfig, restart int64) (
 	drv := registered.Driver()
 	_ = registered.Close() // it never connected
 	gate := newWriteGate(cfg.BusyTimeout)
-	connector := &gatedConnector{dsn: full, driver: drv, gate: gate, file: path != "", stmts: max(cfg.StatementCacheSize, 0)}
+	connector := &gatedConnector{dsn: full, driver: drv, gate: gate, stmts: max(cfg.StatementCacheSize, 0)}
 	if path != "" {
 		identity := &fileIdentity{path: path}
 		connector.identity = identity
