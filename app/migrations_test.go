@@ -94,7 +94,7 @@ func TestStartChecksMigrations(t *testing.T) {
 				t.Parallel()
 				cfg := config(t)
 				err := newService(cfg).Err()
-				require.ErrorContains(t, err, "database schema is at version 0, this binary needs 3: run `widgets migrate` or set EFFECTIVELY_AUTO_MIGRATE=true")
+				require.ErrorContains(t, err, "database schema is at version 0, this binary needs 4: run `widgets migrate` or set EFFECTIVELY_AUTO_MIGRATE=true")
 				var n int
 				db := openConfigured(t, cfg.DatabaseURL)
 				require.Error(t, db.Get(&n, `SELECT count(*) FROM `+migrate.VersionTable), "the check created nothing")
@@ -121,7 +121,7 @@ func TestStartChecksMigrations(t *testing.T) {
 				cfg := config(t)
 				db := migrated(t, cfg)
 				// A newer release applied a migration of its own.
-				_, err := db.Exec(`INSERT INTO ` + migrate.VersionTable + ` (version_id, is_applied) VALUES (4, true)`)
+				_, err := db.Exec(`INSERT INTO ` + migrate.VersionTable + ` (version_id, is_applied) VALUES (99, true)`)
 				require.NoError(t, err)
 				consumes(t, cfg)
 			})

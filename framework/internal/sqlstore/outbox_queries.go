@@ -38,7 +38,10 @@ RETURNING ` + outboxColumns
 	// qOutboxMarkSent marks rows sent; sqlx.In expands the id list.
 	qOutboxMarkSent = `UPDATE {p}outbox SET sent_at = ? WHERE id IN (?) AND sent_at IS NULL`
 
-	// qOutboxCleanup deletes a batch of the oldest rows sent before a time.
+	// qOutboxCleanup deletes a batch of the rows sent earliest, before a
+	// time. It reads them through the index on sent rows' sent_at, so
+	// that a cleanup reads no more rows than it deletes (ORDER BY id
+	// walked every sent row kept when none was old enough).
 	qOutboxCleanup = `DELETE FROM {p}outbox WHERE id IN (
-SELECT id FROM {p}outbox WHERE sent_at IS NOT NULL AND sent_at < ? ORDER BY id LIMIT ?)`
+SELECT id FROM {p}outbox WHERE sent_at IS NOT NULL AND sent_at < ? ORDER BY sent_at LIMIT ?)`
 )

@@ -33,8 +33,10 @@ const (
 SELECT d.consumer, d.source, d.event_id FROM {p}deliveries d WHERE ` + deliveriesFinished + ` LIMIT ?)`
 	qCountDeliveries = `SELECT COUNT(*) FROM {p}deliveries d WHERE ` + deliveriesFinished
 
+	// qPurgeReplays, like the outbox's cleanup (qOutboxCleanup), reads
+	// the sent rows through the index on their sent_at.
 	qPurgeReplays = `DELETE FROM {p}replays WHERE id IN (
-SELECT id FROM {p}replays WHERE sent_at IS NOT NULL AND sent_at < ? ORDER BY id LIMIT ?)`
+SELECT id FROM {p}replays WHERE sent_at IS NOT NULL AND sent_at < ? ORDER BY sent_at LIMIT ?)`
 	qCountReplays = `SELECT COUNT(*) FROM {p}replays WHERE sent_at IS NOT NULL AND sent_at < ?`
 
 	// qPurgeDeadLetters checks the status again in the outer statement: a

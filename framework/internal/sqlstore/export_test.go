@@ -1,0 +1,15 @@
+package sqlstore
+
+import "time"
+
+// PurgesBySentAt returns, by table, the statements that delete rows sent
+// before a time (the outbox's cleanup, the purge of sent replays) in d's
+// dialect, unprefixed, with their arguments for before and limit.
+func PurgesBySentAt(d Dialect, before time.Time, limit int) (statements map[string]string, args []any) {
+	q := newQueries(d, "")
+	return map[string]string{"outbox": q.sql(qOutboxCleanup), "replays": q.sql(qPurgeReplays)},
+		[]any{d.timeArg(before), limit}
+}
+
+// TimeArg is d.timeArg: t as d stores it.
+func TimeArg(d Dialect, t time.Time) any { return d.timeArg(t) }
