@@ -283,12 +283,13 @@ func malformed(field, reason string) error {
 // never its value.
 //
 // Decode holds every transport to the same rules, read from the JSON text
-// itself: each attribute appears once; eventversion is a JSON integer
-// (no fraction, no exponent, not a string) from 1 to 2^31-1; subjectseq a
-// string holding a decimal integer >= 1; and every attribute whose value is
-// a JSON string (id, source, type, subject, correlationid, traceparent,
-// tracestate, datacontenttype, dataschema, time, any other extension)
-// holds only characters that CloudEvents allows in a String: valid UTF-8,
+// itself: no attribute name is empty; each attribute appears once;
+// eventversion is a JSON integer (no fraction, no exponent, not a string)
+// from 1 to 2^31-1; subjectseq a string holding a decimal integer >= 1;
+// and every attribute whose value is a JSON string (id, source, type,
+// subject, correlationid, traceparent, tracestate, datacontenttype,
+// dataschema, time, any other extension) holds only characters that
+// CloudEvents allows in a String: valid UTF-8,
 // no control character (U+0000–U+001F, U+007F–U+009F), no surrogate
 // outside an escaped pair, no noncharacter. U+FFFD itself is allowed; a
 // byte that is not UTF-8 and a lone surrogate escape, which encoding/json
@@ -446,15 +447,20 @@ func checkData(body []byte) error {
 }
 
 // checkAttributes checks the attributes of body, valid JSON, as written
-// (see Decode): body is an object, each attribute appears once, each JSON
-// string but data is a valid String, and eventversion, when present, is an
-// integer in range, which it returns (0 when absent).
+// (see Decode): body is an object, no name is empty, each attribute
+// appears once, each JSON string but data is a valid String, and
+// eventversion, when present, is an integer in range, which it returns (0
+// when absent).
 func checkAttributes(body []byte) (version int, err error) {
 	var buf [32][]byte // an event's few attribute names, without allocation
 	names := buf[:0]
 	ok := eachMember(body, func(name, value []byte) bool {
 		names = append(names, name)
 		switch {
+		case len(name) == 0:
+			// The CloudEvents SDK's reader ends the object at an empty
+			// name: it would drop the data and attributes that follow.
+			err = malformed("body", "an attribute name is empty")
 		case string(name) == extVersion:
 			version, err = parseVersion(value)
 		case string(name) == "data":

@@ -103,6 +103,10 @@ func TestDecodePoison(t *testing.T) {
 		{"Base64Object", `{"specversion":"1.0","id":"1","source":"s","type":"t","eventversion":1,"data_base64":{}}`, 0, framework.CodeMalformedEnvelope},
 		{"DataThenBase64", `{"specversion":"1.0","id":"1","source":"s","type":"t","eventversion":1,"data":{},"data_base64":"e30="}`, 0, framework.CodeMalformedEnvelope},
 		{"Base64ThenData", `{"specversion":"1.0","id":"1","source":"s","type":"t","eventversion":1,"data_base64":"e30=","data":{}}`, 0, framework.CodeMalformedEnvelope},
+		// The CloudEvents SDK's reader ends the object at an empty name:
+		// the data, subject and sequence after it were silently dropped.
+		{"EmptyNameBeforeData", `{"specversion":"1.0","id":"1","source":"s","type":"t","eventversion":1,"":0,"data":{"text":"x"}}`, 0, framework.CodeMalformedEnvelope},
+		{"EmptyNameBeforeSubject", `{"specversion":"1.0","id":"1","source":"s","type":"t","eventversion":1,"data":{},"":"","subject":"s","subjectseq":"2"}`, 0, framework.CodeMalformedEnvelope},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -171,6 +171,10 @@ func Catalog(typ string) []BadInput {
 		Body: ev("DataBase64", attr{"data", ""}, attr{"data_base64", `"` + base64.StdEncoding.EncodeToString([]byte(`{"text":"hello"}`)) + `"`}),
 		ID:   "catalog-DataBase64",
 	})
+	// An empty attribute name ends the CloudEvents SDK's reading of the
+	// object: the data and attributes after it would be dropped.
+	malformed("EmptyAttributeName", ev("EmptyAttributeName", attr{"", `"x"`}, attr{"subject", `"s-1"`}, attr{"subjectseq", `"2"`}, attr{"data", ""}, attr{"data", `{"text":"hello"}`}))
+	malformed("EmptyAttributeNameBeforeData", ev("EmptyAttributeNameBeforeData", attr{"data", ""}, attr{"", "null"}, attr{"data", `{"text":"hello"}`}))
 	malformed("TextDataContentType", ev("TextDataContentType", attr{"datacontenttype", `"text/plain"`}, attr{"data", `"hello"`}))
 	malformed("XMLDataContentType", ev("XMLDataContentType", attr{"datacontenttype", `"application/xml"`}, attr{"data", `"<text>hello</text>"`}))
 
