@@ -1,7 +1,7 @@
 package framework
 
 import (
-	"bytes"
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -283,7 +283,8 @@ func malformed(field, reason string) error {
 // never its value.
 //
 // Decode holds every transport to the same rules, read from the JSON text
-// itself: no attribute name is empty; each attribute appears once;
+// itself: no attribute name is empty; each attribute appears once (names
+// compared without regard to ASCII case, as the SDK reads extensions);
 // eventversion is a JSON integer (no fraction, no exponent, not a string)
 // from 1 to 2^31-1; subjectseq a string holding a decimal integer >= 1;
 // and every attribute whose value is a JSON string (id, source, type,
@@ -448,7 +449,7 @@ func checkData(body []byte) error {
 
 // checkAttributes checks the attributes of body, valid JSON, as written
 // (see Decode): body is an object, no name is empty, each attribute
-// appears once, each JSON string but data is a valid String, and
+// appears once (see repeated), each JSON string but data is a valid String, and
 // eventversion, when present, is an integer in range, which it returns (0
 // when absent).
 func checkAttributes(body []byte) (version int, err error) {
@@ -483,26 +484,47 @@ func checkAttributes(body []byte) (version int, err error) {
 	return version, nil
 }
 
-// repeated returns a name that names holds more than once, or nil. It
-// sorts names when they are many.
+// repeated returns a name that names holds more than once, or nil. Names
+// are compared without regard to ASCII case, as the CloudEvents SDK reads
+// an extension's name: "subjectseq" and "SubjectSeq" are one attribute,
+// of which the SDK keeps the last. It sorts names when they are many.
 func repeated(names [][]byte) []byte {
 	if len(names) <= 32 {
 		for i := range names {
 			for j := range i {
-				if bytes.Equal(names[i], names[j]) {
+				if compareNames(names[i], names[j]) == 0 {
 					return names[i]
 				}
 			}
 		}
 		return nil
 	}
-	slices.SortFunc(names, bytes.Compare)
+	slices.SortFunc(names, compareNames)
 	for i := 1; i < len(names); i++ {
-		if bytes.Equal(names[i-1], names[i]) {
+		if compareNames(names[i-1], names[i]) == 0 {
 			return names[i]
 		}
 	}
 	return nil
+}
+
+// compareNames compares two attribute names with ASCII letters folded to
+// lower case, as the CloudEvents SDK folds extension names.
+func compareNames(a, b []byte) int {
+	for i := 0; i < len(a) && i < len(b); i++ {
+		if ca, cb := asciiLower(a[i]), asciiLower(b[i]); ca != cb {
+			return cmp.Compare(ca, cb)
+		}
+	}
+	return cmp.Compare(len(a), len(b))
+}
+
+// asciiLower returns c in lower case when it is an ASCII letter.
+func asciiLower(c byte) byte {
+	if c >= 'A' && c <= 'Z' {
+		return c + 'a' - 'A'
+	}
+	return c
 }
 
 // fieldName returns name as the field of a FieldError: as it is when it is

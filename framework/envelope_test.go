@@ -107,6 +107,11 @@ func TestDecodePoison(t *testing.T) {
 		// the data, subject and sequence after it were silently dropped.
 		{"EmptyNameBeforeData", `{"specversion":"1.0","id":"1","source":"s","type":"t","eventversion":1,"":0,"data":{"text":"x"}}`, 0, framework.CodeMalformedEnvelope},
 		{"EmptyNameBeforeSubject", `{"specversion":"1.0","id":"1","source":"s","type":"t","eventversion":1,"data":{},"":"","subject":"s","subjectseq":"2"}`, 0, framework.CodeMalformedEnvelope},
+		// The SDK folds extension names to lower case and keeps the last
+		// of two spellings: "subjectseq" then "SubjectSeq" read as 2.
+		{"SubjectSeqTwoCases", `{"specversion":"1.0","id":"1","source":"s","type":"t","eventversion":1,"data":{},"subject":"s","subjectseq":"1","SubjectSeq":"2"}`, 0, framework.CodeMalformedEnvelope},
+		{"EventVersionTwoCases", `{"specversion":"1.0","id":"1","source":"s","type":"t","eventversion":1,"EVENTVERSION":2,"data":{}}`, 0, framework.CodeMalformedEnvelope},
+		{"TwoCasesAmongMany", manyAttributes(40, `"CorrelationId":"a","correlationid":"b"`), 0, framework.CodeMalformedEnvelope},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -393,4 +398,16 @@ func TestNormalizeSource(t *testing.T) {
 		require.Equal(t, tt.read, framework.NormalizeSource(tt.read), "normalized already: %s", tt.written)
 	}
 	require.Equal(t, "%zz", framework.NormalizeSource("%zz"), "a source that does not parse is kept")
+}
+
+// manyAttributes returns a valid event with n extensions besides the
+// members extra, enough to make Decode sort the names it compares.
+func manyAttributes(n int, extra string) string {
+	var b strings.Builder
+	b.WriteString(`{"specversion":"1.0","id":"1","source":"s","type":"t","eventversion":1,"data":{}`)
+	for i := range n {
+		fmt.Fprintf(&b, `,"ext%d":"v"`, i)
+	}
+	b.WriteString("," + extra + "}")
+	return b.String()
 }
