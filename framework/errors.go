@@ -73,15 +73,20 @@ func IsPermanent(err error) bool {
 	return errors.As(err, &p)
 }
 
-// CodeOf classifies err for a dead letter: a permanent error's code, then
-// CodePanic for a recovered panic, CodeTimeout for an exceeded deadline,
-// and CodeRetriesExhausted for anything else. It returns "" for nil.
+// CodeOf classifies err for a dead letter: a permanent error's code (an
+// invalid or empty one, of a PermanentError made without Permanent, is
+// CodeHandlerFailed, as Permanent makes it), then CodePanic for a
+// recovered panic, CodeTimeout for an exceeded deadline, and
+// CodeRetriesExhausted for anything else. It returns "" for nil.
 func CodeOf(err error) Code {
 	if err == nil {
 		return ""
 	}
 	var p *PermanentError
 	if errors.As(err, &p) {
+		if !p.Code.Valid() {
+			return CodeHandlerFailed
+		}
 		return p.Code
 	}
 	var panicked wmmiddleware.RecoveredPanicError

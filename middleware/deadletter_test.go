@@ -2,6 +2,7 @@ package middleware_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -65,6 +66,39 @@ func TestDeadLetterRecordsSequenceAndDeliveries(t *testing.T) {
 			require.Equal(t, 2, h[0].Deliveries)
 			require.Equal(t, framework.Code("note_rejected"), h[0].Code)
 			require.Equal(t, 1, h[0].Attempts)
+		})
+	}
+}
+
+// TestDeadLetterCodeOfPermanentErrorLiteral: a handler's PermanentError
+// built without Permanent, its code invalid or empty (one taken from the
+// payload, say), is dead-lettered with handler_failed, as Permanent
+// would have it: the code a dead letter stores and the operator's
+// commands print is never text of the payload's.
+func TestDeadLetterCodeOfPermanentErrorLiteral(t *testing.T) {
+	t.Parallel()
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			bd := setup(t, b, setupConfig{})
+			bd.behave = func(_ context.Context, ev framework.Event[noteV1], _ int64) error {
+				if ev.Data.Text == "empty" {
+					return &framework.PermanentError{}
+				}
+				return &framework.PermanentError{Code: framework.Code("rejected: " + ev.Data.Text)}
+			}
+			for i, text := range []string{"\x1b[2Jsecret", "empty"} {
+				env, err := noted.Envelope(noteV1{Text: text}, framework.Attributes{ID: fmt.Sprint("literal-", i), Source: "notes"})
+				require.NoError(t, err)
+				msg := message.NewMessage(watermill.NewUUID(), body(t, env))
+				msg.SetContext(ctx)
+				require.NoError(t, bd.handler(msg))
+				dls, err := bd.store.DeadLetters(ctx, framework.DeadLetterFilter{EventID: env.ID})
+				require.NoError(t, err)
+				require.Len(t, dls, 1)
+				require.Equal(t, framework.CodeHandlerFailed, dls[0].Code)
+			}
 		})
 	}
 }
