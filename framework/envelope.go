@@ -1,7 +1,7 @@
 package framework
 
 import (
-	"cmp"
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -283,21 +283,22 @@ func malformed(field, reason string) error {
 // never its value.
 //
 // Decode holds every transport to the same rules, read from the JSON text
-// itself: no attribute name is empty; each attribute appears once (names
-// compared without regard to ASCII case, as the SDK reads extensions);
+// itself: every attribute name is lower-case ASCII letters and digits, as
+// CloudEvents requires (the SDK would fold other names to lower case, or
+// stop reading at an empty one); each attribute appears once;
 // eventversion is a JSON integer (no fraction, no exponent, not a string)
 // from 1 to 2^31-1; subjectseq a string holding a decimal integer >= 1;
 // and every attribute whose value is a JSON string (id, source, type,
 // subject, correlationid, traceparent, tracestate, datacontenttype,
 // dataschema, time, any other extension) holds only characters that
-// CloudEvents allows in a String: valid UTF-8,
-// no control character (U+0000–U+001F, U+007F–U+009F), no surrogate
-// outside an escaped pair, no noncharacter. U+FFFD itself is allowed; a
-// byte that is not UTF-8 and a lone surrogate escape, which encoding/json
-// would silently turn into U+FFFD, are not. So every attribute a store
-// keeps is one it can hold. A time must fall within the years 0000 to 9999
-// in UTC, and data given as data_base64 must be a JSON value, so that
-// Encode writes back what Decode read.
+// CloudEvents allows in a String: valid UTF-8, no control character
+// (U+0000–U+001F, U+007F–U+009F), no surrogate outside an escaped pair,
+// no noncharacter. U+FFFD itself is allowed; a byte that is not UTF-8 and
+// a lone surrogate escape, which encoding/json would silently turn into
+// U+FFFD, are not. So every attribute a store keeps is one it can hold. A
+// time must fall within the years 0000 to 9999 in UTC, and data given as
+// data_base64 must be a JSON value, so that Encode writes back what Decode
+// read.
 //
 // An event as Encode writes it, and as producers usually do (no attribute
 // but those the framework reads, names written without escapes), is read
@@ -448,8 +449,8 @@ func checkData(body []byte) error {
 }
 
 // checkAttributes checks the attributes of body, valid JSON, as written
-// (see Decode): body is an object, no name is empty, each attribute
-// appears once (see repeated), each JSON string but data is a valid String, and
+// (see Decode): body is an object, each name is valid (memberNameValid)
+// and appears once, each JSON string but data is a valid String, and
 // eventversion, when present, is an integer in range, which it returns (0
 // when absent).
 func checkAttributes(body []byte) (version int, err error) {
@@ -458,10 +459,12 @@ func checkAttributes(body []byte) (version int, err error) {
 	ok := eachMember(body, func(name, value []byte) bool {
 		names = append(names, name)
 		switch {
-		case len(name) == 0:
-			// The CloudEvents SDK's reader ends the object at an empty
-			// name: it would drop the data and attributes that follow.
-			err = malformed("body", "an attribute name is empty")
+		case !memberNameValid(name):
+			// The CloudEvents SDK reads such names its own way: it folds
+			// an extension's name to lower case (keeping the last of
+			// "subjectseq" and "SubjectSeq"), and ends the object at an
+			// empty name, dropping the data and attributes after it.
+			err = malformed("body", "an attribute name is not lower-case letters and digits")
 		case string(name) == extVersion:
 			version, err = parseVersion(value)
 		case string(name) == "data":
@@ -484,47 +487,41 @@ func checkAttributes(body []byte) (version int, err error) {
 	return version, nil
 }
 
-// repeated returns a name that names holds more than once, or nil. Names
-// are compared without regard to ASCII case, as the CloudEvents SDK reads
-// an extension's name: "subjectseq" and "SubjectSeq" are one attribute,
-// of which the SDK keeps the last. It sorts names when they are many.
+// repeated returns a name that names holds more than once, or nil. It
+// sorts names when they are many.
 func repeated(names [][]byte) []byte {
 	if len(names) <= 32 {
 		for i := range names {
 			for j := range i {
-				if compareNames(names[i], names[j]) == 0 {
+				if bytes.Equal(names[i], names[j]) {
 					return names[i]
 				}
 			}
 		}
 		return nil
 	}
-	slices.SortFunc(names, compareNames)
+	slices.SortFunc(names, bytes.Compare)
 	for i := 1; i < len(names); i++ {
-		if compareNames(names[i-1], names[i]) == 0 {
+		if bytes.Equal(names[i-1], names[i]) {
 			return names[i]
 		}
 	}
 	return nil
 }
 
-// compareNames compares two attribute names with ASCII letters folded to
-// lower case, as the CloudEvents SDK folds extension names.
-func compareNames(a, b []byte) int {
-	for i := 0; i < len(a) && i < len(b); i++ {
-		if ca, cb := asciiLower(a[i]), asciiLower(b[i]); ca != cb {
-			return cmp.Compare(ca, cb)
+// memberNameValid reports whether name may name a member of a structured
+// CloudEvent: an attribute's name, one or more lower-case ASCII letters
+// and digits as CloudEvents requires, or data_base64.
+func memberNameValid(name []byte) bool {
+	if len(name) == 0 {
+		return false
+	}
+	for _, c := range name {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') {
+			return string(name) == "data_base64"
 		}
 	}
-	return cmp.Compare(len(a), len(b))
-}
-
-// asciiLower returns c in lower case when it is an ASCII letter.
-func asciiLower(c byte) byte {
-	if c >= 'A' && c <= 'Z' {
-		return c + 'a' - 'A'
-	}
-	return c
+	return true
 }
 
 // fieldName returns name as the field of a FieldError: as it is when it is

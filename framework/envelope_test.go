@@ -112,6 +112,15 @@ func TestDecodePoison(t *testing.T) {
 		{"SubjectSeqTwoCases", `{"specversion":"1.0","id":"1","source":"s","type":"t","eventversion":1,"data":{},"subject":"s","subjectseq":"1","SubjectSeq":"2"}`, 0, framework.CodeMalformedEnvelope},
 		{"EventVersionTwoCases", `{"specversion":"1.0","id":"1","source":"s","type":"t","eventversion":1,"EVENTVERSION":2,"data":{}}`, 0, framework.CodeMalformedEnvelope},
 		{"TwoCasesAmongMany", manyAttributes(40, `"CorrelationId":"a","correlationid":"b"`), 0, framework.CodeMalformedEnvelope},
+		// CloudEvents names are lower-case letters and digits: alone, the
+		// SDK read "SubjectSeq" as the sequence but "EventVersion" as an
+		// unknown extension.
+		{"UpperCaseSubjectSeq", `{"specversion":"1.0","id":"1","source":"s","type":"t","eventversion":1,"data":{},"subject":"s","SubjectSeq":"5"}`, 0, framework.CodeMalformedEnvelope},
+		{"UpperCaseEventVersion", `{"specversion":"1.0","id":"1","source":"s","type":"t","EventVersion":1,"data":{}}`, 0, framework.CodeMalformedEnvelope},
+		{"UnderscoreExtension", `{"specversion":"1.0","id":"1","source":"s","type":"t","eventversion":1,"data":{},"my_ext":"x"}`, 0, framework.CodeMalformedEnvelope},
+		{"HyphenExtension", `{"specversion":"1.0","id":"1","source":"s","type":"t","eventversion":1,"data":{},"my-ext":"x"}`, 0, framework.CodeMalformedEnvelope},
+		{"NonASCIIExtension", `{"specversion":"1.0","id":"1","source":"s","type":"t","eventversion":1,"data":{},"ext\u00e9":"x"}`, 0, framework.CodeMalformedEnvelope},
+		{"EscapedUpperCase", `{"specversion":"1.0","id":"1","source":"s","type":"t","eventversion":1,"data":{},"\u0053ubject":"x"}`, 0, framework.CodeMalformedEnvelope},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -175,11 +175,13 @@ func Catalog(typ string) []BadInput {
 	// object: the data and attributes after it would be dropped.
 	malformed("EmptyAttributeName", ev("EmptyAttributeName", attr{"", `"x"`}, attr{"subject", `"s-1"`}, attr{"subjectseq", `"2"`}, attr{"data", ""}, attr{"data", `{"text":"hello"}`}))
 	malformed("EmptyAttributeNameBeforeData", ev("EmptyAttributeNameBeforeData", attr{"data", ""}, attr{"", "null"}, attr{"data", `{"text":"hello"}`}))
-	// The SDK reads extension names without regard to case: two spellings
-	// of one attribute are the attribute given twice.
+	// CloudEvents names are lower-case letters and digits; the SDK folds
+	// others to lower case, keeping the last of two spellings.
 	malformed("SubjectSeqTwoCases", ev("SubjectSeqTwoCases", attr{"subject", `"s-1"`}, attr{"subjectseq", `"1"`}, attr{"SubjectSeq", `"2"`}))
 	malformed("EventVersionTwoCases", ev("EventVersionTwoCases", attr{"EventVersion", "2"}))
 	malformed("CorrelationIDTwoCases", ev("CorrelationIDTwoCases", attr{"CORRELATIONID", `"a"`}, attr{"correlationid", `"b"`}))
+	malformed("UpperCaseSubjectSeq", ev("UpperCaseSubjectSeq", attr{"subject", `"s-1"`}, attr{"SubjectSeq", `"5"`}))
+	malformed("UnderscoreExtension", ev("UnderscoreExtension", attr{"my_ext", `"x"`}))
 	malformed("TextDataContentType", ev("TextDataContentType", attr{"datacontenttype", `"text/plain"`}, attr{"data", `"hello"`}))
 	malformed("XMLDataContentType", ev("XMLDataContentType", attr{"datacontenttype", `"application/xml"`}, attr{"data", `"<text>hello</text>"`}))
 
