@@ -868,6 +868,11 @@ func namedYAMLError(raw []byte, err error) error {
 					continue
 				}
 				lines[k.Line] = append(lines[k.Line], yamlEntry{path: p, key: k.Value})
+				if v.Kind == yaml.SequenceNode && v.Line != k.Line {
+					// A list below its key: yaml.v3 names the line of its
+					// first item when the key wants no list.
+					lines[v.Line] = append(lines[v.Line], yamlEntry{path: p, key: k.Value})
+				}
 				walk(v, p)
 			}
 		case yaml.SequenceNode:
@@ -927,9 +932,9 @@ func keyOfProblem(entries []yamlEntry, problem string) (string, bool) {
 			return found[0], true
 		}
 	}
-	common := strings.Split(entries[0].path, ".")
+	common := pathParts(entries[0].path)
 	for _, e := range entries[1:] {
-		parts := strings.Split(e.path, ".")
+		parts := pathParts(e.path)
 		n := 0
 		for n < len(common) && n < len(parts) && common[n] == parts[n] {
 			n++
@@ -939,5 +944,20 @@ func keyOfProblem(entries []yamlEntry, problem string) (string, bool) {
 	if len(common) == 0 {
 		return "", false
 	}
-	return strings.Join(common, "."), true
+	return strings.TrimPrefix(strings.Join(common, ""), "."), true
+}
+
+// pathParts splits the path of a yamlEntry into its keys and list
+// indexes, each with the separator before it ("a.b[0]": "a", ".b",
+// "[0]"), so that a list's items share their key with it.
+func pathParts(path string) []string {
+	var parts []string
+	start := 0
+	for i := 1; i < len(path); i++ {
+		if path[i] == '.' || path[i] == '[' {
+			parts = append(parts, path[start:i])
+			start = i
+		}
+	}
+	return append(parts, path[start:])
 }

@@ -290,6 +290,12 @@ func TestLoadConfigBadValue(t *testing.T) {
 		{name: "FlowBadDuration", yaml: "defaults: {timeout: soon, retry_delay: 1s}\n", key: "defaults.timeout (line 1): want a duration"},
 		{name: "ValueBelowItsKey", yaml: "defaults:\n  attempts:\n    three\n", key: "defaults.attempts (line 3): cannot unmarshal"},
 		{name: "FlowSameValue", yaml: "defaults: {attempts: x, timeout: x}\n", key: "defaults (line 1): "},
+		// A list where a key wants one value: its items were on the line
+		// too, and no key was named.
+		{name: "ListForString", yaml: "transport: [sqlite]\n", key: "transport (line 1): cannot unmarshal !!seq into string"},
+		{name: "ListBelowItsKey", yaml: "transport:\n  - sqlite\n", key: "transport (line 2): cannot unmarshal !!seq into string"},
+		{name: "ListForInteger", yaml: "consumers:\n  a.b:\n    attempts: [1, 2]\n", key: "consumers.a.b.attempts (line 3): cannot unmarshal !!seq into int"},
+		{name: "ListForMapping", yaml: "defaults: [1, 2]\n", key: "defaults (line 1): cannot unmarshal !!seq into app.ConsumerConfig"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
