@@ -571,6 +571,8 @@ func (c Config) Validate() error {
 	} {
 		if mistypedPostgresURL(u.url) { // the URL is not quoted: it may hold a password
 			errs = append(errs, fmt.Errorf("%s: begins as a PostgreSQL URL but is not one: want postgres://user:password@host:port/database (a SQLite file would be created at that path)", setting(u.key, u.env)))
+		} else if scheme, ok := foreignScheme(u.url); ok {
+			errs = append(errs, fmt.Errorf("%s: a %s:// URL: want a SQLite file (a path or file: URI) or postgres://user:password@host:port/database (a SQLite file would be created at that path)", setting(u.key, u.env), scheme))
 		}
 	}
 	if err := migrate.ValidateTablePrefix(c.TablePrefix); err != nil {
@@ -740,6 +742,28 @@ func mistypedPostgresURL(u string) bool {
 	}
 	return false
 }
+
+// foreignScheme returns the scheme of a URL that is neither a PostgreSQL
+// URL nor a SQLite file: URI ("mysql://host/db", "sqlite:///data/x.db"):
+// SQLite would take it for a path, and create the folders it names.
+func foreignScheme(u string) (string, bool) {
+	scheme, _, ok := strings.Cut(u, "://")
+	if !ok || scheme == "" || !isLetter(scheme[0]) {
+		return "", false
+	}
+	for _, c := range []byte(scheme) {
+		if !isLetter(c) && (c < '0' || c > '9') && c != '+' && c != '-' && c != '.' {
+			return "", false // not a scheme (RFC 3986): a path with "://" in it
+		}
+	}
+	switch strings.ToLower(scheme) {
+	case "postgres", "postgresql", "file":
+		return "", false
+	}
+	return scheme, true
+}
+
+func isLetter(c byte) bool { return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' }
 
 // The environment variables LoadConfig reads.
 const (

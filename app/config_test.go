@@ -281,6 +281,11 @@ func TestLoadConfigBadValue(t *testing.T) {
 		{name: "PostgresURLWithoutColon", yaml: "database_url: postgres//app:secret@db/app\n", key: "database_url (EFFECTIVELY_DATABASE_URL): begins as a PostgreSQL URL but is not one"},
 		{name: "PostgresURLOneSlash", env: map[string]string{app.EnvDatabaseURL: "postgresql:/db/app"}, key: "database_url (EFFECTIVELY_DATABASE_URL): begins as a PostgreSQL URL"},
 		{name: "PostgresURLUpperCase", env: map[string]string{app.EnvTransport: "postgres", app.EnvDatabaseURL: "postgres://db/app", app.EnvTransportURL: "POSTGRES://db/app"}, key: "transport_url (EFFECTIVELY_TRANSPORT_URL): begins as a PostgreSQL URL"},
+		// Another database's URL, or SQLite's written as a URL: SQLite
+		// took it for a path and created its folders ("mysql:/app:...").
+		{name: "MySQLURL", env: map[string]string{app.EnvDatabaseURL: "mysql://app:secret@db/app"}, key: "database_url (EFFECTIVELY_DATABASE_URL): a mysql:// URL: want a SQLite file"},
+		{name: "SQLiteSchemeURL", yaml: "database_url: sqlite:///var/lib/app.db\n", key: "database_url (EFFECTIVELY_DATABASE_URL): a sqlite:// URL"},
+		{name: "HTTPTransportURL", env: map[string]string{app.EnvTransportURL: "http://db/messages"}, key: "transport_url (EFFECTIVELY_TRANSPORT_URL): a http:// URL"},
 		{name: "TransportYAMLNamesKey", yaml: "transport: kafka\n", key: "transport (EFFECTIVELY_TRANSPORT): want sqlite"},
 		// A mapping on one line, as the README writes breaker: its keys
 		// were all named by the last one of the line.
@@ -302,9 +307,19 @@ func TestLoadConfigBadValue(t *testing.T) {
 			cfg, err := app.LoadConfig(env(t, tt.yaml, tt.env))
 			require.Error(t, err)
 			require.ErrorContains(t, err, tt.key)
+			require.NotContains(t, err.Error(), "secret", "a URL may hold a password")
 			require.Zero(t, cfg)
 		})
 	}
+
+	t.Run("SQLiteFiles", func(t *testing.T) {
+		t.Parallel()
+		for _, u := range []string{"file:///var/lib/app.db", "file:./data/app.db?mode=rwc", "./data/app.db", "data/odd://name.db"} {
+			cfg, err := app.LoadConfig(env(t, "", map[string]string{app.EnvDatabaseURL: u}))
+			require.NoError(t, err, u)
+			require.Equal(t, u, cfg.DatabaseURL)
+		}
+	})
 
 	t.Run("EveryBadKeyNamed", func(t *testing.T) {
 		t.Parallel()
