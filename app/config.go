@@ -547,8 +547,12 @@ func (c Config) Validate() error {
 	var errs []error
 	switch c.Transport {
 	case TransportSQLite, TransportMemory:
-		if isPostgresURL(c.DatabaseURL) && c.Transport == TransportSQLite && c.TransportURL == c.DatabaseURL {
+		switch {
+		case c.Transport != TransportSQLite || !isPostgresURL(c.TransportURL):
+		case c.TransportURL == c.DatabaseURL:
 			errs = append(errs, fmt.Errorf("%s: sqlite needs a SQLite %s or %s, got a postgres:// URL (use the postgres transport)", setting("transport", EnvTransport), setting("database_url", EnvDatabaseURL), setting("transport_url", EnvTransportURL)))
+		default: // the stores may be on PostgreSQL, the SQLite transport's messages not
+			errs = append(errs, fmt.Errorf("%s: the sqlite transport keeps its messages in a SQLite file, got a postgres:// URL (use the postgres transport)", setting("transport_url", EnvTransportURL)))
 		}
 	case TransportPostgres:
 		if !isPostgresURL(c.TransportURL) {

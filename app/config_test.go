@@ -209,6 +209,16 @@ http_addr: 127.0.0.1:1
 		}
 	})
 
+	t.Run("StoresOnPostgresMessagesOnSQLite", func(t *testing.T) {
+		t.Parallel()
+		cfg, err := app.LoadConfig(env(t, "", map[string]string{
+			app.EnvDatabaseURL:  "postgres://u:p@127.0.0.1:1/db",
+			app.EnvTransportURL: "/tmp/x/messages.db",
+		}))
+		require.NoError(t, err)
+		require.Equal(t, app.TransportSQLite, cfg.Transport)
+	})
+
 	t.Run("EmptyYAML", func(t *testing.T) {
 		t.Parallel()
 		path := filepath.Join(t.TempDir(), "empty.yaml")
@@ -286,6 +296,9 @@ func TestLoadConfigBadValue(t *testing.T) {
 		{name: "MySQLURL", env: map[string]string{app.EnvDatabaseURL: "mysql://app:secret@db/app"}, key: "database_url (EFFECTIVELY_DATABASE_URL): a mysql:// URL: want a SQLite file"},
 		{name: "SQLiteSchemeURL", yaml: "database_url: sqlite:///var/lib/app.db\n", key: "database_url (EFFECTIVELY_DATABASE_URL): a sqlite:// URL"},
 		{name: "HTTPTransportURL", env: map[string]string{app.EnvTransportURL: "http://db/messages"}, key: "transport_url (EFFECTIVELY_TRANSPORT_URL): a http:// URL"},
+		// The SQLite transport's messages on PostgreSQL: it ran SQLite's
+		// statements there.
+		{name: "SQLiteTransportOnPostgres", env: map[string]string{app.EnvTransportURL: "postgres://app:secret@db/messages"}, key: "transport_url (EFFECTIVELY_TRANSPORT_URL): the sqlite transport keeps its messages in a SQLite file"},
 		{name: "TransportYAMLNamesKey", yaml: "transport: kafka\n", key: "transport (EFFECTIVELY_TRANSPORT): want sqlite"},
 		// A mapping on one line, as the README writes breaker: its keys
 		// were all named by the last one of the line.
