@@ -1,12 +1,14 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -184,7 +186,56 @@ func Command(name string, opts fx.Option, extra ...*cobra.Command) *cobra.Comman
 		purgeCommand(opts),
 	)
 	root.AddCommand(extra...)
+	usageErrors(root)
 	return root
+}
+
+// usageErrors makes root's commands say what they take when used wrongly.
+// A command of subcommands alone (dead-letters, events) refuses an
+// unknown one as root does, instead of printing its help and exiting 0:
+// a mistyped subcommand in a script went unnoticed. A wrong number of
+// arguments, or a bad flag, is an error that ends with the command's
+// usage line ("accepts 1 arg(s), received 0" did not say which).
+func usageErrors(root *cobra.Command) {
+	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
+		return fmt.Errorf("%w (usage: %s)", err, cmd.UseLine())
+	})
+	var walk func(cmd *cobra.Command)
+	walk = func(cmd *cobra.Command) {
+		for _, sub := range cmd.Commands() {
+			walk(sub)
+		}
+		switch {
+		case !cmd.HasParent():
+			// cobra refuses an unknown command of the root itself.
+		case !cmd.Runnable() && cmd.HasSubCommands():
+			cmd.Args = unknownSubcommand
+			cmd.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
+		case cmd.Args != nil:
+			args := cmd.Args
+			cmd.Args = func(cmd *cobra.Command, a []string) error {
+				if err := args(cmd, a); err != nil {
+					return fmt.Errorf("%w (usage: %s)", err, cmd.UseLine())
+				}
+				return nil
+			}
+		}
+	}
+	walk(root)
+}
+
+// unknownSubcommand refuses the arguments of a command of subcommands
+// alone: the first names none of them.
+func unknownSubcommand(cmd *cobra.Command, args []string) error {
+	if len(args) == 0 {
+		return nil
+	}
+	msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
+	cmd.SuggestionsMinimumDistance = cmp.Or(cmd.SuggestionsMinimumDistance, 2) // as cobra's root
+	if suggestions := cmd.SuggestionsFor(args[0]); len(suggestions) > 0 {
+		msg += ": did you mean " + strings.Join(suggestions, " or ") + "?"
+	}
+	return fmt.Errorf("%s (usage: %s [command])", msg, cmd.CommandPath())
 }
 
 // Main runs Command with the process's arguments and exits with 1 when it

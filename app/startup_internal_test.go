@@ -120,6 +120,47 @@ func TestMainPrintsOneLine(t *testing.T) {
 	}
 }
 
+// TestUsageErrors runs the command line used wrongly: each mistake exits
+// 1 with one line that ends with the command's usage, and a command of
+// subcommands alone refuses an unknown one (it printed its help and
+// exited 0, so a mistyped subcommand in a script passed). None needs the
+// database.
+func TestUsageErrors(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"dead-letters", "lst"}, `unknown command "lst" for "gadgets dead-letters": did you mean list? (usage: gadgets dead-letters [command])`},
+		{[]string{"dl", "bogus"}, `unknown command "bogus" for "gadgets dead-letters" (usage: gadgets dead-letters [command])`},
+		{[]string{"events", "shw"}, `unknown command "shw" for "gadgets events": did you mean show?`},
+		{[]string{"dead-letters", "show"}, "accepts 1 arg(s), received 0 (usage: gadgets dead-letters show ID [flags])"},
+		{[]string{"dead-letters", "discard"}, "(usage: gadgets dead-letters discard ID... [flags])"},
+		{[]string{"events", "show", "appointments"}, "(usage: gadgets events show SOURCE ID [flags])"},
+		{[]string{"dead-letters", "list", "--bogus"}, "unknown flag: --bogus (usage: gadgets dead-letters list [flags])"},
+		{[]string{"serve", "now"}, `unknown command "now" for "gadgets serve" (usage: gadgets serve [flags])`},
+	} {
+		cmd := Command("gadgets", fx.Options())
+		cmd.SetArgs(tt.args)
+		var out, stderr bytes.Buffer
+		cmd.SetOut(&out)
+		require.Equal(t, 1, execute(context.Background(), cmd, &stderr), "%v", tt.args)
+		require.Equal(t, "gadgets: ", stderr.String()[:len("gadgets: ")], "%v", tt.args)
+		require.Contains(t, stderr.String(), tt.want, "%v", tt.args)
+		require.Equal(t, 1, strings.Count(stderr.String(), "\n"), "one line: %s", stderr.String())
+		require.Empty(t, out.String(), "no help: %v", tt.args)
+	}
+	for _, args := range [][]string{{"dead-letters"}, {"events"}, {"dead-letters", "--help"}} {
+		cmd := Command("gadgets", fx.Options())
+		cmd.SetArgs(args)
+		var out, stderr bytes.Buffer
+		cmd.SetOut(&out)
+		require.Equal(t, 0, execute(context.Background(), cmd, &stderr), "%v", args)
+		require.Contains(t, out.String(), "Available Commands:", "%v", args)
+		require.Empty(t, stderr.String(), "%v", args)
+	}
+}
+
 // TestFxLogsNoError shows that fx does not log the errors it returns: the
 // one who receives them reports them, once.
 func TestFxLogsNoError(t *testing.T) {
