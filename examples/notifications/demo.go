@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/url"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -44,9 +46,17 @@ func runDemo(ctx context.Context, out io.Writer) error {
 		metrics   *middleware.Metrics
 		cfg       app.Config
 	)
+	events, err := demoEvents()
+	if err != nil {
+		return err
+	}
+	// The metrics count every message of the consumer, also the replays
+	// of earlier dead letters that the service publishes meanwhile: what
+	// became of the demo's own events is read from the consumer's log.
+	own := newOutcomeLog(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}), events)
 	service := app.New(
 		Module,
-		fx.Supply(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))),
+		fx.Supply(slog.New(own)),
 		fx.Decorate(func(c app.Config) app.Config {
 			c.AutoMigrate = true // the demo brings its schema along
 			if _, set := os.LookupEnv(app.EnvHTTPAddr); !set {
@@ -73,10 +83,6 @@ func runDemo(ctx context.Context, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	events, err := demoEvents()
-	if err != nil {
-		return err
-	}
 	for _, e := range events {
 		msg, err := framework.NewMessage(e.env)
 		if err != nil {
@@ -89,27 +95,24 @@ func runDemo(ctx context.Context, out io.Writer) error {
 	}
 
 	// Wait until all five deliveries are acknowledged.
-	var got map[string]float64
-	checked, suspect := time.Now(), -1.0
+	var got map[framework.Outcome]int
+	checked, suspect := time.Now(), -1
 	for {
-		got, err = outcomes(metrics)
-		if err != nil {
-			return err
-		}
-		total := 0.0
+		got = own.outcomes()
+		total := 0
 		for outcome, n := range got {
-			if outcome != string(framework.Nacked) {
-				total += n - before[outcome]
+			if outcome != framework.Nacked {
+				total += n
 			}
 		}
-		if total >= float64(len(events)) {
+		if total >= len(events) {
 			break
 		}
 		if time.Since(checked) > time.Second {
 			// More reminders than processed, twice a second apart with no
 			// progress between: not a commit whose count is on its way.
 			checked = time.Now()
-			processed := got[string(framework.Processed)] - before[string(framework.Processed)]
+			processed := got[framework.Processed]
 			more, err := moreReminders(ctx, db, events, processed)
 			switch {
 			case err != nil:
@@ -145,10 +148,24 @@ func runDemo(ctx context.Context, out io.Writer) error {
 		return fmt.Errorf("read dead letters: %w", err)
 	}
 
-	fmt.Fprintf(out, "\nconsumer %s:\n", ConsumerName)
-	fmt.Fprintf(out, "  processed      %d\n", int(got[string(framework.Processed)]-before[string(framework.Processed)]))
-	fmt.Fprintf(out, "  duplicate      %d  (acknowledged, handler not run)\n", int(got[string(framework.Duplicate)]-before[string(framework.Duplicate)]))
-	fmt.Fprintf(out, "  dead-lettered  %d\n", int(got[string(framework.DeadLettered)]-before[string(framework.DeadLettered)]))
+	after, err := outcomes(metrics)
+	if err != nil {
+		return err
+	}
+	others := -len(events)
+	for outcome, n := range after {
+		if outcome != string(framework.Nacked) {
+			others += int(n - before[outcome])
+		}
+	}
+
+	fmt.Fprintf(out, "\nconsumer %s, the demo's events:\n", ConsumerName)
+	fmt.Fprintf(out, "  processed      %d\n", got[framework.Processed])
+	fmt.Fprintf(out, "  duplicate      %d  (acknowledged, handler not run)\n", got[framework.Duplicate])
+	fmt.Fprintf(out, "  dead-lettered  %d\n", got[framework.DeadLettered])
+	if others > 0 {
+		fmt.Fprintf(out, "  and %d other message(s) handled meanwhile: replays of earlier dead letters (dead-letters replay), or messages an earlier run left\n", others)
+	}
 	fmt.Fprintf(out, "\nreminders scheduled by these events: %d (one per booking, none twice)\n", len(reminders))
 	for _, r := range reminders {
 		fmt.Fprintf(out, "  %s at %s\n", r.AppointmentID, r.StartsAt)
@@ -167,7 +184,7 @@ func runDemo(ctx context.Context, out io.Writer) error {
 // demo's bookings than the demo processed: another consumer of the same
 // name and database (a running serve) took some of the demo's messages,
 // and the demo would wait for them in vain.
-func moreReminders(ctx context.Context, db *sqlx.DB, events []demoEvent, processed float64) (bool, error) {
+func moreReminders(ctx context.Context, db *sqlx.DB, events []demoEvent, processed int) (bool, error) {
 	query, args, err := sqlx.In(`SELECT count(*) FROM reminders WHERE event_id IN (?)`, bookingIDs(events))
 	if err != nil {
 		return false, err
@@ -176,7 +193,7 @@ func moreReminders(ctx context.Context, db *sqlx.DB, events []demoEvent, process
 	if err := db.GetContext(ctx, &n, db.Rebind(query), args...); err != nil {
 		return false, fmt.Errorf("read reminders: %w", err)
 	}
-	return float64(n) > processed, nil
+	return n > processed, nil
 }
 
 // bookingIDs returns the event ids of the demo's three bookings, the
@@ -242,6 +259,71 @@ func outcomes(m *middleware.Metrics) (map[string]float64, error) {
 		}
 	}
 	return got, nil
+}
+
+// outcomeLog is the demo's slog.Handler: it passes errors to next, and
+// counts what became of the demo's events from the consumer's lines
+// "message handled" (debug) and "message dead-lettered" (warn), by their
+// event_id and outcome attributes.
+type outcomeLog struct {
+	next slog.Handler
+	*outcomeCounts
+}
+
+type outcomeCounts struct {
+	ids map[string]bool // the demo's event ids
+	mu  sync.Mutex
+	got map[framework.Outcome]int
+}
+
+func newOutcomeLog(next slog.Handler, events []demoEvent) *outcomeLog {
+	ids := make(map[string]bool, len(events))
+	for _, e := range events {
+		ids[e.env.ID] = true
+	}
+	return &outcomeLog{next: next, outcomeCounts: &outcomeCounts{ids: ids, got: map[framework.Outcome]int{}}}
+}
+
+// outcomes returns the demo's events counted so far by outcome.
+func (c *outcomeCounts) outcomes() map[framework.Outcome]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return maps.Clone(c.got)
+}
+
+// Enabled is true at every level: the outcomes are logged at debug.
+func (l *outcomeLog) Enabled(context.Context, slog.Level) bool { return true }
+
+func (l *outcomeLog) Handle(ctx context.Context, r slog.Record) error {
+	if r.Message == "message handled" || r.Message == "message dead-lettered" {
+		var id, outcome string
+		r.Attrs(func(a slog.Attr) bool {
+			switch a.Key {
+			case "event_id":
+				id = a.Value.String()
+			case "outcome":
+				outcome = a.Value.String()
+			}
+			return true
+		})
+		if l.ids[id] {
+			l.mu.Lock()
+			l.got[framework.Outcome(outcome)]++
+			l.mu.Unlock()
+		}
+	}
+	if !l.next.Enabled(ctx, r.Level) {
+		return nil
+	}
+	return l.next.Handle(ctx, r)
+}
+
+func (l *outcomeLog) WithAttrs(attrs []slog.Attr) slog.Handler {
+	return &outcomeLog{next: l.next.WithAttrs(attrs), outcomeCounts: l.outcomeCounts}
+}
+
+func (l *outcomeLog) WithGroup(name string) slog.Handler {
+	return &outcomeLog{next: l.next.WithGroup(name), outcomeCounts: l.outcomeCounts}
 }
 
 // redacted returns the database URL u with its password hidden, as
