@@ -573,6 +573,9 @@ func (c Config) Validate() error {
 		{"database_url", EnvDatabaseURL, c.DatabaseURL},
 		{"transport_url", EnvTransportURL, c.TransportURL},
 	} {
+		if u.key == "transport_url" && c.TransportURL == c.DatabaseURL {
+			continue // database_url's, said once
+		}
 		if mistypedPostgresURL(u.url) { // the URL is not quoted: it may hold a password
 			errs = append(errs, fmt.Errorf("%s: begins as a PostgreSQL URL but is not one: want postgres://user:password@host:port/database (a SQLite file would be created at that path)", setting(u.key, u.env)))
 		} else if scheme, ok := foreignScheme(u.url); ok {

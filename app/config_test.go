@@ -321,6 +321,9 @@ func TestLoadConfigBadValue(t *testing.T) {
 			require.Error(t, err)
 			require.ErrorContains(t, err, tt.key)
 			require.NotContains(t, err.Error(), "secret", "a URL may hold a password")
+			if tt.env[app.EnvTransportURL] == "" && !strings.Contains(tt.yaml, "transport_url") {
+				require.NotContains(t, err.Error(), "transport_url (EFFECTIVELY_TRANSPORT_URL): ", "database_url's problem, said once")
+			}
 			require.Zero(t, cfg)
 		})
 	}
