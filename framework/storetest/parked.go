@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"context"
+	"math"
 	"testing"
 	"time"
 
@@ -157,6 +158,32 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.True(t, b.advance(t, consumer, "order-1", 8))
 		require.False(t, b.endWait(t, consumer, "order-1", 8), "none left")
 		require.Empty(t, list(t, b, framework.ParkedFilter{}))
+	})
+
+	t.Run("ReadyBesideTheLastSequence", func(t *testing.T) {
+		// A checkpoint at the largest sequence has no next one: the
+		// search for ready events must not compute it (on PostgreSQL
+		// seq + 1 overflowed bigint and failed the whole listing).
+		t.Parallel()
+		b := setup(t, newHarness)
+		require.True(t, b.advance(t, consumer, "order-1", 4))
+		b.hold(t, consumer, "order-1", 5, event(5).Key)
+		require.True(t, b.park(t, event(6), false))
+		require.True(t, b.advance(t, consumer, "order-1", math.MaxInt64))
+		other := func(seq int64) framework.ParkedEvent {
+			p := event(seq)
+			p.Subject = "order-2"
+			return p
+		}
+		require.True(t, b.advance(t, consumer, "order-2", 1))
+		b.hold(t, consumer, "order-2", 2, other(2).Key)
+		require.True(t, b.park(t, other(3), false))
+		require.True(t, b.advance(t, consumer, "order-2", 2))
+		require.True(t, b.endWait(t, consumer, "order-2", 2))
+
+		all := seqs(list(t, b, framework.ParkedFilter{}))
+		require.Contains(t, all, "order-2#3R")
+		require.Equal(t, []string{"order-2#3R"}, seqs(list(t, b, framework.ParkedFilter{Ready: true})))
 	})
 
 	t.Run("HoldAtOrBelowTheCheckpointIsNotRecorded", func(t *testing.T) {

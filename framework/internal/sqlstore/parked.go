@@ -49,9 +49,11 @@ FROM {p}parked_events p LEFT JOIN {p}subject_checkpoints c ON c.consumer = p.con
 WHERE p.reason IN ('dead_letter', 'parked')`
 	qParkedConsumer = ` AND p.consumer = ?`
 	qParkedSubject  = ` AND p.subject = ?`
-	qParkedReady    = ` AND p.reason = 'parked' AND p.seq = COALESCE(c.seq, 0) + 1`
-	qParkedOrder    = ` ORDER BY p.consumer, p.subject, p.seq`
-	qParkedLimit    = ` LIMIT ?`
+	// qParkedReady compares seq - 1 (seq >= 1) with the checkpoint: a
+	// checkpoint at the largest bigint has no next sequence.
+	qParkedReady = ` AND p.reason = 'parked' AND p.seq - 1 = COALESCE(c.seq, 0)`
+	qParkedOrder = ` ORDER BY p.consumer, p.subject, p.seq`
+	qParkedLimit = ` LIMIT ?`
 
 	// qEndOwnWait removes the wait or parking of an event as its dead
 	// letter is stored.
