@@ -492,6 +492,79 @@ func TestSetsSession(t *testing.T) {
 	}
 }
 
+// TestEndsTransaction: the statements a Tx refuses, as they would begin
+// or end the attempt's transaction, and the ones it runs.
+func TestEndsTransaction(t *testing.T) {
+	for q, want := range map[string]bool{
+		`COMMIT`:                          true,
+		`commit;`:                         true,
+		"  -- done\n  Commit Transaction": true,
+		`/* x */ END`:                     true,
+		`END TRANSACTION`:                 true,
+		`ROLLBACK`:                        true,
+		`rollback work`:                   true,
+		`ABORT`:                           true,
+		`BEGIN`:                           true,
+		`begin immediate`:                 true,
+		`START TRANSACTION`:               true,
+		`PREPARE TRANSACTION 'x'`:         true,
+		`ROLLBACK TO SAVEPOINT sp`:        false,
+		`rollback transaction to sp`:      false,
+		`SAVEPOINT sp`:                    false,
+		`RELEASE SAVEPOINT sp`:            false,
+		`PREPARE q AS SELECT 1`:           false,
+		`INSERT INTO log (what) VALUES ('commit')`:     false,
+		`UPDATE t SET ended = true`:                    false,
+		`SELECT endpoint FROM t`:                       false,
+		`WITH begun AS (SELECT 1) SELECT * FROM begun`: false,
+		``: false,
+	} {
+		require.Equal(t, want, framework.EndsTransaction(q), q)
+	}
+}
+
+// TestHandlerCommitRefused: a handler that runs COMMIT in the attempt's
+// transaction, then fails, would commit its write and the processed mark
+// with it, and its next attempt would be a duplicate: the failed effect
+// taken for done. The statement is refused; the attempt rolls back and
+// the next one takes effect, once.
+func TestHandlerCommitRefused(t *testing.T) {
+	t.Parallel()
+	for name, open := range groupBackends() {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := t.Context()
+			b := open(t)
+			uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.db, Store: b.store})
+			require.NoError(t, err)
+			key := framework.Key{Source: "s", ID: "e-1"}
+			runs := 0
+			handle := func(ctx context.Context) error {
+				runs++
+				conn := framework.Conn(ctx, b.db)
+				if _, err := conn.ExecContext(ctx, b.db.Rebind(`INSERT INTO effects (id, seen) VALUES (?, ?)`), key.ID, runs); err != nil {
+					return err
+				}
+				if runs == 1 {
+					if _, err := conn.ExecContext(ctx, `COMMIT`); err != nil {
+						return err
+					}
+					return errors.New("fails after its commit")
+				}
+				return nil
+			}
+			_, err = uow.Do(ctx, "c", key, handle)
+			require.ErrorIs(t, err, framework.ErrEndsTransaction)
+			outcome, err := uow.Do(ctx, "c", key, handle)
+			require.NoError(t, err)
+			require.Equal(t, framework.Processed, outcome, "the failed attempt left no mark")
+			var seen []int
+			require.NoError(t, b.db.SelectContext(ctx, &seen, `SELECT seen FROM effects`))
+			require.Equal(t, []int{2}, seen, "only the attempt that succeeded took effect")
+		})
+	}
+}
+
 // TestGroupCommitWaitsForRunningBatch: with a batch slot free while
 // another batch runs, arriving attempts do not start a batch of one
 // each: they wait, unless their batch fills, until the running batch

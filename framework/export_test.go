@@ -14,5 +14,8 @@ func Waiting(u *UnitOfWork) int {
 // SetsSession exposes setsSession to the tests.
 var SetsSession = setsSession
 
+// EndsTransaction exposes endsTransaction to the tests.
+var EndsTransaction = endsTransaction
+
 // DataException exposes dataException to the tests.
 var DataException = dataException

@@ -56,6 +56,16 @@ func (t *Tx) HasDB() bool { return t != nil && t.tx != nil }
 // errNoDB is what a statement returns on a Tx without a database.
 var errNoDB = errors.New("attempt transaction: no database (the unit of work has no DB)")
 
+// ErrEndsTransaction is what a statement of an attempt returns, not run,
+// when it would begin or end a transaction (BEGIN, START TRANSACTION,
+// COMMIT, END, ROLLBACK, ABORT, PREPARE TRANSACTION): the framework
+// commits the attempt's transaction, with its processed mark and those
+// of its batch-mates. A COMMIT run by a handler would commit the mark
+// before the handler succeeded, so its failure would be taken for a
+// duplicate on the next attempt, and its effect half done. ROLLBACK TO
+// and RELEASE of a savepoint of the handler's own run as usual.
+var ErrEndsTransaction = errors.New("attempt transaction: a statement may not begin or end the transaction, which the framework commits with the processed mark (return an error to roll the attempt back)")
+
 // stmt returns the context a statement of ctx runs under: the
 // transaction's own, so that ctx ending never interrupts a statement of
 // a shared connection, unless ctx has ended already: then database/sql
@@ -63,6 +73,9 @@ var errNoDB = errors.New("attempt transaction: no database (the unit of work has
 func (t *Tx) stmt(ctx context.Context, query string) (context.Context, error) {
 	if t.tx == nil {
 		return nil, errNoDB
+	}
+	if endsTransaction(query) {
+		return nil, ErrEndsTransaction
 	}
 	if !t.setsSession && setsSession(query) {
 		t.setsSession = true
@@ -101,7 +114,9 @@ func (t *Tx) QueryxContext(ctx context.Context, query string, args ...any) (*sql
 }
 
 // QueryRowxContext queries at most one row in the attempt's transaction.
-// On a Tx without a database it panics, like a nil *sqlx.Tx.
+// On a Tx without a database it panics, like a nil *sqlx.Tx, and so it
+// does with ErrEndsTransaction for a statement that would end the
+// transaction.
 func (t *Tx) QueryRowxContext(ctx context.Context, query string, args ...any) *sqlx.Row {
 	sctx, err := t.stmt(ctx, query)
 	if err != nil {
@@ -522,6 +537,62 @@ func setsSession(query string) bool {
 	q := strings.TrimLeft(query, " \t\r\n(")
 	return hasPrefixFold(q, "set ") || hasPrefixFold(q, "set\t") || hasPrefixFold(q, "set\n") ||
 		hasPrefixFold(q, "reset") || callsSetConfig(query)
+}
+
+// endsTransaction reports whether query begins or ends a transaction:
+// its first word is BEGIN, START (TRANSACTION), COMMIT, END, ROLLBACK
+// (but ROLLBACK TO a savepoint), ABORT or PREPARE (TRANSACTION), in any
+// case. Leading white space, parentheses and SQL comments are skipped.
+func endsTransaction(query string) bool {
+	q := skipSpaceAndComments(query)
+	word, rest := firstWord(q)
+	switch strings.ToLower(word) {
+	case "begin", "commit", "end", "abort":
+		return true
+	case "rollback":
+		next, after := firstWord(skipSpaceAndComments(rest))
+		if strings.EqualFold(next, "work") || strings.EqualFold(next, "transaction") {
+			next, _ = firstWord(skipSpaceAndComments(after))
+		}
+		return !strings.EqualFold(next, "to")
+	case "start", "prepare":
+		next, _ := firstWord(skipSpaceAndComments(rest))
+		return strings.EqualFold(next, "transaction")
+	}
+	return false
+}
+
+// skipSpaceAndComments returns s without its leading white space,
+// parentheses, -- comments and /* */ comments.
+func skipSpaceAndComments(s string) string {
+	for {
+		s = strings.TrimLeft(s, " \t\r\n(;")
+		switch {
+		case strings.HasPrefix(s, "--"):
+			i := strings.IndexByte(s, '\n')
+			if i < 0 {
+				return ""
+			}
+			s = s[i+1:]
+		case strings.HasPrefix(s, "/*"):
+			i := strings.Index(s[2:], "*/")
+			if i < 0 {
+				return ""
+			}
+			s = s[2+i+2:]
+		default:
+			return s
+		}
+	}
+}
+
+// firstWord returns the letters at the start of s, and what follows them.
+func firstWord(s string) (word, rest string) {
+	i := 0
+	for i < len(s) && s[i]|0x20 >= 'a' && s[i]|0x20 <= 'z' {
+		i++
+	}
+	return s[:i], s[i:]
 }
 
 // hasPrefixFold reports whether s begins with the ASCII prefix, ignoring case.
