@@ -73,7 +73,8 @@ func failed(ctx context.Context, consumer string, store framework.Store, now fun
 	}
 	dl := newDeadLetter(consumer, msg, st, framework.CodeOf(err), now().UTC())
 	publish := store.PublishDeadLetter
-	if holds && dl.Code != framework.CodeSequenceGap {
+	var ended gapEnded
+	if holds && !errors.As(err, &ended) {
 		publish = store.HoldDeadLetter
 	}
 	if perr := publish(ctx, dl); perr != nil {

@@ -166,10 +166,19 @@ func gapWait(consumer string, store framework.Store, timeout time.Duration) mess
 			}
 			// Not wrapping gap, which is ErrLater: this is the end of the
 			// wait, which the dead letter's transaction removes.
-			return nil, framework.Permanent(framework.CodeSequenceGap, fmt.Errorf("%s, for longer than %s", gap.Error(), timeout))
+			return nil, framework.Permanent(framework.CodeSequenceGap, gapEnded{fmt.Errorf("%s, for longer than %s", gap.Error(), timeout)})
 		}
 	}
 }
+
+// gapEnded is the error of an event whose wait for an earlier one of its
+// subject ran past the gap timeout: its dead letter (sequence_gap) does
+// not hold the subject. The dead-letter step tells it by this type, not
+// by its code, which a handler may give its own permanent error too: that
+// one holds the subject like any other dead letter.
+type gapEnded struct{ error }
+
+func (e gapEnded) Unwrap() error { return e.error }
 
 // DefaultReleaseSweep is how often, at most, a consumer under strict
 // order looks for parked events whose turn came while none of its

@@ -26,7 +26,8 @@ type ordered struct {
 	store  framework.Store
 	uow    *framework.UnitOfWork
 	c      *framework.Consumer
-	refuse sync.Map // event id -> struct{}: refused once, permanently
+	refuse sync.Map       // event id -> struct{}: refused once, permanently
+	code   framework.Code // of a refusal; "refused" when empty
 }
 
 func newOrdered(t *testing.T, b backend) *ordered {
@@ -44,7 +45,11 @@ func newOrderedOn(t *testing.T, db *sqlx.DB, s framework.Store) *ordered {
 	o := &ordered{db: db, store: s}
 	o.c, err = framework.NewConsumer(consumerName, framework.Handle(noted, func(ctx context.Context, ev framework.Event[noteV1]) error {
 		if _, refuse := o.refuse.LoadAndDelete(ev.ID); refuse {
-			return framework.Permanent("refused", errors.New("refused once"))
+			code := o.code
+			if code == "" {
+				code = "refused"
+			}
+			return framework.Permanent(code, errors.New("refused once"))
 		}
 		var c int64
 		if err := sqlx.GetContext(ctx, framework.Conn(ctx, db), &c,
@@ -192,6 +197,25 @@ func TestStrictOrderParksBehindDeadLetter(t *testing.T) {
 				require.True(t, o.marked(t, "s7"))
 				require.Equal(t, framework.Duplicate, deliver(t, h, "s7", "S", 7))
 				require.Equal(t, framework.Processed, deliver(t, h, "s8", "S", 8))
+			})
+
+			// A handler's own permanent error with the code sequence_gap
+			// holds the subject too: only the end of a wait does not.
+			t.Run("HandlerCodeSequenceGapHolds", func(t *testing.T) {
+				t.Parallel()
+				o := newOrdered(t, b)
+				o.code = framework.CodeSequenceGap
+				h := o.handler(t, o.store)
+				o.refuse.Store("s2", struct{}{})
+				require.Equal(t, framework.Processed, deliver(t, h, "s1", "S", 1))
+				require.Equal(t, framework.DeadLettered, deliver(t, h, "s2", "S", 2))
+				require.Equal(t, framework.Parked, deliver(t, h, "s3", "S", 3), "parked behind s2, not waiting for it")
+				require.Equal(t, []string{"s2 held", "s3"}, o.parked(t))
+				dls := o.deadLetters(t, "s2")
+				require.Len(t, dls, 1)
+				require.Equal(t, framework.Processed, redeliver(t, h, dls[0]))
+				require.Equal(t, []string{"s1", "s2", "s3"}, o.applied(t, "s"))
+				require.Empty(t, o.parked(t))
 			})
 
 			t.Run("ReleasedEventThatFailsParksTheRestAgain", func(t *testing.T) {
