@@ -8,9 +8,12 @@ package watermilllog
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 
 	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // Logger is a watermill.LoggerAdapter over a slog.Logger.
@@ -29,8 +32,22 @@ func New(l *slog.Logger) Logger {
 	return Logger{slog: l, next: watermill.NewSlogLogger(l)}
 }
 
-// Error logs at slog.LevelError.
+// routerHandlerError is the line watermill's router logs for every
+// message whose handler returned an error.
+const routerHandlerError = "Handler returned error"
+
+// Error logs at slog.LevelError, but the router's line for a message that
+// is to be delivered again later on purpose (pipeline.ErrLater: a
+// strict_order wait, a circuit breaker's hold), which the chain logs
+// itself at info: the router's is logged at debug, so that an expected
+// wait does not show as an error.
 func (l Logger) Error(msg string, err error, fields watermill.LogFields) {
+	if msg == routerHandlerError && errors.Is(err, pipeline.ErrLater) {
+		if l.enabled(slog.LevelDebug) {
+			l.next.Debug(msg, fields.Add(watermill.LogFields{"error": err}))
+		}
+		return
+	}
 	if l.enabled(slog.LevelError) {
 		l.next.Error(msg, err, fields)
 	}

@@ -3,13 +3,16 @@ package watermilllog_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/stretchr/testify/require"
 
+	"github.com/effectively-once/effectively/internal/pipeline"
 	"github.com/effectively-once/effectively/internal/watermilllog"
 )
 
@@ -68,4 +71,29 @@ func TestDisabledAllocatesNothing(t *testing.T) {
 func TestNilIsDefault(t *testing.T) {
 	t.Parallel()
 	require.NotPanics(t, func() { watermilllog.New(nil).Trace("dropped", nil) })
+}
+
+// TestRouterLineOfAWaitIsDebug: the router's "Handler returned error" of a
+// message delivered again on purpose (pipeline.ErrLater: a strict_order
+// wait, a breaker's hold), which the chain logs at info, is logged at
+// debug; any other error of the router at error.
+func TestRouterLineOfAWaitIsDebug(t *testing.T) {
+	t.Parallel()
+	for _, level := range []slog.Level{slog.LevelInfo, slog.LevelDebug} {
+		var buf bytes.Buffer
+		l := watermilllog.New(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: level})))
+		fields := watermill.LogFields{"message_uuid": "u-1"}
+		l.Error("Handler returned error", fmt.Errorf("inv-1 #2 waits for #1: %w", pipeline.ErrLater), fields)
+		l.Error("Handler returned error", errors.New("boom"), fields)
+		lines := slices.Collect(strings.Lines(buf.String()))
+		if level == slog.LevelInfo {
+			require.Len(t, lines, 1, buf.String())
+		} else {
+			require.Len(t, lines, 2, buf.String())
+			require.Contains(t, lines[0], "level=DEBUG")
+			require.Contains(t, lines[0], "waits for #1")
+		}
+		require.Contains(t, lines[len(lines)-1], "level=ERROR")
+		require.Contains(t, lines[len(lines)-1], "error=boom")
+	}
 }
