@@ -546,16 +546,19 @@ func setsSession(query string) bool {
 func endsTransaction(query string) bool {
 	q := skipSpaceAndComments(query)
 	word, rest := firstWord(q)
-	switch strings.ToLower(word) {
-	case "begin", "commit", "end", "abort":
+	switch {
+	case len(word) < 3 || len(word) > 8: // a word of none below
+		return false
+	case strings.EqualFold(word, "begin"), strings.EqualFold(word, "commit"),
+		strings.EqualFold(word, "end"), strings.EqualFold(word, "abort"):
 		return true
-	case "rollback":
+	case strings.EqualFold(word, "rollback"):
 		next, after := firstWord(skipSpaceAndComments(rest))
 		if strings.EqualFold(next, "work") || strings.EqualFold(next, "transaction") {
 			next, _ = firstWord(skipSpaceAndComments(after))
 		}
 		return !strings.EqualFold(next, "to")
-	case "start", "prepare":
+	case strings.EqualFold(word, "start"), strings.EqualFold(word, "prepare"):
 		next, _ := firstWord(skipSpaceAndComments(rest))
 		return strings.EqualFold(next, "transaction")
 	}
