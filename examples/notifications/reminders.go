@@ -19,6 +19,7 @@ import (
 // ConsumerName is the identity of the reminder consumer.
 const ConsumerName = "notifications.remind-on-appointment-booked"
 
+// snippet:begin module
 //go:embed migrations/*.sql
 var migrations embed.FS
 
@@ -29,6 +30,8 @@ var Module = fx.Options(
 	),
 	fx.Supply(app.Migrations{FS: mustSub(migrations, "migrations")}),
 )
+
+// snippet:end module
 
 // NewRemindOnBooked returns the handler that schedules a reminder for each
 // booked appointment. Its insert joins the attempt's transaction, so the

@@ -200,6 +200,18 @@ func TestSnippets(t *testing.T) {
 		}
 		require.Contains(t, readme, "<!-- snippet: examples/readme/main.go readme -->\n```go\n", "the consumer of the README is the compiled one")
 	})
+	t.Run("docs", func(t *testing.T) {
+		t.Parallel()
+		docs, err := filepath.Glob(filepath.Join(root(t), "docs", "*.md"))
+		require.NoError(t, err)
+		require.NotEmpty(t, docs)
+		for _, doc := range docs {
+			name := filepath.Join("docs", filepath.Base(doc))
+			for _, m := range markdownSnippetRE.FindAllStringSubmatch(read(t, name), -1) {
+				require.Equal(t, region(t, m[1], m[2]), m[3], "%s's block marked %s %s", name, m[1], m[2])
+			}
+		}
+	})
 	for _, tc := range []struct {
 		doc, contains, file, name string
 	}{
