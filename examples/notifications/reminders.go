@@ -20,6 +20,7 @@ import (
 const ConsumerName = "notifications.remind-on-appointment-booked"
 
 // snippet:begin module
+
 //go:embed migrations/*.sql
 var migrations embed.FS
 
