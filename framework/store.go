@@ -348,6 +348,11 @@ type DeadLetterFilter struct {
 	AfterID int64
 	// Limit caps the number returned; zero means 100.
 	Limit int
+	// WithoutBody leaves out each dead letter's Body (empty), for a view
+	// that counts or lists them without their messages: a body may be
+	// as large as the transport's limit, the whole body of a too_large
+	// dead letter.
+	WithoutBody bool
 }
 
 // ParkedEvent is an event of a subject under strict order that waits,

@@ -84,7 +84,7 @@ func (c *Console) deadLetters(w http.ResponseWriter, r *http.Request) {
 		c.internal(w, r, "count dead letters", err)
 		return
 	}
-	f.AfterID, f.Limit = d.After, listPage+1
+	f.AfterID, f.Limit, f.WithoutBody = d.After, listPage+1, true
 	if d.List, err = c.cfg.Store.DeadLetters(r.Context(), f); err != nil {
 		c.internal(w, r, "list dead letters", err)
 		return
@@ -100,7 +100,9 @@ func (c *Console) deadLetters(w http.ResponseWriter, r *http.Request) {
 // them by consumer and code.
 func (c *Console) count(r *http.Request, f framework.DeadLetterFilter) (groups []group, total int, partial bool, err error) {
 	byKey := make(map[[2]string]*group)
-	f.Limit = countPage
+	// The bodies are not read: each may be as large as the transport's
+	// limit, and the counts read thousands.
+	f.Limit, f.WithoutBody = countPage, true
 	for total < countLimit {
 		dls, err := c.cfg.Store.DeadLetters(r.Context(), f)
 		if err != nil {

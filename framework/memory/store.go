@@ -279,7 +279,11 @@ func (s *Store) DeadLetters(ctx context.Context, f framework.DeadLetterFilter) (
 		if id <= f.AfterID || !matches(dl, f) {
 			continue
 		}
-		out = append(out, clone(dl))
+		c := clone(dl)
+		if f.WithoutBody {
+			c.Body = nil
+		}
+		out = append(out, c)
 		if len(out) == f.Limit {
 			break
 		}

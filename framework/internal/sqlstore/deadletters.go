@@ -39,16 +39,22 @@ ON CONFLICT (consumer, source, event_id) DO UPDATE SET
     status = 'pending'
 RETURNING id`
 
-	deadLetterColumns = `id, consumer, topic, source, event_id, type, version, subject, correlation_id,
-    code, subject_seq, attempts, deliveries, repeats, first_failed_at, last_failed_at, body, metadata, status,
+	deadLetterColumns = deadLetterHead + `body` + deadLetterTail
+	// deadLetterHead and deadLetterTail are the columns before and after
+	// the body, which a filter's WithoutBody replaces with an empty one.
+	deadLetterHead = `id, consumer, topic, source, event_id, type, version, subject, correlation_id,
+    code, subject_seq, attempts, deliveries, repeats, first_failed_at, last_failed_at, `
+	deadLetterTail = `, metadata, status,
     resolved_by, resolved_at, resolve_reason`
 
 	qDeadLetter = `SELECT ` + deadLetterColumns + ` FROM {p}dead_letters WHERE id = ?`
 
 	// qDeadLetters takes the filter's conditions (those set) and ends with
-	// qDeadLettersOrder.
-	qDeadLetters      = `SELECT ` + deadLetterColumns + ` FROM {p}dead_letters WHERE id > ?`
-	qDeadLettersOrder = ` ORDER BY id LIMIT ?`
+	// qDeadLettersOrder; qDeadLettersWithoutBody reads an empty body (the
+	// dialect's, %s) in place of each.
+	qDeadLetters            = `SELECT ` + deadLetterColumns + ` FROM {p}dead_letters WHERE id > ?`
+	qDeadLettersWithoutBody = `SELECT ` + deadLetterHead + `%s` + deadLetterTail + ` FROM {p}dead_letters WHERE id > ?`
+	qDeadLettersOrder       = ` ORDER BY id LIMIT ?`
 
 	qDeadLetterStatus = `SELECT status FROM {p}dead_letters WHERE id = ?`
 
@@ -199,7 +205,12 @@ func (s *Store) DeadLetters(ctx context.Context, f framework.DeadLetterFilter) (
 	cond, condArgs := s.deadLetterFilter(f)
 	args := append([]any{f.AfterID}, condArgs...)
 	args = append(args, f.Limit)
-	rows, err := s.db.QueryxContext(ctx, s.q.sql(qDeadLetters+cond+qDeadLettersOrder), args...)
+	q := qDeadLetters
+	if f.WithoutBody {
+		// Not read at all: a body is up to the transport's limit.
+		q = fmt.Sprintf(qDeadLettersWithoutBody, s.dialect.pick(`''::bytea`, `X''`))
+	}
+	rows, err := s.db.QueryxContext(ctx, s.q.sql(q+cond+qDeadLettersOrder), args...)
 	if err != nil {
 		return nil, fmt.Errorf("list dead letters: %w", err)
 	}
