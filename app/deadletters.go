@@ -562,14 +562,21 @@ func parseID(s string) (int64, error) {
 	return id, nil
 }
 
+// parseIDs returns the ids of args, each once, in their order: a dead
+// letter named twice is acted on once, as a dry run says, not refused the
+// second time as resolved by the operator himself.
 func parseIDs(args []string) ([]int64, error) {
 	ids := make([]int64, 0, len(args))
+	seen := make(map[int64]bool, len(args))
 	for _, a := range args {
 		id, err := parseID(a)
 		if err != nil {
 			return nil, err
 		}
-		ids = append(ids, id)
+		if !seen[id] {
+			seen[id] = true
+			ids = append(ids, id)
+		}
 	}
 	return ids, nil
 }

@@ -341,6 +341,39 @@ func TestReplayBulk(t *testing.T) {
 	}
 }
 
+// TestReplaySameIDTwice: a dead letter named twice is replayed (or
+// discarded) once, as the dry run says. The dry run said "2 would be
+// replayed, 0 refused" of "replay 7 7", and the replay then refused the
+// second 7 as replayed by the operator himself, and exited 1.
+func TestReplaySameIDTwice(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	var rejecting atomic.Bool
+	name, picky := pickyConsumer("widgets.twice", &rejecting, true)
+	opts := commandOptions(cfg, picky)
+	_, err := runCommand(t, opts, "migrate")
+	require.NoError(t, err)
+	db := openConfigured(t, cfg.DatabaseURL)
+	a, b, c := storeDeadLetter(t, db, name, "a", "", 0), storeDeadLetter(t, db, name, "b", "", 0), storeDeadLetter(t, db, name, "c", "", 0)
+	ida, idb, idc := fmt.Sprint(a), fmt.Sprint(b), fmt.Sprint(c)
+
+	out, err := runCommand(t, opts, "dead-letters", "replay", ida, idb, ida, "--dry-run")
+	require.NoError(t, err)
+	require.Equal(t, 1, strings.Count(out, "would replay dead letter "+ida+":"), out)
+	require.Contains(t, out, "dry run: 2 would be replayed, 0 refused")
+
+	out, err = runCommand(t, opts, "dead-letters", "replay", ida, idb, ida, "--by", "tester", "--reason", "twice")
+	require.NoError(t, err, out)
+	require.Contains(t, out, "2 replayed, 0 refused")
+	var replayed []int64
+	require.NoError(t, db.Select(&replayed, `SELECT dead_letter_id FROM replays ORDER BY id`))
+	require.Equal(t, []int64{a, b}, replayed)
+
+	out, err = runCommand(t, opts, "dead-letters", "discard", idc, idc, "--by", "tester", "--reason", "twice")
+	require.NoError(t, err, out)
+	require.Equal(t, "dead letter "+idc+" discarded\n", out)
+}
+
 // timeArg returns t as db's stores keep it: a timestamp on PostgreSQL,
 // nanoseconds since the Unix epoch on SQLite.
 func timeArg(db *sqlx.DB, t time.Time) any {
