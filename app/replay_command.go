@@ -128,6 +128,9 @@ func (op operator) selectReplays(ctx context.Context, req replayRequest, now tim
 		f := req.filter
 		f.Status = framework.DeadLetterPending
 		f.Limit = replayPage
+		// Without their bodies, which may be as large as the transport's
+		// limit: the store reads each as it records its replay.
+		f.WithoutBody = true
 		for {
 			dls, err := op.deadLetters.DeadLetters(ctx, f)
 			if err != nil {

@@ -115,3 +115,56 @@ func TestReplayThrottled(t *testing.T) {
 	require.Equal(t, 3, strings.Count(out.String(), " replayed\n"), out.String())
 	require.Contains(t, out.String(), "dead letter 3 refused: consumer c.gone is not declared in this service")
 }
+
+// bodyCounter is a store that counts the bytes of the bodies its
+// DeadLetters returns.
+type bodyCounter struct {
+	framework.Store
+	bodyBytes int
+}
+
+func (b *bodyCounter) DeadLetters(ctx context.Context, f framework.DeadLetterFilter) ([]framework.DeadLetter, error) {
+	dls, err := b.Store.DeadLetters(ctx, f)
+	for _, dl := range dls {
+		b.bodyBytes += len(dl.Body)
+	}
+	return dls, err
+}
+
+// TestBulkReplayReadsNoBody: a replay by filter selects the dead letters
+// without their bodies, which the store reads itself as it records each
+// replay. It held every selected dead letter with its body until the
+// end: 10,000 too_large dead letters of 1 MB took 10 GB.
+func TestBulkReplayReadsNoBody(t *testing.T) {
+	ctx := t.Context()
+	cfg, err := LoadConfig(func(string) (string, bool) { return "", false })
+	require.NoError(t, err)
+	cfg.DatabaseURL = filepath.Join(t.TempDir(), "app.db")
+	db, err := sqlite.Open(ctx, cfg.DatabaseURL, sqlite.OpenConfig{})
+	require.NoError(t, err)
+	defer db.Close()
+	require.NoError(t, migrateUp(ctx, db, cfg, Migrations{}))
+	store, err := sqlite.NewStore(db, sqlite.StoreConfig{})
+	require.NoError(t, err)
+	body := []byte(`{"data":"` + strings.Repeat("x", 64<<10) + `"}`)
+	for _, id := range []string{"e-1", "e-2"} {
+		require.NoError(t, store.PublishDeadLetter(ctx, framework.DeadLetter{Consumer: "c.one", EventID: id, Source: "s", Code: "too_large", Body: body}))
+	}
+	counter := &bodyCounter{Store: store}
+	op := operator{cfg: cfg, db: db, deadLetters: counter, consumers: []string{"c.one"}}
+	req := replayRequest{
+		filter:     framework.DeadLetterFilter{Consumer: "c.one"},
+		resolution: framework.Resolution{Status: framework.DeadLetterReplayed, By: "tester", Reason: "bulk"},
+	}
+	var out bytes.Buffer
+	for _, dry := range []bool{true, false} {
+		req.dryRun = dry
+		require.NoError(t, op.replay(ctx, &out, &out, req, nil))
+	}
+	require.Contains(t, out.String(), "dry run: 2 would be replayed, 0 refused")
+	require.Contains(t, out.String(), "2 replayed, 0 refused")
+	require.Zero(t, counter.bodyBytes, "the selection read the bodies")
+	var bodies [][]byte
+	require.NoError(t, db.Select(&bodies, `SELECT body FROM replays ORDER BY id`))
+	require.Equal(t, [][]byte{body, body}, bodies, "each replay carries its message")
+}
