@@ -79,6 +79,11 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.NoError(t, err)
 		require.Equal(t, got, byID)
 
+		bare := only(t, b.store, framework.DeadLetterFilter{Consumer: consumer, WithoutBody: true})
+		require.Empty(t, bare.Body, "WithoutBody reads no body")
+		bare.Body = got.Body
+		require.Equal(t, got, bare, "WithoutBody reads every other field")
+
 		h := history(t, b.store, got.ID)
 		require.Len(t, h, 1)
 		requireTime(t, t0, h[0].At, "At")
