@@ -655,6 +655,44 @@ func TestListReadsNoBody(t *testing.T) {
 	}
 }
 
+// manyDeadLetters is a store whose DeadLetters lists n pending dead
+// letters of one consumer and code, ids 1 to n, made up as asked.
+type manyDeadLetters struct {
+	store
+	n int64
+}
+
+func (m manyDeadLetters) DeadLetters(_ context.Context, f framework.DeadLetterFilter) ([]framework.DeadLetter, error) {
+	var dls []framework.DeadLetter
+	for id := f.AfterID + 1; id <= m.n && len(dls) < f.Limit; id++ {
+		dls = append(dls, framework.DeadLetter{ID: id, Consumer: "widgets.count", Code: "timeout", Status: framework.DeadLetterPending})
+	}
+	return dls, nil
+}
+
+// TestCountsPartial: the counts stop at 10,000 dead letters and say so
+// only when there are more; exactly 10,000 are counted whole.
+func TestCountsPartial(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		n       int64
+		partial bool
+	}{{9_999, false}, {10_000, false}, {10_001, true}} {
+		t.Run(itoa(tc.n), func(t *testing.T) {
+			t.Parallel()
+			b := setupOn(t, console.Config{}, manyDeadLetters{store: setup(t, console.Config{}).store, n: tc.n})
+			code, page, _ := b.do(t, http.MethodGet, "/console/dead-letters", nil, bearer(readSecret)...)
+			require.Equal(t, http.StatusOK, code)
+			require.Contains(t, page, `id="total">`+itoa(min(tc.n, 10_000))+`<`)
+			if tc.partial {
+				require.Contains(t, page, "(the first 10000 only)")
+			} else {
+				require.NotContains(t, page, "the first")
+			}
+		})
+	}
+}
+
 // TestEventAndConsumers: the event view shows the event's dead letters
 // with their history and names the declared consumers with no record of
 // it; the consumers view shows each declared consumer with its figures

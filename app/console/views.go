@@ -129,7 +129,16 @@ func (c *Console) count(r *http.Request, f framework.DeadLetterFilter) (groups [
 		}
 		f.AfterID = dls[len(dls)-1].ID
 	}
-	partial = total >= countLimit
+	if total >= countLimit {
+		// Partial only when one more is there: exactly countLimit dead
+		// letters are counted whole.
+		f.Limit = 1
+		more, err := c.cfg.Store.DeadLetters(r.Context(), f)
+		if err != nil {
+			return nil, 0, false, err
+		}
+		partial = len(more) > 0
+	}
 	for _, k := range slices.SortedFunc(maps.Keys(byKey), func(a, b [2]string) int {
 		return cmp.Or(cmp.Compare(a[0], b[0]), cmp.Compare(a[1], b[1]))
 	}) {
