@@ -127,12 +127,12 @@ type gatedConnector struct {
 	identity *fileIdentity
 }
 
-func (c *gatedConnector) Connect(context.Context) (driver.Conn, error) {
+func (c *gatedConnector) Connect(ctx context.Context) (driver.Conn, error) {
 	// Before the driver opens it: that would create an empty file.
 	if err := c.identity.checkNow(); err != nil {
 		return nil, err
 	}
-	conn, err := c.driver.Open(c.dsn)
+	conn, err := c.open(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -147,6 +147,28 @@ func (c *gatedConnector) Connect(context.Context) (driver.Conn, error) {
 		gc.stmts = newStmtCache(c.stmts)
 	}
 	return gc, nil
+}
+
+// open opens a connection of the driver, trying again at the steps of
+// beginRetries for up to the busy timeout while the file is locked. The
+// connection runs the DSN's pragmas as it opens, and the connection that
+// switches a new file to write-ahead logging holds the file's exclusive
+// lock while it does: SQLite answers another connection's journal_mode
+// pragma meanwhile with SQLITE_BUSY at once, without its busy handler, so
+// a service and a command opening a new file together failed to start.
+func (c *gatedConnector) open(ctx context.Context) (driver.Conn, error) {
+	deadline := time.Now().Add(c.gate.timeout)
+	for i := 0; ; i++ {
+		conn, err := c.driver.Open(c.dsn)
+		if err == nil || !isBusy(err) || !time.Now().Before(deadline) {
+			return conn, err
+		}
+		select {
+		case <-time.After(beginRetries[min(i, len(beginRetries)-1)]):
+		case <-ctx.Done():
+			return nil, errors.Join(err, ctx.Err())
+		}
+	}
 }
 
 func (c *gatedConnector) Driver() driver.Driver { return c.driver }

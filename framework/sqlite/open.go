@@ -147,7 +147,7 @@ func openGated(ctx context.Context, dsn string, cfg OpenConfig, restart int64) (
 				if err := identity.checkNow(); err != nil {
 					return nil, err // the driver would create an empty file
 				}
-				return drv.Open(full)
+				return connector.open(context.Background())
 			}, gate, cfg.CheckpointInterval, restart)
 		}
 	}
@@ -189,7 +189,8 @@ func buildDSN(dsn string, cfg OpenConfig) (full, path string, err error) {
 		"synchronous(NORMAL)",
 	}
 	if !memory {
-		pragmas = append([]string{"journal_mode(WAL)"}, pragmas...)
+		// After busy_timeout, so that it waits where SQLite lets it.
+		pragmas = slices.Insert(pragmas, 1, "journal_mode(WAL)")
 		if cfg.CheckpointInterval > 0 {
 			pragmas = append(pragmas, "wal_autocheckpoint(0)") // see checkpointer
 		}

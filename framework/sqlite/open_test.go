@@ -52,3 +52,32 @@ func TestOpenValidatesPageCache(t *testing.T) {
 	_, err := sqlite.Open(context.Background(), testenv.SQLitePath(t), sqlite.OpenConfig{PageCacheKiB: -1})
 	require.ErrorContains(t, err, "PageCacheKiB")
 }
+
+// TestOpenConcurrently: processes that open one new file at the same time
+// all open it. The first connection to switch the file to write-ahead
+// logging takes its exclusive lock, and SQLite answers a connection that
+// asks for the journal mode meanwhile with SQLITE_BUSY at once, busy
+// timeout or not: a service and an operator's command started together
+// on a new file failed to open it ("database is locked"), once in a few
+// hundred opens here, before Connect tried again.
+func TestOpenConcurrently(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	const rounds, openers = 200, 8
+	for range rounds {
+		path := testenv.SQLitePath(t)
+		errs := make(chan error, openers)
+		for range openers {
+			go func() {
+				db, err := sqlite.Open(ctx, path, sqlite.OpenConfig{})
+				if err == nil {
+					err = db.Close()
+				}
+				errs <- err
+			}()
+		}
+		for range openers {
+			require.NoError(t, <-errs)
+		}
+	}
+}
