@@ -70,6 +70,9 @@ func (c *confirmChannel) publish(ctx context.Context, topic string, msg *message
 	if err != nil {
 		return nil, fmt.Errorf("amqp: marshal %s: %w", msg.UUID, err)
 	}
+	if err := checkFrame(p, c.conn.frameSize()); err != nil {
+		return nil, fmt.Errorf("amqp: publish %s to %s: %w", msg.UUID, topic, err)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	ch, err := c.channel()

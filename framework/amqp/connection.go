@@ -9,6 +9,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/effectively-once/effectively/internal/watermilllog"
@@ -144,6 +145,39 @@ func (c *connection) wrapper() (*wamqp.ConnectionWrapper, error) {
 		return nil, ErrNotConnected
 	}
 	return c.conn, nil
+}
+
+// frameSize returns the frame size negotiated with the broker, 0 when
+// there is no connection (then the publish fails on its own).
+func (c *connection) frameSize() int {
+	w, err := c.wrapper()
+	if err != nil {
+		return 0
+	}
+	if conn := w.Connection(); conn != nil {
+		return conn.Config.FrameSize
+	}
+	return 0
+}
+
+// fits returns checkFrame's error of the first of msgs whose publishing
+// would not fit in one frame of the connection: sent, it would close the
+// connection under every consumer (ErrHeadersTooLarge).
+func (c *connection) fits(msgs ...*message.Message) error {
+	frameMax := c.frameSize()
+	if frameMax <= 0 {
+		return nil
+	}
+	for _, msg := range msgs {
+		p, err := Marshaler{}.Marshal(msg)
+		if err != nil {
+			return fmt.Errorf("amqp: marshal %s: %w", msg.UUID, err)
+		}
+		if err := checkFrame(p, frameMax); err != nil {
+			return fmt.Errorf("amqp: message %s: %w", msg.UUID, err)
+		}
+	}
+	return nil
 }
 
 // Close closes the connection. Close the publishers and subscribers first.

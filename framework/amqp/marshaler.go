@@ -2,6 +2,7 @@ package amqp
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -81,6 +82,70 @@ func (Marshaler) Unmarshal(d amqp091.Delivery) (*message.Message, error) {
 	}
 	msg.Metadata.Set(framework.MetadataRedelivered, strconv.FormatBool(d.Redelivered))
 	return msg, nil
+}
+
+// ErrHeadersTooLarge is returned by a publish whose message's properties
+// (its metadata as headers, its content type and message id) do not fit
+// in one frame of the connection: RabbitMQ answers such a frame by
+// closing the whole connection, with the channels of every consumer on
+// it. A message the broker delivered fits, but its metadata may not once
+// it is text: typed headers rendered as text (tables as JSON), and a
+// dead letter's NUL bytes each stored as U+FFFD, three bytes (see
+// framework.StorableMetadata), so that a replay may not fit.
+var ErrHeadersTooLarge = errors.New("amqp: the message's headers do not fit in one frame")
+
+// frameOverhead is what a frame holds besides its payload: its type,
+// channel and size (7 bytes) and its end marker (1 byte). A frame may be
+// at most the connection's negotiated frame size, overhead included.
+const frameOverhead = 7 + 1
+
+// checkFrame returns ErrHeadersTooLarge, wrapped with the sizes, when the
+// content header frame of p is longer than frameMax, the connection's
+// negotiated frame size (0: no limit).
+func checkFrame(p amqp091.Publishing, frameMax int) error {
+	if size := headerFrameSize(p); frameMax > 0 && size > frameMax {
+		return fmt.Errorf("%w: %d bytes, the connection's frame size is %d", ErrHeadersTooLarge, size, frameMax)
+	}
+	return nil
+}
+
+// headerFrameSize returns the length of the content header frame of p as
+// amqp091-go writes it: the frame's overhead, the class, weight, body
+// size and property flags (14 bytes), each property that is set, and the
+// headers as a table of the string values Marshaler gives them (any other
+// value counted as 9 bytes, a 64-bit number's).
+func headerFrameSize(p amqp091.Publishing) int {
+	size := frameOverhead + 14
+	for _, s := range []string{p.ContentType, p.ContentEncoding, p.CorrelationId, p.ReplyTo,
+		p.Expiration, p.MessageId, p.Type, p.UserId, p.AppId} {
+		if s != "" {
+			size += 1 + len(s)
+		}
+	}
+	if p.DeliveryMode != 0 {
+		size++
+	}
+	if p.Priority != 0 {
+		size++
+	}
+	if !p.Timestamp.IsZero() {
+		size += 8
+	}
+	if len(p.Headers) > 0 {
+		size += 4
+		for k, v := range p.Headers {
+			size += 1 + len(k)
+			switch v := v.(type) {
+			case string:
+				size += 1 + 4 + len(v)
+			case []byte:
+				size += 1 + 4 + len(v)
+			default:
+				size += 1 + 8
+			}
+		}
+	}
+	return size
 }
 
 // headerText renders an AMQP field value as metadata text.

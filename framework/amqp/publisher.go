@@ -84,13 +84,17 @@ func (p *publisher) publishers() (events, direct *wamqp.Publisher, err error) {
 }
 
 // Publish publishes msgs to the exchange topic and returns once the broker
-// confirmed each of them. Messages published before any consumer queue is
+// confirmed each of them. It publishes none when one does not fit in a
+// frame of the connection (ErrHeadersTooLarge). Messages published before any consumer queue is
 // bound to the exchange are dropped by RabbitMQ: subscribers bind their
 // queues at start (subscriber.SubscribeInitialize).
 func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
 	events, _, err := p.publishers()
 	if err != nil {
 		return err
+	}
+	if err := p.conn.fits(msgs...); err != nil {
+		return fmt.Errorf("amqp: publish to %s: %w", topic, err)
 	}
 	if err := events.Publish(topic, msgs...); err != nil {
 		return fmt.Errorf("amqp: publish to %s: %w", topic, err)
@@ -100,11 +104,17 @@ func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
 
 // Replay publishes msgs through the default exchange straight to the queue
 // of consumer, so that no other consumer of their type sees them again. It
-// fails when the queue does not exist.
+// fails when the queue does not exist, and, before it publishes any, with
+// ErrHeadersTooLarge when one does not fit in a frame.
 func (p *publisher) Replay(ctx context.Context, consumer string, msgs ...*message.Message) error {
 	_, direct, err := p.publishers()
 	if err != nil {
 		return err
+	}
+	// Checked first: one that does not fit would close the connection
+	// under every consumer, on each of the replay relay's tries.
+	if err := p.conn.fits(msgs...); err != nil {
+		return fmt.Errorf("amqp: replay to %s: %w", consumer, err)
 	}
 	w, err := p.conn.wrapper()
 	if err != nil {

@@ -1,0 +1,98 @@
+package amqp
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/testenv"
+)
+
+// TestReplayHeadersOverFrame: a message whose headers fit in a frame, a
+// byte array of NULs, comes back from its dead letter with each NUL
+// stored as U+FFFD, three times as long. Its replay does not fit in a
+// frame: it fails with ErrHeadersTooLarge, and the connection, which
+// RabbitMQ closed under every consumer on each of the relay's tries,
+// stays up.
+func TestReplayHeadersOverFrame(t *testing.T) {
+	t.Parallel()
+	url := testenv.Require(t, testenv.AMQPURLVar)
+	conn := connect(t, TransportConfig{})
+	topic, consumer := "frame.r"+randomSuffix(), "frame-r"+randomSuffix()
+	pub, err := newPublisher(conn)
+	require.NoError(t, err)
+	defer pub.Close()
+	sub, err := subscriberOf(conn, consumer, 1)
+	require.NoError(t, err)
+	defer sub.Close()
+	require.NoError(t, sub.SubscribeInitialize(topic))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ch, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	testenv.PublishAMQP(t, url, topic, amqp091.Publishing{
+		Headers: amqp091.Table{"blob": []byte(strings.Repeat("\x00", 60_000))},
+		Body:    []byte(`{"not":"an event"}`),
+	})
+	msg := receive(t, ch)
+	msg.Ack()
+	dl := framework.DeadLetter{ID: 7, Body: msg.Payload, Metadata: framework.StorableMetadata(msg.Metadata)}
+
+	err = pub.Replay(ctx, consumer, dl.ReplayMessage())
+	require.ErrorIs(t, err, ErrHeadersTooLarge)
+	for range 10 {
+		require.True(t, conn.Connected(), "the refused replay closed the connection")
+		time.Sleep(30 * time.Millisecond)
+	}
+	require.NoError(t, pub.Replay(ctx, consumer, message.NewMessage("after", []byte(`{}`))))
+	require.Equal(t, "after", receive(t, ch).UUID)
+}
+
+// TestFrameSize: headers that make the header frame exactly the
+// negotiated frame size, its overhead included as AMQP 0-9-1 counts it,
+// are published and confirmed; one byte more is refused before anything
+// is sent, on Publish and on PublishDeferred, and the connection stays
+// up. (RabbitMQ 3.10 takes 8 bytes more, a payload of the frame size,
+// and closes the connection beyond.)
+func TestFrameSize(t *testing.T) {
+	t.Parallel()
+	conn := connect(t, TransportConfig{})
+	topic, consumer := "frame.s"+randomSuffix(), "frame-s"+randomSuffix()
+	pub, err := newPublisher(conn)
+	require.NoError(t, err)
+	defer pub.Close()
+	sub, err := subscriberOf(conn, consumer, 1)
+	require.NoError(t, err)
+	defer sub.Close()
+	require.NoError(t, sub.SubscribeInitialize(topic))
+	frameMax := conn.frameSize()
+	require.Positive(t, frameMax)
+
+	// sized returns a message whose header frame is frameMax+extra bytes.
+	sized := func(extra int) *message.Message {
+		msg := message.NewMessage("00000000-0000-0000-0000-000000000000", []byte(`{}`))
+		msg.Metadata.Set("pad", "")
+		p, err := Marshaler{}.Marshal(msg)
+		require.NoError(t, err)
+		msg.Metadata.Set("pad", strings.Repeat("p", frameMax+extra-headerFrameSize(p)))
+		return msg
+	}
+	require.NoError(t, pub.Publish(topic, sized(0)), "a header frame of exactly the frame size")
+	require.True(t, conn.Connected())
+	err = pub.Publish(topic, sized(1))
+	require.True(t, errors.Is(err, ErrHeadersTooLarge), "one byte over: %v", err)
+	_, err = pub.PublishDeferred(context.Background(), topic, sized(1))
+	require.ErrorIs(t, err, ErrHeadersTooLarge)
+	time.Sleep(100 * time.Millisecond)
+	require.True(t, conn.Connected())
+	wait, err := pub.PublishDeferred(context.Background(), topic, sized(0))
+	require.NoError(t, err)
+	require.NoError(t, wait(context.Background()))
+}
