@@ -61,7 +61,9 @@ type replayPublisher interface {
 // after the claim's lease (replayLease), and the consumer's processed mark
 // absorbs the copy. The replays of one consumer are published in the
 // order they were recorded: when one fails, the consumer's later replays
-// of the batch wait with it for the lease to end.
+// of the batch wait with it for the lease to end. One that the transport
+// refuses for good (a permanent error) is dead-lettered again with its
+// code instead (see refuse), and the later ones go on.
 type replayRelay struct {
 	store     framework.Store
 	transport replayPublisher
@@ -155,6 +157,16 @@ func (r *replayRelay) relay(ctx context.Context) (int, error) {
 		switch {
 		case errors.As(err, &died):
 			return published, err // as if the process died: the claims stay until their lease ends
+		case framework.IsPermanent(err):
+			// Never publishable: waiting would hold the consumer's later
+			// replays for ever.
+			if rerr := r.refuse(ctx, rp, err); rerr != nil {
+				if failed == nil {
+					failed = map[string]bool{}
+				}
+				failed[rp.Consumer] = true
+				errs = append(errs, rerr)
+			}
 		case err != nil:
 			if failed == nil {
 				failed = map[string]bool{}
@@ -193,6 +205,68 @@ func (r *replayRelay) publish(ctx context.Context, rp framework.Replay) error {
 		return fmt.Errorf("replay %d to %s published, not recorded sent (it is published again; the consumer absorbs the copy): %w", rp.ID, rp.Consumer, err)
 	}
 	return nil
+}
+
+// refuse ends rp, which the transport refused for good (a permanent
+// error: on RabbitMQ, headers that do not fit in a frame), as a failure of
+// its message: the replayed dead letter is pending again, with the
+// error's code and the failure in its history, and an event released from
+// parking becomes a dead letter of its own; then rp is recorded sent, so
+// that the consumer's later replays go on. A crash between the two
+// publishes rp again after its lease, which the transport refuses again:
+// the dead letter counts one more repeat.
+func (r *replayRelay) refuse(ctx context.Context, rp framework.Replay, cause error) error {
+	dl, err := r.deadLetterOf(ctx, rp)
+	if err != nil {
+		return fmt.Errorf("replay %d to %s refused by the transport (%w), not dead-lettered: %w", rp.ID, rp.Consumer, cause, err)
+	}
+	now := time.Now().UTC()
+	dl.Code = framework.CodeOf(cause)
+	dl.Attempts, dl.Deliveries = 0, 0
+	dl.LastFailedAt = now
+	if dl.FirstFailedAt.IsZero() {
+		dl.FirstFailedAt = now
+	}
+	dl.Status = framework.DeadLetterPending
+	if err := r.store.PublishDeadLetter(ctx, dl); err != nil {
+		return fmt.Errorf("replay %d to %s refused by the transport (%w), not dead-lettered: %w", rp.ID, rp.Consumer, cause, err)
+	}
+	sentCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), replaySentTimeout)
+	defer cancel()
+	if err := r.store.ReplaySent(sentCtx, rp.ID); err != nil {
+		return fmt.Errorf("replay %d to %s dead-lettered (%s), not recorded done: %w", rp.ID, rp.Consumer, dl.Code, err)
+	}
+	r.logger.WarnContext(ctx, "replay refused by the transport; dead-lettered again",
+		"replay", rp.ID, "consumer", rp.Consumer, "dead_letter", rp.DeadLetterID, "code", dl.Code, "error", cause)
+	return nil
+}
+
+// deadLetterOf returns the dead letter that rp replays, or, for an event
+// released from parking (or a dead letter purged since), a new one of its
+// consumer built from its message: the event's key and attributes when
+// its body decodes, else framework.KeyOfBody's key.
+func (r *replayRelay) deadLetterOf(ctx context.Context, rp framework.Replay) (framework.DeadLetter, error) {
+	if rp.DeadLetterID != 0 {
+		dl, err := r.store.DeadLetter(ctx, rp.DeadLetterID)
+		if !errors.Is(err, framework.ErrNotFound) {
+			return dl, err
+		}
+	}
+	dl := framework.DeadLetter{
+		Consumer: rp.Consumer,
+		Topic:    rp.Topic,
+		Body:     rp.Body,
+		Metadata: framework.StorableMetadata(rp.Metadata),
+	}
+	if env, err := framework.Decode(rp.Body, max(len(rp.Body), 1)); err == nil && env.Key().Validate() == nil {
+		dl.Source, dl.EventID = env.Source, env.ID
+		dl.Type, dl.Version = env.Type, env.Version
+		dl.Subject, dl.SubjectSeq, dl.CorrelationID = env.Subject, env.SubjectSeq, env.CorrelationID
+	} else {
+		key := framework.KeyOfBody(rp.Body)
+		dl.Source, dl.EventID = key.Source, key.ID
+	}
+	return dl, nil
 }
 
 // dies calls the crash hook of ctx, if any, at point at.

@@ -3,12 +3,15 @@ package app
 import (
 	"bytes"
 	"context"
+	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
@@ -167,4 +170,58 @@ func TestBulkReplayReadsNoBody(t *testing.T) {
 	var bodies [][]byte
 	require.NoError(t, db.Select(&bodies, `SELECT body FROM replays ORDER BY id`))
 	require.Equal(t, [][]byte{body, body}, bodies, "each replay carries its message")
+}
+
+// refusingTransport refuses every replay for good, as RabbitMQ's
+// transport refuses headers over a frame.
+type refusingTransport struct{}
+
+func (refusingTransport) Replay(context.Context, string, ...*message.Message) error {
+	return framework.Permanent(framework.CodeTooLarge, errors.New("does not fit"))
+}
+
+// TestReplayRefusedReleasedEvent: a released event (no dead letter of its
+// own) and the replay of a dead letter purged since, both refused by the
+// transport for good, each become a pending dead letter of their
+// consumer with the transport's code, under the event's key, or the
+// body's when it is no event; and no replay is left to publish.
+func TestReplayRefusedReleasedEvent(t *testing.T) {
+	ctx := t.Context()
+	cfg, err := LoadConfig(func(string) (string, bool) { return "", false })
+	require.NoError(t, err)
+	cfg.DatabaseURL = filepath.Join(t.TempDir(), "app.db")
+	db, err := sqlite.Open(ctx, cfg.DatabaseURL, sqlite.OpenConfig{})
+	require.NoError(t, err)
+	defer db.Close()
+	require.NoError(t, migrateUp(ctx, db, cfg, Migrations{}))
+	store, err := sqlite.NewStore(db, sqlite.StoreConfig{})
+	require.NoError(t, err)
+	body := []byte(`{"specversion":"1.0","id":"e-1","source":"shop","type":"shop.order.placed","eventversion":2,"subject":"o-9","subjectseq":"3","data":{}}`)
+	require.NoError(t, store.AddReplays(ctx, []framework.Replay{
+		{Consumer: "c.one", Topic: "shop.order.placed", Body: body, Metadata: map[string]string{"k": "v"}},
+		{DeadLetterID: 99, Consumer: "c.one", Topic: "shop.order.placed", Body: []byte("not an event")},
+	}))
+	r := &replayRelay{store: store, transport: refusingTransport{}, logger: slog.New(slog.DiscardHandler)}
+	n, err := r.relay(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n, "none published")
+
+	dls, err := store.DeadLetters(ctx, framework.DeadLetterFilter{Consumer: "c.one"})
+	require.NoError(t, err)
+	require.Len(t, dls, 2)
+	event, other := dls[0], dls[1]
+	require.Equal(t, framework.Key{Source: "shop", ID: "e-1"}, event.Key())
+	require.Equal(t, "shop.order.placed", event.Type)
+	require.Equal(t, 2, event.Version)
+	require.Equal(t, "o-9", event.Subject)
+	require.Equal(t, int64(3), event.SubjectSeq)
+	require.Equal(t, map[string]string{"k": "v"}, event.Metadata)
+	require.Equal(t, framework.KeyOfBody([]byte("not an event")), other.Key())
+	for _, dl := range dls {
+		require.Equal(t, framework.CodeTooLarge, dl.Code)
+		require.Equal(t, framework.DeadLetterPending, dl.Status)
+	}
+	left, err := store.ClaimReplays(ctx, 10, time.Millisecond)
+	require.NoError(t, err)
+	require.Empty(t, left, "each refused replay is done")
 }

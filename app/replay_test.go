@@ -382,3 +382,60 @@ func timeArg(db *sqlx.DB, t time.Time) any {
 	}
 	return t.UnixNano()
 }
+
+// TestReplayRefusedByTransport replays, on RabbitMQ, a dead letter whose
+// stored headers no longer fit in one frame, then another of the same
+// consumer recorded after it: the transport refuses the first for good,
+// so it is pending again with the code too_large and the failure in its
+// history, and the second is published and takes effect instead of
+// waiting behind the first for ever.
+func TestReplayRefusedByTransport(t *testing.T) {
+	t.Parallel()
+	cfg := amqpConfig(t)
+	var rejecting atomic.Bool
+	name, picky := pickyConsumer("widgets.framed", &rejecting, true)
+	b := setup(t, cfg, picky)
+	store := testStore(t, b.db)
+	ctx := t.Context()
+	for _, w := range []struct {
+		id       string
+		metadata map[string]string
+	}{
+		{"w-big", map[string]string{"blob": strings.Repeat("\uFFFD", 60_000)}}, // 180 kB: over the frame
+		{"w-small", nil},
+	} {
+		env, err := widgetAdded.Envelope(widgetAddedV1{Name: w.id}, framework.Attributes{ID: w.id, Source: name})
+		require.NoError(t, err)
+		body, err := framework.Encode(env)
+		require.NoError(t, err)
+		require.NoError(t, store.PublishDeadLetter(ctx, framework.DeadLetter{
+			Consumer: name, Topic: widgetAdded.Type(), Source: name, EventID: w.id,
+			Type: env.Type, Version: env.Version, Code: "widget_rejected",
+			Body: body, Metadata: w.metadata,
+		}))
+	}
+	dls, err := store.DeadLetters(ctx, framework.DeadLetterFilter{Consumer: name})
+	require.NoError(t, err)
+	require.Len(t, dls, 2)
+	big := dls[0]
+	require.Equal(t, "w-big", big.EventID, "recorded first, so replayed first")
+
+	out, err := runCommand(t, commandOptions(cfg, picky), "dead-letters", "replay", "--consumer", name, "--by", "tester", "--reason", "try again")
+	require.NoError(t, err)
+	require.Contains(t, out, "2 replayed, 0 refused")
+	waitFor(t, "the later replay's effect", func() bool {
+		return b.count(t, b.db.Rebind(`SELECT COUNT(*) FROM widgets WHERE name = ?`), "picky:w-small") == 1
+	})
+	waitFor(t, "the refused replay dead-lettered again", func() bool {
+		dl, err := store.DeadLetter(ctx, big.ID)
+		require.NoError(t, err)
+		return dl.Status == framework.DeadLetterPending
+	})
+	dl, err := store.DeadLetter(ctx, big.ID)
+	require.NoError(t, err)
+	require.Equal(t, framework.CodeTooLarge, dl.Code)
+	require.Equal(t, 1, dl.Repeats)
+	require.Equal(t, []framework.HistoryKind{framework.HistoryFailed, framework.HistoryReplayed, framework.HistoryFailed}, historyKinds(t, store, big.ID))
+	require.True(t, b.transport.Ready(), "the refused replay left the connection up")
+	require.Zero(t, b.count(t, b.db.Rebind(`SELECT COUNT(*) FROM widgets WHERE name = ?`), "picky:w-big"))
+}

@@ -11,7 +11,8 @@ const (
 	// with id, source, type and eventversion, or an attribute is invalid.
 	CodeMalformedEnvelope Code = "malformed_envelope"
 	// CodeTooLarge: the body, the id, the source, the type or the subject
-	// exceeds its limit.
+	// exceeds its limit; or a replayed message does not fit the
+	// transport (on RabbitMQ, its headers over one frame).
 	CodeTooLarge Code = "too_large"
 	// CodeUnknownType: no handler of the consumer handles the event type.
 	CodeUnknownType Code = "unknown_type"

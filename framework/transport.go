@@ -25,6 +25,9 @@ type Transport interface {
 	Subscribe(cfg SubscribeConfig) (Subscription, error)
 	// Replay publishes msgs (dead letters being replayed) to consumer
 	// alone: other consumers of the same event type do not see them
+	// again. A message the transport can never publish fails with a
+	// permanent error (see Permanent) naming why in its code, and the
+	// service's replay relay dead-letters it again instead of trying
 	// again.
 	Replay(ctx context.Context, consumer string, msgs ...*message.Message) error
 	// Ready reports whether the transport can deliver now (false while a

@@ -174,7 +174,7 @@ func (c *connection) fits(msgs ...*message.Message) error {
 			return fmt.Errorf("amqp: marshal %s: %w", msg.UUID, err)
 		}
 		if err := checkFrame(p, frameMax); err != nil {
-			return fmt.Errorf("amqp: message %s: %w", msg.UUID, err)
+			return fmt.Errorf("message %s: %w", msg.UUID, err)
 		}
 	}
 	return nil

@@ -9,6 +9,7 @@ import (
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/internal/replay"
 )
 
@@ -105,7 +106,8 @@ func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
 // Replay publishes msgs through the default exchange straight to the queue
 // of consumer, so that no other consumer of their type sees them again. It
 // fails when the queue does not exist, and, before it publishes any, with
-// ErrHeadersTooLarge when one does not fit in a frame.
+// ErrHeadersTooLarge when one does not fit in a frame: a permanent error
+// of code framework.CodeTooLarge, since it never will.
 func (p *publisher) Replay(ctx context.Context, consumer string, msgs ...*message.Message) error {
 	_, direct, err := p.publishers()
 	if err != nil {
@@ -114,7 +116,7 @@ func (p *publisher) Replay(ctx context.Context, consumer string, msgs ...*messag
 	// Checked first: one that does not fit would close the connection
 	// under every consumer, on each of the replay relay's tries.
 	if err := p.conn.fits(msgs...); err != nil {
-		return fmt.Errorf("amqp: replay to %s: %w", consumer, err)
+		return framework.Permanent(framework.CodeTooLarge, fmt.Errorf("amqp: replay to %s: %w", consumer, err))
 	}
 	w, err := p.conn.wrapper()
 	if err != nil {
