@@ -96,3 +96,45 @@ func TestFrameSize(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, wait(context.Background()))
 }
+
+// TestHeaderNameLength: a header's name is an AMQP short string, at most
+// 255 bytes. One of 255 bytes arrives whole; one of 256, which amqp091-go
+// would write with its length cut to a byte (0, here), is refused before
+// anything is sent, and so is a replay whose stored name grew past 255
+// (each NUL of a dead letter's name is U+FFFD, three bytes).
+func TestHeaderNameLength(t *testing.T) {
+	t.Parallel()
+	conn := connect(t, TransportConfig{})
+	topic, consumer := "frame.n"+randomSuffix(), "frame-n"+randomSuffix()
+	pub, err := newPublisher(conn)
+	require.NoError(t, err)
+	defer pub.Close()
+	sub, err := subscriberOf(conn, consumer, 1)
+	require.NoError(t, err)
+	defer sub.Close()
+	require.NoError(t, sub.SubscribeInitialize(topic))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ch, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+
+	longest := strings.Repeat("k", 255)
+	msg := message.NewMessage("longest", []byte(`{}`))
+	msg.Metadata.Set(longest, "v")
+	require.NoError(t, pub.Publish(topic, msg))
+	got := receive(t, ch)
+	got.Ack()
+	require.Equal(t, "v", got.Metadata.Get(longest))
+
+	over := message.NewMessage("over", []byte(`{}`))
+	over.Metadata.Set(longest+"k", "v")
+	require.ErrorIs(t, pub.Publish(topic, over), ErrHeadersTooLarge)
+	_, err = pub.PublishDeferred(ctx, topic, over)
+	require.ErrorIs(t, err, ErrHeadersTooLarge)
+	stored := message.NewMessage("stored", []byte(`{}`))
+	stored.Metadata = framework.StorableMetadata(map[string]string{strings.Repeat("\x00", 86): "v"})
+	err = pub.Replay(ctx, consumer, stored)
+	require.ErrorIs(t, err, ErrHeadersTooLarge)
+	require.True(t, framework.IsPermanent(err), "a replay that never fits is a failure of its message")
+	require.True(t, conn.Connected())
+}

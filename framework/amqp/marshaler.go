@@ -92,7 +92,14 @@ func (Marshaler) Unmarshal(d amqp091.Delivery) (*message.Message, error) {
 // it is text: typed headers rendered as text (tables as JSON), and a
 // dead letter's NUL bytes each stored as U+FFFD, three bytes (see
 // framework.StorableMetadata), so that a replay may not fit.
+//
+// It is also returned for a header's name, a content type or a message id
+// longer than 255 bytes, which AMQP carries as short strings: amqp091-go
+// would write such a one with its length cut to a byte, corrupting it.
 var ErrHeadersTooLarge = errors.New("amqp: the message's headers do not fit in one frame")
+
+// shortStringMax is the longest short string of AMQP 0-9-1, in bytes.
+const shortStringMax = 255
 
 // frameOverhead is what a frame holds besides its payload: its type,
 // channel and size (7 bytes) and its end marker (1 byte). A frame may be
@@ -101,8 +108,19 @@ const frameOverhead = 7 + 1
 
 // checkFrame returns ErrHeadersTooLarge, wrapped with the sizes, when the
 // content header frame of p is longer than frameMax, the connection's
-// negotiated frame size (0: no limit).
+// negotiated frame size (0: no limit), or when one of its short strings
+// is longer than AMQP allows.
 func checkFrame(p amqp091.Publishing, frameMax int) error {
+	for _, f := range []struct{ name, value string }{{"content type", p.ContentType}, {"message id", p.MessageId}} {
+		if len(f.value) > shortStringMax {
+			return fmt.Errorf("%w: a %s of %d bytes, at most %d", ErrHeadersTooLarge, f.name, len(f.value), shortStringMax)
+		}
+	}
+	for k := range p.Headers {
+		if len(k) > shortStringMax {
+			return fmt.Errorf("%w: a header name of %d bytes, at most %d", ErrHeadersTooLarge, len(k), shortStringMax)
+		}
+	}
 	if size := headerFrameSize(p); frameMax > 0 && size > frameMax {
 		return fmt.Errorf("%w: %d bytes, the connection's frame size is %d", ErrHeadersTooLarge, size, frameMax)
 	}
