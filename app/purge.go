@@ -29,6 +29,9 @@ const (
 	// renews it before each batch, and a purger that died frees it after
 	// this long.
 	purgeLeaseTTL = 2 * time.Minute
+	// purgeReleaseStopping bounds the release of the lease by a purge cut
+	// short by the service's stop.
+	purgeReleaseStopping = 250 * time.Millisecond
 )
 
 // errPurgeBusy is returned by a purge while another process holds the
@@ -172,9 +175,20 @@ func (pu *purger) purge(ctx context.Context) ([]purgeStep, error) {
 		// an acquisition cut short by a stop may have committed all the
 		// same, and the next purge need not wait for the lease's end.
 		// Releasing a lease this purger does not hold changes nothing.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		// While the service stops it waits only briefly: behind an
+		// attempt that holds the SQLite file's write lock, the release
+		// took the 5 s from the stop that the attempt's drain needs, and
+		// a lease not released ends by itself (purgeLeaseTTL).
+		timeout := 5 * time.Second
+		if ctx.Err() != nil {
+			timeout = purgeReleaseStopping
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
 		defer cancel()
-		if err := pu.store.ReleaseLease(rctx, purgeLease, pu.holder); err != nil {
+		switch err := pu.store.ReleaseLease(rctx, purgeLease, pu.holder); {
+		case err != nil && ctx.Err() != nil:
+			pu.logger.InfoContext(ctx, "purge: the lease was not released while stopping; it ends by itself", "error", err, "within", purgeLeaseTTL)
+		case err != nil:
 			pu.logger.WarnContext(ctx, "purge: release the lease", "error", err)
 		}
 	}()

@@ -333,3 +333,31 @@ func TestPurgeCommand(t *testing.T) {
 	_, err = runCommand(t, opts, "purge")
 	require.ErrorContains(t, err, "another process of the service is purging")
 }
+
+// TestPurgeStopsPromptly: a purge cut short by the service's stop while
+// another process holds the SQLite file's write lock (an attempt of a
+// slow handler, say) returns at once, without waiting behind that lock
+// to release its lease: the release took 5 s of the stop, which the
+// runner needs to drain its attempts. The lease ends by itself.
+func TestPurgeStopsPromptly(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	b := setupRebound(t, cfg)
+	stopCtx, cancelStop := context.WithTimeout(context.Background(), waitLimit)
+	defer cancelStop()
+	require.NoError(t, b.service.Stop(stopCtx))
+	db := openConfigured(t, cfg.DatabaseURL)
+	holder := openConfigured(t, cfg.DatabaseURL) // a pool of its own: another process
+	tx, err := holder.BeginTxx(t.Context(), nil)
+	require.NoError(t, err)
+	defer tx.Rollback()
+	_, err = tx.Exec(`INSERT INTO widgets (name, event_id) VALUES ('held', 'held')`)
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond) // the stop
+	defer cancel()
+	start := time.Now()
+	_, err = app.PurgeOnce(ctx, testStore(t, db), cfg)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Less(t, time.Since(start), 2*time.Second, "the purge waited behind the write lock after the stop")
+}
