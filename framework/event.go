@@ -12,6 +12,8 @@ import (
 
 	"github.com/go-playground/validator/v10"
 	"github.com/google/uuid"
+
+	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // Validator is implemented by payloads that check themselves. Definitions
@@ -66,13 +68,27 @@ const (
 
 // NewDefinition returns the definition of version of event type typ with
 // data of type T. The type must not be empty nor longer than MaxTypeBytes,
-// and the version must be 1 or more.
+// nor start with "amq." or "effectively.replay." (the topics of RabbitMQ's
+// own exchanges and of each consumer's replays), and the version must be
+// 1 or more.
 func NewDefinition[T any](typ string, version int) (Definition[T], error) {
 	if typ == "" {
 		return Definition[T]{}, errors.New("event type is empty")
 	}
 	if len(typ) > MaxTypeBytes {
 		return Definition[T]{}, fmt.Errorf("event type of %d bytes: at most %d allowed", len(typ), MaxTypeBytes)
+	}
+	// A type names its topic: RabbitMQ refuses to declare an exchange
+	// named amq.*, and the SQL transports' replay topics of each consumer
+	// are pipeline.ReplayTopicPrefix + its name, which a type must not
+	// subscribe or publish to.
+	for _, r := range []struct{ prefix, owner string }{
+		{"amq.", "RabbitMQ's own exchanges"},
+		{pipeline.ReplayTopicPrefix, "each consumer's replays"},
+	} {
+		if strings.HasPrefix(typ, r.prefix) {
+			return Definition[T]{}, fmt.Errorf("event type %q starts with %s, which names the topics of %s", typ, r.prefix, r.owner)
+		}
 	}
 	if version < 1 || version > 1<<31-1 {
 		return Definition[T]{}, fmt.Errorf("event %s: version %d out of range 1..2^31-1", typ, version)

@@ -3,6 +3,7 @@ package framework_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -223,4 +224,34 @@ func TestFollowUpID(t *testing.T) {
 	require.NotEqual(t, id, framework.FollowUpID(framework.Key{Source: "billing", ID: "e-1"}, "reminder-mail"))
 	require.NotEqual(t, framework.FollowUpID(framework.Key{Source: "a", ID: "b\x00c"}, "d"), framework.FollowUpID(framework.Key{Source: "a", ID: "b"}, "c\x00d"),
 		"parts are length-prefixed, never confused")
+}
+
+// TestNewDefinitionRefuses: an event type names its topic, so one that is
+// empty, too long, or takes a prefix of RabbitMQ's exchanges or of the
+// consumers' replay topics is refused, as is a version out of range;
+// names that only look alike are not.
+func TestNewDefinitionRefuses(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		typ     string
+		version int
+		want    string // "" for valid
+	}{
+		{"", 1, "event type is empty"},
+		{strings.Repeat("t", framework.MaxTypeBytes+1), 1, "at most 255 allowed"},
+		{"amq.orders.placed", 1, `starts with amq., which names the topics of RabbitMQ's own exchanges`},
+		{"effectively.replay.billing", 1, "which names the topics of each consumer's replays"},
+		{"orders.placed", 0, "version 0 out of range"},
+		{"orders.placed", 1 << 31, "out of range"},
+		{"amqp.orders.placed", 1, ""},
+		{"effectively.replayed", 1, ""},
+		{strings.Repeat("t", framework.MaxTypeBytes), 1 << 30, ""},
+	} {
+		_, err := framework.NewDefinition[struct{}](c.typ, c.version)
+		if c.want == "" {
+			require.NoError(t, err, "%.40s v%d", c.typ, c.version)
+			continue
+		}
+		require.ErrorContains(t, err, c.want, "%.40s v%d", c.typ, c.version)
+	}
 }
