@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	cloudevents "github.com/cloudevents/sdk-go/v2/event"
@@ -181,7 +182,8 @@ func (a Attributes) Key() Key { return Key{Source: a.Source, ID: a.ID} }
 
 // Validate reports the first attribute that breaks the wire contract: the
 // key (see Key.Validate), a missing type, a type over MaxTypeBytes or a
-// subject over MaxSubjectBytes (CodeTooLarge), a version out of
+// subject over MaxSubjectBytes (CodeTooLarge), an id, type or subject of
+// only white space, a version out of
 // 1..2^31-1, a negative subject sequence, or a string attribute holding a
 // character that CloudEvents forbids in a String (see Decode).
 func (a Attributes) Validate() error {
@@ -191,6 +193,12 @@ func (a Attributes) Validate() error {
 	switch {
 	case a.Type == "":
 		return malformed("type", "missing")
+	case blank(a.ID):
+		return malformed("id", "only white space")
+	case blank(a.Type):
+		return malformed("type", "only white space")
+	case a.Subject != "" && blank(a.Subject):
+		return malformed("subject", "only white space")
 	case len(a.Type) > MaxTypeBytes:
 		return Permanent(CodeTooLarge, &FieldError{Field: "type", Reason: fmt.Sprintf("is %d bytes, at most %d allowed", len(a.Type), MaxTypeBytes)})
 	case len(a.Subject) > MaxSubjectBytes:
@@ -217,6 +225,10 @@ func (a Attributes) Validate() error {
 	return nil
 }
 
+// blank reports whether s is only white space, which CloudEvents (and so
+// Decode) refuses for an id, a type or a subject.
+func blank(s string) bool { return strings.TrimSpace(s) == "" }
+
 // maxVersion is the greatest event version: CloudEvents integers are
 // 32-bit.
 const maxVersion = 1<<31 - 1
@@ -235,14 +247,27 @@ func Encode(env Envelope) ([]byte, error) {
 		return nil, err
 	}
 	ev := cloudevents.New(cloudevents.CloudEventsVersionV1)
-	ev.SetID(env.ID)
+	// The id, the type and the subject as they are: the SDK's setters
+	// trim white space around them, which Decode keeps, so that an event
+	// sent as " a" arrived as "a" (a follow-up of subject " a" in another
+	// subject, an outbox row's event id not the one consumers mark).
+	ctx, ok := ev.Context.(*cloudevents.EventContextV1)
+	if !ok {
+		return nil, fmt.Errorf("encode event %s: the CloudEvents SDK's context is a %T", env.Key(), ev.Context)
+	}
+	ctx.ID, ctx.Type = env.ID, env.Type
+	if env.Subject != "" {
+		subject := env.Subject
+		ctx.Subject = &subject
+	}
 	ev.SetSource(env.Source)
-	ev.SetType(env.Type)
+	if ev.Source() != env.Source {
+		// Written in its URI-reference form, as Decode reads it: another
+		// source than the producer's key.
+		return nil, malformed("source", "is not in its URI-reference form (percent-encode it)")
+	}
 	if !env.Time.IsZero() {
 		ev.SetTime(env.Time)
-	}
-	if env.Subject != "" {
-		ev.SetSubject(env.Subject)
 	}
 	ev.SetExtension(extVersion, int32(env.Version)) //nolint:gosec // validated above
 	if env.SubjectSeq > 0 {
