@@ -7,7 +7,8 @@ import (
 	"fmt"
 	"time"
 
-	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib" // also registers the "pgx" database/sql driver
 	"github.com/jmoiron/sqlx"
 )
 
@@ -22,6 +23,12 @@ const (
 	DefaultMaxOpenConns = 10
 	// DefaultConnMaxIdleTime closes connections idle that long.
 	DefaultConnMaxIdleTime = 5 * time.Minute
+	// DefaultConnectTimeout bounds the making of a connection. pgx, like
+	// libpq, waits for ever by default: a server that took the TCP
+	// connection and never answered (hung, or a proxy in front of one
+	// that is down) held the service's start and every operator command
+	// without a word.
+	DefaultConnectTimeout = 10 * time.Second
 )
 
 // OpenConfig configures Open.
@@ -39,6 +46,13 @@ type OpenConfig struct {
 	// ConnMaxLifetime closes a connection that old; zero keeps it.
 	// Defaults to zero.
 	ConnMaxLifetime time.Duration
+	// ConnectTimeout bounds the making of each connection: the dial, TLS,
+	// authentication and the server's first answer, so that a server that
+	// takes the connection and never answers fails the ping, and every
+	// later connection, instead of holding them for ever. The URL's own
+	// connect_timeout (or PGCONNECT_TIMEOUT), when above zero, takes
+	// precedence. Defaults to DefaultConnectTimeout.
+	ConnectTimeout time.Duration
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
@@ -46,6 +60,7 @@ func (c OpenConfig) WithDefaults() OpenConfig {
 	c.MaxOpenConns = cmp.Or(c.MaxOpenConns, DefaultMaxOpenConns)
 	c.MaxIdleConns = cmp.Or(c.MaxIdleConns, c.MaxOpenConns)
 	c.ConnMaxIdleTime = cmp.Or(c.ConnMaxIdleTime, DefaultConnMaxIdleTime)
+	c.ConnectTimeout = cmp.Or(c.ConnectTimeout, DefaultConnectTimeout)
 	return c
 }
 
@@ -60,6 +75,8 @@ func (c OpenConfig) Validate() error {
 		return fmt.Errorf("postgres: ConnMaxIdleTime must not be negative, got %s", c.ConnMaxIdleTime)
 	case c.ConnMaxLifetime < 0:
 		return fmt.Errorf("postgres: ConnMaxLifetime must not be negative, got %s", c.ConnMaxLifetime)
+	case c.ConnectTimeout < 0:
+		return fmt.Errorf("postgres: ConnectTimeout must not be negative, got %s", c.ConnectTimeout)
 	}
 	return nil
 }
@@ -69,7 +86,9 @@ var ErrEmptyURL = errors.New("postgres: empty database URL (e.g. postgres://user
 
 // Open opens a bounded pool of connections to the PostgreSQL database at
 // url (a postgres:// URL or a key=value DSN, as pgx reads it) with the pgx
-// v5 driver, and pings it before it returns.
+// v5 driver, and pings it before it returns. Each connection is made
+// within cfg.ConnectTimeout, unless the URL gives a connect_timeout of its
+// own.
 func Open(ctx context.Context, url string, cfg OpenConfig) (*sqlx.DB, error) {
 	if url == "" {
 		return nil, ErrEmptyURL
@@ -78,10 +97,15 @@ func Open(ctx context.Context, url string, cfg OpenConfig) (*sqlx.DB, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	db, err := sqlx.Open(DriverName, url)
+	conn, err := pgx.ParseConfig(url)
 	if err != nil {
+		// pgx's error quotes the URL with its password left out.
 		return nil, fmt.Errorf("postgres: open: %w", err)
 	}
+	if conn.ConnectTimeout == 0 {
+		conn.ConnectTimeout = cfg.ConnectTimeout
+	}
+	db := sqlx.NewDb(stdlib.OpenDB(*conn), DriverName)
 	db.SetMaxOpenConns(cfg.MaxOpenConns)
 	db.SetMaxIdleConns(cfg.MaxIdleConns)
 	db.SetConnMaxIdleTime(cfg.ConnMaxIdleTime)

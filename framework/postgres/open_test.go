@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"net"
 	"testing"
 	"time"
 
@@ -30,6 +31,7 @@ func TestOpen(t *testing.T) {
 		require.NoError(t, err)
 		defer db.Close()
 		require.Equal(t, postgres.DefaultMaxOpenConns, db.Stats().MaxOpenConnections)
+		require.Equal(t, postgres.DefaultConnectTimeout, postgres.OpenConfig{}.WithDefaults().ConnectTimeout, "no connection waits for ever")
 	})
 
 	t.Run("PingsTheServer", func(t *testing.T) {
@@ -41,6 +43,36 @@ func TestOpen(t *testing.T) {
 		require.NotContains(t, err.Error(), "wrong", "the password stays out of the error")
 	})
 
+	// A server that takes the connection and never answers (hung, or a
+	// proxy in front of one that is down): Open, whose context has no
+	// deadline (the commands' and the service's start), gave up never.
+	t.Run("GivesUpOnASilentServer", func(t *testing.T) {
+		t.Parallel()
+		addr := silentServer(t)
+		for _, c := range []struct {
+			name string
+			url  string
+			cfg  postgres.OpenConfig
+		}{
+			{"ConnectTimeout", "postgres://nobody:wrong@" + addr + "/none?sslmode=disable", postgres.OpenConfig{ConnectTimeout: 300 * time.Millisecond}},
+			{"TheURLsConnectTimeout", "postgres://nobody:wrong@" + addr + "/none?sslmode=disable&connect_timeout=1", postgres.OpenConfig{ConnectTimeout: time.Hour}},
+		} {
+			done := make(chan error, 1)
+			go func() {
+				_, err := postgres.Open(context.Background(), c.url, c.cfg)
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				require.ErrorContains(t, err, "ping", c.name)
+				require.ErrorContains(t, err, "database=none", "%s: the error names the database", c.name)
+				require.NotContains(t, err.Error(), "wrong", "the password stays out of the error")
+			case <-time.After(10 * time.Second):
+				t.Fatalf("%s: Open still waits for a server that never answers", c.name)
+			}
+		}
+	})
+
 	t.Run("Validates", func(t *testing.T) {
 		t.Parallel()
 		_, err := postgres.Open(ctx, "", postgres.OpenConfig{})
@@ -49,5 +81,32 @@ func TestOpen(t *testing.T) {
 		require.ErrorContains(t, err, "MaxOpenConns")
 		_, err = postgres.Open(ctx, "postgres://x", postgres.OpenConfig{MaxOpenConns: 2, MaxIdleConns: 3})
 		require.ErrorContains(t, err, "MaxIdleConns")
+		_, err = postgres.Open(ctx, "postgres://x", postgres.OpenConfig{ConnectTimeout: -time.Second})
+		require.ErrorContains(t, err, "ConnectTimeout")
 	})
+}
+
+// silentServer returns the address of a server that accepts connections
+// and never writes a byte.
+func silentServer(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	go func() {
+		var conns []net.Conn
+		defer func() {
+			for _, c := range conns {
+				_ = c.Close()
+			}
+		}()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c)
+		}
+	}()
+	return l.Addr().String()
 }
