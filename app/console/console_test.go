@@ -557,6 +557,25 @@ func TestEscaping(t *testing.T) {
 	require.Contains(t, page, "&#34;&gt;&lt;script&gt;alert(3)&lt;/script&gt;")
 }
 
+// TestResolvedByEscaped: who resolved a dead letter is the command
+// line's --by, free text like the reason: the Resolved line shows a
+// bidirectional override or an escape in it as an escape, as the history
+// does, not as itself (which turned the rest of the line around).
+func TestResolvedByEscaped(t *testing.T) {
+	t.Parallel()
+	b := setup(t, console.Config{})
+	id := b.deadLetter(t, "widgets.count", "w-1", "invalid_payload", []byte(`{}`), nil)
+	_, err := b.store.ResolveDeadLetter(context.Background(), id, framework.Resolution{
+		Status: framework.DeadLetterDiscarded, By: "mallory\u202e\x1b[2J", Reason: "test data",
+	})
+	require.NoError(t, err)
+	code, page, _ := b.do(t, http.MethodGet, "/console/dead-letters/"+itoa(id), nil, bearer(readSecret)...)
+	require.Equal(t, http.StatusOK, code)
+	require.NotContains(t, page, "\u202e")
+	require.NotContains(t, page, "\x1b")
+	require.Regexp(t, `<dt>Resolved</dt><dd>discarded by mallory\\u202e\\x1b\[2J at `, page)
+}
+
 // TestBodyIndented: a JSON body is shown indented.
 func TestBodyIndented(t *testing.T) {
 	t.Parallel()
