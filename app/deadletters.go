@@ -449,7 +449,9 @@ type discarded struct {
 // letter in its subject's sequence and records the parked events whose
 // turn came as replays to the consumer (Store.AddReplays), which the
 // running service publishes. With release, a dead letter discarded before
-// is accepted. A dead letter that is not found or not pending is refused.
+// is accepted, and out told that this discard is not recorded (its
+// history keeps the first). A dead letter that is not found or not
+// pending is refused.
 func (op operator) discard(ctx context.Context, out io.Writer, release bool, id int64, r framework.Resolution) (discarded, error) {
 	refuse := func(why string, err error) (discarded, error) {
 		return discarded{verdict: verdict{id: id, refused: why}, err: fmt.Errorf("dead letter %d: %w", id, err)}, nil
@@ -464,7 +466,8 @@ func (op operator) discard(ctx context.Context, out io.Writer, release bool, id 
 		why := fmt.Sprintf("consumer %s is not declared in this service: nothing would apply its parked events", dl.Consumer)
 		return refuse(why, errors.New(why))
 	}
-	if !release || dl.Status != framework.DeadLetterDiscarded {
+	again := release && dl.Status == framework.DeadLetterDiscarded
+	if !again {
 		_, err := op.deadLetters.ResolveDeadLetter(ctx, id, r)
 		switch {
 		case errors.Is(err, framework.ErrNotPending):
@@ -479,7 +482,14 @@ func (op operator) discard(ctx context.Context, out io.Writer, release bool, id 
 		}
 	}
 	v := discarded{verdict: verdict{id: id, dl: dl}}
-	fmt.Fprintf(out, "dead letter %d discarded\n", id)
+	if again {
+		// Nothing is recorded of this discard: say so, rather than that it
+		// was discarded now with this --by and --reason.
+		fmt.Fprintf(out, "dead letter %d was discarded before, by %s at %s (%s): this discard is not recorded\n",
+			id, printable(orDash(dl.Resolution.By)), dl.Resolution.At.UTC().Format(time.RFC3339), printable(dl.Resolution.Reason))
+	} else {
+		fmt.Fprintf(out, "dead letter %d discarded\n", id)
+	}
 	if !release {
 		return v, op.reportParked(ctx, out, dl, "they stay parked: discard it again with --release-parked to apply them")
 	}

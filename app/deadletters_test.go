@@ -440,6 +440,29 @@ func TestResolveEscapesHiddenText(t *testing.T) {
 	}
 }
 
+// TestDiscardAgainSaysSo: discard --release-parked of a dead letter
+// discarded before records no discard (its history keeps the first one
+// alone), and says so: it printed "dead letter N discarded", as if the
+// second --by and --reason had been recorded.
+func TestDiscardAgainSaysSo(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	b := setup(t, cfg)
+	id := fmt.Sprint(storeDeadLetter(t, b.db, consumerName, "w-again", "", 0))
+	out, err := runCommand(t, commandOptions(cfg), "dead-letters", "discard", id, "--by", "alice", "--reason", "test data")
+	require.NoError(t, err)
+	require.Equal(t, "dead letter "+id+" discarded\n", out)
+
+	out, err = runCommand(t, commandOptions(cfg), "dead-letters", "discard", id, "--release-parked", "--by", "bob", "--reason", "superseded")
+	require.NoError(t, err, "--release-parked works on a dead letter discarded before")
+	require.NotContains(t, out, "dead letter "+id+" discarded\n")
+	require.Regexp(t, `^dead letter `+id+` was discarded before, by alice at \S+ \(test data\): this discard is not recorded\n$`, out)
+	show, err := runCommand(t, commandOptions(cfg), "dead-letters", "show", id)
+	require.NoError(t, err)
+	require.Contains(t, show, "by alice: test data")
+	require.NotContains(t, show, "superseded", "nothing of the second discard is recorded")
+}
+
 // TestEventsShowNormalizesSource: events show finds an event whose source
 // is typed in another spelling of the same URI reference, as Decode keys
 // it: "café" finds the dead letter of source "caf%C3%A9".
