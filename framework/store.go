@@ -94,9 +94,13 @@ type Store interface {
 	Parked(ctx context.Context, f ParkedFilter) ([]ParkedEvent, error)
 	// Skip ends the hold of the dead letter key of (consumer, subject)
 	// without its effect, as an operator who discards it asks: the
-	// subject's checkpoint moves to the held sequence when it is lower,
-	// so the events parked right behind it become ready (see Parked). It
-	// returns the held sequence, or ErrNotFound when key is not held.
+	// subject's sequence skips the held sequence and no other. When the
+	// checkpoint is right before it, the checkpoint moves onto it, so the
+	// events parked right behind it become ready (see Parked); when an
+	// earlier event has not taken effect yet (a poison event overtook
+	// it), the checkpoint moves past it once that one did (in the
+	// EndWait of its effect). It returns the held sequence, or
+	// ErrNotFound when key is not held.
 	Skip(ctx context.Context, consumer, subject string, key Key) (int64, error)
 
 	// PublishDeadLetter stores a message that will not be processed,

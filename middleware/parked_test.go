@@ -390,3 +390,36 @@ func (s *failingDeadLetter) HoldDeadLetter(ctx context.Context, dl framework.Dea
 	}
 	return s.Store.HoldDeadLetter(ctx, dl)
 }
+
+// TestStrictOrderDiscardBeforeItsTurn: a poison event that overtook the
+// one before it holds its subject; discarded with its parked events
+// released (Store.Skip, dead-letters discard --release-parked) before
+// that one arrived, it is skipped alone. The late event still takes
+// effect, then the parked one. Before, the skip moved the checkpoint
+// onto the discarded event, and the late one was skipped as stale.
+func TestStrictOrderDiscardBeforeItsTurn(t *testing.T) {
+	t.Parallel()
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			o := newOrdered(t, b)
+			h := o.handler(t, o.store)
+			require.Equal(t, framework.Processed, deliver(t, h, "s3", "S", 3))
+			poison := message.NewMessage(watermill.NewUUID(), []byte(`{"specversion":"1.0","id":"s5","source":"notes",`+
+				`"type":"notes.note.added","subject":"S","data":{},"eventversion":1,"subjectseq":"5"}`))
+			require.NoError(t, h(poison))
+			require.Equal(t, framework.Parked, deliver(t, h, "s6", "S", 6))
+			require.Equal(t, []string{"s5 held", "s6"}, o.parked(t))
+
+			dls := o.deadLetters(t, "s5")
+			require.Len(t, dls, 1)
+			require.Equal(t, framework.CodeInvalidPayload, dls[0].Code)
+			_, err := o.store.Skip(context.Background(), consumerName, "S", dls[0].Key())
+			require.NoError(t, err)
+
+			require.Equal(t, framework.Processed, deliver(t, h, "s4", "S", 4), "s4 arrives late: not stale")
+			require.Equal(t, []string{"s3", "s4", "s6"}, o.applied(t, "s"), "s4's effect released s6")
+			require.Empty(t, o.parked(t))
+		})
+	}
+}

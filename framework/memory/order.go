@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -170,8 +171,10 @@ func (s *Store) whenFree(ctx context.Context, k subjectKey, f func(c *checkpoint
 }
 
 // EndWait removes the wait, hold or parking of (consumer, subject, seq):
-// when tx commits, or at once when tx is nil. It reports whether events
-// of the subject are parked after seq.
+// when tx commits, or at once when tx is nil; when tx commits, the
+// checkpoint also moves past the discarded dead letters right after it
+// (see Skip). It reports whether events of the subject are parked after
+// seq.
 func (s *Store) EndWait(ctx context.Context, tx *framework.Tx, consumer, subject string, seq int64) (bool, error) {
 	k := waitKey{subjectKey{consumer, subject}, seq}
 	end := func() {
@@ -179,6 +182,9 @@ func (s *Store) EndWait(ctx context.Context, tx *framework.Tx, consumer, subject
 		defer s.mu.Unlock()
 		delete(s.waits, k)
 		delete(s.parked, k)
+		if tx != nil {
+			s.skipPast(k.subjectKey)
+		}
 	}
 	if tx == nil {
 		end()
@@ -206,6 +212,7 @@ func (s *Store) holdSubject(consumer, subject string, seq int64, key framework.K
 	s.parked[waitKey{sk, seq}] = framework.ParkedEvent{
 		Consumer: consumer, Subject: subject, Seq: seq, Key: key, At: s.now(), Held: true,
 	}
+	delete(s.skipped, waitKey{sk, seq}) // a repeat holds the subject again
 }
 
 // endOwnWait ends the wait or parking of the event key, with sequence seq
@@ -321,30 +328,68 @@ func (s *Store) Parked(ctx context.Context, f framework.ParkedFilter) ([]framewo
 	return out, nil
 }
 
-// Skip ends the hold of the dead letter key of (consumer, subject) and
-// moves the subject's checkpoint to its sequence when it is lower. It
-// returns the sequence, or framework.ErrNotFound.
+// Skip ends the hold of the dead letter key of (consumer, subject). When
+// its turn has come, the subject's checkpoint moves to its sequence;
+// otherwise the checkpoint moves past it once the event before it took
+// effect (see EndWait), so that no other event is skipped. It returns
+// the sequence, or framework.ErrNotFound.
 func (s *Store) Skip(ctx context.Context, consumer, subject string, key framework.Key) (int64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("skip %s of %s for %s: %w", key, subject, consumer, err)
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	sk := subjectKey{consumer, subject}
-	for k, p := range s.parked {
-		if k.subjectKey != sk || !p.Held || p.Key != key {
-			continue
+	var (
+		seq   int64
+		found bool
+	)
+	err := s.whenFree(ctx, sk, func(*checkpoint) {
+		for k, p := range s.parked {
+			if k.subjectKey != sk || !p.Held || p.Key != key {
+				continue
+			}
+			delete(s.parked, k)
+			seq, found = k.seq, true
+			c, ok := s.checkpoints[sk]
+			if !ok {
+				c = &checkpoint{}
+				s.checkpoints[sk] = c
+			}
+			if k.seq-1 > c.seq {
+				s.skipped[k] = struct{}{}
+				return
+			}
+			c.seq = max(c.seq, k.seq)
+			s.skipPast(sk)
+			return
 		}
-		delete(s.parked, k)
-		c, ok := s.checkpoints[sk]
-		if !ok {
-			c = &checkpoint{}
-			s.checkpoints[sk] = c
-		}
-		c.seq = max(c.seq, k.seq)
-		return k.seq, nil
+	})
+	if err != nil {
+		return 0, fmt.Errorf("skip %s of %s for %s: %w", key, subject, consumer, err)
 	}
-	return 0, fmt.Errorf("skip %s of %s for %s: not held: %w", key, subject, consumer, framework.ErrNotFound)
+	if !found {
+		return 0, fmt.Errorf("skip %s of %s for %s: not held: %w", key, subject, consumer, framework.ErrNotFound)
+	}
+	return seq, nil
+}
+
+// skipPast moves the committed checkpoint of sk past the skips (see
+// Skip) right after it. s.mu is held.
+func (s *Store) skipPast(sk subjectKey) {
+	c, ok := s.checkpoints[sk]
+	if !ok {
+		return
+	}
+	for {
+		k := waitKey{sk, c.seq + 1}
+		if c.seq == math.MaxInt64 {
+			return
+		}
+		if _, ok := s.skipped[k]; !ok {
+			return
+		}
+		delete(s.skipped, k)
+		c.seq++
+	}
 }
 
 // PurgeProcessed deletes up to limit of the oldest committed marks made
@@ -448,5 +493,15 @@ func (s *Store) adoptParked(consumer, from string) {
 			s.parked[nk] = p
 		}
 		delete(s.parked, k)
+	}
+	for k := range s.skipped {
+		if k.consumer != from {
+			continue
+		}
+		nk := waitKey{subjectKey{consumer, k.subject}, k.seq}
+		if _, ok := s.parked[nk]; !ok {
+			s.skipped[nk] = struct{}{}
+		}
+		delete(s.skipped, k)
 	}
 }

@@ -43,6 +43,7 @@ type Store struct {
 	checkpoints map[subjectKey]*checkpoint
 	waits       map[waitKey]time.Time
 	parked      map[waitKey]framework.ParkedEvent // held and parked events
+	skipped     map[waitKey]struct{}              // discarded holds whose turn has not come (see Skip)
 	history     map[int64][]historyEntry          // by dead letter
 	historySeq  int64
 	replays     map[int64]*storedReplay
@@ -106,6 +107,7 @@ func NewStore(cfg StoreConfig) (*Store, error) {
 		checkpoints: make(map[subjectKey]*checkpoint),
 		waits:       make(map[waitKey]time.Time),
 		parked:      make(map[waitKey]framework.ParkedEvent),
+		skipped:     make(map[waitKey]struct{}),
 		history:     make(map[int64][]historyEntry),
 		replays:     make(map[int64]*storedReplay),
 	}, nil

@@ -374,4 +374,58 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 		_, err = b.store.Skip(ctx, consumer, "order-1", event(5).Key)
 		require.ErrorIs(t, err, framework.ErrNotFound, "skipped once")
 	})
+
+	// A dead letter discarded before its turn came (a poison event that
+	// overtook the one before it) is skipped alone: the event before it,
+	// not arrived yet, still takes effect when it does, and the
+	// checkpoint then moves past the skipped one.
+	t.Run("SkipBeforeItsTurnSkipsOnlyTheHeldEvent", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		require.True(t, b.advance(t, consumer, "order-1", 2))
+		b.hold(t, consumer, "order-1", 4, event(4).Key)
+		b.hold(t, consumer, "order-1", 5, event(5).Key) // 3 has not taken effect
+		require.True(t, b.park(t, event(6), false))
+
+		seq, err := b.store.Skip(ctx, consumer, "order-1", event(5).Key)
+		require.NoError(t, err)
+		require.Equal(t, int64(5), seq)
+		require.Equal(t, int64(2), b.checkpoint(t, consumer, "order-1"), "3 and 4 are not skipped with 5")
+		require.Equal(t, []string{"order-1#4H", "order-1#6"}, seqs(list(t, b, framework.ParkedFilter{})))
+		_, err = b.store.Skip(ctx, consumer, "order-1", event(5).Key)
+		require.ErrorIs(t, err, framework.ErrNotFound, "skipped once")
+
+		// 3 takes effect; 4 is held still.
+		require.True(t, b.advance(t, consumer, "order-1", 3))
+		require.True(t, b.endWait(t, consumer, "order-1", 3))
+		require.Equal(t, int64(3), b.checkpoint(t, consumer, "order-1"))
+
+		// 4 is skipped too, now at its turn: the checkpoint moves past
+		// 5, and 6 is ready.
+		seq, err = b.store.Skip(ctx, consumer, "order-1", event(4).Key)
+		require.NoError(t, err)
+		require.Equal(t, int64(4), seq)
+		require.Equal(t, int64(5), b.checkpoint(t, consumer, "order-1"))
+		require.Equal(t, []string{"order-1#6R"}, seqs(list(t, b, framework.ParkedFilter{})))
+	})
+
+	t.Run("SkipBeforeItsTurnEndsWithTheEffectBeforeIt", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		require.True(t, b.advance(t, consumer, "order-1", 3))
+		b.hold(t, consumer, "order-1", 5, event(5).Key) // 4 has not taken effect
+		require.True(t, b.park(t, event(6), false))
+		_, err := b.store.Skip(ctx, consumer, "order-1", event(5).Key)
+		require.NoError(t, err)
+		require.Equal(t, int64(3), b.checkpoint(t, consumer, "order-1"))
+		require.Equal(t, []string{"order-1#6"}, seqs(list(t, b, framework.ParkedFilter{})))
+
+		// 4 takes effect: its EndWait moves the checkpoint past 5.
+		require.True(t, b.advance(t, consumer, "order-1", 4))
+		require.True(t, b.endWait(t, consumer, "order-1", 4), "6 is parked after 4")
+		require.Equal(t, int64(5), b.checkpoint(t, consumer, "order-1"))
+		require.Equal(t, []string{"order-1#6R"}, seqs(list(t, b, framework.ParkedFilter{})))
+	})
 }

@@ -26,9 +26,10 @@ VALUES (?, ?, ?, ?, ?, ?, ?, 'gap')
 ON CONFLICT (consumer, subject, seq) DO NOTHING`
 	qOrderWaitingSince = `SELECT parked_at FROM {p}parked_events WHERE consumer = ? AND subject = ? AND seq = ?`
 	qOrderEndWait      = `DELETE FROM {p}parked_events WHERE consumer = ? AND subject = ? AND seq = ?`
-	// qOrderParkedAfter finds events parked after a sequence.
+	// qOrderParkedAfter finds events parked after a sequence, or skips
+	// of discarded dead letters (see Skip).
 	qOrderParkedAfter = `SELECT EXISTS (SELECT 1 FROM {p}parked_events
-WHERE consumer = ? AND subject = ? AND seq > ? AND reason = 'parked')`
+WHERE consumer = ? AND subject = ? AND seq > ? AND reason IN ('parked', 'skipped'))`
 	// qOrderEndWaitPostgres is qOrderEndWait and qOrderParkedAfter in one
 	// round trip.
 	qOrderEndWaitPostgres = `WITH gone AS (DELETE FROM {p}parked_events WHERE consumer = ? AND subject = ? AND seq = ?)
@@ -112,7 +113,9 @@ func (s *Store) lockCheckpoint(ctx context.Context, tx *sqlx.Tx, consumer, subje
 }
 
 // EndWait implements framework.Store. Without a transaction it
-// commits on its own and reports no parked events.
+// commits on its own and reports no parked events. In tx, when events
+// are parked after seq, it also moves the checkpoint past the discarded
+// dead letters right after it (see Skip).
 func (s *Store) EndWait(ctx context.Context, tx *framework.Tx, consumer, subject string, seq int64) (bool, error) {
 	if !tx.HasDB() {
 		if _, err := s.db.ExecContext(ctx, s.q.sql(qOrderEndWait), consumer, subject, seq); err != nil {
@@ -126,13 +129,18 @@ func (s *Store) EndWait(ctx context.Context, tx *framework.Tx, consumer, subject
 			consumer, subject, seq, consumer, subject, seq); err != nil {
 			return false, fmt.Errorf("end the wait of %s #%d for %s: %w", subject, seq, consumer, err)
 		}
-		return parked, nil
+	} else {
+		if _, err := tx.ExecContext(ctx, s.q.sql(qOrderEndWait), consumer, subject, seq); err != nil {
+			return false, fmt.Errorf("end the wait of %s #%d for %s: %w", subject, seq, consumer, err)
+		}
+		if err := tx.GetContext(ctx, &parked, s.q.sql(qOrderParkedAfter), consumer, subject, seq); err != nil {
+			return false, fmt.Errorf("end the wait of %s #%d for %s: parked after: %w", subject, seq, consumer, err)
+		}
 	}
-	if _, err := tx.ExecContext(ctx, s.q.sql(qOrderEndWait), consumer, subject, seq); err != nil {
-		return false, fmt.Errorf("end the wait of %s #%d for %s: %w", subject, seq, consumer, err)
-	}
-	if err := tx.GetContext(ctx, &parked, s.q.sql(qOrderParkedAfter), consumer, subject, seq); err != nil {
-		return false, fmt.Errorf("end the wait of %s #%d for %s: parked after: %w", subject, seq, consumer, err)
+	if parked {
+		if err := s.skipPast(ctx, tx, consumer, subject); err != nil {
+			return false, fmt.Errorf("end the wait of %s #%d for %s: %w", subject, seq, consumer, err)
+		}
 	}
 	return parked, nil
 }

@@ -15,8 +15,10 @@ import (
 // The SQL of the events parked behind a dead letter (framework.Store).
 // A row of parked_events is a wait behind a gap (reason gap, see
 // WaitGap), a dead letter that the later events of its subject wait
-// behind (dead_letter, see HoldDeadLetter) or one of those events
-// (parked, see Park).
+// behind (dead_letter, see HoldDeadLetter), one of those events (parked,
+// see Park), or a dead letter discarded while an earlier event of its
+// subject had not taken effect yet, which the subject's sequence skips
+// once that one did (skipped, see Skip).
 const (
 	qHoldCheckpoint = `SELECT seq FROM {p}subject_checkpoints WHERE consumer = ? AND subject = ?`
 	qHold           = `INSERT INTO {p}parked_events (consumer, subject, seq, source, event_id, topic, body, metadata, parked_at, reason)
@@ -62,6 +64,16 @@ WHERE consumer = ? AND subject = ? AND seq = ? AND source = ? AND event_id = ? A
 
 	qSkipFind   = `SELECT seq FROM {p}parked_events WHERE consumer = ? AND subject = ? AND source = ? AND event_id = ? AND reason = 'dead_letter'`
 	qSkipDelete = `DELETE FROM {p}parked_events WHERE consumer = ? AND subject = ? AND seq = ?`
+	// qSkipLater turns a hold whose turn has not come into a skip: the
+	// checkpoint moves past it once it reaches the sequence before it
+	// (qSkipNext).
+	qSkipLater = `UPDATE {p}parked_events SET reason = 'skipped' WHERE consumer = ? AND subject = ? AND seq = ?`
+	// qSkipNext removes the skip right after the subject's checkpoint,
+	// if any; qSkipStep then moves the checkpoint onto it. seq - 1 is
+	// compared, as a checkpoint at the largest bigint has no next.
+	qSkipNext = `DELETE FROM {p}parked_events WHERE consumer = ? AND subject = ? AND reason = 'skipped'
+AND seq - 1 = (SELECT c.seq FROM {p}subject_checkpoints c WHERE c.consumer = ? AND c.subject = ?)`
+	qSkipStep = `UPDATE {p}subject_checkpoints SET seq = seq + 1 WHERE consumer = ? AND subject = ?`
 )
 
 // hold records, in tx, that the event key, with sequence seq of subject,
@@ -207,7 +219,12 @@ func (s *Store) Parked(ctx context.Context, f framework.ParkedFilter) (_ []frame
 	return out, nil
 }
 
-// Skip implements framework.Store, in one transaction.
+// Skip implements framework.Store, in one transaction. It takes the
+// subject's checkpoint as an attempt does: a hold whose turn has come is
+// removed and the checkpoint moves onto it; one behind an event that has
+// not taken effect yet becomes a skip, which the checkpoint moves past
+// once that event took effect (skipPast), so that no event but the
+// discarded one is skipped.
 func (s *Store) Skip(ctx context.Context, consumer, subject string, key framework.Key) (int64, error) {
 	var seq int64
 	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
@@ -217,16 +234,47 @@ func (s *Store) Skip(ctx context.Context, consumer, subject string, key framewor
 			}
 			return err
 		}
+		c, err := s.lockCheckpoint(ctx, tx, consumer, subject)
+		if err != nil {
+			return err
+		}
+		if seq-1 > c {
+			_, err := tx.ExecContext(ctx, s.q.sql(qSkipLater), consumer, subject, seq)
+			return err
+		}
 		if _, err := tx.ExecContext(ctx, s.q.sql(qSkipDelete), consumer, subject, seq); err != nil {
 			return err
 		}
-		_, err := tx.ExecContext(ctx, s.q.sql(qAdvance), consumer, subject, seq)
-		return err
+		if _, err := tx.ExecContext(ctx, s.q.sql(qAdvance), consumer, subject, seq); err != nil {
+			return err
+		}
+		return s.skipPast(ctx, tx, consumer, subject)
 	}, "skip the dead letter %s of %s for %s", key, subject, consumer)
 	if err != nil {
 		return 0, err
 	}
 	return seq, nil
+}
+
+// skipPast moves the checkpoint of (consumer, subject) in tx past the
+// skips (see Skip) right after it, one after the other.
+func (s *Store) skipPast(ctx context.Context, tx sqlx.ExecerContext, consumer, subject string) error {
+	for {
+		res, err := tx.ExecContext(ctx, s.q.sql(qSkipNext), consumer, subject, consumer, subject)
+		if err != nil {
+			return fmt.Errorf("skip past the discarded: %w", err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			return fmt.Errorf("skip past the discarded: rows affected: %w", err)
+		}
+		if n == 0 {
+			return nil
+		}
+		if _, err := tx.ExecContext(ctx, s.q.sql(qSkipStep), consumer, subject); err != nil {
+			return fmt.Errorf("skip past the discarded: %w", err)
+		}
+	}
 }
 
 // inTx runs fn in a transaction of its own, and wraps its error with the
