@@ -3,6 +3,7 @@ package console_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"mime/multipart"
 	"net/http"
@@ -773,4 +774,30 @@ func TestReasonNotText(t *testing.T) {
 			require.Equal(t, framework.DeadLetterPending, dl.Status)
 		})
 	}
+}
+
+// unreadable is a store whose DeadLetter fails, as a database that goes
+// away for a moment does.
+type unreadable struct{ store }
+
+func (unreadable) DeadLetter(context.Context, int64) (framework.DeadLetter, error) {
+	return framework.DeadLetter{}, errors.New("connection reset")
+}
+
+// TestReplayReadFails: a replay from the console whose read of the dead
+// letter fails is refused, not recorded unchecked: the command line's
+// refusals (an undeclared consumer here) are checked on that read.
+func TestReplayReadFails(t *testing.T) {
+	t.Parallel()
+	s := unreadable{setup(t, console.Config{}).store}
+	b := setupOn(t, console.Config{RefuseReplay: func(dl framework.DeadLetter, _ time.Time) string {
+		return "consumer " + dl.Consumer + " is not declared in this service"
+	}}, s)
+	id := b.deadLetter(t, "widgets.old", "w-1", "gear_refused", []byte(`{}`), nil)
+	code, _, _ := b.do(t, http.MethodPost, "/console/dead-letters/"+itoa(id)+"/replay", url.Values{"reason": {"try"}}, bearer(writeSecret)...)
+	require.Equal(t, http.StatusInternalServerError, code)
+	dls, err := s.store.DeadLetters(context.Background(), framework.DeadLetterFilter{Consumer: "widgets.old"})
+	require.NoError(t, err)
+	require.Len(t, dls, 1)
+	require.Equal(t, framework.DeadLetterPending, dls[0].Status, "the replay was recorded unchecked")
 }

@@ -269,8 +269,18 @@ func (c *Console) resolve(status framework.DeadLetterStatus) http.HandlerFunc {
 			return
 		}
 		if status == framework.DeadLetterReplayed {
+			// The command line's refusals hold here too, so a replay is
+			// never recorded unchecked: a failed read refuses it.
 			dl, err := c.cfg.Store.DeadLetter(r.Context(), id)
-			if err == nil && dl.Status == framework.DeadLetterPending {
+			switch {
+			case errors.Is(err, framework.ErrNotFound):
+				c.fail(w, r, nil, http.StatusNotFound, fmt.Sprintf("dead letter %d: not found", id))
+				return
+			case err != nil:
+				c.internal(w, r, fmt.Sprintf("%s dead letter %d", status, id), err)
+				return
+			}
+			if dl.Status == framework.DeadLetterPending {
 				if why := c.cfg.RefuseReplay(dl, c.cfg.Now()); why != "" {
 					refuse(http.StatusConflict, "Not replayed: "+why+".")
 					return
