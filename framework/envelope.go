@@ -260,12 +260,7 @@ func Encode(env Envelope) ([]byte, error) {
 		subject := env.Subject
 		ctx.Subject = &subject
 	}
-	ev.SetSource(env.Source)
-	if ev.Source() != env.Source {
-		// Written in its URI-reference form, as Decode reads it: another
-		// source than the producer's key.
-		return nil, malformed("source", "is not in its URI-reference form (percent-encode it)")
-	}
+	ev.SetSource(env.Source) // in its URI-reference form, as Decode reads it
 	if !env.Time.IsZero() {
 		ev.SetTime(env.Time)
 	}
