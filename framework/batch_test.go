@@ -486,9 +486,14 @@ func TestSetsSession(t *testing.T) {
 		`INSERT INTO settings (k) VALUES ('set')`:       false,
 		`INSERT INTO reminders (id) VALUES ($1)`:        false,
 		`SELECT id FROM t WHERE name = 'offset_config'`: false,
-		``: false,
+		``:                                     false,
+		"SELECT 1; SET LOCAL app.tenant = 'a'": true,
+		"/* tenant */ SET LOCAL app.tenant = 'a'": true,
+		"INSERT INTO t VALUES ('x; SET y = 1')":   false,
 	} {
-		require.Equal(t, want, framework.SetsSession(q), q)
+		for _, pg := range []bool{false, true} {
+			require.Equal(t, want, framework.SetsSession(q, pg), "%q, PostgreSQL %t", q, pg)
+		}
 	}
 }
 
@@ -518,50 +523,104 @@ func TestEndsTransaction(t *testing.T) {
 		`SELECT endpoint FROM t`:                       false,
 		`WITH begun AS (SELECT 1) SELECT * FROM begun`: false,
 		``: false,
+		// A COMMIT after another statement of the query, or behind white
+		// space of any kind, runs as well as one at its start.
+		"SELECT 1; COMMIT":                        true,
+		"INSERT INTO t VALUES (1);\n/**/commit":   true,
+		"SELECT 1;;\t End":                        true,
+		"\fCOMMIT":                                true,
+		"\vCOMMIT":                                true,
+		"SELECT 'it''s'; ROLLBACK":                true,
+		`SELECT "a;b"; BEGIN`:                     true,
+		"SELECT 1 -- ; COMMIT\n; COMMIT":          true,
+		"SELECT 1; ROLLBACK TO SAVEPOINT sp":      false,
+		"SAVEPOINT sp; RELEASE sp":                false,
+		"SELECT 1; -- COMMIT":                     false,
+		"SELECT 1 /* ; COMMIT */":                 false,
+		"INSERT INTO t VALUES ('x; COMMIT')":      false,
+		`INSERT INTO "t;commit" VALUES (1)`:       false,
+		"SELECT CASE WHEN x THEN 1 END; SELECT 2": false,
+		"SELECT commit_id FROM t; SELECT 2":       false,
 	} {
-		require.Equal(t, want, framework.EndsTransaction(q), q)
+		for _, pg := range []bool{false, true} {
+			require.Equal(t, want, framework.EndsTransaction(q, pg), "%q, PostgreSQL %t", q, pg)
+		}
+	}
+	// Each database's own lexical rules: PostgreSQL nests comments, quotes
+	// with dollars and escapes with backslashes in E'' strings, and its
+	// BEGIN ATOMIC bodies hold statements; SQLite quotes names with
+	// brackets and backticks, and its triggers' bodies hold statements.
+	for _, c := range []struct {
+		q      string
+		pg     bool
+		refuse bool
+	}{
+		{"/* /* */ x */ COMMIT", true, true},
+		{"/* /* */ COMMIT; -- */", false, true},
+		{"/* /* */ COMMIT; -- */", true, false},
+		{`SELECT E'\''; COMMIT; --'`, true, true},
+		{`SELECT E'\''; COMMIT; --'`, false, false},
+		{"DO $$BEGIN PERFORM 1; END$$", true, false},
+		{"SELECT $tag$ ; COMMIT $tag$; SELECT $1", true, false},
+		{"SELECT $tag$ x $tag$; COMMIT", true, true},
+		{"CREATE FUNCTION f() RETURNS int LANGUAGE sql BEGIN ATOMIC SELECT CASE WHEN true THEN 1 END; END", true, false},
+		{"CREATE FUNCTION f() RETURNS int LANGUAGE sql BEGIN ATOMIC SELECT 1; END; COMMIT", true, true},
+		{"SELECT [a;commit] FROM t", false, false},
+		{"SELECT `a;commit` FROM t", false, false},
+		{"CREATE TRIGGER tr AFTER INSERT ON t BEGIN UPDATE u SET n = CASE WHEN 1 THEN 2 END; END", false, false},
+		{"CREATE TEMP TRIGGER tr AFTER INSERT ON t BEGIN SELECT 1; END; COMMIT", false, true},
+	} {
+		require.Equal(t, c.refuse, framework.EndsTransaction(c.q, c.pg), "%q, PostgreSQL %t", c.q, c.pg)
 	}
 }
 
 // TestHandlerCommitRefused: a handler that runs COMMIT in the attempt's
 // transaction, then fails, would commit its write and the processed mark
 // with it, and its next attempt would be a duplicate: the failed effect
-// taken for done. The statement is refused; the attempt rolls back and
-// the next one takes effect, once.
+// taken for done. The statement is refused, also when it follows another
+// statement of the query or hides behind white space or a comment that
+// the database skips; the attempt rolls back and the next one takes
+// effect, once.
 func TestHandlerCommitRefused(t *testing.T) {
 	t.Parallel()
 	for name, open := range groupBackends() {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			ctx := t.Context()
-			b := open(t)
-			uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.db, Store: b.store})
-			require.NoError(t, err)
-			key := framework.Key{Source: "s", ID: "e-1"}
-			runs := 0
-			handle := func(ctx context.Context) error {
-				runs++
-				conn := framework.Conn(ctx, b.db)
-				if _, err := conn.ExecContext(ctx, b.db.Rebind(`INSERT INTO effects (id, seen) VALUES (?, ?)`), key.ID, runs); err != nil {
-					return err
-				}
-				if runs == 1 {
-					if _, err := conn.ExecContext(ctx, `COMMIT`); err != nil {
+		commits := []string{`COMMIT`, "SELECT 1; COMMIT", "SELECT 1;\n/**/commit", "\fCOMMIT"}
+		if name == "PostgreSQL" {
+			commits = append(commits, "/* /* */ x */ COMMIT") // PostgreSQL nests comments
+		}
+		for _, commit := range commits {
+			t.Run(name+"/"+commit, func(t *testing.T) {
+				t.Parallel()
+				ctx := t.Context()
+				b := open(t)
+				uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.db, Store: b.store})
+				require.NoError(t, err)
+				key := framework.Key{Source: "s", ID: "e-1"}
+				runs := 0
+				handle := func(ctx context.Context) error {
+					runs++
+					conn := framework.Conn(ctx, b.db)
+					if _, err := conn.ExecContext(ctx, b.db.Rebind(`INSERT INTO effects (id, seen) VALUES (?, ?)`), key.ID, runs); err != nil {
 						return err
 					}
-					return errors.New("fails after its commit")
+					if runs == 1 {
+						if _, err := conn.ExecContext(ctx, commit); err != nil {
+							return err
+						}
+						return errors.New("fails after its commit")
+					}
+					return nil
 				}
-				return nil
-			}
-			_, err = uow.Do(ctx, "c", key, handle)
-			require.ErrorIs(t, err, framework.ErrEndsTransaction)
-			outcome, err := uow.Do(ctx, "c", key, handle)
-			require.NoError(t, err)
-			require.Equal(t, framework.Processed, outcome, "the failed attempt left no mark")
-			var seen []int
-			require.NoError(t, b.db.SelectContext(ctx, &seen, `SELECT seen FROM effects`))
-			require.Equal(t, []int{2}, seen, "only the attempt that succeeded took effect")
-		})
+				_, err = uow.Do(ctx, "c", key, handle)
+				require.ErrorIs(t, err, framework.ErrEndsTransaction)
+				outcome, err := uow.Do(ctx, "c", key, handle)
+				require.NoError(t, err)
+				require.Equal(t, framework.Processed, outcome, "the failed attempt left no mark")
+				var seen []int
+				require.NoError(t, b.db.SelectContext(ctx, &seen, `SELECT seen FROM effects`))
+				require.Equal(t, []int{2}, seen, "only the attempt that succeeded took effect")
+			})
+		}
 	}
 }
 

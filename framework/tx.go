@@ -62,8 +62,11 @@ var errNoDB = errors.New("attempt transaction: no database (the unit of work has
 // commits the attempt's transaction, with its processed mark and those
 // of its batch-mates. A COMMIT run by a handler would commit the mark
 // before the handler succeeded, so its failure would be taken for a
-// duplicate on the next attempt, and its effect half done. ROLLBACK TO
-// and RELEASE of a savepoint of the handler's own run as usual.
+// duplicate on the next attempt, and its effect half done. Every
+// statement of a query that holds several is checked, whatever white
+// space and comments come before it, as the database reads them
+// (PostgreSQL's or SQLite's rules). ROLLBACK TO and RELEASE of a
+// savepoint of the handler's own run as usual.
 var ErrEndsTransaction = errors.New("attempt transaction: a statement may not begin or end the transaction, which the framework commits with the processed mark (return an error to roll the attempt back)")
 
 // stmt returns the context a statement of ctx runs under: the
@@ -74,12 +77,11 @@ func (t *Tx) stmt(ctx context.Context, query string) (context.Context, error) {
 	if t.tx == nil {
 		return nil, errNoDB
 	}
-	if endsTransaction(query) {
+	ends, sets := scanStatements(query, t.tx.DriverName() == "pgx")
+	if ends {
 		return nil, ErrEndsTransaction
 	}
-	if !t.setsSession && setsSession(query) {
-		t.setsSession = true
-	}
+	t.setsSession = t.setsSession || sets
 	if ctx.Err() != nil || t.ctx == nil {
 		return ctx, nil
 	}
@@ -528,79 +530,6 @@ func (u *UnitOfWork) attempt(a *attemptRun) (write bool) {
 		}
 	}
 	return true
-}
-
-// setsSession reports whether query may change a setting of the session:
-// it starts with SET or RESET, or calls set_config (in any case). Other
-// statements that contain SET (an UPDATE's) do not count.
-func setsSession(query string) bool {
-	q := strings.TrimLeft(query, " \t\r\n(")
-	return hasPrefixFold(q, "set ") || hasPrefixFold(q, "set\t") || hasPrefixFold(q, "set\n") ||
-		hasPrefixFold(q, "reset") || callsSetConfig(query)
-}
-
-// endsTransaction reports whether query begins or ends a transaction:
-// its first word is BEGIN, START (TRANSACTION), COMMIT, END, ROLLBACK
-// (but ROLLBACK TO a savepoint), ABORT or PREPARE (TRANSACTION), in any
-// case. Leading white space, parentheses and SQL comments are skipped.
-func endsTransaction(query string) bool {
-	q := skipSpaceAndComments(query)
-	word, rest := firstWord(q)
-	switch {
-	case len(word) < 3 || len(word) > 8: // a word of none below
-		return false
-	case strings.EqualFold(word, "begin"), strings.EqualFold(word, "commit"),
-		strings.EqualFold(word, "end"), strings.EqualFold(word, "abort"):
-		return true
-	case strings.EqualFold(word, "rollback"):
-		next, after := firstWord(skipSpaceAndComments(rest))
-		if strings.EqualFold(next, "work") || strings.EqualFold(next, "transaction") {
-			next, _ = firstWord(skipSpaceAndComments(after))
-		}
-		return !strings.EqualFold(next, "to")
-	case strings.EqualFold(word, "start"), strings.EqualFold(word, "prepare"):
-		next, _ := firstWord(skipSpaceAndComments(rest))
-		return strings.EqualFold(next, "transaction")
-	}
-	return false
-}
-
-// skipSpaceAndComments returns s without its leading white space,
-// parentheses, -- comments and /* */ comments.
-func skipSpaceAndComments(s string) string {
-	for {
-		s = strings.TrimLeft(s, " \t\r\n(;")
-		switch {
-		case strings.HasPrefix(s, "--"):
-			i := strings.IndexByte(s, '\n')
-			if i < 0 {
-				return ""
-			}
-			s = s[i+1:]
-		case strings.HasPrefix(s, "/*"):
-			i := strings.Index(s[2:], "*/")
-			if i < 0 {
-				return ""
-			}
-			s = s[2+i+2:]
-		default:
-			return s
-		}
-	}
-}
-
-// firstWord returns the letters at the start of s, and what follows them.
-func firstWord(s string) (word, rest string) {
-	i := 0
-	for i < len(s) && s[i]|0x20 >= 'a' && s[i]|0x20 <= 'z' {
-		i++
-	}
-	return s[:i], s[i:]
-}
-
-// hasPrefixFold reports whether s begins with the ASCII prefix, ignoring case.
-func hasPrefixFold(s, prefix string) bool {
-	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
 }
 
 // callsSetConfig reports whether query names set_config, in any case, as

@@ -1,0 +1,214 @@
+package framework
+
+import "strings"
+
+// scanStatements reads query as its database splits it into statements,
+// and reports whether one of them begins or ends a transaction (ends: see
+// endsTransaction) and whether one may change a setting of the session
+// (sets: see setsSession). pg selects PostgreSQL's lexical rules (nested
+// /* */ comments, dollar quotes, E” strings with backslash escapes,
+// BEGIN ATOMIC bodies), else SQLite's (flat comments, “ and [] quoted
+// names, CREATE TRIGGER bodies). A statement's words are looked for
+// outside string literals, quoted names and comments, so a COMMIT in a
+// literal is never taken for one, and none hides behind a semicolon, a
+// comment or white space of any kind. It does not allocate.
+func scanStatements(query string, pg bool) (ends, sets bool) {
+	var s stmtScan
+	for i := 0; i < len(query); {
+		c := query[i]
+		switch {
+		case c == ';':
+			if s.parens == 0 && s.depth == 0 {
+				ends, sets = s.end(ends, sets)
+			}
+			i++
+		case c == '(':
+			s.parens++
+			i++
+		case c == ')':
+			s.parens = max(s.parens-1, 0)
+			i++
+		case c == '-' && i+1 < len(query) && query[i+1] == '-':
+			j := strings.IndexByte(query[i:], '\n')
+			if j < 0 {
+				return s.end(ends, sets)
+			}
+			i += j + 1
+		case c == '/' && i+1 < len(query) && query[i+1] == '*':
+			i = skipComment(query, i, pg)
+		case c == '\'' || c == '"':
+			i = skipQuoted(query, i, c, false)
+		case !pg && c == '`':
+			i = skipQuoted(query, i, c, false)
+		case !pg && c == '[':
+			j := strings.IndexByte(query[i:], ']')
+			if j < 0 {
+				return s.end(ends, sets)
+			}
+			i += j + 1
+		case pg && c == '$':
+			i = skipDollar(query, i)
+		case isWordStart(c):
+			j := i + 1
+			for j < len(query) && (isIdentByte(query[j]) || pg && query[j] == '$') {
+				j++
+			}
+			if pg && j == i+1 && c|0x20 == 'e' && j < len(query) && query[j] == '\'' {
+				i = skipQuoted(query, j, '\'', true) // E'...': backslash escapes
+				continue
+			}
+			s.word(query[i:j], pg)
+			i = j
+		default:
+			i++ // white space of any kind, operators, numbers
+		}
+	}
+	ends, sets = s.end(ends, sets)
+	return ends, sets || callsSetConfig(query)
+}
+
+// stmtScan is what scanStatements knows of the statement it reads.
+type stmtScan struct {
+	words  [3]string // the statement's first words
+	n      int       // how many words the statement has had
+	parens int       // open parentheses
+	// depth counts the open BEGIN ... END blocks (and CASE ... END within
+	// them) of a CREATE TRIGGER's body on SQLite, or of a BEGIN ATOMIC
+	// body on PostgreSQL, whose statements do not end the CREATE.
+	depth   int
+	trigger bool   // the statement is a CREATE ... TRIGGER
+	prev    string // the word before
+}
+
+// word records w, the next word of the statement.
+func (s *stmtScan) word(w string, pg bool) {
+	if s.n < len(s.words) {
+		s.words[s.n] = w
+	}
+	s.n++
+	create := strings.EqualFold(s.words[0], "create")
+	switch {
+	case !create:
+	case s.depth > 0 && (strings.EqualFold(w, "case") || strings.EqualFold(w, "begin")):
+		s.depth++
+	case s.depth > 0 && strings.EqualFold(w, "end"):
+		s.depth--
+	case !pg && strings.EqualFold(w, "trigger"):
+		s.trigger = true
+	case !pg && s.trigger && strings.EqualFold(w, "begin"),
+		pg && strings.EqualFold(w, "atomic") && strings.EqualFold(s.prev, "begin"):
+		s.depth = 1
+	}
+	s.prev = w
+}
+
+// end ends the statement: it returns ends and sets, each also true if
+// the statement does what it says, and starts the next statement.
+func (s *stmtScan) end(ends, sets bool) (bool, bool) {
+	w := s.words
+	*s = stmtScan{}
+	switch {
+	case strings.EqualFold(w[0], "set"), strings.EqualFold(w[0], "reset"):
+		sets = true
+	case strings.EqualFold(w[0], "begin"), strings.EqualFold(w[0], "commit"),
+		strings.EqualFold(w[0], "end"), strings.EqualFold(w[0], "abort"):
+		ends = true
+	case strings.EqualFold(w[0], "rollback"):
+		next := w[1]
+		if strings.EqualFold(next, "work") || strings.EqualFold(next, "transaction") {
+			next = w[2]
+		}
+		ends = ends || !strings.EqualFold(next, "to")
+	case strings.EqualFold(w[0], "start"), strings.EqualFold(w[0], "prepare"):
+		ends = ends || strings.EqualFold(w[1], "transaction")
+	}
+	return ends, sets
+}
+
+// skipComment returns the index after the /* */ comment at i, nested on
+// PostgreSQL; len(query) when it does not end.
+func skipComment(query string, i int, pg bool) int {
+	depth := 0
+	for i < len(query)-1 {
+		switch {
+		case query[i] == '/' && query[i+1] == '*':
+			depth++
+			i += 2
+		case query[i] == '*' && query[i+1] == '/':
+			depth--
+			i += 2
+			if depth == 0 || !pg {
+				return i
+			}
+		default:
+			i++
+		}
+	}
+	return len(query)
+}
+
+// skipQuoted returns the index after the literal or quoted name that
+// opens with the quote at i (a doubled quote stays inside, and so does an
+// escaped one when backslash is true); len(query) when it does not end.
+func skipQuoted(query string, i int, quote byte, backslash bool) int {
+	for i++; i < len(query); i++ {
+		switch query[i] {
+		case '\\':
+			if backslash {
+				i++
+			}
+		case quote:
+			if i+1 < len(query) && query[i+1] == quote {
+				i++
+				continue
+			}
+			return i + 1
+		}
+	}
+	return len(query)
+}
+
+// skipDollar returns the index after the dollar-quoted string at i
+// ($$...$$, $tag$...$tag$) on PostgreSQL, or after the $ when none opens
+// there (a parameter such as $1).
+func skipDollar(query string, i int) int {
+	j := i + 1
+	if j < len(query) && isWordStart(query[j]) {
+		for j < len(query) && isIdentByte(query[j]) {
+			j++
+		}
+	}
+	if j >= len(query) || query[j] != '$' {
+		return i + 1
+	}
+	tag := query[i : j+1]
+	k := strings.Index(query[j+1:], tag)
+	if k < 0 {
+		return len(query)
+	}
+	return j + 1 + k + len(tag)
+}
+
+// isWordStart reports whether b may begin an SQL identifier or keyword.
+func isWordStart(b byte) bool {
+	return b == '_' || b|0x20 >= 'a' && b|0x20 <= 'z' || b >= 0x80
+}
+
+// setsSession reports whether a statement of query may change a setting
+// of the session: it starts with SET or RESET, or query calls set_config
+// (in any case). Other statements that contain SET (an UPDATE's) do not
+// count.
+func setsSession(query string, pg bool) bool {
+	_, sets := scanStatements(query, pg)
+	return sets
+}
+
+// endsTransaction reports whether a statement of query begins or ends a
+// transaction: its first word is BEGIN, START (TRANSACTION), COMMIT, END,
+// ROLLBACK (but ROLLBACK TO a savepoint), ABORT or PREPARE (TRANSACTION),
+// in any case, whatever white space, comments, parentheses and statements
+// come before it.
+func endsTransaction(query string, pg bool) bool {
+	ends, _ := scanStatements(query, pg)
+	return ends
+}
