@@ -155,7 +155,7 @@ func (g *group) runBatch(batch []*attemptRun) {
 		return
 	}
 	for _, a := range committed {
-		a.tx.committed()
+		a.committed()
 	}
 	// A batch that could not commit: each of its attempts that had
 	// succeeded runs again alone, before any of them is charged an attempt
@@ -329,16 +329,16 @@ func (g *group) try(batch []*attemptRun) (committed, retry []*attemptRun, failed
 			return nil, nil, -1
 		case a.err != nil || a.panicked != nil:
 			_ = tx.Rollback() // a's failure is what matters
-			a.tx.rolledBack()
+			a.rolledBack()
 			for _, o := range ok {
-				o.tx.rolledBack()
+				o.rolledBack()
 			}
 			return nil, nil, i
 		case write:
 			ok = append(ok, a)
 		default:
 			settled = append(settled, a) // a duplicate: nothing to write
-			a.tx.rolledBack()
+			a.rolledBack()
 		}
 		if a.tx.setsSession && i < len(batch)-1 {
 			if err := g.resetSession(ctx, tx, timeout); err != nil {
@@ -357,7 +357,7 @@ func (g *group) try(batch []*attemptRun) (committed, retry []*attemptRun, failed
 	}
 	if err := tx.Commit(); err != nil {
 		for _, a := range ok {
-			a.tx.rolledBack()
+			a.rolledBack()
 		}
 		return nil, append(ok, settled...), -1
 	}
@@ -454,7 +454,7 @@ func (g *group) markAll(ctx context.Context, batch []*attemptRun) error {
 func (g *group) abort(tx interface{ Rollback() error }, rest, ok, settled []*attemptRun, err error) (committed, retry []*attemptRun) {
 	_ = tx.Rollback() // err is what matters
 	for _, a := range ok {
-		a.tx.rolledBack()
+		a.rolledBack()
 	}
 	for _, a := range rest {
 		if a.tx == nil {

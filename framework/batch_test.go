@@ -651,3 +651,75 @@ func TestGroupCommitWaitsForRunningBatch(t *testing.T) {
 	}
 	require.Len(t, txids, 1, "one batch, one transaction")
 }
+
+// TestGroupCommitHookPanics: a hook that panics runs on the goroutine of
+// its batch's transaction, which may be a batch-mate's. Its panic goes up
+// from its own attempt's Do; the other hooks of the batch still run, and
+// the consumer's next attempts still get a batch (the panic used to take
+// the batch's slot with it, so they waited forever).
+func TestGroupCommitHookPanics(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := groupBackends()["SQLite"](t)
+	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: 8, Batches: 1})
+	require.NoError(t, err)
+	started, release := make(chan struct{}), make(chan struct{})
+	holder := make(chan error, 1)
+	go func() {
+		_, err := uow.Do(ctx, "c", framework.Key{Source: "s", ID: "holder"}, func(context.Context) error {
+			close(started)
+			<-release
+			return nil
+		})
+		holder <- err
+	}()
+	<-started
+	var (
+		mu       sync.Mutex
+		hooks    []string
+		panicked = map[string]any{}
+		outcomes = map[string]framework.Outcome{}
+		wg       sync.WaitGroup
+	)
+	for i, id := range []string{"a", "panics", "b"} {
+		wg.Go(func() {
+			defer func() {
+				mu.Lock()
+				panicked[id] = recover()
+				mu.Unlock()
+			}()
+			out, err := uow.Do(ctx, "c", framework.Key{Source: "s", ID: id}, func(ctx context.Context) error {
+				tx, _ := framework.TxFromContext(ctx)
+				if id == "panics" {
+					tx.OnCommit(func() { panic("hook panicked") })
+				}
+				tx.OnCommit(func() { mu.Lock(); hooks = append(hooks, id); mu.Unlock() })
+				return nil
+			})
+			require.NoError(t, err)
+			mu.Lock()
+			outcomes[id] = out
+			mu.Unlock()
+		})
+		require.Eventually(t, func() bool { return framework.Waiting(uow) == i+1 }, 10*time.Second, time.Millisecond)
+	}
+	close(release)
+	require.NoError(t, <-holder)
+	wg.Wait()
+	require.Equal(t, map[string]any{"a": nil, "panics": "hook panicked", "b": nil}, panicked,
+		"the panic goes up from its own attempt's Do")
+	require.Equal(t, map[string]framework.Outcome{"a": framework.Processed, "b": framework.Processed}, outcomes)
+	require.ElementsMatch(t, []string{"a", "panics", "b"}, hooks, "every other hook ran")
+
+	after := make(chan framework.Outcome, 1)
+	go func() {
+		out, _ := uow.Do(ctx, "c", framework.Key{Source: "s", ID: "after"}, func(context.Context) error { return nil })
+		after <- out
+	}()
+	select {
+	case out := <-after:
+		require.Equal(t, framework.Processed, out)
+	case <-time.After(5 * time.Second):
+		t.Fatal("an attempt after the panic gets no batch")
+	}
+}

@@ -41,6 +41,13 @@ type Tx struct {
 }
 
 // OnCommit registers f to run after the attempt's effect committed.
+//
+// Hooks run on the goroutine of the batch's transaction, which may be a
+// batch-mate's. A hook that panics (OnCommit or OnRollback) keeps neither
+// the other hooks, its attempt's or its batch-mates', from running, nor
+// the consumer's next batches from starting: its panic goes on up from
+// its own attempt's UnitOfWork.Do, once the attempt's result is set, as
+// a handler's does.
 func (t *Tx) OnCommit(f func()) { t.afterCommit = append(t.afterCommit, f) }
 
 // OnRollback registers f to run after the attempt's effect rolled back or
@@ -148,16 +155,29 @@ func (t *Tx) BindNamed(query string, arg any) (string, []any, error) {
 	return t.tx.BindNamed(query, arg)
 }
 
-func (t *Tx) committed() {
-	for _, f := range t.afterCommit {
-		f()
+// committed runs the OnCommit hooks, each one, and returns the first
+// panic of one, nil when none panicked.
+func (t *Tx) committed() (panicked any) { return runHooks(t.afterCommit) }
+
+// rolledBack runs the OnRollback hooks, each one, and returns the first
+// panic of one, nil when none panicked.
+func (t *Tx) rolledBack() (panicked any) { return runHooks(t.afterRollback) }
+
+// runHooks runs each of hooks, and returns the first panic of one.
+func runHooks(hooks []func()) (panicked any) {
+	for _, f := range hooks {
+		if p := runHook(f); p != nil && panicked == nil {
+			panicked = p
+		}
 	}
+	return panicked
 }
 
-func (t *Tx) rolledBack() {
-	for _, f := range t.afterRollback {
-		f()
-	}
+// runHook runs f and returns its panic, nil when it returned.
+func runHook(f func()) (panicked any) {
+	defer func() { panicked = recover() }()
+	f()
+	return nil
 }
 
 // TxFromContext returns the transaction of the attempt running in ctx. Code
@@ -373,6 +393,9 @@ func (u *UnitOfWork) Do(ctx context.Context, consumer string, key Key, fn func(c
 	if a.panicked != nil {
 		panic(a.panicked) // on the attempt's own goroutine, for its chain's recovery
 	}
+	if a.hookPanicked != nil {
+		panic(a.hookPanicked) // a hook's, which ran on the batch's goroutine
+	}
 	return a.outcome, a.err
 }
 
@@ -395,6 +418,11 @@ type attemptRun struct {
 	lead     chan []*attemptRun // hands this attempt a batch to run
 	crash    crash.Hook         // the crash hook of ctx, nil without one
 	died     crash.Point        // where the attempt died (see dies)
+
+	// hookPanicked is the first panic of one of a's OnCommit or
+	// OnRollback hooks, of any run of a: Do panics with it once a's
+	// result is set (see Tx.OnCommit).
+	hookPanicked any
 }
 
 // fail sets a's result to err. An error that came once a's deadline had
@@ -425,6 +453,19 @@ func (a *attemptRun) die(p crash.Point) {
 	a.died, a.outcome, a.err, a.panicked = p, Failed, &crash.Died{At: p}, nil
 }
 
+// committed runs the OnCommit hooks of a's transaction (see Tx.OnCommit).
+func (a *attemptRun) committed() { a.keepHookPanic(a.tx.committed()) }
+
+// rolledBack runs the OnRollback hooks of a's transaction.
+func (a *attemptRun) rolledBack() { a.keepHookPanic(a.tx.rolledBack()) }
+
+// keepHookPanic keeps p, a hook's panic, unless one was kept before.
+func (a *attemptRun) keepHookPanic(p any) {
+	if a.hookPanicked == nil {
+		a.hookPanicked = p
+	}
+}
+
 // alone runs a in a transaction of its own.
 func (u *UnitOfWork) alone(a *attemptRun) {
 	a.tx, a.marked, a.batched, a.ack = &Tx{}, false, false, nil
@@ -446,19 +487,19 @@ func (u *UnitOfWork) alone(a *attemptRun) {
 		if a.tx.tx != nil {
 			_ = a.tx.tx.Rollback() // the attempt's error is what matters
 		}
-		a.tx.rolledBack() // without a database, the hooks are the rollback
+		a.rolledBack() // without a database, the hooks are the rollback
 	case a.tx.tx != nil:
 		if err := a.tx.tx.Commit(); err != nil {
-			a.tx.rolledBack()
+			a.rolledBack()
 			a.fail(fmt.Errorf("commit: %w", err))
 			return
 		}
 		if a.dies(a.ctx, crash.AfterCommit) {
 			return
 		}
-		a.tx.committed()
+		a.committed()
 	default:
-		a.tx.committed() // without a database, the hooks are the commit
+		a.committed() // without a database, the hooks are the commit
 		a.dies(a.ctx, crash.AfterCommit)
 	}
 }
