@@ -327,6 +327,16 @@ func (g *group) try(batch []*attemptRun) (committed, retry []*attemptRun, failed
 			// unfinished, no hook runs (see died).
 			_ = tx.Rollback()
 			return nil, nil, -1
+		case a.err != nil && i > 0 && inFailedTransaction(a.err):
+			// Not a's own failure, maybe: an attempt before it went on
+			// after a statement of its own failed, which aborted the
+			// transaction on PostgreSQL, and returned nil. Every attempt
+			// runs again alone (see abort), before any is charged, as
+			// after a failed commit: the one that aborted it then fails
+			// its own commit.
+			a.rolledBack()
+			c, r := g.abort(tx, nil, ok, settled, a.err)
+			return c, append(r, batch[i:]...), -1
 		case a.err != nil || a.panicked != nil:
 			_ = tx.Rollback() // a's failure is what matters
 			a.rolledBack()
@@ -341,7 +351,10 @@ func (g *group) try(batch []*attemptRun) (committed, retry []*attemptRun, failed
 			a.rolledBack()
 		}
 		if a.tx.setsSession && i < len(batch)-1 {
-			if err := g.resetSession(ctx, tx, timeout); err != nil {
+			if err := g.resetSession(ctx, tx, timeout); inFailedTransaction(err) {
+				c, r := g.abort(tx, nil, ok, settled, err) // as above
+				return c, append(r, batch[i+1:]...), -1
+			} else if err != nil {
 				c, r := g.abort(tx, batch[i+1:], ok, settled, err)
 				return c, r, -1
 			}

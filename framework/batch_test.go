@@ -723,3 +723,35 @@ func TestGroupCommitHookPanics(t *testing.T) {
 		t.Fatal("an attempt after the panic gets no batch")
 	}
 }
+
+// TestGroupCommitAbortedByBatchMate: on PostgreSQL a handler that goes on
+// after one of its statements failed (here it takes the failure for
+// "nothing to do" and returns nil) leaves the batch's transaction
+// aborted, and the next attempt's statements fail with SQLSTATE 25P02.
+// That attempt is not charged for it: the attempts run again alone, where
+// the one that aborted the transaction fails its own commit and the
+// others take effect, once each.
+func TestGroupCommitAbortedByBatchMate(t *testing.T) {
+	t.Parallel()
+	b := groupBackends()["PostgreSQL"](t)
+	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: 8, Batches: 1})
+	require.NoError(t, err)
+	outcomes, errs := gather(t, uow, []string{"a", "swallows", "b", "c"}, func(ctx context.Context, id string) error {
+		conn := framework.Conn(ctx, b.db)
+		if id == "swallows" {
+			_, _ = conn.ExecContext(ctx, `INSERT INTO no_such_table VALUES (1)`)
+			return nil
+		}
+		_, err := conn.ExecContext(ctx, `INSERT INTO effects (id, seen) VALUES ($1, 1)`, id)
+		return err
+	})
+	for _, i := range []int{0, 2, 3} {
+		require.NoError(t, errs[i], "attempt %d is not charged for its batch-mate's failure", i)
+		require.Equal(t, framework.Processed, outcomes[i], i)
+	}
+	require.Equal(t, framework.Failed, outcomes[1])
+	require.ErrorContains(t, errs[1], "commit", "the attempt that aborted the transaction fails its commit")
+	var got []string
+	require.NoError(t, b.db.SelectContext(t.Context(), &got, `SELECT id FROM effects ORDER BY id`))
+	require.Equal(t, []string{"a", "b", "c"}, got)
+}

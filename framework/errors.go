@@ -55,6 +55,15 @@ type sqlStateError interface {
 	SQLState() string
 }
 
+// inFailedTransaction reports whether err is PostgreSQL's refusal of a
+// statement in a transaction that the failure of an earlier statement
+// aborted (SQLSTATE 25P02, in_failed_sql_transaction): under group
+// commit, the earlier statement may have been a batch-mate's.
+func inFailedTransaction(err error) bool {
+	var s sqlStateError
+	return errors.As(err, &s) && s.SQLState() == "25P02"
+}
+
 // dataException returns err, a handler's, as a permanent CodeDataException
 // error when it is a database's refusal of a value (SQLSTATE class 22)
 // that the handler did not classify itself (Permanent, Dependency);
