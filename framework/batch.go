@@ -2,6 +2,7 @@ package framework
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"strconv"
@@ -350,6 +351,15 @@ func (g *group) try(batch []*attemptRun) (committed, retry []*attemptRun, failed
 			settled = append(settled, a) // a duplicate: nothing to write
 			a.rolledBack()
 		}
+		if a.tx.failed && g.txEnded(ctx, tx) {
+			// A statement of a failed and ended the transaction, and
+			// a returned nil: the attempts after it would write
+			// outside any transaction, for good, and then run again.
+			// Every attempt runs again alone, as after a failed commit:
+			// a then fails its own commit.
+			c, r := g.abort(tx, nil, ok, settled, errTxEnded)
+			return c, append(r, batch[i+1:]...), -1
+		}
 		if a.tx.setsSession && i < len(batch)-1 {
 			if err := g.resetSession(ctx, tx, timeout); inFailedTransaction(err) {
 				c, r := g.abort(tx, nil, ok, settled, err) // as above
@@ -380,6 +390,24 @@ func (g *group) try(batch []*attemptRun) (committed, retry []*attemptRun, failed
 		}
 	}
 	return ok, nil, -1
+}
+
+// errTxEnded is the error of a batch whose transaction a statement of
+// one of its attempts ended (see group.txEnded).
+var errTxEnded = errors.New("the batch's transaction ended with a failed statement of an attempt")
+
+// txEnded reports whether the batch's transaction tx ended, on SQLite,
+// where a failed statement may end it (see Tx.failed): BEGIN fails
+// within a transaction and succeeds only outside one, and the
+// transaction it then begins rolls back with tx. On PostgreSQL a failed
+// statement aborts the transaction instead, which the next statement
+// reports (SQLSTATE 25P02, see inFailedTransaction).
+func (g *group) txEnded(ctx context.Context, tx sqlx.ExecerContext) bool {
+	if g.u.db.DriverName() == "pgx" {
+		return false
+	}
+	_, err := tx.ExecContext(ctx, "BEGIN")
+	return err == nil
 }
 
 // resetSession undoes, on PostgreSQL, the settings an attempt made in the

@@ -755,3 +755,41 @@ func TestGroupCommitAbortedByBatchMate(t *testing.T) {
 	require.NoError(t, b.db.SelectContext(t.Context(), &got, `SELECT id FROM effects ORDER BY id`))
 	require.Equal(t, []string{"a", "b", "c"}, got)
 }
+
+// TestGroupCommitEndedByBatchMate: on SQLite a failed statement may end
+// the whole transaction (here the conflict clause OR ROLLBACK does). A
+// handler that returns nil after one would have the attempts after it in
+// its batch write outside any transaction, for good, and then run again
+// alone when the commit fails: their effects twice. The batch sees the
+// transaction ended before its next attempt and runs its attempts again
+// alone: each effect once, and the attempt that ended it fails.
+func TestGroupCommitEndedByBatchMate(t *testing.T) {
+	t.Parallel()
+	b := groupBackends()["SQLite"](t)
+	_, err := b.db.Exec(`INSERT INTO effects (id, seen) VALUES ('taken', 1)`)
+	require.NoError(t, err)
+	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: 8, Batches: 1})
+	require.NoError(t, err)
+	outcomes, errs := gather(t, uow, []string{"a", "swallows", "b", "c"}, func(ctx context.Context, id string) error {
+		conn := framework.Conn(ctx, b.db)
+		if id == "swallows" {
+			_, _ = conn.ExecContext(ctx, `INSERT OR ROLLBACK INTO effects (id, seen) VALUES ('taken', 2)`)
+			return nil
+		}
+		_, err := conn.ExecContext(ctx, `INSERT INTO effects (id, seen) VALUES (?, 1) ON CONFLICT (id) DO UPDATE SET seen = seen + 1`, id)
+		return err
+	})
+	for _, i := range []int{0, 2, 3} {
+		require.NoError(t, errs[i], i)
+		require.Equal(t, framework.Processed, outcomes[i], i)
+	}
+	require.Equal(t, framework.Failed, outcomes[1])
+	require.ErrorContains(t, errs[1], "commit", "the attempt that ended the transaction fails its commit")
+	type effect struct {
+		ID   string
+		Seen int
+	}
+	var got []effect
+	require.NoError(t, b.db.SelectContext(t.Context(), &got, `SELECT id, seen FROM effects ORDER BY id`))
+	require.Equal(t, []effect{{"a", 1}, {"b", 1}, {"c", 1}, {"taken", 1}}, got, "each effect once")
+}

@@ -38,6 +38,12 @@ type Tx struct {
 	// a setting of the session (SET, set_config): the batch resets them
 	// before its next attempt.
 	setsSession bool
+	// failed is true once a statement of the attempt failed. On SQLite
+	// a failed statement may have ended the whole transaction (a
+	// conflict clause OR ROLLBACK, RAISE(ROLLBACK) in a trigger, a full
+	// disk): the batch checks that it is still open before its next
+	// attempt, should the handler have returned nil all the same.
+	failed bool
 }
 
 // OnCommit registers f to run after the attempt's effect committed.
@@ -101,7 +107,9 @@ func (t *Tx) ExecContext(ctx context.Context, query string, args ...any) (sql.Re
 	if err != nil {
 		return nil, err
 	}
-	return t.tx.ExecContext(sctx, query, args...)
+	res, err := t.tx.ExecContext(sctx, query, args...)
+	t.failed = t.failed || err != nil
+	return res, err
 }
 
 // QueryContext queries in the attempt's transaction.
@@ -110,7 +118,9 @@ func (t *Tx) QueryContext(ctx context.Context, query string, args ...any) (*sql.
 	if err != nil {
 		return nil, err
 	}
-	return t.tx.QueryContext(sctx, query, args...)
+	rows, err := t.tx.QueryContext(sctx, query, args...)
+	t.failed = t.failed || err != nil
+	return rows, err
 }
 
 // QueryxContext queries in the attempt's transaction, returning sqlx.Rows.
@@ -119,7 +129,9 @@ func (t *Tx) QueryxContext(ctx context.Context, query string, args ...any) (*sql
 	if err != nil {
 		return nil, err
 	}
-	return t.tx.QueryxContext(sctx, query, args...)
+	rows, err := t.tx.QueryxContext(sctx, query, args...)
+	t.failed = t.failed || err != nil
+	return rows, err
 }
 
 // QueryRowxContext queries at most one row in the attempt's transaction.
@@ -131,7 +143,9 @@ func (t *Tx) QueryRowxContext(ctx context.Context, query string, args ...any) *s
 	if err != nil {
 		panic(err)
 	}
-	return t.tx.QueryRowxContext(sctx, query, args...)
+	row := t.tx.QueryRowxContext(sctx, query, args...)
+	t.failed = t.failed || row.Err() != nil
+	return row
 }
 
 // GetContext scans one row into dest (see sqlx.GetContext).
