@@ -360,7 +360,7 @@ func (g *group) try(batch []*attemptRun) (committed, retry []*attemptRun, failed
 			c, r := g.abort(tx, nil, ok, settled, errTxEnded)
 			return c, append(r, batch[i+1:]...), -1
 		}
-		if a.tx.setsSession && i < len(batch)-1 {
+		if a.tx.setsSession { // the last one's too: a plain SET outlives the commit
 			if err := g.resetSession(ctx, tx, timeout); inFailedTransaction(err) {
 				c, r := g.abort(tx, nil, ok, settled, err) // as above
 				return c, append(r, batch[i+1:]...), -1

@@ -793,3 +793,40 @@ func TestGroupCommitEndedByBatchMate(t *testing.T) {
 	require.NoError(t, b.db.SelectContext(t.Context(), &got, `SELECT id, seen FROM effects ORDER BY id`))
 	require.Equal(t, []effect{{"a", 1}, {"b", 1}, {"c", 1}, {"taken", 1}}, got, "each effect once")
 }
+
+// TestSessionSettingsEndWithTheAttempt: on PostgreSQL a plain SET or
+// set_config(..., false) of an attempt outlives its commit on the pool's
+// connection; the attempt after it, on that connection, sees none of it,
+// whether the setter ran alone (batch_size 1), last in its batch or in a
+// batch of one. Before, RESET ALL ran only between two attempts of one
+// batch.
+func TestSessionSettingsEndWithTheAttempt(t *testing.T) {
+	t.Parallel()
+	for _, size := range []int{1, 8} {
+		t.Run(fmt.Sprint("BatchSize", size), func(t *testing.T) {
+			t.Parallel()
+			b := groupBackends()["PostgreSQL"](t)
+			b.db.SetMaxOpenConns(1) // the next attempt takes the same connection
+			uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: size, Batches: 1})
+			require.NoError(t, err)
+			ctx := t.Context()
+			_, err = uow.Do(ctx, "c", framework.Key{Source: "s", ID: "setter"}, func(ctx context.Context) error {
+				conn := framework.Conn(ctx, b.db)
+				if _, err := conn.ExecContext(ctx, `SET app.tenant = 'leaked'`); err != nil {
+					return err
+				}
+				_, err := conn.ExecContext(ctx, `SELECT set_config('app.region', 'leaked', false)`)
+				return err
+			})
+			require.NoError(t, err)
+			var tenant, region string
+			_, err = uow.Do(ctx, "c", framework.Key{Source: "s", ID: "reader"}, func(ctx context.Context) error {
+				conn := framework.Conn(ctx, b.db)
+				return conn.QueryRowxContext(ctx, `SELECT coalesce(current_setting('app.tenant', true), ''), coalesce(current_setting('app.region', true), '')`).Scan(&tenant, &region)
+			})
+			require.NoError(t, err)
+			require.Empty(t, tenant, "the setter's SET reached the next attempt")
+			require.Empty(t, region, "the setter's set_config(..., false) reached the next attempt")
+		})
+	}
+}

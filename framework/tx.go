@@ -503,6 +503,12 @@ func (u *UnitOfWork) alone(a *attemptRun) {
 		}
 		a.rolledBack() // without a database, the hooks are the rollback
 	case a.tx.tx != nil:
+		if err := u.resetSession(a); err != nil {
+			_ = a.tx.tx.Rollback() // err is what matters
+			a.rolledBack()
+			a.fail(err)
+			return
+		}
 		if err := a.tx.tx.Commit(); err != nil {
 			a.rolledBack()
 			a.fail(fmt.Errorf("commit: %w", err))
@@ -516,6 +522,20 @@ func (u *UnitOfWork) alone(a *attemptRun) {
 		a.committed() // without a database, the hooks are the commit
 		a.dies(a.ctx, crash.AfterCommit)
 	}
+}
+
+// resetSession undoes, on PostgreSQL, the settings that a's statements
+// may have made (see Tx.setsSession) before its transaction commits: a
+// plain SET or set_config(..., false) outlives the commit, on a
+// connection of the pool that the next attempts take.
+func (u *UnitOfWork) resetSession(a *attemptRun) error {
+	if !a.tx.setsSession || u.db.DriverName() != "pgx" {
+		return nil
+	}
+	if _, err := a.tx.tx.ExecContext(a.ctx, "RESET ALL"); err != nil {
+		return fmt.Errorf("reset the attempt's settings: %w", err)
+	}
+	return nil
 }
 
 // attempt runs a in a.tx: the mark, the handler, the delivery count and
