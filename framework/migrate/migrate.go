@@ -69,8 +69,9 @@ type Config struct {
 	// of their own. Defaults to none.
 	Extra fs.FS
 	// ExtraVersionTable names the table that records which of Extra's
-	// migrations are applied. Defaults to TablePrefix +
-	// DefaultExtraVersionTable.
+	// migrations are applied: at most 63 bytes of lower-case letters,
+	// digits and underscores, not starting with a digit. Defaults to
+	// TablePrefix + DefaultExtraVersionTable.
 	ExtraVersionTable string
 	// Logger receives a line per migration applied. Defaults to discarding.
 	Logger *slog.Logger
@@ -97,7 +98,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("migrate: TablePrefix: %w", err)
 	}
 	if c.ExtraVersionTable != "" {
-		if err := sqlstore.ValidatePrefix(c.ExtraVersionTable); err != nil {
+		// A table name, not a prefix: TablePrefix + DefaultExtraVersionTable
+		// must fit for every prefix ValidateTablePrefix accepts.
+		if err := sqlstore.ValidateTableName(c.ExtraVersionTable); err != nil {
 			return fmt.Errorf("migrate: ExtraVersionTable: %w", err)
 		}
 	}

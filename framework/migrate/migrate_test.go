@@ -3,6 +3,7 @@ package migrate_test
 import (
 	"context"
 	"database/sql"
+	"strings"
 	"sync"
 	"testing"
 	"testing/fstest"
@@ -224,6 +225,29 @@ func TestConfig(t *testing.T) {
 		}
 		for _, p := range []string{"", "_", "a", "effectively_", "a_2345678901234567890123456789"} {
 			require.NoError(t, migrate.ValidateTablePrefix(p), p)
+		}
+	})
+
+	// The longest prefix ValidateTablePrefix accepts was refused by a
+	// service with migrations of its own: the default version table of
+	// Extra, prefix + app_schema_migrations, was checked as a prefix (at
+	// most 30 bytes), so any prefix over 9 bytes stopped migrate and
+	// every start.
+	t.Run("LongestPrefixWithExtra", func(t *testing.T) {
+		t.Parallel()
+		const prefix = "a_2345678901234567890123456789"
+		require.Len(t, prefix, migrate.MaxTablePrefixBytes)
+		db := testenv.SQLite(t)
+		require.NoError(t, migrate.Up(ctx, db, migrate.Config{TablePrefix: prefix, Extra: userMigrations(1)}))
+		requireTables(t, db, prefix+migrate.DefaultExtraVersionTable, "customers")
+		require.NoError(t, migrate.Check(ctx, db, migrate.Config{TablePrefix: prefix, Extra: userMigrations(1)}))
+	})
+
+	t.Run("RejectsBadExtraVersionTable", func(t *testing.T) {
+		t.Parallel()
+		for _, name := range []string{"Versions", "1st", "my-versions", strings.Repeat("v", 64)} {
+			err := migrate.Up(ctx, db, migrate.Config{Extra: userMigrations(1), ExtraVersionTable: name})
+			require.ErrorContains(t, err, "ExtraVersionTable", name)
 		}
 	})
 

@@ -102,6 +102,26 @@ func ValidatePrefix(prefix string) error {
 	return nil
 }
 
+// MaxTableNameBytes is the longest table name: PostgreSQL cuts an
+// identifier to 63 bytes.
+const MaxTableNameBytes = 63
+
+// ValidateTableName reports whether name can name a table, as a version
+// table of migrations does: at most MaxTableNameBytes bytes matching
+// ^[a-z_][a-z0-9_]*$. The name is written into SQL as it is, so it must
+// pass this check first. Unlike a prefix, it may be as long as a table's
+// name: a prefix of MaxPrefixBytes leaves room for the longest table name
+// after it.
+func ValidateTableName(name string) error {
+	if len(name) > MaxTableNameBytes {
+		return fmt.Errorf("table name %q is %d bytes long, at most %d allowed", name, len(name), MaxTableNameBytes)
+	}
+	if !prefixPattern.MatchString(name) {
+		return fmt.Errorf("table name %q is malformed: use lower-case letters, digits and underscores, not starting with a digit", name)
+	}
+	return nil
+}
+
 // timeValue scans a time stored by either dialect: a time.Time, Unix
 // nanoseconds, or NULL (the zero time).
 type timeValue struct{ t time.Time }
