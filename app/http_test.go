@@ -1,13 +1,16 @@
 package app_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"regexp"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +20,8 @@ import (
 
 	"github.com/effectively-once/effectively/app"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/sqlite"
+	"github.com/effectively-once/effectively/handlers"
 )
 
 // holdOnce is an Outer step that nacks the first delivery of each event,
@@ -136,4 +141,45 @@ func TestReadyzFailingMessages(t *testing.T) {
 	hold.release["w-2"] <- framework.Permanent("gear_refused", nil)
 	waitFor(t, "the dead letter", func() bool { return b.count(t, `SELECT count(*) FROM dead_letters`) == 1 })
 	requireNoneFailing("the dead-lettered message cleared")
+}
+
+// TestHTTPAddrInUseStartsNoConsumer starts the service on an HTTP address
+// that another process holds: the start fails naming the setting, and no
+// consumer subscribed. The router started first, and so its consumers
+// registered their groups and took messages, which a start that then
+// failed on the address left half done.
+func TestHTTPAddrInUseStartsNoConsumer(t *testing.T) {
+	t.Parallel()
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer taken.Close()
+	cfg := testConfig(t)
+	cfg.HTTPAddr = taken.Addr().String()
+	var handled atomic.Int32
+	service := app.New(
+		handlers.Register(consumerName, handlers.On(widgetAdded, func(context.Context, framework.Event[widgetAddedV1]) error {
+			handled.Add(1)
+			return nil
+		})),
+		fx.Supply(widgetMigrations),
+		fx.Replace(cfg),
+	)
+	require.NoError(t, service.Err())
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	err = service.Start(ctx)
+	require.ErrorContains(t, err, "http_addr (EFFECTIVELY_HTTP_ADDR)")
+	require.ErrorContains(t, err, "address already in use")
+	require.NoError(t, service.Stop(ctx))
+
+	db, err := sqlite.Open(ctx, cfg.DatabaseURL, sqlite.OpenConfig{})
+	require.NoError(t, err)
+	defer db.Close()
+	var groups int
+	require.NoError(t, db.Get(&groups, `SELECT count(*) FROM sqlite_master WHERE name = ?`, sqlite.PubSubGroupsTable))
+	if groups > 0 {
+		require.NoError(t, db.Get(&groups, `SELECT count(*) FROM `+sqlite.PubSubGroupsTable+` WHERE consumer_group = ?`, consumerName))
+	}
+	require.Zero(t, groups, "a consumer subscribed before the HTTP address was refused")
+	require.Zero(t, handled.Load())
 }

@@ -66,9 +66,13 @@ var Module = fx.Module("effectively",
 	// The gauges of pending dead letters and parked events, read from
 	// the database on scrape.
 	fx.Invoke(registerFigures),
-	// The router, the server, the relays and the purger start with the
-	// application.
-	fx.Invoke(func(*runner.Runner, *httpServer, *outbox.Relay, *replayRelay, *purger) {}),
+	// The server, the router, the relays and the purger start with the
+	// application, in this order (fx starts hooks in the order their
+	// constructors ran, and stops them in reverse): the HTTP address is
+	// bound before any consumer takes a message, so that an address in
+	// use stops the start before anything was handled, and it serves
+	// /metrics until the router has drained.
+	fx.Invoke(func(*httpServer, *runner.Runner, *outbox.Relay, *replayRelay, *purger) {}),
 )
 
 // consumerSettings is what the check of the consumers: keys takes from fx:
