@@ -803,6 +803,9 @@ func LoadConfig(lookupEnv func(string) (string, bool)) (Config, error) {
 		if err := dec.Decode(&cfg); err != nil && !errors.Is(err, io.EOF) {
 			return Config{}, fmt.Errorf("%s %s: %w", EnvConfig, path, namedYAMLError(raw, err))
 		}
+		if err := oneDocument(dec); err != nil {
+			return Config{}, fmt.Errorf("%s %s: %w", EnvConfig, path, err)
+		}
 		if err := fractionsInIntegers(raw, reflect.TypeFor[Config]()); err != nil {
 			return Config{}, fmt.Errorf("%s %s: %w", EnvConfig, path, err)
 		}
@@ -842,6 +845,28 @@ func LoadConfig(lookupEnv func(string) (string, bool)) (Config, error) {
 		return Config{}, fmt.Errorf("configuration: %w", err)
 	}
 	return cfg, nil
+}
+
+// oneDocument returns an error when dec, which decoded the file's first
+// YAML document, finds another that holds anything (a file may end with
+// "---" or "..."): the decoder reads only the first, so the settings after
+// a "---" would be ignored without a word.
+func oneDocument(dec *yaml.Decoder) error {
+	for {
+		var doc yaml.Node
+		err := dec.Decode(&doc)
+		switch {
+		case errors.Is(err, io.EOF):
+			return nil
+		case err != nil:
+			return err
+		}
+		for _, n := range doc.Content {
+			if n.Kind != yaml.ScalarNode || n.ShortTag() != "!!null" {
+				return fmt.Errorf("line %d: a second YAML document (after ---): the file holds one, whose settings are read; the settings of another would be ignored", n.Line)
+			}
+		}
+	}
 }
 
 // yamlLineRE matches the "line N: problem" entries of yaml.v3's errors;

@@ -313,6 +313,11 @@ func TestLoadConfigBadValue(t *testing.T) {
 		{name: "ListForString", yaml: "transport: [sqlite]\n", key: "transport (line 1): cannot unmarshal !!seq into string"},
 		{name: "ListBelowItsKey", yaml: "transport:\n  - sqlite\n", key: "transport (line 2): cannot unmarshal !!seq into string"},
 		{name: "ListForInteger", yaml: "consumers:\n  a.b:\n    attempts: [1, 2]\n", key: "consumers.a.b.attempts (line 3): cannot unmarshal !!seq into int"},
+		// The decoder reads the first document alone: the settings after
+		// a "---" were ignored without a word.
+		{name: "SecondDocument", yaml: "defaults:\n  attempts: 3\n---\ntransport: kafka\n", key: "line 4: a second YAML document (after ---)"},
+		{name: "SecondDocumentAfterEmpty", yaml: "---\n---\ntransport: kafka\n", key: "line 3: a second YAML document"},
+		{name: "SecondDocumentBroken", yaml: "transport: sqlite\n---\ntransport: [\n", key: app.EnvConfig},
 		{name: "ListForMapping", yaml: "defaults: [1, 2]\n", key: "defaults (line 1): cannot unmarshal !!seq into app.ConsumerConfig"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -327,6 +332,15 @@ func TestLoadConfigBadValue(t *testing.T) {
 			require.Zero(t, cfg)
 		})
 	}
+
+	t.Run("EmptyDocumentsAfterTheFirst", func(t *testing.T) {
+		t.Parallel()
+		for _, doc := range []string{"transport: memory\n---\n", "---\ntransport: memory\n...\n", "transport: memory\n---\n# nothing\n---\n~\n"} {
+			cfg, err := app.LoadConfig(env(t, doc, nil))
+			require.NoError(t, err, doc)
+			require.Equal(t, app.TransportMemory, cfg.Transport, doc)
+		}
+	})
 
 	t.Run("SQLiteFiles", func(t *testing.T) {
 		t.Parallel()
