@@ -317,7 +317,7 @@ func (c Config) checkConsumers(declared []handlers.Declaration) error {
 	var errs []error
 	for _, name := range slices.Sorted(maps.Keys(c.Consumers)) {
 		if !known[name] {
-			errs = append(errs, fmt.Errorf("consumers.%s: no consumer of this service has that name (declared: %s)", name, list))
+			errs = append(errs, fmt.Errorf("%s: no consumer of this service has that name (declared: %s)", consumerKey(name), list))
 		}
 	}
 	if len(errs) > 0 {
@@ -613,9 +613,9 @@ func (c Config) Validate() error {
 	}
 	for name, cc := range c.Consumers {
 		if err := framework.ValidateConsumerName(name); err != nil {
-			errs = append(errs, fmt.Errorf("consumers.%s: %w", name, err))
+			errs = append(errs, fmt.Errorf("%s: %w", consumerKey(name), err))
 		}
-		errs = append(errs, cc.validate("consumers."+name))
+		errs = append(errs, cc.validate(consumerKey(name)))
 	}
 	errs = append(errs, c.Defaults.validate("defaults"))
 	errs = append(errs, c.validateMerged())
@@ -634,10 +634,17 @@ const MaxHandlingTime = runner.MaxHandlingTime
 func (c Config) settingsKeys() (keys, names []string) {
 	keys, names = []string{"defaults"}, []string{""}
 	for _, name := range slices.Sorted(maps.Keys(c.Consumers)) {
-		keys, names = append(keys, "consumers."+name), append(names, name)
+		keys, names = append(keys, consumerKey(name)), append(names, name)
 	}
 	return keys, names
 }
+
+// consumerKey is the key of the settings of consumer name, as errors name
+// it: "consumers.<name>", with the name printable (see printable). A name
+// under consumers: is the file's, not yet checked: one with a newline or
+// an escape sequence would otherwise break the one-line message, or move
+// the terminal's cursor, and no longer read as its key.
+func consumerKey(name string) string { return "consumers." + printable(name) }
 
 // validateMerged checks each consumer's settings merged with the
 // defaults, naming the consumer's key (defaults for those not listed):
@@ -911,9 +918,9 @@ func namedYAMLError(raw []byte, err error) error {
 		case yaml.MappingNode:
 			for i := 0; i+1 < len(n.Content); i += 2 {
 				k, v := n.Content[i], n.Content[i+1]
-				p := k.Value
+				p := printable(k.Value) // a key of the file, not yet checked (see consumerKey)
 				if path != "" {
-					p = path + "." + k.Value
+					p = path + "." + p
 				}
 				if v.Kind == yaml.ScalarNode {
 					e := yamlEntry{path: p, key: k.Value, value: v.Value}

@@ -333,6 +333,32 @@ func TestLoadConfigBadValue(t *testing.T) {
 		})
 	}
 
+	// A name under consumers: with a newline or an escape sequence was
+	// written into the error as it is: the newline split the key in
+	// two ("consumers.a; b.attempts" once on one line), and the escape
+	// reached the terminal.
+	t.Run("OddConsumerNamePrintable", func(t *testing.T) {
+		t.Parallel()
+		const odd = "consumers:\n  \"a\\nb\\e[31m\":\n"
+		for _, tt := range []struct {
+			yaml string
+			keys []string
+		}{
+			{odd + "    attempts: -1\n", []string{`consumers.a\nb\x1b[31m: consumer name`, `consumers.a\nb\x1b[31m.attempts: want 1 or more`}},
+			{odd + "    attempts: three\n", []string{`consumers.a\nb\x1b[31m.attempts (line 3): cannot unmarshal`}},
+			{odd + "    attempts: 1.5\n", []string{`consumers.a\nb\x1b[31m.attempts (line 3): want a whole number`}},
+			{"consumers:\n  \"a\\u202eb\":\n    batch_linger: 1h\n", []string{`consumers.a\u202eb.batch_linger: want less than its timeout`}},
+		} {
+			_, err := app.LoadConfig(env(t, tt.yaml, nil))
+			for _, key := range tt.keys {
+				require.ErrorContains(t, err, key, tt.yaml)
+			}
+			require.NotContains(t, err.Error(), "\x1b", tt.yaml)
+			require.NotContains(t, err.Error(), "a\nb", tt.yaml)
+			require.NotContains(t, err.Error(), "\u202e", tt.yaml)
+		}
+	})
+
 	t.Run("EmptyDocumentsAfterTheFirst", func(t *testing.T) {
 		t.Parallel()
 		for _, doc := range []string{"transport: memory\n---\n", "---\ntransport: memory\n...\n", "transport: memory\n---\n# nothing\n---\n~\n"} {

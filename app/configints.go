@@ -15,7 +15,7 @@ import (
 // raw whose value is a number with a fraction (1.5) where t, the type the
 // file decodes into, has an integer: yaml.v3 truncates it without a word
 // (attempts: 1.5 would be 1 attempt). It names the key as namedYAMLError
-// does. Keys that t has no field for, and values of a type that decodes
+// does, printable. Keys that t has no field for, and values of a type that decodes
 // itself (Duration), are left to the decoder.
 func fractionsInIntegers(raw []byte, t reflect.Type) error {
 	var root yaml.Node
@@ -51,7 +51,7 @@ func fractionsInIntegers(raw []byte, t reflect.Type) error {
 					ft = t.Elem()
 				}
 				if ok {
-					walk(n.Content[i+1], ft, strings.TrimPrefix(path+"."+key, "."))
+					walk(n.Content[i+1], ft, strings.TrimPrefix(path+"."+printable(key), "."))
 				}
 			}
 		case reflect.Slice, reflect.Array:
