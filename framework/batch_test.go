@@ -830,3 +830,54 @@ func TestSessionSettingsEndWithTheAttempt(t *testing.T) {
 		})
 	}
 }
+
+// TestStatementAfterTheHandlerReturned: a goroutine that a handler left
+// running, with the attempt's context, is refused its statements once the
+// handler returned (ErrAttemptEnded): they would have run in the batch's
+// transaction, into its batch-mates' effect or rollback. The goroutine
+// runs its statement while the attempt after it runs; both effects commit
+// as before, the late row never.
+func TestStatementAfterTheHandlerReturned(t *testing.T) {
+	t.Parallel()
+	for name, open := range groupBackends() {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := open(t)
+			uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: 8, Batches: 1})
+			require.NoError(t, err)
+			var (
+				runs     atomic.Int32
+				mateRuns sync.Once
+				mate     = make(chan struct{})
+				late     = make(chan error, 1)
+				lateErr  error
+			)
+			insert := b.db.Rebind(`INSERT INTO effects (id, seen) VALUES (?, 1)`)
+			outcomes, errs := gather(t, uow, []string{"a", "b"}, func(ctx context.Context, id string) error {
+				conn := framework.Conn(ctx, b.db)
+				if runs.Add(1) == 1 { // the first to run leaves a goroutine behind
+					go func() {
+						<-mate
+						_, err := conn.ExecContext(ctx, insert, "late")
+						late <- err
+					}()
+				} else {
+					mateRuns.Do(func() {
+						close(mate)
+						lateErr = <-late
+					})
+				}
+				_, err := conn.ExecContext(ctx, insert, id)
+				return err
+			})
+			for i := range errs {
+				require.NoError(t, errs[i])
+				require.Equal(t, framework.Processed, outcomes[i])
+			}
+			require.ErrorIs(t, lateErr, framework.ErrAttemptEnded)
+			var ids []string
+			require.NoError(t, b.db.SelectContext(t.Context(), &ids, `SELECT id FROM effects ORDER BY id`))
+			require.Equal(t, []string{"a", "b"}, ids)
+		})
+	}
+}

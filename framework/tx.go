@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -44,6 +45,11 @@ type Tx struct {
 	// disk): the batch checks that it is still open before its next
 	// attempt, should the handler have returned nil all the same.
 	failed bool
+	// ended is set once the attempt's handler returned: a statement
+	// given a context of the attempt's (a goroutine the handler started
+	// and left running) is refused with ErrAttemptEnded, since the
+	// transaction is its batch-mates' now.
+	ended atomic.Bool
 }
 
 // OnCommit registers f to run after the attempt's effect committed.
@@ -82,6 +88,13 @@ var errNoDB = errors.New("attempt transaction: no database (the unit of work has
 // savepoint of the handler's own run as usual.
 var ErrEndsTransaction = errors.New("attempt transaction: a statement may not begin or end the transaction, which the framework commits with the processed mark (return an error to roll the attempt back)")
 
+// ErrAttemptEnded is returned by a statement of the attempt's transaction
+// run with the attempt's context after its handler returned, from a
+// goroutine the handler left running: the transaction goes on with the
+// handler's batch-mates, whose effect, or rollback, the statement would
+// join. Finish the attempt's writes before the handler returns.
+var ErrAttemptEnded = errors.New("attempt transaction: the attempt's handler returned; its transaction is its batch-mates' now")
+
 // stmt returns the context a statement of ctx runs under: the
 // transaction's own, so that ctx ending never interrupts a statement of
 // a shared connection, unless ctx has ended already: then database/sql
@@ -89,6 +102,11 @@ var ErrEndsTransaction = errors.New("attempt transaction: a statement may not be
 func (t *Tx) stmt(ctx context.Context, query string) (context.Context, error) {
 	if t.tx == nil {
 		return nil, errNoDB
+	}
+	if t.ended.Load() {
+		if _, ok := pipeline.From[attempt](ctx); ok {
+			return nil, ErrAttemptEnded
+		}
 	}
 	ends, sets := scanStatements(query, t.tx.DriverName() == "pgx")
 	if ends {
@@ -545,6 +563,7 @@ func (u *UnitOfWork) resetSession(a *attemptRun) error {
 func (u *UnitOfWork) attempt(a *attemptRun) (write bool) {
 	defer func() {
 		if r := recover(); r != nil {
+			a.tx.ended.Store(true)
 			a.panicked, write = r, false
 		}
 	}()
@@ -571,7 +590,9 @@ func (u *UnitOfWork) attempt(a *attemptRun) (write bool) {
 		if a.dies(attemptCtx, crash.AfterMark) {
 			return false
 		}
-		if err := a.fn(attemptCtx); err != nil {
+		err := a.fn(attemptCtx)
+		tx.ended.Store(true)
+		if err != nil {
 			a.fail(dataException(err))
 			return false
 		}
