@@ -151,6 +151,36 @@ func Serve(ctx context.Context, app *fx.App) error {
 	return nil
 }
 
+// serve builds the application of opts and serves it (see Serve). Signals
+// are caught from before the build, which opens the database and may
+// migrate it: a stop asked for meanwhile (SIGINT, SIGTERM, ctx ending)
+// ends the wait for the database or the migration, which rolls back, and
+// serve returns nil, as for a stop during the start. Without, SIGTERM
+// killed the process while it waited for its database.
+func serve(ctx context.Context, opts fx.Option) error {
+	buildCtx, stop := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
+	defer stop() // after Serve: it catches them too, from before the start
+	app := New(opts, fx.Supply(buildContext{buildCtx}))
+	if buildCtx.Err() != nil {
+		return nil // asked to stop while building: nothing started
+	}
+	return Serve(ctx, app)
+}
+
+// buildContext is what the constructors that wait (for the database, for
+// a migration) wait under while the application builds (see serve); none
+// outside serve.
+type buildContext struct{ context.Context }
+
+// orBackground returns c's context, or context.Background when there is
+// none.
+func (c buildContext) orBackground() context.Context {
+	if c.Context == nil {
+		return context.Background()
+	}
+	return c.Context
+}
+
 // Command returns the service's command line, named name, with the
 // subcommands serve, migrate, dead-letters (list, show, replay,
 // discard, parked), events show, consumers and purge, and extra ones. opts are
@@ -169,7 +199,7 @@ func Command(name string, opts fx.Option, extra ...*cobra.Command) *cobra.Comman
 			Short: "Consume messages until SIGINT or SIGTERM",
 			Args:  cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
-				return Serve(cmd.Context(), New(opts))
+				return serve(cmd.Context(), opts)
 			},
 		},
 		&cobra.Command{

@@ -45,6 +45,9 @@ type dbParams struct {
 	Config     Config
 	Migrations Migrations  `optional:"true"`
 	Name       serviceName `optional:"true"`
+	// Build, under serve, ends when the service is asked to stop while
+	// it builds.
+	Build buildContext `optional:"true"`
 }
 
 // newDB opens the database of the stores (EFFECTIVELY_DATABASE_URL), with
@@ -60,7 +63,7 @@ type dbParams struct {
 // them on first use, in the stores' database or in
 // EFFECTIVELY_TRANSPORT_URL's.
 func newDB(p dbParams) (*sqlx.DB, error) {
-	ctx := context.Background()
+	ctx := p.Build.orBackground()
 	db, err := openDB(ctx, p.Config.DatabaseURL, p.Config.DatabaseMaxConns)
 	if err != nil {
 		return nil, fmt.Errorf("database: %w", err)

@@ -164,5 +164,7 @@
 // are delivered again later. Nothing is
 // acknowledged before its effect committed. A signal during the start
 // ends it (a broker still awaited, subscriptions still pending), rolls
-// back what started, and Serve returns nil.
+// back what started, and Serve returns nil; so does one while the serve
+// command still opens its database or migrates it (the migration rolls
+// back).
 package app

@@ -2,6 +2,7 @@ package app_test
 
 import (
 	"context"
+	"net"
 	"net/url"
 	"testing"
 	"time"
@@ -57,4 +58,37 @@ func TestServeBrokerUnreachable(t *testing.T) {
 	require.ErrorContains(t, err, "amqp_url ("+app.EnvAMQPURL+"): amqp: broker unreachable at amqp://guest:xxxxx@127.0.0.1:")
 	require.ErrorContains(t, err, "connection refused")
 	require.NotContains(t, err.Error(), "s3cret")
+}
+
+// TestServeStopsWhileWaitingForTheDatabase: a stop asked for while the
+// service still waits for its database, which took the connection and
+// never answers, ends the wait, and serve returns nil at once, as for a
+// stop during the start; SIGTERM killed the process there before. (The
+// stop here is the command's context ending; SIGINT and SIGTERM end the
+// same context.)
+func TestServeStopsWhileWaitingForTheDatabase(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close() // taken, never answered
+		}
+	}()
+	cfg := testConfig(t)
+	cfg.Transport = app.TransportPostgres
+	cfg.DatabaseURL = "postgres://nobody:wrong@" + l.Addr().String() + "/none?sslmode=disable"
+	cfg.TransportURL = cfg.DatabaseURL
+	cmd := app.Command("widgets", commandOptions(cfg))
+	cmd.SetArgs([]string{"serve"})
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	require.NoError(t, cmd.ExecuteContext(ctx))
+	require.Less(t, time.Since(start), 5*time.Second, "serve waited for the database after the stop (its connect timeout is 10 s)")
 }
