@@ -813,6 +813,9 @@ func LoadConfig(lookupEnv func(string) (string, bool)) (Config, error) {
 		if err := oneDocument(dec); err != nil {
 			return Config{}, fmt.Errorf("%s %s: %w", EnvConfig, path, err)
 		}
+		if err := nullKeys(raw); err != nil {
+			return Config{}, fmt.Errorf("%s %s: %w", EnvConfig, path, err)
+		}
 		if err := fractionsInIntegers(raw, reflect.TypeFor[Config]()); err != nil {
 			return Config{}, fmt.Errorf("%s %s: %w", EnvConfig, path, err)
 		}
@@ -874,6 +877,40 @@ func oneDocument(dec *yaml.Decoder) error {
 			}
 		}
 	}
+}
+
+// nullKeys returns an error naming the first key of raw's mappings that
+// is null (~, null): yaml.v3 drops such an entry of a map, so that the
+// settings of "consumers: {~: {attempts: 1}}" were ignored without a
+// word.
+func nullKeys(raw []byte) error {
+	var root yaml.Node
+	if yaml.Unmarshal(raw, &root) != nil {
+		return nil // the decoder reported it
+	}
+	var walk func(n *yaml.Node, path string) error
+	walk = func(n *yaml.Node, path string) error {
+		switch n.Kind {
+		case yaml.DocumentNode, yaml.SequenceNode:
+			for _, c := range n.Content {
+				if err := walk(c, path); err != nil {
+					return err
+				}
+			}
+		case yaml.MappingNode:
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				k := n.Content[i]
+				if k.Kind == yaml.ScalarNode && k.ShortTag() == "!!null" {
+					return fmt.Errorf("line %d: %s: a key that is null (~): name it", k.Line, cmp.Or(path, "the file"))
+				}
+				if err := walk(n.Content[i+1], strings.TrimPrefix(path+"."+printable(k.Value), ".")); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	return walk(&root, "")
 }
 
 // yamlLineRE matches the "line N: problem" entries of yaml.v3's errors;

@@ -315,6 +315,8 @@ func TestLoadConfigBadValue(t *testing.T) {
 		{name: "ListForInteger", yaml: "consumers:\n  a.b:\n    attempts: [1, 2]\n", key: "consumers.a.b.attempts (line 3): cannot unmarshal !!seq into int"},
 		// The decoder reads the first document alone: the settings after
 		// a "---" were ignored without a word.
+		{name: "NullConsumerKey", yaml: "consumers:\n  ~:\n    attempts: 1\n", key: "line 2: consumers: a key that is null"},
+		{name: "NullKeyInDefaults", yaml: "defaults:\n  null: 1\n", key: "line 2: defaults: a key that is null"},
 		{name: "SecondDocument", yaml: "defaults:\n  attempts: 3\n---\ntransport: kafka\n", key: "line 4: a second YAML document (after ---)"},
 		{name: "SecondDocumentAfterEmpty", yaml: "---\n---\ntransport: kafka\n", key: "line 3: a second YAML document"},
 		{name: "SecondDocumentBroken", yaml: "transport: sqlite\n---\ntransport: [\n", key: app.EnvConfig},
