@@ -164,9 +164,10 @@ type Config struct {
 	// OutboxRetention is how long sent outbox rows are kept (YAML only).
 	// Defaults to DefaultOutboxRetention.
 	OutboxRetention Duration `yaml:"outbox_retention"`
-	// OutboxBatchTimeout bounds the outbox relay's publishing and marking
-	// of one batch (outbox.RelayConfig.BatchTimeout; YAML only); on
-	// SQLite a relay that dies leaves its rows leased for twice as long.
+	// OutboxBatchTimeout bounds the outbox relay's publishing of one
+	// batch, and its marking of what it published by as long again
+	// (outbox.RelayConfig.BatchTimeout; YAML only); on SQLite a relay that
+	// dies leaves its rows leased for twice as long.
 	// Defaults to outbox.DefaultBatchTimeout.
 	OutboxBatchTimeout Duration `yaml:"outbox_batch_timeout"`
 	// ReplayRetention is how long sent replays are kept (YAML only).

@@ -338,6 +338,33 @@ func testOutbox(t *testing.T, b backend) {
 		require.Equal(t, []string{"e-1", "e-2", "e-3"}, bd.pub.ids())
 	})
 
+	t.Run("SlowBatchMarksWhatWentOut", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b)
+		var want []string
+		require.NoError(t, bd.attempt(t, "in-1", func(ctx context.Context) error {
+			for i := range 8 {
+				want = append(want, fmt.Sprintf("e-%d", i))
+				if err := bd.box.Add(ctx, env(t, want[i])); err != nil {
+					return err
+				}
+			}
+			return nil
+		}))
+		// A batch takes longer to publish than BatchTimeout: it stops
+		// publishing then and marks what went out, so that the next
+		// batches publish the rest, each row once, instead of publishing
+		// the whole batch again at every poll.
+		bd.pub.delay = 25 * time.Millisecond
+		relay := bd.relay(t, outbox.RelayConfig{BatchSize: 8, BatchTimeout: 100 * time.Millisecond})
+		for i := 0; i < 4 && bd.unsent(t) > 0; i++ {
+			_, err := relay.PublishUnsent(ctx)
+			require.NoError(t, err)
+		}
+		require.Zero(t, bd.unsent(t))
+		require.Equal(t, want, bd.pub.ids())
+	})
+
 	t.Run("PublishesInIDOrder", func(t *testing.T) {
 		t.Parallel()
 		bd := setup(t, b)

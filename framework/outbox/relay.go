@@ -26,7 +26,8 @@ const (
 	DefaultPollInterval = time.Second
 	// DefaultBatchSize is how many rows a relay publishes per transaction.
 	DefaultBatchSize = 1000
-	// DefaultBatchTimeout bounds the publishing and marking of one batch.
+	// DefaultBatchTimeout bounds the publishing of one batch (see
+	// RelayConfig.BatchTimeout).
 	DefaultBatchTimeout = 30 * time.Second
 	// DefaultRetention is how long sent rows are kept before cleanup.
 	DefaultRetention = 24 * time.Hour
@@ -65,8 +66,12 @@ type RelayConfig struct {
 	// BatchSize is how many rows one batch publishes. Defaults to
 	// DefaultBatchSize.
 	BatchSize int
-	// BatchTimeout bounds the publishing and marking of one batch; a batch
-	// cut short is published again. Defaults to DefaultBatchTimeout.
+	// BatchTimeout bounds the publishing of one batch: no row of it is
+	// published once it passed (the rest goes out in the next batch),
+	// and the confirms and marks of the rows published by then get as
+	// long again; a row left unmarked is published again. On SQLite a
+	// batch leases its rows for twice BatchTimeout. Defaults to
+	// DefaultBatchTimeout.
 	BatchTimeout time.Duration
 	// Retention is how long sent rows are kept; a negative value keeps
 	// them forever. Defaults to DefaultRetention.
@@ -340,26 +345,33 @@ type batch struct {
 
 // startBatch reads a batch and publishes it.
 func (r *Relay) startBatch(ctx context.Context) (batch, error) {
-	// A batch runs to its end when ctx ends, bounded by BatchTimeout,
-	// so that a stop does not leave published rows unmarked; publish
-	// checks ctx between rows.
-	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.BatchTimeout)
+	// A batch publishes no row once ctx ends or BatchTimeout passed
+	// (publish checks pctx between rows); what it published by then is
+	// still confirmed and marked, under bctx: it outlives ctx, so that a
+	// stop does not leave published rows unmarked, and the publishing
+	// deadline by as long again (within the SQLite lease), so that a slow
+	// batch marks what went out instead of publishing it again at every
+	// poll.
+	pctx, stop := context.WithTimeout(ctx, r.cfg.BatchTimeout)
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*r.cfg.BatchTimeout)
 	var (
 		b   batch
 		err error
 	)
 	if r.sql.Dialect() == sqlstore.Postgres {
-		b, err = r.startClaimed(ctx, bctx)
+		b, err = r.startClaimed(pctx, bctx)
 	} else {
-		b, err = r.startLeased(ctx, bctx)
+		b, err = r.startLeased(pctx, bctx)
 	}
 	if err != nil {
+		stop()
 		cancel()
 		return batch{}, err
 	}
 	finish := b.finish
 	b.finish = func() (int, error) {
 		defer cancel()
+		defer stop()
 		return finish()
 	}
 	return b, nil
