@@ -563,11 +563,13 @@ func (u *UnitOfWork) resetSession(a *attemptRun) error {
 func (u *UnitOfWork) attempt(a *attemptRun) (write bool) {
 	defer func() {
 		if r := recover(); r != nil {
-			a.tx.ended.Store(true)
 			a.panicked, write = r, false
 		}
 	}()
 	ctx, tx := a.ctx, a.tx
+	// From its return on, the transaction is the batch's (see
+	// ErrAttemptEnded): the crash points after the handler still query it.
+	defer tx.ended.Store(true)
 	if err := ctx.Err(); err != nil {
 		a.fail(err)
 		return false
@@ -590,9 +592,7 @@ func (u *UnitOfWork) attempt(a *attemptRun) (write bool) {
 		if a.dies(attemptCtx, crash.AfterMark) {
 			return false
 		}
-		err := a.fn(attemptCtx)
-		tx.ended.Store(true)
-		if err != nil {
+		if err := a.fn(attemptCtx); err != nil {
 			a.fail(dataException(err))
 			return false
 		}
