@@ -45,7 +45,8 @@ type Tx struct {
 	// disk): the batch checks that it is still open before its next
 	// attempt, should the handler have returned nil all the same.
 	failed bool
-	// ended is set once the attempt's handler returned: a statement
+	// ended is set once the attempt returned, its handler and the
+	// framework's steps after it (the crash points) done: a statement
 	// given a context of the attempt's (a goroutine the handler started
 	// and left running) is refused with ErrAttemptEnded, since the
 	// transaction is its batch-mates' now.
