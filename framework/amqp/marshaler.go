@@ -134,8 +134,10 @@ func checkFrame(p amqp091.Publishing, frameMax int) error {
 // value counted as 9 bytes, a 64-bit number's).
 func headerFrameSize(p amqp091.Publishing) int {
 	size := frameOverhead + 14
-	for _, s := range []string{p.ContentType, p.ContentEncoding, p.CorrelationId, p.ReplyTo,
-		p.Expiration, p.MessageId, p.Type, p.UserId, p.AppId} {
+	for _, s := range []string{
+		p.ContentType, p.ContentEncoding, p.CorrelationId, p.ReplyTo,
+		p.Expiration, p.MessageId, p.Type, p.UserId, p.AppId,
+	} {
 		if s != "" {
 			size += 1 + len(s)
 		}
