@@ -157,24 +157,19 @@ func (r *replayRelay) relay(ctx context.Context) (int, error) {
 		switch {
 		case errors.As(err, &died):
 			return published, err // as if the process died: the claims stay until their lease ends
+		case err == nil:
+			published++
 		case framework.IsPermanent(err):
 			// Never publishable: waiting would hold the consumer's later
 			// replays for ever.
-			if rerr := r.refuse(ctx, rp, err); rerr != nil {
-				if failed == nil {
-					failed = map[string]bool{}
-				}
-				failed[rp.Consumer] = true
-				errs = append(errs, rerr)
-			}
-		case err != nil:
+			err = r.refuse(ctx, rp, err)
+		}
+		if err != nil {
 			if failed == nil {
 				failed = map[string]bool{}
 			}
 			failed[rp.Consumer] = true
 			errs = append(errs, err)
-		default:
-			published++
 		}
 		if ctx.Err() != nil {
 			break

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
@@ -80,15 +81,7 @@ func TestProgressOnTerminalOnly(t *testing.T) {
 // waits (on SQLite).
 func TestReplayThrottled(t *testing.T) {
 	ctx := t.Context()
-	cfg, err := LoadConfig(func(string) (string, bool) { return "", false })
-	require.NoError(t, err)
-	cfg.DatabaseURL = filepath.Join(t.TempDir(), "app.db")
-	db, err := sqlite.Open(ctx, cfg.DatabaseURL, sqlite.OpenConfig{})
-	require.NoError(t, err)
-	defer db.Close()
-	require.NoError(t, migrateUp(ctx, db, cfg, Migrations{}))
-	store, err := sqlite.NewStore(db, sqlite.StoreConfig{})
-	require.NoError(t, err)
+	cfg, db, store := migratedSQLite(t)
 	for _, dl := range []framework.DeadLetter{
 		{Consumer: "c.one", EventID: "e-1", Source: "s", Code: "rejected", Body: []byte(`{}`)},
 		{Consumer: "c.one", EventID: "e-2", Source: "s", Code: "rejected", Body: []byte(`{}`)},
@@ -111,7 +104,7 @@ func TestReplayThrottled(t *testing.T) {
 
 	req.dryRun = false
 	out.Reset()
-	err = op.replay(ctx, &out, &out, req, clock.throttle(2))
+	err := op.replay(ctx, &out, &out, req, clock.throttle(2))
 	require.ErrorContains(t, err, "1 of 4 dead letters refused")
 	require.Equal(t, []time.Duration{500 * time.Millisecond, 500 * time.Millisecond}, clock.sleeps,
 		"three replays at 2 a second: the first at once")
@@ -140,15 +133,7 @@ func (b *bodyCounter) DeadLetters(ctx context.Context, f framework.DeadLetterFil
 // end: 10,000 too_large dead letters of 1 MB took 10 GB.
 func TestBulkReplayReadsNoBody(t *testing.T) {
 	ctx := t.Context()
-	cfg, err := LoadConfig(func(string) (string, bool) { return "", false })
-	require.NoError(t, err)
-	cfg.DatabaseURL = filepath.Join(t.TempDir(), "app.db")
-	db, err := sqlite.Open(ctx, cfg.DatabaseURL, sqlite.OpenConfig{})
-	require.NoError(t, err)
-	defer db.Close()
-	require.NoError(t, migrateUp(ctx, db, cfg, Migrations{}))
-	store, err := sqlite.NewStore(db, sqlite.StoreConfig{})
-	require.NoError(t, err)
+	cfg, db, store := migratedSQLite(t)
 	body := []byte(`{"data":"` + strings.Repeat("x", 64<<10) + `"}`)
 	for _, id := range []string{"e-1", "e-2"} {
 		require.NoError(t, store.PublishDeadLetter(ctx, framework.DeadLetter{Consumer: "c.one", EventID: id, Source: "s", Code: "too_large", Body: body}))
@@ -187,15 +172,7 @@ func (refusingTransport) Replay(context.Context, string, ...*message.Message) er
 // body's when it is no event; and no replay is left to publish.
 func TestReplayRefusedReleasedEvent(t *testing.T) {
 	ctx := t.Context()
-	cfg, err := LoadConfig(func(string) (string, bool) { return "", false })
-	require.NoError(t, err)
-	cfg.DatabaseURL = filepath.Join(t.TempDir(), "app.db")
-	db, err := sqlite.Open(ctx, cfg.DatabaseURL, sqlite.OpenConfig{})
-	require.NoError(t, err)
-	defer db.Close()
-	require.NoError(t, migrateUp(ctx, db, cfg, Migrations{}))
-	store, err := sqlite.NewStore(db, sqlite.StoreConfig{})
-	require.NoError(t, err)
+	_, _, store := migratedSQLite(t)
 	body := []byte(`{"specversion":"1.0","id":"e-1","source":"shop","type":"shop.order.placed","eventversion":2,"subject":"o-9","subjectseq":"3","data":{}}`)
 	require.NoError(t, store.AddReplays(ctx, []framework.Replay{
 		{Consumer: "c.one", Topic: "shop.order.placed", Body: body, Metadata: map[string]string{"k": "v"}},
@@ -224,4 +201,21 @@ func TestReplayRefusedReleasedEvent(t *testing.T) {
 	left, err := store.ClaimReplays(ctx, 10, time.Millisecond)
 	require.NoError(t, err)
 	require.Empty(t, left, "each refused replay is done")
+}
+
+// migratedSQLite returns the default configuration on a migrated SQLite
+// file of the test's own, the file's database, closed when the test ends,
+// and its store.
+func migratedSQLite(t *testing.T) (Config, *sqlx.DB, *sqlite.Store) {
+	t.Helper()
+	cfg, err := LoadConfig(func(string) (string, bool) { return "", false })
+	require.NoError(t, err)
+	cfg.DatabaseURL = filepath.Join(t.TempDir(), "app.db")
+	db, err := sqlite.Open(t.Context(), cfg.DatabaseURL, sqlite.OpenConfig{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	require.NoError(t, migrateUp(t.Context(), db, cfg, Migrations{}))
+	store, err := sqlite.NewStore(db, sqlite.StoreConfig{})
+	require.NoError(t, err)
+	return cfg, db, store
 }

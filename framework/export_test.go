@@ -11,11 +11,19 @@ func Waiting(u *UnitOfWork) int {
 	return len(u.group.waiting)
 }
 
-// SetsSession exposes setsSession to the tests.
-var SetsSession = setsSession
+// SetsSession reports whether a statement of query may change a setting
+// of the session, as a Tx tells it (see scanStatements).
+func SetsSession(query string, pg bool) bool {
+	_, sets := scanStatements(query, pg)
+	return sets
+}
 
-// EndsTransaction exposes endsTransaction to the tests.
-var EndsTransaction = endsTransaction
+// EndsTransaction reports whether a statement of query begins or ends a
+// transaction, which a Tx refuses (see scanStatements).
+func EndsTransaction(query string, pg bool) bool {
+	ends, _ := scanStatements(query, pg)
+	return ends
+}
 
 // DataException exposes dataException to the tests.
 var DataException = dataException

@@ -3,11 +3,14 @@ package framework
 import "strings"
 
 // scanStatements reads query as its database splits it into statements,
-// and reports whether one of them begins or ends a transaction (ends: see
-// endsTransaction) and whether one may change a setting of the session
-// (sets: see setsSession). pg selects PostgreSQL's lexical rules (nested
-// /* */ comments, dollar quotes, E” strings with backslash escapes,
-// BEGIN ATOMIC bodies), else SQLite's (flat comments, “ and [] quoted
+// and reports whether one of them begins or ends a transaction (ends:
+// its first word is BEGIN, START TRANSACTION, COMMIT, END, ROLLBACK but
+// ROLLBACK TO a savepoint, ABORT or PREPARE TRANSACTION, in any case) and
+// whether one may change a setting of the session (sets: it starts with
+// SET or RESET, or query calls set_config; an UPDATE's SET does not
+// count). pg selects PostgreSQL's lexical rules (nested
+// /* */ comments, dollar quotes, E'...' strings with backslash escapes,
+// BEGIN ATOMIC bodies), else SQLite's (flat comments, backquoted and [] quoted
 // names, CREATE TRIGGER bodies). A statement's words are looked for
 // outside string literals, quoted names and comments, so a COMMIT in a
 // literal is never taken for one, and none hides behind a semicolon, a
@@ -192,23 +195,4 @@ func skipDollar(query string, i int) int {
 // isWordStart reports whether b may begin an SQL identifier or keyword.
 func isWordStart(b byte) bool {
 	return b == '_' || b|0x20 >= 'a' && b|0x20 <= 'z' || b >= 0x80
-}
-
-// setsSession reports whether a statement of query may change a setting
-// of the session: it starts with SET or RESET, or query calls set_config
-// (in any case). Other statements that contain SET (an UPDATE's) do not
-// count.
-func setsSession(query string, pg bool) bool {
-	_, sets := scanStatements(query, pg)
-	return sets
-}
-
-// endsTransaction reports whether a statement of query begins or ends a
-// transaction: its first word is BEGIN, START (TRANSACTION), COMMIT, END,
-// ROLLBACK (but ROLLBACK TO a savepoint), ABORT or PREPARE (TRANSACTION),
-// in any case, whatever white space, comments, parentheses and statements
-// come before it.
-func endsTransaction(query string, pg bool) bool {
-	ends, _ := scanStatements(query, pg)
-	return ends
 }

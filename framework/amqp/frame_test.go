@@ -24,35 +24,24 @@ import (
 func TestReplayHeadersOverFrame(t *testing.T) {
 	t.Parallel()
 	url := testenv.Require(t, testenv.AMQPURLVar)
-	conn := connect(t, TransportConfig{})
-	topic, consumer := "frame.r"+randomSuffix(), "frame-r"+randomSuffix()
-	pub, err := newPublisher(conn)
-	require.NoError(t, err)
-	defer pub.Close()
-	sub, err := subscriberOf(conn, consumer, 1)
-	require.NoError(t, err)
-	defer sub.Close()
-	require.NoError(t, sub.SubscribeInitialize(topic))
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	ch, err := sub.Subscribe(ctx, topic)
-	require.NoError(t, err)
-	testenv.PublishAMQP(t, url, topic, amqp091.Publishing{
+	f := newFrameFixture(t, "r")
+	conn, pub, consumer, ctx := f.conn, f.pub, f.consumer, t.Context()
+	testenv.PublishAMQP(t, url, f.topic, amqp091.Publishing{
 		Headers: amqp091.Table{"blob": []byte(strings.Repeat("\x00", 60_000))},
 		Body:    []byte(`{"not":"an event"}`),
 	})
-	msg := receive(t, ch)
+	msg := receive(t, f.ch)
 	msg.Ack()
 	dl := framework.DeadLetter{ID: 7, Body: msg.Payload, Metadata: framework.StorableMetadata(msg.Metadata)}
 
-	err = pub.Replay(ctx, consumer, dl.ReplayMessage())
+	err := pub.Replay(ctx, consumer, dl.ReplayMessage())
 	require.ErrorIs(t, err, ErrHeadersTooLarge)
 	for range 10 {
 		require.True(t, conn.Connected(), "the refused replay closed the connection")
 		time.Sleep(30 * time.Millisecond)
 	}
 	require.NoError(t, pub.Replay(ctx, consumer, message.NewMessage("after", []byte(`{}`))))
-	require.Equal(t, "after", receive(t, ch).UUID)
+	require.Equal(t, "after", receive(t, f.ch).UUID)
 }
 
 // TestFrameSize: headers that make the header frame exactly the
@@ -63,15 +52,8 @@ func TestReplayHeadersOverFrame(t *testing.T) {
 // and closes the connection beyond.)
 func TestFrameSize(t *testing.T) {
 	t.Parallel()
-	conn := connect(t, TransportConfig{})
-	topic, consumer := "frame.s"+randomSuffix(), "frame-s"+randomSuffix()
-	pub, err := newPublisher(conn)
-	require.NoError(t, err)
-	defer pub.Close()
-	sub, err := subscriberOf(conn, consumer, 1)
-	require.NoError(t, err)
-	defer sub.Close()
-	require.NoError(t, sub.SubscribeInitialize(topic))
+	f := newFrameFixture(t, "s")
+	conn, pub, topic := f.conn, f.pub, f.topic
 	frameMax := conn.frameSize()
 	require.Positive(t, frameMax)
 
@@ -86,7 +68,7 @@ func TestFrameSize(t *testing.T) {
 	}
 	require.NoError(t, pub.Publish(topic, sized(0)), "a header frame of exactly the frame size")
 	require.True(t, conn.Connected())
-	err = pub.Publish(topic, sized(1))
+	err := pub.Publish(topic, sized(1))
 	require.True(t, errors.Is(err, ErrHeadersTooLarge), "one byte over: %v", err)
 	_, err = pub.PublishDeferred(context.Background(), topic, sized(1))
 	require.ErrorIs(t, err, ErrHeadersTooLarge)
@@ -104,19 +86,8 @@ func TestFrameSize(t *testing.T) {
 // (each NUL of a dead letter's name is U+FFFD, three bytes).
 func TestHeaderNameLength(t *testing.T) {
 	t.Parallel()
-	conn := connect(t, TransportConfig{})
-	topic, consumer := "frame.n"+randomSuffix(), "frame-n"+randomSuffix()
-	pub, err := newPublisher(conn)
-	require.NoError(t, err)
-	defer pub.Close()
-	sub, err := subscriberOf(conn, consumer, 1)
-	require.NoError(t, err)
-	defer sub.Close()
-	require.NoError(t, sub.SubscribeInitialize(topic))
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	ch, err := sub.Subscribe(ctx, topic)
-	require.NoError(t, err)
+	f := newFrameFixture(t, "n")
+	conn, pub, topic, consumer, ch, ctx := f.conn, f.pub, f.topic, f.consumer, f.ch, t.Context()
 
 	longest := strings.Repeat("k", 255)
 	msg := message.NewMessage("longest", []byte(`{}`))
@@ -129,7 +100,7 @@ func TestHeaderNameLength(t *testing.T) {
 	over := message.NewMessage("over", []byte(`{}`))
 	over.Metadata.Set(longest+"k", "v")
 	require.ErrorIs(t, pub.Publish(topic, over), ErrHeadersTooLarge)
-	_, err = pub.PublishDeferred(ctx, topic, over)
+	_, err := pub.PublishDeferred(ctx, topic, over)
 	require.ErrorIs(t, err, ErrHeadersTooLarge)
 	stored := message.NewMessage("stored", []byte(`{}`))
 	stored.Metadata = framework.StorableMetadata(map[string]string{strings.Repeat("\x00", 86): "v"})
@@ -137,4 +108,33 @@ func TestHeaderNameLength(t *testing.T) {
 	require.ErrorIs(t, err, ErrHeadersTooLarge)
 	require.True(t, framework.IsPermanent(err), "a replay that never fits is a failure of its message")
 	require.True(t, conn.Connected())
+}
+
+// frameFixture is a publisher and a consumer subscribed to a topic of its
+// own, on one connection, for the tests of what fits in a frame.
+type frameFixture struct {
+	conn            *connection
+	pub             *publisher
+	topic, consumer string
+	ch              <-chan *message.Message
+}
+
+// newFrameFixture returns the fixture of the test named name; what it
+// opened closes when the test ends.
+func newFrameFixture(t *testing.T, name string) frameFixture {
+	t.Helper()
+	f := frameFixture{conn: connect(t, TransportConfig{}), topic: "frame." + name + randomSuffix(), consumer: "frame-" + name + randomSuffix()}
+	var err error
+	f.pub, err = newPublisher(f.conn)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = f.pub.Close() })
+	sub, err := subscriberOf(f.conn, f.consumer, 1)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Close() })
+	require.NoError(t, sub.SubscribeInitialize(f.topic))
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	f.ch, err = sub.Subscribe(ctx, f.topic)
+	require.NoError(t, err)
+	return f
 }
