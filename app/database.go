@@ -24,13 +24,19 @@ type Migrations struct {
 }
 
 // openDB opens the SQLite file or PostgreSQL URL, with a pool of at most
-// maxConns connections; zero is the driver's default.
-func openDB(ctx context.Context, url string, maxConns int) (*sqlx.DB, error) {
+// maxConns connections; zero is the driver's default. A SQLite file that
+// does not exist is created, unless mustExist.
+func openDB(ctx context.Context, url string, maxConns int, mustExist bool) (*sqlx.DB, error) {
 	if isPostgresURL(url) {
 		return postgres.Open(ctx, url, postgres.OpenConfig{MaxOpenConns: maxConns})
 	}
-	return sqlite.Open(ctx, url, sqlite.OpenConfig{MaxOpenConns: maxConns})
+	return sqlite.Open(ctx, url, sqlite.OpenConfig{MaxOpenConns: maxConns, MustExist: mustExist})
 }
+
+// existingDatabase, supplied, makes newDB refuse a SQLite file that does
+// not exist instead of creating it: the operator's commands look into the
+// service's database, and a mistyped path would leave an empty one.
+type existingDatabase bool
 
 // serviceName is the name of the service's command, as given to Command
 // and Main, which supply it: messages that tell the operator what to run
@@ -48,6 +54,8 @@ type dbParams struct {
 	// Build, under serve, ends when the service is asked to stop while
 	// it builds.
 	Build buildContext `optional:"true"`
+	// Existing is set by the operator's commands.
+	Existing existingDatabase `optional:"true"`
 }
 
 // newDB opens the database of the stores (EFFECTIVELY_DATABASE_URL), with
@@ -64,8 +72,15 @@ type dbParams struct {
 // EFFECTIVELY_TRANSPORT_URL's.
 func newDB(p dbParams) (*sqlx.DB, error) {
 	ctx := p.Build.orBackground()
-	db, err := openDB(ctx, p.Config.DatabaseURL, p.Config.DatabaseMaxConns)
-	if err != nil {
+	db, err := openDB(ctx, p.Config.DatabaseURL, p.Config.DatabaseMaxConns, bool(p.Existing))
+	switch {
+	case err != nil && bool(p.Existing) && errors.Is(err, fs.ErrNotExist):
+		run := "the service's migrate command"
+		if p.Name != "" {
+			run = fmt.Sprintf("`%s migrate`", p.Name)
+		}
+		return nil, fmt.Errorf("database: %w: check %s; this command does not create a database, %s does", err, EnvDatabaseURL, run)
+	case err != nil:
 		return nil, fmt.Errorf("database: %w", err)
 	}
 	p.Lifecycle.Append(fx.StopHook(db.Close))

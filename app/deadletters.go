@@ -73,6 +73,7 @@ func operate(ctx context.Context, opts fx.Option, fn func(ctx context.Context, o
 	)
 	service := build(&undo,
 		fx.Provide(ConfigFromEnv, newDB, newStore),
+		fx.Supply(existingDatabase(true)),
 		opts,
 		fx.Invoke(func(p operatorParams) error {
 			if err := handlers.CheckDeclarations(p.Declarations); err != nil {
@@ -247,8 +248,8 @@ pending: who resolved it, when; its consumer is not declared in this
 service; it first failed longer ago than processed_retention, so that a
 duplicate could no longer be detected: --force replays it anyway). The
 command goes on after a refusal and exits non-zero when it refused any.
---dry-run lists what would be replayed and what would be refused, and
-records nothing. --rate N records at most N replays a second. On a
+--dry-run lists what would be replayed and what would be refused,
+records nothing, and exits non-zero when the replay would refuse any. --rate N records at most N replays a second. On a
 terminal a progress bar shows on stderr.
 
 Under strict_order, the later events of the dead letter's subject are parked
@@ -327,8 +328,14 @@ func (op operator) replay(ctx context.Context, out, errOut io.Writer, req replay
 		for _, v := range vs {
 			fmt.Fprintln(out, v.dryLine())
 		}
-		_, err := fmt.Fprintf(out, "dry run: %d would be replayed, %d refused; nothing recorded\n", todo, len(vs)-todo)
-		return err
+		if _, err := fmt.Fprintf(out, "dry run: %d would be replayed, %d refused; nothing recorded\n", todo, len(vs)-todo); err != nil {
+			return err
+		}
+		var refused *refusedError
+		if errors.As(refusals(vs, errs), &refused) {
+			return &dryRunError{refused}
+		}
+		return nil
 	}
 	more, err := op.replayAll(ctx, out, vs, req.resolution, th, newProgress(errOut, todo))
 	errs = append(errs, more...)

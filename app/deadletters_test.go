@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -629,4 +630,30 @@ func TestShowBodyAsItIs(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, out, "body:\n  {\n    \"specversion\": \"1.0\",\n    \"id\": \"w-1\",\n    \"id\": \"w-2\",\n"+
 		"    \"source\": \"widgets\",\n    \"n\": 12345678901234567890,\n    \"html\": \"<&>\"\n  }\n")
+}
+
+// TestCommandsRefuseMissingDatabase: the operator's commands on a SQLite
+// file that does not exist (a mistyped path) say so, naming the variable
+// and the migrate command, and leave no empty database behind, even with
+// AutoMigrate; migrate creates it.
+func TestCommandsRefuseMissingDatabase(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	for _, args := range [][]string{
+		{"dead-letters", "list"},
+		{"dead-letters", "replay", "1", "--dry-run"},
+		{"consumers"},
+		{"events", "show", "widgets", "w-1"},
+		{"purge", "--dry-run"},
+	} {
+		_, err := runCommand(t, commandOptions(cfg), args...)
+		require.ErrorContains(t, err, "no database file at "+cfg.DatabaseURL, "%v", args)
+		require.ErrorContains(t, err, "check EFFECTIVELY_DATABASE_URL; this command does not create a database, `widgets migrate` does", "%v", args)
+		require.NoDirExists(t, filepath.Dir(cfg.DatabaseURL), "%v", args)
+	}
+	_, err := runCommand(t, commandOptions(cfg), "migrate")
+	require.NoError(t, err)
+	out, err := runCommand(t, commandOptions(cfg), "dead-letters", "list")
+	require.NoError(t, err)
+	require.Equal(t, "ID  CONSUMER  CODE  TYPE  VERSION  SOURCE  EVENT  ATTEMPTS  REPEATS  LAST FAILED  STATUS\n", out, "none yet")
 }

@@ -77,6 +77,14 @@ func (e *refusedError) Error() string {
 
 func (e *refusedError) Unwrap() []error { return e.errs }
 
+// dryRunError is the error of a dry run of a replay that would refuse
+// some of its dead letters: the replay's exit status, before the replay.
+type dryRunError struct{ *refusedError }
+
+func (e *dryRunError) Error() string {
+	return fmt.Sprintf("%d of %d dead letters would be refused (each is said above); nothing recorded", e.refused, e.total)
+}
+
 // refusals returns the error of a command that refused some of vs, nil
 // when it refused none.
 func refusals(vs []verdict, errs []error) error {

@@ -99,7 +99,8 @@ func TestReplayThrottled(t *testing.T) {
 	clock := &fakeClock{now: time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)}
 	var out bytes.Buffer
 	req.dryRun = true
-	require.NoError(t, op.replay(ctx, &out, &out, req, clock.throttle(2)))
+	require.EqualError(t, op.replay(ctx, &out, &out, req, clock.throttle(2)),
+		"1 of 4 dead letters would be refused (each is said above); nothing recorded", "c.gone is not declared")
 	require.Empty(t, clock.sleeps, "a dry run records nothing, so it never waits")
 
 	req.dryRun = false

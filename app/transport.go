@@ -92,7 +92,7 @@ func openTransport(ctx context.Context, cfg Config, db *sqlx.DB, logger *slog.Lo
 		if shared {
 			return db, nil
 		}
-		d, err := openDB(ctx, cfg.TransportURL, 0)
+		d, err := openDB(ctx, cfg.TransportURL, 0, false)
 		if err != nil {
 			return nil, fmt.Errorf("database: %w", err)
 		}

@@ -5,7 +5,9 @@ import (
 	"context"
 	"database/sql"
 	"database/sql/driver"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -62,6 +64,11 @@ type OpenConfig struct {
 	// once the log holds 1,000 pages. Defaults to
 	// DefaultCheckpointInterval.
 	CheckpointInterval time.Duration
+	// MustExist refuses a file that does not exist, with an error that
+	// wraps fs.ErrNotExist, instead of creating it (and its folder): for a
+	// program that only looks into an existing database, where a
+	// mistyped path would otherwise leave an empty file behind.
+	MustExist bool
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
@@ -102,7 +109,8 @@ func (c OpenConfig) Validate() error {
 // checkpoint's syncs (see OpenConfig.CheckpointInterval).
 //
 // dsn is a file path or a "file:" URI; query parameters of the URI are
-// kept. The folder of the file is created when it is missing. Open pings
+// kept. The file and its folder are created when they are missing, unless
+// OpenConfig.MustExist. Open pings
 // the database before it returns.
 func Open(ctx context.Context, dsn string, cfg OpenConfig) (*sqlx.DB, error) {
 	return open(ctx, dsn, cfg, restartFrames)
@@ -126,7 +134,12 @@ func openGated(ctx context.Context, dsn string, cfg OpenConfig, restart int64) (
 	if err != nil {
 		return nil, nil, err
 	}
-	if path != "" {
+	switch {
+	case path != "" && cfg.MustExist:
+		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
+			return nil, nil, fmt.Errorf("sqlite: no database file at %s: %w", path, fs.ErrNotExist)
+		}
+	case path != "":
 		if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
 			return nil, nil, fmt.Errorf("sqlite: create folder of %s: %w", path, err)
 		}

@@ -2,6 +2,9 @@ package sqlite_test
 
 import (
 	"context"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -80,4 +83,29 @@ func TestOpenConcurrently(t *testing.T) {
 			require.NoError(t, <-errs)
 		}
 	}
+}
+
+// TestOpenMustExist: with MustExist, a missing file is refused, and
+// neither it nor its folder is created; an existing file opens.
+func TestOpenMustExist(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir := filepath.Join(t.TempDir(), "typo")
+	path := filepath.Join(dir, "effectively.db")
+	_, err := sqlite.Open(ctx, "file:"+path, sqlite.OpenConfig{MustExist: true})
+	require.ErrorIs(t, err, fs.ErrNotExist)
+	require.ErrorContains(t, err, "no database file at "+path)
+	_, statErr := os.Stat(dir)
+	require.ErrorIs(t, statErr, fs.ErrNotExist, "the folder is not created")
+
+	db, err := sqlite.Open(ctx, path, sqlite.OpenConfig{})
+	require.NoError(t, err)
+	require.NoError(t, db.Close())
+	db, err = sqlite.Open(ctx, "file:"+path, sqlite.OpenConfig{MustExist: true})
+	require.NoError(t, err, "the file exists now")
+	require.NoError(t, db.Close())
+
+	db, err = sqlite.Open(ctx, ":memory:", sqlite.OpenConfig{MustExist: true})
+	require.NoError(t, err, "an in-memory database has no file")
+	require.NoError(t, db.Close())
 }
