@@ -495,6 +495,9 @@ func TestSetsSession(t *testing.T) {
 			require.Equal(t, want, framework.SetsSession(q, pg), "%q, PostgreSQL %t", q, pg)
 		}
 	}
+	// With standard_conforming_strings off, the SET is outside the string.
+	require.True(t, framework.SetsSession(`SELECT 'a\'' ; SET LOCAL app.tenant = 'b'; --'`, true))
+	require.False(t, framework.SetsSession(`SELECT 'a\'' ; SET LOCAL app.tenant = 'b'; --'`, false))
 }
 
 // TestEndsTransaction: the statements a Tx refuses, as they would begin
@@ -560,6 +563,13 @@ func TestEndsTransaction(t *testing.T) {
 		{"/* /* */ COMMIT; -- */", true, false},
 		{`SELECT E'\''; COMMIT; --'`, true, true},
 		{`SELECT E'\''; COMMIT; --'`, false, false},
+		// A plain string ends where standard_conforming_strings says: off,
+		// a backslash escapes its quote, and the COMMIT is outside.
+		{`SELECT 'a\'' ; COMMIT ; --'`, true, true},
+		{`SELECT 'a\'' ; COMMIT ; --'`, false, false},
+		{`SELECT 'C:\dir\'; SELECT 'x; COMMIT'`, true, true}, // off, the second string is 'x
+		{`SELECT 'C:\dir\' || 'x'`, true, false},
+		{`SELECT 'C:\dir\' || 'x'; COMMIT`, true, true},
 		{"DO $$BEGIN PERFORM 1; END$$", true, false},
 		{"SELECT $tag$ ; COMMIT $tag$; SELECT $1", true, false},
 		{"SELECT $tag$ x $tag$; COMMIT", true, true},

@@ -14,8 +14,25 @@ import "strings"
 // names, CREATE TRIGGER bodies). A statement's words are looked for
 // outside string literals, quoted names and comments, so a COMMIT in a
 // literal is never taken for one, and none hides behind a semicolon, a
-// comment or white space of any kind. It does not allocate.
+// comment or white space of any kind. On PostgreSQL a backslash escapes
+// a quote in a plain '...' string too where standard_conforming_strings
+// is off (a setting of the server, the database, the role or the
+// session), which moves where the strings end: a query with a backslash
+// is read both ways, and what either reading finds counts. It does not
+// allocate.
 func scanStatements(query string, pg bool) (ends, sets bool) {
+	ends, sets = scanAs(query, pg, false)
+	if pg && strings.IndexByte(query, '\\') >= 0 {
+		e, s := scanAs(query, pg, true)
+		ends, sets = ends || e, sets || s
+	}
+	return ends, sets
+}
+
+// scanAs is scanStatements under one reading of plain strings: with
+// backslash escapes in them (PostgreSQL's standard_conforming_strings
+// off), or without.
+func scanAs(query string, pg, escapes bool) (ends, sets bool) {
 	var s stmtScan
 	for i := 0; i < len(query); {
 		c := query[i]
@@ -39,7 +56,9 @@ func scanStatements(query string, pg bool) (ends, sets bool) {
 			i += j + 1
 		case c == '/' && i+1 < len(query) && query[i+1] == '*':
 			i = skipComment(query, i, pg)
-		case c == '\'' || c == '"':
+		case c == '\'':
+			i = skipQuoted(query, i, c, escapes)
+		case c == '"':
 			i = skipQuoted(query, i, c, false)
 		case !pg && c == '`':
 			i = skipQuoted(query, i, c, false)
