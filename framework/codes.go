@@ -43,6 +43,12 @@ const (
 	// CodeSequenceGap: the sequence guard gave up waiting for a missing
 	// earlier event of the same subject.
 	CodeSequenceGap Code = "sequence_gap"
+	// CodeSequenceConflict: under strict order, another event of the
+	// same subject, with another id, holds the event's sequence number,
+	// parked or a dead letter (see ErrSequenceTaken): two events claimed
+	// one step. The dead letter does not hold the subject; once the other
+	// event took effect, a replay of it is skipped as stale.
+	CodeSequenceConflict Code = "sequence_conflict"
 	// CodeUnreadableMessage: the transport could not read the message as
 	// it was stored (a row whose metadata is not a JSON object of
 	// strings); the dead letter keeps the body and the stored metadata.

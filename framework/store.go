@@ -68,14 +68,19 @@ type Store interface {
 	// event's own parking, if it was parked: so the event is parked or a
 	// dead letter, never neither, whatever fails on the way. A hold at or
 	// below the subject's checkpoint is not recorded, nor one of a dead
-	// letter without a subject or sequence; the dead letter is. The hold
-	// ends when the event takes effect (EndWait) or is skipped (Skip).
+	// letter without a subject or sequence, nor one whose sequence
+	// another event holds, parked, held or skipped (two events claimed
+	// one step of the subject); the dead letter is. The hold ends when
+	// the event takes effect (EndWait) or is skipped (Skip).
 	HoldDeadLetter(ctx context.Context, dl DeadLetter) error
 	// Park parks the event p, inside tx, when an event of its subject
 	// between the checkpoint and p.Seq is held or parked, and reports
 	// whether it did. A parked event is acknowledged but not processed:
 	// Park removes the processed mark that tx made for p.Key. Parking
-	// replaces a wait (WaitGap) of the same event.
+	// replaces a wait (WaitGap) of any event at p.Seq, and a parking or
+	// hold of the same event; it never replaces another event's parking,
+	// hold or skip at p.Seq, whose message or place in the sequence would
+	// be lost: Park then returns ErrSequenceTaken and parks nothing.
 	Park(ctx context.Context, tx *Tx, p ParkedEvent) (bool, error)
 	// ParkGap parks the event p, which waits for an earlier event of its
 	// subject (WaitGap), in a transaction of its own: its wait keeps the

@@ -35,7 +35,9 @@ func (e *gapError) Unwrap() error { return pipeline.ErrLater }
 // transaction: the event that follows the subject's checkpoint takes
 // effect and moves it; an event at or below it is stale and skipped; an
 // event further ahead is parked when an earlier event of its subject is a
-// dead letter (held, see gapWait) or parked, and otherwise waits: it is
+// dead letter (held, see gapWait) or parked (dead-lettered with
+// CodeSequenceConflict when another event holds its place), and otherwise
+// waits: it is
 // delivered again later, and parked once it has waited GapPark (see
 // gapWait, which sits outside the unit of work). A parked event is
 // acknowledged without its processed mark, in the attempt's transaction;
@@ -75,6 +77,11 @@ func strictOrder(consumer string, store framework.Store, fromFirstSeen bool) mes
 					Consumer: consumer, Subject: d.Subject, Seq: n, Key: d.Key(),
 					Topic: message.SubscribeTopicFromCtx(ctx), Body: msg.Payload, Metadata: msg.Metadata,
 				})
+				if errors.Is(err, framework.ErrSequenceTaken) {
+					// Another event claimed the step: its dead letter
+					// holds nothing (see framework.Store.HoldDeadLetter).
+					return nil, framework.Permanent(framework.CodeSequenceConflict, err)
+				}
 				if err != nil {
 					return nil, err
 				}

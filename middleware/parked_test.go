@@ -199,6 +199,30 @@ func TestStrictOrderParksBehindDeadLetter(t *testing.T) {
 				require.Equal(t, framework.Processed, deliver(t, h, "s8", "S", 8))
 			})
 
+			// Two events of S claim #6 (a producer's mistake): the one
+			// parked first keeps its place and its message; the other
+			// is a dead letter, sequence_conflict, that holds nothing.
+			// Once the first took effect, a replay of the other is
+			// stale, as any event at or below the checkpoint.
+			t.Run("SecondEventOfOneSequenceIsADeadLetter", func(t *testing.T) {
+				t.Parallel()
+				o := newOrdered(t, b)
+				h := o.handler(t, o.store)
+				dl := o.parkBehindDeadLetter(t, h)
+				require.Equal(t, framework.DeadLettered, deliver(t, h, "s6-again", "S", 6))
+				require.Equal(t, []string{"s5 held", "s6", "s7"}, o.parked(t), "s6 is parked, whole")
+				dls := o.deadLetters(t, "s6-again")
+				require.Len(t, dls, 1)
+				require.Equal(t, framework.CodeSequenceConflict, dls[0].Code)
+				require.False(t, o.marked(t, "s6-again"))
+
+				require.Equal(t, framework.Processed, redeliver(t, h, dl))
+				require.Equal(t, []string{"s4", "s5", "s6", "s7"}, o.applied(t, "s"), "the first s6 took effect")
+				require.Empty(t, o.parked(t))
+				require.Equal(t, framework.Stale, redeliver(t, h, dls[0]))
+				require.Equal(t, []string{"s4", "s5", "s6", "s7"}, o.applied(t, "s"))
+			})
+
 			// A handler's own permanent error with the code sequence_gap
 			// holds the subject too: only the end of a wait does not.
 			t.Run("HandlerCodeSequenceGapHolds", func(t *testing.T) {

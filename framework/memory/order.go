@@ -209,10 +209,23 @@ func (s *Store) holdSubject(consumer, subject string, seq int64, key framework.K
 	if c, ok := s.checkpoints[sk]; ok && c.seq >= seq {
 		return
 	}
+	if s.taken(waitKey{sk, seq}, key) {
+		return // another event's place: its dead letter alone is stored
+	}
 	s.parked[waitKey{sk, seq}] = framework.ParkedEvent{
 		Consumer: consumer, Subject: subject, Seq: seq, Key: key, At: s.now(), Held: true,
 	}
 	delete(s.skipped, waitKey{sk, seq}) // a repeat holds the subject again
+}
+
+// taken reports whether another event than key holds k: parked, held or
+// skipped (see framework.ErrSequenceTaken). s.mu is held.
+func (s *Store) taken(k waitKey, key framework.Key) bool {
+	if p, ok := s.parked[k]; ok && p.Key != key {
+		return true
+	}
+	skipped, ok := s.skipped[k]
+	return ok && skipped != key
 }
 
 // endOwnWait ends the wait or parking of the event key, with sequence seq
@@ -250,6 +263,9 @@ func (s *Store) Park(ctx context.Context, tx *framework.Tx, p framework.ParkedEv
 	if !blocked {
 		return false, nil
 	}
+	if s.taken(waitKey{sk, p.Seq}, p.Key) {
+		return false, fmt.Errorf("park %s #%d for %s: %w", p.Subject, p.Seq, p.Consumer, framework.ErrSequenceTaken)
+	}
 	p.At, p.Held, p.Ready = s.now(), false, false
 	p.Body = slices.Clone(p.Body)
 	p.Metadata = framework.StorableMetadata(p.Metadata)
@@ -260,6 +276,7 @@ func (s *Store) Park(ctx context.Context, tx *framework.Tx, p framework.ParkedEv
 		k := waitKey{sk, p.Seq}
 		s.parked[k] = p
 		delete(s.waits, k)
+		delete(s.skipped, k) // its own: replaced, as a row is
 		if m, ok := s.marks[mk]; ok && m.tx == tx {
 			delete(s.marks, mk)
 		}
@@ -355,7 +372,7 @@ func (s *Store) Skip(ctx context.Context, consumer, subject string, key framewor
 				s.checkpoints[sk] = c
 			}
 			if k.seq-1 > c.seq {
-				s.skipped[k] = struct{}{}
+				s.skipped[k] = key
 				return
 			}
 			c.seq = max(c.seq, k.seq)
@@ -494,13 +511,13 @@ func (s *Store) adoptParked(consumer, from string) {
 		}
 		delete(s.parked, k)
 	}
-	for k := range s.skipped {
+	for k, key := range s.skipped {
 		if k.consumer != from {
 			continue
 		}
 		nk := waitKey{subjectKey{consumer, k.subject}, k.seq}
 		if _, ok := s.parked[nk]; !ok {
-			s.skipped[nk] = struct{}{}
+			s.skipped[nk] = key
 		}
 		delete(s.skipped, k)
 	}

@@ -43,7 +43,7 @@ type Store struct {
 	checkpoints map[subjectKey]*checkpoint
 	waits       map[waitKey]time.Time
 	parked      map[waitKey]framework.ParkedEvent // held and parked events
-	skipped     map[waitKey]struct{}              // discarded holds whose turn has not come (see Skip)
+	skipped     map[waitKey]framework.Key         // discarded holds whose turn has not come, by the discarded event (see Skip)
 	history     map[int64][]historyEntry          // by dead letter
 	historySeq  int64
 	replays     map[int64]*storedReplay
@@ -107,7 +107,7 @@ func NewStore(cfg StoreConfig) (*Store, error) {
 		checkpoints: make(map[subjectKey]*checkpoint),
 		waits:       make(map[waitKey]time.Time),
 		parked:      make(map[waitKey]framework.ParkedEvent),
-		skipped:     make(map[waitKey]struct{}),
+		skipped:     make(map[waitKey]framework.Key),
 		history:     make(map[int64][]historyEntry),
 		replays:     make(map[int64]*storedReplay),
 	}, nil

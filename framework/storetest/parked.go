@@ -230,6 +230,61 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.Equal(t, int64(6), dls[1].SubjectSeq)
 	})
 
+	// Two events of a subject with one sequence number and different
+	// ids: the second neither parks nor holds in the first's place,
+	// which would lose the first's message (a parked event's only copy)
+	// or its place in the sequence. A wait is no one's place.
+	t.Run("ParkNeverTakesAnotherEventsPlace", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		require.True(t, b.advance(t, consumer, "order-1", 2))
+		b.hold(t, consumer, "order-1", 3, event(3).Key)
+		require.True(t, b.park(t, event(5), false))
+		b.hold(t, consumer, "order-1", 6, event(6).Key)
+		b.hold(t, consumer, "order-1", 8, event(8).Key)
+		_, err := b.store.Skip(ctx, consumer, "order-1", event(8).Key) // before its turn: a skip
+		require.NoError(t, err)
+		_, err = b.store.WaitGap(ctx, consumer, "order-1", 9, event(9).Key, event(9).Body)
+		require.NoError(t, err)
+
+		for _, seq := range []int64{5, 6, 8} {
+			other := event(seq)
+			other.Key.ID += "-other"
+			other.Body = []byte(`{"other":true}`)
+			_, err := b.do(ctx, b.uow, consumer, other.Key, func(ctx context.Context) error {
+				tx, _ := pipeline.From[*framework.Tx](ctx)
+				if _, err := b.store.Checkpoint(ctx, tx, consumer, "order-1"); err != nil {
+					return err
+				}
+				parked, err := b.store.Park(ctx, tx, other)
+				require.False(t, parked, "#%d", seq)
+				return err
+			})
+			require.ErrorIs(t, err, framework.ErrSequenceTaken, "#%d", seq)
+			require.NoError(t, b.store.HoldDeadLetter(ctx, eventDeadLetter(consumer, "order-1", seq, other.Key, framework.CodeSequenceConflict)))
+		}
+		ps := list(t, b, framework.ParkedFilter{})
+		require.Equal(t, []string{"order-1#3H", "order-1#5", "order-1#6H"}, seqs(ps))
+		want := event(5)
+		want.At = t0
+		require.Equal(t, want, ps[1], "the first's message is kept intact")
+		require.Equal(t, event(6).Key, ps[2].Key, "the first holds its place")
+
+		require.True(t, b.park(t, event(5), false), "the same event parks again")
+		other := event(9)
+		other.Key.ID += "-other"
+		require.True(t, b.park(t, other, false), "in the place of a wait")
+
+		// 3 and then the others take effect in turn: the skip of 8 is
+		// still there, and the checkpoint moves past it.
+		for seq := int64(3); seq <= 7; seq++ {
+			require.True(t, b.advance(t, consumer, "order-1", seq))
+			b.endWait(t, consumer, "order-1", seq)
+		}
+		require.Equal(t, int64(8), b.checkpoint(t, consumer, "order-1"), "8 skipped")
+	})
+
 	t.Run("DeadLetterWithoutSequenceHoldsNothing", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, newHarness)

@@ -25,7 +25,16 @@ const (
 VALUES (?, ?, ?, ?, ?, '', ?, '{}', ?, 'dead_letter')
 ON CONFLICT (consumer, subject, seq) DO UPDATE SET
     source = excluded.source, event_id = excluded.event_id, topic = '', body = excluded.body,
-    metadata = '{}', parked_at = excluded.parked_at, reason = 'dead_letter'`
+    metadata = '{}', parked_at = excluded.parked_at, reason = 'dead_letter'
+WHERE ` + qOwnOrWait
+
+	// qOwnOrWait is the condition under which a hold or a parking
+	// replaces the row of its sequence: a wait, whoever's (the waiting
+	// event's message is still the transport's), or a row of the same
+	// event. Another event's parking holds its only copy of its message,
+	// and its hold or skip its subject's place in the sequence.
+	qOwnOrWait = `{p}parked_events.reason = 'gap'
+    OR ({p}parked_events.source = excluded.source AND {p}parked_events.event_id = excluded.event_id)`
 
 	// qBlocked finds a held or parked event between the subject's
 	// checkpoint and a sequence.
@@ -36,7 +45,8 @@ AND p.seq > COALESCE((SELECT c.seq FROM {p}subject_checkpoints c WHERE c.consume
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'parked')
 ON CONFLICT (consumer, subject, seq) DO UPDATE SET
     source = excluded.source, event_id = excluded.event_id, topic = excluded.topic, body = excluded.body,
-    metadata = excluded.metadata, parked_at = excluded.parked_at, reason = 'parked'`
+    metadata = excluded.metadata, parked_at = excluded.parked_at, reason = 'parked'
+WHERE ` + qOwnOrWait
 	qUnmark = `DELETE FROM {p}processed_events WHERE consumer = ? AND source = ? AND event_id = ?`
 	// qParkGap turns the wait of an event (WaitGap) into its parking,
 	// keeping parked_at, when it was first recorded.
@@ -113,9 +123,16 @@ func (s *Store) Park(ctx context.Context, tx *framework.Tx, p framework.ParkedEv
 	if body == nil {
 		body = []byte{}
 	}
-	if _, err := tx.ExecContext(ctx, s.q.sql(qPark), p.Consumer, p.Subject, p.Seq, p.Key.Source, p.Key.ID,
-		p.Topic, body, meta, s.dialect.timeArg(s.now())); err != nil {
+	res, err := tx.ExecContext(ctx, s.q.sql(qPark), p.Consumer, p.Subject, p.Seq, p.Key.Source, p.Key.ID,
+		p.Topic, body, meta, s.dialect.timeArg(s.now()))
+	if err != nil {
 		return false, fmt.Errorf("park %s #%d for %s: %w", p.Subject, p.Seq, p.Consumer, err)
+	}
+	switch n, err := res.RowsAffected(); {
+	case err != nil:
+		return false, fmt.Errorf("park %s #%d for %s: rows affected: %w", p.Subject, p.Seq, p.Consumer, err)
+	case n == 0:
+		return false, fmt.Errorf("park %s #%d for %s: %w", p.Subject, p.Seq, p.Consumer, framework.ErrSequenceTaken)
 	}
 	if _, err := tx.ExecContext(ctx, s.q.sql(qUnmark), p.Consumer, p.Key.Source, p.Key.ID); err != nil {
 		return false, fmt.Errorf("park %s #%d for %s: remove the mark: %w", p.Subject, p.Seq, p.Consumer, err)
