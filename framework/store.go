@@ -92,7 +92,8 @@ type Store interface {
 	// moving it either commits first, and then ParkGap reports false,
 	// parking nothing, or sees the parked event in its EndWait. It also
 	// reports false when p does not wait (no WaitGap of p.Key, or its
-	// wait ended).
+	// wait ended), and ErrSequenceTaken when another event holds p.Seq
+	// (see Park).
 	ParkGap(ctx context.Context, p ParkedEvent) (bool, error)
 	// Parked lists the held and parked events that match f, by consumer,
 	// subject and sequence.

@@ -240,3 +240,32 @@ func TestStrictOrderIdleSweepEndsTheWait(t *testing.T) {
 		})
 	}
 }
+
+// TestStrictOrderSecondEventOfOneSequenceBehindAGap: s3 is parked behind
+// a gap; another event with #3 neither parks in its place (the parked row
+// is s3's only copy) nor waits for ever: it is a sequence_conflict dead
+// letter once it has waited GapPark too, and s3 still takes effect after
+// s2.
+func TestStrictOrderSecondEventOfOneSequenceBehindAGap(t *testing.T) {
+	t.Parallel()
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			g := newGapChain(t, b)
+			g.parkS3(t)
+			out, err := g.deliver(t, "s3-again", "S", 3)
+			require.NoError(t, err)
+			require.Equal(t, framework.DeadLettered, out)
+			dls := g.deadLetters(t, "s3-again")
+			require.Len(t, dls, 1)
+			require.Equal(t, framework.CodeSequenceConflict, dls[0].Code)
+			require.Equal(t, []string{"s3 parked"}, g.reasons(t), "s3 keeps its place and its message")
+
+			out, err = g.deliver(t, "s2", "S", 2)
+			require.NoError(t, err)
+			require.Equal(t, framework.Processed, out)
+			require.Equal(t, []string{"s1", "s2", "s3"}, g.applied(t, "s"))
+			require.Empty(t, g.reasons(t))
+		})
+	}
+}

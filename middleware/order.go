@@ -162,6 +162,9 @@ func gapWait(consumer string, store framework.Store, timeout time.Duration) mess
 					Consumer: consumer, Subject: gap.subject, Seq: gap.seq, Key: d.Key(),
 					Topic: message.SubscribeTopicFromCtx(ctx), Body: msg.Payload, Metadata: msg.Metadata,
 				})
+				if errors.Is(perr, framework.ErrSequenceTaken) {
+					return nil, framework.Permanent(framework.CodeSequenceConflict, perr) // see strictOrder
+				}
 				if perr != nil {
 					return nil, errors.Join(err, perr)
 				}

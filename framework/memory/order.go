@@ -41,6 +41,13 @@ type waitKey struct {
 	seq int64
 }
 
+// wait is the wait of the sequence of a waitKey (WaitGap): since when,
+// and by which event, the first to wait there.
+type wait struct {
+	since time.Time
+	key   framework.Key
+}
+
 // hold makes tx the holder of the checkpoint of k, waiting while another
 // attempt holds it, and returns it. The hold ends with tx.
 func (s *Store) hold(ctx context.Context, tx *framework.Tx, k subjectKey) (*checkpoint, error) {
@@ -129,13 +136,14 @@ func (s *Store) WaitGap(ctx context.Context, consumer, subject string, seq int64
 			return // it took effect: its wait ended
 		}
 		k := waitKey{sk, seq}
-		since, ok := s.waits[k]
+		w, ok := s.waits[k]
+		since := w.since
 		if p, parked := s.parked[k]; !ok && parked && !p.Held {
 			since, ok = p.At, true // as the SQL stores' one row of the event
 		}
 		if !ok {
 			since = s.now()
-			s.waits[k] = since
+			s.waits[k] = wait{since: since, key: key} // the first waiter's, as the row
 		}
 		delete(s.deliveries, markKey{consumer: consumer, key: key})
 		waited = s.now().Sub(since)
@@ -290,14 +298,21 @@ func (s *Store) Park(ctx context.Context, tx *framework.Tx, p framework.ParkedEv
 // false when the checkpoint is at p.Seq-1 or past it, or p does not wait.
 func (s *Store) ParkGap(ctx context.Context, p framework.ParkedEvent) (bool, error) {
 	sk := subjectKey{p.Consumer, p.Subject}
-	var parked bool
+	var parked, taken bool
 	err := s.whenFree(ctx, sk, func(c *checkpoint) {
 		k := waitKey{sk, p.Seq}
-		since, waits := s.waits[k]
+		if c != nil && c.seq >= p.Seq-1 {
+			return // its turn came
+		}
+		if taken = s.taken(k, p.Key); taken {
+			return
+		}
+		w, waits := s.waits[k]
+		since, waits := w.since, waits && w.key == p.Key
 		if old, ok := s.parked[k]; ok && !old.Held && old.Key == p.Key {
 			since, waits = old.At, true
 		}
-		if !waits || c != nil && c.seq >= p.Seq-1 {
+		if !waits {
 			return
 		}
 		p.At, p.Held, p.Ready = since, false, false
@@ -306,6 +321,9 @@ func (s *Store) ParkGap(ctx context.Context, p framework.ParkedEvent) (bool, err
 		s.parked[k] = p
 		parked = true
 	})
+	if err == nil && taken {
+		err = framework.ErrSequenceTaken
+	}
 	if err != nil {
 		return false, fmt.Errorf("park %s #%d for %s behind a gap: %w", p.Subject, p.Seq, p.Consumer, err)
 	}
@@ -490,13 +508,13 @@ func (s *Store) Adopt(ctx context.Context, consumer, from string) (int64, error)
 // adoptParked moves the waits, holds and parkings of from to consumer;
 // where consumer has one of the same subject and sequence, its own stays.
 func (s *Store) adoptParked(consumer, from string) {
-	for k, since := range s.waits {
+	for k, w := range s.waits {
 		if k.consumer != from {
 			continue
 		}
 		nk := waitKey{subjectKey{consumer, k.subject}, k.seq}
 		if _, ok := s.waits[nk]; !ok {
-			s.waits[nk] = since
+			s.waits[nk] = w
 		}
 		delete(s.waits, k)
 	}

@@ -41,7 +41,7 @@ type Store struct {
 	byKey       map[markKey]int64
 	lastID      int64
 	checkpoints map[subjectKey]*checkpoint
-	waits       map[waitKey]time.Time
+	waits       map[waitKey]wait
 	parked      map[waitKey]framework.ParkedEvent // held and parked events
 	skipped     map[waitKey]framework.Key         // discarded holds whose turn has not come, by the discarded event (see Skip)
 	history     map[int64][]historyEntry          // by dead letter
@@ -105,7 +105,7 @@ func NewStore(cfg StoreConfig) (*Store, error) {
 		deadLetters: make(map[int64]*framework.DeadLetter),
 		byKey:       make(map[markKey]int64),
 		checkpoints: make(map[subjectKey]*checkpoint),
-		waits:       make(map[waitKey]time.Time),
+		waits:       make(map[waitKey]wait),
 		parked:      make(map[waitKey]framework.ParkedEvent),
 		skipped:     make(map[waitKey]framework.Key),
 		history:     make(map[int64][]historyEntry),

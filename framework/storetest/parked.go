@@ -285,6 +285,35 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.Equal(t, int64(8), b.checkpoint(t, consumer, "order-1"), "8 skipped")
 	})
 
+	// ParkGap, likewise: another event that waits with the sequence of
+	// one parked behind a gap is refused, and the parked one is kept.
+	t.Run("ParkGapNeverTakesAnotherEventsPlace", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		require.True(t, b.advance(t, consumer, "order-1", 4))
+		other := event(6)
+		other.Key.ID += "-other"
+		other.Body = []byte(`{"other":true}`)
+		_, err := b.store.WaitGap(ctx, consumer, "order-1", 6, event(6).Key, event(6).Body)
+		require.NoError(t, err)
+		_, err = b.store.WaitGap(ctx, consumer, "order-1", 6, other.Key, other.Body)
+		require.NoError(t, err)
+		parked, err := b.store.ParkGap(ctx, other)
+		require.NoError(t, err, "a wait is no one's place")
+		require.False(t, parked, "the wait is 6's")
+		parked, err = b.store.ParkGap(ctx, event(6))
+		require.NoError(t, err)
+		require.True(t, parked)
+		parked, err = b.store.ParkGap(ctx, other)
+		require.ErrorIs(t, err, framework.ErrSequenceTaken)
+		require.False(t, parked)
+		ps := list(t, b, framework.ParkedFilter{})
+		require.Len(t, ps, 1)
+		require.Equal(t, event(6).Key, ps[0].Key)
+		require.Equal(t, event(6).Body, ps[0].Body)
+	})
+
 	t.Run("DeadLetterWithoutSequenceHoldsNothing", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, newHarness)

@@ -53,6 +53,9 @@ WHERE ` + qOwnOrWait
 	qParkGap = `UPDATE {p}parked_events SET reason = 'parked', topic = ?, body = ?, metadata = ?
 WHERE consumer = ? AND subject = ? AND seq = ? AND source = ? AND event_id = ? AND reason IN ('gap', 'parked')`
 
+	// qSeqOwner reads who holds a sequence of a subject, and how.
+	qSeqOwner = `SELECT source, event_id, reason FROM {p}parked_events WHERE consumer = ? AND subject = ? AND seq = ?`
+
 	// qParked takes the filter's conditions (those set) and ends with
 	// qParkedOrder.
 	qParked = `SELECT p.consumer, p.subject, p.seq, p.source, p.event_id, p.topic, p.body, p.metadata,
@@ -168,8 +171,24 @@ func (s *Store) ParkGap(ctx context.Context, p framework.ParkedEvent) (bool, err
 			return err
 		}
 		n, err := res.RowsAffected()
-		parked = n == 1
-		return err
+		if err != nil || n == 1 {
+			parked = err == nil
+			return err
+		}
+		var owner struct {
+			Source  string `db:"source"`
+			EventID string `db:"event_id"`
+			Reason  string `db:"reason"`
+		}
+		switch err := tx.GetContext(ctx, &owner, s.q.sql(qSeqOwner), p.Consumer, p.Subject, p.Seq); {
+		case errors.Is(err, sql.ErrNoRows):
+			return nil // no wait: it ended
+		case err != nil:
+			return err
+		case owner.Reason != "gap" && (owner.Source != p.Key.Source || owner.EventID != p.Key.ID):
+			return framework.ErrSequenceTaken
+		}
+		return nil
 	}, "park %s #%d for %s behind a gap", p.Subject, p.Seq, p.Consumer)
 	return parked, err
 }
