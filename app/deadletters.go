@@ -249,8 +249,9 @@ service; it first failed longer ago than processed_retention, so that a
 duplicate could no longer be detected: --force replays it anyway). The
 command goes on after a refusal and exits non-zero when it refused any.
 --dry-run lists what would be replayed and what would be refused,
-records nothing, and exits non-zero when the replay would refuse any. --rate N records at most N replays a second. On a
-terminal a progress bar shows on stderr.
+records nothing, and exits non-zero when the replay would refuse any.
+--rate N records at most N replays a second. On a terminal a progress
+bar shows on stderr.
 
 Under strict_order, the later events of the dead letter's subject are parked
 behind it (see the parked command): once the replayed event takes effect,

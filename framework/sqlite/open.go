@@ -110,8 +110,7 @@ func (c OpenConfig) Validate() error {
 //
 // dsn is a file path or a "file:" URI; query parameters of the URI are
 // kept. The file and its folder are created when they are missing, unless
-// OpenConfig.MustExist. Open pings
-// the database before it returns.
+// OpenConfig.MustExist. Open pings the database before it returns.
 func Open(ctx context.Context, dsn string, cfg OpenConfig) (*sqlx.DB, error) {
 	return open(ctx, dsn, cfg, restartFrames)
 }
