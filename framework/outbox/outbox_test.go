@@ -355,9 +355,12 @@ func testOutbox(t *testing.T, b backend) {
 		// publishing then and marks what went out, so that the next
 		// batches publish the rest, each row once, instead of publishing
 		// the whole batch again at every poll.
-		bd.pub.delay = 25 * time.Millisecond
-		relay := bd.relay(t, outbox.RelayConfig{BatchSize: 8, BatchTimeout: 100 * time.Millisecond})
-		for i := 0; i < 4 && bd.unsent(t) > 0; i++ {
+		// The mark has at least BatchTimeout left (a batch's deadline is
+		// twice it): 400ms, for a SQLite write under a loaded -race run.
+		// Each batch publishes a row at least, so 8 polls publish all.
+		bd.pub.delay = 100 * time.Millisecond
+		relay := bd.relay(t, outbox.RelayConfig{BatchSize: 8, BatchTimeout: 400 * time.Millisecond})
+		for i := 0; i < 8 && bd.unsent(t) > 0; i++ {
 			_, err := relay.PublishUnsent(ctx)
 			require.NoError(t, err)
 		}
