@@ -45,9 +45,10 @@ const (
 	CodeSequenceGap Code = "sequence_gap"
 	// CodeSequenceConflict: under strict order, another event of the
 	// same subject, with another id, holds the event's sequence number,
-	// parked or a dead letter (see ErrSequenceTaken): two events claimed
-	// one step. The dead letter does not hold the subject; once the other
-	// event took effect, a replay of it is skipped as stale.
+	// parked, a dead letter or skipped (see ErrSequenceTaken): two events
+	// claimed one step, and the first keeps it. The dead letter does not
+	// hold the subject; once the other event took effect, a replay of it
+	// is skipped as stale.
 	CodeSequenceConflict Code = "sequence_conflict"
 	// CodeUnreadableMessage: the transport could not read the message as
 	// it was stored (a row whose metadata is not a JSON object of

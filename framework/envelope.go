@@ -55,11 +55,11 @@ var ErrNotFound = errors.New("not found")
 // longer pending: replayed or discarded already.
 var ErrNotPending = errors.New("not pending")
 
-// ErrSequenceTaken is returned by Store.Park for an event whose subject's
-// sequence number another event, with another id, holds: parked, a dead
-// letter its subject waits behind, or a discarded one the sequence skips.
-// Two events claimed one step of the subject; the second is
-// dead-lettered (CodeSequenceConflict).
+// ErrSequenceTaken is returned by Store.Park, ParkGap and EndWait for an
+// event whose subject's sequence number another event, with another id,
+// holds: parked, a dead letter its subject waits behind, or a discarded
+// one the sequence skips. Two events claimed one step of the subject; the
+// second is dead-lettered (CodeSequenceConflict).
 var ErrSequenceTaken = errors.New("another event holds the subject's sequence number")
 
 // Key identifies an event, as CloudEvents says: source and id together.

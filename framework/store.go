@@ -54,12 +54,14 @@ type Store interface {
 	// EndWait ended the wait for good.
 	WaitGap(ctx context.Context, consumer, subject string, seq int64, key Key, body []byte) (time.Duration, error)
 	// EndWait removes the wait of (consumer, subject, seq), inside tx
-	// when tx is not nil, and with it the event's hold or parking (see
-	// HoldDeadLetter, Park): the event took effect or was skipped as
-	// stale. It reports whether events of the subject are parked after
-	// seq: once tx commits, those whose turn has come are to be released
-	// (see Parked).
-	EndWait(ctx context.Context, tx *Tx, consumer, subject string, seq int64) (bool, error)
+	// when tx is not nil, and with it the hold or parking of the event
+	// key (see HoldDeadLetter, Park): the event took effect or was
+	// skipped as stale. It reports whether events of the subject are
+	// parked after seq: once tx commits, those whose turn has come are
+	// to be released (see Parked). It returns ErrSequenceTaken, removing
+	// nothing, when another event holds seq, parked, held or skipped:
+	// key's event claimed another's step, and must not take effect.
+	EndWait(ctx context.Context, tx *Tx, consumer, subject string, seq int64, key Key) (bool, error)
 
 	// HoldDeadLetter stores dl as PublishDeadLetter does and, in the same
 	// transaction, holds its subject: the event (dl.Key(), sequence

@@ -71,7 +71,7 @@ func strictOrder(consumer string, store framework.Store, fromFirstSeen bool) mes
 			switch n := d.SubjectSeq; {
 			case n <= c:
 				st.stale = true
-				return nil, endWait(ctx, store, tx, st, consumer, d.Subject, n)
+				return nil, endWait(ctx, store, tx, st, consumer, d.Subject, n, d.Key())
 			case !started || n > c+1:
 				parked, err := store.Park(ctx, tx, framework.ParkedEvent{
 					Consumer: consumer, Subject: d.Subject, Seq: n, Key: d.Key(),
@@ -101,15 +101,20 @@ func strictOrder(consumer string, store framework.Store, fromFirstSeen bool) mes
 			if _, err := store.Advance(ctx, tx, consumer, d.Subject, d.SubjectSeq); err != nil {
 				return nil, err
 			}
-			return out, endWait(ctx, store, tx, st, consumer, d.Subject, d.SubjectSeq)
+			return out, endWait(ctx, store, tx, st, consumer, d.Subject, d.SubjectSeq, d.Key())
 		}
 	}
 }
 
 // endWait ends the wait, hold or parking of (consumer, subject, seq) in
 // tx, and asks releaseParked to release what its effect lets through.
-func endWait(ctx context.Context, store framework.Store, tx *framework.Tx, st *state, consumer, subject string, seq int64) error {
-	parked, err := store.EndWait(ctx, tx, consumer, subject, seq)
+// When another event holds seq, the event key claimed its step: it is a
+// dead letter (CodeSequenceConflict), its effect rolled back.
+func endWait(ctx context.Context, store framework.Store, tx *framework.Tx, st *state, consumer, subject string, seq int64, key framework.Key) error {
+	parked, err := store.EndWait(ctx, tx, consumer, subject, seq, key)
+	if errors.Is(err, framework.ErrSequenceTaken) {
+		return framework.Permanent(framework.CodeSequenceConflict, err)
+	}
 	if parked {
 		st.signalRelease(subject)
 	}

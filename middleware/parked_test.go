@@ -223,6 +223,36 @@ func TestStrictOrderParksBehindDeadLetter(t *testing.T) {
 				require.Equal(t, []string{"s4", "s5", "s6", "s7"}, o.applied(t, "s"))
 			})
 
+			// The other order: s6 is parked and its turn has come (s5
+			// took effect), but it is not released yet, when another
+			// event with #6 comes. It would take s6's step, and s6's
+			// parked row, the only copy of its message, would go with
+			// it: it is a sequence_conflict dead letter instead, its
+			// effect rolled back, and s6 takes effect when released.
+			t.Run("AnotherEventAtAParkedOnesTurnIsADeadLetter", func(t *testing.T) {
+				t.Parallel()
+				o := newOrdered(t, b)
+				h := o.handler(t, o.store)
+				dl := o.parkBehindDeadLetter(t, h)
+				unreleased := o.handler(t, hiddenParked{o.store})
+				require.Equal(t, framework.Processed, redeliver(t, unreleased, dl))
+				require.Equal(t, []string{"s4", "s5"}, o.applied(t, "s"))
+				require.Equal(t, []string{"s6", "s7"}, o.parked(t), "s6's turn, not released")
+
+				require.Equal(t, framework.DeadLettered, deliver(t, unreleased, "s6-again", "S", 6))
+				dls := o.deadLetters(t, "s6-again")
+				require.Len(t, dls, 1)
+				require.Equal(t, framework.CodeSequenceConflict, dls[0].Code)
+				require.Equal(t, []string{"s4", "s5"}, o.applied(t, "s"), "s6-again's effect rolled back")
+				require.Equal(t, []string{"s6", "s7"}, o.parked(t), "s6 keeps its place")
+
+				restarted := o.handler(t, o.store)
+				require.Equal(t, framework.Processed, deliver(t, restarted, "t1", "T", 1), "its sweep at start releases s6")
+				require.Equal(t, []string{"s4", "s5", "s6", "s7"}, o.applied(t, "s"))
+				require.Empty(t, o.parked(t))
+				require.Equal(t, framework.Stale, redeliver(t, restarted, dls[0]))
+			})
+
 			// A handler's own permanent error with the code sequence_gap
 			// holds the subject too: only the end of a wait does not.
 			t.Run("HandlerCodeSequenceGapHolds", func(t *testing.T) {
@@ -394,6 +424,15 @@ func (failingHold) HoldDeadLetter(context.Context, framework.DeadLetter) error {
 
 // failingDeadLetter is a store that cannot store the dead letter of the
 // event id.
+// hiddenParked is a store whose parked events its consumer's releaser
+// never finds: the moment between an effect and the release it allows,
+// held open.
+type hiddenParked struct{ framework.Store }
+
+func (hiddenParked) Parked(context.Context, framework.ParkedFilter) ([]framework.ParkedEvent, error) {
+	return nil, nil
+}
+
 type failingDeadLetter struct {
 	framework.Store
 	id string

@@ -183,8 +183,14 @@ func (s *Store) whenFree(ctx context.Context, k subjectKey, f func(c *checkpoint
 // checkpoint also moves past the discarded dead letters right after it
 // (see Skip). It reports whether events of the subject are parked after
 // seq.
-func (s *Store) EndWait(ctx context.Context, tx *framework.Tx, consumer, subject string, seq int64) (bool, error) {
+func (s *Store) EndWait(ctx context.Context, tx *framework.Tx, consumer, subject string, seq int64, key framework.Key) (bool, error) {
 	k := waitKey{subjectKey{consumer, subject}, seq}
+	s.mu.Lock()
+	taken := s.taken(k, key)
+	s.mu.Unlock()
+	if taken {
+		return false, fmt.Errorf("end the wait of %s #%d for %s: %w", subject, seq, consumer, framework.ErrSequenceTaken)
+	}
 	end := func() {
 		s.mu.Lock()
 		defer s.mu.Unlock()

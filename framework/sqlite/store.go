@@ -160,8 +160,8 @@ func (s *Store) WaitGap(ctx context.Context, consumer, subject string, seq int64
 // EndWait removes the wait, hold or parking of (consumer, subject, seq),
 // inside tx when tx is not nil, and reports whether events of the subject
 // are parked after seq (framework.Store).
-func (s *Store) EndWait(ctx context.Context, tx *framework.Tx, consumer, subject string, seq int64) (bool, error) {
-	return s.sql.EndWait(ctx, tx, consumer, subject, seq)
+func (s *Store) EndWait(ctx context.Context, tx *framework.Tx, consumer, subject string, seq int64, key framework.Key) (bool, error) {
+	return s.sql.EndWait(ctx, tx, consumer, subject, seq, key)
 }
 
 // HoldDeadLetter stores dl as PublishDeadLetter does and, in the same

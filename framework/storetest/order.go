@@ -312,9 +312,9 @@ func exerciseWaits(t *testing.T, newHarness func(t *testing.T) Harness) {
 		_, err := b.store.WaitGap(ctx, consumer, "order-1", 3, key, body)
 		require.NoError(t, err)
 		b.clock.Advance(time.Minute)
-		_, err = b.store.EndWait(ctx, nil, consumer, "order-1", 3)
+		_, err = b.store.EndWait(ctx, nil, consumer, "order-1", 3, key)
 		require.NoError(t, err)
-		_, err = b.store.EndWait(ctx, nil, consumer, "order-1", 3)
+		_, err = b.store.EndWait(ctx, nil, consumer, "order-1", 3, key)
 		require.NoError(t, err, "ending no wait is no error")
 
 		b.clock.Advance(time.Minute)
@@ -330,7 +330,7 @@ func exerciseWaits(t *testing.T, newHarness func(t *testing.T) Harness) {
 		_, err := b.store.WaitGap(ctx, consumer, "order-1", 3, key, body)
 		require.NoError(t, err)
 		endWait := func(ctx context.Context, tx *framework.Tx) error {
-			_, err := b.store.EndWait(ctx, tx, consumer, "order-1", 3)
+			_, err := b.store.EndWait(ctx, tx, consumer, "order-1", 3, key)
 			return err
 		}
 

@@ -58,14 +58,14 @@ func (b *bundle) park(t *testing.T, p framework.ParkedEvent, rollback bool) bool
 	return parked
 }
 
-// endWait runs EndWait of (consumer, subject, seq) in an attempt that
-// commits, and returns what it reported.
-func (b *bundle) endWait(t *testing.T, consumer, subject string, seq int64) bool {
+// endWait runs EndWait of (consumer, subject, seq) for the event key in
+// an attempt that commits, and returns what it reported.
+func (b *bundle) endWait(t *testing.T, consumer, subject string, seq int64, key framework.Key) bool {
 	t.Helper()
 	var after bool
 	require.NoError(t, b.inTx(context.Background(), func(ctx context.Context, tx *framework.Tx) error {
 		var err error
-		after, err = b.store.EndWait(ctx, tx, consumer, subject, seq)
+		after, err = b.store.EndWait(ctx, tx, consumer, subject, seq, key)
 		return err
 	}))
 	return after
@@ -145,18 +145,18 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.True(t, b.park(t, event(8), false), "parked behind the held 5 and the parked 6")
 
 		require.True(t, b.advance(t, consumer, "order-1", 5))
-		require.True(t, b.endWait(t, consumer, "order-1", 5), "events are parked after 5")
+		require.True(t, b.endWait(t, consumer, "order-1", 5, event(5).Key), "events are parked after 5")
 		require.Equal(t, []string{"order-1#6R", "order-1#8"}, seqs(list(t, b, framework.ParkedFilter{})))
 		require.Equal(t, []string{"order-1#6R"}, seqs(list(t, b, framework.ParkedFilter{Ready: true})))
 
 		require.True(t, b.advance(t, consumer, "order-1", 6))
-		require.True(t, b.endWait(t, consumer, "order-1", 6), "8 is parked after 6")
+		require.True(t, b.endWait(t, consumer, "order-1", 6, event(6).Key), "8 is parked after 6")
 		require.Empty(t, list(t, b, framework.ParkedFilter{Ready: true}), "8 waits for 7")
 		require.True(t, b.advance(t, consumer, "order-1", 7))
-		require.True(t, b.endWait(t, consumer, "order-1", 7))
+		require.True(t, b.endWait(t, consumer, "order-1", 7, event(7).Key))
 		require.Equal(t, []string{"order-1#8R"}, seqs(list(t, b, framework.ParkedFilter{Ready: true})))
 		require.True(t, b.advance(t, consumer, "order-1", 8))
-		require.False(t, b.endWait(t, consumer, "order-1", 8), "none left")
+		require.False(t, b.endWait(t, consumer, "order-1", 8, event(8).Key), "none left")
 		require.Empty(t, list(t, b, framework.ParkedFilter{}))
 	})
 
@@ -179,7 +179,7 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 		b.hold(t, consumer, "order-2", 2, other(2).Key)
 		require.True(t, b.park(t, other(3), false))
 		require.True(t, b.advance(t, consumer, "order-2", 2))
-		require.True(t, b.endWait(t, consumer, "order-2", 2))
+		require.True(t, b.endWait(t, consumer, "order-2", 2, event(2).Key))
 
 		all := seqs(list(t, b, framework.ParkedFilter{}))
 		require.Contains(t, all, "order-2#3R")
@@ -280,7 +280,7 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 		// still there, and the checkpoint moves past it.
 		for seq := int64(3); seq <= 7; seq++ {
 			require.True(t, b.advance(t, consumer, "order-1", seq))
-			b.endWait(t, consumer, "order-1", seq)
+			b.endWait(t, consumer, "order-1", seq, event(seq).Key)
 		}
 		require.Equal(t, int64(8), b.checkpoint(t, consumer, "order-1"), "8 skipped")
 	})
@@ -312,6 +312,44 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.Len(t, ps, 1)
 		require.Equal(t, event(6).Key, ps[0].Key)
 		require.Equal(t, event(6).Body, ps[0].Body)
+	})
+
+	// EndWait, likewise: another event that took effect at the sequence
+	// of a parked, held or skipped one is refused (its effect must roll
+	// back), and the other keeps its place; a wait is no one's.
+	t.Run("EndWaitNeverEndsAnotherEventsPlace", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		require.True(t, b.advance(t, consumer, "order-1", 2))
+		b.hold(t, consumer, "order-1", 3, event(3).Key)
+		require.True(t, b.park(t, event(4), false))
+		b.hold(t, consumer, "order-1", 5, event(5).Key)
+		b.hold(t, consumer, "order-1", 6, event(6).Key)
+		_, err := b.store.Skip(ctx, consumer, "order-1", event(6).Key) // before its turn: a skip
+		require.NoError(t, err)
+		_, err = b.store.WaitGap(ctx, consumer, "order-1", 8, event(8).Key, event(8).Body)
+		require.NoError(t, err)
+		for _, seq := range []int64{3, 4, 5, 6} {
+			other := event(seq).Key
+			other.ID += "-other"
+			err := b.inTx(ctx, func(ctx context.Context, tx *framework.Tx) error {
+				_, err := b.store.EndWait(ctx, tx, consumer, "order-1", seq, other)
+				return err
+			})
+			require.ErrorIs(t, err, framework.ErrSequenceTaken, "#%d", seq)
+			_, err = b.store.EndWait(ctx, nil, consumer, "order-1", seq, other)
+			require.ErrorIs(t, err, framework.ErrSequenceTaken, "#%d, without a transaction", seq)
+		}
+		require.Equal(t, []string{"order-1#3H", "order-1#4", "order-1#5H"}, seqs(list(t, b, framework.ParkedFilter{})))
+		other := event(8).Key
+		other.ID += "-other"
+		b.endWait(t, consumer, "order-1", 8, other)
+		waited, err := b.store.WaitGap(ctx, consumer, "order-1", 8, event(8).Key, event(8).Body)
+		require.NoError(t, err)
+		require.Zero(t, waited, "the wait ended with the effect at 8")
+		require.True(t, b.endWait(t, consumer, "order-1", 3, event(3).Key), "its own hold: 4 is parked after 3")
+		require.Equal(t, []string{"order-1#4", "order-1#5H"}, seqs(list(t, b, framework.ParkedFilter{})))
 	})
 
 	t.Run("DeadLetterWithoutSequenceHoldsNothing", func(t *testing.T) {
@@ -366,10 +404,10 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.False(t, b.park(t, event(6), false), "6 is before the parked 7: it waits, unparked")
 		require.True(t, b.park(t, event(8), false), "8 is parked behind 7")
 		require.True(t, b.advance(t, consumer, "order-1", 6))
-		require.True(t, b.endWait(t, consumer, "order-1", 6), "events are parked after 6")
+		require.True(t, b.endWait(t, consumer, "order-1", 6, event(6).Key), "events are parked after 6")
 		require.Equal(t, []string{"order-1#7R", "order-1#8"}, seqs(list(t, b, framework.ParkedFilter{})))
 		require.True(t, b.advance(t, consumer, "order-1", 7))
-		require.True(t, b.endWait(t, consumer, "order-1", 7))
+		require.True(t, b.endWait(t, consumer, "order-1", 7, event(7).Key))
 		require.Equal(t, []string{"order-1#8R"}, seqs(list(t, b, framework.ParkedFilter{})), "7's effect ended its parking")
 	})
 
@@ -482,7 +520,7 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 
 		// 3 takes effect; 4 is held still.
 		require.True(t, b.advance(t, consumer, "order-1", 3))
-		require.True(t, b.endWait(t, consumer, "order-1", 3))
+		require.True(t, b.endWait(t, consumer, "order-1", 3, event(3).Key))
 		require.Equal(t, int64(3), b.checkpoint(t, consumer, "order-1"))
 
 		// 4 is skipped too, now at its turn: the checkpoint moves past
@@ -508,7 +546,7 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 
 		// 4 takes effect: its EndWait moves the checkpoint past 5.
 		require.True(t, b.advance(t, consumer, "order-1", 4))
-		require.True(t, b.endWait(t, consumer, "order-1", 4), "6 is parked after 4")
+		require.True(t, b.endWait(t, consumer, "order-1", 4, event(4).Key), "6 is parked after 4")
 		require.Equal(t, int64(5), b.checkpoint(t, consumer, "order-1"))
 		require.Equal(t, []string{"order-1#6R"}, seqs(list(t, b, framework.ParkedFilter{})))
 	})

@@ -26,14 +26,22 @@ VALUES (?, ?, ?, ?, ?, ?, ?, 'gap')
 ON CONFLICT (consumer, subject, seq) DO NOTHING`
 	qOrderWaitingSince = `SELECT parked_at FROM {p}parked_events WHERE consumer = ? AND subject = ? AND seq = ?`
 	qOrderEndWait      = `DELETE FROM {p}parked_events WHERE consumer = ? AND subject = ? AND seq = ?`
+	// qOrderTaken finds another event's parking, hold or skip at a
+	// sequence (a wait is no one's place, see qOwnOrWait).
+	qOrderTaken = `EXISTS (SELECT 1 FROM {p}parked_events
+WHERE consumer = ? AND subject = ? AND seq = ? AND reason <> 'gap' AND NOT (source = ? AND event_id = ?))`
 	// qOrderParkedAfter finds events parked after a sequence, or skips
 	// of discarded dead letters (see Skip).
-	qOrderParkedAfter = `SELECT EXISTS (SELECT 1 FROM {p}parked_events
+	qOrderParkedAfter = `EXISTS (SELECT 1 FROM {p}parked_events
 WHERE consumer = ? AND subject = ? AND seq > ? AND reason IN ('parked', 'skipped'))`
-	// qOrderEndWaitPostgres is qOrderEndWait and qOrderParkedAfter in one
-	// round trip.
-	qOrderEndWaitPostgres = `WITH gone AS (DELETE FROM {p}parked_events WHERE consumer = ? AND subject = ? AND seq = ?)
-` + qOrderParkedAfter
+	// qOrderEnding reads qOrderTaken and qOrderParkedAfter, before
+	// qOrderEndWait.
+	qOrderEnding = `SELECT ` + qOrderTaken + `, ` + qOrderParkedAfter
+	// qOrderEndWaitPostgres is qOrderEnding and, unless taken,
+	// qOrderEndWait in one round trip.
+	qOrderEndWaitPostgres = `WITH taken AS (SELECT ` + qOrderTaken + ` AS t),
+gone AS (DELETE FROM {p}parked_events WHERE consumer = ? AND subject = ? AND seq = ? AND NOT (SELECT t FROM taken))
+SELECT (SELECT t FROM taken), ` + qOrderParkedAfter
 )
 
 var _ framework.Store = (*Store)(nil)
@@ -116,25 +124,38 @@ func (s *Store) lockCheckpoint(ctx context.Context, tx *sqlx.Tx, consumer, subje
 // commits on its own and reports no parked events. In tx, when events
 // are parked after seq, it also moves the checkpoint past the discarded
 // dead letters right after it (see Skip).
-func (s *Store) EndWait(ctx context.Context, tx *framework.Tx, consumer, subject string, seq int64) (bool, error) {
+func (s *Store) EndWait(ctx context.Context, tx *framework.Tx, consumer, subject string, seq int64, key framework.Key) (bool, error) {
+	var taken, parked bool
+	read := func(q sqlx.QueryerContext, query string, args ...any) error {
+		if err := q.QueryRowxContext(ctx, s.q.sql(query), args...).Scan(&taken, &parked); err != nil {
+			return fmt.Errorf("end the wait of %s #%d for %s: %w", subject, seq, consumer, err)
+		}
+		if taken {
+			return fmt.Errorf("end the wait of %s #%d for %s: %w", subject, seq, consumer, framework.ErrSequenceTaken)
+		}
+		return nil
+	}
+	other := []any{consumer, subject, seq, key.Source, key.ID} // qOrderTaken's
+	after := []any{consumer, subject, seq}
 	if !tx.HasDB() {
+		if err := read(s.db, qOrderEnding, append(other, after...)...); err != nil {
+			return false, err
+		}
 		if _, err := s.db.ExecContext(ctx, s.q.sql(qOrderEndWait), consumer, subject, seq); err != nil {
 			return false, fmt.Errorf("end the wait of %s #%d for %s: %w", subject, seq, consumer, err)
 		}
 		return false, nil
 	}
-	var parked bool
 	if s.dialect == Postgres {
-		if err := tx.GetContext(ctx, &parked, s.q.sql(qOrderEndWaitPostgres),
-			consumer, subject, seq, consumer, subject, seq); err != nil {
-			return false, fmt.Errorf("end the wait of %s #%d for %s: %w", subject, seq, consumer, err)
+		if err := read(tx, qOrderEndWaitPostgres, append(append(other, consumer, subject, seq), after...)...); err != nil {
+			return false, err
 		}
 	} else {
+		if err := read(tx, qOrderEnding, append(other, after...)...); err != nil {
+			return false, err
+		}
 		if _, err := tx.ExecContext(ctx, s.q.sql(qOrderEndWait), consumer, subject, seq); err != nil {
 			return false, fmt.Errorf("end the wait of %s #%d for %s: %w", subject, seq, consumer, err)
-		}
-		if err := tx.GetContext(ctx, &parked, s.q.sql(qOrderParkedAfter), consumer, subject, seq); err != nil {
-			return false, fmt.Errorf("end the wait of %s #%d for %s: parked after: %w", subject, seq, consumer, err)
 		}
 	}
 	if parked {
