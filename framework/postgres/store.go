@@ -158,9 +158,10 @@ func (s *Store) WaitGap(ctx context.Context, consumer, subject string, seq int64
 	return s.sql.WaitGap(ctx, consumer, subject, seq, key, body)
 }
 
-// EndWait removes the wait, hold or parking of (consumer, subject, seq),
-// inside tx when tx is not nil, and reports whether events of the subject
-// are parked after seq (framework.Store).
+// EndWait removes the wait of (consumer, subject, seq) and the hold or
+// parking of the event key there, inside tx when tx is not nil, and
+// reports whether events of the subject are parked after seq; another
+// event's place there is framework.ErrSequenceTaken (framework.Store).
 func (s *Store) EndWait(ctx context.Context, tx *framework.Tx, consumer, subject string, seq int64, key framework.Key) (bool, error) {
 	return s.sql.EndWait(ctx, tx, consumer, subject, seq, key)
 }
