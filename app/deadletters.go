@@ -536,8 +536,8 @@ func (op operator) releaseParked(ctx context.Context, out io.Writer, dl framewor
 	return err
 }
 
-// parkedBehind returns the events of dl's subject parked for its
-// consumer (not the dead letters they wait behind).
+// parkedBehind returns the events parked behind dl (see
+// framework.ParkedBehind).
 func (op operator) parkedBehind(ctx context.Context, dl framework.DeadLetter) ([]framework.ParkedEvent, error) {
 	if dl.Subject == "" {
 		return nil, nil
@@ -546,7 +546,7 @@ func (op operator) parkedBehind(ctx context.Context, dl framework.DeadLetter) ([
 	if err != nil {
 		return nil, err
 	}
-	return slices.DeleteFunc(ps, func(p framework.ParkedEvent) bool { return p.Held }), nil
+	return framework.ParkedBehind(dl, ps), nil
 }
 
 // reportParked tells out how many events are parked behind dl, and what

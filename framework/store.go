@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 )
 
@@ -390,6 +391,24 @@ type ParkedEvent struct {
 	// Ready says that the event is parked and its turn has come: the
 	// subject's checkpoint is right behind it.
 	Ready bool
+}
+
+// ParkedBehind returns the events of ps (the held and parked events of
+// dl's consumer and subject, see Store.Parked) that are parked behind dl:
+// after it in its subject's sequence, when dl holds its subject. A dead
+// letter that holds nothing (sequence_gap, sequence_conflict, or one
+// whose hold ended) has none behind it.
+func ParkedBehind(dl DeadLetter, ps []ParkedEvent) []ParkedEvent {
+	if dl.Subject == "" || !slices.ContainsFunc(ps, func(p ParkedEvent) bool { return p.Held && p.Key == dl.Key() }) {
+		return nil
+	}
+	var behind []ParkedEvent
+	for _, p := range ps {
+		if !p.Held && p.Consumer == dl.Consumer && p.Subject == dl.Subject && p.Seq > dl.SubjectSeq {
+			behind = append(behind, p)
+		}
+	}
+	return behind
 }
 
 // ParkedFilter selects held and parked events. Zero fields match

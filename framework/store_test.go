@@ -59,3 +59,30 @@ func TestDeadLetterValidateRefusesUnstorableText(t *testing.T) {
 		}
 	}
 }
+
+// TestParkedBehind: the events parked behind a dead letter are those after
+// it while it holds its subject; a dead letter that holds nothing has
+// none behind it, whatever else is parked there.
+func TestParkedBehind(t *testing.T) {
+	key := func(id string) framework.Key { return framework.Key{Source: "orders", ID: id} }
+	dl := framework.DeadLetter{Consumer: "c", Source: "orders", EventID: "e5", Subject: "S", SubjectSeq: 5}
+	ps := []framework.ParkedEvent{
+		{Consumer: "c", Subject: "S", Seq: 3, Key: key("e3"), Held: true},
+		{Consumer: "c", Subject: "S", Seq: 4, Key: key("e4")},
+		{Consumer: "c", Subject: "S", Seq: 5, Key: key("e5"), Held: true},
+		{Consumer: "c", Subject: "S", Seq: 6, Key: key("e6")},
+		{Consumer: "c", Subject: "S", Seq: 7, Key: key("e7")},
+	}
+	var seqs []int64
+	for _, p := range framework.ParkedBehind(dl, ps) {
+		seqs = append(seqs, p.Seq)
+	}
+	require.Equal(t, []int64{6, 7}, seqs)
+
+	conflict := dl
+	conflict.EventID = "e5-again" // a sequence_conflict dead letter: no hold of its own
+	require.Empty(t, framework.ParkedBehind(conflict, ps))
+	noSubject := dl
+	noSubject.Subject, noSubject.SubjectSeq = "", 0
+	require.Empty(t, framework.ParkedBehind(noSubject, ps))
+}

@@ -222,11 +222,7 @@ func (c *Console) loadDeadLetter(w http.ResponseWriter, r *http.Request, id int6
 			c.internal(w, r, fmt.Sprintf("dead letter %d: parked events", id), err)
 			return deadLetterData{}, false
 		}
-		for _, p := range ps {
-			if !p.Held {
-				d.Parked++
-			}
-		}
+		d.Parked = len(framework.ParkedBehind(dl, ps))
 	}
 	if dl.Status == framework.DeadLetterPending {
 		d.Refused = c.cfg.RefuseReplay(dl, c.cfg.Now())
