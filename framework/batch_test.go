@@ -31,6 +31,15 @@ type groupBackend struct {
 	txid func(ctx context.Context, tx sqlx.QueryerContext) (string, error)
 }
 
+// unitOfWork returns a unit of work on b that runs one batch at a time,
+// of up to 8 attempts.
+func (b groupBackend) unitOfWork(t testing.TB) *framework.UnitOfWork {
+	t.Helper()
+	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: 8, Batches: 1})
+	require.NoError(t, err)
+	return uow
+}
+
 func groupBackends() map[string]func(t testing.TB) groupBackend {
 	return map[string]func(t testing.TB) groupBackend{
 		"SQLite": func(t testing.TB) groupBackend {
@@ -76,8 +85,7 @@ func TestGroupCommit(t *testing.T) {
 			t.Parallel()
 			ctx := t.Context()
 			b := open(t)
-			uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: 8, Batches: 1})
-			require.NoError(t, err)
+			uow := b.unitOfWork(t)
 
 			// The first attempt holds the only batch slot until the
 			// others wait, so that they form one batch.
@@ -237,8 +245,7 @@ func TestGroupCommitTimeout(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			b := open(t)
-			uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: 8, Batches: 1})
-			require.NoError(t, err)
+			uow := b.unitOfWork(t)
 			insert := func(ctx context.Context, id string) error {
 				_, err := framework.Conn(ctx, b.db).ExecContext(ctx, b.db.Rebind(`INSERT INTO effects (id, seen) VALUES (?, 1)`), id)
 				return err
@@ -283,8 +290,7 @@ func TestGroupCommitFailedCommit(t *testing.T) {
 	b := groupBackends()["PostgreSQL"](t)
 	_, err := b.db.Exec(`CREATE TABLE seats (seat TEXT, CONSTRAINT one_per_seat UNIQUE (seat) DEFERRABLE INITIALLY DEFERRED)`)
 	require.NoError(t, err)
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: 8, Batches: 1})
-	require.NoError(t, err)
+	uow := b.unitOfWork(t)
 	var (
 		mu     sync.Mutex
 		hooks  = map[string][]string{}
@@ -419,8 +425,7 @@ func TestMarkMany(t *testing.T) {
 func TestGroupCommitResetsSettings(t *testing.T) {
 	t.Parallel()
 	b := groupBackends()["PostgreSQL"](t)
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: 8, Batches: 1})
-	require.NoError(t, err)
+	uow := b.unitOfWork(t)
 	type seen struct{ tenant, workMem, timeout, txid string }
 	var mu sync.Mutex
 	saw := map[string]seen{}
@@ -671,8 +676,7 @@ func TestGroupCommitHookPanics(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	b := groupBackends()["SQLite"](t)
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: 8, Batches: 1})
-	require.NoError(t, err)
+	uow := b.unitOfWork(t)
 	started, release := make(chan struct{}), make(chan struct{})
 	holder := make(chan error, 1)
 	go func() {
@@ -744,8 +748,7 @@ func TestGroupCommitHookPanics(t *testing.T) {
 func TestGroupCommitAbortedByBatchMate(t *testing.T) {
 	t.Parallel()
 	b := groupBackends()["PostgreSQL"](t)
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: 8, Batches: 1})
-	require.NoError(t, err)
+	uow := b.unitOfWork(t)
 	outcomes, errs := gather(t, uow, []string{"a", "swallows", "b", "c"}, func(ctx context.Context, id string) error {
 		conn := framework.Conn(ctx, b.db)
 		if id == "swallows" {
@@ -778,8 +781,7 @@ func TestGroupCommitEndedByBatchMate(t *testing.T) {
 	b := groupBackends()["SQLite"](t)
 	_, err := b.db.Exec(`INSERT INTO effects (id, seen) VALUES ('taken', 1)`)
 	require.NoError(t, err)
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: 8, Batches: 1})
-	require.NoError(t, err)
+	uow := b.unitOfWork(t)
 	outcomes, errs := gather(t, uow, []string{"a", "swallows", "b", "c"}, func(ctx context.Context, id string) error {
 		conn := framework.Conn(ctx, b.db)
 		if id == "swallows" {
@@ -853,8 +855,7 @@ func TestStatementAfterTheHandlerReturned(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			b := open(t)
-			uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: 8, Batches: 1})
-			require.NoError(t, err)
+			uow := b.unitOfWork(t)
 			var (
 				runs     atomic.Int32
 				mateRuns sync.Once

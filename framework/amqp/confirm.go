@@ -31,7 +31,7 @@ type confirmChannel struct {
 }
 
 func newConfirmChannel(conn *connection) *confirmChannel {
-	return &confirmChannel{conn: conn, cfg: watermillConfig(conn.cfg, nil)}
+	return &confirmChannel{conn: conn, cfg: conn.publisherConfig()}
 }
 
 // channel returns the open channel in confirm mode, opening it when there
@@ -68,10 +68,7 @@ func (c *confirmChannel) channel() (*amqp091.Channel, error) {
 func (c *confirmChannel) publish(ctx context.Context, topic string, msg *message.Message) (*amqp091.DeferredConfirmation, error) {
 	p, err := c.cfg.Marshaler.Marshal(msg)
 	if err != nil {
-		return nil, fmt.Errorf("amqp: marshal %s: %w", msg.UUID, err)
-	}
-	if err := checkFrame(p, c.conn.frameSize()); err != nil {
-		return nil, fmt.Errorf("amqp: publish %s to %s: %w", msg.UUID, topic, err)
+		return nil, fmt.Errorf("amqp: publish to %s: %w", topic, err)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -160,24 +160,33 @@ func (c *connection) frameSize() int {
 	return 0
 }
 
-// fits returns checkFrame's error of the first of msgs whose publishing
-// would not fit in one frame of the connection: sent, it would close the
-// connection under every consumer (ErrHeadersTooLarge).
-func (c *connection) fits(msgs ...*message.Message) error {
-	frameMax := c.frameSize()
-	if frameMax <= 0 {
-		return nil
+// framedMarshaler is Marshaler for the publishers of conn: it refuses,
+// with checkFrame's ErrHeadersTooLarge, a message whose publishing does
+// not fit in one frame of the connection, before anything of it is sent.
+// Sent, it would make RabbitMQ close the connection under every consumer.
+type framedMarshaler struct {
+	Marshaler
+	conn *connection
+}
+
+// Marshal returns the publishing of msg, or ErrHeadersTooLarge.
+func (m framedMarshaler) Marshal(msg *message.Message) (amqp091.Publishing, error) {
+	p, err := m.Marshaler.Marshal(msg)
+	if err != nil {
+		return p, err
 	}
-	for _, msg := range msgs {
-		p, err := Marshaler{}.Marshal(msg)
-		if err != nil {
-			return fmt.Errorf("amqp: marshal %s: %w", msg.UUID, err)
-		}
-		if err := checkFrame(p, frameMax); err != nil {
-			return fmt.Errorf("message %s: %w", msg.UUID, err)
-		}
+	if err := checkFrame(p, m.conn.frameSize()); err != nil {
+		return amqp091.Publishing{}, fmt.Errorf("message %s: %w", msg.UUID, err)
 	}
-	return nil
+	return p, nil
+}
+
+// publisherConfig is the watermill-amqp configuration of the publishers
+// on c: watermillConfig's, with framedMarshaler.
+func (c *connection) publisherConfig() wamqp.Config {
+	cfg := watermillConfig(c.cfg, nil)
+	cfg.Marshaler = framedMarshaler{conn: c}
+	return cfg
 }
 
 // Close closes the connection. Close the publishers and subscribers first.

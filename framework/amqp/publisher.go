@@ -67,11 +67,11 @@ func (p *publisher) publishers() (events, direct *wamqp.Publisher, err error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	events, err = wamqp.NewPublisherWithConnection(watermillConfig(p.conn.cfg, nil), p.conn.logger, w)
+	events, err = wamqp.NewPublisherWithConnection(p.conn.publisherConfig(), p.conn.logger, w)
 	if err != nil {
 		return nil, nil, fmt.Errorf("amqp: publisher: %w", err)
 	}
-	dc := watermillConfig(p.conn.cfg, nil)
+	dc := p.conn.publisherConfig()
 	dc.Exchange.GenerateName = func(string) string { return "" } // the default exchange
 	dc.Publish.GenerateRoutingKey = func(queue string) string { return queue }
 	dc.Publish.ChannelPoolSize = 1
@@ -84,18 +84,16 @@ func (p *publisher) publishers() (events, direct *wamqp.Publisher, err error) {
 	return events, direct, nil
 }
 
-// Publish publishes msgs to the exchange topic and returns once the broker
-// confirmed each of them. It publishes none when one does not fit in a
-// frame of the connection (ErrHeadersTooLarge). Messages published before any consumer queue is
-// bound to the exchange are dropped by RabbitMQ: subscribers bind their
-// queues at start (subscriber.SubscribeInitialize).
+// Publish publishes msgs to the exchange topic, one after the other, and
+// returns once the broker confirmed each of them. A message that does not
+// fit in a frame of the connection is refused before it is sent, with
+// ErrHeadersTooLarge, and the rest with it. Messages published before any
+// consumer queue is bound to the exchange are dropped by RabbitMQ:
+// subscribers bind their queues at start (subscriber.SubscribeInitialize).
 func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
 	events, _, err := p.publishers()
 	if err != nil {
 		return err
-	}
-	if err := p.conn.fits(msgs...); err != nil {
-		return fmt.Errorf("amqp: publish to %s: %w", topic, err)
 	}
 	if err := events.Publish(topic, msgs...); err != nil {
 		return fmt.Errorf("amqp: publish to %s: %w", topic, err)
@@ -105,18 +103,13 @@ func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
 
 // Replay publishes msgs through the default exchange straight to the queue
 // of consumer, so that no other consumer of their type sees them again. It
-// fails when the queue does not exist, and, before it publishes any, with
-// ErrHeadersTooLarge when one does not fit in a frame: a permanent error
-// of code framework.CodeTooLarge, since it never will.
+// fails when the queue does not exist, and with ErrHeadersTooLarge, before
+// it is sent, for a message that does not fit in a frame (see Publish): a
+// permanent error of code framework.CodeTooLarge, since it never will.
 func (p *publisher) Replay(ctx context.Context, consumer string, msgs ...*message.Message) error {
 	_, direct, err := p.publishers()
 	if err != nil {
 		return err
-	}
-	// Checked first: one that does not fit would close the connection
-	// under every consumer, on each of the replay relay's tries.
-	if err := p.conn.fits(msgs...); err != nil {
-		return framework.Permanent(framework.CodeTooLarge, fmt.Errorf("amqp: replay to %s: %w", consumer, err))
 	}
 	w, err := p.conn.wrapper()
 	if err != nil {
@@ -133,7 +126,11 @@ func (p *publisher) Replay(ctx context.Context, consumer string, msgs ...*messag
 	_ = ch.Close()
 	publish := func(m *message.Message) error { return direct.Publish(consumer, m) }
 	if err := replay.Publish(ctx, publish, msgs...); err != nil {
-		return fmt.Errorf("amqp: replay to %s: %w", consumer, err)
+		err = fmt.Errorf("amqp: replay to %s: %w", consumer, err)
+		if errors.Is(err, ErrHeadersTooLarge) {
+			return framework.Permanent(framework.CodeTooLarge, err)
+		}
+		return err
 	}
 	return nil
 }

@@ -511,38 +511,41 @@ func (s *Store) Adopt(ctx context.Context, consumer, from string) (int64, error)
 	return n, nil
 }
 
-// adoptParked moves the waits, holds and parkings of from to consumer;
-// where consumer has one of the same subject and sequence, its own stays.
+// adoptParked moves the waits, holds, parkings and skips of from to
+// consumer; where consumer had one of the same subject and sequence, of
+// any kind, its own stays and from's goes, as a SQL row does.
 func (s *Store) adoptParked(consumer, from string) {
-	for k, w := range s.waits {
-		if k.consumer != from {
-			continue
+	own := make(map[waitKey]bool)
+	ownPlaces(own, s.waits, consumer)
+	ownPlaces(own, s.parked, consumer)
+	ownPlaces(own, s.skipped, consumer)
+	adoptPlaces(s.waits, own, consumer, from, func(w wait) wait { return w })
+	adoptPlaces(s.parked, own, consumer, from, func(p framework.ParkedEvent) framework.ParkedEvent {
+		p.Consumer = consumer
+		return p
+	})
+	adoptPlaces(s.skipped, own, consumer, from, func(k framework.Key) framework.Key { return k })
+}
+
+// ownPlaces adds to own the places of consumer in m.
+func ownPlaces[V any](own map[waitKey]bool, m map[waitKey]V, consumer string) {
+	for k := range m {
+		if k.consumer == consumer {
+			own[k] = true
 		}
-		nk := waitKey{subjectKey{consumer, k.subject}, k.seq}
-		if _, ok := s.waits[nk]; !ok {
-			s.waits[nk] = w
-		}
-		delete(s.waits, k)
 	}
-	for k, p := range s.parked {
+}
+
+// adoptPlaces moves the entries of from in m to consumer, as move makes
+// them, but where own holds consumer's place.
+func adoptPlaces[V any](m map[waitKey]V, own map[waitKey]bool, consumer, from string, move func(V) V) {
+	for k, v := range m {
 		if k.consumer != from {
 			continue
 		}
-		nk := waitKey{subjectKey{consumer, k.subject}, k.seq}
-		if _, ok := s.parked[nk]; !ok {
-			p.Consumer = consumer
-			s.parked[nk] = p
+		delete(m, k)
+		if nk := (waitKey{subjectKey{consumer, k.subject}, k.seq}); !own[nk] {
+			m[nk] = move(v)
 		}
-		delete(s.parked, k)
-	}
-	for k, key := range s.skipped {
-		if k.consumer != from {
-			continue
-		}
-		nk := waitKey{subjectKey{consumer, k.subject}, k.seq}
-		if _, ok := s.parked[nk]; !ok {
-			s.skipped[nk] = key
-		}
-		delete(s.skipped, k)
 	}
 }

@@ -44,7 +44,7 @@ type checkpointer struct {
 	interval time.Duration
 	restart  int64 // restartFrames, or less in tests
 
-	rounds atomic.Int64    // checkpoints begun, for the tests
+	rounds atomic.Int64    // checkpoints made (ended, whatever the outcome), for the tests
 	wrote  chan struct{}   // a write since the last checkpoint; buffered 1
 	ctx    context.Context // ends with Close
 	cancel context.CancelFunc
@@ -118,11 +118,11 @@ func (c *checkpointer) run() {
 				continue
 			}
 		}
-		c.rounds.Add(1)
 		frames, err := checkpoint(conn)
 		if err == nil && frames >= c.restart {
 			err = c.gated(conn)
 		}
+		c.rounds.Add(1)
 		if err != nil && !errors.Is(err, errCheckpointBusy) {
 			// A connection that failed otherwise is replaced; the
 			// checkpoint is made again after the next write.

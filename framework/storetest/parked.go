@@ -28,12 +28,11 @@ func eventDeadLetter(consumer, subject string, seq int64, key framework.Key, cod
 	return dl
 }
 
-// park runs an attempt of consumer on p's event that reads the subject's
-// checkpoint, as strict order does, and parks p; the attempt commits when
-// it parked p and ends with errBoom after rollback when fails. It returns
-// whether Park parked p.
-func (b *bundle) park(t *testing.T, p framework.ParkedEvent, rollback bool) bool {
-	t.Helper()
+// attemptPark runs an attempt of consumer on p's event that reads the
+// subject's checkpoint, as strict order does, and parks p; the attempt
+// commits unless Park failed, or rollback: then it ends with errBoom. It
+// returns whether Park parked p, and the attempt's outcome and error.
+func (b *bundle) attemptPark(p framework.ParkedEvent, rollback bool) (bool, framework.Outcome, error) {
 	var parked bool
 	out, err := b.do(context.Background(), b.uow, p.Consumer, p.Key, func(ctx context.Context) error {
 		tx, _ := pipeline.From[*framework.Tx](ctx)
@@ -49,6 +48,14 @@ func (b *bundle) park(t *testing.T, p framework.ParkedEvent, rollback bool) bool
 		}
 		return nil
 	})
+	return parked, out, err
+}
+
+// park is attemptPark, whose attempt commits when it parked p and ends
+// with errBoom when rollback. It returns whether Park parked p.
+func (b *bundle) park(t *testing.T, p framework.ParkedEvent, rollback bool) bool {
+	t.Helper()
+	parked, out, err := b.attemptPark(p, rollback)
 	if rollback {
 		require.ErrorIs(t, err, errBoom)
 		return parked
@@ -99,6 +106,30 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 			Body:     []byte(`{"n":` + id + `}`),
 			Metadata: map[string]string{"traceparent": "t" + id},
 		}
+	}
+	// rival is another event than event(seq) with its sequence: two
+	// events claimed one step.
+	rival := func(seq int64) framework.ParkedEvent {
+		p := event(seq)
+		p.Key.ID += "-other"
+		p.Body = []byte(`{"other":true}`)
+		return p
+	}
+	// places puts each kind of place in the sequence of order-1, past
+	// its checkpoint at 2: 3 held, 4 parked behind it, 5 held, a skip at
+	// 6 (discarded before its turn) and a wait at 7.
+	places := func(t *testing.T, b *bundle) {
+		t.Helper()
+		ctx := context.Background()
+		require.True(t, b.advance(t, consumer, "order-1", 2))
+		b.hold(t, consumer, "order-1", 3, event(3).Key)
+		require.True(t, b.park(t, event(4), false))
+		b.hold(t, consumer, "order-1", 5, event(5).Key)
+		b.hold(t, consumer, "order-1", 6, event(6).Key)
+		_, err := b.store.Skip(ctx, consumer, "order-1", event(6).Key)
+		require.NoError(t, err)
+		_, err = b.store.WaitGap(ctx, consumer, "order-1", 7, event(7).Key, event(7).Body)
+		require.NoError(t, err)
 	}
 	list := func(t *testing.T, b *bundle, f framework.ParkedFilter) []framework.ParkedEvent {
 		t.Helper()
@@ -238,51 +269,30 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 		t.Parallel()
 		b := setup(t, newHarness)
 		ctx := context.Background()
-		require.True(t, b.advance(t, consumer, "order-1", 2))
-		b.hold(t, consumer, "order-1", 3, event(3).Key)
-		require.True(t, b.park(t, event(5), false))
-		b.hold(t, consumer, "order-1", 6, event(6).Key)
-		b.hold(t, consumer, "order-1", 8, event(8).Key)
-		_, err := b.store.Skip(ctx, consumer, "order-1", event(8).Key) // before its turn: a skip
-		require.NoError(t, err)
-		_, err = b.store.WaitGap(ctx, consumer, "order-1", 9, event(9).Key, event(9).Body)
-		require.NoError(t, err)
-
-		for _, seq := range []int64{5, 6, 8} {
-			other := event(seq)
-			other.Key.ID += "-other"
-			other.Body = []byte(`{"other":true}`)
-			_, err := b.do(ctx, b.uow, consumer, other.Key, func(ctx context.Context) error {
-				tx, _ := pipeline.From[*framework.Tx](ctx)
-				if _, err := b.store.Checkpoint(ctx, tx, consumer, "order-1"); err != nil {
-					return err
-				}
-				parked, err := b.store.Park(ctx, tx, other)
-				require.False(t, parked, "#%d", seq)
-				return err
-			})
+		places(t, b)
+		for _, seq := range []int64{4, 5, 6} { // parked, held, skipped
+			parked, _, err := b.attemptPark(rival(seq), false)
 			require.ErrorIs(t, err, framework.ErrSequenceTaken, "#%d", seq)
-			require.NoError(t, b.store.HoldDeadLetter(ctx, eventDeadLetter(consumer, "order-1", seq, other.Key, framework.CodeSequenceConflict)))
+			require.False(t, parked, "#%d", seq)
+			require.NoError(t, b.store.HoldDeadLetter(ctx, eventDeadLetter(consumer, "order-1", seq, rival(seq).Key, framework.CodeSequenceConflict)))
 		}
 		ps := list(t, b, framework.ParkedFilter{})
-		require.Equal(t, []string{"order-1#3H", "order-1#5", "order-1#6H"}, seqs(ps))
-		want := event(5)
+		require.Equal(t, []string{"order-1#3H", "order-1#4", "order-1#5H"}, seqs(ps))
+		want := event(4)
 		want.At = t0
 		require.Equal(t, want, ps[1], "the first's message is kept intact")
-		require.Equal(t, event(6).Key, ps[2].Key, "the first holds its place")
+		require.Equal(t, event(5).Key, ps[2].Key, "the first holds its place")
 
-		require.True(t, b.park(t, event(5), false), "the same event parks again")
-		other := event(9)
-		other.Key.ID += "-other"
-		require.True(t, b.park(t, other, false), "in the place of a wait")
+		require.True(t, b.park(t, event(4), false), "the same event parks again")
+		require.True(t, b.park(t, rival(7), false), "in the place of a wait")
 
-		// 3 and then the others take effect in turn: the skip of 8 is
+		// 3 and then the others take effect in turn: the skip of 6 is
 		// still there, and the checkpoint moves past it.
-		for seq := int64(3); seq <= 7; seq++ {
+		for seq := int64(3); seq <= 5; seq++ {
 			require.True(t, b.advance(t, consumer, "order-1", seq))
 			b.endWait(t, consumer, "order-1", seq, event(seq).Key)
 		}
-		require.Equal(t, int64(8), b.checkpoint(t, consumer, "order-1"), "8 skipped")
+		require.Equal(t, int64(6), b.checkpoint(t, consumer, "order-1"), "6 skipped")
 	})
 
 	// ParkGap, likewise: another event that waits with the sequence of
@@ -292,9 +302,7 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 		b := setup(t, newHarness)
 		ctx := context.Background()
 		require.True(t, b.advance(t, consumer, "order-1", 4))
-		other := event(6)
-		other.Key.ID += "-other"
-		other.Body = []byte(`{"other":true}`)
+		other := rival(6)
 		_, err := b.store.WaitGap(ctx, consumer, "order-1", 6, event(6).Key, event(6).Body)
 		require.NoError(t, err)
 		_, err = b.store.WaitGap(ctx, consumer, "order-1", 6, other.Key, other.Body)
@@ -321,18 +329,9 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 		t.Parallel()
 		b := setup(t, newHarness)
 		ctx := context.Background()
-		require.True(t, b.advance(t, consumer, "order-1", 2))
-		b.hold(t, consumer, "order-1", 3, event(3).Key)
-		require.True(t, b.park(t, event(4), false))
-		b.hold(t, consumer, "order-1", 5, event(5).Key)
-		b.hold(t, consumer, "order-1", 6, event(6).Key)
-		_, err := b.store.Skip(ctx, consumer, "order-1", event(6).Key) // before its turn: a skip
-		require.NoError(t, err)
-		_, err = b.store.WaitGap(ctx, consumer, "order-1", 8, event(8).Key, event(8).Body)
-		require.NoError(t, err)
+		places(t, b)
 		for _, seq := range []int64{3, 4, 5, 6} {
-			other := event(seq).Key
-			other.ID += "-other"
+			other := rival(seq).Key
 			err := b.inTx(ctx, func(ctx context.Context, tx *framework.Tx) error {
 				_, err := b.store.EndWait(ctx, tx, consumer, "order-1", seq, other)
 				return err
@@ -342,12 +341,10 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 			require.ErrorIs(t, err, framework.ErrSequenceTaken, "#%d, without a transaction", seq)
 		}
 		require.Equal(t, []string{"order-1#3H", "order-1#4", "order-1#5H"}, seqs(list(t, b, framework.ParkedFilter{})))
-		other := event(8).Key
-		other.ID += "-other"
-		b.endWait(t, consumer, "order-1", 8, other)
-		waited, err := b.store.WaitGap(ctx, consumer, "order-1", 8, event(8).Key, event(8).Body)
+		b.endWait(t, consumer, "order-1", 7, rival(7).Key)
+		waited, err := b.store.WaitGap(ctx, consumer, "order-1", 7, event(7).Key, event(7).Body)
 		require.NoError(t, err)
-		require.Zero(t, waited, "the wait ended with the effect at 8")
+		require.Zero(t, waited, "the wait ended with the effect at 7")
 		require.True(t, b.endWait(t, consumer, "order-1", 3, event(3).Key), "its own hold: 4 is parked after 3")
 		require.Equal(t, []string{"order-1#4", "order-1#5H"}, seqs(list(t, b, framework.ParkedFilter{})))
 	})
