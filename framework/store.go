@@ -159,10 +159,15 @@ type Store interface {
 	// marks longer than any redelivery or replay can come late.
 	PurgeProcessed(ctx context.Context, before time.Time, limit int) (int64, error)
 	// Adopt gives consumer the processed marks, the subject checkpoints,
-	// the dead letters (with their history, which records the adoption)
-	// and the delivery counts of the consumer named from, which it was
-	// renamed from, in one transaction, and returns how many marks it
-	// adopted. Running it again adopts only what is new.
+	// the dead letters (with their history, which records the adoption),
+	// the delivery counts and the waits, holds, parked events and skips
+	// of the consumer named from, which it was renamed from, in one
+	// transaction, and returns how many marks it adopted. Where both
+	// names have a place at one sequence of a subject, consumer's stays,
+	// unless it is a wait; a parked event of from kept out by another
+	// event's place becomes a dead letter of consumer
+	// (CodeSequenceConflict), never lost. Running it again adopts only
+	// what is new.
 	Adopt(ctx context.Context, consumer, from string) (int64, error)
 }
 

@@ -470,7 +470,8 @@ func (s *Store) PurgeProcessed(ctx context.Context, before time.Time, limit int)
 // add up. Each dead letter moved records the adoption in its history (By
 // is from); when consumer has a dead letter of the same event, that one
 // is kept and takes the other's history and repeats (see the SQL
-// stores). Running it again adopts only what is new.
+// stores). The waits, holds, parked events and skips move as
+// adoptParked says. Running it again adopts only what is new.
 func (s *Store) Adopt(ctx context.Context, consumer, from string) (int64, error) {
 	if consumer == from {
 		return 0, fmt.Errorf("adopt %s: a consumer cannot adopt its own name", from)
@@ -506,46 +507,94 @@ func (s *Store) Adopt(ctx context.Context, consumer, from string) (int64, error)
 		}
 		own.seq = max(own.seq, c.seq) // a holder's advance of own applies on top
 	}
+	s.adoptParked(consumer, from, s.now().UTC())
 	s.adoptDeadLetters(consumer, from)
-	s.adoptParked(consumer, from)
 	return n, nil
 }
 
 // adoptParked moves the waits, holds, parkings and skips of from to
-// consumer; where consumer had one of the same subject and sequence, of
-// any kind, its own stays and from's goes, as a SQL row does.
-func (s *Store) adoptParked(consumer, from string) {
-	own := make(map[waitKey]bool)
-	ownPlaces(own, s.waits, consumer)
-	ownPlaces(own, s.parked, consumer)
-	ownPlaces(own, s.skipped, consumer)
-	adoptPlaces(s.waits, own, consumer, from, func(w wait) wait { return w })
-	adoptPlaces(s.parked, own, consumer, from, func(p framework.ParkedEvent) framework.ParkedEvent {
-		p.Consumer = consumer
-		return p
-	})
-	adoptPlaces(s.skipped, own, consumer, from, func(k framework.Key) framework.Key { return k })
-}
-
-// ownPlaces adds to own the places of consumer in m.
-func ownPlaces[V any](own map[waitKey]bool, m map[waitKey]V, consumer string) {
-	for k := range m {
+// consumer, at now, as the SQL stores do. Where consumer has a place of
+// the same subject and sequence, its own stays, unless it is a wait (no
+// one's place) and from's is not. A parked event of from kept out by
+// consumer's parking, hold or skip of another event is the only copy of
+// its message: it becomes a dead letter of from (CodeSequenceConflict,
+// holding nothing), which the adoption of the dead letters, after it,
+// moves to consumer.
+func (s *Store) adoptParked(consumer, from string, now time.Time) {
+	to := func(k waitKey) waitKey { return waitKey{subjectKey{consumer, k.subject}, k.seq} }
+	// Who holds each place of consumer, and whether it is a wait.
+	type place struct {
+		key  framework.Key
+		wait bool
+	}
+	own := make(map[waitKey]place)
+	for k, w := range s.waits {
 		if k.consumer == consumer {
-			own[k] = true
+			own[k] = place{w.key, true}
 		}
 	}
-}
-
-// adoptPlaces moves the entries of from in m to consumer, as move makes
-// them, but where own holds consumer's place.
-func adoptPlaces[V any](m map[waitKey]V, own map[waitKey]bool, consumer, from string, move func(V) V) {
-	for k, v := range m {
+	for k, p := range s.parked {
+		if k.consumer == consumer {
+			own[k] = place{key: p.Key}
+		}
+	}
+	for k, key := range s.skipped {
+		if k.consumer == consumer {
+			own[k] = place{key: key}
+		}
+	}
+	// takes reports whether from's place at k, not a wait, goes to
+	// consumer, ending consumer's wait there if any.
+	takes := func(k waitKey) bool {
+		p, ok := own[to(k)]
+		if ok && p.wait {
+			delete(s.waits, to(k))
+		}
+		return !ok || p.wait
+	}
+	for k, p := range s.parked {
 		if k.consumer != from {
 			continue
 		}
-		delete(m, k)
-		if nk := (waitKey{subjectKey{consumer, k.subject}, k.seq}); !own[nk] {
-			m[nk] = move(v)
+		delete(s.parked, k)
+		switch {
+		case takes(k):
+			p.Consumer = consumer
+			s.parked[to(k)] = p
+		case !p.Held && own[to(k)].key != p.Key:
+			s.putDeadLetter(parkedDeadLetter(p), now)
 		}
 	}
+	for k, key := range s.skipped {
+		if k.consumer != from {
+			continue
+		}
+		delete(s.skipped, k)
+		if takes(k) {
+			s.skipped[to(k)] = key
+		}
+	}
+	for k, w := range s.waits {
+		if k.consumer != from {
+			continue
+		}
+		delete(s.waits, k)
+		if _, ok := own[to(k)]; !ok {
+			s.waits[to(k)] = w
+		}
+	}
+}
+
+// parkedDeadLetter is the dead letter of the parked event p that another
+// event's place keeps out (see adoptParked).
+func parkedDeadLetter(p framework.ParkedEvent) framework.DeadLetter {
+	dl := framework.DeadLetter{
+		Consumer: p.Consumer, Topic: p.Topic, Source: p.Key.Source, EventID: p.Key.ID,
+		Subject: p.Subject, SubjectSeq: p.Seq, Code: framework.CodeSequenceConflict,
+		Body: p.Body, Metadata: p.Metadata,
+	}
+	if env, err := framework.Decode(p.Body, 0); err == nil && env.Key() == p.Key {
+		dl.Type, dl.Version, dl.CorrelationID = env.Type, env.Version, env.CorrelationID
+	}
+	return dl
 }

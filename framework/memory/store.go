@@ -221,13 +221,6 @@ func (s *Store) storeDeadLetter(ctx context.Context, dl framework.DeadLetter, ho
 		return fmt.Errorf("publish dead letter %s for %s: %w", dl.Key(), dl.Consumer, err)
 	}
 	at := s.now().UTC()
-	dl.Body = slices.Clone(dl.Body)
-	dl.Metadata = framework.StorableMetadata(dl.Metadata)
-	dl.Status = framework.DeadLetterPending
-	dl.Resolution = framework.Resolution{}
-	dl.LastFailedAt = at
-	k := markKey{consumer: dl.Consumer, key: dl.Key()}
-
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
@@ -236,6 +229,19 @@ func (s *Store) storeDeadLetter(ctx context.Context, dl framework.DeadLetter, ho
 	case dl.Subject != "" && dl.SubjectSeq != 0:
 		s.endOwnWait(dl.Consumer, dl.Subject, dl.SubjectSeq, dl.Key())
 	}
+	s.putDeadLetter(dl, at)
+	return nil
+}
+
+// putDeadLetter stores dl, failed at at, or counts its repeat, with the
+// failure in its history, and forgets its delivery count. s.mu is held.
+func (s *Store) putDeadLetter(dl framework.DeadLetter, at time.Time) {
+	dl.Body = slices.Clone(dl.Body)
+	dl.Metadata = framework.StorableMetadata(dl.Metadata)
+	dl.Status = framework.DeadLetterPending
+	dl.Resolution = framework.Resolution{}
+	dl.LastFailedAt = at
+	k := markKey{consumer: dl.Consumer, key: dl.Key()}
 	delete(s.deliveries, k)
 	if id, ok := s.byKey[k]; ok {
 		old := s.deadLetters[id]
@@ -249,7 +255,6 @@ func (s *Store) storeDeadLetter(ctx context.Context, dl framework.DeadLetter, ho
 	s.appendHistory(dl.ID, framework.HistoryEntry{
 		At: at, Kind: framework.HistoryFailed, Code: dl.Code, Attempts: dl.Attempts, Deliveries: dl.Deliveries,
 	})
-	return nil
 }
 
 // DeadLetter returns the dead letter with id, or an error wrapping

@@ -487,6 +487,87 @@ func exerciseAdopt(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.GreaterOrEqual(t, waited, time.Minute, "the wait keeps its start under the new name")
 	})
 
+	// Where both names have a place at one sequence of a subject, the
+	// old name's parked event, the only copy of an acknowledged message,
+	// is never dropped: it takes the place of the new name's wait, and
+	// where the new name's place is another event's parking, hold or
+	// skip, it becomes a dead letter of the new name (sequence_conflict,
+	// holding nothing), as a second event of one step is.
+	t.Run("AdoptNeverDropsAParkedEvent", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		key := func(name string) framework.Key { return framework.Key{Source: "orders", ID: name} }
+		parked := func(consumer string, seq int64, id string) framework.ParkedEvent {
+			t.Helper()
+			body, err := framework.Encode(framework.Envelope{
+				Attributes: framework.Attributes{
+					ID: id, Source: "orders", Type: "orders.order.paid", Version: 2,
+					Subject: "s", SubjectSeq: seq, CorrelationID: "corr-" + id,
+				},
+				Data: []byte(`{"n":1}`),
+			})
+			require.NoError(t, err)
+			return framework.ParkedEvent{
+				Consumer: consumer, Subject: "s", Seq: seq, Key: key(id),
+				Topic: "orders.order.paid", Body: body, Metadata: map[string]string{"traceparent": "t-" + id},
+			}
+		}
+		// The new name: 3 held, 4 parked behind it, a wait at 5, 6 free.
+		b.hold(t, consumer, "s", 3, key("new-3"))
+		require.True(t, b.park(t, parked(consumer, 4, "new-4"), false))
+		_, err := b.store.WaitGap(ctx, consumer, "s", 5, key("new-5"), []byte(`{}`))
+		require.NoError(t, err)
+		// The old name: 3 held, and another event parked at each of 4, 5
+		// and 6.
+		b.hold(t, from, "s", 3, key("old-3"))
+		lost := parked(from, 4, "old-4")
+		for _, p := range []framework.ParkedEvent{lost, parked(from, 5, "old-5"), parked(from, 6, "old-6")} {
+			require.True(t, b.park(t, p, false))
+		}
+
+		_, err = b.store.Adopt(ctx, consumer, from)
+		require.NoError(t, err)
+		ps, err := b.store.Parked(ctx, framework.ParkedFilter{Consumer: consumer})
+		require.NoError(t, err)
+		got := make(map[int64]framework.Key)
+		for _, p := range ps {
+			got[p.Seq] = p.Key
+		}
+		require.Equal(t, map[int64]framework.Key{3: key("new-3"), 4: key("new-4"), 5: key("old-5"), 6: key("old-6")}, got,
+			"the new name's places stay, but its wait, which the old name's parked event takes")
+		ps, err = b.store.Parked(ctx, framework.ParkedFilter{Consumer: from})
+		require.NoError(t, err)
+		require.Empty(t, ps)
+
+		dls, err := b.store.DeadLetters(ctx, framework.DeadLetterFilter{Consumer: consumer, EventID: "old-4"})
+		require.NoError(t, err)
+		require.Len(t, dls, 1, "the old name's event parked in another's place is a dead letter")
+		dl := dls[0]
+		require.Equal(t, framework.CodeSequenceConflict, dl.Code)
+		require.Equal(t, lost.Key, dl.Key())
+		require.Equal(t, lost.Body, dl.Body, "with its message")
+		require.Equal(t, lost.Topic, dl.Topic)
+		require.Equal(t, "t-old-4", dl.Metadata["traceparent"])
+		require.Equal(t, "s", dl.Subject)
+		require.EqualValues(t, 4, dl.SubjectSeq)
+		require.Equal(t, "orders.order.paid", dl.Type)
+		require.Equal(t, 2, dl.Version)
+		require.Equal(t, "corr-old-4", dl.CorrelationID)
+		h := history(t, b.store, dl.ID)
+		require.Equal(t, []framework.HistoryKind{framework.HistoryFailed, framework.HistoryAdopted}, kinds(h))
+		require.Equal(t, framework.CodeSequenceConflict, h[0].Code)
+		dls, err = b.store.DeadLetters(ctx, framework.DeadLetterFilter{Consumer: consumer, EventID: "old-3"})
+		require.NoError(t, err)
+		require.Len(t, dls, 1, "the old name's held dead letter is the new name's, holding nothing")
+
+		_, err = b.store.Adopt(ctx, consumer, from)
+		require.NoError(t, err)
+		dls, err = b.store.DeadLetters(ctx, framework.DeadLetterFilter{Consumer: consumer})
+		require.NoError(t, err)
+		require.Len(t, dls, 3, "new-3, old-3 and old-4, once: running it again moves nothing")
+	})
+
 	// The new name takes the old one's dead letters (their history
 	// records the adoption), its unsent replays and its delivery counts.
 	// When both names have a dead letter of one event, the new name's is

@@ -52,12 +52,24 @@ SELECT id, ?, 'adopted', ? FROM {p}dead_letters WHERE consumer = ?`
 	qAdoptDeadLetters = `UPDATE {p}dead_letters SET consumer = ? WHERE consumer = ?`
 	qAdoptReplays     = `UPDATE {p}replays SET consumer = ? WHERE consumer = ? AND sent_at IS NULL`
 
-	// The waits behind a gap, the holds and the parked events move too:
-	// where the new name has one of the same subject and sequence, its
-	// own stays.
+	// The waits behind a gap, the holds, the parked events and the skips
+	// move too. Where the new name has a place of the same subject and
+	// sequence, its own stays, unless it is a wait (no one's place, see
+	// qOwnOrWait) and the old name's is not. An old name's parked event
+	// whose place the new name's parking, hold or skip of another event
+	// keeps is the only copy of its message: qAdoptConflicts finds those,
+	// which become dead letters first (see conflictsToDeadLetters).
+	qAdoptConflicts = `SELECT o.subject, o.seq, o.source, o.event_id, o.topic, o.body, o.metadata
+FROM {p}parked_events o JOIN {p}parked_events n ON n.consumer = ? AND n.subject = o.subject AND n.seq = o.seq
+WHERE o.consumer = ? AND o.reason = 'parked' AND n.reason <> 'gap'
+    AND NOT (n.source = o.source AND n.event_id = o.event_id)
+ORDER BY o.subject, o.seq`
 	qAdoptParked = `INSERT INTO {p}parked_events (consumer, subject, seq, source, event_id, topic, body, metadata, parked_at, reason)
 SELECT ?, subject, seq, source, event_id, topic, body, metadata, parked_at, reason FROM {p}parked_events WHERE consumer = ?
-ON CONFLICT (consumer, subject, seq) DO NOTHING`
+ON CONFLICT (consumer, subject, seq) DO UPDATE SET
+    source = excluded.source, event_id = excluded.event_id, topic = excluded.topic, body = excluded.body,
+    metadata = excluded.metadata, parked_at = excluded.parked_at, reason = excluded.reason
+WHERE {p}parked_events.reason = 'gap' AND excluded.reason <> 'gap'`
 	qDropParked = `DELETE FROM {p}parked_events WHERE consumer = ?`
 )
 
@@ -91,6 +103,9 @@ func (s *Store) Adopt(ctx context.Context, consumer, from string) (int64, error)
 	if _, err := tx.ExecContext(ctx, s.q.sql(qAdoptCheckpoints), consumer, from); err != nil {
 		return 0, fmt.Errorf("adopt the checkpoints of %s for %s: %w", from, consumer, err)
 	}
+	if err := s.conflictsToDeadLetters(ctx, tx, consumer, from); err != nil {
+		return 0, fmt.Errorf("adopt the parked events of %s for %s: %w", from, consumer, err)
+	}
 	for _, q := range []struct {
 		sql  string
 		args []any
@@ -111,6 +126,54 @@ func (s *Store) Adopt(ctx context.Context, consumer, from string) (int64, error)
 		return 0, fmt.Errorf("adopt the marks of %s for %s: commit: %w", from, consumer, err)
 	}
 	return n, nil
+}
+
+// conflictsToDeadLetters stores, inside tx, a dead letter of from
+// (CodeSequenceConflict, holding nothing) of each parked event of from
+// whose place consumer's parking, hold or skip of another event keeps, so
+// that the adoption of the dead letters, which comes after, moves it to
+// consumer: two events took one step of a subject, one under each name,
+// and the one that loses it is a dead letter, as it is when both come to
+// one name (see framework.ErrSequenceTaken).
+func (s *Store) conflictsToDeadLetters(ctx context.Context, tx *sqlx.Tx, consumer, from string) error {
+	conflicts, err := s.parkedConflicts(ctx, tx, consumer, from)
+	if err != nil {
+		return err
+	}
+	at := s.dialect.timeArg(s.now())
+	for _, c := range conflicts {
+		dl := framework.DeadLetter{
+			Consumer: from, Topic: c.Topic, Source: c.Source, EventID: c.EventID,
+			Subject: c.Subject, SubjectSeq: c.Seq, Code: framework.CodeSequenceConflict,
+		}
+		if env, err := framework.Decode(c.Body, 0); err == nil && env.Key() == dl.Key() {
+			dl.Type, dl.Version, dl.CorrelationID = env.Type, env.Version, env.CorrelationID
+		}
+		if _, err := s.insertDeadLetter(ctx, tx, dl, c.Body, c.Metadata, at); err != nil {
+			return fmt.Errorf("dead letter of %s parked at %s #%d: %w", dl.Key(), c.Subject, c.Seq, err)
+		}
+	}
+	return nil
+}
+
+// parkedConflict is an old name's parked event that the new name's place
+// keeps out (qAdoptConflicts).
+type parkedConflict struct {
+	Subject  string `db:"subject"`
+	Seq      int64  `db:"seq"`
+	Source   string `db:"source"`
+	EventID  string `db:"event_id"`
+	Topic    string `db:"topic"`
+	Body     []byte `db:"body"`
+	Metadata string `db:"metadata"`
+}
+
+func (s *Store) parkedConflicts(ctx context.Context, tx *sqlx.Tx, consumer, from string) ([]parkedConflict, error) {
+	var cs []parkedConflict
+	if err := tx.SelectContext(ctx, &cs, s.q.sql(qAdoptConflicts), consumer, from); err != nil {
+		return nil, err
+	}
+	return cs, nil
 }
 
 // conflict is a dead letter of the old name (old) of an event that the new
