@@ -399,15 +399,17 @@ var errTxEnded = errors.New("the batch's transaction ended with a failed stateme
 // txEnded reports whether the batch's transaction tx ended, on SQLite,
 // where a failed statement may end it (see Tx.failed): BEGIN fails
 // within a transaction and succeeds only outside one, and the
-// transaction it then begins rolls back with tx. On PostgreSQL a failed
-// statement aborts the transaction instead, which the next statement
-// reports (SQLSTATE 25P02, see inFailedTransaction).
+// transaction it then begins rolls back with tx; on the framework's
+// SQLite driver, which refuses every statement of a transaction SQLite
+// rolled back, the BEGIN fails with SQLSTATE 25P02 (sqlite.ErrRolledBack).
+// On PostgreSQL a failed statement aborts the transaction instead, which
+// the next statement reports (SQLSTATE 25P02, see inFailedTransaction).
 func (g *group) txEnded(ctx context.Context, tx sqlx.ExecerContext) bool {
 	if g.u.db.DriverName() == "pgx" {
 		return false
 	}
 	_, err := tx.ExecContext(ctx, "BEGIN")
-	return err == nil
+	return err == nil || inFailedTransaction(err)
 }
 
 // resetSession undoes, on PostgreSQL, the settings an attempt made in the

@@ -112,6 +112,34 @@ type sqliteConn interface {
 	driver.Validator
 }
 
+// rollbackHooker is the rollback hook of modernc.org/sqlite's connection:
+// SQLite calls it whenever a transaction rolls back, by a ROLLBACK or on
+// its own after a failed statement.
+type rollbackHooker interface {
+	RegisterRollbackHook(sqlitedriver.RollbackHookFn)
+}
+
+// ErrRolledBack is returned by a statement of a transaction that SQLite
+// rolled back on its own after a statement failed, and by its Commit.
+// SQLite ends the whole transaction on some failures, for example
+// SQLITE_FULL, SQLITE_IOERR, SQLITE_NOMEM, an interrupt or a conflict
+// clause OR ROLLBACK, even while rows are read; the statements after
+// would each run and commit alone, outside any transaction. They fail
+// instead, until the transaction's Rollback, as on PostgreSQL after a
+// failed statement: the error's SQLState is 25P02
+// (in_failed_sql_transaction).
+var ErrRolledBack error = rolledBack{}
+
+type rolledBack struct{}
+
+func (rolledBack) Error() string {
+	return "sqlite: the transaction was rolled back by SQLite after a statement failed; statements are refused until it ends"
+}
+
+// SQLState returns PostgreSQL's code of the same refusal, which the
+// framework's group commit knows.
+func (rolledBack) SQLState() string { return "25P02" }
+
 // gatedConnector opens connections whose transactions and writes pass the
 // gate.
 type gatedConnector struct {
@@ -143,6 +171,12 @@ func (c *gatedConnector) Connect(ctx context.Context) (driver.Conn, error) {
 		return nil, fmt.Errorf("sqlite: driver connection %T lacks a method the write gate needs", conn)
 	}
 	gc := &gatedConn{sqliteConn: sc, gate: c.gate, identity: c.identity}
+	hooks, ok := conn.(rollbackHooker)
+	if !ok {
+		_ = conn.Close()
+		return nil, fmt.Errorf("sqlite: driver connection %T has no rollback hook", conn)
+	}
+	hooks.RegisterRollbackHook(gc.rolledBack)
 	if c.stmts > 0 {
 		gc.stmts = newStmtCache(c.stmts)
 	}
@@ -187,9 +221,13 @@ func (c *gatedConnector) Close() error {
 // statements it is given on the ones its cache keeps prepared.
 type gatedConn struct {
 	sqliteConn
-	gate  *writeGate
-	inTx  bool
-	stmts *stmtCache // nil: every statement is prepared anew
+	gate *writeGate
+	inTx bool
+	// ending is set while the transaction commits or rolls back, and
+	// lost once SQLite rolled it back on its own before that (see
+	// ErrRolledBack).
+	ending, lost bool
+	stmts        *stmtCache // nil: every statement is prepared anew
 	// identity is the connector's: set for a file, which other processes
 	// may write too; nil for an in-memory database.
 	identity *fileIdentity
@@ -213,8 +251,19 @@ func (c *gatedConn) Close() error {
 	return errors.Join(err, c.sqliteConn.Close())
 }
 
+// rolledBack is the connection's rollback hook: SQLite runs it on the
+// goroutine whose statement rolled the transaction back.
+func (c *gatedConn) rolledBack() {
+	if c.inTx && !c.ending {
+		c.lost = true
+	}
+}
+
 // exec runs query, on its kept statement when it has one free.
 func (c *gatedConn) exec(ctx context.Context, query string, args []driver.NamedValue) (driver.Result, error) {
+	if c.lost {
+		return nil, ErrRolledBack
+	}
 	if c.stmts != nil {
 		if res, ok, err := c.stmts.exec(ctx, c.sqliteConn, query, args); ok {
 			return res, err
@@ -225,6 +274,9 @@ func (c *gatedConn) exec(ctx context.Context, query string, args []driver.NamedV
 
 // query runs query, on its kept statement when it has one free.
 func (c *gatedConn) query(ctx context.Context, query string, args []driver.NamedValue) (driver.Rows, error) {
+	if c.lost {
+		return nil, ErrRolledBack
+	}
 	if c.stmts != nil {
 		if rows, ok, err := c.stmts.query(ctx, c.sqliteConn, query, args); ok {
 			return rows, err
@@ -368,19 +420,29 @@ type gatedTx struct {
 	once sync.Once
 }
 
+// Commit commits, unless SQLite rolled the transaction back already.
 func (t *gatedTx) Commit() error {
 	defer t.end()
+	if t.conn.lost {
+		return ErrRolledBack
+	}
+	t.conn.ending = true
 	return t.Tx.Commit()
 }
 
+// Rollback rolls back, unless SQLite did already.
 func (t *gatedTx) Rollback() error {
 	defer t.end()
+	if t.conn.lost {
+		return nil
+	}
+	t.conn.ending = true
 	return t.Tx.Rollback()
 }
 
 func (t *gatedTx) end() {
 	t.once.Do(func() {
-		t.conn.inTx = false
+		t.conn.inTx, t.conn.ending, t.conn.lost = false, false, false
 		t.conn.gate.release()
 	})
 }

@@ -249,3 +249,62 @@ func TestIsRead(t *testing.T) {
 		require.Equal(t, want, isRead(q), q)
 	}
 }
+
+// TestRolledBackBySQLite: once SQLite rolled a transaction back on its
+// own after a failed statement (here the conflict clause OR ROLLBACK),
+// the transaction's statements fail instead of each running and
+// committing alone, its Commit fails, its Rollback succeeds, and the
+// connection begins afresh after it. A savepoint's ROLLBACK TO, or a
+// statement that fails alone, ends nothing.
+func TestRolledBackBySQLite(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := openGateTestDB(t, time.Second)
+	db.SetMaxOpenConns(1)
+	_, err := db.Exec(`CREATE TABLE t (id TEXT PRIMARY KEY)`)
+	require.NoError(t, err)
+	_, err = db.Exec(`INSERT INTO t VALUES ('taken')`)
+	require.NoError(t, err)
+	ids := func() []string {
+		t.Helper()
+		var got []string
+		require.NoError(t, db.Select(&got, `SELECT id FROM t ORDER BY id`))
+		return got
+	}
+
+	tx, err := db.BeginTxx(ctx, nil)
+	require.NoError(t, err)
+	_, err = tx.Exec(`INSERT INTO t VALUES ('before')`)
+	require.NoError(t, err)
+	_, err = tx.Exec(`INSERT OR ROLLBACK INTO t VALUES ('taken')`)
+	require.Error(t, err)
+	require.NotErrorIs(t, err, ErrRolledBack, "the statement that failed says why")
+	_, err = tx.Exec(`INSERT INTO t VALUES ('after')`)
+	require.ErrorIs(t, err, ErrRolledBack)
+	var s interface{ SQLState() string }
+	require.ErrorAs(t, err, &s)
+	require.Equal(t, "25P02", s.SQLState())
+	_, err = tx.Query(`SELECT id FROM t`)
+	require.ErrorIs(t, err, ErrRolledBack)
+	require.ErrorIs(t, tx.Commit(), ErrRolledBack)
+	require.Equal(t, []string{"taken"}, ids(), "nothing of the transaction, nor after it, was written")
+
+	tx, err = db.BeginTxx(ctx, nil)
+	require.NoError(t, err)
+	_, err = tx.Exec(`INSERT OR ROLLBACK INTO t VALUES ('taken')`)
+	require.Error(t, err)
+	require.NoError(t, tx.Rollback(), "a rollback of what SQLite rolled back")
+
+	tx, err = db.BeginTxx(ctx, nil)
+	require.NoError(t, err)
+	for _, q := range []string{`SAVEPOINT s`, `INSERT INTO t VALUES ('undone')`, `ROLLBACK TO s`, `RELEASE s`} {
+		_, err = tx.Exec(q)
+		require.NoError(t, err, q)
+	}
+	_, err = tx.Exec(`INSERT INTO t VALUES ('taken')`)
+	require.Error(t, err, "a statement that fails alone")
+	_, err = tx.Exec(`INSERT INTO t VALUES ('kept')`)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit())
+	require.Equal(t, []string{"kept", "taken"}, ids())
+}
