@@ -775,78 +775,53 @@ func TestGroupCommitAbortedByBatchMate(t *testing.T) {
 // its batch write outside any transaction, for good, and then run again
 // alone when the commit fails: their effects twice. The batch sees the
 // transaction ended before its next attempt and runs its attempts again
-// alone: each effect once, and the attempt that ended it fails.
+// alone: each effect once, and the attempt that ended it fails. A handler
+// that goes on writing after it (WritesAgain) never writes outside a
+// transaction either: every statement of the transaction fails from then
+// on (sqlite.ErrRolledBack), as on PostgreSQL after a failed statement.
 func TestGroupCommitEndedByBatchMate(t *testing.T) {
 	t.Parallel()
-	b := groupBackends()["SQLite"](t)
-	_, err := b.db.Exec(`INSERT INTO effects (id, seen) VALUES ('taken', 1)`)
-	require.NoError(t, err)
-	uow := b.unitOfWork(t)
-	outcomes, errs := gather(t, uow, []string{"a", "swallows", "b", "c"}, func(ctx context.Context, id string) error {
-		conn := framework.Conn(ctx, b.db)
-		if id == "swallows" {
-			_, _ = conn.ExecContext(ctx, `INSERT OR ROLLBACK INTO effects (id, seen) VALUES ('taken', 2)`)
-			return nil
-		}
-		_, err := conn.ExecContext(ctx, `INSERT INTO effects (id, seen) VALUES (?, 1) ON CONFLICT (id) DO UPDATE SET seen = seen + 1`, id)
-		return err
-	})
-	for _, i := range []int{0, 2, 3} {
-		require.NoError(t, errs[i], i)
-		require.Equal(t, framework.Processed, outcomes[i], i)
-	}
-	require.Equal(t, framework.Failed, outcomes[1])
-	require.ErrorContains(t, errs[1], "commit", "the attempt that ended the transaction fails its commit")
-	type effect struct {
-		ID   string
-		Seen int
-	}
-	var got []effect
-	require.NoError(t, b.db.SelectContext(t.Context(), &got, `SELECT id, seen FROM effects ORDER BY id`))
-	require.Equal(t, []effect{{"a", 1}, {"b", 1}, {"c", 1}, {"taken", 1}}, got, "each effect once")
-}
-
-// TestGroupCommitNothingRunsAfterSQLiteRolledBack: a handler that goes
-// on writing after SQLite rolled the batch's transaction back, itself
-// or through the framework's statements after it, never writes outside
-// a transaction: every statement of the transaction fails from then on,
-// as on PostgreSQL after a failed statement, so that the swallowed
-// failure's second write never lands, whatever the handler does with
-// its error, and its batch-mates take effect once each.
-func TestGroupCommitNothingRunsAfterSQLiteRolledBack(t *testing.T) {
-	t.Parallel()
-	b := groupBackends()["SQLite"](t)
-	_, err := b.db.Exec(`INSERT INTO effects (id, seen) VALUES ('taken', 1)`)
-	require.NoError(t, err)
-	uow := b.unitOfWork(t)
-	var afterErr atomic.Value
-	outcomes, errs := gather(t, uow, []string{"a", "swallows", "b", "c"}, func(ctx context.Context, id string) error {
-		conn := framework.Conn(ctx, b.db)
-		if id == "swallows" {
-			_, _ = conn.ExecContext(ctx, `INSERT OR ROLLBACK INTO effects (id, seen) VALUES ('taken', 2)`)
-			_, err := conn.ExecContext(ctx, `INSERT INTO effects (id, seen) VALUES ('after', 1)`)
-			if err != nil {
-				afterErr.Store(err)
+	for _, again := range []bool{false, true} {
+		t.Run(map[bool]string{false: "ReturnsAtOnce", true: "WritesAgain"}[again], func(t *testing.T) {
+			t.Parallel()
+			b := groupBackends()["SQLite"](t)
+			_, err := b.db.Exec(`INSERT INTO effects (id, seen) VALUES ('taken', 1)`)
+			require.NoError(t, err)
+			uow := b.unitOfWork(t)
+			var afterErr atomic.Value
+			outcomes, errs := gather(t, uow, []string{"a", "swallows", "b", "c"}, func(ctx context.Context, id string) error {
+				conn := framework.Conn(ctx, b.db)
+				if id == "swallows" {
+					_, _ = conn.ExecContext(ctx, `INSERT OR ROLLBACK INTO effects (id, seen) VALUES ('taken', 2)`)
+					if again {
+						if _, err := conn.ExecContext(ctx, `INSERT INTO effects (id, seen) VALUES ('after', 1)`); err != nil {
+							afterErr.Store(err)
+						}
+					}
+					return nil
+				}
+				_, err := conn.ExecContext(ctx, `INSERT INTO effects (id, seen) VALUES (?, 1) ON CONFLICT (id) DO UPDATE SET seen = seen + 1`, id)
+				return err
+			})
+			for _, i := range []int{0, 2, 3} {
+				require.NoError(t, errs[i], i)
+				require.Equal(t, framework.Processed, outcomes[i], i)
 			}
-			return nil
-		}
-		_, err := conn.ExecContext(ctx, `INSERT INTO effects (id, seen) VALUES (?, 1) ON CONFLICT (id) DO UPDATE SET seen = seen + 1`, id)
-		return err
-	})
-	for _, i := range []int{0, 2, 3} {
-		require.NoError(t, errs[i], i)
-		require.Equal(t, framework.Processed, outcomes[i], i)
+			require.Equal(t, framework.Failed, outcomes[1])
+			require.ErrorContains(t, errs[1], "commit", "the attempt that ended the transaction fails its commit")
+			if again {
+				err, _ := afterErr.Load().(error)
+				require.ErrorIs(t, err, sqlite.ErrRolledBack, "the write after the rollback is refused")
+			}
+			type effect struct {
+				ID   string
+				Seen int
+			}
+			var got []effect
+			require.NoError(t, b.db.SelectContext(t.Context(), &got, `SELECT id, seen FROM effects ORDER BY id`))
+			require.Equal(t, []effect{{"a", 1}, {"b", 1}, {"c", 1}, {"taken", 1}}, got, "each effect once, none outside a transaction")
+		})
 	}
-	require.Equal(t, framework.Failed, outcomes[1])
-	err, _ = afterErr.Load().(error)
-	require.ErrorIs(t, err, sqlite.ErrRolledBack, "the write after the rollback is refused")
-	type effect struct {
-		ID   string
-		Seen int
-	}
-	var got []effect
-	require.NoError(t, b.db.SelectContext(t.Context(), &got, `SELECT id, seen FROM effects ORDER BY id`))
-	require.Equal(t, []effect{{"a", 1}, {"b", 1}, {"c", 1}, {"taken", 1}}, got, "each effect once, and no write outside a transaction")
 }
 
 // TestSessionSettingsEndWithTheAttempt: on PostgreSQL a plain SET or

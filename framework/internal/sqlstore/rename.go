@@ -136,8 +136,8 @@ func (s *Store) Adopt(ctx context.Context, consumer, from string) (int64, error)
 // and the one that loses it is a dead letter, as it is when both come to
 // one name (see framework.ErrSequenceTaken).
 func (s *Store) conflictsToDeadLetters(ctx context.Context, tx *sqlx.Tx, consumer, from string) error {
-	conflicts, err := s.parkedConflicts(ctx, tx, consumer, from)
-	if err != nil {
+	var conflicts []parkedConflict
+	if err := tx.SelectContext(ctx, &conflicts, s.q.sql(qAdoptConflicts), consumer, from); err != nil {
 		return err
 	}
 	at := s.dialect.timeArg(s.now())
@@ -166,14 +166,6 @@ type parkedConflict struct {
 	Topic    string `db:"topic"`
 	Body     []byte `db:"body"`
 	Metadata string `db:"metadata"`
-}
-
-func (s *Store) parkedConflicts(ctx context.Context, tx *sqlx.Tx, consumer, from string) ([]parkedConflict, error) {
-	var cs []parkedConflict
-	if err := tx.SelectContext(ctx, &cs, s.q.sql(qAdoptConflicts), consumer, from); err != nil {
-		return nil, err
-	}
-	return cs, nil
 }
 
 // conflict is a dead letter of the old name (old) of an event that the new
