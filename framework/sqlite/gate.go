@@ -420,24 +420,29 @@ type gatedTx struct {
 	once sync.Once
 }
 
-// Commit commits, unless SQLite rolled the transaction back already.
+// Commit commits, unless SQLite rolled the transaction back already:
+// then it fails with ErrRolledBack.
 func (t *gatedTx) Commit() error {
 	defer t.end()
+	t.conn.ending = true
 	if t.conn.lost {
+		_ = t.Tx.Rollback() // fails, as SQLite ended it; see Rollback
 		return ErrRolledBack
 	}
-	t.conn.ending = true
 	return t.Tx.Commit()
 }
 
-// Rollback rolls back, unless SQLite did already.
+// Rollback rolls back. When SQLite did already, the ROLLBACK fails (no
+// transaction is active) and Rollback returns nil; it is run all the
+// same, so that the connection never stays in a transaction.
 func (t *gatedTx) Rollback() error {
 	defer t.end()
+	t.conn.ending = true
+	err := t.Tx.Rollback()
 	if t.conn.lost {
 		return nil
 	}
-	t.conn.ending = true
-	return t.Tx.Rollback()
+	return err
 }
 
 func (t *gatedTx) end() {
