@@ -513,18 +513,25 @@ func exerciseAdopt(t *testing.T, newHarness func(t *testing.T) Harness) {
 				Topic: "orders.order.paid", Body: body, Metadata: map[string]string{"traceparent": "t-" + id},
 			}
 		}
-		// The new name: 3 held, 4 parked behind it, a wait at 5, 6 free.
+		// The new name: 3 held, 4 parked behind it, a wait at 5, 6 free,
+		// 7 parked and a wait at 8.
 		b.hold(t, consumer, "s", 3, key("new-3"))
 		require.True(t, b.park(t, parked(consumer, 4, "new-4"), false))
-		_, err := b.store.WaitGap(ctx, consumer, "s", 5, key("new-5"), []byte(`{}`))
-		require.NoError(t, err)
-		// The old name: 3 held, and another event parked at each of 4, 5
-		// and 6.
+		require.True(t, b.park(t, parked(consumer, 7, "new-7"), false))
+		for _, seq := range []int64{5, 8} {
+			_, err := b.store.WaitGap(ctx, consumer, "s", seq, key(fmt.Sprintf("new-%d", seq)), []byte(`{}`))
+			require.NoError(t, err)
+		}
+		// The old name: 3 held, another event parked at each of 4, 5 and
+		// 6, a wait at 7 and 8 held.
 		b.hold(t, from, "s", 3, key("old-3"))
 		lost := parked(from, 4, "old-4")
 		for _, p := range []framework.ParkedEvent{lost, parked(from, 5, "old-5"), parked(from, 6, "old-6")} {
 			require.True(t, b.park(t, p, false))
 		}
+		_, err := b.store.WaitGap(ctx, from, "s", 7, key("old-7"), []byte(`{}`))
+		require.NoError(t, err)
+		b.hold(t, from, "s", 8, key("old-8"))
 
 		_, err = b.store.Adopt(ctx, consumer, from)
 		require.NoError(t, err)
@@ -533,9 +540,11 @@ func exerciseAdopt(t *testing.T, newHarness func(t *testing.T) Harness) {
 		got := make(map[int64]framework.Key)
 		for _, p := range ps {
 			got[p.Seq] = p.Key
+			require.Equal(t, p.Seq == 3 || p.Seq == 8, p.Held, p.Seq)
 		}
-		require.Equal(t, map[int64]framework.Key{3: key("new-3"), 4: key("new-4"), 5: key("old-5"), 6: key("old-6")}, got,
-			"the new name's places stay, but its wait, which the old name's parked event takes")
+		require.Equal(t, map[int64]framework.Key{
+			3: key("new-3"), 4: key("new-4"), 5: key("old-5"), 6: key("old-6"), 7: key("new-7"), 8: key("old-8"),
+		}, got, "the new name's places stay, but its waits, which the old name's parking and hold take")
 		ps, err = b.store.Parked(ctx, framework.ParkedFilter{Consumer: from})
 		require.NoError(t, err)
 		require.Empty(t, ps)
@@ -565,7 +574,7 @@ func exerciseAdopt(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.NoError(t, err)
 		dls, err = b.store.DeadLetters(ctx, framework.DeadLetterFilter{Consumer: consumer})
 		require.NoError(t, err)
-		require.Len(t, dls, 3, "new-3, old-3 and old-4, once: running it again moves nothing")
+		require.Len(t, dls, 4, "new-3, old-3, old-4 and old-8, once: running it again moves nothing")
 	})
 
 	// The new name takes the old one's dead letters (their history
