@@ -781,8 +781,12 @@ func TestGroupCommitAbortedByBatchMate(t *testing.T) {
 // on (sqlite.ErrRolledBack), as on PostgreSQL after a failed statement.
 func TestGroupCommitEndedByBatchMate(t *testing.T) {
 	t.Parallel()
-	for _, again := range []bool{false, true} {
-		t.Run(map[bool]string{false: "ReturnsAtOnce", true: "WritesAgain"}[again], func(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		again bool // the handler writes again after the failure
+	}{{"ReturnsAtOnce", false}, {"WritesAgain", true}} {
+		again := c.again
+		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			b := groupBackends()["SQLite"](t)
 			_, err := b.db.Exec(`INSERT INTO effects (id, seen) VALUES ('taken', 1)`)

@@ -398,6 +398,26 @@ type ParkedEvent struct {
 	Ready bool
 }
 
+// DeadLetter returns the dead letter with code of the parked event p,
+// failed at at: its key, message, subject and sequence, and the type,
+// version and correlation id its body decodes to (none when it does not
+// decode as p's event). A store's Adopt makes one of a parked event that
+// another event's place keeps out (CodeSequenceConflict).
+func (p ParkedEvent) DeadLetter(code Code, at time.Time) DeadLetter {
+	dl := DeadLetter{
+		Consumer: p.Consumer, Topic: p.Topic, Source: p.Key.Source, EventID: p.Key.ID,
+		Subject: p.Subject, SubjectSeq: p.Seq, Code: code,
+		FirstFailedAt: at, LastFailedAt: at,
+		Body: p.Body, Metadata: p.Metadata, Status: DeadLetterPending,
+	}
+	// Its own length as the limit: a consumer may take bodies over the
+	// default's, and the body was taken once already.
+	if env, err := Decode(p.Body, len(p.Body)); err == nil && env.Key() == p.Key {
+		dl.Type, dl.Version, dl.CorrelationID = env.Type, env.Version, env.CorrelationID
+	}
+	return dl
+}
+
 // ParkedBehind returns the events of ps (the held and parked events of
 // dl's consumer and subject, see Store.Parked) that are parked behind dl:
 // after it in its subject's sequence, when dl holds its subject. A dead

@@ -1,7 +1,10 @@
 package framework_test
 
 import (
+	"bytes"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -85,4 +88,43 @@ func TestParkedBehind(t *testing.T) {
 	noSubject := dl
 	noSubject.Subject, noSubject.SubjectSeq = "", 0
 	require.Empty(t, framework.ParkedBehind(noSubject, ps))
+}
+
+// TestParkedEventDeadLetter: the dead letter of a parked event keeps its
+// message and takes the event's attributes from its body, one over the
+// default body limit too (a consumer may take larger ones); a body that
+// is not the event's gives none.
+func TestParkedEventDeadLetter(t *testing.T) {
+	t.Parallel()
+	at := time.Date(2026, 12, 4, 3, 0, 0, 0, time.UTC)
+	big := `"` + strings.Repeat("x", framework.DefaultMaxBodyBytes) + `"`
+	body, err := framework.Encode(framework.Envelope{
+		Attributes: framework.Attributes{
+			ID: "e1", Source: "orders", Type: "orders.order.paid", Version: 3,
+			Subject: "order-1", SubjectSeq: 4, CorrelationID: "corr-1",
+		},
+		Data: []byte(`{"note":` + big + `}`),
+	})
+	require.NoError(t, err)
+	require.Greater(t, len(body), framework.DefaultMaxBodyBytes)
+	p := framework.ParkedEvent{
+		Consumer: "c", Subject: "order-1", Seq: 4, Key: framework.Key{Source: "orders", ID: "e1"},
+		Topic: "orders.order.paid", Body: body, Metadata: map[string]string{"traceparent": "t"},
+	}
+	dl := p.DeadLetter(framework.CodeSequenceConflict, at)
+	require.NoError(t, dl.Validate())
+	require.True(t, bytes.Equal(body, dl.Body), "the message's body")
+	dl.Body = nil // not printed, should the comparison below fail
+	require.Equal(t, framework.DeadLetter{
+		Consumer: "c", Topic: "orders.order.paid", Source: "orders", EventID: "e1",
+		Type: "orders.order.paid", Version: 3, Subject: "order-1", CorrelationID: "corr-1",
+		Code: framework.CodeSequenceConflict, SubjectSeq: 4, FirstFailedAt: at, LastFailedAt: at,
+		Metadata: map[string]string{"traceparent": "t"}, Status: framework.DeadLetterPending,
+	}, dl)
+
+	p.Key.ID = "another"
+	dl = p.DeadLetter(framework.CodeSequenceConflict, at)
+	require.Empty(t, dl.Type, "a body of another event gives nothing")
+	require.Zero(t, dl.Version)
+	require.Equal(t, "another", dl.EventID)
 }

@@ -543,9 +543,9 @@ func (s *Store) adoptParked(consumer, from string, now time.Time) {
 			own[k] = place{key: key}
 		}
 	}
-	// takes reports whether from's place at k, not a wait, goes to
-	// consumer, ending consumer's wait there if any.
-	takes := func(k waitKey) bool {
+	// claim reports whether from's place at k, not a wait, goes to
+	// consumer: consumer has none there, or only a wait, which it ends.
+	claim := func(k waitKey) bool {
 		p, ok := own[to(k)]
 		if ok && p.wait {
 			delete(s.waits, to(k))
@@ -558,11 +558,11 @@ func (s *Store) adoptParked(consumer, from string, now time.Time) {
 		}
 		delete(s.parked, k)
 		switch {
-		case takes(k):
+		case claim(k):
 			p.Consumer = consumer
 			s.parked[to(k)] = p
 		case !p.Held && own[to(k)].key != p.Key:
-			s.putDeadLetter(parkedDeadLetter(p), now)
+			s.putDeadLetter(p.DeadLetter(framework.CodeSequenceConflict, now), now)
 		}
 	}
 	for k, key := range s.skipped {
@@ -570,7 +570,7 @@ func (s *Store) adoptParked(consumer, from string, now time.Time) {
 			continue
 		}
 		delete(s.skipped, k)
-		if takes(k) {
+		if claim(k) {
 			s.skipped[to(k)] = key
 		}
 	}
@@ -583,18 +583,4 @@ func (s *Store) adoptParked(consumer, from string, now time.Time) {
 			s.waits[to(k)] = w
 		}
 	}
-}
-
-// parkedDeadLetter is the dead letter of the parked event p that another
-// event's place keeps out (see adoptParked).
-func parkedDeadLetter(p framework.ParkedEvent) framework.DeadLetter {
-	dl := framework.DeadLetter{
-		Consumer: p.Consumer, Topic: p.Topic, Source: p.Key.Source, EventID: p.Key.ID,
-		Subject: p.Subject, SubjectSeq: p.Seq, Code: framework.CodeSequenceConflict,
-		Body: p.Body, Metadata: p.Metadata,
-	}
-	if env, err := framework.Decode(p.Body, 0); err == nil && env.Key() == p.Key {
-		dl.Type, dl.Version, dl.CorrelationID = env.Type, env.Version, env.CorrelationID
-	}
-	return dl
 }

@@ -110,12 +110,8 @@ type sqliteConn interface {
 	driver.Pinger
 	driver.SessionResetter
 	driver.Validator
-}
-
-// rollbackHooker is the rollback hook of modernc.org/sqlite's connection:
-// SQLite calls it whenever a transaction rolls back, by a ROLLBACK or on
-// its own after a failed statement.
-type rollbackHooker interface {
+	// RegisterRollbackHook sets what SQLite calls whenever a transaction
+	// rolls back, by a ROLLBACK or on its own after a failed statement.
 	RegisterRollbackHook(sqlitedriver.RollbackHookFn)
 }
 
@@ -171,12 +167,7 @@ func (c *gatedConnector) Connect(ctx context.Context) (driver.Conn, error) {
 		return nil, fmt.Errorf("sqlite: driver connection %T lacks a method the write gate needs", conn)
 	}
 	gc := &gatedConn{sqliteConn: sc, gate: c.gate, identity: c.identity}
-	hooks, ok := conn.(rollbackHooker)
-	if !ok {
-		_ = conn.Close()
-		return nil, fmt.Errorf("sqlite: driver connection %T has no rollback hook", conn)
-	}
-	hooks.RegisterRollbackHook(gc.rolledBack)
+	sc.RegisterRollbackHook(gc.rolledBack)
 	if c.stmts > 0 {
 		gc.stmts = newStmtCache(c.stmts)
 	}
@@ -223,11 +214,10 @@ type gatedConn struct {
 	sqliteConn
 	gate *writeGate
 	inTx bool
-	// ending is set while the transaction commits or rolls back, and
-	// lost once SQLite rolled it back on its own before that (see
-	// ErrRolledBack).
-	ending, lost bool
-	stmts        *stmtCache // nil: every statement is prepared anew
+	// lost is set once SQLite rolled the transaction back, until it ends
+	// (see ErrRolledBack).
+	lost  bool
+	stmts *stmtCache // nil: every statement is prepared anew
 	// identity is the connector's: set for a file, which other processes
 	// may write too; nil for an in-memory database.
 	identity *fileIdentity
@@ -252,11 +242,10 @@ func (c *gatedConn) Close() error {
 }
 
 // rolledBack is the connection's rollback hook: SQLite runs it on the
-// goroutine whose statement rolled the transaction back.
+// goroutine whose statement rolled the transaction back. Within Commit
+// and Rollback it sets lost too, which end then clears.
 func (c *gatedConn) rolledBack() {
-	if c.inTx && !c.ending {
-		c.lost = true
-	}
+	c.lost = c.inTx
 }
 
 // exec runs query, on its kept statement when it has one free.
@@ -424,7 +413,6 @@ type gatedTx struct {
 // then it fails with ErrRolledBack.
 func (t *gatedTx) Commit() error {
 	defer t.end()
-	t.conn.ending = true
 	if t.conn.lost {
 		_ = t.Tx.Rollback() // fails, as SQLite ended it; see Rollback
 		return ErrRolledBack
@@ -437,17 +425,16 @@ func (t *gatedTx) Commit() error {
 // same, so that the connection never stays in a transaction.
 func (t *gatedTx) Rollback() error {
 	defer t.end()
-	t.conn.ending = true
-	err := t.Tx.Rollback()
-	if t.conn.lost {
-		return nil
+	lost := t.conn.lost
+	if err := t.Tx.Rollback(); err != nil && !lost {
+		return err
 	}
-	return err
+	return nil
 }
 
 func (t *gatedTx) end() {
 	t.once.Do(func() {
-		t.conn.inTx, t.conn.ending, t.conn.lost = false, false, false
+		t.conn.inTx, t.conn.lost = false, false
 		t.conn.gate.release()
 	})
 }

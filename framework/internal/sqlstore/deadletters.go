@@ -141,10 +141,6 @@ func (s *Store) storeDeadLetter(ctx context.Context, dl framework.DeadLetter, ho
 	if err != nil {
 		return fmt.Errorf("publish dead letter %s for %s: %w", dl.Key(), dl.Consumer, err)
 	}
-	body := dl.Body
-	if body == nil {
-		body = []byte{}
-	}
 	at := s.dialect.timeArg(s.now())
 	return s.inTx(ctx, func(tx *sqlx.Tx) error {
 		switch {
@@ -158,29 +154,32 @@ func (s *Store) storeDeadLetter(ctx context.Context, dl framework.DeadLetter, ho
 				return fmt.Errorf("end the wait of %s #%d: %w", dl.Subject, dl.SubjectSeq, err)
 			}
 		}
-		_, err := s.insertDeadLetter(ctx, tx, dl, body, meta, at)
-		return err
+		return s.insertDeadLetter(ctx, tx, dl, meta, at)
 	}, "publish dead letter %s for %s", dl.Key(), dl.Consumer)
 }
 
-// insertDeadLetter stores dl, with its body and its encoded metadata
-// meta, failed at at, inside tx, with the failure in its history, and
-// forgets its delivery count; it returns its id.
-func (s *Store) insertDeadLetter(ctx context.Context, tx *sqlx.Tx, dl framework.DeadLetter, body []byte, meta string, at any) (int64, error) {
+// insertDeadLetter stores dl, with its metadata encoded as meta, failed
+// at at, inside tx, with the failure in its history, and forgets its
+// delivery count.
+func (s *Store) insertDeadLetter(ctx context.Context, tx *sqlx.Tx, dl framework.DeadLetter, meta string, at any) error {
+	body := dl.Body
+	if body == nil {
+		body = []byte{}
+	}
 	var id int64
 	if err := tx.QueryRowxContext(ctx, s.publishDeadLetter,
 		dl.Consumer, dl.Topic, dl.Source, dl.EventID, dl.Type, dl.Version, dl.Subject, dl.CorrelationID,
 		string(dl.Code), dl.SubjectSeq, dl.Attempts, dl.Deliveries, at, at, body, meta).Scan(&id); err != nil {
-		return 0, err
+		return err
 	}
 	if _, err := tx.ExecContext(ctx, s.q.sql(qAddHistory),
 		id, at, string(framework.HistoryFailed), string(dl.Code), dl.Attempts, dl.Deliveries, "", ""); err != nil {
-		return 0, fmt.Errorf("history: %w", err)
+		return fmt.Errorf("history: %w", err)
 	}
 	if _, err := tx.ExecContext(ctx, s.forgetDelivery, dl.Consumer, dl.Source, dl.EventID); err != nil {
-		return 0, fmt.Errorf("forget delivery count: %w", err)
+		return fmt.Errorf("forget delivery count: %w", err)
 	}
-	return id, nil
+	return nil
 }
 
 // DeadLetter implements framework.Store.

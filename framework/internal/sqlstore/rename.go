@@ -140,17 +140,15 @@ func (s *Store) conflictsToDeadLetters(ctx context.Context, tx *sqlx.Tx, consume
 	if err := tx.SelectContext(ctx, &conflicts, s.q.sql(qAdoptConflicts), consumer, from); err != nil {
 		return err
 	}
-	at := s.dialect.timeArg(s.now())
+	now := s.now()
 	for _, c := range conflicts {
-		dl := framework.DeadLetter{
-			Consumer: from, Topic: c.Topic, Source: c.Source, EventID: c.EventID,
-			Subject: c.Subject, SubjectSeq: c.Seq, Code: framework.CodeSequenceConflict,
+		p := framework.ParkedEvent{
+			Consumer: from, Subject: c.Subject, Seq: c.Seq,
+			Key: framework.Key{Source: c.Source, ID: c.EventID}, Topic: c.Topic, Body: c.Body,
 		}
-		if env, err := framework.Decode(c.Body, 0); err == nil && env.Key() == dl.Key() {
-			dl.Type, dl.Version, dl.CorrelationID = env.Type, env.Version, env.CorrelationID
-		}
-		if _, err := s.insertDeadLetter(ctx, tx, dl, c.Body, c.Metadata, at); err != nil {
-			return fmt.Errorf("dead letter of %s parked at %s #%d: %w", dl.Key(), c.Subject, c.Seq, err)
+		dl := p.DeadLetter(framework.CodeSequenceConflict, now) // its metadata stays as stored: c.Metadata
+		if err := s.insertDeadLetter(ctx, tx, dl, c.Metadata, s.dialect.timeArg(now)); err != nil {
+			return fmt.Errorf("dead letter of %s parked at %s #%d: %w", p.Key, c.Subject, c.Seq, err)
 		}
 	}
 	return nil
