@@ -170,6 +170,15 @@ type Config struct {
 	// dies leaves its rows leased for twice as long.
 	// Defaults to outbox.DefaultBatchTimeout.
 	OutboxBatchTimeout Duration `yaml:"outbox_batch_timeout"`
+	// OutboxBatchSize is how many rows one batch of the outbox relay
+	// publishes at most (outbox.RelayConfig.BatchSize; YAML only).
+	// Defaults to outbox.DefaultBatchSize.
+	OutboxBatchSize int `yaml:"outbox_batch_size"`
+	// OutboxBatchBytes bounds the memory of one batch of the outbox
+	// relay: it reads rows while their encoded events come to at most
+	// this many bytes, and always one (outbox.RelayConfig.BatchBytes;
+	// YAML only). Defaults to outbox.DefaultBatchBytes.
+	OutboxBatchBytes int `yaml:"outbox_batch_bytes"`
 	// ReplayRetention is how long sent replays are kept (YAML only).
 	// Defaults to DefaultReplayRetention.
 	ReplayRetention Duration `yaml:"replay_retention"`
@@ -588,6 +597,14 @@ func (c Config) Validate() error {
 	}
 	if c.DatabaseMaxConns < 0 {
 		errs = append(errs, fmt.Errorf("database_max_conns: want 1 or more (or nothing: sized from the consumers), got %d", c.DatabaseMaxConns))
+	}
+	for _, n := range []struct {
+		key string
+		n   int
+	}{{"outbox_batch_size", c.OutboxBatchSize}, {"outbox_batch_bytes", c.OutboxBatchBytes}} {
+		if n.n < 0 {
+			errs = append(errs, fmt.Errorf("%s: want 1 or more (or nothing: the default), got %d", n.key, n.n))
+		}
 	}
 	if c.AMQPPrefetch < 0 || c.AMQPPrefetch > 65535 {
 		errs = append(errs, fmt.Errorf("amqp_prefetch: want 1..65535, got %d", c.AMQPPrefetch))

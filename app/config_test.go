@@ -108,6 +108,8 @@ database_url: /tmp/y/stores.db
 auto_migrate: true
 table_prefix: y_
 http_addr: 127.0.0.1:0
+outbox_batch_size: 200
+outbox_batch_bytes: 4194304
 defaults:
   attempts: 5
   timeout: 2s
@@ -132,6 +134,8 @@ consumers:
 		require.True(t, cfg.AutoMigrate)
 		require.Equal(t, "y_", cfg.TablePrefix)
 		require.Equal(t, "127.0.0.1:0", cfg.HTTPAddr)
+		require.Equal(t, 200, cfg.OutboxBatchSize)
+		require.Equal(t, 4<<20, cfg.OutboxBatchBytes)
 
 		require.Equal(t, app.ConsumerConfig{
 			Attempts:      2,
@@ -260,6 +264,9 @@ func TestLoadConfigBadValue(t *testing.T) {
 		{name: "ProcessedRetentionMinutes", yaml: "processed_retention: 59m\n", key: "processed_retention: want at least 1h0m0s"},
 		{name: "OutboxRetention", yaml: "outbox_retention: -1h\n", key: "outbox_retention"},
 		{name: "OutboxBatchTimeout", yaml: "outbox_batch_timeout: -1s\n", key: "outbox_batch_timeout"},
+		{name: "OutboxBatchSize", yaml: "outbox_batch_size: -1\n", key: "outbox_batch_size: want 1 or more"},
+		{name: "OutboxBatchBytes", yaml: "outbox_batch_bytes: -5\n", key: "outbox_batch_bytes: want 1 or more"},
+		{name: "OutboxBatchBytesFraction", yaml: "outbox_batch_bytes: 1.5\n", key: "outbox_batch_bytes (line 1): want a whole number"},
 		{name: "ReplayRetention", yaml: "replay_retention: -1h\n", key: "replay_retention"},
 		{name: "DeadLetterRetention", yaml: "dead_letter_retention: -1h\n", key: "dead_letter_retention"},
 		{name: "AutoMigrate", env: map[string]string{app.EnvAutoMigrate: "maybe"}, key: app.EnvAutoMigrate},

@@ -58,6 +58,8 @@ func newOutboxRelay(p outboxRelayParams) (*outbox.Relay, error) {
 		TablePrefix:  p.Config.TablePrefix,
 		Outbox:       p.Outbox,
 		BatchTimeout: time.Duration(p.Config.OutboxBatchTimeout),
+		BatchSize:    p.Config.OutboxBatchSize,
+		BatchBytes:   p.Config.OutboxBatchBytes,
 		Metrics:      metrics,
 		Logger:       logger.With("component", "outbox"),
 		// A span per publish (see newTracer).

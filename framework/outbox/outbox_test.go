@@ -112,6 +112,19 @@ func (r *recorder) ids() []string {
 	return ids
 }
 
+// deferredRecorder is a recorder as an outbox.DeferredPublisher: each
+// publish is recorded at once and confirmed by its wait.
+type deferredRecorder struct{ *recorder }
+
+var _ outbox.DeferredPublisher = deferredRecorder{}
+
+func (d deferredRecorder) PublishDeferred(_ context.Context, topic string, msg *message.Message) (func(context.Context) error, error) {
+	if err := d.Publish(topic, msg); err != nil {
+		return nil, err
+	}
+	return func(context.Context) error { return nil }, nil
+}
+
 // bundle is one test's database, outbox and unit of work.
 type bundle struct {
 	backend backend
@@ -389,6 +402,76 @@ func testOutbox(t *testing.T, b backend) {
 		require.Equal(t, 30, n)
 		require.Equal(t, want, bd.pub.ids())
 	})
+
+	// BatchBytes bounds what one batch reads: with bodies of size s and a
+	// budget of 3.5 s, a batch reads 3 rows, whatever BatchSize allows;
+	// a row larger than the budget goes out alone. Each publish counts
+	// the rows published and not yet marked sent: those of its batch.
+	for _, tc := range []struct {
+		name      string
+		budget    func(size int) int
+		perBatch  int
+		pipelined bool
+	}{
+		{"BatchBytesBoundsABatch", func(size int) int { return 3*size + size/2 }, 3, false},
+		{"RowLargerThanBatchBytesGoesAlone", func(size int) int { return size / 2 }, 1, false},
+		{"BatchBytesKeepsOrderWhilePipelined", func(size int) int { return 3*size + size/2 }, 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			bd := setup(t, b)
+			const total = 20
+			var want []string
+			require.NoError(t, bd.attempt(t, "in-1", func(ctx context.Context) error {
+				for i := range total {
+					id := fmt.Sprintf("e-%02d", i)
+					want = append(want, id)
+					e, err := noted.Envelope(noteV1{Text: strings.Repeat("x", 1000)}, framework.Attributes{ID: id, Source: "notes"})
+					require.NoError(t, err)
+					if err := bd.box.Add(ctx, e); err != nil {
+						return err
+					}
+				}
+				return nil
+			}))
+			size := bd.count(t, `SELECT max(octet_length(body)) FROM outbox`)
+			require.Less(t, size-bd.count(t, `SELECT min(octet_length(body)) FROM outbox`), 16, "the bodies differ in their time alone")
+
+			var (
+				mu       sync.Mutex
+				most     int
+				observed error
+			)
+			bd.pub.fail = func(n int, _ *message.Message) error {
+				var sent int
+				if err := bd.db.Get(&sent, `SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL`); err != nil {
+					mu.Lock()
+					observed = err
+					mu.Unlock()
+					return nil
+				}
+				mu.Lock()
+				most = max(most, n-sent)
+				mu.Unlock()
+				return nil
+			}
+			var pub message.Publisher = bd.pub
+			if tc.pipelined {
+				pub = &deferredRecorder{bd.pub}
+			}
+			relay, err := outbox.NewRelay(bd.db, pub, outbox.RelayConfig{BatchSize: 10, BatchBytes: tc.budget(size)})
+			require.NoError(t, err)
+			n, err := relay.PublishUnsent(ctx)
+			require.NoError(t, err)
+			require.Equal(t, total, n, "one call publishes every row: a batch cut by bytes is not the last")
+			require.Equal(t, want, bd.pub.ids(), "in id order, each once")
+			require.Zero(t, bd.unsent(t))
+			require.NoError(t, observed)
+			if tc.perBatch > 0 {
+				require.Equal(t, tc.perBatch, most, "rows a batch published before its marks")
+			}
+		})
+	}
 
 	// Two relays on one database, sharing an Outbox (one process) or not
 	// (two processes).

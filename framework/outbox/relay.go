@@ -26,6 +26,9 @@ const (
 	DefaultPollInterval = time.Second
 	// DefaultBatchSize is how many rows a relay publishes per transaction.
 	DefaultBatchSize = 1000
+	// DefaultBatchBytes is how many bytes of events one batch holds at
+	// most (see RelayConfig.BatchBytes): 16 MiB.
+	DefaultBatchBytes = 16 << 20
 	// DefaultBatchTimeout bounds the publishing of one batch (see
 	// RelayConfig.BatchTimeout).
 	DefaultBatchTimeout = 30 * time.Second
@@ -66,6 +69,12 @@ type RelayConfig struct {
 	// BatchSize is how many rows one batch publishes. Defaults to
 	// DefaultBatchSize.
 	BatchSize int
+	// BatchBytes bounds the memory of a batch: a batch reads rows in id
+	// order while their encoded events come to at most BatchBytes, and
+	// always its first row, whatever its size. With a DeferredPublisher
+	// two batches are on their way at once. Defaults to
+	// DefaultBatchBytes.
+	BatchBytes int
 	// BatchTimeout bounds the publishing of one batch: no row of it is
 	// published once it passed (the rest goes out in the next batch),
 	// and the confirms and marks of the rows published by then get as
@@ -101,6 +110,7 @@ type RelayConfig struct {
 func (c RelayConfig) WithDefaults() RelayConfig {
 	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.BatchBytes = cmp.Or(c.BatchBytes, DefaultBatchBytes)
 	c.BatchTimeout = cmp.Or(c.BatchTimeout, DefaultBatchTimeout)
 	c.Retention = cmp.Or(c.Retention, DefaultRetention)
 	c.CleanupInterval = cmp.Or(c.CleanupInterval, DefaultCleanupInterval)
@@ -127,6 +137,8 @@ func (c RelayConfig) Validate() error {
 		return fmt.Errorf("outbox: PollInterval must be positive, got %s", c.PollInterval)
 	case c.BatchSize < 1:
 		return fmt.Errorf("outbox: BatchSize must be at least 1, got %d", c.BatchSize)
+	case c.BatchBytes < 1:
+		return fmt.Errorf("outbox: BatchBytes must be at least 1, got %d", c.BatchBytes)
 	case c.BatchTimeout < 0:
 		return fmt.Errorf("outbox: BatchTimeout must be positive, got %s", c.BatchTimeout)
 	case c.CleanupInterval < 0:
@@ -269,7 +281,7 @@ func (r *Relay) observe(ctx context.Context, m *Metrics, published int, err erro
 	if err != nil {
 		m.failures.Inc()
 	}
-	oldest, qerr := r.sql.Unsent(ctx, r.db, 1, false)
+	oldest, qerr := r.sql.Unsent(ctx, r.db, 1)
 	switch {
 	case qerr != nil:
 		r.cfg.Logger.ErrorContext(ctx, "outbox relay: read the oldest unsent row", "error", qerr)
@@ -281,13 +293,17 @@ func (r *Relay) observe(ctx context.Context, m *Metrics, published int, err erro
 }
 
 // PublishUnsent publishes unsent rows in batches until a batch comes back
-// short, and returns how many rows it published. It stops at the first
-// row it cannot publish, after marking the rows before it sent.
+// short (fewer than BatchSize rows, and not for BatchBytes), and returns
+// how many rows it published. It stops at the first row it cannot
+// publish, after marking the rows before it sent.
 //
 // With a DeferredPublisher, a batch's confirms and marks finish while the
 // next batch is read and published: at most two batches are on their way
 // at once (on PostgreSQL, two transactions), and it stops after the batch
-// in which a row failed and the one behind it.
+// in which a row failed and the one behind it. On PostgreSQL a batch cut
+// short by BatchBytes finishes before the next one is read: it holds the
+// locks of the rows it left, which the next batch would skip, publishing
+// later rows first.
 func (r *Relay) PublishUnsent(ctx context.Context) (int, error) {
 	total := 0
 	var finishing chan batchResult // the batch before, finishing
@@ -305,7 +321,11 @@ func (r *Relay) PublishUnsent(ctx context.Context) (int, error) {
 		if err != nil {
 			return total, errors.Join(wait(), err)
 		}
-		if r.deferred == nil {
+		if r.deferred == nil || b.holds {
+			if err := wait(); err != nil {
+				n, ferr := b.finish()
+				return total + n, errors.Join(err, ferr)
+			}
 			n, err := b.finish()
 			total += n
 			if err != nil {
@@ -322,7 +342,7 @@ func (r *Relay) PublishUnsent(ctx context.Context) (int, error) {
 				done <- batchResult{n, err}
 			}(finishing)
 		}
-		if b.read < r.cfg.BatchSize {
+		if !b.more {
 			break
 		}
 	}
@@ -337,10 +357,12 @@ type batchResult struct {
 
 // batch is a batch of rows read and published: finish waits for what is
 // still on its way (confirms, marks), ends the batch (commit, release) and
-// returns how many rows it marked sent.
+// returns how many rows it marked sent. more reports that rows may wait
+// behind it (it was full, by rows or by bytes); holds, that it keeps rows
+// it did not read from the next batch until it finishes.
 type batch struct {
-	read   int
-	finish func() (published int, err error)
+	more, holds bool
+	finish      func() (published int, err error)
 }
 
 // startBatch reads a batch and publishes it.
@@ -383,19 +405,19 @@ func (r *Relay) startLeased(ctx, bctx context.Context) (batch, error) {
 	// The lease is a write: an idle poll reads first, so that it never
 	// waits for the file's write lock (a long handler transaction holds it)
 	// when there is nothing to publish. Both stop with ctx.
-	waiting, err := r.sql.Unsent(ctx, r.db, 1, false)
+	waiting, err := r.sql.Unsent(ctx, r.db, 1)
 	if err != nil || len(waiting) == 0 {
 		return batch{finish: func() (int, error) { return 0, nil }}, err
 	}
 	now := r.cfg.Now()
-	rows, err := r.sql.Lease(ctx, r.db, r.cfg.BatchSize, now, now.Add(2*r.cfg.BatchTimeout))
+	rows, more, err := r.sql.Lease(ctx, r.db, r.cfg.BatchSize, r.cfg.BatchBytes, now, now.Add(2*r.cfg.BatchTimeout))
 	if err != nil {
 		return batch{}, err
 	}
 	published := r.publish(ctx, bctx, rows, func(ctx context.Context, ids []int64) error {
 		return r.sql.MarkSent(ctx, r.db, ids, r.cfg.Now())
 	})
-	return batch{read: len(rows), finish: func() (int, error) {
+	return batch{more: more, finish: func() (int, error) {
 		sent, pubErr := published()
 		if rest := unsentIDs(rows, sent); len(rest) > 0 {
 			if err := r.sql.Release(bctx, r.db, rest); err != nil {
@@ -431,7 +453,7 @@ func (r *Relay) startClaimed(ctx, bctx context.Context) (batch, error) {
 	if err != nil {
 		return batch{}, fmt.Errorf("outbox: begin: %w", err)
 	}
-	rows, err := r.sql.Unsent(bctx, tx, r.cfg.BatchSize, true)
+	rows, held, err := r.sql.Claim(bctx, tx, r.cfg.BatchSize, r.cfg.BatchBytes)
 	if err != nil {
 		_ = tx.Rollback()
 		return batch{}, err
@@ -439,7 +461,7 @@ func (r *Relay) startClaimed(ctx, bctx context.Context) (batch, error) {
 	published := r.publish(ctx, bctx, rows, func(ctx context.Context, ids []int64) error {
 		return r.sql.MarkSent(ctx, tx, ids, r.cfg.Now())
 	})
-	return batch{read: len(rows), finish: func() (int, error) {
+	return batch{more: held || len(rows) == r.cfg.BatchSize, holds: held, finish: func() (int, error) {
 		defer tx.Rollback() // a no-op after Commit
 		sent, pubErr := published()
 		if err := tx.Commit(); err != nil {

@@ -34,7 +34,7 @@ type OutboxRow struct {
 type Outbox struct {
 	dialect Dialect
 
-	insert, unsent, claim, lease, release, markSent, cleanup string
+	insert, unsent, claim, lease, leasable, release, markSent, cleanup string
 }
 
 // NewOutbox returns the outbox SQL of d on tables prefixed with prefix.
@@ -52,6 +52,7 @@ func NewOutbox(d Dialect, prefix string) (*Outbox, error) {
 		unsent:   q.sql(qOutboxUnsent),
 		claim:    q.sql(qOutboxClaim),
 		lease:    q.sql(qOutboxLease),
+		leasable: q.sql(qOutboxLeasable),
 		release:  q.prefix.Replace(qOutboxRelease),  // rebound after sqlx.In
 		markSent: q.prefix.Replace(qOutboxMarkSent), // rebound after sqlx.In
 		cleanup:  q.sql(qOutboxCleanup),
@@ -74,18 +75,9 @@ func (o *Outbox) Insert(ctx context.Context, tx sqlx.ExecerContext, env framewor
 	return nil
 }
 
-// Unsent returns up to limit unsent rows in id order. With lock (only on
-// PostgreSQL, and only in a transaction) it locks them and skips rows
-// locked by another transaction (FOR UPDATE SKIP LOCKED).
-func (o *Outbox) Unsent(ctx context.Context, q sqlx.QueryerContext, limit int, lock bool) ([]OutboxRow, error) {
-	query := o.unsent
-	if lock {
-		if o.dialect != Postgres {
-			return nil, fmt.Errorf("read unsent outbox rows: locking rows needs %s, not %s", Postgres, o.dialect)
-		}
-		query = o.claim
-	}
-	rows, err := q.QueryxContext(ctx, query, limit)
+// Unsent returns up to limit unsent rows in id order.
+func (o *Outbox) Unsent(ctx context.Context, q sqlx.QueryerContext, limit int) ([]OutboxRow, error) {
+	rows, err := q.QueryxContext(ctx, o.unsent, limit)
 	if err != nil {
 		return nil, fmt.Errorf("read unsent outbox rows: %w", err)
 	}
@@ -96,20 +88,69 @@ func (o *Outbox) Unsent(ctx context.Context, q sqlx.QueryerContext, limit int, l
 	return out, nil
 }
 
-// Lease takes a lease until until on up to limit of the oldest unsent rows
-// whose lease ended before now, and returns them in id order. It is the
-// claim of relays on SQLite (one short write; see qOutboxLease).
-func (o *Outbox) Lease(ctx context.Context, q sqlx.QueryerContext, limit int, now, until time.Time) ([]OutboxRow, error) {
-	rows, err := q.QueryxContext(ctx, o.lease, o.dialect.timeArg(until), o.dialect.timeArg(now), limit)
-	if err != nil {
-		return nil, fmt.Errorf("lease unsent outbox rows: %w", err)
+// Claim is the claim of relays on PostgreSQL, in tx: it locks up to limit
+// of the oldest unsent rows, skipping rows that another transaction has
+// locked (FOR UPDATE SKIP LOCKED), and returns in id order those whose
+// bodies fit in maxBytes together: the first one whatever its size, and
+// each next one while the bodies before it and its own come to at most
+// maxBytes. held reports rows it locked beyond those: they stay locked,
+// unread, until tx ends, so that a claim made before then skips them.
+func (o *Outbox) Claim(ctx context.Context, tx sqlx.QueryerContext, limit, maxBytes int) (rows []OutboxRow, held bool, err error) {
+	if o.dialect != Postgres {
+		return nil, false, fmt.Errorf("claim unsent outbox rows: locking rows needs %s, not %s", Postgres, o.dialect)
 	}
-	out, err := scanOutboxRows(rows)
+	res, err := tx.QueryxContext(ctx, o.claim, maxBytes, limit)
 	if err != nil {
-		return nil, fmt.Errorf("lease unsent outbox rows: %w", err)
+		return nil, false, fmt.Errorf("claim unsent outbox rows: %w", err)
 	}
-	slices.SortFunc(out, func(a, b OutboxRow) int { return cmp.Compare(a.ID, b.ID) })
-	return out, nil
+	defer res.Close()
+	for res.Next() {
+		var (
+			r       OutboxRow
+			created timeValue
+			fits    bool
+		)
+		if err := res.Scan(&r.ID, &r.Key.ID, &r.Key.Source, &r.Type, &r.Subject, &r.SubjectSeq, &r.Body, &created, &fits); err != nil {
+			return nil, false, fmt.Errorf("claim unsent outbox rows: scan: %w", err)
+		}
+		if !fits {
+			held = true
+			continue
+		}
+		r.CreatedAt = created.t
+		rows = append(rows, r)
+	}
+	if err := res.Err(); err != nil {
+		return nil, false, fmt.Errorf("claim unsent outbox rows: %w", err)
+	}
+	return rows, held, nil
+}
+
+// Lease is the claim of relays on SQLite (one short write; see
+// qOutboxLease): it takes a lease until until on up to limit of the oldest
+// unsent rows whose lease ended before now, as many of them as fit in
+// maxBytes (as Claim counts them), and returns them in id order. more
+// reports whether rows may wait after them: limit rows were leased, or an
+// unleased row follows the last one (which the budget left out, or one
+// added since), looked for only after a lease of fewer rows; a failure to
+// look reports more.
+func (o *Outbox) Lease(ctx context.Context, q sqlx.QueryerContext, limit, maxBytes int, now, until time.Time) (rows []OutboxRow, more bool, err error) {
+	res, err := q.QueryxContext(ctx, o.lease, o.dialect.timeArg(until), o.dialect.timeArg(now), limit, maxBytes)
+	if err != nil {
+		return nil, false, fmt.Errorf("lease unsent outbox rows: %w", err)
+	}
+	rows, err = scanOutboxRows(res)
+	if err != nil {
+		return nil, false, fmt.Errorf("lease unsent outbox rows: %w", err)
+	}
+	slices.SortFunc(rows, func(a, b OutboxRow) int { return cmp.Compare(a.ID, b.ID) })
+	if len(rows) == 0 || len(rows) == limit {
+		return rows, len(rows) == limit, nil
+	}
+	if err := q.QueryRowxContext(ctx, o.leasable, rows[len(rows)-1].ID, o.dialect.timeArg(now)).Scan(&more); err != nil {
+		return rows, true, nil // the leased rows are published; the next lease looks again
+	}
+	return rows, more, nil
 }
 
 // Release gives up the lease of the rows of ids that are still unsent, so

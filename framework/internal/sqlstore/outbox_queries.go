@@ -16,20 +16,45 @@ ON CONFLICT (source, event_id) DO NOTHING`
 	qOutboxUnsent = `SELECT ` + outboxColumns + ` FROM {p}outbox
 WHERE sent_at IS NULL ORDER BY id LIMIT ?`
 
-	// qOutboxClaim is qOutboxUnsent on PostgreSQL inside a transaction:
-	// it locks the rows it returns and skips rows that another relay has
-	// locked, so two relays never publish the same row at the same time.
-	qOutboxClaim = qOutboxUnsent + ` FOR UPDATE SKIP LOCKED`
+	// qOutboxClaim is the claim on PostgreSQL inside a transaction: it
+	// locks up to a limit of the oldest unsent rows, skipping rows that
+	// another relay has locked, so two relays never publish the same row
+	// at the same time. Its arguments are a byte budget and the limit:
+	// fits is true for the first row and for each next one whose body,
+	// with those before it, comes to at most the budget, and only those
+	// rows come with their body; the rest stay locked, unread, until the
+	// transaction ends. A row's size is its body's octet_length, which
+	// reads no TOASTed body; the running sum is taken over the locked rows
+	// only, after the limit, so that it reads no more rows than the claim.
+	qOutboxClaim = `SELECT id, event_id, source, type, subject, subject_seq, CASE WHEN fits THEN body END, created_at, fits FROM (
+SELECT *, row_number() OVER w = 1 OR sum(octet_length(body)) OVER w <= ? AS fits FROM (
+SELECT ` + outboxColumns + ` FROM {p}outbox WHERE sent_at IS NULL ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED) claimed
+WINDOW w AS (ORDER BY id)) c
+ORDER BY id`
 
 	// qOutboxLease is the claim on SQLite, where a relay cannot hold the
 	// write lock while it publishes: one short write takes a lease on the
 	// oldest unsent rows that no other relay holds, and returns them. A
 	// relay that dies holding a lease leaves its rows to the next one once
-	// the lease ends. RETURNING gives no order: the caller sorts by id.
+	// the lease ends. Its arguments are the lease's end, now, a limit and a
+	// byte budget: of the oldest rows up to the limit, it leases those
+	// that qOutboxClaim finds fit (the first, and each next one while the
+	// bodies up to it come to at most the budget); octet_length reads a
+	// body's size, not its overflow pages. RETURNING gives no order: the
+	// caller sorts by id.
 	qOutboxLease = `UPDATE {p}outbox SET claimed_until = ? WHERE id IN (
-SELECT id FROM {p}outbox WHERE sent_at IS NULL AND (claimed_until IS NULL OR claimed_until < ?)
-ORDER BY id LIMIT ?)
+SELECT id FROM (
+SELECT id, row_number() OVER w AS n, sum(size) OVER w AS upto FROM (
+SELECT id, octet_length(body) AS size FROM {p}outbox WHERE sent_at IS NULL AND (claimed_until IS NULL OR claimed_until < ?)
+ORDER BY id LIMIT ?) WINDOW w AS (ORDER BY id))
+WHERE n = 1 OR upto <= ?)
 RETURNING ` + outboxColumns
+
+	// qOutboxLeasable reports whether an unsent row after an id is not
+	// leased (or its lease ended before now): what a lease cut short by
+	// its byte budget left.
+	qOutboxLeasable = `SELECT EXISTS (SELECT 1 FROM {p}outbox
+WHERE sent_at IS NULL AND id > ? AND (claimed_until IS NULL OR claimed_until < ?))`
 
 	// qOutboxRelease gives up the lease of rows a relay did not publish;
 	// sqlx.In expands the id list.
