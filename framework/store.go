@@ -148,7 +148,10 @@ type Store interface {
 	// operator releases, say), in a transaction of its own.
 	AddReplays(ctx context.Context, rs []Replay) error
 	// ClaimReplays claims up to limit unsent replays, oldest first, for
-	// lease: another relay does not take them until the lease ends.
+	// lease: another relay does not take them until the lease ends. It
+	// claims no more of them than fit in ReplayClaimBytes together (their
+	// bodies' sizes, counted before any is read), and always the first,
+	// whatever its size.
 	ClaimReplays(ctx context.Context, limit int, lease time.Duration) ([]Replay, error)
 	// ReplaySent records that the replay id was published.
 	ReplaySent(ctx context.Context, id int64) error
@@ -260,6 +263,11 @@ type HistoryEntry struct {
 // Replay is a message to hand to one consumer alone, through the
 // transport's replay path: a replayed dead letter, or an event released
 // from parking.
+// ReplayClaimBytes bounds the bodies one ClaimReplays returns, together
+// (16 MiB): a dead letter keeps the body it came with, whatever its size,
+// and a claim of many of them would otherwise hold them all in memory.
+const ReplayClaimBytes = 16 << 20
+
 type Replay struct {
 	// ID is assigned by the store.
 	ID int64

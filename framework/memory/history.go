@@ -88,8 +88,9 @@ func (s *Store) addReplay(r framework.Replay, at time.Time) {
 }
 
 // ClaimReplays takes a lease until now+lease, by the store's clock, on up
-// to limit of the oldest unsent replays whose lease ended, and returns
-// them by ascending ID.
+// to limit of the oldest unsent replays whose lease ended, as many as fit
+// in framework.ReplayClaimBytes (the first whatever its size), and
+// returns them by ascending ID.
 func (s *Store) ClaimReplays(ctx context.Context, limit int, lease time.Duration) ([]framework.Replay, error) {
 	if limit <= 0 {
 		return nil, fmt.Errorf("claim replays: limit %d, want at least 1", limit)
@@ -103,11 +104,17 @@ func (s *Store) ClaimReplays(ctx context.Context, limit int, lease time.Duration
 	now := s.now().UTC()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []framework.Replay
+	var (
+		out   []framework.Replay
+		bytes int
+	)
 	for _, id := range slices.Sorted(maps.Keys(s.replays)) {
 		r := s.replays[id]
 		if r.sent || !r.claimedUntil.Before(now) { // leased until now or later
 			continue
+		}
+		if bytes += len(r.Body); len(out) > 0 && bytes > framework.ReplayClaimBytes {
+			break
 		}
 		r.claimedUntil = now.Add(lease)
 		c := r.Replay

@@ -1,6 +1,7 @@
 package storetest
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"slices"
@@ -74,6 +75,40 @@ func exerciseReplays(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.Error(t, err)
 		_, err = b.store.ClaimReplays(ctx, 1, 0)
 		require.Error(t, err)
+	})
+
+	// A claim holds no more bodies than fit in ReplayClaimBytes together,
+	// and the first one whatever its size: dead letters keep their body.
+	t.Run("ClaimHoldsAtMostReplayClaimBytes", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		sized := func(id string, n int) framework.Replay {
+			r := replayOf(consumer, id)
+			r.Body = bytes.Repeat([]byte{'x'}, n)
+			return r
+		}
+		third := framework.ReplayClaimBytes / 3
+		require.NoError(t, b.store.AddReplays(ctx, []framework.Replay{
+			sized("e-1", third+1), sized("e-2", third+1), sized("e-3", third+1),
+			sized("e-4", framework.ReplayClaimBytes+1), sized("e-5", 10),
+		}))
+		var got [][]int
+		for range 4 {
+			rs, err := b.store.ClaimReplays(ctx, 10, time.Minute)
+			require.NoError(t, err)
+			var sizes []int
+			for _, r := range rs {
+				sizes = append(sizes, len(r.Body))
+			}
+			got = append(got, sizes)
+		}
+		require.Equal(t, [][]int{
+			{third + 1, third + 1},
+			{third + 1},
+			{framework.ReplayClaimBytes + 1},
+			{10},
+		}, got, "two thirds and a bit fit, three do not; a body over the budget is claimed alone")
 	})
 
 	t.Run("AddIsAllOrNothing", func(t *testing.T) {

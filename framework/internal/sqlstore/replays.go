@@ -26,25 +26,35 @@ VALUES (?, ?, ?, ?, ?, ?)`
 	// other relay holds, in one short write, and returns them; a relay
 	// that dies holding a lease leaves its replays to the next one once
 	// the lease ends. On SQLite the write lock makes claims take turns.
-	// RETURNING gives no order: the caller sorts by id. Its arguments:
-	// the lease's end, now, the limit.
+	// Of the oldest rows up to the limit, it takes the first and each next
+	// one while the bodies up to it come to at most a byte budget
+	// (framework.ReplayClaimBytes); octet_length reads a body's size, not
+	// its overflow pages. RETURNING gives no order: the caller sorts by
+	// id. Its arguments: the lease's end, now, the limit, the budget.
 	qClaimReplays = `UPDATE {p}replays SET claimed_until = ?
-WHERE id IN (SELECT id FROM {p}replays
-    WHERE sent_at IS NULL AND (claimed_until IS NULL OR claimed_until < ?)
-    ORDER BY id LIMIT ?)
+WHERE id IN (SELECT id FROM (
+    SELECT id, row_number() OVER w AS n, sum(size) OVER w AS upto FROM (
+        SELECT id, octet_length(body) AS size FROM {p}replays
+        WHERE sent_at IS NULL AND (claimed_until IS NULL OR claimed_until < ?)
+        ORDER BY id LIMIT ?) WINDOW w AS (ORDER BY id))
+    WHERE n = 1 OR upto <= ?)
 RETURNING ` + replayColumns
 
 	// qClaimReplaysLocked is qClaimReplays on PostgreSQL: the rows are
 	// chosen and locked first (a materialized CTE, so that the limit holds
 	// and the choice is made once), skipping those that a concurrent claim
 	// has locked; a row that a claim committed meanwhile is checked again
-	// as that claim left it. Its arguments: now, the limit, the lease's
-	// end.
+	// as that claim left it. Those that fit in the budget are leased; the
+	// others' locks end with the statement. Its arguments: now, the
+	// limit, the budget, the lease's end.
 	qClaimReplaysLocked = `WITH claimed AS MATERIALIZED (
-    SELECT id FROM {p}replays
+    SELECT id, octet_length(body) AS size FROM {p}replays
     WHERE sent_at IS NULL AND (claimed_until IS NULL OR claimed_until < ?)
-    ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED)
-UPDATE {p}replays r SET claimed_until = ? FROM claimed WHERE r.id = claimed.id
+    ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED),
+fitting AS (
+    SELECT id FROM (SELECT id, row_number() OVER w AS n, sum(size) OVER w AS upto FROM claimed WINDOW w AS (ORDER BY id)) c
+    WHERE n = 1 OR upto <= ?)
+UPDATE {p}replays r SET claimed_until = ? FROM fitting WHERE r.id = fitting.id
 RETURNING r.id, r.dead_letter_id, r.consumer, r.topic, r.body, r.metadata, r.created_at`
 
 	// qReplaysDue tells whether a claim would find a replay, by a read
@@ -119,9 +129,9 @@ func (s *Store) ClaimReplays(ctx context.Context, limit int, lease time.Duration
 	if !due {
 		return nil, nil
 	}
-	args := []any{until, nowArg, limit}
+	args := []any{until, nowArg, limit, framework.ReplayClaimBytes}
 	if s.dialect == Postgres {
-		args = []any{nowArg, limit, until}
+		args = []any{nowArg, limit, framework.ReplayClaimBytes, until}
 	}
 	rows, err := s.db.QueryxContext(ctx, s.claimReplays, args...)
 	if err != nil {
