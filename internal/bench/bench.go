@@ -148,6 +148,12 @@ type Scenario struct {
 	// Once measures each run once whatever Options.Rounds says: for a
 	// long scenario with no baseline.
 	Once bool
+	// Scale is how many times Options.Events messages each run drains (but
+	// in a smoke run); zero means once. It is for a scenario whose runs
+	// drain Options.Events in about a second, too short a time to leave
+	// the start behind: its figures then move with the first moments of
+	// the drain more than with the consumer.
+	Scale int
 }
 
 // Need is a server a scenario needs.

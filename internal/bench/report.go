@@ -39,7 +39,10 @@ type ScenarioReport struct {
 	Skipped string
 	// Once says the scenario's runs were measured once (Scenario.Once).
 	Once bool
-	Runs []RunReport
+	// Scale is how many times Options.Events its runs drained
+	// (Scenario.Scale; zero or one: once).
+	Scale int
+	Runs  []RunReport
 }
 
 // RunReport is a run's figures, or why it failed.
@@ -250,8 +253,17 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		fmt.Fprintf(b, ", RabbitMQ %s", m.RabbitMQ)
 	}
 	fmt.Fprintf(b, " (servers on the same machine)\n")
-	fmt.Fprintf(b, "- Size: %s messages per run, %.0f%% of them duplicates; latency phase %s\n",
-		thousands(float64(r.Options.Events)), r.Options.Duplicates*100, r.Options.LatencyDuration)
+	var scaled []string
+	for _, s := range r.Scenarios {
+		if s.Scale > 1 && !r.Options.Smoke {
+			scaled = append(scaled, fmt.Sprintf("%s in those of %s", thousands(float64(s.Scale*r.Options.Events)), s.Title))
+		}
+	}
+	fmt.Fprintf(b, "- Size: %s messages per run", thousands(float64(r.Options.Events)))
+	if len(scaled) > 0 {
+		fmt.Fprintf(b, " (%s)", strings.Join(scaled, ", "))
+	}
+	fmt.Fprintf(b, ", %.0f%% of them duplicates; latency phase %s\n", r.Options.Duplicates*100, r.Options.LatencyDuration)
 	if r.Options.Rounds > 1 {
 		var once []string
 		for _, s := range r.Scenarios {

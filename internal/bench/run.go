@@ -40,7 +40,7 @@ func Execute(ctx context.Context, scenarios []Scenario, opts Options) (*Report, 
 		if opts.Run != nil && !opts.Run.MatchString(s.Name) {
 			continue
 		}
-		sr := ScenarioReport{Name: s.Name, Title: s.Title, About: s.About, Once: s.Once}
+		sr := ScenarioReport{Name: s.Name, Title: s.Title, About: s.About, Once: s.Once, Scale: s.Scale}
 		if missing := missingNeeds(s, opts); missing != "" {
 			sr.Skipped = "needs " + missing
 			fmt.Fprintf(opts.Log, "== %s: skipped, %s\n", s.Title, sr.Skipped)
@@ -108,6 +108,9 @@ func runOne(ctx context.Context, s Scenario, r Run, opts Options, sh *shared) Ru
 	if err != nil {
 		rr.Err = err
 		return rr
+	}
+	if s.Scale > 1 && !opts.Smoke {
+		opts.Events *= s.Scale
 	}
 	env := &Env{Options: opts, Scenario: s.Name, Dir: dir, ID: s.Name + "-" + randomHex(4), shared: sh}
 	res, err := r.Measure(ctx, env)

@@ -39,7 +39,7 @@ func run() error {
 		pattern string
 		out     string
 	)
-	flag.IntVar(&opts.Events, "events", bench.DefaultEvents, "messages per run, duplicates included")
+	flag.IntVar(&opts.Events, "events", bench.DefaultEvents, fmt.Sprintf("messages per run, duplicates included (%d times as many in the sqlite scenario, %d in memory)", bench.SQLiteScale, bench.MemoryScale))
 	flag.Float64Var(&opts.Duplicates, "duplicates", bench.DefaultDuplicates, "share of the messages that repeat an earlier event (negative: none)")
 	flag.IntVar(&opts.Rounds, "rounds", bench.DefaultRounds, "how many times each run is measured (in rounds of every run of its scenario); the report shows the median")
 	flag.DurationVar(&opts.LatencyDuration, "latency", bench.DefaultLatencyDuration, "how long the paced producer of the latency phase runs")
