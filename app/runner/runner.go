@@ -530,10 +530,17 @@ func (r *Runner) leave() {
 // every handler has subscribed. Otherwise an attempt of the first handler
 // could hold what a later handler's Subscribe needs (a connection, a
 // SQLite file's write lock) and the start would wait for the attempt.
-// A message whose context ends meanwhile is nacked.
+// A message whose context ends meanwhile is nacked. Once the router runs,
+// the message's context is not asked for its Done channel, which a
+// cancelable context makes on the first call: one allocation a message.
 func untilRunning(router *message.Router) message.HandlerMiddleware {
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
+			select {
+			case <-router.Running():
+				return h(msg)
+			default:
+			}
 			select {
 			case <-router.Running():
 				return h(msg)
