@@ -260,14 +260,14 @@ type HistoryEntry struct {
 	Reason string
 }
 
-// Replay is a message to hand to one consumer alone, through the
-// transport's replay path: a replayed dead letter, or an event released
-// from parking.
 // ReplayClaimBytes bounds the bodies one ClaimReplays returns, together
 // (16 MiB): a dead letter keeps the body it came with, whatever its size,
 // and a claim of many of them would otherwise hold them all in memory.
 const ReplayClaimBytes = 16 << 20
 
+// Replay is a message to hand to one consumer alone, through the
+// transport's replay path: a replayed dead letter, or an event released
+// from parking.
 type Replay struct {
 	// ID is assigned by the store.
 	ID int64
