@@ -33,9 +33,6 @@ const (
 	// by the next relay once it ends, so at least this long after the
 	// death.
 	replayLease = 10 * time.Second
-	// replayPublishTimeout bounds the publication of one replay, well
-	// within its lease.
-	replayPublishTimeout = replayLease / 3
 	// replaySentTimeout bounds the record of a publication, which the
 	// relay makes even when the service is stopping: a publication not
 	// recorded is published again.
@@ -71,6 +68,17 @@ type replayRelay struct {
 	// hook is the crash hook of the tests (see replayCrash), nil in
 	// production.
 	hook crash.Hook
+	// lease is the claims' lease; zero means replayLease (tests shorten
+	// it). A publication may take a third of it.
+	lease time.Duration
+}
+
+// leaseOf returns the relay's lease.
+func (r *replayRelay) leaseOf() time.Duration {
+	if r.lease > 0 {
+		return r.lease
+	}
+	return replayLease
 }
 
 // replayCrash carries the crash hook that the relay calls at its crash
@@ -138,8 +146,13 @@ func (r *replayRelay) run(ctx context.Context) {
 // relay claims a batch of replays, publishes them and records them sent;
 // it returns how many it published. A replay it fails to publish stays
 // claimed until its lease ends, with the later replays of its consumer.
+// It publishes no replay once less of the lease is left than a
+// publication may take: another relay may claim it as the lease ends, and
+// publish it too. The rest are claimed again once their lease ended.
 func (r *replayRelay) relay(ctx context.Context) (int, error) {
-	rs, err := r.store.ClaimReplays(ctx, replayBatch, replayLease)
+	lease := r.leaseOf()
+	last := time.Now().Add(lease - lease/3) // the lease began after now
+	rs, err := r.store.ClaimReplays(ctx, replayBatch, lease)
 	if err != nil {
 		return 0, fmt.Errorf("claim replays: %w", err)
 	}
@@ -151,6 +164,9 @@ func (r *replayRelay) relay(ctx context.Context) (int, error) {
 	for _, rp := range rs {
 		if failed[rp.Consumer] {
 			continue // its order: it waits for the lease with the one that failed
+		}
+		if time.Now().After(last) {
+			break // the rest wait for their lease to end
 		}
 		err := r.publish(ctx, rp)
 		var died *crash.Died
@@ -183,7 +199,7 @@ func (r *replayRelay) publish(ctx context.Context, rp framework.Replay) error {
 	if r.dies(ctx, crash.BeforeReplayPublish) {
 		return &crash.Died{At: crash.BeforeReplayPublish}
 	}
-	pubCtx, cancel := context.WithTimeout(ctx, replayPublishTimeout)
+	pubCtx, cancel := context.WithTimeout(ctx, r.leaseOf()/3)
 	err := r.transport.Replay(pubCtx, rp.Consumer, replayMessage(rp))
 	cancel()
 	if err != nil {

@@ -220,3 +220,64 @@ func migratedSQLite(t *testing.T) (Config, *sqlx.DB, *sqlite.Store) {
 	require.NoError(t, err)
 	return cfg, db, store
 }
+
+// slowTransport takes each replay after a delay, and records when each
+// publication began.
+type slowTransport struct {
+	delay time.Duration
+	began []time.Time
+	ids   []string
+}
+
+func (s *slowTransport) Replay(_ context.Context, _ string, msgs ...*message.Message) error {
+	s.began = append(s.began, time.Now())
+	time.Sleep(s.delay)
+	for _, m := range msgs {
+		s.ids = append(s.ids, m.UUID)
+	}
+	return nil
+}
+
+// TestReplayRelayStopsBeforeItsLeaseEnds: a relay whose publications are
+// slow publishes none of its claimed replays once less of the lease is
+// left than a publication may take (another relay may claim them as the
+// lease ends); the next claim after the lease publishes the rest, each
+// replay once.
+func TestReplayRelayStopsBeforeItsLeaseEnds(t *testing.T) {
+	ctx := t.Context()
+	_, _, store := migratedSQLite(t)
+	const total = 10
+	var rs []framework.Replay
+	for i := range total {
+		body := []byte(`{"specversion":"1.0","id":"e-` + string(rune('a'+i)) + `","source":"shop","type":"shop.order.placed","data":{}}`)
+		rs = append(rs, framework.Replay{Consumer: "c.one", Topic: "shop.order.placed", Body: body})
+	}
+	require.NoError(t, store.AddReplays(ctx, rs))
+	tr := &slowTransport{delay: 40 * time.Millisecond}
+	lease := 300 * time.Millisecond
+	r := &replayRelay{store: store, transport: tr, logger: slog.New(slog.DiscardHandler), lease: lease}
+
+	claimed := time.Now()
+	n, err := r.relay(ctx)
+	require.NoError(t, err)
+	require.Greater(t, n, 0)
+	require.Less(t, n, total, "it stopped before publishing replays whose lease was ending")
+	for _, at := range tr.began {
+		require.True(t, at.Before(claimed.Add(lease-lease/3+10*time.Millisecond)),
+			"a publication began %s after the claim, past the lease less a publication's time", at.Sub(claimed))
+	}
+
+	published := n
+	for deadline := time.Now().Add(30 * time.Second); published < total && time.Now().Before(deadline); {
+		time.Sleep(lease + 50*time.Millisecond) // the leases of the rest ended
+		n, err := r.relay(ctx)
+		require.NoError(t, err)
+		published += n
+	}
+	require.Len(t, tr.ids, total)
+	seen := map[string]bool{}
+	for _, id := range tr.ids {
+		require.False(t, seen[id], "replay %s published twice", id)
+		seen[id] = true
+	}
+}
