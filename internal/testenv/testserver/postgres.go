@@ -2,7 +2,6 @@ package testserver
 
 import (
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -78,12 +77,4 @@ func (c *Postgres) Stop(t *testing.T) {
 	t.Helper()
 	out, err := c.pgctl("stop", "-m", "fast").CombinedOutput()
 	require.NoError(t, err, "pg_ctl stop: %s", out)
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }

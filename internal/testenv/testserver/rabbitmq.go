@@ -10,6 +10,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -100,7 +101,7 @@ func (n *RabbitMQ) Start(t *testing.T) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("private RabbitMQ node %s did not start: %v (logs in %s)", n.name, err, n.dir)
+			t.Fatalf("private RabbitMQ node %s did not start: %v; the end of its logs:\n%s", n.name, err, n.logTail(4<<10))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -122,4 +123,25 @@ func (n *RabbitMQ) Stop(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Fatalf("private RabbitMQ node %s did not stop", n.name)
+}
+
+// logTail returns the last limit bytes of each of the node's log files
+// (its folder goes when the test ends), each under its name.
+func (n *RabbitMQ) logTail(limit int64) string {
+	files, _ := filepath.Glob(filepath.Join(n.dir, "log", "*"))
+	var b strings.Builder
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		if int64(len(data)) > limit {
+			data = data[int64(len(data))-limit:]
+		}
+		fmt.Fprintf(&b, "== %s\n%s\n", filepath.Base(f), data)
+	}
+	if b.Len() == 0 {
+		return "(no log files in " + filepath.Join(n.dir, "log") + ")"
+	}
+	return b.String()
 }
