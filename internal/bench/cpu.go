@@ -66,16 +66,48 @@ type CPU struct {
 	Machine float64
 	// Consumer is how many cores the consumer's process used on average.
 	Consumer float64
+	// Groups is how many cores each group of processes used on average
+	// (groupConsumer, groupRabbitMQ, groupPostgres, groupBenchmark: see
+	// procWatch); nil when not read.
+	Groups map[string]float64
+	// Seconds is the time from a to b of cpuBetween.
+	Seconds float64
+	// Messages is how many messages the consumer handled meanwhile.
+	Messages int
 }
 
-// cpuBetween returns the CPU use from a to b.
-func cpuBetween(a, b cpuSample) CPU {
+// cpuBetween returns the CPU use from a to b, taken at and from ends
+// seconds apart, and, with groups, the clock ticks that a procWatch
+// counted meanwhile.
+func cpuBetween(a, b cpuSample, seconds float64, groups map[string]uint64) CPU {
 	total := float64(b.total - a.total)
 	if total <= 0 {
 		return CPU{}
 	}
 	perCore := total / float64(runtime.NumCPU())
-	return CPU{Machine: float64(b.busy-a.busy) / total, Consumer: float64(b.proc-a.proc) / perCore}
+	c := CPU{Machine: float64(b.busy-a.busy) / total, Consumer: float64(b.proc-a.proc) / perCore, Seconds: seconds}
+	if groups != nil {
+		c.Groups = make(map[string]float64, len(groups))
+		for g, n := range groups {
+			c.Groups[g] = float64(n) / perCore
+		}
+	}
+	return c
+}
+
+// PerMessage returns the CPU time of each group and of the whole machine
+// during the drain, in µs a message handled; ok is false when the groups
+// were not read.
+func (c CPU) PerMessage() (groups map[string]float64, machine float64, ok bool) {
+	if c.Groups == nil || c.Messages <= 0 || c.Seconds <= 0 {
+		return nil, 0, false
+	}
+	us := func(cores float64) float64 { return cores * c.Seconds / float64(c.Messages) * 1e6 }
+	groups = make(map[string]float64, len(c.Groups))
+	for g, cores := range c.Groups {
+		groups[g] = us(cores)
+	}
+	return groups, us(c.Machine * float64(runtime.NumCPU())), true
 }
 
 // bound says in a sentence what the figures of a drain suggest bounds it.

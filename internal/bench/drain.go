@@ -84,7 +84,7 @@ func Drain(ctx context.Context, env *Env, sys System) (Result, error) {
 // events) and returns the drain's figures: its effects and their span,
 // the allocations per message and the CPU use.
 func drainPhase(ctx context.Context, env *Env, p *Process, effects *EffectTable, messages, distinct int) (Result, error) {
-	mallocs, cpu, err := beginDrain(ctx, p, func(ctx context.Context) error {
+	mallocs, cpu, err := beginDrain(ctx, p, messages, func(ctx context.Context) error {
 		return waitEffects(ctx, env, p, effects, distinct)
 	})
 	if err != nil {
@@ -104,24 +104,32 @@ func drainPhase(ctx context.Context, env *Env, p *Process, effects *EffectTable,
 	}, nil
 }
 
-// beginDrain begins the started process p and waits for its drain with
-// wait. It returns the allocations p made meanwhile and its CPU use.
-func beginDrain(ctx context.Context, p *Process, wait func(context.Context) error) (float64, CPU, error) {
+// beginDrain begins the started process p and waits for its drain of
+// messages with wait. It returns the allocations p made meanwhile and the
+// CPU use.
+func beginDrain(ctx context.Context, p *Process, messages int, wait func(context.Context) error) (float64, CPU, error) {
 	m0, err := p.Mallocs(ctx)
 	if err != nil {
 		return 0, CPU{}, err
 	}
+	watch := watchProcesses(p.Pid())
+	start := time.Now()
 	c0, err := sampleCPU(p.Pid())
 	if err != nil {
+		watch.finish()
 		return 0, CPU{}, err
 	}
 	if err := p.Begin(ctx); err != nil {
+		watch.finish()
 		return 0, CPU{}, err
 	}
 	if err := wait(ctx); err != nil {
+		watch.finish()
 		return 0, CPU{}, err
 	}
 	c1, err := sampleCPU(p.Pid())
+	seconds := time.Since(start).Seconds()
+	groups := watch.finish()
 	if err != nil {
 		return 0, CPU{}, err
 	}
@@ -129,7 +137,9 @@ func beginDrain(ctx context.Context, p *Process, wait func(context.Context) erro
 	if err != nil {
 		return 0, CPU{}, err
 	}
-	return m1 - m0, cpuBetween(c0, c1), nil
+	cpu := cpuBetween(c0, c1, seconds, groups)
+	cpu.Messages = messages
+	return m1 - m0, cpu, nil
 }
 
 // latencyPhase feeds fresh events at rate and returns their latencies.

@@ -120,7 +120,7 @@ func measureIdle(ctx context.Context, env *Env, build func() (idleSystem, error)
 	if err != nil {
 		return Result{}, err
 	}
-	res := Result{Events: n, Messages: n, CPU: cpuBetween(c0, c1)}
+	res := Result{Events: n, Messages: n, CPU: cpuBetween(c0, c1, elapsed.Seconds(), nil)}
 	res.Latency = &Latency{Rate: float64(n) / elapsed.Seconds(), Events: n, P50: Percentile(ds, 50), P99: Percentile(ds, 99)}
 	env.Logf("p50 %s, p99 %s", ms(res.Latency.P50), ms(res.Latency.P99))
 	if res.PeakRSS, err = p.PeakRSS(); err != nil {

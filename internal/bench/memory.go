@@ -164,7 +164,7 @@ func measureMemory(ctx context.Context, env *Env) (Result, error) {
 		return Result{}, err
 	}
 	mem := &Memory{}
-	mallocs, cpu, err := beginDrain(ctx, p, func(ctx context.Context) error {
+	mallocs, cpu, err := beginDrain(ctx, p, feed.total, func(ctx context.Context) error {
 		mem.Samples, err = sampleDrain(ctx, env, p, s.Effects(), distinct)
 		return err
 	})

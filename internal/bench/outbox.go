@@ -182,7 +182,7 @@ func measureOutbox(ctx context.Context, env *Env, run outboxRun) (Result, error)
 	if err != nil {
 		return Result{}, err
 	}
-	mallocs, cpu, err := beginDrain(ctx, p, func(ctx context.Context) error {
+	mallocs, cpu, err := beginDrain(ctx, p, len(msgs), func(ctx context.Context) error {
 		if err := sink.wait(ctx, env, p, msgs); err != nil {
 			return fmt.Errorf("drain: %w", err)
 		}

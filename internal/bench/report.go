@@ -159,6 +159,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 			if m := run.Result.Memory; m != nil {
 				rows = append(rows, []string{"    " + m.String()})
 			}
+			if line := run.Result.CPU.perMessageLine(); line != "" {
+				rows = append(rows, []string{"    " + line})
+			}
 		}
 	}
 	widths := make([]int, len(columns)+1)
@@ -315,7 +318,13 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		"  in use, read each tenth of the way; **growth** is from the first reading to the\n"+
 		"  last.\n"+
 		"- **CPU**: during the drain, the cores the consumer's process used on average,\n"+
-		"  and how busy the machine's cores were (consumer, servers and all).\n"+
+		"  and how busy the machine's cores were (consumer, servers and all). Below each\n"+
+		"  scenario's table, the same drain's CPU time in µs a message handled, by process:\n"+
+		"  the consumer's, RabbitMQ's (the Erlang VM), PostgreSQL's (every `postgres`\n"+
+		"  process: backends, WAL writer, checkpointer), the benchmark's own (the sink that\n"+
+		"  counts the relay's messages, the pollers of the effects), and the rest of the\n"+
+		"  machine's busy time (the kernel's threads, other processes), each process's user\n"+
+		"  and system time in `/proc/PID/stat` read every 250 ms.\n"+
 		"- **effects**: effects counted in the consumer's table, once it stopped = distinct\n"+
 		"  events fed (the drain's and the latency phase's); a run fails on any difference.\n\n")
 
@@ -341,6 +350,7 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		}
 		fmt.Fprintln(b)
 		writeRounds(b, s)
+		writeCPUGroups(b, s)
 		for _, run := range s.Runs {
 			writeMemory(b, run)
 		}
@@ -366,6 +376,65 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writeCPUGroups writes the CPU time of each run's drain in µs a
+// message, by group of processes, as a table; only the groups that used
+// any in one of the runs have a column. Nothing when no run has them.
+func writeCPUGroups(b *strings.Builder, s ScenarioReport) {
+	var shown []string
+	for _, g := range cpuGroups() {
+		for _, run := range s.Runs {
+			if groups, _, ok := run.Result.CPU.PerMessage(); ok && groups[g] >= 0.5 {
+				shown = append(shown, g)
+				break
+			}
+		}
+	}
+	var rows []string
+	for _, run := range s.Runs {
+		groups, machine, ok := run.Result.CPU.PerMessage()
+		if !ok {
+			continue
+		}
+		cells := []string{run.Name}
+		for _, g := range shown {
+			cells = append(cells, fmt.Sprintf("%.0f", groups[g]))
+		}
+		cells = append(cells, fmt.Sprintf("%.0f", max(0, machine-sumGroups(groups))), fmt.Sprintf("%.0f", machine))
+		rows = append(rows, "| "+strings.Join(cells, " | ")+" |")
+	}
+	if len(rows) == 0 {
+		return
+	}
+	fmt.Fprintf(b, "CPU during the drain, in µs a message:\n\n| run | %s | rest | all |\n|---%s|\n%s\n\n",
+		strings.Join(shown, " | "), strings.Repeat("|---:", len(shown)+2), strings.Join(rows, "\n"))
+}
+
+// sumGroups is the sum of a drain's CPU time by group.
+func sumGroups(groups map[string]float64) float64 {
+	var sum float64
+	for _, v := range groups {
+		sum += v
+	}
+	return sum
+}
+
+// perMessageLine is the CPU time of the drain in µs a message, by group,
+// in a line of text; empty when the groups were not read.
+func (c CPU) perMessageLine() string {
+	groups, machine, ok := c.PerMessage()
+	if !ok {
+		return ""
+	}
+	var parts []string
+	for _, g := range cpuGroups() {
+		if groups[g] >= 0.5 {
+			parts = append(parts, fmt.Sprintf("%s %.0f", g, groups[g]))
+		}
+	}
+	parts = append(parts, fmt.Sprintf("rest %.0f", max(0, machine-sumGroups(groups))))
+	return fmt.Sprintf("CPU µs/message: %s; all %.0f", strings.Join(parts, ", "), machine)
 }
 
 // writeRounds writes the effects per second of each round of the runs

@@ -13,3 +13,9 @@ func PurgesBySentAt(d Dialect, before time.Time, limit int) (statements map[stri
 
 // TimeArg is d.timeArg: t as d stores it.
 func TimeArg(d Dialect, t time.Time) any { return d.timeArg(t) }
+
+// ClaimStatement is the claim of relays on PostgreSQL (qOutboxClaim),
+// unprefixed, with its arguments for limit and maxBytes.
+func ClaimStatement(limit, maxBytes int) (statement string, args []any) {
+	return newQueries(Postgres, "").sql(qOutboxClaim), []any{maxBytes, limit}
+}

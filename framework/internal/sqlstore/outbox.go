@@ -34,7 +34,7 @@ type OutboxRow struct {
 type Outbox struct {
 	dialect Dialect
 
-	insert, unsent, claim, lease, leasable, release, markSent, cleanup string
+	insert, unsent, claimPlan, claim, lease, leasable, release, markSent, cleanup string
 }
 
 // NewOutbox returns the outbox SQL of d on tables prefixed with prefix.
@@ -47,15 +47,16 @@ func NewOutbox(d Dialect, prefix string) (*Outbox, error) {
 	}
 	q := newQueries(d, prefix)
 	return &Outbox{
-		dialect:  d,
-		insert:   q.sql(qOutboxInsert),
-		unsent:   q.sql(qOutboxUnsent),
-		claim:    q.sql(qOutboxClaim),
-		lease:    q.sql(qOutboxLease),
-		leasable: q.sql(qOutboxLeasable),
-		release:  q.prefix.Replace(qOutboxRelease),  // rebound after sqlx.In
-		markSent: q.prefix.Replace(qOutboxMarkSent), // rebound after sqlx.In
-		cleanup:  q.sql(qOutboxCleanup),
+		dialect:   d,
+		insert:    q.sql(qOutboxInsert),
+		unsent:    q.sql(qOutboxUnsent),
+		claimPlan: q.sql(qOutboxClaimPlan),
+		claim:     q.sql(qOutboxClaim),
+		lease:     q.sql(qOutboxLease),
+		leasable:  q.sql(qOutboxLeasable),
+		release:   q.prefix.Replace(qOutboxRelease),  // rebound after sqlx.In
+		markSent:  q.prefix.Replace(qOutboxMarkSent), // rebound after sqlx.In
+		cleanup:   q.sql(qOutboxCleanup),
 	}, nil
 }
 
@@ -95,9 +96,15 @@ func (o *Outbox) Unsent(ctx context.Context, q sqlx.QueryerContext, limit int) (
 // each next one while the bodies before it and its own come to at most
 // maxBytes. held reports rows it locked beyond those: they stay locked,
 // unread, until tx ends, so that a claim made before then skips them.
+// For the rest of tx, the planner may read tables through their indexes
+// only (qOutboxClaimPlan): a claim reads no more rows than it locks.
 func (o *Outbox) Claim(ctx context.Context, tx sqlx.QueryerContext, limit, maxBytes int) (rows []OutboxRow, held bool, err error) {
 	if o.dialect != Postgres {
 		return nil, false, fmt.Errorf("claim unsent outbox rows: locking rows needs %s, not %s", Postgres, o.dialect)
+	}
+	var seqscan, bitmapscan string
+	if err := tx.QueryRowxContext(ctx, o.claimPlan).Scan(&seqscan, &bitmapscan); err != nil {
+		return nil, false, fmt.Errorf("claim unsent outbox rows: plan: %w", err)
 	}
 	res, err := tx.QueryxContext(ctx, o.claim, maxBytes, limit)
 	if err != nil {

@@ -32,6 +32,19 @@ SELECT ` + outboxColumns + ` FROM {p}outbox WHERE sent_at IS NULL ORDER BY id LI
 WINDOW w AS (ORDER BY id)) c
 ORDER BY id`
 
+	// qOutboxClaimPlan runs before qOutboxClaim in its transaction and
+	// leaves the planner, until the transaction ends, no scan of the table
+	// but its indexes, so that the claim reads the oldest unsent rows in
+	// the order of the partial index on unsent rows and stops at its
+	// limit, whatever the table's statistics say. Without statistics (a
+	// table never analyzed: new, or filled faster than autovacuum looks,
+	// every minute) the planner guesses that a small share of the rows is
+	// unsent and reads every unsent row with a bitmap scan, then sorts
+	// them all for the limit: 100 ms and 40 MB of temporary files a claim
+	// of 1,000 with 100,000 rows waiting, against 2 ms, and more the longer
+	// the backlog.
+	qOutboxClaimPlan = `SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true)`
+
 	// qOutboxLease is the claim on SQLite, where a relay cannot hold the
 	// write lock while it publishes: one short write takes a lease on the
 	// oldest unsent rows that no other relay holds, and returns them. A
