@@ -65,8 +65,11 @@ type procTicks struct {
 // watchProcesses starts a procWatch of the consumer's process pid and
 // the servers; stop ends it and returns what each group used.
 func watchProcesses(pid int) *procWatch {
-	w := &procWatch{consumer: pid, self: os.Getpid(), stop: make(chan struct{}), done: make(chan struct{}),
-		last: map[int]procTicks{}, ticks: map[string]uint64{}}
+	w := &procWatch{
+		consumer: pid, self: os.Getpid(),
+		stop: make(chan struct{}), done: make(chan struct{}),
+		last: map[int]procTicks{}, ticks: map[string]uint64{},
+	}
 	w.pass(true)
 	go w.run()
 	return w

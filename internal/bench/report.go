@@ -324,7 +324,9 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		"  process: backends, WAL writer, checkpointer), the benchmark's own (the sink that\n"+
 		"  counts the relay's messages, the pollers of the effects), and the rest of the\n"+
 		"  machine's busy time (the kernel's threads, other processes), each process's user\n"+
-		"  and system time in `/proc/PID/stat` read every 250 ms.\n"+
+		"  and system time in `/proc/PID/stat` read every 250 ms. The benchmark runs its\n"+
+		"  goroutines on one thread (GOMAXPROCS 1; the consumers have every core), so that\n"+
+		"  its sink wakes no second thread for each message it hands on.\n"+
 		"- **effects**: effects counted in the consumer's table, once it stopped = distinct\n"+
 		"  events fed (the drain's and the latency phase's); a run fails on any difference.\n\n")
 
