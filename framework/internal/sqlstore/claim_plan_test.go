@@ -53,3 +53,36 @@ SELECT 'e-' || g, 'test', 'test.unsent', convert_to(repeat('x', 300), 'UTF8'), n
 		require.LessOrEqual(t, s.ActualRows, float64(limit), "a claim of %d read more rows: %s", limit, out)
 	}
 }
+
+// TestClaimReplaysReadsOnlyItsBatchWithoutStatistics: the claim of
+// replays on PostgreSQL, after qIndexScansOnly in its transaction as
+// ClaimReplays runs it, reads no more replays than it leases in a table
+// never analyzed, as one a bulk replay just filled. Without it, a claim
+// of 100 read and sorted all 20,000.
+func TestClaimReplaysReadsOnlyItsBatchWithoutStatistics(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db := testenv.Postgres(t)
+	require.NoError(t, migrate.Up(ctx, db, migrate.Config{}))
+	_, err := db.ExecContext(ctx, `INSERT INTO replays (consumer, body, created_at)
+SELECT 'test', convert_to(repeat('x', 300), 'UTF8'), now() FROM generate_series(1, 20000)`)
+	require.NoError(t, err)
+
+	const limit = 100
+	tx, err := db.BeginTxx(ctx, nil)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback() }() // EXPLAIN ANALYZE leases them
+	require.NoError(t, sqlstore.IndexScansOnly(ctx, tx))
+	now := time.Now()
+	statement, args := sqlstore.ClaimReplaysStatement(now, limit, now.Add(time.Minute))
+	var out []byte
+	require.NoError(t, tx.QueryRowContext(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+statement, args...).Scan(&out))
+	var plans []struct{ Plan planNode }
+	require.NoError(t, json.Unmarshal(out, &plans))
+	scans := plans[0].Plan.scansOf("replays")
+	require.NotEmpty(t, scans, "%s", out)
+	for _, s := range scans {
+		require.LessOrEqual(t, s.ActualRows, float64(limit), "a claim of %d read more replays: %s", limit, out)
+	}
+}

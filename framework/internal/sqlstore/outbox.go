@@ -34,7 +34,7 @@ type OutboxRow struct {
 type Outbox struct {
 	dialect Dialect
 
-	insert, unsent, claimPlan, claim, lease, leasable, release, markSent, cleanup string
+	insert, unsent, claim, lease, leasable, release, markSent, cleanup string
 }
 
 // NewOutbox returns the outbox SQL of d on tables prefixed with prefix.
@@ -47,16 +47,15 @@ func NewOutbox(d Dialect, prefix string) (*Outbox, error) {
 	}
 	q := newQueries(d, prefix)
 	return &Outbox{
-		dialect:   d,
-		insert:    q.sql(qOutboxInsert),
-		unsent:    q.sql(qOutboxUnsent),
-		claimPlan: q.sql(qOutboxClaimPlan),
-		claim:     q.sql(qOutboxClaim),
-		lease:     q.sql(qOutboxLease),
-		leasable:  q.sql(qOutboxLeasable),
-		release:   q.prefix.Replace(qOutboxRelease),  // rebound after sqlx.In
-		markSent:  q.prefix.Replace(qOutboxMarkSent), // rebound after sqlx.In
-		cleanup:   q.sql(qOutboxCleanup),
+		dialect:  d,
+		insert:   q.sql(qOutboxInsert),
+		unsent:   q.sql(qOutboxUnsent),
+		claim:    q.sql(qOutboxClaim),
+		lease:    q.sql(qOutboxLease),
+		leasable: q.sql(qOutboxLeasable),
+		release:  q.prefix.Replace(qOutboxRelease),  // rebound after sqlx.In
+		markSent: q.prefix.Replace(qOutboxMarkSent), // rebound after sqlx.In
+		cleanup:  q.sql(qOutboxCleanup),
 	}, nil
 }
 
@@ -97,14 +96,13 @@ func (o *Outbox) Unsent(ctx context.Context, q sqlx.QueryerContext, limit int) (
 // maxBytes. held reports rows it locked beyond those: they stay locked,
 // unread, until tx ends, so that a claim made before then skips them.
 // For the rest of tx, the planner may read tables through their indexes
-// only (qOutboxClaimPlan): a claim reads no more rows than it locks.
+// only (qIndexScansOnly): a claim reads no more rows than it locks.
 func (o *Outbox) Claim(ctx context.Context, tx sqlx.QueryerContext, limit, maxBytes int) (rows []OutboxRow, held bool, err error) {
 	if o.dialect != Postgres {
 		return nil, false, fmt.Errorf("claim unsent outbox rows: locking rows needs %s, not %s", Postgres, o.dialect)
 	}
-	var seqscan, bitmapscan string
-	if err := tx.QueryRowxContext(ctx, o.claimPlan).Scan(&seqscan, &bitmapscan); err != nil {
-		return nil, false, fmt.Errorf("claim unsent outbox rows: plan: %w", err)
+	if err := indexScansOnly(ctx, tx); err != nil {
+		return nil, false, fmt.Errorf("claim unsent outbox rows: %w", err)
 	}
 	res, err := tx.QueryxContext(ctx, o.claim, maxBytes, limit)
 	if err != nil {

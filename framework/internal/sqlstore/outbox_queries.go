@@ -26,24 +26,12 @@ WHERE sent_at IS NULL ORDER BY id LIMIT ?`
 	// transaction ends. A row's size is its body's octet_length, which
 	// reads no TOASTed body; the running sum is taken over the locked rows
 	// only, after the limit, so that it reads no more rows than the claim.
+	// It runs after qIndexScansOnly in its transaction.
 	qOutboxClaim = `SELECT id, event_id, source, type, subject, subject_seq, CASE WHEN fits THEN body END, created_at, fits FROM (
 SELECT *, row_number() OVER w = 1 OR sum(octet_length(body)) OVER w <= ? AS fits FROM (
 SELECT ` + outboxColumns + ` FROM {p}outbox WHERE sent_at IS NULL ORDER BY id LIMIT ? FOR UPDATE SKIP LOCKED) claimed
 WINDOW w AS (ORDER BY id)) c
 ORDER BY id`
-
-	// qOutboxClaimPlan runs before qOutboxClaim in its transaction and
-	// leaves the planner, until the transaction ends, no scan of the table
-	// but its indexes, so that the claim reads the oldest unsent rows in
-	// the order of the partial index on unsent rows and stops at its
-	// limit, whatever the table's statistics say. Without statistics (a
-	// table never analyzed: new, or filled faster than autovacuum looks,
-	// every minute) the planner guesses that a small share of the rows is
-	// unsent and reads every unsent row with a bitmap scan, then sorts
-	// them all for the limit: 100 ms and 40 MB of temporary files a claim
-	// of 1,000 with 100,000 rows waiting, against 2 ms, and more the longer
-	// the backlog.
-	qOutboxClaimPlan = `SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true)`
 
 	// qOutboxLease is the claim on SQLite, where a relay cannot hold the
 	// write lock while it publishes: one short write takes a lease on the

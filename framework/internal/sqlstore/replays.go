@@ -46,7 +46,8 @@ RETURNING ` + replayColumns
 	// has locked; a row that a claim committed meanwhile is checked again
 	// as that claim left it. Those that fit in the budget are leased; the
 	// others' locks end with the statement. Its arguments: now, the
-	// limit, the budget, the lease's end.
+	// limit, the budget, the lease's end. It runs after qIndexScansOnly in
+	// a transaction of its own.
 	qClaimReplaysLocked = `WITH claimed AS MATERIALIZED (
     SELECT id, octet_length(body) AS size FROM {p}replays
     WHERE sent_at IS NULL AND (claimed_until IS NULL OR claimed_until < ?)
@@ -112,7 +113,8 @@ func (s *Store) addReplays(ctx context.Context, tx *sqlx.Tx, rs []framework.Repl
 // ClaimReplays implements framework.Store: a lease (claimed_until) on
 // both dialects, taken in one statement by the store's clock, after a
 // read that finds whether any replay is due (the relay polls: an idle
-// poll writes nothing).
+// poll writes nothing). On PostgreSQL the statement runs in a transaction
+// that reads the table through its indexes only (qIndexScansOnly).
 func (s *Store) ClaimReplays(ctx context.Context, limit int, lease time.Duration) ([]framework.Replay, error) {
 	if limit <= 0 {
 		return nil, fmt.Errorf("claim replays: limit %d, want at least 1", limit)
@@ -133,15 +135,43 @@ func (s *Store) ClaimReplays(ctx context.Context, limit int, lease time.Duration
 	if s.dialect == Postgres {
 		args = []any{nowArg, limit, framework.ReplayClaimBytes, until}
 	}
-	rows, err := s.db.QueryxContext(ctx, s.claimReplays, args...)
-	if err != nil {
-		return nil, fmt.Errorf("claim replays: %w", err)
-	}
-	out, err := scanReplays(rows)
+	out, err := s.claimReplaysIn(ctx, args)
 	if err != nil {
 		return nil, fmt.Errorf("claim replays: %w", err)
 	}
 	slices.SortFunc(out, func(a, b framework.Replay) int { return cmp.Compare(a.ID, b.ID) })
+	return out, nil
+}
+
+// claimReplaysIn runs the claim of replays with args: on SQLite alone, on
+// PostgreSQL in a transaction of its own after qIndexScansOnly.
+func (s *Store) claimReplaysIn(ctx context.Context, args []any) ([]framework.Replay, error) {
+	if s.dialect != Postgres {
+		rows, err := s.db.QueryxContext(ctx, s.claimReplays, args...)
+		if err != nil {
+			return nil, err
+		}
+		return scanReplays(rows)
+	}
+	tx, err := s.db.BeginTxx(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback() // a no-op after Commit
+	if err := indexScansOnly(ctx, tx); err != nil {
+		return nil, err
+	}
+	rows, err := tx.QueryxContext(ctx, s.claimReplays, args...)
+	if err != nil {
+		return nil, err
+	}
+	out, err := scanReplays(rows)
+	if err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("commit: %w", err)
+	}
 	return out, nil
 }
 
