@@ -4,6 +4,7 @@ import (
 	"math"
 	"os"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 )
@@ -50,5 +51,32 @@ func TestPerMessage(t *testing.T) {
 	}
 	if _, _, ok := (CPU{Machine: 0.5}).PerMessage(); ok {
 		t.Fatal("figures without groups read")
+	}
+}
+
+// TestWriteMarkdownCPUGroups: the report gives each run's CPU a message
+// by group in a table whose columns are the groups that took 2% of a
+// run's at least, with the rest of the machine's and the whole.
+func TestWriteMarkdownCPUGroups(t *testing.T) {
+	// 1,000 messages in 2 seconds: a core's worth is 2,000 µs a message.
+	cpu := func(machine float64, groups map[string]float64) CPU {
+		return CPU{Machine: machine / float64(runtime.NumCPU()), Groups: groups, Seconds: 2, Messages: 1000}
+	}
+	r := &Report{Scenarios: []ScenarioReport{{Title: "Relay", Runs: []RunReport{
+		{Name: "relay", Result: Result{CPU: cpu(1, map[string]float64{groupConsumer: 0.25, groupPostgres: 0.5, groupRabbitMQ: 0.005})}},
+		{Name: "baseline", Result: Result{CPU: cpu(0.5, map[string]float64{groupConsumer: 0.25, groupBenchmark: 0.125})}},
+	}}}}
+	var b strings.Builder
+	if err := r.WriteMarkdown(&b); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"| run | consumer | PostgreSQL | benchmark | rest | all |",
+		"| relay | 500 | 1000 | 0 | 500 | 2000 |",
+		"| baseline | 500 | 0 | 250 | 250 | 1000 |",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("no line %q in:\n%s", want, b.String())
+		}
 	}
 }

@@ -323,8 +323,10 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		"  the consumer's, RabbitMQ's (the Erlang VM), PostgreSQL's (every `postgres`\n"+
 		"  process: backends, WAL writer, checkpointer), the benchmark's own (the sink that\n"+
 		"  counts the relay's messages, the pollers of the effects), and the rest of the\n"+
-		"  machine's busy time (the kernel's threads, other processes), each process's user\n"+
-		"  and system time in `/proc/PID/stat` read every 250 ms. The benchmark runs its\n"+
+		"  machine's busy time (the kernel's threads, other processes, and the groups with\n"+
+		"  less than 2%% of a run's time, which get no column; at least 0, as the processes'\n"+
+		"  times are read apart from the machine's, in ticks of 10 ms). Each process's user\n"+
+		"  and system time is read from `/proc/PID/stat` every 250 ms. The benchmark runs its\n"+
 		"  goroutines on one thread (GOMAXPROCS 1; the consumers have every core), so that\n"+
 		"  its sink wakes no second thread for each message it hands on.\n"+
 		"- **effects**: effects counted in the consumer's table, once it stopped = distinct\n"+
@@ -381,13 +383,14 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 }
 
 // writeCPUGroups writes the CPU time of each run's drain in µs a
-// message, by group of processes, as a table; only the groups that used
-// any in one of the runs have a column. Nothing when no run has them.
+// message, by group of processes, as a table; only the groups that took
+// a part of a run's (see shownGroup) have a column. Nothing when no run
+// has them.
 func writeCPUGroups(b *strings.Builder, s ScenarioReport) {
 	var shown []string
 	for _, g := range cpuGroups() {
 		for _, run := range s.Runs {
-			if groups, _, ok := run.Result.CPU.PerMessage(); ok && groups[g] >= 0.5 {
+			if groups, machine, ok := run.Result.CPU.PerMessage(); ok && shownGroup(groups[g], machine) {
 				shown = append(shown, g)
 				break
 			}
@@ -400,10 +403,12 @@ func writeCPUGroups(b *strings.Builder, s ScenarioReport) {
 			continue
 		}
 		cells := []string{run.Name}
+		rest := machine
 		for _, g := range shown {
 			cells = append(cells, fmt.Sprintf("%.0f", groups[g]))
+			rest -= groups[g]
 		}
-		cells = append(cells, fmt.Sprintf("%.0f", max(0, machine-sumGroups(groups))), fmt.Sprintf("%.0f", machine))
+		cells = append(cells, fmt.Sprintf("%.0f", max(0, rest)), fmt.Sprintf("%.0f", machine))
 		rows = append(rows, "| "+strings.Join(cells, " | ")+" |")
 	}
 	if len(rows) == 0 {
@@ -413,14 +418,11 @@ func writeCPUGroups(b *strings.Builder, s ScenarioReport) {
 		strings.Join(shown, " | "), strings.Repeat("|---:", len(shown)+2), strings.Join(rows, "\n"))
 }
 
-// sumGroups is the sum of a drain's CPU time by group.
-func sumGroups(groups map[string]float64) float64 {
-	var sum float64
-	for _, v := range groups {
-		sum += v
-	}
-	return sum
-}
+// shownGroup tells whether a group's CPU time a message, us, is worth a
+// figure beside the machine's: 2% of it at least, so that a server that
+// only idles beside the run (RabbitMQ's timers in a SQLite run) shows
+// none.
+func shownGroup(us, machine float64) bool { return us >= max(0.5, 0.02*machine) }
 
 // perMessageLine is the CPU time of the drain in µs a message, by group,
 // in a line of text; empty when the groups were not read.
@@ -430,12 +432,14 @@ func (c CPU) perMessageLine() string {
 		return ""
 	}
 	var parts []string
+	rest := machine
 	for _, g := range cpuGroups() {
-		if groups[g] >= 0.5 {
+		if shownGroup(groups[g], machine) {
 			parts = append(parts, fmt.Sprintf("%s %.0f", g, groups[g]))
+			rest -= groups[g]
 		}
 	}
-	parts = append(parts, fmt.Sprintf("rest %.0f", max(0, machine-sumGroups(groups))))
+	parts = append(parts, fmt.Sprintf("rest %.0f", max(0, rest)))
 	return fmt.Sprintf("CPU µs/message: %s; all %.0f", strings.Join(parts, ", "), machine)
 }
 
