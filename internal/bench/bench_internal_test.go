@@ -100,3 +100,17 @@ func TestMedian(t *testing.T) {
 		t.Errorf("a failed round was not reported: got %+v", got)
 	}
 }
+
+// requireMarkdownLines fails t unless r's Markdown holds each of lines.
+func requireMarkdownLines(t *testing.T, r *Report, lines ...string) {
+	t.Helper()
+	var b strings.Builder
+	if err := r.WriteMarkdown(&b); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range lines {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("no line %q in:\n%s", want, b.String())
+		}
+	}
+}

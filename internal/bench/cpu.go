@@ -38,24 +38,11 @@ func sampleCPU(pid int) (cpuSample, error) {
 			s.busy += n
 		}
 	}
-	b, err = os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return s, fmt.Errorf("cpu: %w", err)
+	_, proc, ok := readProcStat(pid)
+	if !ok {
+		return s, fmt.Errorf("cpu: cannot read /proc/%d/stat", pid)
 	}
-	// The fields after the command, which is in parentheses: utime and
-	// stime are the 12th and 13th.
-	i := strings.LastIndexByte(string(b), ')')
-	g := strings.Fields(string(b)[i+1:])
-	if len(g) < 13 {
-		return s, fmt.Errorf("cpu: short /proc/%d/stat", pid)
-	}
-	for _, v := range g[11:13] {
-		n, err := strconv.ParseUint(v, 10, 64)
-		if err != nil {
-			return s, fmt.Errorf("cpu: /proc/%d/stat: %w", pid, err)
-		}
-		s.proc += n
-	}
+	s.proc = proc
 	return s, nil
 }
 

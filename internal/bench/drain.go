@@ -114,20 +114,17 @@ func beginDrain(ctx context.Context, p *Process, messages int, wait func(context
 	}
 	watch := watchProcesses(p.Pid())
 	start := time.Now()
-	c0, err := sampleCPU(p.Pid())
-	if err != nil {
-		watch.finish()
-		return 0, CPU{}, err
+	var c0, c1 cpuSample
+	c0, err = sampleCPU(p.Pid())
+	if err == nil {
+		err = p.Begin(ctx)
 	}
-	if err := p.Begin(ctx); err != nil {
-		watch.finish()
-		return 0, CPU{}, err
+	if err == nil {
+		err = wait(ctx)
 	}
-	if err := wait(ctx); err != nil {
-		watch.finish()
-		return 0, CPU{}, err
+	if err == nil {
+		c1, err = sampleCPU(p.Pid())
 	}
-	c1, err := sampleCPU(p.Pid())
 	seconds := time.Since(start).Seconds()
 	groups := watch.finish()
 	if err != nil {

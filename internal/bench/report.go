@@ -384,18 +384,14 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 
 // writeCPUGroups writes the CPU time of each run's drain in µs a
 // message, by group of processes, as a table; only the groups that took
-// a part of a run's (see shownGroup) have a column. Nothing when no run
+// a part of a run's (see shownGroups) have a column. Nothing when no run
 // has them.
 func writeCPUGroups(b *strings.Builder, s ScenarioReport) {
-	var shown []string
-	for _, g := range cpuGroups() {
-		for _, run := range s.Runs {
-			if groups, machine, ok := run.Result.CPU.PerMessage(); ok && shownGroup(groups[g], machine) {
-				shown = append(shown, g)
-				break
-			}
-		}
+	cpus := make([]CPU, len(s.Runs))
+	for i, run := range s.Runs {
+		cpus[i] = run.Result.CPU
 	}
+	shown := shownGroups(cpus...)
 	var rows []string
 	for _, run := range s.Runs {
 		groups, machine, ok := run.Result.CPU.PerMessage()
@@ -403,12 +399,10 @@ func writeCPUGroups(b *strings.Builder, s ScenarioReport) {
 			continue
 		}
 		cells := []string{run.Name}
-		rest := machine
 		for _, g := range shown {
 			cells = append(cells, fmt.Sprintf("%.0f", groups[g]))
-			rest -= groups[g]
 		}
-		cells = append(cells, fmt.Sprintf("%.0f", max(0, rest)), fmt.Sprintf("%.0f", machine))
+		cells = append(cells, fmt.Sprintf("%.0f", restOf(groups, machine, shown)), fmt.Sprintf("%.0f", machine))
 		rows = append(rows, "| "+strings.Join(cells, " | ")+" |")
 	}
 	if len(rows) == 0 {
@@ -418,11 +412,32 @@ func writeCPUGroups(b *strings.Builder, s ScenarioReport) {
 		strings.Join(shown, " | "), strings.Repeat("|---:", len(shown)+2), strings.Join(rows, "\n"))
 }
 
-// shownGroup tells whether a group's CPU time a message, us, is worth a
-// figure beside the machine's: 2% of it at least, so that a server that
-// only idles beside the run (RabbitMQ's timers in a SQLite run) shows
-// none.
-func shownGroup(us, machine float64) bool { return us >= max(0.5, 0.02*machine) }
+// shownGroups returns the groups, in cpuGroups' order, that took 2% of
+// the machine's time a message at least in one of cpus, so that a server
+// that only idles beside a run (RabbitMQ's timers in a SQLite run) gets
+// no figure.
+func shownGroups(cpus ...CPU) []string {
+	var shown []string
+	for _, g := range cpuGroups() {
+		for _, c := range cpus {
+			if groups, machine, ok := c.PerMessage(); ok && groups[g] >= max(0.5, 0.02*machine) {
+				shown = append(shown, g)
+				break
+			}
+		}
+	}
+	return shown
+}
+
+// restOf returns the machine's CPU time a message less that of the
+// groups shown, at least 0 (the processes' times are read apart from the
+// machine's).
+func restOf(groups map[string]float64, machine float64, shown []string) float64 {
+	for _, g := range shown {
+		machine -= groups[g]
+	}
+	return max(0, machine)
+}
 
 // perMessageLine is the CPU time of the drain in µs a message, by group,
 // in a line of text; empty when the groups were not read.
@@ -431,15 +446,12 @@ func (c CPU) perMessageLine() string {
 	if !ok {
 		return ""
 	}
-	var parts []string
-	rest := machine
-	for _, g := range cpuGroups() {
-		if shownGroup(groups[g], machine) {
-			parts = append(parts, fmt.Sprintf("%s %.0f", g, groups[g]))
-			rest -= groups[g]
-		}
+	shown := shownGroups(c)
+	parts := make([]string, 0, len(shown)+1)
+	for _, g := range shown {
+		parts = append(parts, fmt.Sprintf("%s %.0f", g, groups[g]))
 	}
-	parts = append(parts, fmt.Sprintf("rest %.0f", max(0, rest)))
+	parts = append(parts, fmt.Sprintf("rest %.0f", restOf(groups, machine, shown)))
 	return fmt.Sprintf("CPU µs/message: %s; all %.0f", strings.Join(parts, ", "), machine)
 }
 

@@ -1,13 +1,6 @@
 package sqlstore
 
-import (
-	"context"
-	"time"
-
-	"github.com/jmoiron/sqlx"
-
-	"github.com/effectively-once/effectively/framework"
-)
+import "time"
 
 // PurgesBySentAt returns, by table, the statements that delete rows sent
 // before a time (the outbox's cleanup, the purge of sent replays) in d's
@@ -25,16 +18,4 @@ func TimeArg(d Dialect, t time.Time) any { return d.timeArg(t) }
 // unprefixed, with its arguments for limit and maxBytes.
 func ClaimStatement(limit, maxBytes int) (statement string, args []any) {
 	return newQueries(Postgres, "").sql(qOutboxClaim), []any{maxBytes, limit}
-}
-
-// ClaimReplaysStatement is the claim of replays on PostgreSQL
-// (qClaimReplaysLocked), unprefixed, with its arguments for now, limit
-// and the lease's end.
-func ClaimReplaysStatement(now time.Time, limit int, until time.Time) (statement string, args []any) {
-	return newQueries(Postgres, "").sql(qClaimReplaysLocked), []any{now, limit, framework.ReplayClaimBytes, until}
-}
-
-// IndexScansOnly is indexScansOnly.
-func IndexScansOnly(ctx context.Context, tx sqlx.QueryerContext) error {
-	return indexScansOnly(ctx, tx)
 }

@@ -103,17 +103,26 @@ func requirePostgresReadsNone(ctx context.Context, t *testing.T, db *sqlx.DB, ta
 	tx, err := db.BeginTxx(ctx, nil)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback() }() // EXPLAIN ANALYZE runs the delete
-	var out []byte
-	require.NoError(t, tx.QueryRowContext(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+statement, args...).Scan(&out))
-	var plans []struct{ Plan planNode }
-	require.NoError(t, json.Unmarshal(out, &plans))
-	scans := plans[0].Plan.scansOf(table)
-	require.NotEmpty(t, scans, "%s: %s", table, out)
+	scans, out := explainScans(ctx, t, tx, table, statement, args)
 	for _, s := range scans {
 		require.NotEqual(t, "Seq Scan", s.Type, "%s: %s", table, out)
 		require.Zero(t, s.RemovedByFilter, "%s: rows sent within the hour were read: %s", table, out)
 		require.Zero(t, s.ActualRows, "%s: %s", table, out)
 	}
+}
+
+// explainScans runs statement with args under EXPLAIN (ANALYZE, FORMAT
+// JSON) in q, and returns the nodes of its plan that read table, at
+// least one, and the plan.
+func explainScans(ctx context.Context, t *testing.T, q sqlx.QueryerContext, table, statement string, args []any) ([]planNode, []byte) {
+	t.Helper()
+	var out []byte
+	require.NoError(t, q.QueryRowxContext(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+statement, args...).Scan(&out))
+	var plans []struct{ Plan planNode }
+	require.NoError(t, json.Unmarshal(out, &plans))
+	scans := plans[0].Plan.scansOf(table)
+	require.NotEmpty(t, scans, "%s: %s", table, out)
+	return scans, out
 }
 
 // planNode is a node of EXPLAIN (FORMAT JSON)'s plan.
