@@ -49,14 +49,14 @@ BENCHFLAGS ?=
 .PHONY: bench
 bench: ## Run the framework against hand-written Watermill, side by side, on every transport (real servers as for make test); prints a table and writes docs/benchmarks.md. BENCHFLAGS="-events 2000" for a quick run.
 	@set -euo pipefail; services="$$(scripts/services.sh)"; eval "$$services"; \
-	$(GO) run ./internal/bench/cmd/bench $(BENCHFLAGS)
+	$(GO) run ./internal/tools/bench/cmd/bench $(BENCHFLAGS)
 
 SOAKFLAGS ?=
 
 .PHONY: soak
 soak: ## Run the soak (a few minutes): 20,000 events through the outbox and a three-node RabbitMQ cluster of its own, consumers killed at random, a node and PostgreSQL restarted; prints its figures (docs/reliability.md). Needs root.
 	@set -euo pipefail; services="$$(scripts/services.sh)"; eval "$$services"; \
-	$(GO) run ./internal/soak/cmd/soak $(SOAKFLAGS)
+	$(GO) run ./internal/tools/soak/cmd/soak $(SOAKFLAGS)
 
 .PHONY: bench-micro
 bench-micro: ## Run the in-process microbenchmarks of the chain: messages per second and allocations per message.

@@ -9,7 +9,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/effectively-once/effectively/internal/bench"
+	"github.com/effectively-once/effectively/internal/tools/bench"
 	"github.com/effectively-once/effectively/internal/testenv"
 )
 

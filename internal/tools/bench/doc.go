@@ -69,7 +69,7 @@
 //	make bench                                  # everything, 20,000 messages a run
 //	make bench BENCHFLAGS="-events 2000 -run sqlite"
 //	make bench BENCHFLAGS="-smoke -run 'sqlite/default|raw'"  # some runs of a scenario
-//	go test ./internal/bench/ -run TestSmoke    # what make test runs
+//	go test ./internal/tools/bench/ -run TestSmoke    # what make test runs
 //
 // Servers come from EFFECTIVELY_TEST_POSTGRES_URL and, for RabbitMQ,
 // EFFECTIVELY_TEST_AMQP_BENCH_URL (a virtual host of the benchmark's own,

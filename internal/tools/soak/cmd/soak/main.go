@@ -1,11 +1,11 @@
-// Command soak runs the soak of make soak (package internal/soak): by
+// Command soak runs the soak of make soak (package internal/tools/soak): by
 // default 20,000 events through the outbox and a three-node RabbitMQ
 // cluster of its own with quorum queues, one node killed and brought
 // back, the soak's own PostgreSQL restarted once, two consumer processes
 // killed at random. It prints its progress and figures, and exits 1 when
 // the figures are wrong.
 //
-//	go run ./internal/soak/cmd/soak [-events 20000] [-rate 200] [-cluster=false -amqp URL]
+//	go run ./internal/tools/soak/cmd/soak [-events 20000] [-rate 200] [-cluster=false -amqp URL]
 package main
 
 import (
@@ -17,7 +17,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/effectively-once/effectively/internal/soak"
+	"github.com/effectively-once/effectively/internal/tools/soak"
 )
 
 func main() {

@@ -220,7 +220,7 @@ func buildService(ctx context.Context, dir string) (string, error) {
 		return "", fmt.Errorf("soak: go env GOMOD: %w", err)
 	}
 	bin := filepath.Join(dir, "soakservice")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./internal/soak/cmd/soakservice")
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", bin, "./internal/tools/soak/cmd/soakservice")
 	cmd.Dir = filepath.Dir(strings.TrimSpace(string(gomod)))
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("soak: build the service: %w: %s", err, out)

@@ -297,10 +297,10 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		"make bench BENCHFLAGS=\"-events 2000 -run 'amqp|sqlite'\"   # smaller, some scenarios\n"+
 		"make bench BENCHFLAGS=\"-rounds 1\"                 # each run once (three rounds by default)\n"+
 		"make bench BENCHFLAGS=\"-smoke -run 'sqlite/default|raw'\"   # two runs of one scenario, no report written\n"+
-		"go run ./internal/bench/cmd/bench -h                # every flag (servers from EFFECTIVELY_TEST_*_URL)\n```\n\n"+
+		"go run ./internal/tools/bench/cmd/bench -h                # every flag (servers from EFFECTIVELY_TEST_*_URL)\n```\n\n"+
 		"Run it on a quiet machine: the consumers, the servers and the producer share\n"+
 		"its cores, and anything else running shows in the figures (the load average\n"+
-		"above says how quiet it was). `TestSmoke` in `internal/bench` runs every\n"+
+		"above says how quiet it was). `TestSmoke` in `internal/tools/bench` runs every\n"+
 		"scenario at 100 messages inside `make test`, checking the effects only.\n\n")
 
 	fmt.Fprintf(b, "## How to read the figures\n\n"+

@@ -3,7 +3,7 @@
 // EFFECTIVELY_TEST_POSTGRES_URL and EFFECTIVELY_TEST_AMQP_URL (make bench
 // starts them). It prints a table and writes docs/benchmarks.md.
 //
-//	go run ./internal/bench/cmd/bench [-events 20000] [-run REGEXP] [-out docs/benchmarks.md]
+//	go run ./internal/tools/bench/cmd/bench [-events 20000] [-run REGEXP] [-out docs/benchmarks.md]
 //
 // It exits non-zero, leaving the report file as it was, when a run fails,
 // e.g. when a consumer left other than one effect per distinct event.
@@ -19,7 +19,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/effectively-once/effectively/internal/bench"
+	"github.com/effectively-once/effectively/internal/tools/bench"
 	"github.com/effectively-once/effectively/internal/testenv"
 )
 

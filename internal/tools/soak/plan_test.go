@@ -5,7 +5,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/effectively-once/effectively/internal/soak"
+	"github.com/effectively-once/effectively/internal/tools/soak"
 )
 
 // TestPlan checks the plan's shares and that each subject's events chain

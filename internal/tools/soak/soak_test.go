@@ -11,7 +11,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/effectively-once/effectively/internal/soak"
+	"github.com/effectively-once/effectively/internal/tools/soak"
 )
 
 // TestSoak is the short soak of make test: 2,000 events through the
