@@ -215,3 +215,23 @@ func skipDollar(query string, i int) int {
 func isWordStart(b byte) bool {
 	return b == '_' || b|0x20 >= 'a' && b|0x20 <= 'z' || b >= 0x80
 }
+
+// callsSetConfig reports whether query names set_config, in any case, as
+// a word of its own (not offset_config), without allocating.
+func callsSetConfig(query string) bool {
+	const name = "set_config"
+	for i := 0; i+len(name) <= len(query); i++ {
+		if query[i]|0x20 != 's' || !strings.EqualFold(query[i:i+len(name)], name) {
+			continue
+		}
+		if i == 0 || !isIdentByte(query[i-1]) {
+			return true
+		}
+	}
+	return false
+}
+
+// isIdentByte reports whether b may be part of an SQL identifier.
+func isIdentByte(b byte) bool {
+	return b == '_' || b >= '0' && b <= '9' || b|0x20 >= 'a' && b|0x20 <= 'z' || b >= 0x80
+}

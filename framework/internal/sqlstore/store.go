@@ -25,9 +25,12 @@ const DefaultDeadLetterLimit = 100
 // transaction when they get none.
 var ErrNoTx = errors.New("no database transaction (give the unit of work the store's database)")
 
-// Store implements framework.Store, framework.Store and
-// framework.Store over a PostgreSQL or SQLite database migrated
-// with Migrations.
+// Store implements framework.Store (with MarkMany, which group commit
+// finds by type assertion), framework.Inspector, framework.Purger and
+// framework.Gauges over a PostgreSQL or SQLite database migrated with
+// Migrations. postgres.Store and sqlite.Store embed it: its exported
+// methods are theirs, so add one here only when both public stores
+// should have it.
 type Store struct {
 	db      *sqlx.DB
 	dialect Dialect
@@ -43,7 +46,12 @@ type Store struct {
 	counts counts // the counts waiting for a statement
 }
 
-var _ framework.Store = (*Store)(nil)
+var (
+	_ framework.Store     = (*Store)(nil)
+	_ framework.Inspector = (*Store)(nil)
+	_ framework.Purger    = (*Store)(nil)
+	_ framework.Gauges    = (*Store)(nil)
+)
 
 // Options configure a Store.
 type Options struct {

@@ -1,0 +1,131 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/effectively-once/effectively/framework/internal/sqlstore"
+)
+
+// batchResult is what a finished batch published.
+type batchResult struct {
+	published int
+	err       error
+}
+
+// batch is a batch of rows read and published: finish waits for what is
+// still on its way (confirms, marks), ends the batch (commit, release) and
+// returns how many rows it marked sent. more reports that rows may wait
+// behind it (it was full, by rows or by bytes); holds, that it keeps rows
+// it did not read from the next batch until it finishes.
+type batch struct {
+	more, holds bool
+	finish      func() (published int, err error)
+}
+
+// startBatch reads a batch and publishes it.
+func (r *Relay) startBatch(ctx context.Context) (batch, error) {
+	// A batch publishes no row once ctx ends or BatchTimeout passed
+	// (publish checks pctx between rows); what it published by then is
+	// still confirmed and marked, under bctx: it outlives ctx, so that a
+	// stop does not leave published rows unmarked, and the publishing
+	// deadline by as long again (within the SQLite lease), so that a slow
+	// batch marks what went out instead of publishing it again at every
+	// poll.
+	pctx, stop := context.WithTimeout(ctx, r.cfg.BatchTimeout)
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*r.cfg.BatchTimeout)
+	var (
+		b   batch
+		err error
+	)
+	if r.sql.Dialect() == sqlstore.Postgres {
+		b, err = r.startClaimed(pctx, bctx)
+	} else {
+		b, err = r.startLeased(pctx, bctx)
+	}
+	if err != nil {
+		stop()
+		cancel()
+		return batch{}, err
+	}
+	finish := b.finish
+	b.finish = func() (int, error) {
+		defer cancel()
+		defer stop()
+		return finish()
+	}
+	return b, nil
+}
+
+// startLeased reads and publishes a batch on SQLite: it takes a lease on
+// its rows, and releases those it could not publish when it finishes.
+func (r *Relay) startLeased(ctx, bctx context.Context) (batch, error) {
+	// The lease is a write: an idle poll reads first, so that it never
+	// waits for the file's write lock (a long handler transaction holds it)
+	// when there is nothing to publish. Both stop with ctx.
+	waiting, err := r.sql.Unsent(ctx, r.db, 1)
+	if err != nil || len(waiting) == 0 {
+		return batch{finish: func() (int, error) { return 0, nil }}, err
+	}
+	now := r.cfg.Now()
+	rows, more, err := r.sql.Lease(ctx, r.db, r.cfg.BatchSize, r.cfg.BatchBytes, now, now.Add(2*r.cfg.BatchTimeout))
+	if err != nil {
+		return batch{}, err
+	}
+	published := r.publish(ctx, bctx, rows, func(ctx context.Context, ids []int64) error {
+		return r.sql.MarkSent(ctx, r.db, ids, r.cfg.Now())
+	})
+	return batch{more: more, finish: func() (int, error) {
+		sent, pubErr := published()
+		if rest := unsentIDs(rows, sent); len(rest) > 0 {
+			if err := r.sql.Release(bctx, r.db, rest); err != nil {
+				pubErr = errors.Join(pubErr, err) // the lease ends by itself
+			}
+		}
+		return len(sent), pubErr
+	}}, nil
+}
+
+// unsentIDs returns the ids of rows that are not in sent.
+func unsentIDs(rows []sqlstore.OutboxRow, sent []int64) []int64 {
+	if len(sent) == len(rows) {
+		return nil
+	}
+	marked := make(map[int64]struct{}, len(sent))
+	for _, id := range sent {
+		marked[id] = struct{}{}
+	}
+	rest := make([]int64, 0, len(rows)-len(sent))
+	for _, row := range rows {
+		if _, ok := marked[row.ID]; !ok {
+			rest = append(rest, row.ID)
+		}
+	}
+	return rest
+}
+
+// startClaimed reads and publishes a batch on PostgreSQL: the rows are
+// locked from the read to the commit of their marks, when it finishes.
+func (r *Relay) startClaimed(ctx, bctx context.Context) (batch, error) {
+	tx, err := r.db.BeginTxx(bctx, nil)
+	if err != nil {
+		return batch{}, fmt.Errorf("outbox: begin: %w", err)
+	}
+	rows, held, err := r.sql.Claim(bctx, tx, r.cfg.BatchSize, r.cfg.BatchBytes)
+	if err != nil {
+		_ = tx.Rollback()
+		return batch{}, err
+	}
+	published := r.publish(ctx, bctx, rows, func(ctx context.Context, ids []int64) error {
+		return r.sql.MarkSent(ctx, tx, ids, r.cfg.Now())
+	})
+	return batch{more: held || len(rows) == r.cfg.BatchSize, holds: held, finish: func() (int, error) {
+		defer tx.Rollback() // a no-op after Commit
+		sent, pubErr := published()
+		if err := tx.Commit(); err != nil {
+			return 0, errors.Join(pubErr, fmt.Errorf("outbox: commit marks: %w", err))
+		}
+		return len(sent), pubErr
+	}}, nil
+}

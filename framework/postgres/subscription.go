@@ -1,0 +1,398 @@
+package postgres
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/effectively-once/effectively/framework/internal/subscribers"
+)
+
+// position is a row's place in a topic: rows are read in this order.
+type position struct {
+	xid    uint64
+	offset int64
+}
+
+func (p position) less(o position) bool {
+	return p.xid < o.xid || (p.xid == o.xid && p.offset < o.offset)
+}
+
+// row is a message read from the topic and not yet acknowledged in
+// order.
+type row struct {
+	pos               position
+	uuid              string
+	payload, metadata []byte
+	acked             bool
+	current           *delivery // handed out and not yet resolved
+	queued            bool      // waits in the queue to be handed out
+	resendAt          time.Time // nacked: handed out again then
+	handedOut         bool      // this process handed it out before
+}
+
+// delivery is one handing out of a row.
+type delivery struct {
+	sub    *subscription
+	r      *row
+	msg    *message.Message
+	cancel context.CancelFunc
+	sentAt time.Time
+}
+
+type result struct {
+	d     *delivery
+	acked bool
+}
+
+// waiter is a goroutine that waits on the subscription's connection for a
+// notification, which it sends on done, as it ends.
+type waiter struct {
+	cancel context.CancelFunc
+	done   chan wake // buffered: receives once
+}
+
+// wake is how a waiter ended.
+type wake struct {
+	notified bool
+	xid      uint64 // the notifying transaction, zero when unknown
+	err      error  // the connection failed
+}
+
+// subscription is the state of one Subscribe call, owned by its run
+// goroutine.
+type subscription struct {
+	s       *subscriber
+	topic   string
+	q       subscriptionQueries
+	ctx     context.Context
+	cancel  context.CancelFunc
+	out     chan *message.Message
+	results chan result
+	log     *slog.Logger
+	// reported says that the reader reports each message's outcome
+	// (pipeline.SettleReported): no goroutine watches a message then.
+	reported bool
+	msgWG    sync.WaitGroup // the goroutines watching messages
+
+	conn    *sql.Conn // nil until connected
+	key     int64     // the advisory lock's key
+	locked  bool
+	retryAt time.Time // when to connect or try the lock again
+
+	// With marking, the group's row holds its handed-out position (see
+	// handedOutColumns), and each delivery says whether it may be a
+	// redelivery (see redelivered).
+	marking    bool
+	takenMark  position // the group's handed-out position when the lock was taken
+	unknownXID uint64   // when that was unknown, the newest transaction with a row then
+	handedHigh position // the last row handed out since the lock was taken
+
+	listening    bool          // conn LISTENs on the topic's channel
+	listenWarned bool          // a failed LISTEN was logged
+	waiter       *waiter       // waits on conn for a notification, while idle
+	notifiedXID  uint64        // the newest notified transaction, until read past
+	notifyRetry  time.Duration // the pause before reading again for notifiedXID
+
+	window  []*row                 // read and not acknowledged in order, in order
+	next    *delivery              // of the queue's head, while it waits to be taken
+	queue   []*row                 // to hand out, in order
+	waiting []*row                 // nacked, until their resendAt
+	sent    map[*delivery]struct{} // handed out and not yet resolved
+	cursor  position               // the last row read
+	acked   position               // the end of the acknowledged prefix
+	dirty   bool                   // acked is not written yet
+	dirtyN  int                    // rows acknowledged since the last write
+	dirtyAt time.Time
+	readAt  time.Time // when to look for new rows again (zero: now)
+}
+
+func (sub *subscription) run() {
+	defer sub.s.wg.Done()
+	defer close(sub.out)
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		if sub.ctx.Err() != nil {
+			sub.shutdown()
+			return
+		}
+		now := time.Now()
+		sub.step(now)
+
+		var out chan<- *message.Message
+		var msg *message.Message
+		if sub.locked && len(sub.queue) > 0 && len(sub.sent) < sub.s.concurrency {
+			if sub.next == nil || sub.next.r != sub.queue[0] {
+				sub.dropNext()
+				sub.next = sub.deliveryOf(sub.queue[0])
+			}
+			out, msg = sub.out, sub.next.msg
+		}
+		if sub.waiter == nil && sub.idle(now) {
+			sub.startWaiting(sub.readAt)
+		}
+		var woke <-chan wake
+		if sub.waiter != nil {
+			woke = sub.waiter.done
+		}
+		timer.Reset(sub.wakeAt(now).Sub(now))
+		select {
+		case <-sub.ctx.Done():
+		case w := <-woke:
+			if err := sub.woke(w); err != nil {
+				sub.lost("wait for notifications", err)
+			}
+		case out <- msg:
+			d := sub.next
+			sub.next = nil
+			sub.queue[0] = nil
+			sub.queue = sub.queue[1:]
+			d.r.queued = false
+			d.r.current = d
+			d.r.handedOut = true
+			if sub.handedHigh.less(d.r.pos) {
+				sub.handedHigh = d.r.pos
+			}
+			d.sentAt = time.Now()
+			sub.sent[d] = struct{}{}
+			if !sub.reported {
+				sub.msgWG.Go(func() { subscribers.Watch(sub.ctx, d.msg, d) })
+			}
+		case res := <-sub.results:
+			sub.resolve(res, time.Now())
+		case <-timer.C:
+		}
+	}
+}
+
+// step does what is due: take the lock, write the acknowledged position,
+// read new rows, queue the nacked rows whose pause passed and the rows
+// whose delivery outlived the ack deadline.
+func (sub *subscription) step(now time.Time) {
+	if !sub.locked && !now.Before(sub.retryAt) {
+		if err := sub.acquire(); err != nil {
+			sub.lost("take the group's lock", err)
+			return
+		}
+	}
+	if !sub.locked {
+		return
+	}
+	if sub.flushDue(now) {
+		if err := sub.writeAcked(); err != nil {
+			sub.lost("write the acknowledged position", err)
+			return
+		}
+	}
+	if sub.readDue(now) {
+		if err := sub.read(now); err != nil {
+			sub.lost("read messages", err)
+			return
+		}
+	}
+	kept := sub.waiting[:0]
+	for _, r := range sub.waiting {
+		if !r.acked && !now.Before(r.resendAt) {
+			sub.enqueue(r)
+		} else if !r.acked {
+			kept = append(kept, r)
+		}
+	}
+	clear(sub.waiting[len(kept):])
+	sub.waiting = kept
+	for len(sub.queue) > 0 && sub.queue[0].acked { // a late Ack of a row given up
+		sub.queue[0].queued = false
+		sub.queue[0] = nil
+		sub.queue = sub.queue[1:]
+	}
+	for d := range sub.sent {
+		if now.Sub(d.sentAt) >= sub.s.cfg.AckDeadline {
+			// Given up: handed out again; a late Ack still counts.
+			sub.unsend(d)
+			sub.enqueue(d.r)
+		}
+	}
+}
+
+func (sub *subscription) enqueue(r *row) {
+	if r.queued || r.acked {
+		return
+	}
+	r.queued = true
+	sub.queue = append(sub.queue, r)
+}
+
+// wakeAt returns when step has something to do next, at the latest an
+// hour from now.
+func (sub *subscription) wakeAt(now time.Time) time.Time {
+	at := now.Add(time.Hour)
+	earlier := func(t time.Time) {
+		if t.Before(at) {
+			at = t
+		}
+	}
+	if !sub.locked {
+		earlier(sub.retryAt)
+		return at
+	}
+	if len(sub.queue) == 0 && sub.readAt.After(now) {
+		earlier(sub.readAt)
+	}
+	if sub.dirty {
+		earlier(sub.dirtyAt.Add(ackFlushInterval))
+	}
+	for _, r := range sub.waiting {
+		earlier(r.resendAt)
+	}
+	for d := range sub.sent {
+		earlier(d.sentAt.Add(sub.s.cfg.AckDeadline))
+	}
+	return at
+}
+
+// idle reports whether the subscription waits for new rows only, to be
+// woken by a notification.
+func (sub *subscription) idle(now time.Time) bool {
+	return sub.locked && sub.listening && len(sub.queue) == 0 && sub.readAt.After(now)
+}
+
+// startWaiting starts a waiter on the connection, until a notification
+// comes, until, or stopWaiting.
+func (sub *subscription) startWaiting(until time.Time) {
+	ctx, cancel := context.WithDeadline(sub.ctx, until)
+	w := &waiter{cancel: cancel, done: make(chan wake, 1)}
+	conn := sub.conn
+	go func() {
+		defer cancel()
+		w.done <- waitForNotification(ctx, conn)
+	}()
+	sub.waiter = w
+}
+
+// stopWaiting ends the waiter, if any, before the connection is used,
+// recording a notification it received. An error of the connection is
+// left to the statement that follows.
+func (sub *subscription) stopWaiting() {
+	if sub.waiter == nil {
+		return
+	}
+	sub.waiter.cancel()
+	_ = sub.woke(<-sub.waiter.done)
+}
+
+// woke records how the waiter ended: a notification reads at once. It
+// returns the waiter's error.
+func (sub *subscription) woke(w wake) error {
+	sub.waiter = nil
+	if w.notified {
+		sub.readAt = time.Time{}
+		sub.notifiedXID = max(sub.notifiedXID, w.xid)
+		sub.notifyRetry = 0
+	}
+	return w.err
+}
+
+// waitForNotification waits on conn, which LISTENs, for a notification
+// until ctx ends. pgx keeps the notifications that come during other
+// statements for the next wait, and the context's end interrupts the
+// wait without closing the connection.
+func waitForNotification(ctx context.Context, conn *sql.Conn) wake {
+	var n *pgconn.Notification
+	err := conn.Raw(func(dc any) error {
+		c, ok := dc.(*stdlib.Conn)
+		if !ok {
+			return fmt.Errorf("wait for a notification: driver connection %T is not pgx's", dc)
+		}
+		var err error
+		n, err = c.Conn().WaitForNotification(ctx)
+		return err
+	})
+	switch {
+	case n != nil:
+		xid, _ := strconv.ParseUint(n.Payload, 10, 64) // another payload: just a wake-up
+		return wake{notified: true, xid: xid}
+	case err != nil && ctx.Err() == nil:
+		return wake{err: fmt.Errorf("wait for a notification: %w", err)}
+	}
+	return wake{}
+}
+
+// listen makes the connection LISTEN on the topic's channel. Without it
+// (logged once), the subscription polls.
+func (sub *subscription) listen(ctx context.Context) {
+	if _, err := sub.conn.ExecContext(ctx, sub.q.listen); err != nil {
+		if !sub.listenWarned {
+			sub.listenWarned = true
+			sub.log.Warn("postgres subscriber: could not LISTEN; polling every PollInterval",
+				slog.Any("error", err), slog.Duration("poll_interval", sub.s.cfg.PollInterval))
+		}
+		return
+	}
+	sub.listening = true
+}
+
+// shutdown ends the subscription: it cancels the message contexts,
+// writes the acknowledged position, and releases the lock.
+func (sub *subscription) shutdown() {
+	sub.cancel()
+	sub.stopWaiting()
+	sub.dropNext()
+	sub.msgWG.Wait()
+	for d := range sub.sent {
+		select {
+		case <-d.msg.Acked():
+			d.r.acked = true
+		default:
+		}
+		d.cancel()
+	}
+	sub.advance(time.Now())
+	if sub.conn == nil {
+		return
+	}
+	if sub.locked && sub.dirty {
+		if err := sub.writeAcked(); err != nil {
+			sub.log.Warn("postgres subscriber: could not write the acknowledged position on close; those messages come again",
+				slog.Any("error", err))
+		}
+	}
+	ctx, cancel := sub.queryContext()
+	defer cancel()
+	if sub.locked && sub.marking {
+		// Nothing is handed out any more: the rows read but never handed
+		// out are first deliveries for the next subscription. The position
+		// stays at least where it was when the lock was taken, since the
+		// rows before it may have been handed out by another.
+		last := sub.handedHigh
+		if last.less(sub.takenMark) {
+			last = sub.takenMark
+		}
+		if _, err := sub.conn.ExecContext(ctx, sub.q.lower, sub.s.group, strconv.FormatUint(last.xid, 10), last.offset); err != nil {
+			sub.log.Warn("postgres subscriber: could not write the handed-out position on close; the messages read ahead come again as redeliveries",
+				slog.Any("error", err))
+		}
+	}
+	if sub.locked {
+		if _, err := sub.conn.ExecContext(ctx, sub.q.unlock, sub.key); err != nil {
+			sub.discard()
+			return
+		}
+	}
+	if sub.listening {
+		if _, err := sub.conn.ExecContext(ctx, sub.q.unlisten); err != nil {
+			sub.discard()
+			return
+		}
+	}
+	_ = sub.conn.Close()
+	sub.conn, sub.locked, sub.listening = nil, false, false
+}

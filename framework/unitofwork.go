@@ -1,0 +1,211 @@
+package framework
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/effectively-once/effectively/internal/crash"
+)
+
+// UnitOfWork runs each attempt in a transaction that holds the processed
+// mark of the event: the mark and the handler's writes commit together, or
+// roll back together. It is the one implementation of the exactly-once
+// effect; Consume and the consumer chain both use it.
+//
+// With a database it commits in groups (unless BatchSize is 1): the
+// attempts that arrive while earlier ones commit are gathered into batches
+// of up to BatchSize, and a batch runs in one transaction on one
+// connection, its attempts one after another, with no savepoint between
+// them. When an attempt fails (error, panic, deadline), the transaction
+// rolls back: the failed attempt keeps its failure, and the others run
+// again, handler included, in a new transaction without it. So a handler
+// may run more than once for one delivery; its effect commits once. When
+// the commit fails, the attempts that had succeeded run again, each
+// alone, before any is charged a failure. Up to Batches batches run at
+// once.
+type UnitOfWork struct {
+	db          *sqlx.DB
+	store       Store
+	withoutMark bool
+	group       *group
+}
+
+// Defaults of UnitOfWorkConfig.
+const (
+	// DefaultBatchSize is the most attempts one transaction holds. A
+	// larger batch commits less often, but runs more of its attempts
+	// again when one of them fails.
+	DefaultBatchSize = 32
+	// DefaultBatches is how many batches run at once, each on a
+	// connection of its own: one runs its attempts while the other
+	// commits.
+	DefaultBatches = 2
+)
+
+// UnitOfWorkConfig configures a UnitOfWork.
+type UnitOfWorkConfig struct {
+	// DB is the database of the handler's writes and of the store. Nil is
+	// allowed only with memory.Store, and protects one process only.
+	DB *sqlx.DB
+	// Store keeps the processed marks and the delivery counts that the
+	// transaction forgets. Required.
+	Store Store
+	// BatchSize is the most attempts that commit in one transaction.
+	// Defaults to DefaultBatchSize; 1 gives each attempt a transaction of
+	// its own, which no other attempt's failure runs again.
+	BatchSize int
+	// Batches is how many batches run at once. Defaults to
+	// DefaultBatches. A batch that could start while another runs waits,
+	// unless it fills up, until that one ends, so that under load batches
+	// hold many attempts.
+	Batches int
+	// Linger is how long a batch that could start waits for more
+	// attempts while it holds fewer than BatchSize. Zero starts it at
+	// once: a batch then holds the attempts that arrived while the
+	// previous ones ran, which adds no wait when the load is low.
+	Linger time.Duration
+	// WithoutMark runs every attempt without the processed mark: the
+	// attempt still runs in its transaction, group commit included, but
+	// every delivery runs the handler, a redelivery of a processed event
+	// too, and Do never returns Duplicate. Only for a consumer whose
+	// effect is idempotent by itself (see handlers.WithoutDedup).
+	// Defaults to false.
+	WithoutMark bool
+}
+
+// WithDefaults returns a copy of c with zero fields set to their defaults.
+func (c UnitOfWorkConfig) WithDefaults() UnitOfWorkConfig {
+	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
+	c.Batches = cmp.Or(c.Batches, DefaultBatches)
+	return c
+}
+
+// Validate reports the first invalid field of c.
+func (c UnitOfWorkConfig) Validate() error {
+	switch {
+	case c.Store == nil:
+		return errors.New("UnitOfWorkConfig.Store: required (sqlite.NewStore, postgres.NewStore or memory.NewStore)")
+	case c.BatchSize < 1:
+		return fmt.Errorf("UnitOfWorkConfig.BatchSize: must be at least 1, got %d", c.BatchSize)
+	case c.Batches < 1:
+		return fmt.Errorf("UnitOfWorkConfig.Batches: must be at least 1, got %d", c.Batches)
+	case c.Linger < 0:
+		return fmt.Errorf("UnitOfWorkConfig.Linger: must not be negative, got %s", c.Linger)
+	case MarkScopeOf(c.Store) == MarkOutlivesRollback:
+		return fmt.Errorf("UnitOfWorkConfig.Store: mark check: processed store %T keeps its marks outside the "+
+			"database transaction and keeps them when an attempt fails, so a failed attempt's redelivery would be "+
+			"skipped as a duplicate and its effect lost (use a store whose marks join the transaction, such as "+
+			"sqlite.Store or postgres.Store, or one that releases them on rollback: see framework.MarkScope)", c.Store)
+	}
+	return nil
+}
+
+// MarkScope says how a Store's processed marks relate to the attempt's
+// database transaction, which decides what the exactly-once effect
+// survives. A Store declares it with a method MarkScope() MarkScope; a
+// Store without one keeps its marks in the transaction, as the Store
+// contract asks.
+type MarkScope int
+
+// The scopes of a Store's marks.
+const (
+	// MarkInTx: the mark is a write of the attempt's transaction
+	// (sqlite.Store, postgres.Store): it commits with the handler's
+	// writes, or rolls back with them, whatever happens to the process.
+	MarkInTx MarkScope = iota
+	// MarkReleasedOnRollback: the mark is kept outside the database, and
+	// released when the attempt's transaction rolls back or fails to
+	// commit (Tx.OnRollback), so a failed attempt's redelivery runs the
+	// handler again (memory.Store). It cannot join a database's
+	// transaction: it does not survive the process, so after a crash or
+	// a restart an event delivered again (its ack was lost, the crash
+	// came between the commit and the ack) runs its handler again and
+	// its effect in the database happens twice; and another process
+	// does not see it.
+	MarkReleasedOnRollback
+	// MarkOutlivesRollback: the mark is kept outside the database and
+	// stays when the attempt fails, so the redelivery would be skipped
+	// as a duplicate and the effect lost. NewUnitOfWork refuses such a
+	// store (the mark check).
+	MarkOutlivesRollback
+)
+
+// MarkScopeOf returns the scope that s declares (a method MarkScope()
+// MarkScope), MarkInTx when it declares none.
+func MarkScopeOf(s Store) MarkScope {
+	if d, ok := s.(interface{ MarkScope() MarkScope }); ok {
+		return d.MarkScope()
+	}
+	return MarkInTx
+}
+
+// NewUnitOfWork returns a UnitOfWork.
+func NewUnitOfWork(cfg UnitOfWorkConfig) (*UnitOfWork, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	u := &UnitOfWork{db: cfg.DB, store: cfg.Store, withoutMark: cfg.WithoutMark}
+	if cfg.DB != nil && cfg.BatchSize > 1 {
+		u.group = &group{u: u, size: cfg.BatchSize, linger: cfg.Linger, batches: cfg.Batches, free: cfg.Batches}
+	}
+	return u, nil
+}
+
+// Outcome says what became of a delivery: the unit of work's Do and
+// Consume return Processed, Duplicate or Failed; the consumer chain
+// reports every outcome, and its metrics carry the outcome's text as a
+// label.
+type Outcome string
+
+// The outcomes of a delivery.
+const (
+	// Processed: the handler ran and its effect committed.
+	Processed Outcome = "processed"
+	// Duplicate: the event had been processed; the handler did not run.
+	Duplicate Outcome = "duplicate"
+	// Stale: a newer event of the subject had taken effect (skip_stale);
+	// the handler did not run.
+	Stale Outcome = "stale"
+	// Parked: the event waits, acked and not processed, behind an earlier
+	// event of its subject that is a dead letter, or that has not arrived
+	// (strict order); it is applied once that one takes effect or is
+	// discarded.
+	Parked Outcome = "parked"
+	// DeadLettered: the message was stored as a dead letter and acked.
+	DeadLettered Outcome = "dead_lettered"
+	// Nacked: the message was handed back to the transport, to be
+	// delivered again.
+	Nacked Outcome = "nacked"
+	// Failed: the attempt rolled back; the event is not processed.
+	Failed Outcome = "failed"
+)
+
+// Do runs fn once for the event key of consumer: in a transaction (shared
+// with other attempts under group commit), it marks the event processed
+// and runs fn with a context that carries the transaction (see
+// TxFromContext). The effect commits when fn returns nil, and rolls back,
+// mark included, when fn fails, panics or ctx ends. When the mark exists,
+// fn does not run and Do returns Duplicate. Without the mark
+// (UnitOfWorkConfig.WithoutMark), fn runs on every call. Do returns once
+// the effect committed or rolled back: a message may be acked then.
+func (u *UnitOfWork) Do(ctx context.Context, consumer string, key Key, fn func(ctx context.Context) error) (Outcome, error) {
+	a := &attemptRun{ctx: ctx, consumer: consumer, key: key, fn: fn, crash: crash.HookOf(ctx)}
+	if u.group == nil {
+		u.alone(a)
+	} else {
+		u.group.run(a)
+	}
+	if a.panicked != nil {
+		panic(a.panicked) // on the attempt's own goroutine, for its chain's recovery
+	}
+	if a.hookPanicked != nil {
+		panic(a.hookPanicked) // a hook's, which ran on the batch's goroutine
+	}
+	return a.outcome, a.err
+}
