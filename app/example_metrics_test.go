@@ -67,4 +67,3 @@ func Example_metrics() {
 	// Output:
 	// billing_invoices_archived_total 1
 }
-
