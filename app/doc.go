@@ -154,6 +154,20 @@
 // with the decoded event, outside the retries and the transaction; Inner
 // in each attempt's transaction. ExampleMiddleware shows both.
 //
+// # Metrics of the service's own
+//
+// The application serves one Prometheus registry on /metrics (never the
+// global one): the framework's metrics, the Go runtime's and the
+// process's. A service adds its own collectors to it through the
+// prometheus.Registerer that Module provides:
+//
+//	fx.Invoke(func(reg prometheus.Registerer) error {
+//		return reg.Register(remindersSent)
+//	})
+//
+// Module provides the same registry as a prometheus.Gatherer, to read what
+// it holds. Example_metrics runs it.
+//
 // # Start and shutdown
 //
 // The consumers run in a runner.Runner, which works without fx too. At

@@ -32,22 +32,35 @@ func (r *readiness) set(v bool) { r.ready.Store(v) }
 
 // registry is the application's Prometheus registry, served on /metrics:
 // the Go runtime's and the process's collectors, the consumers' metrics
-// (*middleware.Metrics, which the application provides too) and the
-// outbox relay's.
+// (*middleware.Metrics, which the application provides too), the outbox
+// relay's, and the service's own collectors, which it registers through
+// the prometheus.Registerer the application provides.
 type registry struct {
 	*prometheus.Registry
 }
 
+// metricsResult is what newMetrics gives fx: the registry, as the application's
+// own wiring and as the prometheus.Registerer and prometheus.Gatherer a
+// service takes, and the consumers' metrics registered on it.
+type metricsResult struct {
+	fx.Out
+
+	Registry   registry
+	Registerer prometheus.Registerer
+	Gatherer   prometheus.Gatherer
+	Consumers  *middleware.Metrics
+}
+
 // newMetrics returns a fresh registry (never the global one) and the
 // consumers' metrics registered on it.
-func newMetrics() (registry, *middleware.Metrics, error) {
+func newMetrics() (metricsResult, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m, err := middleware.NewMetrics(reg)
 	if err != nil {
-		return registry{}, nil, fmt.Errorf("metrics: %w", err)
+		return metricsResult{}, fmt.Errorf("metrics: %w", err)
 	}
-	return registry{reg}, m, nil
+	return metricsResult{Registry: registry{reg}, Registerer: reg, Gatherer: reg, Consumers: m}, nil
 }
 
 // httpParams are what newHTTP takes from fx.

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/fx"
 
@@ -182,4 +184,44 @@ func TestHTTPAddrInUseStartsNoConsumer(t *testing.T) {
 	}
 	require.Zero(t, groups, "a consumer subscribed before the HTTP address was refused")
 	require.Zero(t, handled.Load())
+}
+
+// TestServiceMetrics: a service registers a collector of its own on the
+// prometheus.Registerer the application provides, and /metrics serves it
+// beside the framework's metrics; the prometheus.Gatherer the application
+// provides gathers it too.
+func TestServiceMetrics(t *testing.T) {
+	t.Parallel()
+	widgets := prometheus.NewCounter(prometheus.CounterOpts{Name: "widgets_seen_total", Help: "Widgets the handler saw."})
+	var gatherer prometheus.Gatherer
+	b := setupWith(t, testConfig(t), handlers.On(widgetAdded, func(db *sqlx.DB) framework.HandlerFunc[widgetAddedV1] {
+		add := newAddWidget(db)
+		return func(ctx context.Context, ev framework.Event[widgetAddedV1]) error {
+			widgets.Inc()
+			return add(ctx, ev)
+		}
+	}),
+		fx.Invoke(func(reg prometheus.Registerer) error { return reg.Register(widgets) }),
+		fx.Populate(&gatherer),
+	)
+	b.publish(t, "w-1", "sprocket")
+	waitFor(t, "the widget", func() bool { return b.count(t, `SELECT count(*) FROM widgets`) == 1 })
+
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: waitLimit}
+	resp, err := client.Get("http://" + b.http.Addr() + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	require.Regexp(t, `(?m)^widgets_seen_total 1$`, string(body), "the service's own counter")
+	require.Regexp(t, `(?m)^effectively_messages_total\{consumer="`+regexp.QuoteMeta(consumerName)+`",outcome="processed"\} 1$`, string(body), "the framework's, on the same registry")
+
+	mfs, err := gatherer.Gather()
+	require.NoError(t, err)
+	var names []string
+	for _, mf := range mfs {
+		names = append(names, mf.GetName())
+	}
+	require.Contains(t, names, "widgets_seen_total")
 }

@@ -21,7 +21,9 @@ import (
 // from the database, and the counters of replays and discards).
 // Besides the configuration and the outbox, it provides the database
 // (*sqlx.DB), its store (framework.Store), the transport
-// (framework.Transport) and the consumers' metrics (*middleware.Metrics).
+// (framework.Transport), the consumers' metrics (*middleware.Metrics), and
+// the registry served on /metrics as a prometheus.Registerer, on which a
+// service registers collectors of its own, and a prometheus.Gatherer.
 //
 // It does not provide a *slog.Logger: without one, warnings and errors go
 // to stderr (see DefaultLogger); supply one to choose. Replace the
@@ -51,6 +53,7 @@ var Module = fx.Module("effectively",
 		newOutboxRelay,
 		newReplayRelay,
 		newPurger,
+		relayCrash,
 		func() *readiness { return &readiness{} },
 	),
 	handlers.Module,

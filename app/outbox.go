@@ -38,7 +38,7 @@ type outboxRelayParams struct {
 	Registry  registry
 	Tracer    trace.Tracer
 	Logger    *slog.Logger `optional:"true"`
-	// Crash is the crash tests' hook (see RelayCrash), put on the relay's
+	// Crash is the crash tests' hook (see relayCrash), put on the relay's
 	// context.
 	Crash replayCrash `optional:"true"`
 }

@@ -9,4 +9,4 @@ import (
 // ReplayCrash supplies the service's replay relay the crash hook h, which
 // it calls at its crash points (crash.BeforeReplayPublish,
 // crash.BeforeReplaySent), for the tests of package app_test.
-func ReplayCrash(h crash.Hook) fx.Option { return fx.Supply(replayCrash{hook: h}) }
+func ReplayCrash(h crash.Hook) fx.Option { return fx.Supply(crash.Relays{Hook: h}) }

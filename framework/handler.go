@@ -124,6 +124,21 @@ func EnvelopeFromContext(ctx context.Context) (Envelope, bool) {
 	return d.Envelope, true
 }
 
+// ConsumerFromContext returns the name of the consumer that handles the
+// message whose context ctx is (or derives from), once the chain decoded
+// and routed it: what an application's own middleware (Outer or Inner)
+// reads to act per consumer. It is the consumer's name whatever brought
+// the message: a replay, which reaches the consumer through a topic or
+// queue of its own under another handler name of the router, gives the
+// same name as the first delivery.
+func ConsumerFromContext(ctx context.Context) (string, bool) {
+	d, ok := pipeline.From[*pipeline.Decoded[Envelope]](ctx)
+	if !ok {
+		return "", false
+	}
+	return d.Consumer, true
+}
+
 // Upcast handles the events of an older contract version with the handler
 // of the newer one: each event of from is decoded and validated as from
 // says, converted with up, validated as to says, and handed to fn as an

@@ -56,6 +56,7 @@ func decodeInto(c *framework.Consumer, msg *message.Message, st *state, maxBody 
 	if st.event.Handle, err = c.Route(*env); err != nil {
 		return err
 	}
+	st.event.Consumer = c.Name()
 	st.decoded = &st.event
 	return nil
 }

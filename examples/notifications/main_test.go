@@ -21,6 +21,7 @@ import (
 	"github.com/effectively-once/effectively/examples/notifications/appointments"
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/handlers"
+	"github.com/effectively-once/effectively/internal/crash"
 )
 
 // The test binary doubles as the notifications service: when
@@ -135,7 +136,7 @@ func installHook(hook testkit.CrashHook) fx.Option {
 	if hook == nil {
 		return fx.Options()
 	}
-	return fx.Options(app.RelayCrash(hook), fx.Invoke(func(r *runner.Runner) {
+	return fx.Options(fx.Supply(crash.Relays{Hook: hook}), fx.Invoke(func(r *runner.Runner) {
 		r.AddMiddleware(func(next message.HandlerFunc) message.HandlerFunc {
 			return func(msg *message.Message) ([]*message.Message, error) {
 				msg.SetContext(testkit.WithCrashHook(msg.Context(), hook))

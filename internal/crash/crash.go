@@ -94,6 +94,17 @@ func Points() []Point {
 // unless it means to hold the batch.
 type Hook func(ctx context.Context, at Point) bool
 
+// Relays carries the crash hook of a service's relays, the outbox relay
+// and the replay relay, which call it at their points (BeforeOutboxSent,
+// BeforeReplayPublish, BeforeReplaySent). A crash test supplies it to the
+// service's fx application, fx.Supply(crash.Relays{Hook: h}), which puts
+// Hook on the context of each relay's run; without it the relays have no
+// hook. A delivery's hook travels on the message's context instead (With).
+type Relays struct {
+	// Hook is the hook; nil is none.
+	Hook Hook
+}
+
 // With returns ctx carrying h: the deliveries and attempts that run in
 // ctx call h at each point.
 func With(ctx context.Context, h Hook) context.Context { return pipeline.With(ctx, h) }

@@ -35,6 +35,10 @@ func From[T any](ctx context.Context) (T, bool) {
 type Decoded[E any] struct {
 	// Envelope is the decoded CloudEvent.
 	Envelope E
+	// Consumer is the name of the consumer whose handler it was routed
+	// to: the same on a replay, which comes through another topic or
+	// queue, under another handler name of the router.
+	Consumer string
 	// Handle runs the handler on the decoded event.
 	Handle func(ctx context.Context) error
 }
