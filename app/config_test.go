@@ -809,3 +809,28 @@ func TestServeAMQPQuorumQueue(t *testing.T) {
 	cancel()
 	require.NoError(t, <-served)
 }
+
+// TestLoadConfigNamesEachProblemOnce: a bad value of the defaults:
+// section is named there, not again under each consumer that takes it;
+// a consumer's own bad value, or one that its own settings make bad, is
+// named under the consumer.
+func TestLoadConfigNamesEachProblemOnce(t *testing.T) {
+	t.Parallel()
+	_, err := app.LoadConfig(env(t, `
+defaults:
+  attempts: -1
+  batch_linger: 2s
+consumers:
+  a.b:
+    retry_delay: 1s
+  c.d:
+    concurrency: 5000
+    timeout: 2s
+`, nil))
+	require.ErrorContains(t, err, "defaults.attempts: want 1 or more, got -1")
+	require.NotContains(t, err.Error(), "consumers.a.b", "a.b has the defaults' problems only")
+	require.NotContains(t, err.Error(), "consumers.c.d.attempts")
+	require.ErrorContains(t, err, "consumers.c.d.concurrency: want 1..1024, got 5000")
+	require.ErrorContains(t, err, "consumers.c.d.batch_linger: want less than its timeout (2s)", "its own timeout makes the defaults' linger too long")
+	require.NotContains(t, err.Error(), "defaults.batch_linger", "2s is less than the default timeout")
+}
