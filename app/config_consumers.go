@@ -56,8 +56,9 @@ func (c Config) Settings(name string) middleware.Settings {
 	return c.effective(c.Consumers[name].Merge(c.Defaults))
 }
 
-// effective returns s, merged with the defaults: section, with the
-// defaults of the transport and the framework filled in.
+// effective returns s (a consumer's entry merged with the defaults:
+// section, or that section itself) with the defaults of the transport and
+// the framework filled in.
 func (c Config) effective(s middleware.Settings) middleware.Settings {
 	if s.Concurrency == 0 {
 		s.Concurrency = c.defaultConcurrency(cmp.Or(s.BatchSize, framework.DefaultBatchSize))
