@@ -16,6 +16,7 @@ import (
 
 	"github.com/effectively-once/effectively/app"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/middleware"
 )
 
 // TestBreakerConfig: a consumer's breaker is read from YAML, takes the
@@ -30,10 +31,10 @@ consumers:
     breaker: {failures: 5, max_hold: 2m, any_error: true}
 `, nil))
 	require.NoError(t, err)
-	require.Equal(t, app.BreakerConfig{Failures: 5, AnyError: true, CoolDown: app.Duration(10 * time.Second), MaxHold: app.Duration(2 * time.Minute)},
+	require.Equal(t, middleware.BreakerConfig{Failures: 5, AnyError: true, CoolDown: 10 * time.Second, MaxHold: 2 * time.Minute},
 		cfg.Settings("a.b").Breaker)
-	require.Equal(t, app.BreakerConfig{CoolDown: app.Duration(10 * time.Second)},
-		cfg.Settings("c.d").Breaker, "off unless failures is set; the chain fills in max_hold")
+	require.Equal(t, middleware.BreakerConfig{CoolDown: 10 * time.Second, MaxHold: middleware.DefaultBreakerMaxHold},
+		cfg.Settings("c.d").Breaker, "off unless failures is set; max_hold takes middleware's default")
 
 	for _, tc := range []struct{ yaml, key string }{
 		{"consumers:\n  a.b:\n    breaker: {failures: -1}\n", "consumers.a.b.breaker.failures"},
@@ -54,9 +55,9 @@ consumers:
 func TestBreakerReadyz(t *testing.T) {
 	t.Parallel()
 	cfg := testConfig(t)
-	cfg.Consumers = map[string]app.ConsumerConfig{consumerName: {
-		Attempts: 50, RetryDelay: app.Duration(100 * time.Millisecond),
-		Breaker: app.BreakerConfig{Failures: 2, CoolDown: app.Duration(200 * time.Millisecond)},
+	cfg.Consumers = map[string]middleware.Settings{consumerName: {
+		Attempts: 50, RetryDelay: 100 * time.Millisecond,
+		Breaker: middleware.BreakerConfig{Failures: 2, CoolDown: 200 * time.Millisecond},
 	}}
 	var outage atomic.Bool
 	outage.Store(true)

@@ -57,8 +57,8 @@ func TestLoadConfig(t *testing.T) {
 
 		cc := cfg.Settings("any.consumer")
 		require.Equal(t, middleware.DefaultAttempts, cc.Attempts)
-		require.Equal(t, app.Duration(middleware.DefaultRetryDelay), cc.RetryDelay)
-		require.Equal(t, app.Duration(middleware.DefaultTimeout), cc.Timeout)
+		require.Equal(t, middleware.DefaultRetryDelay, cc.RetryDelay)
+		require.Equal(t, middleware.DefaultTimeout, cc.Timeout)
 		require.Equal(t, app.DefaultSQLiteConcurrency, cc.Concurrency, "sqlite, the default transport")
 		require.Equal(t, middleware.DefaultMaxDeliveries, cc.MaxDeliveries)
 		require.Zero(t, cc.RateLimit)
@@ -137,28 +137,32 @@ consumers:
 		require.Equal(t, 200, cfg.OutboxBatchSize)
 		require.Equal(t, 4<<20, cfg.OutboxBatchBytes)
 
-		require.Equal(t, app.ConsumerConfig{
+		require.Equal(t, middleware.Settings{
 			Attempts:      2,
-			RetryDelay:    app.Duration(250 * time.Millisecond),
-			Timeout:       app.Duration(2 * time.Second), // from defaults
+			RetryDelay:    250 * time.Millisecond,
+			Timeout:       2 * time.Second, // from defaults
 			Concurrency:   4,
 			RateLimit:     7.5,
 			MaxDeliveries: 6,
 			SkipStale:     true,
-			GapTimeout:    app.Duration(middleware.DefaultGapTimeout),
+			GapTimeout:    middleware.DefaultGapTimeout,
 			BatchSize:     8,
 			Batches:       framework.DefaultBatches,
-			BatchLinger:   app.Duration(5 * time.Millisecond),
+			BatchLinger:   5 * time.Millisecond,
+			MaxBodyBytes:  framework.DefaultMaxBodyBytes,
+			Breaker:       middleware.BreakerConfig{CoolDown: middleware.DefaultBreakerCoolDown, MaxHold: middleware.DefaultBreakerMaxHold},
 		}, cfg.Settings("billing.charge-on-order-placed"))
-		require.Equal(t, app.ConsumerConfig{
+		require.Equal(t, middleware.Settings{
 			Attempts:      5,
-			RetryDelay:    app.Duration(middleware.DefaultRetryDelay),
-			Timeout:       app.Duration(2 * time.Second),
+			RetryDelay:    middleware.DefaultRetryDelay,
+			Timeout:       2 * time.Second,
 			Concurrency:   app.DefaultConcurrency,
 			MaxDeliveries: middleware.DefaultMaxDeliveries,
-			GapTimeout:    app.Duration(middleware.DefaultGapTimeout),
+			GapTimeout:    middleware.DefaultGapTimeout,
 			BatchSize:     framework.DefaultBatchSize,
 			Batches:       framework.DefaultBatches,
+			MaxBodyBytes:  framework.DefaultMaxBodyBytes,
+			Breaker:       middleware.BreakerConfig{CoolDown: middleware.DefaultBreakerCoolDown, MaxHold: middleware.DefaultBreakerMaxHold},
 		}, cfg.Settings("other.consumer"))
 		track := cfg.Settings("shipping.track-on-parcel-moved")
 		require.True(t, track.StrictOrder)
@@ -293,6 +297,13 @@ func TestLoadConfigBadValue(t *testing.T) {
 		{name: "UnknownConsumerKey", yaml: "consumers:\n  a.b:\n    attemps: 2\n", key: "attemps"}, //nolint:misspell // the typo is the point
 		{name: "BadDuration", yaml: "defaults:\n  timeout: 5 minutes\n", key: "defaults.timeout"},
 		{name: "BadConsumerDuration", yaml: "consumers:\n  a.b:\n    retry_delay: soon\n", key: "consumers.a.b.retry_delay"},
+		// The consumers' durations are time.Duration: yaml.v3's own error,
+		// for a number as for a word, names the key and asks for a
+		// duration (not a whole number).
+		{name: "BadDurationText", yaml: "defaults:\n  timeout: 5 minutes\n", key: `defaults.timeout (line 2): want a duration such as 500ms or 2s, got "5 minutes"`},
+		{name: "DurationNumber", yaml: "consumers:\n  a.b:\n    gap_timeout: 5\n", key: `consumers.a.b.gap_timeout (line 3): want a duration such as 500ms or 2s, got "5"`},
+		{name: "DurationFraction", yaml: "defaults:\n  breaker:\n    max_hold: 1.5\n", key: `defaults.breaker.max_hold (line 3): want a duration such as 500ms or 2s, got "1.5"`},
+		{name: "MaxBodyBytes", yaml: "consumers:\n  a.b:\n    max_body_bytes: -1\n", key: "consumers.a.b.max_body_bytes: want 1 or more, got -1"},
 		{name: "MalformedConsumerName", yaml: "consumers:\n  Bad_Name:\n    attempts: 2\n", key: "consumers.Bad_Name"},
 		{name: "NotAMapping", yaml: "- a\n- b\n", key: app.EnvConfig},
 		{name: "PostgresURLWithoutColon", yaml: "database_url: postgres//app:secret@db/app\n", key: "database_url (EFFECTIVELY_DATABASE_URL): begins as a PostgreSQL URL but is not one"},
@@ -327,7 +338,7 @@ func TestLoadConfigBadValue(t *testing.T) {
 		{name: "SecondDocument", yaml: "defaults:\n  attempts: 3\n---\ntransport: kafka\n", key: "line 4: a second YAML document (after ---)"},
 		{name: "SecondDocumentAfterEmpty", yaml: "---\n---\ntransport: kafka\n", key: "line 3: a second YAML document"},
 		{name: "SecondDocumentBroken", yaml: "transport: sqlite\n---\ntransport: [\n", key: app.EnvConfig},
-		{name: "ListForMapping", yaml: "defaults: [1, 2]\n", key: "defaults (line 1): cannot unmarshal !!seq into app.ConsumerConfig"},
+		{name: "ListForMapping", yaml: "defaults: [1, 2]\n", key: "defaults (line 1): cannot unmarshal !!seq into middleware.Settings"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -539,9 +550,9 @@ func TestCheckConsumers(t *testing.T) {
 		{Name: "a.reminder", Handlers: 1, RenamedFrom: []string{"a.old-reminder"}},
 	}
 	settings := func(names ...string) app.Config {
-		cfg := app.Config{Consumers: map[string]app.ConsumerConfig{}}
+		cfg := app.Config{Consumers: map[string]middleware.Settings{}}
 		for _, n := range names {
-			cfg.Consumers[n] = app.ConsumerConfig{Attempts: 2}
+			cfg.Consumers[n] = middleware.Settings{Attempts: 2}
 		}
 		return cfg
 	}
@@ -564,7 +575,7 @@ func TestCheckConsumers(t *testing.T) {
 	t.Run("StartRefused", func(t *testing.T) {
 		t.Parallel()
 		cfg := testConfig(t)
-		cfg.Consumers = map[string]app.ConsumerConfig{"widgets.count-on-widget-addded": {Attempts: 2}}
+		cfg.Consumers = map[string]middleware.Settings{"widgets.count-on-widget-addded": {Attempts: 2}}
 		service := app.New(
 			handlers.Register(consumerName, handlers.On(widgetAdded, newAddWidget)),
 			fx.Supply(widgetMigrations),
@@ -579,8 +590,8 @@ func TestCheckConsumers(t *testing.T) {
 		// from the environment: start-up stops naming each bad key.
 		cfg := testConfig(t)
 		cfg.Defaults.Concurrency = 5000
-		cfg.Consumers = map[string]app.ConsumerConfig{consumerName: {
-			Timeout: app.Duration(time.Second), BatchLinger: app.Duration(2 * time.Second),
+		cfg.Consumers = map[string]middleware.Settings{consumerName: {
+			Timeout: time.Second, BatchLinger: 2 * time.Second,
 		}}
 		cfg.OutboxRetention = app.Duration(-time.Hour)
 		service := app.New(
@@ -601,7 +612,7 @@ func TestCheckConsumers(t *testing.T) {
 	t.Run("StartAcceptsRenamedFrom", func(t *testing.T) {
 		t.Parallel()
 		cfg := testConfig(t)
-		cfg.Consumers = map[string]app.ConsumerConfig{"widgets.old-name": {Attempts: 2}, consumerName: {Attempts: 3}}
+		cfg.Consumers = map[string]middleware.Settings{"widgets.old-name": {Attempts: 2}, consumerName: {Attempts: 3}}
 		service := app.New(
 			handlers.Register(consumerName, handlers.RenamedFrom("widgets.old-name"), handlers.On(widgetAdded, newAddWidget)),
 			fx.Supply(widgetMigrations),
@@ -797,4 +808,29 @@ func TestServeAMQPQuorumQueue(t *testing.T) {
 	require.Contains(t, queues, `{"x-delivery-limit",77}`)
 	cancel()
 	require.NoError(t, <-served)
+}
+
+// TestLoadConfigNamesEachProblemOnce: a bad value of the defaults:
+// section is named there, not again under each consumer that takes it;
+// a consumer's own bad value, or one that its own settings make bad, is
+// named under the consumer.
+func TestLoadConfigNamesEachProblemOnce(t *testing.T) {
+	t.Parallel()
+	_, err := app.LoadConfig(env(t, `
+defaults:
+  attempts: -1
+  batch_linger: 2s
+consumers:
+  a.b:
+    retry_delay: 1s
+  c.d:
+    concurrency: 5000
+    timeout: 2s
+`, nil))
+	require.ErrorContains(t, err, "defaults.attempts: want 1 or more, got -1")
+	require.NotContains(t, err.Error(), "consumers.a.b", "a.b has the defaults' problems only")
+	require.NotContains(t, err.Error(), "consumers.c.d.attempts")
+	require.ErrorContains(t, err, "consumers.c.d.concurrency: want 1..1024, got 5000")
+	require.ErrorContains(t, err, "consumers.c.d.batch_linger: want less than its timeout (2s)", "its own timeout makes the defaults' linger too long")
+	require.NotContains(t, err.Error(), "defaults.batch_linger", "2s is less than the default timeout")
 }

@@ -594,7 +594,7 @@ func TestErrorPastDeadlineIsTimeout(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			cfg := postgresConfig(t)
-			cfg.Defaults.Attempts, cfg.Defaults.Timeout, cfg.Defaults.RetryDelay = 2, app.Duration(300*time.Millisecond), app.Duration(time.Millisecond)
+			cfg.Defaults.Attempts, cfg.Defaults.Timeout, cfg.Defaults.RetryDelay = 2, 300*time.Millisecond, time.Millisecond
 			b := setupWith(t, cfg, handlers.On(widgetAdded, func(db *sqlx.DB) framework.HandlerFunc[widgetAddedV1] {
 				return func(ctx context.Context, _ framework.Event[widgetAddedV1]) error { return handle(ctx, db) }
 			}))

@@ -90,6 +90,11 @@
 // later; after cool_down (default 30s) one probe attempt goes through, and
 // its success closes the breaker (see middleware.BreakerConfig).
 //
+// A consumer's keys are those of middleware.Settings (max_body_bytes too),
+// the type that Config.Consumers and Config.Defaults hold, and that the
+// runner and the test kits take: Config.Settings returns a consumer's,
+// merged with the defaults: section.
+//
 // Environment variables win over the file. A bad value stops start-up with
 // an error naming its key, and so does a name under consumers: that no
 // declared consumer has (a name given to handlers.RenamedFrom is allowed).

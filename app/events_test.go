@@ -18,6 +18,7 @@ import (
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/outbox"
 	"github.com/effectively-once/effectively/handlers"
+	"github.com/effectively-once/effectively/middleware"
 )
 
 // TestInspectCommands runs a service on SQLite and on PostgreSQL whose
@@ -53,7 +54,7 @@ func testInspectCommands(t *testing.T, cfg app.Config) {
 			return nil
 		})),
 	)
-	cfg.Consumers = map[string]app.ConsumerConfig{picky: {Concurrency: 3, BatchSize: 2, StrictOrder: true}}
+	cfg.Consumers = map[string]middleware.Settings{picky: {Concurrency: 3, BatchSize: 2, StrictOrder: true}}
 	var (
 		box   *outbox.Outbox
 		store framework.Store

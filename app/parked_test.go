@@ -18,6 +18,7 @@ import (
 	"github.com/effectively-once/effectively/app"
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/handlers"
+	"github.com/effectively-once/effectively/middleware"
 )
 
 // TestDeadLettersParked drives a strict-order consumer of a running
@@ -53,7 +54,7 @@ func testDeadLettersParked(t *testing.T, cfg app.Config) {
 			return err
 		}
 	}))
-	cfg.Consumers = map[string]app.ConsumerConfig{name: {StrictOrder: true}}
+	cfg.Consumers = map[string]middleware.Settings{name: {StrictOrder: true}}
 	b := setup(t, cfg, ordered)
 	setEnv(t, cfg)
 	run := func(args ...string) string {

@@ -20,6 +20,7 @@ import (
 	"github.com/effectively-once/effectively/framework/sqlite"
 	"github.com/effectively-once/effectively/handlers"
 	"github.com/effectively-once/effectively/internal/testenv"
+	"github.com/effectively-once/effectively/middleware"
 )
 
 // TestDatabasePoolSize shows that the pool of the stores' database holds
@@ -71,7 +72,7 @@ func TestDatabasePoolSize(t *testing.T) {
 	t.Run("SQLiteLeasesPerSubscription", func(t *testing.T) {
 		t.Parallel()
 		cfg := testConfig(t)
-		cfg.Consumers = map[string]app.ConsumerConfig{"a.one": {Concurrency: 16, BatchSize: 1}}
+		cfg.Consumers = map[string]middleware.Settings{"a.one": {Concurrency: 16, BatchSize: 1}}
 		size, err := poolSize(t, cfg, "a.one")
 		require.NoError(t, err)
 		// The type's subscription and the replay topic's hold 16 leases
@@ -265,9 +266,9 @@ func TestPoolHoldsEveryAttempt(t *testing.T) {
 	cfg.AMQPPrefetch = 1 // each subscription takes one message: 16 go to 16
 	suffix := strconv.FormatInt(time.Now().UnixNano(), 36)
 	names := []string{"widgets.pool-one-" + suffix, "widgets.pool-two-" + suffix}
-	cfg.Consumers = map[string]app.ConsumerConfig{}
+	cfg.Consumers = map[string]middleware.Settings{}
 	for _, name := range names {
-		cfg.Consumers[name] = app.ConsumerConfig{Concurrency: perConsumer, BatchSize: 1}
+		cfg.Consumers[name] = middleware.Settings{Concurrency: perConsumer, BatchSize: 1}
 	}
 	t.Cleanup(func() { deleteQueues(t, cfg.AMQPURL, names...) })
 

@@ -65,7 +65,11 @@ type routerParams struct {
 func newRouter(p routerParams) (*runner.Runner, error) {
 	consumers := make([]runner.ConsumerConfig, 0, len(p.Registry.Consumers()))
 	for _, c := range p.Registry.Consumers() {
-		cc := consumerConfig(c, p.Config.Settings(c.Name()), p.Registry.RenamedFrom(c.Name()))
+		cc := runner.ConsumerConfig{
+			Consumer:    c,
+			Settings:    p.Config.Settings(c.Name()),
+			RenamedFrom: p.Registry.RenamedFrom(c.Name()),
+		}
 		cc.WithoutDedup, _ = p.Registry.WithoutDedup(c.Name())
 		consumers = append(consumers, cc)
 	}
@@ -132,32 +136,4 @@ func stopRunner(ctx context.Context, r *runner.Runner, logger *slog.Logger) erro
 		return fmt.Errorf("router: %w", err)
 	}
 	return nil
-}
-
-// consumerConfig maps a consumer's settings, defaults filled in, to the
-// runner's.
-func consumerConfig(c *framework.Consumer, cc ConsumerConfig, renamedFrom []string) runner.ConsumerConfig {
-	return runner.ConsumerConfig{
-		Consumer:           c,
-		Attempts:           cc.Attempts,
-		RetryDelay:         time.Duration(cc.RetryDelay),
-		Timeout:            time.Duration(cc.Timeout),
-		Concurrency:        cc.Concurrency,
-		RateLimit:          cc.RateLimit,
-		MaxDeliveries:      cc.MaxDeliveries,
-		SkipStale:          cc.SkipStale,
-		StrictOrder:        cc.StrictOrder,
-		GapTimeout:         time.Duration(cc.GapTimeout),
-		OrderFromFirstSeen: cc.OrderFromFirstSeen,
-		BatchSize:          cc.BatchSize,
-		Batches:            cc.Batches,
-		BatchLinger:        time.Duration(cc.BatchLinger),
-		RenamedFrom:        renamedFrom,
-		Breaker: middleware.BreakerConfig{
-			Failures: cc.Breaker.Failures,
-			AnyError: cc.Breaker.AnyError,
-			CoolDown: time.Duration(cc.Breaker.CoolDown),
-			MaxHold:  time.Duration(cc.Breaker.MaxHold),
-		},
-	}
 }

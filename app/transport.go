@@ -44,7 +44,7 @@ type connector interface {
 // transport that connects to a broker connects in the start hook. It
 // closes the transport when the application stops.
 //
-// How a consumer's concurrency (ConsumerConfig.Concurrency) is spent
+// How a consumer's concurrency (middleware.Settings.Concurrency) is spent
 // depends on the transport:
 //   - amqp: that many subscriptions of the consumer's one queue, each
 //     handling one message at a time (competing consumers; the prefetch

@@ -48,7 +48,10 @@ func benchmarkChain(b *testing.B, be backend, duplicates, knownFirst bool) {
 	require.NoError(b, err)
 	h, err := middleware.Handler(middleware.Config{
 		Consumer: c, UnitOfWork: uow, Store: s,
-		Attempts: 3, RetryDelay: time.Millisecond,
+		Settings: middleware.Settings{
+			Attempts:   3,
+			RetryDelay: time.Millisecond,
+		},
 	})
 	require.NoError(b, err)
 

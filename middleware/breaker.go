@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -31,26 +32,30 @@ const (
 	MaxBreakerHold = 10 * time.Minute
 )
 
-// BreakerConfig is a consumer's circuit breaker (see Config.Breaker). It
-// is off unless Failures is set.
+// BreakerConfig is a consumer's circuit breaker (see Settings.Breaker;
+// YAML key breaker, e.g. breaker: {failures: 5, cool_down: 30s, max_hold:
+// 1m}): after Failures failed attempts in a row the consumer stops taking
+// new messages; they wait, uncounted, up to MaxHold, and are then nacked
+// to come back later; after CoolDown one probe attempt goes through, and
+// its success closes the breaker. It is off unless Failures is set.
 type BreakerConfig struct {
 	// Failures opens the breaker after so many failed attempts in a row;
 	// zero turns the breaker off. Attempts that ran beside a failure
 	// already counted (the attempts of one failed batch, say) count
 	// once with it. Defaults to 0, off.
-	Failures int
+	Failures int `yaml:"failures"`
 	// AnyError counts every failed attempt but permanent ones; without
 	// it only dependency failures count (framework.Dependency). Defaults
 	// to false.
-	AnyError bool
+	AnyError bool `yaml:"any_error"`
 	// CoolDown is how long the breaker stays open before one probe
 	// attempt goes through. Defaults to DefaultBreakerCoolDown.
-	CoolDown time.Duration
+	CoolDown time.Duration `yaml:"cool_down"`
 	// MaxHold is how long a message waits at the open breaker before it
 	// is released: nacked and delivered again later, neither counted as a
 	// delivery nor dead-lettered. At most MaxBreakerHold. Defaults to
 	// DefaultBreakerMaxHold.
-	MaxHold time.Duration
+	MaxHold time.Duration `yaml:"max_hold"`
 }
 
 // withDefaults returns a copy of c with zero fields set to their
@@ -65,17 +70,14 @@ func (c BreakerConfig) withDefaults() BreakerConfig {
 	return c
 }
 
-// validate reports the first invalid field of c, which has its defaults.
-func (c BreakerConfig) validate() error {
-	switch {
-	case c.Failures < 0:
-		return fmt.Errorf("Config.Breaker.Failures: must not be negative (zero turns the breaker off), got %d", c.Failures)
-	case c.CoolDown < 0:
-		return fmt.Errorf("Config.Breaker.CoolDown: must be positive, got %s", c.CoolDown)
-	case c.MaxHold < 0 || c.MaxHold > MaxBreakerHold:
-		return fmt.Errorf("Config.Breaker.MaxHold: want more than 0 and at most %s, got %s", MaxBreakerHold, c.MaxHold)
-	}
-	return nil
+// merge returns a copy of c with its zero fields set from base, AnyError
+// on when on in either (see Settings.Merge).
+func (c BreakerConfig) merge(base BreakerConfig) BreakerConfig {
+	c.Failures = cmp.Or(c.Failures, base.Failures)
+	c.AnyError = c.AnyError || base.AnyError
+	c.CoolDown = cmp.Or(c.CoolDown, base.CoolDown)
+	c.MaxHold = cmp.Or(c.MaxHold, base.MaxHold)
+	return c
 }
 
 // BreakerState is the state of a consumer's circuit breaker.

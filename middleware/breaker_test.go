@@ -109,7 +109,10 @@ func newBreakerKit(t *testing.T, db *sqlx.DB, store framework.Store, uc framewor
 	require.NoError(t, err)
 	cfg := middleware.Config{
 		Consumer: c, UnitOfWork: uow, Store: store, Metrics: metrics,
-		Attempts: 1, Breaker: bc,
+		Settings: middleware.Settings{
+			Attempts: 1,
+			Breaker:  bc,
+		},
 	}
 	for _, o := range opts {
 		o(&cfg)
@@ -379,11 +382,11 @@ func TestBreakerConfig(t *testing.T) {
 		bc   middleware.BreakerConfig
 		want string
 	}{
-		{middleware.BreakerConfig{Failures: -1}, "Config.Breaker.Failures"},
-		{middleware.BreakerConfig{Failures: 1, CoolDown: -time.Second}, "Config.Breaker.CoolDown"},
-		{middleware.BreakerConfig{Failures: 1, MaxHold: time.Hour}, "Config.Breaker.MaxHold"},
+		{middleware.BreakerConfig{Failures: -1}, "Config.Settings.breaker.failures: want 1 or more"},
+		{middleware.BreakerConfig{Failures: 1, CoolDown: -time.Second}, "Config.Settings.breaker.cool_down: must be positive"},
+		{middleware.BreakerConfig{Failures: 1, MaxHold: time.Hour}, "Config.Settings.breaker.max_hold: want more than 0 and at most 10m0s"},
 	} {
-		_, err := middleware.Handler(middleware.Config{Consumer: c, UnitOfWork: uow, Store: store, Breaker: tc.bc})
+		_, err := middleware.Handler(middleware.Config{Consumer: c, UnitOfWork: uow, Store: store, Settings: middleware.Settings{Breaker: tc.bc}})
 		require.ErrorContains(t, err, tc.want)
 	}
 }

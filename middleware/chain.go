@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/keypath"
 )
 
 // Defaults of Config, and of the failing messages that Metrics keeps.
@@ -34,8 +35,8 @@ const (
 	DefaultForgetFailingAfter = 5 * time.Minute
 )
 
-// Config is one consumer's chain: what Handler builds. Zero fields take
-// their defaults (see WithDefaults).
+// Config is one consumer's chain: what Handler builds, its Settings and
+// what it runs with. Zero fields take their defaults (see WithDefaults).
 type Config struct {
 	// Consumer holds the consumer's name and handlers. Required.
 	Consumer *framework.Consumer
@@ -45,52 +46,10 @@ type Config struct {
 	// Store keeps the dead letters, the durable delivery counts and the
 	// subjects' checkpoints (SkipStale, StrictOrder). Required.
 	Store framework.Store
-	// Attempts per delivery, the first included. Defaults to
-	// DefaultAttempts.
-	Attempts int
-	// RetryDelay is the constant pause between attempts. Defaults to
-	// DefaultRetryDelay.
-	RetryDelay time.Duration
-	// Timeout limits each attempt. Defaults to DefaultTimeout; negative
-	// disables the limit.
-	Timeout time.Duration
-	// MaxDeliveries dead-letters a message delivered more often, with
-	// code delivery_limit. Defaults to DefaultMaxDeliveries.
-	MaxDeliveries int
-	// RateLimit caps the messages per second that this process hands to
-	// Outer and the attempts; zero means no limit. A message waiting for
-	// its turn when its context ends is nacked.
-	RateLimit float64
-	// SkipStale skips an event older (by subjectseq) than one of the same
-	// subject that already took effect. Not with StrictOrder.
-	SkipStale bool
-	// StrictOrder applies each subject's events in sequence; an event
-	// ahead of its turn waits, up to GapTimeout: it is nacked, and parked
-	// (acknowledged, not processed, applied as soon as its turn comes)
-	// once it has waited GapPark; while an earlier event of its subject
-	// is a dead letter it is parked at once, and applied after that one
-	// takes effect or is discarded with its parked events released. Not
-	// with SkipStale.
-	StrictOrder bool
-	// GapTimeout is how long an event waits for an earlier one of its
-	// subject under StrictOrder. Defaults to DefaultGapTimeout.
-	GapTimeout time.Duration
-	// OrderFromFirstSeen, under StrictOrder, starts a subject's sequence
-	// at the first event of it this consumer sees, whatever its number,
-	// instead of at 1: for a consumer that joins a stream whose subjects
-	// began before it. Its cost: the first event of a new subject that
-	// overtakes its predecessors (a retry, a redelivery, two messages in
-	// flight) starts the sequence, and they are skipped as stale. Without
-	// StrictOrder it does nothing. Defaults to false.
-	OrderFromFirstSeen bool
-	// Breaker, with Breaker.Failures set, is the consumer's circuit
-	// breaker: after so many failed attempts in a row new messages wait
-	// before the delivery guard, uncounted, until a probe attempt after
-	// the cool-down succeeds (see BreakerConfig). Defaults to off.
-	Breaker BreakerConfig
-	// MaxBodyBytes limits message bodies. Defaults to
-	// framework.DefaultMaxBodyBytes.
-	MaxBodyBytes int
+	// Settings are the consumer's settings: retries, time limits,
+	// ordering, breaker (see Settings). Concurrency and the batch
+	// settings are the runner's: Handler uses UnitOfWork as it is.
+	Settings
 	// Logger logs each failed attempt at info level, with its error; each
 	// message dead-lettered at warn, with its code and the error that
 	// decided it; each nack at error (at info when cut short by shutdown
@@ -124,19 +83,14 @@ type Config struct {
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
 func (c Config) WithDefaults() Config {
-	c.Attempts = cmp.Or(c.Attempts, DefaultAttempts)
-	c.RetryDelay = cmp.Or(c.RetryDelay, DefaultRetryDelay)
-	c.Timeout = cmp.Or(c.Timeout, DefaultTimeout)
-	c.MaxDeliveries = cmp.Or(c.MaxDeliveries, DefaultMaxDeliveries)
-	c.GapTimeout = cmp.Or(c.GapTimeout, DefaultGapTimeout)
-	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, framework.DefaultMaxBodyBytes)
-	c.Breaker = c.Breaker.withDefaults()
+	c.Settings = c.Settings.WithDefaults()
 	c.Logger = cmp.Or(c.Logger, slog.New(slog.DiscardHandler))
 	c.Tracer = cmp.Or(c.Tracer, noop.NewTracerProvider().Tracer(""))
 	return c
 }
 
-// Validate reports the first invalid field of c.
+// Validate reports the first missing dependency of c, else every
+// invalid setting (see Settings.Validate), named Config.Settings.<key>.
 func (c Config) Validate() error {
 	switch {
 	case c.Consumer == nil:
@@ -145,22 +99,8 @@ func (c Config) Validate() error {
 		return errors.New("Config.UnitOfWork: required (build it with framework.NewUnitOfWork)")
 	case c.Store == nil:
 		return errors.New("Config.Store: required (try the store of sqlite, postgres or memory)")
-	case c.Attempts < 1:
-		return fmt.Errorf("Config.Attempts: must be at least 1, got %d", c.Attempts)
-	case c.RetryDelay < 0:
-		return fmt.Errorf("Config.RetryDelay: must not be negative, got %s", c.RetryDelay)
-	case c.MaxDeliveries < 1:
-		return fmt.Errorf("Config.MaxDeliveries: must be at least 1, got %d", c.MaxDeliveries)
-	case !(c.RateLimit >= 0): // NaN too, which would turn the limit off
-		return fmt.Errorf("Config.RateLimit: must not be negative, got %g", c.RateLimit)
-	case c.SkipStale && c.StrictOrder:
-		return errors.New("Config.SkipStale: excludes StrictOrder")
-	case c.GapTimeout <= 0:
-		return fmt.Errorf("Config.GapTimeout: must be positive, got %s", c.GapTimeout)
-	case c.MaxBodyBytes < 0:
-		return fmt.Errorf("Config.MaxBodyBytes: must not be negative, got %d", c.MaxBodyBytes)
 	}
-	return c.Breaker.validate()
+	return keypath.Prefix("Config.Settings", c.Settings.Validate())
 }
 
 // Handler returns the consumer's whole chain (see the package

@@ -89,14 +89,16 @@ func FuzzChain(f *testing.F) {
 			t.Fatal(err)
 		}
 		h, err := middleware.Handler(middleware.Config{
-			Consumer:      c,
-			UnitOfWork:    uow,
-			Store:         store,
-			MaxDeliveries: fuzzMaxDeliveries,
-			Attempts:      2,
-			RetryDelay:    time.Microsecond,
-			Timeout:       10 * time.Second,
-			Outer:         []message.HandlerMiddleware{nackNotes},
+			Consumer:   c,
+			UnitOfWork: uow,
+			Store:      store,
+			Settings: middleware.Settings{
+				MaxDeliveries: fuzzMaxDeliveries,
+				Attempts:      2,
+				RetryDelay:    time.Microsecond,
+				Timeout:       10 * time.Second,
+			},
+			Outer: []message.HandlerMiddleware{nackNotes},
 		})
 		if err != nil {
 			t.Fatal(err)

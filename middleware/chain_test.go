@@ -112,19 +112,21 @@ func setup(t *testing.T, b backend, cfg setupConfig) *bundle {
 		cfg.timeout = 5 * time.Second
 	}
 	bd.handler, err = middleware.Handler(middleware.Config{
-		SkipStale:          cfg.skipStale,
-		StrictOrder:        cfg.strictOrder,
-		OrderFromFirstSeen: cfg.fromFirstSeen,
-		GapTimeout:         cfg.gapTimeout,
-		Consumer:           c,
-		UnitOfWork:         bd.uow,
-		Store:              s.(framework.Store),
-		MaxDeliveries:      cfg.maxDeliveries,
-		Attempts:           cfg.attempts,
-		RetryDelay:         time.Millisecond,
-		Timeout:            cfg.timeout,
-		Outer:              cfg.outer,
-		Logger:             cfg.logger,
+		Settings: middleware.Settings{
+			SkipStale:          cfg.skipStale,
+			StrictOrder:        cfg.strictOrder,
+			OrderFromFirstSeen: cfg.fromFirstSeen,
+			GapTimeout:         cfg.gapTimeout,
+			MaxDeliveries:      cfg.maxDeliveries,
+			Attempts:           cfg.attempts,
+			RetryDelay:         time.Millisecond,
+			Timeout:            cfg.timeout,
+		},
+		Consumer:   c,
+		UnitOfWork: bd.uow,
+		Store:      s.(framework.Store),
+		Outer:      cfg.outer,
+		Logger:     cfg.logger,
 	})
 	require.NoError(t, err)
 	return bd

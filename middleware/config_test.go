@@ -27,17 +27,17 @@ func TestConfigValidate(t *testing.T) {
 	require.NoError(t, err, "the zero fields take their defaults")
 
 	for want, edit := range map[string]func(*middleware.Config){
-		"Config.Consumer: required":                       func(c *middleware.Config) { c.Consumer = nil },
-		"Config.UnitOfWork: required":                     func(c *middleware.Config) { c.UnitOfWork = nil },
-		"Config.Store: required":                          func(c *middleware.Config) { c.Store = nil },
-		"Config.Attempts: must be at least 1, got -1":     func(c *middleware.Config) { c.Attempts = -1 },
-		"Config.RetryDelay: must not be negative":         func(c *middleware.Config) { c.RetryDelay = -1 },
-		"Config.MaxDeliveries: must be at least 1":        func(c *middleware.Config) { c.MaxDeliveries = -1 },
-		"Config.RateLimit: must not be negative, got -2":  func(c *middleware.Config) { c.RateLimit = -2 },
-		"Config.RateLimit: must not be negative, got NaN": func(c *middleware.Config) { c.RateLimit = math.NaN() },
-		"Config.SkipStale: excludes StrictOrder":          func(c *middleware.Config) { c.SkipStale, c.StrictOrder = true, true },
-		"Config.GapTimeout: must be positive":             func(c *middleware.Config) { c.GapTimeout = -1 },
-		"Config.MaxBodyBytes: must not be negative":       func(c *middleware.Config) { c.MaxBodyBytes = -1 },
+		"Config.Consumer: required":                                                        func(c *middleware.Config) { c.Consumer = nil },
+		"Config.UnitOfWork: required":                                                      func(c *middleware.Config) { c.UnitOfWork = nil },
+		"Config.Store: required":                                                           func(c *middleware.Config) { c.Store = nil },
+		"Config.Settings.attempts: want 1 or more, got -1":                                 func(c *middleware.Config) { c.Attempts = -1 },
+		"Config.Settings.retry_delay: must not be negative":                                func(c *middleware.Config) { c.RetryDelay = -1 },
+		"Config.Settings.max_deliveries: want 1 or more":                                   func(c *middleware.Config) { c.MaxDeliveries = -1 },
+		"Config.Settings.rate_limit: want 0 (no limit) or more messages a second, got -2":  func(c *middleware.Config) { c.RateLimit = -2 },
+		"Config.Settings.rate_limit: want 0 (no limit) or more messages a second, got NaN": func(c *middleware.Config) { c.RateLimit = math.NaN() },
+		"Config.Settings.strict_order: not with skip_stale":                                func(c *middleware.Config) { c.SkipStale, c.StrictOrder = true, true },
+		"Config.Settings.gap_timeout: must be positive":                                    func(c *middleware.Config) { c.GapTimeout = -1 },
+		"Config.Settings.max_body_bytes: want 1 or more":                                   func(c *middleware.Config) { c.MaxBodyBytes = -1 },
 	} {
 		cfg := valid
 		edit(&cfg)

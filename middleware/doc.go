@@ -31,8 +31,7 @@
 //		Consumer:   consumer,
 //		UnitOfWork: uow,
 //		Store:      store,
-//		Attempts:   5,
-//		RetryDelay: 2 * time.Second,
+//		Settings:   middleware.Settings{Attempts: 5, RetryDelay: 2 * time.Second},
 //	})
 //	router.AddConsumerHandler(consumer.Name()+"@"+typ, typ, subscriber, h)
 //

@@ -50,7 +50,10 @@ func newGapChainOn(t *testing.T, b backend, releaseSweep time.Duration, wrap fun
 	}
 	var err error
 	g.h, g.sweep, err = middleware.HandlerWithSweepOnClock(middleware.Config{
-		Consumer: g.c, UnitOfWork: g.uow, Store: chainStore, StrictOrder: true, GapTimeout: time.Hour,
+		Consumer: g.c, UnitOfWork: g.uow, Store: chainStore, Settings: middleware.Settings{
+			StrictOrder: true,
+			GapTimeout:  time.Hour,
+		},
 	}, middleware.TestClock{Now: now, ReleaseSweep: releaseSweep})
 	require.NoError(t, err)
 	return g

@@ -40,7 +40,10 @@ func TestLogsCarryTheHandlersError(t *testing.T) {
 	require.NoError(t, err)
 	h, err := middleware.Handler(middleware.Config{
 		Consumer: c, UnitOfWork: uow, Store: store,
-		Attempts: 3, RetryDelay: time.Millisecond,
+		Settings: middleware.Settings{
+			Attempts:   3,
+			RetryDelay: time.Millisecond,
+		},
 		Logger: newLogger(&logs),
 	})
 	require.NoError(t, err)

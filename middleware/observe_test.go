@@ -168,11 +168,13 @@ func setupFailing(t *testing.T) *failingBundle {
 	// The chain on the test's clock, with a hold-up limit of its own.
 	fb.handler, err = middleware.HandlerOnClock(middleware.Config{
 		Consumer: c, UnitOfWork: uow, Store: fb.store,
-		MaxDeliveries: 3,
-		Attempts:      2,
-		RetryDelay:    time.Millisecond,
-		Metrics:       fb.metrics,
-		Outer:         []message.HandlerMiddleware{refuse},
+		Settings: middleware.Settings{
+			MaxDeliveries: 3,
+			Attempts:      2,
+			RetryDelay:    time.Millisecond,
+		},
+		Metrics: fb.metrics,
+		Outer:   []message.HandlerMiddleware{refuse},
 	}, middleware.TestClock{
 		Now:         func() time.Time { fb.mu.Lock(); defer fb.mu.Unlock(); return fb.now },
 		HoldUpLimit: 12 * time.Second, ForgetFailingAfter: time.Minute,
@@ -336,7 +338,12 @@ func TestObserveFailing(t *testing.T) {
 		require.NoError(t, err)
 		_, err = middleware.Handler(middleware.Config{
 			Consumer: c, UnitOfWork: uow, Store: store, Metrics: metrics,
-			MaxDeliveries: 4, Attempts: 3, RetryDelay: 2 * time.Second, Timeout: 8 * time.Second,
+			Settings: middleware.Settings{
+				MaxDeliveries: 4,
+				Attempts:      3,
+				RetryDelay:    2 * time.Second,
+				Timeout:       8 * time.Second,
+			},
 		})
 		require.NoError(t, err)
 		require.Equal(t, []middleware.ConsumerStatus{{Consumer: consumerName, HoldUpLimit: 4 * 3 * 10 * time.Second}}, metrics.Consumers(),

@@ -75,7 +75,11 @@ func newOrderedOn(t *testing.T, db *sqlx.DB, s framework.Store) *ordered {
 func (o *ordered) handler(t *testing.T, store framework.Store) message.NoPublishHandlerFunc {
 	t.Helper()
 	h, err := middleware.Handler(middleware.Config{
-		Consumer: o.c, UnitOfWork: o.uow, Store: store, StrictOrder: true, OrderFromFirstSeen: true, Attempts: 2,
+		Consumer: o.c, UnitOfWork: o.uow, Store: store, Settings: middleware.Settings{
+			StrictOrder:        true,
+			OrderFromFirstSeen: true,
+			Attempts:           2,
+		},
 	})
 	require.NoError(t, err)
 	return h

@@ -37,7 +37,9 @@ func TestRateLimit(t *testing.T) {
 	waits := make(chan time.Duration, 1) // the waits the chain asks for
 	turn := make(chan time.Time)         // ends the wait
 	h, err := middleware.HandlerOnClock(middleware.Config{
-		Consumer: c, UnitOfWork: uow, Store: store, RateLimit: 2,
+		Consumer: c, UnitOfWork: uow, Store: store, Settings: middleware.Settings{
+			RateLimit: 2,
+		},
 	}, middleware.TestClock{
 		Now:   func() time.Time { mu.Lock(); defer mu.Unlock(); return now },
 		After: func(d time.Duration) <-chan time.Time { waits <- d; return turn },

@@ -24,6 +24,7 @@ import (
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/handlers"
 	"github.com/effectively-once/effectively/internal/pgschema"
+	"github.com/effectively-once/effectively/middleware"
 )
 
 // DefaultOutcomeTimeout is how long Publish, Deliver and Await wait for an
@@ -66,10 +67,10 @@ type Config struct {
 	// fields take testkit's values (Attempts testkit.DefaultAttempts,
 	// RetryDelay testkit.DefaultRetryDelay, Timeout
 	// testkit.DefaultTimeout), then the application's.
-	Defaults app.ConsumerConfig
+	Defaults middleware.Settings
 	// Consumers holds per-consumer settings, keyed by consumer name, as
 	// the YAML's consumers. Defaults to none.
-	Consumers map[string]app.ConsumerConfig
+	Consumers map[string]middleware.Settings
 	// OutcomeTimeout bounds each wait for an outcome. Defaults to
 	// DefaultOutcomeTimeout.
 	OutcomeTimeout time.Duration
@@ -90,8 +91,8 @@ type Config struct {
 func (c Config) WithDefaults() Config {
 	c.Transport = cmp.Or(c.Transport, app.TransportSQLite)
 	c.Defaults.Attempts = cmp.Or(c.Defaults.Attempts, testkit.DefaultAttempts)
-	c.Defaults.RetryDelay = cmp.Or(c.Defaults.RetryDelay, app.Duration(testkit.DefaultRetryDelay))
-	c.Defaults.Timeout = cmp.Or(c.Defaults.Timeout, app.Duration(testkit.DefaultTimeout))
+	c.Defaults.RetryDelay = cmp.Or(c.Defaults.RetryDelay, testkit.DefaultRetryDelay)
+	c.Defaults.Timeout = cmp.Or(c.Defaults.Timeout, testkit.DefaultTimeout)
 	c.OutcomeTimeout = cmp.Or(c.OutcomeTimeout, DefaultOutcomeTimeout)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"testing/fstest"
@@ -23,6 +24,7 @@ import (
 	"github.com/effectively-once/effectively/handlers"
 	"github.com/effectively-once/effectively/internal/pipeline"
 	"github.com/effectively-once/effectively/internal/testenv"
+	"github.com/effectively-once/effectively/middleware"
 )
 
 // A shop service: one consumer confirms placed orders and, through the
@@ -275,4 +277,23 @@ func TestErrors(t *testing.T) {
 	require.ErrorContains(t, err, "declares no consumer shop.unknown")
 	_, err = svc.Deliver(ctx, confirmer, framework.Envelope{})
 	require.ErrorContains(t, err, "DeliverBody")
+}
+
+// TestMaxBodyBytes: a consumer's max_body_bytes (middleware.Settings, as
+// in the YAML's consumers: entries) reaches its chain through the
+// application and the runner: a body over it is dead-lettered too_large,
+// in that consumer only.
+func TestMaxBodyBytes(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	svc := apptest.New(t, shopModule, apptest.Config{
+		Consumers: map[string]middleware.Settings{confirmer: {MaxBodyBytes: 64}},
+	})
+	env := testkit.Envelope(t, Placed, PlacedV1{OrderID: "o-" + strings.Repeat("9", 100)}, framework.Attributes{})
+	res, err := svc.Deliver(ctx, confirmer, env)
+	require.NoError(t, err)
+	testkit.RequireDeadLettered(t, res, framework.CodeTooLarge)
+	res, err = svc.Deliver(ctx, recorder, testkit.Envelope(t, Confirmed, ConfirmedV1{OrderID: "o-" + strings.Repeat("9", 100)}, framework.Attributes{}))
+	require.NoError(t, err)
+	testkit.RequireProcessed(t, res)
 }

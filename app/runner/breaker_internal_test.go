@@ -14,7 +14,7 @@ import (
 // transport gives a message (the PostgreSQL ack deadline) grows by it.
 func TestHandlingTimeHoldsAtBreaker(t *testing.T) {
 	t.Parallel()
-	cc := ConsumerConfig{Attempts: 3, Timeout: 10 * time.Second, RetryDelay: time.Second}
+	cc := ConsumerConfig{Settings: middleware.Settings{Attempts: 3, Timeout: 10 * time.Second, RetryDelay: time.Second}}
 	require.Equal(t, 33*time.Second, cc.WithDefaults().handlingTime())
 	cc.Breaker = middleware.BreakerConfig{Failures: 5}
 	require.Equal(t, 33*time.Second+middleware.DefaultBreakerMaxHold, cc.WithDefaults().handlingTime())

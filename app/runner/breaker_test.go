@@ -71,8 +71,12 @@ func TestSQLiteBreakerHoldKeepsLease(t *testing.T) {
 	require.NoError(t, err)
 	r, err := runner.New(runner.Config{
 		Consumers: []runner.ConsumerConfig{{
-			Consumer: c, Attempts: 1, Timeout: 250 * time.Millisecond, Concurrency: 4,
-			Breaker: middleware.BreakerConfig{Failures: 1, CoolDown: 3 * time.Second, MaxHold: 5 * time.Second},
+			Consumer: c, Settings: middleware.Settings{
+				Attempts:    1,
+				Timeout:     250 * time.Millisecond,
+				Concurrency: 4,
+				Breaker:     middleware.BreakerConfig{Failures: 1, CoolDown: 3 * time.Second, MaxHold: 5 * time.Second},
+			},
 		}},
 		Transport: tr, DB: db, Store: store, Metrics: metrics,
 		Outer: []message.HandlerMiddleware{count},

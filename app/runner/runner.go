@@ -1,7 +1,6 @@
 package runner
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -16,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/keypath"
 	"github.com/effectively-once/effectively/internal/pipeline"
 	"github.com/effectively-once/effectively/internal/watermilllog"
 	"github.com/effectively-once/effectively/internal/workers"
@@ -23,81 +23,27 @@ import (
 )
 
 // ConsumerConfig is one consumer and how the runner handles its messages.
-// Zero fields take middleware's defaults.
+// Zero settings take their defaults (see middleware.Settings.WithDefaults).
 type ConsumerConfig struct {
 	// Consumer is the consumer (see framework.NewConsumer). Required.
 	Consumer *framework.Consumer
-	// Attempts per delivery, the first included.
-	Attempts int
-	// RetryDelay is the constant pause between attempts.
-	RetryDelay time.Duration
-	// Timeout limits one attempt.
-	Timeout time.Duration
-	// Concurrency is how many messages of the consumer are in flight at
-	// once. Defaults to 1.
-	Concurrency int
-	// RateLimit caps messages per second, in this process; zero means no
-	// limit.
-	RateLimit float64
-	// MaxDeliveries dead-letters a message delivered more often.
-	MaxDeliveries int
-	// SkipStale skips an event older (by subjectseq) than one of the same
-	// subject that already took effect. Not with StrictOrder.
-	SkipStale bool
-	// StrictOrder applies each subject's events in sequence; an event
-	// ahead of its turn waits, up to GapTimeout. Not with SkipStale.
-	StrictOrder bool
-	// GapTimeout is how long an event waits for an earlier one of its
-	// subject under StrictOrder.
-	GapTimeout time.Duration
-	// OrderFromFirstSeen, under StrictOrder, starts a subject's sequence
-	// at the first event of it seen (middleware.Config.OrderFromFirstSeen)
-	// instead of at 1.
-	OrderFromFirstSeen bool
-	// BatchSize is the most of the consumer's attempts that commit in one
-	// transaction (group commit), one after another: when one fails, the
-	// transaction rolls back and the others run again without it, so a
-	// handler may run more than once for one delivery. 1 gives each
-	// attempt a transaction of its own, which no other attempt's failure
-	// runs again. Defaults to framework.DefaultBatchSize.
-	BatchSize int
-	// Batches is how many of the consumer's batches run at once, each on
-	// a connection of its own. Defaults to framework.DefaultBatches.
-	Batches int
-	// BatchLinger is how long a batch that could start waits for more of
-	// the consumer's attempts while it holds fewer than BatchSize. Zero
-	// starts it at once.
-	BatchLinger time.Duration
+	// Settings are the consumer's settings: retries, time limits,
+	// concurrency, ordering, batches, breaker (see middleware.Settings),
+	// the same type as a consumer's entry in the application's YAML file.
+	middleware.Settings
 	// RenamedFrom are the consumer's former names, whose processed marks
 	// it adopts at Start.
 	RenamedFrom []string
-	// Breaker is the consumer's circuit breaker (see
-	// middleware.BreakerConfig); off unless Breaker.Failures is set. Its
-	// MaxHold adds to the time a message may be held by the transport
-	// (the PostgreSQL ack deadline).
-	Breaker middleware.BreakerConfig
 	// WithoutDedup, when not empty, is why the consumer takes no
 	// processed marks (handlers.WithoutDedup): every delivery runs its
 	// handler (framework.UnitOfWorkConfig.WithoutMark).
 	WithoutDedup string
 }
 
-// WithDefaults returns a copy of c with zero fields set to their defaults:
-// the chain's (see middleware.Config.WithDefaults), and a concurrency of 1.
+// WithDefaults returns a copy of c with zero settings set to their
+// defaults (see middleware.Settings.WithDefaults).
 func (c ConsumerConfig) WithDefaults() ConsumerConfig {
-	m := middleware.Config{
-		Attempts:      c.Attempts,
-		RetryDelay:    c.RetryDelay,
-		Timeout:       c.Timeout,
-		MaxDeliveries: c.MaxDeliveries,
-		GapTimeout:    c.GapTimeout,
-		Breaker:       c.Breaker,
-	}.WithDefaults()
-	c.Attempts, c.RetryDelay, c.Timeout, c.MaxDeliveries, c.GapTimeout = m.Attempts, m.RetryDelay, m.Timeout, m.MaxDeliveries, m.GapTimeout
-	c.Breaker = m.Breaker
-	c.Concurrency = cmp.Or(c.Concurrency, 1)
-	u := c.unitOfWork(nil, nil).WithDefaults()
-	c.BatchSize, c.Batches = u.BatchSize, u.Batches
+	c.Settings = c.Settings.WithDefaults()
 	return c
 }
 
@@ -109,42 +55,13 @@ func (c ConsumerConfig) unitOfWork(db *sqlx.DB, store framework.Store) framework
 	}
 }
 
-// Validate reports the first invalid field of c that is the runner's
-// own. The chain's settings (Attempts, RetryDelay, RateLimit,
-// MaxDeliveries, SkipStale, StrictOrder, GapTimeout) and the unit of
-// work's (BatchSize, Batches, BatchLinger) are checked where they are
-// used, by middleware.Config.Validate and
-// framework.UnitOfWorkConfig.Validate, when New builds the consumer.
+// Validate reports a missing Consumer, else every invalid setting (see
+// middleware.Settings.Validate), named ConsumerConfig.Settings.<key>.
 func (c ConsumerConfig) Validate() error {
-	switch {
-	case c.Consumer == nil:
+	if c.Consumer == nil {
 		return errors.New("ConsumerConfig.Consumer: required (build it with framework.NewConsumer)")
-	case c.Timeout <= 0:
-		return fmt.Errorf("ConsumerConfig.Timeout: must be positive (it sizes the transport's leases), got %s", c.Timeout)
-	case c.Concurrency < 1:
-		return fmt.Errorf("ConsumerConfig.Concurrency: must be at least 1, got %d", c.Concurrency)
-	case c.BatchLinger > 0 && c.BatchLinger >= c.Timeout:
-		return fmt.Errorf("ConsumerConfig.BatchLinger: must be less than Timeout (%s): a batch waits within the time limit of its attempts, so a message that arrived alone would time out, got %s",
-			c.Timeout, c.BatchLinger)
 	}
-	if OverMaxHandlingTime(c.Attempts, c.Timeout, c.RetryDelay, c.Breaker.MaxHold) {
-		return fmt.Errorf("ConsumerConfig: Attempts × (Timeout + RetryDelay) + Breaker.MaxHold must be at most %s (the transports size leases and ack deadlines from it), got %d × (%s + %s) + %s",
-			MaxHandlingTime, c.Attempts, c.Timeout, c.RetryDelay, c.Breaker.MaxHold)
-	}
-	return nil
-}
-
-// MaxHandlingTime bounds how long a consumer's settings let one message
-// be handled: Attempts × (Timeout + RetryDelay), plus Breaker.MaxHold.
-// The transports size their leases and ack deadlines from it, so past it
-// they would overflow; a year is past any sensible setting.
-const MaxHandlingTime = 365 * 24 * time.Hour
-
-// OverMaxHandlingTime reports whether attempts × (timeout + retryDelay) +
-// maxHold is past MaxHandlingTime, computed in floating point: the
-// product may overflow a Duration.
-func OverMaxHandlingTime(attempts int, timeout, retryDelay, maxHold time.Duration) bool {
-	return float64(attempts)*(float64(timeout)+float64(retryDelay))+float64(maxHold) > float64(MaxHandlingTime)
+	return keypath.Prefix("ConsumerConfig.Settings", c.Settings.Validate())
 }
 
 // Config is what New takes: the consumers, the transport they consume
@@ -317,24 +234,15 @@ func (c ConsumerConfig) handlingTime() time.Duration {
 // chainConfig is the middleware chain of cc.
 func (r *Runner) chainConfig(cc ConsumerConfig, uow *framework.UnitOfWork) middleware.Config {
 	return middleware.Config{
-		Consumer:           cc.Consumer,
-		UnitOfWork:         uow,
-		Store:              r.cfg.Store,
-		Attempts:           cc.Attempts,
-		RetryDelay:         cc.RetryDelay,
-		Timeout:            cc.Timeout,
-		MaxDeliveries:      cc.MaxDeliveries,
-		RateLimit:          cc.RateLimit,
-		SkipStale:          cc.SkipStale,
-		StrictOrder:        cc.StrictOrder,
-		GapTimeout:         cc.GapTimeout,
-		OrderFromFirstSeen: cc.OrderFromFirstSeen,
-		Breaker:            cc.Breaker,
-		Logger:             r.logger,
-		Metrics:            r.cfg.Metrics,
-		Tracer:             r.cfg.Tracer,
-		Outer:              r.cfg.Outer,
-		Inner:              r.cfg.Inner,
+		Consumer:   cc.Consumer,
+		UnitOfWork: uow,
+		Store:      r.cfg.Store,
+		Settings:   cc.Settings,
+		Logger:     r.logger,
+		Metrics:    r.cfg.Metrics,
+		Tracer:     r.cfg.Tracer,
+		Outer:      r.cfg.Outer,
+		Inner:      r.cfg.Inner,
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/sqlite"
+	"github.com/effectively-once/effectively/middleware"
 )
 
 type itemAdded struct {
@@ -68,7 +69,7 @@ func (e *env) runner(t *testing.T) (*Runner, framework.Transport) {
 	r, err := New(Config{
 		// A short timeout: a lease of the canceled attempt's message ends
 		// soon (twice the timeout).
-		Consumers: []ConsumerConfig{{Consumer: e.consumer, Timeout: time.Second, Attempts: 1}},
+		Consumers: []ConsumerConfig{{Consumer: e.consumer, Settings: middleware.Settings{Timeout: time.Second, Attempts: 1}}},
 		Transport: transport,
 		DB:        e.db,
 		Store:     e.store,
@@ -187,14 +188,18 @@ func TestNewRefusesBadSettings(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = transport.Close() })
 	for want, cc := range map[string]ConsumerConfig{
-		"Config.Consumers[0]: ConsumerConfig.Timeout: must be positive":                   {Timeout: -time.Second},
-		"consumer tests.items: middleware: Config.Attempts: must be at least 1, got -1":   {Attempts: -1},
-		"consumer tests.items: middleware: Config.RateLimit: must not be negative":        {RateLimit: -1},
-		"consumer tests.items: UnitOfWorkConfig.BatchSize: must be at least 1, got -2":    {BatchSize: -2},
-		"consumer tests.items: UnitOfWorkConfig.Linger: must not be negative":             {BatchLinger: -time.Second},
-		"Config.Consumers[0]: ConsumerConfig.BatchLinger: must be less than Timeout (1s)": {Timeout: time.Second, BatchLinger: time.Second},
-		"Config.Consumers[0]: ConsumerConfig: Attempts × (Timeout + RetryDelay) + Breaker.MaxHold must be at most 8760h0m0s": {
-			Attempts: 1 << 30, Timeout: time.Hour, RetryDelay: time.Hour,
+		"Config.Consumers[0]: ConsumerConfig.Settings.timeout: must be positive":                     {Settings: middleware.Settings{Timeout: -time.Second}},
+		"Config.Consumers[0]: ConsumerConfig.Settings.attempts: want 1 or more, got -1":              {Settings: middleware.Settings{Attempts: -1}},
+		"Config.Consumers[0]: ConsumerConfig.Settings.rate_limit: want 0 (no limit) or more":         {Settings: middleware.Settings{RateLimit: -1}},
+		"Config.Consumers[0]: ConsumerConfig.Settings.batch_size: want 1..64, got -2":                {Settings: middleware.Settings{BatchSize: -2}},
+		"Config.Consumers[0]: ConsumerConfig.Settings.batch_linger: must not be negative":            {Settings: middleware.Settings{BatchLinger: -time.Second}},
+		"Config.Consumers[0]: ConsumerConfig.Settings.batch_linger: want less than its timeout (1s)": {Settings: middleware.Settings{Timeout: time.Second, BatchLinger: time.Second}},
+		"Config.Consumers[0]: ConsumerConfig.Settings: attempts × (timeout + retry_delay) + breaker.max_hold: want at most 8760h0m0s": {
+			Settings: middleware.Settings{
+				Attempts:   1 << 30,
+				Timeout:    time.Hour,
+				RetryDelay: time.Hour,
+			},
 		},
 	} {
 		cc.Consumer = e.consumer

@@ -266,19 +266,11 @@ func (c *Chain) DeadLetters(ctx context.Context, t testing.TB) []framework.DeadL
 func (c *Chain) chain() (message.NoPublishHandlerFunc, error) {
 	cfg := c.kit.cfg
 	h, err := middleware.Handler(middleware.Config{
-		Consumer:           c.consumer,
-		UnitOfWork:         c.kit.uow,
-		Store:              c.kit.store,
-		Attempts:           cfg.Attempts,
-		RetryDelay:         cfg.RetryDelay,
-		Timeout:            cfg.Timeout,
-		MaxDeliveries:      cfg.MaxDeliveries,
-		SkipStale:          cfg.SkipStale,
-		StrictOrder:        cfg.StrictOrder,
-		GapTimeout:         cfg.GapTimeout,
-		OrderFromFirstSeen: cfg.OrderFromFirstSeen,
-		MaxBodyBytes:       cfg.MaxBodyBytes,
-		Logger:             cfg.Logger,
+		Consumer:   c.consumer,
+		UnitOfWork: c.kit.uow,
+		Store:      c.kit.store,
+		Settings:   cfg.Settings,
+		Logger:     cfg.Logger,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("chain of %s: %w", c.Name(), err)

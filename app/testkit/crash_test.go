@@ -13,6 +13,7 @@ import (
 
 	"github.com/effectively-once/effectively/app/testkit"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/middleware"
 )
 
 // What the crash tests consume: a projection of a subject's moves, one
@@ -193,7 +194,7 @@ func TestCrashKillsTheBatch(t *testing.T) {
 				ctx := t.Context()
 				// The batch starts when it is full: the deliveries made
 				// together share its transaction.
-				b := setupCrash(t, testkit.Config{PostgresURL: base.PostgresURL, BatchSize: size, BatchLinger: time.Hour})
+				b := setupCrash(t, testkit.Config{PostgresURL: base.PostgresURL, Settings: middleware.Settings{BatchSize: size, BatchLinger: time.Hour, Timeout: 2 * time.Hour}})
 				envs := make([]framework.Envelope, size)
 				for i := range envs {
 					envs[i] = moved(t, fmt.Sprintf("m-%d", i), int64(i+1), "depot")
@@ -247,7 +248,7 @@ func TestCrashSkipStale(t *testing.T) {
 	t.Parallel()
 	backends(t, func(t *testing.T, base testkit.Config) {
 		ctx := t.Context()
-		b := setupCrash(t, testkit.Config{PostgresURL: base.PostgresURL, SkipStale: true})
+		b := setupCrash(t, testkit.Config{PostgresURL: base.PostgresURL, Settings: middleware.Settings{SkipStale: true}})
 		c := b.chain
 
 		testkit.RequireProcessed(t, c.Deliver(ctx, t, moved(t, "m-1", 1, "depot")))
@@ -276,7 +277,7 @@ func TestCrashStrictOrder(t *testing.T) {
 	t.Parallel()
 	backends(t, func(t *testing.T, base testkit.Config) {
 		ctx := t.Context()
-		b := setupCrash(t, testkit.Config{PostgresURL: base.PostgresURL, StrictOrder: true})
+		b := setupCrash(t, testkit.Config{PostgresURL: base.PostgresURL, Settings: middleware.Settings{StrictOrder: true}})
 		c := b.chain
 
 		testkit.RequireProcessed(t, c.Deliver(ctx, t, moved(t, "m-1", 1, "depot")))
@@ -305,7 +306,7 @@ func TestCrashStrictOrderRelease(t *testing.T) {
 	t.Parallel()
 	backends(t, func(t *testing.T, base testkit.Config) {
 		ctx := t.Context()
-		b := setupCrash(t, testkit.Config{PostgresURL: base.PostgresURL, StrictOrder: true})
+		b := setupCrash(t, testkit.Config{PostgresURL: base.PostgresURL, Settings: middleware.Settings{StrictOrder: true}})
 		c := b.chain
 		parked := func() []string {
 			t.Helper()

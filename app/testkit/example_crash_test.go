@@ -11,6 +11,7 @@ import (
 
 	"github.com/effectively-once/effectively/app/testkit"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/middleware"
 )
 
 // The crash examples: docs/testing.md shows the code between their
@@ -129,9 +130,12 @@ func Example_crashInBatch() {
 
 	// snippet:begin crash-in-batch
 	kit := testkit.New(t, testkit.Config{
-		Migrations:  archiveMigrations,
-		BatchSize:   3,
-		BatchLinger: time.Hour, // the batch starts once it holds 3 attempts
+		Migrations: archiveMigrations,
+		Settings: middleware.Settings{
+			BatchSize:   3,
+			BatchLinger: time.Hour,     // the batch starts once it holds 3 attempts
+			Timeout:     2 * time.Hour, // attempts wait for their batch within their time limit
+		},
 	})
 	c := kit.Chain(t, "billing.archive-invoice", archive(kit.DB()))
 	var envs []framework.Envelope
@@ -173,7 +177,7 @@ func Example_crashSkipStale() {
 	ctx := t.Context()
 
 	// snippet:begin crash-skip-stale
-	kit := testkit.New(t, testkit.Config{Migrations: archiveMigrations, SkipStale: true})
+	kit := testkit.New(t, testkit.Config{Migrations: archiveMigrations, Settings: middleware.Settings{SkipStale: true}})
 	c := kit.Chain(t, "billing.log-status", logStatus(kit.DB()))
 	paid := statusOf(t, "inv-1", 2, "paid")
 
@@ -199,7 +203,7 @@ func Example_crashStrictOrder() {
 	ctx := t.Context()
 
 	// snippet:begin crash-strict-order
-	kit := testkit.New(t, testkit.Config{Migrations: archiveMigrations, StrictOrder: true})
+	kit := testkit.New(t, testkit.Config{Migrations: archiveMigrations, Settings: middleware.Settings{StrictOrder: true}})
 	c := kit.Chain(t, "billing.log-status", logStatus(kit.DB()))
 	sent, paid := statusOf(t, "inv-1", 1, "sent"), statusOf(t, "inv-1", 2, "paid")
 

@@ -3,7 +3,6 @@ package testkit
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
@@ -17,6 +16,7 @@ import (
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/postgres"
 	"github.com/effectively-once/effectively/framework/sqlite"
+	"github.com/effectively-once/effectively/internal/keypath"
 	"github.com/effectively-once/effectively/internal/pgschema"
 	"github.com/effectively-once/effectively/middleware"
 )
@@ -58,54 +58,17 @@ type Config struct {
 	// TablePrefix prefixes the framework's tables, as
 	// EFFECTIVELY_TABLE_PREFIX does in the app. Defaults to none.
 	TablePrefix string
-	// Attempts is the number of attempts per delivery, the first included.
-	// Defaults to DefaultAttempts.
-	Attempts int
-	// RetryDelay is the pause between attempts. Defaults to
-	// DefaultRetryDelay.
-	RetryDelay time.Duration
-	// Timeout limits each attempt; negative disables the limit. Defaults
-	// to DefaultTimeout.
-	Timeout time.Duration
-	// MaxDeliveries is the delivery limit: the delivery after that many is
-	// dead-lettered with code delivery_limit. Defaults to
-	// middleware.DefaultMaxDeliveries.
-	MaxDeliveries int
-	// MaxBodyBytes limits message bodies. Defaults to
-	// framework.DefaultMaxBodyBytes.
-	MaxBodyBytes int
-	// SkipStale adds the sequence guard (middleware.Config.SkipStale) to each
-	// consumer's chain, as the app's skip_stale setting does. Defaults to
-	// false.
-	SkipStale bool
-	// StrictOrder applies each subject's events in sequence
-	// (middleware.Config.StrictOrder), as the app's strict_order setting
-	// does: an event ahead of its turn is Nacked, to be delivered again,
-	// until GapTimeout after its first wait; then it is dead-lettered with
-	// code sequence_gap. Not with SkipStale. Defaults to false.
-	StrictOrder bool
-	// GapTimeout is how long an event waits for an earlier one of its
-	// subject under StrictOrder. Defaults to
-	// middleware.DefaultGapTimeout.
-	GapTimeout time.Duration
-	// OrderFromFirstSeen starts a subject's sequence at the first event
-	// of it delivered, whatever its number, instead of at 1
-	// (middleware.Config.OrderFromFirstSeen), as the app's
-	// order_from_first_seen setting does. Defaults to false.
-	OrderFromFirstSeen bool
-	// BatchSize is the most attempts that commit in one transaction
-	// (framework.UnitOfWorkConfig.BatchSize), as the app's batch_size:
-	// group commit is on unless it is 1. Defaults to
-	// framework.DefaultBatchSize.
-	BatchSize int
-	// Batches is how many batches run at once. Defaults to
-	// framework.DefaultBatches.
-	Batches int
-	// BatchLinger is how long a batch waits for more attempts while it
-	// holds fewer than BatchSize: with a long linger, BatchSize deliveries
-	// made together (DeliverTogether) share one transaction for sure.
-	// Defaults to zero: a batch starts at once.
-	BatchLinger time.Duration
+	// Settings are the consumers' settings, as the app's consumers: and
+	// defaults: entries (see middleware.Settings): retries, time limits,
+	// ordering, group commit (BatchSize, Batches, BatchLinger: with a long
+	// linger, BatchSize deliveries made together, see DeliverTogether,
+	// share one transaction for sure), rate limit and breaker. Zero
+	// fields take the kit's defaults (Attempts DefaultAttempts, RetryDelay
+	// DefaultRetryDelay, Timeout DefaultTimeout), then middleware's.
+	// Under StrictOrder, an event ahead of its turn is Nacked, to be
+	// delivered again, until GapTimeout after its first wait; then it is
+	// dead-lettered with code sequence_gap.
+	middleware.Settings
 	// Logger receives the chain's logs. Defaults to discarding them.
 	Logger *slog.Logger
 }
@@ -115,30 +78,18 @@ func (c Config) WithDefaults() Config {
 	c.Attempts = cmp.Or(c.Attempts, DefaultAttempts)
 	c.RetryDelay = cmp.Or(c.RetryDelay, DefaultRetryDelay)
 	c.Timeout = cmp.Or(c.Timeout, DefaultTimeout)
-	c.MaxDeliveries = cmp.Or(c.MaxDeliveries, middleware.DefaultMaxDeliveries)
-	c.MaxBodyBytes = cmp.Or(c.MaxBodyBytes, framework.DefaultMaxBodyBytes)
-	c.GapTimeout = cmp.Or(c.GapTimeout, middleware.DefaultGapTimeout)
+	c.Settings = c.Settings.WithDefaults()
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	return c
 }
 
-// Validate reports the first invalid field of c.
+// Validate reports the invalid fields of c, each setting named
+// Config.Settings.<key> (see middleware.Settings.Validate).
 func (c Config) Validate() error {
-	switch {
-	case c.Attempts < 1:
-		return fmt.Errorf("testkit: Attempts must be at least 1, got %d", c.Attempts)
-	case c.RetryDelay < 0:
-		return fmt.Errorf("testkit: RetryDelay must not be negative, got %s", c.RetryDelay)
-	case c.MaxDeliveries < 1:
-		return fmt.Errorf("testkit: MaxDeliveries must be at least 1, got %d", c.MaxDeliveries)
-	case c.MaxBodyBytes < 1:
-		return fmt.Errorf("testkit: MaxBodyBytes must be at least 1, got %d", c.MaxBodyBytes)
-	case c.SkipStale && c.StrictOrder:
-		return errors.New("testkit: SkipStale excludes StrictOrder")
-	case c.GapTimeout <= 0:
-		return fmt.Errorf("testkit: GapTimeout must be positive, got %s", c.GapTimeout)
+	if err := c.Settings.Validate(); err != nil {
+		return fmt.Errorf("testkit: %w", keypath.Prefix("Config.Settings", err))
 	}
 	if err := migrate.ValidateTablePrefix(c.TablePrefix); err != nil {
 		return fmt.Errorf("testkit: TablePrefix: %w", err)

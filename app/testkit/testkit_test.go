@@ -16,6 +16,7 @@ import (
 	"github.com/effectively-once/effectively/app/testkit"
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/internal/testenv"
+	"github.com/effectively-once/effectively/middleware"
 )
 
 // What a user's service would hold: an event contract, a table of its own
@@ -161,6 +162,26 @@ func TestDeliver(t *testing.T) {
 			testkit.RequireProcessed(t, res)
 			require.Equal(t, 2, res.Attempts)
 			require.Equal(t, 1, reminders(t, bd.kit), "the failed attempt rolled back its write")
+		})
+
+		// The kit's Config holds the consumer's whole settings, the
+		// breaker included: once open, a message waits at it, uncounted,
+		// and is nacked after max_hold, its handler not called.
+		t.Run("BreakerOpens", func(t *testing.T) {
+			t.Parallel()
+			cfg := base
+			cfg.Attempts = 1
+			cfg.Breaker = middleware.BreakerConfig{Failures: 1, AnyError: true, CoolDown: time.Hour, MaxHold: 20 * time.Millisecond}
+			bd := setup(t, cfg)
+			bd.handler.fail = func(context.Context, int64) error { return errors.New("down") }
+			res := bd.consumer.Deliver(t.Context(), t, booked(t, "1"))
+			require.Equal(t, framework.Nacked, res.Outcome, "the failure opens the breaker: %v", res)
+			require.ErrorContains(t, res.Err, "circuit breaker open")
+			bd.handler.fail = nil
+			res = bd.consumer.Deliver(t.Context(), t, booked(t, "2"))
+			require.Equal(t, framework.Nacked, res.Outcome, "held at the open breaker, then released: %v", res)
+			require.Zero(t, res.Attempts)
+			require.EqualValues(t, 1, bd.handler.calls.Load(), "the held message never reached the handler")
 		})
 
 		t.Run("RetriesExhausted", func(t *testing.T) {
@@ -352,12 +373,14 @@ func TestConfigValidate(t *testing.T) {
 	t.Parallel()
 	require.NoError(t, testkit.Config{}.WithDefaults().Validate())
 	for name, cfg := range map[string]testkit.Config{
-		"Attempts":      {Attempts: -1},
-		"RetryDelay":    {RetryDelay: -time.Second},
-		"MaxDeliveries": {MaxDeliveries: -1},
-		"MaxBodyBytes":  {MaxBodyBytes: -1},
-		"TablePrefix":   {TablePrefix: "No-Such"},
-		"PostgresURL":   {PostgresURL: "host=localhost user=me"},
+		"Config.Settings.attempts":         {Settings: middleware.Settings{Attempts: -1}},
+		"Config.Settings.retry_delay":      {Settings: middleware.Settings{RetryDelay: -time.Second}},
+		"Config.Settings.max_deliveries":   {Settings: middleware.Settings{MaxDeliveries: -1}},
+		"Config.Settings.max_body_bytes":   {Settings: middleware.Settings{MaxBodyBytes: -1}},
+		"Config.Settings.rate_limit":       {Settings: middleware.Settings{RateLimit: -1}},
+		"Config.Settings.breaker.max_hold": {Settings: middleware.Settings{Breaker: middleware.BreakerConfig{Failures: 1, MaxHold: time.Hour}}},
+		"TablePrefix":                      {TablePrefix: "No-Such"},
+		"PostgresURL":                      {PostgresURL: "host=localhost user=me"},
 	} {
 		err := cfg.WithDefaults().Validate()
 		require.ErrorContains(t, err, name, "%s", name)

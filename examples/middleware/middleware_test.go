@@ -19,6 +19,7 @@ import (
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/handlers"
 	"github.com/effectively-once/effectively/internal/testenv"
+	"github.com/effectively-once/effectively/middleware"
 )
 
 // databases are where the tests run: SQLite, and PostgreSQL from the
@@ -200,13 +201,13 @@ func TestTenantPerAttempt(t *testing.T) {
 			// The batch starts when it holds three attempts (or after a
 			// minute, which would fail the test); a linger must be
 			// shorter than the attempts' timeout.
-			together := app.ConsumerConfig{
+			together := middleware.Settings{
 				Concurrency: 3, BatchSize: 3, Batches: 1,
-				BatchLinger: app.Duration(time.Minute), Timeout: app.Duration(2 * time.Minute),
+				BatchLinger: time.Minute, Timeout: 2 * time.Minute,
 			}
 			svc := apptest.New(t, checkModule(p.probe(p.before), p.probe(p.after)), apptest.Config{
 				PostgresURL: pgURL,
-				Consumers:   map[string]app.ConsumerConfig{checkConsumer: together},
+				Consumers:   map[string]middleware.Settings{checkConsumer: together},
 			})
 			tenants := map[string]string{"n1": "acme", "n2": "globex", "bad": "initech"}
 			results := map[string]testkit.Result{}

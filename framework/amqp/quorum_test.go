@@ -17,6 +17,7 @@ import (
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/sqlite"
 	"github.com/effectively-once/effectively/internal/testenv"
+	"github.com/effectively-once/effectively/middleware"
 )
 
 type pinged struct {
@@ -70,7 +71,7 @@ func TestQuorumDeliveryLimit(t *testing.T) {
 		}
 	}
 	r, err := runner.New(runner.Config{
-		Consumers: []runner.ConsumerConfig{{Consumer: consumer, Attempts: 1, MaxDeliveries: maxDeliveries, Concurrency: 1}},
+		Consumers: []runner.ConsumerConfig{{Consumer: consumer, Settings: middleware.Settings{Attempts: 1, MaxDeliveries: maxDeliveries, Concurrency: 1}}},
 		Transport: tr,
 		DB:        db,
 		Store:     store,

@@ -19,6 +19,7 @@ import (
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/transporttest"
+	"github.com/effectively-once/effectively/middleware"
 )
 
 // Env is one case's transport and database. Build a fresh one per call of
@@ -166,12 +167,14 @@ func (s *suite) start(t *testing.T, name string, concurrency int, defs ...framew
 	}
 	cfg := runner.Config{
 		Consumers: []runner.ConsumerConfig{{
-			Consumer:      c,
-			Attempts:      3,
-			RetryDelay:    time.Millisecond,
-			Timeout:       10 * time.Second,
-			Concurrency:   concurrency,
-			MaxDeliveries: 100,
+			Consumer: c,
+			Settings: middleware.Settings{
+				Attempts:      3,
+				RetryDelay:    time.Millisecond,
+				Timeout:       10 * time.Second,
+				Concurrency:   concurrency,
+				MaxDeliveries: 100,
+			},
 		}},
 		Transport: tr,
 		DB:        s.env.DB,

@@ -1,0 +1,222 @@
+package middleware
+
+import (
+	"cmp"
+	"errors"
+	"time"
+
+	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/keypath"
+)
+
+// Limits of Settings.
+const (
+	// maxConcurrency is the most messages of one consumer in flight at
+	// once in a process (Settings.Concurrency).
+	maxConcurrency = 1024
+	// maxBatchSize is the largest Settings.BatchSize, and the most
+	// batches of a consumer at once (Settings.Batches).
+	maxBatchSize = 64
+	// MaxHandlingTime bounds how long a consumer's settings let one
+	// message be handled: Attempts × (Timeout + RetryDelay), plus
+	// Breaker.MaxHold. The transports size their leases and ack deadlines
+	// from it, so past it they would overflow; a year is past any
+	// sensible setting.
+	MaxHandlingTime = 365 * 24 * time.Hour
+)
+
+// Settings are one consumer's settings: how its messages are retried,
+// timed, limited, ordered and batched. The same type is a consumer's
+// entry under consumers: (and the defaults: section) of the
+// application's YAML file, whose keys are those of the yaml tags; the
+// runner's ConsumerConfig, the chain's Config and the test kit's Config
+// hold it. Zero fields take their defaults (see WithDefaults); Validate
+// names each invalid setting by its YAML key.
+type Settings struct {
+	// Attempts per delivery, the first included. Defaults to
+	// DefaultAttempts.
+	Attempts int `yaml:"attempts"`
+	// RetryDelay is the constant pause between attempts. Defaults to
+	// DefaultRetryDelay.
+	RetryDelay time.Duration `yaml:"retry_delay"`
+	// Timeout limits each attempt; it also sizes the transports' leases
+	// and ack deadlines. Defaults to DefaultTimeout.
+	Timeout time.Duration `yaml:"timeout"`
+	// Concurrency is how many messages of the consumer are in flight at
+	// once in this process (the runner's, not the chain's, which handles
+	// what it is given): on amqp that many subscriptions of the
+	// consumer's queue, on sqlite that many leases, on postgres that many
+	// messages handed out per subscription; memory hands every
+	// subscription every message. Under group commit the messages in
+	// flight fill the consumer's batches; at batch_size 1 each holds a
+	// database connection. At most 1024. Defaults to 1; the
+	// application's default depends on its transport and batch size (see
+	// app.DefaultConcurrency).
+	Concurrency int `yaml:"concurrency"`
+	// RateLimit caps the messages per second that this process hands to
+	// the Outer middleware and the attempts; zero means no limit. A
+	// message waiting for its turn when its context ends is nacked.
+	// Defaults to 0, no limit.
+	RateLimit float64 `yaml:"rate_limit"`
+	// MaxDeliveries dead-letters a message delivered more often, with
+	// code delivery_limit. Defaults to DefaultMaxDeliveries.
+	MaxDeliveries int `yaml:"max_deliveries"`
+	// MaxBodyBytes limits message bodies: a larger one is dead-lettered
+	// with code too_large.
+	// Defaults to framework.DefaultMaxBodyBytes.
+	MaxBodyBytes int `yaml:"max_body_bytes"`
+	// SkipStale skips an event older (by subjectseq) than one of the same
+	// subject that already took effect. Not with StrictOrder. Defaults to
+	// false.
+	SkipStale bool `yaml:"skip_stale"`
+	// StrictOrder applies each subject's events in sequence; an event
+	// ahead of its turn waits, up to GapTimeout: it is nacked, and parked
+	// (acknowledged, not processed, applied as soon as its turn comes)
+	// once it has waited GapPark; while an earlier event of its subject
+	// is a dead letter it is parked at once, and applied after that one
+	// takes effect or is discarded with its parked events released. Not
+	// with SkipStale. Defaults to false.
+	StrictOrder bool `yaml:"strict_order"`
+	// GapTimeout is how long an event waits for an earlier one of its
+	// subject under StrictOrder before it is dead-lettered with code
+	// sequence_gap. Defaults to DefaultGapTimeout.
+	GapTimeout time.Duration `yaml:"gap_timeout"`
+	// OrderFromFirstSeen, under StrictOrder, starts a subject's sequence
+	// at the first event of it this consumer sees, whatever its number,
+	// instead of at 1: for a consumer that joins a stream whose subjects
+	// began before it. Its cost: the first event of a new subject that
+	// overtakes its predecessors (a retry, a redelivery, two messages in
+	// flight) starts the sequence, and they are skipped as stale. Without
+	// StrictOrder it does nothing. Defaults to false.
+	OrderFromFirstSeen bool `yaml:"order_from_first_seen"`
+	// BatchSize is the most of the consumer's attempts that commit in one
+	// transaction (group commit), one after another: when one fails, the
+	// transaction rolls back and the others run again without it, so a
+	// handler may run more than once for one delivery. 1 gives each
+	// attempt a transaction of its own, which no other attempt's failure
+	// runs again. It configures the unit of work that the runner (or the
+	// test kit) builds; Handler uses the one it is given. At most
+	// 64. Defaults to framework.DefaultBatchSize.
+	BatchSize int `yaml:"batch_size"`
+	// Batches is how many of the consumer's batches run at once, each on
+	// a connection of its own (see BatchSize). At most 64.
+	// Defaults to framework.DefaultBatches.
+	Batches int `yaml:"batches"`
+	// BatchLinger is how long a batch that could start waits for more of
+	// the consumer's attempts while it holds fewer than BatchSize (see
+	// BatchSize); less than Timeout. Defaults to 0: a batch holds what
+	// arrived while the previous ones ran.
+	BatchLinger time.Duration `yaml:"batch_linger"`
+	// Breaker, with Breaker.Failures set, is the consumer's circuit
+	// breaker: after so many failed attempts in a row new messages wait
+	// before the delivery guard, uncounted, until a probe attempt after
+	// the cool-down succeeds (see BreakerConfig). Its MaxHold adds to the
+	// time a message may be held by the transport (the PostgreSQL ack
+	// deadline). Defaults to off.
+	Breaker BreakerConfig `yaml:"breaker"`
+}
+
+// WithDefaults returns a copy of s with zero fields set to their
+// defaults.
+func (s Settings) WithDefaults() Settings {
+	s.Attempts = cmp.Or(s.Attempts, DefaultAttempts)
+	s.RetryDelay = cmp.Or(s.RetryDelay, DefaultRetryDelay)
+	s.Timeout = cmp.Or(s.Timeout, DefaultTimeout)
+	s.Concurrency = cmp.Or(s.Concurrency, 1)
+	s.MaxDeliveries = cmp.Or(s.MaxDeliveries, DefaultMaxDeliveries)
+	s.MaxBodyBytes = cmp.Or(s.MaxBodyBytes, framework.DefaultMaxBodyBytes)
+	s.GapTimeout = cmp.Or(s.GapTimeout, DefaultGapTimeout)
+	s.BatchSize = cmp.Or(s.BatchSize, framework.DefaultBatchSize)
+	s.Batches = cmp.Or(s.Batches, framework.DefaultBatches)
+	s.Breaker = s.Breaker.withDefaults()
+	return s
+}
+
+// Merge returns a copy of s with its zero fields set from base, as a
+// consumer's entry takes the file's defaults: section: a number or
+// duration that s leaves zero takes base's, and a switch (SkipStale,
+// StrictOrder, OrderFromFirstSeen, Breaker.AnyError) is on when on in
+// either.
+func (s Settings) Merge(base Settings) Settings {
+	s.Attempts = cmp.Or(s.Attempts, base.Attempts)
+	s.RetryDelay = cmp.Or(s.RetryDelay, base.RetryDelay)
+	s.Timeout = cmp.Or(s.Timeout, base.Timeout)
+	s.Concurrency = cmp.Or(s.Concurrency, base.Concurrency)
+	s.RateLimit = cmp.Or(s.RateLimit, base.RateLimit)
+	s.MaxDeliveries = cmp.Or(s.MaxDeliveries, base.MaxDeliveries)
+	s.MaxBodyBytes = cmp.Or(s.MaxBodyBytes, base.MaxBodyBytes)
+	s.SkipStale = s.SkipStale || base.SkipStale
+	s.StrictOrder = s.StrictOrder || base.StrictOrder
+	s.GapTimeout = cmp.Or(s.GapTimeout, base.GapTimeout)
+	s.OrderFromFirstSeen = s.OrderFromFirstSeen || base.OrderFromFirstSeen
+	s.BatchSize = cmp.Or(s.BatchSize, base.BatchSize)
+	s.Batches = cmp.Or(s.Batches, base.Batches)
+	s.BatchLinger = cmp.Or(s.BatchLinger, base.BatchLinger)
+	s.Breaker = s.Breaker.merge(base.Breaker)
+	return s
+}
+
+// Validate reports every invalid setting of s, which has its defaults
+// (see WithDefaults), joined (errors.Join); each names the setting by its
+// YAML key ("attempts: want 1 or more, got 0", "breaker.max_hold: ...").
+func (s Settings) Validate() error {
+	var errs []error
+	add := func(key, format string, args ...any) {
+		errs = append(errs, keypath.Errorf(key, format, args...))
+	}
+	if s.Attempts < 1 {
+		add("attempts", "want 1 or more, got %d", s.Attempts)
+	}
+	if s.RetryDelay < 0 {
+		add("retry_delay", "must not be negative, got %s", s.RetryDelay)
+	}
+	if s.Timeout <= 0 {
+		add("timeout", "must be positive (it sizes the transports' leases), got %s", s.Timeout)
+	}
+	if s.Concurrency < 1 || s.Concurrency > maxConcurrency {
+		add("concurrency", "want 1..%d, got %d", maxConcurrency, s.Concurrency)
+	}
+	if !(s.RateLimit >= 0) { // NaN too, which would turn the limit off
+		add("rate_limit", "want 0 (no limit) or more messages a second, got %g", s.RateLimit)
+	}
+	if s.MaxDeliveries < 1 {
+		add("max_deliveries", "want 1 or more, got %d", s.MaxDeliveries)
+	}
+	if s.MaxBodyBytes < 1 {
+		add("max_body_bytes", "want 1 or more, got %d", s.MaxBodyBytes)
+	}
+	if s.SkipStale && s.StrictOrder {
+		add("strict_order", "not with skip_stale: strict order waits for earlier events, skip_stale drops them")
+	}
+	if s.GapTimeout <= 0 {
+		add("gap_timeout", "must be positive, got %s", s.GapTimeout)
+	}
+	if s.BatchSize < 1 || s.BatchSize > maxBatchSize {
+		add("batch_size", "want 1..%d, got %d", maxBatchSize, s.BatchSize)
+	}
+	if s.Batches < 1 || s.Batches > maxBatchSize {
+		add("batches", "want 1..%d, got %d", maxBatchSize, s.Batches)
+	}
+	switch {
+	case s.BatchLinger < 0:
+		add("batch_linger", "must not be negative, got %s", s.BatchLinger)
+	case s.BatchLinger > 0 && s.Timeout > 0 && s.BatchLinger >= s.Timeout:
+		add("batch_linger", "want less than its timeout (%s): a batch waits within the time limit of its attempts, so a message that arrived alone would time out and be dead-lettered, got %s",
+			s.Timeout, s.BatchLinger)
+	}
+	if s.Breaker.Failures < 0 {
+		add("breaker.failures", "want 1 or more (or nothing: off), got %d", s.Breaker.Failures)
+	}
+	if s.Breaker.CoolDown <= 0 {
+		add("breaker.cool_down", "must be positive, got %s", s.Breaker.CoolDown)
+	}
+	if s.Breaker.MaxHold <= 0 || s.Breaker.MaxHold > MaxBreakerHold {
+		add("breaker.max_hold", "want more than 0 and at most %s (held messages must stay within the transport's deadlines), got %s", MaxBreakerHold, s.Breaker.MaxHold)
+	}
+	if float64(s.Attempts)*(float64(s.Timeout)+float64(s.RetryDelay))+float64(s.Breaker.MaxHold) > float64(MaxHandlingTime) {
+		// In floating point: the product may overflow a Duration.
+		add("", "attempts × (timeout + retry_delay) + breaker.max_hold: want at most %s (the transports size leases and ack deadlines from it), got %d × (%s + %s) + %s",
+			MaxHandlingTime, s.Attempts, s.Timeout, s.RetryDelay, s.Breaker.MaxHold)
+	}
+	return errors.Join(errs...)
+}

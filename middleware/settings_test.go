@@ -1,0 +1,109 @@
+package middleware_test
+
+import (
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"gopkg.in/yaml.v3"
+
+	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/middleware"
+)
+
+// TestSettingsWithDefaults: the zero Settings take every default, and are
+// valid; a field set stays as it is.
+func TestSettingsWithDefaults(t *testing.T) {
+	t.Parallel()
+	s := middleware.Settings{}.WithDefaults()
+	require.Equal(t, middleware.Settings{
+		Attempts:      middleware.DefaultAttempts,
+		RetryDelay:    middleware.DefaultRetryDelay,
+		Timeout:       middleware.DefaultTimeout,
+		Concurrency:   1,
+		MaxDeliveries: middleware.DefaultMaxDeliveries,
+		MaxBodyBytes:  framework.DefaultMaxBodyBytes,
+		GapTimeout:    middleware.DefaultGapTimeout,
+		BatchSize:     framework.DefaultBatchSize,
+		Batches:       framework.DefaultBatches,
+		Breaker:       middleware.BreakerConfig{CoolDown: middleware.DefaultBreakerCoolDown, MaxHold: middleware.DefaultBreakerMaxHold},
+	}, s)
+	require.NoError(t, s.Validate())
+	require.Equal(t, 7, middleware.Settings{Attempts: 7}.WithDefaults().Attempts)
+}
+
+// TestSettingsMerge: a consumer's zero fields take the defaults' values,
+// its own stay, and a switch is on when on in either.
+func TestSettingsMerge(t *testing.T) {
+	t.Parallel()
+	own := middleware.Settings{Attempts: 5, SkipStale: true, Breaker: middleware.BreakerConfig{Failures: 3}}
+	base := middleware.Settings{
+		Attempts: 2, Timeout: time.Minute, RateLimit: 4, MaxBodyBytes: 100, BatchLinger: time.Millisecond,
+		OrderFromFirstSeen: true, Breaker: middleware.BreakerConfig{Failures: 9, AnyError: true, MaxHold: time.Second},
+	}
+	require.Equal(t, middleware.Settings{
+		Attempts: 5, Timeout: time.Minute, RateLimit: 4, MaxBodyBytes: 100, BatchLinger: time.Millisecond,
+		SkipStale: true, OrderFromFirstSeen: true,
+		Breaker: middleware.BreakerConfig{Failures: 3, AnyError: true, MaxHold: time.Second},
+	}, own.Merge(base))
+}
+
+// TestSettingsValidate: every invalid setting is reported, each named by
+// its YAML key, the handling time by the keys it adds up.
+func TestSettingsValidate(t *testing.T) {
+	t.Parallel()
+	bad := middleware.Settings{
+		Attempts: -1, RetryDelay: -time.Second, Timeout: -time.Second, Concurrency: 2000, RateLimit: math.NaN(),
+		MaxDeliveries: -1, MaxBodyBytes: -1, SkipStale: true, StrictOrder: true, GapTimeout: -1,
+		BatchSize: 65, Batches: -1, BatchLinger: -time.Second,
+		Breaker: middleware.BreakerConfig{Failures: -1, CoolDown: -1, MaxHold: time.Hour},
+	}.WithDefaults()
+	err := bad.Validate()
+	require.Error(t, err)
+	for _, key := range []string{
+		"attempts: want 1 or more, got -1", "retry_delay: ", "timeout: must be positive", "concurrency: want 1..1024, got 2000",
+		"rate_limit: ", "max_deliveries: ", "max_body_bytes: ", "strict_order: not with skip_stale", "gap_timeout: ",
+		"batch_size: want 1..64, got 65", "batches: want 1..64, got -1", "batch_linger: must not be negative",
+		"breaker.failures: ", "breaker.cool_down: ", "breaker.max_hold: want more than 0 and at most 10m0s",
+	} {
+		require.Contains(t, err.Error(), key)
+	}
+	require.Len(t, strings.Split(err.Error(), "\n"), 15, "one line per setting: %v", err)
+
+	err = middleware.Settings{Timeout: time.Second, BatchLinger: time.Second}.WithDefaults().Validate()
+	require.EqualError(t, err, "batch_linger: want less than its timeout (1s): a batch waits within the time limit of its attempts, so a message that arrived alone would time out and be dead-lettered, got 1s")
+	err = middleware.Settings{Attempts: 1 << 30, Timeout: time.Hour}.WithDefaults().Validate()
+	require.ErrorContains(t, err, "attempts × (timeout + retry_delay) + breaker.max_hold: want at most 8760h0m0s")
+}
+
+// TestSettingsYAML: the YAML keys are the contract of the configuration
+// file; durations are written as Go durations.
+func TestSettingsYAML(t *testing.T) {
+	t.Parallel()
+	var s middleware.Settings
+	require.NoError(t, yaml.Unmarshal([]byte(`
+attempts: 4
+retry_delay: 1.5s
+timeout: 2m
+concurrency: 8
+rate_limit: 2.5
+max_deliveries: 6
+max_body_bytes: 2048
+skip_stale: true
+strict_order: false
+gap_timeout: 1h
+order_from_first_seen: true
+batch_size: 16
+batches: 3
+batch_linger: 5ms
+breaker: {failures: 5, any_error: true, cool_down: 30s, max_hold: 1m}
+`), &s))
+	require.Equal(t, middleware.Settings{
+		Attempts: 4, RetryDelay: 1500 * time.Millisecond, Timeout: 2 * time.Minute, Concurrency: 8, RateLimit: 2.5,
+		MaxDeliveries: 6, MaxBodyBytes: 2048, SkipStale: true, GapTimeout: time.Hour, OrderFromFirstSeen: true,
+		BatchSize: 16, Batches: 3, BatchLinger: 5 * time.Millisecond,
+		Breaker: middleware.BreakerConfig{Failures: 5, AnyError: true, CoolDown: 30 * time.Second, MaxHold: time.Minute},
+	}, s)
+}
