@@ -36,9 +36,13 @@ func exerciseStopping(t *testing.T, b backend) {
 	outage := framework.Dependency(errors.New("database unreachable"))
 
 	// handle delivers one event to bd's chain on a goroutine and returns
-	// the message and its outcome.
-	handle := func(bd *bundle) (*message.Message, <-chan error) {
+	// the message and its outcome; metadata, when not empty, is the
+	// message's.
+	handle := func(bd *bundle, metadata ...string) (*message.Message, <-chan error) {
 		msg := message.NewMessage(watermill.NewUUID(), event(t, "notes", "1"))
+		for i := 0; i+1 < len(metadata); i += 2 {
+			msg.Metadata.Set(metadata[i], metadata[i+1])
+		}
 		msg.SetContext(context.Background())
 		done := make(chan error, 1)
 		go func() { done <- bd.handler(msg) }()
@@ -70,22 +74,36 @@ func exerciseStopping(t *testing.T, b backend) {
 		require.Equal(t, middleware.Report{Outcome: framework.Nacked, Attempts: attempts}, r)
 		require.Zero(t, bd.effects(t))
 		require.Zero(t, bd.marks(t))
+		require.Zero(t, bd.count(t, `SELECT count FROM deliveries WHERE consumer = ?`, consumerName),
+			"the delivery the stop ended is not charged")
 	}
 
-	t.Run("DuringRetryDelay", func(t *testing.T) {
-		t.Parallel()
-		stopping := make(chan struct{})
-		bd := setup(t, b, setupConfig{attempts: 5, retryDelay: retryDelay, stopping: stopping})
-		failed := make(chan struct{})
-		bd.behave = func(context.Context, framework.Event[noteV1], int64) error {
-			close(failed) // a second attempt would panic
-			return outage
-		}
-		msg, done := handle(bd)
-		<-failed
-		close(stopping)
-		nackedAfter(t, bd, msg, outcome(t, done), 1)
-	})
+	// Counted: the delivery guard counted the delivery (a transport that
+	// cannot tell redeliveries). FirstDelivery: the transport vouched for
+	// a first delivery, which the guard did not count; its redelivery
+	// will count as the first.
+	for _, c := range []struct {
+		name     string
+		metadata []string
+	}{
+		{"Counted", nil},
+		{"FirstDelivery", []string{framework.MetadataRedelivered, "false"}},
+	} {
+		t.Run("DuringRetryDelay"+c.name, func(t *testing.T) {
+			t.Parallel()
+			stopping := make(chan struct{})
+			bd := setup(t, b, setupConfig{attempts: 5, retryDelay: retryDelay, stopping: stopping})
+			failed := make(chan struct{})
+			bd.behave = func(context.Context, framework.Event[noteV1], int64) error {
+				close(failed) // a second attempt would panic
+				return outage
+			}
+			msg, done := handle(bd, c.metadata...)
+			<-failed
+			close(stopping)
+			nackedAfter(t, bd, msg, outcome(t, done), 1)
+		})
+	}
 
 	t.Run("AttemptInFlightFinishes", func(t *testing.T) {
 		t.Parallel()

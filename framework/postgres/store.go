@@ -81,6 +81,12 @@ func (s *Store) Count(ctx context.Context, consumer string, key framework.Key, f
 	return s.sql.Count(ctx, consumer, key, first)
 }
 
+// Uncount takes back one delivery of key to consumer, in a transaction of
+// its own, never below zero (framework.Store).
+func (s *Store) Uncount(ctx context.Context, consumer string, key framework.Key) error {
+	return s.sql.Uncount(ctx, consumer, key)
+}
+
 // Forget removes the delivery count of key inside tx, once its effect
 // commits (framework.Store).
 func (s *Store) Forget(ctx context.Context, tx *framework.Tx, consumer string, key framework.Key) error {
