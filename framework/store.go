@@ -32,6 +32,16 @@ type Store interface {
 	// starts at first (2 when the transport reported a redelivery whose
 	// first delivery was not counted, else 1).
 	Count(ctx context.Context, consumer string, key Key, first int) (int, error)
+	// Uncount takes back one delivery of key to consumer, in a short
+	// transaction of its own: the delivery ended before it could take
+	// effect because the service began to stop, after an attempt that ran
+	// to its end (its retries were not started; see
+	// middleware.Config.Stopping), so it does not count towards the
+	// delivery limit. A count never goes below zero; a key without a
+	// count gets one at zero: its delivery was a first one that the
+	// transport vouched for, which cost nothing, and its redelivery then
+	// counts as the first.
+	Uncount(ctx context.Context, consumer string, key Key) error
 	// Forget removes the count of key inside tx, once its effect commits.
 	Forget(ctx context.Context, tx *Tx, consumer string, key Key) error
 

@@ -79,6 +79,14 @@ type Config struct {
 	// Inner middleware runs inside each attempt, after the processed mark:
 	// its context carries the transaction.
 	Inner []message.HandlerMiddleware
+	// Stopping, when set, is closed when the service begins to stop
+	// (runner.Runner.Stop closes it): from then on no further attempt of
+	// a message starts. The attempt in flight runs to its end; a message
+	// whose attempt failed, or that waits RetryDelay for its next one
+	// (the wait ends at once), is nacked without a dead letter, and its
+	// next delivery has all its Attempts. A message's first attempt
+	// still runs. Defaults to nil: never closed.
+	Stopping <-chan struct{}
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
@@ -197,7 +205,7 @@ func chain(cfg Config, clk clock) ([]message.HandlerMiddleware, *releaser) {
 		steps = append(steps, rateLimit(cfg.RateLimit, clk))
 	}
 	steps = append(steps, cfg.Outer...)
-	steps = append(steps, retry(cfg.Attempts, cfg.RetryDelay))
+	steps = append(steps, retry(cfg.Attempts, cfg.RetryDelay, cfg.Stopping))
 	if brk != nil {
 		steps = append(steps, brk.count)
 	}

@@ -84,6 +84,8 @@ type setupConfig struct {
 	now           func() time.Time // the store's clock; nil: time.Now
 	outer         []message.HandlerMiddleware
 	logger        *slog.Logger
+	retryDelay    time.Duration   // 0: a millisecond
+	stopping      <-chan struct{} // Config.Stopping
 }
 
 func setup(t *testing.T, b backend, cfg setupConfig) *bundle {
@@ -111,6 +113,9 @@ func setup(t *testing.T, b backend, cfg setupConfig) *bundle {
 	if cfg.timeout == 0 {
 		cfg.timeout = 5 * time.Second
 	}
+	if cfg.retryDelay == 0 {
+		cfg.retryDelay = time.Millisecond
+	}
 	bd.handler, err = middleware.Handler(middleware.Config{
 		Settings: middleware.Settings{
 			SkipStale:          cfg.skipStale,
@@ -119,7 +124,7 @@ func setup(t *testing.T, b backend, cfg setupConfig) *bundle {
 			GapTimeout:         cfg.gapTimeout,
 			MaxDeliveries:      cfg.maxDeliveries,
 			Attempts:           cfg.attempts,
-			RetryDelay:         time.Millisecond,
+			RetryDelay:         cfg.retryDelay,
 			Timeout:            cfg.timeout,
 		},
 		Consumer:   c,
@@ -127,6 +132,7 @@ func setup(t *testing.T, b backend, cfg setupConfig) *bundle {
 		Store:      s.(framework.Store),
 		Outer:      cfg.outer,
 		Logger:     cfg.logger,
+		Stopping:   cfg.stopping,
 	})
 	require.NoError(t, err)
 	return bd

@@ -19,9 +19,10 @@ import (
 // attempts all failed. The dead letter records a code (framework.CodeOf),
 // never the error's text, which may quote payload data.
 //
-// It never dead-letters on shutdown: when the message context ended, the
-// error is returned and the message is delivered again later; the same for
-// pipeline.ErrLater. Nor does it dead-letter an error that is not
+// It never dead-letters on shutdown: when the message context ended, or
+// retry started no further attempt because the service is stopping
+// (errStopping), the error is returned and the message is delivered again
+// later; the same for pipeline.ErrLater. Nor does it dead-letter an error that is not
 // permanent and did not come from retry giving up (a failure to count the
 // delivery, an Outer middleware's transient error): that message is
 // delivered again, and counts towards the delivery limit. When storing

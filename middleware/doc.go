@@ -12,7 +12,7 @@
 //	deliveryGuard  durable delivery count; over MaxDeliveries: delivery_limit; redeliveries one at a time
 //	rateLimit      with RateLimit: at most so many messages per second, in this process
 //	[Outer]        the application's middleware, once per delivery, with the decoded event
-//	retry          constant delay, bounded attempts; permanent errors skip it
+//	retry          constant delay, bounded attempts; permanent errors skip it; none once Config.Stopping closed
 //	breaker count  with Breaker: each attempt's success or failure; a dependency failure while open ends the attempts, nacked
 //	timeout        a deadline per attempt
 //	recoverPanic   a panic becomes an error with code panic

@@ -40,6 +40,15 @@ var errOverLimit = errors.New("over the delivery limit")
 // messages, the redeliveries are handled one at a time until they drain.
 // Deliveries the transport cannot classify run as before, concurrently.
 //
+// A delivery that the service's stop ended after an attempt that ran to
+// its end, before a further attempt (errStopping), is taken back in a
+// short transaction of its own (framework.Store.Uncount): a stop charges
+// nothing, so a message whose attempts fail (an outage) reaches the limit
+// no sooner however often the service restarts meanwhile. A delivery
+// whose attempt the stop cut short (the stop's time ran out) stays
+// counted: the guard cannot tell it from one that hangs, which must reach
+// the limit.
+//
 // A failure to count is returned as a plain error: the message is not
 // dead-lettered but delivered again later. The count is keyed as the dead
 // letter is (see deadLetter): by the event's key, which decode made sure
@@ -59,11 +68,17 @@ func deliveryGuard(consumer string, store framework.Store, maxDeliveries int, uo
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			if redelivered, known := pipeline.Redelivered(msg); known && !redelivered {
-				if _, err := eventOf(msg.Context()); err != nil {
+				ctx := msg.Context() // the inner steps set contexts of their own
+				d, err := eventOf(ctx)
+				if err != nil {
 					return nil, err
 				}
 				stateOf(msg).deliveries = 1 // known without counting, for the dead letter
-				return next(msg)            // a first delivery costs nothing
+				out, err := next(msg)       // a first delivery costs nothing
+				if errors.Is(err, errStopping) {
+					err = g.uncount(ctx, d.Key(), err)
+				}
+				return out, err
 			}
 			return g.count(msg, next)
 		}
@@ -149,7 +164,22 @@ func (g *guard) count(msg *message.Message, next message.HandlerFunc) ([]*messag
 			fmt.Errorf("%s delivered %d times, at most %d allowed", key, n, g.maxDeliveries))
 	}
 	msg.SetContext(ctx)
-	return next(msg)
+	out, err := next(msg)
+	if errors.Is(err, errStopping) {
+		err = g.uncount(ctx, key, err)
+	}
+	return out, err
+}
+
+// uncount takes back the delivery of key, which the service's stop ended
+// with err (errStopping) after an attempt that ran to its end: it does
+// not count towards the limit (framework.Store.Uncount). When that fails
+// the delivery stays counted, and the error says so beside err.
+func (g *guard) uncount(ctx context.Context, key framework.Key, err error) error {
+	if uerr := g.store.Uncount(ctx, g.consumer, key); uerr != nil {
+		return errors.Join(err, fmt.Errorf("the delivery stays counted: %w", uerr))
+	}
+	return err
 }
 
 // handling counts, per event, the deliveries this process is handling

@@ -241,6 +241,8 @@ func (o *observer) log(ctx context.Context, st *state, outcome framework.Outcome
 	switch {
 	case outcome == framework.Nacked && ctx.Err() != nil:
 		level, text = slog.LevelInfo, "attempt cut short by shutdown, rolled back; the message will be delivered again"
+	case outcome == framework.Nacked && errors.Is(err, errStopping):
+		level, text = slog.LevelInfo, "no further attempt: the service is stopping; the message will be delivered again"
 	case outcome == framework.Nacked && died(err):
 		level, text = slog.LevelInfo, "the delivery died at a crash point (injected); the message will be delivered again"
 	case outcome == framework.Nacked && errors.Is(err, pipeline.ErrLater):

@@ -3,6 +3,7 @@ package middleware
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -10,6 +11,12 @@ import (
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
+
+// errStopping ends a message's attempts when the service began to stop
+// (Config.Stopping) before a further attempt could start. It wraps
+// pipeline.ErrLater: the message is nacked, neither dead-lettered nor
+// counted as failing, and its next delivery has all its attempts.
+var errStopping = fmt.Errorf("stopping, no further attempt: %w", pipeline.ErrLater)
 
 // retry runs each message up to attempts times with a constant delay
 // between attempts, while the message stays unacknowledged. A permanent
@@ -20,16 +27,23 @@ import (
 // steps (a timeout, a transaction) begin afresh. Each failed attempt is
 // reported to observe, which logs it.
 //
+// Once stopping is closed (the service began to stop), no further attempt
+// starts: a failed attempt that is not the last, or a wait for the next
+// attempt (which stopping ends at once), returns errStopping wrapping the
+// last attempt's error. The attempt in flight when stopping closes runs
+// to its end, and a message's first attempt always runs. A nil stopping
+// never closes.
+//
 // It does what watermill's Retry does with a constant delay and
 // ResetContextOnRetry, without its backoff's allocations per message: a
 // message that succeeds at once costs nothing here, and only a retry
 // starts a timer.
-func retry(attempts int, delay time.Duration) message.HandlerMiddleware {
+func retry(attempts int, delay time.Duration, stopping <-chan struct{}) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			st := stateOf(msg)
-			out, err := retryAttempts(next, msg, st, attempts, delay)
-			if err != nil {
+			out, err := retryAttempts(next, msg, st, attempts, delay, stopping)
+			if err != nil && !errors.Is(err, errStopping) {
 				st.gaveUp = true
 			}
 			return out, err
@@ -38,9 +52,9 @@ func retry(attempts int, delay time.Duration) message.HandlerMiddleware {
 }
 
 // retryAttempts runs next on msg, whose state is st, until an attempt
-// succeeds, attempts ran, an error is not to be retried or the message
-// context ends.
-func retryAttempts(next message.HandlerFunc, msg *message.Message, st *state, attempts int, delay time.Duration) ([]*message.Message, error) {
+// succeeds, attempts ran, an error is not to be retried, the message
+// context ends or stopping closes.
+func retryAttempts(next message.HandlerFunc, msg *message.Message, st *state, attempts int, delay time.Duration, stopping <-chan struct{}) ([]*message.Message, error) {
 	ctx := msg.Context()
 	var wait *time.Timer
 	for try := 1; ; try++ {
@@ -52,6 +66,8 @@ func retryAttempts(next message.HandlerFunc, msg *message.Message, st *state, at
 			return out, err
 		case context.Cause(ctx) != nil:
 			return out, context.Cause(ctx)
+		case closed(stopping):
+			return out, stopped(try, err)
 		}
 		if wait == nil {
 			wait = time.NewTimer(delay)
@@ -61,10 +77,31 @@ func retryAttempts(next message.HandlerFunc, msg *message.Message, st *state, at
 		}
 		select {
 		case <-wait.C:
+		case <-stopping:
+			return out, stopped(try, err)
 		case <-ctx.Done():
 			return out, context.Cause(ctx)
 		}
+		if closed(stopping) { // both were ready: stopping wins
+			return out, stopped(try, err)
+		}
 	}
+}
+
+// closed reports whether c is closed; a nil c never is.
+func closed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// stopped is the error of a message whose attempts stopped after tries
+// of them, the last failing with err, because the service is stopping.
+func stopped(tries int, err error) error {
+	return fmt.Errorf("%w (after %d attempts, the last failed: %w)", errStopping, tries, err)
 }
 
 // attempt runs next on msg once, in the message context ctx, unless ctx

@@ -16,9 +16,11 @@
 // Start adopts the processed marks of renamed consumers, binds the
 // subscriptions (so nothing published from then on is missed) and
 // returns once every subscription is ready. Stop closes the intake (new
-// messages are nacked unhandled), waits for the attempts in flight until
-// its context ends, then cancels the rest: a canceled attempt rolls back,
-// and its message is delivered again later. The app package runs a
+// messages are nacked unhandled) and starts no further attempt (a message
+// whose attempt failed, or that waits for its next one, is nacked at
+// once, neither dead-lettered nor charged a delivery), waits for the
+// attempts in flight until its context ends, then cancels the rest: a
+// canceled attempt rolls back, and its message is delivered again later. The app package runs a
 // Runner inside an fx application.
 //
 // A Runner handles messages only: the application around it also runs the

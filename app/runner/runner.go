@@ -146,6 +146,7 @@ type Runner struct {
 
 	mu       sync.Mutex
 	stopping bool          // intake closed
+	stop     chan struct{} // closed with the intake: the chains start no further attempt
 	inFlight int           // messages past the intake
 	idle     chan struct{} // closed when stopping and inFlight is 0
 	closing  chan struct{} // closed when Stop gives up waiting
@@ -177,6 +178,7 @@ func New(cfg Config) (*Runner, error) {
 		runDone: make(chan struct{}),
 		idle:    make(chan struct{}),
 		closing: make(chan struct{}),
+		stop:    make(chan struct{}),
 	}
 	router.AddMiddleware(r.intake, untilRunning(router))
 	for _, cc := range cfg.Consumers {
@@ -243,6 +245,7 @@ func (r *Runner) chainConfig(cc ConsumerConfig, uow *framework.UnitOfWork) middl
 		Tracer:     r.cfg.Tracer,
 		Outer:      r.cfg.Outer,
 		Inner:      r.cfg.Inner,
+		Stopping:   r.stop,
 	}
 }
 
@@ -346,15 +349,20 @@ func (r *Runner) Running() <-chan struct{} { return r.router.Running() }
 func (r *Runner) Stopped() <-chan struct{} { return r.runDone }
 
 // Stop closes the intake (messages delivered from now on are nacked
-// without being handled), waits until the attempts in flight finish or
-// ctx ends, then closes the router, which cancels the attempts still
-// running: they roll back and their messages are delivered again later.
+// without being handled) and starts no further attempt, waits until the
+// attempts in flight finish or ctx ends, then closes the router, which
+// cancels the attempts still running: they roll back and their messages
+// are delivered again later. A message whose attempt in flight fails, or
+// that waits for its next attempt, is nacked at once, neither retried nor
+// dead-lettered (see middleware.Config.Stopping); a message that passed
+// the intake before Stop still has its first attempt.
 // It returns an error wrapping ctx's error if ctx ended first. Stop does
 // not close the transport.
 func (r *Runner) Stop(ctx context.Context) error {
 	r.mu.Lock()
 	if !r.stopping {
 		r.stopping = true
+		close(r.stop)
 		if r.inFlight == 0 {
 			close(r.idle)
 		}

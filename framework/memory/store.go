@@ -176,6 +176,19 @@ func (s *Store) Count(ctx context.Context, consumer string, key framework.Key, f
 	return n, nil
 }
 
+// Uncount takes back one delivery of key to consumer, never below zero;
+// a key without a count gets one at zero.
+func (s *Store) Uncount(ctx context.Context, consumer string, key framework.Key) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("uncount delivery of %s to %s: %w", key, consumer, err)
+	}
+	k := markKey{consumer: consumer, key: key}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.deliveries[k] = max(s.deliveries[k]-1, 0)
+	return nil
+}
+
 // Forget removes the delivery count of key when tx commits.
 func (s *Store) Forget(ctx context.Context, tx *framework.Tx, consumer string, key framework.Key) error {
 	if tx == nil {

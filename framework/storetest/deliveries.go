@@ -107,6 +107,39 @@ func exerciseDeliveries(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.Equal(t, []int{2, 2, 2}, counts)
 	})
 
+	// A delivery that the service's stop ended, after an attempt ran to
+	// its end, is taken back: it does not count towards the limit.
+	t.Run("Uncount", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		for range 3 {
+			_, err := b.store.Count(ctx, consumer, key, 1)
+			require.NoError(t, err)
+		}
+		require.NoError(t, b.store.Uncount(ctx, consumer, key))
+		n, err := b.store.Count(ctx, consumer, key, 1)
+		require.NoError(t, err)
+		require.Equal(t, 3, n, "the uncounted delivery was taken back")
+
+		first := framework.Key{Source: "appointments", ID: "a-2"}
+		require.NoError(t, b.store.Uncount(ctx, consumer, first))
+		n, err = b.store.Count(ctx, consumer, first, 2)
+		require.NoError(t, err)
+		require.Equal(t, 1, n, "an uncounted first delivery makes its redelivery the first counted")
+
+		zero := framework.Key{Source: "appointments", ID: "a-3"}
+		require.NoError(t, b.store.Uncount(ctx, consumer, zero))
+		require.NoError(t, b.store.Uncount(ctx, consumer, zero))
+		n, err = b.store.Count(ctx, consumer, zero, 1)
+		require.NoError(t, err)
+		require.Equal(t, 1, n, "a count never goes below zero")
+
+		n, err = b.store.Count(ctx, "notifications.other", key, 1)
+		require.NoError(t, err)
+		require.Equal(t, 1, n, "counts are per consumer")
+	})
+
 	t.Run("ForgetOnCommit", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, newHarness)

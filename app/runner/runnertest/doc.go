@@ -27,7 +27,9 @@
 // hold-up of a bad message at the head of the line: one that fails on
 // every attempt is dead-lettered once its attempts ran out, one that kills
 // its process on every delivery once it reached the delivery limit, and
-// the events behind it each take effect once.
+// the events behind it each take effect once; and a stop during an outage,
+// which starts no further attempt: the event in flight is nacked after the
+// attempt that ran, never dead-lettered, and handled once afterwards.
 //
 // The bad-input catalog (transporttest.Catalog) runs on every transport
 // too: each input that must not stop a consumer ends as a dead letter with

@@ -63,6 +63,7 @@ func Exercise(t *testing.T, open func(t *testing.T) *Env) {
 		{"HoldUpFailing", caseHoldUpFailing},
 		{"HoldUpDying", caseHoldUpDying},
 		{"Breaker", caseBreaker},
+		{"StopDuringOutage", caseStopDuringOutage},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -51,6 +51,11 @@ SELECT value ->> 0, value ->> 1, value ->> 2, value ->> 3, ? FROM json_each(?) W
 SELECT d.consumer, d.source, d.event_id, d.first, ? FROM unnest(?::text[], ?::text[], ?::text[], ?::bigint[]) AS d(consumer, source, event_id, first)
 ` + qCountConflict
 
+	// qUncount takes back one delivery (Store.Uncount): never below
+	// zero; a new count starts at zero.
+	qUncount = qCountInto + ` VALUES (?, ?, ?, 0, ?)
+ON CONFLICT (consumer, source, event_id) DO UPDATE SET count = CASE WHEN {p}deliveries.count > 0 THEN {p}deliveries.count - 1 ELSE 0 END`
+
 	qForgetDelivery = `DELETE FROM {p}deliveries WHERE consumer = ? AND source = ? AND event_id = ?`
 )
 

@@ -40,6 +40,7 @@ type Store struct {
 	onResolve func(framework.DeadLetter, framework.Resolution)
 
 	mark, markMany, countMany, forgetDelivery        string
+	uncount                                          string
 	publishDeadLetter, deadLetter, resolveDeadLetter string
 	claimReplays                                     string
 
@@ -94,6 +95,7 @@ func New(db *sqlx.DB, d Dialect, opts Options) (*Store, error) {
 		markMany:          q.sql(d.pick(qMarkManyPostgres, qMarkManySQLite)),
 		countMany:         q.sql(d.pick(qCountManyPostgres, qCountManySQLite)),
 		forgetDelivery:    q.sql(qForgetDelivery),
+		uncount:           q.sql(qUncount),
 		publishDeadLetter: q.sql(qPublishDeadLetter),
 		deadLetter:        q.sql(qDeadLetter),
 		resolveDeadLetter: q.sql(qResolveDeadLetter),
@@ -127,6 +129,14 @@ func (s *Store) Count(ctx context.Context, consumer string, key framework.Key, f
 	c := &countCall{ctx: ctx, consumer: consumer, key: key, first: first}
 	s.counts.count(s, c)
 	return c.n, c.err
+}
+
+// Uncount implements framework.Store.
+func (s *Store) Uncount(ctx context.Context, consumer string, key framework.Key) error {
+	if _, err := s.db.ExecContext(ctx, s.uncount, consumer, key.Source, key.ID, s.dialect.timeArg(s.now())); err != nil {
+		return fmt.Errorf("uncount delivery of %s to %s: %w", key, consumer, err)
+	}
+	return nil
 }
 
 // Forget implements framework.Store.
