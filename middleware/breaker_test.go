@@ -383,7 +383,7 @@ func TestBreakerConfig(t *testing.T) {
 		{middleware.BreakerConfig{Failures: 1, CoolDown: -time.Second}, "Config.Breaker.CoolDown"},
 		{middleware.BreakerConfig{Failures: 1, MaxHold: time.Hour}, "Config.Breaker.MaxHold"},
 	} {
-		_, err := middleware.Handler(middleware.Config{Consumer: c, UnitOfWork: uow, Store: store, Breaker: tc.bc})
+		_, _, err := middleware.Handler(middleware.Config{Consumer: c, UnitOfWork: uow, Store: store, Breaker: tc.bc})
 		require.ErrorContains(t, err, tc.want)
 	}
 }

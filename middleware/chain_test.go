@@ -111,7 +111,7 @@ func setup(t *testing.T, b backend, cfg setupConfig) *bundle {
 	if cfg.timeout == 0 {
 		cfg.timeout = 5 * time.Second
 	}
-	bd.handler, err = middleware.Handler(middleware.Config{
+	bd.handler, _, err = middleware.Handler(middleware.Config{
 		SkipStale:          cfg.skipStale,
 		StrictOrder:        cfg.strictOrder,
 		OrderFromFirstSeen: cfg.fromFirstSeen,
