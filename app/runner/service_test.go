@@ -210,3 +210,69 @@ func pending(t *testing.T, reg *prometheus.Registry, consumer, code string) (flo
 	}
 	return 0, false
 }
+
+// TestStopPublishesWhatTheDrainCommitted: an attempt in flight when Stop
+// begins commits an event to the outbox while the consumers drain; the
+// outbox relay, which stops after them, has published it when Stop
+// returns.
+func TestStopPublishesWhatTheDrainCommitted(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db, err := sqlite.Open(context.Background(), testenv.SQLitePath(t), sqlite.OpenConfig{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = db.Close() })
+	require.NoError(t, migrate.Up(ctx, db, migrate.Config{}))
+	store, err := sqlite.NewStore(db, sqlite.StoreConfig{})
+	require.NoError(t, err)
+	tr, err := sqlite.New(db, sqlite.TransportConfig{Subscriber: sqlite.SubscriberConfig{PollInterval: 20 * time.Millisecond}})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tr.Close() })
+	box, err := outbox.New(db, outbox.Config{})
+	require.NoError(t, err)
+
+	entered, release := make(chan struct{}), make(chan struct{})
+	consumer, err := framework.NewConsumer("billing.ledger",
+		framework.Handle(Captured, func(ctx context.Context, ev framework.Event[PaymentCaptured]) error {
+			close(entered)
+			<-release // until Stop began
+			receipt, err := Receipted.Envelope(Receipt{OrderID: ev.Data.OrderID}, framework.Attributes{ID: "receipt-1", Source: "billing"})
+			if err != nil {
+				return err
+			}
+			return box.Add(ctx, receipt)
+		}),
+	)
+	require.NoError(t, err)
+	r, err := runner.New(runner.Config{
+		Consumers:   []runner.ConsumerConfig{{Consumer: consumer}},
+		Transport:   tr,
+		DB:          db,
+		Store:       store,
+		OutboxRelay: outbox.RelayConfig{Outbox: box, PollInterval: time.Hour}, // woken by the Add alone
+	})
+	require.NoError(t, err)
+	require.NoError(t, r.Start(ctx))
+
+	ev, err := Captured.Envelope(PaymentCaptured{OrderID: "o-1", Cents: 100}, framework.Attributes{ID: "evt-1", Source: "payments"})
+	require.NoError(t, err)
+	msg, err := framework.NewMessage(ev)
+	require.NoError(t, err)
+	require.NoError(t, tr.Publisher().Publish(Captured.Type(), msg))
+	<-entered
+
+	stopped := make(chan error, 1)
+	go func() {
+		stopCtx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		stopped <- r.Stop(stopCtx)
+	}()
+	time.Sleep(100 * time.Millisecond) // Stop closed the intake and waits for the attempt
+	close(release)
+	require.NoError(t, <-stopped)
+
+	var unsent, sent int
+	require.NoError(t, db.GetContext(ctx, &unsent, `SELECT count(*) FROM outbox WHERE sent_at IS NULL`))
+	require.NoError(t, db.GetContext(ctx, &sent, `SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL`))
+	require.Equal(t, 0, unsent, "the event committed while draining was published before Stop returned")
+	require.Equal(t, 1, sent)
+}
