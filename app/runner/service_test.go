@@ -276,3 +276,44 @@ func TestStopPublishesWhatTheDrainCommitted(t *testing.T) {
 	require.Equal(t, 0, unsent, "the event committed while draining was published before Stop returned")
 	require.Equal(t, 1, sent)
 }
+
+// TestServiceConfig: New refuses a bad service-level setting, naming the
+// field.
+func TestServiceConfig(t *testing.T) {
+	t.Parallel()
+	db := testenv.SQLite(t)
+	require.NoError(t, migrate.Up(t.Context(), db, migrate.Config{}))
+	store, err := sqlite.NewStore(db, sqlite.StoreConfig{})
+	require.NoError(t, err)
+	tr, err := sqlite.New(db, sqlite.TransportConfig{})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tr.Close() })
+	base := runner.Config{Transport: tr, DB: db, Store: store}
+	otherBox, err := outbox.New(testenv.SQLite(t), outbox.Config{})
+	require.NoError(t, err)
+	reg := prometheus.NewRegistry()
+	first := base
+	first.Registerer = reg
+	_, err = runner.New(first)
+	require.NoError(t, err)
+
+	for _, tc := range []struct {
+		name string
+		set  func(*runner.Config)
+		want string
+	}{
+		{"ProcessedRetentionShort", func(c *runner.Config) { c.ProcessedRetention = time.Minute }, "Config.ProcessedRetention: must be zero (kept for ever) or at least 1h0m0s"},
+		{"OutboxRetentionNegative", func(c *runner.Config) { c.OutboxRetention = -time.Hour }, "Config.OutboxRetention: must not be negative"},
+		{"ReplayRetentionNegative", func(c *runner.Config) { c.ReplayRetention = -time.Hour }, "Config.ReplayRetention: must not be negative"},
+		{"DeadLetterRetentionNegative", func(c *runner.Config) { c.DeadLetterRetention = -time.Hour }, "Config.DeadLetterRetention: must not be negative"},
+		{"OutboxOfAnotherDB", func(c *runner.Config) { c.OutboxRelay.Outbox = otherBox }, "Config.OutboxRelay: outbox: RelayConfig.Outbox is an outbox of another database"},
+		{"GaugesTwice", func(c *runner.Config) { c.Registerer = reg }, "Config.Registerer: the database gauges"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := base
+			tc.set(&cfg)
+			_, err := runner.New(cfg)
+			require.ErrorContains(t, err, tc.want)
+		})
+	}
+}
