@@ -16,6 +16,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
+	"github.com/effectively-once/effectively/app/runner"
 	"github.com/effectively-once/effectively/framework/amqp"
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/outbox"
@@ -37,18 +38,18 @@ const (
 	DefaultAMQPURL     = "amqp://guest:guest@127.0.0.1:5672/"
 	DefaultHTTPAddr    = "127.0.0.1:9464"
 	// DefaultPurgeInterval is how often the purge runs (see purge_interval).
-	DefaultPurgeInterval = 10 * time.Minute
+	DefaultPurgeInterval = runner.DefaultPurgeInterval
 	// MinProcessedRetention is the shortest processed_retention allowed:
 	// marks purged sooner would let a redelivery that comes late, as
 	// one after an outage or a broker's requeue does, take effect twice.
-	MinProcessedRetention = time.Hour
+	MinProcessedRetention = runner.MinProcessedRetention
 	// DefaultOutboxRetention is how long sent outbox rows are kept.
-	DefaultOutboxRetention = 24 * time.Hour
+	DefaultOutboxRetention = runner.DefaultOutboxRetention
 	// DefaultReplayRetention is how long sent replays are kept.
-	DefaultReplayRetention = 7 * 24 * time.Hour
+	DefaultReplayRetention = runner.DefaultReplayRetention
 	// DefaultDeadLetterRetention is how long resolved (replayed or
 	// discarded) dead letters are kept, with their history.
-	DefaultDeadLetterRetention = 30 * 24 * time.Hour
+	DefaultDeadLetterRetention = runner.DefaultDeadLetterRetention
 	// DefaultConcurrency is how many messages a consumer has in flight
 	// under group commit (batch_size above 1) when neither its settings
 	// nor the defaults: section say. The messages in flight fill the

@@ -26,7 +26,7 @@ import (
 // the database's store and the names of the declared consumers. It builds
 // no handler, so nothing a handler's constructor needs or dials, and uses
 // the database alone: a replay is recorded there, and the running service
-// publishes it (see replayRelay).
+// publishes it (the runner's replay relay, see app/runner).
 type operator struct {
 	cfg         Config
 	db          *sqlx.DB

@@ -7,7 +7,6 @@ import (
 	"go.uber.org/fx"
 
 	"github.com/effectively-once/effectively/app/runner"
-	"github.com/effectively-once/effectively/framework/outbox"
 	"github.com/effectively-once/effectively/handlers"
 )
 
@@ -50,9 +49,6 @@ var Module = fx.Module("effectively",
 		newRouter,
 		newHTTP,
 		newOutbox,
-		newOutboxRelay,
-		newReplayRelay,
-		newPurger,
 		relayCrash,
 		func() *readiness { return &readiness{} },
 	),
@@ -66,16 +62,14 @@ var Module = fx.Module("effectively",
 	// Settings for a consumer that is not declared are refused before
 	// anything is opened.
 	fx.Invoke(func(p consumerSettings) error { return p.Config.checkConsumers(p.Declarations) }),
-	// The gauges of pending dead letters and parked events, read from
-	// the database on scrape.
-	fx.Invoke(registerFigures),
-	// The server, the router, the relays and the purger start with the
-	// application, in this order (fx starts hooks in the order their
-	// constructors ran, and stops them in reverse): the HTTP address is
-	// bound before any consumer takes a message, so that an address in
-	// use stops the start before anything was handled, and it serves
-	// /metrics until the router has drained.
-	fx.Invoke(func(*httpServer, *runner.Runner, *outbox.Relay, *replayRelay, *purger) {}),
+	// The server and the runner (the consumers, the relays, the purge:
+	// see runner.Runner's Start and Stop) start with the application, in
+	// this order (fx starts hooks in the order their constructors ran,
+	// and stops them in reverse): the HTTP address is bound before any
+	// consumer takes a message, so that an address in use stops the
+	// start before anything was handled, and it serves /metrics until the
+	// runner has stopped.
+	fx.Invoke(func(*httpServer, *runner.Runner) {}),
 )
 
 // consumerSettings is what the check of the consumers: keys takes from fx:

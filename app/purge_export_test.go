@@ -3,16 +3,17 @@ package app
 import (
 	"context"
 
+	"github.com/effectively-once/effectively/app/internal/purge"
 	"github.com/effectively-once/effectively/framework"
 )
 
-// ErrPurgeBusy is errPurgeBusy, for the tests.
-var ErrPurgeBusy = errPurgeBusy
+// ErrPurgeBusy is purge.ErrBusy, for the tests.
+var ErrPurgeBusy = purge.ErrBusy
 
 // PurgeOnce runs one purge of store with cfg's retentions, as the service
 // and the purge command do, and returns the rows deleted by kind.
 func PurgeOnce(ctx context.Context, store framework.Store, cfg Config) (map[framework.PurgeKind]int64, error) {
-	steps, err := newPurgerOf(store, cfg.WithDefaults(), orDefault(nil)).purge(ctx)
+	steps, err := purge.New(store, retentions(cfg.WithDefaults()), orDefault(nil)).Purge(ctx)
 	rows := make(map[framework.PurgeKind]int64, len(steps))
 	for _, s := range steps {
 		rows[s.Kind] += s.Rows

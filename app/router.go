@@ -14,7 +14,9 @@ import (
 
 	"github.com/effectively-once/effectively/app/runner"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/outbox"
 	"github.com/effectively-once/effectively/handlers"
+	"github.com/effectively-once/effectively/internal/crash"
 	"github.com/effectively-once/effectively/middleware"
 )
 
@@ -53,15 +55,26 @@ type routerParams struct {
 	Tracer     trace.Tracer `optional:"true"`
 	Middleware Middleware   `optional:"true"`
 	Readiness  *readiness
+	Outbox     *outbox.Outbox
+	Prometheus registry
+	// Crash is the crash tests' hook for the service's relays (see
+	// relayCrash), put on the context of the runner's start.
+	Crash replayCrash `optional:"true"`
 }
 
-// newRouter builds the runner of every registered consumer, each with its
-// settings from the configuration (see runner.New), and sizes the stores'
-// pool for what their subscriptions may hold (see Config.sizePool). It
-// starts the runner
-// when the application starts, and stops it when the application stops:
-// the attempts in flight may finish within half of the stop timeout, the
-// rest are canceled, roll back and are delivered again later.
+// replayCrash carries the crash hook that the relays call at their crash
+// points (crash.BeforeOutboxSent, crash.BeforeReplayPublish,
+// crash.BeforeReplaySent). Only the module's tests supply one.
+type replayCrash struct{ hook crash.Hook }
+
+// newRouter builds the runner of the service (see runner.New): every
+// registered consumer, each with its settings from the configuration, the
+// outbox relay, the replay relay, the purge and the database gauges; and
+// sizes the stores' pool for what their subscriptions may hold (see
+// Config.sizePool). It starts the runner when the application starts, and
+// stops it when the application stops: the attempts in flight may finish
+// within half of the stop timeout, the rest are canceled, roll back and
+// are delivered again later.
 func newRouter(p routerParams) (*runner.Runner, error) {
 	consumers := make([]runner.ConsumerConfig, 0, len(p.Registry.Consumers()))
 	for _, c := range p.Registry.Consumers() {
@@ -74,6 +87,10 @@ func newRouter(p routerParams) (*runner.Runner, error) {
 		consumers = append(consumers, cc)
 	}
 	subs := &subscriptions{Transport: p.Transport, shared: p.SharesDB}
+	relayMetrics, err := outbox.NewMetrics(p.Prometheus)
+	if err != nil {
+		return nil, fmt.Errorf("outbox relay: %w", err)
+	}
 	r, err := runner.New(runner.Config{
 		Consumers: consumers,
 		Transport: subs,
@@ -84,6 +101,21 @@ func newRouter(p routerParams) (*runner.Runner, error) {
 		Tracer:    p.Tracer,
 		Outer:     p.Middleware.Outer,
 		Inner:     p.Middleware.Inner,
+		OutboxRelay: outbox.RelayConfig{
+			TablePrefix:     p.Config.TablePrefix,
+			Outbox:          p.Outbox,
+			BatchTimeout:    time.Duration(p.Config.OutboxBatchTimeout),
+			BatchSize:       p.Config.OutboxBatchSize,
+			BatchBytes:      p.Config.OutboxBatchBytes,
+			Metrics:         relayMetrics,
+			MessagingSystem: messagingSystem(p.Config.Transport),
+		},
+		PurgeInterval:       time.Duration(p.Config.PurgeInterval),
+		ProcessedRetention:  time.Duration(p.Config.ProcessedRetention),
+		OutboxRetention:     time.Duration(p.Config.OutboxRetention),
+		ReplayRetention:     time.Duration(p.Config.ReplayRetention),
+		DeadLetterRetention: time.Duration(p.Config.DeadLetterRetention),
+		Registerer:          p.Prometheus,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("router: %w", err)
@@ -98,6 +130,9 @@ func newRouter(p routerParams) (*runner.Runner, error) {
 			ctx, cancel := untilStopRequested(ctx)
 			defer cancel()
 			logDeviations(ctx, orDefault(p.Logger), consumers, p.Store)
+			if p.Crash.hook != nil {
+				ctx = crash.With(ctx, p.Crash.hook)
+			}
 			if err := r.Start(ctx); err != nil {
 				return fmt.Errorf("router: %w", err)
 			}

@@ -46,7 +46,7 @@ func benchmarkChain(b *testing.B, be backend, duplicates, knownFirst bool) {
 	require.NoError(b, err)
 	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Store: s})
 	require.NoError(b, err)
-	h, err := middleware.Handler(middleware.Config{
+	h, _, err := middleware.Handler(middleware.Config{
 		Consumer: c, UnitOfWork: uow, Store: s,
 		Settings: middleware.Settings{
 			Attempts:   3,

@@ -386,7 +386,7 @@ func TestBreakerConfig(t *testing.T) {
 		{middleware.BreakerConfig{Failures: 1, CoolDown: -time.Second}, "Config.Settings.breaker.cool_down: must be positive"},
 		{middleware.BreakerConfig{Failures: 1, MaxHold: time.Hour}, "Config.Settings.breaker.max_hold: want more than 0 and at most 10m0s"},
 	} {
-		_, err := middleware.Handler(middleware.Config{Consumer: c, UnitOfWork: uow, Store: store, Settings: middleware.Settings{Breaker: tc.bc}})
+		_, _, err := middleware.Handler(middleware.Config{Consumer: c, UnitOfWork: uow, Store: store, Settings: middleware.Settings{Breaker: tc.bc}})
 		require.ErrorContains(t, err, tc.want)
 	}
 }

@@ -113,24 +113,21 @@ func (c Config) Validate() error {
 
 // Handler returns the consumer's whole chain (see the package
 // documentation for its steps), ready for watermill's
-// Router.AddConsumerHandler. It acknowledges a message (returns nil) once
-// its effect committed, it was a duplicate or stale, or it was stored as a
-// dead letter; otherwise the message is nacked and delivered again.
-func Handler(cfg Config) (message.NoPublishHandlerFunc, error) {
-	h, _, err := handler(cfg, systemClock())
-	return h, err
-}
-
-// HandlerWithSweep is Handler, with the chain's work that no message
-// drives: under StrictOrder, sweep runs until ctx ends, and at least every
-// DefaultReleaseSweep (and at once) while no message does it, the release
-// of the parked events whose turn came and the hand-over, as
-// sequence_gap dead letters, of those that waited longer than GapTimeout
-// for an earlier event that never came: a consumer that receives nothing
-// more ends their wait too. sweep is nil when the chain has no such work
-// (without StrictOrder). Run it on a goroutine of its own, and wait for
-// it before the store's database closes.
-func HandlerWithSweep(cfg Config) (h message.NoPublishHandlerFunc, sweep func(ctx context.Context), err error) {
+// Router.AddConsumerHandler, and its sweep. The chain acknowledges a
+// message (returns nil) once its effect committed, it was a duplicate or
+// stale, or it was stored as a dead letter; otherwise the message is
+// nacked and delivered again.
+//
+// sweep is the chain's work that no message drives: under StrictOrder it
+// runs until ctx ends and, at least every DefaultReleaseSweep (and at
+// once) while no message does it, releases the parked events whose turn
+// came and hands over, as sequence_gap dead letters, those that waited
+// longer than GapTimeout for an earlier event that never came: a consumer
+// that receives nothing more ends their wait too. Without StrictOrder it
+// has nothing to do and returns at once. Run it on a goroutine of its
+// own while the handler runs, and wait for it before the store's
+// database closes.
+func Handler(cfg Config) (h message.NoPublishHandlerFunc, sweep func(ctx context.Context), err error) {
 	return handler(cfg, systemClock())
 }
 
@@ -153,7 +150,7 @@ func systemClock() clock {
 	return clock{now: time.Now, after: time.After, releaseSweep: DefaultReleaseSweep}
 }
 
-// handler is HandlerWithSweep on clk.
+// handler is Handler on clk.
 func handler(cfg Config, clk clock) (message.NoPublishHandlerFunc, func(context.Context), error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -164,7 +161,7 @@ func handler(cfg Config, clk clock) (message.NoPublishHandlerFunc, func(context.
 	for i := len(steps) - 1; i >= 0; i-- {
 		h = steps[i](h)
 	}
-	var sweep func(context.Context)
+	sweep := func(context.Context) {} // nothing to sweep
 	if rel != nil {
 		sweep = rel.run
 	}

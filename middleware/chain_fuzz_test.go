@@ -88,7 +88,7 @@ func FuzzChain(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		h, err := middleware.Handler(middleware.Config{
+		h, _, err := middleware.Handler(middleware.Config{
 			Consumer:   c,
 			UnitOfWork: uow,
 			Store:      store,

@@ -116,7 +116,7 @@ func setup(t *testing.T, b backend, cfg setupConfig) *bundle {
 	if cfg.retryDelay == 0 {
 		cfg.retryDelay = time.Millisecond
 	}
-	bd.handler, err = middleware.Handler(middleware.Config{
+	bd.handler, _, err = middleware.Handler(middleware.Config{
 		Settings: middleware.Settings{
 			SkipStale:          cfg.skipStale,
 			StrictOrder:        cfg.strictOrder,

@@ -23,7 +23,7 @@ func TestConfigValidate(t *testing.T) {
 	c, err := framework.NewConsumer(consumerName, framework.Handle(noted, func(context.Context, framework.Event[noteV1]) error { return nil }))
 	require.NoError(t, err)
 	valid := middleware.Config{Consumer: c, UnitOfWork: uow, Store: store}
-	_, err = middleware.Handler(valid)
+	_, _, err = middleware.Handler(valid)
 	require.NoError(t, err, "the zero fields take their defaults")
 
 	for want, edit := range map[string]func(*middleware.Config){
@@ -41,7 +41,7 @@ func TestConfigValidate(t *testing.T) {
 	} {
 		cfg := valid
 		edit(&cfg)
-		_, err := middleware.Handler(cfg)
+		_, _, err := middleware.Handler(cfg)
 		require.ErrorContains(t, err, want)
 	}
 }

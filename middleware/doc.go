@@ -3,7 +3,7 @@
 // learn about a message through its context, so they come only as the
 // whole chain, in this order, outermost first (one file each):
 //
-//	releaseParked  with StrictOrder: after the message, applies the parked events that it let through; its sweep (also while no message comes, see HandlerWithSweep), those left and those that waited too long
+//	releaseParked  with StrictOrder: after the message, applies the parked events that it let through; its sweep (also while no message comes, see Handler), those left and those that waited too long
 //	observe        logs, metrics, a consumer span linked to the producer
 //	deadLetter     stores poison and exhausted messages, then acks; never on shutdown; with StrictOrder the dead letter holds its subject
 //	decode         CloudEvent, route and data validation; poison is permanent
@@ -27,15 +27,16 @@
 // stored as a dead letter. Anything else, a shutdown included, nacks it
 // and it is delivered again.
 //
-//	h, err := middleware.Handler(middleware.Config{
+//	h, sweep, err := middleware.Handler(middleware.Config{
 //		Consumer:   consumer,
 //		UnitOfWork: uow,
 //		Store:      store,
 //		Settings:   middleware.Settings{Attempts: 5, RetryDelay: 2 * time.Second},
 //	})
 //	router.AddConsumerHandler(consumer.Name()+"@"+typ, typ, subscriber, h)
+//	go sweep(ctx) // the parked events' work no message drives; wait for it before closing the store
 //
-// Package app does this for every registered consumer.
+// Package app/runner does this for every consumer it runs.
 //
 // The rate limit is per process and per consumer: each process that runs
 // the consumer hands at most RateLimit of its messages per second to the

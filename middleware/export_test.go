@@ -19,13 +19,13 @@ type TestClock struct {
 	ReleaseSweep time.Duration
 }
 
-// HandlerOnClock is Handler on clk.
+// HandlerOnClock is Handler on clk, without its sweep.
 func HandlerOnClock(cfg Config, clk TestClock) (message.NoPublishHandlerFunc, error) {
 	h, _, err := HandlerWithSweepOnClock(cfg, clk)
 	return h, err
 }
 
-// HandlerWithSweepOnClock is HandlerWithSweep on clk.
+// HandlerWithSweepOnClock is Handler on clk.
 func HandlerWithSweepOnClock(cfg Config, clk TestClock) (message.NoPublishHandlerFunc, func(context.Context), error) {
 	c := systemClock()
 	if clk.Now != nil {

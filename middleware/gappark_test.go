@@ -20,7 +20,7 @@ import (
 type gapChain struct {
 	*ordered
 	h     message.NoPublishHandlerFunc
-	sweep func(context.Context) // the chain's sweep (HandlerWithSweep), not running
+	sweep func(context.Context) // the chain's sweep (Handler), not running
 	later atomic.Int64          // nanoseconds the clock is ahead of the system's
 }
 
@@ -206,7 +206,7 @@ func TestStrictOrderParkedGapTimeoutKeepsTheEvent(t *testing.T) {
 
 // TestStrictOrderIdleSweepEndsTheWait: a consumer that receives nothing
 // more still ends a parked event's wait for an earlier one that never
-// comes: HandlerWithSweep's sweep, running on its own, hands it to the
+// comes: Handler's sweep, running on its own, hands it to the
 // chain once it has waited longer than GapTimeout, and it is
 // dead-lettered as sequence_gap. Before, only the consumer's next message
 // ran the sweep.

@@ -33,7 +33,7 @@ func memoryChain(tb testing.TB, n int) (message.NoPublishHandlerFunc, []*message
 	require.NoError(tb, err)
 	m, err := middleware.NewMetrics(prometheus.NewRegistry())
 	require.NoError(tb, err)
-	h, err := middleware.Handler(middleware.Config{Consumer: c, UnitOfWork: uow, Store: s, Metrics: m})
+	h, _, err := middleware.Handler(middleware.Config{Consumer: c, UnitOfWork: uow, Store: s, Metrics: m})
 	require.NoError(tb, err)
 	msgs := make([]*message.Message, n)
 	for i := range msgs {

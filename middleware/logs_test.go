@@ -38,7 +38,7 @@ func TestLogsCarryTheHandlersError(t *testing.T) {
 		return errors.New("smtp 451: mailbox busy")
 	}))
 	require.NoError(t, err)
-	h, err := middleware.Handler(middleware.Config{
+	h, _, err := middleware.Handler(middleware.Config{
 		Consumer: c, UnitOfWork: uow, Store: store,
 		Settings: middleware.Settings{
 			Attempts:   3,
@@ -97,7 +97,7 @@ func TestLogsNeverQuotePayload(t *testing.T) {
 	require.NoError(t, err)
 	c, err := framework.NewConsumer(consumerName, framework.Handle(visited, func(context.Context, framework.Event[visitV1]) error { return nil }))
 	require.NoError(t, err)
-	h, err := middleware.Handler(middleware.Config{
+	h, _, err := middleware.Handler(middleware.Config{
 		Consumer: c, UnitOfWork: uow, Store: store,
 		Logger: newLogger(&logs),
 	})

@@ -47,7 +47,7 @@ func TestObserve(t *testing.T) {
 		return nil
 	}))
 	require.NoError(t, err)
-	h, err := middleware.Handler(middleware.Config{
+	h, _, err := middleware.Handler(middleware.Config{
 		Consumer: c, UnitOfWork: uow, Store: store,
 		Logger:  slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Metrics: metrics,
@@ -336,7 +336,7 @@ func TestObserveFailing(t *testing.T) {
 		require.NoError(t, err)
 		c, err := framework.NewConsumer(consumerName, framework.Handle(noted, func(context.Context, framework.Event[noteV1]) error { return nil }))
 		require.NoError(t, err)
-		_, err = middleware.Handler(middleware.Config{
+		_, _, err = middleware.Handler(middleware.Config{
 			Consumer: c, UnitOfWork: uow, Store: store, Metrics: metrics,
 			Settings: middleware.Settings{
 				MaxDeliveries: 4,

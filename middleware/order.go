@@ -273,7 +273,7 @@ func (r *releaser) middleware(next message.HandlerFunc) message.HandlerFunc {
 // run sweeps (see middleware) until ctx ends: at once, then whenever
 // no message has for r.every, looking four times as often, so that a
 // consumer that receives nothing still releases and expires its parked
-// events (HandlerWithSweep).
+// events (Handler).
 func (r *releaser) run(ctx context.Context) {
 	tick := time.NewTicker(max(r.every/4, time.Millisecond))
 	defer tick.Stop()

@@ -74,7 +74,7 @@ func newOrderedOn(t *testing.T, db *sqlx.DB, s framework.Store) *ordered {
 // seen (s4), as a consumer's that joins a stream does.
 func (o *ordered) handler(t *testing.T, store framework.Store) message.NoPublishHandlerFunc {
 	t.Helper()
-	h, err := middleware.Handler(middleware.Config{
+	h, _, err := middleware.Handler(middleware.Config{
 		Consumer: o.c, UnitOfWork: o.uow, Store: store, Settings: middleware.Settings{
 			StrictOrder:        true,
 			OrderFromFirstSeen: true,

@@ -186,7 +186,7 @@ func TestDecodePanicIsPoison(t *testing.T) {
 				return nil
 			}))
 			require.NoError(t, err)
-			h, err := middleware.Handler(middleware.Config{
+			h, _, err := middleware.Handler(middleware.Config{
 				Consumer: c, UnitOfWork: bd.uow, Store: bd.store,
 			})
 			require.NoError(t, err)

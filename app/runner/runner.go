@@ -1,6 +1,7 @@
 package runner
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -12,9 +13,12 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/effectively-once/effectively/app/internal/purge"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/outbox"
 	"github.com/effectively-once/effectively/internal/keypath"
 	"github.com/effectively-once/effectively/internal/pipeline"
 	"github.com/effectively-once/effectively/internal/watermilllog"
@@ -64,8 +68,27 @@ func (c ConsumerConfig) Validate() error {
 	return keypath.Prefix("ConsumerConfig.Settings", c.Settings.Validate())
 }
 
+// The defaults of Config's service-level fields.
+const (
+	// DefaultPurgeInterval is how often the runner purges (see
+	// Config.PurgeInterval).
+	DefaultPurgeInterval = 10 * time.Minute
+	// MinProcessedRetention is the shortest Config.ProcessedRetention
+	// allowed: a processed mark must outlive any redelivery of its
+	// message.
+	MinProcessedRetention = time.Hour
+	// DefaultOutboxRetention is how long sent outbox rows are kept.
+	DefaultOutboxRetention = 24 * time.Hour
+	// DefaultReplayRetention is how long sent replays are kept.
+	DefaultReplayRetention = 7 * 24 * time.Hour
+	// DefaultDeadLetterRetention is how long resolved (replayed or
+	// discarded) dead letters are kept.
+	DefaultDeadLetterRetention = 30 * 24 * time.Hour
+)
+
 // Config is what New takes: the consumers, the transport they consume
-// from and the database they take effect in.
+// from and the database they take effect in, and the service's settings
+// of the outbox relay, the purge and the gauges.
 type Config struct {
 	// Consumers are the consumers to run, each with its settings.
 	Consumers []ConsumerConfig
@@ -89,6 +112,40 @@ type Config struct {
 	Outer []message.HandlerMiddleware
 	// Inner middleware runs inside each attempt, in its transaction.
 	Inner []message.HandlerMiddleware
+
+	// OutboxRelay is the relay of the service's outbox: when its Outbox
+	// is set, the runner runs it from Start to Stop, publishing through
+	// Transport's publisher (see outbox.RelayConfig; its TablePrefix must
+	// be the outbox's). Its Logger and Tracer default to the runner's.
+	// While the runner purges, the purge deletes the sent rows (see
+	// OutboxRetention) and the relay's own cleanup is off. Defaults to no
+	// relay.
+	OutboxRelay outbox.RelayConfig
+	// PurgeInterval is how often the runner deletes what is past its
+	// retention (the delivery counts of messages that finished, and the
+	// rows older than the retentions below), one process of the service
+	// at a time; the first purge is at Start. A negative interval turns
+	// the purge off, and so does a Store that does not implement
+	// framework.Purger. Defaults to DefaultPurgeInterval.
+	PurgeInterval time.Duration
+	// ProcessedRetention is how long processed marks are kept; at least
+	// MinProcessedRetention. Zero keeps them for ever.
+	ProcessedRetention time.Duration
+	// OutboxRetention is how long sent outbox rows are kept. Defaults to
+	// DefaultOutboxRetention.
+	OutboxRetention time.Duration
+	// ReplayRetention is how long sent replays are kept. Defaults to
+	// DefaultReplayRetention.
+	ReplayRetention time.Duration
+	// DeadLetterRetention is how long replayed or discarded dead letters
+	// are kept, with their history; pending ones are never purged.
+	// Defaults to DefaultDeadLetterRetention.
+	DeadLetterRetention time.Duration
+	// Registerer, when set, is where New registers the gauges read from
+	// the database on scrape, when the Store implements framework.Gauges:
+	// effectively_dead_letters_pending{consumer,code} and
+	// effectively_parked_events{consumer}. Stop unregisters them.
+	Registerer prometheus.Registerer
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults,
@@ -102,6 +159,10 @@ func (c Config) WithDefaults() Config {
 		consumers[i] = cc.WithDefaults()
 	}
 	c.Consumers = consumers
+	c.PurgeInterval = cmp.Or(c.PurgeInterval, DefaultPurgeInterval)
+	c.OutboxRetention = cmp.Or(c.OutboxRetention, DefaultOutboxRetention)
+	c.ReplayRetention = cmp.Or(c.ReplayRetention, DefaultReplayRetention)
+	c.DeadLetterRetention = cmp.Or(c.DeadLetterRetention, DefaultDeadLetterRetention)
 	return c
 }
 
@@ -114,6 +175,14 @@ func (c Config) Validate() error {
 		return errors.New("Config.DB: required")
 	case c.Store == nil:
 		return errors.New("Config.Store: required")
+	case c.ProcessedRetention < 0 || c.ProcessedRetention > 0 && c.ProcessedRetention < MinProcessedRetention:
+		return fmt.Errorf("Config.ProcessedRetention: must be zero (kept for ever) or at least %s, got %s", MinProcessedRetention, c.ProcessedRetention)
+	case c.OutboxRetention < 0:
+		return fmt.Errorf("Config.OutboxRetention: must not be negative, got %s", c.OutboxRetention)
+	case c.ReplayRetention < 0:
+		return fmt.Errorf("Config.ReplayRetention: must not be negative, got %s", c.ReplayRetention)
+	case c.DeadLetterRetention < 0:
+		return fmt.Errorf("Config.DeadLetterRetention: must not be negative, got %s", c.DeadLetterRetention)
 	}
 	seen := make(map[string]bool, len(c.Consumers))
 	for i, cc := range c.Consumers {
@@ -128,16 +197,30 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Runner runs consumers: it builds each consumer's chain and subscription,
-// and handles their messages between Start and Stop. Build it with New.
+// Runner runs a service: it builds each consumer's chain and
+// subscription, and between Start and Stop handles their messages and
+// runs the service's loops: the outbox relay, the replay relay, the
+// purge. Build it with New.
 type Runner struct {
 	cfg    Config
 	logger *slog.Logger
 	router *message.Router
 	subs   []subscription
 	// sweeps are the consumers' chains' work that no message drives
-	// (middleware.HandlerWithSweep), run beside the router.
+	// (middleware.Handler), run beside the router.
 	sweeps []func(context.Context)
+
+	relay   *outbox.Relay     // the outbox relay; nil without an outbox
+	replays *replayRelay      // publishes what operators replay or release
+	purger  *purge.Purger     // nil when the runner does not purge
+	gauges  *figuresCollector // registered on cfg.Registerer; nil if not
+
+	// The service's loops (see startLoops), canceled under mu: the
+	// outbox relay apart, as it stops last.
+	stopRelay, stopLoops context.CancelFunc
+	relayDone            chan struct{}
+	loops                sync.WaitGroup
+	loopsStopped         bool // stopBackground ran: no loop starts
 
 	started  atomic.Bool
 	launched atomic.Bool // the router's Run was called
@@ -186,7 +269,39 @@ func New(cfg Config) (*Runner, error) {
 			return nil, fmt.Errorf("runner: consumer %s: %w", cc.Consumer.Name(), err)
 		}
 	}
+	if err := r.addLoops(); err != nil {
+		return nil, fmt.Errorf("runner: %w", err)
+	}
 	return r, nil
+}
+
+// addLoops builds the service's loops: the outbox relay, the replay
+// relay, the purge, and registers the gauges (last: nothing fails after
+// it).
+func (r *Runner) addLoops() error {
+	cfg := r.cfg
+	pu := purge.New(cfg.Store, purge.Retentions{
+		Processed:   cfg.ProcessedRetention,
+		Outbox:      cfg.OutboxRetention,
+		Replays:     cfg.ReplayRetention,
+		DeadLetters: cfg.DeadLetterRetention,
+	}, r.logger.With("component", "purger"))
+	if cfg.PurgeInterval > 0 && pu.Can() {
+		r.purger = pu
+	}
+	relay, err := newOutboxRelay(cfg, r.purger != nil)
+	if err != nil {
+		return err
+	}
+	r.relay = relay
+	r.replays = newReplayRelay(cfg.Store, cfg.Transport, r.logger)
+	if g, ok := cfg.Store.(framework.Gauges); ok && cfg.Registerer != nil {
+		r.gauges = newFiguresCollector(g, r.logger)
+		if err := cfg.Registerer.Register(r.gauges); err != nil {
+			return fmt.Errorf("Config.Registerer: the database gauges: %w", err)
+		}
+	}
+	return nil
 }
 
 // add builds cc's unit of work (its batches are the consumer's own),
@@ -198,13 +313,11 @@ func (r *Runner) add(cc ConsumerConfig) error {
 	if err != nil {
 		return err
 	}
-	h, sweep, err := middleware.HandlerWithSweep(r.chainConfig(cc, uow))
+	h, sweep, err := middleware.Handler(r.chainConfig(cc, uow))
 	if err != nil {
 		return err
 	}
-	if sweep != nil {
-		r.sweeps = append(r.sweeps, sweep)
-	}
+	r.sweeps = append(r.sweeps, sweep)
 	sub, err := r.cfg.Transport.Subscribe(framework.SubscribeConfig{
 		Consumer:       c.Name(),
 		Types:          c.Types(),
@@ -275,9 +388,11 @@ func (r *Runner) AddMiddleware(m ...message.HandlerMiddleware) {
 }
 
 // Start adopts the history of renamed consumers, binds the subscriptions
-// and runs the consumers; it returns once every subscription is ready. If
-// ctx ends first, it stops what it started and returns ctx's cause. A
-// Runner starts once.
+// and runs the consumers; once every subscription is ready it starts the
+// outbox relay, the replay relay (the consumers' queues and replay topics
+// exist by then) and the purge, and returns. If ctx ends first, it stops
+// what it started and returns ctx's cause. The loops run on a context
+// with ctx's values, not its end: Stop ends them. A Runner starts once.
 func (r *Runner) Start(ctx context.Context) error {
 	if !r.started.CompareAndSwap(false, true) {
 		return errors.New("runner: start: already started")
@@ -311,6 +426,7 @@ func (r *Runner) Start(ctx context.Context) error {
 	}()
 	select {
 	case <-r.router.Running():
+		r.startLoops(ctx)
 		return nil
 	case <-r.runDone:
 		return fmt.Errorf("runner: start: router: %w", r.runErr)
@@ -345,20 +461,38 @@ func (r *Runner) adopt(ctx context.Context) error {
 func (r *Runner) Running() <-chan struct{} { return r.router.Running() }
 
 // Stopped is closed once the consumers stopped: after Stop, or when the
-// router failed.
+// router failed. The service's loops run until Stop.
 func (r *Runner) Stopped() <-chan struct{} { return r.runDone }
 
-// Stop closes the intake (messages delivered from now on are nacked
-// without being handled) and starts no further attempt, waits until the
-// attempts in flight finish or ctx ends, then closes the router, which
-// cancels the attempts still running: they roll back and their messages
-// are delivered again later. A message whose attempt in flight fails, or
-// that waits for its next attempt, is nacked at once, neither retried nor
-// dead-lettered (see middleware.Config.Stopping); a message that passed
-// the intake before Stop still has its first attempt.
-// It returns an error wrapping ctx's error if ctx ended first. Stop does
-// not close the transport.
+// Stop stops the service, in this order:
+//
+//  1. the purge and the replay relay: neither is needed to drain (the
+//     purge would compete with the attempts for the database), and a
+//     replay not yet published stays in the database for the next start;
+//  2. the consumers: Stop closes the intake (messages delivered from now
+//     on are nacked without being handled) and starts no further attempt
+//     (a message whose attempt in flight fails, or that waits for its next
+//     attempt, is nacked at once, neither retried nor dead-lettered nor
+//     charged: see middleware.Config.Stopping; a message that passed the
+//     intake before Stop still has its first attempt), waits until the
+//     attempts in flight finish or ctx ends, then closes the router, which cancels the
+//     attempts still running: they roll back and their messages are
+//     delivered again later;
+//  3. the outbox relay, which kept publishing what the draining attempts
+//     committed, then publishes once more what is left, while ctx lasts
+//     (the rest waits in the outbox for the next start);
+//  4. the gauges, unregistered.
+//
+// It returns an error wrapping ctx's error if ctx ended before the
+// attempts in flight finished. Stop does not close the transport.
 func (r *Runner) Stop(ctx context.Context) error {
+	r.stopBackground()
+	defer func() {
+		r.stopOutbox(ctx)
+		if r.gauges != nil {
+			r.cfg.Registerer.Unregister(r.gauges)
+		}
+	}()
 	r.mu.Lock()
 	if !r.stopping {
 		r.stopping = true
@@ -389,6 +523,59 @@ func (r *Runner) Stop(ctx context.Context) error {
 	}
 	<-r.runDone
 	return waitErr
+}
+
+// startLoops starts the outbox relay, the replay relay and the purge, on
+// a context with ctx's values (a crash hook of the tests: crash.With) but
+// not its end, unless Stop began.
+func (r *Runner) startLoops(ctx context.Context) {
+	base := context.WithoutCancel(ctx)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.stopping || r.loopsStopped {
+		return
+	}
+	if r.relay != nil {
+		relayCtx, cancel := context.WithCancel(base)
+		r.stopRelay, r.relayDone = cancel, make(chan struct{})
+		go func() {
+			defer close(r.relayDone)
+			_ = r.relay.Run(relayCtx) // nil when relayCtx ends; ErrRunning cannot happen here
+		}()
+	}
+	loopsCtx, cancel := context.WithCancel(base)
+	r.stopLoops = cancel
+	r.loops.Go(func() { r.replays.run(loopsCtx) })
+	if r.purger != nil {
+		r.loops.Go(func() { runPurge(loopsCtx, r.purger, r.cfg.PurgeInterval, r.logger.With("component", "purger")) })
+	}
+}
+
+// stopBackground stops the replay relay and the purge, and waits for them.
+func (r *Runner) stopBackground() {
+	r.mu.Lock()
+	stop := r.stopLoops
+	r.stopLoops, r.loopsStopped = nil, true
+	r.mu.Unlock()
+	if stop != nil {
+		stop()
+		r.loops.Wait()
+	}
+}
+
+// stopOutbox stops the outbox relay, waits for it, and publishes once
+// more what the consumers committed (lastOutboxPass).
+func (r *Runner) stopOutbox(ctx context.Context) {
+	r.mu.Lock()
+	stop := r.stopRelay
+	r.stopRelay = nil
+	r.mu.Unlock()
+	if stop == nil {
+		return
+	}
+	stop()
+	<-r.relayDone
+	r.lastOutboxPass(ctx)
 }
 
 // intake counts the messages in flight, and holds those that come once

@@ -108,12 +108,25 @@ func (k *Kit) ConsumerOf(t testing.TB, c *framework.Consumer) *Chain {
 		return nil
 	}
 	tc := &Chain{kit: k, consumer: c}
-	h, err := tc.chain()
+	h, sweep, err := tc.chain()
 	if err != nil {
 		t.Fatalf("testkit: %v", err)
 		return nil
 	}
 	tc.handler = h
+	// The chain's sweep runs as in a service (see middleware.Handler),
+	// until the test ends, before the kit's database closes (cleanups
+	// run last registered first).
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		sweep(ctx)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
 	return tc
 }
 
@@ -261,11 +274,12 @@ func (c *Chain) DeadLetters(ctx context.Context, t testing.TB) []framework.DeadL
 	return c.kit.deadLetters(ctx, t, framework.DeadLetterFilter{Consumer: c.Name()})
 }
 
-// chain builds the consumer's chain, once: deliveries share it, as those
-// of a running service do (the delivery guard knows the copies in flight).
-func (c *Chain) chain() (message.NoPublishHandlerFunc, error) {
+// chain builds the consumer's chain and its sweep, once: deliveries share
+// it, as those of a running service do (the delivery guard knows the
+// copies in flight).
+func (c *Chain) chain() (message.NoPublishHandlerFunc, func(context.Context), error) {
 	cfg := c.kit.cfg
-	h, err := middleware.Handler(middleware.Config{
+	h, sweep, err := middleware.Handler(middleware.Config{
 		Consumer:   c.consumer,
 		UnitOfWork: c.kit.uow,
 		Store:      c.kit.store,
@@ -273,9 +287,9 @@ func (c *Chain) chain() (message.NoPublishHandlerFunc, error) {
 		Logger:     cfg.Logger,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("chain of %s: %w", c.Name(), err)
+		return nil, nil, fmt.Errorf("chain of %s: %w", c.Name(), err)
 	}
-	return h, nil
+	return h, sweep, nil
 }
 
 // deliver runs msg through the chain and reads back what the chain itself

@@ -1,4 +1,4 @@
-package app
+package runner
 
 import (
 	"context"
@@ -10,9 +10,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"go.uber.org/fx"
 
-	"github.com/effectively-once/effectively/app/runner"
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/internal/crash"
 )
@@ -50,8 +48,8 @@ type replayPublisher interface {
 // (a replayed dead letter, an event released from parking: see
 // framework.Store's ResolveDeadLetter and AddReplays) through the
 // transport's replay path, each to its consumer alone, and records each
-// one sent once published. It runs in the background from the service's
-// start to its stop, and looks for new replays every replayIdle.
+// one sent once published. The Runner runs it from Start to Stop, and it
+// looks for new replays every replayIdle.
 //
 // A replay is published at least once: one published by a relay whose
 // process died before it recorded the publication is published again
@@ -65,9 +63,6 @@ type replayRelay struct {
 	store     framework.Store
 	transport replayPublisher
 	logger    *slog.Logger
-	// hook is the crash hook of the tests (see replayCrash), nil in
-	// production.
-	hook crash.Hook
 	// lease is the claims' lease; zero means replayLease (tests shorten
 	// it). A publication may take a third of it.
 	lease time.Duration
@@ -81,45 +76,15 @@ func (r *replayRelay) leaseOf() time.Duration {
 	return replayLease
 }
 
-// replayCrash carries the crash hook that the relay calls at its crash
-// points (crash.BeforeReplayPublish, crash.BeforeReplaySent). Only the
-// module's tests supply one.
-type replayCrash struct{ hook crash.Hook }
-
-// replayRelayParams are what newReplayRelay takes from fx.
-type replayRelayParams struct {
-	fx.In
-
-	Lifecycle fx.Lifecycle
-	Store     framework.Store
-	Transport framework.Transport
-	// Runner is taken so that the relay starts after it: the consumers
-	// subscribed (their queues and replay topics exist) before a replay
-	// is published to them.
-	Runner *runner.Runner
-	Logger *slog.Logger `optional:"true"`
-	Crash  replayCrash  `optional:"true"`
+// newReplayRelay returns the replay relay of store, publishing through
+// transport.
+func newReplayRelay(store framework.Store, transport replayPublisher, logger *slog.Logger) *replayRelay {
+	return &replayRelay{store: store, transport: transport, logger: logger.With("component", "replay relay")}
 }
 
-// newReplayRelay returns the replay relay and runs it from the
-// application's start, after the router's, to its stop, before the
-// router's.
-func newReplayRelay(p replayRelayParams) *replayRelay {
-	r := &replayRelay{
-		store:     p.Store,
-		transport: p.Transport,
-		logger:    orDefault(p.Logger).With("component", "replay relay"),
-		hook:      p.Crash.hook,
-	}
-	runInBackground(p.Lifecycle, "replay relay", r.run)
-	return r
-}
-
-// run publishes the recorded replays until ctx ends.
+// run publishes the recorded replays until ctx ends. A crash hook on ctx
+// (crash.With) is called at the relay's crash points.
 func (r *replayRelay) run(ctx context.Context) {
-	if r.hook != nil {
-		ctx = crash.With(ctx, r.hook)
-	}
 	for {
 		n, err := r.relay(ctx)
 		wait := replayIdle

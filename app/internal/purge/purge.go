@@ -1,0 +1,213 @@
+// Package purge is the one purge of a service's database, shared by the
+// runner, which purges every interval, and the purge command, which
+// purges once or counts what it would delete.
+package purge
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/effectively-once/effectively/framework"
+)
+
+const (
+	// batch is how many rows one purge statement deletes, each batch in a
+	// short transaction of its own.
+	batch = 1000
+	// leaseName names the lease that one process of the service holds
+	// while it purges (framework.Purger.AcquireLease).
+	leaseName = "purge"
+	// LeaseTTL is how long the lease lasts unless renewed: a purger
+	// renews it before each batch, and a purger that died frees it after
+	// this long.
+	LeaseTTL = 2 * time.Minute
+	// releaseStopping bounds the release of the lease by a purge cut
+	// short by the service's stop.
+	releaseStopping = 250 * time.Millisecond
+)
+
+// ErrBusy is returned by a purge while another process holds the purge's
+// lease.
+var ErrBusy = errors.New("another process of the service is purging (the lease \"purge\" is held): try again later")
+
+// errCannot is returned when the store cannot purge.
+var errCannot = errors.New("purge: the store cannot purge (it does not implement framework.Purger)")
+
+// Retentions are how long each kind of row is kept.
+type Retentions struct {
+	// Processed is how long processed marks are kept; zero keeps them
+	// forever.
+	Processed time.Duration
+	// Outbox, Replays and DeadLetters are how long sent outbox rows, sent
+	// replays and resolved dead letters are kept.
+	Outbox, Replays, DeadLetters time.Duration
+}
+
+// Purger purges a store: the delivery counts of messages that finished,
+// the processed marks, sent outbox rows and replays, and resolved dead
+// letters (with their history) past their retention. It deletes in
+// batches, each in a transaction of its own that records the kind's purge
+// horizon, and holds a lease meanwhile, so that one process of the
+// service purges at a time.
+type Purger struct {
+	store  framework.Purger // nil when the store cannot purge
+	ret    Retentions
+	logger *slog.Logger
+	holder string
+	now    func() time.Time
+	batch  int // rows a statement deletes
+}
+
+// New returns the purger of store with the retentions ret; it logs to
+// logger.
+func New(store framework.Store, ret Retentions, logger *slog.Logger) *Purger {
+	p, _ := store.(framework.Purger)
+	return &Purger{
+		store:  p,
+		ret:    ret,
+		logger: logger,
+		holder: holder(),
+		now:    time.Now,
+		batch:  batch,
+	}
+}
+
+// Can reports whether the store can purge.
+func (pu *Purger) Can() bool { return pu.store != nil }
+
+// holder names this process as a lease's holder: host, pid and a random
+// part, unique across processes and purgers.
+func holder() string {
+	host, _ := os.Hostname()
+	var b [6]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return fmt.Sprintf("%s:%d:%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+}
+
+// Step is what a purge deletes of one kind: the rows older than Before.
+type Step struct {
+	Kind   framework.PurgeKind
+	Before time.Time
+	// Rows counts what was deleted, or with a dry run what would be.
+	Rows int64
+}
+
+// Attrs are the log attributes of what a purge deleted: a count per kind
+// that lost rows.
+func Attrs(steps []Step) []any {
+	var attrs []any
+	for _, s := range steps {
+		if s.Rows > 0 {
+			attrs = append(attrs, string(s.Kind), s.Rows)
+		}
+	}
+	return attrs
+}
+
+// steps returns what a purge at now deletes, in order: the delivery
+// counts first, while the marks that show their message finished exist.
+// The counts first made before the processed-mark retention go too: a
+// message still failing after that long is past any redelivery its mark
+// would have caught.
+func (pu *Purger) steps(now time.Time) []Step {
+	var marks time.Time
+	if pu.ret.Processed > 0 {
+		marks = now.Add(-pu.ret.Processed)
+	}
+	steps := []Step{{Kind: framework.PurgeDeliveries, Before: marks}}
+	if !marks.IsZero() {
+		steps = append(steps, Step{Kind: framework.PurgeProcessed, Before: marks})
+	}
+	return append(steps,
+		Step{Kind: framework.PurgeOutbox, Before: now.Add(-pu.ret.Outbox)},
+		Step{Kind: framework.PurgeReplays, Before: now.Add(-pu.ret.Replays)},
+		Step{Kind: framework.PurgeDeadLetters, Before: now.Add(-pu.ret.DeadLetters)},
+	)
+}
+
+// Purge takes the lease, deletes every step's rows in batches, renewing
+// the lease before each, and releases it. It returns what it deleted,
+// ErrBusy when another process holds the lease, and stops when it loses
+// the lease or ctx ends.
+func (pu *Purger) Purge(ctx context.Context) ([]Step, error) {
+	if pu.store == nil {
+		return nil, errCannot
+	}
+	defer func() {
+		// Released even when ctx ended, and even when taking it failed:
+		// an acquisition cut short by a stop may have committed all the
+		// same, and the next purge need not wait for the lease's end.
+		// Releasing a lease this purger does not hold changes nothing.
+		// While the service stops it waits only briefly: behind an
+		// attempt that holds the SQLite file's write lock, the release
+		// took the 5 s from the stop that the attempt's drain needs, and
+		// a lease not released ends by itself (LeaseTTL).
+		timeout := 5 * time.Second
+		if ctx.Err() != nil {
+			timeout = releaseStopping
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+		defer cancel()
+		switch err := pu.store.ReleaseLease(rctx, leaseName, pu.holder); {
+		case err != nil && ctx.Err() != nil:
+			pu.logger.InfoContext(ctx, "purge: the lease was not released while stopping; it ends by itself", "error", err, "within", LeaseTTL)
+		case err != nil:
+			pu.logger.WarnContext(ctx, "purge: release the lease", "error", err)
+		}
+	}()
+	if err := pu.lease(ctx); err != nil {
+		return nil, err
+	}
+	steps := pu.steps(pu.now())
+	for i := range steps {
+		for {
+			n, err := pu.store.PurgeBatch(ctx, steps[i].Kind, steps[i].Before, pu.batch)
+			steps[i].Rows += n
+			if err != nil {
+				return steps, fmt.Errorf("purge: %w", err)
+			}
+			if n < int64(pu.batch) {
+				break
+			}
+			if err := pu.lease(ctx); err != nil {
+				return steps, err
+			}
+		}
+	}
+	return steps, nil
+}
+
+// lease takes or renews the purge's lease: ErrBusy when another process
+// holds it.
+func (pu *Purger) lease(ctx context.Context) error {
+	ok, err := pu.store.AcquireLease(ctx, leaseName, pu.holder, LeaseTTL)
+	switch {
+	case err != nil:
+		return fmt.Errorf("purge: %w", err)
+	case !ok:
+		return ErrBusy
+	}
+	return nil
+}
+
+// DryRun counts what Purge would delete now, deleting nothing.
+func (pu *Purger) DryRun(ctx context.Context) ([]Step, error) {
+	if pu.store == nil {
+		return nil, errCannot
+	}
+	steps := pu.steps(pu.now())
+	for i := range steps {
+		n, err := pu.store.Purgeable(ctx, steps[i].Kind, steps[i].Before)
+		if err != nil {
+			return steps, fmt.Errorf("purge: %w", err)
+		}
+		steps[i].Rows = n
+	}
+	return steps, nil
+}
