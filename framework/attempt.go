@@ -166,7 +166,11 @@ func (u *UnitOfWork) attempt(a *attemptRun) (write bool) {
 	a.outcome = Duplicate
 	if first {
 		a.outcome = Processed
-		attemptCtx := pipeline.With(pipeline.With(ctx, tx), attempt{consumer: a.consumer, key: a.key})
+		at := pipeline.Attempt{Consumer: a.consumer, Source: a.key.Source, ID: a.key.ID}
+		if tx.tx != nil {
+			at.Conn = tx // framework.Conn's: a *Tx without a database is none
+		}
+		attemptCtx := pipeline.With(pipeline.With(ctx, tx), at)
 		if a.dies(attemptCtx, crash.AfterMark) {
 			return false
 		}

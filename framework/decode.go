@@ -43,7 +43,7 @@ import (
 // scanned once. Any other body goes through the CloudEvents SDK, with the
 // same result.
 func Decode(body []byte, maxBody int) (Envelope, error) {
-	if err := CheckBodySize(body, maxBody); err != nil {
+	if err := checkBodySize(body, maxBody); err != nil {
 		return Envelope{}, err
 	}
 	if env, ok := decodePlain(body); ok {
@@ -52,10 +52,9 @@ func Decode(body []byte, maxBody int) (Envelope, error) {
 	return decodeSDK(body)
 }
 
-// CheckBodySize returns Decode's permanent CodeTooLarge error of a body
-// over maxBody bytes (zero means DefaultMaxBodyBytes), nil for one within:
-// a producer checks with it what its consumers will take.
-func CheckBodySize(body []byte, maxBody int) error {
+// checkBodySize returns Decode's permanent CodeTooLarge error of a body
+// over maxBody bytes (zero means DefaultMaxBodyBytes), nil for one within.
+func checkBodySize(body []byte, maxBody int) error {
 	if maxBody <= 0 {
 		maxBody = DefaultMaxBodyBytes
 	}

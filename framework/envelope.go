@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/url"
 	"strconv"
@@ -44,20 +43,6 @@ const (
 	extTraceParent   = "traceparent"
 	extTraceState    = "tracestate"
 )
-
-// ErrNotFound is returned by stores for a missing record.
-var ErrNotFound = errors.New("not found")
-
-// ErrNotPending is returned by stores when a dead letter to resolve is no
-// longer pending: replayed or discarded already.
-var ErrNotPending = errors.New("not pending")
-
-// ErrSequenceTaken is returned by Store.Park, ParkGap and EndWait for an
-// event whose subject's sequence number another event, with another id,
-// holds: parked, a dead letter its subject waits behind, or a discarded
-// one the sequence skips. Two events claimed one step of the subject; the
-// second is dead-lettered (CodeSequenceConflict).
-var ErrSequenceTaken = errors.New("another event holds the subject's sequence number")
 
 // Key identifies an event, as CloudEvents says: source and id together.
 type Key struct {

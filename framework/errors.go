@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 
 	wmmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 )
@@ -46,34 +45,6 @@ func (e *PermanentError) Unwrap() error { return e.Err }
 func (e *PermanentError) Is(target error) bool {
 	_, ok := target.(*PermanentError)
 	return ok
-}
-
-// sqlStateError is a database driver's error that carries its SQLSTATE,
-// as pgx's *pgconn.PgError and lib/pq's *pq.Error do.
-type sqlStateError interface {
-	error
-	SQLState() string
-}
-
-// inFailedTransaction reports whether err is PostgreSQL's refusal of a
-// statement in a transaction that the failure of an earlier statement
-// aborted (SQLSTATE 25P02, in_failed_sql_transaction): under group
-// commit, the earlier statement may have been a batch-mate's.
-func inFailedTransaction(err error) bool {
-	var s sqlStateError
-	return errors.As(err, &s) && s.SQLState() == "25P02"
-}
-
-// dataException returns err, a handler's, as a permanent CodeDataException
-// error when it is a database's refusal of a value (SQLSTATE class 22)
-// that the handler did not classify itself (Permanent, Dependency);
-// otherwise err.
-func dataException(err error) error {
-	var s sqlStateError
-	if !errors.As(err, &s) || !strings.HasPrefix(s.SQLState(), "22") || IsPermanent(err) || IsDependency(err) {
-		return err
-	}
-	return Permanent(CodeDataException, err)
 }
 
 // IsPermanent reports whether err, or an error it wraps, is permanent.

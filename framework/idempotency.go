@@ -44,17 +44,12 @@ func tuple(parts ...string) []byte {
 	return b
 }
 
-type attempt struct {
-	consumer string
-	key      Key
-}
-
 // IdempotencyKeyFromContext returns the IdempotencyKey of the event that
 // the attempt running in ctx handles.
 func IdempotencyKeyFromContext(ctx context.Context) (string, bool) {
-	a, ok := pipeline.From[attempt](ctx)
+	a, ok := pipeline.From[pipeline.Attempt](ctx)
 	if !ok {
 		return "", false
 	}
-	return IdempotencyKey(a.consumer, a.key), true
+	return IdempotencyKey(a.Consumer, Key{Source: a.Source, ID: a.ID}), true
 }

@@ -1,11 +1,6 @@
 package framework
 
 import (
-	"fmt"
-	"strconv"
-
-	"github.com/ThreeDotsLabs/watermill"
-
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/effectively-once/effectively/internal/pipeline"
@@ -42,25 +37,6 @@ const (
 	MetadataReplayOf = "effectively_replay_of"
 )
 
-// ReplayMessage returns the message that replays dl: its original body
-// and metadata under a new UUID, without the redelivery marker of the
-// delivery that failed (the replay is a first delivery) nor its
-// transport's unreadable marker (the replay is published anew, with
-// metadata its transport reads: else it was dead-lettered as
-// unreadable_message again, whatever the operator fixed), and with
-// MetadataReplayOf set to dl's id. The operator's replay command, the
-// test kit and the transport suite all replay with it.
-func (dl DeadLetter) ReplayMessage() *message.Message {
-	msg := message.NewMessage(watermill.NewUUID(), dl.Body)
-	for k, v := range dl.Metadata {
-		if !deliveryMarker(k) {
-			msg.Metadata.Set(k, v)
-		}
-	}
-	msg.Metadata.Set(MetadataReplayOf, strconv.FormatInt(dl.ID, 10))
-	return msg
-}
-
 // NewMessage encodes env as a watermill message whose payload is the
 // CloudEvent and whose UUID is the event id.
 func NewMessage(env Envelope) (*message.Message, error) {
@@ -71,25 +47,4 @@ func NewMessage(env Envelope) (*message.Message, error) {
 	msg := message.NewMessage(env.ID, body)
 	msg.Metadata.Set(MetadataContentType, ContentType)
 	return msg, nil
-}
-
-// DecodeMessage decodes msg's payload (see Decode). A message that its
-// transport marked unreadable (see MetadataUnreadable) fails permanently
-// with CodeUnreadableMessage, whatever its payload.
-func DecodeMessage(msg *message.Message, maxBody int) (Envelope, error) {
-	if reason, ok := msg.Metadata[MetadataUnreadable]; ok {
-		return Envelope{}, Permanent(CodeUnreadableMessage, fmt.Errorf("message %s: unreadable: %s", msg.UUID, reason))
-	}
-	env, err := Decode(msg.Payload, maxBody)
-	if err != nil {
-		return Envelope{}, fmt.Errorf("message %s: %w", msg.UUID, err)
-	}
-	return env, nil
-}
-
-// deliveryMarker reports whether the metadata key k is one that a
-// transport sets on one delivery, never part of the message: the
-// redelivery and unreadable markers.
-func deliveryMarker(k string) bool {
-	return k == MetadataRedelivered || k == MetadataUnreadable || k == MetadataUnreadableRaw
 }

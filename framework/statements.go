@@ -1,6 +1,9 @@
 package framework
 
-import "strings"
+import (
+	"errors"
+	"strings"
+)
 
 // scanStatements reads query as its database splits it into statements,
 // and reports whether one of them begins or ends a transaction (ends:
@@ -234,4 +237,32 @@ func callsSetConfig(query string) bool {
 // isIdentByte reports whether b may be part of an SQL identifier.
 func isIdentByte(b byte) bool {
 	return b == '_' || b >= '0' && b <= '9' || b|0x20 >= 'a' && b|0x20 <= 'z' || b >= 0x80
+}
+
+// sqlStateError is a database driver's error that carries its SQLSTATE,
+// as pgx's *pgconn.PgError and lib/pq's *pq.Error do.
+type sqlStateError interface {
+	error
+	SQLState() string
+}
+
+// inFailedTransaction reports whether err is PostgreSQL's refusal of a
+// statement in a transaction that the failure of an earlier statement
+// aborted (SQLSTATE 25P02, in_failed_sql_transaction): under group
+// commit, the earlier statement may have been a batch-mate's.
+func inFailedTransaction(err error) bool {
+	var s sqlStateError
+	return errors.As(err, &s) && s.SQLState() == "25P02"
+}
+
+// dataException returns err, a handler's, as a permanent CodeDataException
+// error when it is a database's refusal of a value (SQLSTATE class 22)
+// that the handler did not classify itself (Permanent, Dependency);
+// otherwise err.
+func dataException(err error) error {
+	var s sqlStateError
+	if !errors.As(err, &s) || !strings.HasPrefix(s.SQLState(), "22") || IsPermanent(err) || IsDependency(err) {
+		return err
+	}
+	return Permanent(CodeDataException, err)
 }

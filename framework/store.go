@@ -4,8 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
 )
 
 // Store is what a consumer needs of its database, and what operators act
@@ -463,4 +470,72 @@ type ParkedFilter struct {
 	Ready bool
 	// Limit caps the number returned; zero means no limit.
 	Limit int
+}
+
+// ReplayMessage returns the message that replays dl: its original body
+// and metadata under a new UUID, without the redelivery marker of the
+// delivery that failed (the replay is a first delivery) nor its
+// transport's unreadable marker (the replay is published anew, with
+// metadata its transport reads: else it was dead-lettered as
+// unreadable_message again, whatever the operator fixed), and with
+// MetadataReplayOf set to dl's id. The operator's replay command, the
+// test kit and the transport suite all replay with it.
+func (dl DeadLetter) ReplayMessage() *message.Message {
+	msg := message.NewMessage(watermill.NewUUID(), dl.Body)
+	for k, v := range dl.Metadata {
+		if k != MetadataRedelivered && k != MetadataUnreadable && k != MetadataUnreadableRaw {
+			msg.Metadata.Set(k, v)
+		}
+	}
+	msg.Metadata.Set(MetadataReplayOf, strconv.FormatInt(dl.ID, 10))
+	return msg
+}
+
+// ErrNotFound is returned by stores for a missing record.
+var ErrNotFound = errors.New("not found")
+
+// ErrNotPending is returned by stores when a dead letter to resolve is no
+// longer pending: replayed or discarded already.
+var ErrNotPending = errors.New("not pending")
+
+// ErrSequenceTaken is returned by Store.Park, ParkGap and EndWait for an
+// event whose subject's sequence number another event, with another id,
+// holds: parked, a dead letter its subject waits behind, or a discarded
+// one the sequence skips. Two events claimed one step of the subject; the
+// second is dead-lettered (CodeSequenceConflict).
+var ErrSequenceTaken = errors.New("another event holds the subject's sequence number")
+
+// storable reports whether every store can hold s in a text column: valid
+// UTF-8 without NUL (PostgreSQL refuses both).
+func storable(s string) bool {
+	return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0
+}
+
+// storableString returns s with NUL and each run of bytes that are not
+// UTF-8 replaced by U+FFFD.
+func storableString(s string) string {
+	if storable(s) {
+		return s
+	}
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
+}
+
+// StorableMetadata returns a copy of md that every store can hold: NUL and
+// bytes that are not UTF-8, in its keys and values, replaced by U+FFFD
+// (PostgreSQL's text and jsonb refuse them). When two keys become one, the
+// value of the key first in byte order is kept. It returns nil when md is
+// empty. Stores and the dead-letter step apply it to a dead letter's
+// metadata, which comes from the transport as received.
+func StorableMetadata(md map[string]string) map[string]string {
+	if len(md) == 0 {
+		return nil
+	}
+	out := make(map[string]string, len(md))
+	for _, k := range slices.Sorted(maps.Keys(md)) {
+		sk := storableString(k)
+		if _, taken := out[sk]; !taken {
+			out[sk] = storableString(md[k])
+		}
+	}
+	return out
 }

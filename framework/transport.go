@@ -123,3 +123,31 @@ func (s Subscription) Initialize() error {
 	}
 	return nil
 }
+
+// DecodeMessage decodes msg's payload (see Decode). A message that its
+// transport marked unreadable (see MetadataUnreadable) fails permanently
+// with CodeUnreadableMessage, whatever its payload.
+func DecodeMessage(msg *message.Message, maxBody int) (Envelope, error) {
+	if reason, ok := msg.Metadata[MetadataUnreadable]; ok {
+		return Envelope{}, Permanent(CodeUnreadableMessage, fmt.Errorf("message %s: unreadable: %s", msg.UUID, reason))
+	}
+	env, err := Decode(msg.Payload, maxBody)
+	if err != nil {
+		return Envelope{}, fmt.Errorf("message %s: %w", msg.UUID, err)
+	}
+	return env, nil
+}
+
+// CheckBodySize returns Decode's permanent CodeTooLarge error of a body
+// over maxBody bytes (zero means DefaultMaxBodyBytes), nil for one within:
+// a producer checks with it what its consumers will take (Decode's own
+// check).
+func CheckBodySize(body []byte, maxBody int) error {
+	if maxBody <= 0 {
+		maxBody = DefaultMaxBodyBytes
+	}
+	if len(body) > maxBody {
+		return Permanent(CodeTooLarge, &FieldError{Field: "body", Reason: fmt.Sprintf("is %d bytes, at most %d allowed", len(body), maxBody)})
+	}
+	return nil
+}

@@ -3,9 +3,7 @@ package framework
 import (
 	"bytes"
 	"encoding/json"
-	"maps"
 	"net/url"
-	"slices"
 	"strings"
 	"time"
 	"unicode/utf16"
@@ -62,41 +60,6 @@ func checkString(field, s string) error {
 		return malformed(field, p)
 	}
 	return nil
-}
-
-// storable reports whether every store can hold s in a text column: valid
-// UTF-8 without NUL (PostgreSQL refuses both).
-func storable(s string) bool {
-	return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0
-}
-
-// storableString returns s with NUL and each run of bytes that are not
-// UTF-8 replaced by U+FFFD.
-func storableString(s string) string {
-	if storable(s) {
-		return s
-	}
-	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", "\uFFFD")
-}
-
-// StorableMetadata returns a copy of md that every store can hold: NUL and
-// bytes that are not UTF-8, in its keys and values, replaced by U+FFFD
-// (PostgreSQL's text and jsonb refuse them). When two keys become one, the
-// value of the key first in byte order is kept. It returns nil when md is
-// empty. Stores and the dead-letter step apply it to a dead letter's
-// metadata, which comes from the transport as received.
-func StorableMetadata(md map[string]string) map[string]string {
-	if len(md) == 0 {
-		return nil
-	}
-	out := make(map[string]string, len(md))
-	for _, k := range slices.Sorted(maps.Keys(md)) {
-		sk := storableString(k)
-		if _, taken := out[sk]; !taken {
-			out[sk] = storableString(md[k])
-		}
-	}
-	return out
 }
 
 // eachMember calls fn with the name, decoded, and the value, as written,

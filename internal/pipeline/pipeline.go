@@ -12,6 +12,7 @@ import (
 	"errors"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
 )
 
 type key[T any] struct{}
@@ -41,6 +42,20 @@ type Decoded[E any] struct {
 	Consumer string
 	// Handle runs the handler on the decoded event.
 	Handle func(ctx context.Context) error
+}
+
+// Attempt is the attempt that a context runs in: the unit of work of
+// package driver puts it on the context it gives a handler, and package
+// framework reads it (Conn, IdempotencyKeyFromContext) without knowing
+// the unit of work.
+type Attempt struct {
+	// Consumer is the name of the consumer whose attempt it is.
+	Consumer string
+	// Source and ID are the event's key.
+	Source, ID string
+	// Conn is the attempt's transaction (a *driver.Tx), nil when the
+	// attempt has no database (the in-memory store).
+	Conn sqlx.ExtContext
 }
 
 // AckInTx lets a transport acknowledge a message inside the handler's
