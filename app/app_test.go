@@ -19,6 +19,7 @@ import (
 
 	"github.com/effectively-once/effectively/app"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/sqlite"
 	"github.com/effectively-once/effectively/handlers"
 
@@ -84,7 +85,7 @@ type bundle struct {
 	cfg       app.Config
 	service   *fx.App
 	db        *sqlx.DB
-	transport framework.Transport
+	transport driver.Transport
 	http      *app.HTTP
 }
 
@@ -187,7 +188,7 @@ func TestApp(t *testing.T) {
 		sawTx := func(into *[]bool) message.HandlerMiddleware {
 			return func(next message.HandlerFunc) message.HandlerFunc {
 				return func(msg *message.Message) ([]*message.Message, error) {
-					_, ok := framework.TxFromContext(msg.Context())
+					_, ok := driver.TxFromContext(msg.Context())
 					out, err := next(msg)
 					mu.Lock()
 					defer mu.Unlock()

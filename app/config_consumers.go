@@ -11,6 +11,7 @@ import (
 
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/amqp"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/handlers"
 	"github.com/effectively-once/effectively/internal/keypath"
 	"github.com/effectively-once/effectively/middleware"
@@ -61,7 +62,7 @@ func (c Config) Settings(name string) middleware.Settings {
 // the framework filled in.
 func (c Config) effective(s middleware.Settings) middleware.Settings {
 	if s.Concurrency == 0 {
-		s.Concurrency = c.defaultConcurrency(cmp.Or(s.BatchSize, framework.DefaultBatchSize))
+		s.Concurrency = c.defaultConcurrency(cmp.Or(s.BatchSize, driver.DefaultBatchSize))
 	}
 	return s.WithDefaults()
 }

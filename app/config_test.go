@@ -14,6 +14,7 @@ import (
 
 	"github.com/effectively-once/effectively/app"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/outbox"
 	"github.com/effectively-once/effectively/handlers"
 	"github.com/effectively-once/effectively/internal/testenv"
@@ -147,7 +148,7 @@ consumers:
 			SkipStale:     true,
 			GapTimeout:    middleware.DefaultGapTimeout,
 			BatchSize:     8,
-			Batches:       framework.DefaultBatches,
+			Batches:       driver.DefaultBatches,
 			BatchLinger:   5 * time.Millisecond,
 			MaxBodyBytes:  framework.DefaultMaxBodyBytes,
 			Breaker:       middleware.BreakerConfig{CoolDown: middleware.DefaultBreakerCoolDown, MaxHold: middleware.DefaultBreakerMaxHold},
@@ -159,8 +160,8 @@ consumers:
 			Concurrency:   app.DefaultConcurrency,
 			MaxDeliveries: middleware.DefaultMaxDeliveries,
 			GapTimeout:    middleware.DefaultGapTimeout,
-			BatchSize:     framework.DefaultBatchSize,
-			Batches:       framework.DefaultBatches,
+			BatchSize:     driver.DefaultBatchSize,
+			Batches:       driver.DefaultBatches,
 			MaxBodyBytes:  framework.DefaultMaxBodyBytes,
 			Breaker:       middleware.BreakerConfig{CoolDown: middleware.DefaultBreakerCoolDown, MaxHold: middleware.DefaultBreakerMaxHold},
 		}, cfg.Settings("other.consumer"))

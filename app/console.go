@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/app/console"
-	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/handlers"
 )
 
@@ -82,17 +82,17 @@ func (c ConsoleConfig) validate(httpAddr string) error {
 
 // newConsole returns the console of cfg on store, showing the consumers
 // of decls.
-func newConsole(cfg Config, store framework.Store, decls []handlers.Declaration, logger *slog.Logger) (*console.Console, error) {
-	inspector, ok := store.(framework.Inspector)
+func newConsole(cfg Config, store driver.Store, decls []handlers.Declaration, logger *slog.Logger) (*console.Console, error) {
+	inspector, ok := store.(driver.Inspector)
 	if !ok {
-		return nil, fmt.Errorf("console: the store %T cannot be inspected (it does not implement framework.Inspector)", store)
+		return nil, fmt.Errorf("console: the store %T cannot be inspected (it does not implement driver.Inspector)", store)
 	}
 	tokens, err := console.ParseTokens(cfg.Console.Tokens)
 	if err != nil {
 		return nil, fmt.Errorf("console.tokens: %w", err)
 	}
 	op := operator{cfg: cfg}
-	view := newConsumersView(cfg, decls, framework.ConsumersRecord{})
+	view := newConsumersView(cfg, decls, driver.ConsumersRecord{})
 	consumers := make([]console.Consumer, 0, len(view.Consumers))
 	for _, c := range view.Consumers {
 		op.consumers = append(op.consumers, c.Name)
@@ -118,7 +118,7 @@ func newConsole(cfg Config, store framework.Store, decls []handlers.Declaration,
 		// The command line's refusals: a consumer not declared here, a
 		// dead letter older than processed_retention (the command's
 		// --force has no button).
-		RefuseReplay: func(dl framework.DeadLetter, now time.Time) string { return op.refuseReplay(dl, false, now) },
+		RefuseReplay: func(dl driver.DeadLetter, now time.Time) string { return op.refuseReplay(dl, false, now) },
 		Logger:       orDefault(logger),
 	})
 	if err != nil {

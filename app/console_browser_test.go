@@ -22,6 +22,7 @@ import (
 
 	"github.com/effectively-once/effectively/app"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/internal/testenv"
 )
 
@@ -176,11 +177,11 @@ func TestConsoleBrowser(t *testing.T) {
 			chromedp.WaitVisible(chromedp.CSS("#groups")),
 		)
 	}
-	status := func(t *testing.T) framework.DeadLetterStatus {
+	status := func(t *testing.T) driver.DeadLetterStatus {
 		t.Helper()
 		var s string
 		require.NoError(t, b.db.Get(&s, `SELECT status FROM dead_letters WHERE id = ?`, gearID))
-		return framework.DeadLetterStatus(s)
+		return driver.DeadLetterStatus(s)
 	}
 
 	step("RefusedWithoutToken", func(t *testing.T) {
@@ -212,7 +213,7 @@ func TestConsoleBrowser(t *testing.T) {
 			f.submit();
 		})()`), chromedp.WaitVisible(chromedp.CSS("#error")))
 		require.Contains(t, text(t, "#error"), "token bob may read only")
-		require.Equal(t, framework.DeadLetterPending, status(t))
+		require.Equal(t, driver.DeadLetterPending, status(t))
 		run(t, "log out", chromedp.Click(chromedp.CSS("#logout")), chromedp.WaitVisible(chromedp.CSS("#login")))
 	})
 
@@ -232,7 +233,7 @@ func TestConsoleBrowser(t *testing.T) {
 	step("CrossOriginRefused", func(t *testing.T) {
 		run(t, "a page of another origin sends the replay form", chromedp.Navigate(evil.URL), chromedp.WaitVisible(chromedp.CSS("#error")))
 		require.Contains(t, text(t, "#error"), "cross-origin request refused")
-		require.Equal(t, framework.DeadLetterPending, status(t))
+		require.Equal(t, driver.DeadLetterPending, status(t))
 	})
 
 	step("PoisonShownNotRun", func(t *testing.T) {
@@ -269,7 +270,7 @@ func TestConsoleBrowser(t *testing.T) {
 		require.Contains(t, history, "replayed\tby alice: the gear supplier is back")
 		run(t, "screenshot", screenshot("dead-letter"))
 		waitFor(t, "the replayed widget", func() bool { return b.count(t, `SELECT count(*) FROM widgets WHERE event_id = 'w-1'`) == 1 })
-		require.Equal(t, framework.DeadLetterReplayed, status(t))
+		require.Equal(t, driver.DeadLetterReplayed, status(t))
 
 		run(t, "the event view", chromedp.Click(chromedp.CSS("#fields a[href*=events]")), chromedp.WaitVisible(chromedp.CSS("#applied")))
 		require.Contains(t, text(t, "#applied"), consumerName)

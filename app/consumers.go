@@ -11,7 +11,7 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/fx"
 
-	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/handlers"
 )
 
@@ -91,13 +91,13 @@ type outboxFigures struct {
 
 // newConsumersView returns the view of decls, with cfg's settings and
 // rec's figures.
-func newConsumersView(cfg Config, decls []handlers.Declaration, rec framework.ConsumersRecord) consumersView {
+func newConsumersView(cfg Config, decls []handlers.Declaration, rec driver.ConsumersRecord) consumersView {
 	v := consumersView{
 		Transport: cfg.Transport,
 		Consumers: []consumerView{},
 		Outbox:    outboxFigures{Unsent: rec.Unsent, OldestUnsent: timeOrNil(rec.OldestUnsent)},
 	}
-	figures := make(map[string]framework.ConsumerFigures, len(rec.Consumers))
+	figures := make(map[string]driver.ConsumerFigures, len(rec.Consumers))
 	for _, f := range rec.Consumers {
 		figures[f.Consumer] = f
 	}

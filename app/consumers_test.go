@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/handlers"
 )
 
@@ -19,8 +19,8 @@ func TestConsumersView(t *testing.T) {
 	t.Parallel()
 	decls := []handlers.Declaration{{Name: "shop.mail", Types: []string{"shop.order.placed", "shop.order.paid"}}}
 	oldest := time.Now().Add(-time.Hour)
-	rec := framework.ConsumersRecord{
-		Consumers: []framework.ConsumerFigures{
+	rec := driver.ConsumersRecord{
+		Consumers: []driver.ConsumerFigures{
 			{Consumer: "shop.mail", Processed: 7},
 			{Consumer: "shop.old-mail", PendingDeadLetters: 2},
 			{Consumer: "shop.gone", Processed: 3},

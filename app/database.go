@@ -9,7 +9,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"go.uber.org/fx"
 
-	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/postgres"
 	"github.com/effectively-once/effectively/framework/sqlite"
@@ -135,11 +135,11 @@ type storeParams struct {
 // newStore returns the store of db (a sqlite.Store or a postgres.Store),
 // whose tables carry the configured prefix. In the service, the replays
 // and discards it records are counted (see resolutions).
-func newStore(p storeParams) (framework.Store, error) {
+func newStore(p storeParams) (driver.Store, error) {
 	var (
-		s         framework.Store
+		s         driver.Store
 		err       error
-		onResolve func(framework.DeadLetter, framework.Resolution)
+		onResolve func(driver.DeadLetter, driver.Resolution)
 	)
 	if p.Resolutions != nil {
 		onResolve = p.Resolutions.observe

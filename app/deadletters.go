@@ -19,6 +19,7 @@ import (
 	"go.uber.org/fx"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/handlers"
 )
 
@@ -30,7 +31,7 @@ import (
 type operator struct {
 	cfg         Config
 	db          *sqlx.DB
-	deadLetters framework.Store
+	deadLetters driver.Store
 	consumers   []string
 	known       map[string]bool // the declared names and those they are renamed from
 }
@@ -58,7 +59,7 @@ type operatorParams struct {
 
 	Config       Config
 	DB           *sqlx.DB
-	Store        framework.Store
+	Store        driver.Store
 	Declarations []handlers.Declaration `group:"effectively.consumers"`
 }
 
@@ -107,7 +108,7 @@ func deadLettersCommand(opts fx.Option) *cobra.Command {
 	}
 
 	var (
-		filter    framework.DeadLetterFilter
+		filter    driver.DeadLetterFilter
 		status    string
 		codeFlag  string
 		showLimit int
@@ -120,8 +121,8 @@ func deadLettersCommand(opts fx.Option) *cobra.Command {
 			switch status {
 			case "all":
 				filter.Status = ""
-			case string(framework.DeadLetterPending), string(framework.DeadLetterReplayed), string(framework.DeadLetterDiscarded):
-				filter.Status = framework.DeadLetterStatus(status)
+			case string(driver.DeadLetterPending), string(driver.DeadLetterReplayed), string(driver.DeadLetterDiscarded):
+				filter.Status = driver.DeadLetterStatus(status)
 			default:
 				return fmt.Errorf("--status: want pending, replayed, discarded or all, got %q", status)
 			}
@@ -145,7 +146,7 @@ func deadLettersCommand(opts fx.Option) *cobra.Command {
 	}
 	list.Flags().StringVar(&filter.Consumer, "consumer", "", "only this consumer's")
 	list.Flags().StringVar(&codeFlag, "code", "", "only those with this code")
-	list.Flags().StringVar(&status, "status", string(framework.DeadLetterPending), "pending, replayed, discarded or all")
+	list.Flags().StringVar(&status, "status", string(driver.DeadLetterPending), "pending, replayed, discarded or all")
 	list.Flags().Int64Var(&filter.AfterID, "after", 0, "only those with a greater id (paging)")
 	list.Flags().IntVar(&showLimit, "limit", 100, "at most this many")
 
@@ -160,8 +161,8 @@ func deadLettersCommand(opts fx.Option) *cobra.Command {
 			}
 			return operate(cmd.Context(), opts, func(ctx context.Context, op operator) error {
 				dl, err := op.deadLetters.DeadLetter(ctx, id)
-				if errors.Is(err, framework.ErrNotFound) {
-					return fmt.Errorf("dead letter %d: %w", id, framework.ErrNotFound)
+				if errors.Is(err, driver.ErrNotFound) {
+					return fmt.Errorf("dead letter %d: %w", id, driver.ErrNotFound)
 				}
 				if err != nil {
 					return err // the store's error names the dead letter
@@ -187,15 +188,15 @@ func deadLettersCommand(opts fx.Option) *cobra.Command {
 
 // resolutionFlags adds the flags that say who resolves dead letters and
 // why, both recorded in their history.
-func resolutionFlags(cmd *cobra.Command, r *framework.Resolution) {
+func resolutionFlags(cmd *cobra.Command, r *driver.Resolution) {
 	cmd.Flags().StringVar(&r.By, "by", os.Getenv("USER"), "who does it (recorded; defaults to $USER)")
 	cmd.Flags().StringVar(&r.Reason, "reason", "", "why (recorded; required)")
 }
 
 // checkResolution refuses a resolution without an actor or a reason, or
-// with one that no store can record (framework.Resolution.Validate); why
+// with one that no store can record (driver.Resolution.Validate); why
 // says what the reason should say.
-func checkResolution(r framework.Resolution, why string) error {
+func checkResolution(r driver.Resolution, why string) error {
 	switch {
 	case strings.TrimSpace(r.Reason) == "":
 		return fmt.Errorf("--reason: say %s", why)
@@ -274,7 +275,7 @@ the consumer applies them after it, in order.
 			if since != "" && until != "" && !req.filter.FailedBefore.After(req.filter.FailedSince) {
 				return errors.New("--until: want a time after --since: nothing first failed between them")
 			}
-			byFilter := req.filter != (framework.DeadLetterFilter{})
+			byFilter := req.filter != (driver.DeadLetterFilter{})
 			switch {
 			case len(req.ids) > 0 && byFilter:
 				return errors.New("replay: name dead letters by id or select them by filter, not both")
@@ -285,7 +286,7 @@ the consumer applies them after it, in order.
 			case perSecond > 0 && perSecond < minRate:
 				return fmt.Errorf("--rate: want at least %v replays a second (one an hour; 0: no limit), got %v: the command would wait between two replays for longer", minRate, perSecond)
 			}
-			req.resolution.Status = framework.DeadLetterReplayed
+			req.resolution.Status = driver.DeadLetterReplayed
 			if !req.dryRun {
 				if err := checkResolution(req.resolution, "why the messages can be processed now"); err != nil {
 					return err
@@ -360,7 +361,7 @@ func (op operator) replay(ctx context.Context, out, errOut io.Writer, req replay
 // discardCommand returns the command that discards dead letters.
 func discardCommand(opts fx.Option) *cobra.Command {
 	var (
-		r            framework.Resolution
+		r            driver.Resolution
 		releaseAfter bool
 	)
 	cmd := &cobra.Command{
@@ -385,7 +386,7 @@ again hands the parked events over again, which the consumer absorbs.`,
 			if err != nil {
 				return err
 			}
-			r.Status = framework.DeadLetterDiscarded
+			r.Status = driver.DeadLetterDiscarded
 			if err := checkResolution(r, "why the messages will never be processed"); err != nil {
 				return err
 			}
@@ -416,7 +417,7 @@ again hands the parked events over again, which the consumer absorbs.`,
 // parkedCommand returns the command that lists the events parked behind
 // dead letters, per subject.
 func parkedCommand(opts fx.Option) *cobra.Command {
-	var filter framework.ParkedFilter
+	var filter driver.ParkedFilter
 	cmd := &cobra.Command{
 		Use:   "parked",
 		Short: "List, per subject, the events parked behind a dead letter (strict_order)",
@@ -460,13 +461,13 @@ type discarded struct {
 // is accepted, and out told that this discard is not recorded (its
 // history keeps the first). A dead letter that is not found or not
 // pending is refused.
-func (op operator) discard(ctx context.Context, out io.Writer, release bool, id int64, r framework.Resolution) (discarded, error) {
+func (op operator) discard(ctx context.Context, out io.Writer, release bool, id int64, r driver.Resolution) (discarded, error) {
 	refuse := func(why string, err error) (discarded, error) {
 		return discarded{verdict: verdict{id: id, refused: why}, err: fmt.Errorf("dead letter %d: %w", id, err)}, nil
 	}
 	dl, err := op.deadLetters.DeadLetter(ctx, id)
 	switch {
-	case errors.Is(err, framework.ErrNotFound):
+	case errors.Is(err, driver.ErrNotFound):
 		return refuse("not found", err)
 	case err != nil:
 		return discarded{}, fmt.Errorf("dead letter %d: %w", id, err)
@@ -474,16 +475,16 @@ func (op operator) discard(ctx context.Context, out io.Writer, release bool, id 
 		why := fmt.Sprintf("consumer %s is not declared in this service: nothing would apply its parked events", dl.Consumer)
 		return refuse(why, errors.New(why))
 	}
-	again := release && dl.Status == framework.DeadLetterDiscarded
+	again := release && dl.Status == driver.DeadLetterDiscarded
 	if !again {
 		_, err := op.deadLetters.ResolveDeadLetter(ctx, id, r)
 		switch {
-		case errors.Is(err, framework.ErrNotPending):
+		case errors.Is(err, driver.ErrNotPending):
 			if dl, err = op.deadLetters.DeadLetter(ctx, id); err != nil {
 				return discarded{}, fmt.Errorf("dead letter %d: %w", id, err)
 			}
-			return refuse(notPending(dl), framework.ErrNotPending)
-		case errors.Is(err, framework.ErrNotFound):
+			return refuse(notPending(dl), driver.ErrNotPending)
+		case errors.Is(err, driver.ErrNotFound):
 			return refuse("not found", err)
 		case err != nil:
 			return discarded{}, fmt.Errorf("discard dead letter %d: %w", id, err)
@@ -510,19 +511,19 @@ func (op operator) discard(ctx context.Context, out io.Writer, release bool, id 
 // releaseParked skips the discarded dl in its subject's sequence and
 // records the events parked behind it whose turn came as replays to its
 // consumer, in their order.
-func (op operator) releaseParked(ctx context.Context, out io.Writer, dl framework.DeadLetter) error {
+func (op operator) releaseParked(ctx context.Context, out io.Writer, dl driver.DeadLetter) error {
 	parked, err := op.parkedBehind(ctx, dl)
 	if err != nil {
 		return err
 	}
-	if _, err := op.deadLetters.Skip(ctx, dl.Consumer, dl.Subject, dl.Key()); err != nil && !errors.Is(err, framework.ErrNotFound) {
+	if _, err := op.deadLetters.Skip(ctx, dl.Consumer, dl.Subject, dl.Key()); err != nil && !errors.Is(err, driver.ErrNotFound) {
 		return fmt.Errorf("dead letter %d: skip it in the sequence of %s: %w", dl.ID, dl.Subject, err)
 	} // not found: skipped before, or nothing was held behind it
-	ready, err := op.deadLetters.Parked(ctx, framework.ParkedFilter{Consumer: dl.Consumer, Subject: dl.Subject, Ready: true})
+	ready, err := op.deadLetters.Parked(ctx, driver.ParkedFilter{Consumer: dl.Consumer, Subject: dl.Subject, Ready: true})
 	if err != nil {
 		return err
 	}
-	rs := make([]framework.Replay, 0, len(ready))
+	rs := make([]driver.Replay, 0, len(ready))
 	for _, p := range ready {
 		rs = append(rs, parkedReplay(p))
 	}
@@ -537,21 +538,21 @@ func (op operator) releaseParked(ctx context.Context, out io.Writer, dl framewor
 }
 
 // parkedBehind returns the events parked behind dl (see
-// framework.ParkedBehind).
-func (op operator) parkedBehind(ctx context.Context, dl framework.DeadLetter) ([]framework.ParkedEvent, error) {
+// driver.ParkedBehind).
+func (op operator) parkedBehind(ctx context.Context, dl driver.DeadLetter) ([]driver.ParkedEvent, error) {
 	if dl.Subject == "" {
 		return nil, nil
 	}
-	ps, err := op.deadLetters.Parked(ctx, framework.ParkedFilter{Consumer: dl.Consumer, Subject: dl.Subject})
+	ps, err := op.deadLetters.Parked(ctx, driver.ParkedFilter{Consumer: dl.Consumer, Subject: dl.Subject})
 	if err != nil {
 		return nil, err
 	}
-	return framework.ParkedBehind(dl, ps), nil
+	return driver.ParkedBehind(dl, ps), nil
 }
 
 // reportParked tells out how many events are parked behind dl, and what
 // becomes of them, when there are any.
-func (op operator) reportParked(ctx context.Context, out io.Writer, dl framework.DeadLetter, fate string) error {
+func (op operator) reportParked(ctx context.Context, out io.Writer, dl driver.DeadLetter, fate string) error {
 	parked, err := op.parkedBehind(ctx, dl)
 	if err != nil || len(parked) == 0 {
 		return err
@@ -562,14 +563,14 @@ func (op operator) reportParked(ctx context.Context, out io.Writer, dl framework
 
 // parkedReplay is the replay of the parked event p to its consumer: its
 // body and metadata, without the transport's redelivery marker.
-func parkedReplay(p framework.ParkedEvent) framework.Replay {
+func parkedReplay(p driver.ParkedEvent) driver.Replay {
 	md := make(map[string]string, len(p.Metadata))
 	for k, v := range p.Metadata {
 		if k != framework.MetadataRedelivered {
 			md[k] = v
 		}
 	}
-	return framework.Replay{Consumer: p.Consumer, Topic: p.Topic, Body: p.Body, Metadata: md}
+	return driver.Replay{Consumer: p.Consumer, Topic: p.Topic, Body: p.Body, Metadata: md}
 }
 
 func parseID(s string) (int64, error) {
@@ -599,7 +600,7 @@ func parseIDs(args []string) ([]int64, error) {
 	return ids, nil
 }
 
-func printList(out io.Writer, dls []framework.DeadLetter) error {
+func printList(out io.Writer, dls []driver.DeadLetter) error {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "ID\tCONSUMER\tCODE\tTYPE\tVERSION\tSOURCE\tEVENT\tATTEMPTS\tREPEATS\tLAST FAILED\tSTATUS")
 	for _, dl := range dls {
@@ -610,7 +611,7 @@ func printList(out io.Writer, dls []framework.DeadLetter) error {
 	return w.Flush()
 }
 
-func printDeadLetter(out io.Writer, dl framework.DeadLetter) error {
+func printDeadLetter(out io.Writer, dl driver.DeadLetter) error {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	row := func(k string, v any) { fmt.Fprintf(w, "%s\t%s\n", printable(k), printable(fmt.Sprint(v))) }
 	row("id", dl.ID)
@@ -618,7 +619,7 @@ func printDeadLetter(out io.Writer, dl framework.DeadLetter) error {
 	row("topic", dl.Topic)
 	row("code", dl.Code)
 	row("status", dl.Status)
-	if dl.Status != framework.DeadLetterPending {
+	if dl.Status != driver.DeadLetterPending {
 		row("resolved", fmt.Sprintf("%s by %s at %s: %s", dl.Resolution.Status, dl.Resolution.By, dl.Resolution.At.UTC().Format(time.RFC3339), dl.Resolution.Reason))
 	}
 	row("source", orDash(dl.Source))
@@ -672,15 +673,15 @@ func countOrUnknown(n int) string {
 
 // printHistory prints every failure and resolution of a dead letter,
 // oldest first.
-func printHistory(out io.Writer, hs []framework.HistoryEntry) error {
+func printHistory(out io.Writer, hs []driver.HistoryEntry) error {
 	fmt.Fprintln(out, "history:")
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	for _, h := range hs {
 		var what string
 		switch h.Kind {
-		case framework.HistoryFailed:
+		case driver.HistoryFailed:
 			what = fmt.Sprintf("code %s, attempts %d, deliveries %s", h.Code, h.Attempts, countOrUnknown(h.Deliveries))
-		case framework.HistoryAdopted:
+		case driver.HistoryAdopted:
 			what = "from consumer " + h.By
 		default:
 			what = fmt.Sprintf("by %s: %s", orDash(h.By), h.Reason)
@@ -692,7 +693,7 @@ func printHistory(out io.Writer, hs []framework.HistoryEntry) error {
 
 // printParked prints ps per consumer and subject: the dead letter they
 // wait behind, their sequences, how many, and how many are ready.
-func printParked(out io.Writer, ps []framework.ParkedEvent) error {
+func printParked(out io.Writer, ps []driver.ParkedEvent) error {
 	type row struct {
 		consumer, subject, held string
 		seqs                    []string

@@ -20,6 +20,7 @@ import (
 
 	"github.com/effectively-once/effectively/app"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/outbox"
 	"github.com/effectively-once/effectively/framework/sqlite"
 	"github.com/effectively-once/effectively/handlers"
@@ -151,7 +152,7 @@ func testDeadLettersCommand(t *testing.T, cfg app.Config) {
 	require.NoError(t, err)
 	require.Regexp(t, `(?m)^\s+\S+\s+discarded\s+by tester: a test widget$`, out, "the discard is in the history")
 	out, err = run("dead-letters", "replay", fmt.Sprint(ids[1]), "--by", "tester", "--reason", "try again")
-	require.ErrorIs(t, err, framework.ErrNotPending)
+	require.ErrorIs(t, err, driver.ErrNotPending)
 	require.ErrorContains(t, err, "1 of 1 dead letters refused")
 	require.Regexp(t, fmt.Sprintf(`dead letter %d refused: not pending: discarded by tester at \S+ \(a test widget\)`, ids[1]), out)
 
@@ -166,7 +167,7 @@ func testDeadLettersCommand(t *testing.T, cfg app.Config) {
 	_, err = run("dead-letters", "show", "x")
 	require.ErrorContains(t, err, "want a positive integer")
 	_, err = run("dead-letters", "show", "999999")
-	require.ErrorIs(t, err, framework.ErrNotFound)
+	require.ErrorIs(t, err, driver.ErrNotFound)
 	require.EqualError(t, err, "dead letter 999999: not found", "said once")
 }
 
@@ -239,9 +240,9 @@ func TestDeadLettersBuildNoHandler(t *testing.T) {
 			require.NoError(t, err)
 			require.Regexp(t, `^ID\s+CONSUMER\s+CODE`, out)
 			_, err = runCommand(t, service, "dead-letters", "show", "1")
-			require.ErrorIs(t, err, framework.ErrNotFound)
+			require.ErrorIs(t, err, driver.ErrNotFound)
 			out, err = runCommand(t, service, "dead-letters", "discard", "1", "--by", "tester", "--reason", "test data")
-			require.ErrorIs(t, err, framework.ErrNotFound)
+			require.ErrorIs(t, err, driver.ErrNotFound)
 			require.Equal(t, "dead letter 1 refused: not found\n", out)
 			require.False(t, dialled.Load(), "no handler was built")
 		})
@@ -295,12 +296,12 @@ func storeDeadLetter(t *testing.T, db *sqlx.DB, consumer, id, subject string, se
 	require.NoError(t, err)
 	msg, err := framework.NewMessage(env)
 	require.NoError(t, err)
-	require.NoError(t, store.PublishDeadLetter(t.Context(), framework.DeadLetter{
+	require.NoError(t, store.PublishDeadLetter(t.Context(), driver.DeadLetter{
 		Consumer: consumer, Topic: widgetAdded.Type(), Source: "widgets", EventID: id,
 		Type: widgetAdded.Type(), Version: 1, Subject: subject, SubjectSeq: seq,
 		Code: "widget_rejected", Attempts: 1, Body: msg.Payload, Metadata: msg.Metadata,
 	}))
-	dls, err := store.DeadLetters(t.Context(), framework.DeadLetterFilter{Consumer: consumer, EventID: id, Source: "widgets"})
+	dls, err := store.DeadLetters(t.Context(), driver.DeadLetterFilter{Consumer: consumer, EventID: id, Source: "widgets"})
 	require.NoError(t, err)
 	require.Len(t, dls, 1)
 	return dls[0].ID
@@ -339,8 +340,8 @@ func TestResolveReasonNotText(t *testing.T) {
 	}
 	// Text past its length is refused too, naming the flag and the limit.
 	for _, args := range [][]string{
-		{"dead-letters", "discard", id, "--by", "tester", "--reason", strings.Repeat("x", framework.MaxResolutionReason+1)},
-		{"dead-letters", "replay", id, "--by", strings.Repeat("é", framework.MaxResolutionBy), "--reason", "fixed"},
+		{"dead-letters", "discard", id, "--by", "tester", "--reason", strings.Repeat("x", driver.MaxResolutionReason+1)},
+		{"dead-letters", "replay", id, "--by", strings.Repeat("é", driver.MaxResolutionBy), "--reason", "fixed"},
 	} {
 		_, err := runCommand(t, commandOptions(cfg), args...)
 		require.Error(t, err)
@@ -366,11 +367,11 @@ func TestShowEscapesHiddenText(t *testing.T) {
 	msg, err := framework.NewMessage(env)
 	require.NoError(t, err)
 	msg.Metadata.Set("x-note", evil)
-	require.NoError(t, store.PublishDeadLetter(t.Context(), framework.DeadLetter{
+	require.NoError(t, store.PublishDeadLetter(t.Context(), driver.DeadLetter{
 		Consumer: consumerName, Topic: widgetAdded.Type(), Source: "widgets", EventID: "w-evil",
 		Type: widgetAdded.Type(), Version: 1, Code: "widget_rejected", Attempts: 1, Body: msg.Payload, Metadata: msg.Metadata,
 	}))
-	dls, err := store.DeadLetters(t.Context(), framework.DeadLetterFilter{EventID: "w-evil", Source: "widgets"})
+	dls, err := store.DeadLetters(t.Context(), driver.DeadLetterFilter{EventID: "w-evil", Source: "widgets"})
 	require.NoError(t, err)
 	require.Len(t, dls, 1)
 	id := fmt.Sprint(dls[0].ID)
@@ -409,12 +410,12 @@ func TestResolveEscapesHiddenText(t *testing.T) {
 		require.NoError(t, err)
 		msg, err := framework.NewMessage(env)
 		require.NoError(t, err)
-		require.NoError(t, store.PublishDeadLetter(t.Context(), framework.DeadLetter{
+		require.NoError(t, store.PublishDeadLetter(t.Context(), driver.DeadLetter{
 			Consumer: consumerName, Topic: widgetAdded.Type(), Source: "widgets", EventID: eventID,
 			Type: widgetAdded.Type(), Version: 1, Subject: subject, SubjectSeq: 1,
 			Code: "widget_rejected", Attempts: 1, Body: msg.Payload, Metadata: msg.Metadata,
 		}))
-		dls, err := store.DeadLetters(t.Context(), framework.DeadLetterFilter{EventID: eventID, Source: "widgets"})
+		dls, err := store.DeadLetters(t.Context(), driver.DeadLetterFilter{EventID: eventID, Source: "widgets"})
 		require.NoError(t, err)
 		require.Len(t, dls, 1)
 		return fmt.Sprint(dls[0].ID)
@@ -479,7 +480,7 @@ func TestEventsShowNormalizesSource(t *testing.T) {
 	decoded, err := framework.Decode(msg.Payload, 0)
 	require.NoError(t, err)
 	require.Equal(t, "caf%C3%A9", decoded.Source)
-	require.NoError(t, store.PublishDeadLetter(t.Context(), framework.DeadLetter{
+	require.NoError(t, store.PublishDeadLetter(t.Context(), driver.DeadLetter{
 		Consumer: consumerName, Topic: widgetAdded.Type(), Source: decoded.Source, EventID: "w-1",
 		Type: widgetAdded.Type(), Version: 1, Code: "widget_rejected", Attempts: 1, Body: msg.Payload, Metadata: msg.Metadata,
 	}))
@@ -619,11 +620,11 @@ func TestShowBodyAsItIs(t *testing.T) {
 	b := setup(t, cfg)
 	store := testStore(t, b.db)
 	body := `{"specversion":"1.0","id":"w-1","id":"w-2","source":"widgets","n":12345678901234567890,"html":"<&>"}`
-	require.NoError(t, store.PublishDeadLetter(t.Context(), framework.DeadLetter{
+	require.NoError(t, store.PublishDeadLetter(t.Context(), driver.DeadLetter{
 		Consumer: consumerName, Topic: widgetAdded.Type(), Source: "", EventID: framework.BodyKey([]byte(body)).ID,
 		Code: framework.CodeMalformedEnvelope, Body: []byte(body),
 	}))
-	dls, err := store.DeadLetters(t.Context(), framework.DeadLetterFilter{Consumer: consumerName})
+	dls, err := store.DeadLetters(t.Context(), driver.DeadLetterFilter{Consumer: consumerName})
 	require.NoError(t, err)
 	require.Len(t, dls, 1)
 	out, err := runCommand(t, commandOptions(cfg), "dead-letters", "show", fmt.Sprint(dls[0].ID))

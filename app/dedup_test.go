@@ -16,6 +16,7 @@ import (
 	"github.com/effectively-once/effectively/app"
 	"github.com/effectively-once/effectively/app/apptest"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/memory"
 	"github.com/effectively-once/effectively/handlers"
 	"github.com/effectively-once/effectively/internal/testenv"
@@ -143,9 +144,9 @@ func TestWithoutDedupNeedsReason(t *testing.T) {
 }
 
 // outlivingStore is a store that says its marks outlive a rollback.
-type outlivingStore struct{ framework.Store }
+type outlivingStore struct{ driver.Store }
 
-func (outlivingStore) MarkScope() framework.MarkScope { return framework.MarkOutlivesRollback }
+func (outlivingStore) MarkScope() driver.MarkScope { return driver.MarkOutlivesRollback }
 
 // TestMarkCheck: the application refuses to start with a store whose
 // marks neither join the database transaction nor go when an attempt
@@ -156,14 +157,14 @@ func TestMarkCheck(t *testing.T) {
 	t.Parallel()
 	t.Run("Refused", func(t *testing.T) {
 		t.Parallel()
-		module := fx.Options(dedupModule(), fx.Decorate(func(s framework.Store) framework.Store { return outlivingStore{s} }))
+		module := fx.Options(dedupModule(), fx.Decorate(func(s driver.Store) driver.Store { return outlivingStore{s} }))
 		_, err := apptest.Start(t.Context(), module, apptest.Config{})
 		require.ErrorContains(t, err, "consumer "+onceAnEvent+": UnitOfWorkConfig.Store: mark check: processed store app_test.outlivingStore keeps its marks outside the database transaction")
 	})
 	t.Run("MemoryStore", func(t *testing.T) {
 		t.Parallel()
 		logs := &logBuffer{}
-		module := fx.Options(dedupModule(), fx.Decorate(func(framework.Store) (framework.Store, error) {
+		module := fx.Options(dedupModule(), fx.Decorate(func(driver.Store) (driver.Store, error) {
 			return memory.NewStore(memory.StoreConfig{})
 		}))
 		svc := apptest.New(t, module, apptest.Config{Logger: newJSONLogger(logs)})

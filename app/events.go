@@ -15,6 +15,7 @@ import (
 	"go.uber.org/fx"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/handlers"
 )
 
@@ -23,7 +24,7 @@ import (
 // consumers. Like the dead-letter commands, it builds no handler.
 type inspection struct {
 	cfg          Config
-	inspector    framework.Inspector
+	inspector    driver.Inspector
 	declarations []handlers.Declaration
 }
 
@@ -39,9 +40,9 @@ func inspect(ctx context.Context, opts fx.Option, fn func(ctx context.Context, i
 		decls = p.Declarations
 	})
 	return operate(ctx, fx.Options(opts, collect), func(ctx context.Context, op operator) error {
-		in, ok := op.deadLetters.(framework.Inspector)
+		in, ok := op.deadLetters.(driver.Inspector)
 		if !ok {
-			return fmt.Errorf("the store %T cannot be inspected (it does not implement framework.Inspector)", op.deadLetters)
+			return fmt.Errorf("the store %T cannot be inspected (it does not implement driver.Inspector)", op.deadLetters)
 		}
 		slices.SortFunc(decls, func(a, b handlers.Declaration) int { return strings.Compare(a.Name, b.Name) })
 		return fn(ctx, inspection{cfg: op.cfg, inspector: in, declarations: decls})
@@ -174,7 +175,7 @@ type unmarkedView struct {
 
 // newEventView returns the view of rec, naming the consumers of decls
 // that have no record of the event.
-func newEventView(rec framework.EventRecord, decls []handlers.Declaration) eventView {
+func newEventView(rec driver.EventRecord, decls []handlers.Declaration) eventView {
 	v := eventView{
 		Source: rec.Key.Source, ID: rec.Key.ID, Known: rec.Known(),
 		Applied: []appliedView{}, DeadLetters: []eventDeadView{}, Parked: []eventParkView{}, Unmarked: []unmarkedView{},
@@ -325,14 +326,14 @@ func printEvent(out io.Writer, v eventView) error {
 // and deliveries, a resolution's actor and reason, an adoption's old
 // name.
 func historyDetail(h historyView) string {
-	switch framework.HistoryKind(h.Kind) {
-	case framework.HistoryFailed:
+	switch driver.HistoryKind(h.Kind) {
+	case driver.HistoryFailed:
 		s := fmt.Sprintf("code %s, %d attempts", h.Code, h.Attempts)
 		if h.Deliveries > 0 {
 			s += fmt.Sprintf(", delivery %d", h.Deliveries)
 		}
 		return s
-	case framework.HistoryAdopted:
+	case driver.HistoryAdopted:
 		return "from " + h.By
 	}
 	return fmt.Sprintf("by %s: %s", h.By, h.Reason)

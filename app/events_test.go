@@ -16,6 +16,7 @@ import (
 
 	"github.com/effectively-once/effectively/app"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/outbox"
 	"github.com/effectively-once/effectively/handlers"
 	"github.com/effectively-once/effectively/middleware"
@@ -57,7 +58,7 @@ func testInspectCommands(t *testing.T, cfg app.Config) {
 	cfg.Consumers = map[string]middleware.Settings{picky: {Concurrency: 3, BatchSize: 2, StrictOrder: true}}
 	var (
 		box   *outbox.Outbox
-		store framework.Store
+		store driver.Store
 	)
 	b := &bundle{cfg: cfg}
 	b.service = app.New(declared, fx.Replace(cfg), fx.Populate(&b.db, &box, &store))
@@ -174,7 +175,7 @@ func testInspectCommands(t *testing.T, cfg app.Config) {
 	for _, re := range []string{
 		`(?m)^CONSUMER\s+TYPES\s+SUBSCRIPTION\s+CONCURRENCY\s+BATCH\s+DEDUP\s+PROCESSED 1H\s+PENDING DL\s+PARKED$`,
 		fmt.Sprintf(`(?m)^%s\s+widgets\.widget\.added\s+%s%s\s+%d\s+%d\s+on\s+2\s+0\s+0$`,
-			regexp.QuoteMeta(applier), sub, regexp.QuoteMeta(applier), cfg.Settings(applier).Concurrency, framework.DefaultBatchSize),
+			regexp.QuoteMeta(applier), sub, regexp.QuoteMeta(applier), cfg.Settings(applier).Concurrency, driver.DefaultBatchSize),
 		`(?m)^widgets\.index\s+widgets\.widget\.added\s+` + sub + `widgets\.index\s+\d+\s+\d+\s+off: ` + why + `\s+-\s+0\s+0$`,
 		`(?m)^widgets\.picky\s+widgets\.widget\.added\s+` + sub + `widgets\.picky\s+3\s+2\s+on\s+0\s+1\s+1$`,
 		`(?m)^outbox: no unsent row$`,

@@ -11,6 +11,7 @@ import (
 	"github.com/effectively-once/effectively/app"
 	"github.com/effectively-once/effectively/app/apptest"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/handlers"
 )
 
@@ -34,7 +35,7 @@ func audit(next message.HandlerFunc) message.HandlerFunc {
 // the deliveries that are not duplicates.
 func inTx(next message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
-		_, ok := framework.TxFromContext(msg.Context())
+		_, ok := driver.TxFromContext(msg.Context())
 		fmt.Println("inner: attempt in a transaction:", ok)
 		return next(msg)
 	}

@@ -18,7 +18,7 @@ import (
 	"go.uber.org/fx"
 
 	"github.com/effectively-once/effectively/app/console"
-	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/handlers"
 	"github.com/effectively-once/effectively/middleware"
 )
@@ -71,12 +71,12 @@ type httpParams struct {
 	Config    Config
 	Registry  registry
 	Readiness *readiness
-	Transport framework.Transport
+	Transport driver.Transport
 	DB        *sqlx.DB
 	Consumers *middleware.Metrics
 	Logger    *slog.Logger `optional:"true"`
 	// Store and Declarations feed the operator console, when it is on.
-	Store        framework.Store
+	Store        driver.Store
 	Declarations []handlers.Declaration `group:"effectively.consumers"`
 }
 

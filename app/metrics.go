@@ -5,7 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 // resolutions counts the replays and discards of dead letters that this
@@ -39,11 +39,11 @@ func newResolutions(reg registry) (*resolutions, error) {
 
 // observe counts a resolution the store committed (the stores'
 // OnResolve).
-func (r *resolutions) observe(dl framework.DeadLetter, res framework.Resolution) {
+func (r *resolutions) observe(dl driver.DeadLetter, res driver.Resolution) {
 	switch res.Status {
-	case framework.DeadLetterReplayed:
+	case driver.DeadLetterReplayed:
 		r.replays.WithLabelValues(dl.Consumer).Inc()
-	case framework.DeadLetterDiscarded:
+	case driver.DeadLetterDiscarded:
 		r.discards.WithLabelValues(dl.Consumer).Inc()
 	}
 }

@@ -12,7 +12,7 @@ import (
 	"go.uber.org/fx"
 	"gopkg.in/yaml.v3"
 
-	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 // TestFiguresMetrics: the pending dead letters (by consumer and code) and
@@ -21,7 +21,7 @@ import (
 // through the service's store count, by consumer.
 func TestFiguresMetrics(t *testing.T) {
 	t.Parallel()
-	var store framework.Store
+	var store driver.Store
 	b := setup(t, testConfig(t), fx.Populate(&store))
 	// Stored through a store of its own, as another process would.
 	first := storeDeadLetter(t, b.db, consumerName, "dl-1", "", 0)
@@ -40,9 +40,9 @@ VALUES (?, 's', 2, 'widgets', 'p-2', x'7b7d', 0, 'parked')`, consumerName)
 	})
 
 	ctx := t.Context()
-	_, err = store.ResolveDeadLetter(ctx, first, framework.Resolution{Status: framework.DeadLetterReplayed, By: "ops", Reason: "fixed"})
+	_, err = store.ResolveDeadLetter(ctx, first, driver.Resolution{Status: driver.DeadLetterReplayed, By: "ops", Reason: "fixed"})
 	require.NoError(t, err)
-	_, err = store.ResolveDeadLetter(ctx, second, framework.Resolution{Status: framework.DeadLetterDiscarded, By: "ops", Reason: "obsolete"})
+	_, err = store.ResolveDeadLetter(ctx, second, driver.Resolution{Status: driver.DeadLetterDiscarded, By: "ops", Reason: "obsolete"})
 	require.NoError(t, err)
 	m := metrics(t, b)
 	require.Contains(t, m, `effectively_dead_letter_replays_total{consumer="`+consumerName+`"} 1`+"\n")
@@ -58,7 +58,7 @@ func TestAlertRules(t *testing.T) {
 	rules := alertRules(t)
 	require.NotEmpty(t, rules.Groups)
 
-	var store framework.Store
+	var store driver.Store
 	b := setup(t, testConfig(t), fx.Populate(&store))
 	for _, id := range []string{"dl-1", "dl-2"} {
 		storeDeadLetter(t, b.db, consumerName, id, "", 0)
@@ -66,11 +66,11 @@ func TestAlertRules(t *testing.T) {
 	_, err := b.db.Exec(`INSERT INTO parked_events (consumer, subject, seq, source, event_id, body, parked_at, reason)
 VALUES (?, 's', 2, 'widgets', 'p-2', x'7b7d', 0, 'parked')`, consumerName)
 	require.NoError(t, err)
-	dls, err := store.DeadLetters(t.Context(), framework.DeadLetterFilter{Consumer: consumerName})
+	dls, err := store.DeadLetters(t.Context(), driver.DeadLetterFilter{Consumer: consumerName})
 	require.NoError(t, err)
-	_, err = store.ResolveDeadLetter(t.Context(), dls[0].ID, framework.Resolution{Status: framework.DeadLetterReplayed, By: "ops", Reason: "fixed"})
+	_, err = store.ResolveDeadLetter(t.Context(), dls[0].ID, driver.Resolution{Status: driver.DeadLetterReplayed, By: "ops", Reason: "fixed"})
 	require.NoError(t, err)
-	_, err = store.ResolveDeadLetter(t.Context(), dls[1].ID, framework.Resolution{Status: framework.DeadLetterDiscarded, By: "ops", Reason: "obsolete"})
+	_, err = store.ResolveDeadLetter(t.Context(), dls[1].ID, driver.Resolution{Status: driver.DeadLetterDiscarded, By: "ops", Reason: "obsolete"})
 	require.NoError(t, err)
 	b.publish(t, "e-1", "one")
 	// dl-1's replay takes effect too, in any order: count e-1's alone.

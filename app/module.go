@@ -19,8 +19,8 @@ import (
 // metrics (with the gauges of pending dead letters and parked events read
 // from the database, and the counters of replays and discards).
 // Besides the configuration and the outbox, it provides the database
-// (*sqlx.DB), its store (framework.Store), the transport
-// (framework.Transport), the consumers' metrics (*middleware.Metrics), and
+// (*sqlx.DB), its store (driver.Store), the transport
+// (driver.Transport), the consumers' metrics (*middleware.Metrics), and
 // the registry served on /metrics as a prometheus.Registerer, on which a
 // service registers collectors of its own, and a prometheus.Gatherer.
 //

@@ -6,7 +6,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
-	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 // poolUse is one part of what may hold a connection of the stores' pool
@@ -26,10 +26,10 @@ type attempts struct {
 
 // subscriptions is the transport the runner subscribes the consumers
 // through: it records what each subscription may hold of the stores'
-// pool, as the transport says (framework.Subscription.Conns and
+// pool, as the transport says (driver.Subscription.Conns and
 // SubscriberConns).
 type subscriptions struct {
-	framework.Transport
+	driver.Transport
 	shared   sharesDB
 	attempts []attempts // in the order the consumers subscribed
 	uses     []poolUse  // the subscribers'
@@ -37,7 +37,7 @@ type subscriptions struct {
 
 // Subscribe subscribes through the transport and records the
 // subscription's connections.
-func (s *subscriptions) Subscribe(cfg framework.SubscribeConfig) (framework.Subscription, error) {
+func (s *subscriptions) Subscribe(cfg driver.SubscribeConfig) (driver.Subscription, error) {
 	sub, err := s.Transport.Subscribe(cfg)
 	if err != nil {
 		return sub, err

@@ -16,6 +16,7 @@ import (
 
 	"github.com/effectively-once/effectively/app"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/postgres"
 	"github.com/effectively-once/effectively/framework/sqlite"
 	"github.com/effectively-once/effectively/handlers"
@@ -136,11 +137,11 @@ func TestDatabasePoolSize(t *testing.T) {
 		// subscriptions (its type's and its replay topic's), the cleanup,
 		// the watch; the relay and its publisher; the replay relay; the
 		// purger.
-		require.ErrorContains(t, err, fmt.Sprintf("fewer than the 10 connections the service may hold at once (consumer a.one %d, consumer a.one's subscriber 4, outbox relay 2, replay relay 1, purger 1)", framework.DefaultBatches))
+		require.ErrorContains(t, err, fmt.Sprintf("fewer than the 10 connections the service may hold at once (consumer a.one %d, consumer a.one's subscriber 4, outbox relay 2, replay relay 1, purger 1)", driver.DefaultBatches))
 		cfg.DatabaseMaxConns = 0
 		size, err := poolSize(t, cfg, "a.one")
 		require.NoError(t, err)
-		require.Equal(t, framework.DefaultBatches+4+2+1+1, size, "two above the driver's default")
+		require.Equal(t, driver.DefaultBatches+4+2+1+1, size, "two above the driver's default")
 		require.Equal(t, sqlite.DefaultMaxOpenConns+2, size)
 	})
 

@@ -12,7 +12,7 @@ import (
 	"go.uber.org/fx"
 
 	"github.com/effectively-once/effectively/app/internal/purge"
-	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 // retentions are the purge's retentions of cfg.
@@ -62,12 +62,12 @@ With --dry-run it prints what it would delete, and deletes nothing.`,
 
 // purgeWhat says what each kind of purge deletes, for the command's
 // table.
-var purgeWhat = map[framework.PurgeKind]string{
-	framework.PurgeDeliveries:  "delivery counts of finished messages",
-	framework.PurgeProcessed:   "processed marks",
-	framework.PurgeOutbox:      "sent outbox rows",
-	framework.PurgeReplays:     "sent replays",
-	framework.PurgeDeadLetters: "resolved dead letters",
+var purgeWhat = map[driver.PurgeKind]string{
+	driver.PurgeDeliveries:  "delivery counts of finished messages",
+	driver.PurgeProcessed:   "processed marks",
+	driver.PurgeOutbox:      "sent outbox rows",
+	driver.PurgeReplays:     "sent replays",
+	driver.PurgeDeadLetters: "resolved dead letters",
 }
 
 // printPurge prints a row per step: what, older than when, how many.
@@ -78,7 +78,7 @@ func printPurge(out io.Writer, steps []purge.Step, verb string) error {
 		before := "(finished)"
 		if !s.Before.IsZero() {
 			before = s.Before.UTC().Format(time.RFC3339)
-			if s.Kind == framework.PurgeDeliveries {
+			if s.Kind == driver.PurgeDeliveries {
 				before += " or finished"
 			}
 		}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/effectively-once/effectively/app"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/handlers"
 )
 
@@ -113,7 +114,7 @@ func testPurgeRace(t *testing.T, cfg app.Config) {
 	// pending long ago.
 	resolved := func(id string, at time.Time) int64 {
 		dl := storeDeadLetter(t, b.db, consumerName, id, "", 0)
-		_, err := store.ResolveDeadLetter(ctx, dl, framework.Resolution{Status: framework.DeadLetterDiscarded, By: "test", Reason: "test", At: at})
+		_, err := store.ResolveDeadLetter(ctx, dl, driver.Resolution{Status: driver.DeadLetterDiscarded, By: "test", Reason: "test", At: at})
 		require.NoError(t, err)
 		return dl
 	}
@@ -145,7 +146,7 @@ func testPurgeRace(t *testing.T, cfg app.Config) {
 	const recent = 100
 	var (
 		wg     sync.WaitGroup
-		purged = make(map[framework.PurgeKind]int64)
+		purged = make(map[driver.PurgeKind]int64)
 		mu     sync.Mutex
 		busy   int
 	)
@@ -226,7 +227,7 @@ func testPurgeRace(t *testing.T, cfg app.Config) {
 	// The service's own purger, which runs at start, races too.
 	require.Positive(t, busy, "the purgers took turns")
 
-	rec, err := store.(framework.Inspector).InspectEvent(ctx, framework.Key{Source: "widgets", ID: "old-1"})
+	rec, err := store.(driver.Inspector).InspectEvent(ctx, framework.Key{Source: "widgets", ID: "old-1"})
 	require.NoError(t, err)
 	require.False(t, rec.Horizons.Processed.IsZero())
 	require.False(t, rec.Horizons.Outbox.IsZero())
@@ -259,7 +260,7 @@ func TestPurgeLease(t *testing.T) {
 				return n
 			}
 			store := testStore(t, db)
-			purger := store.(framework.Purger)
+			purger := store.(driver.Purger)
 			waitFor(t, "the lease", func() bool {
 				ok, err := purger.AcquireLease(t.Context(), "purge", "elsewhere", time.Hour)
 				require.NoError(t, err)
@@ -277,7 +278,7 @@ func TestPurgeLease(t *testing.T) {
 			require.NoError(t, purger.ReleaseLease(t.Context(), "purge", "elsewhere"))
 			rows, err := app.PurgeOnce(t.Context(), store, cfg)
 			require.NoError(t, err)
-			require.EqualValues(t, 1, rows[framework.PurgeProcessed])
+			require.EqualValues(t, 1, rows[driver.PurgeProcessed])
 			require.Zero(t, count())
 		})
 	}
@@ -300,7 +301,7 @@ func TestPurgeCommand(t *testing.T) {
 		require.NoError(t, err)
 	}
 	dl := storeDeadLetter(t, db, consumerName, "old-1", "", 0)
-	_, err = testStore(t, db).ResolveDeadLetter(t.Context(), dl, framework.Resolution{Status: framework.DeadLetterDiscarded, By: "ops", Reason: "obsolete", At: old})
+	_, err = testStore(t, db).ResolveDeadLetter(t.Context(), dl, driver.Resolution{Status: driver.DeadLetterDiscarded, By: "ops", Reason: "obsolete", At: old})
 	require.NoError(t, err)
 	marks := func() int {
 		var n int
@@ -326,7 +327,7 @@ func TestPurgeCommand(t *testing.T) {
 	require.Contains(t, out, "marks processed before")
 	require.Contains(t, out, "dead letters resolved before")
 
-	ok, err := testStore(t, db).(framework.Purger).AcquireLease(t.Context(), "purge", "elsewhere", time.Hour)
+	ok, err := testStore(t, db).(driver.Purger).AcquireLease(t.Context(), "purge", "elsewhere", time.Hour)
 	require.NoError(t, err)
 	require.True(t, ok)
 	_, err = runCommand(t, opts, "purge")

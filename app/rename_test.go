@@ -11,6 +11,7 @@ import (
 
 	"github.com/effectively-once/effectively/app"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/handlers"
 	"github.com/effectively-once/effectively/middleware"
 )
@@ -24,7 +25,7 @@ func TestRenamedConsumer(t *testing.T) {
 	run := func(name string, routes []handlers.Route, publish []string, done func(db *sqlx.DB, m *middleware.Metrics) bool) {
 		t.Helper()
 		var (
-			transport framework.Transport
+			transport driver.Transport
 			db        *sqlx.DB
 			metrics   *middleware.Metrics
 		)

@@ -14,7 +14,7 @@ import (
 	"golang.org/x/term"
 	"golang.org/x/time/rate"
 
-	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 // replayPage is how many dead letters a bulk replay reads at once.
@@ -25,7 +25,7 @@ const replayPage = 500
 type verdict struct {
 	id int64
 	// dl is the dead letter; zero when there is none with id.
-	dl framework.DeadLetter
+	dl driver.DeadLetter
 	// refused says why the dead letter is not acted on; empty when it is.
 	refused string
 }
@@ -54,7 +54,7 @@ func (v verdict) dryLine() string {
 
 // notPending says who resolved dl, when and why: the operator's words
 // escaped, as every command prints what it did not write itself.
-func notPending(dl framework.DeadLetter) string {
+func notPending(dl driver.DeadLetter) string {
 	r := dl.Resolution
 	if r.By == "" && r.At.IsZero() {
 		return fmt.Sprintf("not pending: %s", dl.Status)
@@ -64,8 +64,8 @@ func notPending(dl framework.DeadLetter) string {
 
 // refusedError is the error of a command that refused some of its dead
 // letters: it went on with the others, and printed why for each. It
-// wraps the errors behind the refusals (framework.ErrNotFound,
-// framework.ErrNotPending), when there are any.
+// wraps the errors behind the refusals (driver.ErrNotFound,
+// driver.ErrNotPending), when there are any.
 type refusedError struct {
 	refused, total int
 	errs           []error
@@ -104,9 +104,9 @@ func refusals(vs []verdict, errs []error) error {
 type replayRequest struct {
 	// ids are the dead letters named; empty for a bulk replay by filter.
 	ids    []int64
-	filter framework.DeadLetterFilter
+	filter driver.DeadLetterFilter
 	// resolution says who replays and why.
-	resolution framework.Resolution
+	resolution driver.Resolution
 	dryRun     bool
 	// force replays dead letters older than the processed-mark retention.
 	force bool
@@ -123,7 +123,7 @@ func (op operator) selectReplays(ctx context.Context, req replayRequest, now tim
 		for _, id := range req.ids {
 			dl, err := op.deadLetters.DeadLetter(ctx, id)
 			switch {
-			case errors.Is(err, framework.ErrNotFound):
+			case errors.Is(err, driver.ErrNotFound):
 				vs = append(vs, verdict{id: id, refused: "not found"})
 				errs = append(errs, fmt.Errorf("dead letter %d: %w", id, err))
 			case err != nil:
@@ -134,7 +134,7 @@ func (op operator) selectReplays(ctx context.Context, req replayRequest, now tim
 		}
 	} else {
 		f := req.filter
-		f.Status = framework.DeadLetterPending
+		f.Status = driver.DeadLetterPending
 		f.Limit = replayPage
 		// Without their bodies, which may be as large as the transport's
 		// limit: the store reads each as it records its replay.
@@ -157,8 +157,8 @@ func (op operator) selectReplays(ctx context.Context, req replayRequest, now tim
 	for i := range vs {
 		if vs[i].refused == "" {
 			vs[i].refused = op.refuseReplay(vs[i].dl, req.force, now)
-			if vs[i].refused != "" && vs[i].dl.Status != framework.DeadLetterPending {
-				errs = append(errs, fmt.Errorf("dead letter %d: %w", vs[i].id, framework.ErrNotPending))
+			if vs[i].refused != "" && vs[i].dl.Status != driver.DeadLetterPending {
+				errs = append(errs, fmt.Errorf("dead letter %d: %w", vs[i].id, driver.ErrNotPending))
 			}
 		}
 	}
@@ -192,10 +192,10 @@ func sortReplays(vs []verdict) {
 // would consume the replay), or, unless force, it first failed before the
 // processed-mark retention window: a copy of its event that took effect
 // since may have lost its mark, and the replay would apply it again.
-func (op operator) refuseReplay(dl framework.DeadLetter, force bool, now time.Time) string {
+func (op operator) refuseReplay(dl driver.DeadLetter, force bool, now time.Time) string {
 	retention := time.Duration(op.cfg.ProcessedRetention)
 	switch {
-	case dl.Status != framework.DeadLetterPending:
+	case dl.Status != driver.DeadLetterPending:
 		return notPending(dl)
 	case !slices.Contains(op.consumers, dl.Consumer):
 		return fmt.Sprintf("consumer %s is not declared in this service: nothing would consume the replay", dl.Consumer)
@@ -212,7 +212,7 @@ func (op operator) refuseReplay(dl framework.DeadLetter, force bool, now time.Ti
 // to out, with a progress bar pr. One that another operator resolved in
 // the meantime is refused, saying by whom. It returns the errors behind
 // the refusals it adds.
-func (op operator) replayAll(ctx context.Context, out io.Writer, vs []verdict, r framework.Resolution, th *throttle, pr *progress) ([]error, error) {
+func (op operator) replayAll(ctx context.Context, out io.Writer, vs []verdict, r driver.Resolution, th *throttle, pr *progress) ([]error, error) {
 	var errs []error
 	for i := range vs {
 		v := &vs[i]
@@ -224,7 +224,7 @@ func (op operator) replayAll(ctx context.Context, out io.Writer, vs []verdict, r
 				return errs, err
 			}
 			if v.refused != "" {
-				errs = append(errs, fmt.Errorf("dead letter %d: %w", v.id, framework.ErrNotPending))
+				errs = append(errs, fmt.Errorf("dead letter %d: %w", v.id, driver.ErrNotPending))
 			}
 		}
 		pr.println(out, v.line("replayed"))
@@ -241,17 +241,17 @@ func (op operator) replayAll(ctx context.Context, out io.Writer, vs []verdict, r
 
 // replayOne records the replay of v's dead letter, or refuses it when it
 // is no longer pending (resolved by someone else since it was read).
-func (op operator) replayOne(ctx context.Context, v *verdict, r framework.Resolution) error {
+func (op operator) replayOne(ctx context.Context, v *verdict, r driver.Resolution) error {
 	_, err := op.deadLetters.ResolveDeadLetter(ctx, v.id, r)
 	switch {
-	case errors.Is(err, framework.ErrNotPending):
+	case errors.Is(err, driver.ErrNotPending):
 		dl, gerr := op.deadLetters.DeadLetter(ctx, v.id)
 		if gerr != nil {
 			return fmt.Errorf("dead letter %d: %w", v.id, gerr)
 		}
 		v.refused = notPending(dl)
 		return nil
-	case errors.Is(err, framework.ErrNotFound):
+	case errors.Is(err, driver.ErrNotFound):
 		v.refused = "not found"
 		return nil
 	case err != nil:

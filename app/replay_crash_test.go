@@ -16,7 +16,7 @@ import (
 	"go.uber.org/fx"
 
 	"github.com/effectively-once/effectively/app"
-	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/internal/crash"
 	"github.com/effectively-once/effectively/internal/testenv"
 )
@@ -123,8 +123,8 @@ func testReplayCrash(t *testing.T, cfg app.Config, at crash.Point) {
 	store := testStore(t, db)
 	dl, err := store.DeadLetter(context.Background(), id)
 	require.NoError(t, err)
-	require.Equal(t, framework.DeadLetterReplayed, dl.Status)
-	require.Equal(t, []framework.HistoryKind{framework.HistoryFailed, framework.HistoryReplayed}, historyKinds(t, store, id))
+	require.Equal(t, driver.DeadLetterReplayed, dl.Status)
+	require.Equal(t, []driver.HistoryKind{driver.HistoryFailed, driver.HistoryReplayed}, historyKinds(t, store, id))
 }
 
 // runReplayCrashChild runs the service of the environment, with the

@@ -12,7 +12,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
-	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/sqlite"
 )
 
@@ -79,7 +79,7 @@ func TestProgressOnTerminalOnly(t *testing.T) {
 func TestReplayThrottled(t *testing.T) {
 	ctx := t.Context()
 	cfg, db, store := migratedSQLite(t)
-	for _, dl := range []framework.DeadLetter{
+	for _, dl := range []driver.DeadLetter{
 		{Consumer: "c.one", EventID: "e-1", Source: "s", Code: "rejected", Body: []byte(`{}`)},
 		{Consumer: "c.one", EventID: "e-2", Source: "s", Code: "rejected", Body: []byte(`{}`)},
 		{Consumer: "c.gone", EventID: "e-3", Source: "s", Code: "rejected", Body: []byte(`{}`)},
@@ -90,7 +90,7 @@ func TestReplayThrottled(t *testing.T) {
 	op := operator{cfg: cfg, db: db, deadLetters: store, consumers: []string{"c.one"}}
 	req := replayRequest{
 		ids:        []int64{1, 2, 3, 4},
-		resolution: framework.Resolution{Status: framework.DeadLetterReplayed, By: "tester", Reason: "throttled"},
+		resolution: driver.Resolution{Status: driver.DeadLetterReplayed, By: "tester", Reason: "throttled"},
 	}
 
 	clock := &fakeClock{now: time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)}
@@ -113,11 +113,11 @@ func TestReplayThrottled(t *testing.T) {
 // bodyCounter is a store that counts the bytes of the bodies its
 // DeadLetters returns.
 type bodyCounter struct {
-	framework.Store
+	driver.Store
 	bodyBytes int
 }
 
-func (b *bodyCounter) DeadLetters(ctx context.Context, f framework.DeadLetterFilter) ([]framework.DeadLetter, error) {
+func (b *bodyCounter) DeadLetters(ctx context.Context, f driver.DeadLetterFilter) ([]driver.DeadLetter, error) {
 	dls, err := b.Store.DeadLetters(ctx, f)
 	for _, dl := range dls {
 		b.bodyBytes += len(dl.Body)
@@ -134,13 +134,13 @@ func TestBulkReplayReadsNoBody(t *testing.T) {
 	cfg, db, store := migratedSQLite(t)
 	body := []byte(`{"data":"` + strings.Repeat("x", 64<<10) + `"}`)
 	for _, id := range []string{"e-1", "e-2"} {
-		require.NoError(t, store.PublishDeadLetter(ctx, framework.DeadLetter{Consumer: "c.one", EventID: id, Source: "s", Code: "too_large", Body: body}))
+		require.NoError(t, store.PublishDeadLetter(ctx, driver.DeadLetter{Consumer: "c.one", EventID: id, Source: "s", Code: "too_large", Body: body}))
 	}
 	counter := &bodyCounter{Store: store}
 	op := operator{cfg: cfg, db: db, deadLetters: counter, consumers: []string{"c.one"}}
 	req := replayRequest{
-		filter:     framework.DeadLetterFilter{Consumer: "c.one"},
-		resolution: framework.Resolution{Status: framework.DeadLetterReplayed, By: "tester", Reason: "bulk"},
+		filter:     driver.DeadLetterFilter{Consumer: "c.one"},
+		resolution: driver.Resolution{Status: driver.DeadLetterReplayed, By: "tester", Reason: "bulk"},
 	}
 	var out bytes.Buffer
 	for _, dry := range []bool{true, false} {

@@ -18,16 +18,17 @@ import (
 
 	"github.com/effectively-once/effectively/app"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/postgres"
 	"github.com/effectively-once/effectively/framework/sqlite"
 	"github.com/effectively-once/effectively/handlers"
 )
 
 // testStore returns the store of db, SQLite or PostgreSQL.
-func testStore(t *testing.T, db *sqlx.DB) framework.Store {
+func testStore(t *testing.T, db *sqlx.DB) driver.Store {
 	t.Helper()
 	var (
-		store framework.Store
+		store driver.Store
 		err   error
 	)
 	if db.DriverName() == postgres.DriverName {
@@ -41,11 +42,11 @@ func testStore(t *testing.T, db *sqlx.DB) framework.Store {
 
 // historyKinds returns the kinds of the history of the dead letter id,
 // oldest first.
-func historyKinds(t *testing.T, store framework.Store, id int64) []framework.HistoryKind {
+func historyKinds(t *testing.T, store driver.Store, id int64) []driver.HistoryKind {
 	t.Helper()
 	hs, err := store.DeadLetterHistory(context.Background(), id)
 	require.NoError(t, err)
-	kinds := make([]framework.HistoryKind, 0, len(hs))
+	kinds := make([]driver.HistoryKind, 0, len(hs))
 	for _, h := range hs {
 		kinds = append(kinds, h.Kind)
 	}
@@ -112,12 +113,12 @@ func TestReplayFailsAgain(t *testing.T) {
 			}
 			// deadLetters lists the consumer's dead letters of status, or all
 			// of them for "".
-			deadLetters := func(status framework.DeadLetterStatus) []framework.DeadLetter {
-				dls, err := store.DeadLetters(context.Background(), framework.DeadLetterFilter{Consumer: name, Status: status})
+			deadLetters := func(status driver.DeadLetterStatus) []driver.DeadLetter {
+				dls, err := store.DeadLetters(context.Background(), driver.DeadLetterFilter{Consumer: name, Status: status})
 				require.NoError(t, err)
 				return dls
 			}
-			waitFor(t, "the dead letters", func() bool { return len(deadLetters(framework.DeadLetterPending)) == n })
+			waitFor(t, "the dead letters", func() bool { return len(deadLetters(driver.DeadLetterPending)) == n })
 
 			out, err := runCommand(t, commandOptions(cfg, picky), "dead-letters", "replay", "--consumer", name, "--by", "tester", "--reason", "try again")
 			require.NoError(t, err)
@@ -138,10 +139,10 @@ func TestReplayFailsAgain(t *testing.T) {
 				}
 				return len(dls) == n
 			})
-			dls := deadLetters(framework.DeadLetterPending)
+			dls := deadLetters(driver.DeadLetterPending)
 			require.Len(t, dls, n, "a failure after the replay leaves the dead letter pending")
 			for _, dl := range dls {
-				require.Equal(t, []framework.HistoryKind{framework.HistoryFailed, framework.HistoryReplayed, framework.HistoryFailed},
+				require.Equal(t, []driver.HistoryKind{driver.HistoryFailed, driver.HistoryReplayed, driver.HistoryFailed},
 					historyKinds(t, store, dl.ID), "dead letter %d", dl.ID)
 			}
 			out, err = runCommand(t, commandOptions(cfg, picky), "dead-letters", "show", fmt.Sprint(dls[0].ID))
@@ -207,7 +208,7 @@ func TestReplayConcurrent(t *testing.T) {
 			require.Len(t, won, 1, "%+v", results)
 			require.Len(t, lost, 1, "%+v", results)
 			require.Contains(t, won[0].out, fmt.Sprintf("dead letter %d replayed\n", id))
-			require.ErrorIs(t, lost[0].err, framework.ErrNotPending)
+			require.ErrorIs(t, lost[0].err, driver.ErrNotPending)
 			require.Regexp(t, fmt.Sprintf(`dead letter %d refused: not pending: replayed by %s at \S+ \(fixed\)`, id, won[0].by), lost[0].out)
 
 			count := func(query string, args ...any) int { return b.count(t, b.db.Rebind(query), args...) }
@@ -217,7 +218,7 @@ func TestReplayConcurrent(t *testing.T) {
 			})
 			require.Equal(t, 1, count(`SELECT count(*) FROM replays WHERE dead_letter_id = ?`, id), "one replay recorded")
 			require.Equal(t, 1, count(`SELECT count(*) FROM widgets WHERE name = 'picky:once'`), "one publication")
-			require.Equal(t, []framework.HistoryKind{framework.HistoryFailed, framework.HistoryReplayed}, historyKinds(t, testStore(t, b.db), id))
+			require.Equal(t, []driver.HistoryKind{driver.HistoryFailed, driver.HistoryReplayed}, historyKinds(t, testStore(t, b.db), id))
 		})
 	}
 }
@@ -408,13 +409,13 @@ func TestReplayRefusedByTransport(t *testing.T) {
 		require.NoError(t, err)
 		body, err := framework.Encode(env)
 		require.NoError(t, err)
-		require.NoError(t, store.PublishDeadLetter(ctx, framework.DeadLetter{
+		require.NoError(t, store.PublishDeadLetter(ctx, driver.DeadLetter{
 			Consumer: name, Topic: widgetAdded.Type(), Source: name, EventID: w.id,
 			Type: env.Type, Version: env.Version, Code: "widget_rejected",
 			Body: body, Metadata: w.metadata,
 		}))
 	}
-	dls, err := store.DeadLetters(ctx, framework.DeadLetterFilter{Consumer: name})
+	dls, err := store.DeadLetters(ctx, driver.DeadLetterFilter{Consumer: name})
 	require.NoError(t, err)
 	require.Len(t, dls, 2)
 	big := dls[0]
@@ -429,13 +430,13 @@ func TestReplayRefusedByTransport(t *testing.T) {
 	waitFor(t, "the refused replay dead-lettered again", func() bool {
 		dl, err := store.DeadLetter(ctx, big.ID)
 		require.NoError(t, err)
-		return dl.Status == framework.DeadLetterPending
+		return dl.Status == driver.DeadLetterPending
 	})
 	dl, err := store.DeadLetter(ctx, big.ID)
 	require.NoError(t, err)
 	require.Equal(t, framework.CodeTooLarge, dl.Code)
 	require.Equal(t, 1, dl.Repeats)
-	require.Equal(t, []framework.HistoryKind{framework.HistoryFailed, framework.HistoryReplayed, framework.HistoryFailed}, historyKinds(t, store, big.ID))
+	require.Equal(t, []driver.HistoryKind{driver.HistoryFailed, driver.HistoryReplayed, driver.HistoryFailed}, historyKinds(t, store, big.ID))
 	require.True(t, b.transport.Ready(), "the refused replay left the connection up")
 	require.Zero(t, b.count(t, b.db.Rebind(`SELECT COUNT(*) FROM widgets WHERE name = ?`), "picky:w-big"))
 }

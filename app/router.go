@@ -13,7 +13,7 @@ import (
 	"go.uber.org/fx"
 
 	"github.com/effectively-once/effectively/app/runner"
-	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/outbox"
 	"github.com/effectively-once/effectively/handlers"
 	"github.com/effectively-once/effectively/internal/crash"
@@ -33,7 +33,7 @@ type Middleware struct {
 	// consumer's max_deliveries. A consumer's rate_limit waits before it.
 	Outer []message.HandlerMiddleware
 	// Inner runs inside each attempt, in its transaction
-	// (framework.TxFromContext), for the deliveries that are not
+	// (driver.TxFromContext), for the deliveries that are not
 	// duplicates (every delivery of a consumer without deduplication,
 	// handlers.WithoutDedup).
 	Inner []message.HandlerMiddleware
@@ -46,10 +46,10 @@ type routerParams struct {
 	Lifecycle  fx.Lifecycle
 	Config     Config
 	Registry   *handlers.Registry
-	Transport  framework.Transport
+	Transport  driver.Transport
 	SharesDB   sharesDB
 	DB         *sqlx.DB
-	Store      framework.Store
+	Store      driver.Store
 	Metrics    *middleware.Metrics
 	Logger     *slog.Logger `optional:"true"`
 	Tracer     trace.Tracer `optional:"true"`

@@ -11,7 +11,7 @@ import (
 	"go.uber.org/dig"
 
 	"github.com/effectively-once/effectively/app/runner"
-	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 // startError is an error of building an application, told by its cause:
@@ -83,10 +83,10 @@ func oneLine(msg string) string {
 // logger shows it: one line per consumer that runs without deduplication
 // (handlers.WithoutDedup), with its reason, and one line when the store
 // keeps its marks outside the database transaction (see
-// framework.MarkReleasedOnRollback), naming the consumers that rely on
+// driver.MarkReleasedOnRollback), naming the consumers that rely on
 // them. A store whose marks outlive a rollback never gets here: the mark
 // check refused it when the router was built.
-func logDeviations(ctx context.Context, logger *slog.Logger, consumers []runner.ConsumerConfig, store framework.Store) {
+func logDeviations(ctx context.Context, logger *slog.Logger, consumers []runner.ConsumerConfig, store driver.Store) {
 	var deduplicating []string
 	for _, cc := range consumers {
 		if cc.WithoutDedup == "" {
@@ -96,7 +96,7 @@ func logDeviations(ctx context.Context, logger *slog.Logger, consumers []runner.
 		logger.WarnContext(ctx, "consumer runs without deduplication: every delivery runs its handler, a redelivery too",
 			"consumer", cc.Consumer.Name(), "reason", cc.WithoutDedup)
 	}
-	if len(deduplicating) > 0 && framework.MarkScopeOf(store) == framework.MarkReleasedOnRollback {
+	if len(deduplicating) > 0 && driver.MarkScopeOf(store) == driver.MarkReleasedOnRollback {
 		logger.WarnContext(ctx, "processed store keeps its marks outside the database transaction: a crash or a restart forgets them, and an event delivered again then takes effect again",
 			"store", fmt.Sprintf("%T", store), "consumers", strings.Join(deduplicating, ","))
 	}

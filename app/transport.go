@@ -10,8 +10,8 @@ import (
 	"github.com/jmoiron/sqlx"
 	"go.uber.org/fx"
 
-	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/amqp"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/memory"
 	"github.com/effectively-once/effectively/framework/postgres"
 	"github.com/effectively-once/effectively/framework/sqlite"
@@ -40,7 +40,7 @@ type connector interface {
 	Connect(ctx context.Context) error
 }
 
-// newTransport builds the configured transport (framework.Transport); a
+// newTransport builds the configured transport (driver.Transport); a
 // transport that connects to a broker connects in the start hook. It
 // closes the transport when the application stops.
 //
@@ -57,7 +57,7 @@ type connector interface {
 //     throughput;
 //   - memory: GoChannel hands every message to every subscription, each
 //     in a goroutine of its own.
-func newTransport(p transportParams) (framework.Transport, sharesDB, error) {
+func newTransport(p transportParams) (driver.Transport, sharesDB, error) {
 	tr, closeDB, shared, err := openTransport(context.Background(), p.Config, p.DB, orDefault(p.Logger))
 	if err != nil {
 		return nil, false, err
@@ -85,7 +85,7 @@ func newTransport(p transportParams) (framework.Transport, sharesDB, error) {
 // messages in db, the stores' database (shared), unless TransportURL is
 // another: then closeDB closes the database it opened there. The postgres
 // transport also opens its subscribers' pool, at TransportURL.
-func openTransport(ctx context.Context, cfg Config, db *sqlx.DB, logger *slog.Logger) (tr framework.Transport, closeDB func() error, shared bool, err error) {
+func openTransport(ctx context.Context, cfg Config, db *sqlx.DB, logger *slog.Logger) (tr driver.Transport, closeDB func() error, shared bool, err error) {
 	closeDB = func() error { return nil }
 	shared = cfg.TransportURL == cfg.DatabaseURL
 	sqlDB := func() (*sqlx.DB, error) {

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/effectively-once/effectively/framework"
-	"github.com/effectively-once/effectively/framework/transporttest"
+	"github.com/effectively-once/effectively/framework/driver/transporttest"
 	"github.com/effectively-once/effectively/internal/testenv"
 )
 
@@ -71,7 +71,7 @@ func requireRefused(t *testing.T, body []byte, err error) {
 	if !errors.As(err, &fe) || fe.Field == "" {
 		t.Fatalf("Decode's error names no field: %v", err)
 	}
-	key := framework.KeyOfBody(body)
+	key := framework.BodyKey(body)
 	if key != framework.BodyKey(body) {
 		if kerr := key.Validate(); kerr != nil {
 			t.Fatalf("the refused body's key %q is one a store may not hold: %v", key, kerr)

@@ -6,7 +6,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
-	"github.com/effectively-once/effectively/framework/transporttest"
+	"github.com/effectively-once/effectively/framework/driver/transporttest"
 	"github.com/effectively-once/effectively/internal/testenv"
 )
 

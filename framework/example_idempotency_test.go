@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 // Mail is an outside service that sends once per idempotency key, as
@@ -56,7 +57,7 @@ func ExampleIdempotencyKeyFromContext() {
 		panic(err)
 	}
 	for range 2 { // the failed attempt rolled back: the message comes again
-		outcome, err := framework.Consume(ctx, consumer, uow, body)
+		outcome, err := driver.Consume(ctx, consumer, uow, body)
 		fmt.Println(outcome, err)
 	}
 	// The key is the same on every delivery to this consumer.

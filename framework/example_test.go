@@ -9,6 +9,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/sqlite"
 )
@@ -46,7 +47,7 @@ func openExampleDB(ctx context.Context, dir string) (*sqlx.DB, *sqlite.Store, er
 // exampleUnitOfWork is ExampleConsume's set-up, for the other examples: a
 // unit of work on a migrated SQLite file in a folder of its own, which done
 // removes.
-func exampleUnitOfWork(ctx context.Context) (uow *framework.UnitOfWork, done func()) {
+func exampleUnitOfWork(ctx context.Context) (uow *driver.UnitOfWork, done func()) {
 	dir, err := os.MkdirTemp("", "framework-example")
 	if err != nil {
 		panic(err)
@@ -55,7 +56,7 @@ func exampleUnitOfWork(ctx context.Context) (uow *framework.UnitOfWork, done fun
 	if err != nil {
 		panic(err)
 	}
-	uow, err = framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Store: store})
+	uow, err = driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: db, Store: store})
 	if err != nil {
 		panic(err)
 	}
@@ -80,7 +81,7 @@ func ExampleConsume() {
 	}
 	defer db.Close()
 
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Store: store})
+	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: db, Store: store})
 	if err != nil {
 		panic(err)
 	}
@@ -104,7 +105,7 @@ func ExampleConsume() {
 		panic(err)
 	}
 	for range 2 { // the broker delivers it twice
-		outcome, err := framework.Consume(ctx, consumer, uow, body)
+		outcome, err := driver.Consume(ctx, consumer, uow, body)
 		fmt.Println(outcome, err)
 	}
 	var rows int
@@ -113,7 +114,7 @@ func ExampleConsume() {
 	}
 	fmt.Println("ledger rows:", rows)
 
-	_, err = framework.Consume(ctx, consumer, uow, []byte(`{"specversion":"1.0"}`))
+	_, err = driver.Consume(ctx, consumer, uow, []byte(`{"specversion":"1.0"}`))
 	fmt.Println(framework.CodeOf(err), framework.IsPermanent(err))
 	// Output:
 	// processed <nil>

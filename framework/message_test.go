@@ -6,11 +6,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 func TestDeadLetterReplayMessage(t *testing.T) {
 	t.Parallel()
-	dl := framework.DeadLetter{
+	dl := driver.DeadLetter{
 		ID:   42,
 		Body: []byte(`{"specversion":"1.0"}`),
 		Metadata: map[string]string{

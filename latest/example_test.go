@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/sqlite"
 	"github.com/effectively-once/effectively/latest"
@@ -39,7 +40,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Store: store})
+	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: db, Store: store})
 	if err != nil {
 		panic(err)
 	}
@@ -89,7 +90,7 @@ func Example() {
 		if err != nil {
 			panic(err)
 		}
-		if _, err := framework.Consume(ctx, consumer, uow, body); err != nil {
+		if _, err := driver.Consume(ctx, consumer, uow, body); err != nil {
 			panic(err)
 		}
 	}

@@ -33,7 +33,7 @@ func StampOf(attrs framework.Attributes) Stamp {
 // FromContext returns the stamp of the event whose message ctx is handling
 // in the consumer chain (see framework.EnvelopeFromContext), for code that
 // a handler calls with its context alone. It is false outside the chain,
-// e.g. under framework.Consume, which hands the handler its event only.
+// e.g. under driver.Consume, which hands the handler its event only.
 func FromContext(ctx context.Context) (Stamp, bool) {
 	env, ok := framework.EnvelopeFromContext(ctx)
 	if !ok {

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/internal/workers"
 	"github.com/effectively-once/effectively/middleware"
@@ -44,7 +45,7 @@ func benchmarkChain(b *testing.B, be backend, duplicates, knownFirst bool) {
 		return err
 	}))
 	require.NoError(b, err)
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Store: s})
+	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: db, Store: s})
 	require.NoError(b, err)
 	h, _, err := middleware.Handler(middleware.Config{
 		Consumer: c, UnitOfWork: uow, Store: s,

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/internal/pipeline"
 	"github.com/effectively-once/effectively/middleware"
@@ -80,17 +81,17 @@ type breakerKit struct {
 	h       message.NoPublishHandlerFunc
 	clk     *fakeClock
 	db      *sqlx.DB
-	store   framework.Store
+	store   driver.Store
 	metrics *middleware.Metrics
 	name    string
 	entered chan string
 	results chan error
 }
 
-func newBreakerKit(t *testing.T, db *sqlx.DB, store framework.Store, uc framework.UnitOfWorkConfig, metrics *middleware.Metrics, name string, bc middleware.BreakerConfig, opts ...func(*middleware.Config)) *breakerKit {
+func newBreakerKit(t *testing.T, db *sqlx.DB, store driver.Store, uc driver.UnitOfWorkConfig, metrics *middleware.Metrics, name string, bc middleware.BreakerConfig, opts ...func(*middleware.Config)) *breakerKit {
 	t.Helper()
 	uc.DB, uc.Store = db, store
-	uow, err := framework.NewUnitOfWork(uc)
+	uow, err := driver.NewUnitOfWork(uc)
 	require.NoError(t, err)
 	k := &breakerKit{
 		clk: newFakeClock(), db: db, store: store, metrics: metrics, name: name,
@@ -178,9 +179,9 @@ func (k *breakerKit) state(t *testing.T) middleware.BreakerState {
 	return 0
 }
 
-func (k *breakerKit) deadLetters(t *testing.T) []framework.DeadLetter {
+func (k *breakerKit) deadLetters(t *testing.T) []driver.DeadLetter {
 	t.Helper()
-	dls, err := k.store.DeadLetters(context.Background(), framework.DeadLetterFilter{Consumer: k.name})
+	dls, err := k.store.DeadLetters(context.Background(), driver.DeadLetterFilter{Consumer: k.name})
 	require.NoError(t, err)
 	return dls
 }
@@ -213,7 +214,7 @@ func requireLater(t *testing.T, r middleware.Report, err error) {
 	require.Empty(t, r.Code)
 }
 
-func breakerSetup(t *testing.T, b backend, bc middleware.BreakerConfig, uc framework.UnitOfWorkConfig, opts ...func(*middleware.Config)) *breakerKit {
+func breakerSetup(t *testing.T, b backend, bc middleware.BreakerConfig, uc driver.UnitOfWorkConfig, opts ...func(*middleware.Config)) *breakerKit {
 	t.Helper()
 	db, store := b.open(t, nil)
 	require.NoError(t, migrate.Up(context.Background(), db, migrate.Config{}))
@@ -229,8 +230,8 @@ func breakerSetup(t *testing.T, b backend, bc middleware.BreakerConfig, uc frame
 // consumer keeps running meanwhile.
 func TestBreakerOpensHoldsAndReleases(t *testing.T) {
 	t.Parallel()
-	k := breakerSetup(t, backends[0], middleware.BreakerConfig{Failures: 2, CoolDown: 2 * time.Minute, MaxHold: time.Minute}, framework.UnitOfWorkConfig{})
-	other := newBreakerKit(t, k.db, k.store, framework.UnitOfWorkConfig{}, k.metrics, "notes.other", middleware.BreakerConfig{Failures: 2})
+	k := breakerSetup(t, backends[0], middleware.BreakerConfig{Failures: 2, CoolDown: 2 * time.Minute, MaxHold: time.Minute}, driver.UnitOfWorkConfig{})
+	other := newBreakerKit(t, k.db, k.store, driver.UnitOfWorkConfig{}, k.metrics, "notes.other", middleware.BreakerConfig{Failures: 2})
 
 	k.fail(t, "1")
 	require.Equal(t, middleware.BreakerClosed, k.state(t), "one failure of two")
@@ -278,7 +279,7 @@ func TestBreakerOpensHoldsAndReleases(t *testing.T) {
 // back, instead of spending its attempts and being dead-lettered.
 func TestBreakerEndsRetries(t *testing.T) {
 	t.Parallel()
-	k := breakerSetup(t, backends[0], middleware.BreakerConfig{Failures: 2}, framework.UnitOfWorkConfig{}, func(cfg *middleware.Config) {
+	k := breakerSetup(t, backends[0], middleware.BreakerConfig{Failures: 2}, driver.UnitOfWorkConfig{}, func(cfg *middleware.Config) {
 		cfg.Attempts, cfg.RetryDelay = 5, time.Millisecond
 	})
 	r, err := k.handled(t, k.deliver(t, "1", "fail", false))
@@ -294,7 +295,7 @@ func TestBreakerEndsRetries(t *testing.T) {
 // success closes it and the held message flows.
 func TestBreakerProbe(t *testing.T) {
 	t.Parallel()
-	k := breakerSetup(t, backends[0], middleware.BreakerConfig{Failures: 1, CoolDown: 20 * time.Second, MaxHold: time.Minute}, framework.UnitOfWorkConfig{})
+	k := breakerSetup(t, backends[0], middleware.BreakerConfig{Failures: 1, CoolDown: 20 * time.Second, MaxHold: time.Minute}, driver.UnitOfWorkConfig{})
 	k.failOpening(t, "1")
 	require.Equal(t, middleware.BreakerOpen, k.state(t))
 
@@ -343,7 +344,7 @@ func TestBreakerBatchCountsOnce(t *testing.T) {
 			t.Parallel()
 			// The batch starts once it holds 3 attempts (the linger
 			// only bounds a broken test).
-			k := breakerSetup(t, be, middleware.BreakerConfig{Failures: 2}, framework.UnitOfWorkConfig{BatchSize: 3, Batches: 1, Linger: time.Minute})
+			k := breakerSetup(t, be, middleware.BreakerConfig{Failures: 2}, driver.UnitOfWorkConfig{BatchSize: 3, Batches: 1, Linger: time.Minute})
 			batch := func(text string) []delivery {
 				var ds []delivery
 				for i := range 3 {
@@ -374,7 +375,7 @@ func TestBreakerBatchCountsOnce(t *testing.T) {
 func TestBreakerConfig(t *testing.T) {
 	t.Parallel()
 	db, store := backends[0].open(t, nil) // SQLite
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Store: store})
+	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: db, Store: store})
 	require.NoError(t, err)
 	c, err := framework.NewConsumer(consumerName, framework.Handle(noted, func(context.Context, framework.Event[noteV1]) error { return nil }))
 	require.NoError(t, err)

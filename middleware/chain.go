@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/internal/keypath"
 )
 
@@ -42,10 +43,10 @@ type Config struct {
 	Consumer *framework.Consumer
 	// UnitOfWork runs each attempt in a transaction with the processed
 	// mark. Required.
-	UnitOfWork *framework.UnitOfWork
+	UnitOfWork *driver.UnitOfWork
 	// Store keeps the dead letters, the durable delivery counts and the
 	// subjects' checkpoints (SkipStale, StrictOrder). Required.
-	Store framework.Store
+	Store driver.Store
 	// Settings are the consumer's settings: retries, time limits,
 	// ordering, breaker (see Settings). Concurrency and the batch
 	// settings are the runner's: Handler uses UnitOfWork as it is.
@@ -104,7 +105,7 @@ func (c Config) Validate() error {
 	case c.Consumer == nil:
 		return errors.New("Config.Consumer: required (build it with framework.NewConsumer)")
 	case c.UnitOfWork == nil:
-		return errors.New("Config.UnitOfWork: required (build it with framework.NewUnitOfWork)")
+		return errors.New("Config.UnitOfWork: required (build it with driver.NewUnitOfWork)")
 	case c.Store == nil:
 		return errors.New("Config.Store: required (try the store of sqlite, postgres or memory)")
 	}

@@ -18,9 +18,10 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
+	"github.com/effectively-once/effectively/framework/driver/transporttest"
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/sqlite"
-	"github.com/effectively-once/effectively/framework/transporttest"
 	"github.com/effectively-once/effectively/internal/pipeline"
 	"github.com/effectively-once/effectively/internal/testenv"
 	"github.com/effectively-once/effectively/middleware"
@@ -64,7 +65,7 @@ func FuzzChain(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Store: store})
+	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: db, Store: store})
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -138,7 +139,7 @@ func FuzzChain(f *testing.F) {
 func requireEnded(t *testing.T, store *sqlite.Store, db *sqlx.DB, consumer string, body []byte, report middleware.Report) {
 	t.Helper()
 	ctx := context.Background()
-	dls, err := store.DeadLetters(ctx, framework.DeadLetterFilter{Consumer: consumer})
+	dls, err := store.DeadLetters(ctx, driver.DeadLetterFilter{Consumer: consumer})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/postgres"
 	"github.com/effectively-once/effectively/framework/sqlite"
@@ -29,7 +30,7 @@ import (
 
 // store is what the SQL backends' stores implement.
 type store interface {
-	framework.Store
+	driver.Store
 }
 
 // backend opens a migrated database of its kind and its store.
@@ -67,7 +68,7 @@ type bundle struct {
 	db      *sqlx.DB
 	store   store
 	handler message.NoPublishHandlerFunc
-	uow     *framework.UnitOfWork
+	uow     *driver.UnitOfWork
 	calls   atomic.Int64
 	// behave decides what the handler does after writing its effect.
 	behave func(ctx context.Context, ev framework.Event[noteV1], call int64) error
@@ -108,7 +109,7 @@ func setup(t *testing.T, b backend, cfg setupConfig) *bundle {
 		return nil
 	}))
 	require.NoError(t, err)
-	bd.uow, err = framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Store: s})
+	bd.uow, err = driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: db, Store: s})
 	require.NoError(t, err)
 	if cfg.timeout == 0 {
 		cfg.timeout = 5 * time.Second
@@ -129,7 +130,7 @@ func setup(t *testing.T, b backend, cfg setupConfig) *bundle {
 		},
 		Consumer:   c,
 		UnitOfWork: bd.uow,
-		Store:      s.(framework.Store),
+		Store:      s.(driver.Store),
 		Outer:      cfg.outer,
 		Logger:     cfg.logger,
 		Stopping:   cfg.stopping,
@@ -151,9 +152,9 @@ func (bd *bundle) marks(t *testing.T) int {
 	return bd.count(t, `SELECT count(*) FROM processed_events WHERE consumer = ?`, consumerName)
 }
 
-func (bd *bundle) deadLetters(t *testing.T) []framework.DeadLetter {
+func (bd *bundle) deadLetters(t *testing.T) []driver.DeadLetter {
 	t.Helper()
-	dls, err := bd.store.DeadLetters(context.Background(), framework.DeadLetterFilter{Consumer: consumerName})
+	dls, err := bd.store.DeadLetters(context.Background(), driver.DeadLetterFilter{Consumer: consumerName})
 	require.NoError(t, err)
 	return dls
 }
@@ -264,7 +265,7 @@ func exerciseChain(t *testing.T, b backend) {
 		require.Equal(t, "1", dl.EventID)
 		require.Equal(t, noted.Type(), dl.Type)
 		require.Equal(t, 1, dl.Version)
-		require.Equal(t, framework.DeadLetterPending, dl.Status)
+		require.Equal(t, driver.DeadLetterPending, dl.Status)
 		require.Equal(t, event(t, "notes", "1")[:20], dl.Body[:20])
 		raw, err := json.Marshal(dl)
 		require.NoError(t, err)
@@ -672,7 +673,7 @@ func exerciseChain(t *testing.T, b backend) {
 		env, err := noted.Envelope(noteV1{Text: "x"}, framework.Attributes{ID: "1", Source: "notes", Subject: "s", SubjectSeq: 5})
 		require.NoError(t, err)
 		require.NoError(t, bd.deliver(ctx, body(t, env)))
-		renames := bd.store.(framework.Store)
+		renames := bd.store.(driver.Store)
 		n, err := renames.Adopt(ctx, "notes.renamed", consumerName)
 		require.NoError(t, err)
 		require.EqualValues(t, 1, n)
@@ -692,7 +693,7 @@ func exerciseChain(t *testing.T, b backend) {
 		for _, id := range []string{"1", "2", "3"} {
 			require.NoError(t, bd.deliver(ctx, event(t, "notes", id)))
 		}
-		purge := bd.store.(framework.Store)
+		purge := bd.store.(driver.Store)
 		n, err := purge.PurgeProcessed(ctx, time.Now().Add(-time.Hour), 10)
 		require.NoError(t, err)
 		require.Zero(t, n, "marks within the retention stay")
@@ -737,14 +738,14 @@ func exerciseChain(t *testing.T, b backend) {
 		}))
 		require.NoError(t, err)
 		ev := event(t, "notes", "1")
-		out, err := framework.Consume(ctx, c, bd.uow, ev)
+		out, err := driver.Consume(ctx, c, bd.uow, ev)
 		require.NoError(t, err)
 		require.Equal(t, framework.Processed, out)
-		out, err = framework.Consume(ctx, c, bd.uow, ev)
+		out, err = driver.Consume(ctx, c, bd.uow, ev)
 		require.NoError(t, err)
 		require.Equal(t, framework.Duplicate, out)
 		require.Equal(t, 1, bd.effects(t))
-		_, err = framework.Consume(ctx, c, bd.uow, []byte("{"))
+		_, err = driver.Consume(ctx, c, bd.uow, []byte("{"))
 		require.Equal(t, framework.CodeMalformedEnvelope, framework.CodeOf(err))
 	})
 
@@ -821,7 +822,7 @@ func exerciseChain(t *testing.T, b backend) {
 		record := func(next message.HandlerFunc) message.HandlerFunc {
 			return func(msg *message.Message) ([]*message.Message, error) {
 				d, ok := framework.EnvelopeFromContext(msg.Context())
-				_, tx := framework.TxFromContext(msg.Context())
+				_, tx := driver.TxFromContext(msg.Context())
 				mu.Lock()
 				if ok {
 					seen = append(seen, d.Key().String()+" "+d.Type)

@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/internal/crash"
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
@@ -30,20 +31,20 @@ import (
 //
 // A dead letter never depends on the attribute that failed: a message that
 // did not decode is keyed by its source and id only when decode would take
-// both, else by the hash of its body (framework.KeyOfBody); its body is
-// kept byte for byte and its metadata as framework.StorableMetadata. So
+// both, else by the hash of its body (framework.BodyKey); its body is
+// kept byte for byte and its metadata as driver.StorableMetadata. So
 // no store refuses it whatever the input, and the message is not
 // delivered again forever.
 //
 // Under strict order (holds) a dead letter of any code but sequence_gap
 // holds its subject, so that the later events of the subject are parked
 // behind it (see strictOrder); the hold and the dead letter are one
-// transaction (framework.Store.HoldDeadLetter), so that a released
+// transaction (driver.Store.HoldDeadLetter), so that a released
 // event, whose parking is the only copy of its message, stays parked
 // until its dead letter is stored. A sequence_gap dead letter holds
 // nothing: the event it waited for never came, and the next ones may.
 // The dead letter's times are now's.
-func deadLetter(consumer string, store framework.Store, now func() time.Time, holds bool) message.HandlerMiddleware {
+func deadLetter(consumer string, store driver.Store, now func() time.Time, holds bool) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			st := stateOf(msg)
@@ -62,7 +63,7 @@ func deadLetter(consumer string, store framework.Store, now func() time.Time, ho
 // and whose chain failed with err: err, or nil once it stored the dead
 // letter. It is a function of its own so that the step's stack frame
 // stays small on the way in, where every message passes.
-func failed(ctx context.Context, consumer string, store framework.Store, now func() time.Time, holds bool, msg *message.Message, st *state, err error) error {
+func failed(ctx context.Context, consumer string, store driver.Store, now func() time.Time, holds bool, msg *message.Message, st *state, err error) error {
 	if ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, pipeline.ErrLater) {
 		return err // shutdown, or a wait: deliver again later
 	}
@@ -89,12 +90,12 @@ func failed(ctx context.Context, consumer string, store framework.Store, now fun
 // it depends on an attribute that failed: its key is messageKey's, its
 // event attributes (subject sequence included) come from an envelope that
 // decode accepted, its body is the message's bytes and its metadata
-// framework.StorableMetadata of the message's. Its Deliveries is the
+// driver.StorableMetadata of the message's. Its Deliveries is the
 // delivery guard's count of this delivery, 0 when the guard did not count
 // it (a first delivery that the transport vouched for).
-func newDeadLetter(consumer string, msg *message.Message, st *state, code framework.Code, now time.Time) framework.DeadLetter {
+func newDeadLetter(consumer string, msg *message.Message, st *state, code framework.Code, now time.Time) driver.DeadLetter {
 	key := messageKey(msg, st)
-	dl := framework.DeadLetter{
+	dl := driver.DeadLetter{
 		Consumer:      consumer,
 		Topic:         message.SubscribeTopicFromCtx(msg.Context()),
 		Source:        key.Source,
@@ -105,8 +106,8 @@ func newDeadLetter(consumer string, msg *message.Message, st *state, code framew
 		FirstFailedAt: now,
 		LastFailedAt:  now,
 		Body:          msg.Payload,
-		Metadata:      framework.StorableMetadata(msg.Metadata),
-		Status:        framework.DeadLetterPending,
+		Metadata:      driver.StorableMetadata(msg.Metadata),
+		Status:        driver.DeadLetterPending,
 	}
 	if env := st.envelope; env != nil && env.Key() == key {
 		dl.Type, dl.Version = env.Type, env.Version
@@ -118,7 +119,7 @@ func newDeadLetter(consumer string, msg *message.Message, st *state, code framew
 // messageKey returns the key under which the chain counts the deliveries
 // of msg (deliveryGuard) and keeps its dead letter: the decoded event's key
 // when it passes framework.Key.Validate (decode makes sure it does), else
-// framework.KeyOfBody of the body, which is the body's hash when its source
+// framework.BodyKey of the body, which is the body's hash when its source
 // and id are not usable. One rule for both, so that whatever the input no
 // store refuses the key, and the dead letter forgets the count of its own
 // message.
@@ -126,5 +127,5 @@ func messageKey(msg *message.Message, st *state) framework.Key {
 	if env := st.envelope; env != nil && env.Key().Validate() == nil {
 		return env.Key()
 	}
-	return framework.KeyOfBody(msg.Payload)
+	return framework.BodyKey(msg.Payload)
 }

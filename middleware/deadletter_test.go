@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 // TestDeadLetterRecordsSequenceAndDeliveries: the dead letter carries the
@@ -27,7 +28,7 @@ func TestDeadLetterRecordsSequenceAndDeliveries(t *testing.T) {
 			bd.behave = func(context.Context, framework.Event[noteV1], int64) error {
 				return framework.Permanent("note_rejected", nil)
 			}
-			deliver := func(id string, seq int64, redelivered string) framework.DeadLetter {
+			deliver := func(id string, seq int64, redelivered string) driver.DeadLetter {
 				t.Helper()
 				env, err := noted.Envelope(noteV1{Text: "x"}, framework.Attributes{
 					ID: id, Source: "notes", Subject: "note-" + id, SubjectSeq: seq,
@@ -39,7 +40,7 @@ func TestDeadLetterRecordsSequenceAndDeliveries(t *testing.T) {
 				}
 				msg.SetContext(ctx)
 				require.NoError(t, bd.handler(msg))
-				dls, err := bd.store.DeadLetters(ctx, framework.DeadLetterFilter{EventID: id})
+				dls, err := bd.store.DeadLetters(ctx, driver.DeadLetterFilter{EventID: id})
 				require.NoError(t, err)
 				require.Len(t, dls, 1)
 				return dls[0]
@@ -62,7 +63,7 @@ func TestDeadLetterRecordsSequenceAndDeliveries(t *testing.T) {
 			h, err := bd.store.DeadLetterHistory(ctx, again.ID)
 			require.NoError(t, err)
 			require.Len(t, h, 1)
-			require.Equal(t, framework.HistoryFailed, h[0].Kind)
+			require.Equal(t, driver.HistoryFailed, h[0].Kind)
 			require.Equal(t, 2, h[0].Deliveries)
 			require.Equal(t, framework.Code("note_rejected"), h[0].Code)
 			require.Equal(t, 1, h[0].Attempts)
@@ -94,7 +95,7 @@ func TestDeadLetterCodeOfPermanentErrorLiteral(t *testing.T) {
 				msg := message.NewMessage(watermill.NewUUID(), body(t, env))
 				msg.SetContext(ctx)
 				require.NoError(t, bd.handler(msg))
-				dls, err := bd.store.DeadLetters(ctx, framework.DeadLetterFilter{EventID: env.ID})
+				dls, err := bd.store.DeadLetters(ctx, driver.DeadLetterFilter{EventID: env.ID})
 				require.NoError(t, err)
 				require.Len(t, dls, 1)
 				require.Equal(t, framework.CodeHandlerFailed, dls[0].Code)

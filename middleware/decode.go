@@ -8,6 +8,7 @@ import (
 	wmmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/internal/crash"
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
@@ -49,7 +50,7 @@ func decodeInto(c *framework.Consumer, msg *message.Message, st *state, maxBody 
 		}
 	}()
 	env := &st.event.Envelope // decoded in place: no copy on the stack
-	if *env, err = framework.DecodeMessage(msg, maxBody); err != nil {
+	if *env, err = driver.DecodeMessage(msg, maxBody); err != nil {
 		return err
 	}
 	st.envelope = env

@@ -16,7 +16,7 @@
 //	breaker count  with Breaker: each attempt's success or failure; a dependency failure while open ends the attempts, nacked
 //	timeout        a deadline per attempt
 //	recoverPanic   a panic becomes an error with code panic
-//	unitOfWork     one transaction with the processed mark (framework.UnitOfWork)
+//	unitOfWork     one transaction with the processed mark (driver.UnitOfWork)
 //	sequenceGuard  with SkipStale: skips an event older than its subject's checkpoint
 //	strictOrder    or with StrictOrder: applies a subject's events in sequence, an event ahead of its turn waits, or is parked behind a dead letter
 //	[Inner]        the application's middleware inside the transaction
@@ -60,7 +60,7 @@
 // Its permanent errors are dead-lettered with their code; its other errors
 // nack the message, which comes back and counts towards the delivery
 // limit, until delivery_limit. Config.Inner runs inside each attempt,
-// in its transaction (framework.TxFromContext), for the deliveries that
+// in its transaction (driver.TxFromContext), for the deliveries that
 // are not duplicates. Package app takes both as app.Middleware; its
 // ExampleMiddleware runs them in the application on SQLite;
 // docs/middleware.md says what each place sees and guarantees.

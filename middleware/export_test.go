@@ -6,7 +6,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 // TestClock is the clock of HandlerOnClock. Zero fields take the system's
@@ -42,13 +42,13 @@ func HandlerWithSweepOnClock(cfg Config, clk TestClock) (message.NoPublishHandle
 }
 
 // DeadLetterStep is the dead-letter step on the system's clock.
-func DeadLetterStep(consumer string, store framework.Store) message.HandlerMiddleware {
+func DeadLetterStep(consumer string, store driver.Store) message.HandlerMiddleware {
 	return deadLetter(consumer, store, time.Now, false)
 }
 
 // DeliveryGuardStep is the delivery guard with the default limit and no
 // unit of work.
-func DeliveryGuardStep(consumer string, store framework.Store) message.HandlerMiddleware {
+func DeliveryGuardStep(consumer string, store driver.Store) message.HandlerMiddleware {
 	return deliveryGuard(consumer, store, DefaultMaxDeliveries, nil)
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/internal/pipeline"
 	"github.com/effectively-once/effectively/middleware"
 )
@@ -38,7 +39,7 @@ func newGapChainSweeping(t *testing.T, b backend, releaseSweep time.Duration) *g
 
 // newGapChainOn is newGapChainSweeping whose chain has the store that wrap
 // makes of the database's (nil: the store itself).
-func newGapChainOn(t *testing.T, b backend, releaseSweep time.Duration, wrap func(framework.Store) framework.Store) *gapChain {
+func newGapChainOn(t *testing.T, b backend, releaseSweep time.Duration, wrap func(driver.Store) driver.Store) *gapChain {
 	t.Helper()
 	g := &gapChain{}
 	now := func() time.Time { return time.Now().Add(time.Duration(g.later.Load())) }
@@ -152,7 +153,7 @@ func TestStrictOrderParkedGapTimeout(t *testing.T) {
 			_, err = g.deliver(t, "o2", "O", 2)
 			require.NoError(t, err)
 			require.Empty(t, g.reasons(t))
-			dls, err := g.store.DeadLetters(context.Background(), framework.DeadLetterFilter{Consumer: consumerName})
+			dls, err := g.store.DeadLetters(context.Background(), driver.DeadLetterFilter{Consumer: consumerName})
 			require.NoError(t, err)
 			require.Len(t, dls, 1)
 			require.Equal(t, "s3", dls[0].EventID)
@@ -173,7 +174,7 @@ func TestStrictOrderParkedGapTimeoutKeepsTheEvent(t *testing.T) {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
 			failing := &failingDeadLetter{id: "s3"}
-			g := newGapChainOn(t, b, 0, func(s framework.Store) framework.Store {
+			g := newGapChainOn(t, b, 0, func(s driver.Store) driver.Store {
 				failing.Store = s
 				return failing
 			})
@@ -185,7 +186,7 @@ func TestStrictOrderParkedGapTimeoutKeepsTheEvent(t *testing.T) {
 			_, err := g.deliver(t, "o1", "O", 1) // its sweep hands s3 to the chain
 			require.NoError(t, err)
 			require.Equal(t, []string{"s3 parked"}, g.reasons(t), "s3 is not lost")
-			dls, err := g.store.DeadLetters(context.Background(), framework.DeadLetterFilter{Consumer: consumerName})
+			dls, err := g.store.DeadLetters(context.Background(), driver.DeadLetterFilter{Consumer: consumerName})
 			require.NoError(t, err)
 			require.Empty(t, dls)
 
@@ -194,7 +195,7 @@ func TestStrictOrderParkedGapTimeoutKeepsTheEvent(t *testing.T) {
 			_, err = g.deliver(t, "o2", "O", 2)
 			require.NoError(t, err)
 			require.Empty(t, g.reasons(t))
-			dls, err = g.store.DeadLetters(context.Background(), framework.DeadLetterFilter{Consumer: consumerName})
+			dls, err = g.store.DeadLetters(context.Background(), driver.DeadLetterFilter{Consumer: consumerName})
 			require.NoError(t, err)
 			require.Len(t, dls, 1)
 			require.Equal(t, "s3", dls[0].EventID)
@@ -228,7 +229,7 @@ func TestStrictOrderIdleSweepEndsTheWait(t *testing.T) {
 
 			g.later.Add(int64(time.Hour)) // no message comes meanwhile
 			require.Eventually(t, func() bool {
-				dls, err := g.store.DeadLetters(context.Background(), framework.DeadLetterFilter{Consumer: consumerName})
+				dls, err := g.store.DeadLetters(context.Background(), driver.DeadLetterFilter{Consumer: consumerName})
 				return err == nil && len(dls) == 1 && dls[0].EventID == "s3" && dls[0].Code == framework.CodeSequenceGap
 			}, 10*time.Second, 20*time.Millisecond, "the idle sweep dead-letters s3 as sequence_gap")
 			require.Empty(t, g.reasons(t))

@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/internal/crash"
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
@@ -42,7 +43,7 @@ var errOverLimit = errors.New("over the delivery limit")
 //
 // A delivery that the service's stop ended after an attempt that ran to
 // its end, before a further attempt (errStopping), is taken back in a
-// short transaction of its own (framework.Store.Uncount): a stop charges
+// short transaction of its own (driver.Store.Uncount): a stop charges
 // nothing, so a message whose attempts fail (an outage) reaches the limit
 // no sooner however often the service restarts meanwhile. A delivery
 // whose attempt the stop cut short (the stop's time ran out) stays
@@ -60,7 +61,7 @@ var errOverLimit = errors.New("over the delivery limit")
 // burst of copies of one event) from one that never took effect: the
 // first is acknowledged as a duplicate, only the second is dead-lettered.
 // Without it every message over the limit is dead-lettered.
-func deliveryGuard(consumer string, store framework.Store, maxDeliveries int, uow *framework.UnitOfWork) message.HandlerMiddleware {
+func deliveryGuard(consumer string, store driver.Store, maxDeliveries int, uow *driver.UnitOfWork) message.HandlerMiddleware {
 	g := &guard{
 		consumer: consumer, store: store, maxDeliveries: maxDeliveries, uow: uow,
 		handling: newHandling(), suspects: newTurn(),
@@ -88,9 +89,9 @@ func deliveryGuard(consumer string, store framework.Store, maxDeliveries int, uo
 // guard is the delivery guard of one consumer's chain.
 type guard struct {
 	consumer      string
-	store         framework.Store
+	store         driver.Store
 	maxDeliveries int
-	uow           *framework.UnitOfWork
+	uow           *driver.UnitOfWork
 	handling      *handling
 	suspects      turn
 }
@@ -173,7 +174,7 @@ func (g *guard) count(msg *message.Message, next message.HandlerFunc) ([]*messag
 
 // uncount takes back the delivery of key, which the service's stop ended
 // with err (errStopping) after an attempt that ran to its end: it does
-// not count towards the limit (framework.Store.Uncount). When that fails
+// not count towards the limit (driver.Store.Uncount). When that fails
 // the delivery stays counted, and the error says so beside err.
 func (g *guard) uncount(ctx context.Context, key framework.Key, err error) error {
 	if uerr := g.store.Uncount(ctx, g.consumer, key); uerr != nil {

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/memory"
 	"github.com/effectively-once/effectively/middleware"
 )
@@ -29,7 +30,7 @@ func memoryChain(tb testing.TB, n int) (message.NoPublishHandlerFunc, []*message
 		return nil
 	}))
 	require.NoError(tb, err)
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{Store: s})
+	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{Store: s})
 	require.NoError(tb, err)
 	m, err := middleware.NewMetrics(prometheus.NewRegistry())
 	require.NoError(tb, err)

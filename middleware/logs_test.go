@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/memory"
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/sqlite"
@@ -32,7 +33,7 @@ func TestLogsCarryTheHandlersError(t *testing.T) {
 	var logs testenv.Logs
 	store, err := memory.NewStore(memory.StoreConfig{})
 	require.NoError(t, err)
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{Store: store})
+	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{Store: store})
 	require.NoError(t, err)
 	c, err := framework.NewConsumer(consumerName, framework.Handle(noted, func(context.Context, framework.Event[noteV1]) error {
 		return errors.New("smtp 451: mailbox busy")
@@ -93,7 +94,7 @@ func TestLogsNeverQuotePayload(t *testing.T) {
 	require.NoError(t, migrate.Up(context.Background(), db, migrate.Config{}))
 	store, err := sqlite.NewStore(db, sqlite.StoreConfig{})
 	require.NoError(t, err)
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Store: store})
+	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: db, Store: store})
 	require.NoError(t, err)
 	c, err := framework.NewConsumer(consumerName, framework.Handle(visited, func(context.Context, framework.Event[visitV1]) error { return nil }))
 	require.NoError(t, err)

@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/memory"
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/sqlite"
@@ -38,7 +39,7 @@ func TestObserve(t *testing.T) {
 
 	store, err := memory.NewStore(memory.StoreConfig{})
 	require.NoError(t, err)
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{Store: store})
+	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{Store: store})
 	require.NoError(t, err)
 	c, err := framework.NewConsumer(consumerName, framework.Handle(noted, func(_ context.Context, ev framework.Event[noteV1]) error {
 		if ev.Data.Text == "fail" {
@@ -138,7 +139,7 @@ func setupFailing(t *testing.T) *failingBundle {
 	require.NoError(t, migrate.Up(context.Background(), db, migrate.Config{}))
 	fb.store, err = sqlite.NewStore(db, sqlite.StoreConfig{})
 	require.NoError(t, err)
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Store: fb.store})
+	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: db, Store: fb.store})
 	require.NoError(t, err)
 	c, err := framework.NewConsumer(consumerName, framework.Handle(noted, func(_ context.Context, ev framework.Event[noteV1]) error {
 		fb.mu.Lock()
@@ -332,7 +333,7 @@ func TestObserveFailing(t *testing.T) {
 		require.NoError(t, err)
 		store, err := memory.NewStore(memory.StoreConfig{})
 		require.NoError(t, err)
-		uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{Store: store})
+		uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{Store: store})
 		require.NoError(t, err)
 		c, err := framework.NewConsumer(consumerName, framework.Handle(noted, func(context.Context, framework.Event[noteV1]) error { return nil }))
 		require.NoError(t, err)

@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/internal/crash"
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
@@ -46,7 +47,7 @@ func (e *gapError) Unwrap() error { return pipeline.ErrLater }
 // fromFirstSeen, when the first event seen of a subject starts its
 // sequence, whatever its number, unless it is parked. Events without
 // subject or subjectseq pass through.
-func strictOrder(consumer string, store framework.Store, fromFirstSeen bool) message.HandlerMiddleware {
+func strictOrder(consumer string, store driver.Store, fromFirstSeen bool) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			d, err := eventOf(msg.Context())
@@ -57,7 +58,7 @@ func strictOrder(consumer string, store framework.Store, fromFirstSeen bool) mes
 				return next(msg)
 			}
 			ctx := msg.Context()
-			tx, ok := pipeline.From[*framework.Tx](ctx)
+			tx, ok := pipeline.From[*driver.Tx](ctx)
 			if !ok {
 				return nil, errors.New("strict order: no attempt transaction: place it inside unitOfWork")
 			}
@@ -73,13 +74,13 @@ func strictOrder(consumer string, store framework.Store, fromFirstSeen bool) mes
 				st.stale = true
 				return nil, endWait(ctx, store, tx, st, consumer, d.Subject, n, d.Key())
 			case !started || n > c+1:
-				parked, err := store.Park(ctx, tx, framework.ParkedEvent{
+				parked, err := store.Park(ctx, tx, driver.ParkedEvent{
 					Consumer: consumer, Subject: d.Subject, Seq: n, Key: d.Key(),
 					Topic: message.SubscribeTopicFromCtx(ctx), Body: msg.Payload, Metadata: msg.Metadata,
 				})
-				if errors.Is(err, framework.ErrSequenceTaken) {
+				if errors.Is(err, driver.ErrSequenceTaken) {
 					// Another event claimed the step: its dead letter
-					// holds nothing (see framework.Store.HoldDeadLetter).
+					// holds nothing (see driver.Store.HoldDeadLetter).
 					return nil, framework.Permanent(framework.CodeSequenceConflict, err)
 				}
 				if err != nil {
@@ -110,9 +111,9 @@ func strictOrder(consumer string, store framework.Store, fromFirstSeen bool) mes
 // tx, and asks releaseParked to release what its effect lets through.
 // When another event holds seq, the event key claimed its step: it is a
 // dead letter (CodeSequenceConflict), its effect rolled back.
-func endWait(ctx context.Context, store framework.Store, tx *framework.Tx, st *state, consumer, subject string, seq int64, key framework.Key) error {
+func endWait(ctx context.Context, store driver.Store, tx *driver.Tx, st *state, consumer, subject string, seq int64, key framework.Key) error {
 	parked, err := store.EndWait(ctx, tx, consumer, subject, seq, key)
-	if errors.Is(err, framework.ErrSequenceTaken) {
+	if errors.Is(err, driver.ErrSequenceTaken) {
 		return framework.Permanent(framework.CodeSequenceConflict, err)
 	}
 	if parked {
@@ -129,7 +130,7 @@ const GapPark = time.Second
 // gapWait turns the wait of an event behind a gap (see strictOrder) into
 // a nack, so that the transport delivers the event
 // again later; once the event has waited GapPark, into its parking
-// (framework.Store.ParkGap): acknowledged, its message kept, applied by
+// (driver.Store.ParkGap): acknowledged, its message kept, applied by
 // releaseParked as soon as its turn comes; and once it has waited longer
 // than timeout, into a permanent error with code sequence_gap (the sweep
 // of releaseParked hands a parked event to the chain again for that).
@@ -141,7 +142,7 @@ const GapPark = time.Second
 // and the parking in transactions of their own, after the attempt's
 // rolled back, so it sits outside the unit of work and inside decode. A
 // wait does not count towards the delivery limit.
-func gapWait(consumer string, store framework.Store, timeout time.Duration) message.HandlerMiddleware {
+func gapWait(consumer string, store driver.Store, timeout time.Duration) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			ctx := msg.Context() // the inner steps leave theirs behind, ended
@@ -163,11 +164,11 @@ func gapWait(consumer string, store framework.Store, timeout time.Duration) mess
 				if waited < GapPark {
 					return nil, err
 				}
-				parked, perr := store.ParkGap(ctx, framework.ParkedEvent{
+				parked, perr := store.ParkGap(ctx, driver.ParkedEvent{
 					Consumer: consumer, Subject: gap.subject, Seq: gap.seq, Key: d.Key(),
 					Topic: message.SubscribeTopicFromCtx(ctx), Body: msg.Payload, Metadata: msg.Metadata,
 				})
-				if errors.Is(perr, framework.ErrSequenceTaken) {
+				if errors.Is(perr, driver.ErrSequenceTaken) {
 					return nil, framework.Permanent(framework.CodeSequenceConflict, perr) // see strictOrder
 				}
 				if perr != nil {
@@ -214,7 +215,7 @@ func (s *state) signalRelease(subject string) {
 // releaseParked).
 type releaser struct {
 	consumer   string
-	store      framework.Store
+	store      driver.Store
 	logger     *slog.Logger
 	now        func() time.Time
 	every      time.Duration
@@ -225,7 +226,7 @@ type releaser struct {
 	next atomic.Pointer[message.HandlerFunc]
 }
 
-func newReleaser(consumer string, store framework.Store, logger *slog.Logger, now func() time.Time, every, gapTimeout time.Duration) *releaser {
+func newReleaser(consumer string, store driver.Store, logger *slog.Logger, now func() time.Time, every, gapTimeout time.Duration) *releaser {
 	return &releaser{consumer: consumer, store: store, logger: logger, now: now, every: every, gapTimeout: gapTimeout}
 }
 
@@ -301,7 +302,7 @@ func (r *releaser) sweepDue() bool {
 // and expires those that waited too long. It returns the *crash.Died of
 // an event that died, nil otherwise.
 func (r *releaser) sweep(ctx context.Context, next message.HandlerFunc) error {
-	ready, err := r.store.Parked(ctx, framework.ParkedFilter{Consumer: r.consumer, Ready: true})
+	ready, err := r.store.Parked(ctx, driver.ParkedFilter{Consumer: r.consumer, Ready: true})
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil // shutdown: the next start sweeps
@@ -325,7 +326,7 @@ func (r *releaser) sweep(ctx context.Context, next message.HandlerFunc) error {
 // a delivery (it measures the wait by the store's clock, from its start).
 // It returns the *crash.Died of an event that died, nil otherwise.
 func (r *releaser) expire(ctx context.Context, next message.HandlerFunc) error {
-	ps, err := r.store.Parked(ctx, framework.ParkedFilter{Consumer: r.consumer})
+	ps, err := r.store.Parked(ctx, driver.ParkedFilter{Consumer: r.consumer})
 	if err != nil {
 		if ctx.Err() == nil {
 			r.logger.ErrorContext(ctx, "list the parked events that wait for an earlier one; they are looked at later",
@@ -358,7 +359,7 @@ func (r *releaser) expire(ctx context.Context, next message.HandlerFunc) error {
 func (r *releaser) release(ctx context.Context, next message.HandlerFunc, subject string) error {
 	var last int64
 	for ctx.Err() == nil {
-		ps, err := r.store.Parked(ctx, framework.ParkedFilter{Consumer: r.consumer, Subject: subject, Ready: true, Limit: 1})
+		ps, err := r.store.Parked(ctx, driver.ParkedFilter{Consumer: r.consumer, Subject: subject, Ready: true, Limit: 1})
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil // shutdown: the next start sweeps
@@ -397,7 +398,7 @@ func (r *releaser) release(ctx context.Context, next message.HandlerFunc, subjec
 // its body and metadata (but the transport's redelivery marker), and
 // returns the chain's error. The message's context ends with ctx and
 // carries nothing of it but its crash hook.
-func (r *releaser) apply(ctx context.Context, next message.HandlerFunc, p framework.ParkedEvent) error {
+func (r *releaser) apply(ctx context.Context, next message.HandlerFunc, p driver.ParkedEvent) error {
 	m := message.NewMessage(watermill.NewUUID(), p.Body)
 	for k, v := range p.Metadata {
 		if k != framework.MetadataRedelivered { // this delivery is a first

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/middleware"
 )
 
@@ -38,7 +39,7 @@ func TestStrictOrderParksBehindUndecodable(t *testing.T) {
 			require.Equal(t, framework.Parked, deliver(t, h, "u3", "U", 3), "parked behind the undecodable dead letter")
 			require.Equal(t, []string{"u2 held", "u3"}, o.parked(t))
 
-			dls, err := o.store.DeadLetters(context.Background(), framework.DeadLetterFilter{Consumer: consumerName})
+			dls, err := o.store.DeadLetters(context.Background(), driver.DeadLetterFilter{Consumer: consumerName})
 			require.NoError(t, err)
 			require.Len(t, dls, 1)
 			seq, err := o.store.Skip(context.Background(), consumerName, "U", dls[0].Key())

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/middleware"
 )
@@ -23,8 +24,8 @@ import (
 // of a subject takes effect right after the one before it.
 type ordered struct {
 	db     *sqlx.DB
-	store  framework.Store
-	uow    *framework.UnitOfWork
+	store  driver.Store
+	uow    *driver.UnitOfWork
 	c      *framework.Consumer
 	refuse sync.Map       // event id -> struct{}: refused once, permanently
 	code   framework.Code // of a refusal; "refused" when empty
@@ -37,7 +38,7 @@ func newOrdered(t *testing.T, b backend) *ordered {
 }
 
 // newOrderedOn is newOrdered on the database db of store s.
-func newOrderedOn(t *testing.T, db *sqlx.DB, s framework.Store) *ordered {
+func newOrderedOn(t *testing.T, db *sqlx.DB, s driver.Store) *ordered {
 	t.Helper()
 	require.NoError(t, migrate.Up(context.Background(), db, migrate.Config{}))
 	_, err := db.Exec(`CREATE TABLE effects (source TEXT NOT NULL, event_id TEXT NOT NULL, text TEXT NOT NULL)`)
@@ -64,7 +65,7 @@ func newOrderedOn(t *testing.T, db *sqlx.DB, s framework.Store) *ordered {
 	}))
 	require.NoError(t, err)
 	// Group commit: the default batch size.
-	o.uow, err = framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Store: s})
+	o.uow, err = driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: db, Store: s})
 	require.NoError(t, err)
 	return o
 }
@@ -72,7 +73,7 @@ func newOrderedOn(t *testing.T, db *sqlx.DB, s framework.Store) *ordered {
 // handler returns the consumer's chain on store (a process of the
 // service: a new one is a restart). Its subjects start at the first event
 // seen (s4), as a consumer's that joins a stream does.
-func (o *ordered) handler(t *testing.T, store framework.Store) message.NoPublishHandlerFunc {
+func (o *ordered) handler(t *testing.T, store driver.Store) message.NoPublishHandlerFunc {
 	t.Helper()
 	h, _, err := middleware.Handler(middleware.Config{
 		Consumer: o.c, UnitOfWork: o.uow, Store: store, Settings: middleware.Settings{
@@ -107,7 +108,7 @@ func (o *ordered) applied(t *testing.T, prefix string) []string {
 
 func (o *ordered) parked(t *testing.T) []string {
 	t.Helper()
-	ps, err := o.store.Parked(context.Background(), framework.ParkedFilter{Consumer: consumerName})
+	ps, err := o.store.Parked(context.Background(), driver.ParkedFilter{Consumer: consumerName})
 	require.NoError(t, err)
 	var out []string
 	for _, p := range ps {
@@ -121,11 +122,11 @@ func (o *ordered) parked(t *testing.T) []string {
 }
 
 // deadLetters returns the consumer's dead letters of event id.
-func (o *ordered) deadLetters(t *testing.T, id string) []framework.DeadLetter {
+func (o *ordered) deadLetters(t *testing.T, id string) []driver.DeadLetter {
 	t.Helper()
-	dls, err := o.store.DeadLetters(context.Background(), framework.DeadLetterFilter{Consumer: consumerName})
+	dls, err := o.store.DeadLetters(context.Background(), driver.DeadLetterFilter{Consumer: consumerName})
 	require.NoError(t, err)
-	var out []framework.DeadLetter
+	var out []driver.DeadLetter
 	for _, dl := range dls {
 		if dl.EventID == id {
 			out = append(out, dl)
@@ -143,7 +144,7 @@ func (o *ordered) marked(t *testing.T, id string) bool {
 
 // parkBehindDeadLetter delivers s4, then s5, which is dead-lettered, then
 // s6 and s7, which are parked behind it.
-func (o *ordered) parkBehindDeadLetter(t *testing.T, h message.NoPublishHandlerFunc) framework.DeadLetter {
+func (o *ordered) parkBehindDeadLetter(t *testing.T, h message.NoPublishHandlerFunc) driver.DeadLetter {
 	t.Helper()
 	o.refuse.Store("s5", struct{}{})
 	require.Equal(t, framework.Processed, deliver(t, h, "s4", "S", 4))
@@ -154,7 +155,7 @@ func (o *ordered) parkBehindDeadLetter(t *testing.T, h message.NoPublishHandlerF
 	require.Equal(t, []string{"s5 held", "s6", "s7"}, o.parked(t))
 	require.False(t, o.marked(t, "s6"), "a parked event is not marked processed")
 	require.False(t, o.marked(t, "s7"))
-	dls, err := o.store.DeadLetters(context.Background(), framework.DeadLetterFilter{Consumer: consumerName})
+	dls, err := o.store.DeadLetters(context.Background(), driver.DeadLetterFilter{Consumer: consumerName})
 	require.NoError(t, err)
 	require.Len(t, dls, 1, "no sequence_gap dead letter")
 	require.Equal(t, "s5", dls[0].EventID)
@@ -163,7 +164,7 @@ func (o *ordered) parkBehindDeadLetter(t *testing.T, h message.NoPublishHandlerF
 }
 
 // redeliver hands the dead letter's message to h again, as a replay does.
-func redeliver(t *testing.T, h message.NoPublishHandlerFunc, dl framework.DeadLetter) framework.Outcome {
+func redeliver(t *testing.T, h message.NoPublishHandlerFunc, dl driver.DeadLetter) framework.Outcome {
 	t.Helper()
 	msg := dl.ReplayMessage()
 	require.NoError(t, h(msg))
@@ -286,7 +287,7 @@ func TestStrictOrderParksBehindDeadLetter(t *testing.T) {
 				require.Equal(t, []string{"s4", "s5"}, o.applied(t, "s"))
 				require.Equal(t, []string{"s6 held", "s7"}, o.parked(t), "s6 is a dead letter now, s7 waits behind it")
 
-				dls, err := o.store.DeadLetters(context.Background(), framework.DeadLetterFilter{Consumer: consumerName, Code: "refused"})
+				dls, err := o.store.DeadLetters(context.Background(), driver.DeadLetterFilter{Consumer: consumerName, Code: "refused"})
 				require.NoError(t, err)
 				require.Len(t, dls, 2)
 				require.Equal(t, "s6", dls[1].EventID)
@@ -358,7 +359,7 @@ func TestStrictOrderParksBehindDeadLetter(t *testing.T) {
 				require.NoError(t, err)
 				require.ErrorIs(t, h(message.NewMessage(watermill.NewUUID(), body(t, env))), errHoldFailed,
 					"nacked: not dead-lettered without the hold that parks the events behind it")
-				dls, err := o.store.DeadLetters(context.Background(), framework.DeadLetterFilter{Consumer: consumerName})
+				dls, err := o.store.DeadLetters(context.Background(), driver.DeadLetterFilter{Consumer: consumerName})
 				require.NoError(t, err)
 				require.Empty(t, dls)
 
@@ -400,14 +401,14 @@ func TestStrictOrderParksBehindDeadLetter(t *testing.T) {
 // crashBeforeRelease is a store whose process dies when the release looks
 // for a parked event the at-th time: that call and every later one fails.
 type crashBeforeRelease struct {
-	framework.Store
+	driver.Store
 	at    int64
 	calls atomic.Int64
 }
 
 var errCrashed = errors.New("the process died")
 
-func (s *crashBeforeRelease) Parked(ctx context.Context, f framework.ParkedFilter) ([]framework.ParkedEvent, error) {
+func (s *crashBeforeRelease) Parked(ctx context.Context, f driver.ParkedFilter) ([]driver.ParkedEvent, error) {
 	if f.Subject == "" {
 		return s.Store.Parked(ctx, f) // the sweep at start finds nothing yet
 	}
@@ -418,11 +419,11 @@ func (s *crashBeforeRelease) Parked(ctx context.Context, f framework.ParkedFilte
 }
 
 // failingHold is a store that cannot record a hold.
-type failingHold struct{ framework.Store }
+type failingHold struct{ driver.Store }
 
 var errHoldFailed = errors.New("hold failed")
 
-func (failingHold) HoldDeadLetter(context.Context, framework.DeadLetter) error {
+func (failingHold) HoldDeadLetter(context.Context, driver.DeadLetter) error {
 	return errHoldFailed
 }
 
@@ -431,27 +432,27 @@ func (failingHold) HoldDeadLetter(context.Context, framework.DeadLetter) error {
 // hiddenParked is a store whose parked events its consumer's releaser
 // never finds: the moment between an effect and the release it allows,
 // held open.
-type hiddenParked struct{ framework.Store }
+type hiddenParked struct{ driver.Store }
 
-func (hiddenParked) Parked(context.Context, framework.ParkedFilter) ([]framework.ParkedEvent, error) {
+func (hiddenParked) Parked(context.Context, driver.ParkedFilter) ([]driver.ParkedEvent, error) {
 	return nil, nil
 }
 
 type failingDeadLetter struct {
-	framework.Store
+	driver.Store
 	id string
 }
 
 var errDeadLetterFailed = errors.New("dead letter failed")
 
-func (s *failingDeadLetter) PublishDeadLetter(ctx context.Context, dl framework.DeadLetter) error {
+func (s *failingDeadLetter) PublishDeadLetter(ctx context.Context, dl driver.DeadLetter) error {
 	if dl.EventID == s.id {
 		return errDeadLetterFailed
 	}
 	return s.Store.PublishDeadLetter(ctx, dl)
 }
 
-func (s *failingDeadLetter) HoldDeadLetter(ctx context.Context, dl framework.DeadLetter) error {
+func (s *failingDeadLetter) HoldDeadLetter(ctx context.Context, dl driver.DeadLetter) error {
 	if dl.EventID == s.id {
 		return errDeadLetterFailed
 	}

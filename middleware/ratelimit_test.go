@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/middleware"
 )
@@ -21,7 +22,7 @@ func TestRateLimit(t *testing.T) {
 	t.Parallel()
 	db, store := backends[0].open(t, nil) // SQLite
 	require.NoError(t, migrate.Up(context.Background(), db, migrate.Config{}))
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Store: store})
+	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: db, Store: store})
 	require.NoError(t, err)
 	var handled atomic.Int64
 	c, err := framework.NewConsumer(consumerName, framework.Handle(noted, func(context.Context, framework.Event[noteV1]) error {

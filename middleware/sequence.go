@@ -5,7 +5,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
@@ -20,7 +20,7 @@ import (
 // It gives a projection the latest state per subject whatever the order of
 // delivery, the "apply only if newer" rule; it does not wait for a missing
 // earlier event. It sits inside unitOfWork.
-func sequenceGuard(consumer string, store framework.Store) message.HandlerMiddleware {
+func sequenceGuard(consumer string, store driver.Store) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			d, err := eventOf(msg.Context())
@@ -30,7 +30,7 @@ func sequenceGuard(consumer string, store framework.Store) message.HandlerMiddle
 			if d.Subject == "" || d.SubjectSeq == 0 {
 				return next(msg)
 			}
-			tx, ok := pipeline.From[*framework.Tx](msg.Context())
+			tx, ok := pipeline.From[*driver.Tx](msg.Context())
 			if !ok {
 				return nil, errors.New("sequence guard: no attempt transaction: place it inside unitOfWork")
 			}

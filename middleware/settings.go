@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/internal/keypath"
 )
 
@@ -96,11 +97,11 @@ type Settings struct {
 	// attempt a transaction of its own, which no other attempt's failure
 	// runs again. It configures the unit of work that the runner (or the
 	// test kit) builds; Handler uses the one it is given. At most
-	// 64. Defaults to framework.DefaultBatchSize.
+	// 64. Defaults to driver.DefaultBatchSize.
 	BatchSize int `yaml:"batch_size"`
 	// Batches is how many of the consumer's batches run at once, each on
 	// a connection of its own (see BatchSize). At most 64.
-	// Defaults to framework.DefaultBatches.
+	// Defaults to driver.DefaultBatches.
 	Batches int `yaml:"batches"`
 	// BatchLinger is how long a batch that could start waits for more of
 	// the consumer's attempts while it holds fewer than BatchSize (see
@@ -126,8 +127,8 @@ func (s Settings) WithDefaults() Settings {
 	s.MaxDeliveries = cmp.Or(s.MaxDeliveries, DefaultMaxDeliveries)
 	s.MaxBodyBytes = cmp.Or(s.MaxBodyBytes, framework.DefaultMaxBodyBytes)
 	s.GapTimeout = cmp.Or(s.GapTimeout, DefaultGapTimeout)
-	s.BatchSize = cmp.Or(s.BatchSize, framework.DefaultBatchSize)
-	s.Batches = cmp.Or(s.Batches, framework.DefaultBatches)
+	s.BatchSize = cmp.Or(s.BatchSize, driver.DefaultBatchSize)
+	s.Batches = cmp.Or(s.Batches, driver.DefaultBatches)
 	s.Breaker = s.Breaker.withDefaults()
 	return s
 }

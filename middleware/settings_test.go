@@ -10,6 +10,7 @@ import (
 	"gopkg.in/yaml.v3"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/middleware"
 )
 
@@ -26,8 +27,8 @@ func TestSettingsWithDefaults(t *testing.T) {
 		MaxDeliveries: middleware.DefaultMaxDeliveries,
 		MaxBodyBytes:  framework.DefaultMaxBodyBytes,
 		GapTimeout:    middleware.DefaultGapTimeout,
-		BatchSize:     framework.DefaultBatchSize,
-		Batches:       framework.DefaultBatches,
+		BatchSize:     driver.DefaultBatchSize,
+		Batches:       driver.DefaultBatches,
 		Breaker:       middleware.BreakerConfig{CoolDown: middleware.DefaultBreakerCoolDown, MaxHold: middleware.DefaultBreakerMaxHold},
 	}, s)
 	require.NoError(t, s.Validate())

@@ -21,6 +21,7 @@ import (
 	"github.com/effectively-once/effectively/app/runner"
 	"github.com/effectively-once/effectively/app/testkit"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/handlers"
 	"github.com/effectively-once/effectively/internal/pgschema"
@@ -128,8 +129,8 @@ type App struct {
 	appCfg    app.Config
 	fx        *fx.App
 	db        *sqlx.DB
-	store     framework.Store
-	transport framework.Transport
+	store     driver.Store
+	transport driver.Transport
 	registry  *handlers.Registry
 	outcomes  *outcomes
 	// undo removes what Start created besides the application (the
@@ -263,7 +264,7 @@ func (a *App) DB() *sqlx.DB { return a.db }
 
 // Store returns the application's store: processed marks, delivery
 // counts, dead letters (Store().DeadLetters), checkpoints.
-func (a *App) Store() framework.Store { return a.store }
+func (a *App) Store() driver.Store { return a.store }
 
 // Config returns the application's configuration, as the module sees it.
 func (a *App) Config() app.Config { return a.appCfg }
@@ -295,7 +296,7 @@ func (a *App) PublishBody(ctx context.Context, topic string, body []byte) (Resul
 }
 
 // Deliver sends env to one consumer alone, the way an operator's replay
-// reaches it (framework.Transport.Replay: the consumer's replay topic, its queue
+// reaches it (driver.Transport.Replay: the consumer's replay topic, its queue
 // on RabbitMQ), and waits for its outcome. Its dead letters carry the
 // replay topic.
 func (a *App) Deliver(ctx context.Context, consumer string, env framework.Envelope) (testkit.Result, error) {

@@ -20,6 +20,7 @@ import (
 	"github.com/effectively-once/effectively/app/apptest"
 	"github.com/effectively-once/effectively/app/testkit"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/outbox"
 	"github.com/effectively-once/effectively/handlers"
 	"github.com/effectively-once/effectively/internal/pipeline"
@@ -180,7 +181,7 @@ func TestDeliver(t *testing.T) {
 	res, err = svc.DeliverBody(ctx, confirmer, []byte("not an event"))
 	require.NoError(t, err)
 	testkit.RequireDeadLettered(t, res, framework.CodeMalformedEnvelope)
-	dls, err := svc.Store().DeadLetters(ctx, framework.DeadLetterFilter{Consumer: confirmer})
+	dls, err := svc.Store().DeadLetters(ctx, driver.DeadLetterFilter{Consumer: confirmer})
 	require.NoError(t, err)
 	require.Len(t, dls, 1)
 	require.Equal(t, pipeline.ReplayTopic(confirmer), dls[0].Topic)

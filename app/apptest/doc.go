@@ -41,7 +41,7 @@
 //		require.NoError(t, err)
 //		testkit.RequireDeadLettered(t, res[ConsumerName], framework.CodeInvalidPayload) // startsAt is required
 //
-//		dls, err := svc.Store().DeadLetters(ctx, framework.DeadLetterFilter{Consumer: ConsumerName})
+//		dls, err := svc.Store().DeadLetters(ctx, driver.DeadLetterFilter{Consumer: ConsumerName})
 //		require.NoError(t, err)
 //		require.Len(t, dls, 1)
 //		require.Equal(t, "p-1", dls[0].EventID)
@@ -97,7 +97,7 @@
 // # Limits
 //
 // The kit runs neither RabbitMQ nor the postgres transport: the
-// transports have their own conformance suite (framework/transporttest),
+// transports have their own conformance suite (framework/driver/transporttest),
 // and examples/notifications runs its demo on each. Outcomes are matched
 // to consumers by the router handler's name, which the application
 // derives from the consumer's name.

@@ -17,7 +17,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 // Path is where the console is served; its pages are below it.
@@ -49,10 +49,10 @@ type Consumer struct {
 type Config struct {
 	// Store holds the dead letters the console shows and resolves.
 	// Required.
-	Store framework.Store
+	Store driver.Store
 	// Inspector answers the event and consumers views; usually the same
 	// store. Required.
-	Inspector framework.Inspector
+	Inspector driver.Inspector
 	// Tokens give access (see ParseTokens). At least one is required.
 	Tokens []Token
 	// TrustedOrigins are origins (scheme://host[:port]) that may POST
@@ -67,7 +67,7 @@ type Config struct {
 	// consumer is not declared, it is older than the processed marks'
 	// retention), or "" when it may. Defaults to refusing none but those
 	// not pending.
-	RefuseReplay func(dl framework.DeadLetter, now time.Time) string
+	RefuseReplay func(dl driver.DeadLetter, now time.Time) string
 	// SessionLifetime is how long a login lasts. Defaults to
 	// DefaultSessionLifetime.
 	SessionLifetime time.Duration
@@ -79,7 +79,7 @@ type Config struct {
 }
 
 // ErrMissingStore is returned by New without a Store or an Inspector.
-var ErrMissingStore = errors.New("console: missing Store or Inspector (the service's framework.Store, which implements framework.Inspector)")
+var ErrMissingStore = errors.New("console: missing Store or Inspector (the service's driver.Store, which implements driver.Inspector)")
 
 // ErrNoTokens is returned by New without a token.
 var ErrNoTokens = errors.New("console: no token: give at least one (see ParseTokens)")
@@ -97,7 +97,7 @@ func (c Config) WithDefaults() Config {
 		c.Now = time.Now
 	}
 	if c.RefuseReplay == nil {
-		c.RefuseReplay = func(framework.DeadLetter, time.Time) string { return "" }
+		c.RefuseReplay = func(driver.DeadLetter, time.Time) string { return "" }
 	}
 	return c
 }
@@ -187,8 +187,8 @@ func (c *Console) routes() {
 	c.mux.Handle("POST "+Path+"logout", c.authed(Read, c.logout))
 	c.mux.Handle("GET "+Path+"dead-letters", c.authed(Read, c.deadLetters))
 	c.mux.Handle("GET "+Path+"dead-letters/{id}", c.authed(Read, c.deadLetter))
-	c.mux.Handle("POST "+Path+"dead-letters/{id}/replay", c.authed(Write, c.resolve(framework.DeadLetterReplayed)))
-	c.mux.Handle("POST "+Path+"dead-letters/{id}/discard", c.authed(Write, c.resolve(framework.DeadLetterDiscarded)))
+	c.mux.Handle("POST "+Path+"dead-letters/{id}/replay", c.authed(Write, c.resolve(driver.DeadLetterReplayed)))
+	c.mux.Handle("POST "+Path+"dead-letters/{id}/discard", c.authed(Write, c.resolve(driver.DeadLetterDiscarded)))
 	c.mux.Handle("GET "+Path+"events", c.authed(Read, c.event))
 	c.mux.Handle("GET "+Path+"consumers", c.authed(Read, c.consumers))
 	c.mux.HandleFunc(Path, func(w http.ResponseWriter, r *http.Request) {

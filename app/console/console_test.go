@@ -22,6 +22,7 @@ import (
 
 	"github.com/effectively-once/effectively/app/console"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/postgres"
 	"github.com/effectively-once/effectively/framework/sqlite"
@@ -35,8 +36,8 @@ const (
 
 // store is what the console reads and acts on.
 type store interface {
-	framework.Store
-	framework.Inspector
+	driver.Store
+	driver.Inspector
 }
 
 // bundle is one test's console on a fresh store.
@@ -89,11 +90,11 @@ func setupOn(t *testing.T, cfg console.Config, s store) *bundle {
 func (b *bundle) deadLetter(t *testing.T, consumer, id string, code framework.Code, body []byte, md map[string]string) int64 {
 	t.Helper()
 	ctx := context.Background()
-	require.NoError(t, b.store.PublishDeadLetter(ctx, framework.DeadLetter{
+	require.NoError(t, b.store.PublishDeadLetter(ctx, driver.DeadLetter{
 		Consumer: consumer, Topic: "widgets.widget.added", Source: "widgets", EventID: id,
 		Type: "widgets.widget.added", Version: 1, Code: code, Attempts: 3, Body: body, Metadata: md,
 	}))
-	dls, err := b.store.DeadLetters(ctx, framework.DeadLetterFilter{Consumer: consumer, Source: "widgets", EventID: id})
+	dls, err := b.store.DeadLetters(ctx, driver.DeadLetterFilter{Consumer: consumer, Source: "widgets", EventID: id})
 	require.NoError(t, err)
 	require.Len(t, dls, 1)
 	return dls[0].ID
@@ -413,20 +414,20 @@ func testReplay(t *testing.T, b *bundle) {
 	require.Contains(t, page, "Say why in the reason")
 	dl, err := b.store.DeadLetter(ctx, id)
 	require.NoError(t, err)
-	require.Equal(t, framework.DeadLetterPending, dl.Status, "nothing changed")
+	require.Equal(t, driver.DeadLetterPending, dl.Status, "nothing changed")
 
 	code, _, resp := b.do(t, http.MethodPost, path+"/replay", url.Values{"reason": {"the gear supplier is back"}}, bearer(writeSecret)...)
 	require.Equal(t, http.StatusSeeOther, code)
 	require.Equal(t, path+"?done=replayed", resp.Header.Get("Location"))
 	dl, err = b.store.DeadLetter(ctx, id)
 	require.NoError(t, err)
-	require.Equal(t, framework.DeadLetterReplayed, dl.Status)
+	require.Equal(t, driver.DeadLetterReplayed, dl.Status)
 	require.Equal(t, "alice", dl.Resolution.By)
 	require.Equal(t, "the gear supplier is back", dl.Resolution.Reason)
 	history, err := b.store.DeadLetterHistory(ctx, id)
 	require.NoError(t, err)
 	require.Len(t, history, 2)
-	require.Equal(t, framework.HistoryReplayed, history[1].Kind)
+	require.Equal(t, driver.HistoryReplayed, history[1].Kind)
 	require.Equal(t, "alice", history[1].By)
 	replays, err := b.store.ClaimReplays(ctx, 10, time.Minute)
 	require.NoError(t, err)
@@ -451,7 +452,7 @@ func testReplay(t *testing.T, b *bundle) {
 // POST; discard still works.
 func TestRefuseReplay(t *testing.T) {
 	t.Parallel()
-	b := setup(t, console.Config{RefuseReplay: func(dl framework.DeadLetter, _ time.Time) string {
+	b := setup(t, console.Config{RefuseReplay: func(dl driver.DeadLetter, _ time.Time) string {
 		return "consumer " + dl.Consumer + " is not declared in this service"
 	}})
 	id := b.deadLetter(t, "widgets.old", "w-1", "gear_refused", []byte(`{}`), nil)
@@ -467,7 +468,7 @@ func TestRefuseReplay(t *testing.T) {
 	require.Equal(t, http.StatusSeeOther, code)
 	dl, err := b.store.DeadLetter(context.Background(), id)
 	require.NoError(t, err)
-	require.Equal(t, framework.DeadLetterDiscarded, dl.Status)
+	require.Equal(t, driver.DeadLetterDiscarded, dl.Status)
 	require.Equal(t, "alice", dl.Resolution.By)
 }
 
@@ -510,13 +511,13 @@ func TestCrossOrigin(t *testing.T) {
 
 	dl, err := b.store.DeadLetter(ctx, id)
 	require.NoError(t, err)
-	require.Equal(t, framework.DeadLetterPending, dl.Status, "nothing refused changed the dead letter")
+	require.Equal(t, driver.DeadLetterPending, dl.Status, "nothing refused changed the dead letter")
 
 	code, _, _ = b.do(t, http.MethodPost, path+"/replay", form, "Cookie", cookie, "Origin", "https://ops.example.com", "Sec-Fetch-Site", "same-origin")
 	require.Equal(t, http.StatusSeeOther, code, "from a trusted origin")
 	dl, err = b.store.DeadLetter(ctx, id)
 	require.NoError(t, err)
-	require.Equal(t, framework.DeadLetterReplayed, dl.Status)
+	require.Equal(t, driver.DeadLetterReplayed, dl.Status)
 }
 
 // TestLogout: logging out clears the cookie.
@@ -566,8 +567,8 @@ func TestResolvedByEscaped(t *testing.T) {
 	t.Parallel()
 	b := setup(t, console.Config{})
 	id := b.deadLetter(t, "widgets.count", "w-1", "invalid_payload", []byte(`{}`), nil)
-	_, err := b.store.ResolveDeadLetter(context.Background(), id, framework.Resolution{
-		Status: framework.DeadLetterDiscarded, By: "mallory\u202e\x1b[2J", Reason: "test data",
+	_, err := b.store.ResolveDeadLetter(context.Background(), id, driver.Resolution{
+		Status: driver.DeadLetterDiscarded, By: "mallory\u202e\x1b[2J", Reason: "test data",
 	})
 	require.NoError(t, err)
 	code, page, _ := b.do(t, http.MethodGet, "/console/dead-letters/"+itoa(id), nil, bearer(readSecret)...)
@@ -604,7 +605,7 @@ func TestCounts(t *testing.T) {
 	} {
 		b.deadLetter(t, c.consumer, "w-"+itoa(int64(i)), c.code, []byte(`{}`), nil)
 	}
-	_, err := b.store.ResolveDeadLetter(context.Background(), 4, framework.Resolution{Status: framework.DeadLetterDiscarded, By: "x", Reason: "y"})
+	_, err := b.store.ResolveDeadLetter(context.Background(), 4, driver.Resolution{Status: driver.DeadLetterDiscarded, By: "x", Reason: "y"})
 	require.NoError(t, err)
 
 	row := func(page, consumer, code string, n int) {
@@ -636,7 +637,7 @@ type bodyCounter struct {
 	bodyBytes int
 }
 
-func (b *bodyCounter) DeadLetters(ctx context.Context, f framework.DeadLetterFilter) ([]framework.DeadLetter, error) {
+func (b *bodyCounter) DeadLetters(ctx context.Context, f driver.DeadLetterFilter) ([]driver.DeadLetter, error) {
 	dls, err := b.store.DeadLetters(ctx, f)
 	for _, dl := range dls {
 		b.bodyBytes += len(dl.Body)
@@ -682,10 +683,10 @@ type manyDeadLetters struct {
 	n int64
 }
 
-func (m manyDeadLetters) DeadLetters(_ context.Context, f framework.DeadLetterFilter) ([]framework.DeadLetter, error) {
-	var dls []framework.DeadLetter
+func (m manyDeadLetters) DeadLetters(_ context.Context, f driver.DeadLetterFilter) ([]driver.DeadLetter, error) {
+	var dls []driver.DeadLetter
 	for id := f.AfterID + 1; id <= m.n && len(dls) < f.Limit; id++ {
-		dls = append(dls, framework.DeadLetter{ID: id, Consumer: "widgets.count", Code: "timeout", Status: framework.DeadLetterPending})
+		dls = append(dls, driver.DeadLetter{ID: id, Consumer: "widgets.count", Code: "timeout", Status: driver.DeadLetterPending})
 	}
 	return dls, nil
 }
@@ -771,7 +772,7 @@ func TestReasonNotText(t *testing.T) {
 			}
 			dl, err := b.store.DeadLetter(context.Background(), id)
 			require.NoError(t, err)
-			require.Equal(t, framework.DeadLetterPending, dl.Status)
+			require.Equal(t, driver.DeadLetterPending, dl.Status)
 		})
 	}
 }
@@ -780,8 +781,8 @@ func TestReasonNotText(t *testing.T) {
 // away for a moment does.
 type unreadable struct{ store }
 
-func (unreadable) DeadLetter(context.Context, int64) (framework.DeadLetter, error) {
-	return framework.DeadLetter{}, errors.New("connection reset")
+func (unreadable) DeadLetter(context.Context, int64) (driver.DeadLetter, error) {
+	return driver.DeadLetter{}, errors.New("connection reset")
 }
 
 // TestReplayReadFails: a replay from the console whose read of the dead
@@ -790,14 +791,14 @@ func (unreadable) DeadLetter(context.Context, int64) (framework.DeadLetter, erro
 func TestReplayReadFails(t *testing.T) {
 	t.Parallel()
 	s := unreadable{setup(t, console.Config{}).store}
-	b := setupOn(t, console.Config{RefuseReplay: func(dl framework.DeadLetter, _ time.Time) string {
+	b := setupOn(t, console.Config{RefuseReplay: func(dl driver.DeadLetter, _ time.Time) string {
 		return "consumer " + dl.Consumer + " is not declared in this service"
 	}}, s)
 	id := b.deadLetter(t, "widgets.old", "w-1", "gear_refused", []byte(`{}`), nil)
 	code, _, _ := b.do(t, http.MethodPost, "/console/dead-letters/"+itoa(id)+"/replay", url.Values{"reason": {"try"}}, bearer(writeSecret)...)
 	require.Equal(t, http.StatusInternalServerError, code)
-	dls, err := s.store.DeadLetters(context.Background(), framework.DeadLetterFilter{Consumer: "widgets.old"})
+	dls, err := s.store.DeadLetters(context.Background(), driver.DeadLetterFilter{Consumer: "widgets.old"})
 	require.NoError(t, err)
 	require.Len(t, dls, 1)
-	require.Equal(t, framework.DeadLetterPending, dls[0].Status, "the replay was recorded unchecked")
+	require.Equal(t, driver.DeadLetterPending, dls[0].Status, "the replay was recorded unchecked")
 }

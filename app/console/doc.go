@@ -4,8 +4,8 @@
 // the metadata), replay and discard with a reason, what happened to one
 // event, and the consumers with their figures. Its pages are rendered on
 // the server with html/template, with a little inline style and script,
-// and read and act through the service's framework.Store and
-// framework.Inspector.
+// and read and act through the service's driver.Store and
+// driver.Inspector.
 //
 // # Mounting
 //

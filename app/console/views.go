@@ -17,6 +17,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 // Figures of the dead-letter pages.
@@ -50,7 +51,7 @@ type deadLettersData struct {
 	Total                  int
 	// Partial says the counts stopped at countLimit dead letters.
 	Partial bool
-	List    []framework.DeadLetter
+	List    []driver.DeadLetter
 	// Next is the id to list after, for the next page; 0 on the last.
 	Next int64
 	// After is the id this page lists after.
@@ -61,12 +62,12 @@ type deadLettersData struct {
 // code, and those of the selected consumer and code, oldest first.
 func (c *Console) deadLetters(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	d := deadLettersData{Status: cmp.Or(q.Get("status"), string(framework.DeadLetterPending)), Consumer: q.Get("consumer"), Code: q.Get("code")}
-	f := framework.DeadLetterFilter{Consumer: d.Consumer, Code: framework.Code(d.Code)}
+	d := deadLettersData{Status: cmp.Or(q.Get("status"), string(driver.DeadLetterPending)), Consumer: q.Get("consumer"), Code: q.Get("code")}
+	f := driver.DeadLetterFilter{Consumer: d.Consumer, Code: framework.Code(d.Code)}
 	switch d.Status {
 	case "all":
-	case string(framework.DeadLetterPending), string(framework.DeadLetterReplayed), string(framework.DeadLetterDiscarded):
-		f.Status = framework.DeadLetterStatus(d.Status)
+	case string(driver.DeadLetterPending), string(driver.DeadLetterReplayed), string(driver.DeadLetterDiscarded):
+		f.Status = driver.DeadLetterStatus(d.Status)
 	default:
 		c.fail(w, r, nil, http.StatusBadRequest, fmt.Sprintf("status: want pending, replayed, discarded or all, got %q", d.Status))
 		return
@@ -80,7 +81,7 @@ func (c *Console) deadLetters(w http.ResponseWriter, r *http.Request) {
 		d.After = after
 	}
 	var err error
-	if d.Groups, d.Total, d.Partial, err = c.count(r, framework.DeadLetterFilter{Status: f.Status}); err != nil {
+	if d.Groups, d.Total, d.Partial, err = c.count(r, driver.DeadLetterFilter{Status: f.Status}); err != nil {
 		c.internal(w, r, "count dead letters", err)
 		return
 	}
@@ -98,7 +99,7 @@ func (c *Console) deadLetters(w http.ResponseWriter, r *http.Request) {
 
 // count reads the dead letters f selects, up to countLimit, and counts
 // them by consumer and code.
-func (c *Console) count(r *http.Request, f framework.DeadLetterFilter) (groups []group, total int, partial bool, err error) {
+func (c *Console) count(r *http.Request, f driver.DeadLetterFilter) (groups []group, total int, partial bool, err error) {
 	byKey := make(map[[2]string]*group)
 	// The bodies are not read: each may be as large as the transport's
 	// limit, and the counts read thousands.
@@ -149,7 +150,7 @@ func (c *Console) count(r *http.Request, f framework.DeadLetterFilter) (groups [
 
 // deadLetterData is the content of one dead letter's page.
 type deadLetterData struct {
-	DL framework.DeadLetter
+	DL driver.DeadLetter
 	// Body is the body as text: indented when it is JSON, with every
 	// byte that is not printable UTF-8 written as an escape.
 	Body string
@@ -158,7 +159,7 @@ type deadLetterData struct {
 	BodyNote string
 	// Metadata are the metadata, by key.
 	Metadata [][2]string
-	History  []framework.HistoryEntry
+	History  []driver.HistoryEntry
 	// Parked counts the events of its subject parked behind it.
 	Parked int
 	// Refused says why it cannot be replayed now; empty when it can.
@@ -181,11 +182,11 @@ func (c *Console) deadLetter(w http.ResponseWriter, r *http.Request) {
 	}
 	// The notice comes with the redirect after the action; a link that
 	// carries it to a dead letter of another status shows none.
-	switch done := framework.DeadLetterStatus(r.URL.Query().Get("done")); {
+	switch done := driver.DeadLetterStatus(r.URL.Query().Get("done")); {
 	case done != d.DL.Status:
-	case done == framework.DeadLetterReplayed:
+	case done == driver.DeadLetterReplayed:
 		d.Done = fmt.Sprintf("Replayed: the running service publishes it to %s alone; should it fail again, the dead letter is pending again.", d.DL.Consumer)
-	case done == framework.DeadLetterDiscarded:
+	case done == driver.DeadLetterDiscarded:
 		d.Done = "Discarded: it will never be processed."
 		if d.Parked > 0 {
 			d.Done += fmt.Sprintf(" The %d events parked behind it stay parked: dead-letters discard %d --release-parked applies them.", d.Parked, d.DL.ID)
@@ -200,7 +201,7 @@ func (c *Console) loadDeadLetter(w http.ResponseWriter, r *http.Request, id int6
 	ctx := r.Context()
 	dl, err := c.cfg.Store.DeadLetter(ctx, id)
 	switch {
-	case errors.Is(err, framework.ErrNotFound):
+	case errors.Is(err, driver.ErrNotFound):
 		c.fail(w, r, nil, http.StatusNotFound, fmt.Sprintf("dead letter %d: not found", id))
 		return deadLetterData{}, false
 	case err != nil:
@@ -217,14 +218,14 @@ func (c *Console) loadDeadLetter(w http.ResponseWriter, r *http.Request, id int6
 		return deadLetterData{}, false
 	}
 	if dl.Subject != "" {
-		ps, err := c.cfg.Store.Parked(ctx, framework.ParkedFilter{Consumer: dl.Consumer, Subject: dl.Subject})
+		ps, err := c.cfg.Store.Parked(ctx, driver.ParkedFilter{Consumer: dl.Consumer, Subject: dl.Subject})
 		if err != nil {
 			c.internal(w, r, fmt.Sprintf("dead letter %d: parked events", id), err)
 			return deadLetterData{}, false
 		}
-		d.Parked = len(framework.ParkedBehind(dl, ps))
+		d.Parked = len(driver.ParkedBehind(dl, ps))
 	}
-	if dl.Status == framework.DeadLetterPending {
+	if dl.Status == driver.DeadLetterPending {
 		d.Refused = c.cfg.RefuseReplay(dl, c.cfg.Now())
 	}
 	return d, true
@@ -234,7 +235,7 @@ func (c *Console) loadDeadLetter(w http.ResponseWriter, r *http.Request, id int6
 // with the form's reason and the token's name as who: through
 // Store.ResolveDeadLetter, so of two operators at once one wins, and a
 // replay is recorded with the mark.
-func (c *Console) resolve(status framework.DeadLetterStatus) http.HandlerFunc {
+func (c *Console) resolve(status driver.DeadLetterStatus) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		id, err := pathID(r)
 		if err != nil {
@@ -255,7 +256,7 @@ func (c *Console) resolve(status framework.DeadLetterStatus) http.HandlerFunc {
 			refuse(http.StatusBadRequest, fmt.Sprintf("Say why in the reason: it is kept in the dead letter's history. Nothing was %s.", status))
 			return
 		}
-		res := framework.Resolution{Status: status, By: op.token.Name, Reason: reason, At: c.cfg.Now()}
+		res := driver.Resolution{Status: status, By: op.token.Name, Reason: reason, At: c.cfg.Now()}
 		if err := res.Validate(); err != nil {
 			why := err.Error()
 			if fe, ok := errors.AsType[*framework.FieldError](err); ok {
@@ -264,19 +265,19 @@ func (c *Console) resolve(status framework.DeadLetterStatus) http.HandlerFunc {
 			refuse(http.StatusBadRequest, fmt.Sprintf("Not %s: %s.", status, why))
 			return
 		}
-		if status == framework.DeadLetterReplayed {
+		if status == driver.DeadLetterReplayed {
 			// The command line's refusals hold here too, so a replay is
 			// never recorded unchecked: a failed read refuses it.
 			dl, err := c.cfg.Store.DeadLetter(r.Context(), id)
 			switch {
-			case errors.Is(err, framework.ErrNotFound):
+			case errors.Is(err, driver.ErrNotFound):
 				c.fail(w, r, nil, http.StatusNotFound, fmt.Sprintf("dead letter %d: not found", id))
 				return
 			case err != nil:
 				c.internal(w, r, fmt.Sprintf("%s dead letter %d", status, id), err)
 				return
 			}
-			if dl.Status == framework.DeadLetterPending {
+			if dl.Status == driver.DeadLetterPending {
 				if why := c.cfg.RefuseReplay(dl, c.cfg.Now()); why != "" {
 					refuse(http.StatusConflict, "Not replayed: "+why+".")
 					return
@@ -285,10 +286,10 @@ func (c *Console) resolve(status framework.DeadLetterStatus) http.HandlerFunc {
 		}
 		_, err = c.cfg.Store.ResolveDeadLetter(r.Context(), id, res)
 		switch {
-		case errors.Is(err, framework.ErrNotFound):
+		case errors.Is(err, driver.ErrNotFound):
 			c.fail(w, r, nil, http.StatusNotFound, fmt.Sprintf("dead letter %d: not found", id))
 			return
-		case errors.Is(err, framework.ErrNotPending):
+		case errors.Is(err, driver.ErrNotPending):
 			refuse(http.StatusConflict, fmt.Sprintf("Not %s: it is not pending any more (see its history).", status))
 			return
 		case err != nil:
@@ -305,7 +306,7 @@ type eventData struct {
 	Source, ID string
 	// Asked says a source and id were given.
 	Asked  bool
-	Record framework.EventRecord
+	Record driver.EventRecord
 	// Unrecorded are the declared consumers of the event's type (of
 	// every type when it is unknown) with no record of it.
 	Unrecorded []Consumer
@@ -353,7 +354,7 @@ func (c *Console) event(w http.ResponseWriter, r *http.Request) {
 type consumerRow struct {
 	Consumer
 	Declared bool
-	framework.ConsumerFigures
+	driver.ConsumerFigures
 }
 
 // consumersData is the content of the consumers view.
@@ -376,7 +377,7 @@ func (c *Console) consumers(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	d := consumersData{Transport: c.cfg.Transport, Unsent: rec.Unsent, OldestUnsent: rec.OldestUnsent, Window: processedWindow}
-	figures := make(map[string]framework.ConsumerFigures, len(rec.Consumers))
+	figures := make(map[string]driver.ConsumerFigures, len(rec.Consumers))
 	for _, f := range rec.Consumers {
 		figures[f.Consumer] = f
 	}

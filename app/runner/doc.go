@@ -1,5 +1,5 @@
 // Package runner runs a whole service without any dependency injection: a
-// Runner takes the consumers with their settings, a framework.Transport,
+// Runner takes the consumers with their settings, a driver.Transport,
 // the database and its store, and the service's settings (the outbox
 // relay, the purge, the gauges); it builds each consumer's middleware
 // chain and subscription, and between Start and Stop handles their
@@ -25,7 +25,7 @@
 //     publishes the events that handlers add to the outbox in their
 //     transactions (framework/outbox);
 //   - the replay relay: it publishes what operators replay (a dead letter
-//     resolved as replayed, framework.Store.ResolveDeadLetter) or release
+//     resolved as replayed, driver.Store.ResolveDeadLetter) or release
 //     from parking, each to its consumer alone (the transport's Replay),
 //     so that a dead letter replayed by the command line or the console,
 //     in any process, is delivered again;

@@ -13,6 +13,7 @@ import (
 
 	"github.com/effectively-once/effectively/app/runner"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/sqlite"
 )
@@ -204,16 +205,16 @@ func Example_replay() {
 	if err := transport.Publisher().Publish(Captured.Type(), msg); err != nil {
 		panic(err)
 	}
-	var dls []framework.DeadLetter
+	var dls []driver.DeadLetter
 	waitFor(func() bool {
-		dls, err = store.DeadLetters(ctx, framework.DeadLetterFilter{Consumer: consumer.Name()})
+		dls, err = store.DeadLetters(ctx, driver.DeadLetterFilter{Consumer: consumer.Name()})
 		return err == nil && len(dls) == 1
 	})
 	fmt.Println("dead letter:", dls[0].EventID, dls[0].Code)
 
 	fixed.Store(true) // the fix is deployed
-	if _, err := store.ResolveDeadLetter(ctx, dls[0].ID, framework.Resolution{
-		Status: framework.DeadLetterReplayed, By: "ops", Reason: "ledger reopened",
+	if _, err := store.ResolveDeadLetter(ctx, dls[0].ID, driver.Resolution{
+		Status: driver.DeadLetterReplayed, By: "ops", Reason: "ledger reopened",
 	}); err != nil {
 		panic(err)
 	}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 const (
@@ -26,7 +26,7 @@ const (
 // the same database, so every replica exports the same values: alert
 // rules take their max() across replicas.
 type figuresCollector struct {
-	gauges framework.Gauges
+	gauges driver.Gauges
 	logger *slog.Logger
 	now    func() time.Time
 
@@ -34,11 +34,11 @@ type figuresCollector struct {
 
 	mu      sync.Mutex
 	read    time.Time // when figures were read; zero before the first read
-	figures framework.Figures
+	figures driver.Figures
 }
 
 // newFiguresCollector returns the collector of gauges.
-func newFiguresCollector(gauges framework.Gauges, logger *slog.Logger) *figuresCollector {
+func newFiguresCollector(gauges driver.Gauges, logger *slog.Logger) *figuresCollector {
 	return &figuresCollector{
 		gauges: gauges,
 		logger: logger,

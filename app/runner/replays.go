@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/internal/crash"
 )
 
@@ -38,7 +39,7 @@ const (
 )
 
 // replayPublisher is what the replay relay needs of the transport: its
-// replay path (framework.Transport's Replay), which hands a message to
+// replay path (driver.Transport's Replay), which hands a message to
 // one consumer alone.
 type replayPublisher interface {
 	Replay(ctx context.Context, consumer string, msgs ...*message.Message) error
@@ -46,7 +47,7 @@ type replayPublisher interface {
 
 // replayRelay publishes the replays that operators record in the database
 // (a replayed dead letter, an event released from parking: see
-// framework.Store's ResolveDeadLetter and AddReplays) through the
+// driver.Store's ResolveDeadLetter and AddReplays) through the
 // transport's replay path, each to its consumer alone, and records each
 // one sent once published. The Runner runs it from Start to Stop, and it
 // looks for new replays every replayIdle.
@@ -60,7 +61,7 @@ type replayPublisher interface {
 // refuses for good (a permanent error) is dead-lettered again with its
 // code instead (see refuse), and the later ones go on.
 type replayRelay struct {
-	store     framework.Store
+	store     driver.Store
 	transport replayPublisher
 	logger    *slog.Logger
 	// lease is the claims' lease; zero means replayLease (tests shorten
@@ -78,7 +79,7 @@ func (r *replayRelay) leaseOf() time.Duration {
 
 // newReplayRelay returns the replay relay of store, publishing through
 // transport.
-func newReplayRelay(store framework.Store, transport replayPublisher, logger *slog.Logger) *replayRelay {
+func newReplayRelay(store driver.Store, transport replayPublisher, logger *slog.Logger) *replayRelay {
 	return &replayRelay{store: store, transport: transport, logger: logger.With("component", "replay relay")}
 }
 
@@ -160,7 +161,7 @@ func (r *replayRelay) relay(ctx context.Context) (int, error) {
 }
 
 // publish publishes rp to its consumer alone and records it sent.
-func (r *replayRelay) publish(ctx context.Context, rp framework.Replay) error {
+func (r *replayRelay) publish(ctx context.Context, rp driver.Replay) error {
 	if r.dies(ctx, crash.BeforeReplayPublish) {
 		return &crash.Died{At: crash.BeforeReplayPublish}
 	}
@@ -191,7 +192,7 @@ func (r *replayRelay) publish(ctx context.Context, rp framework.Replay) error {
 // that the consumer's later replays go on. A crash between the two
 // publishes rp again after its lease, which the transport refuses again:
 // the dead letter counts one more repeat.
-func (r *replayRelay) refuse(ctx context.Context, rp framework.Replay, cause error) error {
+func (r *replayRelay) refuse(ctx context.Context, rp driver.Replay, cause error) error {
 	dl, err := r.deadLetterOf(ctx, rp)
 	if err != nil {
 		return fmt.Errorf("replay %d to %s refused by the transport (%w), not dead-lettered: %w", rp.ID, rp.Consumer, cause, err)
@@ -203,7 +204,7 @@ func (r *replayRelay) refuse(ctx context.Context, rp framework.Replay, cause err
 	if dl.FirstFailedAt.IsZero() {
 		dl.FirstFailedAt = now
 	}
-	dl.Status = framework.DeadLetterPending
+	dl.Status = driver.DeadLetterPending
 	if err := r.store.PublishDeadLetter(ctx, dl); err != nil {
 		return fmt.Errorf("replay %d to %s refused by the transport (%w), not dead-lettered: %w", rp.ID, rp.Consumer, cause, err)
 	}
@@ -220,26 +221,26 @@ func (r *replayRelay) refuse(ctx context.Context, rp framework.Replay, cause err
 // deadLetterOf returns the dead letter that rp replays, or, for an event
 // released from parking (or a dead letter purged since), a new one of its
 // consumer built from its message: the event's key and attributes when
-// its body decodes, else framework.KeyOfBody's key.
-func (r *replayRelay) deadLetterOf(ctx context.Context, rp framework.Replay) (framework.DeadLetter, error) {
+// its body decodes, else framework.BodyKey's key.
+func (r *replayRelay) deadLetterOf(ctx context.Context, rp driver.Replay) (driver.DeadLetter, error) {
 	if rp.DeadLetterID != 0 {
 		dl, err := r.store.DeadLetter(ctx, rp.DeadLetterID)
-		if !errors.Is(err, framework.ErrNotFound) {
+		if !errors.Is(err, driver.ErrNotFound) {
 			return dl, err
 		}
 	}
-	dl := framework.DeadLetter{
+	dl := driver.DeadLetter{
 		Consumer: rp.Consumer,
 		Topic:    rp.Topic,
 		Body:     rp.Body,
-		Metadata: framework.StorableMetadata(rp.Metadata),
+		Metadata: driver.StorableMetadata(rp.Metadata),
 	}
 	if env, err := framework.Decode(rp.Body, max(len(rp.Body), 1)); err == nil && env.Key().Validate() == nil {
 		dl.Source, dl.EventID = env.Source, env.ID
 		dl.Type, dl.Version = env.Type, env.Version
 		dl.Subject, dl.SubjectSeq, dl.CorrelationID = env.Subject, env.SubjectSeq, env.CorrelationID
 	} else {
-		key := framework.KeyOfBody(rp.Body)
+		key := framework.BodyKey(rp.Body)
 		dl.Source, dl.EventID = key.Source, key.ID
 	}
 	return dl, nil
@@ -254,7 +255,7 @@ func (r *replayRelay) dies(ctx context.Context, at crash.Point) bool {
 // replayMessage returns the message of rp: its body and metadata under a
 // new UUID, without a redelivery marker (it is a first delivery), and,
 // for a replayed dead letter, with framework.MetadataReplayOf naming it.
-func replayMessage(rp framework.Replay) *message.Message {
+func replayMessage(rp driver.Replay) *message.Message {
 	msg := message.NewMessage(watermill.NewUUID(), rp.Body)
 	for k, v := range rp.Metadata {
 		if k != framework.MetadataRedelivered {

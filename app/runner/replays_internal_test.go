@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/sqlite"
 	"github.com/effectively-once/effectively/internal/testenv"
@@ -44,7 +45,7 @@ func TestReplayRefusedReleasedEvent(t *testing.T) {
 	ctx := t.Context()
 	store := migratedStore(t)
 	body := []byte(`{"specversion":"1.0","id":"e-1","source":"shop","type":"shop.order.placed","eventversion":2,"subject":"o-9","subjectseq":"3","data":{}}`)
-	require.NoError(t, store.AddReplays(ctx, []framework.Replay{
+	require.NoError(t, store.AddReplays(ctx, []driver.Replay{
 		{Consumer: "c.one", Topic: "shop.order.placed", Body: body, Metadata: map[string]string{"k": "v"}},
 		{DeadLetterID: 99, Consumer: "c.one", Topic: "shop.order.placed", Body: []byte("not an event")},
 	}))
@@ -53,7 +54,7 @@ func TestReplayRefusedReleasedEvent(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, n, "none published")
 
-	dls, err := store.DeadLetters(ctx, framework.DeadLetterFilter{Consumer: "c.one"})
+	dls, err := store.DeadLetters(ctx, driver.DeadLetterFilter{Consumer: "c.one"})
 	require.NoError(t, err)
 	require.Len(t, dls, 2)
 	event, other := dls[0], dls[1]
@@ -63,10 +64,10 @@ func TestReplayRefusedReleasedEvent(t *testing.T) {
 	require.Equal(t, "o-9", event.Subject)
 	require.Equal(t, int64(3), event.SubjectSeq)
 	require.Equal(t, map[string]string{"k": "v"}, event.Metadata)
-	require.Equal(t, framework.KeyOfBody([]byte("not an event")), other.Key())
+	require.Equal(t, framework.BodyKey([]byte("not an event")), other.Key())
 	for _, dl := range dls {
 		require.Equal(t, framework.CodeTooLarge, dl.Code)
-		require.Equal(t, framework.DeadLetterPending, dl.Status)
+		require.Equal(t, driver.DeadLetterPending, dl.Status)
 	}
 	left, err := store.ClaimReplays(ctx, 10, time.Millisecond)
 	require.NoError(t, err)
@@ -99,10 +100,10 @@ func TestReplayRelayStopsBeforeItsLeaseEnds(t *testing.T) {
 	ctx := t.Context()
 	store := migratedStore(t)
 	const total = 10
-	var rs []framework.Replay
+	var rs []driver.Replay
 	for i := range total {
 		body := []byte(`{"specversion":"1.0","id":"e-` + string(rune('a'+i)) + `","source":"shop","type":"shop.order.placed","data":{}}`)
-		rs = append(rs, framework.Replay{Consumer: "c.one", Topic: "shop.order.placed", Body: body})
+		rs = append(rs, driver.Replay{Consumer: "c.one", Topic: "shop.order.placed", Body: body})
 	}
 	require.NoError(t, store.AddReplays(ctx, rs))
 	tr := &slowTransport{delay: 40 * time.Millisecond}

@@ -9,8 +9,8 @@ import (
 
 	"github.com/effectively-once/effectively/app/runner/runnertest"
 	"github.com/effectively-once/effectively/framework/amqp"
+	"github.com/effectively-once/effectively/framework/driver/transporttest"
 	"github.com/effectively-once/effectively/framework/postgres"
-	"github.com/effectively-once/effectively/framework/transporttest"
 	"github.com/effectively-once/effectively/internal/testenv"
 	"github.com/effectively-once/effectively/internal/testenv/testserver"
 )

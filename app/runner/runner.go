@@ -18,6 +18,7 @@ import (
 
 	"github.com/effectively-once/effectively/app/internal/purge"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/outbox"
 	"github.com/effectively-once/effectively/internal/keypath"
 	"github.com/effectively-once/effectively/internal/pipeline"
@@ -40,7 +41,7 @@ type ConsumerConfig struct {
 	RenamedFrom []string
 	// WithoutDedup, when not empty, is why the consumer takes no
 	// processed marks (handlers.WithoutDedup): every delivery runs its
-	// handler (framework.UnitOfWorkConfig.WithoutMark).
+	// handler (driver.UnitOfWorkConfig.WithoutMark).
 	WithoutDedup string
 }
 
@@ -52,8 +53,8 @@ func (c ConsumerConfig) WithDefaults() ConsumerConfig {
 }
 
 // unitOfWork is the configuration of the consumer's unit of work on db.
-func (c ConsumerConfig) unitOfWork(db *sqlx.DB, store framework.Store) framework.UnitOfWorkConfig {
-	return framework.UnitOfWorkConfig{
+func (c ConsumerConfig) unitOfWork(db *sqlx.DB, store driver.Store) driver.UnitOfWorkConfig {
+	return driver.UnitOfWorkConfig{
 		DB: db, Store: store, BatchSize: c.BatchSize, Batches: c.Batches, Linger: c.BatchLinger,
 		WithoutMark: c.WithoutDedup != "",
 	}
@@ -94,11 +95,11 @@ type Config struct {
 	Consumers []ConsumerConfig
 	// Transport delivers the consumers' messages. The runner subscribes
 	// through it but never closes it. Required.
-	Transport framework.Transport
+	Transport driver.Transport
 	// DB is the database of the handlers' transactions. Required.
 	DB *sqlx.DB
 	// Store is the consumers' store in DB. Required.
-	Store framework.Store
+	Store driver.Store
 	// Logger logs the router and the messages. Defaults to a logger that
 	// discards.
 	Logger *slog.Logger
@@ -126,7 +127,7 @@ type Config struct {
 	// rows older than the retentions below), one process of the service
 	// at a time; the first purge is at Start. A negative interval turns
 	// the purge off, and so does a Store that does not implement
-	// framework.Purger. Defaults to DefaultPurgeInterval.
+	// driver.Purger. Defaults to DefaultPurgeInterval.
 	PurgeInterval time.Duration
 	// ProcessedRetention is how long processed marks are kept; at least
 	// MinProcessedRetention. Zero keeps them for ever.
@@ -142,7 +143,7 @@ type Config struct {
 	// Defaults to DefaultDeadLetterRetention.
 	DeadLetterRetention time.Duration
 	// Registerer, when set, is where New registers the gauges read from
-	// the database on scrape, when the Store implements framework.Gauges:
+	// the database on scrape, when the Store implements driver.Gauges:
 	// effectively_dead_letters_pending{consumer,code} and
 	// effectively_parked_events{consumer}. Stop unregisters them.
 	Registerer prometheus.Registerer
@@ -240,7 +241,7 @@ type Runner struct {
 // subscription is a consumer's subscription, bound at Start.
 type subscription struct {
 	consumer string
-	sub      framework.Subscription
+	sub      driver.Subscription
 }
 
 // New builds the chain and the subscription of each consumer of cfg. It
@@ -295,7 +296,7 @@ func (r *Runner) addLoops() error {
 	}
 	r.relay = relay
 	r.replays = newReplayRelay(cfg.Store, cfg.Transport, r.logger)
-	if g, ok := cfg.Store.(framework.Gauges); ok && cfg.Registerer != nil {
+	if g, ok := cfg.Store.(driver.Gauges); ok && cfg.Registerer != nil {
 		r.gauges = newFiguresCollector(g, r.logger)
 		if err := cfg.Registerer.Register(r.gauges); err != nil {
 			return fmt.Errorf("Config.Registerer: the database gauges: %w", err)
@@ -309,7 +310,7 @@ func (r *Runner) addLoops() error {
 // subscription's topics.
 func (r *Runner) add(cc ConsumerConfig) error {
 	c := cc.Consumer
-	uow, err := framework.NewUnitOfWork(cc.unitOfWork(r.cfg.DB, r.cfg.Store))
+	uow, err := driver.NewUnitOfWork(cc.unitOfWork(r.cfg.DB, r.cfg.Store))
 	if err != nil {
 		return err
 	}
@@ -318,7 +319,7 @@ func (r *Runner) add(cc ConsumerConfig) error {
 		return err
 	}
 	r.sweeps = append(r.sweeps, sweep)
-	sub, err := r.cfg.Transport.Subscribe(framework.SubscribeConfig{
+	sub, err := r.cfg.Transport.Subscribe(driver.SubscribeConfig{
 		Consumer:       c.Name(),
 		Types:          c.Types(),
 		Concurrency:    cc.Concurrency,
@@ -347,7 +348,7 @@ func (c ConsumerConfig) handlingTime() time.Duration {
 }
 
 // chainConfig is the middleware chain of cc.
-func (r *Runner) chainConfig(cc ConsumerConfig, uow *framework.UnitOfWork) middleware.Config {
+func (r *Runner) chainConfig(cc ConsumerConfig, uow *driver.UnitOfWork) middleware.Config {
 	return middleware.Config{
 		Consumer:   cc.Consumer,
 		UnitOfWork: uow,

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/sqlite"
 	"github.com/effectively-once/effectively/middleware"
@@ -61,7 +62,7 @@ func newEnv(t *testing.T) *env {
 
 // runner returns a started runner of the consumer on a new transport of
 // the database, stopped at the end of the test.
-func (e *env) runner(t *testing.T) (*Runner, framework.Transport) {
+func (e *env) runner(t *testing.T) (*Runner, driver.Transport) {
 	t.Helper()
 	transport, err := sqlite.New(e.db, sqlite.TransportConfig{})
 	require.NoError(t, err)
@@ -80,7 +81,7 @@ func (e *env) runner(t *testing.T) (*Runner, framework.Transport) {
 	return r, transport
 }
 
-func (e *env) publish(t *testing.T, transport framework.Transport, id string) {
+func (e *env) publish(t *testing.T, transport driver.Transport, id string) {
 	t.Helper()
 	env, err := added.Envelope(itemAdded{ID: id}, framework.Attributes{ID: id, Source: "tests"})
 	require.NoError(t, err)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/effectively-once/effectively/app/runner"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/outbox"
 	"github.com/effectively-once/effectively/framework/postgres"
@@ -33,8 +34,8 @@ var Receipted = framework.Define[Receipt]("billing.receipt.sent", 1)
 // built on a runner alone.
 type serviceEnv struct {
 	db        *sqlx.DB
-	store     framework.Store
-	transport framework.Transport
+	store     driver.Store
+	transport driver.Transport
 	// ph is the placeholder of the database's statements ("?" or "$1").
 	ph string
 }
@@ -150,9 +151,9 @@ func testService(t *testing.T, env serviceEnv) {
 	require.NoError(t, err)
 	require.NoError(t, env.transport.Publisher().Publish(Captured.Type(), msg))
 
-	var dl framework.DeadLetter
+	var dl driver.DeadLetter
 	require.Eventually(t, func() bool {
-		dls, err := env.store.DeadLetters(ctx, framework.DeadLetterFilter{Consumer: ledger.Name()})
+		dls, err := env.store.DeadLetters(ctx, driver.DeadLetterFilter{Consumer: ledger.Name()})
 		require.NoError(t, err)
 		if len(dls) == 1 {
 			dl = dls[0]
@@ -169,8 +170,8 @@ func testService(t *testing.T, env serviceEnv) {
 	// The fix is deployed; an operator replays the dead letter, as
 	// effectively dead-letters replay does: in the database alone.
 	broken.Store(false)
-	_, err = env.store.ResolveDeadLetter(ctx, dl.ID, framework.Resolution{
-		Status: framework.DeadLetterReplayed, By: "ops", Reason: "ledger fixed", At: time.Now().UTC(),
+	_, err = env.store.ResolveDeadLetter(ctx, dl.ID, driver.Resolution{
+		Status: driver.DeadLetterReplayed, By: "ops", Reason: "ledger fixed", At: time.Now().UTC(),
 	})
 	require.NoError(t, err)
 	require.Eventually(t, func() bool { return count("ledger") == 1 }, 30*time.Second, 10*time.Millisecond,

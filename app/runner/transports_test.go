@@ -11,12 +11,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/app/runner/runnertest"
-	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/amqp"
+	"github.com/effectively-once/effectively/framework/driver"
+	"github.com/effectively-once/effectively/framework/driver/transporttest"
 	"github.com/effectively-once/effectively/framework/memory"
 	"github.com/effectively-once/effectively/framework/postgres"
 	"github.com/effectively-once/effectively/framework/sqlite"
-	"github.com/effectively-once/effectively/framework/transporttest"
 	"github.com/effectively-once/effectively/internal/testenv"
 )
 
@@ -93,7 +93,7 @@ func TestPostgres(t *testing.T) {
 		store, err := postgres.NewStore(db, postgres.StoreConfig{})
 		require.NoError(t, err)
 		cfg := postgres.TransportConfig{URL: url, PollInterval: 20 * time.Millisecond, ResendInterval: 50 * time.Millisecond}
-		newTransport := func(t *testing.T) framework.Transport {
+		newTransport := func(t *testing.T) driver.Transport {
 			tr, err := postgres.New(context.Background(), db, cfg)
 			require.NoError(t, err)
 			return tr
@@ -134,7 +134,7 @@ func TestAMQP(t *testing.T) {
 		store, err := postgres.NewStore(db, postgres.StoreConfig{})
 		require.NoError(t, err)
 		cfg := amqp.TransportConfig{URL: url, NackDelay: 20 * time.Millisecond}
-		newTransport := func(t *testing.T) framework.Transport {
+		newTransport := func(t *testing.T) driver.Transport {
 			tr, err := amqp.New(cfg)
 			require.NoError(t, err)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

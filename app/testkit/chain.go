@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/internal/crash"
 	"github.com/effectively-once/effectively/middleware"
 )
@@ -244,14 +245,14 @@ func (c *Chain) deliverAll(ctx context.Context, t testing.TB, msgs []*message.Me
 // message again, without the redelivered flag, and records the replay
 // sent. Replay a dead letter once
 // the handler or the data is fixed.
-func (c *Chain) Replay(ctx context.Context, t testing.TB, dl framework.DeadLetter) Result {
+func (c *Chain) Replay(ctx context.Context, t testing.TB, dl driver.DeadLetter) Result {
 	t.Helper()
 	if dl.Consumer != c.Name() {
 		t.Fatalf("testkit: dead letter %d belongs to consumer %s, not %s", dl.ID, dl.Consumer, c.Name())
 		return Result{}
 	}
-	_, err := c.kit.store.ResolveDeadLetter(ctx, dl.ID, framework.Resolution{
-		Status: framework.DeadLetterReplayed,
+	_, err := c.kit.store.ResolveDeadLetter(ctx, dl.ID, driver.Resolution{
+		Status: driver.DeadLetterReplayed,
 		By:     "testkit",
 		Reason: "replayed by " + t.Name(),
 		At:     time.Now().UTC(),
@@ -269,9 +270,9 @@ func (c *Chain) Replay(ctx context.Context, t testing.TB, dl framework.DeadLette
 
 // DeadLetters returns the consumer's dead letters, whatever their status,
 // oldest first.
-func (c *Chain) DeadLetters(ctx context.Context, t testing.TB) []framework.DeadLetter {
+func (c *Chain) DeadLetters(ctx context.Context, t testing.TB) []driver.DeadLetter {
 	t.Helper()
-	return c.kit.deadLetters(ctx, t, framework.DeadLetterFilter{Consumer: c.Name()})
+	return c.kit.deadLetters(ctx, t, driver.DeadLetterFilter{Consumer: c.Name()})
 }
 
 // chain builds the consumer's chain and its sweep, once: deliveries share

@@ -53,7 +53,7 @@ const Crashed framework.Outcome = "crashed"
 // CrashHook decides, at each crash point a delivery passes, whether the
 // delivery dies there. Its context carries, from AfterDecode on, the
 // decoded event (framework.EnvelopeFromContext) and, at AfterMark and
-// BeforeCommit, the attempt's transaction (framework.TxFromContext). Under
+// BeforeCommit, the attempt's transaction (driver.TxFromContext). Under
 // group commit it may run on the goroutine of another delivery of its
 // batch.
 type CrashHook = crash.Hook

@@ -14,6 +14,7 @@ import (
 
 	"github.com/effectively-once/effectively/app/testkit"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/middleware"
 )
 
@@ -49,7 +50,7 @@ func (h *Tracker) Handle(ctx context.Context, ev framework.Event[MovedV1]) error
 	if ev.Data.To == h.refuse {
 		return framework.Permanent("unknown_place", fmt.Errorf("no place %s", ev.Data.To))
 	}
-	tx, ok := framework.TxFromContext(ctx)
+	tx, ok := driver.TxFromContext(ctx)
 	if !ok {
 		return fmt.Errorf("no transaction")
 	}
@@ -311,7 +312,7 @@ func TestCrashStrictOrderRelease(t *testing.T) {
 		c := b.chain
 		parked := func() []string {
 			t.Helper()
-			ps, err := b.kit.Store().Parked(ctx, framework.ParkedFilter{Consumer: trackName})
+			ps, err := b.kit.Store().Parked(ctx, driver.ParkedFilter{Consumer: trackName})
 			require.NoError(t, err)
 			var out []string
 			for _, p := range ps {

@@ -113,5 +113,5 @@
 // letter's Topic is empty and no redelivered flag is set but by
 // Redeliver (the delivery guard counts every delivery, as on
 // watermill-sql). The transports have their own conformance suite
-// (framework/transporttest).
+// (framework/driver/transporttest).
 package testkit

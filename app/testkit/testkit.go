@@ -13,6 +13,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/postgres"
 	"github.com/effectively-once/effectively/framework/sqlite"
@@ -108,8 +109,8 @@ func (c Config) Validate() error {
 type Kit struct {
 	cfg   Config
 	db    *sqlx.DB
-	store framework.Store
-	uow   *framework.UnitOfWork
+	store driver.Store
+	uow   *driver.UnitOfWork
 }
 
 // New returns a kit on a fresh database: a SQLite file in t.TempDir(), or
@@ -158,7 +159,7 @@ func newKit(t testing.TB, cfg Config) (*Kit, error) {
 	if err != nil {
 		return nil, err
 	}
-	k.uow, err = framework.NewUnitOfWork(framework.UnitOfWorkConfig{
+	k.uow, err = driver.NewUnitOfWork(driver.UnitOfWorkConfig{
 		DB: k.db, Store: k.store, BatchSize: cfg.BatchSize, Batches: cfg.Batches, Linger: cfg.BatchLinger,
 	})
 	if err != nil {
@@ -192,23 +193,23 @@ func (k *Kit) DB() *sqlx.DB { return k.db }
 
 // Store returns the framework's store on the kit's database: processed
 // marks, delivery counts, dead letters and checkpoints.
-func (k *Kit) Store() framework.Store { return k.store }
+func (k *Kit) Store() driver.Store { return k.store }
 
 // Config returns the kit's configuration, defaults filled in.
 func (k *Kit) Config() Config { return k.cfg }
 
 // DeadLetters returns every dead letter of every consumer, whatever its
 // status, oldest first.
-func (k *Kit) DeadLetters(ctx context.Context, t testing.TB) []framework.DeadLetter {
+func (k *Kit) DeadLetters(ctx context.Context, t testing.TB) []driver.DeadLetter {
 	t.Helper()
-	return k.deadLetters(ctx, t, framework.DeadLetterFilter{})
+	return k.deadLetters(ctx, t, driver.DeadLetterFilter{})
 }
 
-func (k *Kit) deadLetters(ctx context.Context, t testing.TB, f framework.DeadLetterFilter) []framework.DeadLetter {
+func (k *Kit) deadLetters(ctx context.Context, t testing.TB, f driver.DeadLetterFilter) []driver.DeadLetter {
 	t.Helper()
 	const page = 500
 	f.Limit = page
-	var all []framework.DeadLetter
+	var all []driver.DeadLetter
 	for {
 		dls, err := k.store.DeadLetters(ctx, f)
 		if err != nil {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/effectively-once/effectively/app/testkit"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/internal/testenv"
 	"github.com/effectively-once/effectively/middleware"
 )
@@ -321,7 +322,7 @@ func TestDeliver(t *testing.T) {
 			require.Equal(t, 1, reminders(t, bd.kit))
 			dls = bd.consumer.DeadLetters(t.Context(), t)
 			require.Len(t, dls, 1)
-			require.Equal(t, framework.DeadLetterReplayed, dls[0].Status)
+			require.Equal(t, driver.DeadLetterReplayed, dls[0].Status)
 			rs, err := bd.kit.Store().ClaimReplays(t.Context(), 10, time.Minute)
 			require.NoError(t, err)
 			require.Empty(t, rs, "the replay is recorded sent, as the service's relay would")

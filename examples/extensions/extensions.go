@@ -16,6 +16,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/outbox"
 	"github.com/effectively-once/effectively/handlers"
 )
@@ -81,7 +82,7 @@ func NewTrackShipment(db *sqlx.DB, box *outbox.Outbox, tracker Tracker, tracking
 		if err := box.Add(ctx, next); err != nil { // published after the commit, never after a rollback
 			return err
 		}
-		if tx, ok := framework.TxFromContext(ctx); ok {
+		if tx, ok := driver.TxFromContext(ctx); ok {
 			tx.OnCommit(func() { tracking.Committed.Add(1) }) // once the effect committed
 		}
 		return nil

@@ -7,6 +7,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 // errNoTx is what Audit returns outside an attempt's transaction: the
@@ -25,7 +26,7 @@ var errNoTx = errors.New("audit: no transaction in the context (put Audit in app
 func SetTenant(next message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		ctx := msg.Context()
-		if tx, ok := framework.TxFromContext(ctx); ok && tx.DriverName() == "pgx" {
+		if tx, ok := driver.TxFromContext(ctx); ok && tx.DriverName() == "pgx" {
 			if _, err := tx.ExecContext(ctx, `SELECT set_config('app.tenant', $1, true)`, TenantFromContext(ctx)); err != nil {
 				return nil, fmt.Errorf("set tenant: %w", err)
 			}
@@ -46,7 +47,7 @@ func SetTenant(next message.HandlerFunc) message.HandlerFunc {
 func Audit(next message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		ctx := msg.Context()
-		tx, ok := framework.TxFromContext(ctx)
+		tx, ok := driver.TxFromContext(ctx)
 		if !ok {
 			return nil, errNoTx
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/effectively-once/effectively/app/apptest"
 	"github.com/effectively-once/effectively/app/testkit"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/handlers"
 	"github.com/effectively-once/effectively/internal/testenv"
 	"github.com/effectively-once/effectively/middleware"
@@ -170,7 +171,7 @@ func (p *probes) probe(m map[string]seen) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			ctx := msg.Context()
-			tx, _ := framework.TxFromContext(ctx)
+			tx, _ := driver.TxFromContext(ctx)
 			d, _ := framework.EnvelopeFromContext(ctx)
 			if tx.DriverName() == "pgx" {
 				var s seen

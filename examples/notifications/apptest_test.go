@@ -10,6 +10,7 @@ import (
 	"github.com/effectively-once/effectively/app/testkit"
 	"github.com/effectively-once/effectively/examples/notifications/appointments"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/internal/testenv"
 )
 
@@ -52,7 +53,7 @@ func testReminders(t *testing.T, postgresURL string) {
 	require.NoError(t, err)
 	testkit.RequireDeadLettered(t, res[ConsumerName], framework.CodeInvalidPayload) // startsAt is required
 
-	dls, err := svc.Store().DeadLetters(ctx, framework.DeadLetterFilter{Consumer: ConsumerName})
+	dls, err := svc.Store().DeadLetters(ctx, driver.DeadLetterFilter{Consumer: ConsumerName})
 	require.NoError(t, err)
 	require.Len(t, dls, 1)
 	require.Equal(t, "p-1", dls[0].EventID)

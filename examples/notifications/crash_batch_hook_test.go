@@ -17,14 +17,14 @@ import (
 
 	"github.com/effectively-once/effectively/app"
 	"github.com/effectively-once/effectively/app/testkit"
-	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/postgres"
 	"github.com/effectively-once/effectively/framework/sqlite"
 )
 
 // The group-commit crash modes kill the process at one crash point of a
 // batch: several attempts of the consumer sharing one transaction, one
-// after another (see framework.UnitOfWork).
+// after another (see driver.UnitOfWork).
 const (
 	// modeBatchMiddle kills the process at crash point AfterMark of an
 	// attempt, before its handler, while earlier attempts of its batch
@@ -115,7 +115,7 @@ func (p *batchProbe) open() (*sqlx.DB, error) {
 // mates returns the event ids of the attempts that ran before the one
 // of ctx (at crash point AfterMark or BeforeCommit) in its batch.
 func (p *batchProbe) mates(ctx context.Context) ([]string, error) {
-	tx, ok := framework.TxFromContext(ctx)
+	tx, ok := driver.TxFromContext(ctx)
 	if !ok {
 		return nil, errors.New("batch probe: the attempt has no transaction")
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/effectively-once/effectively/examples/notifications/appointments"
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/amqp"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/outbox"
 	"github.com/effectively-once/effectively/framework/postgres"
 	"github.com/effectively-once/effectively/framework/sqlite"
@@ -255,11 +256,11 @@ func testCrashCell(t *testing.T, s *cellSetup, c matrixCell) {
 	switch c.kind {
 	case replayCell:
 		require.Equal(t, 1, s.deadLetters(target), "the replayed booking keeps its dead letter")
-		require.Equal(t, 1, s.deadLettersWith(target, framework.DeadLetterReplayed), "its dead letter is replayed")
+		require.Equal(t, 1, s.deadLettersWith(target, driver.DeadLetterReplayed), "its dead letter is replayed")
 		require.Equal(t, 0, s.deadLetters(good[0])+s.deadLetters(good[2]), "the other bookings are no dead letters")
 	case releaseCell:
 		require.Equal(t, 0, s.reminders(held), "the discarded booking has no effect")
-		require.Equal(t, 1, s.deadLettersWith(held, framework.DeadLetterDiscarded), "its dead letter is discarded")
+		require.Equal(t, 1, s.deadLettersWith(held, driver.DeadLetterDiscarded), "its dead letter is discarded")
 		fallthrough
 	default:
 		for _, id := range good {
@@ -269,7 +270,7 @@ func testCrashCell(t *testing.T, s *cellSetup, c matrixCell) {
 	require.Equal(t, 0, s.reminders(poison), "the poison message has no effect")
 	require.Equal(t, 0, s.marks(poison), "the poison message is not marked processed")
 	require.Equal(t, 1, s.deadLetters(poison), "the poison message has one dead letter")
-	require.Equal(t, 1, s.deadLettersWith(poison, framework.DeadLetterPending), "the poison message's dead letter waits for an operator")
+	require.Equal(t, 1, s.deadLettersWith(poison, driver.DeadLetterPending), "the poison message's dead letter waits for an operator")
 	require.Equal(t, 0, s.parked(), "nothing parked")
 	require.Equal(t, 0, count(s.db, `SELECT count(*) FROM outbox WHERE sent_at IS NULL`), "nothing unsent in the outbox")
 	require.Equal(t, 0, s.unsentReplays(), "no replay waits")
@@ -306,7 +307,7 @@ func (s *cellSetup) deadLetterID(t *testing.T, eventID string) string {
 }
 
 // deadLettersWith counts the event's dead letters of status.
-func (s *cellSetup) deadLettersWith(eventID string, status framework.DeadLetterStatus) int {
+func (s *cellSetup) deadLettersWith(eventID string, status driver.DeadLetterStatus) int {
 	return count(s.db, s.db.Rebind(`SELECT count(*) FROM dead_letters WHERE consumer = ? AND event_id = ? AND status = ?`),
 		s.consumer, eventID, string(status))
 }
@@ -387,7 +388,7 @@ func addToOutbox(t *testing.T, s *cellSetup, msgs []*message.Message) {
 	require.NoError(t, err)
 	envs := make([]framework.Envelope, len(msgs))
 	for i, msg := range msgs {
-		envs[i], err = framework.DecodeMessage(msg, 0)
+		envs[i], err = driver.DecodeMessage(msg, 0)
 		require.NoError(t, err)
 	}
 	tx, err := s.db.BeginTxx(t.Context(), nil)

@@ -17,6 +17,7 @@ import (
 	"github.com/effectively-once/effectively/app"
 	"github.com/effectively-once/effectively/examples/notifications/appointments"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/sqlite"
 	"github.com/effectively-once/effectively/internal/testenv"
 )
@@ -407,7 +408,7 @@ func TestCrash(t *testing.T) {
 		}
 		require.NoError(t, b.db.Get(&dl, `SELECT code, attempts, status FROM dead_letters WHERE consumer = ? AND event_id = ?`, ConsumerName, crashMeID))
 		require.Equal(t, string(framework.CodeDeliveryLimit), dl.Code)
-		require.Equal(t, string(framework.DeadLetterPending), dl.Status)
+		require.Equal(t, string(driver.DeadLetterPending), dl.Status)
 	})
 }
 

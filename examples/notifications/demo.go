@@ -19,6 +19,7 @@ import (
 	"github.com/effectively-once/effectively/app"
 	"github.com/effectively-once/effectively/examples/notifications/appointments"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/middleware"
 )
 
@@ -40,9 +41,9 @@ func demoCommand() *cobra.Command {
 // became of them.
 func runDemo(ctx context.Context, out io.Writer) error {
 	var (
-		transport framework.Transport
+		transport driver.Transport
 		db        *sqlx.DB
-		store     framework.Store
+		store     driver.Store
 		metrics   *middleware.Metrics
 		cfg       app.Config
 	)
@@ -143,7 +144,7 @@ func runDemo(ctx context.Context, out io.Writer) error {
 	if err := db.SelectContext(ctx, &reminders, db.Rebind(query), args...); err != nil {
 		return fmt.Errorf("read reminders: %w", err)
 	}
-	dls, err := store.DeadLetters(ctx, framework.DeadLetterFilter{Consumer: ConsumerName, Status: framework.DeadLetterPending, Limit: 1000})
+	dls, err := store.DeadLetters(ctx, driver.DeadLetterFilter{Consumer: ConsumerName, Status: driver.DeadLetterPending, Limit: 1000})
 	if err != nil {
 		return fmt.Errorf("read dead letters: %w", err)
 	}

@@ -26,7 +26,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/internal/testenv"
 	"github.com/effectively-once/effectively/internal/testenv/testserver"
 )
@@ -198,7 +198,7 @@ func TestFailover(t *testing.T) {
 	first := testserver.StartRabbitMQ(t)
 	topic, consumer := "failover.t"+randomSuffix(), "failover-"+randomSuffix()
 	t.Cleanup(func() { deleteTopology(t, shared, consumer, topic) })
-	sc := framework.SubscribeConfig{Consumer: consumer, Types: []string{topic}, Concurrency: 2}
+	sc := driver.SubscribeConfig{Consumer: consumer, Types: []string{topic}, Concurrency: 2}
 
 	// The queue on the second node, and a publisher there: a service
 	// that publishes to the cluster through another node.
@@ -367,7 +367,7 @@ func TestQueueType(t *testing.T) {
 			t.Cleanup(func() { deleteTopology(t, url, consumer, topic) })
 			tc.cfg.URL = url
 			tr := newTransport(t, tc.cfg)
-			sub, err := tr.Subscribe(framework.SubscribeConfig{Consumer: consumer, Types: []string{topic}, Concurrency: 1})
+			sub, err := tr.Subscribe(driver.SubscribeConfig{Consumer: consumer, Types: []string{topic}, Concurrency: 1})
 			require.NoError(t, err)
 			require.NoError(t, sub.Initialize())
 

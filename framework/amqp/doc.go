@@ -17,7 +17,7 @@
 //	if err := tr.Connect(ctx); err != nil { // retries while the broker is down
 //		return err
 //	}
-//	sub, _ := tr.Subscribe(framework.SubscribeConfig{
+//	sub, _ := tr.Subscribe(driver.SubscribeConfig{
 //		Consumer:    "notifications.remind", // the consumer's queue
 //		Types:       []string{"appointments.appointment.booked"},
 //		Concurrency: 4,
@@ -28,7 +28,7 @@
 //	}
 //	_ = tr.Publisher().Publish("appointments.appointment.booked", msg) // confirms on
 //
-// Transport (New) is the framework.Transport: one connection, its
+// Transport (New) is the driver.Transport: one connection, its
 // publisher and a subscriber per consumer. A consumer has one subscription
 // of its queue, which hands out up to the consumer's concurrency of
 // messages at once without waiting for their acks and acks or nacks each

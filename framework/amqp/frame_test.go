@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/internal/testenv"
 )
 
@@ -32,7 +33,7 @@ func TestReplayHeadersOverFrame(t *testing.T) {
 	})
 	msg := receive(t, f.ch)
 	msg.Ack()
-	dl := framework.DeadLetter{ID: 7, Body: msg.Payload, Metadata: framework.StorableMetadata(msg.Metadata)}
+	dl := driver.DeadLetter{ID: 7, Body: msg.Payload, Metadata: driver.StorableMetadata(msg.Metadata)}
 
 	err := pub.Replay(ctx, consumer, dl.ReplayMessage())
 	require.ErrorIs(t, err, ErrHeadersTooLarge)
@@ -103,7 +104,7 @@ func TestHeaderNameLength(t *testing.T) {
 	_, err := pub.PublishDeferred(ctx, topic, over)
 	require.ErrorIs(t, err, ErrHeadersTooLarge)
 	stored := message.NewMessage("stored", []byte(`{}`))
-	stored.Metadata = framework.StorableMetadata(map[string]string{strings.Repeat("\x00", 86): "v"})
+	stored.Metadata = driver.StorableMetadata(map[string]string{strings.Repeat("\x00", 86): "v"})
 	err = pub.Replay(ctx, consumer, stored)
 	require.ErrorIs(t, err, ErrHeadersTooLarge)
 	require.True(t, framework.IsPermanent(err), "a replay that never fits is a failure of its message")

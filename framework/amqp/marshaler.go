@@ -91,7 +91,7 @@ func (Marshaler) Unmarshal(d amqp091.Delivery) (*message.Message, error) {
 // it. A message the broker delivered fits, but its metadata may not once
 // it is text: typed headers rendered as text (tables as JSON), and a
 // dead letter's NUL bytes each stored as U+FFFD, three bytes (see
-// framework.StorableMetadata), so that a replay may not fit.
+// driver.StorableMetadata), so that a replay may not fit.
 //
 // It is also returned for a header's name, a content type or a message id
 // longer than 255 bytes, which AMQP carries as short strings: amqp091-go

@@ -14,6 +14,7 @@ import (
 	"github.com/effectively-once/effectively/app/runner"
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/amqp"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/sqlite"
 	"github.com/effectively-once/effectively/internal/testenv"
@@ -87,9 +88,9 @@ func TestQuorumDeliveryLimit(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, tr.Publisher().Publish(ping.Type(), msg))
 
-	var dls []framework.DeadLetter
+	var dls []driver.DeadLetter
 	require.Eventually(t, func() bool {
-		dls, err = store.DeadLetters(ctx, framework.DeadLetterFilter{Consumer: name})
+		dls, err = store.DeadLetters(ctx, driver.DeadLetterFilter{Consumer: name})
 		require.NoError(t, err)
 		return len(dls) > 0
 	}, 60*time.Second, 50*time.Millisecond, "the framework's dead letter")

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/internal/testenv"
 )
 
@@ -23,7 +24,7 @@ func TestSubscriptionHandsOutConcurrencyAtOnce(t *testing.T) {
 	url := testenv.Require(t, testenv.AMQPURLVar)
 	tr := newTransport(t, TransportConfig{URL: url, NackDelay: 20 * time.Millisecond})
 	topic, consumer := "subs.many"+randomSuffix(), "subs-many"+randomSuffix()
-	sc := framework.SubscribeConfig{Consumer: consumer, Types: []string{topic}, Concurrency: concurrency}
+	sc := driver.SubscribeConfig{Consumer: consumer, Types: []string{topic}, Concurrency: concurrency}
 	sub, err := tr.Subscribe(sc)
 	require.NoError(t, err)
 	require.NoError(t, sub.Initialize())

@@ -6,11 +6,11 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/internal/subscribers"
 )
 
-// Transport is the AMQP transport (framework.Transport): one connection
+// Transport is the AMQP transport (driver.Transport): one connection
 // shared by a publisher and a subscriber per consumer.
 //
 // Each consumer has one durable queue named after it, bound to the
@@ -28,7 +28,7 @@ type Transport struct {
 	subs subscribers.Set
 }
 
-var _ framework.Transport = (*Transport)(nil)
+var _ driver.Transport = (*Transport)(nil)
 
 // New returns an unconnected transport configured by cfg.
 func New(cfg TransportConfig) (*Transport, error) {
@@ -55,19 +55,19 @@ func (t *Transport) Publisher() message.Publisher { return t.pub }
 // each of sc.Types when the Subscription is initialized, and one router
 // handler that reads the queue with up to sc.Concurrency messages in
 // flight.
-func (t *Transport) Subscribe(sc framework.SubscribeConfig) (framework.Subscription, error) {
+func (t *Transport) Subscribe(sc driver.SubscribeConfig) (driver.Subscription, error) {
 	sc = sc.WithDefaults()
 	if err := sc.Validate(); err != nil {
-		return framework.Subscription{}, fmt.Errorf("amqp: %w", err)
+		return driver.Subscription{}, fmt.Errorf("amqp: %w", err)
 	}
 	sub, err := subscriberOf(t.conn, sc.Consumer, sc.Concurrency)
 	if err != nil {
-		return framework.Subscription{}, fmt.Errorf("amqp: consumer %s: %w", sc.Consumer, err)
+		return driver.Subscription{}, fmt.Errorf("amqp: consumer %s: %w", sc.Consumer, err)
 	}
 	t.subs.Add(sub)
 	// Subscribing to any of the types reads the one queue; the router
 	// handles each message it hands out in a goroutine of its own.
-	return framework.Subscription{Subscriber: sub, Topics: sc.Types[:1], Bind: sc.Types, Conns: sc.Concurrency}, nil
+	return driver.Subscription{Subscriber: sub, Topics: sc.Types[:1], Bind: sc.Types, Conns: sc.Concurrency}, nil
 }
 
 // Replay publishes msgs straight to consumer's queue, through the default

@@ -8,7 +8,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/effectively-once/effectively/framework/transporttest"
+	"github.com/effectively-once/effectively/framework/driver/transporttest"
 	"github.com/effectively-once/effectively/internal/testenv"
 )
 

@@ -1,5 +1,5 @@
 // Package memory is the in-memory side of the framework, for tests: a
-// framework.Store of processed marks, delivery counts, subject
+// driver.Store of processed marks, delivery counts, subject
 // checkpoints, parked events and dead letters (Store), and the memory transport (Transport). Both
 // protect one process only and forget everything when the process ends:
 // use framework/sqlite or framework/postgres in production.
@@ -13,7 +13,7 @@
 //	if err != nil {
 //		return err
 //	}
-//	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{Store: store})
+//	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{Store: store})
 //	if err != nil {
 //		return err
 //	}
@@ -41,7 +41,7 @@
 //
 // # Transport
 //
-// Transport (New) is the framework.Transport on watermill's
+// Transport (New) is the driver.Transport on watermill's
 // GoChannel with a pause before a nacked message is sent again (GoChannel
 // alone sends it again at once). Each Subscribe returns a subscriber of
 // its own; every subscription gets every message:
@@ -51,7 +51,7 @@
 //		return err
 //	}
 //	defer tr.Close()
-//	sub, err := tr.Subscribe(framework.SubscribeConfig{Consumer: "c", Types: []string{topic}})
+//	sub, err := tr.Subscribe(driver.SubscribeConfig{Consumer: "c", Types: []string{topic}})
 //	for _, t := range sub.Topics { // the type and the consumer's replay topic
 //		router.AddConsumerHandler(name+"@"+t, t, sub.Subscriber, handler)
 //	}

@@ -9,34 +9,34 @@ import (
 	"slices"
 	"time"
 
-	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 // historyEntry is an entry of a dead letter's history and its place in
 // the order the store wrote entries, which orders a merged history.
 type historyEntry struct {
 	seq int64
-	framework.HistoryEntry
+	driver.HistoryEntry
 }
 
 // storedReplay is a recorded Replay and its relay's state.
 type storedReplay struct {
-	framework.Replay
+	driver.Replay
 	sent         bool
 	claimedUntil time.Time
 }
 
 // appendHistory appends e to the history of the dead letter id. The
 // caller holds s.mu.
-func (s *Store) appendHistory(id int64, e framework.HistoryEntry) {
+func (s *Store) appendHistory(id int64, e driver.HistoryEntry) {
 	s.historySeq++
 	s.history[id] = append(s.history[id], historyEntry{seq: s.historySeq, HistoryEntry: e})
 }
 
 // DeadLetterHistory returns every failure and resolution of the dead
 // letter id in the order they were recorded, or an error wrapping
-// framework.ErrNotFound when there is no dead letter id.
-func (s *Store) DeadLetterHistory(ctx context.Context, id int64) ([]framework.HistoryEntry, error) {
+// driver.ErrNotFound when there is no dead letter id.
+func (s *Store) DeadLetterHistory(ctx context.Context, id int64) ([]driver.HistoryEntry, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("history of dead letter %d: %w", id, err)
 	}
@@ -44,9 +44,9 @@ func (s *Store) DeadLetterHistory(ctx context.Context, id int64) ([]framework.Hi
 	defer s.mu.Unlock()
 	h := s.history[id]
 	if len(h) == 0 {
-		return nil, fmt.Errorf("history of dead letter %d: %w", id, framework.ErrNotFound)
+		return nil, fmt.Errorf("history of dead letter %d: %w", id, driver.ErrNotFound)
 	}
-	out := make([]framework.HistoryEntry, len(h))
+	out := make([]driver.HistoryEntry, len(h))
 	for i, e := range h {
 		out[i] = e.HistoryEntry
 	}
@@ -54,7 +54,7 @@ func (s *Store) DeadLetterHistory(ctx context.Context, id int64) ([]framework.Hi
 }
 
 // AddReplays records rs, each a replay of its own, at once.
-func (s *Store) AddReplays(ctx context.Context, rs []framework.Replay) error {
+func (s *Store) AddReplays(ctx context.Context, rs []driver.Replay) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("add %d replays: %w", len(rs), err)
 	}
@@ -73,14 +73,14 @@ func (s *Store) AddReplays(ctx context.Context, rs []framework.Replay) error {
 }
 
 // addReplay records r, created at at. The caller holds s.mu.
-func (s *Store) addReplay(r framework.Replay, at time.Time) {
+func (s *Store) addReplay(r driver.Replay, at time.Time) {
 	s.lastReplay++
 	r.ID, r.CreatedAt = s.lastReplay, at
 	r.Body = slices.Clone(r.Body)
 	if r.Body == nil {
 		r.Body = []byte{}
 	}
-	r.Metadata = framework.StorableMetadata(r.Metadata)
+	r.Metadata = driver.StorableMetadata(r.Metadata)
 	if len(r.Metadata) == 0 {
 		r.Metadata = nil
 	}
@@ -89,9 +89,9 @@ func (s *Store) addReplay(r framework.Replay, at time.Time) {
 
 // ClaimReplays takes a lease until now+lease, by the store's clock, on up
 // to limit of the oldest unsent replays whose lease ended, as many as fit
-// in framework.ReplayClaimBytes (the first whatever its size), and
+// in driver.ReplayClaimBytes (the first whatever its size), and
 // returns them by ascending ID.
-func (s *Store) ClaimReplays(ctx context.Context, limit int, lease time.Duration) ([]framework.Replay, error) {
+func (s *Store) ClaimReplays(ctx context.Context, limit int, lease time.Duration) ([]driver.Replay, error) {
 	if limit <= 0 {
 		return nil, fmt.Errorf("claim replays: limit %d, want at least 1", limit)
 	}
@@ -105,7 +105,7 @@ func (s *Store) ClaimReplays(ctx context.Context, limit int, lease time.Duration
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var (
-		out   []framework.Replay
+		out   []driver.Replay
 		bytes int
 	)
 	for _, id := range slices.Sorted(maps.Keys(s.replays)) {
@@ -113,7 +113,7 @@ func (s *Store) ClaimReplays(ctx context.Context, limit int, lease time.Duration
 		if r.sent || !r.claimedUntil.Before(now) { // leased until now or later
 			continue
 		}
-		if bytes += len(r.Body); len(out) > 0 && bytes > framework.ReplayClaimBytes {
+		if bytes += len(r.Body); len(out) > 0 && bytes > driver.ReplayClaimBytes {
 			break
 		}
 		r.claimedUntil = now.Add(lease)
@@ -124,12 +124,12 @@ func (s *Store) ClaimReplays(ctx context.Context, limit int, lease time.Duration
 			break
 		}
 	}
-	slices.SortFunc(out, func(a, b framework.Replay) int { return cmp.Compare(a.ID, b.ID) })
+	slices.SortFunc(out, func(a, b driver.Replay) int { return cmp.Compare(a.ID, b.ID) })
 	return out, nil
 }
 
 // ReplaySent records that the replay id was published; an unknown id is
-// an error wrapping framework.ErrNotFound.
+// an error wrapping driver.ErrNotFound.
 func (s *Store) ReplaySent(ctx context.Context, id int64) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("mark replay %d sent: %w", id, err)
@@ -138,7 +138,7 @@ func (s *Store) ReplaySent(ctx context.Context, id int64) error {
 	defer s.mu.Unlock()
 	r, ok := s.replays[id]
 	if !ok {
-		return fmt.Errorf("mark replay %d sent: %w", id, framework.ErrNotFound)
+		return fmt.Errorf("mark replay %d sent: %w", id, driver.ErrNotFound)
 	}
 	r.sent = true
 	return nil
@@ -166,7 +166,7 @@ func (s *Store) adoptDeadLetters(consumer, from string) {
 		if !ok {
 			dl.Consumer = consumer
 			s.byKey[k] = id
-			s.appendHistory(id, framework.HistoryEntry{At: at, Kind: framework.HistoryAdopted, By: from})
+			s.appendHistory(id, driver.HistoryEntry{At: at, Kind: driver.HistoryAdopted, By: from})
 			continue
 		}
 		s.merge(id, kept, at, from)
@@ -195,8 +195,8 @@ func (s *Store) merge(old, kept int64, at time.Time, from string) {
 		}
 	}
 	delete(s.deadLetters, old)
-	s.appendHistory(kept, framework.HistoryEntry{
-		At: at, Kind: framework.HistoryAdopted, By: from,
+	s.appendHistory(kept, driver.HistoryEntry{
+		At: at, Kind: driver.HistoryAdopted, By: from,
 		Reason: fmt.Sprintf("merged dead letter %d of %s: this dead letter of the same event is kept", old, from),
 	})
 }

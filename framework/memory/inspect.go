@@ -8,24 +8,25 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
-var _ framework.Inspector = (*Store)(nil)
+var _ driver.Inspector = (*Store)(nil)
 
 // InspectEvent returns what the store knows of the event key: the
 // committed processed marks, its dead letters with their history, its
 // holds and parkings, and how far PurgeProcessed deleted. The memory
 // store has no outbox: Outbox is nil.
-func (s *Store) InspectEvent(ctx context.Context, key framework.Key) (framework.EventRecord, error) {
+func (s *Store) InspectEvent(ctx context.Context, key framework.Key) (driver.EventRecord, error) {
 	if err := ctx.Err(); err != nil {
-		return framework.EventRecord{}, fmt.Errorf("inspect event %s: %w", key, err)
+		return driver.EventRecord{}, fmt.Errorf("inspect event %s: %w", key, err)
 	}
-	rec := framework.EventRecord{Key: key}
+	rec := driver.EventRecord{Key: key}
 	var ids []int64
 	s.mu.Lock()
 	for k, m := range s.marks {
 		if k.key == key && m.committed {
-			rec.Processed = append(rec.Processed, framework.ProcessedMark{Consumer: k.consumer, At: m.at.UTC()})
+			rec.Processed = append(rec.Processed, driver.ProcessedMark{Consumer: k.consumer, At: m.at.UTC()})
 		}
 	}
 	for k, id := range s.byKey {
@@ -48,8 +49,8 @@ func (s *Store) InspectEvent(ctx context.Context, key framework.Key) (framework.
 	rec.Horizons.Processed = s.purgedBefore
 	s.mu.Unlock()
 
-	slices.SortFunc(rec.Processed, func(a, b framework.ProcessedMark) int { return cmp.Compare(a.Consumer, b.Consumer) })
-	slices.SortFunc(rec.Parked, func(a, b framework.ParkedEvent) int {
+	slices.SortFunc(rec.Processed, func(a, b driver.ProcessedMark) int { return cmp.Compare(a.Consumer, b.Consumer) })
+	slices.SortFunc(rec.Parked, func(a, b driver.ParkedEvent) int {
 		return cmp.Or(cmp.Compare(a.Consumer, b.Consumer), cmp.Compare(a.Subject, b.Subject), cmp.Compare(a.Seq, b.Seq))
 	})
 	slices.Sort(ids)
@@ -62,7 +63,7 @@ func (s *Store) InspectEvent(ctx context.Context, key framework.Key) (framework.
 		if err != nil {
 			return rec, fmt.Errorf("inspect event %s: %w", key, err)
 		}
-		rec.DeadLetters = append(rec.DeadLetters, framework.DeadLetterRecord{DeadLetter: dl, History: h})
+		rec.DeadLetters = append(rec.DeadLetters, driver.DeadLetterRecord{DeadLetter: dl, History: h})
 	}
 	return rec, nil
 }
@@ -70,15 +71,15 @@ func (s *Store) InspectEvent(ctx context.Context, key framework.Key) (framework.
 // InspectConsumers returns, per consumer, the committed marks made at or
 // after since, the pending dead letters and the parked events. The
 // memory store has no outbox: no unsent row.
-func (s *Store) InspectConsumers(ctx context.Context, since time.Time) (framework.ConsumersRecord, error) {
+func (s *Store) InspectConsumers(ctx context.Context, since time.Time) (driver.ConsumersRecord, error) {
 	if err := ctx.Err(); err != nil {
-		return framework.ConsumersRecord{}, fmt.Errorf("inspect consumers: %w", err)
+		return driver.ConsumersRecord{}, fmt.Errorf("inspect consumers: %w", err)
 	}
-	figures := make(map[string]*framework.ConsumerFigures)
-	of := func(consumer string) *framework.ConsumerFigures {
+	figures := make(map[string]*driver.ConsumerFigures)
+	of := func(consumer string) *driver.ConsumerFigures {
 		f := figures[consumer]
 		if f == nil {
-			f = &framework.ConsumerFigures{Consumer: consumer}
+			f = &driver.ConsumerFigures{Consumer: consumer}
 			figures[consumer] = f
 		}
 		return f
@@ -90,7 +91,7 @@ func (s *Store) InspectConsumers(ctx context.Context, since time.Time) (framewor
 		}
 	}
 	for _, dl := range s.deadLetters {
-		if dl.Status == framework.DeadLetterPending {
+		if dl.Status == driver.DeadLetterPending {
 			of(dl.Consumer).PendingDeadLetters++
 		}
 	}
@@ -100,10 +101,10 @@ func (s *Store) InspectConsumers(ctx context.Context, since time.Time) (framewor
 		}
 	}
 	s.mu.Unlock()
-	var rec framework.ConsumersRecord
+	var rec driver.ConsumersRecord
 	for _, f := range figures {
 		rec.Consumers = append(rec.Consumers, *f)
 	}
-	slices.SortFunc(rec.Consumers, func(a, b framework.ConsumerFigures) int { return cmp.Compare(a.Consumer, b.Consumer) })
+	slices.SortFunc(rec.Consumers, func(a, b driver.ConsumerFigures) int { return cmp.Compare(a.Consumer, b.Consumer) })
 	return rec, nil
 }

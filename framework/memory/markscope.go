@@ -1,8 +1,8 @@
 package memory
 
-import "github.com/effectively-once/effectively/framework"
+import "github.com/effectively-once/effectively/framework/driver"
 
-// MarkScope returns framework.MarkReleasedOnRollback: a mark lives in the
+// MarkScope returns driver.MarkReleasedOnRollback: a mark lives in the
 // process's memory, outside any database transaction; it is kept when the
 // attempt's transaction commits and goes when it rolls back or fails to
 // commit, so a failed attempt's redelivery runs the handler again. With a
@@ -11,4 +11,4 @@ import "github.com/effectively-once/effectively/framework"
 // delivered again afterwards (its ack was lost, or the crash came between
 // the commit and the ack) takes effect again, and another process does
 // not see the marks of this one.
-func (s *Store) MarkScope() framework.MarkScope { return framework.MarkReleasedOnRollback }
+func (s *Store) MarkScope() driver.MarkScope { return driver.MarkReleasedOnRollback }

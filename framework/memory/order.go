@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 // subjectKey keys a consumer's checkpoint of one subject.
@@ -23,12 +24,12 @@ type subjectKey struct {
 type checkpoint struct {
 	seq    int64
 	next   int64 // the holder's advance; 0 when none
-	holder *framework.Tx
+	holder *driver.Tx
 	free   chan struct{} // closed when holder ends
 }
 
 // view returns the checkpoint as the attempt tx sees it.
-func (c *checkpoint) view(tx *framework.Tx) int64 {
+func (c *checkpoint) view(tx *driver.Tx) int64 {
 	if c.holder == tx {
 		return max(c.seq, c.next)
 	}
@@ -50,7 +51,7 @@ type wait struct {
 
 // hold makes tx the holder of the checkpoint of k, waiting while another
 // attempt holds it, and returns it. The hold ends with tx.
-func (s *Store) hold(ctx context.Context, tx *framework.Tx, k subjectKey) (*checkpoint, error) {
+func (s *Store) hold(ctx context.Context, tx *driver.Tx, k subjectKey) (*checkpoint, error) {
 	if tx == nil {
 		return nil, fmt.Errorf("checkpoint %s of %s: %w", k.subject, k.consumer, ErrNoTx)
 	}
@@ -95,7 +96,7 @@ func (s *Store) release(c *checkpoint, committed bool) {
 // Checkpoint returns the sequence of (consumer, subject) that took effect
 // last, 0 when none did, and holds it for tx until tx ends: attempts on
 // one subject take turns.
-func (s *Store) Checkpoint(ctx context.Context, tx *framework.Tx, consumer, subject string) (int64, error) {
+func (s *Store) Checkpoint(ctx context.Context, tx *driver.Tx, consumer, subject string) (int64, error) {
 	c, err := s.hold(ctx, tx, subjectKey{consumer, subject})
 	if err != nil {
 		return 0, err
@@ -108,7 +109,7 @@ func (s *Store) Checkpoint(ctx context.Context, tx *framework.Tx, consumer, subj
 // Advance moves the checkpoint of (consumer, subject) to seq when tx
 // commits, if seq is greater, and reports whether it moves. A concurrent
 // attempt on the same subject waits until tx ends.
-func (s *Store) Advance(ctx context.Context, tx *framework.Tx, consumer, subject string, seq int64) (bool, error) {
+func (s *Store) Advance(ctx context.Context, tx *driver.Tx, consumer, subject string, seq int64) (bool, error) {
 	c, err := s.hold(ctx, tx, subjectKey{consumer, subject})
 	if err != nil {
 		return false, err
@@ -183,13 +184,13 @@ func (s *Store) whenFree(ctx context.Context, k subjectKey, f func(c *checkpoint
 // checkpoint also moves past the discarded dead letters right after it
 // (see Skip). It reports whether events of the subject are parked after
 // seq.
-func (s *Store) EndWait(ctx context.Context, tx *framework.Tx, consumer, subject string, seq int64, key framework.Key) (bool, error) {
+func (s *Store) EndWait(ctx context.Context, tx *driver.Tx, consumer, subject string, seq int64, key framework.Key) (bool, error) {
 	k := waitKey{subjectKey{consumer, subject}, seq}
 	s.mu.Lock()
 	taken := s.taken(k, key)
 	s.mu.Unlock()
 	if taken {
-		return false, fmt.Errorf("end the wait of %s #%d for %s: %w", subject, seq, consumer, framework.ErrSequenceTaken)
+		return false, fmt.Errorf("end the wait of %s #%d for %s: %w", subject, seq, consumer, driver.ErrSequenceTaken)
 	}
 	end := func() {
 		s.mu.Lock()
@@ -226,14 +227,14 @@ func (s *Store) holdSubject(consumer, subject string, seq int64, key framework.K
 	if s.taken(waitKey{sk, seq}, key) {
 		return // another event's place: its dead letter alone is stored
 	}
-	s.parked[waitKey{sk, seq}] = framework.ParkedEvent{
+	s.parked[waitKey{sk, seq}] = driver.ParkedEvent{
 		Consumer: consumer, Subject: subject, Seq: seq, Key: key, At: s.now(), Held: true,
 	}
 	delete(s.skipped, waitKey{sk, seq}) // a repeat holds the subject again
 }
 
 // taken reports whether another event than key holds k: parked, held or
-// skipped (see framework.ErrSequenceTaken). s.mu is held.
+// skipped (see driver.ErrSequenceTaken). s.mu is held.
 func (s *Store) taken(k waitKey, key framework.Key) bool {
 	if p, ok := s.parked[k]; ok && p.Key != key {
 		return true
@@ -256,7 +257,7 @@ func (s *Store) endOwnWait(consumer, subject string, seq int64, key framework.Ke
 // checkpoint (as tx sees it) and p.Seq is held or parked, and reports
 // whether it does. The processed mark that tx made for p.Key goes when
 // tx commits.
-func (s *Store) Park(ctx context.Context, tx *framework.Tx, p framework.ParkedEvent) (bool, error) {
+func (s *Store) Park(ctx context.Context, tx *driver.Tx, p driver.ParkedEvent) (bool, error) {
 	if tx == nil {
 		return false, fmt.Errorf("park %s #%d for %s: %w", p.Subject, p.Seq, p.Consumer, ErrNoTx)
 	}
@@ -278,11 +279,11 @@ func (s *Store) Park(ctx context.Context, tx *framework.Tx, p framework.ParkedEv
 		return false, nil
 	}
 	if s.taken(waitKey{sk, p.Seq}, p.Key) {
-		return false, fmt.Errorf("park %s #%d for %s: %w", p.Subject, p.Seq, p.Consumer, framework.ErrSequenceTaken)
+		return false, fmt.Errorf("park %s #%d for %s: %w", p.Subject, p.Seq, p.Consumer, driver.ErrSequenceTaken)
 	}
 	p.At, p.Held, p.Ready = s.now(), false, false
 	p.Body = slices.Clone(p.Body)
-	p.Metadata = framework.StorableMetadata(p.Metadata)
+	p.Metadata = driver.StorableMetadata(p.Metadata)
 	mk := markKey{consumer: p.Consumer, key: p.Key}
 	tx.OnCommit(func() {
 		s.mu.Lock()
@@ -302,7 +303,7 @@ func (s *Store) Park(ctx context.Context, tx *framework.Tx, p framework.ParkedEv
 // time, unless its turn came: it waits while an attempt holds the
 // subject's checkpoint, as the SQL stores' row lock does, and reports
 // false when the checkpoint is at p.Seq-1 or past it, or p does not wait.
-func (s *Store) ParkGap(ctx context.Context, p framework.ParkedEvent) (bool, error) {
+func (s *Store) ParkGap(ctx context.Context, p driver.ParkedEvent) (bool, error) {
 	sk := subjectKey{p.Consumer, p.Subject}
 	var parked, taken bool
 	err := s.whenFree(ctx, sk, func(c *checkpoint) {
@@ -323,12 +324,12 @@ func (s *Store) ParkGap(ctx context.Context, p framework.ParkedEvent) (bool, err
 		}
 		p.At, p.Held, p.Ready = since, false, false
 		p.Body = slices.Clone(p.Body)
-		p.Metadata = framework.StorableMetadata(p.Metadata)
+		p.Metadata = driver.StorableMetadata(p.Metadata)
 		s.parked[k] = p
 		parked = true
 	})
 	if err == nil && taken {
-		err = framework.ErrSequenceTaken
+		err = driver.ErrSequenceTaken
 	}
 	if err != nil {
 		return false, fmt.Errorf("park %s #%d for %s behind a gap: %w", p.Subject, p.Seq, p.Consumer, err)
@@ -338,13 +339,13 @@ func (s *Store) ParkGap(ctx context.Context, p framework.ParkedEvent) (bool, err
 
 // Parked lists the held and parked events that match f, by consumer,
 // subject and sequence.
-func (s *Store) Parked(ctx context.Context, f framework.ParkedFilter) ([]framework.ParkedEvent, error) {
+func (s *Store) Parked(ctx context.Context, f driver.ParkedFilter) ([]driver.ParkedEvent, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("list parked events: %w", err)
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []framework.ParkedEvent
+	var out []driver.ParkedEvent
 	for k, p := range s.parked {
 		if f.Consumer != "" && k.consumer != f.Consumer || f.Subject != "" && k.subject != f.Subject {
 			continue
@@ -360,7 +361,7 @@ func (s *Store) Parked(ctx context.Context, f framework.ParkedFilter) ([]framewo
 		p.Body = slices.Clone(p.Body)
 		out = append(out, p)
 	}
-	slices.SortFunc(out, func(a, b framework.ParkedEvent) int {
+	slices.SortFunc(out, func(a, b driver.ParkedEvent) int {
 		return cmp.Or(cmp.Compare(a.Consumer, b.Consumer), cmp.Compare(a.Subject, b.Subject), cmp.Compare(a.Seq, b.Seq))
 	})
 	if f.Limit > 0 && len(out) > f.Limit {
@@ -373,7 +374,7 @@ func (s *Store) Parked(ctx context.Context, f framework.ParkedFilter) ([]framewo
 // its turn has come, the subject's checkpoint moves to its sequence;
 // otherwise the checkpoint moves past it once the event before it took
 // effect (see EndWait), so that no other event is skipped. It returns
-// the sequence, or framework.ErrNotFound.
+// the sequence, or driver.ErrNotFound.
 func (s *Store) Skip(ctx context.Context, consumer, subject string, key framework.Key) (int64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("skip %s of %s for %s: %w", key, subject, consumer, err)
@@ -408,7 +409,7 @@ func (s *Store) Skip(ctx context.Context, consumer, subject string, key framewor
 		return 0, fmt.Errorf("skip %s of %s for %s: %w", key, subject, consumer, err)
 	}
 	if !found {
-		return 0, fmt.Errorf("skip %s of %s for %s: not held: %w", key, subject, consumer, framework.ErrNotFound)
+		return 0, fmt.Errorf("skip %s of %s for %s: not held: %w", key, subject, consumer, driver.ErrNotFound)
 	}
 	return seq, nil
 }

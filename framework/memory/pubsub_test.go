@@ -9,7 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
 	"github.com/stretchr/testify/require"
 
-	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/memory"
 )
 
@@ -31,7 +31,7 @@ func openPubSub(cfg memory.TransportConfig) (pubSub, error) {
 	if err != nil {
 		return pubSub{}, err
 	}
-	sub, err := tr.Subscribe(framework.SubscribeConfig{Consumer: "test", Types: []string{"test"}})
+	sub, err := tr.Subscribe(driver.SubscribeConfig{Consumer: "test", Types: []string{"test"}})
 	if err != nil {
 		return pubSub{}, err
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 // DefaultDeadLetterLimit is how many dead letters DeadLetters returns when
@@ -18,11 +19,11 @@ const DefaultDeadLetterLimit = 100
 
 // ErrNoTx is returned by Mark, Forget, Checkpoint and Advance without the
 // attempt's transaction.
-var ErrNoTx = errors.New("memory: no transaction (call through framework.UnitOfWork)")
+var ErrNoTx = errors.New("memory: no transaction (call through driver.UnitOfWork)")
 
 // Store keeps processed marks, delivery counts, subject checkpoints and
 // dead letters in the memory of one process. It implements
-// framework.Store for tests and for the memory transport: nothing
+// driver.Store for tests and for the memory transport: nothing
 // survives a restart, and two processes with a store each do not see
 // each other's marks.
 //
@@ -37,14 +38,14 @@ type Store struct {
 	mu          sync.Mutex
 	marks       map[markKey]*mark
 	deliveries  map[markKey]int
-	deadLetters map[int64]*framework.DeadLetter
+	deadLetters map[int64]*driver.DeadLetter
 	byKey       map[markKey]int64
 	lastID      int64
 	checkpoints map[subjectKey]*checkpoint
 	waits       map[waitKey]wait
-	parked      map[waitKey]framework.ParkedEvent // held and parked events
-	skipped     map[waitKey]framework.Key         // discarded holds whose turn has not come, by the discarded event (see Skip)
-	history     map[int64][]historyEntry          // by dead letter
+	parked      map[waitKey]driver.ParkedEvent // held and parked events
+	skipped     map[waitKey]framework.Key      // discarded holds whose turn has not come, by the discarded event (see Skip)
+	history     map[int64][]historyEntry       // by dead letter
 	historySeq  int64
 	replays     map[int64]*storedReplay
 	lastReplay  int64
@@ -52,7 +53,7 @@ type Store struct {
 	purgedBefore time.Time
 }
 
-var _ framework.Store = (*Store)(nil)
+var _ driver.Store = (*Store)(nil)
 
 // markKey keys a consumer's record of one event.
 type markKey struct {
@@ -62,7 +63,7 @@ type markKey struct {
 
 // mark is a processed mark, held by the attempt tx until it commits.
 type mark struct {
-	tx        *framework.Tx
+	tx        *driver.Tx
 	committed bool
 	at        time.Time     // when it was made, by the store's clock
 	done      chan struct{} // closed when tx ends
@@ -102,11 +103,11 @@ func NewStore(cfg StoreConfig) (*Store, error) {
 		now:         cfg.Now,
 		marks:       make(map[markKey]*mark),
 		deliveries:  make(map[markKey]int),
-		deadLetters: make(map[int64]*framework.DeadLetter),
+		deadLetters: make(map[int64]*driver.DeadLetter),
 		byKey:       make(map[markKey]int64),
 		checkpoints: make(map[subjectKey]*checkpoint),
 		waits:       make(map[waitKey]wait),
-		parked:      make(map[waitKey]framework.ParkedEvent),
+		parked:      make(map[waitKey]driver.ParkedEvent),
 		skipped:     make(map[waitKey]framework.Key),
 		history:     make(map[int64][]historyEntry),
 		replays:     make(map[int64]*storedReplay),
@@ -117,7 +118,7 @@ func NewStore(cfg StoreConfig) (*Store, error) {
 // false when the mark exists. While another attempt holds the mark
 // uncommitted, Mark waits: for a duplicate when that attempt commits, for
 // the mark when it rolls back, or until ctx ends.
-func (s *Store) Mark(ctx context.Context, tx *framework.Tx, consumer string, key framework.Key) (bool, error) {
+func (s *Store) Mark(ctx context.Context, tx *driver.Tx, consumer string, key framework.Key) (bool, error) {
 	if tx == nil {
 		return false, fmt.Errorf("mark %s for %s: %w", key, consumer, ErrNoTx)
 	}
@@ -190,7 +191,7 @@ func (s *Store) Uncount(ctx context.Context, consumer string, key framework.Key)
 }
 
 // Forget removes the delivery count of key when tx commits.
-func (s *Store) Forget(ctx context.Context, tx *framework.Tx, consumer string, key framework.Key) error {
+func (s *Store) Forget(ctx context.Context, tx *driver.Tx, consumer string, key framework.Key) error {
 	if tx == nil {
 		return fmt.Errorf("forget delivery count of %s for %s: %w", key, consumer, ErrNoTx)
 	}
@@ -215,18 +216,18 @@ func (s *Store) Forget(ctx context.Context, tx *framework.Tx, consumer string, k
 // is counted afresh instead of hitting the delivery limit at once, and
 // ends the event's wait or parking under its key at its subject and
 // sequence.
-func (s *Store) PublishDeadLetter(ctx context.Context, dl framework.DeadLetter) error {
+func (s *Store) PublishDeadLetter(ctx context.Context, dl driver.DeadLetter) error {
 	return s.storeDeadLetter(ctx, dl, false)
 }
 
 // HoldDeadLetter stores dl as PublishDeadLetter does and, at once, holds
 // its subject: the later events of the subject wait behind it, unless
 // its checkpoint is at or past dl.SubjectSeq.
-func (s *Store) HoldDeadLetter(ctx context.Context, dl framework.DeadLetter) error {
+func (s *Store) HoldDeadLetter(ctx context.Context, dl driver.DeadLetter) error {
 	return s.storeDeadLetter(ctx, dl, dl.Subject != "" && dl.SubjectSeq != 0)
 }
 
-func (s *Store) storeDeadLetter(ctx context.Context, dl framework.DeadLetter, hold bool) error {
+func (s *Store) storeDeadLetter(ctx context.Context, dl driver.DeadLetter, hold bool) error {
 	if err := dl.Validate(); err != nil {
 		return err
 	}
@@ -248,11 +249,11 @@ func (s *Store) storeDeadLetter(ctx context.Context, dl framework.DeadLetter, ho
 
 // putDeadLetter stores dl, failed at at, or counts its repeat, with the
 // failure in its history, and forgets its delivery count. s.mu is held.
-func (s *Store) putDeadLetter(dl framework.DeadLetter, at time.Time) {
+func (s *Store) putDeadLetter(dl driver.DeadLetter, at time.Time) {
 	dl.Body = slices.Clone(dl.Body)
-	dl.Metadata = framework.StorableMetadata(dl.Metadata)
-	dl.Status = framework.DeadLetterPending
-	dl.Resolution = framework.Resolution{}
+	dl.Metadata = driver.StorableMetadata(dl.Metadata)
+	dl.Status = driver.DeadLetterPending
+	dl.Resolution = driver.Resolution{}
 	dl.LastFailedAt = at
 	k := markKey{consumer: dl.Consumer, key: dl.Key()}
 	delete(s.deliveries, k)
@@ -265,25 +266,25 @@ func (s *Store) putDeadLetter(dl framework.DeadLetter, at time.Time) {
 		s.byKey[k] = dl.ID
 	}
 	s.deadLetters[dl.ID] = &dl
-	s.appendHistory(dl.ID, framework.HistoryEntry{
-		At: at, Kind: framework.HistoryFailed, Code: dl.Code, Attempts: dl.Attempts, Deliveries: dl.Deliveries,
+	s.appendHistory(dl.ID, driver.HistoryEntry{
+		At: at, Kind: driver.HistoryFailed, Code: dl.Code, Attempts: dl.Attempts, Deliveries: dl.Deliveries,
 	})
 }
 
 // DeadLetter returns the dead letter with id, or an error wrapping
-// framework.ErrNotFound.
-func (s *Store) DeadLetter(ctx context.Context, id int64) (framework.DeadLetter, error) {
+// driver.ErrNotFound.
+func (s *Store) DeadLetter(ctx context.Context, id int64) (driver.DeadLetter, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	dl, ok := s.deadLetters[id]
 	if !ok {
-		return framework.DeadLetter{}, fmt.Errorf("get dead letter %d: %w", id, framework.ErrNotFound)
+		return driver.DeadLetter{}, fmt.Errorf("get dead letter %d: %w", id, driver.ErrNotFound)
 	}
 	return clone(dl), nil
 }
 
 // DeadLetters lists the dead letters that match f, by ascending ID.
-func (s *Store) DeadLetters(ctx context.Context, f framework.DeadLetterFilter) ([]framework.DeadLetter, error) {
+func (s *Store) DeadLetters(ctx context.Context, f driver.DeadLetterFilter) ([]driver.DeadLetter, error) {
 	if f.Limit < 0 {
 		return nil, fmt.Errorf("list dead letters: negative limit %d", f.Limit)
 	}
@@ -293,7 +294,7 @@ func (s *Store) DeadLetters(ctx context.Context, f framework.DeadLetterFilter) (
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ids := slices.Sorted(maps.Keys(s.deadLetters))
-	var out []framework.DeadLetter
+	var out []driver.DeadLetter
 	for _, id := range ids {
 		dl := s.deadLetters[id]
 		if id <= f.AfterID || !matches(dl, f) {
@@ -314,16 +315,16 @@ func (s *Store) DeadLetters(ctx context.Context, f framework.DeadLetterFilter) (
 // ResolveDeadLetter moves the pending dead letter id to r.Status
 // (replayed or discarded) with who, why and when (zero r.At means now),
 // appends r to its history and, for a replay, records its message as a
-// Replay to its consumer (see framework.DeadLetter.ReplayMessage), all at
+// Replay to its consumer (see driver.DeadLetter.ReplayMessage), all at
 // once. It returns the dead letter as it was, an error wrapping
-// framework.ErrNotFound when there is no dead letter id, or one wrapping
-// framework.ErrNotPending and naming the status when it is not pending.
-func (s *Store) ResolveDeadLetter(ctx context.Context, id int64, r framework.Resolution) (framework.DeadLetter, error) {
+// driver.ErrNotFound when there is no dead letter id, or one wrapping
+// driver.ErrNotPending and naming the status when it is not pending.
+func (s *Store) ResolveDeadLetter(ctx context.Context, id int64, r driver.Resolution) (driver.DeadLetter, error) {
 	if err := r.Validate(); err != nil {
-		return framework.DeadLetter{}, fmt.Errorf("resolve dead letter %d: %w", id, err)
+		return driver.DeadLetter{}, fmt.Errorf("resolve dead letter %d: %w", id, err)
 	}
 	if err := ctx.Err(); err != nil {
-		return framework.DeadLetter{}, fmt.Errorf("resolve dead letter %d: %w", id, err)
+		return driver.DeadLetter{}, fmt.Errorf("resolve dead letter %d: %w", id, err)
 	}
 	now := s.now().UTC()
 	if r.At.IsZero() {
@@ -335,24 +336,24 @@ func (s *Store) ResolveDeadLetter(ctx context.Context, id int64, r framework.Res
 	dl, ok := s.deadLetters[id]
 	switch {
 	case !ok:
-		return framework.DeadLetter{}, fmt.Errorf("resolve dead letter %d: %w", id, framework.ErrNotFound)
-	case dl.Status != framework.DeadLetterPending:
-		return framework.DeadLetter{}, fmt.Errorf("resolve dead letter %d: %w: %s", id, framework.ErrNotPending, dl.Status)
+		return driver.DeadLetter{}, fmt.Errorf("resolve dead letter %d: %w", id, driver.ErrNotFound)
+	case dl.Status != driver.DeadLetterPending:
+		return driver.DeadLetter{}, fmt.Errorf("resolve dead letter %d: %w: %s", id, driver.ErrNotPending, dl.Status)
 	}
 	before := clone(dl)
 	dl.Status = r.Status
 	dl.Resolution = r
-	s.appendHistory(id, framework.HistoryEntry{At: r.At, Kind: framework.HistoryKind(r.Status), By: r.By, Reason: r.Reason})
-	if r.Status == framework.DeadLetterReplayed {
+	s.appendHistory(id, driver.HistoryEntry{At: r.At, Kind: driver.HistoryKind(r.Status), By: r.By, Reason: r.Reason})
+	if r.Status == driver.DeadLetterReplayed {
 		msg := before.ReplayMessage()
-		s.addReplay(framework.Replay{
+		s.addReplay(driver.Replay{
 			DeadLetterID: id, Consumer: dl.Consumer, Topic: dl.Topic, Body: msg.Payload, Metadata: msg.Metadata,
 		}, now)
 	}
 	return before, nil
 }
 
-func clone(dl *framework.DeadLetter) framework.DeadLetter {
+func clone(dl *driver.DeadLetter) driver.DeadLetter {
 	c := *dl
 	c.Body = slices.Clone(dl.Body)
 	c.Metadata = maps.Clone(dl.Metadata)
@@ -361,7 +362,7 @@ func clone(dl *framework.DeadLetter) framework.DeadLetter {
 
 // matches reports whether dl matches the fields of f that are set, but
 // AfterID and Limit.
-func matches(dl *framework.DeadLetter, f framework.DeadLetterFilter) bool {
+func matches(dl *driver.DeadLetter, f driver.DeadLetterFilter) bool {
 	for _, c := range []struct{ want, got string }{
 		{f.Consumer, dl.Consumer},
 		{string(f.Code), string(dl.Code)},

@@ -5,16 +5,16 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
+	"github.com/effectively-once/effectively/framework/driver/storetest"
 	"github.com/effectively-once/effectively/framework/memory"
-	"github.com/effectively-once/effectively/framework/storetest"
 )
 
 func TestStore(t *testing.T) {
 	t.Parallel()
 	harness := func(t *testing.T) storetest.Harness {
 		return storetest.Harness{
-			NewStore: func(t *testing.T, cfg storetest.Config) framework.Store {
+			NewStore: func(t *testing.T, cfg storetest.Config) driver.Store {
 				s, err := memory.NewStore(memory.StoreConfig{Now: cfg.Now})
 				require.NoError(t, err)
 				return s

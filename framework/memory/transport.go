@@ -6,12 +6,12 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
-	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/internal/replay"
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
-// Transport is the memory transport (framework.Transport) on one pubSub.
+// Transport is the memory transport (driver.Transport) on one pubSub.
 // Every subscription gets every message; a consumer has one router
 // handler per event type and one for its replay topic, to which it alone
 // subscribes. For tests only.
@@ -19,7 +19,7 @@ type Transport struct {
 	ps *pubSub
 }
 
-var _ framework.Transport = (*Transport)(nil)
+var _ driver.Transport = (*Transport)(nil)
 
 // New returns a memory transport configured by cfg.
 func New(cfg TransportConfig) (*Transport, error) {
@@ -35,14 +35,14 @@ func (t *Transport) Publisher() message.Publisher { return t.ps }
 
 // Subscribe returns a subscriber of the pubSub of its own: closing it
 // ends its subscriptions, not the pubSub's.
-func (t *Transport) Subscribe(sc framework.SubscribeConfig) (framework.Subscription, error) {
+func (t *Transport) Subscribe(sc driver.SubscribeConfig) (driver.Subscription, error) {
 	sc = sc.WithDefaults()
 	if err := sc.Validate(); err != nil {
-		return framework.Subscription{}, fmt.Errorf("memory: %w", err)
+		return driver.Subscription{}, fmt.Errorf("memory: %w", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	topics := append(append([]string(nil), sc.Types...), pipeline.ReplayTopic(sc.Consumer))
-	return framework.Subscription{
+	return driver.Subscription{
 		Subscriber: &subscriber{ps: t.ps, ctx: ctx, cancel: cancel},
 		Topics:     topics,
 		// Each topic's router handler takes one message at a time.

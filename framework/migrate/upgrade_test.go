@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/internal/sqlstore"
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/postgres"
@@ -51,14 +52,14 @@ VALUES (?, 'shop', ?, 'invalid_payload', 3, ?, ?, ?, ?, ?, ?, ?)`)
 
 			require.NoError(t, migrate.Up(ctx, db, migrate.Config{}))
 			store := openStore(t, db, dialect)
-			dls, err := store.DeadLetters(ctx, framework.DeadLetterFilter{Consumer: "c", Status: ""})
+			dls, err := store.DeadLetters(ctx, driver.DeadLetterFilter{Consumer: "c", Status: ""})
 			require.NoError(t, err)
 			require.Len(t, dls, 2)
 
 			pending, err := store.DeadLetterHistory(ctx, dls[0].ID)
 			require.NoError(t, err)
 			require.Len(t, pending, 1)
-			require.Equal(t, framework.HistoryFailed, pending[0].Kind)
+			require.Equal(t, driver.HistoryFailed, pending[0].Kind)
 			require.Equal(t, framework.CodeInvalidPayload, pending[0].Code)
 			require.Equal(t, 3, pending[0].Attempts)
 			require.True(t, failed.Equal(pending[0].At), "%v", pending[0].At)
@@ -66,12 +67,12 @@ VALUES (?, 'shop', ?, 'invalid_payload', 3, ?, ?, ?, ?, ?, ?, ?)`)
 			discarded, err := store.DeadLetterHistory(ctx, dls[1].ID)
 			require.NoError(t, err)
 			require.Len(t, discarded, 2)
-			require.Equal(t, framework.HistoryDiscarded, discarded[1].Kind)
+			require.Equal(t, driver.HistoryDiscarded, discarded[1].Kind)
 			require.Equal(t, "ops", discarded[1].By)
 			require.Equal(t, "test data", discarded[1].Reason)
 			require.True(t, resolved.Equal(discarded[1].At), "%v", discarded[1].At)
 
-			_, err = store.ResolveDeadLetter(ctx, dls[0].ID, framework.Resolution{Status: framework.DeadLetterReplayed, By: "ops", Reason: "fixed"})
+			_, err = store.ResolveDeadLetter(ctx, dls[0].ID, driver.Resolution{Status: driver.DeadLetterReplayed, By: "ops", Reason: "fixed"})
 			require.NoError(t, err)
 			replays, err := store.ClaimReplays(ctx, 10, time.Minute)
 			require.NoError(t, err)
@@ -106,7 +107,7 @@ func upToVersion1(ctx context.Context, t *testing.T, db *sqlx.DB, d sqlstore.Dia
 }
 
 // openStore returns the store of db's dialect.
-func openStore(t *testing.T, db *sqlx.DB, d sqlstore.Dialect) framework.Store {
+func openStore(t *testing.T, db *sqlx.DB, d sqlstore.Dialect) driver.Store {
 	t.Helper()
 	if d == sqlstore.SQLite {
 		s, err := sqlite.NewStore(db, sqlite.StoreConfig{})

@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/outbox"
 	"github.com/effectively-once/effectively/framework/sqlite"
@@ -57,7 +58,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Store: store})
+	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: db, Store: store})
 	if err != nil {
 		panic(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/internal/sqlstore"
 )
 
@@ -99,7 +100,7 @@ func newSQL(db *sqlx.DB, prefix string) (*sqlstore.Outbox, error) {
 }
 
 // Add records envs in the transaction of the attempt running in ctx (see
-// framework.TxFromContext): they are published after it commits, and never
+// driver.TxFromContext): they are published after it commits, and never
 // if it rolls back. Without a transaction in ctx it returns ErrNoTx.
 //
 // An envelope without a traceparent gets the trace context of the span
@@ -111,7 +112,7 @@ func newSQL(db *sqlx.DB, prefix string) (*sqlstore.Outbox, error) {
 // holds, in this transaction or an earlier one, is a no-op. A handler
 // retried after a rollback adds its events again in the new transaction.
 func (o *Outbox) Add(ctx context.Context, envs ...framework.Envelope) error {
-	attempt, ok := framework.TxFromContext(ctx)
+	attempt, ok := driver.TxFromContext(ctx)
 	if !ok {
 		return ErrNoTx
 	}
@@ -146,7 +147,7 @@ func (o *Outbox) add(ctx context.Context, tx sqlx.ExecerContext, envs []framewor
 		stamped[i] = withTraceContext(ctx, env)
 		body, err := framework.Encode(stamped[i])
 		if err == nil {
-			err = framework.CheckBodySize(body, o.maxBody) // what its consumers would dead-letter
+			err = driver.CheckBodySize(body, o.maxBody) // what its consumers would dead-letter
 		}
 		if err != nil {
 			return fmt.Errorf("outbox: add %q: %w", env.Key().String(), err)

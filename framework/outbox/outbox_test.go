@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/outbox"
 	"github.com/effectively-once/effectively/framework/postgres"
@@ -28,7 +29,7 @@ import (
 const waitLimit = 30 * time.Second
 
 type store interface {
-	framework.Store
+	driver.Store
 }
 
 // backend opens a migrated database of its kind and its store.
@@ -130,7 +131,7 @@ type bundle struct {
 	backend backend
 	db      *sqlx.DB
 	store   store
-	uow     *framework.UnitOfWork
+	uow     *driver.UnitOfWork
 	box     *outbox.Outbox
 	pub     *recorder
 }
@@ -139,7 +140,7 @@ func setup(t *testing.T, b backend) *bundle {
 	t.Helper()
 	db, s := b.open(t)
 	require.NoError(t, migrate.Up(context.Background(), db, migrate.Config{}))
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Store: s})
+	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: db, Store: s})
 	require.NoError(t, err)
 	box, err := outbox.New(db, outbox.Config{})
 	require.NoError(t, err)
@@ -209,7 +210,7 @@ func testOutbox(t *testing.T, b backend) {
 		require.Equal(t, noted.Type(), got[0].topic)
 		require.Equal(t, "e-1", got[0].msg.UUID)
 		require.Equal(t, framework.ContentType, got[0].msg.Metadata.Get(framework.MetadataContentType))
-		decoded, err := framework.DecodeMessage(got[0].msg, framework.DefaultMaxBodyBytes)
+		decoded, err := driver.DecodeMessage(got[0].msg, framework.DefaultMaxBodyBytes)
 		require.NoError(t, err)
 		require.Equal(t, want.Key(), decoded.Key())
 		require.Equal(t, "n-1", decoded.Subject)
@@ -314,7 +315,7 @@ func testOutbox(t *testing.T, b backend) {
 		require.NoError(t, err)
 		var outcomes []framework.Outcome
 		for _, p := range bd.pub.all() {
-			e, err := framework.DecodeMessage(p.msg, framework.DefaultMaxBodyBytes)
+			e, err := driver.DecodeMessage(p.msg, framework.DefaultMaxBodyBytes)
 			require.NoError(t, err)
 			o, err := bd.uow.Do(ctx, "notes.downstream", e.Key(), func(ctx context.Context) error {
 				_, err := framework.Conn(ctx, bd.db).ExecContext(ctx, bd.db.Rebind(`INSERT INTO effects (event_id) VALUES (?)`), e.ID)

@@ -14,7 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
-	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/internal/sqlstore"
 )
 
@@ -48,7 +48,7 @@ const wakeDelay = 5 * time.Millisecond
 var ErrRunning = errors.New("outbox: the relay is running already")
 
 // ErrMissingPublisher is returned by NewRelay without a publisher.
-var ErrMissingPublisher = errors.New("outbox: missing publisher (pass the transport's publisher, e.g. framework.Transport.Publisher)")
+var ErrMissingPublisher = errors.New("outbox: missing publisher (pass the transport's publisher, e.g. driver.Transport.Publisher)")
 
 // RelayConfig configures a Relay.
 type RelayConfig struct {
@@ -352,7 +352,7 @@ func (r *Relay) PublishUnsent(ctx context.Context) (int, error) {
 // CleanupBatchSize, and returns how many it deleted. With a negative
 // Retention it deletes nothing. A batch that deletes rows records, in its
 // transaction, that rows sent before that time may be gone (the outbox's
-// purge horizon, framework.PurgeOutbox), which an operator's view of an
+// purge horizon, driver.PurgeOutbox), which an operator's view of an
 // event reports.
 func (r *Relay) Cleanup(ctx context.Context) (int64, error) {
 	if r.cfg.Retention < 0 {
@@ -385,7 +385,7 @@ func (r *Relay) cleanupBatch(ctx context.Context, before time.Time) (int64, erro
 		return 0, err
 	}
 	if n > 0 {
-		if err := r.horizons.Record(ctx, tx, framework.PurgeOutbox, before); err != nil {
+		if err := r.horizons.Record(ctx, tx, driver.PurgeOutbox, before); err != nil {
 			return 0, err
 		}
 	}

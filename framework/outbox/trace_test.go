@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/outbox"
 	"github.com/effectively-once/effectively/internal/testenv"
 )
@@ -66,7 +67,7 @@ func decodeAll(t *testing.T, pub *recorder) map[string]framework.Envelope {
 	t.Helper()
 	out := map[string]framework.Envelope{}
 	for _, p := range pub.all() {
-		env, err := framework.DecodeMessage(p.msg, framework.DefaultMaxBodyBytes)
+		env, err := driver.DecodeMessage(p.msg, framework.DefaultMaxBodyBytes)
 		require.NoError(t, err)
 		out[env.ID] = env
 	}

@@ -17,7 +17,7 @@
 //	if err != nil {
 //		return err
 //	}
-//	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{
+//	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{
 //		DB:         db,
 //		Processed:  store,
 //		Deliveries: store,
@@ -28,7 +28,7 @@
 //
 // # Transport
 //
-// Transport (New) is the framework.Transport on watermill-sql v4's tables:
+// Transport (New) is the driver.Transport on watermill-sql v4's tables:
 // it publishes with watermill-sql's publisher on the database handed to
 // New (the stores' pool may do) and subscribes with a subscriber of its
 // own on a pool of its own at TransportConfig.URL, growing by a connection
@@ -41,7 +41,7 @@
 // outlasts the HandlingTime given to Subscribe.
 //
 //	tr, err := postgres.New(ctx, db, postgres.TransportConfig{URL: url})
-//	sub, err := tr.Subscribe(framework.SubscribeConfig{Consumer: "c", Types: []string{topic}})
+//	sub, err := tr.Subscribe(driver.SubscribeConfig{Consumer: "c", Types: []string{topic}})
 //
 // # Concurrency
 //

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/effectively-once/effectively/framework/transporttest"
+	"github.com/effectively-once/effectively/framework/driver/transporttest"
 	"github.com/effectively-once/effectively/internal/testenv/testserver"
 )
 

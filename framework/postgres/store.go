@@ -9,6 +9,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/internal/sqlstore"
 )
 
@@ -23,7 +24,7 @@ type StoreConfig struct {
 	// OnResolve, when set, is called after each ResolveDeadLetter that
 	// committed, with the dead letter as it was and its resolution: a
 	// service counts its replays and discards with it. Defaults to nil.
-	OnResolve func(dl framework.DeadLetter, r framework.Resolution)
+	OnResolve func(dl driver.DeadLetter, r driver.Resolution)
 }
 
 // ErrMissingDB is returned by NewStore without a database.
@@ -41,9 +42,9 @@ var ErrMissingDB = errors.New("postgres: missing database (try postgres.Open)")
 // first rolls back. Times are timestamptz, written in UTC, with
 // PostgreSQL's microsecond precision.
 //
-// Its methods are those of framework.Store (with MarkMany, which group
-// commit finds by type assertion), framework.Inspector, framework.Purger
-// and framework.Gauges, documented there. They are promoted from the
+// Its methods are those of driver.Store (with MarkMany, which group
+// commit finds by type assertion), driver.Inspector, driver.Purger
+// and driver.Gauges, documented there. They are promoted from the
 // framework's one SQL implementation, shared with the other database, so
 // that the two stores are written once.
 type Store struct {
@@ -55,12 +56,12 @@ type Store struct {
 type sqlStore = sqlstore.Store
 
 var (
-	_ framework.Store     = (*Store)(nil)
-	_ framework.Inspector = (*Store)(nil)
-	_ framework.Purger    = (*Store)(nil)
-	_ framework.Gauges    = (*Store)(nil)
+	_ driver.Store     = (*Store)(nil)
+	_ driver.Inspector = (*Store)(nil)
+	_ driver.Purger    = (*Store)(nil)
+	_ driver.Gauges    = (*Store)(nil)
 	_ interface {
-		MarkMany(ctx context.Context, tx *framework.Tx, consumer string, keys []framework.Key) ([]bool, error)
+		MarkMany(ctx context.Context, tx *driver.Tx, consumer string, keys []framework.Key) ([]bool, error)
 	} = (*Store)(nil)
 )
 

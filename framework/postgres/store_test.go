@@ -7,10 +7,10 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
-	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
+	"github.com/effectively-once/effectively/framework/driver/storetest"
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/postgres"
-	"github.com/effectively-once/effectively/framework/storetest"
 	"github.com/effectively-once/effectively/internal/testenv"
 )
 
@@ -20,7 +20,7 @@ func TestStore(t *testing.T) {
 		db := testenv.Postgres(t)
 		return storetest.Harness{
 			DB: db,
-			NewStore: func(t *testing.T, cfg storetest.Config) framework.Store {
+			NewStore: func(t *testing.T, cfg storetest.Config) driver.Store {
 				err := migrate.Up(context.Background(), db, migrate.Config{TablePrefix: cfg.TablePrefix})
 				require.NoError(t, err)
 				s, err := postgres.NewStore(db, postgres.StoreConfig{TablePrefix: cfg.TablePrefix, Now: cfg.Now})

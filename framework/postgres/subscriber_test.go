@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/postgres"
 	"github.com/effectively-once/effectively/internal/testenv"
 )
@@ -22,7 +23,7 @@ import (
 // tr, handing out up to concurrency messages of topic at once.
 func concurrentSubscriber(t *testing.T, tr *postgres.Transport, consumer, topic string, concurrency int) message.Subscriber {
 	t.Helper()
-	sub, err := tr.Subscribe(framework.SubscribeConfig{Consumer: consumer, Types: []string{topic}, Concurrency: concurrency})
+	sub, err := tr.Subscribe(driver.SubscribeConfig{Consumer: consumer, Types: []string{topic}, Concurrency: concurrency})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Subscriber.Close() })
 	return sub.Subscriber
@@ -368,7 +369,7 @@ func BenchmarkSubscriberIdleLatency(b *testing.B) {
 	tr, err := postgres.New(context.Background(), db, postgres.TransportConfig{URL: url})
 	require.NoError(b, err)
 	defer tr.Close()
-	s, err := tr.Subscribe(framework.SubscribeConfig{Consumer: "idle", Types: []string{"idle"}})
+	s, err := tr.Subscribe(driver.SubscribeConfig{Consumer: "idle", Types: []string{"idle"}})
 	require.NoError(b, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -400,7 +401,7 @@ func BenchmarkSubscriberSlowHandlers(b *testing.B) {
 			tr, err := postgres.New(context.Background(), db, postgres.TransportConfig{URL: url, PollInterval: 10 * time.Millisecond})
 			require.NoError(b, err)
 			defer tr.Close()
-			s, err := tr.Subscribe(framework.SubscribeConfig{Consumer: "slow", Types: []string{"slow"}, Concurrency: concurrency})
+			s, err := tr.Subscribe(driver.SubscribeConfig{Consumer: "slow", Types: []string{"slow"}, Concurrency: concurrency})
 			require.NoError(b, err)
 			msgs := make([]*message.Message, b.N)
 			for i := range msgs {

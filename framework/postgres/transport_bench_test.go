@@ -9,7 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
-	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/postgres"
 	"github.com/effectively-once/effectively/internal/testenv"
 )
@@ -31,7 +31,7 @@ func BenchmarkTransportConsume(b *testing.B) {
 			require.NoError(b, err)
 			defer tr.Close()
 			pub := tr.Publisher()
-			s, err := tr.Subscribe(framework.SubscribeConfig{Consumer: "bench", Types: []string{"bench.noted"}})
+			s, err := tr.Subscribe(driver.SubscribeConfig{Consumer: "bench", Types: []string{"bench.noted"}})
 			require.NoError(b, err)
 			sub := s.Subscriber
 			body := []byte(`{"specversion":"1.0","id":"x","source":"bench","type":"bench.noted","eventversion":1,"data":{"text":"hello, this is a payload of a typical size"}}`)

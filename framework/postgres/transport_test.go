@@ -13,8 +13,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
+	"github.com/effectively-once/effectively/framework/driver/transporttest"
 	"github.com/effectively-once/effectively/framework/postgres"
-	"github.com/effectively-once/effectively/framework/transporttest"
 	"github.com/effectively-once/effectively/internal/pipeline"
 	"github.com/effectively-once/effectively/internal/testenv"
 )
@@ -45,7 +46,7 @@ func newTransport(t *testing.T, db *sqlx.DB, url string) *postgres.Transport {
 // subscriber returns a new subscriber of consumer's group on tr.
 func subscriber(t *testing.T, tr *postgres.Transport, consumer string) message.Subscriber {
 	t.Helper()
-	sub, err := tr.Subscribe(framework.SubscribeConfig{Consumer: consumer, Types: []string{consumer}})
+	sub, err := tr.Subscribe(driver.SubscribeConfig{Consumer: consumer, Types: []string{consumer}})
 	require.NoError(t, err)
 	return sub.Subscriber
 }
@@ -231,7 +232,7 @@ func TestTransportUnreadableRows(t *testing.T) {
 			require.Equal(t, r.unreadable, got.Metadata.Get(framework.MetadataUnreadable))
 			if r.unreadable != "" {
 				require.JSONEq(t, r.metadata, got.Metadata.Get(framework.MetadataUnreadableRaw))
-				_, err := framework.DecodeMessage(got, 0)
+				_, err := driver.DecodeMessage(got, 0)
 				require.Equal(t, framework.CodeUnreadableMessage, framework.CodeOf(err))
 			}
 			got.Ack()
@@ -249,7 +250,7 @@ func TestTransportWithoutURL(t *testing.T) {
 	tr, err := postgres.New(context.Background(), testenv.Postgres(t), fastTransport)
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, tr.Close()) })
-	_, err = tr.Subscribe(framework.SubscribeConfig{Consumer: "c", Types: []string{"a"}})
+	_, err = tr.Subscribe(driver.SubscribeConfig{Consumer: "c", Types: []string{"a"}})
 	require.ErrorContains(t, err, "TransportConfig.URL")
 	_, err = postgres.New(context.Background(), nil, postgres.TransportConfig{})
 	require.Error(t, err)

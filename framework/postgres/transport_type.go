@@ -10,7 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 
-	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/internal/subscribers"
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
@@ -19,7 +19,7 @@ import (
 // holds beyond one per subscription.
 const spareSubscriberConns = 2
 
-// Transport is the PostgreSQL transport (framework.Transport):
+// Transport is the PostgreSQL transport (driver.Transport):
 // watermill-sql's publisher on the database handed to New, and a
 // subscriber per consumer, of this package, on a pool of their own.
 //
@@ -40,7 +40,7 @@ type Transport struct {
 	subs  subscribers.Set
 }
 
-var _ framework.Transport = (*Transport)(nil)
+var _ driver.Transport = (*Transport)(nil)
 
 // New returns the transport that publishes on db, which may be the
 // stores' pool, and, when cfg.URL is set, opens the subscribers' pool
@@ -67,13 +67,13 @@ func (t *Transport) Publisher() message.Publisher { return t.pub }
 // Subscribe returns a new subscriber of sc.Consumer's group, with the
 // ack deadline ackDeadlineFor(sc.HandlingTime) when that is set, and
 // grows the subscribers' pool by its subscriptions.
-func (t *Transport) Subscribe(sc framework.SubscribeConfig) (framework.Subscription, error) {
+func (t *Transport) Subscribe(sc driver.SubscribeConfig) (driver.Subscription, error) {
 	sc = sc.WithDefaults()
 	if err := sc.Validate(); err != nil {
-		return framework.Subscription{}, fmt.Errorf("postgres: %w", err)
+		return driver.Subscription{}, fmt.Errorf("postgres: %w", err)
 	}
 	if t.subDB == nil {
-		return framework.Subscription{}, errors.New("postgres: Subscribe: TransportConfig.URL: required to subscribe")
+		return driver.Subscription{}, errors.New("postgres: Subscribe: TransportConfig.URL: required to subscribe")
 	}
 	cfg := t.cfg
 	if sc.HandlingTime > 0 {
@@ -81,7 +81,7 @@ func (t *Transport) Subscribe(sc framework.SubscribeConfig) (framework.Subscript
 	}
 	sub, err := newSubscriber(t.subDB, sc.Consumer, sc.Concurrency, cfg)
 	if err != nil {
-		return framework.Subscription{}, fmt.Errorf("postgres: consumer %s: %w", sc.Consumer, err)
+		return driver.Subscription{}, fmt.Errorf("postgres: consumer %s: %w", sc.Consumer, err)
 	}
 	topics := append(append([]string(nil), sc.Types...), pipeline.ReplayTopic(sc.Consumer))
 	t.subs.Add(sub)
@@ -93,7 +93,7 @@ func (t *Transport) Subscribe(sc framework.SubscribeConfig) (framework.Subscript
 	// Each topic's subscription hands out up to sc.Concurrency messages,
 	// each holding its attempt's connection; the subscribers' own
 	// connections are in their pool, not the database given to New.
-	return framework.Subscription{Subscriber: sub, Topics: topics, Bind: sc.Types, Conns: len(topics) * sc.Concurrency}, nil
+	return driver.Subscription{Subscriber: sub, Topics: topics, Bind: sc.Types, Conns: len(topics) * sc.Concurrency}, nil
 }
 
 // Replay publishes msgs to the replay topic of consumer (see

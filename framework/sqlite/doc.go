@@ -18,7 +18,7 @@
 //
 // # The Pub/Sub
 //
-// Transport (New) is the framework.Transport on one file: a Publisher,
+// Transport (New) is the driver.Transport on one file: a Publisher,
 // and a Subscriber per consumer (Subscribe) holding the consumer's
 // concurrency in flight, with a lease of twice its attempt timeout.
 // Publisher and Subscriber, which also stand alone, implement watermill's

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 // BenchmarkPubSub measures publish and consume throughput on one file, in
@@ -46,7 +47,7 @@ func handleInTx(b *testing.B, db *sqlx.DB) func(*message.Message) {
 	_, err := db.Exec(`CREATE TABLE test_marks (consumer TEXT, source TEXT, id TEXT, PRIMARY KEY (consumer, source, id));
 		CREATE TABLE test_effects (id TEXT PRIMARY KEY, parent TEXT)`)
 	require.NoError(b, err)
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: db, Store: pubsubTestMarks{}})
+	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: db, Store: pubsubTestMarks{}})
 	require.NoError(b, err)
 	return func(msg *message.Message) {
 		_, err := uow.Do(msg.Context(), "bench", framework.Key{Source: "s", ID: msg.UUID}, func(ctx context.Context) error {

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/migrate"
 )
 
@@ -193,7 +194,7 @@ func TestPubSubHandInsertSQLiteCLI(t *testing.T) {
 			ch, err := sub.Subscribe(ctx, topic)
 			require.NoError(t, err)
 			msg := receive(t, ch)
-			env, err := framework.DecodeMessage(msg, 0)
+			env, err := driver.DecodeMessage(msg, 0)
 			require.NoError(t, err)
 			require.Equal(t, framework.Key{Source: "appointments", ID: "evt-1"}, env.Key())
 			require.Equal(t, framework.ContentType, msg.Metadata.Get(framework.MetadataContentType))

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
@@ -435,7 +436,7 @@ func TestPubSubHandInsert(t *testing.T) {
 	require.Equal(t, "evt-1", msg.UUID)
 	require.Equal(t, framework.ContentType, msg.Metadata.Get(framework.MetadataContentType))
 	require.False(t, redelivered(t, msg))
-	env, err := framework.DecodeMessage(msg, 0)
+	env, err := driver.DecodeMessage(msg, 0)
 	require.NoError(t, err)
 	require.Equal(t, framework.Key{Source: "appointments", ID: "evt-1"}, env.Key())
 	require.Equal(t, "appointments.appointment.booked", env.Type)
@@ -472,7 +473,7 @@ func TestPubSubUnreadableMetadata(t *testing.T) {
 		require.Equal(t, r.unreadable, msg.Metadata.Get(framework.MetadataUnreadable))
 		if r.unreadable != "" {
 			require.Equal(t, r.metadata, msg.Metadata.Get(framework.MetadataUnreadableRaw))
-			_, err := framework.DecodeMessage(msg, 0)
+			_, err := driver.DecodeMessage(msg, 0)
 			require.Equal(t, framework.CodeUnreadableMessage, framework.CodeOf(err))
 		} else {
 			require.Equal(t, "v", msg.Metadata.Get("k"))
@@ -484,10 +485,10 @@ func TestPubSubUnreadableMetadata(t *testing.T) {
 
 // pubsubTestMarks keeps processed marks in a table of the test's file: the
 // unit of work calls only Mark (no delivery is counted here), so the rest
-// of framework.Store is left nil.
-type pubsubTestMarks struct{ framework.Store }
+// of driver.Store is left nil.
+type pubsubTestMarks struct{ driver.Store }
 
-func (pubsubTestMarks) Mark(ctx context.Context, tx *framework.Tx, consumer string, key framework.Key) (bool, error) {
+func (pubsubTestMarks) Mark(ctx context.Context, tx *driver.Tx, consumer string, key framework.Key) (bool, error) {
 	res, err := tx.ExecContext(ctx, `INSERT INTO test_marks (consumer, source, id) VALUES (?, ?, ?)
 		ON CONFLICT DO NOTHING`, consumer, key.Source, key.ID)
 	if err != nil {
@@ -528,18 +529,18 @@ func TestPubSubClaimsFillTheFreeSlots(t *testing.T) {
 func TestPubSubAckInTx(t *testing.T) {
 	t.Parallel()
 
-	setup := func(t *testing.T) (*pubsubBundle, *framework.UnitOfWork) {
+	setup := func(t *testing.T) (*pubsubBundle, *driver.UnitOfWork) {
 		b := setupPubSub(t)
 		_, err := b.db.Exec(`CREATE TABLE test_marks (consumer TEXT, source TEXT, id TEXT, PRIMARY KEY (consumer, source, id));
 			CREATE TABLE test_parents (id TEXT PRIMARY KEY);
 			CREATE TABLE test_effects (id TEXT PRIMARY KEY,
 				parent TEXT REFERENCES test_parents (id) DEFERRABLE INITIALLY DEFERRED)`)
 		require.NoError(t, err)
-		uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.db, Store: pubsubTestMarks{}})
+		uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: b.db, Store: pubsubTestMarks{}})
 		require.NoError(t, err)
 		return b, uow
 	}
-	handle := func(t *testing.T, uow *framework.UnitOfWork, db *sqlx.DB, msg *message.Message, parent any, fail error) (framework.Outcome, error) {
+	handle := func(t *testing.T, uow *driver.UnitOfWork, db *sqlx.DB, msg *message.Message, parent any, fail error) (framework.Outcome, error) {
 		return uow.Do(msg.Context(), "c", framework.Key{Source: "s", ID: msg.UUID}, func(ctx context.Context) error {
 			if _, err := framework.Conn(ctx, db).ExecContext(ctx,
 				`INSERT INTO test_effects (id, parent) VALUES (?, ?)`, msg.UUID, parent); err != nil {
@@ -628,7 +629,7 @@ func TestPubSubAckInTx(t *testing.T) {
 		// One batch of all four: the acks of the three that take effect
 		// are written in its transaction (one statement), the failing
 		// one's lease stays.
-		uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{
+		uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{
 			DB: b.db, Store: pubsubTestMarks{}, BatchSize: 4, Batches: 1, Linger: 5 * time.Second,
 		})
 		require.NoError(t, err)

@@ -10,9 +10,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
+	"github.com/effectively-once/effectively/framework/driver/storetest"
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/sqlite"
-	"github.com/effectively-once/effectively/framework/storetest"
 	"github.com/effectively-once/effectively/internal/testenv"
 )
 
@@ -22,7 +23,7 @@ func TestStore(t *testing.T) {
 		db := testenv.SQLite(t)
 		return storetest.Harness{
 			DB: db,
-			NewStore: func(t *testing.T, cfg storetest.Config) framework.Store {
+			NewStore: func(t *testing.T, cfg storetest.Config) driver.Store {
 				err := migrate.Up(context.Background(), db, migrate.Config{TablePrefix: cfg.TablePrefix})
 				require.NoError(t, err)
 				s, err := sqlite.NewStore(db, sqlite.StoreConfig{TablePrefix: cfg.TablePrefix, Now: cfg.Now})

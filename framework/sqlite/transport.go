@@ -10,7 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 
-	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/internal/replay"
 	"github.com/effectively-once/effectively/framework/internal/subscribers"
 	"github.com/effectively-once/effectively/internal/pipeline"
@@ -52,7 +52,7 @@ func (c TransportConfig) Validate() error {
 	return nil
 }
 
-// Transport is the SQLite transport (framework.Transport): a Publisher
+// Transport is the SQLite transport (driver.Transport): a Publisher
 // and a Subscriber per consumer on one file, sharing a Notifier so that a
 // publish wakes the subscriptions of this process at once.
 //
@@ -74,7 +74,7 @@ type Transport struct {
 	watchCounted atomic.Bool
 }
 
-var _ framework.Transport = (*Transport)(nil)
+var _ driver.Transport = (*Transport)(nil)
 
 // New returns the transport on db, which should come from Open (WAL,
 // busy timeout, BEGIN IMMEDIATE). Close leaves db open.
@@ -102,10 +102,10 @@ func (t *Transport) Publisher() message.Publisher { return t.pub }
 // Subscribe returns a new Subscriber of sc.Consumer's group, holding up
 // to sc.Concurrency messages in flight per subscription, with the lease
 // leaseFor(sc.AttemptTimeout) when that is set.
-func (t *Transport) Subscribe(sc framework.SubscribeConfig) (framework.Subscription, error) {
+func (t *Transport) Subscribe(sc driver.SubscribeConfig) (driver.Subscription, error) {
 	sc = sc.WithDefaults()
 	if err := sc.Validate(); err != nil {
-		return framework.Subscription{}, fmt.Errorf("sqlite: %w", err)
+		return driver.Subscription{}, fmt.Errorf("sqlite: %w", err)
 	}
 	cfg := t.template
 	cfg.ConsumerGroup = sc.Consumer
@@ -116,7 +116,7 @@ func (t *Transport) Subscribe(sc framework.SubscribeConfig) (framework.Subscript
 	}
 	sub, err := NewSubscriber(t.db, cfg)
 	if err != nil {
-		return framework.Subscription{}, fmt.Errorf("sqlite: consumer %s: %w", sc.Consumer, err)
+		return driver.Subscription{}, fmt.Errorf("sqlite: consumer %s: %w", sc.Consumer, err)
 	}
 	t.subs.Add(sub)
 	topics := append(append([]string(nil), sc.Types...), pipeline.ReplayTopic(sc.Consumer))
@@ -129,7 +129,7 @@ func (t *Transport) Subscribe(sc framework.SubscribeConfig) (framework.Subscript
 	if t.watchCounted.CompareAndSwap(false, true) {
 		own++
 	}
-	return framework.Subscription{
+	return driver.Subscription{
 		Subscriber:      sub,
 		Topics:          topics,
 		Bind:            sc.Types,

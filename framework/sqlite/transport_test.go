@@ -6,7 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
@@ -30,7 +30,7 @@ func TestTransportSubscribe(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, tr.Close()) })
 
-	sub, err := tr.Subscribe(framework.SubscribeConfig{Consumer: "c", Types: []string{"a", "b"}, Concurrency: 32, AttemptTimeout: 5 * time.Second})
+	sub, err := tr.Subscribe(driver.SubscribeConfig{Consumer: "c", Types: []string{"a", "b"}, Concurrency: 32, AttemptTimeout: 5 * time.Second})
 	require.NoError(t, err)
 	require.Equal(t, []string{"a", "b", pipeline.ReplayTopic("c")}, sub.Topics)
 	require.Equal(t, []string{"a", "b"}, sub.Bind)
@@ -41,7 +41,7 @@ func TestTransportSubscribe(t *testing.T) {
 	require.Equal(t, 10*time.Second, cfg.LeaseDuration)
 	require.NoError(t, sub.Initialize())
 
-	sub, err = tr.Subscribe(framework.SubscribeConfig{Consumer: "d", Types: []string{"a"}})
+	sub, err = tr.Subscribe(driver.SubscribeConfig{Consumer: "d", Types: []string{"a"}})
 	require.NoError(t, err)
 	require.Equal(t, 7*time.Second, sub.Subscriber.(*Subscriber).cfg.LeaseDuration, "the configured lease")
 	require.Equal(t, 1, sub.Subscriber.(*Subscriber).cfg.MaxInFlight, "concurrency defaults to 1")
@@ -49,11 +49,11 @@ func TestTransportSubscribe(t *testing.T) {
 	set, err := New(openPubSubTestDB(t), TransportConfig{Subscriber: SubscriberConfig{ClaimBatchSize: 4}})
 	require.NoError(t, err)
 	t.Cleanup(func() { require.NoError(t, set.Close()) })
-	sub, err = set.Subscribe(framework.SubscribeConfig{Consumer: "c", Types: []string{"a"}, Concurrency: 16})
+	sub, err = set.Subscribe(driver.SubscribeConfig{Consumer: "c", Types: []string{"a"}, Concurrency: 16})
 	require.NoError(t, err)
 	require.Equal(t, 4, sub.Subscriber.(*Subscriber).cfg.ClaimBatchSize, "the configured claim size")
 
-	_, err = tr.Subscribe(framework.SubscribeConfig{Types: []string{"a"}})
+	_, err = tr.Subscribe(driver.SubscribeConfig{Types: []string{"a"}})
 	require.ErrorContains(t, err, "SubscribeConfig.Consumer")
 	_, err = New(nil, TransportConfig{})
 	require.ErrorIs(t, err, ErrMissingDB)

@@ -88,7 +88,7 @@ func Points() []Point {
 // Hook is called at each point a delivery passes, with the context of
 // that step: from AfterDecode on it carries the decoded event
 // (framework.EnvelopeFromContext), at AfterMark and BeforeCommit the
-// attempt's transaction (framework.TxFromContext). It reports whether the
+// attempt's transaction (driver.TxFromContext). It reports whether the
 // delivery dies there. Under group commit it runs on the goroutine of the
 // batch, possibly an attempt's other than its own: it must not block
 // unless it means to hold the batch.

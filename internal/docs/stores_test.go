@@ -12,15 +12,15 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 // TestSQLStoresDocumentTheirMethods checks that go doc of sqlite.Store and
-// postgres.Store lists every method of framework.Store, which they
+// postgres.Store lists every method of driver.Store, which they
 // implement, each with a doc comment that names it: a method promoted from
 // an embedded internal type would not show.
 func TestSQLStoresDocumentTheirMethods(t *testing.T) {
-	ifaces := []reflect.Type{reflect.TypeFor[framework.Store]()}
+	ifaces := []reflect.Type{reflect.TypeFor[driver.Store]()}
 	for _, pkg := range []string{"framework/sqlite", "framework/postgres"} {
 		t.Run(pkg, func(t *testing.T) {
 			docs := storeMethodDocs(t, filepath.Join(root(t), pkg))
@@ -28,7 +28,7 @@ func TestSQLStoresDocumentTheirMethods(t *testing.T) {
 				for m := range it.Methods() {
 					d, ok := docs[m.Name]
 					require.Truef(t, ok, "go doc of %s.Store lists no method %s (%s)", pkg, m.Name, it)
-					require.Containsf(t, d, "(framework.Store)", "doc of %s.Store.%s does not name framework.Store", pkg, m.Name)
+					require.Containsf(t, d, "(driver.Store)", "doc of %s.Store.%s does not name driver.Store", pkg, m.Name)
 				}
 			}
 		})

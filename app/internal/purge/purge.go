@@ -13,7 +13,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 const (
@@ -21,7 +21,7 @@ const (
 	// short transaction of its own.
 	batch = 1000
 	// leaseName names the lease that one process of the service holds
-	// while it purges (framework.Purger.AcquireLease).
+	// while it purges (driver.Purger.AcquireLease).
 	leaseName = "purge"
 	// LeaseTTL is how long the lease lasts unless renewed: a purger
 	// renews it before each batch, and a purger that died frees it after
@@ -37,7 +37,7 @@ const (
 var ErrBusy = errors.New("another process of the service is purging (the lease \"purge\" is held): try again later")
 
 // errCannot is returned when the store cannot purge.
-var errCannot = errors.New("purge: the store cannot purge (it does not implement framework.Purger)")
+var errCannot = errors.New("purge: the store cannot purge (it does not implement driver.Purger)")
 
 // Retentions are how long each kind of row is kept.
 type Retentions struct {
@@ -56,7 +56,7 @@ type Retentions struct {
 // horizon, and holds a lease meanwhile, so that one process of the
 // service purges at a time.
 type Purger struct {
-	store  framework.Purger // nil when the store cannot purge
+	store  driver.Purger // nil when the store cannot purge
 	ret    Retentions
 	logger *slog.Logger
 	holder string
@@ -66,8 +66,8 @@ type Purger struct {
 
 // New returns the purger of store with the retentions ret; it logs to
 // logger.
-func New(store framework.Store, ret Retentions, logger *slog.Logger) *Purger {
-	p, _ := store.(framework.Purger)
+func New(store driver.Store, ret Retentions, logger *slog.Logger) *Purger {
+	p, _ := store.(driver.Purger)
 	return &Purger{
 		store:  p,
 		ret:    ret,
@@ -92,7 +92,7 @@ func holder() string {
 
 // Step is what a purge deletes of one kind: the rows older than Before.
 type Step struct {
-	Kind   framework.PurgeKind
+	Kind   driver.PurgeKind
 	Before time.Time
 	// Rows counts what was deleted, or with a dry run what would be.
 	Rows int64
@@ -120,14 +120,14 @@ func (pu *Purger) steps(now time.Time) []Step {
 	if pu.ret.Processed > 0 {
 		marks = now.Add(-pu.ret.Processed)
 	}
-	steps := []Step{{Kind: framework.PurgeDeliveries, Before: marks}}
+	steps := []Step{{Kind: driver.PurgeDeliveries, Before: marks}}
 	if !marks.IsZero() {
-		steps = append(steps, Step{Kind: framework.PurgeProcessed, Before: marks})
+		steps = append(steps, Step{Kind: driver.PurgeProcessed, Before: marks})
 	}
 	return append(steps,
-		Step{Kind: framework.PurgeOutbox, Before: now.Add(-pu.ret.Outbox)},
-		Step{Kind: framework.PurgeReplays, Before: now.Add(-pu.ret.Replays)},
-		Step{Kind: framework.PurgeDeadLetters, Before: now.Add(-pu.ret.DeadLetters)},
+		Step{Kind: driver.PurgeOutbox, Before: now.Add(-pu.ret.Outbox)},
+		Step{Kind: driver.PurgeReplays, Before: now.Add(-pu.ret.Replays)},
+		Step{Kind: driver.PurgeDeadLetters, Before: now.Add(-pu.ret.DeadLetters)},
 	)
 }
 

@@ -9,8 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/effectively-once/effectively/framework"
-	"github.com/effectively-once/effectively/framework/transporttest"
+	"github.com/effectively-once/effectively/framework/driver"
+	"github.com/effectively-once/effectively/framework/driver/transporttest"
 )
 
 // caseBadInputs publishes every input of transporttest.Catalog the Env can carry,
@@ -81,9 +81,9 @@ func caseBadInputs(t *testing.T, s *suite) {
 // every input that ended otherwise.
 func (s *suite) reportInputs(t *testing.T, consumer string, want []transporttest.BadInput, effects []string) {
 	t.Helper()
-	dls, err := s.env.Store.DeadLetters(context.Background(), framework.DeadLetterFilter{Consumer: consumer, Limit: 10 * len(want)})
+	dls, err := s.env.Store.DeadLetters(context.Background(), driver.DeadLetterFilter{Consumer: consumer, Limit: 10 * len(want)})
 	require.NoError(t, err)
-	byBody := make(map[string]framework.DeadLetter, len(dls))
+	byBody := make(map[string]driver.DeadLetter, len(dls))
 	for _, dl := range dls {
 		byBody[string(dl.Body)] = dl
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 func caseDeliverOnce(t *testing.T, s *suite) {
@@ -101,7 +102,7 @@ func caseDeadLetters(t *testing.T, s *suite) {
 	for _, dl := range s.deadLetters(t, name) {
 		codes[dl.Code]++
 		require.Zero(t, dl.Repeats, "a dead-lettered message is acknowledged, not redelivered")
-		require.Equal(t, framework.DeadLetterPending, dl.Status)
+		require.Equal(t, driver.DeadLetterPending, dl.Status)
 	}
 	require.Equal(t, map[framework.Code]int{"note_rejected": 2, framework.CodeMalformedEnvelope: 1}, codes)
 	s.requireExactlyOnce(t, "dead", ids)

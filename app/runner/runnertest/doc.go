@@ -1,6 +1,6 @@
 // Package runnertest is the integration suite of the consumer chain behind
 // a real transport: it runs consumers through runner.New, on a
-// framework.Transport and a real database, the way the application does,
+// driver.Transport and a real database, the way the application does,
 // and checks what the chain promises there. app/runner's tests run it on
 // every transport, the way River runs one driver suite against each
 // driver:
@@ -42,7 +42,7 @@
 // backlog and checks that every event took effect exactly once.
 //
 // What a transport must do by itself, without the chain, is
-// framework/transporttest's suite, which each transport's package runs.
+// framework/driver/transporttest's suite, which each transport's package runs.
 //
 // Each case uses event types and consumer names of its own, so that cases
 // run in parallel on one server without seeing each other's messages.

@@ -17,8 +17,9 @@ import (
 
 	"github.com/effectively-once/effectively/app/runner"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
+	"github.com/effectively-once/effectively/framework/driver/transporttest"
 	"github.com/effectively-once/effectively/framework/migrate"
-	"github.com/effectively-once/effectively/framework/transporttest"
 	"github.com/effectively-once/effectively/middleware"
 )
 
@@ -29,12 +30,12 @@ type Env struct {
 	// DB holds the stores' tables and the handlers' effects. Required.
 	DB *sqlx.DB
 	// Store is the framework's store on DB. Required.
-	Store framework.Store
+	Store driver.Store
 	// Process returns the transport of another process of the same
 	// service (a connection of its own, say), for the Runner of each
 	// process the suite starts; the suite closes it with the process.
 	// Defaults to Transport.
-	Process func(t *testing.T) framework.Transport
+	Process func(t *testing.T) driver.Transport
 	// Env is the transport under test (Transport, built by its
 	// package's New: the suite publishes and replays through it, each
 	// Runner it starts consumes through it unless Process is set, and
@@ -332,9 +333,9 @@ func (s *suite) waitEffects(t *testing.T, role string, n int) {
 	s.waitFor(t, fmt.Sprintf("%d effects of %s", n, consumer), func() bool { return s.effects(t, consumer) >= n })
 }
 
-func (s *suite) deadLetters(t *testing.T, consumer string) []framework.DeadLetter {
+func (s *suite) deadLetters(t *testing.T, consumer string) []driver.DeadLetter {
 	t.Helper()
-	dls, err := s.env.Store.DeadLetters(context.Background(), framework.DeadLetterFilter{Consumer: consumer})
+	dls, err := s.env.Store.DeadLetters(context.Background(), driver.DeadLetterFilter{Consumer: consumer})
 	require.NoError(t, err)
 	return dls
 }

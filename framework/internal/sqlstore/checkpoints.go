@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 // qAdvance inserts the first checkpoint of a subject or raises it; the
@@ -16,10 +16,10 @@ const qAdvance = `INSERT INTO {p}subject_checkpoints (consumer, subject, seq) VA
 ON CONFLICT (consumer, subject) DO UPDATE SET seq = excluded.seq
 WHERE {p}subject_checkpoints.seq < excluded.seq`
 
-var _ framework.Store = (*Store)(nil)
+var _ driver.Store = (*Store)(nil)
 
-// Advance implements framework.Store.
-func (s *Store) Advance(ctx context.Context, tx *framework.Tx, consumer, subject string, seq int64) (bool, error) {
+// Advance implements driver.Store.
+func (s *Store) Advance(ctx context.Context, tx *driver.Tx, consumer, subject string, seq int64) (bool, error) {
 	if !tx.HasDB() {
 		return false, fmt.Errorf("advance checkpoint of %s for %s: %w", subject, consumer, ErrNoTx)
 	}

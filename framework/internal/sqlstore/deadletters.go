@@ -9,6 +9,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 // The dead letters' SQL.
@@ -79,7 +80,7 @@ FROM {p}dead_letter_history WHERE dead_letter_id = ? ORDER BY id`
 
 // deadLetterFilter returns the conditions of f that are set, to append to
 // qDeadLetters, and their arguments.
-func (s *Store) deadLetterFilter(f framework.DeadLetterFilter) (string, []any) {
+func (s *Store) deadLetterFilter(f driver.DeadLetterFilter) (string, []any) {
 	var (
 		cond string
 		args []any
@@ -107,7 +108,7 @@ func (s *Store) deadLetterFilter(f framework.DeadLetterFilter) (string, []any) {
 	return cond, args
 }
 
-// PublishDeadLetter implements framework.Store. The store stamps the
+// PublishDeadLetter implements driver.Store. The store stamps the
 // failure time with its clock; dl's ID, Repeats, FirstFailedAt,
 // LastFailedAt, Status and Resolution are ignored. A repeat of (Consumer,
 // Source, EventID) updates the row: the latest Topic, Type, Version,
@@ -117,23 +118,23 @@ func (s *Store) deadLetterFilter(f framework.DeadLetterFilter) (string, []any) {
 // entry to the dead letter's history (code, attempts, deliveries). While
 // pending, DeadLetter reports no Resolution; an earlier resolution stays
 // in the history (and in the row's resolved_* columns, until the next). The metadata is kept as
-// framework.StorableMetadata; a dead letter that fails dl.Validate is
+// driver.StorableMetadata; a dead letter that fails dl.Validate is
 // refused, on either dialect. In the same transaction it forgets the
 // message's delivery count for the consumer, so that a replay is counted
 // afresh instead of hitting the delivery limit at once, and ends the
 // event's wait or parking (its row of parked_events under its key, at its
 // subject and sequence, that is not a hold).
-func (s *Store) PublishDeadLetter(ctx context.Context, dl framework.DeadLetter) error {
+func (s *Store) PublishDeadLetter(ctx context.Context, dl driver.DeadLetter) error {
 	return s.storeDeadLetter(ctx, dl, false)
 }
 
-// HoldDeadLetter implements framework.Store: PublishDeadLetter and the
+// HoldDeadLetter implements driver.Store: PublishDeadLetter and the
 // hold of dl's subject (see hold) in one transaction.
-func (s *Store) HoldDeadLetter(ctx context.Context, dl framework.DeadLetter) error {
+func (s *Store) HoldDeadLetter(ctx context.Context, dl driver.DeadLetter) error {
 	return s.storeDeadLetter(ctx, dl, dl.Subject != "" && dl.SubjectSeq != 0)
 }
 
-func (s *Store) storeDeadLetter(ctx context.Context, dl framework.DeadLetter, hold bool) error {
+func (s *Store) storeDeadLetter(ctx context.Context, dl driver.DeadLetter, hold bool) error {
 	if err := dl.Validate(); err != nil {
 		return err
 	}
@@ -161,7 +162,7 @@ func (s *Store) storeDeadLetter(ctx context.Context, dl framework.DeadLetter, ho
 // insertDeadLetter stores dl, with its metadata encoded as meta, failed
 // at at, inside tx, with the failure in its history, and forgets its
 // delivery count.
-func (s *Store) insertDeadLetter(ctx context.Context, tx *sqlx.Tx, dl framework.DeadLetter, meta string, at any) error {
+func (s *Store) insertDeadLetter(ctx context.Context, tx *sqlx.Tx, dl driver.DeadLetter, meta string, at any) error {
 	body := dl.Body
 	if body == nil {
 		body = []byte{}
@@ -173,7 +174,7 @@ func (s *Store) insertDeadLetter(ctx context.Context, tx *sqlx.Tx, dl framework.
 		return err
 	}
 	if _, err := tx.ExecContext(ctx, s.q.sql(qAddHistory),
-		id, at, string(framework.HistoryFailed), string(dl.Code), dl.Attempts, dl.Deliveries, "", ""); err != nil {
+		id, at, string(driver.HistoryFailed), string(dl.Code), dl.Attempts, dl.Deliveries, "", ""); err != nil {
 		return fmt.Errorf("history: %w", err)
 	}
 	if _, err := tx.ExecContext(ctx, s.forgetDelivery, dl.Consumer, dl.Source, dl.EventID); err != nil {
@@ -182,24 +183,24 @@ func (s *Store) insertDeadLetter(ctx context.Context, tx *sqlx.Tx, dl framework.
 	return nil
 }
 
-// DeadLetter implements framework.Store.
-func (s *Store) DeadLetter(ctx context.Context, id int64) (framework.DeadLetter, error) {
+// DeadLetter implements driver.Store.
+func (s *Store) DeadLetter(ctx context.Context, id int64) (driver.DeadLetter, error) {
 	rows, err := s.db.QueryxContext(ctx, s.deadLetter, id)
 	if err != nil {
-		return framework.DeadLetter{}, fmt.Errorf("get dead letter %d: %w", id, err)
+		return driver.DeadLetter{}, fmt.Errorf("get dead letter %d: %w", id, err)
 	}
 	dls, err := scanDeadLetters(rows)
 	if err != nil {
-		return framework.DeadLetter{}, fmt.Errorf("get dead letter %d: %w", id, err)
+		return driver.DeadLetter{}, fmt.Errorf("get dead letter %d: %w", id, err)
 	}
 	if len(dls) == 0 {
-		return framework.DeadLetter{}, fmt.Errorf("get dead letter %d: %w", id, framework.ErrNotFound)
+		return driver.DeadLetter{}, fmt.Errorf("get dead letter %d: %w", id, driver.ErrNotFound)
 	}
 	return dls[0], nil
 }
 
-// DeadLetters implements framework.Store.
-func (s *Store) DeadLetters(ctx context.Context, f framework.DeadLetterFilter) ([]framework.DeadLetter, error) {
+// DeadLetters implements driver.Store.
+func (s *Store) DeadLetters(ctx context.Context, f driver.DeadLetterFilter) ([]driver.DeadLetter, error) {
 	if f.Limit < 0 {
 		return nil, fmt.Errorf("list dead letters: negative limit %d", f.Limit)
 	}
@@ -228,14 +229,14 @@ func (s *Store) DeadLetters(ctx context.Context, f framework.DeadLetterFilter) (
 	return dls, nil
 }
 
-// ResolveDeadLetter implements framework.Store, in one transaction: the
+// ResolveDeadLetter implements driver.Store, in one transaction: the
 // conditional update of the pending dead letter, its history entry and,
 // for a replay, the replays row of its message (see
-// framework.DeadLetter.ReplayMessage). A zero r.At means now, by the
+// driver.DeadLetter.ReplayMessage). A zero r.At means now, by the
 // store's clock. Once it committed, it calls Options.OnResolve.
-func (s *Store) ResolveDeadLetter(ctx context.Context, id int64, r framework.Resolution) (framework.DeadLetter, error) {
+func (s *Store) ResolveDeadLetter(ctx context.Context, id int64, r driver.Resolution) (driver.DeadLetter, error) {
 	if err := r.Validate(); err != nil {
-		return framework.DeadLetter{}, fmt.Errorf("resolve dead letter %d: %w", id, err)
+		return driver.DeadLetter{}, fmt.Errorf("resolve dead letter %d: %w", id, err)
 	}
 	now := s.now()
 	if r.At.IsZero() {
@@ -243,29 +244,29 @@ func (s *Store) ResolveDeadLetter(ctx context.Context, id int64, r framework.Res
 	}
 	tx, err := s.db.BeginTxx(ctx, nil)
 	if err != nil {
-		return framework.DeadLetter{}, fmt.Errorf("resolve dead letter %d: begin: %w", id, err)
+		return driver.DeadLetter{}, fmt.Errorf("resolve dead letter %d: begin: %w", id, err)
 	}
 	defer tx.Rollback() // a no-op after Commit
 	dl, err := s.resolve(ctx, tx, id, r)
 	if err != nil {
-		return framework.DeadLetter{}, fmt.Errorf("resolve dead letter %d: %w", id, err)
+		return driver.DeadLetter{}, fmt.Errorf("resolve dead letter %d: %w", id, err)
 	}
 	if _, err := tx.ExecContext(ctx, s.q.sql(qAddHistory),
 		id, s.dialect.timeArg(r.At), string(r.Status), "", 0, 0, r.By, r.Reason); err != nil {
-		return framework.DeadLetter{}, fmt.Errorf("resolve dead letter %d: history: %w", id, err)
+		return driver.DeadLetter{}, fmt.Errorf("resolve dead letter %d: history: %w", id, err)
 	}
-	if r.Status == framework.DeadLetterReplayed {
+	if r.Status == driver.DeadLetterReplayed {
 		msg := dl.ReplayMessage()
-		rp := framework.Replay{
+		rp := driver.Replay{
 			DeadLetterID: dl.ID, Consumer: dl.Consumer, Topic: dl.Topic,
 			Body: msg.Payload, Metadata: msg.Metadata,
 		}
-		if err := s.addReplays(ctx, tx, []framework.Replay{rp}, now); err != nil {
-			return framework.DeadLetter{}, fmt.Errorf("resolve dead letter %d: %w", id, err)
+		if err := s.addReplays(ctx, tx, []driver.Replay{rp}, now); err != nil {
+			return driver.DeadLetter{}, fmt.Errorf("resolve dead letter %d: %w", id, err)
 		}
 	}
 	if err := tx.Commit(); err != nil {
-		return framework.DeadLetter{}, fmt.Errorf("resolve dead letter %d: commit: %w", id, err)
+		return driver.DeadLetter{}, fmt.Errorf("resolve dead letter %d: commit: %w", id, err)
 	}
 	if s.onResolve != nil {
 		s.onResolve(dl, r)
@@ -274,38 +275,38 @@ func (s *Store) ResolveDeadLetter(ctx context.Context, id int64, r framework.Res
 }
 
 // resolve moves the pending dead letter id to r inside tx and returns it
-// as it was before: framework.ErrNotFound when there is none,
-// framework.ErrNotPending naming the status when it is not pending.
-func (s *Store) resolve(ctx context.Context, tx *sqlx.Tx, id int64, r framework.Resolution) (framework.DeadLetter, error) {
+// as it was before: driver.ErrNotFound when there is none,
+// driver.ErrNotPending naming the status when it is not pending.
+func (s *Store) resolve(ctx context.Context, tx *sqlx.Tx, id int64, r driver.Resolution) (driver.DeadLetter, error) {
 	rows, err := tx.QueryxContext(ctx, s.resolveDeadLetter,
 		string(r.Status), r.By, s.dialect.timeArg(r.At), r.Reason, id)
 	if err != nil {
-		return framework.DeadLetter{}, err
+		return driver.DeadLetter{}, err
 	}
 	dls, err := scanDeadLetters(rows)
 	if err != nil {
-		return framework.DeadLetter{}, err
+		return driver.DeadLetter{}, err
 	}
 	if len(dls) == 1 {
 		dl := dls[0]
-		dl.Status, dl.Resolution = framework.DeadLetterPending, framework.Resolution{}
+		dl.Status, dl.Resolution = driver.DeadLetterPending, driver.Resolution{}
 		return dl, nil
 	}
 	var status string
 	err = tx.QueryRowxContext(ctx, s.q.sql(qDeadLetterStatus), id).Scan(&status)
 	if errors.Is(err, sql.ErrNoRows) {
-		return framework.DeadLetter{}, framework.ErrNotFound
+		return driver.DeadLetter{}, driver.ErrNotFound
 	}
 	if err != nil {
-		return framework.DeadLetter{}, err
+		return driver.DeadLetter{}, err
 	}
-	return framework.DeadLetter{}, fmt.Errorf("%w: %s", framework.ErrNotPending, status)
+	return driver.DeadLetter{}, fmt.Errorf("%w: %s", driver.ErrNotPending, status)
 }
 
-// DeadLetterHistory implements framework.Store: the entries in the order
-// they were written. It returns framework.ErrNotFound when there is no
+// DeadLetterHistory implements driver.Store: the entries in the order
+// they were written. It returns driver.ErrNotFound when there is no
 // dead letter id (every dead letter has its first failure).
-func (s *Store) DeadLetterHistory(ctx context.Context, id int64) (_ []framework.HistoryEntry, err error) {
+func (s *Store) DeadLetterHistory(ctx context.Context, id int64) (_ []driver.HistoryEntry, err error) {
 	rows, err := s.db.QueryxContext(ctx, s.q.sql(qDeadLetterHistory), id)
 	if err != nil {
 		return nil, fmt.Errorf("history of dead letter %d: %w", id, err)
@@ -315,38 +316,38 @@ func (s *Store) DeadLetterHistory(ctx context.Context, id int64) (_ []framework.
 			err = fmt.Errorf("history of dead letter %d: %w", id, cerr)
 		}
 	}()
-	var out []framework.HistoryEntry
+	var out []driver.HistoryEntry
 	for rows.Next() {
 		var (
-			h          framework.HistoryEntry
+			h          driver.HistoryEntry
 			at         timeValue
 			kind, code string
 		)
 		if err := rows.Scan(&at, &kind, &code, &h.Attempts, &h.Deliveries, &h.By, &h.Reason); err != nil {
 			return nil, fmt.Errorf("history of dead letter %d: scan: %w", id, err)
 		}
-		h.At, h.Kind, h.Code = at.t, framework.HistoryKind(kind), framework.Code(code)
+		h.At, h.Kind, h.Code = at.t, driver.HistoryKind(kind), framework.Code(code)
 		out = append(out, h)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("history of dead letter %d: %w", id, err)
 	}
 	if len(out) == 0 {
-		return nil, fmt.Errorf("history of dead letter %d: %w", id, framework.ErrNotFound)
+		return nil, fmt.Errorf("history of dead letter %d: %w", id, driver.ErrNotFound)
 	}
 	return out, nil
 }
 
-func scanDeadLetters(rows *sqlx.Rows) (_ []framework.DeadLetter, err error) {
+func scanDeadLetters(rows *sqlx.Rows) (_ []driver.DeadLetter, err error) {
 	defer func() {
 		if cerr := rows.Close(); err == nil && cerr != nil {
 			err = cerr
 		}
 	}()
-	var out []framework.DeadLetter
+	var out []driver.DeadLetter
 	for rows.Next() {
 		var (
-			dl                      framework.DeadLetter
+			dl                      driver.DeadLetter
 			code, status            string
 			first, last, resolvedAt timeValue
 			meta                    []byte
@@ -359,13 +360,13 @@ func scanDeadLetters(rows *sqlx.Rows) (_ []framework.DeadLetter, err error) {
 			return nil, fmt.Errorf("scan dead letter: %w", err)
 		}
 		dl.Code = framework.Code(code)
-		dl.Status = framework.DeadLetterStatus(status)
+		dl.Status = driver.DeadLetterStatus(status)
 		dl.FirstFailedAt, dl.LastFailedAt = first.t, last.t
 		if dl.Metadata, err = decodeMetadata(meta); err != nil {
 			return nil, fmt.Errorf("dead letter %d: %w", dl.ID, err)
 		}
-		if dl.Status != framework.DeadLetterPending {
-			dl.Resolution = framework.Resolution{
+		if dl.Status != driver.DeadLetterPending {
+			dl.Resolution = driver.Resolution{
 				Status: dl.Status,
 				By:     resolvedBy.String,
 				Reason: resolveWhy.String,

@@ -12,9 +12,10 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
-// The SQL of the operator's views (framework.Inspector). Each reads
+// The SQL of the operator's views (driver.Inspector). Each reads
 // through an index: the outbox's unique (source, event_id), the dead
 // letters' (source, event_id), the marks' primary key (consumer, source,
 // event_id) per consumer, the marks' processed_at, the dead letters'
@@ -51,11 +52,11 @@ ORDER BY p.consumer, p.subject, p.seq`
 // consumer.
 const inspectDeadLetterLimit = 1000
 
-var _ framework.Inspector = (*Store)(nil)
+var _ driver.Inspector = (*Store)(nil)
 
-// InspectEvent implements framework.Inspector.
-func (s *Store) InspectEvent(ctx context.Context, key framework.Key) (framework.EventRecord, error) {
-	rec := framework.EventRecord{Key: key}
+// InspectEvent implements driver.Inspector.
+func (s *Store) InspectEvent(ctx context.Context, key framework.Key) (driver.EventRecord, error) {
+	rec := driver.EventRecord{Key: key}
 	var err error
 	if !storableText(key.Source, key.ID) {
 		// No row holds it (PostgreSQL would refuse the query): only the
@@ -83,9 +84,9 @@ func (s *Store) InspectEvent(ctx context.Context, key framework.Key) (framework.
 	return rec, nil
 }
 
-func (s *Store) inspectOutbox(ctx context.Context, key framework.Key) (*framework.OutboxRecord, error) {
+func (s *Store) inspectOutbox(ctx context.Context, key framework.Key) (*driver.OutboxRecord, error) {
 	var (
-		o             framework.OutboxRecord
+		o             driver.OutboxRecord
 		created, sent timeValue
 	)
 	err := s.db.QueryRowxContext(ctx, s.q.sql(qInspectOutbox), key.Source, key.ID).
@@ -100,16 +101,16 @@ func (s *Store) inspectOutbox(ctx context.Context, key framework.Key) (*framewor
 	return &o, nil
 }
 
-func (s *Store) inspectMarks(ctx context.Context, key framework.Key) (_ []framework.ProcessedMark, err error) {
+func (s *Store) inspectMarks(ctx context.Context, key framework.Key) (_ []driver.ProcessedMark, err error) {
 	rows, err := s.db.QueryxContext(ctx, s.q.sql(qInspectMarks), key.Source, key.ID)
 	if err != nil {
 		return nil, fmt.Errorf("processed marks: %w", err)
 	}
 	defer closeRows(rows, &err)
-	var out []framework.ProcessedMark
+	var out []driver.ProcessedMark
 	for rows.Next() {
 		var (
-			m  framework.ProcessedMark
+			m  driver.ProcessedMark
 			at timeValue
 		)
 		if err := rows.Scan(&m.Consumer, &at); err != nil {
@@ -126,12 +127,12 @@ func (s *Store) inspectMarks(ctx context.Context, key framework.Key) (_ []framew
 
 // inspectDeadLetters returns the dead letters of key, each with its
 // history.
-func (s *Store) inspectDeadLetters(ctx context.Context, key framework.Key) ([]framework.DeadLetterRecord, error) {
-	dls, err := s.DeadLetters(ctx, framework.DeadLetterFilter{Source: key.Source, EventID: key.ID, Limit: inspectDeadLetterLimit})
+func (s *Store) inspectDeadLetters(ctx context.Context, key framework.Key) ([]driver.DeadLetterRecord, error) {
+	dls, err := s.DeadLetters(ctx, driver.DeadLetterFilter{Source: key.Source, EventID: key.ID, Limit: inspectDeadLetterLimit})
 	if err != nil {
 		return nil, err
 	}
-	var out []framework.DeadLetterRecord
+	var out []driver.DeadLetterRecord
 	for _, dl := range dls {
 		if dl.Key() != key {
 			continue // an empty Source filters nothing
@@ -140,21 +141,21 @@ func (s *Store) inspectDeadLetters(ctx context.Context, key framework.Key) ([]fr
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, framework.DeadLetterRecord{DeadLetter: dl, History: h})
+		out = append(out, driver.DeadLetterRecord{DeadLetter: dl, History: h})
 	}
 	return out, nil
 }
 
-func (s *Store) inspectParked(ctx context.Context, key framework.Key) (_ []framework.ParkedEvent, err error) {
+func (s *Store) inspectParked(ctx context.Context, key framework.Key) (_ []driver.ParkedEvent, err error) {
 	rows, err := s.db.QueryxContext(ctx, s.q.sql(qInspectParked), key.Source, key.ID)
 	if err != nil {
 		return nil, fmt.Errorf("parked events: %w", err)
 	}
 	defer closeRows(rows, &err)
-	var out []framework.ParkedEvent
+	var out []driver.ParkedEvent
 	for rows.Next() {
 		var (
-			p          = framework.ParkedEvent{Key: key}
+			p          = driver.ParkedEvent{Key: key}
 			at         timeValue
 			reason     string
 			checkpoint int64
@@ -173,24 +174,24 @@ func (s *Store) inspectParked(ctx context.Context, key framework.Key) (_ []frame
 	return out, nil
 }
 
-// InspectConsumers implements framework.Inspector.
-func (s *Store) InspectConsumers(ctx context.Context, since time.Time) (framework.ConsumersRecord, error) {
-	var rec framework.ConsumersRecord
-	figures := make(map[string]*framework.ConsumerFigures)
+// InspectConsumers implements driver.Inspector.
+func (s *Store) InspectConsumers(ctx context.Context, since time.Time) (driver.ConsumersRecord, error) {
+	var rec driver.ConsumersRecord
+	figures := make(map[string]*driver.ConsumerFigures)
 	for _, c := range []struct {
 		what  string
 		query string
 		args  []any
-		field func(f *framework.ConsumerFigures) *int64
+		field func(f *driver.ConsumerFigures) *int64
 	}{
-		{"processed marks", qProcessedSince, []any{s.dialect.timeArg(since)}, func(f *framework.ConsumerFigures) *int64 { return &f.Processed }},
-		{"pending dead letters", qPendingCounts, nil, func(f *framework.ConsumerFigures) *int64 { return &f.PendingDeadLetters }},
-		{"parked events", qParkedCounts, nil, func(f *framework.ConsumerFigures) *int64 { return &f.Parked }},
+		{"processed marks", qProcessedSince, []any{s.dialect.timeArg(since)}, func(f *driver.ConsumerFigures) *int64 { return &f.Processed }},
+		{"pending dead letters", qPendingCounts, nil, func(f *driver.ConsumerFigures) *int64 { return &f.PendingDeadLetters }},
+		{"parked events", qParkedCounts, nil, func(f *driver.ConsumerFigures) *int64 { return &f.Parked }},
 	} {
 		if err := s.countPerConsumer(ctx, c.query, c.args, func(consumer string, n int64) {
 			f := figures[consumer]
 			if f == nil {
-				f = &framework.ConsumerFigures{Consumer: consumer}
+				f = &driver.ConsumerFigures{Consumer: consumer}
 				figures[consumer] = f
 			}
 			*c.field(f) = n
@@ -201,7 +202,7 @@ func (s *Store) InspectConsumers(ctx context.Context, since time.Time) (framewor
 	for _, f := range figures {
 		rec.Consumers = append(rec.Consumers, *f)
 	}
-	slices.SortFunc(rec.Consumers, func(a, b framework.ConsumerFigures) int { return strings.Compare(a.Consumer, b.Consumer) })
+	slices.SortFunc(rec.Consumers, func(a, b driver.ConsumerFigures) int { return strings.Compare(a.Consumer, b.Consumer) })
 	var oldest timeValue
 	if err := s.db.QueryRowxContext(ctx, s.q.sql(qUnsentOutbox)).Scan(&rec.Unsent, &oldest); err != nil {
 		return rec, fmt.Errorf("inspect consumers: unsent outbox rows: %w", err)

@@ -8,9 +8,10 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
-// The SQL of strict order (framework.Store).
+// The SQL of strict order (driver.Store).
 const (
 	// qOrderEnsure makes sure the subject has a checkpoint row (seq 0: none
 	// yet), so that the next statement can lock it.
@@ -44,10 +45,10 @@ gone AS (DELETE FROM {p}parked_events WHERE consumer = ? AND subject = ? AND seq
 SELECT (SELECT t FROM taken), ` + qOrderParkedAfter
 )
 
-var _ framework.Store = (*Store)(nil)
+var _ driver.Store = (*Store)(nil)
 
-// Checkpoint implements framework.Store.
-func (s *Store) Checkpoint(ctx context.Context, tx *framework.Tx, consumer, subject string) (int64, error) {
+// Checkpoint implements driver.Store.
+func (s *Store) Checkpoint(ctx context.Context, tx *driver.Tx, consumer, subject string) (int64, error) {
 	if !tx.HasDB() {
 		return 0, fmt.Errorf("checkpoint of %s for %s: %w", subject, consumer, ErrNoTx)
 	}
@@ -65,7 +66,7 @@ func (s *Store) Checkpoint(ctx context.Context, tx *framework.Tx, consumer, subj
 	return seq, nil
 }
 
-// WaitGap implements framework.Store, in one transaction.
+// WaitGap implements driver.Store, in one transaction.
 func (s *Store) WaitGap(ctx context.Context, consumer, subject string, seq int64, key framework.Key, body []byte) (time.Duration, error) {
 	tx, err := s.db.BeginTxx(ctx, nil)
 	if err != nil {
@@ -120,18 +121,18 @@ func (s *Store) lockCheckpoint(ctx context.Context, tx *sqlx.Tx, consumer, subje
 	return c, nil
 }
 
-// EndWait implements framework.Store. Without a transaction it
+// EndWait implements driver.Store. Without a transaction it
 // commits on its own and reports no parked events. In tx, when events
 // are parked after seq, it also moves the checkpoint past the discarded
 // dead letters right after it (see Skip).
-func (s *Store) EndWait(ctx context.Context, tx *framework.Tx, consumer, subject string, seq int64, key framework.Key) (bool, error) {
+func (s *Store) EndWait(ctx context.Context, tx *driver.Tx, consumer, subject string, seq int64, key framework.Key) (bool, error) {
 	var taken, parked bool
 	read := func(q sqlx.QueryerContext, query string, args ...any) error {
 		if err := q.QueryRowxContext(ctx, s.q.sql(query), args...).Scan(&taken, &parked); err != nil {
 			return fmt.Errorf("end the wait of %s #%d for %s: %w", subject, seq, consumer, err)
 		}
 		if taken {
-			return fmt.Errorf("end the wait of %s #%d for %s: %w", subject, seq, consumer, framework.ErrSequenceTaken)
+			return fmt.Errorf("end the wait of %s #%d for %s: %w", subject, seq, consumer, driver.ErrSequenceTaken)
 		}
 		return nil
 	}

@@ -10,9 +10,10 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
-// The SQL of the events parked behind a dead letter (framework.Store).
+// The SQL of the events parked behind a dead letter (driver.Store).
 // A row of parked_events is a wait behind a gap (reason gap, see
 // WaitGap), a dead letter that the later events of its subject wait
 // behind (dead_letter, see HoldDeadLetter), one of those events (parked,
@@ -106,8 +107,8 @@ func (s *Store) hold(ctx context.Context, tx *sqlx.Tx, consumer, subject string,
 	return err
 }
 
-// Park implements framework.Store.
-func (s *Store) Park(ctx context.Context, tx *framework.Tx, p framework.ParkedEvent) (bool, error) {
+// Park implements driver.Store.
+func (s *Store) Park(ctx context.Context, tx *driver.Tx, p driver.ParkedEvent) (bool, error) {
 	if !tx.HasDB() {
 		return false, fmt.Errorf("park %s #%d for %s: %w", p.Subject, p.Seq, p.Consumer, ErrNoTx)
 	}
@@ -135,7 +136,7 @@ func (s *Store) Park(ctx context.Context, tx *framework.Tx, p framework.ParkedEv
 	case err != nil:
 		return false, fmt.Errorf("park %s #%d for %s: rows affected: %w", p.Subject, p.Seq, p.Consumer, err)
 	case n == 0:
-		return false, fmt.Errorf("park %s #%d for %s: %w", p.Subject, p.Seq, p.Consumer, framework.ErrSequenceTaken)
+		return false, fmt.Errorf("park %s #%d for %s: %w", p.Subject, p.Seq, p.Consumer, driver.ErrSequenceTaken)
 	}
 	if _, err := tx.ExecContext(ctx, s.q.sql(qUnmark), p.Consumer, p.Key.Source, p.Key.ID); err != nil {
 		return false, fmt.Errorf("park %s #%d for %s: remove the mark: %w", p.Subject, p.Seq, p.Consumer, err)
@@ -143,8 +144,8 @@ func (s *Store) Park(ctx context.Context, tx *framework.Tx, p framework.ParkedEv
 	return true, nil
 }
 
-// ParkGap implements framework.Store, in one transaction.
-func (s *Store) ParkGap(ctx context.Context, p framework.ParkedEvent) (bool, error) {
+// ParkGap implements driver.Store, in one transaction.
+func (s *Store) ParkGap(ctx context.Context, p driver.ParkedEvent) (bool, error) {
 	meta, err := encodeMetadata(p.Metadata)
 	if err != nil {
 		return false, fmt.Errorf("park %s #%d for %s behind a gap: %w", p.Subject, p.Seq, p.Consumer, err)
@@ -186,15 +187,15 @@ func (s *Store) ParkGap(ctx context.Context, p framework.ParkedEvent) (bool, err
 		case err != nil:
 			return err
 		case owner.Reason != "gap" && (owner.Source != p.Key.Source || owner.EventID != p.Key.ID):
-			return framework.ErrSequenceTaken
+			return driver.ErrSequenceTaken
 		}
 		return nil
 	}, "park %s #%d for %s behind a gap", p.Subject, p.Seq, p.Consumer)
 	return parked, err
 }
 
-// Parked implements framework.Store.
-func (s *Store) Parked(ctx context.Context, f framework.ParkedFilter) (_ []framework.ParkedEvent, err error) {
+// Parked implements driver.Store.
+func (s *Store) Parked(ctx context.Context, f driver.ParkedFilter) (_ []driver.ParkedEvent, err error) {
 	if !storableText(f.Consumer, f.Subject) {
 		return nil, nil // no row holds it (PostgreSQL would refuse the query)
 	}
@@ -228,10 +229,10 @@ func (s *Store) Parked(ctx context.Context, f framework.ParkedFilter) (_ []frame
 			err = fmt.Errorf("list parked events: %w", cerr)
 		}
 	}()
-	var out []framework.ParkedEvent
+	var out []driver.ParkedEvent
 	for rows.Next() {
 		var (
-			p          framework.ParkedEvent
+			p          driver.ParkedEvent
 			meta       []byte
 			at         timeValue
 			reason     string
@@ -255,7 +256,7 @@ func (s *Store) Parked(ctx context.Context, f framework.ParkedFilter) (_ []frame
 	return out, nil
 }
 
-// Skip implements framework.Store, in one transaction. It takes the
+// Skip implements driver.Store, in one transaction. It takes the
 // subject's checkpoint as an attempt does: a hold whose turn has come is
 // removed and the checkpoint moves onto it; one behind an event that has
 // not taken effect yet becomes a skip, which the checkpoint moves past
@@ -266,7 +267,7 @@ func (s *Store) Skip(ctx context.Context, consumer, subject string, key framewor
 	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
 		if err := tx.GetContext(ctx, &seq, s.q.sql(qSkipFind), consumer, subject, key.Source, key.ID); err != nil {
 			if errors.Is(err, sql.ErrNoRows) {
-				return framework.ErrNotFound
+				return driver.ErrNotFound
 			}
 			return err
 		}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
-	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 const (
@@ -27,11 +27,11 @@ ON CONFLICT (kind) DO UPDATE SET purged_before = CASE
 	qHorizons = `SELECT kind, purged_before FROM {p}purge_horizons`
 )
 
-var _ framework.Store = (*Store)(nil)
+var _ driver.Store = (*Store)(nil)
 
-// PurgeProcessed implements framework.Store: one transaction, which also
+// PurgeProcessed implements driver.Store: one transaction, which also
 // records, when it deleted any mark, that marks processed before before
-// may be gone (framework.PurgeHorizons).
+// may be gone (driver.PurgeHorizons).
 func (s *Store) PurgeProcessed(ctx context.Context, before time.Time, limit int) (int64, error) {
 	var n int64
 	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
@@ -45,7 +45,7 @@ func (s *Store) PurgeProcessed(ctx context.Context, before time.Time, limit int)
 		if n == 0 {
 			return nil
 		}
-		return s.horizons().Record(ctx, tx, framework.PurgeProcessed, before)
+		return s.horizons().Record(ctx, tx, driver.PurgeProcessed, before)
 	}, "purge marks processed before %s", before.UTC().Format(time.RFC3339))
 	if err != nil {
 		return 0, err
@@ -54,7 +54,7 @@ func (s *Store) PurgeProcessed(ctx context.Context, before time.Time, limit int)
 }
 
 // Horizons records how far the purges deleted, in the table
-// purge_horizons, and reads it back (see framework.PurgeHorizons).
+// purge_horizons, and reads it back (see driver.PurgeHorizons).
 type Horizons struct {
 	dialect      Dialect
 	record, read string
@@ -81,7 +81,7 @@ func NewHorizons(d Dialect, prefix string) (*Horizons, error) {
 // Record records in ex, the purge's transaction, that the rows of kind
 // older than before may be gone. An earlier horizon that reaches further
 // is kept.
-func (h *Horizons) Record(ctx context.Context, ex sqlx.ExecerContext, kind framework.PurgeKind, before time.Time) error {
+func (h *Horizons) Record(ctx context.Context, ex sqlx.ExecerContext, kind driver.PurgeKind, before time.Time) error {
 	if kind == "" {
 		return errors.New("record purge horizon: empty kind")
 	}
@@ -92,8 +92,8 @@ func (h *Horizons) Record(ctx context.Context, ex sqlx.ExecerContext, kind frame
 }
 
 // Read returns the horizons recorded in q.
-func (h *Horizons) Read(ctx context.Context, q sqlx.QueryerContext) (_ framework.PurgeHorizons, err error) {
-	var hs framework.PurgeHorizons
+func (h *Horizons) Read(ctx context.Context, q sqlx.QueryerContext) (_ driver.PurgeHorizons, err error) {
+	var hs driver.PurgeHorizons
 	rows, err := q.QueryxContext(ctx, h.read)
 	if err != nil {
 		return hs, fmt.Errorf("read purge horizons: %w", err)
@@ -111,12 +111,12 @@ func (h *Horizons) Read(ctx context.Context, q sqlx.QueryerContext) (_ framework
 		if err := rows.Scan(&kind, &at); err != nil {
 			return hs, fmt.Errorf("read purge horizons: %w", err)
 		}
-		switch framework.PurgeKind(kind) {
-		case framework.PurgeProcessed:
+		switch driver.PurgeKind(kind) {
+		case driver.PurgeProcessed:
 			hs.Processed = at.t
-		case framework.PurgeOutbox:
+		case driver.PurgeOutbox:
 			hs.Outbox = at.t
-		case framework.PurgeDeadLetters:
+		case driver.PurgeDeadLetters:
 			hs.DeadLetters = at.t
 		}
 	}

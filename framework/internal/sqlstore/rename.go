@@ -7,6 +7,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 // The SQL of a consumer's rename: the new name adopts the processed marks,
@@ -73,9 +74,9 @@ WHERE {p}parked_events.reason = 'gap' AND excluded.reason <> 'gap'`
 	qDropParked = `DELETE FROM {p}parked_events WHERE consumer = ?`
 )
 
-var _ framework.Store = (*Store)(nil)
+var _ driver.Store = (*Store)(nil)
 
-// Adopt implements framework.Store, in one transaction. The dead letters
+// Adopt implements driver.Store, in one transaction. The dead letters
 // of the old name move to the new one, each with an adopted entry in its
 // history (By is the old name). When both names have a dead letter of the
 // same event, the new name's is kept: the old one's history joins it
@@ -134,7 +135,7 @@ func (s *Store) Adopt(ctx context.Context, consumer, from string) (int64, error)
 // that the adoption of the dead letters, which comes after, moves it to
 // consumer: two events took one step of a subject, one under each name,
 // and the one that loses it is a dead letter, as it is when both come to
-// one name (see framework.ErrSequenceTaken).
+// one name (see driver.ErrSequenceTaken).
 func (s *Store) conflictsToDeadLetters(ctx context.Context, tx *sqlx.Tx, consumer, from string) error {
 	var conflicts []parkedConflict
 	if err := tx.SelectContext(ctx, &conflicts, s.q.sql(qAdoptConflicts), consumer, from); err != nil {
@@ -142,7 +143,7 @@ func (s *Store) conflictsToDeadLetters(ctx context.Context, tx *sqlx.Tx, consume
 	}
 	now := s.now()
 	for _, c := range conflicts {
-		p := framework.ParkedEvent{
+		p := driver.ParkedEvent{
 			Consumer: from, Subject: c.Subject, Seq: c.Seq,
 			Key: framework.Key{Source: c.Source, ID: c.EventID}, Topic: c.Topic, Body: c.Body,
 		}
@@ -237,7 +238,7 @@ func (s *Store) mergeDeadLetter(ctx context.Context, tx *sqlx.Tx, c conflict, at
 		{qMoveHistory, []any{c.kept, c.old}},
 		{qMoveReplaysOfDL, []any{c.kept, c.old}},
 		{qMergeDeadLetters, []any{c.repeats + 1, first, first, c.kept}},
-		{qAddHistory, []any{c.kept, at, string(framework.HistoryAdopted), "", 0, 0, from, reason}},
+		{qAddHistory, []any{c.kept, at, string(driver.HistoryAdopted), "", 0, 0, from, reason}},
 		{qDropDeadLetter, []any{c.old}},
 	} {
 		if _, err := tx.ExecContext(ctx, s.q.sql(q.sql), q.args...); err != nil {

@@ -11,7 +11,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
-	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 // The replays' SQL. A replay is a row of its own: the same dead letter
@@ -28,7 +28,7 @@ VALUES (?, ?, ?, ?, ?, ?)`
 	// the lease ends. On SQLite the write lock makes claims take turns.
 	// Of the oldest rows up to the limit, it takes the first and each next
 	// one while the bodies up to it come to at most a byte budget
-	// (framework.ReplayClaimBytes); octet_length reads a body's size, not
+	// (driver.ReplayClaimBytes); octet_length reads a body's size, not
 	// its overflow pages. RETURNING gives no order: the caller sorts by
 	// id. Its arguments: the lease's end, now, the limit, the budget.
 	qClaimReplays = `UPDATE {p}replays SET claimed_until = ?
@@ -68,8 +68,8 @@ RETURNING r.id, r.dead_letter_id, r.consumer, r.topic, r.body, r.metadata, r.cre
 	qReplayExists = `SELECT id FROM {p}replays WHERE id = ?`
 )
 
-// AddReplays implements framework.Store, in a transaction of its own.
-func (s *Store) AddReplays(ctx context.Context, rs []framework.Replay) error {
+// AddReplays implements driver.Store, in a transaction of its own.
+func (s *Store) AddReplays(ctx context.Context, rs []driver.Replay) error {
 	if len(rs) == 0 {
 		return nil
 	}
@@ -88,7 +88,7 @@ func (s *Store) AddReplays(ctx context.Context, rs []framework.Replay) error {
 }
 
 // addReplays inserts rs inside tx, created at at.
-func (s *Store) addReplays(ctx context.Context, tx *sqlx.Tx, rs []framework.Replay, at time.Time) error {
+func (s *Store) addReplays(ctx context.Context, tx *sqlx.Tx, rs []driver.Replay, at time.Time) error {
 	query := s.q.sql(qAddReplay)
 	for _, r := range rs {
 		if r.Consumer == "" {
@@ -110,12 +110,12 @@ func (s *Store) addReplays(ctx context.Context, tx *sqlx.Tx, rs []framework.Repl
 	return nil
 }
 
-// ClaimReplays implements framework.Store: a lease (claimed_until) on
+// ClaimReplays implements driver.Store: a lease (claimed_until) on
 // both dialects, taken in one statement by the store's clock, after a
 // read that finds whether any replay is due (the relay polls: an idle
 // poll writes nothing). On PostgreSQL the statement runs in a transaction
 // that reads the table through its indexes only (qIndexScansOnly).
-func (s *Store) ClaimReplays(ctx context.Context, limit int, lease time.Duration) ([]framework.Replay, error) {
+func (s *Store) ClaimReplays(ctx context.Context, limit int, lease time.Duration) ([]driver.Replay, error) {
 	if limit <= 0 {
 		return nil, fmt.Errorf("claim replays: limit %d, want at least 1", limit)
 	}
@@ -131,21 +131,21 @@ func (s *Store) ClaimReplays(ctx context.Context, limit int, lease time.Duration
 	if !due {
 		return nil, nil
 	}
-	args := []any{until, nowArg, limit, framework.ReplayClaimBytes}
+	args := []any{until, nowArg, limit, driver.ReplayClaimBytes}
 	if s.dialect == Postgres {
-		args = []any{nowArg, limit, framework.ReplayClaimBytes, until}
+		args = []any{nowArg, limit, driver.ReplayClaimBytes, until}
 	}
 	out, err := s.claimReplaysIn(ctx, args)
 	if err != nil {
 		return nil, fmt.Errorf("claim replays: %w", err)
 	}
-	slices.SortFunc(out, func(a, b framework.Replay) int { return cmp.Compare(a.ID, b.ID) })
+	slices.SortFunc(out, func(a, b driver.Replay) int { return cmp.Compare(a.ID, b.ID) })
 	return out, nil
 }
 
 // claimReplaysIn runs the claim of replays with args: on SQLite alone, on
 // PostgreSQL in a transaction of its own after qIndexScansOnly.
-func (s *Store) claimReplaysIn(ctx context.Context, args []any) ([]framework.Replay, error) {
+func (s *Store) claimReplaysIn(ctx context.Context, args []any) ([]driver.Replay, error) {
 	if s.dialect != Postgres {
 		rows, err := s.db.QueryxContext(ctx, s.claimReplays, args...)
 		if err != nil {
@@ -175,8 +175,8 @@ func (s *Store) claimReplaysIn(ctx context.Context, args []any) ([]framework.Rep
 	return out, nil
 }
 
-// ReplaySent implements framework.Store. A replay marked sent before stays
-// as it was; an unknown id is framework.ErrNotFound.
+// ReplaySent implements driver.Store. A replay marked sent before stays
+// as it was; an unknown id is driver.ErrNotFound.
 func (s *Store) ReplaySent(ctx context.Context, id int64) error {
 	res, err := s.db.ExecContext(ctx, s.q.sql(qReplaySent), s.dialect.timeArg(s.now()), id)
 	if err != nil {
@@ -192,7 +192,7 @@ func (s *Store) ReplaySent(ctx context.Context, id int64) error {
 	var got int64
 	err = s.db.QueryRowxContext(ctx, s.q.sql(qReplayExists), id).Scan(&got)
 	if errors.Is(err, sql.ErrNoRows) {
-		return fmt.Errorf("mark replay %d sent: %w", id, framework.ErrNotFound)
+		return fmt.Errorf("mark replay %d sent: %w", id, driver.ErrNotFound)
 	}
 	if err != nil {
 		return fmt.Errorf("mark replay %d sent: %w", id, err)
@@ -201,16 +201,16 @@ func (s *Store) ReplaySent(ctx context.Context, id int64) error {
 }
 
 // scanReplays reads and closes rows of replayColumns.
-func scanReplays(rows *sqlx.Rows) (_ []framework.Replay, err error) {
+func scanReplays(rows *sqlx.Rows) (_ []driver.Replay, err error) {
 	defer func() {
 		if cerr := rows.Close(); err == nil && cerr != nil {
 			err = cerr
 		}
 	}()
-	var out []framework.Replay
+	var out []driver.Replay
 	for rows.Next() {
 		var (
-			r       framework.Replay
+			r       driver.Replay
 			meta    []byte
 			created timeValue
 		)

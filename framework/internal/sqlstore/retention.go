@@ -9,10 +9,11 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
-// The SQL of the purges past retention (framework.Purger) and of the
-// gauges (framework.Gauges). Each purge statement deletes a batch chosen
+// The SQL of the purges past retention (driver.Purger) and of the
+// gauges (driver.Gauges). Each purge statement deletes a batch chosen
 // by a subquery with a LIMIT, so that a transaction stays short.
 const (
 	// deliveriesFinished says which delivery counts belong to messages
@@ -61,35 +62,35 @@ WHERE {p}leases.holder = excluded.holder OR {p}leases.expires_at < ?`
 )
 
 var (
-	_ framework.Purger = (*Store)(nil)
-	_ framework.Gauges = (*Store)(nil)
+	_ driver.Purger = (*Store)(nil)
+	_ driver.Gauges = (*Store)(nil)
 )
 
 // sinceEver is the time a purge of delivery counts gives for "no time":
 // only the counts of messages that finished go.
 var sinceEver = time.Unix(0, 0)
 
-// PurgeBatch implements framework.Purger.
-func (s *Store) PurgeBatch(ctx context.Context, kind framework.PurgeKind, before time.Time, limit int) (int64, error) {
+// PurgeBatch implements driver.Purger.
+func (s *Store) PurgeBatch(ctx context.Context, kind driver.PurgeKind, before time.Time, limit int) (int64, error) {
 	switch kind {
-	case framework.PurgeProcessed:
+	case driver.PurgeProcessed:
 		return s.PurgeProcessed(ctx, before, limit)
-	case framework.PurgeDeliveries:
+	case driver.PurgeDeliveries:
 		if before.IsZero() {
 			before = sinceEver
 		}
 		return s.purgeBatch(ctx, kind, before, func(tx *sqlx.Tx) (int64, error) {
 			return rowsAffected(tx.ExecContext(ctx, s.q.sql(qPurgeDeliveries), s.dialect.timeArg(before), limit))
 		})
-	case framework.PurgeOutbox:
+	case driver.PurgeOutbox:
 		return s.purgeBatch(ctx, kind, before, func(tx *sqlx.Tx) (int64, error) {
 			return rowsAffected(tx.ExecContext(ctx, s.q.sql(qOutboxCleanup), s.dialect.timeArg(before), limit))
 		})
-	case framework.PurgeReplays:
+	case driver.PurgeReplays:
 		return s.purgeBatch(ctx, kind, before, func(tx *sqlx.Tx) (int64, error) {
 			return rowsAffected(tx.ExecContext(ctx, s.q.sql(qPurgeReplays), s.dialect.timeArg(before), limit))
 		})
-	case framework.PurgeDeadLetters:
+	case driver.PurgeDeadLetters:
 		return s.purgeBatch(ctx, kind, before, func(tx *sqlx.Tx) (int64, error) {
 			return s.purgeDeadLetters(ctx, tx, before, limit)
 		})
@@ -99,11 +100,11 @@ func (s *Store) PurgeBatch(ctx context.Context, kind framework.PurgeKind, before
 
 // purgeBatch runs del in a transaction that also records the horizon of
 // kind when del deleted rows (the delivery counts have none).
-func (s *Store) purgeBatch(ctx context.Context, kind framework.PurgeKind, before time.Time, del func(tx *sqlx.Tx) (int64, error)) (int64, error) {
+func (s *Store) purgeBatch(ctx context.Context, kind driver.PurgeKind, before time.Time, del func(tx *sqlx.Tx) (int64, error)) (int64, error) {
 	var n int64
 	err := s.inTx(ctx, func(tx *sqlx.Tx) error {
 		var err error
-		if n, err = del(tx); err != nil || n == 0 || kind == framework.PurgeDeliveries {
+		if n, err = del(tx); err != nil || n == 0 || kind == driver.PurgeDeliveries {
 			return err
 		}
 		return s.horizons().Record(ctx, tx, kind, before)
@@ -136,22 +137,22 @@ func (s *Store) purgeDeadLetters(ctx context.Context, tx *sqlx.Tx, before time.T
 	return int64(len(ids)), nil
 }
 
-// Purgeable implements framework.Purger.
-func (s *Store) Purgeable(ctx context.Context, kind framework.PurgeKind, before time.Time) (int64, error) {
+// Purgeable implements driver.Purger.
+func (s *Store) Purgeable(ctx context.Context, kind driver.PurgeKind, before time.Time) (int64, error) {
 	var q string
 	switch kind {
-	case framework.PurgeProcessed:
+	case driver.PurgeProcessed:
 		q = qCountProcessed
-	case framework.PurgeDeliveries:
+	case driver.PurgeDeliveries:
 		q = qCountDeliveries
 		if before.IsZero() {
 			before = sinceEver
 		}
-	case framework.PurgeOutbox:
+	case driver.PurgeOutbox:
 		q = qCountOutbox
-	case framework.PurgeReplays:
+	case driver.PurgeReplays:
 		q = qCountReplays
-	case framework.PurgeDeadLetters:
+	case driver.PurgeDeadLetters:
 		q = qCountDeadLetters
 	default:
 		return 0, fmt.Errorf("count what a purge deletes: unknown kind %q", kind)
@@ -163,7 +164,7 @@ func (s *Store) Purgeable(ctx context.Context, kind framework.PurgeKind, before 
 	return n, nil
 }
 
-// AcquireLease implements framework.Purger.
+// AcquireLease implements driver.Purger.
 func (s *Store) AcquireLease(ctx context.Context, name, holder string, ttl time.Duration) (bool, error) {
 	now := s.now()
 	n, err := rowsAffected(s.db.ExecContext(ctx, s.q.sql(qAcquireLease), name, holder, s.dialect.timeArg(now.Add(ttl)), s.dialect.timeArg(now)))
@@ -173,7 +174,7 @@ func (s *Store) AcquireLease(ctx context.Context, name, holder string, ttl time.
 	return n == 1, nil
 }
 
-// ReleaseLease implements framework.Purger.
+// ReleaseLease implements driver.Purger.
 func (s *Store) ReleaseLease(ctx context.Context, name, holder string) error {
 	if _, err := s.db.ExecContext(ctx, s.q.sql(qReleaseLease), name, holder); err != nil {
 		return fmt.Errorf("release lease %s: %w", name, err)
@@ -181,10 +182,10 @@ func (s *Store) ReleaseLease(ctx context.Context, name, holder string) error {
 	return nil
 }
 
-// Figures implements framework.Gauges.
-func (s *Store) Figures(ctx context.Context) (framework.Figures, error) {
+// Figures implements driver.Gauges.
+func (s *Store) Figures(ctx context.Context) (driver.Figures, error) {
 	var (
-		f       framework.Figures
+		f       driver.Figures
 		pending []struct {
 			Consumer string `db:"consumer"`
 			Code     string `db:"code"`
@@ -202,10 +203,10 @@ func (s *Store) Figures(ctx context.Context) (framework.Figures, error) {
 		return f, fmt.Errorf("count parked events: %w", err)
 	}
 	for _, p := range pending {
-		f.PendingDeadLetters = append(f.PendingDeadLetters, framework.PendingCount{Consumer: p.Consumer, Code: framework.Code(p.Code), Count: p.Count})
+		f.PendingDeadLetters = append(f.PendingDeadLetters, driver.PendingCount{Consumer: p.Consumer, Code: framework.Code(p.Code), Count: p.Count})
 	}
 	for _, p := range parked {
-		f.Parked = append(f.Parked, framework.ParkedCount{Consumer: p.Consumer, Count: p.Count})
+		f.Parked = append(f.Parked, driver.ParkedCount{Consumer: p.Consumer, Count: p.Count})
 	}
 	return f, nil
 }

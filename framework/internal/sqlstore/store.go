@@ -15,6 +15,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 // DefaultDeadLetterLimit is how many dead letters DeadLetters returns when
@@ -25,9 +26,9 @@ const DefaultDeadLetterLimit = 100
 // transaction when they get none.
 var ErrNoTx = errors.New("no database transaction (give the unit of work the store's database)")
 
-// Store implements framework.Store (with MarkMany, which group commit
-// finds by type assertion), framework.Inspector, framework.Purger and
-// framework.Gauges over a PostgreSQL or SQLite database migrated with
+// Store implements driver.Store (with MarkMany, which group commit
+// finds by type assertion), driver.Inspector, driver.Purger and
+// driver.Gauges over a PostgreSQL or SQLite database migrated with
 // Migrations. postgres.Store and sqlite.Store embed it: its exported
 // methods are theirs, so add one here only when both public stores
 // should have it.
@@ -37,7 +38,7 @@ type Store struct {
 	now     func() time.Time
 	q       queries
 	// onResolve is Options.OnResolve.
-	onResolve func(framework.DeadLetter, framework.Resolution)
+	onResolve func(driver.DeadLetter, driver.Resolution)
 
 	mark, markMany, countMany, forgetDelivery        string
 	uncount                                          string
@@ -48,10 +49,10 @@ type Store struct {
 }
 
 var (
-	_ framework.Store     = (*Store)(nil)
-	_ framework.Inspector = (*Store)(nil)
-	_ framework.Purger    = (*Store)(nil)
-	_ framework.Gauges    = (*Store)(nil)
+	_ driver.Store     = (*Store)(nil)
+	_ driver.Inspector = (*Store)(nil)
+	_ driver.Purger    = (*Store)(nil)
+	_ driver.Gauges    = (*Store)(nil)
 )
 
 // Options configure a Store.
@@ -62,7 +63,7 @@ type Options struct {
 	Now func() time.Time
 	// OnResolve, when set, is called after each ResolveDeadLetter that
 	// committed, with the dead letter as it was and its resolution.
-	OnResolve func(framework.DeadLetter, framework.Resolution)
+	OnResolve func(driver.DeadLetter, driver.Resolution)
 }
 
 // New returns a Store on db, a database of dialect d.
@@ -103,8 +104,8 @@ func New(db *sqlx.DB, d Dialect, opts Options) (*Store, error) {
 	}, nil
 }
 
-// Mark implements framework.Store.
-func (s *Store) Mark(ctx context.Context, tx *framework.Tx, consumer string, key framework.Key) (bool, error) {
+// Mark implements driver.Store.
+func (s *Store) Mark(ctx context.Context, tx *driver.Tx, consumer string, key framework.Key) (bool, error) {
 	if !tx.HasDB() {
 		return false, fmt.Errorf("mark %s for %s: %w", key, consumer, ErrNoTx)
 	}
@@ -119,7 +120,7 @@ func (s *Store) Mark(ctx context.Context, tx *framework.Tx, consumer string, key
 	return n == 1, nil
 }
 
-// Count implements framework.Store: one statement, committed on its own,
+// Count implements driver.Store: one statement, committed on its own,
 // which counts the other deliveries asked for at the same time too (see
 // counts).
 func (s *Store) Count(ctx context.Context, consumer string, key framework.Key, first int) (int, error) {
@@ -131,7 +132,7 @@ func (s *Store) Count(ctx context.Context, consumer string, key framework.Key, f
 	return c.n, c.err
 }
 
-// Uncount implements framework.Store.
+// Uncount implements driver.Store.
 func (s *Store) Uncount(ctx context.Context, consumer string, key framework.Key) error {
 	if _, err := s.db.ExecContext(ctx, s.uncount, consumer, key.Source, key.ID, s.dialect.timeArg(s.now())); err != nil {
 		return fmt.Errorf("uncount delivery of %s to %s: %w", key, consumer, err)
@@ -139,8 +140,8 @@ func (s *Store) Uncount(ctx context.Context, consumer string, key framework.Key)
 	return nil
 }
 
-// Forget implements framework.Store.
-func (s *Store) Forget(ctx context.Context, tx *framework.Tx, consumer string, key framework.Key) error {
+// Forget implements driver.Store.
+func (s *Store) Forget(ctx context.Context, tx *driver.Tx, consumer string, key framework.Key) error {
 	if !tx.HasDB() {
 		return fmt.Errorf("forget delivery count of %s for %s: %w", key, consumer, ErrNoTx)
 	}
@@ -150,13 +151,13 @@ func (s *Store) Forget(ctx context.Context, tx *framework.Tx, consumer string, k
 	return nil
 }
 
-// encodeMetadata returns framework.StorableMetadata(m) as JSON text (no
+// encodeMetadata returns driver.StorableMetadata(m) as JSON text (no
 // NUL, which PostgreSQL's jsonb refuses even escaped); nil is "{}".
 func encodeMetadata(m map[string]string) (string, error) {
 	if len(m) == 0 {
 		return "{}", nil
 	}
-	b, err := json.Marshal(framework.StorableMetadata(m))
+	b, err := json.Marshal(driver.StorableMetadata(m))
 	if err != nil {
 		return "", fmt.Errorf("encode metadata: %w", err)
 	}
@@ -182,7 +183,7 @@ func decodeMetadata(b []byte) (map[string]string, error) {
 // round trip for the batch instead of one per event. The rows are
 // inserted in key order, so that two batches that mark some of the same
 // events wait for each other instead of deadlocking.
-func (s *Store) MarkMany(ctx context.Context, tx *framework.Tx, consumer string, keys []framework.Key) ([]bool, error) {
+func (s *Store) MarkMany(ctx context.Context, tx *driver.Tx, consumer string, keys []framework.Key) ([]bool, error) {
 	if !tx.HasDB() {
 		return nil, fmt.Errorf("mark %d events for %s: %w", len(keys), consumer, ErrNoTx)
 	}
@@ -230,7 +231,7 @@ func (s *Store) MarkMany(ctx context.Context, tx *framework.Tx, consumer string,
 // array of [source, id] pairs, which holds only valid UTF-8 without NUL:
 // keys of other text, which no decoded event has, are inserted with a
 // statement of their own size.
-func (s *Store) markRows(ctx context.Context, tx *framework.Tx, consumer string, keys []framework.Key) (*sql.Rows, error) {
+func (s *Store) markRows(ctx context.Context, tx *driver.Tx, consumer string, keys []framework.Key) (*sql.Rows, error) {
 	at := s.dialect.timeArg(s.now())
 	if s.dialect == Postgres {
 		sources, ids := make([]string, len(keys)), make([]string, len(keys))
@@ -277,7 +278,7 @@ func jsonKeys(keys []framework.Key) (string, bool) {
 
 // storableText reports whether every one of ss is text that a row can
 // hold: valid UTF-8 without NUL. A store writes no other (see
-// framework.StorableMetadata, framework.Key.Validate), so a filter of any
+// driver.StorableMetadata, framework.Key.Validate), so a filter of any
 // other text matches nothing, and PostgreSQL refuses it in a query.
 func storableText(ss ...string) bool {
 	for _, s := range ss {

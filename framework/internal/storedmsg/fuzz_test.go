@@ -9,8 +9,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver/transporttest"
 	"github.com/effectively-once/effectively/framework/internal/storedmsg"
-	"github.com/effectively-once/effectively/framework/transporttest"
 	"github.com/effectively-once/effectively/internal/testenv"
 )
 

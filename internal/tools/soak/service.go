@@ -17,6 +17,7 @@ import (
 
 	"github.com/effectively-once/effectively/app"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/outbox"
 	"github.com/effectively-once/effectively/handlers"
 )
@@ -150,7 +151,7 @@ type producerParams struct {
 	Lifecycle fx.Lifecycle
 	DB        *sqlx.DB
 	Outbox    *outbox.Outbox
-	Transport framework.Transport
+	Transport driver.Transport
 }
 
 // producer writes a plan's events through the outbox, a batch per

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
@@ -27,7 +28,7 @@ import (
 type Env struct {
 	// Transport is the transport under test, built by its package's New
 	// (and connected, where it connects). Required.
-	Transport framework.Transport
+	Transport driver.Transport
 	// PublishRaw publishes body to topic the way a plain client of the
 	// broker or database would, without watermill. Required.
 	PublishRaw func(t *testing.T, topic string, body []byte)
@@ -179,7 +180,7 @@ func (s *suite) start(t *testing.T, name string, concurrency int, bound func(), 
 // the handler.
 func (s *suite) launch(t *testing.T, name string, concurrency int, bound func(), reported bool, types ...string) *process {
 	t.Helper()
-	sub, err := s.env.Transport.Subscribe(framework.SubscribeConfig{Consumer: name, Types: types, Concurrency: concurrency})
+	sub, err := s.env.Transport.Subscribe(driver.SubscribeConfig{Consumer: name, Types: types, Concurrency: concurrency})
 	require.NoError(t, err)
 	require.NoError(t, sub.Initialize())
 	if bound != nil {
@@ -374,9 +375,9 @@ var errNack = errors.New("nack")
 
 // subscribe subscribes the consumer named name to types through the
 // Env's Transport and binds the subscription.
-func (s *suite) subscribe(t *testing.T, name string, types ...string) framework.Subscription {
+func (s *suite) subscribe(t *testing.T, name string, types ...string) driver.Subscription {
 	t.Helper()
-	sub, err := s.env.Transport.Subscribe(framework.SubscribeConfig{Consumer: name, Types: types})
+	sub, err := s.env.Transport.Subscribe(driver.SubscribeConfig{Consumer: name, Types: types})
 	require.NoError(t, err)
 	require.NoError(t, sub.Initialize())
 	return sub

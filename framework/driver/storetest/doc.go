@@ -1,7 +1,7 @@
 // Package storetest is the conformance suite of the framework's stores:
-// every implementation of framework.Store (sqlite, postgres, memory) runs
+// every implementation of driver.Store (sqlite, postgres, memory) runs
 // the same cases of its whole method set, mostly through the public path
-// of framework.UnitOfWork, so that the backends behave alike: processed
+// of driver.UnitOfWork, so that the backends behave alike: processed
 // marks, delivery counts, dead letters and their history, replays,
 // subject checkpoints, waits behind a gap, events held and parked behind a
 // dead letter, the purge of old marks and the adoption of a renamed
@@ -18,7 +18,7 @@
 //			db := testenv.SQLite(t)
 //			return storetest.Harness{
 //				DB: db,
-//				NewStore: func(t *testing.T, cfg storetest.Config) framework.Store {
+//				NewStore: func(t *testing.T, cfg storetest.Config) driver.Store {
 //					ctx := context.Background()
 //					err := migrate.Up(ctx, db, migrate.Config{TablePrefix: cfg.TablePrefix})
 //					require.NoError(t, err)

@@ -1,4 +1,4 @@
-package framework
+package driver
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
+	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
@@ -81,12 +82,12 @@ func (t *Tx) stmt(ctx context.Context, query string) (context.Context, error) {
 	}
 	if t.ended.Load() {
 		if _, ok := pipeline.From[pipeline.Attempt](ctx); ok {
-			return nil, ErrAttemptEnded
+			return nil, framework.ErrAttemptEnded
 		}
 	}
 	ends, sets := scanStatements(query, t.tx.DriverName() == "pgx")
 	if ends {
-		return nil, ErrEndsTransaction
+		return nil, framework.ErrEndsTransaction
 	}
 	t.setsSession = t.setsSession || sets
 	if ctx.Err() != nil || t.ctx == nil {

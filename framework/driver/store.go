@@ -1,4 +1,4 @@
-package framework
+package driver
 
 import (
 	"context"
@@ -13,6 +13,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/effectively-once/effectively/framework"
 )
 
 // Store is what a consumer needs of its database, and what operators act
@@ -30,7 +32,7 @@ type Store interface {
 	// returns false when the event was already marked (a duplicate). When
 	// another transaction holds an uncommitted mark of the same key, Mark
 	// waits for it to end.
-	Mark(ctx context.Context, tx *Tx, consumer string, key Key) (bool, error)
+	Mark(ctx context.Context, tx *Tx, consumer string, key framework.Key) (bool, error)
 
 	// Count records one more delivery of key to consumer in a short
 	// transaction of its own and returns the number of deliveries seen so
@@ -38,7 +40,7 @@ type Store interface {
 	// dead-lettered instead of looping forever. When the row is new it
 	// starts at first (2 when the transport reported a redelivery whose
 	// first delivery was not counted, else 1).
-	Count(ctx context.Context, consumer string, key Key, first int) (int, error)
+	Count(ctx context.Context, consumer string, key framework.Key, first int) (int, error)
 	// Uncount takes back one delivery of key to consumer, in a short
 	// transaction of its own: the delivery ended before it could take
 	// effect because the service began to stop, after an attempt that ran
@@ -48,9 +50,9 @@ type Store interface {
 	// count gets one at zero: its delivery was a first one that the
 	// transport vouched for, which cost nothing, and its redelivery then
 	// counts as the first.
-	Uncount(ctx context.Context, consumer string, key Key) error
+	Uncount(ctx context.Context, consumer string, key framework.Key) error
 	// Forget removes the count of key inside tx, once its effect commits.
-	Forget(ctx context.Context, tx *Tx, consumer string, key Key) error
+	Forget(ctx context.Context, tx *Tx, consumer string, key framework.Key) error
 
 	// Advance moves the checkpoint of (consumer, subject), the highest
 	// subject sequence that took effect, to seq inside tx when seq is
@@ -70,7 +72,7 @@ type Store interface {
 	// when the checkpoint is at seq or past it: the event took effect
 	// (another copy of it) after this delivery found it waiting, and its
 	// EndWait ended the wait for good.
-	WaitGap(ctx context.Context, consumer, subject string, seq int64, key Key, body []byte) (time.Duration, error)
+	WaitGap(ctx context.Context, consumer, subject string, seq int64, key framework.Key, body []byte) (time.Duration, error)
 	// EndWait removes the wait of (consumer, subject, seq), inside tx
 	// when tx is not nil, and with it the hold or parking of the event
 	// key (see HoldDeadLetter, Park): the event took effect or was
@@ -79,7 +81,7 @@ type Store interface {
 	// to be released (see Parked). It returns ErrSequenceTaken, removing
 	// nothing, when another event holds seq, parked, held or skipped:
 	// key's event claimed another's step, and must not take effect.
-	EndWait(ctx context.Context, tx *Tx, consumer, subject string, seq int64, key Key) (bool, error)
+	EndWait(ctx context.Context, tx *Tx, consumer, subject string, seq int64, key framework.Key) (bool, error)
 
 	// HoldDeadLetter stores dl as PublishDeadLetter does and, in the same
 	// transaction, holds its subject: the event (dl.Key(), sequence
@@ -127,7 +129,7 @@ type Store interface {
 	// it), the checkpoint moves past it once that one did (in the
 	// EndWait of its effect). It returns the held sequence, or
 	// ErrNotFound when key is not held.
-	Skip(ctx context.Context, consumer, subject string, key Key) (int64, error)
+	Skip(ctx context.Context, consumer, subject string, key framework.Key) (int64, error)
 
 	// PublishDeadLetter stores a message that will not be processed,
 	// durably, before it returns nil: the message is acknowledged right
@@ -223,7 +225,7 @@ type DeadLetter struct {
 	Subject       string
 	CorrelationID string
 	// Code says why the message was dead-lettered.
-	Code Code
+	Code framework.Code
 	// SubjectSeq is the event's subject sequence (subjectseq), 0 when it
 	// has none: a bulk replay sends the dead letters of a subject in its
 	// order.
@@ -268,7 +270,7 @@ type HistoryEntry struct {
 	At   time.Time
 	Kind HistoryKind
 	// Code, Attempts and Deliveries describe a failure.
-	Code       Code
+	Code       framework.Code
 	Attempts   int
 	Deliveries int
 	// By and Reason describe a resolution; for an adoption, By is the
@@ -299,14 +301,14 @@ type Replay struct {
 }
 
 // Key returns the key under which a dead letter is unique for its consumer.
-func (dl DeadLetter) Key() Key { return Key{Source: dl.Source, ID: dl.EventID} }
+func (dl DeadLetter) Key() framework.Key { return framework.Key{Source: dl.Source, ID: dl.EventID} }
 
 // Validate reports the first field of dl that a Store cannot
 // take: a missing consumer or event id, an invalid code, or a text field
 // that not every store can hold (one that is not valid UTF-8 or holds NUL;
 // PostgreSQL refuses both). The dead-letter step never builds such a dead
 // letter: its key and attributes come from an event that Decode accepted,
-// or else its key is framework.KeyOfBody. The error names the field, not
+// or else its key is framework.BodyKey. The error names the field, not
 // its value. Metadata is not checked: stores keep StorableMetadata of it.
 func (dl DeadLetter) Validate() error {
 	switch {
@@ -325,7 +327,7 @@ func (dl DeadLetter) Validate() error {
 		{"CorrelationID", dl.CorrelationID},
 	} {
 		if !storable(f.value) {
-			return fmt.Errorf("publish dead letter: %s is not valid UTF-8 or holds NUL (key it with framework.KeyOfBody)", f.name)
+			return fmt.Errorf("publish dead letter: %s is not valid UTF-8 or holds NUL (key it with framework.BodyKey)", f.name)
 		}
 	}
 	if !dl.Code.Valid() {
@@ -357,17 +359,17 @@ const (
 // part ("status", "by", "reason"), never its value.
 func (r Resolution) Validate() error {
 	if r.Status != DeadLetterReplayed && r.Status != DeadLetterDiscarded {
-		return &FieldError{Field: "status", Reason: fmt.Sprintf("want %s or %s", DeadLetterReplayed, DeadLetterDiscarded)}
+		return &framework.FieldError{Field: "status", Reason: fmt.Sprintf("want %s or %s", DeadLetterReplayed, DeadLetterDiscarded)}
 	}
 	for _, f := range []struct {
 		name, value string
 		most        int
 	}{{"by", r.By, MaxResolutionBy}, {"reason", r.Reason, MaxResolutionReason}} {
 		if !storable(f.value) {
-			return &FieldError{Field: f.name, Reason: "is not valid UTF-8 text, or holds NUL"}
+			return &framework.FieldError{Field: f.name, Reason: "is not valid UTF-8 text, or holds NUL"}
 		}
 		if len(f.value) > f.most {
-			return &FieldError{Field: f.name, Reason: fmt.Sprintf("is longer than %d bytes", f.most)}
+			return &framework.FieldError{Field: f.name, Reason: fmt.Sprintf("is longer than %d bytes", f.most)}
 		}
 	}
 	return nil
@@ -376,7 +378,7 @@ func (r Resolution) Validate() error {
 // DeadLetterFilter selects dead letters. Zero fields match everything.
 type DeadLetterFilter struct {
 	Consumer string
-	Code     Code
+	Code     framework.Code
 	Status   DeadLetterStatus
 	Type     string
 	Subject  string
@@ -407,7 +409,7 @@ type ParkedEvent struct {
 	Subject  string
 	Seq      int64
 	// Key identifies the event.
-	Key Key
+	Key framework.Key
 	// Topic, Body and Metadata are the message as it was received, to
 	// hand it to the consumer again; empty when Held.
 	Topic    string
@@ -428,7 +430,7 @@ type ParkedEvent struct {
 // version and correlation id its body decodes to (none when it does not
 // decode as p's event). A store's Adopt makes one of a parked event that
 // another event's place keeps out (CodeSequenceConflict).
-func (p ParkedEvent) DeadLetter(code Code, at time.Time) DeadLetter {
+func (p ParkedEvent) DeadLetter(code framework.Code, at time.Time) DeadLetter {
 	dl := DeadLetter{
 		Consumer: p.Consumer, Topic: p.Topic, Source: p.Key.Source, EventID: p.Key.ID,
 		Subject: p.Subject, SubjectSeq: p.Seq, Code: code,
@@ -437,7 +439,7 @@ func (p ParkedEvent) DeadLetter(code Code, at time.Time) DeadLetter {
 	}
 	// Its own length as the limit: a consumer may take bodies over the
 	// default's, and the body was taken once already.
-	if env, err := Decode(p.Body, len(p.Body)); err == nil && env.Key() == p.Key {
+	if env, err := framework.Decode(p.Body, len(p.Body)); err == nil && env.Key() == p.Key {
 		dl.Type, dl.Version, dl.CorrelationID = env.Type, env.Version, env.CorrelationID
 	}
 	return dl
@@ -483,11 +485,11 @@ type ParkedFilter struct {
 func (dl DeadLetter) ReplayMessage() *message.Message {
 	msg := message.NewMessage(watermill.NewUUID(), dl.Body)
 	for k, v := range dl.Metadata {
-		if k != MetadataRedelivered && k != MetadataUnreadable && k != MetadataUnreadableRaw {
+		if k != framework.MetadataRedelivered && k != framework.MetadataUnreadable && k != framework.MetadataUnreadableRaw {
 			msg.Metadata.Set(k, v)
 		}
 	}
-	msg.Metadata.Set(MetadataReplayOf, strconv.FormatInt(dl.ID, 10))
+	msg.Metadata.Set(framework.MetadataReplayOf, strconv.FormatInt(dl.ID, 10))
 	return msg
 }
 

@@ -1,4 +1,4 @@
-package framework
+package driver
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/effectively-once/effectively/framework"
 )
 
 // Transport is the broker side of a service: the publisher of its events,
@@ -127,13 +129,13 @@ func (s Subscription) Initialize() error {
 // DecodeMessage decodes msg's payload (see Decode). A message that its
 // transport marked unreadable (see MetadataUnreadable) fails permanently
 // with CodeUnreadableMessage, whatever its payload.
-func DecodeMessage(msg *message.Message, maxBody int) (Envelope, error) {
-	if reason, ok := msg.Metadata[MetadataUnreadable]; ok {
-		return Envelope{}, Permanent(CodeUnreadableMessage, fmt.Errorf("message %s: unreadable: %s", msg.UUID, reason))
+func DecodeMessage(msg *message.Message, maxBody int) (framework.Envelope, error) {
+	if reason, ok := msg.Metadata[framework.MetadataUnreadable]; ok {
+		return framework.Envelope{}, framework.Permanent(framework.CodeUnreadableMessage, fmt.Errorf("message %s: unreadable: %s", msg.UUID, reason))
 	}
-	env, err := Decode(msg.Payload, maxBody)
+	env, err := framework.Decode(msg.Payload, maxBody)
 	if err != nil {
-		return Envelope{}, fmt.Errorf("message %s: %w", msg.UUID, err)
+		return framework.Envelope{}, fmt.Errorf("message %s: %w", msg.UUID, err)
 	}
 	return env, nil
 }
@@ -144,10 +146,10 @@ func DecodeMessage(msg *message.Message, maxBody int) (Envelope, error) {
 // check).
 func CheckBodySize(body []byte, maxBody int) error {
 	if maxBody <= 0 {
-		maxBody = DefaultMaxBodyBytes
+		maxBody = framework.DefaultMaxBodyBytes
 	}
 	if len(body) > maxBody {
-		return Permanent(CodeTooLarge, &FieldError{Field: "body", Reason: fmt.Sprintf("is %d bytes, at most %d allowed", len(body), maxBody)})
+		return framework.Permanent(framework.CodeTooLarge, &framework.FieldError{Field: "body", Reason: fmt.Sprintf("is %d bytes, at most %d allowed", len(body), maxBody)})
 	}
 	return nil
 }

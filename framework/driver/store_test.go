@@ -1,4 +1,4 @@
-package framework_test
+package driver_test
 
 import (
 	"bytes"
@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 // TestStorableMetadata: a dead letter's metadata comes from the transport
@@ -24,7 +25,7 @@ func TestStorableMetadata(t *testing.T) {
 		"key\xff":      "v2",
 		"fine":         "café \uFFFD \u0085",
 	}
-	got := framework.StorableMetadata(in)
+	got := driver.StorableMetadata(in)
 	require.Equal(t, map[string]string{
 		"content-type": framework.ContentType,
 		"nul":          "a\uFFFDb",
@@ -33,24 +34,24 @@ func TestStorableMetadata(t *testing.T) {
 		"fine":         "café \uFFFD \u0085",
 	}, got)
 	require.Equal(t, "a\x00b", in["nul"], "the input is left as it was")
-	require.Nil(t, framework.StorableMetadata(nil))
-	require.Nil(t, framework.StorableMetadata(map[string]string{}))
+	require.Nil(t, driver.StorableMetadata(nil))
+	require.Nil(t, driver.StorableMetadata(map[string]string{}))
 }
 
 // TestDeadLetterValidateRefusesUnstorableText: every store refuses alike
 // a dead letter whose text fields PostgreSQL could not hold.
 func TestDeadLetterValidateRefusesUnstorableText(t *testing.T) {
 	t.Parallel()
-	valid := framework.DeadLetter{Consumer: "c", Topic: "t", Source: "s", EventID: "e", Code: framework.CodeMalformedEnvelope}
+	valid := driver.DeadLetter{Consumer: "c", Topic: "t", Source: "s", EventID: "e", Code: framework.CodeMalformedEnvelope}
 	require.NoError(t, valid.Validate())
-	for name, set := range map[string]func(dl *framework.DeadLetter, v string){
-		"Consumer":      func(dl *framework.DeadLetter, v string) { dl.Consumer = v },
-		"Topic":         func(dl *framework.DeadLetter, v string) { dl.Topic = v },
-		"Source":        func(dl *framework.DeadLetter, v string) { dl.Source = v },
-		"EventID":       func(dl *framework.DeadLetter, v string) { dl.EventID = v },
-		"Type":          func(dl *framework.DeadLetter, v string) { dl.Type = v },
-		"Subject":       func(dl *framework.DeadLetter, v string) { dl.Subject = v },
-		"CorrelationID": func(dl *framework.DeadLetter, v string) { dl.CorrelationID = v },
+	for name, set := range map[string]func(dl *driver.DeadLetter, v string){
+		"Consumer":      func(dl *driver.DeadLetter, v string) { dl.Consumer = v },
+		"Topic":         func(dl *driver.DeadLetter, v string) { dl.Topic = v },
+		"Source":        func(dl *driver.DeadLetter, v string) { dl.Source = v },
+		"EventID":       func(dl *driver.DeadLetter, v string) { dl.EventID = v },
+		"Type":          func(dl *driver.DeadLetter, v string) { dl.Type = v },
+		"Subject":       func(dl *driver.DeadLetter, v string) { dl.Subject = v },
+		"CorrelationID": func(dl *driver.DeadLetter, v string) { dl.CorrelationID = v },
 	} {
 		for _, bad := range []string{"a\x00b", "a\xffb"} {
 			dl := valid
@@ -68,8 +69,8 @@ func TestDeadLetterValidateRefusesUnstorableText(t *testing.T) {
 // none behind it, whatever else is parked there.
 func TestParkedBehind(t *testing.T) {
 	key := func(id string) framework.Key { return framework.Key{Source: "orders", ID: id} }
-	dl := framework.DeadLetter{Consumer: "c", Source: "orders", EventID: "e5", Subject: "S", SubjectSeq: 5}
-	ps := []framework.ParkedEvent{
+	dl := driver.DeadLetter{Consumer: "c", Source: "orders", EventID: "e5", Subject: "S", SubjectSeq: 5}
+	ps := []driver.ParkedEvent{
 		{Consumer: "c", Subject: "S", Seq: 3, Key: key("e3"), Held: true},
 		{Consumer: "c", Subject: "S", Seq: 4, Key: key("e4")},
 		{Consumer: "c", Subject: "S", Seq: 5, Key: key("e5"), Held: true},
@@ -77,17 +78,17 @@ func TestParkedBehind(t *testing.T) {
 		{Consumer: "c", Subject: "S", Seq: 7, Key: key("e7")},
 	}
 	var seqs []int64
-	for _, p := range framework.ParkedBehind(dl, ps) {
+	for _, p := range driver.ParkedBehind(dl, ps) {
 		seqs = append(seqs, p.Seq)
 	}
 	require.Equal(t, []int64{6, 7}, seqs)
 
 	conflict := dl
 	conflict.EventID = "e5-again" // a sequence_conflict dead letter: no hold of its own
-	require.Empty(t, framework.ParkedBehind(conflict, ps))
+	require.Empty(t, driver.ParkedBehind(conflict, ps))
 	noSubject := dl
 	noSubject.Subject, noSubject.SubjectSeq = "", 0
-	require.Empty(t, framework.ParkedBehind(noSubject, ps))
+	require.Empty(t, driver.ParkedBehind(noSubject, ps))
 }
 
 // TestParkedEventDeadLetter: the dead letter of a parked event keeps its
@@ -107,7 +108,7 @@ func TestParkedEventDeadLetter(t *testing.T) {
 	})
 	require.NoError(t, err)
 	require.Greater(t, len(body), framework.DefaultMaxBodyBytes)
-	p := framework.ParkedEvent{
+	p := driver.ParkedEvent{
 		Consumer: "c", Subject: "order-1", Seq: 4, Key: framework.Key{Source: "orders", ID: "e1"},
 		Topic: "orders.order.paid", Body: body, Metadata: map[string]string{"traceparent": "t"},
 	}
@@ -115,11 +116,11 @@ func TestParkedEventDeadLetter(t *testing.T) {
 	require.NoError(t, dl.Validate())
 	require.True(t, bytes.Equal(body, dl.Body), "the message's body")
 	dl.Body = nil // not printed, should the comparison below fail
-	require.Equal(t, framework.DeadLetter{
+	require.Equal(t, driver.DeadLetter{
 		Consumer: "c", Topic: "orders.order.paid", Source: "orders", EventID: "e1",
 		Type: "orders.order.paid", Version: 3, Subject: "order-1", CorrelationID: "corr-1",
 		Code: framework.CodeSequenceConflict, SubjectSeq: 4, FirstFailedAt: at, LastFailedAt: at,
-		Metadata: map[string]string{"traceparent": "t"}, Status: framework.DeadLetterPending,
+		Metadata: map[string]string{"traceparent": "t"}, Status: driver.DeadLetterPending,
 	}, dl)
 
 	p.Key.ID = "another"

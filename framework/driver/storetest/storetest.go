@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 // Config says how the suite wants a store.
@@ -31,7 +32,7 @@ type Harness struct {
 	DB *sqlx.DB
 	// NewStore returns a store on DB configured by cfg, with its tables
 	// migrated. It may be called several times with different prefixes.
-	NewStore func(t *testing.T, cfg Config) framework.Store
+	NewStore func(t *testing.T, cfg Config) driver.Store
 }
 
 // Exercise runs the conformance suite. newHarness is called once per case,
@@ -110,8 +111,8 @@ func (c *clock) Advance(d time.Duration) time.Time {
 // bundle is what each case works with.
 type bundle struct {
 	h       Harness
-	store   framework.Store
-	uow     *framework.UnitOfWork
+	store   driver.Store
+	uow     *driver.UnitOfWork
 	clock   *clock
 	effects *effects
 	// attempts numbers the attempts of inTx.
@@ -127,17 +128,17 @@ func setup(t *testing.T, newHarness func(t *testing.T) Harness) *bundle {
 }
 
 // open returns a store with prefix and a unit of work over it.
-func (b *bundle) open(t *testing.T, prefix string) (framework.Store, *framework.UnitOfWork) {
+func (b *bundle) open(t *testing.T, prefix string) (driver.Store, *driver.UnitOfWork) {
 	t.Helper()
 	s := b.h.NewStore(t, Config{TablePrefix: prefix, Now: b.clock.Now})
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.h.DB, Store: s})
+	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: b.h.DB, Store: s})
 	require.NoError(t, err)
 	return s, uow
 }
 
 // do runs fn in uow and counts the effects fn wrote when the unit of work
 // committed them.
-func (b *bundle) do(ctx context.Context, uow *framework.UnitOfWork, consumer string, key framework.Key, fn func(ctx context.Context) error) (framework.Outcome, error) {
+func (b *bundle) do(ctx context.Context, uow *driver.UnitOfWork, consumer string, key framework.Key, fn func(ctx context.Context) error) (framework.Outcome, error) {
 	return b.effects.do(ctx, uow, consumer, key, fn)
 }
 
@@ -161,7 +162,7 @@ func newEffects(t *testing.T, db *sqlx.DB) *effects {
 	return &effects{db: db, ids: map[string]int{}}
 }
 
-func (e *effects) do(ctx context.Context, uow *framework.UnitOfWork, consumer string, key framework.Key, fn func(ctx context.Context) error) (framework.Outcome, error) {
+func (e *effects) do(ctx context.Context, uow *driver.UnitOfWork, consumer string, key framework.Key, fn func(ctx context.Context) error) (framework.Outcome, error) {
 	var pending []string
 	out, err := uow.Do(context.WithValue(ctx, pendingKey{}, &pending), consumer, key, fn)
 	if e.db == nil && out == framework.Processed {
@@ -181,7 +182,7 @@ func (e *effects) write(ctx context.Context, id string) error {
 		*p = append(*p, id)
 		return nil
 	}
-	if _, ok := framework.TxFromContext(ctx); !ok {
+	if _, ok := driver.TxFromContext(ctx); !ok {
 		return errors.New("effects: no transaction in the context")
 	}
 	_, err := framework.Conn(ctx, e.db).ExecContext(ctx, e.db.Rebind(`INSERT INTO effects (id) VALUES (?)`), id)

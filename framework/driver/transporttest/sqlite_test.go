@@ -7,8 +7,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/effectively-once/effectively/framework/driver/transporttest"
 	"github.com/effectively-once/effectively/framework/sqlite"
-	"github.com/effectively-once/effectively/framework/transporttest"
 	"github.com/effectively-once/effectively/internal/testenv"
 )
 

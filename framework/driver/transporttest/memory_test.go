@@ -8,8 +8,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/effectively-once/effectively/framework/driver/transporttest"
 	"github.com/effectively-once/effectively/framework/memory"
-	"github.com/effectively-once/effectively/framework/transporttest"
 )
 
 // TestMemory runs the suite on the memory transport, GoChannel.

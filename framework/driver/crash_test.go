@@ -1,4 +1,4 @@
-package framework_test
+package driver_test
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/memory"
 	"github.com/effectively-once/effectively/internal/crash"
 	"github.com/effectively-once/effectively/internal/pipeline"
@@ -33,12 +34,12 @@ func TestCrashWithoutDatabase(t *testing.T) {
 			t.Parallel()
 			store, err := memory.NewStore(memory.StoreConfig{})
 			require.NoError(t, err)
-			uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{Store: store})
+			uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{Store: store})
 			require.NoError(t, err)
 			key := framework.Key{Source: "test", ID: "e-1"}
 			var commits int
 			fn := func(ctx context.Context) error {
-				tx, _ := pipeline.From[*framework.Tx](ctx)
+				tx, _ := pipeline.From[*driver.Tx](ctx)
 				tx.OnCommit(func() { commits++ })
 				return nil
 			}

@@ -1,4 +1,4 @@
-package framework_test
+package driver_test
 
 import (
 	"errors"
@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 // TestDataException: a handler's error that is a database's refusal of a
@@ -35,7 +36,7 @@ func TestDataException(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			err := framework.DataException(tt.err)
+			err := driver.DataException(tt.err)
 			require.Equal(t, tt.code, framework.CodeOf(err))
 			require.ErrorIs(t, err, tt.err, "the cause is kept")
 		})

@@ -12,12 +12,13 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 // deadLetter returns a dead letter of consumer for event id, with every
 // field a store keeps set.
-func deadLetter(consumer, id string) framework.DeadLetter {
-	return framework.DeadLetter{
+func deadLetter(consumer, id string) driver.DeadLetter {
+	return driver.DeadLetter{
 		Consumer:      consumer,
 		Topic:         "appointments.appointment.booked",
 		Source:        "appointments",
@@ -36,7 +37,7 @@ func deadLetter(consumer, id string) framework.DeadLetter {
 }
 
 // resolve resolves the dead letter id as r says, and returns the error.
-func resolve(ctx context.Context, s framework.Store, id int64, r framework.Resolution) error {
+func resolve(ctx context.Context, s driver.Store, id int64, r driver.Resolution) error {
 	_, err := s.ResolveDeadLetter(ctx, id, r)
 	return err
 }
@@ -48,7 +49,7 @@ func requireTime(t *testing.T, want, got time.Time, field string) {
 }
 
 // only returns the one dead letter that matches f.
-func only(t *testing.T, s framework.Store, f framework.DeadLetterFilter) framework.DeadLetter {
+func only(t *testing.T, s driver.Store, f driver.DeadLetterFilter) driver.DeadLetter {
 	t.Helper()
 	dls, err := s.DeadLetters(context.Background(), f)
 	require.NoError(t, err)
@@ -66,12 +67,12 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 		in := deadLetter(consumer, "e-1")
 		require.NoError(t, b.store.PublishDeadLetter(ctx, in))
 
-		got := only(t, b.store, framework.DeadLetterFilter{Consumer: consumer})
+		got := only(t, b.store, driver.DeadLetterFilter{Consumer: consumer})
 		require.NotZero(t, got.ID)
 		requireTime(t, t0, got.FirstFailedAt, "FirstFailedAt")
 		requireTime(t, t0, got.LastFailedAt, "LastFailedAt")
 		want := in
-		want.ID, want.Status = got.ID, framework.DeadLetterPending
+		want.ID, want.Status = got.ID, driver.DeadLetterPending
 		want.FirstFailedAt, want.LastFailedAt = got.FirstFailedAt, got.LastFailedAt
 		require.Equal(t, want, got)
 
@@ -79,7 +80,7 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.NoError(t, err)
 		require.Equal(t, got, byID)
 
-		bare := only(t, b.store, framework.DeadLetterFilter{Consumer: consumer, WithoutBody: true})
+		bare := only(t, b.store, driver.DeadLetterFilter{Consumer: consumer, WithoutBody: true})
 		require.Empty(t, bare.Body, "WithoutBody reads no body")
 		bare.Body = got.Body
 		require.Equal(t, got, bare, "WithoutBody reads every other field")
@@ -88,8 +89,8 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.Len(t, h, 1)
 		requireTime(t, t0, h[0].At, "At")
 		h[0].At = time.Time{}
-		require.Equal(t, framework.HistoryEntry{
-			Kind: framework.HistoryFailed, Code: in.Code, Attempts: 1, Deliveries: 3,
+		require.Equal(t, driver.HistoryEntry{
+			Kind: driver.HistoryFailed, Code: in.Code, Attempts: 1, Deliveries: 3,
 		}, h[0], "the first failure starts the history")
 	})
 
@@ -99,13 +100,13 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 		ctx := context.Background()
 		body := []byte("not a cloudevent")
 		key := framework.BodyKey(body)
-		dl := framework.DeadLetter{
+		dl := driver.DeadLetter{
 			Consumer: consumer, Topic: "t", Source: key.Source, EventID: key.ID,
 			Code: framework.CodeMalformedEnvelope, Attempts: 1, Body: body,
 		}
 		require.NoError(t, b.store.PublishDeadLetter(ctx, dl))
 		require.NoError(t, b.store.PublishDeadLetter(ctx, dl))
-		got := only(t, b.store, framework.DeadLetterFilter{Consumer: consumer})
+		got := only(t, b.store, driver.DeadLetterFilter{Consumer: consumer})
 		require.Equal(t, key, got.Key())
 		require.Equal(t, body, got.Body)
 		require.Nil(t, got.Metadata)
@@ -126,17 +127,17 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 	})
 
 	// A poison message's dead letter takes whatever bytes came: the body
-	// is kept as it is, the metadata as framework.StorableMetadata, and
-	// the key by framework.KeyOfBody, so that no store refuses it (the
+	// is kept as it is, the metadata as driver.StorableMetadata, and
+	// the key by framework.BodyKey, so that no store refuses it (the
 	// message would come back forever) and every store reads back the same.
 	t.Run("PublishTakesAnyMessage", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, newHarness)
 		ctx := context.Background()
 		body := []byte("{\"specversion\":\"1.0\",\"id\":\"e\\u0000\xff\",\"source\":\"s\x00\"}\x00\xfe")
-		key := framework.KeyOfBody(body)
+		key := framework.BodyKey(body)
 		require.Equal(t, framework.BodyKey(body), key)
-		dl := framework.DeadLetter{
+		dl := driver.DeadLetter{
 			Consumer: consumer, Topic: "t", Source: key.Source, EventID: key.ID,
 			Code: framework.CodeMalformedEnvelope, Body: body,
 			Metadata: map[string]string{
@@ -148,7 +149,7 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 			},
 		}
 		require.NoError(t, b.store.PublishDeadLetter(ctx, dl))
-		got := only(t, b.store, framework.DeadLetterFilter{Consumer: consumer})
+		got := only(t, b.store, driver.DeadLetterFilter{Consumer: consumer})
 		require.Equal(t, key, got.Key())
 		require.Equal(t, body, got.Body, "the body is kept byte for byte")
 		require.Equal(t, map[string]string{
@@ -161,18 +162,18 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 	})
 
 	// Text that PostgreSQL cannot hold is refused by every store alike
-	// (the dead-letter step never builds it: see framework.KeyOfBody).
+	// (the dead-letter step never builds it: see framework.BodyKey).
 	t.Run("PublishRefusesUnstorableText", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t, newHarness)
 		ctx := context.Background()
-		for _, set := range []func(dl *framework.DeadLetter){
-			func(dl *framework.DeadLetter) { dl.EventID = "e\x00" },
-			func(dl *framework.DeadLetter) { dl.EventID = "e\xff" },
-			func(dl *framework.DeadLetter) { dl.Source = "s\x00" },
-			func(dl *framework.DeadLetter) { dl.Type = "t\xff" },
-			func(dl *framework.DeadLetter) { dl.Subject = "s\x00" },
-			func(dl *framework.DeadLetter) { dl.CorrelationID = "c\x00" },
+		for _, set := range []func(dl *driver.DeadLetter){
+			func(dl *driver.DeadLetter) { dl.EventID = "e\x00" },
+			func(dl *driver.DeadLetter) { dl.EventID = "e\xff" },
+			func(dl *driver.DeadLetter) { dl.Source = "s\x00" },
+			func(dl *driver.DeadLetter) { dl.Type = "t\xff" },
+			func(dl *driver.DeadLetter) { dl.Subject = "s\x00" },
+			func(dl *driver.DeadLetter) { dl.CorrelationID = "c\x00" },
 		} {
 			dl := deadLetter(consumer, "e-1")
 			set(&dl)
@@ -190,18 +191,18 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 		b := setup(t, newHarness)
 		ctx := context.Background()
 		require.NoError(t, b.store.PublishDeadLetter(ctx, deadLetter(consumer, "e-1")))
-		dl := only(t, b.store, framework.DeadLetterFilter{})
-		for _, r := range []framework.Resolution{
-			{Status: framework.DeadLetterDiscarded, By: "alice", Reason: "a\x00b"},
-			{Status: framework.DeadLetterReplayed, By: "alice", Reason: "a\xffb"},
-			{Status: framework.DeadLetterDiscarded, By: "al\x00ice", Reason: "junk"},
+		dl := only(t, b.store, driver.DeadLetterFilter{})
+		for _, r := range []driver.Resolution{
+			{Status: driver.DeadLetterDiscarded, By: "alice", Reason: "a\x00b"},
+			{Status: driver.DeadLetterReplayed, By: "alice", Reason: "a\xffb"},
+			{Status: driver.DeadLetterDiscarded, By: "al\x00ice", Reason: "junk"},
 		} {
 			_, err := b.store.ResolveDeadLetter(ctx, dl.ID, r)
 			fe, ok := errors.AsType[*framework.FieldError](err)
 			require.True(t, ok, "%v", err)
 			require.Contains(t, []string{"by", "reason"}, fe.Field)
 		}
-		require.Equal(t, framework.DeadLetterPending, only(t, b.store, framework.DeadLetterFilter{}).Status)
+		require.Equal(t, driver.DeadLetterPending, only(t, b.store, driver.DeadLetterFilter{}).Status)
 		require.Len(t, history(t, b.store, dl.ID), 1, "no resolution recorded")
 		rs, err := b.store.ClaimReplays(ctx, 10, time.Minute)
 		require.NoError(t, err)
@@ -213,14 +214,14 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 		b := setup(t, newHarness)
 		ctx := context.Background()
 		require.NoError(t, b.store.PublishDeadLetter(ctx, deadLetter(consumer, "e-1")))
-		first := only(t, b.store, framework.DeadLetterFilter{Consumer: consumer})
+		first := only(t, b.store, driver.DeadLetterFilter{Consumer: consumer})
 
 		later := b.clock.Advance(time.Hour)
 		again := deadLetter(consumer, "e-1")
 		again.Code, again.Attempts, again.Deliveries, again.SubjectSeq = framework.CodeRetriesExhausted, 5, 0, 13
 		require.NoError(t, b.store.PublishDeadLetter(ctx, again))
 
-		got := only(t, b.store, framework.DeadLetterFilter{Consumer: consumer})
+		got := only(t, b.store, driver.DeadLetterFilter{Consumer: consumer})
 		require.Equal(t, first.ID, got.ID)
 		require.Equal(t, 1, got.Repeats)
 		require.Equal(t, framework.CodeRetriesExhausted, got.Code)
@@ -229,12 +230,12 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.EqualValues(t, 13, got.SubjectSeq)
 		requireTime(t, t0, got.FirstFailedAt, "FirstFailedAt")
 		requireTime(t, later, got.LastFailedAt, "LastFailedAt")
-		require.Equal(t, framework.DeadLetterPending, got.Status)
+		require.Equal(t, driver.DeadLetterPending, got.Status)
 
 		require.NoError(t, b.store.PublishDeadLetter(ctx, again))
-		require.Equal(t, 2, only(t, b.store, framework.DeadLetterFilter{Consumer: consumer}).Repeats)
+		require.Equal(t, 2, only(t, b.store, driver.DeadLetterFilter{Consumer: consumer}).Repeats)
 		h := history(t, b.store, first.ID)
-		require.Equal(t, []framework.HistoryKind{framework.HistoryFailed, framework.HistoryFailed, framework.HistoryFailed}, kinds(h))
+		require.Equal(t, []driver.HistoryKind{driver.HistoryFailed, driver.HistoryFailed, driver.HistoryFailed}, kinds(h))
 		require.Equal(t, framework.CodeInvalidPayload, h[0].Code, "a repeat never changes an earlier entry")
 		require.Equal(t, 3, h[0].Deliveries)
 		requireTime(t, t0, h[0].At, "the first failure's time")
@@ -244,7 +245,7 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 
 		// The same key for another consumer is another dead letter.
 		require.NoError(t, b.store.PublishDeadLetter(ctx, deadLetter("other", "e-1")))
-		all, err := b.store.DeadLetters(ctx, framework.DeadLetterFilter{})
+		all, err := b.store.DeadLetters(ctx, driver.DeadLetterFilter{})
 		require.NoError(t, err)
 		require.Len(t, all, 2)
 	})
@@ -267,15 +268,15 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 			dl.Code = c.code
 			require.NoError(t, b.store.PublishDeadLetter(ctx, dl))
 		}
-		all, err := b.store.DeadLetters(ctx, framework.DeadLetterFilter{})
+		all, err := b.store.DeadLetters(ctx, driver.DeadLetterFilter{})
 		require.NoError(t, err)
 		require.Len(t, all, 5)
 		for i := 1; i < len(all); i++ {
 			require.Less(t, all[i-1].ID, all[i].ID, "oldest first")
 		}
-		require.NoError(t, resolve(ctx, b.store, all[4].ID, framework.Resolution{Status: framework.DeadLetterDiscarded, By: "ops"}))
+		require.NoError(t, resolve(ctx, b.store, all[4].ID, driver.Resolution{Status: driver.DeadLetterDiscarded, By: "ops"}))
 
-		ids := func(f framework.DeadLetterFilter) []string {
+		ids := func(f driver.DeadLetterFilter) []string {
 			dls, err := b.store.DeadLetters(ctx, f)
 			require.NoError(t, err)
 			out := []string{}
@@ -284,19 +285,19 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 			}
 			return out
 		}
-		require.Equal(t, []string{"a", "c", "d", "e"}, ids(framework.DeadLetterFilter{Consumer: "c1"}))
-		require.Equal(t, []string{"a", "b", "d", "e"}, ids(framework.DeadLetterFilter{Code: framework.CodeInvalidPayload}))
-		require.Equal(t, []string{"e"}, ids(framework.DeadLetterFilter{Status: framework.DeadLetterDiscarded}))
-		require.Equal(t, []string{"a", "d"}, ids(framework.DeadLetterFilter{
-			Consumer: "c1", Code: framework.CodeInvalidPayload, Status: framework.DeadLetterPending,
+		require.Equal(t, []string{"a", "c", "d", "e"}, ids(driver.DeadLetterFilter{Consumer: "c1"}))
+		require.Equal(t, []string{"a", "b", "d", "e"}, ids(driver.DeadLetterFilter{Code: framework.CodeInvalidPayload}))
+		require.Equal(t, []string{"e"}, ids(driver.DeadLetterFilter{Status: driver.DeadLetterDiscarded}))
+		require.Equal(t, []string{"a", "d"}, ids(driver.DeadLetterFilter{
+			Consumer: "c1", Code: framework.CodeInvalidPayload, Status: driver.DeadLetterPending,
 		}))
-		require.Equal(t, []string{}, ids(framework.DeadLetterFilter{Consumer: "nobody"}))
+		require.Equal(t, []string{}, ids(driver.DeadLetterFilter{Consumer: "nobody"}))
 
-		require.Equal(t, []string{"a", "c"}, ids(framework.DeadLetterFilter{Consumer: "c1", Limit: 2}))
-		require.Equal(t, []string{"d", "e"}, ids(framework.DeadLetterFilter{Consumer: "c1", Limit: 2, AfterID: all[2].ID}))
-		require.Equal(t, []string{}, ids(framework.DeadLetterFilter{Consumer: "c1", Limit: 2, AfterID: all[4].ID}))
+		require.Equal(t, []string{"a", "c"}, ids(driver.DeadLetterFilter{Consumer: "c1", Limit: 2}))
+		require.Equal(t, []string{"d", "e"}, ids(driver.DeadLetterFilter{Consumer: "c1", Limit: 2, AfterID: all[2].ID}))
+		require.Equal(t, []string{}, ids(driver.DeadLetterFilter{Consumer: "c1", Limit: 2, AfterID: all[4].ID}))
 
-		_, err = b.store.DeadLetters(ctx, framework.DeadLetterFilter{Limit: -1})
+		_, err = b.store.DeadLetters(ctx, driver.DeadLetterFilter{Limit: -1})
 		require.Error(t, err)
 	})
 
@@ -318,13 +319,13 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 			b.clock.Advance(time.Hour)
 		}
 		// A repeat moves the last failure, not the first.
-		require.NoError(t, b.store.PublishDeadLetter(ctx, func() framework.DeadLetter {
+		require.NoError(t, b.store.PublishDeadLetter(ctx, func() driver.DeadLetter {
 			dl := deadLetter(consumer, "a")
 			dl.Type, dl.Subject, dl.Source = "orders.order.placed", "order-1", "orders"
 			return dl
 		}()))
 
-		ids := func(f framework.DeadLetterFilter) []string {
+		ids := func(f driver.DeadLetterFilter) []string {
 			t.Helper()
 			dls, err := b.store.DeadLetters(ctx, f)
 			require.NoError(t, err)
@@ -334,19 +335,19 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 			}
 			return out
 		}
-		require.Equal(t, []string{"a", "b", "d"}, ids(framework.DeadLetterFilter{Type: "orders.order.placed"}))
-		require.Equal(t, []string{"a", "c", "d"}, ids(framework.DeadLetterFilter{Subject: "order-1"}))
-		require.Equal(t, []string{"d"}, ids(framework.DeadLetterFilter{Source: "shop"}))
-		require.Equal(t, []string{"a"}, ids(framework.DeadLetterFilter{Source: "orders", EventID: "a"}))
-		require.Equal(t, []string{}, ids(framework.DeadLetterFilter{Source: "shop", EventID: "a"}))
-		require.Equal(t, []string{"a", "d"}, ids(framework.DeadLetterFilter{Type: "orders.order.placed", Subject: "order-1"}))
+		require.Equal(t, []string{"a", "b", "d"}, ids(driver.DeadLetterFilter{Type: "orders.order.placed"}))
+		require.Equal(t, []string{"a", "c", "d"}, ids(driver.DeadLetterFilter{Subject: "order-1"}))
+		require.Equal(t, []string{"d"}, ids(driver.DeadLetterFilter{Source: "shop"}))
+		require.Equal(t, []string{"a"}, ids(driver.DeadLetterFilter{Source: "orders", EventID: "a"}))
+		require.Equal(t, []string{}, ids(driver.DeadLetterFilter{Source: "shop", EventID: "a"}))
+		require.Equal(t, []string{"a", "d"}, ids(driver.DeadLetterFilter{Type: "orders.order.placed", Subject: "order-1"}))
 
-		require.Equal(t, []string{"b", "c", "d"}, ids(framework.DeadLetterFilter{FailedSince: t0.Add(time.Hour)}), "at or after")
-		require.Equal(t, []string{"a", "b"}, ids(framework.DeadLetterFilter{FailedBefore: t0.Add(2 * time.Hour)}), "before")
-		require.Equal(t, []string{"b"}, ids(framework.DeadLetterFilter{
+		require.Equal(t, []string{"b", "c", "d"}, ids(driver.DeadLetterFilter{FailedSince: t0.Add(time.Hour)}), "at or after")
+		require.Equal(t, []string{"a", "b"}, ids(driver.DeadLetterFilter{FailedBefore: t0.Add(2 * time.Hour)}), "before")
+		require.Equal(t, []string{"b"}, ids(driver.DeadLetterFilter{
 			FailedSince: t0.Add(time.Hour), FailedBefore: t0.Add(2 * time.Hour),
 		}))
-		require.Equal(t, []string{"c"}, ids(framework.DeadLetterFilter{
+		require.Equal(t, []string{"c"}, ids(driver.DeadLetterFilter{
 			Subject: "order-1", FailedSince: t0.Add(time.Minute), FailedBefore: t0.Add(3 * time.Hour),
 		}))
 	})
@@ -358,7 +359,7 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 		for i := range 101 {
 			require.NoError(t, b.store.PublishDeadLetter(ctx, deadLetter(consumer, fmt.Sprintf("e-%03d", i))))
 		}
-		dls, err := b.store.DeadLetters(ctx, framework.DeadLetterFilter{})
+		dls, err := b.store.DeadLetters(ctx, driver.DeadLetterFilter{})
 		require.NoError(t, err)
 		require.Len(t, dls, 100)
 	})
@@ -371,31 +372,31 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 		failed.Metadata[framework.MetadataRedelivered] = "true"
 		require.NoError(t, b.store.PublishDeadLetter(ctx, failed))
 		require.NoError(t, b.store.PublishDeadLetter(ctx, deadLetter(consumer, "e-2")))
-		dls, err := b.store.DeadLetters(ctx, framework.DeadLetterFilter{})
+		dls, err := b.store.DeadLetters(ctx, driver.DeadLetterFilter{})
 		require.NoError(t, err)
 		require.Len(t, dls, 2)
 
 		at := t0.Add(time.Minute)
-		replay := framework.Resolution{Status: framework.DeadLetterReplayed, By: "alice", Reason: "fixed the schema", At: at}
+		replay := driver.Resolution{Status: driver.DeadLetterReplayed, By: "alice", Reason: "fixed the schema", At: at}
 		before, err := b.store.ResolveDeadLetter(ctx, dls[0].ID, replay)
 		require.NoError(t, err)
 		require.Equal(t, dls[0], before, "it returns the dead letter as it was")
 		got, err := b.store.DeadLetter(ctx, dls[0].ID)
 		require.NoError(t, err)
-		require.Equal(t, framework.DeadLetterReplayed, got.Status)
+		require.Equal(t, driver.DeadLetterReplayed, got.Status)
 		requireTime(t, at, got.Resolution.At, "Resolution.At")
 		got.Resolution.At = at
 		require.Equal(t, replay, got.Resolution)
 
 		// The replay is recorded with the resolution, to the consumer
-		// alone, as framework.DeadLetter.ReplayMessage makes it.
+		// alone, as driver.DeadLetter.ReplayMessage makes it.
 		rs, err := b.store.ClaimReplays(ctx, 10, 24*time.Hour)
 		require.NoError(t, err)
 		require.Len(t, rs, 1)
 		require.NotZero(t, rs[0].ID)
 		requireTime(t, t0, rs[0].CreatedAt, "CreatedAt is the store's time")
 		want := before.ReplayMessage()
-		require.Equal(t, framework.Replay{
+		require.Equal(t, driver.Replay{
 			ID: rs[0].ID, DeadLetterID: before.ID, Consumer: consumer, Topic: before.Topic,
 			Body: before.Body, Metadata: map[string]string(want.Metadata), CreatedAt: rs[0].CreatedAt,
 		}, rs[0])
@@ -403,13 +404,13 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.Equal(t, strconv.FormatInt(before.ID, 10), rs[0].Metadata[framework.MetadataReplayOf])
 
 		now := b.clock.Advance(time.Hour)
-		_, err = b.store.ResolveDeadLetter(ctx, dls[1].ID, framework.Resolution{
-			Status: framework.DeadLetterDiscarded, By: "bob", Reason: "test data",
+		_, err = b.store.ResolveDeadLetter(ctx, dls[1].ID, driver.Resolution{
+			Status: driver.DeadLetterDiscarded, By: "bob", Reason: "test data",
 		})
 		require.NoError(t, err)
 		got, err = b.store.DeadLetter(ctx, dls[1].ID)
 		require.NoError(t, err)
-		require.Equal(t, framework.DeadLetterDiscarded, got.Status)
+		require.Equal(t, driver.DeadLetterDiscarded, got.Status)
 		require.Equal(t, "bob", got.Resolution.By)
 		require.Equal(t, "test data", got.Resolution.Reason)
 		requireTime(t, now, got.Resolution.At, "Resolution.At defaults to now")
@@ -418,30 +419,30 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.Empty(t, rs, "a discard replays nothing")
 
 		h := history(t, b.store, dls[1].ID)
-		require.Equal(t, []framework.HistoryKind{framework.HistoryFailed, framework.HistoryDiscarded}, kinds(h))
+		require.Equal(t, []driver.HistoryKind{driver.HistoryFailed, driver.HistoryDiscarded}, kinds(h))
 		requireTime(t, now, h[1].At, "the resolution's time")
 		require.Equal(t, "bob", h[1].By)
 		require.Equal(t, "test data", h[1].Reason)
 
-		_, err = b.store.ResolveDeadLetter(ctx, dls[0].ID, framework.Resolution{Status: framework.DeadLetterDiscarded, By: "carol"})
-		require.ErrorIs(t, err, framework.ErrNotPending, "already resolved")
-		require.NotErrorIs(t, err, framework.ErrNotFound)
-		require.ErrorContains(t, err, string(framework.DeadLetterReplayed), "the error names the status")
+		_, err = b.store.ResolveDeadLetter(ctx, dls[0].ID, driver.Resolution{Status: driver.DeadLetterDiscarded, By: "carol"})
+		require.ErrorIs(t, err, driver.ErrNotPending, "already resolved")
+		require.NotErrorIs(t, err, driver.ErrNotFound)
+		require.ErrorContains(t, err, string(driver.DeadLetterReplayed), "the error names the status")
 		require.Len(t, history(t, b.store, dls[0].ID), 2, "a refused resolution leaves no trace")
 		_, err = b.store.ResolveDeadLetter(ctx, dls[1].ID+1000, replay)
-		require.ErrorIs(t, err, framework.ErrNotFound, "missing")
-		require.NotErrorIs(t, err, framework.ErrNotPending)
+		require.ErrorIs(t, err, driver.ErrNotFound, "missing")
+		require.NotErrorIs(t, err, driver.ErrNotPending)
 		_, err = b.store.DeadLetter(ctx, dls[1].ID+1000)
-		require.ErrorIs(t, err, framework.ErrNotFound)
+		require.ErrorIs(t, err, driver.ErrNotFound)
 		_, err = b.store.DeadLetterHistory(ctx, dls[1].ID+1000)
-		require.ErrorIs(t, err, framework.ErrNotFound)
+		require.ErrorIs(t, err, driver.ErrNotFound)
 
 		require.NoError(t, b.store.PublishDeadLetter(ctx, deadLetter(consumer, "e-3")))
-		pending := only(t, b.store, framework.DeadLetterFilter{Status: framework.DeadLetterPending})
-		_, err = b.store.ResolveDeadLetter(ctx, pending.ID, framework.Resolution{Status: framework.DeadLetterPending, By: "dave"})
+		pending := only(t, b.store, driver.DeadLetterFilter{Status: driver.DeadLetterPending})
+		_, err = b.store.ResolveDeadLetter(ctx, pending.ID, driver.Resolution{Status: driver.DeadLetterPending, By: "dave"})
 		require.Error(t, err)
-		require.NotErrorIs(t, err, framework.ErrNotFound)
-		require.NotErrorIs(t, err, framework.ErrNotPending)
+		require.NotErrorIs(t, err, driver.ErrNotFound)
+		require.NotErrorIs(t, err, driver.ErrNotPending)
 	})
 
 	// A dead letter that comes back after an operator resolved it (a
@@ -454,10 +455,10 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 		b := setup(t, newHarness)
 		ctx := context.Background()
 		require.NoError(t, b.store.PublishDeadLetter(ctx, deadLetter(consumer, "e-1")))
-		dl := only(t, b.store, framework.DeadLetterFilter{})
+		dl := only(t, b.store, driver.DeadLetterFilter{})
 		replayedAt := b.clock.Advance(time.Minute)
-		_, err := b.store.ResolveDeadLetter(ctx, dl.ID, framework.Resolution{
-			Status: framework.DeadLetterReplayed, By: "alice", Reason: "retry",
+		_, err := b.store.ResolveDeadLetter(ctx, dl.ID, driver.Resolution{
+			Status: driver.DeadLetterReplayed, By: "alice", Reason: "retry",
 		})
 		require.NoError(t, err)
 
@@ -465,9 +466,9 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 		again := deadLetter(consumer, "e-1")
 		again.Code, again.Attempts, again.Deliveries = framework.CodeRetriesExhausted, 5, 0
 		require.NoError(t, b.store.PublishDeadLetter(ctx, again))
-		got := only(t, b.store, framework.DeadLetterFilter{})
+		got := only(t, b.store, driver.DeadLetterFilter{})
 		require.Equal(t, dl.ID, got.ID)
-		require.Equal(t, framework.DeadLetterPending, got.Status)
+		require.Equal(t, driver.DeadLetterPending, got.Status)
 		require.Equal(t, 1, got.Repeats)
 		require.Zero(t, got.Resolution, "zero while pending")
 		requireTime(t, t0, got.FirstFailedAt, "FirstFailedAt")
@@ -477,23 +478,23 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 		for i := range h {
 			h[i].At = h[i].At.UTC().Round(0)
 		}
-		require.Equal(t, []framework.HistoryEntry{
-			{At: t0, Kind: framework.HistoryFailed, Code: framework.CodeInvalidPayload, Attempts: 1, Deliveries: 3},
-			{At: replayedAt, Kind: framework.HistoryReplayed, By: "alice", Reason: "retry"},
-			{At: later, Kind: framework.HistoryFailed, Code: framework.CodeRetriesExhausted, Attempts: 5},
+		require.Equal(t, []driver.HistoryEntry{
+			{At: t0, Kind: driver.HistoryFailed, Code: framework.CodeInvalidPayload, Attempts: 1, Deliveries: 3},
+			{At: replayedAt, Kind: driver.HistoryReplayed, By: "alice", Reason: "retry"},
+			{At: later, Kind: driver.HistoryFailed, Code: framework.CodeRetriesExhausted, Attempts: 5},
 		}, h)
 
 		discardedAt := b.clock.Advance(time.Minute)
-		_, err = b.store.ResolveDeadLetter(ctx, dl.ID, framework.Resolution{
-			Status: framework.DeadLetterDiscarded, By: "bob", Reason: "gave up",
+		_, err = b.store.ResolveDeadLetter(ctx, dl.ID, driver.Resolution{
+			Status: driver.DeadLetterDiscarded, By: "bob", Reason: "gave up",
 		})
 		require.NoError(t, err)
 		got, err = b.store.DeadLetter(ctx, dl.ID)
 		require.NoError(t, err)
 		require.Equal(t, "bob", got.Resolution.By, "the last resolution")
 		requireTime(t, discardedAt, got.Resolution.At, "Resolution.At")
-		require.Equal(t, []framework.HistoryKind{
-			framework.HistoryFailed, framework.HistoryReplayed, framework.HistoryFailed, framework.HistoryDiscarded,
+		require.Equal(t, []driver.HistoryKind{
+			driver.HistoryFailed, driver.HistoryReplayed, driver.HistoryFailed, driver.HistoryDiscarded,
 		}, kinds(history(t, b.store, dl.ID)))
 	})
 
@@ -505,7 +506,7 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 		b := setup(t, newHarness)
 		ctx := context.Background()
 		require.NoError(t, b.store.PublishDeadLetter(ctx, deadLetter(consumer, "e-1")))
-		dl := only(t, b.store, framework.DeadLetterFilter{})
+		dl := only(t, b.store, driver.DeadLetterFilter{})
 		const operators = 8
 		var (
 			wg    sync.WaitGroup
@@ -515,8 +516,8 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 		for i := range operators {
 			wg.Go(func() {
 				<-start
-				_, err := b.store.ResolveDeadLetter(ctx, dl.ID, framework.Resolution{
-					Status: framework.DeadLetterReplayed, By: fmt.Sprintf("op-%d", i), Reason: "race",
+				_, err := b.store.ResolveDeadLetter(ctx, dl.ID, driver.Resolution{
+					Status: driver.DeadLetterReplayed, By: fmt.Sprintf("op-%d", i), Reason: "race",
 				})
 				errs <- err
 			})
@@ -530,18 +531,18 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 				won++
 				continue
 			}
-			require.ErrorIs(t, err, framework.ErrNotPending)
+			require.ErrorIs(t, err, driver.ErrNotPending)
 		}
 		require.Equal(t, 1, won, "exactly one operator resolves it")
 		rs, err := b.store.ClaimReplays(ctx, 100, time.Minute)
 		require.NoError(t, err)
 		require.Len(t, rs, 1, "the message is recorded for replay once")
-		require.Equal(t, []framework.HistoryKind{framework.HistoryFailed, framework.HistoryReplayed}, kinds(history(t, b.store, dl.ID)))
+		require.Equal(t, []driver.HistoryKind{driver.HistoryFailed, driver.HistoryReplayed}, kinds(history(t, b.store, dl.ID)))
 	})
 }
 
 // history returns the history of the dead letter id.
-func history(t *testing.T, s framework.Store, id int64) []framework.HistoryEntry {
+func history(t *testing.T, s driver.Store, id int64) []driver.HistoryEntry {
 	t.Helper()
 	h, err := s.DeadLetterHistory(context.Background(), id)
 	require.NoError(t, err)
@@ -549,8 +550,8 @@ func history(t *testing.T, s framework.Store, id int64) []framework.HistoryEntry
 }
 
 // kinds returns the kinds of the entries of h.
-func kinds(h []framework.HistoryEntry) []framework.HistoryKind {
-	out := make([]framework.HistoryKind, len(h))
+func kinds(h []driver.HistoryEntry) []driver.HistoryKind {
+	out := make([]driver.HistoryKind, len(h))
 	for i, e := range h {
 		out[i] = e.Kind
 	}
@@ -568,7 +569,7 @@ func exercisePrefix(t *testing.T, newHarness func(t *testing.T) Harness) {
 		key := framework.Key{Source: "orders", ID: "1"}
 		nop := func(context.Context) error { return nil }
 
-		for _, uow := range []*framework.UnitOfWork{b.uow, uowA, uowC} {
+		for _, uow := range []*driver.UnitOfWork{b.uow, uowA, uowC} {
 			out, err := b.do(ctx, uow, consumer, key, nop)
 			require.NoError(t, err)
 			require.Equal(t, framework.Processed, out)
@@ -591,9 +592,9 @@ func exercisePrefix(t *testing.T, newHarness func(t *testing.T) Harness) {
 	})
 }
 
-func mustList(t *testing.T, s framework.Store) []framework.DeadLetter {
+func mustList(t *testing.T, s driver.Store) []driver.DeadLetter {
 	t.Helper()
-	dls, err := s.DeadLetters(context.Background(), framework.DeadLetterFilter{})
+	dls, err := s.DeadLetters(context.Background(), driver.DeadLetterFilter{})
 	require.NoError(t, err)
 	return dls
 }

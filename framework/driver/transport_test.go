@@ -1,21 +1,21 @@
-package framework_test
+package driver_test
 
 import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 // TestSubscribeConfig shows the defaults of a subscription request and
 // that each invalid field is named in its error.
 func TestSubscribeConfig(t *testing.T) {
 	t.Parallel()
-	ok := framework.SubscribeConfig{Consumer: "c", Types: []string{"a"}}
+	ok := driver.SubscribeConfig{Consumer: "c", Types: []string{"a"}}
 	require.Equal(t, 1, ok.WithDefaults().Concurrency)
 	require.NoError(t, ok.WithDefaults().Validate())
-	for field, cfg := range map[string]framework.SubscribeConfig{
+	for field, cfg := range map[string]driver.SubscribeConfig{
 		"Consumer":       {Types: []string{"a"}, Concurrency: 1},
 		"Types":          {Consumer: "c", Concurrency: 1},
 		"Concurrency":    {Consumer: "c", Types: []string{"a"}},

@@ -9,10 +9,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/outbox"
 )
 
-// ExerciseInspector runs the suite of framework.Inspector, which every
+// ExerciseInspector runs the suite of driver.Inspector, which every
 // store of the framework implements: what InspectEvent tells of an event
 // produced through the outbox (on a store with a database), applied by one
 // consumer and dead-lettered by another, how far the purges deleted, and
@@ -40,16 +41,16 @@ const (
 	placed   = "shop.order.placed"
 )
 
-// inspector returns b's store as a framework.Inspector.
-func (b *bundle) inspector(t *testing.T) framework.Inspector {
+// inspector returns b's store as a driver.Inspector.
+func (b *bundle) inspector(t *testing.T) driver.Inspector {
 	t.Helper()
-	in, ok := b.store.(framework.Inspector)
-	require.Truef(t, ok, "%T does not implement framework.Inspector", b.store)
+	in, ok := b.store.(driver.Inspector)
+	require.Truef(t, ok, "%T does not implement driver.Inspector", b.store)
 	return in
 }
 
 // inspect returns the record of key.
-func (b *bundle) inspect(t *testing.T, key framework.Key) framework.EventRecord {
+func (b *bundle) inspect(t *testing.T, key framework.Key) driver.EventRecord {
 	t.Helper()
 	rec, err := b.inspector(t).InspectEvent(context.Background(), key)
 	require.NoError(t, err)
@@ -135,10 +136,10 @@ func exerciseInspectEvent(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.Equal(t, framework.CodeHandlerFailed, got.Code)
 		require.Equal(t, 3, got.Attempts)
 		require.Equal(t, 1, got.Repeats)
-		require.Equal(t, framework.DeadLetterPending, got.Status)
+		require.Equal(t, driver.DeadLetterPending, got.Status)
 		require.Len(t, got.History, 2, "both failures")
 		for i, at := range []time.Time{failed, refailed} {
-			require.Equal(t, framework.HistoryFailed, got.History[i].Kind)
+			require.Equal(t, driver.HistoryFailed, got.History[i].Kind)
 			requireTime(t, at, got.History[i].At, "history at")
 		}
 
@@ -164,7 +165,7 @@ func exerciseInspectEvent(t *testing.T, newHarness func(t *testing.T) Harness) {
 		held := framework.Key{Source: "shop", ID: "1"}
 		later := framework.Key{Source: "shop", ID: "2"}
 		b.hold(t, rejecter, "order-1", 1, held)
-		require.True(t, b.park(t, framework.ParkedEvent{Consumer: rejecter, Subject: "order-1", Seq: 2, Key: later, Topic: placed, Body: []byte("{}")}, false))
+		require.True(t, b.park(t, driver.ParkedEvent{Consumer: rejecter, Subject: "order-1", Seq: 2, Key: later, Topic: placed, Body: []byte("{}")}, false))
 		rec := b.inspect(t, later)
 		require.True(t, rec.Known())
 		require.Empty(t, rec.Processed, "a parked event is not processed")
@@ -197,12 +198,12 @@ func exerciseInspectEvent(t *testing.T, newHarness func(t *testing.T) Harness) {
 			rec := b.inspect(t, key)
 			require.Falsef(t, rec.Known(), "%q: %+v", key, rec)
 		}
-		for _, f := range []framework.DeadLetterFilter{{Consumer: "a\xff"}, {Code: "c\x00"}, {Type: "t\xff"}, {Subject: "s\x00"}, {Source: "s\xff", EventID: "1"}} {
+		for _, f := range []driver.DeadLetterFilter{{Consumer: "a\xff"}, {Code: "c\x00"}, {Type: "t\xff"}, {Subject: "s\x00"}, {Source: "s\xff", EventID: "1"}} {
 			dls, err := b.store.DeadLetters(ctx, f)
 			require.NoError(t, err, "%+v", f)
 			require.Empty(t, dls)
 		}
-		for _, f := range []framework.ParkedFilter{{Consumer: "a\x00"}, {Subject: "s\xff"}} {
+		for _, f := range []driver.ParkedFilter{{Consumer: "a\x00"}, {Subject: "s\xff"}} {
 			ps, err := b.store.Parked(ctx, f)
 			require.NoError(t, err, "%+v", f)
 			require.Empty(t, ps)
@@ -298,10 +299,10 @@ func exerciseInspectConsumers(t *testing.T, newHarness func(t *testing.T) Harnes
 		require.NoError(t, b.store.PublishDeadLetter(ctx, deadLetter(rejecter, id)))
 	}
 	resolved := mustList(t, b.store)[2]
-	_, err = b.store.ResolveDeadLetter(ctx, resolved.ID, framework.Resolution{Status: framework.DeadLetterDiscarded, By: "op", Reason: "test"})
+	_, err = b.store.ResolveDeadLetter(ctx, resolved.ID, driver.Resolution{Status: driver.DeadLetterDiscarded, By: "op", Reason: "test"})
 	require.NoError(t, err)
 	b.hold(t, rejecter, "order-1", 1, framework.Key{Source: "appointments", ID: "1"})
-	require.True(t, b.park(t, framework.ParkedEvent{Consumer: rejecter, Subject: "order-1", Seq: 2, Key: framework.Key{Source: "shop", ID: "4"}, Topic: placed, Body: []byte("{}")}, false))
+	require.True(t, b.park(t, driver.ParkedEvent{Consumer: rejecter, Subject: "order-1", Seq: 2, Key: framework.Key{Source: "shop", ID: "4"}, Topic: placed, Body: []byte("{}")}, false))
 	var oldest time.Time
 	if b.h.DB != nil {
 		oldest = b.clock.Advance(time.Minute)
@@ -312,7 +313,7 @@ func exerciseInspectConsumers(t *testing.T, newHarness func(t *testing.T) Harnes
 
 	rec, err = in.InspectConsumers(ctx, t0.Add(time.Hour))
 	require.NoError(t, err)
-	require.Equal(t, []framework.ConsumerFigures{
+	require.Equal(t, []driver.ConsumerFigures{
 		{Consumer: rejecter, Processed: 0, PendingDeadLetters: 2, Parked: 1},
 		{Consumer: applier, Processed: 2},
 	}, rec.Consumers)

@@ -1,6 +1,10 @@
-package framework
+package driver
 
-import "context"
+import (
+	"context"
+
+	"github.com/effectively-once/effectively/framework"
+)
 
 // Consume processes one message body for consumer c, without a container
 // or a router: it decodes the CloudEvent, routes it to c's handler and runs
@@ -12,14 +16,14 @@ import "context"
 // IsPermanent) means the message will never succeed. The middleware chain
 // of package middleware adds retries, dead letters and the delivery guard
 // around the same unit of work.
-func Consume(ctx context.Context, c *Consumer, uow *UnitOfWork, body []byte) (Outcome, error) {
-	env, err := Decode(body, 0)
+func Consume(ctx context.Context, c *framework.Consumer, uow *UnitOfWork, body []byte) (framework.Outcome, error) {
+	env, err := framework.Decode(body, 0)
 	if err != nil {
-		return Failed, err
+		return framework.Failed, err
 	}
 	handle, err := c.Route(env)
 	if err != nil {
-		return Failed, err
+		return framework.Failed, err
 	}
 	return uow.Do(ctx, c.Name(), env.Key(), handle)
 }

@@ -1,4 +1,4 @@
-package framework
+package driver
 
 // Waiting returns how many attempts of u wait for a batch, for tests that
 // gather a batch before they let it run.

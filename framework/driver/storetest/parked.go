@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
@@ -22,7 +23,7 @@ func (b *bundle) hold(t *testing.T, consumer, subject string, seq int64, key fra
 
 // eventDeadLetter is the dead letter with code of the event key, with
 // sequence seq of subject, for consumer.
-func eventDeadLetter(consumer, subject string, seq int64, key framework.Key, code framework.Code) framework.DeadLetter {
+func eventDeadLetter(consumer, subject string, seq int64, key framework.Key, code framework.Code) driver.DeadLetter {
 	dl := deadLetter(consumer, key.ID)
 	dl.Source, dl.Subject, dl.SubjectSeq, dl.Code = key.Source, subject, seq, code
 	return dl
@@ -32,10 +33,10 @@ func eventDeadLetter(consumer, subject string, seq int64, key framework.Key, cod
 // subject's checkpoint, as strict order does, and parks p; the attempt
 // commits unless Park failed, or rollback: then it ends with errBoom. It
 // returns whether Park parked p, and the attempt's outcome and error.
-func (b *bundle) attemptPark(p framework.ParkedEvent, rollback bool) (bool, framework.Outcome, error) {
+func (b *bundle) attemptPark(p driver.ParkedEvent, rollback bool) (bool, framework.Outcome, error) {
 	var parked bool
 	out, err := b.do(context.Background(), b.uow, p.Consumer, p.Key, func(ctx context.Context) error {
-		tx, _ := pipeline.From[*framework.Tx](ctx)
+		tx, _ := pipeline.From[*driver.Tx](ctx)
 		if _, err := b.store.Checkpoint(ctx, tx, p.Consumer, p.Subject); err != nil {
 			return err
 		}
@@ -53,7 +54,7 @@ func (b *bundle) attemptPark(p framework.ParkedEvent, rollback bool) (bool, fram
 
 // park is attemptPark, whose attempt commits when it parked p and ends
 // with errBoom when rollback. It returns whether Park parked p.
-func (b *bundle) park(t *testing.T, p framework.ParkedEvent, rollback bool) bool {
+func (b *bundle) park(t *testing.T, p driver.ParkedEvent, rollback bool) bool {
 	t.Helper()
 	parked, out, err := b.attemptPark(p, rollback)
 	if rollback {
@@ -70,7 +71,7 @@ func (b *bundle) park(t *testing.T, p framework.ParkedEvent, rollback bool) bool
 func (b *bundle) endWait(t *testing.T, consumer, subject string, seq int64, key framework.Key) bool {
 	t.Helper()
 	var after bool
-	require.NoError(t, b.inTx(context.Background(), func(ctx context.Context, tx *framework.Tx) error {
+	require.NoError(t, b.inTx(context.Background(), func(ctx context.Context, tx *driver.Tx) error {
 		var err error
 		after, err = b.store.EndWait(ctx, tx, consumer, subject, seq, key)
 		return err
@@ -80,7 +81,7 @@ func (b *bundle) endWait(t *testing.T, consumer, subject string, seq int64, key 
 
 // seqs returns the sequences of ps, each with H when held and R when
 // ready.
-func seqs(ps []framework.ParkedEvent) []string {
+func seqs(ps []driver.ParkedEvent) []string {
 	out := make([]string, 0, len(ps))
 	for _, p := range ps {
 		s := p.Subject + "#" + string(rune('0'+p.Seq))
@@ -97,9 +98,9 @@ func seqs(ps []framework.ParkedEvent) []string {
 
 func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 	const consumer = "shipping.pack-on-order-paid"
-	event := func(seq int64) framework.ParkedEvent {
+	event := func(seq int64) driver.ParkedEvent {
 		id := string(rune('0' + seq))
-		return framework.ParkedEvent{
+		return driver.ParkedEvent{
 			Consumer: consumer, Subject: "order-1", Seq: seq,
 			Key:      framework.Key{Source: "orders", ID: "e" + id},
 			Topic:    "orders.order.paid",
@@ -109,7 +110,7 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 	}
 	// rival is another event than event(seq) with its sequence: two
 	// events claimed one step.
-	rival := func(seq int64) framework.ParkedEvent {
+	rival := func(seq int64) driver.ParkedEvent {
 		p := event(seq)
 		p.Key.ID += "-other"
 		p.Body = []byte(`{"other":true}`)
@@ -131,7 +132,7 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 		_, err = b.store.WaitGap(ctx, consumer, "order-1", 7, event(7).Key, event(7).Body)
 		require.NoError(t, err)
 	}
-	list := func(t *testing.T, b *bundle, f framework.ParkedFilter) []framework.ParkedEvent {
+	list := func(t *testing.T, b *bundle, f driver.ParkedFilter) []driver.ParkedEvent {
 		t.Helper()
 		ps, err := b.store.Parked(context.Background(), f)
 		require.NoError(t, err)
@@ -147,20 +148,20 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 
 		b.hold(t, consumer, "order-1", 5, event(5).Key)
 		require.True(t, b.park(t, event(6), true), "parked, then rolled back: that leaves nothing")
-		require.Equal(t, []string{"order-1#5H"}, seqs(list(t, b, framework.ParkedFilter{})))
+		require.Equal(t, []string{"order-1#5H"}, seqs(list(t, b, driver.ParkedFilter{})))
 
 		require.True(t, b.park(t, event(7), false))
 		require.True(t, b.park(t, event(6), false))
 		require.True(t, b.park(t, event(6), false), "parking again is no error")
-		ps := list(t, b, framework.ParkedFilter{Consumer: consumer, Subject: "order-1"})
+		ps := list(t, b, driver.ParkedFilter{Consumer: consumer, Subject: "order-1"})
 		require.Equal(t, []string{"order-1#5H", "order-1#6", "order-1#7"}, seqs(ps))
 		require.Equal(t, event(5).Key, ps[0].Key)
 		want := event(6)
 		want.At = t0
 		require.Equal(t, want, ps[1], "the message is kept intact")
-		require.Empty(t, list(t, b, framework.ParkedFilter{Consumer: "other.consumer"}))
-		require.Empty(t, list(t, b, framework.ParkedFilter{Ready: true}))
-		require.Len(t, list(t, b, framework.ParkedFilter{Limit: 2}), 2)
+		require.Empty(t, list(t, b, driver.ParkedFilter{Consumer: "other.consumer"}))
+		require.Empty(t, list(t, b, driver.ParkedFilter{Ready: true}))
+		require.Len(t, list(t, b, driver.ParkedFilter{Limit: 2}), 2)
 
 		out, err := b.do(ctx, b.uow, consumer, event(6).Key, func(context.Context) error { return nil })
 		require.NoError(t, err)
@@ -177,18 +178,18 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 
 		require.True(t, b.advance(t, consumer, "order-1", 5))
 		require.True(t, b.endWait(t, consumer, "order-1", 5, event(5).Key), "events are parked after 5")
-		require.Equal(t, []string{"order-1#6R", "order-1#8"}, seqs(list(t, b, framework.ParkedFilter{})))
-		require.Equal(t, []string{"order-1#6R"}, seqs(list(t, b, framework.ParkedFilter{Ready: true})))
+		require.Equal(t, []string{"order-1#6R", "order-1#8"}, seqs(list(t, b, driver.ParkedFilter{})))
+		require.Equal(t, []string{"order-1#6R"}, seqs(list(t, b, driver.ParkedFilter{Ready: true})))
 
 		require.True(t, b.advance(t, consumer, "order-1", 6))
 		require.True(t, b.endWait(t, consumer, "order-1", 6, event(6).Key), "8 is parked after 6")
-		require.Empty(t, list(t, b, framework.ParkedFilter{Ready: true}), "8 waits for 7")
+		require.Empty(t, list(t, b, driver.ParkedFilter{Ready: true}), "8 waits for 7")
 		require.True(t, b.advance(t, consumer, "order-1", 7))
 		require.True(t, b.endWait(t, consumer, "order-1", 7, event(7).Key))
-		require.Equal(t, []string{"order-1#8R"}, seqs(list(t, b, framework.ParkedFilter{Ready: true})))
+		require.Equal(t, []string{"order-1#8R"}, seqs(list(t, b, driver.ParkedFilter{Ready: true})))
 		require.True(t, b.advance(t, consumer, "order-1", 8))
 		require.False(t, b.endWait(t, consumer, "order-1", 8, event(8).Key), "none left")
-		require.Empty(t, list(t, b, framework.ParkedFilter{}))
+		require.Empty(t, list(t, b, driver.ParkedFilter{}))
 	})
 
 	t.Run("ReadyBesideTheLastSequence", func(t *testing.T) {
@@ -201,7 +202,7 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 		b.hold(t, consumer, "order-1", 5, event(5).Key)
 		require.True(t, b.park(t, event(6), false))
 		require.True(t, b.advance(t, consumer, "order-1", math.MaxInt64))
-		other := func(seq int64) framework.ParkedEvent {
+		other := func(seq int64) driver.ParkedEvent {
 			p := event(seq)
 			p.Subject = "order-2"
 			return p
@@ -212,9 +213,9 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.True(t, b.advance(t, consumer, "order-2", 2))
 		require.True(t, b.endWait(t, consumer, "order-2", 2, event(2).Key))
 
-		all := seqs(list(t, b, framework.ParkedFilter{}))
+		all := seqs(list(t, b, driver.ParkedFilter{}))
 		require.Contains(t, all, "order-2#3R")
-		require.Equal(t, []string{"order-2#3R"}, seqs(list(t, b, framework.ParkedFilter{Ready: true})))
+		require.Equal(t, []string{"order-2#3R"}, seqs(list(t, b, driver.ParkedFilter{Ready: true})))
 	})
 
 	t.Run("HoldAtOrBelowTheCheckpointIsNotRecorded", func(t *testing.T) {
@@ -223,7 +224,7 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.True(t, b.advance(t, consumer, "order-1", 5))
 		b.hold(t, consumer, "order-1", 5, event(5).Key)
 		b.hold(t, consumer, "order-1", 3, event(3).Key)
-		require.Empty(t, list(t, b, framework.ParkedFilter{}))
+		require.Empty(t, list(t, b, driver.ParkedFilter{}))
 		require.Len(t, mustList(t, b.store), 2, "the dead letters are stored")
 		require.False(t, b.park(t, event(7), false), "7 waits behind a gap")
 	})
@@ -245,7 +246,7 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 		canceled, cancel := context.WithCancel(ctx)
 		cancel()
 		require.Error(t, b.store.HoldDeadLetter(canceled, dl))
-		ps := list(t, b, framework.ParkedFilter{})
+		ps := list(t, b, driver.ParkedFilter{})
 		require.Equal(t, []string{"order-1#5H", "order-1#6"}, seqs(ps), "neither held nor dead letter")
 		want := event(6)
 		want.At = t0
@@ -253,7 +254,7 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.Len(t, mustList(t, b.store), 1, "5's dead letter only")
 
 		require.NoError(t, b.store.HoldDeadLetter(ctx, dl))
-		require.Equal(t, []string{"order-1#5H", "order-1#6H"}, seqs(list(t, b, framework.ParkedFilter{})))
+		require.Equal(t, []string{"order-1#5H", "order-1#6H"}, seqs(list(t, b, driver.ParkedFilter{})))
 		dls := mustList(t, b.store)
 		require.Len(t, dls, 2)
 		require.Equal(t, "e6", dls[1].EventID)
@@ -272,11 +273,11 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 		places(t, b)
 		for _, seq := range []int64{4, 5, 6} { // parked, held, skipped
 			parked, _, err := b.attemptPark(rival(seq), false)
-			require.ErrorIs(t, err, framework.ErrSequenceTaken, "#%d", seq)
+			require.ErrorIs(t, err, driver.ErrSequenceTaken, "#%d", seq)
 			require.False(t, parked, "#%d", seq)
 			require.NoError(t, b.store.HoldDeadLetter(ctx, eventDeadLetter(consumer, "order-1", seq, rival(seq).Key, framework.CodeSequenceConflict)))
 		}
-		ps := list(t, b, framework.ParkedFilter{})
+		ps := list(t, b, driver.ParkedFilter{})
 		require.Equal(t, []string{"order-1#3H", "order-1#4", "order-1#5H"}, seqs(ps))
 		want := event(4)
 		want.At = t0
@@ -314,9 +315,9 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.NoError(t, err)
 		require.True(t, parked)
 		parked, err = b.store.ParkGap(ctx, other)
-		require.ErrorIs(t, err, framework.ErrSequenceTaken)
+		require.ErrorIs(t, err, driver.ErrSequenceTaken)
 		require.False(t, parked)
-		ps := list(t, b, framework.ParkedFilter{})
+		ps := list(t, b, driver.ParkedFilter{})
 		require.Len(t, ps, 1)
 		require.Equal(t, event(6).Key, ps[0].Key)
 		require.Equal(t, event(6).Body, ps[0].Body)
@@ -332,21 +333,21 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 		places(t, b)
 		for _, seq := range []int64{3, 4, 5, 6} {
 			other := rival(seq).Key
-			err := b.inTx(ctx, func(ctx context.Context, tx *framework.Tx) error {
+			err := b.inTx(ctx, func(ctx context.Context, tx *driver.Tx) error {
 				_, err := b.store.EndWait(ctx, tx, consumer, "order-1", seq, other)
 				return err
 			})
-			require.ErrorIs(t, err, framework.ErrSequenceTaken, "#%d", seq)
+			require.ErrorIs(t, err, driver.ErrSequenceTaken, "#%d", seq)
 			_, err = b.store.EndWait(ctx, nil, consumer, "order-1", seq, other)
-			require.ErrorIs(t, err, framework.ErrSequenceTaken, "#%d, without a transaction", seq)
+			require.ErrorIs(t, err, driver.ErrSequenceTaken, "#%d, without a transaction", seq)
 		}
-		require.Equal(t, []string{"order-1#3H", "order-1#4", "order-1#5H"}, seqs(list(t, b, framework.ParkedFilter{})))
+		require.Equal(t, []string{"order-1#3H", "order-1#4", "order-1#5H"}, seqs(list(t, b, driver.ParkedFilter{})))
 		b.endWait(t, consumer, "order-1", 7, rival(7).Key)
 		waited, err := b.store.WaitGap(ctx, consumer, "order-1", 7, event(7).Key, event(7).Body)
 		require.NoError(t, err)
 		require.Zero(t, waited, "the wait ended with the effect at 7")
 		require.True(t, b.endWait(t, consumer, "order-1", 3, event(3).Key), "its own hold: 4 is parked after 3")
-		require.Equal(t, []string{"order-1#4", "order-1#5H"}, seqs(list(t, b, framework.ParkedFilter{})))
+		require.Equal(t, []string{"order-1#4", "order-1#5H"}, seqs(list(t, b, driver.ParkedFilter{})))
 	})
 
 	t.Run("DeadLetterWithoutSequenceHoldsNothing", func(t *testing.T) {
@@ -358,7 +359,7 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 		dl = deadLetter(consumer, "e2")
 		dl.Subject, dl.SubjectSeq = "order-1", 0
 		require.NoError(t, b.store.HoldDeadLetter(context.Background(), dl))
-		require.Empty(t, list(t, b, framework.ParkedFilter{}))
+		require.Empty(t, list(t, b, driver.ParkedFilter{}))
 		require.Len(t, mustList(t, b.store), 2, "the dead letters are stored")
 	})
 
@@ -390,22 +391,22 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.True(t, parked, "parking again is no error")
 		want := event(7)
 		want.At = t0
-		require.Equal(t, []framework.ParkedEvent{want}, list(t, b, framework.ParkedFilter{}),
+		require.Equal(t, []driver.ParkedEvent{want}, list(t, b, driver.ParkedFilter{}),
 			"the message is kept intact, its time is its wait's start")
 		b.clock.Advance(time.Minute)
 		waited, err := b.store.WaitGap(ctx, consumer, "order-1", 7, event(7).Key, event(7).Body)
 		require.NoError(t, err)
 		require.Equal(t, time.Minute+5*time.Second, waited, "the wait goes on from its start")
-		require.Len(t, list(t, b, framework.ParkedFilter{}), 1, "still parked")
+		require.Len(t, list(t, b, driver.ParkedFilter{}), 1, "still parked")
 
 		require.False(t, b.park(t, event(6), false), "6 is before the parked 7: it waits, unparked")
 		require.True(t, b.park(t, event(8), false), "8 is parked behind 7")
 		require.True(t, b.advance(t, consumer, "order-1", 6))
 		require.True(t, b.endWait(t, consumer, "order-1", 6, event(6).Key), "events are parked after 6")
-		require.Equal(t, []string{"order-1#7R", "order-1#8"}, seqs(list(t, b, framework.ParkedFilter{})))
+		require.Equal(t, []string{"order-1#7R", "order-1#8"}, seqs(list(t, b, driver.ParkedFilter{})))
 		require.True(t, b.advance(t, consumer, "order-1", 7))
 		require.True(t, b.endWait(t, consumer, "order-1", 7, event(7).Key))
-		require.Equal(t, []string{"order-1#8R"}, seqs(list(t, b, framework.ParkedFilter{})), "7's effect ended its parking")
+		require.Equal(t, []string{"order-1#8R"}, seqs(list(t, b, driver.ParkedFilter{})), "7's effect ended its parking")
 	})
 
 	t.Run("DeadLetterEndsItsOwnWait", func(t *testing.T) {
@@ -430,10 +431,10 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 		other := framework.Key{Source: "orders", ID: "other"}
 		require.NoError(t, b.store.PublishDeadLetter(ctx, eventDeadLetter(consumer, "order-2", 7, other, framework.CodeSequenceGap)))
 		require.NoError(t, b.store.PublishDeadLetter(ctx, eventDeadLetter(consumer, "order-2", 8, event(7).Key, framework.CodeSequenceGap)))
-		require.Equal(t, []string{"order-1#5H", "order-2#7"}, seqs(list(t, b, framework.ParkedFilter{})))
+		require.Equal(t, []string{"order-1#5H", "order-2#7"}, seqs(list(t, b, driver.ParkedFilter{})))
 
 		require.NoError(t, b.store.PublishDeadLetter(ctx, eventDeadLetter(consumer, "order-2", 7, event(7).Key, framework.CodeSequenceGap)))
-		require.Equal(t, []string{"order-1#5H"}, seqs(list(t, b, framework.ParkedFilter{})), "the hold stays")
+		require.Equal(t, []string{"order-1#5H"}, seqs(list(t, b, driver.ParkedFilter{})), "the hold stays")
 
 		// A wait, unparked, ends the same way: its next wait starts
 		// afresh.
@@ -470,7 +471,7 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 		r := <-result
 		require.NoError(t, r.err)
 		require.False(t, r.moved, "the attempt that moved the checkpoint to 6 committed first: 7's turn came")
-		require.Empty(t, list(t, b, framework.ParkedFilter{}))
+		require.Empty(t, list(t, b, driver.ParkedFilter{}))
 	})
 
 	t.Run("SkipMovesTheCheckpointPastTheHeldEvent", func(t *testing.T) {
@@ -482,16 +483,16 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.True(t, b.park(t, event(6), false))
 
 		_, err := b.store.Skip(ctx, consumer, "order-1", event(6).Key)
-		require.ErrorIs(t, err, framework.ErrNotFound, "6 is parked, not held")
+		require.ErrorIs(t, err, driver.ErrNotFound, "6 is parked, not held")
 		_, err = b.store.Skip(ctx, consumer, "order-2", event(5).Key)
-		require.ErrorIs(t, err, framework.ErrNotFound)
+		require.ErrorIs(t, err, driver.ErrNotFound)
 		seq, err := b.store.Skip(ctx, consumer, "order-1", event(5).Key)
 		require.NoError(t, err)
 		require.Equal(t, int64(5), seq)
 		require.Equal(t, int64(5), b.checkpoint(t, consumer, "order-1"))
-		require.Equal(t, []string{"order-1#6R"}, seqs(list(t, b, framework.ParkedFilter{})))
+		require.Equal(t, []string{"order-1#6R"}, seqs(list(t, b, driver.ParkedFilter{})))
 		_, err = b.store.Skip(ctx, consumer, "order-1", event(5).Key)
-		require.ErrorIs(t, err, framework.ErrNotFound, "skipped once")
+		require.ErrorIs(t, err, driver.ErrNotFound, "skipped once")
 	})
 
 	// A dead letter discarded before its turn came (a poison event that
@@ -511,9 +512,9 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.NoError(t, err)
 		require.Equal(t, int64(5), seq)
 		require.Equal(t, int64(2), b.checkpoint(t, consumer, "order-1"), "3 and 4 are not skipped with 5")
-		require.Equal(t, []string{"order-1#4H", "order-1#6"}, seqs(list(t, b, framework.ParkedFilter{})))
+		require.Equal(t, []string{"order-1#4H", "order-1#6"}, seqs(list(t, b, driver.ParkedFilter{})))
 		_, err = b.store.Skip(ctx, consumer, "order-1", event(5).Key)
-		require.ErrorIs(t, err, framework.ErrNotFound, "skipped once")
+		require.ErrorIs(t, err, driver.ErrNotFound, "skipped once")
 
 		// 3 takes effect; 4 is held still.
 		require.True(t, b.advance(t, consumer, "order-1", 3))
@@ -526,7 +527,7 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.NoError(t, err)
 		require.Equal(t, int64(4), seq)
 		require.Equal(t, int64(5), b.checkpoint(t, consumer, "order-1"))
-		require.Equal(t, []string{"order-1#6R"}, seqs(list(t, b, framework.ParkedFilter{})))
+		require.Equal(t, []string{"order-1#6R"}, seqs(list(t, b, driver.ParkedFilter{})))
 	})
 
 	t.Run("SkipBeforeItsTurnEndsWithTheEffectBeforeIt", func(t *testing.T) {
@@ -539,12 +540,12 @@ func exerciseParked(t *testing.T, newHarness func(t *testing.T) Harness) {
 		_, err := b.store.Skip(ctx, consumer, "order-1", event(5).Key)
 		require.NoError(t, err)
 		require.Equal(t, int64(3), b.checkpoint(t, consumer, "order-1"))
-		require.Equal(t, []string{"order-1#6"}, seqs(list(t, b, framework.ParkedFilter{})))
+		require.Equal(t, []string{"order-1#6"}, seqs(list(t, b, driver.ParkedFilter{})))
 
 		// 4 takes effect: its EndWait moves the checkpoint past 5.
 		require.True(t, b.advance(t, consumer, "order-1", 4))
 		require.True(t, b.endWait(t, consumer, "order-1", 4, event(4).Key), "6 is parked after 4")
 		require.Equal(t, int64(5), b.checkpoint(t, consumer, "order-1"))
-		require.Equal(t, []string{"order-1#6R"}, seqs(list(t, b, framework.ParkedFilter{})))
+		require.Equal(t, []string{"order-1#6R"}, seqs(list(t, b, driver.ParkedFilter{})))
 	})
 }

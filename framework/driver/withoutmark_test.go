@@ -1,4 +1,4 @@
-package framework_test
+package driver_test
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/memory"
 )
 
@@ -20,7 +21,7 @@ func TestWithoutMark(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			b := open(t)
-			uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: 8, Batches: 1, WithoutMark: true})
+			uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: 8, Batches: 1, WithoutMark: true})
 			require.NoError(t, err)
 			upsert := b.db.Rebind(`INSERT INTO effects (id, seen) VALUES (?, 1) ON CONFLICT (id) DO UPDATE SET seen = effects.seen + 1`)
 			ids := []string{"a", "b", "c"}
@@ -55,9 +56,9 @@ func TestWithoutMark(t *testing.T) {
 }
 
 // outlivingStore says that its marks stay when an attempt rolls back.
-type outlivingStore struct{ framework.Store }
+type outlivingStore struct{ driver.Store }
 
-func (outlivingStore) MarkScope() framework.MarkScope { return framework.MarkOutlivesRollback }
+func (outlivingStore) MarkScope() driver.MarkScope { return driver.MarkOutlivesRollback }
 
 // TestMarkCheck: NewUnitOfWork refuses a store whose marks outlive a
 // rollback, naming the check, and takes the in-memory store, whose marks
@@ -67,15 +68,15 @@ func TestMarkCheck(t *testing.T) {
 	b := groupBackends()["SQLite"](t)
 	mem, err := memory.NewStore(memory.StoreConfig{})
 	require.NoError(t, err)
-	require.Equal(t, framework.MarkReleasedOnRollback, framework.MarkScopeOf(mem))
-	require.Equal(t, framework.MarkInTx, framework.MarkScopeOf(b.store))
+	require.Equal(t, driver.MarkReleasedOnRollback, driver.MarkScopeOf(mem))
+	require.Equal(t, driver.MarkInTx, driver.MarkScopeOf(b.store))
 
-	_, err = framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.db, Store: outlivingStore{b.store}})
+	_, err = driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: b.db, Store: outlivingStore{b.store}})
 	require.ErrorContains(t, err, "UnitOfWorkConfig.Store: mark check: processed store framework_test.outlivingStore keeps its marks outside the database transaction")
-	_, err = framework.NewUnitOfWork(framework.UnitOfWorkConfig{Store: outlivingStore{mem}})
+	_, err = driver.NewUnitOfWork(driver.UnitOfWorkConfig{Store: outlivingStore{mem}})
 	require.ErrorContains(t, err, "mark check")
 
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.db, Store: mem})
+	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: b.db, Store: mem})
 	require.NoError(t, err)
 	key := framework.Key{Source: "s", ID: "e"}
 	failed := func(context.Context) error { return context.Canceled }

@@ -1,10 +1,11 @@
-package framework
+package driver
 
 import (
 	"context"
 	"errors"
 	"fmt"
 
+	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/internal/crash"
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
@@ -13,7 +14,7 @@ import (
 type attemptRun struct {
 	ctx      context.Context
 	consumer string
-	key      Key
+	key      framework.Key
 	fn       func(ctx context.Context) error
 
 	tx       *Tx
@@ -21,7 +22,7 @@ type attemptRun struct {
 	first    bool
 	batched  bool              // a.tx is a batch's transaction (group commit)
 	ack      *pipeline.AckInTx // the ack the batch writes before its commit
-	outcome  Outcome
+	outcome  framework.Outcome
 	err      error
 	panicked any
 	done     chan struct{}      // closed once the result is set (group commit)
@@ -44,7 +45,7 @@ func (a *attemptRun) fail(err error) {
 	if cause := context.Cause(a.ctx); errors.Is(cause, context.DeadlineExceeded) && !errors.Is(err, context.DeadlineExceeded) {
 		err = fmt.Errorf("%w (past the attempt's deadline: %w)", err, cause)
 	}
-	a.outcome, a.err = Failed, err
+	a.outcome, a.err = framework.Failed, err
 }
 
 // dies reports whether a's crash hook makes a die at p, in ctx, and if so
@@ -60,7 +61,7 @@ func (a *attemptRun) dies(ctx context.Context, p crash.Point) bool {
 // die makes a die at p: its result is a *crash.Died, so that its delivery
 // is not acknowledged.
 func (a *attemptRun) die(p crash.Point) {
-	a.died, a.outcome, a.err, a.panicked = p, Failed, &crash.Died{At: p}, nil
+	a.died, a.outcome, a.err, a.panicked = p, framework.Failed, &crash.Died{At: p}, nil
 }
 
 // committed runs the OnCommit hooks of a's transaction (see Tx.OnCommit).
@@ -163,9 +164,9 @@ func (u *UnitOfWork) attempt(a *attemptRun) (write bool) {
 		a.fail(fmt.Errorf("mark processed: %w", err))
 		return false
 	}
-	a.outcome = Duplicate
+	a.outcome = framework.Duplicate
 	if first {
-		a.outcome = Processed
+		a.outcome = framework.Processed
 		at := pipeline.Attempt{Consumer: a.consumer, Source: a.key.Source, ID: a.key.ID}
 		if tx.tx != nil {
 			at.Conn = tx // framework.Conn's: a *Tx without a database is none

@@ -1,4 +1,4 @@
-package framework
+package driver
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
+	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/internal/crash"
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
@@ -462,7 +463,7 @@ func ackAll(ctx context.Context, ok []*attemptRun) error {
 // manyMarker is a Store that marks many events in one statement (the SQL
 // stores do).
 type manyMarker interface {
-	MarkMany(ctx context.Context, tx *Tx, consumer string, keys []Key) ([]bool, error)
+	MarkMany(ctx context.Context, tx *Tx, consumer string, keys []framework.Key) ([]bool, error)
 }
 
 // markAll marks the events of batch, all of one consumer, in one statement
@@ -473,7 +474,7 @@ func (g *group) markAll(ctx context.Context, batch []*attemptRun) error {
 	if !ok || g.u.withoutMark {
 		return nil
 	}
-	keys := make([]Key, len(batch))
+	keys := make([]framework.Key, len(batch))
 	for i, a := range batch {
 		if a.consumer != batch[0].consumer {
 			return nil // one statement marks for one consumer

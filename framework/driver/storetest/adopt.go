@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 func exerciseAdopt(t *testing.T, newHarness func(t *testing.T) Harness) {
@@ -82,10 +83,10 @@ func exerciseAdopt(t *testing.T, newHarness func(t *testing.T) Harness) {
 
 		_, err = b.store.Adopt(ctx, consumer, from)
 		require.NoError(t, err)
-		ps, err := b.store.Parked(ctx, framework.ParkedFilter{Consumer: from})
+		ps, err := b.store.Parked(ctx, driver.ParkedFilter{Consumer: from})
 		require.NoError(t, err)
 		require.Empty(t, ps, "the old name holds nothing")
-		ps, err = b.store.Parked(ctx, framework.ParkedFilter{Consumer: consumer})
+		ps, err = b.store.Parked(ctx, driver.ParkedFilter{Consumer: consumer})
 		require.NoError(t, err)
 		require.Len(t, ps, 1)
 		require.True(t, ps[0].Held)
@@ -107,7 +108,7 @@ func exerciseAdopt(t *testing.T, newHarness func(t *testing.T) Harness) {
 		b := setup(t, newHarness)
 		ctx := context.Background()
 		key := func(name string) framework.Key { return framework.Key{Source: "orders", ID: name} }
-		parked := func(consumer string, seq int64, id string) framework.ParkedEvent {
+		parked := func(consumer string, seq int64, id string) driver.ParkedEvent {
 			t.Helper()
 			body, err := framework.Encode(framework.Envelope{
 				Attributes: framework.Attributes{
@@ -117,7 +118,7 @@ func exerciseAdopt(t *testing.T, newHarness func(t *testing.T) Harness) {
 				Data: []byte(`{"n":1}`),
 			})
 			require.NoError(t, err)
-			return framework.ParkedEvent{
+			return driver.ParkedEvent{
 				Consumer: consumer, Subject: "s", Seq: seq, Key: key(id),
 				Topic: "orders.order.paid", Body: body, Metadata: map[string]string{"traceparent": "t-" + id},
 			}
@@ -135,7 +136,7 @@ func exerciseAdopt(t *testing.T, newHarness func(t *testing.T) Harness) {
 		// 6, a wait at 7 and 8 held.
 		b.hold(t, from, "s", 3, key("old-3"))
 		lost := parked(from, 4, "old-4")
-		for _, p := range []framework.ParkedEvent{lost, parked(from, 5, "old-5"), parked(from, 6, "old-6")} {
+		for _, p := range []driver.ParkedEvent{lost, parked(from, 5, "old-5"), parked(from, 6, "old-6")} {
 			require.True(t, b.park(t, p, false))
 		}
 		_, err := b.store.WaitGap(ctx, from, "s", 7, key("old-7"), []byte(`{}`))
@@ -144,7 +145,7 @@ func exerciseAdopt(t *testing.T, newHarness func(t *testing.T) Harness) {
 
 		_, err = b.store.Adopt(ctx, consumer, from)
 		require.NoError(t, err)
-		ps, err := b.store.Parked(ctx, framework.ParkedFilter{Consumer: consumer})
+		ps, err := b.store.Parked(ctx, driver.ParkedFilter{Consumer: consumer})
 		require.NoError(t, err)
 		got := make(map[int64]framework.Key)
 		for _, p := range ps {
@@ -154,11 +155,11 @@ func exerciseAdopt(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.Equal(t, map[int64]framework.Key{
 			3: key("new-3"), 4: key("new-4"), 5: key("old-5"), 6: key("old-6"), 7: key("new-7"), 8: key("old-8"),
 		}, got, "the new name's places stay, but its waits, which the old name's parking and hold take")
-		ps, err = b.store.Parked(ctx, framework.ParkedFilter{Consumer: from})
+		ps, err = b.store.Parked(ctx, driver.ParkedFilter{Consumer: from})
 		require.NoError(t, err)
 		require.Empty(t, ps)
 
-		dls, err := b.store.DeadLetters(ctx, framework.DeadLetterFilter{Consumer: consumer, EventID: "old-4"})
+		dls, err := b.store.DeadLetters(ctx, driver.DeadLetterFilter{Consumer: consumer, EventID: "old-4"})
 		require.NoError(t, err)
 		require.Len(t, dls, 1, "the old name's event parked in another's place is a dead letter")
 		dl := dls[0]
@@ -173,15 +174,15 @@ func exerciseAdopt(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.Equal(t, 2, dl.Version)
 		require.Equal(t, "corr-old-4", dl.CorrelationID)
 		h := history(t, b.store, dl.ID)
-		require.Equal(t, []framework.HistoryKind{framework.HistoryFailed, framework.HistoryAdopted}, kinds(h))
+		require.Equal(t, []driver.HistoryKind{driver.HistoryFailed, driver.HistoryAdopted}, kinds(h))
 		require.Equal(t, framework.CodeSequenceConflict, h[0].Code)
-		dls, err = b.store.DeadLetters(ctx, framework.DeadLetterFilter{Consumer: consumer, EventID: "old-3"})
+		dls, err = b.store.DeadLetters(ctx, driver.DeadLetterFilter{Consumer: consumer, EventID: "old-3"})
 		require.NoError(t, err)
 		require.Len(t, dls, 1, "the old name's held dead letter is the new name's, holding nothing")
 
 		_, err = b.store.Adopt(ctx, consumer, from)
 		require.NoError(t, err)
-		dls, err = b.store.DeadLetters(ctx, framework.DeadLetterFilter{Consumer: consumer})
+		dls, err = b.store.DeadLetters(ctx, driver.DeadLetterFilter{Consumer: consumer})
 		require.NoError(t, err)
 		require.Len(t, dls, 4, "new-3, old-3, old-4 and old-8, once: running it again moves nothing")
 	})
@@ -194,18 +195,18 @@ func exerciseAdopt(t *testing.T, newHarness func(t *testing.T) Harness) {
 		t.Parallel()
 		b := setup(t, newHarness)
 		ctx := context.Background()
-		publish := func(consumer, id string) framework.DeadLetter {
+		publish := func(consumer, id string) driver.DeadLetter {
 			t.Helper()
 			require.NoError(t, b.store.PublishDeadLetter(ctx, deadLetter(consumer, id)))
-			dls, err := b.store.DeadLetters(ctx, framework.DeadLetterFilter{Consumer: consumer, EventID: id})
+			dls, err := b.store.DeadLetters(ctx, driver.DeadLetterFilter{Consumer: consumer, EventID: id})
 			require.NoError(t, err)
 			require.Len(t, dls, 1)
 			return dls[0]
 		}
 		alone := publish(from, "e-1")
 		both := publish(from, "e-2")
-		_, err := b.store.ResolveDeadLetter(ctx, both.ID, framework.Resolution{
-			Status: framework.DeadLetterReplayed, By: "alice", Reason: "retry",
+		_, err := b.store.ResolveDeadLetter(ctx, both.ID, driver.Resolution{
+			Status: driver.DeadLetterReplayed, By: "alice", Reason: "retry",
 		})
 		require.NoError(t, err)
 		b.clock.Advance(time.Hour)
@@ -233,7 +234,7 @@ func exerciseAdopt(t *testing.T, newHarness func(t *testing.T) Harness) {
 		}
 		adoptAgain() // nothing left to move
 
-		old, err := b.store.DeadLetters(ctx, framework.DeadLetterFilter{Consumer: from})
+		old, err := b.store.DeadLetters(ctx, driver.DeadLetterFilter{Consumer: from})
 		require.NoError(t, err)
 		require.Empty(t, old, "the old name has no dead letter left")
 
@@ -241,20 +242,20 @@ func exerciseAdopt(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.NoError(t, err)
 		require.Equal(t, consumer, got.Consumer, "the dead letter keeps its id under the new name")
 		h := history(t, b.store, alone.ID)
-		require.Equal(t, []framework.HistoryKind{framework.HistoryFailed, framework.HistoryAdopted}, kinds(h))
+		require.Equal(t, []driver.HistoryKind{driver.HistoryFailed, driver.HistoryAdopted}, kinds(h))
 		require.Equal(t, from, h[1].By, "the adoption names the old name")
 		requireTime(t, adoptedAt, h[1].At, "the adoption's time")
 
 		_, err = b.store.DeadLetter(ctx, both.ID)
-		require.ErrorIs(t, err, framework.ErrNotFound, "the old name's dead letter of an event the new name has one of is merged")
+		require.ErrorIs(t, err, driver.ErrNotFound, "the old name's dead letter of an event the new name has one of is merged")
 		got, err = b.store.DeadLetter(ctx, kept.ID)
 		require.NoError(t, err)
-		require.Equal(t, framework.DeadLetterPending, got.Status, "the new name's dead letter is kept as it was")
+		require.Equal(t, driver.DeadLetterPending, got.Status, "the new name's dead letter is kept as it was")
 		require.Equal(t, 1, got.Repeats, "with the other's failure")
 		requireTime(t, t0, got.FirstFailedAt, "and its first failure")
 		h = history(t, b.store, kept.ID)
-		require.Equal(t, []framework.HistoryKind{
-			framework.HistoryFailed, framework.HistoryReplayed, framework.HistoryFailed, framework.HistoryAdopted,
+		require.Equal(t, []driver.HistoryKind{
+			driver.HistoryFailed, driver.HistoryReplayed, driver.HistoryFailed, driver.HistoryAdopted,
 		}, kinds(h), "the merged history, in the order it was written")
 		require.Equal(t, "alice", h[1].By)
 		require.Equal(t, from, h[3].By)

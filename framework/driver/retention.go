@@ -1,8 +1,10 @@
-package framework
+package driver
 
 import (
 	"context"
 	"time"
+
+	"github.com/effectively-once/effectively/framework"
 )
 
 // The purges of records past their retention, besides PurgeProcessed and
@@ -68,7 +70,7 @@ type Figures struct {
 // pending.
 type PendingCount struct {
 	Consumer string
-	Code     Code
+	Code     framework.Code
 	Count    int64
 }
 

@@ -12,11 +12,12 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 // replayOf returns a replay of event id to consumer.
-func replayOf(consumer, id string) framework.Replay {
-	return framework.Replay{
+func replayOf(consumer, id string) driver.Replay {
+	return driver.Replay{
 		Consumer: consumer,
 		Topic:    "appointments.appointment.booked",
 		Body:     []byte(`{"specversion":"1.0","id":"` + id + `"}`),
@@ -25,7 +26,7 @@ func replayOf(consumer, id string) framework.Replay {
 }
 
 // replayIDs returns the ids of rs.
-func replayIDs(rs []framework.Replay) []int64 {
+func replayIDs(rs []driver.Replay) []int64 {
 	out := make([]int64, len(rs))
 	for i, r := range rs {
 		out[i] = r.ID
@@ -40,7 +41,7 @@ func exerciseReplays(t *testing.T, newHarness func(t *testing.T) Harness) {
 		t.Parallel()
 		b := setup(t, newHarness)
 		ctx := context.Background()
-		require.NoError(t, b.store.AddReplays(ctx, []framework.Replay{
+		require.NoError(t, b.store.AddReplays(ctx, []driver.Replay{
 			replayOf(consumer, "e-1"), replayOf(consumer, "e-2"), replayOf("other", "e-3"),
 		}))
 		first, err := b.store.ClaimReplays(ctx, 2, time.Minute)
@@ -70,7 +71,7 @@ func exerciseReplays(t *testing.T, newHarness func(t *testing.T) Harness) {
 			"once the lease ends, the replays not sent are claimed again; the sent one is not")
 
 		err = b.store.ReplaySent(ctx, rest[0].ID+1000)
-		require.ErrorIs(t, err, framework.ErrNotFound)
+		require.ErrorIs(t, err, driver.ErrNotFound)
 		_, err = b.store.ClaimReplays(ctx, 0, time.Minute)
 		require.Error(t, err)
 		_, err = b.store.ClaimReplays(ctx, 1, 0)
@@ -83,15 +84,15 @@ func exerciseReplays(t *testing.T, newHarness func(t *testing.T) Harness) {
 		t.Parallel()
 		b := setup(t, newHarness)
 		ctx := context.Background()
-		sized := func(id string, n int) framework.Replay {
+		sized := func(id string, n int) driver.Replay {
 			r := replayOf(consumer, id)
 			r.Body = bytes.Repeat([]byte{'x'}, n)
 			return r
 		}
-		third := framework.ReplayClaimBytes / 3
-		require.NoError(t, b.store.AddReplays(ctx, []framework.Replay{
+		third := driver.ReplayClaimBytes / 3
+		require.NoError(t, b.store.AddReplays(ctx, []driver.Replay{
 			sized("e-1", third+1), sized("e-2", third+1), sized("e-3", third+1),
-			sized("e-4", framework.ReplayClaimBytes+1), sized("e-5", 10),
+			sized("e-4", driver.ReplayClaimBytes+1), sized("e-5", 10),
 		}))
 		var got [][]int
 		for range 4 {
@@ -106,7 +107,7 @@ func exerciseReplays(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.Equal(t, [][]int{
 			{third + 1, third + 1},
 			{third + 1},
-			{framework.ReplayClaimBytes + 1},
+			{driver.ReplayClaimBytes + 1},
 			{10},
 		}, got, "two thirds and a bit fit, three do not; a body over the budget is claimed alone")
 	})
@@ -115,7 +116,7 @@ func exerciseReplays(t *testing.T, newHarness func(t *testing.T) Harness) {
 		t.Parallel()
 		b := setup(t, newHarness)
 		ctx := context.Background()
-		require.Error(t, b.store.AddReplays(ctx, []framework.Replay{replayOf(consumer, "e-1"), replayOf("", "e-2")}))
+		require.Error(t, b.store.AddReplays(ctx, []driver.Replay{replayOf(consumer, "e-1"), replayOf("", "e-2")}))
 		rs, err := b.store.ClaimReplays(ctx, 10, time.Minute)
 		require.NoError(t, err)
 		require.Empty(t, rs)
@@ -128,8 +129,8 @@ func exerciseReplays(t *testing.T, newHarness func(t *testing.T) Harness) {
 		t.Parallel()
 		b := setup(t, newHarness)
 		ctx := context.Background()
-		require.NoError(t, b.store.AddReplays(ctx, []framework.Replay{replayOf(consumer, "e-1")}))
-		require.NoError(t, b.store.AddReplays(ctx, []framework.Replay{replayOf(consumer, "e-1")}))
+		require.NoError(t, b.store.AddReplays(ctx, []driver.Replay{replayOf(consumer, "e-1")}))
+		require.NoError(t, b.store.AddReplays(ctx, []driver.Replay{replayOf(consumer, "e-1")}))
 		rs, err := b.store.ClaimReplays(ctx, 10, time.Minute)
 		require.NoError(t, err)
 		require.Len(t, rs, 2)
@@ -141,7 +142,7 @@ func exerciseReplays(t *testing.T, newHarness func(t *testing.T) Harness) {
 		b := setup(t, newHarness)
 		ctx := context.Background()
 		const replays, relays = 30, 6
-		var rs []framework.Replay
+		var rs []driver.Replay
 		for i := range replays {
 			rs = append(rs, replayOf(consumer, fmt.Sprintf("e-%d", i)))
 		}

@@ -1,4 +1,4 @@
-package framework
+package driver
 
 import (
 	"cmp"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
+	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/internal/crash"
 )
 
@@ -100,7 +101,7 @@ func (c UnitOfWorkConfig) Validate() error {
 		return fmt.Errorf("UnitOfWorkConfig.Store: mark check: processed store %T keeps its marks outside the "+
 			"database transaction and keeps them when an attempt fails, so a failed attempt's redelivery would be "+
 			"skipped as a duplicate and its effect lost (use a store whose marks join the transaction, such as "+
-			"sqlite.Store or postgres.Store, or one that releases them on rollback: see framework.MarkScope)", c.Store)
+			"sqlite.Store or postgres.Store, or one that releases them on rollback: see driver.MarkScope)", c.Store)
 	}
 	return nil
 }
@@ -165,7 +166,7 @@ func NewUnitOfWork(cfg UnitOfWorkConfig) (*UnitOfWork, error) {
 // fn does not run and Do returns Duplicate. Without the mark
 // (UnitOfWorkConfig.WithoutMark), fn runs on every call. Do returns once
 // the effect committed or rolled back: a message may be acked then.
-func (u *UnitOfWork) Do(ctx context.Context, consumer string, key Key, fn func(ctx context.Context) error) (Outcome, error) {
+func (u *UnitOfWork) Do(ctx context.Context, consumer string, key framework.Key, fn func(ctx context.Context) error) (framework.Outcome, error) {
 	a := &attemptRun{ctx: ctx, consumer: consumer, key: key, fn: fn, crash: crash.HookOf(ctx)}
 	if u.group == nil {
 		u.alone(a)

@@ -1,8 +1,10 @@
-package framework
+package driver
 
 import (
 	"errors"
 	"strings"
+
+	"github.com/effectively-once/effectively/framework"
 )
 
 // scanStatements reads query as its database splits it into statements,
@@ -261,8 +263,8 @@ func inFailedTransaction(err error) bool {
 // otherwise err.
 func dataException(err error) error {
 	var s sqlStateError
-	if !errors.As(err, &s) || !strings.HasPrefix(s.SQLState(), "22") || IsPermanent(err) || IsDependency(err) {
+	if !errors.As(err, &s) || !strings.HasPrefix(s.SQLState(), "22") || framework.IsPermanent(err) || framework.IsDependency(err) {
 		return err
 	}
-	return Permanent(CodeDataException, err)
+	return framework.Permanent(framework.CodeDataException, err)
 }

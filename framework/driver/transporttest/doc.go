@@ -1,7 +1,7 @@
-// Package transporttest is the conformance suite of framework.Transport:
+// Package transporttest is the conformance suite of driver.Transport:
 // what a transport must do by itself, exercised through the interface with
 // plain watermill handlers behind watermill's router, and no consumer
-// chain. Each transport's tiny test builds its framework.Transport with
+// chain. Each transport's tiny test builds its driver.Transport with
 // its package's New, supplies it in an Env with the hooks to publish as a
 // plain client, and calls Exercise, the way River runs one driver suite
 // against each driver:

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
@@ -19,10 +20,10 @@ const txConsumer = "storetest.tx"
 
 // inTx runs fn in an attempt of its own (a fresh event of txConsumer),
 // with the attempt's transaction, and returns nil when it committed.
-func (b *bundle) inTx(ctx context.Context, fn func(ctx context.Context, tx *framework.Tx) error) error {
+func (b *bundle) inTx(ctx context.Context, fn func(ctx context.Context, tx *driver.Tx) error) error {
 	key := framework.Key{Source: "storetest", ID: strconv.FormatInt(b.attempts.Add(1), 10)}
 	out, err := b.do(ctx, b.uow, txConsumer, key, func(ctx context.Context) error {
-		tx, ok := pipeline.From[*framework.Tx](ctx)
+		tx, ok := pipeline.From[*driver.Tx](ctx)
 		if !ok {
 			return errors.New("no attempt transaction in the context")
 		}
@@ -39,7 +40,7 @@ func (b *bundle) inTx(ctx context.Context, fn func(ctx context.Context, tx *fram
 func (b *bundle) checkpoint(t *testing.T, consumer, subject string) int64 {
 	t.Helper()
 	var seq int64
-	require.NoError(t, b.inTx(context.Background(), func(ctx context.Context, tx *framework.Tx) error {
+	require.NoError(t, b.inTx(context.Background(), func(ctx context.Context, tx *driver.Tx) error {
 		var err error
 		seq, err = b.store.Checkpoint(ctx, tx, consumer, subject)
 		return err
@@ -52,7 +53,7 @@ func (b *bundle) checkpoint(t *testing.T, consumer, subject string) int64 {
 func (b *bundle) advance(t *testing.T, consumer, subject string, seq int64) bool {
 	t.Helper()
 	var moved bool
-	require.NoError(t, b.inTx(context.Background(), func(ctx context.Context, tx *framework.Tx) error {
+	require.NoError(t, b.inTx(context.Background(), func(ctx context.Context, tx *driver.Tx) error {
 		var err error
 		moved, err = b.store.Advance(ctx, tx, consumer, subject, seq)
 		return err
@@ -69,7 +70,7 @@ func holdSubject(t *testing.T, b *bundle, consumer, subject string, read bool, s
 	held := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		done <- b.inTx(context.Background(), func(ctx context.Context, tx *framework.Tx) error {
+		done <- b.inTx(context.Background(), func(ctx context.Context, tx *driver.Tx) error {
 			if read {
 				if _, err := b.store.Checkpoint(ctx, tx, consumer, subject); err != nil {
 					return err
@@ -122,7 +123,7 @@ func exerciseCheckpoints(t *testing.T, newHarness func(t *testing.T) Harness) {
 		t.Parallel()
 		b := setup(t, newHarness)
 		require.Zero(t, b.checkpoint(t, consumer, "order-1"), "no checkpoint yet")
-		require.NoError(t, b.inTx(context.Background(), func(ctx context.Context, tx *framework.Tx) error {
+		require.NoError(t, b.inTx(context.Background(), func(ctx context.Context, tx *driver.Tx) error {
 			for _, step := range []struct {
 				seq  int64
 				want bool
@@ -148,7 +149,7 @@ func exerciseCheckpoints(t *testing.T, newHarness func(t *testing.T) Harness) {
 		t.Parallel()
 		b := setup(t, newHarness)
 		require.True(t, b.advance(t, consumer, "order-1", 2))
-		err := b.inTx(context.Background(), func(ctx context.Context, tx *framework.Tx) error {
+		err := b.inTx(context.Background(), func(ctx context.Context, tx *driver.Tx) error {
 			for _, seq := range []int64{4, 6} {
 				moved, err := b.store.Advance(ctx, tx, consumer, "order-1", seq)
 				require.NoError(t, err)
@@ -172,7 +173,7 @@ func exerciseCheckpoints(t *testing.T, newHarness func(t *testing.T) Harness) {
 		second := make(chan subjectResult, 1)
 		go func() {
 			var r subjectResult
-			r.err = b.inTx(context.Background(), func(ctx context.Context, tx *framework.Tx) error {
+			r.err = b.inTx(context.Background(), func(ctx context.Context, tx *driver.Tx) error {
 				var err error
 				r.seq, err = b.store.Checkpoint(ctx, tx, consumer, "order-1")
 				return err
@@ -198,7 +199,7 @@ func exerciseCheckpoints(t *testing.T, newHarness func(t *testing.T) Harness) {
 		second := make(chan subjectResult, 1)
 		go func() {
 			var r subjectResult
-			r.err = b.inTx(context.Background(), func(ctx context.Context, tx *framework.Tx) error {
+			r.err = b.inTx(context.Background(), func(ctx context.Context, tx *driver.Tx) error {
 				var err error
 				r.moved, err = b.store.Advance(ctx, tx, consumer, "order-1", 1)
 				return err
@@ -297,10 +298,10 @@ func exerciseWaits(t *testing.T, newHarness func(t *testing.T) Harness) {
 		waited, err = b.store.WaitGap(ctx, consumer, "order-1", 2, key, body)
 		require.NoError(t, err)
 		require.Zero(t, waited, "nor for an earlier sequence")
-		parked, err := b.store.ParkGap(ctx, framework.ParkedEvent{Consumer: consumer, Subject: "order-1", Seq: 3, Key: key, Body: body})
+		parked, err := b.store.ParkGap(ctx, driver.ParkedEvent{Consumer: consumer, Subject: "order-1", Seq: 3, Key: key, Body: body})
 		require.NoError(t, err)
 		require.False(t, parked)
-		ps, err := b.store.Parked(ctx, framework.ParkedFilter{})
+		ps, err := b.store.Parked(ctx, driver.ParkedFilter{})
 		require.NoError(t, err)
 		require.Empty(t, ps)
 	})
@@ -329,12 +330,12 @@ func exerciseWaits(t *testing.T, newHarness func(t *testing.T) Harness) {
 		ctx := context.Background()
 		_, err := b.store.WaitGap(ctx, consumer, "order-1", 3, key, body)
 		require.NoError(t, err)
-		endWait := func(ctx context.Context, tx *framework.Tx) error {
+		endWait := func(ctx context.Context, tx *driver.Tx) error {
 			_, err := b.store.EndWait(ctx, tx, consumer, "order-1", 3, key)
 			return err
 		}
 
-		err = b.inTx(ctx, func(ctx context.Context, tx *framework.Tx) error {
+		err = b.inTx(ctx, func(ctx context.Context, tx *driver.Tx) error {
 			require.NoError(t, endWait(ctx, tx))
 			return errBoom
 		})

@@ -1,8 +1,10 @@
-package framework
+package driver
 
 import (
 	"context"
 	"time"
+
+	"github.com/effectively-once/effectively/framework"
 )
 
 // Inspector is what an operator's views read of a store besides Store:
@@ -15,7 +17,7 @@ type Inspector interface {
 	// their history, its holds and parkings, and how far the purges have
 	// removed such evidence. A key the store knows nothing of gives a
 	// record whose Known is false, not an error.
-	InspectEvent(ctx context.Context, key Key) (EventRecord, error)
+	InspectEvent(ctx context.Context, key framework.Key) (EventRecord, error)
 	// InspectConsumers returns, per consumer that has any, the marks
 	// processed at or after since, the pending dead letters and the
 	// parked events, and the outbox's unsent rows.
@@ -51,7 +53,7 @@ type PurgeHorizons struct {
 
 // EventRecord is everything a store knows of one event.
 type EventRecord struct {
-	Key Key
+	Key framework.Key
 	// Outbox is the producer's outbox row of the event; nil when there is
 	// none (another service produced it, it was never produced, or its
 	// row was purged once sent: see Horizons.Outbox).

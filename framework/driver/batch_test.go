@@ -1,4 +1,4 @@
-package framework_test
+package driver_test
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/postgres"
 	"github.com/effectively-once/effectively/framework/sqlite"
@@ -26,16 +27,16 @@ import (
 // effects, and the framework's store on it.
 type groupBackend struct {
 	db    *sqlx.DB
-	store framework.Store
+	store driver.Store
 	// txid returns an id of the transaction tx runs in.
 	txid func(ctx context.Context, tx sqlx.QueryerContext) (string, error)
 }
 
 // unitOfWork returns a unit of work on b that runs one batch at a time,
 // of up to 8 attempts.
-func (b groupBackend) unitOfWork(t testing.TB) *framework.UnitOfWork {
+func (b groupBackend) unitOfWork(t testing.TB) *driver.UnitOfWork {
 	t.Helper()
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: 8, Batches: 1})
+	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: 8, Batches: 1})
 	require.NoError(t, err)
 	return uow
 }
@@ -117,7 +118,7 @@ func TestGroupCommit(t *testing.T) {
 					r := &results[i]
 					defer func() { r.panicked = recover() }()
 					r.outcome, r.err = uow.Do(ctx, "c", framework.Key{Source: "s", ID: id}, func(ctx context.Context) error {
-						tx, ok := framework.TxFromContext(ctx)
+						tx, ok := driver.TxFromContext(ctx)
 						require.True(t, ok)
 						tx.OnCommit(func() { r.hooks = append(r.hooks, "commit") })
 						tx.OnRollback(func() { r.hooks = append(r.hooks, "rollback") })
@@ -135,7 +136,7 @@ func TestGroupCommit(t *testing.T) {
 					})
 				})
 				// In order: the duplicate comes after its first.
-				require.Eventually(t, func() bool { return framework.Waiting(uow) == i+1 }, 10*time.Second, time.Millisecond,
+				require.Eventually(t, func() bool { return driver.Waiting(uow) == i+1 }, 10*time.Second, time.Millisecond,
 					"attempt %d waits for a batch", i)
 			}
 			close(release)
@@ -196,7 +197,7 @@ func TestGroupCommit(t *testing.T) {
 // batch: a first attempt holds the only batch slot until all of them
 // wait. An attempt whose id starts with "slow" has 300 ms, with
 // "deadline" a minute. It returns each attempt's outcome and error.
-func gather(t *testing.T, uow *framework.UnitOfWork, ids []string, fn func(ctx context.Context, id string) error) ([]framework.Outcome, []error) {
+func gather(t *testing.T, uow *driver.UnitOfWork, ids []string, fn func(ctx context.Context, id string) error) ([]framework.Outcome, []error) {
 	t.Helper()
 	ctx := t.Context()
 	started, release := make(chan struct{}), make(chan struct{})
@@ -227,7 +228,7 @@ func gather(t *testing.T, uow *framework.UnitOfWork, ids []string, fn func(ctx c
 			}
 			outcomes[i], errs[i] = uow.Do(actx, "c", framework.Key{Source: "s", ID: id}, func(ctx context.Context) error { return fn(ctx, id) })
 		})
-		require.Eventually(t, func() bool { return framework.Waiting(uow) == i+1 }, 10*time.Second, time.Millisecond)
+		require.Eventually(t, func() bool { return driver.Waiting(uow) == i+1 }, 10*time.Second, time.Millisecond)
 	}
 	close(release)
 	require.NoError(t, <-first)
@@ -297,7 +298,7 @@ func TestGroupCommitFailedCommit(t *testing.T) {
 		xCalls int
 	)
 	outcomes, errs := gather(t, uow, []string{"x", "y", "x"}, func(ctx context.Context, id string) error {
-		tx, _ := framework.TxFromContext(ctx)
+		tx, _ := driver.TxFromContext(ctx)
 		tx.OnCommit(func() { mu.Lock(); hooks[id] = append(hooks[id], "commit"); mu.Unlock() })
 		tx.OnRollback(func() { mu.Lock(); hooks[id] = append(hooks[id], "rollback"); mu.Unlock() })
 		if id == "x" {
@@ -333,10 +334,10 @@ func TestGroupCommitFailedCommit(t *testing.T) {
 // effect, with a transaction per attempt and with group commit.
 func BenchmarkGroupCommit(b *testing.B) {
 	for name, open := range groupBackends() {
-		for _, size := range []int{1, framework.DefaultBatchSize} {
+		for _, size := range []int{1, driver.DefaultBatchSize} {
 			b.Run(fmt.Sprintf("%s/BatchSize%d", name, size), func(b *testing.B) {
 				bk := open(b)
-				uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: bk.db, Store: bk.store, BatchSize: size})
+				uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: bk.db, Store: bk.store, BatchSize: size})
 				require.NoError(b, err)
 				var n atomic.Int64
 				b.SetParallelism(16)
@@ -370,18 +371,18 @@ func TestMarkMany(t *testing.T) {
 			t.Parallel()
 			ctx := t.Context()
 			b := open(t)
-			uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: 1})
+			uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: 1})
 			require.NoError(t, err)
 			_, err = uow.Do(ctx, "c", framework.Key{Source: "s", ID: "old"}, func(context.Context) error { return nil })
 			require.NoError(t, err)
 
 			m, ok := b.store.(interface {
-				MarkMany(ctx context.Context, tx *framework.Tx, consumer string, keys []framework.Key) ([]bool, error)
+				MarkMany(ctx context.Context, tx *driver.Tx, consumer string, keys []framework.Key) ([]bool, error)
 			})
 			require.True(t, ok)
 			k := func(id string) framework.Key { return framework.Key{Source: "s", ID: id} }
 			_, err = uow.Do(ctx, "c", k("holder"), func(ctx context.Context) error {
-				tx, _ := framework.TxFromContext(ctx)
+				tx, _ := driver.TxFromContext(ctx)
 				first, err := m.MarkMany(ctx, tx, "c", []framework.Key{k("z"), k("old"), k("a"), k("z"), k("holder")})
 				require.NoError(t, err)
 				require.Equal(t, []bool{true, false, true, false, false}, first)
@@ -401,7 +402,7 @@ func TestMarkMany(t *testing.T) {
 				odd = append(odd, framework.Key{Source: "s", ID: "bad\xffutf8"}, framework.Key{Source: "s", ID: "nul\x00byte"})
 			}
 			_, err = uow.Do(ctx, "c", k("holder-odd"), func(ctx context.Context) error {
-				tx, _ := framework.TxFromContext(ctx)
+				tx, _ := driver.TxFromContext(ctx)
 				first, err := m.MarkMany(ctx, tx, "c", odd)
 				require.NoError(t, err)
 				require.Equal(t, slices.Repeat([]bool{true}, len(odd)), first)
@@ -497,12 +498,12 @@ func TestSetsSession(t *testing.T) {
 		"INSERT INTO t VALUES ('x; SET y = 1')":   false,
 	} {
 		for _, pg := range []bool{false, true} {
-			require.Equal(t, want, framework.SetsSession(q, pg), "%q, PostgreSQL %t", q, pg)
+			require.Equal(t, want, driver.SetsSession(q, pg), "%q, PostgreSQL %t", q, pg)
 		}
 	}
 	// With standard_conforming_strings off, the SET is outside the string.
-	require.True(t, framework.SetsSession(`SELECT 'a\'' ; SET LOCAL app.tenant = 'b'; --'`, true))
-	require.False(t, framework.SetsSession(`SELECT 'a\'' ; SET LOCAL app.tenant = 'b'; --'`, false))
+	require.True(t, driver.SetsSession(`SELECT 'a\'' ; SET LOCAL app.tenant = 'b'; --'`, true))
+	require.False(t, driver.SetsSession(`SELECT 'a\'' ; SET LOCAL app.tenant = 'b'; --'`, false))
 }
 
 // TestEndsTransaction: the statements a Tx refuses, as they would begin
@@ -551,7 +552,7 @@ func TestEndsTransaction(t *testing.T) {
 		"SELECT commit_id FROM t; SELECT 2":       false,
 	} {
 		for _, pg := range []bool{false, true} {
-			require.Equal(t, want, framework.EndsTransaction(q, pg), "%q, PostgreSQL %t", q, pg)
+			require.Equal(t, want, driver.EndsTransaction(q, pg), "%q, PostgreSQL %t", q, pg)
 		}
 	}
 	// Each database's own lexical rules: PostgreSQL nests comments, quotes
@@ -585,7 +586,7 @@ func TestEndsTransaction(t *testing.T) {
 		{"CREATE TRIGGER tr AFTER INSERT ON t BEGIN UPDATE u SET n = CASE WHEN 1 THEN 2 END; END", false, false},
 		{"CREATE TEMP TRIGGER tr AFTER INSERT ON t BEGIN SELECT 1; END; COMMIT", false, true},
 	} {
-		require.Equal(t, c.refuse, framework.EndsTransaction(c.q, c.pg), "%q, PostgreSQL %t", c.q, c.pg)
+		require.Equal(t, c.refuse, driver.EndsTransaction(c.q, c.pg), "%q, PostgreSQL %t", c.q, c.pg)
 	}
 }
 
@@ -608,7 +609,7 @@ func TestHandlerCommitRefused(t *testing.T) {
 				t.Parallel()
 				ctx := t.Context()
 				b := open(t)
-				uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.db, Store: b.store})
+				uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: b.db, Store: b.store})
 				require.NoError(t, err)
 				key := framework.Key{Source: "s", ID: "e-1"}
 				runs := 0
@@ -646,7 +647,7 @@ func TestHandlerCommitRefused(t *testing.T) {
 func TestGroupCommitWaitsForRunningBatch(t *testing.T) {
 	t.Parallel()
 	b := groupBackends()["PostgreSQL"](t)
-	uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: 8, Batches: 2})
+	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: 8, Batches: 2})
 	require.NoError(t, err)
 	var mu sync.Mutex
 	txids := map[string]bool{}
@@ -703,7 +704,7 @@ func TestGroupCommitHookPanics(t *testing.T) {
 				mu.Unlock()
 			}()
 			out, err := uow.Do(ctx, "c", framework.Key{Source: "s", ID: id}, func(ctx context.Context) error {
-				tx, _ := framework.TxFromContext(ctx)
+				tx, _ := driver.TxFromContext(ctx)
 				if id == "panics" {
 					tx.OnCommit(func() { panic("hook panicked") })
 				}
@@ -715,7 +716,7 @@ func TestGroupCommitHookPanics(t *testing.T) {
 			outcomes[id] = out
 			mu.Unlock()
 		})
-		require.Eventually(t, func() bool { return framework.Waiting(uow) == i+1 }, 10*time.Second, time.Millisecond)
+		require.Eventually(t, func() bool { return driver.Waiting(uow) == i+1 }, 10*time.Second, time.Millisecond)
 	}
 	close(release)
 	require.NoError(t, <-holder)
@@ -841,7 +842,7 @@ func TestSessionSettingsEndWithTheAttempt(t *testing.T) {
 			t.Parallel()
 			b := groupBackends()["PostgreSQL"](t)
 			b.db.SetMaxOpenConns(1) // the next attempt takes the same connection
-			uow, err := framework.NewUnitOfWork(framework.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: size, Batches: 1})
+			uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: size, Batches: 1})
 			require.NoError(t, err)
 			ctx := t.Context()
 			_, err = uow.Do(ctx, "c", framework.Key{Source: "s", ID: "setter"}, func(ctx context.Context) error {
