@@ -40,28 +40,26 @@
 //
 // # Exactly-once effect
 //
-// UnitOfWork.Do runs a handler in one transaction that also inserts the
-// processed mark of (consumer, source, id). The mark and the handler's
-// writes commit together or not at all; a second delivery finds the mark
-// and is skipped. With a database, attempts commit in groups
-// (UnitOfWorkConfig.BatchSize, DefaultBatchSize by default): several
-// share one transaction, one after another, with no savepoint between
-// them. When one fails, the transaction rolls back and the others run
-// again, handler included, in a new transaction without it: a handler
-// may run more than once for one delivery, and its effect still commits
-// once. BatchSize 1 gives each attempt a transaction of its own, which
-// no other attempt's failure runs again. The handler, and everything it
-// calls, joins the transaction through TxFromContext (a *Tx, which has
-// no Commit or Rollback: a handler cannot end its batch-mates'
-// transaction) or Conn. Calls to the
-// outside world are not covered, and are made again on every run: pass
-// IdempotencyKeyFromContext to the service called
-// (ExampleIdempotencyKeyFromContext).
+// The unit of work runs a handler in one transaction that also inserts
+// the processed mark of (consumer, source, id). The mark and the
+// handler's writes commit together or not at all; a second delivery
+// finds the mark and is skipped. With a database, attempts commit in
+// groups: several share one transaction, one after another. When one
+// fails, the transaction rolls back and the others run again, handler
+// included: a handler may run more than once for one delivery, and its
+// effect still commits once. The handler, and everything it calls, joins
+// the transaction through Conn. Statements that would begin or end it
+// fail with ErrEndsTransaction, and those run after the handler returned
+// with ErrAttemptEnded. Calls to the outside world are not covered, and
+// are made again on every run: pass IdempotencyKeyFromContext to the
+// service called (ExampleIdempotencyKeyFromContext).
 //
-// Consume gives a plain function these semantics without a container
-// (ExampleConsume runs it on SQLite). The
+// The package example runs a consumer without a container, on SQLite. The
 // middleware package wraps the same unit of work with retries, dead
 // letters and a durable delivery count, and package app runs it all.
+// Stores and transports, and the unit of work itself, are in package
+// driver: a handler needs nothing of it but, for code that must run once
+// the effect committed, driver.TxFromContext(ctx) and its OnCommit.
 //
 // # Errors
 //

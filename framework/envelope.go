@@ -93,21 +93,22 @@ func (k Key) checkSize() error {
 	return nil
 }
 
-// BodyKey is the key of a message whose body carries no readable source
-// and id: an empty source and "sha256:" with the body's hex digest.
-func BodyKey(body []byte) Key {
+// digestKey is the key of a message whose body carries no readable
+// source and id: an empty source and "sha256:" with the body's hex digest.
+func digestKey(body []byte) Key {
 	sum := sha256.Sum256(body)
 	return Key{ID: "sha256:" + hex.EncodeToString(sum[:])}
 }
 
-// KeyOfBody returns the key of a message body that Decode refused: its
+// BodyKey returns the key of a message body that Decode refused: its
 // source and id when the body is a JSON object holding each once, as a
 // String that passes Key.Validate (the source as Decode reads it, a URI
-// reference); else BodyKey(body). The key of such a message never depends
-// on an attribute that a store cannot hold.
-func KeyOfBody(body []byte) Key {
+// reference); else an empty source and "sha256:" with the body's hex
+// digest. The key of such a message never depends on an attribute that a
+// store cannot hold.
+func BodyKey(body []byte) Key {
 	if !json.Valid(body) {
-		return BodyKey(body)
+		return digestKey(body)
 	}
 	var id, source []byte
 	repeated := false
@@ -123,16 +124,16 @@ func KeyOfBody(body []byte) Key {
 		return true
 	})
 	if !ok || repeated {
-		return BodyKey(body)
+		return digestKey(body)
 	}
 	idText, idProblem := unquote(id)
 	sourceText, sourceProblem := unquote(source)
 	if idProblem != "" || sourceProblem != "" {
-		return BodyKey(body)
+		return digestKey(body)
 	}
 	k := Key{Source: types.ParseURIRef(sourceText).String(), ID: idText}
 	if k.Validate() != nil {
-		return BodyKey(body)
+		return digestKey(body)
 	}
 	return k
 }

@@ -72,7 +72,7 @@ func requireRefused(t *testing.T, body []byte, err error) {
 		t.Fatalf("Decode's error names no field: %v", err)
 	}
 	key := framework.BodyKey(body)
-	if key != framework.BodyKey(body) {
+	if key != framework.DigestKey(body) {
 		if kerr := key.Validate(); kerr != nil {
 			t.Fatalf("the refused body's key %q is one a store may not hold: %v", key, kerr)
 		}

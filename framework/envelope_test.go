@@ -333,10 +333,10 @@ func TestEncodeRefusesForbiddenCharacters(t *testing.T) {
 	}
 }
 
-// TestKeyOfBody: a body that did not decode keeps its source and id as key
+// TestBodyKey: a body that did not decode keeps its source and id as key
 // only when Decode would accept both; otherwise its key is the hash of
 // its bytes.
-func TestKeyOfBody(t *testing.T) {
+func TestBodyKey(t *testing.T) {
 	t.Parallel()
 	usable := [][]byte{
 		attributeBody("eventversion", "1.5"),
@@ -364,7 +364,7 @@ func TestKeyOfBody(t *testing.T) {
 		hashed = append(hashed, attributeBody("id", `"e`+bad+`1"`), attributeBody("source", `"app`+bad+`"`))
 	}
 	for _, body := range hashed {
-		require.Equal(t, framework.BodyKey(body), framework.BodyKey(body), "%q", body)
+		require.Equal(t, framework.DigestKey(body), framework.BodyKey(body), "%q", body)
 	}
 }
 

@@ -66,9 +66,10 @@ func exampleUnitOfWork(ctx context.Context) (uow *driver.UnitOfWork, done func()
 	}
 }
 
-// Consume processes an event once, however often it is delivered: the
+// A consumer processes an event once, however often it is delivered
+// (driver.Consume runs it in a unit of work, without a router): the
 // handler's write and the processed mark commit in one SQLite transaction.
-func ExampleConsume() {
+func Example() {
 	ctx := context.Background()
 	dir, err := os.MkdirTemp("", "consume-example")
 	if err != nil {

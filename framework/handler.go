@@ -11,7 +11,7 @@ import (
 // HandlerFunc handles events of one definition. It returns nil when the
 // effect is done, a plain error to have the attempt retried, or a
 // Permanent error to have the message dead-lettered at once. Everything it
-// writes through the attempt's transaction (TxFromContext, Conn) commits
+// writes through the attempt's transaction (Conn) commits
 // exactly once per event.
 type HandlerFunc[T any] func(ctx context.Context, ev Event[T]) error
 

@@ -214,7 +214,7 @@ type DeadLetter struct {
 	// Topic is where the message was received.
 	Topic string
 	// Source and EventID identify the event. When the message did not
-	// decode and its source and id are not both usable (see KeyOfBody),
+	// decode and its source and id are not both usable (see framework.BodyKey),
 	// Source is empty and EventID "sha256:" and the hex digest of the body.
 	Source  string
 	EventID string

@@ -2,6 +2,8 @@ package storetest
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -136,7 +138,8 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 		ctx := context.Background()
 		body := []byte("{\"specversion\":\"1.0\",\"id\":\"e\\u0000\xff\",\"source\":\"s\x00\"}\x00\xfe")
 		key := framework.BodyKey(body)
-		require.Equal(t, framework.BodyKey(body), key)
+		sum := sha256.Sum256(body)
+		require.Equal(t, framework.Key{ID: "sha256:" + hex.EncodeToString(sum[:])}, key, "the body's digest: its id and source are not storable")
 		dl := driver.DeadLetter{
 			Consumer: consumer, Topic: "t", Source: key.Source, EventID: key.ID,
 			Code: framework.CodeMalformedEnvelope, Body: body,
