@@ -72,7 +72,7 @@ func TestMarkCheck(t *testing.T) {
 	require.Equal(t, driver.MarkInTx, driver.MarkScopeOf(b.store))
 
 	_, err = driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: b.db, Store: outlivingStore{b.store}})
-	require.ErrorContains(t, err, "UnitOfWorkConfig.Store: mark check: processed store framework_test.outlivingStore keeps its marks outside the database transaction")
+	require.ErrorContains(t, err, "UnitOfWorkConfig.Store: mark check: processed store driver_test.outlivingStore keeps its marks outside the database transaction")
 	_, err = driver.NewUnitOfWork(driver.UnitOfWorkConfig{Store: outlivingStore{mem}})
 	require.ErrorContains(t, err, "mark check")
 
