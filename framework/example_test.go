@@ -44,7 +44,7 @@ func openExampleDB(ctx context.Context, dir string) (*sqlx.DB, *sqlite.Store, er
 	return db, store, nil
 }
 
-// exampleUnitOfWork is ExampleConsume's set-up, for the other examples: a
+// exampleUnitOfWork is the package Example's set-up, for the other examples: a
 // unit of work on a migrated SQLite file in a folder of its own, which done
 // removes.
 func exampleUnitOfWork(ctx context.Context) (uow *driver.UnitOfWork, done func()) {
