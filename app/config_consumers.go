@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/effectively-once/effectively/app/internal/cli"
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/amqp"
 	"github.com/effectively-once/effectively/framework/driver"
@@ -120,11 +121,11 @@ func (c Config) settingsKeys() (keys []string, settings []middleware.Settings) {
 }
 
 // consumerKey is the key of the settings of consumer name, as errors name
-// it: "consumers.<name>", with the name printable (see printable). A name
+// it: "consumers.<name>", with the name printable (see cli.Printable). A name
 // under consumers: is the file's, not yet checked: one with a newline or
 // an escape sequence would otherwise break the one-line message, or move
 // the terminal's cursor, and no longer read as its key.
-func consumerKey(name string) string { return "consumers." + printable(name) }
+func consumerKey(name string) string { return "consumers." + cli.Printable(name) }
 
 // validateQueueType checks the AMQP queue type and, for quorum queues,
 // that their delivery limit is above every consumer's max_deliveries.

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/effectively-once/effectively/app/internal/cli"
 	"gopkg.in/yaml.v3"
 )
 
@@ -187,7 +188,7 @@ func nullKeys(raw []byte) error {
 				if k.Kind == yaml.ScalarNode && k.ShortTag() == "!!null" {
 					return fmt.Errorf("line %d: %s: a key that is null (~): name it", k.Line, cmp.Or(path, "the file"))
 				}
-				if err := walk(n.Content[i+1], strings.TrimPrefix(path+"."+printable(k.Value), ".")); err != nil {
+				if err := walk(n.Content[i+1], strings.TrimPrefix(path+"."+cli.Printable(k.Value), ".")); err != nil {
 					return err
 				}
 			}
@@ -242,7 +243,7 @@ func namedYAMLError(raw []byte, err error) error {
 		case yaml.MappingNode:
 			for i := 0; i+1 < len(n.Content); i += 2 {
 				k, v := n.Content[i], n.Content[i+1]
-				p := printable(k.Value) // a key of the file, not yet checked (see consumerKey)
+				p := cli.Printable(k.Value) // a key of the file, not yet checked (see consumerKey)
 				if path != "" {
 					p = path + "." + p
 				}

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/effectively-once/effectively/app/internal/cli"
 	"gopkg.in/yaml.v3"
 )
 
@@ -51,7 +52,7 @@ func fractionsInIntegers(raw []byte, t reflect.Type) error {
 					ft = t.Elem()
 				}
 				if ok {
-					walk(n.Content[i+1], ft, strings.TrimPrefix(path+"."+printable(key), "."))
+					walk(n.Content[i+1], ft, strings.TrimPrefix(path+"."+cli.Printable(key), "."))
 				}
 			}
 		case reflect.Slice, reflect.Array:

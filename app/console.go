@@ -6,9 +6,9 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/effectively-once/effectively/app/console"
+	"github.com/effectively-once/effectively/app/internal/cli"
 	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/handlers"
 )
@@ -91,34 +91,17 @@ func newConsole(cfg Config, store driver.Store, decls []handlers.Declaration, lo
 	if err != nil {
 		return nil, fmt.Errorf("console.tokens: %w", err)
 	}
-	op := operator{cfg: cfg}
-	view := newConsumersView(cfg, decls, driver.ConsumersRecord{})
-	consumers := make([]console.Consumer, 0, len(view.Consumers))
-	for _, c := range view.Consumers {
-		op.consumers = append(op.consumers, c.Name)
-		sub := ""
-		switch {
-		case c.Queue != "":
-			sub = cfg.Transport + " queue " + c.Queue
-		case c.ConsumerGroup != "":
-			sub = cfg.Transport + " group " + c.ConsumerGroup
-		}
-		consumers = append(consumers, console.Consumer{
-			Name: c.Name, Types: c.Types, Subscription: sub,
-			Concurrency: c.Concurrency, BatchSize: c.BatchSize, WithoutDedup: c.WithoutDedup,
-		})
-	}
 	c, err := console.New(console.Config{
 		Store:          store,
 		Inspector:      inspector,
 		Tokens:         tokens,
 		TrustedOrigins: cfg.Console.TrustedOrigins,
-		Consumers:      consumers,
+		Consumers:      cli.ConsoleConsumers(operatorConfig(cfg), decls),
 		Transport:      cfg.Transport,
 		// The command line's refusals: a consumer not declared here, a
 		// dead letter older than processed_retention (the command's
 		// --force has no button).
-		RefuseReplay: func(dl driver.DeadLetter, now time.Time) string { return op.refuseReplay(dl, false, now) },
+		RefuseReplay: cli.RefuseReplay(operatorConfig(cfg), decls),
 		Logger:       orDefault(logger),
 	})
 	if err != nil {

@@ -173,6 +173,21 @@
 // Module provides the same registry as a prometheus.Gatherer, to read what
 // it holds. Example_metrics runs it.
 //
+// # What is where
+//
+// Package app is the fx wiring around the engine: the configuration
+// (config*.go), the database and store (database.go), the transport
+// (transport.go), the runner and the outbox (router.go, outbox.go), the
+// HTTP server of health, readiness, metrics and the console (http.go,
+// console.go), tracing, logging, and the application's build, start and
+// stop (module.go, serve.go), with the command line's entry points
+// (command.go). The engine loops (the consumers, the relays, the purge,
+// the gauges) are package app/runner's; the purge's steps are
+// app/internal/purge's. The operator's commands are app/internal/cli's:
+// app gives them the service as plain values (how to serve it, migrate
+// it, and build it without starting it to open its database), so that
+// they never see fx.
+//
 // # Start and shutdown
 //
 // The consumers run in a runner.Runner, which works without fx too. At

@@ -1,4 +1,4 @@
-package app
+package cli
 
 import (
 	"bytes"
@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework/driver"
+	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/sqlite"
 )
 
@@ -78,7 +79,7 @@ func TestProgressOnTerminalOnly(t *testing.T) {
 // waits (on SQLite).
 func TestReplayThrottled(t *testing.T) {
 	ctx := t.Context()
-	cfg, db, store := migratedSQLite(t)
+	cfg, _, store := migratedSQLite(t)
 	for _, dl := range []driver.DeadLetter{
 		{Consumer: "c.one", EventID: "e-1", Source: "s", Code: "rejected", Body: []byte(`{}`)},
 		{Consumer: "c.one", EventID: "e-2", Source: "s", Code: "rejected", Body: []byte(`{}`)},
@@ -87,7 +88,7 @@ func TestReplayThrottled(t *testing.T) {
 	} {
 		require.NoError(t, store.PublishDeadLetter(ctx, dl))
 	}
-	op := operator{cfg: cfg, db: db, deadLetters: store, consumers: []string{"c.one"}}
+	op := operator{cfg: cfg, deadLetters: store, consumers: []string{"c.one"}}
 	req := replayRequest{
 		ids:        []int64{1, 2, 3, 4},
 		resolution: driver.Resolution{Status: driver.DeadLetterReplayed, By: "tester", Reason: "throttled"},
@@ -137,7 +138,7 @@ func TestBulkReplayReadsNoBody(t *testing.T) {
 		require.NoError(t, store.PublishDeadLetter(ctx, driver.DeadLetter{Consumer: "c.one", EventID: id, Source: "s", Code: "too_large", Body: body}))
 	}
 	counter := &bodyCounter{Store: store}
-	op := operator{cfg: cfg, db: db, deadLetters: counter, consumers: []string{"c.one"}}
+	op := operator{cfg: cfg, deadLetters: counter, consumers: []string{"c.one"}}
 	req := replayRequest{
 		filter:     driver.DeadLetterFilter{Consumer: "c.one"},
 		resolution: driver.Resolution{Status: driver.DeadLetterReplayed, By: "tester", Reason: "bulk"},
@@ -155,19 +156,17 @@ func TestBulkReplayReadsNoBody(t *testing.T) {
 	require.Equal(t, [][]byte{body, body}, bodies, "each replay carries its message")
 }
 
-// migratedSQLite returns the default configuration on a migrated SQLite
-// file of the test's own, the file's database, closed when the test ends,
-// and its store.
+// migratedSQLite returns the configuration of a service with the default
+// settings on a migrated SQLite file of the test's own (the transport
+// sqlite, processed marks kept forever), the file's database, closed when
+// the test ends, and its store.
 func migratedSQLite(t *testing.T) (Config, *sqlx.DB, *sqlite.Store) {
 	t.Helper()
-	cfg, err := LoadConfig(func(string) (string, bool) { return "", false })
-	require.NoError(t, err)
-	cfg.DatabaseURL = filepath.Join(t.TempDir(), "app.db")
-	db, err := sqlite.Open(t.Context(), cfg.DatabaseURL, sqlite.OpenConfig{})
+	db, err := sqlite.Open(t.Context(), filepath.Join(t.TempDir(), "app.db"), sqlite.OpenConfig{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = db.Close() })
-	require.NoError(t, migrateUp(t.Context(), db, cfg, Migrations{}))
+	require.NoError(t, migrate.Up(t.Context(), db, migrate.Config{}))
 	store, err := sqlite.NewStore(db, sqlite.StoreConfig{})
 	require.NoError(t, err)
-	return cfg, db, store
+	return Config{Transport: transportSQLite}, db, store
 }

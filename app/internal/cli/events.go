@@ -1,56 +1,23 @@
-package app
+package cli
 
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"slices"
-	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
-	"go.uber.org/fx"
 
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/handlers"
 )
 
-// inspection is what the operator's views (events show, consumers) work
-// with: the configuration, the store's Inspector and the declared
-// consumers. Like the dead-letter commands, it builds no handler.
-type inspection struct {
-	cfg          Config
-	inspector    driver.Inspector
-	declarations []handlers.Declaration
-}
-
-// inspect opens the service's database (see operate), runs fn and closes
-// it.
-func inspect(ctx context.Context, opts fx.Option, fn func(ctx context.Context, in inspection) error) error {
-	var decls []handlers.Declaration
-	collect := fx.Invoke(func(p struct {
-		fx.In
-		Declarations []handlers.Declaration `group:"effectively.consumers"`
-	},
-	) {
-		decls = p.Declarations
-	})
-	return operate(ctx, fx.Options(opts, collect), func(ctx context.Context, op operator) error {
-		in, ok := op.deadLetters.(driver.Inspector)
-		if !ok {
-			return fmt.Errorf("the store %T cannot be inspected (it does not implement driver.Inspector)", op.deadLetters)
-		}
-		slices.SortFunc(decls, func(a, b handlers.Declaration) int { return strings.Compare(a.Name, b.Name) })
-		return fn(ctx, inspection{cfg: op.cfg, inspector: in, declarations: decls})
-	})
-}
-
 // eventsCommand returns the operator's command on one event.
-func eventsCommand(opts fx.Option) *cobra.Command {
+func eventsCommand(s Service) *cobra.Command {
 	root := &cobra.Command{
 		Use:   "events",
 		Short: "What happened to an event",
@@ -74,7 +41,7 @@ same as one JSON object.`,
 		Args: cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			key := framework.Key{Source: framework.NormalizeSource(args[0]), ID: args[1]}
-			return inspect(cmd.Context(), opts, func(ctx context.Context, in inspection) error {
+			return inspect(cmd.Context(), s, func(ctx context.Context, in inspection) error {
 				rec, err := in.inspector.InspectEvent(ctx, key)
 				if err != nil {
 					return err
@@ -231,23 +198,11 @@ func newEventView(rec driver.EventRecord, decls []handlers.Declaration) eventVie
 	return v
 }
 
-// timeOrNil returns t in UTC, or nil when it is zero.
-func timeOrNil(t time.Time) *time.Time {
-	if t.IsZero() {
-		return nil
-	}
-	u := t.UTC()
-	return &u
-}
-
-// stamp formats t for the operator.
-func stamp(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
-
 // printEvent prints v for the operator.
 func printEvent(out io.Writer, v eventView) error {
 	key := framework.Key{Source: v.Source, ID: v.ID}
 	if !v.Known {
-		fmt.Fprintf(out, "no record of event %s in this service's database\n", printable(key.String()))
+		fmt.Fprintf(out, "no record of event %s in this service's database\n", Printable(key.String()))
 		if v.ProcessedPurgedBefore != nil {
 			fmt.Fprintf(out, "marks processed before %s are purged: a consumer may have applied it before\n", stamp(*v.ProcessedPurgedBefore))
 		}
@@ -261,7 +216,7 @@ func printEvent(out io.Writer, v eventView) error {
 	}
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	row := func(k, format string, args ...any) {
-		fmt.Fprintf(w, "%s\t%s\n", k, printable(fmt.Sprintf(format, args...)))
+		fmt.Fprintf(w, "%s\t%s\n", k, Printable(fmt.Sprintf(format, args...)))
 	}
 	row("event", "%s", key)
 	switch o := v.Outbox; {
@@ -313,7 +268,7 @@ func printEvent(out io.Writer, v eventView) error {
 			d.ID, d.Consumer, d.Status, d.Code, d.Attempts, d.Repeats, stamp(d.FirstFailedAt), stamp(d.LastFailedAt))
 		w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 		for _, h := range d.History {
-			fmt.Fprintf(w, "  %s\t%s\t%s\n", stamp(h.At), h.Kind, printable(historyDetail(h)))
+			fmt.Fprintf(w, "  %s\t%s\t%s\n", stamp(h.At), h.Kind, Printable(historyDetail(h)))
 		}
 		if err := w.Flush(); err != nil {
 			return err
@@ -337,14 +292,4 @@ func historyDetail(h historyView) string {
 		return "from " + h.By
 	}
 	return fmt.Sprintf("by %s: %s", h.By, h.Reason)
-}
-
-// writeJSON writes v as indented JSON.
-func writeJSON(out io.Writer, v any) error {
-	enc := json.NewEncoder(out)
-	enc.SetIndent("", "  ")
-	if err := enc.Encode(v); err != nil {
-		return fmt.Errorf("write JSON: %w", err)
-	}
-	return nil
 }

@@ -1,19 +1,14 @@
 package app
 
 import (
-	"cmp"
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"os/signal"
-	"strings"
 	"sync"
 	"syscall"
-	"time"
 
-	"github.com/spf13/cobra"
 	"go.uber.org/fx"
 	"go.uber.org/fx/fxevent"
 )
@@ -179,138 +174,4 @@ func (c buildContext) orBackground() context.Context {
 		return context.Background()
 	}
 	return c.Context
-}
-
-// Command returns the service's command line, named name, with the
-// subcommands serve, migrate, dead-letters (list, show, replay,
-// discard, parked), events show, consumers and purge, and extra ones. opts are
-// the service's fx options, as given to New.
-func Command(name string, opts fx.Option, extra ...*cobra.Command) *cobra.Command {
-	opts = fx.Options(opts, fx.Supply(serviceName(name))) // named in the messages that say what to run
-	root := &cobra.Command{
-		Use:           name,
-		Short:         name + ", a message-consumer service built on effectively",
-		SilenceUsage:  true,
-		SilenceErrors: true,
-	}
-	root.AddCommand(
-		&cobra.Command{
-			Use:   "serve",
-			Short: "Consume messages until SIGINT or SIGTERM",
-			Args:  cobra.NoArgs,
-			RunE: func(cmd *cobra.Command, _ []string) error {
-				return serve(cmd.Context(), opts)
-			},
-		},
-		&cobra.Command{
-			Use:   "migrate",
-			Short: "Apply the framework's migrations and the service's own",
-			Args:  cobra.NoArgs,
-			RunE: func(cmd *cobra.Command, _ []string) error {
-				return runMigrate(cmd.Context(), opts, cmd.OutOrStdout())
-			},
-		},
-		deadLettersCommand(opts),
-		eventsCommand(opts),
-		consumersCommand(opts),
-		purgeCommand(opts),
-	)
-	root.AddCommand(extra...)
-	usageErrors(root)
-	return root
-}
-
-// usageErrors makes root's commands say what they take when used wrongly.
-// A command of subcommands alone (dead-letters, events) refuses an
-// unknown one as root does, instead of printing its help and exiting 0:
-// a mistyped subcommand in a script went unnoticed. A wrong number of
-// arguments, or a bad flag, is an error that ends with the command's
-// usage line ("accepts 1 arg(s), received 0" did not say which).
-func usageErrors(root *cobra.Command) {
-	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
-		return fmt.Errorf("%w (usage: %s)", err, cmd.UseLine())
-	})
-	var walk func(cmd *cobra.Command)
-	walk = func(cmd *cobra.Command) {
-		for _, sub := range cmd.Commands() {
-			walk(sub)
-		}
-		switch {
-		case !cmd.HasParent():
-			// cobra refuses an unknown command of the root itself.
-		case !cmd.Runnable() && cmd.HasSubCommands():
-			cmd.Args = unknownSubcommand
-			cmd.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
-		case cmd.Args != nil:
-			args := cmd.Args
-			cmd.Args = func(cmd *cobra.Command, a []string) error {
-				if err := args(cmd, a); err != nil {
-					return fmt.Errorf("%w (usage: %s)", err, cmd.UseLine())
-				}
-				return nil
-			}
-		}
-	}
-	walk(root)
-}
-
-// unknownSubcommand refuses the arguments of a command of subcommands
-// alone: the first names none of them.
-func unknownSubcommand(cmd *cobra.Command, args []string) error {
-	if len(args) == 0 {
-		return nil
-	}
-	msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
-	cmd.SuggestionsMinimumDistance = cmp.Or(cmd.SuggestionsMinimumDistance, 2) // as cobra's root
-	if suggestions := cmd.SuggestionsFor(args[0]); len(suggestions) > 0 {
-		msg += ": did you mean " + strings.Join(suggestions, " or ") + "?"
-	}
-	return fmt.Errorf("%s (usage: %s [command])", msg, cmd.CommandPath())
-}
-
-// Main runs Command with the process's arguments and exits with 1 when it
-// fails, printing the error to stderr as one line: its cause, which names
-// the fix (a duplicate consumer name, a bad setting, a broker that refused
-// the credentials), without fx's chain of constructors or file paths.
-func Main(name string, opts fx.Option, extra ...*cobra.Command) {
-	os.Exit(execute(context.Background(), Command(name, opts, extra...), os.Stderr))
-}
-
-// execute runs cmd and returns the process's exit code: 0, or 1 after
-// printing the error to stderr as one line.
-func execute(ctx context.Context, cmd *cobra.Command, stderr io.Writer) int {
-	if err := cmd.ExecuteContext(ctx); err != nil {
-		fmt.Fprintf(stderr, "%s: %s\n", cmd.Name(), oneLine(explain(err).Error()))
-		return 1
-	}
-	return 0
-}
-
-func runMigrate(ctx context.Context, opts fx.Option, out io.Writer) error {
-	var (
-		cfg Config
-		m   Migrations
-	)
-	app := fx.New(opts, fx.Provide(ConfigFromEnv), fx.NopLogger, fx.Populate(&cfg), fx.Invoke(func(p struct {
-		fx.In
-		Migrations Migrations `optional:"true"`
-	},
-	) {
-		m = p.Migrations
-	}))
-	if err := app.Err(); err != nil {
-		return explain(err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-	defer cancel()
-	db, err := openDB(ctx, cfg.DatabaseURL, 0, false)
-	if err != nil {
-		return fmt.Errorf("database: %w", err)
-	}
-	defer db.Close()
-	if err := migrateUp(ctx, db, cfg, m); err != nil {
-		return err
-	}
-	fmt.Fprintln(out, "migrations applied")
-	return nil
 }

@@ -1,4 +1,4 @@
-package app
+package cli
 
 import (
 	"context"
@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"go.uber.org/fx"
 
 	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/handlers"
@@ -20,7 +19,7 @@ import (
 const processedWindow = time.Hour
 
 // consumersCommand returns the operator's view of the declared consumers.
-func consumersCommand(opts fx.Option) *cobra.Command {
+func consumersCommand(s Service) *cobra.Command {
 	var asJSON bool
 	cmd := &cobra.Command{
 		Use:   "consumers",
@@ -38,7 +37,7 @@ too. Last, the outbox's unsent rows and the oldest of them. With --json it
 prints the same as one JSON object.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return inspect(cmd.Context(), opts, func(ctx context.Context, in inspection) error {
+			return inspect(cmd.Context(), s, func(ctx context.Context, in inspection) error {
 				rec, err := in.inspector.InspectConsumers(ctx, time.Now().Add(-processedWindow))
 				if err != nil {
 					return err
@@ -109,9 +108,9 @@ func newConsumersView(cfg Config, decls []handlers.Declaration, rec driver.Consu
 			Dedup: d.WithoutDedup == "", WithoutDedup: d.WithoutDedup,
 		}
 		switch cfg.Transport {
-		case TransportAMQP:
+		case transportAMQP:
 			c.Queue = d.Name
-		case TransportSQLite, TransportPostgres:
+		case transportSQLite, transportPostgres:
 			c.ConsumerGroup = d.Name
 		}
 		f := figures[d.Name]

@@ -1,4 +1,4 @@
-package app
+package cli
 
 import (
 	"context"
@@ -9,25 +9,14 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"go.uber.org/fx"
 
 	"github.com/effectively-once/effectively/app/internal/purge"
 	"github.com/effectively-once/effectively/framework/driver"
 )
 
-// retentions are the purge's retentions of cfg.
-func retentions(cfg Config) purge.Retentions {
-	return purge.Retentions{
-		Processed:   time.Duration(cfg.ProcessedRetention),
-		Outbox:      time.Duration(cfg.OutboxRetention),
-		Replays:     time.Duration(cfg.ReplayRetention),
-		DeadLetters: time.Duration(cfg.DeadLetterRetention),
-	}
-}
-
 // purgeCommand returns the purge command: one purge now, or with
 // --dry-run what it would delete.
-func purgeCommand(opts fx.Option) *cobra.Command {
+func purgeCommand(s Service) *cobra.Command {
 	var dryRun bool
 	cmd := &cobra.Command{
 		Use:   "purge",
@@ -41,9 +30,9 @@ of the service purges at a time: while another does, the command exits 1.
 With --dry-run it prints what it would delete, and deletes nothing.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return operate(cmd.Context(), opts, func(ctx context.Context, op operator) error {
+			return operate(cmd.Context(), s, func(ctx context.Context, op operator) error {
 				// The runner's purge, once (see runner.Config.PurgeInterval).
-				pu := purge.New(op.deadLetters, retentions(op.cfg), slog.New(slog.DiscardHandler))
+				pu := purge.New(op.deadLetters, op.cfg.Retentions, slog.New(slog.DiscardHandler))
 				run, verb := pu.Purge, "deleted"
 				if dryRun {
 					run, verb = pu.DryRun, "would delete"

@@ -1,4 +1,4 @@
-package app
+package cli_test
 
 import (
 	"bytes"
@@ -7,6 +7,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/effectively-once/effectively/app"
+	"github.com/effectively-once/effectively/app/internal/cli"
 	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/handlers"
 )
@@ -29,18 +31,18 @@ func TestConsumersView(t *testing.T) {
 		OldestUnsent: oldest,
 	}
 	for transport, sub := range map[string]string{
-		TransportAMQP:     "amqp queue shop.mail",
-		TransportSQLite:   "sqlite group shop.mail",
-		TransportPostgres: "postgres group shop.mail",
-		TransportMemory:   "memory",
+		app.TransportAMQP:     "amqp queue shop.mail",
+		app.TransportSQLite:   "sqlite group shop.mail",
+		app.TransportPostgres: "postgres group shop.mail",
+		app.TransportMemory:   "memory",
 	} {
-		cfg := Config{Transport: transport}
-		v := newConsumersView(cfg, decls, rec)
+		cfg := app.Config{Transport: transport}
+		v := cli.NewConsumersView(cli.Config{Transport: cfg.Transport, Settings: cfg.Settings}, decls, rec)
 		require.Len(t, v.Consumers, 2, transport)
 		var out bytes.Buffer
-		require.NoError(t, printConsumers(&out, v))
+		require.NoError(t, cli.PrintConsumers(&out, v))
 		concurrency := "128"
-		if transport == TransportSQLite {
+		if transport == app.TransportSQLite {
 			concurrency = "256"
 		}
 		require.Regexp(t, `(?m)^shop\.mail\s+shop\.order\.placed,shop\.order\.paid\s+`+sub+`\s+`+concurrency+`\s+32\s+on\s+7\s+0\s+0$`, out.String())

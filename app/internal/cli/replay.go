@@ -1,4 +1,4 @@
-package app
+package cli
 
 import (
 	"cmp"
@@ -6,16 +6,160 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"slices"
 	"time"
 
-	"github.com/schollz/progressbar/v3"
-	"golang.org/x/term"
-	"golang.org/x/time/rate"
+	"github.com/spf13/cobra"
 
+	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/driver"
 )
+
+// minRate is the slowest --rate a replay takes: one an hour. A slower one
+// waited longer than anyone runs a command between two replays (1e-9 is
+// one every 31 years).
+const minRate = 1.0 / 3600
+
+// replayCommand returns the command that replays dead letters, named or
+// selected by a filter.
+func replayCommand(s Service) *cobra.Command {
+	var (
+		req          replayRequest
+		codeFlag     string
+		since, until string
+		perSecond    float64
+	)
+	cmd := &cobra.Command{
+		Use:   "replay [ID...]",
+		Short: "Send pending dead letters again to their consumer alone: the named ones, or those a filter selects",
+		Long: `Replay records, for each pending dead letter, in one transaction, that it is
+replayed (who, when, why: kept in its history) and its original message to
+hand again to its consumer alone (other consumers of the event type do not
+see it again). The running service publishes the recorded replays (within
+a second); until a service runs, they wait in the database. The command
+needs only the database. The event was never marked processed, so the
+consumer handles it afresh; should it fail again, the dead letter is
+pending again, with the new failure in its history. Of two operators who
+replay the same dead letter at once, one replays it and the other is
+refused: it is published once.
+
+Name the dead letters by id, or select the pending ones by filter
+(--consumer, --code, --type, --subject, --since, --until: their first
+failure at or after --since, before --until). A replay goes per subject in
+the order of the subject's sequence (numerically), then of first failure.
+Each dead letter is reported: replayed, or refused and why (not found; not
+pending: who resolved it, when; its consumer is not declared in this
+service; it first failed longer ago than processed_retention, so that a
+duplicate could no longer be detected: --force replays it anyway). The
+command goes on after a refusal and exits non-zero when it refused any.
+--dry-run lists what would be replayed and what would be refused,
+records nothing, and exits non-zero when the replay would refuse any.
+--rate N records at most N replays a second. On a terminal a progress
+bar shows on stderr.
+
+Under strict_order, the later events of the dead letter's subject are parked
+behind it (see the parked command): once the replayed event takes effect,
+the consumer applies them after it, in order.
+
+--reason and --by (default $USER) are required, except for a dry run.`,
+		Args: cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var err error
+			if req.ids, err = parseIDs(args); err != nil {
+				return err
+			}
+			req.filter.Code = framework.Code(codeFlag)
+			if req.filter.FailedSince, err = parseTime("since", since); err != nil {
+				return err
+			}
+			if req.filter.FailedBefore, err = parseTime("until", until); err != nil {
+				return err
+			}
+			if since != "" && until != "" && !req.filter.FailedBefore.After(req.filter.FailedSince) {
+				return errors.New("--until: want a time after --since: nothing first failed between them")
+			}
+			byFilter := req.filter != (driver.DeadLetterFilter{})
+			switch {
+			case len(req.ids) > 0 && byFilter:
+				return errors.New("replay: name dead letters by id or select them by filter, not both")
+			case len(req.ids) == 0 && !byFilter:
+				return errors.New("replay: name dead letters by id, or select them with --consumer, --code, --type, --subject, --since or --until")
+			case !(perSecond >= 0): // NaN too
+				return fmt.Errorf("--rate: want a positive number of replays a second (0: no limit), got %v", perSecond)
+			case perSecond > 0 && perSecond < minRate:
+				return fmt.Errorf("--rate: want at least %v replays a second (one an hour; 0: no limit), got %v: the command would wait between two replays for longer", minRate, perSecond)
+			}
+			req.resolution.Status = driver.DeadLetterReplayed
+			if !req.dryRun {
+				if err := checkResolution(req.resolution, "why the messages can be processed now"); err != nil {
+					return err
+				}
+			}
+			return operate(cmd.Context(), s, func(ctx context.Context, op operator) error {
+				op.noteUndeclared(cmd.ErrOrStderr(), req.filter.Consumer)
+				return op.replay(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr(), req, newThrottle(perSecond))
+			})
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&req.filter.Consumer, "consumer", "", "those of this consumer")
+	f.StringVar(&codeFlag, "code", "", "those with this code")
+	f.StringVar(&req.filter.Type, "type", "", "those of this event type")
+	f.StringVar(&req.filter.Subject, "subject", "", "those of this subject")
+	f.StringVar(&since, "since", "", "those that first failed at or after this time (RFC 3339 or a date)")
+	f.StringVar(&until, "until", "", "those that first failed before this time (RFC 3339 or a date)")
+	f.Float64Var(&perSecond, "rate", 0, "at most this many replays a second (0: no limit)")
+	f.BoolVar(&req.dryRun, "dry-run", false, "list what would be replayed and what would be refused; record nothing")
+	f.BoolVar(&req.force, "force", false, "replay dead letters that first failed longer ago than processed_retention too")
+	resolutionFlags(cmd, &req.resolution)
+	return cmd
+}
+
+// replay replays what req selects (see replayCommand), printing per dead
+// letter what it did to out and a progress bar to errOut when it is a
+// terminal.
+func (op operator) replay(ctx context.Context, out, errOut io.Writer, req replayRequest, th *throttle) error {
+	vs, errs, err := op.selectReplays(ctx, req, time.Now())
+	if err != nil {
+		return err
+	}
+	todo := 0
+	for _, v := range vs {
+		if v.refused == "" {
+			todo++
+		}
+	}
+	if req.dryRun {
+		for _, v := range vs {
+			fmt.Fprintln(out, v.dryLine())
+		}
+		if _, err := fmt.Fprintf(out, "dry run: %d would be replayed, %d refused; nothing recorded\n", todo, len(vs)-todo); err != nil {
+			return err
+		}
+		var refused *refusedError
+		if errors.As(refusals(vs, errs), &refused) {
+			return &dryRunError{refused}
+		}
+		return nil
+	}
+	more, err := op.replayAll(ctx, out, vs, req.resolution, th, newProgress(errOut, todo))
+	errs = append(errs, more...)
+	if err != nil {
+		return err
+	}
+	replayed := 0
+	for _, v := range vs {
+		if v.refused == "" {
+			replayed++
+		}
+	}
+	if replayed > 0 {
+		fmt.Fprintf(out, "%d replayed, %d refused: the running service publishes the replays to their consumers\n", replayed, len(vs)-replayed)
+	} else if len(vs) == 0 {
+		fmt.Fprintln(out, "no pending dead letter matches")
+	}
+	return refusals(vs, errs)
+}
 
 // replayPage is how many dead letters a bulk replay reads at once.
 const replayPage = 500
@@ -46,10 +190,10 @@ func (v verdict) dryLine() string {
 	dl := v.dl
 	subject := ""
 	if dl.Subject != "" {
-		subject = fmt.Sprintf(", subject %s #%d", printable(dl.Subject), dl.SubjectSeq)
+		subject = fmt.Sprintf(", subject %s #%d", Printable(dl.Subject), dl.SubjectSeq)
 	}
 	return fmt.Sprintf("would replay dead letter %d: consumer %s, code %s, event %s%s, first failed %s",
-		v.id, dl.Consumer, dl.Code, printable(dl.Key().String()), subject, dl.FirstFailedAt.UTC().Format(time.RFC3339))
+		v.id, dl.Consumer, dl.Code, Printable(dl.Key().String()), subject, dl.FirstFailedAt.UTC().Format(time.RFC3339))
 }
 
 // notPending says who resolved dl, when and why: the operator's words
@@ -59,7 +203,7 @@ func notPending(dl driver.DeadLetter) string {
 	if r.By == "" && r.At.IsZero() {
 		return fmt.Sprintf("not pending: %s", dl.Status)
 	}
-	return fmt.Sprintf("not pending: %s by %s at %s (%s)", dl.Status, printable(orDash(r.By)), r.At.UTC().Format(time.RFC3339), printable(r.Reason))
+	return fmt.Sprintf("not pending: %s by %s at %s (%s)", dl.Status, Printable(orDash(r.By)), r.At.UTC().Format(time.RFC3339), Printable(r.Reason))
 }
 
 // refusedError is the error of a command that refused some of its dead
@@ -193,7 +337,7 @@ func sortReplays(vs []verdict) {
 // processed-mark retention window: a copy of its event that took effect
 // since may have lost its mark, and the replay would apply it again.
 func (op operator) refuseReplay(dl driver.DeadLetter, force bool, now time.Time) string {
-	retention := time.Duration(op.cfg.ProcessedRetention)
+	retention := op.cfg.Retentions.Processed
 	switch {
 	case dl.Status != driver.DeadLetterPending:
 		return notPending(dl)
@@ -258,101 +402,6 @@ func (op operator) replayOne(ctx context.Context, v *verdict, r driver.Resolutio
 		return fmt.Errorf("replay dead letter %d: %w", v.id, err)
 	}
 	return nil
-}
-
-// throttle spaces the replays a command records: at most its rate per
-// second, so that the relay publishes them at that pace. A nil throttle
-// does not wait.
-type throttle struct {
-	limiter *rate.Limiter
-	now     func() time.Time
-	sleep   func(ctx context.Context, d time.Duration) error
-}
-
-// newThrottle returns the throttle of perSecond replays a second, nil for
-// zero (no limit).
-func newThrottle(perSecond float64) *throttle {
-	if perSecond <= 0 {
-		return nil
-	}
-	return &throttle{limiter: rate.NewLimiter(rate.Limit(perSecond), 1), now: time.Now, sleep: sleep}
-}
-
-// wait waits for the next replay's turn.
-func (t *throttle) wait(ctx context.Context) error {
-	if t == nil {
-		return nil
-	}
-	now := t.now()
-	r := t.limiter.ReserveN(now, 1)
-	if d := r.DelayFrom(now); d > 0 {
-		return t.sleep(ctx, d)
-	}
-	return nil
-}
-
-// sleep waits d, or until ctx ends.
-func sleep(ctx context.Context, d time.Duration) error {
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-timer.C:
-		return nil
-	}
-}
-
-// progress is a progress bar of a command's dead letters, drawn on a
-// terminal only; a nil progress draws nothing.
-type progress struct {
-	bar *progressbar.ProgressBar
-}
-
-// newProgress returns a progress bar of total dead letters on w when w
-// is a terminal and there is more than one; nil otherwise.
-func newProgress(w io.Writer, total int) *progress {
-	f, ok := w.(*os.File)
-	if !ok || total < 2 || !term.IsTerminal(int(f.Fd())) {
-		return nil
-	}
-	return drawProgress(w, total)
-}
-
-// drawProgress returns a progress bar of total dead letters drawn on w.
-func drawProgress(w io.Writer, total int) *progress {
-	return &progress{bar: progressbar.NewOptions(total,
-		progressbar.OptionSetWriter(w),
-		progressbar.OptionSetDescription("replaying"),
-		progressbar.OptionShowCount(),
-		progressbar.OptionSetItsString("dead letters"),
-		progressbar.OptionShowIts(),
-		progressbar.OptionThrottle(100*time.Millisecond),
-		progressbar.OptionClearOnFinish(),
-	)}
-}
-
-// println prints line to out, clearing the bar first: on a terminal out
-// and the bar share the screen.
-func (p *progress) println(out io.Writer, line string) {
-	if p != nil {
-		_ = p.bar.Clear()
-	}
-	fmt.Fprintln(out, line)
-}
-
-// add counts one more dead letter done.
-func (p *progress) add() {
-	if p != nil {
-		_ = p.bar.Add(1)
-	}
-}
-
-// finish clears the bar.
-func (p *progress) finish() {
-	if p != nil {
-		_ = p.bar.Finish()
-	}
 }
 
 // parseTime reads a time flag: RFC 3339, or a date (midnight UTC).

@@ -1,0 +1,93 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+
+	"github.com/effectively-once/effectively/framework/driver"
+	"github.com/effectively-once/effectively/handlers"
+)
+
+// operator is what the dead-letter commands work with: the configuration,
+// the database's store and the names of the declared consumers. It builds
+// no handler, so nothing a handler's constructor needs or dials, and uses
+// the database alone: a replay is recorded there, and the running service
+// publishes it (the runner's replay relay, see app/runner).
+type operator struct {
+	cfg         Config
+	deadLetters driver.Store
+	consumers   []string
+	known       map[string]bool // the declared names and those they are renamed from
+}
+
+// newOperator returns the operator of db.
+func newOperator(db Database) operator {
+	op := operator{cfg: db.Config, deadLetters: db.Store, known: make(map[string]bool)}
+	for _, d := range db.Declarations {
+		op.consumers = append(op.consumers, d.Name)
+		op.known[d.Name] = true
+		for _, old := range d.RenamedFrom {
+			op.known[old] = true
+		}
+	}
+	slices.Sort(op.consumers)
+	return op
+}
+
+// operate opens the service's database (Service.Open), runs fn and
+// closes it. The service's application is built, not started: its
+// handlers, transport, router and start hooks do not run; the consumers'
+// declarations are checked as the service checks them.
+func operate(ctx context.Context, s Service, fn func(ctx context.Context, op operator) error) error {
+	db, closeDB, err := s.Open()
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	return fn(ctx, newOperator(db))
+}
+
+// noteUndeclared tells w when the consumer a command filters by is not
+// declared (nor renamed from) in this service: a typo there selects
+// nothing, silently. It is a note, not an error: the database may hold
+// what a consumer removed since left behind.
+func (op operator) noteUndeclared(w io.Writer, consumer string) {
+	if consumer == "" || op.known[consumer] {
+		return
+	}
+	declared := strings.Join(op.consumers, ", ")
+	if declared == "" {
+		declared = "none"
+	}
+	fmt.Fprintf(w, "note: no consumer named %s is declared in this service (declared: %s)\n", Printable(consumer), declared)
+}
+
+// inspection is what the operator's views (events show, consumers) work
+// with: the configuration, the store's Inspector and the declared
+// consumers, by name. Like the dead-letter commands, it builds no
+// handler.
+type inspection struct {
+	cfg          Config
+	inspector    driver.Inspector
+	declarations []handlers.Declaration
+}
+
+// inspect opens the service's database (see operate), runs fn and closes
+// it.
+func inspect(ctx context.Context, s Service, fn func(ctx context.Context, in inspection) error) error {
+	db, closeDB, err := s.Open()
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	in, ok := db.Store.(driver.Inspector)
+	if !ok {
+		return fmt.Errorf("the store %T cannot be inspected (it does not implement driver.Inspector)", db.Store)
+	}
+	decls := slices.Clone(db.Declarations)
+	slices.SortFunc(decls, func(a, b handlers.Declaration) int { return strings.Compare(a.Name, b.Name) })
+	return fn(ctx, inspection{cfg: db.Config, inspector: in, declarations: decls})
+}
