@@ -53,6 +53,8 @@ type Purger interface {
 // and the parked events by consumer. sqlite.Store and postgres.Store
 // implement it.
 type Gauges interface {
+	// Figures reads the pending dead letters by consumer and code and the
+	// parked events by consumer.
 	Figures(ctx context.Context) (Figures, error)
 }
 

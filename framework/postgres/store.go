@@ -1,5 +1,7 @@
 package postgres
 
+//go:generate go run ../../internal/tools/storegen
+
 import (
 	"context"
 	"errors"
@@ -43,17 +45,12 @@ var ErrMissingDB = errors.New("postgres: missing database (try postgres.Open)")
 // PostgreSQL's microsecond precision.
 //
 // Its methods are those of driver.Store (with MarkMany, which group
-// commit finds by type assertion), driver.Inspector, driver.Purger
-// and driver.Gauges, documented there. They are promoted from the
-// framework's one SQL implementation, shared with the other database, so
-// that the two stores are written once.
+// commit finds by type assertion), driver.Inspector, driver.Purger and
+// driver.Gauges: each runs the framework's one SQL implementation, shared
+// with the other database, and names the interface it implements.
 type Store struct {
-	*sqlStore
+	sql *sqlstore.Store
 }
-
-// sqlStore names the shared implementation so that Store embeds it in an
-// unexported field: its methods are promoted, the field is not exported.
-type sqlStore = sqlstore.Store
 
 var (
 	_ driver.Store     = (*Store)(nil)
@@ -74,5 +71,5 @@ func NewStore(db *sqlx.DB, cfg StoreConfig) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("postgres: %w", err)
 	}
-	return &Store{sqlStore: s}, nil
+	return &Store{sql: s}, nil
 }
