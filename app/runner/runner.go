@@ -206,6 +206,10 @@ type Runner struct {
 	logger *slog.Logger
 	router *message.Router
 	subs   []subscription
+	// settlers are the subscribers told each message's outcome (see
+	// intake), by the name of their router handlers; read-only once New
+	// returns.
+	settlers map[string]framework.Settler
 	// sweeps are the consumers' chains' work that no message drives
 	// (middleware.Handler), run beside the router.
 	sweeps []func(context.Context)
@@ -262,6 +266,8 @@ func New(cfg Config) (*Runner, error) {
 		idle:    make(chan struct{}),
 		closing: make(chan struct{}),
 		stop:    make(chan struct{}),
+
+		settlers: make(map[string]framework.Settler),
 	}
 	router.AddMiddleware(r.intake, untilRunning(router))
 	for _, cc := range cfg.Consumers {
@@ -305,32 +311,41 @@ func (r *Runner) addLoops() error {
 }
 
 // add builds cc's unit of work (its batches are the consumer's own),
-// chain and subscription, and adds a router handler for each of the
-// subscription's topics.
+// subscription and chain, and adds a router handler for each of the
+// subscription's topics. The runner settles every message itself (see
+// intake): the subscription is told so (SubscribeConfig.Settles), and
+// its subscriber, when a framework.Settler, is told each outcome.
 func (r *Runner) add(cc ConsumerConfig) error {
 	c := cc.Consumer
 	uow, err := framework.NewUnitOfWork(cc.unitOfWork(r.cfg.DB, r.cfg.Store))
 	if err != nil {
 		return err
 	}
-	h, sweep, err := middleware.Handler(r.chainConfig(cc, uow))
-	if err != nil {
-		return err
-	}
-	r.sweeps = append(r.sweeps, sweep)
 	sub, err := r.cfg.Transport.Subscribe(framework.SubscribeConfig{
 		Consumer:       c.Name(),
 		Types:          c.Types(),
 		Concurrency:    cc.Concurrency,
 		AttemptTimeout: cc.Timeout,
 		HandlingTime:   cc.handlingTime(),
+		Settles:        true,
 	})
 	if err != nil {
 		return err
 	}
+	acker, _ := sub.Subscriber.(framework.TxAcker)
+	h, sweep, err := middleware.Handler(r.chainConfig(cc, uow, acker))
+	if err != nil {
+		return err
+	}
+	r.sweeps = append(r.sweeps, sweep)
 	r.subs = append(r.subs, subscription{consumer: c.Name(), sub: sub})
+	settler, _ := sub.Subscriber.(framework.Settler)
 	for i, topic := range sub.Topics {
-		r.router.AddConsumerHandler(handlerName(c.Name(), sub.Topics, i), topic, sub.Subscriber, h)
+		name := handlerName(c.Name(), sub.Topics, i)
+		r.router.AddConsumerHandler(name, topic, sub.Subscriber, h)
+		if settler != nil {
+			r.settlers[name] = settler
+		}
 	}
 	return nil
 }
@@ -347,10 +362,11 @@ func (c ConsumerConfig) handlingTime() time.Duration {
 }
 
 // chainConfig is the middleware chain of cc.
-func (r *Runner) chainConfig(cc ConsumerConfig, uow *framework.UnitOfWork) middleware.Config {
+func (r *Runner) chainConfig(cc ConsumerConfig, uow *framework.UnitOfWork, acker framework.TxAcker) middleware.Config {
 	return middleware.Config{
 		Consumer:   cc.Consumer,
 		UnitOfWork: uow,
+		Acker:      acker,
 		Store:      r.cfg.Store,
 		Settings:   cc.Settings,
 		Logger:     r.logger,
@@ -415,7 +431,7 @@ func (r *Runner) Start(ctx context.Context) error {
 		for _, sweep := range r.sweeps {
 			sweeps.Go(func() { sweep(runCtx) })
 		}
-		err := r.router.Run(pipeline.With(runCtx, pipeline.SettleReported(true)))
+		err := r.router.Run(runCtx)
 		cancelRun()
 		sweeps.Wait()
 		r.workers.Close()
@@ -581,9 +597,9 @@ func (r *Runner) stopOutbox(ctx context.Context) {
 // intake counts the messages in flight, and holds those that come once
 // Stop closed the intake until the router closes, then nacks them: they
 // are never handled by this runner. It acks or nacks each message itself
-// and reports which to its transport (pipeline.Settle), whose
-// subscriptions then need no goroutine per message to watch for it (see
-// pipeline.SettleReported, on the router's context).
+// and reports which to its subscriber (see settle), whose subscriptions
+// then need no goroutine per message to watch for it (see
+// framework.SubscribeConfig.Settles).
 func (r *Runner) intake(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
 		if !r.enter() {
@@ -592,7 +608,7 @@ func (r *Runner) intake(h message.HandlerFunc) message.HandlerFunc {
 			case <-msg.Context().Done():
 			}
 			err := errors.New("runner: stopping: message not handled")
-			pipeline.Settle(msg, err)
+			r.settle(msg, err)
 			return nil, err
 		}
 		defer r.leave()
@@ -603,9 +619,22 @@ func (r *Runner) intake(h message.HandlerFunc) message.HandlerFunc {
 			// through the outbox.
 			out, err = nil, fmt.Errorf("runner: the chain returned %d messages to publish", len(out))
 		}
-		pipeline.Settle(msg, err)
+		r.settle(msg, err)
 		return out, err
 	}
+}
+
+// settle acks msg when err is nil and nacks it otherwise, as the router
+// does once its handler returns, and tells the subscriber of msg's
+// router handler, a framework.Settler, which of the two msg got (an Ack
+// or Nack of the chain's own comes first). It does nothing to a message
+// of a subscriber that is no Settler: the router acks or nacks it.
+func (r *Runner) settle(msg *message.Message, err error) {
+	s, ok := r.settlers[message.HandlerNameFromCtx(msg.Context())]
+	if !ok {
+		return
+	}
+	s.Settle(msg, pipeline.AckOrNack(msg, err))
 }
 
 // enter counts a message in flight, unless the intake is closed.

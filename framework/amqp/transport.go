@@ -64,6 +64,7 @@ func (t *Transport) Subscribe(sc framework.SubscribeConfig) (framework.Subscript
 	if err != nil {
 		return framework.Subscription{}, fmt.Errorf("amqp: consumer %s: %w", sc.Consumer, err)
 	}
+	sub.settles = sc.Settles
 	t.subs.Add(sub)
 	// Subscribing to any of the types reads the one queue; the router
 	// handles each message it hands out in a goroutine of its own.
