@@ -80,6 +80,12 @@ type Config struct {
 	// Inner middleware runs inside each attempt, after the processed mark:
 	// its context carries the transaction.
 	Inner []message.HandlerMiddleware
+	// Acker, when set, acknowledges each message inside the transaction
+	// of its attempt, so that the effect and the ack commit together: the
+	// runner sets it to the consumer's subscriber when that is a
+	// driver.TxAcker (the sqlite transport's). Defaults to nil: the
+	// message is acked once its chain returns.
+	Acker driver.TxAcker
 	// Stopping, when set, is closed when the service begins to stop
 	// (runner.Runner.Stop closes it): from then on no further attempt of
 	// a message starts. The attempt in flight runs to its end; a message
@@ -198,7 +204,7 @@ func chain(cfg Config, clk clock) ([]message.HandlerMiddleware, *releaser) {
 	if cfg.StrictOrder {
 		steps = append(steps, gapWait(name, cfg.Store, cfg.GapTimeout))
 	}
-	steps = append(steps, deliveryGuard(name, cfg.Store, cfg.MaxDeliveries, cfg.UnitOfWork))
+	steps = append(steps, deliveryGuard(name, cfg.Store, cfg.MaxDeliveries, cfg.UnitOfWork, cfg.Acker))
 	if cfg.RateLimit > 0 {
 		steps = append(steps, rateLimit(cfg.RateLimit, clk))
 	}
@@ -210,7 +216,7 @@ func chain(cfg Config, clk clock) ([]message.HandlerMiddleware, *releaser) {
 	steps = append(steps,
 		timeout(cfg.Timeout),
 		recoverPanic,
-		unitOfWork(name, cfg.UnitOfWork),
+		unitOfWork(name, cfg.UnitOfWork, cfg.Acker),
 	)
 	if cfg.SkipStale {
 		steps = append(steps, sequenceGuard(name, cfg.Store))

@@ -61,9 +61,9 @@ var errOverLimit = errors.New("over the delivery limit")
 // burst of copies of one event) from one that never took effect: the
 // first is acknowledged as a duplicate, only the second is dead-lettered.
 // Without it every message over the limit is dead-lettered.
-func deliveryGuard(consumer string, store driver.Store, maxDeliveries int, uow *driver.UnitOfWork) message.HandlerMiddleware {
+func deliveryGuard(consumer string, store driver.Store, maxDeliveries int, uow *driver.UnitOfWork, acker driver.TxAcker) message.HandlerMiddleware {
 	g := &guard{
-		consumer: consumer, store: store, maxDeliveries: maxDeliveries, uow: uow,
+		consumer: consumer, store: store, maxDeliveries: maxDeliveries, uow: uow, acker: acker,
 		handling: newHandling(), suspects: newTurn(),
 	}
 	return func(next message.HandlerFunc) message.HandlerFunc {
@@ -92,6 +92,7 @@ type guard struct {
 	store         driver.Store
 	maxDeliveries int
 	uow           *driver.UnitOfWork
+	acker         driver.TxAcker // acks a duplicate over the limit in its transaction (see unitOfWork)
 	handling      *handling
 	suspects      turn
 }
@@ -132,11 +133,13 @@ func (g *guard) count(msg *message.Message, next message.HandlerFunc) ([]*messag
 	if err != nil {
 		return nil, fmt.Errorf("count delivery of %s: %w", key, err)
 	}
-	stateOf(msg).deliveries = n // for the dead letter
-	if err := stateOf(msg).dies(msg.Context(), crash.AfterCount); err != nil {
+	st := stateOf(msg)
+	st.deliveries = n // for the dead letter
+	st.counted = true // the unit of work forgets the count
+	if err := st.dies(msg.Context(), crash.AfterCount); err != nil {
 		return nil, err
 	}
-	ctx := pipeline.With(msg.Context(), pipeline.DeliveryCounted(true))
+	ctx := msg.Context()
 	if n > g.maxDeliveries {
 		leave()
 		// The handler does not run: the next suspect may, and a
@@ -152,9 +155,9 @@ func (g *guard) count(msg *message.Message, next message.HandlerFunc) ([]*messag
 			if err := g.handling.waitNone(ctx, key); err != nil {
 				return nil, fmt.Errorf("check delivery limit of %s: %w", key, err)
 			}
-			outcome, err := g.uow.Do(ctx, g.consumer, key, func(context.Context) error { return errOverLimit })
+			outcome, err := g.uow.DoDelivery(ctx, g.consumer, key, delivery(st, g.acker, msg), func(context.Context) error { return errOverLimit })
 			if outcome == framework.Duplicate {
-				stateOf(msg).outcome = framework.Duplicate
+				st.outcome = framework.Duplicate
 				return nil, nil
 			}
 			if err != nil && !errors.Is(err, errOverLimit) {
@@ -164,7 +167,6 @@ func (g *guard) count(msg *message.Message, next message.HandlerFunc) ([]*messag
 		return nil, framework.Permanent(framework.CodeDeliveryLimit,
 			fmt.Errorf("%s delivered %d times, at most %d allowed", key, n, g.maxDeliveries))
 	}
-	msg.SetContext(ctx)
 	out, err := next(msg)
 	if errors.Is(err, errStopping) {
 		err = g.uncount(ctx, key, err)

@@ -19,6 +19,7 @@ type state struct {
 	event         decoded             // what envelope and decoded point to
 	attempts      int
 	deliveries    int  // the delivery guard's count of this delivery (1 for a known first delivery); 0 when not known
+	counted       bool // the delivery guard counted this delivery in the store: the unit of work forgets the count
 	gaveUp        bool // retry returned the error of its last attempt
 	outcome       framework.Outcome
 	deadLettered  framework.Code

@@ -11,11 +11,14 @@ import (
 
 var errNotDecoded = errors.New("message was not decoded: add the decode step outside this step")
 
-// unitOfWork runs each attempt inside uow (see driver.UnitOfWork.Do):
-// one transaction that holds the processed mark of (consumer, event) and
-// the handler's writes. A duplicate is skipped and acknowledged. The
-// message context inside carries the transaction; it is restored after.
-func unitOfWork(consumer string, uow *driver.UnitOfWork) message.HandlerMiddleware {
+// unitOfWork runs each attempt inside uow (see
+// driver.UnitOfWork.DoDelivery): one transaction that holds the
+// processed mark of (consumer, event) and the handler's writes, which
+// forgets the delivery's count when the delivery guard counted it and,
+// with acker, acknowledges the message. A duplicate is skipped and
+// acknowledged. The message context inside carries the transaction; it is
+// restored after.
+func unitOfWork(consumer string, uow *driver.UnitOfWork, acker driver.TxAcker) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			st := stateOf(msg)
@@ -25,7 +28,7 @@ func unitOfWork(consumer string, uow *driver.UnitOfWork) message.HandlerMiddlewa
 			}
 			orig := msg.Context()
 			defer msg.SetContext(orig)
-			outcome, err := uow.Do(orig, consumer, d.Key(), func(ctx context.Context) error {
+			outcome, err := uow.DoDelivery(orig, consumer, d.Key(), delivery(st, acker, msg), func(ctx context.Context) error {
 				msg.SetContext(ctx)
 				_, err := next(msg)
 				return err
@@ -34,4 +37,15 @@ func unitOfWork(consumer string, uow *driver.UnitOfWork) message.HandlerMiddlewa
 			return nil, err
 		}
 	}
+}
+
+// delivery is what the unit of work needs to know of msg's delivery: its
+// count by the delivery guard (st), and its ack inside the transaction
+// when acker has one.
+func delivery(st *state, acker driver.TxAcker, msg *message.Message) driver.Delivery {
+	d := driver.Delivery{Counted: st.counted}
+	if acker != nil {
+		d.Ack, _ = acker.TxAck(msg)
+	}
+	return d
 }

@@ -14,7 +14,6 @@ import (
 	"github.com/effectively-once/effectively/app/internal/purge"
 	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/outbox"
-	"github.com/effectively-once/effectively/internal/pipeline"
 	"github.com/effectively-once/effectively/internal/watermilllog"
 	"github.com/effectively-once/effectively/internal/workers"
 	"github.com/effectively-once/effectively/middleware"
@@ -29,6 +28,10 @@ type Runner struct {
 	logger *slog.Logger
 	router *message.Router
 	subs   []subscription
+	// settlers are the subscribers told each message's outcome (see
+	// intake), by the name of their router handlers; read-only once New
+	// returns.
+	settlers map[string]driver.Settler
 	// sweeps are the consumers' chains' work that no message drives
 	// (middleware.Handler), run beside the router.
 	sweeps []func(context.Context)
@@ -85,6 +88,8 @@ func New(cfg Config) (*Runner, error) {
 		idle:    make(chan struct{}),
 		closing: make(chan struct{}),
 		stop:    make(chan struct{}),
+
+		settlers: make(map[string]driver.Settler),
 	}
 	router.AddMiddleware(r.intake, untilRunning(router))
 	for _, cc := range cfg.Consumers {
@@ -128,32 +133,41 @@ func (r *Runner) addLoops() error {
 }
 
 // add builds cc's unit of work (its batches are the consumer's own),
-// chain and subscription, and adds a router handler for each of the
-// subscription's topics.
+// subscription and chain, and adds a router handler for each of the
+// subscription's topics. The runner settles every message itself (see
+// intake): the subscription is told so (SubscribeConfig.Settles), and
+// its subscriber, when a driver.Settler, is told each outcome.
 func (r *Runner) add(cc ConsumerConfig) error {
 	c := cc.Consumer
 	uow, err := driver.NewUnitOfWork(cc.unitOfWork(r.cfg.DB, r.cfg.Store))
 	if err != nil {
 		return err
 	}
-	h, sweep, err := middleware.Handler(r.chainConfig(cc, uow))
-	if err != nil {
-		return err
-	}
-	r.sweeps = append(r.sweeps, sweep)
 	sub, err := r.cfg.Transport.Subscribe(driver.SubscribeConfig{
 		Consumer:       c.Name(),
 		Types:          c.Types(),
 		Concurrency:    cc.Concurrency,
 		AttemptTimeout: cc.Timeout,
 		HandlingTime:   cc.handlingTime(),
+		Settles:        true,
 	})
 	if err != nil {
 		return err
 	}
+	acker, _ := sub.Subscriber.(driver.TxAcker)
+	h, sweep, err := middleware.Handler(r.chainConfig(cc, uow, acker))
+	if err != nil {
+		return err
+	}
+	r.sweeps = append(r.sweeps, sweep)
 	r.subs = append(r.subs, subscription{consumer: c.Name(), sub: sub})
+	settler, _ := sub.Subscriber.(driver.Settler)
 	for i, topic := range sub.Topics {
-		r.router.AddConsumerHandler(handlerName(c.Name(), sub.Topics, i), topic, sub.Subscriber, h)
+		name := handlerName(c.Name(), sub.Topics, i)
+		r.router.AddConsumerHandler(name, topic, sub.Subscriber, h)
+		if settler != nil {
+			r.settlers[name] = settler
+		}
 	}
 	return nil
 }
@@ -170,10 +184,11 @@ func (c ConsumerConfig) handlingTime() time.Duration {
 }
 
 // chainConfig is the middleware chain of cc.
-func (r *Runner) chainConfig(cc ConsumerConfig, uow *driver.UnitOfWork) middleware.Config {
+func (r *Runner) chainConfig(cc ConsumerConfig, uow *driver.UnitOfWork, acker driver.TxAcker) middleware.Config {
 	return middleware.Config{
 		Consumer:   cc.Consumer,
 		UnitOfWork: uow,
+		Acker:      acker,
 		Store:      r.cfg.Store,
 		Settings:   cc.Settings,
 		Logger:     r.logger,
@@ -238,7 +253,7 @@ func (r *Runner) Start(ctx context.Context) error {
 		for _, sweep := range r.sweeps {
 			sweeps.Go(func() { sweep(runCtx) })
 		}
-		err := r.router.Run(pipeline.With(runCtx, pipeline.SettleReported(true)))
+		err := r.router.Run(runCtx)
 		cancelRun()
 		sweeps.Wait()
 		r.workers.Close()
@@ -399,80 +414,4 @@ func (r *Runner) stopOutbox(ctx context.Context) {
 	stop()
 	<-r.relayDone
 	r.lastOutboxPass(ctx)
-}
-
-// intake counts the messages in flight, and holds those that come once
-// Stop closed the intake until the router closes, then nacks them: they
-// are never handled by this runner. It acks or nacks each message itself
-// and reports which to its transport (pipeline.Settle), whose
-// subscriptions then need no goroutine per message to watch for it (see
-// pipeline.SettleReported, on the router's context).
-func (r *Runner) intake(h message.HandlerFunc) message.HandlerFunc {
-	return func(msg *message.Message) ([]*message.Message, error) {
-		if !r.enter() {
-			select {
-			case <-r.closing:
-			case <-msg.Context().Done():
-			}
-			err := errors.New("runner: stopping: message not handled")
-			pipeline.Settle(msg, err)
-			return nil, err
-		}
-		defer r.leave()
-		out, err := r.workers.Handle(h, msg)
-		if err == nil && len(out) > 0 {
-			// The ack below would come before the router publishes them.
-			// No step of the chain returns messages: follow-up events go
-			// through the outbox.
-			out, err = nil, fmt.Errorf("runner: the chain returned %d messages to publish", len(out))
-		}
-		pipeline.Settle(msg, err)
-		return out, err
-	}
-}
-
-// enter counts a message in flight, unless the intake is closed.
-func (r *Runner) enter() bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.stopping {
-		return false
-	}
-	r.inFlight++
-	return true
-}
-
-// leave counts a message out of flight.
-func (r *Runner) leave() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.inFlight--
-	if r.stopping && r.inFlight == 0 {
-		close(r.idle)
-	}
-}
-
-// untilRunning holds every message until the router runs, that is until
-// every handler has subscribed. Otherwise an attempt of the first handler
-// could hold what a later handler's Subscribe needs (a connection, a
-// SQLite file's write lock) and the start would wait for the attempt.
-// A message whose context ends meanwhile is nacked. Once the router runs,
-// the message's context is not asked for its Done channel, which a
-// cancelable context makes on the first call: one allocation a message.
-func untilRunning(router *message.Router) message.HandlerMiddleware {
-	return func(h message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			select {
-			case <-router.Running():
-				return h(msg)
-			default:
-			}
-			select {
-			case <-router.Running():
-				return h(msg)
-			case <-msg.Context().Done():
-				return nil, fmt.Errorf("router not running yet: %w", msg.Context().Err())
-			}
-		}
-	}
 }

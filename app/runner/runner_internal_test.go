@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
@@ -206,5 +207,59 @@ func TestNewRefusesBadSettings(t *testing.T) {
 		cc.Consumer = e.consumer
 		_, err := New(Config{Consumers: []ConsumerConfig{cc}, Transport: transport, DB: e.db, Store: e.store})
 		require.ErrorContains(t, err, want)
+	}
+}
+
+// TestAckInTheTransaction: on the SQLite transport sharing the stores'
+// database, the runner's chain acknowledges each message inside the
+// transaction of its attempt (the subscriber is its
+// middleware.Config.Acker): the message's lease is gone once the effect
+// committed, before the runner acks the message. And the runner settles
+// each message itself: it tells the subscriber, a driver.Settler,
+// every outcome, for every router handler of the consumer.
+func TestAckInTheTransaction(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	leases := make(chan int, 1)
+	hold := func(ctx context.Context) error {
+		tx, ok := driver.TxFromContext(ctx)
+		require.True(t, ok)
+		tx.OnCommit(func() {
+			var n int
+			if err := e.db.Get(&n, `SELECT count(*) FROM `+sqlite.PubSubLeasesTable); err != nil {
+				n = -1
+			}
+			leases <- n
+		})
+		return nil
+	}
+	e.hold.Store(&hold)
+	r, transport := e.runner(t)
+	require.NotEmpty(t, r.settlers)
+	for _, s := range r.subs {
+		for i := range s.sub.Topics {
+			require.Same(t, s.sub.Subscriber, r.settlers[handlerName(s.consumer, s.sub.Topics, i)])
+		}
+	}
+	e.publish(t, transport, "i-1")
+	select {
+	case n := <-leases:
+		require.Zero(t, n, "the lease went with the effect's commit")
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler did not run")
+	}
+}
+
+// TestSettleWithoutSettler: a message of a handler whose subscriber is
+// no driver.Settler is left to the router, which acks or nacks it.
+func TestSettleWithoutSettler(t *testing.T) {
+	t.Parallel()
+	r := &Runner{settlers: map[string]driver.Settler{}}
+	msg := message.NewMessage("1", nil)
+	r.settle(msg, nil)
+	select {
+	case <-msg.Acked():
+		t.Fatal("settle acked a message of no Settler: the router acks it")
+	default:
 	}
 }

@@ -11,8 +11,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/internal/nackdelay"
-	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // resubscribePause is the pause before a subscription consumes again
@@ -54,12 +54,29 @@ type subscriber struct {
 	closed  bool
 	closing chan struct{}
 	wg      sync.WaitGroup
+	// settles says that the reader settles each message itself
+	// (driver.SubscribeConfig.Settles): no goroutine watches one.
+	settles bool
 }
 
 var (
 	_ message.Subscriber           = (*subscriber)(nil)
 	_ message.SubscribeInitializer = (*subscriber)(nil)
+	_ driver.Settler               = (*subscriber)(nil)
 )
+
+// deliveryKey keys the context value that makes a message's context tell
+// its delivery, for Settle.
+type deliveryKey struct{}
+
+// Settle settles msg, a message of s, on its channel (see
+// driver.Settler), for a reader that settles its messages itself
+// (driver.SubscribeConfig.Settles). It ignores a message not of s.
+func (s *subscriber) Settle(msg *message.Message, acked bool) {
+	if d, ok := msg.Context().Value(deliveryKey{}).(*delivery); ok && d.c.sub.subscriber == s {
+		d.Settled(acked)
+	}
+}
 
 // subscriberOf returns the subscriber of consumer on conn, each
 // subscription handing out up to limit messages at once and buffering
@@ -146,7 +163,7 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		queue:      s.queueName(topic),
 		out:        make(chan *message.Message),
 		slots:      make(chan struct{}, s.limit),
-		reported:   pipeline.Reported(ctx),
+		reported:   s.settles,
 	}
 	s.wg.Add(1)
 	go func() {
@@ -188,7 +205,7 @@ type subscription struct {
 	slots chan struct{}    // one per message handed out and not yet settled
 	nacks nackdelay.Streak // the pause after a nack
 	// reported says that the reader reports each message's outcome
-	// (pipeline.SettleReported): no goroutine watches a message then.
+	// (subscriber.Settle): no goroutine watches a message then.
 	reported bool
 }
 
@@ -307,7 +324,7 @@ func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) bo
 		msgCtx, cancel := context.WithCancel(ctx)
 		hd := c.add(d.DeliveryTag, msg, cancel)
 		if s.reported {
-			msgCtx = pipeline.With[pipeline.Settler](msgCtx, hd)
+			msgCtx = context.WithValue(msgCtx, deliveryKey{}, hd)
 		}
 		msg.SetContext(msgCtx)
 		sent := false
@@ -429,7 +446,7 @@ func (d *delivery) finish() {
 }
 
 // Settled acks the delivery on its channel, or nacks it after the
-// subscription's pause on a goroutine of its own (pipeline.Settler).
+// subscription's pause on a goroutine of its own.
 // Once its consume ended (abandon), it does nothing: a late ack is
 // dropped, and the message comes again.
 func (d *delivery) Settled(acked bool) {

@@ -64,6 +64,7 @@ func (t *Transport) Subscribe(sc driver.SubscribeConfig) (driver.Subscription, e
 	if err != nil {
 		return driver.Subscription{}, fmt.Errorf("amqp: consumer %s: %w", sc.Consumer, err)
 	}
+	sub.settles = sc.Settles
 	t.subs.Add(sub)
 	// Subscribing to any of the types reads the one queue; the router
 	// handles each message it hands out in a goroutine of its own.

@@ -17,11 +17,13 @@ type attemptRun struct {
 	key      framework.Key
 	fn       func(ctx context.Context) error
 
+	delivery Delivery
+
 	tx       *Tx
 	marked   bool // first holds the mark's result: the batch marked it
 	first    bool
-	batched  bool              // a.tx is a batch's transaction (group commit)
-	ack      *pipeline.AckInTx // the ack the batch writes before its commit
+	batched  bool // a.tx is a batch's transaction (group commit)
+	acking   bool // the batch writes a.delivery.Ack before its commit (see ackAll)
 	outcome  framework.Outcome
 	err      error
 	panicked any
@@ -79,7 +81,7 @@ func (a *attemptRun) keepHookPanic(p any) {
 
 // alone runs a in a transaction of its own.
 func (u *UnitOfWork) alone(a *attemptRun) {
-	a.tx, a.marked, a.batched, a.ack = &Tx{}, false, false, nil
+	a.tx, a.marked, a.batched, a.acking = &Tx{}, false, false, false
 	if u.db != nil {
 		tx, err := u.db.BeginTxx(a.ctx, nil)
 		if err != nil {
@@ -186,24 +188,24 @@ func (u *UnitOfWork) attempt(a *attemptRun) (write bool) {
 			a.fail(err) // never commit an attempt cut short
 			return false
 		}
-	} else if !pipeline.Counted(ctx) {
+	} else if !a.delivery.Counted {
 		return false // nothing to write: a duplicate costs the insert that found its mark
 	}
 	// A processed event, or a duplicate whose delivery was counted (its
 	// ack was lost): forget the count, so that lost acks never add up to
 	// the delivery limit.
-	if pipeline.Counted(ctx) {
+	if a.delivery.Counted {
 		if err := u.store.Forget(ctx, tx, a.consumer, a.key); err != nil {
 			a.fail(fmt.Errorf("forget delivery count: %w", err))
 			return false
 		}
 	}
-	if ack, ok := pipeline.From[pipeline.AckInTx](ctx); ok && tx.tx != nil && ack.DB == u.db.DB {
-		if a.batched && ack.Batch != nil {
-			a.ack = &ack // acked with its batch-mates', before the commit (see ackAll)
+	if ack := a.delivery.Ack; ack.Batch != nil && tx.tx != nil && ack.DB == u.db.DB {
+		if a.batched {
+			a.acking = true // acked with its batch-mates', before the commit (see ackAll)
 			return true
 		}
-		if err := ack.Ack(ctx, tx); err != nil {
+		if err := ack.Batch.AckInTx(ctx, tx, []any{ack.Item}); err != nil {
 			a.fail(fmt.Errorf("ack in transaction: %w", err))
 			return false
 		}

@@ -14,7 +14,6 @@ import (
 
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/internal/crash"
-	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // group gathers attempts into batches that commit in one transaction
@@ -314,7 +313,7 @@ func (g *group) try(batch []*attemptRun) (committed, retry []*attemptRun, failed
 	ctx = context.WithoutCancel(ctx)
 	for _, a := range batch {
 		a.tx = &Tx{tx: tx, ctx: ctx}
-		a.marked, a.batched, a.ack = false, true, nil
+		a.marked, a.batched, a.acking = false, true, false
 	}
 	if err := g.markAll(ctx, batch); err != nil {
 		_ = tx.Rollback() // err is what matters: each attempt runs again alone
@@ -435,25 +434,25 @@ func (g *group) resetSession(ctx context.Context, tx sqlx.ExecerContext, timeout
 }
 
 // ackAll writes the transport's acks of the attempts of ok in their
-// batch's transaction, one statement per pipeline.AckBatch (a transport's
+// batch's transaction, one statement per TxAckBatch (a transport's
 // subscription) instead of one per attempt.
 func ackAll(ctx context.Context, ok []*attemptRun) error {
 	var (
-		batches []pipeline.AckBatch
-		acks    = map[pipeline.AckBatch][]pipeline.AckInTx{}
+		batches []TxAckBatch
+		items   = map[TxAckBatch][]any{}
 	)
 	for _, a := range ok {
-		if a.ack == nil {
+		if !a.acking {
 			continue
 		}
-		b := a.ack.Batch
-		if _, seen := acks[b]; !seen {
-			batches = append(batches, b)
+		ack := a.delivery.Ack
+		if _, seen := items[ack.Batch]; !seen {
+			batches = append(batches, ack.Batch)
 		}
-		acks[b] = append(acks[b], *a.ack)
+		items[ack.Batch] = append(items[ack.Batch], ack.Item)
 	}
 	for _, b := range batches {
-		if err := b.AckAll(ctx, ok[0].tx, acks[b]); err != nil {
+		if err := b.AckInTx(ctx, ok[0].tx, items[b]); err != nil {
 			return err
 		}
 	}

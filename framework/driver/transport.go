@@ -2,6 +2,7 @@ package driver
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"time"
 
@@ -59,6 +60,15 @@ type SubscribeConfig struct {
 	// is not renewed sizes it from it. Zero leaves the transport's
 	// configured lease.
 	HandlingTime time.Duration
+	// Settles says that the subscription's reader settles each message
+	// itself, as the runner does: it acks or nacks every message it is
+	// handed once its handling returned, then tells the subscriber which
+	// (Settler). A transport that hands out many messages at once then
+	// watches none of them with a goroutine of its own. Without it (a
+	// router of the user's own, a test reading the channel) the
+	// transport watches each message's Ack and Nack itself. Defaults to
+	// false.
+	Settles bool
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
@@ -152,4 +162,49 @@ func CheckBodySize(body []byte, maxBody int) error {
 		return framework.Permanent(framework.CodeTooLarge, &framework.FieldError{Field: "body", Reason: fmt.Sprintf("is %d bytes, at most %d allowed", len(body), maxBody)})
 	}
 	return nil
+}
+
+// Settler is implemented by a Subscriber that a reader which settles its
+// messages itself (SubscribeConfig.Settles) tells each message's outcome.
+type Settler interface {
+	// Settle says that msg, which the subscriber handed out, was acked
+	// (true) or nacked (false). The reader calls it once for each
+	// message, after the message's Ack or Nack. It may block until the
+	// subscription takes the outcome, or closes. A message the
+	// subscriber did not hand out is ignored.
+	Settle(msg *message.Message, acked bool)
+}
+
+// TxAcker is implemented by a Subscriber that can acknowledge its
+// messages inside the transaction of their attempt, so that the effect
+// and the ack commit together, or roll back together (the sqlite
+// transport's). The consumer chain asks it for the ack of each message
+// and hands it to the unit of work (see Delivery), which writes it before
+// its commit when its database is the ack's.
+type TxAcker interface {
+	// TxAck returns the ack of msg inside a transaction; false when msg
+	// is not a message the subscriber handed out.
+	TxAck(msg *message.Message) (TxAck, bool)
+}
+
+// TxAck acknowledges one message inside a transaction of DB: Batch writes
+// the acks of all the attempts of a batch of the unit of work (group
+// commit) that carry it, in one statement, given the Item of each.
+type TxAck struct {
+	// DB is the database in whose transactions the ack is written. The
+	// unit of work writes it only in a transaction of its own database;
+	// otherwise the message is acked as any other.
+	DB *sql.DB
+	// Batch writes the ack. Required.
+	Batch TxAckBatch
+	// Item is what Batch knows the message by.
+	Item any
+}
+
+// TxAckBatch acknowledges messages inside a transaction (see TxAck).
+type TxAckBatch interface {
+	// AckInTx acknowledges the messages of items inside tx, the
+	// transaction of their attempts: the acks commit with it, or roll
+	// back with it.
+	AckInTx(ctx context.Context, tx *Tx, items []any) error
 }

@@ -167,7 +167,27 @@ func NewUnitOfWork(cfg UnitOfWorkConfig) (*UnitOfWork, error) {
 // (UnitOfWorkConfig.WithoutMark), fn runs on every call. Do returns once
 // the effect committed or rolled back: a message may be acked then.
 func (u *UnitOfWork) Do(ctx context.Context, consumer string, key framework.Key, fn func(ctx context.Context) error) (framework.Outcome, error) {
-	a := &attemptRun{ctx: ctx, consumer: consumer, key: key, fn: fn, crash: crash.HookOf(ctx)}
+	return u.DoDelivery(ctx, consumer, key, Delivery{}, fn)
+}
+
+// Delivery is what the consumer chain knows of the delivery whose event
+// an attempt of DoDelivery handles, beyond its consumer and key.
+type Delivery struct {
+	// Counted says that the delivery guard counted the delivery
+	// (Store.Count): the attempt forgets the count in the transaction
+	// that commits its effect, or that finds the event processed, so
+	// that lost acks never add up to the delivery limit.
+	Counted bool
+	// Ack, when its DB is the unit of work's database, acknowledges the
+	// message inside the attempt's transaction, before its commit (see
+	// TxAcker). The zero TxAck leaves the ack to the transport.
+	Ack TxAck
+}
+
+// DoDelivery is Do for a delivery that d describes: the consumer chain
+// runs each attempt of a message with it.
+func (u *UnitOfWork) DoDelivery(ctx context.Context, consumer string, key framework.Key, d Delivery, fn func(ctx context.Context) error) (framework.Outcome, error) {
+	a := &attemptRun{ctx: ctx, consumer: consumer, key: key, fn: fn, delivery: d, crash: crash.HookOf(ctx)}
 	if u.group == nil {
 		u.alone(a)
 	} else {

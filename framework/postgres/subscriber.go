@@ -11,7 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 
-	"github.com/effectively-once/effectively/internal/pipeline"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 // The subscriber reads watermill-sql's tables as watermill-sql's own
@@ -85,11 +85,15 @@ type subscriber struct {
 	noMarks   map[string]bool // topics whose handed-out columns could not be added
 	wg        sync.WaitGroup
 	closeOnce sync.Once
+	// settles says that the reader settles each message itself
+	// (driver.SubscribeConfig.Settles): no goroutine watches one.
+	settles bool
 }
 
 var (
 	_ message.Subscriber           = (*subscriber)(nil)
 	_ message.SubscribeInitializer = (*subscriber)(nil)
+	_ driver.Settler               = (*subscriber)(nil)
 )
 
 // newSubscriber returns the subscriber of consumer, whose name is its
@@ -163,7 +167,7 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		sent:    make(map[*delivery]struct{}, s.concurrency),
 		log:     s.log.With(slog.String("topic", topic)),
 
-		reported: pipeline.Reported(ctx),
+		reported: s.settles,
 	}
 	s.wg.Add(1)
 	go sub.run()

@@ -79,7 +79,7 @@ type subscription struct {
 	results chan result
 	log     *slog.Logger
 	// reported says that the reader reports each message's outcome
-	// (pipeline.SettleReported): no goroutine watches a message then.
+	// (subscriber.Settle): no goroutine watches a message then.
 	reported bool
 	msgWG    sync.WaitGroup // the goroutines watching messages
 

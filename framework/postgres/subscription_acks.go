@@ -6,9 +6,10 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
+
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/internal/storedmsg"
-	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // deliveryOf returns a new delivery of r, with a message of its own,
@@ -21,10 +22,23 @@ func (sub *subscription) deliveryOf(r *row) *delivery {
 	ctx, cancel := context.WithCancel(sub.ctx)
 	d := &delivery{sub: sub, r: r, msg: msg, cancel: cancel}
 	if sub.reported {
-		ctx = pipeline.With[pipeline.Settler](ctx, d)
+		ctx = context.WithValue(ctx, deliveryKey{}, d)
 	}
 	msg.SetContext(ctx)
 	return d
+}
+
+// deliveryKey keys the context value that makes a message's context tell
+// its delivery, for Settle.
+type deliveryKey struct{}
+
+// Settle hands the outcome of msg, a message of s, to its subscription
+// (see driver.Settler), for a reader that settles its messages itself
+// (driver.SubscribeConfig.Settles). It ignores a message not of s.
+func (s *subscriber) Settle(msg *message.Message, acked bool) {
+	if d, ok := msg.Context().Value(deliveryKey{}).(*delivery); ok && d.sub.s == s {
+		d.Settled(acked)
+	}
 }
 
 // redelivered tells whether r, about to be handed out, may have been
@@ -65,7 +79,7 @@ func (sub *subscription) dropNext() {
 }
 
 // Settled cancels the message's context and hands its outcome to the run
-// loop (pipeline.Settler). After the subscription ended it drops it: the
+// loop. After the subscription ended it drops it: the
 // shutdown read the message's state itself.
 func (d *delivery) Settled(acked bool) {
 	d.cancel()

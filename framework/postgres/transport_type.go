@@ -83,6 +83,7 @@ func (t *Transport) Subscribe(sc driver.SubscribeConfig) (driver.Subscription, e
 	if err != nil {
 		return driver.Subscription{}, fmt.Errorf("postgres: consumer %s: %w", sc.Consumer, err)
 	}
+	sub.settles = sc.Settles
 	topics := append(append([]string(nil), sc.Types...), pipeline.ReplayTopic(sc.Consumer))
 	t.subs.Add(sub)
 	t.mu.Lock()

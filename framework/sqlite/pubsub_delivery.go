@@ -9,8 +9,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/internal/storedmsg"
-	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // pubsubDelivery is one claimed message of a subscription.
@@ -26,33 +26,70 @@ type pubsubDelivery struct {
 	ackedInTx  atomic.Bool
 }
 
-// ackInTx acknowledges the message inside the handler's transaction. The
-// unit of work calls it just before commit; if the commit fails the
-// deletion rolls back with it and the router's Nack releases the lease.
-func (d *pubsubDelivery) ackInTx(ctx context.Context, tx pipeline.Execer) error {
-	q := d.sub.s.q
-	if _, err := tx.ExecContext(ctx, q.ackOne, d.sub.topic, d.sub.s.cfg.ConsumerGroup, d.offset); err != nil {
-		return fmt.Errorf("ack message %d of %s: %w", d.offset, d.sub.topic, err)
+// deliveryKey keys the context value that makes a message's context
+// tell its delivery (see deliveryOf).
+type deliveryKey struct{}
+
+// deliveryOf returns the delivery of msg, a message of s; false when msg
+// is none of its.
+func (s *Subscriber) deliveryOf(msg *message.Message) (*pubsubDelivery, bool) {
+	d, ok := msg.Context().Value(deliveryKey{}).(*pubsubDelivery)
+	if !ok || d.sub.s != s {
+		return nil, false
 	}
-	d.ackedInTx.Store(true)
-	return nil
+	return d, true
 }
 
-// AckAll acknowledges the messages of acks, deliveries of this
-// subscription, inside the transaction of a batch of the unit of work, in
-// one statement (pipeline.AckBatch): the batch's lease deletions commit
-// with its effects. It reads only what never changes in sub.
-func (sub *pubsubSubscription) AckAll(ctx context.Context, tx pipeline.Execer, acks []pipeline.AckInTx) error {
-	ds := make([]*pubsubDelivery, len(acks))
-	offsets := make([]int64, len(acks))
-	for i, a := range acks {
-		d, ok := a.Item.(*pubsubDelivery)
-		if !ok || d.sub != sub {
-			return fmt.Errorf("ack messages of %s: %T is not a message of this subscription", sub.topic, a.Item)
+// TxAck returns the ack of msg, a message of s, inside a transaction of
+// s's database (see driver.TxAcker): when the unit of work's database
+// is s's, the lease's deletion commits with the effect, and the router's
+// Ack has nothing left to write. False when msg is not a message of s.
+func (s *Subscriber) TxAck(msg *message.Message) (driver.TxAck, bool) {
+	d, ok := s.deliveryOf(msg)
+	if !ok {
+		return driver.TxAck{}, false
+	}
+	return driver.TxAck{DB: s.db.DB, Batch: d.sub, Item: d}, true
+}
+
+// Settle hands the outcome of msg, a message of s, to its subscription
+// (see driver.Settler), for a reader that settles its messages itself
+// (driver.SubscribeConfig.Settles). It ignores a message not of s.
+func (s *Subscriber) Settle(msg *message.Message, acked bool) {
+	if d, ok := s.deliveryOf(msg); ok {
+		d.Settled(acked)
+	}
+}
+
+// AckInTx acknowledges the messages of items, deliveries of this
+// subscription, inside tx, the transaction of their attempts (a batch's,
+// under group commit), in one statement (driver.TxAckBatch): the lease
+// deletions commit with the effects. The unit of work calls it just
+// before commit; if the commit fails the deletions roll back with it and
+// the router's Nack releases the leases. It reads only what never changes
+// in sub.
+func (sub *pubsubSubscription) AckInTx(ctx context.Context, tx *driver.Tx, items []any) error {
+	q := sub.s.q
+	if len(items) == 1 {
+		d, err := sub.own(items[0])
+		if err != nil {
+			return err
+		}
+		if _, err := tx.ExecContext(ctx, q.ackOne, sub.topic, sub.s.cfg.ConsumerGroup, d.offset); err != nil {
+			return fmt.Errorf("ack message %d of %s: %w", d.offset, sub.topic, err)
+		}
+		d.ackedInTx.Store(true)
+		return nil
+	}
+	ds := make([]*pubsubDelivery, len(items))
+	offsets := make([]int64, len(items))
+	for i, item := range items {
+		d, err := sub.own(item)
+		if err != nil {
+			return err
 		}
 		ds[i], offsets[i] = d, d.offset
 	}
-	q := sub.s.q
 	if _, err := tx.ExecContext(ctx, q.ack, sub.topic, sub.s.cfg.ConsumerGroup, pubsubOffsets(offsets)); err != nil {
 		return fmt.Errorf("ack %d messages of %s: %w", len(offsets), sub.topic, err)
 	}
@@ -62,8 +99,17 @@ func (sub *pubsubSubscription) AckAll(ctx context.Context, tx pipeline.Execer, a
 	return nil
 }
 
+// own returns item as a delivery of sub.
+func (sub *pubsubSubscription) own(item any) (*pubsubDelivery, error) {
+	d, ok := item.(*pubsubDelivery)
+	if !ok || d.sub != sub {
+		return nil, fmt.Errorf("ack messages of %s: %T is not a message of this subscription", sub.topic, item)
+	}
+	return d, nil
+}
+
 // Settled cancels the message's context and hands its outcome to the run
-// loop (pipeline.Settler). After the subscription ended it drops it: the
+// loop. After the subscription ended it drops it: the
 // shutdown read the message's state itself.
 func (d *pubsubDelivery) Settled(acked bool) {
 	d.cancel()
@@ -81,9 +127,6 @@ func (sub *pubsubSubscription) newDelivery(r claimedRow) *pubsubDelivery {
 	d := &pubsubDelivery{sub: sub, offset: r.offset, deliveries: r.deliveries, msg: msg}
 	ctx, cancel := context.WithCancel(sub.ctx)
 	d.cancel = cancel
-	if sub.reported {
-		ctx = pipeline.With[pipeline.Settler](ctx, d)
-	}
-	msg.SetContext(pipeline.With(ctx, pipeline.AckInTx{DB: sub.s.db.DB, Ack: d.ackInTx, Batch: sub, Item: d}))
+	msg.SetContext(context.WithValue(ctx, deliveryKey{}, d))
 	return d
 }

@@ -11,7 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jmoiron/sqlx"
 
-	"github.com/effectively-once/effectively/internal/pipeline"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 // Defaults of SubscriberConfig.
@@ -188,14 +188,21 @@ func (c SubscriberConfig) Validate() error {
 //
 // A delivered message carries framework.MetadataRedelivered ("false" on
 // its first delivery to the group, "true" after a nack or an expired
-// lease) and, on its context, a pipeline.AckInTx that lets the unit of
-// work acknowledge it inside the handler's transaction.
+// lease). It is a driver.TxAcker: the consumer chain given it
+// (middleware.Config.Acker) acknowledges each message inside the
+// handler's transaction. And a driver.Settler: a reader that settles
+// its messages itself tells it each outcome (Transport.Subscribe with
+// driver.SubscribeConfig.Settles); otherwise a goroutine watches each
+// message handed out for its Ack or Nack.
 type Subscriber struct {
 	db     *sqlx.DB
 	cfg    SubscriberConfig
 	q      pubsubQueries
 	schema *pubsubSchemaOnce
 	log    *slog.Logger
+	// settles says that the reader settles each message itself
+	// (driver.SubscribeConfig.Settles): no goroutine watches one.
+	settles bool
 
 	base       context.Context // cancelled by Close
 	cancelBase context.CancelFunc
@@ -214,6 +221,8 @@ type Subscriber struct {
 var (
 	_ message.Subscriber           = (*Subscriber)(nil)
 	_ message.SubscribeInitializer = (*Subscriber)(nil)
+	_ driver.TxAcker               = (*Subscriber)(nil)
+	_ driver.Settler               = (*Subscriber)(nil)
 )
 
 // NewSubscriber returns a Subscriber that reads db, which should come from
@@ -311,7 +320,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		stopListen: stopListen,
 		sent:       make(map[*pubsubDelivery]struct{}),
 		wantClaim:  true,
-		reported:   pipeline.Reported(ctx),
+		reported:   s.settles,
 		log:        s.log.With(slog.String("topic", topic)),
 	}
 	s.wg.Add(1)

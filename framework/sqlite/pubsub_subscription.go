@@ -36,7 +36,7 @@ type pubsubSubscription struct {
 	nacks     []int64
 	wantClaim bool
 	// reported says that the reader reports each message's outcome
-	// (pipeline.SettleReported): no goroutine watches a message then.
+	// (Subscriber.Settle): no goroutine watches a message then.
 	reported bool
 	msgWG    sync.WaitGroup // the goroutines watching messages
 }

@@ -540,8 +540,13 @@ func TestPubSubAckInTx(t *testing.T) {
 		require.NoError(t, err)
 		return b, uow
 	}
-	handle := func(t *testing.T, uow *driver.UnitOfWork, db *sqlx.DB, msg *message.Message, parent any, fail error) (framework.Outcome, error) {
-		return uow.Do(msg.Context(), "c", framework.Key{Source: "s", ID: msg.UUID}, func(ctx context.Context) error {
+	// handle handles msg as the consumer chain given sub as its
+	// middleware.Config.Acker does: with the ack of msg in the attempt.
+	handle := func(t *testing.T, uow *driver.UnitOfWork, sub *Subscriber, db *sqlx.DB, msg *message.Message, parent any, fail error) (framework.Outcome, error) {
+		ack, ok := sub.TxAck(msg)
+		require.True(t, ok, "a message of the subscriber has its ack")
+		d := driver.Delivery{Ack: ack}
+		return uow.DoDelivery(msg.Context(), "c", framework.Key{Source: "s", ID: msg.UUID}, d, func(ctx context.Context) error {
 			if _, err := framework.Conn(ctx, db).ExecContext(ctx,
 				`INSERT INTO test_effects (id, parent) VALUES (?, ?)`, msg.UUID, parent); err != nil {
 				return err
@@ -559,7 +564,7 @@ func TestPubSubAckInTx(t *testing.T) {
 		require.NoError(t, err)
 		msg := receive(t, ch)
 
-		outcome, err := handle(t, uow, b.db, msg, nil, nil)
+		outcome, err := handle(t, uow, sub, b.db, msg, nil, nil)
 		require.NoError(t, err)
 		require.Equal(t, framework.Processed, outcome)
 		// The lease went with the commit, before the router's Ack.
@@ -578,11 +583,12 @@ func TestPubSubAckInTx(t *testing.T) {
 		t.Parallel()
 		b, uow := setup(t)
 		b.publish(t, "a")
-		ch, err := b.subscriber(t, SubscriberConfig{}).Subscribe(context.Background(), b.topic)
+		sub := b.subscriber(t, SubscriberConfig{})
+		ch, err := sub.Subscribe(context.Background(), b.topic)
 		require.NoError(t, err)
 		msg := receive(t, ch)
 
-		outcome, err := handle(t, uow, b.db, msg, nil, errors.New("handler failed"))
+		outcome, err := handle(t, uow, sub, b.db, msg, nil, errors.New("handler failed"))
 		require.Error(t, err)
 		require.Equal(t, framework.Failed, outcome)
 		require.Equal(t, 1, b.count(t, `SELECT COUNT(*) FROM pubsub_leases`))
@@ -591,7 +597,7 @@ func TestPubSubAckInTx(t *testing.T) {
 		again := receive(t, ch)
 		require.Equal(t, msg.UUID, again.UUID)
 		require.True(t, redelivered(t, again))
-		outcome, err = handle(t, uow, b.db, again, nil, nil)
+		outcome, err = handle(t, uow, sub, b.db, again, nil, nil)
 		require.NoError(t, err)
 		require.Equal(t, framework.Processed, outcome)
 		again.Ack()
@@ -602,13 +608,14 @@ func TestPubSubAckInTx(t *testing.T) {
 		t.Parallel()
 		b, uow := setup(t)
 		b.publish(t, "a")
-		ch, err := b.subscriber(t, SubscriberConfig{}).Subscribe(context.Background(), b.topic)
+		sub := b.subscriber(t, SubscriberConfig{})
+		ch, err := sub.Subscribe(context.Background(), b.topic)
 		require.NoError(t, err)
 		msg := receive(t, ch)
 
 		// The deferred foreign key fails the COMMIT, after the ack ran in
 		// the transaction: the ack rolls back with the effect.
-		outcome, err := handle(t, uow, b.db, msg, "no-such-parent", nil)
+		outcome, err := handle(t, uow, sub, b.db, msg, "no-such-parent", nil)
 		require.ErrorContains(t, err, "FOREIGN KEY")
 		require.Equal(t, framework.Failed, outcome)
 		require.Equal(t, 1, b.count(t, `SELECT COUNT(*) FROM pubsub_leases`))
@@ -634,7 +641,8 @@ func TestPubSubAckInTx(t *testing.T) {
 		})
 		require.NoError(t, err)
 		b.publish(t, "a", "b", "c", "d")
-		ch, err := b.subscriber(t, SubscriberConfig{}).Subscribe(context.Background(), b.topic)
+		sub := b.subscriber(t, SubscriberConfig{})
+		ch, err := sub.Subscribe(context.Background(), b.topic)
 		require.NoError(t, err)
 		msgs := make([]*message.Message, 4)
 		for i := range msgs {
@@ -648,7 +656,7 @@ func TestPubSubAckInTx(t *testing.T) {
 				if string(msg.Payload) == "c" {
 					fail = errors.New("c fails")
 				}
-				outcomes[i], _ = handle(t, uow, b.db, msg, nil, fail)
+				outcomes[i], _ = handle(t, uow, sub, b.db, msg, nil, fail)
 			})
 		}
 		wg.Wait()
@@ -675,6 +683,30 @@ func TestPubSubAckInTx(t *testing.T) {
 		again := receive(t, ch)
 		require.Equal(t, "c", string(again.Payload))
 		again.Ack()
+	})
+
+	// Only a message the subscriber handed out has its ack: a chain given
+	// the subscriber as its Acker leaves another's message to the router.
+	t.Run("OnlyItsOwnMessages", func(t *testing.T) {
+		t.Parallel()
+		b := setupPubSub(t)
+		b.publish(t, "a")
+		sub := b.subscriber(t, SubscriberConfig{})
+		ch, err := sub.Subscribe(context.Background(), b.topic)
+		require.NoError(t, err)
+		msg := receive(t, ch)
+		ack, ok := sub.TxAck(msg)
+		require.True(t, ok)
+		require.Same(t, b.db.DB, ack.DB, "acked in a transaction of the subscriber's database")
+
+		other := b.subscriber(t, SubscriberConfig{ConsumerGroup: "other"})
+		_, ok = other.TxAck(msg)
+		require.False(t, ok, "a message of another subscriber")
+		_, ok = sub.TxAck(message.NewMessage("x", nil))
+		require.False(t, ok, "a message of no subscriber")
+		other.Settle(msg, true) // ignored: not its message
+		require.Equal(t, 1, b.count(t, `SELECT COUNT(*) FROM pubsub_leases`))
+		msg.Ack()
 	})
 }
 

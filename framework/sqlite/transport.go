@@ -118,6 +118,7 @@ func (t *Transport) Subscribe(sc driver.SubscribeConfig) (driver.Subscription, e
 	if err != nil {
 		return driver.Subscription{}, fmt.Errorf("sqlite: consumer %s: %w", sc.Consumer, err)
 	}
+	sub.settles = sc.Settles
 	t.subs.Add(sub)
 	topics := append(append([]string(nil), sc.Types...), pipeline.ReplayTopic(sc.Consumer))
 	// Each topic's subscription hands out up to MaxInFlight messages, each

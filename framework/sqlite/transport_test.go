@@ -45,6 +45,11 @@ func TestTransportSubscribe(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 7*time.Second, sub.Subscriber.(*Subscriber).cfg.LeaseDuration, "the configured lease")
 	require.Equal(t, 1, sub.Subscriber.(*Subscriber).cfg.MaxInFlight, "concurrency defaults to 1")
+	require.False(t, sub.Subscriber.(*Subscriber).settles, "each message watched: the reader may not settle it")
+
+	sub, err = tr.Subscribe(driver.SubscribeConfig{Consumer: "e", Types: []string{"a"}, Settles: true})
+	require.NoError(t, err)
+	require.True(t, sub.Subscriber.(*Subscriber).settles, "the reader settles each message: none watched")
 
 	set, err := New(openPubSubTestDB(t), TransportConfig{Subscriber: SubscriberConfig{ClaimBatchSize: 4}})
 	require.NoError(t, err)

@@ -1,14 +1,14 @@
 // Package pipeline is the wiring that the consumer chain, the transports,
 // the unit of work and the runner share and a user never calls: the
-// values a message's context carries between the steps, the error that
-// asks for a later delivery, the replay topics and the redelivery marker.
+// values a message's context carries between the steps of the chain, the
+// error that asks for a later delivery, the replay topics, the
+// redelivery marker and how a reader settles a message.
 // It imports no package of the module, so that package framework can use
 // it too.
 package pipeline
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -58,87 +58,16 @@ type Attempt struct {
 	Conn sqlx.ExtContext
 }
 
-// AckInTx lets a transport acknowledge a message inside the handler's
-// transaction, so that the effect and the ack commit together. A
-// transport puts it on the message's context (With); the unit of work
-// calls Ack before commit when its database is DB.
-type AckInTx struct {
-	DB  *sql.DB
-	Ack func(ctx context.Context, tx Execer) error
-	// Batch, when not nil, acknowledges many messages in one statement: a
-	// batch of the unit of work (group commit) hands it, before its
-	// commit, the AckInTx of each of its attempts that carries the same
-	// Batch, instead of calling their Ack one by one.
-	Batch AckBatch
-	// Item is what Batch knows the message by (the SQLite subscription's
-	// delivery).
-	Item any
-}
-
-// AckBatch acknowledges, inside the attempts' shared transaction, the
-// messages of acks, each of which carries it as its Batch.
-type AckBatch interface {
-	AckAll(ctx context.Context, tx Execer, acks []AckInTx) error
-}
-
-// Execer runs a statement: the attempt's transaction, as a transport's ack
-// sees it.
-type Execer interface {
-	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
-}
-
-// SettleReported on the context given to a subscriber's Subscribe says
-// that the subscription's reader tells the transport each message's
-// outcome: the runner acks or nacks every message it is handed once its
-// chain returns, then calls the Settler the message's context carries. A
-// transport that hands out many messages at once then watches none of
-// them with a goroutine of its own; given a context without it (a router
-// of the user's own, a test reading the channel), it watches each.
-type SettleReported bool
-
-// Reported reports whether ctx carries SettleReported(true).
-func Reported(ctx context.Context) bool {
-	r, _ := From[SettleReported](ctx)
-	return bool(r)
-}
-
-// Settler is told a message's outcome by the runner, once, after the
-// message was acked or nacked (see SettleReported): a transport puts one
-// on the context of each message it hands out.
-type Settler interface {
-	// Settled says the message was acked (true) or nacked (false). It
-	// may block until the subscription takes the outcome, or closes.
-	Settled(acked bool)
-}
-
-// Settle acks msg when err is nil and nacks it otherwise, as the router
-// does once its handler returns, and tells the Settler of msg's context
-// which of the two the message got (an Ack or Nack of the chain's own
-// comes first). It does nothing to a message without a Settler.
-func Settle(msg *message.Message, err error) {
-	s, ok := From[Settler](msg.Context())
-	if !ok {
-		return
-	}
-	var acked bool
+// AckOrNack acks msg when err is nil and nacks it otherwise, as the
+// router does once its handler returns, and reports which of the two the
+// message got: an Ack or Nack of the chain's own comes first. A reader
+// that settles its messages itself (the runner) tells the outcome to the
+// message's subscriber (driver.Settler).
+func AckOrNack(msg *message.Message, err error) (acked bool) {
 	if err == nil {
-		acked = msg.Ack()
-	} else {
-		acked = !msg.Nack() // false: it was acked before
+		return msg.Ack()
 	}
-	s.Settled(acked)
-}
-
-// DeliveryCounted on a message's context says that the delivery guard
-// recorded the delivery's count: the unit of work forgets the count when
-// the effect commits, so that lost acks never add up to the delivery
-// limit.
-type DeliveryCounted bool
-
-// Counted reports whether ctx carries DeliveryCounted(true).
-func Counted(ctx context.Context) bool {
-	c, _ := From[DeliveryCounted](ctx)
-	return bool(c)
+	return !msg.Nack() // false: it was acked before
 }
 
 // ErrLater is returned by a step that wants the message delivered again

@@ -1,7 +1,6 @@
 package pipeline_test
 
 import (
-	"context"
 	"errors"
 	"testing"
 
@@ -11,20 +10,9 @@ import (
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
-// settler records what Settle told it.
-type settler struct{ got []bool }
-
-func (s *settler) Settled(acked bool) { s.got = append(s.got, acked) }
-
-func TestSettle(t *testing.T) {
+func TestAckOrNack(t *testing.T) {
 	t.Parallel()
 	failed := errors.New("handler failed")
-	withSettler := func() (*message.Message, *settler) {
-		s := &settler{}
-		msg := message.NewMessage("1", nil)
-		msg.SetContext(pipeline.With[pipeline.Settler](context.Background(), s))
-		return msg, s
-	}
 	acked := func(msg *message.Message) bool {
 		select {
 		case <-msg.Acked():
@@ -35,38 +23,23 @@ func TestSettle(t *testing.T) {
 	}
 
 	t.Run("AcksOnSuccess", func(t *testing.T) {
-		msg, s := withSettler()
-		pipeline.Settle(msg, nil)
+		msg := message.NewMessage("1", nil)
+		require.True(t, pipeline.AckOrNack(msg, nil))
 		require.True(t, acked(msg))
-		require.Equal(t, []bool{true}, s.got)
 	})
 	t.Run("NacksOnError", func(t *testing.T) {
-		msg, s := withSettler()
-		pipeline.Settle(msg, failed)
+		msg := message.NewMessage("1", nil)
+		require.False(t, pipeline.AckOrNack(msg, failed))
 		require.False(t, acked(msg))
-		require.Equal(t, []bool{false}, s.got)
 	})
 	t.Run("ReportsWhatTheChainDid", func(t *testing.T) {
-		msg, s := withSettler()
-		msg.Ack() // a step acked it, then the handler returned an error
-		pipeline.Settle(msg, failed)
-		require.Equal(t, []bool{true}, s.got)
-
-		msg, s = withSettler()
-		msg.Nack() // a step nacked it, then the handler returned nil
-		pipeline.Settle(msg, nil)
-		require.False(t, acked(msg))
-		require.Equal(t, []bool{false}, s.got)
-	})
-	t.Run("LeavesAMessageWithoutSettler", func(t *testing.T) {
 		msg := message.NewMessage("1", nil)
-		pipeline.Settle(msg, nil)
-		require.False(t, acked(msg), "the router acks it, and its transport watches")
-	})
-}
+		msg.Ack() // a step acked it, then the handler returned an error
+		require.True(t, pipeline.AckOrNack(msg, failed))
 
-func TestReported(t *testing.T) {
-	t.Parallel()
-	require.False(t, pipeline.Reported(context.Background()))
-	require.True(t, pipeline.Reported(pipeline.With(context.Background(), pipeline.SettleReported(true))))
+		msg = message.NewMessage("1", nil)
+		msg.Nack() // a step nacked it, then the handler returned nil
+		require.False(t, pipeline.AckOrNack(msg, nil))
+		require.False(t, acked(msg))
+	})
 }

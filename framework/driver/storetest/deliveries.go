@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
-	"github.com/effectively-once/effectively/internal/pipeline"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 func exerciseDeliveries(t *testing.T, newHarness func(t *testing.T) Harness) {
@@ -150,7 +150,7 @@ func exerciseDeliveries(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.NoError(t, err)
 		require.Equal(t, 2, n)
 
-		out, err := b.do(pipeline.With(ctx, pipeline.DeliveryCounted(true)), b.uow, consumer, key, func(ctx context.Context) error { return nil })
+		out, err := b.doDelivery(ctx, b.uow, consumer, key, driver.Delivery{Counted: true}, func(ctx context.Context) error { return nil })
 		require.NoError(t, err)
 		require.Equal(t, framework.Processed, out)
 
@@ -194,7 +194,7 @@ func exerciseDeliveries(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.NoError(t, err)
 
 		// A failing handler rolls back before the count is forgotten.
-		out, err := b.do(pipeline.With(ctx, pipeline.DeliveryCounted(true)), b.uow, consumer, key, func(ctx context.Context) error { return errBoom })
+		out, err := b.doDelivery(ctx, b.uow, consumer, key, driver.Delivery{Counted: true}, func(ctx context.Context) error { return errBoom })
 		require.ErrorIs(t, err, errBoom)
 		require.Equal(t, framework.Failed, out)
 		n, err := b.store.Count(ctx, consumer, key, 1)
@@ -206,11 +206,8 @@ func exerciseDeliveries(t *testing.T, newHarness func(t *testing.T) Harness) {
 		}
 		// An ack in the transaction fails after Forget ran in it.
 		errAck := errors.New("ack")
-		ackCtx := pipeline.With(pipeline.With(ctx, pipeline.DeliveryCounted(true)), pipeline.AckInTx{
-			DB:  b.h.DB.DB,
-			Ack: func(context.Context, pipeline.Execer) error { return errAck },
-		})
-		out, err = b.do(ackCtx, b.uow, consumer, key, func(ctx context.Context) error { return nil })
+		failing := driver.Delivery{Counted: true, Ack: driver.TxAck{DB: b.h.DB.DB, Batch: failingAck{errAck}}}
+		out, err = b.doDelivery(ctx, b.uow, consumer, key, failing, func(ctx context.Context) error { return nil })
 		require.ErrorIs(t, err, errAck)
 		require.Equal(t, framework.Failed, out)
 		n, err = b.store.Count(ctx, consumer, key, 1)
@@ -218,3 +215,9 @@ func exerciseDeliveries(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.Equal(t, 3, n, "the rolled-back Forget kept the count")
 	})
 }
+
+// failingAck is a transport's ack inside the transaction that fails with
+// err.
+type failingAck struct{ err error }
+
+func (f failingAck) AckInTx(context.Context, *driver.Tx, []any) error { return f.err }

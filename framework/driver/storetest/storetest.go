@@ -139,7 +139,12 @@ func (b *bundle) open(t *testing.T, prefix string) (driver.Store, *driver.UnitOf
 // do runs fn in uow and counts the effects fn wrote when the unit of work
 // committed them.
 func (b *bundle) do(ctx context.Context, uow *driver.UnitOfWork, consumer string, key framework.Key, fn func(ctx context.Context) error) (framework.Outcome, error) {
-	return b.effects.do(ctx, uow, consumer, key, fn)
+	return b.effects.do(ctx, uow, consumer, key, driver.Delivery{}, fn)
+}
+
+// doDelivery is do for the delivery d (see driver.UnitOfWork.DoDelivery).
+func (b *bundle) doDelivery(ctx context.Context, uow *driver.UnitOfWork, consumer string, key framework.Key, d driver.Delivery, fn func(ctx context.Context) error) (framework.Outcome, error) {
+	return b.effects.do(ctx, uow, consumer, key, d, fn)
 }
 
 // effects records business writes: rows of a table "effects" without a
@@ -162,9 +167,9 @@ func newEffects(t *testing.T, db *sqlx.DB) *effects {
 	return &effects{db: db, ids: map[string]int{}}
 }
 
-func (e *effects) do(ctx context.Context, uow *driver.UnitOfWork, consumer string, key framework.Key, fn func(ctx context.Context) error) (framework.Outcome, error) {
+func (e *effects) do(ctx context.Context, uow *driver.UnitOfWork, consumer string, key framework.Key, d driver.Delivery, fn func(ctx context.Context) error) (framework.Outcome, error) {
 	var pending []string
-	out, err := uow.Do(context.WithValue(ctx, pendingKey{}, &pending), consumer, key, fn)
+	out, err := uow.DoDelivery(context.WithValue(ctx, pendingKey{}, &pending), consumer, key, d, fn)
 	if e.db == nil && out == framework.Processed {
 		e.mu.Lock()
 		for _, id := range pending {

@@ -49,7 +49,8 @@ type Env struct {
 	StoresJSON bool
 	// SettleReported says that the transport watches no message it hands
 	// out when its reader reports each message's outcome, as the runner
-	// does (pipeline.SettleReported): the suite then checks that holding
+	// does (driver.SubscribeConfig.Settles, driver.Settler): the
+	// suite then checks that holding
 	// messages in flight costs the transport no goroutine each.
 	SettleReported bool
 	// Timeout bounds each wait of the suite. Defaults to 60s.
@@ -176,11 +177,12 @@ func (s *suite) start(t *testing.T, name string, concurrency int, bound func(), 
 }
 
 // launch is start; with reported, the router runs as the runner runs
-// it: pipeline.SettleReported on its context and pipeline.Settle after
-// the handler.
+// it: subscribed with driver.SubscribeConfig.Settles, each message
+// acked or nacked after the handler and its outcome told to the
+// subscriber, when that is a driver.Settler.
 func (s *suite) launch(t *testing.T, name string, concurrency int, bound func(), reported bool, types ...string) *process {
 	t.Helper()
-	sub, err := s.env.Transport.Subscribe(driver.SubscribeConfig{Consumer: name, Types: types, Concurrency: concurrency})
+	sub, err := s.env.Transport.Subscribe(driver.SubscribeConfig{Consumer: name, Types: types, Concurrency: concurrency, Settles: reported})
 	require.NoError(t, err)
 	require.NoError(t, sub.Initialize())
 	if bound != nil {
@@ -189,12 +191,11 @@ func (s *suite) launch(t *testing.T, name string, concurrency int, bound func(),
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 3 * time.Second}, watermill.NopLogger{})
 	require.NoError(t, err)
 	ctx := context.Background()
-	if reported {
-		ctx = pipeline.With(ctx, pipeline.SettleReported(true))
+	if settler, ok := sub.Subscriber.(driver.Settler); ok && reported {
 		router.AddMiddleware(func(h message.HandlerFunc) message.HandlerFunc {
 			return func(msg *message.Message) ([]*message.Message, error) {
 				out, err := h(msg)
-				pipeline.Settle(msg, err)
+				settler.Settle(msg, pipeline.AckOrNack(msg, err))
 				return out, err
 			}
 		})
