@@ -243,6 +243,8 @@ func (o *observer) log(ctx context.Context, st *state, outcome framework.Outcome
 		level, text = slog.LevelInfo, "attempt cut short by shutdown, rolled back; the message will be delivered again"
 	case outcome == framework.Nacked && errors.Is(err, errStopping):
 		level, text = slog.LevelInfo, "no further attempt: the service is stopping; the message will be delivered again"
+	case outcome == framework.Nacked && errors.Is(err, errUnreachable):
+		level, text = slog.LevelWarn, "the database is unreachable: no dead letter, the message will be delivered again"
 	case outcome == framework.Nacked && died(err):
 		level, text = slog.LevelInfo, "the delivery died at a crash point (injected); the message will be delivered again"
 	case outcome == framework.Nacked && errors.Is(err, pipeline.ErrLater):

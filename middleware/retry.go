@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/outage"
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
@@ -17,6 +18,13 @@ import (
 // pipeline.ErrLater: the message is nacked, neither dead-lettered nor
 // counted as failing, and its next delivery has all its attempts.
 var errStopping = fmt.Errorf("stopping, no further attempt: %w", pipeline.ErrLater)
+
+// errUnreachable ends a message's attempts when the last of them failed
+// because the database could not be reached or dropped the connection
+// (see outage.Is): no fault of the message. It wraps pipeline.ErrLater:
+// the message is nacked, never dead-lettered for it, and its next
+// delivery has all its attempts.
+var errUnreachable = fmt.Errorf("the database is unreachable, no dead letter: %w", pipeline.ErrLater)
 
 // retry runs each message up to attempts times with a constant delay
 // between attempts, while the message stays unacknowledged. A permanent
@@ -30,7 +38,12 @@ var errStopping = fmt.Errorf("stopping, no further attempt: %w", pipeline.ErrLat
 // Once stopping is closed (the service began to stop), no further attempt
 // starts: a failed attempt that is not the last, or a wait for the next
 // attempt (which stopping ends at once), returns errStopping wrapping the
-// last attempt's error. The attempt in flight when stopping closes runs
+// last attempt's error.
+//
+// When the last attempt failed because the database was unreachable (a
+// restart, a broken connection: outage.Is), retry returns errUnreachable
+// wrapping that failure instead of the failure itself: the message comes
+// again, and is never dead-lettered as retries_exhausted for an outage. The attempt in flight when stopping closes runs
 // to its end, and a message's first attempt always runs. A nil stopping
 // never closes.
 //
@@ -43,7 +56,7 @@ func retry(attempts int, delay time.Duration, stopping <-chan struct{}) message.
 		return func(msg *message.Message) ([]*message.Message, error) {
 			st := stateOf(msg)
 			out, err := retryAttempts(next, msg, st, attempts, delay, stopping)
-			if err != nil && !errors.Is(err, errStopping) {
+			if err != nil && !errors.Is(err, errStopping) && !errors.Is(err, errUnreachable) {
 				st.gaveUp = true
 			}
 			return out, err
@@ -62,6 +75,8 @@ func retryAttempts(next message.HandlerFunc, msg *message.Message, st *state, at
 		switch {
 		case err == nil:
 			return out, nil
+		case try >= attempts && !framework.IsPermanent(err) && outage.Is(err):
+			return out, fmt.Errorf("%w (after %d attempts, the last failed: %w)", errUnreachable, try, err)
 		case try >= attempts || framework.IsPermanent(err) || errors.Is(err, pipeline.ErrLater):
 			return out, err
 		case context.Cause(ctx) != nil:

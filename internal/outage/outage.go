@@ -1,0 +1,42 @@
+// Package outage tells a failure of the database itself from a failure of
+// a statement or a handler: the server unreachable, shutting down or
+// starting up, or a connection it broke. Such a failure is no fault of
+// the message being handled, so the consumer chain never dead-letters a
+// message for it (see middleware's retry step).
+package outage
+
+import (
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Is reports whether err, or an error it wraps, says that the database
+// could not be reached or dropped the connection: database/sql's
+// driver.ErrBadConn and sql.ErrConnDone; pgx's ConnectError (no
+// connection could be made) and ErrConnClosed (the connection broke);
+// PostgreSQL's SQLSTATE class 08 (connection exception) and 57P01 to
+// 57P03 (the server shuts down, crashed, or cannot take connections yet).
+func Is(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) || errors.Is(err, pgconn.ErrConnClosed) {
+		return true
+	}
+	var connect *pgconn.ConnectError
+	if errors.As(err, &connect) {
+		return true
+	}
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) {
+		switch {
+		case strings.HasPrefix(pg.Code, "08"), pg.Code == "57P01", pg.Code == "57P02", pg.Code == "57P03":
+			return true
+		}
+	}
+	return false
+}
