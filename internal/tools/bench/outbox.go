@@ -534,9 +534,9 @@ func relayMain(ctx context.Context, c *ChildEnv) error {
 }
 
 // publisherMain is the baseline's child: watermill-amqp's publisher with
-// ConfirmDelivery and the transport's channel pool. Begun, it publishes every message, one Publish each,
-// then waits to be stopped; in the latency phase it publishes them at the
-// rate given and writes when.
+// ConfirmDelivery and the transport's channel pool. Begun, it publishes
+// every message, one Publish each, then waits to be stopped; in the
+// latency phase it publishes them at the rate given and writes when.
 func publisherMain(ctx context.Context, c *ChildEnv) error {
 	cfg := wamqp.NewDurablePubSubConfig(c.Getenv(envOutboxAMQP), nil)
 	cfg.Publish.ConfirmDelivery = true
