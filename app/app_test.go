@@ -22,7 +22,6 @@ import (
 	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/sqlite"
 	"github.com/effectively-once/effectively/handlers"
-
 	"github.com/effectively-once/effectively/internal/testenv"
 )
 

@@ -13,8 +13,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/effectively-once/effectively/app/internal/cli"
 	"gopkg.in/yaml.v3"
+
+	"github.com/effectively-once/effectively/app/internal/cli"
 )
 
 // amqpURLYAML holds the YAML key amqp_url until LoadConfig moves it to

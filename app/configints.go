@@ -8,8 +8,9 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/effectively-once/effectively/app/internal/cli"
 	"gopkg.in/yaml.v3"
+
+	"github.com/effectively-once/effectively/app/internal/cli"
 )
 
 // fractionsInIntegers returns an error naming each key of the YAML file

@@ -22,4 +22,4 @@ type relayCrashParams struct {
 // crash.BeforeReplaySent), where a hook that kills the process makes it
 // die between a publication and its record. A delivery's crash points take
 // their hook from the message's context instead (testkit.WithCrashHook).
-func relayCrash(p relayCrashParams) replayCrash { return replayCrash{hook: p.Relays.Hook} }
+func relayCrash(p relayCrashParams) relaysCrash { return relaysCrash{hook: p.Relays.Hook} }

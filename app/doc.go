@@ -192,10 +192,11 @@
 //
 // The consumers run in a runner.Runner, which works without fx too. At
 // start it subscribes every handler before any message is handled. On
-// SIGINT or SIGTERM it takes no new message, lets the attempts in flight
-// finish within half of the stop timeout, then cancels the rest: they roll
-// back, mark included, and their messages are not acknowledged, so they
-// are delivered again later. Nothing is
+// SIGINT or SIGTERM it takes no new message and starts no new attempt (a
+// message waiting for its retry is nacked, its delivery not charged), lets
+// the attempts in flight finish within half of the stop timeout, then
+// cancels the rest: they roll back, mark included, and their messages are
+// not acknowledged, so they are delivered again later. Nothing is
 // acknowledged before its effect committed. A signal during the start
 // ends it (a broker still awaited, subscriptions still pending), rolls
 // back what started, and Serve returns nil; so does one while the serve

@@ -176,7 +176,7 @@ type readyzConsumer struct {
 	OldestFailingSeconds float64 `json:"oldest_failing_seconds"`
 	// HoldUpLimitSeconds is the longest a message should keep failing
 	// before it is dead-lettered: max_deliveries × attempts × (timeout +
-	// retry_delay); absent when attempts have no timeout.
+	// retry_delay).
 	HoldUpLimitSeconds float64 `json:"hold_up_limit_seconds,omitempty"`
 	// HeldUp says the oldest failing message has been failing for longer
 	// than the hold-up limit: it is not being dead-lettered.

@@ -59,13 +59,13 @@ type routerParams struct {
 	Prometheus registry
 	// Crash is the crash tests' hook for the service's relays (see
 	// relayCrash), put on the context of the runner's start.
-	Crash replayCrash `optional:"true"`
+	Crash relaysCrash `optional:"true"`
 }
 
-// replayCrash carries the crash hook that the relays call at their crash
+// relaysCrash carries the crash hook that the relays call at their crash
 // points (crash.BeforeOutboxSent, crash.BeforeReplayPublish,
 // crash.BeforeReplaySent). Only the module's tests supply one.
-type replayCrash struct{ hook crash.Hook }
+type relaysCrash struct{ hook crash.Hook }
 
 // newRouter builds the runner of the service (see runner.New): every
 // registered consumer, each with its settings from the configuration, the

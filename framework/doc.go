@@ -56,7 +56,8 @@
 //
 // The package example runs a consumer without a container, on SQLite. The
 // middleware package wraps the same unit of work with retries, dead
-// letters and a durable delivery count, and package app runs it all.
+// letters and a durable delivery count; package app/runner runs it all,
+// and package app runs the runner in an fx application.
 // Stores and transports, and the unit of work itself, are in package
 // driver: a handler needs nothing of it but, for code that must run once
 // the effect committed, driver.TxFromContext(ctx) and its OnCommit.

@@ -17,7 +17,7 @@ import (
 	"github.com/effectively-once/effectively/internal/keypath"
 )
 
-// Defaults of Config, and of the failing messages that Metrics keeps.
+// Defaults of Settings.
 const (
 	// DefaultAttempts is the default number of attempts per delivery.
 	DefaultAttempts = 3
@@ -30,10 +30,6 @@ const (
 	// DefaultGapTimeout is how long an event waits for an earlier one of
 	// its subject before it is dead-lettered with code sequence_gap.
 	DefaultGapTimeout = 10 * time.Minute
-	// DefaultForgetFailingAfter is how long a failing message that fails
-	// no more in this process stays counted as failing when attempts have
-	// no timeout (see Metrics.Consumers).
-	DefaultForgetFailingAfter = 5 * time.Minute
 )
 
 // Config is one consumer's chain: what Handler builds, its Settings and

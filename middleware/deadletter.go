@@ -23,10 +23,10 @@ import (
 // It never dead-letters on shutdown: when the message context ended, or
 // retry started no further attempt because the service is stopping
 // (errStopping), the error is returned and the message is delivered again
-// later; the same for pipeline.ErrLater. Nor does it dead-letter an error that is not
-// permanent and did not come from retry giving up (a failure to count the
-// delivery, an Outer middleware's transient error): that message is
-// delivered again, and counts towards the delivery limit. When storing
+// later; the same for pipeline.ErrLater. Nor does it dead-letter an error
+// that is not permanent and did not come from retry giving up (a failure
+// to count the delivery, an Outer middleware's transient error): that
+// message is delivered again, and counts towards the delivery limit. When storing
 // the dead letter fails, the message is not acknowledged.
 //
 // A dead letter never depends on the attribute that failed: a message that

@@ -36,7 +36,10 @@
 //	router.AddConsumerHandler(consumer.Name()+"@"+typ, typ, subscriber, h)
 //	go sweep(ctx) // the parked events' work no message drives; wait for it before closing the store
 //
-// Package app/runner does this for every consumer it runs.
+// Package app/runner does this for every consumer it runs. On a
+// sqlite.Subscriber it also sets Config.Acker to the subscriber, so that
+// each message's ack commits with its effect; a router of your own does
+// the same (without it the message is acked once its chain returns).
 //
 // The rate limit is per process and per consumer: each process that runs
 // the consumer hands at most RateLimit of its messages per second to the

@@ -31,7 +31,7 @@ type ConsumerStatus struct {
 	OldestFailing time.Duration
 	// HoldUpLimit is the longest a message should keep failing before it
 	// is dead-lettered, MaxDeliveries × Attempts × (Timeout + RetryDelay) of
-	// its Config; zero when attempts have no timeout.
+	// its Config.
 	HoldUpLimit time.Duration
 }
 
@@ -183,13 +183,9 @@ func (f *failing) Collect(ch chan<- prometheus.Metric) {
 // holdUp returns what a message costs the consumer of cfg at most before
 // it is dead-lettered, MaxDeliveries × Attempts × (Timeout + RetryDelay),
 // and how long a failing message that fails no more stays counted: one
-// delivery's attempts plus time to come back. Without a timeout the limit
-// is zero (unbounded) and the latter DefaultForgetFailingAfter. cfg has its
-// defaults.
+// delivery's attempts plus time to come back. cfg has its defaults and is
+// valid (its Timeout is positive).
 func holdUp(cfg Config) (limit, forgetAfter time.Duration) {
-	if cfg.Timeout < 0 {
-		return 0, DefaultForgetFailingAfter
-	}
 	budget := time.Duration(cfg.Attempts) * (cfg.Timeout + cfg.RetryDelay)
 	return time.Duration(cfg.MaxDeliveries) * budget, budget + redeliveryGrace
 }

@@ -44,10 +44,9 @@
 // the consumers' intake (new messages are nacked unhandled) and starts no
 // further attempt (a message whose attempt failed, or that waits for its
 // next one, is nacked at once, neither dead-lettered nor charged a
-// delivery), waits for
-// the attempts in flight until its context ends and cancels the rest (a
-// canceled attempt rolls back, and its message is delivered again
-// later); the outbox relay stops last, after publishing what the
+// delivery), waits for the attempts in flight until its context ends and
+// cancels the rest (a canceled attempt rolls back, and its message is
+// delivered again later); the outbox relay stops last, after publishing what the
 // draining attempts committed. The app package runs a Runner inside an fx
 // application, with its settings from the configuration file.
 package runner

@@ -89,15 +89,24 @@ func (c Config) WithDefaults() Config {
 // Validate reports the invalid fields of c, each setting named
 // Config.Settings.<key> (see middleware.Settings.Validate).
 func (c Config) Validate() error {
+	if err := c.validate(); err != nil {
+		return fmt.Errorf("testkit: %w", err)
+	}
+	return nil
+}
+
+// validate is Validate without the package's prefix, for New, whose
+// failure adds it.
+func (c Config) validate() error {
 	if err := c.Settings.Validate(); err != nil {
-		return fmt.Errorf("testkit: %w", keypath.Prefix("Config.Settings", err))
+		return keypath.Prefix("Config.Settings", err)
 	}
 	if err := migrate.ValidateTablePrefix(c.TablePrefix); err != nil {
-		return fmt.Errorf("testkit: TablePrefix: %w", err)
+		return fmt.Errorf("TablePrefix: %w", err)
 	}
 	if c.PostgresURL != "" {
 		if err := pgschema.CheckURL(c.PostgresURL); err != nil {
-			return fmt.Errorf("testkit: PostgresURL: %w", err)
+			return fmt.Errorf("PostgresURL: %w", err)
 		}
 	}
 	return nil
@@ -130,7 +139,7 @@ func New(t testing.TB, cfg Config) *Kit {
 
 func newKit(t testing.TB, cfg Config) (*Kit, error) {
 	cfg = cfg.WithDefaults()
-	if err := cfg.Validate(); err != nil {
+	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), setupTimeout)

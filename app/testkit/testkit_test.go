@@ -388,6 +388,16 @@ func TestConfigValidate(t *testing.T) {
 	}
 }
 
+// TestNewInvalidConfig: New fails the test with the field named once,
+// under one "testkit:" prefix.
+func TestNewInvalidConfig(t *testing.T) {
+	t.Parallel()
+	rec := &recorder{TB: t}
+	require.Nil(t, testkit.New(rec, testkit.Config{Settings: middleware.Settings{Attempts: -1}}))
+	require.Contains(t, rec.failure, "testkit: Config.Settings.attempts")
+	require.NotContains(t, rec.failure, "testkit: testkit:")
+}
+
 // recorder is a TB whose Fatalf records the failure instead of ending the
 // test, so that the test can check that a helper fails.
 type recorder struct {

@@ -58,7 +58,8 @@
 // event's type, with the stored CloudEvent as payload, the event id as
 // message UUID and the content type in the metadata, the same message
 // framework.NewMessage builds. Then it stamps them sent_at. Run it for
-// the life of the process (the app package does):
+// the life of the process (runner.Runner does, given
+// runner.Config.OutboxRelay):
 //
 //	relay, err := outbox.NewRelay(db, transport.Publisher, outbox.RelayConfig{Outbox: box})
 //	...

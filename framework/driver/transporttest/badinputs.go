@@ -20,9 +20,10 @@ import (
 // with a valid message before each and after the last, in one go. Each
 // input reaches the subscriber with its body intact, its metadata intact
 // (or, where the transport cannot hold them, with NUL or bytes that are
-// not UTF-8 replaced by U+FFFD), and marked unreadable (framework.MetadataUnreadable,
-// with the stored text in framework.MetadataUnreadableRaw) exactly when
-// its stored metadata cannot be read as published. No input stalls the
+// not UTF-8 replaced by U+FFFD), and marked unreadable
+// (framework.MetadataUnreadable, with the stored text in
+// framework.MetadataUnreadableRaw) exactly when its stored metadata
+// cannot be read as published. No input stalls the
 // subscription: the valid messages all arrive, and it keeps running. A
 // transport that keeps payloads and metadata as JSON (Env.StoresJSON) may
 // refuse at publish what is not JSON text: no subscriber ever sees it.

@@ -17,8 +17,8 @@ import (
 // caseReported: a reader that acks or nacks each message itself and
 // reports which to the transport, as the runner does (subscribed with
 // driver.SubscribeConfig.Settles, a middleware telling each outcome to
-// the driver.Settler subscriber), gets
-// every message, a nacked one again, and an acked one never again. With
+// the driver.Settler subscriber), gets every message, a nacked one
+// again, and an acked one never again. With
 // Env.SettleReported: closed while its reader holds messages, the
 // subscriber returns at once and they come again; and the messages held
 // in flight (up to the consumer's concurrency at once) cost the

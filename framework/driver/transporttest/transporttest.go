@@ -49,9 +49,9 @@ type Env struct {
 	StoresJSON bool
 	// SettleReported says that the transport watches no message it hands
 	// out when its reader reports each message's outcome, as the runner
-	// does (driver.SubscribeConfig.Settles, driver.Settler): the
-	// suite then checks that holding
-	// messages in flight costs the transport no goroutine each.
+	// does (driver.SubscribeConfig.Settles, driver.Settler): the suite
+	// then checks that holding messages in flight costs the transport no
+	// goroutine each.
 	SettleReported bool
 	// Timeout bounds each wait of the suite. Defaults to 60s.
 	Timeout time.Duration

@@ -9,8 +9,8 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/effectively-once/effectively/internal/tools/bench"
 	"github.com/effectively-once/effectively/internal/testenv"
+	"github.com/effectively-once/effectively/internal/tools/bench"
 )
 
 // The test binary doubles as the harness's children (see bench.Child):

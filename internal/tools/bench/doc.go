@@ -76,7 +76,6 @@
 // which scripts/services.sh makes: the example service's queue and
 // exchange names are fixed, and the example's own tests may use them at
 // the same time) or else EFFECTIVELY_TEST_AMQP_URL; make bench and make
-// test start them.
-// Each run creates a schema (or file, or queue) of its own and drops it
-// after.
+// test start them. Each run creates a schema (or file, or queue) of its
+// own and drops it after.
 package bench

@@ -499,7 +499,7 @@ func (s *amqpSink) count(ctx context.Context, prefix string) (total, distinct in
 }
 
 // relayMain is the relay's child: the outbox relay of the run's schema,
-// publishing through the AMQP transport's publisher, as the app wires it.
+// publishing through the AMQP transport's publisher, as the runner runs it.
 // Begun, it runs until stopped; in the latency phase it also adds the
 // messages at the rate given, one per transaction, and writes when.
 func relayMain(ctx context.Context, c *ChildEnv) error {
@@ -534,9 +534,9 @@ func relayMain(ctx context.Context, c *ChildEnv) error {
 }
 
 // publisherMain is the baseline's child: watermill-amqp's publisher with
-// ConfirmDelivery and the transport's channel pool. Begun, it publishes every message, one Publish each,
-// then waits to be stopped; in the latency phase it publishes them at the
-// rate given and writes when.
+// ConfirmDelivery and the transport's channel pool. Begun, it publishes
+// every message, one Publish each, then waits to be stopped; in the
+// latency phase it publishes them at the rate given and writes when.
 func publisherMain(ctx context.Context, c *ChildEnv) error {
 	cfg := wamqp.NewDurablePubSubConfig(c.Getenv(envOutboxAMQP), nil)
 	cfg.Publish.ConfirmDelivery = true

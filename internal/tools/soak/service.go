@@ -86,8 +86,8 @@ func ServiceModule() fx.Option {
 }
 
 // failFirst refuses a poison event, and returns an error the first time
-// consumer handles ev when the event asks for it: the attempt is recorded outside the attempt's
-// transaction, so that the retry passes.
+// consumer handles ev when the event asks for it: the attempt is recorded
+// outside the attempt's transaction, so that the retry passes.
 func failFirst(ctx context.Context, db *sqlx.DB, consumer string, ev framework.Event[RecordedV1]) error {
 	if ev.Data.Poison {
 		return framework.Permanent("poison", fmt.Errorf("%s is poison", ev.ID))

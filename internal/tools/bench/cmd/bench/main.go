@@ -19,8 +19,8 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/effectively-once/effectively/internal/tools/bench"
 	"github.com/effectively-once/effectively/internal/testenv"
+	"github.com/effectively-once/effectively/internal/tools/bench"
 )
 
 func main() {
