@@ -6,6 +6,7 @@
 package outage
 
 import (
+	"context"
 	"database/sql"
 	"database/sql/driver"
 	"errors"
@@ -20,8 +21,12 @@ import (
 // connection could be made) and ErrConnClosed (the connection broke);
 // PostgreSQL's SQLSTATE class 08 (connection exception) and 57P01 to
 // 57P03 (the server shuts down, crashed, or cannot take connections yet).
+//
+// A failure that a context's end caused is not one, even where pgx
+// reports it as a ConnectError: an attempt's own time limit that ran out
+// while it waited for a connection is the attempt's timeout.
 func Is(err error) bool {
-	if err == nil {
+	if err == nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 		return false
 	}
 	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) || errors.Is(err, pgconn.ErrConnClosed) {

@@ -6,7 +6,9 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"net"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	_ "github.com/jackc/pgx/v5/stdlib"
@@ -57,6 +59,31 @@ func TestIsOnRealFailures(t *testing.T) {
 	_, err = nowhere.ExecContext(ctx, "SELECT 1")
 	require.Error(t, err)
 	require.True(t, outage.Is(err), "no server: %v", err)
+
+	// A server that takes the connection and never answers, until the
+	// caller's time limit ends the wait: the caller's timeout, not an
+	// outage, though pgx reports a ConnectError.
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer silent.Close()
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	slow, err := sql.Open("pgx", "postgres://effectively:effectively@"+silent.Addr().String()+"/silent")
+	require.NoError(t, err)
+	defer slow.Close()
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	_, err = slow.ExecContext(short, "SELECT 1")
+	var connect *pgconn.ConnectError
+	require.ErrorAs(t, err, &connect)
+	require.False(t, outage.Is(err), "the caller's own time limit: %v", err)
 
 	url := testenv.PostgresURL(t)
 	db, err := sql.Open("pgx", url)
