@@ -149,6 +149,7 @@ consumers:
 			GapTimeout:    middleware.DefaultGapTimeout,
 			BatchSize:     8,
 			Batches:       driver.DefaultBatches,
+			Overlap:       driver.DefaultOverlap,
 			BatchLinger:   5 * time.Millisecond,
 			MaxBodyBytes:  framework.DefaultMaxBodyBytes,
 			Breaker:       middleware.BreakerConfig{CoolDown: middleware.DefaultBreakerCoolDown, MaxHold: middleware.DefaultBreakerMaxHold},
@@ -162,6 +163,7 @@ consumers:
 			GapTimeout:    middleware.DefaultGapTimeout,
 			BatchSize:     driver.DefaultBatchSize,
 			Batches:       driver.DefaultBatches,
+			Overlap:       driver.DefaultOverlap,
 			MaxBodyBytes:  framework.DefaultMaxBodyBytes,
 			Breaker:       middleware.BreakerConfig{CoolDown: middleware.DefaultBreakerCoolDown, MaxHold: middleware.DefaultBreakerMaxHold},
 		}, cfg.Settings("other.consumer"))

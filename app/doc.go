@@ -77,6 +77,7 @@
 //	    max_deliveries: 10
 //	    skip_stale: true # events older than their subject's latest are skipped
 //	    batch_size: 1    # a transaction per attempt (default: up to 32 share one)
+//	    overlap: 8       # at most 8 attempts at once while handlers wait outside (default 32)
 //	    breaker: {failures: 5, cool_down: 30s, max_hold: 1m} # see below
 //	  projections.appointment-history:
 //	    strict_order: true # each subject's events in sequence; a gap waits

@@ -18,7 +18,8 @@ type poolUse struct {
 
 // attempts is what a consumer's attempts may hold at once: a connection
 // per message in flight (the transport's Subscription.Conns, summed over
-// the consumer's subscriptions), or under group commit one per batch.
+// the consumer's subscriptions), or under group commit one per batch, and
+// on PostgreSQL one per attempt that overlaps (middleware.Settings.Overlap).
 type attempts struct {
 	consumer string
 	inFlight int
@@ -65,7 +66,14 @@ func (c Config) poolUses(subs *subscriptions) []poolUse {
 	for _, a := range subs.attempts {
 		conns := a.inFlight
 		if cc := c.Settings(a.consumer); cc.BatchSize > 1 {
-			conns = min(conns, cc.Batches)
+			held := cc.Batches
+			if isPostgresURL(c.DatabaseURL) && cc.Overlap > 1 {
+				// While its handlers wait outside the database, up to
+				// Overlap attempts run alone beside the batches (see
+				// driver.UnitOfWork).
+				held += cc.Overlap
+			}
+			conns = min(conns, held)
 		}
 		uses = append(uses, poolUse{what: "consumer " + a.consumer, conns: conns})
 	}
@@ -99,7 +107,7 @@ func (c Config) sizePool(db *sqlx.DB, subs *subscriptions) error {
 	}
 	if c.DatabaseMaxConns != 0 {
 		if c.DatabaseMaxConns < need {
-			return fmt.Errorf("configuration: database_max_conns: %d is fewer than the %d connections the service may hold at once (%s): raise it, or lower the consumers' concurrency or batches",
+			return fmt.Errorf("configuration: database_max_conns: %d is fewer than the %d connections the service may hold at once (%s): raise it, or lower the consumers' concurrency, batches or overlap",
 				c.DatabaseMaxConns, need, strings.Join(parts, ", "))
 		}
 		return nil // db was opened with it

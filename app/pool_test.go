@@ -50,6 +50,7 @@ func TestDatabasePoolSize(t *testing.T) {
 		cfg := amqpAt16(t)
 		cfg.Defaults.BatchSize = 0 // group commit, the default
 		cfg.Defaults.Batches = 3
+		cfg.Defaults.Overlap = 1 // attempts never overlap (see PostgresOverlapBesideBatches)
 		cfg.DatabaseMaxConns = 1
 		_, err := poolSize(t, cfg, two...)
 		require.ErrorContains(t, err, "database_max_conns: 1 is fewer than the 10 connections the service may hold at once (consumer a.one 3, consumer a.two 3, outbox relay 1, replay relay 1, readiness check 1, purger 1)",
@@ -99,6 +100,7 @@ func TestDatabasePoolSize(t *testing.T) {
 		t.Parallel()
 		cfg := postgresConfig(t)
 		cfg.Defaults.Concurrency = 16
+		cfg.Defaults.Overlap = 1 // attempts never overlap (see PostgresOverlapBesideBatches)
 		cfg.DatabaseMaxConns = 1
 		_, err := poolSize(t, cfg, two...)
 		require.ErrorContains(t, err, "database_max_conns: 1 is fewer than the 9 connections the service may hold at once (consumer a.one 2, consumer a.two 2, outbox relay 2, replay relay 1, readiness check 1, purger 1)",
@@ -107,6 +109,22 @@ func TestDatabasePoolSize(t *testing.T) {
 		size, err := poolSize(t, cfg, two...)
 		require.NoError(t, err)
 		require.Equal(t, postgres.DefaultMaxOpenConns, size, "the driver's default is enough")
+	})
+
+	// On PostgreSQL, the attempts that overlap while the handlers wait
+	// outside the database (overlap, 32 by default) hold a connection
+	// each, beside the batches: the concurrency bounds the two together.
+	t.Run("PostgresOverlapBesideBatches", func(t *testing.T) {
+		t.Parallel()
+		cfg := postgresConfig(t)
+		cfg.Defaults.Concurrency = 64
+		cfg.DatabaseMaxConns = 1
+		_, err := poolSize(t, cfg, two...)
+		require.ErrorContains(t, err, "database_max_conns: 1 is fewer than the 73 connections the service may hold at once (consumer a.one 34, consumer a.two 34, outbox relay 2, replay relay 1, readiness check 1, purger 1)",
+			"64 messages in flight per topic, two batches and 32 overlapping attempts per consumer")
+		cfg.Defaults.Concurrency = 16
+		_, err = poolSize(t, cfg, two...)
+		require.ErrorContains(t, err, "(consumer a.one 32, consumer a.two 32,", "no more than the messages in flight, 16 per topic")
 	})
 
 	t.Run("MemoryOnePerTopic", func(t *testing.T) {

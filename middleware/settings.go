@@ -108,6 +108,16 @@ type Settings struct {
 	// BatchSize); less than Timeout. Defaults to 0: a batch holds what
 	// arrived while the previous ones ran.
 	BatchLinger time.Duration `yaml:"batch_linger"`
+	// Overlap is the most of the consumer's attempts that run at once,
+	// each in a transaction of its own (so each holding a database
+	// connection), while its handlers spend their time outside the
+	// database, as a handler that calls an HTTP service does: group
+	// commit then stops running them one after another in a batch (see
+	// driver.UnitOfWork), and gathers them again once their time goes to
+	// the database. PostgreSQL only: SQLite has one writer. 1 keeps the
+	// attempts in batches whatever their handlers do. At most 1024.
+	// Defaults to driver.DefaultOverlap.
+	Overlap int `yaml:"overlap"`
 	// Breaker, with Breaker.Failures set, is the consumer's circuit
 	// breaker: after so many failed attempts in a row new messages wait
 	// before the delivery guard, uncounted, until a probe attempt after
@@ -129,6 +139,7 @@ func (s Settings) WithDefaults() Settings {
 	s.GapTimeout = cmp.Or(s.GapTimeout, DefaultGapTimeout)
 	s.BatchSize = cmp.Or(s.BatchSize, driver.DefaultBatchSize)
 	s.Batches = cmp.Or(s.Batches, driver.DefaultBatches)
+	s.Overlap = cmp.Or(s.Overlap, driver.DefaultOverlap)
 	s.Breaker = s.Breaker.withDefaults()
 	return s
 }
@@ -153,6 +164,7 @@ func (s Settings) Merge(base Settings) Settings {
 	s.BatchSize = cmp.Or(s.BatchSize, base.BatchSize)
 	s.Batches = cmp.Or(s.Batches, base.Batches)
 	s.BatchLinger = cmp.Or(s.BatchLinger, base.BatchLinger)
+	s.Overlap = cmp.Or(s.Overlap, base.Overlap)
 	s.Breaker = s.Breaker.merge(base.Breaker)
 	return s
 }
@@ -197,6 +209,9 @@ func (s Settings) Validate() error {
 	}
 	if s.Batches < 1 || s.Batches > maxBatchSize {
 		add("batches", "want 1..%d, got %d", maxBatchSize, s.Batches)
+	}
+	if s.Overlap < 1 || s.Overlap > maxConcurrency {
+		add("overlap", "want 1..%d, got %d", maxConcurrency, s.Overlap)
 	}
 	switch {
 	case s.BatchLinger < 0:

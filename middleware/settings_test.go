@@ -29,6 +29,7 @@ func TestSettingsWithDefaults(t *testing.T) {
 		GapTimeout:    middleware.DefaultGapTimeout,
 		BatchSize:     driver.DefaultBatchSize,
 		Batches:       driver.DefaultBatches,
+		Overlap:       driver.DefaultOverlap,
 		Breaker:       middleware.BreakerConfig{CoolDown: middleware.DefaultBreakerCoolDown, MaxHold: middleware.DefaultBreakerMaxHold},
 	}, s)
 	require.NoError(t, s.Validate())
@@ -41,11 +42,11 @@ func TestSettingsMerge(t *testing.T) {
 	t.Parallel()
 	own := middleware.Settings{Attempts: 5, SkipStale: true, Breaker: middleware.BreakerConfig{Failures: 3}}
 	base := middleware.Settings{
-		Attempts: 2, Timeout: time.Minute, RateLimit: 4, MaxBodyBytes: 100, BatchLinger: time.Millisecond,
+		Attempts: 2, Timeout: time.Minute, RateLimit: 4, MaxBodyBytes: 100, BatchLinger: time.Millisecond, Overlap: 3,
 		OrderFromFirstSeen: true, Breaker: middleware.BreakerConfig{Failures: 9, AnyError: true, MaxHold: time.Second},
 	}
 	require.Equal(t, middleware.Settings{
-		Attempts: 5, Timeout: time.Minute, RateLimit: 4, MaxBodyBytes: 100, BatchLinger: time.Millisecond,
+		Attempts: 5, Timeout: time.Minute, RateLimit: 4, MaxBodyBytes: 100, BatchLinger: time.Millisecond, Overlap: 3,
 		SkipStale: true, OrderFromFirstSeen: true,
 		Breaker: middleware.BreakerConfig{Failures: 3, AnyError: true, MaxHold: time.Second},
 	}, own.Merge(base))
@@ -58,7 +59,7 @@ func TestSettingsValidate(t *testing.T) {
 	bad := middleware.Settings{
 		Attempts: -1, RetryDelay: -time.Second, Timeout: -time.Second, Concurrency: 2000, RateLimit: math.NaN(),
 		MaxDeliveries: -1, MaxBodyBytes: -1, SkipStale: true, StrictOrder: true, GapTimeout: -1,
-		BatchSize: 65, Batches: -1, BatchLinger: -time.Second,
+		BatchSize: 65, Batches: -1, BatchLinger: -time.Second, Overlap: 1025,
 		Breaker: middleware.BreakerConfig{Failures: -1, CoolDown: -1, MaxHold: time.Hour},
 	}.WithDefaults()
 	err := bad.Validate()
@@ -67,11 +68,12 @@ func TestSettingsValidate(t *testing.T) {
 		"attempts: want 1 or more, got -1", "retry_delay: ", "timeout: must be positive", "concurrency: want 1..1024, got 2000",
 		"rate_limit: ", "max_deliveries: ", "max_body_bytes: ", "strict_order: not with skip_stale", "gap_timeout: ",
 		"batch_size: want 1..64, got 65", "batches: want 1..64, got -1", "batch_linger: must not be negative",
+		"overlap: want 1..1024, got 1025",
 		"breaker.failures: ", "breaker.cool_down: ", "breaker.max_hold: want more than 0 and at most 10m0s",
 	} {
 		require.Contains(t, err.Error(), key)
 	}
-	require.Len(t, strings.Split(err.Error(), "\n"), 15, "one line per setting: %v", err)
+	require.Len(t, strings.Split(err.Error(), "\n"), 16, "one line per setting: %v", err)
 
 	err = middleware.Settings{Timeout: time.Second, BatchLinger: time.Second}.WithDefaults().Validate()
 	require.EqualError(t, err, "batch_linger: want less than its timeout (1s): a batch waits within the time limit of its attempts, so a message that arrived alone would time out and be dead-lettered, got 1s")
@@ -99,12 +101,13 @@ order_from_first_seen: true
 batch_size: 16
 batches: 3
 batch_linger: 5ms
+overlap: 12
 breaker: {failures: 5, any_error: true, cool_down: 30s, max_hold: 1m}
 `), &s))
 	require.Equal(t, middleware.Settings{
 		Attempts: 4, RetryDelay: 1500 * time.Millisecond, Timeout: 2 * time.Minute, Concurrency: 8, RateLimit: 2.5,
 		MaxDeliveries: 6, MaxBodyBytes: 2048, SkipStale: true, GapTimeout: time.Hour, OrderFromFirstSeen: true,
-		BatchSize: 16, Batches: 3, BatchLinger: 5 * time.Millisecond,
+		BatchSize: 16, Batches: 3, BatchLinger: 5 * time.Millisecond, Overlap: 12,
 		Breaker: middleware.BreakerConfig{Failures: 5, AnyError: true, CoolDown: 30 * time.Second, MaxHold: time.Minute},
 	}, s)
 }

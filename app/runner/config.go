@@ -49,7 +49,7 @@ func (c ConsumerConfig) WithDefaults() ConsumerConfig {
 func (c ConsumerConfig) unitOfWork(db *sqlx.DB, store driver.Store) driver.UnitOfWorkConfig {
 	return driver.UnitOfWorkConfig{
 		DB: db, Store: store, BatchSize: c.BatchSize, Batches: c.Batches, Linger: c.BatchLinger,
-		WithoutMark: c.WithoutDedup != "",
+		Overlap: c.Overlap, WithoutMark: c.WithoutDedup != "",
 	}
 }
 

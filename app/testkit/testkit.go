@@ -63,7 +63,9 @@ type Config struct {
 	// defaults: entries (see middleware.Settings): retries, time limits,
 	// ordering, group commit (BatchSize, Batches, BatchLinger: with a long
 	// linger, BatchSize deliveries made together, see DeliverTogether,
-	// share one transaction for sure), rate limit and breaker. Zero
+	// share one transaction for sure, unless their handlers wait outside
+	// the database, which makes them overlap on PostgreSQL: Overlap 1
+	// keeps them in batches), rate limit and breaker. Zero
 	// fields take the kit's defaults (Attempts DefaultAttempts, RetryDelay
 	// DefaultRetryDelay, Timeout DefaultTimeout), then middleware's.
 	// Under StrictOrder, an event ahead of its turn is Nacked, to be
@@ -170,6 +172,7 @@ func newKit(t testing.TB, cfg Config) (*Kit, error) {
 	}
 	k.uow, err = driver.NewUnitOfWork(driver.UnitOfWorkConfig{
 		DB: k.db, Store: k.store, BatchSize: cfg.BatchSize, Batches: cfg.Batches, Linger: cfg.BatchLinger,
+		Overlap: cfg.Overlap,
 	})
 	if err != nil {
 		return nil, err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/internal/crash"
@@ -177,7 +178,12 @@ func (u *UnitOfWork) attempt(a *attemptRun) (write bool) {
 		if a.dies(attemptCtx, crash.AfterMark) {
 			return false
 		}
-		if err := a.fn(attemptCtx); err != nil {
+		start := time.Now()
+		err := a.fn(attemptCtx)
+		if u.group != nil {
+			u.group.observe(time.Since(start) - tx.inStatements)
+		}
+		if err != nil {
 			a.fail(dataException(err))
 			return false
 		}

@@ -28,6 +28,15 @@ import (
 // load this makes batches of many attempts instead of one transaction for
 // the first attempt to arrive (which, on SQLite, would only wait for the
 // writer's lock anyway); an idle consumer's attempt starts at once.
+//
+// A batch runs its attempts one after another, so the time a handler
+// spends outside the database (an HTTP call) delays every attempt behind
+// it. The group therefore keeps a moving average of that time (see
+// observe): on PostgreSQL, while it is OutsideThreshold or more, the
+// attempts overlap instead (see solo): each runs at once in a transaction
+// of its own, up to Overlap at a time; so do the attempts of a batch
+// about to start. Below half the threshold, attempts gather into batches
+// again.
 type group struct {
 	u       *UnitOfWork
 	size    int
@@ -39,10 +48,22 @@ type group struct {
 	waiting  []*attemptRun // attempts in no batch yet, oldest first
 	full     chan struct{} // closed when BatchSize attempts wait (while a batch lingers)
 	finished chan struct{} // closed when a batch ends (while a batch waits for one to)
+
+	// overlap, nil when attempts never overlap (SQLite, Overlap 1),
+	// holds a token for each attempt that runs alone while the handlers
+	// wait outside the database (see solo).
+	overlap     chan struct{}
+	outside     atomic.Int64 // the moving average of observe, in nanoseconds
+	overlapping atomic.Bool  // attempts overlap: outside reached OutsideThreshold
 }
 
-// run runs a in a batch and returns once its result is set.
+// run runs a in a batch, or alone while the attempts overlap (see solo),
+// and returns once its result is set.
 func (g *group) run(a *attemptRun) {
+	if g.overlapping.Load() {
+		g.solo(a)
+		return
+	}
 	a.done = make(chan struct{})
 	a.lead = make(chan []*attemptRun, 1)
 	g.mu.Lock()
@@ -65,18 +86,39 @@ func (g *group) run(a *attemptRun) {
 		case <-a.done:
 			return
 		case batch := <-a.lead:
+			if batch == nil {
+				g.solo(a) // its batch overlaps (below)
+				return
+			}
+			if g.overlapping.Load() {
+				// The handlers wait outside the database since the
+				// batch was gathered: each of its attempts runs alone
+				// on its own goroutine, and the slot is free at once.
+				for _, b := range batch[1:] {
+					b.lead <- nil
+				}
+				g.next()
+				g.solo(a)
+				return
+			}
 			g.runBatch(batch)
-			g.mu.Lock()
-			g.wakeWaiting() // one that began waiting after this batch's transaction ended
-			next := g.take()
-			if next == nil {
-				g.free++
-			}
-			g.mu.Unlock()
-			if next != nil {
-				next[0].lead <- next
-			}
+			g.next()
 		}
+	}
+}
+
+// next hands the slot of a batch that ended to the next batch, or frees
+// it when no attempt waits.
+func (g *group) next() {
+	g.mu.Lock()
+	g.wakeWaiting() // one that began waiting after this batch's transaction ended
+	next := g.take()
+	if next == nil {
+		g.free++
+	}
+	g.mu.Unlock()
+	if next != nil {
+		next[0].lead <- next
 	}
 }
 

@@ -33,10 +33,12 @@ type groupBackend struct {
 }
 
 // unitOfWork returns a unit of work on b that runs one batch at a time,
-// of up to 8 attempts.
+// of up to 8 attempts, whose attempts never overlap: gather's first
+// attempt waits in its handler, outside the database, which would make
+// the next ones overlap on PostgreSQL (see TestOutsideCallsOverlap).
 func (b groupBackend) unitOfWork(t testing.TB) *driver.UnitOfWork {
 	t.Helper()
-	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: 8, Batches: 1})
+	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: 8, Batches: 1, Overlap: 1})
 	require.NoError(t, err)
 	return uow
 }
@@ -647,7 +649,7 @@ func TestHandlerCommitRefused(t *testing.T) {
 func TestGroupCommitWaitsForRunningBatch(t *testing.T) {
 	t.Parallel()
 	b := groupBackends()["PostgreSQL"](t)
-	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: 8, Batches: 2})
+	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: 8, Batches: 2, Overlap: 1}) // see unitOfWork
 	require.NoError(t, err)
 	var mu sync.Mutex
 	txids := map[string]bool{}

@@ -27,3 +27,9 @@ func EndsTransaction(query string, pg bool) bool {
 
 // DataException exposes dataException to the tests.
 var DataException = dataException
+
+// Overlapping reports whether u's attempts overlap now, their handlers'
+// time going outside the database (see group.observe).
+func Overlapping(u *UnitOfWork) bool {
+	return u.group != nil && u.group.overlapping.Load()
+}

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"sync/atomic"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 
@@ -47,6 +48,10 @@ type Tx struct {
 	// and left running) is refused with ErrAttemptEnded, since the
 	// transaction is its batch-mates' now.
 	ended atomic.Bool
+	// inStatements is the time the attempt's statements took, until each
+	// returned (rows read after it are not counted): the rest of its
+	// handler's time went outside the database (see group.observe).
+	inStatements time.Duration
 }
 
 // OnCommit registers f to run after the attempt's effect committed.
@@ -102,7 +107,9 @@ func (t *Tx) ExecContext(ctx context.Context, query string, args ...any) (sql.Re
 	if err != nil {
 		return nil, err
 	}
+	start := time.Now()
 	res, err := t.tx.ExecContext(sctx, query, args...)
+	t.inStatements += time.Since(start)
 	t.failed = t.failed || err != nil
 	return res, err
 }
@@ -113,7 +120,9 @@ func (t *Tx) QueryContext(ctx context.Context, query string, args ...any) (*sql.
 	if err != nil {
 		return nil, err
 	}
+	start := time.Now()
 	rows, err := t.tx.QueryContext(sctx, query, args...)
+	t.inStatements += time.Since(start)
 	t.failed = t.failed || err != nil
 	return rows, err
 }
@@ -124,7 +133,9 @@ func (t *Tx) QueryxContext(ctx context.Context, query string, args ...any) (*sql
 	if err != nil {
 		return nil, err
 	}
+	start := time.Now()
 	rows, err := t.tx.QueryxContext(sctx, query, args...)
+	t.inStatements += time.Since(start)
 	t.failed = t.failed || err != nil
 	return rows, err
 }
@@ -138,7 +149,9 @@ func (t *Tx) QueryRowxContext(ctx context.Context, query string, args ...any) *s
 	if err != nil {
 		panic(err)
 	}
+	start := time.Now()
 	row := t.tx.QueryRowxContext(sctx, query, args...)
+	t.inStatements += time.Since(start)
 	t.failed = t.failed || row.Err() != nil
 	return row
 }

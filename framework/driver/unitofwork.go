@@ -29,6 +29,14 @@ import (
 // the commit fails, the attempts that had succeeded run again, each
 // alone, before any is charged a failure. Up to Batches batches run at
 // once.
+//
+// Group commit adapts to where the attempts' time goes: on PostgreSQL,
+// while the consumer's handlers spend their time outside the database (an
+// HTTP call, a mailer: more than OutsideThreshold, on a moving average,
+// outside their statements), attempts do not wait for each other in a
+// batch: up to Overlap of them run at once, each in a transaction of its
+// own, as at BatchSize 1. Once the handlers' time goes to the database
+// again, the attempts gather into batches again.
 type UnitOfWork struct {
 	db          *sqlx.DB
 	store       Store
@@ -46,6 +54,17 @@ const (
 	// connection of its own: one runs its attempts while the other
 	// commits.
 	DefaultBatches = 2
+	// DefaultOverlap is the most attempts of a consumer that run at once,
+	// each in a transaction of its own, while its handlers wait outside
+	// the database.
+	DefaultOverlap = 32
+	// OutsideThreshold is the time a handler spends outside its
+	// statements, on a moving average of the consumer's attempts, from
+	// which its attempts overlap instead of running one after another in
+	// a batch (see UnitOfWork). A batch's attempts share a commit, whose
+	// cost is below it; a wait above it, run serially, would cost more
+	// than a commit of each attempt's own.
+	OutsideThreshold = time.Millisecond
 )
 
 // UnitOfWorkConfig configures a UnitOfWork.
@@ -70,6 +89,13 @@ type UnitOfWorkConfig struct {
 	// once: a batch then holds the attempts that arrived while the
 	// previous ones ran, which adds no wait when the load is low.
 	Linger time.Duration
+	// Overlap is the most attempts that run at once, each in a
+	// transaction of its own (so each holding a connection), while the
+	// handlers' time goes outside the database (see UnitOfWork), on
+	// PostgreSQL. 1 keeps the attempts in batches whatever their
+	// handlers do. SQLite has one writer: there attempts never overlap.
+	// Defaults to DefaultOverlap.
+	Overlap int
 	// WithoutMark runs every attempt without the processed mark: the
 	// attempt still runs in its transaction, group commit included, but
 	// every delivery runs the handler, a redelivery of a processed event
@@ -83,6 +109,7 @@ type UnitOfWorkConfig struct {
 func (c UnitOfWorkConfig) WithDefaults() UnitOfWorkConfig {
 	c.BatchSize = cmp.Or(c.BatchSize, DefaultBatchSize)
 	c.Batches = cmp.Or(c.Batches, DefaultBatches)
+	c.Overlap = cmp.Or(c.Overlap, DefaultOverlap)
 	return c
 }
 
@@ -95,6 +122,8 @@ func (c UnitOfWorkConfig) Validate() error {
 		return fmt.Errorf("UnitOfWorkConfig.BatchSize: must be at least 1, got %d", c.BatchSize)
 	case c.Batches < 1:
 		return fmt.Errorf("UnitOfWorkConfig.Batches: must be at least 1, got %d", c.Batches)
+	case c.Overlap < 1:
+		return fmt.Errorf("UnitOfWorkConfig.Overlap: must be at least 1, got %d", c.Overlap)
 	case c.Linger < 0:
 		return fmt.Errorf("UnitOfWorkConfig.Linger: must not be negative, got %s", c.Linger)
 	case MarkScopeOf(c.Store) == MarkOutlivesRollback:
@@ -154,6 +183,9 @@ func NewUnitOfWork(cfg UnitOfWorkConfig) (*UnitOfWork, error) {
 	u := &UnitOfWork{db: cfg.DB, store: cfg.Store, withoutMark: cfg.WithoutMark}
 	if cfg.DB != nil && cfg.BatchSize > 1 {
 		u.group = &group{u: u, size: cfg.BatchSize, linger: cfg.Linger, batches: cfg.Batches, free: cfg.Batches}
+		if cfg.Overlap > 1 && cfg.DB.DriverName() == "pgx" {
+			u.group.overlap = make(chan struct{}, cfg.Overlap)
+		}
 	}
 	return u, nil
 }

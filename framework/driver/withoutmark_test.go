@@ -21,7 +21,7 @@ func TestWithoutMark(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			b := open(t)
-			uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: 8, Batches: 1, WithoutMark: true})
+			uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: 8, Batches: 1, Overlap: 1, WithoutMark: true}) // see groupBackend.unitOfWork
 			require.NoError(t, err)
 			upsert := b.db.Rebind(`INSERT INTO effects (id, seen) VALUES (?, 1) ON CONFLICT (id) DO UPDATE SET seen = effects.seen + 1`)
 			ids := []string{"a", "b", "c"}

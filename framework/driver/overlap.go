@@ -1,0 +1,50 @@
+package driver
+
+import "time"
+
+// This file holds how group commit adapts to where the attempts' time
+// goes (see group): while the handlers wait outside the database, the
+// attempts overlap, each alone, instead of running one after another in
+// a batch.
+
+// observe adds d, the time a handler of the group spent outside its
+// statements, to the moving average (weight 1/8) that decides whether
+// the group's attempts overlap: from OutsideThreshold on they do, and
+// below half of it they gather into batches again.
+func (g *group) observe(d time.Duration) {
+	if g.overlap == nil {
+		return
+	}
+	d = max(d, 0)
+	for {
+		old := g.outside.Load()
+		avg := old + (int64(d)-old)/8
+		if !g.outside.CompareAndSwap(old, avg) {
+			continue
+		}
+		switch {
+		case avg >= int64(OutsideThreshold):
+			g.overlapping.Store(true)
+		case avg < int64(OutsideThreshold)/2:
+			g.overlapping.Store(false)
+		}
+		return
+	}
+}
+
+// solo runs a alone, in a transaction of its own, as soon as fewer than
+// Overlap of the group's attempts do: while the handlers wait outside
+// the database, the attempts overlap instead of waiting for each other
+// in a batch. An attempt whose context ends while it waits for its turn
+// fails unrun.
+func (g *group) solo(a *attemptRun) {
+	select {
+	case g.overlap <- struct{}{}:
+	case <-a.ctx.Done():
+		a.tx = &Tx{}
+		a.fail(a.ctx.Err())
+		return
+	}
+	defer func() { <-g.overlap }()
+	g.u.alone(a)
+}
