@@ -6,10 +6,16 @@
 //	notifications migrate   apply the schema
 //
 // It runs on SQLite with no configuration; see the README for PostgreSQL.
+// NOTIFICATIONS_OUTSIDE_WAIT=10ms makes its handler wait as one that calls
+// an outside service would (the benchmark's outside-call scenario).
 package main
 
-import "github.com/effectively-once/effectively/app"
+import (
+	"os"
+
+	"github.com/effectively-once/effectively/app"
+)
 
 func main() {
-	app.Main("notifications", Module, demoCommand())
+	app.Main("notifications", serviceModule(os.Getenv(EnvOutsideWait)), demoCommand())
 }

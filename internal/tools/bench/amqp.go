@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -182,6 +183,8 @@ type amqpService struct {
 	url    string
 	db     *sqlx.DB
 	config string
+	// vars are the service's variables beside those of serviceVars.
+	vars map[string]string
 }
 
 func measureAMQPService(ctx context.Context, env *Env, config string) (Result, error) {
@@ -216,6 +219,7 @@ func newAMQPService(ctx context.Context, env *Env, config string) (*amqpService,
 func (s *amqpService) Start(ctx context.Context) (*Process, error) {
 	vars := serviceVars("amqp", s.url, s.config)
 	vars["EFFECTIVELY_AMQP_URL"] = s.env.AMQPURL
+	maps.Copy(vars, s.vars)
 	return s.env.StartService(ctx, vars)
 }
 
@@ -228,6 +232,7 @@ const (
 	envBaselineAMQP  = "EFFECTIVELY_BENCH_AMQP_URL"
 	envBaselineQueue = "EFFECTIVELY_BENCH_QUEUE"
 	envBaselineSubs  = "EFFECTIVELY_BENCH_SUBSCRIPTIONS"
+	envBaselineWait  = "EFFECTIVELY_BENCH_OUTSIDE_WAIT"
 	baselineSubs     = 16
 )
 
@@ -238,6 +243,9 @@ type amqpBaseline struct {
 	url   string
 	queue string
 	db    *sqlx.DB
+	// wait is how long the handler waits for an outside call; none when
+	// zero.
+	wait time.Duration
 }
 
 func measureAMQPBaseline(ctx context.Context, env *Env) (Result, error) {
@@ -268,6 +276,7 @@ func (b *amqpBaseline) Start(ctx context.Context) (*Process, error) {
 		envBaselineAMQP:  b.env.AMQPURL,
 		envBaselineQueue: b.queue,
 		envBaselineSubs:  strconv.Itoa(baselineSubs),
+		envBaselineWait:  b.wait.String(),
 	})
 }
 
@@ -297,7 +306,11 @@ func amqpBaselineMain(ctx context.Context, c *ChildEnv) error {
 	if err != nil {
 		return err
 	}
-	handler := baselineHandler(db)
+	wait, err := baselineWait(c)
+	if err != nil {
+		return err
+	}
+	handler := baselineHandler(db, wait)
 	for i := range subs {
 		router.AddConsumerHandler(fmt.Sprintf("reminders-%d", i+1), EventType, sub, handler)
 	}

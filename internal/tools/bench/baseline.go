@@ -37,8 +37,10 @@ CREATE TABLE bench_reminders (
 // baselineHandler is what a team writes by hand instead of the framework:
 // per message its own transaction with the dedup insert and the business
 // insert, commit, then the ack (the handler returning nil). A duplicate
-// commits nothing new and is acked; an error nacks.
-func baselineHandler(db *sqlx.DB) message.NoPublishHandlerFunc {
+// commits nothing new and is acked; an error nacks. With wait above zero
+// it first waits that long, as a handler that calls an outside service
+// does before writing what came of the call.
+func baselineHandler(db *sqlx.DB, wait time.Duration) message.NoPublishHandlerFunc {
 	return func(msg *message.Message) error {
 		var ev cloudEvent
 		if err := json.Unmarshal(msg.Payload, &ev); err != nil {
@@ -48,6 +50,11 @@ func baselineHandler(db *sqlx.DB) message.NoPublishHandlerFunc {
 			return errors.New("decode: missing id, source or appointment")
 		}
 		ctx := msg.Context()
+		if wait > 0 {
+			if err := sleep(ctx, wait); err != nil {
+				return fmt.Errorf("outside call: %w", err)
+			}
+		}
 		tx, err := db.BeginTxx(ctx, nil)
 		if err != nil {
 			return fmt.Errorf("begin: %w", err)

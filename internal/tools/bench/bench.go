@@ -154,6 +154,20 @@ type Scenario struct {
 	// the start behind: its figures then move with the first moments of
 	// the drain more than with the consumer.
 	Scale int
+	// Gate, when set, is a bound the scenario's figures must meet outside
+	// a smoke run; the report shows it and fails when it is not met.
+	Gate *Gate
+}
+
+// A Gate bounds a run's effects per second by the best of its
+// scenario's runs in the same report: Run's must be at least Min times
+// the best's (each the round with the median effects per second).
+type Gate struct {
+	// Run is the name of the gated run.
+	Run string
+	// Min is the lowest share of the best run's effects per second that
+	// Run may reach, e.g. 0.9.
+	Min float64
 }
 
 // Need is a server a scenario needs.

@@ -3,6 +3,8 @@ package bench
 import (
 	"context"
 	"fmt"
+	"maps"
+	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/jmoiron/sqlx"
@@ -70,6 +72,10 @@ type postgresService struct {
 	*postgresFeed
 	env *Env
 	url string
+	// config is the service's configuration file; none when empty.
+	config string
+	// vars are the service's variables beside those of serviceVars.
+	vars map[string]string
 }
 
 func measurePostgresService(ctx context.Context, env *Env) (Result, error) {
@@ -95,7 +101,9 @@ func newPostgresService(ctx context.Context, env *Env) (*postgresService, error)
 }
 
 func (s *postgresService) Start(ctx context.Context) (*Process, error) {
-	return s.env.StartService(ctx, serviceVars("postgres", s.url, ""))
+	vars := serviceVars("postgres", s.url, s.config)
+	maps.Copy(vars, s.vars)
+	return s.env.StartService(ctx, vars)
 }
 
 func (s *postgresService) Effects() *EffectTable {
@@ -110,6 +118,9 @@ type postgresBaseline struct {
 	*postgresFeed
 	env *Env
 	url string
+	// wait is how long the handler waits for an outside call; none when
+	// zero.
+	wait time.Duration
 }
 
 func measurePostgresBaseline(ctx context.Context, env *Env) (Result, error) {
@@ -135,7 +146,7 @@ func newPostgresBaseline(ctx context.Context, env *Env) (*postgresBaseline, erro
 }
 
 func (b *postgresBaseline) Start(ctx context.Context) (*Process, error) {
-	return b.env.StartChild(ctx, "watermill-sql", map[string]string{envBaselineDB: b.url})
+	return b.env.StartChild(ctx, "watermill-sql", map[string]string{envBaselineDB: b.url, envBaselineWait: b.wait.String()})
 }
 
 func (b *postgresBaseline) Effects() *EffectTable {
@@ -165,6 +176,10 @@ func postgresBaselineMain(ctx context.Context, c *ChildEnv) error {
 	if err != nil {
 		return err
 	}
-	router.AddConsumerHandler("reminders", EventType, sub, baselineHandler(db))
+	wait, err := baselineWait(c)
+	if err != nil {
+		return err
+	}
+	router.AddConsumerHandler("reminders", EventType, sub, baselineHandler(db, wait))
 	return runRouter(ctx, router, c.Ready)
 }

@@ -42,7 +42,9 @@ type ScenarioReport struct {
 	// Scale is how many times Options.Events its runs drained
 	// (Scenario.Scale; zero or one: once).
 	Scale int
-	Runs  []RunReport
+	// Gate is the scenario's gate (Scenario.Gate); nil when none.
+	Gate *Gate
+	Runs []RunReport
 }
 
 // RunReport is a run's figures, or why it failed.
@@ -66,8 +68,49 @@ func (r *Report) Err() error {
 				errs = append(errs, fmt.Errorf("%s / %s: %w", s.Title, run.Name, run.Err))
 			}
 		}
+		if _, err := s.gate(r.Options.Smoke); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", s.Title, err))
+		}
 	}
 	return errors.Join(errs...)
+}
+
+// gate returns the scenario's gate as a line of text, and an error when
+// it is not met: the gated run's effects per second below Gate.Min of the
+// best run's. It says nothing without a gate, nor when the gated run did
+// not run (a selection of runs); a smoke run's gate is shown but never
+// fails, as its figures say nothing about speed.
+func (s ScenarioReport) gate(smoke bool) (string, error) {
+	g := s.Gate
+	if g == nil || s.Skipped != "" {
+		return "", nil
+	}
+	var gated, best *RunReport
+	for i, run := range s.Runs {
+		if run.Err != nil {
+			continue
+		}
+		if run.Name == g.Run {
+			gated = &s.Runs[i]
+		}
+		if best == nil || run.Result.EffectsPerSecond() > best.Result.EffectsPerSecond() {
+			best = &s.Runs[i]
+		}
+	}
+	if gated == nil || best == nil || best.Result.EffectsPerSecond() <= 0 {
+		return "", nil
+	}
+	share := gated.Result.EffectsPerSecond() / best.Result.EffectsPerSecond()
+	line := fmt.Sprintf("Gate: %s at least %.2f of the best run's effects/s (%s): %s / %s = %.2f",
+		g.Run, g.Min, best.Name, thousands(gated.Result.EffectsPerSecond()), thousands(best.Result.EffectsPerSecond()), share)
+	switch {
+	case smoke:
+		return line + ", not checked (smoke run)", nil
+	case share < g.Min:
+		return line + ", NOT MET", fmt.Errorf("gate not met: %s at %.2f of %s's effects/s, want at least %.2f", g.Run, share, best.Name, g.Min)
+	default:
+		return line + ", met", nil
+	}
 }
 
 // ratio returns the run's effects per second over its baseline's.
@@ -162,6 +205,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 			if line := run.Result.CPU.perMessageLine(); line != "" {
 				rows = append(rows, []string{"    " + line})
 			}
+		}
+		if line, _ := s.gate(r.Options.Smoke); line != "" {
+			rows = append(rows, []string{"  " + line})
 		}
 	}
 	widths := make([]int, len(columns)+1)
@@ -353,6 +399,9 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 			fmt.Fprintf(b, "| %s | %s |\n", name, strings.Join(c, " | "))
 		}
 		fmt.Fprintln(b)
+		if line, _ := s.gate(r.Options.Smoke); line != "" {
+			fmt.Fprintf(b, "%s.\n\n", line)
+		}
 		writeRounds(b, s)
 		writeCPUGroups(b, s)
 		for _, run := range s.Runs {

@@ -51,7 +51,7 @@ func Execute(ctx context.Context, scenarios []Scenario, opts Options) (*Report, 
 		if opts.Run != nil && !opts.Run.MatchString(s.Name) {
 			continue
 		}
-		sr := ScenarioReport{Name: s.Name, Title: s.Title, About: s.About, Once: s.Once, Scale: s.Scale}
+		sr := ScenarioReport{Name: s.Name, Title: s.Title, About: s.About, Once: s.Once, Scale: s.Scale, Gate: s.Gate}
 		if missing := missingNeeds(s, opts); missing != "" {
 			sr.Skipped = "needs " + missing
 			fmt.Fprintf(opts.Log, "== %s: skipped, %s\n", s.Title, sr.Skipped)

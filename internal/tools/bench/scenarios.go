@@ -6,6 +6,8 @@ func Scenarios() []Scenario {
 	return []Scenario{
 		amqpScenario(),
 		postgresScenario(),
+		outsideAMQPScenario(),
+		outsidePostgresScenario(),
 		sqliteScenario(),
 		outboxScenario(),
 		idleScenario(),

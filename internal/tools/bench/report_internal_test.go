@@ -1,0 +1,44 @@
+package bench
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestReportGate: a scenario's gate fails the report when the gated run's
+// effects per second are below its share of the best run's, shows in the
+// report either way, and never fails a smoke run.
+func TestReportGate(t *testing.T) {
+	rate := func(name string, eps int) RunReport {
+		return RunReport{Name: name, Result: Result{Drained: eps + 1, Elapsed: time.Second}}
+	}
+	report := func(def int, smoke bool) *Report {
+		return &Report{Options: Options{Smoke: smoke}, Scenarios: []ScenarioReport{{
+			Title: "Outside call",
+			Gate:  &Gate{Run: "default", Min: 0.9},
+			Runs:  []RunReport{rate("default", def), rate("batch_size 1", 2000), rate("baseline", 1000)},
+		}}}
+	}
+	if err := report(1900, false).Err(); err != nil {
+		t.Errorf("default at 0.95 of the best: %v, want no error", err)
+	}
+	requireMarkdownLines(t, report(1900, false),
+		"Gate: default at least 0.90 of the best run's effects/s (batch_size 1): 1,900 / 2,000 = 0.95, met.")
+	r := report(1000, false)
+	if err := r.Err(); err == nil || !strings.Contains(err.Error(), "gate not met") {
+		t.Errorf("default at 0.5 of the best: %v, want the gate not met", err)
+	}
+	requireMarkdownLines(t, r,
+		"Gate: default at least 0.90 of the best run's effects/s (batch_size 1): 1,000 / 2,000 = 0.50, NOT MET.")
+	var table strings.Builder
+	if err := r.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(table.String(), "NOT MET") || !strings.Contains(table.String(), "FAILED") {
+		t.Errorf("table of a gate not met:\n%s", table.String())
+	}
+	if err := report(1000, true).Err(); err != nil {
+		t.Errorf("smoke run: %v, want no error", err)
+	}
+}
