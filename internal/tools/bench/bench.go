@@ -149,11 +149,13 @@ type Scenario struct {
 	// long scenario with no baseline.
 	Once bool
 	// Scale is how many times Options.Events messages each run drains (but
-	// in a smoke run); zero means once. It is for a scenario whose runs
-	// drain Options.Events in about a second, too short a time to leave
-	// the start behind: its figures then move with the first moments of
-	// the drain more than with the consumer.
-	Scale int
+	// in a smoke run); zero means once. Above one it is for a scenario
+	// whose runs drain Options.Events in about a second, too short a time
+	// to leave the start behind: its figures then move with the first
+	// moments of the drain more than with the consumer. Below one it is
+	// for a scenario with a run that drains at a few dozen messages a
+	// second, which would take minutes a round at full size.
+	Scale float64
 	// Gate, when set, is a bound the scenario's figures must meet outside
 	// a smoke run; the report shows it and fails when it is not met.
 	Gate *Gate

@@ -20,6 +20,10 @@ const (
 	// OutsideGate is the share of the best run's effects per second that
 	// the default configuration must reach in the outside-call scenarios.
 	OutsideGate = 0.9
+	// OutsidePostgresScale is the share of Options.Events the runs of
+	// the outside-call scenario on the PostgreSQL transport drain: its
+	// baseline takes one message at a time, under a hundred a second.
+	OutsidePostgresScale = 0.25
 	// envOutsideWait is the example service's variable that makes its
 	// handler wait (examples/notifications, EnvOutsideWait).
 	envOutsideWait = "NOTIFICATIONS_OUTSIDE_WAIT"
@@ -97,6 +101,7 @@ func outsidePostgresScenario() Scenario {
 			}},
 		},
 		Children: []Child{{Name: "watermill-sql", Main: postgresBaselineMain}},
+		Scale:    OutsidePostgresScale,
 		Gate:     &Gate{Run: outsideDefault, Min: OutsideGate},
 	}
 }

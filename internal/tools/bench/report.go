@@ -41,7 +41,7 @@ type ScenarioReport struct {
 	Once bool
 	// Scale is how many times Options.Events its runs drained
 	// (Scenario.Scale; zero or one: once).
-	Scale int
+	Scale float64
 	// Gate is the scenario's gate (Scenario.Gate); nil when none.
 	Gate *Gate
 	Runs []RunReport
@@ -304,8 +304,8 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	fmt.Fprintf(b, " (servers on the same machine)\n")
 	var scaled []string
 	for _, s := range r.Scenarios {
-		if s.Scale > 1 && !r.Options.Smoke {
-			scaled = append(scaled, fmt.Sprintf("%s in those of %s", thousands(float64(s.Scale*r.Options.Events)), s.Title))
+		if s.Scale > 0 && s.Scale != 1 && !r.Options.Smoke {
+			scaled = append(scaled, fmt.Sprintf("%s in those of %s", thousands(float64(scaledEvents(r.Options.Events, s.Scale))), s.Title))
 		}
 	}
 	fmt.Fprintf(b, "- Size: %s messages per run", thousands(float64(r.Options.Events)))

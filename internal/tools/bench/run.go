@@ -120,8 +120,8 @@ func runOne(ctx context.Context, s Scenario, r Run, opts Options, sh *shared) Ru
 		rr.Err = err
 		return rr
 	}
-	if s.Scale > 1 && !opts.Smoke {
-		opts.Events *= s.Scale
+	if !opts.Smoke {
+		opts.Events = scaledEvents(opts.Events, s.Scale)
 	}
 	env := &Env{Options: opts, Scenario: s.Name, Dir: dir, ID: s.Name + "-" + randomHex(4), shared: sh}
 	res, err := r.Measure(ctx, env)
@@ -200,4 +200,13 @@ func keepProfiles(profiles, dir, run string) error {
 		}
 	}
 	return nil
+}
+
+// scaledEvents is how many messages a run of a scenario of the given
+// Scale drains when Options.Events says events: never fewer than 100.
+func scaledEvents(events int, scale float64) int {
+	if scale <= 0 || scale == 1 {
+		return events
+	}
+	return max(int(float64(events)*scale), 100)
 }
