@@ -17,6 +17,9 @@ import (
 // driver.SubscribeConfig.Settles).
 func (r *Runner) intake(h message.HandlerFunc) message.HandlerFunc {
 	return func(msg *message.Message) ([]*message.Message, error) {
+		if seq := r.sequencers[message.HandlerNameFromCtx(msg.Context())]; seq != nil {
+			defer seq.done(msg) // after settle: the next event of its subject may go
+		}
 		if !r.enter() {
 			select {
 			case <-r.closing:

@@ -32,6 +32,9 @@ type Runner struct {
 	// intake), by the name of their router handlers; read-only once New
 	// returns.
 	settlers map[string]driver.Settler
+	// sequencers are the ordered consumers' sequencers, by the name of
+	// their router handlers; read-only once New returns.
+	sequencers map[string]*sequencer
 	// sweeps are the consumers' chains' work that no message drives
 	// (middleware.Handler), run beside the router.
 	sweeps []func(context.Context)
@@ -89,7 +92,8 @@ func New(cfg Config) (*Runner, error) {
 		closing: make(chan struct{}),
 		stop:    make(chan struct{}),
 
-		settlers: make(map[string]driver.Settler),
+		settlers:   make(map[string]driver.Settler),
+		sequencers: make(map[string]*sequencer),
 	}
 	router.AddMiddleware(r.intake, untilRunning(router))
 	for _, cc := range cfg.Consumers {
@@ -162,11 +166,20 @@ func (r *Runner) add(cc ConsumerConfig) error {
 	r.sweeps = append(r.sweeps, sweep)
 	r.subs = append(r.subs, subscription{consumer: c.Name(), sub: sub})
 	settler, _ := sub.Subscriber.(driver.Settler)
+	subscriber := sub.Subscriber
+	var seq *sequencer
+	if cc.StrictOrder || cc.SkipStale {
+		seq = newSequencer(cc.MaxBodyBytes, settler)
+		subscriber = seq.subscriber(subscriber)
+	}
 	for i, topic := range sub.Topics {
 		name := handlerName(c.Name(), sub.Topics, i)
-		r.router.AddConsumerHandler(name, topic, sub.Subscriber, h)
+		r.router.AddConsumerHandler(name, topic, subscriber, h)
 		if settler != nil {
 			r.settlers[name] = settler
+		}
+		if seq != nil {
+			r.sequencers[name] = seq
 		}
 	}
 	return nil

@@ -60,6 +60,13 @@ type SubscribeConfig struct {
 	// is not renewed sizes it from it. Zero leaves the transport's
 	// configured lease.
 	HandlingTime time.Duration
+	// Partitions, above 1, splits the consumer's messages into that many
+	// partitions by PartitionOf (on RabbitMQ, by its consistent-hash
+	// exchange): the subscription's Subscriber is then an Assigner, and
+	// consumes no partition until assigned. A message it hands out
+	// carries its partition (PartitionFromContext). A transport that
+	// cannot partition refuses it. Defaults to 1: not partitioned.
+	Partitions int
 	// Settles says that the subscription's reader settles each message
 	// itself, as the runner does: it acks or nacks every message it is
 	// handed once its handling returned, then tells the subscriber which
@@ -74,6 +81,7 @@ type SubscribeConfig struct {
 // WithDefaults returns a copy of c with zero fields set to their defaults.
 func (c SubscribeConfig) WithDefaults() SubscribeConfig {
 	c.Concurrency = max(c.Concurrency, 1)
+	c.Partitions = max(c.Partitions, 1)
 	return c
 }
 
@@ -90,6 +98,9 @@ func (c SubscribeConfig) Validate() error {
 		return fmt.Errorf("SubscribeConfig.AttemptTimeout: must not be negative, got %s", c.AttemptTimeout)
 	case c.HandlingTime < 0:
 		return fmt.Errorf("SubscribeConfig.HandlingTime: must not be negative, got %s", c.HandlingTime)
+	}
+	if err := validPartitions(c.Partitions); err != nil {
+		return fmt.Errorf("SubscribeConfig.Partitions: %w", err)
 	}
 	return nil
 }

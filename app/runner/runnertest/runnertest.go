@@ -65,6 +65,8 @@ func Exercise(t *testing.T, open func(t *testing.T) *Env) {
 		{"HoldUpDying", caseHoldUpDying},
 		{"Breaker", caseBreaker},
 		{"StopDuringOutage", caseStopDuringOutage},
+		{"OrderHotKeys", caseOrderHotKeys},
+		{"OrderColdKeys", caseOrderColdKeys},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -110,6 +112,12 @@ type suite struct {
 	behave atomic.Pointer[func(consumer string, ev framework.Event[noteV1], call int) error]
 	slow   time.Duration
 	tune   func(cfg *runner.Config) // adjusts the Runner of the processes started after it is set
+	// around is middleware around the whole chain of the processes
+	// started after it is set (Runner.AddMiddleware): it sees nacks.
+	around []message.HandlerMiddleware
+	// inOrder, when set, runs in each handler after its effect, in its
+	// transaction.
+	inOrder func(ctx context.Context, ev framework.Event[noteV1]) error
 
 	mu    sync.Mutex
 	calls map[string]int // consumer/source/id → calls
@@ -191,6 +199,7 @@ func (s *suite) start(t *testing.T, name string, concurrency int, defs ...framew
 		_ = closeTransport()
 	}
 	require.NoError(t, err)
+	r.AddMiddleware(s.around...)
 	p := &process{runner: r, closeTransport: closeTransport}
 	ctx, cancel := context.WithTimeout(context.Background(), s.env.Timeout)
 	defer cancel()
@@ -232,6 +241,11 @@ func (s *suite) handler(consumer string) framework.HandlerFunc[noteV1] {
 			consumer, ev.Source, ev.ID, ev.Data.Text)
 		if err != nil {
 			return fmt.Errorf("insert the effect: %w", err)
+		}
+		if s.inOrder != nil {
+			if err := s.inOrder(ctx, ev); err != nil {
+				return err
+			}
 		}
 		if b := s.behave.Load(); b != nil {
 			return (*b)(consumer, ev, call)
