@@ -82,6 +82,13 @@ type Config struct {
 	// driver.TxAcker (the sqlite transport's). Defaults to nil: the
 	// message is acked once its chain returns.
 	Acker driver.TxAcker
+	// Fencer, when set, checks in each attempt's transaction, before its
+	// commit, that this process still owns the partition its message
+	// came from (driver.PartitionFromContext): the runner sets it for a
+	// partitioned consumer. An attempt whose partition moved to another
+	// process rolls back and its message is nacked, its delivery not
+	// counted. Defaults to nil: no check.
+	Fencer driver.Fencer
 	// Stopping, when set, is closed when the service begins to stop
 	// (runner.Runner.Stop closes it): from then on no further attempt of
 	// a message starts. The attempt in flight runs to its end; a message
@@ -212,7 +219,7 @@ func chain(cfg Config, clk clock) ([]message.HandlerMiddleware, *releaser) {
 	steps = append(steps,
 		timeout(cfg.Timeout),
 		recoverPanic,
-		unitOfWork(name, cfg.UnitOfWork, cfg.Acker),
+		unitOfWork(name, cfg.UnitOfWork, cfg.Acker, cfg.Fencer),
 	)
 	if cfg.SkipStale {
 		steps = append(steps, sequenceGuard(name, cfg.Store))

@@ -76,7 +76,7 @@ func deliveryGuard(consumer string, store driver.Store, maxDeliveries int, uow *
 				}
 				stateOf(msg).deliveries = 1 // known without counting, for the dead letter
 				out, err := next(msg)       // a first delivery costs nothing
-				if errors.Is(err, errStopping) {
+				if uncharged(err) {
 					err = g.uncount(ctx, d.Key(), err)
 				}
 				return out, err
@@ -155,7 +155,7 @@ func (g *guard) count(msg *message.Message, next message.HandlerFunc) ([]*messag
 			if err := g.handling.waitNone(ctx, key); err != nil {
 				return nil, fmt.Errorf("check delivery limit of %s: %w", key, err)
 			}
-			outcome, err := g.uow.DoDelivery(ctx, g.consumer, key, delivery(st, g.acker, msg), func(context.Context) error { return errOverLimit })
+			outcome, err := g.uow.DoDelivery(ctx, g.consumer, key, delivery(st, g.acker, nil, msg), func(context.Context) error { return errOverLimit })
 			if outcome == framework.Duplicate {
 				st.outcome = framework.Duplicate
 				return nil, nil
@@ -168,14 +168,15 @@ func (g *guard) count(msg *message.Message, next message.HandlerFunc) ([]*messag
 			fmt.Errorf("%s delivered %d times, at most %d allowed", key, n, g.maxDeliveries))
 	}
 	out, err := next(msg)
-	if errors.Is(err, errStopping) {
+	if uncharged(err) {
 		err = g.uncount(ctx, key, err)
 	}
 	return out, err
 }
 
 // uncount takes back the delivery of key, which the service's stop ended
-// with err (errStopping) after an attempt that ran to its end: it does
+// with err (errStopping) after an attempt that ran to its end, or a
+// rebalance (errHandedBack): it does
 // not count towards the limit (driver.Store.Uncount). When that fails
 // the delivery stays counted, and the error says so beside err.
 func (g *guard) uncount(ctx context.Context, key framework.Key, err error) error {

@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/internal/outage"
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
@@ -25,6 +26,19 @@ var errStopping = fmt.Errorf("stopping, no further attempt: %w", pipeline.ErrLat
 // the message is nacked, never dead-lettered for it, and its next
 // delivery has all its attempts.
 var errUnreachable = fmt.Errorf("the database is unreachable, no dead letter: %w", pipeline.ErrLater)
+
+// errHandedBack ends a message's attempts when its partition moved to
+// another process (driver.ErrFenced: a rebalance) and its effect rolled
+// back. It wraps pipeline.ErrLater: the message is nacked, not counted
+// towards the delivery limit, and the partition's new owner handles it.
+var errHandedBack = fmt.Errorf("its partition moved to another process, no further attempt here: %w", pipeline.ErrLater)
+
+// uncharged reports whether err ended a delivery for no fault of its
+// message, a stop or a rebalance: the delivery guard takes its count
+// back.
+func uncharged(err error) bool {
+	return errors.Is(err, errStopping) || errors.Is(err, errHandedBack)
+}
 
 // retry runs each message up to attempts times with a constant delay
 // between attempts, while the message stays unacknowledged. A permanent
@@ -56,7 +70,7 @@ func retry(attempts int, delay time.Duration, stopping <-chan struct{}) message.
 		return func(msg *message.Message) ([]*message.Message, error) {
 			st := stateOf(msg)
 			out, err := retryAttempts(next, msg, st, attempts, delay, stopping)
-			if err != nil && !errors.Is(err, errStopping) && !errors.Is(err, errUnreachable) {
+			if err != nil && !uncharged(err) && !errors.Is(err, errUnreachable) {
 				st.gaveUp = true
 			}
 			return out, err
@@ -75,6 +89,8 @@ func retryAttempts(next message.HandlerFunc, msg *message.Message, st *state, at
 		switch {
 		case err == nil:
 			return out, nil
+		case errors.Is(err, driver.ErrFenced):
+			return out, fmt.Errorf("%w: %w", errHandedBack, err)
 		case try >= attempts && !framework.IsPermanent(err) && outage.Is(err):
 			return out, fmt.Errorf("%w (after %d attempts, the last failed: %w)", errUnreachable, try, err)
 		case try >= attempts || framework.IsPermanent(err) || errors.Is(err, pipeline.ErrLater):

@@ -118,6 +118,16 @@ type Settings struct {
 	// attempts in batches whatever their handlers do. At most 1024.
 	// Defaults to driver.DefaultOverlap.
 	Overlap int `yaml:"overlap"`
+	// Partitions splits the consumer's subjects into so many partitions
+	// (by a hash of each event's subject, or of its id when it has
+	// none), each consumed by one of the consumer's live processes at a
+	// time, so that several processes share the consumer and each
+	// subject's events still run in order. 1 is one partition: every
+	// process takes messages of every subject. The count is the
+	// consumer's for good: a start with another count is refused. At
+	// most driver.MaxPartitions; the RabbitMQ and PostgreSQL transports
+	// only. Defaults to 1.
+	Partitions int `yaml:"partitions"`
 	// Breaker, with Breaker.Failures set, is the consumer's circuit
 	// breaker: after so many failed attempts in a row new messages wait
 	// before the delivery guard, uncounted, until a probe attempt after
@@ -140,6 +150,7 @@ func (s Settings) WithDefaults() Settings {
 	s.BatchSize = cmp.Or(s.BatchSize, driver.DefaultBatchSize)
 	s.Batches = cmp.Or(s.Batches, driver.DefaultBatches)
 	s.Overlap = cmp.Or(s.Overlap, driver.DefaultOverlap)
+	s.Partitions = cmp.Or(s.Partitions, 1)
 	s.Breaker = s.Breaker.withDefaults()
 	return s
 }
@@ -165,6 +176,7 @@ func (s Settings) Merge(base Settings) Settings {
 	s.Batches = cmp.Or(s.Batches, base.Batches)
 	s.BatchLinger = cmp.Or(s.BatchLinger, base.BatchLinger)
 	s.Overlap = cmp.Or(s.Overlap, base.Overlap)
+	s.Partitions = cmp.Or(s.Partitions, base.Partitions)
 	s.Breaker = s.Breaker.merge(base.Breaker)
 	return s
 }
@@ -212,6 +224,9 @@ func (s Settings) Validate() error {
 	}
 	if s.Overlap < 1 || s.Overlap > maxConcurrency {
 		add("overlap", "want 1..%d, got %d", maxConcurrency, s.Overlap)
+	}
+	if s.Partitions < 1 || s.Partitions > driver.MaxPartitions {
+		add("partitions", "want 1..%d, got %d", driver.MaxPartitions, s.Partitions)
 	}
 	switch {
 	case s.BatchLinger < 0:

@@ -30,6 +30,7 @@ func TestSettingsWithDefaults(t *testing.T) {
 		BatchSize:     driver.DefaultBatchSize,
 		Batches:       driver.DefaultBatches,
 		Overlap:       driver.DefaultOverlap,
+		Partitions:    1,
 		Breaker:       middleware.BreakerConfig{CoolDown: middleware.DefaultBreakerCoolDown, MaxHold: middleware.DefaultBreakerMaxHold},
 	}, s)
 	require.NoError(t, s.Validate())
@@ -59,7 +60,7 @@ func TestSettingsValidate(t *testing.T) {
 	bad := middleware.Settings{
 		Attempts: -1, RetryDelay: -time.Second, Timeout: -time.Second, Concurrency: 2000, RateLimit: math.NaN(),
 		MaxDeliveries: -1, MaxBodyBytes: -1, SkipStale: true, StrictOrder: true, GapTimeout: -1,
-		BatchSize: 65, Batches: -1, BatchLinger: -time.Second, Overlap: 1025,
+		BatchSize: 65, Batches: -1, BatchLinger: -time.Second, Overlap: 1025, Partitions: 65,
 		Breaker: middleware.BreakerConfig{Failures: -1, CoolDown: -1, MaxHold: time.Hour},
 	}.WithDefaults()
 	err := bad.Validate()
@@ -68,12 +69,12 @@ func TestSettingsValidate(t *testing.T) {
 		"attempts: want 1 or more, got -1", "retry_delay: ", "timeout: must be positive", "concurrency: want 1..1024, got 2000",
 		"rate_limit: ", "max_deliveries: ", "max_body_bytes: ", "strict_order: not with skip_stale", "gap_timeout: ",
 		"batch_size: want 1..64, got 65", "batches: want 1..64, got -1", "batch_linger: must not be negative",
-		"overlap: want 1..1024, got 1025",
+		"overlap: want 1..1024, got 1025", "partitions: want 1..64, got 65",
 		"breaker.failures: ", "breaker.cool_down: ", "breaker.max_hold: want more than 0 and at most 10m0s",
 	} {
 		require.Contains(t, err.Error(), key)
 	}
-	require.Len(t, strings.Split(err.Error(), "\n"), 16, "one line per setting: %v", err)
+	require.Len(t, strings.Split(err.Error(), "\n"), 17, "one line per setting: %v", err)
 
 	err = middleware.Settings{Timeout: time.Second, BatchLinger: time.Second}.WithDefaults().Validate()
 	require.EqualError(t, err, "batch_linger: want less than its timeout (1s): a batch waits within the time limit of its attempts, so a message that arrived alone would time out and be dead-lettered, got 1s")
@@ -102,12 +103,13 @@ batch_size: 16
 batches: 3
 batch_linger: 5ms
 overlap: 12
+partitions: 4
 breaker: {failures: 5, any_error: true, cool_down: 30s, max_hold: 1m}
 `), &s))
 	require.Equal(t, middleware.Settings{
 		Attempts: 4, RetryDelay: 1500 * time.Millisecond, Timeout: 2 * time.Minute, Concurrency: 8, RateLimit: 2.5,
 		MaxDeliveries: 6, MaxBodyBytes: 2048, SkipStale: true, GapTimeout: time.Hour, OrderFromFirstSeen: true,
-		BatchSize: 16, Batches: 3, BatchLinger: 5 * time.Millisecond, Overlap: 12,
+		BatchSize: 16, Batches: 3, BatchLinger: 5 * time.Millisecond, Overlap: 12, Partitions: 4,
 		Breaker: middleware.BreakerConfig{Failures: 5, AnyError: true, CoolDown: 30 * time.Second, MaxHold: time.Minute},
 	}, s)
 }

@@ -18,7 +18,7 @@ var errNotDecoded = errors.New("message was not decoded: add the decode step out
 // with acker, acknowledges the message. A duplicate is skipped and
 // acknowledged. The message context inside carries the transaction; it is
 // restored after.
-func unitOfWork(consumer string, uow *driver.UnitOfWork, acker driver.TxAcker) message.HandlerMiddleware {
+func unitOfWork(consumer string, uow *driver.UnitOfWork, acker driver.TxAcker, fencer driver.Fencer) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			st := stateOf(msg)
@@ -28,7 +28,7 @@ func unitOfWork(consumer string, uow *driver.UnitOfWork, acker driver.TxAcker) m
 			}
 			orig := msg.Context()
 			defer msg.SetContext(orig)
-			outcome, err := uow.DoDelivery(orig, consumer, d.Key(), delivery(st, acker, msg), func(ctx context.Context) error {
+			outcome, err := uow.DoDelivery(orig, consumer, d.Key(), delivery(st, acker, fencer, msg), func(ctx context.Context) error {
 				msg.SetContext(ctx)
 				_, err := next(msg)
 				return err
@@ -40,12 +40,18 @@ func unitOfWork(consumer string, uow *driver.UnitOfWork, acker driver.TxAcker) m
 }
 
 // delivery is what the unit of work needs to know of msg's delivery: its
-// count by the delivery guard (st), and its ack inside the transaction
-// when acker has one.
-func delivery(st *state, acker driver.TxAcker, msg *message.Message) driver.Delivery {
+// count by the delivery guard (st), its ack inside the transaction when
+// acker has one, and its partition's fence when fencer is set and msg
+// came from a partition.
+func delivery(st *state, acker driver.TxAcker, fencer driver.Fencer, msg *message.Message) driver.Delivery {
 	d := driver.Delivery{Counted: st.counted}
 	if acker != nil {
 		d.Ack, _ = acker.TxAck(msg)
+	}
+	if fencer != nil {
+		if p, ok := driver.PartitionFromContext(msg.Context()); ok {
+			d.Fencer, d.Partition = fencer, p
+		}
 	}
 	return d
 }

@@ -140,6 +140,11 @@ type Config struct {
 	// effectively_dead_letters_pending{consumer,code} and
 	// effectively_parked_events{consumer}. Stop unregisters them.
 	Registerer prometheus.Registerer
+	// PartitionLease is how long a partitioned consumer's leases (see
+	// middleware.Settings.Partitions) last without renewal, and so how
+	// long a process that died keeps its partitions; the runner renews
+	// them every fifth of it. Defaults to driver.DefaultLease.
+	PartitionLease time.Duration
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults,
@@ -157,6 +162,7 @@ func (c Config) WithDefaults() Config {
 	c.OutboxRetention = cmp.Or(c.OutboxRetention, DefaultOutboxRetention)
 	c.ReplayRetention = cmp.Or(c.ReplayRetention, DefaultReplayRetention)
 	c.DeadLetterRetention = cmp.Or(c.DeadLetterRetention, DefaultDeadLetterRetention)
+	c.PartitionLease = cmp.Or(c.PartitionLease, driver.DefaultLease)
 	return c
 }
 
@@ -177,6 +183,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("Config.ReplayRetention: must not be negative, got %s", c.ReplayRetention)
 	case c.DeadLetterRetention < 0:
 		return fmt.Errorf("Config.DeadLetterRetention: must not be negative, got %s", c.DeadLetterRetention)
+	case c.PartitionLease < 0:
+		return fmt.Errorf("Config.PartitionLease: must not be negative, got %s", c.PartitionLease)
 	}
 	seen := make(map[string]bool, len(c.Consumers))
 	for i, cc := range c.Consumers {

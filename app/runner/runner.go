@@ -38,6 +38,10 @@ type Runner struct {
 	// sweeps are the consumers' chains' work that no message drives
 	// (middleware.Handler), run beside the router.
 	sweeps []func(context.Context)
+	// partitioners hold the partitioned consumers' shares of their
+	// partitions, beside the router.
+	partitioners []*partitioner
+	member       string // this process's name in its consumers' groups
 
 	relay   *outbox.Relay     // the outbox relay; nil without an outbox
 	replays *replayRelay      // publishes what operators replay or release
@@ -94,6 +98,7 @@ func New(cfg Config) (*Runner, error) {
 
 		settlers:   make(map[string]driver.Settler),
 		sequencers: make(map[string]*sequencer),
+		member:     newMember(),
 	}
 	router.AddMiddleware(r.intake, untilRunning(router))
 	for _, cc := range cfg.Consumers {
@@ -153,13 +158,23 @@ func (r *Runner) add(cc ConsumerConfig) error {
 		Concurrency:    cc.Concurrency,
 		AttemptTimeout: cc.Timeout,
 		HandlingTime:   cc.handlingTime(),
+		Partitions:     cc.Partitions,
 		Settles:        true,
 	})
 	if err != nil {
 		return err
 	}
 	acker, _ := sub.Subscriber.(driver.TxAcker)
-	h, sweep, err := middleware.Handler(r.chainConfig(cc, uow, acker))
+	chain := r.chainConfig(cc, uow, acker)
+	if cc.Partitions > 1 {
+		p, err := r.partitioner(cc, sub)
+		if err != nil {
+			return err
+		}
+		r.partitioners = append(r.partitioners, p)
+		chain.Fencer = p
+	}
+	h, sweep, err := middleware.Handler(chain)
 	if err != nil {
 		return err
 	}
@@ -183,6 +198,30 @@ func (r *Runner) add(cc ConsumerConfig) error {
 		}
 	}
 	return nil
+}
+
+// partitioner returns the partitioner of cc, a partitioned consumer, and
+// its subscription sub.
+func (r *Runner) partitioner(cc ConsumerConfig, sub driver.Subscription) (*partitioner, error) {
+	leases, ok := r.cfg.Store.(driver.Leases)
+	if !ok {
+		return nil, fmt.Errorf("partitions: %d: the store %T keeps no partition leases (driver.Leases)", cc.Partitions, r.cfg.Store)
+	}
+	assigner, ok := sub.Subscriber.(driver.Assigner)
+	if !ok {
+		return nil, fmt.Errorf("partitions: %d: the transport's subscriber %T cannot consume partitions (driver.Assigner)", cc.Partitions, sub.Subscriber)
+	}
+	return &partitioner{
+		consumer:   cc.Consumer.Name(),
+		partitions: cc.Partitions,
+		member:     r.member,
+		leases:     leases,
+		assigner:   assigner,
+		lease:      r.cfg.PartitionLease,
+		logger:     r.logger.With("component", "partitions", "consumer", cc.Consumer.Name()),
+		stop:       r.stop,
+		held:       make(map[int]int64),
+	}, nil
 }
 
 // handlingTime is the longest a healthy message of c stays with the
@@ -265,6 +304,15 @@ func (r *Runner) Start(ctx context.Context) error {
 		var sweeps sync.WaitGroup
 		for _, sweep := range r.sweeps {
 			sweeps.Go(func() { sweep(runCtx) })
+		}
+		for _, p := range r.partitioners {
+			sweeps.Go(func() {
+				select {
+				case <-r.router.Running(): // the subscriptions exist
+					p.run(runCtx)
+				case <-runCtx.Done():
+				}
+			})
 		}
 		err := r.router.Run(runCtx)
 		cancelRun()

@@ -25,6 +25,7 @@ type attemptRun struct {
 	first    bool
 	batched  bool // a.tx is a batch's transaction (group commit)
 	acking   bool // the batch writes a.delivery.Ack before its commit (see ackAll)
+	fencing  bool // the batch checks a.delivery's partition before its commit (see fenceAll)
 	outcome  framework.Outcome
 	err      error
 	panicked any
@@ -82,7 +83,7 @@ func (a *attemptRun) keepHookPanic(p any) {
 
 // alone runs a in a transaction of its own.
 func (u *UnitOfWork) alone(a *attemptRun) {
-	a.tx, a.marked, a.batched, a.acking = &Tx{}, false, false, false
+	a.tx, a.marked, a.batched, a.acking, a.fencing = &Tx{}, false, false, false, false
 	if u.db != nil {
 		tx, err := u.db.BeginTxx(a.ctx, nil)
 		if err != nil {
@@ -203,6 +204,14 @@ func (u *UnitOfWork) attempt(a *attemptRun) (write bool) {
 	if a.delivery.Counted {
 		if err := u.store.Forget(ctx, tx, a.consumer, a.key); err != nil {
 			a.fail(fmt.Errorf("forget delivery count: %w", err))
+			return false
+		}
+	}
+	if f := a.delivery.Fencer; f != nil {
+		if a.batched {
+			a.fencing = true // checked with its batch-mates', before the commit (see fenceAll)
+		} else if err := f.Fence(ctx, tx, []int{a.delivery.Partition}); err != nil {
+			a.fail(fmt.Errorf("fence: %w", err))
 			return false
 		}
 	}

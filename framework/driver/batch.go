@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -355,7 +356,7 @@ func (g *group) try(batch []*attemptRun) (committed, retry []*attemptRun, failed
 	ctx = context.WithoutCancel(ctx)
 	for _, a := range batch {
 		a.tx = &Tx{tx: tx, ctx: ctx}
-		a.marked, a.batched, a.acking = false, true, false
+		a.marked, a.batched, a.acking, a.fencing = false, true, false, false
 	}
 	if err := g.markAll(ctx, batch); err != nil {
 		_ = tx.Rollback() // err is what matters: each attempt runs again alone
@@ -415,6 +416,12 @@ func (g *group) try(batch []*attemptRun) (committed, retry []*attemptRun, failed
 	if len(ok) == 0 {
 		_ = tx.Rollback() // nothing to commit
 		return nil, nil, -1
+	}
+	if err := fenceAll(ctx, ok); err != nil {
+		// Each attempt runs again alone, and checks its own partition:
+		// those of the partitions still owned commit.
+		c, r := g.abort(tx, nil, ok, settled, err)
+		return c, r, -1
 	}
 	if err := ackAll(ctx, ok); err != nil {
 		c, r := g.abort(tx, nil, ok, settled, fmt.Errorf("ack in transaction: %w", err))
@@ -496,6 +503,35 @@ func ackAll(ctx context.Context, ok []*attemptRun) error {
 	for _, b := range batches {
 		if err := b.AckInTx(ctx, ok[0].tx, items[b]); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// fenceAll checks the partitions of the attempts of ok in their batch's
+// transaction, one call per Fencer with the distinct partitions of its
+// attempts, instead of one per attempt.
+func fenceAll(ctx context.Context, ok []*attemptRun) error {
+	var (
+		fencers    []Fencer
+		partitions = map[Fencer][]int{}
+	)
+	for _, a := range ok {
+		if !a.fencing {
+			continue
+		}
+		f, p := a.delivery.Fencer, a.delivery.Partition
+		ps, seen := partitions[f]
+		if !seen {
+			fencers = append(fencers, f)
+		}
+		if !slices.Contains(ps, p) {
+			partitions[f] = append(ps, p)
+		}
+	}
+	for _, f := range fencers {
+		if err := f.Fence(ctx, ok[0].tx, partitions[f]); err != nil {
+			return fmt.Errorf("fence: %w", err)
 		}
 	}
 	return nil

@@ -214,6 +214,23 @@ type Delivery struct {
 	// message inside the attempt's transaction, before its commit (see
 	// TxAcker). The zero TxAck leaves the ack to the transport.
 	Ack TxAck
+	// Fencer, when set, checks before the commit that this process still
+	// owns Partition, the partition the message came from (see
+	// Leases.Fence): a batch checks its attempts' partitions in one call.
+	// An attempt whose partition moved to another process fails with an
+	// error wrapping ErrFenced, its effect rolled back.
+	Fencer Fencer
+	// Partition is the partition of the message, for Fencer.
+	Partition int
+}
+
+// Fencer checks, inside the transaction of a batch's attempts, that this
+// process owns their partitions (see Leases.Fence): the runner of a
+// partitioned consumer implements it with the tokens of its leases.
+type Fencer interface {
+	// Fence returns an error wrapping ErrFenced when this process no
+	// longer owns one of partitions.
+	Fence(ctx context.Context, tx *Tx, partitions []int) error
 }
 
 // DoDelivery is Do for a delivery that d describes: the consumer chain

@@ -1,0 +1,248 @@
+package runner
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"maps"
+	"os"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/effectively-once/effectively/framework/driver"
+)
+
+// partitioner holds this process's share of a partitioned consumer's
+// partitions: it keeps the process a live member of the consumer's group
+// (driver.Leases.Heartbeat), takes the leases of the partitions that fall
+// to it among the live members, hands back those that no longer do, and
+// tells the subscription which to consume (driver.Assigner). It is the
+// consumer's driver.Fencer: an attempt commits only while the process
+// holds its partition's lease with the token it was given.
+//
+// The partitions fall to the live members, sorted, in turn: partition p
+// to the member p mod m of m, so every member holds the same number of
+// partitions, give or take one. A partition changes hands in steps: its
+// owner stops consuming it, waits for its messages handed out to settle,
+// and frees its lease; the member it falls to then takes the lease (with
+// a new token) and consumes it. A member that dies keeps its leases until
+// they expire, Lease after its last renewal.
+type partitioner struct {
+	consumer   string
+	partitions int
+	member     string
+	leases     driver.Leases
+	assigner   driver.Assigner
+	lease      time.Duration
+	logger     *slog.Logger
+	// stop is closed when the runner begins to stop: from then on the
+	// partitioner takes no partition, only renews those it holds.
+	stop <-chan struct{}
+
+	mu sync.Mutex
+	// held are the partitions the subscription consumes, with the tokens
+	// of their leases.
+	held map[int]int64
+	// assigned are the partitions the subscription was last assigned,
+	// sorted, when assignedOK: not before the first Assign, nor after a
+	// failed one.
+	assigned   []int
+	assignedOK bool
+}
+
+// newMember returns a name for this process in its consumers' groups:
+// its host and process id, and random bytes, since a process id is
+// reused.
+func newMember() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "host"
+	}
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return fmt.Sprintf("%s-%d-%s", host, os.Getpid(), hex.EncodeToString(b))
+}
+
+// Fence checks in tx that the process holds each of partitions with the
+// token of its lease (driver.Leases.Fence).
+func (p *partitioner) Fence(ctx context.Context, tx *driver.Tx, partitions []int) error {
+	p.mu.Lock()
+	fences := make([]driver.Fence, 0, len(partitions))
+	for _, part := range partitions {
+		token, ok := p.held[part]
+		if !ok {
+			p.mu.Unlock()
+			return fmt.Errorf("consumer %s partition %d: %w", p.consumer, part, driver.ErrFenced)
+		}
+		fences = append(fences, driver.Fence{Partition: part, Token: token})
+	}
+	p.mu.Unlock()
+	return p.leases.Fence(ctx, tx, p.consumer, p.member, fences)
+}
+
+// run keeps the process's share of the partitions until ctx ends, then
+// leaves the group, freeing every lease the process holds.
+func (p *partitioner) run(ctx context.Context) {
+	for {
+		wait := p.step(ctx)
+		select {
+		case <-ctx.Done():
+			p.leave()
+			return
+		case <-time.After(wait):
+		}
+	}
+}
+
+// step renews the process's membership and leases once, hands back what
+// it should not hold, takes what it should, and returns how long to wait
+// before the next step: a fifth of the lease, or a second while a
+// partition that falls to the process is still another's.
+func (p *partitioner) step(ctx context.Context) time.Duration {
+	tick := p.lease / 5
+	members, err := p.leases.Heartbeat(ctx, p.consumer, p.member, p.lease)
+	if err != nil {
+		p.logger.WarnContext(ctx, "partitions: heartbeat failed; the leases held run out unless renewed", "error", err)
+		return tick
+	}
+	kept, err := p.leases.Renew(ctx, p.consumer, p.member, p.lease)
+	if err != nil {
+		p.logger.WarnContext(ctx, "partitions: renewing the leases failed", "error", err)
+		return tick
+	}
+	want := share(members, p.member, p.partitions)
+	stopping := closed(p.stop)
+
+	// Keep what is still the process's; hand back the rest once its
+	// messages settled; drop at once what another process took.
+	next := make(map[int]int64, len(want))
+	var give []int
+	for part, token := range kept {
+		if want[part] || stopping {
+			next[part] = token
+		} else {
+			give = append(give, part)
+		}
+	}
+	sort.Ints(give)
+	p.mu.Lock()
+	for part := range p.held {
+		if _, ok := kept[part]; !ok {
+			p.logger.WarnContext(ctx, "partitions: lease lost to another process", "partition", part)
+			delete(p.held, part) // its attempts fail their fence from now on
+		}
+	}
+	p.mu.Unlock()
+	if err := p.assign(ctx, next); err != nil {
+		return tick
+	}
+	for _, part := range give {
+		if err := p.leases.Release(ctx, p.consumer, part, p.member); err != nil {
+			p.logger.WarnContext(ctx, "partitions: releasing a lease failed; it runs out by itself", "partition", part, "error", err)
+		}
+	}
+	if len(give) > 0 {
+		p.logger.InfoContext(ctx, "partitions: handed back", "consumer", p.consumer, "partitions", give, "members", len(members))
+	}
+	if stopping {
+		return tick
+	}
+	var took []int
+	for part := range want {
+		if _, ok := next[part]; ok {
+			continue
+		}
+		token, ok, err := p.leases.Acquire(ctx, p.consumer, part, p.member, p.lease)
+		if err != nil {
+			p.logger.WarnContext(ctx, "partitions: taking a lease failed", "partition", part, "error", err)
+			continue
+		}
+		if ok {
+			next[part] = token
+			took = append(took, part)
+		}
+	}
+	if err := p.assign(ctx, next); err != nil {
+		return tick
+	}
+	if len(took) > 0 {
+		sort.Ints(took)
+		p.logger.InfoContext(ctx, "partitions: took", "consumer", p.consumer, "partitions", took, "members", len(members))
+	}
+	if len(next) < len(want) {
+		return min(time.Second, tick)
+	}
+	return tick
+}
+
+// assign makes the subscription consume the partitions of next, unless
+// it does already: the fences of the new ones hold before their first
+// message, those of the dropped ones until their messages settled.
+func (p *partitioner) assign(ctx context.Context, next map[int]int64) error {
+	parts := slices.Sorted(maps.Keys(next))
+	p.mu.Lock()
+	if p.assignedOK && slices.Equal(parts, p.assigned) {
+		p.mu.Unlock()
+		return nil
+	}
+	p.assignedOK = false // unknown until Assign returns
+	for part, token := range next {
+		p.held[part] = token
+	}
+	p.mu.Unlock()
+	if err := p.assigner.Assign(ctx, parts); err != nil {
+		p.logger.WarnContext(ctx, "partitions: assigning the subscription failed", "partitions", parts, "error", err)
+		return err
+	}
+	p.mu.Lock()
+	for part := range p.held {
+		if _, ok := next[part]; !ok {
+			delete(p.held, part)
+		}
+	}
+	p.assigned, p.assignedOK = parts, true
+	p.mu.Unlock()
+	return nil
+}
+
+// leave hands every partition back and leaves the group, so that the
+// other processes take the partitions at their next step instead of
+// once the leases expire.
+func (p *partitioner) leave() {
+	ctx, cancel := context.WithTimeout(context.Background(), p.lease)
+	defer cancel()
+	if err := p.assign(ctx, nil); err != nil {
+		return // the leases run out by themselves
+	}
+	if err := p.leases.Leave(ctx, p.consumer, p.member); err != nil {
+		p.logger.WarnContext(ctx, "partitions: leaving the group failed; its leases run out by themselves", "error", err)
+	}
+}
+
+// share returns the partitions, among n, that fall to member among the
+// live members (sorted): partition p to the member p mod len(members).
+func share(members []string, member string, n int) map[int]bool {
+	i := slices.Index(members, member)
+	if i < 0 {
+		return nil
+	}
+	want := make(map[int]bool)
+	for part := i; part < n; part += len(members) {
+		want[part] = true
+	}
+	return want
+}
+
+// closed reports whether c is closed; a nil c never is.
+func closed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
