@@ -211,13 +211,12 @@ func (p *partitioner) assign(ctx context.Context, next map[int]int64) error {
 
 // leave hands every partition back and leaves the group, so that the
 // other processes take the partitions at their next step instead of
-// once the leases expire.
+// once the leases expire. It runs once the router closed: no message of
+// the consumer is in flight any more.
 func (p *partitioner) leave() {
 	ctx, cancel := context.WithTimeout(context.Background(), p.lease)
 	defer cancel()
-	if err := p.assign(ctx, nil); err != nil {
-		return // the leases run out by themselves
-	}
+	_ = p.assign(ctx, nil) // logged; the subscription may have ended with the router
 	if err := p.leases.Leave(ctx, p.consumer, p.member); err != nil {
 		p.logger.WarnContext(ctx, "partitions: leaving the group failed; its leases run out by themselves", "error", err)
 	}

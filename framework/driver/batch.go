@@ -276,8 +276,19 @@ func (g *group) timeout(batch []*attemptRun) string {
 		return ""
 	}
 	ms := max(time.Until(earliest).Milliseconds(), 1)
-	return "SET LOCAL statement_timeout = " + strconv.FormatInt(ms, 10)
+	// A process frozen (or cut off) while its batch's transaction waits
+	// between statements cannot roll it back: the server ends it once
+	// the batch's deadline passed, so that its locks (a partition's
+	// lease, see Leases.Fence; a processed mark) hold no other process
+	// for longer.
+	idle := ms + idleGrace.Milliseconds()
+	return "SET LOCAL statement_timeout = " + strconv.FormatInt(ms, 10) +
+		"; SET LOCAL idle_in_transaction_session_timeout = " + strconv.FormatInt(idle, 10)
 }
+
+// idleGrace is how long past its batch's deadline the server lets a
+// transaction wait idle before it ends it (see group.timeout).
+const idleGrace = 2 * time.Second
 
 // inTx runs batch in one transaction, optimistically: the attempts run one
 // after the other with no savepoint between them (a savepoint per attempt
