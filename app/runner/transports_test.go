@@ -32,8 +32,9 @@ func TestMemory(t *testing.T) {
 		tr, err := memory.New(memory.TransportConfig{NackDelay: 20 * time.Millisecond})
 		require.NoError(t, err)
 		return &runnertest.Env{
-			DB:    db,
-			Store: store,
+			DB:        db,
+			Store:     store,
+			Unordered: "GoChannel hands every message to each of a consumer's subscriptions, in no order between them",
 			Env: transporttest.Env{
 				Transport: tr,
 				// What a producer without watermill sends: a body, no metadata.

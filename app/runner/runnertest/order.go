@@ -30,6 +30,9 @@ func caseOrderColdKeys(t *testing.T, s *suite) {
 // (round robin, each subject's in sequence) to a strict_order consumer of
 // concurrency 16 and checks the order of their effects.
 func (s *suite) exerciseOrder(t *testing.T, subjects, perSubject int) {
+	if s.env.Unordered != "" {
+		t.Skip(s.env.Unordered)
+	}
 	ctx := context.Background()
 	_, err := s.env.DB.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS order_effects (consumer TEXT NOT NULL, subject TEXT NOT NULL, seq BIGINT NOT NULL, PRIMARY KEY (consumer, subject, seq))`)
 	require.NoError(t, err)

@@ -36,6 +36,11 @@ type Env struct {
 	// process the suite starts; the suite closes it with the process.
 	// Defaults to Transport.
 	Process func(t *testing.T) driver.Transport
+	// Unordered, when not empty, says why the transport keeps no order
+	// that a consumer could sequence (the memory transport hands every
+	// message to each of a consumer's subscriptions, in no order between
+	// them): the order cases are skipped.
+	Unordered string
 	// Env is the transport under test (Transport, built by its
 	// package's New: the suite publishes and replays through it, each
 	// Runner it starts consumes through it unless Process is set, and
