@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
@@ -33,16 +34,31 @@ func (s *suite) exerciseOrder(t *testing.T, subjects, perSubject int) {
 	if s.env.Unordered != "" {
 		t.Skip(s.env.Unordered)
 	}
+	o := s.ordered(t)
+	s.start(t, o.name, 16, s.typ)
+	s.publishOrdered(t, subjects, perSubject)
+	o.check(t, subjects*perSubject)
+}
+
+// orderCheck is what the order cases watch of a strict_order consumer.
+type orderCheck struct {
+	s          *suite
+	name       string
+	mu         sync.Mutex
+	violations []string
+	nacks      int
+}
+
+// ordered makes the processes started after it run a strict_order
+// consumer whose handler checks, in its transaction, that the event's
+// predecessor of its subject took effect, and counts the nacks.
+func (s *suite) ordered(t *testing.T) *orderCheck {
+	t.Helper()
 	ctx := context.Background()
 	_, err := s.env.DB.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS order_effects (consumer TEXT NOT NULL, subject TEXT NOT NULL, seq BIGINT NOT NULL, PRIMARY KEY (consumer, subject, seq))`)
 	require.NoError(t, err)
-	role := "ordered"
-	name := s.consumer(role)
-	var (
-		mu         sync.Mutex
-		violations []string
-		nacks      int
-	)
+	name := s.consumer("ordered")
+	o := &orderCheck{s: s, name: name}
 	s.inOrder = func(ctx context.Context, ev framework.Event[noteV1]) error {
 		conn := framework.Conn(ctx, s.env.DB)
 		var last int64
@@ -50,9 +66,9 @@ func (s *suite) exerciseOrder(t *testing.T, subjects, perSubject int) {
 			return fmt.Errorf("read the subject's last effect: %w", err)
 		}
 		if last != ev.SubjectSeq-1 {
-			mu.Lock()
-			violations = append(violations, fmt.Sprintf("%s #%d ran after #%d", ev.Subject, ev.SubjectSeq, last))
-			mu.Unlock()
+			o.mu.Lock()
+			o.violations = append(o.violations, fmt.Sprintf("%s #%d ran after #%d", ev.Subject, ev.SubjectSeq, last))
+			o.mu.Unlock()
 		}
 		_, err := conn.ExecContext(ctx, s.env.DB.Rebind(`INSERT INTO order_effects (consumer, subject, seq) VALUES (?, ?, ?)`), name, ev.Subject, ev.SubjectSeq)
 		return err
@@ -60,20 +76,27 @@ func (s *suite) exerciseOrder(t *testing.T, subjects, perSubject int) {
 	s.tune = func(cfg *runner.Config) {
 		cfg.Consumers[0].StrictOrder = true
 		cfg.Consumers[0].MaxDeliveries = 3 // a wait by redelivery would show
+		cfg.Consumers[0].Partitions = s.partitions
+		cfg.PartitionLease = 3 * time.Second
 	}
 	s.around = append(s.around, func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			out, err := next(msg)
 			if err != nil {
-				mu.Lock()
-				nacks++
-				mu.Unlock()
+				o.mu.Lock()
+				o.nacks++
+				o.mu.Unlock()
 			}
 			return out, err
 		}
 	})
-	s.start(t, name, 16, s.typ)
+	return o
+}
 
+// publishOrdered publishes perSubject events of each of subjects
+// subjects, round robin, each subject's numbered from 1.
+func (s *suite) publishOrdered(t *testing.T, subjects, perSubject int) {
+	t.Helper()
 	msgs := make([]*message.Message, 0, subjects*perSubject)
 	for seq := 1; seq <= perSubject; seq++ {
 		for subject := range subjects {
@@ -90,15 +113,49 @@ func (s *suite) exerciseOrder(t *testing.T, subjects, perSubject int) {
 	for start := 0; start < len(msgs); start += 50 {
 		s.publish(t, s.typ, msgs[start:min(start+50, len(msgs))]...)
 	}
-	n := subjects * perSubject
-	s.waitFor(t, fmt.Sprintf("%d ordered effects", n), func() bool {
-		return s.count(t, `SELECT count(*) FROM order_effects WHERE consumer = ?`, name) >= n
-	})
-	require.Equal(t, n, s.count(t, `SELECT count(*) FROM order_effects WHERE consumer = ?`, name), "effects")
-	mu.Lock()
-	defer mu.Unlock()
-	require.Empty(t, violations, "events that ran before their predecessor took effect")
-	require.Zero(t, nacks, "events nacked: waited by redelivery")
-	require.Zero(t, s.count(t, `SELECT count(*) FROM parked_events WHERE consumer = ?`, name), "parked events")
-	require.Empty(t, s.deadLetters(t, name), "dead letters")
+}
+
+// effects is how many events took effect.
+func (o *orderCheck) effects(t *testing.T) int {
+	return o.s.count(t, `SELECT count(*) FROM order_effects WHERE consumer = ?`, o.name)
+}
+
+// check waits for n effects and checks that each event ran after its
+// predecessor's effect, once, with no nack, parked event or dead letter.
+func (o *orderCheck) check(t *testing.T, n int) {
+	t.Helper()
+	o.s.waitFor(t, fmt.Sprintf("%d ordered effects", n), func() bool { return o.effects(t) >= n })
+	require.Equal(t, n, o.effects(t), "effects")
+	require.Equal(t, n, o.s.effects(t, o.name), "handlers' effects (once per event)")
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	require.Empty(t, o.violations, "events that ran before their predecessor took effect")
+	require.Zero(t, o.nacks, "events nacked: waited by redelivery")
+	require.Zero(t, o.s.count(t, `SELECT count(*) FROM parked_events WHERE consumer = ?`, o.name), "parked events")
+	require.Empty(t, o.s.deadLetters(t, o.name), "dead letters")
+}
+
+// casePartitions: a strict_order consumer of 4 partitions drains hot keys
+// on two processes, then one stops and a third starts mid-run: every
+// event takes effect once, after its predecessor, with no dead letter,
+// and the handover nacks nothing that counts (the nacks of a stop are
+// not charged).
+func casePartitions(t *testing.T, s *suite) {
+	if !s.env.Partitioned {
+		t.Skip("the transport does not partition")
+	}
+	s.partitions = 4
+	s.slow = 2 * time.Millisecond
+	o := s.ordered(t)
+	p1 := s.start(t, o.name, 8, s.typ)
+	s.start(t, o.name, 8, s.typ)
+	const subjects, perSubject = 20, 30
+	s.publishOrdered(t, subjects, perSubject)
+	s.waitFor(t, "a third of the effects", func() bool { return o.effects(t) >= subjects*perSubject/3 })
+	p1.stopGracefully(t)
+	s.start(t, o.name, 8, s.typ)
+	o.mu.Lock()
+	o.nacks = 0 // the stop nacks what it could not finish; those are not charged
+	o.mu.Unlock()
+	o.check(t, subjects*perSubject) // the rebalance to the third nacks nothing
 }

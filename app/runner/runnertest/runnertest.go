@@ -36,6 +36,9 @@ type Env struct {
 	// process the suite starts; the suite closes it with the process.
 	// Defaults to Transport.
 	Process func(t *testing.T) driver.Transport
+	// Partitioned says that the transport partitions a consumer
+	// (driver.Assigner): the partition cases run.
+	Partitioned bool
 	// Unordered, when not empty, says why the transport keeps no order
 	// that a consumer could sequence (the memory transport hands every
 	// message to each of a consumer's subscriptions, in no order between
@@ -72,6 +75,7 @@ func Exercise(t *testing.T, open func(t *testing.T) *Env) {
 		{"StopDuringOutage", caseStopDuringOutage},
 		{"OrderHotKeys", caseOrderHotKeys},
 		{"OrderColdKeys", caseOrderColdKeys},
+		{"Partitions", casePartitions},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -123,6 +127,8 @@ type suite struct {
 	// inOrder, when set, runs in each handler after its effect, in its
 	// transaction.
 	inOrder func(ctx context.Context, ev framework.Event[noteV1]) error
+	// partitions is the partitions of the order cases' consumer.
+	partitions int
 
 	mu    sync.Mutex
 	calls map[string]int // consumer/source/id → calls
@@ -214,6 +220,18 @@ func (s *suite) start(t *testing.T, name string, concurrency int, defs ...framew
 	}
 	t.Cleanup(p.stop)
 	return p
+}
+
+// stopGracefully stops the process as a service's stop does: its
+// attempts in flight end, it hands its partitions back.
+func (p *process) stopGracefully(t *testing.T) {
+	t.Helper()
+	p.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		require.NoError(t, p.runner.Stop(ctx))
+		_ = p.closeTransport()
+	})
 }
 
 // stop stops the process at once, as if it died: the Runner's attempts in
