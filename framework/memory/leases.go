@@ -32,7 +32,7 @@ type partitionLease struct {
 	// fences counts the attempts that fenced the lease and have not
 	// ended; unfenced is closed when the last one ends. While any is
 	// open, the lease does not change owner (see Acquire), as on
-	// PostgreSQL, where they hold its row FOR SHARE.
+	// PostgreSQL, where they hold its row FOR KEY SHARE.
 	fences   int
 	unfenced chan struct{}
 }

@@ -303,7 +303,7 @@ func exerciseLeases(t *testing.T, newHarness func(t *testing.T) Harness) {
 // exerciseFenceHolds: while an attempt that fenced a partition has not
 // ended, another member's take of its lease, expired meanwhile, waits;
 // once the attempt commits, the take goes through with a greater token.
-// Every store holds it so: PostgreSQL locks the leases FOR SHARE, SQLite
+// Every store holds it so: PostgreSQL locks the leases FOR KEY SHARE, SQLite
 // holds the file's write lock, the memory store counts the attempts.
 func exerciseFenceHolds(t *testing.T, b *bundle, l driver.Leases) {
 	const ttl = 2 * time.Second

@@ -35,12 +35,13 @@ SELECT consumer, member FROM {p}consumer_members WHERE consumer = ? AND expires_
 	// once meet on the row (ON CONFLICT waits for the other's insert or
 	// update), and the WHERE of the update, checked against the row as it
 	// is then, lets one of them have it. The token grows unless the
-	// member renews a lease it still holds. The NOT EXISTS reads the row
-	// without locking it: while the holder's attempts hold it FOR SHARE
-	// (see qFencePostgres), another member's take of a lease still held
-	// returns at once instead of waiting for them. The arguments are the
-	// consumer, partition, member and ttl, then consumer, partition and
-	// member again.
+	// member renews a lease it still holds. On PostgreSQL the update
+	// locks the row FOR UPDATE (it sets the token, a key column), so it
+	// waits for the attempts that fenced the lease (see qFencePostgres).
+	// The NOT EXISTS reads the row without locking it: another member's
+	// take of a lease still held returns at once instead of waiting for
+	// them. The arguments are the consumer, partition, member and ttl,
+	// then consumer, partition and member again.
 	qAcquirePartition = `INSERT INTO {p}partition_leases (consumer, partition, owner, token, expires_at)
 SELECT ?, CAST(? AS INTEGER), ?, 1, {until}
 WHERE NOT EXISTS (SELECT 1 FROM {p}partition_leases
@@ -63,14 +64,16 @@ WHERE consumer = ? AND partition = ? AND owner = ?`
 WHERE consumer = ? ORDER BY partition`
 
 	// qFencePostgres reads the leases of a batch's partitions and locks
-	// them FOR SHARE until the attempt's transaction ends: a take by
-	// another member (qAcquirePartition, an update of the row) waits
-	// until then. FOR KEY SHARE would not do: an update that changes no
-	// key column takes FOR NO KEY UPDATE, which does not conflict with
-	// it. On SQLite (qFenceSQLite) the attempt's transaction holds the
-	// file's write lock since it began, and a take waits for it as well.
+	// them FOR KEY SHARE until the attempt's transaction ends: a change
+	// of owner (qAcquirePartition) changes the token, a key column (see
+	// the unique key of the migration), and so waits until then, while
+	// the owner's renewals and releases, which change no key column, do
+	// not. That keeps a renewal, which locks several leases, from
+	// deadlocking with a batch that fences some of them after it. On
+	// SQLite (qFenceSQLite) the attempt's transaction holds the file's
+	// write lock since it began, and a change of owner waits for it.
 	qFencePostgres = `SELECT partition, owner, token, expires_at >= {now} AS live FROM {p}partition_leases
-WHERE consumer = ? AND partition = ANY(?::integer[]) ORDER BY partition FOR SHARE`
+WHERE consumer = ? AND partition = ANY(?::integer[]) ORDER BY partition FOR KEY SHARE`
 	qFenceSQLite = `SELECT partition, owner, token, expires_at >= {now} AS live FROM {p}partition_leases
 WHERE consumer = ? AND partition IN (SELECT value FROM json_each(?)) ORDER BY partition`
 )
@@ -229,8 +232,8 @@ func (s *Store) PartitionLeases(ctx context.Context, consumer string) ([]driver.
 }
 
 // Fence implements driver.Leases, in one statement for all of fences:
-// on PostgreSQL it locks their leases FOR SHARE until tx ends; on SQLite
-// tx holds the file's write lock.
+// on PostgreSQL it locks their leases FOR KEY SHARE until tx ends, which
+// holds off a change of owner; on SQLite tx holds the file's write lock.
 func (s *Store) Fence(ctx context.Context, tx *driver.Tx, consumer, member string, fences []driver.Fence) error {
 	if len(fences) == 0 {
 		return nil

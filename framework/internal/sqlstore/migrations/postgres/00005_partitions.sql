@@ -17,13 +17,20 @@ CREATE TABLE IF NOT EXISTS {{.P}}consumer_members (
 -- holds it until expires_at unless it renews it; token, the fencing
 -- token, grows each time the partition changes owner. A row is never
 -- deleted, so that a token is never given twice.
+--
+-- The unique key with token makes token a key column: an update that
+-- changes it (a change of owner) locks the row FOR UPDATE, which waits
+-- for the attempts that fenced the lease (FOR KEY SHARE), while one
+-- that only moves expires_at or owner (a renewal, a release) locks it
+-- FOR NO KEY UPDATE, which does not.
 CREATE TABLE IF NOT EXISTS {{.P}}partition_leases (
     consumer   text        NOT NULL,
     partition  integer     NOT NULL,
     owner      text        NOT NULL DEFAULT '',
     token      bigint      NOT NULL,
     expires_at timestamptz NOT NULL,
-    PRIMARY KEY (consumer, partition)
+    PRIMARY KEY (consumer, partition),
+    UNIQUE (consumer, partition, token)
 );
 
 -- +goose Down
