@@ -21,11 +21,11 @@ const DefaultDeadLetterLimit = 100
 // attempt's transaction.
 var ErrNoTx = errors.New("memory: no transaction (call through driver.UnitOfWork)")
 
-// Store keeps processed marks, delivery counts, subject checkpoints and
-// dead letters in the memory of one process. It implements
-// driver.Store for tests and for the memory transport: nothing
-// survives a restart, and two processes with a store each do not see
-// each other's marks.
+// Store keeps processed marks, delivery counts, subject checkpoints,
+// dead letters and partition leases in the memory of one process. It
+// implements driver.Store and driver.Leases for tests and for the memory
+// transport: nothing survives a restart, and two processes with a store
+// each do not see each other's marks.
 //
 // It behaves like the SQL stores inside one process: a mark or a
 // forgotten count takes effect when the unit of work commits and is
@@ -51,6 +51,8 @@ type Store struct {
 	lastReplay  int64
 	// purgedBefore is how far PurgeProcessed deleted (see InspectEvent).
 	purgedBefore time.Time
+	members      map[memberKey]time.Time // expiry of each member of a consumer's group
+	leases       map[leaseKey]*partitionLease
 }
 
 var _ driver.Store = (*Store)(nil)
@@ -111,6 +113,8 @@ func NewStore(cfg StoreConfig) (*Store, error) {
 		skipped:     make(map[waitKey]framework.Key),
 		history:     make(map[int64][]historyEntry),
 		replays:     make(map[int64]*storedReplay),
+		members:     make(map[memberKey]time.Time),
+		leases:      make(map[leaseKey]*partitionLease),
 	}, nil
 }
 

@@ -44,9 +44,10 @@ var ErrMissingDB = errors.New("sqlite: missing database (try sqlite.Open)")
 // attempts on one file run one at a time: Mark never races another mark.
 //
 // Its methods are those of driver.Store (with MarkMany, which group
-// commit finds by type assertion), driver.Inspector, driver.Purger and
-// driver.Gauges: each runs the framework's one SQL implementation, shared
-// with the other database, and names the interface it implements.
+// commit finds by type assertion), driver.Inspector, driver.Purger,
+// driver.Gauges and driver.Leases: each runs the framework's one SQL
+// implementation, shared with the other database, and names the
+// interface it implements.
 type Store struct {
 	sql *sqlstore.Store
 }
@@ -56,6 +57,7 @@ var (
 	_ driver.Inspector = (*Store)(nil)
 	_ driver.Purger    = (*Store)(nil)
 	_ driver.Gauges    = (*Store)(nil)
+	_ driver.Leases    = (*Store)(nil)
 	_ interface {
 		MarkMany(ctx context.Context, tx *driver.Tx, consumer string, keys []framework.Key) ([]bool, error)
 	} = (*Store)(nil)

@@ -294,6 +294,54 @@ func (s *Store) Figures(ctx context.Context) (driver.Figures, error) {
 	return s.sql.Figures(ctx)
 }
 
+// Heartbeat records that member is alive in consumer's group until
+// ttl from now, forgets the members whose time passed, and returns
+// the live members, member included, sorted (driver.Leases).
+func (s *Store) Heartbeat(ctx context.Context, consumer, member string, ttl time.Duration) ([]string, error) {
+	return s.sql.Heartbeat(ctx, consumer, member, ttl)
+}
+
+// Leave removes member from consumer's group and frees its
+// leases (driver.Leases).
+func (s *Store) Leave(ctx context.Context, consumer, member string) error {
+	return s.sql.Leave(ctx, consumer, member)
+}
+
+// Acquire gives member the lease of partition until ttl from now when
+// the lease is free, expired or member's already, and returns its
+// token: a new one, greater than every earlier token of the
+// partition, when the owner changed. ok is false when another member
+// holds it (driver.Leases).
+func (s *Store) Acquire(ctx context.Context, consumer string, partition int, member string, ttl time.Duration) (int64, bool, error) {
+	return s.sql.Acquire(ctx, consumer, partition, member, ttl)
+}
+
+// Renew extends member's leases of consumer until ttl from now and
+// returns those it still holds, with their tokens (driver.Leases).
+func (s *Store) Renew(ctx context.Context, consumer, member string, ttl time.Duration) (map[int]int64, error) {
+	return s.sql.Renew(ctx, consumer, member, ttl)
+}
+
+// Release frees partition when member holds it (driver.Leases).
+func (s *Store) Release(ctx context.Context, consumer string, partition int, member string) error {
+	return s.sql.Release(ctx, consumer, partition, member)
+}
+
+// Fence checks, inside tx, that member holds each partition of
+// fences with its token, and returns an error wrapping ErrFenced
+// otherwise. Where the database can, it locks the leases until tx
+// ends, so that no lease moves between the check and the
+// commit (driver.Leases).
+func (s *Store) Fence(ctx context.Context, tx *driver.Tx, consumer, member string, fences []driver.Fence) error {
+	return s.sql.Fence(ctx, tx, consumer, member, fences)
+}
+
+// PartitionLeases lists the leases of consumer, by
+// partition (driver.Leases).
+func (s *Store) PartitionLeases(ctx context.Context, consumer string) ([]driver.PartitionLease, error) {
+	return s.sql.PartitionLeases(ctx, consumer)
+}
+
 // MarkMany records, inside tx and in one statement, that consumer
 // processed each of keys, and reports for each whether its mark is new:
 // false for a key marked before, and for every repeat of a key within

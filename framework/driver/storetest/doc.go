@@ -4,8 +4,9 @@
 // of driver.UnitOfWork, so that the backends behave alike: processed
 // marks, delivery counts, dead letters and their history, replays,
 // subject checkpoints, waits behind a gap, events held and parked behind a
-// dead letter, the purge of old marks and the adoption of a renamed
-// consumer's history.
+// dead letter, the purge of old marks, the adoption of a renamed
+// consumer's history, and the partition leases of a consumer's group
+// (driver.Leases), which run in real time, on the database's clock.
 //
 // # Running the suite
 //

@@ -81,6 +81,10 @@ func Exercise(t *testing.T, newHarness func(t *testing.T) Harness) {
 		t.Parallel()
 		exerciseAdopt(t, newHarness)
 	})
+	t.Run("Leases", func(t *testing.T) {
+		t.Parallel()
+		exerciseLeases(t, newHarness)
+	})
 }
 
 // t0 is the fake clock's start, at PostgreSQL's microsecond precision.

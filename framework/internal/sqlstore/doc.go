@@ -17,4 +17,10 @@
 // (microsecond precision); SQLite as INTEGER nanoseconds since the Unix
 // epoch, so that they sort and compare as numbers. Metadata is JSON: jsonb
 // on PostgreSQL, TEXT on SQLite.
+//
+// The store's clock (Options.Now) stamps what it writes, but for the
+// members of consumers' groups and the partition leases (driver.Leases):
+// their times are the database's own (statement_timestamp() on
+// PostgreSQL, unixepoch('subsec') on SQLite), so that the processes of a
+// group need not agree on their clocks.
 package sqlstore

@@ -32,6 +32,7 @@ func TestMigrations(t *testing.T) {
 			for _, table := range []string{
 				"processed_events", "dead_letters", "outbox", "subject_checkpoints", "parked_events", "deliveries",
 				"dead_letter_history", "replays", "purge_horizons", "leases",
+				"consumer_members", "partition_leases",
 			} {
 				require.Contains(t, all.String(), "CREATE TABLE IF NOT EXISTS acme_"+table+" (", "some migration creates %s", table)
 			}

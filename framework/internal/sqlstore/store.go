@@ -27,11 +27,11 @@ const DefaultDeadLetterLimit = 100
 var ErrNoTx = errors.New("no database transaction (give the unit of work the store's database)")
 
 // Store implements driver.Store (with MarkMany, which group commit
-// finds by type assertion), driver.Inspector, driver.Purger and
-// driver.Gauges over a PostgreSQL or SQLite database migrated with
-// Migrations. postgres.Store and sqlite.Store embed it: its exported
-// methods are theirs, so add one here only when both public stores
-// should have it.
+// finds by type assertion), driver.Inspector, driver.Purger,
+// driver.Gauges and driver.Leases over a PostgreSQL or SQLite database
+// migrated with Migrations. postgres.Store and sqlite.Store embed it:
+// its exported methods are theirs, so add one here only when both
+// public stores should have it.
 type Store struct {
 	db      *sqlx.DB
 	dialect Dialect
@@ -53,6 +53,7 @@ var (
 	_ driver.Inspector = (*Store)(nil)
 	_ driver.Purger    = (*Store)(nil)
 	_ driver.Gauges    = (*Store)(nil)
+	_ driver.Leases    = (*Store)(nil)
 )
 
 // Options configure a Store.
