@@ -290,6 +290,9 @@ func (r *Runner) Start(ctx context.Context) error {
 	if err := r.adopt(ctx); err != nil {
 		return fmt.Errorf("runner: start: %w", err)
 	}
+	if err := r.checkPartitions(ctx); err != nil {
+		return fmt.Errorf("runner: start: %w", err)
+	}
 	// Bind before anything publishes, so nothing is dropped (AMQP's
 	// fanout drops what reaches an exchange with no queue bound).
 	for _, s := range r.subs {
@@ -351,6 +354,34 @@ func (r *Runner) adopt(ctx context.Context) error {
 				return fmt.Errorf("consumer %s renamed from %s: %w", cc.Consumer.Name(), old, err)
 			}
 			r.logger.InfoContext(ctx, "renamed consumer adopted the history of its old name (processed marks, checkpoints, dead letters, delivery counts, parked events)", "consumer", cc.Consumer.Name(), "renamed_from", old, "adopted_marks", n)
+		}
+	}
+	return nil
+}
+
+// checkPartitions records the partition count of each partitioned
+// consumer the first time it runs, and refuses one whose count differs
+// from the recorded one, or an unpartitioned consumer that was
+// partitioned: its subjects would map to other partitions while their
+// events are in flight, and their order would be lost.
+func (r *Runner) checkPartitions(ctx context.Context) error {
+	leases, ok := r.cfg.Store.(driver.Leases)
+	if !ok {
+		return nil // New refused partitioned consumers
+	}
+	for _, cc := range r.cfg.Consumers {
+		name := cc.Consumer.Name()
+		if cc.Partitions <= 1 {
+			continue
+		}
+		recorded, err := leases.PartitionCount(ctx, name, cc.Partitions)
+		if err != nil {
+			return fmt.Errorf("consumer %s: %w", name, err)
+		}
+		if recorded != cc.Partitions {
+			return fmt.Errorf("consumer %s: partitions: %d, but the consumer runs with %d: a change would move subjects between partitions while their events are in flight. "+
+				"To change it, drain the consumer (its producers stopped, until the consumers command shows no backlog), stop every process of it, "+
+				"run the consumers repartition %s %d command, then start them (docs/scaling.md)", name, cc.Partitions, recorded, name, cc.Partitions)
 		}
 	}
 	return nil

@@ -139,6 +139,14 @@ type Leases interface {
 	Fence(ctx context.Context, tx *Tx, consumer, member string, fences []Fence) error
 	// PartitionLeases lists the leases of consumer, by partition.
 	PartitionLeases(ctx context.Context, consumer string) ([]PartitionLease, error)
+	// PartitionCount records n as the number of partitions of consumer
+	// unless one is recorded already, and returns the recorded one: a
+	// consumer keeps the count it first ran with (see SetPartitionCount).
+	PartitionCount(ctx context.Context, consumer string, n int) (int, error)
+	// SetPartitionCount records n as the number of partitions of
+	// consumer, whatever was recorded: for an operator who drained the
+	// consumer and stopped its processes.
+	SetPartitionCount(ctx context.Context, consumer string, n int) error
 }
 
 // validPartitions reports whether n is a valid SubscribeConfig.Partitions.

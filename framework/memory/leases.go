@@ -241,6 +241,32 @@ func (s *Store) PartitionLeases(ctx context.Context, consumer string) ([]driver.
 	return leases, nil
 }
 
+// PartitionCount records n as consumer's partition count unless one is,
+// and returns the recorded one.
+func (s *Store) PartitionCount(ctx context.Context, consumer string, n int) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("the partition count of %s: %w", consumer, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if recorded, ok := s.partitions[consumer]; ok {
+		return recorded, nil
+	}
+	s.partitions[consumer] = n
+	return n, nil
+}
+
+// SetPartitionCount records n as consumer's partition count.
+func (s *Store) SetPartitionCount(ctx context.Context, consumer string, n int) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("set the partition count of %s to %d: %w", consumer, n, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.partitions[consumer] = n
+	return nil
+}
+
 // fenceError returns the error, wrapping driver.ErrFenced, of fence f of
 // member when the lease of f.Partition (exists false when there is none)
 // has owner and token and is live or not; nil when member holds it with

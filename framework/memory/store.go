@@ -53,6 +53,7 @@ type Store struct {
 	purgedBefore time.Time
 	members      map[memberKey]time.Time // expiry of each member of a consumer's group
 	leases       map[leaseKey]*partitionLease
+	partitions   map[string]int // the partition count of each consumer
 }
 
 var _ driver.Store = (*Store)(nil)
@@ -115,6 +116,7 @@ func NewStore(cfg StoreConfig) (*Store, error) {
 		replays:     make(map[int64]*storedReplay),
 		members:     make(map[memberKey]time.Time),
 		leases:      make(map[leaseKey]*partitionLease),
+		partitions:  make(map[string]int),
 	}, nil
 }
 

@@ -342,6 +342,21 @@ func (s *Store) PartitionLeases(ctx context.Context, consumer string) ([]driver.
 	return s.sql.PartitionLeases(ctx, consumer)
 }
 
+// PartitionCount records n as the number of partitions of consumer
+// unless one is recorded already, and returns the recorded one: a
+// consumer keeps the count it first ran with (see
+// SetPartitionCount) (driver.Leases).
+func (s *Store) PartitionCount(ctx context.Context, consumer string, n int) (int, error) {
+	return s.sql.PartitionCount(ctx, consumer, n)
+}
+
+// SetPartitionCount records n as the number of partitions of
+// consumer, whatever was recorded: for an operator who drained the
+// consumer and stopped its processes (driver.Leases).
+func (s *Store) SetPartitionCount(ctx context.Context, consumer string, n int) error {
+	return s.sql.SetPartitionCount(ctx, consumer, n)
+}
+
 // MarkMany records, inside tx and in one statement, that consumer
 // processed each of keys, and reports for each whether its mark is new:
 // false for a key marked before, and for every repeat of a key within

@@ -2,6 +2,7 @@ package sqlstore
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -60,6 +61,14 @@ RETURNING token`
 WHERE consumer = ? AND owner = ? AND expires_at >= {now} RETURNING partition, token`
 	qReleasePartition = `UPDATE {p}partition_leases SET owner = '', expires_at = {now}
 WHERE consumer = ? AND partition = ? AND owner = ?`
+	// qPartitionCount records a count unless one is, and returns the
+	// recorded one (the row that conflicted, through the update that
+	// changes nothing).
+	qPartitionCount = `INSERT INTO {p}consumer_partitions (consumer, partitions) VALUES (?, ?)
+		ON CONFLICT (consumer) DO UPDATE SET partitions = {p}consumer_partitions.partitions RETURNING partitions`
+	qRecordedPartitions = `SELECT partitions FROM {p}consumer_partitions WHERE consumer = ?`
+	qSetPartitionCount  = `INSERT INTO {p}consumer_partitions (consumer, partitions) VALUES (?, ?)
+		ON CONFLICT (consumer) DO UPDATE SET partitions = excluded.partitions`
 	qPartitionLeases = `SELECT consumer, partition, owner, token, expires_at FROM {p}partition_leases
 WHERE consumer = ? ORDER BY partition`
 
@@ -229,6 +238,27 @@ func (s *Store) PartitionLeases(ctx context.Context, consumer string) ([]driver.
 		return nil, fmt.Errorf("list the partition leases of %s: %w", consumer, err)
 	}
 	return leases, nil
+}
+
+// PartitionCount implements driver.Leases, in one statement.
+func (s *Store) PartitionCount(ctx context.Context, consumer string, n int) (int, error) {
+	var recorded int
+	err := s.db.GetContext(ctx, &recorded, s.leaseSQL(qPartitionCount), consumer, n)
+	if errors.Is(err, sql.ErrNoRows) { // recorded by another process meanwhile
+		err = s.db.GetContext(ctx, &recorded, s.leaseSQL(qRecordedPartitions), consumer)
+	}
+	if err != nil {
+		return 0, fmt.Errorf("the partition count of %s: %w", consumer, err)
+	}
+	return recorded, nil
+}
+
+// SetPartitionCount implements driver.Leases, in one statement.
+func (s *Store) SetPartitionCount(ctx context.Context, consumer string, n int) error {
+	if _, err := s.db.ExecContext(ctx, s.leaseSQL(qSetPartitionCount), consumer, n); err != nil {
+		return fmt.Errorf("set the partition count of %s to %d: %w", consumer, n, err)
+	}
+	return nil
 }
 
 // Fence implements driver.Leases, in one statement for all of fences:

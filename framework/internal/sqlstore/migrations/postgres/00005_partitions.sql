@@ -33,6 +33,15 @@ CREATE TABLE IF NOT EXISTS {{.P}}partition_leases (
     UNIQUE (consumer, partition, token)
 );
 
+-- The number of partitions of a consumer, recorded when it first runs
+-- partitioned: a start with another number is refused, since the
+-- subjects would map to other partitions while events are in flight.
+CREATE TABLE IF NOT EXISTS {{.P}}consumer_partitions (
+    consumer   text    NOT NULL PRIMARY KEY,
+    partitions integer NOT NULL
+);
+
 -- +goose Down
+DROP TABLE IF EXISTS {{.P}}consumer_partitions;
 DROP TABLE IF EXISTS {{.P}}partition_leases;
 DROP TABLE IF EXISTS {{.P}}consumer_members;

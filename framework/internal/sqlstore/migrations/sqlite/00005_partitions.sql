@@ -26,6 +26,15 @@ CREATE TABLE IF NOT EXISTS {{.P}}partition_leases (
     PRIMARY KEY (consumer, partition)
 ) WITHOUT ROWID;
 
+-- The number of partitions of a consumer, recorded when it first runs
+-- partitioned: a start with another number is refused, since the
+-- subjects would map to other partitions while events are in flight.
+CREATE TABLE IF NOT EXISTS {{.P}}consumer_partitions (
+    consumer   TEXT    NOT NULL PRIMARY KEY,
+    partitions INTEGER NOT NULL
+) WITHOUT ROWID;
+
 -- +goose Down
+DROP TABLE IF EXISTS {{.P}}consumer_partitions;
 DROP TABLE IF EXISTS {{.P}}partition_leases;
 DROP TABLE IF EXISTS {{.P}}consumer_members;
