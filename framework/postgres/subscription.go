@@ -96,9 +96,9 @@ type subscription struct {
 	// group's alone when the consumer is not partitioned, else those of
 	// the partitions assigned (see subscriber.Assign).
 	streams  []*stream
-	assign   chan assignment   // Assign's new partitions
-	dropped  []chan struct{}   // closed once no stream is dropping
-	finished chan struct{}     // closed when run returns
+	assign   chan assignment // Assign's new partitions
+	dropped  []chan struct{} // closed once no stream is dropping
+	finished chan struct{}   // closed when run returns
 
 	listening    bool          // conn LISTENs on the topic's channel
 	listenWarned bool          // a failed LISTEN was logged
