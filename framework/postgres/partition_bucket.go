@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 
@@ -31,7 +32,8 @@ const (
 	// payload (see bucketFunctionSQL).
 	bucketFunction = "effectively_bucket"
 	// bucketLock names the advisory lock under which the bucket column and
-	// function are added, and the partitions' indexes built.
+	// function are added, and (with the table and the partition count)
+	// those under which the partitions' indexes are built.
 	bucketLock = "effectively_bucket"
 )
 
@@ -167,8 +169,11 @@ func (e errInvalidIndex) Error() string {
 
 // ensureIndex builds topic's index for n partitions unless it exists, on
 // a connection of its own (CREATE INDEX CONCURRENTLY runs outside a
-// transaction) under a session advisory lock, so that processes that
-// subscribe at once build it once. A build cut short is dropped again.
+// transaction) under a session advisory lock of the table and n, so that
+// processes that subscribe at once build it once. It tries that lock
+// every PollInterval rather than wait for it: the build waits for every
+// transaction older than it, which must not be one waiting for the lock.
+// A build cut short is dropped again.
 func ensureIndex(ctx context.Context, db *sqlx.DB, cfg TransportConfig, topic string, n int) (err error) {
 	name := bucketIndex(cfg.TablePrefix, topic, n)
 	conn, err := db.Conn(ctx)
@@ -176,15 +181,26 @@ func ensureIndex(ctx context.Context, db *sqlx.DB, cfg TransportConfig, topic st
 		return fmt.Errorf("index %s: connect: %w", name, err)
 	}
 	defer func() { _ = conn.Close() }()
-	const key = `hashtextextended('` + bucketLock + `', 0)`
-	if _, err := conn.ExecContext(ctx, `SELECT pg_advisory_lock(`+key+`)`); err != nil {
-		spoil(conn) // the lock may be held
-		return fmt.Errorf("index %s: lock: %w", name, err)
+	const key = `hashtextextended($1::text::regclass::oid::text || '/` + bucketLock + `/' || $2::int, 0)`
+	table := MessagesTable(cfg.TablePrefix, topic)
+	for locked := false; !locked; {
+		if err := conn.QueryRowContext(ctx, `SELECT pg_try_advisory_lock(`+key+`)`, table, n).Scan(&locked); err != nil {
+			spoil(conn) // the lock may be held
+			return fmt.Errorf("index %s: lock: %w", name, err)
+		}
+		if locked {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("index %s: wait for its build elsewhere: %w", name, ctx.Err())
+		case <-time.After(cfg.PollInterval):
+		}
 	}
 	defer func() {
 		unlockCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), queryTimeout)
 		defer cancel()
-		if _, uerr := conn.ExecContext(unlockCtx, `SELECT pg_advisory_unlock(`+key+`)`); uerr != nil {
+		if _, uerr := conn.ExecContext(unlockCtx, `SELECT pg_advisory_unlock(`+key+`)`, table, n); uerr != nil {
 			spoil(conn) // ends the session, and its lock
 		}
 	}()

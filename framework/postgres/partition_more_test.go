@@ -1,0 +1,143 @@
+package postgres_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/framework/driver"
+	"github.com/effectively-once/effectively/framework/postgres"
+	"github.com/effectively-once/effectively/internal/pipeline"
+	"github.com/effectively-once/effectively/internal/testenv"
+)
+
+// TestPartitionedRawRow inserts rows by hand, without their bucket (as
+// the documented INSERT, a watermill-sql publisher of another service or
+// psql do): each is delivered, by the owner of its subject's partition
+// (its id's when it has no subject), with the messages the transport
+// published on that subject, in order. A payload the bucket function
+// cannot read as an object is in partition 0.
+func TestPartitionedRawRow(t *testing.T) {
+	t.Parallel()
+	url := testenv.PostgresURL(t)
+	db := open(t, url, 4)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const consumer, topic, n = "raw", "raw.topic", 4
+	tr := newTransport(t, db, url)
+	rec := newReceiver()
+	var wg sync.WaitGroup
+	owners := [][]int{{0, 2}, {1, 3}}
+	for i, parts := range owners {
+		a, _, ch := partitioned(ctx, t, newTransport(t, db, url), consumer, topic, n)
+		require.NoError(t, a.Assign(ctx, parts))
+		rec.consume(t, &wg, i, ch)
+	}
+	subjects := subjectsOf(3, n, 1)
+	subjects = append(subjects, subjectsOf(2, n, 1)...)
+	insert := func(uuid string, payload []byte) {
+		_, err := db.Exec(`INSERT INTO `+postgres.MessagesTable("", topic)+
+			` (uuid, payload, metadata, transaction_id) VALUES ($1, $2, '{}', pg_current_xact_id())`, uuid, string(payload))
+		require.NoError(t, err)
+	}
+	var order []string
+	for i := range 6 {
+		subject := subjects[i%2]
+		id := fmt.Sprintf("m-%02d", i)
+		if i%3 == 1 {
+			insert(id, event(id, subject))
+		} else {
+			require.NoError(t, tr.Publisher().Publish(topic, message.NewMessage(id, event(id, subject))))
+		}
+		order = append(order, id)
+	}
+	idOnly := `{"specversion":"1.0","id":"no-subject","source":"test","type":"parts","eventversion":1,"data":{}}`
+	insert("m-id", []byte(idOnly))
+	insert("m-array", []byte(`[1, 2]`))
+	var nulls int
+	require.NoError(t, db.Get(&nulls, `SELECT count(*) FROM `+postgres.MessagesTable("", topic)+` WHERE bucket IS NULL`))
+	require.Equal(t, 4, nulls, "the rows inserted by hand have no bucket")
+
+	all := rec.wait(t, append(order, "m-id", "m-array")...)
+	want := map[string]int{"m-id": partitionOf("no-subject", n), "m-array": 0}
+	for i, id := range order {
+		want[id] = partitionOf(subjects[i%2], n)
+	}
+	var received []string
+	for _, g := range all {
+		require.Equal(t, want[g.uuid], g.partition, "%s", g.uuid)
+		require.Contains(t, owners[g.process], g.partition, "%s went to its partition's owner", g.uuid)
+		if g.uuid != "m-id" && g.uuid != "m-array" {
+			received = append(received, g.uuid)
+		}
+	}
+	for _, subject := range subjects {
+		var got, published []string
+		for i, id := range order {
+			if subjects[i%2] == subject {
+				published = append(published, id)
+			}
+		}
+		for _, id := range received {
+			if want[id] == partitionOf(subject, n) {
+				got = append(got, id)
+			}
+		}
+		require.Equal(t, published, got, "%s's messages once each, in order", subject)
+	}
+	cancel()
+	wg.Wait()
+}
+
+// TestPartitionedReplay replays messages to a partitioned consumer: each
+// reaches the owner of its subject's partition, on the consumer's replay
+// topic, in order.
+func TestPartitionedReplay(t *testing.T) {
+	t.Parallel()
+	url := testenv.PostgresURL(t)
+	db := open(t, url, 4)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const consumer, topic, n = "replayed", "replayed.topic", 2
+	tr := newTransport(t, db, url)
+	rec := newReceiver()
+	var wg sync.WaitGroup
+	for i := range 2 {
+		sub, err := newTransport(t, db, url).Subscribe(driver.SubscribeConfig{Consumer: consumer, Types: []string{topic}, Concurrency: 4, Partitions: n})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = sub.Subscriber.Close() })
+		require.Equal(t, pipeline.ReplayTopic(consumer), sub.Topics[len(sub.Topics)-1])
+		ch, err := sub.Subscriber.Subscribe(ctx, pipeline.ReplayTopic(consumer))
+		require.NoError(t, err)
+		require.NoError(t, sub.Subscriber.(driver.Assigner).Assign(ctx, []int{i}))
+		rec.consume(t, &wg, i, ch)
+	}
+	subjects := []string{subjectsOf(0, n, 1)[0], subjectsOf(1, n, 1)[0]}
+	var msgs []*message.Message
+	var ids []string
+	for i := range 10 {
+		id := fmt.Sprintf("r-%02d", i)
+		msgs = append(msgs, message.NewMessage(id, event(id, subjects[i%2])))
+		ids = append(ids, id)
+	}
+	require.NoError(t, tr.Replay(ctx, consumer, msgs...))
+	all := rec.wait(t, ids...)
+	require.Len(t, all, len(ids))
+	last := map[int]string{}
+	for _, g := range all {
+		i := 0
+		_, _ = fmt.Sscanf(g.uuid, "r-%02d", &i)
+		want := partitionOf(subjects[i%2], n)
+		require.Equal(t, want, g.partition, "%s", g.uuid)
+		require.Equal(t, want, g.process, "%s went to its partition's owner", g.uuid)
+		require.Less(t, last[g.partition], g.uuid, "in order")
+		last[g.partition] = g.uuid
+	}
+	cancel()
+	wg.Wait()
+}
