@@ -141,3 +141,83 @@ func TestPartitionedReplay(t *testing.T) {
 	cancel()
 	wg.Wait()
 }
+
+// TestPartitionCountChange changes a consumer's partition count, from 1
+// to 2, to 4 and back to 1, one process at a time: each count starts
+// where the one before stopped, never before (what the consumer acked
+// under the first count is never delivered again), losing nothing; what
+// lay between the partitions' positions may come again. The rows of the
+// old count are gone.
+func TestPartitionCountChange(t *testing.T) {
+	t.Parallel()
+	url := testenv.PostgresURL(t)
+	db := open(t, url, 4)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	const consumer, topic = "change", "change.topic"
+	pub := newTransport(t, db, url).Publisher()
+	subjects := []string{"s-0", "s-1", "s-2", "s-3", "s-4", "s-5"}
+	covered := map[int]bool{}
+	for _, s := range subjects {
+		covered[partitionOf(s, 4)] = true
+	}
+	require.Len(t, covered, 4, "every partition of 4 gets messages, so each moves past those of 2")
+	run := func(n, from int) map[string]int {
+		t.Helper()
+		sub, err := newTransport(t, db, url).Subscribe(driver.SubscribeConfig{Consumer: consumer, Types: []string{topic}, Concurrency: 4, Partitions: n})
+		require.NoError(t, err)
+		require.NoError(t, sub.Initialize())
+		subCtx, stop := context.WithCancel(ctx)
+		ch, err := sub.Subscriber.Subscribe(subCtx, topic)
+		require.NoError(t, err)
+		if a, ok := sub.Subscriber.(driver.Assigner); ok {
+			all := make([]int, n)
+			for p := range all {
+				all[p] = p
+			}
+			require.NoError(t, a.Assign(ctx, all))
+		}
+		rec := newReceiver()
+		var wg sync.WaitGroup
+		rec.consume(t, &wg, 0, ch)
+		var want []string
+		for _, ids := range publishEvents(t, pub, topic, "m", from, 12, subjects) {
+			want = append(want, ids...)
+		}
+		rec.wait(t, want...)
+		time.Sleep(300 * time.Millisecond) // anything delivered again shows
+		require.NoError(t, sub.Subscriber.Close())
+		stop()
+		wg.Wait()
+		times := map[string]int{}
+		for _, g := range rec.all {
+			times[g.uuid]++
+		}
+		for _, id := range want {
+			require.Equal(t, 1, times[id], "%s, published under %d partitions, received once", id, n)
+		}
+		return times
+	}
+	groups := func() []string {
+		var g []string
+		require.NoError(t, db.Select(&g, `SELECT consumer_group FROM `+postgres.OffsetsTable("", topic)+` ORDER BY 1`))
+		return g
+	}
+	run(1, 0)
+	require.Equal(t, []string{consumer}, groups())
+	got := run(2, 12)
+	for id := range got {
+		require.GreaterOrEqual(t, id, "m-0012", "acked under 1 partition, %s came again", id)
+	}
+	require.Equal(t, []string{consumer + "#0/2", consumer + "#1/2"}, groups())
+	got = run(4, 24)
+	for id := range got {
+		require.GreaterOrEqual(t, id, "m-0012", "acked under 1 partition, %s came again", id)
+	}
+	require.Equal(t, []string{consumer + "#0/4", consumer + "#1/4", consumer + "#2/4", consumer + "#3/4"}, groups())
+	got = run(1, 36)
+	for id := range got {
+		require.GreaterOrEqual(t, id, "m-0024", "acked before the partitions of 2 were replaced, %s came again", id)
+	}
+	require.Equal(t, []string{consumer}, groups())
+}
