@@ -56,7 +56,7 @@ func TestBucketFunctionAgrees(t *testing.T) {
 		`{"Subject":"case","id":"case-matters"}`, // names are exact
 		`{"subject":"dup","subject":"last"}`,     // the last of twice
 		`{"subject":"\u00e9\ud83c\udf89"}`,       // escapes
-		`{}`, `{"id":7}`, // no key: the empty one
+		`{}`, `{"id":7}`,                         // no key: the empty one
 		`[1,2]`, `"text"`, `42`, `null`, `not json`, ``, // no object: bucket 0
 		`  {"subject":"spaced"}  `,
 	}
