@@ -221,3 +221,62 @@ func TestPartitionCountChange(t *testing.T) {
 	}
 	require.Equal(t, []string{consumer}, groups())
 }
+
+// TestPartitionOverlapStandsBy assigns every partition to two processes
+// at once (as may happen for a moment while a partition changes owner):
+// each partition has one reader at a time, its lock's holder, so each
+// message is received once; when that process drops the partition, the
+// other takes it over.
+func TestPartitionOverlapStandsBy(t *testing.T) {
+	t.Parallel()
+	url := testenv.PostgresURL(t)
+	db := open(t, url, 4)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const consumer, topic, n = "overlap", "overlap.topic", 2
+	pub := newTransport(t, db, url).Publisher()
+	rec := newReceiver()
+	var wg sync.WaitGroup
+	procs := make([]driver.Assigner, 2)
+	for i := range procs {
+		a, _, ch := partitioned(ctx, t, newTransport(t, db, url), consumer, topic, n)
+		require.NoError(t, a.Assign(ctx, []int{0, 1}))
+		procs[i] = a
+		rec.consume(t, &wg, i, ch)
+	}
+	subjects := []string{subjectsOf(0, n, 1)[0], subjectsOf(1, n, 1)[0]}
+	var ids []string
+	for _, published := range publishEvents(t, pub, topic, "a", 0, 40, subjects) {
+		ids = append(ids, published...)
+	}
+	all := rec.wait(t, ids...)
+	owner := map[int]int{}
+	for _, g := range all {
+		if o, ok := owner[g.partition]; ok {
+			require.Equal(t, o, g.process, "partition %d has one reader", g.partition)
+		}
+		owner[g.partition] = g.process
+	}
+	// The reader of partition 0 drops it: the other reads it on.
+	require.NoError(t, procs[owner[0]].Assign(ctx, []int{1}))
+	for _, published := range publishEvents(t, pub, topic, "b", 40, 40, subjects) {
+		ids = append(ids, published...)
+	}
+	rec.wait(t, ids...)
+	time.Sleep(200 * time.Millisecond) // anything delivered again shows
+	rec.mu.Lock()
+	all = append([]got(nil), rec.all...)
+	rec.mu.Unlock()
+	times := map[string]int{}
+	for _, g := range all {
+		times[g.uuid]++
+		if g.uuid >= "b" && g.partition == 0 {
+			require.Equal(t, 1-owner[0], g.process, "%s: partition 0's other reader took over", g.uuid)
+		}
+	}
+	for _, id := range ids {
+		require.Equal(t, 1, times[id], "%s received once", id)
+	}
+	cancel()
+	wg.Wait()
+}

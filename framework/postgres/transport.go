@@ -30,6 +30,9 @@ import (
 // per topic with a row per consumer group. It publishes with watermill-sql's
 // publisher and subscribes with a subscriber of its own over the same
 // tables (subscriber.go), which hands out many messages of a group at once.
+// It adds columns of its own, which watermill-sql's statements ignore: the
+// bucket of each message (partition_bucket.go), and the handed-out
+// position of each group (subscriber_tables.go).
 // docs/transports.md says why this schema and not the queue schema (which
 // has no consumer groups), and how to insert a message by hand.
 
