@@ -86,7 +86,7 @@ func (s *subscriber) initializePartitions(ctx context.Context, topic string) err
 	if err := ensureBucket(ctx, s.db, s.cfg, topic, true); err != nil {
 		return fmt.Errorf("initialize %s: %w", topic, err)
 	}
-	err := ensureIndex(ctx, s.db, s.cfg, topic, s.partitions)
+	err := ensureIndex(ctx, s.db, s.cfg, topic, s.partitions, s.log)
 	if err == nil || s.base.Err() != nil || ctx.Err() != nil {
 		return nil
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"time"
 
@@ -174,7 +175,7 @@ func (e errInvalidIndex) Error() string {
 // every PollInterval rather than wait for it: the build waits for every
 // transaction older than it, which must not be one waiting for the lock.
 // A build cut short is dropped again.
-func ensureIndex(ctx context.Context, db *sqlx.DB, cfg TransportConfig, topic string, n int) (err error) {
+func ensureIndex(ctx context.Context, db *sqlx.DB, cfg TransportConfig, topic string, n int, log *slog.Logger) (err error) {
 	name := bucketIndex(cfg.TablePrefix, topic, n)
 	conn, err := db.Conn(ctx)
 	if err != nil {
@@ -215,11 +216,15 @@ func ensureIndex(ctx context.Context, db *sqlx.DB, cfg TransportConfig, topic st
 	case valid != nil:
 		return errInvalidIndex{name: name}
 	}
+	start := time.Now()
+	log.Info("postgres subscriber: building the partitions' index", slog.String("topic", topic), slog.String("index", name))
 	if _, err := conn.ExecContext(ctx, bucketIndexSQL(cfg.TablePrefix, topic, n)); err != nil {
 		dropCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), queryTimeout)
 		defer cancel()
 		_, _ = conn.ExecContext(dropCtx, `DROP INDEX CONCURRENTLY IF EXISTS `+quoteIdent(name))
 		return fmt.Errorf("index %s: %w", name, err)
 	}
+	log.Info("postgres subscriber: built the partitions' index", slog.String("topic", topic), slog.String("index", name),
+		slog.Duration("took", time.Since(start)))
 	return nil
 }
