@@ -23,7 +23,10 @@ import (
 // advisory lock per (offsets table, consumer group): the one subscription
 // holding it reads and acknowledges, the others (other processes) stand
 // by and try again every PollInterval. The lock ends with the connection,
-// so a process that dies hands over at once.
+// so a process that dies hands over at once. A partitioned consumer's
+// subscription holds such a lock per partition assigned (each partition
+// is a group of its own: see partitionGroup), all on its one connection,
+// and reads them all in one statement (partitionQueries).
 //
 // The active subscription also LISTENs on its connection: a trigger on the
 // messages table notifies after every INSERT statement, whoever runs it,
