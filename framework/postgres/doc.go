@@ -43,6 +43,29 @@
 //	tr, err := postgres.New(ctx, db, postgres.TransportConfig{URL: url})
 //	sub, err := tr.Subscribe(driver.SubscribeConfig{Consumer: "c", Types: []string{topic}})
 //
+// # Partitions
+//
+// A consumer subscribed with driver.SubscribeConfig.Partitions n above 1
+// is read by several processes at once, each reading the partitions it is
+// assigned: its subscriber is a driver.Assigner, and reads nothing until
+// assigned. A message's partition is its bucket (driver.Bucket of its
+// subject, or of its id without one) modulo n. The publisher writes each
+// row's bucket in a column of ours, bucket, which the transport adds to
+// every messages table; a row inserted without it (by hand, by another
+// service's watermill-sql publisher) has its bucket computed from its
+// payload by the SQL function effectively_bucket, the same FNV-1a hash.
+// Each partition keeps its position in the offsets table, in the row of
+// group "<consumer>#<partition>/<n>", under an advisory lock of its own,
+// so that a partition has one reader at a time. A process reads all its
+// partitions of a topic in one statement on its one connection, through
+// the index "<messages table>_bucket_mod_<n>", built (CONCURRENTLY) when
+// a consumer of n partitions first subscribes. Assign stops a dropped
+// partition once its messages in flight are settled, then writes its
+// position and releases its lock, so that the next owner starts there.
+// Changing n (every process of the consumer stopped) starts the new
+// partitions at the lowest position of the old ones: what lay between is
+// delivered again, nothing is lost.
+//
 // # Concurrency
 //
 // Two attempts on the same event may run at once (a redelivery while the

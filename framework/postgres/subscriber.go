@@ -23,7 +23,10 @@ import (
 // advisory lock per (offsets table, consumer group): the one subscription
 // holding it reads and acknowledges, the others (other processes) stand
 // by and try again every PollInterval. The lock ends with the connection,
-// so a process that dies hands over at once.
+// so a process that dies hands over at once. A partitioned consumer's
+// subscription holds such a lock per partition assigned (each partition
+// is a group of its own: see partitionGroup), all on its one connection,
+// and reads them all in one statement (partitionQueries).
 //
 // The active subscription also LISTENs on its connection: a trigger on the
 // messages table notifies after every INSERT statement, whoever runs it,
@@ -79,15 +82,22 @@ type subscriber struct {
 
 	base      context.Context // cancelled by Close
 	cancel    context.CancelFunc
-	mu        sync.Mutex // guards closed, noTrigger, noMarks and wg.Add
+	mu        sync.Mutex // guards closed, noTrigger, noMarks, noIndex, assigned, running and wg.Add
 	closed    bool
 	noTrigger map[string]bool // topics whose trigger could not be created
 	noMarks   map[string]bool // topics whose handed-out columns could not be added
+	noIndex   map[string]bool // topics whose partitions' index could not be created
 	wg        sync.WaitGroup
 	closeOnce sync.Once
 	// settles says that the reader settles each message itself
 	// (driver.SubscribeConfig.Settles): no goroutine watches one.
 	settles bool
+	// partitions is driver.SubscribeConfig.Partitions: above 1, the
+	// subscriptions read the partitions assigned (see partitioned).
+	partitions int
+	assignMu   sync.Mutex // serializes Assign
+	assigned   []int      // the partitions assigned, sorted
+	running    map[*subscription]struct{}
 }
 
 var (
@@ -126,6 +136,9 @@ func newSubscriber(db *sqlx.DB, consumer string, concurrency int, cfg TransportC
 		cancel:      cancel,
 		noTrigger:   make(map[string]bool),
 		noMarks:     make(map[string]bool),
+		noIndex:     make(map[string]bool),
+		partitions:  1,
+		running:     make(map[*subscription]struct{}),
 	}, nil
 }
 
@@ -155,24 +168,46 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		return nil, errClosed
 	}
 	marking := !s.noMarks[topic]
+	q := newSubscriptionQueries(s.cfg, topic, marking)
+	streams := []*stream{{group: s.group}}
+	if s.partitioned() {
+		q, streams = partitionQueries(s.cfg, topic, s.partitions), nil
+		for _, p := range s.assigned {
+			streams = append(streams, &stream{part: p, group: partitionGroup(s.group, p, s.partitions)})
+		}
+	}
 	sub := &subscription{
-		s:       s,
-		topic:   topic,
-		q:       newSubscriptionQueries(s.cfg, topic, marking),
-		marking: marking,
-		ctx:     subCtx,
-		cancel:  func() { stop(); cancel() },
-		out:     make(chan *message.Message),
-		results: make(chan result),
-		sent:    make(map[*delivery]struct{}, s.concurrency),
-		log:     s.log.With(slog.String("topic", topic)),
+		s:        s,
+		topic:    topic,
+		q:        q,
+		marking:  marking,
+		streams:  streams,
+		assign:   make(chan assignment),
+		finished: make(chan struct{}),
+		ctx:      subCtx,
+		cancel:   func() { stop(); cancel() },
+		out:      make(chan *message.Message),
+		results:  make(chan result),
+		sent:     make(map[*delivery]struct{}, s.concurrency),
+		log:      s.log.With(slog.String("topic", topic)),
 
 		reported: s.settles,
 	}
+	s.running[sub] = struct{}{}
 	s.wg.Add(1)
 	go sub.run()
 	return sub.out, nil
 }
+
+// forget removes sub, which ended, from the running subscriptions.
+func (s *subscriber) forget(sub *subscription) {
+	s.mu.Lock()
+	delete(s.running, sub)
+	s.mu.Unlock()
+}
+
+// partitioned reports whether the subscriber reads partitions.
+func (s *subscriber) partitioned() bool { return s.partitions > 1 }
 
 // Close stops every subscription: message contexts are cancelled, the
 // acknowledgements given so far are written, and the locks released. It

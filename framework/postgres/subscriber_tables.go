@@ -10,6 +10,7 @@ import (
 	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/jmoiron/sqlx"
 )
 
 // handedOutColumns are the columns the subscriber adds to watermill-sql's
@@ -34,16 +35,19 @@ func (s *subscriber) SubscribeInitialize(topic string) error {
 }
 
 // initialize creates topic's tables, the handed-out columns and the
-// group's row, then the notify trigger. Columns that cannot be added (no
+// group's rows (one per partition when partitioned), then the notify
+// trigger; when partitioned, also the bucket column and function, and the
+// index of the consumer's partitions. Columns that cannot be added (no
 // rights on the table) are logged once per topic, and the deliveries say
-// nothing of redelivery; a trigger that cannot be created is logged once
-// per topic, and the subscriptions poll.
+// nothing of redelivery; a partitioned subscriber needs them, and fails. A
+// trigger or an index that cannot be created is logged once per topic:
+// the subscriptions poll, or read without the index.
 func (s *subscriber) initialize(ctx context.Context, topic string) error {
-	if err := s.initializeTables(ctx, topic); err != nil {
+	if err := initializeTables(ctx, s.db, s.cfg, topic, true); err != nil {
 		return err
 	}
 	if err := s.ensureHandedOut(ctx, topic); err != nil {
-		if s.base.Err() != nil || ctx.Err() != nil {
+		if s.partitioned() || s.base.Err() != nil || ctx.Err() != nil {
 			return fmt.Errorf("initialize %s: %w", topic, err)
 		}
 		s.mu.Lock()
@@ -55,7 +59,12 @@ func (s *subscriber) initialize(ctx context.Context, topic string) error {
 				slog.String("topic", topic), slog.Any("error", err))
 		}
 	}
-	if _, err := s.db.ExecContext(ctx, insertZeroOffsets(s.cfg, topic), s.group); err != nil {
+	if s.partitioned() {
+		if err := s.initializePartitions(ctx, topic); err != nil {
+			return err
+		}
+	}
+	if err := s.initializeRows(ctx, topic); err != nil {
 		return fmt.Errorf("initialize %s: group: %w", topic, err)
 	}
 	err := s.ensureTrigger(ctx, topic)
@@ -166,19 +175,22 @@ func notifyChannel(prefix, topic string) string {
 
 func quoteLiteral(s string) string { return `'` + strings.ReplaceAll(s, `'`, `''`) + `'` }
 
-// initializeTables runs watermill-sql's schema queries, in one
+// initializeTables runs watermill-sql's schema queries of topic's
+// messages table and, with offsets, of its offsets table, in one
 // transaction.
-func (s *subscriber) initializeTables(ctx context.Context, topic string) error {
-	queries, err := schemaAdapter(s.cfg).SchemaInitializingQueries(wsql.SchemaInitializingQueriesParams{Topic: topic})
+func initializeTables(ctx context.Context, db *sqlx.DB, cfg TransportConfig, topic string, offsets bool) error {
+	queries, err := schemaAdapter(cfg).SchemaInitializingQueries(wsql.SchemaInitializingQueriesParams{Topic: topic})
 	if err != nil {
 		return fmt.Errorf("initialize %s: %w", topic, err)
 	}
-	offsets, err := offsetsAdapter(s.cfg).SchemaInitializingQueries(wsql.OffsetsSchemaInitializingQueriesParams{Topic: topic})
-	if err != nil {
-		return fmt.Errorf("initialize %s: %w", topic, err)
+	if offsets {
+		more, err := offsetsAdapter(cfg).SchemaInitializingQueries(wsql.OffsetsSchemaInitializingQueriesParams{Topic: topic})
+		if err != nil {
+			return fmt.Errorf("initialize %s: %w", topic, err)
+		}
+		queries = append(queries, more...)
 	}
-	queries = append(queries, offsets...)
-	tx, err := s.db.BeginTxx(ctx, nil)
+	tx, err := db.BeginTxx(ctx, nil)
 	if err != nil {
 		return fmt.Errorf("initialize %s: begin: %w", topic, err)
 	}
@@ -192,89 +204,4 @@ func (s *subscriber) initializeTables(ctx context.Context, topic string) error {
 		return fmt.Errorf("initialize %s: commit: %w", topic, err)
 	}
 	return nil
-}
-
-// insertZeroOffsets returns watermill-sql's query that gives a group its
-// row in topic's offsets table, from the first message.
-func insertZeroOffsets(cfg TransportConfig, topic string) string {
-	return `INSERT INTO ` + OffsetsTable(cfg.TablePrefix, topic) +
-		` (consumer_group, offset_acked, last_processed_transaction_id) VALUES ($1, 0, '0') ON CONFLICT DO NOTHING`
-}
-
-// subscriptionQueries are the statements of one topic's subscription.
-type subscriptionQueries struct {
-	lock, unlock, position, read, ack, zero, lower string
-	listen, unlisten, newest                       string
-}
-
-// newSubscriptionQueries returns the statements of topic's subscription;
-// with marking, the offsets table has the handedOutColumns: the position
-// reads them, each read writes them, and lower moves them back.
-func newSubscriptionQueries(cfg TransportConfig, topic string, marking bool) subscriptionQueries {
-	messages, offsets := MessagesTable(cfg.TablePrefix, topic), OffsetsTable(cfg.TablePrefix, topic)
-	xid, off := handedOutColumns[0], handedOutColumns[1]
-	// watermill-sql's SelectQuery, from the subscription's own position
-	// instead of the group's locked row, and with the position compared as
-	// a row: the primary key's index then starts at the position, instead
-	// of filtering every row before it (a read took milliseconds once
-	// 20,000 rows were behind it).
-	selectRows := `SELECT "offset", transaction_id, uuid, payload, metadata FROM ` + messages + `
-			WHERE (transaction_id, "offset") > ($1::text::xid8, $2)
-			AND transaction_id < pg_snapshot_xmin(pg_current_snapshot())
-			ORDER BY transaction_id, "offset" LIMIT $3`
-	q := subscriptionQueries{
-		// The key names the offsets table by its oid, so that the tables
-		// of one name in other schemas have keys of their own.
-		lock: `SELECT k, pg_try_advisory_lock(k) FROM (SELECT hashtextextended(` +
-			`$1::text::regclass::oid::text || '/' || $2::text, 0) AS k) AS key`,
-		unlock:   `SELECT pg_advisory_unlock($1)`,
-		listen:   `LISTEN ` + quoteIdent(notifyChannel(cfg.TablePrefix, topic)),
-		unlisten: `UNLISTEN *`,
-		newest:   `SELECT COALESCE(max(transaction_id)::text, '0') FROM ` + messages,
-		position: `SELECT COALESCE(offset_acked, 0), last_processed_transaction_id, NULL::text, NULL::bigint FROM ` + offsets +
-			` WHERE consumer_group = $1`,
-		zero: insertZeroOffsets(cfg, topic),
-		read: selectRows,
-		// watermill-sql's AckMessageQuery, which never moves a group back.
-		ack: `INSERT INTO ` + offsets + ` AS o (consumer_group, offset_acked, last_processed_transaction_id)
-			VALUES ($1, $2, $3::text::xid8)
-			ON CONFLICT (consumer_group) DO UPDATE SET
-				offset_acked = excluded.offset_acked,
-				last_processed_transaction_id = excluded.last_processed_transaction_id
-			WHERE (o.last_processed_transaction_id, COALESCE(o.offset_acked, 0)) <
-				(excluded.last_processed_transaction_id, excluded.offset_acked)`,
-	}
-	if !marking {
-		return q
-	}
-	q.position = `SELECT COALESCE(offset_acked, 0), last_processed_transaction_id, ` + xid + `::text, ` + off + ` FROM ` + offsets +
-		` WHERE consumer_group = $1`
-	// The rows read, and in the same statement (one transaction, committed
-	// before the rows are handed out) the last of them as the group's
-	// handed-out position, and the acknowledged position ($5, $6): each
-	// only ever moves forward here.
-	acks := `(o.last_processed_transaction_id, COALESCE(o.offset_acked, 0)) <
-			(excluded.last_processed_transaction_id, excluded.offset_acked)`
-	handsOut := `(COALESCE(o.` + xid + `, '0'), COALESCE(o.` + off + `, 0)) < (excluded.` + xid + `, excluded.` + off + `)`
-	q.read = `WITH r AS (` + selectRows + `),
-		last AS (SELECT transaction_id, "offset" FROM r ORDER BY transaction_id DESC, "offset" DESC LIMIT 1),
-		w AS (
-			INSERT INTO ` + offsets + ` AS o (consumer_group, offset_acked, last_processed_transaction_id, ` + xid + `, ` + off + `)
-			SELECT $4::text, $5::bigint, $6::text::xid8, COALESCE(last.transaction_id, '0'), COALESCE(last."offset", 0)
-			FROM (SELECT) AS one LEFT JOIN last ON true
-			ON CONFLICT (consumer_group) DO UPDATE SET
-				offset_acked = CASE WHEN ` + acks + ` THEN excluded.offset_acked ELSE o.offset_acked END,
-				last_processed_transaction_id = CASE WHEN ` + acks + `
-					THEN excluded.last_processed_transaction_id ELSE o.last_processed_transaction_id END,
-				` + xid + ` = CASE WHEN ` + handsOut + ` THEN excluded.` + xid + ` ELSE o.` + xid + ` END,
-				` + off + ` = CASE WHEN ` + handsOut + ` THEN excluded.` + off + ` ELSE o.` + off + ` END
-			WHERE ` + acks + ` OR ` + handsOut + `
-		)
-		SELECT "offset", transaction_id, uuid, payload, metadata FROM r ORDER BY transaction_id, "offset"`
-	// On close: back to the last row this subscription handed out, when
-	// it read further, so that the next one hands out the rest as first
-	// deliveries.
-	q.lower = `UPDATE ` + offsets + ` SET ` + xid + ` = $2::text::xid8, ` + off + ` = $3
-		WHERE consumer_group = $1 AND (` + xid + `, ` + off + `) > ($2::text::xid8, $3)`
-	return q
 }

@@ -29,12 +29,14 @@ func (p position) less(o position) bool {
 // row is a message read from the topic and not yet acknowledged in
 // order.
 type row struct {
+	st                *stream // the position it was read from
 	pos               position
 	uuid              string
 	payload, metadata []byte
 	acked             bool
 	current           *delivery // handed out and not yet resolved
 	queued            bool      // waits in the queue to be handed out
+	pending           bool      // nacked: waits in waiting until resendAt
 	resendAt          time.Time // nacked: handed out again then
 	handedOut         bool      // this process handed it out before
 }
@@ -84,39 +86,38 @@ type subscription struct {
 	msgWG    sync.WaitGroup // the goroutines watching messages
 
 	conn    *sql.Conn // nil until connected
-	key     int64     // the advisory lock's key
-	locked  bool
-	retryAt time.Time // when to connect or try the lock again
+	retryAt time.Time // when to connect or try the locks again
 
 	// With marking, the group's row holds its handed-out position (see
 	// handedOutColumns), and each delivery says whether it may be a
 	// redelivery (see redelivered).
-	marking    bool
-	takenMark  position // the group's handed-out position when the lock was taken
-	unknownXID uint64   // when that was unknown, the newest transaction with a row then
-	handedHigh position // the last row handed out since the lock was taken
+	marking bool
+	// streams are the subscription's positions, by partition: the
+	// group's alone when the consumer is not partitioned, else those of
+	// the partitions assigned (see subscriber.Assign).
+	streams  []*stream
+	assign   chan assignment // Assign's new partitions
+	dropped  []chan struct{} // closed once no stream is dropping
+	finished chan struct{}   // closed when run returns
 
 	listening    bool          // conn LISTENs on the topic's channel
 	listenWarned bool          // a failed LISTEN was logged
 	waiter       *waiter       // waits on conn for a notification, while idle
 	notifiedXID  uint64        // the newest notified transaction, until read past
 	notifyRetry  time.Duration // the pause before reading again for notifiedXID
+	horizon      uint64        // partitioned: every transaction below it had ended at the last read
 
-	window  []*row                 // read and not acknowledged in order, in order
 	next    *delivery              // of the queue's head, while it waits to be taken
-	queue   []*row                 // to hand out, in order
+	queue   []*row                 // to hand out, in order: rows of locked streams not dropping
 	waiting []*row                 // nacked, until their resendAt
 	sent    map[*delivery]struct{} // handed out and not yet resolved
-	cursor  position               // the last row read
-	acked   position               // the end of the acknowledged prefix
-	dirty   bool                   // acked is not written yet
-	dirtyN  int                    // rows acknowledged since the last write
-	dirtyAt time.Time
-	readAt  time.Time // when to look for new rows again (zero: now)
+	readAt  time.Time              // when to look for new rows again (zero: now)
 }
 
 func (sub *subscription) run() {
 	defer sub.s.wg.Done()
+	defer close(sub.finished)
+	defer sub.s.forget(sub)
 	defer close(sub.out)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -130,7 +131,7 @@ func (sub *subscription) run() {
 
 		var out chan<- *message.Message
 		var msg *message.Message
-		if sub.locked && len(sub.queue) > 0 && len(sub.sent) < sub.s.concurrency {
+		if len(sub.queue) > 0 && len(sub.sent) < sub.s.concurrency {
 			if sub.next == nil || sub.next.r != sub.queue[0] {
 				sub.dropNext()
 				sub.next = sub.deliveryOf(sub.queue[0])
@@ -147,6 +148,8 @@ func (sub *subscription) run() {
 		timer.Reset(sub.wakeAt(now).Sub(now))
 		select {
 		case <-sub.ctx.Done():
+		case a := <-sub.assign:
+			sub.reassign(a)
 		case w := <-woke:
 			if err := sub.woke(w); err != nil {
 				sub.lost("wait for notifications", err)
@@ -159,8 +162,9 @@ func (sub *subscription) run() {
 			d.r.queued = false
 			d.r.current = d
 			d.r.handedOut = true
-			if sub.handedHigh.less(d.r.pos) {
-				sub.handedHigh = d.r.pos
+			d.r.st.inFlight++
+			if d.r.st.handedHigh.less(d.r.pos) {
+				d.r.st.handedHigh = d.r.pos
 			}
 			d.sentAt = time.Now()
 			sub.sent[d] = struct{}{}
@@ -174,21 +178,23 @@ func (sub *subscription) run() {
 	}
 }
 
-// step does what is due: take the lock, write the acknowledged position,
-// read new rows, queue the nacked rows whose pause passed and the rows
-// whose delivery outlived the ack deadline.
+// step does what is due: end the dropped streams whose messages all
+// settled, take the locks, write the acknowledged positions, read new
+// rows, queue the nacked rows whose pause passed and the rows whose
+// delivery outlived the ack deadline.
 func (sub *subscription) step(now time.Time) {
-	if !sub.locked && !now.Before(sub.retryAt) {
-		if err := sub.acquire(); err != nil {
+	sub.endDrops()
+	if sub.wantsLock() && !now.Before(sub.retryAt) {
+		if err := sub.acquire(now); err != nil {
 			sub.lost("take the group's lock", err)
 			return
 		}
 	}
-	if !sub.locked {
+	if !sub.active() {
 		return
 	}
 	if sub.flushDue(now) {
-		if err := sub.writeAcked(); err != nil {
+		if err := sub.writeAcked(sub.dirtyStreams()); err != nil {
 			sub.lost("write the acknowledged position", err)
 			return
 		}
@@ -201,9 +207,13 @@ func (sub *subscription) step(now time.Time) {
 	}
 	kept := sub.waiting[:0]
 	for _, r := range sub.waiting {
-		if !r.acked && !now.Before(r.resendAt) {
+		switch {
+		case r.acked || r.st.dropping || r.st.gone:
+			r.pending = false
+		case !now.Before(r.resendAt):
+			r.pending = false
 			sub.enqueue(r)
-		} else if !r.acked {
+		default:
 			kept = append(kept, r)
 		}
 	}
@@ -223,8 +233,10 @@ func (sub *subscription) step(now time.Time) {
 	}
 }
 
+// enqueue queues r to be handed out, unless it is queued or acknowledged
+// already, or its stream is not locked or is dropping (see requeue).
 func (sub *subscription) enqueue(r *row) {
-	if r.queued || r.acked {
+	if r.queued || r.acked || !r.st.locked || r.st.dropping {
 		return
 	}
 	r.queued = true
@@ -240,15 +252,19 @@ func (sub *subscription) wakeAt(now time.Time) time.Time {
 			at = t
 		}
 	}
-	if !sub.locked {
+	if sub.wantsLock() {
 		earlier(sub.retryAt)
+	}
+	if !sub.active() {
 		return at
 	}
 	if len(sub.queue) == 0 && sub.readAt.After(now) {
 		earlier(sub.readAt)
 	}
-	if sub.dirty {
-		earlier(sub.dirtyAt.Add(ackFlushInterval))
+	for _, st := range sub.streams {
+		if st.dirty {
+			earlier(st.dirtyAt.Add(ackFlushInterval))
+		}
 	}
 	for _, r := range sub.waiting {
 		earlier(r.resendAt)
@@ -262,7 +278,7 @@ func (sub *subscription) wakeAt(now time.Time) time.Time {
 // idle reports whether the subscription waits for new rows only, to be
 // woken by a notification.
 func (sub *subscription) idle(now time.Time) bool {
-	return sub.locked && sub.listening && len(sub.queue) == 0 && sub.readAt.After(now)
+	return sub.active() && sub.listening && len(sub.queue) == 0 && sub.readAt.After(now)
 }
 
 // startWaiting starts a waiter on the connection, until a notification
@@ -341,7 +357,7 @@ func (sub *subscription) listen(ctx context.Context) {
 }
 
 // shutdown ends the subscription: it cancels the message contexts,
-// writes the acknowledged position, and releases the lock.
+// writes the acknowledged positions, and releases the locks.
 func (sub *subscription) shutdown() {
 	sub.cancel()
 	sub.stopWaiting()
@@ -355,37 +371,35 @@ func (sub *subscription) shutdown() {
 		}
 		d.cancel()
 	}
-	sub.advance(time.Now())
+	defer sub.endDropWaits()
+	now := time.Now()
+	for _, st := range sub.streams {
+		sub.advance(st, now)
+	}
 	if sub.conn == nil {
 		return
 	}
-	if sub.locked && sub.dirty {
-		if err := sub.writeAcked(); err != nil {
+	if dirty := sub.dirtyStreams(); len(dirty) > 0 {
+		if err := sub.writeAcked(dirty); err != nil {
 			sub.log.Warn("postgres subscriber: could not write the acknowledged position on close; those messages come again",
 				slog.Any("error", err))
 		}
 	}
 	ctx, cancel := sub.queryContext()
 	defer cancel()
-	if sub.locked && sub.marking {
-		// Nothing is handed out any more: the rows read but never handed
-		// out are first deliveries for the next subscription. The position
-		// stays at least where it was when the lock was taken, since the
-		// rows before it may have been handed out by another.
-		last := sub.handedHigh
-		if last.less(sub.takenMark) {
-			last = sub.takenMark
+	for _, st := range sub.streams {
+		if !st.locked {
+			continue
 		}
-		if _, err := sub.conn.ExecContext(ctx, sub.q.lower, sub.s.group, strconv.FormatUint(last.xid, 10), last.offset); err != nil {
+		if err := sub.lower(ctx, st); err != nil {
 			sub.log.Warn("postgres subscriber: could not write the handed-out position on close; the messages read ahead come again as redeliveries",
 				slog.Any("error", err))
 		}
-	}
-	if sub.locked {
-		if _, err := sub.conn.ExecContext(ctx, sub.q.unlock, sub.key); err != nil {
+		if _, err := sub.conn.ExecContext(ctx, sub.q.unlock, st.key); err != nil {
 			sub.discard()
 			return
 		}
+		st.locked = false
 	}
 	if sub.listening {
 		if _, err := sub.conn.ExecContext(ctx, sub.q.unlisten); err != nil {
@@ -394,5 +408,25 @@ func (sub *subscription) shutdown() {
 		}
 	}
 	_ = sub.conn.Close()
-	sub.conn, sub.locked, sub.listening = nil, false, false
+	sub.conn, sub.listening = nil, false
+}
+
+// lower writes st's handed-out position back to the last row it handed
+// out, when it read further (with marking): nothing of st is handed out
+// any more, so the rows read but never handed out are first deliveries
+// for the next subscription. The position stays at least where it was
+// when the lock was taken, since the rows before it may have been handed
+// out by another.
+func (sub *subscription) lower(ctx context.Context, st *stream) error {
+	if !sub.marking {
+		return nil
+	}
+	last := st.handedHigh
+	if last.less(st.takenMark) {
+		last = st.takenMark
+	}
+	if _, err := sub.conn.ExecContext(ctx, sub.q.lower, st.group, strconv.FormatUint(last.xid, 10), last.offset); err != nil {
+		return fmt.Errorf("lower the handed-out position of %s: %w", st.group, err)
+	}
+	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/internal/storedmsg"
 )
 
@@ -20,6 +21,9 @@ func (sub *subscription) deliveryOf(r *row) *delivery {
 		msg.Metadata.Set(framework.MetadataRedelivered, strconv.FormatBool(said))
 	}
 	ctx, cancel := context.WithCancel(sub.ctx)
+	if sub.partitioned() {
+		ctx = driver.WithPartition(ctx, r.st.part)
+	}
 	d := &delivery{sub: sub, r: r, msg: msg, cancel: cancel}
 	if sub.reported {
 		ctx = context.WithValue(ctx, deliveryKey{}, d)
@@ -43,7 +47,7 @@ func (s *subscriber) Settle(msg *message.Message, acked bool) {
 
 // redelivered tells whether r, about to be handed out, may have been
 // handed out before: yes when this process did, or when it is at or below
-// the group's handed-out position read when the lock was taken (another
+// its group's handed-out position read when the lock was taken (another
 // process, or this one before it lost its connection, handed it out, or
 // read it to); no when it is after that position, since every read writes
 // the position past its rows before they are handed out. known is false
@@ -56,9 +60,9 @@ func (sub *subscription) redelivered(r *row) (said, known bool) {
 		return true, true
 	case !sub.marking:
 		return false, false
-	case !sub.takenMark.less(r.pos):
+	case !r.st.takenMark.less(r.pos):
 		return true, true
-	case r.pos.xid <= sub.unknownXID:
+	case r.pos.xid <= r.st.unknownXID:
 		return false, false
 	}
 	return false, true
@@ -67,6 +71,7 @@ func (sub *subscription) redelivered(r *row) (said, known bool) {
 // unsend forgets d, the current delivery of its row.
 func (sub *subscription) unsend(d *delivery) {
 	d.r.current = nil
+	d.r.st.inFlight--
 	delete(sub.sent, d)
 }
 
@@ -91,67 +96,114 @@ func (d *delivery) Settled(acked bool) {
 
 // resolve records an Ack or Nack: an Ack of any delivery of a row
 // acknowledges it; a Nack of its current delivery hands it out again
-// after ResendInterval.
+// after ResendInterval, unless its stream is dropping. The outcome of a
+// row whose stream ended is dropped: its position is written.
 func (sub *subscription) resolve(res result, now time.Time) {
 	r := res.d.r
 	current := r.current == res.d
 	if current {
 		sub.unsend(res.d)
 	}
-	if res.acked {
-		r.acked = true
-		sub.advance(now)
+	if r.st.gone {
 		return
 	}
-	if current && !r.acked {
+	if res.acked {
+		r.acked = true
+		sub.advance(r.st, now)
+		return
+	}
+	if current && !r.acked && !r.st.dropping {
 		r.resendAt = now.Add(sub.s.cfg.ResendInterval)
+		r.pending = true
 		sub.waiting = append(sub.waiting, r)
 	}
 }
 
-// advance moves the acknowledged position over the acknowledged rows at
-// the head of the window: a row acknowledged out of order waits for those
+// advance moves st's acknowledged position over the acknowledged rows at
+// the head of its window: a row acknowledged out of order waits for those
 // before it.
-func (sub *subscription) advance(now time.Time) {
+func (sub *subscription) advance(st *stream, now time.Time) {
 	n := 0
-	for n < len(sub.window) && sub.window[n].acked {
-		sub.acked = sub.window[n].pos
+	for n < len(st.window) && st.window[n].acked {
+		st.acked = st.window[n].pos
 		n++
 	}
 	if n == 0 {
 		return
 	}
-	clear(sub.window[:n])
-	sub.window = sub.window[n:]
-	if !sub.dirty {
-		sub.dirtyAt = now
+	clear(st.window[:n])
+	st.window = st.window[n:]
+	if !st.dirty {
+		st.dirtyAt = now
 	}
-	sub.dirty = true
-	sub.dirtyN += n
+	st.dirty = true
+	st.dirtyN += n
 }
 
-// flushDue reports whether to write the acknowledged position now: a
-// batch of rows is acknowledged, nothing is in flight or queued, or it
+// dirtyStreams returns the locked streams whose acknowledged position is
+// not written yet.
+func (sub *subscription) dirtyStreams() []*stream {
+	var dirty []*stream
+	for _, st := range sub.streams {
+		if st.locked && st.dirty {
+			dirty = append(dirty, st)
+		}
+	}
+	return dirty
+}
+
+// flushDue reports whether to write the acknowledged positions now: a
+// batch of rows is acknowledged, nothing is in flight or queued, or one
 // waited ackFlushInterval; with marking, not when a read is due, which
-// writes it.
+// writes them.
 func (sub *subscription) flushDue(now time.Time) bool {
-	if !sub.dirty || (sub.marking && sub.readDue(now)) {
+	var (
+		dirty bool
+		n     int
+		at    time.Time
+	)
+	for _, st := range sub.streams {
+		if !st.locked || !st.dirty {
+			continue
+		}
+		if !dirty || st.dirtyAt.Before(at) {
+			at = st.dirtyAt
+		}
+		dirty = true
+		n += st.dirtyN
+	}
+	if !dirty || (sub.marking && sub.readDue(now)) {
 		return false
 	}
 	idle := len(sub.sent) == 0 && len(sub.queue) == 0
-	return idle || sub.dirtyN >= sub.s.cfg.BatchSize || now.Sub(sub.dirtyAt) >= ackFlushInterval
+	return idle || n >= sub.s.cfg.BatchSize || now.Sub(at) >= ackFlushInterval
 }
 
-// writeAcked writes the acknowledged position on the subscription's
-// connection, which holds the group's lock.
-func (sub *subscription) writeAcked() error {
+// writeAcked writes the acknowledged positions of streams, which are
+// locked, on the subscription's connection: in one statement.
+func (sub *subscription) writeAcked(streams []*stream) error {
+	if len(streams) == 0 {
+		return nil
+	}
 	sub.stopWaiting()
 	ctx, cancel := sub.queryContext()
 	defer cancel()
-	_, err := sub.conn.ExecContext(ctx, sub.q.ack, sub.s.group, sub.acked.offset, strconv.FormatUint(sub.acked.xid, 10))
-	if err != nil {
-		return fmt.Errorf("write acknowledged offset %d: %w", sub.acked.offset, err)
+	var err error
+	if !sub.partitioned() {
+		st := streams[0]
+		_, err = sub.conn.ExecContext(ctx, sub.q.ack, st.group, st.acked.offset, strconv.FormatUint(st.acked.xid, 10))
+	} else {
+		groups, offsets, xids := make([]string, len(streams)), make([]int64, len(streams)), make([]string, len(streams))
+		for i, st := range streams {
+			groups[i], offsets[i], xids[i] = st.group, st.acked.offset, strconv.FormatUint(st.acked.xid, 10)
+		}
+		_, err = sub.conn.ExecContext(ctx, sub.q.ackParts, groups, offsets, xids)
 	}
-	sub.dirty, sub.dirtyN = false, 0
+	if err != nil {
+		return fmt.Errorf("write acknowledged offset %d of %s: %w", streams[0].acked.offset, streams[0].group, err)
+	}
+	for _, st := range streams {
+		st.dirty, st.dirtyN = false, 0
+	}
 	return nil
 }

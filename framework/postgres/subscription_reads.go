@@ -22,38 +22,51 @@ func (sub *subscription) queryContext() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(sub.ctx), queryTimeout)
 }
 
-// room returns how many rows the window has room for: it holds at most
+// room returns how many rows st's window has room for: it holds at most
 // concurrency + BatchSize rows read and not acknowledged in order.
-func (sub *subscription) room() int {
-	return sub.s.concurrency + sub.s.cfg.BatchSize - len(sub.window)
+func (sub *subscription) room(st *stream) int {
+	return sub.s.concurrency + sub.s.cfg.BatchSize - len(st.window)
 }
 
 // readDue reports whether to read now: the queue is empty, it is time,
-// and the window has room for BatchSize rows, or for fewer when nothing
-// in flight can make more (a read costs a round trip and a commit, be it
-// for one row or many).
+// and a stream's window has room for BatchSize rows, or for fewer when
+// nothing in flight can make more (a read costs a round trip and a
+// commit, be it for one row or many).
 func (sub *subscription) readDue(now time.Time) bool {
 	if len(sub.queue) > 0 || now.Before(sub.readAt) {
 		return false
 	}
-	room := sub.room()
-	return room >= sub.s.cfg.BatchSize || (room > 0 && len(sub.sent) == 0)
+	for _, st := range sub.streams {
+		if !st.readable() {
+			continue
+		}
+		room := sub.room(st)
+		if room >= sub.s.cfg.BatchSize || (room > 0 && len(sub.sent) == 0) {
+			return true
+		}
+	}
+	return false
 }
 
 // read reads the rows after the cursor that fit the window. With
 // marking, the same statement writes the handed-out position and the
-// acknowledged one.
+// acknowledged one. A partitioned subscription reads all its streams at
+// once (readParts).
 func (sub *subscription) read(now time.Time) error {
-	room := sub.room()
+	if sub.partitioned() {
+		return sub.readParts(now)
+	}
+	st := sub.streams[0]
+	room := sub.room(st)
 	if room <= 0 {
 		return nil
 	}
 	sub.stopWaiting()
 	ctx, cancel := sub.queryContext()
 	defer cancel()
-	args := []any{strconv.FormatUint(sub.cursor.xid, 10), sub.cursor.offset, room}
+	args := []any{strconv.FormatUint(st.cursor.xid, 10), st.cursor.offset, room}
 	if sub.marking {
-		args = append(args, sub.s.group, sub.acked.offset, strconv.FormatUint(sub.acked.xid, 10))
+		args = append(args, st.group, st.acked.offset, strconv.FormatUint(st.acked.xid, 10))
 	}
 	rows, err := sub.conn.QueryContext(ctx, sub.q.read, args...)
 	if err != nil {
@@ -69,6 +82,7 @@ func (sub *subscription) read(now time.Time) error {
 		}
 		xid, _ := wr.ExtraData["transaction_id"].(wsql.XID8)
 		read = append(read, &row{
+			st:       st,
 			pos:      position{xid: uint64(xid), offset: wr.Offset},
 			uuid:     string(wr.UUID),
 			payload:  wr.Payload,
@@ -81,13 +95,9 @@ func (sub *subscription) read(now time.Time) error {
 		return fmt.Errorf("read: %w", err)
 	}
 	if sub.marking {
-		sub.dirty, sub.dirtyN = false, 0
+		st.dirty, st.dirtyN = false, 0
 	}
-	for _, r := range read {
-		sub.window = append(sub.window, r)
-		sub.enqueue(r)
-		sub.cursor = r.pos
-	}
+	sub.take(read)
 	if len(read) < room {
 		sub.readAt = sub.nextRead(now) // caught up
 	} else {
@@ -96,14 +106,28 @@ func (sub *subscription) read(now time.Time) error {
 	return nil
 }
 
+// take adds the rows read to their streams' windows and queues them.
+func (sub *subscription) take(read []*row) {
+	for _, r := range read {
+		r.st.window = append(r.st.window, r)
+		sub.enqueue(r)
+		r.st.cursor = r.pos
+	}
+}
+
 // nextRead returns when to read again after a read that found every
 // visible row: after PollInterval, or sooner while the rows of a notified
 // transaction are not read yet (they become visible once every
 // transaction older than it ended), with pauses doubling up to
-// PollInterval.
+// PollInterval. A partitioned read knows when they are visible (horizon),
+// since they may belong to partitions of other processes.
 func (sub *subscription) nextRead(now time.Time) time.Time {
 	poll := sub.s.cfg.PollInterval
-	if sub.notifiedXID == 0 || sub.cursor.xid >= sub.notifiedXID {
+	var cursor uint64
+	for _, st := range sub.streams {
+		cursor = max(cursor, st.cursor.xid)
+	}
+	if sub.notifiedXID == 0 || cursor >= sub.notifiedXID || sub.horizon > sub.notifiedXID {
 		sub.notifiedXID, sub.notifyRetry = 0, 0
 		return now.Add(poll)
 	}
@@ -115,10 +139,12 @@ func (sub *subscription) nextRead(now time.Time) time.Time {
 	return now.Add(sub.notifyRetry)
 }
 
-// acquire connects when not connected and tries the group's lock; with
-// it, it reads the group's position. Without it, it stands by until
-// PollInterval passed.
-func (sub *subscription) acquire() error {
+// acquire connects when not connected and tries the locks of the streams
+// that want one; with a stream's lock, it reads the stream's position.
+// The streams it could not lock stand by until PollInterval passed; a
+// partitioned one forgets what it read, since another process reads its
+// partition now.
+func (sub *subscription) acquire(now time.Time) error {
 	if sub.conn == nil {
 		conn, err := sub.s.db.Conn(sub.ctx)
 		if err != nil {
@@ -126,18 +152,62 @@ func (sub *subscription) acquire() error {
 		}
 		sub.conn = conn
 	}
+	sub.stopWaiting()
 	ctx, cancel := sub.queryContext()
 	defer cancel()
-	var got bool
-	err := sub.conn.QueryRowContext(ctx, sub.q.lock, OffsetsTable(sub.s.cfg.TablePrefix, sub.topic), sub.s.group).Scan(&sub.key, &got)
+	want := make(map[string]*stream)
+	var groups []string
+	for _, st := range sub.streams {
+		if !st.locked && !st.dropping {
+			want[st.group] = st
+			groups = append(groups, st.group)
+		}
+	}
+	rows, err := sub.conn.QueryContext(ctx, sub.q.lock, OffsetsTable(sub.s.cfg.TablePrefix, sub.topic), groups)
 	if err != nil {
 		return fmt.Errorf("lock: %w", err)
 	}
-	if !got {
-		sub.retryAt = time.Now().Add(sub.s.cfg.PollInterval)
+	var got []*stream
+	for rows.Next() {
+		var (
+			group string
+			key   int64
+			ok    bool
+		)
+		if err := rows.Scan(&group, &key, &ok); err != nil {
+			_ = rows.Close()
+			return fmt.Errorf("lock: %w", err)
+		}
+		if st := want[group]; st != nil {
+			st.key = key
+			if ok {
+				got = append(got, st)
+				delete(want, group)
+			}
+		}
+	}
+	if err := errors.Join(rows.Err(), rows.Close()); err != nil {
+		return fmt.Errorf("lock: %w", err)
+	}
+	if len(want) > 0 {
+		sub.retryAt = now.Add(sub.s.cfg.PollInterval)
+		if sub.partitioned() {
+			for _, st := range want {
+				sub.reset(st)
+			}
+		}
+	}
+	if len(got) == 0 {
 		return nil
 	}
-	sub.listen(ctx)
+	return sub.took(ctx, got)
+}
+
+// took reads the positions of the streams whose locks it just took.
+func (sub *subscription) took(ctx context.Context, got []*stream) error {
+	if !sub.listening {
+		sub.listen(ctx)
+	}
 	// The rows already there are read as soon as they are visible, as if
 	// their transactions had just notified: a transaction open elsewhere
 	// may hide them from the first read, and no notification comes for
@@ -146,66 +216,77 @@ func (sub *subscription) acquire() error {
 	if err := sub.conn.QueryRowContext(ctx, sub.q.newest).Scan(&newest); err != nil {
 		return fmt.Errorf("newest message: %w", err)
 	}
-	if xid, err := strconv.ParseUint(newest, 10, 64); err == nil {
-		sub.notifiedXID = max(sub.notifiedXID, xid)
+	newestXID, newestErr := strconv.ParseUint(newest, 10, 64)
+	if newestErr == nil {
+		sub.notifiedXID = max(sub.notifiedXID, newestXID)
 	}
-	stored, mark, err := sub.storedPosition(ctx)
+	stored, err := sub.storedPositions(ctx, got)
 	if err != nil {
 		return err
 	}
-	// The rows handed out up to now (see redelivered) are the ones up to
-	// the group's handed-out position; when that is unknown, any row there
-	// now may have been.
 	sub.dropNext() // prepared before, it may say otherwise
-	sub.handedHigh = position{}
-	sub.takenMark, sub.unknownXID = position{}, 0
-	if mark != nil {
-		sub.takenMark = *mark
-	} else if xid, err := strconv.ParseUint(newest, 10, 64); err == nil {
-		sub.unknownXID = xid
-	} else {
-		sub.unknownXID = math.MaxUint64
+	for _, st := range got {
+		r := stored[st.group]
+		// The rows handed out up to now (see redelivered) are the ones up
+		// to the group's handed-out position; when that is unknown, any
+		// row there now may have been.
+		st.handedHigh = position{}
+		st.takenMark, st.unknownXID = position{}, 0
+		switch {
+		case r.handedOut != nil:
+			st.takenMark = *r.handedOut
+		case newestErr == nil:
+			st.unknownXID = newestXID
+		default:
+			st.unknownXID = math.MaxUint64
+		}
+		if st.cursor.less(r.acked) {
+			st.cursor = r.acked
+		}
+		if st.acked.less(r.acked) {
+			st.acked = r.acked
+		}
+		st.locked = true
+		sub.requeue(st)
 	}
-	if sub.cursor.less(stored) {
-		sub.cursor = stored
-	}
-	if sub.acked.less(stored) {
-		sub.acked = stored
-	}
-	sub.locked = true
 	sub.readAt = time.Time{}
-	sub.log.Debug("postgres subscriber: active for its group")
+	sub.log.Debug("postgres subscriber: active for its group", slog.Int("streams", len(got)))
 	return nil
 }
 
-// storedPosition reads the group's acknowledged position, giving it the
-// zero row when it has none, and its handed-out position: nil when
-// unknown (see handedOutColumns).
-func (sub *subscription) storedPosition(ctx context.Context) (acked position, handedOut *position, err error) {
-	var (
-		xid        wsql.XID8
-		markXID    sql.NullString
-		markOffset sql.NullInt64
-	)
-	err = sub.conn.QueryRowContext(ctx, sub.q.position, sub.s.group).Scan(&acked.offset, &xid, &markXID, &markOffset)
-	if errors.Is(err, sql.ErrNoRows) {
-		if _, err := sub.conn.ExecContext(ctx, sub.q.zero, sub.s.group); err != nil {
-			return position{}, nil, fmt.Errorf("give the group its row: %w", err)
+// storedPositions reads the acknowledged and handed-out positions of
+// streams' groups (see handedOutColumns), giving a group without a row
+// the zero row, which has handed out nothing.
+func (sub *subscription) storedPositions(ctx context.Context, streams []*stream) (map[string]storedRow, error) {
+	groups := make([]string, len(streams))
+	for i, st := range streams {
+		groups[i] = st.group
+	}
+	rows, err := sub.conn.QueryContext(ctx, sub.q.position, groups)
+	if err != nil {
+		return nil, fmt.Errorf("read the group's position: %w", err)
+	}
+	read, err := scanStoredRows(rows)
+	if err != nil {
+		return nil, fmt.Errorf("read the group's position: %w", err)
+	}
+	stored := make(map[string]storedRow, len(streams))
+	for _, r := range read {
+		stored[r.group] = r
+	}
+	var missing []string
+	for _, g := range groups {
+		if _, ok := stored[g]; !ok {
+			missing = append(missing, g)
+			stored[g] = storedRow{group: g, handedOut: &position{}} // a new row: nothing handed out
 		}
-		return position{}, &position{}, nil // a new row: nothing handed out
 	}
-	if err != nil {
-		return position{}, nil, fmt.Errorf("read the group's position: %w", err)
+	if len(missing) > 0 {
+		if _, err := sub.conn.ExecContext(ctx, sub.q.zero, missing); err != nil {
+			return nil, fmt.Errorf("give the group its row: %w", err)
+		}
 	}
-	acked.xid = uint64(xid)
-	if !markXID.Valid || !markOffset.Valid {
-		return acked, nil, nil
-	}
-	mx, err := strconv.ParseUint(markXID.String, 10, 64)
-	if err != nil {
-		return position{}, nil, fmt.Errorf("read the group's handed-out position %q: %w", markXID.String, err)
-	}
-	return acked, &position{xid: mx, offset: markOffset.Int64}, nil
+	return stored, nil
 }
 
 // lost gives up the connection, and the lock with it, after a failed
@@ -228,7 +309,14 @@ func (sub *subscription) discard() {
 	if sub.conn == nil {
 		return
 	}
-	_ = sub.conn.Raw(func(any) error { return driver.ErrBadConn })
+	spoil(sub.conn)
 	_ = sub.conn.Close()
-	sub.conn, sub.locked, sub.listening = nil, false, false
+	sub.conn, sub.listening = nil, false
+	sub.unlockAll()
+}
+
+// spoil makes conn's Close close its session instead of returning it to
+// the pool, which ends the session's locks.
+func spoil(conn *sql.Conn) {
+	_ = conn.Raw(func(any) error { return driver.ErrBadConn })
 }

@@ -30,6 +30,9 @@ import (
 // per topic with a row per consumer group. It publishes with watermill-sql's
 // publisher and subscribes with a subscriber of its own over the same
 // tables (subscriber.go), which hands out many messages of a group at once.
+// It adds columns of its own, which watermill-sql's statements ignore: the
+// bucket of each message (partition_bucket.go), and the handed-out
+// position of each group (subscriber_tables.go).
 // docs/transports.md says why this schema and not the queue schema (which
 // has no consumer groups), and how to insert a message by hand.
 
@@ -203,7 +206,8 @@ func offsetsAdapter(cfg TransportConfig) wsql.DefaultPostgreSQLOffsetsAdapter {
 // publisher publishes messages into the topic's table, creating the table
 // on first use. It may share the stores' pool.
 type publisher struct {
-	pub *wsql.Publisher
+	pub     *wsql.Publisher
+	buckets *bucketTopics
 }
 
 var _ message.Publisher = (*publisher)(nil)
@@ -217,22 +221,24 @@ func newPublisher(db *sqlx.DB, cfg TransportConfig) (*publisher, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	buckets := &bucketTopics{db: db, cfg: cfg, topics: make(map[string]bucketState)}
 	pub, err := wsql.NewPublisher(wsql.BeginnerFromStdSQL(db.DB), wsql.PublisherConfig{
-		SchemaAdapter:        schemaAdapter(cfg),
+		SchemaAdapter:        publisherSchema{schema: schemaAdapter(cfg), buckets: buckets},
 		AutoInitializeSchema: true,
 	}, watermilllog.New(cfg.Logger))
 	if err != nil {
 		return nil, fmt.Errorf("postgres: publisher: %w", err)
 	}
-	return &publisher{pub: pub}, nil
+	return &publisher{pub: pub, buckets: buckets}, nil
 }
 
 // uuidNamespace derives the UUIDs that replace over-long message UUIDs.
 var uuidNamespace = uuid.MustParse("6f1f3a52-4c0e-4b8e-9a57-6a3c2e4f9d10")
 
-// Publish inserts msgs into topic's table in one statement. A message UUID
-// longer than MaxUUIDLength is replaced by a UUID derived from it, and
-// the redelivery marker of an earlier delivery is dropped.
+// Publish inserts msgs into topic's table in one statement, each row with
+// its bucket (see publisherSchema). A message UUID longer than
+// MaxUUIDLength is replaced by a UUID derived from it, and the redelivery
+// marker of an earlier delivery is dropped.
 func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
 	out := make([]*message.Message, len(msgs))
 	for i, msg := range msgs {
@@ -249,6 +255,7 @@ func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
 		delete(m.Metadata, framework.MetadataRedelivered)
 		out[i] = m
 	}
+	p.buckets.prepare(contextOf(out), topic)
 	if err := p.pub.Publish(topic, out...); err != nil {
 		return fmt.Errorf("postgres: publish to %s: %w", topic, err)
 	}

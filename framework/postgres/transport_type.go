@@ -66,7 +66,9 @@ func (t *Transport) Publisher() message.Publisher { return t.pub }
 
 // Subscribe returns a new subscriber of sc.Consumer's group, with the
 // ack deadline ackDeadlineFor(sc.HandlingTime) when that is set, and
-// grows the subscribers' pool by its subscriptions.
+// grows the subscribers' pool by its subscriptions. With sc.Partitions
+// above 1 the subscriber is a driver.Assigner: each subscription reads
+// the partitions assigned, all of them on its one connection.
 func (t *Transport) Subscribe(sc driver.SubscribeConfig) (driver.Subscription, error) {
 	sc = sc.WithDefaults()
 	if err := sc.Validate(); err != nil {
@@ -84,6 +86,11 @@ func (t *Transport) Subscribe(sc driver.SubscribeConfig) (driver.Subscription, e
 		return driver.Subscription{}, fmt.Errorf("postgres: consumer %s: %w", sc.Consumer, err)
 	}
 	sub.settles = sc.Settles
+	sub.partitions = sc.Partitions
+	var subscriber message.Subscriber = sub
+	if sub.partitioned() {
+		subscriber = partitionedSubscriber{sub}
+	}
 	topics := append(append([]string(nil), sc.Types...), pipeline.ReplayTopic(sc.Consumer))
 	t.subs.Add(sub)
 	t.mu.Lock()
@@ -94,7 +101,7 @@ func (t *Transport) Subscribe(sc driver.SubscribeConfig) (driver.Subscription, e
 	// Each topic's subscription hands out up to sc.Concurrency messages,
 	// each holding its attempt's connection; the subscribers' own
 	// connections are in their pool, not the database given to New.
-	return driver.Subscription{Subscriber: sub, Topics: topics, Bind: sc.Types, Conns: len(topics) * sc.Concurrency}, nil
+	return driver.Subscription{Subscriber: subscriber, Topics: topics, Bind: sc.Types, Conns: len(topics) * sc.Concurrency}, nil
 }
 
 // Replay publishes msgs to the replay topic of consumer (see
