@@ -107,9 +107,10 @@ func TestPostgres(t *testing.T) {
 			return err
 		}
 		return &runnertest.Env{
-			DB:      db,
-			Store:   store,
-			Process: newTransport,
+			DB:          db,
+			Store:       store,
+			Process:     newTransport,
+			Partitioned: true,
 			Env: transporttest.Env{
 				Transport: newTransport(t),
 				PublishRaw: func(t *testing.T, topic string, body []byte) {

@@ -3,6 +3,8 @@ package runnertest
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/effectively-once/effectively/app/runner"
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 // caseOrderHotKeys: a strict_order consumer drains a few subjects of many
@@ -149,13 +152,38 @@ func casePartitions(t *testing.T, s *suite) {
 	o := s.ordered(t)
 	p1 := s.start(t, o.name, 8, s.typ)
 	s.start(t, o.name, 8, s.typ)
+	s.waitOwners(t, o.name, 2, 2)
 	const subjects, perSubject = 20, 30
 	s.publishOrdered(t, subjects, perSubject)
 	s.waitFor(t, "a third of the effects", func() bool { return o.effects(t) >= subjects*perSubject/3 })
 	p1.stopGracefully(t)
+	s.waitOwners(t, o.name, 4)
 	s.start(t, o.name, 8, s.typ)
+	s.waitOwners(t, o.name, 2, 2)
 	o.mu.Lock()
 	o.nacks = 0 // the stop nacks what it could not finish; those are not charged
 	o.mu.Unlock()
 	o.check(t, subjects*perSubject) // the rebalance to the third nacks nothing
+}
+
+// waitOwners waits until the live owners of consumer's partitions hold
+// so many partitions each (in any order).
+func (s *suite) waitOwners(t *testing.T, consumer string, want ...int) {
+	t.Helper()
+	leases, ok := s.env.Store.(driver.Leases)
+	require.True(t, ok, "%T keeps no leases", s.env.Store)
+	slices.Sort(want)
+	var got []int
+	s.waitFor(t, fmt.Sprintf("owners holding %v partitions", want), func() bool {
+		ls, err := leases.PartitionLeases(context.Background(), consumer)
+		require.NoError(t, err)
+		held := map[string]int{}
+		for _, l := range ls {
+			if l.Owner != "" && l.Expires.After(time.Now()) {
+				held[l.Owner]++
+			}
+		}
+		got = slices.Sorted(maps.Values(held))
+		return slices.Equal(got, want)
+	})
 }
