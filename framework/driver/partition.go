@@ -147,6 +147,14 @@ type Leases interface {
 	// consumer, whatever was recorded: for an operator who drained the
 	// consumer and stopped its processes.
 	SetPartitionCount(ctx context.Context, consumer string, n int) error
+	// RecordedPartitionCount returns the number of partitions recorded
+	// for consumer (see PartitionCount), 0 when none is, and records
+	// nothing: for an operator's view.
+	RecordedPartitionCount(ctx context.Context, consumer string) (int, error)
+	// Members returns the live members of consumer's group (those whose
+	// heartbeat has not expired), sorted, and changes nothing: for an
+	// operator's view, or a check that no process of the consumer runs.
+	Members(ctx context.Context, consumer string) ([]string, error)
 }
 
 // validPartitions reports whether n is a valid SubscribeConfig.Partitions.

@@ -267,6 +267,36 @@ func (s *Store) SetPartitionCount(ctx context.Context, consumer string, n int) e
 	return nil
 }
 
+// RecordedPartitionCount returns consumer's recorded partition count, 0
+// when none is, and records nothing.
+func (s *Store) RecordedPartitionCount(ctx context.Context, consumer string) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("read the partition count of %s: %w", consumer, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.partitions[consumer], nil
+}
+
+// Members returns the live members of consumer's group, sorted, and
+// forgets none.
+func (s *Store) Members(ctx context.Context, consumer string) ([]string, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("read the live members of %s: %w", consumer, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	var live []string
+	for k, expires := range s.members {
+		if k.consumer == consumer && !expires.Before(now) {
+			live = append(live, k.member)
+		}
+	}
+	slices.Sort(live)
+	return live, nil
+}
+
 // fenceError returns the error, wrapping driver.ErrFenced, of fence f of
 // member when the lease of f.Partition (exists false when there is none)
 // has owner and token and is live or not; nil when member holds it with

@@ -357,6 +357,21 @@ func (s *Store) SetPartitionCount(ctx context.Context, consumer string, n int) e
 	return s.sql.SetPartitionCount(ctx, consumer, n)
 }
 
+// RecordedPartitionCount returns the number of partitions recorded
+// for consumer (see PartitionCount), 0 when none is, and records
+// nothing: for an operator's view (driver.Leases).
+func (s *Store) RecordedPartitionCount(ctx context.Context, consumer string) (int, error) {
+	return s.sql.RecordedPartitionCount(ctx, consumer)
+}
+
+// Members returns the live members of consumer's group (those whose
+// heartbeat has not expired), sorted, and changes nothing: for an
+// operator's view, or a check that no process of the consumer
+// runs (driver.Leases).
+func (s *Store) Members(ctx context.Context, consumer string) ([]string, error) {
+	return s.sql.Members(ctx, consumer)
+}
+
 // MarkMany records, inside tx and in one statement, that consumer
 // processed each of keys, and reports for each whether its mark is new:
 // false for a key marked before, and for every repeat of a key within

@@ -261,6 +261,31 @@ func (s *Store) SetPartitionCount(ctx context.Context, consumer string, n int) e
 	return nil
 }
 
+// RecordedPartitionCount implements driver.Leases, in one statement.
+func (s *Store) RecordedPartitionCount(ctx context.Context, consumer string) (int, error) {
+	var recorded int
+	err := s.db.GetContext(ctx, &recorded, s.leaseSQL(qRecordedPartitions), consumer)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return 0, nil
+	case err != nil:
+		return 0, fmt.Errorf("read the partition count of %s: %w", consumer, err)
+	}
+	return recorded, nil
+}
+
+// Members implements driver.Leases, in one statement that deletes
+// nothing: an expired member stays in the table until a heartbeat
+// forgets it, and is not listed.
+func (s *Store) Members(ctx context.Context, consumer string) ([]string, error) {
+	var members []string
+	if err := s.db.SelectContext(ctx, &members, s.leaseSQL(qLiveMembers), consumer); err != nil {
+		return nil, fmt.Errorf("read the live members of %s: %w", consumer, err)
+	}
+	slices.Sort(members)
+	return members, nil
+}
+
 // Fence implements driver.Leases, in one statement for all of fences:
 // on PostgreSQL it locks their leases FOR KEY SHARE until tx ends, which
 // holds off a change of owner; on SQLite tx holds the file's write lock.
