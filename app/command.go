@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/spf13/cobra"
 	"go.uber.org/fx"
 
@@ -89,6 +91,7 @@ type operatorParams struct {
 
 	Config       Config
 	Store        driver.Store
+	DB           *sqlx.DB
 	Declarations []handlers.Declaration `group:"effectively.consumers"`
 }
 
@@ -102,6 +105,7 @@ func openDatabase(opts fx.Option) (cli.Database, func(), error) {
 	var (
 		undo cleanup
 		db   cli.Database
+		tr   *operatorTransport
 	)
 	service := build(&undo,
 		fx.Provide(ConfigFromEnv, newDB, newStore),
@@ -111,14 +115,20 @@ func openDatabase(opts fx.Option) (cli.Database, func(), error) {
 			if err := handlers.CheckDeclarations(p.Declarations); err != nil {
 				return err // what the service refuses at start
 			}
-			db = cli.Database{Config: operatorConfig(p.Config), Store: p.Store, Declarations: p.Declarations}
+			// The transport, opened by the commands that count what
+			// waits in partitions, quietly: their errors say enough.
+			tr = &operatorTransport{cfg: p.Config, db: p.DB, logger: slog.New(slog.DiscardHandler)}
+			db = cli.Database{Config: operatorConfig(p.Config), Store: p.Store, Declarations: p.Declarations, Backlogs: tr.backlogs}
 			return nil
 		}),
 	)
 	if err := service.Err(); err != nil {
 		return cli.Database{}, nil, explain(err)
 	}
-	return db, undo.run, nil
+	return db, func() {
+		_ = tr.Close() // best effort, as undo's hooks
+		undo.run()
+	}, nil
 }
 
 // operatorConfig is what the operator's commands and the console read of

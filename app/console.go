@@ -81,12 +81,13 @@ func (c ConsoleConfig) validate(httpAddr string) error {
 }
 
 // newConsole returns the console of cfg on store, showing the consumers
-// of decls.
-func newConsole(cfg Config, store driver.Store, decls []handlers.Declaration, logger *slog.Logger) (*console.Console, error) {
+// of decls and what waits in their partitions on tr.
+func newConsole(cfg Config, store driver.Store, tr driver.Transport, decls []handlers.Declaration, logger *slog.Logger) (*console.Console, error) {
 	inspector, ok := store.(driver.Inspector)
 	if !ok {
 		return nil, fmt.Errorf("console: the store %T cannot be inspected (it does not implement driver.Inspector)", store)
 	}
+	counter, _ := tr.(driver.BacklogCounter) // nil when the transport counts none
 	tokens, err := console.ParseTokens(cfg.Console.Tokens)
 	if err != nil {
 		return nil, fmt.Errorf("console.tokens: %w", err)
@@ -102,6 +103,7 @@ func newConsole(cfg Config, store driver.Store, decls []handlers.Declaration, lo
 		// dead letter older than processed_retention (the command's
 		// --force has no button).
 		RefuseReplay: cli.RefuseReplay(operatorConfig(cfg), decls),
+		Partitions:   cli.ConsolePartitions(operatorConfig(cfg), store, counter, decls),
 		Logger:       orDefault(logger),
 	})
 	if err != nil {

@@ -120,7 +120,7 @@ func newHTTP(p httpParams) (*httpServer, error) {
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(p.Registry.Registry, promhttp.HandlerOpts{}))
 	if p.Config.Console.Enabled {
-		c, err := newConsole(p.Config, p.Store, p.Declarations, p.Logger)
+		c, err := newConsole(p.Config, p.Store, p.Transport, p.Declarations, p.Logger)
 		if err != nil {
 			return nil, err
 		}

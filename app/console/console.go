@@ -63,6 +63,10 @@ type Config struct {
 	Consumers []Consumer
 	// Transport names the service's transport, for the consumers view.
 	Transport string
+	// Partitions returns the partitions of a partitioned consumer, for
+	// the consumers view: their leases and what waits in them; nil for a
+	// consumer that is not partitioned. Defaults to none.
+	Partitions func(ctx context.Context, consumer string) (*Partitions, error)
 	// RefuseReplay says why a dead letter must not be replayed (its
 	// consumer is not declared, it is older than the processed marks'
 	// retention), or "" when it may. Defaults to refusing none but those

@@ -355,6 +355,8 @@ type consumerRow struct {
 	Consumer
 	Declared bool
 	driver.ConsumerFigures
+	// Partitions are a partitioned consumer's; nil for another.
+	Partitions *Partitions
 }
 
 // consumersData is the content of the consumers view.
@@ -382,7 +384,19 @@ func (c *Console) consumers(w http.ResponseWriter, r *http.Request) {
 		figures[f.Consumer] = f
 	}
 	for _, cons := range slices.SortedFunc(slices.Values(c.cfg.Consumers), func(a, b Consumer) int { return cmp.Compare(a.Name, b.Name) }) {
-		d.Rows = append(d.Rows, consumerRow{Consumer: cons, Declared: true, ConsumerFigures: figures[cons.Name]})
+		row := consumerRow{Consumer: cons, Declared: true, ConsumerFigures: figures[cons.Name]}
+		if c.cfg.Partitions != nil {
+			if row.Partitions, err = c.cfg.Partitions(r.Context(), cons.Name); err != nil {
+				c.internal(w, r, "read the partitions of "+cons.Name, err)
+				return
+			}
+			if p := row.Partitions; p != nil && p.BacklogError != "" {
+				// Its text may name the database's or the broker's internals.
+				c.cfg.Logger.Error("console: count what waits in the partitions", "consumer", cons.Name, "error", p.BacklogError)
+				p.BacklogError = "the transport could not count them (see the service's log)"
+			}
+		}
+		d.Rows = append(d.Rows, row)
 		delete(figures, cons.Name)
 	}
 	for _, f := range rec.Consumers {

@@ -138,7 +138,12 @@ type Config struct {
 	// Registerer, when set, is where New registers the gauges read from
 	// the database on scrape, when the Store implements driver.Gauges:
 	// effectively_dead_letters_pending{consumer,code} and
-	// effectively_parked_events{consumer}. Stop unregisters them.
+	// effectively_parked_events{consumer}; and, when a consumer is
+	// partitioned and the Store implements driver.Leases,
+	// effectively_partition_leases{consumer,partition,owner} and (when
+	// the Transport implements driver.BacklogCounter)
+	// effectively_partition_backlog{consumer,partition}. Stop
+	// unregisters them.
 	Registerer prometheus.Registerer
 	// PartitionLease is how long a partitioned consumer's leases (see
 	// middleware.Settings.Partitions) last without renewal, and so how

@@ -47,6 +47,9 @@ type Runner struct {
 	replays *replayRelay      // publishes what operators replay or release
 	purger  *purge.Purger     // nil when the runner does not purge
 	gauges  *figuresCollector // registered on cfg.Registerer; nil if not
+	// partGauges are the partitioned consumers' gauges, registered on
+	// cfg.Registerer; nil without a partitioned consumer.
+	partGauges *partitionsCollector
 
 	// The service's loops (see startLoops), canceled under mu: the
 	// outbox relay apart, as it stops last.
@@ -138,6 +141,34 @@ func (r *Runner) addLoops() error {
 			return fmt.Errorf("Config.Registerer: the database gauges: %w", err)
 		}
 	}
+	return r.addPartitionGauges()
+}
+
+// addPartitionGauges registers the gauges of the partitioned consumers
+// (see partitionsCollector), if any, on cfg.Registerer.
+func (r *Runner) addPartitionGauges() error {
+	leases, ok := r.cfg.Store.(driver.Leases)
+	if !ok || r.cfg.Registerer == nil {
+		return nil
+	}
+	var consumers []partitionedConsumer
+	for _, cc := range r.cfg.Consumers {
+		if cc.Partitions > 1 {
+			consumers = append(consumers, partitionedConsumer{name: cc.Consumer.Name(), types: cc.Consumer.Types(), partitions: cc.Partitions})
+		}
+	}
+	if len(consumers) == 0 {
+		return nil
+	}
+	counter, _ := r.cfg.Transport.(driver.BacklogCounter) // nil when the transport counts none
+	pc := newPartitionsCollector(consumers, leases, counter, r.logger)
+	if err := r.cfg.Registerer.Register(pc); err != nil {
+		if r.gauges != nil {
+			r.cfg.Registerer.Unregister(r.gauges)
+		}
+		return fmt.Errorf("Config.Registerer: the partitions' gauges: %w", err)
+	}
+	r.partGauges = pc
 	return nil
 }
 
@@ -411,7 +442,8 @@ func (r *Runner) Stopped() <-chan struct{} { return r.runDone }
 //  3. the outbox relay, which kept publishing what the draining attempts
 //     committed, then publishes once more what is left, while ctx lasts
 //     (the rest waits in the outbox for the next start);
-//  4. the gauges, unregistered.
+//  4. the gauges (those of the database, those of the partitions),
+//     unregistered.
 //
 // It returns an error wrapping ctx's error if ctx ended before the
 // attempts in flight finished. Stop does not close the transport.
@@ -421,6 +453,9 @@ func (r *Runner) Stop(ctx context.Context) error {
 		r.stopOutbox(ctx)
 		if r.gauges != nil {
 			r.cfg.Registerer.Unregister(r.gauges)
+		}
+		if r.partGauges != nil {
+			r.cfg.Registerer.Unregister(r.partGauges)
 		}
 	}()
 	r.mu.Lock()

@@ -46,6 +46,11 @@ type Database struct {
 	// Declarations are the consumers the service declares
 	// (handlers.Register), which build no handler.
 	Declarations []handlers.Declaration
+	// Backlogs returns the service's transport as a counter of what
+	// waits in a consumer's partitions, opening it on the first call
+	// (the function that closes the database closes it too); nil, or a
+	// nil counter, when the transport counts none.
+	Backlogs func(ctx context.Context) (driver.BacklogCounter, error)
 }
 
 // Config is what the commands read of the service's configuration.

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"time"
 
 	"github.com/effectively-once/effectively/app/console"
@@ -37,4 +38,39 @@ func ConsoleConsumers(cfg Config, decls []handlers.Declaration) []console.Consum
 func RefuseReplay(cfg Config, decls []handlers.Declaration) func(dl driver.DeadLetter, now time.Time) string {
 	op := newOperator(Database{Config: cfg, Declarations: decls})
 	return func(dl driver.DeadLetter, now time.Time) string { return op.refuseReplay(dl, false, now) }
+}
+
+// ConsolePartitions returns the partitions of the consumers of decls as
+// the operator console shows them (console.Config.Partitions): as the
+// consumers command lists them, their leases read from store and what
+// waits in them counted by counter (nil when the transport counts none).
+func ConsolePartitions(cfg Config, store driver.Store, counter driver.BacklogCounter, decls []handlers.Declaration) func(ctx context.Context, consumer string) (*console.Partitions, error) {
+	db := Database{Config: cfg, Store: store}
+	if counter != nil {
+		db.Backlogs = func(context.Context) (driver.BacklogCounter, error) { return counter, nil }
+	}
+	src := newPartitionSource(db)
+	byName := make(map[string]handlers.Declaration, len(decls))
+	for _, d := range decls {
+		byName[d.Name] = d
+	}
+	return func(ctx context.Context, consumer string) (*console.Partitions, error) {
+		d, ok := byName[consumer]
+		if !ok {
+			return nil, nil
+		}
+		v, err := src.partitions(ctx, d)
+		if err != nil || v == nil {
+			return nil, err
+		}
+		out := &console.Partitions{Count: v.Count, Configured: v.Configured, Members: v.Members, BacklogError: v.BacklogError}
+		for _, p := range v.Partitions {
+			row := console.Partition{Partition: p.Partition, Owner: p.Owner, Token: p.Token, Waiting: waitingText(p), Position: positionsText(consumer, p.Positions)}
+			if p.LeaseExpiresIn != nil {
+				row.ExpiresIn = time.Duration(*p.LeaseExpiresIn * float64(time.Second)).Round(time.Second)
+			}
+			out.Rows = append(out.Rows, row)
+		}
+		return out, nil
+	}
 }

@@ -33,8 +33,16 @@ events it processed in the last hour (processed marks; a consumer without
 deduplication keeps none), its pending dead letters and the events parked
 behind them (strict_order). Names that are not declared but still have
 dead letters or parked events (a consumer renamed or removed) are listed
-too. Last, the outbox's unsent rows and the oldest of them. With --json it
-prints the same as one JSON object.`,
+too. Then the outbox's unsent rows and the oldest of them. Last, for each
+partitioned consumer (partitions above 1), its partitions: their count and
+the consumer's live processes, then a row per partition with the process
+that owns it (its lease; "—" when free or expired), the lease's fencing
+token, how long the lease lasts unless renewed, the messages waiting in it
+(counted by the transport, at most 100000: "100000+" past that; "?" when
+the transport cannot tell) and, on PostgreSQL, its position in each topic
+(the offset of the last message acknowledged in order; the consumer's
+replay topic is "replay"). With --json it prints the same as one JSON
+object.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return inspect(cmd.Context(), s, func(ctx context.Context, in inspection) error {
@@ -43,6 +51,11 @@ prints the same as one JSON object.`,
 					return err
 				}
 				v := newConsumersView(in.cfg, in.declarations, rec)
+				for i, d := range in.declarations {
+					if v.Consumers[i].Partitions, err = in.partitions.partitions(ctx, d); err != nil {
+						return err
+					}
+				}
 				if asJSON {
 					return writeJSON(cmd.OutOrStdout(), v)
 				}
@@ -51,6 +64,7 @@ prints the same as one JSON object.`,
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	cmd.AddCommand(repartitionCommand(s))
 	return cmd
 }
 
@@ -80,6 +94,8 @@ type consumerView struct {
 	ProcessedLastHour  int64  `json:"processed_last_hour"`
 	PendingDeadLetters int64  `json:"pending_dead_letters"`
 	Parked             int64  `json:"parked"`
+	// Partitions are a partitioned consumer's; nil for another.
+	Partitions *partitionsView `json:"partitions,omitempty"`
 }
 
 // outboxFigures are the outbox's unsent rows.
@@ -165,10 +181,18 @@ func printConsumers(out io.Writer, v consumersView) error {
 		return err
 	}
 	if v.Outbox.OldestUnsent == nil {
-		_, err := fmt.Fprintln(out, "outbox: no unsent row")
-		return err
+		fmt.Fprintln(out, "outbox: no unsent row")
+	} else {
+		fmt.Fprintf(out, "outbox: %d unsent, the oldest added %s (%s ago)\n", v.Outbox.Unsent,
+			stamp(*v.Outbox.OldestUnsent), time.Since(*v.Outbox.OldestUnsent).Round(time.Second))
 	}
-	_, err := fmt.Fprintf(out, "outbox: %d unsent, the oldest added %s (%s ago)\n", v.Outbox.Unsent,
-		stamp(*v.Outbox.OldestUnsent), time.Since(*v.Outbox.OldestUnsent).Round(time.Second))
-	return err
+	for _, c := range v.Consumers {
+		if c.Partitions == nil {
+			continue
+		}
+		if err := printPartitions(out, c.Name, *c.Partitions); err != nil {
+			return err
+		}
+	}
+	return nil
 }

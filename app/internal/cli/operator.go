@@ -6,6 +6,7 @@ import (
 	"io"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/handlers"
@@ -73,6 +74,8 @@ type inspection struct {
 	cfg          Config
 	inspector    driver.Inspector
 	declarations []handlers.Declaration
+	// partitions reads the partitioned consumers' leases and backlogs.
+	partitions partitionSource
 }
 
 // inspect opens the service's database (see operate), runs fn and closes
@@ -89,5 +92,12 @@ func inspect(ctx context.Context, s Service, fn func(ctx context.Context, in ins
 	}
 	decls := slices.Clone(db.Declarations)
 	slices.SortFunc(decls, func(a, b handlers.Declaration) int { return strings.Compare(a.Name, b.Name) })
-	return fn(ctx, inspection{cfg: db.Config, inspector: in, declarations: decls})
+	return fn(ctx, inspection{cfg: db.Config, inspector: in, declarations: decls, partitions: newPartitionSource(db)})
+}
+
+// newPartitionSource returns the source of the partitions of db's
+// consumers.
+func newPartitionSource(db Database) partitionSource {
+	leases, _ := db.Store.(driver.Leases)
+	return partitionSource{cfg: db.Config, leases: leases, backlogs: db.Backlogs, now: time.Now}
 }

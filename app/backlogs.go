@@ -1,0 +1,75 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+
+	"github.com/effectively-once/effectively/framework/driver"
+)
+
+// backlogConnectTimeout bounds an operator's command's connection to the
+// broker, to count what waits in a consumer's partitions.
+const backlogConnectTimeout = 30 * time.Second
+
+// operatorTransport is the transport an operator's command opens to count
+// what waits in the consumers' partitions (cli.Database.Backlogs): opened
+// on first use, so that a command that needs none dials no broker.
+type operatorTransport struct {
+	cfg    Config
+	db     *sqlx.DB
+	logger *slog.Logger
+
+	mu      sync.Mutex
+	opened  bool
+	counter driver.BacklogCounter // nil when the transport counts none
+	err     error
+	close   func() error
+}
+
+// backlogs opens the transport, once, and returns it as a
+// driver.BacklogCounter: nil when it is not one.
+func (o *operatorTransport) backlogs(ctx context.Context) (driver.BacklogCounter, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.opened {
+		return o.counter, o.err
+	}
+	o.opened = true
+	tr, closeDB, _, err := openTransport(ctx, o.cfg, o.db, o.logger)
+	if err != nil {
+		o.err = err
+		return nil, err
+	}
+	o.close = func() error { return errors.Join(tr.Close(), closeDB()) }
+	counter, ok := tr.(driver.BacklogCounter)
+	if !ok {
+		return nil, nil
+	}
+	if c, ok := tr.(connector); ok {
+		ctx, cancel := context.WithTimeout(ctx, backlogConnectTimeout)
+		defer cancel()
+		if err := connect(ctx, c); err != nil {
+			o.err = err
+			return nil, err
+		}
+	}
+	o.counter = counter
+	return counter, nil
+}
+
+// Close closes what backlogs opened.
+func (o *operatorTransport) Close() error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.close == nil {
+		return nil
+	}
+	err := o.close()
+	o.close = nil
+	return err
+}
