@@ -73,3 +73,10 @@ func (o *operatorTransport) Close() error {
 	o.close = nil
 	return err
 }
+
+// backlogCounter returns tr as a driver.BacklogCounter; nil when it
+// counts none.
+func backlogCounter(tr driver.Transport) driver.BacklogCounter {
+	c, _ := tr.(driver.BacklogCounter)
+	return c
+}

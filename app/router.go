@@ -116,6 +116,7 @@ func newRouter(p routerParams) (*runner.Runner, error) {
 		ReplayRetention:     time.Duration(p.Config.ReplayRetention),
 		DeadLetterRetention: time.Duration(p.Config.DeadLetterRetention),
 		Registerer:          p.Prometheus,
+		Backlogs:            backlogCounter(p.Transport),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("router: %w", err)

@@ -140,11 +140,14 @@ type Config struct {
 	// effectively_dead_letters_pending{consumer,code} and
 	// effectively_parked_events{consumer}; and, when a consumer is
 	// partitioned and the Store implements driver.Leases,
-	// effectively_partition_leases{consumer,partition,owner} and (when
-	// the Transport implements driver.BacklogCounter)
-	// effectively_partition_backlog{consumer,partition}. Stop
+	// effectively_partition_leases{consumer,partition,owner} and (with
+	// Backlogs) effectively_partition_backlog{consumer,partition}. Stop
 	// unregisters them.
 	Registerer prometheus.Registerer
+	// Backlogs counts what waits in the partitioned consumers'
+	// partitions, for the gauge effectively_partition_backlog. Defaults
+	// to Transport when it implements driver.BacklogCounter, else none.
+	Backlogs driver.BacklogCounter
 	// PartitionLease is how long a partitioned consumer's leases (see
 	// middleware.Settings.Partitions) last without renewal, and so how
 	// long a process that died keeps its partitions; the runner renews
@@ -168,6 +171,9 @@ func (c Config) WithDefaults() Config {
 	c.ReplayRetention = cmp.Or(c.ReplayRetention, DefaultReplayRetention)
 	c.DeadLetterRetention = cmp.Or(c.DeadLetterRetention, DefaultDeadLetterRetention)
 	c.PartitionLease = cmp.Or(c.PartitionLease, driver.DefaultLease)
+	if c.Backlogs == nil {
+		c.Backlogs, _ = c.Transport.(driver.BacklogCounter)
+	}
 	return c
 }
 

@@ -160,8 +160,7 @@ func (r *Runner) addPartitionGauges() error {
 	if len(consumers) == 0 {
 		return nil
 	}
-	counter, _ := r.cfg.Transport.(driver.BacklogCounter) // nil when the transport counts none
-	pc := newPartitionsCollector(consumers, leases, counter, r.logger)
+	pc := newPartitionsCollector(consumers, leases, r.cfg.Backlogs, r.logger)
 	if err := r.cfg.Registerer.Register(pc); err != nil {
 		if r.gauges != nil {
 			r.cfg.Registerer.Unregister(r.gauges)

@@ -173,7 +173,7 @@ func printPartitions(out io.Writer, consumer string, v partitionsView) error {
 	}
 	members := "no live process"
 	if len(v.Members) > 0 {
-		members = fmt.Sprintf("%d live processes: %s", len(v.Members), strings.Join(v.Members, ", "))
+		members = fmt.Sprintf("%d live %s: %s", len(v.Members), plural(len(v.Members), "process", "processes"), strings.Join(v.Members, ", "))
 	}
 	fmt.Fprintf(out, "\nconsumer %s: %s, %s\n", consumer, count, members)
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
@@ -227,4 +227,12 @@ func positionsText(consumer string, positions []positionView) string {
 		parts = append(parts, Printable(topic)+"@"+offset)
 	}
 	return strings.Join(parts, " ")
+}
+
+// plural returns one when n is 1, else many.
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }

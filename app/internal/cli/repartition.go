@@ -120,8 +120,8 @@ func checkStopped(ctx context.Context, leases driver.Leases, consumer string, no
 	}
 	switch {
 	case len(members) > 0:
-		return fmt.Errorf("refused: %d processes of the consumer are alive (%s): stop every one of them (one that died is forgotten once its heartbeat expires), then run this again",
-			len(members), Printable(strings.Join(members, ", ")))
+		return fmt.Errorf("refused: %d %s alive (%s): stop every one (one that died is forgotten once its heartbeat expires), then run this again",
+			len(members), plural(len(members), "process of the consumer is", "processes of the consumer are"), Printable(strings.Join(members, ", ")))
 	case len(held) > 0:
 		return fmt.Errorf("refused: partitions %s are leased until %s: stop every process of the consumer (a lease of one that died expires by itself), then run this again",
 			strings.Join(held, ", "), last.UTC().Format(time.RFC3339))
