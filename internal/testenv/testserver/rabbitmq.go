@@ -31,9 +31,21 @@ type RabbitMQ struct {
 	URL string
 }
 
-// StartRabbitMQ starts a private node and stops it, and removes its data,
-// when the test ends.
+// RabbitMQPlugins are the plugins a node of StartRabbitMQ runs: the
+// consistent-hash exchange of partitioned consumers, which ships with
+// rabbitmq-server.
+var RabbitMQPlugins = []string{"rabbitmq_consistent_hash_exchange"}
+
+// StartRabbitMQ starts a private node with RabbitMQPlugins and stops it,
+// and removes its data, when the test ends.
 func StartRabbitMQ(t *testing.T) *RabbitMQ {
+	t.Helper()
+	return StartRabbitMQWith(t, RabbitMQPlugins...)
+}
+
+// StartRabbitMQWith is StartRabbitMQ with plugins instead of
+// RabbitMQPlugins: none, for a test of a broker without them.
+func StartRabbitMQWith(t *testing.T, plugins ...string) *RabbitMQ {
 	t.Helper()
 	testenv.Require(t, testenv.AMQPURLVar)
 	if _, err := exec.LookPath("rabbitmq-server"); err != nil {
@@ -45,7 +57,7 @@ func StartRabbitMQ(t *testing.T) *RabbitMQ {
 	dir, err := os.MkdirTemp("", "effectively-rabbitmq-")
 	require.NoError(t, err)
 	require.NoError(t, os.Chmod(dir, 0o755))
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "enabled_plugins"), []byte("[].\n"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "enabled_plugins"), []byte("["+strings.Join(plugins, ",")+"].\n"), 0o644))
 	require.NoError(t, exec.Command("chown", "-R", "rabbitmq:rabbitmq", dir).Run())
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
