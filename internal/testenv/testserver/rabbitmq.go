@@ -31,20 +31,19 @@ type RabbitMQ struct {
 	URL string
 }
 
-// RabbitMQPlugins are the plugins a node of StartRabbitMQ runs: the
-// consistent-hash exchange of partitioned consumers, which ships with
-// rabbitmq-server.
-var RabbitMQPlugins = []string{"rabbitmq_consistent_hash_exchange"}
+// ConsistentHashPlugin is the plugin of the consistent-hash exchange of
+// partitioned consumers, which ships with rabbitmq-server.
+const ConsistentHashPlugin = "rabbitmq_consistent_hash_exchange"
 
-// StartRabbitMQ starts a private node with RabbitMQPlugins and stops it,
-// and removes its data, when the test ends.
+// StartRabbitMQ starts a private node with ConsistentHashPlugin and stops
+// it, and removes its data, when the test ends.
 func StartRabbitMQ(t *testing.T) *RabbitMQ {
 	t.Helper()
-	return StartRabbitMQWith(t, RabbitMQPlugins...)
+	return StartRabbitMQWith(t, ConsistentHashPlugin)
 }
 
-// StartRabbitMQWith is StartRabbitMQ with plugins instead of
-// RabbitMQPlugins: none, for a test of a broker without them.
+// StartRabbitMQWith is StartRabbitMQ with plugins instead: none, for a
+// test of a broker without the consistent-hash exchange.
 func StartRabbitMQWith(t *testing.T, plugins ...string) *RabbitMQ {
 	t.Helper()
 	testenv.Require(t, testenv.AMQPURLVar)
