@@ -328,40 +328,47 @@ func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) bo
 	stop := s.stop     // nil unless a partition's
 	cancelled := false // the consumer was cancelled: the channel stays
 	for {
-		select {
-		case s.slots <- struct{}{}:
-		case err := <-closed: // lost while every slot is taken
-			lost = true
-			_ = err // why is the connection's to report, and it reconnects
-			return true
-		case <-s.closing:
-			return true
-		case <-ctx.Done():
-			return true
-		case <-stop:
-			stop, cancelled = nil, s.cancel(ctx, ch, tag)
-			continue
-		}
+		// A delivery, then a slot: the partitions of a consumer share its
+		// slots, and one idle would hold a slot while it waits.
 		var d amqp091.Delivery
-		var ok bool
-		select {
-		case d, ok = <-deliveries:
-			// Closed: the channel or the connection closed, or the
-			// consumer was cancelled.
-			lost = !ok && !cancelled
-		case <-stop:
-			stop, cancelled = nil, s.cancel(ctx, ch, tag)
-			<-s.slots
-			continue
-		case <-s.closing:
-		case <-ctx.Done():
+		ok := false
+		for received := false; !received; {
+			select {
+			case d, ok = <-deliveries:
+				// Closed: the channel or the connection closed, or the
+				// consumer was cancelled.
+				received, lost = true, !ok && !cancelled
+			case <-stop:
+				stop, cancelled = nil, s.cancel(ctx, ch, tag)
+			case <-s.closing:
+				return true
+			case <-ctx.Done():
+				return true
+			}
 		}
 		if !ok {
-			<-s.slots
 			if cancelled {
 				lost = c.awaitSettled(closed)
 			}
 			return true
+		}
+		// Until it has a slot the delivery is not the acker's: when the
+		// consume ends first, closing the channel requeues it.
+		for slot := false; !slot; {
+			select {
+			case s.slots <- struct{}{}:
+				slot = true
+			case err := <-closed: // lost while every slot is taken
+				lost = true
+				_ = err // why is the connection's to report, and it reconnects
+				return true
+			case <-stop:
+				stop, cancelled = nil, s.cancel(ctx, ch, tag)
+			case <-s.closing:
+				return true
+			case <-ctx.Done():
+				return true
+			}
 		}
 		c.acks.add(d.DeliveryTag)
 		msg, err := Marshaler{}.Unmarshal(d)
