@@ -19,7 +19,9 @@ import (
 // exchange of each of its types (Subscription.Initialize binds them). Its
 // one subscription of the queue hands out up to its concurrency of
 // messages at once, each acked or nacked by itself, and the broker sends
-// Config.Prefetch more ahead of them.
+// Config.Prefetch more ahead of them. A partitioned consumer has a queue
+// per partition instead, fed by a consistent-hash exchange of its own
+// (see PartitionHeader).
 //
 // New does not dial: call Connect before the subscriptions are
 // initialized; until then Publish and Replay return ErrNotConnected.
