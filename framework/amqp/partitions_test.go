@@ -114,6 +114,7 @@ type seen struct {
 	redelivered bool
 	order       int    // among every message the test's readers were handed
 	by          string // the reader's name
+	header      bool   // it carried PartitionHeader
 }
 
 // readers record what the partitioned subscribers of a test hand out.
@@ -140,14 +141,15 @@ func (r *readers) read(t *testing.T, by string, ch <-chan *message.Message, sub 
 		if !ok {
 			t.Errorf("%s carries no partition", env.ID)
 		}
-		if got := msg.Metadata.Get(PartitionHeader); got != "" && got != driver.PartitionKey(env.Subject, env.ID) {
-			t.Errorf("%s: header %s is %q", env.ID, PartitionHeader, got)
+		header, hasHeader := msg.Metadata[PartitionHeader]
+		if hasHeader && header != driver.PartitionKey(env.Subject, env.ID) {
+			t.Errorf("%s: header %s is %q", env.ID, PartitionHeader, header)
 		}
 		r.mu.Lock()
 		r.byID[env.ID]++
 		r.all = append(r.all, seen{
 			id: env.ID, subject: env.Subject, seq: env.SubjectSeq, partition: p,
-			redelivered: msg.Metadata.Get(framework.MetadataRedelivered) == "true", order: len(r.all), by: by,
+			redelivered: msg.Metadata.Get(framework.MetadataRedelivered) == "true", order: len(r.all), by: by, header: hasHeader,
 		})
 		r.mu.Unlock()
 		time.Sleep(pause)
@@ -240,6 +242,9 @@ func TestPartitionsBySubject(t *testing.T) {
 	all := r.snapshot()
 	require.Len(t, all, len(want))
 	partitionOf := requireOnceInOrder(t, all)
+	for _, s := range all {
+		require.True(t, s.header, "%s published without %s", s.id, PartitionHeader)
+	}
 	perPartition := make([]int, f.n)
 	for _, p := range partitionOf {
 		perPartition[p]++
@@ -447,6 +452,7 @@ func TestPartitionsWithoutHeader(t *testing.T) {
 	require.Len(t, all, len(want))
 	requireOnceInOrder(t, all)
 	for _, s := range all {
+		require.False(t, s.header)
 		require.Equal(t, all[0].partition, s.partition, "messages without the header in one partition")
 	}
 	require.Equal(t, []int{0, 0, 0, 0}, f.counts(t))
@@ -472,6 +478,31 @@ func TestPartitionsFewer(t *testing.T) {
 	after := f.counts(t)
 	require.Equal(t, before[2:], after[2:], "partitions 2 and 3 get nothing new, and keep what they hold")
 	require.Equal(t, 80, after[0]+after[1]+after[2]+after[3])
+}
+
+// TestPartitionHeader: the publishers' marshaler (Publish, PublishDeferred
+// and Replay) sets PartitionHeader on a CloudEvent, its subject or else
+// its id, over a stale value in the metadata, and not on another payload.
+func TestPartitionHeader(t *testing.T) {
+	t.Parallel()
+	conn, err := newConnection(TransportConfig{URL: "amqp://guest:guest@127.0.0.1:1/"})
+	require.NoError(t, err)
+	marshal := conn.publisherConfig().Marshaler
+	require.IsType(t, framedMarshaler{}, newConfirmChannel(conn).cfg.Marshaler, "PublishDeferred's")
+
+	msg := partEvent(t, "tests.t", "subject-1", "id-1", 1)
+	msg.Metadata.Set(PartitionHeader, "stale")
+	p, err := marshal.Marshal(msg)
+	require.NoError(t, err)
+	require.Equal(t, "subject-1", p.Headers[PartitionHeader])
+
+	p, err = marshal.Marshal(partEvent(t, "tests.t", "", "id-2", 0))
+	require.NoError(t, err)
+	require.Equal(t, "id-2", p.Headers[PartitionHeader], "the id of an event without a subject")
+
+	p, err = marshal.Marshal(message.NewMessage("u-1", []byte(`{"not":"an event"}`)))
+	require.NoError(t, err)
+	require.NotContains(t, p.Headers, PartitionHeader)
 }
 
 // deletePartitions deletes the queues and the exchange of a partitioned
