@@ -63,7 +63,10 @@
 // it with weight 1. The publishers set PartitionHeader on
 // every CloudEvent they publish: its subject, or its id when it has none,
 // so that the events of one subject go to one partition, in order. A
-// message without it goes to one partition, always the same.
+// message without it goes to one partition, always the same. The plugin
+// picks the partition; RabbitMQ 3.10 may pick others for some subjects
+// after a node's first restart (it rebuilds its ring in another order),
+// then keeps to them.
 //
 // Its Subscriber is a driver.Assigner: it consumes no partition until
 // Assign names some, then only those, each on a channel of its own. A

@@ -46,9 +46,7 @@ const (
 )
 
 // A partition's queue is named with two digits, so that the names sort as
-// the partitions do: RabbitMQ 3.10's plugin rebuilds its ring at boot from
-// the bindings sorted by queue name (see partitions). It fails to compile
-// if MaxPartitions outgrows them.
+// the partitions do. It fails to compile if MaxPartitions outgrows them.
 var _ [100 - driver.MaxPartitions]struct{}
 
 // partitions is the topology and the consumption of a partitioned
@@ -62,9 +60,17 @@ var _ [100 - driver.MaxPartitions]struct{}
 // name does not hold the number of partitions, so that the queues stay
 // when it changes), of the transport's queue type, with
 // x-single-active-consumer, bound to the exchange with weight 1. The
-// plugin puts a queue's buckets on its ring in the order the bindings
-// were made, and at the broker's boot in the order of the queue names:
-// both are the partitions' order, so bucket i is partition i.
+// plugin puts each queue's bucket on its ring in the order the bindings
+// were made: the partitions' order, each process binding them in turn.
+//
+// Which partition a key goes to is the plugin's: a jump consistent hash of
+// the header's value over the ring's buckets, not driver.PartitionOf. It
+// stays while the broker runs, and more partitions move about (M-N)/M of
+// the keys. But RabbitMQ 3.10 rebuilds the ring when a node restarts, in
+// the order it recovers the bindings rather than the order they were
+// made: after the first restart, keys may go to other partitions than
+// before (seen: 4 partitions ring [p00 p01 p02 p03] came back as
+// [p00 p02 p03 p01]); from then on the ring is the same at every restart.
 //
 // Single active consumer is the broker's guard only: RabbitMQ hands each
 // queue to its first consumer, so a process consumes only the partitions

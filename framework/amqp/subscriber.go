@@ -243,7 +243,7 @@ func (s *subscription) run(ctx context.Context) {
 			// before the subscription was initialized.
 			if !first || s.partition >= 0 {
 				if err := s.declare(w.Connection()); err != nil {
-					s.conn.cfg.Logger.WarnContext(ctx, "amqp: declare again after a lost channel", "queue", s.queue, "error", err)
+					s.conn.cfg.Logger.WarnContext(ctx, "amqp: declare before consuming", "queue", s.queue, "error", err)
 				}
 			}
 			consumed = s.consume(ctx, w.Connection())
