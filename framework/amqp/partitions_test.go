@@ -27,6 +27,7 @@ type partFixture struct {
 	topic    string
 	consumer string
 	n        int
+	quorum   bool // the partitions' queues are quorum queues
 }
 
 // newPartFixture names a consumer of n partitions of its own.
@@ -46,7 +47,11 @@ func newPartFixture(t *testing.T, n int) *partFixture {
 // on a transport of its own (a process of the consumer), initialized.
 func (f *partFixture) subscribe(t *testing.T, concurrency int, settles bool) (*Transport, *partitionedSubscriber) {
 	t.Helper()
-	tr := newTransport(t, TransportConfig{URL: f.url, NackDelay: 20 * time.Millisecond})
+	cfg := TransportConfig{URL: f.url, NackDelay: 20 * time.Millisecond}
+	if f.quorum {
+		cfg.QueueType = QueueQuorum
+	}
+	tr := newTransport(t, cfg)
 	sub, err := tr.Subscribe(driver.SubscribeConfig{
 		Consumer: f.consumer, Types: []string{f.topic}, Concurrency: concurrency, Partitions: f.n, Settles: settles,
 	})
@@ -306,7 +311,19 @@ func TestPartitionsAssignSubset(t *testing.T) {
 // its order across the move.
 func TestPartitionsReassign(t *testing.T) {
 	t.Parallel()
-	f := newPartFixture(t, 4)
+	t.Run("Classic", func(t *testing.T) {
+		t.Parallel()
+		testReassign(t, newPartFixture(t, 4))
+	})
+	t.Run("Quorum", func(t *testing.T) {
+		t.Parallel()
+		f := newPartFixture(t, 4)
+		f.quorum = true
+		testReassign(t, f)
+	})
+}
+
+func testReassign(t *testing.T, f *partFixture) {
 	trA, a := f.subscribe(t, 2, true)
 	_, b := f.subscribe(t, 2, true)
 	ctx, cancel := context.WithCancel(context.Background())
