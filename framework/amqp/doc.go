@@ -72,7 +72,9 @@
 // Assign names some, then only those, each on a channel of its own. A
 // partition dropped by Assign is cancelled, what the broker sent of it is
 // handed out, and Assign returns once the reader settled all of it: its
-// next owner sees no redelivery. Replay to a partitioned consumer goes
+// next owner sees no redelivery from a classic queue (a quorum queue of
+// RabbitMQ 3.10 returns what it had in flight to the cancelled consumer,
+// up to its prefetch, which comes again as redeliveries). Replay to a partitioned consumer goes
 // through its exchange, to the partition of each message. Initializing
 // with fewer partitions than before unbinds the queues of those beyond;
 // what they hold stays in them.

@@ -194,13 +194,20 @@ func (r *readers) snapshot() []seen {
 // a redelivery, each subject's in one partition and in publish order.
 func requireOnceInOrder(t *testing.T, all []seen) map[string]int {
 	t.Helper()
+	return requireOnce(t, all, false)
+}
+
+// requireOnce is requireOnceInOrder, redeliveries allowed when
+// redelivered.
+func requireOnce(t *testing.T, all []seen, redelivered bool) map[string]int {
+	t.Helper()
 	partitionOf := map[string]int{}
 	last := map[string]int64{}
 	ids := map[string]bool{}
 	for _, s := range all {
 		require.False(t, ids[s.id], "%s handed out twice", s.id)
 		ids[s.id] = true
-		require.False(t, s.redelivered, "%s redelivered", s.id)
+		require.True(t, redelivered || !s.redelivered, "%s redelivered", s.id)
 		if p, ok := partitionOf[s.subject]; ok {
 			require.Equal(t, p, s.partition, "subject %s in two partitions", s.subject)
 		}
@@ -315,6 +322,11 @@ func TestPartitionsReassign(t *testing.T) {
 		t.Parallel()
 		testReassign(t, newPartFixture(t, 4))
 	})
+	// A quorum queue of RabbitMQ 3.10 returns to the queue what it had
+	// in flight to a consumer when it is cancelled: the next owner gets
+	// those as redeliveries (a plain amqp091 client that cancels and
+	// drains its deliveries sees the same). Still none is handed out
+	// twice.
 	t.Run("Quorum", func(t *testing.T) {
 		t.Parallel()
 		f := newPartFixture(t, 4)
@@ -358,7 +370,7 @@ func testReassign(t *testing.T, f *partFixture) {
 
 	all := r.snapshot()
 	require.Len(t, all, len(want))
-	requireOnceInOrder(t, all)
+	requireOnce(t, all, f.quorum)
 	movedOn := 0
 	for _, s := range all[moved:] {
 		if s.partition >= 2 {

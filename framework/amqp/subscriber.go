@@ -293,9 +293,11 @@ func (s *subscription) declare(conn *amqp091.Connection) error {
 //
 // A dropped partition (stop) cancels its consumer, hands out what the
 // broker sent before the cancel, then waits until the reader settled
-// every delivery, nacks sent without their pause: none goes back to the
-// queue unless the reader nacks it, so that the partition's next owner
-// sees no redelivery.
+// every delivery, nacks sent without their pause: from a classic queue
+// none goes back unless the reader nacks it, so that the partition's next
+// owner sees no redelivery. (A quorum queue of RabbitMQ 3.10 returns what
+// it had in flight to the consumer when it was cancelled, up to its
+// prefetch: the next owner gets those as redeliveries.)
 func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) bool {
 	tag := s.consumerTag()
 	ch, deliveries, err := s.open(conn, tag)
