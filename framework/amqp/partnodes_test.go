@@ -62,3 +62,37 @@ func TestPartitionsAfterBrokerRestart(t *testing.T) {
 	n.Start(t)
 	require.Equal(t, first, round(), "subjects moved at a later restart")
 }
+
+// TestPartitionsWithoutPlugin: on a broker without the consistent-hash
+// exchange plugin, initializing a partitioned consumer fails with
+// ErrNoConsistentHash, which names the command that enables it, and the
+// transport's connection stays up: its publisher and its other consumers
+// go on (the broker closes the connection that asks for an unknown
+// exchange type).
+func TestPartitionsWithoutPlugin(t *testing.T) {
+	t.Parallel()
+	n := testserver.StartRabbitMQWith(t) // no plugin
+	tr := newTransport(t, TransportConfig{URL: n.URL})
+	topic := "parts.t" + randomSuffix()
+	plain, err := tr.Subscribe(driver.SubscribeConfig{Consumer: "parts-plain" + randomSuffix(), Types: []string{topic}})
+	require.NoError(t, err)
+	require.NoError(t, plain.Initialize())
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ch, err := plain.Subscriber.Subscribe(ctx, plain.Topics[0])
+	require.NoError(t, err)
+
+	sub, err := tr.Subscribe(driver.SubscribeConfig{Consumer: "parts-c" + randomSuffix(), Types: []string{topic}, Partitions: 4})
+	require.NoError(t, err)
+	err = sub.Initialize()
+	require.ErrorIs(t, err, ErrNoConsistentHash)
+	require.ErrorContains(t, err, "rabbitmq-plugins enable rabbitmq_consistent_hash_exchange")
+	_, err = sub.Subscriber.Subscribe(ctx, topic)
+	require.ErrorIs(t, err, ErrNoConsistentHash)
+
+	require.True(t, tr.Ready())
+	require.NoError(t, tr.Publisher().Publish(topic, partEvent(t, topic, "s", "after", 1)))
+	m := receive(t, ch)
+	require.Equal(t, "after", m.UUID, "the consumer on the same connection goes on")
+	m.Ack()
+}
