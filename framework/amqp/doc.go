@@ -64,9 +64,9 @@
 // every CloudEvent they publish: its subject, or its id when it has none,
 // so that the events of one subject go to one partition, in order. A
 // message without it goes to one partition, always the same. The plugin
-// picks the partition; RabbitMQ 3.10 may pick others for some subjects
-// after a node's first restart (it rebuilds its ring in another order),
-// then keeps to them.
+// picks the partition, the same while the broker runs; RabbitMQ 3.10
+// rebuilds its ring when a node restarts, in an order of its own, so that
+// afterwards some subjects may go to other partitions than before.
 //
 // Its Subscriber is a driver.Assigner: it consumes no partition until
 // Assign names some, then only those, each on a channel of its own. A

@@ -67,10 +67,10 @@ var _ [100 - driver.MaxPartitions]struct{}
 // the header's value over the ring's buckets, not driver.PartitionOf. It
 // stays while the broker runs, and more partitions move about (M-N)/M of
 // the keys. But RabbitMQ 3.10 rebuilds the ring when a node restarts, in
-// the order it recovers the bindings rather than the order they were
-// made: after the first restart, keys may go to other partitions than
-// before (seen: 4 partitions ring [p00 p01 p02 p03] came back as
-// [p00 p02 p03 p01]); from then on the ring is the same at every restart.
+// the order it recovers the queues, not the order they were bound in, and
+// that order varies from one restart to the next (seen for 4 partitions:
+// [p00 p01 p02 p03] came back as [p00 p02 p03 p01]): after a restart
+// some keys go to other partitions than before.
 //
 // Single active consumer is the broker's guard only: RabbitMQ hands each
 // queue to its first consumer, so a process consumes only the partitions
