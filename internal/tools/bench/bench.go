@@ -154,7 +154,8 @@ type Scenario struct {
 	// to leave the start behind: its figures then move with the first
 	// moments of the drain more than with the consumer. Below one it is
 	// for a scenario with a run that drains at a few dozen messages a
-	// second, which would take minutes a round at full size.
+	// second, which would take minutes a round at full size, or whose
+	// runs are smaller by design (the hot-key ordering scenarios).
 	Scale float64
 	// Gate, when set, is a bound the scenario's figures must meet outside
 	// a smoke run; the report shows it and fails when it is not met.
