@@ -82,17 +82,16 @@ func orderScenario(transport string, heat orderHeat) Scenario {
 		Name:  "order-" + heat.name + "-" + transport,
 		Title: fmt.Sprintf("Ordered events, %s keys, %s", heat.name, title),
 		About: fmt.Sprintf("The example service (`EFFECTIVELY_TRANSPORT=%s`, default configuration: %d messages in "+
-			"flight) drains a backlog of events that carry their appointment in `subject` and its sequence in "+
-			"`subjectseq`, %s, over %s: each subject's events numbered from 1 in the order published, the "+
-			"subjects interleaved round robin, as a shop's orders would be; the usual share of duplicates "+
-			"repeats an earlier event (same id and `subjectseq`) at a later place. It runs unordered (the "+
-			"baseline here) and with `strict_order: true` in the consumer's entry of its configuration file, "+
-			"where the service sequences a subject's events in the process: one at a time, in arrival order, "+
-			"other subjects at once. After each drain the harness checks, from a `bigserial` column it adds to "+
-			"`reminders` (the order of the inserts), that each subject's effects took effect in `subjectseq` "+
-			"order, and that nothing was dead-lettered or parked: a strict_order run fails otherwise; an "+
-			"unordered one notes how many subjects it took out of order. No latency phase. Gate: "+
-			"strict_order reaches at least %.1f of the best run's effects/s.",
+			"flight) drains a backlog of events that carry `subject` and `subjectseq`, %s: %s, each subject's "+
+			"numbered from 1 in the order published, the subjects interleaved round robin as a shop's orders "+
+			"would be; the run's share of duplicates repeats earlier events (same id and `subjectseq`) later on. "+
+			"Unordered (the baseline) against `strict_order: true` in the consumer's entry of the configuration "+
+			"file, which sequences each subject's events in the process: one at a time, in arrival order, other "+
+			"subjects at once. After each drain the harness reads the order of the inserts from a `bigserial` "+
+			"column it adds to `reminders`: under strict_order every subject's effects must have taken effect "+
+			"in `subjectseq` order (unordered, the run notes how many subjects came out of order), and in both "+
+			"runs no event may be dead-lettered or parked. No latency phase (its events carry no `subjectseq`). "+
+			"Gate: strict_order at least %.1f of the best run's effects/s.",
 			transport, app.DefaultConcurrency, feed, spread, OrderGate),
 		Needs: needs,
 		Runs: []Run{
@@ -125,7 +124,7 @@ func measureOrder(ctx context.Context, env *Env, transport string, heat orderHea
 		return Result{}, fmt.Errorf("number the reminders: %w", err)
 	}
 	msgs, distinct, keys := orderBacklog(env.ID+"-b", env.Events, heat.subjects(env.Events), env.Duplicates)
-	env.Logf("%d subjects", heat.subjects(env.Events))
+	env.Logf("%d subjects, strict_order %v", heat.subjects(env.Events), strict)
 	res, err := drainBacklog(ctx, env, noLatency{sys}, msgs, distinct)
 	if err != nil {
 		return res, err
