@@ -133,6 +133,7 @@ func measureOrder(ctx context.Context, env *Env, transport string, heat orderHea
 	if err != nil {
 		return res, err
 	}
+	env.Logf("order: %d of %d subjects' effects out of subjectseq order", len(out), subjects)
 	stopped, err := orderStopped(ctx, db, env.ID)
 	switch {
 	case err != nil:
