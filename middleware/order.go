@@ -99,12 +99,36 @@ func strictOrder(consumer string, store driver.Store, fromFirstSeen bool) messag
 			if err != nil {
 				return out, err
 			}
-			if _, err := store.Advance(ctx, tx, consumer, d.Subject, d.SubjectSeq); err != nil {
-				return nil, err
-			}
-			return out, endWait(ctx, store, tx, st, consumer, d.Subject, d.SubjectSeq, d.Key())
+			return out, advance(ctx, store, tx, st, consumer, d.Subject, d.SubjectSeq, d.Key())
 		}
 	}
+}
+
+// advanceEndWaiter is a Store that moves a checkpoint and ends the wait
+// of the event that moved it in one round trip (the SQL stores do).
+type advanceEndWaiter interface {
+	AdvanceEndWait(ctx context.Context, tx *driver.Tx, consumer, subject string, seq int64, key framework.Key) (bool, error)
+}
+
+// advance moves the checkpoint of (consumer, subject) to seq, the event
+// key's, which took effect at its turn, in tx, then ends its wait as
+// endWait does.
+func advance(ctx context.Context, store driver.Store, tx *driver.Tx, st *state, consumer, subject string, seq int64, key framework.Key) error {
+	a, ok := store.(advanceEndWaiter)
+	if !ok {
+		if _, err := store.Advance(ctx, tx, consumer, subject, seq); err != nil {
+			return err
+		}
+		return endWait(ctx, store, tx, st, consumer, subject, seq, key)
+	}
+	parked, err := a.AdvanceEndWait(ctx, tx, consumer, subject, seq, key)
+	if errors.Is(err, driver.ErrSequenceTaken) {
+		return framework.Permanent(framework.CodeSequenceConflict, err)
+	}
+	if parked {
+		st.signalRelease(subject)
+	}
+	return err
 }
 
 // endWait ends the wait, hold or parking of (consumer, subject, seq) in

@@ -64,6 +64,7 @@ RABBITMQ_TEST_PORT=5673
 RABBITMQ_TEST_DIST_PORT=25673
 RABBITMQ_TEST_DIR=/var/tmp/effectively-test-rabbitmq
 RABBITMQ_BENCH_VHOST=effectively-bench
+RABBITMQ_TEST_PLUGINS=rabbitmq_consistent_hash_exchange
 
 as_rabbitmq() {
   runuser -u rabbitmq -- env HOME=/var/lib/rabbitmq \
@@ -100,7 +101,10 @@ start_rabbitmq() {
     log "starting RabbitMQ (node $RABBITMQ_TEST_NODE, port $RABBITMQ_TEST_PORT)"
     rm -rf "$RABBITMQ_TEST_DIR"
     install -d -o rabbitmq -g rabbitmq -m 0755 "$RABBITMQ_TEST_DIR"
-    echo '[].' | install -o rabbitmq -g rabbitmq -m 0644 /dev/stdin "$RABBITMQ_TEST_DIR/enabled_plugins"
+    # The node reads its plugins from this file at boot: the
+    # consistent-hash exchange of partitioned consumers (the plugin ships
+    # with Debian's rabbitmq-server).
+    echo "[$RABBITMQ_TEST_PLUGINS]." | install -o rabbitmq -g rabbitmq -m 0644 /dev/stdin "$RABBITMQ_TEST_DIR/enabled_plugins"
     as_rabbitmq rabbitmq-server -detached >&2 9>&- || { fail "could not start RabbitMQ"; return; }
   fi
   # The node answers rabbitmqctl before its AMQP listener is up.
@@ -109,6 +113,11 @@ start_rabbitmq() {
     sleep 0.5
   done
   rabbitmq_answers || { fail "RabbitMQ does not listen on 127.0.0.1:$RABBITMQ_TEST_PORT (logs in $RABBITMQ_TEST_DIR/log)"; return; }
+  # A node left running by an earlier version of this script may lack the
+  # plugin: enabling it on the running node is idempotent (it writes the
+  # file above too).
+  as_rabbitmq rabbitmq-plugins -q -n "$RABBITMQ_TEST_NODE" enable "$RABBITMQ_TEST_PLUGINS" >&2 \
+    || { fail "could not enable $RABBITMQ_TEST_PLUGINS on RabbitMQ"; return; }
   exec 9>&-
   # The benchmark runs the example service, whose queue and exchange names
   # are fixed: a virtual host of its own keeps it apart from the example's

@@ -194,6 +194,8 @@ func TestNewRefusesBadSettings(t *testing.T) {
 		"Config.Consumers[0]: ConsumerConfig.Settings.attempts: want 1 or more, got -1":              {Settings: middleware.Settings{Attempts: -1}},
 		"Config.Consumers[0]: ConsumerConfig.Settings.rate_limit: want 0 (no limit) or more":         {Settings: middleware.Settings{RateLimit: -1}},
 		"Config.Consumers[0]: ConsumerConfig.Settings.batch_size: want 1..64, got -2":                {Settings: middleware.Settings{BatchSize: -2}},
+		"Config.Consumers[0]: ConsumerConfig.Settings.partitions: want 1..64, got 65":                {Settings: middleware.Settings{Partitions: 65}},
+		"partitions: 4: the sqlite transport does not partition: the file has one writer":            {Settings: middleware.Settings{Partitions: 4}},
 		"Config.Consumers[0]: ConsumerConfig.Settings.batch_linger: must not be negative":            {Settings: middleware.Settings{BatchLinger: -time.Second}},
 		"Config.Consumers[0]: ConsumerConfig.Settings.batch_linger: want less than its timeout (1s)": {Settings: middleware.Settings{Timeout: time.Second, BatchLinger: time.Second}},
 		"Config.Consumers[0]: ConsumerConfig.Settings: attempts × (timeout + retry_delay) + breaker.max_hold: want at most 8760h0m0s": {

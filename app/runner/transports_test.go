@@ -148,9 +148,10 @@ func TestAMQP(t *testing.T) {
 			return tr
 		}
 		return &runnertest.Env{
-			DB:      db,
-			Store:   store,
-			Process: newTransport,
+			DB:          db,
+			Store:       store,
+			Process:     newTransport,
+			Partitioned: true,
 			Env: transporttest.Env{
 				Transport: newTransport(t),
 				PublishRaw: func(t *testing.T, topic string, body []byte) {

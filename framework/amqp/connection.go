@@ -160,7 +160,9 @@ func (c *connection) frameSize() int {
 	return 0
 }
 
-// framedMarshaler is Marshaler for the publishers of conn: it refuses,
+// framedMarshaler is Marshaler for the publishers of conn. It sets
+// PartitionHeader on a message whose payload is a CloudEvent, for the
+// consistent-hash exchanges of partitioned consumers. And it refuses,
 // with checkFrame's ErrHeadersTooLarge, a message whose publishing does
 // not fit in one frame of the connection, before anything of it is sent.
 // Sent, it would make RabbitMQ close the connection under every consumer.
@@ -174,6 +176,9 @@ func (m framedMarshaler) Marshal(msg *message.Message) (amqp091.Publishing, erro
 	p, err := m.Marshaler.Marshal(msg)
 	if err != nil {
 		return p, err
+	}
+	if key, ok := partitionKeyOf(msg.Payload); ok {
+		p.Headers[PartitionHeader] = key // the event's, over a stale copy in the metadata
 	}
 	if err := checkFrame(p, m.conn.frameSize()); err != nil {
 		return amqp091.Publishing{}, fmt.Errorf("message %s: %w", msg.UUID, err)

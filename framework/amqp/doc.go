@@ -47,6 +47,38 @@
 // max_deliveries, so that the framework's delivery limit dead-letters a
 // message before RabbitMQ drops it.
 //
+// # Partitions
+//
+// A consumer subscribed with driver.SubscribeConfig.Partitions N above 1
+// is partitioned on RabbitMQ's consistent-hash exchange (the plugin
+// rabbitmq_consistent_hash_exchange, which ships with RabbitMQ: enable it
+// on every node with rabbitmq-plugins enable
+// rabbitmq_consistent_hash_exchange, else Initialize fails with
+// ErrNoConsistentHash). The consumer has an exchange "<consumer>.partitions"
+// of type x-consistent-hash, hashing the header PartitionHeader, bound to
+// the exchange of each of its types, and N durable queues,
+// "<consumer>.p00", "<consumer>.p01" and on, the partition in two digits
+// (the number of partitions is not in the names), of
+// TransportConfig.QueueType, with x-single-active-consumer, each bound to
+// it with weight 1. The publishers set PartitionHeader on
+// every CloudEvent they publish: its subject, or its id when it has none,
+// so that the events of one subject go to one partition, in order. A
+// message without it goes to one partition, always the same. The plugin
+// picks the partition, the same while the broker runs; RabbitMQ 3.10
+// rebuilds its ring when a node restarts, in an order of its own, so that
+// afterwards some subjects may go to other partitions than before.
+//
+// Its Subscriber is a driver.Assigner: it consumes no partition until
+// Assign names some, then only those, each on a channel of its own. A
+// partition dropped by Assign is cancelled, what the broker sent of it is
+// handed out, and Assign returns once the reader settled all of it: its
+// next owner sees no redelivery from a classic queue (a quorum queue of
+// RabbitMQ 3.10 returns what it had in flight to the cancelled consumer,
+// up to its prefetch, which comes again as redeliveries). Replay to a partitioned consumer goes
+// through its exchange, to the partition of each message. Initializing
+// with fewer partitions than before unbinds the queues of those beyond;
+// what they hold stays in them.
+//
 // # Traps handled
 //
 //   - A nack would requeue at once and loop hot: the Subscriber pauses

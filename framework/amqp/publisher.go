@@ -8,6 +8,7 @@ import (
 
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
+	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/internal/replay"
@@ -151,4 +152,82 @@ func (p *publisher) Close() error {
 		return fmt.Errorf("amqp: close publisher: %w", err)
 	}
 	return nil
+}
+
+// ReplayPartitioned publishes msgs to consumer's consistent-hash exchange
+// (see partitions), each with its PartitionHeader, so that each reaches
+// the queue of its partition, and its owner, as the events published to
+// their types do; no other consumer sees them again. It fails when the
+// exchange does not exist, and with a permanent error of code
+// framework.CodeTooLarge as Replay does.
+func (p *publisher) ReplayPartitioned(ctx context.Context, consumer string, msgs ...*message.Message) error {
+	if _, _, err := p.publishers(); err != nil {
+		return err
+	}
+	w, err := p.conn.wrapper()
+	if err != nil {
+		return err
+	}
+	ch, err := w.Connection().Channel()
+	if err != nil {
+		return fmt.Errorf("amqp: replay to %s: open channel: %w", consumer, err)
+	}
+	defer func() { _ = ch.Close() }()
+	exchange := consumer + exchangeSuffix
+	// A publish to a missing exchange would close the channel.
+	if err := ch.ExchangeDeclarePassive(exchange, kindConsistentHash, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("amqp: replay to %s: no exchange %s: %w", consumer, exchange, err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		return fmt.Errorf("amqp: replay to %s: put channel in confirm mode: %w", consumer, err)
+	}
+	marshal := framedMarshaler{conn: p.conn}
+	publish := func(m *message.Message) error {
+		pub, err := marshal.Marshal(m)
+		if err != nil {
+			return err
+		}
+		dc, err := ch.PublishWithDeferredConfirmWithContext(m.Context(), exchange, "", false, false, pub)
+		if err != nil {
+			return fmt.Errorf("publish %s: %w", m.UUID, err)
+		}
+		switch acked, err := dc.WaitContext(m.Context()); {
+		case err != nil:
+			return fmt.Errorf("wait for the confirm of %s: %w", m.UUID, err)
+		case !acked:
+			return fmt.Errorf("%w: %s", ErrNotConfirmed, m.UUID)
+		}
+		return nil
+	}
+	if err := replay.Publish(ctx, publish, msgs...); err != nil {
+		err = fmt.Errorf("amqp: replay to %s: %w", consumer, err)
+		if errors.Is(err, ErrHeadersTooLarge) {
+			return framework.Permanent(framework.CodeTooLarge, err)
+		}
+		return err
+	}
+	return nil
+}
+
+// partitioned reports whether consumer's consistent-hash exchange exists:
+// whether it is partitioned, for a Replay to a consumer that this process
+// did not subscribe.
+func (p *publisher) partitioned(consumer string) (bool, error) {
+	w, err := p.conn.wrapper()
+	if err != nil {
+		return false, err
+	}
+	ch, err := w.Connection().Channel()
+	if err != nil {
+		return false, fmt.Errorf("amqp: open channel: %w", err)
+	}
+	err = ch.ExchangeDeclarePassive(consumer+exchangeSuffix, kindConsistentHash, true, false, false, false, nil)
+	if isCode(err, amqp091.NotFound) {
+		return false, nil // the broker closed the channel
+	}
+	_ = ch.Close()
+	if err != nil {
+		return false, fmt.Errorf("amqp: check exchange %s: %w", consumer+exchangeSuffix, err)
+	}
+	return true, nil
 }

@@ -57,6 +57,9 @@ type subscriber struct {
 	// settles says that the reader settles each message itself
 	// (driver.SubscribeConfig.Settles): no goroutine watches one.
 	settles bool
+	// parts are the partitions of a partitioned consumer (see
+	// partitionedSubscriber); nil for one that is not partitioned.
+	parts *partitions
 }
 
 var (
@@ -164,6 +167,7 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		out:        make(chan *message.Message),
 		slots:      make(chan struct{}, s.limit),
 		reported:   s.settles,
+		partition:  -1,
 	}
 	s.wg.Add(1)
 	go func() {
@@ -207,21 +211,25 @@ type subscription struct {
 	// reported says that the reader reports each message's outcome
 	// (subscriber.Settle): no goroutine watches a message then.
 	reported bool
+	// partition is the partition whose queue the subscription consumes,
+	// -1 when its consumer is not partitioned. Its messages carry it
+	// (driver.WithPartition).
+	partition int
+	// stop, closed when the partition is dropped (Assign), ends the
+	// subscription once it handed out what the broker sent before it
+	// cancelled the consumer and the reader settled it (see consume).
+	// Nil when the consumer is not partitioned.
+	stop chan struct{}
+	// done is closed once a partition's run returned.
+	done chan struct{}
 }
 
-// run consumes until ctx ends or the subscriber closes, again on a new
-// channel each time the channel or the connection is lost, after a pause
-// that doubles while the queue cannot be consumed.
+// run consumes until ctx ends, the subscriber closes or the partition is
+// dropped, again on a new channel each time the channel or the connection
+// is lost, after a pause that doubles while the queue cannot be consumed.
 func (s *subscription) run(ctx context.Context) {
 	pause := resubscribePause
 	for first := true; ; first = false {
-		if !first {
-			// Declare again: the broker may have lost a queue that was
-			// not durable yet, or its bindings.
-			if err := s.SubscribeInitialize(s.topic); err != nil {
-				s.conn.cfg.Logger.WarnContext(ctx, "amqp: declare again after a lost channel", "queue", s.queue, "error", err)
-			}
-		}
 		w, err := s.conn.wrapper()
 		if err != nil {
 			return
@@ -229,10 +237,21 @@ func (s *subscription) run(ctx context.Context) {
 		consumed := false
 		select {
 		case <-w.Connected():
+			// Declare again: the broker may have lost a queue that was
+			// not durable yet, or its bindings. A partition declares its
+			// queue before it first consumes too: it may be assigned
+			// before the subscription was initialized.
+			if !first || s.partition >= 0 {
+				if err := s.declare(w.Connection()); err != nil {
+					s.conn.cfg.Logger.WarnContext(ctx, "amqp: declare before consuming", "queue", s.queue, "error", err)
+				}
+			}
 			consumed = s.consume(ctx, w.Connection())
 		case <-s.closing:
 			return
 		case <-ctx.Done():
+			return
+		case <-s.stop:
 			return
 		}
 		if consumed {
@@ -247,6 +266,9 @@ func (s *subscription) run(ctx context.Context) {
 		case <-ctx.Done():
 			t.Stop()
 			return
+		case <-s.stop:
+			t.Stop()
+			return
 		}
 		if !consumed {
 			pause = min(2*pause, max(resubscribePause, s.conn.cfg.MaxConnectInterval))
@@ -254,12 +276,31 @@ func (s *subscription) run(ctx context.Context) {
 	}
 }
 
+// declare declares the queue the subscription consumes, and its
+// bindings.
+func (s *subscription) declare(conn *amqp091.Connection) error {
+	if s.partition >= 0 {
+		return s.parts.declarePartition(conn, s.partition)
+	}
+	return s.SubscribeInitialize(s.topic)
+}
+
 // consume consumes the queue on a new channel of conn until the channel
-// closes, ctx ends or the subscriber closes, and returns once every
-// delivery it handed out is settled or abandoned. It reports whether it
-// consumed: false when the queue could not be consumed at all.
+// closes, ctx ends, the subscriber closes or the partition is dropped,
+// and returns once every delivery it handed out is settled or abandoned.
+// It reports whether it consumed: false when the queue could not be
+// consumed at all.
+//
+// A dropped partition (stop) cancels its consumer, hands out what the
+// broker sent before the cancel, then waits until the reader settled
+// every delivery, nacks sent without their pause: from a classic queue
+// none goes back unless the reader nacks it, so that the partition's next
+// owner sees no redelivery. (A quorum queue of RabbitMQ 3.10 returns what
+// it had in flight to the consumer when it was cancelled, up to its
+// prefetch: the next owner gets those as redeliveries.)
 func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) bool {
-	ch, deliveries, err := s.open(conn)
+	tag := s.consumerTag()
+	ch, deliveries, err := s.open(conn, tag)
 	if err != nil {
 		s.conn.cfg.Logger.WarnContext(ctx, "amqp: consume", "queue", s.queue, "error", err)
 		return false
@@ -286,29 +327,50 @@ func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) bo
 		<-ackerDone
 		_ = ch.Close()
 	}()
+	stop := s.stop     // nil unless a partition's
+	cancelled := false // the consumer was cancelled: the channel stays
 	for {
-		select {
-		case s.slots <- struct{}{}:
-		case err := <-closed: // lost while every slot is taken
-			lost = true
-			_ = err // why is the connection's to report, and it reconnects
-			return true
-		case <-s.closing:
-			return true
-		case <-ctx.Done():
-			return true
-		}
+		// A delivery, then a slot: the partitions of a consumer share its
+		// slots, and one idle would hold a slot while it waits.
 		var d amqp091.Delivery
-		var ok bool
-		select {
-		case d, ok = <-deliveries:
-			lost = !ok // the channel or the connection closed
-		case <-s.closing:
-		case <-ctx.Done():
+		ok := false
+		for received := false; !received; {
+			select {
+			case d, ok = <-deliveries:
+				// Closed: the channel or the connection closed, or the
+				// consumer was cancelled.
+				received, lost = true, !ok && !cancelled
+			case <-stop:
+				stop, cancelled = nil, s.cancel(ctx, ch, tag)
+			case <-s.closing:
+				return true
+			case <-ctx.Done():
+				return true
+			}
 		}
 		if !ok {
-			<-s.slots
+			if cancelled {
+				lost = c.awaitSettled(closed)
+			}
 			return true
+		}
+		// Until it has a slot the delivery is not the acker's: when the
+		// consume ends first, closing the channel requeues it.
+		for slot := false; !slot; {
+			select {
+			case s.slots <- struct{}{}:
+				slot = true
+			case err := <-closed: // lost while every slot is taken
+				lost = true
+				_ = err // why is the connection's to report, and it reconnects
+				return true
+			case <-stop:
+				stop, cancelled = nil, s.cancel(ctx, ch, tag)
+			case <-s.closing:
+				return true
+			case <-ctx.Done():
+				return true
+			}
 		}
 		c.acks.add(d.DeliveryTag)
 		msg, err := Marshaler{}.Unmarshal(d)
@@ -322,6 +384,9 @@ func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) bo
 			msg.Metadata.Set(wamqp.MetadataRedeliveredKey, "true")
 		}
 		msgCtx, cancel := context.WithCancel(ctx)
+		if s.partition >= 0 {
+			msgCtx = driver.WithPartition(msgCtx, s.partition)
+		}
 		hd := c.add(d.DeliveryTag, msg, cancel)
 		if s.reported {
 			msgCtx = context.WithValue(msgCtx, deliveryKey{}, hd)
@@ -469,8 +534,9 @@ func (d *delivery) Settled(acked bool) {
 }
 
 // open opens a channel on conn with the subscription's prefetch and
-// consumes the queue on it.
-func (s *subscription) open(conn *amqp091.Connection) (*amqp091.Channel, <-chan amqp091.Delivery, error) {
+// consumes the queue on it, with the consumer tag tag ("": the client
+// makes one up).
+func (s *subscription) open(conn *amqp091.Connection, tag string) (*amqp091.Channel, <-chan amqp091.Delivery, error) {
 	ch, err := conn.Channel()
 	if err != nil {
 		return nil, nil, fmt.Errorf("open channel: %w", err)
@@ -479,7 +545,7 @@ func (s *subscription) open(conn *amqp091.Connection) (*amqp091.Channel, <-chan 
 		_ = ch.Close()
 		return nil, nil, fmt.Errorf("set prefetch %d: %w", s.prefetch, err)
 	}
-	deliveries, err := ch.Consume(s.queue, "", false, false, false, false, nil)
+	deliveries, err := ch.Consume(s.queue, tag, false, false, false, false, nil)
 	if err != nil {
 		_ = ch.Close()
 		return nil, nil, fmt.Errorf("consume %s: %w", s.queue, err)
@@ -488,8 +554,9 @@ func (s *subscription) open(conn *amqp091.Connection) (*amqp091.Channel, <-chan 
 }
 
 // pause waits the pause of a nack (see nackdelay.Streak), or less when the
-// subscriber closes or ctx ends. It reports false when the channel was
-// lost meanwhile.
+// subscriber closes, ctx ends or the partition is dropped (its next owner
+// takes the message, and its drop waits for the nack). It reports false
+// when the channel was lost meanwhile.
 func (s *subscription) pause(ctx context.Context, dead <-chan struct{}) bool {
 	t := time.NewTimer(s.nacks.Nacked(time.Now(), nackdelay.Backoff{First: s.conn.cfg.NackDelay, Max: s.conn.cfg.MaxNackDelay}))
 	defer t.Stop()
@@ -497,6 +564,7 @@ func (s *subscription) pause(ctx context.Context, dead <-chan struct{}) bool {
 	case <-t.C:
 	case <-s.closing:
 	case <-ctx.Done():
+	case <-s.stop:
 	case <-dead:
 		return false
 	}

@@ -40,6 +40,9 @@ func (t *Transport) Subscribe(sc driver.SubscribeConfig) (driver.Subscription, e
 	if err := sc.Validate(); err != nil {
 		return driver.Subscription{}, fmt.Errorf("memory: %w", err)
 	}
+	if sc.Partitions > 1 {
+		return driver.Subscription{}, fmt.Errorf("memory: consumer %s: partitions: %d: the memory transport does not partition: the memory transport lives in one process", sc.Consumer, sc.Partitions)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	topics := append(append([]string(nil), sc.Types...), pipeline.ReplayTopic(sc.Consumer))
 	return driver.Subscription{

@@ -372,6 +372,15 @@ func (s *Store) Members(ctx context.Context, consumer string) ([]string, error) 
 	return s.sql.Members(ctx, consumer)
 }
 
+// AdvanceEndWait is Advance, then EndWait, of an event that took effect
+// at its turn, in one round trip on PostgreSQL: strict order's step after
+// each handler (the consumer chain finds it by type assertion). Advance's
+// report is not returned: an event at its turn always moves the
+// checkpoint.
+func (s *Store) AdvanceEndWait(ctx context.Context, tx *driver.Tx, consumer, subject string, seq int64, key framework.Key) (bool, error) {
+	return s.sql.AdvanceEndWait(ctx, tx, consumer, subject, seq, key)
+}
+
 // MarkMany records, inside tx and in one statement, that consumer
 // processed each of keys, and reports for each whether its mark is new:
 // false for a key marked before, and for every repeat of a key within

@@ -107,6 +107,9 @@ func (t *Transport) Subscribe(sc driver.SubscribeConfig) (driver.Subscription, e
 	if err := sc.Validate(); err != nil {
 		return driver.Subscription{}, fmt.Errorf("sqlite: %w", err)
 	}
+	if sc.Partitions > 1 {
+		return driver.Subscription{}, fmt.Errorf("sqlite: consumer %s: partitions: %d: the sqlite transport does not partition: the file has one writer and one machine: run the consumer in one process (docs/scaling.md)", sc.Consumer, sc.Partitions)
+	}
 	cfg := t.template
 	cfg.ConsumerGroup = sc.Consumer
 	cfg.Notifier = t.notifier

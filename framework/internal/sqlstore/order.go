@@ -13,14 +13,13 @@ import (
 
 // The SQL of strict order (driver.Store).
 const (
-	// qOrderEnsure makes sure the subject has a checkpoint row (seq 0: none
-	// yet), so that the next statement can lock it.
-	qOrderEnsure = `INSERT INTO {p}subject_checkpoints (consumer, subject, seq) VALUES (?, ?, 0)
-ON CONFLICT (consumer, subject) DO NOTHING`
-	// qOrderCheckpoint reads the checkpoint; on PostgreSQL it locks the
-	// row, so that attempts on one subject take turns (on SQLite the
-	// attempt holds the file's write lock).
-	qOrderCheckpoint = `SELECT seq FROM {p}subject_checkpoints WHERE consumer = ? AND subject = ?`
+	// qOrderCheckpoint reads the checkpoint, making its row (seq 0: none
+	// yet) when the subject has none, in one round trip; the update that
+	// changes nothing locks the row on PostgreSQL, so that attempts on one
+	// subject take turns (on SQLite the attempt holds the file's write
+	// lock).
+	qOrderCheckpoint = `INSERT INTO {p}subject_checkpoints (consumer, subject, seq) VALUES (?, ?, 0)
+ON CONFLICT (consumer, subject) DO UPDATE SET seq = {p}subject_checkpoints.seq RETURNING seq`
 
 	qOrderWait = `INSERT INTO {p}parked_events (consumer, subject, seq, source, event_id, body, parked_at, reason)
 VALUES (?, ?, ?, ?, ?, ?, ?, 'gap')
@@ -43,6 +42,12 @@ WHERE consumer = ? AND subject = ? AND seq > ? AND reason IN ('parked', 'skipped
 	qOrderEndWaitPostgres = `WITH taken AS (SELECT ` + qOrderTaken + ` AS t),
 gone AS (DELETE FROM {p}parked_events WHERE consumer = ? AND subject = ? AND seq = ? AND NOT (SELECT t FROM taken))
 SELECT (SELECT t FROM taken), ` + qOrderParkedAfter
+	// qOrderAdvanceEndWaitPostgres is qAdvance and qOrderEndWaitPostgres
+	// in one round trip.
+	qOrderAdvanceEndWaitPostgres = `WITH advanced AS (` + qAdvance + `),
+taken AS (SELECT ` + qOrderTaken + ` AS t),
+gone AS (DELETE FROM {p}parked_events WHERE consumer = ? AND subject = ? AND seq = ? AND NOT (SELECT t FROM taken))
+SELECT (SELECT t FROM taken), ` + qOrderParkedAfter
 )
 
 var _ driver.Store = (*Store)(nil)
@@ -52,15 +57,8 @@ func (s *Store) Checkpoint(ctx context.Context, tx *driver.Tx, consumer, subject
 	if !tx.HasDB() {
 		return 0, fmt.Errorf("checkpoint of %s for %s: %w", subject, consumer, ErrNoTx)
 	}
-	if _, err := tx.ExecContext(ctx, s.q.sql(qOrderEnsure), consumer, subject); err != nil {
-		return 0, fmt.Errorf("checkpoint of %s for %s: %w", subject, consumer, err)
-	}
-	query := qOrderCheckpoint
-	if s.dialect == Postgres {
-		query += " FOR UPDATE"
-	}
 	var seq int64
-	if err := tx.GetContext(ctx, &seq, s.q.sql(query), consumer, subject); err != nil {
+	if err := tx.GetContext(ctx, &seq, s.q.sql(qOrderCheckpoint), consumer, subject); err != nil {
 		return 0, fmt.Errorf("checkpoint of %s for %s: %w", subject, consumer, err)
 	}
 	return seq, nil
@@ -107,18 +105,44 @@ func (s *Store) WaitGap(ctx context.Context, consumer, subject string, seq int64
 // does for an attempt (on SQLite the transaction holds the file's write
 // lock from its first write on).
 func (s *Store) lockCheckpoint(ctx context.Context, tx *sqlx.Tx, consumer, subject string) (int64, error) {
-	if _, err := tx.ExecContext(ctx, s.q.sql(qOrderEnsure), consumer, subject); err != nil {
-		return 0, err
-	}
-	query := qOrderCheckpoint
-	if s.dialect == Postgres {
-		query += " FOR UPDATE"
-	}
 	var c int64
-	if err := tx.GetContext(ctx, &c, s.q.sql(query), consumer, subject); err != nil {
+	if err := tx.GetContext(ctx, &c, s.q.sql(qOrderCheckpoint), consumer, subject); err != nil {
 		return 0, err
 	}
 	return c, nil
+}
+
+// AdvanceEndWait is Advance, then EndWait, of an event that took effect
+// at its turn, in one round trip on PostgreSQL: strict order's step after
+// each handler (the consumer chain finds it by type assertion). Advance's
+// report is not returned: an event at its turn always moves the
+// checkpoint.
+func (s *Store) AdvanceEndWait(ctx context.Context, tx *driver.Tx, consumer, subject string, seq int64, key framework.Key) (bool, error) {
+	if !tx.HasDB() || s.dialect != Postgres {
+		if _, err := s.Advance(ctx, tx, consumer, subject, seq); err != nil {
+			return false, err
+		}
+		return s.EndWait(ctx, tx, consumer, subject, seq, key)
+	}
+	var taken, parked bool
+	err := tx.QueryRowxContext(ctx, s.q.sql(qOrderAdvanceEndWaitPostgres),
+		consumer, subject, seq, // qAdvance
+		consumer, subject, seq, key.Source, key.ID, // qOrderTaken
+		consumer, subject, seq, // the DELETE
+		consumer, subject, seq, // qOrderParkedAfter
+	).Scan(&taken, &parked)
+	if err != nil {
+		return false, fmt.Errorf("advance checkpoint of %s for %s to %d and end its wait: %w", subject, consumer, seq, err)
+	}
+	if taken {
+		return false, fmt.Errorf("end the wait of %s #%d for %s: %w", subject, seq, consumer, driver.ErrSequenceTaken)
+	}
+	if parked {
+		if err := s.skipPast(ctx, tx, consumer, subject); err != nil {
+			return false, fmt.Errorf("end the wait of %s #%d for %s: %w", subject, seq, consumer, err)
+		}
+	}
+	return parked, nil
 }
 
 // EndWait implements driver.Store. Without a transaction it

@@ -31,9 +31,20 @@ type RabbitMQ struct {
 	URL string
 }
 
-// StartRabbitMQ starts a private node and stops it, and removes its data,
-// when the test ends.
+// ConsistentHashPlugin is the plugin of the consistent-hash exchange of
+// partitioned consumers, which ships with rabbitmq-server.
+const ConsistentHashPlugin = "rabbitmq_consistent_hash_exchange"
+
+// StartRabbitMQ starts a private node with ConsistentHashPlugin and stops
+// it, and removes its data, when the test ends.
 func StartRabbitMQ(t *testing.T) *RabbitMQ {
+	t.Helper()
+	return StartRabbitMQWith(t, ConsistentHashPlugin)
+}
+
+// StartRabbitMQWith is StartRabbitMQ with plugins instead: none, for a
+// test of a broker without the consistent-hash exchange.
+func StartRabbitMQWith(t *testing.T, plugins ...string) *RabbitMQ {
 	t.Helper()
 	testenv.Require(t, testenv.AMQPURLVar)
 	if _, err := exec.LookPath("rabbitmq-server"); err != nil {
@@ -45,7 +56,7 @@ func StartRabbitMQ(t *testing.T) *RabbitMQ {
 	dir, err := os.MkdirTemp("", "effectively-rabbitmq-")
 	require.NoError(t, err)
 	require.NoError(t, os.Chmod(dir, 0o755))
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "enabled_plugins"), []byte("[].\n"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "enabled_plugins"), []byte("["+strings.Join(plugins, ",")+"].\n"), 0o644))
 	require.NoError(t, exec.Command("chown", "-R", "rabbitmq:rabbitmq", dir).Run())
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)

@@ -71,6 +71,11 @@ type Options struct {
 	// child (see Child): os.Args[0] alone for a command, the test binary
 	// for a test. Defaults to the running executable.
 	Self []string
+	// ServiceBinary is the example service's binary (BuildService), built
+	// beforehand: TestSmoke, which calls Execute once a scenario, builds
+	// it once for all (a build with -race takes seconds, mostly its
+	// link). Defaults to one that Execute builds on first use.
+	ServiceBinary string
 	// Log receives progress lines. Defaults to discarding them.
 	Log io.Writer
 }
@@ -154,7 +159,8 @@ type Scenario struct {
 	// to leave the start behind: its figures then move with the first
 	// moments of the drain more than with the consumer. Below one it is
 	// for a scenario with a run that drains at a few dozen messages a
-	// second, which would take minutes a round at full size.
+	// second, which would take minutes a round at full size, or whose
+	// runs are smaller by design (the hot-key ordering scenarios).
 	Scale float64
 	// Gate, when set, is a bound the scenario's figures must meet outside
 	// a smoke run; the report shows it and fails when it is not met.
@@ -187,6 +193,10 @@ type Run struct {
 	Name string
 	// Baseline marks the run the others' ratio is taken against.
 	Baseline bool
+	// NoSmoke leaves the run out of a smoke run: for a run whose code the
+	// smoke of other runs already goes through (the unordered runs of the
+	// ordering scenarios), so that TestSmoke, in make test, stays short.
+	NoSmoke bool
 	// Measure runs it and returns its figures. Run checks the effects
 	// (Result.Check) after it returns.
 	Measure func(ctx context.Context, env *Env) (Result, error)

@@ -24,21 +24,29 @@ func TestMain(m *testing.M) {
 }
 
 // TestSmoke runs every scenario of make bench at 100 messages, 2% of them
-// duplicates, without the latency phase or profiles, and fails when a
-// consumer (the example service or a baseline) leaves other than one
-// effect per distinct event: the harness cannot rot between two runs of
-// make bench. It asserts no figure.
+// duplicates, without the latency phase or profiles (nor the runs marked
+// NoSmoke), and fails when a consumer (the example service or a baseline)
+// leaves other than one effect per distinct event: the harness cannot rot
+// between two runs of make bench. It asserts no figure. The example
+// service is built once, for every scenario.
 func TestSmoke(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	service, err := bench.BuildService(ctx, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, s := range bench.Scenarios() {
 		t.Run(s.Name, func(t *testing.T) {
 			opts := bench.Options{
-				Events:       100,
-				StallTimeout: 30 * time.Second,
-				Smoke:        true,
-				Run:          regexp.MustCompile("^" + regexp.QuoteMeta(s.Name) + "$"),
-				PostgresURL:  os.Getenv(testenv.PostgresURLVar),
-				AMQPURL:      testenv.BenchAMQPURL(),
-				Log:          testWriter{t},
+				Events:        100,
+				StallTimeout:  30 * time.Second,
+				Smoke:         true,
+				Run:           regexp.MustCompile("^" + regexp.QuoteMeta(s.Name) + "$"),
+				PostgresURL:   os.Getenv(testenv.PostgresURLVar),
+				AMQPURL:       testenv.BenchAMQPURL(),
+				ServiceBinary: service,
+				Log:           testWriter{t},
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
@@ -99,5 +107,36 @@ func TestRunNames(t *testing.T) {
 	}
 	if len(s.Runs) != 3 {
 		t.Fatalf("the scenario's own runs changed: %d", len(s.Runs))
+	}
+}
+
+// TestNoSmoke: a smoke run leaves out the runs marked NoSmoke, and a run
+// that is no smoke run measures them.
+func TestNoSmoke(t *testing.T) {
+	for _, smoke := range []bool{true, false} {
+		measured := make(map[string]int)
+		run := func(name string, noSmoke bool) bench.Run {
+			return bench.Run{Name: name, NoSmoke: noSmoke, Measure: func(context.Context, *bench.Env) (bench.Result, error) {
+				measured[name]++
+				return bench.Result{Events: 1, Messages: 1, Effects: 1, DistinctEffects: 1}, nil
+			}}
+		}
+		s := bench.Scenario{Name: "fake", Title: "Fake", Runs: []bench.Run{run("unordered", true), run("strict", false)}}
+		report, err := bench.Execute(context.Background(), []bench.Scenario{s}, bench.Options{
+			Events: 2, Rounds: 1, Smoke: smoke, StallTimeout: time.Second, Log: testWriter{t},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]int{"unordered": 1, "strict": 1}
+		if smoke {
+			want = map[string]int{"strict": 1}
+		}
+		if len(measured) != len(want) || measured["strict"] != 1 || measured["unordered"] != want["unordered"] {
+			t.Fatalf("smoke %v: measured %v, want %v", smoke, measured, want)
+		}
+		if got := len(report.Scenarios[0].Runs); got != len(want) {
+			t.Fatalf("smoke %v: reported %d runs, want %d", smoke, got, len(want))
+		}
 	}
 }

@@ -19,8 +19,11 @@
 // the last; and a scenario's Gate bounds one of its runs by the best of
 // them in the same report (the outside-call scenarios, whose handler
 // waits OutsideWait: the default configuration at least OutsideGate of
-// the best run's effects per second), which the report shows below the
-// scenario's table and fails when it is not met.
+// the best run's effects per second; the ordering scenarios: strict_order
+// at least OrderGate of the unordered run's), which the report shows
+// below the scenario's table and fails when it is not met. The ordering
+// scenarios (order.go) check the order of the effects too: a scenario's
+// Measure may fail its run with a check of its own.
 //
 // Consumers run as processes of their own, so that their memory and
 // allocations compare fairly: the example service (built with go build

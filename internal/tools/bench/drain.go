@@ -41,6 +41,12 @@ type Sender interface {
 // once the consumer stopped.
 func Drain(ctx context.Context, env *Env, sys System) (Result, error) {
 	msgs, distinct := env.Backlog()
+	return drainBacklog(ctx, env, sys, msgs, distinct)
+}
+
+// drainBacklog is Drain with a backlog of the caller's: msgs, of distinct
+// events.
+func drainBacklog(ctx context.Context, env *Env, sys System, msgs []Message, distinct int) (Result, error) {
 	env.Logf("feeding %d messages (%d distinct events)", len(msgs), distinct)
 	if err := sys.Feed(ctx, msgs); err != nil {
 		return Result{}, fmt.Errorf("feed: %w", err)

@@ -26,7 +26,7 @@ const (
 )
 
 // ServicePackage is the example service the scenarios run, built with go
-// build once per Execute.
+// build once per Execute (see Options.ServiceBinary).
 const ServicePackage = "github.com/effectively-once/effectively/examples/notifications"
 
 // Env is what a run gets from the harness: the options, a folder of its
@@ -97,25 +97,35 @@ func (e *Env) PostgresSchema(ctx context.Context) (string, error) {
 	return s.URL, nil
 }
 
-// ServiceBinary returns the path of the example service's binary, built
-// with go build on first use (with -race when this program has the race
-// detector, so that the build reuses what the test build compiled).
+// ServiceBinary returns the path of the example service's binary:
+// Options.ServiceBinary, or else the one BuildService builds on first use
+// in the folder of the Execute.
 func (e *Env) ServiceBinary(ctx context.Context) (string, error) {
+	if e.Options.ServiceBinary != "" {
+		return e.Options.ServiceBinary, nil
+	}
 	s := e.shared
 	s.once.Do(func() {
-		out := filepath.Join(s.dir, "notifications")
-		args := []string{"build", "-o", out}
-		if raceEnabled {
-			args = append(args, "-race")
-		}
-		cmd := exec.CommandContext(ctx, "go", append(args, ServicePackage)...)
-		if msg, err := cmd.CombinedOutput(); err != nil {
-			s.err = fmt.Errorf("go build %s: %w: %s", ServicePackage, err, strings.TrimSpace(string(msg)))
-			return
-		}
-		s.service = out
+		s.service, s.err = BuildService(ctx, s.dir)
 	})
 	return s.service, s.err
+}
+
+// BuildService builds the example service (ServicePackage) with go build
+// into the folder dir and returns the binary's path; with -race when this
+// program has the race detector, so that the build reuses what the test
+// build compiled.
+func BuildService(ctx context.Context, dir string) (string, error) {
+	out := filepath.Join(dir, "notifications")
+	args := []string{"build", "-o", out}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	cmd := exec.CommandContext(ctx, "go", append(args, ServicePackage)...)
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("go build %s: %w: %s", ServicePackage, err, strings.TrimSpace(string(msg)))
+	}
+	return out, nil
 }
 
 // Service runs the example service's command line with args (migrate,

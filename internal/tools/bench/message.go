@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"time"
 )
 
@@ -39,6 +40,10 @@ type cloudEvent struct {
 	Subject      string    `json:"subject,omitempty"`
 	Time         time.Time `json:"time"`
 	Data         booked    `json:"data"`
+
+	// SubjectSeq is the extension subjectseq, a decimal string; none
+	// but in the ordering scenarios (see orderBacklog).
+	SubjectSeq string `json:"subjectseq,omitempty"`
 }
 
 // booked is the data of the event (the example's appointments.BookedV1,
@@ -48,19 +53,30 @@ type booked struct {
 	StartsAt      time.Time `json:"startsAt"`
 }
 
-// NewMessage returns the event of id, with appointment id appointment.
+// NewMessage returns the event of id, of appointment appt-id (its
+// subject too), without subjectseq.
 func NewMessage(id string) Message {
+	return newMessage(id, "appt-"+id, 0)
+}
+
+// newMessage returns the event of id, of the appointment subject (its
+// subject too), with subjectseq seq (none when 0).
+func newMessage(id, subject string, seq int) Message {
 	now := time.Now().UTC()
-	body, err := json.Marshal(cloudEvent{
+	ev := cloudEvent{
 		SpecVersion:  "1.0",
 		ID:           id,
 		Source:       EventSource,
 		Type:         EventType,
 		EventVersion: EventVersion,
-		Subject:      "appt-" + id,
+		Subject:      subject,
 		Time:         now,
-		Data:         booked{AppointmentID: "appt-" + id, StartsAt: now.Add(24 * time.Hour).Truncate(time.Second)},
-	})
+		Data:         booked{AppointmentID: subject, StartsAt: now.Add(24 * time.Hour).Truncate(time.Second)},
+	}
+	if seq > 0 {
+		ev.SubjectSeq = strconv.Itoa(seq)
+	}
+	body, err := json.Marshal(ev)
 	if err != nil {
 		panic(err) // a struct of strings and times always marshals
 	}
@@ -78,13 +94,19 @@ func Backlog(prefix string, n int, dup float64) ([]Message, int) {
 	for i := range distinct {
 		msgs = append(msgs, NewMessage(fmt.Sprintf("%s-%d", prefix, i)))
 	}
-	rng := rand.New(rand.NewPCG(uint64(n), 1))
+	return withRepeats(msgs, repeats, uint64(n)), distinct
+}
+
+// withRepeats inserts repeats messages into msgs, each a copy of an
+// earlier one at a random later place, in an order fixed by seed.
+func withRepeats(msgs []Message, repeats int, seed uint64) []Message {
+	rng := rand.New(rand.NewPCG(seed, 1))
 	for range repeats {
 		at := rng.IntN(len(msgs))
 		pos := at + 1 + rng.IntN(len(msgs)-at)
 		msgs = slices.Insert(msgs, pos, msgs[at])
 	}
-	return msgs, distinct
+	return msgs
 }
 
 // Events returns n distinct messages whose ids start with prefix.

@@ -61,6 +61,12 @@ type RunReport struct {
 
 // Err joins the failures of every run; nil when all passed.
 func (r *Report) Err() error {
+	return errors.Join(r.RunsErr(), r.GatesErr())
+}
+
+// RunsErr reports the runs that failed (an error, effects not exactly
+// once): their figures say nothing.
+func (r *Report) RunsErr() error {
 	var errs []error
 	for _, s := range r.Scenarios {
 		for _, run := range s.Runs {
@@ -68,6 +74,15 @@ func (r *Report) Err() error {
 				errs = append(errs, fmt.Errorf("%s / %s: %w", s.Title, run.Name, run.Err))
 			}
 		}
+	}
+	return errors.Join(errs...)
+}
+
+// GatesErr reports the gates not met: the figures stand, and the report
+// shows each gate missed.
+func (r *Report) GatesErr() error {
+	var errs []error
+	for _, s := range r.Scenarios {
 		if _, err := s.gate(r.Options.Smoke); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", s.Title, err))
 		}

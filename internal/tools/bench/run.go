@@ -63,9 +63,9 @@ func Execute(ctx context.Context, scenarios []Scenario, opts Options) (*Report, 
 		if s.Once {
 			rounds = 1
 		}
-		if opts.RunNames != nil {
-			s.Runs = slices.DeleteFunc(slices.Clone(s.Runs), func(r Run) bool { return !opts.RunNames.MatchString(r.Name) })
-		}
+		s.Runs = slices.DeleteFunc(slices.Clone(s.Runs), func(r Run) bool {
+			return opts.RunNames != nil && !opts.RunNames.MatchString(r.Name) || opts.Smoke && r.NoSmoke
+		})
 		measured := make([][]RunReport, len(s.Runs))
 		for round := range rounds {
 			for i, r := range s.Runs {

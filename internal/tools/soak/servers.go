@@ -123,7 +123,9 @@ func NewRabbitNode(name string) (*RabbitNode, error) {
 	if n.distPort, err = freePort(); err != nil {
 		return nil, err
 	}
-	if err := os.WriteFile(filepath.Join(dir, "enabled_plugins"), []byte("[].\n"), 0o644); err != nil {
+	// The consistent-hash exchange of partitioned consumers; the plugin
+	// ships with rabbitmq-server.
+	if err := os.WriteFile(filepath.Join(dir, "enabled_plugins"), []byte("[rabbitmq_consistent_hash_exchange].\n"), 0o644); err != nil {
 		return nil, fmt.Errorf("rabbitmq plugins: %w", err)
 	}
 	if err := chown(filepath.Join(dir, "enabled_plugins"), "rabbitmq"); err != nil {

@@ -11,6 +11,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -84,11 +85,11 @@ func run() error {
 	if err := report.WriteTable(os.Stdout); err != nil {
 		return err
 	}
-	if err := report.Err(); err != nil {
+	if err := report.RunsErr(); err != nil {
 		if out != "" && !opts.Smoke {
 			fmt.Fprintf(os.Stderr, "%s not written: a run failed\n", out)
 		}
-		return err
+		return errors.Join(err, report.GatesErr())
 	}
 	if out != "" && !opts.Smoke {
 		f, err := os.Create(out)
@@ -104,5 +105,6 @@ func run() error {
 		}
 		fmt.Fprintf(os.Stderr, "wrote %s\n", out)
 	}
-	return nil
+	// A gate missed fails the run, after the report that shows it.
+	return report.GatesErr()
 }
