@@ -27,7 +27,7 @@ func TestConsolePartitions(t *testing.T) {
 	const n = 4
 	cfg := partitionedConfig(t, n)
 	cfg.Console = app.ConsoleConfig{Enabled: true, Tokens: []string{"bob:" + consoleReadSecret + ":read"}}
-	b, _ := startService(t, cfg)
+	b, _ := startService(t, cfg, widgetConsumer(consumerName))
 	for i := range 12 {
 		b.publish(t, fmt.Sprintf("w-%d", i), "gear")
 	}

@@ -5,9 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/fx"
 
@@ -26,14 +29,20 @@ func partitionedConfig(t *testing.T, n int) app.Config {
 	return cfg
 }
 
-// startService builds and starts the widget service of cfg, and returns
-// it with the function that stops it (once; the test's end stops it
-// otherwise).
-func startService(t *testing.T, cfg app.Config, opts ...fx.Option) (*bundle, func()) {
+// widgetConsumer registers the widget consumer as name, its statement
+// bound for the database's placeholders.
+func widgetConsumer(name string) fx.Option {
+	return handlers.Register(name, handlers.On(widgetAdded, newAddWidgetRebound))
+}
+
+// startService builds and starts the service of cfg with the consumer
+// that register registers, and returns it with the function that stops
+// it (once; the test's end stops it otherwise).
+func startService(t *testing.T, cfg app.Config, register fx.Option, opts ...fx.Option) (*bundle, func()) {
 	t.Helper()
 	b := &bundle{cfg: cfg}
 	b.service = app.New(
-		handlers.Register(consumerName, handlers.On(widgetAdded, newAddWidgetRebound)),
+		register,
 		fx.Supply(widgetMigrations),
 		fx.Replace(cfg),
 		fx.Options(opts...),
@@ -116,7 +125,7 @@ func TestPartitionsOperable(t *testing.T) {
 		return sum
 	}
 
-	b, stop := startService(t, cfg)
+	b, stop := startService(t, cfg, widgetConsumer(consumerName))
 	for i := range 20 {
 		b.publish(t, fmt.Sprintf("w-%d", i), "gear")
 	}
@@ -194,7 +203,7 @@ func TestPartitionsOperable(t *testing.T) {
 	require.ErrorContains(t, err, "refused: messages wait in partitions ")
 	require.ErrorContains(t, err, "of 4: stop the consumer's producers")
 
-	b, stop = startService(t, cfg)
+	b, stop = startService(t, cfg, widgetConsumer(consumerName))
 	waitFor(t, "the 30 widgets", func() bool { return b.count(t, `SELECT count(*) FROM widgets`) == 30 })
 	waitFor(t, "nothing waiting", func() bool { return waiting(consumers()) == 0 })
 	stop()
@@ -216,12 +225,63 @@ func TestPartitionsOperable(t *testing.T) {
 	_, err = command("consumers", "repartition", "nobody", "2")
 	require.ErrorContains(t, err, "no consumer named nobody is declared in this service (declared: "+consumerName+")")
 
-	refused := app.New(
-		handlers.Register(consumerName, handlers.On(widgetAdded, newAddWidgetRebound)),
-		fx.Supply(widgetMigrations), fx.Replace(cfg),
-	)
+	refused := app.New(widgetConsumer(consumerName), fx.Supply(widgetMigrations), fx.Replace(cfg))
 	require.NoError(t, refused.Err())
 	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 	defer cancel()
 	require.ErrorContains(t, refused.Start(ctx), "run the consumers repartition "+consumerName+" 4 command")
+}
+
+// TestPartitionsOnAMQP: the consumers command connects to RabbitMQ to
+// count what waits in a partitioned consumer's queues: nothing once its
+// events are handled, and no position (a queue keeps none).
+func TestPartitionsOnAMQP(t *testing.T) {
+	t.Parallel()
+	const n = 2
+	cfg := amqpConfig(t)
+	name := "widgets.parts-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	cfg.Consumers = map[string]middleware.Settings{name: {Partitions: n}}
+	t.Cleanup(func() { deleteAMQPPartitions(t, cfg.AMQPURL, name, n) })
+	b, _ := startService(t, cfg, widgetConsumer(name))
+	for i := range 6 {
+		b.publish(t, fmt.Sprintf("w-%d", i), "gear")
+	}
+	waitFor(t, "the 6 widgets", func() bool { return b.count(t, `SELECT count(*) FROM widgets`) == 6 })
+	opts := fx.Options(widgetConsumer(name), fx.Supply(widgetMigrations), fx.Replace(cfg))
+	var out string
+	waitFor(t, "both partitions owned, nothing waiting", func() bool {
+		var err error
+		out, err = runCommand(t, opts, "consumers")
+		require.NoError(t, err)
+		return regexp.MustCompile(`(?m)^0\s+\S+-\d+-[0-9a-f]+\s+\d+\s+\d+s\s+0\s+-$`).MatchString(out) &&
+			regexp.MustCompile(`(?m)^1\s+\S+-\d+-[0-9a-f]+\s+\d+\s+\d+s\s+0\s+-$`).MatchString(out)
+	})
+	t.Log(out)
+	require.Contains(t, out, "consumer "+name+": 2 partitions, 1 live process: ")
+	require.Contains(t, out, " amqp queue "+name+".p00..p01 ", "a queue per partition")
+}
+
+// deleteAMQPPartitions deletes the queues and the exchange of consumer's
+// n partitions from the broker at url.
+func deleteAMQPPartitions(t *testing.T, url, consumer string, n int) {
+	t.Helper()
+	conn, err := amqp091.Dial(url)
+	if err != nil {
+		t.Logf("delete the partitions of %s: %v", consumer, err)
+		return
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Logf("delete the partitions of %s: %v", consumer, err)
+		return
+	}
+	for i := range n {
+		if _, err := ch.QueueDelete(fmt.Sprintf("%s.p%02d", consumer, i), false, false, false); err != nil {
+			t.Logf("delete the partitions of %s: %v", consumer, err)
+		}
+	}
+	if err := ch.ExchangeDelete(consumer+".partitions", false, false); err != nil {
+		t.Logf("delete the partitions of %s: %v", consumer, err)
+	}
 }

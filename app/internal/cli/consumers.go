@@ -82,8 +82,10 @@ type consumerView struct {
 	// parked events of that the service no longer declares.
 	Declared bool     `json:"declared"`
 	Types    []string `json:"types"`
-	// Queue is the amqp queue; ConsumerGroup the sqlite or postgres
-	// consumer group.
+	// Queue is the amqp queue ("<name>.p00..pNN", a queue per
+	// partition, when partitioned); ConsumerGroup the sqlite or postgres
+	// consumer group (on postgres, "<name>#<p>/<n>" per partition when
+	// partitioned).
 	Queue         string `json:"queue,omitempty"`
 	ConsumerGroup string `json:"consumer_group,omitempty"`
 	Concurrency   int    `json:"concurrency,omitempty"`
@@ -126,6 +128,9 @@ func newConsumersView(cfg Config, decls []handlers.Declaration, rec driver.Consu
 		switch cfg.Transport {
 		case transportAMQP:
 			c.Queue = d.Name
+			if s.Partitions > 1 { // a queue per partition (framework/amqp)
+				c.Queue = fmt.Sprintf("%s.p00..p%02d", d.Name, s.Partitions-1)
+			}
 		case transportSQLite, transportPostgres:
 			c.ConsumerGroup = d.Name
 		}
