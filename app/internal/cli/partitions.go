@@ -168,8 +168,12 @@ func (src partitionSource) backlog(ctx context.Context, d handlers.Declaration, 
 // their count and live processes, then a table of them.
 func printPartitions(out io.Writer, consumer string, v partitionsView) error {
 	count := fmt.Sprintf("%d partitions", v.Count)
-	if v.Configured != v.Count {
+	switch {
+	case v.Configured == v.Count:
+	case v.Configured > 1:
 		count += fmt.Sprintf(" (configured: %d; the service refuses to start until the consumers repartition %s %d command)", v.Configured, consumer, v.Configured)
+	default:
+		count += fmt.Sprintf(" (configured: unpartitioned, as the service runs it; the consumers repartition %s 1 command records it)", consumer)
 	}
 	members := "no live process"
 	if len(v.Members) > 0 {

@@ -37,6 +37,11 @@ func TestPrintPartitions(t *testing.T) {
 	require.Regexp(t, `(?m)^1\s+—\s+2\s+—\s+100000\+\s+shop\.order\.placed@- replay@-$`, s)
 	require.Regexp(t, `(?m)^2\s+—\s+0\s+—\s+\?\s+-$`, s)
 
+	v.Configured = 1
+	out.Reset()
+	require.NoError(t, printPartitions(&out, "shop.mail", v))
+	require.Contains(t, out.String(), "consumer shop.mail: 3 partitions (configured: unpartitioned, as the service runs it; the consumers repartition shop.mail 1 command records it), 2 live processes")
+
 	v.Configured, v.Members, v.BacklogError = 3, nil, "broker down"
 	out.Reset()
 	require.NoError(t, printPartitions(&out, "shop.mail", v))
