@@ -219,7 +219,7 @@ func chain(cfg Config, clk clock) ([]message.HandlerMiddleware, *releaser) {
 	steps = append(steps,
 		timeout(cfg.Timeout),
 		recoverPanic,
-		unitOfWork(name, cfg.UnitOfWork, cfg.Acker, cfg.Fencer),
+		unitOfWork(name, cfg.UnitOfWork, cfg.Acker, cfg.Fencer, cfg.StrictOrder),
 	)
 	if cfg.SkipStale {
 		steps = append(steps, sequenceGuard(name, cfg.Store))

@@ -64,8 +64,11 @@ func strictOrder(consumer string, store driver.Store, fromFirstSeen bool) messag
 			}
 			st := stateOf(msg)
 			st.parked = false // this attempt decides again
-			c, err := store.Checkpoint(ctx, tx, consumer, d.Subject)
-			if err != nil {
+			var c int64
+			step := orderStep(ctx)
+			if step != nil {
+				c = step.Checkpoint // read and locked by the batch
+			} else if c, err = store.Checkpoint(ctx, tx, consumer, d.Subject); err != nil {
 				return nil, err
 			}
 			started := c != 0 || !fromFirstSeen // else the first event seen starts it
@@ -99,9 +102,27 @@ func strictOrder(consumer string, store driver.Store, fromFirstSeen bool) messag
 			if err != nil {
 				return out, err
 			}
+			if step != nil {
+				// The batch moves the checkpoint before its commit, with
+				// its other attempts', and runs them again alone if one
+				// of their subjects has a wait or a parked event.
+				step.Advance, step.Seq = true, d.SubjectSeq
+				return out, nil
+			}
 			return out, advance(ctx, store, tx, st, consumer, d.Subject, d.SubjectSeq, d.Key())
 		}
 	}
+}
+
+// orderStep returns the strict-order step of the attempt of ctx when its
+// batch read and locked its subject's checkpoint (see
+// driver.Delivery.OrderedSubject); nil otherwise.
+func orderStep(ctx context.Context) *pipeline.OrderStep {
+	at, ok := pipeline.From[pipeline.Attempt](ctx)
+	if !ok {
+		return nil
+	}
+	return at.Order
 }
 
 // advanceEndWaiter is a Store that moves a checkpoint and ends the wait

@@ -17,8 +17,10 @@ var errNotDecoded = errors.New("message was not decoded: add the decode step out
 // forgets the delivery's count when the delivery guard counted it and,
 // with acker, acknowledges the message. A duplicate is skipped and
 // acknowledged. The message context inside carries the transaction; it is
-// restored after.
-func unitOfWork(consumer string, uow *driver.UnitOfWork, acker driver.TxAcker, fencer driver.Fencer) message.HandlerMiddleware {
+// restored after. With strict (StrictOrder), an event's subject goes to
+// the unit of work (driver.Delivery.OrderedSubject), whose batches then
+// read and move the checkpoints of their attempts together.
+func unitOfWork(consumer string, uow *driver.UnitOfWork, acker driver.TxAcker, fencer driver.Fencer, strict bool) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			st := stateOf(msg)
@@ -28,7 +30,11 @@ func unitOfWork(consumer string, uow *driver.UnitOfWork, acker driver.TxAcker, f
 			}
 			orig := msg.Context()
 			defer msg.SetContext(orig)
-			outcome, err := uow.DoDelivery(orig, consumer, d.Key(), delivery(st, acker, fencer, msg), func(ctx context.Context) error {
+			dl := delivery(st, acker, fencer, msg)
+			if strict && d.SubjectSeq != 0 {
+				dl.OrderedSubject = d.Subject
+			}
+			outcome, err := uow.DoDelivery(orig, consumer, d.Key(), dl, func(ctx context.Context) error {
 				msg.SetContext(ctx)
 				_, err := next(msg)
 				return err

@@ -26,6 +26,9 @@ type attemptRun struct {
 	batched  bool // a.tx is a batch's transaction (group commit)
 	acking   bool // the batch writes a.delivery.Ack before its commit (see ackAll)
 	fencing  bool // the batch checks a.delivery's partition before its commit (see fenceAll)
+	// order is a's strict-order step when its batch locked its subject's
+	// checkpoint (see lockCheckpoints); nil otherwise.
+	order *pipeline.OrderStep
 	outcome  framework.Outcome
 	err      error
 	panicked any
@@ -83,7 +86,7 @@ func (a *attemptRun) keepHookPanic(p any) {
 
 // alone runs a in a transaction of its own.
 func (u *UnitOfWork) alone(a *attemptRun) {
-	a.tx, a.marked, a.batched, a.acking, a.fencing = &Tx{}, false, false, false, false
+	a.tx, a.marked, a.batched, a.acking, a.fencing, a.order = &Tx{}, false, false, false, false, nil
 	if u.db != nil {
 		tx, err := u.db.BeginTxx(a.ctx, nil)
 		if err != nil {
@@ -171,7 +174,7 @@ func (u *UnitOfWork) attempt(a *attemptRun) (write bool) {
 	a.outcome = framework.Duplicate
 	if first {
 		a.outcome = framework.Processed
-		at := pipeline.Attempt{Consumer: a.consumer, Source: a.key.Source, ID: a.key.ID}
+		at := pipeline.Attempt{Consumer: a.consumer, Source: a.key.Source, ID: a.key.ID, Order: a.order}
 		if tx.tx != nil {
 			at.Conn = tx // framework.Conn's: a *Tx without a database is none
 		}

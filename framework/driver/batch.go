@@ -365,10 +365,14 @@ func (g *group) try(batch []*attemptRun) (committed, retry []*attemptRun, failed
 	ctx = context.WithoutCancel(ctx)
 	for _, a := range batch {
 		a.tx = &Tx{tx: tx, ctx: ctx}
-		a.marked, a.batched, a.acking, a.fencing = false, true, false, false
+		a.marked, a.batched, a.acking, a.fencing, a.order = false, true, false, false, nil
 	}
 	if err := g.markAll(ctx, batch); err != nil {
 		_ = tx.Rollback() // err is what matters: each attempt runs again alone
+		return nil, batch, -1
+	}
+	if err := g.lockCheckpoints(ctx, batch); err != nil {
+		_ = tx.Rollback() // as above
 		return nil, batch, -1
 	}
 	var ok, settled []*attemptRun
@@ -425,6 +429,13 @@ func (g *group) try(batch []*attemptRun) (committed, retry []*attemptRun, failed
 	if len(ok) == 0 {
 		_ = tx.Rollback() // nothing to commit
 		return nil, nil, -1
+	}
+	if err := g.advanceAll(ctx, ok); err != nil {
+		// A subject with a wait, a parked event or a skip at or after
+		// its step, or a failure: each attempt runs again alone, and
+		// ends its wait or parks as strict order says.
+		c, r := g.abort(tx, nil, ok, settled, err)
+		return c, r, -1
 	}
 	if err := fenceAll(ctx, ok); err != nil {
 		// Each attempt runs again alone, and checks its own partition:

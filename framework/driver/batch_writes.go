@@ -2,14 +2,17 @@ package driver
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
-// The writes a batch makes for all its attempts at once, before its
-// commit: the marks, the partitions' fences, the transport's acks.
+// The statements a batch makes for all its attempts at once: the marks and
+// the strict-order checkpoints before they run; the checkpoints' moves,
+// the partitions' fences and the transport's acks before its commit.
 
 // ackAll writes the transport's acks of the attempts of ok in their
 // batch's transaction, one statement per TxAckBatch (a transport's
@@ -93,6 +96,82 @@ func (g *group) markAll(ctx context.Context, batch []*attemptRun) error {
 	}
 	for i, a := range batch {
 		a.marked, a.first = true, first[i]
+	}
+	return nil
+}
+
+// orderBatcher is a Store that reads and locks the checkpoints of many
+// subjects, and moves them, in one statement each (the PostgreSQL store
+// does; see Delivery.OrderedSubject).
+type orderBatcher interface {
+	CheckpointMany(ctx context.Context, tx *Tx, consumer string, subjects []string) (map[string]int64, error)
+	AdvanceMany(ctx context.Context, tx *Tx, consumer string, subjects []string, seqs []int64) (clear bool, err error)
+}
+
+// errOrderNotClear ends a batch whose attempts' subjects have a wait, a
+// parked event or a skip at or after their steps: each attempt runs again
+// alone, and its strict-order step ends the wait or parks on its own.
+var errOrderNotClear = errors.New("a subject of the batch has a wait, a parked event or a skip at or after its step")
+
+// lockCheckpoints reads and locks, in one statement, the checkpoints of
+// the subjects of batch's attempts that keep strict order, on PostgreSQL
+// when the store can, and hands each attempt its own (a.order): its
+// strict-order step then reads no checkpoint, and leaves the checkpoint's
+// move to advanceAll. It does nothing when two attempts share a subject:
+// the second must see the first's move.
+func (g *group) lockCheckpoints(ctx context.Context, batch []*attemptRun) error {
+	ob, ok := g.u.store.(orderBatcher)
+	if !ok || g.u.db.DriverName() != "pgx" {
+		return nil
+	}
+	var subjects []string
+	for _, a := range batch {
+		if s := a.delivery.OrderedSubject; s != "" {
+			if a.consumer != batch[0].consumer || slices.Contains(subjects, s) {
+				return nil
+			}
+			subjects = append(subjects, s)
+		}
+	}
+	if len(subjects) < 2 {
+		return nil // one statement an attempt either way
+	}
+	checkpoints, err := ob.CheckpointMany(ctx, batch[0].tx, batch[0].consumer, subjects)
+	if err != nil {
+		return fmt.Errorf("checkpoints of %d subjects: %w", len(subjects), err)
+	}
+	for _, a := range batch {
+		if s := a.delivery.OrderedSubject; s != "" {
+			a.order = &pipeline.OrderStep{Checkpoint: checkpoints[s]}
+		}
+	}
+	return nil
+}
+
+// advanceAll moves, in one statement, the checkpoints of the attempts of
+// ok whose strict-order step asked for it (pipeline.OrderStep.Advance),
+// and returns errOrderNotClear when one of their subjects has a wait, a
+// parked event or a skip at or after its step.
+func (g *group) advanceAll(ctx context.Context, ok []*attemptRun) error {
+	var (
+		subjects []string
+		seqs     []int64
+	)
+	for _, a := range ok {
+		if a.order != nil && a.order.Advance {
+			subjects = append(subjects, a.delivery.OrderedSubject)
+			seqs = append(seqs, a.order.Seq)
+		}
+	}
+	if len(subjects) == 0 {
+		return nil
+	}
+	clear, err := g.u.store.(orderBatcher).AdvanceMany(ctx, ok[0].tx, ok[0].consumer, subjects, seqs)
+	switch {
+	case err != nil:
+		return fmt.Errorf("advance %d checkpoints: %w", len(subjects), err)
+	case !clear:
+		return errOrderNotClear
 	}
 	return nil
 }

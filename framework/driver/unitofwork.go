@@ -222,6 +222,12 @@ type Delivery struct {
 	Fencer Fencer
 	// Partition is the partition of the message, for Fencer.
 	Partition int
+	// OrderedSubject is the event's subject when its consumer applies
+	// each subject's events in sequence (strict order): on PostgreSQL a
+	// batch then reads and locks its attempts' checkpoints in one
+	// statement, and moves them in one statement before its commit,
+	// instead of two statements an attempt. Empty otherwise.
+	OrderedSubject string
 }
 
 // Fencer checks, inside the transaction of a batch's attempts, that this

@@ -381,6 +381,24 @@ func (s *Store) AdvanceEndWait(ctx context.Context, tx *driver.Tx, consumer, sub
 	return s.sql.AdvanceEndWait(ctx, tx, consumer, subject, seq, key)
 }
 
+// AdvanceMany moves the checkpoint of each of subjects, all of consumer,
+// to the seq of the same index, in one statement on PostgreSQL, and
+// reports clear: no wait, parked event or skip is at or after one of the
+// steps, so that no wait is left to end (EndWait). The unit of work's
+// batch moves its attempts' checkpoints with it before its commit, and
+// runs them again alone when it is not clear.
+func (s *Store) AdvanceMany(ctx context.Context, tx *driver.Tx, consumer string, subjects []string, seqs []int64) (bool, error) {
+	return s.sql.AdvanceMany(ctx, tx, consumer, subjects, seqs)
+}
+
+// CheckpointMany is Checkpoint of each of subjects, all of consumer, in
+// one statement on PostgreSQL (one an attempt on SQLite): the unit of
+// work's batch reads and locks its attempts' checkpoints with it (found by
+// type assertion, see driver.Delivery.OrderedSubject).
+func (s *Store) CheckpointMany(ctx context.Context, tx *driver.Tx, consumer string, subjects []string) (map[string]int64, error) {
+	return s.sql.CheckpointMany(ctx, tx, consumer, subjects)
+}
+
 // MarkMany records, inside tx and in one statement, that consumer
 // processed each of keys, and reports for each whether its mark is new:
 // false for a key marked before, and for every repeat of a key within

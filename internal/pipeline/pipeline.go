@@ -56,6 +56,26 @@ type Attempt struct {
 	// Conn is the attempt's transaction (a *driver.Tx), nil when the
 	// attempt has no database (the in-memory store).
 	Conn sqlx.ExtContext
+	// Order, when set, is the attempt's strict-order step in a batch
+	// that read and locked its subject's checkpoint for it, and that
+	// moves the checkpoint before its commit.
+	Order *OrderStep
+}
+
+// OrderStep is an attempt's strict-order step in a batch of the unit of
+// work that reads and locks the checkpoints of all its attempts' subjects
+// in one statement, and moves them in one statement before its commit.
+type OrderStep struct {
+	// Checkpoint is the subject's checkpoint, read and locked by the
+	// batch.
+	Checkpoint int64
+	// Advance, set by the strict-order step of an event at its turn
+	// that took effect, asks the batch to move the checkpoint to Seq and
+	// end the event's wait before its commit, instead of a statement of
+	// the attempt's own.
+	Advance bool
+	// Seq is the event's subjectseq, with Advance.
+	Seq int64
 }
 
 // AckOrNack acks msg when err is nil and nacks it otherwise, as the

@@ -42,6 +42,19 @@ WHERE consumer = ? AND subject = ? AND seq > ? AND reason IN ('parked', 'skipped
 	qOrderEndWaitPostgres = `WITH taken AS (SELECT ` + qOrderTaken + ` AS t),
 gone AS (DELETE FROM {p}parked_events WHERE consumer = ? AND subject = ? AND seq = ? AND NOT (SELECT t FROM taken))
 SELECT (SELECT t FROM taken), ` + qOrderParkedAfter
+	// qOrderCheckpointMany is qOrderCheckpoint for many subjects, their
+	// rows locked in the order of their subjects, so that two batches
+	// never wait for each other's rows crosswise (PostgreSQL).
+	qOrderCheckpointMany = `INSERT INTO {p}subject_checkpoints (consumer, subject, seq)
+SELECT ?, s, 0 FROM unnest(?::text[]) AS s ORDER BY s
+ON CONFLICT (consumer, subject) DO UPDATE SET seq = {p}subject_checkpoints.seq RETURNING subject, seq`
+	// qOrderAdvanceMany moves the checkpoints of many subjects, each to
+	// its step, and reports whether a wait, a parked event or a skip is
+	// at or after one of the steps (PostgreSQL).
+	qOrderAdvanceMany = `WITH v AS (SELECT * FROM unnest(?::text[], ?::bigint[]) AS v(subject, seq)),
+advanced AS (INSERT INTO {p}subject_checkpoints (consumer, subject, seq) SELECT ?, subject, seq FROM v ORDER BY subject
+ON CONFLICT (consumer, subject) DO UPDATE SET seq = excluded.seq WHERE {p}subject_checkpoints.seq < excluded.seq)
+SELECT NOT EXISTS (SELECT 1 FROM {p}parked_events p JOIN v ON p.subject = v.subject AND p.seq >= v.seq WHERE p.consumer = ?)`
 	// qOrderAdvanceEndWaitPostgres is qAdvance and qOrderEndWaitPostgres
 	// in one round trip.
 	qOrderAdvanceEndWaitPostgres = `WITH advanced AS (` + qAdvance + `),
@@ -110,6 +123,60 @@ func (s *Store) lockCheckpoint(ctx context.Context, tx *sqlx.Tx, consumer, subje
 		return 0, err
 	}
 	return c, nil
+}
+
+// CheckpointMany is Checkpoint of each of subjects, all of consumer, in
+// one statement on PostgreSQL (one an attempt on SQLite): the unit of
+// work's batch reads and locks its attempts' checkpoints with it (found by
+// type assertion, see driver.Delivery.OrderedSubject).
+func (s *Store) CheckpointMany(ctx context.Context, tx *driver.Tx, consumer string, subjects []string) (map[string]int64, error) {
+	checkpoints := make(map[string]int64, len(subjects))
+	if !tx.HasDB() || s.dialect != Postgres {
+		for _, subject := range subjects {
+			c, err := s.Checkpoint(ctx, tx, consumer, subject)
+			if err != nil {
+				return nil, err
+			}
+			checkpoints[subject] = c
+		}
+		return checkpoints, nil
+	}
+	rows, err := tx.QueryContext(ctx, s.q.sql(qOrderCheckpointMany), consumer, subjects)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoints of %d subjects for %s: %w", len(subjects), consumer, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			subject string
+			seq     int64
+		)
+		if err := rows.Scan(&subject, &seq); err != nil {
+			return nil, fmt.Errorf("checkpoints of %d subjects for %s: %w", len(subjects), consumer, err)
+		}
+		checkpoints[subject] = seq
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("checkpoints of %d subjects for %s: %w", len(subjects), consumer, err)
+	}
+	return checkpoints, nil
+}
+
+// AdvanceMany moves the checkpoint of each of subjects, all of consumer,
+// to the seq of the same index, in one statement on PostgreSQL, and
+// reports clear: no wait, parked event or skip is at or after one of the
+// steps, so that no wait is left to end (EndWait). The unit of work's
+// batch moves its attempts' checkpoints with it before its commit, and
+// runs them again alone when it is not clear.
+func (s *Store) AdvanceMany(ctx context.Context, tx *driver.Tx, consumer string, subjects []string, seqs []int64) (bool, error) {
+	if !tx.HasDB() || s.dialect != Postgres {
+		return false, nil // one at a time, as each attempt alone does
+	}
+	var clear bool
+	if err := tx.GetContext(ctx, &clear, s.q.sql(qOrderAdvanceMany), subjects, seqs, consumer, consumer); err != nil {
+		return false, fmt.Errorf("advance %d checkpoints for %s: %w", len(subjects), consumer, err)
+	}
+	return clear, nil
 }
 
 // AdvanceEndWait is Advance, then EndWait, of an event that took effect
