@@ -15,6 +15,7 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/effectively-once/effectively/app"
+	feamqp "github.com/effectively-once/effectively/framework/amqp"
 )
 
 // amqpScenario: the example service on RabbitMQ and PostgreSQL against a
@@ -58,6 +59,10 @@ const serviceQueue = "notifications.remind-on-appointment-booked"
 type amqpFeed struct {
 	conn *amqp091.Connection
 	ch   *amqp091.Channel
+	// partitionKey sets each message's subject in the header that a
+	// partitioned consumer's consistent-hash exchange hashes
+	// (amqp.PartitionHeader), as the framework's publishers do.
+	partitionKey bool
 }
 
 // newAMQPFeed declares the type's exchange and the queue, bound to it and
@@ -133,7 +138,12 @@ func (f *amqpFeed) declareUnused(ctx context.Context, queue string) error {
 }
 
 func (f *amqpFeed) publish(ctx context.Context, m Message) (*amqp091.DeferredConfirmation, error) {
+	var headers amqp091.Table
+	if f.partitionKey && m.Subject != "" {
+		headers = amqp091.Table{feamqp.PartitionHeader: m.Subject}
+	}
 	return f.ch.PublishWithDeferredConfirmWithContext(ctx, EventType, "", false, false, amqp091.Publishing{
+		Headers:      headers,
 		ContentType:  "application/cloudevents+json",
 		DeliveryMode: amqp091.Persistent,
 		MessageId:    m.ID,
@@ -185,6 +195,9 @@ type amqpService struct {
 	config string
 	// vars are the service's variables beside those of serviceVars.
 	vars map[string]string
+	// processes is how many processes of the service Start starts, all
+	// consuming at once; one when zero.
+	processes int
 }
 
 func measureAMQPService(ctx context.Context, env *Env, config string) (Result, error) {
@@ -220,7 +233,7 @@ func (s *amqpService) Start(ctx context.Context) (*Process, error) {
 	vars := serviceVars("amqp", s.url, s.config)
 	vars["EFFECTIVELY_AMQP_URL"] = s.env.AMQPURL
 	maps.Copy(vars, s.vars)
-	return s.env.StartService(ctx, vars)
+	return s.env.startServices(ctx, vars, s.processes)
 }
 
 func (s *amqpService) Effects() *EffectTable {

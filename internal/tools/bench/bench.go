@@ -169,13 +169,22 @@ type Scenario struct {
 
 // A Gate bounds a run's effects per second by the best of its
 // scenario's runs in the same report: Run's must be at least Min times
-// the best's (each the round with the median effects per second).
+// the best's (each the round with the median effects per second); or
+// Min times another run's (Of), or at least Floor.
 type Gate struct {
 	// Run is the name of the gated run.
 	Run string
 	// Min is the lowest share of the best run's effects per second that
-	// Run may reach, e.g. 0.9.
+	// Run may reach, e.g. 0.9; with Of, the lowest multiple of Of's,
+	// e.g. 3.
 	Min float64
+	// Of, when set, names the run Min is taken of, instead of the best.
+	Of string
+	// Floor, when above zero, is the fewest effects per second Run may
+	// reach, whatever the other runs did; Min and Of are then unused.
+	Floor float64
+	// And, when set, is one more gate of the scenario, checked too.
+	And *Gate
 }
 
 // Need is a server a scenario needs.

@@ -27,6 +27,9 @@ type Message struct {
 	ID string
 	// Body is the CloudEvent, structured JSON.
 	Body []byte
+	// Subject is the CloudEvent's subject: the partition key a producer
+	// of a partitioned consumer sends beside it (see amqpFeed).
+	Subject string
 }
 
 // cloudEvent is the CloudEvent a foreign producer writes, and what a
@@ -80,7 +83,7 @@ func newMessage(id, subject string, seq int) Message {
 	if err != nil {
 		panic(err) // a struct of strings and times always marshals
 	}
-	return Message{ID: id, Body: body}
+	return Message{ID: id, Body: body, Subject: subject}
 }
 
 // Backlog returns n messages whose ids start with prefix, of which a share

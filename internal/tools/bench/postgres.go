@@ -76,6 +76,9 @@ type postgresService struct {
 	config string
 	// vars are the service's variables beside those of serviceVars.
 	vars map[string]string
+	// processes is how many processes of the service Start starts, all
+	// consuming at once; one when zero.
+	processes int
 }
 
 func measurePostgresService(ctx context.Context, env *Env) (Result, error) {
@@ -103,7 +106,7 @@ func newPostgresService(ctx context.Context, env *Env) (*postgresService, error)
 func (s *postgresService) Start(ctx context.Context) (*Process, error) {
 	vars := serviceVars("postgres", s.url, s.config)
 	maps.Copy(vars, s.vars)
-	return s.env.StartService(ctx, vars)
+	return s.env.startServices(ctx, vars, s.processes)
 }
 
 func (s *postgresService) Effects() *EffectTable {

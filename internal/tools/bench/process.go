@@ -28,6 +28,9 @@ type Process struct {
 	profile string // where the process writes its CPU profile; empty: none
 	stderr  *tailBuffer
 	child   bool // serves /begin
+	// peers are the processes started with this one, consuming beside it
+	// (Env.startServices): Exited, Stop, Mallocs and PeakRSS take them in.
+	peers []*Process
 
 	client  *http.Client  // no keep-alive: nothing lingers once it stopped
 	done    chan struct{} // closed once the process exited
@@ -114,6 +117,11 @@ func (p *Process) Begin(ctx context.Context) error {
 
 // Exited reports an error when the process has exited, saying how.
 func (p *Process) Exited() error {
+	for _, q := range p.peers {
+		if err := q.Exited(); err != nil {
+			return err
+		}
+	}
 	select {
 	case <-p.done:
 		return fmt.Errorf("%s exited (%w): %s", p.name, p.waitErr, p.stderr.String())
@@ -125,7 +133,16 @@ func (p *Process) Exited() error {
 // Mallocs returns the process's heap allocations so far (the Go
 // runtime's go_memstats_mallocs_total on /metrics).
 func (p *Process) Mallocs(ctx context.Context) (float64, error) {
-	return p.Metric(ctx, "go_memstats_mallocs_total")
+	n, err := p.Metric(ctx, "go_memstats_mallocs_total")
+	for _, q := range p.peers {
+		if err != nil {
+			break
+		}
+		var m float64
+		m, err = q.Mallocs(ctx)
+		n += m
+	}
+	return n, err
 }
 
 // metricValue returns the value of the unlabelled sample name in a
@@ -154,6 +171,20 @@ func metricValue(r io.Reader, name string) (float64, error) {
 // in /proc/<pid>/status while it runs, the kernel's maxrss once it
 // exited.
 func (p *Process) PeakRSS() (int64, error) {
+	var peak int64
+	for _, q := range p.peers {
+		rss, err := q.PeakRSS()
+		if err != nil {
+			return 0, err
+		}
+		peak = max(peak, rss)
+	}
+	rss, err := p.peakRSS()
+	return max(peak, rss), err
+}
+
+// peakRSS is PeakRSS of the process alone.
+func (p *Process) peakRSS() (int64, error) {
 	select {
 	case <-p.done:
 		if ru, ok := p.cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
@@ -191,6 +222,19 @@ func (p *Process) Stop(timeout time.Duration) error {
 	if p.stopped {
 		return nil
 	}
+	var errs []error
+	for _, q := range p.peers {
+		errs = append(errs, q.Stop(timeout))
+	}
+	if err := errors.Join(errs...); err != nil {
+		_ = p.stop(timeout)
+		return err
+	}
+	return p.stop(timeout)
+}
+
+// stop is Stop of the process alone.
+func (p *Process) stop(timeout time.Duration) error {
 	p.stopped = true
 	select {
 	case <-p.done:

@@ -90,44 +90,6 @@ func (r *Report) GatesErr() error {
 	return errors.Join(errs...)
 }
 
-// gate returns the scenario's gate as a line of text, and an error when
-// it is not met: the gated run's effects per second below Gate.Min of the
-// best run's. It says nothing without a gate, nor when the gated run did
-// not run (a selection of runs); a smoke run's gate is shown but never
-// fails, as its figures say nothing about speed.
-func (s ScenarioReport) gate(smoke bool) (string, error) {
-	g := s.Gate
-	if g == nil || s.Skipped != "" {
-		return "", nil
-	}
-	var gated, best *RunReport
-	for i, run := range s.Runs {
-		if run.Err != nil {
-			continue
-		}
-		if run.Name == g.Run {
-			gated = &s.Runs[i]
-		}
-		if best == nil || run.Result.EffectsPerSecond() > best.Result.EffectsPerSecond() {
-			best = &s.Runs[i]
-		}
-	}
-	if gated == nil || best == nil || best.Result.EffectsPerSecond() <= 0 {
-		return "", nil
-	}
-	share := gated.Result.EffectsPerSecond() / best.Result.EffectsPerSecond()
-	line := fmt.Sprintf("Gate: %s at least %.2f of the best run's effects/s (%s): %s / %s = %.2f",
-		g.Run, g.Min, best.Name, thousands(gated.Result.EffectsPerSecond()), thousands(best.Result.EffectsPerSecond()), share)
-	switch {
-	case smoke:
-		return line + ", not checked (smoke run)", nil
-	case share < g.Min:
-		return line + ", NOT MET", fmt.Errorf("gate not met: %s at %.2f of %s's effects/s, want at least %.2f", g.Run, share, best.Name, g.Min)
-	default:
-		return line + ", met", nil
-	}
-}
-
 // ratio returns the run's effects per second over its baseline's.
 func (s ScenarioReport) ratio(run RunReport) float64 {
 	for _, b := range s.Runs {
@@ -221,7 +183,8 @@ func (r *Report) WriteTable(w io.Writer) error {
 				rows = append(rows, []string{"    " + line})
 			}
 		}
-		if line, _ := s.gate(r.Options.Smoke); line != "" {
+		lines, _ := s.gate(r.Options.Smoke)
+		for _, line := range lines {
 			rows = append(rows, []string{"  " + line})
 		}
 	}
@@ -414,7 +377,8 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 			fmt.Fprintf(b, "| %s | %s |\n", name, strings.Join(c, " | "))
 		}
 		fmt.Fprintln(b)
-		if line, _ := s.gate(r.Options.Smoke); line != "" {
+		lines, _ := s.gate(r.Options.Smoke)
+		for _, line := range lines {
 			fmt.Fprintf(b, "%s.\n\n", line)
 		}
 		writeRounds(b, s)

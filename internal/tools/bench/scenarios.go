@@ -12,6 +12,8 @@ func Scenarios() []Scenario {
 		orderScenario("amqp", coldKeys),
 		orderScenario("postgres", hotKeys),
 		orderScenario("postgres", coldKeys),
+		scaleOutScenario("amqp"),
+		scaleOutScenario("postgres"),
 		sqliteScenario(),
 		outboxScenario(),
 		idleScenario(),
