@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/jmoiron/sqlx"
 )
 
 // The scale-out scenarios: the example service's consumer, partitioned,
@@ -77,9 +79,12 @@ func scaleOutScenario(transport string) Scenario {
 			"drains a backlog of events with `subject` and `subjectseq`, %d events a subject (%d subjects at "+
 			"the default size), the subjects interleaved round robin, %s. The same configuration runs in 1, 2 "+
 			"and 4 processes at once, the partitions' leases in the stores' database. The processes are "+
-			"started together and the drain is timed from the first effect to the last, so the start of the "+
-			"later processes and the partitions' handover from those that started first count in it; "+
-			"allocations are summed over the processes, peak RSS is the largest, CPU and profile are the "+
+			"started together, and the harness waits until the partitions' leases are spread over them "+
+			"(each process holding its share, read from `partition_leases`) before it feeds the backlog: the "+
+			"start-up of the processes and the partitions' handover (a few seconds at the default "+
+			"`PartitionLease` of 15 s, renewed every fifth of it) are left out of the figures. The drain is "+
+			"timed from the first effect to the last, the feed running at its start; allocations (from the "+
+			"end of the feed) are summed over the processes, peak RSS is the largest, CPU and profile are the "+
 			"first process's. Every subject's effects must have taken effect in `subjectseq` order (read "+
 			"from a `bigserial` column added to `reminders`, as in the ordering scenarios) and no event may "+
 			"be dead-lettered or parked. No latency phase. Gates: 1 process at least %.1f of its ceiling "+
@@ -125,7 +130,7 @@ func measureScaleOut(ctx context.Context, env *Env, transport string, processes 
 	subjects := max(1, env.Events/ScaleOutPerSubject)
 	msgs, distinct, keys := orderBacklog(env.ID+"-b", env.Events, subjects, env.Duplicates)
 	env.Logf("%d subjects, %d processes", subjects, processes)
-	res, err := drainBacklog(ctx, env, noLatency{sys}, msgs, distinct)
+	res, err := drainBacklog(ctx, env, &spreadFirst{System: sys, env: env, db: db, processes: processes}, msgs, distinct)
 	if err != nil {
 		return res, err
 	}
@@ -253,4 +258,80 @@ func (e *Env) startServices(ctx context.Context, vars map[string]string, n int) 
 	}
 	procs[0].peers = procs[1:]
 	return procs[0], nil
+}
+
+// spreadFirst is a System whose backlog is fed once its processes
+// started and the partitions' leases are spread over them (see
+// waitSpread): the time the partitions take to change hands, a few
+// seconds at the default lease, is left out of the drain, which the
+// effects time from the first to the last. It has no latency phase (its
+// paced producer would send events without subjectseq).
+type spreadFirst struct {
+	System
+	env       *Env
+	db        *sqlx.DB
+	processes int
+	backlog   []Message
+}
+
+// Feed keeps the backlog for Start.
+func (s *spreadFirst) Feed(_ context.Context, msgs []Message) error {
+	s.backlog = msgs
+	return nil
+}
+
+// Start starts the processes, waits until the partitions are spread over
+// them, and feeds the backlog.
+func (s *spreadFirst) Start(ctx context.Context) (*Process, error) {
+	p, err := s.System.Start(ctx)
+	if err != nil {
+		return nil, err
+	}
+	began := time.Now()
+	if err := waitSpread(ctx, s.db, p, s.processes); err != nil {
+		return nil, err
+	}
+	s.env.Logf("partitions spread over %d processes %s after they were ready", s.processes, time.Since(began).Round(10*time.Millisecond))
+	if err := s.System.Feed(ctx, s.backlog); err != nil {
+		return nil, fmt.Errorf("feed: %w", err)
+	}
+	return p, nil
+}
+
+// spreadTimeout is how long waitSpread waits: several leases.
+const spreadTimeout = 90 * time.Second
+
+// waitSpread waits until the ScaleOutPartitions leases of the partitioned
+// consumer (partition_leases, in the stores' database db) are held, by as
+// many owners as there are processes (at most one a partition), none
+// holding more than its share.
+func waitSpread(ctx context.Context, db *sqlx.DB, p *Process, processes int) error {
+	owners := min(max(1, processes), ScaleOutPartitions)
+	share := (ScaleOutPartitions + owners - 1) / owners
+	deadline := time.Now().Add(spreadTimeout)
+	for {
+		var held []int
+		err := db.SelectContext(ctx, &held, `SELECT count(*) FROM partition_leases WHERE consumer = $1 AND owner <> '' AND expires_at > now() GROUP BY owner`, serviceQueue)
+		if err != nil {
+			return fmt.Errorf("read the partitions' leases: %w", err)
+		}
+		total, most := 0, 0
+		for _, n := range held {
+			total, most = total+n, max(most, n)
+		}
+		if len(held) == owners && total == ScaleOutPartitions && most <= share {
+			return nil
+		}
+		if err := p.Exited(); err != nil {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("partitions not spread over %d processes after %s: %v held by each owner", owners, spreadTimeout, held)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
