@@ -292,9 +292,11 @@ func (s *spreadFirst) Start(ctx context.Context) (*Process, error) {
 		return nil, err
 	}
 	s.env.Logf("partitions spread over %d processes %s after they were ready", s.processes, time.Since(began).Round(10*time.Millisecond))
+	began = time.Now()
 	if err := s.System.Feed(ctx, s.backlog); err != nil {
 		return nil, fmt.Errorf("feed: %w", err)
 	}
+	s.env.Logf("fed %d messages in %s", len(s.backlog), time.Since(began).Round(10*time.Millisecond))
 	return p, nil
 }
 
