@@ -79,13 +79,12 @@ func scaleOutScenario(transport string) Scenario {
 			"drains a backlog of events with `subject` and `subjectseq`, %d events a subject (%d subjects at "+
 			"the default size), the subjects interleaved round robin, %s. The same configuration runs in 1, 2 "+
 			"and 4 processes at once, the partitions' leases in the stores' database. The processes are "+
-			"started together, and the harness waits until the partitions' leases are spread over them "+
-			"(each process holding its share, read from `partition_leases`) before it feeds the backlog: the "+
-			"start-up of the processes and the partitions' handover (a few seconds at the default "+
-			"`PartitionLease` of 15 s, renewed every fifth of it) are left out of the figures. The drain is "+
-			"timed from the first effect to the last, the feed running at its start; allocations (from the "+
-			"end of the feed) are summed over the processes, peak RSS is the largest, CPU and profile are the "+
-			"first process's. Every subject's effects must have taken effect in `subjectseq` order (read "+
+			"started together once the backlog is in, and the drain is timed from the moment the partitions' "+
+			"leases are spread over them (each process holding its share, read from `partition_leases`) to "+
+			"the last effect, over the effects written from then on: the start-up of the processes and the "+
+			"partitions' handover (about 3 s, at the default `PartitionLease` of 15 s renewed every fifth of "+
+			"it), while fewer processes consume, are left out. Allocations (over the whole drain) are summed "+
+			"over the processes, peak RSS is the largest, CPU and profile are the first process's. Every subject's effects must have taken effect in `subjectseq` order (read "+
 			"from a `bigserial` column added to `reminders`, as in the ordering scenarios) and no event may "+
 			"be dead-lettered or parked. No latency phase. Gates: 1 process at least %.1f of its ceiling "+
 			"(%.0f effects/s), and 4 processes at least %d × the 1-process run.",
@@ -130,8 +129,12 @@ func measureScaleOut(ctx context.Context, env *Env, transport string, processes 
 	subjects := max(1, env.Events/ScaleOutPerSubject)
 	msgs, distinct, keys := orderBacklog(env.ID+"-b", env.Events, subjects, env.Duplicates)
 	env.Logf("%d subjects, %d processes", subjects, processes)
-	res, err := drainBacklog(ctx, env, &spreadFirst{System: sys, env: env, db: db, processes: processes}, msgs, distinct)
+	spread := &spreadFirst{System: noLatency{sys}, env: env, db: db, processes: processes}
+	res, err := drainBacklog(ctx, env, spread, msgs, distinct)
 	if err != nil {
+		return res, err
+	}
+	if err := spread.fromSpread(ctx, &res); err != nil {
 		return res, err
 	}
 	out, n, err := checkOrder(ctx, sys.Effects(), keys)
@@ -260,28 +263,23 @@ func (e *Env) startServices(ctx context.Context, vars map[string]string, n int) 
 	return procs[0], nil
 }
 
-// spreadFirst is a System whose backlog is fed once its processes
-// started and the partitions' leases are spread over them (see
-// waitSpread): the time the partitions take to change hands, a few
-// seconds at the default lease, is left out of the drain, which the
-// effects time from the first to the last. It has no latency phase (its
-// paced producer would send events without subjectseq).
+// spreadFirst is a System whose Start returns once the partitions'
+// leases are spread over its processes (see waitSpread), and keeps when:
+// the drain is timed from then (see fromSpread), so that the time the
+// partitions take to change hands, a few seconds at the default lease,
+// is left out. It has no latency phase (its paced producer would send
+// events without subjectseq).
 type spreadFirst struct {
 	System
 	env       *Env
 	db        *sqlx.DB
 	processes int
-	backlog   []Message
+	// spread is when the partitions were found spread.
+	spread time.Time
 }
 
-// Feed keeps the backlog for Start.
-func (s *spreadFirst) Feed(_ context.Context, msgs []Message) error {
-	s.backlog = msgs
-	return nil
-}
-
-// Start starts the processes, waits until the partitions are spread over
-// them, and feeds the backlog.
+// Start starts the processes and waits until the partitions are spread
+// over them.
 func (s *spreadFirst) Start(ctx context.Context) (*Process, error) {
 	p, err := s.System.Start(ctx)
 	if err != nil {
@@ -291,13 +289,36 @@ func (s *spreadFirst) Start(ctx context.Context) (*Process, error) {
 	if err := waitSpread(ctx, s.db, p, s.processes); err != nil {
 		return nil, err
 	}
-	s.env.Logf("partitions spread over %d processes %s after they were ready", s.processes, time.Since(began).Round(10*time.Millisecond))
-	began = time.Now()
-	if err := s.System.Feed(ctx, s.backlog); err != nil {
-		return nil, fmt.Errorf("feed: %w", err)
-	}
-	s.env.Logf("fed %d messages in %s", len(s.backlog), time.Since(began).Round(10*time.Millisecond))
+	s.spread = time.Now()
+	s.env.Logf("partitions spread over %d processes %s after they were ready", s.processes, s.spread.Sub(began).Round(10*time.Millisecond))
 	return p, nil
+}
+
+// fromSpread times res's drain from when the partitions were spread to
+// the last effect, over the effects written from then on; it leaves res
+// as it is when fewer than two were (a smoke run's).
+func (s *spreadFirst) fromSpread(ctx context.Context, res *Result) error {
+	effects, err := s.Effects().Read(ctx)
+	if err != nil {
+		return err
+	}
+	var last time.Time
+	n := 0
+	for _, e := range effects {
+		if !e.At.Before(s.spread) {
+			n++
+			if e.At.After(last) {
+				last = e.At
+			}
+		}
+	}
+	s.env.Logf("%d of %d effects once the partitions were spread", n, len(effects))
+	if n < 2 {
+		res.Note = fmt.Sprintf("drained before the partitions were spread (%d effects after): timed over the whole drain", n)
+		return nil
+	}
+	res.Drained, res.Elapsed = n, last.Sub(s.spread)
+	return nil
 }
 
 // spreadTimeout is how long waitSpread waits: several leases.
