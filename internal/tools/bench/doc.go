@@ -21,9 +21,13 @@
 // waits OutsideWait: the default configuration at least OutsideGate of
 // the best run's effects per second; the ordering scenarios: strict_order
 // at least OrderGate of the unordered run's), which the report shows
-// below the scenario's table and fails when it is not met. The ordering
-// scenarios (order.go) check the order of the effects too: a scenario's
-// Measure may fail its run with a check of its own.
+// below the scenario's table and fails when it is not met; a Gate may
+// instead take Min of another run (Of), or set a Floor of effects per
+// second, and chain another gate (And): the scale-out scenarios
+// (scaleout.go) want one process at ScaleOutFloor of its ceiling and four
+// at ScaleOutGain times one. The ordering and scale-out scenarios check
+// the order of the effects too: a scenario's Measure may fail its run
+// with a check of its own.
 //
 // Consumers run as processes of their own, so that their memory and
 // allocations compare fairly: the example service (built with go build
@@ -33,6 +37,10 @@
 // which is started again with EnvChild naming a Child of a scenario; the
 // program's main (and TestMain) runs ChildMain when IsChild. Both serve
 // /readyz and /metrics with the Go runtime's metrics, which Process reads.
+// A service runner whose processes field is above one starts that many
+// processes of the example service at once (the scale-out scenarios): the
+// first is the Process the drain gets, the others its peers, whose exit
+// fails the drain and whose allocations count.
 //
 // Most runs are drains: a System (the consumer, its foreign producer and
 // the table of its effects) is measured by Drain, which feeds the backlog
