@@ -216,6 +216,8 @@ func (u *UnitOfWork) attempt(a *attemptRun) (write bool) {
 		} else if err := f.Fence(ctx, tx, []int{a.delivery.Partition}); err != nil {
 			a.fail(fmt.Errorf("fence: %w", err))
 			return false
+		} else if a.dies(ctx, crash.AfterFence) {
+			return false
 		}
 	}
 	if ack := a.delivery.Ack; ack.Batch != nil && tx.tx != nil && ack.DB == u.db.DB {

@@ -443,6 +443,12 @@ func (g *group) try(batch []*attemptRun) (committed, retry []*attemptRun, failed
 		c, r := g.abort(tx, nil, ok, settled, err)
 		return c, r, -1
 	}
+	for _, a := range ok {
+		if a.fencing && a.dies(a.ctx, crash.AfterFence) {
+			_ = tx.Rollback() // the batch dies unfinished (see died): no hook runs
+			return nil, nil, -1
+		}
+	}
 	if err := ackAll(ctx, ok); err != nil {
 		c, r := g.abort(tx, nil, ok, settled, fmt.Errorf("ack in transaction: %w", err))
 		return c, r, -1

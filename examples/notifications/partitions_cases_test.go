@@ -1,0 +1,199 @@
+package main
+
+import (
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/app"
+	"github.com/effectively-once/effectively/app/testkit"
+	"github.com/effectively-once/effectively/framework/driver"
+	"github.com/effectively-once/effectively/internal/crash"
+)
+
+// partTransports are the transports that partition a consumer, by the
+// names of their subtests.
+var partTransports = []struct{ name, transport string }{
+	{"Postgres", app.TransportPostgres},
+	{"AMQP", app.TransportAMQP},
+}
+
+// onEachTransport runs test on each transport of partTransports, in
+// parallel.
+func onEachTransport(t *testing.T, test func(t *testing.T, transport string)) {
+	t.Helper()
+	for _, tr := range partTransports {
+		t.Run(tr.name, func(t *testing.T) {
+			t.Parallel()
+			test(t, tr.transport)
+		})
+	}
+}
+
+// partDefaultTimeout is the consumer's timeout, unless a test needs
+// another: longer than every freeze, so that an attempt frozen in its
+// transaction is still alive, its session too, when its process goes on.
+const partDefaultTimeout = 30 * time.Second
+
+// TestPartitionsKill runs three processes and kills one with SIGKILL
+// mid-run: the others take its partitions once its leases expire, and
+// handle them; every event takes effect once, in order, with no dead
+// letter.
+func TestPartitionsKill(t *testing.T) {
+	t.Parallel()
+	onEachTransport(t, func(t *testing.T, transport string) {
+		s := newPartSetup(t, transport, partDefaultTimeout)
+		a, b, c := s.start(t), s.start(t), s.start(t)
+		s.waitBalanced(t, a, b, c)
+		const rounds = 50
+		f := s.feed(t, rounds, partEvery)
+		s.waitEffects(t, rounds*partSubjects/3, a, b, c)
+
+		lost := s.partitionsOf(t, a)
+		require.NotEmpty(t, lost, "the victim's partitions")
+		killed := time.Now()
+		a.kill(t)
+		s.waitFor(t, "the killed process's partitions taken by the others", s.ownedByOthers(t, lost, a), b, c)
+		took := time.Since(killed)
+		s.waitFor(t, "effects of its partitions by the others", func() bool {
+			return s.effectsByOthers(t, lost, a.pid, killed) > 0
+		}, b, c)
+		handled := time.Since(killed)
+		t.Logf("partitions %v of the killed process: taken by the others after %s, handled after %s (lease %s)", lost, took, handled, partLease)
+		require.Less(t, took, partTakeover, "the others took the partitions after their lease")
+		require.Less(t, handled, partTakeover+5*time.Second, "the others handled the partitions")
+
+		s.waitBalanced(t, b, c)
+		s.drain(t, f.wait(t), b, c)
+	})
+}
+
+// TestPartitionsAddAndStop starts two processes, adds a third mid-run,
+// then stops one gracefully (SIGTERM): every event takes effect once, in
+// order, with no dead letter.
+func TestPartitionsAddAndStop(t *testing.T) {
+	t.Parallel()
+	onEachTransport(t, func(t *testing.T, transport string) {
+		s := newPartSetup(t, transport, partDefaultTimeout)
+		a, b := s.start(t), s.start(t)
+		s.waitBalanced(t, a, b)
+		const rounds = 60
+		f := s.feed(t, rounds, partEvery)
+		s.waitEffects(t, rounds*partSubjects/6, a, b)
+
+		c := s.start(t)
+		s.waitBalanced(t, a, b, c)
+		s.waitEffects(t, rounds*partSubjects/2, a, b, c)
+		a.stop(t)
+		s.waitBalanced(t, b, c)
+		s.drain(t, f.wait(t), b, c)
+	})
+}
+
+// partFreeze is how long the frozen processes stay stopped: past their
+// lease.
+const partFreeze = 8 * time.Second
+
+// TestPartitionsFreeze stops a process (SIGSTOP) in a delivery's
+// transaction, its handler's writes done and its partition's lease not
+// checked yet, and keeps it stopped past its lease: the others take its
+// partitions; once it goes on (SIGCONT) its attempt fails the lease's
+// check (the fence) and is handed back, so nothing it ran before the
+// freeze commits after it; every event takes effect once, in order, with
+// no dead letter.
+func TestPartitionsFreeze(t *testing.T) {
+	t.Parallel()
+	onEachTransport(t, func(t *testing.T, transport string) {
+		s := newPartSetup(t, transport, partDefaultTimeout)
+		s.frozenMidCommit(t, crash.BeforeCommit)
+	})
+}
+
+// frozenMidCommit runs three processes, stops one at point of a
+// delivery of its partitions until partFreeze passed, then lets it go
+// on, and checks that every event took effect once, in order, and that
+// nothing the stopped process began before it stopped committed after
+// it went on.
+func (s *partSetup) frozenMidCommit(t *testing.T, at testkit.CrashPoint) {
+	t.Helper()
+	a, b, c := s.start(t), s.start(t), s.start(t)
+	s.waitBalanced(t, a, b, c)
+	const rounds = 60
+	f := s.feed(t, rounds, partEvery)
+	s.waitEffects(t, rounds*partSubjects/5, a, b, c)
+
+	held := s.partitionsOf(t, a)
+	require.NotEmpty(t, held, "the partitions of the process to stop")
+	a.armWith(t, at, armStop, held)
+	s.waitFor(t, "the process stopped by its hook", func() bool {
+		_, ok := a.fired()
+		return ok && a.stopped()
+	}, b, c)
+	stoppedAt := time.Now()
+	report, _ := a.fired()
+	s.waitFor(t, "the stopped process's partitions taken by the others", s.ownedByOthers(t, held, a), b, c)
+	took := time.Since(stoppedAt)
+	time.Sleep(time.Until(stoppedAt.Add(partFreeze)))
+	// What the stopped process committed before it stopped, and the
+	// database's time while it is stopped.
+	var before []int64
+	require.NoError(t, s.db.SelectContext(t.Context(), &before, `SELECT n FROM order_effects WHERE pid = $1`, a.pid))
+	var frozen time.Time
+	require.NoError(t, s.db.GetContext(t.Context(), &frozen, `SELECT clock_timestamp()`))
+	moved := s.effectsByOthers(t, held, a.pid, stoppedAt)
+	t.Logf("process %d stopped at %s (%s): partitions %v taken by the others after %s; %d of their effects by the others while it was stopped",
+		a.pid, at, report, held, took, moved)
+	require.Less(t, took, partTakeover, "the others took the stopped process's partitions after their lease")
+	require.NoError(t, a.cmd.Process.Signal(syscall.SIGCONT))
+
+	s.drain(t, f.wait(t), a, b, c)
+	var late []string
+	for _, e := range s.effects(t) {
+		if e.PID == a.pid && e.At.Before(frozen) && !slices.Contains(before, e.N) {
+			late = append(late, e.EventID)
+		}
+	}
+	require.Empty(t, late, "effects the stopped process ran before it stopped and committed after it went on: past its leases")
+	log := a.logText(t)
+	require.Contains(t, log, driver.ErrFenced.Error(), "the stopped process's attempt failed its fence")
+}
+
+// TestPartitionsRebalances starts and stops processes one after another,
+// eight rebalances in all, while the events keep coming: no delivery is
+// charged for a rebalance (max_deliveries is 3), so no event is
+// dead-lettered, and every event takes effect once, in order.
+func TestPartitionsRebalances(t *testing.T) {
+	t.Parallel()
+	onEachTransport(t, func(t *testing.T, transport string) {
+		s := newPartSetup(t, transport, partDefaultTimeout)
+		live := []*partProc{s.start(t), s.start(t)}
+		s.waitBalanced(t, live...)
+		f := s.feed(t, 0, 250*time.Millisecond)
+		for range 4 {
+			live = append(live, s.start(t))
+			s.waitBalanced(t, live...)
+			live[0].stop(t)
+			live = live[1:]
+			s.waitBalanced(t, live...)
+		}
+		s.drain(t, f.end(t), live...)
+	})
+}
+
+// ownedByOthers returns a condition that holds once processes other
+// than p own each of partitions.
+func (s *partSetup) ownedByOthers(t *testing.T, partitions []int, p *partProc) func() bool {
+	t.Helper()
+	return func() bool {
+		owners := s.owners(t)
+		for _, part := range partitions {
+			if pid, ok := owners[part]; !ok || pid == p.pid {
+				return false
+			}
+		}
+		return true
+	}
+}
