@@ -59,19 +59,25 @@ const (
 	partEvery = 100 * time.Millisecond
 )
 
-// partConfig is the service's configuration: partition_lease, then the
-// consumer's timeout. max_deliveries 3 makes a handover that charged
-// the deliveries it cut short show as dead letters.
+// partConfig is the service's configuration: partition_lease, the
+// consumer's max_deliveries and timeout. A low max_deliveries makes a
+// handover that charged the deliveries it cut short show as dead
+// letters.
 const partConfig = `partition_lease: %s
 defaults:
   partitions: 4
   concurrency: 8
   strict_order: true
-  max_deliveries: 3
+  max_deliveries: %d
   attempts: 3
   retry_delay: 50ms
   timeout: %s
 `
+
+// partMaxDeliveries is the consumer's max_deliveries unless a test sets
+// another: a message in flight in a process that is killed comes again,
+// a counted redelivery.
+const partMaxDeliveries = 3
 
 // partSetup is one partition test: the consumer, the database and the
 // broker its processes share, and how the test publishes.
@@ -103,8 +109,8 @@ type partProc struct {
 }
 
 // newPartSetup returns the set-up of the test on transport, with the
-// consumer's timeout.
-func newPartSetup(t *testing.T, transport string, timeout time.Duration) *partSetup {
+// consumer's max_deliveries and timeout.
+func newPartSetup(t *testing.T, transport string, maxDeliveries int, timeout time.Duration) *partSetup {
 	t.Helper()
 	dir := t.TempDir()
 	id := strconv.FormatInt(time.Now().UnixNano(), 36)
@@ -116,7 +122,7 @@ func newPartSetup(t *testing.T, transport string, timeout time.Duration) *partSe
 		prefix:    name + "-" + id,
 	}
 	configPath := filepath.Join(dir, "effectively.yaml")
-	require.NoError(t, os.WriteFile(configPath, []byte(fmt.Sprintf(partConfig, partLease, timeout)), 0o600))
+	require.NoError(t, os.WriteFile(configPath, []byte(fmt.Sprintf(partConfig, partLease, maxDeliveries, timeout)), 0o600))
 	url := testenv.PostgresURL(t)
 	s.db = openPostgres(t, url)
 	_, err := s.db.ExecContext(t.Context(), orderEffectsTable)
@@ -302,6 +308,22 @@ func (s *partSetup) owners(t *testing.T) map[int]int {
 	return owners
 }
 
+// members returns the member name of each live owner of a partition,
+// by process id.
+func (s *partSetup) members(t *testing.T) map[int]string {
+	t.Helper()
+	ls, err := s.leases.PartitionLeases(t.Context(), s.consumer)
+	require.NoError(t, err)
+	owners := s.owners(t)
+	members := map[int]string{}
+	for _, l := range ls {
+		if pid, ok := owners[l.Partition]; ok && strings.Contains(l.Owner, "-"+strconv.Itoa(pid)+"-") {
+			members[pid] = l.Owner
+		}
+	}
+	return members
+}
+
 // partitionsOf returns the partitions p owns, sorted.
 func (s *partSetup) partitionsOf(t *testing.T, p *partProc) []int {
 	t.Helper()
@@ -366,37 +388,41 @@ func (s *partSetup) waitFor(t *testing.T, what string, cond func() bool, procs .
 // feed is the test's publisher: rounds of events, one per subject each,
 // each subject's numbered from 1.
 type feed struct {
-	cancel context.CancelFunc
+	stop   chan struct{}
+	once   sync.Once
 	done   chan struct{}
 	rounds int   // published, set before done closes
 	err    error // the publisher's, set before done closes
 }
 
 // feed publishes a round every every until rounds were published, or
-// until the feed is ended (end) when rounds is 0.
+// until the feed is ended (end) when rounds is 0. A round is published
+// whole: an end waits for the round being published.
 func (s *partSetup) feed(t *testing.T, rounds int, every time.Duration) *feed {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	f := &feed{cancel: cancel, done: make(chan struct{})}
-	t.Cleanup(func() { f.end(t) })
+	f := &feed{stop: make(chan struct{}), done: make(chan struct{})}
+	t.Cleanup(func() {
+		f.once.Do(func() { close(f.stop) })
+		<-f.done
+	})
 	go func() {
 		defer close(f.done)
 		tick := time.NewTicker(every)
 		defer tick.Stop()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*waitLimit)
+		defer cancel()
 		for seq := 1; rounds == 0 || seq <= rounds; seq++ {
 			msgs, err := s.round(seq)
 			if err == nil {
 				err = s.publish(ctx, msgs)
 			}
 			if err != nil {
-				if ctx.Err() == nil {
-					f.err = fmt.Errorf("round %d: %w", seq, err)
-				}
+				f.err = fmt.Errorf("round %d: %w", seq, err)
 				return
 			}
 			f.rounds = seq
 			select {
-			case <-ctx.Done():
+			case <-f.stop:
 				return
 			case <-tick.C:
 			}
@@ -405,18 +431,16 @@ func (s *partSetup) feed(t *testing.T, rounds int, every time.Duration) *feed {
 	return f
 }
 
-// end stops the feed, waits for its end, and returns the number of
-// rounds published.
+// end stops the feed after the round being published, and returns the
+// number of rounds published.
 func (f *feed) end(t *testing.T) int {
 	t.Helper()
-	f.cancel()
-	<-f.done
-	require.NoError(t, f.err, "the feed")
-	return f.rounds
+	f.once.Do(func() { close(f.stop) })
+	return f.wait(t)
 }
 
-// wait waits until the feed published all its rounds, and returns their
-// number.
+// wait waits until the feed ended, and returns the number of rounds it
+// published.
 func (f *feed) wait(t *testing.T) int {
 	t.Helper()
 	select {

@@ -260,8 +260,11 @@ func died(batch []*attemptRun) bool {
 // attempt's deadline fails, failing that attempt, instead of the deadline
 // interrupting the batch's connection; "" on SQLite, where an attempt's
 // deadline acts between statements, and when no attempt has a deadline.
-func (g *group) timeout(batch []*attemptRun) string {
-	if g.u.db.DriverName() != "pgx" {
+func (g *group) timeout(batch []*attemptRun) string { return txTimeout(g.u.db, batch) }
+
+// txTimeout is group.timeout's statement for batch on db.
+func txTimeout(db *sqlx.DB, batch []*attemptRun) string {
+	if db.DriverName() != "pgx" {
 		return ""
 	}
 	var earliest time.Time
