@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"os"
 	"slices"
 	"syscall"
 	"testing"
@@ -177,18 +178,44 @@ func TestPartitionsRebalances(t *testing.T) {
 		// prefetch returned to its queue, neither charged. So 2 is the
 		// lowest limit that no rebalance may reach.
 		s := newPartSetup(t, transport, 2, partDefaultTimeout)
-		live := []*partProc{s.start(t), s.start(t)}
-		s.waitBalanced(t, live...)
-		f := s.feed(t, 0, 250*time.Millisecond)
-		for range 4 {
-			live = append(live, s.start(t))
-			s.waitBalanced(t, live...)
-			live[0].stop(t)
-			live = live[1:]
-			s.waitBalanced(t, live...)
-		}
-		s.drain(t, f.end(t), live...)
+		s.rebalances(t)
 	})
+}
+
+// TestPartitionsRebalancesLimitOne is TestPartitionsRebalances at
+// max_deliveries 1, which fails today: a message that a stopping
+// process's intake refuses unhandled ("runner: stopping: message not
+// handled"), or that a cancelled consumer's prefetch returns to its
+// queue, comes to the next process flagged redelivered; the guard counts
+// it as a second delivery, over the limit, and dead-letters it
+// (delivery_limit, no attempt), though nothing charged it. It runs when
+// EFFECTIVELY_TEST_KNOWN_BUGS is set.
+func TestPartitionsRebalancesLimitOne(t *testing.T) {
+	if os.Getenv("EFFECTIVELY_TEST_KNOWN_BUGS") == "" {
+		t.Skip("a known bug: set EFFECTIVELY_TEST_KNOWN_BUGS=1 to run it")
+	}
+	t.Parallel()
+	onEachTransport(t, func(t *testing.T, transport string) {
+		s := newPartSetup(t, transport, 1, partDefaultTimeout)
+		s.rebalances(t)
+	})
+}
+
+// rebalances runs two processes, then four times starts a third and
+// stops the oldest gracefully, while the events keep coming.
+func (s *partSetup) rebalances(t *testing.T) {
+	t.Helper()
+	live := []*partProc{s.start(t), s.start(t)}
+	s.waitBalanced(t, live...)
+	f := s.feed(t, 0, 250*time.Millisecond)
+	for range 4 {
+		live = append(live, s.start(t))
+		s.waitBalanced(t, live...)
+		live[0].stop(t)
+		live = live[1:]
+		s.waitBalanced(t, live...)
+	}
+	s.drain(t, f.end(t), live...)
 }
 
 // ownedByOthers returns a condition that holds once processes other
