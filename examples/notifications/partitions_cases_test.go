@@ -164,7 +164,7 @@ func (s *partSetup) frozenMidCommit(t *testing.T, at testkit.CrashPoint) {
 }
 
 // TestPartitionsRebalances starts and stops processes one after another,
-// eight rebalances in all, while the events keep coming: no delivery is
+// six rebalances in all, while the events keep coming: no delivery is
 // charged for a rebalance (max_deliveries is 2), so no event is
 // dead-lettered, and every event takes effect once, in order.
 func TestPartitionsRebalances(t *testing.T) {
@@ -201,14 +201,15 @@ func TestPartitionsRebalancesLimitOne(t *testing.T) {
 	})
 }
 
-// rebalances runs two processes, then four times starts a third and
-// stops the oldest gracefully, while the events keep coming.
+// rebalances runs two processes, then three times starts a third and
+// stops the oldest gracefully, while the events keep coming: six
+// rebalances.
 func (s *partSetup) rebalances(t *testing.T) {
 	t.Helper()
 	live := []*partProc{s.start(t), s.start(t)}
 	s.waitBalanced(t, live...)
 	f := s.feed(t, 0, 250*time.Millisecond)
-	for range 4 {
+	for range 3 {
 		live = append(live, s.start(t))
 		s.waitBalanced(t, live...)
 		live[0].stop(t)
