@@ -400,3 +400,43 @@ func (s *partSetup) newOwnerKilled(t *testing.T) {
 	require.Equal(t, 1, count(s.db, `SELECT count(*) FROM order_effects WHERE event_id = $1`, fired.Event),
 		"the effect of the event the killed new owner committed before its ack")
 }
+
+// TestPartitionsFrozenHandover stops a process (SIGSTOP) in a delivery's
+// transaction for 15 s, three times its lease and past the server's end
+// of that transaction (the consumer's timeout is 4 s): the others take
+// its leases, and should handle its partitions while it is stopped. They
+// do not today, on either transport: on PostgreSQL the stopped process
+// keeps each partition's advisory lock (a session lock of its
+// subscription's connection, which the server keeps open), so the new
+// owner's subscription cannot read the partition until the process goes
+// on; on RabbitMQ it stays the queue's single active consumer until the
+// broker drops its connection. It runs when EFFECTIVELY_TEST_KNOWN_BUGS
+// is set.
+func TestPartitionsFrozenHandover(t *testing.T) {
+	if os.Getenv("EFFECTIVELY_TEST_KNOWN_BUGS") == "" {
+		t.Skip("a known bug: set EFFECTIVELY_TEST_KNOWN_BUGS=1 to run it")
+	}
+	t.Parallel()
+	onEachTransport(t, func(t *testing.T, transport string) {
+		s := newPartSetup(t, transport, partMaxDeliveries, 4*time.Second)
+		a, b, c := s.start(t), s.start(t), s.start(t)
+		s.waitBalanced(t, a, b, c)
+		const rounds = 60
+		f := s.feed(t, rounds, partEvery)
+		s.waitEffects(t, rounds*partSubjects/5, a, b, c)
+
+		held := s.partitionsOf(t, a)
+		a.armWith(t, crash.BeforeCommit, armStop, held)
+		s.waitFor(t, "the process stopped by its hook", func() bool {
+			_, ok := a.fired()
+			return ok && a.stopped()
+		}, b, c)
+		stoppedAt := time.Now()
+		s.waitFor(t, "the stopped process's partitions taken by the others", s.ownedByOthers(t, held, a), b, c)
+		time.Sleep(time.Until(stoppedAt.Add(15 * time.Second)))
+		moved := s.effectsByOthers(t, held, a.pid, stoppedAt)
+		require.NoError(t, a.cmd.Process.Signal(syscall.SIGCONT))
+		require.Positive(t, moved, "effects of the stopped process's partitions by their new owners while it was stopped")
+		s.drain(t, f.wait(t), a, b, c)
+	})
+}
