@@ -18,6 +18,7 @@ import (
 
 	"github.com/effectively-once/effectively/app/runner"
 	"github.com/effectively-once/effectively/framework/amqp"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/outbox"
 	"github.com/effectively-once/effectively/middleware"
@@ -69,6 +70,14 @@ const (
 	// service): 26,000 to 30,000 effects/s at 64, 29,000 to 39,000 at 256,
 	// no more at 512.
 	DefaultSQLiteConcurrency = 256
+)
+
+// The bounds of Config.PartitionLease: a shorter lease is renewed so
+// often that a busy database or a pause of the process loses it, a
+// longer one leaves a dead process's partitions waiting for long.
+const (
+	minPartitionLease = time.Second
+	maxPartitionLease = 10 * time.Minute
 )
 
 // Config is the application's configuration. LoadConfig reads it from the
@@ -181,6 +190,13 @@ type Config struct {
 	// kept until resolved (YAML only). Defaults to
 	// DefaultDeadLetterRetention.
 	DeadLetterRetention Duration `yaml:"dead_letter_retention"`
+	// PartitionLease is how long the leases of partitioned consumers'
+	// partitions (the consumer setting partitions), and each process's
+	// membership of their groups, last without renewal: a process that
+	// dies or freezes keeps its partitions that long, and the service
+	// renews them every fifth of it (runner.Config.PartitionLease). From
+	// 1s to 10m (YAML only). Defaults to driver.DefaultLease.
+	PartitionLease Duration `yaml:"partition_lease"`
 	// Consumers holds per-consumer settings, keyed by consumer name (YAML
 	// only): the keys of middleware.Settings. A zero field takes the value
 	// of Defaults (see Settings).
@@ -205,6 +221,7 @@ func (c Config) WithDefaults() Config {
 	c.OutboxBatchTimeout = cmp.Or(c.OutboxBatchTimeout, Duration(outbox.DefaultBatchTimeout))
 	c.ReplayRetention = cmp.Or(c.ReplayRetention, Duration(DefaultReplayRetention))
 	c.DeadLetterRetention = cmp.Or(c.DeadLetterRetention, Duration(DefaultDeadLetterRetention))
+	c.PartitionLease = cmp.Or(c.PartitionLease, Duration(driver.DefaultLease))
 	return c
 }
 
@@ -284,6 +301,10 @@ func (c Config) Validate() error {
 		if r.d < 0 {
 			errs = append(errs, fmt.Errorf("%s: must not be negative (zero is the default)", r.key))
 		}
+	}
+	if d := time.Duration(c.PartitionLease); d != 0 && (d < minPartitionLease || d > maxPartitionLease) {
+		errs = append(errs, fmt.Errorf("partition_lease: want %s to %s (renewed every fifth of it; a process that dies keeps its partitions that long), got %s",
+			minPartitionLease, maxPartitionLease, d))
 	}
 	errs = append(errs, c.validateConsumers())
 	errs = append(errs, c.Console.validate(c.HTTPAddr))

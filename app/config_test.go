@@ -91,6 +91,7 @@ func TestLoadConfig(t *testing.T) {
 			OutboxBatchTimeout:  app.Duration(outbox.DefaultBatchTimeout),
 			ReplayRetention:     app.Duration(app.DefaultReplayRetention),
 			DeadLetterRetention: app.Duration(app.DefaultDeadLetterRetention),
+			PartitionLease:      app.Duration(driver.DefaultLease),
 		}, cfg)
 	})
 
@@ -111,6 +112,7 @@ table_prefix: y_
 http_addr: 127.0.0.1:0
 outbox_batch_size: 200
 outbox_batch_bytes: 4194304
+partition_lease: 4s
 defaults:
   attempts: 5
   timeout: 2s
@@ -137,6 +139,7 @@ consumers:
 		require.Equal(t, "127.0.0.1:0", cfg.HTTPAddr)
 		require.Equal(t, 200, cfg.OutboxBatchSize)
 		require.Equal(t, 4<<20, cfg.OutboxBatchBytes)
+		require.Equal(t, app.Duration(4*time.Second), cfg.PartitionLease)
 
 		require.Equal(t, middleware.Settings{
 			Attempts:      2,
@@ -150,6 +153,7 @@ consumers:
 			BatchSize:     8,
 			Batches:       driver.DefaultBatches,
 			Overlap:       driver.DefaultOverlap,
+			Partitions:    1,
 			BatchLinger:   5 * time.Millisecond,
 			MaxBodyBytes:  framework.DefaultMaxBodyBytes,
 			Breaker:       middleware.BreakerConfig{CoolDown: middleware.DefaultBreakerCoolDown, MaxHold: middleware.DefaultBreakerMaxHold},
@@ -164,6 +168,7 @@ consumers:
 			BatchSize:     driver.DefaultBatchSize,
 			Batches:       driver.DefaultBatches,
 			Overlap:       driver.DefaultOverlap,
+			Partitions:    1,
 			MaxBodyBytes:  framework.DefaultMaxBodyBytes,
 			Breaker:       middleware.BreakerConfig{CoolDown: middleware.DefaultBreakerCoolDown, MaxHold: middleware.DefaultBreakerMaxHold},
 		}, cfg.Settings("other.consumer"))
@@ -276,6 +281,10 @@ func TestLoadConfigBadValue(t *testing.T) {
 		{name: "OutboxBatchBytesFraction", yaml: "outbox_batch_bytes: 1.5\n", key: "outbox_batch_bytes (line 1): want a whole number"},
 		{name: "ReplayRetention", yaml: "replay_retention: -1h\n", key: "replay_retention"},
 		{name: "DeadLetterRetention", yaml: "dead_letter_retention: -1h\n", key: "dead_letter_retention"},
+		{name: "PartitionLeaseNegative", yaml: "partition_lease: -3s\n", key: "partition_lease: want 1s to 10m0s"},
+		{name: "PartitionLeaseTooShort", yaml: "partition_lease: 500ms\n", key: "partition_lease: want 1s to 10m0s"},
+		{name: "PartitionLeaseTooLong", yaml: "partition_lease: 11m\n", key: "partition_lease: want 1s to 10m0s"},
+		{name: "PartitionLeaseNotADuration", yaml: "partition_lease: 3\n", key: "partition_lease (line 1): want a duration"},
 		{name: "AutoMigrate", env: map[string]string{app.EnvAutoMigrate: "maybe"}, key: app.EnvAutoMigrate},
 		{name: "AutoMigrateYAML", yaml: "auto_migrate: maybe\n", key: "auto_migrate"},
 		{name: "TablePrefix", env: map[string]string{app.EnvTablePrefix: "bad-prefix"}, key: app.EnvTablePrefix},

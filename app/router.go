@@ -115,6 +115,7 @@ func newRouter(p routerParams) (*runner.Runner, error) {
 		OutboxRetention:     time.Duration(p.Config.OutboxRetention),
 		ReplayRetention:     time.Duration(p.Config.ReplayRetention),
 		DeadLetterRetention: time.Duration(p.Config.DeadLetterRetention),
+		PartitionLease:      time.Duration(p.Config.PartitionLease),
 		Registerer:          p.Prometheus,
 		Backlogs:            backlogCounter(p.Transport),
 	})

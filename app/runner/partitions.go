@@ -151,12 +151,34 @@ func (p *partitioner) step(ctx context.Context) time.Duration {
 	if stopping {
 		return tick
 	}
-	var took []int
+	// A take waits while the lease's row is locked by its previous
+	// owner's batch between its fence and its commit (Leases.Fence): a
+	// moment, or, when that process froze there, until the server ends
+	// the batch's transaction, its deadline and 2 s later. Each take
+	// waits half a step at most, and the takes of a step take a step at
+	// most, so that the heartbeat and the renewals come in time: a
+	// process must not lose its own leases waiting for another's.
+	missing := make([]int, 0, len(want))
 	for part := range want {
-		if _, ok := next[part]; ok {
+		if _, ok := next[part]; !ok {
+			missing = append(missing, part)
+		}
+	}
+	sort.Ints(missing)
+	var took []int
+	began := time.Now()
+	for _, part := range missing {
+		if time.Since(began) >= tick {
+			break // the others at the next step
+		}
+		takeCtx, cancel := context.WithTimeout(ctx, tick/2)
+		token, ok, err := p.leases.Acquire(takeCtx, p.consumer, part, p.member, p.lease)
+		waited := takeCtx.Err() != nil
+		cancel()
+		if err != nil && waited && ctx.Err() == nil {
+			p.logger.InfoContext(ctx, "partitions: a lease is held by its previous owner's batch; taken at a later step", "partition", part)
 			continue
 		}
-		token, ok, err := p.leases.Acquire(ctx, p.consumer, part, p.member, p.lease)
 		if err != nil {
 			p.logger.WarnContext(ctx, "partitions: taking a lease failed", "partition", part, "error", err)
 			continue
@@ -170,7 +192,6 @@ func (p *partitioner) step(ctx context.Context) time.Duration {
 		return tick
 	}
 	if len(took) > 0 {
-		sort.Ints(took)
 		p.logger.InfoContext(ctx, "partitions: took", "consumer", p.consumer, "partitions", took, "members", len(members))
 	}
 	if len(next) < len(want) {

@@ -101,7 +101,7 @@ func runService(mode, marker string, args []string) int {
 	module := Module
 	if name := os.Getenv(envCrashConsumer); name != "" {
 		module = fx.Options(
-			handlers.Register(name, handlers.On(appointments.Booked, rejecting(os.Getenv(envCrashReject), os.Getenv(envCrashEvent), NewRemindOnBooked))),
+			handlers.Register(name, handlers.On(appointments.Booked, rejecting(os.Getenv(envCrashReject), os.Getenv(envCrashEvent), remindHandler()))),
 			fx.Supply(app.Migrations{FS: mustSub(migrations, "migrations")}),
 		)
 	}
@@ -154,6 +154,9 @@ func crashHook(mode, marker string) (testkit.CrashHook, app.Middleware, error) {
 		return hook, app.Middleware{}, err
 	}
 	if hook, ok, err := batchHookOf(mode, marker); ok {
+		return hook, app.Middleware{}, err
+	}
+	if hook, ok, err := armedHookOf(mode); ok {
 		return hook, app.Middleware{}, err
 	}
 	// at kills the process once (see firstTime) at point p.

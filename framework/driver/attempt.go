@@ -94,6 +94,18 @@ func (u *UnitOfWork) alone(a *attemptRun) {
 			return
 		}
 		a.tx.tx = tx
+		// A partitioned consumer's attempt locks its partition's lease
+		// from its fence to its commit (Leases.Fence): its transaction
+		// ends idle past its deadline, as a batch's does (see
+		// group.timeout), so that a process frozen before the commit
+		// holds the lease from its next owner no longer.
+		if timeout := txTimeout(u.db, []*attemptRun{a}); timeout != "" && a.delivery.Fencer != nil {
+			if _, err := tx.ExecContext(a.ctx, timeout); err != nil {
+				_ = tx.Rollback() // err is what matters
+				a.fail(fmt.Errorf("statement timeout: %w", err))
+				return
+			}
+		}
 	}
 	write := u.attempt(a)
 	switch {
@@ -215,6 +227,8 @@ func (u *UnitOfWork) attempt(a *attemptRun) (write bool) {
 			a.fencing = true // checked with its batch-mates', before the commit (see fenceAll)
 		} else if err := f.Fence(ctx, tx, []int{a.delivery.Partition}); err != nil {
 			a.fail(fmt.Errorf("fence: %w", err))
+			return false
+		} else if a.dies(ctx, crash.AfterFence) {
 			return false
 		}
 	}

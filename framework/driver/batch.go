@@ -260,8 +260,11 @@ func died(batch []*attemptRun) bool {
 // attempt's deadline fails, failing that attempt, instead of the deadline
 // interrupting the batch's connection; "" on SQLite, where an attempt's
 // deadline acts between statements, and when no attempt has a deadline.
-func (g *group) timeout(batch []*attemptRun) string {
-	if g.u.db.DriverName() != "pgx" {
+func (g *group) timeout(batch []*attemptRun) string { return txTimeout(g.u.db, batch) }
+
+// txTimeout is group.timeout's statement for batch on db.
+func txTimeout(db *sqlx.DB, batch []*attemptRun) string {
+	if db.DriverName() != "pgx" {
 		return ""
 	}
 	var earliest time.Time
@@ -442,6 +445,12 @@ func (g *group) try(batch []*attemptRun) (committed, retry []*attemptRun, failed
 		// those of the partitions still owned commit.
 		c, r := g.abort(tx, nil, ok, settled, err)
 		return c, r, -1
+	}
+	for _, a := range ok {
+		if a.fencing && a.dies(a.ctx, crash.AfterFence) {
+			_ = tx.Rollback() // the batch dies unfinished (see died): no hook runs
+			return nil, nil, -1
+		}
 	}
 	if err := ackAll(ctx, ok); err != nil {
 		c, r := g.abort(tx, nil, ok, settled, fmt.Errorf("ack in transaction: %w", err))

@@ -80,6 +80,19 @@ const (
 	BeforeOutboxSent Point = "before_outbox_sent"
 )
 
+// The point of the deliveries of a partitioned consumer (one of
+// several partitions, see driver.Fencer), which alone check their
+// partition's lease before the commit: the others never pass it, so
+// Points leaves it out.
+const (
+	// AfterFence: inside the attempt's transaction (its batch's under
+	// group commit), after BeforeCommit, the lease of the message's
+	// partition checked and found the process's (on PostgreSQL the
+	// lease row is locked until the transaction ends: see
+	// driver.Leases.Fence); nothing committed yet.
+	AfterFence Point = "after_fence"
+)
+
 // Points returns every point, in the order a delivery passes them.
 func Points() []Point {
 	return []Point{AfterDecode, AfterCount, AfterMark, BeforeCommit, AfterCommit, BeforeDeadLetter, BeforeAck}
