@@ -20,15 +20,15 @@ type attemptRun struct {
 
 	delivery Delivery
 
-	tx       *Tx
-	marked   bool // first holds the mark's result: the batch marked it
-	first    bool
-	batched  bool // a.tx is a batch's transaction (group commit)
-	acking   bool // the batch writes a.delivery.Ack before its commit (see ackAll)
-	fencing  bool // the batch checks a.delivery's partition before its commit (see fenceAll)
+	tx      *Tx
+	marked  bool // first holds the mark's result: the batch marked it
+	first   bool
+	batched bool // a.tx is a batch's transaction (group commit)
+	acking  bool // the batch writes a.delivery.Ack before its commit (see ackAll)
+	fencing bool // the batch checks a.delivery's partition before its commit (see fenceAll)
 	// order is a's strict-order step when its batch locked its subject's
 	// checkpoint (see lockCheckpoints); nil otherwise.
-	order *pipeline.OrderStep
+	order    *pipeline.OrderStep
 	outcome  framework.Outcome
 	err      error
 	panicked any
