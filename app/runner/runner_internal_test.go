@@ -62,16 +62,21 @@ func newEnv(t *testing.T) *env {
 }
 
 // runner returns a started runner of the consumer on a new transport of
-// the database, stopped at the end of the test.
-func (e *env) runner(t *testing.T) (*Runner, driver.Transport) {
+// the database, stopped at the end of the test: its attempts' time limit
+// is a second, or timeout when given.
+func (e *env) runner(t *testing.T, timeout ...time.Duration) (*Runner, driver.Transport) {
 	t.Helper()
+	limit := time.Second
+	if len(timeout) > 0 {
+		limit = timeout[0]
+	}
 	transport, err := sqlite.New(e.db, sqlite.TransportConfig{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = transport.Close() })
 	r, err := New(Config{
 		// A short timeout: a lease of the canceled attempt's message ends
 		// soon (twice the timeout).
-		Consumers: []ConsumerConfig{{Consumer: e.consumer, Settings: middleware.Settings{Timeout: time.Second, Attempts: 1}}},
+		Consumers: []ConsumerConfig{{Consumer: e.consumer, Settings: middleware.Settings{Timeout: limit, Attempts: 1}}},
 		Transport: transport,
 		DB:        e.db,
 		Store:     e.store,
@@ -143,7 +148,9 @@ func TestStopWaitsForAttemptInFlight(t *testing.T) {
 		}
 	}
 	e.hold.Store(&hold)
-	r, transport := e.runner(t)
+	// A time limit that a loaded machine's Stop does not outlast before
+	// it closes the intake.
+	r, transport := e.runner(t, time.Minute)
 	e.publish(t, transport, "i-1")
 	<-entered
 	stopped := make(chan error, 1)
