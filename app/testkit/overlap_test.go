@@ -18,9 +18,11 @@ import (
 // commit), the attempts of one consumer whose handler waits 50 ms outside
 // the database, as an HTTP call does, overlap in time on PostgreSQL
 // instead of running one after another in a batch; each event takes
-// effect once. The first attempt runs alone and teaches the consumer
-// where its handlers' time goes; the ones delivered with it then run at
-// once, each in a transaction of its own.
+// effect once. A first event, delivered alone, teaches the consumer where
+// its handlers' time goes (on a loaded machine, events delivered together
+// could all join the first batch before any attempt ended); the ones
+// delivered together after it then run at once, each in a transaction of
+// its own.
 func TestOutsideCallsOverlapByDefault(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
@@ -42,6 +44,12 @@ func TestOutsideCallsOverlapByDefault(t *testing.T) {
 		return err
 	}))
 
+	for _, res := range c.DeliverTogether(ctx, t, booked(t, "first")) {
+		testkit.RequireProcessed(t, res)
+	}
+	mu.Lock()
+	spans = nil
+	mu.Unlock()
 	envs := make([]framework.Envelope, 8)
 	for i := range envs {
 		envs[i] = booked(t, fmt.Sprint(i))
@@ -49,7 +57,7 @@ func TestOutsideCallsOverlapByDefault(t *testing.T) {
 	for _, res := range c.DeliverTogether(ctx, t, envs...) {
 		testkit.RequireProcessed(t, res)
 	}
-	require.Equal(t, len(envs), reminders(t, kit), "each effect once")
+	require.Equal(t, len(envs)+1, reminders(t, kit), "each effect once")
 
 	slices.SortFunc(spans, func(a, b span) int { return a.start.Compare(b.start) })
 	overlapping := 0
