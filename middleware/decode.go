@@ -50,7 +50,9 @@ func decodeInto(c *framework.Consumer, msg *message.Message, st *state, maxBody 
 		}
 	}()
 	env := &st.event.Envelope // decoded in place: no copy on the stack
-	if *env, err = driver.DecodeMessage(msg, maxBody); err != nil {
+	if r, ok := pipeline.From[*pipeline.Read[framework.Envelope]](msg.Context()); ok {
+		*env = r.Envelope // read ahead of the chain, by the same decoder
+	} else if *env, err = driver.DecodeMessage(msg, maxBody); err != nil {
 		return err
 	}
 	st.envelope = env

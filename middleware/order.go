@@ -143,13 +143,7 @@ func advance(ctx context.Context, store driver.Store, tx *driver.Tx, st *state, 
 		return endWait(ctx, store, tx, st, consumer, subject, seq, key)
 	}
 	parked, err := a.AdvanceEndWait(ctx, tx, consumer, subject, seq, key)
-	if errors.Is(err, driver.ErrSequenceTaken) {
-		return framework.Permanent(framework.CodeSequenceConflict, err)
-	}
-	if parked {
-		st.signalRelease(subject)
-	}
-	return err
+	return waitEnded(st, subject, parked, err)
 }
 
 // endWait ends the wait, hold or parking of (consumer, subject, seq) in
@@ -158,6 +152,13 @@ func advance(ctx context.Context, store driver.Store, tx *driver.Tx, st *state, 
 // dead letter (CodeSequenceConflict), its effect rolled back.
 func endWait(ctx context.Context, store driver.Store, tx *driver.Tx, st *state, consumer, subject string, seq int64, key framework.Key) error {
 	parked, err := store.EndWait(ctx, tx, consumer, subject, seq, key)
+	return waitEnded(st, subject, parked, err)
+}
+
+// waitEnded is the chain's side of the end of a wait (Store.EndWait):
+// another event's step is a dead letter, CodeSequenceConflict; events
+// parked after it are for releaseParked.
+func waitEnded(st *state, subject string, parked bool, err error) error {
 	if errors.Is(err, driver.ErrSequenceTaken) {
 		return framework.Permanent(framework.CodeSequenceConflict, err)
 	}

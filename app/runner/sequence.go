@@ -6,7 +6,9 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/driver"
+	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // sequencer hands the messages of an ordered consumer (StrictOrder or
@@ -148,12 +150,15 @@ func (s *sequencer) admit(msg *message.Message, out *output) bool {
 }
 
 // subjectOf is the CloudEvent subject of msg; empty when it has none, or
-// when msg does not decode (the chain dead-letters it).
+// when msg does not decode (the chain dead-letters it). A message that
+// decodes carries its envelope on to the chain (pipeline.Read), which
+// then does not decode its body again.
 func (s *sequencer) subjectOf(msg *message.Message) string {
 	env, err := driver.DecodeMessage(msg, s.maxBody)
 	if err != nil {
 		return ""
 	}
+	msg.SetContext(pipeline.With(msg.Context(), &pipeline.Read[framework.Envelope]{Envelope: env}))
 	return env.Subject
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // chanSubscriber hands out what the test sends on ch.
@@ -75,6 +76,9 @@ func TestSequencer(t *testing.T) {
 	a1, a2, a3, b1 := event(t, "a", 1), event(t, "a", 2), event(t, "a", 3), event(t, "b", 1)
 	in <- a1
 	require.Same(t, a1, receive(t, out))
+	read, ok := pipeline.From[*pipeline.Read[framework.Envelope]](a1.Context())
+	require.True(t, ok, "the envelope read for its subject goes on to the chain")
+	require.Equal(t, "a-1", read.Envelope.ID)
 	in <- a2
 	in <- a3
 	in <- b1
@@ -82,6 +86,8 @@ func TestSequencer(t *testing.T) {
 	raw := message.NewMessage("raw", []byte("not a cloudevent"))
 	in <- raw
 	require.Same(t, raw, receive(t, out), "no subject: passes")
+	_, ok = pipeline.From[*pipeline.Read[framework.Envelope]](raw.Context())
+	require.False(t, ok, "a body that does not decode is left to the chain")
 	none(t, out)
 	require.Equal(t, 2, seq.waitingEvents())
 

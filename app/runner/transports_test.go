@@ -25,16 +25,15 @@ import (
 // the dedup absorbs. The stores are in SQLite.
 func TestMemory(t *testing.T) {
 	t.Parallel()
-	runnertest.Exercise(t, func(t *testing.T) *runnertest.Env {
+	runnertest.Exercise(t, runnertest.Has{}, func(t *testing.T) *runnertest.Env {
 		db := testenv.SQLite(t)
 		store, err := sqlite.NewStore(db, sqlite.StoreConfig{})
 		require.NoError(t, err)
 		tr, err := memory.New(memory.TransportConfig{NackDelay: 20 * time.Millisecond})
 		require.NoError(t, err)
 		return &runnertest.Env{
-			DB:        db,
-			Store:     store,
-			Unordered: "GoChannel hands every message to each of a consumer's subscriptions, in no order between them",
+			DB:    db,
+			Store: store,
 			Env: transporttest.Env{
 				Transport: tr,
 				// What a producer without watermill sends: a body, no metadata.
@@ -51,7 +50,7 @@ func TestMemory(t *testing.T) {
 // rows into its messages table by hand.
 func TestSQLite(t *testing.T) {
 	t.Parallel()
-	runnertest.Exercise(t, func(t *testing.T) *runnertest.Env {
+	runnertest.Exercise(t, runnertest.Has{Order: true}, func(t *testing.T) *runnertest.Env {
 		db, err := sqlite.Open(context.Background(), testenv.SQLitePath(t), sqlite.OpenConfig{})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = db.Close() })
@@ -86,7 +85,7 @@ func TestSQLite(t *testing.T) {
 // pool of their own.
 func TestPostgres(t *testing.T) {
 	t.Parallel()
-	runnertest.Exercise(t, func(t *testing.T) *runnertest.Env {
+	runnertest.Exercise(t, runnertest.Has{Order: true, Partitions: true}, func(t *testing.T) *runnertest.Env {
 		url := testenv.PostgresURL(t)
 		db, err := postgres.Open(context.Background(), url, postgres.OpenConfig{MaxOpenConns: 20})
 		require.NoError(t, err)
@@ -107,10 +106,9 @@ func TestPostgres(t *testing.T) {
 			return err
 		}
 		return &runnertest.Env{
-			DB:          db,
-			Store:       store,
-			Process:     newTransport,
-			Partitioned: true,
+			DB:      db,
+			Store:   store,
+			Process: newTransport,
 			Env: transporttest.Env{
 				Transport: newTransport(t),
 				PublishRaw: func(t *testing.T, topic string, body []byte) {
@@ -131,7 +129,7 @@ func TestPostgres(t *testing.T) {
 func TestAMQP(t *testing.T) {
 	t.Parallel()
 	url := testenv.Require(t, testenv.AMQPURLVar)
-	runnertest.Exercise(t, func(t *testing.T) *runnertest.Env {
+	runnertest.Exercise(t, runnertest.Has{Order: true, Partitions: true}, func(t *testing.T) *runnertest.Env {
 		db := testenv.Postgres(t)
 		store, err := postgres.NewStore(db, postgres.StoreConfig{})
 		require.NoError(t, err)
@@ -148,10 +146,9 @@ func TestAMQP(t *testing.T) {
 			return tr
 		}
 		return &runnertest.Env{
-			DB:          db,
-			Store:       store,
-			Process:     newTransport,
-			Partitioned: true,
+			DB:      db,
+			Store:   store,
+			Process: newTransport,
 			Env: transporttest.Env{
 				Transport: newTransport(t),
 				PublishRaw: func(t *testing.T, topic string, body []byte) {

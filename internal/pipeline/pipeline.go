@@ -44,6 +44,15 @@ type Decoded[E any] struct {
 	Handle func(ctx context.Context) error
 }
 
+// Read is a message's CloudEvent as a reader ahead of the consumer chain
+// decoded it (the runner's sequencer, which orders a consumer's events by
+// their subject): the chain's decode step takes it instead of decoding the
+// body again. E is framework.Envelope. Only a body that decoded is
+// carried: the chain decodes the others, and dead-letters them.
+type Read[E any] struct {
+	Envelope E
+}
+
 // Attempt is the attempt that a context runs in: the unit of work of
 // package driver puts it on the context it gives a handler, and package
 // framework reads it (Conn, IdempotencyKeyFromContext) without knowing

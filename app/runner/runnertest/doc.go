@@ -7,7 +7,7 @@
 //
 //	func TestSQLite(t *testing.T) {
 //		t.Parallel()
-//		runnertest.Exercise(t, func(t *testing.T) *runnertest.Env {
+//		runnertest.Exercise(t, runnertest.Has{Order: true}, func(t *testing.T) *runnertest.Env {
 //			tr, err := sqlite.New(db, sqlite.TransportConfig{})
 //			require.NoError(t, err)
 //			return &runnertest.Env{DB: db, Store: store, Env: transporttest.Env{Transport: tr, PublishRaw: ...}}

@@ -34,9 +34,6 @@ func caseOrderColdKeys(t *testing.T, s *suite) {
 // (round robin, each subject's in sequence) to a strict_order consumer of
 // concurrency 16 and checks the order of their effects.
 func (s *suite) exerciseOrder(t *testing.T, subjects, perSubject int) {
-	if s.env.Unordered != "" {
-		t.Skip(s.env.Unordered)
-	}
 	o := s.ordered(t)
 	s.start(t, o.name, 16, s.typ)
 	s.publishOrdered(t, subjects, perSubject)
@@ -144,9 +141,6 @@ func (o *orderCheck) check(t *testing.T, n int) {
 // and the handover nacks nothing that counts (the nacks of a stop are
 // not charged).
 func casePartitions(t *testing.T, s *suite) {
-	if !s.env.Partitioned {
-		t.Skip("the transport does not partition")
-	}
 	s.partitions = 4
 	s.slow = 2 * time.Millisecond
 	o := s.ordered(t)

@@ -24,16 +24,14 @@ const (
 )
 
 // setupLeases returns a bundle on a store whose clock is time.Now, and
-// its leases; it skips the test when the store keeps none.
+// its leases; it fails the test when the store keeps none.
 func setupLeases(t *testing.T, newHarness func(t *testing.T) Harness) (*bundle, driver.Leases) {
 	t.Helper()
 	h := newHarness(t)
 	b := &bundle{h: h, clock: newClock(), effects: newEffects(t, h.DB)}
 	b.store = h.NewStore(t, Config{Now: time.Now})
 	leases, ok := b.store.(driver.Leases)
-	if !ok {
-		t.Skipf("%T keeps no partition leases (driver.Leases)", b.store)
-	}
+	require.True(t, ok, "%T keeps no partition leases (driver.Leases): every store of the framework does", b.store)
 	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: h.DB, Store: b.store})
 	require.NoError(t, err)
 	b.uow = uow

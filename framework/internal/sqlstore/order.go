@@ -204,12 +204,21 @@ func (s *Store) AdvanceEndWait(ctx context.Context, tx *driver.Tx, consumer, sub
 	if taken {
 		return false, fmt.Errorf("end the wait of %s #%d for %s: %w", subject, seq, consumer, driver.ErrSequenceTaken)
 	}
-	if parked {
-		if err := s.skipPast(ctx, tx, consumer, subject); err != nil {
-			return false, fmt.Errorf("end the wait of %s #%d for %s: %w", subject, seq, consumer, err)
-		}
+	return s.waitEnded(ctx, tx, consumer, subject, seq, parked)
+}
+
+// waitEnded is what follows the end of the wait of (consumer, subject,
+// seq) in tx: when events are parked after it, the subject's sequence
+// skips past the discarded dead letters they wait behind (skipPast). It
+// returns parked.
+func (s *Store) waitEnded(ctx context.Context, tx *driver.Tx, consumer, subject string, seq int64, parked bool) (bool, error) {
+	if !parked {
+		return false, nil
 	}
-	return parked, nil
+	if err := s.skipPast(ctx, tx, consumer, subject); err != nil {
+		return false, fmt.Errorf("end the wait of %s #%d for %s: %w", subject, seq, consumer, err)
+	}
+	return true, nil
 }
 
 // EndWait implements driver.Store. Without a transaction it
@@ -250,10 +259,5 @@ func (s *Store) EndWait(ctx context.Context, tx *driver.Tx, consumer, subject st
 			return false, fmt.Errorf("end the wait of %s #%d for %s: %w", subject, seq, consumer, err)
 		}
 	}
-	if parked {
-		if err := s.skipPast(ctx, tx, consumer, subject); err != nil {
-			return false, fmt.Errorf("end the wait of %s #%d for %s: %w", subject, seq, consumer, err)
-		}
-	}
-	return parked, nil
+	return s.waitEnded(ctx, tx, consumer, subject, seq, parked)
 }
