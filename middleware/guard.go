@@ -168,7 +168,7 @@ func (g *guard) count(msg *message.Message, next message.HandlerFunc) ([]*messag
 			fmt.Errorf("%s delivered %d times, at most %d allowed", key, n, g.maxDeliveries))
 	}
 	out, err := next(msg)
-	if uncharged(err) {
+	if uncharged(err) || pipeline.LostTurn(err) { // the latter runs again, counted again
 		err = g.uncount(ctx, key, err)
 	}
 	return out, err

@@ -174,7 +174,9 @@ func (o *observer) step(next message.HandlerFunc) message.HandlerFunc {
 			traceOutcome(ctx, span, st, outcome)
 		}
 		o.log(ctx, st, outcome, err)
-		o.count(st, outcome, time.Since(start))
+		if !pipeline.LostTurn(err) { // it runs again: counted then
+			o.count(st, outcome, time.Since(start))
+		}
 		return out, err
 	}
 }
@@ -247,6 +249,8 @@ func (o *observer) log(ctx context.Context, st *state, outcome framework.Outcome
 		level, text = slog.LevelWarn, "the database is unreachable: no dead letter, the message will be delivered again"
 	case outcome == framework.Nacked && died(err):
 		level, text = slog.LevelInfo, "the delivery died at a crash point (injected); the message will be delivered again"
+	case outcome == framework.Nacked && pipeline.LostTurn(err):
+		level, text = slog.LevelDebug, "the event ahead of it in its subject did not take effect: it runs again once that one is done"
 	case outcome == framework.Nacked && errors.Is(err, pipeline.ErrLater):
 		level, text = slog.LevelInfo, "message waits, it will be delivered again"
 	case outcome == framework.Nacked:

@@ -216,6 +216,7 @@ func (r *Runner) add(cc ConsumerConfig) error {
 	if cc.StrictOrder || cc.SkipStale {
 		seq = newSequencer(cc.MaxBodyBytes, settler)
 		subscriber = seq.subscriber(subscriber)
+		h = inTurn(h)
 	}
 	for i, topic := range sub.Topics {
 		name := handlerName(c.Name(), sub.Topics, i)

@@ -12,19 +12,25 @@ import (
 )
 
 // sequencer hands the messages of an ordered consumer (StrictOrder or
-// SkipStale) to its router handlers so that two events of one subject
-// never run at once, and those of a subject run in the order their
-// subscription delivered them. An event whose subject has an event in
-// flight waits here, in memory, in its subject's line: it is not nacked,
-// parked or counted, and it uses no attempt. Events of other subjects,
-// and events without a subject, pass at once. Which goroutine the router
-// starts first does not matter: an event reaches the router only once
-// its predecessor of the subject returned from the chain.
+// SkipStale) to its router handlers so that the events of a subject take
+// effect in the order their subscription delivered them. An event whose
+// subject has an event ahead of it waits here, in memory, in its
+// subject's line: it is not nacked, parked or counted, and it uses no
+// attempt. Events of other subjects, and events without a subject, pass
+// at once.
+//
+// An event goes to the router once the event ahead of it returned from
+// the chain, or, sooner, once an attempt of that one joined the queue of
+// the unit of work's batches (pipeline.Turn.Joined: strict order on a
+// database with group commit): the unit of work then runs the later one
+// behind it, in the same batch's transaction or a later batch, and fails
+// it unrun (pipeline.ErrTurn) when the one ahead failed; the intake then
+// runs its chain again once the one ahead returned. So a hot subject's
+// events share batches instead of taking one batch each.
 //
 // The waiting events stay handed out by the transport (unacknowledged), so
-// they hold places of its window (the consumer's concurrency); an event
-// in flight holds a single place of those that run, so a hot subject
-// delays its own events, not the other subjects' that reached the
+// they hold places of its window (the consumer's concurrency), and a hot
+// subject delays its own events, not the other subjects' that reached the
 // consumer.
 type sequencer struct {
 	maxBody int
@@ -34,14 +40,31 @@ type sequencer struct {
 	settler driver.Settler
 
 	mu sync.Mutex
-	// lines holds, by subject, the events that wait for the subject's
-	// event in flight, oldest first; a subject with an event in flight
-	// has a line, empty when none waits.
-	lines map[string][]waiting
-	// subjects are the subjects of the events in flight, by message.
-	subjects map[*message.Message]string
+	// lines holds the subjects with an event in flight or waiting.
+	lines map[string]*line
+	// inFlight are the events let go to the router, whose chain has not
+	// returned for good.
+	inFlight map[*message.Message]flight
 	// waitingNow counts the events in the lines.
 	waitingNow int
+}
+
+// line is a subject's events in the process.
+type line struct {
+	// last is the turn of the subject's event let go last, while its
+	// chain runs; nil when none does.
+	last *pipeline.Turn
+	// open says that last joined the unit of work's queue: the next
+	// event may go.
+	open bool
+	// waiting are the events not let go yet, oldest first.
+	waiting []waiting
+}
+
+// flight is an event let go to the router: its subject and its turn.
+type flight struct {
+	subject string
+	turn    *pipeline.Turn
 }
 
 // waiting is an event in its subject's line, and where it goes once its
@@ -67,8 +90,8 @@ func newSequencer(maxBody int, settler driver.Settler) *sequencer {
 	return &sequencer{
 		maxBody:  maxBody,
 		settler:  settler,
-		lines:    make(map[string][]waiting),
-		subjects: make(map[*message.Message]string),
+		lines:    make(map[string]*line),
+		inFlight: make(map[*message.Message]flight),
 	}
 }
 
@@ -108,18 +131,20 @@ func (s *sequencer) forward(in <-chan *message.Message, out *output) {
 	out.done = true
 	close(out.closed)
 	var stale []*message.Message
-	for subject, line := range s.lines {
-		kept := line[:0]
-		for _, w := range line {
+	for subject, l := range s.lines {
+		kept := l.waiting[:0]
+		for _, w := range l.waiting {
 			if w.out == out {
 				stale = append(stale, w.msg)
-				delete(s.subjects, w.msg)
 				s.waitingNow--
 			} else {
 				kept = append(kept, w)
 			}
 		}
-		s.lines[subject] = kept
+		l.waiting = kept
+		if l.last == nil && len(kept) == 0 {
+			delete(s.lines, subject)
+		}
 	}
 	s.mu.Unlock()
 	for _, msg := range stale {
@@ -138,15 +163,42 @@ func (s *sequencer) admit(msg *message.Message, out *output) bool {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.subjects[msg] = subject
-	line, busy := s.lines[subject]
-	if !busy {
-		s.lines[subject] = nil
-		return true
+	l := s.lines[subject]
+	if l == nil {
+		l = &line{}
+		s.lines[subject] = l
 	}
-	s.lines[subject] = append(line, waiting{msg: msg, out: out})
-	s.waitingNow++
-	return false
+	if l.last != nil && (!l.open || len(l.waiting) > 0) {
+		l.waiting = append(l.waiting, waiting{msg: msg, out: out})
+		s.waitingNow++
+		return false
+	}
+	s.letGo(subject, l, msg)
+	return true
+}
+
+// letGo makes msg the event of subject, whose line is l, let go last,
+// behind the one before, if any still runs. Call it with s.mu held.
+func (s *sequencer) letGo(subject string, l *line, msg *message.Message) {
+	t := pipeline.NewTurn(l.last, nil)
+	t.Joined = func() { s.joined(subject, t) }
+	l.last, l.open = t, false
+	s.inFlight[msg] = flight{subject: subject, turn: t}
+	msg.SetContext(pipeline.With(msg.Context(), t))
+}
+
+// next lets the first event waiting in l go, when one waits, and returns
+// it with the output it goes to. Call it with s.mu held.
+func (s *sequencer) next(subject string, l *line) (waiting, bool) {
+	if len(l.waiting) == 0 {
+		return waiting{}, false
+	}
+	w := l.waiting[0]
+	l.waiting[0] = waiting{}
+	l.waiting = l.waiting[1:]
+	s.waitingNow--
+	s.letGo(subject, l, w.msg)
+	return w, true
 }
 
 // subjectOf is the CloudEvent subject of msg; empty when it has none, or
@@ -162,42 +214,120 @@ func (s *sequencer) subjectOf(msg *message.Message) string {
 	return env.Subject
 }
 
-// done is called once msg's chain returned (or msg was refused at the
-// intake): the next event of its subject, if one waits, goes to the
-// router.
-func (s *sequencer) done(msg *message.Message) {
+// joined is called once an attempt of the event of turn t, of subject,
+// joined the unit of work's queue: the next event of the subject, if one
+// waits, goes to the router, on a goroutine of its own (the unit of work
+// must not wait).
+func (s *sequencer) joined(subject string, t *pipeline.Turn) {
 	s.mu.Lock()
-	subject, ok := s.subjects[msg]
+	l := s.lines[subject]
+	if l == nil || l.last != t || l.open {
+		s.mu.Unlock()
+		return
+	}
+	l.open = true
+	w, ok := s.next(subject, l)
 	if !ok {
 		s.mu.Unlock()
 		return
 	}
-	delete(s.subjects, msg)
-	line := s.lines[subject]
-	if len(line) == 0 {
-		delete(s.lines, subject)
+	if !s.sending(w) {
 		s.mu.Unlock()
+		s.refuse(w.msg)
 		return
 	}
-	next := line[0]
-	line[0] = waiting{}
-	s.lines[subject] = line[1:]
-	s.waitingNow--
-	out := next.out
-	if out.done {
-		s.mu.Unlock()
-		s.done(next.msg) // frees the turn for the one after it
-		s.nack(next.msg)
-		return
-	}
-	out.sends.Add(1)
 	s.mu.Unlock()
-	defer out.sends.Done()
+	go s.send(w)
+}
+
+// done is called once msg's chain returned for good (or msg was refused
+// at the intake): the events behind it that lost their turn may run
+// again, and when no event of its subject went after it, the next one,
+// if one waits, goes to the router.
+func (s *sequencer) done(msg *message.Message) {
+	s.mu.Lock()
+	f, ok := s.inFlight[msg]
+	if !ok {
+		s.mu.Unlock()
+		return
+	}
+	delete(s.inFlight, msg)
+	f.turn.Ahead = nil // the turns of a subject never chain up in memory
+	f.turn.Done()
+	l := s.lines[f.subject]
+	if l == nil || l.last != f.turn {
+		s.mu.Unlock() // a later event went: its own turn lets the next go
+		return
+	}
+	l.last, l.open = nil, false
+	w, ok := s.next(f.subject, l)
+	if !ok {
+		delete(s.lines, f.subject)
+		s.mu.Unlock()
+		return
+	}
+	if !s.sending(w) {
+		s.mu.Unlock()
+		s.refuse(w.msg)
+		return
+	}
+	s.mu.Unlock()
+	s.send(w)
+}
+
+// sending reports whether w's output is still open, and then counts the
+// send to it in progress. Call it with s.mu held.
+func (s *sequencer) sending(w waiting) bool {
+	if w.out.done {
+		return false
+	}
+	w.out.sends.Add(1)
+	return true
+}
+
+// send sends w's event to its router handler, counted by sending, unless
+// its subscription ends first.
+func (s *sequencer) send(w waiting) {
+	defer w.out.sends.Done()
 	select {
-	case out.ch <- next.msg:
-	case <-out.closed:
-		s.done(next.msg)
-		s.nack(next.msg)
+	case w.out.ch <- w.msg:
+	case <-w.out.closed:
+		s.refuse(w.msg)
+	}
+}
+
+// refuse nacks msg, let go to a subscription that ended, and frees its
+// turn for the one after it.
+func (s *sequencer) refuse(msg *message.Message) {
+	s.done(msg)
+	s.nack(msg)
+}
+
+// inTurn runs h, the chain of an ordered consumer, on msg, and again each
+// time an attempt of msg lost its turn (pipeline.ErrTurn: the attempt of
+// the event ahead of it in its subject's line failed): once the chain of
+// that event returned, from msg's context as it came, with no event ahead.
+// The middleware around the chain sees none of it.
+func inTurn(h message.NoPublishHandlerFunc) message.NoPublishHandlerFunc {
+	return func(msg *message.Message) error {
+		orig := msg.Context()
+		for {
+			err := h(msg)
+			if !pipeline.LostTurn(err) {
+				return err
+			}
+			t, ok := pipeline.From[*pipeline.Turn](orig)
+			if !ok || t.Ahead == nil {
+				return err // not the sequencer's: nacked, delivered again
+			}
+			select {
+			case <-t.Ahead.Ended():
+			case <-orig.Done():
+				return err
+			}
+			t.Ahead = nil
+			msg.SetContext(orig)
+		}
 	}
 }
 

@@ -110,7 +110,7 @@ func TestSequencer(t *testing.T) {
 	require.False(t, open, "the channel closes once the subscription's did")
 	seq.done(a3) // nothing waits any more
 	require.Zero(t, seq.waitingEvents())
-	require.Empty(t, seq.subjects)
+	require.Empty(t, seq.inFlight)
 }
 
 // TestShare: the partitions fall to the sorted members in turn, so that

@@ -28,7 +28,10 @@ type attemptRun struct {
 	fencing bool // the batch checks a.delivery's partition before its commit (see fenceAll)
 	// order is a's strict-order step when its batch locked its subject's
 	// checkpoint (see lockCheckpoints); nil otherwise.
-	order    *pipeline.OrderStep
+	order *pipeline.OrderStep
+	// after is the attempt of the event ahead of a's in its subject's
+	// line (see pipeline.Turn), which runs first; nil when none.
+	after    *attemptRun
 	outcome  framework.Outcome
 	err      error
 	panicked any

@@ -59,26 +59,41 @@ type group struct {
 // run runs a in a batch, or alone while the attempts overlap (see solo),
 // and returns once its result is set.
 func (g *group) run(a *attemptRun) {
+	a.done = make(chan struct{})
+	defer func() { a.after = nil }() // the attempts of a subject never chain up in memory
 	if g.overlapping.Load() {
+		g.mu.Lock()
+		t := g.joinTurn(a)
+		g.mu.Unlock()
+		joined(t)
 		g.solo(a)
 		return
 	}
-	a.done = make(chan struct{})
 	a.lead = make(chan []*attemptRun, 1)
 	g.mu.Lock()
 	g.waiting = append(g.waiting, a)
+	t := g.joinTurn(a)
 	if g.full != nil && len(g.waiting) >= g.size {
 		close(g.full)
 		g.full = nil
 	}
-	var batch []*attemptRun
-	if g.free > 0 {
+	if g.free == 0 {
+		g.mu.Unlock()
+		joined(t)
+	} else {
 		g.free--
-		batch = g.collect(a.ctx)
-	}
-	g.mu.Unlock()
-	if batch != nil {
-		batch[0].lead <- batch
+		if t != nil {
+			// collect may wait for a batch to end: the event behind
+			// a may join meanwhile.
+			g.mu.Unlock()
+			joined(t)
+			g.mu.Lock()
+		}
+		batch := g.collect(a.ctx)
+		g.mu.Unlock()
+		if batch != nil {
+			batch[0].lead <- batch
+		}
 	}
 	for {
 		select {
@@ -186,8 +201,11 @@ func (g *group) runBatch(batch []*attemptRun) {
 			close(a.done)
 		}
 	}()
+	awaitTurns(batch)
 	if len(batch) == 1 {
-		g.u.alone(batch[0])
+		if !batch[0].lostTurn() {
+			g.u.alone(batch[0])
+		}
 		g.ended()
 		return
 	}
@@ -202,8 +220,11 @@ func (g *group) runBatch(batch []*attemptRun) {
 	// A batch that could not commit: each of its attempts that had
 	// succeeded runs again alone, before any of them is charged an attempt
 	// for what may have been another's fault.
-	for _, a := range retry {
+	for _, a := range inBatchOrder(batch, retry) {
 		a.outcome, a.err, a.panicked = "", nil, nil
+		if a.lostTurn() {
+			continue
+		}
 		g.u.alone(a)
 		if a.died != "" && died(batch) {
 			return
@@ -306,7 +327,7 @@ const idleGrace = 2 * time.Second
 // attempt whose effect then did not commit.
 func (g *group) inTx(batch []*attemptRun) (committed, retry []*attemptRun) {
 	for len(batch) > 0 {
-		batch = g.dropEnded(batch)
+		batch = dropLostTurns(g.dropEnded(batch))
 		if len(batch) == 0 {
 			break
 		}
@@ -374,12 +395,14 @@ func (g *group) try(batch []*attemptRun) (committed, retry []*attemptRun, failed
 		_ = tx.Rollback() // err is what matters: each attempt runs again alone
 		return nil, batch, -1
 	}
-	if err := g.lockCheckpoints(ctx, batch); err != nil {
+	checkpoints, err := g.lockCheckpoints(ctx, batch)
+	if err != nil {
 		_ = tx.Rollback() // as above
 		return nil, batch, -1
 	}
 	var ok, settled []*attemptRun
 	for i, a := range batch {
+		checkpoint(checkpoints, a)
 		write := g.u.attempt(a)
 		switch {
 		case a.died != "":
@@ -406,6 +429,7 @@ func (g *group) try(batch []*attemptRun) (committed, retry []*attemptRun, failed
 			return nil, nil, i
 		case write:
 			ok = append(ok, a)
+			moved(checkpoints, a)
 		default:
 			settled = append(settled, a) // a duplicate: nothing to write
 			a.rolledBack()

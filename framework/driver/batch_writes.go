@@ -115,37 +115,61 @@ var errOrderNotClear = errors.New("a subject of the batch has a wait, a parked e
 
 // lockCheckpoints reads and locks, in one statement, the checkpoints of
 // the subjects of batch's attempts that keep strict order, on PostgreSQL
-// when the store can, and hands each attempt its own (a.order): its
-// strict-order step then reads no checkpoint, and leaves the checkpoint's
-// move to advanceAll. It does nothing when two attempts share a subject:
-// the second must see the first's move.
-func (g *group) lockCheckpoints(ctx context.Context, batch []*attemptRun) error {
+// when the store can, and gives each such attempt a strict-order step
+// (a.order): the step then reads no checkpoint, and leaves the
+// checkpoint's move to advanceAll. It returns the checkpoints by subject,
+// which the batch moves as its attempts take effect one after the other
+// (see nextCheckpoint), so that the second event of a subject in the
+// batch sees the first one's move; nil when the attempts read their own.
+func (g *group) lockCheckpoints(ctx context.Context, batch []*attemptRun) (map[string]int64, error) {
 	ob, ok := g.u.store.(orderBatcher)
 	if !ok || g.u.db.DriverName() != "pgx" {
-		return nil
+		return nil, nil
 	}
-	var subjects []string
+	var (
+		subjects []string
+		ordered  int
+	)
 	for _, a := range batch {
 		if s := a.delivery.OrderedSubject; s != "" {
-			if a.consumer != batch[0].consumer || slices.Contains(subjects, s) {
-				return nil
+			if a.consumer != batch[0].consumer {
+				return nil, nil // one statement reads one consumer's
 			}
-			subjects = append(subjects, s)
+			ordered++
+			if !slices.Contains(subjects, s) {
+				subjects = append(subjects, s)
+			}
 		}
 	}
-	if len(subjects) < 2 {
-		return nil // one statement an attempt either way
+	if ordered < 2 {
+		return nil, nil // one statement an attempt either way
 	}
 	checkpoints, err := ob.CheckpointMany(ctx, batch[0].tx, batch[0].consumer, subjects)
 	if err != nil {
-		return fmt.Errorf("checkpoints of %d subjects: %w", len(subjects), err)
+		return nil, fmt.Errorf("checkpoints of %d subjects: %w", len(subjects), err)
 	}
 	for _, a := range batch {
-		if s := a.delivery.OrderedSubject; s != "" {
-			a.order = &pipeline.OrderStep{Checkpoint: checkpoints[s]}
+		if a.delivery.OrderedSubject != "" {
+			a.order = &pipeline.OrderStep{}
 		}
 	}
-	return nil
+	return checkpoints, nil
+}
+
+// checkpoint hands a, about to run in its batch, its subject's checkpoint
+// as the attempts before it in the batch left it (see lockCheckpoints).
+func checkpoint(checkpoints map[string]int64, a *attemptRun) {
+	if a.order != nil {
+		a.order.Checkpoint = checkpoints[a.delivery.OrderedSubject]
+	}
+}
+
+// moved moves the checkpoint of a's subject in checkpoints once a took
+// effect at its turn, for the next attempt of the subject in the batch.
+func moved(checkpoints map[string]int64, a *attemptRun) {
+	if a.order != nil && a.order.Advance {
+		checkpoints[a.delivery.OrderedSubject] = a.order.Seq
+	}
 }
 
 // advanceAll moves, in one statement, the checkpoints of the attempts of

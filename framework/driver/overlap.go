@@ -38,6 +38,21 @@ func (g *group) observe(d time.Duration) {
 // in a batch. An attempt whose context ends while it waits for its turn
 // fails unrun.
 func (g *group) solo(a *attemptRun) {
+	defer close(a.done)
+	if p := a.after; p != nil {
+		// Its turn comes once the attempt ahead has its result, which
+		// it waits for holding no token: that one may need it.
+		select {
+		case <-p.done:
+		case <-a.ctx.Done():
+			a.tx = &Tx{}
+			a.fail(a.ctx.Err())
+			return
+		}
+		if a.lostTurn() {
+			return
+		}
+	}
 	select {
 	case g.overlap <- struct{}{}:
 	case <-a.ctx.Done():

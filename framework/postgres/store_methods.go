@@ -382,9 +382,10 @@ func (s *Store) AdvanceEndWait(ctx context.Context, tx *driver.Tx, consumer, sub
 }
 
 // AdvanceMany moves the checkpoint of each of subjects, all of consumer,
-// to the seq of the same index, in one statement on PostgreSQL, and
-// reports clear: no wait, parked event or skip is at or after one of the
-// steps, so that no wait is left to end (EndWait). The unit of work's
+// to the seq of the same index (a subject may come more than once, its
+// steps in order: it moves to the last), in one statement on PostgreSQL,
+// and reports clear: no wait, parked event or skip is at or after one of
+// the steps, so that no wait is left to end (EndWait). The unit of work's
 // batch moves its attempts' checkpoints with it before its commit, and
 // runs them again alone when it is not clear.
 func (s *Store) AdvanceMany(ctx context.Context, tx *driver.Tx, consumer string, subjects []string, seqs []int64) (bool, error) {

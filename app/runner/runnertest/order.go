@@ -30,6 +30,21 @@ func caseOrderColdKeys(t *testing.T, s *suite) {
 	s.exerciseOrder(t, 100, 2)
 }
 
+// caseOrderHotKeysFailing: as caseOrderHotKeys, with the first attempt of
+// every fifth event failing: the events of its subject behind it, which
+// may have joined its batch already, wait for its retry in memory (no
+// nack, park or dead letter), and run after it.
+func caseOrderHotKeysFailing(t *testing.T, s *suite) {
+	o := s.ordered(t)
+	o.failFirst = func(seq int64) bool { return seq%5 == 0 }
+	s.start(t, o.name, 16, s.typ)
+	s.publishOrdered(t, 8, 25)
+	o.check(t, 8*25)
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	require.Equal(t, 8*5, o.failed, "first attempts failed on purpose")
+}
+
 // exerciseOrder publishes perSubject events of each of subjects subjects
 // (round robin, each subject's in sequence) to a strict_order consumer of
 // concurrency 16 and checks the order of their effects.
@@ -47,6 +62,11 @@ type orderCheck struct {
 	mu         sync.Mutex
 	violations []string
 	nacks      int
+	// failFirst, when set, fails the first attempt of the events whose
+	// subjectseq it holds; failed counts them.
+	failFirst func(seq int64) bool
+	failed    int
+	tried     map[string]bool
 }
 
 // ordered makes the processes started after it run a strict_order
@@ -58,8 +78,20 @@ func (s *suite) ordered(t *testing.T) *orderCheck {
 	_, err := s.env.DB.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS order_effects (consumer TEXT NOT NULL, subject TEXT NOT NULL, seq BIGINT NOT NULL, PRIMARY KEY (consumer, subject, seq))`)
 	require.NoError(t, err)
 	name := s.consumer("ordered")
-	o := &orderCheck{s: s, name: name}
+	o := &orderCheck{s: s, name: name, tried: map[string]bool{}}
 	s.inOrder = func(ctx context.Context, ev framework.Event[noteV1]) error {
+		if o.failFirst != nil && o.failFirst(ev.SubjectSeq) {
+			o.mu.Lock()
+			first := !o.tried[ev.ID]
+			o.tried[ev.ID] = true
+			if first {
+				o.failed++
+			}
+			o.mu.Unlock()
+			if first {
+				return fmt.Errorf("the first attempt of %s #%d fails on purpose", ev.Subject, ev.SubjectSeq)
+			}
+		}
 		conn := framework.Conn(ctx, s.env.DB)
 		var last int64
 		if err := conn.QueryRowxContext(ctx, s.env.DB.Rebind(`SELECT COALESCE(MAX(seq), 0) FROM order_effects WHERE consumer = ? AND subject = ?`), name, ev.Subject).Scan(&last); err != nil {

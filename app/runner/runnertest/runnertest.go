@@ -69,6 +69,7 @@ func Exercise(t *testing.T, has Has, open func(t *testing.T) *Env) {
 		{"StopDuringOutage", caseStopDuringOutage, Has{}},
 		{"OrderHotKeys", caseOrderHotKeys, Has{Order: true}},
 		{"OrderColdKeys", caseOrderColdKeys, Has{Order: true}},
+		{"OrderHotKeysFailing", caseOrderHotKeysFailing, Has{Order: true}},
 		{"Partitions", casePartitions, Has{Order: true, Partitions: true}},
 	}
 	for _, c := range cases {

@@ -49,10 +49,10 @@ SELECT (SELECT t FROM taken), ` + qOrderParkedAfter
 SELECT ?, s, 0 FROM unnest(?::text[]) AS s ORDER BY s
 ON CONFLICT (consumer, subject) DO UPDATE SET seq = {p}subject_checkpoints.seq RETURNING subject, seq`
 	// qOrderAdvanceMany moves the checkpoints of many subjects, each to
-	// its step, and reports whether a wait, a parked event or a skip is
+	// its last step, and reports whether a wait, a parked event or a skip is
 	// at or after one of the steps (PostgreSQL).
 	qOrderAdvanceMany = `WITH v AS (SELECT * FROM unnest(?::text[], ?::bigint[]) AS v(subject, seq)),
-advanced AS (INSERT INTO {p}subject_checkpoints (consumer, subject, seq) SELECT ?, subject, seq FROM v ORDER BY subject
+advanced AS (INSERT INTO {p}subject_checkpoints (consumer, subject, seq) SELECT ?, subject, max(seq) FROM v GROUP BY subject ORDER BY subject
 ON CONFLICT (consumer, subject) DO UPDATE SET seq = excluded.seq WHERE {p}subject_checkpoints.seq < excluded.seq)
 SELECT NOT EXISTS (SELECT 1 FROM {p}parked_events p JOIN v ON p.subject = v.subject AND p.seq >= v.seq WHERE p.consumer = ?)`
 	// qOrderAdvanceEndWaitPostgres is qAdvance and qOrderEndWaitPostgres
@@ -163,9 +163,10 @@ func (s *Store) CheckpointMany(ctx context.Context, tx *driver.Tx, consumer stri
 }
 
 // AdvanceMany moves the checkpoint of each of subjects, all of consumer,
-// to the seq of the same index, in one statement on PostgreSQL, and
-// reports clear: no wait, parked event or skip is at or after one of the
-// steps, so that no wait is left to end (EndWait). The unit of work's
+// to the seq of the same index (a subject may come more than once, its
+// steps in order: it moves to the last), in one statement on PostgreSQL,
+// and reports clear: no wait, parked event or skip is at or after one of
+// the steps, so that no wait is left to end (EndWait). The unit of work's
 // batch moves its attempts' checkpoints with it before its commit, and
 // runs them again alone when it is not clear.
 func (s *Store) AdvanceMany(ctx context.Context, tx *driver.Tx, consumer string, subjects []string, seqs []int64) (bool, error) {
