@@ -26,6 +26,14 @@ import (
 // in flight holds a single place of those that run, so a hot subject
 // delays its own events, not the other subjects' that reached the
 // consumer.
+//
+// Only the sequencer's own goroutine (forward) sends to the router: the
+// end of an event's turn (done, in the router's handler) queues the next
+// event of its subject and returns. A handler must never wait for the
+// router's loop: watermill's Router.Close holds, until every running
+// handler returned, the lock that loop takes to start a handler, so a
+// handler waiting for the loop to take an event holds the close until its
+// timeout.
 type sequencer struct {
 	maxBody int
 	// settler is told the outcome of the waiting events the sequencer
@@ -54,13 +62,14 @@ type waiting struct {
 // output is the channel of one of the consumer's router handlers.
 type output struct {
 	ch chan *message.Message
-	// closed is closed once the subscription's channel is: what would go
-	// to ch is nacked instead.
-	closed chan struct{}
-	// sends counts the sends to ch in progress, so that ch closes after
-	// them.
-	sends sync.WaitGroup
-	done  bool // under the sequencer's mu: closed is closed
+	// ready holds the events whose turn came, oldest first, for forward
+	// to send to ch; under the sequencer's mu.
+	ready []*message.Message
+	// wake tells forward that ready has events; it holds one signal.
+	wake chan struct{}
+	// done is set, under the sequencer's mu, once the subscription's
+	// channel closed: what would go to ready is nacked instead.
+	done bool
 }
 
 func newSequencer(maxBody int, settler driver.Settler) *sequencer {
@@ -91,22 +100,57 @@ func (s *sequencedSubscriber) Subscribe(ctx context.Context, topic string) (<-ch
 	if err != nil {
 		return nil, err
 	}
-	out := &output{ch: make(chan *message.Message), closed: make(chan struct{})}
+	out := &output{ch: make(chan *message.Message), wake: make(chan struct{}, 1)}
 	go s.seq.forward(in, out)
 	return out.ch, nil
 }
 
-// forward passes the messages of in to out as their turns come, and once
-// in closes, nacks the events still waiting for out and closes out.
+// forward passes the messages of in to out as their turns come, those
+// whose turn came (ready) first, and once in closes, nacks the events
+// still waiting for out and closes out.
 func (s *sequencer) forward(in <-chan *message.Message, out *output) {
-	for msg := range in {
-		if s.admit(msg, out) {
+	for {
+		if msg := s.nextReady(out); msg != nil {
 			out.ch <- msg
+			continue
+		}
+		select {
+		case msg, ok := <-in:
+			if !ok {
+				s.end(out)
+				close(out.ch)
+				return
+			}
+			if s.admit(msg, out) {
+				out.ch <- msg
+			}
+		case <-out.wake:
 		}
 	}
+}
+
+// nextReady takes the oldest event of out whose turn came; nil when
+// none.
+func (s *sequencer) nextReady(out *output) *message.Message {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(out.ready) == 0 {
+		return nil
+	}
+	msg := out.ready[0]
+	out.ready[0] = nil
+	out.ready = out.ready[1:]
+	return msg
+}
+
+// end nacks, once the subscription of out ended, the events waiting for
+// out, and those whose turn came but never reached the router (freeing
+// the turn of each for the event after it).
+func (s *sequencer) end(out *output) {
 	s.mu.Lock()
 	out.done = true
-	close(out.closed)
+	ready := out.ready
+	out.ready = nil
 	var stale []*message.Message
 	for subject, line := range s.lines {
 		kept := line[:0]
@@ -125,8 +169,10 @@ func (s *sequencer) forward(in <-chan *message.Message, out *output) {
 	for _, msg := range stale {
 		s.nack(msg)
 	}
-	out.sends.Wait()
-	close(out.ch)
+	for _, msg := range ready {
+		s.done(msg)
+		s.nack(msg)
+	}
 }
 
 // admit reports whether msg, which reached the consumer, may go to the
@@ -164,7 +210,7 @@ func (s *sequencer) subjectOf(msg *message.Message) string {
 
 // done is called once msg's chain returned (or msg was refused at the
 // intake): the next event of its subject, if one waits, goes to the
-// router.
+// router, through forward. It never waits (see sequencer).
 func (s *sequencer) done(msg *message.Message) {
 	s.mu.Lock()
 	subject, ok := s.subjects[msg]
@@ -190,14 +236,11 @@ func (s *sequencer) done(msg *message.Message) {
 		s.nack(next.msg)
 		return
 	}
-	out.sends.Add(1)
+	out.ready = append(out.ready, next.msg)
 	s.mu.Unlock()
-	defer out.sends.Done()
 	select {
-	case out.ch <- next.msg:
-	case <-out.closed:
-		s.done(next.msg)
-		s.nack(next.msg)
+	case out.wake <- struct{}{}:
+	default: // a signal is pending already
 	}
 }
 
