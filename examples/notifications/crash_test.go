@@ -267,8 +267,10 @@ func (s *service) stop(t *testing.T) {
 // stopDump is how long stop waits after SIGTERM before it asks the
 // service for its goroutines' stacks (SIGQUIT), which fails the test: a
 // little less than the service's own stop timeout (fx's default, 15 s),
-// after which it would exit on its own without them.
-const stopDump = 13 * time.Second
+// after which it would exit 1 on its own without them. A healthy stop
+// takes a few seconds, TestGracefulShutdown's about 8 (it drains for
+// half the stop timeout).
+const stopDump = 14 * time.Second
 
 // waitFor polls cond until it holds; the service must stay up meanwhile.
 func (b *crashBundle) waitFor(t *testing.T, s *service, what string, cond func() bool) {
