@@ -32,6 +32,14 @@ import (
 // they hold places of its window (the consumer's concurrency), and a hot
 // subject delays its own events, not the other subjects' that reached the
 // consumer.
+//
+// Only the sequencer's own goroutine (forward) sends to the router: the
+// end of an event's turn (done, in the router's handler) and its joining
+// the unit of work's queue (joined) queue the next event of its subject
+// and return. A handler must never wait for the router's loop: watermill's
+// Router.Close holds, until every running handler returned, the lock that
+// loop takes to start a handler, so a handler waiting for the loop to take
+// an event holds the close until its timeout.
 type sequencer struct {
 	maxBody int
 	// settler is told the outcome of the waiting events the sequencer
@@ -77,13 +85,14 @@ type waiting struct {
 // output is the channel of one of the consumer's router handlers.
 type output struct {
 	ch chan *message.Message
-	// closed is closed once the subscription's channel is: what would go
-	// to ch is nacked instead.
-	closed chan struct{}
-	// sends counts the sends to ch in progress, so that ch closes after
-	// them.
-	sends sync.WaitGroup
-	done  bool // under the sequencer's mu: closed is closed
+	// ready holds the events whose turn came, oldest first, for forward
+	// to send to ch; under the sequencer's mu.
+	ready []*message.Message
+	// wake tells forward that ready has events; it holds one signal.
+	wake chan struct{}
+	// done is set, under the sequencer's mu, once the subscription's
+	// channel closed: what would go to ready is nacked instead.
+	done bool
 }
 
 func newSequencer(maxBody int, settler driver.Settler) *sequencer {
@@ -114,22 +123,57 @@ func (s *sequencedSubscriber) Subscribe(ctx context.Context, topic string) (<-ch
 	if err != nil {
 		return nil, err
 	}
-	out := &output{ch: make(chan *message.Message), closed: make(chan struct{})}
+	out := &output{ch: make(chan *message.Message), wake: make(chan struct{}, 1)}
 	go s.seq.forward(in, out)
 	return out.ch, nil
 }
 
-// forward passes the messages of in to out as their turns come, and once
-// in closes, nacks the events still waiting for out and closes out.
+// forward passes the messages of in to out as their turns come, those
+// whose turn came (ready) first, and once in closes, nacks the events
+// still waiting for out and closes out.
 func (s *sequencer) forward(in <-chan *message.Message, out *output) {
-	for msg := range in {
-		if s.admit(msg, out) {
+	for {
+		if msg := s.nextReady(out); msg != nil {
 			out.ch <- msg
+			continue
+		}
+		select {
+		case msg, ok := <-in:
+			if !ok {
+				s.end(out)
+				close(out.ch)
+				return
+			}
+			if s.admit(msg, out) {
+				out.ch <- msg
+			}
+		case <-out.wake:
 		}
 	}
+}
+
+// nextReady takes the oldest event of out whose turn came; nil when
+// none.
+func (s *sequencer) nextReady(out *output) *message.Message {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(out.ready) == 0 {
+		return nil
+	}
+	msg := out.ready[0]
+	out.ready[0] = nil
+	out.ready = out.ready[1:]
+	return msg
+}
+
+// end nacks, once the subscription of out ended, the events waiting for
+// out, and those whose turn came but never reached the router (freeing
+// the turn of each for the event after it).
+func (s *sequencer) end(out *output) {
 	s.mu.Lock()
 	out.done = true
-	close(out.closed)
+	ready := out.ready
+	out.ready = nil
 	var stale []*message.Message
 	for subject, l := range s.lines {
 		kept := l.waiting[:0]
@@ -150,8 +194,9 @@ func (s *sequencer) forward(in <-chan *message.Message, out *output) {
 	for _, msg := range stale {
 		s.nack(msg)
 	}
-	out.sends.Wait()
-	close(out.ch)
+	for _, msg := range ready {
+		s.refuse(msg)
+	}
 }
 
 // admit reports whether msg, which reached the consumer, may go to the
@@ -216,8 +261,8 @@ func (s *sequencer) subjectOf(msg *message.Message) string {
 
 // joined is called once an attempt of the event of turn t, of subject,
 // joined the unit of work's queue: the next event of the subject, if one
-// waits, goes to the router, on a goroutine of its own (the unit of work
-// must not wait).
+// waits, goes to the router, through forward (the unit of work must not
+// wait).
 func (s *sequencer) joined(subject string, t *pipeline.Turn) {
 	s.mu.Lock()
 	l := s.lines[subject]
@@ -226,18 +271,7 @@ func (s *sequencer) joined(subject string, t *pipeline.Turn) {
 		return
 	}
 	l.open = true
-	w, ok := s.next(subject, l)
-	if !ok {
-		s.mu.Unlock()
-		return
-	}
-	if !s.sending(w) {
-		s.mu.Unlock()
-		s.refuse(w.msg)
-		return
-	}
-	s.mu.Unlock()
-	go s.send(w)
+	s.passOn(subject, l)
 }
 
 // done is called once msg's chain returned for good (or msg was refused
@@ -260,39 +294,31 @@ func (s *sequencer) done(msg *message.Message) {
 		return
 	}
 	l.last, l.open = nil, false
-	w, ok := s.next(f.subject, l)
-	if !ok {
+	if len(l.waiting) == 0 {
 		delete(s.lines, f.subject)
-		s.mu.Unlock()
-		return
 	}
-	if !s.sending(w) {
-		s.mu.Unlock()
-		s.refuse(w.msg)
-		return
-	}
-	s.mu.Unlock()
-	s.send(w)
+	s.passOn(f.subject, l)
 }
 
-// sending reports whether w's output is still open, and then counts the
-// send to it in progress. Call it with s.mu held.
-func (s *sequencer) sending(w waiting) bool {
+// passOn lets the first event waiting in l, the line of subject, go,
+// when one waits: it joins its output's ready events, for forward. It
+// never waits (see sequencer). Call it with s.mu held; it lets go of it.
+func (s *sequencer) passOn(subject string, l *line) {
+	w, ok := s.next(subject, l)
+	if !ok {
+		s.mu.Unlock()
+		return
+	}
 	if w.out.done {
-		return false
-	}
-	w.out.sends.Add(1)
-	return true
-}
-
-// send sends w's event to its router handler, counted by sending, unless
-// its subscription ends first.
-func (s *sequencer) send(w waiting) {
-	defer w.out.sends.Done()
-	select {
-	case w.out.ch <- w.msg:
-	case <-w.out.closed:
+		s.mu.Unlock()
 		s.refuse(w.msg)
+		return
+	}
+	w.out.ready = append(w.out.ready, w.msg)
+	s.mu.Unlock()
+	select {
+	case w.out.wake <- struct{}{}:
+	default: // a signal is pending already
 	}
 }
 

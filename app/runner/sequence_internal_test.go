@@ -3,6 +3,7 @@ package runner
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -128,4 +129,91 @@ func TestShare(t *testing.T) {
 	}
 	require.Equal(t, map[string][]int{"a": {0, 3, 6}, "b": {1, 4, 7}, "c": {2, 5}}, got)
 	require.Empty(t, share(members, "d", 8))
+}
+
+// closingSubscriber hands out what the test sends on ch, and closes ch
+// on Close once allow is closed: a subscription whose channel ends a
+// while after the router began to close.
+type closingSubscriber struct {
+	ch    chan *message.Message
+	allow chan struct{}
+	once  *sync.Once
+}
+
+func (s closingSubscriber) Subscribe(context.Context, string) (<-chan *message.Message, error) {
+	return s.ch, nil
+}
+
+func (s closingSubscriber) Close() error {
+	<-s.allow
+	s.once.Do(func() { close(s.ch) })
+	return nil
+}
+
+// TestSequencerRouterClose: handlers that return while the router closes
+// hand the next events of their subjects on without waiting for the
+// router to take them. Watermill's Router.Close holds, until every
+// running handler returned, the lock its loop takes to start a handler;
+// a handler that waited for the loop to take the next event of its
+// subject (the loop blocked on that lock with another event, the
+// sequencer's own goroutine blocked behind it) held the close until its
+// timeout: a stopping process of a strict_order consumer waited its 30 s
+// and failed its stop.
+func TestSequencerRouterClose(t *testing.T) {
+	in := make(chan *message.Message, 16)
+	allow := make(chan struct{})
+	sub := closingSubscriber{ch: in, allow: allow, once: &sync.Once{}}
+	seq := newSequencer(framework.DefaultMaxBodyBytes, nil)
+	const closeTimeout = 10 * time.Second
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: closeTimeout}, nil)
+	require.NoError(t, err)
+	running := make(chan string, 16)
+	release := make(chan struct{})
+	router.AddConsumerHandler("h", "t", seq.subscriber(sub), func(msg *message.Message) error {
+		defer seq.done(msg) // as the runner's intake does
+		running <- msg.UUID
+		<-release
+		return nil
+	})
+	runDone := make(chan error, 1)
+	go func() { runDone <- router.Run(context.Background()) }()
+	<-router.Running()
+
+	// Three subjects in flight, each with an event waiting in its line.
+	for _, s := range []string{"a", "b", "c"} {
+		in <- event(t, s, 1)
+	}
+	for range 3 {
+		select {
+		case <-running:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the first events did not reach their handlers")
+		}
+	}
+	for _, s := range []string{"a", "b", "c"} {
+		in <- event(t, s, 2)
+	}
+	require.Eventually(t, func() bool { return seq.waitingEvents() == 3 }, 5*time.Second, 10*time.Millisecond)
+
+	closed := make(chan error, 1)
+	go func() { closed <- router.Close() }()
+	time.Sleep(300 * time.Millisecond) // Close waits for the running handlers, holding the loop's lock
+	close(release)                     // the handlers return, their next events' turns come
+	time.Sleep(300 * time.Millisecond)
+	in <- event(t, "d", 1) // the sequencer's goroutine takes it, then waits for the router
+	time.Sleep(300 * time.Millisecond)
+	close(allow) // the subscription's channel ends
+
+	select {
+	case err := <-closed:
+		require.NoError(t, err, "the router closed in time")
+	case <-time.After(closeTimeout + 5*time.Second):
+		t.Fatal("the router did not close")
+	}
+	select {
+	case err := <-runDone:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the router did not stop running")
+	}
 }

@@ -253,9 +253,24 @@ func (s *service) stop(t *testing.T) {
 		return err == nil
 	})
 	require.NoError(t, s.cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case <-s.done:
+	case <-time.After(stopDump):
+		// Stuck: SIGQUIT makes the Go runtime write every goroutine's
+		// stack to the log, which the test prints as it fails.
+		_ = s.cmd.Process.Signal(syscall.SIGQUIT)
+	}
 	ws := s.wait(t)
 	require.True(t, ws.Exited() && ws.ExitStatus() == 0, "want exit status 0 after SIGTERM, got %v (%v)", ws, s.err)
 }
+
+// stopDump is how long stop waits after SIGTERM before it asks the
+// service for its goroutines' stacks (SIGQUIT), which fails the test: a
+// little less than the service's own stop timeout (fx's default, 15 s),
+// after which it would exit 1 on its own without them. A healthy stop
+// takes a few seconds, TestGracefulShutdown's about 8 (it drains for
+// half the stop timeout).
+const stopDump = 14 * time.Second
 
 // waitFor polls cond until it holds; the service must stay up meanwhile.
 func (b *crashBundle) waitFor(t *testing.T, s *service, what string, cond func() bool) {

@@ -78,14 +78,6 @@ func TestPartitionsKill(t *testing.T) {
 // then stops one gracefully (SIGTERM): every event takes effect once, in
 // order, with no dead letter.
 func TestPartitionsAddAndStop(t *testing.T) {
-	if os.Getenv("EFFECTIVELY_TEST_KNOWN_BUGS") == "" {
-		// A known bug: in the whole suite (two cores loaded), a process
-		// of the partitioned strict_order consumer on the PostgreSQL
-		// transport, stopped by SIGTERM mid-run, waited the router's 30 s
-		// for its handlers and exited 1 (stop: context deadline
-		// exceeded); alone the test passes.
-		t.Skip("a known bug: set EFFECTIVELY_TEST_KNOWN_BUGS=1 to run it")
-	}
 	// Not parallel with the package's other tests: its processes load
 	// the two cores enough, and its bounds are the lease's.
 	onEachTransport(t, func(t *testing.T, transport string) {
@@ -185,14 +177,6 @@ func (s *partSetup) frozenMidCommit(t *testing.T, at testkit.CrashPoint) {
 // charged for a rebalance (max_deliveries is 2), so no event is
 // dead-lettered, and every event takes effect once, in order.
 func TestPartitionsRebalances(t *testing.T) {
-	if os.Getenv("EFFECTIVELY_TEST_KNOWN_BUGS") == "" {
-		// A known bug: in the whole suite (two cores loaded), a process
-		// of the partitioned strict_order consumer on the PostgreSQL
-		// transport, stopped by SIGTERM mid-run, waited the router's 30 s
-		// for its handlers and exited 1 (stop: context deadline
-		// exceeded); alone the test passes.
-		t.Skip("a known bug: set EFFECTIVELY_TEST_KNOWN_BUGS=1 to run it")
-	}
 	// Not parallel with the package's other tests: its processes load
 	// the two cores enough, and its bounds are the lease's.
 	onEachTransport(t, func(t *testing.T, transport string) {
