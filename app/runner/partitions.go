@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -36,9 +37,13 @@ type partitioner struct {
 	partitions int
 	member     string
 	leases     driver.Leases
-	assigner   driver.Assigner
-	lease      time.Duration
-	logger     *slog.Logger
+	// ender, when the store can, ends the sessions of a partition's
+	// stale owner before the partitioner takes the partition (see
+	// endStale); nil otherwise.
+	ender    driver.SessionEnder
+	assigner driver.Assigner
+	lease    time.Duration
+	logger   *slog.Logger
 	// stop is closed when the runner begins to stop: from then on the
 	// partitioner takes no partition, only renews those it holds.
 	stop <-chan struct{}
@@ -54,13 +59,29 @@ type partitioner struct {
 	assignedOK bool
 }
 
-// newMember returns a name for this process in its consumers' groups:
-// its host and process id, and random bytes, since a process id is
-// reused.
-func newMember() string {
+// maxMemberHost is the most bytes of the host's name in a member's name
+// (NewMember), so that the name fits in an application_name
+// (postgres.MaxApplicationName) with the process id and the random part.
+const maxMemberHost = 40
+
+// NewMember returns a new name for a process in its partitioned
+// consumers' groups (Config.Member): its host (cut to 40 bytes) and
+// process id, and random bytes, since a process id is reused. It is at
+// most 58 bytes of printable ASCII, so that it fits in an
+// application_name.
+func NewMember() string {
 	host, err := os.Hostname()
 	if err != nil || host == "" {
 		host = "host"
+	}
+	host = strings.Map(func(r rune) rune {
+		if r < 0x21 || r > 0x7e {
+			return '_'
+		}
+		return r
+	}, host)
+	if len(host) > maxMemberHost {
+		host = host[:maxMemberHost]
 	}
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
@@ -172,6 +193,7 @@ func (p *partitioner) step(ctx context.Context) time.Duration {
 			break // the others at the next step
 		}
 		takeCtx, cancel := context.WithTimeout(ctx, tick/2)
+		p.endStale(takeCtx, part)
 		token, ok, err := p.leases.Acquire(takeCtx, p.consumer, part, p.member, p.lease)
 		waited := takeCtx.Err() != nil
 		cancel()
@@ -198,6 +220,28 @@ func (p *partitioner) step(ctx context.Context) time.Duration {
 		return min(time.Second, tick)
 	}
 	return tick
+}
+
+// endStale ends the database sessions of partition's previous owner
+// when it froze past its lease (driver.SessionEnder): its open
+// transaction may hold the lease's row and the rows its attempt wrote,
+// and its subscription's session the partition's advisory lock (the
+// PostgreSQL transport), which would keep the partition from this
+// process until the stale owner goes on or the server ends its
+// transaction. Once it goes on, its connections are gone: its attempts
+// fail, are tried again and fenced, and it rejoins the group. A failure
+// is logged: the take goes on, and may wait.
+func (p *partitioner) endStale(ctx context.Context, partition int) {
+	if p.ender == nil {
+		return
+	}
+	owner, ended, err := p.ender.EndStaleOwner(ctx, p.consumer, partition, p.member)
+	switch {
+	case err != nil:
+		p.logger.WarnContext(ctx, "partitions: ending the sessions of the partition's stale owner failed; its new owner may wait for them", "partition", partition, "owner", owner, "error", err)
+	case ended > 0:
+		p.logger.WarnContext(ctx, "partitions: ended the database sessions of the partition's stale owner, frozen past its lease", "partition", partition, "owner", owner, "sessions", ended)
+	}
 }
 
 // assign makes the subscription consume the partitions of next, unless
