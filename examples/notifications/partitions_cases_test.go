@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -12,7 +13,6 @@ import (
 
 	"github.com/effectively-once/effectively/app"
 	"github.com/effectively-once/effectively/app/testkit"
-	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/internal/crash"
 )
 
@@ -117,14 +117,8 @@ const partFreeze = 8 * time.Second
 // freeze commits after it; every event takes effect once, in order, with
 // no dead letter.
 func TestPartitionsFreeze(t *testing.T) {
-	if os.Getenv("EFFECTIVELY_TEST_FREEZE") == "" {
-		// Under the whole suite's load on two cores it failed its
-		// takeover bound (PostgreSQL: 32 s, the attempt's deadline,
-		// not the lease) and saw a quorum queue of the shared broker
-		// crash (RabbitMQ): a known weakness, run apart until fixed.
-		t.Skip("run it apart: EFFECTIVELY_TEST_FREEZE=1 go test -run TestPartitionsFreeze ./examples/notifications")
-	}
-	t.Parallel()
+	// Not parallel with the package's other tests: its processes load
+	// the two cores enough, and its bounds are the lease's.
 	onEachTransport(t, func(t *testing.T, transport string) {
 		s := newPartSetup(t, transport, partMaxDeliveries, partDefaultTimeout)
 		s.frozenMidCommit(t, crash.BeforeCommit)
@@ -167,6 +161,7 @@ func (s *partSetup) frozenMidCommit(t *testing.T, at testkit.CrashPoint) {
 		a.pid, at, report, held, took, moved)
 	require.Less(t, took, partTakeover, "the others took the stopped process's partitions after their lease")
 	require.NoError(t, a.cmd.Process.Signal(syscall.SIGCONT))
+	require.Positive(t, moved, "effects of the stopped process's partitions by their new owners while it was stopped")
 
 	s.drain(t, f.wait(t), a, b, c)
 	var late []string
@@ -176,9 +171,23 @@ func (s *partSetup) frozenMidCommit(t *testing.T, at testkit.CrashPoint) {
 		}
 	}
 	require.Empty(t, late, "effects the stopped process ran before it stopped and committed after it went on: past its leases")
-	log := a.logText(t)
-	require.Contains(t, log, driver.ErrFenced.Error(), "the stopped process's attempt failed its fence")
+	// The attempt it stopped in took effect once, by another process:
+	// the stopped one's transaction was ended with its session by the
+	// partition's new owner, or failed its fence once it went on.
+	var fired armReport
+	require.NoError(t, json.Unmarshal([]byte(report), &fired))
+	var by []int
+	require.NoError(t, s.db.SelectContext(t.Context(), &by, `SELECT pid FROM order_effects WHERE event_id = $1`, fired.Event))
+	require.Len(t, by, 1, "the effects of %s, the event of the stopped attempt", fired.Event)
+	require.NotEqual(t, a.pid, by[0], "the stopped attempt, of %s, committed after the process went on", fired.Event)
+	require.True(t, strings.Contains(b.logText(t)+c.logText(t), msgEndedStale),
+		"a new owner of the stopped process's partitions ended its database sessions (%q in their logs)", msgEndedStale)
 }
+
+// msgEndedStale is what a process logs when it ended the database
+// sessions of a partition's owner frozen past its lease (the runner's
+// partitioner).
+const msgEndedStale = "ended the database sessions of the partition's stale owner"
 
 // TestPartitionsRebalances starts and stops processes one after another,
 // six rebalances in all, while the events keep coming: no delivery is
@@ -429,21 +438,19 @@ func (s *partSetup) newOwnerKilled(t *testing.T) {
 }
 
 // TestPartitionsFrozenHandover stops a process (SIGSTOP) in a delivery's
-// transaction for 15 s, three times its lease and past the server's end
-// of that transaction (the consumer's timeout is 4 s): the others take
-// its leases, and should handle its partitions while it is stopped. They
-// do not today, on either transport: on PostgreSQL the stopped process
-// keeps each partition's advisory lock (a session lock of its
-// subscription's connection, which the server keeps open), so the new
-// owner's subscription cannot read the partition until the process goes
-// on; on RabbitMQ it stays the queue's single active consumer until the
-// broker drops its connection. It runs when EFFECTIVELY_TEST_KNOWN_BUGS
-// is set.
+// transaction for 15 s, five times its lease and past the server's end of
+// that transaction (the consumer's timeout is 4 s): the others take its
+// leases and handle its partitions while it is stopped. On PostgreSQL
+// the stopped process's sessions hold the partition (its transaction's
+// locks; on the PostgreSQL transport, its subscription's advisory lock
+// of the partition), until the process that takes the partition over
+// ends them (driver.SessionEnder); on RabbitMQ the stopped process is
+// the partition's queue's single active consumer until the broker drops
+// its connection, two heartbeats (a third of the lease each) after it
+// stopped.
 func TestPartitionsFrozenHandover(t *testing.T) {
-	if os.Getenv("EFFECTIVELY_TEST_KNOWN_BUGS") == "" {
-		t.Skip("a known bug: set EFFECTIVELY_TEST_KNOWN_BUGS=1 to run it")
-	}
-	t.Parallel()
+	// Not parallel with the package's other tests: its processes load
+	// the two cores enough, and its bounds are the lease's.
 	onEachTransport(t, func(t *testing.T, transport string) {
 		s := newPartSetup(t, transport, partMaxDeliveries, 4*time.Second)
 		a, b, c := s.start(t), s.start(t), s.start(t)
@@ -460,10 +467,18 @@ func TestPartitionsFrozenHandover(t *testing.T) {
 		}, b, c)
 		stoppedAt := time.Now()
 		s.waitFor(t, "the stopped process's partitions taken by the others", s.ownedByOthers(t, held, a), b, c)
+		took := time.Since(stoppedAt)
+		s.waitFor(t, "effects of its partitions by the others", func() bool {
+			return s.effectsByOthers(t, held, a.pid, stoppedAt) > 0
+		}, b, c)
+		handled := time.Since(stoppedAt)
 		time.Sleep(time.Until(stoppedAt.Add(15 * time.Second)))
 		moved := s.effectsByOthers(t, held, a.pid, stoppedAt)
 		require.NoError(t, a.cmd.Process.Signal(syscall.SIGCONT))
-		require.Positive(t, moved, "effects of the stopped process's partitions by their new owners while it was stopped")
+		t.Logf("partitions %v of the stopped process: taken by the others after %s, handled after %s, %d effects there while it was stopped (lease %s)",
+			held, took, handled, moved, partLease)
+		require.Less(t, took, partTakeover, "the others took the stopped process's partitions after their lease")
+		require.Less(t, handled, partTakeover+5*time.Second, "the others handled the stopped process's partitions")
 		s.drain(t, f.wait(t), a, b, c)
 	})
 }
