@@ -112,10 +112,12 @@ const partFreeze = 8 * time.Second
 // TestPartitionsFreeze stops a process (SIGSTOP) in a delivery's
 // transaction, its handler's writes done and its partition's lease not
 // checked yet, and keeps it stopped past its lease: the others take its
-// partitions; once it goes on (SIGCONT) its attempt fails the lease's
-// check (the fence) and is handed back, so nothing it ran before the
-// freeze commits after it; every event takes effect once, in order, with
-// no dead letter.
+// partitions, ending its database sessions as they do (its transaction
+// with them), and handle them while it is stopped; once it goes on
+// (SIGCONT) its attempt fails on its ended connection, and the next
+// fails the lease's check (the fence) and is handed back, so nothing it
+// ran before the freeze commits after it; every event takes effect once,
+// in order, with no dead letter.
 func TestPartitionsFreeze(t *testing.T) {
 	// Not parallel with the package's other tests: its processes load
 	// the two cores enough, and its bounds are the lease's.
@@ -275,10 +277,11 @@ func (s *partSetup) ownedByOthers(t *testing.T, partitions []int, p *partProc) f
 //
 //   - FrozenAfterFence stops a process right after its batch checked its
 //     partition's lease (on PostgreSQL the lease row is locked until the
-//     batch's transaction ends), past its lease: the server ends the
-//     transaction once its deadline passed (idle_in_transaction_session_
-//     timeout), the others take the partitions, and keep their own
-//     meanwhile;
+//     batch's transaction ends), past its lease: the process that takes
+//     a partition over ends the stopped one's sessions, and so its
+//     transaction (else the server would, once its deadline passed:
+//     idle_in_transaction_session_timeout), the others take the
+//     partitions, and keep their own meanwhile;
 //   - KilledAfterFence kills a process there: its transaction rolls
 //     back with its connection, and the others take its partitions;
 //   - NewOwnerKilledAfterCommit kills a process, then kills the process
@@ -292,10 +295,10 @@ func TestPartitionsCrash(t *testing.T) {
 	t.Run("FrozenAfterFence", func(t *testing.T) {
 		t.Parallel()
 		onEachTransport(t, func(t *testing.T, transport string) {
-			// A timeout shorter than the freeze: the server ends the
-			// frozen transaction 2 s after its deadline, and longer
-			// than the lease, so that the others wait for it past
-			// theirs.
+			// A timeout shorter than the freeze, and longer than the
+			// lease: were the stopped process's sessions not ended,
+			// the others would wait for its transaction past their
+			// leases, until the server ends it 2 s after its deadline.
 			const timeout = 10 * time.Second
 			s := newPartSetup(t, transport, partMaxDeliveries, timeout)
 			s.frozenAfterFence(t, timeout+2*time.Second+partLease)
