@@ -164,6 +164,8 @@ func (s *partSetup) frozenMidCommit(t *testing.T, at testkit.CrashPoint) {
 	require.Less(t, took, partTakeover, "the others took the stopped process's partitions after their lease")
 	require.NoError(t, a.cmd.Process.Signal(syscall.SIGCONT))
 	require.Positive(t, moved, "effects of the stopped process's partitions by their new owners while it was stopped")
+	// It rejoins the group, its connections made again.
+	s.waitBalanced(t, a, b, c)
 
 	s.drain(t, f.wait(t), a, b, c)
 	var late []string
@@ -482,6 +484,7 @@ func TestPartitionsFrozenHandover(t *testing.T) {
 			held, took, handled, moved, partLease)
 		require.Less(t, took, partTakeover, "the others took the stopped process's partitions after their lease")
 		require.Less(t, handled, partTakeover+5*time.Second, "the others handled the stopped process's partitions")
+		s.waitBalanced(t, a, b, c) // it rejoins the group
 		s.drain(t, f.wait(t), a, b, c)
 	})
 }
