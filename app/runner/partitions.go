@@ -66,8 +66,8 @@ const maxMemberHost = 40
 
 // NewMember returns a new name for a process in its partitioned
 // consumers' groups (Config.Member): its host (cut to 40 bytes) and
-// process id, and random bytes, since a process id is reused. It is at
-// most 58 bytes of printable ASCII, so that it fits in an
+// process id, and random bytes, since a process id is reused. It is
+// printable ASCII, at most 60 bytes, so that it fits in an
 // application_name.
 func NewMember() string {
 	host, err := os.Hostname()
@@ -174,11 +174,14 @@ func (p *partitioner) step(ctx context.Context) time.Duration {
 	}
 	// A take waits while the lease's row is locked by its previous
 	// owner's batch between its fence and its commit (Leases.Fence): a
-	// moment, or, when that process froze there, until the server ends
-	// the batch's transaction, its deadline and 2 s later. Each take
-	// waits half a step at most, and the takes of a step take a step at
-	// most, so that the heartbeat and the renewals come in time: a
-	// process must not lose its own leases waiting for another's.
+	// moment, or, when that process froze there, until its session ends:
+	// the take ends the sessions of an owner frozen past its lease first
+	// (endStale), else the server ends the batch's transaction, its
+	// deadline and 2 s later. Each take waits half a step at most (and
+	// its ending of sessions as long), and the takes of a step begin
+	// within a step, so that the heartbeat and the renewals come in
+	// time: a process must not lose its own leases waiting for
+	// another's.
 	missing := make([]int, 0, len(want))
 	for part := range want {
 		if _, ok := next[part]; !ok {
@@ -192,8 +195,8 @@ func (p *partitioner) step(ctx context.Context) time.Duration {
 		if time.Since(began) >= tick {
 			break // the others at the next step
 		}
+		p.endStale(ctx, part, tick/2)
 		takeCtx, cancel := context.WithTimeout(ctx, tick/2)
-		p.endStale(takeCtx, part)
 		token, ok, err := p.leases.Acquire(takeCtx, p.consumer, part, p.member, p.lease)
 		waited := takeCtx.Err() != nil
 		cancel()
@@ -230,11 +233,13 @@ func (p *partitioner) step(ctx context.Context) time.Duration {
 // process until the stale owner goes on or the server ends its
 // transaction. Once it goes on, its connections are gone: its attempts
 // fail, are tried again and fenced, and it rejoins the group. A failure
-// is logged: the take goes on, and may wait.
-func (p *partitioner) endStale(ctx context.Context, partition int) {
+// is logged: the take goes on, and may wait. It gives up after limit.
+func (p *partitioner) endStale(ctx context.Context, partition int, limit time.Duration) {
 	if p.ender == nil {
 		return
 	}
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
 	owner, ended, err := p.ender.EndStaleOwner(ctx, p.consumer, partition, p.member)
 	switch {
 	case err != nil:

@@ -166,14 +166,17 @@ type Leases interface {
 // keeps the partition from its new owner.
 //
 // The sessions of a member are those whose application_name is the
-// member's name: a process must name its connections after its member
-// (postgres.OpenConfig.ApplicationName), as the app does.
+// member's name, on any database of the server: a process must name its
+// connections after its member (postgres.OpenConfig.ApplicationName), as
+// the app does. The database role must be allowed to end them: the
+// stale process's own role, or a member of pg_signal_backend.
 type SessionEnder interface {
 	// EndStaleOwner ends the database sessions of the owner of
 	// partition's lease, when the owner is not member, its lease expired
 	// and it is no longer a live member of consumer's group (its
 	// heartbeat expired too). It returns that owner, empty when there is
-	// none, and how many sessions it ended. A SQLite store ends none: a
+	// none, and how many sessions it ended, once they exited (their
+	// locks released) or ctx ended. A SQLite store ends none: a
 	// process's connections to the file are its own.
 	EndStaleOwner(ctx context.Context, consumer string, partition int, member string) (owner string, ended int, err error)
 }

@@ -90,6 +90,9 @@ func TestEndStaleOwner(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, stale, owner)
 	require.GreaterOrEqual(t, ended, 2, "the stale member's transaction and its advisory lock's session")
+	var left int
+	require.NoError(t, db.GetContext(ctx, &left, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, stale))
+	require.Zero(t, left, "the stale member's sessions exited before EndStaleOwner returned")
 
 	wait, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()

@@ -376,7 +376,8 @@ func (s *Store) Members(ctx context.Context, consumer string) ([]string, error) 
 // partition's lease, when the owner is not member, its lease expired
 // and it is no longer a live member of consumer's group (its
 // heartbeat expired too). It returns that owner, empty when there is
-// none, and how many sessions it ended. A SQLite store ends none: a
+// none, and how many sessions it ended, once they exited (their
+// locks released) or ctx ended. A SQLite store ends none: a
 // process's connections to the file are its own (driver.SessionEnder).
 func (s *Store) EndStaleOwner(ctx context.Context, consumer string, partition int, member string) (string, int, error) {
 	return s.sql.EndStaleOwner(ctx, consumer, partition, member)

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/effectively-once/effectively/framework/driver"
 )
@@ -19,12 +20,24 @@ const (
 WHERE l.consumer = ? AND l.partition = ? AND l.owner <> '' AND l.owner <> ? AND l.expires_at < {now}
 AND NOT EXISTS (SELECT 1 FROM {p}consumer_members m
     WHERE m.consumer = l.consumer AND m.member = l.owner AND m.expires_at >= {now})`
-	// qEndSessions ends the sessions of the database named after a
-	// member (application_name): what they hold, a transaction's locks,
-	// a session's advisory locks, is released as each backend exits.
-	qEndSessions = `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
-WHERE application_name = ? AND datname = current_database() AND pid <> pg_backend_pid()`
+	// qEndSessions ends the sessions named after a member
+	// (application_name): what they hold, a transaction's locks, a
+	// session's advisory locks, is released as each backend exits. It
+	// ends those of every database of the server, so that a transport's
+	// database beside the stores' is covered too (a member's name is
+	// its own: host, process id and random bytes).
+	//
+	// pg_terminate_backend runs in the select list, for the rows the
+	// WHERE kept only (OFFSET 0 keeps the subquery whole).
+	qEndSessions = `SELECT pid FROM (SELECT pid, pg_terminate_backend(pid) AS ended FROM pg_stat_activity
+WHERE application_name = ? AND pid <> pg_backend_pid() OFFSET 0) AS s WHERE ended`
+	// qSessionsLeft counts the sessions of a list that have not exited.
+	qSessionsLeft = `SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(?::integer[])`
 )
+
+// sessionExitPoll is how often EndStaleOwner looks whether the sessions
+// it ended have exited.
+const sessionExitPoll = 10 * time.Millisecond
 
 var _ driver.SessionEnder = (*Store)(nil)
 
@@ -47,8 +60,8 @@ func (s *Store) EndStaleOwner(ctx context.Context, consumer string, partition in
 	case err != nil:
 		return "", 0, fmt.Errorf("read the stale owner of partition %d of %s: %w", partition, consumer, err)
 	}
-	var ended int
-	if err := s.db.GetContext(ctx, &ended, s.q.sql(qEndSessions), owner); err != nil {
+	var ended []int64
+	if err := s.db.SelectContext(ctx, &ended, s.q.sql(qEndSessions), owner); err != nil {
 		var state interface{ SQLState() string }
 		if errors.As(err, &state) && state.SQLState() == sqlStateInsufficientPrivilege {
 			return owner, 0, fmt.Errorf("end the sessions of %s, the stale owner of partition %d of %s: %w "+
@@ -56,5 +69,29 @@ func (s *Store) EndStaleOwner(ctx context.Context, consumer string, partition in
 		}
 		return owner, 0, fmt.Errorf("end the sessions of %s, the stale owner of partition %d of %s: %w", owner, partition, consumer, err)
 	}
-	return owner, ended, nil
+	if len(ended) == 0 {
+		return owner, 0, nil
+	}
+	waitExited(ctx, func(ctx context.Context) (int, error) {
+		var left int
+		err := s.db.GetContext(ctx, &left, s.q.sql(qSessionsLeft), ended)
+		return left, err
+	})
+	return owner, len(ended), nil
+}
+
+// waitExited polls left until it counts none, fails, or ctx ends: a
+// backend signalled to end has not released its locks yet.
+func waitExited(ctx context.Context, left func(ctx context.Context) (int, error)) {
+	for {
+		n, err := left(ctx)
+		if err != nil || n == 0 {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(sessionExitPoll):
+		}
+	}
 }
