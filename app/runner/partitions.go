@@ -178,9 +178,9 @@ func (p *partitioner) step(ctx context.Context) time.Duration {
 	// the take ends the sessions of an owner frozen past its lease first
 	// (endStale), else the server ends the batch's transaction, its
 	// deadline and 2 s later. Each take waits half a step at most (and
-	// its ending of sessions as long), and the takes of a step begin
-	// within a step, so that the heartbeat and the renewals come in
-	// time: a process must not lose its own leases waiting for
+	// its ending of sessions, rare, a step), and the takes of a step
+	// begin within a step, so that the heartbeat and the renewals come
+	// in time: a process must not lose its own leases waiting for
 	// another's.
 	missing := make([]int, 0, len(want))
 	for part := range want {
@@ -195,7 +195,7 @@ func (p *partitioner) step(ctx context.Context) time.Duration {
 		if time.Since(began) >= tick {
 			break // the others at the next step
 		}
-		p.endStale(ctx, part, tick/2)
+		p.endStale(ctx, part, tick)
 		takeCtx, cancel := context.WithTimeout(ctx, tick/2)
 		token, ok, err := p.leases.Acquire(takeCtx, p.consumer, part, p.member, p.lease)
 		waited := takeCtx.Err() != nil
