@@ -240,7 +240,7 @@ func (p *partitioner) endStale(ctx context.Context, partition int, limit time.Du
 	}
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	owner, ended, err := p.ender.EndStaleOwner(ctx, p.consumer, partition, p.member)
+	owner, ended, err := p.ender.EndStaleOwner(ctx, p.consumer, partition, p.member, p.quiet())
 	switch {
 	case err != nil:
 		p.logger.WarnContext(ctx, "partitions: ending the sessions of the partition's stale owner failed; its new owner may wait for them", "partition", partition, "owner", owner, "error", err)
@@ -248,6 +248,14 @@ func (p *partitioner) endStale(ctx context.Context, partition int, limit time.Du
 		p.logger.WarnContext(ctx, "partitions: ended the database sessions of the partition's stale owner, frozen past its lease", "partition", partition, "owner", owner, "sessions", ended)
 	}
 }
+
+// quiet is how long a stale owner's sessions must have been silent (no
+// statement begun or ended) before endStale ends them: three fifths of
+// the lease. An owner renews every fifth of it, so one that froze was
+// silent that long by the time its lease expired, give or take its last
+// step; one that runs late on a loaded machine, its heartbeat missed, is
+// heard from sooner, and keeps its sessions.
+func (p *partitioner) quiet() time.Duration { return p.lease * 3 / 5 }
 
 // assign makes the subscription consume the partitions of next, unless
 // it does already: the fences of the new ones hold before their first

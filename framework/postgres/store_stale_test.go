@@ -21,8 +21,8 @@ import (
 // does). The member that takes the partition over ends them
 // (driver.SessionEnder): its take does not wait, the lock is free, and
 // the stale transaction can no longer commit. A member whose lease
-// expired while its heartbeat did not, and the owner itself, are left
-// alone.
+// expired while its heartbeat did not, one whose sessions are not quiet
+// (it runs late), and the owner itself, are left alone.
 func TestEndStaleOwner(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -44,7 +44,10 @@ func TestEndStaleOwner(t *testing.T) {
 	staleStore, err := postgres.NewStore(staleDB, postgres.StoreConfig{})
 	require.NoError(t, err)
 
-	const ttl = time.Second
+	const (
+		ttl   = time.Second
+		quiet = 500 * time.Millisecond
+	)
 	_, err = staleStore.Heartbeat(ctx, consumer, stale, ttl)
 	require.NoError(t, err)
 	_, ok, err := staleStore.Acquire(ctx, consumer, 0, stale, ttl)
@@ -71,22 +74,32 @@ func TestEndStaleOwner(t *testing.T) {
 	_, err = conn.ExecContext(ctx, `SELECT pg_advisory_lock($1)`, key)
 	require.NoError(t, err)
 
-	owner, ended, err := store.EndStaleOwner(ctx, consumer, 0, "b")
+	owner, ended, err := store.EndStaleOwner(ctx, consumer, 0, "b", quiet)
 	require.NoError(t, err)
 	require.Empty(t, owner, "a live lease's owner is not stale")
 	require.Zero(t, ended)
 
 	time.Sleep(ttl + 200*time.Millisecond)
-	owner, ended, err = store.EndStaleOwner(ctx, consumer, 0, stale)
+	owner, ended, err = store.EndStaleOwner(ctx, consumer, 0, stale, quiet)
 	require.NoError(t, err)
 	require.Empty(t, owner, "the owner asking is not stale")
 	require.Zero(t, ended)
-	owner, ended, err = store.EndStaleOwner(ctx, consumer, 1, "b")
+	owner, ended, err = store.EndStaleOwner(ctx, consumer, 1, "b", quiet)
 	require.NoError(t, err)
 	require.Empty(t, owner, "an owner whose heartbeat is live is not stale, though its lease expired")
 	require.Zero(t, ended)
 
-	owner, ended, err = store.EndStaleOwner(ctx, consumer, 0, "b")
+	// A statement of the stale member: it runs late, and is left alone
+	// until it has been quiet for quiet.
+	_, err = staleDB.ExecContext(ctx, `SELECT 1`)
+	require.NoError(t, err)
+	owner, ended, err = store.EndStaleOwner(ctx, consumer, 0, "b", quiet)
+	require.NoError(t, err)
+	require.Equal(t, stale, owner)
+	require.Zero(t, ended, "a stale owner that runs late keeps its sessions")
+	time.Sleep(quiet + 200*time.Millisecond)
+
+	owner, ended, err = store.EndStaleOwner(ctx, consumer, 0, "b", quiet)
 	require.NoError(t, err)
 	require.Equal(t, stale, owner)
 	require.GreaterOrEqual(t, ended, 2, "the stale member's transaction and its advisory lock's session")

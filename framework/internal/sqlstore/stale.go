@@ -29,8 +29,16 @@ AND NOT EXISTS (SELECT 1 FROM {p}consumer_members m
 	//
 	// pg_terminate_backend runs in the select list, for the rows the
 	// WHERE kept only (OFFSET 0 keeps the subquery whole).
+	//
+	// It ends none while a session of the member began or ended a
+	// statement within the quiet time (the last argument, in
+	// microseconds): a process that runs late, its heartbeat missed on
+	// a loaded machine, is still at work; one that froze is silent.
 	qEndSessions = `SELECT pid FROM (SELECT pid, pg_terminate_backend(pid) AS ended FROM pg_stat_activity
-WHERE application_name = ? AND pid <> pg_backend_pid() OFFSET 0) AS s WHERE ended`
+WHERE application_name = ? AND pid <> pg_backend_pid()
+AND NOT EXISTS (SELECT 1 FROM pg_stat_activity a WHERE a.application_name = ? AND a.pid <> pg_backend_pid()
+    AND a.state_change >= statement_timestamp() - ?::float8 * interval '1 microsecond')
+OFFSET 0) AS s WHERE ended`
 	// qSessionsLeft counts the sessions of a list that have not exited.
 	qSessionsLeft = `SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(?::integer[])`
 )
@@ -48,7 +56,7 @@ const sqlStateInsufficientPrivilege = "42501"
 
 // EndStaleOwner implements driver.SessionEnder. On SQLite it does
 // nothing: a process's connections are its own, and go with it.
-func (s *Store) EndStaleOwner(ctx context.Context, consumer string, partition int, member string) (string, int, error) {
+func (s *Store) EndStaleOwner(ctx context.Context, consumer string, partition int, member string, quiet time.Duration) (string, int, error) {
 	if s.dialect != Postgres {
 		return "", 0, nil
 	}
@@ -61,7 +69,7 @@ func (s *Store) EndStaleOwner(ctx context.Context, consumer string, partition in
 		return "", 0, fmt.Errorf("read the stale owner of partition %d of %s: %w", partition, consumer, err)
 	}
 	var ended []int64
-	if err := s.db.SelectContext(ctx, &ended, s.q.sql(qEndSessions), owner); err != nil {
+	if err := s.db.SelectContext(ctx, &ended, s.q.sql(qEndSessions), owner, owner, float64(quiet.Microseconds())); err != nil {
 		var state interface{ SQLState() string }
 		if errors.As(err, &state) && state.SQLState() == sqlStateInsufficientPrivilege {
 			return owner, 0, fmt.Errorf("end the sessions of %s, the stale owner of partition %d of %s: %w "+
