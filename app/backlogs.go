@@ -40,7 +40,7 @@ func (o *operatorTransport) backlogs(ctx context.Context) (driver.BacklogCounter
 		return o.counter, o.err
 	}
 	o.opened = true
-	tr, closeDB, _, err := openTransport(ctx, o.cfg, o.db, o.logger)
+	tr, closeDB, _, err := openTransport(ctx, o.cfg, o.db, "", o.logger)
 	if err != nil {
 		o.err = err
 		return nil, err

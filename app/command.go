@@ -71,7 +71,7 @@ func runMigrate(ctx context.Context, opts fx.Option, out io.Writer) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	db, err := openDB(ctx, cfg.DatabaseURL, 0, false)
+	db, err := openDB(ctx, cfg.DatabaseURL, 0, false, "")
 	if err != nil {
 		return fmt.Errorf("database: %w", err)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"go.uber.org/fx"
 
+	"github.com/effectively-once/effectively/app/runner"
 	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/postgres"
@@ -25,13 +26,24 @@ type Migrations struct {
 
 // openDB opens the SQLite file or PostgreSQL URL, with a pool of at most
 // maxConns connections; zero is the driver's default. A SQLite file that
-// does not exist is created, unless mustExist.
-func openDB(ctx context.Context, url string, maxConns int, mustExist bool) (*sqlx.DB, error) {
+// does not exist is created, unless mustExist. PostgreSQL's connections
+// are named after m, when set (see member).
+func openDB(ctx context.Context, url string, maxConns int, mustExist bool, m member) (*sqlx.DB, error) {
 	if isPostgresURL(url) {
-		return postgres.Open(ctx, url, postgres.OpenConfig{MaxOpenConns: maxConns})
+		return postgres.Open(ctx, url, postgres.OpenConfig{MaxOpenConns: maxConns, ApplicationName: string(m)})
 	}
 	return sqlite.Open(ctx, url, sqlite.OpenConfig{MaxOpenConns: maxConns, MustExist: mustExist})
 }
+
+// member is the service's process's name in its partitioned consumers'
+// groups (runner.Config.Member), and the application_name of its
+// connections to PostgreSQL, the stores' and the transport's: a process
+// that takes over a partition from this one, frozen past its lease, ends
+// them (driver.SessionEnder). The operator's commands have none.
+type member string
+
+// newMember returns a new member (runner.NewMember).
+func newMember() member { return member(runner.NewMember()) }
 
 // existingDatabase, supplied, makes newDB refuse a SQLite file that does
 // not exist instead of creating it: the operator's commands look into the
@@ -56,6 +68,8 @@ type dbParams struct {
 	Build buildContext `optional:"true"`
 	// Existing is set by the operator's commands.
 	Existing existingDatabase `optional:"true"`
+	// Member names the connections; the service's alone.
+	Member member `optional:"true"`
 }
 
 // newDB opens the database of the stores (EFFECTIVELY_DATABASE_URL), with
@@ -72,7 +86,7 @@ type dbParams struct {
 // EFFECTIVELY_TRANSPORT_URL's.
 func newDB(p dbParams) (*sqlx.DB, error) {
 	ctx := p.Build.orBackground()
-	db, err := openDB(ctx, p.Config.DatabaseURL, p.Config.DatabaseMaxConns, bool(p.Existing))
+	db, err := openDB(ctx, p.Config.DatabaseURL, p.Config.DatabaseMaxConns, bool(p.Existing), p.Member)
 	switch {
 	case err != nil && bool(p.Existing) && errors.Is(err, fs.ErrNotExist):
 		run := "the service's migrate command"

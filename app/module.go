@@ -40,6 +40,7 @@ import (
 var Module = fx.Module("effectively",
 	fx.Provide(
 		ConfigFromEnv,
+		newMember,
 		newTracer,
 		newDB,
 		newStore,

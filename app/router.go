@@ -50,6 +50,7 @@ type routerParams struct {
 	SharesDB   sharesDB
 	DB         *sqlx.DB
 	Store      driver.Store
+	Member     member `optional:"true"`
 	Metrics    *middleware.Metrics
 	Logger     *slog.Logger `optional:"true"`
 	Tracer     trace.Tracer `optional:"true"`
@@ -116,6 +117,7 @@ func newRouter(p routerParams) (*runner.Runner, error) {
 		ReplayRetention:     time.Duration(p.Config.ReplayRetention),
 		DeadLetterRetention: time.Duration(p.Config.DeadLetterRetention),
 		PartitionLease:      time.Duration(p.Config.PartitionLease),
+		Member:              string(p.Member),
 		Registerer:          p.Prometheus,
 		Backlogs:            backlogCounter(p.Transport),
 	})

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -25,6 +26,7 @@ type transportParams struct {
 	Lifecycle fx.Lifecycle
 	Config    Config
 	DB        *sqlx.DB
+	Member    member       `optional:"true"`
 	Logger    *slog.Logger `optional:"true"`
 }
 
@@ -58,7 +60,7 @@ type connector interface {
 //   - memory: GoChannel hands every message to every subscription, each
 //     in a goroutine of its own.
 func newTransport(p transportParams) (driver.Transport, sharesDB, error) {
-	tr, closeDB, shared, err := openTransport(context.Background(), p.Config, p.DB, orDefault(p.Logger))
+	tr, closeDB, shared, err := openTransport(context.Background(), p.Config, p.DB, p.Member, orDefault(p.Logger))
 	if err != nil {
 		return nil, false, err
 	}
@@ -84,15 +86,18 @@ func newTransport(p transportParams) (driver.Transport, sharesDB, error) {
 // openTransport builds the transport of cfg. A SQL transport keeps its
 // messages in db, the stores' database (shared), unless TransportURL is
 // another: then closeDB closes the database it opened there. The postgres
-// transport also opens its subscribers' pool, at TransportURL.
-func openTransport(ctx context.Context, cfg Config, db *sqlx.DB, logger *slog.Logger) (tr driver.Transport, closeDB func() error, shared bool, err error) {
+// transport also opens its subscribers' pool, at TransportURL. The
+// connections it opens to PostgreSQL are named after m, when set (see
+// member). The amqp transport's heartbeat follows the partitions' lease
+// (amqpHeartbeat).
+func openTransport(ctx context.Context, cfg Config, db *sqlx.DB, m member, logger *slog.Logger) (tr driver.Transport, closeDB func() error, shared bool, err error) {
 	closeDB = func() error { return nil }
 	shared = cfg.TransportURL == cfg.DatabaseURL
 	sqlDB := func() (*sqlx.DB, error) {
 		if shared {
 			return db, nil
 		}
-		d, err := openDB(ctx, cfg.TransportURL, 0, false)
+		d, err := openDB(ctx, cfg.TransportURL, 0, false, m)
 		if err != nil {
 			return nil, fmt.Errorf("database: %w", err)
 		}
@@ -104,7 +109,10 @@ func openTransport(ctx context.Context, cfg Config, db *sqlx.DB, logger *slog.Lo
 		tr, err = memory.New(memory.TransportConfig{Logger: watermilllog.New(logger)})
 		shared = false
 	case TransportAMQP:
-		ac := amqp.TransportConfig{URL: cfg.AMQPURL, Prefetch: cfg.AMQPPrefetch, QueueType: cfg.AMQPQueueType, DeliveryLimit: cfg.AMQPDeliveryLimit, Logger: logger}
+		ac := amqp.TransportConfig{
+			URL: cfg.AMQPURL, Prefetch: cfg.AMQPPrefetch, QueueType: cfg.AMQPQueueType, DeliveryLimit: cfg.AMQPDeliveryLimit,
+			Heartbeat: amqpHeartbeat(time.Duration(cfg.PartitionLease)), Logger: logger,
+		}
 		if tr, err = amqp.New(ac); err != nil {
 			return nil, nil, false, fmt.Errorf("%s: %w", setting("amqp_url", EnvAMQPURL), err)
 		}
@@ -114,7 +122,7 @@ func openTransport(ctx context.Context, cfg Config, db *sqlx.DB, logger *slog.Lo
 			tr, err = sqlite.New(db, sqlite.TransportConfig{TablePrefix: cfg.TablePrefix, Logger: logger})
 		}
 	case TransportPostgres:
-		pc := postgres.TransportConfig{URL: cfg.TransportURL, TablePrefix: cfg.TablePrefix, Logger: logger}
+		pc := postgres.TransportConfig{URL: cfg.TransportURL, TablePrefix: cfg.TablePrefix, ApplicationName: string(m), Logger: logger}
 		if db, err = sqlDB(); err == nil {
 			tr, err = postgres.New(ctx, db, pc)
 		}
@@ -125,6 +133,17 @@ func openTransport(ctx context.Context, cfg Config, db *sqlx.DB, logger *slog.Lo
 		return nil, nil, false, errors.Join(fmt.Errorf("transport: %w", err), closeDB())
 	}
 	return tr, closeDB, shared, nil
+}
+
+// amqpHeartbeat is the AMQP heartbeat of a service whose partitions'
+// leases last lease: a third of it, at least a second (amqp091-go counts
+// whole seconds). The broker closes the connection of a process that sent
+// nothing for about two heartbeats, which ends its consumers: a process
+// frozen past its lease no longer holds its partitions' queues (single
+// active consumer) when their new owners subscribe.
+func amqpHeartbeat(lease time.Duration) time.Duration {
+	lease = cmp.Or(lease, driver.DefaultLease)
+	return max(lease/3, time.Second)
 }
 
 // connect connects tr, naming the setting to check when the broker is

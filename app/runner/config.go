@@ -153,6 +153,15 @@ type Config struct {
 	// long a process that died keeps its partitions; the runner renews
 	// them every fifth of it. Defaults to driver.DefaultLease.
 	PartitionLease time.Duration
+	// Member is this process's name in its partitioned consumers' groups
+	// (driver.Leases), unique among the processes of the service, now
+	// and later. When the Store ends a stale owner's sessions
+	// (driver.SessionEnder), name the connections of DB, and of the
+	// transport's pool on PostgreSQL, after it (their application_name,
+	// see postgres.OpenConfig.ApplicationName): a process that takes over
+	// a partition from this one, frozen past its lease, then ends them.
+	// Defaults to NewMember().
+	Member string
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults,
@@ -171,6 +180,9 @@ func (c Config) WithDefaults() Config {
 	c.ReplayRetention = cmp.Or(c.ReplayRetention, DefaultReplayRetention)
 	c.DeadLetterRetention = cmp.Or(c.DeadLetterRetention, DefaultDeadLetterRetention)
 	c.PartitionLease = cmp.Or(c.PartitionLease, driver.DefaultLease)
+	if c.Member == "" {
+		c.Member = NewMember()
+	}
 	if c.Backlogs == nil {
 		c.Backlogs, _ = c.Transport.(driver.BacklogCounter)
 	}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -36,9 +37,13 @@ type partitioner struct {
 	partitions int
 	member     string
 	leases     driver.Leases
-	assigner   driver.Assigner
-	lease      time.Duration
-	logger     *slog.Logger
+	// ender, when the store can, ends the sessions of a partition's
+	// stale owner before the partitioner takes the partition (see
+	// endStale); nil otherwise.
+	ender    driver.SessionEnder
+	assigner driver.Assigner
+	lease    time.Duration
+	logger   *slog.Logger
 	// stop is closed when the runner begins to stop: from then on the
 	// partitioner takes no partition, only renews those it holds.
 	stop <-chan struct{}
@@ -54,13 +59,29 @@ type partitioner struct {
 	assignedOK bool
 }
 
-// newMember returns a name for this process in its consumers' groups:
-// its host and process id, and random bytes, since a process id is
-// reused.
-func newMember() string {
+// maxMemberHost is the most bytes of the host's name in a member's name
+// (NewMember), so that the name fits in an application_name
+// (postgres.MaxApplicationName) with the process id and the random part.
+const maxMemberHost = 40
+
+// NewMember returns a new name for a process in its partitioned
+// consumers' groups (Config.Member): its host (cut to 40 bytes) and
+// process id, and random bytes, since a process id is reused. It is
+// printable ASCII, at most 60 bytes, so that it fits in an
+// application_name.
+func NewMember() string {
 	host, err := os.Hostname()
 	if err != nil || host == "" {
 		host = "host"
+	}
+	host = strings.Map(func(r rune) rune {
+		if r < 0x21 || r > 0x7e {
+			return '_'
+		}
+		return r
+	}, host)
+	if len(host) > maxMemberHost {
+		host = host[:maxMemberHost]
 	}
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
@@ -153,11 +174,14 @@ func (p *partitioner) step(ctx context.Context) time.Duration {
 	}
 	// A take waits while the lease's row is locked by its previous
 	// owner's batch between its fence and its commit (Leases.Fence): a
-	// moment, or, when that process froze there, until the server ends
-	// the batch's transaction, its deadline and 2 s later. Each take
-	// waits half a step at most, and the takes of a step take a step at
-	// most, so that the heartbeat and the renewals come in time: a
-	// process must not lose its own leases waiting for another's.
+	// moment, or, when that process froze there, until its session ends:
+	// the take ends the sessions of an owner frozen past its lease first
+	// (endStale), else the server ends the batch's transaction, its
+	// deadline and 2 s later. Each take waits half a step at most (and
+	// its ending of sessions, rare, a step), and the takes of a step
+	// begin within a step, so that the heartbeat and the renewals come
+	// in time: a process must not lose its own leases waiting for
+	// another's.
 	missing := make([]int, 0, len(want))
 	for part := range want {
 		if _, ok := next[part]; !ok {
@@ -171,6 +195,7 @@ func (p *partitioner) step(ctx context.Context) time.Duration {
 		if time.Since(began) >= tick {
 			break // the others at the next step
 		}
+		p.endStale(ctx, part, tick)
 		takeCtx, cancel := context.WithTimeout(ctx, tick/2)
 		token, ok, err := p.leases.Acquire(takeCtx, p.consumer, part, p.member, p.lease)
 		waited := takeCtx.Err() != nil
@@ -199,6 +224,38 @@ func (p *partitioner) step(ctx context.Context) time.Duration {
 	}
 	return tick
 }
+
+// endStale ends the database sessions of partition's previous owner
+// when it froze past its lease (driver.SessionEnder): its open
+// transaction may hold the lease's row and the rows its attempt wrote,
+// and its subscription's session the partition's advisory lock (the
+// PostgreSQL transport), which would keep the partition from this
+// process until the stale owner goes on or the server ends its
+// transaction. Once it goes on, its connections are gone: its attempts
+// fail, are tried again and fenced, and it rejoins the group. A failure
+// is logged: the take goes on, and may wait. It gives up after limit.
+func (p *partitioner) endStale(ctx context.Context, partition int, limit time.Duration) {
+	if p.ender == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	owner, ended, err := p.ender.EndStaleOwner(ctx, p.consumer, partition, p.member, p.quiet())
+	switch {
+	case err != nil:
+		p.logger.WarnContext(ctx, "partitions: ending the sessions of the partition's stale owner failed; its new owner may wait for them", "partition", partition, "owner", owner, "error", err)
+	case ended > 0:
+		p.logger.WarnContext(ctx, "partitions: ended the database sessions of the partition's stale owner, frozen past its lease", "partition", partition, "owner", owner, "sessions", ended)
+	}
+}
+
+// quiet is how long a stale owner's sessions must have been silent (no
+// statement begun or ended) before endStale ends them: three fifths of
+// the lease. An owner renews every fifth of it, so one that froze was
+// silent that long by the time its lease expired, give or take its last
+// step; one that runs late on a loaded machine, its heartbeat missed, is
+// heard from sooner, and keeps its sessions.
+func (p *partitioner) quiet() time.Duration { return p.lease * 3 / 5 }
 
 // assign makes the subscription consume the partitions of next, unless
 // it does already: the fences of the new ones hold before their first

@@ -101,7 +101,7 @@ func New(cfg Config) (*Runner, error) {
 
 		settlers:   make(map[string]driver.Settler),
 		sequencers: make(map[string]*sequencer),
-		member:     newMember(),
+		member:     cfg.Member,
 	}
 	router.AddMiddleware(r.intake, untilRunning(router))
 	for _, cc := range cfg.Consumers {
@@ -242,11 +242,13 @@ func (r *Runner) partitioner(cc ConsumerConfig, sub driver.Subscription) (*parti
 	if !ok {
 		return nil, fmt.Errorf("partitions: %d: the transport's subscriber %T cannot consume partitions (driver.Assigner)", cc.Partitions, sub.Subscriber)
 	}
+	ender, _ := leases.(driver.SessionEnder)
 	return &partitioner{
 		consumer:   cc.Consumer.Name(),
 		partitions: cc.Partitions,
 		member:     r.member,
 		leases:     leases,
+		ender:      ender,
 		assigner:   assigner,
 		lease:      r.cfg.PartitionLease,
 		logger:     r.logger.With("component", "partitions", "consumer", cc.Consumer.Name()),

@@ -298,7 +298,7 @@ func (s *partSetup) owners(t *testing.T) map[int]int {
 		if l.Owner == "" || !l.Expires.After(time.Now()) { // the database's clock is this machine's
 			continue
 		}
-		// A member is host-pid-random (runner.newMember).
+		// A member is host-pid-random (runner.NewMember).
 		f := strings.Split(l.Owner, "-")
 		require.GreaterOrEqual(t, len(f), 3, "member %s", l.Owner)
 		pid, err := strconv.Atoi(f[len(f)-2])

@@ -98,6 +98,9 @@ type node struct {
 type brokers struct {
 	nodes  []node
 	logger *slog.Logger
+	// heartbeat is TransportConfig.Heartbeat, which the URL's own
+	// heartbeat overrides (amqp091-go).
+	heartbeat time.Duration
 
 	mu   sync.Mutex
 	next int // the node the next dial tries first
@@ -141,10 +144,11 @@ func (b *brokers) dialURI() string {
 }
 
 // config is the amqp091-go configuration of watermill-amqp's connection:
-// it dials with dial, and coalesces the connection's writes (see
-// coalescingConn).
+// it dials with dial, coalesces the connection's writes (see
+// coalescingConn), and proposes the heartbeat (the broker's own, when
+// lower, wins).
 func (b *brokers) config() *amqp091.Config {
-	return &amqp091.Config{Dial: func(network, addr string) (net.Conn, error) {
+	return &amqp091.Config{Heartbeat: b.heartbeat, Dial: func(network, addr string) (net.Conn, error) {
 		conn, err := b.dial(network, addr)
 		if err != nil {
 			return nil, err

@@ -39,6 +39,9 @@ const (
 	// framework's own delivery limit dead-letters first and RabbitMQ, which
 	// drops a message past its limit, never does.
 	DefaultDeliveryLimit = 1_000_000
+	// DefaultHeartbeat is the AMQP heartbeat proposed to the broker:
+	// amqp091-go's own default.
+	DefaultHeartbeat = 10 * time.Second
 )
 
 // The queue types of TransportConfig.QueueType.
@@ -101,6 +104,16 @@ type TransportConfig struct {
 	// {"x-max-length": 100000}. RabbitMQ refuses to redeclare an existing
 	// queue with other arguments. Defaults to none.
 	QueueArguments amqp091.Table
+	// Heartbeat is the AMQP heartbeat the connection proposes to the
+	// broker, in whole seconds: when neither side sent anything for
+	// about two heartbeats, the broker closes the connection, and with
+	// it the process's consumers, handing their unacknowledged messages
+	// and a queue's single active consumer to others. A shorter one
+	// hands over sooner from a process that froze (a stopped VM, a long
+	// pause); a broker that asks for a shorter one, or a heartbeat in
+	// the URL, wins. The app sets a third of partition_lease. At least a
+	// second. Defaults to DefaultHeartbeat.
+	Heartbeat time.Duration
 	// Logger receives the transport's logs. Defaults to discarding them.
 	Logger *slog.Logger
 }
@@ -115,6 +128,7 @@ func (c TransportConfig) WithDefaults() TransportConfig {
 	c.MaxConnectInterval = cmp.Or(c.MaxConnectInterval, max(DefaultMaxConnectInterval, c.ConnectInterval))
 	c.QueueType = cmp.Or(c.QueueType, QueueClassic)
 	c.DeliveryLimit = cmp.Or(c.DeliveryLimit, DefaultDeliveryLimit)
+	c.Heartbeat = cmp.Or(c.Heartbeat, DefaultHeartbeat)
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -142,6 +156,8 @@ func (c TransportConfig) Validate() error {
 		return fmt.Errorf("amqp: want 0 <= NackDelay (%s) <= MaxNackDelay (%s)", c.NackDelay, c.MaxNackDelay)
 	case c.ConnectInterval <= 0 || c.MaxConnectInterval < c.ConnectInterval:
 		return fmt.Errorf("amqp: want 0 < ConnectInterval (%s) <= MaxConnectInterval (%s)", c.ConnectInterval, c.MaxConnectInterval)
+	case c.Heartbeat < time.Second || c.Heartbeat > math.MaxUint16*time.Second:
+		return fmt.Errorf("amqp: Heartbeat must be between 1s and %s, got %s", math.MaxUint16*time.Second, c.Heartbeat)
 	}
 	return nil
 }

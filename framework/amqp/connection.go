@@ -59,6 +59,7 @@ func newConnection(cfg TransportConfig) (*connection, error) {
 	if err != nil {
 		return nil, err
 	}
+	b.heartbeat = cfg.Heartbeat
 	return &connection{
 		cfg:     cfg,
 		logger:  watermilllog.New(cfg.Logger),

@@ -42,3 +42,32 @@ func TestConnectAccessRefused(t *testing.T) {
 		})
 	}
 }
+
+// TestHeartbeat: the connection proposes TransportConfig.Heartbeat, and
+// the broker (whose own is longer) takes it; a heartbeat in the URL wins.
+func TestHeartbeat(t *testing.T) {
+	t.Parallel()
+	base := testenv.Require(t, testenv.AMQPURLVar)
+	for name, tc := range map[string]struct {
+		url       string
+		heartbeat time.Duration
+		want      time.Duration
+	}{
+		"Default":  {base, 0, DefaultHeartbeat},
+		"Set":      {base, 2 * time.Second, 2 * time.Second},
+		"InTheURL": {base + "?heartbeat=3", 2 * time.Second, 3 * time.Second},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			c, err := newConnection(TransportConfig{URL: tc.url, Heartbeat: tc.heartbeat})
+			require.NoError(t, err)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			require.NoError(t, c.Connect(ctx))
+			defer func() { require.NoError(t, c.Close()) }()
+			w, err := c.wrapper()
+			require.NoError(t, err)
+			require.Equal(t, tc.want, w.Connection().Config.Heartbeat)
+		})
+	}
+}

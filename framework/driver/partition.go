@@ -157,6 +157,32 @@ type Leases interface {
 	Members(ctx context.Context, consumer string) ([]string, error)
 }
 
+// SessionEnder is implemented by a Leases whose database can end another
+// process's sessions (PostgreSQL): a process frozen past its lease (a
+// stopped VM, SIGSTOP, a long pause) keeps its sessions, and with them
+// what they hold, a transaction's row locks, a session's advisory locks,
+// until it goes on or the server ends them. The member that takes over
+// the partition ends them first, so that nothing the stale owner holds
+// keeps the partition from its new owner.
+//
+// The sessions of a member are those whose application_name is the
+// member's name, on any database of the server: a process must name its
+// connections after its member (postgres.OpenConfig.ApplicationName), as
+// the app does. The database role must be allowed to end them: the
+// stale process's own role, or a member of pg_signal_backend.
+type SessionEnder interface {
+	// EndStaleOwner ends the database sessions of the owner of
+	// partition's lease, when the owner is not member, its lease expired,
+	// it is no longer a live member of consumer's group (its heartbeat
+	// expired too), and none of its sessions began or ended a statement
+	// for quiet: a process that froze, not one that runs late. It returns
+	// the owner whose lease and heartbeat expired, empty when there is
+	// none, and how many sessions it ended, once they exited (their
+	// locks released) or ctx ended. A SQLite store ends none: a
+	// process's connections to the file are its own.
+	EndStaleOwner(ctx context.Context, consumer string, partition int, member string, quiet time.Duration) (owner string, ended int, err error)
+}
+
 // validPartitions reports whether n is a valid SubscribeConfig.Partitions.
 func validPartitions(n int) error {
 	if n < 0 || n > MaxPartitions {

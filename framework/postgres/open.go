@@ -53,7 +53,19 @@ type OpenConfig struct {
 	// connect_timeout (or PGCONNECT_TIMEOUT), when above zero, takes
 	// precedence. Defaults to DefaultConnectTimeout.
 	ConnectTimeout time.Duration
+	// ApplicationName is the application_name of every connection (as
+	// pg_stat_activity shows it), over the URL's own: the app names a
+	// process's connections after its member in the partitioned
+	// consumers' groups, so that the process that takes over a partition
+	// from a stale owner can end its sessions (see
+	// driver.SessionEnder). At most MaxApplicationName bytes of
+	// printable ASCII. Defaults to the URL's, if any.
+	ApplicationName string
 }
+
+// MaxApplicationName is the longest application_name PostgreSQL keeps
+// (NAMEDATALEN - 1): it cuts a longer one.
+const MaxApplicationName = maxIdentifier
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
 func (c OpenConfig) WithDefaults() OpenConfig {
@@ -77,6 +89,21 @@ func (c OpenConfig) Validate() error {
 		return fmt.Errorf("postgres: ConnMaxLifetime must not be negative, got %s", c.ConnMaxLifetime)
 	case c.ConnectTimeout < 0:
 		return fmt.Errorf("postgres: ConnectTimeout must not be negative, got %s", c.ConnectTimeout)
+	}
+	return validApplicationName("OpenConfig.ApplicationName", c.ApplicationName)
+}
+
+// validApplicationName reports an application_name that PostgreSQL would
+// not keep as it is: longer than MaxApplicationName, or with a byte
+// outside printable ASCII (which it replaces by '?').
+func validApplicationName(field, name string) error {
+	if len(name) > MaxApplicationName {
+		return fmt.Errorf("postgres: %s must be at most %d bytes, got %d (%q)", field, MaxApplicationName, len(name), name)
+	}
+	for i := range len(name) {
+		if name[i] < 0x20 || name[i] > 0x7e {
+			return fmt.Errorf("postgres: %s must be printable ASCII, got %q", field, name)
+		}
 	}
 	return nil
 }
@@ -104,6 +131,9 @@ func Open(ctx context.Context, url string, cfg OpenConfig) (*sqlx.DB, error) {
 	}
 	if conn.ConnectTimeout == 0 {
 		conn.ConnectTimeout = cfg.ConnectTimeout
+	}
+	if cfg.ApplicationName != "" {
+		conn.RuntimeParams["application_name"] = cfg.ApplicationName
 	}
 	db := sqlx.NewDb(stdlib.OpenDB(*conn), DriverName)
 	db.SetMaxOpenConns(cfg.MaxOpenConns)

@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -83,6 +84,29 @@ func TestOpen(t *testing.T) {
 		require.ErrorContains(t, err, "MaxIdleConns")
 		_, err = postgres.Open(ctx, "postgres://x", postgres.OpenConfig{ConnectTimeout: -time.Second})
 		require.ErrorContains(t, err, "ConnectTimeout")
+		_, err = postgres.Open(ctx, "postgres://x", postgres.OpenConfig{ApplicationName: strings.Repeat("a", postgres.MaxApplicationName+1)})
+		require.ErrorContains(t, err, "ApplicationName must be at most")
+		_, err = postgres.Open(ctx, "postgres://x", postgres.OpenConfig{ApplicationName: "caf\u00e9"})
+		require.ErrorContains(t, err, "ApplicationName must be printable ASCII")
+	})
+
+	t.Run("ApplicationName", func(t *testing.T) {
+		t.Parallel()
+		url := testenv.Require(t, testenv.PostgresURLVar)
+		if strings.Contains(url, "?") {
+			url += "&application_name=from-the-url"
+		} else {
+			url += "?application_name=from-the-url"
+		}
+		for _, c := range []struct{ name, want string }{{"", "from-the-url"}, {"host-42-0a1b2c3d", "host-42-0a1b2c3d"}} {
+			db, err := postgres.Open(ctx, url, postgres.OpenConfig{ApplicationName: c.name})
+			require.NoError(t, err)
+			var got string
+			err = db.GetContext(ctx, &got, `SELECT current_setting('application_name')`)
+			require.NoError(t, db.Close())
+			require.NoError(t, err)
+			require.Equal(t, c.want, got, "OpenConfig.ApplicationName %q over the URL's", c.name)
+		}
 	})
 }
 

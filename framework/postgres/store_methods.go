@@ -372,6 +372,19 @@ func (s *Store) Members(ctx context.Context, consumer string) ([]string, error) 
 	return s.sql.Members(ctx, consumer)
 }
 
+// EndStaleOwner ends the database sessions of the owner of
+// partition's lease, when the owner is not member, its lease expired,
+// it is no longer a live member of consumer's group (its heartbeat
+// expired too), and none of its sessions began or ended a statement
+// for quiet: a process that froze, not one that runs late. It returns
+// the owner whose lease and heartbeat expired, empty when there is
+// none, and how many sessions it ended, once they exited (their
+// locks released) or ctx ended. A SQLite store ends none: a
+// process's connections to the file are its own (driver.SessionEnder).
+func (s *Store) EndStaleOwner(ctx context.Context, consumer string, partition int, member string, quiet time.Duration) (string, int, error) {
+	return s.sql.EndStaleOwner(ctx, consumer, partition, member, quiet)
+}
+
 // AdvanceEndWait is Advance, then EndWait, of an event that took effect
 // at its turn, in one round trip on PostgreSQL: strict order's step after
 // each handler (the consumer chain finds it by type assertion). Advance's

@@ -96,6 +96,10 @@ type TransportConfig struct {
 	// It is also how many acknowledgements it gathers before it writes
 	// its group's position. Defaults to DefaultBatchSize.
 	BatchSize int
+	// ApplicationName is the application_name of the subscribers' pool's
+	// connections (see OpenConfig.ApplicationName). Defaults to the URL's,
+	// if any.
+	ApplicationName string
 	// Logger receives the transport's logs. Defaults to discarding them.
 	Logger *slog.Logger
 }
@@ -127,7 +131,7 @@ func (c TransportConfig) Validate() error {
 	case c.BatchSize < 1:
 		return fmt.Errorf("postgres: TransportConfig.BatchSize must be at least 1, got %d", c.BatchSize)
 	}
-	return nil
+	return validApplicationName("TransportConfig.ApplicationName", c.ApplicationName)
 }
 
 // MessagesTable returns the quoted name of the table that holds the

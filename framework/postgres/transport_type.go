@@ -52,7 +52,7 @@ func New(ctx context.Context, db *sqlx.DB, cfg TransportConfig) (*Transport, err
 	}
 	t := &Transport{cfg: cfg.WithDefaults(), pub: pub, conns: spareSubscriberConns}
 	if cfg.URL != "" {
-		t.subDB, err = Open(ctx, cfg.URL, OpenConfig{MaxOpenConns: t.conns})
+		t.subDB, err = Open(ctx, cfg.URL, OpenConfig{MaxOpenConns: t.conns, ApplicationName: cfg.ApplicationName})
 		if err != nil {
 			_ = pub.Close()
 			return nil, fmt.Errorf("postgres: TransportConfig.URL: subscribers' pool: %w", err)
