@@ -23,7 +23,9 @@ func (s *Store) Mark(ctx context.Context, tx *driver.Tx, consumer string, key fr
 // far, so that a message that kills the process on every delivery is
 // dead-lettered instead of looping forever. When the row is new it
 // starts at first (2 when the transport reported a redelivery whose
-// first delivery was not counted, else 1) (driver.Store).
+// first delivery was not counted, else 1). A first of 0 counts
+// nothing: it records, at zero, a key without a count, which the service
+// hands back unhandled after a first delivery (driver.Store).
 func (s *Store) Count(ctx context.Context, consumer string, key framework.Key, first int) (int, error) {
 	return s.sql.Count(ctx, consumer, key, first)
 }
