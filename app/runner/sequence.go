@@ -32,6 +32,14 @@ type sequencer struct {
 	// nacks itself, when its subscription ends; nil when the subscriber
 	// is no driver.Settler.
 	settler driver.Settler
+	// handBack records the events that wait when the service stops:
+	// none of them is handled from then on (the intake refuses them),
+	// and a refusal or a nack at the subscription's end may come too
+	// late to record them (the subscription settles what is left once
+	// the router closes). Nil records nothing.
+	handBack *handBack
+	// stopping is closed when the service begins to stop; nil never is.
+	stopping <-chan struct{}
 
 	mu sync.Mutex
 	// lines holds, by subject, the events that wait for the subject's
@@ -97,11 +105,30 @@ func (s *sequencedSubscriber) Subscribe(ctx context.Context, topic string) (<-ch
 }
 
 // forward passes the messages of in to out as their turns come, and once
-// in closes, nacks the events still waiting for out and closes out.
+// in closes, nacks the events still waiting for out and closes out. Once
+// the service begins to stop, it records the events waiting, and each
+// event put in a line from then on (see handBack).
 func (s *sequencer) forward(in <-chan *message.Message, out *output) {
-	for msg := range in {
+	stopping := s.stopping
+	for {
+		var (
+			msg *message.Message
+			ok  bool
+		)
+		select {
+		case msg, ok = <-in:
+		case <-stopping:
+			stopping = nil
+			s.handBack.records(s.waitingMessages())
+			continue
+		}
+		if !ok {
+			break
+		}
 		if s.admit(msg, out) {
 			out.ch <- msg
+		} else if closed(s.stopping) {
+			s.handBack.record(msg)
 		}
 	}
 	s.mu.Lock()
@@ -208,6 +235,19 @@ func (s *sequencer) nack(msg *message.Message) {
 	if s.settler != nil {
 		s.settler.Settle(msg, false)
 	}
+}
+
+// waitingMessages returns the events that wait for their turn.
+func (s *sequencer) waitingMessages() []*message.Message {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	msgs := make([]*message.Message, 0, s.waitingNow)
+	for _, line := range s.lines {
+		for _, w := range line {
+			msgs = append(msgs, w.msg)
+		}
+	}
+	return msgs
 }
 
 // waitingEvents is how many events wait for their turn.
