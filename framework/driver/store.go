@@ -74,7 +74,8 @@ type Store interface {
 	// with sequence seq waits for an earlier one of its subject, and
 	// returns for how long it has waited, by the store's clock (the one
 	// that stamped the wait). The wait does not count as a delivery: the
-	// event's delivery count is forgotten. It takes the subject's
+	// event's delivery count is set to zero, so that its redelivery,
+	// which the transport flags, counts as the first. It takes the subject's
 	// checkpoint as Checkpoint does, and records nothing, returning zero,
 	// when the checkpoint is at seq or past it: the event took effect
 	// (another copy of it) after this delivery found it waiting, and its

@@ -58,6 +58,11 @@ SELECT d.consumer, d.source, d.event_id, d.first, ? FROM unnest(?::text[], ?::te
 ON CONFLICT (consumer, source, event_id) DO UPDATE SET count = CASE WHEN {p}deliveries.count > 0 THEN {p}deliveries.count - 1 ELSE 0 END`
 
 	qForgetDelivery = `DELETE FROM {p}deliveries WHERE consumer = ? AND source = ? AND event_id = ?`
+	// qZeroDelivery sets a count to zero, creating it at zero when
+	// missing (Store.WaitGap): the redelivery, which the transport flags,
+	// then counts as the first.
+	qZeroDelivery = qCountInto + ` VALUES (?, ?, ?, 0, ?)
+ON CONFLICT (consumer, source, event_id) DO UPDATE SET count = 0`
 )
 
 // queries turns the store's SQL into one dialect's and prefix's.
