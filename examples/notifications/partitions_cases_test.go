@@ -196,13 +196,8 @@ func TestPartitionsRebalances(t *testing.T) {
 	// Not parallel with the package's other tests: its processes load
 	// the two cores enough, and its bounds are the lease's.
 	onEachTransport(t, func(t *testing.T, transport string) {
-		// A message is handed out once more than it is charged for:
-		// the first delivery costs nothing, and a redelivery that
-		// comes first to the guard counts as the second (see
-		// middleware's deliveryGuard); it may be one that a stopping
-		// process refused (its intake) or that a cancelled consumer's
-		// prefetch returned to its queue, neither charged. So 2 is the
-		// lowest limit that no rebalance may reach.
+		// At max_deliveries 2; TestPartitionsRebalancesLimitOne runs
+		// the same at 1, the lowest limit.
 		s := newPartSetup(t, transport, 2, partDefaultTimeout)
 		s.rebalances(t)
 	})
@@ -217,7 +212,8 @@ func TestPartitionsRebalances(t *testing.T) {
 // back, so the guard counts it as the first delivery, not the second:
 // no rebalance dead-letters a message (delivery_limit, no attempt).
 func TestPartitionsRebalancesLimitOne(t *testing.T) {
-	t.Parallel()
+	// Not parallel with the package's other tests, as
+	// TestPartitionsRebalances.
 	onEachTransport(t, func(t *testing.T, transport string) {
 		s := newPartSetup(t, transport, 1, partDefaultTimeout)
 		s.rebalances(t)
