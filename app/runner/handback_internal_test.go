@@ -75,35 +75,55 @@ func TestHandBackRecordsFirstDeliveries(t *testing.T) {
 	none.record(first) // a nil handBack records nothing
 }
 
-// TestSequencerRecordsWaitingAtStop: once the service begins to stop,
-// the events waiting for their subject's turn are recorded as handed
-// back, and so is each event put in a line from then on; the event in
-// flight is not (the intake or the guard see to it).
-func TestSequencerRecordsWaitingAtStop(t *testing.T) {
+// TestSequencerHandsBackAtStop: once the service begins to stop, the
+// sequencer hands nothing more to the router: the events waiting for
+// their subject's turn stay, the event whose predecessor returns stays,
+// each event that comes waits too, and each is recorded as handed back;
+// once Stop gives up waiting (closing), they are nacked, and so is each
+// event that comes from then on, recorded first. The event in flight is
+// not the sequencer's to record (the intake or the guard see to it).
+func TestSequencerHandsBackAtStop(t *testing.T) {
 	h := newHandBack(t)
 	in := make(chan *message.Message)
 	nacked := make(chan *message.Message, 10)
-	stopping := make(chan struct{})
+	stopping, closing := make(chan struct{}), make(chan struct{})
 	seq := newSequencer(framework.DefaultMaxBodyBytes, settled{nacked: nacked})
-	seq.handBack, seq.stopping = h, stopping
+	seq.handBack, seq.stopping, seq.closing = h, stopping, closing
 	out, err := seq.subscriber(chanSubscriber{ch: in}).Subscribe(context.Background(), "t")
 	require.NoError(t, err)
 
-	a1, a2, a3, a4 := flagged(event(t, "a", 1), "false"), flagged(event(t, "a", 2), "false"), flagged(event(t, "a", 3), "false"), flagged(event(t, "a", 4), "false")
+	ev := func(subject string, n int64) *message.Message { return flagged(event(t, subject, n), "false") }
+	a1, a2, a3, a4, b1, c1 := ev("a", 1), ev("a", 2), ev("a", 3), ev("a", 4), ev("b", 1), ev("c", 1)
 	in <- a1
 	require.Same(t, a1, receive(t, out))
 	in <- a2
 	in <- a3
 	require.Eventually(t, func() bool { return seq.waitingEvents() == 2 }, 5*time.Second, time.Millisecond)
 	close(stopping)
-	in <- a4 // after the waiting ones were recorded: forward took it
-	require.Eventually(t, func() bool { return seq.waitingEvents() == 3 }, 5*time.Second, time.Millisecond)
-	close(in)
-	for range 3 {
-		<-nacked
+	in <- a4
+	in <- b1 // a subject of its own: waits all the same
+	raw := flagged(message.NewMessage("raw", []byte("not a cloudevent")), "false")
+	in <- raw
+	require.Eventually(t, func() bool { return seq.waitingEvents() == 5 }, 5*time.Second, time.Millisecond)
+	seq.done(a1) // returns at once: a2 stays
+	none(t, out)
+	require.Equal(t, 5, seq.waitingEvents())
+
+	close(closing)
+	got := map[*message.Message]bool{}
+	for range 5 {
+		got[<-nacked] = true
 	}
-	for _, msg := range []*message.Message{a2, a3, a4} {
-		require.Equal(t, 1, h.redelivery(t, msg), "%s waited when the service stopped", msg.UUID)
+	require.Equal(t, map[*message.Message]bool{a2: true, a3: true, a4: true, b1: true, raw: true}, got)
+	in <- c1 // after closing: nacked at once
+	require.Same(t, c1, <-nacked)
+	none(t, out)
+	close(in)
+	_, open := <-out
+	require.False(t, open)
+	for _, msg := range []*message.Message{a2, a3, a4, b1, c1} {
+		require.Equal(t, 1, h.redelivery(t, msg), "%s was handed back unhandled", msg.UUID)
 	}
 	require.Equal(t, 2, h.redelivery(t, a1), "the event in flight is not the sequencer's to record")
+	require.Zero(t, seq.waitingEvents())
 }

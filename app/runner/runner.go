@@ -221,7 +221,7 @@ func (r *Runner) add(cc ConsumerConfig) error {
 	var seq *sequencer
 	if cc.StrictOrder || cc.SkipStale {
 		seq = newSequencer(cc.MaxBodyBytes, settler)
-		seq.handBack, seq.stopping = back, r.stop
+		seq.handBack, seq.stopping, seq.closing = back, r.stop, r.closing
 		subscriber = seq.subscriber(subscriber)
 	}
 	for i, topic := range sub.Topics {

@@ -38,8 +38,10 @@ type sequencer struct {
 	// late to record them (the subscription settles what is left once
 	// the router closes). Nil records nothing.
 	handBack *handBack
-	// stopping is closed when the service begins to stop; nil never is.
-	stopping <-chan struct{}
+	// stopping is closed when the service begins to stop, closing when
+	// Stop gives up waiting for the attempts in flight and closes the
+	// router (see forward); nil never are.
+	stopping, closing <-chan struct{}
 
 	mu sync.Mutex
 	// lines holds, by subject, the events that wait for the subject's
@@ -105,11 +107,18 @@ func (s *sequencedSubscriber) Subscribe(ctx context.Context, topic string) (<-ch
 }
 
 // forward passes the messages of in to out as their turns come, and once
-// in closes, nacks the events still waiting for out and closes out. Once
-// the service begins to stop, it records the events waiting, and each
-// event put in a line from then on (see handBack).
+// in closes, nacks the events still waiting for out and closes out.
+//
+// Once the service begins to stop (stopping), it hands no further event
+// to the router, whose intake would refuse it: each event that comes
+// waits in its subject's line, and so do those waiting, and each is
+// recorded as handed back unhandled (see handBack). Once Stop gives up
+// waiting (closing), it nacks them, and each event that comes from then
+// on at once: the router, as it closes, waits for its running handlers
+// before it reads another message, so an event handed to it then would
+// wait for them, and the subscription for its settling.
 func (s *sequencer) forward(in <-chan *message.Message, out *output) {
-	stopping := s.stopping
+	stopping, closing := s.stopping, s.closing
 	for {
 		var (
 			msg *message.Message
@@ -119,15 +128,27 @@ func (s *sequencer) forward(in <-chan *message.Message, out *output) {
 		case msg, ok = <-in:
 		case <-stopping:
 			stopping = nil
-			s.handBack.records(s.waitingMessages())
+			s.handBack.records(s.waitingFor(out, false))
+			continue
+		case <-closing:
+			closing = nil
+			back := s.waitingFor(out, true)
+			s.handBack.records(back) // again, if stopping came along
+			for _, msg := range back {
+				s.nack(msg)
+			}
 			continue
 		}
 		if !ok {
 			break
 		}
-		if s.admit(msg, out) {
+		switch {
+		case closed(s.closing):
+			s.handBack.record(msg)
+			s.nack(msg)
+		case s.admit(msg, out):
 			out.ch <- msg
-		} else if closed(s.stopping) {
+		case closed(s.stopping):
 			s.handBack.record(msg)
 		}
 	}
@@ -160,14 +181,15 @@ func (s *sequencer) forward(in <-chan *message.Message, out *output) {
 // router now; otherwise it waits in its subject's line.
 func (s *sequencer) admit(msg *message.Message, out *output) bool {
 	subject := s.subjectOf(msg)
-	if subject == "" {
+	stopping := closed(s.stopping) // every event waits: see forward
+	if subject == "" && !stopping {
 		return true
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.subjects[msg] = subject
 	line, busy := s.lines[subject]
-	if !busy {
+	if !busy && !stopping {
 		s.lines[subject] = nil
 		return true
 	}
@@ -206,6 +228,11 @@ func (s *sequencer) done(msg *message.Message) {
 		s.mu.Unlock()
 		return
 	}
+	if closed(s.stopping) {
+		// The next waits, handed back with the others (see forward).
+		s.mu.Unlock()
+		return
+	}
 	next := line[0]
 	line[0] = waiting{}
 	s.lines[subject] = line[1:]
@@ -237,15 +264,28 @@ func (s *sequencer) nack(msg *message.Message) {
 	}
 }
 
-// waitingMessages returns the events that wait for their turn.
-func (s *sequencer) waitingMessages() []*message.Message {
+// waitingFor returns the events that wait for their turn to go to out,
+// and with remove takes them out of their lines.
+func (s *sequencer) waitingFor(out *output, remove bool) []*message.Message {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	msgs := make([]*message.Message, 0, s.waitingNow)
-	for _, line := range s.lines {
+	var msgs []*message.Message
+	for subject, line := range s.lines {
+		kept := line[:0]
 		for _, w := range line {
-			msgs = append(msgs, w.msg)
+			switch {
+			case w.out != out:
+				kept = append(kept, w)
+			case remove:
+				msgs = append(msgs, w.msg)
+				delete(s.subjects, w.msg)
+				s.waitingNow--
+			default:
+				msgs = append(msgs, w.msg)
+				kept = append(kept, w)
+			}
 		}
+		s.lines[subject] = kept
 	}
 	return msgs
 }
