@@ -579,7 +579,7 @@ func exerciseChain(t *testing.T, b backend) {
 		require.Equal(t, 2, bd.effects(t))
 		require.Equal(t, 2, bd.marks(t), "a waiting event is not marked processed")
 		require.Equal(t, 1, bd.count(t, `SELECT count(*) FROM parked_events WHERE subject = 'a'`))
-		require.Equal(t, 0, bd.count(t, `SELECT count(*) FROM deliveries`))
+		require.Equal(t, 0, bd.count(t, `SELECT count(*) FROM deliveries WHERE count > 0`), "waiting charges nothing")
 
 		require.NoError(t, bd.deliver(ctx, seqEvent(t, "a3", "a", 3)))
 		require.NoError(t, bd.deliver(ctx, seqEvent(t, "a4", "a", 4)), "its turn came")

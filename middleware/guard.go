@@ -29,6 +29,12 @@ var errOverLimit = errors.New("over the delivery limit")
 // cannot tell, every delivery is counted. The count is forgotten in the
 // transaction that commits the effect.
 //
+// A first delivery that the runner hands back unhandled (its stop
+// refused it, it waited for its subject's turn) was recorded at zero
+// before its nack (driver.Store.Count with first 0): its redelivery
+// counts as the first, so neither a stop nor a rebalance is charged,
+// even at maxDeliveries 1.
+//
 // A redelivery is a suspect: it may be the message that killed the
 // process. The suspects of one guard (one consumer's chain) run one at a
 // time in this process: a suspect waits for its turn before it is

@@ -11,7 +11,10 @@ import (
 
 // intake counts the messages in flight, and holds those that come once
 // Stop closed the intake until the router closes, then nacks them: they
-// are never handled by this runner. It acks or nacks each message itself
+// are never handled by this runner, and a first delivery among them is
+// recorded as costing nothing first (see handBack), before the wait:
+// once the router closes, the subscription may settle what is left
+// itself. It acks or nacks each message itself
 // and reports which to its subscriber (see settle), whose subscriptions
 // then need no goroutine per message to watch for it (see
 // driver.SubscribeConfig.Settles).
@@ -21,6 +24,7 @@ func (r *Runner) intake(h message.HandlerFunc) message.HandlerFunc {
 			defer seq.done(msg) // after settle: the next event of its subject may go
 		}
 		if !r.enter() {
+			r.handBacks[message.HandlerNameFromCtx(msg.Context())].record(msg)
 			select {
 			case <-r.closing:
 			case <-msg.Context().Done():

@@ -35,6 +35,10 @@ type Runner struct {
 	// sequencers are the ordered consumers' sequencers, by the name of
 	// their router handlers; read-only once New returns.
 	sequencers map[string]*sequencer
+	// handBacks record the first deliveries that the runner hands back
+	// unhandled, by the name of their router handlers; read-only once
+	// New returns.
+	handBacks map[string]*handBack
 	// sweeps are the consumers' chains' work that no message drives
 	// (middleware.Handler), run beside the router.
 	sweeps []func(context.Context)
@@ -102,6 +106,7 @@ func New(cfg Config) (*Runner, error) {
 		settlers:   make(map[string]driver.Settler),
 		sequencers: make(map[string]*sequencer),
 		member:     cfg.Member,
+		handBacks:  make(map[string]*handBack),
 	}
 	router.AddMiddleware(r.intake, untilRunning(router))
 	for _, cc := range cfg.Consumers {
@@ -212,15 +217,18 @@ func (r *Runner) add(cc ConsumerConfig) error {
 	r.subs = append(r.subs, subscription{consumer: c.Name(), sub: sub})
 	settler, _ := sub.Subscriber.(driver.Settler)
 	subscriber := sub.Subscriber
+	back := &handBack{consumer: c.Name(), store: r.cfg.Store, maxBody: cc.MaxBodyBytes, logger: r.logger}
 	var seq *sequencer
 	if cc.StrictOrder || cc.SkipStale {
 		seq = newSequencer(cc.MaxBodyBytes, settler)
+		seq.handBack, seq.stopping, seq.closing = back, r.stop, r.closing
 		subscriber = seq.subscriber(subscriber)
 		h = inTurn(h)
 	}
 	for i, topic := range sub.Topics {
 		name := handlerName(c.Name(), sub.Topics, i)
 		r.router.AddConsumerHandler(name, topic, subscriber, h)
+		r.handBacks[name] = back
 		if settler != nil {
 			r.settlers[name] = settler
 		}

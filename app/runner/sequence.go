@@ -46,6 +46,16 @@ type sequencer struct {
 	// nacks itself, when its subscription ends; nil when the subscriber
 	// is no driver.Settler.
 	settler driver.Settler
+	// handBack records the events that wait when the service stops:
+	// none of them is handled from then on (the intake refuses them),
+	// and a refusal or a nack at the subscription's end may come too
+	// late to record them (the subscription settles what is left once
+	// the router closes). Nil records nothing.
+	handBack *handBack
+	// stopping is closed when the service begins to stop, closing when
+	// Stop gives up waiting for the attempts in flight and closes the
+	// router (see forward); nil never are.
+	stopping, closing <-chan struct{}
 
 	mu sync.Mutex
 	// lines holds the subjects with an event in flight or waiting.
@@ -131,39 +141,116 @@ func (s *sequencedSubscriber) Subscribe(ctx context.Context, topic string) (<-ch
 // forward passes the messages of in to out as their turns come, those
 // whose turn came (ready) first, and once in closes, nacks the events
 // still waiting for out and closes out.
+//
+// Once the service begins to stop (stopping), it hands no further event
+// to the router, whose intake would refuse it: each event that comes
+// waits in its subject's line, and so do those waiting and those whose
+// turn came, and each is recorded as handed back unhandled (see
+// handBack). Once Stop gives up waiting (closing), it nacks them, and
+// each event that comes from then on at once: the router, as it closes,
+// waits for its running handlers before it reads another message, so an
+// event handed to it then would wait for them, and the subscription for
+// its settling.
 func (s *sequencer) forward(in <-chan *message.Message, out *output) {
+	stopping, closing := s.stopping, s.closing
 	for {
-		if msg := s.nextReady(out); msg != nil {
-			out.ch <- msg
-			continue
+		var (
+			send chan<- *message.Message
+			next *message.Message
+		)
+		if !closed(s.stopping) {
+			if next = s.firstReady(out); next != nil {
+				send = out.ch
+			}
 		}
 		select {
+		case send <- next:
+			s.dropReady(out)
 		case msg, ok := <-in:
 			if !ok {
 				s.end(out)
 				close(out.ch)
 				return
 			}
-			if s.admit(msg, out) {
-				out.ch <- msg
-			}
+			s.arrived(msg, out)
 		case <-out.wake:
+		case <-stopping:
+			stopping = nil
+			s.handBack.records(s.stalled(out, false))
+		case <-closing:
+			closing = nil
+			back := s.stalled(out, true)
+			s.handBack.records(back) // again, if stopping came along
+			for _, msg := range back {
+				s.refuse(msg)
+			}
 		}
 	}
 }
 
-// nextReady takes the oldest event of out whose turn came; nil when
-// none.
-func (s *sequencer) nextReady(out *output) *message.Message {
+// arrived admits msg, which reached the consumer: it goes to out's ready
+// events, or waits in its subject's line; once the service stops it is
+// handed back (see forward).
+func (s *sequencer) arrived(msg *message.Message, out *output) {
+	switch {
+	case closed(s.closing):
+		s.handBack.record(msg)
+		s.nack(msg)
+	case s.admit(msg, out):
+		s.mu.Lock()
+		out.ready = append(out.ready, msg)
+		s.mu.Unlock()
+	case closed(s.stopping):
+		s.handBack.record(msg)
+	}
+}
+
+// firstReady is the oldest event of out whose turn came; nil when none.
+func (s *sequencer) firstReady(out *output) *message.Message {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if len(out.ready) == 0 {
 		return nil
 	}
-	msg := out.ready[0]
+	return out.ready[0]
+}
+
+// dropReady forgets the oldest event of out whose turn came, sent.
+func (s *sequencer) dropReady(out *output) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	out.ready[0] = nil
 	out.ready = out.ready[1:]
-	return msg
+}
+
+// stalled returns the events of out held back by the stop: those that
+// wait in their subjects' lines and those whose turn came; with remove
+// it takes them out of the lines and the ready events, and a
+// caller refuses them (see refuse: that frees their turns).
+func (s *sequencer) stalled(out *output, remove bool) []*message.Message {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	msgs := append([]*message.Message(nil), out.ready...)
+	if remove {
+		out.ready = nil
+	}
+	for _, l := range s.lines {
+		kept := l.waiting[:0]
+		for _, w := range l.waiting {
+			switch {
+			case w.out != out:
+				kept = append(kept, w)
+			case remove:
+				msgs = append(msgs, w.msg)
+				s.waitingNow--
+			default:
+				msgs = append(msgs, w.msg)
+				kept = append(kept, w)
+			}
+		}
+		l.waiting = kept
+	}
+	return msgs
 }
 
 // end nacks, once the subscription of out ended, the events waiting for
@@ -203,7 +290,8 @@ func (s *sequencer) end(out *output) {
 // router now; otherwise it waits in its subject's line.
 func (s *sequencer) admit(msg *message.Message, out *output) bool {
 	subject := s.subjectOf(msg)
-	if subject == "" {
+	stopping := closed(s.stopping) // every event waits: see forward
+	if subject == "" && !stopping {
 		return true
 	}
 	s.mu.Lock()
@@ -213,7 +301,7 @@ func (s *sequencer) admit(msg *message.Message, out *output) bool {
 		l = &line{}
 		s.lines[subject] = l
 	}
-	if l.last != nil && (!l.open || len(l.waiting) > 0) {
+	if stopping || l.last != nil && (!l.open || len(l.waiting) > 0) {
 		l.waiting = append(l.waiting, waiting{msg: msg, out: out})
 		s.waitingNow++
 		return false
@@ -304,6 +392,10 @@ func (s *sequencer) done(msg *message.Message) {
 // when one waits: it joins its output's ready events, for forward. It
 // never waits (see sequencer). Call it with s.mu held; it lets go of it.
 func (s *sequencer) passOn(subject string, l *line) {
+	if closed(s.stopping) {
+		s.mu.Unlock() // the next waits, handed back with the others (see forward)
+		return
+	}
 	w, ok := s.next(subject, l)
 	if !ok {
 		s.mu.Unlock()

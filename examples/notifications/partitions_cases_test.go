@@ -205,31 +205,24 @@ func TestPartitionsRebalances(t *testing.T) {
 	// Not parallel with the package's other tests: its processes load
 	// the two cores enough, and its bounds are the lease's.
 	onEachTransport(t, func(t *testing.T, transport string) {
-		// A message is handed out once more than it is charged for:
-		// the first delivery costs nothing, and a redelivery that
-		// comes first to the guard counts as the second (see
-		// middleware's deliveryGuard); it may be one that a stopping
-		// process refused (its intake) or that a cancelled consumer's
-		// prefetch returned to its queue, neither charged. So 2 is the
-		// lowest limit that no rebalance may reach.
+		// At max_deliveries 2; TestPartitionsRebalancesLimitOne runs
+		// the same at 1, the lowest limit.
 		s := newPartSetup(t, transport, 2, partDefaultTimeout)
 		s.rebalances(t)
 	})
 }
 
 // TestPartitionsRebalancesLimitOne is TestPartitionsRebalances at
-// max_deliveries 1, which fails today: a message that a stopping
-// process's intake refuses unhandled ("runner: stopping: message not
-// handled"), or that a cancelled consumer's prefetch returns to its
-// queue, comes to the next process flagged redelivered; the guard counts
-// it as a second delivery, over the limit, and dead-letters it
-// (delivery_limit, no attempt), though nothing charged it. It runs when
-// EFFECTIVELY_TEST_KNOWN_BUGS is set.
+// max_deliveries 1: a message that a stopping process's intake refuses
+// unhandled ("runner: stopping: message not handled"), that waits for its
+// subject's turn when the process stops, or that a cancelled consumer's
+// prefetch returns to its queue, comes to the next process flagged
+// redelivered. The runner recorded it as costing nothing before it went
+// back, so the guard counts it as the first delivery, not the second:
+// no rebalance dead-letters a message (delivery_limit, no attempt).
 func TestPartitionsRebalancesLimitOne(t *testing.T) {
-	if os.Getenv("EFFECTIVELY_TEST_KNOWN_BUGS") == "" {
-		t.Skip("a known bug: set EFFECTIVELY_TEST_KNOWN_BUGS=1 to run it")
-	}
-	t.Parallel()
+	// Not parallel with the package's other tests, as
+	// TestPartitionsRebalances.
 	onEachTransport(t, func(t *testing.T, transport string) {
 		s := newPartSetup(t, transport, 1, partDefaultTimeout)
 		s.rebalances(t)

@@ -253,22 +253,33 @@ func (s *subscription) cancel(ctx context.Context, ch *amqp091.Channel, tag stri
 	return true
 }
 
-// awaitSettled waits, once a dropped partition's consumer was cancelled
-// and its last delivery handed out, until the reader settled every
-// delivery the consumption handed out, or the subscription ends. It
-// reports whether the channel was lost first.
-func (c *consumption) awaitSettled(closed <-chan *amqp091.Error) bool {
+// awaitSettled waits, once the consumer was cancelled (a dropped
+// partition, the end of the subscription: see ender) and its last
+// delivery handed out, until the reader settled every delivery the
+// consumption handed out, or the consume ends (e). It reports whether
+// the channel was lost first.
+func (c *consumption) awaitSettled(closed <-chan *amqp091.Error, e *ender) bool {
 	settled := make(chan struct{})
 	go func() {
 		c.inFlight.Wait() // abandon finishes the rest if this returns first
 		close(settled)
 	}()
-	select {
-	case <-settled:
-	case <-closed:
-		return true
-	case <-c.sub.closing:
-	case <-c.ctx.Done():
+	for {
+		select {
+		case <-settled:
+			return false
+		case <-closed:
+			return true
+		case <-e.done:
+			if e.begin(nil) {
+				return false
+			}
+		case <-e.closing:
+			if e.begin(nil) {
+				return false
+			}
+		case <-e.over:
+			return false
+		}
 	}
-	return false
 }

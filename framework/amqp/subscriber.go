@@ -329,6 +329,14 @@ func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) bo
 	}()
 	stop := s.stop     // nil unless a partition's
 	cancelled := false // the consumer was cancelled: the channel stays
+	// cancelConsumer cancels the consumer once: a dropped partition, or
+	// the end of the subscription (see ender).
+	cancelConsumer := func() {
+		if !cancelled {
+			stop, cancelled = nil, s.cancel(ctx, ch, tag)
+		}
+	}
+	e := s.ender(ctx)
 	for {
 		// A delivery, then a slot: the partitions of a consumer share its
 		// slots, and one idle would hold a slot while it waits.
@@ -341,16 +349,22 @@ func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) bo
 				// consumer was cancelled.
 				received, lost = true, !ok && !cancelled
 			case <-stop:
-				stop, cancelled = nil, s.cancel(ctx, ch, tag)
-			case <-s.closing:
-				return true
-			case <-ctx.Done():
+				cancelConsumer()
+			case <-e.done:
+				if e.begin(cancelConsumer) {
+					return true
+				}
+			case <-e.closing:
+				if e.begin(cancelConsumer) {
+					return true
+				}
+			case <-e.over:
 				return true
 			}
 		}
 		if !ok {
 			if cancelled {
-				lost = c.awaitSettled(closed)
+				lost = c.awaitSettled(closed, e)
 			}
 			return true
 		}
@@ -365,10 +379,16 @@ func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) bo
 				_ = err // why is the connection's to report, and it reconnects
 				return true
 			case <-stop:
-				stop, cancelled = nil, s.cancel(ctx, ch, tag)
-			case <-s.closing:
-				return true
-			case <-ctx.Done():
+				cancelConsumer()
+			case <-e.done:
+				if e.begin(cancelConsumer) {
+					return true
+				}
+			case <-e.closing:
+				if e.begin(cancelConsumer) {
+					return true
+				}
+			case <-e.over:
 				return true
 			}
 		}
@@ -392,12 +412,18 @@ func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) bo
 			msgCtx = context.WithValue(msgCtx, deliveryKey{}, hd)
 		}
 		msg.SetContext(msgCtx)
-		sent := false
-		select {
-		case s.out <- msg:
-			sent = true
-		case <-s.closing:
-		case <-ctx.Done():
+		sent, gone := false, false
+		for !sent && !gone {
+			select {
+			case s.out <- msg:
+				sent = true
+			case <-e.done:
+				gone = e.begin(cancelConsumer)
+			case <-e.closing:
+				gone = e.begin(cancelConsumer)
+			case <-e.over:
+				gone = true
+			}
 		}
 		if !sent {
 			if hd.claim() {

@@ -40,6 +40,13 @@ type Store interface {
 	// dead-lettered instead of looping forever. When the row is new it
 	// starts at first (2 when the transport reported a redelivery whose
 	// first delivery was not counted, else 1).
+	//
+	// A first of 0 counts no delivery: it records a message that the
+	// service hands back unhandled (a stop, a rebalance), whose delivery
+	// the transport vouched was a first one, which cost nothing. A key
+	// without a count gets one at zero, so that its redelivery, flagged
+	// by the transport, counts as the first; a count stays as it is.
+	// Only the guard's own counts (1 or more) charge a delivery.
 	Count(ctx context.Context, consumer string, key framework.Key, first int) (int, error)
 	// Uncount takes back one delivery of key to consumer, in a short
 	// transaction of its own: the delivery ended before it could take
@@ -67,7 +74,8 @@ type Store interface {
 	// with sequence seq waits for an earlier one of its subject, and
 	// returns for how long it has waited, by the store's clock (the one
 	// that stamped the wait). The wait does not count as a delivery: the
-	// event's delivery count is forgotten. It takes the subject's
+	// event's delivery count is set to zero, so that its redelivery,
+	// which the transport flags, counts as the first. It takes the subject's
 	// checkpoint as Checkpoint does, and records nothing, returning zero,
 	// when the checkpoint is at seq or past it: the event took effect
 	// (another copy of it) after this delivery found it waiting, and its

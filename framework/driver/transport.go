@@ -73,8 +73,13 @@ type SubscribeConfig struct {
 	// (Settler). A transport that hands out many messages at once then
 	// watches none of them with a goroutine of its own. Without it (a
 	// router of the user's own, a test reading the channel) the
-	// transport watches each message's Ack and Nack itself. Defaults to
-	// false.
+	// transport watches each message's Ack and Nack itself. Such a
+	// reader reads the subscription's channel until it closes: when the
+	// subscription ends, a transport may hand out what it received and
+	// held for the reader (the AMQP transport's prefetch), so that the
+	// reader, which is stopping, hands each back itself (a first
+	// delivery is then recorded as costing nothing: see
+	// Store.Count). Defaults to false.
 	Settles bool
 }
 

@@ -125,7 +125,7 @@ func (s *Store) Advance(ctx context.Context, tx *driver.Tx, consumer, subject st
 
 // WaitGap records that the event key with sequence seq waits for an
 // earlier one of its subject, and returns for how long it has waited by
-// the store's clock. The event's delivery count is forgotten. It waits
+// the store's clock. The event's delivery count is set to zero. It waits
 // while an attempt holds the subject's checkpoint, as the SQL stores' row
 // lock does, and records nothing once the checkpoint is at seq or past
 // it.
@@ -146,7 +146,7 @@ func (s *Store) WaitGap(ctx context.Context, consumer, subject string, seq int64
 			since = s.now()
 			s.waits[k] = wait{since: since, key: key} // the first waiter's, as the row
 		}
-		delete(s.deliveries, markKey{consumer: consumer, key: key})
+		s.deliveries[markKey{consumer: consumer, key: key}] = 0 // its redelivery counts as the first
 		waited = s.now().Sub(since)
 	})
 	if err != nil {

@@ -165,7 +165,8 @@ func (s *Store) Mark(ctx context.Context, tx *driver.Tx, consumer string, key fr
 }
 
 // Count records one more delivery of key to consumer and returns the
-// count; a new count starts at first (at least 1).
+// count; a new count starts at first. A first of 0 counts nothing: a new
+// count starts at zero, a count stays as it is (see driver.Store.Count).
 func (s *Store) Count(ctx context.Context, consumer string, key framework.Key, first int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("count delivery of %s to %s: %w", key, consumer, err)
@@ -174,10 +175,11 @@ func (s *Store) Count(ctx context.Context, consumer string, key framework.Key, f
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n, ok := s.deliveries[k]
-	if ok {
+	switch {
+	case !ok:
+		n = max(first, 0)
+	case first > 0:
 		n++
-	} else {
-		n = max(first, 1)
 	}
 	s.deliveries[k] = n
 	return n, nil

@@ -23,7 +23,9 @@ func (s *Store) Mark(ctx context.Context, tx *driver.Tx, consumer string, key fr
 // far, so that a message that kills the process on every delivery is
 // dead-lettered instead of looping forever. When the row is new it
 // starts at first (2 when the transport reported a redelivery whose
-// first delivery was not counted, else 1) (driver.Store).
+// first delivery was not counted, else 1). A first of 0 counts
+// nothing: it records, at zero, a key without a count, which the service
+// hands back unhandled after a first delivery (driver.Store).
 func (s *Store) Count(ctx context.Context, consumer string, key framework.Key, first int) (int, error) {
 	return s.sql.Count(ctx, consumer, key, first)
 }
@@ -66,7 +68,8 @@ func (s *Store) Checkpoint(ctx context.Context, tx *driver.Tx, consumer, subject
 // with sequence seq waits for an earlier one of its subject, and
 // returns for how long it has waited, by the store's clock (the one
 // that stamped the wait). The wait does not count as a delivery: the
-// event's delivery count is forgotten. It takes the subject's
+// event's delivery count is set to zero, so that its redelivery,
+// which the transport flags, counts as the first. It takes the subject's
 // checkpoint as Checkpoint does, and records nothing, returning zero,
 // when the checkpoint is at seq or past it: the event took effect
 // (another copy of it) after this delivery found it waiting, and its

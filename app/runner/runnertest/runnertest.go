@@ -67,13 +67,14 @@ func Exercise(t *testing.T, has Has, open func(t *testing.T) *Env) {
 		{"HoldUpDying", caseHoldUpDying, Has{}},
 		{"Breaker", caseBreaker, Has{}},
 		{"StopDuringOutage", caseStopDuringOutage, Has{}},
+		{"StopHandsBack", caseStopHandsBack, Has{Partitions: true, Redeliveries: true}},
 		{"OrderHotKeys", caseOrderHotKeys, Has{Order: true}},
 		{"OrderColdKeys", caseOrderColdKeys, Has{Order: true}},
 		{"OrderHotKeysFailing", caseOrderHotKeysFailing, Has{Order: true}},
 		{"Partitions", casePartitions, Has{Order: true, Partitions: true}},
 	}
 	for _, c := range cases {
-		if c.needs.Order && !has.Order || c.needs.Partitions && !has.Partitions {
+		if c.needs.Order && !has.Order || c.needs.Partitions && !has.Partitions || c.needs.Redeliveries && !has.Redeliveries {
 			continue
 		}
 		t.Run(c.name, func(t *testing.T) {
@@ -92,6 +93,12 @@ type Has struct {
 	Order bool
 	// Partitions: the transport partitions a consumer (driver.Assigner).
 	Partitions bool
+	// Redeliveries: the transport tells a first delivery from a
+	// redelivery (framework.MetadataRedelivered), and a process's stop
+	// can hand messages back to the next one (not SQLite, whose
+	// attempt holds the file's write lock, so nothing is published
+	// while the stop drains it).
+	Redeliveries bool
 }
 
 // ExerciseServerRestart publishes a backlog, restarts the server while a

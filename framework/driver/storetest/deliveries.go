@@ -107,6 +107,48 @@ func exerciseDeliveries(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.Equal(t, []int{2, 2, 2}, counts)
 	})
 
+	// A first delivery that the service hands back unhandled (a stop, a
+	// rebalance) is recorded with first 0: its redelivery, which the
+	// transport flags, counts as the first, and a count already there
+	// stays as it is.
+	t.Run("CountZeroRecordsUnhandled", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		back := framework.Key{Source: "appointments", ID: "back-1"}
+		for range 2 { // handed back twice, by two processes
+			n, err := b.store.Count(ctx, consumer, back, 0)
+			require.NoError(t, err)
+			require.Equal(t, 0, n, "nothing counted")
+		}
+		n, err := b.store.Count(ctx, consumer, back, 2)
+		require.NoError(t, err)
+		require.Equal(t, 1, n, "the redelivery of a message handed back unhandled counts as the first")
+
+		counted := framework.Key{Source: "appointments", ID: "back-2"}
+		_, err = b.store.Count(ctx, consumer, counted, 2)
+		require.NoError(t, err)
+		n, err = b.store.Count(ctx, consumer, counted, 0)
+		require.NoError(t, err)
+		require.Equal(t, 2, n, "a count stays as it is")
+		n, err = b.store.Count(ctx, consumer, counted, 1)
+		require.NoError(t, err)
+		require.Equal(t, 3, n)
+
+		// Asked for at once, in one statement where the store groups
+		// them: each call gets its own semantics.
+		var wg sync.WaitGroup
+		keys := []framework.Key{{Source: "appointments", ID: "back-3"}, {Source: "appointments", ID: "back-4"}}
+		got := make([]int, len(keys))
+		errs := make([]error, len(keys))
+		for i, k := range keys {
+			wg.Go(func() { got[i], errs[i] = b.store.Count(ctx, consumer, k, i) })
+		}
+		wg.Wait()
+		require.Equal(t, make([]error, len(keys)), errs)
+		require.Equal(t, []int{0, 1}, got)
+	})
+
 	// A delivery that the service's stop ended, after an attempt ran to
 	// its end, is taken back: it does not count towards the limit.
 	t.Run("Uncount", func(t *testing.T) {

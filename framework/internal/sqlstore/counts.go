@@ -159,7 +159,7 @@ func (s *Store) countRows(ctx context.Context, batch []*countCall) (*sql.Rows, e
 		consumers, sources, ids := make([]string, len(batch)), make([]string, len(batch)), make([]string, len(batch))
 		firsts := make([]int64, len(batch))
 		for i, c := range batch {
-			consumers[i], sources[i], ids[i], firsts[i] = c.consumer, c.key.Source, c.key.ID, int64(max(c.first, 1))
+			consumers[i], sources[i], ids[i], firsts[i] = c.consumer, c.key.Source, c.key.ID, int64(max(c.first, 0))
 		}
 		return s.db.QueryContext(ctx, s.countMany, at, consumers, sources, ids, firsts)
 	}
@@ -168,7 +168,7 @@ func (s *Store) countRows(ctx context.Context, batch []*countCall) (*sql.Rows, e
 	}
 	args := make([]any, 0, 5*len(batch))
 	for _, c := range batch {
-		args = append(args, c.consumer, c.key.Source, c.key.ID, max(c.first, 1), at)
+		args = append(args, c.consumer, c.key.Source, c.key.ID, max(c.first, 0), at)
 	}
 	q := qCountInto + " VALUES " + valueRows(len(batch), 5) + "\n" + qCountConflict
 	return s.db.QueryContext(ctx, s.q.sql(q), args...)
@@ -182,7 +182,7 @@ func jsonCounts(batch []*countCall) (string, bool) {
 		if !storableText(c.consumer, c.key.Source, c.key.ID) {
 			return "", false
 		}
-		items[i] = [4]any{c.consumer, c.key.Source, c.key.ID, max(c.first, 1)}
+		items[i] = [4]any{c.consumer, c.key.Source, c.key.ID, max(c.first, 0)}
 	}
 	b, err := json.Marshal(items)
 	if err != nil {

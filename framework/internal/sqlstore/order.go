@@ -103,8 +103,9 @@ func (s *Store) WaitGap(ctx context.Context, consumer, subject string, seq int64
 		return 0, fmt.Errorf("wait for the gap before %s #%d: %w", subject, seq, err)
 	}
 	// A wait is an outcome, not a lost delivery: it does not count
-	// towards the delivery limit.
-	if _, err := tx.ExecContext(ctx, s.forgetDelivery, consumer, key.Source, key.ID); err != nil {
+	// towards the delivery limit. The count stays, at zero: a
+	// redelivery without one would count as the second delivery.
+	if _, err := tx.ExecContext(ctx, s.q.sql(qZeroDelivery), consumer, key.Source, key.ID, s.dialect.timeArg(s.now())); err != nil {
 		return 0, fmt.Errorf("wait for the gap before %s #%d: %w", subject, seq, err)
 	}
 	if err := tx.Commit(); err != nil {

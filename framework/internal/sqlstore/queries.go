@@ -36,9 +36,10 @@ SELECT ?, k.source, k.event_id, ? FROM unnest(?::text[], ?::text[]) AS k(source,
 
 	// A batch's delivery counts (Store.countRows) are qCountInto, the
 	// rows, then qCountConflict: a delivery counted before counts one
-	// more.
+	// more, unless its row's first is 0 (a delivery handed back
+	// unhandled, which counts nothing: driver.Store.Count).
 	qCountInto     = `INSERT INTO {p}deliveries (consumer, source, event_id, count, first_at)`
-	qCountConflict = `ON CONFLICT (consumer, source, event_id) DO UPDATE SET count = {p}deliveries.count + 1
+	qCountConflict = `ON CONFLICT (consumer, source, event_id) DO UPDATE SET count = {p}deliveries.count + CASE WHEN excluded.count > 0 THEN 1 ELSE 0 END
 RETURNING consumer, source, event_id, count`
 	// qCountManySQLite and qCountManyPostgres count a batch of deliveries
 	// in one statement: the time, then the deliveries, as a JSON array of
@@ -57,6 +58,11 @@ SELECT d.consumer, d.source, d.event_id, d.first, ? FROM unnest(?::text[], ?::te
 ON CONFLICT (consumer, source, event_id) DO UPDATE SET count = CASE WHEN {p}deliveries.count > 0 THEN {p}deliveries.count - 1 ELSE 0 END`
 
 	qForgetDelivery = `DELETE FROM {p}deliveries WHERE consumer = ? AND source = ? AND event_id = ?`
+	// qZeroDelivery sets a count to zero, creating it at zero when
+	// missing (Store.WaitGap): the redelivery, which the transport flags,
+	// then counts as the first.
+	qZeroDelivery = qCountInto + ` VALUES (?, ?, ?, 0, ?)
+ON CONFLICT (consumer, source, event_id) DO UPDATE SET count = 0`
 )
 
 // queries turns the store's SQL into one dialect's and prefix's.
