@@ -28,12 +28,16 @@ func (sub *subscription) room(st *stream) int {
 	return sub.s.concurrency + sub.s.cfg.BatchSize - len(st.window)
 }
 
-// readDue reports whether to read now: the queue is empty, it is time,
-// and a stream's window has room for BatchSize rows, or for fewer when
-// nothing in flight can make more (a read costs a round trip and a
-// commit, be it for one row or many).
+// readDue reports whether to read now: it is time, and a stream's window
+// has room for half of BatchSize rows, or, with the queue empty, for
+// fewer when nothing in flight can make more (a read costs a round trip
+// and a commit, be it for one row or many). The read does not wait for
+// the queue to run dry: the rows still queued keep the messages in
+// flight while it runs, instead of each place that frees meanwhile
+// waiting for its round trip (and, when acknowledged out of order, for
+// the rows ahead of it).
 func (sub *subscription) readDue(now time.Time) bool {
-	if len(sub.queue) > 0 || now.Before(sub.readAt) {
+	if now.Before(sub.readAt) {
 		return false
 	}
 	for _, st := range sub.streams {
@@ -41,7 +45,7 @@ func (sub *subscription) readDue(now time.Time) bool {
 			continue
 		}
 		room := sub.room(st)
-		if room >= sub.s.cfg.BatchSize || (room > 0 && len(sub.sent) == 0) {
+		if room >= max(sub.s.cfg.BatchSize/2, 1) || (room > 0 && len(sub.sent) == 0 && len(sub.queue) == 0) {
 			return true
 		}
 	}
