@@ -8,8 +8,8 @@ import (
 )
 
 // TestReadAheadWhileQueued shows that a busy subscription reads its next
-// rows while rows are still queued, once its window has room for half a
-// batch: it used to wait until the queue ran dry and the window's head
+// rows while rows are still queued, once fewer are than its concurrency
+// and its window has room for half a batch: it used to wait until the queue ran dry and the window's head
 // was acknowledged, so that each place in flight freed meanwhile stayed
 // empty for the read's round trip (a partitioned consumer's process,
 // whose handlers wait outside the database, kept 13 of its 16 places
@@ -47,6 +47,11 @@ func TestReadAheadWhileQueued(t *testing.T) {
 	// acknowledgements, queued rows or not.
 	fill(concurrency, 5)
 	require.False(t, sub.readDue(now), "a read of fewer than half a batch while busy")
+
+	// While the queue holds a round of the places, reading waits, to
+	// read more rows at once.
+	fill(1, concurrency)
+	require.False(t, sub.readDue(now), "a read while the queue holds a round of the places")
 
 	// Nothing in flight and nothing queued: a read for what room there is.
 	fill(0, 0)
