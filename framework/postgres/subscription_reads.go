@@ -28,20 +28,25 @@ func (sub *subscription) room(st *stream) int {
 	return sub.s.concurrency + sub.s.cfg.BatchSize - len(st.window)
 }
 
-// readDue reports whether to read now: the queue is empty, it is time,
-// and a stream's window has room for BatchSize rows, or for fewer when
-// nothing in flight can make more (a read costs a round trip and a
-// commit, be it for one row or many).
+// readDue reports whether to read now: it is time, and a stream's window
+// has room for half of BatchSize rows while fewer rows are queued than the
+// concurrency, or, with the queue empty, for fewer when nothing in flight
+// can make more (a read costs a round trip and a commit, be it for one
+// row or many). The read does not wait for the queue to run dry: the rows
+// still queued keep the places in flight busy while it runs, instead of
+// each place freed meanwhile staying empty for its round trip (and, when
+// acknowledged out of order, for the rows ahead of it in its window).
 func (sub *subscription) readDue(now time.Time) bool {
-	if len(sub.queue) > 0 || now.Before(sub.readAt) {
+	if now.Before(sub.readAt) {
 		return false
 	}
+	short := len(sub.queue) < sub.s.concurrency
 	for _, st := range sub.streams {
 		if !st.readable() {
 			continue
 		}
 		room := sub.room(st)
-		if room >= sub.s.cfg.BatchSize || (room > 0 && len(sub.sent) == 0) {
+		if (short && room >= max(sub.s.cfg.BatchSize/2, 1)) || (room > 0 && len(sub.sent) == 0 && len(sub.queue) == 0) {
 			return true
 		}
 	}
