@@ -31,7 +31,9 @@ type attemptRun struct {
 	order *pipeline.OrderStep
 	// after is the attempt of the event ahead of a's in its subject's
 	// line (see pipeline.Turn), which runs first; nil when none.
-	after    *attemptRun
+	after *attemptRun
+	// lane is a's lane in the group's queue (see group.laneOf).
+	lane     int
 	outcome  framework.Outcome
 	err      error
 	panicked any

@@ -45,6 +45,7 @@ type group struct {
 	mu       sync.Mutex
 	free     int           // batch slots not running
 	waiting  []*attemptRun // attempts in no batch yet, oldest first
+	lanes    uint64        // the lanes of the running batches (see laneOf)
 	full     chan struct{} // closed when BatchSize attempts wait (while a batch lingers)
 	finished chan struct{} // closed when a batch ends (while a batch waits for one to)
 
@@ -70,6 +71,7 @@ func (g *group) run(a *attemptRun) {
 		return
 	}
 	a.lead = make(chan []*attemptRun, 1)
+	a.lane = g.laneOf(a)
 	g.mu.Lock()
 	g.waiting = append(g.waiting, a)
 	t := g.joinTurn(a)
@@ -111,6 +113,7 @@ func (g *group) run(a *attemptRun) {
 				for _, b := range batch[1:] {
 					b.lead <- nil
 				}
+				g.freeLanes(batch)
 				g.next()
 				g.solo(a)
 				return
@@ -179,24 +182,71 @@ func (g *group) collect(ctx context.Context) []*attemptRun {
 }
 
 // take removes the next batch from the waiting attempts, nil when none
-// waits. Call it with g.mu held.
+// waits. The attempts of strict-order subjects go by lane (see laneOf):
+// a batch takes those of one lane that no running batch holds, the
+// oldest first, and the others as they come. Call it with g.mu held.
 func (g *group) take() []*attemptRun {
-	n := min(len(g.waiting), g.size)
-	if n == 0 {
+	if len(g.waiting) == 0 {
 		return nil
 	}
-	batch := make([]*attemptRun, n)
-	copy(batch, g.waiting)
-	g.waiting = g.waiting[n:]
+	lane := -1
+	for _, a := range g.waiting {
+		if a.lane >= 0 && g.lanes&(1<<a.lane) == 0 {
+			lane = a.lane
+			break
+		}
+	}
+	batch := make([]*attemptRun, 0, min(len(g.waiting), g.size))
+	kept := g.waiting[:0]
+	for _, a := range g.waiting {
+		if len(batch) < g.size && (a.lane < 0 || a.lane == lane) {
+			batch = append(batch, a)
+		} else {
+			kept = append(kept, a)
+		}
+	}
+	clear(g.waiting[len(kept):])
+	g.waiting = kept
 	if len(g.waiting) == 0 {
 		g.waiting = nil // let the backing array go
 	}
+	if len(batch) == 0 {
+		return nil
+	}
+	if lane >= 0 {
+		g.lanes |= 1 << lane
+	}
 	return batch
+}
+
+// laneOf is the lane of a: for an attempt of a strict-order subject, a
+// hash of its subject among the group's batch slots; -1 otherwise, and
+// with a single slot. The subjects of one lane commit one batch after the
+// other (see take), so a subject's events keep their order across
+// batches, while the batches of other lanes run beside them: hot
+// subjects' batches share the slots as unordered ones do.
+func (g *group) laneOf(a *attemptRun) int {
+	if a.delivery.OrderedSubject == "" || g.batches < 2 {
+		return -1
+	}
+	return Bucket(a.delivery.OrderedSubject) % min(g.batches, 64)
+}
+
+// freeLanes lets the lane of batch, which ended, go to the next batch.
+func (g *group) freeLanes(batch []*attemptRun) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, a := range batch {
+		if a.lane >= 0 {
+			g.lanes &^= 1 << a.lane
+		}
+	}
 }
 
 // runBatch runs batch and sets the result of each of its attempts.
 func (g *group) runBatch(batch []*attemptRun) {
 	defer func() {
+		g.freeLanes(batch)
 		for _, a := range batch {
 			close(a.done)
 		}
