@@ -812,9 +812,12 @@ func TestServeAMQPQuorumQueue(t *testing.T) {
 	defer cancel()
 	served := make(chan error, 1)
 	go func() { served <- app.Serve(ctx, service) }()
+	// Each rabbitmqctl starts an Erlang VM: asked every 50 ms, under the
+	// whole suite's load, it slowed the node it asks (the test once
+	// missed its wait so).
 	require.Eventually(t, func() bool {
 		return strings.Contains(node.Ctl(t, "list_queues", "name"), consumerName)
-	}, waitLimit, 50*time.Millisecond, "the service declared its queue")
+	}, 2*waitLimit, time.Second, "the service declared its queue")
 	queues := node.Ctl(t, "list_queues", "name", "type", "durable", "arguments")
 	require.Contains(t, queues, consumerName+"\tquorum\ttrue\t")
 	require.Contains(t, queues, `{"x-delivery-limit",77}`)
