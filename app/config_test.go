@@ -808,7 +808,7 @@ func TestServeAMQPQuorumQueue(t *testing.T) {
 		fx.Supply(widgetMigrations),
 		fx.Replace(cfg),
 	)
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*waitLimit)
 	defer cancel()
 	served := make(chan error, 1)
 	go func() { served <- app.Serve(ctx, service) }()
