@@ -371,10 +371,16 @@ func (s *suite) effects(t *testing.T, consumer string) int {
 // waitFor polls cond until it holds or the Env's timeout passes.
 func (s *suite) waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(s.env.Timeout)
+	s.waitForWithin(t, s.env.Timeout, what, cond)
+}
+
+// waitForWithin is waitFor with a timeout of its own.
+func (s *suite) waitForWithin(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", s.env.Timeout, what)
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
