@@ -23,9 +23,15 @@ func (s *Store) Mark(ctx context.Context, tx *driver.Tx, consumer string, key fr
 // far, so that a message that kills the process on every delivery is
 // dead-lettered instead of looping forever. When the row is new it
 // starts at first (2 when the transport reported a redelivery whose
-// first delivery was not counted, else 1). A first of 0 counts
-// nothing: it records, at zero, a key without a count, which the service
-// hands back unhandled after a first delivery (driver.Store).
+// first delivery was not counted, else 1).
+//
+// A first of 0 counts no delivery: it records a message that the
+// service hands back unhandled (a stop, a rebalance), whose delivery
+// the transport vouched was a first one, which cost nothing. A key
+// without a count gets one at zero, so that its redelivery, flagged
+// by the transport, counts as the first; a count stays as it is.
+// Only the guard's own counts (1 or more) charge a
+// delivery (driver.Store).
 func (s *Store) Count(ctx context.Context, consumer string, key framework.Key, first int) (int, error) {
 	return s.sql.Count(ctx, consumer, key, first)
 }
