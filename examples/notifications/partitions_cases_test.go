@@ -125,19 +125,8 @@ func TestPartitionsFreeze(t *testing.T) {
 // it went on.
 func (s *partSetup) frozenMidCommit(t *testing.T, at testkit.CrashPoint) {
 	t.Helper()
-	a, b, c := s.start(t), s.start(t), s.start(t)
-	s.waitBalanced(t, a, b, c)
-	const rounds = 60
-	f := s.feed(t, rounds, partEvery)
-	s.waitEffects(t, rounds*partSubjects/5, a, b, c)
-
-	held := s.partitionsOf(t, a)
-	require.NotEmpty(t, held, "the partitions of the process to stop")
-	a.armWith(t, at, armStop, held)
-	s.waitFor(t, "the process stopped by its hook", func() bool {
-		_, ok := a.fired()
-		return ok && a.stopped()
-	}, b, c)
+	a, b, c, f, held := s.armedThree(t, 60, 5, at, armStop)
+	s.waitStopped(t, a, b, c)
 	stoppedAt := time.Now()
 	report, _ := a.fired()
 	s.waitFor(t, "the stopped process's partitions taken by the others", s.ownedByOthers(t, held, a), b, c)
@@ -316,19 +305,8 @@ func TestPartitionsCrash(t *testing.T) {
 // without losing their own meanwhile.
 func (s *partSetup) frozenAfterFence(t *testing.T, freeze time.Duration) {
 	t.Helper()
-	a, b, c := s.start(t), s.start(t), s.start(t)
-	s.waitBalanced(t, a, b, c)
-	const rounds = 60
-	f := s.feed(t, rounds, partEvery)
-	s.waitEffects(t, rounds*partSubjects/5, a, b, c)
-
-	held := s.partitionsOf(t, a)
-	require.NotEmpty(t, held, "the partitions of the process to stop")
-	a.armWith(t, crash.AfterFence, armStop, held)
-	s.waitFor(t, "the process stopped by its hook", func() bool {
-		_, ok := a.fired()
-		return ok && a.stopped()
-	}, b, c)
+	a, b, c, f, held := s.armedThree(t, 60, 5, crash.AfterFence, armStop)
+	s.waitStopped(t, a, b, c)
 	stoppedAt := time.Now()
 	report, _ := a.fired()
 	// Until the freeze ends: when the others took the stopped process's
@@ -373,15 +351,7 @@ func (s *partSetup) frozenAfterFence(t *testing.T, freeze time.Duration) {
 // its partitions: the others take them.
 func (s *partSetup) killedAt(t *testing.T, at testkit.CrashPoint) {
 	t.Helper()
-	a, b, c := s.start(t), s.start(t), s.start(t)
-	s.waitBalanced(t, a, b, c)
-	const rounds = 50
-	f := s.feed(t, rounds, partEvery)
-	s.waitEffects(t, rounds*partSubjects/4, a, b, c)
-
-	held := s.partitionsOf(t, a)
-	require.NotEmpty(t, held, "the partitions of the process to kill")
-	a.armWith(t, at, armKill, held)
+	a, b, c, f, held := s.armedThree(t, 50, 4, at, armKill)
 	a.waitKilled(t)
 	killed := time.Now()
 	report, _ := a.fired()
@@ -446,18 +416,8 @@ func TestPartitionsFrozenHandover(t *testing.T) {
 	// the two cores enough, and its bounds are the lease's.
 	onEachTransport(t, func(t *testing.T, transport string) {
 		s := newPartSetup(t, transport, partMaxDeliveries, 4*time.Second)
-		a, b, c := s.start(t), s.start(t), s.start(t)
-		s.waitBalanced(t, a, b, c)
-		const rounds = 60
-		f := s.feed(t, rounds, partEvery)
-		s.waitEffects(t, rounds*partSubjects/5, a, b, c)
-
-		held := s.partitionsOf(t, a)
-		a.armWith(t, crash.BeforeCommit, armStop, held)
-		s.waitFor(t, "the process stopped by its hook", func() bool {
-			_, ok := a.fired()
-			return ok && a.stopped()
-		}, b, c)
+		a, b, c, f, held := s.armedThree(t, 60, 5, crash.BeforeCommit, armStop)
+		s.waitStopped(t, a, b, c)
 		stoppedAt := time.Now()
 		s.waitFor(t, "the stopped process's partitions taken by the others", s.ownedByOthers(t, held, a), b, c)
 		took := time.Since(stoppedAt)
@@ -476,4 +436,30 @@ func TestPartitionsFrozenHandover(t *testing.T) {
 		s.drain(t, f.wait(t), a, b, c)
 		requireSessionsEnded(t, a, b, c)
 	})
+}
+
+// armedThree runs three processes, feeds them rounds rounds of events,
+// waits for a share-th of their effects, and arms the first at point at
+// of a delivery of its partitions, to action it (armStop, armKill). It
+// returns the processes, the feed and the partitions of the armed one.
+func (s *partSetup) armedThree(t *testing.T, rounds, share int, at testkit.CrashPoint, action string) (a, b, c *partProc, f *feed, held []int) {
+	t.Helper()
+	a, b, c = s.start(t), s.start(t), s.start(t)
+	s.waitBalanced(t, a, b, c)
+	f = s.feed(t, rounds, partEvery)
+	s.waitEffects(t, rounds*partSubjects/share, a, b, c)
+	held = s.partitionsOf(t, a)
+	require.NotEmpty(t, held, "the partitions of the process to arm")
+	a.armWith(t, at, action, held)
+	return a, b, c, f, held
+}
+
+// waitStopped waits until a's hook stopped it (armStop), while others
+// go on.
+func (s *partSetup) waitStopped(t *testing.T, a *partProc, others ...*partProc) {
+	t.Helper()
+	s.waitFor(t, "the process stopped by its hook", func() bool {
+		_, ok := a.fired()
+		return ok && a.stopped()
+	}, others...)
 }
