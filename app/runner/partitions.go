@@ -125,12 +125,21 @@ func (p *partitioner) run(ctx context.Context) {
 // partition that falls to the process is still another's.
 func (p *partitioner) step(ctx context.Context) time.Duration {
 	tick := p.lease / 5
-	members, err := p.leases.Heartbeat(ctx, p.consumer, p.member, p.lease)
+	// Every call of a step is bounded by a step, so that one that hangs
+	// (a pool whose connections are all taken, a subscription whose
+	// dropped partitions' messages take long to settle) does not keep
+	// the process from its next heartbeat: a process that stops renewing
+	// loses its place in the group and its leases.
+	callCtx, cancel := context.WithTimeout(ctx, tick)
+	members, err := p.leases.Heartbeat(callCtx, p.consumer, p.member, p.lease)
+	cancel()
 	if err != nil {
 		p.logger.WarnContext(ctx, "partitions: heartbeat failed; the leases held run out unless renewed", "error", err)
 		return tick
 	}
-	kept, err := p.leases.Renew(ctx, p.consumer, p.member, p.lease)
+	callCtx, cancel = context.WithTimeout(ctx, tick)
+	kept, err := p.leases.Renew(callCtx, p.consumer, p.member, p.lease)
+	cancel()
 	if err != nil {
 		p.logger.WarnContext(ctx, "partitions: renewing the leases failed", "error", err)
 		return tick
@@ -162,7 +171,10 @@ func (p *partitioner) step(ctx context.Context) time.Duration {
 		return tick
 	}
 	for _, part := range give {
-		if err := p.leases.Release(ctx, p.consumer, part, p.member); err != nil {
+		callCtx, cancel := context.WithTimeout(ctx, tick)
+		err := p.leases.Release(callCtx, p.consumer, part, p.member)
+		cancel()
+		if err != nil {
 			p.logger.WarnContext(ctx, "partitions: releasing a lease failed; it runs out by itself", "partition", part, "error", err)
 		}
 	}
@@ -259,7 +271,9 @@ func (p *partitioner) quiet() time.Duration { return p.lease * 3 / 5 }
 
 // assign makes the subscription consume the partitions of next, unless
 // it does already: the fences of the new ones hold before their first
-// message, those of the dropped ones until their messages settled.
+// message, those of the dropped ones until their messages settled. It
+// waits a step at most: the subscription goes on dropping, and the next
+// step assigns again, and waits again, until the drop is done.
 func (p *partitioner) assign(ctx context.Context, next map[int]int64) error {
 	parts := slices.Sorted(maps.Keys(next))
 	p.mu.Lock()
@@ -272,7 +286,15 @@ func (p *partitioner) assign(ctx context.Context, next map[int]int64) error {
 		p.held[part] = token
 	}
 	p.mu.Unlock()
-	if err := p.assigner.Assign(ctx, parts); err != nil {
+	assignCtx, cancel := context.WithTimeout(ctx, p.lease/5)
+	err := p.assigner.Assign(assignCtx, parts)
+	waited := assignCtx.Err() != nil
+	cancel()
+	switch {
+	case err != nil && waited && ctx.Err() == nil:
+		p.logger.InfoContext(ctx, "partitions: the dropped partitions' messages are still in flight; handed back at a later step", "partitions", parts)
+		return err
+	case err != nil:
 		p.logger.WarnContext(ctx, "partitions: assigning the subscription failed", "partitions", parts, "error", err)
 		return err
 	}

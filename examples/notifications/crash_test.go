@@ -181,6 +181,7 @@ func startService(t *testing.T, dir, mode string, env ...string) *service {
 		if t.Failed() {
 			out, _ := os.ReadFile(logPath)
 			t.Logf("log of service pid %d (%s):\n%s", cmd.Process.Pid, mode, out)
+			logNotable(t, cmd.Process.Pid, string(out))
 		}
 	})
 	return s
@@ -451,4 +452,24 @@ func TestGracefulShutdown(t *testing.T) {
 	b.waitFor(t, s, "reminder after restart", b.handled("shutdown"))
 	s.stop(t)
 	b.requireOnce(t, "shutdown")
+}
+
+// logNotable logs the last warnings, errors and partition moves of a
+// service's log, a line each, so that a summary of the test's failures
+// (make test greps the lines a test logged) shows them.
+func logNotable(t *testing.T, pid int, log string) {
+	t.Helper()
+	const most = 15
+	var notable []string
+	for line := range strings.Lines(log) {
+		if strings.Contains(line, "level=WARN") || strings.Contains(line, "level=ERROR") || strings.Contains(line, `msg="partitions:`) || strings.HasPrefix(line, "panic") {
+			notable = append(notable, strings.TrimSpace(line))
+		}
+	}
+	for _, line := range notable[max(0, len(notable)-most):] {
+		if len(line) > 400 {
+			line = line[:400] + "…"
+		}
+		t.Logf("pid %d: %s", pid, line)
+	}
 }

@@ -351,6 +351,11 @@ func testReassign(t *testing.T, f *partFixture) {
 	want := f.publish(t, trA, subjects("s", 50), 8) // a backlog
 	require.NoError(t, a.Assign(ctx, []int{0, 1, 2, 3}))
 	require.Eventually(t, func() bool { return len(r.snapshot()) >= 60 }, 30*time.Second, 5*time.Millisecond)
+	// A first Assign whose ctx ends before the drop is done; the one
+	// after it still waits for the drop (the runner calls again).
+	short, cancelShort := context.WithTimeout(ctx, time.Millisecond)
+	require.ErrorIs(t, a.Assign(short, []int{0, 1}), context.DeadlineExceeded)
+	cancelShort()
 	require.NoError(t, a.Assign(ctx, []int{0, 1}))
 	dropped := 0 // what A handed out of partitions 2 and 3: all settled now
 	r.mu.Lock()

@@ -130,12 +130,17 @@ func (s *partitionedSubscriber) Assign(ctx context.Context, partitions []int) er
 			close(sub.stop)
 			delete(p.live, i)
 			p.draining[i] = sub
-			dropped = append(dropped, sub)
 		}
 	}
-	for i := range want {
-		if sub := p.draining[i]; sub != nil && p.live[i] == nil {
-			back = append(back, sub)
+	// Every partition not assigned waits for its drop, one begun by an
+	// earlier call too (one whose ctx ended first, called again).
+	for i, sub := range p.draining {
+		if want[i] {
+			if p.live[i] == nil {
+				back = append(back, sub)
+			}
+		} else {
+			dropped = append(dropped, sub)
 		}
 	}
 	p.assigned = want

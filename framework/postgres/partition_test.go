@@ -258,6 +258,11 @@ func TestAssignWaitsForSettles(t *testing.T) {
 		}
 	}
 
+	// A first Assign whose ctx ends before the drop is done; the one
+	// after it still waits for the drop (the runner calls again).
+	short, cancelShort := context.WithTimeout(ctx, 50*time.Millisecond)
+	require.ErrorIs(t, first.Assign(short, []int{0}), context.DeadlineExceeded)
+	cancelShort()
 	assigned := make(chan error, 1)
 	go func() { assigned <- first.Assign(ctx, []int{0}) }()
 	select {
