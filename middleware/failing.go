@@ -79,7 +79,7 @@ func newFailing() *failing {
 			"Time since the first failure of the consumer's oldest failing message; 0 when none fails. Alert when above effectively_consumer_hold_up_limit_seconds.",
 			[]string{"consumer"}, nil),
 		limit: prometheus.NewDesc("effectively_consumer_hold_up_limit_seconds",
-			"The longest a message of the consumer should keep failing before it is dead-lettered: max deliveries × attempts × (timeout + retry delay). Absent when attempts have no timeout.",
+			"The longest a message of the consumer should keep failing before it is dead-lettered: max deliveries × attempts × (timeout + retry delay).",
 			[]string{"consumer"}, nil),
 	}
 }
@@ -174,9 +174,7 @@ func (f *failing) Collect(ch chan<- prometheus.Metric) {
 	for _, s := range f.statuses() {
 		ch <- prometheus.MustNewConstMetric(f.messages, prometheus.GaugeValue, float64(s.FailingMessages), s.Consumer)
 		ch <- prometheus.MustNewConstMetric(f.oldest, prometheus.GaugeValue, s.OldestFailing.Seconds(), s.Consumer)
-		if s.HoldUpLimit > 0 {
-			ch <- prometheus.MustNewConstMetric(f.limit, prometheus.GaugeValue, s.HoldUpLimit.Seconds(), s.Consumer)
-		}
+		ch <- prometheus.MustNewConstMetric(f.limit, prometheus.GaugeValue, s.HoldUpLimit.Seconds(), s.Consumer)
 	}
 }
 
