@@ -135,3 +135,28 @@ func TestFence(t *testing.T) {
 		})
 	}
 }
+
+// TestFenceCheck: a fence holds only for its member, with its token, on
+// a live lease; every other case wraps driver.ErrFenced and says why.
+func TestFenceCheck(t *testing.T) {
+	f := driver.Fence{Partition: 3, Token: 7}
+	held := func(owner string, token int64) *driver.PartitionLease {
+		return &driver.PartitionLease{Consumer: "c", Partition: 3, Owner: owner, Token: token}
+	}
+	require.NoError(t, f.Check("c", "me", held("me", 7), true))
+	for _, tc := range []struct {
+		lease *driver.PartitionLease
+		live  bool
+		why   string
+	}{
+		{nil, false, "no one ever held it"},
+		{held("", 7), true, "it was released"},
+		{held("other", 8), true, "other holds it"},
+		{held("me", 8), true, "its token is 8 now"},
+		{held("me", 7), false, "the lease expired"},
+	} {
+		err := f.Check("c", "me", tc.lease, tc.live)
+		require.ErrorIs(t, err, driver.ErrFenced)
+		require.ErrorContains(t, err, "partition 3 of c, fenced by me with token 7: "+tc.why)
+	}
+}

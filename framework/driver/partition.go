@@ -111,6 +111,30 @@ type Fence struct {
 	Token     int64
 }
 
+// Check returns nil when member holds f's partition of consumer with f's
+// token, its lease live; else an error wrapping ErrFenced that says why.
+// lease is the partition's lease as the store reads it, nil when it has
+// none; live says that it has not expired (by the store's clock). A
+// store's Leases.Fence returns it for the first fence that fails.
+func (f Fence) Check(consumer, member string, lease *PartitionLease, live bool) error {
+	var why string
+	switch {
+	case lease == nil:
+		why = "no one ever held it"
+	case lease.Owner == "":
+		why = "it was released"
+	case lease.Owner != member:
+		why = fmt.Sprintf("%s holds it", lease.Owner)
+	case lease.Token != f.Token:
+		why = fmt.Sprintf("its token is %d now", lease.Token)
+	case !live:
+		why = "the lease expired"
+	default:
+		return nil
+	}
+	return fmt.Errorf("partition %d of %s, fenced by %s with token %d: %s: %w", f.Partition, consumer, member, f.Token, why, ErrFenced)
+}
+
 // Leases is implemented by a Store that keeps the membership of a
 // consumer's processes and the ownership of its partitions. Times are the
 // database's: processes need not agree on the clock.

@@ -192,10 +192,13 @@ func (s *Store) Fence(ctx context.Context, tx *driver.Tx, consumer, member strin
 	held := map[int]*partitionLease{}
 	for _, f := range fences {
 		l, ok := s.leases[leaseKey{consumer, f.Partition}]
-		if !ok {
+		var lease *driver.PartitionLease
+		if ok {
+			lease = &driver.PartitionLease{Consumer: consumer, Partition: f.Partition, Owner: l.owner, Token: l.token}
+		} else {
 			l = &partitionLease{}
 		}
-		if err := fenceError(consumer, member, f, l.owner, l.token, ok, l.live(now)); err != nil {
+		if err := f.Check(consumer, member, lease, l.live(now)); err != nil {
 			return err
 		}
 		held[f.Partition] = l
@@ -295,27 +298,4 @@ func (s *Store) Members(ctx context.Context, consumer string) ([]string, error) 
 	}
 	slices.Sort(live)
 	return live, nil
-}
-
-// fenceError returns the error, wrapping driver.ErrFenced, of fence f of
-// member when the lease of f.Partition (exists false when there is none)
-// has owner and token and is live or not; nil when member holds it with
-// f's token and it is live. It words the errors as the SQL stores do.
-func fenceError(consumer, member string, f driver.Fence, owner string, token int64, exists, live bool) error {
-	var why string
-	switch {
-	case !exists:
-		why = "no one ever held it"
-	case owner == "":
-		why = "it was released"
-	case owner != member:
-		why = fmt.Sprintf("%s holds it", owner)
-	case token != f.Token:
-		why = fmt.Sprintf("its token is %d now", token)
-	case !live:
-		why = "the lease expired"
-	default:
-		return nil
-	}
-	return fmt.Errorf("partition %d of %s, fenced by %s with token %d: %s: %w", f.Partition, consumer, member, f.Token, why, driver.ErrFenced)
 }

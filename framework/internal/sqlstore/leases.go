@@ -327,8 +327,12 @@ func (s *Store) Fence(ctx context.Context, tx *driver.Tx, consumer, member strin
 		return fmt.Errorf("fence %d partitions of %s for %s: %w", len(fences), consumer, member, err)
 	}
 	for _, f := range fences {
+		var lease *driver.PartitionLease
 		r, ok := leases[f.Partition]
-		if err := fenceError(consumer, member, f, r.owner, r.token, ok, r.live); err != nil {
+		if ok {
+			lease = &driver.PartitionLease{Consumer: consumer, Partition: f.Partition, Owner: r.owner, Token: r.token}
+		}
+		if err := f.Check(consumer, member, lease, r.live); err != nil {
 			return err
 		}
 	}
@@ -341,27 +345,4 @@ type fenceRow struct {
 	owner     string
 	token     int64
 	live      bool
-}
-
-// fenceError returns the error, wrapping driver.ErrFenced, of fence f of
-// member when the lease of f.Partition (exists false when there is none)
-// has owner and token and is live or not; nil when member holds it with
-// f's token and it is live.
-func fenceError(consumer, member string, f driver.Fence, owner string, token int64, exists, live bool) error {
-	var why string
-	switch {
-	case !exists:
-		why = "no one ever held it"
-	case owner == "":
-		why = "it was released"
-	case owner != member:
-		why = fmt.Sprintf("%s holds it", owner)
-	case token != f.Token:
-		why = fmt.Sprintf("its token is %d now", token)
-	case !live:
-		why = "the lease expired"
-	default:
-		return nil
-	}
-	return fmt.Errorf("partition %d of %s, fenced by %s with token %d: %s: %w", f.Partition, consumer, member, f.Token, why, driver.ErrFenced)
 }
