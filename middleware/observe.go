@@ -242,7 +242,10 @@ func (o *observer) log(ctx context.Context, st *state, outcome framework.Outcome
 	cause := err
 	switch {
 	case outcome == framework.Nacked && ctx.Err() != nil:
-		level, text = slog.LevelInfo, "attempt cut short by shutdown, rolled back; the message will be delivered again"
+		// The service stopping, or the message's delivery ended under it
+		// (a RabbitMQ channel closed: a heartbeat missed by a process
+		// that froze).
+		level, text = slog.LevelInfo, "attempt cut short by a stop or a lost delivery, rolled back; the message will be delivered again"
 	case outcome == framework.Nacked && errors.Is(err, errStopping):
 		level, text = slog.LevelInfo, "no further attempt: the service is stopping; the message will be delivered again"
 	case outcome == framework.Nacked && errors.Is(err, errUnreachable):
