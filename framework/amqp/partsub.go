@@ -234,24 +234,26 @@ func (s *subscriber) isClosed() bool {
 	return s.closed
 }
 
-// consumerTag returns the consumer tag of a new consumption: a partition's
-// own, which dropping the partition cancels; "" when the consumer is not
-// partitioned (the client makes one up).
+// consumerTag returns the consumer tag of a new consumption, which its
+// end (a dropped partition, the subscription's end: see ender) cancels:
+// it names the partition, if any. It is never empty: the client makes up
+// a tag for an empty one, and a cancel of "" then cancels nothing, so
+// that the deliveries never close and the end waits all of handBackTime.
 func (s *subscription) consumerTag() string {
 	if s.partition < 0 {
-		return ""
+		return "effectively-" + watermill.NewShortUUID()
 	}
 	return "effectively-p" + strconv.Itoa(s.partition) + "-" + watermill.NewShortUUID()
 }
 
-// cancel cancels the consumer tag on ch, for a dropped partition: the
-// broker sends nothing after its answer, and what it sent before stays to
+// cancel cancels the consumer tag on ch, for a dropped partition or the
+// end of the subscription (see ender): the broker sends nothing after its answer, and what it sent before stays to
 // be read from the deliveries, which close after it. It reports false
 // when the channel failed, which it closes: its deliveries close then too,
 // and the broker requeues what was not settled.
 func (s *subscription) cancel(ctx context.Context, ch *amqp091.Channel, tag string) bool {
 	if err := ch.Cancel(tag, false); err != nil {
-		s.conn.cfg.Logger.WarnContext(ctx, "amqp: cancel the consumer of a dropped partition", "queue", s.queue, "error", err)
+		s.conn.cfg.Logger.WarnContext(ctx, "amqp: cancel the consumer", "queue", s.queue, "error", err)
 		_ = ch.Close()
 		return false
 	}
