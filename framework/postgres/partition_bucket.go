@@ -87,10 +87,69 @@ func payloadBucket(payload []byte) int {
 	// A map, not a struct: encoding/json matches a struct's fields
 	// whatever their case, jsonb only the exact name.
 	var doc map[string]json.RawMessage
-	if err := json.Unmarshal(payload, &doc); err != nil {
+	if err := json.Unmarshal(payload, &doc); err != nil || jsonbRefuses(payload) {
 		return 0
 	}
 	return driver.Bucket(driver.PartitionKey(jsonString(doc["subject"]), jsonString(doc["id"])))
+}
+
+// jsonbRefuses reports whether payload, valid JSON, holds an escape that
+// PostgreSQL's jsonb refuses, in any string: \u0000, or a surrogate
+// (\ud800 to \udfff) that is not a high one followed by a low one. Go
+// reads those (NUL, U+FFFD), PostgreSQL cannot, so bucketFunction puts
+// such a payload in bucket 0, and so must payloadBucket.
+func jsonbRefuses(payload []byte) bool {
+	for i := 0; i+1 < len(payload); i++ {
+		if payload[i] != '\\' {
+			continue
+		}
+		i++ // the escaped byte; a backslash outside strings is no valid JSON
+		if payload[i] != 'u' {
+			continue
+		}
+		v, ok := hex4(payload[i+1:])
+		switch {
+		case !ok:
+			return false // cannot be: payload is valid JSON
+		case v == 0:
+			return true
+		case v >= 0xdc00 && v <= 0xdfff:
+			return true // a low surrogate first
+		case v >= 0xd800 && v <= 0xdbff:
+			rest := payload[i+5:]
+			if len(rest) < 6 || rest[0] != '\\' || rest[1] != 'u' {
+				return true
+			}
+			if low, ok := hex4(rest[2:]); !ok || low < 0xdc00 || low > 0xdfff {
+				return true
+			}
+			i += 10 // the pair
+		default:
+			i += 4
+		}
+	}
+	return false
+}
+
+// hex4 reads the 4 hex digits that b begins with.
+func hex4(b []byte) (rune, bool) {
+	if len(b) < 4 {
+		return 0, false
+	}
+	var v rune
+	for _, c := range b[:4] {
+		switch {
+		case c >= '0' && c <= '9':
+			v = v<<4 | rune(c-'0')
+		case c >= 'a' && c <= 'f':
+			v = v<<4 | rune(c-'a'+10)
+		case c >= 'A' && c <= 'F':
+			v = v<<4 | rune(c-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	return v, true
 }
 
 // jsonString returns the string that raw holds, or "" when it holds

@@ -59,6 +59,16 @@ func TestBucketFunctionAgrees(t *testing.T) {
 		`{}`, `{"id":7}`,                         // no key: the empty one
 		`[1,2]`, `"text"`, `42`, `null`, `not json`, ``, // no object: bucket 0
 		`  {"subject":"spaced"}  `,
+		// What PostgreSQL's jsonb refuses, anywhere in the document: NUL
+		// and unpaired surrogates. Bucket 0, as for any payload it
+		// cannot read.
+		`{"subject":"a\u0000b","id":"nul"}`,
+		`{"subject":"ok","id":"nul-in-data","data":{"s":"\u0000"}}`,
+		`{"subject":"\ud800","id":"lone-high"}`,
+		`{"subject":"\udc00x","id":"lone-low"}`,
+		`{"subject":"\ud83c\u0041","id":"high-then-other"}`,
+		`{"subject":"a\\u0000b","id":"escaped-backslash"}`, // the text \u0000, no NUL
+		`{"subject":"\u00000","id":"nul-then-digit"}`,
 	}
 	for _, p := range shapes {
 		payloads = append(payloads, p)
