@@ -53,8 +53,7 @@ func TestPartitionsKill(t *testing.T) {
 		f := s.feed(t, rounds, partEvery)
 		s.waitEffects(t, rounds*partSubjects/3, a, b, c)
 
-		lost := s.partitionsOf(t, a)
-		require.NotEmpty(t, lost, "the victim's partitions")
+		lost := s.heldBy(t, a, a, b, c) // the victim's
 		killed := time.Now()
 		a.kill(t)
 		s.waitFor(t, "the killed process's partitions taken by the others", s.ownedByOthers(t, lost, a), b, c)
@@ -358,8 +357,7 @@ func (s *partSetup) newOwnerKilled(t *testing.T) {
 	f := s.feed(t, rounds, partEvery)
 	s.waitEffects(t, rounds*partSubjects/4, a, b, c)
 
-	held := s.partitionsOf(t, a)
-	require.NotEmpty(t, held, "the partitions of the process to kill")
+	held := s.heldBy(t, a, a, b, c) // the partitions of the process to kill
 	// Once a is gone, partition p falls to the member p mod 2 of b and
 	// c, sorted by name: the new owner of a's first partition is armed.
 	members := s.members(t)
@@ -431,8 +429,7 @@ func (s *partSetup) armedThree(t *testing.T, rounds, share int, at testkit.Crash
 	s.waitBalanced(t, a, b, c)
 	f = s.feed(t, rounds, partEvery)
 	s.waitEffects(t, rounds*partSubjects/share, a, b, c)
-	held = s.partitionsOf(t, a)
-	require.NotEmpty(t, held, "the partitions of the process to arm")
+	held = s.heldBy(t, a, a, b, c) // the partitions of the process to arm
 	a.armWith(t, at, action, held)
 	return a, b, c, f, held
 }
