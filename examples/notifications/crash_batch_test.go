@@ -349,8 +349,7 @@ func testBatchCrashes(t *testing.T, s *batchSetup) {
 // full batch commits, and after a batch committed before its messages
 // are acknowledged, on each set-up; every event takes effect once.
 func TestCrashInBatch(t *testing.T) {
-	// Not parallel at the top: its cells, in parallel among themselves,
-	// are over before the partition tests start (see partitions_test.go).
+	t.Parallel()
 	setups := []struct {
 		name  string
 		setup func(t *testing.T) *batchSetup

@@ -164,8 +164,7 @@ var matrixSetups = []struct {
 // booking has its effect once, the poison message one dead letter, and
 // no message, outbox row, replay or parked event waits.
 func TestCrashMatrix(t *testing.T) {
-	// Not parallel at the top: its cells, in parallel among themselves,
-	// are over before the partition tests start (see partitions_test.go).
+	t.Parallel()
 	for _, s := range matrixSetups {
 		t.Run(s.name, func(t *testing.T) {
 			t.Parallel()

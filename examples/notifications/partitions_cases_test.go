@@ -44,7 +44,8 @@ const partDefaultTimeout = 30 * time.Second
 // handle them; every event takes effect once, in order, with no dead
 // letter.
 func TestPartitionsKill(t *testing.T) {
-	t.Parallel() // with the other partition tests (see partitions_test.go)
+	// Not parallel with the package's other tests: its processes load
+	// the two cores enough, and its bounds are the lease's.
 	onEachTransport(t, func(t *testing.T, transport string) {
 		s := newPartSetup(t, transport, partMaxDeliveries, partDefaultTimeout)
 		a, b, c := s.start(t), s.start(t), s.start(t)
@@ -75,7 +76,8 @@ func TestPartitionsKill(t *testing.T) {
 // then stops one gracefully (SIGTERM): every event takes effect once, in
 // order, with no dead letter.
 func TestPartitionsAddAndStop(t *testing.T) {
-	t.Parallel() // with the other partition tests (see partitions_test.go)
+	// Not parallel with the package's other tests: its processes load
+	// the two cores enough, and its bounds are the lease's.
 	onEachTransport(t, func(t *testing.T, transport string) {
 		s := newPartSetup(t, transport, partMaxDeliveries, partDefaultTimeout)
 		a, b := s.start(t), s.start(t)
@@ -107,7 +109,8 @@ const partFreeze = 8 * time.Second
 // ran before the freeze commits after it; every event takes effect once,
 // in order, with no dead letter.
 func TestPartitionsFreeze(t *testing.T) {
-	t.Parallel() // with the other partition tests (see partitions_test.go)
+	// Not parallel with the package's other tests: its processes load
+	// the two cores enough, and its bounds are the lease's.
 	onEachTransport(t, func(t *testing.T, transport string) {
 		s := newPartSetup(t, transport, partMaxDeliveries, partDefaultTimeout)
 		s.frozenMidCommit(t, crash.BeforeCommit)
@@ -194,7 +197,8 @@ func requireSessionsEnded(t *testing.T, stopped *partProc, others ...*partProc) 
 // at max_deliveries 2 proved less: a rebalance charged once would pass
 // there, and fail here.)
 func TestPartitionsRebalancesLimitOne(t *testing.T) {
-	t.Parallel() // with the other partition tests (see partitions_test.go)
+	// Not parallel with the package's other tests: its processes load
+	// the two cores enough, and its bounds are the lease's.
 	onEachTransport(t, func(t *testing.T, transport string) {
 		s := newPartSetup(t, transport, 1, partDefaultTimeout)
 		s.rebalances(t)
@@ -253,7 +257,8 @@ func (s *partSetup) ownedByOthers(t *testing.T, partitions []int, p *partProc) f
 //
 // Every event takes effect once, in order, with no dead letter.
 func TestPartitionsCrash(t *testing.T) {
-	t.Parallel() // with the other partition tests (see partitions_test.go)
+	// Not parallel with the package's other tests: its processes load
+	// the two cores enough, and its bounds are the lease's.
 	t.Run("FrozenAfterFence", func(t *testing.T) {
 		t.Parallel()
 		onEachTransport(t, func(t *testing.T, transport string) {
@@ -394,7 +399,8 @@ func (s *partSetup) newOwnerKilled(t *testing.T) {
 // its connection, two heartbeats (a third of the lease each) after it
 // stopped.
 func TestPartitionsFrozenHandover(t *testing.T) {
-	t.Parallel() // with the other partition tests (see partitions_test.go)
+	// Not parallel with the package's other tests: its processes load
+	// the two cores enough, and its bounds are the lease's.
 	onEachTransport(t, func(t *testing.T, transport string) {
 		s := newPartSetup(t, transport, partMaxDeliveries, 4*time.Second)
 		a, b, c, f, held := s.armedThree(t, 60, 5, crash.BeforeCommit, armStop)

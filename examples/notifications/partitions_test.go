@@ -39,18 +39,6 @@ import (
 // nothing dead-lettered or parked (see partSetup.check). The handler
 // (newOrderedRemind) records each effect with the process that committed
 // it.
-//
-// The partition tests run in parallel with one another, each on its two
-// transports at once, and beside the package's single-process crash
-// tests (TestCrash, TestGracefulShutdown), but not beside its other
-// multi-process tests: TestCrashInBatch and TestCrashMatrix are not
-// parallel at the top (their cells are, among themselves), so they are
-// over before the parallel tests start. At most -parallel subtests of
-// three processes each run at once (4 on two cores: make test's
-// TESTPARALLEL), as the six of TestPartitionsCrash did already when the
-// partition tests ran one after another: the bounds (partTakeover,
-// waitLimit) hold at that load. Most of a partition test's time is
-// waiting (leases, freezes, stops), which the tests now share.
 
 // The partition tests' consumer.
 const (
