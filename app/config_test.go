@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -18,7 +19,6 @@ import (
 	"github.com/effectively-once/effectively/framework/outbox"
 	"github.com/effectively-once/effectively/handlers"
 	"github.com/effectively-once/effectively/internal/testenv"
-	"github.com/effectively-once/effectively/internal/testenv/testserver"
 	"github.com/effectively-once/effectively/middleware"
 )
 
@@ -792,19 +792,25 @@ func TestServeAMQPQueueType(t *testing.T) {
 }
 
 // TestServeAMQPQuorumQueue: with amqp_queue_type quorum the service
-// declares its consumer's queue as a quorum queue whose x-delivery-limit
-// is amqp_delivery_limit (on a RabbitMQ node of the test's own, the
-// widget consumer's queue being classic on the shared one).
+// declares its consumer's queue as a durable quorum queue whose
+// x-delivery-limit is amqp_delivery_limit. On the shared broker, under a
+// consumer name of the test's own (the widget consumer's queue is
+// classic there): RabbitMQ refuses a declare whose durability, type or
+// x-delivery-limit differ from the queue's (PRECONDITION_FAILED), so once
+// the service declared the queue, a declare as the test expects it must
+// pass, and one with another type or limit must not.
 func TestServeAMQPQuorumQueue(t *testing.T) {
 	t.Parallel()
-	node := testserver.StartRabbitMQ(t)
+	amqpURL := testenv.Require(t, testenv.AMQPURLVar)
+	name := "widgets.quorum-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	t.Cleanup(func() { deleteQueues(t, amqpURL, name) })
 	cfg := testConfig(t)
 	cfg.Transport = app.TransportAMQP
-	cfg.AMQPURL = node.URL
+	cfg.AMQPURL = amqpURL
 	cfg.AMQPQueueType = "quorum"
 	cfg.AMQPDeliveryLimit = 77
 	service := app.New(
-		handlers.Register(consumerName, handlers.On(widgetAdded, newAddWidget)),
+		handlers.Register(name, handlers.On(widgetAdded, newAddWidget)),
 		fx.Supply(widgetMigrations),
 		fx.Replace(cfg),
 	)
@@ -812,15 +818,36 @@ func TestServeAMQPQuorumQueue(t *testing.T) {
 	defer cancel()
 	served := make(chan error, 1)
 	go func() { served <- app.Serve(ctx, service) }()
-	// Each rabbitmqctl starts an Erlang VM: asked every 50 ms, under the
-	// whole suite's load, it slowed the node it asks (the test once
-	// missed its wait so).
-	require.Eventually(t, func() bool {
-		return strings.Contains(node.Ctl(t, "list_queues", "name"), consumerName)
-	}, 2*waitLimit, time.Second, "the service declared its queue")
-	queues := node.Ctl(t, "list_queues", "name", "type", "durable", "arguments")
-	require.Contains(t, queues, consumerName+"\tquorum\ttrue\t")
-	require.Contains(t, queues, `{"x-delivery-limit",77}`)
+
+	conn, err := amqp091.Dial(amqpURL)
+	require.NoError(t, err)
+	defer conn.Close()
+	// declare declares the queue (passively: only that it exists) on a
+	// channel of its own: the broker closes a channel that it refuses.
+	declare := func(passive bool, args amqp091.Table) error {
+		ch, err := conn.Channel()
+		require.NoError(t, err)
+		defer ch.Close()
+		if passive {
+			_, err = ch.QueueDeclarePassive(name, true, false, false, false, nil)
+		} else {
+			_, err = ch.QueueDeclare(name, true, false, false, false, args)
+		}
+		return err
+	}
+	require.Eventually(t, func() bool { return declare(true, nil) == nil }, 2*waitLimit, 50*time.Millisecond, "the service declared its queue")
+	require.NoError(t, declare(false, amqp091.Table{"x-queue-type": "quorum", "x-delivery-limit": int64(77)}),
+		"the service's queue is a durable quorum queue with x-delivery-limit 77")
+	for _, other := range []struct {
+		args amqp091.Table
+		arg  string
+	}{
+		{amqp091.Table{"x-queue-type": "classic", "x-delivery-limit": int64(77)}, "x-queue-type"},
+		{amqp091.Table{"x-queue-type": "quorum", "x-delivery-limit": int64(78)}, "x-delivery-limit"},
+		{amqp091.Table{"x-queue-type": "quorum"}, "x-delivery-limit"},
+	} {
+		require.ErrorContains(t, declare(false, other.args), "PRECONDITION_FAILED - inequivalent arg '"+other.arg+"'", "declared with %v", other.args)
+	}
 	cancel()
 	require.NoError(t, <-served)
 }

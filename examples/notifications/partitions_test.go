@@ -337,6 +337,19 @@ func (s *partSetup) partitionsOf(t *testing.T, p *partProc) []int {
 	return parts
 }
 
+// heldBy waits until p owns a partition, and returns those it owns: a
+// process on a loaded machine may miss a renewal and own none for a
+// moment. procs must stay up meanwhile.
+func (s *partSetup) heldBy(t *testing.T, p *partProc, procs ...*partProc) []int {
+	t.Helper()
+	var held []int
+	s.waitFor(t, fmt.Sprintf("partitions owned by process %d", p.pid), func() bool {
+		held = s.partitionsOf(t, p)
+		return len(held) > 0
+	}, procs...)
+	return held
+}
+
 // balanced reports whether procs, and no other process, own every
 // partition, their shares differing by one at most.
 func (s *partSetup) balanced(t *testing.T, procs ...*partProc) bool {

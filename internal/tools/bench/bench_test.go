@@ -4,6 +4,8 @@ import (
 	"context"
 	"os"
 	"regexp"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -29,6 +31,14 @@ func TestMain(m *testing.M) {
 // leaves other than one effect per distinct event: the harness cannot rot
 // between two runs of make bench. It asserts no figure. The example
 // service is built once, for every scenario.
+//
+// The scenarios run in two lanes at once, each one scenario after
+// another: those that need RabbitMQ share the example consumer's queue
+// and the event type's exchange (see serviceQueue), so they take turns;
+// the others each work in a PostgreSQL schema or a folder of their own.
+// A smoke run's figures say nothing, so the lanes may share the cores.
+// Most of a scenario's time is waiting (a process starting, stopping,
+// polling), so two lanes take about as long as the longer one.
 func TestSmoke(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -36,33 +46,51 @@ func TestSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var lanes [2][]bench.Scenario // RabbitMQ's, the others
 	for _, s := range bench.Scenarios() {
-		t.Run(s.Name, func(t *testing.T) {
-			opts := bench.Options{
-				Events:        100,
-				StallTimeout:  30 * time.Second,
-				Smoke:         true,
-				Run:           regexp.MustCompile("^" + regexp.QuoteMeta(s.Name) + "$"),
-				PostgresURL:   os.Getenv(testenv.PostgresURLVar),
-				AMQPURL:       testenv.BenchAMQPURL(),
-				ServiceBinary: service,
-				Log:           testWriter{t},
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-			defer cancel()
-			report, err := bench.Execute(ctx, []bench.Scenario{s}, opts)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, sr := range report.Scenarios {
-				if sr.Skipped != "" {
-					testenv.Missing(t, "scenario %s: %s", sr.Name, sr.Skipped)
-				}
-			}
-			if err := report.Err(); err != nil {
-				t.Fatal(err)
+		lane := 1
+		if slices.Contains(s.Needs, bench.NeedAMQP) {
+			lane = 0
+		}
+		lanes[lane] = append(lanes[lane], s)
+	}
+	var wg sync.WaitGroup
+	for _, lane := range lanes {
+		wg.Go(func() {
+			for _, s := range lane {
+				t.Run(s.Name, func(t *testing.T) { smoke(t, service, s) })
 			}
 		})
+	}
+	wg.Wait()
+}
+
+// smoke runs scenario s, its example service the binary service, as
+// TestSmoke does.
+func smoke(t *testing.T, service string, s bench.Scenario) {
+	opts := bench.Options{
+		Events:        100,
+		StallTimeout:  30 * time.Second,
+		Smoke:         true,
+		Run:           regexp.MustCompile("^" + regexp.QuoteMeta(s.Name) + "$"),
+		PostgresURL:   os.Getenv(testenv.PostgresURLVar),
+		AMQPURL:       testenv.BenchAMQPURL(),
+		ServiceBinary: service,
+		Log:           testWriter{t},
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	report, err := bench.Execute(ctx, []bench.Scenario{s}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, sr := range report.Scenarios {
+		if sr.Skipped != "" {
+			testenv.Missing(t, "scenario %s: %s", sr.Name, sr.Skipped)
+		}
+	}
+	if err := report.Err(); err != nil {
+		t.Fatal(err)
 	}
 }
 
