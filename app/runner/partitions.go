@@ -125,19 +125,22 @@ func (p *partitioner) run(ctx context.Context) {
 // partition that falls to the process is still another's.
 func (p *partitioner) step(ctx context.Context) time.Duration {
 	tick := p.lease / 5
-	// Every call of a step is bounded by a step, so that one that hangs
-	// (a pool whose connections are all taken, a subscription whose
-	// dropped partitions' messages take long to settle) does not keep
-	// the process from its next heartbeat: a process that stops renewing
-	// loses its place in the group and its leases.
-	callCtx, cancel := context.WithTimeout(ctx, tick)
+	// Every call of a step is bounded, so that one that hangs does not
+	// keep the process from its next heartbeat: a process that stops
+	// renewing loses its place in the group and its leases. Its
+	// statements by the lease (past it, a heartbeat is too late anyway):
+	// one may have to wait for a connection, and make it (after a freeze
+	// whose sessions were ended, every connection of the pool is new,
+	// and on a loaded machine a password's SCRAM exchange alone takes
+	// seconds); the subscription's assignment by a step (see assign).
+	callCtx, cancel := context.WithTimeout(ctx, p.lease)
 	members, err := p.leases.Heartbeat(callCtx, p.consumer, p.member, p.lease)
 	cancel()
 	if err != nil {
 		p.logger.WarnContext(ctx, "partitions: heartbeat failed; the leases held run out unless renewed", "error", err)
 		return tick
 	}
-	callCtx, cancel = context.WithTimeout(ctx, tick)
+	callCtx, cancel = context.WithTimeout(ctx, p.lease)
 	kept, err := p.leases.Renew(callCtx, p.consumer, p.member, p.lease)
 	cancel()
 	if err != nil {
@@ -171,7 +174,7 @@ func (p *partitioner) step(ctx context.Context) time.Duration {
 		return tick
 	}
 	for _, part := range give {
-		callCtx, cancel := context.WithTimeout(ctx, tick)
+		callCtx, cancel := context.WithTimeout(ctx, p.lease)
 		err := p.leases.Release(callCtx, p.consumer, part, p.member)
 		cancel()
 		if err != nil {
@@ -189,8 +192,9 @@ func (p *partitioner) step(ctx context.Context) time.Duration {
 	// moment, or, when that process froze there, until its session ends:
 	// the take ends the sessions of an owner frozen past its lease first
 	// (endStale), else the server ends the batch's transaction, its
-	// deadline and 2 s later. Each take waits half a step at most (and
-	// its ending of sessions, rare, a step), and the takes of a step
+	// deadline and 2 s later. Each take waits a step at most (and its
+	// ending of sessions, rare, a step: a take may have to make its
+	// connection first, as a heartbeat may), and the takes of a step
 	// begin within a step, so that the heartbeat and the renewals come
 	// in time: a process must not lose its own leases waiting for
 	// another's.
@@ -208,7 +212,7 @@ func (p *partitioner) step(ctx context.Context) time.Duration {
 			break // the others at the next step
 		}
 		p.endStale(ctx, part, tick)
-		takeCtx, cancel := context.WithTimeout(ctx, tick/2)
+		takeCtx, cancel := context.WithTimeout(ctx, tick)
 		token, ok, err := p.leases.Acquire(takeCtx, p.consumer, part, p.member, p.lease)
 		waited := takeCtx.Err() != nil
 		cancel()
