@@ -76,8 +76,9 @@
 // Result.Effects and Result.DistinctEffects with what it counted where
 // the consumer writes, after the consumer stopped. It honours
 // Options.Smoke: at 100 events, no latency phase and no profile, the whole
-// smoke test stays within about two minutes (TestSmoke runs the scenarios in two lanes). A child that starts its work by itself
-// calls ChildEnv.Ready, then ChildEnv.WaitBegin, so that the allocations
+// smoke test (its scenarios in two lanes) stays within about two minutes.
+// A child that starts its work by itself calls ChildEnv.Ready, then
+// ChildEnv.WaitBegin, so that the allocations
 // the harness reads in between count only the work.
 //
 // # Running
