@@ -1,0 +1,94 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
+	"github.com/effectively-once/effectively/framework/migrate"
+	"github.com/effectively-once/effectively/framework/postgres"
+	"github.com/effectively-once/effectively/internal/testenv"
+)
+
+// orderBatcher is the batch's strict-order step that the unit of work
+// finds on the store by type assertion.
+type orderBatcher interface {
+	CheckpointMany(ctx context.Context, tx *driver.Tx, consumer string, subjects []string) (map[string]int64, error)
+	AdvanceMany(ctx context.Context, tx *driver.Tx, consumer string, subjects []string, seqs []int64) (bool, error)
+}
+
+// TestCheckpointManyLocks: CheckpointMany reads the checkpoints of a
+// batch's subjects, those it never saw at 0 (making their rows), and
+// locks them all until the batch's transaction ends: another batch's
+// CheckpointMany of one of them waits, then reads the first batch's
+// move, whether the subject's row existed before or not.
+func TestCheckpointManyLocks(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.Postgres(t)
+	require.NoError(t, migrate.Up(ctx, db, migrate.Config{}))
+	store, err := postgres.NewStore(db, postgres.StoreConfig{})
+	require.NoError(t, err)
+	ob, ok := any(store).(orderBatcher)
+	require.True(t, ok, "the store moves a batch's checkpoints in one statement")
+	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: db, Store: store, BatchSize: 1})
+	require.NoError(t, err)
+	consumer := "orders.checkpoint-many-" + time.Now().Format("150405.000000000")
+
+	in := func(id string, f func(ctx context.Context, tx *driver.Tx) error) error {
+		_, err := uow.Do(ctx, consumer, framework.Key{Source: "test", ID: id}, func(ctx context.Context) error {
+			tx, ok := driver.TxFromContext(ctx)
+			if !ok {
+				return errors.New("no transaction")
+			}
+			return f(ctx, tx)
+		})
+		return err
+	}
+	// "old" has a checkpoint at 3; "new" has none.
+	require.NoError(t, in("setup", func(ctx context.Context, tx *driver.Tx) error {
+		_, err := ob.AdvanceMany(ctx, tx, consumer, []string{"old"}, []int64{3})
+		return err
+	}))
+
+	locked, release, first := make(chan map[string]int64, 1), make(chan struct{}), make(chan error, 1)
+	go func() {
+		first <- in("first", func(ctx context.Context, tx *driver.Tx) error {
+			cps, err := ob.CheckpointMany(ctx, tx, consumer, []string{"new", "old", "other"})
+			locked <- cps
+			if err != nil {
+				return err
+			}
+			<-release
+			_, err = ob.AdvanceMany(ctx, tx, consumer, []string{"old", "new"}, []int64{4, 1})
+			return err
+		})
+	}()
+	cps := <-locked
+	require.Equal(t, map[string]int64{"new": 0, "old": 3, "other": 0}, cps)
+
+	// A second batch of both: it waits for the first, then reads its
+	// moves, the row that existed ("old") as the one it made ("new").
+	got, second := make(chan map[string]int64, 1), make(chan error, 1)
+	go func() {
+		second <- in("second", func(ctx context.Context, tx *driver.Tx) error {
+			cps, err := ob.CheckpointMany(ctx, tx, consumer, []string{"new", "old"})
+			got <- cps
+			return err
+		})
+	}()
+	select {
+	case cps := <-got:
+		t.Fatalf("read %v while the first batch held the rows", cps)
+	case <-time.After(300 * time.Millisecond):
+	}
+	close(release)
+	require.NoError(t, <-first)
+	require.Equal(t, map[string]int64{"new": 1, "old": 4}, <-got, "the first batch's moves, once it committed")
+	require.NoError(t, <-second)
+}
