@@ -247,10 +247,11 @@ func (s *subscription) consumerTag() string {
 }
 
 // cancel cancels the consumer tag on ch, for a dropped partition or the
-// end of the subscription (see ender): the broker sends nothing after its answer, and what it sent before stays to
-// be read from the deliveries, which close after it. It reports false
-// when the channel failed, which it closes: its deliveries close then too,
-// and the broker requeues what was not settled.
+// end of the subscription (see ender): the broker sends nothing after its
+// answer, and what it sent before stays to be read from the deliveries,
+// which close after it. It reports false when the channel failed, which
+// it closes: its deliveries close then too, and the broker requeues what
+// was not settled.
 func (s *subscription) cancel(ctx context.Context, ch *amqp091.Channel, tag string) bool {
 	if err := ch.Cancel(tag, false); err != nil {
 		s.conn.cfg.Logger.WarnContext(ctx, "amqp: cancel the consumer", "queue", s.queue, "error", err)
