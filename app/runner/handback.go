@@ -62,8 +62,9 @@ func (h *handBack) record(msg *message.Message) {
 	}
 }
 
-// records records each of msgs (see record), at once: the store may
-// write them in one statement.
+// records records each of msgs (see record), concurrently: a stop hands
+// back up to a window of them, each a statement of its own, and waits
+// about one round trip's time instead of one per message.
 func (h *handBack) records(msgs []*message.Message) {
 	if h == nil {
 		return

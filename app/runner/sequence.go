@@ -234,7 +234,33 @@ func (s *sequencer) stalled(out *output, remove bool) []*message.Message {
 	if remove {
 		out.ready = nil
 	}
-	for _, l := range s.lines {
+	return append(msgs, s.waitingFor(out, remove)...)
+}
+
+// end nacks, once the subscription of out ended, the events waiting for
+// out, and those whose turn came but never reached the router (freeing
+// the turn of each for the event after it).
+func (s *sequencer) end(out *output) {
+	s.mu.Lock()
+	out.done = true
+	ready := out.ready
+	out.ready = nil
+	stale := s.waitingFor(out, true)
+	s.mu.Unlock()
+	for _, msg := range stale {
+		s.nack(msg)
+	}
+	for _, msg := range ready {
+		s.refuse(msg)
+	}
+}
+
+// waitingFor returns the events that wait for out in their subjects'
+// lines, oldest first in each; with remove it takes them out, and
+// forgets the lines left with no event. Call it with s.mu held.
+func (s *sequencer) waitingFor(out *output, remove bool) []*message.Message {
+	var msgs []*message.Message
+	for subject, l := range s.lines {
 		kept := l.waiting[:0]
 		for _, w := range l.waiting {
 			switch {
@@ -248,42 +274,13 @@ func (s *sequencer) stalled(out *output, remove bool) []*message.Message {
 				kept = append(kept, w)
 			}
 		}
-		l.waiting = kept
-	}
-	return msgs
-}
-
-// end nacks, once the subscription of out ended, the events waiting for
-// out, and those whose turn came but never reached the router (freeing
-// the turn of each for the event after it).
-func (s *sequencer) end(out *output) {
-	s.mu.Lock()
-	out.done = true
-	ready := out.ready
-	out.ready = nil
-	var stale []*message.Message
-	for subject, l := range s.lines {
-		kept := l.waiting[:0]
-		for _, w := range l.waiting {
-			if w.out == out {
-				stale = append(stale, w.msg)
-				s.waitingNow--
-			} else {
-				kept = append(kept, w)
-			}
-		}
+		clear(l.waiting[len(kept):])
 		l.waiting = kept
 		if l.last == nil && len(kept) == 0 {
 			delete(s.lines, subject)
 		}
 	}
-	s.mu.Unlock()
-	for _, msg := range stale {
-		s.nack(msg)
-	}
-	for _, msg := range ready {
-		s.refuse(msg)
-	}
+	return msgs
 }
 
 // admit reports whether msg, which reached the consumer, may go to the

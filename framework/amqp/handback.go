@@ -28,9 +28,11 @@ const handBackTime = 5 * time.Second
 // every stop would make up to a prefetch of messages that nothing
 // handled look delivered before.
 type ender struct {
-	// done and closing are the subscription's context's Done and the
-	// subscriber's closing; both nil once the end began.
-	done, closing <-chan struct{}
+	// ending closes when the subscription's context ends or its
+	// subscriber closes; nil once the end began.
+	ending <-chan struct{}
+	// release lets go of what ending needs, once the consume returned.
+	release func()
 	// over closes once the end's handBackTime is over; nil before the
 	// end began.
 	over <-chan time.Time
@@ -38,9 +40,18 @@ type ender struct {
 	handsBack bool
 }
 
-// ender returns the ender of a consume of s under ctx.
+// ender returns the ender of a consume of s under ctx; the consume calls
+// its release once it returns.
 func (s *subscription) ender(ctx context.Context) *ender {
-	return &ender{done: ctx.Done(), closing: s.closing, handsBack: s.reported}
+	ctx, cancel := context.WithCancel(ctx)
+	go func() {
+		select {
+		case <-s.closing:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return &ender{ending: ctx.Done(), release: cancel, handsBack: s.reported}
 }
 
 // begin begins the end, cancelling the consumer with cancel (unless
@@ -50,7 +61,7 @@ func (e *ender) begin(cancel func()) (now bool) {
 	if !e.handsBack {
 		return true
 	}
-	e.done, e.closing = nil, nil
+	e.ending = nil
 	e.over = time.After(handBackTime)
 	if cancel != nil {
 		cancel()

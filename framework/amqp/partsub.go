@@ -278,11 +278,7 @@ func (c *consumption) awaitSettled(closed <-chan *amqp091.Error, e *ender) bool 
 			return false
 		case <-closed:
 			return true
-		case <-e.done:
-			if e.begin(nil) {
-				return false
-			}
-		case <-e.closing:
+		case <-e.ending:
 			if e.begin(nil) {
 				return false
 			}

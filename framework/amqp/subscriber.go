@@ -337,6 +337,7 @@ func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) bo
 		}
 	}
 	e := s.ender(ctx)
+	defer e.release()
 	for {
 		// A delivery, then a slot: the partitions of a consumer share its
 		// slots, and one idle would hold a slot while it waits.
@@ -350,11 +351,7 @@ func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) bo
 				received, lost = true, !ok && !cancelled
 			case <-stop:
 				cancelConsumer()
-			case <-e.done:
-				if e.begin(cancelConsumer) {
-					return true
-				}
-			case <-e.closing:
+			case <-e.ending:
 				if e.begin(cancelConsumer) {
 					return true
 				}
@@ -380,11 +377,7 @@ func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) bo
 				return true
 			case <-stop:
 				cancelConsumer()
-			case <-e.done:
-				if e.begin(cancelConsumer) {
-					return true
-				}
-			case <-e.closing:
+			case <-e.ending:
 				if e.begin(cancelConsumer) {
 					return true
 				}
@@ -417,9 +410,7 @@ func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) bo
 			select {
 			case s.out <- msg:
 				sent = true
-			case <-e.done:
-				gone = e.begin(cancelConsumer)
-			case <-e.closing:
+			case <-e.ending:
 				gone = e.begin(cancelConsumer)
 			case <-e.over:
 				gone = true
