@@ -161,6 +161,9 @@ func (s *Store) Leave(ctx context.Context, consumer, member string) error {
 	}, "leave %s as %s", consumer, member)
 }
 
+// sqlStateUniqueViolation is PostgreSQL's error of a duplicate key.
+const sqlStateUniqueViolation = "23505"
+
 // Acquire implements driver.Leases, in one statement.
 func (s *Store) Acquire(ctx context.Context, consumer string, partition int, member string, ttl time.Duration) (int64, bool, error) {
 	if ttl <= 0 {
@@ -169,6 +172,18 @@ func (s *Store) Acquire(ctx context.Context, consumer string, partition int, mem
 	var tokens []int64
 	err := s.db.SelectContext(ctx, &tokens, s.leaseSQL(qAcquirePartition),
 		consumer, partition, member, s.dialect.ttlArg(ttl), consumer, partition, member)
+	var state interface{ SQLState() string }
+	if errors.As(err, &state) && state.SQLState() == sqlStateUniqueViolation {
+		// Two first takes of a partition raced: ON CONFLICT waits on
+		// its arbiter, (consumer, partition), but the row's other unique
+		// key, (consumer, partition, token), may report the other's
+		// insert first (PostgreSQL checks a key that is no arbiter
+		// without ON CONFLICT). The row exists now: take it again, as a
+		// conflict.
+		tokens = nil
+		err = s.db.SelectContext(ctx, &tokens, s.leaseSQL(qAcquirePartition),
+			consumer, partition, member, s.dialect.ttlArg(ttl), consumer, partition, member)
+	}
 	if err != nil {
 		return 0, false, fmt.Errorf("acquire partition %d of %s for %s: %w", partition, consumer, member, err)
 	}
