@@ -102,14 +102,16 @@ type brokers struct {
 	// heartbeat overrides (amqp091-go).
 	heartbeat time.Duration
 
-	mu   sync.Mutex
-	next int // the node the next dial tries first
-	last int // the node last dialed, -1 before the first
+	mu     sync.Mutex
+	next   int // the node the next dial tries first
+	last   int // the node last dialed, -1 before the first
+	open   map[*coalescingConn]struct{}
+	closed bool // close was called: no more dials
 }
 
 // newBrokers returns the nodes of urls, a list ParseURLs accepted.
 func newBrokers(urls []string, logger *slog.Logger) (*brokers, error) {
-	b := &brokers{logger: logger, last: -1}
+	b := &brokers{logger: logger, last: -1, open: map[*coalescingConn]struct{}{}}
 	for _, u := range urls {
 		uri, err := amqp091.ParseURI(u)
 		if err != nil {
@@ -148,13 +150,57 @@ func (b *brokers) dialURI() string {
 // coalescingConn), and proposes the heartbeat (the broker's own, when
 // lower, wins).
 func (b *brokers) config() *amqp091.Config {
-	return &amqp091.Config{Heartbeat: b.heartbeat, Dial: func(network, addr string) (net.Conn, error) {
-		conn, err := b.dial(network, addr)
-		if err != nil {
-			return nil, err
+	return &amqp091.Config{Heartbeat: b.heartbeat, Dial: b.dialCoalesced}
+}
+
+// dialCoalesced dials as dial does, and returns the connection with its
+// writes coalesced, counted among the open ones until close; ErrClosed
+// after close.
+func (b *brokers) dialCoalesced(network, addr string) (net.Conn, error) {
+	b.mu.Lock()
+	closed := b.closed
+	b.mu.Unlock()
+	if closed {
+		return nil, ErrClosed
+	}
+	conn, err := b.dial(network, addr)
+	if err != nil {
+		return nil, err
+	}
+	c := newCoalescingConn(conn)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		_ = c.Close()
+		return nil, ErrClosed
+	}
+	for o := range b.open {
+		select {
+		case <-o.done: // closed, or its socket failed
+			delete(b.open, o)
+		default:
 		}
-		return newCoalescingConn(conn), nil
-	}}
+	}
+	b.open[c] = struct{}{}
+	return c, nil
+}
+
+// close refuses further dials and closes the connections dialed that are
+// still open. watermill-amqp may reconnect while its connection closes:
+// that connection, which it never closes, is closed here.
+func (b *brokers) close() error {
+	b.mu.Lock()
+	b.closed = true
+	open := b.open
+	b.open = nil
+	b.mu.Unlock()
+	var errs []error
+	for c := range open {
+		if err := c.Close(); err != nil && !errors.Is(err, net.ErrClosed) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // current returns the URL of the node last dialed, password hidden, or ""

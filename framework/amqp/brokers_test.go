@@ -10,6 +10,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/big"
 	"net"
@@ -115,6 +116,35 @@ func TestBrokersDialInTurn(t *testing.T) {
 	require.ErrorContains(t, err, "amqp://u:xxxxx@"+down1+"/", "every node's error, without the password")
 	require.ErrorContains(t, err, "amqp://u:xxxxx@"+down2+"/")
 	require.NotContains(t, err.Error(), ":p@")
+}
+
+// TestBrokersClose: close closes the connections dialed that are still
+// open, and refuses dials after it. watermill-amqp may reconnect while
+// its connection closes and never close what it dialed; before close
+// did, such a connection stayed open to the broker (and its writer
+// goroutine ran) for the life of the process.
+func TestBrokersClose(t *testing.T) {
+	t.Parallel()
+	ln, addr := listen(t)
+	b := dialer(t, "amqp://u:p@"+addr+"/")
+	conn, err := b.dialCoalesced("tcp", "ignored:5672")
+	require.NoError(t, err)
+	require.NoError(t, ln.(*net.TCPListener).SetDeadline(time.Now().Add(10*time.Second)))
+	accepted, err := ln.Accept()
+	require.NoError(t, err)
+	defer accepted.Close()
+	closed, err := b.dialCoalesced("tcp", "ignored:5672")
+	require.NoError(t, err)
+	require.NoError(t, closed.Close(), "a connection its user closed")
+
+	require.NoError(t, b.close())
+	require.NoError(t, accepted.SetReadDeadline(time.Now().Add(10*time.Second)))
+	_, err = accepted.Read(make([]byte, 1))
+	require.ErrorIs(t, err, io.EOF, "the broker's end sees the connection closed")
+	_, err = conn.Write([]byte("x"))
+	require.ErrorIs(t, err, net.ErrClosed)
+	_, err = b.dialCoalesced("tcp", "ignored:5672")
+	require.ErrorIs(t, err, ErrClosed)
 }
 
 // refusing returns a loopback address that refuses connections for the

@@ -203,11 +203,16 @@ func (c *connection) Close() error {
 		return nil
 	}
 	c.closed = true
-	if c.conn == nil {
-		return nil
+	var err error
+	if c.conn != nil {
+		if cerr := c.conn.Close(); cerr != nil {
+			err = fmt.Errorf("amqp: close: %w", cerr)
+		}
 	}
-	if err := c.conn.Close(); err != nil {
-		return fmt.Errorf("amqp: close: %w", err)
+	// A reconnection racing watermill-amqp's Close leaves a connection it
+	// never closes; and none may follow.
+	if cerr := c.brokers.close(); cerr != nil {
+		err = errors.Join(err, fmt.Errorf("amqp: close: %w", cerr))
 	}
-	return nil
+	return err
 }
