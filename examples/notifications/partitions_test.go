@@ -392,9 +392,42 @@ func (s *partSetup) waitFor(t *testing.T, what string, cond func() bool, procs .
 			}
 		}
 		if time.Now().After(deadline) {
+			s.logSessions(t)
 			t.Fatalf("no %s within %s (owners %v)", what, waitLimit, s.owners(t))
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// logSessions logs the sessions of the database that are in a
+// transaction or waiting, with whom they wait for: what holds up a
+// drain that did not end.
+func (s *partSetup) logSessions(t *testing.T) {
+	t.Helper()
+	rows, err := s.db.Queryx(`SELECT pid, application_name, state, coalesce(wait_event_type || ':' || wait_event, '') AS wait,
+		pg_blocking_pids(pid)::text AS blocked_by, coalesce(now() - xact_start, '0')::text AS xact_age, left(query, 200) AS query
+		FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()
+		AND (state <> 'idle' OR cardinality(pg_blocking_pids(pid)) > 0) ORDER BY xact_start`)
+	if err != nil {
+		t.Logf("sessions: %v", err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var r struct {
+			PID       int    `db:"pid"`
+			App       string `db:"application_name"`
+			State     string `db:"state"`
+			Wait      string `db:"wait"`
+			BlockedBy string `db:"blocked_by"`
+			XactAge   string `db:"xact_age"`
+			Query     string `db:"query"`
+		}
+		if err := rows.StructScan(&r); err != nil {
+			t.Logf("sessions: %v", err)
+			return
+		}
+		t.Logf("session %d (%s): %s %s blocked by %s, transaction %s: %s", r.PID, r.App, r.State, r.Wait, r.BlockedBy, r.XactAge, r.Query)
 	}
 }
 

@@ -43,7 +43,8 @@ type group struct {
 	batches int
 
 	mu       sync.Mutex
-	free     int           // batch slots not running
+	free     int           // batch slots not taken (by a collect, or a batch handed on or running)
+	running  int           // batches in runBatch, until they ended
 	waiting  []*attemptRun // attempts in no batch yet, oldest first
 	lanes    uint64        // the lanes of the running batches (see laneOf)
 	full     chan struct{} // closed when BatchSize attempts wait (while a batch lingers)
@@ -145,8 +146,14 @@ func (g *group) next() {
 // its batch then starts, and drops it. It returns nil, and frees the
 // slot, when another slot took every waiting attempt meanwhile. Call it
 // with g.mu held; it lets go of it while it waits.
+//
+// Only a batch that runs makes it wait, never another slot's collect:
+// two collects that each waited for the other's slot would wait until an
+// attempt's context ended (two events of one subject arriving at an idle
+// group do that: the first lets the second go as it joins the queue,
+// before it collects).
 func (g *group) collect(ctx context.Context) []*attemptRun {
-	busy := g.free < g.batches-1 // another batch runs: this slot is taken already
+	busy := g.running > 0 // its end is a batch's to gather behind
 	if (g.linger > 0 || busy) && len(g.waiting) < g.size {
 		if g.full == nil {
 			g.full = make(chan struct{})
@@ -183,6 +190,9 @@ func (g *group) collect(ctx context.Context) []*attemptRun {
 
 // runBatch runs batch and sets the result of each of its attempts.
 func (g *group) runBatch(batch []*attemptRun) {
+	g.mu.Lock()
+	g.running++ // until ended
+	g.mu.Unlock()
 	defer func() {
 		g.freeLanes(batch)
 		for _, a := range batch {
@@ -227,6 +237,7 @@ func (g *group) runBatch(batch []*attemptRun) {
 // before it on this processor, the file's writer lock free meanwhile.
 func (g *group) ended() {
 	g.mu.Lock()
+	g.running--
 	woke := g.wakeWaiting()
 	g.mu.Unlock()
 	if woke {

@@ -20,6 +20,7 @@ import (
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/postgres"
 	"github.com/effectively-once/effectively/framework/sqlite"
+	"github.com/effectively-once/effectively/internal/pipeline"
 	"github.com/effectively-once/effectively/internal/testenv"
 )
 
@@ -914,6 +915,48 @@ func TestStatementAfterTheHandlerReturned(t *testing.T) {
 			var ids []string
 			require.NoError(t, b.db.SelectContext(t.Context(), &ids, `SELECT id FROM effects ORDER BY id`))
 			require.Equal(t, []string{"a", "b"}, ids)
+		})
+	}
+}
+
+// TestGroupCommitIdleGroupTwoOfASubject: the first event of a subject to
+// reach an idle group lets the next one go as it joins the queue (its
+// turn's Joined), before it collects its batch; the next one takes the
+// other slot and collects too. Each collect used to wait for the other
+// slot's batch to end, and neither ran one: both waited until their
+// attempts' contexts ended (a partition's backlog arriving at once at a
+// process that had nothing to do stalled for the consumer's timeout).
+func TestGroupCommitIdleGroupTwoOfASubject(t *testing.T) {
+	t.Parallel()
+	for name, backend := range groupBackends() {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := backend(t)
+			uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: 8, Batches: 2, Overlap: 1})
+			require.NoError(t, err)
+			// A deadline far below the test's, far above a batch's.
+			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+			defer cancel()
+			run := func(ctx context.Context, id string) error {
+				_, err := uow.DoDelivery(ctx, "c", framework.Key{Source: "s", ID: id}, driver.Delivery{OrderedSubject: "subject"}, func(ctx context.Context) error {
+					_, err := framework.Conn(ctx, b.db).ExecContext(ctx, b.db.Rebind(`INSERT INTO effects (id, seen) VALUES (?, 1)`), id)
+					return err
+				})
+				return err
+			}
+			second := make(chan error, 1)
+			var first *pipeline.Turn
+			first = pipeline.NewTurn(nil, func() {
+				// The sequencer lets the next event go now; here it
+				// also waits until that one took the other slot, as
+				// it may before the first collects.
+				go func() { second <- run(pipeline.With(ctx, pipeline.NewTurn(first, nil)), "second") }()
+				for driver.Taken(uow) < 2 && ctx.Err() == nil {
+					time.Sleep(time.Millisecond)
+				}
+			})
+			require.NoError(t, run(pipeline.With(ctx, first), "first"))
+			require.NoError(t, <-second)
 		})
 	}
 }

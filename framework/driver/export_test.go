@@ -33,3 +33,14 @@ var DataException = dataException
 func Overlapping(u *UnitOfWork) bool {
 	return u.group != nil && u.group.overlapping.Load()
 }
+
+// Taken returns how many of u's batch slots are taken: by a collect, or
+// by a batch handed on or running.
+func Taken(u *UnitOfWork) int {
+	if u.group == nil {
+		return 0
+	}
+	u.group.mu.Lock()
+	defer u.group.mu.Unlock()
+	return u.group.batches - u.group.free
+}
