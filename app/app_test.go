@@ -39,13 +39,16 @@ import (
 // that is down or refuses the credentials) leaves its
 // handleConnectionClose goroutine waiting for a reconnection that never
 // comes, and a connection the broker drops while it closes blocks
-// amqp091-go's shutdown on an unread channel.
+// amqp091-go's shutdown on an unread channel (and with it that
+// connection's reader and heartbeater).
 func TestMain(m *testing.M) {
 	testenv.VerifyNoLeaks(m,
 		goleak.IgnoreAnyFunction("github.com/ThreeDotsLabs/watermill/message.(*Router).watchAllHandlersStopped.func1"),
 		goleak.IgnoreTopFunction("github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp.(*ConnectionWrapper).handleConnectionClose"),
 		goleak.IgnoreTopFunction("github.com/rabbitmq/amqp091-go.(*Connection).shutdown.func1"),
 		goleak.IgnoreAnyFunction("github.com/rabbitmq/amqp091-go.(*Connection).shutdown"),
+		goleak.IgnoreAnyFunction("github.com/rabbitmq/amqp091-go.(*Connection).reader"),
+		goleak.IgnoreTopFunction("github.com/rabbitmq/amqp091-go.(*Connection).heartbeater"),
 	)
 }
 
