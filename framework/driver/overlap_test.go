@@ -2,6 +2,7 @@ package driver_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"runtime"
 	"slices"
@@ -96,6 +97,19 @@ func TestOutsideCallsOverlap(t *testing.T) {
 			require.Equal(t, 1, txids(first), "one batch: the consumer's handlers have not waited yet")
 			require.False(t, overlap(first), "a batch runs its attempts one after another")
 
+			// The pool keeps four connections ready: a connection
+			// dialed as an attempt begins (SCRAM's exchange takes tens of
+			// milliseconds on a loaded machine) would start its outside
+			// call after the others had ended.
+			b.db.SetMaxIdleConns(4)
+			conns := make([]*sql.Conn, 4)
+			for i := range conns {
+				conns[i], err = b.db.Conn(ctx)
+				require.NoError(t, err)
+			}
+			for _, c := range conns {
+				require.NoError(t, c.Close())
+			}
 			second := round("outside-", 20*time.Millisecond)
 			if name == "SQLite" {
 				require.False(t, driver.Overlapping(uow))
