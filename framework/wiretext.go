@@ -6,8 +6,9 @@ import (
 	"net/url"
 	"strings"
 	"time"
-	"unicode/utf16"
 	"unicode/utf8"
+
+	"github.com/effectively-once/effectively/internal/jsonescape"
 )
 
 // The characters of a CloudEvents String attribute. CloudEvents 1.0 allows
@@ -208,7 +209,7 @@ func decodeString(raw []byte, out *[]byte) (problem string) {
 		c := raw[i]
 		switch {
 		case c == '\\':
-			r, n := unescape(raw[i:])
+			r, n := jsonescape.Unescape(raw[i:])
 			if n == 0 {
 				return "holds an invalid escape"
 			}
@@ -242,65 +243,6 @@ func decodeString(raw []byte, out *[]byte) (problem string) {
 		}
 	}
 	return ""
-}
-
-// unescape decodes the escape at the start of raw and returns the rune and
-// the bytes it took; 0 bytes when it is not a valid escape. A surrogate
-// pair of \u escapes is one rune; a lone surrogate is returned as it is,
-// for the caller to refuse.
-func unescape(raw []byte) (rune, int) {
-	if len(raw) < 2 {
-		return 0, 0
-	}
-	switch raw[1] {
-	case '"', '\\', '/':
-		return rune(raw[1]), 2
-	case 'b':
-		return '\b', 2
-	case 'f':
-		return '\f', 2
-	case 'n':
-		return '\n', 2
-	case 'r':
-		return '\r', 2
-	case 't':
-		return '\t', 2
-	case 'u':
-	default:
-		return 0, 0
-	}
-	r := hex4(raw[2:])
-	if r < 0 {
-		return 0, 0
-	}
-	if utf16.IsSurrogate(r) && r < 0xdc00 && len(raw) >= 12 && raw[6] == '\\' && raw[7] == 'u' {
-		if lo := hex4(raw[8:]); lo >= 0xdc00 && lo <= 0xdfff {
-			return utf16.DecodeRune(r, lo), 12
-		}
-	}
-	return r, 6
-}
-
-// hex4 returns the value of the four hex digits at the start of b, or -1.
-func hex4(b []byte) rune {
-	if len(b) < 4 {
-		return -1
-	}
-	var r rune
-	for _, c := range b[:4] {
-		r <<= 4
-		switch {
-		case c >= '0' && c <= '9':
-			r |= rune(c - '0')
-		case c >= 'a' && c <= 'f':
-			r |= rune(c - 'a' + 10)
-		case c >= 'A' && c <= 'F':
-			r |= rune(c - 'A' + 10)
-		default:
-			return -1
-		}
-	}
-	return r
 }
 
 // plainAttribute is one of the attributes that decodePlain reads, as a

@@ -192,14 +192,16 @@ func (s *Store) Fence(ctx context.Context, tx *driver.Tx, consumer, member strin
 	held := map[int]*partitionLease{}
 	for _, f := range fences {
 		l, ok := s.leases[leaseKey{consumer, f.Partition}]
-		var lease *driver.PartitionLease
+		var (
+			lease *driver.PartitionLease
+			live  bool
+		)
 		if ok {
 			lease = &driver.PartitionLease{Consumer: consumer, Partition: f.Partition, Owner: l.owner, Token: l.token}
-		} else {
-			l = &partitionLease{}
+			live = l.live(now)
 		}
-		if err := f.Check(consumer, member, lease, l.live(now)); err != nil {
-			return err
+		if err := f.Check(consumer, member, lease, live); err != nil {
+			return err // a lease that does not exist fails its check
 		}
 		held[f.Partition] = l
 	}

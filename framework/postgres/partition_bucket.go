@@ -8,10 +8,12 @@ import (
 	"log/slog"
 	"strconv"
 	"time"
+	"unicode/utf16"
 
 	"github.com/jmoiron/sqlx"
 
 	"github.com/effectively-once/effectively/framework/driver"
+	"github.com/effectively-once/effectively/internal/jsonescape"
 )
 
 // Partitions on PostgreSQL: each messages table has a column of ours,
@@ -99,57 +101,20 @@ func payloadBucket(payload []byte) int {
 // reads those (NUL, U+FFFD), PostgreSQL cannot, so bucketFunction puts
 // such a payload in bucket 0, and so must payloadBucket.
 func jsonbRefuses(payload []byte) bool {
-	for i := 0; i+1 < len(payload); i++ {
-		if payload[i] != '\\' {
+	for i := 0; i < len(payload); i++ {
+		if payload[i] != '\\' { // outside strings, valid JSON has none
 			continue
 		}
-		i++ // the escaped byte; a backslash outside strings is no valid JSON
-		if payload[i] != 'u' {
-			continue
-		}
-		v, ok := hex4(payload[i+1:])
+		r, n := jsonescape.Unescape(payload[i:])
 		switch {
-		case !ok:
+		case n == 0:
 			return false // cannot be: payload is valid JSON
-		case v == 0:
+		case r == 0 || utf16.IsSurrogate(r): // a pair is one rune above U+FFFF
 			return true
-		case v >= 0xdc00 && v <= 0xdfff:
-			return true // a low surrogate first
-		case v >= 0xd800 && v <= 0xdbff:
-			rest := payload[i+5:]
-			if len(rest) < 6 || rest[0] != '\\' || rest[1] != 'u' {
-				return true
-			}
-			if low, ok := hex4(rest[2:]); !ok || low < 0xdc00 || low > 0xdfff {
-				return true
-			}
-			i += 10 // the pair
-		default:
-			i += 4
 		}
+		i += n - 1
 	}
 	return false
-}
-
-// hex4 reads the 4 hex digits that b begins with.
-func hex4(b []byte) (rune, bool) {
-	if len(b) < 4 {
-		return 0, false
-	}
-	var v rune
-	for _, c := range b[:4] {
-		switch {
-		case c >= '0' && c <= '9':
-			v = v<<4 | rune(c-'0')
-		case c >= 'a' && c <= 'f':
-			v = v<<4 | rune(c-'a'+10)
-		case c >= 'A' && c <= 'F':
-			v = v<<4 | rune(c-'A'+10)
-		default:
-			return 0, false
-		}
-	}
-	return v, true
 }
 
 // jsonString returns the string that raw holds, or "" when it holds

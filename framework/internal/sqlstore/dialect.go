@@ -1,6 +1,7 @@
 package sqlstore
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"regexp"
@@ -139,4 +140,13 @@ func (v *timeValue) Scan(src any) error {
 		return fmt.Errorf("scan time: unsupported type %T", src)
 	}
 	return nil
+}
+
+// sqlState returns the SQLSTATE of err (PostgreSQL's, through pgx), or "".
+func sqlState(err error) string {
+	var state interface{ SQLState() string }
+	if errors.As(err, &state) {
+		return state.SQLState()
+	}
+	return ""
 }

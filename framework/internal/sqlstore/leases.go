@@ -169,20 +169,23 @@ func (s *Store) Acquire(ctx context.Context, consumer string, partition int, mem
 	if ttl <= 0 {
 		return 0, false, fmt.Errorf("acquire partition %d of %s for %s: %w, got %s", partition, consumer, member, errTTL, ttl)
 	}
-	var tokens []int64
-	err := s.db.SelectContext(ctx, &tokens, s.leaseSQL(qAcquirePartition),
-		consumer, partition, member, s.dialect.ttlArg(ttl), consumer, partition, member)
-	var state interface{ SQLState() string }
-	if errors.As(err, &state) && state.SQLState() == sqlStateUniqueViolation {
+	var (
+		tokens []int64
+		err    error
+	)
+	for range 2 {
+		tokens = nil
+		err = s.db.SelectContext(ctx, &tokens, s.leaseSQL(qAcquirePartition),
+			consumer, partition, member, s.dialect.ttlArg(ttl), consumer, partition, member)
 		// Two first takes of a partition raced: ON CONFLICT waits on
 		// its arbiter, (consumer, partition), but the row's other unique
 		// key, (consumer, partition, token), may report the other's
 		// insert first (PostgreSQL checks a key that is no arbiter
-		// without ON CONFLICT). The row exists now: take it again, as a
-		// conflict.
-		tokens = nil
-		err = s.db.SelectContext(ctx, &tokens, s.leaseSQL(qAcquirePartition),
-			consumer, partition, member, s.dialect.ttlArg(ttl), consumer, partition, member)
+		// without ON CONFLICT). The row exists now: the take made again
+		// meets it as a conflict.
+		if sqlState(err) != sqlStateUniqueViolation {
+			break
+		}
 	}
 	if err != nil {
 		return 0, false, fmt.Errorf("acquire partition %d of %s for %s: %w", partition, consumer, member, err)

@@ -70,8 +70,7 @@ func (s *Store) EndStaleOwner(ctx context.Context, consumer string, partition in
 	}
 	var ended []int64
 	if err := s.db.SelectContext(ctx, &ended, s.q.sql(qEndSessions), owner, owner, float64(quiet.Microseconds())); err != nil {
-		var state interface{ SQLState() string }
-		if errors.As(err, &state) && state.SQLState() == sqlStateInsufficientPrivilege {
+		if sqlState(err) == sqlStateInsufficientPrivilege {
 			return owner, 0, fmt.Errorf("end the sessions of %s, the stale owner of partition %d of %s: %w "+
 				"(run the consumer's processes as one database role, or grant theirs pg_signal_backend)", owner, partition, consumer, err)
 		}
