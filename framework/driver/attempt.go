@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jmoiron/sqlx"
+
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/internal/crash"
 	"github.com/effectively-once/effectively/internal/pipeline"
@@ -41,6 +43,9 @@ type attemptRun struct {
 	lead     chan []*attemptRun // hands this attempt a batch to run
 	crash    crash.Hook         // the crash hook of ctx, nil without one
 	died     crash.Point        // where the attempt died (see dies)
+	// eager says that a runs alone with its transaction begun before its
+	// handler, never deferred (see UnitOfWork.deferred).
+	eager bool
 
 	// hookPanicked is the first panic of one of a's OnCommit or
 	// OnRollback hooks, of any run of a: Do panics with it once a's
@@ -112,25 +117,33 @@ func (u *UnitOfWork) alone(a *attemptRun) {
 			}
 		}
 	}
-	write := u.attempt(a)
+	u.end(a, u.attempt(a))
+}
+
+// end ends a's transaction, which ran alone, once a ran: it commits when
+// a wrote something to commit and succeeded, and rolls back otherwise.
+func (u *UnitOfWork) end(a *attemptRun, write bool) {
+	tx := a.tx.current()
 	switch {
-	case a.died != "" && a.tx.tx != nil:
+	case a.died != "" && (tx != nil || a.tx.begin != nil):
 		// The process died: its transaction ends unfinished, its hooks
 		// never run.
-		_ = a.tx.tx.Rollback()
+		if tx != nil {
+			_ = tx.Rollback()
+		}
 	case a.err != nil || a.panicked != nil || !write:
-		if a.tx.tx != nil {
-			_ = a.tx.tx.Rollback() // the attempt's error is what matters
+		if tx != nil {
+			_ = tx.Rollback() // the attempt's error is what matters
 		}
 		a.rolledBack() // without a database, the hooks are the rollback
-	case a.tx.tx != nil:
-		if err := u.resetSession(a); err != nil {
-			_ = a.tx.tx.Rollback() // err is what matters
+	case tx != nil:
+		if err := u.resetSession(a, tx); err != nil {
+			_ = tx.Rollback() // err is what matters
 			a.rolledBack()
 			a.fail(err)
 			return
 		}
-		if err := a.tx.tx.Commit(); err != nil {
+		if err := tx.Commit(); err != nil {
 			a.rolledBack()
 			a.fail(fmt.Errorf("commit: %w", err))
 			return
@@ -149,11 +162,11 @@ func (u *UnitOfWork) alone(a *attemptRun) {
 // may have made (see Tx.setsSession) before its transaction commits: a
 // plain SET or set_config(..., false) outlives the commit, on a
 // connection of the pool that the next attempts take.
-func (u *UnitOfWork) resetSession(a *attemptRun) error {
+func (u *UnitOfWork) resetSession(a *attemptRun, tx *sqlx.Tx) error {
 	if !a.tx.setsSession || u.db.DriverName() != "pgx" {
 		return nil
 	}
-	if _, err := a.tx.tx.ExecContext(a.ctx, "RESET ALL"); err != nil {
+	if _, err := tx.ExecContext(a.ctx, "RESET ALL"); err != nil {
 		return fmt.Errorf("reset the attempt's settings: %w", err)
 	}
 	return nil
@@ -192,17 +205,23 @@ func (u *UnitOfWork) attempt(a *attemptRun) (write bool) {
 	if first {
 		a.outcome = framework.Processed
 		at := pipeline.Attempt{Consumer: a.consumer, Source: a.key.Source, ID: a.key.ID, Order: a.order}
-		if tx.tx != nil {
+		if tx.HasDB() {
 			at.Conn = tx // framework.Conn's: a *Tx without a database is none
 		}
 		attemptCtx := pipeline.With(pipeline.With(ctx, tx), at)
-		if a.dies(attemptCtx, crash.AfterMark) {
+		// A deferred transaction (see UnitOfWork.deferred) marks when it
+		// begins.
+		if tx.begin == nil && a.dies(attemptCtx, crash.AfterMark) {
 			return false
 		}
 		start := time.Now()
 		err := a.fn(attemptCtx)
 		if u.group != nil {
 			u.group.observe(time.Since(start) - tx.inStatements)
+		}
+		if a.died != "" {
+			a.die(a.died) // at the mark of a deferred transaction
+			return false
 		}
 		if err != nil {
 			a.fail(dataException(err))
@@ -237,7 +256,7 @@ func (u *UnitOfWork) attempt(a *attemptRun) (write bool) {
 			return false
 		}
 	}
-	if ack := a.delivery.Ack; ack.Batch != nil && tx.tx != nil && ack.DB == u.db.DB {
+	if ack := a.delivery.Ack; ack.Batch != nil && tx.HasDB() && ack.DB == u.db.DB {
 		if a.batched {
 			a.acking = true // acked with its batch-mates', before the commit (see ackAll)
 			return true

@@ -61,5 +61,8 @@ func (g *group) solo(a *attemptRun) {
 		return
 	}
 	defer func() { <-g.overlap }()
+	if g.u.defers(a) && g.u.deferred(a) {
+		return
+	}
 	g.u.alone(a)
 }

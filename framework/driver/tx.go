@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -52,6 +53,16 @@ type Tx struct {
 	// returned (rows read after it are not counted): the rest of its
 	// handler's time went outside the database (see group.observe).
 	inStatements time.Duration
+
+	// begin, when set, begins the database transaction at the attempt's
+	// first statement, and makes the attempt's own first statements (see
+	// UnitOfWork.deferred): until then the attempt holds no connection.
+	// db is then the unit of work's, for DriverName and the like.
+	begin    func() (*sqlx.Tx, error)
+	db       *sqlx.DB
+	beginMu  sync.Mutex
+	began    bool
+	beginErr error
 }
 
 // OnCommit registers f to run after the attempt's effect committed.
@@ -72,7 +83,47 @@ func (t *Tx) OnRollback(f func()) { t.afterRollback = append(t.afterRollback, f)
 
 // HasDB reports whether t is a database transaction (false for the
 // in-memory store's attempts).
-func (t *Tx) HasDB() bool { return t != nil && t.tx != nil }
+func (t *Tx) HasDB() bool { return t != nil && (t.begin != nil || t.tx != nil) }
+
+// open begins t's transaction when it is deferred and has not begun (see
+// Tx.begin), once: a failure to begin fails every statement after it.
+func (t *Tx) open() error {
+	t.beginMu.Lock()
+	defer t.beginMu.Unlock()
+	if !t.began {
+		t.began = true
+		start := time.Now()
+		t.tx, t.beginErr = t.begin()
+		t.inStatements += time.Since(start)
+	}
+	return t.beginErr
+}
+
+// deferredLost reports whether t's deferred transaction failed to begin,
+// or to settle, with errDeferredLost.
+func (t *Tx) deferredLost() bool {
+	t.beginMu.Lock()
+	defer t.beginMu.Unlock()
+	return errors.Is(t.beginErr, errDeferredLost)
+}
+
+// loseDeferred makes t's deferred transaction lost (errDeferredLost).
+func (t *Tx) loseDeferred() {
+	t.beginMu.Lock()
+	defer t.beginMu.Unlock()
+	t.beginErr = errDeferredLost
+}
+
+// current returns t's database transaction, nil when it has none (or
+// its deferred one has not begun).
+func (t *Tx) current() *sqlx.Tx {
+	if t.begin == nil {
+		return t.tx
+	}
+	t.beginMu.Lock()
+	defer t.beginMu.Unlock()
+	return t.tx
+}
 
 // errNoDB is what a statement returns on a Tx without a database.
 var errNoDB = errors.New("attempt transaction: no database (the unit of work has no DB)")
@@ -82,6 +133,11 @@ var errNoDB = errors.New("attempt transaction: no database (the unit of work has
 // a shared connection, unless ctx has ended already: then database/sql
 // fails the statement before the driver sees it.
 func (t *Tx) stmt(ctx context.Context, query string) (context.Context, error) {
+	if t.begin != nil {
+		if err := t.open(); err != nil {
+			return nil, err
+		}
+	}
 	if t.tx == nil {
 		return nil, errNoDB
 	}
@@ -167,14 +223,27 @@ func (t *Tx) SelectContext(ctx context.Context, dest any, query string, args ...
 }
 
 // DriverName returns the name of the database's driver.
-func (t *Tx) DriverName() string { return t.tx.DriverName() }
+func (t *Tx) DriverName() string { return t.binder().DriverName() }
 
 // Rebind turns a query's ? placeholders into the driver's bindvars.
-func (t *Tx) Rebind(query string) string { return t.tx.Rebind(query) }
+func (t *Tx) Rebind(query string) string { return t.binder().Rebind(query) }
 
 // BindNamed binds a query's named parameters from arg (see sqlx.BindNamed).
 func (t *Tx) BindNamed(query string, arg any) (string, []any, error) {
-	return t.tx.BindNamed(query, arg)
+	return t.binder().BindNamed(query, arg)
+}
+
+// binder is t's transaction, or its unit of work's database while its
+// transaction is deferred and has not begun.
+func (t *Tx) binder() interface {
+	DriverName() string
+	Rebind(string) string
+	BindNamed(string, any) (string, []any, error)
+} {
+	if tx := t.current(); tx != nil || t.db == nil {
+		return tx
+	}
+	return t.db
 }
 
 // committed runs the OnCommit hooks, each one, and returns the first
@@ -207,7 +276,7 @@ func runHook(f func()) (panicked any) {
 // through it, so its writes commit or roll back with the processed mark.
 func TxFromContext(ctx context.Context) (*Tx, bool) {
 	t, ok := pipeline.From[*Tx](ctx)
-	if !ok || t.tx == nil {
+	if !ok || !t.HasDB() {
 		return nil, false
 	}
 	return t, true

@@ -432,3 +432,13 @@ func (s *Store) CheckpointMany(ctx context.Context, tx *driver.Tx, consumer stri
 func (s *Store) MarkMany(ctx context.Context, tx *driver.Tx, consumer string, keys []framework.Key) ([]bool, error) {
 	return s.sql.MarkMany(ctx, tx, consumer, keys)
 }
+
+// Peek reports, in one statement outside any transaction, whether
+// consumer processed the event key, and the checkpoint of subject (0
+// when it has none; subject may be empty). The unit of work reads it
+// before a handler that waits outside the database runs, so that its
+// transaction begins only at the handler's first statement, then marks
+// and locks what Peek read (found by type assertion).
+func (s *Store) Peek(ctx context.Context, consumer string, key framework.Key, subject string) (bool, int64, error) {
+	return s.sql.Peek(ctx, consumer, key, subject)
+}
