@@ -46,6 +46,9 @@ type attemptRun struct {
 	// eager says that a runs alone with its transaction begun before its
 	// handler, never deferred (see UnitOfWork.deferred).
 	eager bool
+	// joined is a's place in a deferred batch (see group.join), nil when
+	// it joined none.
+	joined *joining
 
 	// hookPanicked is the first panic of one of a's OnCommit or
 	// OnRollback hooks, of any run of a: Do panics with it once a's

@@ -56,6 +56,10 @@ type group struct {
 	overlap     chan struct{}
 	outside     atomic.Int64 // the moving average of observe, in nanoseconds
 	overlapping atomic.Bool  // attempts overlap: outside reached OutsideThreshold
+
+	joinMu      sync.Mutex
+	joins       []*attemptRun // deferred attempts at their first statement, in no batch yet (see join)
+	joinLeading bool          // a goroutine runs deferred batches (see leadJoins)
 }
 
 // run runs a in a batch, or alone while the attempts overlap (see solo),

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/jmoiron/sqlx"
 
@@ -41,22 +42,28 @@ func (u *UnitOfWork) defers(a *attemptRun) bool {
 	if _, ok := u.store.(peeker); !ok {
 		return false
 	}
+	if _, ok := u.store.(manyMarker); !ok {
+		return false
+	}
 	_, ok := u.store.(orderBatcher)
-	return ok
+	return ok && u.group != nil
 }
 
-// deferred runs a alone with its transaction begun at its handler's first
+// deferred runs a with its transaction begun at its handler's first
 // statement (or, when it makes none, once it returned). Before the handler
 // runs, one statement outside any transaction reads whether the event is
 // marked and its subject's checkpoint: a processed event is a duplicate,
-// at no more cost. The transaction's first statements then set its
-// timeouts, mark the event and lock the checkpoint, and check that the
-// mark is new and the checkpoint as read; when not (another delivery of
-// the event, or a move of the partition, came meanwhile), the attempt
-// runs again as alone runs it, its transaction begun before its handler.
-// It reports false, having run nothing, when a must run as alone runs it
-// (a duplicate whose delivery was counted: its count is forgotten in a
-// transaction).
+// at no more cost. At its first statement the attempt joins the group's
+// next deferred batch (see group.join): the attempts that reach theirs
+// while a batch runs share the next one's transaction, one after another,
+// so that its marks, checkpoints, fences, acks and commit are made once
+// for all of them. When a's mark is not new or its checkpoint not as read
+// (another delivery of the event, or a move of the partition, came while
+// its handler waited outside), or a batch-mate's failure rolled the batch
+// back, the attempt runs again as alone runs it, its transaction begun
+// before its handler. It reports false, having run nothing, when a must
+// run as alone runs it (a duplicate whose delivery was counted: its count
+// is forgotten in a transaction).
 func (u *UnitOfWork) deferred(a *attemptRun) bool {
 	subject := a.delivery.OrderedSubject
 	processed, checkpoint, err := u.store.(peeker).Peek(a.ctx, a.consumer, a.key, subject)
@@ -73,91 +80,311 @@ func (u *UnitOfWork) deferred(a *attemptRun) bool {
 		return true
 	}
 	a.tx = &Tx{db: u.db}
-	a.tx.begin = func() (*sqlx.Tx, error) { return u.begin(a, checkpoint) }
-	a.marked, a.first, a.batched, a.acking, a.fencing, a.order = true, true, false, false, false, nil
+	a.joined = nil
+	a.tx.begin = func() (*sqlx.Tx, error) { return u.group.join(a, checkpoint) }
+	// Its fence, ack and checkpoint's move are its batch's to make.
+	a.marked, a.first, a.batched, a.acking, a.fencing, a.order = true, true, true, false, false, nil
 	if subject != "" {
 		a.order = &pipeline.OrderStep{Checkpoint: checkpoint}
 	}
 	write := u.attempt(a)
 	if write && a.err == nil && a.panicked == nil && a.died == "" {
-		u.settle(a)
-	}
-	if a.tx.deferredLost() && a.died == "" {
-		// What the attempt read no longer holds: it runs again, its
-		// handler's effect rolled back, its transaction begun first.
-		if tx := a.tx.current(); tx != nil {
-			_ = tx.Rollback() // nothing of it commits
+		if err := a.tx.open(); err != nil && !errors.Is(err, errDeferredLost) && a.died == "" {
+			a.fail(err)
 		}
-		a.rolledBack()
-		a.outcome, a.err, a.panicked, a.eager = "", nil, nil, true
-		u.alone(a)
+	}
+	lost := a.tx.deferredLost() // after the handler's statements: a.joined is set
+	if j := a.joined; j != nil {
+		j.write = write
+		close(j.ended) // the batch goes on with the next attempt
+		switch <-j.result {
+		case joinCommitted:
+			if !a.dies(a.ctx, crash.AfterCommit) {
+				a.committed()
+			}
+			return true
+		case joinSettled:
+			a.rolledBack()
+			return true
+		case joinFailed:
+			a.rolledBack() // a keeps its failure
+			return true
+		case joinDied:
+			return true
+		}
+		// joinAgain: its effect rolled back with the batch.
+	} else if !lost {
+		u.end(a, write) // it failed, or wrote nothing, before it joined
 		return true
 	}
-	u.end(a, write)
+	a.rolledBack()
+	a.outcome, a.err, a.panicked, a.eager = "", nil, nil, true
+	u.alone(a)
 	return true
 }
 
-// begin begins a's deferred transaction: it sets the transaction's
-// timeouts when a's partition is fenced, marks a's event and locks its
-// subject's checkpoint, and fails with errDeferredLost when the mark is
-// not new or the checkpoint is not the one read before the handler ran.
-func (u *UnitOfWork) begin(a *attemptRun, checkpoint int64) (*sqlx.Tx, error) {
-	tx, err := u.db.BeginTxx(a.ctx, nil)
-	if err != nil {
-		return nil, fmt.Errorf("begin: %w", err)
-	}
-	fail := func(err error) (*sqlx.Tx, error) {
-		_ = tx.Rollback() // err is what matters
-		return nil, err
-	}
-	if timeout := txTimeout(u.db, []*attemptRun{a}); timeout != "" && a.delivery.Fencer != nil {
-		if _, err := tx.ExecContext(a.ctx, timeout); err != nil {
-			return fail(fmt.Errorf("statement timeout: %w", err))
-		}
-	}
-	own := &Tx{tx: tx}
-	first, err := u.store.Mark(a.ctx, own, a.consumer, a.key)
-	switch {
-	case err != nil:
-		return fail(fmt.Errorf("mark processed: %w", err))
-	case !first:
-		return fail(errDeferredLost)
-	case a.dies(a.ctx, crash.AfterMark):
-		return fail(a.err)
-	}
-	if subject := a.delivery.OrderedSubject; subject != "" {
-		c, err := u.store.Checkpoint(a.ctx, own, a.consumer, subject)
-		switch {
-		case err != nil:
-			return fail(err)
-		case c != checkpoint:
-			return fail(errDeferredLost)
-		}
-	}
-	return tx, nil
+// joinResult is what the batch that a deferred attempt joined made of it.
+type joinResult int
+
+const (
+	// joinCommitted: the batch committed the attempt's effect.
+	joinCommitted joinResult = iota
+	// joinSettled: the attempt had nothing to write.
+	joinSettled
+	// joinFailed: the attempt failed (its own error, panic or statement),
+	// and the batch rolled back.
+	joinFailed
+	// joinDied: the attempt died at a crash point; the batch ended
+	// unfinished.
+	joinDied
+	// joinAgain: the batch rolled back for another reason (a batch-mate's
+	// failure, a moved checkpoint, a fence, the commit): the attempt runs
+	// again alone.
+	joinAgain
+)
+
+// joining is a deferred attempt in the group's next batch (see
+// group.join).
+type joining struct {
+	// checkpoint is the subject's checkpoint the attempt read before its
+	// handler ran.
+	checkpoint int64
+	// grant hands the attempt the batch's transaction when its turn
+	// comes, or the error that keeps it out of the batch.
+	grant chan joinGrant
+	// ended is closed once the attempt ran, its statements in the batch's
+	// transaction made; write then says whether it has something to
+	// commit.
+	ended chan struct{}
+	write bool
+	// result is what the batch made of the attempt.
+	result chan joinResult
 }
 
-// settle makes what a deferred attempt a that took effect still owes its
-// transaction: the transaction itself when its handler made no statement,
-// and the move of its subject's checkpoint its strict-order step asked
-// for (see pipeline.OrderStep), which, when a wait, a parked event or a
-// skip is at or after it, makes the attempt run again as alone runs it
-// (errDeferredLost), so that its step ends the wait or parks.
-func (u *UnitOfWork) settle(a *attemptRun) {
-	if err := a.tx.open(); err != nil {
-		if !errors.Is(err, errDeferredLost) && a.died == "" {
-			a.fail(err)
+// joinGrant is the batch's transaction, or the error that keeps an
+// attempt out of it.
+type joinGrant struct {
+	tx  *sqlx.Tx
+	err error
+}
+
+// join puts a, a deferred attempt at its handler's first statement, in
+// the group's next deferred batch, and returns the batch's transaction
+// once a's turn in it comes: its event marked and its subject's
+// checkpoint locked. The attempts that join while a batch runs make the
+// next one.
+func (g *group) join(a *attemptRun, checkpoint int64) (*sqlx.Tx, error) {
+	j := &joining{checkpoint: checkpoint, grant: make(chan joinGrant, 1), ended: make(chan struct{}), result: make(chan joinResult, 1)}
+	a.joined = j
+	g.joinMu.Lock()
+	g.joins = append(g.joins, a)
+	if !g.joinLeading {
+		g.joinLeading = true
+		go g.leadJoins()
+	}
+	g.joinMu.Unlock()
+	gr := <-j.grant
+	if gr.err != nil {
+		a.joined = nil // never in the batch: it fails, or runs again alone
+		return nil, gr.err
+	}
+	return gr.tx, nil
+}
+
+// leadJoins runs the deferred batches, each of the attempts that joined
+// while the one before ran, up to the group's size, until none waits.
+func (g *group) leadJoins() {
+	for {
+		g.joinMu.Lock()
+		n := min(len(g.joins), g.size)
+		if n == 0 {
+			g.joinLeading = false
+			g.joinMu.Unlock()
+			return
+		}
+		batch := g.joins[:n:n]
+		g.joins = g.joins[n:]
+		g.joinMu.Unlock()
+		g.runJoined(batch)
+	}
+}
+
+// runJoined runs batch, deferred attempts at their first statement, in
+// one transaction: it marks their events and locks their checkpoints,
+// hands the transaction to each in turn until its handler returned, then
+// moves the checkpoints, checks the fences, writes the acks and commits.
+// An attempt whose mark or checkpoint is not as it read runs again alone;
+// so does every attempt of a batch that rolls back for another's sake.
+func (g *group) runJoined(batch []*attemptRun) {
+	ctx, stop := batchContext(batch)
+	defer stop()
+	refuse := func(as []*attemptRun, err error) {
+		for _, a := range as {
+			a.joined.grant <- joinGrant{err: err}
+		}
+	}
+	tx, err := g.u.db.BeginTxx(ctx, nil)
+	if err != nil {
+		refuse(batch, fmt.Errorf("begin: %w", err))
+		return
+	}
+	timeout := g.timeout(batch)
+	if timeout != "" {
+		if _, err := tx.ExecContext(ctx, timeout); err != nil {
+			_ = tx.Rollback() // err is what matters
+			refuse(batch, fmt.Errorf("statement timeout: %w", err))
+			return
+		}
+	}
+	ctx = context.WithoutCancel(ctx) // as a batch's statements do (see try)
+	own := &Tx{tx: tx, ctx: ctx}
+	in, err := g.markLockJoined(ctx, own, batch)
+	if err != nil {
+		_ = tx.Rollback() // err is what matters
+		refuse(batch, err)
+		return
+	}
+	var (
+		ran   []*attemptRun // attempts whose turn came
+		ok    []*attemptRun // ... with something to commit
+		again = func(rest []*attemptRun) {
+			_ = tx.Rollback() // the batch rolls back: each attempt runs again alone
+			refuse(rest, errDeferredLost)
+			for _, a := range ran {
+				a.joined.result <- joinAgain
+			}
+		}
+	)
+	for i, a := range in {
+		if a.dies(a.ctx, crash.AfterMark) {
+			_ = tx.Rollback() // the batch dies unfinished (see died)
+			a.joined.grant <- joinGrant{err: a.err}
+			refuse(in[i+1:], errDeferredLost)
+			for _, r := range ran {
+				r.joined.result <- joinAgain
+			}
+			return
+		}
+		a.tx.ctx = ctx
+		a.joined.grant <- joinGrant{tx: tx}
+		<-a.joined.ended
+		switch {
+		case a.died != "":
+			_ = tx.Rollback() // the batch dies unfinished
+			a.joined.result <- joinDied
+			refuse(in[i+1:], errDeferredLost)
+			for _, r := range ran {
+				r.joined.result <- joinAgain
+			}
+			return
+		case a.err != nil || a.panicked != nil:
+			a.joined.result <- joinFailed
+			again(in[i+1:])
+			return
+		case a.tx.failed:
+			// A statement of a failed and a returned nil: on PostgreSQL
+			// the transaction is aborted. a runs again alone, where
+			// its own commit fails, and so does every other.
+			ran = append(ran, a)
+			again(in[i+1:])
+			return
+		}
+		ran = append(ran, a)
+		if a.joined.write {
+			ok = append(ok, a)
+		}
+		if a.tx.setsSession {
+			if err := g.resetSession(ctx, tx, timeout); err != nil {
+				again(in[i+1:])
+				return
+			}
+		}
+	}
+	if len(ok) == 0 {
+		_ = tx.Rollback() // nothing to commit
+		for _, a := range ran {
+			a.joined.result <- joinSettled
 		}
 		return
 	}
-	if a.order == nil || !a.order.Advance {
+	if err := g.advanceAll(ctx, ok); err != nil {
+		again(nil)
 		return
 	}
-	clear, err := u.store.(orderBatcher).AdvanceMany(a.ctx, a.tx, a.consumer, []string{a.delivery.OrderedSubject}, []int64{a.order.Seq})
-	switch {
-	case err != nil:
-		a.fail(fmt.Errorf("advance the checkpoint of %s: %w", a.delivery.OrderedSubject, err))
-	case !clear:
-		a.tx.loseDeferred()
+	if err := fenceAll(ctx, ok); err != nil {
+		again(nil)
+		return
 	}
+	for _, a := range ok {
+		if a.fencing && a.dies(a.ctx, crash.AfterFence) {
+			_ = tx.Rollback() // the batch dies unfinished
+			for _, r := range ran {
+				if r == a {
+					r.joined.result <- joinDied
+				} else {
+					r.joined.result <- joinAgain
+				}
+			}
+			return
+		}
+	}
+	if err := ackAll(ctx, ok); err != nil {
+		again(nil)
+		return
+	}
+	if err := tx.Commit(); err != nil {
+		for _, a := range ran {
+			a.joined.result <- joinAgain
+		}
+		return
+	}
+	for _, a := range ran {
+		if slices.Contains(ok, a) {
+			a.joined.result <- joinCommitted
+		} else {
+			a.joined.result <- joinSettled
+		}
+	}
+}
+
+// markLockJoined marks the events of batch and locks their subjects'
+// checkpoints in own, the batch's transaction, and returns the attempts
+// whose mark is new and checkpoint as they read it; it refuses the others
+// (errDeferredLost), which run again alone.
+func (g *group) markLockJoined(ctx context.Context, own *Tx, batch []*attemptRun) ([]*attemptRun, error) {
+	keys := make([]framework.Key, len(batch))
+	var subjects []string
+	for i, a := range batch {
+		if a.consumer != batch[0].consumer {
+			return nil, errDeferredLost // one statement marks for one consumer: each runs alone
+		}
+		keys[i] = a.key
+		if s := a.delivery.OrderedSubject; s != "" && !slices.Contains(subjects, s) {
+			subjects = append(subjects, s)
+		}
+	}
+	first, err := g.u.store.(manyMarker).MarkMany(ctx, own, batch[0].consumer, keys)
+	if err != nil {
+		return nil, fmt.Errorf("mark processed: %w", err)
+	}
+	var checkpoints map[string]int64
+	if len(subjects) > 0 {
+		if checkpoints, err = g.u.store.(orderBatcher).CheckpointMany(ctx, own, batch[0].consumer, subjects); err != nil {
+			return nil, fmt.Errorf("checkpoints of %d subjects: %w", len(subjects), err)
+		}
+	}
+	in := make([]*attemptRun, 0, len(batch))
+	seen := make(map[string]bool, len(subjects))
+	for i, a := range batch {
+		s := a.delivery.OrderedSubject
+		// A second event of a subject in the batch read the checkpoint
+		// the first one moves: it runs again alone, after it.
+		if !first[i] || (s != "" && (seen[s] || checkpoints[s] != a.joined.checkpoint)) {
+			a.joined.grant <- joinGrant{err: errDeferredLost}
+			continue
+		}
+		seen[s] = s != ""
+		in = append(in, a)
+	}
+	return in, nil
 }

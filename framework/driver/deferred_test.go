@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
@@ -18,8 +19,8 @@ import (
 // TestOutsideCallsHoldNoConnection: once a consumer's handlers wait
 // outside the database (the attempts overlap), an attempt's transaction
 // begins at its handler's first statement, on PostgreSQL: while four
-// handlers wait, the pool lends no connection, and no transaction is
-// open. Each effect commits once with its mark. A processed event does
+// handlers wait, the pool lends no connection (so no transaction is
+// open). Each effect commits once with its mark. A processed event does
 // not run its handler. An attempt whose event another delivery marked
 // while its handler waited runs again with its transaction begun first,
 // and finds the mark: its effect rolls back, it is a duplicate, and it
@@ -63,11 +64,8 @@ func TestOutsideCallsHoldNoConnection(t *testing.T) {
 	}
 	waiting.Wait()
 	time.Sleep(wait / 3)
+	// A transaction holds its connection: none lent, none open.
 	require.Zero(t, b.db.Stats().InUse, "connections lent while the handlers wait outside")
-	var open int
-	require.NoError(t, b.db.GetContext(ctx, &open, `SELECT count(*) FROM pg_stat_activity
-WHERE datname = current_database() AND state LIKE 'idle in transaction%'`))
-	require.Zero(t, open, "transactions open while the handlers wait outside")
 	wg.Wait()
 
 	// A processed event: its handler does not run.
@@ -158,4 +156,151 @@ func TestOutsideCallsCheckpointMoved(t *testing.T) {
 	var seen int
 	require.NoError(t, b.db.GetContext(ctx, &seen, `SELECT seen FROM effects WHERE id = 'e2'`))
 	require.Equal(t, 2, seen, "the second run's effect, once")
+}
+
+// overlappingUnit returns a unit of work on b whose handlers have been
+// seen to wait outside the database: its attempts overlap, their
+// transactions deferred.
+func overlappingUnit(t *testing.T, b groupBackend) *driver.UnitOfWork {
+	t.Helper()
+	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: b.db, Store: b.store})
+	require.NoError(t, err)
+	for i := 0; !driver.Overlapping(uow); i++ {
+		require.Less(t, i, 100, "the attempts do not overlap")
+		_, err := uow.Do(t.Context(), "c", framework.Key{Source: "s", ID: fmt.Sprint("learn-", i)}, func(context.Context) error {
+			time.Sleep(5 * time.Millisecond)
+			return nil
+		})
+		require.NoError(t, err)
+	}
+	return uow
+}
+
+// holdBatch, in a deferred attempt's handler, joins a batch (its first
+// statement), closes in, and holds the batch's transaction for a second,
+// while other attempts join the next batch.
+func holdBatch(ctx context.Context, conn sqlx.ExecerContext, in chan struct{}) error {
+	if _, err := conn.ExecContext(ctx, `SELECT 1`); err != nil {
+		return err
+	}
+	close(in)
+	_, err := conn.ExecContext(ctx, `SELECT pg_sleep(1)`)
+	return err
+}
+
+// TestDeferredAttemptsShareBatches: deferred attempts that reach their
+// first statement while a batch runs share the next batch's transaction,
+// one after another, so that their marks and commit are made once for
+// all. A slow attempt's batch holds the transaction a second; four attempts
+// reach their statements meanwhile, and commit in one transaction, each
+// effect once.
+func TestDeferredAttemptsShareBatches(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := groupBackends()["PostgreSQL"](t)
+	uow := overlappingUnit(t, b)
+	var (
+		mu    sync.Mutex
+		txids = map[string]string{}
+		wg    sync.WaitGroup
+	)
+	slowIn := make(chan struct{})
+	run := func(id string, slow bool) {
+		outcome, err := uow.Do(ctx, "c", framework.Key{Source: "s", ID: id}, func(ctx context.Context) error {
+			time.Sleep(10 * time.Millisecond) // the outside call
+			conn := framework.Conn(ctx, b.db)
+			if slow {
+				if err := holdBatch(ctx, conn, slowIn); err != nil {
+					return err
+				}
+			}
+			if _, err := conn.ExecContext(ctx, `INSERT INTO effects (id, seen) VALUES ($1, 1)`, id); err != nil {
+				return err
+			}
+			txid, err := b.txid(ctx, conn)
+			mu.Lock()
+			txids[id] = txid
+			mu.Unlock()
+			return err
+		})
+		require.NoError(t, err)
+		require.Equal(t, framework.Processed, outcome)
+	}
+	wg.Go(func() { run("slow", true) })
+	<-slowIn // the slow one's batch runs
+	for i := range 4 {
+		wg.Go(func() { run(fmt.Sprint("quick-", i), false) })
+	}
+	wg.Wait()
+	require.NotEqual(t, txids["slow"], txids["quick-0"])
+	for i := 1; i < 4; i++ {
+		require.Equal(t, txids["quick-0"], txids[fmt.Sprint("quick-", i)], "the attempts that joined meanwhile share a batch: %v", txids)
+	}
+	var n int
+	require.NoError(t, b.db.GetContext(ctx, &n, `SELECT count(*) FROM effects WHERE id = 'slow' OR id LIKE 'quick-%'`))
+	require.Equal(t, 5, n, "each effect once")
+}
+
+// TestDeferredBatchMateFails: when an attempt of a deferred batch fails,
+// the batch rolls back; the failed attempt keeps its failure, and its
+// batch-mates run again alone, handler included, each effect committed
+// once.
+func TestDeferredBatchMateFails(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := groupBackends()["PostgreSQL"](t)
+	uow := overlappingUnit(t, b)
+	var (
+		mu   sync.Mutex
+		runs = map[string]int{}
+		wg   sync.WaitGroup
+	)
+	slowIn := make(chan struct{})
+	run := func(id string, slow, fail bool) (framework.Outcome, error) {
+		return uow.Do(ctx, "c", framework.Key{Source: "s", ID: id}, func(ctx context.Context) error {
+			mu.Lock()
+			runs[id]++
+			mu.Unlock()
+			time.Sleep(10 * time.Millisecond) // the outside call
+			conn := framework.Conn(ctx, b.db)
+			if slow {
+				if err := holdBatch(ctx, conn, slowIn); err != nil {
+					return err
+				}
+			}
+			if _, err := conn.ExecContext(ctx, `INSERT INTO effects (id, seen) VALUES ($1, 1)`, id); err != nil {
+				return err
+			}
+			if fail {
+				time.Sleep(20 * time.Millisecond) // its batch-mates have joined
+				return fmt.Errorf("handler of %s fails", id)
+			}
+			return nil
+		})
+	}
+	wg.Go(func() {
+		_, err := run("slow", true, false)
+		require.NoError(t, err)
+	})
+	<-slowIn // the slow one's batch runs
+	var failed error
+	wg.Go(func() { _, failed = run("failing", false, true) })
+	time.Sleep(5 * time.Millisecond) // it joins first
+	for i := range 3 {
+		wg.Go(func() {
+			outcome, err := run(fmt.Sprint("mate-", i), false, false)
+			require.NoError(t, err)
+			require.Equal(t, framework.Processed, outcome)
+		})
+	}
+	wg.Wait()
+	require.ErrorContains(t, failed, "handler of failing fails")
+	var ids []string
+	require.NoError(t, b.db.SelectContext(ctx, &ids, `SELECT id FROM effects WHERE id NOT LIKE 'learn-%' ORDER BY id`))
+	require.Equal(t, []string{"mate-0", "mate-1", "mate-2", "slow"}, ids, "each effect once, the failed one's rolled back")
+	again := 0
+	for i := range 3 {
+		again += runs[fmt.Sprint("mate-", i)] - 1
+	}
+	require.Positive(t, again, "batch-mates of the failed attempt ran again: %v", runs)
 }
