@@ -44,10 +44,11 @@ func TestOutsideCallsHoldNoConnection(t *testing.T) {
 		require.NoError(t, err)
 	}
 
-	const wait = 300 * time.Millisecond
+	const wait = time.Second
 	var (
 		waiting sync.WaitGroup
 		wg      sync.WaitGroup
+		waited  atomic.Int32
 	)
 	waiting.Add(4)
 	for i := range 4 {
@@ -56,6 +57,7 @@ func TestOutsideCallsHoldNoConnection(t *testing.T) {
 			outcome, err := uow.Do(ctx, "c", framework.Key{Source: "s", ID: id}, func(ctx context.Context) error {
 				waiting.Done()
 				time.Sleep(wait) // the outside call
+				waited.Add(1)
 				return insert(ctx, id)
 			})
 			require.NoError(t, err)
@@ -63,9 +65,14 @@ func TestOutsideCallsHoldNoConnection(t *testing.T) {
 		})
 	}
 	waiting.Wait()
-	time.Sleep(wait / 3)
-	// A transaction holds its connection: none lent, none open.
-	require.Zero(t, b.db.Stats().InUse, "connections lent while the handlers wait outside")
+	// A transaction holds its connection: none lent, none open, while
+	// the four wait (the pool may lend one a moment for its own sake).
+	inUse := -1
+	for deadline := time.Now().Add(wait / 2); inUse != 0 && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		inUse = b.db.Stats().InUse
+	}
+	require.Zero(t, inUse, "connections lent while the handlers wait outside")
+	require.Zero(t, waited.Load(), "the handlers were waiting still")
 	wg.Wait()
 
 	// A processed event: its handler does not run.
