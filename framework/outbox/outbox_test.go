@@ -370,10 +370,11 @@ func testOutbox(t *testing.T, b backend) {
 		// batches publish the rest, each row once, instead of publishing
 		// the whole batch again at every poll.
 		// The mark has at least BatchTimeout left (a batch's deadline is
-		// twice it): 400ms, for a SQLite write under a loaded -race run.
-		// Each batch publishes a row at least, so 8 polls publish all.
-		bd.pub.delay = 100 * time.Millisecond
-		relay := bd.relay(t, outbox.RelayConfig{BatchSize: 8, BatchTimeout: 400 * time.Millisecond})
+		// twice it): a second, for a SQLite write under a loaded -race
+		// run (400ms was once too short in a full make test). Each batch
+		// publishes a row at least, so 8 polls publish all.
+		bd.pub.delay = 250 * time.Millisecond
+		relay := bd.relay(t, outbox.RelayConfig{BatchSize: 8, BatchTimeout: time.Second})
 		for i := 0; i < 8 && bd.unsent(t) > 0; i++ {
 			_, err := relay.PublishUnsent(ctx)
 			require.NoError(t, err)
