@@ -248,7 +248,7 @@ func (g *group) runJoined(batch []*attemptRun) {
 		ran   []*attemptRun // attempts whose turn came
 		ok    []*attemptRun // ... with something to commit
 		again = func(rest []*attemptRun) {
-			_ = tx.Rollback() // the batch rolls back: each attempt runs again alone
+			_ = tx.Rollback() // the batch rolls back (or dies): each other attempt runs again alone
 			refuse(rest, errDeferredLost)
 			for _, a := range ran {
 				a.joined.result <- joinAgain
@@ -257,12 +257,8 @@ func (g *group) runJoined(batch []*attemptRun) {
 	)
 	for i, a := range in {
 		if a.dies(a.ctx, crash.AfterMark) {
-			_ = tx.Rollback() // the batch dies unfinished (see died)
-			a.joined.grant <- joinGrant{err: a.err}
-			refuse(in[i+1:], errDeferredLost)
-			for _, r := range ran {
-				r.joined.result <- joinAgain
-			}
+			a.joined.grant <- joinGrant{err: a.err} // the batch dies unfinished (see died)
+			again(in[i+1:])
 			return
 		}
 		a.tx.ctx = ctx
@@ -270,12 +266,8 @@ func (g *group) runJoined(batch []*attemptRun) {
 		<-a.joined.ended
 		switch {
 		case a.died != "":
-			_ = tx.Rollback() // the batch dies unfinished
-			a.joined.result <- joinDied
-			refuse(in[i+1:], errDeferredLost)
-			for _, r := range ran {
-				r.joined.result <- joinAgain
-			}
+			a.joined.result <- joinDied // the batch dies unfinished
+			again(in[i+1:])
 			return
 		case a.err != nil || a.panicked != nil:
 			a.joined.result <- joinFailed
@@ -315,16 +307,11 @@ func (g *group) runJoined(batch []*attemptRun) {
 		again(nil)
 		return
 	}
-	for _, a := range ok {
+	for i, a := range ran {
 		if a.fencing && a.dies(a.ctx, crash.AfterFence) {
-			_ = tx.Rollback() // the batch dies unfinished
-			for _, r := range ran {
-				if r == a {
-					r.joined.result <- joinDied
-				} else {
-					r.joined.result <- joinAgain
-				}
-			}
+			a.joined.result <- joinDied // the batch dies unfinished
+			ran = slices.Delete(ran, i, i+1)
+			again(nil)
 			return
 		}
 	}

@@ -107,13 +107,6 @@ func (t *Tx) deferredLost() bool {
 	return errors.Is(t.beginErr, errDeferredLost)
 }
 
-// loseDeferred makes t's deferred transaction lost (errDeferredLost).
-func (t *Tx) loseDeferred() {
-	t.beginMu.Lock()
-	defer t.beginMu.Unlock()
-	t.beginErr = errDeferredLost
-}
-
 // current returns t's database transaction, nil when it has none (or
 // its deferred one has not begun).
 func (t *Tx) current() *sqlx.Tx {
