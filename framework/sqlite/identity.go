@@ -19,10 +19,12 @@ const identityCheckInterval = 100 * time.Millisecond
 // nil fileIdentity, an in-memory database's, checks nothing.
 //
 // On Linux a connection open on a deleted file goes on reading and
-// writing it, and a new connection creates an empty file at the path, so
-// that an operator's rm (or a restore that moved another file there)
-// would otherwise leave the service committing effects nobody will read,
-// or failing on tables that are not there while its readiness says ready.
+// writing it, and a new connection opened as the first one is creates an
+// empty file at the path (the connections after the first open the file
+// only if it is there; see gatedConnector.open), so that an operator's rm
+// (or a restore that moved another file there) would otherwise leave the
+// service committing effects nobody will read, or failing on tables that
+// are not there while its readiness says ready.
 type fileIdentity struct {
 	path string
 
@@ -40,8 +42,7 @@ func (f *fileIdentity) check() error {
 }
 
 // checkNow is check looking at the file whatever the time of the last
-// look: before a connection opens (which would create an empty file at
-// the path) and for a ping.
+// look: before and after a connection opens, and for a ping.
 func (f *fileIdentity) checkNow() error {
 	return f.look(true)
 }
@@ -64,6 +65,18 @@ func (f *fileIdentity) look(now bool) error {
 		f.err = fmt.Errorf("sqlite: the database file %s was replaced since it was opened", f.path)
 	}
 	return f.err
+}
+
+// known reports whether the file was remembered (see remember): the
+// connections after it must not create a file at the path. A nil
+// fileIdentity, an in-memory database's, knows no file.
+func (f *fileIdentity) known() bool {
+	if f == nil {
+		return false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.info != nil
 }
 
 // remember records the file at the path when no connection did before:

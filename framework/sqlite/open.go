@@ -110,7 +110,10 @@ func (c OpenConfig) Validate() error {
 //
 // dsn is a file path or a "file:" URI; query parameters of the URI are
 // kept. The file and its folder are created when they are missing, unless
-// OpenConfig.MustExist. Open pings the database before it returns.
+// OpenConfig.MustExist; only the first connection creates the file, the
+// ones after open it only while it is there, so that a file deleted while
+// open is not created again, empty. Open pings the database before it
+// returns.
 func Open(ctx context.Context, dsn string, cfg OpenConfig) (*sqlx.DB, error) {
 	return open(ctx, dsn, cfg, restartFrames)
 }
@@ -129,7 +132,7 @@ func openGated(ctx context.Context, dsn string, cfg OpenConfig, restart int64) (
 	if err := cfg.Validate(); err != nil {
 		return nil, nil, err
 	}
-	full, path, err := buildDSN(dsn, cfg)
+	full, existing, path, err := buildDSN(dsn, cfg)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -150,14 +153,17 @@ func openGated(ctx context.Context, dsn string, cfg OpenConfig, restart int64) (
 	drv := registered.Driver()
 	_ = registered.Close() // it never connected
 	gate := newWriteGate(cfg.BusyTimeout)
-	connector := &gatedConnector{dsn: full, driver: drv, gate: gate, stmts: max(cfg.StatementCacheSize, 0)}
+	connector := &gatedConnector{dsn: full, existing: existing, driver: drv, gate: gate, stmts: max(cfg.StatementCacheSize, 0)}
+	if cfg.MustExist {
+		connector.dsn = existing // not even the first connection creates it
+	}
 	if path != "" {
 		identity := &fileIdentity{path: path}
 		connector.identity = identity
 		if cfg.CheckpointInterval > 0 {
 			gate.checkpoints = newCheckpointer(func() (driver.Conn, error) {
 				if err := identity.checkNow(); err != nil {
-					return nil, err // the driver would create an empty file
+					return nil, err // no connection to a file gone or replaced
 				}
 				return connector.open(context.Background())
 			}, gate, cfg.CheckpointInterval, restart)
@@ -174,18 +180,21 @@ func openGated(ctx context.Context, dsn string, cfg OpenConfig, restart int64) (
 }
 
 // buildDSN turns a path or file: URI into the driver's DSN with the
-// framework's pragmas, and returns the file's path (empty for in-memory
-// databases).
-func buildDSN(dsn string, cfg OpenConfig) (full, path string, err error) {
+// framework's pragmas, full, and returns the file's path (empty for
+// in-memory databases). existing is full for the connections after the
+// first: they open the file only if it is there (mode=rw, or the URI's
+// mode=ro), instead of creating an empty one where it was deleted. For an
+// in-memory database existing is full.
+func buildDSN(dsn string, cfg OpenConfig) (full, existing, path string, err error) {
 	if dsn == "" {
-		return "", "", fmt.Errorf("sqlite: empty database path")
+		return "", "", "", fmt.Errorf("sqlite: empty database path")
 	}
 	rest := strings.TrimPrefix(dsn, "file:")
 	var query url.Values
 	if i := strings.IndexByte(rest, '?'); i >= 0 {
 		query, err = url.ParseQuery(rest[i+1:])
 		if err != nil {
-			return "", "", fmt.Errorf("sqlite: parse options of %q: %w", dsn, err)
+			return "", "", "", fmt.Errorf("sqlite: parse options of %q: %w", dsn, err)
 		}
 		rest = rest[:i]
 	} else {
@@ -216,7 +225,12 @@ func buildDSN(dsn string, cfg OpenConfig) (full, path string, err error) {
 	if query.Get("_txlock") == "" {
 		query.Set("_txlock", "immediate")
 	}
-	return "file:" + rest + "?" + query.Encode(), path, nil
+	full = "file:" + rest + "?" + query.Encode()
+	if memory || query.Get("mode") == "ro" {
+		return full, full, path, nil
+	}
+	query.Set("mode", "rw") // SQLite's URI parameter: full is a file: URI
+	return full, "file:" + rest + "?" + query.Encode(), path, nil
 }
 
 // setsPragma reports whether the DSN's query sets the pragma name itself,
