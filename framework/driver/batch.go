@@ -394,13 +394,9 @@ func (g *group) try(batch []*attemptRun) (committed, retry []*attemptRun, failed
 		a.tx = &Tx{tx: tx, ctx: ctx}
 		a.marked, a.batched, a.acking, a.fencing, a.order = false, true, false, false, nil
 	}
-	if err := g.markAll(ctx, batch); err != nil {
-		_ = tx.Rollback() // err is what matters: each attempt runs again alone
-		return nil, batch, -1
-	}
-	checkpoints, err := g.lockCheckpoints(ctx, batch)
+	checkpoints, err := g.markLock(ctx, batch)
 	if err != nil {
-		_ = tx.Rollback() // as above
+		_ = tx.Rollback() // err is what matters: each attempt runs again alone
 		return nil, batch, -1
 	}
 	var ok, settled []*attemptRun

@@ -108,33 +108,86 @@ type orderBatcher interface {
 	AdvanceMany(ctx context.Context, tx *Tx, consumer string, subjects []string, seqs []int64) (clear bool, err error)
 }
 
+// markCheckpointer is a Store that marks many events and reads and locks
+// the checkpoints of many subjects in one round trip (the PostgreSQL
+// store does).
+type markCheckpointer interface {
+	MarkCheckpointMany(ctx context.Context, tx *Tx, consumer string, keys []framework.Key, subjects []string) ([]bool, map[string]int64, error)
+}
+
+// markLock marks the events of batch (see markAll) and reads and locks
+// the checkpoints of their strict-order subjects (see lockCheckpoints),
+// in one round trip when the store can: a batch of strict-order events
+// then costs its database the statements of an unordered one and one
+// more, the checkpoints' move (advanceAll).
+func (g *group) markLock(ctx context.Context, batch []*attemptRun) (map[string]int64, error) {
+	subjects := g.orderedSubjects(batch)
+	mc, ok := g.u.store.(markCheckpointer)
+	if !ok || subjects == nil || g.u.withoutMark {
+		if err := g.markAll(ctx, batch); err != nil {
+			return nil, err
+		}
+		return g.lockCheckpoints(ctx, batch, subjects)
+	}
+	keys := make([]framework.Key, len(batch))
+	for i, a := range batch {
+		keys[i] = a.key // one consumer's: see orderedSubjects
+	}
+	first, checkpoints, err := mc.MarkCheckpointMany(ctx, batch[0].tx, batch[0].consumer, keys, subjects)
+	if err != nil {
+		return nil, err
+	}
+	for i, a := range batch {
+		a.marked, a.first = true, first[i]
+	}
+	orderSteps(batch)
+	return checkpoints, nil
+}
+
 // errOrderNotClear ends a batch whose attempts' subjects have a wait, a
 // parked event or a skip at or after their steps: each attempt runs again
 // alone, and its strict-order step ends the wait or parks on its own.
 var errOrderNotClear = errors.New("a subject of the batch has a wait, a parked event or a skip at or after its step")
 
 // lockCheckpoints reads and locks, in one statement, the checkpoints of
-// the subjects of batch's attempts that keep strict order, on PostgreSQL
-// when the store can, and gives each such attempt a strict-order step
+// subjects, those of batch's attempts that keep strict order (see
+// orderedSubjects), and gives each such attempt a strict-order step
 // (a.order): the step then reads no checkpoint, and leaves the
 // checkpoint's move to advanceAll. It returns the checkpoints by subject,
 // which the batch moves as its attempts take effect one after the other
-// (see nextCheckpoint), so that the second event of a subject in the
-// batch sees the first one's move; nil when the attempts read their own.
-func (g *group) lockCheckpoints(ctx context.Context, batch []*attemptRun) (map[string]int64, error) {
-	ob, ok := g.u.store.(orderBatcher)
-	if !ok || g.u.db.DriverName() != "pgx" {
+// (see moved), so that the second event of a subject in the batch sees
+// the first one's move; nil when the attempts read their own (subjects
+// nil).
+func (g *group) lockCheckpoints(ctx context.Context, batch []*attemptRun, subjects []string) (map[string]int64, error) {
+	if subjects == nil {
 		return nil, nil
+	}
+	checkpoints, err := g.u.store.(orderBatcher).CheckpointMany(ctx, batch[0].tx, batch[0].consumer, subjects)
+	if err != nil {
+		return nil, fmt.Errorf("checkpoints of %d subjects: %w", len(subjects), err)
+	}
+	orderSteps(batch)
+	return checkpoints, nil
+}
+
+// orderedSubjects returns the strict-order subjects of batch's attempts,
+// whose checkpoints the batch reads and locks in one statement: nil when
+// the attempts read their own (fewer than two such attempts, a store
+// that cannot, SQLite, or attempts of more than one consumer, which one
+// statement does not read).
+func (g *group) orderedSubjects(batch []*attemptRun) []string {
+	if _, ok := g.u.store.(orderBatcher); !ok || g.u.db.DriverName() != "pgx" {
+		return nil
 	}
 	var (
 		subjects []string
 		ordered  int
 	)
 	for _, a := range batch {
+		if a.consumer != batch[0].consumer {
+			return nil
+		}
 		if s := a.delivery.OrderedSubject; s != "" {
-			if a.consumer != batch[0].consumer {
-				return nil, nil // one statement reads one consumer's
-			}
 			ordered++
 			if !slices.Contains(subjects, s) {
 				subjects = append(subjects, s)
@@ -142,18 +195,19 @@ func (g *group) lockCheckpoints(ctx context.Context, batch []*attemptRun) (map[s
 		}
 	}
 	if ordered < 2 {
-		return nil, nil // one statement an attempt either way
+		return nil // one statement an attempt either way
 	}
-	checkpoints, err := ob.CheckpointMany(ctx, batch[0].tx, batch[0].consumer, subjects)
-	if err != nil {
-		return nil, fmt.Errorf("checkpoints of %d subjects: %w", len(subjects), err)
-	}
+	return subjects
+}
+
+// orderSteps gives each attempt of batch on a strict-order subject its
+// step (a.order), once the batch read and locked the checkpoints.
+func orderSteps(batch []*attemptRun) {
 	for _, a := range batch {
 		if a.delivery.OrderedSubject != "" {
 			a.order = &pipeline.OrderStep{}
 		}
 	}
-	return checkpoints, nil
 }
 
 // checkpoint hands a, about to run in its batch, its subject's checkpoint

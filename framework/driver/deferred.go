@@ -350,12 +350,20 @@ func (g *group) markLockJoined(ctx context.Context, own *Tx, batch []*attemptRun
 			subjects = append(subjects, s)
 		}
 	}
-	first, err := g.u.store.(manyMarker).MarkMany(ctx, own, batch[0].consumer, keys)
+	var (
+		first       []bool
+		checkpoints map[string]int64
+		err         error
+	)
+	if mc, ok := g.u.store.(markCheckpointer); ok && len(subjects) > 0 {
+		first, checkpoints, err = mc.MarkCheckpointMany(ctx, own, batch[0].consumer, keys, subjects)
+	} else {
+		first, err = g.u.store.(manyMarker).MarkMany(ctx, own, batch[0].consumer, keys)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("mark processed: %w", err)
 	}
-	var checkpoints map[string]int64
-	if len(subjects) > 0 {
+	if checkpoints == nil && len(subjects) > 0 {
 		if checkpoints, err = g.u.store.(orderBatcher).CheckpointMany(ctx, own, batch[0].consumer, subjects); err != nil {
 			return nil, fmt.Errorf("checkpoints of %d subjects: %w", len(subjects), err)
 		}

@@ -422,6 +422,16 @@ func (s *Store) CheckpointMany(ctx context.Context, tx *driver.Tx, consumer stri
 	return s.sql.CheckpointMany(ctx, tx, consumer, subjects)
 }
 
+// MarkCheckpointMany is MarkMany of keys, then CheckpointMany of
+// subjects, all of consumer, in one round trip on PostgreSQL (two on
+// SQLite): a batch of strict-order events marks them and reads and locks
+// their subjects' checkpoints with it. The marks are inserted before a
+// checkpoint is locked, as MarkMany then CheckpointMany would, so that
+// two batches still wait for each other in the same order.
+func (s *Store) MarkCheckpointMany(ctx context.Context, tx *driver.Tx, consumer string, keys []framework.Key, subjects []string) ([]bool, map[string]int64, error) {
+	return s.sql.MarkCheckpointMany(ctx, tx, consumer, keys, subjects)
+}
+
 // MarkMany records, inside tx and in one statement, that consumer
 // processed each of keys, and reports for each whether its mark is new:
 // false for a key marked before, and for every repeat of a key within

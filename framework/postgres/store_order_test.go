@@ -3,6 +3,8 @@ package postgres_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -91,4 +93,101 @@ func TestCheckpointManyLocks(t *testing.T) {
 	require.NoError(t, <-first)
 	require.Equal(t, map[string]int64{"new": 1, "old": 4}, <-got, "the first batch's moves, once it committed")
 	require.NoError(t, <-second)
+}
+
+// markCheckpointer is the batch's marks and checkpoints in one round trip,
+// which the unit of work finds on the store by type assertion.
+type markCheckpointer interface {
+	MarkCheckpointMany(ctx context.Context, tx *driver.Tx, consumer string, keys []framework.Key, subjects []string) ([]bool, map[string]int64, error)
+}
+
+// TestMarkCheckpointMany: MarkCheckpointMany reports the marks as
+// MarkMany does and reads and locks the checkpoints as CheckpointMany
+// does, and inserts the marks before it locks a checkpoint: a batch that
+// waits for another's mark holds no checkpoint the other then locks, so
+// the two never deadlock.
+func TestMarkCheckpointMany(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.Postgres(t)
+	require.NoError(t, migrate.Up(ctx, db, migrate.Config{}))
+	store, err := postgres.NewStore(db, postgres.StoreConfig{})
+	require.NoError(t, err)
+	mc, ok := any(store).(markCheckpointer)
+	require.True(t, ok, "the store marks and locks a batch in one statement")
+	ob := any(store).(orderBatcher)
+	// Two units of work: one's batches wait for each other in its queue,
+	// the two's in the database.
+	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: db, Store: store, BatchSize: 1})
+	require.NoError(t, err)
+	other, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: db, Store: store, BatchSize: 1})
+	require.NoError(t, err)
+	consumer := "orders.mark-checkpoint-many-" + time.Now().Format("150405.000000000")
+	k := func(id string) framework.Key { return framework.Key{Source: "test", ID: id} }
+	in := func(uow *driver.UnitOfWork, id string, f func(ctx context.Context, tx *driver.Tx) error) error {
+		_, err := uow.Do(ctx, consumer, k(id), func(ctx context.Context) error {
+			tx, ok := driver.TxFromContext(ctx)
+			if !ok {
+				return errors.New("no transaction")
+			}
+			return f(ctx, tx)
+		})
+		return err
+	}
+	require.NoError(t, in(uow, "setup", func(ctx context.Context, tx *driver.Tx) error {
+		_, err := ob.AdvanceMany(ctx, tx, consumer, []string{"old"}, []int64{3})
+		return err
+	}))
+
+	// Y marks "e" and holds it; X then marks "e" too, and waits for Y.
+	marked, lock, locked, y := make(chan error, 1), make(chan struct{}), make(chan error, 1), make(chan error, 1)
+	go func() {
+		y <- in(uow, "y", func(ctx context.Context, tx *driver.Tx) error {
+			first, cps, err := mc.MarkCheckpointMany(ctx, tx, consumer, []framework.Key{k("e"), k("setup"), k("e")}, []string{"old", "new"})
+			if err == nil && (!slices.Equal(first, []bool{true, false, false}) || cps["old"] != 3 || cps["new"] != 0 || len(cps) != 2) {
+				err = fmt.Errorf("marks %v, checkpoints %v", first, cps)
+			}
+			marked <- err
+			if err != nil {
+				return err
+			}
+			<-lock
+			// X waits for Y's mark of "e": it must not hold "s" yet, so
+			// this lock waits for nothing (lock_timeout: not for X,
+			// which would wait for Y: a deadlock).
+			if _, err := tx.ExecContext(ctx, "SET LOCAL lock_timeout = '200ms'"); err != nil {
+				return err
+			}
+			_, err = ob.CheckpointMany(ctx, tx, consumer, []string{"s"})
+			locked <- err
+			return err
+		})
+	}()
+	require.NoError(t, <-marked)
+	type result struct {
+		first []bool
+		cps   map[string]int64
+		err   error
+	}
+	x := make(chan result, 1)
+	go func() {
+		var r result
+		r.err = in(other, "x", func(ctx context.Context, tx *driver.Tx) error {
+			r.first, r.cps, r.err = mc.MarkCheckpointMany(ctx, tx, consumer, []framework.Key{k("e")}, []string{"s"})
+			return r.err
+		})
+		x <- r
+	}()
+	select {
+	case r := <-x:
+		t.Fatalf("marked %v while another batch held the mark: %v", r.first, r.err)
+	case <-time.After(300 * time.Millisecond):
+	}
+	close(lock)
+	require.NoError(t, <-locked, "the batch that held the mark locks a checkpoint the waiting one names, without waiting")
+	require.NoError(t, <-y)
+	r := <-x
+	require.NoError(t, r.err)
+	require.Equal(t, []bool{false}, r.first, "marked by the other batch, which committed")
+	require.Equal(t, map[string]int64{"s": 0}, r.cps)
 }

@@ -48,6 +48,17 @@ SELECT (SELECT t FROM taken), ` + qOrderParkedAfter
 	qOrderCheckpointMany = `INSERT INTO {p}subject_checkpoints (consumer, subject, seq)
 SELECT ?, s, 0 FROM unnest(?::text[]) AS s ORDER BY s
 ON CONFLICT (consumer, subject) DO UPDATE SET seq = {p}subject_checkpoints.seq RETURNING subject, seq`
+	// qMarkCheckpointManyPostgres is qMarkManyPostgres, then
+	// qOrderCheckpointMany, in one statement: the checkpoints' insert
+	// reads the count of the marks' (an init plan, run first), so the
+	// marks are inserted before a checkpoint is locked. Its rows are the
+	// keys inserted (true, source, event_id, 0) and the checkpoints
+	// (false, subject, '', seq).
+	qMarkCheckpointManyPostgres = `WITH m AS (` + qMarkManyPostgres + `),
+c AS (INSERT INTO {p}subject_checkpoints (consumer, subject, seq)
+SELECT ?, s, 0 FROM unnest(?::text[]) AS s WHERE (SELECT count(*) FROM m) >= 0 ORDER BY s
+ON CONFLICT (consumer, subject) DO UPDATE SET seq = {p}subject_checkpoints.seq RETURNING subject, seq)
+SELECT true, source, event_id, 0::bigint FROM m UNION ALL SELECT false, subject, '', seq FROM c`
 	// qOrderAdvanceMany moves the checkpoints of many subjects, each to
 	// its last step, and reports whether a wait, a parked event or a skip is
 	// at or after one of the steps (PostgreSQL).

@@ -41,6 +41,7 @@ type Store struct {
 	onResolve func(driver.DeadLetter, driver.Resolution)
 
 	mark, markMany, countMany, forgetDelivery        string
+	markCheckpointMany                               string
 	uncount                                          string
 	publishDeadLetter, deadLetter, resolveDeadLetter string
 	claimReplays                                     string
@@ -88,20 +89,21 @@ func New(db *sqlx.DB, d Dialect, opts Options) (*Store, error) {
 	}
 	q := newQueries(d, prefix)
 	return &Store{
-		db:                db,
-		dialect:           d,
-		now:               now,
-		q:                 q,
-		onResolve:         opts.OnResolve,
-		mark:              q.sql(qMark),
-		markMany:          q.sql(d.pick(qMarkManyPostgres, qMarkManySQLite)),
-		countMany:         q.sql(d.pick(qCountManyPostgres, qCountManySQLite)),
-		forgetDelivery:    q.sql(qForgetDelivery),
-		uncount:           q.sql(qUncount),
-		publishDeadLetter: q.sql(qPublishDeadLetter),
-		deadLetter:        q.sql(qDeadLetter),
-		resolveDeadLetter: q.sql(qResolveDeadLetter),
-		claimReplays:      q.sql(d.pick(qClaimReplaysLocked, qClaimReplays)),
+		db:                 db,
+		dialect:            d,
+		now:                now,
+		q:                  q,
+		onResolve:          opts.OnResolve,
+		mark:               q.sql(qMark),
+		markMany:           q.sql(d.pick(qMarkManyPostgres, qMarkManySQLite)),
+		markCheckpointMany: q.sql(qMarkCheckpointManyPostgres),
+		countMany:          q.sql(d.pick(qCountManyPostgres, qCountManySQLite)),
+		forgetDelivery:     q.sql(qForgetDelivery),
+		uncount:            q.sql(qUncount),
+		publishDeadLetter:  q.sql(qPublishDeadLetter),
+		deadLetter:         q.sql(qDeadLetter),
+		resolveDeadLetter:  q.sql(qResolveDeadLetter),
+		claimReplays:       q.sql(d.pick(qClaimReplaysLocked, qClaimReplays)),
 	}, nil
 }
 
@@ -188,17 +190,7 @@ func (s *Store) MarkMany(ctx context.Context, tx *driver.Tx, consumer string, ke
 	if !tx.HasDB() {
 		return nil, fmt.Errorf("mark %d events for %s: %w", len(keys), consumer, ErrNoTx)
 	}
-	unique := make([]framework.Key, 0, len(keys))
-	seen := make(map[framework.Key]bool, len(keys))
-	for _, k := range keys {
-		if !seen[k] {
-			seen[k] = true
-			unique = append(unique, k)
-		}
-	}
-	slices.SortFunc(unique, func(a, b framework.Key) int {
-		return cmp.Or(strings.Compare(a.Source, b.Source), strings.Compare(a.ID, b.ID))
-	})
+	unique := uniqueKeys(keys)
 	rows, err := s.markRows(ctx, tx, consumer, unique)
 	if err != nil {
 		return nil, fmt.Errorf("mark %d events for %s: %w", len(keys), consumer, err)
@@ -215,12 +207,90 @@ func (s *Store) MarkMany(ctx context.Context, tx *driver.Tx, consumer string, ke
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("mark %d events for %s: %w", len(keys), consumer, err)
 	}
+	return firstMarks(keys, inserted), nil
+}
+
+// MarkCheckpointMany is MarkMany of keys, then CheckpointMany of
+// subjects, all of consumer, in one round trip on PostgreSQL (two on
+// SQLite): a batch of strict-order events marks them and reads and locks
+// their subjects' checkpoints with it. The marks are inserted before a
+// checkpoint is locked, as MarkMany then CheckpointMany would, so that
+// two batches still wait for each other in the same order.
+func (s *Store) MarkCheckpointMany(ctx context.Context, tx *driver.Tx, consumer string, keys []framework.Key, subjects []string) ([]bool, map[string]int64, error) {
+	if !tx.HasDB() || s.dialect != Postgres {
+		first, err := s.MarkMany(ctx, tx, consumer, keys)
+		if err != nil {
+			return nil, nil, err
+		}
+		checkpoints, err := s.CheckpointMany(ctx, tx, consumer, subjects)
+		if err != nil {
+			return nil, nil, err
+		}
+		return first, checkpoints, nil
+	}
+	unique := uniqueKeys(keys)
+	sources, ids := make([]string, len(unique)), make([]string, len(unique))
+	for i, k := range unique {
+		sources[i], ids[i] = k.Source, k.ID
+	}
+	fail := func(err error) ([]bool, map[string]int64, error) {
+		return nil, nil, fmt.Errorf("mark %d events and lock the checkpoints of %d subjects for %s: %w", len(keys), len(subjects), consumer, err)
+	}
+	rows, err := tx.QueryContext(ctx, s.markCheckpointMany, consumer, s.dialect.timeArg(s.now()), sources, ids, consumer, subjects)
+	if err != nil {
+		return fail(err)
+	}
+	defer rows.Close()
+	inserted := make(map[framework.Key]bool, len(unique))
+	checkpoints := make(map[string]int64, len(subjects))
+	for rows.Next() {
+		var (
+			mark bool
+			a, b string
+			seq  int64
+		)
+		if err := rows.Scan(&mark, &a, &b, &seq); err != nil {
+			return fail(err)
+		}
+		if mark {
+			inserted[framework.Key{Source: a, ID: b}] = true
+		} else {
+			checkpoints[a] = seq
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fail(err)
+	}
+	return firstMarks(keys, inserted), checkpoints, nil
+}
+
+// uniqueKeys returns keys without repeats, in key order: the order in
+// which a batch inserts its marks (see MarkMany).
+func uniqueKeys(keys []framework.Key) []framework.Key {
+	unique := make([]framework.Key, 0, len(keys))
+	seen := make(map[framework.Key]bool, len(keys))
+	for _, k := range keys {
+		if !seen[k] {
+			seen[k] = true
+			unique = append(unique, k)
+		}
+	}
+	slices.SortFunc(unique, func(a, b framework.Key) int {
+		return cmp.Or(strings.Compare(a.Source, b.Source), strings.Compare(a.ID, b.ID))
+	})
+	return unique
+}
+
+// firstMarks reports for each of keys whether its mark is new: inserted
+// holds the keys whose marks were; a repeat of a key within keys is a
+// duplicate. It empties inserted.
+func firstMarks(keys []framework.Key, inserted map[framework.Key]bool) []bool {
 	first := make([]bool, len(keys))
 	for i, k := range keys {
 		first[i] = inserted[k]
 		delete(inserted, k) // a repeat of k within keys is a duplicate
 	}
-	return first, nil
+	return first
 }
 
 // markRows inserts the marks of keys, in their order, and returns the
