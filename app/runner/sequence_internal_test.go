@@ -217,3 +217,64 @@ func TestSequencerRouterClose(t *testing.T) {
 		t.Fatal("the router did not stop running")
 	}
 }
+
+// TestSequencerLetsSeveralGoOnceTurnsQueue: until the unit of work was
+// seen to queue the events' turns (pipeline.Turn.Arrive), a subject's
+// next event waits for the one ahead; from then on, up to maxAhead of a
+// subject go at once, each turn behind the one before it, and one more
+// goes each time one of them reaches the queue.
+func TestSequencerLetsSeveralGoOnceTurnsQueue(t *testing.T) {
+	in := make(chan *message.Message)
+	seq := newSequencer(framework.DefaultMaxBodyBytes, nil)
+	out, err := seq.subscriber(chanSubscriber{ch: in}).Subscribe(context.Background(), "t")
+	require.NoError(t, err)
+	turnOf := func(msg *message.Message) *pipeline.Turn {
+		t.Helper()
+		turn, ok := pipeline.From[*pipeline.Turn](msg.Context())
+		require.True(t, ok)
+		return turn
+	}
+
+	first := event(t, "a", 1)
+	in <- first
+	require.Same(t, first, receive(t, out))
+	second := event(t, "a", 2)
+	in <- second
+	none(t, out) // no turn queued yet: one at a time
+	turnOf(first).Arrive()
+	require.Same(t, second, receive(t, out), "the next once the one ahead reached the queue")
+	require.Same(t, turnOf(first), turnOf(second).Ahead)
+
+	// The unit of work queues turns: several go at once.
+	fed := make(chan struct{})
+	go func() {
+		defer close(fed)
+		for n := int64(3); n <= maxAhead+3; n++ {
+			in <- event(t, "a", n)
+		}
+	}()
+	prev := turnOf(second)
+	for range maxAhead - 1 { // second is on its way too
+		msg := receive(t, out)
+		require.Same(t, prev, turnOf(msg).Ahead, "each behind the one before")
+		prev = turnOf(msg)
+	}
+	none(t, out) // maxAhead on their way
+	turnOf(second).Arrive()
+	last := receive(t, out)
+	require.Same(t, prev, turnOf(last).Ahead, "one more once one reached the queue")
+	require.Equal(t, fmt.Sprintf("a-%d", maxAhead+2), eventID(t, last))
+	none(t, out)
+
+	<-fed
+	close(in) // the one left waiting is nacked, and out closes
+	for range out {
+	}
+}
+
+func eventID(t *testing.T, msg *message.Message) string {
+	t.Helper()
+	read, ok := pipeline.From[*pipeline.Read[framework.Envelope]](msg.Context())
+	require.True(t, ok)
+	return read.Envelope.ID
+}

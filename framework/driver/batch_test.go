@@ -960,3 +960,62 @@ func TestGroupCommitIdleGroupTwoOfASubject(t *testing.T) {
 		})
 	}
 }
+
+// TestGroupCommitTurnsJoinInOrder: the runner may let several events of
+// a subject go at once, and their attempts reach the unit of work in any
+// order; each joins the queue once the one ahead of it did
+// (pipeline.Turn.Arrived), or once that one's chain ended, so that the
+// later event runs after the earlier one, whichever came first.
+func TestGroupCommitTurnsJoinInOrder(t *testing.T) {
+	t.Parallel()
+	for name, backend := range groupBackends() {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := backend(t)
+			uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: 8, Batches: 2})
+			require.NoError(t, err)
+			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+			defer cancel()
+			var (
+				mu    sync.Mutex
+				order []string
+			)
+			run := func(ctx context.Context, id string) error {
+				_, err := uow.DoDelivery(ctx, "c", framework.Key{Source: "s", ID: id}, driver.Delivery{OrderedSubject: "subject"}, func(ctx context.Context) error {
+					mu.Lock()
+					order = append(order, id)
+					mu.Unlock()
+					_, err := framework.Conn(ctx, b.db).ExecContext(ctx, b.db.Rebind(`INSERT INTO effects (id, seen) VALUES (?, 1)`), id)
+					return err
+				})
+				return err
+			}
+			first := pipeline.NewTurn(nil, nil)
+			second := pipeline.NewTurn(first, nil)
+			third := pipeline.NewTurn(second, nil)
+			errs := make(chan error, 2)
+			go func() { errs <- run(pipeline.With(ctx, third), "third") }()
+			go func() { errs <- run(pipeline.With(ctx, second), "second") }()
+			time.Sleep(100 * time.Millisecond) // both wait for the one ahead
+			mu.Lock()
+			require.Empty(t, order, "no event ran before the first")
+			mu.Unlock()
+			require.NoError(t, run(pipeline.With(ctx, first), "first"))
+			require.NoError(t, <-errs)
+			require.NoError(t, <-errs)
+			require.Equal(t, []string{"first", "second", "third"}, order)
+
+			// One whose event ahead never reached the unit of work (its
+			// chain ended before: refused as the service stops, or a
+			// dead letter) loses its turn, unrun, once that one ended:
+			// the runner runs its chain again (see pipeline.ErrTurn).
+			gone := pipeline.NewTurn(nil, nil)
+			after := make(chan error, 1)
+			go func() { after <- run(pipeline.With(ctx, pipeline.NewTurn(gone, nil)), "after-gone") }()
+			gone.Done()
+			require.ErrorIs(t, <-after, pipeline.ErrTurn)
+			require.NoError(t, run(ctx, "after-gone"), "run again")
+			require.Equal(t, []string{"first", "second", "third", "after-gone"}, order)
+		})
+	}
+}
