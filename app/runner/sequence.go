@@ -22,14 +22,11 @@ import (
 // An event goes to the router once the event ahead of it returned from
 // the chain, or, sooner, once an attempt of that one joined the queue of
 // the unit of work's batches (pipeline.Turn.Joined: strict order on a
-// database with group commit). Once the unit of work was seen to queue
-// the events' turns that way, up to maxAhead events of a subject go at
-// once, each joining the queue once the one ahead of it did
-// (pipeline.Turn.Arrived). The unit of work runs the later one behind
-// the one ahead, in the same batch's transaction or a later batch, and
-// fails it unrun (pipeline.ErrTurn) when the one ahead failed; the intake
-// then runs its chain again once the one ahead returned. So a hot
-// subject's events share batches instead of taking one batch each.
+// database with group commit): the unit of work then runs the later one
+// behind it, in the same batch's transaction or a later batch, and fails
+// it unrun (pipeline.ErrTurn) when the one ahead failed; the intake then
+// runs its chain again once the one ahead returned. So a hot subject's
+// events share batches instead of taking one batch each.
 //
 // The waiting events stay handed out by the transport (unacknowledged), so
 // they hold places of its window (the consumer's concurrency), and a hot
@@ -65,15 +62,9 @@ type sequencer struct {
 	lines map[string]*line
 	// inFlight are the events let go to the router, whose chain has not
 	// returned for good.
-	inFlight map[*message.Message]*flight
+	inFlight map[*message.Message]flight
 	// waitingNow counts the events in the lines.
 	waitingNow int
-	// ahead is how many events of a subject may be on their way to the
-	// unit of work's queue at once: 1 until an attempt joined it
-	// (joined), maxAhead from then on. A unit of work that never queues
-	// the events' turns (none joins) then runs a subject's events one
-	// after the other: each goes once the one ahead returned.
-	ahead int
 }
 
 // line is a subject's events in the process.
@@ -81,35 +72,17 @@ type line struct {
 	// last is the turn of the subject's event let go last, while its
 	// chain runs; nil when none does.
 	last *pipeline.Turn
-	// flying counts the subject's events let go whose chains run;
-	// pending those of them not yet in the unit of work's queue (see
-	// ahead).
-	flying, pending int
+	// open says that last joined the unit of work's queue: the next
+	// event may go.
+	open bool
 	// waiting are the events not let go yet, oldest first.
 	waiting []waiting
 }
-
-// maxAhead is how many events of a subject may be on their way to the
-// unit of work's queue at once, once it queues their turns (see
-// sequencer.ahead): let go to the router, not yet in the queue (see
-// line.pending). They reach the unit of work in any order, and it
-// queues each behind the one ahead of it (pipeline.Turn.Arrived), so
-// that they keep their order in its batches. One at a time, a hot
-// subject's next event would leave only once the one ahead reached the
-// queue, and its events would reach a batch as slowly as each makes its
-// way through the router and the chain; several on their way fill the
-// batches as an unordered consumer's events do. A few, not all: the
-// events on their way hold their goroutines while they wait behind the
-// one ahead.
-const maxAhead = 16
 
 // flight is an event let go to the router: its subject and its turn.
 type flight struct {
 	subject string
 	turn    *pipeline.Turn
-	// joined says that an attempt of it joined the unit of work's
-	// queue (or its chain returned): it no longer counts as pending.
-	joined bool
 }
 
 // waiting is an event in its subject's line, and where it goes once its
@@ -137,8 +110,7 @@ func newSequencer(maxBody int, settler driver.Settler) *sequencer {
 		maxBody:  maxBody,
 		settler:  settler,
 		lines:    make(map[string]*line),
-		inFlight: make(map[*message.Message]*flight),
-		ahead:    1,
+		inFlight: make(map[*message.Message]flight),
 	}
 }
 
@@ -304,7 +276,7 @@ func (s *sequencer) waitingFor(out *output, remove bool) []*message.Message {
 		}
 		clear(l.waiting[len(kept):])
 		l.waiting = kept
-		if l.flying == 0 && len(kept) == 0 {
+		if l.last == nil && len(kept) == 0 {
 			delete(s.lines, subject)
 		}
 	}
@@ -326,7 +298,7 @@ func (s *sequencer) admit(msg *message.Message, out *output) bool {
 		l = &line{}
 		s.lines[subject] = l
 	}
-	if stopping || l.pending >= s.ahead || len(l.waiting) > 0 {
+	if stopping || l.last != nil && (!l.open || len(l.waiting) > 0) {
 		l.waiting = append(l.waiting, waiting{msg: msg, out: out})
 		s.waitingNow++
 		return false
@@ -339,12 +311,9 @@ func (s *sequencer) admit(msg *message.Message, out *output) bool {
 // behind the one before, if any still runs. Call it with s.mu held.
 func (s *sequencer) letGo(subject string, l *line, msg *message.Message) {
 	t := pipeline.NewTurn(l.last, nil)
-	f := &flight{subject: subject, turn: t}
-	t.Joined = func() { s.joined(f) }
-	l.last = t
-	l.flying++
-	l.pending++
-	s.inFlight[msg] = f
+	t.Joined = func() { s.joined(subject, t) }
+	l.last, l.open = t, false
+	s.inFlight[msg] = flight{subject: subject, turn: t}
 	msg.SetContext(pipeline.With(msg.Context(), t))
 }
 
@@ -375,26 +344,25 @@ func (s *sequencer) subjectOf(msg *message.Message) string {
 	return env.Subject
 }
 
-// joined is called once an attempt of the event of flight f joined the
-// unit of work's queue: the next event of its subject, if one waits and
-// fewer than ahead are on their way, goes to the router, through passOn
-// (the unit of work must not wait).
-func (s *sequencer) joined(f *flight) {
+// joined is called once an attempt of the event of turn t, of subject,
+// joined the unit of work's queue: the next event of the subject, if one
+// waits, goes to the router, through forward (the unit of work must not
+// wait).
+func (s *sequencer) joined(subject string, t *pipeline.Turn) {
 	s.mu.Lock()
-	l := s.lines[f.subject]
-	if f.joined || l == nil {
+	l := s.lines[subject]
+	if l == nil || l.last != t || l.open {
 		s.mu.Unlock()
 		return
 	}
-	f.joined = true
-	l.pending--
-	s.ahead = maxAhead
-	s.passOn(f.subject, l)
+	l.open = true
+	s.passOn(subject, l)
 }
 
 // done is called once msg's chain returned for good (or msg was refused
 // at the intake): the events behind it that lost their turn may run
-// again, and the next event of its subject, if one waits, may go.
+// again, and when no event of its subject went after it, the next one,
+// if one waits, goes to the router.
 func (s *sequencer) done(msg *message.Message) {
 	s.mu.Lock()
 	f, ok := s.inFlight[msg]
@@ -406,44 +374,23 @@ func (s *sequencer) done(msg *message.Message) {
 	f.turn.Ahead = nil // the turns of a subject never chain up in memory
 	f.turn.Done()
 	l := s.lines[f.subject]
-	if l == nil {
-		s.mu.Unlock()
+	if l == nil || l.last != f.turn {
+		s.mu.Unlock() // a later event went: its own turn lets the next go
 		return
 	}
-	if !f.joined {
-		f.joined = true
-		l.pending--
-	}
-	l.flying--
-	if l.last == f.turn {
-		l.last = nil // no event of the subject went after it
-	}
-	if l.flying == 0 && len(l.waiting) == 0 {
+	l.last, l.open = nil, false
+	if len(l.waiting) == 0 {
 		delete(s.lines, f.subject)
 	}
 	s.passOn(f.subject, l)
 }
 
 // passOn lets the first event waiting in l, the line of subject, go,
-// when one waits: to the router at once when its loop is ready to take
-// it, else into its output's ready events, for forward. It never waits
-// (see sequencer). Call it with s.mu held; it lets go of it.
-//
-// The send at once saves a hot subject's next event a wake of forward on
-// its way to the router, which it makes once the one ahead joined the
-// unit of work's queue: the events of a subject go one after the other,
-// so the sooner each goes, the more of them share a batch. It cannot
-// overtake an event of its subject: that one is its line's last, in the
-// unit of work's queue already; it may overtake other subjects' ready
-// events, whose order to it does not matter. It is made under s.mu, so
-// that end, which closes the channel once done is set, comes after it.
+// when one waits: it joins its output's ready events, for forward. It
+// never waits (see sequencer). Call it with s.mu held; it lets go of it.
 func (s *sequencer) passOn(subject string, l *line) {
 	if closed(s.stopping) {
 		s.mu.Unlock() // the next waits, handed back with the others (see forward)
-		return
-	}
-	if l.pending >= s.ahead {
-		s.mu.Unlock() // it goes once one on its way reached the queue
 		return
 	}
 	w, ok := s.next(subject, l)
@@ -455,12 +402,6 @@ func (s *sequencer) passOn(subject string, l *line) {
 		s.mu.Unlock()
 		s.refuse(w.msg)
 		return
-	}
-	select {
-	case w.out.ch <- w.msg:
-		s.mu.Unlock()
-		return
-	default: // the router's loop is busy: forward sends it
 	}
 	w.out.ready = append(w.out.ready, w.msg)
 	s.mu.Unlock()

@@ -67,11 +67,6 @@ type group struct {
 func (g *group) run(a *attemptRun) {
 	a.done = make(chan struct{})
 	defer func() { a.after = nil }() // the attempts of a subject never chain up in memory
-	if awaitAhead(a) {
-		a.loseTurn()
-		close(a.done)
-		return
-	}
 	if g.overlapping.Load() {
 		g.mu.Lock()
 		t := g.joinTurn(a)

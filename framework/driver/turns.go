@@ -37,41 +37,8 @@ func (g *group) joinTurn(a *attemptRun) *pipeline.Turn {
 
 // joined tells t, when set, that its event's attempt joined the queue.
 func joined(t *pipeline.Turn) {
-	if t != nil {
-		t.Arrive()
-	}
-}
-
-// awaitAhead waits, before a, an attempt of a strict-order event, joins
-// the group's queue, until an attempt of the event ahead of it in its
-// subject's line joined it, or that event's chain ended, or a's context
-// did: the runner lets several events of a subject go at once, and they
-// reach the unit of work in any order; they join its queue in their
-// line's order (see joinTurn). It reports whether the event ahead ended
-// without joining (refused at the intake as the service stops, or a dead
-// letter before the unit of work): a then loses its turn (see lostTurn),
-// and the runner runs its chain again, which then passes the intake only
-// while the service runs.
-func awaitAhead(a *attemptRun) (lost bool) {
-	if a.delivery.OrderedSubject == "" {
-		return false
-	}
-	t, ok := pipeline.From[*pipeline.Turn](a.ctx)
-	if !ok || t == nil || t.Ahead == nil {
-		return false
-	}
-	select {
-	case <-t.Ahead.Arrived():
-		return false
-	case <-t.Ahead.Ended():
-		select {
-		case <-t.Ahead.Arrived():
-			return false
-		default:
-			return true
-		}
-	case <-a.ctx.Done():
-		return false // the batch drops it unrun (see dropEnded)
+	if t != nil && t.Joined != nil {
+		t.Joined()
 	}
 }
 
@@ -104,14 +71,9 @@ func (a *attemptRun) lostTurn() bool {
 	if a.after == nil || a.after.succeeded() {
 		return false
 	}
-	a.loseTurn()
-	return true
-}
-
-// loseTurn fails a, unrun, with pipeline.ErrTurn.
-func (a *attemptRun) loseTurn() {
 	a.tx = &Tx{}
 	a.fail(pipeline.ErrTurn)
+	return true
 }
 
 // dropLostTurns fails, unrun, the attempts of batch whose attempt ahead

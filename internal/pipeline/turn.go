@@ -3,7 +3,6 @@ package pipeline
 import (
 	"errors"
 	"fmt"
-	"sync"
 )
 
 // Turn is the place of an ordered event in its subject's line in the
@@ -13,10 +12,9 @@ import (
 // its batches.
 //
 // An event goes to the chain once the event before it in the line (Ahead)
-// joined the unit of work's queue (Joined), not once it took effect, or
-// sooner, several at once, and then it joins the queue once the one ahead
-// did (Arrived): the two may share a batch, the event after the other in
-// the batch's transaction, or the later one runs in a later batch. When the attempt
+// joined the unit of work's queue (Joined), not once it took effect: the
+// two may then share a batch, the event after the other in the batch's
+// transaction, or the later one runs in a later batch. When the attempt
 // of the event ahead fails, the unit of work fails the attempt behind it
 // with ErrTurn without running it; the runner waits until the chain of
 // the event ahead returned (Wait), and runs the chain of the event again,
@@ -36,33 +34,14 @@ type Turn struct {
 	// reads and writes it, under a lock of its own.
 	Attempt any
 
-	done    chan struct{}
-	arrived chan struct{}
-	once    sync.Once
+	done chan struct{}
 }
 
 // NewTurn returns the turn of an event behind ahead (nil: none), which
 // calls joined once an attempt of it joined the unit of work's queue.
 func NewTurn(ahead *Turn, joined func()) *Turn {
-	return &Turn{Ahead: ahead, Joined: joined, done: make(chan struct{}), arrived: make(chan struct{})}
+	return &Turn{Ahead: ahead, Joined: joined, done: make(chan struct{})}
 }
-
-// Arrive is called by the unit of work each time an attempt of the event
-// has its place in its queue: the first time, it closes Arrived; each
-// time, it calls Joined. The events behind it may join the queue from
-// then on.
-func (t *Turn) Arrive() {
-	t.once.Do(func() { close(t.arrived) })
-	if t.Joined != nil {
-		t.Joined()
-	}
-}
-
-// Arrived returns a channel closed once an attempt of the event joined
-// the unit of work's queue (see Arrive). The events of a subject may
-// reach the unit of work in any order: each joins its queue once the one
-// ahead of it arrived, or its chain ended.
-func (t *Turn) Arrived() <-chan struct{} { return t.arrived }
 
 // Done says that the event's chain returned for good: the events behind
 // it that lost their turn may run again. Call it once.
