@@ -195,6 +195,7 @@ func (r *Runner) add(cc ConsumerConfig) error {
 		HandlingTime:   cc.handlingTime(),
 		Partitions:     cc.Partitions,
 		Settles:        true,
+		Hold:           cc.hold(),
 	})
 	if err != nil {
 		return err
@@ -221,6 +222,9 @@ func (r *Runner) add(cc ConsumerConfig) error {
 	var seq *sequencer
 	if cc.StrictOrder || cc.SkipStale {
 		seq = newSequencer(cc.MaxBodyBytes, settler)
+		if holder, ok := sub.Subscriber.(driver.Holder); ok {
+			seq.holdBeyond(cc.Concurrency, holder)
+		}
 		seq.handBack, seq.stopping, seq.closing = back, r.stop, r.closing
 		subscriber = seq.subscriber(subscriber)
 		h = inTurn(h)
@@ -263,6 +267,16 @@ func (r *Runner) partitioner(cc ConsumerConfig, sub driver.Subscription) (*parti
 		stop:       r.stop,
 		held:       make(map[int]int64),
 	}, nil
+}
+
+// hold is how many of c's messages its sequencer may keep waiting out of
+// the transport's window (driver.Holder): four windows for an ordered
+// consumer, none for another.
+func (c ConsumerConfig) hold() int {
+	if c.StrictOrder || c.SkipStale {
+		return 4 * c.Concurrency
+	}
+	return 0
 }
 
 // handlingTime is the longest a healthy message of c stays with the

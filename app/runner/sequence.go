@@ -28,10 +28,16 @@ import (
 // runs its chain again once the one ahead returned. So a hot subject's
 // events share batches instead of taking one batch each.
 //
-// The waiting events stay handed out by the transport (unacknowledged), so
-// they hold places of its window (the consumer's concurrency), and a hot
-// subject delays its own events, not the other subjects' that reached the
-// consumer.
+// The waiting events stay handed out by the transport (unacknowledged).
+// Of a subject's events in the consumer, waiting here or on their way
+// (in the unit of work's queue behind the one ahead), up to share hold
+// places of the transport's window (the consumer's concurrency); those
+// behind them are held out of it when the subscriber lets them
+// (driver.Holder), so that a hot subject leaves the window's other places
+// to the other subjects' events, which keep coming. A hot subject delays its own events only, until the
+// subscription holds as many as it may (driver.HoldLimit): from then on
+// its events hold places again, and once they fill the window the
+// consumer takes nothing more until they go (bounded memory first).
 //
 // Only the sequencer's own goroutine (forward) sends to the router: the
 // end of an event's turn (done, in the router's handler) and its joining
@@ -42,6 +48,12 @@ import (
 // an event holds the close until its timeout.
 type sequencer struct {
 	maxBody int
+	// share is how many places of the window a subject's waiting events
+	// hold at most while holder takes the others (see Holder).
+	share int
+	// holder keeps events waiting out of the window; nil when the
+	// subscriber is no driver.Holder.
+	holder driver.Holder
 	// settler is told the outcome of the waiting events the sequencer
 	// nacks itself, when its subscription ends; nil when the subscriber
 	// is no driver.Settler.
@@ -65,6 +77,9 @@ type sequencer struct {
 	inFlight map[*message.Message]flight
 	// waitingNow counts the events in the lines.
 	waitingNow int
+	// placed counts, by subject, the events waiting or in flight that
+	// hold places of the window (not held: see place).
+	placed map[string]int
 }
 
 // line is a subject's events in the process.
@@ -83,6 +98,7 @@ type line struct {
 type flight struct {
 	subject string
 	turn    *pipeline.Turn
+	held    bool // out of the window (see sequencer.place)
 }
 
 // waiting is an event in its subject's line, and where it goes once its
@@ -90,6 +106,8 @@ type flight struct {
 type waiting struct {
 	msg *message.Message
 	out *output
+	// held says that msg waits out of the window (driver.Holder).
+	held bool
 }
 
 // output is the channel of one of the consumer's router handlers.
@@ -108,10 +126,19 @@ type output struct {
 func newSequencer(maxBody int, settler driver.Settler) *sequencer {
 	return &sequencer{
 		maxBody:  maxBody,
+		share:    1,
 		settler:  settler,
 		lines:    make(map[string]*line),
 		inFlight: make(map[*message.Message]flight),
+		placed:   make(map[string]int),
 	}
+}
+
+// holdBeyond makes s hold out of the window, through holder, a
+// subject's waiting events beyond its share of a window of concurrency
+// places: a quarter (at least one).
+func (s *sequencer) holdBeyond(concurrency int, holder driver.Holder) {
+	s.share, s.holder = max(1, concurrency/4), holder
 }
 
 // subscriber returns sub whose subscriptions pass through s.
@@ -269,6 +296,9 @@ func (s *sequencer) waitingFor(out *output, remove bool) []*message.Message {
 			case remove:
 				msgs = append(msgs, w.msg)
 				s.waitingNow--
+				if !w.held {
+					s.unplace(subject)
+				}
 			default:
 				msgs = append(msgs, w.msg)
 				kept = append(kept, w)
@@ -299,21 +329,42 @@ func (s *sequencer) admit(msg *message.Message, out *output) bool {
 		s.lines[subject] = l
 	}
 	if stopping || l.last != nil && (!l.open || len(l.waiting) > 0) {
-		l.waiting = append(l.waiting, waiting{msg: msg, out: out})
+		l.waiting = append(l.waiting, waiting{msg: msg, out: out, held: s.place(subject, msg)})
 		s.waitingNow++
 		return false
 	}
-	s.letGo(subject, l, msg)
+	s.letGo(subject, l, msg, s.place(subject, msg))
 	return true
 }
 
+// place reports whether msg, an event of subject that reached the
+// consumer, is held out of the window (see holder): when the subject's
+// events hold their share of its places already, and the holder takes
+// it. Otherwise msg holds a place. Call it with s.mu held.
+func (s *sequencer) place(subject string, msg *message.Message) (held bool) {
+	if s.placed[subject] >= s.share && s.holder != nil && s.holder.Hold(msg) {
+		return true
+	}
+	s.placed[subject]++
+	return false
+}
+
+// unplace frees the place of an event of subject. Call it with s.mu
+// held.
+func (s *sequencer) unplace(subject string) {
+	if s.placed[subject]--; s.placed[subject] <= 0 {
+		delete(s.placed, subject)
+	}
+}
+
 // letGo makes msg the event of subject, whose line is l, let go last,
-// behind the one before, if any still runs. Call it with s.mu held.
-func (s *sequencer) letGo(subject string, l *line, msg *message.Message) {
+// behind the one before, if any still runs; held says that msg holds no
+// place of the window. Call it with s.mu held.
+func (s *sequencer) letGo(subject string, l *line, msg *message.Message, held bool) {
 	t := pipeline.NewTurn(l.last, nil)
 	t.Joined = func() { s.joined(subject, t) }
 	l.last, l.open = t, false
-	s.inFlight[msg] = flight{subject: subject, turn: t}
+	s.inFlight[msg] = flight{subject: subject, turn: t, held: held}
 	msg.SetContext(pipeline.With(msg.Context(), t))
 }
 
@@ -327,7 +378,7 @@ func (s *sequencer) next(subject string, l *line) (waiting, bool) {
 	l.waiting[0] = waiting{}
 	l.waiting = l.waiting[1:]
 	s.waitingNow--
-	s.letGo(subject, l, w.msg)
+	s.letGo(subject, l, w.msg, w.held)
 	return w, true
 }
 
@@ -371,6 +422,9 @@ func (s *sequencer) done(msg *message.Message) {
 		return
 	}
 	delete(s.inFlight, msg)
+	if !f.held {
+		s.unplace(f.subject)
+	}
 	f.turn.Ahead = nil // the turns of a subject never chain up in memory
 	f.turn.Done()
 	l := s.lines[f.subject]

@@ -114,6 +114,80 @@ func TestSequencer(t *testing.T) {
 	require.Empty(t, seq.inFlight)
 }
 
+// holding records the events a sequencer holds out of the window, up to
+// room of them.
+type holding struct {
+	mu   sync.Mutex
+	room int
+	held []string
+}
+
+func (h *holding) Hold(msg *message.Message) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.held) == h.room {
+		return false
+	}
+	h.held = append(h.held, msg.UUID)
+	return true
+}
+
+func (h *holding) events() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]string(nil), h.held...)
+}
+
+// TestSequencerHoldsBeyondShare: of a subject's events in the consumer,
+// waiting or on their way, a quarter of the window's places (here one of
+// four) hold places of it; those behind are held out of it while the
+// subscriber takes them, and hold places once it no longer does; each
+// event's end frees its place.
+func TestSequencerHoldsBeyondShare(t *testing.T) {
+	in := make(chan *message.Message)
+	seq := newSequencer(framework.DefaultMaxBodyBytes, nil)
+	h := &holding{room: 2}
+	seq.holdBeyond(4, h)
+	out, err := seq.subscriber(chanSubscriber{ch: in}).Subscribe(context.Background(), "t")
+	require.NoError(t, err)
+
+	a := make([]*message.Message, 7)
+	for i := 1; i < len(a); i++ {
+		a[i] = event(t, "a", int64(i))
+	}
+	in <- a[1]
+	require.Same(t, a[1], receive(t, out))
+	for _, msg := range a[2:] {
+		in <- msg
+	}
+	b1 := event(t, "b", 1)
+	in <- b1
+	require.Same(t, b1, receive(t, out))
+	b2 := event(t, "b", 2)
+	in <- b2
+	none(t, out)
+	require.Equal(t, []string{a[2].UUID, a[3].UUID}, h.events(), "a1 holds a's place, a2 and a3 wait out of the window; a4 to a6, and b2, in it: no more room")
+	seq.mu.Lock()
+	require.Equal(t, map[string]int{"a": 4, "b": 2}, seq.placed)
+	seq.mu.Unlock()
+
+	for i := 1; i < 6; i++ {
+		go seq.done(a[i])
+		require.Same(t, a[i+1], receive(t, out), "in order")
+	}
+	go seq.done(b1)
+	require.Same(t, b2, receive(t, out))
+	require.Zero(t, seq.waitingEvents())
+	seq.done(a[6])
+	seq.done(b2)
+	seq.mu.Lock()
+	require.Empty(t, seq.placed, "each event's end frees its place")
+	seq.mu.Unlock()
+	close(in)
+	_, open := <-out
+	require.False(t, open)
+}
+
 // TestShare: the partitions fall to the sorted members in turn, so that
 // each holds as many as any other, give or take one; a member not in the
 // list has none.

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"strconv"
 	"sync"
+	"sync/atomic"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
@@ -88,7 +89,8 @@ type partitions struct {
 	// The consumption (see partitionedSubscriber).
 	out      chan *message.Message
 	slots    chan struct{}
-	assignMu sync.Mutex // one Assign at a time
+	held     *atomic.Int32 // the messages of slots held out of them (see subscriber.Hold)
+	assignMu sync.Mutex    // one Assign at a time
 
 	mu       sync.Mutex // guards what follows
 	assigned map[int]bool
@@ -117,6 +119,7 @@ func newPartitions(conn *connection, consumer string, n, limit int) (*partitions
 		args:     args,
 		out:      make(chan *message.Message),
 		slots:    make(chan struct{}, limit),
+		held:     new(atomic.Int32),
 		assigned: map[int]bool{},
 		live:     map[int]*subscription{},
 		draining: map[int]*subscription{},

@@ -48,6 +48,9 @@ type subscriber struct {
 	queueName wamqp.QueueNameGenerator
 	limit     int // deliveries handed out at once by a subscription
 	prefetch  int // the Qos prefetch count of a subscription's channel
+	// hold is how many deliveries a subscription's reader may hold out
+	// of its limit (see Hold).
+	hold int
 
 	mu      sync.Mutex // guards topo, closed, and wg.Add against Close
 	topo    *wamqp.Subscriber
@@ -66,6 +69,7 @@ var (
 	_ message.Subscriber           = (*subscriber)(nil)
 	_ message.SubscribeInitializer = (*subscriber)(nil)
 	_ driver.Settler               = (*subscriber)(nil)
+	_ driver.Holder                = (*subscriber)(nil)
 )
 
 // deliveryKey keys the context value that makes a message's context tell
@@ -79,6 +83,26 @@ func (s *subscriber) Settle(msg *message.Message, acked bool) {
 	if d, ok := msg.Context().Value(deliveryKey{}).(*delivery); ok && d.c.sub.subscriber == s {
 		d.Settled(acked)
 	}
+}
+
+// Hold frees the slot of msg, a message of s handed out and not settled,
+// for another delivery, while its subscription holds fewer than
+// driver.SubscribeConfig.Hold so (see driver.Holder); its settling then
+// frees none.
+func (s *subscriber) Hold(msg *message.Message) bool {
+	d, ok := msg.Context().Value(deliveryKey{}).(*delivery)
+	return ok && d.c.sub.subscriber == s && d.hold()
+}
+
+// allowHold lets each subscription's reader hold up to n deliveries out
+// of its limit: its channel's prefetch grows by n, so that the broker
+// sends the deliveries that take their slots.
+func (s *subscriber) allowHold(n int) error {
+	if s.prefetch+n > 65535 {
+		return fmt.Errorf("amqp: subscriber: a prefetch of %d deliveries and %d held is over 65535", s.prefetch, n)
+	}
+	s.hold, s.prefetch = n, s.prefetch+n
+	return nil
 }
 
 // subscriberOf returns the subscriber of consumer on conn, each
@@ -166,6 +190,7 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		queue:      s.queueName(topic),
 		out:        make(chan *message.Message),
 		slots:      make(chan struct{}, s.limit),
+		held:       new(atomic.Int32),
 		reported:   s.settles,
 		partition:  -1,
 	}
@@ -206,7 +231,8 @@ type subscription struct {
 	topic string
 	queue string
 	out   chan *message.Message
-	slots chan struct{}    // one per message handed out and not yet settled
+	slots chan struct{}    // one per message handed out and not yet settled, unless held
+	held  *atomic.Int32    // the messages handed out, not settled and held (see Hold)
 	nacks nackdelay.Streak // the pause after a nack
 	// reported says that the reader reports each message's outcome
 	// (subscriber.Settle): no goroutine watches a message then.
@@ -492,7 +518,16 @@ type delivery struct {
 	msg    *message.Message
 	cancel context.CancelFunc
 	taken  atomic.Bool
+	state  atomic.Int32 // deliverySlotted, then deliveryHeld and/or deliveryFinished
 }
+
+// The states of a delivery: in its slot, held out of it (subscriber.Hold),
+// finished (its slot or its place among those held freed).
+const (
+	deliverySlotted int32 = iota
+	deliveryHeld
+	deliveryFinished
+)
 
 // claim reports whether the caller is the one to settle d.
 func (d *delivery) claim() bool {
@@ -520,11 +555,28 @@ func (d *delivery) watch() {
 	}
 }
 
-// finish cancels the message's context and frees its slot.
+// finish cancels the message's context and frees its slot, or its
+// place among those held.
 func (d *delivery) finish() {
 	d.cancel()
-	<-d.c.sub.slots
+	if d.state.Swap(deliveryFinished) == deliveryHeld {
+		d.c.sub.held.Add(-1)
+	} else {
+		<-d.c.sub.slots
+	}
 	d.c.inFlight.Done()
+}
+
+// hold frees d's slot, while it is in flight and the subscription holds
+// fewer than its subscriber's hold: d is held (see subscriber.Hold).
+func (d *delivery) hold() bool {
+	sub := d.c.sub
+	if int(sub.held.Add(1)) > sub.hold || !d.state.CompareAndSwap(deliverySlotted, deliveryHeld) {
+		sub.held.Add(-1)
+		return false
+	}
+	<-sub.slots
+	return true
 }
 
 // Settled acks the delivery on its channel, or nacks it after the

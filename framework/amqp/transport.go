@@ -83,6 +83,9 @@ func (t *Transport) Subscribe(sc driver.SubscribeConfig) (driver.Subscription, e
 			return driver.Subscription{}, fmt.Errorf("amqp: consumer %s: %w", sc.Consumer, err)
 		}
 		p.settles = sc.Settles
+		if err := p.allowHold(sc.Hold); err != nil {
+			return driver.Subscription{}, fmt.Errorf("amqp: consumer %s: %w", sc.Consumer, err)
+		}
 		sub = p
 	} else {
 		s, err := subscriberOf(t.conn, sc.Consumer, sc.Concurrency)
@@ -90,6 +93,9 @@ func (t *Transport) Subscribe(sc driver.SubscribeConfig) (driver.Subscription, e
 			return driver.Subscription{}, fmt.Errorf("amqp: consumer %s: %w", sc.Consumer, err)
 		}
 		s.settles = sc.Settles
+		if err := s.allowHold(sc.Hold); err != nil {
+			return driver.Subscription{}, fmt.Errorf("amqp: consumer %s: %w", sc.Consumer, err)
+		}
 		sub = s
 	}
 	t.mu.Lock()

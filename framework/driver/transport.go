@@ -81,6 +81,11 @@ type SubscribeConfig struct {
 	// delivery is then recorded as costing nothing: see
 	// Store.Count). Defaults to false.
 	Settles bool
+	// Hold is how many messages the reader may keep out of the window at
+	// once (see Holder): a transport that is a Holder makes room for
+	// them besides the window (a broker's prefetch, a reader's buffer).
+	// The runner sets it for an ordered consumer. Defaults to zero: none.
+	Hold int
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
@@ -103,6 +108,8 @@ func (c SubscribeConfig) Validate() error {
 		return fmt.Errorf("SubscribeConfig.AttemptTimeout: must not be negative, got %s", c.AttemptTimeout)
 	case c.HandlingTime < 0:
 		return fmt.Errorf("SubscribeConfig.HandlingTime: must not be negative, got %s", c.HandlingTime)
+	case c.Hold < 0:
+		return fmt.Errorf("SubscribeConfig.Hold: must not be negative, got %d", c.Hold)
 	}
 	if err := validPartitions(c.Partitions); err != nil {
 		return fmt.Errorf("SubscribeConfig.Partitions: %w", err)
@@ -189,6 +196,24 @@ type Settler interface {
 	// subscription takes the outcome, or closes. A message the
 	// subscriber did not hand out is ignored.
 	Settle(msg *message.Message, acked bool)
+}
+
+// Holder is implemented by a Subscriber whose reader may keep some of its
+// messages waiting in memory without their holding places of the
+// subscription's window (the Concurrency messages handed out and not
+// settled at once), up to SubscribeConfig.Hold of them. An ordered
+// consumer's reader holds so the events of a subject beyond the subject's
+// share of the window while they wait for their turn, so that a hot
+// subject does not fill the window and the other subjects' events keep
+// coming.
+type Holder interface {
+	// Hold says that msg, handed out by the subscriber and not settled,
+	// waits in the reader's memory: its place in the window goes to
+	// another message, and its settling later frees none. It reports
+	// false, and changes nothing, when the subscription holds
+	// SubscribeConfig.Hold messages so already, or msg is not the
+	// subscriber's or not in flight.
+	Hold(msg *message.Message) bool
 }
 
 // TxAcker is implemented by a Subscriber that can acknowledge its

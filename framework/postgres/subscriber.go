@@ -77,8 +77,11 @@ type subscriber struct {
 	db          *sqlx.DB
 	group       string
 	concurrency int
-	cfg         TransportConfig
-	log         *slog.Logger
+	// hold is how many messages a subscription's reader may hold out of
+	// its concurrency (driver.SubscribeConfig.Hold, see Hold).
+	hold int
+	cfg  TransportConfig
+	log  *slog.Logger
 
 	base      context.Context // cancelled by Close
 	cancel    context.CancelFunc
@@ -104,6 +107,7 @@ var (
 	_ message.Subscriber           = (*subscriber)(nil)
 	_ message.SubscribeInitializer = (*subscriber)(nil)
 	_ driver.Settler               = (*subscriber)(nil)
+	_ driver.Holder                = (*subscriber)(nil)
 )
 
 // newSubscriber returns the subscriber of consumer, whose name is its
@@ -189,6 +193,7 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		out:      make(chan *message.Message),
 		results:  make(chan result),
 		sent:     make(map[*delivery]struct{}, s.concurrency),
+		holdWake: make(chan struct{}, 1),
 		log:      s.log.With(slog.String("topic", topic)),
 
 		reported: s.settles,

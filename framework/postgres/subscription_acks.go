@@ -68,8 +68,33 @@ func (sub *subscription) redelivered(r *row) (said, known bool) {
 	return false, true
 }
 
+// Hold frees the place of msg, a message of s handed out and not
+// settled, for another message, while its subscription holds fewer than
+// driver.SubscribeConfig.Hold so (see driver.Holder); its settling then
+// frees none. Its row stays in its stream's window, which grows by the
+// messages held.
+func (s *subscriber) Hold(msg *message.Message) bool {
+	d, ok := msg.Context().Value(deliveryKey{}).(*delivery)
+	if !ok || d.sub.s != s {
+		return false
+	}
+	sub := d.sub
+	if int(sub.held.Add(1)) > s.hold || !d.state.CompareAndSwap(deliveryPlaced, deliveryHeld) {
+		sub.held.Add(-1)
+		return false
+	}
+	select {
+	case sub.holdWake <- struct{}{}:
+	default: // a wake is pending already
+	}
+	return true
+}
+
 // unsend forgets d, the current delivery of its row.
 func (sub *subscription) unsend(d *delivery) {
+	if d.state.Swap(deliveryGone) == deliveryHeld {
+		sub.held.Add(-1)
+	}
 	d.r.current = nil
 	d.r.st.inFlight--
 	delete(sub.sent, d)

@@ -23,9 +23,10 @@ func (sub *subscription) queryContext() (context.Context, context.CancelFunc) {
 }
 
 // room returns how many rows st's window has room for: it holds at most
-// concurrency + BatchSize rows read and not acknowledged in order.
+// concurrency + BatchSize rows read and not acknowledged in order, and
+// as many more as the reader holds (see subscriber.Hold).
 func (sub *subscription) room(st *stream) int {
-	return sub.s.concurrency + sub.s.cfg.BatchSize - len(st.window)
+	return sub.s.concurrency + sub.s.cfg.BatchSize + int(sub.held.Load()) - len(st.window)
 }
 
 // readDue reports whether to read now: it is time, and a stream's window

@@ -86,6 +86,7 @@ func (t *Transport) Subscribe(sc driver.SubscribeConfig) (driver.Subscription, e
 		return driver.Subscription{}, fmt.Errorf("postgres: consumer %s: %w", sc.Consumer, err)
 	}
 	sub.settles = sc.Settles
+	sub.hold = sc.Hold
 	sub.partitions = sc.Partitions
 	var subscriber message.Subscriber = sub
 	if sub.partitioned() {

@@ -24,7 +24,16 @@ type pubsubDelivery struct {
 	msg        *message.Message
 	cancel     context.CancelFunc
 	ackedInTx  atomic.Bool
+	state      atomic.Int32 // deliveryPlaced, then deliveryHeld and/or deliveryGone
 }
+
+// The states of a delivery handed out: in a place of MaxInFlight, held
+// out of it (Subscriber.Hold), settled.
+const (
+	deliveryPlaced int32 = iota
+	deliveryHeld
+	deliveryGone
+)
 
 // deliveryKey keys the context value that makes a message's context
 // tell its delivery (see deliveryOf).
@@ -50,6 +59,27 @@ func (s *Subscriber) TxAck(msg *message.Message) (driver.TxAck, bool) {
 		return driver.TxAck{}, false
 	}
 	return driver.TxAck{DB: s.db.DB, Batch: d.sub, Item: d}, true
+}
+
+// Hold frees the place of msg, a message of s handed out and not
+// settled, for another message, while its subscription holds fewer than
+// driver.SubscribeConfig.Hold so (see driver.Holder); its settling then
+// frees none. Its lease is renewed as the others'.
+func (s *Subscriber) Hold(msg *message.Message) bool {
+	d, ok := s.deliveryOf(msg)
+	if !ok {
+		return false
+	}
+	sub := d.sub
+	if int(sub.held.Add(1)) > s.hold || !d.state.CompareAndSwap(deliveryPlaced, deliveryHeld) {
+		sub.held.Add(-1)
+		return false
+	}
+	select {
+	case sub.holdWake <- struct{}{}:
+	default: // a wake is pending already
+	}
+	return true
 }
 
 // Settle hands the outcome of msg, a message of s, to its subscription

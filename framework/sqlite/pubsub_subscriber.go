@@ -203,6 +203,9 @@ type Subscriber struct {
 	// settles says that the reader settles each message itself
 	// (driver.SubscribeConfig.Settles): no goroutine watches one.
 	settles bool
+	// hold is how many messages a subscription's reader may hold out of
+	// MaxInFlight (driver.SubscribeConfig.Hold, see Hold).
+	hold int
 
 	base       context.Context // cancelled by Close
 	cancelBase context.CancelFunc
@@ -223,6 +226,7 @@ var (
 	_ message.SubscribeInitializer = (*Subscriber)(nil)
 	_ driver.TxAcker               = (*Subscriber)(nil)
 	_ driver.Settler               = (*Subscriber)(nil)
+	_ driver.Holder                = (*Subscriber)(nil)
 )
 
 // NewSubscriber returns a Subscriber that reads db, which should come from
@@ -319,6 +323,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		wake:       wake,
 		stopListen: stopListen,
 		sent:       make(map[*pubsubDelivery]struct{}),
+		holdWake:   make(chan struct{}, 1),
 		wantClaim:  true,
 		reported:   s.settles,
 		log:        s.log.With(slog.String("topic", topic)),

@@ -122,6 +122,7 @@ func (t *Transport) Subscribe(sc driver.SubscribeConfig) (driver.Subscription, e
 		return driver.Subscription{}, fmt.Errorf("sqlite: consumer %s: %w", sc.Consumer, err)
 	}
 	sub.settles = sc.Settles
+	sub.hold = sc.Hold
 	t.subs.Add(sub)
 	topics := append(append([]string(nil), sc.Types...), pipeline.ReplayTopic(sc.Consumer))
 	// Each topic's subscription hands out up to MaxInFlight messages, each

@@ -45,6 +45,79 @@ func caseOrderHotKeysFailing(t *testing.T, s *suite) {
 	require.Equal(t, 8*5, o.failed, "first attempts failed on purpose")
 }
 
+// caseOrderHotSubject: a strict_order consumer of concurrency 4 takes a
+// burst of ten events of one subject whose handler is slow (300 ms each,
+// outside the database), then one event of each of six other subjects:
+// those take effect while the hot subject's first events still run. Of a
+// subject's events in the consumer one (a quarter of the window) holds a
+// place of it; the others wait out of it (driver.Holder). Without that
+// the hot subject's events filled the window, and the others came only
+// once the seventh hot one had taken effect. (A first hot event, alone,
+// shows the unit of work that its handlers wait outside the database, so
+// that the attempts of the burst overlap instead of running one after
+// another in a batch: that is the unit of work's to do, not the case's.)
+func caseOrderHotSubject(t *testing.T, s *suite) {
+	o := s.ordered(t)
+	var (
+		mu   sync.Mutex
+		hot  int   // the hot subject's events handled so far
+		cold []int // for each other subject's event handled, the hot ones handled before it
+	)
+	s.outside = func(ctx context.Context, ev framework.Event[noteV1]) error {
+		if ev.Subject == "hot" {
+			select {
+			case <-time.After(300 * time.Millisecond):
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
+	}
+	check := s.inOrder
+	s.inOrder = func(ctx context.Context, ev framework.Event[noteV1]) error {
+		if err := check(ctx, ev); err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if ev.Subject == "hot" {
+			hot++
+		} else {
+			cold = append(cold, hot)
+		}
+		return nil
+	}
+	s.start(t, o.name, 4, s.typ)
+	var msgs []*message.Message
+	add := func(subject string, seq int) {
+		env, err := s.typ.Envelope(noteV1{Text: "step"}, framework.Attributes{
+			ID: fmt.Sprintf("%s-%d", subject, seq), Source: "orders", Subject: subject, SubjectSeq: int64(seq),
+		})
+		require.NoError(t, err)
+		msg, err := framework.NewMessage(env)
+		require.NoError(t, err)
+		msgs = append(msgs, msg)
+	}
+	add("hot", 1)
+	s.publish(t, s.typ, msgs...)
+	s.waitFor(t, "the first hot event", func() bool { return o.effects(t) == 1 })
+	msgs = nil
+	for seq := 2; seq <= 11; seq++ {
+		add("hot", seq)
+	}
+	for i := range 6 {
+		add(fmt.Sprintf("cold-%d", i), 1)
+	}
+	s.publish(t, s.typ, msgs...)
+	o.check(t, 17)
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, cold, 6)
+	for _, n := range cold {
+		require.Less(t, n, 4, "the other subjects' events took effect before the fourth hot one (hot ones before each: %v)", cold)
+	}
+}
+
 // exerciseOrder publishes perSubject events of each of subjects subjects
 // (round robin, each subject's in sequence) to a strict_order consumer of
 // concurrency 16 and checks the order of their effects.

@@ -71,10 +71,11 @@ func Exercise(t *testing.T, has Has, open func(t *testing.T) *Env) {
 		{"OrderHotKeys", caseOrderHotKeys, Has{Order: true}},
 		{"OrderColdKeys", caseOrderColdKeys, Has{Order: true}},
 		{"OrderHotKeysFailing", caseOrderHotKeysFailing, Has{Order: true}},
+		{"OrderHotSubject", caseOrderHotSubject, Has{Order: true, Holds: true}},
 		{"Partitions", casePartitions, Has{Order: true, Partitions: true}},
 	}
 	for _, c := range cases {
-		if c.needs.Order && !has.Order || c.needs.Partitions && !has.Partitions || c.needs.Redeliveries && !has.Redeliveries {
+		if c.needs.Order && !has.Order || c.needs.Partitions && !has.Partitions || c.needs.Redeliveries && !has.Redeliveries || c.needs.Holds && !has.Holds {
 			continue
 		}
 		t.Run(c.name, func(t *testing.T) {
@@ -99,6 +100,11 @@ type Has struct {
 	// attempt holds the file's write lock, so nothing is published
 	// while the stop drains it).
 	Redeliveries bool
+	// Holds: the transport's subscriber keeps an ordered consumer's
+	// waiting events out of its window (driver.Holder), and attempts
+	// run at the same time (not SQLite, whose attempt holds the file's
+	// write lock).
+	Holds bool
 }
 
 // ExerciseServerRestart publishes a backlog, restarts the server while a
@@ -136,7 +142,10 @@ type suite struct {
 	// behave decides what a handler does after writing its effect.
 	behave atomic.Pointer[func(consumer string, ev framework.Event[noteV1], call int) error]
 	slow   time.Duration
-	tune   func(cfg *runner.Config) // adjusts the Runner of the processes started after it is set
+	// outside, when set, is what a handler does before its first
+	// statement (a call to another service).
+	outside func(ctx context.Context, ev framework.Event[noteV1]) error
+	tune    func(cfg *runner.Config) // adjusts the Runner of the processes started after it is set
 	// around is middleware around the whole chain of the processes
 	// started after it is set (Runner.AddMiddleware): it sees nacks.
 	around []message.HandlerMiddleware
@@ -268,6 +277,11 @@ func (s *suite) handler(consumer string) framework.HandlerFunc[noteV1] {
 		s.calls[k]++
 		call := s.calls[k]
 		s.mu.Unlock()
+		if s.outside != nil {
+			if err := s.outside(ctx, ev); err != nil {
+				return err
+			}
+		}
 		if s.slow > 0 {
 			select {
 			case <-time.After(s.slow):

@@ -74,6 +74,7 @@ func Exercise(t *testing.T, open func(t *testing.T) *Env) {
 		{"PlainClient", casePlainClient},
 		{"BadInputs", caseBadInputs},
 		{"Reported", caseReported},
+		{"Hold", caseHold},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
