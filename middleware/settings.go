@@ -108,15 +108,16 @@ type Settings struct {
 	// BatchSize); less than Timeout. Defaults to 0: a batch holds what
 	// arrived while the previous ones ran.
 	BatchLinger time.Duration `yaml:"batch_linger"`
-	// Overlap is the most of the consumer's attempts that run at once,
-	// each in a transaction of its own (so each holding a database
-	// connection), while its handlers spend their time outside the
-	// database, as a handler that calls an HTTP service does: group
-	// commit then stops running them one after another in a batch (see
-	// driver.UnitOfWork), and gathers them again once their time goes to
-	// the database. PostgreSQL only: SQLite has one writer. 1 keeps the
-	// attempts in batches whatever their handlers do. At most 1024.
-	// Defaults to driver.DefaultOverlap.
+	// Overlap is the most database connections the consumer's attempts
+	// hold at once, besides its batches', while its handlers spend their
+	// time outside the database, as a handler that calls an HTTP service
+	// does: group commit then stops running them one after another in a
+	// batch; each runs at once, its transaction begun at its handler's
+	// first statement, holding no connection while it waits (see
+	// driver.UnitOfWork), and they gather into batches again once their
+	// time goes to the database. PostgreSQL only: SQLite has one writer.
+	// 1 keeps the attempts in batches whatever their handlers do. At
+	// most 1024. Defaults to driver.DefaultOverlap.
 	Overlap int `yaml:"overlap"`
 	// Partitions splits the consumer's subjects into so many partitions
 	// (by a hash of each event's subject, or of its id when it has

@@ -34,10 +34,11 @@ import (
 // places of the transport's window (the consumer's concurrency); those
 // behind them are held out of it when the subscriber lets them
 // (driver.Holder), so that a hot subject leaves the window's other places
-// to the other subjects' events, which keep coming. A hot subject delays its own events only, until the
-// subscription holds as many as it may (driver.HoldLimit): from then on
-// its events hold places again, and once they fill the window the
-// consumer takes nothing more until they go (bounded memory first).
+// to the other subjects' events, which keep coming. A hot subject delays
+// its own events only, until the subscription holds as many as it may
+// (driver.SubscribeConfig.Hold): from then on its events hold places
+// again, and once they fill the window the consumer takes nothing more
+// until they go (bounded memory first).
 //
 // Only the sequencer's own goroutine (forward) sends to the router: the
 // end of an event's turn (done, in the router's handler) and its joining
@@ -48,8 +49,8 @@ import (
 // an event holds the close until its timeout.
 type sequencer struct {
 	maxBody int
-	// share is how many places of the window a subject's waiting events
-	// hold at most while holder takes the others (see Holder).
+	// share is how many places of the window a subject's events hold at
+	// most while holder takes the others (see place).
 	share int
 	// holder keeps events waiting out of the window; nil when the
 	// subscriber is no driver.Holder.

@@ -66,7 +66,11 @@ func (u *UnitOfWork) defers(a *attemptRun) bool {
 // is forgotten in a transaction).
 func (u *UnitOfWork) deferred(a *attemptRun) bool {
 	subject := a.delivery.OrderedSubject
+	if !u.group.token(a) {
+		return true
+	}
 	processed, checkpoint, err := u.store.(peeker).Peek(a.ctx, a.consumer, a.key, subject)
+	u.group.untoken()
 	switch {
 	case err != nil:
 		a.tx = &Tx{}
@@ -119,7 +123,7 @@ func (u *UnitOfWork) deferred(a *attemptRun) bool {
 	}
 	a.rolledBack()
 	a.outcome, a.err, a.panicked, a.eager = "", nil, nil, true
-	u.alone(a)
+	u.group.aloneWithToken(a)
 	return true
 }
 
@@ -205,7 +209,9 @@ func (g *group) leadJoins() {
 		batch := g.joins[:n:n]
 		g.joins = g.joins[n:]
 		g.joinMu.Unlock()
+		g.overlap <- struct{}{} // the batch's connection (see token)
 		g.runJoined(batch)
+		g.untoken()
 	}
 }
 

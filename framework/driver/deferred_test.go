@@ -311,3 +311,73 @@ func TestDeferredBatchMateFails(t *testing.T) {
 	}
 	require.Positive(t, again, "batch-mates of the failed attempt ran again: %v", runs)
 }
+
+// TestOutsideCallsBeyondOverlap: Overlap bounds the connections that the
+// overlapping attempts hold, not how many of them wait outside the
+// database at once. With Overlap 2, eight handlers that wait outside all
+// wait at the same time (each attempt's transaction begins at its first
+// statement: none holds a connection while it waits); their effects
+// commit once each, and the pool never lends more than Overlap and the
+// batches' connections. Before, the two tokens were held through each
+// handler's wait: two waited at a time.
+func TestOutsideCallsBeyondOverlap(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := groupBackends()["PostgreSQL"](t)
+	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: b.db, Store: b.store, Overlap: 2})
+	require.NoError(t, err)
+	insert := func(ctx context.Context, id string) error {
+		_, err := framework.Conn(ctx, b.db).ExecContext(ctx, b.db.Rebind(`INSERT INTO effects (id, seen) VALUES (?, 1)`), id)
+		return err
+	}
+	for i := 0; !driver.Overlapping(uow); i++ {
+		require.Less(t, i, 100, "the attempts do not overlap")
+		_, err := uow.Do(ctx, "c", framework.Key{Source: "s", ID: fmt.Sprint("learn-", i)}, func(ctx context.Context) error {
+			time.Sleep(5 * time.Millisecond)
+			return insert(ctx, fmt.Sprint("learn-", i))
+		})
+		require.NoError(t, err)
+	}
+
+	const n = 8
+	var (
+		wg                  sync.WaitGroup
+		outside, mostAtOnce atomic.Int32
+		mostInUse           atomic.Int32
+		done                = make(chan struct{})
+	)
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(time.Millisecond):
+				if in := int32(b.db.Stats().InUse); in > mostInUse.Load() {
+					mostInUse.Store(in)
+				}
+			}
+		}
+	}()
+	for i := range n {
+		id := fmt.Sprint("outside-", i)
+		wg.Go(func() {
+			outcome, err := uow.Do(ctx, "c", framework.Key{Source: "s", ID: id}, func(ctx context.Context) error {
+				now := outside.Add(1)
+				for most := mostAtOnce.Load(); now > most && !mostAtOnce.CompareAndSwap(most, now); most = mostAtOnce.Load() {
+				}
+				time.Sleep(300 * time.Millisecond) // the outside call
+				outside.Add(-1)
+				return insert(ctx, id)
+			})
+			require.NoError(t, err)
+			require.Equal(t, framework.Processed, outcome)
+		})
+	}
+	wg.Wait()
+	close(done)
+	require.EqualValues(t, n, mostAtOnce.Load(), "handlers waiting outside at once")
+	require.LessOrEqual(t, mostInUse.Load(), int32(2+driver.DefaultBatches), "connections lent at once: Overlap and the batches'")
+	var got int
+	require.NoError(t, b.db.GetContext(ctx, &got, `SELECT count(*) FROM effects WHERE id LIKE 'outside-%'`))
+	require.Equal(t, n, got, "each effect once")
+}

@@ -53,16 +53,39 @@ func (g *group) solo(a *attemptRun) {
 			return
 		}
 	}
-	select {
-	case g.overlap <- struct{}{}:
-	case <-a.ctx.Done():
-		a.tx = &Tx{}
-		a.fail(a.ctx.Err())
-		return
-	}
-	defer func() { <-g.overlap }()
 	if g.u.defers(a) && g.u.deferred(a) {
 		return
 	}
+	g.aloneWithToken(a)
+}
+
+// aloneWithToken runs a alone (UnitOfWork.alone) holding one of the
+// group's overlap tokens, or fails it unrun when its context ends first.
+func (g *group) aloneWithToken(a *attemptRun) {
+	if !g.token(a) {
+		return
+	}
+	defer g.untoken()
 	g.u.alone(a)
 }
+
+// token takes one of the group's overlap tokens for a, which is about to
+// hold a connection of its own: its transaction, begun before its
+// handler runs, or the statement that peeks before a deferred one (see
+// UnitOfWork.deferred). So Overlap bounds the connections that the
+// overlapping attempts hold, not how many of them wait outside the
+// database at once: a deferred attempt holds none while its handler
+// waits. It reports false, a failed unrun, when a's context ends first.
+func (g *group) token(a *attemptRun) bool {
+	select {
+	case g.overlap <- struct{}{}:
+		return true
+	case <-a.ctx.Done():
+		a.tx = &Tx{}
+		a.fail(a.ctx.Err())
+		return false
+	}
+}
+
+// untoken gives back a token of token.
+func (g *group) untoken() { <-g.overlap }

@@ -34,9 +34,10 @@ import (
 // while the consumer's handlers spend their time outside the database (an
 // HTTP call, a mailer: more than OutsideThreshold, on a moving average,
 // outside their statements), attempts do not wait for each other in a
-// batch: up to Overlap of them run at once, each in a transaction of its
-// own, as at BatchSize 1. Once the handlers' time goes to the database
-// again, the attempts gather into batches again.
+// batch: each runs at once, its transaction begun at its handler's first
+// statement, the connections they hold bounded by Overlap. Once the
+// handlers' time goes to the database again, the attempts gather into
+// batches again.
 type UnitOfWork struct {
 	db          *sqlx.DB
 	store       Store
@@ -54,9 +55,9 @@ const (
 	// connection of its own: one runs its attempts while the other
 	// commits.
 	DefaultBatches = 2
-	// DefaultOverlap is the most attempts of a consumer that run at once,
-	// each in a transaction of its own, while its handlers wait outside
-	// the database.
+	// DefaultOverlap is the most connections a consumer's attempts hold
+	// at once, besides its batches', while its handlers wait outside the
+	// database.
 	DefaultOverlap = 32
 	// OutsideThreshold is the time a handler spends outside its
 	// statements, on a moving average of the consumer's attempts, from
@@ -89,12 +90,16 @@ type UnitOfWorkConfig struct {
 	// once: a batch then holds the attempts that arrived while the
 	// previous ones ran, which adds no wait when the load is low.
 	Linger time.Duration
-	// Overlap is the most attempts that run at once, each in a
-	// transaction of its own (so each holding a connection), while the
-	// handlers' time goes outside the database (see UnitOfWork), on
-	// PostgreSQL. 1 keeps the attempts in batches whatever their
-	// handlers do. SQLite has one writer: there attempts never overlap.
-	// Defaults to DefaultOverlap.
+	// Overlap is the most connections that the attempts hold at once,
+	// besides the batches', while the handlers' time goes outside the
+	// database (see UnitOfWork), on PostgreSQL: each for an attempt's
+	// own transaction, for the statement that reads an event's mark
+	// before its handler runs, or for the batch that the attempts share
+	// from their first statements. How many attempts wait outside the
+	// database at once it does not bound: they hold no connection
+	// meanwhile. 1 keeps the attempts in batches whatever their handlers
+	// do. SQLite has one writer: there attempts never overlap. Defaults
+	// to DefaultOverlap.
 	Overlap int
 	// WithoutMark runs every attempt without the processed mark: the
 	// attempt still runs in its transaction, group commit included, but

@@ -44,7 +44,7 @@ func outsideAMQPScenario() Scenario {
 		Title: "Outside call, AMQP + PostgreSQL",
 		About: fmt.Sprintf("The AMQP + PostgreSQL scenario with a handler that calls an outside service: the example "+
 			"service's handler waits %s before its insert (`%s=%s`), with its default configuration (group "+
-			"commit overlapping up to %d attempts) and with `defaults: {batch_size: 1}`. The baseline is the "+
+			"commit: the attempts overlap, holding up to %d connections besides the batches') and with `defaults: {batch_size: 1}`. The baseline is the "+
 			"hand-written consumer of 16 `AddConsumerHandler` subscriptions, each message waiting the same %s "+
 			"before its transaction. Gate: the default configuration reaches at least %.1f of the best run's "+
 			"effects/s.", OutsideWait, envOutsideWait, OutsideWait, driver.DefaultOverlap, OutsideWait, OutsideGate),
