@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/effectively-once/effectively/framework/internal/subscribers"
 )
 
 // consumption is what one consume's deliveries share: its channel's
@@ -71,16 +73,8 @@ type delivery struct {
 	msg    *message.Message
 	cancel context.CancelFunc
 	taken  atomic.Bool
-	state  atomic.Int32 // deliverySlotted, then deliveryHeld and/or deliveryFinished
+	place  subscribers.Place // in its slot, or held out of it (subscriber.Hold)
 }
-
-// The states of a delivery: in its slot, held out of it (subscriber.Hold),
-// finished (its slot or its place among those held freed).
-const (
-	deliverySlotted int32 = iota
-	deliveryHeld
-	deliveryFinished
-)
 
 // claim reports whether the caller is the one to settle d.
 func (d *delivery) claim() bool {
@@ -112,9 +106,7 @@ func (d *delivery) watch() {
 // place among those held.
 func (d *delivery) finish() {
 	d.cancel()
-	if d.state.Swap(deliveryFinished) == deliveryHeld {
-		d.c.sub.held.Add(-1)
-	} else {
+	if !d.c.sub.holds.Settle(&d.place) {
 		<-d.c.sub.slots
 	}
 	d.c.inFlight.Done()
@@ -123,12 +115,10 @@ func (d *delivery) finish() {
 // hold frees d's slot, while it is in flight and the subscription holds
 // fewer than its subscriber's hold: d is held (see subscriber.Hold).
 func (d *delivery) hold() bool {
-	sub := d.c.sub
-	if int(sub.held.Add(1)) > sub.hold || !d.state.CompareAndSwap(deliverySlotted, deliveryHeld) {
-		sub.held.Add(-1)
+	if !d.c.sub.holds.Hold(&d.place) {
 		return false
 	}
-	<-sub.slots
+	<-d.c.sub.slots
 	return true
 }
 

@@ -7,13 +7,13 @@ import (
 	"maps"
 	"strconv"
 	"sync"
-	"sync/atomic"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/driver"
+	"github.com/effectively-once/effectively/framework/internal/subscribers"
 )
 
 // PartitionHeader is the header that RabbitMQ's consistent-hash exchange
@@ -89,8 +89,8 @@ type partitions struct {
 	// The consumption (see partitionedSubscriber).
 	out      chan *message.Message
 	slots    chan struct{}
-	held     *atomic.Int32 // the messages of slots held out of them (see subscriber.Hold)
-	assignMu sync.Mutex    // one Assign at a time
+	holds    *subscribers.Holds // the messages of slots held out of them (see subscriber.Hold); set by allowHold
+	assignMu sync.Mutex         // one Assign at a time
 
 	mu       sync.Mutex // guards what follows
 	assigned map[int]bool
@@ -119,7 +119,6 @@ func newPartitions(conn *connection, consumer string, n, limit int) (*partitions
 		args:     args,
 		out:      make(chan *message.Message),
 		slots:    make(chan struct{}, limit),
-		held:     new(atomic.Int32),
 		assigned: map[int]bool{},
 		live:     map[int]*subscription{},
 		draining: map[int]*subscription{},

@@ -193,7 +193,7 @@ func (s *partitionedSubscriber) start(i int) {
 		queue:      partitionQueue(p.consumer, i),
 		out:        p.out,
 		slots:      p.slots,
-		held:       p.held,
+		holds:      p.holds,
 		reported:   s.settles,
 		partition:  i,
 		stop:       make(chan struct{}),

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/internal/nackdelay"
+	"github.com/effectively-once/effectively/framework/internal/subscribers"
 )
 
 // resubscribePause is the pause before a subscription consumes again
@@ -102,6 +102,9 @@ func (s *subscriber) allowHold(n int) error {
 		return fmt.Errorf("amqp: subscriber: a prefetch of %d deliveries and %d held is over 65535", s.prefetch, n)
 	}
 	s.hold, s.prefetch = n, s.prefetch+n
+	if s.parts != nil {
+		s.parts.holds = subscribers.NewHolds(n) // before any Subscribe
+	}
 	return nil
 }
 
@@ -190,7 +193,7 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		queue:      s.queueName(topic),
 		out:        make(chan *message.Message),
 		slots:      make(chan struct{}, s.limit),
-		held:       new(atomic.Int32),
+		holds:      subscribers.NewHolds(s.hold),
 		reported:   s.settles,
 		partition:  -1,
 	}
@@ -231,9 +234,9 @@ type subscription struct {
 	topic string
 	queue string
 	out   chan *message.Message
-	slots chan struct{}    // one per message handed out and not yet settled, unless held
-	held  *atomic.Int32    // the messages handed out, not settled and held (see Hold)
-	nacks nackdelay.Streak // the pause after a nack
+	slots chan struct{}      // one per message handed out and not yet settled, unless held
+	holds *subscribers.Holds // the messages handed out, not settled and held (see Hold)
+	nacks nackdelay.Streak   // the pause after a nack
 	// reported says that the reader reports each message's outcome
 	// (subscriber.Settle): no goroutine watches a message then.
 	reported bool

@@ -33,6 +33,12 @@ type groupBackend struct {
 	txid func(ctx context.Context, tx sqlx.QueryerContext) (string, error)
 }
 
+// insert writes the effect of id in the attempt's transaction of ctx.
+func (b groupBackend) insert(ctx context.Context, id string) error {
+	_, err := framework.Conn(ctx, b.db).ExecContext(ctx, b.db.Rebind(`INSERT INTO effects (id, seen) VALUES (?, 1)`), id)
+	return err
+}
+
 // unitOfWork returns a unit of work on b that runs one batch at a time,
 // of up to 8 attempts, whose attempts never overlap: gather's first
 // attempt waits in its handler, outside the database, which would make
@@ -250,12 +256,8 @@ func TestGroupCommitTimeout(t *testing.T) {
 			t.Parallel()
 			b := open(t)
 			uow := b.unitOfWork(t)
-			insert := func(ctx context.Context, id string) error {
-				_, err := framework.Conn(ctx, b.db).ExecContext(ctx, b.db.Rebind(`INSERT INTO effects (id, seen) VALUES (?, 1)`), id)
-				return err
-			}
 			outcomes, errs := gather(t, uow, []string{"a", "slow", "b"}, func(ctx context.Context, id string) error {
-				if err := insert(ctx, id); err != nil {
+				if err := b.insert(ctx, id); err != nil {
 					return err
 				}
 				if id != "slow" {
@@ -266,7 +268,7 @@ func TestGroupCommitTimeout(t *testing.T) {
 					return err
 				}
 				<-ctx.Done() // past the deadline, between statements
-				return insert(ctx, "slow-again")
+				return b.insert(ctx, "slow-again")
 			})
 			require.NoError(t, errs[0])
 			require.NoError(t, errs[2])

@@ -29,20 +29,7 @@ func TestOutsideCallsHoldNoConnection(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	b := groupBackends()["PostgreSQL"](t)
-	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: b.db, Store: b.store})
-	require.NoError(t, err)
-	insert := func(ctx context.Context, id string) error {
-		_, err := framework.Conn(ctx, b.db).ExecContext(ctx, b.db.Rebind(`INSERT INTO effects (id, seen) VALUES (?, 1)`), id)
-		return err
-	}
-	for i := 0; !driver.Overlapping(uow); i++ {
-		require.Less(t, i, 100, "the attempts do not overlap")
-		_, err := uow.Do(ctx, "c", framework.Key{Source: "s", ID: fmt.Sprint("learn-", i)}, func(ctx context.Context) error {
-			time.Sleep(5 * time.Millisecond)
-			return insert(ctx, fmt.Sprint("learn-", i))
-		})
-		require.NoError(t, err)
-	}
+	uow := overlappingUnit(t, b, 0)
 
 	const wait = time.Second
 	var (
@@ -58,7 +45,7 @@ func TestOutsideCallsHoldNoConnection(t *testing.T) {
 				waiting.Done()
 				time.Sleep(wait) // the outside call
 				waited.Add(1)
-				return insert(ctx, id)
+				return b.insert(ctx, id)
 			})
 			require.NoError(t, err)
 			require.Equal(t, framework.Processed, outcome)
@@ -93,13 +80,13 @@ func TestOutsideCallsHoldNoConnection(t *testing.T) {
 				return err
 			}
 			o, err := other.Do(context.WithoutCancel(ctx), "c", framework.Key{Source: "s", ID: "raced"}, func(ctx context.Context) error {
-				return insert(ctx, "raced-other")
+				return b.insert(ctx, "raced-other")
 			})
 			if err != nil || o != framework.Processed {
 				return fmt.Errorf("the other delivery: %v, %w", o, err)
 			}
 		}
-		return insert(ctx, "raced")
+		return b.insert(ctx, "raced")
 	})
 	require.NoError(t, err)
 	require.Equal(t, framework.Duplicate, outcome, "the mark the other delivery took")
@@ -119,16 +106,7 @@ func TestOutsideCallsCheckpointMoved(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	b := groupBackends()["PostgreSQL"](t)
-	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: b.db, Store: b.store})
-	require.NoError(t, err)
-	for i := 0; !driver.Overlapping(uow); i++ {
-		require.Less(t, i, 100, "the attempts do not overlap")
-		_, err := uow.Do(ctx, "c", framework.Key{Source: "s", ID: fmt.Sprint("learn-", i)}, func(context.Context) error {
-			time.Sleep(5 * time.Millisecond)
-			return nil
-		})
-		require.NoError(t, err)
-	}
+	uow := overlappingUnit(t, b, 0)
 	var (
 		steps []*pipeline.OrderStep
 		runs  int
@@ -165,12 +143,12 @@ func TestOutsideCallsCheckpointMoved(t *testing.T) {
 	require.Equal(t, 2, seen, "the second run's effect, once")
 }
 
-// overlappingUnit returns a unit of work on b whose handlers have been
-// seen to wait outside the database: its attempts overlap, their
-// transactions deferred.
-func overlappingUnit(t *testing.T, b groupBackend) *driver.UnitOfWork {
+// overlappingUnit returns a unit of work on b, of the given Overlap (0:
+// the default), whose handlers have been seen to wait outside the
+// database: its attempts overlap, their transactions deferred.
+func overlappingUnit(t *testing.T, b groupBackend, overlap int) *driver.UnitOfWork {
 	t.Helper()
-	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: b.db, Store: b.store})
+	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: b.db, Store: b.store, Overlap: overlap})
 	require.NoError(t, err)
 	for i := 0; !driver.Overlapping(uow); i++ {
 		require.Less(t, i, 100, "the attempts do not overlap")
@@ -205,7 +183,7 @@ func TestDeferredAttemptsShareBatches(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	b := groupBackends()["PostgreSQL"](t)
-	uow := overlappingUnit(t, b)
+	uow := overlappingUnit(t, b, 0)
 	var (
 		mu    sync.Mutex
 		txids = map[string]string{}
@@ -256,7 +234,7 @@ func TestDeferredBatchMateFails(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	b := groupBackends()["PostgreSQL"](t)
-	uow := overlappingUnit(t, b)
+	uow := overlappingUnit(t, b, 0)
 	var (
 		mu   sync.Mutex
 		runs = map[string]int{}
@@ -324,37 +302,26 @@ func TestOutsideCallsBeyondOverlap(t *testing.T) {
 	t.Parallel()
 	ctx := t.Context()
 	b := groupBackends()["PostgreSQL"](t)
-	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: b.db, Store: b.store, Overlap: 2})
-	require.NoError(t, err)
-	insert := func(ctx context.Context, id string) error {
-		_, err := framework.Conn(ctx, b.db).ExecContext(ctx, b.db.Rebind(`INSERT INTO effects (id, seen) VALUES (?, 1)`), id)
-		return err
-	}
-	for i := 0; !driver.Overlapping(uow); i++ {
-		require.Less(t, i, 100, "the attempts do not overlap")
-		_, err := uow.Do(ctx, "c", framework.Key{Source: "s", ID: fmt.Sprint("learn-", i)}, func(ctx context.Context) error {
-			time.Sleep(5 * time.Millisecond)
-			return insert(ctx, fmt.Sprint("learn-", i))
-		})
-		require.NoError(t, err)
-	}
+	uow := overlappingUnit(t, b, 2)
 
 	const n = 8
 	var (
 		wg                  sync.WaitGroup
 		outside, mostAtOnce atomic.Int32
-		mostInUse           atomic.Int32
+		mostInUse           int
+		sampled             = make(chan struct{})
 		done                = make(chan struct{})
 	)
-	go func() {
+	go func() { // the most connections the pool lends at once
+		defer close(sampled)
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
 		for {
+			mostInUse = max(mostInUse, b.db.Stats().InUse)
 			select {
 			case <-done:
 				return
-			case <-time.After(time.Millisecond):
-				if in := int32(b.db.Stats().InUse); in > mostInUse.Load() {
-					mostInUse.Store(in)
-				}
+			case <-tick.C:
 			}
 		}
 	}()
@@ -367,7 +334,7 @@ func TestOutsideCallsBeyondOverlap(t *testing.T) {
 				}
 				time.Sleep(300 * time.Millisecond) // the outside call
 				outside.Add(-1)
-				return insert(ctx, id)
+				return b.insert(ctx, id)
 			})
 			require.NoError(t, err)
 			require.Equal(t, framework.Processed, outcome)
@@ -375,8 +342,9 @@ func TestOutsideCallsBeyondOverlap(t *testing.T) {
 	}
 	wg.Wait()
 	close(done)
+	<-sampled
 	require.EqualValues(t, n, mostAtOnce.Load(), "handlers waiting outside at once")
-	require.LessOrEqual(t, mostInUse.Load(), int32(2+driver.DefaultBatches), "connections lent at once: Overlap and the batches'")
+	require.LessOrEqual(t, mostInUse, 2+driver.DefaultBatches, "connections lent at once: Overlap and the batches'")
 	var got int
 	require.NoError(t, b.db.GetContext(ctx, &got, `SELECT count(*) FROM effects WHERE id LIKE 'outside-%'`))
 	require.Equal(t, n, got, "each effect once")

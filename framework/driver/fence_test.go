@@ -61,10 +61,6 @@ func TestFence(t *testing.T) {
 			}
 			probe := &fenceProbe{}
 			d := driver.Delivery{Fencer: probe, Partition: 1}
-			insert := func(ctx context.Context, id string) error {
-				_, err := framework.Conn(ctx, b.db).ExecContext(ctx, `INSERT INTO effects (id, seen) VALUES ($1, 1)`, id)
-				return err
-			}
 			// run runs the attempts of ids at once, as a batch when tc
 			// says; those in die die at AfterFence.
 			run := func(ids []string, die map[string]bool) ([]framework.Outcome, []error) {
@@ -77,7 +73,7 @@ func TestFence(t *testing.T) {
 						actx = crash.With(ctx, func(_ context.Context, p crash.Point) bool { return p == crash.AfterFence })
 					}
 					outcomes[i], errs[i] = uow.DoDelivery(actx, "c", framework.Key{Source: "s", ID: ids[i]}, d,
-						func(ctx context.Context) error { return insert(ctx, ids[i]) })
+						func(ctx context.Context) error { return b.insert(ctx, ids[i]) })
 				}
 				if !tc.batch {
 					for i := range ids {

@@ -12,6 +12,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/effectively-once/effectively/framework/driver"
+	"github.com/effectively-once/effectively/framework/internal/subscribers"
 )
 
 // The subscriber reads watermill-sql's tables as watermill-sql's own
@@ -193,7 +194,7 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		out:      make(chan *message.Message),
 		results:  make(chan result),
 		sent:     make(map[*delivery]struct{}, s.concurrency),
-		holdWake: make(chan struct{}, 1),
+		holds:    subscribers.NewHolds(s.hold),
 		log:      s.log.With(slog.String("topic", topic)),
 
 		reported: s.settles,

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -49,16 +48,8 @@ type delivery struct {
 	msg    *message.Message
 	cancel context.CancelFunc
 	sentAt time.Time
-	state  atomic.Int32 // deliveryPlaced, then deliveryHeld and/or deliveryGone
+	place  subscribers.Place // in a place of the concurrency, or held out of it (subscriber.Hold)
 }
-
-// The states of a delivery handed out: in a place of the concurrency,
-// held out of it (subscriber.Hold), no longer sent (unsend).
-const (
-	deliveryPlaced int32 = iota
-	deliveryHeld
-	deliveryGone
-)
 
 type result struct {
 	d     *delivery
@@ -121,11 +112,8 @@ type subscription struct {
 	queue   []*row                 // to hand out, in order: rows of locked streams not dropping
 	waiting []*row                 // nacked, until their resendAt
 	sent    map[*delivery]struct{} // handed out and not yet resolved
-	// held counts the deliveries of sent held out of the concurrency
-	// (subscriber.Hold); holdWake tells run that one was.
-	held     atomic.Int32
-	holdWake chan struct{}
-	readAt   time.Time // when to look for new rows again (zero: now)
+	holds   *subscribers.Holds     // the deliveries of sent held out of the concurrency (subscriber.Hold)
+	readAt  time.Time              // when to look for new rows again (zero: now)
 }
 
 func (sub *subscription) run() {
@@ -145,7 +133,7 @@ func (sub *subscription) run() {
 
 		var out chan<- *message.Message
 		var msg *message.Message
-		if len(sub.queue) > 0 && len(sub.sent)-int(sub.held.Load()) < sub.s.concurrency {
+		if len(sub.queue) > 0 && len(sub.sent)-sub.holds.Held() < sub.s.concurrency {
 			if sub.next == nil || sub.next.r != sub.queue[0] {
 				sub.dropNext()
 				sub.next = sub.deliveryOf(sub.queue[0])
@@ -187,7 +175,7 @@ func (sub *subscription) run() {
 			}
 		case res := <-sub.results:
 			sub.resolve(res, time.Now())
-		case <-sub.holdWake:
+		case <-sub.holds.Wake():
 		case <-timer.C:
 		}
 	}

@@ -75,26 +75,12 @@ func (sub *subscription) redelivered(r *row) (said, known bool) {
 // messages held.
 func (s *subscriber) Hold(msg *message.Message) bool {
 	d, ok := msg.Context().Value(deliveryKey{}).(*delivery)
-	if !ok || d.sub.s != s {
-		return false
-	}
-	sub := d.sub
-	if int(sub.held.Add(1)) > s.hold || !d.state.CompareAndSwap(deliveryPlaced, deliveryHeld) {
-		sub.held.Add(-1)
-		return false
-	}
-	select {
-	case sub.holdWake <- struct{}{}:
-	default: // a wake is pending already
-	}
-	return true
+	return ok && d.sub.s == s && d.sub.holds.Hold(&d.place)
 }
 
 // unsend forgets d, the current delivery of its row.
 func (sub *subscription) unsend(d *delivery) {
-	if d.state.Swap(deliveryGone) == deliveryHeld {
-		sub.held.Add(-1)
-	}
+	sub.holds.Settle(&d.place)
 	d.r.current = nil
 	d.r.st.inFlight--
 	delete(sub.sent, d)

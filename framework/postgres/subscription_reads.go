@@ -26,7 +26,7 @@ func (sub *subscription) queryContext() (context.Context, context.CancelFunc) {
 // concurrency + BatchSize rows read and not acknowledged in order, and
 // as many more as the reader holds (see subscriber.Hold).
 func (sub *subscription) room(st *stream) int {
-	return sub.s.concurrency + sub.s.cfg.BatchSize + int(sub.held.Load()) - len(st.window)
+	return sub.s.concurrency + sub.s.cfg.BatchSize + sub.holds.Held() - len(st.window)
 }
 
 // readDue reports whether to read now: it is time, and a stream's window

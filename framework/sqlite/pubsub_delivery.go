@@ -11,6 +11,7 @@ import (
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/internal/storedmsg"
+	"github.com/effectively-once/effectively/framework/internal/subscribers"
 )
 
 // pubsubDelivery is one claimed message of a subscription.
@@ -24,16 +25,8 @@ type pubsubDelivery struct {
 	msg        *message.Message
 	cancel     context.CancelFunc
 	ackedInTx  atomic.Bool
-	state      atomic.Int32 // deliveryPlaced, then deliveryHeld and/or deliveryGone
+	place      subscribers.Place // in a place of MaxInFlight, or held out of it (Subscriber.Hold)
 }
-
-// The states of a delivery handed out: in a place of MaxInFlight, held
-// out of it (Subscriber.Hold), settled.
-const (
-	deliveryPlaced int32 = iota
-	deliveryHeld
-	deliveryGone
-)
 
 // deliveryKey keys the context value that makes a message's context
 // tell its delivery (see deliveryOf).
@@ -67,19 +60,7 @@ func (s *Subscriber) TxAck(msg *message.Message) (driver.TxAck, bool) {
 // frees none. Its lease is renewed as the others'.
 func (s *Subscriber) Hold(msg *message.Message) bool {
 	d, ok := s.deliveryOf(msg)
-	if !ok {
-		return false
-	}
-	sub := d.sub
-	if int(sub.held.Add(1)) > s.hold || !d.state.CompareAndSwap(deliveryPlaced, deliveryHeld) {
-		sub.held.Add(-1)
-		return false
-	}
-	select {
-	case sub.holdWake <- struct{}{}:
-	default: // a wake is pending already
-	}
-	return true
+	return ok && d.sub.holds.Hold(&d.place)
 }
 
 // Settle hands the outcome of msg, a message of s, to its subscription

@@ -12,6 +12,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/effectively-once/effectively/framework/driver"
+	"github.com/effectively-once/effectively/framework/internal/subscribers"
 )
 
 // Defaults of SubscriberConfig.
@@ -323,7 +324,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		wake:       wake,
 		stopListen: stopListen,
 		sent:       make(map[*pubsubDelivery]struct{}),
-		holdWake:   make(chan struct{}, 1),
+		holds:      subscribers.NewHolds(s.hold),
 		wantClaim:  true,
 		reported:   s.settles,
 		log:        s.log.With(slog.String("topic", topic)),

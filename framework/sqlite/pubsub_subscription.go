@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -31,12 +30,9 @@ type pubsubSubscription struct {
 	stopListen func()
 	log        *slog.Logger
 
-	pending []*pubsubDelivery            // claimed, not yet handed out
-	sent    map[*pubsubDelivery]struct{} // handed out, not yet acked or nacked
-	// held counts the deliveries of sent held out of MaxInFlight
-	// (Subscriber.Hold); holdWake tells run that one was.
-	held      atomic.Int32
-	holdWake  chan struct{}
+	pending   []*pubsubDelivery            // claimed, not yet handed out
+	sent      map[*pubsubDelivery]struct{} // handed out, not yet acked or nacked
+	holds     *subscribers.Holds           // the deliveries of sent held out of MaxInFlight (Subscriber.Hold)
 	acks      []int64
 	nacks     []int64
 	wantClaim bool
@@ -117,7 +113,7 @@ func (sub *pubsubSubscription) run() {
 
 		var out chan<- *message.Message
 		var next *message.Message
-		if len(sub.pending) > 0 && len(sub.sent)-int(sub.held.Load()) < cfg.MaxInFlight {
+		if len(sub.pending) > 0 && len(sub.sent)-sub.holds.Held() < cfg.MaxInFlight {
 			out, next = sub.out, sub.pending[0].msg
 		}
 		select {
@@ -150,9 +146,7 @@ func (sub *pubsubSubscription) run() {
 			}
 		case r := <-sub.results:
 			delete(sub.sent, r.d)
-			if r.d.state.Swap(deliveryGone) == deliveryHeld {
-				sub.held.Add(-1)
-			}
+			sub.holds.Settle(&r.d.place)
 			switch {
 			case !r.acked:
 				sub.nacks = append(sub.nacks, r.d.offset)
@@ -170,7 +164,7 @@ func (sub *pubsubSubscription) run() {
 		case <-sub.wake:
 			sub.wantClaim = true
 			wakes++
-		case <-sub.holdWake:
+		case <-sub.holds.Wake():
 			sub.wantClaim = true
 		case <-poll.C:
 			sub.wantClaim = true
@@ -200,7 +194,7 @@ func (sub *pubsubSubscription) claimWanted() int {
 	if !sub.wantClaim {
 		return 0
 	}
-	held := len(sub.sent) - int(sub.held.Load()) + len(sub.pending)
+	held := len(sub.sent) - sub.holds.Held() + len(sub.pending)
 	free := cfg.MaxInFlight + claimAhead(cfg) - held
 	batch := min(cfg.ClaimBatchSize, cfg.MaxInFlight)
 	if free <= 0 || (free < max(1, batch/2) && held > 0) {
