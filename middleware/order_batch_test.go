@@ -18,7 +18,10 @@ import (
 // Events of many subjects, delivered at once into lingering batches, take
 // effect in order with their checkpoints moved; and a batch in which one
 // subject has parked events behind a dead letter being replayed runs its
-// attempts again alone, so that the replay releases them, in order.
+// attempts again alone, so that the replay releases them, in order. A
+// batch whose events follow the checkpoints its process committed moves
+// them in the statement that marks its events, before its handlers run,
+// and only if no other process moved them meanwhile.
 func TestStrictOrderBatchedSteps(t *testing.T) {
 	t.Parallel()
 	b := backends[1]
@@ -45,6 +48,29 @@ func TestStrictOrderBatchedSteps(t *testing.T) {
 	var moved int
 	require.NoError(t, o.db.Get(&moved, `SELECT count(*) FROM subject_checkpoints WHERE consumer = $1 AND subject LIKE 'M%' AND seq = 3`, consumerName))
 	require.Equal(t, 8, moved, "every subject's checkpoint at its last step")
+
+	// Another process took M0 and M1 on to #4 meanwhile: the checkpoints
+	// this process committed, #3, are behind. Other events claiming their
+	// #4, at their turn by what this process knows, are stale by the
+	// store's: the batch's moves of their checkpoints from #3 fail, and
+	// its attempts run again alone. They take no effect, and the other
+	// subjects' #4 still do.
+	_, err = o.db.Exec(`UPDATE subject_checkpoints SET seq = 4 WHERE consumer = $1 AND subject IN ('M0', 'M1')`, consumerName)
+	require.NoError(t, err)
+	outcomes := make([]framework.Outcome, 8)
+	var fourth sync.WaitGroup
+	for s := range 8 {
+		fourth.Go(func() { outcomes[s] = deliver(t, h, fmt.Sprintf("m%d-4", s), fmt.Sprintf("M%d", s), 4) })
+	}
+	fourth.Wait()
+	require.Equal(t, framework.Stale, outcomes[0], "M0's #4 by another process")
+	require.Equal(t, framework.Stale, outcomes[1], "M1's #4 by another process")
+	for s := 2; s < 8; s++ {
+		require.Equal(t, framework.Processed, outcomes[s], "M%d's #4", s)
+	}
+	require.Equal(t, []string{"m0-1", "m0-2", "m0-3"}, o.applied(t, "m0-"))
+	require.Equal(t, []string{"m1-1", "m1-2", "m1-3"}, o.applied(t, "m1-"))
+	require.Equal(t, []string{"m2-1", "m2-2", "m2-3", "m2-4"}, o.applied(t, "m2-"))
 
 	dl := o.parkBehindDeadLetter(t, h)
 	var wg sync.WaitGroup

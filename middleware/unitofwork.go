@@ -32,7 +32,7 @@ func unitOfWork(consumer string, uow *driver.UnitOfWork, acker driver.TxAcker, f
 			defer msg.SetContext(orig)
 			dl := delivery(st, acker, fencer, msg)
 			if strict && d.SubjectSeq != 0 {
-				dl.OrderedSubject = d.Subject
+				dl.OrderedSubject, dl.OrderedSeq = d.Subject, d.SubjectSeq
 			}
 			outcome, err := uow.DoDelivery(orig, consumer, d.Key(), dl, func(ctx context.Context) error {
 				msg.SetContext(ctx)

@@ -57,6 +57,10 @@ type group struct {
 	outside     atomic.Int64 // the moving average of observe, in nanoseconds
 	overlapping atomic.Bool  // attempts overlap: outside reached OutsideThreshold
 
+	// known are the strict-order checkpoints the batches committed (see
+	// knownCheckpoints).
+	known knownCheckpoints
+
 	joinMu      sync.Mutex
 	joins       []*attemptRun // deferred attempts at their first statement, in no batch yet (see join)
 	joinLeading bool          // a goroutine runs deferred batches (see leadJoins)
@@ -394,7 +398,7 @@ func (g *group) try(batch []*attemptRun) (committed, retry []*attemptRun, failed
 		a.tx = &Tx{tx: tx, ctx: ctx}
 		a.marked, a.batched, a.acking, a.fencing, a.order = false, true, false, false, nil
 	}
-	checkpoints, err := g.markLock(ctx, batch)
+	checkpoints, planned, err := g.markLock(ctx, batch)
 	if err != nil {
 		_ = tx.Rollback() // err is what matters: each attempt runs again alone
 		return nil, batch, -1
@@ -456,7 +460,8 @@ func (g *group) try(batch []*attemptRun) (committed, retry []*attemptRun, failed
 		_ = tx.Rollback() // nothing to commit
 		return nil, nil, -1
 	}
-	if err := g.advanceAll(ctx, ok); err != nil {
+	advanced, err := g.advanceAll(ctx, ok, planned)
+	if err != nil {
 		// A subject with a wait, a parked event or a skip at or after
 		// its step, or a failure: each attempt runs again alone, and
 		// ends its wait or parks as strict order says.
@@ -484,6 +489,9 @@ func (g *group) try(batch []*attemptRun) (committed, retry []*attemptRun, failed
 			a.rolledBack()
 		}
 		return nil, append(ok, settled...), -1
+	}
+	if len(advanced) > 0 {
+		g.known.committed(ok[0].consumer, advanced)
 	}
 	for _, a := range ok {
 		if a.dies(a.ctx, crash.AfterCommit) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 
 	"github.com/effectively-once/effectively/framework"
@@ -115,31 +116,131 @@ type markCheckpointer interface {
 	MarkCheckpointMany(ctx context.Context, tx *Tx, consumer string, keys []framework.Key, subjects []string) ([]bool, map[string]int64, error)
 }
 
+// markMover is a Store that marks many events, moves the checkpoints of
+// some subjects from a checkpoint to another, each only if it is still at
+// the first (a compare-and-set), and reads and locks the checkpoints of
+// others, in one round trip (the PostgreSQL store does). moved reports
+// that every move was made and that no wait, parked event or skip is
+// after a move's from.
+type markMover interface {
+	MarkMoveMany(ctx context.Context, tx *Tx, consumer string, keys []framework.Key, lock, move []string, from, to []int64) (first []bool, checkpoints map[string]int64, moved bool, err error)
+}
+
+// plannedMoves are the checkpoint moves a batch made before its handlers
+// ran (see knownCheckpoints), by subject: its attempts must take them,
+// no more and no less (see advanceAll).
+type plannedMoves map[string]int64
+
 // markLock marks the events of batch (see markAll) and reads and locks
 // the checkpoints of their strict-order subjects (see lockCheckpoints),
-// in one round trip when the store can: a batch of strict-order events
-// then costs its database the statements of an unordered one and one
-// more, the checkpoints' move (advanceAll).
-func (g *group) markLock(ctx context.Context, batch []*attemptRun) (map[string]int64, error) {
+// in one round trip when the store can, and moves those of the subjects
+// whose events are at their turn by the checkpoints this process
+// committed (see planMoves) in the same round trip: a batch of
+// strict-order events then costs its database the statements of an
+// unordered one, and one more (the checkpoints' move, advanceAll) when it
+// read one.
+func (g *group) markLock(ctx context.Context, batch []*attemptRun) (map[string]int64, plannedMoves, error) {
 	subjects := g.orderedSubjects(batch)
+	if mm, ok := g.u.store.(markMover); ok && subjects != nil && !g.u.withoutMark {
+		if planned, from, unknown := g.planMoves(batch, subjects); planned != nil {
+			checkpoints, err := g.markMove(ctx, mm, batch, planned, from, unknown)
+			return checkpoints, planned, err
+		}
+	}
 	mc, ok := g.u.store.(markCheckpointer)
 	if !ok || subjects == nil || g.u.withoutMark {
 		if err := g.markAll(ctx, batch); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		return g.lockCheckpoints(ctx, batch, subjects)
+		checkpoints, err := g.lockCheckpoints(ctx, batch, subjects)
+		return checkpoints, nil, err
 	}
-	keys := make([]framework.Key, len(batch))
-	for i, a := range batch {
-		keys[i] = a.key // one consumer's: see orderedSubjects
-	}
-	first, checkpoints, err := mc.MarkCheckpointMany(ctx, batch[0].tx, batch[0].consumer, keys, subjects)
+	first, checkpoints, err := mc.MarkCheckpointMany(ctx, batch[0].tx, batch[0].consumer, batchKeys(batch), subjects)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for i, a := range batch {
 		a.marked, a.first = true, first[i]
 	}
+	orderSteps(batch)
+	return checkpoints, nil, nil
+}
+
+// batchKeys returns the events of batch's attempts, one consumer's (see
+// orderedSubjects).
+func batchKeys(batch []*attemptRun) []framework.Key {
+	keys := make([]framework.Key, len(batch))
+	for i, a := range batch {
+		keys[i] = a.key
+	}
+	return keys
+}
+
+// planMoves returns, of subjects (see orderedSubjects), the moves of the
+// checkpoints of those whose first event in batch is at its turn by the
+// checkpoint this process committed last (see knownCheckpoints): each to
+// the last of the run of its events in batch that follow one another from
+// it, as the batch's handlers will take them; the checkpoints they move
+// from; and the other subjects, whose checkpoints the batch reads and
+// locks. planned is nil when no subject is at its turn so.
+func (g *group) planMoves(batch []*attemptRun, subjects []string) (planned, from plannedMoves, unknown []string) {
+	for _, s := range subjects {
+		var (
+			first   = true
+			c, to   int64
+			at, run bool
+		)
+		for _, a := range batch {
+			if a.delivery.OrderedSubject != s {
+				continue
+			}
+			seq := a.delivery.OrderedSeq
+			if first {
+				first = false
+				if c, at = g.known.turn(a.consumer, s, seq); !at {
+					break
+				}
+				to, run = seq, true
+			} else if seq == to+1 {
+				to = seq
+			}
+		}
+		if !run {
+			unknown = append(unknown, s)
+			continue
+		}
+		if planned == nil {
+			planned, from = plannedMoves{}, plannedMoves{}
+		}
+		planned[s], from[s] = to, c
+	}
+	return planned, from, unknown
+}
+
+// markMove marks the events of batch, moves the checkpoints of planned
+// from those of from, and reads and locks those of unknown, in one round
+// trip (see markMover). It returns the checkpoints the batch's attempts
+// run at, from's and those read, and errOrderNotClear when a move was not
+// made (another process moved a checkpoint since this one committed it)
+// or a subject moved has a wait, a parked event or a skip after it.
+func (g *group) markMove(ctx context.Context, mm markMover, batch []*attemptRun, planned, from plannedMoves, unknown []string) (map[string]int64, error) {
+	move := slices.Sorted(maps.Keys(planned)) // two batches lock their rows in one order
+	froms, tos := make([]int64, len(move)), make([]int64, len(move))
+	for i, s := range move {
+		froms[i], tos[i] = from[s], planned[s]
+	}
+	first, checkpoints, moved, err := mm.MarkMoveMany(ctx, batch[0].tx, batch[0].consumer, batchKeys(batch), unknown, move, froms, tos)
+	if err != nil {
+		return nil, err
+	}
+	if !moved {
+		g.known.forget(batch[0].consumer, move)
+		return nil, errOrderNotClear
+	}
+	for i, a := range batch {
+		a.marked, a.first = true, first[i]
+	}
+	maps.Copy(checkpoints, from)
 	orderSteps(batch)
 	return checkpoints, nil
 }
@@ -228,28 +329,44 @@ func moved(checkpoints map[string]int64, a *attemptRun) {
 
 // advanceAll moves, in one statement, the checkpoints of the attempts of
 // ok whose strict-order step asked for it (pipeline.OrderStep.Advance),
-// and returns errOrderNotClear when one of their subjects has a wait, a
-// parked event or a skip at or after its step.
-func (g *group) advanceAll(ctx context.Context, ok []*attemptRun) error {
+// but those the batch moved before its handlers ran (planned), and
+// returns every checkpoint moved, by subject, for knownCheckpoints once
+// the batch commits. It returns errOrderNotClear when one of their
+// subjects has a wait, a parked event or a skip at or after its step, or
+// when the attempts did not take a planned move as planned (an event of
+// the run was processed before, say).
+func (g *group) advanceAll(ctx context.Context, ok []*attemptRun, planned plannedMoves) (map[string]int64, error) {
 	var (
 		subjects []string
 		seqs     []int64
+		moved    = map[string]int64{}
 	)
 	for _, a := range ok {
-		if a.order != nil && a.order.Advance {
-			subjects = append(subjects, a.delivery.OrderedSubject)
+		if a.order == nil || !a.order.Advance {
+			continue
+		}
+		s := a.delivery.OrderedSubject
+		moved[s] = max(moved[s], a.order.Seq)
+		if _, ok := planned[s]; !ok {
+			subjects = append(subjects, s)
 			seqs = append(seqs, a.order.Seq)
 		}
 	}
+	for s, to := range planned {
+		if moved[s] != to {
+			g.known.forget(ok[0].consumer, []string{s})
+			return nil, errOrderNotClear
+		}
+	}
 	if len(subjects) == 0 {
-		return nil
+		return moved, nil
 	}
 	clear, err := g.u.store.(orderBatcher).AdvanceMany(ctx, ok[0].tx, ok[0].consumer, subjects, seqs)
 	switch {
 	case err != nil:
-		return fmt.Errorf("advance %d checkpoints: %w", len(subjects), err)
+		return nil, fmt.Errorf("advance %d checkpoints: %w", len(subjects), err)
 	case !clear:
-		return errOrderNotClear
+		return nil, errOrderNotClear
 	}
-	return nil
+	return moved, nil
 }

@@ -305,7 +305,8 @@ func (g *group) runJoined(batch []*attemptRun) {
 		}
 		return
 	}
-	if err := g.advanceAll(ctx, ok); err != nil {
+	advanced, err := g.advanceAll(ctx, ok, nil)
+	if err != nil {
 		again(nil)
 		return
 	}
@@ -330,6 +331,9 @@ func (g *group) runJoined(batch []*attemptRun) {
 			a.joined.result <- joinAgain
 		}
 		return
+	}
+	if len(advanced) > 0 {
+		g.known.committed(ok[0].consumer, advanced)
 	}
 	for _, a := range ran {
 		if slices.Contains(ok, a) {

@@ -233,6 +233,11 @@ type Delivery struct {
 	// statement, and moves them in one statement before its commit,
 	// instead of two statements an attempt. Empty otherwise.
 	OrderedSubject string
+	// OrderedSeq is the event's subjectseq, with OrderedSubject: a batch
+	// whose events are at their turn by the checkpoints its process
+	// committed last moves them before its handlers run, in the
+	// statement that marks the events, instead of in one more after them.
+	OrderedSeq int64
 }
 
 // Fencer checks, inside the transaction of a batch's attempts, that this

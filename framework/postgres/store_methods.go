@@ -443,6 +443,21 @@ func (s *Store) MarkMany(ctx context.Context, tx *driver.Tx, consumer string, ke
 	return s.sql.MarkMany(ctx, tx, consumer, keys)
 }
 
+// MarkMoveMany is MarkMany of keys, then the moves of the checkpoints of
+// move, each from the checkpoint of the same index in from to the one in
+// to if it is still at from (a compare-and-set), then CheckpointMany of
+// lock, all of consumer, in one round trip on PostgreSQL: a batch of
+// strict-order events whose process knows the checkpoints its events
+// follow moves them before its handlers run (their rows then stay locked
+// until it ends), and reads and locks the others. moved reports that
+// every move was made and that no wait, parked event or skip is after a
+// move's from; the batch's attempts run again alone otherwise. The
+// subjects of move are best in order, so that two batches lock their rows
+// in one order. Not on SQLite, where a batch holds the file's lock.
+func (s *Store) MarkMoveMany(ctx context.Context, tx *driver.Tx, consumer string, keys []framework.Key, lock, move []string, from, to []int64) ([]bool, map[string]int64, bool, error) {
+	return s.sql.MarkMoveMany(ctx, tx, consumer, keys, lock, move, from, to)
+}
+
 // Peek reports, in one statement outside any transaction, whether
 // consumer processed the event key, and the checkpoint of subject (0
 // when it has none; subject may be empty). The unit of work reads it

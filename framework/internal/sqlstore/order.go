@@ -2,6 +2,7 @@ package sqlstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -59,6 +60,25 @@ c AS (INSERT INTO {p}subject_checkpoints (consumer, subject, seq)
 SELECT ?, s, 0 FROM unnest(?::text[]) AS s WHERE (SELECT count(*) FROM m) >= 0 ORDER BY s
 ON CONFLICT (consumer, subject) DO UPDATE SET seq = {p}subject_checkpoints.seq RETURNING subject, seq)
 SELECT true, source, event_id, 0::bigint FROM m UNION ALL SELECT false, subject, '', seq FROM c`
+	// qMarkMoveManyPostgres is qMarkManyPostgres, then the moves of some
+	// subjects' checkpoints, each from from_seq to to_seq if it is still
+	// at from_seq, then qOrderCheckpointMany of others, in one statement
+	// (the moves' and the checkpoints' read the count of the marks' first,
+	// as in qMarkCheckpointManyPostgres). Its rows are the keys inserted
+	// (0, source, event_id, 0), the checkpoints (1, subject, '', seq) and
+	// whether every move was made and no wait, parked event or skip is
+	// after a from_seq (2, '', '', 1 or 0).
+	qMarkMoveManyPostgres = `WITH m AS (` + qMarkManyPostgres + `),
+v AS (SELECT * FROM unnest(?::text[], ?::bigint[], ?::bigint[]) AS v(subject, from_seq, to_seq) WHERE (SELECT count(*) FROM m) >= 0),
+moved AS (INSERT INTO {p}subject_checkpoints AS c (consumer, subject, seq) SELECT ?, subject, to_seq FROM v ORDER BY subject
+ON CONFLICT (consumer, subject) DO UPDATE SET seq = excluded.seq WHERE c.seq = (SELECT from_seq FROM v WHERE v.subject = excluded.subject)
+RETURNING xmax = 0 AS made),
+c AS (INSERT INTO {p}subject_checkpoints (consumer, subject, seq)
+SELECT ?, s, 0 FROM unnest(?::text[]) AS s WHERE (SELECT count(*) FROM m) >= 0 ORDER BY s
+ON CONFLICT (consumer, subject) DO UPDATE SET seq = {p}subject_checkpoints.seq RETURNING subject, seq)
+SELECT 0, source, event_id, 0::bigint FROM m UNION ALL SELECT 1, subject, '', seq FROM c
+UNION ALL SELECT 2, '', '', ((SELECT count(*) FROM moved WHERE NOT made) = (SELECT count(*) FROM v)
+AND NOT EXISTS (SELECT 1 FROM {p}parked_events p JOIN v ON p.subject = v.subject AND p.seq > v.from_seq WHERE p.consumer = ?))::int::bigint`
 	// qOrderAdvanceMany moves the checkpoints of many subjects, each to
 	// its last step, and reports whether a wait, a parked event or a skip is
 	// at or after one of the steps (PostgreSQL).
@@ -186,10 +206,65 @@ func (s *Store) AdvanceMany(ctx context.Context, tx *driver.Tx, consumer string,
 		return false, nil // one at a time, as each attempt alone does
 	}
 	var clear bool
-	if err := tx.GetContext(ctx, &clear, s.q.sql(qOrderAdvanceMany), subjects, seqs, consumer, consumer); err != nil {
+	if err := tx.GetContext(ctx, &clear, s.advanceMany, subjects, seqs, consumer, consumer); err != nil {
 		return false, fmt.Errorf("advance %d checkpoints for %s: %w", len(subjects), consumer, err)
 	}
 	return clear, nil
+}
+
+// MarkMoveMany is MarkMany of keys, then the moves of the checkpoints of
+// move, each from the checkpoint of the same index in from to the one in
+// to if it is still at from (a compare-and-set), then CheckpointMany of
+// lock, all of consumer, in one round trip on PostgreSQL: a batch of
+// strict-order events whose process knows the checkpoints its events
+// follow moves them before its handlers run (their rows then stay locked
+// until it ends), and reads and locks the others. moved reports that
+// every move was made and that no wait, parked event or skip is after a
+// move's from; the batch's attempts run again alone otherwise. The
+// subjects of move are best in order, so that two batches lock their rows
+// in one order. Not on SQLite, where a batch holds the file's lock.
+func (s *Store) MarkMoveMany(ctx context.Context, tx *driver.Tx, consumer string, keys []framework.Key, lock, move []string, from, to []int64) (first []bool, checkpoints map[string]int64, moved bool, err error) {
+	fail := func(err error) ([]bool, map[string]int64, bool, error) {
+		return nil, nil, false, fmt.Errorf("mark %d events and move the checkpoints of %d subjects for %s: %w", len(keys), len(move), consumer, err)
+	}
+	if !tx.HasDB() || s.dialect != Postgres {
+		return fail(errors.ErrUnsupported)
+	}
+	unique := uniqueKeys(keys)
+	sources, ids := make([]string, len(unique)), make([]string, len(unique))
+	for i, k := range unique {
+		sources[i], ids[i] = k.Source, k.ID
+	}
+	rows, err := tx.QueryContext(ctx, s.markMoveMany, consumer, s.dialect.timeArg(s.now()), sources, ids,
+		move, from, to, consumer, consumer, lock, consumer)
+	if err != nil {
+		return fail(err)
+	}
+	defer rows.Close()
+	inserted := make(map[framework.Key]bool, len(unique))
+	checkpoints = make(map[string]int64, len(lock)+len(move))
+	for rows.Next() {
+		var (
+			kind int
+			a, b string
+			seq  int64
+		)
+		if err := rows.Scan(&kind, &a, &b, &seq); err != nil {
+			return fail(err)
+		}
+		switch kind {
+		case 0:
+			inserted[framework.Key{Source: a, ID: b}] = true
+		case 1:
+			checkpoints[a] = seq
+		default:
+			moved = seq == 1
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fail(err)
+	}
+	return firstMarks(keys, inserted), checkpoints, moved, nil
 }
 
 // AdvanceEndWait is Advance, then EndWait, of an event that took effect

@@ -41,7 +41,7 @@ type Store struct {
 	onResolve func(driver.DeadLetter, driver.Resolution)
 
 	mark, markMany, countMany, forgetDelivery        string
-	markCheckpointMany                               string
+	markCheckpointMany, markMoveMany, advanceMany     string
 	uncount                                          string
 	publishDeadLetter, deadLetter, resolveDeadLetter string
 	claimReplays                                     string
@@ -97,6 +97,8 @@ func New(db *sqlx.DB, d Dialect, opts Options) (*Store, error) {
 		mark:               q.sql(qMark),
 		markMany:           q.sql(d.pick(qMarkManyPostgres, qMarkManySQLite)),
 		markCheckpointMany: q.sql(qMarkCheckpointManyPostgres),
+		markMoveMany:       q.sql(qMarkMoveManyPostgres),
+		advanceMany:        q.sql(qOrderAdvanceMany),
 		countMany:          q.sql(d.pick(qCountManyPostgres, qCountManySQLite)),
 		forgetDelivery:     q.sql(qForgetDelivery),
 		uncount:            q.sql(qUncount),
