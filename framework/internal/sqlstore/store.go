@@ -41,7 +41,7 @@ type Store struct {
 	onResolve func(driver.DeadLetter, driver.Resolution)
 
 	mark, markMany, countMany, forgetDelivery        string
-	markCheckpointMany, markMoveMany, advanceMany     string
+	markCheckpointMany, markMoveMany, advanceMany    string
 	uncount                                          string
 	publishDeadLetter, deadLetter, resolveDeadLetter string
 	claimReplays                                     string
