@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/user"
 	"strconv"
 	"strings"
 
@@ -27,6 +28,7 @@ func deadLettersCommand(s Service) *cobra.Command {
 		status    string
 		codeFlag  string
 		showLimit int
+		raw       bool
 	)
 	list := &cobra.Command{
 		Use:   "list",
@@ -82,6 +84,10 @@ func deadLettersCommand(s Service) *cobra.Command {
 				if err != nil {
 					return err // the store's error names the dead letter
 				}
+				if raw {
+					_, err := cmd.OutOrStdout().Write(dl.Body)
+					return err
+				}
 				if err := printDeadLetter(cmd.OutOrStdout(), dl); err != nil {
 					return err
 				}
@@ -97,6 +103,8 @@ func deadLettersCommand(s Service) *cobra.Command {
 		},
 	}
 
+	show.Flags().BoolVar(&raw, "raw", false, "write the message's body only, its exact bytes (escaped otherwise)")
+
 	root.AddCommand(list, show, replayCommand(s), discardCommand(s), parkedCommand(s))
 	return root
 }
@@ -104,8 +112,21 @@ func deadLettersCommand(s Service) *cobra.Command {
 // resolutionFlags adds the flags that say who resolves dead letters and
 // why, both recorded in their history.
 func resolutionFlags(cmd *cobra.Command, r *driver.Resolution) {
-	cmd.Flags().StringVar(&r.By, "by", os.Getenv("USER"), "who does it (recorded; defaults to $USER)")
+	cmd.Flags().StringVar(&r.By, "by", defaultActor(), "who does it (recorded; defaults to $USER, else the OS user)")
 	cmd.Flags().StringVar(&r.Reason, "reason", "", "why (recorded; required)")
+}
+
+// defaultActor is who resolves dead letters when --by is not given:
+// $USER, else the user the process runs as (a container or a CI job often
+// has no $USER), else "" (checkResolution then asks for --by).
+func defaultActor() string {
+	if name := os.Getenv("USER"); name != "" {
+		return name
+	}
+	if u, err := user.Current(); err == nil {
+		return u.Username
+	}
+	return ""
 }
 
 // checkResolution refuses a resolution without an actor or a reason, or
@@ -116,7 +137,7 @@ func checkResolution(r driver.Resolution, why string) error {
 	case strings.TrimSpace(r.Reason) == "":
 		return fmt.Errorf("--reason: say %s", why)
 	case strings.TrimSpace(r.By) == "":
-		return errors.New("--by: say who you are: it is empty (give it, or set $USER, its default)")
+		return errors.New("--by: say who you are: it is empty, and neither $USER nor the OS user gave a name")
 	}
 	if err := r.Validate(); err != nil {
 		if fe, ok := errors.AsType[*framework.FieldError](err); ok {

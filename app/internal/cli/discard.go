@@ -27,7 +27,7 @@ func discardCommand(s Service) *cobra.Command {
 Who, when and why are kept in its history. Each dead letter is reported:
 discarded, or refused and why (not found; not pending: who resolved it,
 when); the command goes on after a refusal and exits non-zero when it
-refused any. --reason and --by (default $USER) are required.
+refused any. --reason and --by (default $USER, else the OS user) are required.
 
 Under strict_order, the later events of the dead letter's subject are parked
 behind it and stay parked after a discard, until the operator asks for them:

@@ -40,7 +40,11 @@ func printDeadLetter(out io.Writer, dl driver.DeadLetter) error {
 	}
 	row("source", orDash(dl.Source))
 	row("event id", dl.EventID)
-	row("type", fmt.Sprintf("%s v%d", orDash(dl.Type), dl.Version))
+	if dl.Type == "" {
+		row("type", "none: the body is not a CloudEvent the consumer could read")
+	} else {
+		row("type", fmt.Sprintf("%s v%d", dl.Type, dl.Version))
+	}
 	if dl.SubjectSeq > 0 {
 		row("subject", fmt.Sprintf("%s #%d", dl.Subject, dl.SubjectSeq))
 	} else {

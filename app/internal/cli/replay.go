@@ -61,7 +61,7 @@ Under strict_order, the later events of the dead letter's subject are parked
 behind it (see the parked command): once the replayed event takes effect,
 the consumer applies them after it, in order.
 
---reason and --by (default $USER) are required, except for a dry run.`,
+--reason and --by (default $USER, else the OS user) are required, except for a dry run.`,
 		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var err error
