@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -78,9 +79,18 @@ type eventView struct {
 	// gone, with their history.
 	DeadLettersPurgedBefore *time.Time      `json:"dead_letters_purged_before,omitempty"`
 	Parked                  []eventParkView `json:"parked"`
-	// Unmarked are the declared consumers of the event's type (of every
-	// type when it is unknown) with no record of it: no mark, no dead
-	// letter, not parked.
+	// Type is the event's type: its outbox row's or its dead letters',
+	// else the one type that all the consumers that applied it receive
+	// (TypeInferred); empty when unknown.
+	Type         string `json:"type,omitempty"`
+	TypeInferred bool   `json:"type_inferred,omitempty"`
+	// TypeCandidates, when Type is unknown, are the types it may have:
+	// those that all the consumers that applied it receive (a processed
+	// mark keeps no type); none when no consumer applied it.
+	TypeCandidates []string `json:"type_candidates,omitempty"`
+	// Unmarked are the declared consumers with no record of the event
+	// (no mark, no dead letter, not parked) that receive its type, or
+	// one of TypeCandidates, or any type when nothing narrows it.
 	Unmarked []unmarkedView `json:"unmarked"`
 }
 
@@ -186,16 +196,47 @@ func newEventView(rec driver.EventRecord, decls []handlers.Declaration) eventVie
 			Held: p.Held, Ready: p.Ready, Since: p.At.UTC(),
 		})
 	}
-	for _, d := range decls {
-		if recorded[d.Name] || typ != "" && !slices.Contains(d.Types, typ) {
-			continue
+	v.Type = typ
+	if typ == "" {
+		v.TypeCandidates = appliedTypes(rec.Processed, decls)
+		if len(v.TypeCandidates) == 1 {
+			v.Type, v.TypeInferred, v.TypeCandidates = v.TypeCandidates[0], true, nil
 		}
-		v.Unmarked = append(v.Unmarked, unmarkedView{Consumer: d.Name, WithoutDedup: d.WithoutDedup})
+	}
+	for _, d := range decls {
+		switch {
+		case recorded[d.Name]:
+		case v.Type != "" && !slices.Contains(d.Types, v.Type):
+		case v.TypeCandidates != nil && !slices.ContainsFunc(d.Types, func(t string) bool { return slices.Contains(v.TypeCandidates, t) }):
+		default:
+			v.Unmarked = append(v.Unmarked, unmarkedView{Consumer: d.Name, WithoutDedup: d.WithoutDedup})
+		}
 	}
 	if len(v.Unmarked) > 0 || len(v.Applied) == 0 {
 		v.ProcessedPurgedBefore = timeOrNil(rec.Horizons.Processed)
 	}
 	return v
+}
+
+// appliedTypes returns the types that every declared consumer that
+// applied the event receives, sorted: the types the event may have, as a
+// processed mark keeps none. Nil when no declared consumer applied it.
+func appliedTypes(marks []driver.ProcessedMark, decls []handlers.Declaration) []string {
+	var (
+		types []string
+		seen  bool
+	)
+	for _, m := range marks {
+		j := slices.IndexFunc(decls, func(d handlers.Declaration) bool { return d.Name == m.Consumer })
+		switch {
+		case j < 0: // a consumer no longer declared: its types are not known
+		case !seen:
+			types, seen = append([]string{}, decls[j].Types...), true
+		default:
+			types = slices.DeleteFunc(types, func(t string) bool { return !slices.Contains(decls[j].Types, t) })
+		}
+	}
+	return types
 }
 
 // printEvent prints v for the operator.
@@ -234,6 +275,17 @@ func printEvent(out io.Writer, v eventView) error {
 		row("produced", "no outbox row: purged before %s (rows sent before then are deleted), or another service produced it", stamp(*v.OutboxPurgedBefore))
 	default:
 		row("produced", "no outbox row: another service produced it")
+	}
+	switch {
+	case v.Outbox != nil:
+	case v.TypeInferred:
+		row("type", "%s (the only type the consumers that applied it receive)", v.Type)
+	case v.Type != "":
+		row("type", "%s", v.Type)
+	case len(v.TypeCandidates) > 0:
+		row("type", "unknown (a processed mark keeps none): one of %s", strings.Join(v.TypeCandidates, ", "))
+	default:
+		row("type", "unknown (a processed mark keeps none)")
 	}
 	for _, a := range v.Applied {
 		row("applied", "%s at %s", a.Consumer, stamp(a.At))
