@@ -82,7 +82,8 @@ func TestServiceLogsToStderrByDefault(t *testing.T) {
 	require.Equal(t, "widgets", dead[0]["source"])
 	require.Equal(t, "w-1", dead[0]["event_id"])
 	require.Equal(t, "no_seats", dead[0]["code"])
-	require.Contains(t, dead[0]["error"], "room 4 is full")
+	require.Equal(t, "*errors.errorString", dead[0]["error_type"], "the handler's error by its type: its text may quote the payload (log_error_text)")
+	require.NotContains(t, stderr.String(), "room 4 is full")
 	for _, l := range lines {
 		require.Contains(t, []any{"WARN", "ERROR"}, l["level"], "warnings and errors only: %v", l)
 	}

@@ -72,5 +72,16 @@ func dispatch(msg *message.Message) ([]*message.Message, error) {
 	if !ok {
 		return nil, errNotDecoded
 	}
-	return nil, d.Handle(msg.Context())
+	if err := d.Handle(msg.Context()); err != nil {
+		return nil, &handlerError{err: err}
+	}
+	return nil, nil
 }
+
+// handlerError is an error of the handler's (or of its event's data): the
+// log says its text only with Settings.LogErrorText (see errorAttrs), as
+// it may quote the payload's values. It is err to errors.Is and As.
+type handlerError struct{ err error }
+
+func (e *handlerError) Error() string { return e.err.Error() }
+func (e *handlerError) Unwrap() error { return e.err }

@@ -3,13 +3,14 @@ package middleware_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
+	"fmt"
 	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
@@ -27,53 +28,72 @@ func newLogger(w *testenv.Logs) *slog.Logger {
 
 // TestLogsCarryTheHandlersError: each failed attempt is logged at info and
 // the dead letter at warn, with the consumer, the event's source and id,
-// the attempt, the code and the handler's own error text.
+// the attempt and the code; the handler's own error by its type (and a
+// database error's SQLSTATE) by default, which keeps the values it quotes
+// out of the logs, and by its text with LogErrorText.
 func TestLogsCarryTheHandlersError(t *testing.T) {
 	t.Parallel()
-	var logs testenv.Logs
-	store, err := memory.NewStore(memory.StoreConfig{})
-	require.NoError(t, err)
-	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{Store: store})
-	require.NoError(t, err)
-	c, err := framework.NewConsumer(consumerName, framework.Handle(noted, func(context.Context, framework.Event[noteV1]) error {
-		return errors.New("smtp 451: mailbox busy")
-	}))
-	require.NoError(t, err)
-	h, _, err := middleware.Handler(middleware.Config{
-		Consumer: c, UnitOfWork: uow, Store: store,
-		Settings: middleware.Settings{
-			Attempts:   3,
-			RetryDelay: time.Millisecond,
-		},
-		Logger: newLogger(&logs),
-	})
-	require.NoError(t, err)
-	env, err := noted.Envelope(noteV1{Text: "hello"}, framework.Attributes{ID: "n-1", Source: "notes"})
-	require.NoError(t, err)
-	msg, err := framework.NewMessage(env)
-	require.NoError(t, err)
-	require.NoError(t, h(msg))
+	const secret = "appt-4242-SECRET"
+	for _, text := range []bool{false, true} {
+		var logs testenv.Logs
+		store, err := memory.NewStore(memory.StoreConfig{})
+		require.NoError(t, err)
+		uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{Store: store})
+		require.NoError(t, err)
+		c, err := framework.NewConsumer(consumerName, framework.Handle(noted, func(context.Context, framework.Event[noteV1]) error {
+			return fmt.Errorf("schedule reminder of %s: %w", secret, &pgconn.PgError{Severity: "ERROR", Code: "42703", Message: `column "` + secret + `" does not exist`})
+		}))
+		require.NoError(t, err)
+		h, _, err := middleware.Handler(middleware.Config{
+			Consumer: c, UnitOfWork: uow, Store: store,
+			Settings: middleware.Settings{
+				Attempts:     3,
+				RetryDelay:   time.Millisecond,
+				LogErrorText: text,
+			},
+			Logger: newLogger(&logs),
+		})
+		require.NoError(t, err)
+		env, err := noted.Envelope(noteV1{Text: "hello"}, framework.Attributes{ID: "n-1", Source: "notes"})
+		require.NoError(t, err)
+		msg, err := framework.NewMessage(env)
+		require.NoError(t, err)
+		require.NoError(t, h(msg))
 
-	attempts := logs.Lines(t, "attempt failed")
-	require.Len(t, attempts, 3, logs.String())
-	for i, line := range attempts {
-		require.Equal(t, "INFO", line["level"])
-		require.Equal(t, consumerName, line["consumer"])
-		require.Equal(t, "notes", line["source"])
-		require.Equal(t, "n-1", line["event_id"])
-		require.InDelta(t, i+1, line["attempt"], 0)
-		require.Equal(t, "smtp 451: mailbox busy", line["error"])
-		require.NotContains(t, line, "code", "a plain error has no code before the attempts run out")
+		checkError := func(line map[string]any) {
+			t.Helper()
+			require.Equal(t, "42703", line["sqlstate"])
+			if text {
+				require.Equal(t, `schedule reminder of `+secret+`: ERROR: column "`+secret+`" does not exist (SQLSTATE 42703)`, line["error"])
+				return
+			}
+			require.Equal(t, "*pgconn.PgError", line["error_type"])
+			require.NotContains(t, line, "error")
+		}
+		attempts := logs.Lines(t, "attempt failed")
+		require.Len(t, attempts, 3, logs.String())
+		for i, line := range attempts {
+			require.Equal(t, "INFO", line["level"])
+			require.Equal(t, consumerName, line["consumer"])
+			require.Equal(t, "notes", line["source"])
+			require.Equal(t, "n-1", line["event_id"])
+			require.InDelta(t, i+1, line["attempt"], 0)
+			checkError(line)
+			require.NotContains(t, line, "code", "a plain error has no code before the attempts run out")
+		}
+		dead := logs.Lines(t, "message dead-lettered")
+		require.Len(t, dead, 1, logs.String())
+		require.Equal(t, "WARN", dead[0]["level"])
+		require.Equal(t, consumerName, dead[0]["consumer"])
+		require.Equal(t, "notes", dead[0]["source"])
+		require.Equal(t, "n-1", dead[0]["event_id"])
+		require.InDelta(t, 3, dead[0]["attempts"], 0)
+		require.Equal(t, string(framework.CodeRetriesExhausted), dead[0]["code"])
+		checkError(dead[0])
+		if !text {
+			require.NotContains(t, logs.String(), secret, "no value of the payload in the logs")
+		}
 	}
-	dead := logs.Lines(t, "message dead-lettered")
-	require.Len(t, dead, 1, logs.String())
-	require.Equal(t, "WARN", dead[0]["level"])
-	require.Equal(t, consumerName, dead[0]["consumer"])
-	require.Equal(t, "notes", dead[0]["source"])
-	require.Equal(t, "n-1", dead[0]["event_id"])
-	require.InDelta(t, 3, dead[0]["attempts"], 0)
-	require.Equal(t, string(framework.CodeRetriesExhausted), dead[0]["code"])
-	require.Equal(t, "smtp 451: mailbox busy", dead[0]["error"])
 }
 
 type visitV1 struct {

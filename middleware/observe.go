@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -93,7 +94,9 @@ type observer struct {
 	// tracing is false with a no-op tracer, which ignores a span's
 	// options: they are not built then.
 	tracing bool
-	track   *failingConsumer // nil without metrics: tracks nothing
+	// errorText logs errors' text (Settings.LogErrorText).
+	errorText bool
+	track     *failingConsumer // nil without metrics: tracks nothing
 }
 
 // traceOutcome records on span what became of the message, and links it
@@ -134,7 +137,7 @@ func traceOutcome(ctx context.Context, span trace.Span, st *state, outcome frame
 func observe(cfg Config, clk clock) message.HandlerMiddleware {
 	o := &observer{
 		consumer: cfg.Consumer.Name(), logger: cfg.Logger, metrics: cfg.Metrics, tracer: cfg.Tracer,
-		spanName: cfg.Consumer.Name() + " process",
+		spanName: cfg.Consumer.Name() + " process", errorText: cfg.Settings.LogErrorText,
 	}
 	_, quiet := cfg.Tracer.(noop.Tracer)
 	o.tracing = !quiet
@@ -176,6 +179,9 @@ func (o *observer) step(next message.HandlerFunc) message.HandlerFunc {
 		o.log(ctx, st, outcome, err)
 		if !pipeline.LostTurn(err) { // it runs again: counted then
 			o.count(st, outcome, time.Since(start))
+		}
+		if err != nil && !o.errorText {
+			err = redacted(err) // the router logs it
 		}
 		return out, err
 	}
@@ -268,7 +274,7 @@ func (o *observer) log(ctx context.Context, st *state, outcome framework.Outcome
 	if st.deadLettered != "" {
 		attrs = append(attrs, slog.String("code", string(st.deadLettered)))
 	}
-	o.logger.LogAttrs(ctx, level, text, append(attrs, errorAttrs(cause)...)...)
+	o.logger.LogAttrs(ctx, level, text, append(attrs, errorAttrs(cause, o.errorText)...)...)
 }
 
 // logAttempt logs an attempt that failed, at info level.
@@ -282,7 +288,7 @@ func (o *observer) logAttempt(ctx context.Context, st *state, err error) {
 	if code := framework.CodeOf(err); code != framework.CodeRetriesExhausted {
 		attrs = append(attrs, slog.String("code", string(code)))
 	}
-	o.logger.LogAttrs(ctx, slog.LevelInfo, "attempt failed", append(attrs, errorAttrs(err)...)...)
+	o.logger.LogAttrs(ctx, slog.LevelInfo, "attempt failed", append(attrs, errorAttrs(err, o.errorText)...)...)
 }
 
 // attrs returns the attributes that name the consumer and the message.
@@ -301,16 +307,84 @@ func (o *observer) attrs(st *state) []slog.Attr {
 	return attrs
 }
 
-// errorAttrs returns err's text and, for a decode or validation error, the
-// field it names. The framework's decode and validation errors quote no
-// value (framework.FieldError); the handler's own errors are its to word.
-func errorAttrs(err error) []slog.Attr {
+// errorAttrs returns what the log says of err: its text, but for an
+// error of the handler's without text (Settings.LogErrorText) the type of
+// the error it wraps innermost (error_type), or for a decode or validation
+// error of its data that error's own text, which quotes no value
+// (framework.FieldError); the field such an error names; and the SQLSTATE
+// of a database's error in its chain. A handler's own errors are its to
+// word, and may quote the payload's values; the framework's quote none.
+func errorAttrs(err error, text bool) []slog.Attr {
 	if err == nil {
 		return nil
 	}
-	attrs := []slog.Attr{slog.String("error", err.Error())}
-	if fe, ok := errors.AsType[*framework.FieldError](err); ok {
+	var attrs []slog.Attr
+	fe, field := errors.AsType[*framework.FieldError](err)
+	_, handlers := errors.AsType[*handlerError](err)
+	switch {
+	case text || !handlers && !field:
+		attrs = append(attrs, slog.String("error", err.Error()))
+	case field:
+		attrs = append(attrs, slog.String("error", fe.Error()))
+	default:
+		attrs = append(attrs, slog.String("error_type", innermostType(err)))
+	}
+	if field {
 		attrs = append(attrs, slog.String("field", fe.Field))
 	}
+	var state interface{ SQLState() string }
+	if errors.As(err, &state) && state.SQLState() != "" {
+		attrs = append(attrs, slog.String("sqlstate", state.SQLState()))
+	}
 	return attrs
+}
+
+// redacted returns err, but for an error of the handler's one whose text
+// says what errorAttrs logs of it without Settings.LogErrorText, not the
+// handler's text: the router logs the error a chain returns. It is err to
+// errors.Is and As.
+func redacted(err error) error {
+	if _, ok := errors.AsType[*handlerError](err); !ok {
+		return err
+	}
+	var text strings.Builder
+	text.WriteString("the handler's error")
+	sep := " ("
+	for _, a := range errorAttrs(err, false) {
+		fmt.Fprintf(&text, "%s%s %s", sep, a.Key, a.Value)
+		sep = ", "
+	}
+	text.WriteString("; its text is logged with log_error_text)")
+	return &redactedError{text: text.String(), err: err}
+}
+
+// redactedError is an error of the handler's whose text is not its own
+// (see redacted).
+type redactedError struct {
+	text string
+	err  error
+}
+
+func (e *redactedError) Error() string { return e.text }
+func (e *redactedError) Unwrap() error { return e.err }
+
+// innermostType returns the Go type of the error err wraps innermost (of
+// several joined, the first's): *pgconn.PgError, say, rather than the
+// *fmt.wrapError of the handler's fmt.Errorf around it.
+func innermostType(err error) string {
+	for {
+		switch u := err.(type) {
+		case interface{ Unwrap() error }:
+			if next := u.Unwrap(); next != nil {
+				err = next
+				continue
+			}
+		case interface{ Unwrap() []error }:
+			if errs := u.Unwrap(); len(errs) > 0 && errs[0] != nil {
+				err = errs[0]
+				continue
+			}
+		}
+		return fmt.Sprintf("%T", err)
+	}
 }

@@ -86,7 +86,8 @@ func TestObserve(t *testing.T) {
 	require.Contains(t, logs.String(), "message dead-lettered")
 	require.Contains(t, logs.String(), "code=note_rejected")
 	require.Contains(t, logs.String(), "correlation_id=corr-1")
-	require.Contains(t, logs.String(), `error="permanent (note_rejected): no"`, "a dead letter is logged with the handler's error")
+	require.Contains(t, logs.String(), `code=note_rejected error_type=*errors.errorString`, "a dead letter is logged with the type of the handler's error, not its text (LogErrorText)")
+	require.NotContains(t, logs.String(), `permanent (note_rejected): no`)
 
 	ended := spans.Ended()
 	require.Len(t, ended, 4)

@@ -136,6 +136,16 @@ type Settings struct {
 	// time a message may be held by the transport (the PostgreSQL ack
 	// deadline). Defaults to off.
 	Breaker BreakerConfig `yaml:"breaker"`
+	// LogErrorText logs the text of a failed attempt's error, and of the
+	// error that dead-lettered a message, as it is. Off by default: the
+	// log then says the error's type, its code and its SQLSTATE, not its
+	// text, since a handler's error and a database's may quote the
+	// payload's values (`invalid input syntax for type uuid: "…"`), and a
+	// service's logs are read by more people, and kept longer, than the
+	// database its events are in. The framework's own decode and
+	// validation errors, which name the field and quote no value, are
+	// logged with their text either way.
+	LogErrorText bool `yaml:"log_error_text"`
 }
 
 // WithDefaults returns a copy of s with zero fields set to their
@@ -179,6 +189,7 @@ func (s Settings) Merge(base Settings) Settings {
 	s.Overlap = cmp.Or(s.Overlap, base.Overlap)
 	s.Partitions = cmp.Or(s.Partitions, base.Partitions)
 	s.Breaker = s.Breaker.merge(base.Breaker)
+	s.LogErrorText = s.LogErrorText || base.LogErrorText
 	return s
 }
 

@@ -44,7 +44,7 @@ func NewRemindOnBooked(db *sqlx.DB) framework.HandlerFunc[appointments.BookedV1]
 		_, err := framework.Conn(ctx, db).ExecContext(ctx, insert,
 			ev.Data.AppointmentID, ev.Data.StartsAt.UTC().Format(time.RFC3339), ev.ID)
 		if err != nil {
-			return fmt.Errorf("schedule reminder of %s: %w", ev.Data.AppointmentID, err)
+			return fmt.Errorf("schedule reminder: %w", err) // no payload value in the error: it is logged
 		}
 		return nil
 	}
