@@ -57,6 +57,29 @@ type ServiceSection struct {
 	decoded *atomic.Bool // set by DecodeService, shared by the copies of the Config
 }
 
+// NewServiceSection returns the service: section whose content is yaml,
+// the service's own settings as they would be written under service: in
+// the configuration file (their keys at the top), for a Config built in
+// code: a test's (apptest.Config.Service). The service decodes it as it
+// does the file's (Config.DecodeService, ServiceConfig); its errors count
+// the lines of yaml from 2, after the section's key. A yaml that is not a
+// mapping is an error.
+func NewServiceSection(text string) (ServiceSection, error) {
+	var content yaml.Node
+	if err := yaml.Unmarshal([]byte(text), &content); err != nil {
+		return ServiceSection{}, fmt.Errorf("service: %w", err)
+	}
+	if len(content.Content) > 0 && content.Content[0].Kind != yaml.MappingNode {
+		return ServiceSection{}, fmt.Errorf("service: want a mapping of the service's settings, got %s", content.Content[0].ShortTag())
+	}
+	var file strings.Builder
+	file.WriteString("service:\n")
+	for line := range strings.Lines(text) {
+		file.WriteString("  " + line)
+	}
+	return ServiceSection{present: true, path: "(given in code)", file: []byte(file.String()), decoded: new(atomic.Bool)}, nil
+}
+
 // UnmarshalYAML records that the file has the section.
 func (s *ServiceSection) UnmarshalYAML(*yaml.Node) error {
 	s.present = true

@@ -72,6 +72,12 @@ type Config struct {
 	// Consumers holds per-consumer settings, keyed by consumer name, as
 	// the YAML's consumers. Defaults to none.
 	Consumers map[string]middleware.Settings
+	// Service is the service's own settings, YAML as it would be written
+	// under service: in the configuration file (app.NewServiceSection):
+	// the module decodes it as in production (app.ServiceConfig,
+	// app.Config.DecodeService), and a module that decodes none refuses
+	// to start with it. Defaults to none.
+	Service string
 	// OutcomeTimeout bounds each wait for an outcome. Defaults to
 	// DefaultOutcomeTimeout.
 	OutcomeTimeout time.Duration
@@ -204,6 +210,11 @@ func (a *App) start(ctx context.Context, module fx.Option) error {
 		Consumers:    a.cfg.Consumers,
 		Defaults:     a.cfg.Defaults,
 	}.WithDefaults()
+	if a.cfg.Service != "" {
+		if a.appCfg.Service, err = app.NewServiceSection(a.cfg.Service); err != nil {
+			return fmt.Errorf("apptest: Config.Service: %w", err)
+		}
+	}
 	if err := a.appCfg.Validate(); err != nil {
 		return fmt.Errorf("apptest: %w", err)
 	}

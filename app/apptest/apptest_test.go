@@ -298,3 +298,29 @@ func TestMaxBodyBytes(t *testing.T) {
 	require.NoError(t, err)
 	testkit.RequireProcessed(t, res)
 }
+
+// TestConfigService: the kit's service: section reaches the module as the
+// file's would; a key the service's settings do not have, or YAML that is
+// not a mapping, stops the start naming it, as does a section that the
+// module does not decode.
+func TestConfigService(t *testing.T) {
+	t.Parallel()
+	type settings struct {
+		Paused []string `yaml:"paused_sources"`
+	}
+	var got settings
+	decodes := fx.Options(fx.Provide(app.ServiceConfig[settings]), fx.Populate(&got), shopModule)
+	svc := apptest.New(t, decodes, apptest.Config{Service: "paused_sources: [a, b]\n"})
+	require.Equal(t, []string{"a", "b"}, got.Paused)
+	require.NoError(t, svc.Close(t.Context()))
+
+	for yaml, want := range map[string]string{
+		"paused_source: [a]\n": `service.paused_source (line 2): field paused_source not found`,
+		"- a\n":                `apptest: Config.Service: service: want a mapping`,
+	} {
+		_, err := apptest.Start(t.Context(), decodes, apptest.Config{Service: yaml})
+		require.ErrorContains(t, err, want, yaml)
+	}
+	_, err := apptest.Start(t.Context(), shopModule, apptest.Config{Service: "paused_sources: [a]\n"})
+	require.ErrorContains(t, err, "the service decodes no service: section")
+}
