@@ -182,6 +182,12 @@ type Config struct {
 	// this many bytes, and always one (outbox.RelayConfig.BatchBytes;
 	// YAML only). Defaults to outbox.DefaultBatchBytes.
 	OutboxBatchBytes int `yaml:"outbox_batch_bytes"`
+	// OutboxDropUnroutable lists the event types whose outbox rows may be
+	// dropped when the broker routes them nowhere (on RabbitMQ, no queue
+	// bound to the type's exchange): marked sent and counted
+	// (outbox.RelayConfig.DropUnroutable; YAML only). The rows of other
+	// types wait unsent until a queue is bound. Defaults to none.
+	OutboxDropUnroutable []string `yaml:"outbox_drop_unroutable"`
 	// ReplayRetention is how long sent replays are kept (YAML only).
 	// Defaults to DefaultReplayRetention.
 	ReplayRetention Duration `yaml:"replay_retention"`
@@ -277,6 +283,11 @@ func (c Config) Validate() error {
 	}{{"outbox_batch_size", c.OutboxBatchSize}, {"outbox_batch_bytes", c.OutboxBatchBytes}} {
 		if n.n < 0 {
 			errs = append(errs, fmt.Errorf("%s: want 1 or more (or nothing: the default), got %d", n.key, n.n))
+		}
+	}
+	for i, typ := range c.OutboxDropUnroutable {
+		if strings.TrimSpace(typ) == "" {
+			errs = append(errs, fmt.Errorf("outbox_drop_unroutable[%d]: want an event type, got %q", i, typ))
 		}
 	}
 	if c.AMQPPrefetch < 0 || c.AMQPPrefetch > 65535 {

@@ -112,6 +112,7 @@ table_prefix: y_
 http_addr: 127.0.0.1:0
 outbox_batch_size: 200
 outbox_batch_bytes: 4194304
+outbox_drop_unroutable: [audit.page-viewed]
 partition_lease: 4s
 defaults:
   attempts: 5
@@ -139,6 +140,7 @@ consumers:
 		require.Equal(t, "127.0.0.1:0", cfg.HTTPAddr)
 		require.Equal(t, 200, cfg.OutboxBatchSize)
 		require.Equal(t, 4<<20, cfg.OutboxBatchBytes)
+		require.Equal(t, []string{"audit.page-viewed"}, cfg.OutboxDropUnroutable)
 		require.Equal(t, app.Duration(4*time.Second), cfg.PartitionLease)
 
 		require.Equal(t, middleware.Settings{
@@ -279,6 +281,7 @@ func TestLoadConfigBadValue(t *testing.T) {
 		{name: "OutboxBatchSize", yaml: "outbox_batch_size: -1\n", key: "outbox_batch_size: want 1 or more"},
 		{name: "OutboxBatchBytes", yaml: "outbox_batch_bytes: -5\n", key: "outbox_batch_bytes: want 1 or more"},
 		{name: "OutboxBatchBytesFraction", yaml: "outbox_batch_bytes: 1.5\n", key: "outbox_batch_bytes (line 1): want a whole number"},
+		{name: "OutboxDropUnroutableEmpty", yaml: "outbox_drop_unroutable: [\"\"]\n", key: "outbox_drop_unroutable[0]: want an event type"},
 		{name: "ReplayRetention", yaml: "replay_retention: -1h\n", key: "replay_retention"},
 		{name: "DeadLetterRetention", yaml: "dead_letter_retention: -1h\n", key: "dead_letter_retention"},
 		{name: "PartitionLeaseNegative", yaml: "partition_lease: -3s\n", key: "partition_lease: want 1s to 10m0s"},

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/fx"
 	"gopkg.in/yaml.v3"
@@ -58,8 +59,11 @@ func TestAlertRules(t *testing.T) {
 	rules := alertRules(t)
 	require.NotEmpty(t, rules.Groups)
 
-	var store driver.Store
-	b := setup(t, testConfig(t), fx.Populate(&store))
+	var (
+		store driver.Store
+		reg   prometheus.Registerer
+	)
+	b := setup(t, testConfig(t), fx.Populate(&store, &reg))
 	for _, id := range []string{"dl-1", "dl-2"} {
 		storeDeadLetter(t, b.db, consumerName, id, "", 0)
 	}
@@ -93,7 +97,15 @@ VALUES (?, 's', 2, 'widgets', 'p-2', x'7b7d', 0, 'parked')`, consumerName)
 			found := names.FindAllString(r.Expr, -1)
 			require.NotEmpty(t, found, "alert %s names a metric", r.Alert)
 			for _, name := range found {
-				require.Regexp(t, `(?m)^`+name+`(_bucket|_sum|_count)?[{ ]`, scrape, "alert %s: metric %s in the scrape", r.Alert, name)
+				if regexp.MustCompile(`(?m)^` + name + `(_bucket|_sum|_count)?[{ ]`).MatchString(scrape) {
+					continue
+				}
+				// A metric whose series come only with what it counts
+				// (effectively_outbox_unroutable_rows, by event type) is
+				// not scraped here: the service registered it, so that
+				// the name is taken.
+				err := reg.Register(prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: "probe"}))
+				require.Error(t, err, "alert %s: metric %s is neither scraped nor registered", r.Alert, name)
 			}
 			if strings.Contains(r.Expr, "effectively_dead_letters_pending") || strings.Contains(r.Expr, "effectively_parked_events") {
 				require.Contains(t, r.Expr, "max", "alert %s: the gauges read from the database are the same in every replica", r.Alert)

@@ -108,6 +108,7 @@ func newRouter(p routerParams) (*runner.Runner, error) {
 			BatchTimeout:    time.Duration(p.Config.OutboxBatchTimeout),
 			BatchSize:       p.Config.OutboxBatchSize,
 			BatchBytes:      p.Config.OutboxBatchBytes,
+			DropUnroutable:  p.Config.OutboxDropUnroutable,
 			Metrics:         relayMetrics,
 			MessagingSystem: messagingSystem(p.Config.Transport),
 		},

@@ -9,6 +9,8 @@ import (
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
+
+	"github.com/effectively-once/effectively/framework/driver"
 )
 
 // ErrNotConfirmed is returned by the wait of PublishDeferred when the
@@ -26,8 +28,68 @@ type confirmChannel struct {
 
 	mu        sync.Mutex
 	ch        *amqp091.Channel
+	returns   *returns            // of ch
 	exchanges map[string]struct{} // declared on ch
 	closed    bool
+}
+
+// returns keeps the messages the broker returned on one channel in
+// confirm mode, published mandatory and routed to no queue. RabbitMQ sends
+// a message's basic.return before its basic.ack, and amqp091-go hands the
+// return to the unbuffered channel it listens on before it reads the ack:
+// so once a message is acked, its return, if any, was taken by loop, and
+// after sync it is in returned.
+type returns struct {
+	mu       sync.Mutex
+	returned map[string]int // message id: returns not yet claimed by their wait
+	sync     chan chan struct{}
+	done     chan struct{} // closed when the channel closed
+}
+
+// listenReturns registers a listener of the returns of ch.
+func listenReturns(ch *amqp091.Channel) *returns {
+	r := &returns{returned: map[string]int{}, sync: make(chan chan struct{}), done: make(chan struct{})}
+	go r.loop(ch.NotifyReturn(make(chan amqp091.Return)))
+	return r
+}
+
+// loop records each return until the channel closes, and answers syncs
+// in between: a sync answered comes after every return loop took before.
+func (r *returns) loop(in <-chan amqp091.Return) {
+	defer close(r.done)
+	for {
+		select {
+		case ret, ok := <-in:
+			if !ok {
+				return
+			}
+			r.mu.Lock()
+			r.returned[ret.MessageId]++
+			r.mu.Unlock()
+		case c := <-r.sync:
+			close(c)
+		}
+	}
+}
+
+// wasReturned reports whether the message of id, acked, was returned
+// first, and forgets that return.
+func (r *returns) wasReturned(id string) bool {
+	c := make(chan struct{})
+	select {
+	case r.sync <- c:
+		<-c
+	case <-r.done: // loop took every return of the channel
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.returned[id] == 0 {
+		return false
+	}
+	if r.returned[id]--; r.returned[id] == 0 {
+		delete(r.returned, id)
+	}
+	return true
 }
 
 func newConfirmChannel(conn *connection) *confirmChannel {
@@ -58,37 +120,37 @@ func (c *confirmChannel) channel() (*amqp091.Channel, error) {
 		_ = ch.Close()
 		return nil, fmt.Errorf("amqp: put channel in confirm mode: %w", err)
 	}
-	c.ch, c.exchanges = ch, map[string]struct{}{}
+	c.ch, c.returns, c.exchanges = ch, listenReturns(ch), map[string]struct{}{}
 	return ch, nil
 }
 
-// publish publishes msg to the exchange topic, declaring the exchange on
-// the channel's first use of it as watermill-amqp's publisher does, and
-// returns the deferred confirm.
-func (c *confirmChannel) publish(ctx context.Context, topic string, msg *message.Message) (*amqp091.DeferredConfirmation, error) {
+// publish publishes msg to the exchange topic, mandatory, declaring the
+// exchange on the channel's first use of it as watermill-amqp's publisher
+// does, and returns the deferred confirm and the returns of its channel.
+func (c *confirmChannel) publish(ctx context.Context, topic string, msg *message.Message) (*amqp091.DeferredConfirmation, *returns, error) {
 	p, err := c.cfg.Marshaler.Marshal(msg)
 	if err != nil {
-		return nil, fmt.Errorf("amqp: publish to %s: %w", topic, err)
+		return nil, nil, fmt.Errorf("amqp: publish to %s: %w", topic, err)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	ch, err := c.channel()
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	exchange := c.cfg.Exchange.GenerateName(topic)
 	if _, ok := c.exchanges[exchange]; !ok && exchange != "" {
 		if err := c.cfg.TopologyBuilder.ExchangeDeclare(ch, exchange, c.cfg); err != nil {
-			return nil, fmt.Errorf("amqp: declare exchange %s: %w", exchange, err)
+			return nil, nil, fmt.Errorf("amqp: declare exchange %s: %w", exchange, err)
 		}
 		c.exchanges[exchange] = struct{}{}
 	}
 	dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, exchange, c.cfg.Publish.GenerateRoutingKey(topic),
-		c.cfg.Publish.Mandatory, c.cfg.Publish.Immediate, p)
+		true, c.cfg.Publish.Immediate, p) // mandatory: an unroutable message is returned
 	if err != nil {
-		return nil, fmt.Errorf("amqp: publish %s to %s: %w", msg.UUID, topic, err)
+		return nil, nil, fmt.Errorf("amqp: publish %s to %s: %w", msg.UUID, topic, err)
 	}
-	return dc, nil
+	return dc, c.returns, nil
 }
 
 // Close closes the channel; the deferred confirms still awaited end
@@ -111,7 +173,10 @@ func (c *confirmChannel) Close() error {
 // mode), on a channel in confirm mode, and returns without waiting for the
 // broker's confirm: wait waits for it, and returns nil once the broker
 // confirmed the message, ErrNotConfirmed when it nacked it or the
-// connection went away first, or ctx's error.
+// connection went away first, or ctx's error. The message is published
+// mandatory: when no queue is bound to the exchange, the broker returns
+// it before its confirm and wait returns driver.ErrUnroutable (wrapped),
+// where Publish would lose it without a word.
 //
 // Messages published by one goroutine are published in that order, on one
 // channel. Many may await their confirms at once, which is how the outbox
@@ -124,7 +189,7 @@ func (p *publisher) PublishDeferred(ctx context.Context, topic string, msg *mess
 	}
 	confirms := p.confirms
 	p.mu.Unlock()
-	dc, err := confirms.publish(ctx, topic, msg)
+	dc, returned, err := confirms.publish(ctx, topic, msg)
 	if err != nil {
 		return nil, err
 	}
@@ -136,6 +201,8 @@ func (p *publisher) PublishDeferred(ctx context.Context, topic string, msg *mess
 			return fmt.Errorf("amqp: wait for the confirm of %s: %w", id, err)
 		case !acked:
 			return fmt.Errorf("%w: %s to %s", ErrNotConfirmed, id, topic)
+		case returned.wasReturned(id):
+			return fmt.Errorf("amqp: %s to %s: %w", id, topic, driver.ErrUnroutable)
 		}
 		return nil
 	}, nil

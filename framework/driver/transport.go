@@ -3,6 +3,7 @@ package driver
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"time"
 
@@ -10,6 +11,13 @@ import (
 
 	"github.com/effectively-once/effectively/framework"
 )
+
+// ErrUnroutable is returned, wrapped, by the wait of a publish whose
+// broker took the message but had nowhere to route it (on RabbitMQ, no
+// queue bound to the event type's exchange): no consumer will ever see
+// it. The outbox relay leaves such a row unsent, unless its type may be
+// dropped (outbox.RelayConfig.DropUnroutable).
+var ErrUnroutable = errors.New("no queue bound: the broker routed the message nowhere")
 
 // Transport is the broker side of a service: the publisher of its events,
 // the subscriptions of its consumers, and the replay of dead letters to

@@ -81,6 +81,17 @@
 // marked. Other publishers (the SQL transports', memory) publish one row at
 // a time, each once Publish returned for the one before.
 //
+// The AMQP transport publishes the rows mandatory: a row whose type's
+// exchange has no queue bound comes back from RabbitMQ, which would
+// otherwise drop it, and its wait returns driver.ErrUnroutable. Such a row
+// stays unsent, and the relay's next batches leave out the rows of its
+// type, so that the rows of other types go out; each poll tries the
+// oldest of them again, and once a queue is bound they follow. Metrics
+// count them by type (effectively_outbox_unroutable_rows) and the relay
+// logs a warning at each poll. The types of RelayConfig.DropUnroutable
+// are dropped instead: their unroutable rows are marked sent and counted
+// (effectively_outbox_unroutable_dropped_total), not as published.
+//
 // # Tracing
 //
 // An event carries its creation context in its traceparent and tracestate

@@ -103,6 +103,13 @@ type RelayConfig struct {
 	// Now is the clock of sent_at and of the retention. Defaults to
 	// time.Now.
 	Now func() time.Time
+	// DropUnroutable lists the event types whose rows may be dropped when
+	// the broker routes them nowhere (driver.ErrUnroutable: on RabbitMQ,
+	// no queue bound to the type's exchange): such a row is marked sent
+	// and counted (effectively_outbox_unroutable_dropped_total). The rows
+	// of any other type wait unsent instead, tried again at each poll,
+	// while the rows of other types go out. Defaults to none.
+	DropUnroutable []string
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.
@@ -191,6 +198,8 @@ type Relay struct {
 	horizons *sqlstore.Horizons
 	cfg      RelayConfig
 	running  atomic.Bool
+
+	unroutable *unroutable
 }
 
 // NewRelay returns a relay of db's outbox that publishes through pub to
@@ -218,7 +227,8 @@ func NewRelay(db *sqlx.DB, pub message.Publisher, cfg RelayConfig) (*Relay, erro
 		return nil, fmt.Errorf("outbox: %w", err)
 	}
 	deferred, _ := pub.(DeferredPublisher)
-	return &Relay{db: db, pub: pub, deferred: deferred, sql: s, horizons: horizons, cfg: cfg}, nil
+	return &Relay{db: db, pub: pub, deferred: deferred, sql: s, horizons: horizons, cfg: cfg,
+		unroutable: newUnroutable(cfg.DropUnroutable, cfg.Metrics)}, nil
 }
 
 // Run publishes unsent rows until ctx ends, then returns nil. It polls
@@ -255,6 +265,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		if m := r.cfg.Metrics; m != nil {
 			r.observe(ctx, m, n, err)
 		}
+		r.reportUnroutable(ctx)
 		delay := r.cfg.PollInterval
 		switch {
 		case err != nil:
@@ -303,6 +314,12 @@ func (r *Relay) observe(ctx context.Context, m *Metrics, published int, err erro
 // short by BatchBytes finishes before the next one is read: it holds the
 // locks of the rows it left, which the next batch would skip, publishing
 // later rows first.
+//
+// A row that the broker routes nowhere (driver.ErrUnroutable) is no
+// failure: it stays unsent, and the next batches leave out the rows of
+// its type, while the rest go out; each call tries again the oldest row
+// of each such type in its first batch (RelayConfig.DropUnroutable
+// drops them instead). Dropped rows are not counted as published.
 func (r *Relay) PublishUnsent(ctx context.Context) (int, error) {
 	total := 0
 	var finishing chan batchResult // the batch before, finishing
@@ -315,8 +332,8 @@ func (r *Relay) PublishUnsent(ctx context.Context) (int, error) {
 		total += res.published
 		return res.err
 	}
-	for ctx.Err() == nil {
-		b, err := r.startBatch(ctx)
+	for first := true; ctx.Err() == nil; first = false {
+		b, err := r.startBatch(ctx, r.unroutable.skip(first))
 		if err != nil {
 			return total, errors.Join(wait(), err)
 		}

@@ -24,8 +24,9 @@ type batch struct {
 	finish      func() (published int, err error)
 }
 
-// startBatch reads a batch and publishes it.
-func (r *Relay) startBatch(ctx context.Context) (batch, error) {
+// startBatch reads a batch, leaving out the rows of skip, and publishes
+// it.
+func (r *Relay) startBatch(ctx context.Context, skip sqlstore.Skip) (batch, error) {
 	// A batch publishes no row once ctx ends or BatchTimeout passed
 	// (publish checks pctx between rows); what it published by then is
 	// still confirmed and marked, under bctx: it outlives ctx, so that a
@@ -40,9 +41,9 @@ func (r *Relay) startBatch(ctx context.Context) (batch, error) {
 		err error
 	)
 	if r.sql.Dialect() == sqlstore.Postgres {
-		b, err = r.startClaimed(pctx, bctx)
+		b, err = r.startClaimed(pctx, bctx, skip)
 	} else {
-		b, err = r.startLeased(pctx, bctx)
+		b, err = r.startLeased(pctx, bctx, skip)
 	}
 	if err != nil {
 		stop()
@@ -60,7 +61,7 @@ func (r *Relay) startBatch(ctx context.Context) (batch, error) {
 
 // startLeased reads and publishes a batch on SQLite: it takes a lease on
 // its rows, and releases those it could not publish when it finishes.
-func (r *Relay) startLeased(ctx, bctx context.Context) (batch, error) {
+func (r *Relay) startLeased(ctx, bctx context.Context, skip sqlstore.Skip) (batch, error) {
 	// The lease is a write: an idle poll reads first, so that it never
 	// waits for the file's write lock (a long handler transaction holds it)
 	// when there is nothing to publish. Both stop with ctx.
@@ -69,7 +70,7 @@ func (r *Relay) startLeased(ctx, bctx context.Context) (batch, error) {
 		return batch{finish: func() (int, error) { return 0, nil }}, err
 	}
 	now := r.cfg.Now()
-	rows, more, err := r.sql.Lease(ctx, r.db, r.cfg.BatchSize, r.cfg.BatchBytes, now, now.Add(2*r.cfg.BatchTimeout))
+	rows, more, err := r.sql.Lease(ctx, r.db, r.cfg.BatchSize, r.cfg.BatchBytes, now, now.Add(2*r.cfg.BatchTimeout), skip)
 	if err != nil {
 		return batch{}, err
 	}
@@ -77,13 +78,13 @@ func (r *Relay) startLeased(ctx, bctx context.Context) (batch, error) {
 		return r.sql.MarkSent(ctx, r.db, ids, r.cfg.Now())
 	})
 	return batch{more: more, finish: func() (int, error) {
-		sent, pubErr := published()
+		sent, dropped, pubErr := published()
 		if rest := unsentIDs(rows, sent); len(rest) > 0 {
 			if err := r.sql.Release(bctx, r.db, rest); err != nil {
 				pubErr = errors.Join(pubErr, err) // the lease ends by itself
 			}
 		}
-		return len(sent), pubErr
+		return len(sent) - dropped, pubErr
 	}}, nil
 }
 
@@ -107,12 +108,12 @@ func unsentIDs(rows []sqlstore.OutboxRow, sent []int64) []int64 {
 
 // startClaimed reads and publishes a batch on PostgreSQL: the rows are
 // locked from the read to the commit of their marks, when it finishes.
-func (r *Relay) startClaimed(ctx, bctx context.Context) (batch, error) {
+func (r *Relay) startClaimed(ctx, bctx context.Context, skip sqlstore.Skip) (batch, error) {
 	tx, err := r.db.BeginTxx(bctx, nil)
 	if err != nil {
 		return batch{}, fmt.Errorf("outbox: begin: %w", err)
 	}
-	rows, held, err := r.sql.Claim(bctx, tx, r.cfg.BatchSize, r.cfg.BatchBytes)
+	rows, held, err := r.sql.Claim(bctx, tx, r.cfg.BatchSize, r.cfg.BatchBytes, skip)
 	if err != nil {
 		_ = tx.Rollback()
 		return batch{}, err
@@ -122,10 +123,10 @@ func (r *Relay) startClaimed(ctx, bctx context.Context) (batch, error) {
 	})
 	return batch{more: held || len(rows) == r.cfg.BatchSize, holds: held, finish: func() (int, error) {
 		defer tx.Rollback() // a no-op after Commit
-		sent, pubErr := published()
+		sent, dropped, pubErr := published()
 		if err := tx.Commit(); err != nil {
 			return 0, errors.Join(pubErr, fmt.Errorf("outbox: commit marks: %w", err))
 		}
-		return len(sent), pubErr
+		return len(sent) - dropped, pubErr
 	}}, nil
 }

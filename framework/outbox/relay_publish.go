@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/internal/sqlstore"
 	"github.com/effectively-once/effectively/internal/crash"
 )
@@ -20,18 +21,18 @@ type markFunc func(ctx context.Context, ids []int64) error
 // took, with mark. It publishes no row after the first it cannot publish,
 // nor once ctx ends. It returns once the rows are published; the function
 // it returns waits for their marks (under bctx) and returns the ids it
-// marked.
-func (r *Relay) publish(ctx, bctx context.Context, rows []sqlstore.OutboxRow, mark markFunc) func() ([]int64, error) {
+// marked, and how many of them it dropped (see unroutable).
+func (r *Relay) publish(ctx, bctx context.Context, rows []sqlstore.OutboxRow, mark markFunc) func() (sent []int64, dropped int, err error) {
 	mark = diesBeforeMark(ctx, mark)
 	if r.deferred != nil {
 		return r.publishPipelined(ctx, bctx, rows, mark)
 	}
 	sent, pubErr := r.publishEach(ctx, rows)
-	return func() ([]int64, error) {
+	return func() ([]int64, int, error) {
 		if err := mark(bctx, sent); err != nil {
-			return nil, errors.Join(pubErr, err)
+			return nil, 0, errors.Join(pubErr, err)
 		}
-		return sent, pubErr
+		return sent, 0, pubErr
 	}
 }
 
@@ -86,18 +87,12 @@ type pendingRow struct {
 // confirms in order. The function it returns waits for the last confirm
 // and marks the confirmed rows sent in one statement. A row nacked, or
 // left unconfirmed when the connection goes away, stays unsent; the rows
-// confirmed around it are marked.
-func (r *Relay) publishPipelined(ctx, bctx context.Context, rows []sqlstore.OutboxRow, mark markFunc) func() ([]int64, error) {
+// confirmed around it are marked. So does a row routed nowhere, unless
+// its type may be dropped (see unroutable).
+func (r *Relay) publishPipelined(ctx, bctx context.Context, rows []sqlstore.OutboxRow, mark markFunc) func() ([]int64, int, error) {
 	pending := make(chan pendingRow, len(rows))
-	type confirms struct {
-		ids []int64
-		err error
-	}
 	confirmed := make(chan confirms, 1)
-	go func() {
-		ids, err := awaitConfirms(bctx, pending, len(rows))
-		confirmed <- confirms{ids, err}
-	}()
+	go func() { confirmed <- r.awaitConfirms(bctx, pending, len(rows)) }()
 	var pubErr error
 	tr := newTracer(r.cfg.Tracer, r.cfg.MessagingSystem)
 	for _, row := range rows {
@@ -115,40 +110,56 @@ func (r *Relay) publishPipelined(ctx, bctx context.Context, rows []sqlstore.Outb
 		pending <- pendingRow{row: row, wait: wait, span: span}
 	}
 	close(pending)
-	return func() ([]int64, error) {
+	return func() ([]int64, int, error) {
 		c := <-confirmed
 		if err := mark(bctx, c.ids); err != nil {
-			return nil, errors.Join(pubErr, c.err, err)
+			return nil, 0, errors.Join(pubErr, c.err, err)
 		}
-		return c.ids, errors.Join(pubErr, c.err)
+		return c.ids, c.dropped, errors.Join(pubErr, c.err)
 	}
+}
+
+// confirms is what awaitConfirms returns: the ids to mark sent (those
+// confirmed, and those dropped), how many were dropped, and the first
+// failure.
+type confirms struct {
+	ids     []int64
+	dropped int
+	err     error
 }
 
 // awaitConfirms waits for the confirm of each pending row in order, and
 // returns the ids of those confirmed and the first failure (with how many
-// rows failed).
-func awaitConfirms(ctx context.Context, pending <-chan pendingRow, n int) ([]int64, error) {
+// rows failed). A row the broker routed nowhere is no failure: it is left
+// unsent, or dropped (see unroutable).
+func (r *Relay) awaitConfirms(ctx context.Context, pending <-chan pendingRow, n int) confirms {
 	var (
-		ids    = make([]int64, 0, n)
-		first  error
+		c      = confirms{ids: make([]int64, 0, n)}
 		failed int
 	)
 	for p := range pending {
 		err := p.wait(ctx)
 		endPublish(p.span, err)
-		if err != nil {
-			if first == nil {
-				first = fmt.Errorf("outbox: publish %s (row %d) to %s: %w", p.row.Key, p.row.ID, p.row.Type, err)
+		switch {
+		case errors.Is(err, driver.ErrUnroutable):
+			if r.unroutable.returned(p.row.Type) {
+				c.ids = append(c.ids, p.row.ID)
+				c.dropped++
+			}
+		case err != nil:
+			if c.err == nil {
+				c.err = fmt.Errorf("outbox: publish %s (row %d) to %s: %w", p.row.Key, p.row.ID, p.row.Type, err)
 			}
 			failed++
-			continue
+		default:
+			r.unroutable.routed(p.row.Type)
+			c.ids = append(c.ids, p.row.ID)
 		}
-		ids = append(ids, p.row.ID)
 	}
 	if failed > 1 {
-		return ids, fmt.Errorf("%w (and %d more rows unconfirmed)", first, failed-1)
+		c.err = fmt.Errorf("%w (and %d more rows unconfirmed)", c.err, failed-1)
 	}
-	return ids, first
+	return c
 }
 
 // rowMessage is the message of row: the stored CloudEvent, the event id as

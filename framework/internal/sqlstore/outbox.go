@@ -33,6 +33,7 @@ type OutboxRow struct {
 // Outbox is the outbox table's SQL for one dialect and table prefix.
 type Outbox struct {
 	dialect Dialect
+	q       queries
 
 	insert, unsent, claim, lease, leasable, release, markSent, cleanup string
 }
@@ -48,6 +49,7 @@ func NewOutbox(d Dialect, prefix string) (*Outbox, error) {
 	q := newQueries(d, prefix)
 	return &Outbox{
 		dialect:  d,
+		q:        q,
 		insert:   q.sql(qOutboxInsert),
 		unsent:   q.sql(qOutboxUnsent),
 		claim:    q.sql(qOutboxClaim),
@@ -95,16 +97,21 @@ func (o *Outbox) Unsent(ctx context.Context, q sqlx.QueryerContext, limit int) (
 // each next one while the bodies before it and its own come to at most
 // maxBytes. held reports rows it locked beyond those: they stay locked,
 // unread, until tx ends, so that a claim made before then skips them.
+// It leaves out the rows of skip's types (see Skip).
 // For the rest of tx, the planner may read tables through their indexes
 // only (qIndexScansOnly): a claim reads no more rows than it locks.
-func (o *Outbox) Claim(ctx context.Context, tx sqlx.QueryerContext, limit, maxBytes int) (rows []OutboxRow, held bool, err error) {
+func (o *Outbox) Claim(ctx context.Context, tx sqlx.QueryerContext, limit, maxBytes int, skip Skip) (rows []OutboxRow, held bool, err error) {
 	if o.dialect != Postgres {
 		return nil, false, fmt.Errorf("claim unsent outbox rows: locking rows needs %s, not %s", Postgres, o.dialect)
 	}
 	if err := indexScansOnly(ctx, tx); err != nil {
 		return nil, false, fmt.Errorf("claim unsent outbox rows: %w", err)
 	}
-	res, err := tx.QueryxContext(ctx, o.claim, maxBytes, limit)
+	query, args, err := o.skipping(o.claim, qOutboxClaim, skip, maxBytes, limit)
+	if err != nil {
+		return nil, false, fmt.Errorf("claim unsent outbox rows: %w", err)
+	}
+	res, err := tx.QueryxContext(ctx, query, args...)
 	if err != nil {
 		return nil, false, fmt.Errorf("claim unsent outbox rows: %w", err)
 	}
@@ -134,13 +141,18 @@ func (o *Outbox) Claim(ctx context.Context, tx sqlx.QueryerContext, limit, maxBy
 // Lease is the claim of relays on SQLite (one short write; see
 // qOutboxLease): it takes a lease until until on up to limit of the oldest
 // unsent rows whose lease ended before now, as many of them as fit in
-// maxBytes (as Claim counts them), and returns them in id order. more
+// maxBytes (as Claim counts them), and returns them in id order, leaving
+// out the rows of skip's types (see Skip). more
 // reports whether rows may wait after them: limit rows were leased, or an
 // unleased row follows the last one (which the budget left out, or one
 // added since), looked for only after a lease of fewer rows; a failure to
 // look reports more.
-func (o *Outbox) Lease(ctx context.Context, q sqlx.QueryerContext, limit, maxBytes int, now, until time.Time) (rows []OutboxRow, more bool, err error) {
-	res, err := q.QueryxContext(ctx, o.lease, o.dialect.timeArg(until), o.dialect.timeArg(now), limit, maxBytes)
+func (o *Outbox) Lease(ctx context.Context, q sqlx.QueryerContext, limit, maxBytes int, now, until time.Time, skip Skip) (rows []OutboxRow, more bool, err error) {
+	query, args, err := o.skipping(o.lease, qOutboxLease, skip, o.dialect.timeArg(until), o.dialect.timeArg(now), limit, maxBytes)
+	if err != nil {
+		return nil, false, fmt.Errorf("lease unsent outbox rows: %w", err)
+	}
+	res, err := q.QueryxContext(ctx, query, args...)
 	if err != nil {
 		return nil, false, fmt.Errorf("lease unsent outbox rows: %w", err)
 	}

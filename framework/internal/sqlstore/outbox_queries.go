@@ -57,6 +57,23 @@ RETURNING ` + outboxColumns
 	qOutboxLeasable = `SELECT EXISTS (SELECT 1 FROM {p}outbox
 WHERE sent_at IS NULL AND id > ? AND (claimed_until IS NULL OR claimed_until < ?))`
 
+	// outboxUnsentRows is the condition of unsent rows in qOutboxClaim and
+	// qOutboxLease, which a claim that skips event types extends with
+	// qOutboxSkip or qOutboxProbe.
+	outboxUnsentRows = `{p}outbox WHERE sent_at IS NULL`
+	// qOutboxSkip leaves out the rows of event types (sqlx.In expands the
+	// list): those the broker routes nowhere, whose rows must not hold up
+	// the others.
+	qOutboxSkip = outboxUnsentRows + ` AND type NOT IN (?)`
+	// qOutboxProbe leaves out the rows of event types but the oldest
+	// unsent row of each, which tries whether the broker routes it now.
+	qOutboxProbe = outboxUnsentRows + ` AND (type NOT IN (?) OR id IN (
+SELECT min(id) FROM {p}outbox WHERE sent_at IS NULL AND type IN (?) GROUP BY type))`
+
+	// qOutboxUnsentOf counts the unsent rows of event types (sqlx.In
+	// expands the list).
+	qOutboxUnsentOf = `SELECT type, count(*) FROM {p}outbox WHERE sent_at IS NULL AND type IN (?) GROUP BY type`
+
 	// qOutboxRelease gives up the lease of rows a relay did not publish;
 	// sqlx.In expands the id list.
 	qOutboxRelease = `UPDATE {p}outbox SET claimed_until = NULL WHERE id IN (?) AND sent_at IS NULL`

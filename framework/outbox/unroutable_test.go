@@ -1,0 +1,141 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/outbox"
+	"github.com/effectively-once/effectively/internal/testenv"
+)
+
+// TestRelayAMQPUnroutable: RabbitMQ drops a message published to an
+// exchange with no queue bound. The relay publishes mandatory, so the
+// broker returns it: the row stays unsent, counted by the gauge of its
+// type, and is tried again at each poll until a queue is bound, then goes
+// out, in order with the rows of its type behind it. Meanwhile the rows of
+// other types flow, also when the waiting rows fill whole batches. A type
+// declared droppable is marked sent and counted instead.
+func TestRelayAMQPUnroutable(t *testing.T) {
+	t.Parallel()
+	url := testenv.Require(t, testenv.AMQPURLVar)
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			testRelayAMQPUnroutable(t, b, url)
+		})
+	}
+}
+
+func testRelayAMQPUnroutable(t *testing.T, b backend, url string) {
+	bd := setup(t, b)
+	id := suffix()
+	lonelyType, otherType, dropType := "outbox.test.lonely."+id, "outbox.test.other."+id, "outbox.test.drop."+id
+	lonely, other, drop := framework.Define[otherV1](lonelyType, 1), framework.Define[otherV1](otherType, 1), framework.Define[otherV1](dropType, 1)
+	envelope := func(def framework.Definition[otherV1], id string) framework.Envelope {
+		e, err := def.Envelope(otherV1{}, framework.Attributes{ID: id, Source: "notes"})
+		require.NoError(t, err)
+		return e
+	}
+	tr := transport(t, url)
+	br := dialBroker(t, url)
+	otherQ := br.queue(t, otherType, false, nil)
+	// The exchanges exist, with no queue bound (as once a type's last
+	// consumer went, or before its first came).
+	for _, typ := range []string{lonelyType, dropType} {
+		require.NoError(t, br.ch.ExchangeDeclare(typ, "fanout", true, false, false, false, nil))
+		t.Cleanup(func() {
+			if ch, err := br.conn.Channel(); err == nil {
+				_ = ch.ExchangeDelete(typ, false, false)
+			}
+		})
+	}
+	// Four waiting rows come first: two whole batches of them.
+	bd.add(t, envelope(lonely, "l-0"), envelope(lonely, "l-1"), envelope(lonely, "l-2"), envelope(lonely, "l-3"),
+		envelope(other, "o-0"), envelope(drop, "d-0"), envelope(other, "o-1"))
+
+	reg := prometheus.NewRegistry()
+	metrics, err := outbox.NewMetrics(reg)
+	require.NoError(t, err)
+	relay, err := outbox.NewRelay(bd.db, tr.Publisher(), outbox.RelayConfig{
+		Outbox: bd.box, Metrics: metrics, BatchSize: 2, PollInterval: 20 * time.Millisecond,
+		DropUnroutable: []string{dropType},
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+	})
+
+	var got []string
+	arrived := func(q string, want ...string) func() bool {
+		return func() bool {
+			got = append(got, deliveryIDs(br.drain(t, q))...)
+			return fmt.Sprint(got) == fmt.Sprint(want)
+		}
+	}
+	require.Eventually(t, arrived(otherQ, "o-0", "o-1"), waitLimit, 10*time.Millisecond, "the other type's rows flow")
+	require.Eventually(t, func() bool {
+		return value(t, reg, "effectively_outbox_unroutable_rows", lonelyType) == 4
+	}, waitLimit, 10*time.Millisecond, "the gauge counts the waiting rows")
+	require.Equal(t, float64(1), value(t, reg, "effectively_outbox_unroutable_dropped_total", dropType), "the droppable row is counted")
+	require.Equal(t, float64(2), value(t, reg, "effectively_outbox_published_total", ""))
+	require.Equal(t, []string{"l-0", "l-1", "l-2", "l-3"}, bd.unsentIDs(t), "the droppable row is marked sent, the others wait")
+
+	// Polls go on trying; rows of other types added meanwhile flow.
+	time.Sleep(100 * time.Millisecond)
+	got = nil
+	bd.add(t, envelope(other, "o-2"), envelope(lonely, "l-4"))
+	require.Eventually(t, arrived(otherQ, "o-2"), waitLimit, 10*time.Millisecond)
+	require.Eventually(t, func() bool {
+		return value(t, reg, "effectively_outbox_unroutable_rows", lonelyType) == 5
+	}, waitLimit, 10*time.Millisecond)
+	require.Equal(t, []string{"l-0", "l-1", "l-2", "l-3", "l-4"}, bd.unsentIDs(t))
+
+	// A consumer comes: the waiting rows arrive, in order, and the gauge
+	// goes back to 0.
+	lonelyQ := br.queue(t, lonelyType, false, nil)
+	got = nil
+	require.Eventually(t, arrived(lonelyQ, "l-0", "l-1", "l-2", "l-3", "l-4"), waitLimit, 10*time.Millisecond)
+	require.Eventually(t, func() bool {
+		return len(bd.unsentIDs(t)) == 0 && value(t, reg, "effectively_outbox_unroutable_rows", lonelyType) == 0
+	}, waitLimit, 10*time.Millisecond)
+	require.Equal(t, float64(8), value(t, reg, "effectively_outbox_published_total", ""))
+}
+
+// value returns the value of the metric name of reg, of the series whose
+// type label is typ (any series when typ is empty); -1 when it has none.
+func value(t *testing.T, reg *prometheus.Registry, name, typ string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			if typ != "" && !slices.ContainsFunc(m.GetLabel(), func(l *dto.LabelPair) bool {
+				return l.GetName() == "type" && l.GetValue() == typ
+			}) {
+				continue
+			}
+			switch {
+			case m.GetGauge() != nil:
+				return m.GetGauge().GetValue()
+			case m.GetCounter() != nil:
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	return -1
+}
