@@ -24,20 +24,20 @@ type operatorTransport struct {
 	db     *sqlx.DB
 	logger *slog.Logger
 
-	mu      sync.Mutex
-	opened  bool
-	counter driver.BacklogCounter // nil when the transport counts none
-	err     error
-	close   func() error
+	mu     sync.Mutex
+	opened bool
+	tr     driver.Transport // nil until opened, or when opening failed
+	err    error
+	close  func() error
 }
 
-// backlogs opens the transport, once, and returns it as a
-// driver.BacklogCounter: nil when it is not one.
-func (o *operatorTransport) backlogs(ctx context.Context) (driver.BacklogCounter, error) {
+// transport opens the transport, once, and connects it to its broker
+// when it has one.
+func (o *operatorTransport) transport(ctx context.Context) (driver.Transport, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.opened {
-		return o.counter, o.err
+		return o.tr, o.err
 	}
 	o.opened = true
 	tr, closeDB, _, err := openTransport(ctx, o.cfg, o.db, "", o.logger)
@@ -46,10 +46,6 @@ func (o *operatorTransport) backlogs(ctx context.Context) (driver.BacklogCounter
 		return nil, err
 	}
 	o.close = func() error { return errors.Join(tr.Close(), closeDB()) }
-	counter, ok := tr.(driver.BacklogCounter)
-	if !ok {
-		return nil, nil
-	}
 	if c, ok := tr.(connector); ok {
 		ctx, cancel := context.WithTimeout(ctx, backlogConnectTimeout)
 		defer cancel()
@@ -58,8 +54,18 @@ func (o *operatorTransport) backlogs(ctx context.Context) (driver.BacklogCounter
 			return nil, err
 		}
 	}
-	o.counter = counter
-	return counter, nil
+	o.tr = tr
+	return tr, nil
+}
+
+// backlogs opens the transport, once, and returns it as a
+// driver.BacklogCounter: nil when it is not one.
+func (o *operatorTransport) backlogs(ctx context.Context) (driver.BacklogCounter, error) {
+	tr, err := o.transport(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return backlogCounter(tr), nil
 }
 
 // Close closes what backlogs opened.
@@ -79,4 +85,11 @@ func (o *operatorTransport) Close() error {
 func backlogCounter(tr driver.Transport) driver.BacklogCounter {
 	c, _ := tr.(driver.BacklogCounter)
 	return c
+}
+
+// topicPurger returns tr as a driver.TopicPurger; nil when it keeps no
+// tables the purge deletes from.
+func topicPurger(tr driver.Transport) driver.TopicPurger {
+	p, _ := tr.(driver.TopicPurger)
+	return p
 }

@@ -118,7 +118,7 @@ func openDatabase(opts fx.Option) (cli.Database, func(), error) {
 			// The transport, opened by the commands that count what
 			// waits in partitions, quietly: their errors say enough.
 			tr = &operatorTransport{cfg: p.Config, db: p.DB, logger: slog.New(slog.DiscardHandler)}
-			db = cli.Database{Config: operatorConfig(p.Config), Store: p.Store, Declarations: p.Declarations, Backlogs: tr.backlogs}
+			db = cli.Database{Config: operatorConfig(p.Config), Store: p.Store, Declarations: p.Declarations, Backlogs: tr.backlogs, Transport: tr.transport}
 			return nil
 		}),
 	)
@@ -144,5 +144,6 @@ func retentions(cfg Config) purge.Retentions {
 		Outbox:      time.Duration(cfg.OutboxRetention),
 		Replays:     time.Duration(cfg.ReplayRetention),
 		DeadLetters: time.Duration(cfg.DeadLetterRetention),
+		Transport:   time.Duration(cfg.TransportRetention),
 	}
 }

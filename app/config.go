@@ -51,6 +51,9 @@ const (
 	// DefaultDeadLetterRetention is how long resolved (replayed or
 	// discarded) dead letters are kept, with their history.
 	DefaultDeadLetterRetention = runner.DefaultDeadLetterRetention
+	// DefaultTransportRetention is how long the PostgreSQL transport's
+	// messages that every consumer group passed are kept.
+	DefaultTransportRetention = runner.DefaultTransportRetention
 	// DefaultConcurrency is how many messages a consumer has in flight
 	// under group commit (batch_size above 1) when neither its settings
 	// nor the defaults: section say. The messages in flight fill the
@@ -196,6 +199,11 @@ type Config struct {
 	// kept until resolved (YAML only). Defaults to
 	// DefaultDeadLetterRetention.
 	DeadLetterRetention Duration `yaml:"dead_letter_retention"`
+	// TransportRetention is how long the PostgreSQL transport keeps, in
+	// its watermill_<type> tables, the messages that every consumer group
+	// of their topic passed; the purge deletes the older ones (YAML
+	// only). Defaults to DefaultTransportRetention.
+	TransportRetention Duration `yaml:"transport_retention"`
 	// PartitionLease is how long the leases of partitioned consumers'
 	// partitions (the consumer setting partitions), and each process's
 	// membership of their groups, last without renewal: a process that
@@ -227,6 +235,7 @@ func (c Config) WithDefaults() Config {
 	c.OutboxBatchTimeout = cmp.Or(c.OutboxBatchTimeout, Duration(outbox.DefaultBatchTimeout))
 	c.ReplayRetention = cmp.Or(c.ReplayRetention, Duration(DefaultReplayRetention))
 	c.DeadLetterRetention = cmp.Or(c.DeadLetterRetention, Duration(DefaultDeadLetterRetention))
+	c.TransportRetention = cmp.Or(c.TransportRetention, Duration(DefaultTransportRetention))
 	c.PartitionLease = cmp.Or(c.PartitionLease, Duration(driver.DefaultLease))
 	return c
 }
@@ -308,7 +317,9 @@ func (c Config) Validate() error {
 	for _, r := range []struct {
 		key string
 		d   Duration
-	}{{"outbox_retention", c.OutboxRetention}, {"outbox_batch_timeout", c.OutboxBatchTimeout}, {"replay_retention", c.ReplayRetention}, {"dead_letter_retention", c.DeadLetterRetention}} {
+	}{{"outbox_retention", c.OutboxRetention}, {"outbox_batch_timeout", c.OutboxBatchTimeout}, {"replay_retention", c.ReplayRetention}, {"dead_letter_retention", c.DeadLetterRetention},
+		{"transport_retention", c.TransportRetention},
+	} {
 		if r.d < 0 {
 			errs = append(errs, fmt.Errorf("%s: must not be negative (zero is the default)", r.key))
 		}

@@ -91,6 +91,7 @@ func TestLoadConfig(t *testing.T) {
 			OutboxBatchTimeout:  app.Duration(outbox.DefaultBatchTimeout),
 			ReplayRetention:     app.Duration(app.DefaultReplayRetention),
 			DeadLetterRetention: app.Duration(app.DefaultDeadLetterRetention),
+			TransportRetention:  app.Duration(app.DefaultTransportRetention),
 			PartitionLease:      app.Duration(driver.DefaultLease),
 		}, cfg)
 	})
@@ -284,6 +285,7 @@ func TestLoadConfigBadValue(t *testing.T) {
 		{name: "OutboxDropUnroutableEmpty", yaml: "outbox_drop_unroutable: [\"\"]\n", key: "outbox_drop_unroutable[0]: want an event type"},
 		{name: "ReplayRetention", yaml: "replay_retention: -1h\n", key: "replay_retention"},
 		{name: "DeadLetterRetention", yaml: "dead_letter_retention: -1h\n", key: "dead_letter_retention"},
+		{name: "TransportRetention", yaml: "transport_retention: -1h\n", key: "transport_retention"},
 		{name: "PartitionLeaseNegative", yaml: "partition_lease: -3s\n", key: "partition_lease: want 1s to 10m0s"},
 		{name: "PartitionLeaseTooShort", yaml: "partition_lease: 500ms\n", key: "partition_lease: want 1s to 10m0s"},
 		{name: "PartitionLeaseTooLong", yaml: "partition_lease: 11m\n", key: "partition_lease: want 1s to 10m0s"},

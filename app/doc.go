@@ -44,8 +44,10 @@
 //	notifications consumers
 //
 // One purge deletes what is past its retention (processed_retention,
-// outbox_retention, replay_retention, dead_letter_retention, and the
-// delivery counts of messages that finished), in batches, one process of
+// outbox_retention, replay_retention, dead_letter_retention, the
+// delivery counts of messages that finished, and on the postgres
+// transport the messages every consumer group passed, older than
+// transport_retention), in batches, one process of
 // the service at a time: the service runs it every purge_interval, and
 // the purge command once (--dry-run prints what it would delete):
 //

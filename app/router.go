@@ -117,10 +117,12 @@ func newRouter(p routerParams) (*runner.Runner, error) {
 		OutboxRetention:     time.Duration(p.Config.OutboxRetention),
 		ReplayRetention:     time.Duration(p.Config.ReplayRetention),
 		DeadLetterRetention: time.Duration(p.Config.DeadLetterRetention),
+		TransportRetention:  time.Duration(p.Config.TransportRetention),
 		PartitionLease:      time.Duration(p.Config.PartitionLease),
 		Member:              string(p.Member),
 		Registerer:          p.Prometheus,
 		Backlogs:            backlogCounter(p.Transport),
+		TopicPurger:         topicPurger(p.Transport),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("router: %w", err)

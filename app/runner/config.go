@@ -78,6 +78,10 @@ const (
 	// DefaultDeadLetterRetention is how long resolved (replayed or
 	// discarded) dead letters are kept.
 	DefaultDeadLetterRetention = 30 * 24 * time.Hour
+	// DefaultTransportRetention is how long the transport's messages
+	// that every consumer group passed are kept (see
+	// Config.TransportRetention).
+	DefaultTransportRetention = 24 * time.Hour
 )
 
 // Config is what New takes: the consumers, the transport they consume
@@ -135,6 +139,12 @@ type Config struct {
 	// are kept, with their history; pending ones are never purged.
 	// Defaults to DefaultDeadLetterRetention.
 	DeadLetterRetention time.Duration
+	// TransportRetention is how long the messages of the consumers'
+	// topics that every consumer group of the topic passed are kept in
+	// the transport's tables, when the Transport keeps tables the purge
+	// deletes from (driver.TopicPurger: the PostgreSQL transport).
+	// Defaults to DefaultTransportRetention.
+	TransportRetention time.Duration
 	// Registerer, when set, is where New registers the gauges read from
 	// the database on scrape, when the Store implements driver.Gauges:
 	// effectively_dead_letters_pending{consumer,code} and
@@ -148,6 +158,11 @@ type Config struct {
 	// partitions, for the gauge effectively_partition_backlog. Defaults
 	// to Transport when it implements driver.BacklogCounter, else none.
 	Backlogs driver.BacklogCounter
+	// TopicPurger deletes, with the purge, the messages of the
+	// consumers' topics that every consumer group passed, older than
+	// TransportRetention. Defaults to Transport when it implements
+	// driver.TopicPurger, else none.
+	TopicPurger driver.TopicPurger
 	// PartitionLease is how long a partitioned consumer's leases (see
 	// middleware.Settings.Partitions) last without renewal, and so how
 	// long a process that died keeps its partitions; the runner renews
@@ -179,12 +194,16 @@ func (c Config) WithDefaults() Config {
 	c.OutboxRetention = cmp.Or(c.OutboxRetention, DefaultOutboxRetention)
 	c.ReplayRetention = cmp.Or(c.ReplayRetention, DefaultReplayRetention)
 	c.DeadLetterRetention = cmp.Or(c.DeadLetterRetention, DefaultDeadLetterRetention)
+	c.TransportRetention = cmp.Or(c.TransportRetention, DefaultTransportRetention)
 	c.PartitionLease = cmp.Or(c.PartitionLease, driver.DefaultLease)
 	if c.Member == "" {
 		c.Member = NewMember()
 	}
 	if c.Backlogs == nil {
 		c.Backlogs, _ = c.Transport.(driver.BacklogCounter)
+	}
+	if c.TopicPurger == nil {
+		c.TopicPurger, _ = c.Transport.(driver.TopicPurger)
 	}
 	return c
 }
@@ -206,6 +225,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("Config.ReplayRetention: must not be negative, got %s", c.ReplayRetention)
 	case c.DeadLetterRetention < 0:
 		return fmt.Errorf("Config.DeadLetterRetention: must not be negative, got %s", c.DeadLetterRetention)
+	case c.TransportRetention < 0:
+		return fmt.Errorf("Config.TransportRetention: must not be negative, got %s", c.TransportRetention)
 	case c.PartitionLease < 0:
 		return fmt.Errorf("Config.PartitionLease: must not be negative, got %s", c.PartitionLease)
 	}

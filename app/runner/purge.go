@@ -33,3 +33,19 @@ func runPurge(ctx context.Context, pu *purge.Purger, interval time.Duration, log
 		}
 	}
 }
+
+// topics returns the topics the consumers subscribed to, each once, in
+// order.
+func (r *Runner) topics() []string {
+	var out []string
+	seen := make(map[string]bool)
+	for _, s := range r.subs {
+		for _, topic := range s.sub.Topics {
+			if !seen[topic] {
+				seen[topic] = true
+				out = append(out, topic)
+			}
+		}
+	}
+	return out
+}

@@ -130,7 +130,11 @@ func (r *Runner) addLoops() error {
 		Outbox:      cfg.OutboxRetention,
 		Replays:     cfg.ReplayRetention,
 		DeadLetters: cfg.DeadLetterRetention,
+		Transport:   cfg.TransportRetention,
 	}, r.logger.With("component", "purger"))
+	if cfg.TopicPurger != nil {
+		pu.WithTopics(cfg.TopicPurger, r.topics())
+	}
 	if cfg.PurgeInterval > 0 && pu.Can() {
 		r.purger = pu
 	}

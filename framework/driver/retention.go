@@ -81,3 +81,43 @@ type ParkedCount struct {
 	Consumer string
 	Count    int64
 }
+
+// TopicPurger is a transport that keeps its messages in tables of its
+// own, which the purge deletes from: the messages every consumer group of
+// a topic has passed, older than a retention. The purge runs it for the
+// topics of the service's consumers, one process at a time, as it runs
+// Purger. postgres.Transport implements it.
+type TopicPurger interface {
+	// PurgeTopicBatch deletes up to limit of topic's messages that every
+	// consumer group of topic (every partition of a partitioned one) has
+	// passed and that were written longer than olderThan ago, by the
+	// database's clock, and returns how many it deleted.
+	PurgeTopicBatch(ctx context.Context, topic string, olderThan time.Duration, limit int) (int64, error)
+	// PurgeableTopic counts the messages PurgeTopicBatch would delete,
+	// deleting none.
+	PurgeableTopic(ctx context.Context, topic string, olderThan time.Duration) (int64, error)
+}
+
+// GroupRemover is a transport whose topics keep each consumer group's
+// position, which holds back the purge of their messages (TopicPurger)
+// until the group reads on: removing the group of a consumer nobody runs
+// any more lets the purge go on. postgres.Transport implements it.
+type GroupRemover interface {
+	// RemoveGroup deletes consumer's group, and its partitions' groups,
+	// from every topic of the transport, and returns them; with dryRun
+	// it returns them and deletes nothing.
+	RemoveGroup(ctx context.Context, consumer string, dryRun bool) ([]GroupPosition, error)
+}
+
+// GroupPosition is a consumer group's position in a topic's table.
+type GroupPosition struct {
+	// Table is the table that holds the group's position (on PostgreSQL,
+	// the topic's offsets table).
+	Table string
+	// Group is the consumer group: the consumer's name, or one of its
+	// partitions' groups.
+	Group string
+	// Offset is the offset of the last message the group acknowledged in
+	// order.
+	Offset int64
+}

@@ -32,6 +32,7 @@ const spareSubscriberConns = 2
 // dead-letter writes on the stores' pool never wait for them.
 type Transport struct {
 	cfg   TransportConfig
+	db    *sqlx.DB // the publisher's, where the purge deletes
 	pub   *publisher
 	subDB *sqlx.DB // nil without TransportConfig.URL
 
@@ -50,7 +51,7 @@ func New(ctx context.Context, db *sqlx.DB, cfg TransportConfig) (*Transport, err
 	if err != nil {
 		return nil, err
 	}
-	t := &Transport{cfg: cfg.WithDefaults(), pub: pub, conns: spareSubscriberConns}
+	t := &Transport{cfg: cfg.WithDefaults(), db: db, pub: pub, conns: spareSubscriberConns}
 	if cfg.URL != "" {
 		t.subDB, err = Open(ctx, cfg.URL, OpenConfig{MaxOpenConns: t.conns, ApplicationName: cfg.ApplicationName})
 		if err != nil {

@@ -51,6 +51,10 @@ type Database struct {
 	// (the function that closes the database closes it too); nil, or a
 	// nil counter, when the transport counts none.
 	Backlogs func(ctx context.Context) (driver.BacklogCounter, error)
+	// Transport returns the service's transport, opening it on the first
+	// call (the function that closes the database closes it too); nil
+	// when the command has none to open.
+	Transport func(ctx context.Context) (driver.Transport, error)
 }
 
 // Config is what the commands read of the service's configuration.

@@ -64,7 +64,7 @@ object.`,
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print JSON")
-	cmd.AddCommand(repartitionCommand(s))
+	cmd.AddCommand(repartitionCommand(s), removeGroupCommand(s))
 	return cmd
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/handlers"
+	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // operator is what the dead-letter commands work with: the configuration,
@@ -22,12 +23,25 @@ type operator struct {
 	deadLetters driver.Store
 	consumers   []string
 	known       map[string]bool // the declared names and those they are renamed from
+	// topics are the declared consumers' topics: their event types and
+	// their replay topics.
+	topics []string
+	// transport opens the service's transport; nil when there is none
+	// to open.
+	transport func(ctx context.Context) (driver.Transport, error)
 }
 
 // newOperator returns the operator of db.
 func newOperator(db Database) operator {
-	op := operator{cfg: db.Config, deadLetters: db.Store, known: make(map[string]bool)}
+	op := operator{cfg: db.Config, deadLetters: db.Store, known: make(map[string]bool), transport: db.Transport}
+	seen := make(map[string]bool)
 	for _, d := range db.Declarations {
+		for _, topic := range append(slices.Clone(d.Types), pipeline.ReplayTopic(d.Name)) {
+			if !seen[topic] {
+				seen[topic] = true
+				op.topics = append(op.topics, topic)
+			}
+		}
 		op.consumers = append(op.consumers, d.Name)
 		op.known[d.Name] = true
 		for _, old := range d.RenamedFrom {
@@ -36,6 +50,22 @@ func newOperator(db Database) operator {
 	}
 	slices.Sort(op.consumers)
 	return op
+}
+
+// topicPurger opens the service's transport when it keeps tables the
+// purge deletes from (the postgres transport), and returns it as a
+// driver.TopicPurger; nil for another transport, which is not opened
+// (no broker is dialed).
+func (op operator) topicPurger(ctx context.Context) (driver.TopicPurger, error) {
+	if op.cfg.Transport != transportPostgres || op.transport == nil {
+		return nil, nil
+	}
+	tr, err := op.transport(ctx)
+	if err != nil {
+		return nil, err
+	}
+	tp, _ := tr.(driver.TopicPurger)
+	return tp, nil
 }
 
 // operate opens the service's database (Service.Open), runs fn and

@@ -25,7 +25,9 @@ func purgeCommand(s Service) *cobra.Command {
 processed marks older than processed_retention, the outbox rows sent longer
 ago than outbox_retention, the replays sent longer ago than
 replay_retention, and the dead letters replayed or discarded longer ago than
-dead_letter_retention with their history (pending ones never). One process
+dead_letter_retention with their history (pending ones never), and on the
+postgres transport the messages of the consumers' topics that every consumer
+group of the topic passed, written longer ago than transport_retention. One process
 of the service purges at a time: while another does, the command exits 1.
 With --dry-run it prints what it would delete, and deletes nothing.`,
 		Args: cobra.NoArgs,
@@ -33,6 +35,13 @@ With --dry-run it prints what it would delete, and deletes nothing.`,
 			return operate(cmd.Context(), s, func(ctx context.Context, op operator) error {
 				// The runner's purge, once (see runner.Config.PurgeInterval).
 				pu := purge.New(op.deadLetters, op.cfg.Retentions, slog.New(slog.DiscardHandler))
+				tp, err := op.topicPurger(ctx)
+				if err != nil {
+					return err
+				}
+				if tp != nil {
+					pu.WithTopics(tp, op.topics)
+				}
 				run, verb := pu.Purge, "deleted"
 				if dryRun {
 					run, verb = pu.DryRun, "would delete"
@@ -57,6 +66,7 @@ var purgeWhat = map[driver.PurgeKind]string{
 	driver.PurgeOutbox:      "sent outbox rows",
 	driver.PurgeReplays:     "sent replays",
 	driver.PurgeDeadLetters: "resolved dead letters",
+	purge.KindTransport:     "transport messages of",
 }
 
 // printPurge prints a row per step: what, older than when, how many.
@@ -71,7 +81,11 @@ func printPurge(out io.Writer, steps []purge.Step, verb string) error {
 				before += " or finished"
 			}
 		}
-		fmt.Fprintf(w, "%s\t%s\t%d\n", purgeWhat[s.Kind], before, s.Rows)
+		what := purgeWhat[s.Kind]
+		if s.Topic != "" {
+			what += " " + Printable(s.Topic)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\n", what, before, s.Rows)
 	}
 	if err := w.Flush(); err != nil {
 		return fmt.Errorf("print: %w", err)

@@ -47,7 +47,14 @@ type Retentions struct {
 	// Outbox, Replays and DeadLetters are how long sent outbox rows, sent
 	// replays and resolved dead letters are kept.
 	Outbox, Replays, DeadLetters time.Duration
+	// Transport is how long the transport's messages every consumer group
+	// passed are kept (see Purger.WithTopics).
+	Transport time.Duration
 }
+
+// KindTransport is the kind of the steps that delete a topic's messages
+// from the transport's tables (driver.TopicPurger).
+const KindTransport driver.PurgeKind = "transport_messages"
 
 // Purger purges a store: the delivery counts of messages that finished,
 // the processed marks, sent outbox rows and replays, and resolved dead
@@ -62,6 +69,9 @@ type Purger struct {
 	holder string
 	now    func() time.Time
 	batch  int // rows a statement deletes
+
+	transport driver.TopicPurger // nil when the transport keeps no tables of its own
+	topics    []string
 }
 
 // New returns the purger of store with the retentions ret; it logs to
@@ -78,6 +88,15 @@ func New(store driver.Store, ret Retentions, logger *slog.Logger) *Purger {
 	}
 }
 
+// WithTopics makes the purge also delete, after the store's rows, the
+// messages of topics in transport's tables that every consumer group
+// passed longer than Retentions.Transport ago; a nil transport deletes
+// none. It returns pu.
+func (pu *Purger) WithTopics(transport driver.TopicPurger, topics []string) *Purger {
+	pu.transport, pu.topics = transport, topics
+	return pu
+}
+
 // Can reports whether the store can purge.
 func (pu *Purger) Can() bool { return pu.store != nil }
 
@@ -92,7 +111,11 @@ func holder() string {
 
 // Step is what a purge deletes of one kind: the rows older than Before.
 type Step struct {
-	Kind   driver.PurgeKind
+	Kind driver.PurgeKind
+	// Topic is the topic of a KindTransport step, whose rows are older
+	// than Before by the database's clock (Before is this process's
+	// reading of it, for the reports).
+	Topic  string
 	Before time.Time
 	// Rows counts what was deleted, or with a dry run what would be.
 	Rows int64
@@ -103,7 +126,10 @@ type Step struct {
 func Attrs(steps []Step) []any {
 	var attrs []any
 	for _, s := range steps {
-		if s.Rows > 0 {
+		switch {
+		case s.Rows > 0 && s.Topic != "":
+			attrs = append(attrs, string(s.Kind)+":"+s.Topic, s.Rows)
+		case s.Rows > 0:
 			attrs = append(attrs, string(s.Kind), s.Rows)
 		}
 	}
@@ -124,11 +150,41 @@ func (pu *Purger) steps(now time.Time) []Step {
 	if !marks.IsZero() {
 		steps = append(steps, Step{Kind: driver.PurgeProcessed, Before: marks})
 	}
-	return append(steps,
+	steps = append(steps,
 		Step{Kind: driver.PurgeOutbox, Before: now.Add(-pu.ret.Outbox)},
 		Step{Kind: driver.PurgeReplays, Before: now.Add(-pu.ret.Replays)},
 		Step{Kind: driver.PurgeDeadLetters, Before: now.Add(-pu.ret.DeadLetters)},
 	)
+	if pu.transport != nil {
+		for _, topic := range pu.topics {
+			steps = append(steps, Step{Kind: KindTransport, Topic: topic, Before: now.Add(-pu.ret.Transport)})
+		}
+	}
+	return steps
+}
+
+// deleteBatch deletes up to pu.batch rows of step.
+func (pu *Purger) deleteBatch(ctx context.Context, step Step) (int64, error) {
+	if step.Kind == KindTransport {
+		n, err := pu.transport.PurgeTopicBatch(ctx, step.Topic, pu.ret.Transport, pu.batch)
+		if err != nil {
+			return n, fmt.Errorf("transport: %w", err)
+		}
+		return n, nil
+	}
+	return pu.store.PurgeBatch(ctx, step.Kind, step.Before, pu.batch)
+}
+
+// purgeable counts the rows of step.
+func (pu *Purger) purgeable(ctx context.Context, step Step) (int64, error) {
+	if step.Kind == KindTransport {
+		n, err := pu.transport.PurgeableTopic(ctx, step.Topic, pu.ret.Transport)
+		if err != nil {
+			return n, fmt.Errorf("transport: %w", err)
+		}
+		return n, nil
+	}
+	return pu.store.Purgeable(ctx, step.Kind, step.Before)
 }
 
 // Purge takes the lease, deletes every step's rows in batches, renewing
@@ -167,7 +223,7 @@ func (pu *Purger) Purge(ctx context.Context) ([]Step, error) {
 	steps := pu.steps(pu.now())
 	for i := range steps {
 		for {
-			n, err := pu.store.PurgeBatch(ctx, steps[i].Kind, steps[i].Before, pu.batch)
+			n, err := pu.deleteBatch(ctx, steps[i])
 			steps[i].Rows += n
 			if err != nil {
 				return steps, fmt.Errorf("purge: %w", err)
@@ -203,7 +259,7 @@ func (pu *Purger) DryRun(ctx context.Context) ([]Step, error) {
 	}
 	steps := pu.steps(pu.now())
 	for i := range steps {
-		n, err := pu.store.Purgeable(ctx, steps[i].Kind, steps[i].Before)
+		n, err := pu.purgeable(ctx, steps[i])
 		if err != nil {
 			return steps, fmt.Errorf("purge: %w", err)
 		}
