@@ -181,7 +181,7 @@ func (o *observer) step(next message.HandlerFunc) message.HandlerFunc {
 			o.count(st, outcome, time.Since(start))
 		}
 		if err != nil && !o.errorText {
-			err = redacted(err) // the router logs it
+			err = redacted(err) // the router logs it (slog resolves LogValue)
 		}
 		return out, err
 	}
@@ -339,10 +339,11 @@ func errorAttrs(err error, text bool) []slog.Attr {
 	return attrs
 }
 
-// redacted returns err, but for an error of the handler's one whose text
-// says what errorAttrs logs of it without Settings.LogErrorText, not the
-// handler's text: the router logs the error a chain returns. It is err to
-// errors.Is and As.
+// redacted returns err, but for an error of the handler's one that logs
+// (slog.LogValuer) what errorAttrs logs of it without
+// Settings.LogErrorText, not the handler's text: the router logs the error
+// a chain returns. It is err otherwise: its Error is err's, for the
+// transports and the test kits, and errors.Is and As see err.
 func redacted(err error) error {
 	if _, ok := errors.AsType[*handlerError](err); !ok {
 		return err
@@ -358,15 +359,18 @@ func redacted(err error) error {
 	return &redactedError{text: text.String(), err: err}
 }
 
-// redactedError is an error of the handler's whose text is not its own
+// redactedError is an error of the handler's that logs text, not its own
 // (see redacted).
 type redactedError struct {
 	text string
 	err  error
 }
 
-func (e *redactedError) Error() string { return e.text }
+func (e *redactedError) Error() string { return e.err.Error() }
 func (e *redactedError) Unwrap() error { return e.err }
+
+// LogValue is what slog logs of e.
+func (e *redactedError) LogValue() slog.Value { return slog.StringValue(e.text) }
 
 // innermostType returns the Go type of the error err wraps innermost (of
 // several joined, the first's): *pgconn.PgError, say, rather than the
