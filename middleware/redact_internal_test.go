@@ -3,8 +3,8 @@ package middleware
 import (
 	"bytes"
 	"errors"
-	"log/slog"
 	"fmt"
+	"log/slog"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
