@@ -72,3 +72,11 @@ func (t *Transport) Backlogs(ctx context.Context, consumer string, _ []string, p
 	}
 	return out, nil
 }
+
+var _ driver.InFlightAger = (*Transport)(nil)
+
+// AgesInFlight returns true (driver.InFlightAger): a queue tells no
+// message's age without the management plugin, so Backlogs leaves
+// PartitionBacklog.OldestKnown false, and each process reports the age of
+// the oldest message handed to its consumers and not yet finished.
+func (t *Transport) AgesInFlight() bool { return true }

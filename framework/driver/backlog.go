@@ -1,6 +1,9 @@
 package driver
 
-import "context"
+import (
+	"context"
+	"time"
+)
 
 // BacklogCap is the most messages a BacklogCounter counts in one
 // partition: past it, the count stops and says so (PartitionBacklog.More),
@@ -39,6 +42,14 @@ type PartitionBacklog struct {
 	// More says that the count stopped at BacklogCap: at least Waiting
 	// messages wait.
 	More bool
+	// Oldest is the age of the oldest message waiting in the partition,
+	// by the database's clock (PostgreSQL, SQLite: now less its
+	// created_at); 0 when none waits, or when OldestKnown is false.
+	Oldest time.Duration
+	// OldestKnown says that the transport can tell Oldest: false on
+	// RabbitMQ, whose queues tell no message's age without the
+	// management plugin.
+	OldestKnown bool
 	// Topics are the partition's positions, one per topic, where the
 	// transport keeps one (PostgreSQL); none on RabbitMQ, whose queues
 	// keep no position.
@@ -61,4 +72,16 @@ type TopicBacklog struct {
 	// there.
 	Waiting int64
 	More    bool
+	// Oldest is the age of the oldest message of the partition waiting
+	// in the topic; 0 when none waits.
+	Oldest time.Duration
+}
+
+// InFlightAger is implemented by a BacklogCounter whose Backlogs cannot
+// tell the age of the messages waiting (PartitionBacklog.OldestKnown is
+// false: RabbitMQ without its management plugin). AgesInFlight returns
+// true: each process then reports, as a consumer's oldest message, the
+// oldest one handed to it and not yet finished.
+type InFlightAger interface {
+	AgesInFlight() bool
 }

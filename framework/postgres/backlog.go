@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 
@@ -21,7 +22,9 @@ var _ driver.BacklogCounter = (*Transport)(nil)
 // partition's acknowledged position, in its row of the topic's offsets
 // table (the group "<consumer>#<p>/<n>", or the consumer's own group when
 // it is not partitioned). The rows handed out and not yet acknowledged
-// in order count as waiting.
+// in order count as waiting. The age of the oldest is that of the first
+// row after the position, by the server's clock (now() less its
+// created_at).
 //
 // Each topic costs one statement of two queries: a look at the catalog
 // for its tables, then, per partition, a count of at most
@@ -39,7 +42,7 @@ func (t *Transport) Backlogs(ctx context.Context, consumer string, types []strin
 	n := max(partitions, 1)
 	out := make([]driver.PartitionBacklog, n)
 	for p := range out {
-		out[p].Partition = p
+		out[p].Partition, out[p].OldestKnown = p, true
 	}
 	topics := slices.Clone(types)
 	slices.Sort(topics)
@@ -55,6 +58,7 @@ func (t *Transport) Backlogs(ctx context.Context, consumer string, types []strin
 			b.Topics = append(b.Topics, c)
 			b.Waiting += c.Waiting
 			b.More = b.More || c.More
+			b.Oldest = max(b.Oldest, c.Oldest)
 		}
 	}
 	for p := range out {
@@ -111,8 +115,9 @@ func topicBacklogs(ctx context.Context, db *sqlx.DB, prefix, consumer, topic str
 			known   bool
 			pos     int64
 			waiting int64
+			oldest  int64 // microseconds
 		)
-		if err := rows.Scan(&p, &known, &pos, &waiting); err != nil {
+		if err := rows.Scan(&p, &known, &pos, &waiting, &oldest); err != nil {
 			return nil, fmt.Errorf("count: %w", err)
 		}
 		if p < 0 || p >= n {
@@ -120,6 +125,7 @@ func topicBacklogs(ctx context.Context, db *sqlx.DB, prefix, consumer, topic str
 		}
 		out[p].Known, out[p].Position = known, pos
 		out[p].Waiting, out[p].More = min(waiting, driver.BacklogCap), waiting > driver.BacklogCap
+		out[p].Oldest = max(time.Duration(oldest)*time.Microsecond, 0)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("count: %w", err)
@@ -137,7 +143,9 @@ const countSettings = `SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqsc
 // rows of messages after the group's acknowledged position in offsets, at
 // most $3 of them: through the partitions' index of n (its expression
 // named as bucketIndexSQL names it), or the primary key when n is 1. A
-// partition whose group has no row counts none. Run it with
+// partition whose group has no row counts none. The last column is the
+// age of the first row after the position in microseconds, by the
+// server's clock; 0 when none. Run it with
 // countSettings.
 func backlogQuery(messages, offsets string, n int) string {
 	var inPartition string
@@ -152,7 +160,15 @@ func backlogQuery(messages, offsets string, n int) string {
 					(COALESCE(o.last_processed_transaction_id, '0'::xid8), COALESCE(o.offset_acked, 0))
 				LIMIT $3
 			) AS w
-		) END
+		) END,
+		CASE WHEN o.consumer_group IS NULL THEN 0 ELSE COALESCE((
+			SELECT (EXTRACT(EPOCH FROM (now()::timestamp - m.created_at)) * 1000000)::bigint
+			FROM ` + messages + ` AS m
+			WHERE ` + inPartition + `(m.transaction_id, m."offset") >
+				(COALESCE(o.last_processed_transaction_id, '0'::xid8), COALESCE(o.offset_acked, 0))
+			ORDER BY m.transaction_id, m."offset"
+			LIMIT 1
+		), 0) END
 		FROM unnest($1::int[], $2::text[]) AS p(part, grp)
 		LEFT JOIN ` + offsets + ` AS o ON o.consumer_group = p.grp
 		ORDER BY p.part`
