@@ -151,11 +151,15 @@ type Config struct {
 	// effectively_parked_events{consumer}; and, when a consumer is
 	// partitioned and the Store implements driver.Leases,
 	// effectively_partition_leases{consumer,partition,owner} and (with
-	// Backlogs) effectively_partition_backlog{consumer,partition}. Stop
-	// unregisters them.
+	// Backlogs) effectively_partition_backlog{consumer,partition}; and,
+	// with Backlogs and a Store that holds leases (driver.Purger), the
+	// lag of every consumer (LagGauges), exported by the one process that
+	// holds the lease "lag". Stop unregisters them, and gives the lease
+	// up.
 	Registerer prometheus.Registerer
 	// Backlogs counts what waits in the partitioned consumers'
-	// partitions, for the gauge effectively_partition_backlog. Defaults
+	// partitions, for the gauge effectively_partition_backlog, and for
+	// every consumer, for the lag gauges (LagGauges). Defaults
 	// to Transport when it implements driver.BacklogCounter, else none.
 	Backlogs driver.BacklogCounter
 	// TopicPurger deletes, with the purge, the messages of the

@@ -34,6 +34,10 @@ func (r *Runner) intake(h message.HandlerFunc) message.HandlerFunc {
 			return nil, err
 		}
 		defer r.leave()
+		if f := r.flights(); f != nil {
+			f.enter(msg)
+			defer f.leave(msg)
+		}
 		out, err := r.workers.Handle(h, msg)
 		if err == nil && len(out) > 0 {
 			// The ack below would come before the router publishes them.

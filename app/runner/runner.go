@@ -54,6 +54,8 @@ type Runner struct {
 	// partGauges are the partitioned consumers' gauges, registered on
 	// cfg.Registerer; nil without a partitioned consumer.
 	partGauges *partitionsCollector
+	lag        *LagGauges        // registered on cfg.Registerer; nil if not
+	lagNames   map[string]string // router handler name → consumer
 
 	// The service's loops (see startLoops), canceled under mu: the
 	// outbox relay apart, as it stops last.
@@ -150,7 +152,10 @@ func (r *Runner) addLoops() error {
 			return fmt.Errorf("Config.Registerer: the database gauges: %w", err)
 		}
 	}
-	return r.addPartitionGauges()
+	if err := r.addPartitionGauges(); err != nil {
+		return err
+	}
+	return r.addLagGauges()
 }
 
 // addPartitionGauges registers the gauges of the partitioned consumers
@@ -237,6 +242,7 @@ func (r *Runner) add(cc ConsumerConfig) error {
 		name := handlerName(c.Name(), sub.Topics, i)
 		r.router.AddConsumerHandler(name, topic, subscriber, h)
 		r.handBacks[name] = back
+		r.lagHandler(name, c.Name())
 		if settler != nil {
 			r.settlers[name] = settler
 		}
@@ -485,6 +491,7 @@ func (r *Runner) Stop(ctx context.Context) error {
 		if r.partGauges != nil {
 			r.cfg.Registerer.Unregister(r.partGauges)
 		}
+		r.removeLagGauges(ctx)
 	}()
 	r.mu.Lock()
 	if !r.stopping {

@@ -50,7 +50,7 @@ func TestMemory(t *testing.T) {
 // rows into its messages table by hand.
 func TestSQLite(t *testing.T) {
 	t.Parallel()
-	runnertest.Exercise(t, runnertest.Has{Order: true}, func(t *testing.T) *runnertest.Env {
+	runnertest.Exercise(t, runnertest.Has{Order: true, Backlogs: true}, func(t *testing.T) *runnertest.Env {
 		db, err := sqlite.Open(context.Background(), testenv.SQLitePath(t), sqlite.OpenConfig{})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = db.Close() })
@@ -85,7 +85,7 @@ func TestSQLite(t *testing.T) {
 // pool of their own.
 func TestPostgres(t *testing.T) {
 	t.Parallel()
-	runnertest.Exercise(t, runnertest.Has{Order: true, Partitions: true, Redeliveries: true, Holds: true}, func(t *testing.T) *runnertest.Env {
+	runnertest.Exercise(t, runnertest.Has{Order: true, Partitions: true, Redeliveries: true, Holds: true, Backlogs: true}, func(t *testing.T) *runnertest.Env {
 		url := testenv.PostgresURL(t)
 		db, err := postgres.Open(context.Background(), url, postgres.OpenConfig{MaxOpenConns: 20})
 		require.NoError(t, err)
@@ -129,7 +129,7 @@ func TestPostgres(t *testing.T) {
 func TestAMQP(t *testing.T) {
 	t.Parallel()
 	url := testenv.Require(t, testenv.AMQPURLVar)
-	runnertest.Exercise(t, runnertest.Has{Order: true, Partitions: true, Redeliveries: true, Holds: true}, func(t *testing.T) *runnertest.Env {
+	runnertest.Exercise(t, runnertest.Has{Order: true, Partitions: true, Redeliveries: true, Holds: true, Backlogs: true}, func(t *testing.T) *runnertest.Env {
 		db := testenv.Postgres(t)
 		store, err := postgres.NewStore(db, postgres.StoreConfig{})
 		require.NoError(t, err)

@@ -73,9 +73,10 @@ func Exercise(t *testing.T, has Has, open func(t *testing.T) *Env) {
 		{"OrderHotKeysFailing", caseOrderHotKeysFailing, Has{Order: true}},
 		{"OrderHotSubject", caseOrderHotSubject, Has{Order: true, Holds: true}},
 		{"Partitions", casePartitions, Has{Order: true, Partitions: true}},
+		{"Lag", caseLag, Has{Backlogs: true}},
 	}
 	for _, c := range cases {
-		if c.needs.Order && !has.Order || c.needs.Partitions && !has.Partitions || c.needs.Redeliveries && !has.Redeliveries || c.needs.Holds && !has.Holds {
+		if c.needs.Order && !has.Order || c.needs.Partitions && !has.Partitions || c.needs.Redeliveries && !has.Redeliveries || c.needs.Holds && !has.Holds || c.needs.Backlogs && !has.Backlogs {
 			continue
 		}
 		t.Run(c.name, func(t *testing.T) {
@@ -105,6 +106,10 @@ type Has struct {
 	// run at the same time (not SQLite, whose attempt holds the file's
 	// write lock).
 	Holds bool
+	// Backlogs: the transport counts what waits for a consumer
+	// (driver.BacklogCounter), and the store holds leases
+	// (driver.Purger).
+	Backlogs bool
 }
 
 // ExerciseServerRestart publishes a backlog, restarts the server while a
