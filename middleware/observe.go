@@ -30,6 +30,7 @@ type Metrics struct {
 	deadLetters *prometheus.CounterVec
 	attempts    *prometheus.CounterVec
 	duration    *prometheus.HistogramVec
+	eventAge    *prometheus.HistogramVec
 	failing     *failing
 	breakers    *breakers
 }
@@ -54,10 +55,15 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help:    "Time from receiving a message to its ack or nack, by consumer and outcome.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}, []string{"consumer", "outcome"}),
+		eventAge: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "effectively_event_age_seconds",
+			Help:    "Age of each event processed when its handler's work committed, from its CloudEvent time, by consumer; events without a time are not observed.",
+			Buckets: prometheus.ExponentialBuckets(0.01, 4, 12),
+		}, []string{"consumer"}),
 		failing:  newFailing(),
 		breakers: newBreakers(),
 	}
-	for _, c := range []prometheus.Collector{m.messages, m.deadLetters, m.attempts, m.duration, m.failing, m.breakers} {
+	for _, c := range []prometheus.Collector{m.messages, m.deadLetters, m.attempts, m.duration, m.eventAge, m.failing, m.breakers} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register metrics: %w", err)
 		}
@@ -234,6 +240,9 @@ func (o *observer) count(st *state, outcome framework.Outcome, took time.Duratio
 	}
 	m.messages.WithLabelValues(o.consumer, string(outcome)).Inc()
 	m.duration.WithLabelValues(o.consumer, string(outcome)).Observe(took.Seconds())
+	if outcome == framework.Processed && st.envelope != nil && !st.envelope.Time.IsZero() {
+		m.eventAge.WithLabelValues(o.consumer).Observe(max(time.Since(st.envelope.Time), 0).Seconds())
+	}
 	if st.attempts > 0 {
 		m.attempts.WithLabelValues(o.consumer).Add(float64(st.attempts))
 	}

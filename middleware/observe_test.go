@@ -352,3 +352,45 @@ func TestObserveFailing(t *testing.T) {
 			"a consumer shows, none failing, once its chain is built")
 	})
 }
+
+// TestObserveEventAge: an event processed is observed in
+// effectively_event_age_seconds from its CloudEvent time; a duplicate
+// is not.
+func TestObserveEventAge(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	metrics, err := middleware.NewMetrics(reg)
+	require.NoError(t, err)
+	store, err := memory.NewStore(memory.StoreConfig{})
+	require.NoError(t, err)
+	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{Store: store})
+	require.NoError(t, err)
+	c, err := framework.NewConsumer(consumerName, framework.Handle(noted, func(context.Context, framework.Event[noteV1]) error { return nil }))
+	require.NoError(t, err)
+	h, _, err := middleware.Handler(middleware.Config{Consumer: c, UnitOfWork: uow, Store: store, Metrics: metrics})
+	require.NoError(t, err)
+	deliver := func(id string, at time.Time) {
+		env, err := noted.Envelope(noteV1{Text: "hi"}, framework.Attributes{ID: id, Source: "notes", Time: at})
+		require.NoError(t, err)
+		msg, err := framework.NewMessage(env)
+		require.NoError(t, err)
+		require.NoError(t, h(msg))
+	}
+	deliver("1", time.Now().Add(-time.Hour))
+	deliver("1", time.Now().Add(-time.Hour)) // a duplicate
+
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	var found bool
+	for _, mf := range mfs {
+		if mf.GetName() != "effectively_event_age_seconds" {
+			continue
+		}
+		found = true
+		require.Len(t, mf.GetMetric(), 1)
+		hist := mf.GetMetric()[0].GetHistogram()
+		require.Equal(t, uint64(1), hist.GetSampleCount())
+		require.InDelta(t, 3600, hist.GetSampleSum(), 60)
+	}
+	require.True(t, found, "effectively_event_age_seconds scraped")
+}
