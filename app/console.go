@@ -104,6 +104,7 @@ func newConsole(cfg Config, store driver.Store, tr driver.Transport, decls []han
 		// --force has no button).
 		RefuseReplay: cli.RefuseReplay(operatorConfig(cfg), decls),
 		Partitions:   cli.ConsolePartitions(operatorConfig(cfg), store, counter, decls),
+		Lag:          cli.ConsoleLag(operatorConfig(cfg), counter, decls),
 		Logger:       orDefault(logger),
 	})
 	if err != nil {

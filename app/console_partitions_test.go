@@ -20,7 +20,7 @@ import (
 // console's consumers page, in a real headless Chromium, on PostgreSQL:
 // the count and the live process, and a row per partition with its owner,
 // token, lease, waiting messages (none once the events are handled) and
-// its positions.
+// its positions; the consumer's row says nothing waits for it.
 func TestConsolePartitions(t *testing.T) {
 	t.Parallel()
 	exe := chromium(t)
@@ -89,6 +89,10 @@ func TestConsolePartitions(t *testing.T) {
 	for p, line := range lines {
 		require.Regexp(t, fmt.Sprintf(`^%d\t%s\t[1-9]\d*\t\d+s\t0\t%s@\d+ replay@\d+$`, p, regexp.QuoteMeta(member), regexp.QuoteMeta(widgetAdded.Type())), line)
 	}
+	// The consumer's lag, all partitions together, as the transport
+	// counts it: nothing waits, so no age.
+	require.Equal(t, "0", text("#consumers td.lag-waiting"))
+	require.Equal(t, "-", text("#consumers td.lag-oldest"))
 	if shots := os.Getenv(screenshotsVar); shots != "" {
 		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
 		require.NoError(t, err)

@@ -173,11 +173,11 @@ func testInspectCommands(t *testing.T, cfg app.Config) {
 	t.Log(out)
 	sub := cfg.Transport + " group "
 	for _, re := range []string{
-		`(?m)^CONSUMER\s+TYPES\s+SUBSCRIPTION\s+CONCURRENCY\s+BATCH\s+DEDUP\s+PROCESSED 1H\s+PENDING DL\s+PARKED$`,
-		fmt.Sprintf(`(?m)^%s\s+widgets\.widget\.added\s+%s%s\s+%d\s+%d\s+on\s+2\s+0\s+0$`,
+		`(?m)^CONSUMER\s+TYPES\s+SUBSCRIPTION\s+CONCURRENCY\s+BATCH\s+DEDUP\s+PROCESSED 1H\s+PENDING DL\s+PARKED\s+WAITING\s+OLDEST$`,
+		fmt.Sprintf(`(?m)^%s\s+widgets\.widget\.added\s+%s%s\s+%d\s+%d\s+on\s+2\s+0\s+0\s+0\s+-$`,
 			regexp.QuoteMeta(applier), sub, regexp.QuoteMeta(applier), cfg.Settings(applier).Concurrency, driver.DefaultBatchSize),
-		`(?m)^widgets\.index\s+widgets\.widget\.added\s+` + sub + `widgets\.index\s+\d+\s+\d+\s+off: ` + why + `\s+-\s+0\s+0$`,
-		`(?m)^widgets\.picky\s+widgets\.widget\.added\s+` + sub + `widgets\.picky\s+3\s+2\s+on\s+0\s+1\s+1$`,
+		`(?m)^widgets\.index\s+widgets\.widget\.added\s+` + sub + `widgets\.index\s+\d+\s+\d+\s+off: ` + why + `\s+-\s+0\s+0\s+\S+\s+\S+$`,
+		`(?m)^widgets\.picky\s+widgets\.widget\.added\s+` + sub + `widgets\.picky\s+3\s+2\s+on\s+0\s+1\s+1\s+\S+\s+\S+$`,
 		`(?m)^outbox: no unsent row$`,
 	} {
 		require.Regexp(t, re, out)
@@ -192,6 +192,10 @@ func testInspectCommands(t *testing.T, cfg app.Config) {
 			ProcessedLastHour  int64    `json:"processed_last_hour"`
 			PendingDeadLetters int64    `json:"pending_dead_letters"`
 			Parked             int64    `json:"parked"`
+			Lag                *struct {
+				Waiting       int64    `json:"waiting"`
+				OldestSeconds *float64 `json:"oldest_seconds"`
+			} `json:"lag"`
 		} `json:"consumers"`
 	}
 	require.NoError(t, json.Unmarshal([]byte(run("consumers", "--json")), &cv))
@@ -203,6 +207,9 @@ func testInspectCommands(t *testing.T, cfg app.Config) {
 	require.EqualValues(t, 1, cv.Consumers[2].PendingDeadLetters)
 	require.EqualValues(t, 1, cv.Consumers[2].Parked)
 	require.EqualValues(t, 2, cv.Consumers[0].ProcessedLastHour)
+	require.NotNil(t, cv.Consumers[0].Lag, "what waits, counted by the transport")
+	require.Zero(t, cv.Consumers[0].Lag.Waiting)
+	require.NotNil(t, cv.Consumers[0].Lag.OldestSeconds, "a SQL transport ages what waits")
 
 	// The retention purges the marks: events show says how far.
 	before := time.Now().Add(time.Second)

@@ -67,6 +67,9 @@ type Config struct {
 	// the consumers view: their leases and what waits in them; nil for a
 	// consumer that is not partitioned. Defaults to none.
 	Partitions func(ctx context.Context, consumer string) (*Partitions, error)
+	// Lag returns what waits for a consumer, for the consumers view; nil
+	// when unknown. Defaults to none.
+	Lag func(ctx context.Context, consumer string) (*Lag, error)
 	// RefuseReplay says why a dead letter must not be replayed (its
 	// consumer is not declared, it is older than the processed marks'
 	// retention), or "" when it may. Defaults to refusing none but those

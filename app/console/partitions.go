@@ -38,3 +38,16 @@ type Partition struct {
 	// none.
 	Position string
 }
+
+// Lag is what waits for a consumer, all its partitions together, as the
+// consumers view shows it.
+type Lag struct {
+	// Waiting is how many messages wait, as text: a count, "N+" past the
+	// transport's cap, "?" when unknown.
+	Waiting string
+	// Oldest is the age of the oldest message not yet handled, as text;
+	// "-" when none waits, "?" when the transport cannot tell (amqp).
+	Oldest string
+	// Error says why the transport could not count; empty when it did.
+	Error string
+}

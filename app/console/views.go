@@ -357,6 +357,8 @@ type consumerRow struct {
 	driver.ConsumerFigures
 	// Partitions are a partitioned consumer's; nil for another.
 	Partitions *Partitions
+	// Lag is what waits for it; nil when unknown.
+	Lag *Lag
 }
 
 // consumersData is the content of the consumers view.
@@ -394,6 +396,16 @@ func (c *Console) consumers(w http.ResponseWriter, r *http.Request) {
 				// Its text may name the database's or the broker's internals.
 				c.cfg.Logger.Error("console: count what waits in the partitions", "consumer", cons.Name, "error", p.BacklogError)
 				p.BacklogError = "the transport could not count them (see the service's log)"
+			}
+		}
+		if c.cfg.Lag != nil {
+			if row.Lag, err = c.cfg.Lag(r.Context(), cons.Name); err != nil {
+				c.internal(w, r, "read the lag of "+cons.Name, err)
+				return
+			}
+			if l := row.Lag; l != nil && l.Error != "" {
+				c.cfg.Logger.Error("console: count what waits for a consumer", "consumer", cons.Name, "error", l.Error)
+				l.Error = "the transport could not count them (see the service's log)"
 			}
 		}
 		d.Rows = append(d.Rows, row)

@@ -41,8 +41,13 @@ token, how long the lease lasts unless renewed, the messages waiting in it
 (counted by the transport, at most 100000: "100000+" past that; "?" when
 the transport cannot tell) and, on PostgreSQL, its position in each topic
 (the offset of the last message acknowledged in order; the consumer's
-replay topic is "replay"). With --json it prints the same as one JSON
-object.`,
+replay topic is "replay"). The WAITING and OLDEST columns are what waits
+for each consumer, all its partitions together, as the transport counts
+it: on sqlite and postgres the messages after the group's position and
+the age of the oldest, by the database's clock; on amqp the messages
+ready in its queues, and "?" for the age, which a queue does not tell
+without the management plugin; "?" when the transport cannot count. With
+--json it prints the same as one JSON object.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return inspect(cmd.Context(), s, func(ctx context.Context, in inspection) error {
@@ -55,6 +60,7 @@ object.`,
 					if v.Consumers[i].Partitions, err = in.partitions.partitions(ctx, d); err != nil {
 						return err
 					}
+					v.Consumers[i].Lag = in.partitions.lag(ctx, d)
 				}
 				if asJSON {
 					return writeJSON(cmd.OutOrStdout(), v)
@@ -98,6 +104,9 @@ type consumerView struct {
 	Parked             int64  `json:"parked"`
 	// Partitions are a partitioned consumer's; nil for another.
 	Partitions *partitionsView `json:"partitions,omitempty"`
+	// Lag is what waits for a declared consumer, as the transport counts
+	// it; nil for a name not declared.
+	Lag *lagView `json:"lag,omitempty"`
 }
 
 // outboxFigures are the outbox's unsent rows.
@@ -154,7 +163,7 @@ func newConsumersView(cfg Config, decls []handlers.Declaration, rec driver.Consu
 // printConsumers prints v as a table, then the outbox's line.
 func printConsumers(out io.Writer, v consumersView) error {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "CONSUMER\tTYPES\tSUBSCRIPTION\tCONCURRENCY\tBATCH\tDEDUP\tPROCESSED 1H\tPENDING DL\tPARKED")
+	fmt.Fprintln(w, "CONSUMER\tTYPES\tSUBSCRIPTION\tCONCURRENCY\tBATCH\tDEDUP\tPROCESSED 1H\tPENDING DL\tPARKED\tWAITING\tOLDEST")
 	for _, c := range v.Consumers {
 		sub, conc, batch, dedup := "-", "-", "-", "on"
 		switch {
@@ -179,8 +188,12 @@ func printConsumers(out io.Writer, v consumersView) error {
 		if c.Declared && !c.Dedup {
 			processed = "-" // it keeps no marks
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\n", c.Name, types, sub, conc, batch, dedup,
-			processed, c.PendingDeadLetters, c.Parked)
+		waiting, oldest := "-", "-"
+		if c.Declared {
+			waiting, oldest = c.Lag.waitingCell(), c.Lag.oldestCell()
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", c.Name, types, sub, conc, batch, dedup,
+			processed, c.PendingDeadLetters, c.Parked, waiting, oldest)
 	}
 	if err := w.Flush(); err != nil {
 		return err
