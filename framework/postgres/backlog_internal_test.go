@@ -15,7 +15,8 @@ import (
 // TestBacklogCountUsesIndex shows that the backlog of a partitioned
 // consumer is counted through the partitions' index, from each
 // partition's position: an index range scan per partition that looks at
-// no row of another partition nor before the position; and that its
+// no row of another partition nor before the position, and one more that
+// stops at the first row after it for the oldest's age; and that its
 // counts are those of a plain count.
 func TestBacklogCountUsesIndex(t *testing.T) {
 	t.Parallel()
@@ -60,6 +61,7 @@ func TestBacklogCountUsesIndex(t *testing.T) {
 		require.Equal(t, want, c.Waiting, "partition %d", p)
 		require.True(t, c.Known)
 		require.Positive(t, c.Position)
+		require.Positive(t, c.Oldest, "the age of the first row after the position")
 		total += c.Waiting
 	}
 	require.Equal(t, int64(2000), total, "the rows after the 6000th")
@@ -77,11 +79,13 @@ func TestBacklogCountUsesIndex(t *testing.T) {
 	var nodes []struct{ Plan indexScan }
 	require.NoError(t, json.Unmarshal(plan, &nodes))
 	scans := nodes[0].Plan.scans(messages[1 : len(messages)-1])
-	require.Len(t, scans, 1, "%s", plan)
-	scan := scans[0]
-	require.Contains(t, []string{"Index Scan", "Index Only Scan"}, scan.Type, "%s", plan)
-	require.Equal(t, bucketIndex("", topic, n), scan.Index, "%s", plan)
-	require.Equal(t, 4.0, scan.Loops, "a scan per partition: %s", plan)
-	require.Equal(t, 500.0, scan.ActualRows, "500 rows per partition, on average: %s", plan)
-	require.Zero(t, scan.RemovedByFilter, "rows of other partitions, or before the position, were looked at: %s", plan)
+	require.Len(t, scans, 2, "the count, then the oldest's age: %s", plan)
+	for _, scan := range scans {
+		require.Contains(t, []string{"Index Scan", "Index Only Scan"}, scan.Type, "%s", plan)
+		require.Equal(t, bucketIndex("", topic, n), scan.Index, "%s", plan)
+		require.Equal(t, 4.0, scan.Loops, "a scan per partition: %s", plan)
+		require.Zero(t, scan.RemovedByFilter, "rows of other partitions, or before the position, were looked at: %s", plan)
+	}
+	require.Equal(t, 500.0, scans[0].ActualRows, "500 rows per partition, on average: %s", plan)
+	require.Equal(t, 1.0, scans[1].ActualRows, "the first row after the position, per partition: %s", plan)
 }

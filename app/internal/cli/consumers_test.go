@@ -45,8 +45,8 @@ func TestConsumersView(t *testing.T) {
 		if transport == app.TransportSQLite {
 			concurrency = "256"
 		}
-		require.Regexp(t, `(?m)^shop\.mail\s+shop\.order\.placed,shop\.order\.paid\s+`+sub+`\s+`+concurrency+`\s+32\s+on\s+7\s+0\s+0$`, out.String())
-		require.Regexp(t, `(?m)^shop\.old-mail\s+\(not declared\)\s+-\s+-\s+-\s+-\s+0\s+2\s+0$`, out.String())
+		require.Regexp(t, `(?m)^shop\.mail\s+shop\.order\.placed,shop\.order\.paid\s+`+sub+`\s+`+concurrency+`\s+32\s+on\s+7\s+0\s+0\s+\?\s+\?$`, out.String(), "what waits not counted: unknown")
+		require.Regexp(t, `(?m)^shop\.old-mail\s+\(not declared\)\s+-\s+-\s+-\s+-\s+0\s+2\s+0\s+-\s+-$`, out.String())
 		require.NotContains(t, out.String(), "shop.gone")
 		require.Regexp(t, `(?m)^outbox: 4 unsent, the oldest added `+oldest.UTC().Format(time.RFC3339Nano)+` \(1h0m\d+s ago\)$`, out.String())
 	}
