@@ -160,13 +160,13 @@ func TestUp(t *testing.T) {
 					require.True(t, s.Applied, "%s %s", s.Set, s.File)
 					require.False(t, s.AppliedAt.IsZero())
 				}
-				require.Equal(t, migrate.SetExtra, st[6].Set)
-				require.EqualValues(t, 2, st[6].Version)
+				require.Equal(t, migrate.SetExtra, st[7].Set)
+				require.EqualValues(t, 2, st[7].Version)
 
 				// The application's versions live in their own table.
 				var n int
 				require.NoError(t, db.Get(&n, "SELECT count(*) FROM fx_"+migrate.VersionTable+" WHERE version_id > 0"))
-				require.Equal(t, 5, n, "the framework's table holds the framework's five versions only")
+				require.Equal(t, 6, n, "the framework's table holds the framework's six versions only")
 				require.NoError(t, db.Get(&n, "SELECT count(*) FROM fx_"+migrate.DefaultExtraVersionTable+" WHERE version_id > 0"))
 				require.Equal(t, 2, n, "the application's table holds the application's two")
 			})
@@ -297,8 +297,8 @@ func TestCheck(t *testing.T) {
 				err := migrate.Check(context.Background(), db, migrate.Config{TablePrefix: "u_"})
 				var behind *migrate.BehindError
 				require.ErrorAs(t, err, &behind)
-				require.Equal(t, &migrate.BehindError{Set: migrate.SetFramework, Version: 0, Needed: 5, Missing: []int64{1, 2, 3, 4, 5}}, behind)
-				require.EqualError(t, err, "database schema is at version 0, this binary needs 5")
+				require.Equal(t, &migrate.BehindError{Set: migrate.SetFramework, Version: 0, Needed: 6, Missing: []int64{1, 2, 3, 4, 5, 6}}, behind)
+				require.EqualError(t, err, "database schema is at version 0, this binary needs 6")
 				requireNoTable(t, db, "u_"+migrate.VersionTable) // it changes nothing
 			})
 
