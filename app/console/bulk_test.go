@@ -291,4 +291,3 @@ func TestBulkCSRF(t *testing.T) {
 	require.Len(t, jobs, 1, "no job started")
 	require.Equal(t, driver.BulkJobRunning, jobs[0].Status, "not cancelled")
 }
-
