@@ -89,10 +89,15 @@ func TestConsoleBrowser(t *testing.T) {
 	exe := chromium(t)
 	var refuse atomic.Bool // the consumer refuses w-1 while set
 	refuse.Store(true)
+	var refuseBulk atomic.Bool // and the events b-* while this is set
+	refuseBulk.Store(true)
 	refuseW1 := func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			if d, ok := framework.EnvelopeFromContext(msg.Context()); ok && d.ID == "w-1" && refuse.Load() {
 				return nil, framework.Permanent("gear_refused", nil)
+			}
+			if d, ok := framework.EnvelopeFromContext(msg.Context()); ok && strings.HasPrefix(d.ID, "b-") && refuseBulk.Load() {
+				return nil, framework.Permanent("bulk_refused", nil)
 			}
 			return next(msg)
 		}
@@ -280,6 +285,110 @@ func TestConsoleBrowser(t *testing.T) {
 		run(t, "the consumers view", chromedp.Navigate(base+"consumers"), chromedp.WaitVisible(chromedp.CSS("#consumers")))
 		require.Contains(t, text(t, "#consumers"), consumerName+"\twidgets.widget.added\tsqlite group "+consumerName)
 		run(t, "screenshot", screenshot("consumers"))
+	})
+
+	pendingBulk := func(t *testing.T) int {
+		t.Helper()
+		return b.count(t, `SELECT count(*) FROM dead_letters WHERE code = 'bulk_refused' AND status = 'pending'`)
+	}
+	fillBulk := func(t *testing.T) {
+		t.Helper()
+		before := b.count(t, `SELECT count(*) FROM dead_letters WHERE code = 'bulk_refused'`)
+		for i := range 4 {
+			b.publish(t, fmt.Sprintf("b-%d", before+i+1), "bulk")
+		}
+		waitFor(t, "four more bulk dead letters", func() bool {
+			return b.count(t, `SELECT count(*) FROM dead_letters WHERE code = 'bulk_refused'`) == before+4
+		})
+	}
+	jobStatus := func(t *testing.T) string {
+		t.Helper()
+		return text(t, "#job-status")
+	}
+	waitStatus := func(t *testing.T, want string) {
+		t.Helper()
+		deadline := time.Now().Add(stepLimit)
+		for jobStatus(t) != want {
+			require.True(t, time.Now().Before(deadline), "the job's page shows %s", want)
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+
+	step("BulkReplayByFilter", func(t *testing.T) {
+		fillBulk(t)
+		run(t, "preview",
+			chromedp.Navigate(base+"bulk"),
+			chromedp.WaitVisible(chromedp.CSS("#bulk")),
+			chromedp.SendKeys(chromedp.CSS("#bulk-consumer"), consumerName),
+			chromedp.SendKeys(chromedp.CSS("#bulk-code"), "bulk_refused"),
+			chromedp.SendKeys(chromedp.CSS("#bulk-rate"), "3"),
+			chromedp.Click(chromedp.CSS("#bulk-preview")),
+			chromedp.WaitVisible(chromedp.CSS("#preview")),
+		)
+		require.Equal(t, "4 would be replayed, 0 refused; nothing recorded.", text(t, "#preview"))
+		require.Zero(t, b.count(t, `SELECT count(*) FROM bulk_jobs`), "a preview records nothing")
+		require.Equal(t, 4, pendingBulk(t))
+		run(t, "screenshot", screenshot("bulk-preview"))
+
+		refuseBulk.Store(false)
+		run(t, "start",
+			chromedp.SendKeys(chromedp.CSS("#bulk-reason"), "the bulk supplier is back"),
+			chromedp.Click(chromedp.CSS("#bulk-start")),
+			chromedp.WaitVisible(chromedp.CSS("#job-status")),
+		)
+		// The page reads its progress while it runs, and loads again once
+		// it ends.
+		waitStatus(t, "done")
+		require.Equal(t, "4 replayed, 0 refused, of 4", text(t, "#job-progress"))
+		run(t, "screenshot", screenshot("bulk-job"))
+		waitFor(t, "the replayed bulk widgets", func() bool { return b.count(t, `SELECT count(*) FROM widgets WHERE event_id LIKE 'b-%'`) == 4 })
+		require.Zero(t, pendingBulk(t))
+		require.Equal(t, 4, b.count(t, `SELECT count(*) FROM dead_letter_history WHERE kind = 'replayed' AND actor = 'alice' AND reason = 'the bulk supplier is back'`))
+	})
+
+	step("BulkCancel", func(t *testing.T) {
+		refuseBulk.Store(true)
+		fillBulk(t)
+		run(t, "start a slow discard",
+			chromedp.Navigate(base+"bulk"),
+			chromedp.WaitVisible(chromedp.CSS("#bulk")),
+			chromedp.SetValue(chromedp.CSS("#bulk-kind"), "discard"),
+			chromedp.SendKeys(chromedp.CSS("#bulk-consumer"), consumerName),
+			chromedp.SendKeys(chromedp.CSS("#bulk-code"), "bulk_refused"),
+			chromedp.SendKeys(chromedp.CSS("#bulk-rate"), "0.05"),
+			chromedp.SendKeys(chromedp.CSS("#bulk-reason"), "too late"),
+			chromedp.Click(chromedp.CSS("#bulk-start")),
+			chromedp.WaitVisible(chromedp.CSS("#cancel")),
+		)
+		waitFor(t, "one discarded", func() bool { return pendingBulk(t) == 3 })
+		require.Equal(t, "running", jobStatus(t))
+		run(t, "cancel", chromedp.Click(chromedp.CSS("#cancel button")), chromedp.WaitNotPresent(chromedp.CSS("#cancel")))
+		require.Equal(t, "cancelled", jobStatus(t))
+		require.Equal(t, 3, pendingBulk(t), "it stopped before the next")
+	})
+
+	step("BulkInterruptedResumed", func(t *testing.T) {
+		refuseBulk.Store(false)
+		// A job left running by a process that is gone: its heartbeat is
+		// an hour old.
+		old := time.Now().Add(-time.Hour).UnixNano()
+		res, err := b.db.Exec(`INSERT INTO bulk_jobs (kind, filter, rate, reason, by_name, status, total, owner, heartbeat_at, created_at, updated_at)
+VALUES ('replay', ?, 0, 'resumed after a crash', 'alice', 'running', 3, 'gone:1:dead', ?, ?, ?)`,
+			`{"consumer":"`+consumerName+`","code":"bulk_refused"}`, old, old, old)
+		require.NoError(t, err)
+		id, err := res.LastInsertId()
+		require.NoError(t, err)
+		run(t, "open it", chromedp.Navigate(fmt.Sprintf("%sbulk/%d", base, id)), chromedp.WaitVisible(chromedp.CSS("#resume")))
+		require.Equal(t, "interrupted", jobStatus(t))
+		require.Contains(t, text(t, "#interrupted"), "Resume goes on after dead letter 0")
+		run(t, "screenshot", screenshot("bulk-interrupted"))
+		run(t, "resume", chromedp.Click(chromedp.CSS("#resume button")), chromedp.WaitNotPresent(chromedp.CSS("#resume")))
+		waitStatus(t, "done")
+		require.Equal(t, "3 replayed, 0 refused, of 3", text(t, "#job-progress"))
+		require.Zero(t, pendingBulk(t))
+		waitFor(t, "the resumed replays applied", func() bool {
+			return b.count(t, `SELECT count(*) FROM widgets WHERE event_id LIKE 'b-%'`) == 7
+		})
 	})
 	require.Zero(t, dialogs.Load(), "no page opened a dialog: no script of a body ran")
 }

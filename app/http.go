@@ -119,12 +119,14 @@ func newHTTP(p httpParams) (*httpServer, error) {
 		_ = json.NewEncoder(w).Encode(body)
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(p.Registry.Registry, promhttp.HandlerOpts{}))
+	var cons *console.Console
 	if p.Config.Console.Enabled {
 		c, err := newConsole(p.Config, p.Store, p.Transport, p.Declarations, p.Logger)
 		if err != nil {
 			return nil, err
 		}
 		mux.Handle(console.Path, c)
+		cons = c
 	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	p.Lifecycle.Append(fx.Hook{
@@ -141,7 +143,15 @@ func newHTTP(p httpParams) (*httpServer, error) {
 			}()
 			return nil
 		},
-		OnStop: srv.Shutdown,
+		OnStop: func(ctx context.Context) error {
+			err := srv.Shutdown(ctx)
+			if cons != nil {
+				// Its bulk jobs stop, to be resumed: they read as
+				// interrupted once their heartbeat is stale.
+				cons.Close()
+			}
+			return err
+		},
 	})
 	return h, nil
 }

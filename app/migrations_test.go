@@ -94,7 +94,7 @@ func TestStartChecksMigrations(t *testing.T) {
 				t.Parallel()
 				cfg := config(t)
 				err := newService(cfg).Err()
-				require.ErrorContains(t, err, "database schema is at version 0, this binary needs 5: run `widgets migrate` or set EFFECTIVELY_AUTO_MIGRATE=true")
+				require.ErrorContains(t, err, "database schema is at version 0, this binary needs 6: run `widgets migrate` or set EFFECTIVELY_AUTO_MIGRATE=true")
 				var n int
 				db := openConfigured(t, cfg.DatabaseURL)
 				require.Error(t, db.Get(&n, `SELECT count(*) FROM `+migrate.VersionTable), "the check created nothing")

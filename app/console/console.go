@@ -15,6 +15,7 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/effectively-once/effectively/framework/driver"
@@ -144,6 +145,18 @@ type Console struct {
 	trusted map[string]bool
 	pages   map[string]*template.Template
 	mux     *http.ServeMux
+
+	// jobs keeps the bulk jobs; nil when the store keeps none. owner
+	// names this console among their runners.
+	jobs  driver.BulkJobs
+	owner string
+	// ctx bounds the bulk jobs this console runs; stop ends it (Close).
+	ctx  context.Context
+	stop context.CancelFunc
+	wg   sync.WaitGroup
+	mu   sync.Mutex
+	// running cancels each job this console runs, by id.
+	running map[int64]context.CancelFunc
 }
 
 //go:embed templates
@@ -159,7 +172,10 @@ func New(cfg Config) (*Console, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Console{cfg: cfg, keys: newKeyring(cfg.Tokens), trusted: make(map[string]bool), pages: pages, mux: http.NewServeMux()}
+	c := &Console{cfg: cfg, keys: newKeyring(cfg.Tokens), trusted: make(map[string]bool), pages: pages, mux: http.NewServeMux(),
+		owner: newOwner(), running: make(map[int64]context.CancelFunc)}
+	c.jobs, _ = cfg.Store.(driver.BulkJobs)
+	c.ctx, c.stop = context.WithCancel(context.Background())
 	for _, o := range cfg.TrustedOrigins {
 		c.trusted[strings.ToLower(o)] = true
 	}
@@ -175,7 +191,7 @@ func parsePages() (map[string]*template.Template, error) {
 		"query":   query,
 	}
 	pages := make(map[string]*template.Template)
-	for _, name := range []string{"login", "deadletters", "deadletter", "event", "consumers", "error"} {
+	for _, name := range []string{"login", "deadletters", "deadletter", "event", "consumers", "bulk", "bulkjob", "error"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templates, "templates/layout.html", "templates/"+name+".html")
 		if err != nil {
 			return nil, fmt.Errorf("console: template %s: %w", name, err)
@@ -196,6 +212,12 @@ func (c *Console) routes() {
 	c.mux.Handle("GET "+Path+"dead-letters/{id}", c.authed(Read, c.deadLetter))
 	c.mux.Handle("POST "+Path+"dead-letters/{id}/replay", c.authed(Write, c.resolve(driver.DeadLetterReplayed)))
 	c.mux.Handle("POST "+Path+"dead-letters/{id}/discard", c.authed(Write, c.resolve(driver.DeadLetterDiscarded)))
+	c.mux.Handle("GET "+Path+"bulk", c.authed(Read, c.bulkPage))
+	c.mux.Handle("POST "+Path+"bulk/preview", c.authed(Write, c.bulkPreview))
+	c.mux.Handle("POST "+Path+"bulk", c.authed(Write, c.bulkStart))
+	c.mux.Handle("GET "+Path+"bulk/{id}", c.authed(Read, c.bulkJob))
+	c.mux.Handle("POST "+Path+"bulk/{id}/cancel", c.authed(Write, c.bulkCancel))
+	c.mux.Handle("POST "+Path+"bulk/{id}/resume", c.authed(Write, c.bulkResume))
 	c.mux.Handle("GET "+Path+"events", c.authed(Read, c.event))
 	c.mux.Handle("GET "+Path+"consumers", c.authed(Read, c.consumers))
 	c.mux.HandleFunc(Path, func(w http.ResponseWriter, r *http.Request) {
@@ -240,7 +262,7 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	nonce := newNonce()
 	h := w.Header()
 	h.Set("Content-Security-Policy", "default-src 'none'; style-src 'nonce-"+nonce+"'; script-src 'nonce-"+nonce+
-		"'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+		"'; img-src 'self'; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("X-Content-Type-Options", "nosniff")
 	// Not no-referrer, under which browsers send "Origin: null" with the

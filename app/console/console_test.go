@@ -18,6 +18,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/app/console"
@@ -44,6 +45,9 @@ type store interface {
 type bundle struct {
 	store  store
 	server *httptest.Server
+	// console is the console under test; db its store's database.
+	console *console.Console
+	db      *sqlx.DB
 	// now is the console's clock.
 	now time.Time
 }
@@ -56,7 +60,9 @@ func setup(t *testing.T, cfg console.Config) *bundle {
 	require.NoError(t, migrate.Up(context.Background(), db, migrate.Config{}))
 	s, err := sqlite.NewStore(db, sqlite.StoreConfig{})
 	require.NoError(t, err)
-	return setupOn(t, cfg, s)
+	b := setupOn(t, cfg, s)
+	b.db = db
+	return b
 }
 
 // setupPostgres is setup on a PostgreSQL store, in a schema of the
@@ -67,7 +73,9 @@ func setupPostgres(t *testing.T, cfg console.Config) *bundle {
 	require.NoError(t, migrate.Up(context.Background(), db, migrate.Config{}))
 	s, err := postgres.NewStore(db, postgres.StoreConfig{})
 	require.NoError(t, err)
-	return setupOn(t, cfg, s)
+	b := setupOn(t, cfg, s)
+	b.db = db
+	return b
 }
 
 // setupOn is setup on the store s.
@@ -80,6 +88,8 @@ func setupOn(t *testing.T, cfg console.Config, s store) *bundle {
 	cfg.Now = func() time.Time { return b.now }
 	c, err := console.New(cfg)
 	require.NoError(t, err)
+	b.console = c
+	t.Cleanup(c.Close)
 	b.server = httptest.NewServer(c)
 	t.Cleanup(b.server.Close)
 	return b

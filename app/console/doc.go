@@ -1,7 +1,9 @@
 // Package console serves the operator console of a service in the
 // browser: the dead letters counted by consumer and code, one dead letter
 // with its history and its message (the body indented when it is JSON,
-// the metadata), replay and discard with a reason, what happened to one
+// the metadata), replay and discard with a reason, bulk replay and
+// discard by filter (jobs recorded through driver.BulkJobs, run in the
+// process that took the request, until Close), what happened to one
 // event, and the consumers with their figures. Its pages are rendered on
 // the server with html/template, with a little inline style and script,
 // and read and act through the service's driver.Store and

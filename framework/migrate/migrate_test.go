@@ -20,7 +20,7 @@ import (
 // frameworkTables are the tables the framework owns, before the prefix.
 var frameworkTables = []string{
 	"processed_events", "dead_letters", "outbox", "subject_checkpoints", "parked_events", "deliveries",
-	"dead_letter_history", "replays", "purge_horizons", "leases", "consumer_members", "partition_leases",
+	"dead_letter_history", "replays", "purge_horizons", "leases", "consumer_members", "partition_leases", "bulk_jobs",
 	migrate.VersionTable,
 }
 
@@ -137,13 +137,14 @@ func TestUp(t *testing.T) {
 
 				st, err := migrate.Status(ctx, db, cfg)
 				require.NoError(t, err)
-				require.Len(t, st, 6)
+				require.Len(t, st, 7)
 				require.Equal(t, migrate.MigrationStatus{Set: migrate.SetFramework, Version: 1, File: "00001_init.sql"}, st[0])
 				require.Equal(t, migrate.MigrationStatus{Set: migrate.SetFramework, Version: 2, File: "00002_replay_history.sql"}, st[1])
 				require.Equal(t, migrate.MigrationStatus{Set: migrate.SetFramework, Version: 3, File: "00003_retention.sql"}, st[2])
 				require.Equal(t, migrate.MigrationStatus{Set: migrate.SetFramework, Version: 4, File: "00004_purge_by_sent_at.sql"}, st[3])
 				require.Equal(t, migrate.MigrationStatus{Set: migrate.SetFramework, Version: 5, File: "00005_partitions.sql"}, st[4])
-				require.Equal(t, migrate.MigrationStatus{Set: migrate.SetExtra, Version: 1, File: "00001_customers.sql"}, st[5])
+				require.Equal(t, migrate.MigrationStatus{Set: migrate.SetFramework, Version: 6, File: "00006_bulk_jobs.sql"}, st[5])
+				require.Equal(t, migrate.MigrationStatus{Set: migrate.SetExtra, Version: 1, File: "00001_customers.sql"}, st[6])
 
 				require.NoError(t, migrate.Up(ctx, db, cfg))
 				requireTables(t, db, "customers", "fx_"+migrate.DefaultExtraVersionTable)
@@ -154,18 +155,18 @@ func TestUp(t *testing.T) {
 				requireTables(t, db, "orders")
 				st, err = migrate.Status(ctx, db, cfg)
 				require.NoError(t, err)
-				require.Len(t, st, 7)
+				require.Len(t, st, 8)
 				for _, s := range st {
 					require.True(t, s.Applied, "%s %s", s.Set, s.File)
 					require.False(t, s.AppliedAt.IsZero())
 				}
-				require.Equal(t, migrate.SetExtra, st[6].Set)
-				require.EqualValues(t, 2, st[6].Version)
+				require.Equal(t, migrate.SetExtra, st[7].Set)
+				require.EqualValues(t, 2, st[7].Version)
 
 				// The application's versions live in their own table.
 				var n int
 				require.NoError(t, db.Get(&n, "SELECT count(*) FROM fx_"+migrate.VersionTable+" WHERE version_id > 0"))
-				require.Equal(t, 5, n, "the framework's table holds the framework's five versions only")
+				require.Equal(t, 6, n, "the framework's table holds the framework's six versions only")
 				require.NoError(t, db.Get(&n, "SELECT count(*) FROM fx_"+migrate.DefaultExtraVersionTable+" WHERE version_id > 0"))
 				require.Equal(t, 2, n, "the application's table holds the application's two")
 			})
@@ -296,8 +297,8 @@ func TestCheck(t *testing.T) {
 				err := migrate.Check(context.Background(), db, migrate.Config{TablePrefix: "u_"})
 				var behind *migrate.BehindError
 				require.ErrorAs(t, err, &behind)
-				require.Equal(t, &migrate.BehindError{Set: migrate.SetFramework, Version: 0, Needed: 5, Missing: []int64{1, 2, 3, 4, 5}}, behind)
-				require.EqualError(t, err, "database schema is at version 0, this binary needs 5")
+				require.Equal(t, &migrate.BehindError{Set: migrate.SetFramework, Version: 0, Needed: 6, Missing: []int64{1, 2, 3, 4, 5, 6}}, behind)
+				require.EqualError(t, err, "database schema is at version 0, this binary needs 6")
 				requireNoTable(t, db, "u_"+migrate.VersionTable) // it changes nothing
 			})
 

@@ -14,8 +14,9 @@
 //
 // Where is what: cli.go (the root, usage errors), operator.go (what the
 // operator's commands work with), deadletters.go (list, show),
-// replay.go (replay, and the verdict of each dead letter), throttle.go
-// (--rate and the progress bar), discard.go (discard, parked),
+// replay.go (replay, and the verdict of each dead letter; its rate and
+// time range are package bulk's), throttle.go
+// (the progress bar), discard.go (discard, parked),
 // events.go (events show), consumers.go (consumers), purge.go (purge),
 // print.go (the tables and escapes every command prints with) and
 // console.go (what the operator console shares with the commands).

@@ -11,14 +11,10 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/effectively-once/effectively/app/internal/bulk"
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/driver"
 )
-
-// minRate is the slowest --rate a replay takes: one an hour. A slower one
-// waited longer than anyone runs a command between two replays (1e-9 is
-// one every 31 years).
-const minRate = 1.0 / 3600
 
 // replayCommand returns the command that replays dead letters, named or
 // selected by a filter.
@@ -84,10 +80,9 @@ the consumer applies them after it, in order.
 				return errors.New("replay: name dead letters by id or select them by filter, not both")
 			case len(req.ids) == 0 && !byFilter:
 				return errors.New("replay: name dead letters by id, or select them with --consumer, --code, --type, --subject, --since or --until")
-			case !(perSecond >= 0): // NaN too
-				return fmt.Errorf("--rate: want a positive number of replays a second (0: no limit), got %v", perSecond)
-			case perSecond > 0 && perSecond < minRate:
-				return fmt.Errorf("--rate: want at least %v replays a second (one an hour; 0: no limit), got %v: the command would wait between two replays for longer", minRate, perSecond)
+			}
+			if err := bulk.CheckRate(perSecond); err != nil {
+				return fmt.Errorf("--rate: %w", err)
 			}
 			req.resolution.Status = driver.DeadLetterReplayed
 			if !req.dryRun {
@@ -97,7 +92,7 @@ the consumer applies them after it, in order.
 			}
 			return operate(cmd.Context(), s, func(ctx context.Context, op operator) error {
 				op.noteUndeclared(cmd.ErrOrStderr(), req.filter.Consumer)
-				return op.replay(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr(), req, newThrottle(perSecond))
+				return op.replay(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr(), req, bulk.NewThrottle(perSecond))
 			})
 		},
 	}
@@ -118,7 +113,7 @@ the consumer applies them after it, in order.
 // replay replays what req selects (see replayCommand), printing per dead
 // letter what it did to out and a progress bar to errOut when it is a
 // terminal.
-func (op operator) replay(ctx context.Context, out, errOut io.Writer, req replayRequest, th *throttle) error {
+func (op operator) replay(ctx context.Context, out, errOut io.Writer, req replayRequest, th *bulk.Throttle) error {
 	vs, errs, err := op.selectReplays(ctx, req, time.Now())
 	if err != nil {
 		return err
@@ -356,12 +351,12 @@ func (op operator) refuseReplay(dl driver.DeadLetter, force bool, now time.Time)
 // to out, with a progress bar pr. One that another operator resolved in
 // the meantime is refused, saying by whom. It returns the errors behind
 // the refusals it adds.
-func (op operator) replayAll(ctx context.Context, out io.Writer, vs []verdict, r driver.Resolution, th *throttle, pr *progress) ([]error, error) {
+func (op operator) replayAll(ctx context.Context, out io.Writer, vs []verdict, r driver.Resolution, th *bulk.Throttle, pr *progress) ([]error, error) {
 	var errs []error
 	for i := range vs {
 		v := &vs[i]
 		if v.refused == "" {
-			if err := th.wait(ctx); err != nil {
+			if err := th.Wait(ctx); err != nil {
 				return errs, err
 			}
 			if err := op.replayOne(ctx, v, r); err != nil {
@@ -406,19 +401,9 @@ func (op operator) replayOne(ctx context.Context, v *verdict, r driver.Resolutio
 
 // parseTime reads a time flag: RFC 3339, or a date (midnight UTC).
 func parseTime(flag, s string) (time.Time, error) {
-	if s == "" {
-		return time.Time{}, nil
-	}
-	t, err := time.Parse(time.RFC3339Nano, s)
+	t, err := bulk.ParseTime(s)
 	if err != nil {
-		if t, err = time.Parse(time.DateOnly, s); err != nil {
-			return time.Time{}, fmt.Errorf("--%s: want an RFC 3339 time (2026-01-02T15:04:05Z) or a date (2026-01-02), got %q", flag, s)
-		}
-	}
-	if t.IsZero() {
-		// 0001-01-01, the zero time, which a filter reads as no bound: the
-		// next nanosecond selects what it says.
-		t = t.Add(time.Nanosecond)
+		return time.Time{}, fmt.Errorf("--%s: %w", flag, err)
 	}
 	return t, nil
 }

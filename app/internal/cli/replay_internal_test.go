@@ -12,6 +12,7 @@ import (
 	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
+	"github.com/effectively-once/effectively/app/internal/bulk"
 	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/sqlite"
@@ -24,10 +25,10 @@ type fakeClock struct {
 	sleeps []time.Duration
 }
 
-func (c *fakeClock) throttle(perSecond float64) *throttle {
-	th := newThrottle(perSecond)
-	th.now = func() time.Time { return c.now }
-	th.sleep = func(_ context.Context, d time.Duration) error {
+func (c *fakeClock) throttle(perSecond float64) *bulk.Throttle {
+	th := bulk.NewThrottle(perSecond)
+	th.Now = func() time.Time { return c.now }
+	th.Sleep = func(_ context.Context, d time.Duration) error {
 		c.sleeps = append(c.sleeps, d)
 		c.now = c.now.Add(d)
 		return nil
@@ -39,13 +40,13 @@ func (c *fakeClock) throttle(perSecond float64) *throttle {
 // and each next one a quarter of a second after the one before; no
 // --rate, no throttle.
 func TestThrottleSpacesReplays(t *testing.T) {
-	require.Nil(t, newThrottle(0))
-	require.NoError(t, newThrottle(0).wait(t.Context()), "a nil throttle does not wait")
+	require.Nil(t, bulk.NewThrottle(0))
+	require.NoError(t, bulk.NewThrottle(0).Wait(t.Context()), "a nil throttle does not wait")
 
 	clock := &fakeClock{now: time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)}
 	th := clock.throttle(4)
 	for range 5 {
-		require.NoError(t, th.wait(t.Context()))
+		require.NoError(t, th.Wait(t.Context()))
 	}
 	q := 250 * time.Millisecond
 	require.Equal(t, []time.Duration{q, q, q, q}, clock.sleeps)

@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"os"
@@ -9,51 +8,7 @@ import (
 
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
-	"golang.org/x/time/rate"
 )
-
-// throttle spaces the replays a command records: at most its rate per
-// second, so that the relay publishes them at that pace. A nil throttle
-// does not wait.
-type throttle struct {
-	limiter *rate.Limiter
-	now     func() time.Time
-	sleep   func(ctx context.Context, d time.Duration) error
-}
-
-// newThrottle returns the throttle of perSecond replays a second, nil for
-// zero (no limit).
-func newThrottle(perSecond float64) *throttle {
-	if perSecond <= 0 {
-		return nil
-	}
-	return &throttle{limiter: rate.NewLimiter(rate.Limit(perSecond), 1), now: time.Now, sleep: sleep}
-}
-
-// wait waits for the next replay's turn.
-func (t *throttle) wait(ctx context.Context) error {
-	if t == nil {
-		return nil
-	}
-	now := t.now()
-	r := t.limiter.ReserveN(now, 1)
-	if d := r.DelayFrom(now); d > 0 {
-		return t.sleep(ctx, d)
-	}
-	return nil
-}
-
-// sleep waits d, or until ctx ends.
-func sleep(ctx context.Context, d time.Duration) error {
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-timer.C:
-		return nil
-	}
-}
 
 // progress is a progress bar of a command's dead letters, drawn on a
 // terminal only; a nil progress draws nothing.
