@@ -394,6 +394,54 @@ func (s *Store) EndStaleOwner(ctx context.Context, consumer string, partition in
 	return s.sql.EndStaleOwner(ctx, consumer, partition, member, quiet)
 }
 
+// CreateBulkJob records j as running, owned by j.Owner, and returns it
+// as recorded: its ID and times set, its progress zero but
+// Total (driver.BulkJobs).
+func (s *Store) CreateBulkJob(ctx context.Context, j driver.BulkJob) (driver.BulkJob, error) {
+	return s.sql.CreateBulkJob(ctx, j)
+}
+
+// BulkJob returns the job id, or ErrNotFound (driver.BulkJobs).
+func (s *Store) BulkJob(ctx context.Context, id int64) (driver.BulkJob, error) {
+	return s.sql.BulkJob(ctx, id)
+}
+
+// ListBulkJobs returns the latest limit jobs, newest
+// first (driver.BulkJobs).
+func (s *Store) ListBulkJobs(ctx context.Context, limit int) ([]driver.BulkJob, error) {
+	return s.sql.ListBulkJobs(ctx, limit)
+}
+
+// ProgressBulkJob records p and a heartbeat of the job id while owner
+// owns it, and returns the job's status: BulkJobCancelled tells the
+// runner to stop. It returns ErrBulkJobLost when owner no longer owns
+// it (another process resumed it) (driver.BulkJobs).
+func (s *Store) ProgressBulkJob(ctx context.Context, id int64, owner string, p driver.BulkJobProgress) (driver.BulkJobStatus, error) {
+	return s.sql.ProgressBulkJob(ctx, id, owner, p)
+}
+
+// EndBulkJob records p and moves the running job id of owner to
+// status (BulkJobDone or BulkJobInterrupted); a job cancelled since
+// stays cancelled (driver.BulkJobs).
+func (s *Store) EndBulkJob(ctx context.Context, id int64, owner string, p driver.BulkJobProgress, status driver.BulkJobStatus) error {
+	return s.sql.EndBulkJob(ctx, id, owner, p, status)
+}
+
+// CancelBulkJob cancels the job id when it is running or interrupted.
+// It returns ErrNotFound, or ErrBulkJobEnded when it is done or
+// cancelled already (driver.BulkJobs).
+func (s *Store) CancelBulkJob(ctx context.Context, id int64) error {
+	return s.sql.CancelBulkJob(ctx, id)
+}
+
+// ResumeBulkJob gives the interrupted job id to owner, running again,
+// and returns it. It returns ErrNotFound, or ErrBulkJobNotInterrupted
+// when it is not interrupted (its process still runs it, or it
+// ended) (driver.BulkJobs).
+func (s *Store) ResumeBulkJob(ctx context.Context, id int64, owner string) (driver.BulkJob, error) {
+	return s.sql.ResumeBulkJob(ctx, id, owner)
+}
+
 // AdvanceEndWait is Advance, then EndWait, of an event that took effect
 // at its turn, in one round trip on PostgreSQL: strict order's step after
 // each handler (the consumer chain finds it by type assertion). Advance's

@@ -46,7 +46,7 @@ const margin = 72
 // order their methods are written. An exported method of sqlstore.Store in
 // none of them (MarkMany, which group commit finds by type assertion)
 // comes last, under sqlstore's own doc comment.
-var interfaces = []string{"Store", "Inspector", "Purger", "Gauges", "Leases", "SessionEnder"}
+var interfaces = []string{"Store", "Inspector", "Purger", "Gauges", "Leases", "SessionEnder", "BulkJobs"}
 
 // Packages are the store packages whose Store forwards to sqlstore.Store,
 // relative to the module's root.
