@@ -32,6 +32,18 @@ const (
 	// MetadataUnreadableRaw keeps the stored metadata text of an
 	// unreadable message, as valid UTF-8 without NUL, cut at 8 KiB.
 	MetadataUnreadableRaw = "effectively_unreadable_metadata"
+	// MetadataPublishedAt is set by a transport on a delivered message:
+	// when it was published, in RFC 3339 with nanoseconds in UTC
+	// (time.RFC3339Nano), by the transport's clock: PostgreSQL's is the
+	// subscriber's clock less the message's age by the server's, SQLite's
+	// and the memory transport's the publisher's, RabbitMQ's the
+	// publisher's AMQP timestamp, in whole seconds. It is the transport's word on
+	// one delivery, never the message's: the transports drop a
+	// producer's value of it, as they drop MetadataUnreadable. The
+	// histogram effectively_event_age_seconds takes it for an event
+	// without a CloudEvent time. A transport of its own may set it; one
+	// that does not leaves such events unobserved.
+	MetadataPublishedAt = "effectively_published_at"
 	// MetadataReplayOf is set on a replayed message (see
 	// DeadLetter.ReplayMessage): the id of the dead letter it replays.
 	MetadataReplayOf = "effectively_replay_of"

@@ -31,11 +31,16 @@ import (
 //     framework.MetadataContentType when no header gives one;
 //   - headers framework.MetadataUnreadable and MetadataUnreadableRaw are
 //     dropped: they are a SQL transport's word on a stored row, and a
-//     producer's would have a good event dead-lettered.
+//     producer's would have a good event dead-lettered;
+//   - the delivery's AMQP timestamp, when it has one, becomes
+//     framework.MetadataPublishedAt (a header of that name is dropped: it
+//     is the transport's word, never a producer's). AMQP timestamps are
+//     whole seconds, so it is up to a second early.
 //
 // Published messages are persistent, carry the UUID both in watermill's
-// header and as the message-id, and their metadata as string headers,
-// less the redelivery markers of an earlier delivery.
+// header and as the message-id, the publisher's clock as their AMQP
+// timestamp, and their metadata as string headers, less the redelivery
+// markers and the publishing time of an earlier delivery.
 type Marshaler struct{}
 
 var _ wamqp.Marshaler = Marshaler{}
@@ -44,7 +49,7 @@ var _ wamqp.Marshaler = Marshaler{}
 func (Marshaler) Marshal(msg *message.Message) (amqp091.Publishing, error) {
 	headers := make(amqp091.Table, len(msg.Metadata)+1)
 	for k, v := range msg.Metadata {
-		if k == framework.MetadataRedelivered || k == wamqp.MetadataRedeliveredKey {
+		if k == framework.MetadataRedelivered || k == wamqp.MetadataRedeliveredKey || k == framework.MetadataPublishedAt {
 			continue // a property of one delivery, not of the message
 		}
 		headers[k] = v
@@ -70,10 +75,14 @@ func (Marshaler) Unmarshal(d amqp091.Delivery) (*message.Message, error) {
 		id = watermill.NewUUID()
 	}
 	msg := message.NewMessage(id, d.Body)
-	msg.Metadata = make(message.Metadata, len(d.Headers)+2)
+	msg.Metadata = make(message.Metadata, len(d.Headers)+3)
 	for k, v := range d.Headers {
-		if k == wamqp.DefaultMessageUUIDHeaderKey || k == framework.MetadataUnreadable || k == framework.MetadataUnreadableRaw {
-			continue // the unreadable markers are a SQL transport's word on a row, never a producer's
+		switch k {
+		case wamqp.DefaultMessageUUIDHeaderKey, framework.MetadataPublishedAt,
+			framework.MetadataUnreadable, framework.MetadataUnreadableRaw:
+			// The unreadable markers are a SQL transport's word on a
+			// row, the publishing time this one's: never a producer's.
+			continue
 		}
 		msg.Metadata[k] = headerText(v)
 	}
@@ -81,6 +90,9 @@ func (Marshaler) Unmarshal(d amqp091.Delivery) (*message.Message, error) {
 		msg.Metadata.Set(framework.MetadataContentType, d.ContentType)
 	}
 	msg.Metadata.Set(framework.MetadataRedelivered, strconv.FormatBool(d.Redelivered))
+	if !d.Timestamp.IsZero() {
+		msg.Metadata.Set(framework.MetadataPublishedAt, d.Timestamp.UTC().Format(time.RFC3339Nano))
+	}
 	return msg, nil
 }
 

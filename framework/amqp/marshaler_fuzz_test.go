@@ -102,8 +102,12 @@ func requireDelivered(t *testing.T, d amqp091.Delivery, msg *message.Message) {
 			t.Fatalf("header %q came through: only a SQL transport marks a message unreadable", k)
 		}
 	}
+	if got, ok := msg.Metadata[framework.MetadataPublishedAt]; d.Timestamp.IsZero() && ok ||
+		!d.Timestamp.IsZero() && got != d.Timestamp.UTC().Format(time.RFC3339Nano) {
+		t.Fatalf("%s is %q, the delivery's timestamp %v", framework.MetadataPublishedAt, got, d.Timestamp)
+	}
 	for k, v := range d.Headers {
-		if k == wamqp.DefaultMessageUUIDHeaderKey || k == framework.MetadataRedelivered ||
+		if k == wamqp.DefaultMessageUUIDHeaderKey || k == framework.MetadataRedelivered || k == framework.MetadataPublishedAt ||
 			k == framework.MetadataUnreadable || k == framework.MetadataUnreadableRaw {
 			continue
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
+	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/internal/nackdelay"
 )
 
@@ -92,10 +93,17 @@ func newPubSub(cfg TransportConfig) (*pubSub, error) {
 	}, nil
 }
 
-// Publish publishes msgs to topic. It returns once every subscription of
-// topic has received them.
+// Publish publishes copies of msgs to topic, stamped with the time
+// (framework.MetadataPublishedAt, replacing a producer's). It returns
+// once every subscription of topic has received them.
 func (p *pubSub) Publish(topic string, msgs ...*message.Message) error {
-	if err := p.ch.Publish(topic, msgs...); err != nil {
+	at := time.Now().UTC().Format(time.RFC3339Nano)
+	stamped := make([]*message.Message, len(msgs))
+	for i, msg := range msgs {
+		stamped[i] = msg.Copy()
+		stamped[i].Metadata.Set(framework.MetadataPublishedAt, at)
+	}
+	if err := p.ch.Publish(topic, stamped...); err != nil {
 		return fmt.Errorf("memory: publish to %s: %w", topic, err)
 	}
 	return nil

@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
+	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/postgres"
 	"github.com/effectively-once/effectively/internal/testenv"
@@ -31,6 +32,8 @@ type got struct {
 	process   int
 	partition int
 	uuid      string
+	// publishedAt is its framework.MetadataPublishedAt.
+	publishedAt string
 }
 
 // receiver records what the processes receive, acking each message as
@@ -55,7 +58,7 @@ func (r *receiver) consume(t *testing.T, wg *sync.WaitGroup, process int, ch <-c
 				p = -1
 			}
 			r.mu.Lock()
-			r.all = append(r.all, got{process: process, partition: p, uuid: msg.UUID})
+			r.all = append(r.all, got{process: process, partition: p, uuid: msg.UUID, publishedAt: msg.Metadata.Get(framework.MetadataPublishedAt)})
 			hold := r.hold(msg)
 			r.mu.Unlock()
 			if hold {
@@ -123,8 +126,9 @@ func publishEvents(t *testing.T, pub message.Publisher, topic, prefix string, fi
 // partitions, each with a transport and connections of its own. Nothing
 // is consumed until they are assigned; then each receives the messages of
 // its partitions only (each message's context says which), together every
-// message once, each subject's in publish order. A partition handed over
-// from one to the other loses nothing and delivers nothing again.
+// message once, each subject's in publish order, each telling when it was
+// published. A partition handed over from one to the other loses nothing
+// and delivers nothing again.
 func TestPartitionedConsumers(t *testing.T) {
 	t.Parallel()
 	url := testenv.PostgresURL(t)
@@ -146,6 +150,7 @@ func TestPartitionedConsumers(t *testing.T) {
 		procs[i] = a
 		rec.consume(t, &wg, i, ch)
 	}
+	start := time.Now()
 	first := publishEvents(t, pub, topic, "a", 0, 160, subjects)
 	time.Sleep(300 * time.Millisecond)
 	rec.mu.Lock()
@@ -178,6 +183,9 @@ func TestPartitionedConsumers(t *testing.T) {
 			require.Equal(t, want, g.partition, "%s of %s carries its partition", g.uuid, subject)
 			require.Equal(t, owner(g.uuid, want), g.process, "%s of partition %d went to its owner", g.uuid, want)
 			order[subject] = append(order[subject], g.uuid)
+			at, err := time.Parse(time.RFC3339Nano, g.publishedAt)
+			require.NoError(t, err, "%s tells when it was published", g.uuid)
+			require.WithinRange(t, at, start.Add(-5*time.Second), time.Now().Add(time.Second), "%s published", g.uuid)
 		}
 		require.Len(t, times, len(uuids), "every message received")
 		for id, k := range times {

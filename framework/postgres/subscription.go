@@ -39,6 +39,7 @@ type row struct {
 	pending           bool      // nacked: waits in waiting until resendAt
 	resendAt          time.Time // nacked: handed out again then
 	handedOut         bool      // this process handed it out before
+	publishedAt       time.Time // when it was published, on this process's clock (see publishedAt); zero if unknown
 }
 
 // delivery is one handing out of a row.

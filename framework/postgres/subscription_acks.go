@@ -20,6 +20,9 @@ func (sub *subscription) deliveryOf(r *row) *delivery {
 	if said, known := sub.redelivered(r); known {
 		msg.Metadata.Set(framework.MetadataRedelivered, strconv.FormatBool(said))
 	}
+	if !r.publishedAt.IsZero() {
+		msg.Metadata.Set(framework.MetadataPublishedAt, r.publishedAt.UTC().Format(time.RFC3339Nano))
+	}
 	ctx, cancel := context.WithCancel(sub.ctx)
 	if sub.partitioned() {
 		ctx = driver.WithPartition(ctx, r.st.part)

@@ -23,8 +23,8 @@ func newSubscriptionQueries(cfg TransportConfig, topic string, marking bool) sub
 	// instead of the group's locked row, and with the position compared as
 	// a row: the primary key's index then starts at the position, instead
 	// of filtering every row before it (a read took milliseconds once
-	// 20,000 rows were behind it).
-	selectRows := `SELECT "offset", transaction_id, uuid, payload, metadata FROM ` + messages + `
+	// 20,000 rows were behind it). Each row comes with its age (ageColumn).
+	selectRows := `SELECT "offset", transaction_id, uuid, payload, metadata, ` + ageColumn + ` FROM ` + messages + `
 			WHERE (transaction_id, "offset") > ($1::text::xid8, $2)
 			AND transaction_id < pg_snapshot_xmin(pg_current_snapshot())
 			ORDER BY transaction_id, "offset" LIMIT $3`
@@ -78,7 +78,7 @@ func newSubscriptionQueries(cfg TransportConfig, topic string, marking bool) sub
 			FROM (SELECT) AS one LEFT JOIN last ON true
 			` + upsertPositions() + `
 		)
-		SELECT "offset", transaction_id, uuid, payload, metadata FROM r ORDER BY transaction_id, "offset"`
+		SELECT "offset", transaction_id, uuid, payload, metadata, age FROM r ORDER BY transaction_id, "offset"`
 	// On close: back to the last row this subscription handed out, when
 	// it read further, so that the next one hands out the rest as first
 	// deliveries.
@@ -86,6 +86,13 @@ func newSubscriptionQueries(cfg TransportConfig, topic string, marking bool) sub
 		WHERE consumer_group = $1 AND (` + xid + `, ` + off + `) > ($2::text::xid8, $3)`
 	return q
 }
+
+// ageColumn is the column "age" of a row read: how long ago it was
+// published, in microseconds, by the server's clock. created_at is
+// watermill-sql's "timestamp without time zone", written with the
+// server's now(): compared with the same, the age holds whatever the Go
+// clocks of the publisher and the subscriber say (see publishedAt).
+const ageColumn = `(EXTRACT(EPOCH FROM (now()::timestamp - created_at)) * 1000000)::bigint AS age`
 
 // upsertPositions ends the read's write of a group's positions: the
 // acknowledged one and the handed-out one each only ever move forward.
@@ -124,9 +131,9 @@ func partitionQueries(cfg TransportConfig, topic string, n int) subscriptionQuer
 				AS p(part, grp, xid, off, lim, acked_off, acked_xid, dirty)
 		),
 		r AS (
-			SELECT p.part, p.grp, m."offset", m.transaction_id, m.uuid, m.payload, m.metadata
+			SELECT p.part, p.grp, m."offset", m.transaction_id, m.uuid, m.payload, m.metadata, m.age
 			FROM p CROSS JOIN LATERAL (
-				SELECT "offset", transaction_id, uuid, payload, metadata FROM ` + messages + `
+				SELECT "offset", transaction_id, uuid, payload, metadata, ` + ageColumn + ` FROM ` + messages + `
 				WHERE (` + bucketExpr + ` % ` + strconv.Itoa(n) + `) = p.part
 				AND (transaction_id, "offset") > (p.xid::xid8, p.off)
 				AND transaction_id < pg_snapshot_xmin(pg_current_snapshot())
@@ -141,8 +148,8 @@ func partitionQueries(cfg TransportConfig, topic string, n int) subscriptionQuer
 			WHERE p.dirty OR last.grp IS NOT NULL
 			` + upsertPositions() + `
 		)
-		SELECT part, "offset", transaction_id, uuid, payload, metadata FROM r
-		UNION ALL SELECT -1, 0, pg_snapshot_xmin(pg_current_snapshot()), '', NULL, NULL
+		SELECT part, "offset", transaction_id, uuid, payload, metadata, age FROM r
+		UNION ALL SELECT -1, 0, pg_snapshot_xmin(pg_current_snapshot()), '', NULL, NULL, NULL
 		ORDER BY transaction_id, "offset"`
 	return q
 }

@@ -74,25 +74,31 @@ func (sub *subscription) read(now time.Time) error {
 	if sub.marking {
 		args = append(args, st.group, st.acked.offset, strconv.FormatUint(st.acked.xid, 10))
 	}
+	at := time.Now() // the rows' ages are the server's at the statement's start
 	rows, err := sub.conn.QueryContext(ctx, sub.q.read, args...)
 	if err != nil {
 		return fmt.Errorf("read: %w", err)
 	}
-	schema := schemaAdapter(sub.s.cfg)
 	var read []*row
 	for rows.Next() {
-		wr, err := schema.UnmarshalMessage(wsql.UnmarshalMessageParams{Row: rows})
-		if err != nil {
+		var (
+			offset            int64
+			xid               wsql.XID8
+			uuid              string
+			payload, metadata []byte
+			age               sql.NullInt64
+		)
+		if err := rows.Scan(&offset, &xid, &uuid, &payload, &metadata, &age); err != nil {
 			_ = rows.Close()
-			return fmt.Errorf("read: %w", err)
+			return fmt.Errorf("read: scan: %w", err)
 		}
-		xid, _ := wr.ExtraData["transaction_id"].(wsql.XID8)
 		read = append(read, &row{
-			st:       st,
-			pos:      position{xid: uint64(xid), offset: wr.Offset},
-			uuid:     string(wr.UUID),
-			payload:  wr.Payload,
-			metadata: wr.Metadata,
+			st:          st,
+			pos:         position{xid: uint64(xid), offset: offset},
+			uuid:        uuid,
+			payload:     payload,
+			metadata:    metadata,
+			publishedAt: publishedAt(at, age),
 		})
 	}
 	// Closed without error, the statement committed: the handed-out
@@ -110,6 +116,16 @@ func (sub *subscription) read(now time.Time) error {
 		sub.readAt = time.Time{}
 	}
 	return nil
+}
+
+// publishedAt returns when a row read at at (the subscriber's clock when
+// it sent the read) was published: at less its age by the server's clock
+// (ageColumn), never after at; zero without an age.
+func publishedAt(at time.Time, age sql.NullInt64) time.Time {
+	if !age.Valid {
+		return time.Time{}
+	}
+	return at.Add(-time.Duration(max(age.Int64, 0)) * time.Microsecond)
 }
 
 // take adds the rows read to their streams' windows and queues them.

@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"database/sql"
 	"errors"
 	"fmt"
 	"slices"
@@ -266,6 +267,7 @@ func (sub *subscription) readParts(now time.Time) error {
 	sub.stopWaiting()
 	ctx, cancel := sub.queryContext()
 	defer cancel()
+	at := time.Now() // the rows' ages are the server's at the statement's start
 	rows, err := sub.conn.QueryContext(ctx, sub.q.readParts, parts, groups, xids, offsets, lims, ackOffsets, ackXIDs, dirty)
 	if err != nil {
 		return fmt.Errorf("read: %w", err)
@@ -279,8 +281,9 @@ func (sub *subscription) readParts(now time.Time) error {
 			xid               wsql.XID8
 			uuid              string
 			payload, metadata []byte
+			age               sql.NullInt64
 		)
-		if err := rows.Scan(&part, &offset, &xid, &uuid, &payload, &metadata); err != nil {
+		if err := rows.Scan(&part, &offset, &xid, &uuid, &payload, &metadata, &age); err != nil {
 			_ = rows.Close()
 			return fmt.Errorf("read: scan: %w", err)
 		}
@@ -290,7 +293,10 @@ func (sub *subscription) readParts(now time.Time) error {
 			continue
 		}
 		count[st]++
-		read = append(read, &row{st: st, pos: position{xid: uint64(xid), offset: offset}, uuid: uuid, payload: payload, metadata: metadata})
+		read = append(read, &row{
+			st: st, pos: position{xid: uint64(xid), offset: offset}, uuid: uuid, payload: payload, metadata: metadata,
+			publishedAt: publishedAt(at, age),
+		})
 	}
 	// Closed without error, the statement committed: the handed-out
 	// positions are written, and the rows may be handed out.

@@ -271,10 +271,11 @@ type claimedRow struct {
 	uuid       string
 	payload    []byte
 	metadata   []byte
+	createdAt  int64 // when it was published, Unix milliseconds (nowMillis)
 	deliveries int64
 }
 
-// scanMessages reads rows of (offset, uuid, payload, metadata);
+// scanMessages reads rows of (offset, uuid, payload, metadata, created_at);
 // deliveriesOf gives the delivery count of each offset.
 func (sub *pubsubSubscription) scanMessages(rows *sql.Rows, deliveriesOf func(int64) int64) (rs []claimedRow, err error) {
 	defer func() {
@@ -284,7 +285,7 @@ func (sub *pubsubSubscription) scanMessages(rows *sql.Rows, deliveriesOf func(in
 	}()
 	for rows.Next() {
 		var r claimedRow
-		if err := rows.Scan(&r.offset, &r.uuid, &r.payload, &r.metadata); err != nil {
+		if err := rows.Scan(&r.offset, &r.uuid, &r.payload, &r.metadata, &r.createdAt); err != nil {
 			return nil, fmt.Errorf("claim messages: %w", err)
 		}
 		r.deliveries = deliveriesOf(r.offset)

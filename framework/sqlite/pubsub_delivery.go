@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync/atomic"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -135,6 +136,9 @@ func (sub *pubsubSubscription) newDelivery(r claimedRow) *pubsubDelivery {
 	// hand) marks the message unreadable, to be dead-lettered.
 	msg := storedmsg.Message(r.uuid, r.payload, r.metadata)
 	msg.Metadata.Set(framework.MetadataRedelivered, strconv.FormatBool(r.deliveries > 1))
+	if r.createdAt > 0 { // 0: a row inserted by hand with no time
+		msg.Metadata.Set(framework.MetadataPublishedAt, time.UnixMilli(r.createdAt).UTC().Format(time.RFC3339Nano))
+	}
 	d := &pubsubDelivery{sub: sub, offset: r.offset, deliveries: r.deliveries, msg: msg}
 	ctx, cancel := context.WithCancel(sub.ctx)
 	d.cancel = cancel

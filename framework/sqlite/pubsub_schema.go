@@ -128,7 +128,7 @@ func newPubSubQueries(prefix string) pubsubQueries {
 		setClaimed:    q(`UPDATE {groups} SET claimed_offset = ? WHERE topic = ? AND consumer_group = ?`),
 		claimNew: q(`SELECT "offset" FROM {messages}
 	WHERE topic = ? AND "offset" > ? ORDER BY "offset" LIMIT ?`),
-		selectNew: q(`SELECT "offset", uuid, payload, metadata FROM {messages}
+		selectNew: q(`SELECT "offset", uuid, payload, metadata, created_at FROM {messages}
 	WHERE topic = ? AND "offset" > ? AND "offset" <= ? ORDER BY "offset"`),
 		insertLeases: q(`INSERT INTO {leases} (topic, consumer_group, "offset", deliveries, locked_until)
 	SELECT ?, ?, value, 1, ? FROM json_each(?)`),
@@ -137,7 +137,7 @@ func newPubSubQueries(prefix string) pubsubQueries {
 		SELECT "offset" FROM {leases} WHERE topic = ?2 AND consumer_group = ?3 AND locked_until <= ?4
 		ORDER BY "offset" LIMIT ?5)
 	RETURNING "offset", deliveries`),
-		selectByOff: q(`SELECT "offset", uuid, payload, metadata FROM {messages}
+		selectByOff: q(`SELECT "offset", uuid, payload, metadata, created_at FROM {messages}
 	WHERE "offset" IN (SELECT value FROM json_each(?)) ORDER BY "offset"`),
 		ack: q(`DELETE FROM {leases} WHERE topic = ? AND consumer_group = ?
 	AND "offset" IN (SELECT value FROM json_each(?))`),

@@ -75,6 +75,7 @@ func Exercise(t *testing.T, open func(t *testing.T) *Env) {
 		{"BadInputs", caseBadInputs},
 		{"Reported", caseReported},
 		{"Hold", caseHold},
+		{"PublishedAt", casePublishedAt},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -118,6 +119,7 @@ type delivery struct {
 	payload  string
 	metadata message.Metadata
 	call     int // how many times this consumer received the payload, this one included
+	at       time.Time
 }
 
 // suite is one case's state.
@@ -233,7 +235,7 @@ func (p *process) stop() {
 // suite's behave returns an error: then the router nacks it.
 func (s *suite) handler(consumer string) message.NoPublishHandlerFunc {
 	return func(msg *message.Message) error {
-		d := delivery{consumer: consumer, payload: string(msg.Payload), metadata: maps.Clone(msg.Metadata)}
+		d := delivery{consumer: consumer, payload: string(msg.Payload), metadata: maps.Clone(msg.Metadata), at: time.Now()}
 		s.mu.Lock()
 		for _, prev := range s.delivered[consumer] {
 			if prev.payload == d.payload {

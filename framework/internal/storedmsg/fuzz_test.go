@@ -18,7 +18,7 @@ import (
 // UUID and payload; metadata it reads is a JSON object of strings that
 // encodes back to itself, and it never takes from the row what only a
 // transport knows (whether this is a redelivery, whether the row is
-// unreadable); metadata it cannot read
+// unreadable, when it was published); metadata it cannot read
 // marks the message unreadable, keeping the text as valid UTF-8 without
 // NUL. The seed corpus holds every stored metadata of the bad-input
 // catalog.
@@ -37,8 +37,10 @@ func FuzzMessage(f *testing.F) {
 		if msg.UUID != uuid || !bytes.Equal(msg.Payload, payload) {
 			t.Fatalf("the message is %q %q, the row %q %q", msg.UUID, msg.Payload, uuid, payload)
 		}
-		if _, ok := msg.Metadata[framework.MetadataRedelivered]; ok {
-			t.Fatalf("the stored row set %s, which only a transport can tell", framework.MetadataRedelivered)
+		for _, k := range []string{framework.MetadataRedelivered, framework.MetadataPublishedAt} {
+			if _, ok := msg.Metadata[k]; ok {
+				t.Fatalf("the stored row set %s, which only a transport can tell", k)
+			}
 		}
 		if md, reason := storedmsg.Metadata(metadata); reason == "" && msg.Metadata[framework.MetadataUnreadable] != "" {
 			t.Fatalf("the stored row %q marked itself unreadable: only the transport does (%q)", md, msg.Metadata)
@@ -51,6 +53,7 @@ func FuzzMessage(f *testing.F) {
 		delete(md, framework.MetadataRedelivered)
 		delete(md, framework.MetadataUnreadable)
 		delete(md, framework.MetadataUnreadableRaw)
+		delete(md, framework.MetadataPublishedAt)
 		if !maps.Equal(md, map[string]string(msg.Metadata)) {
 			t.Fatalf("Message's metadata %q, Metadata's %q", msg.Metadata, md)
 		}

@@ -29,7 +29,8 @@ import (
 // inserted by hand saying "false" would keep a message that kills its
 // process from ever being counted towards the delivery limit). So are a
 // stored framework.MetadataUnreadable and MetadataUnreadableRaw, which
-// this function alone sets.
+// this function alone sets, and framework.MetadataPublishedAt, which the
+// transport sets from the row's created_at.
 func Message(uuid string, payload, metadata []byte) *message.Message {
 	msg := message.NewMessage(uuid, payload)
 	md, reason := Metadata(metadata)
@@ -38,6 +39,7 @@ func Message(uuid string, payload, metadata []byte) *message.Message {
 	delete(md, framework.MetadataRedelivered)
 	delete(md, framework.MetadataUnreadable)
 	delete(md, framework.MetadataUnreadableRaw)
+	delete(md, framework.MetadataPublishedAt)
 	if reason != "" {
 		md = message.Metadata{
 			framework.MetadataUnreadable:    reason,
