@@ -57,7 +57,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}, []string{"consumer", "outcome"}),
 		eventAge: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "effectively_event_age_seconds",
-			Help:    "Age of each event processed when its handler's work committed, from its CloudEvent time, by consumer; events without a time are not observed.",
+			Help:    "Age of each event processed when its handler's work committed, from its CloudEvent time, else from when its transport says it was published, by consumer; events with neither are not observed.",
 			Buckets: prometheus.ExponentialBuckets(0.01, 4, 12),
 		}, []string{"consumer"}),
 		failing:  newFailing(),
@@ -240,8 +240,8 @@ func (o *observer) count(st *state, outcome framework.Outcome, took time.Duratio
 	}
 	m.messages.WithLabelValues(o.consumer, string(outcome)).Inc()
 	m.duration.WithLabelValues(o.consumer, string(outcome)).Observe(took.Seconds())
-	if outcome == framework.Processed && st.envelope != nil && !st.envelope.Time.IsZero() {
-		m.eventAge.WithLabelValues(o.consumer).Observe(max(time.Since(st.envelope.Time), 0).Seconds())
+	if at, ok := eventTime(st); ok && outcome == framework.Processed {
+		m.eventAge.WithLabelValues(o.consumer).Observe(max(time.Since(at), 0).Seconds())
 	}
 	if st.attempts > 0 {
 		m.attempts.WithLabelValues(o.consumer).Add(float64(st.attempts))
@@ -249,6 +249,21 @@ func (o *observer) count(st *state, outcome framework.Outcome, took time.Duratio
 	if st.deadLettered != "" {
 		m.deadLetters.WithLabelValues(o.consumer, string(st.deadLettered)).Inc()
 	}
+}
+
+// eventTime returns when the event of st was made: its CloudEvent time,
+// else when its transport says its message was published
+// (framework.MetadataPublishedAt); false with neither, or with a time
+// that does not parse.
+func eventTime(st *state) (time.Time, bool) {
+	if st.envelope != nil && !st.envelope.Time.IsZero() {
+		return st.envelope.Time, true
+	}
+	if st.msg == nil {
+		return time.Time{}, false
+	}
+	at, err := time.Parse(time.RFC3339Nano, st.msg.Metadata.Get(framework.MetadataPublishedAt))
+	return at, err == nil
 }
 
 // log logs what became of the message (see Config.Logger).

@@ -394,3 +394,52 @@ func TestObserveEventAge(t *testing.T) {
 	}
 	require.True(t, found, "effectively_event_age_seconds scraped")
 }
+
+// TestObserveEventAgeFromPublishedAt: an event processed without a
+// CloudEvent time is observed in effectively_event_age_seconds from when
+// its transport says it was published (framework.MetadataPublishedAt);
+// one with neither, or with a time that does not parse, is not.
+func TestObserveEventAgeFromPublishedAt(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	metrics, err := middleware.NewMetrics(reg)
+	require.NoError(t, err)
+	store, err := memory.NewStore(memory.StoreConfig{})
+	require.NoError(t, err)
+	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{Store: store})
+	require.NoError(t, err)
+	c, err := framework.NewConsumer(consumerName, framework.Handle(noted, func(context.Context, framework.Event[noteV1]) error { return nil }))
+	require.NoError(t, err)
+	h, _, err := middleware.Handler(middleware.Config{Consumer: c, UnitOfWork: uow, Store: store, Metrics: metrics})
+	require.NoError(t, err)
+	deliver := func(id, publishedAt string) {
+		env, err := noted.Envelope(noteV1{Text: "hi"}, framework.Attributes{ID: id, Source: "notes"})
+		require.NoError(t, err)
+		env.Time = time.Time{} // a producer that sends no time
+		msg, err := framework.NewMessage(env)
+		require.NoError(t, err)
+		require.NotContains(t, string(msg.Payload), `"time"`)
+		if publishedAt != "" {
+			msg.Metadata.Set(framework.MetadataPublishedAt, publishedAt)
+		}
+		require.NoError(t, h(msg))
+	}
+	deliver("1", time.Now().Add(-time.Hour).UTC().Format(time.RFC3339Nano))
+	deliver("2", "")
+	deliver("3", "an hour ago")
+
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	var found bool
+	for _, mf := range mfs {
+		if mf.GetName() != "effectively_event_age_seconds" {
+			continue
+		}
+		found = true
+		require.Len(t, mf.GetMetric(), 1)
+		hist := mf.GetMetric()[0].GetHistogram()
+		require.Equal(t, uint64(1), hist.GetSampleCount(), "the event with a publishing time only")
+		require.InDelta(t, 3600, hist.GetSampleSum(), 60)
+	}
+	require.True(t, found, "effectively_event_age_seconds scraped")
+}
