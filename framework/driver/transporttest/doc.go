@@ -23,7 +23,9 @@
 // subscriber's first Subscribe; Replay reaches the named consumer only;
 // Ready reports a transport that can deliver; Close closes what the
 // transport built (the subscriber's channels end, the publisher refuses);
-// a body published by a plain client (Env.PublishRaw) arrives intact.
+// a body published by a plain client (Env.PublishRaw) arrives intact;
+// every delivered message tells when it was published
+// (framework.MetadataPublishedAt), never with a producer's value of it.
 //
 // The bad-input catalog (Catalog) runs on every transport too: each input
 // the Env can carry reaches the subscriber with its body intact, its
