@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/driver"
 )
 
@@ -72,7 +73,8 @@ type LagConfig struct {
 //     yet handled (driver.PartitionBacklog.Oldest). On a transport that
 //     cannot tell it (driver.InFlightAger: RabbitMQ), the age of the
 //     oldest message handed to the consumer in this process and not yet
-//     finished, since it was handed; every process that runs the
+//     finished, since it was published (framework.MetadataPublishedAt),
+//     else since it was handed; every process that runs the
 //     consumer exports its own, the lease's holder or not, and 0 when it
 //     holds none.
 //
@@ -113,7 +115,7 @@ func NewLagGauges(cfg LagConfig) (*LagGauges, error) {
 			"Messages waiting for a consumer, by partition (0 when not partitioned), counted by the transport up to 100000; exported by one process of the service (the lease \"lag\"), for every declared consumer.",
 			[]string{"consumer", "partition"}, nil),
 		secondsDesc: prometheus.NewDesc("effectively_consumer_lag_seconds",
-			"Age of a consumer's oldest message not yet handled, by partition: on sqlite and postgres the oldest waiting, by the database's clock, from one process of the service; on amqp the oldest handed to the consumer in this process and not yet finished.",
+			"Age of a consumer's oldest message not yet handled, by partition: on sqlite and postgres the oldest waiting, by the database's clock, from one process of the service; on amqp the oldest handed to the consumer in this process and not yet finished, since it was published (else since it was handed).",
 			[]string{"consumer", "partition"}, nil),
 		figures: make(map[string][]driver.PartitionBacklog),
 	}
@@ -196,8 +198,10 @@ func (g *LagGauges) Release(ctx context.Context) error {
 }
 
 // flights are the messages handed to the consumers of this process and
-// not yet finished, with when each was handed: the age of a consumer's
-// oldest message where the transport cannot tell it (driver.InFlightAger).
+// not yet finished, with when each was published (as its transport
+// tells: framework.MetadataPublishedAt), else when it was handed: the age
+// of a consumer's oldest message where the transport cannot tell it
+// (driver.InFlightAger).
 type flights struct {
 	mu        sync.Mutex
 	consumers map[string]string // router handler name → consumer; set before Start
@@ -215,10 +219,16 @@ func newFlights() *flights {
 	return &flights{consumers: make(map[string]string), since: make(map[*message.Message]handed)}
 }
 
-// enter records msg, handed to its router handler's consumer now.
+// enter records msg, handed to its router handler's consumer now, as in
+// flight since it was published, when its transport tells and that was
+// before now, else since now.
 func (f *flights) enter(msg *message.Message) {
 	p, _ := driver.PartitionFromContext(msg.Context())
-	fl := handed{consumer: f.consumers[message.HandlerNameFromCtx(msg.Context())], partition: p, since: time.Now()}
+	since := time.Now()
+	if at, err := time.Parse(time.RFC3339Nano, msg.Metadata.Get(framework.MetadataPublishedAt)); err == nil && at.Before(since) {
+		since = at
+	}
+	fl := handed{consumer: f.consumers[message.HandlerNameFromCtx(msg.Context())], partition: p, since: since}
 	f.mu.Lock()
 	f.since[msg] = fl
 	f.mu.Unlock()

@@ -78,5 +78,6 @@ var _ driver.InFlightAger = (*Transport)(nil)
 // AgesInFlight returns true (driver.InFlightAger): a queue tells no
 // message's age without the management plugin, so Backlogs leaves
 // PartitionBacklog.OldestKnown false, and each process reports the age of
-// the oldest message handed to its consumers and not yet finished.
+// the oldest message handed to its consumers and not yet finished, from
+// its AMQP timestamp (framework.MetadataPublishedAt).
 func (t *Transport) AgesInFlight() bool { return true }

@@ -81,7 +81,8 @@ type TopicBacklog struct {
 // tell the age of the messages waiting (PartitionBacklog.OldestKnown is
 // false: RabbitMQ without its management plugin). AgesInFlight returns
 // true: each process then reports, as a consumer's oldest message, the
-// oldest one handed to it and not yet finished.
+// oldest one handed to it and not yet finished, aged from when it was
+// published (framework.MetadataPublishedAt), else from its hand-over.
 type InFlightAger interface {
 	AgesInFlight() bool
 }
