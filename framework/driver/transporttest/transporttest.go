@@ -119,7 +119,7 @@ type delivery struct {
 	payload  string
 	metadata message.Metadata
 	call     int // how many times this consumer received the payload, this one included
-	at       time.Time
+	at       time.Time // when the handler received it
 }
 
 // suite is one case's state.
