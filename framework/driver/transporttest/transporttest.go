@@ -118,7 +118,7 @@ type delivery struct {
 	consumer string
 	payload  string
 	metadata message.Metadata
-	call     int // how many times this consumer received the payload, this one included
+	call     int       // how many times this consumer received the payload, this one included
 	at       time.Time // when the handler received it
 }
 
