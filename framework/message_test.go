@@ -19,6 +19,7 @@ func TestDeadLetterReplayMessage(t *testing.T) {
 			framework.MetadataRedelivered:   "true",
 			framework.MetadataUnreadable:    "metadata is not a JSON object",
 			framework.MetadataUnreadableRaw: `["a"]`,
+			framework.MetadataPublishedAt:   "2026-12-01T10:00:00Z",
 			"traceparent-carrier":           "kept",
 		},
 	}
@@ -31,6 +32,7 @@ func TestDeadLetterReplayMessage(t *testing.T) {
 	// dead-lettered as unreadable_message again, whatever the fix.
 	require.NotContains(t, msg.Metadata, framework.MetadataUnreadable)
 	require.NotContains(t, msg.Metadata, framework.MetadataUnreadableRaw)
+	require.NotContains(t, msg.Metadata, framework.MetadataPublishedAt, "its transport tells the replay's own")
 	require.Equal(t, "42", msg.Metadata.Get(framework.MetadataReplayOf))
 	require.NotEqual(t, dl.ReplayMessage().UUID, msg.UUID, "each replay is a message of its own")
 }

@@ -484,16 +484,19 @@ type ParkedFilter struct {
 
 // ReplayMessage returns the message that replays dl: its original body
 // and metadata under a new UUID, without the redelivery marker of the
-// delivery that failed (the replay is a first delivery) nor its
-// transport's unreadable marker (the replay is published anew, with
-// metadata its transport reads: else it was dead-lettered as
-// unreadable_message again, whatever the operator fixed), and with
-// MetadataReplayOf set to dl's id. The operator's replay command, the
-// test kit and the transport suite all replay with it.
+// delivery that failed (the replay is a first delivery), its transport's
+// unreadable marker (the replay is published anew, with metadata its
+// transport reads: else it was dead-lettered as unreadable_message again,
+// whatever the operator fixed) nor its publish time (the replay's
+// transport tells its own), and with MetadataReplayOf set to dl's id.
+// The operator's replay command, the test kit and the transport suite
+// all replay with it.
 func (dl DeadLetter) ReplayMessage() *message.Message {
 	msg := message.NewMessage(watermill.NewUUID(), dl.Body)
 	for k, v := range dl.Metadata {
-		if k != framework.MetadataRedelivered && k != framework.MetadataUnreadable && k != framework.MetadataUnreadableRaw {
+		switch k {
+		case framework.MetadataRedelivered, framework.MetadataUnreadable, framework.MetadataUnreadableRaw, framework.MetadataPublishedAt:
+		default:
 			msg.Metadata.Set(k, v)
 		}
 	}
