@@ -339,27 +339,27 @@ func (g *group) advanceAll(ctx context.Context, ok []*attemptRun, planned planne
 	var (
 		subjects []string
 		seqs     []int64
-		moved    = map[string]int64{}
+		advanced = map[string]int64{}
 	)
 	for _, a := range ok {
 		if a.order == nil || !a.order.Advance {
 			continue
 		}
 		s := a.delivery.OrderedSubject
-		moved[s] = max(moved[s], a.order.Seq)
+		advanced[s] = max(advanced[s], a.order.Seq)
 		if _, ok := planned[s]; !ok {
 			subjects = append(subjects, s)
 			seqs = append(seqs, a.order.Seq)
 		}
 	}
 	for s, to := range planned {
-		if moved[s] != to {
+		if advanced[s] != to {
 			g.known.forget(ok[0].consumer, []string{s})
 			return nil, errOrderNotClear
 		}
 	}
 	if len(subjects) == 0 {
-		return moved, nil
+		return advanced, nil
 	}
 	clear, err := g.u.store.(orderBatcher).AdvanceMany(ctx, ok[0].tx, ok[0].consumer, subjects, seqs)
 	switch {
@@ -368,5 +368,5 @@ func (g *group) advanceAll(ctx context.Context, ok []*attemptRun, planned planne
 	case !clear:
 		return nil, errOrderNotClear
 	}
-	return moved, nil
+	return advanced, nil
 }
