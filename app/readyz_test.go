@@ -1,0 +1,139 @@
+package app_test
+
+import (
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// holeProxy forwards TCP connections to upstream on loopback until it is
+// made a black hole: then it keeps every connection open, accepts new
+// ones, and forwards no byte either way, as a network path that drops
+// every packet does; once it is mended, what was sent meanwhile goes on,
+// as TCP retransmits it.
+type holeProxy struct {
+	ln       net.Listener
+	upstream string
+	hole     atomic.Bool
+	mu       sync.Mutex
+	conns    []net.Conn
+}
+
+func newHoleProxy(t *testing.T, upstream string) *holeProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p := &holeProxy{ln: ln, upstream: upstream}
+	t.Cleanup(func() {
+		_ = ln.Close()
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for _, c := range p.conns {
+			_ = c.Close()
+		}
+	})
+	go p.accept()
+	return p
+}
+
+func (p *holeProxy) accept() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		up, err := net.Dial("tcp", p.upstream)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, c, up)
+		p.mu.Unlock()
+		go p.pipe(c, up)
+		go p.pipe(up, c)
+	}
+}
+
+// pipe copies src to dst, reading nothing while the proxy is a black
+// hole.
+func (p *holeProxy) pipe(src, dst net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		for p.hole.Load() {
+			time.Sleep(10 * time.Millisecond)
+		}
+		n, err := src.Read(buf)
+		if n > 0 {
+			for p.hole.Load() { // read as the hole opened: held, not lost
+				time.Sleep(10 * time.Millisecond)
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			_ = dst.Close()
+			return
+		}
+	}
+}
+
+// TestReadyzDatabaseBlackHole: while the database's connections forward
+// nothing (a black hole, not a refused connection), /readyz answers
+// within a second and says the service is unavailable within 5 s, then
+// ready again once the database answers. It took more than 2 s to answer.
+func TestReadyzDatabaseBlackHole(t *testing.T) {
+	t.Parallel()
+	cfg := postgresConfig(t)
+	u, err := url.Parse(cfg.DatabaseURL)
+	require.NoError(t, err)
+	proxy := newHoleProxy(t, u.Host)
+	u.Host = proxy.ln.Addr().String()
+	cfg.DatabaseURL, cfg.TransportURL = u.String(), u.String()
+	b := setup(t, cfg)
+	t.Cleanup(func() { proxy.hole.Store(false) }) // before the service stops
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 5 * time.Second}
+	readyz := func() (int, string, time.Duration) {
+		t.Helper()
+		start := time.Now()
+		resp, err := client.Get("http://" + b.http.Addr() + "/readyz")
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		var v struct {
+			Reason string `json:"reason"`
+		}
+		require.NoError(t, json.Unmarshal(body, &v))
+		return resp.StatusCode, v.Reason, time.Since(start)
+	}
+	code, _, _ := readyz()
+	require.Equal(t, http.StatusOK, code)
+
+	proxy.hole.Store(true)
+	holed := time.Now()
+	for {
+		code, reason, took := readyz()
+		require.Less(t, took, time.Second+time.Second/2, "/readyz answers within about a second (under -race on 2 cores)")
+		if code == http.StatusServiceUnavailable {
+			require.Equal(t, "database unavailable", reason)
+			break
+		}
+		require.Less(t, time.Since(holed), 5*time.Second, "unready within 5 s of the black hole")
+	}
+
+	proxy.hole.Store(false)
+	require.Eventually(t, func() bool {
+		code, _, _ := readyz()
+		return code == http.StatusOK
+	}, 30*time.Second, 100*time.Millisecond, "ready again once the database answers")
+}
