@@ -2,6 +2,7 @@ package app_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -12,6 +13,10 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/handlers"
+	"github.com/effectively-once/effectively/internal/testenv"
+	"github.com/effectively-once/effectively/middleware"
 )
 
 // holeProxy forwards TCP connections to upstream on loopback until it is
@@ -136,4 +141,42 @@ func TestReadyzDatabaseBlackHole(t *testing.T) {
 		code, _, _ := readyz()
 		return code == http.StatusOK
 	}, 30*time.Second, 100*time.Millisecond, "ready again once the database answers")
+}
+
+// TestDatabaseBlackHoleSpendsNoAttempt: a database that answers nothing
+// for seconds (a black hole) while events arrive costs them no attempt:
+// an attempt that runs out of time while the database does not answer a
+// ping is the database's outage, not the event's failure; the consumer
+// waits for the database and goes on. Every event takes effect once,
+// none is dead-lettered. Two attempts of a second each ran out and
+// dead-lettered valid events as retries_exhausted.
+func TestDatabaseBlackHoleSpendsNoAttempt(t *testing.T) {
+	t.Parallel()
+	cfg := amqpConfig(t)
+	u, err := url.Parse(testenv.PostgresURL(t))
+	require.NoError(t, err)
+	proxy := newHoleProxy(t, u.Host)
+	u.Host = proxy.ln.Addr().String()
+	cfg.DatabaseURL = u.String()
+	cfg.Defaults = middleware.Settings{Attempts: 2, Timeout: time.Second, RetryDelay: 50 * time.Millisecond}
+	b := setupWith(t, cfg, handlers.On(widgetAdded, newAddWidgetRebound))
+	t.Cleanup(func() { proxy.hole.Store(false) }) // before the service stops
+
+	for i := range 5 {
+		b.publish(t, fmt.Sprintf("w-%d", i), "sprocket")
+	}
+	waitFor(t, "the first five", func() bool { return b.count(t, `SELECT count(*) FROM widgets`) == 5 })
+
+	proxy.hole.Store(true)
+	for i := 5; i < 10; i++ {
+		b.publish(t, fmt.Sprintf("w-%d", i), "sprocket")
+	}
+	time.Sleep(4 * time.Second) // four times an attempt's time
+	proxy.hole.Store(false)
+
+	waitFor(t, "all ten, once each", func() bool {
+		return b.count(t, `SELECT count(DISTINCT event_id) FROM widgets`) == 10
+	})
+	require.Equal(t, 10, b.count(t, `SELECT count(*) FROM widgets`), "once each")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM dead_letters`), "no valid event dead-lettered for the outage")
 }

@@ -212,7 +212,7 @@ func chain(cfg Config, clk clock) ([]message.HandlerMiddleware, *releaser) {
 		steps = append(steps, rateLimit(cfg.RateLimit, clk))
 	}
 	steps = append(steps, cfg.Outer...)
-	steps = append(steps, retry(cfg.Attempts, cfg.RetryDelay, cfg.Stopping))
+	steps = append(steps, retry(cfg.Attempts, cfg.RetryDelay, cfg.Stopping, cfg.UnitOfWork.Ping))
 	if brk != nil {
 		steps = append(steps, brk.count)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -65,11 +66,11 @@ func uncharged(err error) bool {
 // ResetContextOnRetry, without its backoff's allocations per message: a
 // message that succeeds at once costs nothing here, and only a retry
 // starts a timer.
-func retry(attempts int, delay time.Duration, stopping <-chan struct{}) message.HandlerMiddleware {
+func retry(attempts int, delay time.Duration, stopping <-chan struct{}, ping func(context.Context) error) message.HandlerMiddleware {
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			st := stateOf(msg)
-			out, err := retryAttempts(next, msg, st, attempts, delay, stopping)
+			out, err := retryAttempts(next, msg, st, attempts, delay, stopping, ping)
 			if err != nil && !uncharged(err) && !errors.Is(err, errUnreachable) {
 				st.gaveUp = true
 			}
@@ -81,11 +82,21 @@ func retry(attempts int, delay time.Duration, stopping <-chan struct{}) message.
 // retryAttempts runs next on msg, whose state is st, until an attempt
 // succeeds, attempts ran, an error is not to be retried, the message
 // context ends or stopping closes.
-func retryAttempts(next message.HandlerFunc, msg *message.Message, st *state, attempts int, delay time.Duration, stopping <-chan struct{}) ([]*message.Message, error) {
+func retryAttempts(next message.HandlerFunc, msg *message.Message, st *state, attempts int, delay time.Duration, stopping <-chan struct{}, ping func(context.Context) error) ([]*message.Message, error) {
 	ctx := msg.Context()
 	var wait *time.Timer
 	for try := 1; ; try++ {
 		out, err := attempt(ctx, next, msg, st)
+		if err != nil && ping != nil && down(ctx, err, ping) {
+			// The database's outage, not the message's failure: the
+			// attempt is not charged, and the next one waits for the
+			// database to answer.
+			if err := awaitDatabase(ctx, ping, stopping, try, err); err != nil {
+				return out, err
+			}
+			try--
+			continue
+		}
 		switch {
 		case err == nil:
 			return out, nil
@@ -115,6 +126,71 @@ func retryAttempts(next message.HandlerFunc, msg *message.Message, st *state, at
 		}
 		if closed(stopping) { // both were ready: stopping wins
 			return out, stopped(try, err)
+		}
+	}
+}
+
+// outagePing bounds each ping that tells whether the database answers (see
+// down), and outagePause is the pause between two while it does not.
+const (
+	outagePing  = time.Second
+	outagePause = 250 * time.Millisecond
+)
+
+// down reports whether the attempt that failed with err failed for the
+// database's outage: err says the database is unreachable or broke a
+// connection (outage.Is), or that the attempt's time, or a statement's,
+// ran out, and the database does not answer a ping now (a restart, or a
+// black hole: a connection held open that answers nothing). A permanent
+// error is the message's; so is one whose database answers (the next
+// attempt, counted, gets a connection of its own).
+func down(ctx context.Context, err error, ping func(context.Context) error) bool {
+	switch {
+	case framework.IsPermanent(err) || errors.Is(err, pipeline.ErrLater) || ctx.Err() != nil:
+		return false
+	case !outage.Is(err) && !timedOut(err):
+		return false
+	}
+	pctx, cancel := context.WithTimeout(ctx, outagePing)
+	defer cancel()
+	return ping(pctx) != nil
+}
+
+// timedOut reports whether err says that a time limit ran out: a
+// context's deadline, PostgreSQL's statement timeout (SQLSTATE 57014), a
+// network timeout.
+func timedOut(err error) bool {
+	var (
+		state  interface{ SQLState() string }
+		netErr net.Error
+	)
+	return errors.Is(err, context.DeadlineExceeded) ||
+		errors.As(err, &state) && state.SQLState() == "57014" ||
+		errors.As(err, &netErr) && netErr.Timeout()
+}
+
+// awaitDatabase waits until the database answers a ping, pausing the
+// message's attempts (the attempt that failed with err, the try-th,
+// is not charged): it returns nil once it answers, and errStopping or
+// the message context's cause when the service stops or the message's
+// delivery ends first.
+func awaitDatabase(ctx context.Context, ping func(context.Context) error, stopping <-chan struct{}, try int, err error) error {
+	pause := time.NewTimer(outagePause)
+	defer pause.Stop()
+	for {
+		pctx, cancel := context.WithTimeout(ctx, outagePing)
+		perr := ping(pctx)
+		cancel()
+		if perr == nil {
+			return nil
+		}
+		pause.Reset(outagePause)
+		select {
+		case <-pause.C:
+		case <-stopping:
+			return stopped(try, err)
+		case <-ctx.Done():
+			return context.Cause(ctx)
 		}
 	}
 }

@@ -249,6 +249,20 @@ type Fencer interface {
 	Fence(ctx context.Context, tx *Tx, partitions []int) error
 }
 
+// Ping reports whether the unit of work's database answers, within ctx;
+// nil without a database (memory.Store). The consumer chain asks it when
+// an attempt ran out of time, to tell the database's outage from the
+// attempt's own slowness.
+func (u *UnitOfWork) Ping(ctx context.Context) error {
+	if u == nil || u.db == nil {
+		return nil
+	}
+	if err := u.db.PingContext(ctx); err != nil {
+		return fmt.Errorf("ping the database: %w", err)
+	}
+	return nil
+}
+
 // DoDelivery is Do for a delivery that d describes: the consumer chain
 // runs each attempt of a message with it.
 func (u *UnitOfWork) DoDelivery(ctx context.Context, consumer string, key framework.Key, d Delivery, fn func(ctx context.Context) error) (framework.Outcome, error) {
