@@ -358,17 +358,7 @@ func TestObserveFailing(t *testing.T) {
 // is not.
 func TestObserveEventAge(t *testing.T) {
 	t.Parallel()
-	reg := prometheus.NewRegistry()
-	metrics, err := middleware.NewMetrics(reg)
-	require.NoError(t, err)
-	store, err := memory.NewStore(memory.StoreConfig{})
-	require.NoError(t, err)
-	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{Store: store})
-	require.NoError(t, err)
-	c, err := framework.NewConsumer(consumerName, framework.Handle(noted, func(context.Context, framework.Event[noteV1]) error { return nil }))
-	require.NoError(t, err)
-	h, _, err := middleware.Handler(middleware.Config{Consumer: c, UnitOfWork: uow, Store: store, Metrics: metrics})
-	require.NoError(t, err)
+	h, reg := eventAgeChain(t)
 	deliver := func(id string, at time.Time) {
 		env, err := noted.Envelope(noteV1{Text: "hi"}, framework.Attributes{ID: id, Source: "notes", Time: at})
 		require.NoError(t, err)
@@ -379,20 +369,9 @@ func TestObserveEventAge(t *testing.T) {
 	deliver("1", time.Now().Add(-time.Hour))
 	deliver("1", time.Now().Add(-time.Hour)) // a duplicate
 
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
-	var found bool
-	for _, mf := range mfs {
-		if mf.GetName() != "effectively_event_age_seconds" {
-			continue
-		}
-		found = true
-		require.Len(t, mf.GetMetric(), 1)
-		hist := mf.GetMetric()[0].GetHistogram()
-		require.Equal(t, uint64(1), hist.GetSampleCount())
-		require.InDelta(t, 3600, hist.GetSampleSum(), 60)
-	}
-	require.True(t, found, "effectively_event_age_seconds scraped")
+	count, sum := eventAge(t, reg)
+	require.Equal(t, uint64(1), count)
+	require.InDelta(t, 3600, sum, 60)
 }
 
 // TestObserveEventAgeFromPublishedAt: an event processed without a
@@ -401,17 +380,7 @@ func TestObserveEventAge(t *testing.T) {
 // one with neither, or with a time that does not parse, is not.
 func TestObserveEventAgeFromPublishedAt(t *testing.T) {
 	t.Parallel()
-	reg := prometheus.NewRegistry()
-	metrics, err := middleware.NewMetrics(reg)
-	require.NoError(t, err)
-	store, err := memory.NewStore(memory.StoreConfig{})
-	require.NoError(t, err)
-	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{Store: store})
-	require.NoError(t, err)
-	c, err := framework.NewConsumer(consumerName, framework.Handle(noted, func(context.Context, framework.Event[noteV1]) error { return nil }))
-	require.NoError(t, err)
-	h, _, err := middleware.Handler(middleware.Config{Consumer: c, UnitOfWork: uow, Store: store, Metrics: metrics})
-	require.NoError(t, err)
+	h, reg := eventAgeChain(t)
 	deliver := func(id, publishedAt string) {
 		env, err := noted.Envelope(noteV1{Text: "hi"}, framework.Attributes{ID: id, Source: "notes"})
 		require.NoError(t, err)
@@ -428,18 +397,42 @@ func TestObserveEventAgeFromPublishedAt(t *testing.T) {
 	deliver("2", "")
 	deliver("3", "an hour ago")
 
+	count, sum := eventAge(t, reg)
+	require.Equal(t, uint64(1), count, "the event with a publishing time only")
+	require.InDelta(t, 3600, sum, 60)
+}
+
+// eventAgeChain returns a chain on the memory store whose handler takes
+// every event, with its metrics in the registry returned.
+func eventAgeChain(t *testing.T) (message.NoPublishHandlerFunc, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	metrics, err := middleware.NewMetrics(reg)
+	require.NoError(t, err)
+	store, err := memory.NewStore(memory.StoreConfig{})
+	require.NoError(t, err)
+	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{Store: store})
+	require.NoError(t, err)
+	c, err := framework.NewConsumer(consumerName, framework.Handle(noted, func(context.Context, framework.Event[noteV1]) error { return nil }))
+	require.NoError(t, err)
+	h, _, err := middleware.Handler(middleware.Config{Consumer: c, UnitOfWork: uow, Store: store, Metrics: metrics})
+	require.NoError(t, err)
+	return h, reg
+}
+
+// eventAge returns the sample count and sum of the one series of
+// effectively_event_age_seconds in reg.
+func eventAge(t *testing.T, reg *prometheus.Registry) (uint64, float64) {
+	t.Helper()
 	mfs, err := reg.Gather()
 	require.NoError(t, err)
-	var found bool
 	for _, mf := range mfs {
-		if mf.GetName() != "effectively_event_age_seconds" {
-			continue
+		if mf.GetName() == "effectively_event_age_seconds" {
+			require.Len(t, mf.GetMetric(), 1)
+			hist := mf.GetMetric()[0].GetHistogram()
+			return hist.GetSampleCount(), hist.GetSampleSum()
 		}
-		found = true
-		require.Len(t, mf.GetMetric(), 1)
-		hist := mf.GetMetric()[0].GetHistogram()
-		require.Equal(t, uint64(1), hist.GetSampleCount(), "the event with a publishing time only")
-		require.InDelta(t, 3600, hist.GetSampleSum(), 60)
 	}
-	require.True(t, found, "effectively_event_age_seconds scraped")
+	t.Fatal("effectively_event_age_seconds not scraped")
+	return 0, 0
 }

@@ -40,20 +40,25 @@ func RefuseReplay(cfg Config, decls []handlers.Declaration) func(dl driver.DeadL
 	return func(dl driver.DeadLetter, now time.Time) string { return op.refuseReplay(dl, false, now) }
 }
 
+// consoleSource returns the partition source of the console's views on
+// db, whose backlogs counter counts (none when nil), and decls by name.
+func consoleSource(db Database, counter driver.BacklogCounter, decls []handlers.Declaration) (partitionSource, map[string]handlers.Declaration) {
+	if counter != nil {
+		db.Backlogs = func(context.Context) (driver.BacklogCounter, error) { return counter, nil }
+	}
+	byName := make(map[string]handlers.Declaration, len(decls))
+	for _, d := range decls {
+		byName[d.Name] = d
+	}
+	return newPartitionSource(db), byName
+}
+
 // ConsolePartitions returns the partitions of the consumers of decls as
 // the operator console shows them (console.Config.Partitions): as the
 // consumers command lists them, their leases read from store and what
 // waits in them counted by counter (nil when the transport counts none).
 func ConsolePartitions(cfg Config, store driver.Store, counter driver.BacklogCounter, decls []handlers.Declaration) func(ctx context.Context, consumer string) (*console.Partitions, error) {
-	db := Database{Config: cfg, Store: store}
-	if counter != nil {
-		db.Backlogs = func(context.Context) (driver.BacklogCounter, error) { return counter, nil }
-	}
-	src := newPartitionSource(db)
-	byName := make(map[string]handlers.Declaration, len(decls))
-	for _, d := range decls {
-		byName[d.Name] = d
-	}
+	src, byName := consoleSource(Database{Config: cfg, Store: store}, counter, decls)
 	return func(ctx context.Context, consumer string) (*console.Partitions, error) {
 		d, ok := byName[consumer]
 		if !ok {

@@ -78,15 +78,7 @@ func (v *lagView) oldestCell() string {
 // command counts it, through counter (nil when the transport counts
 // none). A count that fails is said in console.Lag.Error.
 func ConsoleLag(cfg Config, counter driver.BacklogCounter, decls []handlers.Declaration) func(ctx context.Context, consumer string) (*console.Lag, error) {
-	db := Database{Config: cfg}
-	if counter != nil {
-		db.Backlogs = func(context.Context) (driver.BacklogCounter, error) { return counter, nil }
-	}
-	src := newPartitionSource(db)
-	byName := make(map[string]handlers.Declaration, len(decls))
-	for _, d := range decls {
-		byName[d.Name] = d
-	}
+	src, byName := consoleSource(Database{Config: cfg}, counter, decls)
 	return func(ctx context.Context, consumer string) (*console.Lag, error) {
 		d, ok := byName[consumer]
 		if !ok {

@@ -2,6 +2,7 @@ package sqlstore
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"time"
@@ -53,13 +54,13 @@ ON CONFLICT (consumer, subject) DO UPDATE SET seq = {p}subject_checkpoints.seq R
 	// qOrderCheckpointMany, in one statement: the checkpoints' insert
 	// reads the count of the marks' (an init plan, run first), so the
 	// marks are inserted before a checkpoint is locked. Its rows are the
-	// keys inserted (true, source, event_id, 0) and the checkpoints
-	// (false, subject, '', seq).
+	// keys inserted (0, source, event_id, 0) and the checkpoints
+	// (1, subject, '', seq), as qMarkMoveManyPostgres's (markCheckpointRows).
 	qMarkCheckpointManyPostgres = `WITH m AS (` + qMarkManyPostgres + `),
 c AS (INSERT INTO {p}subject_checkpoints (consumer, subject, seq)
 SELECT ?, s, 0 FROM unnest(?::text[]) AS s WHERE (SELECT count(*) FROM m) >= 0 ORDER BY s
 ON CONFLICT (consumer, subject) DO UPDATE SET seq = {p}subject_checkpoints.seq RETURNING subject, seq)
-SELECT true, source, event_id, 0::bigint FROM m UNION ALL SELECT false, subject, '', seq FROM c`
+SELECT 0, source, event_id, 0::bigint FROM m UNION ALL SELECT 1, subject, '', seq FROM c`
 	// qMarkMoveManyPostgres is qMarkManyPostgres, then the moves of some
 	// subjects' checkpoints, each from from_seq to to_seq if it is still
 	// at from_seq, then qOrderCheckpointMany of others, in one statement
@@ -224,47 +225,21 @@ func (s *Store) AdvanceMany(ctx context.Context, tx *driver.Tx, consumer string,
 // subjects of move are best in order, so that two batches lock their rows
 // in one order. Not on SQLite, where a batch holds the file's lock.
 func (s *Store) MarkMoveMany(ctx context.Context, tx *driver.Tx, consumer string, keys []framework.Key, lock, move []string, from, to []int64) (first []bool, checkpoints map[string]int64, moved bool, err error) {
-	fail := func(err error) ([]bool, map[string]int64, bool, error) {
+	if !tx.HasDB() || s.dialect != Postgres {
+		err = errors.ErrUnsupported
+	} else {
+		sources, ids := keyColumns(uniqueKeys(keys))
+		var rows *sql.Rows
+		rows, err = tx.QueryContext(ctx, s.markMoveMany,
+			consumer, s.dialect.timeArg(s.now()), sources, ids, move, from, to, consumer, consumer, lock, consumer)
+		if err == nil {
+			first, checkpoints, moved, err = markCheckpointRows(rows, keys)
+		}
+	}
+	if err != nil {
 		return nil, nil, false, fmt.Errorf("mark %d events and move the checkpoints of %d subjects for %s: %w", len(keys), len(move), consumer, err)
 	}
-	if !tx.HasDB() || s.dialect != Postgres {
-		return fail(errors.ErrUnsupported)
-	}
-	unique := uniqueKeys(keys)
-	sources, ids := make([]string, len(unique)), make([]string, len(unique))
-	for i, k := range unique {
-		sources[i], ids[i] = k.Source, k.ID
-	}
-	rows, err := tx.QueryContext(ctx, s.markMoveMany, consumer, s.dialect.timeArg(s.now()), sources, ids,
-		move, from, to, consumer, consumer, lock, consumer)
-	if err != nil {
-		return fail(err)
-	}
-	defer rows.Close()
-	inserted := make(map[framework.Key]bool, len(unique))
-	checkpoints = make(map[string]int64, len(lock)+len(move))
-	for rows.Next() {
-		var (
-			kind int
-			a, b string
-			seq  int64
-		)
-		if err := rows.Scan(&kind, &a, &b, &seq); err != nil {
-			return fail(err)
-		}
-		switch kind {
-		case 0:
-			inserted[framework.Key{Source: a, ID: b}] = true
-		case 1:
-			checkpoints[a] = seq
-		default:
-			moved = seq == 1
-		}
-	}
-	if err := rows.Err(); err != nil {
-		return fail(err)
-	}
-	return firstMarks(keys, inserted), checkpoints, moved, nil
+	return first, checkpoints, moved, nil
 }
 
 // AdvanceEndWait is Advance, then EndWait, of an event that took effect

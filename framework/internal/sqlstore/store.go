@@ -230,40 +230,63 @@ func (s *Store) MarkCheckpointMany(ctx context.Context, tx *driver.Tx, consumer 
 		}
 		return first, checkpoints, nil
 	}
-	unique := uniqueKeys(keys)
-	sources, ids := make([]string, len(unique)), make([]string, len(unique))
-	for i, k := range unique {
-		sources[i], ids[i] = k.Source, k.ID
+	sources, ids := keyColumns(uniqueKeys(keys))
+	rows, err := tx.QueryContext(ctx, s.markCheckpointMany, consumer, s.dialect.timeArg(s.now()), sources, ids, consumer, subjects)
+	var first []bool
+	var checkpoints map[string]int64
+	if err == nil {
+		first, checkpoints, _, err = markCheckpointRows(rows, keys)
 	}
-	fail := func(err error) ([]bool, map[string]int64, error) {
+	if err != nil {
 		return nil, nil, fmt.Errorf("mark %d events and lock the checkpoints of %d subjects for %s: %w", len(keys), len(subjects), consumer, err)
 	}
-	rows, err := tx.QueryContext(ctx, s.markCheckpointMany, consumer, s.dialect.timeArg(s.now()), sources, ids, consumer, subjects)
-	if err != nil {
-		return fail(err)
+	return first, checkpoints, nil
+}
+
+// keyColumns returns the sources and the ids of keys, as two columns.
+func keyColumns(keys []framework.Key) (sources, ids []string) {
+	sources, ids = make([]string, len(keys)), make([]string, len(keys))
+	for i, k := range keys {
+		sources[i], ids[i] = k.Source, k.ID
 	}
+	return sources, ids
+}
+
+// markCheckpointRows reads, and closes, rows of qMarkCheckpointManyPostgres
+// or qMarkMoveManyPostgres for keys: the keys inserted
+// (0, source, event_id, 0), the checkpoints (1, subject, ”, seq) and the
+// moves' report (2, ”, ”, 1 when made). It returns, for each of keys,
+// whether its mark is new (see firstMarks), the checkpoints by subject,
+// and the report.
+func markCheckpointRows(rows *sql.Rows, keys []framework.Key) ([]bool, map[string]int64, bool, error) {
 	defer rows.Close()
-	inserted := make(map[framework.Key]bool, len(unique))
-	checkpoints := make(map[string]int64, len(subjects))
+	var (
+		inserted    = make(map[framework.Key]bool, len(keys))
+		checkpoints = map[string]int64{}
+		moved       bool
+	)
 	for rows.Next() {
 		var (
-			mark bool
+			kind int
 			a, b string
 			seq  int64
 		)
-		if err := rows.Scan(&mark, &a, &b, &seq); err != nil {
-			return fail(err)
+		if err := rows.Scan(&kind, &a, &b, &seq); err != nil {
+			return nil, nil, false, err
 		}
-		if mark {
+		switch kind {
+		case 0:
 			inserted[framework.Key{Source: a, ID: b}] = true
-		} else {
+		case 1:
 			checkpoints[a] = seq
+		default:
+			moved = seq == 1
 		}
 	}
 	if err := rows.Err(); err != nil {
-		return fail(err)
+		return nil, nil, false, err
 	}
-	return firstMarks(keys, inserted), checkpoints, nil
+	return firstMarks(keys, inserted), checkpoints, moved, nil
 }
 
 // uniqueKeys returns keys without repeats, in key order: the order in
@@ -307,10 +330,7 @@ func firstMarks(keys []framework.Key, inserted map[framework.Key]bool) []bool {
 func (s *Store) markRows(ctx context.Context, tx *driver.Tx, consumer string, keys []framework.Key) (*sql.Rows, error) {
 	at := s.dialect.timeArg(s.now())
 	if s.dialect == Postgres {
-		sources, ids := make([]string, len(keys)), make([]string, len(keys))
-		for i, k := range keys {
-			sources[i], ids[i] = k.Source, k.ID
-		}
+		sources, ids := keyColumns(keys)
 		return tx.QueryContext(ctx, s.markMany, consumer, at, sources, ids)
 	}
 	if list, ok := jsonKeys(keys); ok {
