@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"path/filepath"
+	"regexp"
 	"sync"
 	"testing"
 	"testing/fstest"
@@ -248,10 +249,14 @@ func TestApp(t *testing.T) {
 		waitFor(t, "the widget", func() bool {
 			return b.count(t, `SELECT count(*) FROM widgets`) == 1
 		})
-		code, body = get("/metrics")
-		require.Equal(t, http.StatusOK, code)
+		// The outcome is counted after the handler's transaction commits,
+		// so the widget can be seen a moment before the counter moves.
+		processed := regexp.MustCompile(`effectively_messages_total\{[^}]*consumer="` + consumerName + `"[^}]*outcome="processed"[^}]*\} 1`)
+		waitFor(t, "the processed outcome counted", func() bool {
+			code, body = get("/metrics")
+			return code == http.StatusOK && processed.MatchString(body)
+		})
 		require.Contains(t, body, "go_goroutines")
-		require.Regexp(t, `effectively_messages_total\{[^}]*consumer="`+consumerName+`"[^}]*outcome="processed"[^}]*\} 1`, body)
 	})
 
 	t.Run("HTTPOff", func(t *testing.T) {
