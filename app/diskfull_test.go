@@ -15,6 +15,7 @@ import (
 	"go.uber.org/fx"
 
 	"github.com/effectively-once/effectively/app"
+	"github.com/effectively-once/effectively/handlers"
 	"github.com/effectively-once/effectively/internal/testenv/testserver"
 )
 
@@ -30,6 +31,36 @@ func TestSQLiteDiskFull(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.DatabaseURL = filepath.Join(disk.Dir, "app.db")
 	cfg.TransportURL = cfg.DatabaseURL
+	testDiskFull(t, cfg, disk, 8<<20)
+}
+
+// TestPostgresDiskFull is TestSQLiteDiskFull with PostgreSQL's data
+// directory on the small filesystem, on RabbitMQ and on the postgres
+// transport (its messages in the same database).
+func TestPostgresDiskFull(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		config func(t *testing.T) app.Config
+	}{{"AMQP", amqpConfig}, {"Postgres", postgresConfig}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			const size = 128 << 20
+			pg, disk := testserver.StartPostgresOnDisk(t, size)
+			cfg := tc.config(t)
+			cfg.DatabaseURL = pg.URL
+			if cfg.Transport == app.TransportPostgres {
+				cfg.TransportURL = pg.URL
+			}
+			testDiskFull(t, cfg, disk, size)
+		})
+	}
+}
+
+// testDiskFull runs the service of cfg, whose database is on disk (of
+// size bytes), and fills the disk while messages wait to be handled.
+func testDiskFull(t *testing.T, cfg app.Config, disk *testserver.Disk, size int64) {
+	t.Helper()
 	gate := make(chan struct{})
 	hold := func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
@@ -37,7 +68,7 @@ func TestSQLiteDiskFull(t *testing.T) {
 			return next(msg)
 		}
 	}
-	b := setup(t, cfg, fx.Supply(app.Middleware{Outer: []message.HandlerMiddleware{hold}}))
+	b := setupWith(t, cfg, handlers.On(widgetAdded, newAddWidgetRebound), fx.Supply(app.Middleware{Outer: []message.HandlerMiddleware{hold}}))
 	ready := readyzOf(t, b)
 
 	const events = 40
@@ -63,7 +94,7 @@ func TestSQLiteDiskFull(t *testing.T) {
 	require.Equal(t, stalled, b.count(t, `SELECT count(*) FROM widgets`))
 	require.Zero(t, b.count(t, `SELECT count(*) FROM dead_letters`))
 
-	disk.Grow(t, 64<<20)
+	disk.Grow(t, 2*size)
 	grown := time.Now()
 	waitFor(t, "every effect", func() bool { return b.count(t, `SELECT count(DISTINCT event_id) FROM widgets`) == events })
 	t.Logf("all %d effects %v after the disk grew (%d before it filled)", events, time.Since(grown).Round(10*time.Millisecond), stalled)

@@ -30,20 +30,26 @@ type Disk struct {
 // CI=true, see testenv.Missing).
 func MountDisk(t *testing.T, size int64) *Disk {
 	t.Helper()
+	dir, err := os.MkdirTemp("", "effectively-disk-")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.Remove(dir) }) // once unmounted
+	return mountDisk(t, dir, size, "0755")
+}
+
+// mountDisk mounts a tmpfs of size bytes on dir, with mode, and unmounts
+// it when the test ends.
+func mountDisk(t *testing.T, dir string, size int64, mode string) *Disk {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		testenv.Missing(t, "mounting a small filesystem needs root")
 	}
-	dir, err := os.MkdirTemp("", "effectively-disk-")
-	require.NoError(t, err)
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", fmt.Sprintf("size=%d,mode=0755", size), "tmpfs", dir).CombinedOutput(); err != nil {
-		_ = os.Remove(dir)
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", fmt.Sprintf("size=%d,mode=%s", size, mode), "tmpfs", dir).CombinedOutput(); err != nil {
 		testenv.Missing(t, "cannot mount a tmpfs (the capability to mount is needed): %v: %s", err, out)
 	}
 	t.Cleanup(func() {
 		if out, err := exec.Command("umount", "-l", dir).CombinedOutput(); err != nil {
 			t.Errorf("umount %s: %v: %s", dir, err, out)
 		}
-		_ = os.Remove(dir)
 	})
 	return &Disk{Dir: dir, filler: filepath.Join(dir, ".filler")}
 }

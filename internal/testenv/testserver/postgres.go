@@ -42,6 +42,24 @@ func StartPostgres(t *testing.T) *Postgres {
 	return c
 }
 
+// StartPostgresOnDisk is StartPostgres with the cluster's data directory
+// on a disk of its own of size bytes (see MountDisk), for the tests of a
+// full disk; its log is elsewhere. The disk is unmounted after the
+// cluster stops.
+func StartPostgresOnDisk(t *testing.T, size int64) (*Postgres, *Disk) {
+	t.Helper()
+	requirePrograms(t)
+	c := newPostgres(t)
+	require.NoError(t, os.Mkdir(c.data(), 0o700))
+	disk := mountDisk(t, c.data(), size, "0700")
+	t.Cleanup(func() { _ = c.pgctl("stop", "-m", "immediate").Run() }) // before the unmount
+	require.NoError(t, exec.Command("chown", "postgres:postgres", c.data()).Run())
+	out, err := c.asPostgres(filepath.Join(pgBin, "initdb"), "-D", c.data(), "-A", "trust", "-U", "postgres", "--no-sync").CombinedOutput()
+	require.NoError(t, err, "initdb: %s", out)
+	c.Start(t)
+	return c, disk
+}
+
 // requirePrograms skips the test, or fails it under CI=true, when a
 // private cluster cannot be run here.
 func requirePrograms(t *testing.T) {
