@@ -88,4 +88,3 @@ func (d *Disk) Grow(t *testing.T, size int64) {
 	out, err := exec.Command("mount", "-o", fmt.Sprintf("remount,size=%d", size), d.Dir).CombinedOutput()
 	require.NoError(t, err, "remount %s: %s", d.Dir, out)
 }
-
