@@ -88,3 +88,44 @@ func TestFailoverLostRows(t *testing.T) {
 	case <-time.After(500 * time.Millisecond):
 	}
 }
+
+// TestFailoverLostAcks fails over to an asynchronous standby that has
+// the last messages' rows but not their acknowledgements (as it may lack
+// their effects, committed just before): the subscriber, which had
+// acknowledged them, delivers them again from its group's position on
+// the new primary, so that their effects, if lost, take place again.
+func TestFailoverLostAcks(t *testing.T) {
+	t.Parallel()
+	p := testserver.StartPair(t, false)
+	url := p.URL("postgres")
+	db := open(t, url, 4)
+	tr := newTransport(t, db, url)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const topic, group = "failover", "failover"
+	ch, err := concurrentSubscriber(t, tr, group, topic, 4).Subscribe(ctx, topic)
+	require.NoError(t, err)
+	publishUUIDs(t, tr.Publisher(), topic, "a1")
+	receive(ctx, t, ch, "a1").Ack()
+	waitAcked(t, db, topic, group, "a1")
+	publishUUIDs(t, tr.Publisher(), topic, "r1", "r2")
+	held := []*message.Message{receive(ctx, t, ch, "r1 or r2"), receive(ctx, t, ch, "r1 or r2")}
+	p.WaitReplayed(t)
+
+	p.Standby.Stop(t) // it misses the acknowledgements
+	for _, msg := range held {
+		msg.Ack()
+	}
+	waitAcked(t, db, topic, group, "r2")
+	p.Primary.Kill(t)
+	p.Standby.Start(t)
+	p.Standby.Promote(t)
+
+	got := make(map[string]bool)
+	for range 2 {
+		msg := receive(ctx, t, ch, "r1 and r2 again")
+		got[msg.UUID] = true
+		msg.Ack()
+	}
+	require.Equal(t, map[string]bool{"r1": true, "r2": true}, got, "the messages whose acknowledgements the failover lost come again")
+}

@@ -37,7 +37,11 @@ func newSubscriptionQueries(cfg TransportConfig, topic string, marking bool) sub
 		unlock:   `SELECT pg_advisory_unlock($1)`,
 		listen:   `LISTEN ` + quoteIdent(notifyChannel(cfg.TablePrefix, topic)),
 		unlisten: `UNLISTEN *`,
-		newest:   `SELECT COALESCE(max(transaction_id)::text, '0') FROM ` + messages,
+		// The newest row's transaction, and the database's timeline (the
+		// first 8 hex digits of a WAL file's name), which a promotion or
+		// a point-in-time recovery moves on.
+		newest: `SELECT COALESCE(max(transaction_id)::text, '0'),
+			CASE WHEN pg_is_in_recovery() THEN '' ELSE substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END FROM ` + messages,
 		// The offsets of the rows (offset, transaction, uuid) that are
 		// not there (see lostCursors).
 		lost: `SELECT c.o FROM unnest($1::bigint[], $2::text[], $3::text[]) AS c(o, x, u)

@@ -234,8 +234,8 @@ func (sub *subscription) took(ctx context.Context, got []*stream) error {
 	// their transactions had just notified: a transaction open elsewhere
 	// may hide them from the first read, and no notification comes for
 	// them.
-	var newest string
-	if err := sub.conn.QueryRowContext(ctx, sub.q.newest).Scan(&newest); err != nil {
+	var newest, timeline string
+	if err := sub.conn.QueryRowContext(ctx, sub.q.newest).Scan(&newest, &timeline); err != nil {
 		return fmt.Errorf("newest message: %w", err)
 	}
 	newestXID, newestErr := strconv.ParseUint(newest, 10, 64)
@@ -253,10 +253,23 @@ func (sub *subscription) took(ctx context.Context, got []*stream) error {
 	sub.dropNext() // prepared before, it may say otherwise
 	for _, st := range got {
 		r := stored[st.group]
-		if lost[st] {
+		switch {
+		case lost[st]:
 			sub.log.Warn("postgres subscriber: the last row read is no longer in the database, which lost transactions (a failover to a standby that had not received them, or a restore); reading on from the group's stored position",
 				slog.Int64("offset", st.cursor.offset))
 			sub.reset(st)
+		case st.timeline != "" && timeline != "" && timeline != st.timeline:
+			// A failover or a restore: the database may lack the last
+			// acknowledgements, and the effects committed before them
+			// (asynchronous replication). The rows after the stored
+			// position come again; the processed marks skip those whose
+			// effects it kept.
+			sub.log.Warn("postgres subscriber: the database's timeline changed (a failover or a restore); reading on from the group's stored position",
+				slog.String("timeline", timeline), slog.String("was", st.timeline))
+			sub.reset(st)
+		}
+		if timeline != "" {
+			st.timeline = timeline
 		}
 		// The rows handed out up to now (see redelivered) are the ones up
 		// to the group's handed-out position; when that is unknown, any
