@@ -271,7 +271,7 @@ func testFailoverAsyncLoses(t *testing.T, onAMQP bool) {
 	if !onAMQP {
 		require.Equal(t, n, f.messageRows(t, f.db, "l"), "the messages' rows are on the primary")
 	}
-	time.Sleep(200 * time.Millisecond) // the acks of the last effects
+	time.Sleep(500 * time.Millisecond) // the acks that follow the last commits
 
 	killedAt := time.Now()
 	f.pair.Primary.Kill(t)
