@@ -234,8 +234,8 @@ func (sub *subscription) took(ctx context.Context, got []*stream) error {
 	// their transactions had just notified: a transaction open elsewhere
 	// may hide them from the first read, and no notification comes for
 	// them.
-	var newest, timeline string
-	if err := sub.conn.QueryRowContext(ctx, sub.q.newest).Scan(&newest, &timeline); err != nil {
+	var newest string
+	if err := sub.conn.QueryRowContext(ctx, sub.q.newest).Scan(&newest); err != nil {
 		return fmt.Errorf("newest message: %w", err)
 	}
 	newestXID, newestErr := strconv.ParseUint(newest, 10, 64)
@@ -250,6 +250,7 @@ func (sub *subscription) took(ctx context.Context, got []*stream) error {
 	if err != nil {
 		return err
 	}
+	timeline := sub.timeline(ctx)
 	sub.dropNext() // prepared before, it may say otherwise
 	for _, st := range got {
 		r := stored[st.group]
@@ -296,6 +297,18 @@ func (sub *subscription) took(ctx context.Context, got []*stream) error {
 	sub.readAt = time.Time{}
 	sub.log.Debug("postgres subscriber: active for its group", slog.Int("streams", len(got)))
 	return nil
+}
+
+// timeline returns the database's timeline, or "" when it cannot tell
+// (a server that offers no WAL functions): a failover is then seen only
+// by the rows it lost (see lostCursors).
+func (sub *subscription) timeline(ctx context.Context) string {
+	var tl string
+	if err := sub.conn.QueryRowContext(ctx, sub.q.timeline).Scan(&tl); err != nil {
+		sub.log.Debug("postgres subscriber: no timeline", slog.Any("error", err))
+		return ""
+	}
+	return tl
 }
 
 // lostCursors returns the streams of got whose cursor is a row this
