@@ -64,13 +64,16 @@ func (r *Relay) startBatch(ctx context.Context, skip sqlstore.Skip) (batch, erro
 func (r *Relay) startLeased(ctx, bctx context.Context, skip sqlstore.Skip) (batch, error) {
 	// The lease is a write: an idle poll reads first, so that it never
 	// waits for the file's write lock (a long handler transaction holds it)
-	// when there is nothing to publish. Both stop with ctx.
+	// when there is nothing to publish. The read stops with ctx; the
+	// lease runs under bctx: interrupted by a stop after its statement
+	// committed, it would hold rows that no finish releases, and the
+	// relay's last pass at stop would skip them.
 	waiting, err := r.sql.Unsent(ctx, r.db, 1)
 	if err != nil || len(waiting) == 0 {
 		return batch{finish: func() (int, error) { return 0, nil }}, err
 	}
 	now := r.cfg.Now()
-	rows, more, err := r.sql.Lease(ctx, r.db, r.cfg.BatchSize, r.cfg.BatchBytes, now, now.Add(2*r.cfg.BatchTimeout), skip)
+	rows, more, err := r.sql.Lease(bctx, r.db, r.cfg.BatchSize, r.cfg.BatchBytes, now, now.Add(2*r.cfg.BatchTimeout), skip)
 	if err != nil {
 		return batch{}, err
 	}
