@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"sync"
 	"testing"
 	"testing/fstest"
@@ -90,6 +91,9 @@ type bundle struct {
 	db        *sqlx.DB
 	transport driver.Transport
 	http      *app.HTTP
+	// def is the widget's event type: widgetAdded unless set (see
+	// setupIsolated).
+	def *framework.Definition[widgetAddedV1]
 }
 
 // testConfig returns a configuration on a fresh SQLite file, migrated at
@@ -127,6 +131,28 @@ func setupWith(t *testing.T, cfg app.Config, h handlers.Route, opts ...fx.Option
 	return b
 }
 
+// setupIsolated is setupWith for a test on RabbitMQ beside others: its
+// widget event type and its consumer have names of its own, as the
+// broker is shared and an event type's exchange hands each event to
+// every queue bound to it, whose consumers compete for the queue's
+// messages. It returns the bundle and the consumer's name.
+func setupIsolated(t *testing.T, cfg app.Config, opts ...fx.Option) (*bundle, string) {
+	t.Helper()
+	suffix := strconv.FormatInt(time.Now().UnixNano(), 36)
+	def := framework.Define[widgetAddedV1]("widgets.widget.added-"+suffix, 1)
+	consumer := "widgets.count-" + suffix
+	b := &bundle{cfg: cfg, def: &def}
+	b.service = app.New(
+		handlers.Register(consumer, handlers.On(def, newAddWidgetRebound)),
+		fx.Supply(widgetMigrations),
+		fx.Replace(cfg),
+		fx.Options(opts...),
+		fx.Populate(&b.db, &b.transport, &b.http),
+	)
+	b.start(t)
+	return b, consumer
+}
+
 // start starts b's service, built without error, and stops it when the
 // test ends.
 func (b *bundle) start(t *testing.T) {
@@ -151,11 +177,15 @@ func (b *bundle) publish(t *testing.T, id, name string) {
 // publishFrom publishes the widget name as event id of source.
 func (b *bundle) publishFrom(t *testing.T, source, id, name string) {
 	t.Helper()
-	env, err := widgetAdded.Envelope(widgetAddedV1{Name: name}, framework.Attributes{ID: id, Source: source})
+	def := widgetAdded
+	if b.def != nil {
+		def = *b.def
+	}
+	env, err := def.Envelope(widgetAddedV1{Name: name}, framework.Attributes{ID: id, Source: source})
 	require.NoError(t, err)
 	msg, err := framework.NewMessage(env)
 	require.NoError(t, err)
-	require.NoError(t, b.transport.Publisher().Publish(widgetAdded.Type(), msg))
+	require.NoError(t, b.transport.Publisher().Publish(def.Type(), msg))
 }
 
 func (b *bundle) count(t *testing.T, query string, args ...any) int {

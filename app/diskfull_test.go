@@ -15,7 +15,6 @@ import (
 	"go.uber.org/fx"
 
 	"github.com/effectively-once/effectively/app"
-	"github.com/effectively-once/effectively/handlers"
 	"github.com/effectively-once/effectively/internal/testenv/testserver"
 )
 
@@ -81,7 +80,7 @@ func testDiskFull(t *testing.T, cfg app.Config, disk *testserver.Disk, size int6
 			return next(msg)
 		}
 	}
-	b := setupWith(t, cfg, handlers.On(widgetAdded, newAddWidgetRebound), fx.Supply(app.Middleware{Outer: []message.HandlerMiddleware{hold}}))
+	b, _ := setupIsolated(t, cfg, fx.Supply(app.Middleware{Outer: []message.HandlerMiddleware{hold}}))
 	ready := readyzOf(t, b)
 
 	const events = 40

@@ -14,7 +14,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/effectively-once/effectively/handlers"
 	"github.com/effectively-once/effectively/internal/testenv"
 	"github.com/effectively-once/effectively/middleware"
 )
@@ -118,7 +117,8 @@ func TestReadyzBrokerBlackHole(t *testing.T) {
 	proxy := newHoleProxy(t, u.Host)
 	u.Host = proxy.ln.Addr().String()
 	cfg.AMQPURL = u.String()
-	testReadyzBlackHole(t, setup(t, cfg), proxy, "transport not connected")
+	b, _ := setupIsolated(t, cfg)
+	testReadyzBlackHole(t, b, proxy, "transport not connected")
 }
 
 // testReadyzBlackHole makes proxy, on the path to a server of b, a black
@@ -184,7 +184,7 @@ func TestDatabaseBlackHoleSpendsNoAttempt(t *testing.T) {
 	u.Host = proxy.ln.Addr().String()
 	cfg.DatabaseURL = u.String()
 	cfg.Defaults = middleware.Settings{Attempts: 2, Timeout: time.Second, RetryDelay: 50 * time.Millisecond}
-	b := setupWith(t, cfg, handlers.On(widgetAdded, newAddWidgetRebound))
+	b, _ := setupIsolated(t, cfg)
 	t.Cleanup(func() { proxy.hole.Store(false) }) // before the service stops
 
 	for i := range 5 {
