@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"gopkg.in/yaml.v3"
 
 	"github.com/effectively-once/effectively/app/runner"
@@ -278,6 +280,8 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("%s: begins as a PostgreSQL URL but is not one: want postgres://user:password@host:port/database (a SQLite file would be created at that path)", setting(u.key, u.env)))
 		} else if scheme, ok := foreignScheme(u.url); ok {
 			errs = append(errs, fmt.Errorf("%s: a %s:// URL: want a SQLite file (a path or file: URI) or postgres://user:password@host:port/database (a SQLite file would be created at that path)", setting(u.key, u.env), scheme))
+		} else if err := checkPostgresURL(u.url); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", setting(u.key, u.env), err))
 		}
 	}
 	if err := migrate.ValidateTablePrefix(c.TablePrefix); err != nil {
@@ -339,6 +343,29 @@ func setting(key, env string) string { return key + " (" + env + ")" }
 
 func isPostgresURL(u string) bool {
 	return strings.HasPrefix(u, "postgres://") || strings.HasPrefix(u, "postgresql://")
+}
+
+// checkPostgresURL reports a postgres:// URL that pgx cannot read, as
+// the service would at start: a bad port, an unknown
+// target_session_attrs. Several hosts are fine, as libpq writes them
+// (postgres://user:password@host1:port1,host2:port2/database), and Go's
+// net/url does not always read (a host without a port before the last).
+// The error says why without the URL, which may hold a password (pgx's
+// own masks it on a best-effort basis).
+func checkPostgresURL(u string) error {
+	if !isPostgresURL(u) {
+		return nil
+	}
+	_, err := pgx.ParseConfig(u)
+	if err == nil {
+		return nil
+	}
+	why := "cannot parse it"
+	var pe *pgconn.ParseConfigError
+	if _, after, ok := strings.Cut(err.Error(), "`: "); ok && errors.As(err, &pe) && !strings.Contains(after, "`") {
+		why += ": " + after // the reason, after the URL
+	}
+	return fmt.Errorf("not a PostgreSQL URL (%s); want postgres://user:password@host:port/database, or for a failover postgres://user:password@host1:port1,host2:port2/database?target_session_attrs=read-write", why)
 }
 
 // mistypedPostgresURL reports a URL that begins as a PostgreSQL URL does

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -110,9 +111,10 @@ func newHTTP(p httpParams) (*httpServer, error) {
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), readyzTimeout)
 		defer cancel()
-		body := readyzBody{Status: "ready", Consumers: readyzConsumers(p.Consumers.Consumers(), p.Consumers.Breakers())}
+		statuses := p.Consumers.Consumers()
+		body := readyzBody{Status: "ready", Consumers: readyzConsumers(statuses, p.Consumers.Breakers())}
 		w.Header().Set("Content-Type", "application/json")
-		if reason := unready(ctx, p); reason != "" {
+		if reason := unready(ctx, p, statuses); reason != "" {
 			body.Status, body.Reason = "unavailable", reason
 			w.WriteHeader(http.StatusServiceUnavailable)
 		}
@@ -166,7 +168,8 @@ type readyzBody struct {
 	// Status is "ready" or "unavailable".
 	Status string `json:"status"`
 	// Reason says why the service is unavailable: "router not running",
-	// "transport not connected" or "database unavailable".
+	// "transport not connected", "database unavailable" or "database
+	// full".
 	Reason string `json:"reason,omitempty"`
 	// Consumers are the consumers' failing messages in this process, by
 	// name.
@@ -191,6 +194,11 @@ type readyzConsumer struct {
 	// HeldUp says the oldest failing message has been failing for longer
 	// than the hold-up limit: it is not being dead-lettered.
 	HeldUp bool `json:"held_up"`
+	// PausedMessages counts its messages whose attempts pause now for
+	// an outage of the database, uncharged; Paused says why ("database
+	// unreachable" or "database full").
+	PausedMessages int    `json:"paused_messages,omitempty"`
+	Paused         string `json:"paused,omitempty"`
 	// Breaker is the state of the consumer's circuit breaker: "closed",
 	// "open" (new messages wait) or "half_open" (one probe goes through);
 	// absent without a breaker.
@@ -203,8 +211,13 @@ type readyzConsumer struct {
 // timing out without an answer.
 const readyzTimeout = 750 * time.Millisecond
 
-// unready returns why the service cannot work, or "" when it can.
-func unready(ctx context.Context, p httpParams) string {
+// unready returns why the service cannot work, or "" when it can: the
+// consumers of statuses included, whose attempts pause while the database
+// has no space left to write (it answers pings meanwhile).
+func unready(ctx context.Context, p httpParams, statuses []middleware.ConsumerStatus) string {
+	full := slices.ContainsFunc(statuses, func(s middleware.ConsumerStatus) bool {
+		return s.Paused == middleware.PausedDatabaseFull
+	})
 	switch {
 	case !p.Readiness.get():
 		return "router not running"
@@ -212,6 +225,8 @@ func unready(ctx context.Context, p httpParams) string {
 		return "transport not connected"
 	case p.DB.PingContext(ctx) != nil:
 		return "database unavailable"
+	case full:
+		return "database full"
 	}
 	return ""
 }
@@ -229,6 +244,8 @@ func readyzConsumers(statuses []middleware.ConsumerStatus, breakers []middleware
 			OldestFailingSeconds: s.OldestFailing.Seconds(),
 			HoldUpLimitSeconds:   s.HoldUpLimit.Seconds(),
 			HeldUp:               s.HeldUp(),
+			PausedMessages:       s.PausedMessages,
+			Paused:               s.Paused,
 			Breaker:              breaker[s.Consumer],
 		}
 	}

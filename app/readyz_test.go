@@ -104,7 +104,28 @@ func TestReadyzDatabaseBlackHole(t *testing.T) {
 	proxy := newHoleProxy(t, u.Host)
 	u.Host = proxy.ln.Addr().String()
 	cfg.DatabaseURL, cfg.TransportURL = u.String(), u.String()
-	b := setup(t, cfg)
+	testReadyzBlackHole(t, setup(t, cfg), proxy, "database unavailable")
+}
+
+// TestReadyzBrokerBlackHole is TestReadyzDatabaseBlackHole for RabbitMQ:
+// /readyz kept answering 200 while the broker's connection forwarded
+// nothing, until the heartbeat closed it three heartbeats later.
+func TestReadyzBrokerBlackHole(t *testing.T) {
+	t.Parallel()
+	cfg := amqpConfig(t)
+	u, err := url.Parse(cfg.AMQPURL)
+	require.NoError(t, err)
+	proxy := newHoleProxy(t, u.Host)
+	u.Host = proxy.ln.Addr().String()
+	cfg.AMQPURL = u.String()
+	testReadyzBlackHole(t, setup(t, cfg), proxy, "transport not connected")
+}
+
+// testReadyzBlackHole makes proxy, on the path to a server of b, a black
+// hole: /readyz must answer within about a second all along, say reason
+// within 5 s, and ready again once the hole is mended.
+func testReadyzBlackHole(t *testing.T, b *bundle, proxy *holeProxy, reason string) {
+	t.Helper()
 	t.Cleanup(func() { proxy.hole.Store(false) }) // before the service stops
 	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 5 * time.Second}
 	readyz := func() (int, string, time.Duration) {
@@ -127,20 +148,24 @@ func TestReadyzDatabaseBlackHole(t *testing.T) {
 	proxy.hole.Store(true)
 	holed := time.Now()
 	for {
-		code, reason, took := readyz()
+		code, got, took := readyz()
 		require.Less(t, took, time.Second+time.Second/2, "/readyz answers within about a second (under -race on 2 cores)")
 		if code == http.StatusServiceUnavailable {
-			require.Equal(t, "database unavailable", reason)
+			require.Equal(t, reason, got)
 			break
 		}
 		require.Less(t, time.Since(holed), 5*time.Second, "unready within 5 s of the black hole")
+		time.Sleep(100 * time.Millisecond)
 	}
+	t.Logf("unready %v after the black hole began", time.Since(holed).Round(10*time.Millisecond))
 
 	proxy.hole.Store(false)
+	mended := time.Now()
 	require.Eventually(t, func() bool {
 		code, _, _ := readyz()
 		return code == http.StatusOK
-	}, 30*time.Second, 100*time.Millisecond, "ready again once the database answers")
+	}, 30*time.Second, 100*time.Millisecond, "ready again once the server answers")
+	t.Logf("ready %v after the hole was mended", time.Since(mended).Round(10*time.Millisecond))
 }
 
 // TestDatabaseBlackHoleSpendsNoAttempt: a database that answers nothing

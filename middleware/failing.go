@@ -33,6 +33,13 @@ type ConsumerStatus struct {
 	// is dead-lettered, MaxDeliveries × Attempts × (Timeout + RetryDelay) of
 	// its Config.
 	HoldUpLimit time.Duration
+	// PausedMessages counts the consumer's messages whose attempts pause
+	// now for an outage of the database, uncharged (see Paused).
+	PausedMessages int
+	// Paused says why, when PausedMessages is not 0:
+	// PausedDatabaseFull when any of them pauses for that, else
+	// PausedDatabaseUnreachable.
+	Paused string
 }
 
 // HeldUp reports whether the oldest failing message has been failing for
@@ -50,7 +57,7 @@ type failing struct {
 	mu        sync.Mutex
 	consumers map[string]*failingConsumer
 
-	messages, oldest, limit *prometheus.Desc
+	messages, oldest, limit, paused *prometheus.Desc
 }
 
 // failingConsumer is one consumer's part of failing. Its methods are safe
@@ -62,6 +69,7 @@ type failingConsumer struct {
 	forgetAfter time.Duration
 	now         func() time.Time
 	messages    map[framework.Key]failure
+	paused      map[*state]string // the messages whose attempts pause, and why
 }
 
 // failure is when a message first and last failed in this process.
@@ -78,6 +86,9 @@ func newFailing() *failing {
 		oldest: prometheus.NewDesc("effectively_consumer_oldest_failing_seconds",
 			"Time since the first failure of the consumer's oldest failing message; 0 when none fails. Alert when above effectively_consumer_hold_up_limit_seconds.",
 			[]string{"consumer"}, nil),
+		paused: prometheus.NewDesc("effectively_consumer_paused_messages",
+			"Messages whose attempts pause now in this process for an outage of the database, uncharged, by consumer and reason (\"database unreachable\" or \"database full\").",
+			[]string{"consumer", "reason"}, nil),
 		limit: prometheus.NewDesc("effectively_consumer_hold_up_limit_seconds",
 			"The longest a message of the consumer should keep failing before it is dead-lettered: max deliveries × attempts × (timeout + retry delay).",
 			[]string{"consumer"}, nil),
@@ -91,7 +102,7 @@ func (f *failing) consumer(name string, holdUpLimit, forgetAfter time.Duration, 
 	defer f.mu.Unlock()
 	c, ok := f.consumers[name]
 	if !ok {
-		c = &failingConsumer{parent: f, name: name, messages: make(map[framework.Key]failure)}
+		c = &failingConsumer{parent: f, name: name, messages: make(map[framework.Key]failure), paused: make(map[*state]string)}
 		f.consumers[name] = c
 	}
 	c.holdUpLimit, c.forgetAfter, c.now = holdUpLimit, forgetAfter, now
@@ -130,6 +141,28 @@ func (c *failingConsumer) clear(msg *message.Message, st *state) {
 	delete(c.messages, messageKey(msg, st))
 }
 
+// pause records that the attempts of msg, whose state is st, pause for
+// reason.
+func (c *failingConsumer) pause(msg *message.Message, st *state, reason string) {
+	if c == nil {
+		return
+	}
+	c.fail(msg, st)
+	c.parent.mu.Lock()
+	defer c.parent.mu.Unlock()
+	c.paused[st] = reason
+}
+
+// resume records that the pause of the message of st ended.
+func (c *failingConsumer) resume(st *state) {
+	if c == nil {
+		return
+	}
+	c.parent.mu.Lock()
+	defer c.parent.mu.Unlock()
+	delete(c.paused, st)
+}
+
 // forget drops the messages that failed no more for forgetAfter: they went
 // to another process, or their event was handled there.
 func (c *failingConsumer) forget(now time.Time) {
@@ -144,9 +177,14 @@ func (c *failingConsumer) forget(now time.Time) {
 func (c *failingConsumer) status() ConsumerStatus {
 	now := c.now()
 	c.forget(now)
-	s := ConsumerStatus{Consumer: c.name, FailingMessages: len(c.messages), HoldUpLimit: c.holdUpLimit}
+	s := ConsumerStatus{Consumer: c.name, FailingMessages: len(c.messages), HoldUpLimit: c.holdUpLimit, PausedMessages: len(c.paused)}
 	for _, f := range c.messages {
 		s.OldestFailing = max(s.OldestFailing, now.Sub(f.first))
+	}
+	for _, reason := range c.paused {
+		if s.Paused != PausedDatabaseFull {
+			s.Paused = reason
+		}
 	}
 	return s
 }
@@ -167,6 +205,7 @@ func (f *failing) Describe(ch chan<- *prometheus.Desc) {
 	ch <- f.messages
 	ch <- f.oldest
 	ch <- f.limit
+	ch <- f.paused
 }
 
 // Collect implements prometheus.Collector.
@@ -175,6 +214,17 @@ func (f *failing) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(f.messages, prometheus.GaugeValue, float64(s.FailingMessages), s.Consumer)
 		ch <- prometheus.MustNewConstMetric(f.oldest, prometheus.GaugeValue, s.OldestFailing.Seconds(), s.Consumer)
 		ch <- prometheus.MustNewConstMetric(f.limit, prometheus.GaugeValue, s.HoldUpLimit.Seconds(), s.Consumer)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, name := range slices.Sorted(maps.Keys(f.consumers)) {
+		counts := map[string]int{PausedDatabaseUnreachable: 0, PausedDatabaseFull: 0}
+		for _, reason := range f.consumers[name].paused {
+			counts[reason]++
+		}
+		for reason, n := range counts {
+			ch <- prometheus.MustNewConstMetric(f.paused, prometheus.GaugeValue, float64(n), name, reason)
+		}
 	}
 }
 

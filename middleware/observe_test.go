@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
@@ -118,6 +120,7 @@ type failingBundle struct {
 	mu       sync.Mutex
 	refuse   map[string]bool // ids an Outer step nacks on every delivery
 	fail     map[string]bool // ids the handler fails on every attempt
+	full     map[string]int  // ids the handler fails with disk_full, on so many attempts
 	duringEv func()          // runs in the handler's last attempt, if set
 }
 
@@ -132,6 +135,7 @@ func setupFailing(t *testing.T) *failingBundle {
 		now:    time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC),
 		refuse: make(map[string]bool),
 		fail:   make(map[string]bool),
+		full:   make(map[string]int),
 	}
 	var err error
 	fb.metrics, err = middleware.NewMetrics(fb.reg)
@@ -144,13 +148,17 @@ func setupFailing(t *testing.T) *failingBundle {
 	require.NoError(t, err)
 	c, err := framework.NewConsumer(consumerName, framework.Handle(noted, func(_ context.Context, ev framework.Event[noteV1]) error {
 		fb.mu.Lock()
-		failing, during := fb.fail[ev.ID], fb.duringEv
+		failing, during, full := fb.fail[ev.ID], fb.duringEv, fb.full[ev.ID]
+		fb.full[ev.ID]--
 		fb.mu.Unlock()
 		if during != nil {
 			during()
 		}
-		if failing {
+		switch {
+		case failing:
 			return errors.New("dependency down")
+		case full > 0:
+			return fmt.Errorf("insert: %w", &pgconn.PgError{Code: "53100", Message: "could not extend file"})
 		}
 		return nil
 	}))
@@ -219,6 +227,15 @@ func (fb *failingBundle) status(t *testing.T) middleware.ConsumerStatus {
 		if !strings.HasPrefix(f.GetName(), "effectively_consumer_") {
 			continue
 		}
+		if f.GetName() == "effectively_consumer_paused_messages" { // by consumer and reason
+			var paused float64
+			for _, m := range f.GetMetric() {
+				paused += m.GetGauge().GetValue()
+			}
+			require.Len(t, f.GetMetric(), 2)
+			require.InDelta(t, float64(s.PausedMessages), paused, 0)
+			continue
+		}
 		require.Len(t, f.GetMetric(), 1, f.GetName())
 		m := f.GetMetric()[0]
 		require.Equal(t, "consumer", m.GetLabel()[0].GetName(), "labelled by consumer alone")
@@ -281,6 +298,25 @@ func TestObserveFailing(t *testing.T) {
 		require.Len(t, during, 2)
 		require.Equal(t, 0, during[0].FailingMessages, "first attempt")
 		require.Equal(t, 1, during[1].FailingMessages, "second attempt, after the first failed")
+		none(t, fb)
+	})
+
+	t.Run("DatabaseFullPauses", func(t *testing.T) {
+		t.Parallel()
+		fb := setupFailing(t)
+		var during []middleware.ConsumerStatus
+		fb.set(func() {
+			fb.full["1"] = 2 // more than its 2 attempts, were they charged
+			fb.duringEv = func() { during = append(during, fb.metrics.Consumers()...) }
+		})
+		rep := fb.deliver(ctx, t, "1")
+		require.Equal(t, framework.Processed, rep.Outcome, "the full disk's attempts were not charged")
+		require.Len(t, during, 3)
+		require.Equal(t, "", during[0].Paused, "first attempt")
+		for _, s := range during[1:] {
+			require.Equal(t, 1, s.FailingMessages)
+			require.Equal(t, middleware.PausedDatabaseFull, s.Paused, "paused between the attempts")
+		}
 		none(t, fb)
 	})
 

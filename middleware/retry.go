@@ -71,6 +71,7 @@ func retry(attempts int, delay time.Duration, stopping <-chan struct{}, ping fun
 		return func(msg *message.Message) ([]*message.Message, error) {
 			st := stateOf(msg)
 			out, err := retryAttempts(next, msg, st, attempts, delay, stopping, ping)
+			st.resume()
 			if err != nil && !uncharged(err) && !errors.Is(err, errUnreachable) {
 				st.gaveUp = true
 			}
@@ -87,15 +88,16 @@ func retryAttempts(next message.HandlerFunc, msg *message.Message, st *state, at
 	var wait *time.Timer
 	for try := 1; ; try++ {
 		out, err := attempt(ctx, next, msg, st)
-		if err != nil && ping != nil && down(ctx, err, ping) {
-			// The database's outage, not the message's failure: the
-			// attempt is not charged, and the next one waits for the
-			// database to answer.
-			if err := awaitDatabase(ctx, ping, stopping, try, err); err != nil {
-				return out, err
+		if err != nil && ping != nil {
+			if reason := pauseFor(ctx, err, ping); reason != "" {
+				// The database's outage, not the message's failure: the
+				// attempt is not charged, and the next one waits.
+				if err := awaitOutage(ctx, st, reason, ping, stopping, try, err); err != nil {
+					return out, err
+				}
+				try--
+				continue
 			}
-			try--
-			continue
 		}
 		switch {
 		case err == nil:
@@ -130,32 +132,6 @@ func retryAttempts(next message.HandlerFunc, msg *message.Message, st *state, at
 	}
 }
 
-// outagePing bounds each ping that tells whether the database answers (see
-// down), and outagePause is the pause between two while it does not.
-const (
-	outagePing  = time.Second
-	outagePause = 250 * time.Millisecond
-)
-
-// down reports whether the attempt that failed with err failed for the
-// database's outage: err says the database is unreachable or broke a
-// connection (outage.Is), or that the attempt's time, or a statement's,
-// ran out, and the database does not answer a ping now (a restart, or a
-// black hole: a connection held open that answers nothing). A permanent
-// error is the message's; so is one whose database answers (the next
-// attempt, counted, gets a connection of its own).
-func down(ctx context.Context, err error, ping func(context.Context) error) bool {
-	switch {
-	case framework.IsPermanent(err) || errors.Is(err, pipeline.ErrLater) || ctx.Err() != nil:
-		return false
-	case !outage.Is(err) && !timedOut(err):
-		return false
-	}
-	pctx, cancel := context.WithTimeout(ctx, outagePing)
-	defer cancel()
-	return ping(pctx) != nil
-}
-
 // timedOut reports whether err says that a time limit ran out: a
 // context's deadline, PostgreSQL's statement timeout (SQLSTATE 57014), a
 // network timeout.
@@ -167,32 +143,6 @@ func timedOut(err error) bool {
 	return errors.Is(err, context.DeadlineExceeded) ||
 		errors.As(err, &state) && state.SQLState() == "57014" ||
 		errors.As(err, &netErr) && netErr.Timeout()
-}
-
-// awaitDatabase waits until the database answers a ping, pausing the
-// message's attempts (the attempt that failed with err, the try-th,
-// is not charged): it returns nil once it answers, and errStopping or
-// the message context's cause when the service stops or the message's
-// delivery ends first.
-func awaitDatabase(ctx context.Context, ping func(context.Context) error, stopping <-chan struct{}, try int, err error) error {
-	pause := time.NewTimer(outagePause)
-	defer pause.Stop()
-	for {
-		pctx, cancel := context.WithTimeout(ctx, outagePing)
-		perr := ping(pctx)
-		cancel()
-		if perr == nil {
-			return nil
-		}
-		pause.Reset(outagePause)
-		select {
-		case <-pause.C:
-		case <-stopping:
-			return stopped(try, err)
-		case <-ctx.Done():
-			return context.Cause(ctx)
-		}
-	}
 }
 
 // closed reports whether c is closed; a nil c never is.
@@ -220,7 +170,10 @@ func attempt(ctx context.Context, next message.HandlerFunc, msg *message.Message
 	msg.SetContext(ctx)
 	st.attempts++
 	out, err := next(msg)
-	if err != nil && ctx.Err() == nil && !errors.Is(err, pipeline.ErrLater) {
+	switch {
+	case err == nil:
+		st.resume()
+	case ctx.Err() == nil && !errors.Is(err, pipeline.ErrLater):
 		st.attemptFailed(ctx, err)
 	}
 	return out, err

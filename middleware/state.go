@@ -7,6 +7,7 @@ import (
 
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/internal/crash"
+	"github.com/effectively-once/effectively/internal/outage"
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
@@ -35,6 +36,7 @@ type state struct {
 	probe    uint64            // the number of the breaker's probe it is, or 0
 	reported framework.Outcome // the outcome observe reported
 	crash    crash.Hook        // the crash hook of the message's context, nil without one
+	paused   string            // why its attempts paused last (see pauseFor), "" once one succeeded
 }
 
 // dies returns a *crash.Died when the message's crash hook makes it die
@@ -53,8 +55,14 @@ func (s *state) dies(ctx context.Context, p crash.Point) error {
 	return &crash.Died{At: p}
 }
 
-// attemptFailed reports a failed attempt to observe, if it runs.
+// attemptFailed reports a failed attempt to observe, if it runs. While
+// the message's attempts pause for an outage, one that failed alike is
+// not logged again (see pause): it is tracked as failing only.
 func (s *state) attemptFailed(ctx context.Context, err error) {
+	if s.observer != nil && s.paused == PausedDatabaseFull && outage.Full(err) {
+		s.observer.track.fail(s.msg, s)
+		return
+	}
 	if s.observer != nil {
 		s.observer.attemptFailed(ctx, s, err)
 	}

@@ -17,10 +17,13 @@ import (
 	amqp091 "github.com/rabbitmq/amqp091-go"
 )
 
-// defaultConnectionTimeout is amqp091-go's bound on dialing a broker and
-// its TCP, TLS and AMQP handshakes, when the URL sets no
-// connection_timeout.
-const defaultConnectionTimeout = 30 * time.Second
+// defaultConnectionTimeout bounds dialing a broker and its TCP, TLS and
+// AMQP handshakes, when the URL sets no connection_timeout. amqp091-go's
+// own is 30 s: a reconnection started during a network black hole (the
+// TCP connection accepted, no byte answered) would then wait that long
+// after the path comes back before the next try. A handshake takes
+// milliseconds on a working path.
+const defaultConnectionTimeout = 5 * time.Second
 
 // ParseURLs splits s, one broker URL or the URLs of several nodes of one
 // cluster separated by commas, and checks each. The nodes of one cluster

@@ -28,10 +28,12 @@ const (
 	// subscription has been nacking without an ack.
 	DefaultMaxNackDelay = 30 * time.Second
 	// DefaultConnectInterval is the first pause between two attempts to
-	// connect at start.
+	// connect, at start and after the connection is lost.
 	DefaultConnectInterval = 250 * time.Millisecond
-	// DefaultMaxConnectInterval caps that pause.
-	DefaultMaxConnectInterval = 5 * time.Second
+	// DefaultMaxConnectInterval caps that pause: with the handshake's
+	// bound (5 s unless the URL sets connection_timeout), consuming starts
+	// again within 10 s of the broker's return, however long it was away.
+	DefaultMaxConnectInterval = 3 * time.Second
 	// DefaultDeliveryLimit is the x-delivery-limit of quorum queues: far
 	// above any consumer's max_deliveries and the uncounted redeliveries a
 	// message may see beside them (held at an open breaker, waiting for
@@ -81,8 +83,8 @@ type TransportConfig struct {
 	// DefaultMaxNackDelay.
 	MaxNackDelay time.Duration
 	// ConnectInterval is the first pause between attempts to connect when
-	// the broker is down at start; it doubles up to MaxConnectInterval.
-	// Defaults to DefaultConnectInterval.
+	// the broker is down at start or the connection was lost; it doubles
+	// up to MaxConnectInterval. Defaults to DefaultConnectInterval.
 	ConnectInterval time.Duration
 	// MaxConnectInterval caps ConnectInterval's growth. Defaults to
 	// DefaultMaxConnectInterval.

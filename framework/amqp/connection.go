@@ -43,6 +43,7 @@ type connection struct {
 	conn   *wamqp.ConnectionWrapper
 	closed bool
 	ready  chan struct{} // closed once connected
+	probe  *prober       // started once connected
 }
 
 // newConnection returns an unconnected connection.
@@ -115,23 +116,31 @@ func (c *connection) dial() error {
 	conn, err := wamqp.NewConnection(wamqp.ConnectionConfig{
 		AmqpURI:    c.brokers.dialURI(),
 		AmqpConfig: c.brokers.config(),
-		Reconnect:  wamqp.DefaultReconnectConfig(),
+		Reconnect: &wamqp.ReconnectConfig{
+			BackoffInitialInterval:     c.cfg.ConnectInterval,
+			BackoffRandomizationFactor: 0.2,
+			BackoffMultiplier:          2,
+			BackoffMaxInterval:         c.cfg.MaxConnectInterval,
+		},
 	}, c.logger)
 	if err != nil {
 		return err
 	}
 	c.conn = conn
+	c.probe = startProber(conn)
 	close(c.ready)
 	return nil
 }
 
-// Connected reports whether the connection to the broker is up now. It is
-// false before Connect, while watermill-amqp reconnects, and after Close:
-// report it as readiness.
+// Connected reports whether the connection to the broker is up now and
+// the broker answers on it: false before Connect, while watermill-amqp
+// reconnects, after Close, and while a round trip to the broker has gone
+// unanswered for more than probeStall (a network black hole, which the
+// heartbeat detects only after three heartbeats). Report it as readiness.
 func (c *connection) Connected() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return !c.closed && c.conn != nil && c.conn.IsConnected()
+	return !c.closed && c.conn != nil && c.conn.IsConnected() && c.probe.answering()
 }
 
 // wrapper returns the watermill connection, or ErrNotConnected before
@@ -213,6 +222,9 @@ func (c *connection) Close() error {
 	// never closes; and none may follow.
 	if cerr := c.brokers.close(); cerr != nil {
 		err = errors.Join(err, fmt.Errorf("amqp: close: %w", cerr))
+	}
+	if c.probe != nil {
+		c.probe.stop() // its round trip ends with the sockets
 	}
 	return err
 }

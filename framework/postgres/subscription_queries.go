@@ -9,7 +9,7 @@ import "strconv"
 // their partitioned forms in readParts and ackParts.
 type subscriptionQueries struct {
 	lock, unlock, position, read, ack, zero, lower string
-	listen, unlisten, newest                       string
+	listen, unlisten, newest, lost                 string
 	readParts, ackParts                            string
 }
 
@@ -38,6 +38,10 @@ func newSubscriptionQueries(cfg TransportConfig, topic string, marking bool) sub
 		listen:   `LISTEN ` + quoteIdent(notifyChannel(cfg.TablePrefix, topic)),
 		unlisten: `UNLISTEN *`,
 		newest:   `SELECT COALESCE(max(transaction_id)::text, '0') FROM ` + messages,
+		// The offsets of the rows (offset, transaction, uuid) that are
+		// not there (see lostCursors).
+		lost: `SELECT c.o FROM unnest($1::bigint[], $2::text[], $3::text[]) AS c(o, x, u)
+			WHERE NOT EXISTS (SELECT FROM ` + messages + ` AS m WHERE m."offset" = c.o AND m.transaction_id = c.x::xid8 AND m.uuid = c.u)`,
 		position: `SELECT consumer_group, COALESCE(offset_acked, 0), last_processed_transaction_id::text, NULL::text, NULL::bigint FROM ` +
 			offsets + ` WHERE consumer_group = ANY($1::text[])`,
 		// watermill-sql's row of a new group: from the first message.

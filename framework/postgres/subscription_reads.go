@@ -133,7 +133,7 @@ func (sub *subscription) take(read []*row) {
 	for _, r := range read {
 		r.st.window = append(r.st.window, r)
 		sub.enqueue(r)
-		r.st.cursor = r.pos
+		r.st.cursor, r.st.cursorUUID = r.pos, r.uuid
 	}
 }
 
@@ -246,9 +246,18 @@ func (sub *subscription) took(ctx context.Context, got []*stream) error {
 	if err != nil {
 		return err
 	}
+	lost, err := sub.lostCursors(ctx, got)
+	if err != nil {
+		return err
+	}
 	sub.dropNext() // prepared before, it may say otherwise
 	for _, st := range got {
 		r := stored[st.group]
+		if lost[st] {
+			sub.log.Warn("postgres subscriber: the last row read is no longer in the database, which lost transactions (a failover to a standby that had not received them, or a restore); reading on from the group's stored position",
+				slog.Int64("offset", st.cursor.offset))
+			sub.reset(st)
+		}
 		// The rows handed out up to now (see redelivered) are the ones up
 		// to the group's handed-out position; when that is unknown, any
 		// row there now may have been.
@@ -263,7 +272,7 @@ func (sub *subscription) took(ctx context.Context, got []*stream) error {
 			st.unknownXID = math.MaxUint64
 		}
 		if st.cursor.less(r.acked) {
-			st.cursor = r.acked
+			st.cursor, st.cursorUUID = r.acked, ""
 		}
 		if st.acked.less(r.acked) {
 			st.acked = r.acked
@@ -274,6 +283,58 @@ func (sub *subscription) took(ctx context.Context, got []*stream) error {
 	sub.readAt = time.Time{}
 	sub.log.Debug("postgres subscriber: active for its group", slog.Int("streams", len(got)))
 	return nil
+}
+
+// lostCursors returns the streams of got whose cursor is a row this
+// subscription read that the database no longer holds, as one that
+// failed over to a standby that had not received it (asynchronous
+// replication) or was restored from a backup. The database then assigns
+// the ids of the transactions it lost again: rows written from now on
+// may sort before the cursor, and reading on from it would skip them.
+// Such a stream must read on from its group's stored position, which the
+// database kept with the rows it did. On the same database no row
+// appears before the cursor: a read takes only the rows of transactions
+// older than every one still open. A cursor row purged since (every
+// group passed it) is taken for lost too, and the stream reads on from
+// its stored position, which is past it: nothing is read again.
+func (sub *subscription) lostCursors(ctx context.Context, got []*stream) (map[*stream]bool, error) {
+	var (
+		offsets []int64
+		xids    []string
+		uuids   []string
+		byOff   = make(map[int64]*stream)
+	)
+	for _, st := range got {
+		if st.cursorUUID == "" {
+			continue
+		}
+		offsets = append(offsets, st.cursor.offset)
+		xids = append(xids, strconv.FormatUint(st.cursor.xid, 10))
+		uuids = append(uuids, st.cursorUUID)
+		byOff[st.cursor.offset] = st
+	}
+	if len(offsets) == 0 {
+		return nil, nil
+	}
+	rows, err := sub.conn.QueryContext(ctx, sub.q.lost, offsets, xids, uuids)
+	if err != nil {
+		return nil, fmt.Errorf("find the last rows read: %w", err)
+	}
+	defer rows.Close()
+	lost := make(map[*stream]bool)
+	for rows.Next() {
+		var off int64
+		if err := rows.Scan(&off); err != nil {
+			return nil, fmt.Errorf("find the last rows read: %w", err)
+		}
+		if st := byOff[off]; st != nil {
+			lost[st] = true
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("find the last rows read: %w", err)
+	}
+	return lost, nil
 }
 
 // storedPositions reads the acknowledged and handed-out positions of

@@ -32,12 +32,16 @@ type stream struct {
 	unknownXID uint64   // when that was unknown, the newest transaction with a row then
 	handedHigh position // the last row handed out since the lock was taken
 
-	window  []*row   // read and not acknowledged in order, in order
-	cursor  position // the last row read
-	acked   position // the end of the acknowledged prefix
-	dirty   bool     // acked is not written yet
-	dirtyN  int      // rows acknowledged since the last write
-	dirtyAt time.Time
+	window []*row   // read and not acknowledged in order, in order
+	cursor position // the last row read
+	// cursorUUID is the uuid of the row at cursor when this subscription
+	// read it; empty when cursor is a position the database gave (see
+	// lostCursors).
+	cursorUUID string
+	acked      position // the end of the acknowledged prefix
+	dirty      bool     // acked is not written yet
+	dirtyN     int      // rows acknowledged since the last write
+	dirtyAt    time.Time
 }
 
 // readable reports whether the stream reads and hands out rows.
@@ -109,7 +113,7 @@ func (sub *subscription) reset(st *stream) {
 	sub.removeRows(st)
 	clear(st.window)
 	st.window = nil
-	st.cursor, st.acked = position{}, position{}
+	st.cursor, st.cursorUUID, st.acked = position{}, "", position{}
 	st.dirty, st.dirtyN = false, 0
 }
 

@@ -1,6 +1,6 @@
 // Package outage tells a failure of the database itself from a failure of
 // a statement or a handler: the server unreachable, shutting down or
-// starting up, or a connection it broke. Such a failure is no fault of
+// starting up, or a connection it broke (Is), or its disk full (Full). Such a failure is no fault of
 // the message being handled, so the consumer chain never dead-letters a
 // message for it (see middleware's retry step).
 package outage
@@ -15,6 +15,7 @@ import (
 	"syscall"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"modernc.org/sqlite"
 )
 
 // Is reports whether err, or an error it wraps, says that the database
@@ -53,4 +54,28 @@ func Is(err error) bool {
 		}
 	}
 	return false
+}
+
+// sqliteFull is SQLite's primary result code SQLITE_FULL: the database or
+// its disk is full.
+const sqliteFull = 13
+
+// Full reports whether err, or an error it wraps, says that the database
+// has no space left to write: PostgreSQL's SQLSTATE 53100 (disk_full),
+// SQLite's SQLITE_FULL (with any extended code), or the system's ENOSPC.
+// Like an unreachable database, it is no fault of the message: writes
+// fail until space comes back, and reads go on.
+func Full(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, syscall.ENOSPC) {
+		return true
+	}
+	var pg *pgconn.PgError
+	if errors.As(err, &pg) {
+		return pg.Code == "53100"
+	}
+	var lite *sqlite.Error
+	return errors.As(err, &lite) && lite.Code()&0xff == sqliteFull
 }

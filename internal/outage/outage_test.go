@@ -123,6 +123,54 @@ func TestIsOnRealFailures(t *testing.T) {
 	require.True(t, outage.Is(err), "commit on the ended connection: %v", err)
 }
 
+func TestFull(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"Nil", nil, false},
+		{"Plain", errors.New("boom"), false},
+		{"DiskFull", fmt.Errorf("commit: %w", &pgconn.PgError{Code: "53100"}), true},
+		{"OutOfMemory", &pgconn.PgError{Code: "53200"}, false},
+		{"ConnectionFailure", &pgconn.PgError{Code: "08006"}, false},
+		{"NoSpace", fmt.Errorf("write: %w", &os.PathError{Op: "write", Path: "x", Err: syscall.ENOSPC}), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			require.Equal(t, tc.want, outage.Full(tc.err))
+		})
+	}
+}
+
+// TestFullOnSQLite fills a real SQLite database to its page limit: the
+// insert that does not fit fails with SQLITE_FULL, which Full knows, and
+// a constraint's failure it does not.
+func TestFullOnSQLite(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	db, err := testenv.SQLite(t).Connx(ctx) // max_page_count is the connection's
+	require.NoError(t, err)
+	defer db.Close()
+	_, err = db.ExecContext(ctx, `CREATE TABLE filler (b BLOB NOT NULL UNIQUE)`)
+	require.NoError(t, err)
+	var pages int64
+	require.NoError(t, db.GetContext(ctx, &pages, `PRAGMA page_count`))
+	_, err = db.ExecContext(ctx, fmt.Sprintf(`PRAGMA max_page_count = %d`, pages+2))
+	require.NoError(t, err)
+	_, err = db.ExecContext(ctx, `INSERT INTO filler (b) VALUES (zeroblob(1 << 20))`)
+	require.Error(t, err)
+	require.True(t, outage.Full(err), "%v", err)
+	require.False(t, outage.Is(err))
+
+	_, err = db.ExecContext(ctx, `INSERT INTO filler (b) VALUES (x'00')`)
+	require.NoError(t, err)
+	_, err = db.ExecContext(ctx, `INSERT INTO filler (b) VALUES (x'00')`)
+	require.Error(t, err)
+	require.False(t, outage.Full(err), "%v", err)
+}
+
 // TestIsOnReset checks the errors pgx gives when a connection is reset
 // (TCP RST) in the middle of a transaction, at a statement and at the
 // commit, as a network fault does: pgx reports the network's error

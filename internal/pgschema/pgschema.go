@@ -9,7 +9,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net/url"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/effectively-once/effectively/framework/postgres"
 )
@@ -27,15 +29,13 @@ type Schema struct {
 // CheckURL reports whether base can carry a schema: a postgres:// URL
 // (a key=value connection string cannot).
 func CheckURL(base string) error {
-	_, err := parseURL(base)
-	return err
+	return parseURL(base)
 }
 
 // Create creates a schema named prefix followed by random hex on the
 // server at base. Drop it when done.
 func Create(ctx context.Context, base, prefix string) (*Schema, error) {
-	u, err := parseURL(base)
-	if err != nil {
+	if err := CheckURL(base); err != nil {
 		return nil, err
 	}
 	b := make([]byte, 8)
@@ -46,10 +46,7 @@ func Create(ctx context.Context, base, prefix string) (*Schema, error) {
 	if err := exec(ctx, base, "CREATE SCHEMA "+s.Name); err != nil {
 		return nil, err
 	}
-	q := u.Query()
-	q.Set("search_path", s.Name)
-	u.RawQuery = q.Encode()
-	s.URL = u.String()
+	s.URL = withSearchPath(base, s.Name)
 	return s, nil
 }
 
@@ -72,13 +69,27 @@ func exec(ctx context.Context, base, stmt string) error {
 	return nil
 }
 
-func parseURL(s string) (*url.URL, error) {
-	u, err := url.Parse(s)
-	if err != nil {
-		return nil, fmt.Errorf("parse postgres URL: %w", err)
+// withSearchPath returns the URL base with its search_path set to
+// schema: pgx takes the last of a repeated key. The query is appended to
+// the string, not rebuilt by net/url, which does not read every URL pgx
+// does (a host without a port among several: postgres://db-1,db-2:5433/app).
+func withSearchPath(base, schema string) string {
+	sep := "?"
+	switch {
+	case strings.HasSuffix(base, "?") || strings.HasSuffix(base, "&"):
+		sep = ""
+	case strings.Contains(base, "?"):
+		sep = "&"
 	}
-	if u.Scheme != "postgres" && u.Scheme != "postgresql" {
-		return nil, errors.New("want a postgres:// URL (key=value connection strings cannot carry the test's schema)")
+	return base + sep + "search_path=" + schema
+}
+
+func parseURL(s string) error {
+	if !strings.HasPrefix(s, "postgres://") && !strings.HasPrefix(s, "postgresql://") {
+		return errors.New("want a postgres:// URL (key=value connection strings cannot carry the test's schema)")
 	}
-	return u, nil
+	if _, err := pgx.ParseConfig(s); err != nil {
+		return fmt.Errorf("parse postgres URL: %w", err) // pgx masks the password
+	}
+	return nil
 }

@@ -23,6 +23,9 @@ const pgBin = "/usr/lib/postgresql/15/bin"
 type Postgres struct {
 	dir  string
 	port int
+	// settings are the server's -c settings beyond the ones Start
+	// always gives, e.g. a primary's synchronous_standby_names.
+	settings []string
 	// URL is the cluster's postgres database, as its superuser.
 	URL string
 }
@@ -31,13 +34,52 @@ type Postgres struct {
 // data, when the test ends.
 func StartPostgres(t *testing.T) *Postgres {
 	t.Helper()
+	requirePrograms(t)
+	c := newPostgres(t)
+	out, err := c.asPostgres(filepath.Join(pgBin, "initdb"), "-D", c.data(), "-A", "trust", "-U", "postgres", "--no-sync").CombinedOutput()
+	require.NoError(t, err, "initdb: %s", out)
+	c.Start(t)
+	return c
+}
+
+// StartPostgresOnDisk is StartPostgres with the cluster's data directory
+// on a disk of its own of size bytes (see MountDisk), for the tests of a
+// full disk; its log is elsewhere. The disk is unmounted after the
+// cluster stops.
+func StartPostgresOnDisk(t *testing.T, size int64) (*Postgres, *Disk) {
+	t.Helper()
+	requirePrograms(t)
+	c := newPostgres(t)
+	require.NoError(t, os.Mkdir(c.data(), 0o700))
+	disk := mountDisk(t, c.data(), size, "0700")
+	t.Cleanup(func() { _ = c.pgctl("stop", "-m", "immediate").Run() }) // before the unmount
+	require.NoError(t, exec.Command("chown", "postgres:postgres", c.data()).Run())
+	out, err := c.asPostgres(filepath.Join(pgBin, "initdb"), "-D", c.data(), "-A", "trust", "-U", "postgres", "--no-sync").CombinedOutput()
+	require.NoError(t, err, "initdb: %s", out)
+	c.Start(t)
+	return c, disk
+}
+
+// requirePrograms skips the test, or fails it under CI=true, when a
+// private cluster cannot be run here.
+func requirePrograms(t *testing.T) {
+	t.Helper()
 	testenv.Require(t, testenv.PostgresURLVar)
-	if _, err := os.Stat(filepath.Join(pgBin, "initdb")); err != nil {
-		testenv.Missing(t, "PostgreSQL's server programs are not installed here (the shared server runs elsewhere)")
+	for _, prog := range []string{"initdb", "pg_ctl", "pg_basebackup"} {
+		if _, err := os.Stat(filepath.Join(pgBin, prog)); err != nil {
+			testenv.Missing(t, "PostgreSQL's server programs (%s) are not installed here (the shared server runs elsewhere)", prog)
+		}
 	}
 	if _, err := user.Lookup("postgres"); err != nil {
 		testenv.Missing(t, "no postgres user to run a private cluster as")
 	}
+}
+
+// newPostgres returns a cluster with no data yet: its folder, owned by
+// the postgres user, and its port. When the test ends the cluster is
+// stopped and its folder removed.
+func newPostgres(t *testing.T) *Postgres {
+	t.Helper()
 	dir, err := os.MkdirTemp("", "effectively-postgres-")
 	require.NoError(t, err)
 	require.NoError(t, os.Chmod(dir, 0o755))
@@ -48,11 +90,11 @@ func StartPostgres(t *testing.T) *Postgres {
 		_ = c.pgctl("stop", "-m", "immediate").Run()
 		_ = os.RemoveAll(dir)
 	})
-	out, err := c.asPostgres(filepath.Join(pgBin, "initdb"), "-D", c.data(), "-A", "trust", "-U", "postgres", "--no-sync").CombinedOutput()
-	require.NoError(t, err, "initdb: %s", out)
-	c.Start(t)
 	return c
 }
+
+// Addr is the cluster's host:port on loopback.
+func (c *Postgres) Addr() string { return fmt.Sprintf("127.0.0.1:%d", c.port) }
 
 func (c *Postgres) data() string { return filepath.Join(c.dir, "data") }
 
@@ -68,6 +110,9 @@ func (c *Postgres) pgctl(args ...string) *exec.Cmd {
 func (c *Postgres) Start(t *testing.T) {
 	t.Helper()
 	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off", c.port, c.dir)
+	for _, s := range c.settings {
+		opts += " -c " + s
+	}
 	out, err := c.pgctl("start", "-o", opts, "-l", filepath.Join(c.dir, "log")).CombinedOutput()
 	require.NoError(t, err, "pg_ctl start: %s", out)
 }

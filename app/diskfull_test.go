@@ -1,0 +1,123 @@
+package app_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/fx"
+
+	"github.com/effectively-once/effectively/app"
+	"github.com/effectively-once/effectively/handlers"
+	"github.com/effectively-once/effectively/internal/testenv/testserver"
+)
+
+// TestSQLiteDiskFull: the SQLite file on a small filesystem that fills
+// while messages wait to be handled. Their attempts fail for lack of
+// space and pause, uncharged: the consumer takes no further message,
+// /readyz says "database full", nothing is acknowledged without its
+// effect and nothing is dead-lettered. Once the filesystem is grown, the
+// attempts run again by themselves and every effect is there once.
+func TestSQLiteDiskFull(t *testing.T) {
+	t.Parallel()
+	disk := testserver.MountDisk(t, 8<<20)
+	cfg := testConfig(t)
+	cfg.DatabaseURL = filepath.Join(disk.Dir, "app.db")
+	cfg.TransportURL = cfg.DatabaseURL
+	testDiskFull(t, cfg, disk, 8<<20)
+}
+
+// TestPostgresDiskFull is TestSQLiteDiskFull with PostgreSQL's data
+// directory on the small filesystem, on RabbitMQ and on the postgres
+// transport (its messages in the same database).
+func TestPostgresDiskFull(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		config func(t *testing.T) app.Config
+	}{{"AMQP", amqpConfig}, {"Postgres", postgresConfig}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			const size = 128 << 20
+			pg, disk := testserver.StartPostgresOnDisk(t, size)
+			cfg := tc.config(t)
+			cfg.DatabaseURL = pg.URL
+			if cfg.Transport == app.TransportPostgres {
+				cfg.TransportURL = pg.URL
+			}
+			testDiskFull(t, cfg, disk, size)
+		})
+	}
+}
+
+// testDiskFull runs the service of cfg, whose database is on disk (of
+// size bytes), and fills the disk while messages wait to be handled.
+func testDiskFull(t *testing.T, cfg app.Config, disk *testserver.Disk, size int64) {
+	t.Helper()
+	gate := make(chan struct{})
+	hold := func(next message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			<-gate
+			return next(msg)
+		}
+	}
+	b := setupWith(t, cfg, handlers.On(widgetAdded, newAddWidgetRebound), fx.Supply(app.Middleware{Outer: []message.HandlerMiddleware{hold}}))
+	ready := readyzOf(t, b)
+
+	const events = 40
+	name := strings.Repeat("w", 16<<10) // a page or more each
+	for i := range events {
+		b.publish(t, fmt.Sprintf("w-%d", i), name)
+	}
+	disk.Fill(t)
+	filled := time.Now()
+	close(gate) // the messages held so far try now
+
+	var reason string
+	waitFor(t, "/readyz to say the database is full", func() bool {
+		var code int
+		code, reason = ready()
+		return code == http.StatusServiceUnavailable
+	})
+	require.Equal(t, "database full", reason)
+	t.Logf("unready %v after the disk filled", time.Since(filled).Round(10*time.Millisecond))
+	stalled := b.count(t, `SELECT count(*) FROM widgets`)
+	require.Less(t, stalled, events)
+	time.Sleep(2 * time.Second) // paused: no effect commits meanwhile
+	require.Equal(t, stalled, b.count(t, `SELECT count(*) FROM widgets`))
+	require.Zero(t, b.count(t, `SELECT count(*) FROM dead_letters`))
+
+	disk.Grow(t, 2*size)
+	grown := time.Now()
+	waitFor(t, "every effect", func() bool { return b.count(t, `SELECT count(DISTINCT event_id) FROM widgets`) == events })
+	t.Logf("all %d effects %v after the disk grew (%d before it filled)", events, time.Since(grown).Round(10*time.Millisecond), stalled)
+	require.Equal(t, events, b.count(t, `SELECT count(*) FROM widgets`), "each effect once")
+	require.Zero(t, b.count(t, `SELECT count(*) FROM dead_letters`))
+	waitFor(t, "/readyz ready again", func() bool { code, _ := ready(); return code == http.StatusOK })
+}
+
+// readyzOf returns a function that reads b's /readyz: its status code
+// and reason.
+func readyzOf(t *testing.T, b *bundle) func() (int, string) {
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 5 * time.Second}
+	return func() (int, string) {
+		t.Helper()
+		resp, err := client.Get("http://" + b.http.Addr() + "/readyz")
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		var v struct {
+			Reason string `json:"reason"`
+		}
+		require.NoError(t, json.Unmarshal(body, &v), "%s", body)
+		return resp.StatusCode, v.Reason
+	}
+}
