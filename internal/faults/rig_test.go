@@ -448,9 +448,9 @@ type measures struct {
 	DuringFault    int           // effects recorded while the fault lasted
 	ResumedAfter   time.Duration // time from the fault's end to the first effect after it, the slower consumer's
 	DrainedAfter   time.Duration // time from the fault's end to every event's effect
-	ConnsBefore    int // the service's sessions on PostgreSQL before the fault
-	ConnsAfter     int // and once every event took effect
-	ConnsStopped   int // and once the service stopped
+	ConnsBefore    int           // the service's sessions on PostgreSQL before the fault
+	ConnsAfter     int           // and once every event took effect
+	ConnsStopped   int           // and once the service stopped
 	PublishRetries int64
 }
 
