@@ -369,6 +369,35 @@ func (r *rig) effectsBetween(consumer string, t0, t1 time.Time) int {
 	return n
 }
 
+// sampleDeliveries samples the highest delivery count every 100 ms (the
+// purge deletes the counts of events processed, every second here) until
+// the function it returns is called, which returns it.
+func (r *rig) sampleDeliveries() func() int {
+	stop, done := make(chan struct{}), make(chan struct{})
+	var highest int
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			var n *int
+			if err := r.admin.Get(&n, `SELECT max(count) FROM deliveries`); err == nil && n != nil {
+				highest = max(highest, *n)
+			}
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() int {
+		close(stop)
+		<-done
+		return highest
+	}
+}
+
 // connections counts the service's sessions on PostgreSQL: those named
 // after its members.
 func (r *rig) connections() int {
@@ -452,6 +481,10 @@ type measures struct {
 	ConnsAfter     int           // and once every event took effect
 	ConnsStopped   int           // and once the service stopped
 	PublishRetries int64
+	// MaxDeliveries is the highest delivery count (the delivery guard's,
+	// table deliveries) seen from the fault's start to the end: a count
+	// above 1 is a redelivery charged to an event.
+	MaxDeliveries int
 }
 
 // run runs f under the load and checks every effect once, no dead
@@ -469,6 +502,7 @@ func (r *rig) run(f fault) measures {
 	}, waitLimit, 50*time.Millisecond, "steady load through both consumers")
 	m.ConnsBefore = r.connections()
 
+	sampled := r.sampleDeliveries()
 	start := time.Now()
 	end := f.Apply(r)
 	time.Sleep(f.For)
@@ -517,6 +551,7 @@ func (r *rig) run(f fault) measures {
 		}
 	}
 	m.DrainedAfter = time.Since(ended)
+	m.MaxDeliveries = sampled()
 	require.Empty(r.t, r.deadLetters(), "%s: no valid event dead-lettered", f.Name)
 	// Nothing more comes: a late duplicate would show here.
 	time.Sleep(time.Second)
