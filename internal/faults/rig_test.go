@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/fstest"
@@ -371,7 +372,8 @@ func (r *rig) effectsBetween(consumer string, t0, t1 time.Time) int {
 
 // sampleDeliveries samples the highest delivery count every 100 ms (the
 // purge deletes the counts of events processed, every second here) until
-// the function it returns is called, which returns it.
+// the function it returns is called, which returns it, or the test
+// ends.
 func (r *rig) sampleDeliveries() func() int {
 	stop, done := make(chan struct{}), make(chan struct{})
 	var highest int
@@ -391,11 +393,14 @@ func (r *rig) sampleDeliveries() func() int {
 			}
 		}
 	}()
-	return func() int {
-		close(stop)
+	var once sync.Once
+	end := func() int {
+		once.Do(func() { close(stop) })
 		<-done
 		return highest
 	}
+	r.t.Cleanup(func() { end() }) // when a check failed first
+	return end
 }
 
 // connections counts the service's sessions on PostgreSQL: those named
