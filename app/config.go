@@ -349,7 +349,8 @@ func isPostgresURL(u string) bool {
 // the service would at start: a bad port, an unknown
 // target_session_attrs. Several hosts are fine, as libpq writes them
 // (postgres://user:password@host1:port1,host2:port2/database), and Go's
-// net/url does not always read (a host without a port before the last).
+// net/url does not always read (a host without a port after one with a
+// port: postgres://db-1:5432,db-2/app).
 // The error says why without the URL, which may hold a password (pgx's
 // own masks it on a best-effort basis).
 func checkPostgresURL(u string) error {

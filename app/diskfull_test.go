@@ -31,7 +31,7 @@ func TestSQLiteDiskFull(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.DatabaseURL = filepath.Join(disk.Dir, "app.db")
 	cfg.TransportURL = cfg.DatabaseURL
-	testDiskFull(t, cfg, disk, 8<<20)
+	testDiskFull(t, cfg, disk, 8<<20, nil)
 }
 
 // TestPostgresDiskFull is TestSQLiteDiskFull with PostgreSQL's data
@@ -42,7 +42,15 @@ func TestPostgresDiskFull(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		config func(t *testing.T) app.Config
-	}{{"AMQP", amqpConfig}, {"Postgres", postgresConfig}} {
+		// walFull makes PostgreSQL need a WAL segment on the full disk:
+		// it stops with a PANIC, and its recovery cannot finish until
+		// there is room and an operator starts it again.
+		walFull bool
+	}{
+		{"AMQP", amqpConfig, false},
+		{"Postgres", postgresConfig, false},
+		{"AMQPWALFull", amqpConfig, true},
+	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			const size = 128 << 20
@@ -52,14 +60,19 @@ func TestPostgresDiskFull(t *testing.T) {
 			if cfg.Transport == app.TransportPostgres {
 				cfg.TransportURL = pg.URL
 			}
-			testDiskFull(t, cfg, disk, size)
+			if !tc.walFull {
+				pg = nil
+			}
+			testDiskFull(t, cfg, disk, size, pg)
 		})
 	}
 }
 
 // testDiskFull runs the service of cfg, whose database is on disk (of
 // size bytes), and fills the disk while messages wait to be handled.
-func testDiskFull(t *testing.T, cfg app.Config, disk *testserver.Disk, size int64) {
+// With walFull, the PostgreSQL server of cfg, the server then needs a new
+// WAL segment: it stops, and is started again once the disk has grown.
+func testDiskFull(t *testing.T, cfg app.Config, disk *testserver.Disk, size int64, walFull *testserver.Postgres) {
 	t.Helper()
 	gate := make(chan struct{})
 	hold := func(next message.HandlerFunc) message.HandlerFunc {
@@ -76,25 +89,49 @@ func testDiskFull(t *testing.T, cfg app.Config, disk *testserver.Disk, size int6
 	for i := range events {
 		b.publish(t, fmt.Sprintf("w-%d", i), name)
 	}
+	stalled := b.count(t, `SELECT count(*) FROM widgets`)
+	if cfg.Transport == app.TransportSQLite {
+		// An empty write-ahead log, so that the next commit needs room:
+		// SQLite reuses the log's space once it is checkpointed.
+		waitFor(t, "the write-ahead log truncated", func() bool {
+			var busy, pages, done int
+			require.NoError(t, b.db.QueryRow(`PRAGMA wal_checkpoint(TRUNCATE)`).Scan(&busy, &pages, &done))
+			return busy == 0
+		})
+	}
 	disk.Fill(t)
 	filled := time.Now()
+	want := "database full"
+	if walFull != nil {
+		_, err := b.db.Exec(`SELECT pg_switch_wal()`) // the next record needs a new segment
+		require.NoError(t, err)
+		_, _ = b.db.Exec(`CREATE TABLE needs_wal (b text)`)
+		want = "database unavailable"
+	}
 	close(gate) // the messages held so far try now
 
 	var reason string
-	waitFor(t, "/readyz to say the database is full", func() bool {
+	waitFor(t, "/readyz to say "+want, func() bool { // "database full" first, with walFull
 		var code int
 		code, reason = ready()
-		return code == http.StatusServiceUnavailable
+		return code == http.StatusServiceUnavailable && reason == want
 	})
-	require.Equal(t, "database full", reason)
-	t.Logf("unready %v after the disk filled", time.Since(filled).Round(10*time.Millisecond))
-	stalled := b.count(t, `SELECT count(*) FROM widgets`)
-	require.Less(t, stalled, events)
-	time.Sleep(2 * time.Second) // paused: no effect commits meanwhile
-	require.Equal(t, stalled, b.count(t, `SELECT count(*) FROM widgets`))
-	require.Zero(t, b.count(t, `SELECT count(*) FROM dead_letters`))
+	t.Logf("unready (%s) %v after the disk filled", reason, time.Since(filled).Round(10*time.Millisecond))
+	if walFull == nil {
+		stalled = b.count(t, `SELECT count(*) FROM widgets`)
+		require.Less(t, stalled, events)
+		time.Sleep(2 * time.Second) // paused: no effect commits meanwhile
+		require.Equal(t, stalled, b.count(t, `SELECT count(*) FROM widgets`))
+		require.Zero(t, b.count(t, `SELECT count(*) FROM dead_letters`))
+	} else {
+		time.Sleep(2 * time.Second) // paused while the server is down
+		require.Equal(t, want, func() string { _, r := ready(); return r }())
+	}
 
 	disk.Grow(t, 2*size)
+	if walFull != nil {
+		walFull.Start(t) // its recovery now has room
+	}
 	grown := time.Now()
 	waitFor(t, "every effect", func() bool { return b.count(t, `SELECT count(DISTINCT event_id) FROM widgets`) == events })
 	t.Logf("all %d effects %v after the disk grew (%d before it filled)", events, time.Since(grown).Round(10*time.Millisecond), stalled)

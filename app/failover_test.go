@@ -223,6 +223,9 @@ func testFailoverSync(t *testing.T, onAMQP bool) {
 	published.Wait()
 	waitEffects(t, newPrimary, "s", n)
 	requireOnceEach(t, newPrimary, "s", n)
+	var named int
+	require.NoError(t, newPrimary.Get(&named, `SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend' AND application_name <> ''`))
+	require.Positive(t, named, "the service's connections to the new primary carry its name (application_name)")
 	t.Logf("%d events, the primary killed after %d had taken effect, promoted %s later; effects again %s after the promotion; all %d once each, none dead-lettered, %s after the kill",
 		n, done, promotedAt.Sub(killedAt).Round(time.Millisecond), resumed.Round(time.Millisecond), n, time.Since(killedAt).Round(time.Millisecond))
 }
@@ -268,7 +271,7 @@ func testFailoverAsyncLoses(t *testing.T, onAMQP bool) {
 	if !onAMQP {
 		require.Equal(t, n, f.messageRows(t, f.db, "l"), "the messages' rows are on the primary")
 	}
-	time.Sleep(200 * time.Millisecond) // the acks of the last effects
+	time.Sleep(500 * time.Millisecond) // the acks that follow the last commits
 
 	killedAt := time.Now()
 	f.pair.Primary.Kill(t)

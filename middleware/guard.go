@@ -67,10 +67,10 @@ var errOverLimit = errors.New("over the delivery limit")
 // burst of copies of one event) from one that never took effect: the
 // first is acknowledged as a duplicate, only the second is dead-lettered.
 // Without it every message over the limit is dead-lettered.
-func deliveryGuard(consumer string, store driver.Store, maxDeliveries int, uow *driver.UnitOfWork, acker driver.TxAcker) message.HandlerMiddleware {
+func deliveryGuard(consumer string, store driver.Store, maxDeliveries int, uow *driver.UnitOfWork, acker driver.TxAcker, stopping <-chan struct{}) message.HandlerMiddleware {
 	g := &guard{
 		consumer: consumer, store: store, maxDeliveries: maxDeliveries, uow: uow, acker: acker,
-		handling: newHandling(), suspects: newTurn(),
+		handling: newHandling(), suspects: newTurn(), stopping: stopping,
 	}
 	return func(next message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
@@ -101,6 +101,7 @@ type guard struct {
 	acker         driver.TxAcker // acks a duplicate over the limit in its transaction (see unitOfWork)
 	handling      *handling
 	suspects      turn
+	stopping      <-chan struct{} // closed once the service stops (see retry)
 }
 
 // count counts the delivery of msg, which may be a redelivery, and runs
@@ -135,11 +136,11 @@ func (g *guard) count(msg *message.Message, next message.HandlerFunc) ([]*messag
 	// sees it handling.
 	leave := g.handling.enter(key)
 	defer func() { leave() }()
-	n, err := g.store.Count(msg.Context(), g.consumer, key, first)
+	st := stateOf(msg)
+	n, err := g.countDelivery(msg.Context(), st, key, first)
 	if err != nil {
 		return nil, fmt.Errorf("count delivery of %s: %w", key, err)
 	}
-	st := stateOf(msg)
 	st.deliveries = n // for the dead letter
 	st.counted = true // the unit of work forgets the count
 	if err := st.dies(msg.Context(), crash.AfterCount); err != nil {
@@ -178,6 +179,28 @@ func (g *guard) count(msg *message.Message, next message.HandlerFunc) ([]*messag
 		err = g.uncount(ctx, key, err)
 	}
 	return out, err
+}
+
+// countDelivery counts the delivery of key, of state st (see
+// driver.Store.Count). While the count fails for an outage of the
+// database (see pauseFor), it pauses as the attempts do, and counts
+// again: nacked, the message would come back sooner than the database
+// and fail again, and on RabbitMQ each nack lengthens the pause before
+// the subscription's next redelivery.
+func (g *guard) countDelivery(ctx context.Context, st *state, key framework.Key, first int) (int, error) {
+	n, err := g.store.Count(ctx, g.consumer, key, first)
+	for err != nil && g.uow != nil {
+		reason := pauseFor(ctx, err, g.uow.Ping)
+		if reason == "" {
+			break
+		}
+		if err := awaitOutage(ctx, st, reason, g.uow.Ping, g.stopping, 0, err); err != nil {
+			return 0, err
+		}
+		n, err = g.store.Count(ctx, g.consumer, key, first)
+	}
+	st.resume()
+	return n, err
 }
 
 // uncount takes back the delivery of key, which the service's stop ended

@@ -55,12 +55,15 @@ func uncharged(err error) bool {
 // attempt (which stopping ends at once), returns errStopping wrapping the
 // last attempt's error.
 //
-// When the last attempt failed because the database was unreachable (a
-// restart, a broken connection: outage.Is), retry returns errUnreachable
-// wrapping that failure instead of the failure itself: the message comes
-// again, and is never dead-lettered as retries_exhausted for an outage. The attempt in flight when stopping closes runs
-// to its end, and a message's first attempt always runs. A nil stopping
-// never closes.
+// An attempt that failed for an outage of the database (see pauseFor:
+// unreachable, or full) is not charged: the attempts pause
+// (awaitOutage) and go on. When the last attempt failed because the
+// database was unreachable (a restart, a broken connection: outage.Is)
+// while a ping did answer, retry returns errUnreachable wrapping that
+// failure instead of the failure itself: the message comes again, and is
+// never dead-lettered as retries_exhausted for an outage. The attempt in
+// flight when stopping closes runs to its end, and a message's first
+// attempt always runs. A nil stopping never closes.
 //
 // It does what watermill's Retry does with a constant delay and
 // ResetContextOnRetry, without its backoff's allocations per message: a

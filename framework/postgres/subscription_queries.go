@@ -9,7 +9,7 @@ import "strconv"
 // their partitioned forms in readParts and ackParts.
 type subscriptionQueries struct {
 	lock, unlock, position, read, ack, zero, lower string
-	listen, unlisten, newest, lost                 string
+	listen, unlisten, newest, lost, timeline       string
 	readParts, ackParts                            string
 }
 
@@ -38,6 +38,9 @@ func newSubscriptionQueries(cfg TransportConfig, topic string, marking bool) sub
 		listen:   `LISTEN ` + quoteIdent(notifyChannel(cfg.TablePrefix, topic)),
 		unlisten: `UNLISTEN *`,
 		newest:   `SELECT COALESCE(max(transaction_id)::text, '0') FROM ` + messages,
+		// The database's timeline (the first 8 hex digits of a WAL file's
+		// name), which a promotion or a point-in-time recovery moves on.
+		timeline: `SELECT CASE WHEN pg_is_in_recovery() THEN '' ELSE substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8) END`,
 		// The offsets of the rows (offset, transaction, uuid) that are
 		// not there (see lostCursors).
 		lost: `SELECT c.o FROM unnest($1::bigint[], $2::text[], $3::text[]) AS c(o, x, u)

@@ -250,13 +250,27 @@ func (sub *subscription) took(ctx context.Context, got []*stream) error {
 	if err != nil {
 		return err
 	}
+	timeline := sub.timeline(ctx)
 	sub.dropNext() // prepared before, it may say otherwise
 	for _, st := range got {
 		r := stored[st.group]
-		if lost[st] {
+		switch {
+		case lost[st]:
 			sub.log.Warn("postgres subscriber: the last row read is no longer in the database, which lost transactions (a failover to a standby that had not received them, or a restore); reading on from the group's stored position",
 				slog.Int64("offset", st.cursor.offset))
 			sub.reset(st)
+		case st.timeline != "" && timeline != "" && timeline != st.timeline:
+			// A failover or a restore: the database may lack the last
+			// acknowledgements, and the effects committed before them
+			// (asynchronous replication). The rows after the stored
+			// position come again; the processed marks skip those whose
+			// effects it kept.
+			sub.log.Warn("postgres subscriber: the database's timeline changed (a failover or a restore); reading on from the group's stored position",
+				slog.String("timeline", timeline), slog.String("was", st.timeline))
+			sub.reset(st)
+		}
+		if timeline != "" {
+			st.timeline = timeline
 		}
 		// The rows handed out up to now (see redelivered) are the ones up
 		// to the group's handed-out position; when that is unknown, any
@@ -283,6 +297,18 @@ func (sub *subscription) took(ctx context.Context, got []*stream) error {
 	sub.readAt = time.Time{}
 	sub.log.Debug("postgres subscriber: active for its group", slog.Int("streams", len(got)))
 	return nil
+}
+
+// timeline returns the database's timeline, or "" when it cannot tell
+// (a server that offers no WAL functions): a failover is then seen only
+// by the rows it lost (see lostCursors).
+func (sub *subscription) timeline(ctx context.Context) string {
+	var tl string
+	if err := sub.conn.QueryRowContext(ctx, sub.q.timeline).Scan(&tl); err != nil {
+		sub.log.Debug("postgres subscriber: no timeline", slog.Any("error", err))
+		return ""
+	}
+	return tl
 }
 
 // lostCursors returns the streams of got whose cursor is a row this

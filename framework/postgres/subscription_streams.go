@@ -38,10 +38,13 @@ type stream struct {
 	// read it; empty when cursor is a position the database gave (see
 	// lostCursors).
 	cursorUUID string
-	acked      position // the end of the acknowledged prefix
-	dirty      bool     // acked is not written yet
-	dirtyN     int      // rows acknowledged since the last write
-	dirtyAt    time.Time
+	// timeline is the database's timeline when the stream last took its
+	// lock: a new one means a failover or a restore (see took).
+	timeline string
+	acked    position // the end of the acknowledged prefix
+	dirty    bool     // acked is not written yet
+	dirtyN   int      // rows acknowledged since the last write
+	dirtyAt  time.Time
 }
 
 // readable reports whether the stream reads and hands out rows.

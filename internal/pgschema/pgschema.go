@@ -72,7 +72,8 @@ func exec(ctx context.Context, base, stmt string) error {
 // withSearchPath returns the URL base with its search_path set to
 // schema: pgx takes the last of a repeated key. The query is appended to
 // the string, not rebuilt by net/url, which does not read every URL pgx
-// does (a host without a port among several: postgres://db-1,db-2:5433/app).
+// does (a host without a port after one with a port:
+// postgres://db-1:5432,db-2/app).
 func withSearchPath(base, schema string) string {
 	sep := "?"
 	switch {

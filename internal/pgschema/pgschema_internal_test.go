@@ -15,6 +15,7 @@ func TestWithSearchPath(t *testing.T) {
 		"postgres://app:pw-4711@db:5432/app",
 		"postgres://app:pw-4711@db:5432/app?sslmode=disable",
 		"postgres://app:pw-4711@db-1,db-2:5433/app?target_session_attrs=read-write",
+		"postgres://app:pw-4711@db-1:5432,db-2/app", // net/url refuses it
 		"postgres://app:pw-4711@db:5432/app?search_path=other",
 		"postgres://app:pw-4711@db:5432/app?",
 	} {
