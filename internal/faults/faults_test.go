@@ -177,7 +177,7 @@ func TestResetPeerMidCommit(t *testing.T) {
 
 // TestBlackHolePostgres: PostgreSQL's connections forward nothing, and
 // new ones are taken and forward nothing either (Toxiproxy's timeout
-// toxic with no timeout), both ways: on RabbitMQ for 30 s, on the
+// toxic with no timeout), both ways: on RabbitMQ for 60 s, on the
 // PostgreSQL transport, three instances, for 15 s. Consumption pauses,
 // the attempts in flight are not charged, and it resumes by itself.
 func TestBlackHolePostgres(t *testing.T) {
@@ -187,7 +187,7 @@ func TestBlackHolePostgres(t *testing.T) {
 		cfg  rigConfig
 		hole time.Duration
 	}{
-		{"AMQP", rigConfig{Transport: app.TransportAMQP, Instances: 2, Rate: 10}, 30 * time.Second},
+		{"AMQP", rigConfig{Transport: app.TransportAMQP, Instances: 2, Rate: 10}, 60 * time.Second},
 		{"Postgres", rigConfig{Transport: app.TransportPostgres, Instances: 3, Rate: 10}, 15 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
