@@ -20,10 +20,21 @@ run: ## Run the example service's demo on SQLite (no server needed).
 # 6 minutes instead of 10.
 TESTPARALLEL ?= $(shell n="$$(nproc 2>/dev/null || echo 1)"; echo $$(( n > 4 ? n : 4 )))
 
-test: ## Run every test with -race, starting PostgreSQL and RabbitMQ when needed.
+# MODULES are the nested modules that make test, tidy and lint cover too:
+# internal/faults, the network fault tests, keeps Toxiproxy out of the
+# framework's go.mod. They run after the framework's tests, not beside
+# them: their faults are timed, and two cores running both suites at once
+# would stretch the times they measure.
+MODULES := internal/faults
+
+test: ## Run every test with -race, starting PostgreSQL and RabbitMQ when needed; then the network fault tests (internal/faults, about 2 minutes).
 	@set -euo pipefail; services="$$(scripts/services.sh)"; eval "$$services"; \
-	out="$$(mktemp)"; trap 'rm -f "$$out"' EXIT; \
-	if ! $(GO) test -race -count=1 -parallel $(TESTPARALLEL) -timeout 15m ./... 2>&1 | tee "$$out"; then \
+	out="$$(mktemp)"; trap 'rm -f "$$out"' EXIT; status=0; \
+	$(GO) test -race -count=1 -parallel $(TESTPARALLEL) -timeout 15m ./... 2>&1 | tee "$$out" || status=1; \
+	for m in $(MODULES); do \
+		(cd "$$m" && $(GO) test -race -count=1 -parallel $(TESTPARALLEL) -timeout 15m ./...) 2>&1 | tee -a "$$out" || status=1; \
+	done; \
+	if [ "$$status" -ne 0 ]; then \
 		echo; echo "== failures (the full output is above)"; \
 		grep -E -e '^(--- FAIL|FAIL|panic:)' -e '^ +--- FAIL' -e '^ +[A-Za-z0-9_]+_test\.go:[0-9]+: ' "$$out" | grep -v '^ok ' | tail -80; \
 		exit 1; \
@@ -66,6 +77,7 @@ bench-micro: ## Run the in-process microbenchmarks of the chain: messages per se
 .PHONY: lint
 lint: tidy ## Run go vet, staticcheck, golangci-lint (when installed: make lint-install) and the tidy check.
 	$(GO) vet ./...
+	@set -e; for m in $(MODULES); do echo "cd $$m && $(GO) vet ./..."; (cd "$$m" && $(GO) vet ./...); done
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 	@if [ -x "$(GOLANGCI_LINT)" ]; then "$(GOLANGCI_LINT)" run ./...; \
 	else echo "golangci-lint is not installed: run make lint-install (about 3 minutes)"; fi
@@ -75,8 +87,9 @@ lint-install: ## Install golangci-lint v2.15.0 from the module proxy.
 	$(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0
 
 .PHONY: tidy
-tidy: ## Check that go.mod and go.sum are tidy.
+tidy: ## Check that go.mod and go.sum are tidy, the nested modules' (MODULES) too.
 	$(GO) mod tidy -diff
+	@set -e; for m in $(MODULES); do echo "cd $$m && $(GO) mod tidy -diff"; (cd "$$m" && $(GO) mod tidy -diff); done
 
 .PHONY: test-sqlite-pubsub
 test-sqlite-pubsub: ## Run watermill's full universal suite on the SQLite Pub/Sub, five times.

@@ -10,6 +10,7 @@ import (
 	"database/sql"
 	"database/sql/driver"
 	"errors"
+	"io"
 	"strings"
 	"syscall"
 
@@ -20,7 +21,10 @@ import (
 // Is reports whether err, or an error it wraps, says that the database
 // could not be reached or dropped the connection: database/sql's
 // driver.ErrBadConn and sql.ErrConnDone; pgx's ConnectError (no
-// connection could be made) and ErrConnClosed (the connection broke);
+// connection could be made) and ErrConnClosed (the connection broke); a
+// connection that broke under a statement (the peer reset it, ECONNRESET
+// or EPIPE, or closed it mid-message, io.ErrUnexpectedEOF), which pgx
+// reports as the network's error, not as ErrConnClosed;
 // PostgreSQL's SQLSTATE class 08 (connection exception) and 57P01 to
 // 57P03 (the server shuts down, crashed, or cannot take connections yet).
 //
@@ -32,6 +36,10 @@ func Is(err error) bool {
 		return false
 	}
 	if errors.Is(err, driver.ErrBadConn) || errors.Is(err, sql.ErrConnDone) || errors.Is(err, pgconn.ErrConnClosed) {
+		return true
+	}
+	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNABORTED) {
 		return true
 	}
 	var connect *pgconn.ConnectError

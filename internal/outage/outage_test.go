@@ -6,8 +6,11 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/url"
 	"os"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -40,6 +43,9 @@ func TestIs(t *testing.T) {
 		{"UniqueViolation", &pgconn.PgError{Code: "23505"}, false},
 		{"DataException", &pgconn.PgError{Code: "22P02"}, false},
 		{"Deadline", context.DeadlineExceeded, false},
+		{"UnexpectedEOF", fmt.Errorf("exec: %w", io.ErrUnexpectedEOF), true},
+		{"Reset", &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", syscall.ECONNRESET)}, true},
+		{"BrokenPipe", &net.OpError{Op: "write", Net: "tcp", Err: os.NewSyscallError("write", syscall.EPIPE)}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -163,4 +169,91 @@ func TestFullOnSQLite(t *testing.T) {
 	_, err = db.ExecContext(ctx, `INSERT INTO filler (b) VALUES (x'00')`)
 	require.Error(t, err)
 	require.False(t, outage.Full(err), "%v", err)
+}
+
+// TestIsOnReset checks the errors pgx gives when a connection is reset
+// (TCP RST) in the middle of a transaction, at a statement and at the
+// commit, as a network fault does: pgx reports the network's error
+// (connection reset by peer, or unexpected EOF), not ErrConnClosed, and
+// the retry step dead-lettered valid events as retries_exhausted for
+// them (internal/faults' TestResetPeerMidStream).
+func TestIsOnReset(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	u, err := url.Parse(testenv.PostgresURL(t))
+	require.NoError(t, err)
+	proxy := newResetProxy(t, u.Host)
+	u.Host = proxy.addr()
+	db, err := sql.Open("pgx", u.String())
+	require.NoError(t, err)
+	defer db.Close()
+
+	for _, at := range []string{"Statement", "Commit"} {
+		t.Run(at, func(t *testing.T) {
+			tx, err := db.BeginTx(ctx, nil)
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback() }()
+			_, err = tx.ExecContext(ctx, "SELECT 1")
+			require.NoError(t, err)
+			proxy.reset()
+			if at == "Statement" {
+				_, err = tx.ExecContext(ctx, "SELECT 1")
+			} else {
+				err = tx.Commit()
+			}
+			require.Error(t, err)
+			require.True(t, outage.Is(err), "a connection reset: %v", err)
+		})
+	}
+}
+
+// resetProxy forwards TCP connections to upstream until reset resets
+// every one of them (SO_LINGER 0, so the close sends an RST).
+type resetProxy struct {
+	ln       net.Listener
+	upstream string
+	mu       sync.Mutex
+	conns    []*net.TCPConn
+}
+
+func newResetProxy(t *testing.T, upstream string) *resetProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p := &resetProxy{ln: ln, upstream: upstream}
+	t.Cleanup(func() {
+		_ = ln.Close()
+		p.reset()
+	})
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			up, err := net.Dial("tcp", upstream)
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c.(*net.TCPConn), up.(*net.TCPConn))
+			p.mu.Unlock()
+			go func() { _, _ = io.Copy(up, c); _ = up.Close() }()
+			go func() { _, _ = io.Copy(c, up); _ = c.Close() }()
+		}
+	}()
+	return p
+}
+
+func (p *resetProxy) addr() string { return p.ln.Addr().String() }
+
+func (p *resetProxy) reset() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		_ = c.SetLinger(0)
+		_ = c.Close()
+	}
+	p.conns = nil
 }

@@ -1,0 +1,228 @@
+package faults_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/effectively-once/effectively/app"
+	"github.com/effectively-once/effectively/internal/crash"
+)
+
+// transports are the two set-ups every fault runs on: RabbitMQ with
+// PostgreSQL for the stores, and the PostgreSQL transport (the stores'
+// database), each with two instances sharing the partitioned consumer.
+var transports = []struct {
+	name string
+	cfg  rigConfig
+}{
+	{"AMQP", rigConfig{Transport: app.TransportAMQP, Instances: 2, Rate: 10}},
+	{"Postgres", rigConfig{Transport: app.TransportPostgres, Instances: 2, Rate: 10}},
+}
+
+// onEveryProxy adds a toxic of typ with attrs to both streams of every
+// proxy of the rig, and returns what removes them.
+func onEveryProxy(t *testing.T, typ string, attrs map[string]any) func(r *rig) func() {
+	return func(r *rig) func() {
+		var xs []toxic
+		for _, p := range r.proxies() {
+			for _, s := range []string{"upstream", "downstream"} {
+				xs = append(xs, r.addToxic(p, typ, s, attrs))
+			}
+		}
+		return func() {
+			for _, x := range xs {
+				x.remove(t)
+			}
+		}
+	}
+}
+
+// TestLatency: 200 ms more on every round trip (100 ms each way, ±25 ms
+// of jitter each way) on every connection for 10 s: consumption slows,
+// nothing fails for good.
+func TestLatency(t *testing.T) {
+	t.Parallel()
+	for _, tc := range transports {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := newRig(t, tc.cfg)
+			r.run(fault{Name: tc.name + " latency 200±50 ms", For: 10 * time.Second,
+				Apply: onEveryProxy(t, "latency", map[string]any{"latency": 100, "jitter": 25})})
+		})
+	}
+}
+
+// TestBandwidth: every connection limited to 4 kB/s each way for 10 s.
+func TestBandwidth(t *testing.T) {
+	t.Parallel()
+	for _, tc := range transports {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := newRig(t, tc.cfg)
+			r.run(fault{Name: tc.name + " bandwidth 4 kB/s", For: 10 * time.Second,
+				Apply: onEveryProxy(t, "bandwidth", map[string]any{"rate": 4})})
+		})
+	}
+}
+
+// TestResetPeerMidStream: for 10 s, every 2 s, each connection that
+// carries data within 200 ms is reset (TCP RST), both ways, on every
+// proxy: the consumers', the relays' and the purge's connections break
+// mid-stream, over and over.
+func TestResetPeerMidStream(t *testing.T) {
+	t.Parallel()
+	for _, tc := range transports {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := newRig(t, tc.cfg)
+			r.run(fault{Name: tc.name + " reset_peer mid-stream", For: 10 * time.Second, Apply: func(r *rig) func() {
+				stop, done := make(chan struct{}), make(chan struct{})
+				go func() {
+					defer close(done)
+					tick := time.NewTicker(2 * time.Second)
+					defer tick.Stop()
+					for {
+						end := onEveryProxy(t, "reset_peer", map[string]any{"timeout": 0})(r)
+						time.Sleep(200 * time.Millisecond)
+						end()
+						select {
+						case <-stop:
+							return
+						case <-tick.C:
+						}
+					}
+				}()
+				return func() { close(stop); <-done }
+			}})
+		})
+	}
+}
+
+// TestResetPeerMidCommit: a crash hook at the commit of a consumer's
+// transaction, and at the outbox relay's record of what it sent, arms a
+// reset of PostgreSQL's connections on the way back: the COMMIT reaches
+// the server, which commits, and its answer never reaches the service,
+// whose connection breaks. Armed every 500 ms for 10 s; the effect
+// committed is not applied again, the event not lost.
+func TestResetPeerMidCommit(t *testing.T) {
+	t.Parallel()
+	for _, tc := range transports {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := newRig(t, tc.cfg)
+			var resets atomic.Int64
+			r.run(fault{Name: tc.name + " reset_peer mid-commit", For: 10 * time.Second, Apply: func(r *rig) func() {
+				var (
+					mu    sync.Mutex
+					armed bool
+					wg    sync.WaitGroup
+				)
+				arm := make(chan struct{}, 1)
+				stop := make(chan struct{})
+				wg.Go(func() {
+					tick := time.NewTicker(500 * time.Millisecond)
+					defer tick.Stop()
+					for {
+						select {
+						case <-stop:
+							return
+						case <-tick.C:
+							select {
+							case arm <- struct{}{}:
+							default:
+							}
+						}
+					}
+				})
+				h := crash.Hook(func(_ context.Context, at crash.Point) bool {
+					if at != crash.BeforeCommit && at != crash.BeforeOutboxSent {
+						return false
+					}
+					select {
+					case <-arm:
+					default:
+						return false
+					}
+					mu.Lock()
+					defer mu.Unlock()
+					if armed {
+						return false
+					}
+					armed = true
+					x := r.addToxic(r.pg, "reset_peer", "downstream", map[string]any{"timeout": 0})
+					resets.Add(1)
+					wg.Go(func() {
+						time.Sleep(100 * time.Millisecond)
+						mu.Lock()
+						defer mu.Unlock()
+						x.remove(t)
+						armed = false
+					})
+					return false // the delivery goes on: the network fails it
+				})
+				r.hook.Store(&h)
+				return func() {
+					r.hook.Store(nil)
+					close(stop)
+					wg.Wait()
+				}
+			}})
+			t.Logf("%s: %d resets armed at a commit", tc.name, resets.Load())
+		})
+	}
+}
+
+// TestBlackHolePostgres: PostgreSQL's connections forward nothing, and
+// new ones are taken and forward nothing either (Toxiproxy's timeout
+// toxic with no timeout), both ways: on RabbitMQ for 60 s, on the
+// PostgreSQL transport, three instances, for 15 s. Consumption pauses,
+// the attempts in flight are not charged, and it resumes by itself.
+func TestBlackHolePostgres(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		cfg  rigConfig
+		hole time.Duration
+	}{
+		{"AMQP", rigConfig{Transport: app.TransportAMQP, Instances: 2, Rate: 10}, 60 * time.Second},
+		{"Postgres", rigConfig{Transport: app.TransportPostgres, Instances: 3, Rate: 10}, 15 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			r := newRig(t, tc.cfg)
+			r.run(fault{Name: tc.name + " PostgreSQL black hole", For: tc.hole, Pauses: true, Apply: func(r *rig) func() {
+				var xs []toxic
+				for _, s := range []string{"upstream", "downstream"} {
+					xs = append(xs, r.addToxic(r.pg, "timeout", s, map[string]any{"timeout": 0}))
+				}
+				return func() {
+					for _, x := range xs {
+						x.remove(t)
+					}
+				}
+			}})
+		})
+	}
+}
+
+// TestBlackHoleRabbitMQ: RabbitMQ's connections forward nothing, both
+// ways, for 15 s; PostgreSQL answers. The consumers and the outbox relay
+// pause, and resume by themselves.
+func TestBlackHoleRabbitMQ(t *testing.T) {
+	t.Parallel()
+	r := newRig(t, rigConfig{Transport: app.TransportAMQP, Instances: 2, Rate: 10})
+	r.run(fault{Name: "RabbitMQ black hole", For: 15 * time.Second, Pauses: true, Apply: func(r *rig) func() {
+		var xs []toxic
+		for _, s := range []string{"upstream", "downstream"} {
+			xs = append(xs, r.addToxic(r.mq, "timeout", s, map[string]any{"timeout": 0}))
+		}
+		return func() {
+			for _, x := range xs {
+				x.remove(t)
+			}
+		}
+	}})
+}
