@@ -43,6 +43,7 @@ type UnitOfWork struct {
 	store       Store
 	withoutMark bool
 	group       *group
+	ping        sharedPing
 }
 
 // Defaults of UnitOfWorkConfig.
@@ -252,15 +253,15 @@ type Fencer interface {
 // Ping reports whether the unit of work's database answers, within ctx;
 // nil without a database (memory.Store). The consumer chain asks it when
 // an attempt ran out of time, to tell the database's outage from the
-// attempt's own slowness.
+// attempt's own slowness, and while its attempts pause for an outage.
+// Calls made while one is in flight share its answer (see sharedPing):
+// however many messages pause, the consumer pings through one
+// connection of its pool at a time.
 func (u *UnitOfWork) Ping(ctx context.Context) error {
 	if u == nil || u.db == nil {
 		return nil
 	}
-	if err := u.db.PingContext(ctx); err != nil {
-		return fmt.Errorf("ping the database: %w", err)
-	}
-	return nil
+	return u.ping.do(ctx, u.db.PingContext)
 }
 
 // DoDelivery is Do for a delivery that d describes: the consumer chain

@@ -1,0 +1,58 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestSharedPing: calls made while a ping is in flight share its answer;
+// the next call after it pings again; a caller whose context ends stops
+// waiting, and the ping it started still answers the others.
+func TestSharedPing(t *testing.T) {
+	t.Parallel()
+	var (
+		s       sharedPing
+		pings   atomic.Int32
+		release = make(chan struct{})
+		down    = errors.New("no route to host")
+	)
+	ping := func(ctx context.Context) error {
+		pings.Add(1)
+		select {
+		case <-release:
+			return down
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	early, stop := context.WithCancel(ctx)
+	earlyErr := make(chan error, 1)
+	go func() { earlyErr <- s.do(early, ping) }()
+	require.Eventually(t, func() bool { return pings.Load() == 1 }, 5*time.Second, time.Millisecond)
+	var wg sync.WaitGroup
+	errs := make([]error, 8)
+	for i := range errs {
+		wg.Go(func() { errs[i] = s.do(ctx, ping) })
+	}
+	stop() // the first caller gives up; its ping goes on for the others
+	require.ErrorIs(t, <-earlyErr, context.Canceled)
+	time.Sleep(10 * time.Millisecond)
+	close(release)
+	wg.Wait()
+	for _, err := range errs {
+		require.ErrorIs(t, err, down)
+	}
+	require.EqualValues(t, 1, pings.Load(), "one ping for nine callers")
+
+	require.ErrorIs(t, s.do(ctx, ping), down)
+	require.EqualValues(t, 2, pings.Load(), "a call after the answer pings again")
+}
