@@ -212,6 +212,9 @@ func (c *connection) Close() error {
 		return nil
 	}
 	c.closed = true
+	if c.probe != nil {
+		c.probe.stop()
+	}
 	var err error
 	if c.conn != nil {
 		if cerr := c.conn.Close(); cerr != nil {
@@ -222,9 +225,6 @@ func (c *connection) Close() error {
 	// never closes; and none may follow.
 	if cerr := c.brokers.close(); cerr != nil {
 		err = errors.Join(err, fmt.Errorf("amqp: close: %w", cerr))
-	}
-	if c.probe != nil {
-		c.probe.stop() // its round trip ends with the sockets
 	}
 	return err
 }

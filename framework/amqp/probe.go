@@ -6,6 +6,7 @@ import (
 	"time"
 
 	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	amqp091 "github.com/rabbitmq/amqp091-go"
 )
 
 const (
@@ -51,18 +52,29 @@ func (p *prober) run() {
 		if !p.conn.IsConnected() {
 			continue // watermill-amqp is reconnecting: Connected says so
 		}
+		conn := p.conn.Connection()
 		p.pending.Store(time.Now().UnixNano())
-		p.roundTrip()
-		p.pending.Store(0)
+		answered := make(chan struct{})
+		go func() {
+			defer close(answered)
+			roundTrip(conn)
+		}()
+		select {
+		case <-answered:
+			p.pending.Store(0)
+		case <-p.done:
+			// The round trip ends once the connection is closed, which
+			// the caller of stop does next.
+			return
+		}
 	}
 }
 
-// roundTrip opens a channel and closes it. It returns when the broker
-// answered, or when the connection ended (its heartbeat timed out, or
-// stop closed it): an error needs no handling, as the connection's own
-// state then says it is not connected.
-func (p *prober) roundTrip() {
-	conn := p.conn.Connection()
+// roundTrip opens a channel on conn and closes it. It returns when the
+// broker answered, or when the connection ended (its heartbeat timed
+// out, or it was closed): an error needs no handling, as the connection's
+// own state then says it is not connected.
+func roundTrip(conn *amqp091.Connection) {
 	if conn == nil || conn.IsClosed() {
 		return
 	}
@@ -80,8 +92,10 @@ func (p *prober) answering() bool {
 	return started == 0 || time.Since(time.Unix(0, started)) <= probeStall
 }
 
-// stop stops probing and waits for the round trip in flight, which ends
-// once the connection is closed: close it first.
+// stop stops probing, without waiting for a round trip in flight (it
+// ends once the connection is closed). Call it before closing the
+// connection: watermill-amqp rewrites the state IsConnected reads, with
+// no lock, when its connection closes.
 func (p *prober) stop() {
 	close(p.done)
 	p.stopped.Wait()
