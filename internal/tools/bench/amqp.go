@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -33,11 +34,8 @@ func amqpScenario() Scenario {
 			"sqlx transaction with the dedup insert and the business insert, commit, then the ack.", app.DefaultConcurrency),
 		Needs: []Need{NeedPostgres, NeedAMQP},
 		Runs: []Run{
-			{Name: fmt.Sprintf("example service, default configuration (concurrency %d)", app.DefaultConcurrency), Measure: func(ctx context.Context, env *Env) (Result, error) {
+			{Name: amqpDefault, Measure: func(ctx context.Context, env *Env) (Result, error) {
 				return measureAMQPService(ctx, env, "")
-			}},
-			{Name: "example service, concurrency 1", Measure: func(ctx context.Context, env *Env) (Result, error) {
-				return measureAMQPService(ctx, env, "defaults:\n  concurrency: 1\n")
 			}},
 			{Name: "example service, a transaction per message (batch_size 1)", Measure: func(ctx context.Context, env *Env) (Result, error) {
 				return measureAMQPService(ctx, env, "defaults:\n  batch_size: 1\n")
@@ -45,11 +43,49 @@ func amqpScenario() Scenario {
 			{Name: "example service, concurrency 16", Measure: func(ctx context.Context, env *Env) (Result, error) {
 				return measureAMQPService(ctx, env, "defaults:\n  concurrency: 16\n")
 			}},
-			{Name: "hand-written watermill-amqp, 16 subscriptions", Baseline: true, Measure: measureAMQPBaseline},
+			{Name: amqpEarlier, NoSmoke: true, Measure: measureAMQPBaseline},
+			{Name: amqpBest, Baseline: true, Measure: measureAMQPBest},
+			{Name: amqpLimit, Measure: measureAMQPLimit},
 		},
-		Children: []Child{{Name: "watermill-amqp", Main: amqpBaselineMain}},
+		Children: []Child{{Name: "watermill-amqp", Main: amqpBaselineMain}, {Name: "limit", Main: amqpLimitMain}},
+		Gate: &Gate{Run: amqpDefault, Of: amqpBest, Min: AMQPGainGate,
+			And: &Gate{Run: amqpDefault, Of: amqpLimit, Min: AMQPLimitGate,
+				And: &Gate{Run: amqpDefault, MaxStartUp: StartUpGate}}},
 	}
 }
+
+// The AMQP scenario's runs that its gates name.
+var (
+	amqpDefault = fmt.Sprintf("example service, default configuration (concurrency %d)", app.DefaultConcurrency)
+	amqpEarlier = fmt.Sprintf("hand-written watermill-amqp, %d subscriptions, prefetch %d (the earlier baseline)", baselineSubs, baselinePrefetch)
+	amqpBest    = "hand-written watermill-amqp, the best of its pre-sweep"
+	amqpLimit   = fmt.Sprintf("limit: amqp091-go, batches of up to %d, %d written at once, one statement each (pgx)", limitBatch, limitWriters)
+)
+
+// The gates of issue 47.
+const (
+	// AMQPGainGate is how many times the best hand-written watermill-amqp
+	// consumer's effects/s the default configuration must reach.
+	AMQPGainGate = 1.6
+	// AMQPLimitGate is the share of the hand-optimized consumer's
+	// effects/s the default configuration must reach.
+	AMQPLimitGate = 0.7
+	// PostgresGainGate is how many times the best hand-written
+	// watermill-sql consumer's effects/s the PostgreSQL transport's
+	// default configuration must reach.
+	PostgresGainGate = 3
+	// SQLiteLimitGate is the share of the sqlite3 program's effects/s the
+	// SQLite transport's default configuration must reach.
+	SQLiteLimitGate = 0.35
+	// RelayLimitGate is the share of the broker's confirming-publisher
+	// limit the outbox relay must reach.
+	RelayLimitGate = 0.85
+	// StartUpGate bounds the time from a service's process start to its
+	// first effect, on every transport.
+	StartUpGate = 2 * time.Second
+	// IdleP50Gate bounds the idle-to-handled p50, on every transport.
+	IdleP50Gate = 20 * time.Millisecond
+)
 
 // serviceQueue is the example consumer's queue: its name.
 const serviceQueue = "notifications.remind-on-appointment-booked"
@@ -242,31 +278,82 @@ func (s *amqpService) Effects() *EffectTable {
 
 // The AMQP baseline's variables and size.
 const (
-	envBaselineAMQP  = "EFFECTIVELY_BENCH_AMQP_URL"
-	envBaselineQueue = "EFFECTIVELY_BENCH_QUEUE"
-	envBaselineSubs  = "EFFECTIVELY_BENCH_SUBSCRIPTIONS"
-	envBaselineWait  = "EFFECTIVELY_BENCH_OUTSIDE_WAIT"
-	baselineSubs     = 16
+	envBaselineAMQP     = "EFFECTIVELY_BENCH_AMQP_URL"
+	envBaselineQueue    = "EFFECTIVELY_BENCH_QUEUE"
+	envBaselineSubs     = "EFFECTIVELY_BENCH_SUBSCRIPTIONS"
+	envBaselinePrefetch = "EFFECTIVELY_BENCH_PREFETCH"
+	envBaselineWait     = "EFFECTIVELY_BENCH_OUTSIDE_WAIT"
+	baselineSubs        = 16
+	// baselinePrefetch is watermill-amqp's own (NewDurablePubSubConfig).
+	baselinePrefetch = 1
 )
 
-// amqpBaseline is the hand-written watermill-amqp consumer.
+// amqpKnobs are the settings of the hand-written watermill-amqp
+// consumer that its pre-sweep tries: its router's subscriptions of the
+// queue (a channel each) and each channel's prefetch. Its pool holds a
+// connection per subscription.
+type amqpKnobs struct {
+	subs, prefetch int
+}
+
+func (k amqpKnobs) String() string {
+	return fmt.Sprintf("%d subscriptions, prefetch %d, pool %d", k.subs, k.prefetch, k.subs)
+}
+
+// amqpSweep is the grid of the hand-written watermill-amqp consumer's
+// pre-sweep: 4, 16 and 64 subscriptions, each with prefetch 1 (the
+// earlier baseline's, watermill-amqp's default), 16 and 256.
+func amqpSweep() []sweepConfig[amqpKnobs] {
+	var cs []sweepConfig[amqpKnobs]
+	for _, subs := range []int{4, 16, 64} {
+		for _, prefetch := range []int{1, 16, 256} {
+			k := amqpKnobs{subs: subs, prefetch: prefetch}
+			cs = append(cs, sweepConfig[amqpKnobs]{name: k.String(), config: k})
+		}
+	}
+	return cs
+}
+
+// amqpBaseline is the hand-written watermill-amqp consumer, or (with
+// child "limit") the hand-optimized one of amqplimit.go.
 type amqpBaseline struct {
 	*amqpFeed
 	env   *Env
 	url   string
 	queue string
 	db    *sqlx.DB
+	// child is the child that consumes: "watermill-amqp" when empty.
+	child string
+	knobs amqpKnobs
 	// wait is how long the handler waits for an outside call; none when
 	// zero.
 	wait time.Duration
 }
 
 func measureAMQPBaseline(ctx context.Context, env *Env) (Result, error) {
+	return measureAMQPKnobs(ctx, env, amqpKnobs{subs: baselineSubs, prefetch: baselinePrefetch})
+}
+
+// measureAMQPKnobs drains the hand-written watermill-amqp consumer with
+// knobs k.
+func measureAMQPKnobs(ctx context.Context, env *Env, k amqpKnobs) (Result, error) {
 	sys, err := newAMQPBaseline(ctx, env)
 	if err != nil {
 		return Result{}, err
 	}
+	sys.knobs = k
 	return Drain(ctx, env, sys)
+}
+
+// measureAMQPBest sweeps the hand-written watermill-amqp consumer's
+// knobs once (amqpSweep) and drains the best configuration.
+func measureAMQPBest(ctx context.Context, env *Env) (Result, error) {
+	sweep, best, err := preSweep(ctx, env, env.Scenario+"/watermill-amqp", amqpSweep(), measureAMQPKnobs)
+	if err != nil {
+		return Result{}, err
+	}
+	res, err := measureAMQPKnobs(ctx, env, best)
+	return withSweep(res, sweep), err
 }
 
 // newAMQPBaseline prepares the hand-written watermill-amqp consumer, its
@@ -276,7 +363,8 @@ func newAMQPBaseline(ctx context.Context, env *Env) (*amqpBaseline, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &amqpBaseline{env: env, url: url, db: db, queue: "bench.baseline-" + randomHex(6)}
+	b := &amqpBaseline{env: env, url: url, db: db, queue: "bench.baseline-" + randomHex(6),
+		knobs: amqpKnobs{subs: baselineSubs, prefetch: baselinePrefetch}}
 	if b.amqpFeed, err = newAMQPFeed(ctx, env, b.queue); err != nil {
 		return nil, err
 	}
@@ -284,12 +372,14 @@ func newAMQPBaseline(ctx context.Context, env *Env) (*amqpBaseline, error) {
 }
 
 func (b *amqpBaseline) Start(ctx context.Context) (*Process, error) {
-	return b.env.StartChild(ctx, "watermill-amqp", map[string]string{
-		envBaselineDB:    b.url,
-		envBaselineAMQP:  b.env.AMQPURL,
-		envBaselineQueue: b.queue,
-		envBaselineSubs:  strconv.Itoa(baselineSubs),
-		envBaselineWait:  b.wait.String(),
+	child := cmp.Or(b.child, "watermill-amqp")
+	return b.env.StartChild(ctx, child, map[string]string{
+		envBaselineDB:       b.url,
+		envBaselineAMQP:     b.env.AMQPURL,
+		envBaselineQueue:    b.queue,
+		envBaselineSubs:     strconv.Itoa(b.knobs.subs),
+		envBaselinePrefetch: strconv.Itoa(b.knobs.prefetch),
+		envBaselineWait:     b.wait.String(),
 	})
 }
 
@@ -301,9 +391,13 @@ func (b *amqpBaseline) Effects() *EffectTable {
 // ends: one subscriber, that many router handlers of its queue, each with
 // a channel of its own.
 func amqpBaselineMain(ctx context.Context, c *ChildEnv) error {
-	subs, err := strconv.Atoi(c.Getenv(envBaselineSubs))
-	if err != nil || subs < 1 {
-		return fmt.Errorf("%s: want a positive number, got %q", envBaselineSubs, c.Getenv(envBaselineSubs))
+	subs, err := positiveVar(c, envBaselineSubs)
+	if err != nil {
+		return err
+	}
+	prefetch, err := positiveVar(c, envBaselinePrefetch)
+	if err != nil {
+		return err
 	}
 	db, err := openBaselineDB(c, subs)
 	if err != nil {
@@ -311,6 +405,7 @@ func amqpBaselineMain(ctx context.Context, c *ChildEnv) error {
 	}
 	defer db.Close()
 	cfg := wamqp.NewDurablePubSubConfig(c.Getenv(envBaselineAMQP), wamqp.GenerateQueueNameConstant(c.Getenv(envBaselineQueue)))
+	cfg.Consume.Qos.PrefetchCount = prefetch
 	sub, err := wamqp.NewSubscriber(cfg, quietLogger())
 	if err != nil {
 		return fmt.Errorf("subscriber: %w", err)
@@ -328,4 +423,13 @@ func amqpBaselineMain(ctx context.Context, c *ChildEnv) error {
 		router.AddConsumerHandler(fmt.Sprintf("reminders-%d", i+1), EventType, sub, handler)
 	}
 	return runRouter(ctx, router, c.Ready)
+}
+
+// positiveVar returns the child's variable key as a positive number.
+func positiveVar(c *ChildEnv, key string) (int, error) {
+	n, err := strconv.Atoi(c.Getenv(key))
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("%s: want a positive number, got %q", key, c.Getenv(key))
+	}
+	return n, nil
 }

@@ -3,6 +3,7 @@ package bench
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // gate returns the lines of the scenario's gates (Gate and those chained
@@ -50,6 +51,22 @@ func (s ScenarioReport) gateLine(g *Gate, smoke bool) (string, error) {
 	var met bool
 	var miss error
 	switch {
+	case g.MaxStartUp > 0:
+		su := gated.Result.StartUp
+		if su <= 0 {
+			return "", nil
+		}
+		line = fmt.Sprintf("Gate: %s's start-up to first effect below %s: %s", g.Run, seconds(g.MaxStartUp), seconds(su))
+		met = su < g.MaxStartUp
+		miss = fmt.Errorf("gate not met: %s's start-up to first effect %s, want below %s", g.Run, seconds(su), seconds(g.MaxStartUp))
+	case g.MaxP50 > 0:
+		if gated.Result.Latency == nil {
+			return "", nil
+		}
+		p50 := gated.Result.Latency.P50
+		line = fmt.Sprintf("Gate: %s's p50 below %s: %s", g.Run, ms(g.MaxP50), ms(p50))
+		met = p50 < g.MaxP50
+		miss = fmt.Errorf("gate not met: %s's p50 %s, want below %s", g.Run, ms(p50), ms(g.MaxP50))
 	case g.Floor > 0:
 		line = fmt.Sprintf("Gate: %s at least %s effects/s: %s", g.Run, thousands(g.Floor), thousands(eps))
 		met = eps >= g.Floor
@@ -77,4 +94,29 @@ func (s ScenarioReport) gateLine(g *Gate, smoke bool) (string, error) {
 	default:
 		return line + ", met", nil
 	}
+}
+
+// MaxRunTime is how long a full make bench (every scenario at the
+// default size and rounds) may take: longer fails it (Report.GatesErr).
+const MaxRunTime = 25 * time.Minute
+
+// full reports whether r is a full make bench, whose time MaxRunTime
+// bounds: every scenario and run, at least the default size and rounds.
+func (r *Report) full() bool {
+	o := r.Options
+	return !o.Smoke && o.Run == nil && o.RunNames == nil && o.Events >= DefaultEvents && o.Rounds >= DefaultRounds
+}
+
+// timeGate returns the line of the whole run's time gate, and an error
+// when a full run took longer than MaxRunTime; nothing when r is no full
+// run or has no time.
+func (r *Report) timeGate() (string, error) {
+	if !r.full() || r.Elapsed <= 0 {
+		return "", nil
+	}
+	line := fmt.Sprintf("Gate: the whole run within %s: %s", MaxRunTime, r.Elapsed.Round(time.Second))
+	if r.Elapsed > MaxRunTime {
+		return line + ", NOT MET", fmt.Errorf("gate not met: the whole run took %s, want at most %s", r.Elapsed.Round(time.Second), MaxRunTime)
+	}
+	return line + ", met", nil
 }
