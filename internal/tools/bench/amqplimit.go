@@ -53,8 +53,8 @@ func measureAMQPLimit(ctx context.Context, env *Env) (Result, error) {
 // last tag (the channel's tags grow in delivery order) and the rows to
 // write.
 type limitBatchOf struct {
-	seq     int
-	lastTag uint64
+	seq                                int
+	lastTag                            uint64
 	sources, ids, appointments, starts []string
 }
 
