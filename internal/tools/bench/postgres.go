@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"strconv"
 	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
@@ -25,12 +26,22 @@ func postgresScenario() Scenario {
 			"the ack.",
 		Needs: []Need{NeedPostgres},
 		Runs: []Run{
-			{Name: "example service, default configuration", Measure: measurePostgresService},
-			{Name: "hand-written watermill-sql, handler's own transaction", Baseline: true, Measure: measurePostgresBaseline},
+			{Name: postgresDefault, Measure: measurePostgresService},
+			{Name: postgresEarlier, NoSmoke: true, Measure: measurePostgresBaseline},
+			{Name: postgresBest, Baseline: true, Measure: measurePostgresBest},
 		},
 		Children: []Child{{Name: "watermill-sql", Main: postgresBaselineMain}},
+		Gate: &Gate{Run: postgresDefault, Of: postgresBest, Min: PostgresGainGate,
+			And: &Gate{Run: postgresDefault, MaxStartUp: StartUpGate}},
 	}
 }
+
+// The PostgreSQL scenario's runs that its gates name.
+const (
+	postgresDefault = "example service, default configuration"
+	postgresEarlier = "hand-written watermill-sql, handler's own transaction, batches of 100 (the earlier baseline)"
+	postgresBest    = "hand-written watermill-sql, the best of its pre-sweep"
+)
 
 // postgresInsert is the INSERT docs/transports.md documents.
 // Its arguments are the message's uuid (the event's id) and payload.
@@ -119,8 +130,9 @@ const envBaselineDB = "EFFECTIVELY_BENCH_DATABASE_URL"
 // postgresBaseline is the hand-written watermill-sql consumer.
 type postgresBaseline struct {
 	*postgresFeed
-	env *Env
-	url string
+	env   *Env
+	url   string
+	knobs sqlKnobs
 	// wait is how long the handler waits for an outside call; none when
 	// zero.
 	wait time.Duration
@@ -145,11 +157,17 @@ func newPostgresBaseline(ctx context.Context, env *Env) (*postgresBaseline, erro
 	if err != nil {
 		return nil, err
 	}
-	return &postgresBaseline{postgresFeed: feed, env: env, url: url}, nil
+	return &postgresBaseline{postgresFeed: feed, env: env, url: url, knobs: sqlKnobs{subs: 1, batch: sqlDefaultBatch}}, nil
 }
 
 func (b *postgresBaseline) Start(ctx context.Context) (*Process, error) {
-	return b.env.StartChild(ctx, "watermill-sql", map[string]string{envBaselineDB: b.url, envBaselineWait: b.wait.String()})
+	return b.env.StartChild(ctx, "watermill-sql", map[string]string{
+		envBaselineDB:    b.url,
+		envBaselineWait:  b.wait.String(),
+		envBaselineSubs:  strconv.Itoa(b.knobs.subs),
+		envBaselineBatch: strconv.Itoa(b.knobs.batch),
+		envBaselineInTx:  strconv.FormatBool(b.knobs.inTx),
+	})
 }
 
 func (b *postgresBaseline) Effects() *EffectTable {
@@ -157,18 +175,26 @@ func (b *postgresBaseline) Effects() *EffectTable {
 }
 
 // postgresBaselineMain runs the hand-written watermill-sql consumer until
-// ctx ends.
+// ctx ends, with the knobs its variables set (sqlKnobs).
 func postgresBaselineMain(ctx context.Context, c *ChildEnv) error {
-	// One connection for the subscriber's transaction, one for the
-	// handler's.
-	db, err := openBaselineDB(c, 2)
+	k, err := sqlKnobsOf(c)
+	if err != nil {
+		return err
+	}
+	// A connection for each subscription's transaction, and one for each
+	// handler's own.
+	conns := k.subs
+	if !k.inTx {
+		conns *= 2
+	}
+	db, err := openBaselineDB(c, conns)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
 	sub, err := wsql.NewSubscriber(wsql.BeginnerFromStdSQL(db.DB), wsql.SubscriberConfig{
 		ConsumerGroup:    baselineConsumer,
-		SchemaAdapter:    wsql.DefaultPostgreSQLSchema{},
+		SchemaAdapter:    wsql.DefaultPostgreSQLSchema{SubscribeBatchSize: k.batch},
 		OffsetsAdapter:   wsql.DefaultPostgreSQLOffsetsAdapter{},
 		InitializeSchema: true,
 	}, quietLogger())
@@ -183,6 +209,12 @@ func postgresBaselineMain(ctx context.Context, c *ChildEnv) error {
 	if err != nil {
 		return err
 	}
-	router.AddConsumerHandler("reminders", EventType, sub, baselineHandler(db, wait))
+	handler := baselineHandler(db, wait)
+	if k.inTx {
+		handler = subscriberTxHandler(wait)
+	}
+	for i := range k.subs {
+		router.AddConsumerHandler(fmt.Sprintf("reminders-%d", i+1), EventType, sub, handler)
+	}
 	return runRouter(ctx, router, c.Ready)
 }
