@@ -30,7 +30,7 @@ func sqliteScenario() Scenario {
 			"phase the producer inserts one message per transaction; the service, in another process, sees it "+
 			"through its watch of the newest offset (every 10ms).", app.DefaultSQLiteConcurrency),
 		Runs: []Run{
-			{Name: fmt.Sprintf("example service, default configuration (concurrency %d)", app.DefaultSQLiteConcurrency), Measure: func(ctx context.Context, env *Env) (Result, error) {
+			{Name: sqliteDefault, Measure: func(ctx context.Context, env *Env) (Result, error) {
 				return measureSQLiteService(ctx, env, "")
 			}},
 			{Name: "example service, concurrency 1", Measure: func(ctx context.Context, env *Env) (Result, error) {
@@ -39,12 +39,21 @@ func sqliteScenario() Scenario {
 			{Name: "example service, a transaction per message (batch_size 1)", Measure: func(ctx context.Context, env *Env) (Result, error) {
 				return measureSQLiteService(ctx, env, "defaults:\n  batch_size: 1\n")
 			}},
-			{Name: "raw limit: two inserts per event, 100 events per transaction", Baseline: true, Measure: measureSQLiteRaw},
+			{Name: "raw limit: two inserts per event, 100 events per transaction", Measure: measureSQLiteRaw},
+			{Name: sqliteLimit, Baseline: true, Measure: measureSQLite3Limit},
 		},
 		Children: []Child{{Name: "raw", Main: sqliteRawMain}},
 		Scale:    SQLiteScale,
+		Gate: &Gate{Run: sqliteDefault, Of: sqliteLimit, Min: SQLiteLimitGate,
+			And: &Gate{Run: sqliteDefault, MaxStartUp: StartUpGate}},
 	}
 }
+
+// The SQLite scenario's runs that its gates name.
+var (
+	sqliteDefault = fmt.Sprintf("example service, default configuration (concurrency %d)", app.DefaultSQLiteConcurrency)
+	sqliteLimit   = "limit: the sqlite3 program, the service's schema and pragmas, 100 events per transaction"
+)
 
 // SQLiteScale is how many times Options.Events the SQLite scenario's runs
 // drain (100,000 messages at the default): at 15,000 to 50,000 effects a
