@@ -96,6 +96,32 @@ func (s ScenarioReport) gateLine(g *Gate, smoke bool) (string, error) {
 	}
 }
 
+// The gates of issue 47 on the figures of the scenarios: each scenario
+// names its own in its Gate.
+const (
+	// AMQPGainGate is how many times the best hand-written watermill-amqp
+	// consumer's effects/s the default configuration must reach.
+	AMQPGainGate = 1.6
+	// AMQPLimitGate is the share of the hand-optimized consumer's
+	// effects/s the default configuration must reach.
+	AMQPLimitGate = 0.7
+	// PostgresGainGate is how many times the best hand-written
+	// watermill-sql consumer's effects/s the PostgreSQL transport's
+	// default configuration must reach.
+	PostgresGainGate = 3.0
+	// SQLiteLimitGate is the share of the sqlite3 program's effects/s the
+	// SQLite transport's default configuration must reach.
+	SQLiteLimitGate = 0.35
+	// RelayLimitGate is the share of the broker's confirming-publisher
+	// limit the outbox relay must reach.
+	RelayLimitGate = 0.85
+	// StartUpGate bounds the time from a service's process start to its
+	// first effect, on every transport.
+	StartUpGate = 2 * time.Second
+	// IdleP50Gate bounds the idle-to-handled p50, on every transport.
+	IdleP50Gate = 20 * time.Millisecond
+)
+
 // MaxRunTime is how long a full make bench (every scenario at the
 // default size and rounds) may take: longer fails it (Report.GatesErr).
 const MaxRunTime = 25 * time.Minute
