@@ -225,7 +225,14 @@ func waitEffects(ctx context.Context, env *Env, p *Process, effects *EffectTable
 			return err
 		}
 		if n >= want {
-			return nil
+			// The table may hold foreign effects (see EffectTable): count
+			// the run's own, once, now that there may be enough.
+			if n, _, err = effects.Count(ctx); err != nil {
+				return err
+			}
+			if n >= want {
+				return nil
+			}
 		}
 		if n != last {
 			last, lastAt = n, time.Now()

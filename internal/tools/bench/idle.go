@@ -46,13 +46,14 @@ func idleScenario() Scenario {
 			{Name: idlePostgres, Measure: func(ctx context.Context, env *Env) (Result, error) {
 				return measureIdle(ctx, env, func() (idleSystem, error) { return newPostgresService(ctx, env) })
 			}},
-			{Name: "hand-written watermill-sql", Measure: func(ctx context.Context, env *Env) (Result, error) {
+			// The hand-written consumers' smoke is their scenarios'.
+			{Name: "hand-written watermill-sql", NoSmoke: true, Measure: func(ctx context.Context, env *Env) (Result, error) {
 				return measureIdle(ctx, env, func() (idleSystem, error) { return newPostgresBaseline(ctx, env) })
 			}},
 			{Name: idleAMQP, Measure: func(ctx context.Context, env *Env) (Result, error) {
 				return measureIdle(ctx, env, func() (idleSystem, error) { return newAMQPService(ctx, env, "") })
 			}},
-			{Name: "hand-written watermill-amqp, 16 subscriptions", Baseline: true, Measure: func(ctx context.Context, env *Env) (Result, error) {
+			{Name: "hand-written watermill-amqp, 16 subscriptions", Baseline: true, NoSmoke: true, Measure: func(ctx context.Context, env *Env) (Result, error) {
 				return measureIdle(ctx, env, func() (idleSystem, error) { return newAMQPBaseline(ctx, env) })
 			}},
 		},
