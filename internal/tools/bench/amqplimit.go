@@ -1,12 +1,15 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 )
@@ -109,7 +112,7 @@ func amqpLimitMain(ctx context.Context, c *ChildEnv) error {
 	for range limitWriters {
 		go func() {
 			for b := range batches {
-				_, err := pool.Exec(ctx, limitInsert, baselineConsumer, b.sources, b.ids, b.appointments, b.starts)
+				err := writeLimitBatch(ctx, pool, b)
 				select {
 				case done <- limitDone{seq: b.seq, lastTag: b.lastTag, err: err}:
 				case <-ctx.Done():
@@ -127,6 +130,37 @@ func amqpLimitMain(ctx context.Context, c *ChildEnv) error {
 	close(batches)
 	cancel()
 	return errors.Join(ignoreCanceled(err), ignoreCanceled(<-acked))
+}
+
+// writeLimitBatch writes b with limitInsert, its rows sorted by key so
+// that two batches writing the same marks (a duplicate in each) lock
+// them in the same order, and tries again, up to 5 times, when
+// PostgreSQL ends it as a deadlock or a serialization failure anyway.
+func writeLimitBatch(ctx context.Context, pool *pgxpool.Pool, b limitBatchOf) error {
+	order := make([]int, len(b.ids))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(i, j int) int {
+		return cmp.Or(cmp.Compare(b.sources[i], b.sources[j]), cmp.Compare(b.ids[i], b.ids[j]))
+	})
+	sorted := func(v []string) []string {
+		out := make([]string, len(order))
+		for k, i := range order {
+			out[k] = v[i]
+		}
+		return out
+	}
+	sources, ids, appointments, starts := sorted(b.sources), sorted(b.ids), sorted(b.appointments), sorted(b.starts)
+	var err error
+	for range 5 {
+		_, err = pool.Exec(ctx, limitInsert, baselineConsumer, sources, ids, appointments, starts)
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "40P01" && pgErr.Code != "40001" {
+			return err
+		}
+	}
+	return err
 }
 
 // gatherBatches reads deliveries into batches until ctx ends or the

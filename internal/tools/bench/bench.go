@@ -185,6 +185,10 @@ type Gate struct {
 	Min float64
 	// Of, when set, names the run Min is taken of, instead of the best.
 	Of string
+	// Among, when set, names the runs Min is taken of the best of,
+	// instead of Of or the best of all: the hand-written consumers of a
+	// scenario, say.
+	Among []string
 	// Floor, when above zero, is the fewest effects per second Run may
 	// reach, whatever the other runs did; Min and Of are then unused.
 	Floor float64
@@ -218,6 +222,13 @@ type Run struct {
 	// smoke of other runs already goes through (the unordered runs of the
 	// ordering scenarios), so that TestSmoke, in make test, stays short.
 	NoSmoke bool
+	// Scale, when above zero, is the share of the scenario's messages
+	// (after Scenario.Scale) this run alone drains, outside a smoke run:
+	// for a baseline far slower than the scenario's other runs, whose
+	// rate a smaller drain measures as well (one message at a time,
+	// each waiting for an outside call), so that make bench stays within
+	// MaxRunTime.
+	Scale float64
 	// Measure runs it and returns its figures. Run checks the effects
 	// (Result.Check) after it returns.
 	Measure func(ctx context.Context, env *Env) (Result, error)

@@ -3,6 +3,8 @@ package bench
 import (
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 )
 
@@ -39,7 +41,17 @@ func (s ScenarioReport) gateLine(g *Gate, smoke bool) (string, error) {
 		if run.Name == g.Run {
 			gated = &s.Runs[i]
 		}
-		if g.Of != "" && run.Name == g.Of || g.Of == "" && (ref == nil || run.Result.EffectsPerSecond() > ref.Result.EffectsPerSecond()) {
+		better := ref == nil || run.Result.EffectsPerSecond() > ref.Result.EffectsPerSecond()
+		switch {
+		case len(g.Among) > 0:
+			if slices.Contains(g.Among, run.Name) && better {
+				ref = &s.Runs[i]
+			}
+		case g.Of != "":
+			if run.Name == g.Of {
+				ref = &s.Runs[i]
+			}
+		case better:
 			ref = &s.Runs[i]
 		}
 	}
@@ -73,6 +85,13 @@ func (s ScenarioReport) gateLine(g *Gate, smoke bool) (string, error) {
 		miss = fmt.Errorf("gate not met: %s at %s effects/s, want at least %s", g.Run, thousands(eps), thousands(g.Floor))
 	case ref == nil || ref.Result.EffectsPerSecond() <= 0:
 		return "", nil
+	case len(g.Among) > 0:
+		share := eps / ref.Result.EffectsPerSecond()
+		line = fmt.Sprintf("Gate: %s at least %.2f × the best of %s's effects/s (%s): %s / %s = %.2f",
+			g.Run, g.Min, strings.Join(g.Among, " and "), ref.Name, thousands(eps), thousands(ref.Result.EffectsPerSecond()), share)
+		met = share >= g.Min
+		miss = fmt.Errorf("gate not met: %s at %.2f × %s's effects/s (the best of %s), want at least %.2f",
+			g.Run, share, ref.Name, strings.Join(g.Among, " and "), g.Min)
 	case g.Of != "":
 		share := eps / ref.Result.EffectsPerSecond()
 		line = fmt.Sprintf("Gate: %s at least %.2f × %s's effects/s: %s / %s = %.2f",

@@ -132,3 +132,21 @@ func TestMedianFigures(t *testing.T) {
 		t.Errorf("start-up %s, p50 %s: want 3s and 2ms", m.Result.StartUp, m.Result.Latency.P50)
 	}
 }
+
+// TestReportGateAmong: a gate among runs takes the best of them, not of
+// the scenario's other runs.
+func TestReportGateAmong(t *testing.T) {
+	rate := func(name string, eps int) RunReport {
+		return RunReport{Name: name, Result: Result{Drained: eps + 1, Elapsed: time.Second}}
+	}
+	r := &Report{Scenarios: []ScenarioReport{{
+		Title: "AMQP",
+		Gate:  &Gate{Run: "service", Among: []string{"best", "earlier"}, Min: 1.6},
+		Runs:  []RunReport{rate("service", 1000), rate("earlier", 700), rate("best", 600), rate("limit", 5000)},
+	}}}
+	err := r.Err()
+	if err == nil || !strings.Contains(err.Error(), "1.43 × earlier's effects/s") {
+		t.Errorf("service 1,000 against earlier 700: %v, want the gate not met against earlier", err)
+	}
+	requireMarkdownLines(t, r, "Gate: service at least 1.60 × the best of best and earlier's effects/s (earlier): 1,000 / 700 = 1.43, NOT MET.")
+}

@@ -39,7 +39,7 @@ func postgresScenario() Scenario {
 			{Name: postgresBest, Baseline: true, Measure: measurePostgresBest},
 		},
 		Children: []Child{{Name: "watermill-sql", Main: postgresBaselineMain}},
-		Gate: &Gate{Run: postgresDefault, Of: postgresBest, Min: PostgresGainGate,
+		Gate: &Gate{Run: postgresDefault, Among: []string{postgresBest, postgresEarlier}, Min: PostgresGainGate,
 			And: &Gate{Run: postgresDefault, MaxStartUp: StartUpGate}},
 	}
 }

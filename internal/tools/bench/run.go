@@ -169,10 +169,14 @@ func runOne(ctx context.Context, s Scenario, r Run, opts Options, sh *shared) Ru
 		return rr
 	}
 	if !opts.Smoke {
-		opts.Events = scaledEvents(opts.Events, s.Scale)
+		opts.Events = scaledEvents(scaledEvents(opts.Events, s.Scale), r.Scale)
 	}
 	env := &Env{Options: opts, Scenario: s.Name, Dir: dir, ID: s.Name + "-" + randomHex(4), shared: sh}
 	res, err := r.Measure(ctx, env)
+	if r.Scale > 0 && !opts.Smoke {
+		note := fmt.Sprintf("drained %s messages, %.0f%% of the scenario's", thousands(float64(opts.Events)), r.Scale*100)
+		res.Note = strings.TrimPrefix(res.Note+"; "+note, "; ")
+	}
 	err = errors.Join(err, env.cleanup(), keepProfiles(opts.Profiles, dir, s.Name+"-"+r.Name))
 	switch {
 	case err != nil:
