@@ -40,7 +40,8 @@ func amqpScenario() Scenario {
 			"deliveries gathered into batches of up to %d that grow while the writers are busy, %d written at once "+
 			"with pgx, each batch's marks and business rows in one statement (so one transaction and one round "+
 			"trip), each batch acked with one multiple ack once it and those before it committed. Gates: the "+
-			"default configuration at least %.1f× the best hand-written consumer and %.1f of the limit, its start-up "+
+			"default configuration at least %.1f× the best hand-written consumer (the better of the pre-sweep's best and the "+
+			"earlier baseline, both in full rounds) and %.1f of the limit, its start-up "+
 			"to first effect below %s.", app.DefaultConcurrency, limitPrefetch, limitBatch, limitWriters,
 			AMQPGainGate, AMQPLimitGate, seconds(StartUpGate)),
 		Needs: []Need{NeedPostgres, NeedAMQP},

@@ -31,7 +31,8 @@ func postgresScenario() Scenario {
 			"earlier baseline (N = 1, B = 100, the handler's own transaction) runs in full rounds too. In the "+
 			"subscriber's transaction an effect's handled_at is its insert, before its batch commits: its figures "+
 			"favour it by up to a batch's time. Gates: the default configuration at least %.0f× the best "+
-			"hand-written consumer, its start-up to first effect below %s.", PostgresGainGate, seconds(StartUpGate)),
+			"hand-written consumer (the better of the pre-sweep's best and the earlier baseline, both in full rounds), "+
+			"its start-up to first effect below %s.", PostgresGainGate, seconds(StartUpGate)),
 		Needs: []Need{NeedPostgres},
 		Runs: []Run{
 			{Name: postgresDefault, Measure: measurePostgresService},
