@@ -341,6 +341,19 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		}
 	}
 	fmt.Fprintln(b)
+	var gates []string
+	for _, s := range r.Scenarios {
+		lines, _ := s.gate(r.Options.Smoke)
+		for _, line := range lines {
+			gates = append(gates, "- "+s.Title+": "+strings.TrimPrefix(line, "Gate: ")+".")
+		}
+	}
+	if line, _ := r.timeGate(); line != "" {
+		gates = append(gates, "- "+strings.TrimPrefix(line, "Gate: ")+".")
+	}
+	if len(gates) > 0 {
+		fmt.Fprintf(b, "Gates (a gate not met fails `make bench`):\n\n%s\n\n", strings.Join(gates, "\n"))
+	}
 	fmt.Fprintf(b, "%s\n", findings)
 
 	fmt.Fprintf(b, "## How to reproduce\n\n"+
