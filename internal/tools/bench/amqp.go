@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -27,29 +28,54 @@ func amqpScenario() Scenario {
 		About: fmt.Sprintf("The example service (`EFFECTIVELY_TRANSPORT=amqp`, its stores in a PostgreSQL schema of its own) "+
 			"drains its queue, filled beforehand by a foreign producer: plain amqp091-go publishing CloudEvents "+
 			"JSON to the type's fanout exchange, persistent, with publisher confirms. It runs with its default "+
-			"configuration (%d messages in flight) and with `defaults: {concurrency: 1}`. The baseline is a hand-written consumer in a "+
-			"process of its own: watermill-amqp's durable pub/sub configuration on a queue of its own bound to the "+
-			"same exchange, 16 `AddConsumerHandler` subscriptions of that queue, and per message the handler's own "+
-			"sqlx transaction with the dedup insert and the business insert, commit, then the ack.", app.DefaultConcurrency),
+			"configuration (%d messages in flight), with a transaction per message (`batch_size: 1`) and with "+
+			"`defaults: {concurrency: 16}`. The baseline is the best of a hand-written consumer's pre-sweep, measured in full rounds "+
+			"beside the others: a process of its own, watermill-amqp's durable pub/sub configuration on a queue of "+
+			"its own bound to the same exchange, N `AddConsumerHandler` subscriptions of that queue (a channel "+
+			"each) with prefetch P and a pool of N connections, and per message the handler's own sqlx transaction "+
+			"with the dedup insert and the business insert, commit, then the ack. The pre-sweep drains each of "+
+			"N = 4, 16, 64 by P = 1, 16, 256 once, at a quarter of the run's messages, and keeps the fastest; the "+
+			"earlier baseline (16 subscriptions, prefetch 1, watermill-amqp's default) runs in full rounds too. "+
+			"The limit is a hand-optimized consumer in one process: amqp091-go on one channel (prefetch %d), the "+
+			"deliveries gathered into batches of up to %d that grow while the writers are busy, %d written at once "+
+			"with pgx, each batch's marks and business rows in one statement (so one transaction and one round "+
+			"trip), each batch acked with one multiple ack once it and those before it committed. Gates: the "+
+			"default configuration at least %.1f× the best hand-written consumer (the better of the pre-sweep's best and the "+
+			"earlier baseline, both in full rounds) and %.1f of the limit, its start-up "+
+			"to first effect below %s.", app.DefaultConcurrency, limitPrefetch, limitBatch, limitWriters,
+			AMQPGainGate, AMQPLimitGate, seconds(StartUpGate)),
 		Needs: []Need{NeedPostgres, NeedAMQP},
 		Runs: []Run{
-			{Name: fmt.Sprintf("example service, default configuration (concurrency %d)", app.DefaultConcurrency), Measure: func(ctx context.Context, env *Env) (Result, error) {
+			{Name: amqpDefault, Measure: func(ctx context.Context, env *Env) (Result, error) {
 				return measureAMQPService(ctx, env, "")
 			}},
-			{Name: "example service, concurrency 1", Measure: func(ctx context.Context, env *Env) (Result, error) {
-				return measureAMQPService(ctx, env, "defaults:\n  concurrency: 1\n")
-			}},
-			{Name: "example service, a transaction per message (batch_size 1)", Measure: func(ctx context.Context, env *Env) (Result, error) {
+			// The configurations but the default's are left out of smoke
+			// runs: their code is the default's, and TestSmoke must stay
+			// short.
+			{Name: "example service, a transaction per message (batch_size 1)", NoSmoke: true, Measure: func(ctx context.Context, env *Env) (Result, error) {
 				return measureAMQPService(ctx, env, "defaults:\n  batch_size: 1\n")
 			}},
-			{Name: "example service, concurrency 16", Measure: func(ctx context.Context, env *Env) (Result, error) {
+			{Name: "example service, concurrency 16", NoSmoke: true, Measure: func(ctx context.Context, env *Env) (Result, error) {
 				return measureAMQPService(ctx, env, "defaults:\n  concurrency: 16\n")
 			}},
-			{Name: "hand-written watermill-amqp, 16 subscriptions", Baseline: true, Measure: measureAMQPBaseline},
+			{Name: amqpEarlier, NoSmoke: true, Measure: measureAMQPBaseline},
+			{Name: amqpBest, Baseline: true, Measure: measureAMQPBest},
+			{Name: amqpLimit, Measure: measureAMQPLimit},
 		},
-		Children: []Child{{Name: "watermill-amqp", Main: amqpBaselineMain}},
+		Children: []Child{{Name: "watermill-amqp", Main: amqpBaselineMain}, {Name: "limit", Main: amqpLimitMain}},
+		Gate: &Gate{Run: amqpDefault, Among: []string{amqpBest, amqpEarlier}, Min: AMQPGainGate,
+			And: &Gate{Run: amqpDefault, Of: amqpLimit, Min: AMQPLimitGate,
+				And: &Gate{Run: amqpDefault, MaxStartUp: StartUpGate}}},
 	}
 }
+
+// The AMQP scenario's runs that its gates name.
+var (
+	amqpDefault = fmt.Sprintf("example service, default configuration (concurrency %d)", app.DefaultConcurrency)
+	amqpEarlier = fmt.Sprintf("hand-written watermill-amqp, %d subscriptions, prefetch %d (the earlier baseline)", baselineSubs, baselinePrefetch)
+	amqpBest    = "hand-written watermill-amqp, the best of its pre-sweep"
+	amqpLimit   = fmt.Sprintf("limit: amqp091-go, batches of up to %d, %d written at once, one statement each (pgx)", limitBatch, limitWriters)
+)
 
 // serviceQueue is the example consumer's queue: its name.
 const serviceQueue = "notifications.remind-on-appointment-booked"
@@ -242,31 +268,82 @@ func (s *amqpService) Effects() *EffectTable {
 
 // The AMQP baseline's variables and size.
 const (
-	envBaselineAMQP  = "EFFECTIVELY_BENCH_AMQP_URL"
-	envBaselineQueue = "EFFECTIVELY_BENCH_QUEUE"
-	envBaselineSubs  = "EFFECTIVELY_BENCH_SUBSCRIPTIONS"
-	envBaselineWait  = "EFFECTIVELY_BENCH_OUTSIDE_WAIT"
-	baselineSubs     = 16
+	envBaselineAMQP     = "EFFECTIVELY_BENCH_AMQP_URL"
+	envBaselineQueue    = "EFFECTIVELY_BENCH_QUEUE"
+	envBaselineSubs     = "EFFECTIVELY_BENCH_SUBSCRIPTIONS"
+	envBaselinePrefetch = "EFFECTIVELY_BENCH_PREFETCH"
+	envBaselineWait     = "EFFECTIVELY_BENCH_OUTSIDE_WAIT"
+	baselineSubs        = 16
+	// baselinePrefetch is watermill-amqp's own (NewDurablePubSubConfig).
+	baselinePrefetch = 1
 )
 
-// amqpBaseline is the hand-written watermill-amqp consumer.
+// amqpKnobs are the settings of the hand-written watermill-amqp
+// consumer that its pre-sweep tries: its router's subscriptions of the
+// queue (a channel each) and each channel's prefetch. Its pool holds a
+// connection per subscription.
+type amqpKnobs struct {
+	subs, prefetch int
+}
+
+func (k amqpKnobs) String() string {
+	return fmt.Sprintf("%d subscriptions, prefetch %d, pool %d", k.subs, k.prefetch, k.subs)
+}
+
+// amqpSweep is the grid of the hand-written watermill-amqp consumer's
+// pre-sweep: 4, 16 and 64 subscriptions, each with prefetch 1 (the
+// earlier baseline's, watermill-amqp's default), 16 and 256.
+func amqpSweep() []sweepConfig[amqpKnobs] {
+	var cs []sweepConfig[amqpKnobs]
+	for _, subs := range []int{4, 16, 64} {
+		for _, prefetch := range []int{1, 16, 256} {
+			k := amqpKnobs{subs: subs, prefetch: prefetch}
+			cs = append(cs, sweepConfig[amqpKnobs]{name: k.String(), config: k})
+		}
+	}
+	return cs
+}
+
+// amqpBaseline is the hand-written watermill-amqp consumer, or (with
+// child "limit") the hand-optimized one of amqplimit.go.
 type amqpBaseline struct {
 	*amqpFeed
 	env   *Env
 	url   string
 	queue string
 	db    *sqlx.DB
+	// child is the child that consumes: "watermill-amqp" when empty.
+	child string
+	knobs amqpKnobs
 	// wait is how long the handler waits for an outside call; none when
 	// zero.
 	wait time.Duration
 }
 
 func measureAMQPBaseline(ctx context.Context, env *Env) (Result, error) {
+	return measureAMQPKnobs(ctx, env, amqpKnobs{subs: baselineSubs, prefetch: baselinePrefetch})
+}
+
+// measureAMQPKnobs drains the hand-written watermill-amqp consumer with
+// knobs k.
+func measureAMQPKnobs(ctx context.Context, env *Env, k amqpKnobs) (Result, error) {
 	sys, err := newAMQPBaseline(ctx, env)
 	if err != nil {
 		return Result{}, err
 	}
+	sys.knobs = k
 	return Drain(ctx, env, sys)
+}
+
+// measureAMQPBest sweeps the hand-written watermill-amqp consumer's
+// knobs once (amqpSweep) and drains the best configuration.
+func measureAMQPBest(ctx context.Context, env *Env) (Result, error) {
+	sweep, best, err := preSweep(ctx, env, env.Scenario+"/watermill-amqp", amqpSweep(), measureAMQPKnobs)
+	if err != nil {
+		return Result{}, err
+	}
+	res, err := measureAMQPKnobs(ctx, env, best)
+	return withSweep(res, sweep), err
 }
 
 // newAMQPBaseline prepares the hand-written watermill-amqp consumer, its
@@ -276,7 +353,8 @@ func newAMQPBaseline(ctx context.Context, env *Env) (*amqpBaseline, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &amqpBaseline{env: env, url: url, db: db, queue: "bench.baseline-" + randomHex(6)}
+	b := &amqpBaseline{env: env, url: url, db: db, queue: "bench.baseline-" + randomHex(6),
+		knobs: amqpKnobs{subs: baselineSubs, prefetch: baselinePrefetch}}
 	if b.amqpFeed, err = newAMQPFeed(ctx, env, b.queue); err != nil {
 		return nil, err
 	}
@@ -284,12 +362,14 @@ func newAMQPBaseline(ctx context.Context, env *Env) (*amqpBaseline, error) {
 }
 
 func (b *amqpBaseline) Start(ctx context.Context) (*Process, error) {
-	return b.env.StartChild(ctx, "watermill-amqp", map[string]string{
-		envBaselineDB:    b.url,
-		envBaselineAMQP:  b.env.AMQPURL,
-		envBaselineQueue: b.queue,
-		envBaselineSubs:  strconv.Itoa(baselineSubs),
-		envBaselineWait:  b.wait.String(),
+	child := cmp.Or(b.child, "watermill-amqp")
+	return b.env.StartChild(ctx, child, map[string]string{
+		envBaselineDB:       b.url,
+		envBaselineAMQP:     b.env.AMQPURL,
+		envBaselineQueue:    b.queue,
+		envBaselineSubs:     strconv.Itoa(b.knobs.subs),
+		envBaselinePrefetch: strconv.Itoa(b.knobs.prefetch),
+		envBaselineWait:     b.wait.String(),
 	})
 }
 
@@ -301,9 +381,13 @@ func (b *amqpBaseline) Effects() *EffectTable {
 // ends: one subscriber, that many router handlers of its queue, each with
 // a channel of its own.
 func amqpBaselineMain(ctx context.Context, c *ChildEnv) error {
-	subs, err := strconv.Atoi(c.Getenv(envBaselineSubs))
-	if err != nil || subs < 1 {
-		return fmt.Errorf("%s: want a positive number, got %q", envBaselineSubs, c.Getenv(envBaselineSubs))
+	subs, err := positiveVar(c, envBaselineSubs)
+	if err != nil {
+		return err
+	}
+	prefetch, err := positiveVar(c, envBaselinePrefetch)
+	if err != nil {
+		return err
 	}
 	db, err := openBaselineDB(c, subs)
 	if err != nil {
@@ -311,6 +395,7 @@ func amqpBaselineMain(ctx context.Context, c *ChildEnv) error {
 	}
 	defer db.Close()
 	cfg := wamqp.NewDurablePubSubConfig(c.Getenv(envBaselineAMQP), wamqp.GenerateQueueNameConstant(c.Getenv(envBaselineQueue)))
+	cfg.Consume.Qos.PrefetchCount = prefetch
 	sub, err := wamqp.NewSubscriber(cfg, quietLogger())
 	if err != nil {
 		return fmt.Errorf("subscriber: %w", err)
@@ -328,4 +413,13 @@ func amqpBaselineMain(ctx context.Context, c *ChildEnv) error {
 		router.AddConsumerHandler(fmt.Sprintf("reminders-%d", i+1), EventType, sub, handler)
 	}
 	return runRouter(ctx, router, c.Ready)
+}
+
+// positiveVar returns the child's variable key as a positive number.
+func positiveVar(c *ChildEnv, key string) (int, error) {
+	n, err := strconv.Atoi(c.Getenv(key))
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("%s: want a positive number, got %q", key, c.Getenv(key))
+	}
+	return n, nil
 }

@@ -19,8 +19,11 @@ const (
 	// earlier event (same source and id).
 	DefaultDuplicates = 0.02
 	// DefaultLatencyDuration is how long the paced producer of the
-	// latency phase runs.
-	DefaultLatencyDuration = 5 * time.Second
+	// latency phase runs: at half drain rates of thousands a second,
+	// thousands of events. It was 5 s, which took some four of make
+	// bench's minutes over its 80-odd runs, where the run must fit in
+	// MaxRunTime.
+	DefaultLatencyDuration = 2 * time.Second
 	// DefaultStallTimeout is how long a run may go without a new effect
 	// before it fails.
 	DefaultStallTimeout = time.Minute
@@ -170,7 +173,9 @@ type Scenario struct {
 // A Gate bounds a run's effects per second by the best of its
 // scenario's runs in the same report: Run's must be at least Min times
 // the best's (each the round with the median effects per second); or
-// Min times another run's (Of), or at least Floor.
+// Min times another run's (Of), or at least Floor. Or it bounds another
+// figure of the run, each the median of its rounds: its start-up to
+// first effect by MaxStartUp, its latency p50 by MaxP50.
 type Gate struct {
 	// Run is the name of the gated run.
 	Run string
@@ -180,9 +185,20 @@ type Gate struct {
 	Min float64
 	// Of, when set, names the run Min is taken of, instead of the best.
 	Of string
+	// Among, when set, names the runs Min is taken of the best of,
+	// instead of Of or the best of all: the hand-written consumers of a
+	// scenario, say.
+	Among []string
 	// Floor, when above zero, is the fewest effects per second Run may
 	// reach, whatever the other runs did; Min and Of are then unused.
 	Floor float64
+	// MaxStartUp, when above zero, is the longest start-up to first
+	// effect (Result.StartUp) Run may take; Min, Of and Floor are then
+	// unused.
+	MaxStartUp time.Duration
+	// MaxP50, when above zero, is the highest latency p50 Run may have
+	// (Result.Latency); Min, Of and Floor are then unused.
+	MaxP50 time.Duration
 	// And, when set, is one more gate of the scenario, checked too.
 	And *Gate
 }
@@ -206,6 +222,13 @@ type Run struct {
 	// smoke of other runs already goes through (the unordered runs of the
 	// ordering scenarios), so that TestSmoke, in make test, stays short.
 	NoSmoke bool
+	// Scale, when above zero, is the share of the scenario's messages
+	// (after Scenario.Scale) this run alone drains, outside a smoke run:
+	// for a baseline far slower than the scenario's other runs, whose
+	// rate a smaller drain measures as well (one message at a time,
+	// each waiting for an outside call), so that make bench stays within
+	// MaxRunTime.
+	Scale float64
 	// Measure runs it and returns its figures. Run checks the effects
 	// (Result.Check) after it returns.
 	Measure func(ctx context.Context, env *Env) (Result, error)
@@ -226,6 +249,13 @@ type Result struct {
 	Drained int
 	// Elapsed is the time from the first effect of the drain to its last.
 	Elapsed time.Duration
+	// StartUp is the time from the consumer's process start to its first
+	// effect, the backlog waiting for it; zero when not measured.
+	StartUp time.Duration
+	// Steady is the drain's steady-state rate: effects per second from
+	// the effect that follows the first SteadyAfter of them to the last;
+	// zero when not measured.
+	Steady float64
 	// Latency is the end-to-end latency measured with a paced producer;
 	// nil when not measured.
 	Latency *Latency
@@ -245,6 +275,9 @@ type Result struct {
 	Profile []string
 	// Note is shown beside the figures, e.g. why a figure is missing.
 	Note string
+	// Sweep is the pre-sweep that chose the configuration measured; nil
+	// when none (see preSweep).
+	Sweep *Sweep
 }
 
 // EffectsPerSecond is the drain's rate: effects per second between the
@@ -255,6 +288,11 @@ func (r Result) EffectsPerSecond() float64 {
 	}
 	return float64(r.Drained-1) / r.Elapsed.Seconds()
 }
+
+// SteadyAfter is the share of a drain's effects that its steady-state
+// rate (Result.Steady) leaves out: the consumer's first batches, its
+// pools and caches filling.
+const SteadyAfter = 0.1
 
 // Check fails unless the consumer left exactly one effect per distinct
 // event it was fed.

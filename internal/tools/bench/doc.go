@@ -29,6 +29,25 @@
 // the order of the effects too: a scenario's Measure may fail its run
 // with a check of its own.
 //
+// Every drain also gives the consumer's start-up (Result.StartUp: from
+// its process start to its first effect, the backlog waiting for it) and
+// its steady-state rate (Result.Steady: after the first SteadyAfter of
+// its effects). A run measured in rounds reports the round with the
+// median effects per second, and its start-up, steady-state rate and
+// latency each as the median of its rounds: the gates judge those
+// medians. The gates of issue 47 (gate.go) compare the example service
+// with the strongest hand-written consumer and with the machine's limit:
+// the hand-written watermill-amqp and watermill-sql consumers are each
+// pre-swept (sweep.go: every configuration of a grid of the knobs a
+// team would try drained once at SweepScale of the run's messages, the
+// fastest then measured in full rounds, the sweep's table in the report);
+// the limits are a hand-optimized amqp091-go + pgx consumer
+// (amqplimit.go) and Debian's sqlite3 program on a script with the
+// service's schema and pragmas (sqlite3limit.go), beside the broker's
+// confirming-publisher limit of the outbox scenario. A full run (every
+// scenario at the default size and rounds) must also end within
+// MaxRunTime; the report gives each scenario's time.
+//
 // Consumers run as processes of their own, so that their memory and
 // allocations compare fairly: the example service (built with go build
 // once per run of the harness, started by Env.StartService with the
@@ -83,7 +102,7 @@
 //
 // # Running
 //
-//	make bench                                  # everything, 20,000 messages a run
+//	make bench                                  # everything, 20,000 messages a run, 3 rounds, within MaxRunTime
 //	make bench BENCHFLAGS="-events 2000 -run sqlite"
 //	make bench BENCHFLAGS="-smoke -run 'sqlite/default|raw'"  # some runs of a scenario
 //	go test ./internal/tools/bench/ -run TestSmoke    # what make test runs

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"time"
 
@@ -100,14 +101,41 @@ func drainPhase(ctx context.Context, env *Env, p *Process, effects *EffectTable,
 	if err != nil {
 		return Result{}, err
 	}
+	startUp, steady := startUpSteady(drained, p.Started())
 	return Result{
 		Messages:         messages,
 		Events:           distinct,
 		Drained:          len(drained),
 		Elapsed:          span(drained),
+		StartUp:          startUp,
+		Steady:           steady,
 		AllocsPerMessage: mallocs / float64(messages),
 		CPU:              cpu,
 	}, nil
+}
+
+// startUpSteady returns the time from started (zero: not known) to the
+// first of effects, and the steady-state rate: effects per second from
+// the one that follows the first SteadyAfter of them to the last (zero
+// with fewer than 10 effects, or no time between them).
+func startUpSteady(effects []Effect, started time.Time) (time.Duration, float64) {
+	if len(effects) == 0 {
+		return 0, 0
+	}
+	at := make([]time.Time, len(effects))
+	for i, e := range effects {
+		at[i] = e.At
+	}
+	slices.SortFunc(at, func(a, b time.Time) int { return a.Compare(b) })
+	var startUp time.Duration
+	if !started.IsZero() {
+		startUp = max(0, at[0].Sub(started))
+	}
+	k := int(float64(len(at)) * SteadyAfter)
+	if len(at) < 10 || !at[len(at)-1].After(at[k]) {
+		return startUp, 0
+	}
+	return startUp, float64(len(at)-1-k) / at[len(at)-1].Sub(at[k]).Seconds()
 }
 
 // beginDrain begins the started process p and waits for its drain of
@@ -197,7 +225,14 @@ func waitEffects(ctx context.Context, env *Env, p *Process, effects *EffectTable
 			return err
 		}
 		if n >= want {
-			return nil
+			// The table may hold foreign effects (see EffectTable): count
+			// the run's own, once, now that there may be enough.
+			if n, _, err = effects.Count(ctx); err != nil {
+				return err
+			}
+			if n >= want {
+				return nil
+			}
 		}
 		if n != last {
 			last, lastAt = n, time.Now()

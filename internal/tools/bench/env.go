@@ -53,6 +53,8 @@ type shared struct {
 	once    sync.Once
 	service string
 	err     error
+
+	sweeps sweeps // the pre-sweeps done (see preSweep)
 }
 
 // Logf writes a progress line.

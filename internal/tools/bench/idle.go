@@ -7,12 +7,13 @@ import (
 	"time"
 )
 
-// The idle scenario's size: how many events a run sends, one at a time,
-// and the mean pause before each (drawn evenly from half to one and a half
+// The idle scenario's size: how many events a run sends in each of its
+// rounds (whose p50s' median its gates judge), one at a time, and the
+// mean pause before each (drawn evenly from half to one and a half
 // times it, so that the sends fall at every phase of a poller's period).
 const (
-	idleEvents = 20
-	idlePause  = 750 * time.Millisecond
+	idleEvents = 10
+	idlePause  = 500 * time.Millisecond
 	// idleSettle is how long a consumer runs before the first send, so
 	// that its start-up work is over.
 	idleSettle = time.Second
@@ -25,35 +26,40 @@ func idleScenario() Scenario {
 		Name:  "idle",
 		Title: "Idle to handled",
 		About: fmt.Sprintf("A consumer at rest gets a single event from a foreign producer, waits for it to take "+
-			"effect, rests again: %d events, one at a time, each after a pause of %s on average (%s to %s, "+
-			"evenly drawn). p50 and p99 run from the send to the effect's write; **at rate** is the events per "+
+			"effect, rests again: %d events a round, one at a time, each after a pause of %s on average (%s to %s, "+
+			"evenly drawn), in as many rounds as the other scenarios. p50 and p99 run from the send to the effect's "+
+			"write, each the median of its rounds'; **at rate** is the events per "+
 			"second this makes, and the CPU columns are the consumer's and the machine's use over the whole "+
 			"run: what the consumer costs at rest. The producers are those of the other scenarios: on SQLite "+
 			"the documented `INSERT` into `pubsub_messages` from another process, on PostgreSQL the documented "+
 			"`INSERT` into the topic's table, on RabbitMQ amqp091-go publishing to the type's exchange. The "+
 			"example service runs with its default configuration; the hand-written consumers are those of the "+
 			"other scenarios (watermill-sql polls once a second when idle). effects/s and the ratio have no "+
-			"meaning here; the baseline is the hand-written RabbitMQ consumer, for reference.",
-			idleEvents, idlePause, idlePause/2, idlePause*3/2),
+			"meaning here; the baseline is the hand-written RabbitMQ consumer, for reference. Gates: the example "+
+			"service's p50 below %s on every transport.",
+			idleEvents, idlePause, idlePause/2, idlePause*3/2, ms(IdleP50Gate)),
 		Needs: []Need{NeedPostgres, NeedAMQP},
-		Once:  true, // latencies, not a rate: the median of effects per second says nothing
 		Runs: []Run{
-			{Name: "example service, SQLite transport", Measure: func(ctx context.Context, env *Env) (Result, error) {
+			{Name: idleSQLite, Measure: func(ctx context.Context, env *Env) (Result, error) {
 				return measureIdle(ctx, env, func() (idleSystem, error) { return newSQLiteService(ctx, env, "") })
 			}},
-			{Name: "example service, PostgreSQL transport", Measure: func(ctx context.Context, env *Env) (Result, error) {
+			{Name: idlePostgres, Measure: func(ctx context.Context, env *Env) (Result, error) {
 				return measureIdle(ctx, env, func() (idleSystem, error) { return newPostgresService(ctx, env) })
 			}},
-			{Name: "hand-written watermill-sql", Measure: func(ctx context.Context, env *Env) (Result, error) {
+			// The hand-written consumers' smoke is their scenarios'.
+			{Name: "hand-written watermill-sql", NoSmoke: true, Measure: func(ctx context.Context, env *Env) (Result, error) {
 				return measureIdle(ctx, env, func() (idleSystem, error) { return newPostgresBaseline(ctx, env) })
 			}},
-			{Name: "example service, AMQP + PostgreSQL", Measure: func(ctx context.Context, env *Env) (Result, error) {
+			{Name: idleAMQP, Measure: func(ctx context.Context, env *Env) (Result, error) {
 				return measureIdle(ctx, env, func() (idleSystem, error) { return newAMQPService(ctx, env, "") })
 			}},
-			{Name: "hand-written watermill-amqp, 16 subscriptions", Baseline: true, Measure: func(ctx context.Context, env *Env) (Result, error) {
+			{Name: "hand-written watermill-amqp, 16 subscriptions", Baseline: true, NoSmoke: true, Measure: func(ctx context.Context, env *Env) (Result, error) {
 				return measureIdle(ctx, env, func() (idleSystem, error) { return newAMQPBaseline(ctx, env) })
 			}},
 		},
+		Gate: &Gate{Run: idleSQLite, MaxP50: IdleP50Gate,
+			And: &Gate{Run: idlePostgres, MaxP50: IdleP50Gate,
+				And: &Gate{Run: idleAMQP, MaxP50: IdleP50Gate}}},
 		// The hand-written consumers of the PostgreSQL and AMQP scenarios.
 		Children: []Child{
 			{Name: "watermill-sql", Main: postgresBaselineMain},
@@ -61,6 +67,13 @@ func idleScenario() Scenario {
 		},
 	}
 }
+
+// The idle scenario's runs of the example service, which its gates name.
+const (
+	idleSQLite   = "example service, SQLite transport"
+	idlePostgres = "example service, PostgreSQL transport"
+	idleAMQP     = "example service, AMQP + PostgreSQL"
+)
 
 // idleSystem is a consumer and its foreign producer, sending one event
 // at a time.

@@ -401,3 +401,27 @@ func effectSpan(ctx context.Context, t *EffectTable) (int, time.Duration, error)
 	}
 	return n, time.Duration(final-first) * time.Millisecond, nil
 }
+
+// writeMemory writes the memory samples of run as a table of their own,
+// with the growth from the first to the last; nothing without samples.
+func writeMemory(b *strings.Builder, run RunReport) {
+	m := run.Result.Memory
+	first, last, ok := m.ends()
+	if !ok {
+		return
+	}
+	fmt.Fprintf(b, "Memory along the drain of **%s**:\n\n", run.Name)
+	fmt.Fprintf(b, "| effects | RSS (VmRSS) | anonymous (RssAnon) | peak RSS (VmHWM) | Go heap in use |\n|---:|---:|---:|---:|---:|\n")
+	for _, s := range m.Samples {
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s |\n", thousands(float64(s.Effects)), mib(s.RSS), mib(s.Anon), mib(s.HWM), mib(s.Heap))
+	}
+	growth := func(a, z int64) string {
+		if a == 0 {
+			return "—"
+		}
+		return fmt.Sprintf("%+.1f%%", (float64(z)/float64(a)-1)*100)
+	}
+	fmt.Fprintf(b, "| growth, %s to %s | %s (bound +%.0f%%) | %s | %s | %s |\n\n",
+		thousands(float64(first.Effects)), thousands(float64(last.Effects)),
+		growth(first.RSS, last.RSS), MaxRSSGrowth*100, growth(first.Anon, last.Anon), growth(first.HWM, last.HWM), growth(first.Heap, last.Heap))
+}

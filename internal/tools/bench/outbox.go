@@ -46,19 +46,21 @@ func outboxScenario() Scenario {
 			"An effect is a message received from a queue of the run's own bound to the type's exchange; " +
 			"effects/s runs from the first received to the last. In the latency phase a process of its own " +
 			"adds one event per transaction with `outbox.AddTx` (which wakes its relay) or publishes it, at half " +
-			"the drain rate; latency runs from the add (or publish) to the message's arrival.",
+			"the drain rate; latency runs from the add (or publish) to the message's arrival. " +
+			"Gate: the relay at least 0.85 of the broker's limit.",
 		Needs: []Need{NeedPostgres, NeedAMQP},
 		Runs: []Run{
-			{Name: "outbox relay, AMQP transport's publisher", Measure: func(ctx context.Context, env *Env) (Result, error) {
+			{Name: outboxRelay, Measure: func(ctx context.Context, env *Env) (Result, error) {
 				return measureOutbox(ctx, env, relayRun{})
 			}},
 			{Name: "watermill-amqp publisher, ConfirmDelivery", Baseline: true, Measure: func(ctx context.Context, env *Env) (Result, error) {
 				return measureOutbox(ctx, env, publisherRun{name: "publisher"})
 			}},
-			{Name: "broker's limit: amqp091-go publisher, 1,000 confirms in flight", Measure: func(ctx context.Context, env *Env) (Result, error) {
+			{Name: outboxLimit, Measure: func(ctx context.Context, env *Env) (Result, error) {
 				return measureOutbox(ctx, env, publisherRun{name: "raw"})
 			}},
 		},
+		Gate: &Gate{Run: outboxRelay, Of: outboxLimit, Min: RelayLimitGate},
 		Children: []Child{
 			{Name: "relay", Main: relayMain},
 			{Name: "publisher", Main: publisherMain},
@@ -66,6 +68,12 @@ func outboxScenario() Scenario {
 		},
 	}
 }
+
+// The outbox scenario's runs that its gate names.
+const (
+	outboxRelay = "outbox relay, AMQP transport's publisher"
+	outboxLimit = "broker's limit: amqp091-go publisher, 1,000 confirms in flight"
+)
 
 // The outbox scenario's child variables.
 const (

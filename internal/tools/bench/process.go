@@ -32,6 +32,10 @@ type Process struct {
 	// (Env.startServices): Exited, Stop, Mallocs and PeakRSS take them in.
 	peers []*Process
 
+	// started is when the process was started: a drain's start-up runs
+	// from it to the first effect.
+	started time.Time
+
 	client  *http.Client  // no keep-alive: nothing lingers once it stopped
 	done    chan struct{} // closed once the process exited
 	waitErr error
@@ -43,6 +47,9 @@ func (p *Process) Addr() string { return p.addr }
 
 // Pid is the process's id.
 func (p *Process) Pid() int { return p.cmd.Process.Pid }
+
+// Started is when the process was started.
+func (p *Process) Started() time.Time { return p.started }
 
 // ProfilePath is where the process writes its CPU profile when it stops;
 // empty when it writes none.
@@ -58,6 +65,7 @@ func startProcess(ctx context.Context, name string, cmd *exec.Cmd, addr, profile
 	}
 	cmd.Stdout = p.stderr
 	cmd.Stderr = p.stderr
+	p.started = time.Now()
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}

@@ -30,6 +30,9 @@ type Report struct {
 	Machine   Machine
 	Options   Options
 	Scenarios []ScenarioReport
+	// Elapsed is how long Execute took, every scenario's set-up, pre-sweep
+	// and rounds.
+	Elapsed time.Duration
 }
 
 // ScenarioReport is a scenario's part of the report.
@@ -45,6 +48,8 @@ type ScenarioReport struct {
 	// Gate is the scenario's gate (Scenario.Gate); nil when none.
 	Gate *Gate
 	Runs []RunReport
+	// Elapsed is how long the scenario took, its rounds and any pre-sweep.
+	Elapsed time.Duration
 }
 
 // RunReport is a run's figures, or why it failed.
@@ -86,6 +91,9 @@ func (r *Report) GatesErr() error {
 		if _, err := s.gate(r.Options.Smoke); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", s.Title, err))
 		}
+	}
+	if _, err := r.timeGate(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
@@ -163,7 +171,7 @@ func procField(file, key, sep string) string {
 }
 
 // columns are the figures of a run, in the order of the tables.
-var columns = []string{"effects/s", "ratio", "p50", "p99", "at rate", "allocs/msg", "peak RSS", "CPU: consumer", "CPU: machine", "effects"}
+var columns = []string{"effects/s", "ratio", "steady/s", "start-up", "p50", "p99", "at rate", "allocs/msg", "peak RSS", "CPU: consumer", "CPU: machine", "effects"}
 
 // WriteTable writes the figures as an aligned text table.
 func (r *Report) WriteTable(w io.Writer) error {
@@ -178,6 +186,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 			rows = append(rows, append([]string{"  " + run.Name}, r.cells(s, run)...))
 			if m := run.Result.Memory; m != nil {
 				rows = append(rows, []string{"    " + m.String()})
+			}
+			if sw := run.Result.Sweep; sw != nil {
+				rows = append(rows, []string{fmt.Sprintf("    the best of a pre-sweep of %d configurations: %s", len(sw.Points), sw.BestConfig())})
 			}
 			if line := run.Result.CPU.perMessageLine(); line != "" {
 				rows = append(rows, []string{"    " + line})
@@ -212,6 +223,9 @@ func (r *Report) WriteTable(w io.Writer) error {
 		}
 		b.WriteString("\n")
 	}
+	if line, _ := r.timeGate(); line != "" {
+		fmt.Fprintf(b, "\n%s\n", line)
+	}
 	if err := r.Err(); err != nil {
 		fmt.Fprintf(b, "\nFAILED:\n%v\n", err)
 	}
@@ -237,24 +251,30 @@ func (r *Report) cells(s ScenarioReport, run RunReport) []string {
 	case s.ratio(run) > 0:
 		c[1] = fmt.Sprintf("%.2f×", s.ratio(run))
 	}
+	if res.Steady > 0 {
+		c[2] = thousands(res.Steady)
+	}
+	if res.StartUp > 0 {
+		c[3] = seconds(res.StartUp)
+	}
 	if l := res.Latency; l != nil {
-		c[2], c[3], c[4] = ms(l.P50), ms(l.P99), thousands(l.Rate)+"/s"
+		c[4], c[5], c[6] = ms(l.P50), ms(l.P99), thousands(l.Rate)+"/s"
 	}
 	if res.AllocsPerMessage > 0 {
-		c[5] = thousands(res.AllocsPerMessage)
+		c[7] = thousands(res.AllocsPerMessage)
 	}
 	if res.PeakRSS > 0 {
-		c[6] = fmt.Sprintf("%d MiB", res.PeakRSS>>20)
+		c[8] = fmt.Sprintf("%d MiB", res.PeakRSS>>20)
 	}
 	if res.CPU.Machine > 0 {
-		c[7] = fmt.Sprintf("%.2f cores", res.CPU.Consumer)
-		c[8] = fmt.Sprintf("%.0f%%", res.CPU.Machine*100)
+		c[9] = fmt.Sprintf("%.2f cores", res.CPU.Consumer)
+		c[10] = fmt.Sprintf("%.0f%%", res.CPU.Machine*100)
 	}
 	switch {
 	case run.Err != nil:
-		c[9] = "FAILED"
+		c[11] = "FAILED"
 	case res.Events > 0:
-		c[9] = fmt.Sprintf("%d = %d", res.Effects, res.Events)
+		c[11] = fmt.Sprintf("%d = %d", res.Effects, res.Events)
 	}
 	return c
 }
@@ -302,7 +322,14 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		if len(once) > 0 {
 			fmt.Fprintf(b, ", but those of %s (once)", strings.Join(once, " and "))
 		}
-		fmt.Fprintf(b, "; the figures are those of the round with the median effects/s, the effects/s of every round follow each scenario's table\n")
+		fmt.Fprintf(b, "; the figures are those of the round with the median effects/s, but steady/s, start-up, p50 and p99, each the median of its rounds; the effects/s of every round follow each scenario's table\n")
+	}
+	if r.Elapsed > 0 {
+		fmt.Fprintf(b, "- Time: %s in all", r.Elapsed.Round(time.Second))
+		if line, _ := r.timeGate(); line != "" {
+			fmt.Fprintf(b, " (%s)", strings.TrimPrefix(line, "Gate: "))
+		}
+		fmt.Fprintf(b, "; each scenario's below its heading\n")
 	}
 	fmt.Fprintln(b)
 
@@ -314,6 +341,19 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		}
 	}
 	fmt.Fprintln(b)
+	var gates []string
+	for _, s := range r.Scenarios {
+		lines, _ := s.gate(r.Options.Smoke)
+		for _, line := range lines {
+			gates = append(gates, "- "+s.Title+": "+strings.TrimPrefix(line, "Gate: ")+".")
+		}
+	}
+	if line, _ := r.timeGate(); line != "" {
+		gates = append(gates, "- "+strings.TrimPrefix(line, "Gate: ")+".")
+	}
+	if len(gates) > 0 {
+		fmt.Fprintf(b, "Gates (a gate not met fails `make bench`):\n\n%s\n\n", strings.Join(gates, "\n"))
+	}
 	fmt.Fprintf(b, "%s\n", findings)
 
 	fmt.Fprintf(b, "## How to reproduce\n\n"+
@@ -331,6 +371,11 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 		"- **effects/s**: the consumer draining a backlog, from its first effect to its last.\n"+
 		"- **ratio**: effects/s over the scenario's baseline's, in the same run (each the\n"+
 		"  round with the median effects/s of its run).\n"+
+		"- **steady/s**: the drain's steady state: effects/s from the effect after the\n"+
+		"  first 10%% of them to the last, the consumer's first batches left out.\n"+
+		"- **start-up**: from the consumer's process start to its first effect, the\n"+
+		"  backlog waiting for it: the process's own start, its connections, migrations\n"+
+		"  and subscriptions, its first batch.\n"+
 		"- **p50 / p99**: end-to-end latency, from a paced producer's send to the effect's\n"+
 		"  write in the consumer's transaction, with the producer at half the drain rate\n"+
 		"  (**at rate**), fresh events one at a time.\n"+
@@ -359,6 +404,9 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	fmt.Fprintf(b, "## Figures\n\n")
 	for _, s := range r.Scenarios {
 		fmt.Fprintf(b, "### %s\n\n", s.Title)
+		if s.Elapsed > 0 {
+			fmt.Fprintf(b, "Measured in %s.\n\n", s.Elapsed.Round(time.Second))
+		}
 		if s.About != "" {
 			fmt.Fprintf(b, "%s\n\n", s.About)
 		}
@@ -382,6 +430,7 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 			fmt.Fprintf(b, "%s.\n\n", line)
 		}
 		writeRounds(b, s)
+		writeSweeps(b, s)
 		writeCPUGroups(b, s)
 		for _, run := range s.Runs {
 			writeMemory(b, run)
@@ -523,6 +572,11 @@ func thousands(v float64) string {
 	return string(out)
 }
 
+// seconds formats d in seconds, to the hundredth.
+func seconds(d time.Duration) string {
+	return fmt.Sprintf("%.2f s", d.Seconds())
+}
+
 func ms(d time.Duration) string {
 	switch {
 	case d >= 100*time.Millisecond:
@@ -530,28 +584,4 @@ func ms(d time.Duration) string {
 	default:
 		return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond))
 	}
-}
-
-// writeMemory writes the memory samples of run as a table of their own,
-// with the growth from the first to the last; nothing without samples.
-func writeMemory(b *strings.Builder, run RunReport) {
-	m := run.Result.Memory
-	first, last, ok := m.ends()
-	if !ok {
-		return
-	}
-	fmt.Fprintf(b, "Memory along the drain of **%s**:\n\n", run.Name)
-	fmt.Fprintf(b, "| effects | RSS (VmRSS) | anonymous (RssAnon) | peak RSS (VmHWM) | Go heap in use |\n|---:|---:|---:|---:|---:|\n")
-	for _, s := range m.Samples {
-		fmt.Fprintf(b, "| %s | %s | %s | %s | %s |\n", thousands(float64(s.Effects)), mib(s.RSS), mib(s.Anon), mib(s.HWM), mib(s.Heap))
-	}
-	growth := func(a, z int64) string {
-		if a == 0 {
-			return "—"
-		}
-		return fmt.Sprintf("%+.1f%%", (float64(z)/float64(a)-1)*100)
-	}
-	fmt.Fprintf(b, "| growth, %s to %s | %s (bound +%.0f%%) | %s | %s | %s |\n\n",
-		thousands(float64(first.Effects)), thousands(float64(last.Effects)),
-		growth(first.RSS, last.RSS), MaxRSSGrowth*100, growth(first.Anon, last.Anon), growth(first.HWM, last.HWM), growth(first.Heap, last.Heap))
 }

@@ -47,7 +47,9 @@ func Execute(ctx context.Context, scenarios []Scenario, opts Options) (*Report, 
 	sh := &shared{dir: dir}
 
 	report := &Report{Date: time.Now(), Options: opts, Machine: ReadMachine(ctx, opts)}
+	defer func() { report.Elapsed = time.Since(report.Date) }()
 	for _, s := range scenarios {
+		began := time.Now()
 		if opts.Run != nil && !opts.Run.MatchString(s.Name) {
 			continue
 		}
@@ -84,6 +86,8 @@ func Execute(ctx context.Context, scenarios []Scenario, opts Options) (*Report, 
 		for _, rrs := range measured {
 			sr.Runs = append(sr.Runs, median(rrs))
 		}
+		sr.Elapsed = time.Since(began)
+		fmt.Fprintf(opts.Log, "   %s in %s\n", s.Title, sr.Elapsed.Round(time.Second))
 		report.Scenarios = append(report.Scenarios, sr)
 	}
 	return report, nil
@@ -107,8 +111,52 @@ func median(rounds []RunReport) RunReport {
 	m := byRate[(len(byRate)-1)/2]
 	if len(rounds) > 1 {
 		m.Rounds = eps
+		m.Result = medianFigures(m.Result, rounds)
 	}
 	return m
+}
+
+// medianFigures returns res with the figures that the gates judge apart
+// from effects per second (the start-up, the steady-state rate, the
+// latency's p50 and p99) each the median of the rounds' own, those
+// measured: each figure is the median of its rounds, whichever round
+// its run's row comes from.
+func medianFigures(res Result, rounds []RunReport) Result {
+	var startUps, p50s, p99s []time.Duration
+	var steady []float64
+	for _, rr := range rounds {
+		r := rr.Result
+		if r.StartUp > 0 {
+			startUps = append(startUps, r.StartUp)
+		}
+		if r.Steady > 0 {
+			steady = append(steady, r.Steady)
+		}
+		if r.Latency != nil {
+			p50s = append(p50s, r.Latency.P50)
+			p99s = append(p99s, r.Latency.P99)
+		}
+	}
+	if len(startUps) > 0 {
+		res.StartUp = middle(startUps)
+	}
+	if len(steady) > 0 {
+		res.Steady = middle(steady)
+	}
+	if res.Latency != nil && len(p50s) > 0 {
+		lat := *res.Latency
+		lat.P50, lat.P99 = middle(p50s), middle(p99s)
+		res.Latency = &lat
+	}
+	return res
+}
+
+// middle returns the median of vs (the lower of the two middle ones of
+// an even count).
+func middle[T cmp.Ordered](vs []T) T {
+	s := slices.Clone(vs)
+	slices.Sort(s)
+	return s[(len(s)-1)/2]
 }
 
 // runOne measures one run in a folder of its own, cleans up after it and
@@ -121,10 +169,14 @@ func runOne(ctx context.Context, s Scenario, r Run, opts Options, sh *shared) Ru
 		return rr
 	}
 	if !opts.Smoke {
-		opts.Events = scaledEvents(opts.Events, s.Scale)
+		opts.Events = scaledEvents(scaledEvents(opts.Events, s.Scale), r.Scale)
 	}
 	env := &Env{Options: opts, Scenario: s.Name, Dir: dir, ID: s.Name + "-" + randomHex(4), shared: sh}
 	res, err := r.Measure(ctx, env)
+	if r.Scale > 0 && !opts.Smoke {
+		note := fmt.Sprintf("drained %s messages, %.0f%% of the scenario's", thousands(float64(opts.Events)), r.Scale*100)
+		res.Note = strings.TrimPrefix(res.Note+"; "+note, "; ")
+	}
 	err = errors.Join(err, env.cleanup(), keepProfiles(opts.Profiles, dir, s.Name+"-"+r.Name))
 	switch {
 	case err != nil:

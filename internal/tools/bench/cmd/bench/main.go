@@ -6,7 +6,10 @@
 //	go run ./internal/tools/bench/cmd/bench [-events 20000] [-run REGEXP] [-out docs/benchmarks.md]
 //
 // It exits non-zero, leaving the report file as it was, when a run fails,
-// e.g. when a consumer left other than one effect per distinct event.
+// e.g. when a consumer left other than one effect per distinct event; and,
+// after writing the report, when a gate is missed: a scenario's (the
+// ratios, limits, start-up and latency bounds of gate.go) or, for a full
+// run, the whole run's time (bench.MaxRunTime).
 package main
 
 import (
