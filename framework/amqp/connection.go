@@ -44,6 +44,10 @@ type connection struct {
 	closed bool
 	ready  chan struct{} // closed once connected
 	probe  *prober       // started once connected
+
+	// lost are the deliveries in flight on channels lost with the
+	// connection, whose redeliveries are not charged.
+	lost lostDeliveries
 }
 
 // newConnection returns an unconnected connection.

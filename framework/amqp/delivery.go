@@ -38,8 +38,9 @@ func (c *consumption) add(tag uint64, msg *message.Message, cancel context.Cance
 
 // abandon settles, once the consume ended, the deliveries not yet
 // settled: dropped when the channel was lost (the broker requeues them,
-// and their tags mean nothing on another channel), otherwise acked if the
-// reader acked them already and nacked (requeued) if not.
+// and their tags mean nothing on another channel; their redeliveries
+// are not charged, see lostDeliveries), otherwise acked if the reader
+// acked them already and nacked (requeued) if not.
 func (c *consumption) abandon(lost bool) {
 	c.mu.Lock()
 	ds := make([]*delivery, 0, len(c.live))
@@ -50,6 +51,9 @@ func (c *consumption) abandon(lost bool) {
 	for _, d := range ds {
 		if !d.claim() {
 			continue
+		}
+		if lost {
+			c.sub.conn.lost.add(c.sub.queue, d.msg.UUID)
 		}
 		if !lost {
 			select {

@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 
+	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/internal/nackdelay"
 	"github.com/effectively-once/effectively/framework/internal/subscribers"
@@ -422,7 +423,12 @@ func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) bo
 			<-s.slots
 			continue
 		}
-		if d.Redelivered { // as watermill-amqp's subscriber marks it
+		switch {
+		case d.Redelivered && s.conn.lost.take(s.queue, msg.UUID):
+			// The delivery that a lost channel cut short, resumed: the
+			// outage is not charged to it (see lostDeliveries).
+			msg.Metadata.Set(framework.MetadataRedelivered, "false")
+		case d.Redelivered: // as watermill-amqp's subscriber marks it
 			msg.Metadata.Set(wamqp.MetadataRedeliveredKey, "true")
 		}
 		msgCtx, cancel := context.WithCancel(ctx)
