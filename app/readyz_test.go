@@ -4,11 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,79 +14,6 @@ import (
 	"github.com/effectively-once/effectively/internal/testenv"
 	"github.com/effectively-once/effectively/middleware"
 )
-
-// holeProxy forwards TCP connections to upstream on loopback until it is
-// made a black hole: then it keeps every connection open, accepts new
-// ones, and forwards no byte either way, as a network path that drops
-// every packet does; once it is mended, what was sent meanwhile goes on,
-// as TCP retransmits it.
-type holeProxy struct {
-	ln       net.Listener
-	upstream string
-	hole     atomic.Bool
-	mu       sync.Mutex
-	conns    []net.Conn
-}
-
-func newHoleProxy(t *testing.T, upstream string) *holeProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	p := &holeProxy{ln: ln, upstream: upstream}
-	t.Cleanup(func() {
-		_ = ln.Close()
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		for _, c := range p.conns {
-			_ = c.Close()
-		}
-	})
-	go p.accept()
-	return p
-}
-
-func (p *holeProxy) accept() {
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		up, err := net.Dial("tcp", p.upstream)
-		if err != nil {
-			_ = c.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.conns = append(p.conns, c, up)
-		p.mu.Unlock()
-		go p.pipe(c, up)
-		go p.pipe(up, c)
-	}
-}
-
-// pipe copies src to dst, reading nothing while the proxy is a black
-// hole.
-func (p *holeProxy) pipe(src, dst net.Conn) {
-	buf := make([]byte, 32<<10)
-	for {
-		for p.hole.Load() {
-			time.Sleep(10 * time.Millisecond)
-		}
-		n, err := src.Read(buf)
-		if n > 0 {
-			for p.hole.Load() { // read as the hole opened: held, not lost
-				time.Sleep(10 * time.Millisecond)
-			}
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			_ = dst.Close()
-			return
-		}
-	}
-}
 
 // TestReadyzDatabaseBlackHole: while the database's connections forward
 // nothing (a black hole, not a refused connection), /readyz answers
@@ -100,8 +24,8 @@ func TestReadyzDatabaseBlackHole(t *testing.T) {
 	cfg := postgresConfig(t)
 	u, err := url.Parse(cfg.DatabaseURL)
 	require.NoError(t, err)
-	proxy := newHoleProxy(t, u.Host)
-	u.Host = proxy.ln.Addr().String()
+	proxy := testenv.NewProxy(t, u.Host)
+	u.Host = proxy.Addr()
 	cfg.DatabaseURL, cfg.TransportURL = u.String(), u.String()
 	testReadyzBlackHole(t, setup(t, cfg), proxy, "database unavailable")
 }
@@ -114,8 +38,8 @@ func TestReadyzBrokerBlackHole(t *testing.T) {
 	cfg := amqpConfig(t)
 	u, err := url.Parse(cfg.AMQPURL)
 	require.NoError(t, err)
-	proxy := newHoleProxy(t, u.Host)
-	u.Host = proxy.ln.Addr().String()
+	proxy := testenv.NewProxy(t, u.Host)
+	u.Host = proxy.Addr()
 	cfg.AMQPURL = u.String()
 	b, _ := setupIsolated(t, cfg)
 	testReadyzBlackHole(t, b, proxy, "transport not connected")
@@ -124,9 +48,9 @@ func TestReadyzBrokerBlackHole(t *testing.T) {
 // testReadyzBlackHole makes proxy, on the path to a server of b, a black
 // hole: /readyz must answer within about a second all along, say reason
 // within 5 s, and ready again once the hole is mended.
-func testReadyzBlackHole(t *testing.T, b *bundle, proxy *holeProxy, reason string) {
+func testReadyzBlackHole(t *testing.T, b *bundle, proxy *testenv.Proxy, reason string) {
 	t.Helper()
-	t.Cleanup(func() { proxy.hole.Store(false) }) // before the service stops
+	t.Cleanup(func() { proxy.Hole(false) }) // before the service stops
 	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 5 * time.Second}
 	readyz := func() (int, string, time.Duration) {
 		t.Helper()
@@ -145,7 +69,7 @@ func testReadyzBlackHole(t *testing.T, b *bundle, proxy *holeProxy, reason strin
 	code, _, _ := readyz()
 	require.Equal(t, http.StatusOK, code)
 
-	proxy.hole.Store(true)
+	proxy.Hole(true)
 	holed := time.Now()
 	for {
 		code, got, took := readyz()
@@ -159,7 +83,7 @@ func testReadyzBlackHole(t *testing.T, b *bundle, proxy *holeProxy, reason strin
 	}
 	t.Logf("unready %v after the black hole began", time.Since(holed).Round(10*time.Millisecond))
 
-	proxy.hole.Store(false)
+	proxy.Hole(false)
 	mended := time.Now()
 	require.Eventually(t, func() bool {
 		code, _, _ := readyz()
@@ -180,24 +104,24 @@ func TestDatabaseBlackHoleSpendsNoAttempt(t *testing.T) {
 	cfg := amqpConfig(t)
 	u, err := url.Parse(testenv.PostgresURL(t))
 	require.NoError(t, err)
-	proxy := newHoleProxy(t, u.Host)
-	u.Host = proxy.ln.Addr().String()
+	proxy := testenv.NewProxy(t, u.Host)
+	u.Host = proxy.Addr()
 	cfg.DatabaseURL = u.String()
 	cfg.Defaults = middleware.Settings{Attempts: 2, Timeout: time.Second, RetryDelay: 50 * time.Millisecond}
 	b, _ := setupIsolated(t, cfg)
-	t.Cleanup(func() { proxy.hole.Store(false) }) // before the service stops
+	t.Cleanup(func() { proxy.Hole(false) }) // before the service stops
 
 	for i := range 5 {
 		b.publish(t, fmt.Sprintf("w-%d", i), "sprocket")
 	}
 	waitFor(t, "the first five", func() bool { return b.count(t, `SELECT count(*) FROM widgets`) == 5 })
 
-	proxy.hole.Store(true)
+	proxy.Hole(true)
 	for i := 5; i < 10; i++ {
 		b.publish(t, fmt.Sprintf("w-%d", i), "sprocket")
 	}
 	time.Sleep(4 * time.Second) // four times an attempt's time
-	proxy.hole.Store(false)
+	proxy.Hole(false)
 
 	waitFor(t, "all ten, once each", func() bool {
 		return b.count(t, `SELECT count(DISTINCT event_id) FROM widgets`) == 10

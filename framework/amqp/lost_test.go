@@ -2,10 +2,7 @@ package amqp
 
 import (
 	"context"
-	"io"
-	"net"
 	neturl "net/url"
-	"sync"
 	"testing"
 	"time"
 
@@ -32,8 +29,8 @@ func TestLostDeliveryIsNotCharged(t *testing.T) {
 	}
 	u, err := neturl.Parse(testenv.Require(t, testenv.AMQPURLVar))
 	require.NoError(t, err)
-	proxy := newCutProxy(t, u.Host)
-	u.Host = proxy.addr()
+	proxy := testenv.NewProxy(t, u.Host)
+	u.Host = proxy.Addr()
 	tr := newTransport(t, TransportConfig{URL: u.String(), NackDelay: 20 * time.Millisecond})
 	topic, consumer := "lost.deliveries"+randomSuffix(), "lost-deliveries"+randomSuffix()
 	sub, err := tr.Subscribe(driver.SubscribeConfig{Consumer: consumer, Types: []string{topic}, Concurrency: 4})
@@ -58,10 +55,10 @@ func TestLostDeliveryIsNotCharged(t *testing.T) {
 
 	first := byID(2) // held, neither acked nor nacked
 	require.Equal(t, map[string]string{"a": "false", "b": "false"}, first)
-	proxy.cut()
+	proxy.Cut()
 	require.Equal(t, map[string]string{"a": "false", "b": "false"}, byID(2),
 		"the lost deliveries resumed, not charged")
-	proxy.cut()
+	proxy.Cut()
 	again := map[string]string{}
 	for range 2 {
 		m := receive(t, ch)
@@ -77,57 +74,4 @@ func TestLostDeliveryIsNotCharged(t *testing.T) {
 	require.Equal(t, "b", m.UUID)
 	require.Equal(t, "true", m.Metadata.Get(framework.MetadataRedelivered), "nacked: a redelivery")
 	m.Ack()
-}
-
-// cutProxy forwards TCP connections to upstream until cut closes them
-// all, as a network that drops them does; new ones go through.
-type cutProxy struct {
-	ln       net.Listener
-	upstream string
-	mu       sync.Mutex
-	conns    []net.Conn
-}
-
-func newCutProxy(t *testing.T, upstream string) *cutProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	p := &cutProxy{ln: ln, upstream: upstream}
-	t.Cleanup(func() {
-		_ = ln.Close()
-		p.cut()
-	})
-	go p.accept()
-	return p
-}
-
-func (p *cutProxy) addr() string { return p.ln.Addr().String() }
-
-func (p *cutProxy) accept() {
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		up, err := net.Dial("tcp", p.upstream)
-		if err != nil {
-			_ = c.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.conns = append(p.conns, c, up)
-		p.mu.Unlock()
-		go func() { _, _ = io.Copy(up, c); _ = up.Close() }()
-		go func() { _, _ = io.Copy(c, up); _ = c.Close() }()
-	}
-}
-
-// cut closes every connection made so far.
-func (p *cutProxy) cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, c := range p.conns {
-		_ = c.Close()
-	}
-	p.conns = nil
 }
