@@ -1,9 +1,7 @@
 package app_test
 
 import (
-	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"path/filepath"
 	"strings"
@@ -137,23 +135,4 @@ func testDiskFull(t *testing.T, cfg app.Config, disk *testserver.Disk, size int6
 	require.Equal(t, events, b.count(t, `SELECT count(*) FROM widgets`), "each effect once")
 	require.Zero(t, b.count(t, `SELECT count(*) FROM dead_letters`))
 	waitFor(t, "/readyz ready again", func() bool { code, _ := ready(); return code == http.StatusOK })
-}
-
-// readyzOf returns a function that reads b's /readyz: its status code
-// and reason.
-func readyzOf(t *testing.T, b *bundle) func() (int, string) {
-	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 5 * time.Second}
-	return func() (int, string) {
-		t.Helper()
-		resp, err := client.Get("http://" + b.http.Addr() + "/readyz")
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		body, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		var v struct {
-			Reason string `json:"reason"`
-		}
-		require.NoError(t, json.Unmarshal(body, &v), "%s", body)
-		return resp.StatusCode, v.Reason
-	}
 }

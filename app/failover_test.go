@@ -188,13 +188,19 @@ func waitResumed(t *testing.T, db *sqlx.DB, prefix string, before int, since tim
 // it did not see is retried, or found done by the processed mark.
 func TestFailoverSync(t *testing.T) {
 	t.Parallel()
+	onEachTransport(t, testFailoverSync)
+}
+
+// onEachTransport runs test in parallel subtests on RabbitMQ (onAMQP)
+// and on the PostgreSQL transport.
+func onEachTransport(t *testing.T, test func(t *testing.T, onAMQP bool)) {
 	for _, tc := range []struct {
 		name   string
 		onAMQP bool
 	}{{"AMQP", true}, {"Postgres", false}} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			testFailoverSync(t, tc.onAMQP)
+			test(t, tc.onAMQP)
 		})
 	}
 }
@@ -247,15 +253,7 @@ func waitEffectsAtLeast(t *testing.T, db *sqlx.DB, prefix string, n int) {
 // resumeLimit of the promotion.
 func TestFailoverAsyncLoses(t *testing.T) {
 	t.Parallel()
-	for _, tc := range []struct {
-		name   string
-		onAMQP bool
-	}{{"AMQP", true}, {"Postgres", false}} {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			testFailoverAsyncLoses(t, tc.onAMQP)
-		})
-	}
+	onEachTransport(t, testFailoverAsyncLoses)
 }
 
 func testFailoverAsyncLoses(t *testing.T, onAMQP bool) {

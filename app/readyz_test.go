@@ -51,20 +51,12 @@ func TestReadyzBrokerBlackHole(t *testing.T) {
 func testReadyzBlackHole(t *testing.T, b *bundle, proxy *testenv.Proxy, reason string) {
 	t.Helper()
 	t.Cleanup(func() { proxy.Hole(false) }) // before the service stops
-	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 5 * time.Second}
+	ready := readyzOf(t, b)
 	readyz := func() (int, string, time.Duration) {
 		t.Helper()
 		start := time.Now()
-		resp, err := client.Get("http://" + b.http.Addr() + "/readyz")
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		body, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		var v struct {
-			Reason string `json:"reason"`
-		}
-		require.NoError(t, json.Unmarshal(body, &v))
-		return resp.StatusCode, v.Reason, time.Since(start)
+		code, reason := ready()
+		return code, reason, time.Since(start)
 	}
 	code, _, _ := readyz()
 	require.Equal(t, http.StatusOK, code)
@@ -128,4 +120,23 @@ func TestDatabaseBlackHoleSpendsNoAttempt(t *testing.T) {
 	})
 	require.Equal(t, 10, b.count(t, `SELECT count(*) FROM widgets`), "once each")
 	require.Zero(t, b.count(t, `SELECT count(*) FROM dead_letters`), "no valid event dead-lettered for the outage")
+}
+
+// readyzOf returns a function that reads b's /readyz: its status code
+// and reason.
+func readyzOf(t *testing.T, b *bundle) func() (int, string) {
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 5 * time.Second}
+	return func() (int, string) {
+		t.Helper()
+		resp, err := client.Get("http://" + b.http.Addr() + "/readyz")
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		var v struct {
+			Reason string `json:"reason"`
+		}
+		require.NoError(t, json.Unmarshal(body, &v), "%s", body)
+		return resp.StatusCode, v.Reason
+	}
 }

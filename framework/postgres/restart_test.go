@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework/driver/transporttest"
@@ -39,15 +40,8 @@ func TestServerRestart(t *testing.T) {
 // never the lost ones, whose rows are gone. It skipped the new ones.
 func TestFailoverLostRows(t *testing.T) {
 	t.Parallel()
-	p := testserver.StartPair(t, false)
-	url := p.URL("postgres")
-	db := open(t, url, 4)
-	tr := newTransport(t, db, url)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
 	const topic, group = "failover", "failover"
-	ch, err := concurrentSubscriber(t, tr, group, topic, 4).Subscribe(ctx, topic)
-	require.NoError(t, err)
+	p, db, tr, ctx, ch := subscribeOnPair(t, topic, group)
 	ackAll := func(uuids ...string) {
 		t.Helper()
 		want := make(map[string]bool)
@@ -96,15 +90,8 @@ func TestFailoverLostRows(t *testing.T) {
 // the new primary, so that their effects, if lost, take place again.
 func TestFailoverLostAcks(t *testing.T) {
 	t.Parallel()
-	p := testserver.StartPair(t, false)
-	url := p.URL("postgres")
-	db := open(t, url, 4)
-	tr := newTransport(t, db, url)
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
 	const topic, group = "failover", "failover"
-	ch, err := concurrentSubscriber(t, tr, group, topic, 4).Subscribe(ctx, topic)
-	require.NoError(t, err)
+	p, db, tr, ctx, ch := subscribeOnPair(t, topic, group)
 	publishUUIDs(t, tr.Publisher(), topic, "a1")
 	receive(ctx, t, ch, "a1").Ack()
 	waitAcked(t, db, topic, group, "a1")
@@ -128,4 +115,20 @@ func TestFailoverLostAcks(t *testing.T) {
 		msg.Ack()
 	}
 	require.Equal(t, map[string]bool{"r1": true, "r2": true}, got, "the messages whose acknowledgements the failover lost come again")
+}
+
+// subscribeOnPair starts a primary with an asynchronous standby, and a
+// transport given both in one URL, subscribed to topic as group four at
+// a time; the context to wait for its messages in lasts a minute.
+func subscribeOnPair(t *testing.T, topic, group string) (*testserver.Pair, *sqlx.DB, *postgres.Transport, context.Context, <-chan *message.Message) {
+	t.Helper()
+	p := testserver.StartPair(t, false)
+	url := p.URL("postgres")
+	db := open(t, url, 4)
+	tr := newTransport(t, db, url)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	ch, err := concurrentSubscriber(t, tr, group, topic, 4).Subscribe(ctx, topic)
+	require.NoError(t, err)
+	return p, db, tr, ctx, ch
 }

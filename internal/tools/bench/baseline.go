@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -42,12 +43,9 @@ CREATE TABLE bench_reminders (
 // does before writing what came of the call.
 func baselineHandler(db *sqlx.DB, wait time.Duration) message.NoPublishHandlerFunc {
 	return func(msg *message.Message) error {
-		var ev cloudEvent
-		if err := json.Unmarshal(msg.Payload, &ev); err != nil {
-			return fmt.Errorf("decode: %w", err)
-		}
-		if ev.ID == "" || ev.Source == "" || ev.Data.AppointmentID == "" {
-			return errors.New("decode: missing id, source or appointment")
+		ev, err := decodeBaseline(msg)
+		if err != nil {
+			return err
 		}
 		ctx := msg.Context()
 		if wait > 0 {
@@ -60,18 +58,8 @@ func baselineHandler(db *sqlx.DB, wait time.Duration) message.NoPublishHandlerFu
 			return fmt.Errorf("begin: %w", err)
 		}
 		defer func() { _ = tx.Rollback() }()
-		res, err := tx.ExecContext(ctx, `INSERT INTO bench_processed (consumer, source, event_id) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`,
-			baselineConsumer, ev.Source, ev.ID)
-		if err != nil {
-			return fmt.Errorf("dedup insert: %w", err)
-		}
-		if n, err := res.RowsAffected(); err != nil {
-			return fmt.Errorf("dedup insert: %w", err)
-		} else if n == 1 {
-			if _, err := tx.ExecContext(ctx, `INSERT INTO bench_reminders (appointment_id, starts_at, event_id) VALUES ($1, $2, $3)`,
-				ev.Data.AppointmentID, ev.Data.StartsAt.UTC().Format(time.RFC3339), ev.ID); err != nil {
-				return fmt.Errorf("insert: %w", err)
-			}
+		if err := writeBaselineEffect[sql.Result](ctx, tx, ev); err != nil {
+			return err
 		}
 		if err := tx.Commit(); err != nil {
 			return fmt.Errorf("commit: %w", err)
@@ -206,6 +194,44 @@ func prepareService(ctx context.Context, env *Env, db *sqlx.DB, transport, url s
 	}
 	if _, err := db.ExecContext(ctx, `ALTER TABLE reminders ADD COLUMN `+handledAtPostgres); err != nil {
 		return fmt.Errorf("timestamp the reminders: %w", err)
+	}
+	return nil
+}
+
+// decodeBaseline decodes the event of msg as the hand-written consumers
+// do, refusing one without its id, source or appointment.
+func decodeBaseline(msg *message.Message) (cloudEvent, error) {
+	var ev cloudEvent
+	if err := json.Unmarshal(msg.Payload, &ev); err != nil {
+		return ev, fmt.Errorf("decode: %w", err)
+	}
+	if ev.ID == "" || ev.Source == "" || ev.Data.AppointmentID == "" {
+		return ev, errors.New("decode: missing id, source or appointment")
+	}
+	return ev, nil
+}
+
+// execer is a transaction whose statements return results of type R:
+// database/sql's, or watermill-sql's for its subscriber's transaction.
+type execer[R interface{ RowsAffected() (int64, error) }] interface {
+	ExecContext(ctx context.Context, query string, args ...any) (R, error)
+}
+
+// writeBaselineEffect writes the hand-written consumers' effect of ev in
+// tx: its dedup mark, and its reminder unless the mark was there.
+func writeBaselineEffect[R interface{ RowsAffected() (int64, error) }](ctx context.Context, tx execer[R], ev cloudEvent) error {
+	res, err := tx.ExecContext(ctx, `INSERT INTO bench_processed (consumer, source, event_id) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`,
+		baselineConsumer, ev.Source, ev.ID)
+	if err != nil {
+		return fmt.Errorf("dedup insert: %w", err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return fmt.Errorf("dedup insert: %w", err)
+	} else if n == 1 {
+		if _, err := tx.ExecContext(ctx, `INSERT INTO bench_reminders (appointment_id, starts_at, event_id) VALUES ($1, $2, $3)`,
+			ev.Data.AppointmentID, ev.Data.StartsAt.UTC().Format(time.RFC3339), ev.ID); err != nil {
+			return fmt.Errorf("insert: %w", err)
+		}
 	}
 	return nil
 }

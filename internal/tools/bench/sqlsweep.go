@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"strconv"
@@ -122,12 +121,9 @@ func sqlKnobsOf(c *ChildEnv) (sqlKnobs, error) {
 // again, their effects with them.
 func subscriberTxHandler(wait time.Duration) message.NoPublishHandlerFunc {
 	return func(msg *message.Message) error {
-		var ev cloudEvent
-		if err := json.Unmarshal(msg.Payload, &ev); err != nil {
-			return fmt.Errorf("decode: %w", err)
-		}
-		if ev.ID == "" || ev.Source == "" || ev.Data.AppointmentID == "" {
-			return errors.New("decode: missing id, source or appointment")
+		ev, err := decodeBaseline(msg)
+		if err != nil {
+			return err
 		}
 		ctx := msg.Context()
 		tx, ok := wsql.TxFromContext(ctx)
@@ -139,18 +135,8 @@ func subscriberTxHandler(wait time.Duration) message.NoPublishHandlerFunc {
 				return fmt.Errorf("outside call: %w", err)
 			}
 		}
-		res, err := tx.ExecContext(ctx, `INSERT INTO bench_processed (consumer, source, event_id) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING`,
-			baselineConsumer, ev.Source, ev.ID)
-		if err != nil {
-			return fmt.Errorf("dedup insert: %w", err)
-		}
-		if n, err := res.RowsAffected(); err != nil {
-			return fmt.Errorf("dedup insert: %w", err)
-		} else if n == 1 {
-			if _, err := tx.ExecContext(ctx, `INSERT INTO bench_reminders (appointment_id, starts_at, event_id) VALUES ($1, $2, $3)`,
-				ev.Data.AppointmentID, ev.Data.StartsAt.UTC().Format(time.RFC3339), ev.ID); err != nil {
-				return fmt.Errorf("insert: %w", err)
-			}
+		if err := writeBaselineEffect[wsql.Result](ctx, tx, ev); err != nil {
+			return err
 		}
 		return nil
 	}
