@@ -96,6 +96,7 @@ type rig struct {
 	loadStop     chan struct{}
 	loadDone     chan struct{}
 	publishFails atomic.Int64
+	logs         rigLog
 }
 
 // instance is one process of the service (an fx application).
@@ -122,6 +123,7 @@ func newRig(t *testing.T, cfg rigConfig) *rig {
 		ship:    "faults.ship-" + id,
 		toxi:    toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop()),
 	}
+	r.logs.printOnFailure(t)
 	dbURL := testenv.PostgresURL(t)
 	admin, err := postgres.Open(t.Context(), dbURL, postgres.OpenConfig{MaxOpenConns: 4})
 	require.NoError(t, err)
@@ -200,6 +202,7 @@ func (r *rig) start() *instance {
 		handlers.Register(r.place, handlers.On(r.placed, r.newPlace)),
 		handlers.Register(r.ship, handlers.On(r.shipped, r.newShip)),
 		fx.Supply(migrations),
+		fx.Supply(r.logs.logger(len(r.instances))),
 		fx.Replace(r.appCfg),
 		fx.Supply(crash.Relays{Hook: hook}),
 		fx.Populate(&in.store),
@@ -513,6 +516,7 @@ func (r *rig) run(f fault) measures {
 	time.Sleep(f.For)
 	end()
 	ended := time.Now()
+	r.t.Logf("%s: from %s to %s", f.Name, start.Format(time.RFC3339Nano), ended.Format(time.RFC3339Nano))
 
 	m.DuringFault = r.effectsBetween(r.place, start, ended) + r.effectsBetween(r.ship, start, ended)
 	if f.Pauses {
@@ -532,6 +536,7 @@ func (r *rig) run(f fault) measures {
 			at, ok := r.firstEffectAfter(c, ended)
 			if ok {
 				m.ResumedAfter = max(m.ResumedAfter, at.Sub(ended))
+				r.t.Logf("%s: %s consuming again %s after the fault's end (%s)", f.Name, c, at.Sub(ended), at.Format(time.RFC3339Nano))
 				break
 			}
 			require.True(r.t, time.Now().Before(deadline), "%s: %s consumed nothing within %s of the fault's end", f.Name, c, waitLimit)
