@@ -122,10 +122,18 @@ func Run(ctx context.Context, opts Options) (Report, error) {
 		"EFFECTIVELY_AMQP_QUEUE_TYPE=" + queueType,
 	}}
 	report, err := r.soak(ctx, dir)
-	if err != nil {
-		for _, name := range []string{"consumer-1", "consumer-2", "producer"} {
-			r.logf("tail of %s's log:\n%s", name, tail(filepath.Join(logDir, name+".log"), 2000))
+	if err == nil {
+		err = report.Check()
+		if err == nil {
+			return report, nil
 		}
+		err = nil // the caller judges the figures
+	}
+	for _, name := range []string{"consumer-1", "consumer-2", "producer"} {
+		r.logf("tail of %s's log:\n%s", name, tail(filepath.Join(logDir, name+".log"), 2000))
+	}
+	if kept, kerr := os.MkdirTemp("", "effectively-soak-logs-"); kerr == nil && os.Rename(logDir, filepath.Join(kept, "logs")) == nil {
+		r.logf("the service's logs are kept in %s", filepath.Join(kept, "logs"))
 	}
 	return report, err
 }
