@@ -1,7 +1,8 @@
 // Package faults holds the network fault tests: the real service, on
 // RabbitMQ and PostgreSQL or on the PostgreSQL transport, with its
 // outbox relay and its purge running and a partitioned consumer on
-// several instances, under steady load, with every connection it makes
+// several instances (the first in the test's process, each other one in
+// a process of its own), under steady load, with every connection it makes
 // to PostgreSQL and RabbitMQ going through a Toxiproxy proxy run inside
 // the test process. Each test injects one fault (latency, a bandwidth of
 // a few kB/s, connections reset mid-stream or mid-commit, a black hole),

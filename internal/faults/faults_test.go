@@ -14,7 +14,8 @@ import (
 
 // transports are the two set-ups every fault runs on: RabbitMQ with
 // PostgreSQL for the stores, and the PostgreSQL transport (the stores'
-// database), each with two instances sharing the partitioned consumer.
+// database), each with two instances sharing the partitioned consumer:
+// the first in the test's process, the second in a process of its own.
 var transports = []struct {
 	name string
 	cfg  rigConfig
@@ -121,8 +122,9 @@ func TestResetPeerMidStream(t *testing.T) {
 }
 
 // TestResetPeerMidCommit: a crash hook at the commit of a consumer's
-// transaction, and at the outbox relay's record of what it sent, arms a
-// reset of PostgreSQL's connections on the way back: the COMMIT reaches
+// transaction, and at the outbox relay's record of what it sent, in the
+// instance that runs in the test's process, arms a reset of PostgreSQL's
+// connections on the way back (every instance's): the COMMIT reaches
 // the server, which commits, and its answer never reaches the service,
 // whose connection breaks. Armed every 500 ms for 10 s; the effect
 // committed is not applied again, the event not lost.

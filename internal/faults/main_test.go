@@ -1,6 +1,7 @@
 package faults_test
 
 import (
+	"os"
 	"testing"
 
 	"github.com/rs/zerolog"
@@ -22,7 +23,13 @@ import (
 // leaves a stub of its chain (the noop toxic at its head) blocked on a
 // send that no stage reads; the proxy is stopped and its connections
 // are closed, nothing of the service's is held.
+//
+// With childVar set, the binary runs an instance of a rig's service
+// instead (see runChild).
 func TestMain(m *testing.M) {
+	if spec, ok := os.LookupEnv(childVar); ok {
+		os.Exit(runChild(spec))
+	}
 	// Toxiproxy's toxics log through zerolog's global logger, the
 	// bandwidth toxic at every chunk; the tests log what they measure.
 	zerolog.SetGlobalLevel(zerolog.Disabled)

@@ -11,7 +11,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"testing/fstest"
 	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
@@ -22,16 +21,12 @@ import (
 	"go.uber.org/fx"
 
 	"github.com/effectively-once/effectively/app"
-	"github.com/effectively-once/effectively/app/runner"
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/amqp"
 	"github.com/effectively-once/effectively/framework/driver"
-	"github.com/effectively-once/effectively/framework/outbox"
 	"github.com/effectively-once/effectively/framework/postgres"
-	"github.com/effectively-once/effectively/handlers"
 	"github.com/effectively-once/effectively/internal/crash"
 	"github.com/effectively-once/effectively/internal/testenv"
-	"github.com/effectively-once/effectively/middleware"
 )
 
 // resumeBound is how soon after a fault ends the service must consume
@@ -40,28 +35,6 @@ const resumeBound = 10 * time.Second
 
 // waitLimit bounds the waits that end only on a hang.
 const waitLimit = 90 * time.Second
-
-// placedV1 is the load: an order placed. Its consumer, partitioned,
-// records the effect and adds a shippedV1 to the outbox in the same
-// transaction, which the outbox relay publishes to the second consumer.
-type placedV1 struct {
-	Order int `json:"order" validate:"required"`
-}
-
-type shippedV1 struct {
-	Order int `json:"order" validate:"required"`
-}
-
-// migrations are the test service's own: one row per effect, stamped
-// when it was written.
-var migrations = app.Migrations{FS: fstest.MapFS{
-	"00001_effects.sql": {Data: []byte(`-- +goose Up
-CREATE TABLE effects (consumer TEXT NOT NULL, event_id TEXT NOT NULL, at TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp());
-
--- +goose Down
-DROP TABLE effects;
-`)},
-}}
 
 // rigConfig says what a rig runs.
 type rigConfig struct {
@@ -80,12 +53,11 @@ type rig struct {
 	t   *testing.T
 	cfg rigConfig
 
-	placed       framework.Definition[placedV1]
-	shipped      framework.Definition[shippedV1]
-	place, ship  string // the consumers' names
+	service
 	toxi         *toxiproxy.ApiServer
 	pg, mq       *toxiproxy.Proxy // mq nil on the PostgreSQL transport
 	admin        *sqlx.DB         // straight to PostgreSQL, on the test's schema
+	spec         childSpec        // what a child instance runs
 	appCfg       app.Config
 	instances    []*instance
 	members      []string
@@ -99,10 +71,13 @@ type rig struct {
 	logs         rigLog
 }
 
-// instance is one process of the service (an fx application).
+// instance is one process of the service: the first runs in the test's
+// process (an fx application, whose crash points the tests hook), the
+// others each in a process of its own (see startChild).
 type instance struct {
 	fx      *fx.App
 	store   driver.Store
+	child   *child
 	stopped bool
 }
 
@@ -117,10 +92,7 @@ func newRig(t *testing.T, cfg rigConfig) *rig {
 	r := &rig{
 		t:       t,
 		cfg:     cfg,
-		placed:  framework.Define[placedV1]("f"+id+".order.placed", 1),
-		shipped: framework.Define[shippedV1]("f"+id+".order.shipped", 1),
-		place:   "faults.place-" + id,
-		ship:    "faults.ship-" + id,
+		service: newService(id),
 		toxi:    toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop()),
 	}
 	r.logs.printOnFailure(t)
@@ -135,32 +107,25 @@ func newRig(t *testing.T, cfg rigConfig) *rig {
 	r.pg = r.proxy("postgres", u.Host)
 	u.Host = r.pg.Listen
 
-	acfg, err := app.LoadConfig(func(string) (string, bool) { return "", false })
-	require.NoError(t, err)
-	acfg.Transport = cfg.Transport
-	acfg.DatabaseURL = u.String()
-	acfg.AutoMigrate = true
-	acfg.HTTPAddr = ""
-	acfg.PurgeInterval = app.Duration(time.Second)
-	acfg.OutboxRetention = app.Duration(time.Minute)
-	acfg.Consumers = map[string]middleware.Settings{r.place: {Partitions: 4}}
-	// Short attempts, few of them: an outage charged to the events
-	// would dead-letter them within seconds.
-	acfg.Defaults = middleware.Settings{Attempts: 2, Timeout: 10 * time.Second, RetryDelay: 50 * time.Millisecond}
-	switch cfg.Transport {
-	case app.TransportAMQP:
-		mqURL := testenv.Require(t, testenv.AMQPURLVar)
+	var mqURL string
+	if cfg.Transport == app.TransportAMQP {
+		mqURL = testenv.Require(t, testenv.AMQPURLVar)
 		mu, err := url.Parse(mqURL)
 		require.NoError(t, err)
 		r.mq = r.proxy("rabbitmq", mu.Host)
 		mu.Host = r.mq.Listen
-		acfg.AMQPURL = mu.String()
+		r.spec.AMQPURL = mu.String()
+	}
+	r.spec.ID, r.spec.Transport, r.spec.DatabaseURL = id, cfg.Transport, u.String()
+	acfg, err := r.config(r.spec)
+	require.NoError(t, err)
+	switch cfg.Transport {
+	case app.TransportAMQP:
 		tr, err := amqp.New(amqp.TransportConfig{URL: mqURL})
 		require.NoError(t, err)
 		require.NoError(t, tr.Connect(t.Context()))
 		r.publisher, r.closePub = tr.Publisher(), tr.Close
 	case app.TransportPostgres:
-		acfg.TransportURL = acfg.DatabaseURL
 		tr, err := postgres.New(t.Context(), admin, postgres.TransportConfig{})
 		require.NoError(t, err)
 		r.publisher, r.closePub = tr.Publisher(), tr.Close
@@ -170,8 +135,9 @@ func newRig(t *testing.T, cfg rigConfig) *rig {
 	t.Cleanup(func() { _ = r.closePub() })
 	r.appCfg = acfg
 
-	for range max(cfg.Instances, 1) {
-		r.instances = append(r.instances, r.start())
+	r.instances = append(r.instances, r.start())
+	for i := 1; i < cfg.Instances; i++ {
+		r.instances = append(r.instances, r.startChild(i))
 	}
 	t.Cleanup(r.stopAll) // before the proxies close (cleanups run last first)
 	r.members = r.awaitMembers()
@@ -198,23 +164,7 @@ func (r *rig) start() *instance {
 		}
 		return false
 	})
-	in.fx = app.New(
-		handlers.Register(r.place, handlers.On(r.placed, r.newPlace)),
-		handlers.Register(r.ship, handlers.On(r.shipped, r.newShip)),
-		fx.Supply(migrations),
-		fx.Supply(r.logs.logger(len(r.instances))),
-		fx.Replace(r.appCfg),
-		fx.Supply(crash.Relays{Hook: hook}),
-		fx.Populate(&in.store),
-		fx.Invoke(func(rn *runner.Runner) {
-			rn.AddMiddleware(func(next message.HandlerFunc) message.HandlerFunc {
-				return func(msg *message.Message) ([]*message.Message, error) {
-					msg.SetContext(crash.With(msg.Context(), hook))
-					return next(msg)
-				}
-			})
-		}),
-	)
+	in.fx = app.New(r.module(r.appCfg, r.logs.logger(0), hook), fx.Populate(&in.store))
 	require.NoError(r.t, in.fx.Err())
 	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 	defer cancel()
@@ -235,6 +185,10 @@ func (r *rig) stop(in *instance) {
 		return
 	}
 	in.stopped = true
+	if in.child != nil {
+		require.NoError(r.t, in.child.stop(waitLimit))
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 	defer cancel()
 	require.NoError(r.t, in.fx.Stop(ctx))
@@ -254,29 +208,6 @@ func (r *rig) awaitMembers() []string {
 		return err == nil && len(members) == len(r.instances)
 	}, waitLimit, 50*time.Millisecond, "every instance a member of %s: %v", r.place, members)
 	return members
-}
-
-// newPlace is the partitioned consumer's handler: an effect, and a
-// follow-up event in the outbox, in the attempt's transaction.
-func (r *rig) newPlace(db *sqlx.DB, box *outbox.Outbox) framework.HandlerFunc[placedV1] {
-	return func(ctx context.Context, ev framework.Event[placedV1]) error {
-		if _, err := framework.Conn(ctx, db).ExecContext(ctx, `INSERT INTO effects (consumer, event_id) VALUES ($1, $2)`, r.place, ev.ID); err != nil {
-			return err
-		}
-		env, err := r.shipped.Envelope(shippedV1(ev.Data), framework.Attributes{ID: "shipped/" + ev.ID, Source: "faults.place", CorrelationID: ev.ID})
-		if err != nil {
-			return err
-		}
-		return box.Add(ctx, env)
-	}
-}
-
-// newShip is the follow-up's consumer: an effect.
-func (r *rig) newShip(db *sqlx.DB) framework.HandlerFunc[shippedV1] {
-	return func(ctx context.Context, ev framework.Event[shippedV1]) error {
-		_, err := framework.Conn(ctx, db).ExecContext(ctx, `INSERT INTO effects (consumer, event_id) VALUES ($1, $2)`, r.ship, ev.ID)
-		return err
-	}
 }
 
 // startLoad publishes cfg.Rate events a second, each with a new id and
