@@ -113,8 +113,11 @@ type subscription struct {
 	queue   []*row                 // to hand out, in order: rows of locked streams not dropping
 	waiting []*row                 // nacked, until their resendAt
 	sent    map[*delivery]struct{} // handed out and not yet resolved
-	holds   *subscribers.Holds     // the deliveries of sent held out of the concurrency (subscriber.Hold)
-	readAt  time.Time              // when to look for new rows again (zero: now)
+	// sentOrder holds the deliveries of sent in the order they were
+	// handed out, so by sentAt, and some resolved since (see expire).
+	sentOrder []*delivery
+	holds     *subscribers.Holds // the deliveries of sent held out of the concurrency (subscriber.Hold)
+	readAt    time.Time          // when to look for new rows again (zero: now)
 }
 
 func (sub *subscription) run() {
@@ -171,6 +174,7 @@ func (sub *subscription) run() {
 			}
 			d.sentAt = time.Now()
 			sub.sent[d] = struct{}{}
+			sub.sentOrder = append(sub.sentOrder, d)
 			if !sub.reported {
 				sub.msgWG.Go(func() { subscribers.Watch(sub.ctx, d.msg, d) })
 			}
@@ -228,12 +232,37 @@ func (sub *subscription) step(now time.Time) {
 		sub.queue[0] = nil
 		sub.queue = sub.queue[1:]
 	}
-	for d := range sub.sent {
-		if now.Sub(d.sentAt) >= sub.s.cfg.AckDeadline {
-			// Given up: handed out again; a late Ack still counts.
+	sub.expire(now)
+}
+
+// expire hands out again the deliveries that outlived the ack deadline
+// (a late Ack still counts). They are the oldest of sentOrder: it drops
+// the resolved deliveries it passes on its way from the oldest, and once
+// they outnumber the others it keeps only those not resolved. So a step
+// looks at the deliveries handed out since the last, not at every one
+// in flight.
+func (sub *subscription) expire(now time.Time) {
+	for len(sub.sentOrder) > 0 {
+		d := sub.sentOrder[0]
+		if _, live := sub.sent[d]; live {
+			if now.Sub(d.sentAt) < sub.s.cfg.AckDeadline {
+				break
+			}
 			sub.unsend(d)
 			sub.enqueue(d.r)
 		}
+		sub.sentOrder[0] = nil
+		sub.sentOrder = sub.sentOrder[1:]
+	}
+	if len(sub.sentOrder) > 2*len(sub.sent)+64 {
+		kept := sub.sentOrder[:0]
+		for _, d := range sub.sentOrder {
+			if _, live := sub.sent[d]; live {
+				kept = append(kept, d)
+			}
+		}
+		clear(sub.sentOrder[len(kept):])
+		sub.sentOrder = kept
 	}
 }
 
@@ -273,8 +302,8 @@ func (sub *subscription) wakeAt(now time.Time) time.Time {
 	for _, r := range sub.waiting {
 		earlier(r.resendAt)
 	}
-	for d := range sub.sent {
-		earlier(d.sentAt.Add(sub.s.cfg.AckDeadline))
+	if len(sub.sentOrder) > 0 { // the oldest in flight, or one resolved since (expire drops it)
+		earlier(sub.sentOrder[0].sentAt.Add(sub.s.cfg.AckDeadline))
 	}
 	return at
 }

@@ -1,0 +1,112 @@
+package postgres_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/framework/postgres"
+	"github.com/effectively-once/effectively/internal/testenv"
+)
+
+// TestSubscriberAckDeadline hands out four messages at once and settles
+// two of them, and a fifth: the two left are handed out again once their
+// ack deadline passed, oldest first, as redeliveries, while the settled
+// ones are not. A late Ack of a delivery given up still acknowledges its
+// message: nothing comes after.
+func TestSubscriberAckDeadline(t *testing.T) {
+	t.Parallel()
+	url := testenv.PostgresURL(t)
+	db := open(t, url, 4)
+	cfg := fastTransport
+	cfg.URL = url
+	cfg.AckDeadline = time.Second
+	tr, err := postgres.New(context.Background(), db, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tr.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const topic = "deadline"
+	ch, err := concurrentSubscriber(t, tr, "deadline", topic, 4).Subscribe(ctx, topic)
+	require.NoError(t, err)
+	publishUUIDs(t, tr.Publisher(), topic, "a", "b", "c", "d", "e")
+
+	first := map[string]time.Time{}
+	held := map[string]*message.Message{}
+	for _, id := range []string{"a", "b", "c", "d"} {
+		msg := receive(ctx, t, ch, id)
+		require.Equal(t, id, msg.UUID)
+		first[id], held[id] = time.Now(), msg
+	}
+	receivedA := held["a"]
+	for _, id := range []string{"b", "c"} {
+		held[id].Ack()
+	}
+	e := receive(ctx, t, ch, "e, in the place b and c left")
+	require.Equal(t, "e", e.UUID)
+	e.Ack()
+
+	for _, id := range []string{"a", "d"} {
+		msg := receive(ctx, t, ch, id+" again, past its ack deadline")
+		require.Equal(t, id, msg.UUID, "the deliveries given up come again oldest first, and only they")
+		require.GreaterOrEqual(t, time.Since(first[id]), cfg.AckDeadline, "%s came again before its deadline", id)
+		require.Equal(t, "true", redeliveredSaid(msg))
+		if id == "d" {
+			msg.Ack()
+		}
+	}
+	receivedA.Ack() // late: a was given up and handed out again
+	select {
+	case msg := <-ch:
+		t.Fatalf("%s came again, acknowledged", msg.UUID)
+	case <-time.After(3 * cfg.AckDeadline):
+	}
+}
+
+// TestSubscriberAckDeadlineBehindMany holds the first message while a
+// hundred after it are handed out and acknowledged: the first still comes
+// again once its deadline passed, and nothing else does.
+func TestSubscriberAckDeadlineBehindMany(t *testing.T) {
+	t.Parallel()
+	url := testenv.PostgresURL(t)
+	db := open(t, url, 4)
+	cfg := fastTransport
+	cfg.URL = url
+	cfg.AckDeadline = 5 * time.Second // a hundred go by long before it
+	tr, err := postgres.New(context.Background(), db, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tr.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const topic = "deadlinemany"
+	ch, err := concurrentSubscriber(t, tr, "deadlinemany", topic, 4).Subscribe(ctx, topic)
+	require.NoError(t, err)
+	ids := []string{"held"}
+	for i := range 100 {
+		ids = append(ids, fmt.Sprintf("m%d", i))
+	}
+	publishUUIDs(t, tr.Publisher(), topic, ids...)
+
+	held := receive(ctx, t, ch, "held")
+	require.Equal(t, "held", held.UUID)
+	first := time.Now()
+	seen := map[string]int{}
+	for len(seen) < len(ids) {
+		msg := receive(ctx, t, ch, "the others, then held again")
+		seen[msg.UUID]++
+		require.Equal(t, 1, seen[msg.UUID], "%s came twice", msg.UUID)
+		if msg.UUID == "held" {
+			require.GreaterOrEqual(t, time.Since(first), cfg.AckDeadline, "held came again before its deadline")
+		}
+		msg.Ack()
+	}
+	select {
+	case msg := <-ch:
+		t.Fatalf("%s came again, acknowledged", msg.UUID)
+	case <-time.After(2 * time.Second):
+	}
+}
