@@ -54,8 +54,13 @@ type Runner struct {
 	// partGauges are the partitioned consumers' gauges, registered on
 	// cfg.Registerer; nil without a partitioned consumer.
 	partGauges *partitionsCollector
-	lag        *LagGauges        // registered on cfg.Registerer; nil if not
-	lagNames   map[string]string // router handler name → consumer
+	lag        *LagGauges // registered on cfg.Registerer; nil if not
+	// ordered are the ordered consumers' sequencers, by consumer;
+	// waiting exports what waits in them, registered on cfg.Registerer
+	// (nil if not, or without an ordered consumer).
+	ordered  map[string]*sequencer
+	waiting  *waitingCollector
+	lagNames map[string]string // router handler name → consumer
 
 	// The service's loops (see startLoops), canceled under mu: the
 	// outbox relay apart, as it stops last.
@@ -109,6 +114,7 @@ func New(cfg Config) (*Runner, error) {
 		sequencers: make(map[string]*sequencer),
 		member:     cfg.Member,
 		handBacks:  make(map[string]*handBack),
+		ordered:    make(map[string]*sequencer),
 	}
 	router.AddMiddleware(r.intake, untilRunning(router))
 	for _, cc := range cfg.Consumers {
@@ -155,6 +161,9 @@ func (r *Runner) addLoops() error {
 	if err := r.addPartitionGauges(); err != nil {
 		return err
 	}
+	if err := r.addWaitingGauge(); err != nil {
+		return err
+	}
 	return r.addLagGauges()
 }
 
@@ -176,9 +185,7 @@ func (r *Runner) addPartitionGauges() error {
 	}
 	pc := newPartitionsCollector(consumers, leases, r.cfg.Backlogs, r.logger)
 	if err := r.cfg.Registerer.Register(pc); err != nil {
-		if r.gauges != nil {
-			r.cfg.Registerer.Unregister(r.gauges)
-		}
+		r.unregisterGauges()
 		return fmt.Errorf("Config.Registerer: the partitions' gauges: %w", err)
 	}
 	r.partGauges = pc
@@ -235,6 +242,7 @@ func (r *Runner) add(cc ConsumerConfig) error {
 			seq.holdBeyond(cc.Concurrency, holder)
 		}
 		seq.handBack, seq.stopping, seq.closing = back, r.stop, r.closing
+		r.ordered[c.Name()] = seq
 		subscriber = seq.subscriber(subscriber)
 		h = inTurn(h)
 	}
@@ -485,12 +493,7 @@ func (r *Runner) Stop(ctx context.Context) error {
 	r.stopBackground()
 	defer func() {
 		r.stopOutbox(ctx)
-		if r.gauges != nil {
-			r.cfg.Registerer.Unregister(r.gauges)
-		}
-		if r.partGauges != nil {
-			r.cfg.Registerer.Unregister(r.partGauges)
-		}
+		r.unregisterGauges()
 		r.removeLagGauges(ctx)
 	}()
 	r.mu.Lock()

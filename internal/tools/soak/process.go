@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -123,4 +124,42 @@ func (s *service) command(ctx context.Context, args ...string) (string, error) {
 		return string(out), fmt.Errorf("soakservice %s: %w: %s", args[0], err, out)
 	}
 	return string(out), nil
+}
+
+// ownFigures are the metrics that a consumer process keeps of its own
+// (not read from the database): what it holds in memory now.
+var ownFigures = []string{
+	"effectively_consumer_waiting_messages",
+	"effectively_consumer_paused_messages",
+	"effectively_consumer_failing_messages",
+	"effectively_consumer_oldest_failing_seconds",
+}
+
+// figures returns the process's own figures (ownFigures) from its
+// /metrics, one line each, or why it could not read them.
+func (p *proc) figures(ctx context.Context) string {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.addr+"/metrics", nil)
+	if err != nil {
+		return err.Error()
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err.Error()
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return err.Error()
+	}
+	var lines []string
+	for l := range strings.Lines(string(body)) {
+		for _, name := range ownFigures {
+			if strings.HasPrefix(l, name) {
+				lines = append(lines, strings.TrimSpace(l))
+			}
+		}
+	}
+	return strings.Join(lines, "; ")
 }

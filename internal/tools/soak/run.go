@@ -273,6 +273,9 @@ func (r *run) soak(ctx context.Context, dir string) (Report, error) {
 	resolved := r.resolve(ctx)
 	if resolved != nil {
 		r.logf("not settled:%s", r.pending(ctx))
+		for _, p := range c.procs {
+			r.logf("%s's own figures: %s", p.name, p.figures(ctx))
+		}
 		r.diagnose(ctx)
 	}
 	if err := c.stopAll(); err != nil {
