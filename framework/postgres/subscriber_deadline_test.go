@@ -13,6 +13,24 @@ import (
 	"github.com/effectively-once/effectively/internal/testenv"
 )
 
+// deadlineSubscription publishes ids to topic and returns the messages
+// that a subscriber of a group of the topic's name hands out, up to four
+// at once, on a transport whose ack deadline is deadline.
+func deadlineSubscription(ctx context.Context, t *testing.T, topic string, deadline time.Duration, ids ...string) <-chan *message.Message {
+	t.Helper()
+	url := testenv.PostgresURL(t)
+	cfg := fastTransport
+	cfg.URL = url
+	cfg.AckDeadline = deadline
+	tr, err := postgres.New(context.Background(), open(t, url, 4), cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tr.Close() })
+	ch, err := concurrentSubscriber(t, tr, topic, topic, 4).Subscribe(ctx, topic)
+	require.NoError(t, err)
+	publishUUIDs(t, tr.Publisher(), topic, ids...)
+	return ch
+}
+
 // TestSubscriberAckDeadline hands out four messages at once and settles
 // two of them, and a fifth: the two left are handed out again once their
 // ack deadline passed, oldest first, as redeliveries, while the settled
@@ -20,20 +38,10 @@ import (
 // message: nothing comes after.
 func TestSubscriberAckDeadline(t *testing.T) {
 	t.Parallel()
-	url := testenv.PostgresURL(t)
-	db := open(t, url, 4)
-	cfg := fastTransport
-	cfg.URL = url
-	cfg.AckDeadline = time.Second
-	tr, err := postgres.New(context.Background(), db, cfg)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = tr.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	const topic = "deadline"
-	ch, err := concurrentSubscriber(t, tr, "deadline", topic, 4).Subscribe(ctx, topic)
-	require.NoError(t, err)
-	publishUUIDs(t, tr.Publisher(), topic, "a", "b", "c", "d", "e")
+	const deadline = time.Second
+	ch := deadlineSubscription(ctx, t, "deadline", deadline, "a", "b", "c", "d", "e")
 
 	first := map[string]time.Time{}
 	held := map[string]*message.Message{}
@@ -53,7 +61,7 @@ func TestSubscriberAckDeadline(t *testing.T) {
 	for _, id := range []string{"a", "d"} {
 		msg := receive(ctx, t, ch, id+" again, past its ack deadline")
 		require.Equal(t, id, msg.UUID, "the deliveries given up come again oldest first, and only they")
-		require.GreaterOrEqual(t, time.Since(first[id]), cfg.AckDeadline, "%s came again before its deadline", id)
+		require.GreaterOrEqual(t, time.Since(first[id]), deadline, "%s came again before its deadline", id)
 		require.Equal(t, "true", redeliveredSaid(msg))
 		if id == "d" {
 			msg.Ack()
@@ -63,7 +71,7 @@ func TestSubscriberAckDeadline(t *testing.T) {
 	select {
 	case msg := <-ch:
 		t.Fatalf("%s came again, acknowledged", msg.UUID)
-	case <-time.After(3 * cfg.AckDeadline):
+	case <-time.After(3 * deadline):
 	}
 }
 
@@ -72,24 +80,14 @@ func TestSubscriberAckDeadline(t *testing.T) {
 // again once its deadline passed, and nothing else does.
 func TestSubscriberAckDeadlineBehindMany(t *testing.T) {
 	t.Parallel()
-	url := testenv.PostgresURL(t)
-	db := open(t, url, 4)
-	cfg := fastTransport
-	cfg.URL = url
-	cfg.AckDeadline = 5 * time.Second // a hundred go by long before it
-	tr, err := postgres.New(context.Background(), db, cfg)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = tr.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	const topic = "deadlinemany"
-	ch, err := concurrentSubscriber(t, tr, "deadlinemany", topic, 4).Subscribe(ctx, topic)
-	require.NoError(t, err)
+	const deadline = 5 * time.Second // a hundred go by long before it
 	ids := []string{"held"}
 	for i := range 100 {
 		ids = append(ids, fmt.Sprintf("m%d", i))
 	}
-	publishUUIDs(t, tr.Publisher(), topic, ids...)
+	ch := deadlineSubscription(ctx, t, "deadlinemany", deadline, ids...)
 
 	held := receive(ctx, t, ch, "held")
 	require.Equal(t, "held", held.UUID)
@@ -100,7 +98,7 @@ func TestSubscriberAckDeadlineBehindMany(t *testing.T) {
 		seen[msg.UUID]++
 		require.Equal(t, 1, seen[msg.UUID], "%s came twice", msg.UUID)
 		if msg.UUID == "held" {
-			require.GreaterOrEqual(t, time.Since(first), cfg.AckDeadline, "held came again before its deadline")
+			require.GreaterOrEqual(t, time.Since(first), deadline, "held came again before its deadline")
 		}
 		msg.Ack()
 	}
