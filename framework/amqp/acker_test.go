@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -73,7 +74,7 @@ func burst(a *acker, events ...ackEvent) {
 	for _, ev := range events {
 		a.apply(ev)
 	}
-	a.flush()
+	a.flush(false)
 }
 
 func ack(tag uint64) ackEvent  { return ackEvent{tag: tag, op: opAck} }
@@ -86,7 +87,7 @@ func add(tag uint64) ackEvent  { return ackEvent{tag: tag, op: opAdd} }
 // multiple ack steps over it.
 func TestAckerCoalesces(t *testing.T) {
 	b := newBroker(6)
-	a := newAcker(checked{t, b}, 8)
+	a := newAcker(checked{t, b}, 8, 0)
 	burst(a, add(1), add(2), add(3), add(4), add(5), add(6))
 	burst(a, ack(3))
 	require.Equal(t, []string{"ack 3 false"}, b.frames, "behind 1 and 2, unsettled: alone, not held back")
@@ -109,11 +110,11 @@ func TestAckerCoalesces(t *testing.T) {
 // frame names a tag the broker no longer holds, and no delivery takes
 // more than one frame.
 func TestAckerSettlesEachOnce(t *testing.T) {
-	for seed := range uint64(200) {
+	for seed := range uint64(400) {
 		r := rand.New(rand.NewPCG(seed, 1))
 		const n = 64
 		b := newBroker(n)
-		a := newAcker(checked{t, b}, 2*n)
+		a := newAcker(checked{t, b}, 2*n, int(seed%2)*8) // every other seed holds acks
 		var events []ackEvent
 		wantNack := map[uint64]bool{}
 		order := r.Perm(n)
@@ -136,6 +137,7 @@ func TestAckerSettlesEachOnce(t *testing.T) {
 			burst(a, events[:k]...)
 			events = events[k:]
 		}
+		a.flush(true) // as run does at the end
 		require.Empty(t, b.unacked, "seed %d: every delivery settled", seed)
 		for tag := uint64(1); tag <= n; tag++ {
 			if wantNack[tag] {
@@ -148,4 +150,42 @@ func TestAckerSettlesEachOnce(t *testing.T) {
 		}
 		require.LessOrEqual(t, len(b.frames), n, "seed %d: never more than a frame per delivery", seed)
 	}
+}
+
+// TestAckerHolds: an ack behind an unsettled delivery waits for the
+// multiple ack of the front, up to holdMax acks and holdFor; past either,
+// the held acks go out one by one; at the end, every held one does.
+func TestAckerHolds(t *testing.T) {
+	b := newBroker(12)
+	a := newAcker(checked{t, b}, 16, 3)
+	clock := time.Unix(0, 0)
+	a.now = func() time.Time { return clock }
+	burst(a, add(1), add(2), add(3), add(4), add(5), add(6), add(7), add(8), add(9), add(10), add(11), add(12))
+
+	burst(a, ack(3), ack(2))
+	require.Empty(t, b.frames, "behind 1, unsettled: held")
+	burst(a, ack(1))
+	require.Equal(t, []string{"ack 3 true"}, b.frames, "1 to 3 in one frame")
+
+	b.frames = nil
+	burst(a, ack(5), ack(6), ack(7))
+	require.Empty(t, b.frames, "three behind 4: held")
+	burst(a, ack(8))
+	require.Equal(t, []string{"ack 5 false", "ack 6 false", "ack 7 false", "ack 8 false"}, b.frames, "a fourth is more than holdMax: each goes")
+
+	b.frames = nil
+	burst(a, ack(10))
+	due := a.flush(false)
+	require.Equal(t, clock.Add(ackHoldFor), due, "held until holdFor passed")
+	clock = clock.Add(ackHoldFor)
+	require.True(t, a.flush(false).IsZero())
+	require.Equal(t, []string{"ack 10 false"}, b.frames, "held for holdFor: it goes")
+
+	b.frames = nil
+	burst(a, ack(12), nack(11))
+	require.Equal(t, []string{"nack 11 false true"}, b.frames, "a nack goes at once; 12 is held behind 4 and 9")
+	a.flush(true)
+	require.Equal(t, []string{"nack 11 false true", "ack 12 false"}, b.frames, "at the end every held ack goes")
+	burst(a, ack(4), ack(9))
+	require.Empty(t, b.unacked)
 }

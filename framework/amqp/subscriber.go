@@ -49,6 +49,9 @@ type subscriber struct {
 	queueName wamqp.QueueNameGenerator
 	limit     int // deliveries handed out at once by a subscription
 	prefetch  int // the Qos prefetch count of a subscription's channel
+	// ackHold is how many acks a subscription's acker may hold for a
+	// multiple ack (see acker); its prefetch leaves room for them.
+	ackHold int
 	// hold is how many deliveries a subscription's reader may hold out
 	// of its limit (see Hold).
 	hold int
@@ -110,9 +113,10 @@ func (s *subscriber) allowHold(n int) error {
 }
 
 // subscriberOf returns the subscriber of consumer on conn, each
-// subscription handing out up to limit messages at once and buffering
-// conn's Prefetch more. It may be built before conn.Connect; its methods
-// return ErrNotConnected until then.
+// subscription handing out up to limit messages at once, holding up to
+// limit acks for a multiple ack (see acker), and buffering conn's
+// Prefetch more. It may be built before conn.Connect; its methods return
+// ErrNotConnected until then.
 func subscriberOf(conn *connection, consumer string, limit int) (*subscriber, error) {
 	if consumer == "" {
 		return nil, fmt.Errorf("amqp: subscriber: empty consumer name")
@@ -120,7 +124,12 @@ func subscriberOf(conn *connection, consumer string, limit int) (*subscriber, er
 	if conn == nil {
 		return nil, fmt.Errorf("amqp: subscriber %s: missing connection", consumer)
 	}
-	return newSubscriber(conn, wamqp.GenerateQueueNameConstant(consumer), limit, limit+conn.cfg.Prefetch)
+	s, err := newSubscriber(conn, wamqp.GenerateQueueNameConstant(consumer), limit, 2*limit+conn.cfg.Prefetch)
+	if err != nil {
+		return nil, err
+	}
+	s.ackHold = limit
+	return s, nil
 }
 
 func newSubscriber(conn *connection, queueName wamqp.QueueNameGenerator, limit, prefetch int) (*subscriber, error) {
@@ -338,7 +347,7 @@ func (s *subscription) consume(ctx context.Context, conn *amqp091.Connection) bo
 	closed := ch.NotifyClose(make(chan *amqp091.Error, 1))
 	lost := false
 	c := &consumption{
-		sub: s, ctx: ctx, acks: newAcker(ch, 2*s.limit),
+		sub: s, ctx: ctx, acks: newAcker(ch, 2*s.limit, s.ackHold),
 		dead: make(chan struct{}), live: make(map[*delivery]struct{}),
 	}
 	ackerDone := make(chan struct{})
