@@ -239,8 +239,7 @@ func (sub *subscription) step(now time.Time) {
 // (a late Ack still counts). They are the oldest of sentOrder: it drops
 // the resolved deliveries it passes on its way from the oldest, and once
 // they outnumber the others it keeps only those not resolved. So a step
-// looks at the deliveries handed out since the last, not at every one
-// in flight.
+// looks at the oldest deliveries only, not at every one in flight.
 func (sub *subscription) expire(now time.Time) {
 	for len(sub.sentOrder) > 0 {
 		d := sub.sentOrder[0]
