@@ -27,8 +27,13 @@ const (
 	// drain: 6,000 events at the default size, 300 a subject.
 	OrderHotScale = 0.3
 	// OrderColdPerSubject is how many events each subject has in the
-	// cold-key scenarios: 2,000 subjects at the default size.
+	// cold-key scenarios: 4,000 subjects at the default size.
 	OrderColdPerSubject = 10
+	// OrderColdScale is how many times Options.Events the cold-key
+	// scenarios drain: at the default size a run drained 20,000 in about
+	// a second, and six interleaved runs of the PostgreSQL transport's
+	// gave ratios from 0.73 to 0.85 with the same code.
+	OrderColdScale = 2
 )
 
 // The runs of the ordering scenarios.
@@ -55,7 +60,7 @@ var (
 	hotKeys = orderHeat{name: "hot", scale: OrderHotScale, subjects: func(n int) int {
 		return max(1, min(n, OrderHotSubjects))
 	}}
-	coldKeys = orderHeat{name: "cold", subjects: func(n int) int {
+	coldKeys = orderHeat{name: "cold", scale: OrderColdScale, subjects: func(n int) int {
 		return max(1, n/OrderColdPerSubject)
 	}}
 )
@@ -71,7 +76,7 @@ func orderScenario(transport string, heat orderHeat) Scenario {
 	}
 	spread := fmt.Sprintf("%d subjects (%d events each at the default size)", OrderHotSubjects, int(DefaultEvents*OrderHotScale)/OrderHotSubjects)
 	if heat.name == "cold" {
-		spread = fmt.Sprintf("%d events a subject (%d subjects at the default size)", OrderColdPerSubject, DefaultEvents/OrderColdPerSubject)
+		spread = fmt.Sprintf("%d events a subject (%d subjects at the default size)", OrderColdPerSubject, DefaultEvents*OrderColdScale/OrderColdPerSubject)
 	}
 	measure := func(strict bool) func(context.Context, *Env) (Result, error) {
 		return func(ctx context.Context, env *Env) (Result, error) {
