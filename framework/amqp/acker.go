@@ -109,23 +109,9 @@ func (a *acker) run() {
 	for {
 		select {
 		case ev, ok := <-a.events:
-			if !ok {
+			if !a.applyWaiting(ev, ok) {
 				a.flush(true)
 				return
-			}
-			a.apply(ev)
-		drain:
-			for {
-				select {
-				case ev, ok := <-a.events:
-					if !ok {
-						a.flush(true)
-						return
-					}
-					a.apply(ev)
-				default:
-					break drain
-				}
 			}
 		case <-held.C:
 		}
@@ -134,6 +120,20 @@ func (a *acker) run() {
 			held.Reset(due.Sub(a.now()))
 		}
 	}
+}
+
+// applyWaiting applies ev, received with ok, and every event that waits
+// behind it; it reports false once close closed the events.
+func (a *acker) applyWaiting(ev ackEvent, ok bool) bool {
+	for ok {
+		a.apply(ev)
+		select {
+		case ev, ok = <-a.events:
+		default:
+			return true
+		}
+	}
+	return false
 }
 
 // apply records ev; a nack is sent at once.

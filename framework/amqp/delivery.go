@@ -54,8 +54,7 @@ func (c *consumption) abandon(lost bool) {
 		}
 		if lost {
 			c.sub.conn.lost.add(c.sub.queue, d.msg.UUID)
-		}
-		if !lost {
+		} else {
 			select {
 			case <-d.msg.Acked(): // acked as the subscriber closed: keep the ack
 				c.acks.settle(d.tag, true)

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	toxiproxy "github.com/Shopify/toxiproxy/v2"
+
 	"github.com/effectively-once/effectively/app"
 	"github.com/effectively-once/effectively/internal/crash"
 	"github.com/effectively-once/effectively/internal/testenv/testserver"
@@ -39,12 +41,24 @@ func breaksBroker(t *testing.T) bool {
 	return true
 }
 
-// onEveryProxy adds a toxic of typ with attrs to both streams of every
-// proxy of the rig, and returns what removes them.
-func onEveryProxy(t *testing.T, typ string, attrs map[string]any) func(r *rig) func() {
+// onEachTransport runs f on each of transports, in parallel subtests
+// named after them.
+func onEachTransport(t *testing.T, f func(t *testing.T, name string, cfg rigConfig)) {
+	t.Helper()
+	for _, tc := range transports {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f(t, tc.name, tc.cfg)
+		})
+	}
+}
+
+// onBothStreams adds a toxic of typ with attrs to both streams of the
+// rig's proxies that pick returns, and returns what removes them.
+func onBothStreams(t *testing.T, typ string, attrs map[string]any, pick func(r *rig) []*toxiproxy.Proxy) func(r *rig) func() {
 	return func(r *rig) func() {
 		var xs []toxic
-		for _, p := range r.proxies() {
+		for _, p := range pick(r) {
 			for _, s := range []string{"upstream", "downstream"} {
 				xs = append(xs, r.addToxic(p, typ, s, attrs))
 			}
@@ -57,32 +71,38 @@ func onEveryProxy(t *testing.T, typ string, attrs map[string]any) func(r *rig) f
 	}
 }
 
+// onEveryProxy adds a toxic of typ with attrs to both streams of every
+// proxy of the rig, and returns what removes them.
+func onEveryProxy(t *testing.T, typ string, attrs map[string]any) func(r *rig) func() {
+	return onBothStreams(t, typ, attrs, (*rig).proxies)
+}
+
+// blackHole makes the proxy that pick returns forward nothing, both ways
+// (Toxiproxy's timeout toxic with no timeout), and returns what mends it.
+func blackHole(t *testing.T, pick func(r *rig) *toxiproxy.Proxy) func(r *rig) func() {
+	return onBothStreams(t, "timeout", map[string]any{"timeout": 0}, func(r *rig) []*toxiproxy.Proxy {
+		return []*toxiproxy.Proxy{pick(r)}
+	})
+}
+
 // TestLatency: 200 ms more on every round trip (100 ms each way, ±25 ms
 // of jitter each way) on every connection for 10 s: consumption slows,
 // nothing fails for good.
 func TestLatency(t *testing.T) {
 	t.Parallel()
-	for _, tc := range transports {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			r := newRig(t, tc.cfg)
-			r.run(fault{Name: tc.name + " latency 200±50 ms", For: 10 * time.Second,
-				Apply: onEveryProxy(t, "latency", map[string]any{"latency": 100, "jitter": 25})})
-		})
-	}
+	onEachTransport(t, func(t *testing.T, name string, cfg rigConfig) {
+		newRig(t, cfg).run(fault{Name: name + " latency 200±50 ms", For: 10 * time.Second,
+			Apply: onEveryProxy(t, "latency", map[string]any{"latency": 100, "jitter": 25})})
+	})
 }
 
 // TestBandwidth: every connection limited to 4 kB/s each way for 10 s.
 func TestBandwidth(t *testing.T) {
 	t.Parallel()
-	for _, tc := range transports {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			r := newRig(t, tc.cfg)
-			r.run(fault{Name: tc.name + " bandwidth 4 kB/s", For: 10 * time.Second,
-				Apply: onEveryProxy(t, "bandwidth", map[string]any{"rate": 4})})
-		})
-	}
+	onEachTransport(t, func(t *testing.T, name string, cfg rigConfig) {
+		newRig(t, cfg).run(fault{Name: name + " bandwidth 4 kB/s", For: 10 * time.Second,
+			Apply: onEveryProxy(t, "bandwidth", map[string]any{"rate": 4})})
+	})
 }
 
 // TestResetPeerMidStream: for 10 s, every 2 s, each connection that
@@ -91,34 +111,31 @@ func TestBandwidth(t *testing.T) {
 // mid-stream, over and over.
 func TestResetPeerMidStream(t *testing.T) {
 	t.Parallel()
-	for _, tc := range transports {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			if tc.cfg.Transport == app.TransportAMQP && breaksBroker(t) {
-				return
-			}
-			r := newRig(t, tc.cfg)
-			r.run(fault{Name: tc.name + " reset_peer mid-stream", For: 10 * time.Second, Apply: func(r *rig) func() {
-				stop, done := make(chan struct{}), make(chan struct{})
-				go func() {
-					defer close(done)
-					tick := time.NewTicker(2 * time.Second)
-					defer tick.Stop()
-					for {
-						end := onEveryProxy(t, "reset_peer", map[string]any{"timeout": 0})(r)
-						time.Sleep(200 * time.Millisecond)
-						end()
-						select {
-						case <-stop:
-							return
-						case <-tick.C:
-						}
+	onEachTransport(t, func(t *testing.T, name string, cfg rigConfig) {
+		if cfg.Transport == app.TransportAMQP && breaksBroker(t) {
+			return
+		}
+		r := newRig(t, cfg)
+		r.run(fault{Name: name + " reset_peer mid-stream", For: 10 * time.Second, Apply: func(r *rig) func() {
+			stop, done := make(chan struct{}), make(chan struct{})
+			go func() {
+				defer close(done)
+				tick := time.NewTicker(2 * time.Second)
+				defer tick.Stop()
+				for {
+					end := onEveryProxy(t, "reset_peer", map[string]any{"timeout": 0})(r)
+					time.Sleep(200 * time.Millisecond)
+					end()
+					select {
+					case <-stop:
+						return
+					case <-tick.C:
 					}
-				}()
-				return func() { close(stop); <-done }
-			}})
-		})
-	}
+				}
+			}()
+			return func() { close(stop); <-done }
+		}})
+	})
 }
 
 // TestResetPeerMidCommit: a crash hook at the commit of a consumer's
@@ -130,70 +147,67 @@ func TestResetPeerMidStream(t *testing.T) {
 // committed is not applied again, the event not lost.
 func TestResetPeerMidCommit(t *testing.T) {
 	t.Parallel()
-	for _, tc := range transports {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			r := newRig(t, tc.cfg)
-			var resets atomic.Int64
-			r.run(fault{Name: tc.name + " reset_peer mid-commit", For: 10 * time.Second, Apply: func(r *rig) func() {
-				var (
-					mu    sync.Mutex
-					armed bool
-					wg    sync.WaitGroup
-				)
-				arm := make(chan struct{}, 1)
-				stop := make(chan struct{})
-				wg.Go(func() {
-					tick := time.NewTicker(500 * time.Millisecond)
-					defer tick.Stop()
-					for {
+	onEachTransport(t, func(t *testing.T, name string, cfg rigConfig) {
+		r := newRig(t, cfg)
+		var resets atomic.Int64
+		r.run(fault{Name: name + " reset_peer mid-commit", For: 10 * time.Second, Apply: func(r *rig) func() {
+			var (
+				mu    sync.Mutex
+				armed bool
+				wg    sync.WaitGroup
+			)
+			arm := make(chan struct{}, 1)
+			stop := make(chan struct{})
+			wg.Go(func() {
+				tick := time.NewTicker(500 * time.Millisecond)
+				defer tick.Stop()
+				for {
+					select {
+					case <-stop:
+						return
+					case <-tick.C:
 						select {
-						case <-stop:
-							return
-						case <-tick.C:
-							select {
-							case arm <- struct{}{}:
-							default:
-							}
+						case arm <- struct{}{}:
+						default:
 						}
 					}
-				})
-				h := crash.Hook(func(_ context.Context, at crash.Point) bool {
-					if at != crash.BeforeCommit && at != crash.BeforeOutboxSent {
-						return false
-					}
-					select {
-					case <-arm:
-					default:
-						return false
-					}
+				}
+			})
+			h := crash.Hook(func(_ context.Context, at crash.Point) bool {
+				if at != crash.BeforeCommit && at != crash.BeforeOutboxSent {
+					return false
+				}
+				select {
+				case <-arm:
+				default:
+					return false
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				if armed {
+					return false
+				}
+				armed = true
+				x := r.addToxic(r.pg, "reset_peer", "downstream", map[string]any{"timeout": 0})
+				resets.Add(1)
+				wg.Go(func() {
+					time.Sleep(100 * time.Millisecond)
 					mu.Lock()
 					defer mu.Unlock()
-					if armed {
-						return false
-					}
-					armed = true
-					x := r.addToxic(r.pg, "reset_peer", "downstream", map[string]any{"timeout": 0})
-					resets.Add(1)
-					wg.Go(func() {
-						time.Sleep(100 * time.Millisecond)
-						mu.Lock()
-						defer mu.Unlock()
-						x.remove(t)
-						armed = false
-					})
-					return false // the delivery goes on: the network fails it
+					x.remove(t)
+					armed = false
 				})
-				r.hook.Store(&h)
-				return func() {
-					r.hook.Store(nil)
-					close(stop)
-					wg.Wait()
-				}
-			}})
-			t.Logf("%s: %d resets armed at a commit", tc.name, resets.Load())
-		})
-	}
+				return false // the delivery goes on: the network fails it
+			})
+			r.hook.Store(&h)
+			return func() {
+				r.hook.Store(nil)
+				close(stop)
+				wg.Wait()
+			}
+		}})
+		t.Logf("%s: %d resets armed at a commit", name, resets.Load())
+	})
 }
 
 // TestBlackHolePostgres: PostgreSQL's connections forward nothing, and
@@ -214,17 +228,8 @@ func TestBlackHolePostgres(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			r := newRig(t, tc.cfg)
-			r.run(fault{Name: tc.name + " PostgreSQL black hole", For: tc.hole, Pauses: true, Apply: func(r *rig) func() {
-				var xs []toxic
-				for _, s := range []string{"upstream", "downstream"} {
-					xs = append(xs, r.addToxic(r.pg, "timeout", s, map[string]any{"timeout": 0}))
-				}
-				return func() {
-					for _, x := range xs {
-						x.remove(t)
-					}
-				}
-			}})
+			r.run(fault{Name: tc.name + " PostgreSQL black hole", For: tc.hole, Pauses: true,
+				Apply: blackHole(t, func(r *rig) *toxiproxy.Proxy { return r.pg })})
 		})
 	}
 }
@@ -238,15 +243,6 @@ func TestBlackHoleRabbitMQ(t *testing.T) {
 		return
 	}
 	r := newRig(t, rigConfig{Transport: app.TransportAMQP, Instances: 2, Rate: 10})
-	r.run(fault{Name: "RabbitMQ black hole", For: 15 * time.Second, Pauses: true, Apply: func(r *rig) func() {
-		var xs []toxic
-		for _, s := range []string{"upstream", "downstream"} {
-			xs = append(xs, r.addToxic(r.mq, "timeout", s, map[string]any{"timeout": 0}))
-		}
-		return func() {
-			for _, x := range xs {
-				x.remove(t)
-			}
-		}
-	}})
+	r.run(fault{Name: "RabbitMQ black hole", For: 15 * time.Second, Pauses: true,
+		Apply: blackHole(t, func(r *rig) *toxiproxy.Proxy { return r.mq })})
 }

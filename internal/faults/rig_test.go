@@ -57,8 +57,7 @@ type rig struct {
 	toxi         *toxiproxy.ApiServer
 	pg, mq       *toxiproxy.Proxy // mq nil on the PostgreSQL transport
 	admin        *sqlx.DB         // straight to PostgreSQL, on the test's schema
-	spec         childSpec        // what a child instance runs
-	appCfg       app.Config
+	spec         childSpec        // what every instance runs (see service.config)
 	instances    []*instance
 	members      []string
 	hook         atomic.Pointer[crash.Hook] // armed by the mid-commit tests
@@ -117,8 +116,6 @@ func newRig(t *testing.T, cfg rigConfig) *rig {
 		r.spec.AMQPURL = mu.String()
 	}
 	r.spec.ID, r.spec.Transport, r.spec.DatabaseURL = id, cfg.Transport, u.String()
-	acfg, err := r.config(r.spec)
-	require.NoError(t, err)
 	switch cfg.Transport {
 	case app.TransportAMQP:
 		tr, err := amqp.New(amqp.TransportConfig{URL: mqURL})
@@ -133,7 +130,6 @@ func newRig(t *testing.T, cfg rigConfig) *rig {
 		t.Fatalf("transport %q: want amqp or postgres", cfg.Transport)
 	}
 	t.Cleanup(func() { _ = r.closePub() })
-	r.appCfg = acfg
 
 	r.instances = append(r.instances, r.start())
 	for i := 1; i < cfg.Instances; i++ {
@@ -154,9 +150,12 @@ func (r *rig) proxy(name, upstream string) *toxiproxy.Proxy {
 	return p
 }
 
-// start starts an instance of the service.
+// start starts the first instance of the service, in the test's
+// process, its crash points hooked to r.hook.
 func (r *rig) start() *instance {
 	r.t.Helper()
+	cfg, err := r.config(r.spec)
+	require.NoError(r.t, err)
 	in := &instance{}
 	hook := crash.Hook(func(ctx context.Context, at crash.Point) bool {
 		if h := r.hook.Load(); h != nil {
@@ -164,7 +163,7 @@ func (r *rig) start() *instance {
 		}
 		return false
 	})
-	in.fx = app.New(r.module(r.appCfg, r.logs.logger(0), hook), fx.Populate(&in.store))
+	in.fx = app.New(r.module(cfg, r.logs.logger(0), hook), fx.Populate(&in.store))
 	require.NoError(r.t, in.fx.Err())
 	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 	defer cancel()

@@ -338,12 +338,7 @@ func measureAMQPKnobs(ctx context.Context, env *Env, k amqpKnobs) (Result, error
 // measureAMQPBest sweeps the hand-written watermill-amqp consumer's
 // knobs once (amqpSweep) and drains the best configuration.
 func measureAMQPBest(ctx context.Context, env *Env) (Result, error) {
-	sweep, best, err := preSweep(ctx, env, env.Scenario+"/watermill-amqp", amqpSweep(), measureAMQPKnobs)
-	if err != nil {
-		return Result{}, err
-	}
-	res, err := measureAMQPKnobs(ctx, env, best)
-	return withSweep(res, sweep), err
+	return measureBest(ctx, env, "watermill-amqp", amqpSweep(), measureAMQPKnobs)
 }
 
 // newAMQPBaseline prepares the hand-written watermill-amqp consumer, its

@@ -81,12 +81,7 @@ func measurePostgresKnobs(ctx context.Context, env *Env, k sqlKnobs) (Result, er
 // measurePostgresBest sweeps the hand-written watermill-sql consumer's
 // knobs once (sqlSweep) and drains the best configuration.
 func measurePostgresBest(ctx context.Context, env *Env) (Result, error) {
-	sweep, best, err := preSweep(ctx, env, env.Scenario+"/watermill-sql", sqlSweep(), measurePostgresKnobs)
-	if err != nil {
-		return Result{}, err
-	}
-	res, err := measurePostgresKnobs(ctx, env, best)
-	return withSweep(res, sweep), err
+	return measureBest(ctx, env, "watermill-sql", sqlSweep(), measurePostgresKnobs)
 }
 
 // sqlKnobsOf reads the knobs from the child's variables; unset, those of
@@ -135,9 +130,6 @@ func subscriberTxHandler(wait time.Duration) message.NoPublishHandlerFunc {
 				return fmt.Errorf("outside call: %w", err)
 			}
 		}
-		if err := writeBaselineEffect[wsql.Result](ctx, tx, ev); err != nil {
-			return err
-		}
-		return nil
+		return writeBaselineEffect[wsql.Result](ctx, tx, ev)
 	}
 }

@@ -62,6 +62,20 @@ type sweeps struct {
 	done map[string]any
 }
 
+// measureBest sweeps the configurations of the hand-written consumer
+// name once (preSweep), then drains the best one with measure, the sweep
+// in its result.
+func measureBest[C any](ctx context.Context, env *Env, name string, configs []sweepConfig[C],
+	measure func(ctx context.Context, env *Env, c C) (Result, error),
+) (Result, error) {
+	sweep, best, err := preSweep(ctx, env, env.Scenario+"/"+name, configs, measure)
+	if err != nil {
+		return Result{}, err
+	}
+	res, err := measure(ctx, env, best)
+	return withSweep(res, sweep), err
+}
+
 // preSweep drains each of configs once, at SweepScale of the run's
 // events, with measure, and returns the sweep and the best
 // configuration; the first call of an Execute with key sweeps, the
