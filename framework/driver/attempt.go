@@ -34,8 +34,11 @@ type attemptRun struct {
 	// after is the attempt of the event ahead of a's in its subject's
 	// line (see pipeline.Turn), which runs first; nil when none.
 	after *attemptRun
-	// lane is a's lane in the group's queue (see group.laneOf).
+	// lane is a's lane in the group's queue (see group.laneOf); inLane
+	// says that its batch took it for its lane, not to fill up (see
+	// group.take).
 	lane     int
+	inLane   bool
 	outcome  framework.Outcome
 	err      error
 	panicked any

@@ -43,12 +43,13 @@ type group struct {
 	batches int
 
 	mu       sync.Mutex
-	free     int           // batch slots not taken (by a collect, or a batch handed on or running)
-	running  int           // batches in runBatch, until they ended
-	waiting  []*attemptRun // attempts in no batch yet, oldest first
-	lanes    uint64        // the lanes of the running batches (see laneOf)
-	full     chan struct{} // closed when BatchSize attempts wait (while a batch lingers)
-	finished chan struct{} // closed when a batch ends (while a batch waits for one to)
+	free     int                     // batch slots not taken (by a collect, or a batch handed on or running)
+	running  int                     // batches in runBatch, until they ended
+	waiting  []*attemptRun           // attempts in no batch yet, oldest first
+	lanes    uint64                  // the lanes of the running batches (see laneOf)
+	held     map[subjectKey]struct{} // the strict-order subjects of the running batches (see take)
+	full     chan struct{}           // closed when BatchSize attempts wait (while a batch lingers)
+	finished chan struct{}           // closed when a batch ends (while a batch waits for one to)
 
 	// overlap, nil when attempts never overlap (SQLite, Overlap 1),
 	// holds a token for each attempt that runs alone while the handlers
@@ -122,7 +123,7 @@ func (g *group) run(a *attemptRun) {
 				for _, b := range batch[1:] {
 					b.lead <- nil
 				}
-				g.freeLanes(batch)
+				g.freeSubjects(batch)
 				g.next()
 				g.solo(a)
 				return
@@ -202,7 +203,7 @@ func (g *group) runBatch(batch []*attemptRun) {
 	g.running++ // until ended
 	g.mu.Unlock()
 	defer func() {
-		g.freeLanes(batch)
+		g.freeSubjects(batch)
 		for _, a := range batch {
 			close(a.done)
 		}

@@ -109,9 +109,15 @@ func inBatchOrder(batch, some []*attemptRun) []*attemptRun {
 }
 
 // take removes the next batch from the waiting attempts, nil when none
-// waits. The attempts of strict-order subjects go by lane (see laneOf):
-// a batch takes those of one lane that no running batch holds, the
-// oldest first, and the others as they come. Call it with g.mu held.
+// waits. The attempts of strict-order subjects go by subject: a batch
+// takes those of the subjects no running batch holds, and holds the
+// subjects it took until it ends (see freeSubjects), so that a subject's
+// batches run one after the other. It takes first, the oldest first, the
+// unordered attempts and those of one lane (see laneOf) that no running
+// batch took, and then, to fill up, those of the other lanes: with few
+// subjects (hot keys) each lane's batches keep a slot busy, with many
+// (cold keys) a batch is as full as an unordered one. Call it with g.mu
+// held.
 func (g *group) take() []*attemptRun {
 	if len(g.waiting) == 0 {
 		return nil
@@ -123,19 +129,25 @@ func (g *group) take() []*attemptRun {
 			break
 		}
 	}
-	batch := make([]*attemptRun, 0, min(len(g.waiting), g.size))
-	kept := g.waiting[:0]
-	held := false // the batch holds an attempt of lane: lane is its
-	for _, a := range g.waiting {
-		if len(batch) < g.size && (a.lane < 0 || a.lane == lane) {
+	var (
+		batch = make([]*attemptRun, 0, min(len(g.waiting), g.size))
+		took  []subjectKey // the subjects the batch holds
+		held  = false      // the batch holds an attempt of lane: lane is its
+	)
+	for fill := range 2 {
+		kept := g.waiting[:0]
+		for _, a := range g.waiting {
+			if len(batch) == g.size || (fill == 0 && a.lane >= 0 && a.lane != lane) || !g.takes(a, &took) {
+				kept = append(kept, a)
+				continue
+			}
 			batch = append(batch, a)
-			held = held || a.lane >= 0
-		} else {
-			kept = append(kept, a)
+			a.inLane = fill == 0 && a.lane >= 0
+			held = held || a.inLane
 		}
+		clear(g.waiting[len(kept):])
+		g.waiting = kept
 	}
-	clear(g.waiting[len(kept):])
-	g.waiting = kept
 	if len(g.waiting) == 0 {
 		g.waiting = nil // let the backing array go
 	}
@@ -143,19 +155,47 @@ func (g *group) take() []*attemptRun {
 		return nil
 	}
 	if held {
-		// Only then: freeLanes frees the lanes of the batch's attempts,
-		// and a lane held by none would never be free again.
+		// Only then: freeSubjects frees the lane of the batch's
+		// attempts, and a lane held by none would never be free again.
 		g.lanes |= 1 << lane
+	}
+	for _, k := range took {
+		if g.held == nil {
+			g.held = map[subjectKey]struct{}{}
+		}
+		g.held[k] = struct{}{}
 	}
 	return batch
 }
 
+// subjectKey is a strict-order subject of a consumer, as the running
+// batches hold it (see take).
+type subjectKey struct{ consumer, subject string }
+
+// takes reports whether the batch being taken, which holds the subjects
+// of took, may take a: a is unordered (no lane), or its subject is one the
+// batch holds already or one no running batch holds, which the batch then
+// holds (added to took).
+func (g *group) takes(a *attemptRun, took *[]subjectKey) bool {
+	if a.lane < 0 {
+		return true
+	}
+	k := subjectKey{a.consumer, a.delivery.OrderedSubject}
+	if slices.Contains(*took, k) {
+		return true
+	}
+	if _, held := g.held[k]; held {
+		return false
+	}
+	*took = append(*took, k)
+	return true
+}
+
 // laneOf is the lane of a: for an attempt of a strict-order subject, a
 // hash of its subject among the group's batch slots; -1 otherwise, and
-// with a single slot. The subjects of one lane commit one batch after the
-// other (see take), so a subject's events keep their order across
-// batches, while the batches of other lanes run beside them: hot
-// subjects' batches share the slots as unordered ones do.
+// with a single slot. A batch takes one free lane's attempts first (see
+// take), so that the batches of few subjects share the slots as
+// unordered ones do.
 func (g *group) laneOf(a *attemptRun) int {
 	if a.delivery.OrderedSubject == "" || g.batches < 2 {
 		return -1
@@ -163,13 +203,17 @@ func (g *group) laneOf(a *attemptRun) int {
 	return Bucket(a.delivery.OrderedSubject) % min(g.batches, 64)
 }
 
-// freeLanes lets the lane of batch, which ended, go to the next batch.
-func (g *group) freeLanes(batch []*attemptRun) {
+// freeSubjects lets the subjects and the lane of batch, which ended, go to
+// the next batches.
+func (g *group) freeSubjects(batch []*attemptRun) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	for _, a := range batch {
-		if a.lane >= 0 {
+		if a.inLane {
 			g.lanes &^= 1 << a.lane
+		}
+		if a.lane >= 0 {
+			delete(g.held, subjectKey{a.consumer, a.delivery.OrderedSubject})
 		}
 	}
 }
