@@ -156,6 +156,12 @@ type Scenario struct {
 	// Once measures each run once whatever Options.Rounds says: for a
 	// long scenario with no baseline.
 	Once bool
+	// MinRounds, when above Options.Rounds (and Options.Rounds above
+	// one), is how many times each run is measured: for a scenario whose
+	// runs drain in under a second, where one round's figure moves with
+	// the moment more than with the consumer, and more rounds cost
+	// seconds.
+	MinRounds int
 	// Scale is how many times Options.Events messages each run drains (but
 	// in a smoke run); zero means once. Above one it is for a scenario
 	// whose runs drain Options.Events in about a second, too short a time

@@ -42,6 +42,9 @@ type ScenarioReport struct {
 	Skipped string
 	// Once says the scenario's runs were measured once (Scenario.Once).
 	Once bool
+	// Rounds is how many times each of its runs was measured (see
+	// Scenario.MinRounds).
+	Rounds int
 	// Scale is how many times Options.Events its runs drained
 	// (Scenario.Scale; zero or one: once).
 	Scale float64
@@ -312,15 +315,21 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 	}
 	fmt.Fprintf(b, ", %.0f%% of them duplicates; latency phase %s\n", r.Options.Duplicates*100, r.Options.LatencyDuration)
 	if r.Options.Rounds > 1 {
-		var once []string
+		var once, more []string
 		for _, s := range r.Scenarios {
-			if s.Once {
+			switch {
+			case s.Once:
 				once = append(once, s.Title)
+			case s.Rounds > r.Options.Rounds:
+				more = append(more, fmt.Sprintf("%s (%d times)", s.Title, s.Rounds))
 			}
 		}
 		fmt.Fprintf(b, "- Rounds: each run measured %d times, in rounds (every run of a scenario once a round, in order)", r.Options.Rounds)
 		if len(once) > 0 {
 			fmt.Fprintf(b, ", but those of %s (once)", strings.Join(once, " and "))
+		}
+		if len(more) > 0 {
+			fmt.Fprintf(b, ", and those of %s, whose runs drain in under a second", strings.Join(more, " and "))
 		}
 		fmt.Fprintf(b, "; the figures are those of the round with the median effects/s, but steady/s, start-up, p50 and p99, each the median of its rounds; the effects/s of every round follow each scenario's table\n")
 	}

@@ -42,3 +42,34 @@ func TestReportGate(t *testing.T) {
 		t.Errorf("smoke run: %v, want no error", err)
 	}
 }
+
+// TestMinRounds: a scenario with MinRounds measures its runs that many
+// times when the bench measures in rounds, never in a single-round or
+// smoke run, and the report says so; Once wins.
+func TestMinRounds(t *testing.T) {
+	hot := Scenario{Title: "Hot", MinRounds: 7}
+	for _, c := range []struct {
+		s      Scenario
+		rounds int
+		want   int
+	}{
+		{hot, 3, 7}, {hot, 9, 9}, {hot, 1, 1},
+		{Scenario{MinRounds: 7, Once: true}, 3, 1},
+		{Scenario{}, 3, 3},
+	} {
+		if got := roundsOf(c.s, Options{Rounds: c.rounds}); got != c.want {
+			t.Errorf("roundsOf(%+v, %d rounds) = %d, want %d", c.s, c.rounds, got, c.want)
+		}
+	}
+	r := &Report{Options: Options{Rounds: 3}, Scenarios: []ScenarioReport{
+		{Title: "Hot", Rounds: 7}, {Title: "Cold", Rounds: 3}, {Title: "Memory", Rounds: 1, Once: true},
+	}}
+	var b strings.Builder
+	if err := r.WriteMarkdown(&b); err != nil {
+		t.Fatal(err)
+	}
+	want := "- Rounds: each run measured 3 times, in rounds (every run of a scenario once a round, in order), but those of Memory (once), and those of Hot (7 times), whose runs drain in under a second;"
+	if !strings.Contains(b.String(), want) {
+		t.Errorf("report:\n%s\nwant a line beginning %q", b.String(), want)
+	}
+}

@@ -53,7 +53,7 @@ func Execute(ctx context.Context, scenarios []Scenario, opts Options) (*Report, 
 		if opts.Run != nil && !opts.Run.MatchString(s.Name) {
 			continue
 		}
-		sr := ScenarioReport{Name: s.Name, Title: s.Title, About: s.About, Once: s.Once, Scale: s.Scale, Gate: s.Gate}
+		sr := ScenarioReport{Name: s.Name, Title: s.Title, About: s.About, Once: s.Once, Scale: s.Scale, Gate: s.Gate, Rounds: roundsOf(s, opts)}
 		if missing := missingNeeds(s, opts); missing != "" {
 			sr.Skipped = "needs " + missing
 			fmt.Fprintf(opts.Log, "== %s: skipped, %s\n", s.Title, sr.Skipped)
@@ -61,10 +61,7 @@ func Execute(ctx context.Context, scenarios []Scenario, opts Options) (*Report, 
 			continue
 		}
 		fmt.Fprintf(opts.Log, "== %s\n", s.Title)
-		rounds := opts.Rounds
-		if s.Once {
-			rounds = 1
-		}
+		rounds := sr.Rounds
 		s.Runs = slices.DeleteFunc(slices.Clone(s.Runs), func(r Run) bool {
 			return opts.RunNames != nil && !opts.RunNames.MatchString(r.Name) || opts.Smoke && r.NoSmoke
 		})
@@ -261,4 +258,17 @@ func scaledEvents(events int, scale float64) int {
 		return events
 	}
 	return max(int(float64(events)*scale), 100)
+}
+
+// roundsOf is how many times each run of s is measured under opts (see
+// Scenario.Once and Scenario.MinRounds).
+func roundsOf(s Scenario, opts Options) int {
+	switch {
+	case s.Once:
+		return 1
+	case opts.Rounds > 1:
+		return max(opts.Rounds, s.MinRounds)
+	default:
+		return opts.Rounds
+	}
 }
