@@ -53,8 +53,10 @@ const (
 )
 
 // postgresInsert is the INSERT docs/transports.md documents.
-// Its arguments are the message's uuid (the event's id) and payload.
-const postgresInsert = `INSERT INTO "watermill_` + EventType + `" (uuid, payload, metadata, transaction_id) VALUES ($1, $2, '{}', pg_current_xact_id())`
+// Its arguments are the event's id and the payload; the message's uuid is
+// the id's last 36 characters, the most the column holds (the events of
+// the larger runs have longer ids).
+const postgresInsert = `INSERT INTO "watermill_` + EventType + `" (uuid, payload, metadata, transaction_id) VALUES (right($1, 36), $2, '{}', pg_current_xact_id())`
 
 // postgresFeed is a foreign producer of the PostgreSQL transport: the
 // documented INSERT into the topic's table, which it creates as
