@@ -135,9 +135,16 @@ func (g *group) take() []*attemptRun {
 		held  = false      // the batch holds an attempt of lane: lane is its
 	)
 	for fill := range 2 {
+		passed := false // an attempt of another lane, left for the fill
 		kept := g.waiting[:0]
-		for _, a := range g.waiting {
-			if len(batch) == g.size || (fill == 0 && a.lane >= 0 && a.lane != lane) || !g.takes(a, &took) {
+		for i, a := range g.waiting {
+			if len(batch) == g.size {
+				kept = append(kept, g.waiting[i:]...)
+				break
+			}
+			other := fill == 0 && a.lane >= 0 && a.lane != lane
+			if other || !g.takes(a, &took) {
+				passed = passed || other
 				kept = append(kept, a)
 				continue
 			}
@@ -147,6 +154,9 @@ func (g *group) take() []*attemptRun {
 		}
 		clear(g.waiting[len(kept):])
 		g.waiting = kept
+		if !passed || len(batch) == g.size {
+			break // nothing for the fill to take
+		}
 	}
 	if len(g.waiting) == 0 {
 		g.waiting = nil // let the backing array go
@@ -159,10 +169,10 @@ func (g *group) take() []*attemptRun {
 		// attempts, and a lane held by none would never be free again.
 		g.lanes |= 1 << lane
 	}
+	if g.held == nil && len(took) > 0 {
+		g.held = make(map[subjectKey]struct{}, len(took))
+	}
 	for _, k := range took {
-		if g.held == nil {
-			g.held = map[subjectKey]struct{}{}
-		}
 		g.held[k] = struct{}{}
 	}
 	return batch
