@@ -1,11 +1,13 @@
 package middleware_test
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
@@ -86,4 +88,74 @@ func TestStrictOrderBatchedSteps(t *testing.T) {
 	require.Empty(t, o.parked(t))
 	require.Equal(t, []string{"T1"}, o.applied(t, "T"))
 	require.Equal(t, []string{"U1"}, o.applied(t, "U"))
+}
+
+// TestStrictOrderFirstEventsMove: a process that knows nothing of a
+// subject (it just started) takes an event #1 to be the subject's first
+// and moves its checkpoint from 0 in the statement that marks the batch's
+// events. Where the subject is not new (a copy of an old #1 after a
+// restart), the move's compare fails, the batch's attempts run again
+// alone, the copy takes no effect and the checkpoint stays; the new
+// subjects' first events take effect, and the old subject's next event
+// after them.
+func TestStrictOrderFirstEventsMove(t *testing.T) {
+	t.Parallel()
+	b := backends[1]
+	require.Equal(t, "Postgres", b.name)
+	o := newOrdered(t, b)
+	lingering := func() message.NoPublishHandlerFunc {
+		uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: o.db, Store: o.store, Linger: 200 * time.Millisecond})
+		require.NoError(t, err)
+		o.uow = uow
+		return o.handler(t, o.store)
+	}
+	at := func(h message.NoPublishHandlerFunc, events map[string]framework.Outcome) {
+		var wg sync.WaitGroup
+		for id, want := range events {
+			wg.Go(func() {
+				subject, n := id[:2], int64(id[len(id)-1]-'0')
+				require.Equal(t, want, deliver(t, h, id, subject, n), id)
+			})
+		}
+		wg.Wait()
+	}
+	checkpoints := func() map[string]int64 {
+		var rows []struct {
+			Subject string
+			Seq     int64
+		}
+		require.NoError(t, o.db.Select(&rows, `SELECT subject, seq FROM subject_checkpoints WHERE consumer = $1`, consumerName))
+		m := make(map[string]int64, len(rows))
+		for _, r := range rows {
+			m[r.Subject] = r.Seq
+		}
+		return m
+	}
+
+	first := lingering()
+	at(first, map[string]framework.Outcome{"A0-1": framework.Processed, "A1-1": framework.Processed, "A2-1": framework.Processed})
+	at(first, map[string]framework.Outcome{"A0-2": framework.Processed, "A1-2": framework.Processed, "A2-2": framework.Processed})
+	require.Equal(t, map[string]int64{"A0": 2, "A1": 2, "A2": 2}, checkpoints())
+
+	// Eight events at once, into the lingering batches: the old #1s
+	// share them with the new subjects' first events.
+	restarted := lingering()
+	at(restarted, map[string]framework.Outcome{
+		"A0-copy-1": framework.Stale, // old #1s under other ids
+		"A1-copy-1": framework.Stale,
+		"A2-copy-1": framework.Stale,
+		"B0-1":      framework.Processed,
+		"B1-1":      framework.Processed,
+		"B2-1":      framework.Processed,
+		"B3-1":      framework.Processed,
+		"B4-1":      framework.Processed,
+	})
+	require.Equal(t, map[string]int64{"A0": 2, "A1": 2, "A2": 2, "B0": 1, "B1": 1, "B2": 1, "B3": 1, "B4": 1}, checkpoints())
+	at(restarted, map[string]framework.Outcome{"A0-3": framework.Processed, "B0-2": framework.Processed, "B1-2": framework.Processed})
+	require.Equal(t, []string{"A0-1", "A0-2", "A0-3"}, o.applied(t, "A0"))
+	require.Equal(t, []string{"B0-1", "B0-2"}, o.applied(t, "B0"))
+	require.Equal(t, map[string]int64{"A0": 3, "A1": 2, "A2": 2, "B0": 2, "B1": 2, "B2": 1, "B3": 1, "B4": 1}, checkpoints())
+	dls, err := o.store.DeadLetters(context.Background(), driver.DeadLetterFilter{Consumer: consumerName})
+	require.NoError(t, err)
+	require.Empty(t, dls, "no event dead-lettered")
 }

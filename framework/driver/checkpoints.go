@@ -24,12 +24,22 @@ type knownCheckpoints struct {
 }
 
 // turn reports the checkpoint of (consumer, subject) known to this
-// process when the event seq is at its turn by it.
+// process when the event seq is at its turn by it. A subject this
+// process knows nothing of is taken to be new when seq is 1 (its
+// checkpoint 0, none yet), so that a subject's first event moves its
+// checkpoint as later ones do, instead of reading and locking it, then
+// moving it after its handler in a statement of its own: where it is not
+// new after all (another process, or this one before a restart, took
+// its first event), the move's compare fails and the batch's attempts
+// run again alone.
 func (k *knownCheckpoints) turn(consumer, subject string, seq int64) (int64, bool) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	c, ok := k.seqs[checkpointKey{consumer, subject}]
-	return c, ok && seq == c+1
+	if !ok {
+		return 0, seq == 1
+	}
+	return c, seq == c+1
 }
 
 // committed records the checkpoints of consumer that a batch's commit

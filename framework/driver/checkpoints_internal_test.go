@@ -9,18 +9,21 @@ import (
 
 // TestKnownCheckpoints: an event is at its turn by a committed checkpoint
 // only when it is the one right after it; a forgotten or never committed
-// checkpoint puts no event at its turn; past maxKnownCheckpoints the
-// checkpoints known are forgotten at once.
+// checkpoint puts only a first event (#1) at its turn, from 0; past
+// maxKnownCheckpoints the checkpoints known are forgotten at once.
 func TestKnownCheckpoints(t *testing.T) {
 	var k knownCheckpoints
-	_, at := k.turn("c", "s", 1)
+	c, at := k.turn("c", "s", 1)
+	require.True(t, at, "nothing committed: #1 is taken to be new")
+	require.Zero(t, c)
+	_, at = k.turn("c", "s", 2)
 	require.False(t, at, "nothing committed")
 
 	k.committed("c", map[string]int64{"s": 4, "t": 1})
-	c, at := k.turn("c", "s", 5)
+	c, at = k.turn("c", "s", 5)
 	require.True(t, at)
 	require.Equal(t, int64(4), c)
-	for _, seq := range []int64{3, 4, 6} {
+	for _, seq := range []int64{1, 3, 4, 6} {
 		_, at := k.turn("c", "s", seq)
 		require.False(t, at, "#%d after #4", seq)
 	}
@@ -47,7 +50,8 @@ func TestKnownCheckpoints(t *testing.T) {
 // checkpoint its process committed moves to the last of the run of its
 // events that follow one another from it (a repeat, or an event past a
 // gap, does not extend the run); a subject whose first event does not
-// follow it is read and locked instead.
+// follow it is read and locked instead. A subject the process knows
+// nothing of moves from 0 when its first event in the batch is #1.
 func TestPlanMoves(t *testing.T) {
 	g := &group{}
 	g.known.committed("c", map[string]int64{"a": 4, "b": 2, "d": 7})
@@ -55,13 +59,13 @@ func TestPlanMoves(t *testing.T) {
 		return &attemptRun{consumer: "c", delivery: Delivery{OrderedSubject: subject, OrderedSeq: seq}}
 	}
 	batch := []*attemptRun{
-		ev("a", 5), ev("b", 4), ev("a", 6), ev("a", 6), ev("a", 8), ev("a", 7), ev("e", 1), ev("d", 8),
+		ev("a", 5), ev("b", 4), ev("a", 6), ev("a", 6), ev("a", 8), ev("a", 7), ev("e", 1), ev("d", 8), ev("f", 2), ev("e", 2),
 		{consumer: "c"}, // unordered
 	}
-	planned, from, unknown := g.planMoves(batch, []string{"a", "b", "e", "d"})
-	require.Equal(t, plannedMoves{"a": 7, "d": 8}, planned, "#8 of a waits: it came before #7")
-	require.Equal(t, plannedMoves{"a": 4, "d": 7}, from)
-	require.Equal(t, []string{"b", "e"}, unknown)
+	planned, from, unknown := g.planMoves(batch, []string{"a", "b", "e", "d", "f"})
+	require.Equal(t, plannedMoves{"a": 7, "d": 8, "e": 2}, planned, "#8 of a waits: it came before #7")
+	require.Equal(t, plannedMoves{"a": 4, "d": 7, "e": 0}, from)
+	require.Equal(t, []string{"b", "f"}, unknown)
 
 	planned, _, unknown = g.planMoves(batch[1:2], []string{"b"})
 	require.Nil(t, planned, "no subject at its turn")

@@ -68,17 +68,19 @@ SELECT 0, source, event_id, 0::bigint FROM m UNION ALL SELECT 1, subject, '', se
 	// as in qMarkCheckpointManyPostgres). Its rows are the keys inserted
 	// (0, source, event_id, 0), the checkpoints (1, subject, '', seq) and
 	// whether every move was made and no wait, parked event or skip is
-	// after a from_seq (2, '', '', 1 or 0).
+	// after a from_seq (2, '', '', 1 or 0). A move is made when it updated
+	// its row, or made it from 0 (a subject's first event): a row gone
+	// from under a later checkpoint (purged, say) is no move.
 	qMarkMoveManyPostgres = `WITH m AS (` + qMarkManyPostgres + `),
 v AS (SELECT * FROM unnest(?::text[], ?::bigint[], ?::bigint[]) AS v(subject, from_seq, to_seq) WHERE (SELECT count(*) FROM m) >= 0),
 moved AS (INSERT INTO {p}subject_checkpoints AS c (consumer, subject, seq) SELECT ?, subject, to_seq FROM v ORDER BY subject
 ON CONFLICT (consumer, subject) DO UPDATE SET seq = excluded.seq WHERE c.seq = (SELECT from_seq FROM v WHERE v.subject = excluded.subject)
-RETURNING xmax = 0 AS made),
+RETURNING subject, xmax = 0 AS inserted),
 c AS (INSERT INTO {p}subject_checkpoints (consumer, subject, seq)
 SELECT ?, s, 0 FROM unnest(?::text[]) AS s WHERE (SELECT count(*) FROM m) >= 0 ORDER BY s
 ON CONFLICT (consumer, subject) DO UPDATE SET seq = {p}subject_checkpoints.seq RETURNING subject, seq)
 SELECT 0, source, event_id, 0::bigint FROM m UNION ALL SELECT 1, subject, '', seq FROM c
-UNION ALL SELECT 2, '', '', ((SELECT count(*) FROM moved WHERE NOT made) = (SELECT count(*) FROM v)
+UNION ALL SELECT 2, '', '', ((SELECT count(*) FROM moved JOIN v USING (subject) WHERE NOT inserted OR v.from_seq = 0) = (SELECT count(*) FROM v)
 AND NOT EXISTS (SELECT 1 FROM {p}parked_events p JOIN v ON p.subject = v.subject AND p.seq > v.from_seq WHERE p.consumer = ?))::int::bigint`
 	// qOrderAdvanceMany moves the checkpoints of many subjects, each to
 	// its last step, and reports whether a wait, a parked event or a skip is

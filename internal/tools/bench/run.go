@@ -67,7 +67,8 @@ func Execute(ctx context.Context, scenarios []Scenario, opts Options) (*Report, 
 		})
 		measured := make([][]RunReport, len(s.Runs))
 		for round := range rounds {
-			for i, r := range s.Runs {
+			for _, i := range roundOrder(len(s.Runs), round) {
+				r := s.Runs[i]
 				if rounds > 1 {
 					fmt.Fprintf(opts.Log, "  -- %s (round %d of %d)\n", r.Name, round+1, rounds)
 				} else {
@@ -271,4 +272,20 @@ func roundsOf(s Scenario, opts Options) int {
 	default:
 		return opts.Rounds
 	}
+}
+
+// roundOrder is the order in which a round measures a scenario's n runs:
+// as listed in even rounds, the other way round in odd ones, so that
+// no run always follows the same one (what a run leaves the servers to
+// do, and a drift of the machine's pace over the rounds, fall on each
+// run alike).
+func roundOrder(n, round int) []int {
+	order := make([]int, n)
+	for i := range order {
+		order[i] = i
+		if round%2 == 1 {
+			order[i] = n - 1 - i
+		}
+	}
+	return order
 }
