@@ -324,7 +324,7 @@ func (r *Report) WriteMarkdown(w io.Writer) error {
 				more = append(more, fmt.Sprintf("%s (%d times)", s.Title, s.Rounds))
 			}
 		}
-		fmt.Fprintf(b, "- Rounds: each run measured %d times, in rounds (every run of a scenario once a round, in order)", r.Options.Rounds)
+		fmt.Fprintf(b, "- Rounds: each run measured %d times, in rounds (every run of a scenario once a round, in the order listed, the other way round every other round)", r.Options.Rounds)
 		if len(once) > 0 {
 			fmt.Fprintf(b, ", but those of %s (once)", strings.Join(once, " and "))
 		}

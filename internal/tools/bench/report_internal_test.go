@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -68,8 +69,22 @@ func TestMinRounds(t *testing.T) {
 	if err := r.WriteMarkdown(&b); err != nil {
 		t.Fatal(err)
 	}
-	want := "- Rounds: each run measured 3 times, in rounds (every run of a scenario once a round, in order), but those of Memory (once), and those of Hot (7 times), whose runs drain in under a second;"
+	want := "- Rounds: each run measured 3 times, in rounds (every run of a scenario once a round, in the order listed, the other way round every other round), but those of Memory (once), and those of Hot (7 times), whose runs drain in under a second;"
 	if !strings.Contains(b.String(), want) {
 		t.Errorf("report:\n%s\nwant a line beginning %q", b.String(), want)
+	}
+}
+
+// TestRoundOrder: a round measures its scenario's runs in the order
+// listed, the next one the other way round, so that no run always
+// follows the same one.
+func TestRoundOrder(t *testing.T) {
+	for _, c := range []struct {
+		n, round int
+		want     []int
+	}{{3, 0, []int{0, 1, 2}}, {3, 1, []int{2, 1, 0}}, {3, 2, []int{0, 1, 2}}, {1, 1, []int{0}}} {
+		if got := roundOrder(c.n, c.round); !slices.Equal(got, c.want) {
+			t.Errorf("roundOrder(%d, %d) = %v, want %v", c.n, c.round, got, c.want)
+		}
 	}
 }
