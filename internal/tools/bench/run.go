@@ -15,8 +15,8 @@ import (
 
 // Execute runs the scenarios (those Options.Run matches) one after the other,
 // each run of a scenario once a round (see roundOrder), Options.Rounds
-// rounds (but a scenario measured Once), and returns the report, with the round of each
-// run that had the median effects per second. A run whose
+// rounds (but a scenario measured Once), and returns the report, with the
+// round of each run that had the median effects per second. A run whose
 // consumer leaves other than one effect per distinct event fails; it
 // returns the report with every failure (Report.Err) and goes on with the
 // next run. A scenario whose servers are missing is skipped, and the
