@@ -191,3 +191,95 @@ func TestMarkCheckpointMany(t *testing.T) {
 	require.Equal(t, []bool{false}, r.first, "marked by the other batch, which committed")
 	require.Equal(t, map[string]int64{"s": 0}, r.cps)
 }
+
+// markMover is the batch's marks, planned moves and locks in one round
+// trip, which the unit of work finds on the store by type assertion.
+type markMover interface {
+	MarkMoveMany(ctx context.Context, tx *driver.Tx, consumer string, keys []framework.Key, lock, move []string, from, to []int64) ([]bool, map[string]int64, bool, error)
+}
+
+// TestMarkMoveManyLockOrder: MarkMoveMany locks the rows it moves and
+// those it only locks in one order, by subject. Two batches, of processes
+// that know different checkpoints (one moves "a" and locks "b", the other
+// moves "b" and locks "a"), released together, wait for each other
+// instead of deadlocking; both moves are made.
+func TestMarkMoveManyLockOrder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.Postgres(t)
+	require.NoError(t, migrate.Up(ctx, db, migrate.Config{}))
+	store, err := postgres.NewStore(db, postgres.StoreConfig{})
+	require.NoError(t, err)
+	mm, ok := any(store).(markMover)
+	require.True(t, ok, "the store marks and moves a batch in one statement")
+	ob := any(store).(orderBatcher)
+	consumer := "orders.mark-move-many-" + time.Now().Format("150405.000000000")
+	in := func(id string, f func(ctx context.Context, tx *driver.Tx) error) error {
+		// A unit of work each: the batches of three processes.
+		uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: db, Store: store, BatchSize: 1})
+		if err != nil {
+			return err
+		}
+		_, err = uow.Do(ctx, consumer, framework.Key{Source: "test", ID: id}, func(ctx context.Context) error {
+			tx, ok := driver.TxFromContext(ctx)
+			if !ok {
+				return errors.New("no transaction")
+			}
+			return f(ctx, tx)
+		})
+		return err
+	}
+
+	// A third batch holds both rows (at 1) while the two queue behind it.
+	held, release, holder := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+	go func() {
+		holder <- in("holder", func(ctx context.Context, tx *driver.Tx) error {
+			if _, err := ob.AdvanceMany(ctx, tx, consumer, []string{"a", "b"}, []int64{1, 1}); err != nil {
+				return err
+			}
+			close(held)
+			<-release
+			return nil
+		})
+	}()
+	<-held
+	type result struct {
+		cps   map[string]int64
+		moved bool
+		err   error
+	}
+	batch := func(id, move, lock string) <-chan result {
+		out := make(chan result, 1)
+		go func() {
+			var r result
+			r.err = errors.Join(r.err, in(id, func(ctx context.Context, tx *driver.Tx) error {
+				_, cps, moved, err := mm.MarkMoveMany(ctx, tx, consumer, []framework.Key{{Source: "test", ID: id + "-event"}},
+					[]string{lock}, []string{move}, []int64{1}, []int64{2})
+				r.cps, r.moved = cps, moved
+				return err
+			}))
+			out <- r
+		}()
+		return out
+	}
+	x := batch("x", "a", "b")
+	y := batch("y", "b", "a")
+	time.Sleep(300 * time.Millisecond) // both wait for the holder's rows
+	close(release)
+	require.NoError(t, <-holder)
+	rx, ry := <-x, <-y
+	require.NoError(t, rx.err, "no deadlock")
+	require.NoError(t, ry.err, "no deadlock")
+	require.True(t, rx.moved, "x moved a from 1")
+	require.True(t, ry.moved, "y moved b from 1")
+	// What each locked it read as the other left it: the one that went
+	// first read 1, the other the first one's move.
+	require.ElementsMatch(t, []int64{1, 2}, []int64{rx.cps["b"], ry.cps["a"]})
+	require.NoError(t, in("after", func(ctx context.Context, tx *driver.Tx) error {
+		cps, err := ob.CheckpointMany(ctx, tx, consumer, []string{"a", "b"})
+		if err == nil && (cps["a"] != 2 || cps["b"] != 2) {
+			err = fmt.Errorf("checkpoints %v, want a and b at 2", cps)
+		}
+		return err
+	}))
+}

@@ -62,25 +62,30 @@ SELECT ?, s, 0 FROM unnest(?::text[]) AS s WHERE (SELECT count(*) FROM m) >= 0 O
 ON CONFLICT (consumer, subject) DO UPDATE SET seq = {p}subject_checkpoints.seq RETURNING subject, seq)
 SELECT 0, source, event_id, 0::bigint FROM m UNION ALL SELECT 1, subject, '', seq FROM c`
 	// qMarkMoveManyPostgres is qMarkManyPostgres, then the moves of some
-	// subjects' checkpoints, each from from_seq to to_seq if it is still
-	// at from_seq, then qOrderCheckpointMany of others, in one statement
-	// (the moves' and the checkpoints' read the count of the marks' first,
-	// as in qMarkCheckpointManyPostgres). Its rows are the keys inserted
-	// (0, source, event_id, 0), the checkpoints (1, subject, '', seq) and
-	// whether every move was made and no wait, parked event or skip is
-	// after a from_seq (2, '', '', 1 or 0). A move is made when it updated
-	// its row, or made it from 0 (a subject's first event): a row gone
-	// from under a later checkpoint (purged, say) is no move.
+	// subjects' checkpoints, each from from_seq to to_seq (at least 1) if
+	// it is still at from_seq, and qOrderCheckpointMany of others, in one
+	// statement (the checkpoints' upsert reads the count of the marks'
+	// first, as in qMarkCheckpointManyPostgres). The moves and the others'
+	// locks are one upsert, its rows in subject order (a lock's row with
+	// seq 0), so that two batches, whatever each moves or only locks, lock
+	// their rows in one order and never wait for each other's crosswise.
+	// Its rows are the keys inserted (0, source, event_id, 0), the
+	// checkpoints of the others (1, subject, '', seq) and whether every
+	// move was made and no wait, parked event or skip is after a from_seq
+	// (2, '', '', 1 or 0). A move is made when it updated its row, or made
+	// it from 0 (a subject's first event): a row gone from under a later
+	// checkpoint (purged, say) is no move.
 	qMarkMoveManyPostgres = `WITH m AS (` + qMarkManyPostgres + `),
-v AS (SELECT * FROM unnest(?::text[], ?::bigint[], ?::bigint[]) AS v(subject, from_seq, to_seq) WHERE (SELECT count(*) FROM m) >= 0),
-moved AS (INSERT INTO {p}subject_checkpoints AS c (consumer, subject, seq) SELECT ?, subject, to_seq FROM v ORDER BY subject
-ON CONFLICT (consumer, subject) DO UPDATE SET seq = excluded.seq WHERE c.seq = (SELECT from_seq FROM v WHERE v.subject = excluded.subject)
-RETURNING subject, xmax = 0 AS inserted),
-c AS (INSERT INTO {p}subject_checkpoints (consumer, subject, seq)
-SELECT ?, s, 0 FROM unnest(?::text[]) AS s WHERE (SELECT count(*) FROM m) >= 0 ORDER BY s
-ON CONFLICT (consumer, subject) DO UPDATE SET seq = {p}subject_checkpoints.seq RETURNING subject, seq)
-SELECT 0, source, event_id, 0::bigint FROM m UNION ALL SELECT 1, subject, '', seq FROM c
-UNION ALL SELECT 2, '', '', ((SELECT count(*) FROM moved JOIN v USING (subject) WHERE NOT inserted OR v.from_seq = 0) = (SELECT count(*) FROM v)
+v AS (SELECT * FROM unnest(?::text[], ?::bigint[], ?::bigint[]) AS v(subject, from_seq, to_seq)),
+u AS (INSERT INTO {p}subject_checkpoints AS c (consumer, subject, seq)
+SELECT ?, subject, seq FROM (SELECT subject, to_seq AS seq FROM v UNION ALL SELECT s, 0 FROM unnest(?::text[]) AS s) AS w
+WHERE (SELECT count(*) FROM m) >= 0 ORDER BY subject
+ON CONFLICT (consumer, subject) DO UPDATE SET seq = CASE WHEN excluded.seq = 0 THEN c.seq ELSE excluded.seq END
+WHERE excluded.seq = 0 OR c.seq = (SELECT from_seq FROM v WHERE v.subject = excluded.subject)
+RETURNING subject, seq, xmax = 0 AS inserted)
+SELECT 0, source, event_id, 0::bigint FROM m
+UNION ALL SELECT 1, subject, '', seq FROM u WHERE subject = ANY(?::text[])
+UNION ALL SELECT 2, '', '', ((SELECT count(*) FROM u JOIN v USING (subject) WHERE NOT u.inserted OR v.from_seq = 0) = (SELECT count(*) FROM v)
 AND NOT EXISTS (SELECT 1 FROM {p}parked_events p JOIN v ON p.subject = v.subject AND p.seq > v.from_seq WHERE p.consumer = ?))::int::bigint`
 	// qOrderAdvanceMany moves the checkpoints of many subjects, each to
 	// its last step, and reports whether a wait, a parked event or a skip is
@@ -233,7 +238,7 @@ func (s *Store) MarkMoveMany(ctx context.Context, tx *driver.Tx, consumer string
 		sources, ids := keyColumns(uniqueKeys(keys))
 		var rows *sql.Rows
 		rows, err = tx.QueryContext(ctx, s.markMoveMany,
-			consumer, s.dialect.timeArg(s.now()), sources, ids, move, from, to, consumer, consumer, lock, consumer)
+			consumer, s.dialect.timeArg(s.now()), sources, ids, move, from, to, consumer, lock, lock, consumer)
 		if err == nil {
 			first, checkpoints, moved, err = markCheckpointRows(rows, keys)
 		}
