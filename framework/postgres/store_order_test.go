@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jmoiron/sqlx"
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
@@ -16,6 +17,17 @@ import (
 	"github.com/effectively-once/effectively/framework/postgres"
 	"github.com/effectively-once/effectively/internal/testenv"
 )
+
+// migratedStore returns the store of a database of the test's own,
+// migrated.
+func migratedStore(t *testing.T) (*sqlx.DB, *postgres.Store) {
+	t.Helper()
+	db := testenv.Postgres(t)
+	require.NoError(t, migrate.Up(context.Background(), db, migrate.Config{}))
+	store, err := postgres.NewStore(db, postgres.StoreConfig{})
+	require.NoError(t, err)
+	return db, store
+}
 
 // orderBatcher is the batch's strict-order step that the unit of work
 // finds on the store by type assertion.
@@ -32,10 +44,7 @@ type orderBatcher interface {
 func TestCheckpointManyLocks(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := testenv.Postgres(t)
-	require.NoError(t, migrate.Up(ctx, db, migrate.Config{}))
-	store, err := postgres.NewStore(db, postgres.StoreConfig{})
-	require.NoError(t, err)
+	db, store := migratedStore(t)
 	ob, ok := any(store).(orderBatcher)
 	require.True(t, ok, "the store moves a batch's checkpoints in one statement")
 	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: db, Store: store, BatchSize: 1})
@@ -109,10 +118,7 @@ type markCheckpointer interface {
 func TestMarkCheckpointMany(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := testenv.Postgres(t)
-	require.NoError(t, migrate.Up(ctx, db, migrate.Config{}))
-	store, err := postgres.NewStore(db, postgres.StoreConfig{})
-	require.NoError(t, err)
+	db, store := migratedStore(t)
 	mc, ok := any(store).(markCheckpointer)
 	require.True(t, ok, "the store marks and locks a batch in one statement")
 	ob := any(store).(orderBatcher)
@@ -206,10 +212,7 @@ type markMover interface {
 func TestMarkMoveManyLockOrder(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	db := testenv.Postgres(t)
-	require.NoError(t, migrate.Up(ctx, db, migrate.Config{}))
-	store, err := postgres.NewStore(db, postgres.StoreConfig{})
-	require.NoError(t, err)
+	db, store := migratedStore(t)
 	mm, ok := any(store).(markMover)
 	require.True(t, ok, "the store marks and moves a batch in one statement")
 	ob := any(store).(orderBatcher)
