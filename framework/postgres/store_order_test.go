@@ -18,7 +18,7 @@ import (
 	"github.com/effectively-once/effectively/internal/testenv"
 )
 
-// migratedStore returns the store of a database of the test's own,
+// migratedStore returns the store of a schema of the test's own,
 // migrated.
 func migratedStore(t *testing.T) (*sqlx.DB, *postgres.Store) {
 	t.Helper()
@@ -27,6 +27,19 @@ func migratedStore(t *testing.T) (*sqlx.DB, *postgres.Store) {
 	store, err := postgres.NewStore(db, postgres.StoreConfig{})
 	require.NoError(t, err)
 	return db, store
+}
+
+// inAttempt runs f in the transaction of an attempt of uow on the event
+// id (source "test") of consumer, as a batch's statements run.
+func inAttempt(ctx context.Context, uow *driver.UnitOfWork, consumer, id string, f func(ctx context.Context, tx *driver.Tx) error) error {
+	_, err := uow.Do(ctx, consumer, framework.Key{Source: "test", ID: id}, func(ctx context.Context) error {
+		tx, ok := driver.TxFromContext(ctx)
+		if !ok {
+			return errors.New("no transaction")
+		}
+		return f(ctx, tx)
+	})
+	return err
 }
 
 // orderBatcher is the batch's strict-order step that the unit of work
@@ -52,14 +65,7 @@ func TestCheckpointManyLocks(t *testing.T) {
 	consumer := "orders.checkpoint-many-" + time.Now().Format("150405.000000000")
 
 	in := func(id string, f func(ctx context.Context, tx *driver.Tx) error) error {
-		_, err := uow.Do(ctx, consumer, framework.Key{Source: "test", ID: id}, func(ctx context.Context) error {
-			tx, ok := driver.TxFromContext(ctx)
-			if !ok {
-				return errors.New("no transaction")
-			}
-			return f(ctx, tx)
-		})
-		return err
+		return inAttempt(ctx, uow, consumer, id, f)
 	}
 	// "old" has a checkpoint at 3; "new" has none.
 	require.NoError(t, in("setup", func(ctx context.Context, tx *driver.Tx) error {
@@ -131,14 +137,7 @@ func TestMarkCheckpointMany(t *testing.T) {
 	consumer := "orders.mark-checkpoint-many-" + time.Now().Format("150405.000000000")
 	k := func(id string) framework.Key { return framework.Key{Source: "test", ID: id} }
 	in := func(uow *driver.UnitOfWork, id string, f func(ctx context.Context, tx *driver.Tx) error) error {
-		_, err := uow.Do(ctx, consumer, k(id), func(ctx context.Context) error {
-			tx, ok := driver.TxFromContext(ctx)
-			if !ok {
-				return errors.New("no transaction")
-			}
-			return f(ctx, tx)
-		})
-		return err
+		return inAttempt(ctx, uow, consumer, id, f)
 	}
 	require.NoError(t, in(uow, "setup", func(ctx context.Context, tx *driver.Tx) error {
 		_, err := ob.AdvanceMany(ctx, tx, consumer, []string{"old"}, []int64{3})
@@ -223,29 +222,26 @@ func TestMarkMoveManyLockOrder(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		_, err = uow.Do(ctx, consumer, framework.Key{Source: "test", ID: id}, func(ctx context.Context) error {
-			tx, ok := driver.TxFromContext(ctx)
-			if !ok {
-				return errors.New("no transaction")
-			}
-			return f(ctx, tx)
-		})
-		return err
+		return inAttempt(ctx, uow, consumer, id, f)
 	}
 
 	// A third batch holds both rows (at 1) while the two queue behind it.
-	held, release, holder := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+	xid, release, holder := make(chan string, 1), make(chan struct{}), make(chan error, 1)
 	go func() {
 		holder <- in("holder", func(ctx context.Context, tx *driver.Tx) error {
 			if _, err := ob.AdvanceMany(ctx, tx, consumer, []string{"a", "b"}, []int64{1, 1}); err != nil {
 				return err
 			}
-			close(held)
+			var id string
+			if err := tx.GetContext(ctx, &id, `SELECT xid(pg_current_xact_id())::text`); err != nil {
+				return err
+			}
+			xid <- id
 			<-release
 			return nil
 		})
 	}()
-	<-held
+	holderXID := <-xid
 	type result struct {
 		cps   map[string]int64
 		moved bool
@@ -255,19 +251,25 @@ func TestMarkMoveManyLockOrder(t *testing.T) {
 		out := make(chan result, 1)
 		go func() {
 			var r result
-			r.err = errors.Join(r.err, in(id, func(ctx context.Context, tx *driver.Tx) error {
-				_, cps, moved, err := mm.MarkMoveMany(ctx, tx, consumer, []framework.Key{{Source: "test", ID: id + "-event"}},
+			r.err = in(id, func(ctx context.Context, tx *driver.Tx) error {
+				var err error
+				_, r.cps, r.moved, err = mm.MarkMoveMany(ctx, tx, consumer, []framework.Key{{Source: "test", ID: id + "-event"}},
 					[]string{lock}, []string{move}, []int64{1}, []int64{2})
-				r.cps, r.moved = cps, moved
 				return err
-			}))
+			})
 			out <- r
 		}()
 		return out
 	}
 	x := batch("x", "a", "b")
 	y := batch("y", "b", "a")
-	time.Sleep(300 * time.Millisecond) // both wait for the holder's rows
+	// Both wait for the holder's rows before it lets go: each waits on
+	// its first row, and then, with two orders, on the other's.
+	require.Eventually(t, func() bool {
+		var waiting int
+		err := db.GetContext(ctx, &waiting, `SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' AND NOT granted AND transactionid::text = $1`, holderXID)
+		return err == nil && waiting == 2
+	}, 10*time.Second, 10*time.Millisecond, "both batches wait for the holder")
 	close(release)
 	require.NoError(t, <-holder)
 	rx, ry := <-x, <-y

@@ -84,7 +84,7 @@ ON CONFLICT (consumer, subject) DO UPDATE SET seq = CASE WHEN excluded.seq = 0 T
 WHERE excluded.seq = 0 OR c.seq = (SELECT from_seq FROM v WHERE v.subject = excluded.subject)
 RETURNING subject, seq, xmax = 0 AS inserted)
 SELECT 0, source, event_id, 0::bigint FROM m
-UNION ALL SELECT 1, subject, '', seq FROM u WHERE subject = ANY(?::text[])
+UNION ALL SELECT 1, subject, '', seq FROM u WHERE subject NOT IN (SELECT subject FROM v)
 UNION ALL SELECT 2, '', '', ((SELECT count(*) FROM u JOIN v USING (subject) WHERE NOT u.inserted OR v.from_seq = 0) = (SELECT count(*) FROM v)
 AND NOT EXISTS (SELECT 1 FROM {p}parked_events p JOIN v ON p.subject = v.subject AND p.seq > v.from_seq WHERE p.consumer = ?))::int::bigint`
 	// qOrderAdvanceMany moves the checkpoints of many subjects, each to
@@ -238,7 +238,7 @@ func (s *Store) MarkMoveMany(ctx context.Context, tx *driver.Tx, consumer string
 		sources, ids := keyColumns(uniqueKeys(keys))
 		var rows *sql.Rows
 		rows, err = tx.QueryContext(ctx, s.markMoveMany,
-			consumer, s.dialect.timeArg(s.now()), sources, ids, move, from, to, consumer, lock, lock, consumer)
+			consumer, s.dialect.timeArg(s.now()), sources, ids, move, from, to, consumer, lock, consumer)
 		if err == nil {
 			first, checkpoints, moved, err = markCheckpointRows(rows, keys)
 		}
