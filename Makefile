@@ -22,10 +22,12 @@ TESTPARALLEL ?= $(shell n="$$(nproc 2>/dev/null || echo 1)"; echo $$(( n > 4 ? n
 
 # MODULES are the nested modules that make test, tidy and lint cover too:
 # internal/faults, the network fault tests, keeps Toxiproxy out of the
-# framework's go.mod. They run after the framework's tests, not beside
+# framework's go.mod; internal/tools/sqlitedrivers, the SQLite drivers
+# measured against the framework's (make bench-sqlite-drivers), keeps them
+# out of it. They run after the framework's tests, not beside
 # them: their faults are timed, and two cores running both suites at once
 # would stretch the times they measure.
-MODULES := internal/faults
+MODULES := internal/faults internal/tools/sqlitedrivers
 
 test: ## Run every test with -race, starting PostgreSQL and RabbitMQ when needed; then the network fault tests (internal/faults, about 2 minutes).
 	@set -euo pipefail; services="$$(scripts/services.sh)"; eval "$$services"; \
@@ -73,6 +75,11 @@ soak: ## Run the soak (a few minutes): 20,000 events through the outbox and a th
 bench-micro: ## Run the in-process microbenchmarks of the chain: messages per second and allocations per message.
 	@set -euo pipefail; services="$$(scripts/services.sh)"; eval "$$services"; \
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./middleware/ ./framework/...
+
+.PHONY: bench-sqlite-drivers
+bench-sqlite-drivers: ## Measure the SQLite drivers for Go on the SQLite transport's writes: modernc.org/sqlite (the framework's), ncruces/go-sqlite3 (WebAssembly) and mattn/go-sqlite3 (cgo: needs a C compiler).
+	cd internal/tools/sqlitedrivers && $(GO) test -run '^$$' -bench . -benchmem -benchtime 200000x -count 3 .
+	cd internal/tools/sqlitedrivers && CGO_ENABLED=1 $(GO) test -tags mattn -run '^$$' -bench 'Drivers/mattn' -benchmem -benchtime 200000x -count 3 .
 
 .PHONY: lint
 lint: tidy ## Run go vet, staticcheck, golangci-lint (when installed: make lint-install) and the tidy check.
