@@ -321,7 +321,11 @@ func (c Config) Validate() error {
 	for _, r := range []struct {
 		key string
 		d   Duration
-	}{{"outbox_retention", c.OutboxRetention}, {"outbox_batch_timeout", c.OutboxBatchTimeout}, {"replay_retention", c.ReplayRetention}, {"dead_letter_retention", c.DeadLetterRetention},
+	}{
+		{"outbox_retention", c.OutboxRetention},
+		{"outbox_batch_timeout", c.OutboxBatchTimeout},
+		{"replay_retention", c.ReplayRetention},
+		{"dead_letter_retention", c.DeadLetterRetention},
 		{"transport_retention", c.TransportRetention},
 	} {
 		if r.d < 0 {

@@ -401,7 +401,7 @@ func (e *redactedError) LogValue() slog.Value { return slog.StringValue(e.text) 
 // *fmt.wrapError of the handler's fmt.Errorf around it.
 func innermostType(err error) string {
 	for {
-		switch u := err.(type) {
+		switch u := err.(type) { //nolint:errorlint // it walks the chain of wrapped errors itself
 		case interface{ Unwrap() error }:
 			if next := u.Unwrap(); next != nil {
 				err = next

@@ -79,8 +79,10 @@ type bulkJobData struct {
 
 // parse returns the job f asks for, or why it cannot be.
 func (f bulkForm) parse() (driver.BulkJob, error) {
-	j := driver.BulkJob{Kind: driver.BulkJobKind(f.Kind), Reason: f.Reason,
-		Filter: driver.DeadLetterFilter{Consumer: f.Consumer, Code: framework.Code(f.Code)}}
+	j := driver.BulkJob{
+		Kind: driver.BulkJobKind(f.Kind), Reason: f.Reason,
+		Filter: driver.DeadLetterFilter{Consumer: f.Consumer, Code: framework.Code(f.Code)},
+	}
 	if j.Kind != driver.BulkReplay && j.Kind != driver.BulkDiscard {
 		return j, fmt.Errorf("what: want %s or %s, got %q", driver.BulkReplay, driver.BulkDiscard, f.Kind)
 	}

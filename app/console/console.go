@@ -172,8 +172,10 @@ func New(cfg Config) (*Console, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Console{cfg: cfg, keys: newKeyring(cfg.Tokens), trusted: make(map[string]bool), pages: pages, mux: http.NewServeMux(),
-		owner: newOwner(), running: make(map[int64]context.CancelFunc)}
+	c := &Console{
+		cfg: cfg, keys: newKeyring(cfg.Tokens), trusted: make(map[string]bool), pages: pages, mux: http.NewServeMux(),
+		owner: newOwner(), running: make(map[int64]context.CancelFunc),
+	}
 	c.jobs, _ = cfg.Store.(driver.BulkJobs)
 	c.ctx, c.stop = context.WithCancel(context.Background())
 	for _, o := range cfg.TrustedOrigins {

@@ -80,8 +80,10 @@ func runSequencerModel(t *testing.T, seed uint64) {
 	nacked := make(chan *message.Message, 1000)
 	seq := newSequencer(framework.DefaultMaxBodyBytes, settled{nacked: nacked})
 	seq.holdBeyond(8, &holding{room: rng.IntN(6)})
-	r := &modelRouter{t: t, seq: seq, rng: rand.New(rand.NewPCG(seed, 9)),
-		taken: map[*message.Message]bool{}, lastOf: map[string]*message.Message{}, released: map[*message.Message]bool{}}
+	r := &modelRouter{
+		t: t, seq: seq, rng: rand.New(rand.NewPCG(seed, 9)),
+		taken: map[*message.Message]bool{}, lastOf: map[string]*message.Message{}, released: map[*message.Message]bool{},
+	}
 
 	ins := []chan *message.Message{make(chan *message.Message), make(chan *message.Message)}
 	var readers sync.WaitGroup

@@ -14,8 +14,8 @@ import (
 	"github.com/effectively-once/effectively/handlers"
 )
 
-// EnvOutsideWait, when set to a Go duration ("10ms"), makes the handler
-// wait that long before its insert, as a handler that calls an outside
+// EnvOutsideWait is the variable that, set to a Go duration ("10ms"),
+// makes the handler wait that long before its insert, as a handler that calls an outside
 // service (a mailer, an HTTP endpoint) does. The benchmark's outside-call
 // scenario sets it; unset or zero, the handler does not wait.
 const EnvOutsideWait = "NOTIFICATIONS_OUTSIDE_WAIT"

@@ -277,7 +277,7 @@ func (c *consumption) awaitSettled(closed <-chan *amqp091.Error, e *ender) bool 
 		select {
 		case <-settled:
 			return false
-		case <-closed:
+		case <-closed: //nolint:errcheck // the channel's closing is the news; its error is the channel's to report
 			return true
 		case <-e.ending:
 			if e.begin(nil) {

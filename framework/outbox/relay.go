@@ -227,8 +227,10 @@ func NewRelay(db *sqlx.DB, pub message.Publisher, cfg RelayConfig) (*Relay, erro
 		return nil, fmt.Errorf("outbox: %w", err)
 	}
 	deferred, _ := pub.(DeferredPublisher)
-	return &Relay{db: db, pub: pub, deferred: deferred, sql: s, horizons: horizons, cfg: cfg,
-		unroutable: newUnroutable(cfg.DropUnroutable, cfg.Metrics)}, nil
+	return &Relay{
+		db: db, pub: pub, deferred: deferred, sql: s, horizons: horizons, cfg: cfg,
+		unroutable: newUnroutable(cfg.DropUnroutable, cfg.Metrics),
+	}, nil
 }
 
 // Run publishes unsent rows until ctx ends, then returns nil. It polls

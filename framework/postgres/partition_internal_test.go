@@ -30,8 +30,10 @@ func TestBucketFunctionAgrees(t *testing.T) {
 	_, err = db.ExecContext(ctx, bucketFunctionSQL)
 	require.NoError(t, err)
 
-	keys := []string{"", "a", "appointment-1", "é", "日本語の件名", "🎉 party", "e\u0301", "ß≠ss", "\u00a0", `quote " and \ backslash`, "tab\tnew\nline",
-		strings.Repeat("long-", 200), strings.Repeat("ü", 512)}
+	keys := []string{
+		"", "a", "appointment-1", "é", "日本語の件名", "🎉 party", "e\u0301", "ß≠ss", "\u00a0", `quote " and \ backslash`, "tab\tnew\nline",
+		strings.Repeat("long-", 200), strings.Repeat("ü", 512),
+	}
 	r := rand.New(rand.NewPCG(1, 2))
 	alphabet := []rune("abcXYZ019-_.:/ éüßøπλжщ中文字日本한국🎉😀\u0301")
 	for range 2000 {
@@ -150,8 +152,16 @@ func TestPartitionReadUsesIndex(t *testing.T) {
 
 	q := partitionQueries(s.cfg, topic, n)
 	parts := []int32{1, 3}
-	args := []any{parts, []string{partitionGroup(group, 1, n), partitionGroup(group, 3, n)}, []string{xid, xid}, []int64{offset, offset},
-		[]int32{10, 10}, []int64{0, 0}, []string{"0", "0"}, []bool{false, false}}
+	args := []any{
+		parts,
+		[]string{partitionGroup(group, 1, n), partitionGroup(group, 3, n)},
+		[]string{xid, xid},
+		[]int64{offset, offset},
+		[]int32{10, 10},
+		[]int64{0, 0},
+		[]string{"0", "0"},
+		[]bool{false, false},
+	}
 	explain := func() ([]indexScan, []byte) {
 		tx, err := db.BeginTx(ctx, nil)
 		require.NoError(t, err)

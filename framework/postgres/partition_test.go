@@ -297,10 +297,10 @@ func TestAssignWaitsForSettles(t *testing.T) {
 	for _, ids := range later {
 		want = append(want, ids...)
 	}
-	all := rec.wait(t, want...)
+	rec.wait(t, want...)
 	time.Sleep(200 * time.Millisecond) // anything delivered again shows
 	rec.mu.Lock()
-	all = slices.Clone(rec.all)
+	all := slices.Clone(rec.all)
 	rec.mu.Unlock()
 	times := map[string]int{}
 	for _, g := range all {

@@ -67,7 +67,7 @@ func TestEndStaleOwner(t *testing.T) {
 	t.Cleanup(func() { _ = tx.Rollback() })
 	_, err = tx.ExecContext(ctx, `SELECT 1 FROM partition_leases WHERE consumer = $1 AND partition = 0 FOR KEY SHARE`, consumer)
 	require.NoError(t, err)
-	key := int64(time.Now().UnixNano())
+	key := time.Now().UnixNano()
 	conn, err := staleDB.Connx(ctx)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })

@@ -91,8 +91,10 @@ func blackHole(t *testing.T, pick func(r *rig) *toxiproxy.Proxy) func(r *rig) fu
 func TestLatency(t *testing.T) {
 	t.Parallel()
 	onEachTransport(t, func(t *testing.T, name string, cfg rigConfig) {
-		newRig(t, cfg).run(fault{Name: name + " latency 200±50 ms", For: 10 * time.Second,
-			Apply: onEveryProxy(t, "latency", map[string]any{"latency": 100, "jitter": 25})})
+		newRig(t, cfg).run(fault{
+			Name: name + " latency 200±50 ms", For: 10 * time.Second,
+			Apply: onEveryProxy(t, "latency", map[string]any{"latency": 100, "jitter": 25}),
+		})
 	})
 }
 
@@ -100,8 +102,10 @@ func TestLatency(t *testing.T) {
 func TestBandwidth(t *testing.T) {
 	t.Parallel()
 	onEachTransport(t, func(t *testing.T, name string, cfg rigConfig) {
-		newRig(t, cfg).run(fault{Name: name + " bandwidth 4 kB/s", For: 10 * time.Second,
-			Apply: onEveryProxy(t, "bandwidth", map[string]any{"rate": 4})})
+		newRig(t, cfg).run(fault{
+			Name: name + " bandwidth 4 kB/s", For: 10 * time.Second,
+			Apply: onEveryProxy(t, "bandwidth", map[string]any{"rate": 4}),
+		})
 	})
 }
 
@@ -228,8 +232,10 @@ func TestBlackHolePostgres(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			r := newRig(t, tc.cfg)
-			r.run(fault{Name: tc.name + " PostgreSQL black hole", For: tc.hole, Pauses: true,
-				Apply: blackHole(t, func(r *rig) *toxiproxy.Proxy { return r.pg })})
+			r.run(fault{
+				Name: tc.name + " PostgreSQL black hole", For: tc.hole, Pauses: true,
+				Apply: blackHole(t, func(r *rig) *toxiproxy.Proxy { return r.pg }),
+			})
 		})
 	}
 }
@@ -243,6 +249,8 @@ func TestBlackHoleRabbitMQ(t *testing.T) {
 		return
 	}
 	r := newRig(t, rigConfig{Transport: app.TransportAMQP, Instances: 2, Rate: 10})
-	r.run(fault{Name: "RabbitMQ black hole", For: 15 * time.Second, Pauses: true,
-		Apply: blackHole(t, func(r *rig) *toxiproxy.Proxy { return r.mq })})
+	r.run(fault{
+		Name: "RabbitMQ black hole", For: 15 * time.Second, Pauses: true,
+		Apply: blackHole(t, func(r *rig) *toxiproxy.Proxy { return r.mq }),
+	})
 }

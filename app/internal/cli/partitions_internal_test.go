@@ -20,10 +20,14 @@ func TestPrintPartitions(t *testing.T) {
 	v := partitionsView{
 		Count: 3, Configured: 4, Members: []string{"host-1-aa", "host-2-bb"},
 		Partitions: []partitionView{
-			{Partition: 0, Owner: "host-1-aa", Token: 3, LeaseExpiresIn: &in, Waiting: n(0),
-				Positions: []positionView{{Topic: "shop.order.placed", Offset: n(1234)}, {Topic: pipeline.ReplayTopic("shop.mail"), Offset: n(0)}}},
-			{Partition: 1, Token: 2, Waiting: n(100000), WaitingMore: true,
-				Positions: []positionView{{Topic: "shop.order.placed"}, {Topic: pipeline.ReplayTopic("shop.mail")}}},
+			{
+				Partition: 0, Owner: "host-1-aa", Token: 3, LeaseExpiresIn: &in, Waiting: n(0),
+				Positions: []positionView{{Topic: "shop.order.placed", Offset: n(1234)}, {Topic: pipeline.ReplayTopic("shop.mail"), Offset: n(0)}},
+			},
+			{
+				Partition: 1, Token: 2, Waiting: n(100000), WaitingMore: true,
+				Positions: []positionView{{Topic: "shop.order.placed"}, {Topic: pipeline.ReplayTopic("shop.mail")}},
+			},
 			{Partition: 2},
 		},
 	}

@@ -63,9 +63,13 @@ func amqpScenario() Scenario {
 			{Name: amqpLimit, Measure: measureAMQPLimit},
 		},
 		Children: []Child{{Name: "watermill-amqp", Main: amqpBaselineMain}, {Name: "limit", Main: amqpLimitMain}},
-		Gate: &Gate{Run: amqpDefault, Among: []string{amqpBest, amqpEarlier}, Min: AMQPGainGate,
-			And: &Gate{Run: amqpDefault, Of: amqpLimit, Min: AMQPLimitGate,
-				And: &Gate{Run: amqpDefault, MaxStartUp: StartUpGate}}},
+		Gate: &Gate{
+			Run: amqpDefault, Among: []string{amqpBest, amqpEarlier}, Min: AMQPGainGate,
+			And: &Gate{
+				Run: amqpDefault, Of: amqpLimit, Min: AMQPLimitGate,
+				And: &Gate{Run: amqpDefault, MaxStartUp: StartUpGate},
+			},
+		},
 	}
 }
 
@@ -348,8 +352,10 @@ func newAMQPBaseline(ctx context.Context, env *Env) (*amqpBaseline, error) {
 	if err != nil {
 		return nil, err
 	}
-	b := &amqpBaseline{env: env, url: url, db: db, queue: "bench.baseline-" + randomHex(6),
-		knobs: amqpKnobs{subs: baselineSubs, prefetch: baselinePrefetch}}
+	b := &amqpBaseline{
+		env: env, url: url, db: db, queue: "bench.baseline-" + randomHex(6),
+		knobs: amqpKnobs{subs: baselineSubs, prefetch: baselinePrefetch},
+	}
 	if b.amqpFeed, err = newAMQPFeed(ctx, env, b.queue); err != nil {
 		return nil, err
 	}

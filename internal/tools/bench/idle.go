@@ -63,9 +63,13 @@ func idleScenario() Scenario {
 				return measureIdle(ctx, env, func() (idleSystem, error) { return newAMQPBaseline(ctx, env) })
 			}},
 		},
-		Gate: &Gate{Run: idleSQLite, MaxP50: IdleP50Gate,
-			And: &Gate{Run: idlePostgres, MaxP50: IdleP50Gate,
-				And: &Gate{Run: idleAMQP, MaxP50: IdleP50Gate}}},
+		Gate: &Gate{
+			Run: idleSQLite, MaxP50: IdleP50Gate,
+			And: &Gate{
+				Run: idlePostgres, MaxP50: IdleP50Gate,
+				And: &Gate{Run: idleAMQP, MaxP50: IdleP50Gate},
+			},
+		},
 		// The hand-written consumers of the PostgreSQL and AMQP scenarios.
 		Children: []Child{
 			{Name: "watermill-sql", Main: postgresBaselineMain},

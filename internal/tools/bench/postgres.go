@@ -40,8 +40,10 @@ func postgresScenario() Scenario {
 			{Name: postgresBest, Baseline: true, Measure: measurePostgresBest},
 		},
 		Children: []Child{{Name: "watermill-sql", Main: postgresBaselineMain}},
-		Gate: &Gate{Run: postgresDefault, Among: []string{postgresBest, postgresEarlier}, Min: PostgresGainGate,
-			And: &Gate{Run: postgresDefault, MaxStartUp: StartUpGate}},
+		Gate: &Gate{
+			Run: postgresDefault, Among: []string{postgresBest, postgresEarlier}, Min: PostgresGainGate,
+			And: &Gate{Run: postgresDefault, MaxStartUp: StartUpGate},
+		},
 	}
 }
 

@@ -54,7 +54,9 @@ func TestMinRounds(t *testing.T) {
 		rounds int
 		want   int
 	}{
-		{hot, 3, 7}, {hot, 9, 9}, {hot, 1, 1},
+		{hot, 3, 7},
+		{hot, 9, 9},
+		{hot, 1, 1},
 		{Scenario{MinRounds: 7, Once: true}, 3, 1},
 		{Scenario{}, 3, 3},
 	} {

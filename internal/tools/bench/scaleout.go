@@ -103,8 +103,10 @@ func scaleOutScenario(transport string) Scenario {
 			{Name: scaleOut4, NoSmoke: true, Measure: measure(4)},
 		},
 		Scale: ScaleOutScale,
-		Gate: &Gate{Run: scaleOut1, Floor: ScaleOutFloor * ceiling,
-			And: &Gate{Run: scaleOut4, Of: scaleOut1, Min: ScaleOutGain}},
+		Gate: &Gate{
+			Run: scaleOut1, Floor: ScaleOutFloor * ceiling,
+			And: &Gate{Run: scaleOut4, Of: scaleOut1, Min: ScaleOutGain},
+		},
 	}
 }
 

@@ -52,8 +52,10 @@ func sqliteScenario() Scenario {
 		},
 		Children: []Child{{Name: "raw", Main: sqliteRawMain}},
 		Scale:    SQLiteScale,
-		Gate: &Gate{Run: sqliteDefault, Of: sqliteLimit, Min: SQLiteLimitGate,
-			And: &Gate{Run: sqliteDefault, MaxStartUp: StartUpGate}},
+		Gate: &Gate{
+			Run: sqliteDefault, Of: sqliteLimit, Min: SQLiteLimitGate,
+			And: &Gate{Run: sqliteDefault, MaxStartUp: StartUpGate},
+		},
 	}
 }
 

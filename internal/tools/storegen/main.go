@@ -432,7 +432,7 @@ func tuple(t *types.Tuple, variadic bool, qualify types.Qualifier, named bool) (
 		switch {
 		case !named:
 			ds = append(ds, typ)
-		case i+1 < t.Len() && types.Identical(v.Type(), t.At(i+1).Type()) && !(variadic && i+2 == t.Len()):
+		case i+1 < t.Len() && types.Identical(v.Type(), t.At(i+1).Type()) && (!variadic || i+2 != t.Len()):
 			// "consumer, subject string", as written by hand.
 			ds = append(ds, name)
 		default:
