@@ -191,7 +191,7 @@ func (m framedMarshaler) Marshal(msg *message.Message) (amqp091.Publishing, erro
 	if err != nil {
 		return p, err
 	}
-	if key, ok := partitionKeyOf(msg.Payload); ok {
+	if key, ok := partitionKeyOf(msg); ok {
 		p.Headers[PartitionHeader] = key // the event's, over a stale copy in the metadata
 	}
 	if err := checkFrame(p, m.conn.frameSize()); err != nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/internal/subscribers"
+	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // PartitionHeader is the header that RabbitMQ's consistent-hash exchange
@@ -290,8 +291,14 @@ func isCode(err error, code int) bool {
 
 // partitionKeyOf returns the value of PartitionHeader of a message whose
 // payload is a CloudEvent: driver.PartitionKey of the event, as a consumer
-// decodes it. ok is false for another payload.
-func partitionKeyOf(payload []byte) (key string, ok bool) {
+// decodes it, or as its publisher knew it without decoding the payload
+// (pipeline.PartitionKey on its context: the outbox relay's, read from its
+// row). ok is false for another payload.
+func partitionKeyOf(msg *message.Message) (key string, ok bool) {
+	if key, ok := pipeline.From[pipeline.PartitionKey](msg.Context()); ok {
+		return string(key), true
+	}
+	payload := msg.Payload
 	env, err := framework.Decode(payload, len(payload)) // any size: the consumer's limit is its own
 	if err != nil {
 		return "", false

@@ -16,6 +16,7 @@ import (
 
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/driver"
+	"github.com/effectively-once/effectively/internal/pipeline"
 	"github.com/effectively-once/effectively/internal/testenv"
 )
 
@@ -515,7 +516,8 @@ func TestPartitionsFewer(t *testing.T) {
 
 // TestPartitionHeader: the publishers' marshaler (Publish, PublishDeferred
 // and Replay) sets PartitionHeader on a CloudEvent, its subject or else
-// its id, over a stale value in the metadata, and not on another payload.
+// its id, over a stale value in the metadata, and not on another payload;
+// or the key on the message's context (pipeline.PartitionKey).
 func TestPartitionHeader(t *testing.T) {
 	t.Parallel()
 	conn, err := newConnection(TransportConfig{URL: "amqp://guest:guest@127.0.0.1:1/"})
@@ -536,6 +538,14 @@ func TestPartitionHeader(t *testing.T) {
 	p, err = marshal.Marshal(message.NewMessage("u-1", []byte(`{"not":"an event"}`)))
 	require.NoError(t, err)
 	require.NotContains(t, p.Headers, PartitionHeader)
+
+	// The key its publisher knew (the outbox relay's, from its row) is
+	// taken as it is: the body is not decoded again.
+	msg = message.NewMessage("u-2", []byte(`{"not":"an event"}`))
+	msg.SetContext(pipeline.With(msg.Context(), pipeline.PartitionKey("known-1")))
+	p, err = marshal.Marshal(msg)
+	require.NoError(t, err)
+	require.Equal(t, "known-1", p.Headers[PartitionHeader])
 }
 
 // deletePartitions deletes the queues and the exchange of a partitioned

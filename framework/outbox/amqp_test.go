@@ -15,6 +15,7 @@ import (
 
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/amqp"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/outbox"
 	"github.com/effectively-once/effectively/internal/testenv"
@@ -139,29 +140,44 @@ func testRelayAMQP(t *testing.T, b backend, url string) {
 		tr := transport(t, url)
 		br := dialBroker(t, url)
 		q := br.queue(t, typ, false, nil)
-		e, err := ev.Envelope(noteV1{Text: "x"}, framework.Attributes{ID: "e-1", Source: "notes"})
-		require.NoError(t, err)
-		bd.add(t, e)
+		// One event without a subject, one with: the relay sets the
+		// partition header from its row (the id, the subject), where
+		// Publish decodes the body; the two must agree.
+		var envs []framework.Envelope
+		for _, a := range []framework.Attributes{
+			{ID: "e-1", Source: "notes"},
+			{ID: "e-2", Source: "notes", Subject: "appointment-é\"7", SubjectSeq: 3},
+		} {
+			e, err := ev.Envelope(noteV1{Text: "x"}, a)
+			require.NoError(t, err)
+			envs = append(envs, e)
+		}
+		bd.add(t, envs...)
 		relay, err := outbox.NewRelay(bd.db, tr.Publisher(), outbox.RelayConfig{})
 		require.NoError(t, err)
 		n, err := relay.PublishUnsent(ctx)
 		require.NoError(t, err)
-		require.Equal(t, 1, n)
-		// The same event through the transport's Publish, as before.
-		msg, err := framework.NewMessage(e)
-		require.NoError(t, err)
-		require.NoError(t, tr.Publisher().Publish(typ, msg))
+		require.Equal(t, len(envs), n)
+		// The same events through the transport's Publish, as before.
+		for _, e := range envs {
+			msg, err := framework.NewMessage(e)
+			require.NoError(t, err)
+			require.NoError(t, tr.Publisher().Publish(typ, msg))
+		}
 
 		got := br.drain(t, q)
-		require.Len(t, got, 2)
-		relayed, published := got[0], got[1]
-		require.Equal(t, published.Body, relayed.Body)
-		require.Equal(t, published.Headers, relayed.Headers)
-		require.Equal(t, published.ContentType, relayed.ContentType)
-		require.Equal(t, amqp091.Persistent, relayed.DeliveryMode)
-		require.Equal(t, published.MessageId, relayed.MessageId)
-		require.Equal(t, published.Exchange, relayed.Exchange)
-		require.Equal(t, published.RoutingKey, relayed.RoutingKey)
+		require.Len(t, got, 2*len(envs))
+		for i, e := range envs {
+			relayed, published := got[i], got[len(envs)+i]
+			require.Equal(t, published.Body, relayed.Body)
+			require.Equal(t, published.Headers, relayed.Headers)
+			require.Equal(t, driver.PartitionKey(e.Subject, e.ID), relayed.Headers[amqp.PartitionHeader])
+			require.Equal(t, published.ContentType, relayed.ContentType)
+			require.Equal(t, amqp091.Persistent, relayed.DeliveryMode)
+			require.Equal(t, published.MessageId, relayed.MessageId)
+			require.Equal(t, published.Exchange, relayed.Exchange)
+			require.Equal(t, published.RoutingKey, relayed.RoutingKey)
+		}
 		require.Zero(t, bd.unsent(t))
 	})
 

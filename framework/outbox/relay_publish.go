@@ -12,6 +12,7 @@ import (
 	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/internal/sqlstore"
 	"github.com/effectively-once/effectively/internal/crash"
+	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // markFunc marks the rows of ids sent, in one statement.
@@ -167,5 +168,8 @@ func (r *Relay) awaitConfirms(ctx context.Context, pending <-chan pendingRow, n 
 func rowMessage(row sqlstore.OutboxRow) *message.Message {
 	msg := message.NewMessage(row.Key.ID, row.Body)
 	msg.Metadata.Set(framework.MetadataContentType, framework.ContentType)
+	// The row's subject and id are the body's (AddTx wrote them from the
+	// event it encoded), as its type is the topic's.
+	msg.SetContext(pipeline.With(msg.Context(), pipeline.PartitionKey(driver.PartitionKey(row.Subject, row.Key.ID))))
 	return msg
 }

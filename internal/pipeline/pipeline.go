@@ -53,6 +53,14 @@ type Read[E any] struct {
 	Envelope E
 }
 
+// PartitionKey is the partition key of a message's event (what
+// driver.PartitionKey makes of its subject and id) as its publisher read
+// it where the event was stored beside its body: the outbox relay puts it
+// on the context of each message it publishes, from its row's subject and
+// event id, and the AMQP transport's publisher sets the partition header
+// from it instead of decoding the body again.
+type PartitionKey string
+
 // Attempt is the attempt that a context runs in: the unit of work of
 // package driver puts it on the context it gives a handler, and package
 // framework reads it (Conn, IdempotencyKeyFromContext) without knowing
