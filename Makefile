@@ -25,8 +25,8 @@ TESTPARALLEL ?= $(shell n="$$(nproc 2>/dev/null || echo 1)"; echo $$(( n > 4 ? n
 # framework's go.mod; internal/tools/sqlitedrivers, the SQLite drivers
 # measured against the framework's (make bench-sqlite-drivers), keeps them
 # out of it. They run after the framework's tests, not beside
-# them: their faults are timed, and two cores running both suites at once
-# would stretch the times they measure.
+# them: the fault tests are timed, and two cores running both suites at
+# once would stretch the times they measure.
 MODULES := internal/faults internal/tools/sqlitedrivers
 
 test: ## Run every test with -race, starting PostgreSQL and RabbitMQ when needed; then the network fault tests (internal/faults, about 2 minutes).
@@ -77,7 +77,7 @@ bench-micro: ## Run the in-process microbenchmarks of the chain: messages per se
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./middleware/ ./framework/...
 
 .PHONY: bench-sqlite-drivers
-bench-sqlite-drivers: ## Measure the SQLite drivers for Go on the SQLite transport's writes: modernc.org/sqlite (the framework's), ncruces/go-sqlite3 (WebAssembly) and mattn/go-sqlite3 (cgo: needs a C compiler).
+bench-sqlite-drivers: ## Measure the SQLite drivers for Go on the SQLite transport's writes: modernc.org/sqlite (the framework's), ncruces/go-sqlite3 (pure Go too, by way of WebAssembly) and mattn/go-sqlite3 (cgo: needs a C compiler).
 	cd internal/tools/sqlitedrivers && $(GO) test -run '^$$' -bench . -benchmem -benchtime 200000x -count 3 .
 	cd internal/tools/sqlitedrivers && CGO_ENABLED=1 $(GO) test -tags mattn -run '^$$' -bench 'Drivers/mattn' -benchmem -benchtime 200000x -count 3 .
 
