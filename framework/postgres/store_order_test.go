@@ -18,6 +18,10 @@ import (
 	"github.com/effectively-once/effectively/internal/testenv"
 )
 
+// orders is the consumer of the order tests' batches: each test has a
+// schema of its own (migratedStore).
+const orders = "orders"
+
 // migratedStore returns the store of a schema of the test's own,
 // migrated.
 func migratedStore(t *testing.T) (*sqlx.DB, *postgres.Store) {
@@ -29,10 +33,19 @@ func migratedStore(t *testing.T) (*sqlx.DB, *postgres.Store) {
 	return db, store
 }
 
+// newUnitOfWork returns a unit of work on store with a transaction per
+// attempt: the batches of one process.
+func newUnitOfWork(t *testing.T, db *sqlx.DB, store *postgres.Store) *driver.UnitOfWork {
+	t.Helper()
+	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: db, Store: store, BatchSize: 1})
+	require.NoError(t, err)
+	return uow
+}
+
 // inAttempt runs f in the transaction of an attempt of uow on the event
-// id (source "test") of consumer, as a batch's statements run.
-func inAttempt(ctx context.Context, uow *driver.UnitOfWork, consumer, id string, f func(ctx context.Context, tx *driver.Tx) error) error {
-	_, err := uow.Do(ctx, consumer, framework.Key{Source: "test", ID: id}, func(ctx context.Context) error {
+// id (source "test") of orders, as a batch's statements run.
+func inAttempt(ctx context.Context, uow *driver.UnitOfWork, id string, f func(ctx context.Context, tx *driver.Tx) error) error {
+	_, err := uow.Do(ctx, orders, framework.Key{Source: "test", ID: id}, func(ctx context.Context) error {
 		tx, ok := driver.TxFromContext(ctx)
 		if !ok {
 			return errors.New("no transaction")
@@ -60,29 +73,23 @@ func TestCheckpointManyLocks(t *testing.T) {
 	db, store := migratedStore(t)
 	ob, ok := any(store).(orderBatcher)
 	require.True(t, ok, "the store moves a batch's checkpoints in one statement")
-	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: db, Store: store, BatchSize: 1})
-	require.NoError(t, err)
-	consumer := "orders.checkpoint-many-" + time.Now().Format("150405.000000000")
-
-	in := func(id string, f func(ctx context.Context, tx *driver.Tx) error) error {
-		return inAttempt(ctx, uow, consumer, id, f)
-	}
+	uow := newUnitOfWork(t, db, store)
 	// "old" has a checkpoint at 3; "new" has none.
-	require.NoError(t, in("setup", func(ctx context.Context, tx *driver.Tx) error {
-		_, err := ob.AdvanceMany(ctx, tx, consumer, []string{"old"}, []int64{3})
+	require.NoError(t, inAttempt(ctx, uow, "setup", func(ctx context.Context, tx *driver.Tx) error {
+		_, err := ob.AdvanceMany(ctx, tx, orders, []string{"old"}, []int64{3})
 		return err
 	}))
 
 	locked, release, first := make(chan map[string]int64, 1), make(chan struct{}), make(chan error, 1)
 	go func() {
-		first <- in("first", func(ctx context.Context, tx *driver.Tx) error {
-			cps, err := ob.CheckpointMany(ctx, tx, consumer, []string{"new", "old", "other"})
+		first <- inAttempt(ctx, uow, "first", func(ctx context.Context, tx *driver.Tx) error {
+			cps, err := ob.CheckpointMany(ctx, tx, orders, []string{"new", "old", "other"})
 			locked <- cps
 			if err != nil {
 				return err
 			}
 			<-release
-			_, err = ob.AdvanceMany(ctx, tx, consumer, []string{"old", "new"}, []int64{4, 1})
+			_, err = ob.AdvanceMany(ctx, tx, orders, []string{"old", "new"}, []int64{4, 1})
 			return err
 		})
 	}()
@@ -93,8 +100,8 @@ func TestCheckpointManyLocks(t *testing.T) {
 	// moves, the row that existed ("old") as the one it made ("new").
 	got, second := make(chan map[string]int64, 1), make(chan error, 1)
 	go func() {
-		second <- in("second", func(ctx context.Context, tx *driver.Tx) error {
-			cps, err := ob.CheckpointMany(ctx, tx, consumer, []string{"new", "old"})
+		second <- inAttempt(ctx, uow, "second", func(ctx context.Context, tx *driver.Tx) error {
+			cps, err := ob.CheckpointMany(ctx, tx, orders, []string{"new", "old"})
 			got <- cps
 			return err
 		})
@@ -130,25 +137,18 @@ func TestMarkCheckpointMany(t *testing.T) {
 	ob := any(store).(orderBatcher)
 	// Two units of work: one's batches wait for each other in its queue,
 	// the two's in the database.
-	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: db, Store: store, BatchSize: 1})
-	require.NoError(t, err)
-	other, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: db, Store: store, BatchSize: 1})
-	require.NoError(t, err)
-	consumer := "orders.mark-checkpoint-many-" + time.Now().Format("150405.000000000")
+	uow, other := newUnitOfWork(t, db, store), newUnitOfWork(t, db, store)
 	k := func(id string) framework.Key { return framework.Key{Source: "test", ID: id} }
-	in := func(uow *driver.UnitOfWork, id string, f func(ctx context.Context, tx *driver.Tx) error) error {
-		return inAttempt(ctx, uow, consumer, id, f)
-	}
-	require.NoError(t, in(uow, "setup", func(ctx context.Context, tx *driver.Tx) error {
-		_, err := ob.AdvanceMany(ctx, tx, consumer, []string{"old"}, []int64{3})
+	require.NoError(t, inAttempt(ctx, uow, "setup", func(ctx context.Context, tx *driver.Tx) error {
+		_, err := ob.AdvanceMany(ctx, tx, orders, []string{"old"}, []int64{3})
 		return err
 	}))
 
 	// Y marks "e" and holds it; X then marks "e" too, and waits for Y.
 	marked, lock, locked, y := make(chan error, 1), make(chan struct{}), make(chan error, 1), make(chan error, 1)
 	go func() {
-		y <- in(uow, "y", func(ctx context.Context, tx *driver.Tx) error {
-			first, cps, err := mc.MarkCheckpointMany(ctx, tx, consumer, []framework.Key{k("e"), k("setup"), k("e")}, []string{"old", "new"})
+		y <- inAttempt(ctx, uow, "y", func(ctx context.Context, tx *driver.Tx) error {
+			first, cps, err := mc.MarkCheckpointMany(ctx, tx, orders, []framework.Key{k("e"), k("setup"), k("e")}, []string{"old", "new"})
 			if err == nil && (!slices.Equal(first, []bool{true, false, false}) || cps["old"] != 3 || cps["new"] != 0 || len(cps) != 2) {
 				err = fmt.Errorf("marks %v, checkpoints %v", first, cps)
 			}
@@ -163,7 +163,7 @@ func TestMarkCheckpointMany(t *testing.T) {
 			if _, err := tx.ExecContext(ctx, "SET LOCAL lock_timeout = '200ms'"); err != nil {
 				return err
 			}
-			_, err = ob.CheckpointMany(ctx, tx, consumer, []string{"s"})
+			_, err = ob.CheckpointMany(ctx, tx, orders, []string{"s"})
 			locked <- err
 			return err
 		})
@@ -177,8 +177,8 @@ func TestMarkCheckpointMany(t *testing.T) {
 	x := make(chan result, 1)
 	go func() {
 		var r result
-		r.err = in(other, "x", func(ctx context.Context, tx *driver.Tx) error {
-			r.first, r.cps, r.err = mc.MarkCheckpointMany(ctx, tx, consumer, []framework.Key{k("e")}, []string{"s"})
+		r.err = inAttempt(ctx, other, "x", func(ctx context.Context, tx *driver.Tx) error {
+			r.first, r.cps, r.err = mc.MarkCheckpointMany(ctx, tx, orders, []framework.Key{k("e")}, []string{"s"})
 			return r.err
 		})
 		x <- r
@@ -215,21 +215,14 @@ func TestMarkMoveManyLockOrder(t *testing.T) {
 	mm, ok := any(store).(markMover)
 	require.True(t, ok, "the store marks and moves a batch in one statement")
 	ob := any(store).(orderBatcher)
-	consumer := "orders.mark-move-many-" + time.Now().Format("150405.000000000")
-	in := func(id string, f func(ctx context.Context, tx *driver.Tx) error) error {
-		// A unit of work each: the batches of three processes.
-		uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: db, Store: store, BatchSize: 1})
-		if err != nil {
-			return err
-		}
-		return inAttempt(ctx, uow, consumer, id, f)
-	}
+	// A unit of work each: the batches of three processes.
+	holding, xs, ys := newUnitOfWork(t, db, store), newUnitOfWork(t, db, store), newUnitOfWork(t, db, store)
 
 	// A third batch holds both rows (at 1) while the two queue behind it.
 	xid, release, holder := make(chan string, 1), make(chan struct{}), make(chan error, 1)
 	go func() {
-		holder <- in("holder", func(ctx context.Context, tx *driver.Tx) error {
-			if _, err := ob.AdvanceMany(ctx, tx, consumer, []string{"a", "b"}, []int64{1, 1}); err != nil {
+		holder <- inAttempt(ctx, holding, "holder", func(ctx context.Context, tx *driver.Tx) error {
+			if _, err := ob.AdvanceMany(ctx, tx, orders, []string{"a", "b"}, []int64{1, 1}); err != nil {
 				return err
 			}
 			var id string
@@ -247,13 +240,13 @@ func TestMarkMoveManyLockOrder(t *testing.T) {
 		moved bool
 		err   error
 	}
-	batch := func(id, move, lock string) <-chan result {
+	batch := func(uow *driver.UnitOfWork, id, move, lock string) <-chan result {
 		out := make(chan result, 1)
 		go func() {
 			var r result
-			r.err = in(id, func(ctx context.Context, tx *driver.Tx) error {
+			r.err = inAttempt(ctx, uow, id, func(ctx context.Context, tx *driver.Tx) error {
 				var err error
-				_, r.cps, r.moved, err = mm.MarkMoveMany(ctx, tx, consumer, []framework.Key{{Source: "test", ID: id + "-event"}},
+				_, r.cps, r.moved, err = mm.MarkMoveMany(ctx, tx, orders, []framework.Key{{Source: "test", ID: id + "-event"}},
 					[]string{lock}, []string{move}, []int64{1}, []int64{2})
 				return err
 			})
@@ -261,8 +254,8 @@ func TestMarkMoveManyLockOrder(t *testing.T) {
 		}()
 		return out
 	}
-	x := batch("x", "a", "b")
-	y := batch("y", "b", "a")
+	x := batch(xs, "x", "a", "b")
+	y := batch(ys, "y", "b", "a")
 	// Both wait for the holder's rows before it lets go: each waits on
 	// its first row, and then, with two orders, on the other's.
 	require.Eventually(t, func() bool {
@@ -280,8 +273,8 @@ func TestMarkMoveManyLockOrder(t *testing.T) {
 	// What each locked it read as the other left it: the one that went
 	// first read 1, the other the first one's move.
 	require.ElementsMatch(t, []int64{1, 2}, []int64{rx.cps["b"], ry.cps["a"]})
-	require.NoError(t, in("after", func(ctx context.Context, tx *driver.Tx) error {
-		cps, err := ob.CheckpointMany(ctx, tx, consumer, []string{"a", "b"})
+	require.NoError(t, inAttempt(ctx, holding, "after", func(ctx context.Context, tx *driver.Tx) error {
+		cps, err := ob.CheckpointMany(ctx, tx, orders, []string{"a", "b"})
 		if err == nil && (cps["a"] != 2 || cps["b"] != 2) {
 			err = fmt.Errorf("checkpoints %v, want a and b at 2", cps)
 		}

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 )
@@ -31,7 +32,9 @@ var pragmas = []string{
 }
 
 // schema is the framework's processed_events and the example service's
-// reminders.
+// reminders, as their SQLite migrations make them (copied: the module
+// keeps the framework out of its build, as the framework keeps these
+// drivers out of its own).
 const schema = `CREATE TABLE processed_events (
     consumer     TEXT    NOT NULL,
     source       TEXT    NOT NULL,
@@ -64,7 +67,7 @@ func open(t testing.TB, d driverCase, dir string) *sql.DB {
 	t.Cleanup(func() { _ = db.Close() })
 	db.SetMaxOpenConns(1)
 	db.SetMaxIdleConns(1)
-	for _, p := range append(pragmas, schema) {
+	for _, p := range slices.Concat(pragmas, []string{schema}) {
 		if _, err := db.Exec(p); err != nil {
 			t.Fatalf("%s: %s: %v", d.name, p, err)
 		}
