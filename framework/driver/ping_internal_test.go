@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/require"
@@ -14,8 +15,16 @@ import (
 // TestSharedPing: calls made while a ping is in flight share its answer;
 // the next call after it pings again; a caller whose context ends stops
 // waiting, and the ping it started still answers the others.
+//
+// It runs in a synctest bubble: synctest.Wait returns once every caller
+// waits on the ping in flight, where a sleep left callers that started
+// late to ping again on a loaded machine.
 func TestSharedPing(t *testing.T) {
 	t.Parallel()
+	synctest.Test(t, testSharedPing)
+}
+
+func testSharedPing(t *testing.T) {
 	var (
 		s       sharedPing
 		pings   atomic.Int32
@@ -37,15 +46,16 @@ func TestSharedPing(t *testing.T) {
 	early, stop := context.WithCancel(ctx)
 	earlyErr := make(chan error, 1)
 	go func() { earlyErr <- s.do(early, ping) }()
-	require.Eventually(t, func() bool { return pings.Load() == 1 }, 5*time.Second, time.Millisecond)
+	synctest.Wait()
+	require.EqualValues(t, 1, pings.Load(), "the first caller's ping is in flight")
 	var wg sync.WaitGroup
 	errs := make([]error, 8)
 	for i := range errs {
 		wg.Go(func() { errs[i] = s.do(ctx, ping) })
 	}
-	stop() // the first caller gives up; its ping goes on for the others
+	synctest.Wait() // every caller waits on the ping in flight
+	stop()          // the first caller gives up; its ping goes on for the others
 	require.ErrorIs(t, <-earlyErr, context.Canceled)
-	time.Sleep(10 * time.Millisecond)
 	close(release)
 	wg.Wait()
 	for _, err := range errs {
