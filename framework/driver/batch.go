@@ -2,7 +2,6 @@ package driver
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"runtime"
 	"strconv"
@@ -372,7 +371,10 @@ func (g *group) dropEnded(batch []*attemptRun) []*attemptRun {
 func (g *group) try(batch []*attemptRun) (committed, retry []*attemptRun, failed int) {
 	ctx, stop := batchContext(batch)
 	defer stop()
-	tx, err := g.u.db.BeginTxx(ctx, nil)
+	tx, queue, err := g.begin(ctx)
+	if queue != nil {
+		defer queue.conn.Close() // after the transaction ended: back to the pool
+	}
 	if err != nil {
 		for _, a := range batch {
 			a.tx = &Tx{}
@@ -395,8 +397,11 @@ func (g *group) try(batch []*attemptRun) (committed, retry []*attemptRun, failed
 	// watch of its context (modernc.org/sqlite starts a goroutine per
 	// statement for one).
 	ctx = context.WithoutCancel(ctx)
+	if queue != nil {
+		queue.ctx = ctx
+	}
 	for _, a := range batch {
-		a.tx = &Tx{tx: tx, ctx: ctx}
+		a.tx = &Tx{tx: tx, ctx: ctx, queue: queue}
 		a.marked, a.batched, a.acking, a.fencing, a.order = false, true, false, false, nil
 	}
 	checkpoints, planned, err := g.markLock(ctx, batch)
@@ -414,6 +419,13 @@ func (g *group) try(batch []*attemptRun) (committed, retry []*attemptRun, failed
 			// unfinished, no hook runs (see died).
 			_ = tx.Rollback()
 			return nil, nil, -1
+		case queue != nil && queue.err != nil:
+			// A statement that waited in the queue failed, maybe
+			// not a's: every attempt runs again alone (see
+			// execQueuer), as after an aborted transaction.
+			a.rolledBack()
+			c, r := g.abort(tx, nil, ok, settled, queue.err)
+			return c, queueFailed(queue, append(r, batch[i:]...)), -1
 		case a.err != nil && i > 0 && inFailedTransaction(a.err):
 			// Not a's own failure, maybe: an attempt before it went on
 			// after a statement of its own failed, which aborted the
@@ -448,6 +460,10 @@ func (g *group) try(batch []*attemptRun) (committed, retry []*attemptRun, failed
 			return c, append(r, batch[i+1:]...), -1
 		}
 		if a.tx.setsSession { // the last one's too: a plain SET outlives the commit
+			if err := a.tx.flush(); err != nil {
+				c, r := g.abort(tx, nil, ok, settled, err)
+				return c, queueFailed(queue, append(r, batch[i+1:]...)), -1
+			}
 			if err := g.resetSession(ctx, tx, timeout); inFailedTransaction(err) {
 				c, r := g.abort(tx, nil, ok, settled, err) // as above
 				return c, append(r, batch[i+1:]...), -1
@@ -455,6 +471,12 @@ func (g *group) try(batch []*attemptRun) (committed, retry []*attemptRun, failed
 				c, r := g.abort(tx, batch[i+1:], ok, settled, err)
 				return c, r, -1
 			}
+		}
+	}
+	if queue != nil {
+		if err := queue.flush(); err != nil {
+			c, r := g.abort(tx, nil, ok, settled, err)
+			return c, queueFailed(queue, r), -1
 		}
 	}
 	if len(ok) == 0 {
@@ -500,47 +522,6 @@ func (g *group) try(batch []*attemptRun) (committed, retry []*attemptRun, failed
 		}
 	}
 	return ok, nil, -1
-}
-
-// errTxEnded is the error of a batch whose transaction a statement of
-// one of its attempts ended (see group.txEnded).
-var errTxEnded = errors.New("the batch's transaction ended with a failed statement of an attempt")
-
-// txEnded reports whether the batch's transaction tx ended, on SQLite,
-// where a failed statement may end it (see Tx.failed): BEGIN fails
-// within a transaction and succeeds only outside one, and the
-// transaction it then begins rolls back with tx; on the framework's
-// SQLite driver, which refuses every statement of a transaction SQLite
-// rolled back, the BEGIN fails with SQLSTATE 25P02 (sqlite.ErrRolledBack).
-// On PostgreSQL a failed statement aborts the transaction instead, which
-// the next statement reports (SQLSTATE 25P02, see inFailedTransaction).
-func (g *group) txEnded(ctx context.Context, tx sqlx.ExecerContext) bool {
-	if g.u.db.DriverName() == "pgx" {
-		return false
-	}
-	_, err := tx.ExecContext(ctx, "BEGIN")
-	return err == nil || inFailedTransaction(err)
-}
-
-// resetSession undoes, on PostgreSQL, the settings an attempt made in the
-// batch's transaction (SET LOCAL, set_config(..., true); a plain SET too)
-// before the next attempt runs: RESET ALL returns every setting to the
-// session's default (the server's, the role's, the database's and the
-// connection string's), then the batch's statement timeout is set again.
-// SQLite has no such settings.
-func (g *group) resetSession(ctx context.Context, tx sqlx.ExecerContext, timeout string) error {
-	if g.u.db.DriverName() != "pgx" {
-		return nil
-	}
-	if _, err := tx.ExecContext(ctx, "RESET ALL"); err != nil {
-		return fmt.Errorf("reset the settings of the attempt before: %w", err)
-	}
-	if timeout != "" {
-		if _, err := tx.ExecContext(ctx, timeout); err != nil {
-			return fmt.Errorf("statement timeout: %w", err)
-		}
-	}
-	return nil
 }
 
 // abort rolls back a batch's transaction that failed with err: the

@@ -1,8 +1,12 @@
 package driver
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"strings"
+
+	"github.com/jmoiron/sqlx"
 
 	"github.com/effectively-once/effectively/framework"
 )
@@ -267,4 +271,45 @@ func dataException(err error) error {
 		return err
 	}
 	return framework.Permanent(framework.CodeDataException, err)
+}
+
+// errTxEnded is the error of a batch whose transaction a statement of
+// one of its attempts ended (see group.txEnded).
+var errTxEnded = errors.New("the batch's transaction ended with a failed statement of an attempt")
+
+// txEnded reports whether the batch's transaction tx ended, on SQLite,
+// where a failed statement may end it (see Tx.failed): BEGIN fails
+// within a transaction and succeeds only outside one, and the
+// transaction it then begins rolls back with tx; on the framework's
+// SQLite driver, which refuses every statement of a transaction SQLite
+// rolled back, the BEGIN fails with SQLSTATE 25P02 (sqlite.ErrRolledBack).
+// On PostgreSQL a failed statement aborts the transaction instead, which
+// the next statement reports (SQLSTATE 25P02, see inFailedTransaction).
+func (g *group) txEnded(ctx context.Context, tx sqlx.ExecerContext) bool {
+	if g.u.db.DriverName() == "pgx" {
+		return false
+	}
+	_, err := tx.ExecContext(ctx, "BEGIN")
+	return err == nil || inFailedTransaction(err)
+}
+
+// resetSession undoes, on PostgreSQL, the settings an attempt made in the
+// batch's transaction (SET LOCAL, set_config(..., true); a plain SET too)
+// before the next attempt runs: RESET ALL returns every setting to the
+// session's default (the server's, the role's, the database's and the
+// connection string's), then the batch's statement timeout is set again.
+// SQLite has no such settings.
+func (g *group) resetSession(ctx context.Context, tx sqlx.ExecerContext, timeout string) error {
+	if g.u.db.DriverName() != "pgx" {
+		return nil
+	}
+	if _, err := tx.ExecContext(ctx, "RESET ALL"); err != nil {
+		return fmt.Errorf("reset the settings of the attempt before: %w", err)
+	}
+	if timeout != "" {
+		if _, err := tx.ExecContext(ctx, timeout); err != nil {
+			return fmt.Errorf("statement timeout: %w", err)
+		}
+	}
+	return nil
 }

@@ -54,6 +54,10 @@ type Tx struct {
 	// handler's time went outside the database (see group.observe).
 	inStatements time.Duration
 
+	// queue, set in a batch on a store that can (see execQueuer), holds
+	// the attempt's writes that wait to run with its batch-mates'.
+	queue *execQueue
+
 	// begin, when set, begins the database transaction at the attempt's
 	// first statement, and makes the attempt's own first statements (see
 	// UnitOfWork.deferred): until then the attempt holds no connection.
@@ -156,7 +160,14 @@ func (t *Tx) ExecContext(ctx context.Context, query string, args ...any) (sql.Re
 	if err != nil {
 		return nil, err
 	}
+	if t.queue != nil && !t.setsSession && t.queue.store.Queueable(query, args) {
+		return t.queue.add(t, query, args), nil
+	}
 	start := time.Now()
+	if err := t.flush(); err != nil {
+		t.inStatements += time.Since(start)
+		return nil, err
+	}
 	res, err := t.tx.ExecContext(sctx, query, args...)
 	t.inStatements += time.Since(start)
 	t.failed = t.failed || err != nil
@@ -170,6 +181,10 @@ func (t *Tx) QueryContext(ctx context.Context, query string, args ...any) (*sql.
 		return nil, err
 	}
 	start := time.Now()
+	if err := t.flush(); err != nil {
+		t.inStatements += time.Since(start)
+		return nil, err
+	}
 	rows, err := t.tx.QueryContext(sctx, query, args...)
 	t.inStatements += time.Since(start)
 	t.failed = t.failed || err != nil
@@ -183,6 +198,10 @@ func (t *Tx) QueryxContext(ctx context.Context, query string, args ...any) (*sql
 		return nil, err
 	}
 	start := time.Now()
+	if err := t.flush(); err != nil {
+		t.inStatements += time.Since(start)
+		return nil, err
+	}
 	rows, err := t.tx.QueryxContext(sctx, query, args...)
 	t.inStatements += time.Since(start)
 	t.failed = t.failed || err != nil
@@ -199,10 +218,24 @@ func (t *Tx) QueryRowxContext(ctx context.Context, query string, args ...any) *s
 		panic(err)
 	}
 	start := time.Now()
+	// A failed flush aborted the transaction: the query then fails
+	// (SQLSTATE 25P02), and the batch runs each attempt again alone.
+	_ = t.flush()
 	row := t.tx.QueryRowxContext(sctx, query, args...)
 	t.inStatements += time.Since(start)
 	t.failed = t.failed || row.Err() != nil
 	return row
+}
+
+// flush runs the statements that wait in t's batch (see Tx.queue), before
+// a statement that must see their effects or run after them.
+func (t *Tx) flush() error {
+	if t.queue == nil {
+		return nil
+	}
+	err := t.queue.flush()
+	t.failed = t.failed || err != nil
+	return err
 }
 
 // GetContext scans one row into dest (see sqlx.GetContext).
