@@ -38,12 +38,21 @@ func (s *Store) Queueable(query string, args []any) bool {
 // affected; on a failure, the index of the statement that failed (-1 when
 // none did, as when the connection was lost) and its error. PostgreSQL
 // skips the statements after a failed one, whose transaction is aborted.
+// It runs none unless conn is in an open transaction.
 func (s *Store) ExecQueued(ctx context.Context, conn *sql.Conn, queries []string, args [][]any) (rows []int64, failed int, err error) {
 	failed = -1
 	err = conn.Raw(func(dc any) error {
 		c, ok := dc.(*stdlib.Conn)
 		if !ok {
 			return fmt.Errorf("queued statements: the connection is a %T, not pgx's", dc)
+		}
+		// database/sql rolls a transaction back when its context ends,
+		// on its own goroutine, and no statement of its Tx runs after:
+		// these do not go through it, so they check, holding the
+		// connection, that its transaction is open. Outside one, each
+		// would commit on its own, without the batch's marks.
+		if status := c.Conn().PgConn().TxStatus(); status != 'T' {
+			return fmt.Errorf("queued statements: the connection has no open transaction (status %q)", status)
 		}
 		var b pgx.Batch
 		for i, q := range queries {
