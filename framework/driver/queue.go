@@ -24,9 +24,11 @@ import (
 // (a unique violation it turns into a code) is always what it would see
 // alone.
 type execQueuer interface {
-	// Queueable reports whether a statement may wait: a write that
-	// returns no rows, with arguments.
-	Queueable(query string, args []any) bool
+	// Queueable reports whether a statement may wait (a write that
+	// returns no rows, with arguments), and returns the arguments to run
+	// it with later: a copy that the caller's changes after ExecContext
+	// returned do not reach.
+	Queueable(query string, args []any) (queued []any, ok bool)
 	// ExecQueued runs queries, each with its args, in order, in conn's
 	// transaction, and returns the rows each one affected; on a failure,
 	// the index of the statement that failed and its error.

@@ -136,3 +136,43 @@ func TestGroupCommitQueuedReads(t *testing.T) {
 		})
 	}
 }
+
+// TestGroupCommitQueuedArgs shows that a write that waits in its batch's
+// queue runs with its arguments as they were when the handler made it:
+// a buffer the handler reuses after ExecContext returned changes nothing.
+func TestGroupCommitQueuedArgs(t *testing.T) {
+	t.Parallel()
+	for name, open := range groupBackends() {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := open(t)
+			blob := "BLOB"
+			if name == "PostgreSQL" {
+				blob = "bytea"
+			}
+			_, err := b.db.Exec(`CREATE TABLE bodies (id TEXT PRIMARY KEY, body ` + blob + ` NOT NULL)`)
+			require.NoError(t, err)
+			uow := b.unitOfWork(t)
+			ids := []string{"a", "b", "c"}
+			outcomes, errs := gather(t, uow, ids, func(ctx context.Context, id string) error {
+				buf := []byte("body of " + id)
+				_, err := framework.Conn(ctx, b.db).ExecContext(ctx, b.db.Rebind(`INSERT INTO bodies (id, body) VALUES (?, ?)`), id, buf)
+				copy(buf, "overwritten")
+				return err
+			})
+			for i := range ids {
+				require.NoError(t, errs[i])
+				require.Equal(t, framework.Processed, outcomes[i])
+			}
+			var got []struct {
+				ID   string `db:"id"`
+				Body []byte `db:"body"`
+			}
+			require.NoError(t, b.db.Select(&got, `SELECT id, body FROM bodies ORDER BY id`))
+			require.Len(t, got, 3)
+			for _, r := range got {
+				require.Equal(t, "body of "+r.ID, string(r.Body))
+			}
+		})
+	}
+}

@@ -160,8 +160,10 @@ func (t *Tx) ExecContext(ctx context.Context, query string, args ...any) (sql.Re
 	if err != nil {
 		return nil, err
 	}
-	if t.queue != nil && !t.setsSession && t.queue.store.Queueable(query, args) {
-		return t.queue.add(t, query, args), nil
+	if t.queue != nil && !t.setsSession {
+		if queued, ok := t.queue.store.Queueable(query, args); ok {
+			return t.queue.add(t, query, queued), nil
+		}
 	}
 	start := time.Now()
 	if err := t.flush(); err != nil {

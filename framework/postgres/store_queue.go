@@ -1,11 +1,13 @@
 package postgres
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
-	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -13,27 +15,59 @@ import (
 
 // Queueable reports whether a statement of an attempt in a batch may wait
 // to run with its batch-mates' writes, in one round trip at the next read
-// or at the batch's end, instead of a round trip of its own: an INSERT,
-// UPDATE, DELETE or MERGE with arguments. A statement without arguments
-// runs as it is made (pgx sends it by the simple protocol, which allows
-// several statements in one), and so does any other: a SELECT returns at
-// once (a lock it takes, pg_sleep), as does a statement with a pgx
-// QueryExecMode, which pgx's pipeline does not take.
-func (s *Store) Queueable(query string, args []any) bool {
+// or at the batch's end, instead of a round trip of its own, and returns
+// the arguments to run it with: a copy that the caller's later changes do
+// not reach, since it runs after ExecContext returned. It may wait when
+// it is an INSERT, UPDATE, DELETE or MERGE with arguments, each of them a
+// value that a copy holds: nil, a string, a bool, a number, a time.Time,
+// a time.Duration, a database/sql Null type, a []byte or json.RawMessage
+// (copied), or a sql.NamedArg of one (its value alone, as pgx's stdlib
+// takes it). Any other statement runs as it is made: one without
+// arguments (pgx sends it by the simple protocol, which allows several
+// statements in one), a SELECT (a lock it takes, pg_sleep returns at
+// once), and one with an argument a copy might not hold (a pointer, a
+// map, a slice, a value of the caller's type, a pgx QueryExecMode or
+// NamedArgs).
+func (s *Store) Queueable(query string, args []any) (queued []any, ok bool) {
 	if len(args) == 0 {
-		return false
-	}
-	if _, ok := args[0].(pgx.QueryExecMode); ok {
-		return false
+		return nil, false
 	}
 	switch strings.ToUpper(firstWord(query)) {
 	case "INSERT", "UPDATE", "DELETE", "MERGE":
-		return true
+	default:
+		return nil, false
 	}
-	return false
+	queued = make([]any, len(args))
+	for i, a := range args {
+		if queued[i], ok = heldValue(a); !ok {
+			return nil, false
+		}
+	}
+	return queued, true
 }
 
-// ExecQueued runs queries, each with its args, in one round trip on conn
+// heldValue returns a copy of an argument that its caller's later changes
+// do not reach, and false for one of a type a copy might not hold (see
+// Store.Queueable).
+func heldValue(a any) (any, bool) {
+	switch v := a.(type) {
+	case nil, string, bool, time.Time, time.Duration,
+		int, int8, int16, int32, int64, uint, uint8, uint16, uint32, uint64, float32, float64,
+		sql.NullString, sql.NullBool, sql.NullByte, sql.NullInt16, sql.NullInt32, sql.NullInt64,
+		sql.NullFloat64, sql.NullTime:
+		return v, true
+	case []byte:
+		return bytes.Clone(v), true
+	case json.RawMessage:
+		return json.RawMessage(bytes.Clone(v)), true
+	case sql.NamedArg:
+		return heldValue(v.Value)
+	}
+	return nil, false
+}
+
+// ExecQueued runs queries, each with its args (as Queueable returned
+// them), in one round trip on conn
 // (pgx's pipeline, in conn's transaction), and returns the rows each one
 // affected; on a failure, the index of the statement that failed (-1 when
 // none did, as when the connection was lost) and its error. PostgreSQL
@@ -56,7 +90,7 @@ func (s *Store) ExecQueued(ctx context.Context, conn *sql.Conn, queries []string
 		}
 		var b pgx.Batch
 		for i, q := range queries {
-			b.Queue(q, plainArgs(args[i])...)
+			b.Queue(q, args[i]...)
 		}
 		br := c.Conn().SendBatch(ctx, &b)
 		rows = make([]int64, len(queries))
@@ -72,27 +106,6 @@ func (s *Store) ExecQueued(ctx context.Context, conn *sql.Conn, queries []string
 		return br.Close()
 	})
 	return rows, failed, err
-}
-
-// plainArgs returns args as pgx takes them from database/sql, which
-// passes a named argument's value alone (pgx's stdlib has no names): the
-// caller's slice is copied, not changed, when one is named.
-func plainArgs(args []any) []any {
-	var plain []any
-	for i, a := range args {
-		n, ok := a.(sql.NamedArg)
-		if !ok {
-			continue
-		}
-		if plain == nil {
-			plain = slices.Clone(args)
-		}
-		plain[i] = n.Value
-	}
-	if plain == nil {
-		return args
-	}
-	return plain
 }
 
 // firstWord returns the first word of a statement, after any blank and

@@ -2,7 +2,9 @@ package postgres
 
 import (
 	"database/sql"
+	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -25,21 +27,34 @@ func TestQueueable(t *testing.T) {
 		`INSERTED`:                                            false,
 		``:                                                    false,
 	} {
-		require.Equal(t, want, s.Queueable(query, []any{1}), "%q", query)
+		_, ok := s.Queueable(query, []any{1})
+		require.Equal(t, want, ok, "%q", query)
 	}
-	require.False(t, s.Queueable(`INSERT INTO t VALUES (1); INSERT INTO t VALUES (2)`, nil),
-		"without arguments pgx sends the simple protocol, which runs several statements")
-	require.False(t, s.Queueable(`INSERT INTO t VALUES ($1)`, []any{pgx.QueryExecModeSimpleProtocol, 1}),
-		"a batch takes no QueryExecMode")
+	_, ok := s.Queueable(`INSERT INTO t VALUES (1); INSERT INTO t VALUES (2)`, nil)
+	require.False(t, ok, "without arguments pgx sends the simple protocol, which runs several statements")
 }
 
-// TestPlainArgs shows that named arguments reach pgx's pipeline as their
-// values, as database/sql hands them to pgx, without changing the
-// caller's slice.
-func TestPlainArgs(t *testing.T) {
-	args := []any{1, sql.Named("b", "two")}
-	require.Equal(t, []any{1, "two"}, plainArgs(args))
-	require.Equal(t, sql.Named("b", "two"), args[1])
-	plain := []any{1, "two"}
-	require.Same(t, &plain[0], &plainArgs(plain)[0], "nothing named, nothing copied")
+// TestQueueableArgs shows that a queued statement runs with a copy of its
+// arguments that the caller's later changes do not reach: its bytes are
+// copied, a named argument is its value (as database/sql hands it to
+// pgx), and an argument that a copy might not hold keeps the statement
+// out of the queue.
+func TestQueueableArgs(t *testing.T) {
+	var s Store
+	const insert = `INSERT INTO t VALUES ($1, $2, $3, $4, $5)`
+	at := time.Date(2026, 12, 6, 12, 0, 0, 0, time.UTC)
+	body, raw := []byte("body"), json.RawMessage(`{"a":1}`)
+	args := []any{body, raw, sql.Named("n", "named"), at, sql.NullInt64{Int64: 7, Valid: true}}
+	queued, ok := s.Queueable(insert, args)
+	require.True(t, ok)
+	body[0], raw[2] = 'X', 'X'
+	args[3] = "changed"
+	require.Equal(t, []any{[]byte("body"), json.RawMessage(`{"a":1}`), "named", at, sql.NullInt64{Int64: 7, Valid: true}}, queued)
+
+	n := 1
+	for _, arg := range []any{&n, []string{"a"}, map[string]any{"a": 1}, struct{ A int }{1},
+		pgx.QueryExecModeSimpleProtocol, pgx.NamedArgs{"a": 1}, sql.Named("p", &n)} {
+		_, ok := s.Queueable(`INSERT INTO t VALUES ($1)`, []any{arg})
+		require.False(t, ok, "%T", arg)
+	}
 }
