@@ -54,16 +54,15 @@ const (
 	// those it hands out (its concurrency), and how many acknowledgements
 	// it gathers before it writes its group's position. A larger batch
 	// saves queries but redelivers more after a crash (see
-	// docs/transports.md for the measurements). A subscription hands out
-	// no message while a read runs (a round trip and a commit, about 1 ms
-	// here), and reads once half of BatchSize rows have room: at 64 a
-	// drain read every 41 rows and spent half its time in reads, places
-	// in flight standing empty meanwhile, while at 256 it reads every 132
-	// rows (make bench, in three interleaved runs: 28.8k to 31.2k
-	// effects/s against 25.1k to 25.9k at 64; 10 gave 10.1k, a read every
-	// 10 rows). It holds at most the concurrency and 256 rows read in
-	// memory.
-	DefaultBatchSize = 256
+	// docs/transports.md for the measurements). 64, the default
+	// concurrency, lets a read bring a batch's worth of rows while the
+	// messages in flight are handled (make bench: 10 gave 10.1k effects/s,
+	// a read every 10 rows; 64 gives 13k). A subscription hands out no
+	// message while a read runs (a round trip and a commit): 256 read
+	// every 132 rows instead of 41 and drained 15% to 20% faster
+	// unordered, but strict order on many subjects gained little, and
+	// fell below 0.8 of unordered (internal/tools/bench/findings.md).
+	DefaultBatchSize = 64
 )
 
 // MaxUUIDLength is the longest message UUID the messages table holds
