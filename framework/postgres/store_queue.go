@@ -67,12 +67,12 @@ func heldValue(a any) (any, bool) {
 }
 
 // ExecQueued runs queries, each with its args (as Queueable returned
-// them), in one round trip on conn
-// (pgx's pipeline, in conn's transaction), and returns the rows each one
-// affected; on a failure, the index of the statement that failed (-1 when
-// none did, as when the connection was lost) and its error. PostgreSQL
-// skips the statements after a failed one, whose transaction is aborted.
-// It runs none unless conn is in an open transaction.
+// them), in one round trip on conn (pgx's pipeline, in conn's
+// transaction), and returns the rows each one affected; on a failure, its
+// error and the index of the statement whose result carried it (-1 when
+// none was sent). PostgreSQL skips the statements after a failed one,
+// whose transaction is aborted. It sends none unless conn is in an open
+// transaction.
 func (s *Store) ExecQueued(ctx context.Context, conn *sql.Conn, queries []string, args [][]any) (rows []int64, failed int, err error) {
 	failed = -1
 	err = conn.Raw(func(dc any) error {
