@@ -124,17 +124,19 @@ func firstWord(query string) string {
 			i += end + 1
 		case strings.HasPrefix(query[i:], "/*"):
 			depth := 0
+		comment:
 			for i < len(query) {
-				if strings.HasPrefix(query[i:], "/*") {
+				switch {
+				case strings.HasPrefix(query[i:], "/*"):
 					depth++
 					i += 2
-				} else if strings.HasPrefix(query[i:], "*/") {
+				case strings.HasPrefix(query[i:], "*/"):
 					depth--
 					i += 2
 					if depth == 0 {
-						break
+						break comment
 					}
-				} else {
+				default:
 					i++
 				}
 			}

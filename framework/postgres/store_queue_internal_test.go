@@ -52,8 +52,15 @@ func TestQueueableArgs(t *testing.T) {
 	require.Equal(t, []any{[]byte("body"), json.RawMessage(`{"a":1}`), "named", at, sql.NullInt64{Int64: 7, Valid: true}}, queued)
 
 	n := 1
-	for _, arg := range []any{&n, []string{"a"}, map[string]any{"a": 1}, struct{ A int }{1},
-		pgx.QueryExecModeSimpleProtocol, pgx.NamedArgs{"a": 1}, sql.Named("p", &n)} {
+	for _, arg := range []any{
+		&n,
+		[]string{"a"},
+		map[string]any{"a": 1},
+		struct{ A int }{1},
+		pgx.QueryExecModeSimpleProtocol,
+		pgx.NamedArgs{"a": 1},
+		sql.Named("p", &n),
+	} {
 		_, ok := s.Queueable(`INSERT INTO t VALUES ($1)`, []any{arg})
 		require.False(t, ok, "%T", arg)
 	}
