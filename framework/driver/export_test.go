@@ -14,15 +14,19 @@ func Waiting(u *UnitOfWork) int {
 // SetsSession reports whether a statement of query may change a setting
 // of the session, as a Tx tells it (see scanStatements).
 func SetsSession(query string, pg bool) bool {
-	_, sets := scanStatements(query, pg)
-	return sets
+	return scanStatements(query, pg).sets
 }
 
 // EndsTransaction reports whether a statement of query begins or ends a
 // transaction, which a Tx refuses (see scanStatements).
 func EndsTransaction(query string, pg bool) bool {
-	ends, _ := scanStatements(query, pg)
-	return ends
+	return scanStatements(query, pg).ends
+}
+
+// Writes reports whether query is a single write, which may wait in its
+// batch's queue (see scanStatements).
+func Writes(query string, pg bool) bool {
+	return scanStatements(query, pg).write
 }
 
 // DataException exposes dataException to the tests.

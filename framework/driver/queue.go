@@ -15,7 +15,8 @@ import (
 // round trip each (the PostgreSQL store does, through pgx's pipeline).
 //
 // A batch's attempts then run their writes without waiting for them: an
-// ExecContext that Queueable accepts returns at once, and the statements
+// ExecContext of a single write (see scanStatements) whose arguments
+// QueueArgs accepts returns at once, and the statements
 // that wait run, in order, before the next statement that reads (a query,
 // a RowsAffected of a waiting statement's result) and before the batch
 // ends. If one fails, the batch rolls back and each of its attempts runs
@@ -24,11 +25,10 @@ import (
 // (a unique violation it turns into a code) is always what it would see
 // alone.
 type execQueuer interface {
-	// Queueable reports whether a statement may wait (a write that
-	// returns no rows, with arguments), and returns the arguments to run
-	// it with later: a copy that the caller's changes after ExecContext
-	// returned do not reach.
-	Queueable(query string, args []any) (queued []any, ok bool)
+	// QueueArgs reports whether a single write with args may wait, and
+	// returns the arguments to run it with later: a copy that the
+	// caller's changes after ExecContext returned do not reach.
+	QueueArgs(args []any) (queued []any, ok bool)
 	// ExecQueued runs queries, each with its args, in order, in conn's
 	// transaction, and returns the rows each one affected; on a failure,
 	// the index of the statement that failed and its error.

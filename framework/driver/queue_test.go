@@ -15,6 +15,32 @@ import (
 	"github.com/effectively-once/effectively/framework/driver"
 )
 
+// TestWrites shows which statements may wait in a batch's queue on
+// PostgreSQL: a single INSERT, UPDATE, DELETE or MERGE, whatever blanks
+// and comments come first, and nothing else.
+func TestWrites(t *testing.T) {
+	t.Parallel()
+	for query, want := range map[string]bool{
+		`INSERT INTO t VALUES ($1)`:                          true,
+		"  \n\tupdate t SET a = $1":                          true,
+		`-- a comment` + "\n" + `DELETE FROM t WHERE a = $1`: true,
+		`/* a /* nested */ comment */ MERGE INTO t USING s ON true WHEN MATCHED THEN DO NOTHING`: true,
+		`INSERT INTO t VALUES ($1);`:                          true,
+		`SELECT pg_advisory_xact_lock($1)`:                    false,
+		`WITH x AS (SELECT $1) INSERT INTO t SELECT * FROM x`: false,
+		`INSERT INTO t VALUES (1); INSERT INTO t VALUES (2)`:  false,
+		`INSERT INTO t VALUES (1); SELECT pg_sleep(1)`:        false,
+		`/* unterminated INSERT`:                              false,
+		`-- only a comment, INSERT`:                           false,
+		`INSERTED`:                                            false,
+		``:                                                    false,
+	} {
+		require.Equal(t, want, driver.Writes(query, true), "%q", query)
+	}
+	require.False(t, driver.Writes(`UPDATE t SET a = 'x\'; SELECT 1; --' WHERE b = $1`, true),
+		"read with backslash escapes too, it is two statements")
+}
+
 // TestGroupCommitQueuedWriteFails shows what a handler sees of a write
 // that waits in its batch's queue on PostgreSQL and fails there: the
 // batch rolls back and every attempt runs again alone, uncharged, where
@@ -175,4 +201,31 @@ func TestGroupCommitQueuedArgs(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestGroupCommitQueuedWriteTimeout shows that a write that waits in its
+// batch's queue and runs past its attempt's deadline ends that attempt
+// by the statement_timeout the batch sets for it, as a write run at once
+// does (TestGroupCommitTimeout), while its batch-mates run again alone
+// and commit: the attempt fails with its statement's error, not with a
+// begin of its own that its ended context would refuse.
+func TestGroupCommitQueuedWriteTimeout(t *testing.T) {
+	t.Parallel()
+	b := groupBackends()["PostgreSQL"](t)
+	uow := b.unitOfWork(t)
+	outcomes, errs := gather(t, uow, []string{"a", "slow", "b"}, func(ctx context.Context, id string) error {
+		query := `INSERT INTO effects (id, seen) VALUES ($1, 1)`
+		if id == "slow" {
+			query = `INSERT INTO effects (id, seen) SELECT $1, 1 FROM pg_sleep(10)`
+		}
+		_, err := framework.Conn(ctx, b.db).ExecContext(ctx, query, id)
+		return err
+	})
+	require.Equal(t, []framework.Outcome{framework.Processed, framework.Failed, framework.Processed}, outcomes, "%v", errs)
+	require.NoError(t, errs[0])
+	require.NoError(t, errs[2])
+	require.ErrorContains(t, errs[1], "statement timeout", "the attempt's own statement_timeout ended it")
+	var got []string
+	require.NoError(t, b.db.SelectContext(t.Context(), &got, `SELECT id FROM effects ORDER BY id`))
+	require.Equal(t, []string{"a", "b"}, got)
 }

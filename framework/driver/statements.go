@@ -27,28 +27,39 @@ import (
 // a quote in a plain '...' string too where standard_conforming_strings
 // is off (a setting of the server, the database, the role or the
 // session), which moves where the strings end: a query with a backslash
-// is read both ways, and what either reading finds counts. It does not
-// allocate.
-func scanStatements(query string, pg bool) (ends, sets bool) {
-	ends, sets = scanAs(query, pg, false)
+// is read both ways, and what either reading finds counts (a write is one
+// by both). It also reports whether query is a single write (write: one
+// statement, whose first word is INSERT, UPDATE, DELETE or MERGE), which
+// may wait in its batch's queue (see execQueuer). It does not allocate.
+func scanStatements(query string, pg bool) scanned {
+	r := scanAs(query, pg, false)
 	if pg && strings.IndexByte(query, '\\') >= 0 {
-		e, s := scanAs(query, pg, true)
-		ends, sets = ends || e, sets || s
+		e := scanAs(query, pg, true)
+		r.ends, r.sets, r.write = r.ends || e.ends, r.sets || e.sets, r.write && e.write
 	}
-	return ends, sets
+	return r
+}
+
+// scanned is what scanStatements finds in a query.
+type scanned struct {
+	ends, sets, write bool
+	stmts             int // the statements with words read so far
 }
 
 // scanAs is scanStatements under one reading of plain strings: with
 // backslash escapes in them (PostgreSQL's standard_conforming_strings
 // off), or without.
-func scanAs(query string, pg, escapes bool) (ends, sets bool) {
-	var s stmtScan
+func scanAs(query string, pg, escapes bool) scanned {
+	var (
+		s stmtScan
+		r scanned
+	)
 	for i := 0; i < len(query); {
 		c := query[i]
 		switch {
 		case c == ';':
 			if s.parens == 0 && s.depth == 0 {
-				ends, sets = s.end(ends, sets)
+				s.end(&r)
 			}
 			i++
 		case c == '(':
@@ -60,7 +71,8 @@ func scanAs(query string, pg, escapes bool) (ends, sets bool) {
 		case c == '-' && i+1 < len(query) && query[i+1] == '-':
 			j := strings.IndexByte(query[i:], '\n')
 			if j < 0 {
-				return s.end(ends, sets)
+				s.end(&r)
+				return r
 			}
 			i += j + 1
 		case c == '/' && i+1 < len(query) && query[i+1] == '*':
@@ -74,7 +86,8 @@ func scanAs(query string, pg, escapes bool) (ends, sets bool) {
 		case !pg && c == '[':
 			j := strings.IndexByte(query[i:], ']')
 			if j < 0 {
-				return s.end(ends, sets)
+				s.end(&r)
+				return r
 			}
 			i += j + 1
 		case pg && c == '$':
@@ -94,8 +107,9 @@ func scanAs(query string, pg, escapes bool) (ends, sets bool) {
 			i++ // white space of any kind, operators, numbers
 		}
 	}
-	ends, sets = s.end(ends, sets)
-	return ends, sets || callsSetConfig(query)
+	s.end(&r)
+	r.sets = r.sets || callsSetConfig(query)
+	return r
 }
 
 // stmtScan is what scanStatements knows of the statement it reads.
@@ -133,27 +147,32 @@ func (s *stmtScan) word(w string, pg bool) {
 	s.prev = w
 }
 
-// end ends the statement: it returns ends and sets, each also true if
-// the statement does what it says, and starts the next statement.
-func (s *stmtScan) end(ends, sets bool) (bool, bool) {
-	w := s.words
+// end ends the statement: it adds what the statement does to r, and
+// starts the next statement.
+func (s *stmtScan) end(r *scanned) {
+	w, words := s.words, s.n
 	*s = stmtScan{}
+	if words == 0 {
+		return
+	}
+	r.stmts++
+	r.write = r.stmts == 1 && (strings.EqualFold(w[0], "insert") || strings.EqualFold(w[0], "update") ||
+		strings.EqualFold(w[0], "delete") || strings.EqualFold(w[0], "merge"))
 	switch {
 	case strings.EqualFold(w[0], "set"), strings.EqualFold(w[0], "reset"):
-		sets = true
+		r.sets = true
 	case strings.EqualFold(w[0], "begin"), strings.EqualFold(w[0], "commit"),
 		strings.EqualFold(w[0], "end"), strings.EqualFold(w[0], "abort"):
-		ends = true
+		r.ends = true
 	case strings.EqualFold(w[0], "rollback"):
 		next := w[1]
 		if strings.EqualFold(next, "work") || strings.EqualFold(next, "transaction") {
 			next = w[2]
 		}
-		ends = ends || !strings.EqualFold(next, "to")
+		r.ends = r.ends || !strings.EqualFold(next, "to")
 	case strings.EqualFold(w[0], "start"), strings.EqualFold(w[0], "prepare"):
-		ends = ends || strings.EqualFold(w[1], "transaction")
+		r.ends = r.ends || strings.EqualFold(w[1], "transaction")
 	}
-	return ends, sets
 }
 
 // skipComment returns the index after the /* */ comment at i, nested on

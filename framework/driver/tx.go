@@ -128,48 +128,50 @@ var errNoDB = errors.New("attempt transaction: no database (the unit of work has
 // stmt returns the context a statement of ctx runs under: the
 // transaction's own, so that ctx ending never interrupts a statement of
 // a shared connection, unless ctx has ended already: then database/sql
-// fails the statement before the driver sees it.
-func (t *Tx) stmt(ctx context.Context, query string) (context.Context, error) {
+// fails the statement before the driver sees it. write reports that
+// query is a single write (see scanStatements).
+func (t *Tx) stmt(ctx context.Context, query string) (sctx context.Context, write bool, err error) {
 	if t.begin != nil {
 		if err := t.open(); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 	}
 	if t.tx == nil {
-		return nil, errNoDB
+		return nil, false, errNoDB
 	}
 	if t.ended.Load() {
 		if _, ok := pipeline.From[pipeline.Attempt](ctx); ok {
-			return nil, framework.ErrAttemptEnded
+			return nil, false, framework.ErrAttemptEnded
 		}
 	}
-	ends, sets := scanStatements(query, t.tx.DriverName() == "pgx")
-	if ends {
-		return nil, framework.ErrEndsTransaction
+	sc := scanStatements(query, t.tx.DriverName() == "pgx")
+	if sc.ends {
+		return nil, false, framework.ErrEndsTransaction
 	}
-	t.setsSession = t.setsSession || sets
+	t.setsSession = t.setsSession || sc.sets
 	if ctx.Err() != nil || t.ctx == nil {
-		return ctx, nil
+		return ctx, sc.write, nil
 	}
-	return t.ctx, nil
+	return t.ctx, sc.write, nil
 }
 
-// ExecContext executes a statement in the attempt's transaction.
+// ExecContext executes a statement in the attempt's transaction. In a
+// batch that queues its writes (see Tx.queue), a single write whose
+// arguments the store can hold waits in the queue instead.
 func (t *Tx) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
-	sctx, err := t.stmt(ctx, query)
+	sctx, write, err := t.stmt(ctx, query)
 	if err != nil {
 		return nil, err
 	}
-	if t.queue != nil && !t.setsSession {
-		if queued, ok := t.queue.store.Queueable(query, args); ok {
+	if write && t.queue != nil && !t.setsSession {
+		if queued, ok := t.queue.store.QueueArgs(args); ok {
 			return t.queue.add(t, query, queued), nil
 		}
 	}
-	start := time.Now()
 	if err := t.flush(); err != nil {
-		t.inStatements += time.Since(start)
 		return nil, err
 	}
+	start := time.Now()
 	res, err := t.tx.ExecContext(sctx, query, args...)
 	t.inStatements += time.Since(start)
 	t.failed = t.failed || err != nil
@@ -178,15 +180,14 @@ func (t *Tx) ExecContext(ctx context.Context, query string, args ...any) (sql.Re
 
 // QueryContext queries in the attempt's transaction.
 func (t *Tx) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
-	sctx, err := t.stmt(ctx, query)
+	sctx, _, err := t.stmt(ctx, query)
 	if err != nil {
 		return nil, err
 	}
-	start := time.Now()
 	if err := t.flush(); err != nil {
-		t.inStatements += time.Since(start)
 		return nil, err
 	}
+	start := time.Now()
 	rows, err := t.tx.QueryContext(sctx, query, args...)
 	t.inStatements += time.Since(start)
 	t.failed = t.failed || err != nil
@@ -195,15 +196,14 @@ func (t *Tx) QueryContext(ctx context.Context, query string, args ...any) (*sql.
 
 // QueryxContext queries in the attempt's transaction, returning sqlx.Rows.
 func (t *Tx) QueryxContext(ctx context.Context, query string, args ...any) (*sqlx.Rows, error) {
-	sctx, err := t.stmt(ctx, query)
+	sctx, _, err := t.stmt(ctx, query)
 	if err != nil {
 		return nil, err
 	}
-	start := time.Now()
 	if err := t.flush(); err != nil {
-		t.inStatements += time.Since(start)
 		return nil, err
 	}
+	start := time.Now()
 	rows, err := t.tx.QueryxContext(sctx, query, args...)
 	t.inStatements += time.Since(start)
 	t.failed = t.failed || err != nil
@@ -215,14 +215,14 @@ func (t *Tx) QueryxContext(ctx context.Context, query string, args ...any) (*sql
 // does with ErrEndsTransaction for a statement that would end the
 // transaction.
 func (t *Tx) QueryRowxContext(ctx context.Context, query string, args ...any) *sqlx.Row {
-	sctx, err := t.stmt(ctx, query)
+	sctx, _, err := t.stmt(ctx, query)
 	if err != nil {
 		panic(err)
 	}
-	start := time.Now()
 	// A failed flush aborted the transaction: the query then fails
 	// (SQLSTATE 25P02), and the batch runs each attempt again alone.
 	_ = t.flush()
+	start := time.Now()
 	row := t.tx.QueryRowxContext(sctx, query, args...)
 	t.inStatements += time.Since(start)
 	t.failed = t.failed || row.Err() != nil
@@ -230,12 +230,15 @@ func (t *Tx) QueryRowxContext(ctx context.Context, query string, args ...any) *s
 }
 
 // flush runs the statements that wait in t's batch (see Tx.queue), before
-// a statement that must see their effects or run after them.
+// a statement that must see their effects or run after them; their time
+// counts as t's time in statements.
 func (t *Tx) flush() error {
 	if t.queue == nil {
 		return nil
 	}
+	start := time.Now()
 	err := t.queue.flush()
+	t.inStatements += time.Since(start)
 	t.failed = t.failed || err != nil
 	return err
 }

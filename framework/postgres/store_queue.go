@@ -6,35 +6,28 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 )
 
-// Queueable reports whether a statement of an attempt in a batch may wait
-// to run with its batch-mates' writes, in one round trip at the next read
-// or at the batch's end, instead of a round trip of its own, and returns
-// the arguments to run it with: a copy that the caller's later changes do
-// not reach, since it runs after ExecContext returned. It may wait when
-// it is an INSERT, UPDATE, DELETE or MERGE with arguments, each of them a
-// value that a copy holds: nil, a string, a bool, a number, a time.Time,
-// a time.Duration, a database/sql Null type, a []byte or json.RawMessage
-// (copied), or a sql.NamedArg of one (its value alone, as pgx's stdlib
-// takes it). Any other statement runs as it is made: one without
-// arguments (pgx sends it by the simple protocol, which allows several
-// statements in one), a SELECT (a lock it takes, pg_sleep returns at
-// once), and one with an argument a copy might not hold (a pointer, a
-// map, a slice, a value of the caller's type, a pgx QueryExecMode or
-// NamedArgs).
-func (s *Store) Queueable(query string, args []any) (queued []any, ok bool) {
+// QueueArgs reports whether a single write (an INSERT, UPDATE, DELETE or
+// MERGE, as the unit of work reads it) of an attempt in a batch with args
+// may wait to run with its batch-mates' writes, in one round trip at the
+// next read or at the batch's end, instead of a round trip of its own,
+// and returns the arguments to run it with: a copy that the caller's
+// later changes do not reach, since it runs after ExecContext returned.
+// It may wait when it has arguments, each of them a value that a copy
+// holds: nil, a string, a bool, a number, a time.Time, a time.Duration, a
+// database/sql Null type, a []byte or json.RawMessage (copied), or a
+// sql.NamedArg of one (its value alone, as pgx's stdlib takes it). It
+// runs as it is made without arguments (pgx sends such a statement by
+// the simple protocol, which allows several in one), and with an
+// argument a copy might not hold (a pointer, a map, a slice, a value of
+// the caller's type, a pgx QueryExecMode or NamedArgs).
+func (s *Store) QueueArgs(args []any) (queued []any, ok bool) {
 	if len(args) == 0 {
-		return nil, false
-	}
-	switch strings.ToUpper(firstWord(query)) {
-	case "INSERT", "UPDATE", "DELETE", "MERGE":
-	default:
 		return nil, false
 	}
 	queued = make([]any, len(args))
@@ -48,7 +41,7 @@ func (s *Store) Queueable(query string, args []any) (queued []any, ok bool) {
 
 // heldValue returns a copy of an argument that its caller's later changes
 // do not reach, and false for one of a type a copy might not hold (see
-// Store.Queueable).
+// Store.QueueArgs).
 func heldValue(a any) (any, bool) {
 	switch v := a.(type) {
 	case nil, string, bool, time.Time, time.Duration,
@@ -66,7 +59,7 @@ func heldValue(a any) (any, bool) {
 	return nil, false
 }
 
-// ExecQueued runs queries, each with its args (as Queueable returned
+// ExecQueued runs queries, each with its args (as QueueArgs returned
 // them), in one round trip on conn (pgx's pipeline, in conn's
 // transaction), and returns the rows each one affected; on a failure, its
 // error and the index of the statement whose result carried it (-1 when
@@ -106,50 +99,4 @@ func (s *Store) ExecQueued(ctx context.Context, conn *sql.Conn, queries []string
 		return br.Close()
 	})
 	return rows, failed, err
-}
-
-// firstWord returns the first word of a statement, after any blank and
-// comment (-- to the line's end, /* */ nested as PostgreSQL nests them).
-func firstWord(query string) string {
-	i := 0
-	for i < len(query) {
-		switch {
-		case query[i] == ' ' || query[i] == '\t' || query[i] == '\n' || query[i] == '\r' || query[i] == '\f':
-			i++
-		case strings.HasPrefix(query[i:], "--"):
-			end := strings.IndexByte(query[i:], '\n')
-			if end < 0 {
-				return ""
-			}
-			i += end + 1
-		case strings.HasPrefix(query[i:], "/*"):
-			depth := 0
-		comment:
-			for i < len(query) {
-				switch {
-				case strings.HasPrefix(query[i:], "/*"):
-					depth++
-					i += 2
-				case strings.HasPrefix(query[i:], "*/"):
-					depth--
-					i += 2
-					if depth == 0 {
-						break comment
-					}
-				default:
-					i++
-				}
-			}
-			if depth != 0 {
-				return ""
-			}
-		default:
-			j := i
-			for j < len(query) && (query[j] >= 'a' && query[j] <= 'z' || query[j] >= 'A' && query[j] <= 'Z') {
-				j++
-			}
-			return query[i:j]
-		}
-	}
-	return ""
 }
