@@ -202,6 +202,16 @@ func TestGroupCommit(t *testing.T) {
 	}
 }
 
+// requireProcessed requires that every attempt gather ran succeeded and
+// took effect.
+func requireProcessed(t *testing.T, outcomes []framework.Outcome, errs []error) {
+	t.Helper()
+	for i := range errs {
+		require.NoError(t, errs[i], i)
+		require.Equal(t, framework.Processed, outcomes[i], i)
+	}
+}
+
 // gather runs fn for each of ids at once on uow, as attempts of one
 // batch: a first attempt holds the only batch slot until all of them
 // wait. An attempt whose id starts with "slow" has 300 ms, with
@@ -466,10 +476,7 @@ func TestGroupCommitResetsSettings(t *testing.T) {
 		_, err = conn.ExecContext(ctx, `INSERT INTO effects (id, seen) VALUES ($1, 1)`, id)
 		return err
 	})
-	for i := range errs {
-		require.NoError(t, errs[i])
-		require.Equal(t, framework.Processed, outcomes[i])
-	}
+	requireProcessed(t, outcomes, errs)
 	first := saw[ids[0]]
 	require.Equal(t, first.txid, saw[ids[2]].txid, "one batch, one transaction")
 	require.NotEqual(t, "0", first.timeout, "the batch sets a statement timeout")
@@ -666,10 +673,7 @@ func TestGroupCommitWaitsForRunningBatch(t *testing.T) {
 		mu.Unlock()
 		return err
 	})
-	for i := range errs {
-		require.NoError(t, errs[i])
-		require.Equal(t, framework.Processed, outcomes[i])
-	}
+	requireProcessed(t, outcomes, errs)
 	require.Len(t, txids, 1, "one batch, one transaction")
 }
 
@@ -909,10 +913,7 @@ func TestStatementAfterTheHandlerReturned(t *testing.T) {
 				_, err := conn.ExecContext(ctx, insert, id)
 				return err
 			})
-			for i := range errs {
-				require.NoError(t, errs[i])
-				require.Equal(t, framework.Processed, outcomes[i])
-			}
+			requireProcessed(t, outcomes, errs)
 			require.ErrorIs(t, lateErr, framework.ErrAttemptEnded)
 			var ids []string
 			require.NoError(t, b.db.SelectContext(t.Context(), &ids, `SELECT id FROM effects ORDER BY id`))

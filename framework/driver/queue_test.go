@@ -148,10 +148,7 @@ func TestGroupCommitQueuedReads(t *testing.T) {
 				mu.Unlock()
 				return err
 			})
-			for i := range ids {
-				require.NoError(t, errs[i])
-				require.Equal(t, framework.Processed, outcomes[i])
-			}
+			requireProcessed(t, outcomes, errs)
 			if name == "PostgreSQL" {
 				require.Equal(t, txids["a"], txids["b"], "one batch")
 				require.Equal(t, txids["a"], txids["c"])
@@ -186,10 +183,7 @@ func TestGroupCommitQueuedArgs(t *testing.T) {
 				copy(buf, "overwritten")
 				return err
 			})
-			for i := range ids {
-				require.NoError(t, errs[i])
-				require.Equal(t, framework.Processed, outcomes[i])
-			}
+			requireProcessed(t, outcomes, errs)
 			var got []struct {
 				ID   string `db:"id"`
 				Body []byte `db:"body"`
