@@ -202,6 +202,15 @@ func TestGroupCommit(t *testing.T) {
 	}
 }
 
+// gatherDeadlines is how long gather gives an attempt, by the prefix of
+// its id: "late" outlasts the gathering of its batch on a loaded machine,
+// so that its batch starts before its deadline.
+var gatherDeadlines = map[string]time.Duration{
+	"slow":     300 * time.Millisecond,
+	"late":     2 * time.Second,
+	"deadline": time.Minute,
+}
+
 // requireProcessed requires that every attempt gather ran succeeded and
 // took effect.
 func requireProcessed(t *testing.T, outcomes []framework.Outcome, errs []error) {
@@ -214,8 +223,8 @@ func requireProcessed(t *testing.T, outcomes []framework.Outcome, errs []error) 
 
 // gather runs fn for each of ids at once on uow, as attempts of one
 // batch: a first attempt holds the only batch slot until all of them
-// wait. An attempt whose id starts with "slow" has 300 ms, with
-// "deadline" a minute. It returns each attempt's outcome and error.
+// wait. An attempt whose id starts with a prefix of gatherDeadlines has
+// that long. It returns each attempt's outcome and error.
 func gather(t *testing.T, uow *driver.UnitOfWork, ids []string, fn func(ctx context.Context, id string) error) ([]framework.Outcome, []error) {
 	t.Helper()
 	ctx := t.Context()
@@ -235,15 +244,12 @@ func gather(t *testing.T, uow *driver.UnitOfWork, ids []string, fn func(ctx cont
 	for i, id := range ids {
 		wg.Go(func() {
 			actx := ctx
-			switch {
-			case strings.HasPrefix(id, "slow"):
-				var cancel context.CancelFunc
-				actx, cancel = context.WithTimeout(ctx, 300*time.Millisecond)
-				defer cancel()
-			case strings.HasPrefix(id, "deadline"):
-				var cancel context.CancelFunc
-				actx, cancel = context.WithTimeout(ctx, time.Minute)
-				defer cancel()
+			for prefix, d := range gatherDeadlines {
+				if strings.HasPrefix(id, prefix) {
+					var cancel context.CancelFunc
+					actx, cancel = context.WithTimeout(ctx, d)
+					defer cancel()
+				}
 			}
 			outcomes[i], errs[i] = uow.Do(actx, "c", framework.Key{Source: "s", ID: id}, func(ctx context.Context) error { return fn(ctx, id) })
 		})

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 )
@@ -127,18 +128,25 @@ func (g *group) begin(ctx context.Context) (tx *sqlx.Tx, queue *execQueue, err e
 
 // queueFailed returns retry, the attempts of a batch whose queued
 // statements failed that run again alone, but for the attempt whose
-// statement failed when its context ended: that one fails with the
+// statement failed once its deadline passed: that one fails with the
 // statement's error (a statement_timeout at its deadline), since it
-// could only fail alone at its begin.
+// could only fail alone at its begin. The deadline is read from the
+// clock, not from the context, whose timer a loaded machine runs late.
 func queueFailed(queue *execQueue, retry []*attemptRun) []*attemptRun {
 	if queue == nil || queue.failedBy == nil {
 		return retry
 	}
 	for i, a := range retry {
-		if a.tx == queue.failedBy && a.ctx.Err() != nil {
+		if a.tx == queue.failedBy && pastDeadline(a.ctx) {
 			a.fail(queue.err)
 			return slices.Delete(retry, i, i+1)
 		}
 	}
 	return retry
+}
+
+// pastDeadline reports whether ctx ended, or its deadline passed.
+func pastDeadline(ctx context.Context) bool {
+	d, ok := ctx.Deadline()
+	return ctx.Err() != nil || ok && !time.Now().Before(d)
 }

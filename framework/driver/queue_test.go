@@ -207,9 +207,9 @@ func TestGroupCommitQueuedWriteTimeout(t *testing.T) {
 	t.Parallel()
 	b := groupBackends()["PostgreSQL"](t)
 	uow := b.unitOfWork(t)
-	outcomes, errs := gather(t, uow, []string{"a", "slow", "b"}, func(ctx context.Context, id string) error {
+	outcomes, errs := gather(t, uow, []string{"a", "late", "b"}, func(ctx context.Context, id string) error {
 		query := `INSERT INTO effects (id, seen) VALUES ($1, 1)`
-		if id == "slow" {
+		if id == "late" {
 			query = `INSERT INTO effects (id, seen) SELECT $1, 1 FROM pg_sleep(10)`
 		}
 		_, err := framework.Conn(ctx, b.db).ExecContext(ctx, query, id)
