@@ -174,7 +174,11 @@ func TestStopExpiredCancelsAttempt(t *testing.T) {
 		return ctx.Err()
 	}
 	e.hold.Store(&hold)
-	r, transport := e.runner(t)
+	// A time limit that a loaded machine does not reach before Stop: at
+	// a second, the attempt once timed out first and, with one attempt,
+	// was dead-lettered. The canceled attempt's message is delivered
+	// again without waiting for its lease to end.
+	r, transport := e.runner(t, 20*time.Second)
 	e.publish(t, transport, "i-1")
 	<-entered
 	ctx, cancel := context.WithCancel(context.Background())
