@@ -59,6 +59,7 @@ func (r *run) diagnose(ctx context.Context) {
 		var replays []string
 		_ = r.db.SelectContext(ctx, &replays, `SELECT id || ' dl ' || dead_letter_id || ' ' || (metadata->>'subjectseq') || ' sent ' || coalesce(sent_at::text, 'no') FROM replays WHERE consumer = $1 AND convert_from(body, 'UTF8') LIKE $2 ORDER BY id`, ProjectionConsumer, `%"subject":"`+s+`"%`)
 		fmt.Fprintf(&b, "; replays %v", replays)
+		fmt.Fprintf(&b, "; its marks, parked events and checkpoint, as they changed:\n%s", r.auditTrail(ctx, s))
 		r.logf("%s", b.String())
 	}
 }

@@ -232,7 +232,7 @@ func (r *run) soak(ctx context.Context, dir string) (Report, error) {
 	if err := os.WriteFile(consumerConfig, []byte("consumers:\n  "+ProjectionConsumer+":\n    strict_order: true\n"), 0o644); err != nil {
 		return Report{}, fmt.Errorf("soak: %w", err)
 	}
-	if _, err := r.svc.command(ctx, "migrate"); err != nil {
+	if err := r.migrate(ctx); err != nil {
 		return Report{}, err
 	}
 	consumerVars := []string{"EFFECTIVELY_CONFIG=" + consumerConfig}

@@ -1,0 +1,92 @@
+package soak
+
+import (
+	"context"
+	"fmt"
+	"strings"
+)
+
+// qAudit records, for the projection (the strict-order consumer), every
+// change of a processed mark and of a parked event, with the transaction
+// and the server process that made it: what diagnose prints of a subject
+// that did not finish, so that a run that fails once tells how its
+// events came to be where they are. It commits with the change, or not.
+const qAudit = `CREATE TABLE soak_audit (
+    id       BIGSERIAL PRIMARY KEY,
+    at       TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp(),
+    txid     BIGINT NOT NULL DEFAULT txid_current(),
+    pid      INT NOT NULL DEFAULT pg_backend_pid(),
+    tbl      TEXT NOT NULL,
+    op       TEXT NOT NULL,
+    event_id TEXT NOT NULL,
+    subject  TEXT NOT NULL DEFAULT '',
+    seq      BIGINT NOT NULL DEFAULT 0,
+    reason   TEXT NOT NULL DEFAULT ''
+);
+CREATE FUNCTION soak_audit_mark() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        IF OLD.consumer = '` + ProjectionConsumer + `' THEN
+            INSERT INTO soak_audit (tbl, op, event_id) VALUES ('mark', TG_OP, OLD.event_id);
+        END IF;
+        RETURN OLD;
+    END IF;
+    IF NEW.consumer = '` + ProjectionConsumer + `' THEN
+        INSERT INTO soak_audit (tbl, op, event_id) VALUES ('mark', TG_OP, NEW.event_id);
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER soak_audit_mark AFTER INSERT OR DELETE ON processed_events
+    FOR EACH ROW EXECUTE FUNCTION soak_audit_mark();
+CREATE FUNCTION soak_audit_parked() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'DELETE' THEN
+        IF OLD.consumer = '` + ProjectionConsumer + `' THEN
+            INSERT INTO soak_audit (tbl, op, event_id, subject, seq, reason)
+            VALUES ('parked', TG_OP, OLD.event_id, OLD.subject, OLD.seq, OLD.reason);
+        END IF;
+        RETURN OLD;
+    END IF;
+    IF NEW.consumer = '` + ProjectionConsumer + `' THEN
+        INSERT INTO soak_audit (tbl, op, event_id, subject, seq, reason)
+        VALUES ('parked', TG_OP, NEW.event_id, NEW.subject, NEW.seq, NEW.reason);
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER soak_audit_parked AFTER INSERT OR UPDATE OR DELETE ON parked_events
+    FOR EACH ROW EXECUTE FUNCTION soak_audit_parked();
+CREATE FUNCTION soak_audit_checkpoint() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.consumer = '` + ProjectionConsumer + `' AND (TG_OP = 'INSERT' OR OLD.seq <> NEW.seq) THEN
+        INSERT INTO soak_audit (tbl, op, event_id, subject, seq)
+        VALUES ('checkpoint', TG_OP, '', NEW.subject, NEW.seq);
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER soak_audit_checkpoint AFTER INSERT OR UPDATE ON subject_checkpoints
+    FOR EACH ROW EXECUTE FUNCTION soak_audit_checkpoint();`
+
+// migrate migrates the service's database, and installs qAudit's
+// triggers on its tables.
+func (r *run) migrate(ctx context.Context) error {
+	if _, err := r.svc.command(ctx, "migrate"); err != nil {
+		return err
+	}
+	if _, err := r.db.ExecContext(ctx, qAudit); err != nil {
+		return fmt.Errorf("soak: audit triggers: %w", err)
+	}
+	return nil
+}
+
+// auditTrail returns the audit of the events of subject (see qAudit),
+// one change a line, in the order they were made.
+func (r *run) auditTrail(ctx context.Context, subject string) string {
+	var lines []string
+	err := r.db.SelectContext(ctx, &lines, `SELECT to_char(at, 'HH24:MI:SS.US') || ' tx ' || txid || ' pid ' || pid || ' ' ||
+    tbl || ' ' || op || ' ' || event_id || CASE WHEN tbl = 'mark' THEN '' ELSE ' #' || seq || ' ' || reason END
+FROM soak_audit WHERE subject = $1 OR event_id LIKE $2 ORDER BY id`, subject, "e"+subject[1:]+"%")
+	if err != nil {
+		return fmt.Sprintf("audit: %v", err)
+	}
+	return strings.Join(lines, "\n")
+}
