@@ -184,35 +184,44 @@ func batchKeys(batch []*attemptRun) []framework.Key {
 // from; and the other subjects, whose checkpoints the batch reads and
 // locks. planned is nil when no subject is at its turn so.
 func (g *group) planMoves(batch []*attemptRun, subjects []string) (planned, from plannedMoves, unknown []string) {
-	for _, s := range subjects {
-		var (
-			first   = true
-			c, to   int64
-			at, run bool
-		)
-		for _, a := range batch {
-			if a.delivery.OrderedSubject != s {
-				continue
-			}
-			seq := a.delivery.OrderedSeq
-			if first {
-				first = false
-				if c, at = g.known.turn(a.consumer, s, seq); !at {
-					break
-				}
-				to, run = seq, true
-			} else if seq == to+1 {
-				to = seq
-			}
+	// One pass over batch (a batch of cold subjects has as many subjects
+	// as events): each subject's run, by its place in subjects.
+	type run struct {
+		c, to     int64
+		first, at bool
+	}
+	runs := make([]run, len(subjects))
+	place := make(map[string]int, len(subjects))
+	for i, s := range subjects {
+		place[s] = i
+		runs[i].first = true
+	}
+	for _, a := range batch {
+		i, ok := place[a.delivery.OrderedSubject]
+		if !ok {
+			continue
 		}
-		if !run {
+		r, seq := &runs[i], a.delivery.OrderedSeq
+		switch {
+		case r.first:
+			r.first = false
+			if r.c, r.at = g.known.turn(a.consumer, subjects[i], seq); r.at {
+				r.to = seq
+			}
+		case r.at && seq == r.to+1:
+			r.to = seq
+		}
+	}
+	for i, s := range subjects {
+		r := runs[i]
+		if !r.at {
 			unknown = append(unknown, s)
 			continue
 		}
 		if planned == nil {
 			planned, from = plannedMoves{}, plannedMoves{}
 		}
-		planned[s], from[s] = to, c
+		planned[s], from[s] = r.to, r.c
 	}
 	return planned, from, unknown
 }
@@ -283,6 +292,7 @@ func (g *group) orderedSubjects(batch []*attemptRun) []string {
 	var (
 		subjects []string
 		ordered  int
+		seen     map[string]struct{} // made at the first: most batches have none
 	)
 	for _, a := range batch {
 		if a.consumer != batch[0].consumer {
@@ -290,7 +300,11 @@ func (g *group) orderedSubjects(batch []*attemptRun) []string {
 		}
 		if s := a.delivery.OrderedSubject; s != "" {
 			ordered++
-			if !slices.Contains(subjects, s) {
+			if seen == nil {
+				seen = make(map[string]struct{}, len(batch))
+			}
+			if _, ok := seen[s]; !ok {
+				seen[s] = struct{}{}
 				subjects = append(subjects, s)
 			}
 		}

@@ -281,3 +281,63 @@ func TestMarkMoveManyLockOrder(t *testing.T) {
 		return err
 	}))
 }
+
+// TestMarkMoveManyCompare: each move of MarkMoveMany is a compare-and-set
+// of its own subject's checkpoint, whatever the subjects' order: moved is
+// false, and the batch rolls back, when a single one of them is not at
+// its from (a new subject's is 0); otherwise every move is made.
+func TestMarkMoveManyCompare(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db, store := migratedStore(t)
+	mm := any(store).(markMover)
+	ob := any(store).(orderBatcher)
+	uow := newUnitOfWork(t, db, store)
+	require.NoError(t, inAttempt(ctx, uow, "setup", func(ctx context.Context, tx *driver.Tx) error {
+		_, err := ob.AdvanceMany(ctx, tx, orders, []string{"a", "b", "c"}, []int64{1, 3, 7})
+		return err
+	}))
+	reads := 0
+	checkpoints := func() map[string]int64 {
+		var cps map[string]int64
+		reads++ // an attempt of its own each time: the same id would be a duplicate
+		require.NoError(t, inAttempt(ctx, uow, fmt.Sprintf("read-%d", reads), func(ctx context.Context, tx *driver.Tx) error {
+			var err error
+			cps, err = ob.CheckpointMany(ctx, tx, orders, []string{"a", "b", "c", "d"})
+			return err
+		}))
+		return cps
+	}
+	errNotMoved := errors.New("not moved")
+	for i, c := range []struct {
+		move     []string
+		from, to []int64
+	}{
+		{[]string{"a", "b", "c"}, []int64{1, 2, 7}, []int64{2, 4, 8}}, // b is at 3
+		{[]string{"c", "b", "a"}, []int64{7, 3, 2}, []int64{8, 4, 3}}, // a is at 1
+		{[]string{"d", "a"}, []int64{1, 1}, []int64{2, 2}},            // d is new: at 0
+		{[]string{"b", "d"}, []int64{3, 0}, []int64{4, 1}},            // … only b's is wrong
+	} {
+		if i == 3 {
+			c.from[0] = 2
+		}
+		err := inAttempt(ctx, uow, fmt.Sprintf("batch-%d", i), func(ctx context.Context, tx *driver.Tx) error {
+			_, _, moved, err := mm.MarkMoveMany(ctx, tx, orders, []framework.Key{{Source: "test", ID: fmt.Sprintf("e-%d", i)}}, nil, c.move, c.from, c.to)
+			if err == nil && !moved {
+				err = errNotMoved
+			}
+			return err
+		})
+		require.ErrorIs(t, err, errNotMoved, "moves %v from %v", c.move, c.from)
+	}
+	require.Equal(t, map[string]int64{"a": 1, "b": 3, "c": 7, "d": 0}, checkpoints(), "no move was made")
+	require.NoError(t, inAttempt(ctx, uow, "moves", func(ctx context.Context, tx *driver.Tx) error {
+		_, _, moved, err := mm.MarkMoveMany(ctx, tx, orders, []framework.Key{{Source: "test", ID: "e-ok"}},
+			nil, []string{"c", "a", "d", "b"}, []int64{7, 1, 0, 3}, []int64{9, 2, 1, 5})
+		if err == nil && !moved {
+			err = errNotMoved
+		}
+		return err
+	}))
+	require.Equal(t, map[string]int64{"a": 2, "b": 5, "c": 9, "d": 1}, checkpoints())
+}
