@@ -224,32 +224,11 @@ func (g *group) leadJoins() {
 func (g *group) runJoined(batch []*attemptRun) {
 	ctx, stop := batchContext(batch)
 	defer stop()
-	refuse := func(as []*attemptRun, err error) {
-		for _, a := range as {
-			a.joined.grant <- joinGrant{err: err}
-		}
-	}
-	tx, err := g.u.db.BeginTxx(ctx, nil)
-	if err != nil {
-		refuse(batch, fmt.Errorf("begin: %w", err))
+	tx, timeout, in := g.beginJoined(ctx, batch)
+	if tx == nil {
 		return
-	}
-	timeout := g.timeout(batch)
-	if timeout != "" {
-		if _, err := tx.ExecContext(ctx, timeout); err != nil {
-			_ = tx.Rollback() // err is what matters
-			refuse(batch, fmt.Errorf("statement timeout: %w", err))
-			return
-		}
 	}
 	ctx = context.WithoutCancel(ctx) // as a batch's statements do (see try)
-	own := &Tx{tx: tx, ctx: ctx}
-	in, err := g.markLockJoined(ctx, own, batch)
-	if err != nil {
-		_ = tx.Rollback() // err is what matters
-		refuse(batch, err)
-		return
-	}
 	var (
 		ran   []*attemptRun // attempts whose turn came
 		ok    []*attemptRun // ... with something to commit
@@ -344,26 +323,90 @@ func (g *group) runJoined(batch []*attemptRun) {
 	}
 }
 
+// beginJoined begins the transaction of batch, deferred attempts at
+// their first statement, marks their events and locks their subjects'
+// checkpoints in it (see markLockJoined), and returns it with its
+// statement timeout and the attempts that run in it; a nil transaction
+// when none does (each attempt is refused: it fails, or runs again
+// alone). When the marks of attempts it refuses were made in it, it
+// begins again without them: the batch's commit would keep those marks
+// and lose their events, which would find them when they run again.
+func (g *group) beginJoined(ctx context.Context, batch []*attemptRun) (tx *sqlx.Tx, timeout string, in []*attemptRun) {
+	for len(batch) > 0 {
+		var err error
+		if tx, err = g.u.db.BeginTxx(ctx, nil); err != nil {
+			refuse(batch, fmt.Errorf("begin: %w", err))
+			return nil, "", nil
+		}
+		if timeout = g.timeout(batch); timeout != "" {
+			if _, err := tx.ExecContext(ctx, timeout); err != nil {
+				_ = tx.Rollback() // err is what matters
+				refuse(batch, fmt.Errorf("statement timeout: %w", err))
+				return nil, "", nil
+			}
+		}
+		own := &Tx{tx: tx, ctx: context.WithoutCancel(ctx)}
+		in, clean, err := g.markLockJoined(own.ctx, own, batch)
+		switch {
+		case err != nil:
+			_ = tx.Rollback() // err is what matters
+			refuse(batch, err)
+			return nil, "", nil
+		case clean && len(in) == 0:
+			_ = tx.Rollback() // nothing to run
+			return nil, "", nil
+		case clean:
+			return tx, timeout, in
+		}
+		_ = tx.Rollback() // the refused attempts' marks go with it
+		batch = in
+	}
+	return nil, "", nil
+}
+
+// refuse keeps each of as, deferred attempts at their first statement,
+// out of its batch, with err.
+func refuse(as []*attemptRun, err error) {
+	for _, a := range as {
+		a.joined.grant <- joinGrant{err: err}
+	}
+}
+
 // markLockJoined marks the events of batch and locks their subjects'
 // checkpoints in own, the batch's transaction, and returns the attempts
 // whose mark is new and checkpoint as they read it; it refuses the others
-// (errDeferredLost), which run again alone.
-func (g *group) markLockJoined(ctx context.Context, own *Tx, batch []*attemptRun) ([]*attemptRun, error) {
-	keys := make([]framework.Key, len(batch))
-	var subjects []string
-	for i, a := range batch {
+// (errDeferredLost), which run again alone, and so it does, before it
+// marks, the events of a subject after its first in batch. clean is false
+// when a refused attempt's mark was made in own: the caller then rolls
+// own back, and runs the others in a transaction of their own.
+func (g *group) markLockJoined(ctx context.Context, own *Tx, batch []*attemptRun) (in []*attemptRun, clean bool, err error) {
+	var (
+		keys     = make([]framework.Key, 0, len(batch))
+		subjects []string
+		marking  = batch[:0:0]
+	)
+	for _, a := range batch {
 		if a.consumer != batch[0].consumer {
-			return nil, errDeferredLost // one statement marks for one consumer: each runs alone
+			refuse(batch, errDeferredLost) // one statement marks for one consumer: each runs alone
+			return nil, true, nil
 		}
-		keys[i] = a.key
-		if s := a.delivery.OrderedSubject; s != "" && !slices.Contains(subjects, s) {
+		s := a.delivery.OrderedSubject
+		if s != "" && slices.Contains(subjects, s) {
+			// A second event of a subject in the batch read the
+			// checkpoint the first one moves: it runs again alone,
+			// after it, and is not marked here.
+			refuse([]*attemptRun{a}, errDeferredLost)
+			continue
+		}
+		if s != "" {
 			subjects = append(subjects, s)
 		}
+		keys = append(keys, a.key)
+		marking = append(marking, a)
 	}
 	var (
 		first       []bool
 		checkpoints map[string]int64
-		err         error
 	)
 	if mc, ok := g.u.store.(markCheckpointer); ok && len(subjects) > 0 {
 		first, checkpoints, err = mc.MarkCheckpointMany(ctx, own, batch[0].consumer, keys, subjects)
@@ -371,25 +414,21 @@ func (g *group) markLockJoined(ctx context.Context, own *Tx, batch []*attemptRun
 		first, err = g.u.store.(manyMarker).MarkMany(ctx, own, batch[0].consumer, keys)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("mark processed: %w", err)
+		return nil, false, fmt.Errorf("mark processed: %w", err)
 	}
 	if checkpoints == nil && len(subjects) > 0 {
 		if checkpoints, err = g.u.store.(orderBatcher).CheckpointMany(ctx, own, batch[0].consumer, subjects); err != nil {
-			return nil, fmt.Errorf("checkpoints of %d subjects: %w", len(subjects), err)
+			return nil, false, fmt.Errorf("checkpoints of %d subjects: %w", len(subjects), err)
 		}
 	}
-	in := make([]*attemptRun, 0, len(batch))
-	seen := make(map[string]bool, len(subjects))
-	for i, a := range batch {
-		s := a.delivery.OrderedSubject
-		// A second event of a subject in the batch read the checkpoint
-		// the first one moves: it runs again alone, after it.
-		if !first[i] || (s != "" && (seen[s] || checkpoints[s] != a.joined.checkpoint)) {
-			a.joined.grant <- joinGrant{err: errDeferredLost}
+	in, clean = make([]*attemptRun, 0, len(marking)), true
+	for i, a := range marking {
+		if s := a.delivery.OrderedSubject; !first[i] || s != "" && checkpoints[s] != a.joined.checkpoint {
+			refuse([]*attemptRun{a}, errDeferredLost)
+			clean = clean && !first[i] // its mark is own's
 			continue
 		}
-		seen[s] = s != ""
 		in = append(in, a)
 	}
-	return in, nil
+	return in, clean, nil
 }

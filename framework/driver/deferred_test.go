@@ -349,3 +349,85 @@ func TestOutsideCallsBeyondOverlap(t *testing.T) {
 	require.NoError(t, b.db.GetContext(ctx, &got, `SELECT count(*) FROM effects WHERE id LIKE 'outside-%'`))
 	require.Equal(t, n, got, "each effect once")
 }
+
+// TestDeferredRefusedAttemptsKeepNoMark: a deferred batch refuses, to
+// run again alone, the second event of a subject in it and an event
+// whose subject's checkpoint moved while its handler waited outside; the
+// batch commits its other attempts without the refused ones' marks, so
+// that each of them, run again alone, takes effect. Before, the statement
+// that marked the batch's events marked the refused ones too, and their
+// batch-mates' commit kept the marks: run again, each found its mark and
+// was a duplicate, its effect lost.
+func TestDeferredRefusedAttemptsKeepNoMark(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := groupBackends()["PostgreSQL"](t)
+	uow := overlappingUnit(t, b, 0)
+	var (
+		mu   sync.Mutex
+		runs = map[string]int{}
+		wg   sync.WaitGroup
+	)
+	slowIn := make(chan struct{})
+	run := func(id, subject string, moveFirst bool) (framework.Outcome, error) {
+		return uow.DoDelivery(ctx, "c", framework.Key{Source: "s", ID: id}, driver.Delivery{OrderedSubject: subject}, func(ctx context.Context) error {
+			mu.Lock()
+			runs[id]++
+			n := runs[id]
+			mu.Unlock()
+			time.Sleep(10 * time.Millisecond) // the outside call
+			conn := framework.Conn(ctx, b.db)
+			if id == "slow" {
+				if err := holdBatch(ctx, conn, slowIn); err != nil {
+					return err
+				}
+			}
+			if moveFirst && n == 1 {
+				// Another process moves the subject's checkpoint while
+				// the handler waits outside.
+				other, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: b.db, Store: b.store, BatchSize: 1})
+				if err != nil {
+					return err
+				}
+				if _, err := other.Do(context.WithoutCancel(ctx), "c", framework.Key{Source: "s", ID: id + "-mover"}, func(ctx context.Context) error {
+					tx, _ := driver.TxFromContext(ctx)
+					_, err := b.store.Advance(ctx, tx, "c", subject, 1)
+					return err
+				}); err != nil {
+					return err
+				}
+			}
+			_, err := conn.ExecContext(ctx, `INSERT INTO effects (id, seen) VALUES ($1, $2)`, id, n)
+			return err
+		})
+	}
+	wg.Go(func() {
+		_, err := run("slow", "", false)
+		require.NoError(t, err)
+	})
+	<-slowIn // the slow one's batch runs: the others join the next one
+	for _, c := range []struct {
+		id, subject string
+		move        bool
+	}{
+		{"first-of-a", "order-a", false},
+		{"second-of-a", "order-a", false},
+		{"moved-b", "order-b", true},
+		{"plain", "", false},
+	} {
+		wg.Go(func() {
+			outcome, err := run(c.id, c.subject, c.move)
+			require.NoError(t, err, c.id)
+			require.Equal(t, framework.Processed, outcome, "%s: its effect was lost", c.id)
+		})
+	}
+	wg.Wait()
+	var ids []string
+	require.NoError(t, b.db.SelectContext(ctx, &ids, `SELECT id FROM effects WHERE id NOT LIKE 'learn-%' ORDER BY id`))
+	require.Equal(t, []string{"first-of-a", "moved-b", "plain", "second-of-a", "slow"}, ids, "each effect once")
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, 2, runs["moved-b"], "refused, it ran again: %v", runs)
+	require.Equal(t, 1, runs["plain"], "its batch committed it: %v", runs)
+	require.Equal(t, 3, runs["first-of-a"]+runs["second-of-a"], "one of the subject's two ran again: %v", runs)
+}
