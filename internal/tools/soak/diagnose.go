@@ -41,7 +41,7 @@ func (r *run) diagnose(ctx context.Context) {
 	sort.Strings(bad)
 	r.logf("diagnose: %d subjects incomplete", len(bad))
 	bad = r.unheldFirst(ctx, bad)
-	for _, s := range bad[:min(len(bad), 5)] {
+	for _, s := range bad[:min(len(bad), 10)] {
 		var b strings.Builder
 		fmt.Fprintf(&b, "subject %s: want (last, applied) %v, have %v", s, want[s], have[s])
 		var cp []int64

@@ -238,7 +238,8 @@ func (r *run) soak(ctx context.Context, dir string) (Report, error) {
 	consumerVars := []string{"EFFECTIVELY_CONFIG=" + consumerConfig}
 	c := &consumers{run: r, vars: consumerVars, procs: make([]*proc, 2)}
 	for i := range c.procs {
-		p, err := r.svc.start(ctx, fmt.Sprintf("consumer-%d", i+1), time.Minute, consumerVars...)
+		name := fmt.Sprintf("consumer-%d", i+1)
+		p, err := r.svc.start(ctx, name, time.Minute, consumerEnv(name, consumerVars)...)
 		if err != nil {
 			return Report{}, err
 		}
@@ -561,7 +562,7 @@ func (c *consumers) killAtRandom(ctx context.Context) error {
 		for {
 			// A restart may fail while PostgreSQL or a node is down: try
 			// again.
-			np, err := c.run.svc.start(context.WithoutCancel(ctx), p.name, time.Minute, c.vars...)
+			np, err := c.run.svc.start(context.WithoutCancel(ctx), p.name, time.Minute, consumerEnv(p.name, c.vars)...)
 			if err == nil {
 				c.mu.Lock()
 				c.procs[i] = np

@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
 	"time"
 
@@ -37,6 +38,12 @@ const (
 const (
 	// EnvRole is consumer (the default) or producer.
 	EnvRole = "EFFECTIVELY_SOAK_ROLE"
+	// EnvOutsideWait, a duration, makes a consumer's handlers wait that
+	// long before their statements, as a call outside the database
+	// would: the process's attempts then overlap, each one's transaction
+	// begun at its handler's first statement, instead of gathering into
+	// batches (see consumerEnv).
+	EnvOutsideWait = "EFFECTIVELY_SOAK_OUTSIDE_WAIT"
 	// EnvEvents, EnvSeed and EnvRate are the producer's plan (NewPlan)
 	// and how many events per second it writes.
 	EnvEvents = "EFFECTIVELY_SOAK_EVENTS"
@@ -105,8 +112,46 @@ func failFirst(ctx context.Context, db *sqlx.DB, consumer string, ev framework.E
 	return nil
 }
 
+// outside waits for d (EnvOutsideWait), the handler's call outside the
+// database, or until ctx ends.
+func outside(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// outsideWait is EnvOutsideWait's duration; zero when it is not set.
+func outsideWait() time.Duration {
+	d, _ := time.ParseDuration(os.Getenv(EnvOutsideWait)) // set by the soak, which sets it right
+	return d
+}
+
+// consumerEnv returns the environment of the consumer process name: the
+// second one's handlers wait outside the database (EnvOutsideWait), so
+// that in each run one process gathers its attempts into batches and
+// the other overlaps them, each transaction begun at its handler's
+// first statement.
+func consumerEnv(name string, vars []string) []string {
+	if name != "consumer-2" {
+		return vars
+	}
+	return append(slices.Clip(vars), EnvOutsideWait+"=3ms")
+}
+
 func newApplyEffect(db *sqlx.DB) framework.HandlerFunc[RecordedV1] {
+	wait := outsideWait()
 	return func(ctx context.Context, ev framework.Event[RecordedV1]) error {
+		if err := outside(ctx, wait); err != nil {
+			return err
+		}
 		if err := failFirst(ctx, db, EffectsConsumer, ev); err != nil {
 			return err
 		}
@@ -120,7 +165,11 @@ func newApplyEffect(db *sqlx.DB) framework.HandlerFunc[RecordedV1] {
 }
 
 func newProject(db *sqlx.DB) framework.HandlerFunc[RecordedV1] {
+	wait := outsideWait()
 	return func(ctx context.Context, ev framework.Event[RecordedV1]) error {
+		if err := outside(ctx, wait); err != nil {
+			return err
+		}
 		if err := failFirst(ctx, db, ProjectionConsumer, ev); err != nil {
 			return err
 		}
