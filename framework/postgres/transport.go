@@ -54,15 +54,16 @@ const (
 	// those it hands out (its concurrency), and how many acknowledgements
 	// it gathers before it writes its group's position. A larger batch
 	// saves queries but redelivers more after a crash (see
-	// docs/transports.md for the measurements). 64, the default
-	// concurrency, lets a read bring a batch's worth of rows while the
-	// messages in flight are handled (make bench: 10 gave 10.1k effects/s,
-	// a read every 10 rows; 64 gives 13k). A subscription hands out no
-	// message while a read runs (a round trip and a commit): 256 read
-	// every 132 rows instead of 41 and drained 15% to 20% faster
-	// unordered, but strict order on many subjects gained little, and
-	// fell below 0.8 of unordered (internal/tools/bench/findings.md).
-	DefaultBatchSize = 64
+	// docs/transports.md for the measurements). A read brings a batch's
+	// worth of rows while the messages in flight are handled (make bench:
+	// 10 gave 10.1k effects/s, a read every 10 rows; 64 gave 13k). A
+	// subscription hands out no message while a read runs (a round trip
+	// and a commit), so fewer reads drain faster: 128 drained the
+	// ordering backlogs about a tenth faster than 64, unordered and under
+	// strict order alike (three interleaved runs of each); 256 drained
+	// unordered faster still, but strict order on many subjects gained
+	// little (internal/tools/bench/findings.md).
+	DefaultBatchSize = 128
 )
 
 // MaxUUIDLength is the longest message UUID the messages table holds
