@@ -346,12 +346,8 @@ func (g *group) beginJoined(ctx context.Context, batch []*attemptRun) (tx *sqlx.
 			}
 		}
 		own := &Tx{tx: tx, ctx: context.WithoutCancel(ctx)}
-		in, clean, err := g.markLockJoined(own.ctx, own, batch)
+		in, clean := g.markLockJoined(own.ctx, own, batch)
 		switch {
-		case err != nil:
-			_ = tx.Rollback() // err is what matters
-			refuse(batch, err)
-			return nil, "", nil
 		case clean && len(in) == 0:
 			_ = tx.Rollback() // nothing to run
 			return nil, "", nil
@@ -376,20 +372,24 @@ func refuse(as []*attemptRun, err error) {
 // checkpoints in own, the batch's transaction, and returns the attempts
 // whose mark is new and checkpoint as they read it; it refuses the others
 // (errDeferredLost), which run again alone, and so it does, before it
-// marks, the events of a subject after its first in batch. clean is false
-// when a refused attempt's mark was made in own: the caller then rolls
-// own back, and runs the others in a transaction of their own.
-func (g *group) markLockJoined(ctx context.Context, own *Tx, batch []*attemptRun) (in []*attemptRun, clean bool, err error) {
+// marks, the events of a subject after its first in batch. It refuses
+// each attempt of batch but those it returns, once: with the statement's
+// error when it fails. clean is false when a refused attempt's mark was
+// made in own: the caller then rolls own back, and runs the others in a
+// transaction of their own.
+func (g *group) markLockJoined(ctx context.Context, own *Tx, batch []*attemptRun) (in []*attemptRun, clean bool) {
+	for _, a := range batch {
+		if a.consumer != batch[0].consumer {
+			refuse(batch, errDeferredLost) // one statement marks for one consumer: each runs alone
+			return nil, true
+		}
+	}
 	var (
 		keys     = make([]framework.Key, 0, len(batch))
 		subjects []string
 		marking  = batch[:0:0]
 	)
 	for _, a := range batch {
-		if a.consumer != batch[0].consumer {
-			refuse(batch, errDeferredLost) // one statement marks for one consumer: each runs alone
-			return nil, true, nil
-		}
 		s := a.delivery.OrderedSubject
 		if s != "" && slices.Contains(subjects, s) {
 			// A second event of a subject in the batch read the
@@ -407,6 +407,7 @@ func (g *group) markLockJoined(ctx context.Context, own *Tx, batch []*attemptRun
 	var (
 		first       []bool
 		checkpoints map[string]int64
+		err         error
 	)
 	if mc, ok := g.u.store.(markCheckpointer); ok && len(subjects) > 0 {
 		first, checkpoints, err = mc.MarkCheckpointMany(ctx, own, batch[0].consumer, keys, subjects)
@@ -414,11 +415,13 @@ func (g *group) markLockJoined(ctx context.Context, own *Tx, batch []*attemptRun
 		first, err = g.u.store.(manyMarker).MarkMany(ctx, own, batch[0].consumer, keys)
 	}
 	if err != nil {
-		return nil, false, fmt.Errorf("mark processed: %w", err)
+		refuse(marking, fmt.Errorf("mark processed: %w", err))
+		return nil, true
 	}
 	if checkpoints == nil && len(subjects) > 0 {
 		if checkpoints, err = g.u.store.(orderBatcher).CheckpointMany(ctx, own, batch[0].consumer, subjects); err != nil {
-			return nil, false, fmt.Errorf("checkpoints of %d subjects: %w", len(subjects), err)
+			refuse(marking, fmt.Errorf("checkpoints of %d subjects: %w", len(subjects), err))
+			return nil, true
 		}
 	}
 	in, clean = make([]*attemptRun, 0, len(marking)), true
@@ -430,5 +433,5 @@ func (g *group) markLockJoined(ctx context.Context, own *Tx, batch []*attemptRun
 		}
 		in = append(in, a)
 	}
-	return in, clean, nil
+	return in, clean
 }

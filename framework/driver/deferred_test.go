@@ -2,6 +2,7 @@ package driver_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/driver"
+	"github.com/effectively-once/effectively/framework/postgres"
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
@@ -430,4 +432,81 @@ func TestDeferredRefusedAttemptsKeepNoMark(t *testing.T) {
 	require.Equal(t, 2, runs["moved-b"], "refused, it ran again: %v", runs)
 	require.Equal(t, 1, runs["plain"], "its batch committed it: %v", runs)
 	require.Equal(t, 3, runs["first-of-a"]+runs["second-of-a"], "one of the subject's two ran again: %v", runs)
+}
+
+// failingMarks is a PostgreSQL store whose MarkCheckpointMany fails once
+// fail is set.
+type failingMarks struct {
+	*postgres.Store
+	fail atomic.Bool
+}
+
+func (f *failingMarks) MarkCheckpointMany(ctx context.Context, tx *driver.Tx, consumer string, keys []framework.Key, subjects []string) ([]bool, map[string]int64, error) {
+	if f.fail.Load() {
+		return nil, nil, errors.New("marks refused")
+	}
+	return f.Store.MarkCheckpointMany(ctx, tx, consumer, keys, subjects)
+}
+
+// TestDeferredMarksFail: when the statement that marks a deferred batch's
+// events fails, its attempts fail with its error, and the second event of
+// a subject, refused before it, runs again alone and takes effect.
+func TestDeferredMarksFail(t *testing.T) {
+	t.Parallel()
+	ctx := t.Context()
+	b := groupBackends()["PostgreSQL"](t)
+	store := &failingMarks{Store: b.store.(*postgres.Store)}
+	b.store = store
+	uow := overlappingUnit(t, b, 0)
+	store.fail.Store(true)
+	var wg sync.WaitGroup
+	slowIn := make(chan struct{})
+	run := func(id, subject string) (framework.Outcome, error) {
+		return uow.DoDelivery(ctx, "c", framework.Key{Source: "s", ID: id}, driver.Delivery{OrderedSubject: subject}, func(ctx context.Context) error {
+			time.Sleep(10 * time.Millisecond) // the outside call
+			conn := framework.Conn(ctx, b.db)
+			if id == "slow" {
+				if err := holdBatch(ctx, conn, slowIn); err != nil {
+					return err
+				}
+			}
+			_, err := conn.ExecContext(ctx, `INSERT INTO effects (id, seen) VALUES ($1, 1)`, id)
+			return err
+		})
+	}
+	wg.Go(func() {
+		_, err := run("slow", "")
+		require.NoError(t, err)
+	})
+	<-slowIn
+	outcomes := make(map[string]framework.Outcome)
+	errs := make(map[string]error)
+	var mu sync.Mutex
+	for _, id := range []string{"one", "two"} {
+		wg.Go(func() {
+			outcome, err := run(id, "order-a")
+			mu.Lock()
+			outcomes[id], errs[id] = outcome, err
+			mu.Unlock()
+		})
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the attempts did not return: a deferred batch waits for ever")
+	}
+	failed, processed := 0, 0
+	for id, err := range errs {
+		switch {
+		case err != nil:
+			require.ErrorContains(t, err, "marks refused", id)
+			failed++
+		case outcomes[id] == framework.Processed:
+			processed++
+		}
+	}
+	require.Equal(t, 1, failed, "the one marked in the batch fails: %v %v", outcomes, errs)
+	require.Equal(t, 1, processed, "the one refused before the marks runs alone: %v %v", outcomes, errs)
 }
