@@ -46,9 +46,10 @@ func TestSubscriberAckDeadline(t *testing.T) {
 	first := map[string]time.Time{}
 	held := map[string]*message.Message{}
 	for _, id := range []string{"a", "b", "c", "d"} {
+		before := time.Now() // see TestSubscriberAckDeadlineBehindMany
 		msg := receive(ctx, t, ch, id)
 		require.Equal(t, id, msg.UUID)
-		first[id], held[id] = time.Now(), msg
+		first[id], held[id] = before, msg
 	}
 	receivedA := held["a"]
 	for _, id := range []string{"b", "c"} {
@@ -89,9 +90,12 @@ func TestSubscriberAckDeadlineBehindMany(t *testing.T) {
 	}
 	ch := deadlineSubscription(ctx, t, "deadlinemany", deadline, ids...)
 
+	// Before the receive: the subscription takes the time of its
+	// delivery once the channel took it, which may be before this
+	// goroutine runs again.
+	first := time.Now()
 	held := receive(ctx, t, ch, "held")
 	require.Equal(t, "held", held.UUID)
-	first := time.Now()
 	seen := map[string]int{}
 	for len(seen) < len(ids) {
 		msg := receive(ctx, t, ch, "the others, then held again")
