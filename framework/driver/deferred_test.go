@@ -163,16 +163,23 @@ func overlappingUnit(t *testing.T, b groupBackend, overlap int) *driver.UnitOfWo
 	return uow
 }
 
-// holdBatch, in a deferred attempt's handler, joins a batch (its first
-// statement), closes in, and holds the batch's transaction for a second,
-// while other attempts join the next batch.
-func holdBatch(ctx context.Context, conn sqlx.ExecerContext, in chan struct{}) error {
-	if _, err := conn.ExecContext(ctx, `SELECT 1`); err != nil {
-		return err
+// outsideCall is a deferred attempt's handler up to its first statement:
+// it waits 10 ms outside the database; then the attempt "slow" joins a
+// batch (its first statement), closes slowIn, and holds the batch's
+// transaction for a second, while other attempts join the next batch. It
+// returns the attempt's connection.
+func outsideCall(ctx context.Context, b groupBackend, id string, slowIn chan struct{}) (sqlx.ExtContext, error) {
+	time.Sleep(10 * time.Millisecond) // the outside call
+	conn := framework.Conn(ctx, b.db)
+	if id != "slow" {
+		return conn, nil
 	}
-	close(in)
+	if _, err := conn.ExecContext(ctx, `SELECT 1`); err != nil {
+		return nil, err
+	}
+	close(slowIn)
 	_, err := conn.ExecContext(ctx, `SELECT pg_sleep(1)`)
-	return err
+	return conn, err
 }
 
 // TestDeferredAttemptsShareBatches: deferred attempts that reach their
@@ -192,14 +199,11 @@ func TestDeferredAttemptsShareBatches(t *testing.T) {
 		wg    sync.WaitGroup
 	)
 	slowIn := make(chan struct{})
-	run := func(id string, slow bool) {
+	run := func(id string) {
 		outcome, err := uow.Do(ctx, "c", framework.Key{Source: "s", ID: id}, func(ctx context.Context) error {
-			time.Sleep(10 * time.Millisecond) // the outside call
-			conn := framework.Conn(ctx, b.db)
-			if slow {
-				if err := holdBatch(ctx, conn, slowIn); err != nil {
-					return err
-				}
+			conn, err := outsideCall(ctx, b, id, slowIn)
+			if err != nil {
+				return err
 			}
 			if _, err := conn.ExecContext(ctx, `INSERT INTO effects (id, seen) VALUES ($1, 1)`, id); err != nil {
 				return err
@@ -213,10 +217,10 @@ func TestDeferredAttemptsShareBatches(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, framework.Processed, outcome)
 	}
-	wg.Go(func() { run("slow", true) })
+	wg.Go(func() { run("slow") })
 	<-slowIn // the slow one's batch runs
 	for i := range 4 {
-		wg.Go(func() { run(fmt.Sprint("quick-", i), false) })
+		wg.Go(func() { run(fmt.Sprint("quick-", i)) })
 	}
 	wg.Wait()
 	require.NotEqual(t, txids["slow"], txids["quick-0"])
@@ -243,17 +247,14 @@ func TestDeferredBatchMateFails(t *testing.T) {
 		wg   sync.WaitGroup
 	)
 	slowIn := make(chan struct{})
-	run := func(id string, slow, fail bool) (framework.Outcome, error) {
+	run := func(id string, fail bool) (framework.Outcome, error) {
 		return uow.Do(ctx, "c", framework.Key{Source: "s", ID: id}, func(ctx context.Context) error {
 			mu.Lock()
 			runs[id]++
 			mu.Unlock()
-			time.Sleep(10 * time.Millisecond) // the outside call
-			conn := framework.Conn(ctx, b.db)
-			if slow {
-				if err := holdBatch(ctx, conn, slowIn); err != nil {
-					return err
-				}
+			conn, err := outsideCall(ctx, b, id, slowIn)
+			if err != nil {
+				return err
 			}
 			if _, err := conn.ExecContext(ctx, `INSERT INTO effects (id, seen) VALUES ($1, 1)`, id); err != nil {
 				return err
@@ -266,16 +267,16 @@ func TestDeferredBatchMateFails(t *testing.T) {
 		})
 	}
 	wg.Go(func() {
-		_, err := run("slow", true, false)
+		_, err := run("slow", false)
 		require.NoError(t, err)
 	})
 	<-slowIn // the slow one's batch runs
 	var failed error
-	wg.Go(func() { _, failed = run("failing", false, true) })
+	wg.Go(func() { _, failed = run("failing", true) })
 	time.Sleep(5 * time.Millisecond) // it joins first
 	for i := range 3 {
 		wg.Go(func() {
-			outcome, err := run(fmt.Sprint("mate-", i), false, false)
+			outcome, err := run(fmt.Sprint("mate-", i), false)
 			require.NoError(t, err)
 			require.Equal(t, framework.Processed, outcome)
 		})
@@ -377,12 +378,9 @@ func TestDeferredRefusedAttemptsKeepNoMark(t *testing.T) {
 			runs[id]++
 			n := runs[id]
 			mu.Unlock()
-			time.Sleep(10 * time.Millisecond) // the outside call
-			conn := framework.Conn(ctx, b.db)
-			if id == "slow" {
-				if err := holdBatch(ctx, conn, slowIn); err != nil {
-					return err
-				}
+			conn, err := outsideCall(ctx, b, id, slowIn)
+			if err != nil {
+				return err
 			}
 			if moveFirst && n == 1 {
 				// Another process moves the subject's checkpoint while
@@ -399,7 +397,7 @@ func TestDeferredRefusedAttemptsKeepNoMark(t *testing.T) {
 					return err
 				}
 			}
-			_, err := conn.ExecContext(ctx, `INSERT INTO effects (id, seen) VALUES ($1, $2)`, id, n)
+			_, err = conn.ExecContext(ctx, `INSERT INTO effects (id, seen) VALUES ($1, $2)`, id, n)
 			return err
 		})
 	}
@@ -463,14 +461,11 @@ func TestDeferredMarksFail(t *testing.T) {
 	slowIn := make(chan struct{})
 	run := func(id, subject string) (framework.Outcome, error) {
 		return uow.DoDelivery(ctx, "c", framework.Key{Source: "s", ID: id}, driver.Delivery{OrderedSubject: subject}, func(ctx context.Context) error {
-			time.Sleep(10 * time.Millisecond) // the outside call
-			conn := framework.Conn(ctx, b.db)
-			if id == "slow" {
-				if err := holdBatch(ctx, conn, slowIn); err != nil {
-					return err
-				}
+			conn, err := outsideCall(ctx, b, id, slowIn)
+			if err != nil {
+				return err
 			}
-			_, err := conn.ExecContext(ctx, `INSERT INTO effects (id, seen) VALUES ($1, 1)`, id)
+			_, err = conn.ExecContext(ctx, `INSERT INTO effects (id, seen) VALUES ($1, 1)`, id)
 			return err
 		})
 	}
