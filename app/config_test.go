@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -880,4 +881,33 @@ consumers:
 	require.ErrorContains(t, err, "consumers.c.d.concurrency: want 1..1024, got 5000")
 	require.ErrorContains(t, err, "consumers.c.d.batch_linger: want less than its timeout (2s)", "its own timeout makes the defaults' linger too long")
 	require.NotContains(t, err.Error(), "defaults.batch_linger", "2s is less than the default timeout")
+}
+
+// TestOperationsConfigSnippets loads each YAML snippet of
+// docs/operations.md that sets consumers' settings (those that start with
+// consumers: or defaults:, list items' included) as the service would,
+// so that a key the page shows is one the configuration takes, within
+// its range.
+func TestOperationsConfigSnippets(t *testing.T) {
+	t.Parallel()
+	doc, err := os.ReadFile("../docs/operations.md")
+	require.NoError(t, err)
+	blocks := regexp.MustCompile("(?ms)^( *)```yaml\n(.*?)^ *```").FindAllSubmatch(doc, -1)
+	n := 0
+	for _, b := range blocks {
+		indent := string(b[1])
+		lines := strings.Split(string(b[2]), "\n")
+		for i, line := range lines {
+			lines[i] = strings.TrimPrefix(line, indent)
+		}
+		snippet := strings.Join(lines, "\n")
+		if !strings.HasPrefix(snippet, "consumers:") && !strings.HasPrefix(snippet, "defaults:") {
+			continue
+		}
+		n++
+		cfg, err := app.LoadConfig(env(t, snippet, nil))
+		require.NoError(t, err, "docs/operations.md:\n%s", snippet)
+		require.NoError(t, cfg.Validate(), "docs/operations.md:\n%s", snippet)
+	}
+	require.GreaterOrEqual(t, n, 2, "docs/operations.md's consumer settings: the circuit breaker's and group commit's")
 }
