@@ -225,8 +225,12 @@ func newFlights() *flights {
 func (f *flights) enter(msg *message.Message) {
 	p, _ := driver.PartitionFromContext(msg.Context())
 	since := time.Now()
-	if at, err := time.Parse(time.RFC3339Nano, msg.Metadata.Get(framework.MetadataPublishedAt)); err == nil && at.Before(since) {
-		since = at
+	// Only some transports tell (RabbitMQ's deliveries do not): an empty
+	// value costs no parse, which fails and allocates its error.
+	if v := msg.Metadata.Get(framework.MetadataPublishedAt); v != "" {
+		if at, err := time.Parse(time.RFC3339Nano, v); err == nil && at.Before(since) {
+			since = at
+		}
 	}
 	fl := handed{consumer: f.consumers[message.HandlerNameFromCtx(msg.Context())], partition: p, since: since}
 	f.mu.Lock()
