@@ -393,6 +393,7 @@ func (s *partSetup) waitFor(t *testing.T, what string, cond func() bool, procs .
 		}
 		if time.Now().After(deadline) {
 			s.logSessions(t)
+			s.logEffects(t)
 			t.Fatalf("no %s within %s (owners %v)", what, waitLimit, s.owners(t))
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -428,6 +429,34 @@ func (s *partSetup) logSessions(t *testing.T) {
 			return
 		}
 		t.Logf("session %d (%s): %s %s blocked by %s, transaction %s: %s", r.PID, r.App, r.State, r.Wait, r.BlockedBy, r.XactAge, r.Query)
+	}
+}
+
+// logEffects logs, for each partition and process, how many effects it
+// committed and when its last one was: which partitions a wait that did
+// not end saw handled, and by whom.
+func (s *partSetup) logEffects(t *testing.T) {
+	t.Helper()
+	rows, err := s.db.Queryx(`SELECT partition, pid, count(*) AS n, min(at)::text AS first, max(at)::text AS last
+		FROM order_effects GROUP BY partition, pid ORDER BY partition, min(at)`)
+	if err != nil {
+		t.Logf("effects: %v", err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var r struct {
+			Partition int    `db:"partition"`
+			PID       int    `db:"pid"`
+			N         int    `db:"n"`
+			First     string `db:"first"`
+			Last      string `db:"last"`
+		}
+		if err := rows.StructScan(&r); err != nil {
+			t.Logf("effects: %v", err)
+			return
+		}
+		t.Logf("effects of partition %d by pid %d: %d, from %s to %s", r.Partition, r.PID, r.N, r.First, r.Last)
 	}
 }
 
