@@ -24,34 +24,25 @@ const qAudit = `CREATE TABLE soak_audit (
     reason   TEXT NOT NULL DEFAULT ''
 );
 CREATE FUNCTION soak_audit_mark() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE r record;
 BEGIN
-    IF TG_OP = 'DELETE' THEN
-        IF OLD.consumer = '` + ProjectionConsumer + `' THEN
-            INSERT INTO soak_audit (tbl, op, event_id) VALUES ('mark', TG_OP, OLD.event_id);
-        END IF;
-        RETURN OLD;
+    IF TG_OP = 'DELETE' THEN r := OLD; ELSE r := NEW; END IF;
+    IF r.consumer = '` + ProjectionConsumer + `' THEN
+        INSERT INTO soak_audit (tbl, op, event_id) VALUES ('mark', TG_OP, r.event_id);
     END IF;
-    IF NEW.consumer = '` + ProjectionConsumer + `' THEN
-        INSERT INTO soak_audit (tbl, op, event_id) VALUES ('mark', TG_OP, NEW.event_id);
-    END IF;
-    RETURN NEW;
+    RETURN r;
 END $$;
 CREATE TRIGGER soak_audit_mark AFTER INSERT OR DELETE ON processed_events
     FOR EACH ROW EXECUTE FUNCTION soak_audit_mark();
 CREATE FUNCTION soak_audit_parked() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE r record;
 BEGIN
-    IF TG_OP = 'DELETE' THEN
-        IF OLD.consumer = '` + ProjectionConsumer + `' THEN
-            INSERT INTO soak_audit (tbl, op, event_id, subject, seq, reason)
-            VALUES ('parked', TG_OP, OLD.event_id, OLD.subject, OLD.seq, OLD.reason);
-        END IF;
-        RETURN OLD;
-    END IF;
-    IF NEW.consumer = '` + ProjectionConsumer + `' THEN
+    IF TG_OP = 'DELETE' THEN r := OLD; ELSE r := NEW; END IF;
+    IF r.consumer = '` + ProjectionConsumer + `' THEN
         INSERT INTO soak_audit (tbl, op, event_id, subject, seq, reason)
-        VALUES ('parked', TG_OP, NEW.event_id, NEW.subject, NEW.seq, NEW.reason);
+        VALUES ('parked', TG_OP, r.event_id, r.subject, r.seq, r.reason);
     END IF;
-    RETURN NEW;
+    RETURN r;
 END $$;
 CREATE TRIGGER soak_audit_parked AFTER INSERT OR UPDATE OR DELETE ON parked_events
     FOR EACH ROW EXECUTE FUNCTION soak_audit_parked();
@@ -78,13 +69,21 @@ func (r *run) migrate(ctx context.Context) error {
 	return nil
 }
 
-// auditTrail returns the audit of the events of subject (see qAudit),
-// one change a line, in the order they were made.
+// auditTrail returns the audit of subject (see qAudit): the changes of
+// its parked events and checkpoint, and of the marks of its events (a
+// mark has no subject: its events are the plan's), one change a line, in
+// the order they were made.
 func (r *run) auditTrail(ctx context.Context, subject string) string {
+	var ids []string
+	for _, it := range r.plan.Items {
+		if it.Subject == subject {
+			ids = append(ids, it.ID)
+		}
+	}
 	var lines []string
 	err := r.db.SelectContext(ctx, &lines, `SELECT to_char(at, 'HH24:MI:SS.US') || ' tx ' || txid || ' pid ' || pid || ' ' ||
     tbl || ' ' || op || ' ' || event_id || CASE WHEN tbl = 'mark' THEN '' ELSE ' #' || seq || ' ' || reason END
-FROM soak_audit WHERE subject = $1 OR event_id LIKE $2 ORDER BY id`, subject, "e"+subject[1:]+"%")
+FROM soak_audit WHERE subject = $1 OR tbl = 'mark' AND event_id = ANY($2) ORDER BY id`, subject, ids)
 	if err != nil {
 		return fmt.Sprintf("audit: %v", err)
 	}
