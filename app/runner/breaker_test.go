@@ -72,8 +72,11 @@ func TestSQLiteBreakerHoldKeepsLease(t *testing.T) {
 	r, err := runner.New(runner.Config{
 		Consumers: []runner.ConsumerConfig{{
 			Consumer: c, Settings: middleware.Settings{
-				Attempts:    1,
-				Timeout:     250 * time.Millisecond,
+				Attempts: 1,
+				// The lease is a second for any timeout up to 500ms; a
+				// shorter one failed p-1 by its timeout on a loaded
+				// machine, which the breaker does not count.
+				Timeout:     500 * time.Millisecond,
 				Concurrency: 4,
 				Breaker:     middleware.BreakerConfig{Failures: 1, CoolDown: 3 * time.Second, MaxHold: 5 * time.Second},
 			},
@@ -97,7 +100,9 @@ func TestSQLiteBreakerHoldKeepsLease(t *testing.T) {
 		deadline := time.Now().Add(30 * time.Second)
 		for !cond() {
 			if time.Now().After(deadline) {
-				t.Fatalf("no %s within 30s", what)
+				mu.Lock()
+				defer mu.Unlock()
+				t.Fatalf("no %s within 30s: passes %v, handled %v, breaker %v", what, passes, handled, metrics.Breakers()[0].State)
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
