@@ -21,10 +21,10 @@ import (
 )
 
 // TestSQLiteBreakerHoldKeepsLease: on the SQLite transport a message that
-// waits at an open breaker for several of its leases (1s: twice the
-// attempt timeout, at least a second) keeps its lease, which the
-// transport renews while the message is held: no second copy of it is
-// handed out meanwhile, though the consumer has room for one.
+// waits at an open breaker for more than two of its leases (4s: twice the
+// attempt timeout) keeps its lease, which the transport renews while the
+// message is held: no second copy of it is handed out meanwhile, though
+// the consumer has room for one.
 func TestSQLiteBreakerHoldKeepsLease(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -73,12 +73,13 @@ func TestSQLiteBreakerHoldKeepsLease(t *testing.T) {
 		Consumers: []runner.ConsumerConfig{{
 			Consumer: c, Settings: middleware.Settings{
 				Attempts: 1,
-				// The lease is a second for any timeout up to 500ms; a
-				// shorter one failed p-1 by its timeout on a loaded
-				// machine, which the breaker does not count.
-				Timeout:     500 * time.Millisecond,
+				// An attempt's time limit that a loaded machine does not
+				// reach: an attempt that timed out would be dead-lettered,
+				// uncounted by the breaker (see TestStopExpiredCancelsAttempt,
+				// whose 1s limit was once reached).
+				Timeout:     2 * time.Second,
 				Concurrency: 4,
-				Breaker:     middleware.BreakerConfig{Failures: 1, CoolDown: 3 * time.Second, MaxHold: 5 * time.Second},
+				Breaker:     middleware.BreakerConfig{Failures: 1, CoolDown: 9 * time.Second, MaxHold: 12 * time.Second},
 			},
 		}},
 		Transport: tr, DB: db, Store: store, Metrics: metrics,
@@ -108,7 +109,7 @@ func TestSQLiteBreakerHoldKeepsLease(t *testing.T) {
 		}
 	}
 
-	publish("p-1") // fails: the breaker opens for 3s
+	publish("p-1") // fails: the breaker opens for 9s
 	waitFor("the breaker open", func() bool { return metrics.Breakers()[0].State == middleware.BreakerOpen })
 	publish("p-2") // waits at the breaker until the cool-down ends
 	outage.Store(false)
