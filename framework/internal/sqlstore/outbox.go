@@ -55,8 +55,9 @@ func NewOutbox(d Dialect, prefix string) (*Outbox, error) {
 		claim:    q.sql(qOutboxClaim),
 		lease:    q.sql(qOutboxLease),
 		leasable: q.sql(qOutboxLeasable),
-		release:  q.prefix.Replace(qOutboxRelease),  // rebound after sqlx.In
-		markSent: q.prefix.Replace(qOutboxMarkSent), // rebound after sqlx.In
+		// release, and markSent on SQLite, are rebound after sqlx.In.
+		release:  q.prefix.Replace(qOutboxRelease),
+		markSent: d.pick(q.sql(qOutboxMarkSentArray), q.prefix.Replace(qOutboxMarkSent)),
 		cleanup:  q.sql(qOutboxCleanup),
 	}, nil
 }
@@ -210,11 +211,15 @@ func (o *Outbox) MarkSent(ctx context.Context, ex sqlx.ExecerContext, ids []int6
 	if len(ids) == 0 {
 		return nil
 	}
-	query, args, err := sqlx.In(o.markSent, o.dialect.timeArg(at), ids)
-	if err != nil {
-		return fmt.Errorf("mark %d outbox rows sent: %w", len(ids), err)
+	query, args := o.markSent, []any{o.dialect.timeArg(at), ids}
+	if o.dialect != Postgres {
+		var err error
+		if query, args, err = sqlx.In(query, args...); err != nil {
+			return fmt.Errorf("mark %d outbox rows sent: %w", len(ids), err)
+		}
+		query = sqlx.Rebind(o.dialect.bindType(), query)
 	}
-	if _, err := ex.ExecContext(ctx, sqlx.Rebind(o.dialect.bindType(), query), args...); err != nil {
+	if _, err := ex.ExecContext(ctx, query, args...); err != nil {
 		return fmt.Errorf("mark %d outbox rows sent: %w", len(ids), err)
 	}
 	return nil

@@ -1,0 +1,66 @@
+package sqlstore_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/framework/internal/sqlstore"
+	"github.com/effectively-once/effectively/framework/migrate"
+	"github.com/effectively-once/effectively/internal/testenv"
+)
+
+// TestMarkSent: MarkSent stamps the rows of its ids, whatever their
+// number, and no other; a row sent already keeps its time. On PostgreSQL
+// the ids go as one array, so that batches of every size share one
+// statement: the connection's cache holds one, not one per size.
+func TestMarkSent(t *testing.T) {
+	t.Parallel()
+	for _, b := range []struct {
+		name    string
+		dialect sqlstore.Dialect
+		open    func(testing.TB) *sqlx.DB
+	}{{"SQLite", sqlstore.SQLite, testenv.SQLite}, {"Postgres", sqlstore.Postgres, testenv.Postgres}} {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			db := b.open(t)
+			db.SetMaxOpenConns(1) // one connection: its statement cache below
+			require.NoError(t, migrate.Up(ctx, db, migrate.Config{}))
+			for i := range 10 {
+				_, err := db.ExecContext(ctx, db.Rebind(`INSERT INTO outbox (event_id, source, type, body, created_at) VALUES (?, 'test', 'test.mark', ?, ?)`),
+					fmt.Sprintf("e-%d", i), []byte("{}"), time.Now())
+				require.NoError(t, err)
+			}
+			o, err := sqlstore.NewOutbox(b.dialect, "")
+			require.NoError(t, err)
+			first := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+			later := first.Add(time.Hour)
+			require.NoError(t, o.MarkSent(ctx, db, []int64{2}, first))
+			require.NoError(t, o.MarkSent(ctx, db, []int64{2, 4, 5}, later))
+			require.NoError(t, o.MarkSent(ctx, db, []int64{7, 8, 9, 10, 11}, later)) // 11: no such row
+			require.NoError(t, o.MarkSent(ctx, db, nil, later))
+
+			sentAt := func(at time.Time) []int64 {
+				var ids []int64
+				require.NoError(t, db.SelectContext(ctx, &ids, db.Rebind(`SELECT id FROM outbox WHERE sent_at = ? ORDER BY id`), sqlstore.TimeArg(b.dialect, at)))
+				return ids
+			}
+			require.Equal(t, []int64{2}, sentAt(first), "a row sent already keeps its time")
+			require.Equal(t, []int64{4, 5, 7, 8, 9, 10}, sentAt(later))
+			var unsent int
+			require.NoError(t, db.GetContext(ctx, &unsent, `SELECT count(*) FROM outbox WHERE sent_at IS NULL`))
+			require.Equal(t, 3, unsent)
+			if b.dialect == sqlstore.Postgres {
+				var marks int
+				require.NoError(t, db.GetContext(ctx, &marks, `SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE 'UPDATE outbox SET sent_at%'`))
+				require.Equal(t, 1, marks, "one statement for batches of 1, 3 and 5 ids")
+			}
+		})
+	}
+}
