@@ -14,17 +14,19 @@ import (
 	"github.com/effectively-once/effectively/internal/testenv"
 )
 
+// databases are the two databases of the store tests.
+var databases = []struct {
+	name string
+	open func(testing.TB) *sqlx.DB
+}{{"SQLite", testenv.SQLite}, {"Postgres", testenv.Postgres}}
+
 // TestMarkSent: MarkSent stamps the rows of its ids, whatever their
 // number, and no other; a row sent already keeps its time. On PostgreSQL
 // the ids go as one array, so that batches of every size share one
 // statement: the connection's cache holds one, not one per size.
 func TestMarkSent(t *testing.T) {
 	t.Parallel()
-	for _, b := range []struct {
-		name    string
-		dialect sqlstore.Dialect
-		open    func(testing.TB) *sqlx.DB
-	}{{"SQLite", sqlstore.SQLite, testenv.SQLite}, {"Postgres", sqlstore.Postgres, testenv.Postgres}} {
+	for _, b := range databases {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -32,12 +34,14 @@ func TestMarkSent(t *testing.T) {
 			db := b.open(t)
 			db.SetMaxOpenConns(1) // one connection: its statement cache below
 			require.NoError(t, migrate.Up(ctx, db, migrate.Config{}))
+			d, err := sqlstore.DialectOf(db.DriverName())
+			require.NoError(t, err)
 			for i := range 10 {
 				_, err := db.ExecContext(ctx, db.Rebind(`INSERT INTO outbox (event_id, source, type, body, created_at) VALUES (?, 'test', 'test.mark', ?, ?)`),
 					fmt.Sprintf("e-%d", i), []byte("{}"), time.Now())
 				require.NoError(t, err)
 			}
-			o, err := sqlstore.NewOutbox(b.dialect, "")
+			o, err := sqlstore.NewOutbox(d, "")
 			require.NoError(t, err)
 			first := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 			later := first.Add(time.Hour)
@@ -48,7 +52,7 @@ func TestMarkSent(t *testing.T) {
 
 			sentAt := func(at time.Time) []int64 {
 				var ids []int64
-				require.NoError(t, db.SelectContext(ctx, &ids, db.Rebind(`SELECT id FROM outbox WHERE sent_at = ? ORDER BY id`), sqlstore.TimeArg(b.dialect, at)))
+				require.NoError(t, db.SelectContext(ctx, &ids, db.Rebind(`SELECT id FROM outbox WHERE sent_at = ? ORDER BY id`), sqlstore.TimeArg(d, at)))
 				return ids
 			}
 			require.Equal(t, []int64{2}, sentAt(first), "a row sent already keeps its time")
@@ -56,7 +60,7 @@ func TestMarkSent(t *testing.T) {
 			var unsent int
 			require.NoError(t, db.GetContext(ctx, &unsent, `SELECT count(*) FROM outbox WHERE sent_at IS NULL`))
 			require.Equal(t, 3, unsent)
-			if b.dialect == sqlstore.Postgres {
+			if d == sqlstore.Postgres {
 				var marks int
 				require.NoError(t, db.GetContext(ctx, &marks, `SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE 'UPDATE outbox SET sent_at%'`))
 				require.Equal(t, 1, marks, "one statement for batches of 1, 3 and 5 ids")

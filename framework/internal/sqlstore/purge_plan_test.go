@@ -13,7 +13,6 @@ import (
 
 	"github.com/effectively-once/effectively/framework/internal/sqlstore"
 	"github.com/effectively-once/effectively/framework/migrate"
-	"github.com/effectively-once/effectively/internal/testenv"
 )
 
 // TestPurgesBySentAtReadOnlyOldRows: the outbox's cleanup and the purge of
@@ -24,10 +23,7 @@ import (
 // found little or nothing to delete.
 func TestPurgesBySentAtReadOnlyOldRows(t *testing.T) {
 	t.Parallel()
-	for _, b := range []struct {
-		name string
-		open func(testing.TB) *sqlx.DB
-	}{{"SQLite", testenv.SQLite}, {"Postgres", testenv.Postgres}} {
+	for _, b := range databases {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
