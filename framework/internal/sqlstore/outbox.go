@@ -174,15 +174,29 @@ func (o *Outbox) Lease(ctx context.Context, q sqlx.QueryerContext, limit, maxByt
 // Release gives up the lease of the rows of ids that are still unsent, so
 // that the next batch takes them at once.
 func (o *Outbox) Release(ctx context.Context, ex sqlx.ExecerContext, ids []int64) error {
-	if len(ids) == 0 {
-		return nil
-	}
-	query, args, err := sqlx.In(o.release, ids)
-	if err != nil {
+	if err := o.execList(ctx, ex, o.release, ids); err != nil {
 		return fmt.Errorf("release %d outbox rows: %w", len(ids), err)
 	}
-	if _, err := ex.ExecContext(ctx, sqlx.Rebind(o.dialect.bindType(), query), args...); err != nil {
-		return fmt.Errorf("release %d outbox rows: %w", len(ids), err)
+	return nil
+}
+
+// listMax is how many ids one statement binds as a list (sqlx.In):
+// SQLite takes at most 32,766 variables a statement, and a relay's batch
+// may hold more rows than that.
+const listMax = 10000
+
+// execList runs query, whose last placeholder is a list that sqlx.In
+// expands, on ids, in statements of at most listMax of them; args are the
+// arguments before the list.
+func (o *Outbox) execList(ctx context.Context, ex sqlx.ExecerContext, query string, ids []int64, args ...any) error {
+	for chunk := range slices.Chunk(ids, listMax) {
+		q, all, err := sqlx.In(query, append(slices.Clip(args), chunk)...)
+		if err != nil {
+			return err
+		}
+		if _, err := ex.ExecContext(ctx, sqlx.Rebind(o.dialect.bindType(), q), all...); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -211,15 +225,13 @@ func (o *Outbox) MarkSent(ctx context.Context, ex sqlx.ExecerContext, ids []int6
 	if len(ids) == 0 {
 		return nil
 	}
-	query, args := o.markSent, []any{o.dialect.timeArg(at), ids}
-	if o.dialect != Postgres {
-		var err error
-		if query, args, err = sqlx.In(query, args...); err != nil {
-			return fmt.Errorf("mark %d outbox rows sent: %w", len(ids), err)
-		}
-		query = sqlx.Rebind(o.dialect.bindType(), query)
+	var err error
+	if o.dialect == Postgres {
+		_, err = ex.ExecContext(ctx, o.markSent, o.dialect.timeArg(at), ids)
+	} else {
+		err = o.execList(ctx, ex, o.markSent, ids, o.dialect.timeArg(at))
 	}
-	if _, err := ex.ExecContext(ctx, query, args...); err != nil {
+	if err != nil {
 		return fmt.Errorf("mark %d outbox rows sent: %w", len(ids), err)
 	}
 	return nil

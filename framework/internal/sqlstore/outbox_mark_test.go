@@ -21,7 +21,10 @@ var databases = []struct {
 }{{"SQLite", testenv.SQLite}, {"Postgres", testenv.Postgres}}
 
 // TestMarkSent: MarkSent stamps the rows of its ids, whatever their
-// number, and no other; a row sent already keeps its time. On PostgreSQL
+// number, and no other; a row sent already keeps its time. A batch of
+// 40,000 ids, more than SQLite binds in a statement, is marked (and
+// released) too: it failed every time, so that the relay published its
+// rows again at every poll. On PostgreSQL
 // the ids go as one array, so that batches of every size share one
 // statement: the connection's cache holds one, not one per size.
 func TestMarkSent(t *testing.T) {
@@ -60,10 +63,21 @@ func TestMarkSent(t *testing.T) {
 			var unsent int
 			require.NoError(t, db.GetContext(ctx, &unsent, `SELECT count(*) FROM outbox WHERE sent_at IS NULL`))
 			require.Equal(t, 3, unsent)
+			// A batch of more ids than SQLite binds in one statement
+			// (32,766): the rest of the rows, and ids of none.
+			many := make([]int64, 40000)
+			for i := range many {
+				many[i] = int64(i + 1)
+			}
+			require.NoError(t, o.Release(ctx, db, many))
+			require.NoError(t, o.MarkSent(ctx, db, many, later))
+			require.Equal(t, []int64{1, 3, 4, 5, 6, 7, 8, 9, 10}, sentAt(later))
+			require.Equal(t, []int64{2}, sentAt(first))
+
 			if d == sqlstore.Postgres {
 				var marks int
 				require.NoError(t, db.GetContext(ctx, &marks, `SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE 'UPDATE outbox SET sent_at%'`))
-				require.Equal(t, 1, marks, "one statement for batches of 1, 3 and 5 ids")
+				require.Equal(t, 1, marks, "one statement for batches of 1, 3, 5 and 40,000 ids")
 			}
 		})
 	}
