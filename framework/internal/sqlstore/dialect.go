@@ -1,10 +1,12 @@
 package sqlstore
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -149,4 +151,25 @@ func sqlState(err error) string {
 		return state.SQLState()
 	}
 	return ""
+}
+
+// listMax is how many ids one statement binds as a list (sqlx.In):
+// SQLite takes at most 32,766 variables a statement, and a list may be
+// longer (a relay's batch of small events, a purge of many rows).
+const listMax = 10000
+
+// execList runs query, in SQLite's placeholders with its last one a list
+// that sqlx.In expands, on ids, in statements of d of at most listMax of
+// them; args are the arguments before the list.
+func execList(ctx context.Context, ex sqlx.ExecerContext, d Dialect, query string, ids []int64, args ...any) error {
+	for chunk := range slices.Chunk(ids, listMax) {
+		q, all, err := sqlx.In(query, append(slices.Clip(args), chunk)...)
+		if err != nil {
+			return err
+		}
+		if _, err := ex.ExecContext(ctx, sqlx.Rebind(d.bindType(), q), all...); err != nil {
+			return err
+		}
+	}
+	return nil
 }

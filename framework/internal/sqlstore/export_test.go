@@ -19,3 +19,7 @@ func TimeArg(d Dialect, t time.Time) any { return d.timeArg(t) }
 func ClaimStatement(limit, maxBytes int) (statement string, args []any) {
 	return newQueries(Postgres, "").sql(qOutboxClaim), []any{maxBytes, limit}
 }
+
+// ExecList is execList: query run on ids in statements of at most
+// listMax of them.
+var ExecList = execList

@@ -174,29 +174,8 @@ func (o *Outbox) Lease(ctx context.Context, q sqlx.QueryerContext, limit, maxByt
 // Release gives up the lease of the rows of ids that are still unsent, so
 // that the next batch takes them at once.
 func (o *Outbox) Release(ctx context.Context, ex sqlx.ExecerContext, ids []int64) error {
-	if err := o.execList(ctx, ex, o.release, ids); err != nil {
+	if err := execList(ctx, ex, o.dialect, o.release, ids); err != nil {
 		return fmt.Errorf("release %d outbox rows: %w", len(ids), err)
-	}
-	return nil
-}
-
-// listMax is how many ids one statement binds as a list (sqlx.In):
-// SQLite takes at most 32,766 variables a statement, and a relay's batch
-// may hold more rows than that.
-const listMax = 10000
-
-// execList runs query, whose last placeholder is a list that sqlx.In
-// expands, on ids, in statements of at most listMax of them; args are the
-// arguments before the list.
-func (o *Outbox) execList(ctx context.Context, ex sqlx.ExecerContext, query string, ids []int64, args ...any) error {
-	for chunk := range slices.Chunk(ids, listMax) {
-		q, all, err := sqlx.In(query, append(slices.Clip(args), chunk)...)
-		if err != nil {
-			return err
-		}
-		if _, err := ex.ExecContext(ctx, sqlx.Rebind(o.dialect.bindType(), q), all...); err != nil {
-			return err
-		}
 	}
 	return nil
 }
@@ -229,7 +208,7 @@ func (o *Outbox) MarkSent(ctx context.Context, ex sqlx.ExecerContext, ids []int6
 	if o.dialect == Postgres {
 		_, err = ex.ExecContext(ctx, o.markSent, o.dialect.timeArg(at), ids)
 	} else {
-		err = o.execList(ctx, ex, o.markSent, ids, o.dialect.timeArg(at))
+		err = execList(ctx, ex, o.dialect, o.markSent, ids, o.dialect.timeArg(at))
 	}
 	if err != nil {
 		return fmt.Errorf("mark %d outbox rows sent: %w", len(ids), err)

@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework/internal/sqlstore"
-	"github.com/effectively-once/effectively/framework/migrate"
 )
 
 // TestPurgesBySentAtReadOnlyOldRows: the outbox's cleanup and the purge of
@@ -22,29 +21,19 @@ import (
 // cleanup walked every sent row kept (a day's, by default) each time it
 // found little or nothing to delete.
 func TestPurgesBySentAtReadOnlyOldRows(t *testing.T) {
-	t.Parallel()
-	for _, b := range databases {
-		t.Run(b.name, func(t *testing.T) {
-			t.Parallel()
-			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-			defer cancel()
-			db := b.open(t)
-			require.NoError(t, migrate.Up(ctx, db, migrate.Config{}))
-			d, err := sqlstore.DialectOf(db.DriverName())
-			require.NoError(t, err)
-			now := time.Now()
-			fillSent(ctx, t, db, d, 2000, now.Add(-time.Minute))
+	eachDatabase(t, func(ctx context.Context, t *testing.T, db *sqlx.DB, d sqlstore.Dialect) {
+		now := time.Now()
+		fillSent(ctx, t, db, d, 2000, now.Add(-time.Minute))
 
-			statements, args := sqlstore.PurgesBySentAt(d, now.Add(-time.Hour), 1000)
-			for table, statement := range statements {
-				if d == sqlstore.SQLite {
-					requireSQLiteSearch(ctx, t, db, table, statement, args)
-				} else {
-					requirePostgresReadsNone(ctx, t, db, table, statement, args)
-				}
+		statements, args := sqlstore.PurgesBySentAt(d, now.Add(-time.Hour), 1000)
+		for table, statement := range statements {
+			if d == sqlstore.SQLite {
+				requireSQLiteSearch(ctx, t, db, table, statement, args)
+			} else {
+				requirePostgresReadsNone(ctx, t, db, table, statement, args)
 			}
-		})
-	}
+		}
+	})
 }
 
 // fillSent adds n rows sent at sent to the outbox and to the replays.

@@ -3,7 +3,6 @@ package sqlstore
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/jmoiron/sqlx"
@@ -46,6 +45,9 @@ SELECT id FROM {p}replays WHERE sent_at IS NOT NULL AND sent_at < ? ORDER BY sen
 SELECT id FROM {p}dead_letters WHERE status <> 'pending' AND resolved_at < ? ORDER BY resolved_at LIMIT ?)
 AND status <> 'pending' RETURNING id`
 	qCountDeadLetters = `SELECT COUNT(*) FROM {p}dead_letters WHERE status <> 'pending' AND resolved_at < ?`
+	// qPurgeDeadLetterHistory deletes the history of the dead letters
+	// purged; sqlx.In expands the id list.
+	qPurgeDeadLetterHistory = `DELETE FROM {p}dead_letter_history WHERE dead_letter_id IN (?)`
 
 	qCountProcessed = `SELECT COUNT(*) FROM {p}processed_events WHERE processed_at < ?`
 	qCountOutbox    = `SELECT COUNT(*) FROM {p}outbox WHERE sent_at IS NOT NULL AND sent_at < ?`
@@ -125,13 +127,7 @@ func (s *Store) purgeDeadLetters(ctx context.Context, tx *sqlx.Tx, before time.T
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	marks := strings.TrimSuffix(strings.Repeat("?, ", len(ids)), ", ")
-	args := make([]any, len(ids))
-	for i, id := range ids {
-		args[i] = id
-	}
-	q := s.q.sql(`DELETE FROM {p}dead_letter_history WHERE dead_letter_id IN (` + marks + `)`)
-	if _, err := tx.ExecContext(ctx, q, args...); err != nil {
+	if err := execList(ctx, tx, s.dialect, s.q.prefix.Replace(qPurgeDeadLetterHistory), ids); err != nil {
 		return 0, fmt.Errorf("history: %w", err)
 	}
 	return int64(len(ids)), nil
