@@ -405,29 +405,22 @@ func (s *partSetup) waitFor(t *testing.T, what string, cond func() bool, procs .
 // drain that did not end.
 func (s *partSetup) logSessions(t *testing.T) {
 	t.Helper()
-	rows, err := s.db.Queryx(`SELECT pid, application_name, state, coalesce(wait_event_type || ':' || wait_event, '') AS wait,
+	var sessions []struct {
+		PID       int    `db:"pid"`
+		App       string `db:"application_name"`
+		State     string `db:"state"`
+		Wait      string `db:"wait"`
+		BlockedBy string `db:"blocked_by"`
+		XactAge   string `db:"xact_age"`
+		Query     string `db:"query"`
+	}
+	if err := s.db.Select(&sessions, `SELECT pid, application_name, state, coalesce(wait_event_type || ':' || wait_event, '') AS wait,
 		pg_blocking_pids(pid)::text AS blocked_by, coalesce(now() - xact_start, '0')::text AS xact_age, left(query, 200) AS query
 		FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()
-		AND (state <> 'idle' OR cardinality(pg_blocking_pids(pid)) > 0) ORDER BY xact_start`)
-	if err != nil {
+		AND (state <> 'idle' OR cardinality(pg_blocking_pids(pid)) > 0) ORDER BY xact_start`); err != nil {
 		t.Logf("sessions: %v", err)
-		return
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var r struct {
-			PID       int    `db:"pid"`
-			App       string `db:"application_name"`
-			State     string `db:"state"`
-			Wait      string `db:"wait"`
-			BlockedBy string `db:"blocked_by"`
-			XactAge   string `db:"xact_age"`
-			Query     string `db:"query"`
-		}
-		if err := rows.StructScan(&r); err != nil {
-			t.Logf("sessions: %v", err)
-			return
-		}
+	for _, r := range sessions {
 		t.Logf("session %d (%s): %s %s blocked by %s, transaction %s: %s", r.PID, r.App, r.State, r.Wait, r.BlockedBy, r.XactAge, r.Query)
 	}
 }
@@ -437,25 +430,18 @@ func (s *partSetup) logSessions(t *testing.T) {
 // not end saw handled, and by whom.
 func (s *partSetup) logEffects(t *testing.T) {
 	t.Helper()
-	rows, err := s.db.Queryx(`SELECT partition, pid, count(*) AS n, min(at)::text AS first, max(at)::text AS last
-		FROM order_effects GROUP BY partition, pid ORDER BY partition, min(at)`)
-	if err != nil {
-		t.Logf("effects: %v", err)
-		return
+	var effects []struct {
+		Partition int    `db:"partition"`
+		PID       int    `db:"pid"`
+		N         int    `db:"n"`
+		First     string `db:"first"`
+		Last      string `db:"last"`
 	}
-	defer rows.Close()
-	for rows.Next() {
-		var r struct {
-			Partition int    `db:"partition"`
-			PID       int    `db:"pid"`
-			N         int    `db:"n"`
-			First     string `db:"first"`
-			Last      string `db:"last"`
-		}
-		if err := rows.StructScan(&r); err != nil {
-			t.Logf("effects: %v", err)
-			return
-		}
+	if err := s.db.Select(&effects, `SELECT partition, pid, count(*) AS n, min(at)::text AS first, max(at)::text AS last
+		FROM order_effects GROUP BY partition, pid ORDER BY partition, min(at)`); err != nil {
+		t.Logf("effects: %v", err)
+	}
+	for _, r := range effects {
 		t.Logf("effects of partition %d by pid %d: %d, from %s to %s", r.Partition, r.PID, r.N, r.First, r.Last)
 	}
 }

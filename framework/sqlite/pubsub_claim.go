@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+
+	"github.com/effectively-once/effectively/framework/internal/sqlstore"
 )
 
 // syncDone is the outcome of a sync.
@@ -139,23 +141,23 @@ func (sub *pubsubSubscription) anyDue() (bool, error) {
 func (sub *pubsubSubscription) writeResults(ctx context.Context, tx *sqlx.Tx, now time.Time, acks, nacks, releases, unclaims []int64) error {
 	q, group := sub.s.q, sub.s.cfg.ConsumerGroup
 	if len(acks) > 0 {
-		if _, err := tx.ExecContext(ctx, q.ack, sub.topic, group, pubsubOffsets(acks)); err != nil {
+		if _, err := tx.ExecContext(ctx, q.ack, sub.topic, group, sqlstore.JSONIDs(acks)); err != nil {
 			return fmt.Errorf("write acks: %w", err)
 		}
 	}
 	if len(nacks) > 0 {
 		until := now.Add(sub.s.cfg.NackDelay).UnixMilli()
-		if _, err := tx.ExecContext(ctx, q.release, until, sub.topic, group, pubsubOffsets(nacks)); err != nil {
+		if _, err := tx.ExecContext(ctx, q.release, until, sub.topic, group, sqlstore.JSONIDs(nacks)); err != nil {
 			return fmt.Errorf("write nacks: %w", err)
 		}
 	}
 	if len(releases) > 0 {
-		if _, err := tx.ExecContext(ctx, q.release, now.UnixMilli(), sub.topic, group, pubsubOffsets(releases)); err != nil {
+		if _, err := tx.ExecContext(ctx, q.release, now.UnixMilli(), sub.topic, group, sqlstore.JSONIDs(releases)); err != nil {
 			return fmt.Errorf("release leases: %w", err)
 		}
 	}
 	if len(unclaims) > 0 {
-		if _, err := tx.ExecContext(ctx, q.unclaim, sub.topic, group, pubsubOffsets(unclaims)); err != nil {
+		if _, err := tx.ExecContext(ctx, q.unclaim, sub.topic, group, sqlstore.JSONIDs(unclaims)); err != nil {
 			return fmt.Errorf("release leases: %w", err)
 		}
 	}
@@ -192,7 +194,7 @@ func (sub *pubsubSubscription) claim(tx *sqlx.Tx, now time.Time, n int) ([]claim
 	}
 	var claimed []claimedRow
 	if len(offsets) > 0 {
-		rows, err := tx.QueryContext(ctx, q.selectByOff, pubsubOffsets(offsets))
+		rows, err := tx.QueryContext(ctx, q.selectByOff, sqlstore.JSONIDs(offsets))
 		if err != nil {
 			return nil, newRange{}, fmt.Errorf("claim messages: %w", err)
 		}
@@ -212,7 +214,7 @@ func (sub *pubsubSubscription) claim(tx *sqlx.Tx, now time.Time, n int) ([]claim
 					gone = append(gone, off)
 				}
 			}
-			if _, err := tx.ExecContext(ctx, q.ack, sub.topic, group, pubsubOffsets(gone)); err != nil {
+			if _, err := tx.ExecContext(ctx, q.ack, sub.topic, group, sqlstore.JSONIDs(gone)); err != nil {
 				return nil, newRange{}, fmt.Errorf("claim messages: forget leases of deleted messages: %w", err)
 			}
 		}
@@ -238,7 +240,7 @@ func (sub *pubsubSubscription) claim(tx *sqlx.Tx, now time.Time, n int) ([]claim
 		return claimed, newRange{}, nil
 	}
 	last := offsets[len(offsets)-1]
-	if _, err := tx.ExecContext(ctx, q.insertLeases, sub.topic, group, until, pubsubOffsets(offsets)); err != nil {
+	if _, err := tx.ExecContext(ctx, q.insertLeases, sub.topic, group, until, sqlstore.JSONIDs(offsets)); err != nil {
 		return nil, newRange{}, fmt.Errorf("claim messages: insert leases: %w", err)
 	}
 	if _, err := tx.ExecContext(ctx, q.setClaimed, last, sub.topic, group); err != nil {
@@ -311,19 +313,6 @@ func pubsubClaims(claims [][2]int64) string {
 		b = append(b, ',')
 		b = strconv.AppendInt(b, c[1], 10)
 		b = append(b, ']')
-	}
-	return string(append(b, ']'))
-}
-
-// pubsubOffsets encodes offsets as a JSON array for json_each.
-func pubsubOffsets(offsets []int64) string {
-	b := make([]byte, 0, len(offsets)*8+2)
-	b = append(b, '[')
-	for i, off := range offsets {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = strconv.AppendInt(b, off, 10)
 	}
 	return string(append(b, ']'))
 }

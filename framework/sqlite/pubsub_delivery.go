@@ -11,6 +11,7 @@ import (
 
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/driver"
+	"github.com/effectively-once/effectively/framework/internal/sqlstore"
 	"github.com/effectively-once/effectively/framework/internal/storedmsg"
 	"github.com/effectively-once/effectively/framework/internal/subscribers"
 )
@@ -102,7 +103,7 @@ func (sub *pubsubSubscription) AckInTx(ctx context.Context, tx *driver.Tx, items
 		}
 		ds[i], offsets[i] = d, d.offset
 	}
-	if _, err := tx.ExecContext(ctx, q.ack, sub.topic, sub.s.cfg.ConsumerGroup, pubsubOffsets(offsets)); err != nil {
+	if _, err := tx.ExecContext(ctx, q.ack, sub.topic, sub.s.cfg.ConsumerGroup, sqlstore.JSONIDs(offsets)); err != nil {
 		return fmt.Errorf("ack %d messages of %s: %w", len(offsets), sub.topic, err)
 	}
 	for _, d := range ds {

@@ -1,12 +1,11 @@
 package sqlstore
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"math"
 	"regexp"
-	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -153,23 +152,38 @@ func sqlState(err error) string {
 	return ""
 }
 
-// listMax is how many ids one statement binds as a list (sqlx.In):
-// SQLite takes at most 32,766 variables a statement, and a list may be
-// longer (a relay's batch of small events, a purge of many rows).
-const listMax = 10000
+// inIDs is the token of a query's condition that a column is one of a
+// list of ids, bound as one argument of any length (see idList):
+// "WHERE id {in_ids}".
+const inIDs = "{in_ids}"
 
-// execList runs query, in SQLite's placeholders with its last one a list
-// that sqlx.In expands, on ids, in statements of d of at most listMax of
-// them; args are the arguments before the list.
-func execList(ctx context.Context, ex sqlx.ExecerContext, d Dialect, query string, ids []int64, args ...any) error {
-	for chunk := range slices.Chunk(ids, listMax) {
-		q, all, err := sqlx.In(query, append(slices.Clip(args), chunk)...)
-		if err != nil {
-			return err
-		}
-		if _, err := ex.ExecContext(ctx, sqlx.Rebind(d.bindType(), q), all...); err != nil {
-			return err
-		}
+// withIDList returns query with its inIDs token in d's form: = ANY of an
+// array on PostgreSQL, IN the values of a JSON array (json_each) on
+// SQLite, which binds at most 32,766 variables a statement. One
+// statement, of one text, whatever the number of ids.
+func (d Dialect) withIDList(query string) string {
+	return strings.Replace(query, inIDs, d.pick("= ANY(?::bigint[])", "IN (SELECT value FROM json_each(?))"), 1)
+}
+
+// idList returns ids as the argument of a list of d (see withIDList):
+// the slice on PostgreSQL, its JSON text on SQLite.
+func (d Dialect) idList(ids []int64) any {
+	if d == Postgres {
+		return ids
 	}
-	return nil
+	return JSONIDs(ids)
+}
+
+// JSONIDs returns ids as a JSON array: a list that SQLite binds as one
+// argument and reads with json_each, whatever its length.
+func JSONIDs(ids []int64) string {
+	b := make([]byte, 0, 2+8*len(ids))
+	b = append(b, '[')
+	for i, id := range ids {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, id, 10)
+	}
+	return string(append(b, ']'))
 }

@@ -20,6 +20,8 @@ func ClaimStatement(limit, maxBytes int) (statement string, args []any) {
 	return newQueries(Postgres, "").sql(qOutboxClaim), []any{maxBytes, limit}
 }
 
-// ExecList is execList: query run on ids in statements of at most
-// listMax of them.
-var ExecList = execList
+// WithIDList is d.withIDList: query with its {in_ids} in d's form.
+func WithIDList(d Dialect, query string) string { return d.withIDList(query) }
+
+// IDList is d.idList: ids as the argument of {in_ids}.
+func IDList(d Dialect, ids []int64) any { return d.idList(ids) }

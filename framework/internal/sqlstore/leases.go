@@ -3,7 +3,6 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -320,15 +319,7 @@ func (s *Store) Fence(ctx context.Context, tx *driver.Tx, consumer, member strin
 	}
 	slices.Sort(partitions)
 	partitions = slices.Compact(partitions)
-	var list any = partitions
-	if s.dialect == SQLite {
-		b, err := json.Marshal(partitions)
-		if err != nil {
-			return fmt.Errorf("fence %d partitions of %s for %s: %w", len(fences), consumer, member, err)
-		}
-		list = string(b)
-	}
-	rows, err := tx.QueryContext(ctx, s.leaseSQL(s.dialect.pick(qFencePostgres, qFenceSQLite)), consumer, list)
+	rows, err := tx.QueryContext(ctx, s.leaseSQL(s.dialect.pick(qFencePostgres, qFenceSQLite)), consumer, s.dialect.idList(partitions))
 	if err != nil {
 		return fmt.Errorf("fence %d partitions of %s for %s: %w", len(fences), consumer, member, err)
 	}

@@ -55,9 +55,8 @@ func NewOutbox(d Dialect, prefix string) (*Outbox, error) {
 		claim:    q.sql(qOutboxClaim),
 		lease:    q.sql(qOutboxLease),
 		leasable: q.sql(qOutboxLeasable),
-		// release, and markSent on SQLite, are rebound after sqlx.In.
-		release:  q.prefix.Replace(qOutboxRelease),
-		markSent: d.pick(q.sql(qOutboxMarkSentArray), q.prefix.Replace(qOutboxMarkSent)),
+		release:  q.sql(d.withIDList(qOutboxRelease)),
+		markSent: q.sql(d.withIDList(qOutboxMarkSent)),
 		cleanup:  q.sql(qOutboxCleanup),
 	}, nil
 }
@@ -174,7 +173,10 @@ func (o *Outbox) Lease(ctx context.Context, q sqlx.QueryerContext, limit, maxByt
 // Release gives up the lease of the rows of ids that are still unsent, so
 // that the next batch takes them at once.
 func (o *Outbox) Release(ctx context.Context, ex sqlx.ExecerContext, ids []int64) error {
-	if err := execList(ctx, ex, o.dialect, o.release, ids); err != nil {
+	if len(ids) == 0 {
+		return nil
+	}
+	if _, err := ex.ExecContext(ctx, o.release, o.dialect.idList(ids)); err != nil {
 		return fmt.Errorf("release %d outbox rows: %w", len(ids), err)
 	}
 	return nil
@@ -204,13 +206,7 @@ func (o *Outbox) MarkSent(ctx context.Context, ex sqlx.ExecerContext, ids []int6
 	if len(ids) == 0 {
 		return nil
 	}
-	var err error
-	if o.dialect == Postgres {
-		_, err = ex.ExecContext(ctx, o.markSent, o.dialect.timeArg(at), ids)
-	} else {
-		err = execList(ctx, ex, o.dialect, o.markSent, ids, o.dialect.timeArg(at))
-	}
-	if err != nil {
+	if _, err := ex.ExecContext(ctx, o.markSent, o.dialect.timeArg(at), o.dialect.idList(ids)); err != nil {
 		return fmt.Errorf("mark %d outbox rows sent: %w", len(ids), err)
 	}
 	return nil

@@ -39,9 +39,10 @@ func eachDatabase(t *testing.T, test func(ctx context.Context, t *testing.T, db 
 // number, and no other; a row sent already keeps its time. A batch of
 // 40,000 ids, more than SQLite binds in a statement, is marked (and
 // released) too: it failed every time, so that the relay published its
-// rows again at every poll. On PostgreSQL the ids go as one array, so
-// that batches of every size share one statement: the connection's cache
-// holds one, not one per size.
+// rows again at every poll. The ids go as one argument (an array on
+// PostgreSQL, a JSON array on SQLite), so that batches of every size
+// share one statement: the connection's cache holds one, not one per
+// size.
 func TestMarkSent(t *testing.T) {
 	eachDatabase(t, func(ctx context.Context, t *testing.T, db *sqlx.DB, d sqlstore.Dialect) {
 		db.SetMaxOpenConns(1) // one connection: its statement cache below
@@ -88,10 +89,10 @@ func TestMarkSent(t *testing.T) {
 	})
 }
 
-// TestExecList: a statement on a list of ids runs on more ids than
-// SQLite binds in one statement (32,766), on both databases: the
+// TestIDList: a statement on a list of ids ({in_ids}) runs on more ids
+// than SQLite binds in one statement (32,766), on both databases: the
 // outbox's marks and releases, the history of purged dead letters.
-func TestExecList(t *testing.T) {
+func TestIDList(t *testing.T) {
 	eachDatabase(t, func(ctx context.Context, t *testing.T, db *sqlx.DB, d sqlstore.Dialect) {
 		table := "list_" + string(d)
 		_, err := db.ExecContext(ctx, `CREATE TABLE `+table+` (id bigint PRIMARY KEY, v bigint NOT NULL DEFAULT 0)`)
@@ -103,7 +104,8 @@ func TestExecList(t *testing.T) {
 			ids = append(ids, i)
 		}
 		require.Greater(t, len(ids), 32766)
-		require.NoError(t, sqlstore.ExecList(ctx, db, d, `UPDATE `+table+` SET v = ? WHERE id IN (?)`, ids, 7))
+		_, err = db.ExecContext(ctx, db.Rebind(sqlstore.WithIDList(d, `UPDATE `+table+` SET v = ? WHERE id {in_ids}`)), 7, sqlstore.IDList(d, ids))
+		require.NoError(t, err)
 		var set, all int
 		require.NoError(t, db.GetContext(ctx, &set, `SELECT count(*) FROM `+table+` WHERE v = 7 AND id % 2 = 0`))
 		require.NoError(t, db.GetContext(ctx, &all, `SELECT count(*) FROM `+table+` WHERE v = 7`))

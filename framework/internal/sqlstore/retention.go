@@ -46,8 +46,8 @@ SELECT id FROM {p}dead_letters WHERE status <> 'pending' AND resolved_at < ? ORD
 AND status <> 'pending' RETURNING id`
 	qCountDeadLetters = `SELECT COUNT(*) FROM {p}dead_letters WHERE status <> 'pending' AND resolved_at < ?`
 	// qPurgeDeadLetterHistory deletes the history of the dead letters
-	// purged; sqlx.In expands the id list.
-	qPurgeDeadLetterHistory = `DELETE FROM {p}dead_letter_history WHERE dead_letter_id IN (?)`
+	// purged.
+	qPurgeDeadLetterHistory = `DELETE FROM {p}dead_letter_history WHERE dead_letter_id ` + inIDs
 
 	qCountProcessed = `SELECT COUNT(*) FROM {p}processed_events WHERE processed_at < ?`
 	qCountOutbox    = `SELECT COUNT(*) FROM {p}outbox WHERE sent_at IS NOT NULL AND sent_at < ?`
@@ -127,7 +127,7 @@ func (s *Store) purgeDeadLetters(ctx context.Context, tx *sqlx.Tx, before time.T
 	if len(ids) == 0 {
 		return 0, nil
 	}
-	if err := execList(ctx, tx, s.dialect, s.q.prefix.Replace(qPurgeDeadLetterHistory), ids); err != nil {
+	if _, err := tx.ExecContext(ctx, s.q.sql(s.dialect.withIDList(qPurgeDeadLetterHistory)), s.dialect.idList(ids)); err != nil {
 		return 0, fmt.Errorf("history: %w", err)
 	}
 	return int64(len(ids)), nil
