@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -88,5 +89,18 @@ func TestRoundOrder(t *testing.T) {
 		if got := roundOrder(c.n, c.round); !slices.Equal(got, c.want) {
 			t.Errorf("roundOrder(%d, %d) = %v, want %v", c.n, c.round, got, c.want)
 		}
+	}
+}
+
+// TestDocsHoldFindings: docs/benchmarks.md, written by a full run, holds
+// findings.md as it is now, so that a finding edited by hand after the
+// run is edited in both.
+func TestDocsHoldFindings(t *testing.T) {
+	docs, err := os.ReadFile("../../../docs/benchmarks.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(docs), findings) {
+		t.Error("docs/benchmarks.md does not hold internal/tools/bench/findings.md as it is: edit both alike")
 	}
 }
