@@ -54,6 +54,46 @@ func TestDecodePlainReadsUsualEvents(t *testing.T) {
 	}
 }
 
+// TestDecodePlainLeavesInvalidJSON: decodePlain checks the object's
+// syntax as it scans, and each value as it reads it, instead of
+// validating the whole body first: a body that is not JSON, however close
+// to a plain event, is left to the SDK, which refuses it.
+func TestDecodePlainLeavesInvalidJSON(t *testing.T) {
+	t.Parallel()
+	const head = `{"specversion":"1.0","id":"1","source":"s","type":"t"`
+	for name, body := range map[string]string{
+		"LeadingZero":      head + `,"eventversion":01}`,
+		"PlusSign":         head + `,"eventversion":+1}`,
+		"Fraction":         head + `,"eventversion":1.}`,
+		"BareWord":         head + `,"eventversion":1,"data":tru}`,
+		"TrailingComma":    head + `,"eventversion":1,}`,
+		"NoColon":          head + `,"eventversion" 1}`,
+		"TwoValues":        head + `,"eventversion":1 2}`,
+		"JunkAfterValue":   head + `,"eventversion":1,"subject":"x"y}`,
+		"JunkAfterObject":  head + `,"eventversion":1}x`,
+		"SecondObject":     head + `,"eventversion":1}{}`,
+		"ExtraBrace":       head + `,"eventversion":1}}`,
+		"Unclosed":         head + `,"eventversion":1`,
+		"UnclosedData":     head + `,"eventversion":1,"data":{"a":1}`,
+		"BadData":          head + `,"eventversion":1,"data":{"a":}}`,
+		"DataUnquotedKey":  head + `,"eventversion":1,"data":{a:1}}`,
+		"DataControlChar":  head + `,"eventversion":1,"data":"a` + "" + `"}`,
+		"DataBadEscape":    head + `,"eventversion":1,"data":"\x"}`,
+		"NameNotString":    `{specversion:"1.0","id":"1","source":"s","type":"t","eventversion":1}`,
+		"SemicolonBetween": head + `;"eventversion":1}`,
+		"ArrayTop":         `[` + head + `,"eventversion":1}]`,
+		"NoValue":          head + `,"eventversion":}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			_, ok := framework.DecodePlain([]byte(body))
+			require.False(t, ok, "decodePlain took a body that is not JSON")
+			_, err := framework.DecodeSDK([]byte(body))
+			require.Error(t, err)
+		})
+	}
+}
+
 // TestDecodeAllocations pins the cost of decoding a typical event: one
 // pass over the text, one copy of it for the attributes and one of the
 // data (the SDK took 39 allocations).

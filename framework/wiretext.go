@@ -316,41 +316,63 @@ func plainAttributeOf(name []byte) plainAttribute {
 // to the same envelope (FuzzDecodePlain checks it), and every refusal is
 // decodeSDK's, worded as it always was.
 func decodePlain(body []byte) (env Envelope, ok bool) {
-	if !json.Valid(body) {
-		return Envelope{}, false
-	}
 	i := skipSpace(body, 0)
-	if body[i] != '{' {
+	if i >= len(body) || body[i] != '{' {
 		return Envelope{}, false
 	}
 	// The attributes written without escapes are substrings of one copy
 	// of the text: one allocation for them all.
 	text := string(body)
 	var seen plainAttribute
-	// body is valid JSON: each member is a string, a colon and a value,
-	// followed by a comma or the closing brace.
-	for i = skipSpace(body, i+1); body[i] == '"'; {
+	// The scan checks the object's syntax as it goes; each value is
+	// checked by what reads it: a string attribute by the rules of a
+	// String (stricter than JSON's), any other value and data by
+	// json.Valid. What the scan does not take falls back to decodeSDK.
+	for i = skipSpace(body, i+1); ; {
+		if i >= len(body) || body[i] != '"' {
+			return Envelope{}, false
+		}
 		nameEnd := stringEnd(body, i)
+		if nameEnd < 0 {
+			return Envelope{}, false
+		}
 		attr := plainAttributeOf(body[i+1 : nameEnd-1])
 		if attr == 0 || seen&attr != 0 {
 			return Envelope{}, false
 		}
 		seen |= attr
 		colon := skipSpace(body, nameEnd)
+		if colon >= len(body) || body[colon] != ':' {
+			return Envelope{}, false
+		}
 		start := skipSpace(body, colon+1)
 		end := valueEnd(body, start)
+		if end <= start {
+			return Envelope{}, false
+		}
+		value := body[start:end]
+		if (attr == plainData || value[0] != '"') && !json.Valid(value) {
+			return Envelope{}, false
+		}
 		if attr == plainData {
 			// As the SDK keeps it: the text from the colon on, the space
 			// before the value included.
 			env.Data = bytes.Clone(body[colon+1 : end])
-		} else if !env.setPlain(attr, body[start:end], text[start:end]) {
+		} else if !env.setPlain(attr, value, text[start:end]) {
 			return Envelope{}, false
 		}
-		if i = skipSpace(body, end); body[i] == ',' {
-			i = skipSpace(body, i+1)
+		if i = skipSpace(body, end); i >= len(body) {
+			return Envelope{}, false
 		}
+		if body[i] == '}' {
+			break
+		}
+		if body[i] != ',' {
+			return Envelope{}, false
+		}
+		i = skipSpace(body, i+1)
 	}
-	if seen&plainRequired != plainRequired || env.Validate() != nil {
+	if skipSpace(body, i+1) != len(body) || seen&plainRequired != plainRequired || env.Validate() != nil {
 		return Envelope{}, false
 	}
 	return env, true
