@@ -162,7 +162,7 @@ func backlogQuery(messages, offsets string, n int) string {
 			) AS w
 		) END,
 		CASE WHEN o.consumer_group IS NULL THEN 0 ELSE COALESCE((
-			SELECT (EXTRACT(EPOCH FROM (now()::timestamp - m.created_at)) * 1000000)::bigint
+			SELECT ` + ageOf("m.created_at") + `
 			FROM ` + messages + ` AS m
 			WHERE ` + inPartition + `(m.transaction_id, m."offset") >
 				(COALESCE(o.last_processed_transaction_id, '0'::xid8), COALESCE(o.offset_acked, 0))

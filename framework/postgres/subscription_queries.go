@@ -94,12 +94,20 @@ func newSubscriptionQueries(cfg TransportConfig, topic string, marking bool) sub
 	return q
 }
 
-// ageColumn is the column "age" of a row read: how long ago it was
-// published, in microseconds, by the server's clock. created_at is
-// watermill-sql's "timestamp without time zone", written with the
-// server's now(): compared with the same, the age holds whatever the Go
-// clocks of the publisher and the subscriber say (see publishedAt).
-const ageColumn = `(EXTRACT(EPOCH FROM (now()::timestamp - created_at)) * 1000000)::bigint AS age`
+// ageColumn is the column "age" of a row read (see ageOf).
+var ageColumn = ageOf("created_at") + ` AS age`
+
+// ageOf is the SQL expression of how long ago a row whose created_at
+// column is col was published, in microseconds, by the server's clock.
+// created_at is watermill-sql's "timestamp without time zone", written
+// with the server's now(): compared with the same, the age holds whatever
+// the Go clocks of the publisher and the subscriber say (see
+// publishedAt). It is NULL for a created_at of 'infinity' or '-infinity',
+// which a producer may write and which PostgreSQL cannot subtract: the
+// read that delivers such a row, and every one after it, would fail.
+func ageOf(col string) string {
+	return `CASE WHEN isfinite(` + col + `) THEN (EXTRACT(EPOCH FROM (now()::timestamp - ` + col + `)) * 1000000)::bigint END`
+}
 
 // upsertPositions ends the read's write of a group's positions: the
 // acknowledged one and the handed-out one each only ever move forward.

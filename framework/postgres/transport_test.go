@@ -242,6 +242,52 @@ func TestTransportUnreadableRows(t *testing.T) {
 	}
 }
 
+// TestTransportOddCreatedAt inserts rows by hand whose created_at
+// PostgreSQL cannot subtract from now() ('infinity', '-infinity') or
+// that lie at the ends of its range: each is delivered, and the backlog
+// is read, where the first read failed on every poll and held up the
+// rows behind it.
+func TestTransportOddCreatedAt(t *testing.T) {
+	t.Parallel()
+	url := testenv.PostgresURL(t)
+	db := open(t, url, 4)
+	tr := newTransport(t, db, url)
+	sub := subscriber(t, tr, "c")
+	topic := "created." + watermill.NewShortUUID()
+	require.NoError(t, sub.(message.SubscribeInitializer).SubscribeInitialize(topic))
+	rows := []struct{ uuid, createdAt string }{
+		{"infinity", "infinity"},
+		{"minus-infinity", "-infinity"},
+		{"first", "4713-01-01 00:00:00 BC"},
+		{"last", "294276-12-31 23:59:59"},
+		{"fine", "2026-12-07 10:00:00"},
+	}
+	for _, r := range rows {
+		_, err := db.Exec(`INSERT INTO `+postgres.MessagesTable("", topic)+
+			` (uuid, payload, metadata, transaction_id, created_at) VALUES ($1, '{"a":1}', '{}', pg_current_xact_id(), $2)`, r.uuid, r.createdAt)
+		require.NoError(t, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	backlog, err := tr.Backlogs(ctx, "c", []string{topic}, 1)
+	require.NoError(t, err, "the backlog reads the rows' ages")
+	require.EqualValues(t, len(rows), backlog[0].Waiting)
+	ch, err := sub.Subscribe(ctx, topic)
+	require.NoError(t, err)
+	for _, r := range rows {
+		select {
+		case got := <-ch:
+			require.Equal(t, r.uuid, got.UUID)
+			if r.uuid == "fine" {
+				require.NotEmpty(t, got.Metadata.Get(framework.MetadataPublishedAt))
+			}
+			got.Ack()
+		case <-ctx.Done():
+			t.Fatalf("row %s was not delivered: the subscription stalls", r.uuid)
+		}
+	}
+}
+
 // TestTransportWithoutURL shows that a Transport without
 // TransportConfig.URL publishes and replays but does not subscribe: it
 // has no pool for subscribers.

@@ -80,11 +80,11 @@ func (t *Transport) Backlogs(ctx context.Context, consumer string, types []strin
 // offset, the messages after it (at most ?3), the group's leases, the
 // created_at of the first message after it and of the oldest leased, and
 // the file's clock; no row when the group has none of the topic.
-const backlogQuery = `SELECT g.claimed_offset,
+var backlogQuery = `SELECT g.claimed_offset,
 	(SELECT count(*) FROM (SELECT 1 FROM {messages} m WHERE m.topic = ?1 AND m."offset" > g.claimed_offset LIMIT ?3)),
 	(SELECT count(*) FROM {leases} l WHERE l.topic = ?1 AND l.consumer_group = ?2),
-	(SELECT m.created_at FROM {messages} m WHERE m.topic = ?1 AND m."offset" > g.claimed_offset ORDER BY m."offset" LIMIT 1),
-	(SELECT min(m.created_at) FROM {leases} l JOIN {messages} m ON m."offset" = l."offset"
+	(SELECT ` + millisOf("m.created_at") + ` FROM {messages} m WHERE m.topic = ?1 AND m."offset" > g.claimed_offset ORDER BY m."offset" LIMIT 1),
+	(SELECT min(` + millisOf("m.created_at") + `) FROM {leases} l JOIN {messages} m ON m."offset" = l."offset"
 		WHERE l.topic = ?1 AND l.consumer_group = ?2),
 	` + nowMillis + `
 	FROM {groups} g WHERE g.topic = ?1 AND g.consumer_group = ?2`

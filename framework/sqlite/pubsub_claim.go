@@ -273,7 +273,7 @@ type claimedRow struct {
 	uuid       string
 	payload    []byte
 	metadata   []byte
-	createdAt  int64 // when it was published, Unix milliseconds (nowMillis)
+	createdAt  int64 // when it was published, Unix milliseconds (nowMillis); 0 unknown (millisOf)
 	deliveries int64
 }
 
@@ -286,10 +286,14 @@ func (sub *pubsubSubscription) scanMessages(rows *sql.Rows, deliveriesOf func(in
 		}
 	}()
 	for rows.Next() {
-		var r claimedRow
-		if err := rows.Scan(&r.offset, &r.uuid, &r.payload, &r.metadata, &r.createdAt); err != nil {
+		var (
+			r         claimedRow
+			createdAt sql.NullInt64
+		)
+		if err := rows.Scan(&r.offset, &r.uuid, &r.payload, &r.metadata, &createdAt); err != nil {
 			return nil, fmt.Errorf("claim messages: %w", err)
 		}
+		r.createdAt = createdAt.Int64
 		r.deliveries = deliveriesOf(r.offset)
 		rs = append(rs, r)
 	}

@@ -132,12 +132,18 @@ func (d *pubsubDelivery) Settled(acked bool) {
 	}
 }
 
+// maxMillis is the last millisecond of the year 9999, in Unix
+// milliseconds.
+const maxMillis = 253402300799999
+
 func (sub *pubsubSubscription) newDelivery(r claimedRow) *pubsubDelivery {
 	// Metadata that is not a JSON object of strings (a row inserted by
 	// hand) marks the message unreadable, to be dead-lettered.
 	msg := storedmsg.Message(r.uuid, r.payload, r.metadata)
 	msg.Metadata.Set(framework.MetadataRedelivered, strconv.FormatBool(r.deliveries > 1))
-	if r.createdAt > 0 { // 0: a row inserted by hand with no time
+	// 0: a row inserted by hand with no time, or none readable; past the
+	// year 9999, no time RFC 3339 can write.
+	if r.createdAt > 0 && r.createdAt <= maxMillis {
 		msg.Metadata.Set(framework.MetadataPublishedAt, time.UnixMilli(r.createdAt).UTC().Format(time.RFC3339Nano))
 	}
 	d := &pubsubDelivery{sub: sub, offset: r.offset, deliveries: r.deliveries, msg: msg}

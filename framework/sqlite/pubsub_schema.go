@@ -32,6 +32,16 @@ const (
 // row that relied on the default.
 const nowMillis = `CAST((julianday('now') - 2440587.5) * 86400000 AS INTEGER)`
 
+// millisOf is the SQL expression of the created_at column col as read: an
+// integer as it is, a real (what julianday gives without the default's
+// CAST) cut to an integer, and NULL for anything else a producer may have
+// written (a text, a blob), so that no row's created_at fails the reads
+// that deliver it or measure the backlog: SQLite keeps any value in an
+// INTEGER column.
+func millisOf(col string) string {
+	return `CASE typeof(` + col + `) WHEN 'integer' THEN ` + col + ` WHEN 'real' THEN CAST(` + col + ` AS INTEGER) END`
+}
+
 // pubsubQueries holds the SQL of the Pub/Sub with the table prefix applied.
 // Lists of offsets travel as one JSON array argument read by json_each, so
 // every statement has a fixed text.
@@ -128,7 +138,7 @@ func newPubSubQueries(prefix string) pubsubQueries {
 		setClaimed:    q(`UPDATE {groups} SET claimed_offset = ? WHERE topic = ? AND consumer_group = ?`),
 		claimNew: q(`SELECT "offset" FROM {messages}
 	WHERE topic = ? AND "offset" > ? ORDER BY "offset" LIMIT ?`),
-		selectNew: q(`SELECT "offset", uuid, payload, metadata, created_at FROM {messages}
+		selectNew: q(`SELECT "offset", uuid, payload, metadata, ` + millisOf("created_at") + ` FROM {messages}
 	WHERE topic = ? AND "offset" > ? AND "offset" <= ? ORDER BY "offset"`),
 		insertLeases: q(`INSERT INTO {leases} (topic, consumer_group, "offset", deliveries, locked_until)
 	SELECT ?, ?, value, 1, ? FROM json_each(?)`),
@@ -137,7 +147,7 @@ func newPubSubQueries(prefix string) pubsubQueries {
 		SELECT "offset" FROM {leases} WHERE topic = ?2 AND consumer_group = ?3 AND locked_until <= ?4
 		ORDER BY "offset" LIMIT ?5)
 	RETURNING "offset", deliveries`),
-		selectByOff: q(`SELECT "offset", uuid, payload, metadata, created_at FROM {messages}
+		selectByOff: q(`SELECT "offset", uuid, payload, metadata, ` + millisOf("created_at") + ` FROM {messages}
 	WHERE "offset" IN (SELECT value FROM json_each(?)) ORDER BY "offset"`),
 		ack: q(`DELETE FROM {leases} WHERE topic = ? AND consumer_group = ?
 	AND "offset" IN (SELECT value FROM json_each(?))`),

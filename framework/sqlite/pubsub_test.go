@@ -483,6 +483,54 @@ func TestPubSubUnreadableMetadata(t *testing.T) {
 	}
 }
 
+// TestPubSubOddCreatedAt inserts rows by hand whose created_at is not
+// Unix milliseconds as an integer: SQLite keeps whatever a producer
+// writes in an INTEGER column, and julianday's arithmetic without the
+// default's CAST gives a real. Each row is delivered, with its time when
+// one can be read, and the backlog is read too: a created_at that failed
+// the read stopped the topic for every consumer.
+func TestPubSubOddCreatedAt(t *testing.T) {
+	t.Parallel()
+	b := setupPubSub(t)
+	tr, err := New(b.db, TransportConfig{})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, tr.Close()) })
+	sub := b.subscriber(t, SubscriberConfig{ConsumerGroup: "c"})
+	require.NoError(t, sub.SubscribeInitialize(b.topic))
+	const millis = 1796613208355
+	rows := []struct {
+		uuid      string
+		createdAt any
+		published string
+	}{
+		{"real", float64(millis) + 0.99, time.UnixMilli(millis).UTC().Format(time.RFC3339Nano)},
+		{"text", "abc", ""},
+		{"blob", []byte{0xff, 0}, ""},
+		{"huge", 1e300, ""},
+		{"negative", -5, ""},
+		{"fine", millis, time.UnixMilli(millis).UTC().Format(time.RFC3339Nano)},
+	}
+	for _, r := range rows {
+		_, err := b.db.Exec(`INSERT INTO pubsub_messages (topic, uuid, payload, metadata, created_at) VALUES (?, ?, CAST(? AS BLOB), '{}', ?)`,
+			b.topic, r.uuid, `{"a":1}`, r.createdAt)
+		require.NoError(t, err)
+	}
+	ctx := context.Background()
+	backlog, err := tr.Backlogs(ctx, "c", []string{b.topic}, 1)
+	require.NoError(t, err, "the backlog reads the rows' times")
+	require.EqualValues(t, len(rows), backlog[0].Waiting)
+	ch, err := sub.Subscribe(ctx, b.topic)
+	require.NoError(t, err)
+	for _, r := range rows {
+		msg := receive(t, ch)
+		require.Equal(t, r.uuid, msg.UUID)
+		require.Equal(t, r.published, msg.Metadata.Get(framework.MetadataPublishedAt), "row %s", r.uuid)
+		_, err := tr.Backlogs(ctx, "c", []string{b.topic}, 1)
+		require.NoError(t, err, "the backlog reads the leased rows' times")
+		msg.Ack()
+	}
+}
+
 // pubsubTestMarks keeps processed marks in a table of the test's file: the
 // unit of work calls only Mark (no delivery is counted here), so the rest
 // of driver.Store is left nil.
