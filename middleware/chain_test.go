@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -390,6 +391,37 @@ func exerciseChain(t *testing.T, b backend) {
 		}
 		require.NoError(t, bd.deliver(ctx, []byte("not json at all")))
 		require.Len(t, bd.deadLetters(t), len(tests), "the same poison without an id is keyed by its body")
+	})
+
+	t.Run("UnroutableCopyOfProcessed", func(t *testing.T) {
+		// A copy of a processed event that does not route (its data no
+		// longer validates, its type or version has no handler) is a
+		// duplicate, as a copy that routes is: no dead letter for an
+		// event that took effect, nor for its replay.
+		t.Parallel()
+		bd := setup(t, b, setupConfig{attempts: 5})
+		require.NoError(t, bd.deliver(ctx, event(t, "notes", "done")))
+		copyOf := func(m map[string]any) []byte {
+			full := map[string]any{"specversion": "1.0", "id": "done", "source": "notes", "type": noted.Type(), "eventversion": 1}
+			maps.Copy(full, m)
+			out, err := json.Marshal(full)
+			require.NoError(t, err)
+			return out
+		}
+		for name, copied := range map[string][]byte{
+			"InvalidData":    copyOf(map[string]any{"data": map[string]any{"text": ""}}),
+			"UnknownType":    copyOf(map[string]any{"type": "notes.note.removed"}),
+			"UnknownVersion": copyOf(map[string]any{"eventversion": 2}),
+		} {
+			require.NoError(t, bd.deliver(ctx, copied), "%s: acknowledged", name)
+		}
+		require.Empty(t, bd.deadLetters(t), "a copy of a processed event is no dead letter")
+		require.Equal(t, 1, bd.effects(t))
+		require.EqualValues(t, 1, bd.calls.Load())
+		require.NoError(t, bd.deliver(ctx, copyOf(map[string]any{"id": "new", "data": map[string]any{"text": ""}})))
+		dls := bd.deadLetters(t)
+		require.Len(t, dls, 1, "an event not processed is dead-lettered")
+		require.Equal(t, framework.CodeInvalidPayload, dls[0].Code)
 	})
 
 	t.Run("CancelledDuringAttempt", func(t *testing.T) {

@@ -70,6 +70,10 @@ func failed(ctx context.Context, consumer string, store driver.Store, now func()
 	if !framework.IsPermanent(err) && !st.gaveUp {
 		return err // before the attempts, or after they succeeded
 	}
+	if processedBefore(ctx, consumer, store, st) {
+		st.outcome = framework.Duplicate
+		return nil
+	}
 	if derr := st.dies(ctx, crash.BeforeDeadLetter); derr != nil {
 		return derr
 	}
@@ -84,6 +88,34 @@ func failed(ctx context.Context, consumer string, store driver.Store, now func()
 	}
 	st.deadLettered, st.cause, st.deadLetterKey = dl.Code, err, dl.Key()
 	return nil
+}
+
+// peeker is a store that reads, outside any transaction, whether an
+// event is marked (the SQL stores do: sqlite.Store.Peek,
+// postgres.Store.Peek).
+type peeker interface {
+	Peek(ctx context.Context, consumer string, key framework.Key, subject string) (processed bool, checkpoint int64, err error)
+}
+
+// processedBefore reports whether the message of st, which decoded but
+// did not route (its data did not decode or validate, its type or
+// version has no handler), is an event that consumer already processed:
+// a redelivery of it after a deploy that validates more strictly, or the
+// replay of a dead-lettered copy whose event a later copy applied. Such a
+// message is a duplicate, as it would be had it routed: the unit of work
+// meets its mark before its handler runs. Only a store that reads a mark
+// outside a transaction is asked; a failed read leaves the message to its
+// dead letter.
+func processedBefore(ctx context.Context, consumer string, store driver.Store, st *state) bool {
+	if st.envelope == nil || st.decoded != nil || st.envelope.Key().Validate() != nil {
+		return false
+	}
+	p, ok := store.(peeker)
+	if !ok {
+		return false
+	}
+	processed, _, err := p.Peek(ctx, consumer, st.envelope.Key(), "")
+	return err == nil && processed
 }
 
 // newDeadLetter builds the dead letter of msg, failed at now. Nothing in
