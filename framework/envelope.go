@@ -93,9 +93,13 @@ func (k Key) checkSize() error {
 	return nil
 }
 
-// digestKey is the key of a message whose body carries no readable
-// source and id: an empty source and "sha256:" with the body's hex digest.
-func digestKey(body []byte) Key {
+// DigestKey is the key of a message by its body alone: an empty source
+// and "sha256:" with the body's hex digest. It keys the dead letter of a
+// message whose body carries no readable source and id (see BodyKey),
+// and of one whose key is a dead letter's already with another body
+// (driver.Store.PublishDeadLetter), so that no failed body overwrites
+// another.
+func DigestKey(body []byte) Key {
 	sum := sha256.Sum256(body)
 	return Key{ID: "sha256:" + hex.EncodeToString(sum[:])}
 }
@@ -108,7 +112,7 @@ func digestKey(body []byte) Key {
 // store cannot hold.
 func BodyKey(body []byte) Key {
 	if !json.Valid(body) {
-		return digestKey(body)
+		return DigestKey(body)
 	}
 	var id, source []byte
 	repeated := false
@@ -124,16 +128,16 @@ func BodyKey(body []byte) Key {
 		return true
 	})
 	if !ok || repeated {
-		return digestKey(body)
+		return DigestKey(body)
 	}
 	idText, idProblem := unquote(id)
 	sourceText, sourceProblem := unquote(source)
 	if idProblem != "" || sourceProblem != "" {
-		return digestKey(body)
+		return DigestKey(body)
 	}
 	k := Key{Source: types.ParseURIRef(sourceText).String(), ID: idText}
 	if k.Validate() != nil {
-		return digestKey(body)
+		return DigestKey(body)
 	}
 	return k
 }

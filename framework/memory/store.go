@@ -1,6 +1,7 @@
 package memory
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -265,6 +266,12 @@ func (s *Store) putDeadLetter(dl driver.DeadLetter, at time.Time) {
 	dl.LastFailedAt = at
 	k := markKey{consumer: dl.Consumer, key: dl.Key()}
 	delete(s.deliveries, k)
+	if id, ok := s.byKey[k]; ok && !bytes.Equal(s.deadLetters[id].Body, dl.Body) {
+		// Another body under the key: kept under its own digest (see
+		// driver.Store.PublishDeadLetter).
+		k.key = framework.DigestKey(dl.Body)
+		dl.Source, dl.EventID = k.key.Source, k.key.ID
+	}
 	if id, ok := s.byKey[k]; ok {
 		old := s.deadLetters[id]
 		dl.ID, dl.FirstFailedAt, dl.Repeats = id, old.FirstFailedAt, old.Repeats+1

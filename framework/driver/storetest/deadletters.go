@@ -448,6 +448,40 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.NotErrorIs(t, err, driver.ErrNotPending)
 	})
 
+	// A message with the key of a dead letter but another body (a
+	// producer that sent two bodies under one id, a malformed copy of a
+	// failed event) is kept under its body's digest: neither body
+	// overwrites the other, and each repeats on its own row.
+	t.Run("AnotherBodyUnderItsDigest", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t, newHarness)
+		ctx := context.Background()
+		first := deadLetter(consumer, "e-1")
+		require.NoError(t, b.store.PublishDeadLetter(ctx, first))
+		other := deadLetter(consumer, "e-1")
+		other.Body, other.Code = []byte(`{"specversion":"1.0","id":"e-1","eventversion":1.5}`), framework.CodeMalformedEnvelope
+		require.NoError(t, b.store.PublishDeadLetter(ctx, other))
+		require.NoError(t, b.store.PublishDeadLetter(ctx, other))
+		require.NoError(t, b.store.PublishDeadLetter(ctx, first))
+
+		dls, err := b.store.DeadLetters(ctx, driver.DeadLetterFilter{Consumer: consumer})
+		require.NoError(t, err)
+		require.Len(t, dls, 2, "one dead letter a body")
+		byKey := map[framework.Key]driver.DeadLetter{dls[0].Key(): dls[0], dls[1].Key(): dls[1]}
+		kept, ok := byKey[first.Key()]
+		require.True(t, ok, "the first body keeps the key")
+		require.Equal(t, first.Body, kept.Body)
+		require.Equal(t, framework.CodeInvalidPayload, kept.Code)
+		require.Equal(t, 1, kept.Repeats)
+		digest, ok := byKey[framework.DigestKey(other.Body)]
+		require.True(t, ok, "the other body under its digest: %v", byKey)
+		require.Equal(t, other.Body, digest.Body)
+		require.Equal(t, framework.CodeMalformedEnvelope, digest.Code)
+		require.Equal(t, 1, digest.Repeats)
+		require.Equal(t, other.Type, digest.Type, "the attributes read are kept")
+		require.Len(t, history(t, b.store, digest.ID), 2)
+	})
+
 	// A dead letter that comes back after an operator resolved it (a
 	// replay that failed again, or a producer that sent it once more) is
 	// pending again on the same row, with one more repeat; its history

@@ -38,6 +38,7 @@ ON CONFLICT (consumer, source, event_id) DO UPDATE SET
     body = excluded.body,
     metadata = excluded.metadata,
     status = 'pending'
+WHERE {p}dead_letters.body = excluded.body
 RETURNING id`
 
 	deadLetterColumns = deadLetterHead + `body` + deadLetterTail
@@ -167,10 +168,20 @@ func (s *Store) insertDeadLetter(ctx context.Context, tx *sqlx.Tx, dl driver.Dea
 	if body == nil {
 		body = []byte{}
 	}
-	var id int64
-	if err := tx.QueryRowxContext(ctx, s.publishDeadLetter,
-		dl.Consumer, dl.Topic, dl.Source, dl.EventID, dl.Type, dl.Version, dl.Subject, dl.CorrelationID,
-		string(dl.Code), dl.SubjectSeq, dl.Attempts, dl.Deliveries, at, at, body, meta).Scan(&id); err != nil {
+	upsert := func(k framework.Key) (id int64, err error) {
+		err = tx.QueryRowxContext(ctx, s.publishDeadLetter,
+			dl.Consumer, dl.Topic, k.Source, k.ID, dl.Type, dl.Version, dl.Subject, dl.CorrelationID,
+			string(dl.Code), dl.SubjectSeq, dl.Attempts, dl.Deliveries, at, at, body, meta).Scan(&id)
+		return id, err
+	}
+	// The upsert updates a dead letter of the same body only: with
+	// another one under the key, it returns no row, and the message is
+	// kept under its body's digest (see driver.Store.PublishDeadLetter).
+	id, err := upsert(dl.Key())
+	if errors.Is(err, sql.ErrNoRows) {
+		id, err = upsert(framework.DigestKey(body))
+	}
+	if err != nil {
 		return err
 	}
 	if _, err := tx.ExecContext(ctx, s.q.sql(qAddHistory),
