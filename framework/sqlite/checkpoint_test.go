@@ -127,7 +127,7 @@ func TestCheckpointsRestWithoutWrites(t *testing.T) {
 		require.NoError(t, err)
 	}
 
-	full, _, _, err := buildDSN(path, OpenConfig{CheckpointInterval: -1}.WithDefaults())
+	full, _, _, err := buildDSN(path, OpenConfig{CheckpointInterval: -1}.WithDefaults(), true)
 	require.NoError(t, err)
 	drv := db.Driver()
 	gate := newWriteGate(time.Second)

@@ -18,7 +18,7 @@ import (
 // the file.
 func newFileConnector(t *testing.T, path string) (*gatedConnector, driver.Conn) {
 	t.Helper()
-	full, existing, file, err := buildDSN(path, OpenConfig{}.WithDefaults())
+	full, existing, file, err := buildDSN(path, OpenConfig{}.WithDefaults(), true)
 	require.NoError(t, err)
 	c := &gatedConnector{
 		dsn: full, existing: existing, driver: &sqlitedriver.Driver{},
@@ -93,7 +93,7 @@ func TestBuildDSNExisting(t *testing.T) {
 		{dsn: ":memory:"},
 		{dsn: "file:mem?mode=memory&cache=shared"},
 	} {
-		full, existing, _, err := buildDSN(c.dsn, OpenConfig{}.WithDefaults())
+		full, existing, _, err := buildDSN(c.dsn, OpenConfig{}.WithDefaults(), true)
 		require.NoError(t, err, c.dsn)
 		if c.mode == "" {
 			require.Equal(t, full, existing, c.dsn)

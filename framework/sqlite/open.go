@@ -7,6 +7,7 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net/url"
 	"os"
@@ -67,7 +68,11 @@ type OpenConfig struct {
 	// MustExist refuses a file that does not exist, with an error that
 	// wraps fs.ErrNotExist, instead of creating it (and its folder): for a
 	// program that only looks into an existing database, where a
-	// mistyped path would otherwise leave an empty file behind.
+	// mistyped path would otherwise leave an empty file behind. It also
+	// refuses a file that is not a SQLite database (an empty one
+	// included), and leaves the journal mode of one that is not in WAL
+	// mode as it is (see fileJournal), so that looking into the wrong
+	// file changes nothing in it.
 	MustExist bool
 }
 
@@ -132,14 +137,20 @@ func openGated(ctx context.Context, dsn string, cfg OpenConfig, restart int64) (
 	if err := cfg.Validate(); err != nil {
 		return nil, nil, err
 	}
-	full, existing, path, err := buildDSN(dsn, cfg)
+	full, existing, path, err := buildDSN(dsn, cfg, true)
 	if err != nil {
 		return nil, nil, err
 	}
 	switch {
 	case path != "" && cfg.MustExist:
-		if _, err := os.Stat(path); errors.Is(err, fs.ErrNotExist) {
-			return nil, nil, fmt.Errorf("sqlite: no database file at %s: %w", path, fs.ErrNotExist)
+		wal, err := fileJournal(path)
+		if err != nil {
+			return nil, nil, err
+		}
+		if !wal {
+			if full, existing, _, err = buildDSN(dsn, cfg, false); err != nil {
+				return nil, nil, err
+			}
 		}
 	case path != "":
 		if err := os.MkdirAll(filepath.Dir(path), 0o750); err != nil {
@@ -185,7 +196,7 @@ func openGated(ctx context.Context, dsn string, cfg OpenConfig, restart int64) (
 // first: they open the file only if it is there (mode=rw, or the URI's
 // mode=ro), instead of creating an empty one where it was deleted. For an
 // in-memory database existing is full.
-func buildDSN(dsn string, cfg OpenConfig) (full, existing, path string, err error) {
+func buildDSN(dsn string, cfg OpenConfig, wal bool) (full, existing, path string, err error) {
 	if dsn == "" {
 		return "", "", "", fmt.Errorf("sqlite: empty database path")
 	}
@@ -209,7 +220,7 @@ func buildDSN(dsn string, cfg OpenConfig) (full, existing, path string, err erro
 		"foreign_keys(1)",
 		"synchronous(NORMAL)",
 	}
-	if !memory {
+	if !memory && wal {
 		// After busy_timeout, so that it waits where SQLite lets it.
 		pragmas = slices.Insert(pragmas, 1, "journal_mode(WAL)")
 		if cfg.CheckpointInterval > 0 {
@@ -231,6 +242,37 @@ func buildDSN(dsn string, cfg OpenConfig) (full, existing, path string, err erro
 	}
 	query.Set("mode", "rw") // SQLite's URI parameter: full is a file: URI
 	return full, "file:" + rest + "?" + query.Encode(), path, nil
+}
+
+// sqliteHeader is how every SQLite database file begins.
+const sqliteHeader = "SQLite format 3\x00"
+
+// fileJournal reads the header of the database file at path, which must
+// exist, and reports whether the file is in WAL mode (its format's write
+// and read versions, bytes 18 and 19, are 2). A missing file is an error
+// that wraps fs.ErrNotExist; an empty file, or one that is not a SQLite
+// database, is an error too: SQLite would write its header into the
+// first, and refuse the second only after connecting.
+func fileJournal(path string) (wal bool, err error) {
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, fmt.Errorf("sqlite: no database file at %s: %w", path, fs.ErrNotExist)
+	}
+	if err != nil {
+		return false, fmt.Errorf("sqlite: open %s: %w", path, err)
+	}
+	defer f.Close()
+	var head [20]byte
+	n, err := io.ReadFull(f, head[:])
+	switch {
+	case n == 0 && (err == nil || errors.Is(err, io.EOF)):
+		return false, fmt.Errorf("sqlite: %s is an empty file, not a database", path)
+	case errors.Is(err, io.ErrUnexpectedEOF) || err == nil && string(head[:len(sqliteHeader)]) != sqliteHeader:
+		return false, fmt.Errorf("sqlite: %s is not a SQLite database", path)
+	case err != nil:
+		return false, fmt.Errorf("sqlite: read %s: %w", path, err)
+	}
+	return head[18] == 2 && head[19] == 2, nil
 }
 
 // setsPragma reports whether the DSN's query sets the pragma name itself,

@@ -2,6 +2,7 @@ package sqlite_test
 
 import (
 	"context"
+	"database/sql"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -108,4 +109,49 @@ func TestOpenMustExist(t *testing.T) {
 	db, err = sqlite.Open(ctx, ":memory:", sqlite.OpenConfig{MustExist: true})
 	require.NoError(t, err, "an in-memory database has no file")
 	require.NoError(t, db.Close())
+}
+
+// TestOpenMustExistChangesNothing: with MustExist, a file that is not a
+// SQLite database (an empty one included) is refused and left as it is,
+// and a database that is not in WAL mode (another program's) opens
+// without being switched to it: a program that looks into the wrong
+// file changes nothing in it.
+func TestOpenMustExistChangesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dir := t.TempDir()
+	for name, content := range map[string][]byte{
+		"empty":  {},
+		"text":   []byte("customers: alice, bob\n"),
+		"short":  []byte("SQLite format"),
+		"header": []byte("SQLite format 2\x00 and more than twenty bytes"),
+	} {
+		path := filepath.Join(dir, name+".db")
+		require.NoError(t, os.WriteFile(path, content, 0o600))
+		_, err := sqlite.Open(ctx, "file:"+path, sqlite.OpenConfig{MustExist: true})
+		require.Error(t, err, name)
+		require.ErrorContains(t, err, path)
+		got, err := os.ReadFile(path)
+		require.NoError(t, err)
+		require.Equal(t, content, got, "%s: the file is left as it was", name)
+	}
+
+	// Another program's database, in the rollback journal's mode.
+	path := filepath.Join(dir, "other.db")
+	other, err := sql.Open(sqlite.DriverName, path)
+	require.NoError(t, err)
+	_, err = other.Exec(`CREATE TABLE customers (id INTEGER)`)
+	require.NoError(t, err)
+	require.NoError(t, other.Close())
+	before, err := os.ReadFile(path)
+	require.NoError(t, err)
+	db, err := sqlite.Open(ctx, "file:"+path, sqlite.OpenConfig{MustExist: true})
+	require.NoError(t, err)
+	var mode string
+	require.NoError(t, db.Get(&mode, `PRAGMA journal_mode`))
+	require.Equal(t, "delete", mode, "not switched to WAL")
+	require.NoError(t, db.Close())
+	after, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.Equal(t, before, after, "the file is left as it was")
 }
