@@ -20,7 +20,8 @@ const (
 	PurgeReplays PurgeKind = "replays"
 	// PurgeDeadLetters deletes the resolved (replayed or discarded) dead
 	// letters resolved before the purge's time, with their history.
-	// Pending dead letters are never purged.
+	// Pending dead letters are never purged, nor replayed ones whose
+	// replay is not published yet.
 	PurgeDeadLetters PurgeKind = "dead_letters"
 )
 

@@ -41,10 +41,18 @@ SELECT id FROM {p}replays WHERE sent_at IS NOT NULL AND sent_at < ? ORDER BY sen
 
 	// qPurgeDeadLetters checks the status again in the outer statement: a
 	// repeat that made the dead letter pending again meanwhile keeps it.
+	// A replayed dead letter whose replay is not published yet stays
+	// (purgeableDeadLetter): should the replay fail again, its failure
+	// joins the row and its history instead of starting a new one.
 	qPurgeDeadLetters = `DELETE FROM {p}dead_letters WHERE id IN (
-SELECT id FROM {p}dead_letters WHERE status <> 'pending' AND resolved_at < ? ORDER BY resolved_at LIMIT ?)
+SELECT id FROM {p}dead_letters WHERE ` + purgeableDeadLetter + ` ORDER BY resolved_at LIMIT ?)
 AND status <> 'pending' RETURNING id`
-	qCountDeadLetters = `SELECT COUNT(*) FROM {p}dead_letters WHERE status <> 'pending' AND resolved_at < ?`
+	qCountDeadLetters = `SELECT COUNT(*) FROM {p}dead_letters WHERE ` + purgeableDeadLetter
+	// purgeableDeadLetter is the condition of a dead letter resolved
+	// before ?, whose replay, if any, was published: the unsent replays
+	// are few, read through their partial index.
+	purgeableDeadLetter = `status <> 'pending' AND resolved_at < ? AND id NOT IN (
+SELECT dead_letter_id FROM {p}replays WHERE sent_at IS NULL)`
 	// qPurgeDeadLetterHistory deletes the history of the dead letters
 	// purged.
 	qPurgeDeadLetterHistory = `DELETE FROM {p}dead_letter_history WHERE dead_letter_id ` + inIDs
