@@ -119,22 +119,51 @@ var ErrMissingDB = errors.New("migrate: missing database (try sqlite.Open or pos
 // Processes that start together may run Up together. On PostgreSQL each
 // set is applied under a session advisory lock keyed by the schema and the
 // set's version table, so the others wait and then find nothing to do. On
-// SQLite each migration runs in a transaction that holds the file's write
-// lock, but the list of applied migrations is read before: when a
-// migration fails after another process applied migrations meanwhile, Up
-// reads the list again and goes on, and it returns the error when no
-// other process made progress.
+// SQLite Up holds an exclusive lock on a file beside the database's
+// (its path and LockSuffix) while it reads and applies, so the others
+// wait the same way: each migration is applied once, even one that is
+// not idempotent. Besides, when a migration fails after another process
+// applied migrations meanwhile (one without that lock: a release before
+// it, or a system without flock), Up reads the list again and goes on,
+// and it returns the error when no other process made progress.
 func Up(ctx context.Context, db *sqlx.DB, cfg Config) error {
 	sets, err := providers(db, cfg)
 	if err != nil {
 		return err
 	}
+	unlock, err := lockSQLite(ctx, db, sets[0].dialect)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	for _, s := range sets {
 		if err := s.up(ctx); err != nil {
 			return fmt.Errorf("migrate %s: %w", s.name, err)
 		}
 	}
 	return nil
+}
+
+// LockSuffix follows the path of a SQLite database in the name of the
+// file that Up locks while it migrates the database: a file of no
+// content, left in place.
+const LockSuffix = "-migrate.lock"
+
+// lockSQLite takes the lock of Up on the SQLite database db (see
+// LockSuffix) and returns the function that releases it; on PostgreSQL,
+// and for a database in memory, it takes none.
+func lockSQLite(ctx context.Context, db *sqlx.DB, d sqlstore.Dialect) (unlock func(), err error) {
+	if d != sqlstore.SQLite {
+		return func() {}, nil
+	}
+	var path string
+	if err := db.GetContext(ctx, &path, `SELECT file FROM pragma_database_list WHERE name = 'main'`); err != nil {
+		return nil, fmt.Errorf("migrate: the database's file: %w", err)
+	}
+	if path == "" {
+		return func() {}, nil // in memory: no other process shares it
+	}
+	return lockFile(ctx, path+LockSuffix)
 }
 
 func (s set) up(ctx context.Context) error {

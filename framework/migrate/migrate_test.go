@@ -3,6 +3,7 @@ package migrate_test
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -178,6 +179,45 @@ func TestUp(t *testing.T) {
 				cfg := migrate.Config{Extra: userMigrations(1), ExtraVersionTable: "my_versions"}
 				require.NoError(t, migrate.Up(ctx, db, cfg))
 				requireTables(t, db, "my_versions", "customers")
+			})
+
+			t.Run("ConcurrentUpAppliesOnce", func(t *testing.T) {
+				// Migrations that run again without an error, one of them
+				// not repeatable: processes that migrate together apply
+				// each once, and record it once.
+				t.Parallel()
+				extra := fstest.MapFS{
+					"00001_counter.sql": {Data: []byte("-- +goose Up\nCREATE TABLE IF NOT EXISTS counter (n INTEGER NOT NULL);\n" +
+						"INSERT INTO counter (n) SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM counter);\n")},
+					"00002_bump.sql": {Data: []byte("-- +goose Up\nUPDATE counter SET n = n + 1;\n")},
+				}
+				ctx := context.Background()
+				for round := range 4 {
+					_, again := d.open(t)
+					cfg := migrate.Config{TablePrefix: fmt.Sprintf("r%d_", round), Extra: extra, ExtraVersionTable: fmt.Sprintf("r%d_versions", round)}
+					const processes = 4
+					dbs := make([]*sqlx.DB, processes)
+					for i := range dbs {
+						dbs[i] = again(t)
+					}
+					var wg sync.WaitGroup
+					errs := make([]error, processes)
+					for i, db := range dbs {
+						wg.Go(func() { errs[i] = migrate.Up(ctx, db, cfg) })
+					}
+					wg.Wait()
+					for _, err := range errs {
+						require.NoError(t, err)
+					}
+					var n int
+					require.NoError(t, dbs[0].Get(&n, "SELECT n FROM counter"))
+					require.Equal(t, 1, n, "round %d: the bump applied once", round)
+					for _, table := range []string{cfg.TablePrefix + migrate.VersionTable, cfg.ExtraVersionTable} {
+						var dup int
+						require.NoError(t, dbs[0].Get(&dup, "SELECT count(*) - count(DISTINCT version_id) FROM "+table))
+						require.Zero(t, dup, "round %d: %s records each version once", round, table)
+					}
+				}
 			})
 
 			t.Run("ConcurrentUp", func(t *testing.T) {
