@@ -13,8 +13,10 @@ import (
 )
 
 // backlogConnectTimeout bounds an operator's command's connection to the
-// broker, to count what waits in a consumer's partitions.
-const backlogConnectTimeout = 30 * time.Second
+// broker, to count what waits in a consumer's partitions: the command
+// answers from the database while the broker is down, after this wait,
+// with "?" and the reason where the count would be.
+const backlogConnectTimeout = 5 * time.Second
 
 // operatorTransport is the transport an operator's command opens to count
 // what waits in the consumers' partitions (cli.Database.Backlogs): opened

@@ -46,8 +46,9 @@ for each consumer, all its partitions together, as the transport counts
 it: on sqlite and postgres the messages after the group's position and
 the age of the oldest, by the database's clock; on amqp the messages
 ready in its queues, and "?" for the age, which a queue does not tell
-without the management plugin; "?" when the transport cannot count. With
---json it prints the same as one JSON object.`,
+without the management plugin; "?" when the transport cannot count, and
+a line after the table says why (a broker it could not reach within 5s,
+say). With --json it prints the same as one JSON object.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return inspect(cmd.Context(), s, func(ctx context.Context, in inspection) error {
@@ -197,6 +198,11 @@ func printConsumers(out io.Writer, v consumersView) error {
 	}
 	if err := w.Flush(); err != nil {
 		return err
+	}
+	for _, c := range v.Consumers {
+		if c.Lag != nil && c.Lag.Error != "" {
+			fmt.Fprintf(out, "%s: WAITING and OLDEST not counted: %s\n", c.Name, Printable(c.Lag.Error))
+		}
 	}
 	if v.Outbox.OldestUnsent == nil {
 		fmt.Fprintln(out, "outbox: no unsent row")

@@ -51,3 +51,19 @@ func TestConsumersView(t *testing.T) {
 		require.Regexp(t, `(?m)^outbox: 4 unsent, the oldest added `+oldest.UTC().Format(time.RFC3339Nano)+` \(1h0m\d+s ago\)$`, out.String())
 	}
 }
+
+// TestConsumersSaysWhyNotCounted: a count of what waits that failed (a
+// broker down) shows "?" in the table, and the reason on a line of the
+// consumer's after it, which --json alone said before.
+func TestConsumersSaysWhyNotCounted(t *testing.T) {
+	t.Parallel()
+	decls := []handlers.Declaration{{Name: "shop.mail", Types: []string{"shop.order.placed"}}}
+	cfg := app.Config{Transport: app.TransportAMQP}
+	v := cli.NewConsumersView(cli.Config{Transport: cfg.Transport, Settings: cfg.Settings}, decls, driver.ConsumersRecord{})
+	cli.SetLagError(&v, 0, "amqp: dial tcp 127.0.0.1:1: connect: connection refused\x1b[31m")
+	var out bytes.Buffer
+	require.NoError(t, cli.PrintConsumers(&out, v))
+	require.Regexp(t, `(?m)^shop\.mail\s.*\?\s+\?$`, out.String())
+	require.Contains(t, out.String(), "shop.mail: WAITING and OLDEST not counted: amqp: dial tcp 127.0.0.1:1: connect: connection refused")
+	require.NotContains(t, out.String(), "\x1b", "the reason's control characters are escaped")
+}

@@ -7,3 +7,7 @@ var (
 	// PrintConsumers prints the view of the consumers command.
 	PrintConsumers = printConsumers
 )
+
+// SetLagError makes the count of what waits for the view's consumer i
+// fail with msg.
+func SetLagError(v *consumersView, i int, msg string) { v.Consumers[i].Lag = &lagView{Error: msg} }
