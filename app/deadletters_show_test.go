@@ -52,7 +52,7 @@ func TestResolveByOSUser(t *testing.T) {
 	require.NoError(t, err)
 
 	_, err = runCommand(t, commandOptions(cfg), "dead-letters", "discard", id, "--by", "", "--reason", "test")
-	require.EqualError(t, err, "--by: say who you are: it is empty, and neither $USER nor the OS user gave a name")
+	require.EqualError(t, err, "--by: say who you are: the name is blank (--by, else $USER, else the OS user)")
 
 	_, err = runCommand(t, commandOptions(cfg), "dead-letters", "discard", id, "--reason", "test")
 	require.NoError(t, err)

@@ -218,6 +218,10 @@ func constructor[T any](_ framework.Definition[T], handler any, bind func(framew
 		return nil, fmt.Errorf("handler is %T: want func(context.Context, framework.Event[T]) error, a value with such a Handle method, or a constructor of one", handler)
 	}
 	t := v.Type()
+	if other, ok := otherEvents(t); ok {
+		return nil, fmt.Errorf("handler %s handles %s: this route is of %s (give handlers.On the definition of the handler's events, or take %s)",
+			t, other, reflect.TypeFor[framework.Event[T]](), reflect.TypeFor[framework.Event[T]]())
+	}
 	if t.NumOut() < 1 || t.NumOut() > 2 || (t.NumOut() == 2 && t.Out(1) != errorType) || t.IsVariadic() {
 		return nil, fmt.Errorf("constructor %s must return the handler, optionally with an error", t)
 	}
@@ -242,6 +246,22 @@ func constructor[T any](_ framework.Definition[T], handler any, bind func(framew
 		return []reflect.Value{reflect.ValueOf(bind(h)), reflect.Zero(errorType)}
 	})
 	return fn.Interface(), nil
+}
+
+// otherEvents reports whether t has the shape of a handler,
+// func(context.Context, framework.Event[X]) error, and returns
+// framework.Event[X]: constructor meets it only when X is not the
+// route's event type, and says so instead of taking it for a
+// constructor.
+func otherEvents(t reflect.Type) (reflect.Type, bool) {
+	if t.NumIn() != 2 || t.NumOut() != 1 || t.Out(0) != errorType || t.In(0) != reflect.TypeFor[context.Context]() {
+		return nil, false
+	}
+	ev, event := t.In(1), reflect.TypeFor[framework.Event[struct{}]]()
+	if ev.PkgPath() != event.PkgPath() || !strings.HasPrefix(ev.Name(), "Event[") {
+		return nil, false
+	}
+	return ev, true
 }
 
 func resultIsHandler[T any](t reflect.Type) bool {

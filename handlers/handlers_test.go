@@ -177,6 +177,15 @@ func TestRegistry(t *testing.T) {
 		require.ErrorContains(t, err, "consumer notifications.remind, appointments.appointment.booked v1")
 	})
 
+	t.Run("HandlerOfOtherEvents", func(t *testing.T) {
+		// A handler of another event type is named as such, not taken
+		// for a constructor that returns an error.
+		t.Parallel()
+		_, err := start(t, handlers.Register("notifications.remind",
+			handlers.On(bookedV1, func(context.Context, framework.Event[cancelled]) error { return nil })))
+		require.ErrorContains(t, err, "handles framework.Event[github.com/effectively-once/effectively/handlers_test.cancelled]: this route is of framework.Event[github.com/effectively-once/effectively/handlers_test.booked]")
+	})
+
 	t.Run("NoRoutes", func(t *testing.T) {
 		t.Parallel()
 		_, err := start(t, handlers.Register("notifications.remind"))

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -256,23 +257,33 @@ const sqliteHeader = "SQLite format 3\x00"
 func fileJournal(path string) (wal bool, err error) {
 	f, err := os.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return false, fmt.Errorf("sqlite: no database file at %s: %w", path, fs.ErrNotExist)
+		return false, fmt.Errorf("sqlite: no database file at %s: %w", shownPath(path), fs.ErrNotExist)
 	}
 	if err != nil {
-		return false, fmt.Errorf("sqlite: open %s: %w", path, err)
+		return false, fmt.Errorf("sqlite: open %s: %w", shownPath(path), err)
 	}
 	defer f.Close()
 	var head [20]byte
 	n, err := io.ReadFull(f, head[:])
 	switch {
 	case n == 0 && (err == nil || errors.Is(err, io.EOF)):
-		return false, fmt.Errorf("sqlite: %s is an empty file, not a database", path)
+		return false, fmt.Errorf("sqlite: %s is an empty file, not a database", shownPath(path))
 	case errors.Is(err, io.ErrUnexpectedEOF) || err == nil && string(head[:len(sqliteHeader)]) != sqliteHeader:
-		return false, fmt.Errorf("sqlite: %s is not a SQLite database", path)
+		return false, fmt.Errorf("sqlite: %s is not a SQLite database", shownPath(path))
 	case err != nil:
-		return false, fmt.Errorf("sqlite: read %s: %w", path, err)
+		return false, fmt.Errorf("sqlite: read %s: %w", shownPath(path), err)
 	}
 	return head[18] == 2 && head[19] == 2, nil
+}
+
+// shownPath is path as an error shows it: as it is when Go would quote
+// it unchanged, else quoted, so that an escape sequence or an invalid
+// byte in a path reaches the terminal escaped.
+func shownPath(path string) string {
+	if q := strconv.Quote(path); q[1:len(q)-1] == path {
+		return path
+	}
+	return strconv.Quote(path)
 }
 
 // setsPragma reports whether the DSN's query sets the pragma name itself,

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -109,6 +110,11 @@ func TestOpenMustExist(t *testing.T) {
 	db, err = sqlite.Open(ctx, ":memory:", sqlite.OpenConfig{MustExist: true})
 	require.NoError(t, err, "an in-memory database has no file")
 	require.NoError(t, db.Close())
+
+	odd := filepath.Join(dir, "x\x1b[31m.db")
+	_, err = sqlite.Open(ctx, "file:"+odd, sqlite.OpenConfig{MustExist: true})
+	require.ErrorIs(t, err, fs.ErrNotExist)
+	require.ErrorContains(t, err, "no database file at "+strconv.Quote(odd), "an escape sequence is shown escaped")
 }
 
 // TestOpenMustExistChangesNothing: with MustExist, a file that is not a

@@ -2,6 +2,7 @@ package cli_test
 
 import (
 	"bytes"
+	"errors"
 	"testing"
 	"time"
 
@@ -67,3 +68,21 @@ func TestConsumersSaysWhyNotCounted(t *testing.T) {
 	require.Contains(t, out.String(), "shop.mail: WAITING and OLDEST not counted: amqp: dial tcp 127.0.0.1:1: connect: connection refused")
 	require.NotContains(t, out.String(), "\x1b", "the reason's control characters are escaped")
 }
+
+// TestUnknownEventWriteFails: events show of an event with no record
+// fails when its output cannot be written (a full disk), as every other
+// view does, instead of exiting 0 with nothing written.
+func TestUnknownEventWriteFails(t *testing.T) {
+	t.Parallel()
+	require.ErrorIs(t, cli.PrintUnknownEvent(failingWriter{}), errFull)
+	var out bytes.Buffer
+	require.NoError(t, cli.PrintUnknownEvent(&out))
+	require.Contains(t, out.String(), "no record of event")
+}
+
+var errFull = errors.New("no space left on device")
+
+// failingWriter fails every write, as a full disk does.
+type failingWriter struct{}
+
+func (failingWriter) Write([]byte) (int, error) { return 0, errFull }

@@ -137,7 +137,7 @@ func checkResolution(r driver.Resolution, why string) error {
 	case strings.TrimSpace(r.Reason) == "":
 		return fmt.Errorf("--reason: say %s", why)
 	case strings.TrimSpace(r.By) == "":
-		return errors.New("--by: say who you are: it is empty, and neither $USER nor the OS user gave a name")
+		return errors.New("--by: say who you are: the name is blank (--by, else $USER, else the OS user)")
 	}
 	if err := r.Validate(); err != nil {
 		if fe, ok := errors.AsType[*framework.FieldError](err); ok {

@@ -243,17 +243,19 @@ func appliedTypes(marks []driver.ProcessedMark, decls []handlers.Declaration) []
 func printEvent(out io.Writer, v eventView) error {
 	key := framework.Key{Source: v.Source, ID: v.ID}
 	if !v.Known {
-		fmt.Fprintf(out, "no record of event %s in this service's database\n", Printable(key.String()))
+		var b strings.Builder
+		fmt.Fprintf(&b, "no record of event %s in this service's database\n", Printable(key.String()))
 		if v.ProcessedPurgedBefore != nil {
-			fmt.Fprintf(out, "marks processed before %s are purged: a consumer may have applied it before\n", stamp(*v.ProcessedPurgedBefore))
+			fmt.Fprintf(&b, "marks processed before %s are purged: a consumer may have applied it before\n", stamp(*v.ProcessedPurgedBefore))
 		}
 		if v.OutboxPurgedBefore != nil {
-			fmt.Fprintf(out, "outbox rows sent before %s are purged: it may have been produced and sent before\n", stamp(*v.OutboxPurgedBefore))
+			fmt.Fprintf(&b, "outbox rows sent before %s are purged: it may have been produced and sent before\n", stamp(*v.OutboxPurgedBefore))
 		}
 		if v.DeadLettersPurgedBefore != nil {
-			fmt.Fprintf(out, "dead letters resolved before %s are purged: a consumer may have dead-lettered it before\n", stamp(*v.DeadLettersPurgedBefore))
+			fmt.Fprintf(&b, "dead letters resolved before %s are purged: a consumer may have dead-lettered it before\n", stamp(*v.DeadLettersPurgedBefore))
 		}
-		return nil
+		_, err := io.WriteString(out, b.String())
+		return err
 	}
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	row := func(k, format string, args ...any) {
