@@ -6,7 +6,3 @@ var DecodePlain = decodePlain
 // DecodeSDK is decodeSDK: Decode by the CloudEvents SDK, the reference
 // that DecodePlain follows.
 var DecodeSDK = decodeSDK
-
-// DigestKey is digestKey: the key of a body BodyKey can read no source
-// and id from.
-var DigestKey = digestKey
