@@ -6,8 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
-	"os"
 	"reflect"
 	"strconv"
 	"strings"
@@ -21,7 +21,6 @@ import (
 	"github.com/effectively-once/effectively/app/runner"
 	"github.com/effectively-once/effectively/framework/amqp"
 	"github.com/effectively-once/effectively/framework/driver"
-	"github.com/effectively-once/effectively/framework/migrate"
 	"github.com/effectively-once/effectively/framework/outbox"
 	"github.com/effectively-once/effectively/middleware"
 )
@@ -34,7 +33,7 @@ const (
 	TransportMemory   = "memory"
 )
 
-// Defaults of Config.
+// Defaults and bounds of Config.
 const (
 	DefaultTransport   = TransportSQLite
 	DefaultDatabaseURL = "file:./data/effectively.db"
@@ -75,6 +74,32 @@ const (
 	// service): 26,000 to 30,000 effects/s at 64, 29,000 to 39,000 at 256,
 	// no more at 512.
 	DefaultSQLiteConcurrency = 256
+	// MinPurgeInterval is the shortest purge_interval. A purge takes its
+	// lease and reads each kind's index even when it finds nothing, so an
+	// interval of nanoseconds ran one purge after another and kept a core
+	// and the database busy. A service purges every few minutes
+	// (DefaultPurgeInterval); the bound refuses the intervals that keep
+	// it running without a pause, and leaves a test's short ones.
+	MinPurgeInterval = 10 * time.Millisecond
+	// MinOutboxBatchTimeout is the shortest outbox_batch_timeout. A batch
+	// takes a round trip to the broker per event and one to the database
+	// to mark them: at 1ns every batch timed out before its first publish,
+	// and the relay published nothing. 10ms is above a round trip on a
+	// local network, and far below any sensible setting (the default is
+	// outbox.DefaultBatchTimeout).
+	MinOutboxBatchTimeout = 10 * time.Millisecond
+	// MinRetention is the shortest outbox_retention, replay_retention,
+	// dead_letter_retention and transport_retention. Shorter, the purge
+	// deletes a row as soon as it runs: a dead letter replayed, with its
+	// history, or a replay sent, would be gone before an operator could
+	// look at it (events show, dead-letters show). Zero is the default,
+	// not "keep nothing".
+	MinRetention = time.Minute
+	// MaxConfigFileBytes is the largest file EFFECTIVELY_CONFIG may name,
+	// 16 MiB: far more than any service's settings, and a bound on what
+	// LoadConfig reads into memory (a path to /dev/zero read until the
+	// process ran out of it).
+	MaxConfigFileBytes = 16 << 20
 )
 
 // The bounds of Config.PartitionLease: a shorter lease is renewed so
@@ -94,13 +119,15 @@ type Config struct {
 	Transport string `yaml:"transport"`
 	// DatabaseURL is the SQLite file (a path or file: URI) or a
 	// postgres:// URL of the stores, outbox and dead letters, and of the SQL
-	// transports. Defaults to DefaultDatabaseURL. Env
+	// transports: a file, not an in-memory database (:memory:,
+	// mode=memory, an empty path), without white space around it or a NUL
+	// byte in it. Defaults to DefaultDatabaseURL. Env
 	// EFFECTIVELY_DATABASE_URL.
 	DatabaseURL string `yaml:"database_url"`
 	// TransportURL, when set, puts the SQL transport's messages in a
 	// database of their own. The ack then comes right after the commit
-	// instead of inside it. Defaults to DatabaseURL. Env
-	// EFFECTIVELY_TRANSPORT_URL.
+	// instead of inside it. The same rules as DatabaseURL's. Defaults to
+	// DatabaseURL. Env EFFECTIVELY_TRANSPORT_URL.
 	TransportURL string `yaml:"transport_url"`
 	// AMQPURL is RabbitMQ's URL when Transport is amqp, or the URLs of
 	// several nodes of one cluster separated by commas, which may differ
@@ -121,8 +148,8 @@ type Config struct {
 	// AMQPDeliveryLimit is the x-delivery-limit of quorum queues: RabbitMQ
 	// drops a message returned to its queue more often. It must be above
 	// every consumer's MaxDeliveries, so that the framework dead-letters
-	// the message first. Defaults to amqp.DefaultDeliveryLimit (YAML
-	// only).
+	// the message first. From 1 to 2147483647, checked on any transport.
+	// Defaults to amqp.DefaultDeliveryLimit (YAML only).
 	AMQPDeliveryLimit int `yaml:"amqp_delivery_limit"`
 	// DatabaseMaxConns bounds the connection pool of DatabaseURL. It must
 	// be at least what the declared consumers and the background work may
@@ -141,8 +168,10 @@ type Config struct {
 	// AutoMigrate applies the migrations at start. Defaults to false. Env
 	// EFFECTIVELY_AUTO_MIGRATE.
 	AutoMigrate bool `yaml:"auto_migrate"`
-	// TablePrefix prefixes every table the framework owns. Defaults to
-	// none. Env EFFECTIVELY_TABLE_PREFIX.
+	// TablePrefix prefixes every table the framework owns (see
+	// migrate.ValidateTablePrefix); on SQLite it may not begin with
+	// sqlite_, which SQLite reserves. Defaults to none. Env
+	// EFFECTIVELY_TABLE_PREFIX.
 	TablePrefix string `yaml:"table_prefix"`
 	// HTTPAddr serves /healthz, /readyz and /metrics; empty turns it off,
 	// ":0" picks a free port. Defaults to DefaultHTTPAddr. Env
@@ -153,7 +182,9 @@ type Config struct {
 	Console ConsoleConfig `yaml:"console"`
 	// CPUProfile, when set, is the file that a CPU profile of the process
 	// (runtime/pprof) is written to, from the application's build (its
-	// start included) to its stop; read it with go tool pprof. Defaults to none. Env
+	// start included) to its stop; read it with go tool pprof. A file
+	// that exists must be empty or a CPU profile (the last run's), which
+	// is overwritten; any other is refused. Defaults to none. Env
 	// EFFECTIVELY_CPU_PROFILE.
 	CPUProfile string `yaml:"cpu_profile"`
 	// ProcessedRetention is how long processed marks are kept; older ones
@@ -166,17 +197,17 @@ type Config struct {
 	// PurgeInterval is how often the purge runs in the service: marks
 	// older than ProcessedRetention, the delivery counts of messages that
 	// finished, sent outbox rows and replays and resolved dead letters past
-	// their retention (YAML only; the purge command runs it once).
-	// Defaults to DefaultPurgeInterval.
+	// their retention (YAML only; the purge command runs it once). At
+	// least MinPurgeInterval. Defaults to DefaultPurgeInterval.
 	PurgeInterval Duration `yaml:"purge_interval"`
-	// OutboxRetention is how long sent outbox rows are kept (YAML only).
-	// Defaults to DefaultOutboxRetention.
+	// OutboxRetention is how long sent outbox rows are kept (YAML only),
+	// at least MinRetention. Defaults to DefaultOutboxRetention.
 	OutboxRetention Duration `yaml:"outbox_retention"`
 	// OutboxBatchTimeout bounds the outbox relay's publishing of one
 	// batch, and its marking of what it published by as long again
 	// (outbox.RelayConfig.BatchTimeout; YAML only); on SQLite a relay that
-	// dies leaves its rows leased for twice as long.
-	// Defaults to outbox.DefaultBatchTimeout.
+	// dies leaves its rows leased for twice as long. At least
+	// MinOutboxBatchTimeout. Defaults to outbox.DefaultBatchTimeout.
 	OutboxBatchTimeout Duration `yaml:"outbox_batch_timeout"`
 	// OutboxBatchSize is how many rows one batch of the outbox relay
 	// publishes at most (outbox.RelayConfig.BatchSize; YAML only).
@@ -193,18 +224,18 @@ type Config struct {
 	// (outbox.RelayConfig.DropUnroutable; YAML only). The rows of other
 	// types wait unsent until a queue is bound. Defaults to none.
 	OutboxDropUnroutable []string `yaml:"outbox_drop_unroutable"`
-	// ReplayRetention is how long sent replays are kept (YAML only).
-	// Defaults to DefaultReplayRetention.
+	// ReplayRetention is how long sent replays are kept (YAML only), at
+	// least MinRetention. Defaults to DefaultReplayRetention.
 	ReplayRetention Duration `yaml:"replay_retention"`
 	// DeadLetterRetention is how long a replayed or discarded dead letter
 	// is kept, with its history, after its resolution; pending ones are
-	// kept until resolved (YAML only). Defaults to
+	// kept until resolved (YAML only); at least MinRetention. Defaults to
 	// DefaultDeadLetterRetention.
 	DeadLetterRetention Duration `yaml:"dead_letter_retention"`
 	// TransportRetention is how long the PostgreSQL transport keeps, in
 	// its watermill_<type> tables, the messages that every consumer group
 	// of their topic passed; the purge deletes the older ones (YAML
-	// only). Defaults to DefaultTransportRetention.
+	// only); at least MinRetention. Defaults to DefaultTransportRetention.
 	TransportRetention Duration `yaml:"transport_retention"`
 	// PartitionLease is how long the leases of partitioned consumers'
 	// partitions (the consumer setting partitions), and each process's
@@ -264,29 +295,10 @@ func (c Config) Validate() error {
 		}
 		errs = append(errs, c.validateQueueType())
 	default:
-		errs = append(errs, fmt.Errorf("%s: want sqlite, postgres, amqp or memory, got %q", setting("transport", EnvTransport), c.Transport))
+		errs = append(errs, fmt.Errorf("%s: want sqlite, postgres, amqp or memory, got %s", setting("transport", EnvTransport), quoteValue(c.Transport)))
 	}
-	if c.DatabaseURL == "" {
-		errs = append(errs, fmt.Errorf("%s: empty", setting("database_url", EnvDatabaseURL)))
-	}
-	for _, u := range []struct{ key, env, url string }{
-		{"database_url", EnvDatabaseURL, c.DatabaseURL},
-		{"transport_url", EnvTransportURL, c.TransportURL},
-	} {
-		if u.key == "transport_url" && c.TransportURL == c.DatabaseURL {
-			continue // database_url's, said once
-		}
-		if mistypedPostgresURL(u.url) { // the URL is not quoted: it may hold a password
-			errs = append(errs, fmt.Errorf("%s: begins as a PostgreSQL URL but is not one: want postgres://user:password@host:port/database (a SQLite file would be created at that path)", setting(u.key, u.env)))
-		} else if scheme, ok := foreignScheme(u.url); ok {
-			errs = append(errs, fmt.Errorf("%s: a %s:// URL: want a SQLite file (a path or file: URI) or postgres://user:password@host:port/database (a SQLite file would be created at that path)", setting(u.key, u.env), scheme))
-		} else if err := checkPostgresURL(u.url); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", setting(u.key, u.env), err))
-		}
-	}
-	if err := migrate.ValidateTablePrefix(c.TablePrefix); err != nil {
-		errs = append(errs, fmt.Errorf("%s: %w", setting("table_prefix", EnvTablePrefix), err))
-	}
+	errs = append(errs, c.validateURLs()...)
+	errs = append(errs, c.validateTablePrefix())
 	if c.DatabaseMaxConns < 0 {
 		errs = append(errs, fmt.Errorf("database_max_conns: want 1 or more (or nothing: sized from the consumers), got %d", c.DatabaseMaxConns))
 	}
@@ -300,38 +312,25 @@ func (c Config) Validate() error {
 	}
 	for i, typ := range c.OutboxDropUnroutable {
 		if strings.TrimSpace(typ) == "" {
-			errs = append(errs, fmt.Errorf("outbox_drop_unroutable[%d]: want an event type, got %q", i, typ))
+			errs = append(errs, fmt.Errorf("outbox_drop_unroutable[%d]: want an event type, got %s", i, quoteValue(typ)))
 		}
 	}
 	if c.AMQPPrefetch < 0 || c.AMQPPrefetch > 65535 {
 		errs = append(errs, fmt.Errorf("amqp_prefetch: want 1..65535, got %d", c.AMQPPrefetch))
 	}
+	if c.AMQPDeliveryLimit < 0 || c.AMQPDeliveryLimit > math.MaxInt32 { // on any transport: a file may move to amqp
+		errs = append(errs, fmt.Errorf("amqp_delivery_limit: want 1..%d (or nothing: %d), got %d", math.MaxInt32, amqp.DefaultDeliveryLimit, c.AMQPDeliveryLimit))
+	}
 	if c.HTTPAddr != "" {
-		if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
-			errs = append(errs, fmt.Errorf("%s: want host:port, got %q", setting("http_addr", EnvHTTPAddr), c.HTTPAddr))
+		if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil || spaceAround(c.HTTPAddr) {
+			errs = append(errs, fmt.Errorf("%s: want host:port, without white space around it, got %s", setting("http_addr", EnvHTTPAddr), quoteValue(c.HTTPAddr)))
 		}
 	}
 	if c.ProcessedRetention < 0 || c.ProcessedRetention > 0 && time.Duration(c.ProcessedRetention) < MinProcessedRetention {
 		errs = append(errs, fmt.Errorf("processed_retention: want at least %s, or zero to keep marks forever: an event redelivered after its mark was purged takes effect again, got %s",
 			MinProcessedRetention, time.Duration(c.ProcessedRetention)))
 	}
-	if c.PurgeInterval < 0 {
-		errs = append(errs, errors.New("purge_interval: must not be negative"))
-	}
-	for _, r := range []struct {
-		key string
-		d   Duration
-	}{
-		{"outbox_retention", c.OutboxRetention},
-		{"outbox_batch_timeout", c.OutboxBatchTimeout},
-		{"replay_retention", c.ReplayRetention},
-		{"dead_letter_retention", c.DeadLetterRetention},
-		{"transport_retention", c.TransportRetention},
-	} {
-		if r.d < 0 {
-			errs = append(errs, fmt.Errorf("%s: must not be negative (zero is the default)", r.key))
-		}
-	}
+	errs = append(errs, c.validateDurations()...)
 	if d := time.Duration(c.PartitionLease); d != 0 && (d < minPartitionLease || d > maxPartitionLease) {
 		errs = append(errs, fmt.Errorf("partition_lease: want %s to %s (renewed every fifth of it; a process that dies keeps its partitions that long), got %s",
 			minPartitionLease, maxPartitionLease, d))
@@ -426,14 +425,15 @@ const (
 )
 
 // LoadConfig reads the configuration: first the YAML file named by
-// EFFECTIVELY_CONFIG, when set, then the environment variables, which win.
+// EFFECTIVELY_CONFIG, when set (a regular file of at most
+// MaxConfigFileBytes), then the environment variables, which win.
 // lookupEnv is os.LookupEnv in production. The error names each bad key.
 func LoadConfig(lookupEnv func(string) (string, bool)) (Config, error) {
 	getenv := func(key string) string { v, _ := lookupEnv(key); return v }
 	var cfg Config
 	cfg.HTTPAddr = DefaultHTTPAddr
 	if path := getenv(EnvConfig); path != "" {
-		raw, err := os.ReadFile(path)
+		raw, err := readConfigFile(path)
 		if err != nil {
 			return Config{}, fmt.Errorf("%s: %w", EnvConfig, err)
 		}
@@ -475,7 +475,7 @@ func LoadConfig(lookupEnv func(string) (string, bool)) (Config, error) {
 	if v := getenv(EnvAutoMigrate); v != "" {
 		b, err := strconv.ParseBool(v)
 		if err != nil {
-			return Config{}, fmt.Errorf("configuration: %s: want true or false, got %q", EnvAutoMigrate, v)
+			return Config{}, fmt.Errorf("configuration: %s: want true or false, got %s", EnvAutoMigrate, quoteValue(v))
 		}
 		cfg.AutoMigrate = b
 	}

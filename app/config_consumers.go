@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/effectively-once/effectively/app/internal/cli"
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/amqp"
 	"github.com/effectively-once/effectively/framework/driver"
@@ -94,7 +93,7 @@ func (c Config) validateConsumers() error {
 	}
 	var errs []error
 	for _, name := range slices.Sorted(maps.Keys(c.Consumers)) {
-		if err := framework.ValidateConsumerName(name); err != nil {
+		if err := validateConsumerName(name); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", consumerKey(name), err))
 		}
 		var own []error
@@ -109,6 +108,16 @@ func (c Config) validateConsumers() error {
 	return errors.Join(errs...)
 }
 
+// validateConsumerName is framework.ValidateConsumerName, whose error
+// quotes the name whole: a name longer than it allows is refused without
+// it, as its key (consumerKey) shows its first bytes already.
+func validateConsumerName(name string) error {
+	if len(name) > framework.MaxConsumerNameBytes {
+		return fmt.Errorf("consumer name is %d bytes long, at most %d allowed", len(name), framework.MaxConsumerNameBytes)
+	}
+	return framework.ValidateConsumerName(name)
+}
+
 // settingsKeys returns the keys of the consumers' settings, defaults
 // first, and the settings of each, defaults filled in: for the defaults,
 // those of a consumer not listed.
@@ -121,11 +130,12 @@ func (c Config) settingsKeys() (keys []string, settings []middleware.Settings) {
 }
 
 // consumerKey is the key of the settings of consumer name, as errors name
-// it: "consumers.<name>", with the name printable (see cli.Printable). A name
+// it: "consumers.<name>", with the name printable and cut (see
+// printableKey). A name
 // under consumers: is the file's, not yet checked: one with a newline or
 // an escape sequence would otherwise break the one-line message, or move
 // the terminal's cursor, and no longer read as its key.
-func consumerKey(name string) string { return "consumers." + cli.Printable(name) }
+func consumerKey(name string) string { return "consumers." + printableKey(name) }
 
 // validateQueueType checks the AMQP queue type and, for quorum queues,
 // that their delivery limit is above every consumer's max_deliveries.
@@ -135,11 +145,11 @@ func (c Config) validateQueueType() error {
 		return nil
 	case amqp.QueueQuorum:
 	default:
-		return fmt.Errorf("%s: want %s or %s, got %q", setting("amqp_queue_type", EnvAMQPQueueType), amqp.QueueClassic, amqp.QueueQuorum, c.AMQPQueueType)
+		return fmt.Errorf("%s: want %s or %s, got %s", setting("amqp_queue_type", EnvAMQPQueueType), amqp.QueueClassic, amqp.QueueQuorum, quoteValue(c.AMQPQueueType))
 	}
 	limit := cmp.Or(c.AMQPDeliveryLimit, amqp.DefaultDeliveryLimit)
 	if limit < 1 || limit > math.MaxInt32 {
-		return fmt.Errorf("amqp_delivery_limit: want 1..%d, got %d", math.MaxInt32, limit)
+		return nil // Validate refuses it, on any transport
 	}
 	keys, settings := c.settingsKeys()
 	var errs []error

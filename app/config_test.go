@@ -299,7 +299,7 @@ func TestLoadConfigBadValue(t *testing.T) {
 		{name: "ConsumerAttemptsNegative", yaml: "consumers:\n  a.b:\n    attempts: -1\n", key: "consumers.a.b.attempts"},
 		{name: "ConsumerAttemptsNotANumber", yaml: "consumers:\n  a.b:\n    attempts: three\n", key: "consumers.a.b.attempts"},
 		// yaml.v3 truncates a fraction into an integer: 1.5 was 1.
-		{name: "ConsumerAttemptsFraction", yaml: "consumers:\n  a.b:\n    attempts: 1.5\n", key: "consumers.a.b.attempts (line 3): want a whole number, got 1.5"},
+		{name: "ConsumerAttemptsFraction", yaml: "consumers:\n  a.b:\n    attempts: 1.5\n", key: "consumers.a.b.attempts (line 3): want a whole number, got \"1.5\""},
 		{name: "AMQPPrefetchFraction", yaml: "amqp_prefetch: 2.9\n", key: "amqp_prefetch (line 1): want a whole number"},
 		{name: "BatchLingerOverTimeout", yaml: "defaults:\n  timeout: 2s\nconsumers:\n  a.b:\n    batch_linger: 2s\n", key: "consumers.a.b.batch_linger: want less than its timeout (2s)"},
 		{name: "BatchLingerOverDefaultTimeout", yaml: "defaults:\n  batch_linger: 1h\n", key: "defaults.batch_linger"},
@@ -500,7 +500,7 @@ func TestServiceSection(t *testing.T) {
 			{"WrongType", "service:\n  smtp:\n    port: twenty-five\n", "service.smtp.port (line 3)"},
 			{"BadDuration", "service:\n  timeout: soon\n", "service.timeout (line 2)"},
 			{"NotAMapping", "service: 42\n", "service (line 1)"},
-			{"Fraction", "service:\n  smtp:\n    port: 25.5\n", "service.smtp.port (line 3): want a whole number, got 25.5"},
+			{"Fraction", "service:\n  smtp:\n    port: 25.5\n", "service.smtp.port (line 3): want a whole number, got \"25.5\""},
 		} {
 			t.Run(tt.name, func(t *testing.T) {
 				t.Parallel()

@@ -160,7 +160,7 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 	if err != nil {
 		// A TypeError, which yaml.v3 reports with the line of the value, so
 		// that LoadConfig can name the key.
-		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: want a duration such as 500ms or 2s, got %q", n.Line, s)}}
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: want a duration such as 500ms or 2s, got %s", n.Line, quoteValue(s))}}
 	}
 	*d = Duration(v)
 	return nil
@@ -212,7 +212,7 @@ func nullKeys(raw []byte) error {
 				if k.Kind == yaml.ScalarNode && k.ShortTag() == "!!null" {
 					return fmt.Errorf("line %d: %s: a key that is null (~): name it", k.Line, cmp.Or(path, "the file"))
 				}
-				if err := walk(n.Content[i+1], strings.TrimPrefix(path+"."+cli.Printable(k.Value), ".")); err != nil {
+				if err := walk(n.Content[i+1], strings.TrimPrefix(path+"."+printableKey(k.Value), ".")); err != nil {
 					return err
 				}
 			}
@@ -267,7 +267,7 @@ func namedYAMLError(raw []byte, err error) error {
 		case yaml.MappingNode:
 			for i := 0; i+1 < len(n.Content); i += 2 {
 				k, v := n.Content[i], n.Content[i+1]
-				p := cli.Printable(k.Value) // a key of the file, not yet checked (see consumerKey)
+				p := printableKey(k.Value) // a key of the file, not yet checked (see consumerKey)
 				if path != "" {
 					p = path + "." + p
 				}
@@ -308,16 +308,28 @@ func namedYAMLError(raw []byte, err error) error {
 		line, _ := strconv.Atoi(m[1])
 		if d := yamlDurationRE.FindStringSubmatch(m[2]); d != nil {
 			// time.Duration's own error, as Duration's reads.
-			m[2] = fmt.Sprintf("want a duration such as 500ms or 2s, got %q", d[1])
+			m[2] = fmt.Sprintf("want a duration such as 500ms or 2s, got %s", quoteValue(d[1]))
 		}
 		key, ok := keyOfProblem(lines[line], m[2])
 		if !ok {
 			errs = append(errs, errors.New(e))
 			continue
 		}
-		errs = append(errs, fmt.Errorf("%s (line %d): %s", key, line, m[2]))
+		errs = append(errs, fmt.Errorf("%s (line %d): %s", key, line, printableProblem(m[2])))
 	}
 	return errors.Join(errs...)
+}
+
+// printableProblem returns a problem of yaml.v3's as an error shows it:
+// the unknown key that "field <key> not found in type T" names printable
+// and cut (printableKey); in any other, the value that yaml.v3 quotes
+// (cut to 10 bytes, but as it is) with its control characters escaped
+// (cli.Printable).
+func printableProblem(problem string) string {
+	if m := yamlFieldRE.FindStringSubmatchIndex(problem); m != nil {
+		return problem[:m[2]] + printableKey(problem[m[2]:m[3]]) + problem[m[3]:]
+	}
+	return cli.Printable(problem)
 }
 
 // keyOfProblem returns the path of the entry of a line that problem is

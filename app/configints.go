@@ -9,8 +9,6 @@ import (
 	"strings"
 
 	"gopkg.in/yaml.v3"
-
-	"github.com/effectively-once/effectively/app/internal/cli"
 )
 
 // fractionsInIntegers returns an error naming each key of the YAML file
@@ -53,7 +51,7 @@ func fractionsInIntegers(raw []byte, t reflect.Type) error {
 					ft = t.Elem()
 				}
 				if ok {
-					walk(n.Content[i+1], ft, strings.TrimPrefix(path+"."+cli.Printable(key), "."))
+					walk(n.Content[i+1], ft, strings.TrimPrefix(path+"."+printableKey(key), "."))
 				}
 			}
 		case reflect.Slice, reflect.Array:
@@ -66,7 +64,7 @@ func fractionsInIntegers(raw []byte, t reflect.Type) error {
 			reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
 			if f, err := strconv.ParseFloat(strings.ReplaceAll(n.Value, "_", ""), 64); n.Kind == yaml.ScalarNode &&
 				n.ShortTag() == "!!float" && err == nil && f != math.Trunc(f) {
-				errs = append(errs, fmt.Errorf("%s (line %d): want a whole number, got %s", path, n.Line, n.Value))
+				errs = append(errs, fmt.Errorf("%s (line %d): want a whole number, got %s", path, n.Line, quoteValue(n.Value)))
 			}
 		}
 	}

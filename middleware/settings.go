@@ -24,6 +24,24 @@ const (
 	// from it, so past it they would overflow; a year is past any
 	// sensible setting.
 	MaxHandlingTime = 365 * 24 * time.Hour
+	// MinTimeout is the shortest Timeout. An attempt's time limit also
+	// sizes the transports' leases and ack deadlines: at 1ns every attempt
+	// timed out before its handler's first statement, and every message
+	// was dead-lettered after its attempts. A millisecond is less than
+	// any handler that touches the database needs, so the bound refuses
+	// only limits that no attempt can meet.
+	MinTimeout = time.Millisecond
+	// MinGapTimeout is the shortest GapTimeout. An event ahead of its
+	// turn waits that long for its subject's earlier one: at 1ns it was
+	// dead-lettered with sequence_gap at once, before the earlier one,
+	// delivered in the same instant or a retry away, could run.
+	MinGapTimeout = time.Millisecond
+	// MinRateLimit is the slowest RateLimit other than none (0): one
+	// message an hour, the bound of the command line's replay --rate. A
+	// slower one made each message wait for its turn longer than its
+	// deadlines (1e-300 messages a second is one in 10^292 years), so
+	// every message was nacked, none handled.
+	MinRateLimit = 1.0 / 3600
 )
 
 // Settings are one consumer's settings: how its messages are retried,
@@ -41,7 +59,7 @@ type Settings struct {
 	// DefaultRetryDelay.
 	RetryDelay time.Duration `yaml:"retry_delay"`
 	// Timeout limits each attempt; it also sizes the transports' leases
-	// and ack deadlines. Defaults to DefaultTimeout.
+	// and ack deadlines. At least MinTimeout. Defaults to DefaultTimeout.
 	Timeout time.Duration `yaml:"timeout"`
 	// Concurrency is how many messages of the consumer are in flight at
 	// once in this process (the runner's, not the chain's, which handles
@@ -55,9 +73,9 @@ type Settings struct {
 	// app.DefaultConcurrency).
 	Concurrency int `yaml:"concurrency"`
 	// RateLimit caps the messages per second that this process hands to
-	// the Outer middleware and the attempts; zero means no limit. A
-	// message waiting for its turn when its context ends is nacked.
-	// Defaults to 0, no limit.
+	// the Outer middleware and the attempts; zero means no limit, else at
+	// least MinRateLimit (one an hour). A message waiting for its turn
+	// when its context ends is nacked. Defaults to 0, no limit.
 	RateLimit float64 `yaml:"rate_limit"`
 	// MaxDeliveries dead-letters a message delivered more often, with
 	// code delivery_limit. Defaults to DefaultMaxDeliveries.
@@ -80,7 +98,7 @@ type Settings struct {
 	StrictOrder bool `yaml:"strict_order"`
 	// GapTimeout is how long an event waits for an earlier one of its
 	// subject under StrictOrder before it is dead-lettered with code
-	// sequence_gap. Defaults to DefaultGapTimeout.
+	// sequence_gap; at least MinGapTimeout. Defaults to DefaultGapTimeout.
 	GapTimeout time.Duration `yaml:"gap_timeout"`
 	// OrderFromFirstSeen, under StrictOrder, starts a subject's sequence
 	// at the first event of it this consumer sees, whatever its number,
@@ -207,14 +225,20 @@ func (s Settings) Validate() error {
 	if s.RetryDelay < 0 {
 		add("retry_delay", "must not be negative, got %s", s.RetryDelay)
 	}
-	if s.Timeout <= 0 {
+	switch {
+	case s.Timeout <= 0:
 		add("timeout", "must be positive (it sizes the transports' leases), got %s", s.Timeout)
+	case s.Timeout < MinTimeout:
+		add("timeout", "want at least %s (no attempt finishes sooner; it sizes the transports' leases), got %s", MinTimeout, s.Timeout)
 	}
 	if s.Concurrency < 1 || s.Concurrency > maxConcurrency {
 		add("concurrency", "want 1..%d, got %d", maxConcurrency, s.Concurrency)
 	}
-	if !(s.RateLimit >= 0) { // NaN too, which would turn the limit off
+	switch {
+	case !(s.RateLimit >= 0): // NaN too, which would turn the limit off
 		add("rate_limit", "want 0 (no limit) or more messages a second, got %g", s.RateLimit)
+	case s.RateLimit > 0 && s.RateLimit < MinRateLimit:
+		add("rate_limit", "want 0 (no limit) or at least %.6f messages a second (one an hour; a message waiting longer for its turn is nacked), got %g", MinRateLimit, s.RateLimit)
 	}
 	if s.MaxDeliveries < 1 {
 		add("max_deliveries", "want 1 or more, got %d", s.MaxDeliveries)
@@ -225,8 +249,11 @@ func (s Settings) Validate() error {
 	if s.SkipStale && s.StrictOrder {
 		add("strict_order", "not with skip_stale: strict order waits for earlier events, skip_stale drops them")
 	}
-	if s.GapTimeout <= 0 {
+	switch {
+	case s.GapTimeout <= 0:
 		add("gap_timeout", "must be positive, got %s", s.GapTimeout)
+	case s.GapTimeout < MinGapTimeout:
+		add("gap_timeout", "want at least %s (an event ahead of its turn would be dead-lettered before the earlier one could run), got %s", MinGapTimeout, s.GapTimeout)
 	}
 	if s.BatchSize < 1 || s.BatchSize > maxBatchSize {
 		add("batch_size", "want 1..%d, got %d", maxBatchSize, s.BatchSize)

@@ -82,6 +82,39 @@ func TestSettingsValidate(t *testing.T) {
 	require.ErrorContains(t, err, "attempts × (timeout + retry_delay) + breaker.max_hold: want at most 8760h0m0s")
 }
 
+// TestSettingsValidateBounds: a timeout, a gap timeout or a rate that
+// no message can meet (1ns, 1e-300 messages a second) is refused, naming
+// its key and its bound; the bound itself, and no rate limit, are valid.
+func TestSettingsValidateBounds(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name string
+		s    middleware.Settings
+		want string // empty: valid
+	}{
+		{"Timeout", middleware.Settings{Timeout: time.Nanosecond}, "timeout: want at least 1ms (no attempt finishes sooner; it sizes the transports' leases), got 1ns"},
+		{"TimeoutJustBelow", middleware.Settings{Timeout: time.Millisecond - 1}, "timeout: want at least 1ms"},
+		{"TimeoutAtBound", middleware.Settings{Timeout: middleware.MinTimeout}, ""},
+		{"GapTimeout", middleware.Settings{GapTimeout: time.Nanosecond}, "gap_timeout: want at least 1ms (an event ahead of its turn would be dead-lettered before the earlier one could run), got 1ns"},
+		{"GapTimeoutAtBound", middleware.Settings{GapTimeout: middleware.MinGapTimeout}, ""},
+		{"RateLimit", middleware.Settings{RateLimit: 1e-300}, "rate_limit: want 0 (no limit) or at least 0.000278 messages a second (one an hour; a message waiting longer for its turn is nacked), got 1e-300"},
+		{"RateLimitJustBelow", middleware.Settings{RateLimit: 1.0 / 3601}, "rate_limit: want 0 (no limit) or at least 0.000278"},
+		{"RateLimitAtBound", middleware.Settings{RateLimit: middleware.MinRateLimit}, ""},
+		{"NoRateLimit", middleware.Settings{RateLimit: 0}, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			err := tt.s.WithDefaults().Validate()
+			if tt.want == "" {
+				require.NoError(t, err)
+				return
+			}
+			require.ErrorContains(t, err, tt.want)
+			require.Len(t, strings.Split(err.Error(), "\n"), 1, "that setting alone")
+		})
+	}
+}
+
 // TestSettingsYAML: the YAML keys are the contract of the configuration
 // file; durations are written as Go durations.
 func TestSettingsYAML(t *testing.T) {
