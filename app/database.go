@@ -98,6 +98,11 @@ func newDB(p dbParams) (*sqlx.DB, error) {
 		return nil, fmt.Errorf("database: %w", err)
 	}
 	p.Lifecycle.Append(fx.StopHook(db.Close))
+	if !bool(p.Existing) && !isPostgresURL(p.Config.DatabaseURL) {
+		if err := checkWritable(ctx, db); err != nil {
+			return nil, fmt.Errorf("database: %s: %w", EnvDatabaseURL, err)
+		}
+	}
 	if p.Config.AutoMigrate {
 		if err := migrateUp(ctx, db, p.Config, p.Migrations); err != nil {
 			return nil, err
@@ -108,6 +113,27 @@ func newDB(p dbParams) (*sqlx.DB, error) {
 		return nil, err
 	}
 	return db, nil
+}
+
+// checkWritable refuses a SQLite database that the process cannot write
+// (opened with mode=ro, or a file it may only read): the service would
+// start and report itself ready, and fail every write it makes, each
+// message's mark first. It writes the database's user_version back
+// unchanged in a transaction that it rolls back.
+func checkWritable(ctx context.Context, db *sqlx.DB) error {
+	tx, err := db.BeginTxx(ctx, nil)
+	if err != nil {
+		return fmt.Errorf("check that the database is writable: %w", err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	var version int64
+	if err := tx.GetContext(ctx, &version, `PRAGMA user_version`); err != nil {
+		return fmt.Errorf("check that the database is writable: %w", err)
+	}
+	if _, err := tx.ExecContext(ctx, fmt.Sprintf(`PRAGMA user_version = %d`, version)); err != nil {
+		return fmt.Errorf("the service cannot write the database (%w): open it read-write (no mode=ro) and check the file's permissions", err)
+	}
+	return nil
 }
 
 // migrateUp applies the framework's migrations, then the application's.

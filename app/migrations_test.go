@@ -138,6 +138,25 @@ func TestStartChecksMigrations(t *testing.T) {
 	}
 }
 
+// TestStartRefusesReadOnlySQLite: a migrated SQLite database opened
+// read-only (mode=ro) is refused at start, naming the setting, where the
+// service started and reported itself ready, and failed every write.
+func TestStartRefusesReadOnlySQLite(t *testing.T) {
+	t.Parallel()
+	cfg := testConfig(t)
+	cfg.AutoMigrate = false
+	db := openConfigured(t, cfg.DatabaseURL)
+	require.NoError(t, app.Migrate(context.Background(), db, cfg, widgetMigrations))
+	cfg.DatabaseURL = "file:" + strings.TrimPrefix(cfg.DatabaseURL, "file:") + "?mode=ro"
+	err := app.New(
+		handlers.Register(consumerName, handlers.On(widgetAdded, newAddWidgetRebound)),
+		fx.Supply(widgetMigrations, app.ServiceName("widgets")),
+		fx.Replace(cfg),
+	).Err()
+	require.ErrorContains(t, err, "EFFECTIVELY_DATABASE_URL: the service cannot write the database (")
+	require.ErrorContains(t, err, "readonly database")
+}
+
 // TestServeCommandRefusesUnmigratedDatabase runs `widgets serve` on an
 // unmigrated database, configured by the environment as in production: it
 // fails at once naming the migrate command. It sets the environment, so it
