@@ -66,7 +66,8 @@ func parseURL(s string) (*url.URL, error) {
 		return nil, errors.New("must start with amqp:// or amqps://")
 	}
 	// The parsers' errors quote parts of the URL, the password's too.
-	const invalid = "not a valid AMQP URL (write a comma or another reserved character of a password percent-encoded, e.g. %2C)"
+	const invalid = "not a valid AMQP URL: check its form, amqp://USER:PASSWORD@HOST:PORT/VHOST, its port (a number) and " +
+		"a host in brackets if IPv6; a comma or another reserved character of a password is written percent-encoded, e.g. %2C"
 	if _, err := amqp091.ParseURI(s); err != nil {
 		return nil, errors.New(invalid)
 	}
