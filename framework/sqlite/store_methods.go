@@ -163,8 +163,14 @@ func (s *Store) Skip(ctx context.Context, consumer, subject string, key framewor
 // PublishDeadLetter stores a message that will not be processed,
 // durably, before it returns nil: the message is acknowledged right
 // after. A repeat of the same message for the same consumer updates
-// the existing dead letter and counts the repeat. It forgets the
-// message's delivery count in the same transaction, so that a
+// the existing dead letter and counts the repeat. A message whose key
+// is the consumer's dead letter's already, with another body (a
+// producer that sent two bodies under one id, a malformed copy of a
+// failed event), is stored under its body's digest instead
+// (framework.DigestKey), so that neither body is lost; the key of
+// dl.Key() is the one whose waits end and whose count is forgotten.
+// It forgets the message's delivery count in the same transaction, so
+// that a
 // replayed dead letter starts counting afresh, and ends the event's
 // wait or parking (WaitGap, ParkGap, Park) under dl.Key() at
 // dl.Subject and dl.SubjectSeq, if it has one: a parked event is the
