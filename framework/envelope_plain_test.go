@@ -77,7 +77,7 @@ func TestDecodePlainLeavesInvalidJSON(t *testing.T) {
 		"UnclosedData":     head + `,"eventversion":1,"data":{"a":1}`,
 		"BadData":          head + `,"eventversion":1,"data":{"a":}}`,
 		"DataUnquotedKey":  head + `,"eventversion":1,"data":{a:1}}`,
-		"DataControlChar":  head + `,"eventversion":1,"data":"a` + "" + `"}`,
+		"DataControlChar":  head + `,"eventversion":1,"data":"a` + "\x01" + `"}`,
 		"DataBadEscape":    head + `,"eventversion":1,"data":"\x"}`,
 		"NameNotString":    `{specversion:"1.0","id":"1","source":"s","type":"t","eventversion":1}`,
 		"SemicolonBetween": head + `;"eventversion":1}`,
