@@ -87,6 +87,27 @@ func userMigrations(n int) fstest.MapFS {
 	return fsys
 }
 
+// upTogether runs Up with cfg on four pools of the database that again
+// opens, at once, as processes that start together do, requires that
+// each succeeded, and returns the pools.
+func upTogether(ctx context.Context, t *testing.T, again func(t *testing.T) *sqlx.DB, cfg migrate.Config) []*sqlx.DB {
+	t.Helper()
+	dbs := make([]*sqlx.DB, 4)
+	for i := range dbs {
+		dbs[i] = again(t)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(dbs))
+	for i, db := range dbs {
+		wg.Go(func() { errs[i] = migrate.Up(ctx, db, cfg) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	return dbs
+}
+
 func TestUp(t *testing.T) {
 	t.Parallel()
 	for _, d := range dialects {
@@ -195,20 +216,7 @@ func TestUp(t *testing.T) {
 				for round := range 4 {
 					_, again := d.open(t)
 					cfg := migrate.Config{TablePrefix: fmt.Sprintf("r%d_", round), Extra: extra, ExtraVersionTable: fmt.Sprintf("r%d_versions", round)}
-					const processes = 4
-					dbs := make([]*sqlx.DB, processes)
-					for i := range dbs {
-						dbs[i] = again(t)
-					}
-					var wg sync.WaitGroup
-					errs := make([]error, processes)
-					for i, db := range dbs {
-						wg.Go(func() { errs[i] = migrate.Up(ctx, db, cfg) })
-					}
-					wg.Wait()
-					for _, err := range errs {
-						require.NoError(t, err)
-					}
+					dbs := upTogether(ctx, t, again, cfg)
 					var n int
 					require.NoError(t, dbs[0].Get(&n, "SELECT n FROM counter"))
 					require.Equal(t, 1, n, "round %d: the bump applied once", round)
@@ -225,24 +233,7 @@ func TestUp(t *testing.T) {
 				_, again := d.open(t)
 				ctx := context.Background()
 				cfg := migrate.Config{TablePrefix: "c_", Extra: userMigrations(2)}
-				const processes = 4
-				dbs := make([]*sqlx.DB, processes)
-				for i := range dbs {
-					dbs[i] = again(t)
-				}
-				var wg sync.WaitGroup
-				errs := make([]error, processes)
-				for i, db := range dbs {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
-						errs[i] = migrate.Up(ctx, db, cfg)
-					}()
-				}
-				wg.Wait()
-				for _, err := range errs {
-					require.NoError(t, err)
-				}
+				dbs := upTogether(ctx, t, again, cfg)
 				requireTables(t, dbs[0], prefixed("c_", frameworkTables)...)
 				requireTables(t, dbs[0], "customers", "orders")
 				var n int
