@@ -201,7 +201,7 @@ func (p *publisher) PublishDeferred(ctx context.Context, topic string, msg *mess
 			return fmt.Errorf("amqp: wait for the confirm of %s: %w", id, err)
 		case !acked:
 			return fmt.Errorf("%w: %s to %s", ErrNotConfirmed, id, topic)
-		case returned.wasReturned(id):
+		case returned.wasReturned(messageID(id)):
 			return fmt.Errorf("amqp: %s to %s: %w", id, topic, driver.ErrUnroutable)
 		}
 		return nil

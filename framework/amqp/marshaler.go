@@ -1,6 +1,8 @@
 package amqp
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -59,10 +61,25 @@ func (Marshaler) Marshal(msg *message.Message) (amqp091.Publishing, error) {
 		Headers:      headers,
 		ContentType:  msg.Metadata.Get(framework.MetadataContentType),
 		DeliveryMode: amqp091.Persistent,
-		MessageId:    msg.UUID,
+		MessageId:    messageID(msg.UUID),
 		Timestamp:    time.Now().UTC(),
 		Body:         msg.Payload,
 	}, nil
+}
+
+// messageID is the AMQP message-id of a message whose UUID is id: id
+// itself when it fits in a short string, else "sha256:" and the hex
+// digest of id (71 bytes). A UUID may be an event's id, which may take
+// framework.MaxIDBytes (256), one byte more than a short string: the
+// outbox relay's publish of such an event failed at every poll, and held
+// up every row behind it. The whole UUID travels in watermill's UUID
+// header, which Unmarshal reads first.
+func messageID(id string) string {
+	if len(id) <= shortStringMax {
+		return id
+	}
+	sum := sha256.Sum256([]byte(id))
+	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
 // Unmarshal returns the message of d. It never fails.
@@ -108,6 +125,8 @@ func (Marshaler) Unmarshal(d amqp091.Delivery) (*message.Message, error) {
 // It is also returned for a header's name, a content type or a message id
 // longer than 255 bytes, which AMQP carries as short strings: amqp091-go
 // would write such a one with its length cut to a byte, corrupting it.
+// Marshaler writes a longer UUID's digest as the message id (see
+// messageID).
 var ErrHeadersTooLarge = errors.New("amqp: the message's headers do not fit in one frame")
 
 // shortStringMax is the longest short string of AMQP 0-9-1, in bytes.
