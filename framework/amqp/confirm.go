@@ -140,8 +140,8 @@ func (c *confirmChannel) publish(ctx context.Context, topic string, msg *message
 	}
 	exchange := c.cfg.Exchange.GenerateName(topic)
 	if _, ok := c.exchanges[exchange]; !ok && exchange != "" {
-		if err := c.cfg.TopologyBuilder.ExchangeDeclare(ch, exchange, c.cfg); err != nil {
-			return nil, nil, fmt.Errorf("amqp: declare exchange %s: %w", exchange, err)
+		if err := c.declare(exchange); err != nil {
+			return nil, nil, err
 		}
 		c.exchanges[exchange] = struct{}{}
 	}
@@ -151,6 +151,32 @@ func (c *confirmChannel) publish(ctx context.Context, topic string, msg *message
 		return nil, nil, fmt.Errorf("amqp: publish %s to %s: %w", msg.UUID, topic, err)
 	}
 	return dc, c.returns, nil
+}
+
+// declare declares exchange as watermill-amqp's publisher does, on a
+// channel of its own: the broker closes the channel on which a declare
+// fails (an exchange of that name of another kind, no permission), and
+// on the confirm channel that would end unconfirmed every publish still
+// awaiting its confirm, of every topic. A declare the broker refuses so
+// is driver.ErrTopicRefused. It holds c.mu.
+func (c *confirmChannel) declare(exchange string) error {
+	w, err := c.conn.wrapper()
+	if err != nil {
+		return err
+	}
+	ch, err := w.Connection().Channel()
+	if err != nil {
+		return fmt.Errorf("amqp: declare exchange %s: open channel: %w", exchange, err)
+	}
+	defer func() { _ = ch.Close() }()
+	if err := c.cfg.TopologyBuilder.ExchangeDeclare(ch, exchange, c.cfg); err != nil {
+		var ae *amqp091.Error
+		if errors.As(err, &ae) && (ae.Code == amqp091.PreconditionFailed || ae.Code == amqp091.AccessRefused) {
+			return fmt.Errorf("amqp: declare exchange %s: %w: %w", exchange, driver.ErrTopicRefused, err)
+		}
+		return fmt.Errorf("amqp: declare exchange %s: %w", exchange, err)
+	}
+	return nil
 }
 
 // Close closes the channel; the deferred confirms still awaited end

@@ -19,6 +19,14 @@ import (
 // dropped (outbox.RelayConfig.DropUnroutable).
 var ErrUnroutable = errors.New("no queue bound: the broker routed the message nowhere")
 
+// ErrTopicRefused is returned, wrapped, by a publish whose broker refuses
+// the topic itself (on RabbitMQ, the event type's exchange cannot be
+// declared: one of that name exists as another kind, or the user may not
+// declare it). No message of the topic is published until an operator
+// changes the broker; the outbox relay leaves such a row unsent, and the
+// rows of other types flow.
+var ErrTopicRefused = errors.New("the broker refuses the topic")
+
 // Transport is the broker side of a service: the publisher of its events,
 // the subscriptions of its consumers, and the replay of dead letters to
 // one consumer. The sqlite, postgres, amqp and memory packages implement

@@ -229,7 +229,7 @@ func NewRelay(db *sqlx.DB, pub message.Publisher, cfg RelayConfig) (*Relay, erro
 	deferred, _ := pub.(DeferredPublisher)
 	return &Relay{
 		db: db, pub: pub, deferred: deferred, sql: s, horizons: horizons, cfg: cfg,
-		unroutable: newUnroutable(cfg.DropUnroutable, cfg.Metrics),
+		unroutable: newUnroutable(cfg.DropUnroutable, cfg.Metrics, cfg.Logger),
 	}, nil
 }
 

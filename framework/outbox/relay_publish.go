@@ -94,15 +94,32 @@ func (r *Relay) publishPipelined(ctx, bctx context.Context, rows []sqlstore.Outb
 	pending := make(chan pendingRow, len(rows))
 	confirmed := make(chan confirms, 1)
 	go func() { confirmed <- r.awaitConfirms(bctx, pending, len(rows)) }()
-	var pubErr error
+	var (
+		pubErr  error
+		refused map[string]bool // types whose topic the broker refused in this batch
+	)
 	tr := newTracer(r.cfg.Tracer, r.cfg.MessagingSystem)
 	for _, row := range rows {
 		if ctx.Err() != nil {
 			break
 		}
+		if refused[row.Type] {
+			continue // stays unsent, as the first row of its type
+		}
 		msg := rowMessage(row)
 		span := tr.startPublish(row, msg)
 		wait, err := r.deferred.PublishDeferred(bctx, row.Type, msg)
+		if errors.Is(err, driver.ErrTopicRefused) {
+			// The type's rows wait, left out of the claims but for a
+			// probe (see unroutable); the other rows go on.
+			endPublish(span, err)
+			r.unroutable.refused(ctx, row.Type, err)
+			if refused == nil {
+				refused = map[string]bool{}
+			}
+			refused[row.Type] = true
+			continue
+		}
 		if err != nil {
 			endPublish(span, err)
 			pubErr = fmt.Errorf("outbox: publish %s (row %d) to %s: %w", row.Key, row.ID, row.Type, err)

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"log/slog"
 	"maps"
 	"slices"
 	"sync"
@@ -11,7 +12,8 @@ import (
 
 // unroutable is what a relay knows of the event types that its broker
 // routes nowhere (driver.ErrUnroutable: no queue bound to the type's
-// exchange). The rows of such a type stay unsent and the relay's claims
+// exchange), or whose topic it refuses (driver.ErrTopicRefused: the
+// exchange cannot be declared). The rows of such a type stay unsent and the relay's claims
 // leave them out, so that they do not hold up the rows of other types,
 // but for the oldest of each, tried again at the first batch of every
 // poll: once a queue is bound it goes out, and the rest follow. A type
@@ -21,14 +23,15 @@ import (
 type unroutable struct {
 	drop    map[string]bool
 	metrics *Metrics
+	logger  *slog.Logger
 
 	mu       sync.Mutex
 	types    map[string]struct{} // whose rows wait
 	reported map[string]struct{} // whose gauge is not zero
 }
 
-func newUnroutable(drop []string, m *Metrics) *unroutable {
-	u := &unroutable{drop: map[string]bool{}, metrics: m, types: map[string]struct{}{}, reported: map[string]struct{}{}}
+func newUnroutable(drop []string, m *Metrics, logger *slog.Logger) *unroutable {
+	u := &unroutable{drop: map[string]bool{}, metrics: m, logger: logger, types: map[string]struct{}{}, reported: map[string]struct{}{}}
 	for _, t := range drop {
 		u.drop[t] = true
 	}
@@ -64,6 +67,20 @@ func (u *unroutable) returned(typ string) (drop bool) {
 	defer u.mu.Unlock()
 	u.types[typ] = struct{}{}
 	return false
+}
+
+// refused records that the broker refused the topic of typ
+// (driver.ErrTopicRefused): its rows wait as those of a type routed
+// nowhere do, never dropped, and the first refusal is logged with err.
+func (u *unroutable) refused(ctx context.Context, typ string, err error) {
+	u.mu.Lock()
+	_, known := u.types[typ]
+	u.types[typ] = struct{}{}
+	u.mu.Unlock()
+	if !known {
+		u.logger.WarnContext(ctx, "outbox relay: the broker refuses the topic of an event type; its rows wait, tried again at each poll, and the other types' rows go on",
+			"type", typ, "error", err)
+	}
 }
 
 // report counts the unsent rows of each type the broker routes nowhere,
