@@ -145,6 +145,9 @@ func (o *Outbox) add(ctx context.Context, tx sqlx.ExecerContext, envs []framewor
 	bodies := make([][]byte, len(envs))
 	for i, env := range envs {
 		stamped[i] = withTraceContext(ctx, env)
+		// The row keeps the source as Encode writes it and consumers key
+		// it, so that two spellings of it are one row, not two.
+		stamped[i].Source = framework.NormalizeSource(env.Source)
 		body, err := framework.Encode(stamped[i])
 		if err == nil {
 			err = driver.CheckBodySize(body, o.maxBody) // what its consumers would dead-letter

@@ -261,6 +261,28 @@ func testOutbox(t *testing.T, b backend) {
 		require.Equal(t, 1, bd.count(t, `SELECT count(*) FROM outbox`))
 	})
 
+	t.Run("SourceSpelledTwoWaysIsOneRow", func(t *testing.T) {
+		// The spellings of a source that Decode reads alike are one
+		// source: the row keeps the form its consumers key by, so the
+		// event is added, and published, once.
+		t.Parallel()
+		bd := setup(t, b)
+		spelled := func(source string) framework.Envelope {
+			e := env(t, "e-1")
+			e.Source = source
+			return e
+		}
+		require.NoError(t, bd.attempt(t, "in-1", func(ctx context.Context) error {
+			return bd.box.Add(ctx, spelled("café"), spelled("caf%C3%A9"), spelled("a b"))
+		}))
+		require.NoError(t, bd.attempt(t, "in-2", func(ctx context.Context) error {
+			return bd.box.Add(ctx, spelled("a%20b"))
+		}))
+		var sources []string
+		require.NoError(t, bd.db.Select(&sources, `SELECT source FROM outbox ORDER BY id`))
+		require.Equal(t, []string{"caf%C3%A9", "a%20b"}, sources)
+	})
+
 	t.Run("InvalidEnvelope", func(t *testing.T) {
 		t.Parallel()
 		bd := setup(t, b)
