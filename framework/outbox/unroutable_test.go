@@ -39,11 +39,7 @@ func testRelayAMQPUnroutable(t *testing.T, b backend, url string) {
 	id := suffix()
 	lonelyType, otherType, dropType := "outbox.test.lonely."+id, "outbox.test.other."+id, "outbox.test.drop."+id
 	lonely, other, drop := framework.Define[otherV1](lonelyType, 1), framework.Define[otherV1](otherType, 1), framework.Define[otherV1](dropType, 1)
-	envelope := func(def framework.Definition[otherV1], id string) framework.Envelope {
-		e, err := def.Envelope(otherV1{}, framework.Attributes{ID: id, Source: "notes"})
-		require.NoError(t, err)
-		return e
-	}
+	envelope := func(def framework.Definition[otherV1], id string) framework.Envelope { return typed(t, def, id) }
 	tr := transport(t, url)
 	br := dialBroker(t, url)
 	otherQ := br.queue(t, otherType, false, nil)
@@ -69,22 +65,9 @@ func testRelayAMQPUnroutable(t *testing.T, b backend, url string) {
 		DropUnroutable: []string{dropType},
 	})
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- relay.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		require.NoError(t, <-done)
-	})
-
-	var got []string
-	arrived := func(q string, want ...string) func() bool {
-		return func() bool {
-			got = append(got, deliveryIDs(br.drain(t, q))...)
-			return fmt.Sprint(got) == fmt.Sprint(want)
-		}
-	}
-	require.Eventually(t, arrived(otherQ, "o-0", "o-1"), waitLimit, 10*time.Millisecond, "the other type's rows flow")
+	runRelay(t, relay)
+	a := &arrivals{t: t, br: br}
+	require.Eventually(t, a.arrived(otherQ, "o-0", "o-1"), waitLimit, 10*time.Millisecond, "the other type's rows flow")
 	require.Eventually(t, func() bool {
 		return value(t, reg, "effectively_outbox_unroutable_rows", lonelyType) == 4
 	}, waitLimit, 10*time.Millisecond, "the gauge counts the waiting rows")
@@ -98,9 +81,9 @@ func testRelayAMQPUnroutable(t *testing.T, b backend, url string) {
 
 	// Polls go on trying; rows of other types added meanwhile flow.
 	time.Sleep(100 * time.Millisecond)
-	got = nil
+	a.got = nil
 	bd.add(t, envelope(other, "o-2"), envelope(lonely, "l-4"))
-	require.Eventually(t, arrived(otherQ, "o-2"), waitLimit, 10*time.Millisecond)
+	require.Eventually(t, a.arrived(otherQ, "o-2"), waitLimit, 10*time.Millisecond)
 	require.Eventually(t, func() bool {
 		return value(t, reg, "effectively_outbox_unroutable_rows", lonelyType) == 5
 	}, waitLimit, 10*time.Millisecond)
@@ -111,8 +94,8 @@ func testRelayAMQPUnroutable(t *testing.T, b backend, url string) {
 	// A consumer comes: the waiting rows arrive, in order, and the gauge
 	// goes back to 0.
 	lonelyQ := br.queue(t, lonelyType, false, nil)
-	got = nil
-	require.Eventually(t, arrived(lonelyQ, "l-0", "l-1", "l-2", "l-3", "l-4"), waitLimit, 10*time.Millisecond)
+	a.got = nil
+	require.Eventually(t, a.arrived(lonelyQ, "l-0", "l-1", "l-2", "l-3", "l-4"), waitLimit, 10*time.Millisecond)
 	// The counter moves once the batch's record of being sent committed:
 	// a moment after the rows read as sent.
 	require.Eventually(t, func() bool {
@@ -162,11 +145,7 @@ func TestRelayAMQPRefusedTopic(t *testing.T) {
 	id := suffix()
 	refusedType, otherType := "outbox.test.refused."+id, "outbox.test.fine."+id
 	refused, other := framework.Define[otherV1](refusedType, 1), framework.Define[otherV1](otherType, 1)
-	envelope := func(def framework.Definition[otherV1], id string) framework.Envelope {
-		e, err := def.Envelope(otherV1{}, framework.Attributes{ID: id, Source: "notes"})
-		require.NoError(t, err)
-		return e
-	}
+	envelope := func(def framework.Definition[otherV1], id string) framework.Envelope { return typed(t, def, id) }
 	br := dialBroker(t, url)
 	otherQ := br.queue(t, otherType, false, nil)
 	require.NoError(t, br.ch.ExchangeDeclare(refusedType, "topic", true, false, false, false, nil))
@@ -176,6 +155,39 @@ func TestRelayAMQPRefusedTopic(t *testing.T) {
 		Outbox: bd.box, BatchSize: 10, PollInterval: 20 * time.Millisecond,
 	})
 	require.NoError(t, err)
+	runRelay(t, relay)
+	a := &arrivals{t: t, br: br}
+	require.Eventually(t, a.arrived(otherQ, "o-0", "o-1", "o-2"), waitLimit, 10*time.Millisecond, "the other type's rows flow")
+	require.Eventually(t, func() bool {
+		return slices.Equal(bd.unsentIDs(t), []string{"r-0", "r-1"})
+	}, waitLimit, 10*time.Millisecond, "the other rows marked sent, the refused ones wait")
+	time.Sleep(100 * time.Millisecond) // polls go on
+	a.got = nil
+	bd.add(t, envelope(other, "o-3"))
+	require.Eventually(t, a.arrived(otherQ, "o-3"), waitLimit, 10*time.Millisecond, "rows added meanwhile flow")
+
+	// The exchange fixed, the refused rows go out in order.
+	ch, err := br.conn.Channel()
+	require.NoError(t, err)
+	require.NoError(t, ch.ExchangeDelete(refusedType, false, false))
+	a.got = nil
+	refusedQ := br.queue(t, refusedType, false, nil)
+	require.Eventually(t, a.arrived(refusedQ, "r-0", "r-1"), waitLimit, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return len(bd.unsentIDs(t)) == 0 }, waitLimit, 10*time.Millisecond)
+}
+
+// typed returns the event of def with id, from the source "notes".
+func typed(t *testing.T, def framework.Definition[otherV1], id string) framework.Envelope {
+	t.Helper()
+	e, err := def.Envelope(otherV1{}, framework.Attributes{ID: id, Source: "notes"})
+	require.NoError(t, err)
+	return e
+}
+
+// runRelay runs relay until the test ends, and requires that it then
+// stopped without an error.
+func runRelay(t *testing.T, relay *outbox.Relay) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- relay.Run(ctx) }()
@@ -183,29 +195,21 @@ func TestRelayAMQPRefusedTopic(t *testing.T) {
 		cancel()
 		require.NoError(t, <-done)
 	})
+}
 
-	var got []string
-	arrived := func(q string, want ...string) func() bool {
-		return func() bool {
-			got = append(got, deliveryIDs(br.drain(t, q))...)
-			return fmt.Sprint(got) == fmt.Sprint(want)
-		}
+// arrivals gathers the ids of the messages delivered to the queues of
+// br, since got was last emptied.
+type arrivals struct {
+	t   *testing.T
+	br  *broker
+	got []string
+}
+
+// arrived returns a condition: the ids gathered, with those waiting in
+// queue q, are want.
+func (a *arrivals) arrived(q string, want ...string) func() bool {
+	return func() bool {
+		a.got = append(a.got, deliveryIDs(a.br.drain(a.t, q))...)
+		return fmt.Sprint(a.got) == fmt.Sprint(want)
 	}
-	require.Eventually(t, arrived(otherQ, "o-0", "o-1", "o-2"), waitLimit, 10*time.Millisecond, "the other type's rows flow")
-	require.Eventually(t, func() bool {
-		return slices.Equal(bd.unsentIDs(t), []string{"r-0", "r-1"})
-	}, waitLimit, 10*time.Millisecond, "the other rows marked sent, the refused ones wait")
-	time.Sleep(100 * time.Millisecond) // polls go on
-	got = nil
-	bd.add(t, envelope(other, "o-3"))
-	require.Eventually(t, arrived(otherQ, "o-3"), waitLimit, 10*time.Millisecond, "rows added meanwhile flow")
-
-	// The exchange fixed, the refused rows go out in order.
-	ch, err := br.conn.Channel()
-	require.NoError(t, err)
-	require.NoError(t, ch.ExchangeDelete(refusedType, false, false))
-	got = nil
-	refusedQ := br.queue(t, refusedType, false, nil)
-	require.Eventually(t, arrived(refusedQ, "r-0", "r-1"), waitLimit, 10*time.Millisecond)
-	require.Eventually(t, func() bool { return len(bd.unsentIDs(t)) == 0 }, waitLimit, 10*time.Millisecond)
 }
