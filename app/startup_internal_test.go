@@ -139,6 +139,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"events", "show", "appointments"}, "(usage: gadgets events show SOURCE ID [flags])"},
 		{[]string{"dead-letters", "list", "--bogus"}, "unknown flag: --bogus (usage: gadgets dead-letters list [flags])"},
 		{[]string{"serve", "now"}, `unknown command "now" for "gadgets serve" (usage: gadgets serve [flags])`},
+		{[]string{"help", "bogus"}, `unknown help topic "bogus" (usage: gadgets help [command] [flags])`},
+		{[]string{"help", "dead-letters", "lst"}, `unknown help topic "dead-letters lst"`},
 	} {
 		cmd := Command("gadgets", fx.Options())
 		cmd.SetArgs(tt.args)
@@ -150,7 +152,7 @@ func TestUsageErrors(t *testing.T) {
 		require.Equal(t, 1, strings.Count(stderr.String(), "\n"), "one line: %s", stderr.String())
 		require.Empty(t, out.String(), "no help: %v", tt.args)
 	}
-	for _, args := range [][]string{{"dead-letters"}, {"events"}, {"dead-letters", "--help"}} {
+	for _, args := range [][]string{{"dead-letters"}, {"events"}, {"dead-letters", "--help"}, {"help"}, {"help", "dead-letters"}} {
 		cmd := Command("gadgets", fx.Options())
 		cmd.SetArgs(args)
 		var out, stderr bytes.Buffer

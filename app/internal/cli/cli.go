@@ -125,6 +125,18 @@ func usageErrors(root *cobra.Command) {
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
 		return fmt.Errorf("%w (usage: %s)", err, cmd.UseLine())
 	})
+	// cobra's own help command prints "Unknown help topic" and exits 0.
+	root.SetHelpCommand(&cobra.Command{
+		Use:   "help [command]",
+		Short: "Help about any command",
+		RunE: func(c *cobra.Command, args []string) error {
+			cmd, rest, err := c.Root().Find(args)
+			if err != nil || cmd == nil || len(rest) > 0 {
+				return fmt.Errorf("unknown help topic %q (usage: %s)", strings.Join(args, " "), c.UseLine())
+			}
+			return cmd.Help()
+		},
+	})
 	var walk func(cmd *cobra.Command)
 	walk = func(cmd *cobra.Command) {
 		for _, sub := range cmd.Commands() {
