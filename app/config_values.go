@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
-	"net/url"
 	"os"
 	"strconv"
 	"strings"
@@ -13,8 +12,9 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/effectively-once/effectively/app/internal/cli"
 	"github.com/effectively-once/effectively/framework/migrate"
+	"github.com/effectively-once/effectively/framework/sqlite"
+	"github.com/effectively-once/effectively/internal/printable"
 )
 
 // maxQuotedBytes is how much of a value of the user's a configuration
@@ -33,10 +33,10 @@ func quoteValue(v string) string {
 
 // printableKey returns a key of the file (a consumer's name under
 // consumers:, an unknown key) as errors name it, unquoted: printable (see
-// cli.Printable), and cut as quoteValue cuts a value.
+// printable.String), and cut as quoteValue cuts a value.
 func printableKey(k string) string {
 	head, tail := cutValue(k)
-	return cli.Printable(head) + tail
+	return printable.String(head) + tail
 }
 
 // cutValue splits v into what an error shows of it, at most
@@ -111,38 +111,15 @@ func checkDatabaseURL(u string) error {
 
 // checkSQLiteURL refuses a SQLite URL (a path or file: URI) that holds a
 // NUL byte, which the driver cuts the path at, or that names an in-memory
-// database (see inMemory). Its errors do not quote the URL.
+// database (see sqlite.InMemory). Its errors do not quote the URL.
 func checkSQLiteURL(u string) error {
 	if strings.IndexByte(u, 0) >= 0 {
 		return fmt.Errorf("holds a NUL byte (\\x00), at which SQLite would cut the path: want a SQLite file (a path or file: URI) or postgres://user:password@host:port/database")
 	}
-	if inMemory(u) {
+	if sqlite.InMemory(u) {
 		return fmt.Errorf("an in-memory SQLite database (:memory:, mode=memory, vfs=memdb or an empty path): each of the service's connections would have one of its own, empty, and nothing would outlive the process; a service needs a file, e.g. %s", DefaultDatabaseURL)
 	}
 	return nil
-}
-
-// inMemory reports whether the SQLite URL u names no file: ":memory:"
-// (or "file::memory:"), a file: URI with mode=memory or vfs=memdb, or an
-// empty path ("file:", "file:?cache=shared"), which SQLite makes a
-// private temporary database of. It reads u as package sqlite does (the
-// path before "?", the query after), the path %-decoded as SQLite decodes
-// a file: URI's.
-func inMemory(u string) bool {
-	path, rawQuery, _ := strings.Cut(strings.TrimPrefix(u, "file:"), "?")
-	if strings.HasPrefix(u, "file:") {
-		if decoded, err := url.PathUnescape(path); err == nil {
-			path = decoded
-		}
-	}
-	if path == "" || path == ":memory:" {
-		return true
-	}
-	query, err := url.ParseQuery(rawQuery)
-	if err != nil {
-		return false // package sqlite refuses it when it opens
-	}
-	return strings.EqualFold(query.Get("mode"), "memory") || strings.EqualFold(query.Get("vfs"), "memdb")
 }
 
 // sqliteReserved is the prefix of the names that SQLite keeps for its own

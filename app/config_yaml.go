@@ -15,7 +15,7 @@ import (
 
 	"gopkg.in/yaml.v3"
 
-	"github.com/effectively-once/effectively/app/internal/cli"
+	"github.com/effectively-once/effectively/internal/printable"
 )
 
 // amqpURLYAML holds the YAML key amqp_url until LoadConfig moves it to
@@ -324,12 +324,12 @@ func namedYAMLError(raw []byte, err error) error {
 // the unknown key that "field <key> not found in type T" names printable
 // and cut (printableKey); in any other, the value that yaml.v3 quotes
 // (cut to 10 bytes, but as it is) with its control characters escaped
-// (cli.Printable).
+// (printable.String).
 func printableProblem(problem string) string {
 	if m := yamlFieldRE.FindStringSubmatchIndex(problem); m != nil {
 		return problem[:m[2]] + printableKey(problem[m[2]:m[3]]) + problem[m[3]:]
 	}
-	return cli.Printable(problem)
+	return printable.String(problem)
 }
 
 // keyOfProblem returns the path of the entry of a line that problem is

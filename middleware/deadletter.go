@@ -90,13 +90,6 @@ func failed(ctx context.Context, consumer string, store driver.Store, now func()
 	return nil
 }
 
-// peeker is a store that reads, outside any transaction, whether an
-// event is marked (the SQL stores do: sqlite.Store.Peek,
-// postgres.Store.Peek).
-type peeker interface {
-	Peek(ctx context.Context, consumer string, key framework.Key, subject string) (processed bool, checkpoint int64, err error)
-}
-
 // processedBefore reports whether the message of st, which decoded but
 // did not route (its data did not decode or validate, its type or
 // version has no handler), is an event that consumer already processed:
@@ -110,7 +103,7 @@ func processedBefore(ctx context.Context, consumer string, store driver.Store, s
 	if st.envelope == nil || st.decoded != nil || st.envelope.Key().Validate() != nil {
 		return false
 	}
-	p, ok := store.(peeker)
+	p, ok := store.(driver.Peeker)
 	if !ok {
 		return false
 	}

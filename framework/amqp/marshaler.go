@@ -1,8 +1,6 @@
 package amqp
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -68,8 +66,8 @@ func (Marshaler) Marshal(msg *message.Message) (amqp091.Publishing, error) {
 }
 
 // messageID is the AMQP message-id of a message whose UUID is id: id
-// itself when it fits in a short string, else "sha256:" and the hex
-// digest of id (71 bytes). A UUID may be an event's id, which may take
+// itself when it fits in a short string, else the digest that keys a body
+// (framework.DigestKey: "sha256:" and 64 hex digits). A UUID may be an event's id, which may take
 // framework.MaxIDBytes (256), one byte more than a short string: the
 // outbox relay's publish of such an event failed at every poll, and held
 // up every row behind it. The whole UUID travels in watermill's UUID
@@ -78,8 +76,7 @@ func messageID(id string) string {
 	if len(id) <= shortStringMax {
 		return id
 	}
-	sum := sha256.Sum256([]byte(id))
-	return "sha256:" + hex.EncodeToString(sum[:])
+	return framework.DigestKey([]byte(id)).ID
 }
 
 // Unmarshal returns the message of d. It never fails.

@@ -18,9 +18,16 @@ import (
 // the database (see group.observe), an attempt that runs alone holds no
 // connection, and no transaction stays open, while its handler waits.
 
-// peeker is a Store that reads, outside any transaction, whether an event
-// is marked and its subject's checkpoint (the SQL stores do).
-type peeker interface {
+// Peeker is a Store that reads, outside any transaction, whether an
+// event is marked and its subject's checkpoint (sqlite.Store and
+// postgres.Store do). The unit of work reads it before a handler that
+// waits outside the database runs; the chain, before it dead-letters a
+// message that did not route (a copy of a processed event is a
+// duplicate).
+type Peeker interface {
+	// Peek reports, in one statement, whether consumer processed the
+	// event key, and the checkpoint of subject (0 when it has none;
+	// subject may be empty).
 	Peek(ctx context.Context, consumer string, key framework.Key, subject string) (processed bool, checkpoint int64, err error)
 }
 
@@ -39,7 +46,7 @@ func (u *UnitOfWork) defers(a *attemptRun) bool {
 	if a.eager || u.withoutMark || u.db == nil || u.db.DriverName() != "pgx" {
 		return false
 	}
-	if _, ok := u.store.(peeker); !ok {
+	if _, ok := u.store.(Peeker); !ok {
 		return false
 	}
 	if _, ok := u.store.(manyMarker); !ok {
@@ -69,7 +76,7 @@ func (u *UnitOfWork) deferred(a *attemptRun) bool {
 	if !u.group.token(a) {
 		return true
 	}
-	processed, checkpoint, err := u.store.(peeker).Peek(a.ctx, a.consumer, a.key, subject)
+	processed, checkpoint, err := u.store.(Peeker).Peek(a.ctx, a.consumer, a.key, subject)
 	u.group.untoken()
 	switch {
 	case err != nil:

@@ -13,12 +13,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jmoiron/sqlx"
 	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
+
+	"github.com/effectively-once/effectively/internal/printable"
 )
 
 // DriverName is the database/sql driver name of modernc.org/sqlite.
@@ -191,6 +192,30 @@ func openGated(ctx context.Context, dsn string, cfg OpenConfig, restart int64) (
 	return db, gate, nil
 }
 
+// InMemory reports whether the database dsn (a path or "file:" URI, as
+// Open takes) names no file: ":memory:" (or "file::memory:"), a file: URI
+// with mode=memory or vfs=memdb, or an empty path ("file:",
+// "file:?cache=shared"), which SQLite makes a private temporary database
+// of. The path is %-decoded, as SQLite decodes a file: URI's. Open puts
+// no file's pragmas on such a database; a service refuses it (each of its
+// pooled connections would have one of its own).
+func InMemory(dsn string) bool {
+	path, rawQuery, _ := strings.Cut(strings.TrimPrefix(dsn, "file:"), "?")
+	if strings.HasPrefix(dsn, "file:") {
+		if decoded, err := url.PathUnescape(path); err == nil {
+			path = decoded
+		}
+	}
+	if path == "" || path == ":memory:" {
+		return true
+	}
+	query, err := url.ParseQuery(rawQuery)
+	if err != nil {
+		return false // Open refuses it
+	}
+	return strings.EqualFold(query.Get("mode"), "memory") || strings.EqualFold(query.Get("vfs"), "memdb")
+}
+
 // buildDSN turns a path or file: URI into the driver's DSN with the
 // framework's pragmas, full, and returns the file's path (empty for
 // in-memory databases). existing is full for the connections after the
@@ -212,7 +237,7 @@ func buildDSN(dsn string, cfg OpenConfig, wal bool) (full, existing, path string
 	} else {
 		query = url.Values{}
 	}
-	memory := rest == ":memory:" || query.Get("mode") == "memory"
+	memory := InMemory(dsn)
 	if !memory {
 		path = rest
 	}
@@ -257,33 +282,23 @@ const sqliteHeader = "SQLite format 3\x00"
 func fileJournal(path string) (wal bool, err error) {
 	f, err := os.Open(path)
 	if errors.Is(err, fs.ErrNotExist) {
-		return false, fmt.Errorf("sqlite: no database file at %s: %w", shownPath(path), fs.ErrNotExist)
+		return false, fmt.Errorf("sqlite: no database file at %s: %w", printable.String(path), fs.ErrNotExist)
 	}
 	if err != nil {
-		return false, fmt.Errorf("sqlite: open %s: %w", shownPath(path), err)
+		return false, fmt.Errorf("sqlite: open %s: %w", printable.String(path), err)
 	}
 	defer f.Close()
 	var head [20]byte
 	n, err := io.ReadFull(f, head[:])
 	switch {
 	case n == 0 && (err == nil || errors.Is(err, io.EOF)):
-		return false, fmt.Errorf("sqlite: %s is an empty file, not a database", shownPath(path))
+		return false, fmt.Errorf("sqlite: %s is an empty file, not a database", printable.String(path))
 	case errors.Is(err, io.ErrUnexpectedEOF) || err == nil && string(head[:len(sqliteHeader)]) != sqliteHeader:
-		return false, fmt.Errorf("sqlite: %s is not a SQLite database", shownPath(path))
+		return false, fmt.Errorf("sqlite: %s is not a SQLite database", printable.String(path))
 	case err != nil:
-		return false, fmt.Errorf("sqlite: read %s: %w", shownPath(path), err)
+		return false, fmt.Errorf("sqlite: read %s: %w", printable.String(path), err)
 	}
 	return head[18] == 2 && head[19] == 2, nil
-}
-
-// shownPath is path as an error shows it: as it is when Go would quote
-// it unchanged, else quoted, so that an escape sequence or an invalid
-// byte in a path reaches the terminal escaped.
-func shownPath(path string) string {
-	if q := strconv.Quote(path); q[1:len(q)-1] == path {
-		return path
-	}
-	return strconv.Quote(path)
 }
 
 // setsPragma reports whether the DSN's query sets the pragma name itself,

@@ -6,7 +6,6 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"strconv"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -114,7 +113,7 @@ func TestOpenMustExist(t *testing.T) {
 	odd := filepath.Join(dir, "x\x1b[31m.db")
 	_, err = sqlite.Open(ctx, "file:"+odd, sqlite.OpenConfig{MustExist: true})
 	require.ErrorIs(t, err, fs.ErrNotExist)
-	require.ErrorContains(t, err, "no database file at "+strconv.Quote(odd), "an escape sequence is shown escaped")
+	require.ErrorContains(t, err, `no database file at `+dir+`/x\x1b[31m.db`, "an escape sequence is shown escaped")
 }
 
 // TestOpenMustExistChangesNothing: with MustExist, a file that is not a
@@ -160,4 +159,19 @@ func TestOpenMustExistChangesNothing(t *testing.T) {
 	after, err := os.ReadFile(path)
 	require.NoError(t, err)
 	require.Equal(t, before, after, "the file is left as it was")
+}
+
+// TestInMemory: the spellings of a database with no file, which Open
+// gives no file's pragmas and a service refuses, and files that only look
+// like one.
+func TestInMemory(t *testing.T) {
+	t.Parallel()
+	for dsn, want := range map[string]bool{
+		":memory:": true, "file::memory:": true, "file::memory:?cache=shared": true, "file:%3Amemory%3A": true,
+		"file:a.db?mode=memory": true, "file:a.db?MODE=Memory": false, "file:a.db?mode=MEMORY": true,
+		"file:a.db?vfs=memdb": true, "file:": true, "file:?cache=shared": true,
+		"a.db": false, "file:a.db": false, "file:a.db?mode=ro": false, "./:memory:": false, "file:/tmp/memory.db": false,
+	} {
+		require.Equal(t, want, sqlite.InMemory(dsn), dsn)
+	}
 }

@@ -10,21 +10,21 @@ import (
 	"time"
 
 	"golang.org/x/time/rate"
+
+	"github.com/effectively-once/effectively/middleware"
 )
 
-// MinRate is the slowest rate a bulk replay takes: one an hour. A slower
-// one waited longer than anyone runs a command between two replays (1e-9
-// is one every 31 years).
-const MinRate = 1.0 / 3600
-
 // CheckRate refuses a rate of dead letters a second that is negative,
-// NaN, or positive below MinRate; 0 means no limit.
+// NaN, or positive below middleware.MinRateLimit, one an hour, the bound
+// of a consumer's rate_limit too: a slower one waited longer than anyone
+// runs a command between two replays (1e-9 is one every 31 years); 0
+// means no limit.
 func CheckRate(perSecond float64) error {
 	switch {
 	case !(perSecond >= 0): // NaN too
 		return fmt.Errorf("want a positive number of dead letters a second (0: no limit), got %v", perSecond)
-	case perSecond > 0 && perSecond < MinRate:
-		return fmt.Errorf("want at least %v dead letters a second (one an hour; 0: no limit), got %v: it would wait between two for longer", MinRate, perSecond)
+	case perSecond > 0 && perSecond < middleware.MinRateLimit:
+		return fmt.Errorf("want at least %v dead letters a second (one an hour; 0: no limit), got %v: it would wait between two for longer", middleware.MinRateLimit, perSecond)
 	}
 	return nil
 }

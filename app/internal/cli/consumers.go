@@ -12,6 +12,7 @@ import (
 
 	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/handlers"
+	"github.com/effectively-once/effectively/internal/printable"
 )
 
 // processedWindow is how far back the consumers view counts processed
@@ -201,7 +202,7 @@ func printConsumers(out io.Writer, v consumersView) error {
 	}
 	for _, c := range v.Consumers {
 		if c.Lag != nil && c.Lag.Error != "" {
-			fmt.Fprintf(out, "%s: WAITING and OLDEST not counted: %s\n", c.Name, Printable(c.Lag.Error))
+			fmt.Fprintf(out, "%s: WAITING and OLDEST not counted: %s\n", c.Name, printable.String(c.Lag.Error))
 		}
 	}
 	if v.Outbox.OldestUnsent == nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/driver"
+	"github.com/effectively-once/effectively/internal/printable"
 )
 
 // discardCommand returns the command that discards dead letters.
@@ -120,7 +121,7 @@ func (op operator) discard(ctx context.Context, out io.Writer, release bool, id 
 		// Nothing is recorded of this discard: say so, rather than that it
 		// was discarded now with this --by and --reason.
 		fmt.Fprintf(out, "dead letter %d was discarded before, by %s at %s (%s): this discard is not recorded\n",
-			id, Printable(orDash(dl.Resolution.By)), dl.Resolution.At.UTC().Format(time.RFC3339), Printable(dl.Resolution.Reason))
+			id, printable.String(orDash(dl.Resolution.By)), dl.Resolution.At.UTC().Format(time.RFC3339), printable.String(dl.Resolution.Reason))
 	} else {
 		fmt.Fprintf(out, "dead letter %d discarded\n", id)
 	}
@@ -158,7 +159,7 @@ func (op operator) releaseParked(ctx context.Context, out io.Writer, dl driver.D
 		}
 	}
 	_, err = fmt.Fprintf(out, "%d events of subject %s parked behind it are released to %s, to be applied in order (the running service publishes them)\n",
-		len(parked), Printable(dl.Subject), dl.Consumer)
+		len(parked), printable.String(dl.Subject), dl.Consumer)
 	return err
 }
 
@@ -213,7 +214,7 @@ func (op operator) reportParked(ctx context.Context, out io.Writer, dl driver.De
 	if err != nil || len(parked) == 0 {
 		return err
 	}
-	_, err = fmt.Fprintf(out, "%d events of subject %s are parked behind it: %s\n", len(parked), Printable(dl.Subject), fate)
+	_, err = fmt.Fprintf(out, "%d events of subject %s are parked behind it: %s\n", len(parked), printable.String(dl.Subject), fate)
 	return err
 }
 

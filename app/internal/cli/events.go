@@ -15,6 +15,7 @@ import (
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/handlers"
+	"github.com/effectively-once/effectively/internal/printable"
 )
 
 // eventsCommand returns the operator's command on one event.
@@ -244,7 +245,7 @@ func printEvent(out io.Writer, v eventView) error {
 	key := framework.Key{Source: v.Source, ID: v.ID}
 	if !v.Known {
 		var b strings.Builder
-		fmt.Fprintf(&b, "no record of event %s in this service's database\n", Printable(key.String()))
+		fmt.Fprintf(&b, "no record of event %s in this service's database\n", printable.String(key.String()))
 		if v.ProcessedPurgedBefore != nil {
 			fmt.Fprintf(&b, "marks processed before %s are purged: a consumer may have applied it before\n", stamp(*v.ProcessedPurgedBefore))
 		}
@@ -259,7 +260,7 @@ func printEvent(out io.Writer, v eventView) error {
 	}
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	row := func(k, format string, args ...any) {
-		fmt.Fprintf(w, "%s\t%s\n", k, Printable(fmt.Sprintf(format, args...)))
+		fmt.Fprintf(w, "%s\t%s\n", k, printable.String(fmt.Sprintf(format, args...)))
 	}
 	row("event", "%s", key)
 	switch o := v.Outbox; {
@@ -322,7 +323,7 @@ func printEvent(out io.Writer, v eventView) error {
 			d.ID, d.Consumer, d.Status, d.Code, d.Attempts, d.Repeats, stamp(d.FirstFailedAt), stamp(d.LastFailedAt))
 		w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 		for _, h := range d.History {
-			fmt.Fprintf(w, "  %s\t%s\t%s\n", stamp(h.At), h.Kind, Printable(historyDetail(h)))
+			fmt.Fprintf(w, "  %s\t%s\t%s\n", stamp(h.At), h.Kind, printable.String(historyDetail(h)))
 		}
 		if err := w.Flush(); err != nil {
 			return err

@@ -11,6 +11,7 @@ import (
 	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/handlers"
 	"github.com/effectively-once/effectively/internal/pipeline"
+	"github.com/effectively-once/effectively/internal/printable"
 )
 
 // operator is what the dead-letter commands work with: the configuration,
@@ -93,7 +94,7 @@ func (op operator) noteUndeclared(w io.Writer, consumer string) {
 	if declared == "" {
 		declared = "none"
 	}
-	fmt.Fprintf(w, "note: no consumer named %s is declared in this service (declared: %s)\n", Printable(consumer), declared)
+	fmt.Fprintf(w, "note: no consumer named %s is declared in this service (declared: %s)\n", printable.String(consumer), declared)
 }
 
 // inspection is what the operator's views (events show, consumers) work

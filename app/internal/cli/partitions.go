@@ -11,6 +11,7 @@ import (
 	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/handlers"
 	"github.com/effectively-once/effectively/internal/pipeline"
+	"github.com/effectively-once/effectively/internal/printable"
 )
 
 // noOwner is what the partitions table shows for the owner, and the
@@ -185,7 +186,7 @@ func printPartitions(out io.Writer, consumer string, v partitionsView) error {
 	for _, p := range v.Partitions {
 		owner, expires := noOwner, noOwner
 		if p.Owner != "" {
-			owner, expires = Printable(p.Owner), time.Duration(*p.LeaseExpiresIn*float64(time.Second)).Round(time.Second).String()
+			owner, expires = printable.String(p.Owner), time.Duration(*p.LeaseExpiresIn*float64(time.Second)).Round(time.Second).String()
 		}
 		fmt.Fprintf(w, "%d\t%s\t%d\t%s\t%s\t%s\n", p.Partition, owner, p.Token, expires, waitingText(p), positionsText(consumer, p.Positions))
 	}
@@ -193,7 +194,7 @@ func printPartitions(out io.Writer, consumer string, v partitionsView) error {
 		return err
 	}
 	if v.BacklogError != "" {
-		_, err := fmt.Fprintf(out, "waiting messages unknown: %s\n", Printable(v.BacklogError))
+		_, err := fmt.Fprintf(out, "waiting messages unknown: %s\n", printable.String(v.BacklogError))
 		return err
 	}
 	return nil
@@ -228,7 +229,7 @@ func positionsText(consumer string, positions []positionView) string {
 		if pos.Offset != nil {
 			offset = fmt.Sprint(*pos.Offset)
 		}
-		parts = append(parts, Printable(topic)+"@"+offset)
+		parts = append(parts, printable.String(topic)+"@"+offset)
 	}
 	return strings.Join(parts, " ")
 }

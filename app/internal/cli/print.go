@@ -10,10 +10,9 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/effectively-once/effectively/framework/driver"
+	"github.com/effectively-once/effectively/internal/printable"
 )
 
 func printList(out io.Writer, dls []driver.DeadLetter) error {
@@ -21,7 +20,7 @@ func printList(out io.Writer, dls []driver.DeadLetter) error {
 	fmt.Fprintln(w, "ID\tCONSUMER\tCODE\tTYPE\tVERSION\tSOURCE\tEVENT\tATTEMPTS\tREPEATS\tLAST FAILED\tSTATUS")
 	for _, dl := range dls {
 		fmt.Fprintf(w, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%d\t%s\t%s\n",
-			dl.ID, dl.Consumer, dl.Code, Printable(orDash(dl.Type)), dl.Version, Printable(orDash(dl.Source)), Printable(dl.EventID),
+			dl.ID, dl.Consumer, dl.Code, printable.String(orDash(dl.Type)), dl.Version, printable.String(orDash(dl.Source)), printable.String(dl.EventID),
 			dl.Attempts, dl.Repeats, dl.LastFailedAt.UTC().Format(time.RFC3339), dl.Status)
 	}
 	return w.Flush()
@@ -29,7 +28,9 @@ func printList(out io.Writer, dls []driver.DeadLetter) error {
 
 func printDeadLetter(out io.Writer, dl driver.DeadLetter) error {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	row := func(k string, v any) { fmt.Fprintf(w, "%s\t%s\n", Printable(k), Printable(fmt.Sprint(v))) }
+	row := func(k string, v any) {
+		fmt.Fprintf(w, "%s\t%s\n", printable.String(k), printable.String(fmt.Sprint(v)))
+	}
 	row("id", dl.ID)
 	row("consumer", dl.Consumer)
 	row("topic", dl.Topic)
@@ -74,7 +75,7 @@ func printDeadLetter(out io.Writer, dl driver.DeadLetter) error {
 		// the members, kept one of two with the same name (the cause of a
 		// malformed_envelope) and rounded large numbers.
 		for line := range strings.Lines(pretty.String()) {
-			fmt.Fprintf(out, "  %s\n", Printable(strings.TrimSuffix(line, "\n")))
+			fmt.Fprintf(out, "  %s\n", printable.String(strings.TrimSuffix(line, "\n")))
 		}
 		return nil
 	}
@@ -106,7 +107,7 @@ func printHistory(out io.Writer, hs []driver.HistoryEntry) error {
 		default:
 			what = fmt.Sprintf("by %s: %s", orDash(h.By), h.Reason)
 		}
-		fmt.Fprintf(w, "  %s\t%s\t%s\n", h.At.UTC().Format(time.RFC3339Nano), h.Kind, Printable(what))
+		fmt.Fprintf(w, "  %s\t%s\t%s\n", h.At.UTC().Format(time.RFC3339Nano), h.Kind, printable.String(what))
 	}
 	return w.Flush()
 }
@@ -141,7 +142,7 @@ func printParked(out io.Writer, ps []driver.ParkedEvent) error {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "CONSUMER\tSUBJECT\tHELD\tPARKED\tCOUNT\tREADY")
 	for _, r := range rows {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\n", r.consumer, Printable(r.subject), Printable(orDash(r.held)),
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\t%d\n", r.consumer, printable.String(r.subject), printable.String(orDash(r.held)),
 			orDash(strings.Join(r.seqs, " ")), len(r.seqs), r.ready)
 	}
 	return w.Flush()
@@ -152,28 +153,6 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
-}
-
-// Printable returns s as the operator's commands print it: as it is when
-// it is valid UTF-8 without a hidden rune (see hidden), else quoted as Go
-// quotes a string, without the quotes, so that a byte that is not UTF-8
-// or a hidden rune shows as an escape (\n, \x1b, \u202e). Text that a
-// producer or another operator wrote (a message's metadata, a reason)
-// then cannot move the cursor, start a new line that looks like a field
-// of the command's own, or send the terminal an escape sequence.
-func Printable(s string) string {
-	if utf8.ValidString(s) && !strings.ContainsFunc(s, hidden) {
-		return s
-	}
-	q := strconv.Quote(s)
-	return q[1 : len(q)-1]
-}
-
-// hidden reports a rune that would not show as itself on a terminal: a
-// control character (newline and tab included) or a format character,
-// such as a bidirectional override.
-func hidden(r rune) bool {
-	return unicode.IsControl(r) || unicode.Is(unicode.Cf, r)
 }
 
 // timeOrNil returns t in UTC, or nil when it is zero.

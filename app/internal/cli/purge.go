@@ -12,6 +12,7 @@ import (
 
 	"github.com/effectively-once/effectively/app/internal/purge"
 	"github.com/effectively-once/effectively/framework/driver"
+	"github.com/effectively-once/effectively/internal/printable"
 )
 
 // purgeCommand returns the purge command: one purge now, or with
@@ -83,7 +84,7 @@ func printPurge(out io.Writer, steps []purge.Step, verb string) error {
 		}
 		what := purgeWhat[s.Kind]
 		if s.Topic != "" {
-			what += " " + Printable(s.Topic)
+			what += " " + printable.String(s.Topic)
 		}
 		fmt.Fprintf(w, "%s\t%s\t%d\n", what, before, s.Rows)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/effectively-once/effectively/framework/driver"
+	"github.com/effectively-once/effectively/internal/printable"
 )
 
 // removeGroupCommand returns the command that removes the consumer group
@@ -47,7 +48,7 @@ still runs CONSUMER first (another service's, an older version's). With
 func (op operator) removeGroup(ctx context.Context, out io.Writer, consumer string, dryRun bool) error {
 	for _, name := range op.consumers {
 		if name == consumer {
-			return fmt.Errorf("remove-group: consumer %s is declared in this service: its processes would write its group again, from the first message (remove it from the service first)", Printable(consumer))
+			return fmt.Errorf("remove-group: consumer %s is declared in this service: its processes would write its group again, from the first message (remove it from the service first)", printable.String(consumer))
 		}
 	}
 	if op.cfg.Transport != transportPostgres || op.transport == nil {
@@ -55,7 +56,7 @@ func (op operator) removeGroup(ctx context.Context, out io.Writer, consumer stri
 	}
 	tr, err := op.transport(ctx)
 	if err != nil {
-		return fmt.Errorf("remove-group %s: %w", Printable(consumer), err)
+		return fmt.Errorf("remove-group %s: %w", printable.String(consumer), err)
 	}
 	gr, ok := tr.(driver.GroupRemover)
 	if !ok {
@@ -63,16 +64,16 @@ func (op operator) removeGroup(ctx context.Context, out io.Writer, consumer stri
 	}
 	groups, err := gr.RemoveGroup(ctx, consumer, dryRun)
 	if err != nil {
-		return fmt.Errorf("remove-group %s: %w", Printable(consumer), err)
+		return fmt.Errorf("remove-group %s: %w", printable.String(consumer), err)
 	}
 	if len(groups) == 0 {
-		_, err := fmt.Fprintf(out, "no consumer group of %s in the transport's tables: nothing to do\n", Printable(consumer))
+		_, err := fmt.Fprintf(out, "no consumer group of %s in the transport's tables: nothing to do\n", printable.String(consumer))
 		return err
 	}
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "TABLE\tGROUP\tACKED OFFSET")
 	for _, g := range groups {
-		fmt.Fprintf(w, "%s\t%s\t%d\n", Printable(g.Table), Printable(g.Group), g.Offset)
+		fmt.Fprintf(w, "%s\t%s\t%d\n", printable.String(g.Table), printable.String(g.Group), g.Offset)
 	}
 	if err := w.Flush(); err != nil {
 		return fmt.Errorf("print: %w", err)
@@ -81,6 +82,6 @@ func (op operator) removeGroup(ctx context.Context, out io.Writer, consumer stri
 	if dryRun {
 		verb = "would remove (dry run; nothing removed)"
 	}
-	_, err = fmt.Fprintf(out, "%s %d consumer group rows of %s\n", verb, len(groups), Printable(consumer))
+	_, err = fmt.Fprintf(out, "%s %d consumer group rows of %s\n", verb, len(groups), printable.String(consumer))
 	return err
 }

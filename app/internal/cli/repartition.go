@@ -13,6 +13,7 @@ import (
 
 	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/handlers"
+	"github.com/effectively-once/effectively/internal/printable"
 )
 
 // repartitionCommand returns the command that records a new partition
@@ -62,7 +63,7 @@ func repartition(ctx context.Context, out io.Writer, db Database, consumer strin
 			declared = append(declared, d.Name)
 		}
 		slices.Sort(declared)
-		return fmt.Errorf("repartition: no consumer named %s is declared in this service (declared: %s)", Printable(consumer), strings.Join(declared, ", "))
+		return fmt.Errorf("repartition: no consumer named %s is declared in this service (declared: %s)", printable.String(consumer), strings.Join(declared, ", "))
 	}
 	d := db.Declarations[i]
 	leases, ok := db.Store.(driver.Leases)
@@ -112,7 +113,7 @@ func checkStopped(ctx context.Context, leases driver.Leases, consumer string, no
 	var last time.Time
 	for _, l := range all {
 		if l.Owner != "" && !l.Expires.Before(now) {
-			held = append(held, fmt.Sprintf("%d (%s)", l.Partition, Printable(l.Owner)))
+			held = append(held, fmt.Sprintf("%d (%s)", l.Partition, printable.String(l.Owner)))
 			if l.Expires.After(last) {
 				last = l.Expires
 			}
@@ -121,7 +122,7 @@ func checkStopped(ctx context.Context, leases driver.Leases, consumer string, no
 	switch {
 	case len(members) > 0:
 		return fmt.Errorf("refused: %d %s alive (%s): stop every one (one that died is forgotten once its heartbeat expires), then run this again",
-			len(members), plural(len(members), "process of the consumer is", "processes of the consumer are"), Printable(strings.Join(members, ", ")))
+			len(members), plural(len(members), "process of the consumer is", "processes of the consumer are"), printable.String(strings.Join(members, ", ")))
 	case len(held) > 0:
 		return fmt.Errorf("refused: partitions %s are leased until %s: stop every process of the consumer (a lease of one that died expires by itself), then run this again",
 			strings.Join(held, ", "), last.UTC().Format(time.RFC3339))

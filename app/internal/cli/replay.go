@@ -14,6 +14,7 @@ import (
 	"github.com/effectively-once/effectively/app/internal/bulk"
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/driver"
+	"github.com/effectively-once/effectively/internal/printable"
 )
 
 // replayCommand returns the command that replays dead letters, named or
@@ -185,10 +186,10 @@ func (v verdict) dryLine() string {
 	dl := v.dl
 	subject := ""
 	if dl.Subject != "" {
-		subject = fmt.Sprintf(", subject %s #%d", Printable(dl.Subject), dl.SubjectSeq)
+		subject = fmt.Sprintf(", subject %s #%d", printable.String(dl.Subject), dl.SubjectSeq)
 	}
 	return fmt.Sprintf("would replay dead letter %d: consumer %s, code %s, event %s%s, first failed %s",
-		v.id, dl.Consumer, dl.Code, Printable(dl.Key().String()), subject, dl.FirstFailedAt.UTC().Format(time.RFC3339))
+		v.id, dl.Consumer, dl.Code, printable.String(dl.Key().String()), subject, dl.FirstFailedAt.UTC().Format(time.RFC3339))
 }
 
 // notPending says who resolved dl, when and why: the operator's words
@@ -198,7 +199,7 @@ func notPending(dl driver.DeadLetter) string {
 	if r.By == "" && r.At.IsZero() {
 		return fmt.Sprintf("not pending: %s", dl.Status)
 	}
-	return fmt.Sprintf("not pending: %s by %s at %s (%s)", dl.Status, Printable(orDash(r.By)), r.At.UTC().Format(time.RFC3339), Printable(r.Reason))
+	return fmt.Sprintf("not pending: %s by %s at %s (%s)", dl.Status, printable.String(orDash(r.By)), r.At.UTC().Format(time.RFC3339), printable.String(r.Reason))
 }
 
 // refusedError is the error of a command that refused some of its dead

@@ -32,3 +32,12 @@ func TestLoadConfigFIFO(t *testing.T) {
 		t.Fatal("LoadConfig blocked on a named pipe")
 	}
 }
+
+// TestLoadConfigZero: EFFECTIVELY_CONFIG naming /dev/zero, a device that
+// never ends, was read until the process ran out of memory; it is
+// refused, naming the setting, before it is read.
+func TestLoadConfigZero(t *testing.T) {
+	t.Parallel()
+	_, err := app.LoadConfig(env(t, "", map[string]string{app.EnvConfig: "/dev/zero"}))
+	require.ErrorContains(t, err, app.EnvConfig+": /dev/zero is a device, not a regular file")
+}
