@@ -34,6 +34,19 @@ func (l *rigLog) logger(i int) *slog.Logger {
 	return slog.New(slog.NewJSONHandler(l, &slog.HandlerOptions{Level: slog.LevelInfo})).With("instance", i)
 }
 
+// warnings returns the last n lines kept at Warn and above.
+func (l *rigLog) warnings(n int) []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var ws []string
+	for _, line := range l.lines {
+		if strings.Contains(line, `"level":"WARN"`) || strings.Contains(line, `"level":"ERROR"`) {
+			ws = append(ws, line)
+		}
+	}
+	return ws[max(0, len(ws)-n):]
+}
+
 // printOnFailure prints the lines kept when t failed, once it ends.
 func (l *rigLog) printOnFailure(t *testing.T) {
 	t.Cleanup(func() {

@@ -345,6 +345,52 @@ func (r *rig) connections() int {
 	return n
 }
 
+// diagnose logs, a line each, the service's sessions on PostgreSQL (the
+// idle ones counted), its last warnings, and
+// the partitioned consumer's members and leases as the database sees
+// them now, under why: what a stalled consumer waits for.
+func (r *rig) diagnose(why string) {
+	r.t.Helper()
+	r.t.Logf("diagnosis: %s", why)
+	var sessions []struct {
+		App   string `db:"application_name"`
+		State string `db:"state"`
+		Wait  string `db:"wait"`
+		Xact  string `db:"xact"`
+		Idle  string `db:"since"`
+		Query string `db:"query"`
+	}
+	err := r.admin.Select(&sessions, `SELECT application_name, coalesce(state, '') AS state,
+		coalesce(wait_event_type || ':' || wait_event, '') AS wait,
+		coalesce((now() - xact_start)::text, '') AS xact, coalesce((now() - state_change)::text, '') AS since,
+		left(regexp_replace(query, '\s+', ' ', 'g'), 160) AS query
+		FROM pg_stat_activity WHERE application_name = ANY($1) ORDER BY application_name, xact_start NULLS LAST`, r.members)
+	if err != nil {
+		r.t.Logf("diagnosis: sessions: %v", err)
+	}
+	idle := 0
+	for _, s := range sessions {
+		if s.State == "idle" {
+			idle++
+			continue
+		}
+		r.t.Logf("diagnosis: session %s %s wait=%s xact=%s since=%s: %s", s.App, s.State, s.Wait, s.Xact, s.Idle, s.Query)
+	}
+	r.t.Logf("diagnosis: %d sessions, %d of them idle", len(sessions), idle)
+	var members []string
+	if err := r.admin.Select(&members, `SELECT member || ' expires in ' || (expires_at - now())::text FROM consumer_members WHERE consumer = $1`, r.place); err != nil {
+		r.t.Logf("diagnosis: members: %v", err)
+	}
+	var leases []string
+	if err := r.admin.Select(&leases, `SELECT partition || ': ' || owner || ' token ' || token || ' expires in ' || (expires_at - now())::text FROM partition_leases WHERE consumer = $1 ORDER BY partition`, r.place); err != nil {
+		r.t.Logf("diagnosis: leases: %v", err)
+	}
+	r.t.Logf("diagnosis: members %q; leases %q", members, leases)
+	for _, line := range r.logs.warnings(40) {
+		r.t.Logf("diagnosis: log %s", line)
+	}
+}
+
 // deadLetters returns the dead letters, as text for the failure message.
 func (r *rig) deadLetters() []string {
 	r.t.Helper()
@@ -459,8 +505,11 @@ func (r *rig) run(f fault) measures {
 		m.PausedAfter = last.Sub(start)
 	}
 
-	// Consuming again: a new effect of each consumer after the end.
+	// Consuming again: a new effect of each consumer after the end. A
+	// consumer still idle at the bound has the service's state logged
+	// then, while it is stuck.
 	deadline := ended.Add(waitLimit)
+	diagnosed := false
 	for _, c := range []string{r.place, r.ship} {
 		for {
 			at, ok := r.firstEffectAfter(c, ended)
@@ -468,6 +517,10 @@ func (r *rig) run(f fault) measures {
 				m.ResumedAfter = max(m.ResumedAfter, at.Sub(ended))
 				r.t.Logf("%s: %s consuming again %s after the fault's end (%s)", f.Name, c, at.Sub(ended), at.Format(time.RFC3339Nano))
 				break
+			}
+			if !diagnosed && time.Since(ended) > resumeBound {
+				diagnosed = true
+				r.diagnose(fmt.Sprintf("%s: %s idle %s after the fault's end", f.Name, c, resumeBound))
 			}
 			require.True(r.t, time.Now().Before(deadline), "%s: %s consumed nothing within %s of the fault's end", f.Name, c, waitLimit)
 			time.Sleep(20 * time.Millisecond)
