@@ -95,3 +95,10 @@ func topicPurger(tr driver.Transport) driver.TopicPurger {
 	p, _ := tr.(driver.TopicPurger)
 	return p
 }
+
+// groupAdopter returns tr as a driver.GroupAdopter; nil when it keeps no
+// consumer groups' positions.
+func groupAdopter(tr driver.Transport) driver.GroupAdopter {
+	a, _ := tr.(driver.GroupAdopter)
+	return a
+}

@@ -2,7 +2,10 @@ package app_test
 
 import (
 	"context"
+	"errors"
+	"strconv"
 	"testing"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -72,4 +75,94 @@ func TestRenamedConsumer(t *testing.T) {
 		})
 	require.Equal(t, 2, widgets, "e-1 took effect once under either name")
 	require.Equal(t, 2, marks, "the new name holds the adopted mark of e-1 and its own of e-2")
+}
+
+// TestRenamedConsumerKeepsItsPlace renames a consumer on each SQL
+// transport after its old name dead-lettered an event, which an operator
+// discarded. The new name goes on where the old one stopped in the
+// topic: the discarded event, which has no processed mark, does not come
+// to it again, and does not take effect after all; what was published
+// while no process ran does, once.
+func TestRenamedConsumerKeepsItsPlace(t *testing.T) {
+	t.Parallel()
+	for _, tc := range transportConfigs[:2] { // SQLite and PostgreSQL: a new queue on RabbitMQ starts empty
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := tc.config(t)
+			suffix := strconv.FormatInt(time.Now().UnixNano(), 36)
+			def := framework.Define[widgetAddedV1]("rename.widget.added-"+suffix, 1)
+			oldName, newName := "widgets.before-"+suffix, "widgets.after-"+suffix
+			// The old name refuses "bad" for good; the new one would take it.
+			newHandler := func(name string) func(db *sqlx.DB) framework.HandlerFunc[widgetAddedV1] {
+				return func(db *sqlx.DB) framework.HandlerFunc[widgetAddedV1] {
+					return func(ctx context.Context, ev framework.Event[widgetAddedV1]) error {
+						if ev.ID == "bad" && name == oldName {
+							return framework.Permanent(framework.CodeHandlerFailed, errors.New("refused"))
+						}
+						_, err := framework.Conn(ctx, db).ExecContext(ctx, db.Rebind(`INSERT INTO widgets (name, event_id) VALUES (?, ?)`), ev.Data.Name, ev.ID)
+						return err
+					}
+				}
+			}
+			build := func(name string, routes ...handlers.Route) *bundle {
+				t.Helper()
+				b := &bundle{cfg: cfg, def: &def}
+				b.service = app.New(
+					handlers.Register(name, append(routes, handlers.On(def, newHandler(name)))...),
+					fx.Supply(widgetMigrations),
+					fx.Replace(cfg),
+					fx.Populate(&b.db, &b.transport),
+				)
+				require.NoError(t, b.service.Err())
+				return b
+			}
+			start := func(b *bundle) *bundle {
+				t.Helper()
+				ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+				defer cancel()
+				require.NoError(t, b.service.Start(ctx))
+				return b
+			}
+			stop := func(b *bundle) {
+				t.Helper()
+				ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+				defer cancel()
+				require.NoError(t, b.service.Stop(ctx))
+			}
+
+			b := start(build(oldName))
+			for _, id := range []string{"e-1", "bad", "e-2"} {
+				b.publish(t, id, "w-"+id)
+			}
+			waitFor(t, "e-1 and e-2 handled, bad dead-lettered", func() bool {
+				return b.count(t, `SELECT count(*) FROM widgets`) == 2 &&
+					b.count(t, b.db.Rebind(`SELECT count(*) FROM dead_letters WHERE consumer = ?`), oldName) == 1
+			})
+			store := testStore(t, b.db)
+			dls, err := store.DeadLetters(t.Context(), driver.DeadLetterFilter{Consumer: oldName})
+			require.NoError(t, err)
+			require.Len(t, dls, 1)
+			_, err = store.ResolveDeadLetter(t.Context(), dls[0].ID, driver.Resolution{Status: driver.DeadLetterDiscarded, By: "ops", Reason: "never", At: time.Now()})
+			require.NoError(t, err)
+			stop(b)
+
+			// e-3 is published while no process runs, before the rename.
+			b = build(newName, handlers.RenamedFrom(oldName))
+			b.publish(t, "e-3", "w-e-3")
+			start(b)
+			b.publish(t, "e-4", "w-e-4")
+			waitFor(t, "e-3 and e-4 handled", func() bool {
+				return b.count(t, `SELECT count(*) FROM widgets`) >= 4
+			})
+			time.Sleep(time.Second) // a late handling of bad would show
+			var ids []string
+			require.NoError(t, b.db.Select(&ids, `SELECT event_id FROM widgets ORDER BY event_id`))
+			require.Equal(t, []string{"e-1", "e-2", "e-3", "e-4"}, ids, "bad, discarded under the old name, never took effect")
+			dl, err := testStore(t, b.db).DeadLetter(t.Context(), dls[0].ID)
+			require.NoError(t, err)
+			require.Equal(t, driver.DeadLetterDiscarded, dl.Status)
+			require.Equal(t, newName, dl.Consumer, "the dead letter adopted")
+			stop(b)
+		})
+	}
 }

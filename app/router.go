@@ -123,6 +123,7 @@ func newRouter(p routerParams) (*runner.Runner, error) {
 		Registerer:          p.Prometheus,
 		Backlogs:            backlogCounter(p.Transport),
 		TopicPurger:         topicPurger(p.Transport),
+		GroupAdopter:        groupAdopter(p.Transport),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("router: %w", err)

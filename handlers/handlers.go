@@ -80,10 +80,13 @@ func WithoutDedup(reason string) Route { return Route{withoutDedup: &reason} }
 //		handlers.On(appointments.Booked, NewRemindOnBooked),
 //	)
 //
-// The application adopts old's processed marks at start, once. Stop every
-// process of the old name first: marks it writes afterwards are not
-// adopted. Messages still waiting in old's queue or consumer group are not
-// moved (see docs/transports.md, "Renaming a consumer").
+// The application adopts old's processed marks at start, once, and on
+// the SQL transports old's consumer group's position in each topic: the
+// consumer goes on where old stopped. Stop every process of the old name
+// first: marks it writes afterwards are not adopted. Messages waiting in
+// old's RabbitMQ queue are not moved (see docs/transports.md, "Renaming
+// a consumer"). With several old names, put the latest first: in each
+// topic, the consumer takes the position of the first one that has one.
 func RenamedFrom(old string) Route { return Route{renamedFrom: old} }
 
 // Register declares the consumer name with its routes, one per event type

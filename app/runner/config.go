@@ -167,6 +167,12 @@ type Config struct {
 	// TransportRetention. Defaults to Transport when it implements
 	// driver.TopicPurger, else none.
 	TopicPurger driver.TopicPurger
+	// GroupAdopter gives a renamed consumer (ConsumerConfig.RenamedFrom)
+	// its old names' positions in the transport's topics, at start.
+	// Defaults to Transport when it implements driver.GroupAdopter, else
+	// none: a renamed consumer's group then starts as the transport
+	// starts a new one.
+	GroupAdopter driver.GroupAdopter
 	// PartitionLease is how long a partitioned consumer's leases (see
 	// middleware.Settings.Partitions) last without renewal, and so how
 	// long a process that died keeps its partitions; the runner renews
@@ -208,6 +214,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.TopicPurger == nil {
 		c.TopicPurger, _ = c.Transport.(driver.TopicPurger)
+	}
+	if c.GroupAdopter == nil {
+		c.GroupAdopter, _ = c.Transport.(driver.GroupAdopter)
 	}
 	return c
 }

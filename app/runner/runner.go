@@ -418,15 +418,27 @@ func (r *Runner) Start(ctx context.Context) error {
 }
 
 // adopt hands each renamed consumer the processed marks of its old names,
-// before it consumes anything.
+// and, on a transport that keeps consumer groups' positions
+// (driver.GroupAdopter), their positions, before it consumes anything:
+// else its new group would read the retained messages from the start,
+// and handle again what the old name dead-lettered.
 func (r *Runner) adopt(ctx context.Context) error {
+	groups := r.cfg.GroupAdopter
 	for _, cc := range r.cfg.Consumers {
+		name := cc.Consumer.Name()
 		for _, old := range cc.RenamedFrom {
-			n, err := r.cfg.Store.Adopt(ctx, cc.Consumer.Name(), old)
+			n, err := r.cfg.Store.Adopt(ctx, name, old)
 			if err != nil {
-				return fmt.Errorf("consumer %s renamed from %s: %w", cc.Consumer.Name(), old, err)
+				return fmt.Errorf("consumer %s renamed from %s: %w", name, old, err)
 			}
-			r.logger.InfoContext(ctx, "renamed consumer adopted the history of its old name (processed marks, checkpoints, dead letters, delivery counts, parked events)", "consumer", cc.Consumer.Name(), "renamed_from", old, "adopted_marks", n)
+			var positions []driver.GroupPosition
+			if groups != nil {
+				if positions, err = groups.AdoptGroup(ctx, name, old); err != nil {
+					return fmt.Errorf("consumer %s renamed from %s: %w", name, old, err)
+				}
+			}
+			r.logger.InfoContext(ctx, "renamed consumer adopted the history of its old name (processed marks, checkpoints, dead letters, delivery counts, parked events, and the transport's positions)",
+				"consumer", name, "renamed_from", old, "adopted_marks", n, "adopted_positions", len(positions))
 		}
 	}
 	return nil

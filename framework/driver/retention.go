@@ -112,8 +112,9 @@ type GroupRemover interface {
 
 // GroupPosition is a consumer group's position in a topic's table.
 type GroupPosition struct {
-	// Table is the table that holds the group's position (on PostgreSQL,
-	// the topic's offsets table).
+	// Table is where the group's position is kept: on PostgreSQL, the
+	// topic's offsets table; on SQLite, the topic, in the Pub/Sub's
+	// groups table.
 	Table string
 	// Group is the consumer group: the consumer's name, or one of its
 	// partitions' groups.
@@ -121,4 +122,22 @@ type GroupPosition struct {
 	// Offset is the offset of the last message the group acknowledged in
 	// order.
 	Offset int64
+}
+
+// GroupAdopter is a transport whose topics keep each consumer group's
+// position. A consumer renamed on it (handlers.RenamedFrom) would
+// otherwise be a new group, which reads every retained message from the
+// start, and handles again each event the old name dead-lettered (those
+// have no processed mark to make them duplicates). postgres.Transport
+// and sqlite.Transport implement it.
+type GroupAdopter interface {
+	// AdoptGroup gives consumer's group, in every topic where it has no
+	// position yet, the position of from's group (and of its partitions'
+	// groups, to consumer's partitions of the same number): what from
+	// acknowledged is not handed to consumer, what it had handed out and
+	// not acknowledged is, in one transaction. It returns the positions
+	// adopted; running it again adopts none where consumer has read
+	// since. Stop every process of from first: what it acknowledges
+	// afterwards is handed to consumer again.
+	AdoptGroup(ctx context.Context, consumer, from string) ([]GroupPosition, error)
 }

@@ -90,6 +90,15 @@ func TestTransport(t *testing.T) {
 	})
 }
 
+// TestTransportAdoptGroup runs the renamed consumer's case of the
+// conformance suite.
+func TestTransportAdoptGroup(t *testing.T) {
+	t.Parallel()
+	transporttest.ExerciseAdoptGroup(t, func(t *testing.T) *transporttest.Env {
+		return postgresEnv(t, testenv.PostgresURL(t))
+	})
+}
+
 func TestTransportNames(t *testing.T) {
 	t.Parallel()
 	require.Equal(t, `"watermill_appointments.appointment.booked"`, postgres.MessagesTable("", "appointments.appointment.booked"))
