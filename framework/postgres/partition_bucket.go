@@ -223,7 +223,7 @@ func ensureIndex(ctx context.Context, db *sqlx.DB, cfg TransportConfig, topic st
 		}
 	}
 	defer func() {
-		unlockCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), queryTimeout)
+		unlockCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 		defer cancel()
 		if _, uerr := conn.ExecContext(unlockCtx, `SELECT pg_advisory_unlock(`+key+`)`, table, n); uerr != nil {
 			spoil(conn) // ends the session, and its lock
@@ -243,7 +243,7 @@ func ensureIndex(ctx context.Context, db *sqlx.DB, cfg TransportConfig, topic st
 	start := time.Now()
 	log.Info("postgres subscriber: building the partitions' index", slog.String("topic", topic), slog.String("index", name))
 	if _, err := conn.ExecContext(ctx, bucketIndexSQL(cfg.TablePrefix, topic, n)); err != nil {
-		dropCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), queryTimeout)
+		dropCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 		defer cancel()
 		_, _ = conn.ExecContext(dropCtx, `DROP INDEX CONCURRENTLY IF EXISTS `+quoteIdent(name))
 		return fmt.Errorf("index %s: %w", name, err)

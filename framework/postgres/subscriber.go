@@ -50,8 +50,21 @@ const (
 	// retryInterval is the pause after a failed query before the
 	// subscription connects again.
 	retryInterval = time.Second
-	// queryTimeout bounds each statement on a subscription's connection.
-	queryTimeout = 10 * time.Second
+	// queryTimeout bounds each statement on a subscription's connection,
+	// at first: one whose request or answer was lost on its way (a
+	// middlebox that dropped the connection's state, a proxy) waits for
+	// nothing, and the subscription gives it up, and its lock with it,
+	// that soon. Each statement cut short doubles the next one's bound,
+	// up to maxQueryTimeout, so that a statement slow on its own (a read
+	// of large rows from a loaded server) is not cut short for ever; a
+	// step that completes sets it back.
+	queryTimeout = 3 * time.Second
+	// maxQueryTimeout is the most a statement on a subscription's
+	// connection is given (see queryTimeout).
+	maxQueryTimeout = time.Minute
+	// cleanupTimeout bounds the statements that undo what a failed
+	// statement left: a lock's release, a half-built index's drop.
+	cleanupTimeout = 10 * time.Second
 	// triggerLockTimeout bounds the wait for the messages table's lock when
 	// the notify trigger is created (a long transaction that inserts holds
 	// it off); without the trigger, subscriptions poll.
@@ -185,6 +198,7 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		s:        s,
 		topic:    topic,
 		q:        q,
+		timeout:  queryTimeout,
 		marking:  marking,
 		streams:  streams,
 		assign:   make(chan assignment),

@@ -89,6 +89,9 @@ type subscription struct {
 
 	conn    *sql.Conn // nil until connected
 	retryAt time.Time // when to connect or try the locks again
+	// timeout bounds each statement on conn: queryTimeout, doubled by
+	// each statement cut short since the last step that completed.
+	timeout time.Duration
 
 	// With marking, the group's row holds its handed-out position (see
 	// handedOutColumns), and each delivery says whether it may be a
@@ -233,6 +236,7 @@ func (sub *subscription) step(now time.Time) {
 		sub.queue = sub.queue[1:]
 	}
 	sub.expire(now)
+	sub.timeout = queryTimeout // what was due completed
 }
 
 // expire hands out again the deliveries that outlived the ack deadline

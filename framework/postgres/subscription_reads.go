@@ -17,9 +17,9 @@ import (
 // queryContext returns the context of a statement on the subscription's
 // connection: not cancelled by Close, since a statement cut short loses the
 // connection (and the last write of the acknowledged position with it),
-// but bounded by queryTimeout.
+// but bounded by the subscription's timeout (see queryTimeout).
 func (sub *subscription) queryContext() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(sub.ctx), queryTimeout)
+	return context.WithTimeout(context.WithoutCancel(sub.ctx), sub.timeout)
 }
 
 // room returns how many rows st's window has room for: it holds at most
@@ -407,6 +407,9 @@ func (sub *subscription) lost(what string, err error) {
 	}
 	sub.log.Warn("postgres subscriber: could not "+what+"; connecting again",
 		slog.Any("error", err), slog.Duration("retry_in", retryInterval))
+	if errors.Is(err, context.DeadlineExceeded) {
+		sub.timeout = min(2*sub.timeout, maxQueryTimeout)
+	}
 	sub.discard()
 	sub.retryAt = time.Now().Add(retryInterval)
 }
