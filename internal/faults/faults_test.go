@@ -8,6 +8,7 @@ import (
 	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/Shopify/toxiproxy/v2/toxics"
 
 	"github.com/effectively-once/effectively/app"
 	"github.com/effectively-once/effectively/internal/crash"
@@ -254,3 +255,44 @@ func TestBlackHoleRabbitMQ(t *testing.T) {
 		Apply: blackHole(t, func(r *rig) *toxiproxy.Proxy { return r.mq }),
 	})
 }
+
+// TestLostPostgres: PostgreSQL's connections lose what they carry, both
+// ways, for 300 ms, and then forward again, open (the toxic "drop"): a
+// request or an answer lost in that moment leaves its connection waiting,
+// after the fault's end, for an answer that never comes, as behind a
+// proxy that dropped it. Nothing but a statement's own bound ends such a
+// wait: consumption resumes within 15 s (a subscription's statement gets
+// 3 s; one that waited 10 s had it resume 12 to 21 s after the fault).
+func TestLostPostgres(t *testing.T) {
+	t.Parallel()
+	onEachTransport(t, func(t *testing.T, name string, cfg rigConfig) {
+		newRig(t, cfg).run(fault{
+			Name: name + " PostgreSQL loses 300 ms", For: 300 * time.Millisecond, Resume: 15 * time.Second,
+			Apply: onBothStreams(t, "drop", nil, func(r *rig) []*toxiproxy.Proxy { return []*toxiproxy.Proxy{r.pg} }),
+		})
+	})
+}
+
+// dropToxic drops what it is given, and leaves the connection open, also
+// once removed: what it dropped is lost.
+type dropToxic struct{}
+
+// Pipe drops every chunk until interrupted or the input ends.
+func (*dropToxic) Pipe(stub *toxics.ToxicStub) {
+	for {
+		select {
+		case <-stub.Interrupt:
+			return
+		case c := <-stub.Input:
+			if c == nil {
+				stub.Close()
+				return
+			}
+		}
+	}
+}
+
+// init registers dropToxic as "drop" in Toxiproxy's registry of toxic
+// types, which is the library's own and global: the in-process servers of
+// the rigs look it up there.
+func init() { toxics.Register("drop", new(dropToxic)) }

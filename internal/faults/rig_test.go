@@ -1,6 +1,7 @@
 package faults_test
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -345,10 +346,10 @@ func (r *rig) connections() int {
 	return n
 }
 
-// diagnose logs, a line each, the service's sessions on PostgreSQL (the
-// idle ones counted), its last warnings, and
-// the partitioned consumer's members and leases as the database sees
-// them now, under why: what a stalled consumer waits for.
+// diagnose logs, a line each, under why, what a stalled consumer may wait
+// for: the service's sessions on PostgreSQL (the idle ones counted), the
+// partitioned consumer's members and leases as the database sees them
+// now, and the service's last warnings.
 func (r *rig) diagnose(why string) {
 	r.t.Helper()
 	r.t.Logf("diagnosis: %s", why)
@@ -452,6 +453,9 @@ type fault struct {
 	// Pauses says the fault stops consumption (a black hole): the test
 	// measures how soon effects stopped.
 	Pauses bool
+	// Resume is how soon after the fault's end the service must consume
+	// again. Defaults to resumeBound.
+	Resume time.Duration
 }
 
 // measures are what a fault test measured.
@@ -472,12 +476,13 @@ type measures struct {
 }
 
 // run runs f under the load and checks every effect once, no dead
-// letter, consumption again within resumeBound of the fault's end, and
+// letter, consumption again within f.Resume of the fault's end, and
 // the service's connections back to what they were; it logs and
 // returns what it measured.
 func (r *rig) run(f fault) measures {
 	r.t.Helper()
 	var m measures
+	bound := cmp.Or(f.Resume, resumeBound)
 	r.startLoad()
 	require.Eventually(r.t, func() bool {
 		a, _ := r.effects(r.place)
@@ -518,9 +523,9 @@ func (r *rig) run(f fault) measures {
 				r.t.Logf("%s: %s consuming again %s after the fault's end (%s)", f.Name, c, at.Sub(ended), at.Format(time.RFC3339Nano))
 				break
 			}
-			if !diagnosed && time.Since(ended) > resumeBound {
+			if !diagnosed && time.Since(ended) > bound {
 				diagnosed = true
-				r.diagnose(fmt.Sprintf("%s: %s idle %s after the fault's end", f.Name, c, resumeBound))
+				r.diagnose(fmt.Sprintf("%s: %s idle %s after the fault's end", f.Name, c, bound))
 			}
 			require.True(r.t, time.Now().Before(deadline), "%s: %s consumed nothing within %s of the fault's end", f.Name, c, waitLimit)
 			time.Sleep(20 * time.Millisecond)
@@ -562,7 +567,7 @@ func (r *rig) run(f fault) measures {
 	m.ConnsAfter = r.connections()
 	r.t.Logf("%s: %+v", f.Name, m)
 	require.Zero(r.t, stuck, "%s: sessions of the service in a transaction begun over 10 s ago", f.Name)
-	require.LessOrEqual(r.t, m.ResumedAfter, resumeBound, "%s: consuming again within %s of the fault's end", f.Name, resumeBound)
+	require.LessOrEqual(r.t, m.ResumedAfter, bound, "%s: consuming again within %s of the fault's end", f.Name, bound)
 
 	r.stopAll()
 	require.Eventually(r.t, func() bool {
