@@ -122,6 +122,8 @@ type groupRow struct {
 	Offset int64  `db:"coalesce"`
 }
 
+// appendPositions appends the positions of rows, of the offsets table
+// named table (quoted), to out.
 func appendPositions(out []driver.GroupPosition, table string, rows []groupRow) []driver.GroupPosition {
 	for _, r := range rows {
 		out = append(out, driver.GroupPosition{Table: strings.Trim(table, `"`), Group: r.Group, Offset: r.Offset})
