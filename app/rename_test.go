@@ -82,7 +82,8 @@ func TestRenamedConsumer(t *testing.T) {
 // discarded. The new name goes on where the old one stopped in the
 // topic: the discarded event, which has no processed mark, does not come
 // to it again, and does not take effect after all; what was published
-// while no process ran does, once.
+// while no process ran does, once, and so does a replay published to the
+// old name's replay topic that the old name did not read.
 func TestRenamedConsumerKeepsItsPlace(t *testing.T) {
 	t.Parallel()
 	for _, tc := range transportConfigs[:2] { // SQLite and PostgreSQL: a new queue on RabbitMQ starts empty
@@ -146,18 +147,25 @@ func TestRenamedConsumerKeepsItsPlace(t *testing.T) {
 			require.NoError(t, err)
 			stop(b)
 
-			// e-3 is published while no process runs, before the rename.
+			// While no process runs, before the rename: e-3 is published,
+			// and a replay to the old name, as its replay relay publishes
+			// one, which the old name did not read.
 			b = build(newName, handlers.RenamedFrom(oldName))
 			b.publish(t, "e-3", "w-e-3")
+			env, err := def.Envelope(widgetAddedV1{Name: "w-replayed"}, framework.Attributes{ID: "replayed", Source: "widgets"})
+			require.NoError(t, err)
+			msg, err := framework.NewMessage(env)
+			require.NoError(t, err)
+			require.NoError(t, b.transport.Replay(t.Context(), oldName, msg))
 			start(b)
 			b.publish(t, "e-4", "w-e-4")
-			waitFor(t, "e-3 and e-4 handled", func() bool {
-				return b.count(t, `SELECT count(*) FROM widgets`) >= 4
+			waitFor(t, "e-3, e-4 and the replay handled", func() bool {
+				return b.count(t, `SELECT count(*) FROM widgets`) >= 5
 			})
 			time.Sleep(time.Second) // a late handling of bad would show
 			var ids []string
 			require.NoError(t, b.db.Select(&ids, `SELECT event_id FROM widgets ORDER BY event_id`))
-			require.Equal(t, []string{"e-1", "e-2", "e-3", "e-4"}, ids, "bad, discarded under the old name, never took effect")
+			require.Equal(t, []string{"e-1", "e-2", "e-3", "e-4", "replayed"}, ids, "bad, discarded under the old name, never took effect")
 			dl, err := testStore(t, b.db).DeadLetter(t.Context(), dls[0].ID)
 			require.NoError(t, err)
 			require.Equal(t, driver.DeadLetterDiscarded, dl.Status)

@@ -212,6 +212,7 @@ func (r *Runner) add(cc ConsumerConfig) error {
 		Partitions:     cc.Partitions,
 		Settles:        true,
 		Hold:           cc.hold(),
+		FormerNames:    cc.RenamedFrom,
 	})
 	if err != nil {
 		return err

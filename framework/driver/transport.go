@@ -5,11 +5,13 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // ErrUnroutable is returned, wrapped, by the wait of a publish whose
@@ -102,6 +104,27 @@ type SubscribeConfig struct {
 	// them besides the window (a broker's prefetch, a reader's buffer).
 	// The runner sets it for an ordered consumer. Defaults to zero: none.
 	Hold int
+	// FormerNames are the names the consumer had before
+	// (handlers.RenamedFrom). A transport whose replay topics keep their
+	// messages (the SQL transports) subscribes the consumer to their
+	// replay topics too (see ReplayTopics), so that a replay published
+	// to a former name and not yet read reaches the consumer; the
+	// consumer group's position there is the former name's (see
+	// GroupAdopter). Defaults to none.
+	FormerNames []string
+}
+
+// ReplayTopics returns the replay topics of a transport whose replay
+// topics keep their messages: the consumer's, then each former name's
+// (FormerNames) that is not the consumer's own.
+func (c SubscribeConfig) ReplayTopics() []string {
+	topics := []string{pipeline.ReplayTopic(c.Consumer)}
+	for _, old := range c.FormerNames {
+		if t := pipeline.ReplayTopic(old); old != "" && !slices.Contains(topics, t) {
+			topics = append(topics, t)
+		}
+	}
+	return topics
 }
 
 // WithDefaults returns a copy of c with zero fields set to their defaults.

@@ -25,3 +25,13 @@ func TestSubscribeConfig(t *testing.T) {
 		require.ErrorContains(t, cfg.Validate(), "SubscribeConfig."+field, field)
 	}
 }
+
+// TestReplayTopics: the consumer's replay topic, then each former name's
+// once, the blank one and the consumer's own left out.
+func TestReplayTopics(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, []string{"effectively.replay.c"}, driver.SubscribeConfig{Consumer: "c"}.ReplayTopics())
+	require.Equal(t,
+		[]string{"effectively.replay.c", "effectively.replay.a", "effectively.replay.b"},
+		driver.SubscribeConfig{Consumer: "c", FormerNames: []string{"a", "", "c", "a", "b"}}.ReplayTopics())
+}

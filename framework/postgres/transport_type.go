@@ -12,7 +12,6 @@ import (
 
 	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/internal/subscribers"
-	"github.com/effectively-once/effectively/internal/pipeline"
 )
 
 // spareSubscriberConns is how many connections the subscribers' pool
@@ -93,7 +92,7 @@ func (t *Transport) Subscribe(sc driver.SubscribeConfig) (driver.Subscription, e
 	if sub.partitioned() {
 		subscriber = partitionedSubscriber{sub}
 	}
-	topics := append(append([]string(nil), sc.Types...), pipeline.ReplayTopic(sc.Consumer))
+	topics := append(append([]string(nil), sc.Types...), sc.ReplayTopics()...)
 	t.subs.Add(sub)
 	t.mu.Lock()
 	t.conns += len(topics)

@@ -56,9 +56,10 @@ func (c TransportConfig) Validate() error {
 // and a Subscriber per consumer on one file, sharing a Notifier so that a
 // publish wakes the subscriptions of this process at once.
 //
-// A consumer has one subscription per event type and one for its replay
-// topic, each holding up to the consumer's concurrency of leases in
-// flight.
+// A consumer has one subscription per event type and one for each of its
+// replay topics (driver.SubscribeConfig.ReplayTopics: its own, and its
+// former names'), each holding up to the consumer's concurrency of
+// leases in flight.
 type Transport struct {
 	db  *sqlx.DB
 	cfg TransportConfig
@@ -124,7 +125,7 @@ func (t *Transport) Subscribe(sc driver.SubscribeConfig) (driver.Subscription, e
 	sub.settles = sc.Settles
 	sub.hold = sc.Hold
 	t.subs.Add(sub)
-	topics := append(append([]string(nil), sc.Types...), pipeline.ReplayTopic(sc.Consumer))
+	topics := append(append([]string(nil), sc.Types...), sc.ReplayTopics()...)
 	// Each topic's subscription hands out up to MaxInFlight messages, each
 	// holding its attempt's connection, and takes one connection at a time for
 	// its claims and acks; the subscriber one for its cleanup; the
