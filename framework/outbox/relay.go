@@ -200,6 +200,9 @@ type Relay struct {
 	running  atomic.Bool
 
 	unroutable *unroutable
+	// bound bounds each statement of a batch's transaction on
+	// PostgreSQL.
+	bound *stmtBound
 }
 
 // NewRelay returns a relay of db's outbox that publishes through pub to
@@ -230,6 +233,7 @@ func NewRelay(db *sqlx.DB, pub message.Publisher, cfg RelayConfig) (*Relay, erro
 	return &Relay{
 		db: db, pub: pub, deferred: deferred, sql: s, horizons: horizons, cfg: cfg,
 		unroutable: newUnroutable(cfg.DropUnroutable, cfg.Metrics, cfg.Logger),
+		bound:      newStmtBound(2 * cfg.BatchTimeout),
 	}, nil
 }
 

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/jmoiron/sqlx"
+
 	"github.com/effectively-once/effectively/framework/internal/sqlstore"
 )
 
@@ -111,23 +113,42 @@ func unsentIDs(rows []sqlstore.OutboxRow, sent []int64) []int64 {
 
 // startClaimed reads and publishes a batch on PostgreSQL: the rows are
 // locked from the read to the commit of their marks, when it finishes.
+// Each statement of its transaction is bounded (see stmtBound): a lost
+// one ends the batch, whose rows go out again at a later poll.
 func (r *Relay) startClaimed(ctx, bctx context.Context, skip sqlstore.Skip) (batch, error) {
-	tx, err := r.db.BeginTxx(bctx, nil)
+	txCtx, cancelTx := context.WithCancel(bctx)
+	var tx *sqlx.Tx
+	err := r.bound.watch(bctx, cancelTx, func() (err error) {
+		tx, err = r.db.BeginTxx(txCtx, nil)
+		return err
+	})
 	if err != nil {
+		cancelTx()
 		return batch{}, fmt.Errorf("outbox: begin: %w", err)
 	}
-	rows, held, err := r.sql.Claim(bctx, tx, r.cfg.BatchSize, r.cfg.BatchBytes, skip)
+	var (
+		rows []sqlstore.OutboxRow
+		held bool
+	)
+	err = r.bound.run(bctx, func(sctx context.Context) (err error) {
+		rows, held, err = r.sql.Claim(sctx, tx, r.cfg.BatchSize, r.cfg.BatchBytes, skip)
+		return err
+	})
 	if err != nil {
 		_ = tx.Rollback()
+		cancelTx()
 		return batch{}, err
 	}
 	published := r.publish(ctx, bctx, rows, func(ctx context.Context, ids []int64) error {
-		return r.sql.MarkSent(ctx, tx, ids, r.cfg.Now())
+		return r.bound.run(ctx, func(sctx context.Context) error {
+			return r.sql.MarkSent(sctx, tx, ids, r.cfg.Now())
+		})
 	})
 	return batch{more: held || len(rows) == r.cfg.BatchSize, holds: held, finish: func() (int, error) {
+		defer cancelTx()
 		defer tx.Rollback() // a no-op after Commit
 		sent, dropped, pubErr := published()
-		if err := tx.Commit(); err != nil {
+		if err := r.bound.watch(bctx, cancelTx, tx.Commit); err != nil {
 			return 0, errors.Join(pubErr, fmt.Errorf("outbox: commit marks: %w", err))
 		}
 		return len(sent) - dropped, pubErr
