@@ -425,6 +425,10 @@ func (r *Runner) Start(ctx context.Context) error {
 // and handle again what the old name dead-lettered.
 func (r *Runner) adopt(ctx context.Context) error {
 	groups := r.cfg.GroupAdopter
+	topics := make(map[string][]string, len(r.subs))
+	for _, s := range r.subs {
+		topics[s.consumer] = s.sub.Topics
+	}
 	for _, cc := range r.cfg.Consumers {
 		name := cc.Consumer.Name()
 		for _, old := range cc.RenamedFrom {
@@ -434,7 +438,7 @@ func (r *Runner) adopt(ctx context.Context) error {
 			}
 			var positions []driver.GroupPosition
 			if groups != nil {
-				if positions, err = groups.AdoptGroup(ctx, name, old); err != nil {
+				if positions, err = groups.AdoptGroup(ctx, name, old, topics[name]); err != nil {
 					return fmt.Errorf("consumer %s renamed from %s: %w", name, old, err)
 				}
 			}

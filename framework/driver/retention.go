@@ -131,13 +131,14 @@ type GroupPosition struct {
 // have no processed mark to make them duplicates). postgres.Transport
 // and sqlite.Transport implement it.
 type GroupAdopter interface {
-	// AdoptGroup gives consumer's group, in every topic where it has no
-	// position yet, the position of from's group (and of its partitions'
-	// groups, to consumer's partitions of the same number): what from
+	// AdoptGroup gives consumer's group, in each of topics (those it
+	// subscribes: see Subscription.Topics) where it has no position
+	// yet, the position of from's group (and of its partitions' groups,
+	// to consumer's partitions of the same number): what from
 	// acknowledged is not handed to consumer, what it had handed out and
 	// not acknowledged is, in one transaction. It returns the positions
 	// adopted; running it again adopts none where consumer has read
 	// since. Stop every process of from first: what it acknowledges
 	// afterwards is handed to consumer again.
-	AdoptGroup(ctx context.Context, consumer, from string) ([]GroupPosition, error)
+	AdoptGroup(ctx context.Context, consumer, from string, topics []string) ([]GroupPosition, error)
 }

@@ -33,7 +33,7 @@ func (t *Transport) RemoveGroup(ctx context.Context, consumer string, dryRun boo
 		return nil, fmt.Errorf("postgres: remove group %s: begin: %w", consumer, err)
 	}
 	defer func() { _ = tx.Rollback() }() // no-op after Commit
-	tables, err := t.offsetsTables(ctx, tx)
+	tables, err := t.offsetsTables(ctx, tx, nil)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: remove group %s: %w", consumer, err)
 	}
@@ -57,15 +57,15 @@ func (t *Transport) RemoveGroup(ctx context.Context, consumer string, dryRun boo
 
 var _ driver.GroupAdopter = (*Transport)(nil)
 
-// AdoptGroup copies, in every offsets table of the transport (see
-// RemoveGroup) where consumer has no row, neither its group's nor its
-// partitions', the rows of from's group and of its partitions' groups
+// AdoptGroup copies, in the offsets table of each of topics where
+// consumer has no row, neither its group's nor its partitions', the rows
+// of from's group and of its partitions' groups
 // ("<from>#<p>/<n>" to "<consumer>#<p>/<n>"), every column as it is, in
 // one transaction, and returns the positions copied. From's rows stay,
 // and keep holding back the purge of the messages after them until
 // removed (RemoveGroup). A partition count that differs from from's is
 // then handled as any change of count (see partitionGroup).
-func (t *Transport) AdoptGroup(ctx context.Context, consumer, from string) ([]driver.GroupPosition, error) {
+func (t *Transport) AdoptGroup(ctx context.Context, consumer, from string, topics []string) ([]driver.GroupPosition, error) {
 	if consumer == "" || from == "" || consumer == from {
 		return nil, fmt.Errorf("postgres: adopt group %q for %q: want two different consumer names", from, consumer)
 	}
@@ -77,7 +77,11 @@ func (t *Transport) AdoptGroup(ctx context.Context, consumer, from string) ([]dr
 		return nil, fmt.Errorf("postgres: adopt group %s for %s: begin: %w", from, consumer, err)
 	}
 	defer func() { _ = tx.Rollback() }() // no-op after Commit
-	tables, err := t.offsetsTables(ctx, tx)
+	names := make([]string, len(topics))
+	for i, topic := range topics {
+		names[i] = identifier(t.cfg.TablePrefix + "watermill_offsets_" + topic)
+	}
+	tables, err := t.offsetsTables(ctx, tx, names)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: adopt group %s for %s: %w", from, consumer, err)
 	}
@@ -140,8 +144,9 @@ type offsetsTable struct {
 
 // offsetsTables returns the offsets tables of the transport: the tables
 // of the current schema whose name starts with
-// "<prefix>watermill_offsets_" and that have a consumer_group column.
-func (t *Transport) offsetsTables(ctx context.Context, tx *sqlx.Tx) ([]offsetsTable, error) {
+// "<prefix>watermill_offsets_" and that have a consumer_group column;
+// with names, only those of these names (unquoted).
+func (t *Transport) offsetsTables(ctx context.Context, tx *sqlx.Tx, names []string) ([]offsetsTable, error) {
 	var rows []struct {
 		Name    string `db:"name"`
 		Columns string `db:"columns"` // a JSON array
@@ -153,7 +158,8 @@ func (t *Transport) offsetsTables(ctx context.Context, tx *sqlx.Tx) ([]offsetsTa
 		WHERE c.relkind IN ('r', 'p') AND c.relnamespace = current_schema()::regnamespace
 		AND starts_with(c.relname, $1)
 		AND EXISTS (SELECT 1 FROM pg_attribute AS a WHERE a.attrelid = c.oid AND a.attname = 'consumer_group' AND NOT a.attisdropped)
-		ORDER BY c.relname`, identifier(t.cfg.TablePrefix+"watermill_offsets_"))
+		AND ($2::text[] IS NULL OR c.relname = ANY($2))
+		ORDER BY c.relname`, identifier(t.cfg.TablePrefix+"watermill_offsets_"), names)
 	if err != nil {
 		return nil, fmt.Errorf("find the offsets tables: %w", err)
 	}

@@ -13,13 +13,14 @@ import (
 // table are the old name's and its partitions' groups, every column
 // copied, under the new name; another consumer's groups, one whose name
 // only begins with the old name's included, stay out; a table where the
-// new name has a group already is left as it is.
+// new name has a group already, and one of a topic it does not read, are
+// left as they are.
 func TestAdoptGroupPartitions(t *testing.T) {
 	t.Parallel()
 	url := testenv.PostgresURL(t)
 	db := open(t, url, 2)
 	tr := newTransport(t, db, url)
-	for _, topic := range []string{"a", "b"} {
+	for _, topic := range []string{"a", "b", "c"} {
 		db.MustExec(`CREATE TABLE "watermill_offsets_adopt.` + topic + `" (
 			consumer_group VARCHAR(255) NOT NULL PRIMARY KEY,
 			offset_acked BIGINT,
@@ -31,7 +32,7 @@ func TestAdoptGroupPartitions(t *testing.T) {
 	}
 	db.MustExec(`INSERT INTO "watermill_offsets_adopt.b" VALUES ('new#1/4', 3, '50', 'its own')`)
 
-	got, err := tr.AdoptGroup(t.Context(), "new", "old")
+	got, err := tr.AdoptGroup(t.Context(), "new", "old", []string{"adopt.a", "adopt.b"})
 	require.NoError(t, err)
 	require.ElementsMatch(t, []driver.GroupPosition{
 		{Table: "watermill_offsets_adopt.a", Group: "new", Offset: 5},
@@ -59,8 +60,9 @@ func TestAdoptGroupPartitions(t *testing.T) {
 		{"new#3/4", nil, "102", s("p3")},
 	}, rows("a"))
 	require.Equal(t, []row{{"new#1/4", p(3), "50", s("its own")}}, rows("b"), "the new name has a group there already")
+	require.Empty(t, rows("c"), "a topic the new name does not read")
 
-	again, err := tr.AdoptGroup(t.Context(), "new", "old")
+	again, err := tr.AdoptGroup(t.Context(), "new", "old", []string{"adopt.a", "adopt.b"})
 	require.NoError(t, err)
 	require.Empty(t, again)
 }

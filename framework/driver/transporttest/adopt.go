@@ -3,6 +3,7 @@ package transporttest
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -14,9 +15,10 @@ import (
 // Envs that open returns, which must implement it: a consumer renamed
 // after its old name acknowledged part of a topic, and nacked one
 // message for good, goes on where the old name stopped. It is handed what
-// the old name had not acknowledged, and none of what it had. Adopting
-// again adopts nothing, as does adopting a name that never consumed;
-// bad names are refused.
+// the old name had not acknowledged, and none of what it had; a topic the
+// old name read and the new one does not is left out. Adopting again
+// adopts nothing, as does adopting a name that never consumed; bad names
+// are refused.
 func ExerciseAdoptGroup(t *testing.T, open func(t *testing.T) *Env) {
 	t.Helper()
 	t.Run("GoesOnWhereTheOldNameStopped", func(t *testing.T) {
@@ -38,17 +40,21 @@ func ExerciseAdoptGroup(t *testing.T, open func(t *testing.T) *Env) {
 			}
 			return nil
 		})
-		p := s.start(t, old, 4, nil, topic)
-		s.waitAcked(t, old, append(append([]sent(nil), first[:7]...), first[8:]...))
+		// It reads a second topic, which the new name does not.
+		dropped := s.topic("dropped")
+		p := s.start(t, old, 4, nil, topic, dropped)
+		s.waitAcked(t, old, append(append(s.publishN(t, dropped, "dropped", 3), first[:7]...), first[8:]...))
 		s.waitFor(t, "the held message delivered", func() bool { return len(s.deliveriesOf(old, held)) > 0 })
 		p.stop()
 		second := s.publishN(t, topic, "second", 5) // while no process runs
 
-		positions, err := adopter.AdoptGroup(ctx, renamed, old)
+		topics := []string{topic, s.topic("other")} // a topic neither read: nothing there
+		positions, err := adopter.AdoptGroup(ctx, renamed, old, topics)
 		require.NoError(t, err)
 		require.NotEmpty(t, positions, "the old name's position in its topic")
 		for _, pos := range positions {
 			require.Equal(t, renamed, pos.Group, "the positions are the new name's")
+			require.True(t, strings.HasSuffix(pos.Table, topic), "only in the topics given: %s", pos.Table)
 		}
 
 		q := s.start(t, renamed, 4, nil, topic)
@@ -65,7 +71,7 @@ func ExerciseAdoptGroup(t *testing.T, open func(t *testing.T) *Env) {
 		}
 		s.requireIntact(t, renamed, append(want, first[8:]...), want...)
 
-		again, err := adopter.AdoptGroup(ctx, renamed, old)
+		again, err := adopter.AdoptGroup(ctx, renamed, old, topics)
 		require.NoError(t, err)
 		require.Empty(t, again, "the new name has its own position now")
 	})
@@ -73,11 +79,11 @@ func ExerciseAdoptGroup(t *testing.T, open func(t *testing.T) *Env) {
 		t.Parallel()
 		s := newSuite(t, open(t))
 		adopter := groupAdopter(t, s)
-		positions, err := adopter.AdoptGroup(t.Context(), s.consumer("new"), s.consumer("never-ran"))
+		positions, err := adopter.AdoptGroup(t.Context(), s.consumer("new"), s.consumer("never-ran"), []string{s.topic("a")})
 		require.NoError(t, err)
 		require.Empty(t, positions)
 		for _, names := range [][2]string{{"", "a"}, {"a", ""}, {"a", "a"}} {
-			_, err := adopter.AdoptGroup(t.Context(), names[0], names[1])
+			_, err := adopter.AdoptGroup(t.Context(), names[0], names[1], []string{s.topic("a")})
 			require.Errorf(t, err, "adopt %q for %q", names[1], names[0])
 		}
 	})
@@ -87,7 +93,7 @@ func ExerciseAdoptGroup(t *testing.T, open func(t *testing.T) *Env) {
 		adopter := groupAdopter(t, s)
 		ctx, cancel := context.WithCancel(t.Context())
 		cancel()
-		_, err := adopter.AdoptGroup(ctx, s.consumer("new"), s.consumer("old"))
+		_, err := adopter.AdoptGroup(ctx, s.consumer("new"), s.consumer("old"), []string{s.topic("a")})
 		require.True(t, errors.Is(err, context.Canceled), "a canceled context ends it: %v", err)
 	})
 }
