@@ -348,21 +348,23 @@ func (r *rig) connections() int {
 
 // diagnose logs, a line each, under why, what a stalled consumer may wait
 // for: the service's sessions on PostgreSQL (the idle ones counted), the
+// database's other sessions that wait or are in a transaction, the
 // partitioned consumer's members and leases as the database sees them
 // now, and the service's last warnings.
 func (r *rig) diagnose(why string) {
 	r.t.Helper()
 	r.t.Logf("diagnosis: %s", why)
 	var sessions []struct {
-		App   string `db:"application_name"`
-		State string `db:"state"`
-		Wait  string `db:"wait"`
-		Xact  string `db:"xact"`
-		Idle  string `db:"since"`
-		Query string `db:"query"`
+		App     string `db:"application_name"`
+		State   string `db:"state"`
+		Wait    string `db:"wait"`
+		Blocked string `db:"blocked"`
+		Xact    string `db:"xact"`
+		Idle    string `db:"since"`
+		Query   string `db:"query"`
 	}
 	err := r.admin.Select(&sessions, `SELECT application_name, coalesce(state, '') AS state,
-		coalesce(wait_event_type || ':' || wait_event, '') AS wait,
+		coalesce(wait_event_type || ':' || wait_event, '') AS wait, pg_blocking_pids(pid)::text AS blocked,
 		coalesce((now() - xact_start)::text, '') AS xact, coalesce((now() - state_change)::text, '') AS since,
 		left(regexp_replace(query, '\s+', ' ', 'g'), 160) AS query
 		FROM pg_stat_activity WHERE application_name = ANY($1) ORDER BY application_name, xact_start NULLS LAST`, r.members)
@@ -375,9 +377,24 @@ func (r *rig) diagnose(why string) {
 			idle++
 			continue
 		}
-		r.t.Logf("diagnosis: session %s %s wait=%s xact=%s since=%s: %s", s.App, s.State, s.Wait, s.Xact, s.Idle, s.Query)
+		r.t.Logf("diagnosis: session %s %s wait=%s blocked_by=%s xact=%s since=%s: %s", s.App, s.State, s.Wait, s.Blocked, s.Xact, s.Idle, s.Query)
 	}
 	r.t.Logf("diagnosis: %d sessions, %d of them idle", len(sessions), idle)
+	// The database's other sessions that wait or hold a transaction open:
+	// a lock of another test's service (an advisory lock is the whole
+	// database's, whatever the schema) can hold this one's.
+	var others []string
+	if err := r.admin.Select(&others, `SELECT pid || ' ' || application_name || ' ' || coalesce(state, '') ||
+		' wait=' || coalesce(wait_event_type || ':' || wait_event, '') || ' blocked_by=' || pg_blocking_pids(pid)::text ||
+		' xact=' || coalesce((now() - xact_start)::text, '') || ': ' || left(regexp_replace(query, '\s+', ' ', 'g'), 120)
+		FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()
+		AND NOT (application_name = ANY($1)) AND (state <> 'idle' OR wait_event_type = 'Lock')
+		AND backend_type = 'client backend' ORDER BY xact_start NULLS LAST LIMIT 20`, r.members); err != nil {
+		r.t.Logf("diagnosis: other sessions: %v", err)
+	}
+	for _, o := range others {
+		r.t.Logf("diagnosis: other session %s", o)
+	}
 	var members []string
 	if err := r.admin.Select(&members, `SELECT member || ' expires in ' || (expires_at - now())::text FROM consumer_members WHERE consumer = $1`, r.place); err != nil {
 		r.t.Logf("diagnosis: members: %v", err)
