@@ -32,8 +32,13 @@ start_postgres() {
     log "starting PostgreSQL 15"
     # More connections than the default 100, for this start only (the
     # configuration files stay as they are): the test packages run in
-    # parallel, each starting services with pools of their own.
-    pg_ctlcluster --skip-systemctl-redirect -o "-c max_connections=300" 15 main start >&2 || { fail "could not start PostgreSQL 15"; return; }
+    # parallel, each starting services with pools of their own, and the
+    # network fault tests run four at once, whose pools grow while a
+    # black hole holds their connections (a hundred sessions and more
+    # for one test's three instances): at 300, a test beside them could
+    # find the server full ("too many clients") and stall until they
+    # ended.
+    pg_ctlcluster --skip-systemctl-redirect -o "-c max_connections=1000" 15 main start >&2 || { fail "could not start PostgreSQL 15"; return; }
   fi
   for _ in $(seq 1 50); do
     pg_isready -q -h 127.0.0.1 -p 5432 && break
