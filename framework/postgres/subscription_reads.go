@@ -168,7 +168,13 @@ func (sub *subscription) nextRead(now time.Time) time.Time {
 // partition now.
 func (sub *subscription) acquire(now time.Time) error {
 	if sub.conn == nil {
-		conn, err := sub.s.db.Conn(sub.ctx)
+		// The connection's making is bounded as its statements are: a
+		// handshake lost on its way (a black hole that ends while the
+		// connection is made) would otherwise wait for the driver's
+		// connect timeout.
+		ctx, cancel := context.WithTimeout(sub.ctx, sub.timeout)
+		conn, err := sub.s.db.Conn(ctx)
+		cancel()
 		if err != nil {
 			return fmt.Errorf("connect: %w", err)
 		}
