@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/effectively-once/effectively/framework/driver"
+	"github.com/effectively-once/effectively/framework/internal/bound"
 	"github.com/effectively-once/effectively/framework/internal/sqlstore"
 )
 
@@ -38,6 +39,14 @@ const (
 	// DefaultCleanupBatchSize is how many rows one delete statement removes.
 	DefaultCleanupBatchSize = 1000
 )
+
+// stmtTimeout is the first bound of a statement of a batch's transaction
+// on PostgreSQL (see bound.Statement): one whose request or answer was
+// lost on its way (a proxy or middlebox that dropped it, the connection
+// still open) is given up that soon, and its batch with it, instead of
+// holding the relay, and the rows it locked, for twice the batch's
+// timeout.
+const stmtTimeout = 3 * time.Second
 
 // wakeDelay is the first delay of the quick polls that follow an Add in
 // this process: the Add's transaction commits soon after, and is looked
@@ -201,8 +210,8 @@ type Relay struct {
 
 	unroutable *unroutable
 	// bound bounds each statement of a batch's transaction on
-	// PostgreSQL.
-	bound *stmtBound
+	// PostgreSQL: stmtTimeout at first, up to the batch's own bound.
+	bound *bound.Statement
 }
 
 // NewRelay returns a relay of db's outbox that publishes through pub to
@@ -233,7 +242,7 @@ func NewRelay(db *sqlx.DB, pub message.Publisher, cfg RelayConfig) (*Relay, erro
 	return &Relay{
 		db: db, pub: pub, deferred: deferred, sql: s, horizons: horizons, cfg: cfg,
 		unroutable: newUnroutable(cfg.DropUnroutable, cfg.Metrics, cfg.Logger),
-		bound:      newStmtBound(2 * cfg.BatchTimeout),
+		bound:      bound.New(stmtTimeout, 2*cfg.BatchTimeout),
 	}, nil
 }
 

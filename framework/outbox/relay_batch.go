@@ -113,12 +113,12 @@ func unsentIDs(rows []sqlstore.OutboxRow, sent []int64) []int64 {
 
 // startClaimed reads and publishes a batch on PostgreSQL: the rows are
 // locked from the read to the commit of their marks, when it finishes.
-// Each statement of its transaction is bounded (see stmtBound): a lost
+// Each statement of its transaction is bounded (see Relay.bound): a lost
 // one ends the batch, whose rows go out again at a later poll.
 func (r *Relay) startClaimed(ctx, bctx context.Context, skip sqlstore.Skip) (batch, error) {
 	txCtx, cancelTx := context.WithCancel(bctx)
 	var tx *sqlx.Tx
-	err := r.bound.watch(bctx, cancelTx, func() (err error) {
+	err := r.bound.Watch(bctx, cancelTx, func() (err error) {
 		tx, err = r.db.BeginTxx(txCtx, nil)
 		return err
 	})
@@ -130,7 +130,7 @@ func (r *Relay) startClaimed(ctx, bctx context.Context, skip sqlstore.Skip) (bat
 		rows []sqlstore.OutboxRow
 		held bool
 	)
-	err = r.bound.run(bctx, func(sctx context.Context) (err error) {
+	err = r.bound.Run(bctx, func(sctx context.Context) (err error) {
 		rows, held, err = r.sql.Claim(sctx, tx, r.cfg.BatchSize, r.cfg.BatchBytes, skip)
 		return err
 	})
@@ -140,7 +140,7 @@ func (r *Relay) startClaimed(ctx, bctx context.Context, skip sqlstore.Skip) (bat
 		return batch{}, err
 	}
 	published := r.publish(ctx, bctx, rows, func(ctx context.Context, ids []int64) error {
-		return r.bound.run(ctx, func(sctx context.Context) error {
+		return r.bound.Run(ctx, func(sctx context.Context) error {
 			return r.sql.MarkSent(sctx, tx, ids, r.cfg.Now())
 		})
 	})
@@ -148,7 +148,7 @@ func (r *Relay) startClaimed(ctx, bctx context.Context, skip sqlstore.Skip) (bat
 		defer cancelTx()
 		defer tx.Rollback() // a no-op after Commit
 		sent, dropped, pubErr := published()
-		if err := r.bound.watch(bctx, cancelTx, tx.Commit); err != nil {
+		if err := r.bound.Watch(bctx, cancelTx, tx.Commit); err != nil {
 			return 0, errors.Join(pubErr, fmt.Errorf("outbox: commit marks: %w", err))
 		}
 		return len(sent) - dropped, pubErr

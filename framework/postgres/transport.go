@@ -17,6 +17,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/internal/bound"
 	"github.com/effectively-once/effectively/framework/internal/replay"
 	"github.com/effectively-once/effectively/framework/internal/storedmsg"
 	"github.com/effectively-once/effectively/framework/migrate"
@@ -217,6 +218,9 @@ func offsetsAdapter(cfg TransportConfig) wsql.DefaultPostgreSQLOffsetsAdapter {
 type publisher struct {
 	pub     *wsql.Publisher
 	buckets *bucketTopics
+	// insert bounds each insert (see bound.Statement): queryTimeout at
+	// first, up to maxQueryTimeout.
+	insert *bound.Statement
 }
 
 var _ message.Publisher = (*publisher)(nil)
@@ -238,14 +242,18 @@ func newPublisher(db *sqlx.DB, cfg TransportConfig) (*publisher, error) {
 	if err != nil {
 		return nil, fmt.Errorf("postgres: publisher: %w", err)
 	}
-	return &publisher{pub: pub, buckets: buckets}, nil
+	return &publisher{pub: pub, buckets: buckets, insert: bound.New(queryTimeout, maxQueryTimeout)}, nil
 }
 
 // uuidNamespace derives the UUIDs that replace over-long message UUIDs.
 var uuidNamespace = uuid.MustParse("6f1f3a52-4c0e-4b8e-9a57-6a3c2e4f9d10")
 
 // Publish inserts msgs into topic's table in one statement, each row with
-// its bucket (see publisherSchema). A message UUID longer than
+// its bucket (see publisherSchema), within the first message's context
+// and a bound of its own: an insert whose request or answer was lost on
+// its way (the connection still open) fails after 3 s, and each one cut
+// short doubles the next one's bound, up to a minute, so that an insert
+// slow on its own is not cut short for ever. A message UUID longer than
 // MaxUUIDLength is replaced by a UUID derived from it, and the redelivery
 // marker of an earlier delivery is dropped.
 func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
@@ -264,8 +272,19 @@ func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
 		delete(m.Metadata, framework.MetadataRedelivered)
 		out[i] = m
 	}
-	p.buckets.prepare(contextOf(out), topic)
-	if err := p.pub.Publish(topic, out...); err != nil {
+	ctx := contextOf(out)
+	p.buckets.prepare(ctx, topic)
+	if len(out) == 0 {
+		return nil
+	}
+	// watermill-sql inserts within the first message's context: a copy
+	// of it carries the bound, the caller's message keeps its own.
+	ictx, cancel := p.insert.Context(ctx)
+	defer cancel()
+	first := out[0].Copy()
+	first.SetContext(ictx)
+	out[0] = first
+	if err := p.insert.Record(ctx, ictx, p.pub.Publish(topic, out...)); err != nil {
 		return fmt.Errorf("postgres: publish to %s: %w", topic, err)
 	}
 	return nil

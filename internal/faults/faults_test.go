@@ -263,10 +263,11 @@ func TestBlackHoleRabbitMQ(t *testing.T) {
 // proxy that dropped it. Nothing but a statement's own bound ends such a
 // wait: consumption resumes within 15 s. On RabbitMQ, with the stores,
 // the outbox relay and the partitions on PostgreSQL. The PostgreSQL
-// transport is left out: there it resumes in 7 to 10 s (12 to 21 s while
-// a subscription's statement had 10 s), but a publish of the outbox
-// relay lost on the transport's publisher can hold the drain and the
-// service's stop past the rig's bounds.
+// transport is left out for now: there it resumes in 7 to 10 s (12 to
+// 21 s while a subscription's statement had 10 s), but before its
+// publisher's inserts were bounded, a publish of the outbox relay lost
+// there held the drain and the service's stop past the rig's bounds in
+// a clean-clone CI run, and the runs since are too few to trust it.
 func TestLostPostgres(t *testing.T) {
 	t.Parallel()
 	r := newRig(t, rigConfig{Transport: app.TransportAMQP, Instances: 2, Rate: 10})
