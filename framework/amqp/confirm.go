@@ -160,13 +160,9 @@ func (c *confirmChannel) publish(ctx context.Context, topic string, msg *message
 // awaiting its confirm, of every topic. A declare the broker refuses so
 // is driver.ErrTopicRefused. It holds c.mu.
 func (c *confirmChannel) declare(exchange string) error {
-	w, err := c.conn.wrapper()
+	ch, err := c.conn.channel()
 	if err != nil {
-		return err
-	}
-	ch, err := w.Connection().Channel()
-	if err != nil {
-		return fmt.Errorf("amqp: declare exchange %s: open channel: %w", exchange, err)
+		return fmt.Errorf("amqp: declare exchange %s: %w", exchange, err)
 	}
 	defer func() { _ = ch.Close() }()
 	if err := c.cfg.TopologyBuilder.ExchangeDeclare(ch, exchange, c.cfg); err != nil {

@@ -161,6 +161,20 @@ func (c *connection) wrapper() (*wamqp.ConnectionWrapper, error) {
 	return c.conn, nil
 }
 
+// channel opens a channel of its own on the connection; the caller
+// closes it.
+func (c *connection) channel() (*amqp091.Channel, error) {
+	w, err := c.wrapper()
+	if err != nil {
+		return nil, err
+	}
+	ch, err := w.Connection().Channel()
+	if err != nil {
+		return nil, fmt.Errorf("open channel: %w", err)
+	}
+	return ch, nil
+}
+
 // frameSize returns the frame size negotiated with the broker, 0 when
 // there is no connection (then the publish fails on its own).
 func (c *connection) frameSize() int {

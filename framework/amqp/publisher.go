@@ -112,13 +112,9 @@ func (p *publisher) Replay(ctx context.Context, consumer string, msgs ...*messag
 	if err != nil {
 		return err
 	}
-	w, err := p.conn.wrapper()
+	ch, err := p.conn.channel()
 	if err != nil {
-		return err
-	}
-	ch, err := w.Connection().Channel()
-	if err != nil {
-		return fmt.Errorf("amqp: replay to %s: open channel: %w", consumer, err)
+		return fmt.Errorf("amqp: replay to %s: %w", consumer, err)
 	}
 	// A publish to a missing queue would vanish silently.
 	if _, err := ch.QueueDeclarePassive(consumer, true, false, false, false, nil); err != nil {
@@ -164,13 +160,9 @@ func (p *publisher) ReplayPartitioned(ctx context.Context, consumer string, msgs
 	if _, _, err := p.publishers(); err != nil {
 		return err
 	}
-	w, err := p.conn.wrapper()
+	ch, err := p.conn.channel()
 	if err != nil {
-		return err
-	}
-	ch, err := w.Connection().Channel()
-	if err != nil {
-		return fmt.Errorf("amqp: replay to %s: open channel: %w", consumer, err)
+		return fmt.Errorf("amqp: replay to %s: %w", consumer, err)
 	}
 	defer func() { _ = ch.Close() }()
 	exchange := consumer + exchangeSuffix
@@ -213,13 +205,9 @@ func (p *publisher) ReplayPartitioned(ctx context.Context, consumer string, msgs
 // whether it is partitioned, for a Replay to a consumer that this process
 // did not subscribe.
 func (p *publisher) partitioned(consumer string) (bool, error) {
-	w, err := p.conn.wrapper()
+	ch, err := p.conn.channel()
 	if err != nil {
-		return false, err
-	}
-	ch, err := w.Connection().Channel()
-	if err != nil {
-		return false, fmt.Errorf("amqp: open channel: %w", err)
+		return false, fmt.Errorf("amqp: %w", err)
 	}
 	err = ch.ExchangeDeclarePassive(consumer+exchangeSuffix, kindConsistentHash, true, false, false, false, nil)
 	if isCode(err, amqp091.NotFound) {

@@ -12,6 +12,7 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/effectively-once/effectively/framework/driver"
+	"github.com/effectively-once/effectively/framework/internal/bound"
 	"github.com/effectively-once/effectively/framework/internal/subscribers"
 )
 
@@ -198,7 +199,7 @@ func (s *subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 		s:        s,
 		topic:    topic,
 		q:        q,
-		timeout:  queryTimeout,
+		bound:    bound.New(queryTimeout, maxQueryTimeout),
 		marking:  marking,
 		streams:  streams,
 		assign:   make(chan assignment),

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 
+	"github.com/effectively-once/effectively/framework/internal/bound"
 	"github.com/effectively-once/effectively/framework/internal/subscribers"
 )
 
@@ -89,9 +90,10 @@ type subscription struct {
 
 	conn    *sql.Conn // nil until connected
 	retryAt time.Time // when to connect or try the locks again
-	// timeout bounds each statement on conn: queryTimeout, doubled by
-	// each statement cut short since the last step that completed.
-	timeout time.Duration
+	// bound bounds each statement on conn, and the making of conn:
+	// queryTimeout, doubled by each statement cut short since the last
+	// step that completed.
+	bound *bound.Statement
 
 	// With marking, the group's row holds its handed-out position (see
 	// handedOutColumns), and each delivery says whether it may be a
@@ -236,7 +238,7 @@ func (sub *subscription) step(now time.Time) {
 		sub.queue = sub.queue[1:]
 	}
 	sub.expire(now)
-	sub.timeout = queryTimeout // what was due completed
+	sub.bound.Reset() // what was due completed
 }
 
 // expire hands out again the deliveries that outlived the ack deadline

@@ -17,9 +17,9 @@ import (
 // queryContext returns the context of a statement on the subscription's
 // connection: not cancelled by Close, since a statement cut short loses the
 // connection (and the last write of the acknowledged position with it),
-// but bounded by the subscription's timeout (see queryTimeout).
+// but bounded by the subscription's bound (see queryTimeout).
 func (sub *subscription) queryContext() (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(sub.ctx), sub.timeout)
+	return sub.bound.Context(context.WithoutCancel(sub.ctx))
 }
 
 // room returns how many rows st's window has room for: it holds at most
@@ -172,7 +172,7 @@ func (sub *subscription) acquire(now time.Time) error {
 		// handshake lost on its way (a black hole that ends while the
 		// connection is made) would otherwise wait for the driver's
 		// connect timeout.
-		ctx, cancel := context.WithTimeout(sub.ctx, sub.timeout)
+		ctx, cancel := sub.bound.Context(sub.ctx)
 		conn, err := sub.s.db.Conn(ctx)
 		cancel()
 		if err != nil {
@@ -414,7 +414,7 @@ func (sub *subscription) lost(what string, err error) {
 	sub.log.Warn("postgres subscriber: could not "+what+"; connecting again",
 		slog.Any("error", err), slog.Duration("retry_in", retryInterval))
 	if errors.Is(err, context.DeadlineExceeded) {
-		sub.timeout = min(2*sub.timeout, maxQueryTimeout)
+		sub.bound.Expired()
 	}
 	sub.discard()
 	sub.retryAt = time.Now().Add(retryInterval)

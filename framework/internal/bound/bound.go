@@ -63,9 +63,16 @@ func (b *Statement) Watch(ctx context.Context, cancel context.CancelFunc, f func
 func (b *Statement) Record(ctx, sctx context.Context, err error) error {
 	switch {
 	case err == nil:
-		b.cur.Store(int64(b.base))
+		b.Reset()
 	case ctx.Err() == nil && errors.Is(sctx.Err(), context.DeadlineExceeded):
-		b.cur.Store(int64(min(2*b.Current(), b.max)))
+		b.Expired()
 	}
 	return err
 }
+
+// Expired records that a statement ran into its bound: it doubles the
+// bound, up to the most.
+func (b *Statement) Expired() { b.cur.Store(int64(min(2*b.Current(), b.max))) }
+
+// Reset sets the bound back, as a statement that completes does.
+func (b *Statement) Reset() { b.cur.Store(int64(b.base)) }

@@ -49,4 +49,8 @@ func TestStatement(t *testing.T) {
 	require.Equal(t, 2*base, b.Current(), "doubled")
 	require.NoError(t, b.Watch(t.Context(), func() { t.Error("canceled a call that returned in time") }, func() error { return nil }))
 	require.Equal(t, base, bound.New(time.Second, base).Current(), "never above the most")
+	b.Expired()
+	require.Equal(t, 2*base, b.Current(), "Expired doubles")
+	b.Reset()
+	require.Equal(t, base, b.Current(), "Reset sets back")
 }
