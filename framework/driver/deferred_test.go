@@ -335,7 +335,13 @@ func TestOutsideCallsBeyondOverlap(t *testing.T) {
 				now := outside.Add(1)
 				for most := mostAtOnce.Load(); now > most && !mostAtOnce.CompareAndSwap(most, now); most = mostAtOnce.Load() {
 				}
-				time.Sleep(300 * time.Millisecond) // the outside call
+				// The outside call lasts until every handler is outside
+				// with it (or 10 s, when they cannot all be): a fixed
+				// wait let a handler return before the last one, slow to
+				// start on a loaded machine, went outside.
+				for deadline := time.Now().Add(10 * time.Second); mostAtOnce.Load() < n && time.Now().Before(deadline); {
+					time.Sleep(time.Millisecond)
+				}
 				outside.Add(-1)
 				return b.insert(ctx, id)
 			})
