@@ -9,7 +9,6 @@ import (
 	"math"
 	"net"
 	"reflect"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -473,9 +472,9 @@ func LoadConfig(lookupEnv func(string) (string, bool)) (Config, error) {
 		cfg.HTTPAddr = v // empty turns HTTP off
 	}
 	if v := getenv(EnvAutoMigrate); v != "" {
-		b, err := strconv.ParseBool(v)
+		b, err := envBool(EnvAutoMigrate, v)
 		if err != nil {
-			return Config{}, fmt.Errorf("configuration: %s: want true or false, got %s", EnvAutoMigrate, quoteValue(v))
+			return Config{}, fmt.Errorf("configuration: %w", err)
 		}
 		cfg.AutoMigrate = b
 	}

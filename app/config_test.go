@@ -206,6 +206,28 @@ http_addr: 127.0.0.1:1
 		require.Equal(t, "127.0.0.1:2", cfg.HTTPAddr)
 	})
 
+	// A boolean reads the same in the environment as in the file: the
+	// words YAML takes for its key (yes, on, y), and strconv.ParseBool's
+	// (1, t), in any case.
+	t.Run("BooleanWords", func(t *testing.T) {
+		t.Parallel()
+		for v, want := range map[string]bool{
+			"true": true, "TRUE": true, "yes": true, "Yes": true, "on": true, "ON": true, "y": true, "1": true, "t": true,
+			"false": false, "False": false, "no": false, "NO": false, "off": false, "Off": false, "n": false, "0": false, "f": false,
+		} {
+			cfg, err := app.LoadConfig(env(t, "", map[string]string{app.EnvAutoMigrate: v, app.EnvConsole: v, app.EnvConsoleTokens: "ops:0123456789abcdef:read"}))
+			require.NoError(t, err, v)
+			require.Equal(t, want, cfg.AutoMigrate, v)
+			require.Equal(t, want, cfg.Console.Enabled, v)
+			if v != "1" && v != "0" && v != "t" && v != "f" && v != "T" && v != "F" {
+				cfg, err = app.LoadConfig(env(t, "auto_migrate: "+v+"\nconsole:\n  enabled: "+v+"\n  tokens: [\"ops:0123456789abcdef:read\"]\n", nil))
+				require.NoError(t, err, v)
+				require.Equal(t, want, cfg.AutoMigrate, "YAML %s", v)
+				require.Equal(t, want, cfg.Console.Enabled, "YAML %s", v)
+			}
+		}
+	})
+
 	t.Run("DefaultConcurrencyByTransport", func(t *testing.T) {
 		t.Parallel()
 		yaml := "consumers:\n  a.alone:\n    batch_size: 1\n  a.set:\n    concurrency: 7\n"

@@ -238,3 +238,17 @@ func fileKind(mode fs.FileMode) string {
 		return "a special file"
 	}
 }
+
+// envBool reads the boolean setting of the variable name: the words that
+// its key in the YAML file takes (true, false, yes, no, on, off, y, n)
+// and those of strconv.ParseBool (1, 0, t, f), in any case, so that a
+// value written in either place reads the same in the other.
+func envBool(name, v string) (bool, error) {
+	switch strings.ToLower(v) {
+	case "true", "t", "1", "yes", "y", "on":
+		return true, nil
+	case "false", "f", "0", "no", "n", "off":
+		return false, nil
+	}
+	return false, fmt.Errorf("%s: want true or false, got %s", name, quoteValue(v))
+}

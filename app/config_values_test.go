@@ -130,6 +130,7 @@ func TestLoadConfigQuotesValuesCut(t *testing.T) {
 		{name: "Transport", env: map[string]string{app.EnvTransport: long + escape}, want: `transport (EFFECTIVELY_TRANSPORT): want sqlite, postgres, amqp or memory, got "` + long[:64] + `"… (1048585 bytes)`},
 		{name: "TransportEscape", env: map[string]string{app.EnvTransport: escape}, want: `got "\x1b[2J\x1b[31m"`},
 		{name: "AutoMigrate", env: map[string]string{app.EnvAutoMigrate: escape + long}, want: `EFFECTIVELY_AUTO_MIGRATE: want true or false, got "\x1b[2J\x1b[31m` + long[:55] + `"… (1048585 bytes)`},
+		{name: "Console", env: map[string]string{app.EnvConsole: escape + long}, want: `EFFECTIVELY_CONSOLE: want true or false, got "\x1b[2J\x1b[31m` + long[:55] + `"… (1048585 bytes)`},
 		{name: "HTTPAddr", env: map[string]string{app.EnvHTTPAddr: long}, want: `got "` + long[:64] + `"… (1048576 bytes)`},
 		{name: "QueueType", env: map[string]string{app.EnvTransport: "amqp", app.EnvAMQPQueueType: long}, want: `amqp_queue_type (EFFECTIVELY_AMQP_QUEUE_TYPE): want classic or quorum, got "` + long[:64] + `"…`},
 		{name: "DropUnroutable", yaml: "outbox_drop_unroutable: [\"" + strings.Repeat(" ", 100) + "\"]\n", want: `outbox_drop_unroutable[0]: want an event type, got "` + strings.Repeat(" ", 64) + `"… (100 bytes)`},

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"strings"
 
 	"github.com/effectively-once/effectively/app/console"
@@ -47,9 +46,9 @@ type ConsoleConfig struct {
 // c.
 func (c *ConsoleConfig) fromEnv(lookupEnv func(string) (string, bool)) error {
 	if v, _ := lookupEnv(EnvConsole); v != "" {
-		b, err := strconv.ParseBool(v)
+		b, err := envBool(EnvConsole, v)
 		if err != nil {
-			return fmt.Errorf("%s: want true or false, got %q", EnvConsole, v)
+			return err
 		}
 		c.Enabled = b
 	}
