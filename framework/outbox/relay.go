@@ -40,14 +40,6 @@ const (
 	DefaultCleanupBatchSize = 1000
 )
 
-// stmtTimeout is the first bound of a statement of a batch's transaction
-// on PostgreSQL (see bound.Statement): one whose request or answer was
-// lost on its way (a proxy or middlebox that dropped it, the connection
-// still open) is given up that soon, and its batch with it, instead of
-// holding the relay, and the rows it locked, for twice the batch's
-// timeout.
-const stmtTimeout = 3 * time.Second
-
 // wakeDelay is the first delay of the quick polls that follow an Add in
 // this process: the Add's transaction commits soon after, and is looked
 // for after 5, 10, 20... milliseconds, up to the poll interval.
@@ -210,7 +202,11 @@ type Relay struct {
 
 	unroutable *unroutable
 	// bound bounds each statement of a batch's transaction on
-	// PostgreSQL: stmtTimeout at first, up to the batch's own bound.
+	// PostgreSQL, bound.First at first, up to the batch's own bound: one
+	// whose request or answer was lost on its way (a proxy or middlebox
+	// that dropped it, the connection still open) is given up that soon,
+	// and its batch with it, instead of holding the relay, and the rows
+	// it locked, for twice the batch's timeout.
 	bound *bound.Statement
 }
 
@@ -242,7 +238,7 @@ func NewRelay(db *sqlx.DB, pub message.Publisher, cfg RelayConfig) (*Relay, erro
 	return &Relay{
 		db: db, pub: pub, deferred: deferred, sql: s, horizons: horizons, cfg: cfg,
 		unroutable: newUnroutable(cfg.DropUnroutable, cfg.Metrics, cfg.Logger),
-		bound:      bound.New(stmtTimeout, 2*cfg.BatchTimeout),
+		bound:      bound.New(bound.First, 2*cfg.BatchTimeout),
 	}, nil
 }
 

@@ -59,7 +59,7 @@ const (
 	// up to maxQueryTimeout, so that a statement slow on its own (a read
 	// of large rows from a loaded server) is not cut short for ever; a
 	// step that completes sets it back.
-	queryTimeout = 3 * time.Second
+	queryTimeout = bound.First
 	// maxQueryTimeout is the most a statement on a subscription's
 	// connection is given (see queryTimeout).
 	maxQueryTimeout = time.Minute

@@ -257,33 +257,33 @@ var uuidNamespace = uuid.MustParse("6f1f3a52-4c0e-4b8e-9a57-6a3c2e4f9d10")
 // MaxUUIDLength is replaced by a UUID derived from it, and the redelivery
 // marker of an earlier delivery is dropped.
 func (p *publisher) Publish(topic string, msgs ...*message.Message) error {
-	out := make([]*message.Message, len(msgs))
-	for i, msg := range msgs {
-		_, marked := msg.Metadata[framework.MetadataRedelivered]
-		if len(msg.UUID) <= MaxUUIDLength && !marked {
-			out[i] = msg
-			continue
-		}
-		m := msg.Copy()
-		m.SetContext(msg.Context())
-		if len(m.UUID) > MaxUUIDLength {
-			m.UUID = uuid.NewSHA1(uuidNamespace, []byte(msg.UUID)).String()
-		}
-		delete(m.Metadata, framework.MetadataRedelivered)
-		out[i] = m
-	}
-	ctx := contextOf(out)
+	ctx := contextOf(msgs)
 	p.buckets.prepare(ctx, topic)
-	if len(out) == 0 {
+	if len(msgs) == 0 {
 		return nil
 	}
 	// watermill-sql inserts within the first message's context: a copy
 	// of it carries the bound, the caller's message keeps its own.
 	ictx, cancel := p.insert.Context(ctx)
 	defer cancel()
-	first := out[0].Copy()
-	first.SetContext(ictx)
-	out[0] = first
+	out := make([]*message.Message, len(msgs))
+	for i, msg := range msgs {
+		_, marked := msg.Metadata[framework.MetadataRedelivered]
+		if i > 0 && len(msg.UUID) <= MaxUUIDLength && !marked {
+			out[i] = msg
+			continue
+		}
+		m, mctx := msg.Copy(), msg.Context()
+		if i == 0 {
+			mctx = ictx
+		}
+		m.SetContext(mctx)
+		if len(m.UUID) > MaxUUIDLength {
+			m.UUID = uuid.NewSHA1(uuidNamespace, []byte(msg.UUID)).String()
+		}
+		delete(m.Metadata, framework.MetadataRedelivered)
+		out[i] = m
+	}
 	if err := p.insert.Record(ctx, ictx, p.pub.Publish(topic, out...)); err != nil {
 		return fmt.Errorf("postgres: publish to %s: %w", topic, err)
 	}

@@ -79,7 +79,7 @@ func (t *Transport) AdoptGroup(ctx context.Context, consumer, from string, topic
 	defer func() { _ = tx.Rollback() }() // no-op after Commit
 	names := make([]string, len(topics))
 	for i, topic := range topics {
-		names[i] = identifier(t.cfg.TablePrefix + "watermill_offsets_" + topic)
+		names[i] = OffsetsTable(t.cfg.TablePrefix, topic)
 	}
 	tables, err := t.offsetsTables(ctx, tx, names)
 	if err != nil {
@@ -145,7 +145,8 @@ type offsetsTable struct {
 // offsetsTables returns the offsets tables of the transport: the tables
 // of the current schema whose name starts with
 // "<prefix>watermill_offsets_" and that have a consumer_group column;
-// with names, only those of these names (unquoted).
+// with names, only those of these names (quoted, as OffsetsTable
+// returns them; a table that does not exist is left out).
 func (t *Transport) offsetsTables(ctx context.Context, tx *sqlx.Tx, names []string) ([]offsetsTable, error) {
 	var rows []struct {
 		Name    string `db:"name"`
@@ -158,7 +159,7 @@ func (t *Transport) offsetsTables(ctx context.Context, tx *sqlx.Tx, names []stri
 		WHERE c.relkind IN ('r', 'p') AND c.relnamespace = current_schema()::regnamespace
 		AND starts_with(c.relname, $1)
 		AND EXISTS (SELECT 1 FROM pg_attribute AS a WHERE a.attrelid = c.oid AND a.attname = 'consumer_group' AND NOT a.attisdropped)
-		AND ($2::text[] IS NULL OR c.relname = ANY($2))
+		AND ($2::text[] IS NULL OR c.oid IN (SELECT to_regclass(n) FROM unnest($2::text[]) AS n))
 		ORDER BY c.relname`, identifier(t.cfg.TablePrefix+"watermill_offsets_"), names)
 	if err != nil {
 		return nil, fmt.Errorf("find the offsets tables: %w", err)

@@ -269,10 +269,9 @@ func TestBlackHoleRabbitMQ(t *testing.T) {
 // framework/internal/bound).
 func TestLostPostgres(t *testing.T) {
 	t.Parallel()
-	onEachTransport(t, func(t *testing.T, _ string, cfg rigConfig) {
-		r := newRig(t, cfg)
-		r.run(fault{
-			Name: "PostgreSQL loses 300 ms", For: 300 * time.Millisecond, Resume: 15 * time.Second,
+	onEachTransport(t, func(t *testing.T, name string, cfg rigConfig) {
+		newRig(t, cfg).run(fault{
+			Name: name + " PostgreSQL loses 300 ms", For: 300 * time.Millisecond, Resume: 15 * time.Second,
 			Apply: onBothStreams(t, "drop", nil, func(r *rig) []*toxiproxy.Proxy { return []*toxiproxy.Proxy{r.pg} }),
 		})
 	})

@@ -346,6 +346,34 @@ func (r *rig) connections() int {
 	return n
 }
 
+// pgSession is a session of pg_stat_activity, as diagnose logs it.
+type pgSession struct {
+	PID     int    `db:"pid"`
+	App     string `db:"application_name"`
+	State   string `db:"state"`
+	Wait    string `db:"wait"`
+	Blocked string `db:"blocked"`
+	Xact    string `db:"xact"`
+	Idle    string `db:"since"`
+	Query   string `db:"query"`
+}
+
+func (s pgSession) String() string {
+	return fmt.Sprintf("%d %s %s wait=%s blocked_by=%s xact=%s since=%s: %s", s.PID, s.App, s.State, s.Wait, s.Blocked, s.Xact, s.Idle, s.Query)
+}
+
+// sessions returns the sessions of pg_stat_activity that where (SQL, on
+// its columns, with args) selects, in the order of order.
+func (r *rig) sessions(where, order string, args ...any) ([]pgSession, error) {
+	var out []pgSession
+	err := r.admin.Select(&out, `SELECT pid, coalesce(application_name, '') AS application_name, coalesce(state, '') AS state,
+		coalesce(wait_event_type || ':' || wait_event, '') AS wait, pg_blocking_pids(pid)::text AS blocked,
+		coalesce((now() - xact_start)::text, '') AS xact, coalesce((now() - state_change)::text, '') AS since,
+		left(regexp_replace(query, '\s+', ' ', 'g'), 160) AS query
+		FROM pg_stat_activity WHERE `+where+` ORDER BY `+order, args...)
+	return out, err
+}
+
 // diagnose logs, a line each, under why, what a stalled consumer may wait
 // for: the service's sessions on PostgreSQL (the idle ones counted), the
 // database's other sessions that wait or are in a transaction, the
@@ -354,20 +382,7 @@ func (r *rig) connections() int {
 func (r *rig) diagnose(why string) {
 	r.t.Helper()
 	r.t.Logf("diagnosis: %s", why)
-	var sessions []struct {
-		App     string `db:"application_name"`
-		State   string `db:"state"`
-		Wait    string `db:"wait"`
-		Blocked string `db:"blocked"`
-		Xact    string `db:"xact"`
-		Idle    string `db:"since"`
-		Query   string `db:"query"`
-	}
-	err := r.admin.Select(&sessions, `SELECT application_name, coalesce(state, '') AS state,
-		coalesce(wait_event_type || ':' || wait_event, '') AS wait, pg_blocking_pids(pid)::text AS blocked,
-		coalesce((now() - xact_start)::text, '') AS xact, coalesce((now() - state_change)::text, '') AS since,
-		left(regexp_replace(query, '\s+', ' ', 'g'), 160) AS query
-		FROM pg_stat_activity WHERE application_name = ANY($1) ORDER BY application_name, xact_start NULLS LAST`, r.members)
+	sessions, err := r.sessions(`application_name = ANY($1)`, `application_name, xact_start NULLS LAST`, r.members)
 	if err != nil {
 		r.t.Logf("diagnosis: sessions: %v", err)
 	}
@@ -377,19 +392,16 @@ func (r *rig) diagnose(why string) {
 			idle++
 			continue
 		}
-		r.t.Logf("diagnosis: session %s %s wait=%s blocked_by=%s xact=%s since=%s: %s", s.App, s.State, s.Wait, s.Blocked, s.Xact, s.Idle, s.Query)
+		r.t.Logf("diagnosis: session %s", s)
 	}
 	r.t.Logf("diagnosis: %d sessions, %d of them idle", len(sessions), idle)
 	// The database's other sessions that wait or hold a transaction open:
 	// a lock of another test's service (an advisory lock is the whole
 	// database's, whatever the schema) can hold this one's.
-	var others []string
-	if err := r.admin.Select(&others, `SELECT pid || ' ' || application_name || ' ' || coalesce(state, '') ||
-		' wait=' || coalesce(wait_event_type || ':' || wait_event, '') || ' blocked_by=' || pg_blocking_pids(pid)::text ||
-		' xact=' || coalesce((now() - xact_start)::text, '') || ': ' || left(regexp_replace(query, '\s+', ' ', 'g'), 120)
-		FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()
+	others, err := r.sessions(`datname = current_database() AND pid <> pg_backend_pid()
 		AND NOT (application_name = ANY($1)) AND (state <> 'idle' OR wait_event_type = 'Lock')
-		AND backend_type = 'client backend' ORDER BY xact_start NULLS LAST LIMIT 20`, r.members); err != nil {
+		AND backend_type = 'client backend'`, `xact_start NULLS LAST LIMIT 20`, r.members)
+	if err != nil {
 		r.t.Logf("diagnosis: other sessions: %v", err)
 	}
 	for _, o := range others {

@@ -10,6 +10,12 @@ import (
 	"time"
 )
 
+// First is the first bound of a statement that may be lost: one whose
+// request or answer went missing waits for nothing, and is given up that
+// soon. A live statement rarely takes as long on a healthy server, and
+// each one cut short doubles the next one's bound (see Statement).
+const First = 3 * time.Second
+
 // Statement bounds a run of statements: Base at first; a statement cut
 // short by its bound doubles it, up to Max, so that a statement slow on
 // its own (a large write on a loaded server) is not cut short for ever;
