@@ -19,6 +19,10 @@ run: ## Run the example service's demo on SQLite (no server needed).
 # (go test's default is GOMAXPROCS): on two cores the suite takes about
 # 6 minutes instead of 10.
 TESTPARALLEL ?= $(shell n="$$(nproc 2>/dev/null || echo 1)"; echo $$(( n > 4 ? n : 4 )))
+# For the same reason go test runs at least 3 packages at once (its
+# default is GOMAXPROCS): on two cores the framework's packages take about
+# 7 minutes instead of 8.5, their processors busy two thirds of the time.
+TESTPACKAGES ?= $(shell n="$$(nproc 2>/dev/null || echo 1)"; echo $$(( n > 3 ? n : 3 )))
 
 # MODULES are the nested modules that make test, tidy and lint cover too:
 # internal/faults, the network fault tests, keeps Toxiproxy out of the
@@ -32,7 +36,7 @@ MODULES := internal/faults internal/tools/sqlitedrivers
 test: ## Run every test with -race, starting PostgreSQL and RabbitMQ when needed; then the network fault tests (internal/faults, about 2 minutes).
 	@set -euo pipefail; services="$$(scripts/services.sh)"; eval "$$services"; \
 	out="$$(mktemp)"; trap 'rm -f "$$out"' EXIT; status=0; \
-	$(GO) test -race -count=1 -parallel $(TESTPARALLEL) -timeout 15m ./... 2>&1 | tee "$$out" || status=1; \
+	$(GO) test -race -count=1 -p $(TESTPACKAGES) -parallel $(TESTPARALLEL) -timeout 15m ./... 2>&1 | tee "$$out" || status=1; \
 	for m in $(MODULES); do \
 		(cd "$$m" && $(GO) test -race -count=1 -parallel $(TESTPARALLEL) -timeout 15m ./...) 2>&1 | tee -a "$$out" || status=1; \
 	done; \

@@ -69,6 +69,7 @@ RABBITMQ_TEST_PORT=5673
 RABBITMQ_TEST_DIST_PORT=25673
 RABBITMQ_TEST_DIR=/var/tmp/effectively-test-rabbitmq
 RABBITMQ_BENCH_VHOST=effectively-bench
+RABBITMQ_SMOKE_VHOST=effectively-bench-smoke
 RABBITMQ_TEST_PLUGINS=rabbitmq_consistent_hash_exchange
 
 as_rabbitmq() {
@@ -91,6 +92,9 @@ start_rabbitmq() {
     echo "export EFFECTIVELY_TEST_AMQP_URL='${EFFECTIVELY_TEST_AMQP_URL}'"
     if [ -n "${EFFECTIVELY_TEST_AMQP_BENCH_URL:-}" ]; then
       echo "export EFFECTIVELY_TEST_AMQP_BENCH_URL='${EFFECTIVELY_TEST_AMQP_BENCH_URL}'"
+    fi
+    if [ -n "${EFFECTIVELY_TEST_AMQP_SMOKE_URL:-}" ]; then
+      echo "export EFFECTIVELY_TEST_AMQP_SMOKE_URL='${EFFECTIVELY_TEST_AMQP_SMOKE_URL}'"
     fi
     return
   fi
@@ -126,15 +130,22 @@ start_rabbitmq() {
   exec 9>&-
   # The benchmark runs the example service, whose queue and exchange names
   # are fixed: a virtual host of its own keeps it apart from the example's
-  # tests, which may run at the same time.
-  if ! as_rabbitmq rabbitmqctl -q -n "$RABBITMQ_TEST_NODE" list_vhosts 2>/dev/null | grep -qx "$RABBITMQ_BENCH_VHOST"; then
-    as_rabbitmq rabbitmqctl -q -n "$RABBITMQ_TEST_NODE" add_vhost "$RABBITMQ_BENCH_VHOST" >&2 2>/dev/null || true
-    as_rabbitmq rabbitmqctl -q -n "$RABBITMQ_TEST_NODE" set_permissions -p "$RABBITMQ_BENCH_VHOST" guest '.*' '.*' '.*' >&2 \
-      || { fail "could not create the benchmark's virtual host"; return; }
-  fi
+  # tests, which may run at the same time. TestSmoke (make test) runs the
+  # benchmark's RabbitMQ scenarios in two lanes at once, the second in a
+  # second virtual host.
+  local vhosts
+  vhosts="$(as_rabbitmq rabbitmqctl -q -n "$RABBITMQ_TEST_NODE" list_vhosts 2>/dev/null)"
+  for vhost in "$RABBITMQ_BENCH_VHOST" "$RABBITMQ_SMOKE_VHOST"; do
+    if ! grep -qx "$vhost" <<<"$vhosts"; then
+      as_rabbitmq rabbitmqctl -q -n "$RABBITMQ_TEST_NODE" add_vhost "$vhost" >&2 2>/dev/null || true
+      as_rabbitmq rabbitmqctl -q -n "$RABBITMQ_TEST_NODE" set_permissions -p "$vhost" guest '.*' '.*' '.*' >&2 \
+        || { fail "could not create the benchmark's virtual host $vhost"; return; }
+    fi
+  done
   # guest may log in over loopback, which is where the tests connect.
   echo "export EFFECTIVELY_TEST_AMQP_URL='amqp://guest:guest@127.0.0.1:$RABBITMQ_TEST_PORT/'"
   echo "export EFFECTIVELY_TEST_AMQP_BENCH_URL='amqp://guest:guest@127.0.0.1:$RABBITMQ_TEST_PORT/$RABBITMQ_BENCH_VHOST'"
+  echo "export EFFECTIVELY_TEST_AMQP_SMOKE_URL='amqp://guest:guest@127.0.0.1:$RABBITMQ_TEST_PORT/$RABBITMQ_SMOKE_VHOST'"
 }
 
 # Debian's sqlite3 program (3.40 on Debian 12, the oldest SQLite the docs

@@ -32,6 +32,13 @@ const AMQPURLVar = "EFFECTIVELY_TEST_AMQP_URL"
 // fixed, and must not share them with the example's tests.
 const AMQPBenchURLVar = "EFFECTIVELY_TEST_AMQP_BENCH_URL"
 
+// AMQPSmokeURLVar names the variable that points TestSmoke (in
+// internal/tools/bench) at a second RabbitMQ virtual host of the
+// benchmark's own (scripts/services.sh makes one), so that it runs the
+// benchmark's RabbitMQ scenarios in two lanes at once. Unset, they run in
+// one lane.
+const AMQPSmokeURLVar = "EFFECTIVELY_TEST_AMQP_SMOKE_URL"
+
 // BenchAMQPURL returns the benchmark's broker: the URL in AMQPBenchURLVar,
 // or else the one in AMQPURLVar.
 func BenchAMQPURL() string {

@@ -1,6 +1,7 @@
 package bench_test
 
 import (
+	"cmp"
 	"context"
 	"os"
 	"regexp"
@@ -32,14 +33,16 @@ func TestMain(m *testing.M) {
 // between two runs of make bench. It asserts no figure. The example
 // service is built once, for every scenario.
 //
-// The scenarios run in three lanes at once, each one scenario after
-// another: those that need RabbitMQ (but the outbox's) share the example
+// The scenarios run in lanes at once, each lane one scenario after
+// another. Those that need RabbitMQ (but the outbox's) share the example
 // consumer's queue and the event type's exchange (see serviceQueue), so
-// they take turns in one lane; the others each work in a PostgreSQL
-// schema or a folder of their own, and share two lanes. A smoke run's
-// figures say nothing, so the lanes may share the cores. Most of a
-// scenario's time is waiting (a process starting, stopping, polling), so
-// the lanes take about as long as the longest one.
+// they take turns in a lane of each RabbitMQ virtual host: the
+// benchmark's, and a second one when AMQPSmokeURLVar names it (make test
+// does). The others each work in a PostgreSQL schema or a folder of their
+// own, and share two lanes. A smoke run's figures say nothing, so the
+// lanes may share the cores. Most of a scenario's time is waiting (a
+// process starting, stopping, polling), so the lanes take about as long
+// as the longest one.
 func TestSmoke(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -47,38 +50,49 @@ func TestSmoke(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var lanes [3][]bench.Scenario // RabbitMQ's, the others in two
-	others := 0
+	type lane struct {
+		amqpURL   string
+		scenarios []bench.Scenario
+	}
+	brokers := []*lane{{amqpURL: testenv.BenchAMQPURL()}}
+	if u := os.Getenv(testenv.AMQPSmokeURLVar); u != "" {
+		brokers = append(brokers, &lane{amqpURL: u})
+	}
+	others := []*lane{{}, {}}
+	var nBroker, nOther int
 	for _, s := range bench.Scenarios() {
 		// The outbox scenario publishes to an exchange of each run's own.
 		if slices.Contains(s.Needs, bench.NeedAMQP) && s.Name != "outbox" {
-			lanes[0] = append(lanes[0], s)
+			l := brokers[nBroker%len(brokers)]
+			l.scenarios = append(l.scenarios, s)
+			nBroker++
 			continue
 		}
-		lanes[1+others%2] = append(lanes[1+others%2], s)
-		others++
+		l := others[nOther%len(others)]
+		l.scenarios = append(l.scenarios, s)
+		nOther++
 	}
 	var wg sync.WaitGroup
-	for _, lane := range lanes {
+	for _, l := range append(brokers, others...) {
 		wg.Go(func() {
-			for _, s := range lane {
-				t.Run(s.Name, func(t *testing.T) { smoke(t, service, s) })
+			for _, s := range l.scenarios {
+				t.Run(s.Name, func(t *testing.T) { smoke(t, service, cmp.Or(l.amqpURL, testenv.BenchAMQPURL()), s) })
 			}
 		})
 	}
 	wg.Wait()
 }
 
-// smoke runs scenario s, its example service the binary service, as
-// TestSmoke does.
-func smoke(t *testing.T, service string, s bench.Scenario) {
+// smoke runs scenario s, its example service the binary service and its
+// broker at amqpURL, as TestSmoke does.
+func smoke(t *testing.T, service, amqpURL string, s bench.Scenario) {
 	opts := bench.Options{
 		Events:        100,
 		StallTimeout:  30 * time.Second,
 		Smoke:         true,
 		Run:           regexp.MustCompile("^" + regexp.QuoteMeta(s.Name) + "$"),
 		PostgresURL:   os.Getenv(testenv.PostgresURLVar),
-		AMQPURL:       testenv.BenchAMQPURL(),
+		AMQPURL:       amqpURL,
 		ServiceBinary: service,
 		Log:           testWriter{t},
 	}

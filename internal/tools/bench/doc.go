@@ -112,6 +112,8 @@
 // which scripts/services.sh makes: the example service's queue and
 // exchange names are fixed, and the example's own tests may use them at
 // the same time) or else EFFECTIVELY_TEST_AMQP_URL; make bench and make
-// test start them. Each run creates a schema (or file, or queue) of its
-// own and drops it after.
+// test start them. TestSmoke also takes EFFECTIVELY_TEST_AMQP_SMOKE_URL, a
+// second virtual host (scripts/services.sh makes it), to run the RabbitMQ
+// scenarios in two lanes at once. Each run creates a schema (or file, or
+// queue) of its own and drops it after.
 package bench
