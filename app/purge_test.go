@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/handlers"
+	"github.com/effectively-once/effectively/internal/testenv"
 )
 
 // TestPurger runs a service whose processed marks are kept for an hour:
@@ -360,4 +362,57 @@ func TestPurgeStopsPromptly(t *testing.T) {
 	_, err = app.PurgeOnce(ctx, testStore(t, db), cfg)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.Less(t, time.Since(start), 2*time.Second, "the purge waited behind the write lock after the stop")
+}
+
+// TestPurgeLostStatement: a purge whose request the network lost (a
+// proxy that dropped it, the connection open) gives that statement up
+// once its bound passed and goes on, on a new connection, instead of
+// waiting for ever with the purge's lease held (and, had the answer of a
+// batch's statement been lost, its transaction open).
+func TestPurgeLostStatement(t *testing.T) {
+	t.Parallel()
+	cfg := postgresConfig(t)
+	cfg.ProcessedRetention = app.Duration(time.Hour)
+	cfg.PurgeInterval = app.Duration(time.Hour)
+	// The service migrates the database, then stops.
+	b := setupRebound(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	require.NoError(t, b.service.Stop(ctx))
+	u, err := url.Parse(cfg.DatabaseURL)
+	require.NoError(t, err)
+	proxy := testenv.NewProxy(t, u.Host)
+	u.Host = proxy.Addr()
+	db := openConfigured(t, u.String())
+	store := testStore(t, db)
+	waitFor(t, "the purge's lease", func() bool { // the service's, released as it stopped
+		_, err := app.PurgeOnce(ctx, store, cfg)
+		return err == nil
+	})
+	_, err = db.Exec(db.Rebind(`INSERT INTO processed_events (consumer, source, event_id, processed_at) VALUES (?, 'widgets', 'old', ?)`),
+		consumerName, timeArg(db, time.Now().Add(-2*time.Hour)))
+	require.NoError(t, err)
+
+	proxy.Drop(true)
+	type result struct {
+		rows map[driver.PurgeKind]int64
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		rows, err := app.PurgeOnce(context.Background(), store, cfg)
+		done <- result{rows, err}
+	}()
+	time.Sleep(300 * time.Millisecond) // its first statement lost
+	proxy.Drop(false)
+	select {
+	case r := <-done:
+		require.NoError(t, r.err)
+		require.EqualValues(t, 1, r.rows[driver.PurgeProcessed])
+	case <-time.After(waitLimit):
+		t.Fatalf("the purge still waits, %s on, for the statement the network lost", waitLimit)
+	}
+	var n int
+	require.NoError(t, db.Get(&n, `SELECT count(*) FROM processed_events`))
+	require.Zero(t, n)
 }

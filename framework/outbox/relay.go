@@ -15,8 +15,8 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/effectively-once/effectively/framework/driver"
-	"github.com/effectively-once/effectively/framework/internal/bound"
 	"github.com/effectively-once/effectively/framework/internal/sqlstore"
+	"github.com/effectively-once/effectively/internal/bound"
 )
 
 // Defaults of RelayConfig.

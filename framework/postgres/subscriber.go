@@ -12,8 +12,8 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/effectively-once/effectively/framework/driver"
-	"github.com/effectively-once/effectively/framework/internal/bound"
 	"github.com/effectively-once/effectively/framework/internal/subscribers"
+	"github.com/effectively-once/effectively/internal/bound"
 )
 
 // The subscriber reads watermill-sql's tables as watermill-sql's own

@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 
-	"github.com/effectively-once/effectively/framework/internal/bound"
 	"github.com/effectively-once/effectively/framework/internal/subscribers"
+	"github.com/effectively-once/effectively/internal/bound"
 )
 
 // position is a row's place in a topic: rows are read in this order.

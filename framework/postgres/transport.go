@@ -17,10 +17,10 @@ import (
 	"github.com/jmoiron/sqlx"
 
 	"github.com/effectively-once/effectively/framework"
-	"github.com/effectively-once/effectively/framework/internal/bound"
 	"github.com/effectively-once/effectively/framework/internal/replay"
 	"github.com/effectively-once/effectively/framework/internal/storedmsg"
 	"github.com/effectively-once/effectively/framework/migrate"
+	"github.com/effectively-once/effectively/internal/bound"
 	"github.com/effectively-once/effectively/internal/pipeline"
 	"github.com/effectively-once/effectively/internal/watermilllog"
 )

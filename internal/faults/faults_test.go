@@ -266,7 +266,7 @@ func TestBlackHoleRabbitMQ(t *testing.T) {
 // It resumes in 6.5 to 10 s: a subscription's statement, the making of
 // its connection, the outbox relay's statements and the PostgreSQL
 // transport's publisher's inserts each get 3 s at first (see
-// framework/internal/bound).
+// internal/bound).
 func TestLostPostgres(t *testing.T) {
 	t.Parallel()
 	onEachTransport(t, func(t *testing.T, name string, cfg rigConfig) {

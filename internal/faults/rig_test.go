@@ -595,6 +595,9 @@ func (r *rig) run(f fault) measures {
 	require.NoError(r.t, r.admin.Get(&stuck, `SELECT count(*) FROM pg_stat_activity WHERE application_name = ANY($1) AND xact_start < now() - interval '10 seconds'`, r.members))
 	m.ConnsAfter = r.connections()
 	r.t.Logf("%s: %+v", f.Name, m)
+	if stuck > 0 {
+		r.diagnose(fmt.Sprintf("%s: %d sessions in a transaction begun over 10 s ago", f.Name, stuck))
+	}
 	require.Zero(r.t, stuck, "%s: sessions of the service in a transaction begun over 10 s ago", f.Name)
 	require.LessOrEqual(r.t, m.ResumedAfter, bound, "%s: consuming again within %s of the fault's end", f.Name, bound)
 

@@ -12,11 +12,13 @@ import (
 
 // Proxy forwards TCP connections to a server on loopback, for the tests
 // of a network that fails under a running service: Hole makes it a black
-// hole, Cut drops its connections. It closes when the test ends.
+// hole, Drop makes it lose what it carries, Cut drops its connections. It
+// closes when the test ends.
 type Proxy struct {
 	ln       net.Listener
 	upstream string
 	hole     atomic.Bool
+	drop     atomic.Bool
 	mu       sync.Mutex
 	conns    []net.Conn
 }
@@ -45,6 +47,12 @@ func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 // either way, as a network path that drops every packet does; once it is
 // mended, what was sent meanwhile goes on, as TCP retransmits it.
 func (p *Proxy) Hole(on bool) { p.hole.Store(on) }
+
+// Drop makes the proxy lose what it carries, both ways (on), or forward
+// again (off). It keeps every connection open: a request or an answer
+// lost meanwhile never arrives, as behind a proxy or middlebox that
+// dropped it, and its connection waits for nothing once forwarding again.
+func (p *Proxy) Drop(on bool) { p.drop.Store(on) }
 
 // Cut closes every connection made so far, as a network that drops them
 // does (each side sees its connection end); new ones go through.
@@ -85,6 +93,9 @@ func (p *Proxy) pipe(src, dst net.Conn) {
 			time.Sleep(10 * time.Millisecond)
 		}
 		n, err := src.Read(buf)
+		if n > 0 && p.drop.Load() {
+			n = 0 // lost
+		}
 		if n > 0 {
 			for p.hole.Load() { // read as the hole opened: held, not lost
 				time.Sleep(10 * time.Millisecond)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/effectively-once/effectively/framework/driver"
+	"github.com/effectively-once/effectively/internal/bound"
 )
 
 const (
@@ -30,6 +31,10 @@ const (
 	// releaseStopping bounds the release of the lease by a purge cut
 	// short by the service's stop.
 	releaseStopping = 250 * time.Millisecond
+	// maxStatement is the most a purge statement's bound grows to (see
+	// Purger.stmt): a batch slow on a loaded server is cut short at
+	// first, and the next one waits longer.
+	maxStatement = LeaseTTL / 4
 )
 
 // ErrBusy is returned by a purge while another process holds the purge's
@@ -69,6 +74,10 @@ type Purger struct {
 	holder string
 	now    func() time.Time
 	batch  int // rows a statement deletes
+	// stmt bounds each call of the lease and of a batch (see bounded):
+	// one whose request or answer the network lost would wait for ever,
+	// its transaction open, and the purge with it (see internal/bound).
+	stmt *bound.Statement
 
 	transport driver.TopicPurger // nil when the transport keeps no tables of its own
 	topics    []string
@@ -85,6 +94,7 @@ func New(store driver.Store, ret Retentions, logger *slog.Logger) *Purger {
 		holder: holder(),
 		now:    time.Now,
 		batch:  batch,
+		stmt:   bound.New(bound.First, maxStatement),
 	}
 }
 
@@ -223,7 +233,11 @@ func (pu *Purger) Purge(ctx context.Context) ([]Step, error) {
 	steps := pu.steps(pu.now())
 	for i := range steps {
 		for {
-			n, err := pu.deleteBatch(ctx, steps[i])
+			var n int64
+			err := pu.bounded(ctx, func(ctx context.Context) (err error) {
+				n, err = pu.deleteBatch(ctx, steps[i])
+				return err
+			})
 			steps[i].Rows += n
 			if err != nil {
 				return steps, fmt.Errorf("purge: %w", err)
@@ -239,10 +253,31 @@ func (pu *Purger) Purge(ctx context.Context) ([]Step, error) {
 	return steps, nil
 }
 
+// bounded runs f, a call of the store, under the purge's statement bound
+// (Purger.stmt). A call cut short by the bound runs again under the bound
+// it doubled, until the bound is at its most: a request or answer the
+// network lost costs one bound, and a batch slow on a loaded server gets
+// longer each time, instead of failing the purge. A batch cut short
+// rolled back, or committed unseen; either way the next one deletes what
+// is left.
+func (pu *Purger) bounded(ctx context.Context, f func(context.Context) error) error {
+	for {
+		before := pu.stmt.Current()
+		err := pu.stmt.Run(ctx, f)
+		if err == nil || ctx.Err() != nil || pu.stmt.Current() == before {
+			return err
+		}
+	}
+}
+
 // lease takes or renews the purge's lease: ErrBusy when another process
 // holds it.
 func (pu *Purger) lease(ctx context.Context) error {
-	ok, err := pu.store.AcquireLease(ctx, leaseName, pu.holder, LeaseTTL)
+	var ok bool
+	err := pu.bounded(ctx, func(ctx context.Context) (err error) {
+		ok, err = pu.store.AcquireLease(ctx, leaseName, pu.holder, LeaseTTL)
+		return err
+	})
 	switch {
 	case err != nil:
 		return fmt.Errorf("purge: %w", err)

@@ -6,8 +6,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/internal/bound"
 )
 
 // maxCountsPerStatement bounds how many deliveries one statement counts.
@@ -24,7 +26,15 @@ type counts struct {
 	mu      sync.Mutex
 	running bool
 	waiting []*countCall
+	// stmt bounds each statement, which runs without its callers' end:
+	// one whose request or answer the network lost (a proxy that dropped
+	// it, the connection open) would hold every count of the process
+	// behind it for ever (see internal/bound).
+	stmt *bound.Statement
 }
+
+// maxCountBound is the most a count statement's bound grows to.
+const maxCountBound = 30 * time.Second
 
 // countCall is one call of Count, and its result once counted.
 type countCall struct {
@@ -112,9 +122,11 @@ func (s *Store) countAll(batch []*countCall) {
 		}
 	}
 	ctx := context.WithoutCancel(batch[0].ctx)
-	rows, err := s.countRows(ctx, batch)
+	sctx, cancel := s.counts.stmt.Context(ctx)
+	defer cancel()
+	rows, err := s.countRows(sctx, batch)
 	if err != nil {
-		fail(err)
+		fail(s.counts.stmt.Record(ctx, sctx, err))
 		return
 	}
 	defer rows.Close()
@@ -134,7 +146,7 @@ func (s *Store) countAll(batch []*countCall) {
 		}
 		got[k] = n
 	}
-	if err := rows.Err(); err != nil {
+	if err := s.counts.stmt.Record(ctx, sctx, rows.Err()); err != nil {
 		fail(err)
 		return
 	}

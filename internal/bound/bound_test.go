@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/effectively-once/effectively/framework/internal/bound"
+	"github.com/effectively-once/effectively/internal/bound"
 )
 
 // TestStatement: a statement that runs into its bound doubles the next
