@@ -26,15 +26,24 @@ type counts struct {
 	mu      sync.Mutex
 	running bool
 	waiting []*countCall
-	// stmt bounds each statement, which runs without its callers' end:
-	// one whose request or answer the network lost (a proxy that dropped
-	// it, the connection open) would hold every count of the process
-	// behind it for ever (see internal/bound).
+	// stmt bounds each statement on PostgreSQL, which runs without its
+	// callers' end: one whose request or answer the network lost (a proxy
+	// that dropped it, the connection open) would hold every count of the
+	// process behind it for ever (see internal/bound). On SQLite (nil) a
+	// count waits for the file's write lock as every write does.
 	stmt *bound.Statement
 }
 
 // maxCountBound is the most a count statement's bound grows to.
 const maxCountBound = 30 * time.Second
+
+// newCounts returns the counts of a store of dialect d.
+func newCounts(d Dialect) counts {
+	if d != Postgres {
+		return counts{}
+	}
+	return counts{stmt: bound.New(bound.First, maxCountBound)}
+}
 
 // countCall is one call of Count, and its result once counted.
 type countCall struct {
@@ -122,11 +131,16 @@ func (s *Store) countAll(batch []*countCall) {
 		}
 	}
 	ctx := context.WithoutCancel(batch[0].ctx)
-	sctx, cancel := s.counts.stmt.Context(ctx)
-	defer cancel()
+	sctx, record := ctx, func(err error) error { return err }
+	if b := s.counts.stmt; b != nil {
+		var cancel context.CancelFunc
+		sctx, cancel = b.Context(ctx)
+		defer cancel()
+		record = func(err error) error { return b.Record(ctx, sctx, err) }
+	}
 	rows, err := s.countRows(sctx, batch)
 	if err != nil {
-		fail(s.counts.stmt.Record(ctx, sctx, err))
+		fail(record(err))
 		return
 	}
 	defer rows.Close()
@@ -146,7 +160,7 @@ func (s *Store) countAll(batch []*countCall) {
 		}
 		got[k] = n
 	}
-	if err := s.counts.stmt.Record(ctx, sctx, rows.Err()); err != nil {
+	if err := record(rows.Err()); err != nil {
 		fail(err)
 		return
 	}

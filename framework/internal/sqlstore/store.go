@@ -16,7 +16,6 @@ import (
 
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/driver"
-	"github.com/effectively-once/effectively/internal/bound"
 )
 
 // DefaultDeadLetterLimit is how many dead letters DeadLetters returns when
@@ -95,7 +94,7 @@ func New(db *sqlx.DB, d Dialect, opts Options) (*Store, error) {
 		now:                now,
 		q:                  q,
 		onResolve:          opts.OnResolve,
-		counts:             counts{stmt: bound.New(bound.First, maxCountBound)},
+		counts:             newCounts(d),
 		mark:               q.sql(qMark),
 		markMany:           q.sql(d.pick(qMarkManyPostgres, qMarkManySQLite)),
 		markCheckpointMany: q.sql(qMarkCheckpointManyPostgres),
