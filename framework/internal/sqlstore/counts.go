@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/internal/bound"
@@ -26,23 +25,12 @@ type counts struct {
 	mu      sync.Mutex
 	running bool
 	waiting []*countCall
-	// stmt bounds each statement on PostgreSQL, which runs without its
-	// callers' end: one whose request or answer the network lost (a proxy
-	// that dropped it, the connection open) would hold every count of the
-	// process behind it for ever (see internal/bound). On SQLite (nil) a
-	// count waits for the file's write lock as every write does.
+	// stmt bounds each statement on PostgreSQL (Store.outer), which runs
+	// without its callers' end: one whose request or answer the network
+	// lost (a proxy that dropped it, the connection open) would hold every
+	// count of the process behind it for ever. On SQLite (nil) a count
+	// waits for the file's write lock as every write does.
 	stmt *bound.Statement
-}
-
-// maxCountBound is the most a count statement's bound grows to.
-const maxCountBound = 30 * time.Second
-
-// newCounts returns the counts of a store of dialect d.
-func newCounts(d Dialect) counts {
-	if d != Postgres {
-		return counts{}
-	}
-	return counts{stmt: bound.New(bound.First, maxCountBound)}
 }
 
 // countCall is one call of Count, and its result once counted.

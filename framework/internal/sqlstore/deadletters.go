@@ -126,13 +126,15 @@ func (s *Store) deadLetterFilter(f driver.DeadLetterFilter) (string, []any) {
 // event's wait or parking (its row of parked_events under its key, at its
 // subject and sequence, that is not a hold).
 func (s *Store) PublishDeadLetter(ctx context.Context, dl driver.DeadLetter) error {
-	return s.storeDeadLetter(ctx, dl, false)
+	return s.bounded(ctx, func(ctx context.Context) error { return s.storeDeadLetter(ctx, dl, false) })
 }
 
 // HoldDeadLetter implements driver.Store: PublishDeadLetter and the
 // hold of dl's subject (see hold) in one transaction.
 func (s *Store) HoldDeadLetter(ctx context.Context, dl driver.DeadLetter) error {
-	return s.storeDeadLetter(ctx, dl, dl.Subject != "" && dl.SubjectSeq != 0)
+	return s.bounded(ctx, func(ctx context.Context) error {
+		return s.storeDeadLetter(ctx, dl, dl.Subject != "" && dl.SubjectSeq != 0)
+	})
 }
 
 func (s *Store) storeDeadLetter(ctx context.Context, dl driver.DeadLetter, hold bool) error {

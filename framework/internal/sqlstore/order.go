@@ -120,7 +120,16 @@ func (s *Store) Checkpoint(ctx context.Context, tx *driver.Tx, consumer, subject
 }
 
 // WaitGap implements driver.Store, in one transaction.
-func (s *Store) WaitGap(ctx context.Context, consumer, subject string, seq int64, key framework.Key, body []byte) (time.Duration, error) {
+func (s *Store) WaitGap(ctx context.Context, consumer, subject string, seq int64, key framework.Key, body []byte) (waited time.Duration, err error) {
+	err = s.bounded(ctx, func(ctx context.Context) (err error) {
+		waited, err = s.waitGap(ctx, consumer, subject, seq, key, body)
+		return err
+	})
+	return waited, err
+}
+
+// waitGap is WaitGap's call.
+func (s *Store) waitGap(ctx context.Context, consumer, subject string, seq int64, key framework.Key, body []byte) (time.Duration, error) {
 	tx, err := s.db.BeginTxx(ctx, nil)
 	if err != nil {
 		return 0, fmt.Errorf("wait for the gap before %s #%d: begin: %w", subject, seq, err)
@@ -347,8 +356,10 @@ COALESCE((SELECT seq FROM {p}subject_checkpoints WHERE consumer = ? AND subject 
 // transaction begins only at the handler's first statement, then marks
 // and locks what Peek read (found by type assertion).
 func (s *Store) Peek(ctx context.Context, consumer string, key framework.Key, subject string) (processed bool, checkpoint int64, err error) {
-	row := s.db.QueryRowxContext(ctx, s.q.sql(qPeek), consumer, key.Source, key.ID, consumer, subject)
-	if err := row.Scan(&processed, &checkpoint); err != nil {
+	err = s.bounded(ctx, func(ctx context.Context) error {
+		return s.db.QueryRowxContext(ctx, s.q.sql(qPeek), consumer, key.Source, key.ID, consumer, subject).Scan(&processed, &checkpoint)
+	})
+	if err != nil {
 		return false, 0, fmt.Errorf("peek at %s for %s: %w", key, consumer, err)
 	}
 	return processed, checkpoint, nil

@@ -145,7 +145,16 @@ func (s *Store) Park(ctx context.Context, tx *driver.Tx, p driver.ParkedEvent) (
 }
 
 // ParkGap implements driver.Store, in one transaction.
-func (s *Store) ParkGap(ctx context.Context, p driver.ParkedEvent) (bool, error) {
+func (s *Store) ParkGap(ctx context.Context, p driver.ParkedEvent) (parked bool, err error) {
+	err = s.bounded(ctx, func(ctx context.Context) (err error) {
+		parked, err = s.parkGap(ctx, p)
+		return err
+	})
+	return parked, err
+}
+
+// parkGap is ParkGap's call.
+func (s *Store) parkGap(ctx context.Context, p driver.ParkedEvent) (bool, error) {
 	meta, err := encodeMetadata(p.Metadata)
 	if err != nil {
 		return false, fmt.Errorf("park %s #%d for %s behind a gap: %w", p.Subject, p.Seq, p.Consumer, err)

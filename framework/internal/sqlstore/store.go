@@ -16,6 +16,7 @@ import (
 
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/driver"
+	"github.com/effectively-once/effectively/internal/bound"
 )
 
 // DefaultDeadLetterLimit is how many dead letters DeadLetters returns when
@@ -47,6 +48,9 @@ type Store struct {
 	claimReplays                                     string
 
 	counts counts // the counts waiting for a statement
+	// outer bounds, on PostgreSQL, the statements of calls whose context
+	// has no end of its own (see bounded); nil on SQLite.
+	outer *bound.Statement
 }
 
 var (
@@ -88,13 +92,18 @@ func New(db *sqlx.DB, d Dialect, opts Options) (*Store, error) {
 		now = time.Now
 	}
 	q := newQueries(d, prefix)
+	var outer *bound.Statement
+	if d == Postgres {
+		outer = bound.New(bound.First, maxOuterBound)
+	}
 	return &Store{
 		db:                 db,
 		dialect:            d,
 		now:                now,
 		q:                  q,
 		onResolve:          opts.OnResolve,
-		counts:             newCounts(d),
+		counts:             counts{stmt: outer},
+		outer:              outer,
 		mark:               q.sql(qMark),
 		markMany:           q.sql(d.pick(qMarkManyPostgres, qMarkManySQLite)),
 		markCheckpointMany: q.sql(qMarkCheckpointManyPostgres),
@@ -138,9 +147,33 @@ func (s *Store) Count(ctx context.Context, consumer string, key framework.Key, f
 	return c.n, c.err
 }
 
+// maxOuterBound is the most that Store.outer grows to.
+const maxOuterBound = 30 * time.Second
+
+// bounded runs f, a call's statements outside its caller's transaction,
+// on ctx; on PostgreSQL, when ctx has no deadline, on ctx bounded by
+// s.outer (see internal/bound). The consumers' chains call the store on
+// the message's context outside an attempt (a delivery's count, its dead
+// letter, a wait behind a gap), and a message's context has no end of
+// its own: a statement whose request or answer the network lost (a
+// proxy that dropped it, the connection open) would hold the message
+// for ever. Cut short, the call fails, and the message is delivered
+// again. On SQLite, which no network stands between, a statement waits
+// for the file's write lock as long as its connection's busy timeout.
+func (s *Store) bounded(ctx context.Context, f func(ctx context.Context) error) error {
+	if _, ok := ctx.Deadline(); ok || s.outer == nil {
+		return f(ctx)
+	}
+	return s.outer.Run(ctx, f)
+}
+
 // Uncount implements driver.Store.
 func (s *Store) Uncount(ctx context.Context, consumer string, key framework.Key) error {
-	if _, err := s.db.ExecContext(ctx, s.uncount, consumer, key.Source, key.ID, s.dialect.timeArg(s.now())); err != nil {
+	err := s.bounded(ctx, func(ctx context.Context) error {
+		_, err := s.db.ExecContext(ctx, s.uncount, consumer, key.Source, key.ID, s.dialect.timeArg(s.now()))
+		return err
+	})
+	if err != nil {
 		return fmt.Errorf("uncount delivery of %s to %s: %w", key, consumer, err)
 	}
 	return nil
