@@ -207,7 +207,7 @@ func chain(cfg Config, clk clock) ([]message.HandlerMiddleware, *releaser) {
 	if cfg.StrictOrder {
 		steps = append(steps, gapWait(name, cfg.Store, cfg.GapTimeout))
 	}
-	steps = append(steps, deliveryGuard(name, cfg.Store, cfg.MaxDeliveries, cfg.UnitOfWork, cfg.Acker, cfg.Stopping))
+	steps = append(steps, deliveryGuard(name, cfg.Store, cfg.MaxDeliveries, cfg.Timeout, cfg.UnitOfWork, cfg.Acker, cfg.Stopping))
 	if cfg.RateLimit > 0 {
 		steps = append(steps, rateLimit(cfg.RateLimit, clk))
 	}

@@ -49,7 +49,7 @@ func DeadLetterStep(consumer string, store driver.Store) message.HandlerMiddlewa
 // DeliveryGuardStep is the delivery guard with the default limit and no
 // unit of work.
 func DeliveryGuardStep(consumer string, store driver.Store) message.HandlerMiddleware {
-	return deliveryGuard(consumer, store, DefaultMaxDeliveries, nil, nil, nil)
+	return deliveryGuard(consumer, store, DefaultMaxDeliveries, DefaultTimeout, nil, nil, nil)
 }
 
 // Dispatch is the innermost handler.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -67,9 +68,9 @@ var errOverLimit = errors.New("over the delivery limit")
 // burst of copies of one event) from one that never took effect: the
 // first is acknowledged as a duplicate, only the second is dead-lettered.
 // Without it every message over the limit is dead-lettered.
-func deliveryGuard(consumer string, store driver.Store, maxDeliveries int, uow *driver.UnitOfWork, acker driver.TxAcker, stopping <-chan struct{}) message.HandlerMiddleware {
+func deliveryGuard(consumer string, store driver.Store, maxDeliveries int, timeout time.Duration, uow *driver.UnitOfWork, acker driver.TxAcker, stopping <-chan struct{}) message.HandlerMiddleware {
 	g := &guard{
-		consumer: consumer, store: store, maxDeliveries: maxDeliveries, uow: uow, acker: acker,
+		consumer: consumer, store: store, maxDeliveries: maxDeliveries, timeout: timeout, uow: uow, acker: acker,
 		handling: newHandling(), suspects: newTurn(), stopping: stopping,
 	}
 	return func(next message.HandlerFunc) message.HandlerFunc {
@@ -97,11 +98,16 @@ type guard struct {
 	consumer      string
 	store         driver.Store
 	maxDeliveries int
-	uow           *driver.UnitOfWork
-	acker         driver.TxAcker // acks a duplicate over the limit in its transaction (see unitOfWork)
-	handling      *handling
-	suspects      turn
-	stopping      <-chan struct{} // closed once the service stops (see retry)
+	// timeout is an attempt's (Settings.Timeout): the limit of the
+	// transaction that takes the mark of a delivery over the limit, an
+	// attempt whose handler does not run, as the timeout step bounds
+	// every other attempt. The message's context has no end of its own.
+	timeout  time.Duration
+	uow      *driver.UnitOfWork
+	acker    driver.TxAcker // acks a duplicate over the limit in its transaction (see unitOfWork)
+	handling *handling
+	suspects turn
+	stopping <-chan struct{} // closed once the service stops (see retry)
 }
 
 // count counts the delivery of msg, which may be a redelivery, and runs
@@ -162,7 +168,9 @@ func (g *guard) count(msg *message.Message, next message.HandlerFunc) ([]*messag
 			if err := g.handling.waitNone(ctx, key); err != nil {
 				return nil, fmt.Errorf("check delivery limit of %s: %w", key, err)
 			}
-			outcome, err := g.uow.DoDelivery(ctx, g.consumer, key, delivery(st, g.acker, nil, msg), func(context.Context) error { return errOverLimit })
+			dctx, cancel := context.WithTimeout(ctx, g.timeout)
+			outcome, err := g.uow.DoDelivery(dctx, g.consumer, key, delivery(st, g.acker, nil, msg), func(context.Context) error { return errOverLimit })
+			cancel()
 			if outcome == framework.Duplicate {
 				st.outcome = framework.Duplicate
 				return nil, nil
