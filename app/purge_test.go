@@ -236,6 +236,21 @@ func testPurgeRace(t *testing.T, cfg app.Config) {
 	require.False(t, rec.Horizons.DeadLetters.IsZero())
 }
 
+// migratedForPurge returns cfg with marks kept an hour and the service's
+// own purge hourly, once a service of it migrated its database and
+// stopped: it purges at start, and would take the test's purges from it
+// while it runs.
+func migratedForPurge(t *testing.T, cfg app.Config) app.Config {
+	t.Helper()
+	cfg.ProcessedRetention = app.Duration(time.Hour)
+	cfg.PurgeInterval = app.Duration(time.Hour)
+	b := setupRebound(t, cfg)
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	require.NoError(t, b.service.Stop(ctx))
+	return cfg
+}
+
 // TestPurgeLease: while another process holds the purge's lease, a purge
 // deletes nothing and says so; once the lease ends, it purges.
 func TestPurgeLease(t *testing.T) {
@@ -246,16 +261,7 @@ func TestPurgeLease(t *testing.T) {
 	}{{"SQLite", testConfig}, {"PostgreSQL", postgresConfig}} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			cfg := tc.config(t)
-			cfg.ProcessedRetention = app.Duration(time.Hour)
-			cfg.PurgeInterval = app.Duration(time.Hour)
-			// The service migrates the database, then stops: it purges
-			// at start, and would take the purge from the test once the
-			// lease is released.
-			b := setupRebound(t, cfg)
-			ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
-			defer cancel()
-			require.NoError(t, b.service.Stop(ctx))
+			cfg := migratedForPurge(t, tc.config(t))
 			db := openConfigured(t, cfg.DatabaseURL)
 			count := func() (n int) {
 				require.NoError(t, db.Get(&n, `SELECT count(*) FROM processed_events`))
@@ -371,14 +377,8 @@ func TestPurgeStopsPromptly(t *testing.T) {
 // batch's statement been lost, its transaction open).
 func TestPurgeLostStatement(t *testing.T) {
 	t.Parallel()
-	cfg := postgresConfig(t)
-	cfg.ProcessedRetention = app.Duration(time.Hour)
-	cfg.PurgeInterval = app.Duration(time.Hour)
-	// The service migrates the database, then stops.
-	b := setupRebound(t, cfg)
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
-	defer cancel()
-	require.NoError(t, b.service.Stop(ctx))
+	cfg := migratedForPurge(t, postgresConfig(t))
+	ctx := t.Context()
 	u, err := url.Parse(cfg.DatabaseURL)
 	require.NoError(t, err)
 	proxy := testenv.NewProxy(t, u.Host)

@@ -14,7 +14,6 @@ import (
 
 	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/driver"
-	"github.com/effectively-once/effectively/internal/bound"
 	"github.com/effectively-once/effectively/internal/crash"
 	"github.com/effectively-once/effectively/internal/pipeline"
 )
@@ -271,31 +270,10 @@ type releaser struct {
 	// next is the chain inside the releaser, once middleware wrapped it:
 	// what run hands the parked events to.
 	next atomic.Pointer[message.HandlerFunc]
-	// stmt bounds each read of the parked events, whose context (the
-	// run's, a message's) has no end: one whose request or answer the
-	// network lost would hold the sweep, or the message, for ever (see
-	// internal/bound).
-	stmt *bound.Statement
 }
 
 func newReleaser(consumer string, store driver.Store, logger *slog.Logger, now func() time.Time, every, gapTimeout time.Duration) *releaser {
-	return &releaser{
-		consumer: consumer, store: store, logger: logger, now: now, every: every, gapTimeout: gapTimeout,
-		stmt: bound.New(bound.First, maxParkedRead),
-	}
-}
-
-// maxParkedRead is the most the releaser's bound on a read of the parked
-// events grows to.
-const maxParkedRead = 30 * time.Second
-
-// parked reads the parked events of f under r.stmt.
-func (r *releaser) parked(ctx context.Context, f driver.ParkedFilter) (ps []driver.ParkedEvent, err error) {
-	err = r.stmt.Run(ctx, func(ctx context.Context) error {
-		ps, err = r.store.Parked(ctx, f)
-		return err
-	})
-	return ps, err
+	return &releaser{consumer: consumer, store: store, logger: logger, now: now, every: every, gapTimeout: gapTimeout}
 }
 
 // middleware is the step releaseParked, the outermost under strict
@@ -370,7 +348,7 @@ func (r *releaser) sweepDue() bool {
 // and expires those that waited too long. It returns the *crash.Died of
 // an event that died, nil otherwise.
 func (r *releaser) sweep(ctx context.Context, next message.HandlerFunc) error {
-	ready, err := r.parked(ctx, driver.ParkedFilter{Consumer: r.consumer, Ready: true})
+	ready, err := r.store.Parked(ctx, driver.ParkedFilter{Consumer: r.consumer, Ready: true})
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil // shutdown: the next start sweeps
@@ -394,7 +372,7 @@ func (r *releaser) sweep(ctx context.Context, next message.HandlerFunc) error {
 // a delivery (it measures the wait by the store's clock, from its start).
 // It returns the *crash.Died of an event that died, nil otherwise.
 func (r *releaser) expire(ctx context.Context, next message.HandlerFunc) error {
-	ps, err := r.parked(ctx, driver.ParkedFilter{Consumer: r.consumer})
+	ps, err := r.store.Parked(ctx, driver.ParkedFilter{Consumer: r.consumer})
 	if err != nil {
 		if ctx.Err() == nil {
 			r.logger.ErrorContext(ctx, "list the parked events that wait for an earlier one; they are looked at later",
@@ -427,7 +405,7 @@ func (r *releaser) expire(ctx context.Context, next message.HandlerFunc) error {
 func (r *releaser) release(ctx context.Context, next message.HandlerFunc, subject string) error {
 	var last int64
 	for ctx.Err() == nil {
-		ps, err := r.parked(ctx, driver.ParkedFilter{Consumer: r.consumer, Subject: subject, Ready: true, Limit: 1})
+		ps, err := r.store.Parked(ctx, driver.ParkedFilter{Consumer: r.consumer, Subject: subject, Ready: true, Limit: 1})
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil // shutdown: the next start sweeps

@@ -77,13 +77,6 @@ func (r *replayRelay) leaseOf() time.Duration {
 	return replayLease
 }
 
-// statementBound bounds each call of the store and the transport that
-// the relay makes on its run's context, which has no end: a call whose
-// request or answer the network lost (a proxy that dropped it, the
-// connection open) would hold the relay for ever. A publication may take
-// a third of the lease (see relay), and so may each call.
-func (r *replayRelay) statementBound() time.Duration { return r.leaseOf() / 3 }
-
 // newReplayRelay returns the replay relay of store, publishing through
 // transport.
 func newReplayRelay(store driver.Store, transport replayPublisher, logger *slog.Logger) *replayRelay {
@@ -125,9 +118,7 @@ func (r *replayRelay) run(ctx context.Context) {
 func (r *replayRelay) relay(ctx context.Context) (int, error) {
 	lease := r.leaseOf()
 	last := time.Now().Add(lease - lease/3) // the lease began after now
-	claimCtx, cancel := context.WithTimeout(ctx, r.statementBound())
-	rs, err := r.store.ClaimReplays(claimCtx, replayBatch, lease)
-	cancel()
+	rs, err := r.store.ClaimReplays(ctx, replayBatch, lease)
 	if err != nil {
 		return 0, fmt.Errorf("claim replays: %w", err)
 	}
@@ -174,7 +165,7 @@ func (r *replayRelay) publish(ctx context.Context, rp driver.Replay) error {
 	if r.dies(ctx, crash.BeforeReplayPublish) {
 		return &crash.Died{At: crash.BeforeReplayPublish}
 	}
-	pubCtx, cancel := context.WithTimeout(ctx, r.statementBound())
+	pubCtx, cancel := context.WithTimeout(ctx, r.leaseOf()/3)
 	err := r.transport.Replay(pubCtx, rp.Consumer, replayMessage(rp))
 	cancel()
 	if err != nil {
@@ -202,8 +193,6 @@ func (r *replayRelay) publish(ctx context.Context, rp driver.Replay) error {
 // publishes rp again after its lease, which the transport refuses again:
 // the dead letter counts one more repeat.
 func (r *replayRelay) refuse(ctx context.Context, rp driver.Replay, cause error) error {
-	ctx, cancel := context.WithTimeout(ctx, r.statementBound())
-	defer cancel()
 	dl, err := r.deadLetterOf(ctx, rp)
 	if err != nil {
 		return fmt.Errorf("replay %d to %s refused by the transport (%w), not dead-lettered: %w", rp.ID, rp.Consumer, cause, err)

@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"errors"
 	"net/url"
 	"testing"
 	"time"
@@ -18,10 +19,12 @@ import (
 // TestStoreLostStatement: the calls that a consumer's chain makes on a
 // message's context, which has no end of its own (a delivery's count,
 // its uncount, its dead letter, a peek at its mark, a wait behind a gap
-// and its parking), give up a statement whose request the network lost
-// (a proxy that dropped it, the connection open) once its bound passed,
-// instead of waiting for ever: the message is delivered again. Each
-// call, made again, goes through on a new connection.
+// and its parking), and those of the service's background work on its
+// own (the sweep of parked events, the replay relay's claim and its
+// reading of a dead letter), give up a statement whose request the
+// network lost (a proxy that dropped it, the connection open) once its
+// bound passed, instead of waiting for ever. Each call, made again, goes
+// through on a new connection.
 func TestStoreLostStatement(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -63,6 +66,18 @@ func TestStoreLostStatement(t *testing.T) {
 			return err
 		}},
 		{"ParkGap", func(ctx context.Context) error { _, err := store.ParkGap(ctx, gap); return err }},
+		{"Parked", func(ctx context.Context) error {
+			_, err := store.Parked(ctx, driver.ParkedFilter{Consumer: consumer, Ready: true})
+			return err
+		}},
+		{"ClaimReplays", func(ctx context.Context) error { _, err := store.ClaimReplays(ctx, 10, time.Minute); return err }},
+		{"DeadLetter", func(ctx context.Context) error {
+			_, err := store.DeadLetter(ctx, 1<<40) // none: found or not, the statement ran
+			if errors.Is(err, driver.ErrNotFound) {
+				return nil
+			}
+			return err
+		}},
 	}
 	for _, c := range calls {
 		require.NoError(t, c.call(ctx), "%s, before the loss", c.name) // the connection is open

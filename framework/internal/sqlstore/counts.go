@@ -8,7 +8,6 @@ import (
 	"sync"
 
 	"github.com/effectively-once/effectively/framework"
-	"github.com/effectively-once/effectively/internal/bound"
 )
 
 // maxCountsPerStatement bounds how many deliveries one statement counts.
@@ -25,12 +24,6 @@ type counts struct {
 	mu      sync.Mutex
 	running bool
 	waiting []*countCall
-	// stmt bounds each statement on PostgreSQL (Store.outer), which runs
-	// without its callers' end: one whose request or answer the network
-	// lost (a proxy that dropped it, the connection open) would hold every
-	// count of the process behind it for ever. On SQLite (nil) a count
-	// waits for the file's write lock as every write does.
-	stmt *bound.Statement
 }
 
 // countCall is one call of Count, and its result once counted.
@@ -118,9 +111,13 @@ func (s *Store) countAll(batch []*countCall) {
 			c.err = fmt.Errorf("count delivery of %s to %s: %w", c.key, c.consumer, err)
 		}
 	}
+	// The statement runs without its callers' end: on PostgreSQL it has
+	// the store's bound (see Store.bounded), or else one whose request or
+	// answer the network lost would hold every count of the process
+	// behind it for ever.
 	ctx := context.WithoutCancel(batch[0].ctx)
 	sctx, record := ctx, func(err error) error { return err }
-	if b := s.counts.stmt; b != nil {
+	if b := s.outer; b != nil {
 		var cancel context.CancelFunc
 		sctx, cancel = b.Context(ctx)
 		defer cancel()

@@ -197,7 +197,16 @@ func (s *Store) insertDeadLetter(ctx context.Context, tx *sqlx.Tx, dl driver.Dea
 }
 
 // DeadLetter implements driver.Store.
-func (s *Store) DeadLetter(ctx context.Context, id int64) (driver.DeadLetter, error) {
+func (s *Store) DeadLetter(ctx context.Context, id int64) (dl driver.DeadLetter, err error) {
+	err = s.bounded(ctx, func(ctx context.Context) (err error) {
+		dl, err = s.deadLetterByID(ctx, id)
+		return err
+	})
+	return dl, err
+}
+
+// deadLetterByID is DeadLetter's call.
+func (s *Store) deadLetterByID(ctx context.Context, id int64) (driver.DeadLetter, error) {
 	rows, err := s.db.QueryxContext(ctx, s.deadLetter, id)
 	if err != nil {
 		return driver.DeadLetter{}, fmt.Errorf("get dead letter %d: %w", id, err)

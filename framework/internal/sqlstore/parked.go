@@ -204,7 +204,16 @@ func (s *Store) parkGap(ctx context.Context, p driver.ParkedEvent) (bool, error)
 }
 
 // Parked implements driver.Store.
-func (s *Store) Parked(ctx context.Context, f driver.ParkedFilter) (_ []driver.ParkedEvent, err error) {
+func (s *Store) Parked(ctx context.Context, f driver.ParkedFilter) (ps []driver.ParkedEvent, err error) {
+	err = s.bounded(ctx, func(ctx context.Context) (err error) {
+		ps, err = s.parked(ctx, f)
+		return err
+	})
+	return ps, err
+}
+
+// parked is Parked's call.
+func (s *Store) parked(ctx context.Context, f driver.ParkedFilter) (_ []driver.ParkedEvent, err error) {
 	if !storableText(f.Consumer, f.Subject) {
 		return nil, nil // no row holds it (PostgreSQL would refuse the query)
 	}

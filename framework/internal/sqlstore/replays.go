@@ -115,7 +115,16 @@ func (s *Store) addReplays(ctx context.Context, tx *sqlx.Tx, rs []driver.Replay,
 // read that finds whether any replay is due (the relay polls: an idle
 // poll writes nothing). On PostgreSQL the statement runs in a transaction
 // that reads the table through its indexes only (qIndexScansOnly).
-func (s *Store) ClaimReplays(ctx context.Context, limit int, lease time.Duration) ([]driver.Replay, error) {
+func (s *Store) ClaimReplays(ctx context.Context, limit int, lease time.Duration) (rs []driver.Replay, err error) {
+	err = s.bounded(ctx, func(ctx context.Context) (err error) {
+		rs, err = s.claim(ctx, limit, lease)
+		return err
+	})
+	return rs, err
+}
+
+// claim is ClaimReplays's call.
+func (s *Store) claim(ctx context.Context, limit int, lease time.Duration) ([]driver.Replay, error) {
 	if limit <= 0 {
 		return nil, fmt.Errorf("claim replays: limit %d, want at least 1", limit)
 	}

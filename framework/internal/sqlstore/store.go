@@ -102,7 +102,6 @@ func New(db *sqlx.DB, d Dialect, opts Options) (*Store, error) {
 		now:                now,
 		q:                  q,
 		onResolve:          opts.OnResolve,
-		counts:             counts{stmt: outer},
 		outer:              outer,
 		mark:               q.sql(qMark),
 		markMany:           q.sql(d.pick(qMarkManyPostgres, qMarkManySQLite)),
@@ -154,8 +153,8 @@ const maxOuterBound = 30 * time.Second
 // on ctx; on PostgreSQL, when ctx has no deadline, on ctx bounded by
 // s.outer (see internal/bound). The consumers' chains call the store on
 // the message's context outside an attempt (a delivery's count, its dead
-// letter, a wait behind a gap), and a message's context has no end of
-// its own: a statement whose request or answer the network lost (a
+// letter, a wait behind a gap), the sweep of parked events and the replay
+// relay on the service's, and neither has an end of its own: a statement whose request or answer the network lost (a
 // proxy that dropped it, the connection open) would hold the message
 // for ever. Cut short, the call fails, and the message is delivered
 // again. On SQLite, which no network stands between, a statement waits

@@ -1,7 +1,6 @@
 package bench_test
 
 import (
-	"cmp"
 	"context"
 	"os"
 	"regexp"
@@ -54,11 +53,12 @@ func TestSmoke(t *testing.T) {
 		amqpURL   string
 		scenarios []bench.Scenario
 	}
-	brokers := []*lane{{amqpURL: testenv.BenchAMQPURL()}}
+	benchURL := testenv.BenchAMQPURL()
+	brokers := []*lane{{amqpURL: benchURL}}
 	if u := os.Getenv(testenv.AMQPSmokeURLVar); u != "" {
 		brokers = append(brokers, &lane{amqpURL: u})
 	}
-	others := []*lane{{}, {}}
+	others := []*lane{{amqpURL: benchURL}, {amqpURL: benchURL}}
 	var nBroker, nOther int
 	for _, s := range bench.Scenarios() {
 		// The outbox scenario publishes to an exchange of each run's own.
@@ -76,7 +76,7 @@ func TestSmoke(t *testing.T) {
 	for _, l := range append(brokers, others...) {
 		wg.Go(func() {
 			for _, s := range l.scenarios {
-				t.Run(s.Name, func(t *testing.T) { smoke(t, service, cmp.Or(l.amqpURL, testenv.BenchAMQPURL()), s) })
+				t.Run(s.Name, func(t *testing.T) { smoke(t, service, l.amqpURL, s) })
 			}
 		})
 	}
