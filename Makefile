@@ -49,8 +49,8 @@ test: ## Run every test with -race, starting PostgreSQL and RabbitMQ when needed
 FUZZTIME ?= 3m
 
 .PHONY: fuzz
-fuzz: ## Run each fuzz target (func Fuzz... in a _test.go file) for FUZZTIME, default 3m; a failing input lands in its testdata/fuzz.
-	@set -euo pipefail; out="$$(mktemp)"; trap 'rm -f "$$out"' EXIT; \
+fuzz: ## Run each fuzz target (func Fuzz... in a _test.go file) for FUZZTIME, default 3m, starting PostgreSQL and RabbitMQ when needed; a failing input lands in its testdata/fuzz.
+	@set -euo pipefail; services="$$(scripts/services.sh)"; eval "$$services"; out="$$(mktemp)"; trap 'rm -f "$$out"' EXIT; \
 	for dir in $$(grep -rl --include='*_test.go' '^func Fuzz' . | xargs -n1 dirname | sort -u); do \
 		for name in $$(grep -ho '^func Fuzz[A-Za-z0-9_]*' "$$dir"/*_test.go | cut -c6- | sort -u); do \
 			echo "== $$dir $$name for $(FUZZTIME)"; \

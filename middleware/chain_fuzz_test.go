@@ -21,7 +21,6 @@ import (
 	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/framework/driver/transporttest"
 	"github.com/effectively-once/effectively/framework/migrate"
-	"github.com/effectively-once/effectively/framework/sqlite"
 	"github.com/effectively-once/effectively/internal/pipeline"
 	"github.com/effectively-once/effectively/internal/testenv"
 	"github.com/effectively-once/effectively/middleware"
@@ -31,7 +30,8 @@ import (
 const fuzzMaxDeliveries = 3
 
 // FuzzChain hands any body and metadata to a consumer's whole chain on a
-// real SQLite store, as a transport that tells redeliveries (AMQP, the
+// real SQLite store (FuzzChainPostgres: on PostgreSQL, whose text refuses
+// NUL and invalid UTF-8), as a transport that tells redeliveries (AMQP, the
 // SQLite Pub/Sub) or one that cannot (watermill-sql) would deliver it, again
 // after each nack. Whatever the input, the chain never panics, and within
 // the delivery limit the message ends: processed, its mark stored, or
@@ -41,7 +41,14 @@ const fuzzMaxDeliveries = 3
 // permanently, "later" asks to be delivered again later, and "nack" makes
 // an Outer middleware nack the message before the attempts. The seed
 // corpus holds every input of the bad-input catalog.
-func FuzzChain(f *testing.F) {
+func FuzzChain(f *testing.F) { fuzzChain(f, backends[0]) }
+
+// FuzzChainPostgres is FuzzChain on a PostgreSQL store. Its seeds are
+// FuzzChain's: testdata/fuzz/FuzzChainPostgres links to FuzzChain.
+func FuzzChainPostgres(f *testing.F) { fuzzChain(f, backends[1]) }
+
+// fuzzChain is FuzzChain on the store of b.
+func fuzzChain(f *testing.F, b backend) {
 	seeds := map[string][]any{}
 	for _, in := range transporttest.Catalog(noted.Type()) {
 		seeds["catalog-"+in.Name] = []any{in.Body, catalogMetadata(in), byte(1)}
@@ -53,7 +60,7 @@ func FuzzChain(f *testing.F) {
 		}
 	}
 
-	db := testenv.SQLite(f)
+	db, store := b.open(f, nil)
 	ctx := context.Background()
 	if err := migrate.Up(ctx, db, migrate.Config{}); err != nil {
 		f.Fatal(err)
@@ -61,10 +68,7 @@ func FuzzChain(f *testing.F) {
 	if _, err := db.Exec(`CREATE TABLE effects (consumer TEXT NOT NULL, source TEXT NOT NULL, event_id TEXT NOT NULL)`); err != nil {
 		f.Fatal(err)
 	}
-	store, err := sqlite.NewStore(db, sqlite.StoreConfig{})
-	if err != nil {
-		f.Fatal(err)
-	}
+	insert := db.Rebind(`INSERT INTO effects (consumer, source, event_id) VALUES (?, ?, ?)`)
 	uow, err := driver.NewUnitOfWork(driver.UnitOfWorkConfig{DB: db, Store: store})
 	if err != nil {
 		f.Fatal(err)
@@ -83,7 +87,7 @@ func FuzzChain(f *testing.F) {
 			case "later":
 				return pipeline.ErrLater
 			}
-			_, err := framework.Conn(ctx, db).ExecContext(ctx, `INSERT INTO effects (consumer, source, event_id) VALUES (?, ?, ?)`, name, ev.Source, ev.ID)
+			_, err := framework.Conn(ctx, db).ExecContext(ctx, insert, name, ev.Source, ev.ID)
 			return err
 		}))
 		if err != nil {
@@ -136,7 +140,7 @@ func FuzzChain(f *testing.F) {
 
 // requireEnded checks that the message the chain acknowledged with report
 // left its trace in the store.
-func requireEnded(t *testing.T, store *sqlite.Store, db *sqlx.DB, consumer string, body []byte, report middleware.Report) {
+func requireEnded(t *testing.T, store store, db *sqlx.DB, consumer string, body []byte, report middleware.Report) {
 	t.Helper()
 	ctx := context.Background()
 	dls, err := store.DeadLetters(ctx, driver.DeadLetterFilter{Consumer: consumer})
@@ -144,7 +148,7 @@ func requireEnded(t *testing.T, store *sqlite.Store, db *sqlx.DB, consumer strin
 		t.Fatal(err)
 	}
 	var marks int
-	if err := db.Get(&marks, `SELECT count(*) FROM processed_events WHERE consumer = ?`, consumer); err != nil {
+	if err := db.Get(&marks, db.Rebind(`SELECT count(*) FROM processed_events WHERE consumer = ?`), consumer); err != nil {
 		t.Fatal(err)
 	}
 	switch report.Outcome {
