@@ -41,11 +41,22 @@ const fuzzMaxDeliveries = 3
 // permanently, "later" asks to be delivered again later, and "nack" makes
 // an Outer middleware nack the message before the attempts. The seed
 // corpus holds every input of the bad-input catalog.
-func FuzzChain(f *testing.F) { fuzzChain(f, backends[0]) }
+func FuzzChain(f *testing.F) { fuzzChain(f, backendNamed(f, "SQLite")) }
 
 // FuzzChainPostgres is FuzzChain on a PostgreSQL store. Its seeds are
 // FuzzChain's: testdata/fuzz/FuzzChainPostgres links to FuzzChain.
-func FuzzChainPostgres(f *testing.F) { fuzzChain(f, backends[1]) }
+func FuzzChainPostgres(f *testing.F) { fuzzChain(f, backendNamed(f, "Postgres")) }
+
+// backendNamed returns the backend of backends named name.
+func backendNamed(tb testing.TB, name string) backend {
+	for _, b := range backends {
+		if b.name == name {
+			return b
+		}
+	}
+	tb.Fatalf("no backend %s", name)
+	return backend{}
+}
 
 // fuzzChain is FuzzChain on the store of b.
 func fuzzChain(f *testing.F, b backend) {
@@ -140,10 +151,10 @@ func fuzzChain(f *testing.F, b backend) {
 
 // requireEnded checks that the message the chain acknowledged with report
 // left its trace in the store.
-func requireEnded(t *testing.T, store store, db *sqlx.DB, consumer string, body []byte, report middleware.Report) {
+func requireEnded(t *testing.T, st store, db *sqlx.DB, consumer string, body []byte, report middleware.Report) {
 	t.Helper()
 	ctx := context.Background()
-	dls, err := store.DeadLetters(ctx, driver.DeadLetterFilter{Consumer: consumer})
+	dls, err := st.DeadLetters(ctx, driver.DeadLetterFilter{Consumer: consumer})
 	if err != nil {
 		t.Fatal(err)
 	}
