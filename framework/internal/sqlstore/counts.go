@@ -111,41 +111,34 @@ func (s *Store) countAll(batch []*countCall) {
 			c.err = fmt.Errorf("count delivery of %s to %s: %w", c.key, c.consumer, err)
 		}
 	}
-	// The statement runs without its callers' end: on PostgreSQL it has
-	// the store's bound (see Store.bounded), or else one whose request or
+	// The statement runs without its callers' end, so on PostgreSQL
+	// under the store's bound (see Store.bounded): one whose request or
 	// answer the network lost would hold every count of the process
 	// behind it for ever.
-	ctx := context.WithoutCancel(batch[0].ctx)
-	sctx, record := ctx, func(err error) error { return err }
-	if b := s.outer; b != nil {
-		var cancel context.CancelFunc
-		sctx, cancel = b.Context(ctx)
-		defer cancel()
-		record = func(err error) error { return b.Record(ctx, sctx, err) }
-	}
-	rows, err := s.countRows(sctx, batch)
-	if err != nil {
-		fail(record(err))
-		return
-	}
-	defer rows.Close()
 	type id struct {
 		consumer string
 		key      framework.Key
 	}
 	got := make(map[id]int, len(batch))
-	for rows.Next() {
-		var (
-			k id
-			n int
-		)
-		if err := rows.Scan(&k.consumer, &k.key.Source, &k.key.ID, &n); err != nil {
-			fail(err)
-			return
+	err := s.bounded(context.WithoutCancel(batch[0].ctx), func(ctx context.Context) error {
+		rows, err := s.countRows(ctx, batch)
+		if err != nil {
+			return err
 		}
-		got[k] = n
-	}
-	if err := record(rows.Err()); err != nil {
+		defer rows.Close()
+		for rows.Next() {
+			var (
+				k id
+				n int
+			)
+			if err := rows.Scan(&k.consumer, &k.key.Source, &k.key.ID, &n); err != nil {
+				return err
+			}
+			got[k] = n
+		}
+		return rows.Err()
+	})
+	if err != nil {
 		fail(err)
 		return
 	}
