@@ -88,8 +88,15 @@ func TestReadyzFailingMessages(t *testing.T) {
 	}
 	readyz := func() app.ReadyzConsumer {
 		t.Helper()
-		code, body := get("/readyz")
-		require.Equal(t, http.StatusOK, code, "a failing message leaves the service ready")
+		// A failing message leaves the service ready: 200, once the
+		// database answers within /readyz's budget, which a loaded
+		// machine can miss for a moment.
+		var body []byte
+		waitFor(t, "/readyz 200 (a failing message leaves the service ready)", func() bool {
+			var code int
+			code, body = get("/readyz")
+			return code == http.StatusOK
+		})
 		var got app.ReadyzBody
 		require.NoError(t, json.Unmarshal(body, &got))
 		require.Equal(t, "ready", got.Status)
