@@ -395,6 +395,20 @@ func (r *rig) diagnose(why string) {
 		r.t.Logf("diagnosis: session %s", s)
 	}
 	r.t.Logf("diagnosis: %d sessions, %d of them idle", len(sessions), idle)
+	// The idle ones that hold advisory locks (a subscription's group
+	// locks): one whose client lost it, still open on the server, keeps
+	// its groups from the client's next connection, which waits quietly.
+	var holders []string
+	if err := r.admin.Select(&holders, `SELECT a.pid || ' ' || a.application_name || ' idle ' || (now() - a.state_change)::text ||
+		' from port ' || coalesce(a.client_port::text, '?') || ', ' || count(*) || ' advisory locks, last: ' || left(a.query, 60)
+		FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'advisory' AND l.granted AND a.state = 'idle' AND a.application_name = ANY($1)
+		GROUP BY a.pid, a.application_name, a.state_change, a.client_port, a.query ORDER BY a.state_change`, r.members); err != nil {
+		r.t.Logf("diagnosis: advisory locks: %v", err)
+	}
+	for _, h := range holders {
+		r.t.Logf("diagnosis: idle session %s", h)
+	}
 	// The database's other sessions that wait or hold a transaction open:
 	// a lock of another test's service (an advisory lock is the whole
 	// database's, whatever the schema) can hold this one's.
