@@ -375,10 +375,11 @@ func (r *rig) sessions(where, order string, args ...any) ([]pgSession, error) {
 }
 
 // diagnose logs, a line each, under why, what a stalled consumer may wait
-// for: the service's sessions on PostgreSQL (the idle ones counted), the
-// database's other sessions that wait or are in a transaction, the
-// partitioned consumer's members and leases as the database sees them
-// now, and the service's last warnings.
+// for: the service's sessions on PostgreSQL (the idle ones counted, and
+// listed when they hold advisory locks), the database's other sessions
+// that wait or are in a transaction, the partitioned consumer's members
+// and leases as the database sees them now, and the service's last
+// warnings.
 func (r *rig) diagnose(why string) {
 	r.t.Helper()
 	r.t.Logf("diagnosis: %s", why)
