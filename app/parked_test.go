@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"regexp"
 	"strconv"
 	"sync"
 	"testing"
@@ -124,7 +125,10 @@ func testDeadLettersParked(t *testing.T, cfg app.Config) {
 	require.Regexp(t, `(?m)^`+name+`\s+s\s+#2 widgets/s2\s+3 4\s+2\s+0$`, run("dead-letters", "parked", "--consumer", name))
 	require.Contains(t, run("dead-letters", "show", fmt.Sprint(dl)), "2 events of subject s are parked behind it: listed by dead-letters parked --subject s")
 	require.Zero(t, count(`SELECT count(*) FROM dead_letters WHERE consumer = ? AND code = ?`, name, framework.CodeSequenceGap))
-	require.Regexp(t, `effectively_messages_total\{[^}]*consumer="`+name+`"[^}]*outcome="parked"[^}]*\} 2`, metrics(t, b))
+	// The outcome is counted after its transaction commits: the parked
+	// rows can be seen a moment before the counter moves.
+	parkedOutcomes := regexp.MustCompile(`effectively_messages_total\{[^}]*consumer="` + name + `"[^}]*outcome="parked"[^}]*\} 2`)
+	waitFor(t, "two parked outcomes counted", func() bool { return parkedOutcomes.MatchString(metrics(t, b)) })
 
 	// Replay the dead letter once its cause is fixed, while subject t
 	// moves on.
