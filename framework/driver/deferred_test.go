@@ -166,8 +166,11 @@ func overlappingUnit(t *testing.T, b groupBackend, overlap int) *driver.UnitOfWo
 // outsideCall is a deferred attempt's handler up to its first statement:
 // it waits 10 ms outside the database; then the attempt "slow" joins a
 // batch (its first statement), closes slowIn, and holds the batch's
-// transaction for a second, while other attempts join the next batch. It
-// returns the attempt's connection.
+// transaction for 3 s, while other attempts join the next batch: long
+// enough for all of them to reach their first statement on a loaded
+// machine (with a second, a make test once saw neither of two events of a
+// subject refused, as when they join batches of their own). It returns
+// the attempt's connection.
 func outsideCall(ctx context.Context, b groupBackend, id string, slowIn chan struct{}) (sqlx.ExtContext, error) {
 	time.Sleep(10 * time.Millisecond) // the outside call
 	conn := framework.Conn(ctx, b.db)
@@ -178,14 +181,14 @@ func outsideCall(ctx context.Context, b groupBackend, id string, slowIn chan str
 		return nil, err
 	}
 	close(slowIn)
-	_, err := conn.ExecContext(ctx, `SELECT pg_sleep(1)`)
+	_, err := conn.ExecContext(ctx, `SELECT pg_sleep(3)`)
 	return conn, err
 }
 
 // TestDeferredAttemptsShareBatches: deferred attempts that reach their
 // first statement while a batch runs share the next batch's transaction,
 // one after another, so that their marks and commit are made once for
-// all. A slow attempt's batch holds the transaction a second; four attempts
+// all. A slow attempt's batch holds the transaction 3 s; four attempts
 // reach their statements meanwhile, and commit in one transaction, each
 // effect once.
 func TestDeferredAttemptsShareBatches(t *testing.T) {
