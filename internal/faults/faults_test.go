@@ -219,7 +219,10 @@ func TestResetPeerMidCommit(t *testing.T) {
 // new ones are taken and forward nothing either (Toxiproxy's timeout
 // toxic with no timeout), both ways: on RabbitMQ for 60 s, on the
 // PostgreSQL transport, three instances, for 15 s. Consumption pauses,
-// the attempts in flight are not charged, and it resumes by itself.
+// the attempts in flight are not charged, and it resumes by itself. Each
+// runs on a PostgreSQL server of its own: the transactions the hole holds
+// open would hold back the other tests' PostgreSQL transports (see
+// rigConfig.OwnServer), which stalled them past their bound.
 func TestBlackHolePostgres(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -227,8 +230,8 @@ func TestBlackHolePostgres(t *testing.T) {
 		cfg  rigConfig
 		hole time.Duration
 	}{
-		{"AMQP", rigConfig{Transport: app.TransportAMQP, Instances: 2, Rate: 10}, 60 * time.Second},
-		{"Postgres", rigConfig{Transport: app.TransportPostgres, Instances: 3, Rate: 10}, 15 * time.Second},
+		{"AMQP", rigConfig{Transport: app.TransportAMQP, Instances: 2, Rate: 10, OwnServer: true}, 60 * time.Second},
+		{"Postgres", rigConfig{Transport: app.TransportPostgres, Instances: 3, Rate: 10, OwnServer: true}, 15 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

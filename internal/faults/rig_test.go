@@ -28,6 +28,7 @@ import (
 	"github.com/effectively-once/effectively/framework/postgres"
 	"github.com/effectively-once/effectively/internal/crash"
 	"github.com/effectively-once/effectively/internal/testenv"
+	"github.com/effectively-once/effectively/internal/testenv/testserver"
 )
 
 // resumeBound is how soon after a fault ends the service must consume
@@ -47,6 +48,12 @@ type rigConfig struct {
 	Instances int
 	// Rate is how many events the load publishes a second.
 	Rate int
+	// OwnServer runs the rig on a PostgreSQL server of its own rather
+	// than on the shared one: a fault that holds the service's
+	// transactions open (a black hole) holds back every PostgreSQL
+	// transport's delivery on its server, other tests' too, until they
+	// end (messages are read below the oldest running transaction).
+	OwnServer bool
 }
 
 // rig is one test's service: its instances, their proxies, the load.
@@ -97,6 +104,9 @@ func newRig(t *testing.T, cfg rigConfig) *rig {
 	}
 	r.logs.printOnFailure(t)
 	dbURL := testenv.PostgresURL(t)
+	if cfg.OwnServer {
+		dbURL = testserver.StartPostgres(t).URL
+	}
 	admin, err := postgres.Open(t.Context(), dbURL, postgres.OpenConfig{MaxOpenConns: 4})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = admin.Close() })
