@@ -214,23 +214,12 @@ func TestServiceMetrics(t *testing.T) {
 	b.publish(t, "w-1", "sprocket")
 	waitFor(t, "the widget", func() bool { return b.count(t, `SELECT count(*) FROM widgets`) == 1 })
 
-	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: waitLimit}
-	metrics := func() string {
-		t.Helper()
-		resp, err := client.Get("http://" + b.http.Addr() + "/metrics")
-		require.NoError(t, err)
-		defer resp.Body.Close()
-		body, err := io.ReadAll(resp.Body)
-		require.NoError(t, err)
-		require.Equal(t, http.StatusOK, resp.StatusCode)
-		return string(body)
-	}
 	// The outcome is counted after the handler's transaction commits, so
 	// the widget can be seen a moment before the counter moves.
 	processed := regexp.MustCompile(`(?m)^effectively_messages_total\{consumer="` + regexp.QuoteMeta(consumerName) + `",outcome="processed"\} 1$`)
 	var body string
 	waitFor(t, "the processed outcome counted, on the same registry as the service's own counter", func() bool {
-		body = metrics()
+		body = metrics(t, b)
 		return processed.MatchString(body)
 	})
 	require.Regexp(t, `(?m)^widgets_seen_total 1$`, body, "the service's own counter")

@@ -166,5 +166,6 @@ func metrics(t *testing.T, b *bundle) string {
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "/metrics: %s", body)
 	return string(body)
 }

@@ -103,9 +103,11 @@ func newRig(t *testing.T, cfg rigConfig) *rig {
 		toxi:    toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop()),
 	}
 	r.logs.printOnFailure(t)
-	dbURL := testenv.PostgresURL(t)
+	var dbURL string
 	if cfg.OwnServer {
 		dbURL = testserver.StartPostgres(t).URL
+	} else {
+		dbURL = testenv.PostgresURL(t)
 	}
 	admin, err := postgres.Open(t.Context(), dbURL, postgres.OpenConfig{MaxOpenConns: 4})
 	require.NoError(t, err)
