@@ -201,7 +201,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	deadline := time.Now().Add(waitLimit)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("no %s within %s", what, waitLimit)
+			t.Fatalf("waited %s for %s", waitLimit, what)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -158,10 +158,11 @@ func testPurgeRace(t *testing.T, cfg app.Config) {
 	defer stopPurgers() // before the service stops, when the test fails
 	for range 2 {
 		wg.Add(1)
+		purge := app.NewPurge(store, cfg) // one process's purger
 		go func() {
 			defer wg.Done()
 			for {
-				rows, err := app.PurgeOnce(context.Background(), store, cfg)
+				rows, err := purge(context.Background())
 				mu.Lock()
 				for k, n := range rows {
 					purged[k] += n

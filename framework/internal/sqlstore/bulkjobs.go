@@ -144,7 +144,7 @@ func (s *Store) ProgressBulkJob(ctx context.Context, id int64, owner string, p d
 
 // EndBulkJob implements driver.BulkJobs.
 func (s *Store) EndBulkJob(ctx context.Context, id int64, owner string, p driver.BulkJobProgress, status driver.BulkJobStatus) error {
-	res, err := s.db.ExecContext(ctx, s.bulkSQL(qEndBulkJob), p.Done, p.Refused, p.LastID, string(status), id, owner)
+	res, err := s.exec(ctx, s.bulkSQL(qEndBulkJob), p.Done, p.Refused, p.LastID, string(status), id, owner)
 	if err != nil {
 		return fmt.Errorf("bulk job %d: end: %w", id, err)
 	}
@@ -156,7 +156,7 @@ func (s *Store) EndBulkJob(ctx context.Context, id int64, owner string, p driver
 
 // CancelBulkJob implements driver.BulkJobs.
 func (s *Store) CancelBulkJob(ctx context.Context, id int64) error {
-	res, err := s.db.ExecContext(ctx, s.bulkSQL(qCancelBulkJob), id)
+	res, err := s.exec(ctx, s.bulkSQL(qCancelBulkJob), id)
 	if err != nil {
 		return fmt.Errorf("cancel bulk job %d: %w", id, err)
 	}
@@ -165,7 +165,7 @@ func (s *Store) CancelBulkJob(ctx context.Context, id int64) error {
 
 // ResumeBulkJob implements driver.BulkJobs.
 func (s *Store) ResumeBulkJob(ctx context.Context, id int64, owner string) (driver.BulkJob, error) {
-	res, err := s.db.ExecContext(ctx, s.bulkSQL(qResumeBulkJob), owner, id, s.dialect.ttlArg(driver.BulkJobStale))
+	res, err := s.exec(ctx, s.bulkSQL(qResumeBulkJob), owner, id, s.dialect.ttlArg(driver.BulkJobStale))
 	if err != nil {
 		return driver.BulkJob{}, fmt.Errorf("resume bulk job %d: %w", id, err)
 	}

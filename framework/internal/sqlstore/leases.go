@@ -226,7 +226,7 @@ func (s *Store) Renew(ctx context.Context, consumer, member string, ttl time.Dur
 // Release implements driver.Leases: the lease is free (no owner) and
 // expired, its token kept.
 func (s *Store) Release(ctx context.Context, consumer string, partition int, member string) error {
-	if _, err := s.db.ExecContext(ctx, s.leaseSQL(qReleasePartition), consumer, partition, member); err != nil {
+	if _, err := s.exec(ctx, s.leaseSQL(qReleasePartition), consumer, partition, member); err != nil {
 		return fmt.Errorf("release partition %d of %s for %s: %w", partition, consumer, member, err)
 	}
 	return nil
@@ -272,7 +272,7 @@ func (s *Store) PartitionCount(ctx context.Context, consumer string, n int) (int
 
 // SetPartitionCount implements driver.Leases, in one statement.
 func (s *Store) SetPartitionCount(ctx context.Context, consumer string, n int) error {
-	if _, err := s.db.ExecContext(ctx, s.leaseSQL(qSetPartitionCount), consumer, n); err != nil {
+	if _, err := s.exec(ctx, s.leaseSQL(qSetPartitionCount), consumer, n); err != nil {
 		return fmt.Errorf("set the partition count of %s to %d: %w", consumer, n, err)
 	}
 	return nil

@@ -324,7 +324,7 @@ func (s *Store) EndWait(ctx context.Context, tx *driver.Tx, consumer, subject st
 		if err := read(s.db, qOrderEnding, append(other, after...)...); err != nil {
 			return false, err
 		}
-		if _, err := s.db.ExecContext(ctx, s.q.sql(qOrderEndWait), consumer, subject, seq); err != nil {
+		if _, err := s.exec(ctx, s.q.sql(qOrderEndWait), consumer, subject, seq); err != nil {
 			return false, fmt.Errorf("end the wait of %s #%d for %s: %w", subject, seq, consumer, err)
 		}
 		return false, nil

@@ -332,6 +332,35 @@ func (s *Store) skipPast(ctx context.Context, tx sqlx.ExecerContext, consumer, s
 	}
 }
 
+// exec runs query, one write, outside any transaction. On SQLite it runs
+// in a transaction of its own, which takes the file's write lock the way
+// the service's transactions do (sqlite's write gate, whose BEGIN tries
+// again every millisecond at most): a statement alone waits for the lock
+// in SQLite's busy handler, whose sleeps grow to 100 ms and lose it again
+// and again to a busy writer of another process. Behind a service
+// consuming on the same file, a purge's release of its lease waited more
+// than its 5 s there on a loaded machine, and the lease, not released,
+// kept every purge out for two minutes (TestPurgeRace). On PostgreSQL it
+// runs alone.
+func (s *Store) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	if s.dialect != SQLite {
+		return s.db.ExecContext(ctx, query, args...)
+	}
+	tx, err := s.db.BeginTxx(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("begin: %w", err)
+	}
+	defer tx.Rollback() // a no-op after Commit
+	res, err := tx.ExecContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(); err != nil {
+		return nil, fmt.Errorf("commit: %w", err)
+	}
+	return res, nil
+}
+
 // inTx runs fn in a transaction of its own, and wraps its error with the
 // context that format and args give.
 func (s *Store) inTx(ctx context.Context, fn func(tx *sqlx.Tx) error, format string, args ...any) error {

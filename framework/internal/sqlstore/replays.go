@@ -187,7 +187,7 @@ func (s *Store) claimReplaysIn(ctx context.Context, args []any) ([]driver.Replay
 // ReplaySent implements driver.Store. A replay marked sent before stays
 // as it was; an unknown id is driver.ErrNotFound.
 func (s *Store) ReplaySent(ctx context.Context, id int64) error {
-	res, err := s.db.ExecContext(ctx, s.q.sql(qReplaySent), s.dialect.timeArg(s.now()), id)
+	res, err := s.exec(ctx, s.q.sql(qReplaySent), s.dialect.timeArg(s.now()), id)
 	if err != nil {
 		return fmt.Errorf("mark replay %d sent: %w", id, err)
 	}

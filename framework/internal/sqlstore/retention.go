@@ -171,7 +171,7 @@ func (s *Store) Purgeable(ctx context.Context, kind driver.PurgeKind, before tim
 // AcquireLease implements driver.Purger.
 func (s *Store) AcquireLease(ctx context.Context, name, holder string, ttl time.Duration) (bool, error) {
 	now := s.now()
-	n, err := rowsAffected(s.db.ExecContext(ctx, s.q.sql(qAcquireLease), name, holder, s.dialect.timeArg(now.Add(ttl)), s.dialect.timeArg(now)))
+	n, err := rowsAffected(s.exec(ctx, s.q.sql(qAcquireLease), name, holder, s.dialect.timeArg(now.Add(ttl)), s.dialect.timeArg(now)))
 	if err != nil {
 		return false, fmt.Errorf("acquire lease %s: %w", name, err)
 	}
@@ -180,7 +180,7 @@ func (s *Store) AcquireLease(ctx context.Context, name, holder string, ttl time.
 
 // ReleaseLease implements driver.Purger.
 func (s *Store) ReleaseLease(ctx context.Context, name, holder string) error {
-	if _, err := s.db.ExecContext(ctx, s.q.sql(qReleaseLease), name, holder); err != nil {
+	if _, err := s.exec(ctx, s.q.sql(qReleaseLease), name, holder); err != nil {
 		return fmt.Errorf("release lease %s: %w", name, err)
 	}
 	return nil

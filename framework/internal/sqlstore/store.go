@@ -169,7 +169,7 @@ func (s *Store) bounded(ctx context.Context, f func(ctx context.Context) error) 
 // Uncount implements driver.Store.
 func (s *Store) Uncount(ctx context.Context, consumer string, key framework.Key) error {
 	err := s.bounded(ctx, func(ctx context.Context) error {
-		_, err := s.db.ExecContext(ctx, s.uncount, consumer, key.Source, key.ID, s.dialect.timeArg(s.now()))
+		_, err := s.exec(ctx, s.uncount, consumer, key.Source, key.ID, s.dialect.timeArg(s.now()))
 		return err
 	})
 	if err != nil {
