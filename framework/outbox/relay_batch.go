@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 
@@ -93,6 +94,10 @@ func (r *Relay) startLeased(ctx, bctx context.Context, skip sqlstore.Skip) (batc
 	}}, nil
 }
 
+// claimIdleGrace is how long past its batch's end the server lets a
+// claim's transaction wait idle before it ends it (see startClaimed).
+const claimIdleGrace = 2 * time.Second
+
 // unsentIDs returns the ids of rows that are not in sent.
 func unsentIDs(rows []sqlstore.OutboxRow, sent []int64) []int64 {
 	if len(sent) == len(rows) {
@@ -114,7 +119,13 @@ func unsentIDs(rows []sqlstore.OutboxRow, sent []int64) []int64 {
 // startClaimed reads and publishes a batch on PostgreSQL: the rows are
 // locked from the read to the commit of their marks, when it finishes.
 // Each statement of its transaction is bounded (see Relay.bound): a lost
-// one ends the batch, whose rows go out again at a later poll.
+// one ends the batch, whose rows go out again at a later poll. The
+// transaction waits idle on the server while the rows are published; a
+// relay frozen or cut off from the server meanwhile cannot end it, so the
+// server does once it waited idle past the batch's own end (bctx, twice
+// BatchTimeout) by claimIdleGrace: until then it would hold its rows from
+// every other relay, and hold back the server's transaction horizon, below
+// which the PostgreSQL transport reads (see postgres.Transport).
 func (r *Relay) startClaimed(ctx, bctx context.Context, skip sqlstore.Skip) (batch, error) {
 	txCtx, cancelTx := context.WithCancel(bctx)
 	var tx *sqlx.Tx
@@ -131,7 +142,7 @@ func (r *Relay) startClaimed(ctx, bctx context.Context, skip sqlstore.Skip) (bat
 		held bool
 	)
 	err = r.bound.Run(bctx, func(sctx context.Context) (err error) {
-		rows, held, err = r.sql.Claim(sctx, tx, r.cfg.BatchSize, r.cfg.BatchBytes, skip)
+		rows, held, err = r.sql.Claim(sctx, tx, r.cfg.BatchSize, r.cfg.BatchBytes, skip, 2*r.cfg.BatchTimeout+claimIdleGrace)
 		return err
 	})
 	if err != nil {

@@ -8,7 +8,8 @@
 // a few kB/s, connections reset mid-stream or mid-commit, a black hole),
 // removes it, and checks that every event took effect once, none was
 // dead-lettered, consumption resumed within 10 s of the fault's end, and
-// no connection was left behind.
+// no connection was left behind. TestPartitionedRelayClaim cuts an
+// outbox relay alone off from PostgreSQL while it holds a batch's claim.
 //
 // It is a module of its own so that Toxiproxy stays out of the
 // framework's go.mod; make test runs it (docs/reliability.md lists what

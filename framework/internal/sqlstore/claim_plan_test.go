@@ -34,7 +34,7 @@ SELECT 'e-' || g, 'test', 'test.unsent', convert_to(repeat('x', 300), 'UTF8'), n
 	tx, err := db.BeginTxx(ctx, nil)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback() }()
-	rows, held, err := o.Claim(ctx, tx, limit, 1<<20, sqlstore.Skip{})
+	rows, held, err := o.Claim(ctx, tx, limit, 1<<20, sqlstore.Skip{}, 0)
 	require.NoError(t, err)
 	require.Len(t, rows, limit)
 	require.False(t, held)

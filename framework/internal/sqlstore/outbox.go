@@ -99,12 +99,16 @@ func (o *Outbox) Unsent(ctx context.Context, q sqlx.QueryerContext, limit int) (
 // unread, until tx ends, so that a claim made before then skips them.
 // It leaves out the rows of skip's types (see Skip).
 // For the rest of tx, the planner may read tables through their indexes
-// only (qIndexScansOnly): a claim reads no more rows than it locks.
-func (o *Outbox) Claim(ctx context.Context, tx sqlx.QueryerContext, limit, maxBytes int, skip Skip) (rows []OutboxRow, held bool, err error) {
+// only (qIndexScansOnly): a claim reads no more rows than it locks; and
+// the server ends tx's session once tx waits idle between two statements
+// longer than idle (0: the server's setting), so that a relay frozen or
+// cut off from the server while it publishes holds the rows, and the
+// server's transaction horizon, no longer than that.
+func (o *Outbox) Claim(ctx context.Context, tx sqlx.QueryerContext, limit, maxBytes int, skip Skip, idle time.Duration) (rows []OutboxRow, held bool, err error) {
 	if o.dialect != Postgres {
 		return nil, false, fmt.Errorf("claim unsent outbox rows: locking rows needs %s, not %s", Postgres, o.dialect)
 	}
-	if err := indexScansOnly(ctx, tx); err != nil {
+	if err := indexScansOnlyIdle(ctx, tx, idle); err != nil {
 		return nil, false, fmt.Errorf("claim unsent outbox rows: %w", err)
 	}
 	query, args, err := o.skipping(o.claim, qOutboxClaim, skip, maxBytes, limit)

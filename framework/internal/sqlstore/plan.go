@@ -3,6 +3,8 @@ package sqlstore
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"time"
 
 	"github.com/jmoiron/sqlx"
 )
@@ -28,6 +30,27 @@ func indexScansOnly(ctx context.Context, tx sqlx.QueryerContext) error {
 	var seqscan, bitmapscan string
 	if err := tx.QueryRowxContext(ctx, qIndexScansOnly).Scan(&seqscan, &bitmapscan); err != nil {
 		return fmt.Errorf("plan by index: %w", err)
+	}
+	return nil
+}
+
+// qIndexScansOnlyIdle is qIndexScansOnly that also sets, until the
+// transaction ends, how long the server lets it wait idle between two
+// statements before it ends the session (SET LOCAL
+// idle_in_transaction_session_timeout), in one round trip.
+const qIndexScansOnlyIdle = `SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('idle_in_transaction_session_timeout', $1, true)`
+
+// indexScansOnlyIdle is indexScansOnly, and the server ends tx's session
+// once tx waits idle longer than idle between two statements; idle 0
+// leaves the server's setting.
+func indexScansOnlyIdle(ctx context.Context, tx sqlx.QueryerContext, idle time.Duration) error {
+	if idle <= 0 {
+		return indexScansOnly(ctx, tx)
+	}
+	ms := strconv.FormatInt(max(idle.Milliseconds(), 1), 10)
+	var seqscan, bitmapscan, timeout string
+	if err := tx.QueryRowxContext(ctx, qIndexScansOnlyIdle, ms).Scan(&seqscan, &bitmapscan, &timeout); err != nil {
+		return fmt.Errorf("plan by index, bound the idle transaction: %w", err)
 	}
 	return nil
 }
