@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/effectively-once/effectively/framework/migrate"
+	"github.com/effectively-once/effectively/framework/outbox"
 	"github.com/effectively-once/effectively/framework/sqlite"
 	"github.com/effectively-once/effectively/internal/printable"
 )
@@ -148,31 +149,34 @@ func (c Config) validateTablePrefix() error {
 	return nil
 }
 
-// durationBound is a duration setting of Config with its least value.
+// durationBound is a duration setting of Config with its least value
+// and its greatest (0: none).
 type durationBound struct {
-	key string
-	d   Duration
-	min time.Duration
+	key      string
+	d        Duration
+	min, max time.Duration
 }
 
 // validateDurations checks the purge's and the outbox's durations: zero
-// is the default, a negative one or one below its bound is refused,
+// is the default, a negative one or one past its bounds is refused,
 // naming the key and the bound.
 func (c Config) validateDurations() []error {
 	var errs []error
 	for _, b := range []durationBound{
-		{"purge_interval", c.PurgeInterval, MinPurgeInterval},
-		{"outbox_retention", c.OutboxRetention, MinRetention},
-		{"outbox_batch_timeout", c.OutboxBatchTimeout, MinOutboxBatchTimeout},
-		{"replay_retention", c.ReplayRetention, MinRetention},
-		{"dead_letter_retention", c.DeadLetterRetention, MinRetention},
-		{"transport_retention", c.TransportRetention, MinRetention},
+		{"purge_interval", c.PurgeInterval, MinPurgeInterval, 0},
+		{"outbox_retention", c.OutboxRetention, MinRetention, 0},
+		{"outbox_batch_timeout", c.OutboxBatchTimeout, MinOutboxBatchTimeout, outbox.MaxBatchTimeout},
+		{"replay_retention", c.ReplayRetention, MinRetention, 0},
+		{"dead_letter_retention", c.DeadLetterRetention, MinRetention, 0},
+		{"transport_retention", c.TransportRetention, MinRetention, 0},
 	} {
 		switch d := time.Duration(b.d); {
 		case d < 0:
 			errs = append(errs, fmt.Errorf("%s: must not be negative (zero is the default), got %s", b.key, d))
 		case d > 0 && d < b.min:
 			errs = append(errs, fmt.Errorf("%s: want at least %s (or nothing: the default), got %s", b.key, b.min, d))
+		case b.max > 0 && d > b.max:
+			errs = append(errs, fmt.Errorf("%s: want at most %s (or nothing: the default), got %s", b.key, b.max, d))
 		}
 	}
 	return errs

@@ -57,6 +57,7 @@ func TestLoadConfigRefuses(t *testing.T) {
 		{name: "PurgeInterval", yaml: "purge_interval: 1ns\n", want: "purge_interval: want at least 10ms (or nothing: the default), got 1ns"},
 		{name: "PurgeIntervalNegative", yaml: "purge_interval: -1s\n", want: "purge_interval: must not be negative"},
 		{name: "OutboxBatchTimeout", yaml: "outbox_batch_timeout: 1ns\n", want: "outbox_batch_timeout: want at least 10ms (or nothing: the default), got 1ns"},
+		{name: "OutboxBatchTimeoutTooLong", yaml: "outbox_batch_timeout: 2000000h\n", want: "outbox_batch_timeout: want at most 24h0m0s (or nothing: the default), got 2000000h0m0s"},
 		{name: "OutboxRetention", yaml: "outbox_retention: 59s\n", want: "outbox_retention: want at least 1m0s (or nothing: the default), got 59s"},
 		{name: "ReplayRetention", yaml: "replay_retention: 1ns\n", want: "replay_retention: want at least 1m0s (or nothing: the default), got 1ns"},
 		{name: "DeadLetterRetention", yaml: "dead_letter_retention: 1ns\n", want: "dead_letter_retention: want at least 1m0s (or nothing: the default), got 1ns"},
@@ -93,6 +94,7 @@ func TestLoadConfigAcceptsBounds(t *testing.T) {
 		env  map[string]string
 	}{
 		{name: "Durations", yaml: "purge_interval: 10ms\noutbox_batch_timeout: 10ms\noutbox_retention: 1m\nreplay_retention: 1m\ndead_letter_retention: 1m\ntransport_retention: 1m\n"},
+		{name: "OutboxBatchTimeoutMost", yaml: "outbox_batch_timeout: 24h\n"},
 		{name: "ConsumerBounds", yaml: "defaults:\n  timeout: 1ms\n  gap_timeout: 1ms\n  rate_limit: 0.00027778\n"},
 		{name: "RateLimitOff", yaml: "defaults:\n  rate_limit: 0\n"},
 		{name: "SQLiteFileWithMode", env: map[string]string{app.EnvDatabaseURL: "file:./data/app.db?mode=rwc&cache=shared"}},

@@ -717,6 +717,8 @@ func TestConfig(t *testing.T) {
 	require.ErrorIs(t, err, outbox.ErrMissingPublisher)
 	_, err = outbox.NewRelay(db, &recorder{}, outbox.RelayConfig{BatchSize: -1})
 	require.ErrorContains(t, err, "BatchSize")
+	_, err = outbox.NewRelay(db, &recorder{}, outbox.RelayConfig{BatchTimeout: outbox.MaxBatchTimeout + 1})
+	require.ErrorContains(t, err, "BatchTimeout must be at most 24h0m0s")
 	other := testenv.SQLite(t)
 	box, err := outbox.New(other, outbox.Config{})
 	require.NoError(t, err)

@@ -32,6 +32,11 @@ const (
 	// DefaultBatchTimeout bounds the publishing of one batch (see
 	// RelayConfig.BatchTimeout).
 	DefaultBatchTimeout = 30 * time.Second
+	// MaxBatchTimeout is the longest BatchTimeout: a batch's deadline and
+	// its lease on SQLite are twice it, and its claim's idle bound on
+	// PostgreSQL twice it and 2 s, all of which a timeout of centuries
+	// would overflow (the relay then published nothing).
+	MaxBatchTimeout = 24 * time.Hour
 	// DefaultRetention is how long sent rows are kept before cleanup.
 	DefaultRetention = 24 * time.Hour
 	// DefaultCleanupInterval is how often a relay deletes old sent rows.
@@ -148,6 +153,8 @@ func (c RelayConfig) Validate() error {
 		return fmt.Errorf("outbox: BatchBytes must be at least 1, got %d", c.BatchBytes)
 	case c.BatchTimeout < 0:
 		return fmt.Errorf("outbox: BatchTimeout must be positive, got %s", c.BatchTimeout)
+	case c.BatchTimeout > MaxBatchTimeout:
+		return fmt.Errorf("outbox: BatchTimeout must be at most %s, got %s", MaxBatchTimeout, c.BatchTimeout)
 	case c.CleanupInterval < 0:
 		return fmt.Errorf("outbox: CleanupInterval must be positive, got %s", c.CleanupInterval)
 	case c.CleanupBatchSize < 1:

@@ -48,6 +48,40 @@ SELECT 'e-' || g, 'test', 'test.unsent', convert_to(repeat('x', 300), 'UTF8'), n
 	}
 }
 
+// TestClaimIdleBound: a claim on PostgreSQL sets its transaction's idle
+// bound (idle_in_transaction_session_timeout) for the transaction only;
+// one past the most PostgreSQL takes (about 24.8 days, from a batch
+// timeout of weeks) is its most, not a failed claim.
+func TestClaimIdleBound(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db := testenv.Postgres(t)
+	db.SetMaxOpenConns(1) // the setting is read back on the claim's connection
+	require.NoError(t, migrate.Up(ctx, db, migrate.Config{}))
+	o, err := sqlstore.NewOutbox(sqlstore.Postgres, "")
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		idle time.Duration
+		want string
+	}{
+		{4 * time.Second, "4s"},
+		{1000 * 24 * time.Hour, "2147483647ms"},
+		{0, "0"}, // the server's own
+	} {
+		tx, err := db.BeginTxx(ctx, nil)
+		require.NoError(t, err)
+		_, _, err = o.Claim(ctx, tx, 10, 1<<20, sqlstore.Skip{}, tc.idle)
+		require.NoError(t, err, "idle %s", tc.idle)
+		var got string
+		require.NoError(t, tx.GetContext(ctx, &got, `SHOW idle_in_transaction_session_timeout`))
+		require.Equal(t, tc.want, got, "idle %s", tc.idle)
+		require.NoError(t, tx.Rollback())
+		require.NoError(t, db.GetContext(ctx, &got, `SHOW idle_in_transaction_session_timeout`))
+		require.Equal(t, "0", got, "the bound ends with the transaction")
+	}
+}
+
 // TestClaimReplaysReadsOnlyItsBatchWithoutStatistics: ClaimReplays on
 // PostgreSQL reads no more entries of the index on unsent replays than it
 // leases, also in a table never analyzed, as one a bulk replay just

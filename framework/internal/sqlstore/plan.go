@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"context"
 	"fmt"
+	"math"
 	"strconv"
 	"time"
 
@@ -40,14 +41,19 @@ func indexScansOnly(ctx context.Context, tx sqlx.QueryerContext) error {
 // idle_in_transaction_session_timeout), in one round trip.
 const qIndexScansOnlyIdle = `SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('idle_in_transaction_session_timeout', $1, true)`
 
+// maxIdleMillis is the most idle_in_transaction_session_timeout takes,
+// in milliseconds (PostgreSQL's INT_MAX, about 24.8 days): a larger value
+// fails the statement that sets it.
+const maxIdleMillis = math.MaxInt32
+
 // indexScansOnlyIdle is indexScansOnly, and the server ends tx's session
-// once tx waits idle longer than idle between two statements; idle 0
-// leaves the server's setting.
+// once tx waits idle longer than idle between two statements (at most
+// maxIdleMillis); idle 0 leaves the server's setting.
 func indexScansOnlyIdle(ctx context.Context, tx sqlx.QueryerContext, idle time.Duration) error {
 	if idle <= 0 {
 		return indexScansOnly(ctx, tx)
 	}
-	ms := strconv.FormatInt(max(idle.Milliseconds(), 1), 10)
+	ms := strconv.FormatInt(min(max(idle.Milliseconds(), 1), maxIdleMillis), 10)
 	var seqscan, bitmapscan, timeout string
 	if err := tx.QueryRowxContext(ctx, qIndexScansOnlyIdle, ms).Scan(&seqscan, &bitmapscan, &timeout); err != nil {
 		return fmt.Errorf("plan by index, bound the idle transaction: %w", err)
