@@ -306,6 +306,10 @@ func (s *partSetup) frozenAfterFence(t *testing.T, freeze time.Duration) {
 		took    time.Duration
 		unowned = map[int]time.Time{}
 		longest = map[int]time.Duration{}
+		// sessions is what the database's sessions were doing when one
+		// of the others' partitions first went without an owner for a
+		// lease: what a take waited for, reported if it fails.
+		sessions string
 	)
 	for time.Since(stoppedAt) < freeze {
 		owners := s.owners(t)
@@ -322,6 +326,9 @@ func (s *partSetup) frozenAfterFence(t *testing.T, freeze time.Duration) {
 				unowned[part] = time.Now()
 			default:
 				longest[part] = max(longest[part], time.Since(unowned[part]))
+				if sessions == "" && longest[part] >= partLease {
+					sessions = s.sessions(t)
+				}
 			}
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -330,10 +337,32 @@ func (s *partSetup) frozenAfterFence(t *testing.T, freeze time.Duration) {
 		a.pid, crash.AfterFence, report, held, took, longest)
 	require.NoError(t, a.cmd.Process.Signal(syscall.SIGCONT))
 	for part, d := range longest {
-		require.Less(t, d, partLease, "partition %d, not the stopped process's, went without an owner while the stopped process's transaction held its leases", part)
+		require.Less(t, d, partLease, "partition %d, not the stopped process's, went without an owner while the stopped process's transaction held its leases; the database's sessions then:\n%s", part, sessions)
 	}
 	require.NotZero(t, took, "the others took the stopped process's partitions while it was stopped")
 	s.drain(t, f.wait(t), a, b, c)
+}
+
+// sessions returns, a line each, what the sessions of the database's
+// server that are not idle are doing (state, wait, the sessions that
+// block them, their transaction's age, their statement), for a report.
+func (s *partSetup) sessions(t *testing.T) string {
+	t.Helper()
+	var rows []struct {
+		Line string `db:"line"`
+	}
+	err := s.db.SelectContext(t.Context(), &rows, `SELECT format('%s pid %s %s wait %s/%s blocked by %s, transaction %s s: %s',
+	application_name, pid, state, wait_event_type, wait_event, pg_blocking_pids(pid),
+	round(extract(epoch FROM now() - xact_start)::numeric, 1), left(query, 160)) AS line
+FROM pg_stat_activity WHERE state <> 'idle' AND pid <> pg_backend_pid() AND backend_type = 'client backend' ORDER BY application_name, pid`)
+	if err != nil {
+		return "(could not read them: " + err.Error() + ")"
+	}
+	lines := make([]string, len(rows))
+	for i, r := range rows {
+		lines[i] = r.Line
+	}
+	return strings.Join(lines, "\n")
 }
 
 // killedAt runs three processes and kills one at point of a delivery of
