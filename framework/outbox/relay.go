@@ -84,8 +84,10 @@ type RelayConfig struct {
 	// published once it passed (the rest goes out in the next batch),
 	// and the confirms and marks of the rows published by then get as
 	// long again; a row left unmarked is published again. On SQLite a
-	// batch leases its rows for twice BatchTimeout. Defaults to
-	// DefaultBatchTimeout.
+	// batch leases its rows for twice BatchTimeout; on PostgreSQL the
+	// server ends a batch's transaction that waits idle for twice
+	// BatchTimeout and 2 s (a relay frozen or cut off from it). At most
+	// MaxBatchTimeout. Defaults to DefaultBatchTimeout.
 	BatchTimeout time.Duration
 	// Retention is how long sent rows are kept; a negative value keeps
 	// them forever. Defaults to DefaultRetention.
