@@ -3,6 +3,7 @@ package driver
 import (
 	"context"
 	"fmt"
+	"math"
 	"runtime"
 	"strconv"
 	"sync"
@@ -304,16 +305,23 @@ func txTimeout(db *sqlx.DB, batch []*attemptRun) string {
 	if earliest.IsZero() {
 		return ""
 	}
-	ms := max(time.Until(earliest).Milliseconds(), 1)
+	// At most PostgreSQL's most (maxTimeoutMillis, about 24.8 days): a
+	// larger value fails the statement, and with it every batch of a
+	// consumer whose timeout is longer.
+	ms := min(max(time.Until(earliest).Milliseconds(), 1), maxTimeoutMillis)
 	// A process frozen (or cut off) while its batch's transaction waits
 	// between statements cannot roll it back: the server ends it once
 	// the batch's deadline passed, so that its locks (a partition's
 	// lease, see Leases.Fence; a processed mark) hold no other process
 	// for longer.
-	idle := ms + idleGrace.Milliseconds()
+	idle := min(ms+idleGrace.Milliseconds(), maxTimeoutMillis)
 	return "SET LOCAL statement_timeout = " + strconv.FormatInt(ms, 10) +
 		"; SET LOCAL idle_in_transaction_session_timeout = " + strconv.FormatInt(idle, 10)
 }
+
+// maxTimeoutMillis is the most that PostgreSQL's statement_timeout and
+// idle_in_transaction_session_timeout take, in milliseconds (INT_MAX).
+const maxTimeoutMillis = math.MaxInt32
 
 // idleGrace is how long past its batch's deadline the server lets a
 // transaction wait idle before it ends it (see group.timeout).

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jmoiron/sqlx"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
@@ -968,4 +969,51 @@ func TestGroupCommitIdleGroupTwoOfASubject(t *testing.T) {
 			require.NoError(t, <-second)
 		})
 	}
+}
+
+// TestGroupCommitFarDeadline: attempts whose deadline is further than
+// PostgreSQL's statement_timeout can say (INT_MAX ms, about 24.8 days: a
+// consumer's timeout of a month) commit in batches, under the longest
+// bound it takes. The batch's SET LOCAL of their deadline failed, and
+// every batched attempt with it.
+func TestGroupCommitFarDeadline(t *testing.T) {
+	t.Parallel()
+	b := groupBackends()["PostgreSQL"](t)
+	uow := b.unitOfWork(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*24*time.Hour)
+	defer cancel()
+	const attempts = 16
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		bounds  = map[string]int{}
+		started = make(chan struct{})
+	)
+	for i := range attempts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-started // together, so that they share batches
+			_, err := uow.Do(ctx, "c", framework.Key{Source: "s", ID: fmt.Sprint(i)}, func(ctx context.Context) error {
+				var bound string
+				conn := framework.Conn(ctx, b.db)
+				if err := sqlx.GetContext(ctx, conn, &bound, `SELECT current_setting('statement_timeout')`); err != nil {
+					return err
+				}
+				mu.Lock()
+				bounds[bound]++
+				mu.Unlock()
+				_, err := conn.ExecContext(ctx, `INSERT INTO effects (id, seen) VALUES ($1, 1)`, fmt.Sprint(i))
+				return err
+			})
+			assert.NoError(t, err, "attempt %d", i)
+		}()
+	}
+	close(started)
+	wg.Wait()
+	var n int
+	require.NoError(t, b.db.GetContext(ctx, &n, `SELECT count(*) FROM effects`))
+	require.Equal(t, attempts, n)
+	t.Logf("statement_timeout seen by the attempts: %v", bounds)
+	require.Contains(t, bounds, "2147483647ms", "some attempts ran in a batch, under the longest bound")
 }
