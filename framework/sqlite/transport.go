@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"sync/atomic"
 	"time"
 
@@ -165,8 +166,13 @@ func (t *Transport) Close() error { return t.subs.Close(t.pub) }
 // length while a message is held, so it need not outlast the handling,
 // only a renewal period plus a renewal's wait for the file's write lock,
 // which an attempt holds at most its timeout: twice the attempt timeout,
-// at least a second. It bounds how long the messages of a process that
-// died wait, whatever the concurrency.
+// at least a second, at most the longest duration (twice a timeout of
+// centuries overflowed to a lease of a second, under which the messages
+// of a long attempt went out again every second). It bounds how long the
+// messages of a process that died wait, whatever the concurrency.
 func leaseFor(attemptTimeout time.Duration) time.Duration {
+	if attemptTimeout > math.MaxInt64/2 {
+		return math.MaxInt64
+	}
 	return max(time.Second, 2*attemptTimeout)
 }

@@ -1,6 +1,7 @@
 package sqlite
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -19,6 +20,7 @@ func TestLeaseFor(t *testing.T) {
 	require.Equal(t, time.Minute, leaseFor(30*time.Second), "the default attempt timeout")
 	require.Equal(t, 2*time.Second, leaseFor(time.Second), "a renewal may wait for an attempt that runs to its timeout")
 	require.Equal(t, time.Second, leaseFor(time.Millisecond), "never below a second")
+	require.Equal(t, time.Duration(math.MaxInt64), leaseFor(2000000*time.Hour), "never overflows")
 }
 
 // TestTransportSubscribe shows that a consumer's subscriber holds its
