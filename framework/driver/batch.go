@@ -3,7 +3,6 @@ package driver
 import (
 	"context"
 	"fmt"
-	"math"
 	"runtime"
 	"strconv"
 	"sync"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/jmoiron/sqlx"
 
+	"github.com/effectively-once/effectively/internal/bound"
 	"github.com/effectively-once/effectively/internal/crash"
 )
 
@@ -305,23 +305,19 @@ func txTimeout(db *sqlx.DB, batch []*attemptRun) string {
 	if earliest.IsZero() {
 		return ""
 	}
-	// At most PostgreSQL's most (maxTimeoutMillis, about 24.8 days): a
-	// larger value fails the statement, and with it every batch of a
+	// At most PostgreSQL's most (bound.PostgresMillis, about 24.8 days):
+	// a larger value failed the statement, and with it every batch of a
 	// consumer whose timeout is longer.
-	ms := min(max(time.Until(earliest).Milliseconds(), 1), maxTimeoutMillis)
+	ms := bound.PostgresMillis(time.Until(earliest))
 	// A process frozen (or cut off) while its batch's transaction waits
 	// between statements cannot roll it back: the server ends it once
 	// the batch's deadline passed, so that its locks (a partition's
 	// lease, see Leases.Fence; a processed mark) hold no other process
 	// for longer.
-	idle := min(ms+idleGrace.Milliseconds(), maxTimeoutMillis)
+	idle := bound.PostgresMillis(time.Duration(ms)*time.Millisecond + idleGrace)
 	return "SET LOCAL statement_timeout = " + strconv.FormatInt(ms, 10) +
 		"; SET LOCAL idle_in_transaction_session_timeout = " + strconv.FormatInt(idle, 10)
 }
-
-// maxTimeoutMillis is the most that PostgreSQL's statement_timeout and
-// idle_in_transaction_session_timeout take, in milliseconds (INT_MAX).
-const maxTimeoutMillis = math.MaxInt32
 
 // idleGrace is how long past its batch's deadline the server lets a
 // transaction wait idle before it ends it (see group.timeout).

@@ -6,6 +6,7 @@ package bound
 import (
 	"context"
 	"errors"
+	"math"
 	"sync/atomic"
 	"time"
 )
@@ -82,3 +83,15 @@ func (b *Statement) Expired() { b.cur.Store(int64(min(2*b.Current(), b.max))) }
 
 // Reset sets the bound back, as a statement that completes does.
 func (b *Statement) Reset() { b.cur.Store(int64(b.base)) }
+
+// maxPostgresMillis is the most PostgreSQL's timeout settings take, in
+// milliseconds (INT_MAX, about 24.8 days).
+const maxPostgresMillis = math.MaxInt32
+
+// PostgresMillis returns d in milliseconds as PostgreSQL's timeout
+// settings (statement_timeout, idle_in_transaction_session_timeout) take
+// it: at least 1, since 0 turns the bound off, and at most INT_MAX, since
+// a larger value fails the statement that sets it.
+func PostgresMillis(d time.Duration) int64 {
+	return min(max(d.Milliseconds(), 1), maxPostgresMillis)
+}

@@ -54,3 +54,12 @@ func TestStatement(t *testing.T) {
 	b.Reset()
 	require.Equal(t, base, b.Current(), "Reset sets back")
 }
+
+// TestPostgresMillis: a bound PostgreSQL takes, whatever the duration.
+func TestPostgresMillis(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, int64(4000), bound.PostgresMillis(4*time.Second))
+	require.Equal(t, int64(1), bound.PostgresMillis(time.Microsecond), "0 would turn the bound off")
+	require.Equal(t, int64(1), bound.PostgresMillis(-time.Second), "a deadline already past")
+	require.Equal(t, int64(2147483647), bound.PostgresMillis(30*24*time.Hour), "INT_MAX at most")
+}

@@ -61,7 +61,7 @@ func onBothStreams(t *testing.T, typ string, attrs map[string]any, pick func(r *
 		var xs []toxic
 		for _, p := range pick(r) {
 			for _, s := range []string{"upstream", "downstream"} {
-				xs = append(xs, r.addToxic(p, typ, s, attrs))
+				xs = append(xs, addToxic(t, p, typ, s, attrs))
 			}
 		}
 		return func() {
@@ -193,7 +193,7 @@ func TestResetPeerMidCommit(t *testing.T) {
 					return false
 				}
 				armed = true
-				x := r.addToxic(r.pg, "reset_peer", "downstream", map[string]any{"timeout": 0})
+				x := addToxic(t, r.pg, "reset_peer", "downstream", map[string]any{"timeout": 0})
 				resets.Add(1)
 				wg.Go(func() {
 					time.Sleep(100 * time.Millisecond)
@@ -281,16 +281,27 @@ func TestLostPostgres(t *testing.T) {
 }
 
 // dropToxic drops what it is given, and leaves the connection open, also
-// once removed: what it dropped is lost.
-type dropToxic struct{}
+// once removed: what it dropped is lost. With Partition it never closes
+// its side, not even when the other side closes, as a network partition
+// lets no FIN through: the server keeps a session cut off this way open,
+// and its transaction with it, until something on the server ends it.
+type dropToxic struct {
+	Partition bool `json:"partition"`
+}
 
-// Pipe drops every chunk until interrupted or the input ends.
-func (*dropToxic) Pipe(stub *toxics.ToxicStub) {
+// Pipe drops every chunk until interrupted or the input ends; at the
+// input's end, with Partition, it waits to be interrupted, holding its
+// output open.
+func (d *dropToxic) Pipe(stub *toxics.ToxicStub) {
 	for {
 		select {
 		case <-stub.Interrupt:
 			return
 		case c := <-stub.Input:
+			if c == nil && d.Partition {
+				<-stub.Interrupt
+				return
+			}
 			if c == nil {
 				stub.Close()
 				return

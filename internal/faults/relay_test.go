@@ -4,13 +4,11 @@ import (
 	"context"
 	"fmt"
 	"net/url"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
-	"github.com/Shopify/toxiproxy/v2/toxics"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/rs/zerolog"
 	"github.com/stretchr/testify/require"
@@ -21,30 +19,6 @@ import (
 	"github.com/effectively-once/effectively/framework/postgres"
 	"github.com/effectively-once/effectively/internal/testenv/testserver"
 )
-
-// partitionToxic forwards nothing and never closes its side: not even
-// when the other side closes, as a network partition lets no FIN
-// through. The server keeps a session cut off this way open, and its
-// transaction with it, until something on the server ends it.
-type partitionToxic struct{}
-
-// Pipe drops every chunk, and after the input's end waits, holding the
-// output open, until interrupted.
-func (*partitionToxic) Pipe(stub *toxics.ToxicStub) {
-	for {
-		select {
-		case <-stub.Interrupt:
-			return
-		case c := <-stub.Input:
-			if c == nil {
-				<-stub.Interrupt
-				return
-			}
-		}
-	}
-}
-
-func init() { toxics.Register("partition", new(partitionToxic)) }
 
 // holePublisher publishes nothing; its first Publish cuts its relay off
 // from the server first (hole), so that the batch's claim is made and its
@@ -120,12 +94,9 @@ func TestPartitionedRelayClaim(t *testing.T) {
 	require.NoError(t, tx.Commit())
 
 	// The relay cut off, through a proxy, its sessions named.
-	toxi := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
 	u, err := url.Parse(dbURL)
 	require.NoError(t, err)
-	proxy := toxiproxy.NewProxy(toxi, "postgres", "127.0.0.1:0", u.Host)
-	require.NoError(t, toxi.Collection.Add(proxy, true))
-	t.Cleanup(func() { _ = toxi.Collection.Remove("postgres") }) // closes its connections
+	proxy := startProxy(t, toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop()), "postgres", u.Host)
 	const appName = "faults-partitioned-relay"
 	u.Host = proxy.Listen
 	q := u.Query()
@@ -134,20 +105,19 @@ func TestPartitionedRelayClaim(t *testing.T) {
 	cutDB, err := postgres.Open(ctx, u.String(), postgres.OpenConfig{})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = cutDB.Close() })
-	var cutAt time.Time
+	var (
+		cutAt time.Time
+		holes []toxic
+	)
 	hole := &holePublisher{hole: func() {
 		for _, stream := range []string{"upstream", "downstream"} {
-			// Errorf: the relay may publish on a goroutine of its own.
-			if _, err := proxy.Toxics.AddToxicJson(strings.NewReader(fmt.Sprintf(
-				`{"name":"partition_%s","type":"partition","stream":%q,"toxicity":1.0}`, stream, stream))); err != nil {
-				t.Errorf("cut the relay off: %v", err)
-			}
+			holes = append(holes, addToxic(t, proxy, "drop", stream, map[string]any{"partition": true}))
 		}
 		cutAt = time.Now()
 	}}
-	t.Cleanup(func() { // before the proxy goes: its stubs wait for this
-		for _, stream := range []string{"upstream", "downstream"} {
-			_ = proxy.Toxics.RemoveToxic(context.Background(), "partition_"+stream)
+	t.Cleanup(func() { // before the proxy goes: their stubs wait for this
+		for _, x := range holes {
+			_ = x.proxy.Toxics.RemoveToxic(context.Background(), x.name)
 		}
 	})
 	cut, err := outbox.NewRelay(cutDB, hole, outbox.RelayConfig{BatchTimeout: batchTimeout})

@@ -153,13 +153,20 @@ func newRig(t *testing.T, cfg rigConfig) *rig {
 	return r
 }
 
-// proxy starts a Toxiproxy proxy on a free loopback port to upstream,
-// removed when the test ends.
+// proxy starts a Toxiproxy proxy of the rig's server (see startProxy).
 func (r *rig) proxy(name, upstream string) *toxiproxy.Proxy {
 	r.t.Helper()
-	p := toxiproxy.NewProxy(r.toxi, name, "127.0.0.1:0", upstream)
-	require.NoError(r.t, r.toxi.Collection.Add(p, true))
-	r.t.Cleanup(func() { _ = r.toxi.Collection.Remove(name) })
+	return startProxy(r.t, r.toxi, name, upstream)
+}
+
+// startProxy starts a Toxiproxy proxy of toxi named name on a free
+// loopback port to upstream, removed, its connections closed, when the
+// test ends.
+func startProxy(t *testing.T, toxi *toxiproxy.ApiServer, name, upstream string) *toxiproxy.Proxy {
+	t.Helper()
+	p := toxiproxy.NewProxy(toxi, name, "127.0.0.1:0", upstream)
+	require.NoError(t, toxi.Collection.Add(p, true))
+	t.Cleanup(func() { _ = toxi.Collection.Remove(name) })
 	return p
 }
 
@@ -471,14 +478,18 @@ type toxic struct {
 }
 
 // addToxic adds a toxic of typ to p on stream ("upstream", toward the
-// server, or "downstream") with attrs, and returns it.
-func (r *rig) addToxic(p *toxiproxy.Proxy, typ, stream string, attrs map[string]any) toxic {
-	r.t.Helper()
+// server, or "downstream") with attrs, and returns it. It may run on any
+// goroutine: a failure is reported with Errorf.
+func addToxic(t *testing.T, p *toxiproxy.Proxy, typ, stream string, attrs map[string]any) toxic {
+	t.Helper()
 	name := typ + "_" + stream
 	body, err := json.Marshal(map[string]any{"name": name, "type": typ, "stream": stream, "toxicity": 1.0, "attributes": attrs})
-	require.NoError(r.t, err)
-	_, err = p.Toxics.AddToxicJson(strings.NewReader(string(body)))
-	require.NoError(r.t, err)
+	if err == nil {
+		_, err = p.Toxics.AddToxicJson(strings.NewReader(string(body)))
+	}
+	if err != nil {
+		t.Errorf("add the toxic %s to %s: %v", name, p.Name, err)
+	}
 	return toxic{proxy: p, name: name}
 }
 

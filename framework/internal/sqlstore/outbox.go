@@ -108,7 +108,7 @@ func (o *Outbox) Claim(ctx context.Context, tx sqlx.QueryerContext, limit, maxBy
 	if o.dialect != Postgres {
 		return nil, false, fmt.Errorf("claim unsent outbox rows: locking rows needs %s, not %s", Postgres, o.dialect)
 	}
-	if err := indexScansOnlyIdle(ctx, tx, idle); err != nil {
+	if err := indexScansOnly(ctx, tx, idle); err != nil {
 		return nil, false, fmt.Errorf("claim unsent outbox rows: %w", err)
 	}
 	query, args, err := o.skipping(o.claim, qOutboxClaim, skip, maxBytes, limit)

@@ -344,38 +344,39 @@ func (s *Store) skipPast(ctx context.Context, tx sqlx.ExecerContext, consumer, s
 // minutes on, every purge kept out meanwhile (the likely cause of a
 // TestPurgeRace failure on a loaded machine). On PostgreSQL it runs
 // alone.
-func (s *Store) exec(ctx context.Context, query string, args ...any) (sql.Result, error) {
+func (s *Store) exec(ctx context.Context, query string, args ...any) (res sql.Result, err error) {
 	if s.dialect != SQLite {
 		return s.db.ExecContext(ctx, query, args...)
 	}
-	tx, err := s.db.BeginTxx(ctx, nil)
-	if err != nil {
-		return nil, fmt.Errorf("begin: %w", err)
-	}
-	defer tx.Rollback() // a no-op after Commit
-	res, err := tx.ExecContext(ctx, query, args...)
-	if err != nil {
-		return nil, err
-	}
-	if err := tx.Commit(); err != nil {
-		return nil, fmt.Errorf("commit: %w", err)
-	}
-	return res, nil
+	err = s.tx(ctx, func(tx *sqlx.Tx) error {
+		res, err = tx.ExecContext(ctx, query, args...)
+		return err
+	})
+	return res, err
 }
 
 // inTx runs fn in a transaction of its own, and wraps its error with the
 // context that format and args give.
 func (s *Store) inTx(ctx context.Context, fn func(tx *sqlx.Tx) error, format string, args ...any) error {
+	if err := s.tx(ctx, fn); err != nil {
+		return fmt.Errorf(format+": %w", append(args, err)...)
+	}
+	return nil
+}
+
+// tx runs fn in a transaction of its own: fn's error as it is, or that of
+// the begin or the commit.
+func (s *Store) tx(ctx context.Context, fn func(tx *sqlx.Tx) error) error {
 	tx, err := s.db.BeginTxx(ctx, nil)
 	if err != nil {
-		return fmt.Errorf(format+": begin: %w", append(args, err)...)
+		return fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback() // a no-op after Commit
 	if err := fn(tx); err != nil {
-		return fmt.Errorf(format+": %w", append(args, err)...)
+		return err
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf(format+": commit: %w", append(args, err)...)
+		return fmt.Errorf("commit: %w", err)
 	}
 	return nil
 }

@@ -3,11 +3,12 @@ package sqlstore
 import (
 	"context"
 	"fmt"
-	"math"
 	"strconv"
 	"time"
 
 	"github.com/jmoiron/sqlx"
+
+	"github.com/effectively-once/effectively/internal/bound"
 )
 
 // qIndexScansOnly leaves PostgreSQL's planner, until the transaction
@@ -24,39 +25,25 @@ import (
 // index, and more the longer the backlog.
 const qIndexScansOnly = `SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true)`
 
-// indexScansOnly runs qIndexScansOnly in tx, on PostgreSQL; a claim
-// made after it in tx reads no more rows than it takes, whatever the
-// table's statistics say.
-func indexScansOnly(ctx context.Context, tx sqlx.QueryerContext) error {
-	var seqscan, bitmapscan string
-	if err := tx.QueryRowxContext(ctx, qIndexScansOnly).Scan(&seqscan, &bitmapscan); err != nil {
-		return fmt.Errorf("plan by index: %w", err)
-	}
-	return nil
-}
-
 // qIndexScansOnlyIdle is qIndexScansOnly that also sets, until the
 // transaction ends, how long the server lets it wait idle between two
 // statements before it ends the session (SET LOCAL
-// idle_in_transaction_session_timeout), in one round trip.
-const qIndexScansOnlyIdle = `SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true), set_config('idle_in_transaction_session_timeout', $1, true)`
+// idle_in_transaction_session_timeout), in the same round trip.
+const qIndexScansOnlyIdle = qIndexScansOnly + `, set_config('idle_in_transaction_session_timeout', $1, true)`
 
-// maxIdleMillis is the most idle_in_transaction_session_timeout takes,
-// in milliseconds (PostgreSQL's INT_MAX, about 24.8 days): a larger value
-// fails the statement that sets it.
-const maxIdleMillis = math.MaxInt32
-
-// indexScansOnlyIdle is indexScansOnly, and the server ends tx's session
-// once tx waits idle longer than idle between two statements (at most
-// maxIdleMillis); idle 0 leaves the server's setting.
-func indexScansOnlyIdle(ctx context.Context, tx sqlx.QueryerContext, idle time.Duration) error {
-	if idle <= 0 {
-		return indexScansOnly(ctx, tx)
+// indexScansOnly runs qIndexScansOnly in tx, on PostgreSQL; a claim made
+// after it in tx reads no more rows than it takes, whatever the table's
+// statistics say. With idle above 0 (qIndexScansOnlyIdle) the server also
+// ends tx's session once tx waits idle longer than that between two
+// statements (at most bound.PostgresMillis's most); 0 leaves the
+// server's setting.
+func indexScansOnly(ctx context.Context, tx sqlx.QueryerContext, idle time.Duration) error {
+	query, args := qIndexScansOnly, []any(nil)
+	if idle > 0 {
+		query, args = qIndexScansOnlyIdle, []any{strconv.FormatInt(bound.PostgresMillis(idle), 10)}
 	}
-	ms := strconv.FormatInt(min(max(idle.Milliseconds(), 1), maxIdleMillis), 10)
-	var seqscan, bitmapscan, timeout string
-	if err := tx.QueryRowxContext(ctx, qIndexScansOnlyIdle, ms).Scan(&seqscan, &bitmapscan, &timeout); err != nil {
-		return fmt.Errorf("plan by index, bound the idle transaction: %w", err)
+	if _, err := tx.QueryRowxContext(ctx, query, args...).SliceScan(); err != nil {
+		return fmt.Errorf("plan by index: %w", err)
 	}
 	return nil
 }

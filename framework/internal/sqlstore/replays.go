@@ -167,7 +167,7 @@ func (s *Store) claimReplaysIn(ctx context.Context, args []any) ([]driver.Replay
 		return nil, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback() // a no-op after Commit
-	if err := indexScansOnly(ctx, tx); err != nil {
+	if err := indexScansOnly(ctx, tx, 0); err != nil {
 		return nil, err
 	}
 	rows, err := tx.QueryxContext(ctx, s.claimReplays, args...)
