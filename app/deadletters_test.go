@@ -156,6 +156,27 @@ func testDeadLettersCommand(t *testing.T, cfg app.Config) {
 	require.ErrorContains(t, err, "1 of 1 dead letters refused")
 	require.Regexp(t, fmt.Sprintf(`dead letter %d refused: not pending: discarded by tester at \S+ \(a test widget\)`, ids[1]), out)
 
+	// A discard is final: a copy of the event that comes later, which
+	// the handler would now apply, is a duplicate, and the dead letter
+	// stays discarded.
+	duplicates := func() int {
+		m := regexp.MustCompile(`effectively_messages_total\{[^}]*consumer="` + regexp.QuoteMeta(pickyConsumer) + `"[^}]*outcome="duplicate"[^}]*\} (\d+)`).FindStringSubmatch(metrics(t, b))
+		if m == nil {
+			return 0
+		}
+		n, err := strconv.Atoi(m[1])
+		require.NoError(t, err)
+		return n
+	}
+	before := duplicates()
+	b.publish(t, "w-2", "two")
+	waitFor(t, "the copy of the discarded event acknowledged as a duplicate", func() bool { return duplicates() == before+1 })
+	require.Zero(t, count(`SELECT count(*) FROM widgets WHERE name = 'picky:two'`), "the discarded event never takes effect")
+	out, err = run("dead-letters", "show", fmt.Sprint(ids[1]))
+	require.NoError(t, err)
+	require.Regexp(t, `status\s+discarded`, out)
+	require.Regexp(t, `repeats\s+0`, out)
+
 	out, err = run("dead-letters", "list", "--consumer", pickyConsumer)
 	require.NoError(t, err)
 	require.NotContains(t, out, "w-1", "only pending ones by default")

@@ -384,8 +384,8 @@ func BenchmarkGroupCommit(b *testing.B) {
 }
 
 // TestMarkMany shows the SQL stores' one-statement marks of a batch: new
-// marks are reported new, a mark made before and every repeat within the
-// keys are not.
+// marks are reported new, a mark made before, every repeat within the
+// keys and an event whose dead letter is discarded are not.
 func TestMarkMany(t *testing.T) {
 	t.Parallel()
 	for name, open := range groupBackends() {
@@ -403,11 +403,21 @@ func TestMarkMany(t *testing.T) {
 			})
 			require.True(t, ok)
 			k := func(id string) framework.Key { return framework.Key{Source: "s", ID: id} }
+			for _, id := range []string{"gone", "kept"} {
+				require.NoError(t, b.store.PublishDeadLetter(ctx, driver.DeadLetter{
+					Consumer: "c", Topic: "t", Source: "s", EventID: id, Code: framework.CodeInvalidPayload, Body: []byte(id),
+				}))
+			}
+			dls, err := b.store.DeadLetters(ctx, driver.DeadLetterFilter{Consumer: "c", EventID: "gone"})
+			require.NoError(t, err)
+			require.Len(t, dls, 1)
+			_, err = b.store.ResolveDeadLetter(ctx, dls[0].ID, driver.Resolution{Status: driver.DeadLetterDiscarded, By: "ops"})
+			require.NoError(t, err)
 			_, err = uow.Do(ctx, "c", k("holder"), func(ctx context.Context) error {
 				tx, _ := driver.TxFromContext(ctx)
-				first, err := m.MarkMany(ctx, tx, "c", []framework.Key{k("z"), k("old"), k("a"), k("z"), k("holder")})
+				first, err := m.MarkMany(ctx, tx, "c", []framework.Key{k("z"), k("old"), k("gone"), k("a"), k("z"), k("kept"), k("holder")})
 				require.NoError(t, err)
-				require.Equal(t, []bool{true, false, true, false, false}, first)
+				require.Equal(t, []bool{true, false, false, true, false, true, false}, first, "gone is discarded, kept pending")
 				return nil
 			})
 			require.NoError(t, err)
@@ -419,6 +429,7 @@ func TestMarkMany(t *testing.T) {
 			odd := []framework.Key{
 				{Source: `s"\`, ID: "quote\"\\ control\x01\t line\u2028 <&> \U0001F600"},
 				{Source: "s", ID: strings.Repeat("long-", 50)},
+				k("gone"), // discarded: not marked, in a statement of their size too
 			}
 			if name == "SQLite" {
 				odd = append(odd, framework.Key{Source: "s", ID: "bad\xffutf8"}, framework.Key{Source: "s", ID: "nul\x00byte"})
@@ -427,7 +438,9 @@ func TestMarkMany(t *testing.T) {
 				tx, _ := driver.TxFromContext(ctx)
 				first, err := m.MarkMany(ctx, tx, "c", odd)
 				require.NoError(t, err)
-				require.Equal(t, slices.Repeat([]bool{true}, len(odd)), first)
+				want := slices.Repeat([]bool{true}, len(odd))
+				want[2] = false // gone is discarded
+				require.Equal(t, want, first)
 				return nil
 			})
 			require.NoError(t, err)

@@ -26,8 +26,8 @@ import (
 // duplicate).
 type Peeker interface {
 	// Peek reports, in one statement, whether consumer processed the
-	// event key, and the checkpoint of subject (0 when it has none;
-	// subject may be empty).
+	// event key, or discarded its dead letter (see Store.Mark), and the
+	// checkpoint of subject (0 when it has none; subject may be empty).
 	Peek(ctx context.Context, consumer string, key framework.Key, subject string) (processed bool, checkpoint int64, err error)
 }
 

@@ -29,9 +29,13 @@ import (
 // commit or roll back with the handler's writes.
 type Store interface {
 	// Mark records, inside tx, that consumer processed the event key. It
-	// returns false when the event was already marked (a duplicate). When
-	// another transaction holds an uncommitted mark of the same key, Mark
-	// waits for it to end.
+	// returns false when the event was already marked (a duplicate), and
+	// when consumer's dead letter of key is discarded, recording nothing:
+	// an operator who discards a dead letter settles its event for good,
+	// so that a copy of it that comes later (a redelivery, a producer's
+	// second publish) is not processed either. When another transaction
+	// holds an uncommitted mark of the same key, Mark waits for it to
+	// end.
 	Mark(ctx context.Context, tx *Tx, consumer string, key framework.Key) (bool, error)
 
 	// Count records one more delivery of key to consumer in a short

@@ -122,7 +122,8 @@ func NewStore(cfg StoreConfig) (*Store, error) {
 }
 
 // Mark records that consumer processed key when tx commits. It returns
-// false when the mark exists. While another attempt holds the mark
+// false when the mark exists, and when consumer's dead letter of key is
+// discarded (see driver.Store.Mark). While another attempt holds the mark
 // uncommitted, Mark waits: for a duplicate when that attempt commits, for
 // the mark when it rolls back, or until ctx ends.
 func (s *Store) Mark(ctx context.Context, tx *driver.Tx, consumer string, key framework.Key) (bool, error) {
@@ -134,6 +135,9 @@ func (s *Store) Mark(ctx context.Context, tx *driver.Tx, consumer string, key fr
 		s.mu.Lock()
 		m, ok := s.marks[k]
 		switch {
+		case !ok && s.discarded(k):
+			s.mu.Unlock()
+			return false, nil
 		case !ok:
 			m = &mark{tx: tx, at: s.now(), done: make(chan struct{})}
 			s.marks[k] = m
@@ -163,6 +167,13 @@ func (s *Store) Mark(ctx context.Context, tx *driver.Tx, consumer string, key fr
 			return false, fmt.Errorf("mark %s for %s: %w", key, consumer, ctx.Err())
 		}
 	}
+}
+
+// discarded reports whether the dead letter of k is discarded. s.mu is
+// held.
+func (s *Store) discarded(k markKey) bool {
+	id, ok := s.byKey[k]
+	return ok && s.deadLetters[id].Status == driver.DeadLetterDiscarded
 }
 
 // Count records one more delivery of key to consumer and returns the

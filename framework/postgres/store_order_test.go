@@ -79,6 +79,15 @@ func TestCheckpointManyLocks(t *testing.T) {
 		_, err := ob.AdvanceMany(ctx, tx, orders, []string{"old"}, []int64{3})
 		return err
 	}))
+	// A discarded dead letter's event takes no mark (see driver.Store.Mark).
+	require.NoError(t, store.PublishDeadLetter(ctx, driver.DeadLetter{
+		Consumer: orders, Topic: "t", Source: "test", EventID: "gone", Code: framework.CodeInvalidPayload, Body: []byte("gone"),
+	}))
+	dls, err := store.DeadLetters(ctx, driver.DeadLetterFilter{Consumer: orders, EventID: "gone"})
+	require.NoError(t, err)
+	require.Len(t, dls, 1)
+	_, err = store.ResolveDeadLetter(ctx, dls[0].ID, driver.Resolution{Status: driver.DeadLetterDiscarded, By: "ops"})
+	require.NoError(t, err)
 
 	locked, release, first := make(chan map[string]int64, 1), make(chan struct{}), make(chan error, 1)
 	go func() {
@@ -143,13 +152,22 @@ func TestMarkCheckpointMany(t *testing.T) {
 		_, err := ob.AdvanceMany(ctx, tx, orders, []string{"old"}, []int64{3})
 		return err
 	}))
+	// A discarded dead letter's event takes no mark (see driver.Store.Mark).
+	require.NoError(t, store.PublishDeadLetter(ctx, driver.DeadLetter{
+		Consumer: orders, Topic: "t", Source: "test", EventID: "gone", Code: framework.CodeInvalidPayload, Body: []byte("gone"),
+	}))
+	dls, err := store.DeadLetters(ctx, driver.DeadLetterFilter{Consumer: orders, EventID: "gone"})
+	require.NoError(t, err)
+	require.Len(t, dls, 1)
+	_, err = store.ResolveDeadLetter(ctx, dls[0].ID, driver.Resolution{Status: driver.DeadLetterDiscarded, By: "ops"})
+	require.NoError(t, err)
 
 	// Y marks "e" and holds it; X then marks "e" too, and waits for Y.
 	marked, lock, locked, y := make(chan error, 1), make(chan struct{}), make(chan error, 1), make(chan error, 1)
 	go func() {
 		y <- inAttempt(ctx, uow, "y", func(ctx context.Context, tx *driver.Tx) error {
-			first, cps, err := mc.MarkCheckpointMany(ctx, tx, orders, []framework.Key{k("e"), k("setup"), k("e")}, []string{"old", "new"})
-			if err == nil && (!slices.Equal(first, []bool{true, false, false}) || cps["old"] != 3 || cps["new"] != 0 || len(cps) != 2) {
+			first, cps, err := mc.MarkCheckpointMany(ctx, tx, orders, []framework.Key{k("e"), k("setup"), k("gone"), k("e")}, []string{"old", "new"})
+			if err == nil && (!slices.Equal(first, []bool{true, false, false, false}) || cps["old"] != 3 || cps["new"] != 0 || len(cps) != 2) {
 				err = fmt.Errorf("marks %v, checkpoints %v", first, cps)
 			}
 			marked <- err

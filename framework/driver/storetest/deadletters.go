@@ -482,6 +482,8 @@ func exerciseDeadLetters(t *testing.T, newHarness func(t *testing.T) Harness) {
 		require.Len(t, history(t, b.store, digest.ID), 2)
 	})
 
+	t.Run("DiscardSettlesTheEvent", func(t *testing.T) { discardSettlesTheEvent(t, newHarness, consumer) })
+
 	// A dead letter that comes back after an operator resolved it (a
 	// replay that failed again, or a producer that sent it once more) is
 	// pending again on the same row, with one more repeat; its history

@@ -344,20 +344,23 @@ func (s *Store) EndWait(ctx context.Context, tx *driver.Tx, consumer, subject st
 	return s.waitEnded(ctx, tx, consumer, subject, seq, parked)
 }
 
-// qPeek reads, outside any transaction, whether an event is marked and
-// its subject's checkpoint (0 when none, or no subject).
-const qPeek = `SELECT EXISTS (SELECT 1 FROM {p}processed_events WHERE consumer = ? AND source = ? AND event_id = ?),
+// qPeek reads, outside any transaction, whether an event is marked or
+// its dead letter discarded (a mark would not be taken: see qMarkInto),
+// and its subject's checkpoint (0 when none, or no subject).
+const qPeek = `SELECT EXISTS (SELECT 1 FROM {p}processed_events WHERE consumer = ? AND source = ? AND event_id = ?)
+OR EXISTS (SELECT 1 FROM {p}dead_letters WHERE consumer = ? AND source = ? AND event_id = ? AND status = 'discarded'),
 COALESCE((SELECT seq FROM {p}subject_checkpoints WHERE consumer = ? AND subject = ?), 0)`
 
 // Peek reports, in one statement outside any transaction, whether
-// consumer processed the event key, and the checkpoint of subject (0
+// consumer processed the event key (or discarded its dead letter: its
+// mark would not be taken), and the checkpoint of subject (0
 // when it has none; subject may be empty). The unit of work reads it
 // before a handler that waits outside the database runs, so that its
 // transaction begins only at the handler's first statement, then marks
 // and locks what Peek read (found by type assertion).
 func (s *Store) Peek(ctx context.Context, consumer string, key framework.Key, subject string) (processed bool, checkpoint int64, err error) {
 	err = s.bounded(ctx, func(ctx context.Context) error {
-		return s.db.QueryRowxContext(ctx, s.q.sql(qPeek), consumer, key.Source, key.ID, consumer, subject).Scan(&processed, &checkpoint)
+		return s.db.QueryRowxContext(ctx, s.q.sql(qPeek), consumer, key.Source, key.ID, consumer, key.Source, key.ID, consumer, subject).Scan(&processed, &checkpoint)
 	})
 	if err != nil {
 		return false, 0, fmt.Errorf("peek at %s for %s: %w", key, consumer, err)

@@ -10,29 +10,49 @@ import (
 // written as "?" and rebound for the dialect. Both dialects support
 // INSERT ... ON CONFLICT and RETURNING.
 const (
+	// A mark (qMarkSQLite, qMarkPostgres) and a batch's marks
+	// (Store.markRows) are qMarkInto, the rows as k, then qMarkConflict.
 	// On PostgreSQL, ON CONFLICT DO NOTHING waits for a concurrent
 	// transaction that inserted the same key: when it commits, nothing is
 	// inserted (a duplicate); when it rolls back, this insert goes ahead.
 	// On SQLite, the transaction holds the file's write lock since BEGIN
 	// IMMEDIATE, so no other mark can be in flight.
-	qMark = `INSERT INTO {p}processed_events (consumer, source, event_id, processed_at)
-VALUES (?, ?, ?, ?)
+	//
+	// A mark is taken only where the consumer's dead letter of the event,
+	// if any, is not discarded (notDiscarded): an operator who discards a
+	// dead letter settles its event for good, so a copy of it that comes
+	// later (a redelivery, a producer's second publish) is not processed,
+	// as a duplicate is not. The batch's statement returns the keys it
+	// inserted: not marked before, nor discarded.
+	qMarkInto = `INSERT INTO {p}processed_events (consumer, source, event_id, processed_at)
+SELECT k.consumer, k.source, k.event_id, k.at FROM `
+	qMarkConflict = `WHERE ` + notDiscarded + `
 ON CONFLICT (consumer, source, event_id) DO NOTHING`
-
-	// A batch's marks (Store.markRows) are qMarkInto, the rows, then
-	// qMarkConflict, which returns the keys inserted: not marked before.
-	qMarkInto     = `INSERT INTO {p}processed_events (consumer, source, event_id, processed_at)`
-	qMarkConflict = `ON CONFLICT (consumer, source, event_id) DO NOTHING RETURNING source, event_id`
+	qMarkReturning = qMarkConflict + ` RETURNING source, event_id`
+	// notDiscarded is the condition, on a row k of (consumer, source,
+	// event_id), that the consumer's dead letter of the event is not
+	// discarded: one lookup in the dead letters' unique index a row (a
+	// scalar subquery, which the planner cannot turn into a join that
+	// reads every dead letter).
+	notDiscarded = `COALESCE((SELECT d.status FROM {p}dead_letters d
+WHERE d.consumer = k.consumer AND d.source = k.source AND d.event_id = k.event_id), '') <> 'discarded'`
+	// qMarkSQLite and qMarkPostgres mark one event: the consumer, the
+	// key, the time. PostgreSQL takes a subquery's untyped parameters for
+	// text: its row is typed.
+	qMarkSQLite = qMarkInto + `(SELECT ? AS consumer, ? AS source, ? AS event_id, ? AS at) AS k
+` + qMarkConflict
+	qMarkPostgres = qMarkInto + `(SELECT ?::text AS consumer, ?::text AS source, ?::text AS event_id, ?::timestamptz AS at) AS k
+` + qMarkConflict
 	// qMarkManySQLite and qMarkManyPostgres mark a batch of events in one
 	// statement: the consumer, the time, then the keys, as a JSON array of
 	// [source, id] pairs on SQLite (whose upsert needs a WHERE on its
-	// SELECT), as two text arrays on PostgreSQL.
-	qMarkManySQLite = qMarkInto + `
-SELECT ?, value ->> 0, value ->> 1, ? FROM json_each(?) WHERE true
-` + qMarkConflict
-	qMarkManyPostgres = qMarkInto + `
-SELECT ?, k.source, k.event_id, ? FROM unnest(?::text[], ?::text[]) AS k(source, event_id)
-` + qMarkConflict
+	// SELECT, which qMarkConflict has), as two text arrays on PostgreSQL.
+	qMarkManySQLite = qMarkInto + `(SELECT c.consumer, j.value ->> 0 AS source, j.value ->> 1 AS event_id, c.at
+FROM (SELECT ? AS consumer, ? AS at) AS c, json_each(?) AS j) AS k
+` + qMarkReturning
+	qMarkManyPostgres = qMarkInto + `(SELECT c.consumer, u.source, u.event_id, c.at
+FROM (SELECT ?::text AS consumer, ?::timestamptz AS at) AS c, unnest(?::text[], ?::text[]) AS u(source, event_id)) AS k
+` + qMarkReturning
 
 	// A batch's delivery counts (Store.countRows) are qCountInto, the
 	// rows, then qCountConflict: a delivery counted before counts one

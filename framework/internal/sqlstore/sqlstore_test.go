@@ -58,8 +58,9 @@ func TestDialectOf(t *testing.T) {
 
 func TestQueriesUseThePrefixAndDialect(t *testing.T) {
 	t.Parallel()
-	pg := newQueries(Postgres, "p_").sql(qMark)
+	pg := newQueries(Postgres, "p_").sql(qMarkPostgres)
 	require.Contains(t, pg, "INSERT INTO p_processed_events")
+	require.Contains(t, pg, "FROM p_dead_letters")
 	require.Contains(t, pg, "$4")
 	require.NotContains(t, pg, "?")
 	lite := newQueries(SQLite, "").sql(qForgetDelivery)

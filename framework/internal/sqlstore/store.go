@@ -103,7 +103,7 @@ func New(db *sqlx.DB, d Dialect, opts Options) (*Store, error) {
 		q:                  q,
 		onResolve:          opts.OnResolve,
 		outer:              outer,
-		mark:               q.sql(qMark),
+		mark:               q.sql(d.pick(qMarkPostgres, qMarkSQLite)),
 		markMany:           q.sql(d.pick(qMarkManyPostgres, qMarkManySQLite)),
 		markCheckpointMany: q.sql(qMarkCheckpointManyPostgres),
 		markMoveMany:       q.sql(qMarkMoveManyPostgres),
@@ -373,7 +373,7 @@ func (s *Store) markRows(ctx context.Context, tx *driver.Tx, consumer string, ke
 	for _, k := range keys {
 		args = append(args, consumer, k.Source, k.ID, at)
 	}
-	q := qMarkInto + " VALUES " + valueRows(len(keys), 4) + "\n" + qMarkConflict
+	q := "WITH k (consumer, source, event_id, at) AS (VALUES " + valueRows(len(keys), 4) + ")\n" + qMarkInto + "k\n" + qMarkReturning
 	return tx.QueryContext(ctx, s.q.sql(q), args...)
 }
 
