@@ -352,6 +352,35 @@ func TestStrictOrderParksBehindDeadLetter(t *testing.T) {
 				require.Equal(t, framework.Duplicate, deliver(t, h, "s7", "S", 7), "s7 took effect")
 			})
 
+			// A discarded dead letter is final (see driver.Store.Mark):
+			// a copy of its event that the handler would now apply is
+			// a duplicate, which neither moves the subject's checkpoint
+			// nor releases the events parked behind it; the operator's
+			// release (Skip) does.
+			t.Run("CopyOfDiscardedDeadLetterTakesNoEffect", func(t *testing.T) {
+				t.Parallel()
+				o := newOrdered(t, b)
+				h := o.handler(t, o.store)
+				dl := o.parkBehindDeadLetter(t, h)
+				_, err := o.store.ResolveDeadLetter(context.Background(), dl.ID, driver.Resolution{Status: driver.DeadLetterDiscarded, By: "ops"})
+				require.NoError(t, err)
+				require.Equal(t, framework.Duplicate, deliver(t, h, "s5", "S", 5))
+				require.Equal(t, framework.Duplicate, redeliver(t, h, dl), "the dead letter's own message too")
+				require.Equal(t, []string{"s4"}, o.applied(t, "s"))
+				require.Equal(t, []string{"s5 held", "s6", "s7"}, o.parked(t), "still parked")
+				got, err := o.store.DeadLetter(context.Background(), dl.ID)
+				require.NoError(t, err)
+				require.Equal(t, driver.DeadLetterDiscarded, got.Status)
+
+				seq, err := o.store.Skip(context.Background(), consumerName, "S", dl.Key())
+				require.NoError(t, err)
+				require.Equal(t, int64(5), seq)
+				require.Equal(t, framework.Processed, deliver(t, h, "s6", "S", 6))
+				require.Equal(t, []string{"s4", "s6", "s7"}, o.applied(t, "s"))
+				require.Empty(t, o.parked(t))
+				require.Equal(t, framework.Duplicate, deliver(t, h, "s5", "S", 5), "skipped and discarded")
+			})
+
 			t.Run("DeadLetterWaitsForItsHold", func(t *testing.T) {
 				t.Parallel()
 				o := newOrdered(t, b)
