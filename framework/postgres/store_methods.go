@@ -11,9 +11,13 @@ import (
 )
 
 // Mark records, inside tx, that consumer processed the event key. It
-// returns false when the event was already marked (a duplicate). When
-// another transaction holds an uncommitted mark of the same key, Mark
-// waits for it to end (driver.Store).
+// returns false when the event was already marked (a duplicate), and
+// when consumer's dead letter of key is discarded, recording nothing:
+// an operator who discards a dead letter settles its event for good,
+// so that a copy of it that comes later (a redelivery, a producer's
+// second publish) is not processed either. When another transaction
+// holds an uncommitted mark of the same key, Mark waits for it to
+// end (driver.Store).
 func (s *Store) Mark(ctx context.Context, tx *driver.Tx, consumer string, key framework.Key) (bool, error) {
 	return s.sql.Mark(ctx, tx, consumer, key)
 }
@@ -513,7 +517,8 @@ func (s *Store) MarkMoveMany(ctx context.Context, tx *driver.Tx, consumer string
 }
 
 // Peek reports, in one statement outside any transaction, whether
-// consumer processed the event key, and the checkpoint of subject (0
+// consumer processed the event key (or discarded its dead letter: its
+// mark would not be taken), and the checkpoint of subject (0
 // when it has none; subject may be empty). The unit of work reads it
 // before a handler that waits outside the database runs, so that its
 // transaction begins only at the handler's first statement, then marks
