@@ -10,7 +10,8 @@ type Outcome string
 const (
 	// Processed: the handler ran and its effect committed.
 	Processed Outcome = "processed"
-	// Duplicate: the event had been processed; the handler did not run.
+	// Duplicate: the event had been processed, or its dead letter
+	// discarded; the handler did not run.
 	Duplicate Outcome = "duplicate"
 	// Stale: a newer event of the subject had taken effect (skip_stale);
 	// the handler did not run.
