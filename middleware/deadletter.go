@@ -70,7 +70,7 @@ func failed(ctx context.Context, consumer string, store driver.Store, now func()
 	if !framework.IsPermanent(err) && !st.gaveUp {
 		return err // before the attempts, or after they succeeded
 	}
-	if processedBefore(ctx, consumer, store, st) {
+	if settledBefore(ctx, consumer, store, msg, st) {
 		st.outcome = framework.Duplicate
 		return nil
 	}
@@ -90,25 +90,29 @@ func failed(ctx context.Context, consumer string, store driver.Store, now func()
 	return nil
 }
 
-// processedBefore reports whether the message of st, which decoded but
-// did not route (its data did not decode or validate, its type or
-// version has no handler), is an event that consumer already processed:
-// a redelivery of it after a deploy that validates more strictly, or the
-// replay of a dead-lettered copy whose event a later copy applied. Such a
+// settledBefore reports whether the message of st, which did not route
+// (it did not decode, its data did not decode or validate, its type or
+// version has no handler), is an event that consumer already settled: it
+// processed it (a redelivery after a deploy that validates more strictly,
+// or the replay of a dead-lettered copy whose event a later copy
+// applied), or an operator discarded its dead letter (a copy of the same
+// bytes, which a discard settles for good: see driver.Store.Mark). Such a
 // message is a duplicate, as it would be had it routed: the unit of work
-// meets its mark before its handler runs. Only a store that reads a mark
-// outside a transaction is asked; a failed read leaves the message to its
-// dead letter.
-func processedBefore(ctx context.Context, consumer string, store driver.Store, st *state) bool {
-	if st.envelope == nil || st.decoded != nil || st.envelope.Key().Validate() != nil {
+// meets its mark, or takes none, before its handler runs. A message that
+// routed is not asked about: its unit of work decided. The event is the
+// one its dead letter would be keyed by (messageKey). Only a store that
+// reads a mark outside a transaction is asked; a failed read leaves the
+// message to its dead letter.
+func settledBefore(ctx context.Context, consumer string, store driver.Store, msg *message.Message, st *state) bool {
+	if st.decoded != nil {
 		return false
 	}
 	p, ok := store.(driver.Peeker)
 	if !ok {
 		return false
 	}
-	processed, _, err := p.Peek(ctx, consumer, st.envelope.Key(), "")
-	return err == nil && processed
+	settled, _, err := p.Peek(ctx, consumer, messageKey(msg, st), "")
+	return err == nil && settled
 }
 
 // newDeadLetter builds the dead letter of msg, failed at now. Nothing in

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/effectively-once/effectively/framework"
+	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/internal/pipeline"
 	"github.com/effectively-once/effectively/middleware"
 )
@@ -206,6 +207,47 @@ func TestDecodePanicIsPoison(t *testing.T) {
 			require.Equal(t, framework.Key{Source: "notes", ID: "boom"}, dls[0].Key())
 			require.NoError(t, deliver("fine"))
 			require.EqualValues(t, 1, bd.calls.Load())
+		})
+	}
+}
+
+// TestPoisonDiscardIsFinal: once an operator discards a poison message's
+// dead letter, a copy of it that comes later (the same bytes, or a copy
+// of the event whose data still fails) is acknowledged as a duplicate:
+// the dead letter stays discarded, with no repeat, and no new dead letter
+// is stored under another key. A copy of a pending one is a repeat, as
+// before.
+func TestPoisonDiscardIsFinal(t *testing.T) {
+	t.Parallel()
+	bodies := map[string][]byte{
+		"Malformed":      []byte(`{"specversion":"1.0","id":"p\u0000","source":"notes"}`),
+		"InvalidPayload": []byte(`{"specversion":"1.0","id":"p1","source":"notes","type":"notes.note.added","eventversion":1,"data":{"text":""}}`),
+		"UnknownType":    []byte(`{"specversion":"1.0","id":"p2","source":"notes","type":"notes.note.gone","eventversion":1,"data":{}}`),
+	}
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			for name, body := range bodies {
+				t.Run(name, func(t *testing.T) {
+					t.Parallel()
+					ctx := context.Background()
+					bd := setup(t, b, setupConfig{maxDeliveries: 3})
+					require.Equal(t, framework.DeadLettered, bd.outcome(t, body))
+					require.Equal(t, framework.DeadLettered, bd.outcome(t, body), "a repeat while pending")
+					dls := bd.deadLetters(t)
+					require.Len(t, dls, 1)
+					require.Equal(t, 1, dls[0].Repeats)
+					_, err := bd.store.ResolveDeadLetter(ctx, dls[0].ID, driver.Resolution{Status: driver.DeadLetterDiscarded, By: "ops"})
+					require.NoError(t, err)
+
+					require.Equal(t, framework.Duplicate, bd.outcome(t, body), "discarded for good")
+					dls = bd.deadLetters(t)
+					require.Len(t, dls, 1, "no dead letter under another key")
+					require.Equal(t, driver.DeadLetterDiscarded, dls[0].Status)
+					require.Equal(t, 1, dls[0].Repeats)
+					require.EqualValues(t, 0, bd.calls.Load(), "never handled")
+				})
+			}
 		})
 	}
 }
