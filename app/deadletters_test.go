@@ -159,15 +159,7 @@ func testDeadLettersCommand(t *testing.T, cfg app.Config) {
 	// A discard is final: a copy of the event that comes later, which
 	// the handler would now apply, is a duplicate, and the dead letter
 	// stays discarded.
-	duplicates := func() int {
-		m := regexp.MustCompile(`effectively_messages_total\{[^}]*consumer="` + regexp.QuoteMeta(pickyConsumer) + `"[^}]*outcome="duplicate"[^}]*\} (\d+)`).FindStringSubmatch(metrics(t, b))
-		if m == nil {
-			return 0
-		}
-		n, err := strconv.Atoi(m[1])
-		require.NoError(t, err)
-		return n
-	}
+	duplicates := func() int { return outcomes(t, b, pickyConsumer, framework.Duplicate) }
 	before := duplicates()
 	b.publish(t, "w-2", "two")
 	waitFor(t, "the copy of the discarded event acknowledged as a duplicate", func() bool { return duplicates() == before+1 })

@@ -169,3 +169,16 @@ func metrics(t *testing.T, b *bundle) string {
 	require.Equal(t, http.StatusOK, resp.StatusCode, "/metrics: %s", body)
 	return string(body)
 }
+
+// outcomes returns how many messages of consumer b's service counted with
+// outcome (effectively_messages_total), 0 before the first.
+func outcomes(t *testing.T, b *bundle, consumer string, outcome framework.Outcome) int {
+	t.Helper()
+	m := regexp.MustCompile(`effectively_messages_total\{[^}]*consumer="` + regexp.QuoteMeta(consumer) + `"[^}]*outcome="` + string(outcome) + `"[^}]*\} (\d+)`).FindStringSubmatch(metrics(t, b))
+	if m == nil {
+		return 0
+	}
+	n, err := strconv.Atoi(m[1])
+	require.NoError(t, err)
+	return n
+}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"regexp"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -16,6 +15,7 @@ import (
 	"go.uber.org/fx"
 
 	"github.com/effectively-once/effectively/app"
+	"github.com/effectively-once/effectively/framework"
 	"github.com/effectively-once/effectively/framework/driver"
 	"github.com/effectively-once/effectively/internal/crash"
 	"github.com/effectively-once/effectively/internal/testenv"
@@ -101,15 +101,7 @@ func testReplayCrash(t *testing.T, cfg app.Config, at crash.Point) {
 	// its claim's lease ends.
 	rejecting.Store(false)
 	b = setup(t, cfg, picky)
-	duplicates := func() int {
-		m := regexp.MustCompile(`effectively_messages_total\{[^}]*consumer="` + regexp.QuoteMeta(name) + `"[^}]*outcome="duplicate"[^}]*\} (\d+)`).FindStringSubmatch(metrics(t, b))
-		if m == nil {
-			return 0
-		}
-		var n int
-		_, _ = fmt.Sscan(m[1], &n)
-		return n
-	}
+	duplicates := func() int { return outcomes(t, b, name, framework.Duplicate) }
 	wantDuplicates := 0
 	if at == crash.BeforeReplaySent {
 		wantDuplicates = 1 // the copy published before the death, or the one after it

@@ -167,6 +167,19 @@ func (o *ordered) parkBehindDeadLetter(t *testing.T, h message.NoPublishHandlerF
 	return dls[0]
 }
 
+// skipAndRelease skips dl, the dead letter s5 that parkBehindDeadLetter
+// left holding S, as the operator's release does, and hands the first
+// parked event to h again: it applies, and releases the rest.
+func (o *ordered) skipAndRelease(t *testing.T, h message.NoPublishHandlerFunc, dl driver.DeadLetter) {
+	t.Helper()
+	seq, err := o.store.Skip(context.Background(), consumerName, "S", dl.Key())
+	require.NoError(t, err)
+	require.Equal(t, int64(5), seq)
+	require.Equal(t, framework.Processed, deliver(t, h, "s6", "S", 6))
+	require.Equal(t, []string{"s4", "s6", "s7"}, o.applied(t, "s"))
+	require.Empty(t, o.parked(t))
+}
+
 // redeliver hands the dead letter's message to h again, as a replay does.
 func redeliver(t *testing.T, h message.NoPublishHandlerFunc, dl driver.DeadLetter) framework.Outcome {
 	t.Helper()
@@ -340,15 +353,7 @@ func TestStrictOrderParksBehindDeadLetter(t *testing.T) {
 				o := newOrdered(t, b)
 				h := o.handler(t, o.store)
 				dl := o.parkBehindDeadLetter(t, h)
-				seq, err := o.store.Skip(context.Background(), consumerName, "S", dl.Key())
-				require.NoError(t, err)
-				require.Equal(t, int64(5), seq)
-				// The operator's command hands the parked events to
-				// the consumer again: the first applies, and releases
-				// the rest.
-				require.Equal(t, framework.Processed, deliver(t, h, "s6", "S", 6))
-				require.Equal(t, []string{"s4", "s6", "s7"}, o.applied(t, "s"))
-				require.Empty(t, o.parked(t))
+				o.skipAndRelease(t, h, dl)
 				require.Equal(t, framework.Duplicate, deliver(t, h, "s7", "S", 7), "s7 took effect")
 			})
 
@@ -372,12 +377,7 @@ func TestStrictOrderParksBehindDeadLetter(t *testing.T) {
 				require.NoError(t, err)
 				require.Equal(t, driver.DeadLetterDiscarded, got.Status)
 
-				seq, err := o.store.Skip(context.Background(), consumerName, "S", dl.Key())
-				require.NoError(t, err)
-				require.Equal(t, int64(5), seq)
-				require.Equal(t, framework.Processed, deliver(t, h, "s6", "S", 6))
-				require.Equal(t, []string{"s4", "s6", "s7"}, o.applied(t, "s"))
-				require.Empty(t, o.parked(t))
+				o.skipAndRelease(t, h, dl)
 				require.Equal(t, framework.Duplicate, deliver(t, h, "s5", "S", 5), "skipped and discarded")
 			})
 

@@ -79,15 +79,6 @@ func TestCheckpointManyLocks(t *testing.T) {
 		_, err := ob.AdvanceMany(ctx, tx, orders, []string{"old"}, []int64{3})
 		return err
 	}))
-	// A discarded dead letter's event takes no mark (see driver.Store.Mark).
-	require.NoError(t, store.PublishDeadLetter(ctx, driver.DeadLetter{
-		Consumer: orders, Topic: "t", Source: "test", EventID: "gone", Code: framework.CodeInvalidPayload, Body: []byte("gone"),
-	}))
-	dls, err := store.DeadLetters(ctx, driver.DeadLetterFilter{Consumer: orders, EventID: "gone"})
-	require.NoError(t, err)
-	require.Len(t, dls, 1)
-	_, err = store.ResolveDeadLetter(ctx, dls[0].ID, driver.Resolution{Status: driver.DeadLetterDiscarded, By: "ops"})
-	require.NoError(t, err)
 
 	locked, release, first := make(chan map[string]int64, 1), make(chan struct{}), make(chan error, 1)
 	go func() {

@@ -35,17 +35,17 @@ func (p *holePublisher) Publish(string, ...*message.Message) error {
 
 func (p *holePublisher) Close() error { return nil }
 
-// recordingPublisher counts the messages it takes.
+// recordingPublisher records the messages it takes, by id.
 type recordingPublisher struct {
 	mu  sync.Mutex
-	ids map[string]int
+	ids map[string]struct{}
 }
 
 func (p *recordingPublisher) Publish(_ string, msgs ...*message.Message) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, m := range msgs {
-		p.ids[m.UUID]++
+		p.ids[m.UUID] = struct{}{}
 	}
 	return nil
 }
@@ -126,7 +126,7 @@ func TestPartitionedRelayClaim(t *testing.T) {
 	require.Error(t, err, "the cut-off relay marks nothing")
 	require.False(t, cutAt.IsZero(), "the relay claimed and published")
 
-	pub := &recordingPublisher{ids: map[string]int{}}
+	pub := &recordingPublisher{ids: map[string]struct{}{}}
 	other, err := outbox.NewRelay(db, pub, outbox.RelayConfig{})
 	require.NoError(t, err)
 	deadline := cutAt.Add(bound)
