@@ -2,11 +2,14 @@ package driver
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/effectively-once/effectively/framework"
 )
 
 // attemptsWithContexts returns n attempts, each with a context of its own
@@ -97,4 +100,32 @@ func TestBatchContext(t *testing.T) {
 			stop()
 		}
 	})
+}
+
+// TestFailPastDeadline: a statement of a batch whose attempts' deadlines
+// passed under it fails with the batch's context's cancel; the attempt's
+// error is its timeout, not a shutdown's cancel, which the consumer would
+// deliver again instead of dead-lettering (seen in CI: a slow SET of the
+// batch's statement timeout). An attempt a stop cut short keeps its
+// cancel.
+func TestFailPastDeadline(t *testing.T) {
+	t.Parallel()
+	actx, cancel := context.WithTimeout(t.Context(), time.Millisecond)
+	defer cancel()
+	<-actx.Done()
+	a := &attemptRun{ctx: actx}
+	ctx, stop := batchContext([]*attemptRun{a})
+	defer stop()
+	<-ctx.Done()
+	a.fail(fmt.Errorf("statement timeout: %w", ctx.Err()))
+	require.Equal(t, framework.CodeTimeout, framework.CodeOf(a.err), "%v", a.err)
+	require.NotErrorIs(t, a.err, context.Canceled, "%v", a.err)
+	require.ErrorContains(t, a.err, "statement timeout: context canceled (past the attempt's deadline: context deadline exceeded)")
+
+	stopped, stopNow := context.WithCancel(t.Context())
+	stopNow()
+	b := &attemptRun{ctx: stopped}
+	b.fail(fmt.Errorf("statement timeout: %w", stopped.Err()))
+	require.ErrorIs(t, b.err, context.Canceled, "a stop's cancel stays one")
+	require.NotEqual(t, framework.CodeTimeout, framework.CodeOf(b.err))
 }
