@@ -315,6 +315,25 @@ func exerciseChain(t *testing.T, b backend) {
 		require.Equal(t, 4, dls[0].Attempts)
 	})
 
+	// A handler's own error that wraps context.Canceled, while its
+	// message is alive (a client of its own that was canceled), is the
+	// handler's failure, not a stop: retried, then dead-lettered. It was
+	// nacked after its attempts, delivered again until max_deliveries,
+	// and dead-lettered as delivery_limit.
+	t.Run("HandlerCanceled", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b, setupConfig{attempts: 3})
+		bd.behave = func(context.Context, framework.Event[noteV1], int64) error {
+			return fmt.Errorf("call the calendar: %w", context.Canceled)
+		}
+		require.NoError(t, bd.deliver(ctx, event(t, "notes", "1")))
+		require.EqualValues(t, 3, bd.calls.Load())
+		dls := bd.deadLetters(t)
+		require.Len(t, dls, 1)
+		require.Equal(t, framework.CodeRetriesExhausted, dls[0].Code)
+		require.Equal(t, 0, bd.effects(t))
+	})
+
 	t.Run("Panic", func(t *testing.T) {
 		t.Parallel()
 		bd := setup(t, b, setupConfig{attempts: 3})

@@ -23,7 +23,10 @@ import (
 // It never dead-letters on shutdown: when the message context ended, or
 // retry started no further attempt because the service is stopping
 // (errStopping), the error is returned and the message is delivered again
-// later; the same for pipeline.ErrLater. Nor does it dead-letter an error
+// later; the same for pipeline.ErrLater. An error that wraps
+// context.Canceled while the message context is alive is no shutdown's:
+// a handler's own (a client of its own canceled), it is dead-lettered
+// once the attempts are spent, as any other. Nor does it dead-letter an error
 // that is not permanent and did not come from retry giving up (a failure
 // to count the delivery, an Outer middleware's transient error): that
 // message is delivered again, and counts towards the delivery limit. When storing
@@ -64,7 +67,7 @@ func deadLetter(consumer string, store driver.Store, now func() time.Time, holds
 // letter. It is a function of its own so that the step's stack frame
 // stays small on the way in, where every message passes.
 func failed(ctx context.Context, consumer string, store driver.Store, now func() time.Time, holds bool, msg *message.Message, st *state, err error) error {
-	if ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, pipeline.ErrLater) {
+	if ctx.Err() != nil || errors.Is(err, pipeline.ErrLater) {
 		return err // shutdown, or a wait: deliver again later
 	}
 	if !framework.IsPermanent(err) && !st.gaveUp {
