@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -217,7 +218,10 @@ func amqpBatchSetup(t *testing.T) *batchSetup {
 	s.pending = func(t *testing.T) int {
 		q, err := ch.QueueDeclarePassive(consumer, true, false, false, false, nil)
 		require.NoError(t, err)
-		return q.Messages
+		if q.Messages == 0 || q.Consumers > 0 {
+			return q.Messages
+		}
+		return ownQueued(t, conn, consumer, "batch-") // the test's event ids (see testBatchCrashes)
 	}
 	return s
 }
@@ -335,7 +339,11 @@ func testBatchCrashes(t *testing.T, s *batchSetup) {
 				want = 1
 			}
 			for _, id := range append([]string{crash.Event}, crash.Mates...) {
-				require.True(t, slices.Contains(ids, id), "%s is an event of this point", id)
+				// On RabbitMQ a copy of another test's event, which it
+				// published to the type's exchange, may share the batch.
+				if strings.HasPrefix(id, "batch-") {
+					require.True(t, slices.Contains(ids, id), "%s is an event of this point", id)
+				}
 				require.Equal(t, want, s.reminders(id), "reminders of %s after the kill", id)
 				require.Equal(t, want, s.marks(id), "processed marks of %s after the kill", id)
 			}
