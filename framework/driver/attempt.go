@@ -75,7 +75,7 @@ type attemptRun struct {
 func (a *attemptRun) fail(err error) {
 	if cause := context.Cause(a.ctx); errors.Is(cause, context.DeadlineExceeded) && !errors.Is(err, context.DeadlineExceeded) {
 		if errors.Is(err, context.Canceled) {
-			err = fmt.Errorf("%s (past the attempt's deadline: %w)", err, cause)
+			err = fmt.Errorf("%s (past the attempt's deadline: %w)", err.Error(), cause) // the text, not the cancel
 		} else {
 			err = fmt.Errorf("%w (past the attempt's deadline: %w)", err, cause)
 		}
