@@ -334,6 +334,24 @@ func exerciseChain(t *testing.T, b backend) {
 		require.Equal(t, 0, bd.effects(t))
 	})
 
+	// A statement that the attempt's deadline cut short may fail with a
+	// cancel rather than the deadline (on PostgreSQL, that of the batch's
+	// context, which ends once its attempts' have): the message is
+	// dead-lettered as timeout, not delivered again as one a stop cut
+	// short (CI saw it in Timeout above, on a slow machine).
+	t.Run("CanceledPastDeadline", func(t *testing.T) {
+		t.Parallel()
+		bd := setup(t, b, setupConfig{attempts: 2, timeout: 50 * time.Millisecond})
+		bd.behave = func(ctx context.Context, _ framework.Event[noteV1], _ int64) error {
+			<-ctx.Done()
+			return fmt.Errorf("statement timeout: %w", context.Canceled)
+		}
+		require.NoError(t, bd.deliver(ctx, event(t, "notes", "1")))
+		dls := bd.deadLetters(t)
+		require.Len(t, dls, 1)
+		require.Equal(t, framework.CodeTimeout, dls[0].Code)
+	})
+
 	t.Run("Panic", func(t *testing.T) {
 		t.Parallel()
 		bd := setup(t, b, setupConfig{attempts: 3})

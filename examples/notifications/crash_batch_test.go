@@ -216,12 +216,7 @@ func amqpBatchSetup(t *testing.T) *batchSetup {
 		require.NoError(t, tr.Replay(t.Context(), consumer, bookings(t, ids)...))
 	}
 	s.pending = func(t *testing.T) int {
-		q, err := ch.QueueDeclarePassive(consumer, true, false, false, false, nil)
-		require.NoError(t, err)
-		if q.Messages == 0 || q.Consumers > 0 {
-			return q.Messages
-		}
-		return ownQueued(t, conn, consumer, "batch-") // the test's event ids (see testBatchCrashes)
+		return queued(t, conn, ch, consumer, "batch-") // the test's event ids (see testBatchCrashes)
 	}
 	return s
 }

@@ -518,32 +518,31 @@ func amqpMatrixSetup(t *testing.T, cell string, strictOrder bool) *cellSetup {
 		require.NoError(t, tr.Replay(t.Context(), consumer, msgs...))
 	}
 	own := strings.ToLower(cell) + "-" // the cell's event ids (see testCrashCell)
-	s.pending = func(t *testing.T) int {
-		q, err := ch.QueueDeclarePassive(consumer, true, false, false, false, nil)
-		require.NoError(t, err)
-		if q.Messages == 0 || q.Consumers > 0 {
-			return q.Messages
-		}
-		return ownQueued(t, conn, consumer, own)
-	}
+	s.pending = func(t *testing.T) int { return queued(t, conn, ch, consumer, own) }
 	return s
 }
 
-// ownQueued counts the messages that wait in queue, which no service
-// reads, whose event id starts with own, and drops the others: copies of
-// other tests' events, which the outbox cells' relays and the AMQP demo
-// publish to the event type's exchange, to which queue is bound too (one
-// came after a cell's last run and failed its check that nothing waits).
-// The messages counted go back to the queue, redelivered, when the
-// channel closes.
-func ownQueued(t *testing.T, conn *amqp091.Connection, queue, own string) int {
+// queued counts the messages that wait in queue (ch reads its count).
+// While no service reads the queue, it counts only those whose event id
+// starts with own, and drops the others: copies of other tests' events,
+// which the outbox cells' relays and the AMQP demo publish to the event
+// type's exchange, to which queue is bound too (one came after a cell's
+// last run and failed its check that nothing waits). The messages
+// counted go back to the queue, redelivered, when the channel that took
+// them closes.
+func queued(t *testing.T, conn *amqp091.Connection, ch *amqp091.Channel, queue, own string) int {
 	t.Helper()
-	ch, err := conn.Channel()
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
 	require.NoError(t, err)
-	defer func() { _ = ch.Close() }() // the messages counted go back
+	if q.Messages == 0 || q.Consumers > 0 {
+		return q.Messages
+	}
+	take, err := conn.Channel()
+	require.NoError(t, err)
+	defer func() { _ = take.Close() }() // the messages counted go back
 	n := 0
 	for {
-		d, ok, err := ch.Get(queue, false)
+		d, ok, err := take.Get(queue, false)
 		require.NoError(t, err)
 		if !ok {
 			return n

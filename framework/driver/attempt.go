@@ -62,23 +62,14 @@ type attemptRun struct {
 // fail sets a's result to err. An error that came once a's deadline had
 // passed is the deadline's too, so that its dead letter says timeout: on
 // PostgreSQL the batch's statement_timeout fails a statement that runs
-// past it with an error of the server's own (SQLSTATE 57014), which the
-// deadline caused.
-//
-// Past a's deadline, a context.Canceled in err is no shutdown's: it is
-// the batch's context (see batchContext), which ends canceled once its
-// attempts' contexts have, here by their deadlines, under a statement
-// that was still running (the batch's SET of its statement timeout, on a
-// slow machine). err keeps its text and loses that wrap, so that the
-// consumer dead-letters the message with code timeout rather than
-// delivering it again as one cut short by a stop.
+// past it with an error of the server's own (SQLSTATE 57014), and the
+// batch's context, which ends canceled once its attempts' contexts have
+// (see batchContext), fails one with context.Canceled; the deadline
+// caused both. (A cancel is no stop's unless the message's context
+// ended: see the middleware's dead-letter step.)
 func (a *attemptRun) fail(err error) {
 	if cause := context.Cause(a.ctx); errors.Is(cause, context.DeadlineExceeded) && !errors.Is(err, context.DeadlineExceeded) {
-		if errors.Is(err, context.Canceled) {
-			err = fmt.Errorf("%s (past the attempt's deadline: %w)", err.Error(), cause) // the text, not the cancel
-		} else {
-			err = fmt.Errorf("%w (past the attempt's deadline: %w)", err, cause)
-		}
+		err = fmt.Errorf("%w (past the attempt's deadline: %w)", err, cause)
 	}
 	a.outcome, a.err = framework.Failed, err
 }

@@ -104,10 +104,10 @@ func TestBatchContext(t *testing.T) {
 
 // TestFailPastDeadline: a statement of a batch whose attempts' deadlines
 // passed under it fails with the batch's context's cancel; the attempt's
-// error is its timeout, not a shutdown's cancel, which the consumer would
-// deliver again instead of dead-lettering (seen in CI: a slow SET of the
-// batch's statement timeout). An attempt a stop cut short keeps its
-// cancel.
+// error is its timeout (seen in CI: a slow SET of the batch's statement
+// timeout; TestChain's CanceledPastDeadline has the consumer dead-letter
+// it as such). An attempt a stop cut short keeps its cancel, and no
+// timeout.
 func TestFailPastDeadline(t *testing.T) {
 	t.Parallel()
 	actx, cancel := context.WithTimeout(t.Context(), time.Millisecond)
@@ -119,7 +119,6 @@ func TestFailPastDeadline(t *testing.T) {
 	<-ctx.Done()
 	a.fail(fmt.Errorf("statement timeout: %w", ctx.Err()))
 	require.Equal(t, framework.CodeTimeout, framework.CodeOf(a.err), "%v", a.err)
-	require.NotErrorIs(t, a.err, context.Canceled, "%v", a.err)
 	require.ErrorContains(t, a.err, "statement timeout: context canceled (past the attempt's deadline: context deadline exceeded)")
 
 	stopped, stopNow := context.WithCancel(t.Context())
