@@ -14,9 +14,10 @@ import (
 	"github.com/rabbitmq/amqp091-go"
 )
 
-// diagnose logs the state of up to five subjects that the projection did
-// not complete: what it holds, the checkpoint, the parked events, the
-// dead letters and the replays of their events.
+// diagnose logs the state of up to ten subjects that the projection did
+// not complete, or that keep a parked event: what it holds, the
+// checkpoint, the parked events, the dead letters and the replays of
+// their events, and how they changed.
 func (r *run) diagnose(ctx context.Context) {
 	want := r.plan.Expected()
 	var rows []struct {
@@ -38,8 +39,15 @@ func (r *run) diagnose(ctx context.Context) {
 			bad = append(bad, s)
 		}
 	}
+	var parked []string
+	_ = r.db.SelectContext(ctx, &parked, `SELECT DISTINCT subject FROM parked_events WHERE consumer = $1 AND reason = 'parked'`, ProjectionConsumer)
+	for _, s := range parked {
+		if have[s] == want[s] {
+			bad = append(bad, s) // complete, a parked event left over
+		}
+	}
 	sort.Strings(bad)
-	r.logf("diagnose: %d subjects incomplete", len(bad))
+	r.logf("diagnose: %d subjects incomplete or with a parked event left", len(bad))
 	bad = r.unheldFirst(ctx, bad)
 	for _, s := range bad[:min(len(bad), 10)] {
 		var b strings.Builder

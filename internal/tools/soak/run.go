@@ -283,6 +283,9 @@ func (r *run) soak(ctx context.Context, dir string) (Report, error) {
 		return Report{}, err
 	}
 	report, err := r.report(ctx)
+	if resolved == nil && report.Parked != 0 {
+		r.diagnose(ctx) // settled, and yet a parked event is left
+	}
 	report.Kills = c.kills
 	report.Faults = r.faults
 	report.Took = time.Since(r.start)
