@@ -277,18 +277,15 @@ func (r *run) soak(ctx context.Context, dir string) (Report, error) {
 		for _, p := range c.procs {
 			r.logf("%s's own figures: %s", p.name, p.figures(ctx))
 		}
-		r.diagnose(ctx)
 	}
 	if err := c.stopAll(); err != nil {
 		return Report{}, err
 	}
 	report, err := r.report(ctx)
-	if resolved == nil && report.Parked != 0 {
-		r.diagnose(ctx) // settled, and yet a parked event is left
+	if resolved != nil || report.Parked != 0 {
+		r.diagnose(ctx) // not settled, or a parked event left
 	}
-	report.Kills = c.kills
-	report.Faults = r.faults
-	report.Took = time.Since(r.start)
+	report.Kills, report.Faults, report.Took = c.kills, r.faults, time.Since(r.start)
 	return report, errors.Join(err, resolved)
 }
 
